@@ -1,0 +1,29 @@
+/** A caller passed something berth cannot accept (bad payload, option or config value). */
+export class BerthInputError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'BerthInputError';
+  }
+}
+
+/**
+ * A fenced write matched nothing: the lease token no longer owns the task. Dequeue and
+ * RecordFailure raise it so the caller rolls back; the processor records the run as `lost`.
+ */
+export class LeaseLostError extends Error {
+  constructor(readonly taskId: string, operation: string) {
+    super(`lease on task ${taskId} is no longer held; ${operation} refused`);
+    this.name = 'LeaseLostError';
+  }
+}
+
+/**
+ * Thrown by a handler (or by payload validation) for a failure no retry can fix.
+ * The task goes straight to the dead letters with this message as last_error.
+ */
+export class PermanentError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = 'PermanentError';
+  }
+}

@@ -1,0 +1,30 @@
+export { migrate, SchemaTooNewError, LATEST_SCHEMA_VERSION, type MigrateOptions, type MigrationReport } from './schema/migrate.js';
+export { enqueue, enqueueMany, DEFAULT_QUEUE, DEFAULT_SHARDS, type EnqueueOptions, type EnqueueResult, type TaskSpec, type TaskTypeRef } from './producer/enqueue.js';
+export {
+  defineTask,
+  backoffDelayMs,
+  DEFAULT_BACKOFF,
+  DEFAULT_MAX_ATTEMPTS,
+  type TaskDefinition,
+  type TaskDefinitionInput,
+  type TaskContext,
+  type TaskHandler,
+  type HandlerResult,
+  type BackoffPolicy,
+  type Lane,
+  type StandardSchemaLike,
+} from './task.js';
+export { Worker, type WorkerOptions } from './processor/worker.js';
+export { runSlices, SliceLeaseLostError, type SliceOptions, type SlicePage } from './processor/slices.js';
+export { dequeue, removeUnleased } from './processor/settlement.js';
+export { getTask, type TaskRecord, type TaskState } from './storage/tasks.js';
+export { promoteDueLanes, promoteDueLane, promoteDue, type LaneKey, type PromoteOutcome } from './maintenance/promote.js';
+export { rescueLapsedLeases, type RescueOutcome } from './maintenance/rescue.js';
+export { maintainRing, pruneSlot, rotateRing, readRingState } from './maintenance/ring.js';
+export { pruneDeadLetters } from './maintenance/retention.js';
+export { readGauges, type GaugeSnapshot } from './maintenance/gauges.js';
+export { Maintenance, MAINTENANCE_DEFAULTS, type MaintenanceOptions } from './maintenance/leader.js';
+export { BerthMetrics, OUTCOMES, type Outcome } from './metrics.js';
+export { BerthInputError, LeaseLostError, PermanentError } from './errors.js';
+export { DEFAULT_SCHEMA, type Queryable } from './sql.js';
+export { createLogger, type Logger } from './logger.js';

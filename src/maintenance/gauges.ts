@@ -1,0 +1,67 @@
+import { quoteIdent, type Queryable } from '../sql.js';
+import type { BerthMetrics } from '../metrics.js';
+import { deadRowPredicate, liveEntryPredicate } from '../storage/predicates.js';
+
+export interface GaugeSnapshot {
+  pending: Map<string, number>;
+  running: Map<string, number>;
+  dead: Map<string, number>;
+  oldestDueSeconds: number;
+}
+
+/**
+ * Read the queue-wide gauges (seed 000's four questions): pending (unfinished; includes
+ * running), running (under a live lease), dead (same predicate as retention), and how long
+ * the longest-waiting claimable task has been due.
+ */
+export async function readGauges(db: Queryable, schema: string): Promise<GaugeSnapshot> {
+  const s = quoteIdent(schema);
+  const res = await db.query<{ type: string; pending: string; running: string; dead: string }>(
+    `WITH live AS (
+       SELECT r.type, l.expires_at
+         FROM ${s}.ready r
+         LEFT JOIN ${s}.leases l ON l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot
+        WHERE ${liveEntryPredicate(s)}
+     ), per_type AS (
+       SELECT type, count(*) AS pending, count(*) FILTER (WHERE expires_at > now()) AS running, 0 AS dead
+         FROM live GROUP BY type
+       UNION ALL
+       SELECT type, count(*), 0, 0 FROM ${s}.deferred GROUP BY type
+       UNION ALL
+       SELECT d.type, 0, 0, count(*) FROM ${s}.dead_letters d WHERE ${deadRowPredicate(s)} GROUP BY d.type
+     )
+     SELECT type, sum(pending)::text AS pending, sum(running)::text AS running, sum(dead)::text AS dead
+       FROM per_type GROUP BY type`,
+  );
+  const oldest = await db.query<{ secs: number | null }>(
+    `SELECT extract(epoch FROM now() - min(due))::float8 AS secs FROM (
+       SELECT min(r.run_at) AS due FROM ${s}.ready r
+        WHERE ${liveEntryPredicate(s)}
+          AND NOT EXISTS (SELECT 1 FROM ${s}.leases l
+                           WHERE l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot)
+       UNION ALL
+       SELECT min(run_at) FROM ${s}.deferred WHERE run_at <= now()) x`,
+  );
+  const snap: GaugeSnapshot = { pending: new Map(), running: new Map(), dead: new Map(), oldestDueSeconds: 0 };
+  for (const r of res.rows) {
+    snap.pending.set(r.type, Number(r.pending));
+    snap.dead.set(r.type, Number(r.dead));
+    if (Number(r.running) > 0) snap.running.set(r.type, Number(r.running));
+  }
+  snap.oldestDueSeconds = Math.max(0, oldest.rows[0]?.secs ?? 0);
+  return snap;
+}
+
+/**
+ * Publish a snapshot. `running` exports a series only for types with something running (it is
+ * a GROUP BY, which is why the starvation alert needs `or vector(0)`).
+ */
+export function publishGauges(metrics: BerthMetrics, snap: GaugeSnapshot): void {
+  metrics.pending.reset();
+  metrics.running.reset();
+  metrics.dead.reset();
+  for (const [t, v] of snap.pending) metrics.pending.set({ task_type: t }, v);
+  for (const [t, v] of snap.running) metrics.running.set({ task_type: t }, v);
+  for (const [t, v] of snap.dead) metrics.dead.set({ task_type: t }, v);
+  metrics.oldestDueSeconds.set(snap.oldestDueSeconds);
+}

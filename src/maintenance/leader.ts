@@ -1,0 +1,231 @@
+import pg from 'pg';
+import type { Logger } from '../logger.js';
+import type { BerthMetrics } from '../metrics.js';
+import { schemaLockKey } from '../sql.js';
+import { publishGauges, readGauges } from './gauges.js';
+import { promoteDueLanes } from './promote.js';
+import { DEFAULT_DEAD_RETENTION_MS, pruneDeadLetters } from './retention.js';
+import { maintainRing } from './ring.js';
+import { rescueLapsedLeases } from './rescue.js';
+
+export interface MaintenanceOptions {
+  /** How often a follower tries to take leadership, and the leader checks its session. */
+  leaderPollMs?: number;
+  promoteIntervalMs?: number;
+  promoteBatchSize?: number;
+  /** Lock timeout for each lane's promotion transaction. */
+  laneLockTimeoutMs?: number;
+  rescueIntervalMs?: number;
+  ringIntervalMs?: number;
+  /** Seal the current ring slot once it is this old (and non-empty). */
+  ringRotateAfterMs?: number;
+  ringLockTimeoutMs?: number;
+  retentionIntervalMs?: number;
+  deadRetentionMs?: number;
+  gaugeIntervalMs?: number;
+}
+
+export const MAINTENANCE_DEFAULTS: Required<MaintenanceOptions> = {
+  leaderPollMs: 1000,
+  promoteIntervalMs: 250,
+  promoteBatchSize: 1000,
+  laneLockTimeoutMs: 50,
+  rescueIntervalMs: 5000,
+  ringIntervalMs: 1000,
+  ringRotateAfterMs: 5000,
+  ringLockTimeoutMs: 100,
+  retentionIntervalMs: 3600_000,
+  deadRetentionMs: DEFAULT_DEAD_RETENTION_MS,
+  gaugeIntervalMs: 5000,
+};
+
+/** The advisory lock id (second key) whose session holder is the maintenance leader. */
+const LEADER_LOCK = -1;
+
+type Branch = { name: string; intervalMs: number; run: () => Promise<void> };
+
+/**
+ * Exactly one maintenance leader per schema, elected through a session-level advisory lock on a
+ * dedicated connection: when the leader dies or its connection drops, PostgreSQL releases the
+ * lock and a follower takes it on its next poll. Each branch runs on its own loop, timed and
+ * counted, so a slow branch (or a busy lane in promotion) never delays the others. Cooldowns
+ * are wall-clock: a branch that overran its interval starts again at once, never backed off.
+ */
+export class Maintenance {
+  private readonly opts: Required<MaintenanceOptions>;
+  private stopped = false;
+  private leaderClient: pg.Client | null = null;
+  private term: AbortController | null = null;
+  private branchLoops: Promise<void>[] = [];
+  private readonly stopSignal = new AbortController();
+  private loop: Promise<void> | null = null;
+
+  constructor(
+    private readonly deps: {
+      connectionString: string;
+      schema: string;
+      pool: pg.Pool;
+      logger: Logger;
+      metrics: BerthMetrics;
+      options?: MaintenanceOptions;
+    },
+  ) {
+    this.opts = { ...MAINTENANCE_DEFAULTS, ...deps.options };
+  }
+
+  get isLeader(): boolean {
+    return this.term !== null;
+  }
+
+  start(): void {
+    this.loop = this.electionLoop();
+  }
+
+  private async electionLoop(): Promise<void> {
+    while (!this.stopped) {
+      try {
+        if (this.leaderClient) await this.leaderClient.query('SELECT 1');
+        else await this.tryAcquire();
+      } catch (err) {
+        this.deps.logger.warn({ err: (err as Error).message }, 'maintenance leader session failed');
+        await this.stepDown();
+      }
+      await sleepUnlessAborted(this.opts.leaderPollMs, this.stopSignal.signal);
+    }
+  }
+
+  private async tryAcquire(): Promise<void> {
+    const client = new pg.Client({ connectionString: this.deps.connectionString });
+    client.on('error', (err) => {
+      this.deps.logger.warn({ err: err.message }, 'maintenance leader connection lost; stepping down');
+      void this.stepDown();
+    });
+    try {
+      await client.connect();
+      const r = await client.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1, $2) AS ok', [
+        schemaLockKey(this.deps.schema),
+        LEADER_LOCK,
+      ]);
+      if (!r.rows[0]?.ok || this.stopped) {
+        await client.end();
+        return;
+      }
+    } catch (err) {
+      await client.end().catch(() => undefined);
+      throw err;
+    }
+    this.leaderClient = client;
+    this.term = new AbortController();
+    this.deps.metrics.isLeader.set(1);
+    this.deps.logger.info('became maintenance leader');
+    const o = this.opts;
+    const { pool, schema, metrics } = this.deps;
+    const branches: Branch[] = [
+      {
+        name: 'promote',
+        intervalMs: o.promoteIntervalMs,
+        run: async () => {
+          for (;;) {
+            const r = await promoteDueLanes(pool, schema, null, o.promoteBatchSize, o.laneLockTimeoutMs);
+            metrics.promoted.inc(r.promoted);
+            for (const f of r.failed) this.deps.logger.error({ err: f.error.message, lane: f.lane }, 'promotion of a lane failed');
+            if (r.selected < o.promoteBatchSize || r.promoted === 0 || this.term?.signal.aborted !== false) return;
+          }
+        },
+      },
+      {
+        name: 'rescue',
+        intervalMs: o.rescueIntervalMs,
+        run: async () => {
+          const r = await rescueLapsedLeases(pool, schema);
+          if (r.retried) metrics.rescued.inc({ result: 'retry' }, r.retried);
+          if (r.dead) metrics.rescued.inc({ result: 'dead' }, r.dead);
+          if (r.retried || r.dead) this.deps.logger.warn(r, 'rescued lapsed leases');
+        },
+      },
+      {
+        name: 'ring',
+        intervalMs: o.ringIntervalMs,
+        run: async () => {
+          const r = await maintainRing(pool, schema, { rotateAfterMs: o.ringRotateAfterMs, lockTimeoutMs: o.ringLockTimeoutMs });
+          metrics.ringRotations.inc({ result: r.rotation });
+          for (const p of r.prunes) metrics.ringPrunes.inc({ result: p.result, reason: 'reason' in p ? p.reason : '' });
+        },
+      },
+      {
+        name: 'retention',
+        intervalMs: o.retentionIntervalMs,
+        run: async () => {
+          const n = await pruneDeadLetters(pool, schema, o.deadRetentionMs);
+          metrics.deadPruned.inc(n);
+          if (n) this.deps.logger.info({ pruned: n }, 'pruned dead letters past retention');
+        },
+      },
+      {
+        name: 'gauges',
+        intervalMs: o.gaugeIntervalMs,
+        run: async () => publishGauges(metrics, await readGauges(pool, schema)),
+      },
+    ];
+    const signal = this.term.signal;
+    this.branchLoops = branches.map((b) => this.runBranch(b, signal));
+  }
+
+  private async runBranch(b: Branch, signal: AbortSignal): Promise<void> {
+    let failures = 0;
+    while (!signal.aborted) {
+      const started = performance.now();
+      try {
+        await b.run();
+        failures = 0;
+      } catch (err) {
+        failures++;
+        this.deps.metrics.maintenanceErrors.inc({ branch: b.name });
+        this.deps.logger.error({ err: (err as Error).message, branch: b.name }, 'maintenance branch failed');
+      }
+      const took = performance.now() - started;
+      this.deps.metrics.maintenanceSeconds.observe({ branch: b.name }, took / 1000);
+      if (took > b.intervalMs) this.deps.metrics.maintenanceOverruns.inc({ branch: b.name });
+      // Errors back off (bounded) so a broken database is not hammered; success never does.
+      const errorBackoff = failures ? Math.min(250 * 2 ** failures, 30_000) : 0;
+      const wait = Math.max(0, b.intervalMs - took) + errorBackoff;
+      await sleepUnlessAborted(wait, signal);
+    }
+  }
+
+  private async stepDown(): Promise<void> {
+    const term = this.term;
+    const client = this.leaderClient;
+    this.term = null;
+    this.leaderClient = null;
+    if (term) {
+      term.abort();
+      this.deps.metrics.isLeader.set(0);
+      this.deps.logger.info('stepped down as maintenance leader');
+      await Promise.allSettled(this.branchLoops);
+      this.branchLoops = [];
+    }
+    if (client) await client.end().catch(() => undefined);
+  }
+
+  /** Stop: end every branch this leader started, then release leadership. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.stopSignal.abort();
+    await this.stepDown();
+    await this.loop?.catch(() => undefined);
+  }
+}
+
+function sleepUnlessAborted(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal.aborted) return resolve();
+    const t = setTimeout(done, ms);
+    function done() {
+      clearTimeout(t);
+      signal.removeEventListener('abort', done);
+      resolve();
+    }
+    signal.addEventListener('abort', done);
+  });
+}

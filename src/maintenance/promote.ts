@@ -1,0 +1,144 @@
+import type pg from 'pg';
+import { quoteIdent } from '../sql.js';
+
+/** A lane as promotion sees it. */
+export interface LaneKey {
+  queue: string;
+  priority: number;
+  shard: number;
+}
+
+export type DeferredState = 'scheduled' | 'retryable';
+
+export interface PromoteOutcome {
+  /** Rows moved into the ready ring. */
+  promoted: number;
+  /** Lanes whose share was promoted. */
+  lanes: number;
+  /** Lanes whose lock could not be had within the timeout: their rows stay deferred. */
+  contended: LaneKey[];
+  /** Lanes that failed for another reason (logged by the caller). */
+  failed: { lane: LaneKey; error: Error }[];
+  /** Rows the batch selected (a full batch means more may be due). */
+  selected: number;
+}
+
+export function laneKeyString(l: LaneKey): string {
+  return `${l.queue}\u0000${l.priority}\u0000${l.shard}`;
+}
+
+const LOCK_NOT_AVAILABLE = '55P03';
+
+/**
+ * Select one batch of due deferred rows (ORDER BY run_at, priority, id LIMIT, FOR UPDATE SKIP
+ * LOCKED, as its own statement so its row locks end with it), group them by lane, and promote
+ * each lane's share in its own transaction under `laneLockTimeoutMs`. A lane that times out
+ * rolls back, keeps its rows deferred and is returned as contended; the other lanes go ahead.
+ * `skip` leaves named lanes out of the selection (lanes a waiter is already promoting).
+ *
+ * SKIP LOCKED matters: rows another transaction holds (a waiter left running by a former
+ * leader) would otherwise be reselected by every batch and starve every other lane.
+ */
+export async function promoteDueLanes(
+  pool: pg.Pool,
+  schema: string,
+  state: DeferredState | null,
+  batchSize: number,
+  laneLockTimeoutMs: number | null,
+  skip: readonly LaneKey[] = [],
+): Promise<PromoteOutcome> {
+  const s = quoteIdent(schema);
+  const sel = await pool.query<{ id: string; queue: string; priority: number; shard: number }>(
+    `SELECT d.id::text AS id, d.queue, d.priority, d.shard
+       FROM ${s}.deferred d
+      WHERE d.run_at <= now()
+        AND ($1::text IS NULL OR d.state = $1)
+        AND NOT EXISTS (SELECT 1 FROM unnest($3::text[], $4::smallint[], $5::smallint[]) AS k(q, p, sh)
+                         WHERE k.q = d.queue AND k.p = d.priority AND k.sh = d.shard)
+      ORDER BY d.run_at, d.priority, d.id
+      LIMIT $2
+      FOR UPDATE OF d SKIP LOCKED`,
+    [state, batchSize, skip.map((l) => l.queue), skip.map((l) => l.priority), skip.map((l) => l.shard)],
+  );
+  const groups = new Map<string, { lane: LaneKey; ids: string[] }>();
+  for (const r of sel.rows) {
+    const lane = { queue: r.queue, priority: r.priority, shard: r.shard };
+    const k = laneKeyString(lane);
+    let g = groups.get(k);
+    if (!g) groups.set(k, (g = { lane, ids: [] }));
+    g.ids.push(r.id);
+  }
+  const out: PromoteOutcome = { promoted: 0, lanes: 0, contended: [], failed: [], selected: sel.rowCount ?? 0 };
+  for (const { lane, ids } of groups.values()) {
+    try {
+      const n = await promoteInLaneTransaction(pool, schema, lane, ids, ids.length, laneLockTimeoutMs);
+      out.promoted += n;
+      out.lanes += 1;
+    } catch (err) {
+      if ((err as { code?: string }).code === LOCK_NOT_AVAILABLE) out.contended.push(lane);
+      else out.failed.push({ lane, error: err as Error });
+    }
+  }
+  return out;
+}
+
+/** Promote the oldest due rows of one lane (up to `batchSize`), under an optional lock timeout. */
+export async function promoteDueLane(
+  pool: pg.Pool,
+  schema: string,
+  lane: LaneKey,
+  batchSize: number,
+  laneLockTimeoutMs: number | null,
+): Promise<number> {
+  return promoteInLaneTransaction(pool, schema, lane, null, batchSize, laneLockTimeoutMs);
+}
+
+/** Promote everything due, lane by lane, with no lock timeout. Returns rows promoted. */
+export async function promoteDue(pool: pg.Pool, schema: string, batchSize = 1000): Promise<number> {
+  let total = 0;
+  for (;;) {
+    const r = await promoteDueLanes(pool, schema, null, batchSize, null);
+    total += r.promoted;
+    if (r.failed.length > 0) throw r.failed[0]!.error;
+    if (r.selected < batchSize || r.promoted === 0) return total;
+  }
+}
+
+/** Whether an error is a lock timeout (the lane was busy). */
+export function isLockTimeout(err: unknown): boolean {
+  return (err as { code?: string } | null)?.code === LOCK_NOT_AVAILABLE;
+}
+
+async function promoteInLaneTransaction(
+  pool: pg.Pool,
+  schema: string,
+  lane: LaneKey,
+  ids: string[] | null,
+  limit: number,
+  laneLockTimeoutMs: number | null,
+): Promise<number> {
+  const s = quoteIdent(schema);
+  const client = await pool.connect();
+  let broken = false;
+  try {
+    await client.query('BEGIN');
+    try {
+      if (laneLockTimeoutMs !== null) {
+        await client.query(`SELECT set_config('lock_timeout', $1, true)`, [`${Math.max(1, Math.round(laneLockTimeoutMs))}ms`]);
+      }
+      const r = await client.query<{ n: number }>(
+        `SELECT ${s}.promote_lane($1, $2::smallint, $3::smallint, $4::bigint[], $5) AS n`,
+        [lane.queue, lane.priority, lane.shard, ids, limit],
+      );
+      await client.query('COMMIT');
+      return r.rows[0]?.n ?? 0;
+    } catch (err) {
+      await client.query('ROLLBACK').catch(() => {
+        broken = true;
+      });
+      throw err;
+    }
+  } finally {
+    client.release(broken);
+  }
+}

@@ -1,0 +1,62 @@
+import { quoteIdent, type Queryable } from '../sql.js';
+
+export interface RescueOutcome {
+  /** Back to retryable (due now), attempt burnt. */
+  retried: number;
+  /** Out of attempts: moved to the dead letters. */
+  dead: number;
+}
+
+/**
+ * Rescue lapsed leases: a lease whose expires_at (database clock) has passed with no
+ * settlement belongs to a worker that died or hung. The attempt its claim burnt is kept, so a
+ * task that reliably kills its worker dead-letters at max_attempts instead of looping.
+ * The settlement insert is the fence: a worker settling at the same moment wins or loses
+ * cleanly. Safe to run from many processes at once.
+ */
+export async function rescueLapsedLeases(db: Queryable, schema: string, limit = 1000): Promise<RescueOutcome> {
+  const s = quoteIdent(schema);
+  const cols = `id, type, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
+    last_error, created_at, last_attempted_at`;
+  const res = await db.query<{ retried: string; dead: string }>(
+    `WITH lapsed AS MATERIALIZED (
+       SELECT l.slot, l.lane_id, l.lane_seq, l.id FROM ${s}.leases l
+        WHERE l.expires_at < now()
+          AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
+                           WHERE st.lane_id = l.lane_id AND st.lane_seq = l.lane_seq AND st.slot = l.slot)
+        ORDER BY l.expires_at
+        LIMIT $1
+     ), won AS (
+       INSERT INTO ${s}.settlements (slot, lane_id, lane_seq, id, outcome)
+       SELECT slot, lane_id, lane_seq, id, 'rescued' FROM lapsed
+       ON CONFLICT DO NOTHING
+       RETURNING slot, lane_id, lane_seq
+     ), src AS MATERIALIZED (
+       SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, l.attempt AS attempts,
+              r.max_attempts, r.dedupe_key,
+              format('lease lapsed at %s on attempt %s (worker %s)', l.expires_at, l.attempt,
+                     coalesce(l.worker, 'unknown')) AS last_error,
+              r.created_at, l.claimed_at AS last_attempted_at,
+              l.attempt >= r.max_attempts AS dead
+         FROM won w
+         JOIN ${s}.leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.lane_seq = w.lane_seq
+         JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq
+     ), buried AS (
+       INSERT INTO ${s}.dead_letters (${cols})
+       SELECT ${cols} FROM src WHERE dead
+       ON CONFLICT (id) DO UPDATE SET
+         payload = EXCLUDED.payload, attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error,
+         last_attempted_at = EXCLUDED.last_attempted_at, died_at = now()
+       RETURNING id
+     ), retried AS (
+       INSERT INTO ${s}.deferred (state, run_at, ${cols})
+       SELECT 'retryable', now(), ${cols} FROM src WHERE NOT dead
+     ), freed AS (
+       DELETE FROM ${s}.dedupe d USING buried WHERE d.id = buried.id
+     )
+     SELECT count(*) FILTER (WHERE NOT dead) AS retried, count(*) FILTER (WHERE dead) AS dead FROM src`,
+    [limit],
+  );
+  const row = res.rows[0]!;
+  return { retried: Number(row.retried), dead: Number(row.dead) };
+}

@@ -1,0 +1,30 @@
+import { quoteIdent, type Queryable } from '../sql.js';
+import { deadRowPredicate } from '../storage/predicates.js';
+
+export const DEFAULT_DEAD_RETENTION_MS = 7 * 24 * 3600 * 1000;
+
+/**
+ * Prune dead letters whose last attempt is older than the retention window, with the same
+ * predicate the dead gauge counts by, in bounded batches. Returns rows removed.
+ */
+export async function pruneDeadLetters(
+  db: Queryable,
+  schema: string,
+  retentionMs = DEFAULT_DEAD_RETENTION_MS,
+  batch = 5000,
+): Promise<number> {
+  const s = quoteIdent(schema);
+  let total = 0;
+  for (;;) {
+    const r = await db.query(
+      `DELETE FROM ${s}.dead_letters
+        WHERE id IN (SELECT d.id FROM ${s}.dead_letters d
+                      WHERE d.last_attempted_at < now() - make_interval(secs => $1 / 1000.0)
+                        AND ${deadRowPredicate(s)}
+                      LIMIT $2)`,
+      [retentionMs, batch],
+    );
+    total += r.rowCount ?? 0;
+    if ((r.rowCount ?? 0) < batch) return total;
+  }
+}

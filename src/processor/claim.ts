@@ -1,0 +1,195 @@
+import { quoteIdent, type Queryable } from '../sql.js';
+
+/** A lane that discovery saw with claimable entries, in the order they should be served. */
+export interface Candidate {
+  laneId: number;
+  laneSeq: string;
+  id: string;
+}
+
+/** Identifies one lease (one attempt): the ready entry it leases. */
+export interface LeaseRef {
+  slot: number;
+  laneId: number;
+  laneSeq: string;
+  token: string;
+}
+
+export interface ClaimedTask extends LeaseRef {
+  id: string;
+  type: string;
+  payload: unknown;
+  queue: string;
+  priority: number;
+  shard: number;
+  /** This attempt's number (attempts are counted at claim). */
+  attempt: number;
+  maxAttempts: number;
+  dedupeKey: string | null;
+  /** lease_expires_at as stamped by the database, in epoch ms. */
+  leaseExpiresAt: number;
+}
+
+/**
+ * Discovery: the read half. Oldest first (priority, then due time), 20 at a time, only due
+ * entries under the attempt limit and past their lane's claim cursor (so not leased). Runs on
+ * the read pool, which may be a replica; the claim re-checks everything on the primary.
+ *
+ * Plan: one index probe per lane for the cursor (leases PK, backwards) and one for the head
+ * (ready PK `(lane_id, lane_seq, slot)`); see docs/architecture.md for the EXPLAIN.
+ */
+export async function discover(
+  read: Queryable,
+  schema: string,
+  queues: readonly string[] | null,
+  limit = 20,
+): Promise<Candidate[]> {
+  const s = quoteIdent(schema);
+  const res = await read.query<{ lane_id: number; lane_seq: string; id: string }>({
+    name: `berth-discover:${schema}`,
+    text: `SELECT r.lane_id, r.lane_seq::text AS lane_seq, r.id::text AS id
+       FROM ${s}.lanes l
+       CROSS JOIN LATERAL (
+         SELECT r.lane_id, r.lane_seq, r.id, r.priority, r.run_at
+           FROM ${s}.ready r
+          WHERE r.lane_id = l.lane_id
+            AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${s}.leases le
+                                        WHERE le.lane_id = l.lane_id), 0)
+            AND r.run_at <= now()
+            AND r.attempts < r.max_attempts
+            AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+                             WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
+                             OFFSET 0)
+          ORDER BY r.lane_seq
+          LIMIT $2) r
+      WHERE ($1::text[] IS NULL OR l.queue = ANY ($1::text[]))
+      ORDER BY r.priority, r.run_at, r.lane_id, r.lane_seq
+      LIMIT $2`,
+    values: [queues, limit],
+  });
+  return res.rows.map((r) => ({ laneId: r.lane_id, laneSeq: r.lane_seq, id: r.id }));
+}
+
+export interface ClaimParams {
+  schema: string;
+  /** Candidate lanes, best first. */
+  laneIds: readonly number[];
+  /** How many entries to lease at most (the number of idle slots). */
+  limit: number;
+  /** Per-type ceilings in ms; types not listed get `defaultCeilingMs`. */
+  ceilings: ReadonlyMap<string, number>;
+  defaultCeilingMs: number;
+  marginMs: number;
+  workerId: string;
+  /** Channel to re-signal when the claim filled every idle slot (more work is likely). */
+  wakeChannel: string;
+}
+
+/**
+ * The claim: one statement on the primary that leases exactly the entries it returns.
+ *
+ * - `locked` takes candidate lanes FOR UPDATE SKIP LOCKED: two claimers handed the same
+ *   candidates take different lanes instead of queueing on one.
+ * - Each locked lane yields its entries past the cursor in lane order; `chosen` keeps a prefix
+ *   of every lane (ordered by rank within lane), so the cursor (max leased lane_seq) never
+ *   jumps over an unleased entry.
+ * - Both are MATERIALIZED so the row picking runs once: a FROM-subquery can be rescanned per
+ *   outer tuple of a nested loop, and each rescan would lease more rows (seed 000's
+ *   ClaimLeasesExactlyOneRow).
+ * - The lease token is random and the expiry is stamped from the database clock:
+ *   now() + ceiling + margin.
+ * - The wake re-signal rides in the same statement (delivered at commit) only when every
+ *   requested slot was filled, so a burst cascades across processes one claimer at a time.
+ */
+export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTask[]> {
+  if (p.limit <= 0 || p.laneIds.length === 0) return [];
+  const s = quoteIdent(p.schema);
+  const types = [...p.ceilings.keys()];
+  const res = await write.query<{
+    slot: number;
+    lane_id: number;
+    lane_seq: string;
+    id: string;
+    type: string;
+    payload: unknown;
+    queue: string;
+    priority: number;
+    shard: number;
+    attempt: number;
+    max_attempts: number;
+    dedupe_key: string | null;
+    token: string;
+    expires_ms: number;
+  }>({
+    name: `berth-claim:${p.schema}`,
+    text: `WITH locked AS MATERIALIZED (
+       SELECT l.lane_id FROM ${s}.lanes l
+        WHERE l.lane_id = ANY ($1::integer[])
+        ORDER BY l.lane_id
+        FOR UPDATE SKIP LOCKED
+     ), picked AS MATERIALIZED (
+       SELECT r.slot, r.lane_id, r.lane_seq, r.id, r.type, r.payload, r.queue, r.priority,
+              r.shard, r.attempts, r.max_attempts, r.dedupe_key, r.run_at,
+              row_number() OVER (PARTITION BY r.lane_id ORDER BY r.lane_seq) AS rank_in_lane
+         FROM locked k
+         CROSS JOIN LATERAL (
+           SELECT r.* FROM ${s}.ready r
+            WHERE r.lane_id = k.lane_id
+              AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${s}.leases le
+                                          WHERE le.lane_id = k.lane_id), 0)
+              AND r.run_at <= now()
+              AND r.attempts < r.max_attempts
+              AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+                               WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
+                             OFFSET 0)
+            ORDER BY r.lane_seq
+            LIMIT $2) r
+     ), chosen AS MATERIALIZED (
+       SELECT * FROM picked ORDER BY priority, rank_in_lane, run_at, lane_id LIMIT $2
+     ), leased AS (
+       INSERT INTO ${s}.leases (slot, lane_id, lane_seq, id, type, attempt, token, claimed_at,
+                                expires_at, worker)
+       SELECT c.slot, c.lane_id, c.lane_seq, c.id, c.type, c.attempts + 1, gen_random_uuid(), now(),
+              now() + make_interval(secs => (coalesce(t.ceiling_ms, $5) + $6) / 1000.0), $7
+         FROM chosen c
+         LEFT JOIN unnest($3::text[], $4::float8[]) AS t(type, ceiling_ms) ON t.type = c.type
+       RETURNING slot, lane_id, lane_seq, attempt, token, expires_at
+     ), resignal AS (
+       SELECT pg_notify($8, '') WHERE (SELECT count(*) FROM leased) >= $2
+     )
+     SELECT c.slot, c.lane_id, c.lane_seq::text AS lane_seq, c.id::text AS id, c.type, c.payload,
+            c.queue, c.priority, c.shard, l.attempt, c.max_attempts, c.dedupe_key,
+            l.token::text AS token,
+            (extract(epoch FROM l.expires_at) * 1000)::float8 AS expires_ms
+       FROM leased l
+       JOIN chosen c USING (slot, lane_id, lane_seq)
+      WHERE (SELECT count(*) FROM resignal) >= 0
+      ORDER BY c.priority, c.rank_in_lane, c.run_at, c.lane_id`,
+    values: [
+      p.laneIds,
+      p.limit,
+      types,
+      types.map((t) => p.ceilings.get(t)!),
+      p.defaultCeilingMs,
+      p.marginMs,
+      p.workerId,
+      p.wakeChannel,
+    ],
+  });
+  return res.rows.map((r) => ({
+    slot: r.slot,
+    laneId: r.lane_id,
+    laneSeq: r.lane_seq,
+    token: r.token,
+    id: r.id,
+    type: r.type,
+    payload: r.payload,
+    queue: r.queue,
+    priority: r.priority,
+    shard: r.shard,
+    attempt: r.attempt,
+    maxAttempts: r.max_attempts,
+    dedupeKey: r.dedupe_key,
+    leaseExpiresAt: r.expires_ms,
+  }));
+}

@@ -1,0 +1,101 @@
+import pg from 'pg';
+import type { Logger } from '../logger.js';
+import { quoteIdent } from '../sql.js';
+
+export interface WakeListenerOptions {
+  connectionString: string;
+  channel: string;
+  logger: Logger;
+  onNotify: () => void;
+  onReconnect?: () => void;
+  /** First reconnect delay; doubles to `reconnectMaxMs`. */
+  reconnectBaseMs?: number;
+  reconnectMaxMs?: number;
+}
+
+/**
+ * One LISTEN connection per worker process. Every notification releases one fetch (the
+ * caller's `onNotify`). When the connection drops it reconnects with capped exponential
+ * backoff; the shared poll ticker keeps the worker draining meanwhile.
+ */
+export class WakeListener {
+  private client: pg.Client | null = null;
+  private stopped = false;
+  private retryTimer: NodeJS.Timeout | null = null;
+  private attempt = 0;
+
+  constructor(private readonly opts: WakeListenerOptions) {}
+
+  async start(): Promise<void> {
+    await this.connect();
+  }
+
+  /** True while a LISTEN connection is up. */
+  get connected(): boolean {
+    return this.client !== null;
+  }
+
+  private async connect(): Promise<void> {
+    if (this.stopped) return;
+    const client = new pg.Client({ connectionString: this.opts.connectionString });
+    const lost = (err?: Error) => {
+      if (this.client !== client) return;
+      this.client = null;
+      client.removeAllListeners('notification');
+      client.end().catch(() => undefined);
+      if (this.stopped) return;
+      this.opts.logger.warn({ err: err?.message }, 'wake LISTEN connection lost; polling continues, reconnecting');
+      this.scheduleReconnect();
+    };
+    client.on('error', lost);
+    client.on('end', () => lost());
+    try {
+      await client.connect();
+      await client.query(`LISTEN ${quoteIdent(this.opts.channel)}`);
+    } catch (err) {
+      client.end().catch(() => undefined);
+      if (this.stopped) return;
+      this.opts.logger.warn({ err: (err as Error).message }, 'wake LISTEN connect failed; retrying');
+      this.scheduleReconnect();
+      return;
+    }
+    if (this.stopped) {
+      await client.end().catch(() => undefined);
+      return;
+    }
+    client.on('notification', () => this.opts.onNotify());
+    this.client = client;
+    if (this.attempt > 0) {
+      this.opts.onReconnect?.();
+      // Anything enqueued while we were deaf is found by the fetch this triggers.
+      this.opts.onNotify();
+    }
+    this.attempt = 0;
+  }
+
+  private scheduleReconnect(): void {
+    const base = this.opts.reconnectBaseMs ?? 500;
+    const max = this.opts.reconnectMaxMs ?? 30_000;
+    const delay = Math.min(base * 2 ** this.attempt, max) * (0.5 + Math.random() / 2);
+    this.attempt++;
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = null;
+      void this.connect();
+    }, delay);
+  }
+
+  /** For tests and operators: the backend pid of the LISTEN session, if connected. */
+  async backendPid(): Promise<number | null> {
+    if (!this.client) return null;
+    const r = await this.client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
+    return r.rows[0]?.pid ?? null;
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    const c = this.client;
+    this.client = null;
+    if (c) await c.end().catch(() => undefined);
+  }
+}

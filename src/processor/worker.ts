@@ -1,0 +1,448 @@
+import { randomUUID } from 'node:crypto';
+import { hostname } from 'node:os';
+import pg from 'pg';
+import { BerthInputError, PermanentError } from '../errors.js';
+import { createLogger, type Logger } from '../logger.js';
+import { Maintenance, type MaintenanceOptions } from '../maintenance/leader.js';
+import { BerthMetrics, type Outcome } from '../metrics.js';
+import { DEFAULT_SCHEMA, wakeChannel } from '../sql.js';
+import { backoffDelayMs, DEFAULT_BACKOFF, validatePayload, type HandlerResult, type TaskContext, type TaskDefinition } from '../task.js';
+import { claim, discover, type ClaimedTask } from './claim.js';
+import { SettlementBatcher } from './settlement-batcher.js';
+import { advanceCursor, leaseKey, releaseLease } from './settlement.js';
+import { WakeListener } from './wake.js';
+
+export interface WorkerOptions {
+  connectionString: string;
+  /** Discovery reads go here (a replica); claims and settlements always go to the primary. */
+  readConnectionString?: string;
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- definitions of any payload type
+  tasks: readonly TaskDefinition<any>[];
+  /** Worker slots (concurrent handlers). Default: env BERTH_TASK_PROCESSOR_CONCURRENCY, else 4. */
+  slots?: number;
+  /** Only claim from these queues. Default: all. */
+  queues?: readonly string[];
+  schema?: string;
+  /** Lease margin: lease = ceiling + margin; the handler must stop by expiry - margin. 30 s. */
+  leaseMarginMs?: number;
+  /** The shared idle poll: one fetch per tick. 5 s. */
+  pollIntervalMs?: number;
+  /** Ceiling used for a claimed task whose type this worker has no definition for. 5 min. */
+  defaultCeilingMs?: number;
+  /** How long stop() waits for aborted handlers to return. 10 s. */
+  stopTimeoutMs?: number;
+  /** Statement timeout for every query the worker's pools run. 30 s. */
+  statementTimeoutMs?: number;
+  /** Run the elected maintenance leader in this process (default true). */
+  maintenance?: boolean | MaintenanceOptions;
+  logger?: Logger;
+  metrics?: BerthMetrics;
+  /** Recorded on every lease; default host:pid:random. */
+  workerId?: string;
+  /** LISTEN reconnect backoff. */
+  listenReconnectBaseMs?: number;
+}
+
+/**
+ * Worker sessions run without JIT: the claim's plan over every ring partition is costed high
+ * enough to trigger JIT compilation, which took ~1 s per statement for a sub-millisecond query.
+ */
+const SESSION_OPTIONS = '-c jit=off -c plan_cache_mode=force_generic_plan';
+
+class ShutdownAbort extends Error {
+  constructor() {
+    super('worker is shutting down');
+    this.name = 'ShutdownAbort';
+  }
+}
+
+class DeadlineAbort extends Error {
+  constructor(deadline: number) {
+    super(`handler deadline ${new Date(deadline).toISOString()} passed`);
+    this.name = 'DeadlineAbort';
+  }
+}
+
+interface InFlight {
+  task: ClaimedTask;
+  controller: AbortController;
+  done: Promise<void>;
+}
+
+export function slotsFromEnv(value: string | undefined): number | undefined {
+  if (value === undefined || value === '') return undefined;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1 || n > 1000) {
+    throw new BerthInputError(`BERTH_TASK_PROCESSOR_CONCURRENCY must be an integer from 1 to 1000, got "${value}"`);
+  }
+  return n;
+}
+
+/**
+ * The task processor. N slots share one fetcher: a wake (NOTIFY, the shared poll tick, or a
+ * slot coming free) runs discovery on the read pool and one claim on the primary that leases
+ * entries for every idle slot. Each leased task runs under its own token and deadline and is
+ * settled by its own fenced row.
+ */
+export class Worker {
+  readonly id: string;
+  readonly metrics: BerthMetrics;
+  readonly logger: Logger;
+  private readonly schema: string;
+  private readonly slots: number;
+  private readonly marginMs: number;
+  private readonly pollMs: number;
+  private readonly defaultCeilingMs: number;
+  private readonly stopTimeoutMs: number;
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  private readonly defs = new Map<string, TaskDefinition<any>>();
+  private readonly ceilings = new Map<string, number>();
+  private readonly channel: string;
+  private writePool: pg.Pool | null = null;
+  private readPool: pg.Pool | null = null;
+  private listener: WakeListener | null = null;
+  private maintenance: Maintenance | null = null;
+  private batcher: SettlementBatcher | null = null;
+  private ticker: NodeJS.Timeout | null = null;
+  private readonly inflight = new Map<string, InFlight>();
+  private wakeReason: string | null = null;
+  private wakeResolve: (() => void) | null = null;
+  private fetchLoop: Promise<void> | null = null;
+  private stopping = false;
+  private started = false;
+  /** Lanes the last claim filled every slot from: tried first next time, skipping discovery. */
+  private hotLanes: number[] = [];
+
+  constructor(private readonly options: WorkerOptions) {
+    if (!options.connectionString) throw new BerthInputError('Worker needs a connectionString');
+    this.schema = options.schema ?? DEFAULT_SCHEMA;
+    this.slots = options.slots ?? slotsFromEnv(process.env.BERTH_TASK_PROCESSOR_CONCURRENCY) ?? 4;
+    if (!Number.isInteger(this.slots) || this.slots < 1) throw new BerthInputError('slots must be an integer >= 1');
+    this.marginMs = options.leaseMarginMs ?? 30_000;
+    if (!(this.marginMs >= 0)) throw new BerthInputError('leaseMarginMs must be >= 0');
+    this.pollMs = options.pollIntervalMs ?? 5000;
+    if (!(this.pollMs > 0)) throw new BerthInputError('pollIntervalMs must be > 0');
+    this.defaultCeilingMs = options.defaultCeilingMs ?? 300_000;
+    this.stopTimeoutMs = options.stopTimeoutMs ?? 10_000;
+    for (const d of options.tasks) {
+      if (this.defs.has(d.type)) throw new BerthInputError(`task type "${d.type}" is defined twice`);
+      this.defs.set(d.type, d);
+      this.ceilings.set(d.type, d.ceiling);
+    }
+    this.id = options.workerId ?? `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`;
+    this.metrics = options.metrics ?? new BerthMetrics();
+    this.logger = (options.logger ?? createLogger()).child({ worker: this.id });
+    this.channel = wakeChannel(this.schema);
+  }
+
+  get activeSlots(): number {
+    return this.inflight.size;
+  }
+
+  get isLeader(): boolean {
+    return this.maintenance?.isLeader ?? false;
+  }
+
+  async start(): Promise<void> {
+    if (this.started) throw new Error('worker already started');
+    this.started = true;
+    const statementTimeout = this.options.statementTimeoutMs ?? 30_000;
+    this.writePool = new pg.Pool({
+      connectionString: this.options.connectionString,
+      max: Math.max(4, Math.ceil(this.slots / 2) + 4),
+      statement_timeout: statementTimeout,
+      options: SESSION_OPTIONS,
+    });
+    this.writePool.on('error', (err) => this.logger.warn({ err: err.message }, 'idle write connection lost'));
+    if (this.options.readConnectionString) {
+      this.readPool = new pg.Pool({ connectionString: this.options.readConnectionString, max: 2, statement_timeout: statementTimeout, options: SESSION_OPTIONS });
+      this.readPool.on('error', (err) => this.logger.warn({ err: err.message }, 'idle read connection lost'));
+    } else {
+      this.readPool = this.writePool;
+    }
+    this.batcher = new SettlementBatcher(this.writePool, this.schema, this.metrics, this.logger);
+    this.metrics.slots.set(this.slots);
+    this.listener = new WakeListener({
+      connectionString: this.options.connectionString,
+      channel: this.channel,
+      logger: this.logger,
+      onNotify: () => this.wake('notify'),
+      onReconnect: () => this.metrics.listenReconnects.inc(),
+      reconnectBaseMs: this.options.listenReconnectBaseMs,
+    });
+    await this.listener.start();
+    // One ticker shared by all slots: each tick releases at most one fetch.
+    this.ticker = setInterval(() => {
+      if (this.inflight.size < this.slots) this.wake('poll');
+    }, this.pollMs);
+    if (this.options.maintenance !== false) {
+      this.maintenance = new Maintenance({
+        connectionString: this.options.connectionString,
+        schema: this.schema,
+        pool: this.writePool,
+        logger: this.logger.child({ component: 'maintenance' }),
+        metrics: this.metrics,
+        options: typeof this.options.maintenance === 'object' ? this.options.maintenance : undefined,
+      });
+      this.maintenance.start();
+    }
+    this.wake('start');
+    this.fetchLoop = this.runFetchLoop();
+    this.logger.info({ slots: this.slots, schema: this.schema, types: [...this.defs.keys()] }, 'worker started');
+  }
+
+  /** For tests: the LISTEN session's backend pid. */
+  listenerBackendPid(): Promise<number | null> {
+    return this.listener?.backendPid() ?? Promise.resolve(null);
+  }
+
+  private wake(reason: string): void {
+    if (this.wakeReason === null) this.wakeReason = reason;
+    const r = this.wakeResolve;
+    this.wakeResolve = null;
+    r?.();
+  }
+
+  private waitForWake(): Promise<void> {
+    if (this.wakeReason !== null || this.stopping) return Promise.resolve();
+    return new Promise((resolve) => {
+      this.wakeResolve = resolve;
+    });
+  }
+
+  private async runFetchLoop(): Promise<void> {
+    let failures = 0;
+    while (!this.stopping) {
+      await this.waitForWake();
+      if (this.stopping) break;
+      const idle = this.slots - this.inflight.size;
+      if (idle <= 0) {
+        // Stay awake: the next slot to come free re-wakes us.
+        this.wakeReason = null;
+        continue;
+      }
+      const reason = this.wakeReason ?? 'unknown';
+      this.wakeReason = null;
+      this.metrics.wakeups.inc({ reason });
+      try {
+        const tasks = await this.fetch(idle);
+        failures = 0;
+        for (const t of tasks) this.startTask(t);
+        // Filled every idle slot: more is probably waiting; look again as soon as a slot frees.
+      } catch (err) {
+        failures++;
+        const delay = Math.min(100 * 2 ** failures, 10_000);
+        this.logger.warn({ err: (err as Error).message, retryInMs: delay }, 'fetch failed; backing off');
+        await new Promise((r) => setTimeout(r, delay));
+        this.wake('retry');
+      }
+    }
+  }
+
+  private async fetch(idle: number): Promise<ClaimedTask[]> {
+    const started = performance.now();
+    const params = {
+      schema: this.schema,
+      ceilings: this.ceilings,
+      defaultCeilingMs: this.defaultCeilingMs,
+      marginMs: this.marginMs,
+      workerId: this.id,
+      wakeChannel: this.channel,
+    };
+    let got: ClaimedTask[] = [];
+    if (this.hotLanes.length > 0) {
+      got = await claim(this.writePool!, { ...params, laneIds: this.hotLanes, limit: idle });
+    }
+    if (got.length < idle) {
+      const candidates = await discover(this.readPool!, this.schema, this.options.queues ?? null, 20);
+      const lanes = [...new Set(candidates.map((c) => c.laneId))];
+      if (lanes.length > 0) {
+        got = got.concat(await claim(this.writePool!, { ...params, laneIds: lanes, limit: idle - got.length }));
+      }
+    }
+    this.hotLanes = got.length === idle ? [...new Set(got.map((t) => t.laneId))] : [];
+    this.metrics.claimSeconds.observe((performance.now() - started) / 1000);
+    this.metrics.claims.inc({ result: got.length > 0 ? 'hit' : 'empty' });
+    this.metrics.claimedTasks.inc(got.length);
+    return got;
+  }
+
+  private startTask(task: ClaimedTask): void {
+    const controller = new AbortController();
+    const entry: InFlight = { task, controller, done: Promise.resolve() };
+    this.inflight.set(leaseKey(task), entry);
+    this.metrics.busySlots.set(this.inflight.size);
+    entry.done = this.execute(task, controller)
+      .catch((err) => this.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed'))
+      .finally(() => {
+        this.inflight.delete(leaseKey(task));
+        this.metrics.busySlots.set(this.inflight.size);
+        if (!this.stopping) this.wake('slot_freed');
+      });
+  }
+
+  private async execute(task: ClaimedTask, controller: AbortController): Promise<void> {
+    const def = this.defs.get(task.type);
+    const log = this.logger.child({
+      task_id: task.id,
+      task_type: task.type,
+      lane: `${task.queue}/${task.priority}/${task.shard}`,
+      attempt: task.attempt,
+    });
+    const deadline = task.leaseExpiresAt - this.marginMs;
+    const record = (outcome: Outcome) => this.metrics.outcomes.inc({ task_type: task.type, outcome });
+
+    if (!def) {
+      const error = `no handler registered for task type "${task.type}" on worker ${this.id}`;
+      log.error({ max_attempts: task.maxAttempts }, error);
+      const r = await this.batcher!.fail({ ref: task, error, delayMs: backoffDelayMs(DEFAULT_BACKOFF, task.attempt), permanent: false });
+      record(r === null ? 'lost' : 'failure');
+      return;
+    }
+    if (deadline <= Date.now()) {
+      // The claim outlasted the whole ceiling: running now would outlive the lease.
+      const error = `claim returned after the handler deadline (${new Date(deadline).toISOString()}); not started`;
+      log.warn(error);
+      const r = await this.batcher!.fail({ ref: task, error, delayMs: backoffDelayMs(def.backoff, task.attempt), permanent: false });
+      record(r === null ? 'lost' : 'timeout');
+      return;
+    }
+    const parsed = await validatePayload(def, task.payload);
+    if (!parsed.ok) {
+      log.error(parsed.message);
+      const r = await this.batcher!.fail({ ref: task, error: parsed.message, delayMs: 0, permanent: true });
+      record(r === null ? 'lost' : 'failure');
+      return;
+    }
+
+    const timer = setTimeout(() => controller.abort(new DeadlineAbort(deadline)), Math.max(0, deadline - Date.now()));
+    let advanced = false;
+    const ctx: TaskContext<unknown> = {
+      id: task.id,
+      type: task.type,
+      attempt: task.attempt,
+      maxAttempts: task.maxAttempts,
+      lane: { queue: task.queue, priority: task.priority, shard: task.shard },
+      signal: controller.signal,
+      deadline: new Date(deadline),
+      logger: log,
+      advanceCursor: async (next) => {
+        const ok = await advanceCursor(this.writePool!, this.schema, task, next);
+        if (ok) advanced = true;
+        else log.warn('AdvanceCursor refused: lease no longer held');
+        return ok;
+      },
+    };
+    const started = performance.now();
+    let result: HandlerResult = undefined;
+    let error: unknown = null;
+    try {
+      result = await def.handler(parsed.value, ctx);
+    } catch (err) {
+      error = err ?? new Error('handler threw a nullish value');
+    } finally {
+      clearTimeout(timer);
+    }
+    this.metrics.handlerSeconds.observe({ task_type: task.type }, (performance.now() - started) / 1000);
+    const shutdown = controller.signal.reason instanceof ShutdownAbort;
+    const pastDeadline = controller.signal.reason instanceof DeadlineAbort || Date.now() >= deadline;
+
+    if (shutdown && (error !== null || result === 'continue')) {
+      // Interrupted by stop(): hand the lease back so another worker takes it within a poll.
+      const r = await this.release(task, 'interrupted by worker shutdown on its final attempt');
+      if (r.dead) log.warn('released on its final attempt by shutdown; dead-lettered');
+      const outcome: Outcome = advanced ? 'continued' : r.wrote ? 'cancelled' : 'lost';
+      if (outcome === 'lost') log.warn('shutdown release refused: lease no longer held');
+      record(outcome);
+      return;
+    }
+    if (error !== null) {
+      const message = error instanceof Error ? error.message || error.name : String(error);
+      const permanent = error instanceof PermanentError;
+      const r = await this.batcher!.fail({
+        ref: task,
+        error: message,
+        delayMs: backoffDelayMs(def.backoff, task.attempt),
+        permanent,
+      });
+      if (r === null) {
+        log.warn({ err: message }, 'handler failed and RecordFailure was refused: lease lost');
+        record('lost');
+        return;
+      }
+      (r === 'dead' ? log.error : log.warn).call(log, { err: message, dead: r === 'dead', max_attempts: task.maxAttempts }, r === 'dead' ? 'task failed; dead-lettered' : 'task failed; will retry');
+      record(pastDeadline ? 'timeout' : 'failure');
+      return;
+    }
+    if (result === 'continue') {
+      // AdvanceCursor already cleared the lease; this release is the safety net. Matching a row
+      // means the slice advanced nothing and its next attempt repeats this one.
+      const r = await this.release(task, 'continued without advancing on its final attempt');
+      if (r.wrote) {
+        log.warn({ dead: r.dead, max_attempts: task.maxAttempts }, 'slice returned continue without advancing its cursor');
+      } else if (!advanced) {
+        log.warn('continue release refused: lease lost');
+        record('lost');
+        return;
+      }
+      if (pastDeadline) log.warn('slice continued at its deadline; recorded as timeout');
+      record(pastDeadline ? 'timeout' : 'continued');
+      return;
+    }
+    const ok = await this.batcher!.complete(task);
+    if (!ok) {
+      log.warn('task finished but Dequeue was refused: lease lost (the task may run again)');
+      record('lost');
+      return;
+    }
+    if (pastDeadline) log.warn('task reported done after its deadline');
+    log.debug('task done');
+    record('success');
+  }
+
+  private async release(task: ClaimedTask, finalError: string) {
+    try {
+      return await releaseLease(this.writePool!, this.schema, task, finalError);
+    } catch (err) {
+      // Expiry still gets there: the lease lapses and rescue hands the task on.
+      this.logger.warn({ err: (err as Error).message, task_id: task.id }, 'release failed; lease will lapse');
+      return { wrote: false, dead: false };
+    }
+  }
+
+  /**
+   * Graceful stop: no new claims; in-flight handlers are aborted and their leases released
+   * (recorded as cancelled, or continued if they saved progress); every settlement already
+   * handed off is written; then maintenance stops and the pools close.
+   */
+  async stop(): Promise<void> {
+    if (!this.started || this.stopping) {
+      await this.fetchLoop;
+      return;
+    }
+    this.stopping = true;
+    if (this.ticker) clearInterval(this.ticker);
+    this.wake('stop');
+    await this.fetchLoop;
+    for (const f of this.inflight.values()) f.controller.abort(new ShutdownAbort());
+    const all = Promise.all([...this.inflight.values()].map((f) => f.done));
+    let timer: NodeJS.Timeout | undefined;
+    const timedOut = await Promise.race([
+      all.then(() => false),
+      new Promise<boolean>((r) => (timer = setTimeout(() => r(true), this.stopTimeoutMs))),
+    ]);
+    clearTimeout(timer);
+    if (timedOut) {
+      this.logger.error(
+        { still_running: [...this.inflight.values()].map((f) => f.task.id) },
+        'handlers ignored their AbortSignal past the stop timeout; their leases will lapse',
+      );
+    }
+    await this.batcher?.drain();
+    await this.maintenance?.stop();
+    await this.listener?.stop();
+    if (this.readPool && this.readPool !== this.writePool) await this.readPool.end();
+    await this.writePool?.end();
+    this.logger.info('worker stopped');
+  }
+}

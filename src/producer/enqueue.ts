@@ -1,0 +1,190 @@
+import { BerthInputError } from '../errors.js';
+import { DEFAULT_SCHEMA, quoteIdent, type Queryable } from '../sql.js';
+import { DEFAULT_MAX_ATTEMPTS, validatePayload, type TaskDefinition } from '../task.js';
+
+export interface EnqueueOptions {
+  /** When the task becomes due (absolute). */
+  runAt?: Date;
+  /** Delay in ms, measured on the database clock. Ignored when `runAt` is set. */
+  delay?: number;
+  /** Lower runs first. smallint range; default 0. */
+  priority?: number;
+  /** Default `default`. */
+  queue?: string;
+  /** At most one live (not dead, not finished) task per key. */
+  dedupeKey?: string;
+  /** Default: the definition's, else 20. */
+  maxAttempts?: number;
+  /** Pin a lane shard (0-63). Default: chosen per transaction among `shards`. */
+  shard?: number;
+  /** How many shards the default shard is chosen among (default 16). */
+  shards?: number;
+  /** Installation schema (default `berth`). */
+  schema?: string;
+}
+
+export interface EnqueueResult {
+  /** The new task's id, or null when suppressed as a duplicate. */
+  id: string | null;
+  state: 'ready' | 'scheduled' | 'duplicate';
+  /** For a duplicate: the live task that holds the dedupe key. */
+  duplicateOf?: string;
+}
+
+/** A task type by name, or its definition (whose schema then validates the payload). */
+export type TaskTypeRef = string | Pick<TaskDefinition<unknown>, 'type' | 'maxAttempts' | 'schema'>;
+
+export interface TaskSpec<P = unknown> extends Omit<EnqueueOptions, 'schema'> {
+  type: TaskTypeRef;
+  payload: P;
+}
+
+export const DEFAULT_QUEUE = 'default';
+export const DEFAULT_SHARDS = 16;
+/** Rows per enqueue call; bigger batches are split (each piece still one statement). */
+const CHUNK = 5_000;
+
+/**
+ * Enqueue one task with the caller's executor. Pass a client inside your transaction and the
+ * task commits or rolls back with your business write; the wake NOTIFY fires only on commit.
+ */
+export async function enqueue<P>(
+  executor: Queryable,
+  type: string | Pick<TaskDefinition<P>, 'type' | 'maxAttempts' | 'schema'>,
+  payload: P,
+  options: EnqueueOptions = {},
+): Promise<EnqueueResult> {
+  const { schema, ...rest } = options;
+  const [result] = await enqueueMany(executor, [{ ...rest, type: type as TaskTypeRef, payload }], { schema });
+  return result!;
+}
+
+/** Enqueue a batch: one statement per lane (and per 5 000 rows), results in input order. */
+export async function enqueueMany(
+  executor: Queryable,
+  tasks: readonly TaskSpec[],
+  options: { schema?: string } = {},
+): Promise<EnqueueResult[]> {
+  const s = quoteIdent(options.schema ?? DEFAULT_SCHEMA);
+  const prepared = await Promise.all(tasks.map((t, i) => prepare(t, i)));
+  // One group per lane key, visited in a fixed order so two batches never lock lanes in
+  // opposite orders (which could deadlock their transactions).
+  const groups = new Map<string, PreparedTask[]>();
+  for (const p of prepared) {
+    const key = JSON.stringify([p.queue, p.priority, p.shard, p.shards]);
+    let g = groups.get(key);
+    if (!g) groups.set(key, (g = []));
+    g.push(p);
+  }
+  const results: EnqueueResult[] = new Array(tasks.length);
+  for (const key of [...groups.keys()].sort()) {
+    const group = groups.get(key)!;
+    for (let start = 0; start < group.length; start += CHUNK) {
+      const chunk = group.slice(start, start + CHUNK);
+      const first = chunk[0]!;
+      const res = await executor.query<{ ord: number; id: string | null; state: EnqueueResult['state']; duplicate_of: string | null }>(
+        `SELECT ord, id::text AS id, state, duplicate_of::text AS duplicate_of
+           FROM ${s}.enqueue($1, $2::smallint, $3::smallint, $4::smallint, $5::text[], $6::jsonb[],
+             (SELECT array_agg(CASE WHEN d IS NULL THEN r ELSE now() + make_interval(secs => d / 1000.0) END ORDER BY o)
+                FROM unnest($7::timestamptz[], $8::float8[]) WITH ORDINALITY AS u(r, d, o)),
+             $9::integer[], $10::text[])`,
+        [
+          first.queue,
+          first.priority,
+          first.shard,
+          first.shards,
+          chunk.map((c) => c.type),
+          chunk.map((c) => c.json),
+          chunk.map((c) => c.runAt),
+          chunk.map((c) => c.delay),
+          chunk.map((c) => c.maxAttempts),
+          chunk.map((c) => c.dedupeKey),
+        ],
+      );
+      for (const row of res.rows) {
+        const p = chunk[row.ord - 1]!;
+        results[p.index] =
+          row.state === 'duplicate'
+            ? { id: null, state: 'duplicate', duplicateOf: row.duplicate_of ?? undefined }
+            : { id: row.id, state: row.state };
+      }
+    }
+  }
+  return results;
+}
+
+interface PreparedTask {
+  index: number;
+  type: string;
+  json: string;
+  queue: string;
+  priority: number;
+  shard: number | null;
+  shards: number;
+  runAt: Date | null;
+  delay: number | null;
+  maxAttempts: number;
+  dedupeKey: string | null;
+}
+
+async function prepare(t: TaskSpec, index: number): Promise<PreparedTask> {
+  const where = `task #${index}`;
+  const def = typeof t.type === 'string' ? undefined : t.type;
+  const type = def ? def.type : t.type;
+  if (typeof type !== 'string' || type.length === 0 || type.length > 200) {
+    throw new BerthInputError(`${where}: type must be a non-empty string of at most 200 characters`);
+  }
+  let payload: unknown = t.payload;
+  if (def) {
+    const v = await validatePayload(def, payload);
+    if (!v.ok) throw new BerthInputError(`${where}: ${v.message}`);
+    payload = v.value;
+  }
+  let json: string | undefined;
+  try {
+    json = JSON.stringify(payload === undefined ? null : payload);
+  } catch (err) {
+    throw new BerthInputError(`${where} (${type}): payload is not JSON-serialisable: ${(err as Error).message}`);
+  }
+  if (json === undefined) throw new BerthInputError(`${where} (${type}): payload is not JSON-serialisable`);
+  const queue = t.queue ?? DEFAULT_QUEUE;
+  if (typeof queue !== 'string') throw new BerthInputError(`${where}: queue must be a string`);
+  const priority = t.priority ?? 0;
+  if (!Number.isInteger(priority) || priority < -32768 || priority > 32767) {
+    throw new BerthInputError(`${where}: priority must be an integer in the smallint range`);
+  }
+  const shards = t.shards ?? DEFAULT_SHARDS;
+  if (!Number.isInteger(shards) || shards < 1 || shards > 64) {
+    throw new BerthInputError(`${where}: shards must be an integer from 1 to 64`);
+  }
+  const shard = t.shard ?? null;
+  if (shard !== null && (!Number.isInteger(shard) || shard < 0 || shard > 63)) {
+    throw new BerthInputError(`${where}: shard must be an integer from 0 to 63`);
+  }
+  if (t.runAt !== undefined && !(t.runAt instanceof Date && !Number.isNaN(t.runAt.getTime()))) {
+    throw new BerthInputError(`${where}: runAt must be a valid Date`);
+  }
+  if (t.delay !== undefined && !(Number.isFinite(t.delay) && t.delay >= 0)) {
+    throw new BerthInputError(`${where}: delay must be a non-negative number of milliseconds`);
+  }
+  const maxAttempts = t.maxAttempts ?? def?.maxAttempts ?? DEFAULT_MAX_ATTEMPTS;
+  if (!Number.isInteger(maxAttempts) || maxAttempts < 1) {
+    throw new BerthInputError(`${where}: maxAttempts must be an integer >= 1`);
+  }
+  if (t.dedupeKey !== undefined && (typeof t.dedupeKey !== 'string' || t.dedupeKey.length === 0)) {
+    throw new BerthInputError(`${where}: dedupeKey must be a non-empty string`);
+  }
+  return {
+    index,
+    type,
+    json,
+    queue,
+    priority,
+    shard,
+    shards,
+    runAt: t.runAt ?? null,
+    delay: t.runAt === undefined ? (t.delay ?? null) : null,
+    maxAttempts,
+    dedupeKey: t.dedupeKey ?? null,
+  };
+}

@@ -1,0 +1,357 @@
+import { quoteIdent, quoteLiteral, schemaLockKey, wakeChannel } from '../sql.js';
+
+/**
+ * Forward-only, numbered migrations. Each is a function of the schema name so one database can
+ * hold several berth installations (tests use a schema per file). Never edit a shipped migration:
+ * add the next number.
+ *
+ * docs/architecture.md explains every table and index defined here and which statement uses it.
+ */
+export interface Migration {
+  version: number;
+  name: string;
+  sql(schema: string): string;
+}
+
+/** Ring partitions of the ready storage. Fixed per installation at migration 1. */
+export const RING_SLOTS = 16;
+
+const core: Migration = {
+  version: 1,
+  name: 'core storage: lanes, ready ring, leases, settlements, deferred, dead letters',
+  sql(schema) {
+    const s = quoteIdent(schema);
+    const lockNs = schemaLockKey(schema);
+    const channel = quoteLiteral(wakeChannel(schema));
+    const schemaLit = quoteLiteral(schema);
+    const taskSeq = quoteLiteral(`${s}.task_id_seq`);
+    const ringTables = ['ready', 'leases', 'settlements', 'tombstones'];
+    const partitions = Array.from({ length: RING_SLOTS }, (_, slot) =>
+      ringTables
+        .map(
+          (t) =>
+            `CREATE TABLE ${s}.${quoteIdent(`${t}_${slot}`)} PARTITION OF ${s}.${t} FOR VALUES IN (${slot});`,
+        )
+        .join('\n'),
+    ).join('\n');
+    return `
+CREATE SEQUENCE ${s}.task_id_seq;
+
+-- A lane is (queue, priority, shard). Its row is also the claim lock: a claim takes it
+-- FOR UPDATE SKIP LOCKED, so one lane's entries are leased by one claimer at a time, in order.
+CREATE TABLE ${s}.lanes (
+  lane_id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  queue text NOT NULL,
+  priority smallint NOT NULL,
+  shard smallint NOT NULL CHECK (shard BETWEEN 0 AND 63),
+  created_at timestamptz NOT NULL DEFAULT now(),
+  UNIQUE (queue, priority, shard)
+);
+
+-- Which ring partition new ready entries go to. One row; updated only on rotation.
+CREATE TABLE ${s}.ring_state (
+  singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+  current_slot smallint NOT NULL,
+  slot_count smallint NOT NULL,
+  generation bigint NOT NULL,
+  rotated_at timestamptz NOT NULL
+);
+INSERT INTO ${s}.ring_state (current_slot, slot_count, generation, rotated_at)
+VALUES (0, ${RING_SLOTS}, 0, now());
+
+-- Ready entries: append-only, lane-ordered (lane_seq from the lane's own sequence, reserved
+-- under the lane lock). Never updated or deleted; a whole slot is reclaimed by TRUNCATE.
+CREATE TABLE ${s}.ready (
+  slot smallint NOT NULL,
+  lane_id integer NOT NULL,
+  lane_seq bigint NOT NULL,
+  id bigint NOT NULL,
+  type text NOT NULL,
+  payload jsonb NOT NULL,
+  queue text NOT NULL,
+  priority smallint NOT NULL,
+  shard smallint NOT NULL,
+  attempts integer NOT NULL,
+  max_attempts integer NOT NULL,
+  dedupe_key text,
+  last_error text,
+  created_at timestamptz NOT NULL,
+  run_at timestamptz NOT NULL,
+  appended_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+  PRIMARY KEY (lane_id, lane_seq, slot)
+) PARTITION BY LIST (slot);
+CREATE INDEX ON ${s}.ready (id);
+
+-- One row per claimed attempt, in the slot of the entry it leases. Insert-only.
+-- max(lane_seq) per lane is the lane's claim cursor: claims lease entries in lane order.
+CREATE TABLE ${s}.leases (
+  slot smallint NOT NULL,
+  lane_id integer NOT NULL,
+  lane_seq bigint NOT NULL,
+  id bigint NOT NULL,
+  type text NOT NULL,
+  attempt integer NOT NULL,
+  token uuid NOT NULL,
+  claimed_at timestamptz NOT NULL,
+  expires_at timestamptz NOT NULL,
+  worker text,
+  PRIMARY KEY (lane_id, lane_seq, slot)
+) PARTITION BY LIST (slot);
+CREATE INDEX ON ${s}.leases (expires_at);
+CREATE INDEX ON ${s}.leases (id);
+
+-- The end of an attempt: completed, failed, released, advanced, rescued. Insert-only; the
+-- primary key is the fence arbiter: whoever inserts first for a lease settles it.
+CREATE TABLE ${s}.settlements (
+  slot smallint NOT NULL,
+  lane_id integer NOT NULL,
+  lane_seq bigint NOT NULL,
+  id bigint NOT NULL,
+  outcome text NOT NULL,
+  settled_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (lane_id, lane_seq, slot)
+) PARTITION BY LIST (slot);
+
+-- An unleased ready entry that no longer stands for its task (cancelled, removed inline, moved).
+CREATE TABLE ${s}.tombstones (
+  slot smallint NOT NULL,
+  lane_id integer NOT NULL,
+  lane_seq bigint NOT NULL,
+  id bigint NOT NULL,
+  reason text NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (lane_id, lane_seq, slot)
+) PARTITION BY LIST (slot);
+CREATE INDEX ON ${s}.tombstones (id);
+
+${partitions}
+
+-- Future work: scheduled (run_at ahead) and retryable (backing off or rescued) tasks.
+CREATE TABLE ${s}.deferred (
+  id bigint PRIMARY KEY,
+  state text NOT NULL CHECK (state IN ('scheduled', 'retryable')),
+  type text NOT NULL,
+  payload jsonb NOT NULL,
+  queue text NOT NULL,
+  priority smallint NOT NULL,
+  shard smallint NOT NULL,
+  attempts integer NOT NULL,
+  max_attempts integer NOT NULL,
+  dedupe_key text,
+  last_error text,
+  created_at timestamptz NOT NULL,
+  last_attempted_at timestamptz,
+  run_at timestamptz NOT NULL
+);
+CREATE INDEX ON ${s}.deferred (run_at, priority, id);
+CREATE INDEX ON ${s}.deferred (queue, priority, shard, run_at, id);
+
+-- Exhausted tasks. History, not pending work: never blocks a new enqueue with the same key.
+CREATE TABLE ${s}.dead_letters (
+  id bigint PRIMARY KEY,
+  type text NOT NULL,
+  payload jsonb NOT NULL,
+  queue text NOT NULL,
+  priority smallint NOT NULL,
+  shard smallint NOT NULL,
+  attempts integer NOT NULL,
+  max_attempts integer NOT NULL,
+  dedupe_key text,
+  last_error text,
+  created_at timestamptz NOT NULL,
+  last_attempted_at timestamptz NOT NULL,
+  died_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX ON ${s}.dead_letters (last_attempted_at);
+CREATE INDEX ON ${s}.dead_letters (type);
+
+-- At most one live task per dedupe key. Deleted when the task completes or dies.
+CREATE TABLE ${s}.dedupe (
+  dedupe_key text PRIMARY KEY,
+  id bigint NOT NULL
+);
+CREATE INDEX ON ${s}.dedupe (id);
+
+-- Lane provisioning runs as the schema owner (SECURITY DEFINER, fixed search_path), so a
+-- runtime role without CREATE can open a lane and every runtime role can use its sequence.
+CREATE FUNCTION ${s}.provision_lane(p_queue text, p_priority smallint, p_shard smallint)
+RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE v_id integer;
+BEGIN
+  IF p_queue IS NULL OR p_priority IS NULL OR p_shard IS NULL THEN
+    RAISE EXCEPTION 'berth: provision_lane arguments must not be null' USING ERRCODE = '22004';
+  END IF;
+  IF p_shard < 0 OR p_shard > 63 THEN
+    RAISE EXCEPTION 'berth: shard % is outside 0-63', p_shard USING ERRCODE = '22023';
+  END IF;
+  SELECT lane_id INTO v_id FROM ${s}.lanes
+   WHERE queue = p_queue AND priority = p_priority AND shard = p_shard;
+  IF FOUND THEN RETURN v_id; END IF;
+  INSERT INTO ${s}.lanes (queue, priority, shard) VALUES (p_queue, p_priority, p_shard)
+  ON CONFLICT DO NOTHING RETURNING lane_id INTO v_id;
+  IF v_id IS NULL THEN
+    SELECT lane_id INTO v_id FROM ${s}.lanes
+     WHERE queue = p_queue AND priority = p_priority AND shard = p_shard;
+    RETURN v_id;
+  END IF;
+  EXECUTE format('CREATE SEQUENCE %I.%I', ${schemaLit}, 'lane_seq_' || v_id);
+  RETURN v_id;
+END $fn$;
+
+-- Append entries to one lane, in array order. Takes the lane lock (held to commit) before
+-- reserving sequence numbers, so a lane's entries become visible in lane_seq order.
+CREATE FUNCTION ${s}.append_ready(
+  p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[],
+  p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamptz[],
+  p_run_at timestamptz[])
+RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE v_seq regclass; v_n integer;
+BEGIN
+  PERFORM pg_advisory_xact_lock(${lockNs}, p_lane);
+  v_seq := format('%I.%I', ${schemaLit}, 'lane_seq_' || p_lane)::regclass;
+  INSERT INTO ${s}.ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
+                          attempts, max_attempts, dedupe_key, last_error, created_at, run_at)
+  SELECT (SELECT current_slot FROM ${s}.ring_state), p_lane, nextval(v_seq), u.id, u.type,
+         u.payload, l.queue, l.priority, l.shard, u.attempts, u.max_attempts, u.dedupe_key,
+         u.last_error, u.created_at, u.run_at
+    FROM (SELECT * FROM unnest(p_ids, p_types, p_payloads, p_attempts, p_max_attempts, p_dedupe,
+                               p_last_error, p_created_at, p_run_at) WITH ORDINALITY
+            AS x(id, type, payload, attempts, max_attempts, dedupe_key, last_error, created_at,
+                 run_at, ord)
+          ORDER BY ord) u
+    CROSS JOIN (SELECT queue, priority, shard FROM ${s}.lanes WHERE lane_id = p_lane) l;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  IF v_n > 0 THEN PERFORM pg_notify(${channel}, ''); END IF;
+  RETURN v_n;
+END $fn$;
+
+-- Promote one lane's due deferred rows: take the lane lock (subject to the caller's
+-- lock_timeout), delete the rows (skipping any another promoter holds), and append them in due
+-- order so they take lane sequence numbers in that order. p_ids NULL: the lane's oldest due rows.
+CREATE FUNCTION ${s}.promote_lane(p_queue text, p_priority smallint, p_shard smallint,
+                                  p_ids bigint[], p_limit integer)
+RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE v_lane integer; v_n integer;
+BEGIN
+  v_lane := ${s}.provision_lane(p_queue, p_priority, p_shard);
+  PERFORM pg_advisory_xact_lock(${lockNs}, v_lane);
+  -- Locked first so a busy lane times out before any row is taken; append_ready re-takes it.
+  WITH moved AS (
+    DELETE FROM ${s}.deferred d
+     WHERE d.id IN (SELECT x.id FROM ${s}.deferred x
+                     WHERE x.queue = p_queue AND x.priority = p_priority AND x.shard = p_shard
+                       AND x.run_at <= now() AND (p_ids IS NULL OR x.id = ANY (p_ids))
+                     ORDER BY x.run_at, x.priority, x.id
+                     LIMIT p_limit
+                     FOR UPDATE SKIP LOCKED)
+    RETURNING d.*
+  )
+  SELECT ${s}.append_ready(v_lane,
+           array_agg(m.id ORDER BY m.run_at, m.id), array_agg(m.type ORDER BY m.run_at, m.id),
+           array_agg(m.payload ORDER BY m.run_at, m.id), array_agg(m.attempts ORDER BY m.run_at, m.id),
+           array_agg(m.max_attempts ORDER BY m.run_at, m.id), array_agg(m.dedupe_key ORDER BY m.run_at, m.id),
+           array_agg(m.last_error ORDER BY m.run_at, m.id), array_agg(m.created_at ORDER BY m.run_at, m.id),
+           array_agg(m.run_at ORDER BY m.run_at, m.id))
+    INTO v_n
+    FROM moved m;
+  RETURN coalesce(v_n, 0);
+END $fn$;
+
+-- Remove a task no worker holds (Dequeue with an empty token; admin cancel). A deferred row is
+-- deleted; a ready entry gets a tombstone, under the lane row lock so no claim can lease it
+-- between the check and the tombstone.
+CREATE FUNCTION ${s}.remove_unleased(p_id bigint, p_reason text)
+RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE r record;
+BEGIN
+  DELETE FROM ${s}.deferred WHERE id = p_id;
+  IF FOUND THEN
+    DELETE FROM ${s}.dedupe WHERE id = p_id;
+    RETURN 'removed';
+  END IF;
+  SELECT e.slot, e.lane_id, e.lane_seq INTO r FROM ${s}.ready e
+   WHERE e.id = p_id
+     AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+                      WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.slot = e.slot)
+     AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
+                      WHERE st.lane_id = e.lane_id AND st.lane_seq = e.lane_seq AND st.slot = e.slot)
+   ORDER BY e.appended_at DESC LIMIT 1;
+  IF NOT FOUND THEN RETURN 'not_found'; END IF;
+  PERFORM 1 FROM ${s}.lanes WHERE lane_id = r.lane_id FOR UPDATE;
+  IF EXISTS (SELECT 1 FROM ${s}.leases l
+              WHERE l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot) THEN
+    RETURN 'leased';
+  END IF;
+  INSERT INTO ${s}.tombstones (slot, lane_id, lane_seq, id, reason)
+  VALUES (r.slot, r.lane_id, r.lane_seq, p_id, p_reason) ON CONFLICT DO NOTHING;
+  DELETE FROM ${s}.dedupe WHERE id = p_id;
+  RETURN 'removed';
+END $fn$;
+
+-- The producer's one statement: ids, dedupe, ready-or-deferred, and the wake NOTIFY (which
+-- PostgreSQL delivers only on commit, once per transaction however many rows).
+-- p_shard NULL picks the shard from the transaction id, so one transaction's batch shares a
+-- lane (one lane lock) while concurrent producers spread over p_shards lanes.
+CREATE FUNCTION ${s}.enqueue(
+  p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[],
+  p_payloads jsonb[], p_run_at timestamptz[], p_max_attempts integer[], p_dedupe text[])
+RETURNS TABLE (ord integer, id bigint, state text, duplicate_of bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  v_lane integer;
+  v_shard smallint;
+  v_ids bigint[];
+  v_won bigint[] := '{}';
+  v_n integer := coalesce(array_length(p_types, 1), 0);
+BEGIN
+  IF p_queue IS NULL OR p_priority IS NULL THEN
+    RAISE EXCEPTION 'berth: enqueue queue and priority must not be null' USING ERRCODE = '22004';
+  END IF;
+  v_shard := coalesce(p_shard, (txid_current() % greatest(coalesce(p_shards, 1), 1))::smallint);
+  v_ids := ARRAY(SELECT nextval(${taskSeq}::regclass) FROM generate_series(1, v_n));
+  IF EXISTS (SELECT 1 FROM unnest(p_dedupe) k WHERE k IS NOT NULL) THEN
+    WITH cand AS (
+      SELECT DISTINCT ON (x.k) x.k, x.id FROM unnest(p_dedupe, v_ids) WITH ORDINALITY AS x(k, id, o)
+       WHERE x.k IS NOT NULL ORDER BY x.k, x.o),
+    ins AS (
+      INSERT INTO ${s}.dedupe AS d (dedupe_key, id) SELECT cand.k, cand.id FROM cand
+      ON CONFLICT DO NOTHING RETURNING d.id)
+    SELECT coalesce(array_agg(ins.id), '{}') INTO v_won FROM ins;
+  END IF;
+
+  RETURN QUERY
+  WITH items AS (
+    SELECT x.o::integer AS o, x.id, x.type, x.payload, coalesce(x.run_at, now()) AS run_at,
+           x.max_attempts, x.k, (x.k IS NULL OR x.id = ANY (v_won)) AS accepted,
+           coalesce(x.run_at, now()) <= now() AS due
+      FROM unnest(v_ids, p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe)
+           WITH ORDINALITY AS x(id, type, payload, run_at, max_attempts, k, o)
+  ), appended AS (
+    SELECT ${s}.append_ready(${s}.provision_lane(p_queue, p_priority, v_shard),
+             array_agg(i.id ORDER BY i.o), array_agg(i.type ORDER BY i.o),
+             array_agg(i.payload ORDER BY i.o), array_agg(0 ORDER BY i.o),
+             array_agg(i.max_attempts ORDER BY i.o), array_agg(i.k ORDER BY i.o),
+             array_agg(NULL::text ORDER BY i.o), array_agg(now() ORDER BY i.o),
+             array_agg(i.run_at ORDER BY i.o)) AS n
+      FROM items i WHERE i.accepted AND i.due
+    HAVING count(*) > 0
+  ), scheduled AS (
+    INSERT INTO ${s}.deferred (id, state, type, payload, queue, priority, shard, attempts,
+                               max_attempts, dedupe_key, created_at, run_at)
+    SELECT i.id, 'scheduled', i.type, i.payload, p_queue, p_priority, v_shard, 0, i.max_attempts,
+           i.k, now(), i.run_at
+      FROM items i WHERE i.accepted AND NOT i.due
+    RETURNING 1
+  )
+  SELECT i.o, CASE WHEN i.accepted THEN i.id END,
+         CASE WHEN NOT i.accepted THEN 'duplicate' WHEN i.due THEN 'ready' ELSE 'scheduled' END,
+         CASE WHEN NOT i.accepted THEN (SELECT d.id FROM ${s}.dedupe d WHERE d.dedupe_key = i.k) END
+    FROM items i
+   WHERE (SELECT count(*) FROM appended) >= 0 AND (SELECT count(*) FROM scheduled) >= 0
+   ORDER BY i.o;
+END $fn$;
+`;
+  },
+};
+
+export const MIGRATIONS: readonly Migration[] = [core];

@@ -1,0 +1,50 @@
+import type pg from 'pg';
+
+/**
+ * Anything that can run a parameterised query: a `pg.Pool`, a `pg.Client`, or a
+ * `pg.PoolClient` checked out inside the caller's own transaction.
+ */
+export interface Queryable {
+  query<R extends pg.QueryResultRow = pg.QueryResultRow>(
+    text: string,
+    values?: unknown[],
+  ): Promise<pg.QueryResult<R>>;
+  /** Named form: hot statements are prepared once per connection (planning a statement over
+   * every ring partition costs more than running it). */
+  query<R extends pg.QueryResultRow = pg.QueryResultRow>(config: pg.QueryConfig<unknown[]>): Promise<pg.QueryResult<R>>;
+}
+
+/**
+ * The one place an identifier (schema, partition, sequence, channel name) becomes SQL text.
+ * Everything a user passes as a value travels as a bind parameter instead.
+ */
+export function quoteIdent(name: string): string {
+  if (name.length === 0) throw new Error('identifier must not be empty');
+  if (name.includes('\u0000')) throw new Error('identifier must not contain NUL');
+  return `"${name.replaceAll('"', '""')}"`;
+}
+
+/** A SQL string literal, for the few DDL places (function bodies) that cannot take a bind. */
+export function quoteLiteral(value: string): string {
+  if (value.includes('\u0000')) throw new Error('literal must not contain NUL');
+  return `'${value.replaceAll("'", "''")}'`;
+}
+
+/** The schema name every statement of one berth installation is qualified with. */
+export const DEFAULT_SCHEMA = 'berth';
+
+/** The NOTIFY channel a schema's producers signal and its workers LISTEN on. */
+export function wakeChannel(schema: string): string {
+  return `${schema}.wake`;
+}
+
+/** Stable 32-bit key for advisory locks namespaced by schema (the lane lock's first key). */
+export function schemaLockKey(schema: string): number {
+  // FNV-1a, folded into int4 range; stable across processes and versions.
+  let h = 0x811c9dc5;
+  for (const ch of Buffer.from(schema, 'utf8')) {
+    h ^= ch;
+    h = Math.imul(h, 0x01000193);
+  }
+  return h | 0;
+}

@@ -1,0 +1,24 @@
+/**
+ * Row predicates shared by more than one statement, so a gauge and the statement that acts on
+ * what it counts can never disagree (seed 000: the dead-letter prune uses the gauge's predicate).
+ */
+
+/**
+ * A dead letter (alias `d`) that is really abandoned: no live, unsettled lease carries its id.
+ * A task retried out of the dead letters and on its final attempt under a worker is not pruned.
+ */
+export function deadRowPredicate(s: string): string {
+  return `NOT EXISTS (SELECT 1 FROM ${s}.leases l
+                        WHERE l.id = d.id AND l.expires_at > now()
+                          AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
+                                           WHERE st.lane_id = l.lane_id AND st.lane_seq = l.lane_seq
+                                             AND st.slot = l.slot))`;
+}
+
+/** A ready entry (alias `r`) that still stands for its task: not tombstoned, not settled. */
+export function liveEntryPredicate(s: string): string {
+  return `NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+                       WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
+          AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
+                           WHERE st.lane_id = r.lane_id AND st.lane_seq = r.lane_seq AND st.slot = r.slot)`;
+}

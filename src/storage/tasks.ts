@@ -1,0 +1,77 @@
+import { quoteIdent, type Queryable } from '../sql.js';
+
+export type TaskState = 'ready' | 'running' | 'completed' | 'scheduled' | 'retryable' | 'dead';
+
+export interface TaskRecord {
+  id: string;
+  type: string;
+  state: TaskState;
+  payload: unknown;
+  queue: string;
+  priority: number;
+  shard: number;
+  attempts: number;
+  maxAttempts: number;
+  dedupeKey: string | null;
+  lastError: string | null;
+  createdAt: Date;
+  runAt: Date | null;
+  lease: { token: string; expiresAt: Date; worker: string | null; attempt: number } | null;
+}
+
+/**
+ * Point read by id. Looks in deferred storage, the dead letters and the ready ring; in the ring
+ * it returns only the entry that still stands for the task (never a tombstoned one, never one
+ * whose attempt has moved on), so a task that was moved or retried reads as its current row.
+ */
+export async function getTask(db: Queryable, schema: string, id: string): Promise<TaskRecord | null> {
+  const s = quoteIdent(schema);
+  const res = await db.query<{
+    id: string; type: string; state: TaskState; payload: unknown; queue: string; priority: number; shard: number;
+    attempts: number; max_attempts: number; dedupe_key: string | null; last_error: string | null;
+    created_at: Date; run_at: Date | null; token: string | null; expires_at: Date | null; worker: string | null;
+  }>(
+    `SELECT id::text, type, state, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
+            last_error, created_at, run_at, NULL AS token, NULL::timestamptz AS expires_at, NULL AS worker
+       FROM ${s}.deferred WHERE id = $1
+     UNION ALL
+     SELECT id::text, type, 'dead', payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
+            last_error, created_at, NULL, NULL, NULL, NULL
+       FROM ${s}.dead_letters WHERE id = $1
+     UNION ALL
+     (SELECT r.id::text, r.type,
+             CASE WHEN st.outcome = 'completed' THEN 'completed'
+                  WHEN l.lane_seq IS NOT NULL THEN 'running' ELSE 'ready' END,
+             r.payload, r.queue, r.priority, r.shard, coalesce(l.attempt, r.attempts), r.max_attempts,
+             r.dedupe_key, r.last_error, r.created_at, r.run_at, l.token::text, l.expires_at, l.worker
+        FROM ${s}.ready r
+        LEFT JOIN ${s}.leases l ON l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot
+        LEFT JOIN ${s}.settlements st ON st.lane_id = r.lane_id AND st.lane_seq = r.lane_seq AND st.slot = r.slot
+       WHERE r.id = $1
+         AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+                          WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
+         AND (st.outcome IS NULL OR st.outcome = 'completed')
+       ORDER BY r.appended_at DESC
+       LIMIT 1)`,
+    [id],
+  );
+  const row = res.rows[0];
+  if (!row) return null;
+  return {
+    id: row.id,
+    type: row.type,
+    state: row.state,
+    payload: row.payload,
+    queue: row.queue,
+    priority: row.priority,
+    shard: row.shard,
+    attempts: row.attempts,
+    maxAttempts: row.max_attempts,
+    dedupeKey: row.dedupe_key,
+    lastError: row.last_error,
+    createdAt: row.created_at,
+    runAt: row.run_at,
+    lease: row.token ? { token: row.token, expiresAt: row.expires_at!, worker: row.worker, attempt: row.attempts } : null,
+  };
+}
+

@@ -1,0 +1,61 @@
+import pg from 'pg';
+import { after } from 'node:test';
+import { migrate } from '../src/index.js';
+import type { BerthMetrics } from '../src/metrics.js';
+import { createLogger } from '../src/logger.js';
+
+export const DATABASE_URL = process.env.TEST_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+
+/** A quiet logger for tests (BERTH_LOG_LEVEL=debug to see everything). */
+export const testLogger = createLogger({ test: true });
+
+/**
+ * A fresh, migrated schema of its own for one test file (files run in parallel), dropped
+ * when the file ends. Returns a pool on the test database.
+ */
+export async function freshSchema(name: string): Promise<{ schema: string; pool: pg.Pool }> {
+  const schema = `t_${name}_${process.pid}`;
+  const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 10 });
+  await pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+  await migrate({ connectionString: DATABASE_URL, schema });
+  after(async () => {
+    await pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`).catch(() => undefined);
+    await pool.end();
+  });
+  return { schema, pool };
+}
+
+/** Poll `check` until it returns a truthy value (or throw after `timeoutMs`). Not a timing assertion: a liveness bound. */
+export async function waitFor<T>(check: () => Promise<T> | T, timeoutMs = 20_000, what = 'condition'): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await check();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+export async function counterValue(metrics: BerthMetrics, name: string, labels: Record<string, string>): Promise<number> {
+  const m = (await metrics.registry.getMetricsAsJSON()).find((x) => x.name === name);
+  if (!m) return 0;
+  let total = 0;
+  for (const v of m.values) {
+    if (Object.entries(labels).every(([k, val]) => v.labels[k] === val)) total += v.value;
+  }
+  return total;
+}
+
+export function outcomes(metrics: BerthMetrics, type: string, outcome: string): Promise<number> {
+  return counterValue(metrics, 'berth_task_outcomes_total', { task_type: type, outcome });
+}
+
+/** Maintenance settings fast enough for tests. */
+export const FAST_MAINTENANCE = {
+  leaderPollMs: 100,
+  promoteIntervalMs: 50,
+  rescueIntervalMs: 100,
+  ringIntervalMs: 100,
+  ringRotateAfterMs: 200,
+  gaugeIntervalMs: 100,
+};
