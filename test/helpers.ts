@@ -8,6 +8,7 @@ export const DATABASE_URL = process.env.TEST_DATABASE_URL ?? 'postgres://postgre
 
 /** A quiet logger for tests (BERTH_LOG_LEVEL=debug to see everything). */
 export const testLogger = createLogger({ test: true });
+if (!process.env.BERTH_LOG_LEVEL) testLogger.level = "silent";
 
 /**
  * A fresh, migrated schema of its own for one test file (files run in parallel), dropped
@@ -37,10 +38,13 @@ export async function waitFor<T>(check: () => Promise<T> | T, timeoutMs = 20_000
 }
 
 export async function counterValue(metrics: BerthMetrics, name: string, labels: Record<string, string>): Promise<number> {
-  const m = (await metrics.registry.getMetricsAsJSON()).find((x) => x.name === name);
+  // Histograms list their _count/_sum series under the base name, tagged with metricName.
+  const all = await metrics.registry.getMetricsAsJSON();
+  const m = all.find((x) => x.name === name) ?? all.find((x) => name.startsWith(`${x.name}_`));
   if (!m) return 0;
   let total = 0;
-  for (const v of m.values) {
+  for (const v of m.values as { value: number; labels: Record<string, unknown>; metricName?: string }[]) {
+    if (m.name !== name && v.metricName !== name) continue;
     if (Object.entries(labels).every(([k, val]) => v.labels[k] === val)) total += v.value;
   }
   return total;
@@ -59,3 +63,26 @@ export const FAST_MAINTENANCE = {
   ringRotateAfterMs: 200,
   gaugeIntervalMs: 100,
 };
+
+import { pino } from 'pino';
+import { Writable } from 'node:stream';
+
+/** A logger whose JSON lines are kept for assertions (and printed only with BERTH_LOG_LEVEL). */
+export function captureLogger(): { logger: ReturnType<typeof pino>; lines: Record<string, unknown>[] } {
+  const lines: Record<string, unknown>[] = [];
+  const stream = new Writable({
+    write(chunk, _enc, cb) {
+      for (const l of String(chunk).split('\n')) if (l) lines.push(JSON.parse(l));
+      if (process.env.BERTH_LOG_LEVEL) process.stdout.write(chunk);
+      cb();
+    },
+  });
+  return { logger: pino({ level: 'debug' }, stream), lines };
+}
+
+/** Wait until an outcome counter reaches `n` (it is bumped just after the settlement commits), then require exactly `n`. */
+export async function expectOutcome(metrics: BerthMetrics, type: string, outcome: string, n: number): Promise<void> {
+  await waitFor(async () => (await outcomes(metrics, type, outcome)) >= n, 10_000, `${n} ${outcome} of ${type}`).catch(() => undefined);
+  const got = await outcomes(metrics, type, outcome);
+  if (got !== n) throw new Error(`expected ${n} ${outcome} outcome(s) for ${type}, got ${got}`);
+}

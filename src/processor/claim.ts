@@ -93,6 +93,11 @@ export interface ClaimParams {
  * - Each locked lane yields its entries past the cursor in lane order; `chosen` keeps a prefix
  *   of every lane (ordered by rank within lane), so the cursor (max leased lane_seq) never
  *   jumps over an unleased entry.
+ * - READ COMMITTED: the lane lock may be granted after a competing claim or a tombstone
+ *   committed, while the rest of the statement still reads the older snapshot. A competing
+ *   claim's leases are caught by ON CONFLICT DO NOTHING (the loser leases fewer, never a leased
+ *   entry twice); a tombstone bumps lanes.version, and `current` drops a lane whose locked
+ *   (latest) version differs from the snapshot's, so a removed entry is never leased.
  * - Both are MATERIALIZED so the row picking runs once: a FROM-subquery can be rescanned per
  *   outer tuple of a nested loop, and each rescan would lease more rows (seed 000's
  *   ClaimLeasesExactlyOneRow).
@@ -123,15 +128,18 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
   }>({
     name: `berth-claim:${p.schema}`,
     text: `WITH locked AS MATERIALIZED (
-       SELECT l.lane_id FROM ${s}.lanes l
+       SELECT l.lane_id, l.version FROM ${s}.lanes l
         WHERE l.lane_id = ANY ($1::integer[])
         ORDER BY l.lane_id
         FOR UPDATE SKIP LOCKED
+     ), current AS MATERIALIZED (
+       SELECT k.lane_id FROM locked k
+        WHERE k.version = (SELECT v.version FROM ${s}.lanes v WHERE v.lane_id = k.lane_id)
      ), picked AS MATERIALIZED (
        SELECT r.slot, r.lane_id, r.lane_seq, r.id, r.type, r.payload, r.queue, r.priority,
               r.shard, r.attempts, r.max_attempts, r.dedupe_key, r.run_at,
               row_number() OVER (PARTITION BY r.lane_id ORDER BY r.lane_seq) AS rank_in_lane
-         FROM locked k
+         FROM current k
          CROSS JOIN LATERAL (
            SELECT r.* FROM ${s}.ready r
             WHERE r.lane_id = k.lane_id
@@ -153,6 +161,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
               now() + make_interval(secs => (coalesce(t.ceiling_ms, $5) + $6) / 1000.0), $7
          FROM chosen c
          LEFT JOIN unnest($3::text[], $4::float8[]) AS t(type, ceiling_ms) ON t.type = c.type
+       ON CONFLICT DO NOTHING
        RETURNING slot, lane_id, lane_seq, attempt, token, expires_at
      ), resignal AS (
        SELECT pg_notify($8, '') WHERE (SELECT count(*) FROM leased) >= $2

@@ -44,6 +44,8 @@ CREATE TABLE ${s}.lanes (
   queue text NOT NULL,
   priority smallint NOT NULL,
   shard smallint NOT NULL CHECK (shard BETWEEN 0 AND 63),
+  -- Bumped by anything that tombstones an entry of the lane; see the claim for why.
+  version bigint NOT NULL DEFAULT 0,
   created_at timestamptz NOT NULL DEFAULT now(),
   UNIQUE (queue, priority, shard)
 );
@@ -277,7 +279,9 @@ BEGIN
                       WHERE st.lane_id = e.lane_id AND st.lane_seq = e.lane_seq AND st.slot = e.slot)
    ORDER BY e.appended_at DESC LIMIT 1;
   IF NOT FOUND THEN RETURN 'not_found'; END IF;
-  PERFORM 1 FROM ${s}.lanes WHERE lane_id = r.lane_id FOR UPDATE;
+  -- Row-locks the lane (claims skip it meanwhile) and bumps its version, so a claim whose
+  -- snapshot predates this tombstone sees the version change and leaves the lane alone.
+  UPDATE ${s}.lanes SET version = version + 1 WHERE lane_id = r.lane_id;
   IF EXISTS (SELECT 1 FROM ${s}.leases l
               WHERE l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot) THEN
     RETURN 'leased';

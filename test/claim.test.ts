@@ -1,0 +1,143 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { enqueueMany, enqueue } from '../src/index.js';
+import { claim, discover, type ClaimParams } from '../src/processor/claim.js';
+import { wakeChannel } from '../src/sql.js';
+import { freshSchema } from './helpers.js';
+
+const { schema, pool } = await freshSchema('claim');
+
+function params(laneIds: number[], limit: number, extra: Partial<ClaimParams> = {}): ClaimParams {
+  return {
+    schema,
+    laneIds,
+    limit,
+    ceilings: new Map([['t', 60_000]]),
+    defaultCeilingMs: 300_000,
+    marginMs: 30_000,
+    workerId: 'test',
+    wakeChannel: wakeChannel(schema),
+    ...extra,
+  };
+}
+
+async function leaseCount(): Promise<number> {
+  return Number((await pool.query(`SELECT count(*) AS n FROM "${schema}".leases`)).rows[0].n);
+}
+
+async function reset(): Promise<void> {
+  await pool.query(`TRUNCATE "${schema}".ready, "${schema}".leases, "${schema}".settlements, "${schema}".tombstones, "${schema}".deferred`);
+}
+
+test('ClaimLeasesExactlyOneRow: a claim for one slot leases exactly the one entry it returns', async () => {
+  await reset();
+  await enqueueMany(pool, Array.from({ length: 30 }, (_, i) => ({ type: 't', payload: { i }, shard: 0 })), { schema });
+  await enqueueMany(pool, Array.from({ length: 30 }, (_, i) => ({ type: 't', payload: { i }, shard: 1 })), { schema });
+  const lanes = (await pool.query(`SELECT lane_id FROM "${schema}".lanes`)).rows.map((r) => r.lane_id as number);
+  assert.equal(lanes.length, 2);
+  const got = await claim(pool, params(lanes, 1));
+  assert.equal(got.length, 1);
+  assert.equal(await leaseCount(), 1);
+  const three = await claim(pool, params(lanes, 3));
+  assert.equal(three.length, 3);
+  assert.equal(await leaseCount(), 4);
+  const leased = await pool.query(`SELECT id::text FROM "${schema}".leases ORDER BY id`);
+  assert.deepEqual(leased.rows.map((r) => r.id).sort(), [...got, ...three].map((t) => t.id).sort());
+});
+
+test('discovery returns due, unleased entries oldest first, 20 at a time', async () => {
+  await reset();
+  await enqueueMany(pool, Array.from({ length: 25 }, (_, i) => ({ type: 't', payload: { i }, shard: 2 })), { schema });
+  await enqueue(pool, 't', { future: true }, { schema, delay: 3600_000, shard: 2 });
+  const first = await discover(pool, schema, null, 20);
+  assert.equal(first.length, 20);
+  const seqs = first.map((c) => Number(c.laneSeq));
+  assert.deepEqual(seqs, [...seqs].sort((a, b) => a - b));
+  await claim(pool, params([first[0]!.laneId], 5));
+  const after = await discover(pool, schema, null, 20);
+  assert.equal(after.length, 20);
+  assert.ok(Number(after[0]!.laneSeq) > Number(first[4]!.laneSeq), 'leased entries are not rediscovered');
+  const other = await discover(pool, schema, ['nope'], 20);
+  assert.equal(other.length, 0, 'queue filter');
+});
+
+test('priority: a lower number is discovered and claimed first', async () => {
+  await reset();
+  await enqueue(pool, 't', { p: 5 }, { schema, priority: 5 });
+  await enqueue(pool, 't', { p: -1 }, { schema, priority: -1 });
+  const cands = await discover(pool, schema, null, 20);
+  const got = await claim(pool, params([...new Set(cands.map((c) => c.laneId))], 1));
+  assert.deepEqual(got[0]!.payload, { p: -1 });
+});
+
+test('SKIP LOCKED: two claimers handed the same candidates take different entries', async () => {
+  await reset();
+  for (let shard = 0; shard < 4; shard++) {
+    await enqueueMany(pool, Array.from({ length: 5 }, (_, i) => ({ type: 't', payload: { i }, shard })), { schema });
+  }
+  const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+  // Hold one lane locked as a concurrent claimer would, mid-statement.
+  const holder = await pool.connect();
+  await holder.query('BEGIN');
+  await holder.query(`SELECT 1 FROM "${schema}".lanes WHERE lane_id = $1 FOR UPDATE`, [lanes[0]]);
+  const got = await claim(pool, params(lanes, 4));
+  assert.equal(got.length, 4);
+  assert.ok(got.every((t) => t.laneId !== lanes[0]), 'the locked lane is skipped, not waited on');
+  await holder.query('ROLLBACK');
+  holder.release();
+  // Many concurrent claimers over the same candidates never lease one entry twice.
+  await reset();
+  for (let shard = 0; shard < 8; shard++) {
+    await enqueueMany(pool, Array.from({ length: 50 }, (_, i) => ({ type: 't', payload: { i }, shard })), { schema });
+  }
+  const all = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+  const claimed: string[] = [];
+  for (let round = 0; round < 20; round++) {
+    const batches = await Promise.all(Array.from({ length: 6 }, () => claim(pool, params(all, 4))));
+    for (const b of batches) claimed.push(...b.map((t) => t.id));
+  }
+  assert.equal(new Set(claimed).size, claimed.length, 'no entry leased twice');
+  assert.equal(await leaseCount(), claimed.length);
+});
+
+test('the claim stamps a random token and expiry = db now() + ceiling + margin', async () => {
+  await reset();
+  await enqueue(pool, 't', {}, { schema });
+  await enqueue(pool, 'unknown_type', {}, { schema });
+  const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+  const got = await claim(pool, params(lanes, 2));
+  assert.equal(got.length, 2);
+  const rows = await pool.query(
+    `SELECT type, token::text, extract(epoch FROM expires_at - claimed_at)::float8 AS secs, attempt FROM "${schema}".leases ORDER BY type`,
+  );
+  const byType = Object.fromEntries(rows.rows.map((r) => [r.type, r]));
+  assert.equal(byType.t.secs, 90, 'ceiling 60 s + margin 30 s');
+  assert.equal(byType.unknown_type.secs, 330, 'default ceiling 300 s + margin');
+  assert.notEqual(byType.t.token, byType.unknown_type.token);
+  assert.match(byType.t.token, /^[0-9a-f-]{36}$/);
+  assert.equal(byType.t.attempt, 1, 'attempts are counted at claim');
+  const t = got.find((x) => x.type === 't')!;
+  const dbExpiry = await pool.query(`SELECT (extract(epoch FROM expires_at) * 1000)::float8 AS ms FROM "${schema}".leases WHERE token = $1`, [t.token]);
+  assert.equal(t.leaseExpiresAt, dbExpiry.rows[0].ms, 'the deadline is derived from the returned database stamp');
+});
+
+test('a claim that fills every requested slot re-signals the wake channel; a short one does not', async () => {
+  await reset();
+  const pg = (await import('pg')).default;
+  const l = new pg.Client({ connectionString: (await import('./helpers.js')).DATABASE_URL });
+  await l.connect();
+  let n = 0;
+  l.on('notification', () => n++);
+  await l.query(`LISTEN "${wakeChannel(schema)}"`);
+  await enqueueMany(pool, Array.from({ length: 3 }, () => ({ type: 't', payload: {} })), { schema });
+  await new Promise((r) => setTimeout(r, 200));
+  n = 0;
+  const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+  await claim(pool, params(lanes, 2));
+  await new Promise((r) => setTimeout(r, 200));
+  assert.equal(n, 1, 'full claim re-signals');
+  await claim(pool, params(lanes, 5));
+  await new Promise((r) => setTimeout(r, 200));
+  assert.equal(n, 1, 'short claim does not');
+  await l.end();
+});

@@ -1,0 +1,309 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { z } from 'zod';
+import { defineTask, enqueue, getTask, runSlices, Worker, type TaskDefinition } from '../src/index.js';
+import { slotsFromEnv } from '../src/processor/worker.js';
+import { captureLogger, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, freshSchema, outcomes, waitFor, counterValue } from './helpers.js';
+
+const { schema, pool } = await freshSchema('proc');
+const S = `"${schema}"`;
+
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+async function withWorker(tasks: TaskDefinition<any>[], fn: (w: Worker, lines: Record<string, unknown>[]) => Promise<void>, opts: Partial<ConstructorParameters<typeof Worker>[0]> = {}) {
+  const { logger, lines } = captureLogger();
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks,
+    slots: 4,
+    leaseMarginMs: 0,
+    pollIntervalMs: 100,
+    logger,
+    maintenance: FAST_MAINTENANCE,
+    ...opts,
+  });
+  await w.start();
+  try {
+    await fn(w, lines);
+  } finally {
+    await w.stop();
+  }
+}
+
+const state = async (id: string) => (await getTask(pool, schema, id))?.state;
+
+test('done: the handler runs once and the task completes (success)', async () => {
+  const seen: unknown[] = [];
+  const def = defineTask<{ n: number }>({ type: 'p_done', ceiling: 10_000, handler: async (p, ctx) => {
+    seen.push(p);
+    assert.ok(ctx.deadline.getTime() > Date.now());
+    assert.equal(ctx.attempt, 1);
+  } });
+  await withWorker([def], async (w) => {
+    const r = await enqueue(pool, def, { n: 7 }, { schema });
+    await waitFor(async () => (await state(r.id!)) === 'completed', 10_000, 'completion');
+    await waitFor(async () => (await outcomes(w.metrics, 'p_done', 'success')) === 1, 5_000, 'success counted');
+    assert.deepEqual(seen, [{ n: 7 }]);
+    assert.equal(await counterValue(w.metrics, 'berth_task_handler_seconds_count', { task_type: 'p_done' }), 1);
+  });
+});
+
+test('error: failure records last_error and retries with backoff, then dead-letters at maxAttempts', async () => {
+  let runs = 0;
+  const def = defineTask({ type: 'p_fail', ceiling: 10_000, maxAttempts: 3, backoff: { baseMs: 0, maxMs: 0 }, handler: async () => {
+    runs++;
+    throw new Error(`nope ${runs}`);
+  } });
+  await withWorker([def], async (w) => {
+    const r = await enqueue(pool, def, {}, { schema });
+    await waitFor(async () => (await state(r.id!)) === 'dead', 15_000, 'dead letter');
+    const t = await getTask(pool, schema, r.id!);
+    assert.equal(t?.attempts, 3);
+    assert.equal(t?.lastError, 'nope 3');
+    assert.equal(runs, 3);
+    await expectOutcome(w.metrics, 'p_fail', 'failure', 3);
+  });
+});
+
+test('continue after AdvanceCursor: counted as continued, next slice resumes from the cursor', async () => {
+  const cursors: number[] = [];
+  const def = defineTask<{ cursor: number }>({ type: 'p_slice', ceiling: 10_000, handler: async (p, ctx) => {
+    cursors.push(p.cursor);
+    if (p.cursor >= 3) return 'done';
+    assert.equal(await ctx.advanceCursor({ cursor: p.cursor + 1 }), true);
+    return 'continue';
+  } });
+  await withWorker([def], async (w, lines) => {
+    const r = await enqueue(pool, def, { cursor: 0 }, { schema });
+    await waitFor(async () => (await state(r.id!)) === 'completed', 15_000, 'sliced completion');
+    assert.deepEqual(cursors, [0, 1, 2, 3]);
+    await expectOutcome(w.metrics, 'p_slice', 'continued', 3);
+    await expectOutcome(w.metrics, 'p_slice', 'success', 1);
+    assert.equal(lines.filter((l) => l.msg === 'slice returned continue without advancing its cursor').length, 0);
+  });
+});
+
+test('a continue that advanced nothing is released, logged at warn, keeps its attempt and dead-letters', async () => {
+  let runs = 0;
+  const def = defineTask({ type: 'p_stuck', ceiling: 10_000, maxAttempts: 2, handler: async () => {
+    runs++;
+    return 'continue';
+  } });
+  await withWorker([def], async (w, lines) => {
+    const r = await enqueue(pool, def, {}, { schema });
+    await waitFor(async () => (await state(r.id!)) === 'dead', 15_000, 'dead letter');
+    assert.equal(runs, 2);
+    const warns = lines.filter((l) => l.msg === 'slice returned continue without advancing its cursor');
+    assert.equal(warns.length, 2);
+    assert.equal(warns[0]!.level, 40);
+    assert.equal(warns[0]!.task_id, r.id);
+    assert.equal(warns[0]!.task_type, 'p_stuck');
+    assert.ok(typeof warns[0]!.lane === 'string' && typeof warns[0]!.attempt === 'number');
+    assert.match((await getTask(pool, schema, r.id!))!.lastError!, /continued without advancing/);
+  });
+});
+
+test('a refused AdvanceCursor surfaces as an error and the run is recorded as lost', async () => {
+  const def = defineTask<{ cursor: number | null }>({ type: 'p_lost', ceiling: 10_000, handler: (payload, ctx) =>
+    runSlices(payload, ctx, {
+      cursorOf: (p) => p.cursor,
+      withCursor: (p, cursor) => ({ ...p, cursor }),
+      sliceMs: 0,
+      readPage: async () => {
+        // Another party takes the lease over mid-slice (as rescue would after a lapse).
+        await pool.query(
+          `INSERT INTO ${S}.settlements (slot, lane_id, lane_seq, id, outcome)
+           SELECT slot, lane_id, lane_seq, id, 'rescued' FROM ${S}.leases WHERE id = $1 ON CONFLICT DO NOTHING`,
+          [ctx.id],
+        );
+        return { next: 1 };
+      },
+    }) });
+  await withWorker([def], async (w) => {
+    await enqueue(pool, def, { cursor: null }, { schema });
+    await waitFor(async () => (await outcomes(w.metrics, 'p_lost', 'lost')) === 1, 10_000, 'lost outcome');
+    assert.equal(await outcomes(w.metrics, 'p_lost', 'continued'), 0);
+  });
+});
+
+test('runSlices: a page read failing after progress saves the cursor and warns; on the first page it is an error', async () => {
+  let call = 0;
+  const def = defineTask<{ cursor: number | null }>({ type: 'p_pages', ceiling: 10_000, maxAttempts: 5, backoff: { baseMs: 0, maxMs: 0 }, handler: (payload, ctx) =>
+    runSlices(payload, ctx, {
+      cursorOf: (p) => p.cursor,
+      withCursor: (p, cursor) => ({ ...p, cursor }),
+      readPage: async (cursor) => {
+        call++;
+        if (call === 1) throw new Error('first page read failed');
+        if (call === 4) throw new Error('page read failed mid-slice');
+        const next = (cursor ?? 0) + 1;
+        return { next: next > 4 ? null : next };
+      },
+    }) });
+  await withWorker([def], async (w, lines) => {
+    const r = await enqueue(pool, def, { cursor: null }, { schema });
+    await waitFor(async () => (await state(r.id!)) === 'completed', 15_000, 'completion');
+    await expectOutcome(w.metrics, 'p_pages', 'failure', 1);
+    await expectOutcome(w.metrics, 'p_pages', 'continued', 1);
+    const warn = lines.find((l) => l.msg === 'slice stopped early on a page read');
+    assert.ok(warn, 'warned');
+    assert.equal(warn!.level, 40);
+    assert.equal(warn!.cursor, 2);
+    assert.equal(warn!.pages_read, 2);
+  });
+});
+
+test('deadline: the AbortSignal fires at lease expiry minus the margin; an error then is a timeout and retries', async () => {
+  let aborted = 0;
+  const def = defineTask({ type: 'p_slow', ceiling: 300, maxAttempts: 1, handler: (_p, ctx) =>
+    new Promise((_res, rej) => ctx.signal.addEventListener('abort', () => {
+      aborted++;
+      rej(ctx.signal.reason);
+    })) });
+  await withWorker([def], async (w) => {
+    const r = await enqueue(pool, def, {}, { schema });
+    await waitFor(async () => (await state(r.id!)) === 'dead', 10_000, 'timed out');
+    assert.equal(aborted, 1);
+    await expectOutcome(w.metrics, 'p_slow', 'timeout', 1);
+    assert.match((await getTask(pool, schema, r.id!))!.lastError!, /deadline/);
+  }, { leaseMarginMs: 200 });
+});
+
+test('a continue returned at the deadline is recorded as timeout and released, not backed off', async () => {
+  let runs = 0;
+  const def = defineTask({ type: 'p_cont_late', ceiling: 200, handler: async (_p, ctx) => {
+    runs++;
+    if (runs > 1) return 'done';
+    await new Promise((r) => ctx.signal.addEventListener('abort', r));
+    return 'continue';
+  } });
+  await withWorker([def], async (w) => {
+    const r = await enqueue(pool, def, {}, { schema });
+    await waitFor(async () => (await state(r.id!)) === 'completed', 10_000, 'completion after release');
+    await expectOutcome(w.metrics, 'p_cont_late', 'timeout', 1);
+    assert.equal(await outcomes(w.metrics, 'p_cont_late', 'failure'), 0);
+  }, { leaseMarginMs: 100 });
+});
+
+test('a claim that returns after its deadline does not start the handler: timeout, no latency sample, backed off', async () => {
+  // Make every claim take 300 ms in a schema of its own, longer than the 50 ms ceiling.
+  const { schema: slow, pool: sp } = await freshSchema('proc_slowclaim');
+  await sp.query(`CREATE FUNCTION "${slow}".slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.3); RETURN NULL; END $$`);
+  await sp.query(`CREATE TRIGGER slow AFTER INSERT ON "${slow}".leases FOR EACH STATEMENT EXECUTE FUNCTION "${slow}".slow()`);
+  let started = 0;
+  const def = defineTask({ type: 'p_late', ceiling: 50, handler: async () => {
+    started++;
+  } });
+  const { logger } = captureLogger();
+  const w = new Worker({ connectionString: DATABASE_URL, schema: slow, tasks: [def], leaseMarginMs: 0, pollIntervalMs: 100, logger, maintenance: false });
+  await w.start();
+  try {
+    const r = await enqueue(sp, def, {}, { schema: slow });
+    await waitFor(async () => (await getTask(sp, slow, r.id!))?.state === 'retryable', 10_000, 'backed off');
+    assert.equal(started, 0);
+    await expectOutcome(w.metrics, 'p_late', 'timeout', 1);
+    assert.equal(await counterValue(w.metrics, 'berth_task_handler_seconds_count', { task_type: 'p_late' }), 0);
+    const t = await getTask(sp, slow, r.id!);
+    assert.match(t!.lastError!, /after the handler deadline/);
+    assert.ok(t!.runAt!.getTime() > Date.now() + 5_000, 'backed off like any other failure');
+  } finally {
+    await w.stop();
+  }
+});
+
+test('stop(): in-flight handlers are aborted, leases released (cancelled / continued), final attempt stamped', async () => {
+  let started = 0;
+  const hang = defineTask({ type: 'p_hang', ceiling: 60_000, handler: (_p, ctx) => new Promise((_r, rej) => {
+    started++;
+    ctx.signal.addEventListener('abort', () => rej(ctx.signal.reason));
+  }) });
+  const progress = defineTask<{ c: number }>({ type: 'p_progress', ceiling: 60_000, handler: async (p, ctx) => {
+    started++;
+    await ctx.advanceCursor({ c: p.c + 1 });
+    await new Promise((r) => ctx.signal.addEventListener('abort', r));
+    return 'continue';
+  } });
+  const final = defineTask({ type: 'p_final', ceiling: 60_000, maxAttempts: 1, handler: (_p, ctx) => new Promise((_r, rej) => {
+    started++;
+    ctx.signal.addEventListener('abort', () => rej(ctx.signal.reason));
+  }) });
+  const { logger } = captureLogger();
+  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [hang, progress, final], slots: 4, pollIntervalMs: 100, logger, maintenance: false });
+  await w.start();
+  const a = await enqueue(pool, hang, {}, { schema });
+  const b = await enqueue(pool, progress, { c: 0 }, { schema });
+  const c = await enqueue(pool, final, {}, { schema });
+  await waitFor(() => started === 3, 10_000, 'all started');
+  await w.stop();
+  await expectOutcome(w.metrics, 'p_hang', 'cancelled', 1);
+  await expectOutcome(w.metrics, 'p_progress', 'continued', 1);
+  const ta = await getTask(pool, schema, a.id!);
+  assert.equal(ta?.state, 'retryable');
+  assert.equal(ta?.attempts, 1, 'the burnt attempt is not refunded');
+  assert.equal(ta?.lease, null);
+  const tb = await getTask(pool, schema, b.id!);
+  assert.deepEqual(tb?.payload, { c: 1 }, 'progress saved');
+  const tc = await getTask(pool, schema, c.id!);
+  assert.equal(tc?.state, 'dead');
+  assert.match(tc!.lastError!, /shutdown/);
+  const due = await pool.query(`SELECT bool_and(run_at <= now()) AS due FROM ${S}.deferred WHERE id = ANY($1::bigint[])`, [[a.id, b.id]]);
+  assert.equal(due.rows[0].due, true, 'released work is due at once, not after the lease');
+});
+
+test('an unknown task type gets a clear error and loses nothing', async () => {
+  const known = defineTask({ type: 'p_known', ceiling: 1000, handler: async () => {} });
+  await withWorker([known], async (w) => {
+    const r = await enqueue(pool, 'p_mystery', { keep: 'me' }, { schema });
+    await waitFor(async () => (await state(r.id!)) === 'retryable', 10_000, 'failure recorded');
+    const t = await getTask(pool, schema, r.id!);
+    assert.match(t!.lastError!, /no handler registered for task type "p_mystery"/);
+    assert.deepEqual(t!.payload, { keep: 'me' });
+    await expectOutcome(w.metrics, 'p_mystery', 'failure', 1);
+  });
+});
+
+test('a malformed payload is dead-lettered with a clear error, payload kept for repair', async () => {
+  let ran = 0;
+  const def = defineTask({ type: 'p_typed', ceiling: 1000, schema: z.object({ org: z.number() }), handler: async () => {
+    ran++;
+  } });
+  await withWorker([def], async () => {
+    const r = await enqueue(pool, 'p_typed', { org: 'x' }, { schema });
+    await waitFor(async () => (await state(r.id!)) === 'dead', 10_000, 'dead letter');
+    const t = await getTask(pool, schema, r.id!);
+    assert.match(t!.lastError!, /payload for task type "p_typed" is invalid: org/);
+    assert.deepEqual(t!.payload, { org: 'x' });
+    assert.equal(ran, 0);
+  });
+});
+
+test('bad config values get clear errors', () => {
+  assert.throws(() => slotsFromEnv('zero'), /BERTH_TASK_PROCESSOR_CONCURRENCY/);
+  assert.equal(slotsFromEnv('8'), 8);
+  assert.equal(slotsFromEnv(undefined), undefined);
+  assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], slots: 0 }), /slots/);
+  assert.throws(() => new Worker({ connectionString: '', tasks: [] }), /connectionString/);
+  assert.throws(() => defineTask({ type: 'x', ceiling: 0, handler: async () => {} }), /ceiling/);
+  assert.throws(() => defineTask({ type: '', ceiling: 1, handler: async () => {} }), /type/);
+  const d = defineTask({ type: 'dup', ceiling: 1, handler: async () => {} });
+  assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [d, d] }), /defined twice/);
+});
+
+test('slots default to 4 and follow BERTH_TASK_PROCESSOR_CONCURRENCY', async () => {
+  const prev = process.env.BERTH_TASK_PROCESSOR_CONCURRENCY;
+  try {
+    delete process.env.BERTH_TASK_PROCESSOR_CONCURRENCY;
+    const w = new Worker({ connectionString: DATABASE_URL, tasks: [], schema, maintenance: false });
+    await w.start();
+    assert.equal(await counterValue(w.metrics, 'berth_task_slots', {}), 4);
+    await w.stop();
+    process.env.BERTH_TASK_PROCESSOR_CONCURRENCY = '7';
+    const w7 = new Worker({ connectionString: DATABASE_URL, tasks: [], schema, maintenance: false });
+    await w7.start();
+    assert.equal(await counterValue(w7.metrics, 'berth_task_slots', {}), 7);
+    await w7.stop();
+  } finally {
+    if (prev === undefined) delete process.env.BERTH_TASK_PROCESSOR_CONCURRENCY;
+    else process.env.BERTH_TASK_PROCESSOR_CONCURRENCY = prev;
+  }
+});

@@ -1,0 +1,222 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { enqueue, enqueueMany, dequeue, getTask, LeaseLostError, pruneDeadLetters, rescueLapsedLeases, promoteDue, readGauges, backoffDelayMs, DEFAULT_BACKOFF } from '../src/index.js';
+import { claim, discover, type ClaimedTask } from '../src/processor/claim.js';
+import { advanceCursor, completeLeases, leaseKey, recordFailures, releaseLease } from '../src/processor/settlement.js';
+import { wakeChannel } from '../src/sql.js';
+import { freshSchema } from './helpers.js';
+
+const { schema, pool } = await freshSchema('settle');
+const S = `"${schema}"`;
+
+async function claimOne(type = 't', ceilingMs = 60_000): Promise<ClaimedTask> {
+  const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+  const [t] = await claim(pool, {
+    schema,
+    laneIds: lanes,
+    limit: 1,
+    ceilings: new Map([[type, ceilingMs]]),
+    defaultCeilingMs: ceilingMs,
+    marginMs: 0,
+    workerId: 'test',
+    wakeChannel: wakeChannel(schema),
+  });
+  assert.ok(t, 'a task was claimed');
+  return t;
+}
+
+async function fresh(payload: unknown = {}, opts: { maxAttempts?: number; dedupeKey?: string } = {}): Promise<string> {
+  await pool.query(`TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`);
+  const r = await enqueue(pool, 't', payload, { schema, ...opts });
+  return r.id!;
+}
+
+/** Make a deferred row due now and promote it, as the leader would. */
+async function promoteNow(): Promise<void> {
+  await pool.query(`UPDATE ${S}.deferred SET run_at = now() - interval '1 ms'`);
+  await promoteDue(pool, schema);
+}
+
+const stolen = (t: ClaimedTask) => ({ ...t, token: '00000000-0000-0000-0000-000000000000' });
+
+test('Dequeue is fenced on the token: a wrong token is refused with LeaseLostError', async () => {
+  const id = await fresh();
+  const t = await claimOne();
+  await assert.rejects(dequeue(pool, schema, id, stolen(t).token), LeaseLostError);
+  assert.equal((await getTask(pool, schema, id))?.state, 'running');
+  await dequeue(pool, schema, id, t.token);
+  assert.equal((await getTask(pool, schema, id))?.state, 'completed');
+  // A second settlement of the same lease is refused too.
+  await assert.rejects(dequeue(pool, schema, id, t.token), LeaseLostError);
+  const batch = await completeLeases(pool, schema, [t]);
+  assert.equal(batch.size, 0);
+});
+
+test('Dequeue with an empty token removes an unleased task and refuses a leased one', async () => {
+  const id = await fresh({}, { dedupeKey: 'inline' });
+  await dequeue(pool, schema, id, '');
+  assert.equal(await getTask(pool, schema, id), null, 'the tombstoned entry is never returned');
+  assert.equal((await discover(pool, schema, null, 20)).length, 0, 'and never discovered');
+  const again = await enqueue(pool, 't', {}, { schema, dedupeKey: 'inline' });
+  assert.equal(again.state, 'ready', 'its dedupe key is free');
+  await claimOne();
+  await assert.rejects(dequeue(pool, schema, again.id!, ''), LeaseLostError);
+  const scheduled = await enqueue(pool, 't', {}, { schema, delay: 3600_000 });
+  await dequeue(pool, schema, scheduled.id!, '');
+  assert.equal(await getTask(pool, schema, scheduled.id!), null);
+});
+
+test('RecordFailure is fenced: a wrong token is refused and nothing is written', async () => {
+  const id = await fresh();
+  const t = await claimOne();
+  const refused = await recordFailures(pool, schema, [{ ref: stolen(t), error: 'x', delayMs: 0, permanent: false }]);
+  assert.equal(refused.size, 0);
+  assert.equal((await getTask(pool, schema, id))?.state, 'running');
+});
+
+test('failure stores last_error, backs off and clears the lease; attempts are counted at claim', async () => {
+  const id = await fresh();
+  const t = await claimOne();
+  assert.equal(t.attempt, 1);
+  const r = await recordFailures(pool, schema, [{ ref: t, error: 'object store said 503', delayMs: 15_000, permanent: false }]);
+  assert.equal(r.get(leaseKey(t)), 'retry');
+  const task = await getTask(pool, schema, id);
+  assert.equal(task?.state, 'retryable');
+  assert.equal(task?.lastError, 'object store said 503');
+  assert.equal(task?.attempts, 1);
+  assert.equal(task?.lease, null, 'lease cleared');
+  const delay = await pool.query(`SELECT extract(epoch FROM run_at - last_attempted_at)::float8 AS s FROM ${S}.deferred WHERE id = $1`, [id]);
+  assert.ok(delay.rows[0].s >= 14.9 && delay.rows[0].s < 16, `backoff ~15 s, got ${delay.rows[0].s}`);
+  await promoteNow();
+  const t2 = await claimOne();
+  assert.equal(t2.id, id, 'identity is stable across retries');
+  assert.equal(t2.attempt, 2);
+});
+
+test('backoff: 15 s doubling to a 10 min cap', () => {
+  assert.deepEqual(
+    [1, 2, 3, 4, 5, 6, 7, 8, 20].map((a) => backoffDelayMs(DEFAULT_BACKOFF, a) / 1000),
+    [15, 30, 60, 120, 240, 480, 600, 600, 600],
+  );
+});
+
+test('dead letter at max attempts; a dead letter frees its dedupe key', async () => {
+  const id = await fresh({ n: 1 }, { maxAttempts: 2, dedupeKey: 'dies' });
+  for (let i = 1; i <= 2; i++) {
+    const t = await claimOne();
+    assert.equal(t.attempt, i);
+    const r = await recordFailures(pool, schema, [{ ref: t, error: `boom ${i}`, delayMs: 0, permanent: false }]);
+    assert.equal(r.get(leaseKey(t)), i < 2 ? 'retry' : 'dead');
+    if (i < 2) await promoteNow();
+  }
+  const dead = await getTask(pool, schema, id);
+  assert.equal(dead?.state, 'dead');
+  assert.equal(dead?.lastError, 'boom 2');
+  assert.deepEqual(dead?.payload, { n: 1 });
+  assert.equal((await discover(pool, schema, null, 20)).length, 0, 'a dead letter is not discovered');
+  const again = await enqueue(pool, 't', {}, { schema, dedupeKey: 'dies' });
+  assert.equal(again.state, 'ready');
+  const g = await readGauges(pool, schema);
+  assert.equal(g.dead.get('t'), 1);
+});
+
+test('a permanent failure dead-letters at once', async () => {
+  const id = await fresh();
+  const t = await claimOne();
+  const r = await recordFailures(pool, schema, [{ ref: t, error: 'bad payload', delayMs: 0, permanent: true }]);
+  assert.equal(r.get(leaseKey(t)), 'dead');
+  assert.equal((await getTask(pool, schema, id))?.state, 'dead');
+});
+
+test('AdvanceCursor rewrites the payload, makes it due now, resets attempts and clears the lease in one statement', async () => {
+  const id = await fresh({ cursor: 0 }, { maxAttempts: 5 });
+  await recordFailures(pool, schema, [{ ref: await claimOne(), error: 'first', delayMs: 0, permanent: false }]);
+  await promoteNow();
+  const t = await claimOne();
+  assert.equal(t.attempt, 2);
+  assert.equal(await advanceCursor(pool, schema, t, { cursor: 10 }), true);
+  const task = await getTask(pool, schema, id);
+  assert.equal(task?.state, 'retryable');
+  assert.deepEqual(task?.payload, { cursor: 10 });
+  assert.equal(task?.attempts, 0);
+  assert.equal(task?.lastError, null);
+  assert.equal(task?.lease, null);
+  const due = await pool.query(`SELECT run_at <= now() AS due FROM ${S}.deferred WHERE id = $1`, [id]);
+  assert.equal(due.rows[0].due, true);
+  // The lease is gone: a second advance, or a release, reports that it wrote nothing.
+  assert.equal(await advanceCursor(pool, schema, t, { cursor: 20 }), false);
+  assert.deepEqual(await releaseLease(pool, schema, t, 'x'), { wrote: false, dead: false });
+  await promoteNow();
+  const next = await claimOne();
+  assert.deepEqual(next.payload, { cursor: 10 });
+  assert.equal(next.attempt, 1);
+});
+
+test('release keeps the burnt attempt; on the final attempt it dead-letters and stamps last_error', async () => {
+  const id = await fresh({}, { maxAttempts: 2 });
+  const t1 = await claimOne();
+  assert.deepEqual(await releaseLease(pool, schema, t1, 'interrupted on final attempt'), { wrote: true, dead: false });
+  let task = await getTask(pool, schema, id);
+  assert.equal(task?.attempts, 1);
+  assert.equal(task?.lastError, null, 'not stamped unless final');
+  await promoteNow();
+  const t2 = await claimOne();
+  assert.equal(t2.attempt, 2);
+  assert.deepEqual(await releaseLease(pool, schema, t2, 'interrupted on final attempt'), { wrote: true, dead: true });
+  task = await getTask(pool, schema, id);
+  assert.equal(task?.state, 'dead');
+  assert.equal(task?.lastError, 'interrupted on final attempt');
+});
+
+test('rescue: a lapsed lease goes back to retryable with the attempt burnt, or dead when out of attempts', async () => {
+  const id = await fresh({}, { maxAttempts: 2 });
+  const t1 = await claimOne('t', 1);
+  await new Promise((r) => setTimeout(r, 20));
+  assert.deepEqual(await rescueLapsedLeases(pool, schema), { retried: 1, dead: 0 });
+  assert.equal((await getTask(pool, schema, id))?.state, 'retryable');
+  await assert.rejects(dequeue(pool, schema, id, t1.token), LeaseLostError, 'the old holder is fenced out');
+  await promoteNow();
+  const t2 = await claimOne('t', 1);
+  assert.equal(t2.attempt, 2);
+  await new Promise((r) => setTimeout(r, 20));
+  assert.deepEqual(await rescueLapsedLeases(pool, schema), { retried: 0, dead: 1 });
+  const dead = await getTask(pool, schema, id);
+  assert.equal(dead?.state, 'dead');
+  assert.match(dead!.lastError!, /lease lapsed/);
+  // A live lease is never rescued.
+  await fresh();
+  await claimOne('t', 60_000);
+  assert.deepEqual(await rescueLapsedLeases(pool, schema), { retried: 0, dead: 0 });
+});
+
+test('retention prunes dead letters older than 7 days from the last attempt, never one under a live lease', async () => {
+  await fresh();
+  await pool.query(
+    `INSERT INTO ${S}.dead_letters (id, type, payload, queue, priority, shard, attempts, max_attempts, last_error, created_at, last_attempted_at)
+     VALUES (9001, 't', '{}', 'default', 0, 0, 20, 20, 'old', now() - interval '30 days', now() - interval '8 days'),
+            (9002, 't', '{}', 'default', 0, 0, 20, 20, 'recent', now() - interval '30 days', now() - interval '6 days'),
+            (9003, 't', '{}', 'default', 0, 0, 20, 20, 'old but leased', now() - interval '30 days', now() - interval '8 days')`,
+  );
+  // 9003 was retried by an operator and is on its final attempt under a live lease.
+  await pool.query(
+    `INSERT INTO ${S}.leases (slot, lane_id, lane_seq, id, type, attempt, token, claimed_at, expires_at)
+     VALUES (0, 999999, 1, 9003, 't', 20, gen_random_uuid(), now(), now() + interval '1 hour')`,
+  );
+  const before = await readGauges(pool, schema);
+  assert.equal(before.dead.get('t'), 2, 'the gauge uses the same predicate');
+  assert.equal(await pruneDeadLetters(pool, schema), 1);
+  const left = await pool.query(`SELECT id FROM ${S}.dead_letters ORDER BY id`);
+  assert.deepEqual(left.rows.map((r) => Number(r.id)), [9002, 9003]);
+});
+
+test('batched completion settles each lease by its own token', async () => {
+  await fresh();
+  await enqueueMany(pool, Array.from({ length: 5 }, () => ({ type: 't', payload: {} })), { schema });
+  const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+  const ts = await claim(pool, { schema, laneIds: lanes, limit: 6, ceilings: new Map(), defaultCeilingMs: 60_000, marginMs: 0, workerId: 'x', wakeChannel: wakeChannel(schema) });
+  assert.equal(ts.length, 6);
+  const refs = ts.map((t, i) => (i === 2 ? stolen(t) : t));
+  const settled = await completeLeases(pool, schema, refs);
+  assert.equal(settled.size, 5);
+  assert.equal(settled.has(leaseKey(ts[2]!)), false);
+});
