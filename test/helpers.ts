@@ -2,7 +2,7 @@ import pg from 'pg';
 import { after } from 'node:test';
 import { migrate } from '../src/index.js';
 import type { BerthMetrics } from '../src/metrics.js';
-import { createLogger } from '../src/logger.js';
+import { createLogger, type Logger } from '../src/logger.js';
 
 export const DATABASE_URL = process.env.TEST_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 
@@ -68,7 +68,7 @@ import { pino } from 'pino';
 import { Writable } from 'node:stream';
 
 /** A logger whose JSON lines are kept for assertions (and printed only with BERTH_LOG_LEVEL). */
-export function captureLogger(): { logger: ReturnType<typeof pino>; lines: Record<string, unknown>[] } {
+export function captureLogger(): { logger: Logger; lines: Record<string, unknown>[] } {
   const lines: Record<string, unknown>[] = [];
   const stream = new Writable({
     write(chunk, _enc, cb) {
@@ -77,7 +77,8 @@ export function captureLogger(): { logger: ReturnType<typeof pino>; lines: Recor
       cb();
     },
   });
-  return { logger: pino({ level: 'debug' }, stream), lines };
+  const logger: Logger = pino({ level: 'debug' }, stream);
+  return { logger, lines };
 }
 
 /** Wait until an outcome counter reaches `n` (it is bumped just after the settlement commits), then require exactly `n`. */
