@@ -32,7 +32,8 @@ const LOCK_NOT_AVAILABLE = '55P03';
 /**
  * Select one batch of due deferred rows (ORDER BY run_at, priority, id LIMIT, FOR UPDATE SKIP
  * LOCKED, as its own statement so its row locks end with it), group them by lane, and promote
- * each lane's share in its own transaction under `laneLockTimeoutMs`. A lane that times out
+ * each lane's share (that many of the lane's oldest due rows, chosen under the lane lock) in its
+ * own transaction under `laneLockTimeoutMs`. A lane that times out
  * rolls back, keeps its rows deferred and is returned as contended; the other lanes go ahead.
  * `skip` leaves named lanes out of the selection (lanes a waiter is already promoting).
  *
@@ -71,7 +72,7 @@ export async function promoteDueLanes(
   const out: PromoteOutcome = { promoted: 0, lanes: 0, contended: [], failed: [], selected: sel.rowCount ?? 0 };
   for (const { lane, ids } of groups.values()) {
     try {
-      const n = await promoteInLaneTransaction(pool, schema, lane, ids, ids.length, laneLockTimeoutMs);
+      const n = await promoteInLaneTransaction(pool, schema, lane, ids.length, laneLockTimeoutMs);
       out.promoted += n;
       out.lanes += 1;
     } catch (err) {
@@ -90,7 +91,7 @@ export async function promoteDueLane(
   batchSize: number,
   laneLockTimeoutMs: number | null,
 ): Promise<number> {
-  return promoteInLaneTransaction(pool, schema, lane, null, batchSize, laneLockTimeoutMs);
+  return promoteInLaneTransaction(pool, schema, lane, batchSize, laneLockTimeoutMs);
 }
 
 /** Promote everything due, lane by lane, with no lock timeout. Returns rows promoted. */
@@ -113,7 +114,6 @@ async function promoteInLaneTransaction(
   pool: pg.Pool,
   schema: string,
   lane: LaneKey,
-  ids: string[] | null,
   limit: number,
   laneLockTimeoutMs: number | null,
 ): Promise<number> {
@@ -127,8 +127,8 @@ async function promoteInLaneTransaction(
         await client.query(`SELECT set_config('lock_timeout', $1, true)`, [`${Math.max(1, Math.round(laneLockTimeoutMs))}ms`]);
       }
       const r = await client.query<{ n: number }>(
-        `SELECT ${s}.promote_lane($1, $2::smallint, $3::smallint, $4::bigint[], $5) AS n`,
-        [lane.queue, lane.priority, lane.shard, ids, limit],
+        `SELECT ${s}.promote_lane($1, $2::smallint, $3::smallint, $4) AS n`,
+        [lane.queue, lane.priority, lane.shard, limit],
       );
       await client.query('COMMIT');
       return r.rows[0]?.n ?? 0;

@@ -227,11 +227,12 @@ BEGIN
   RETURN v_n;
 END $fn$;
 
--- Promote one lane's due deferred rows: take the lane lock (subject to the caller's
--- lock_timeout), delete the rows (skipping any another promoter holds), and append them in due
--- order so they take lane sequence numbers in that order. p_ids NULL: the lane's oldest due rows.
+-- Promote one lane's oldest due deferred rows (up to p_limit): take the lane lock (subject to
+-- the caller's lock_timeout), delete the rows (skipping any another transaction holds), and
+-- append them in due order. Choosing the rows under the lane lock, rather than taking the ids a
+-- batch selected earlier, keeps lane order = due order even when two promoters overlap.
 CREATE FUNCTION ${s}.promote_lane(p_queue text, p_priority smallint, p_shard smallint,
-                                  p_ids bigint[], p_limit integer)
+                                  p_limit integer)
 RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE v_lane integer; v_n integer;
 BEGIN
@@ -242,7 +243,7 @@ BEGIN
     DELETE FROM ${s}.deferred d
      WHERE d.id IN (SELECT x.id FROM ${s}.deferred x
                      WHERE x.queue = p_queue AND x.priority = p_priority AND x.shard = p_shard
-                       AND x.run_at <= now() AND (p_ids IS NULL OR x.id = ANY (p_ids))
+                       AND x.run_at <= now()
                      ORDER BY x.run_at, x.priority, x.id
                      LIMIT p_limit
                      FOR UPDATE SKIP LOCKED)
