@@ -13,7 +13,7 @@ function params(laneIds: number[], limit: number, extra: Partial<ClaimParams> = 
     laneIds,
     limit,
     ceilings: new Map([['t', 60_000]]),
-    defaultCeilingMs: 300_000,
+    maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: 300_000,
     marginMs: 30_000,
     workerId: 'test',
     wakeChannel: wakeChannel(schema),

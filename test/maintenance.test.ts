@@ -16,7 +16,7 @@ async function reset(): Promise<void> {
 
 async function claimAll(limit: number, ceilingMs = 60_000) {
   const lanes = (await pool.query(`SELECT lane_id FROM ${S}.lanes`)).rows.map((r) => r.lane_id as number);
-  return claim(pool, { schema, laneIds: lanes, limit, ceilings: new Map(), defaultCeilingMs: ceilingMs, marginMs: 0, workerId: 'm', wakeChannel: wakeChannel(schema) });
+  return claim(pool, { schema, laneIds: lanes, limit, ceilings: new Map(), maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: ceilingMs, marginMs: 0, workerId: 'm', wakeChannel: wakeChannel(schema) });
 }
 
 test('promotion run by many processes at once moves every due row exactly once', async () => {

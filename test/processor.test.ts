@@ -174,7 +174,7 @@ test('a continue returned at the deadline is recorded as timeout and released, n
   const def = defineTask({ type: 'p_cont_late', ceiling: 200, handler: async (_p, ctx) => {
     runs++;
     if (runs > 1) return 'done';
-    await new Promise((r) => ctx.signal.addEventListener('abort', r));
+    if (!ctx.signal.aborted) await new Promise((r) => ctx.signal.addEventListener('abort', r));
     return 'continue';
   } });
   await withWorker([def], async (w) => {
@@ -220,7 +220,7 @@ test('stop(): in-flight handlers are aborted, leases released (cancelled / conti
   const progress = defineTask<{ c: number }>({ type: 'p_progress', ceiling: 60_000, handler: async (p, ctx) => {
     started++;
     await ctx.advanceCursor({ c: p.c + 1 });
-    await new Promise((r) => ctx.signal.addEventListener('abort', r));
+    if (!ctx.signal.aborted) await new Promise((r) => ctx.signal.addEventListener('abort', r));
     return 'continue';
   } });
   const final = defineTask({ type: 'p_final', ceiling: 60_000, maxAttempts: 1, handler: (_p, ctx) => new Promise((_r, rej) => {

@@ -16,7 +16,7 @@ async function claimOne(type = 't', ceilingMs = 60_000): Promise<ClaimedTask> {
     laneIds: lanes,
     limit: 1,
     ceilings: new Map([[type, ceilingMs]]),
-    defaultCeilingMs: ceilingMs,
+    maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: ceilingMs,
     marginMs: 0,
     workerId: 'test',
     wakeChannel: wakeChannel(schema),
@@ -199,8 +199,8 @@ test('retention prunes dead letters older than 7 days from the last attempt, nev
   );
   // 9003 was retried by an operator and is on its final attempt under a live lease.
   await pool.query(
-    `INSERT INTO ${S}.leases (slot, lane_id, lane_seq, id, type, attempt, token, claimed_at, expires_at)
-     VALUES (0, 999999, 1, 9003, 't', 20, gen_random_uuid(), now(), now() + interval '1 hour')`,
+    `INSERT INTO ${S}.leases (slot, lane_id, lane_seq, id, type, attempt, max_attempts, token, claimed_at, expires_at)
+     VALUES (0, 999999, 1, 9003, 't', 20, 20, gen_random_uuid(), now(), now() + interval '1 hour')`,
   );
   const before = await readGauges(pool, schema);
   assert.equal(before.dead.get('t'), 2, 'the gauge uses the same predicate');
@@ -213,7 +213,7 @@ test('batched completion settles each lease by its own token', async () => {
   await fresh();
   await enqueueMany(pool, Array.from({ length: 5 }, () => ({ type: 't', payload: {} })), { schema });
   const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
-  const ts = await claim(pool, { schema, laneIds: lanes, limit: 6, ceilings: new Map(), defaultCeilingMs: 60_000, marginMs: 0, workerId: 'x', wakeChannel: wakeChannel(schema) });
+  const ts = await claim(pool, { schema, laneIds: lanes, limit: 6, ceilings: new Map(), maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: 60_000, marginMs: 0, workerId: 'x', wakeChannel: wakeChannel(schema) });
   assert.equal(ts.length, 6);
   const refs = ts.map((t, i) => (i === 2 ? stolen(t) : t));
   const settled = await completeLeases(pool, schema, refs);

@@ -37,7 +37,7 @@ export async function rescueLapsedLeases(db: Queryable, schema: string, limit = 
               format('lease lapsed at %s on attempt %s (worker %s)', l.expires_at, l.attempt,
                      coalesce(l.worker, 'unknown')) AS last_error,
               r.created_at, l.claimed_at AS last_attempted_at,
-              l.attempt >= r.max_attempts AS dead
+              l.attempt >= l.max_attempts AS dead
          FROM won w
          JOIN ${s}.leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.lane_seq = w.lane_seq
          JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq

@@ -24,6 +24,7 @@ export interface ClaimedTask extends LeaseRef {
   shard: number;
   /** This attempt's number (attempts are counted at claim). */
   attempt: number;
+  /** The limit this attempt runs under: the task's own, else its type's, else 20. */
   maxAttempts: number;
   dedupeKey: string | null;
   /** lease_expires_at as stamped by the database, in epoch ms. */
@@ -56,7 +57,7 @@ export async function discover(
             AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${s}.leases le
                                         WHERE le.lane_id = l.lane_id), 0)
             AND r.run_at <= now()
-            AND r.attempts < r.max_attempts
+            AND r.attempts < coalesce(r.max_attempts, 2147483647)
             AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
                              WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
                              OFFSET 0)
@@ -78,6 +79,9 @@ export interface ClaimParams {
   limit: number;
   /** Per-type ceilings in ms; types not listed get `defaultCeilingMs`. */
   ceilings: ReadonlyMap<string, number>;
+  /** Per-type attempt limits, used for tasks enqueued without an explicit maxAttempts. */
+  maxAttempts: ReadonlyMap<string, number>;
+  defaultMaxAttempts: number;
   defaultCeilingMs: number;
   marginMs: number;
   workerId: string;
@@ -102,7 +106,8 @@ export interface ClaimParams {
  *   outer tuple of a nested loop, and each rescan would lease more rows (seed 000's
  *   ClaimLeasesExactlyOneRow).
  * - The lease token is random and the expiry is stamped from the database clock:
- *   now() + ceiling + margin.
+ *   now() + ceiling + margin. The lease also records the attempt limit in force, so every
+ *   later decision about this attempt (failure, release, rescue) uses the same number.
  * - The wake re-signal rides in the same statement (delivered at commit) only when every
  *   requested slot was filled, so a burst cascades across processes one claimer at a time.
  */
@@ -146,7 +151,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
               AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${s}.leases le
                                           WHERE le.lane_id = k.lane_id), 0)
               AND r.run_at <= now()
-              AND r.attempts < r.max_attempts
+              AND r.attempts < coalesce(r.max_attempts, 2147483647)
               AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
                                WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
                              OFFSET 0)
@@ -155,19 +160,21 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
      ), chosen AS MATERIALIZED (
        SELECT * FROM picked ORDER BY priority, rank_in_lane, run_at, lane_id LIMIT $2
      ), leased AS (
-       INSERT INTO ${s}.leases (slot, lane_id, lane_seq, id, type, attempt, token, claimed_at,
-                                expires_at, worker)
-       SELECT c.slot, c.lane_id, c.lane_seq, c.id, c.type, c.attempts + 1, gen_random_uuid(), now(),
+       INSERT INTO ${s}.leases (slot, lane_id, lane_seq, id, type, attempt, max_attempts, token,
+                                claimed_at, expires_at, worker)
+       SELECT c.slot, c.lane_id, c.lane_seq, c.id, c.type, c.attempts + 1,
+              coalesce(c.max_attempts, t.max_attempts, $9), gen_random_uuid(), now(),
               now() + make_interval(secs => (coalesce(t.ceiling_ms, $5) + $6) / 1000.0), $7
          FROM chosen c
-         LEFT JOIN unnest($3::text[], $4::float8[]) AS t(type, ceiling_ms) ON t.type = c.type
+         LEFT JOIN unnest($3::text[], $4::float8[], $10::integer[]) AS t(type, ceiling_ms, max_attempts)
+           ON t.type = c.type
        ON CONFLICT DO NOTHING
-       RETURNING slot, lane_id, lane_seq, attempt, token, expires_at
+       RETURNING slot, lane_id, lane_seq, attempt, max_attempts, token, expires_at
      ), resignal AS (
        SELECT pg_notify($8, '') WHERE (SELECT count(*) FROM leased) >= $2
      )
      SELECT c.slot, c.lane_id, c.lane_seq::text AS lane_seq, c.id::text AS id, c.type, c.payload,
-            c.queue, c.priority, c.shard, l.attempt, c.max_attempts, c.dedupe_key,
+            c.queue, c.priority, c.shard, l.attempt, l.max_attempts, c.dedupe_key,
             l.token::text AS token,
             (extract(epoch FROM l.expires_at) * 1000)::float8 AS expires_ms
        FROM leased l
@@ -183,6 +190,8 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
       p.marginMs,
       p.workerId,
       p.wakeChannel,
+      p.defaultMaxAttempts,
+      types.map((t) => p.maxAttempts.get(t) ?? null),
     ],
   });
   return res.rows.map((r) => ({

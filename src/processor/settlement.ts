@@ -87,7 +87,7 @@ export async function recordFailures(
        SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, l.attempt AS attempts,
               r.max_attempts, r.dedupe_key, u.error AS last_error, r.created_at,
               l.claimed_at AS last_attempted_at, u.delay_ms, r.lane_id, r.lane_seq,
-              (u.permanent OR l.attempt >= r.max_attempts) AS dead
+              (u.permanent OR l.attempt >= l.max_attempts) AS dead
          FROM won w
          JOIN u ON u.slot = w.slot AND u.lane_id = w.lane_id AND u.lane_seq = w.lane_seq
          JOIN ${s}.leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.lane_seq = w.lane_seq
@@ -161,10 +161,10 @@ async function returnLease(
               CASE WHEN $5 = 'advanced' THEN 0 ELSE l.attempt END AS attempts,
               r.max_attempts, r.dedupe_key,
               CASE WHEN $5 = 'advanced' THEN NULL
-                   WHEN l.attempt >= r.max_attempts THEN coalesce($7, r.last_error)
+                   WHEN l.attempt >= l.max_attempts THEN coalesce($7, r.last_error)
                    ELSE r.last_error END AS last_error,
               r.created_at, l.claimed_at AS last_attempted_at,
-              ($5 = 'released' AND l.attempt >= r.max_attempts) AS dead
+              ($5 = 'released' AND l.attempt >= l.max_attempts) AS dead
          FROM won w
          JOIN ${s}.leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.lane_seq = w.lane_seq
          JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq

@@ -6,7 +6,7 @@ import { createLogger, type Logger } from '../logger.js';
 import { Maintenance, type MaintenanceOptions } from '../maintenance/leader.js';
 import { BerthMetrics, type Outcome } from '../metrics.js';
 import { DEFAULT_SCHEMA, wakeChannel } from '../sql.js';
-import { backoffDelayMs, DEFAULT_BACKOFF, validatePayload, type HandlerResult, type TaskContext, type TaskDefinition } from '../task.js';
+import { backoffDelayMs, DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, validatePayload, type HandlerResult, type TaskContext, type TaskDefinition } from '../task.js';
 import { claim, discover, type ClaimedTask } from './claim.js';
 import { SettlementBatcher } from './settlement-batcher.js';
 import { advanceCursor, leaseKey, releaseLease } from './settlement.js';
@@ -97,6 +97,7 @@ export class Worker {
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
   private readonly defs = new Map<string, TaskDefinition<any>>();
   private readonly ceilings = new Map<string, number>();
+  private readonly maxAttempts = new Map<string, number>();
   private readonly channel: string;
   private writePool: pg.Pool | null = null;
   private readPool: pg.Pool | null = null;
@@ -128,6 +129,7 @@ export class Worker {
       if (this.defs.has(d.type)) throw new BerthInputError(`task type "${d.type}" is defined twice`);
       this.defs.set(d.type, d);
       this.ceilings.set(d.type, d.ceiling);
+      this.maxAttempts.set(d.type, d.maxAttempts);
     }
     this.id = options.workerId ?? `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`;
     this.metrics = options.metrics ?? new BerthMetrics();
@@ -244,6 +246,8 @@ export class Worker {
     const params = {
       schema: this.schema,
       ceilings: this.ceilings,
+      maxAttempts: this.maxAttempts,
+      defaultMaxAttempts: DEFAULT_MAX_ATTEMPTS,
       defaultCeilingMs: this.defaultCeilingMs,
       marginMs: this.marginMs,
       workerId: this.id,

@@ -1,6 +1,6 @@
 import { BerthInputError } from '../errors.js';
 import { DEFAULT_SCHEMA, quoteIdent, type Queryable } from '../sql.js';
-import { DEFAULT_MAX_ATTEMPTS, validatePayload, type TaskDefinition } from '../task.js';
+import { validatePayload, type TaskDefinition } from '../task.js';
 
 export interface EnqueueOptions {
   /** When the task becomes due (absolute). */
@@ -13,7 +13,7 @@ export interface EnqueueOptions {
   queue?: string;
   /** At most one live (not dead, not finished) task per key. */
   dedupeKey?: string;
-  /** Default: the definition's, else 20. */
+  /** Default: the definition's (passed here, or the worker's at claim), else 20. */
   maxAttempts?: number;
   /** Pin a lane shard (0-63). Default: chosen per transaction among `shards`. */
   shard?: number;
@@ -123,7 +123,7 @@ interface PreparedTask {
   shards: number;
   runAt: Date | null;
   delay: number | null;
-  maxAttempts: number;
+  maxAttempts: number | null;
   dedupeKey: string | null;
 }
 
@@ -167,8 +167,9 @@ async function prepare(t: TaskSpec, index: number): Promise<PreparedTask> {
   if (t.delay !== undefined && !(Number.isFinite(t.delay) && t.delay >= 0)) {
     throw new BerthInputError(`${where}: delay must be a non-negative number of milliseconds`);
   }
-  const maxAttempts = t.maxAttempts ?? def?.maxAttempts ?? DEFAULT_MAX_ATTEMPTS;
-  if (!Number.isInteger(maxAttempts) || maxAttempts < 1) {
+  // Unset: resolved at claim from the worker's definition of the type (else 20).
+  const maxAttempts = t.maxAttempts ?? def?.maxAttempts ?? null;
+  if (maxAttempts !== null && (!Number.isInteger(maxAttempts) || maxAttempts < 1)) {
     throw new BerthInputError(`${where}: maxAttempts must be an integer >= 1`);
   }
   if (t.dedupeKey !== undefined && (typeof t.dedupeKey !== 'string' || t.dedupeKey.length === 0)) {

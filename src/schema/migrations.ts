@@ -74,7 +74,7 @@ CREATE TABLE ${s}.ready (
   priority smallint NOT NULL,
   shard smallint NOT NULL,
   attempts integer NOT NULL,
-  max_attempts integer NOT NULL,
+  max_attempts integer,  -- NULL: the task type's setting, resolved at claim
   dedupe_key text,
   last_error text,
   created_at timestamptz NOT NULL,
@@ -93,6 +93,7 @@ CREATE TABLE ${s}.leases (
   id bigint NOT NULL,
   type text NOT NULL,
   attempt integer NOT NULL,
+  max_attempts integer NOT NULL,  -- effective limit for this attempt, resolved at claim
   token uuid NOT NULL,
   claimed_at timestamptz NOT NULL,
   expires_at timestamptz NOT NULL,
@@ -138,7 +139,7 @@ CREATE TABLE ${s}.deferred (
   priority smallint NOT NULL,
   shard smallint NOT NULL,
   attempts integer NOT NULL,
-  max_attempts integer NOT NULL,
+  max_attempts integer,  -- NULL: the task type's setting, resolved at claim
   dedupe_key text,
   last_error text,
   created_at timestamptz NOT NULL,
@@ -157,7 +158,7 @@ CREATE TABLE ${s}.dead_letters (
   priority smallint NOT NULL,
   shard smallint NOT NULL,
   attempts integer NOT NULL,
-  max_attempts integer NOT NULL,
+  max_attempts integer,  -- NULL: the task type's setting, resolved at claim
   dedupe_key text,
   last_error text,
   created_at timestamptz NOT NULL,

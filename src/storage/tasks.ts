@@ -11,7 +11,8 @@ export interface TaskRecord {
   priority: number;
   shard: number;
   attempts: number;
-  maxAttempts: number;
+  /** null: not set on the task; its type's setting applies at claim (default 20). */
+  maxAttempts: number | null;
   dedupeKey: string | null;
   lastError: string | null;
   createdAt: Date;
@@ -28,7 +29,7 @@ export async function getTask(db: Queryable, schema: string, id: string): Promis
   const s = quoteIdent(schema);
   const res = await db.query<{
     id: string; type: string; state: TaskState; payload: unknown; queue: string; priority: number; shard: number;
-    attempts: number; max_attempts: number; dedupe_key: string | null; last_error: string | null;
+    attempts: number; max_attempts: number | null; dedupe_key: string | null; last_error: string | null;
     created_at: Date; run_at: Date | null; token: string | null; expires_at: Date | null; worker: string | null;
   }>(
     `SELECT id::text, type, state, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
@@ -42,7 +43,7 @@ export async function getTask(db: Queryable, schema: string, id: string): Promis
      (SELECT r.id::text, r.type,
              CASE WHEN st.outcome = 'completed' THEN 'completed'
                   WHEN l.lane_seq IS NOT NULL THEN 'running' ELSE 'ready' END,
-             r.payload, r.queue, r.priority, r.shard, coalesce(l.attempt, r.attempts), r.max_attempts,
+             r.payload, r.queue, r.priority, r.shard, coalesce(l.attempt, r.attempts), coalesce(l.max_attempts, r.max_attempts),
              r.dedupe_key, r.last_error, r.created_at, r.run_at, l.token::text, l.expires_at, l.worker
         FROM ${s}.ready r
         LEFT JOIN ${s}.leases l ON l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot
