@@ -19,6 +19,7 @@ export class BerthMetrics {
   readonly oldestDueSeconds: Gauge;
   readonly slots: Gauge;
   readonly busySlots: Gauge;
+  readonly bufferedTasks: Gauge;
   readonly claims: Counter<'result'>;
   readonly claimSeconds: Histogram;
   readonly claimedTasks: Counter;
@@ -76,6 +77,11 @@ export class BerthMetrics {
     });
     this.slots = new Gauge({ name: 'berth_task_slots', help: 'Worker slots in this process', registers: r });
     this.busySlots = new Gauge({ name: 'berth_task_slots_busy', help: 'Slots running a handler now', registers: r });
+    this.bufferedTasks = new Gauge({
+      name: 'berth_tasks_prefetched',
+      help: 'Leased tasks waiting in this process for a free slot',
+      registers: r,
+    });
     this.claims = new Counter({
       name: 'berth_claims_total',
       help: 'Claim statements by result (hit: leased at least one task, empty)',

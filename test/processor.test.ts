@@ -307,3 +307,32 @@ test('slots default to 4 and follow BERTH_TASK_PROCESSOR_CONCURRENCY', async () 
     else process.env.BERTH_TASK_PROCESSOR_CONCURRENCY = prev;
   }
 });
+
+test('prefetched tasks wait for a slot under their own lease and are handed back unstarted by stop()', async () => {
+  const started: number[] = [];
+  const def = defineTask<{ i: number }>({ type: 'p_prefetch', ceiling: 60_000, handler: (p, ctx) => new Promise((_r, rej) => {
+    started.push(p.i);
+    ctx.signal.addEventListener('abort', () => rej(ctx.signal.reason));
+  }) });
+  const { logger } = captureLogger();
+  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], slots: 1, prefetch: 4, pollIntervalMs: 100, logger, maintenance: false });
+  const c = await pool.connect();
+  await c.query('BEGIN');
+  const ids: string[] = [];
+  for (let i = 0; i < 3; i++) ids.push((await enqueue(c, def, { i }, { schema, shard: 0 })).id!);
+  await c.query('COMMIT');
+  c.release();
+  await w.start();
+  await waitFor(() => started.length === 1, 10_000, 'first started');
+  await waitFor(async () => (await counterValue(w.metrics, 'berth_tasks_prefetched', {})) >= 1, 10_000, 'prefetched');
+  assert.equal(started.length, 1, 'never more handlers than slots');
+  const leased = await pool.query(`SELECT count(*) AS n FROM ${S}.leases WHERE id = ANY($1::bigint[])`, [ids]);
+  assert.ok(Number(leased.rows[0].n) >= 2, 'the buffered task is leased');
+  await w.stop();
+  await expectOutcome(w.metrics, 'p_prefetch', 'cancelled', Number(leased.rows[0].n));
+  for (const id of ids) {
+    const t = await getTask(pool, schema, id);
+    assert.ok(t?.state === 'retryable' || t?.state === 'ready', `task ${id} is back (${t?.state})`);
+    assert.equal(t?.lease, null);
+  }
+});

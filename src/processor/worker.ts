@@ -25,6 +25,12 @@ export interface WorkerOptions {
   schema?: string;
   /** Lease margin: lease = ceiling + margin; the handler must stop by expiry - margin. 30 s. */
   leaseMarginMs?: number;
+  /**
+   * The most tasks leased ahead of free slots, so the next batch is claimed while this one runs
+   * (the worker aims for ~25 ms of work, at least `slots`). Their deadlines still come from
+   * their own lease stamps. Default: 25 × slots; 0 claims only for idle slots (seed 000's shape).
+   */
+  prefetch?: number;
   /** The shared idle poll: one fetch per tick. 5 s. */
   pollIntervalMs?: number;
   /** Ceiling used for a claimed task whose type this worker has no definition for. 5 min. */
@@ -66,7 +72,6 @@ class DeadlineAbort extends Error {
 interface InFlight {
   task: ClaimedTask;
   controller: AbortController;
-  done: Promise<void>;
 }
 
 export function slotsFromEnv(value: string | undefined): number | undefined {
@@ -105,7 +110,16 @@ export class Worker {
   private maintenance: Maintenance | null = null;
   private batcher: SettlementBatcher | null = null;
   private ticker: NodeJS.Timeout | null = null;
+  /** Leased tasks waiting for a slot (at most `prefetch` beyond the idle slots). */
+  private readonly buffer: ClaimedTask[] = [];
+  private readonly prefetch: number;
+  private completionRate = 0;
+  private completedSinceSample = 0;
+  private rateSampledAt = performance.now();
+  /** Tasks whose handler is running: each holds a slot. */
   private readonly inflight = new Map<string, InFlight>();
+  /** Every execution not yet fully settled (its handler may already have returned). */
+  private readonly executions = new Set<Promise<void>>();
   private wakeReason: string | null = null;
   private wakeResolve: (() => void) | null = null;
   private fetchLoop: Promise<void> | null = null;
@@ -124,6 +138,8 @@ export class Worker {
     this.pollMs = options.pollIntervalMs ?? 5000;
     if (!(this.pollMs > 0)) throw new BerthInputError('pollIntervalMs must be > 0');
     this.defaultCeilingMs = options.defaultCeilingMs ?? 300_000;
+    this.prefetch = options.prefetch ?? this.slots * 25;
+    if (!Number.isInteger(this.prefetch) || this.prefetch < 0) throw new BerthInputError('prefetch must be an integer >= 0');
     this.stopTimeoutMs = options.stopTimeoutMs ?? 10_000;
     for (const d of options.tasks) {
       if (this.defs.has(d.type)) throw new BerthInputError(`task type "${d.type}" is defined twice`);
@@ -218,8 +234,12 @@ export class Worker {
       await this.waitForWake();
       if (this.stopping) break;
       const idle = this.slots - this.inflight.size;
-      if (idle <= 0) {
-        // Stay awake: the next slot to come free re-wakes us.
+      const ahead = this.prefetchTarget();
+      const want = idle + ahead - this.buffer.length;
+      // Claim when the buffer is down to its low-water mark, or a slot idles with nothing local.
+      const lowWater = Math.ceil((this.slots + ahead) / 2);
+      if (want <= 0 || (want < lowWater && !(idle > 0 && this.buffer.length === 0))) {
+        // Stay asleep until a slot frees (it re-wakes us).
         this.wakeReason = null;
         continue;
       }
@@ -227,10 +247,10 @@ export class Worker {
       this.wakeReason = null;
       this.metrics.wakeups.inc({ reason });
       try {
-        const tasks = await this.fetch(idle);
+        const tasks = await this.fetch(want);
         failures = 0;
-        for (const t of tasks) this.startTask(t);
-        // Filled every idle slot: more is probably waiting; look again as soon as a slot frees.
+        this.buffer.push(...tasks);
+        this.dispatch();
       } catch (err) {
         failures++;
         const delay = Math.min(100 * 2 ** failures, 10_000);
@@ -241,7 +261,7 @@ export class Worker {
     }
   }
 
-  private async fetch(idle: number): Promise<ClaimedTask[]> {
+  private async fetch(want: number): Promise<ClaimedTask[]> {
     const started = performance.now();
     const params = {
       schema: this.schema,
@@ -255,37 +275,76 @@ export class Worker {
     };
     let got: ClaimedTask[] = [];
     if (this.hotLanes.length > 0) {
-      got = await claim(this.writePool!, { ...params, laneIds: this.hotLanes, limit: idle });
+      got = await claim(this.writePool!, { ...params, laneIds: this.hotLanes, limit: want });
     }
-    if (got.length < idle) {
+    if (got.length < want) {
       const candidates = await discover(this.readPool!, this.schema, this.options.queues ?? null, 20);
       const lanes = [...new Set(candidates.map((c) => c.laneId))];
       if (lanes.length > 0) {
-        got = got.concat(await claim(this.writePool!, { ...params, laneIds: lanes, limit: idle - got.length }));
+        got = got.concat(await claim(this.writePool!, { ...params, laneIds: lanes, limit: want - got.length }));
       }
     }
-    this.hotLanes = got.length === idle ? [...new Set(got.map((t) => t.laneId))] : [];
+    this.hotLanes = got.length === want ? [...new Set(got.map((t) => t.laneId))] : [];
     this.metrics.claimSeconds.observe((performance.now() - started) / 1000);
     this.metrics.claims.inc({ result: got.length > 0 ? 'hit' : 'empty' });
     this.metrics.claimedTasks.inc(got.length);
     return got;
   }
 
-  private startTask(task: ClaimedTask): void {
-    const controller = new AbortController();
-    const entry: InFlight = { task, controller, done: Promise.resolve() };
-    this.inflight.set(leaseKey(task), entry);
-    this.metrics.busySlots.set(this.inflight.size);
-    entry.done = this.execute(task, controller)
-      .catch((err) => this.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed'))
-      .finally(() => {
-        this.inflight.delete(leaseKey(task));
-        this.metrics.busySlots.set(this.inflight.size);
-        if (!this.stopping) this.wake('slot_freed');
-      });
+  /**
+   * How many tasks to lease ahead of free slots: about 25 ms of work at the recent completion
+   * rate, at least `slots`, at most `prefetch`. Fast tasks get big claims (few round trips);
+   * slow tasks are never hoarded away from other workers.
+   */
+  private prefetchTarget(): number {
+    if (this.prefetch === 0) return 0;
+    const now = performance.now();
+    const dt = now - this.rateSampledAt;
+    if (dt >= 10) {
+      const rate = (this.completedSinceSample * 1000) / dt;
+      this.completionRate = this.completionRate === 0 ? rate : this.completionRate * 0.7 + rate * 0.3;
+      this.completedSinceSample = 0;
+      this.rateSampledAt = now;
+    }
+    return Math.min(this.prefetch, Math.max(this.slots, Math.ceil(this.completionRate * 0.025)));
   }
 
-  private async execute(task: ClaimedTask, controller: AbortController): Promise<void> {
+  /** Start buffered tasks on free slots, oldest claim first. */
+  private dispatch(): void {
+    while (this.inflight.size < this.slots && this.buffer.length > 0 && !this.stopping) {
+      this.startTask(this.buffer.shift()!);
+    }
+    this.metrics.bufferedTasks.set(this.buffer.length);
+  }
+
+  private startTask(task: ClaimedTask): void {
+    const controller = new AbortController();
+    const key = leaseKey(task);
+    this.inflight.set(key, { task, controller });
+    this.metrics.busySlots.set(this.inflight.size);
+    // The slot comes free as soon as the handler returns; its settlement is written by the
+    // batcher meanwhile (stop() waits for it).
+    let freed = false;
+    const freeSlot = () => {
+      if (freed) return;
+      freed = true;
+      this.inflight.delete(key);
+      this.completedSinceSample++;
+      this.metrics.busySlots.set(this.inflight.size);
+      if (this.stopping) return;
+      this.dispatch();
+      this.wake('slot_freed');
+    };
+    const done: Promise<void> = this.execute(task, controller, freeSlot)
+      .catch((err) => this.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed'))
+      .finally(() => {
+        freeSlot();
+        this.executions.delete(done);
+      });
+    this.executions.add(done);
+  }
+
+  private async execute(task: ClaimedTask, controller: AbortController, freeSlot: () => void): Promise<void> {
     const def = this.defs.get(task.type);
     const log = this.logger.child({
       task_id: task.id,
@@ -297,6 +356,7 @@ export class Worker {
     const record = (outcome: Outcome) => this.metrics.outcomes.inc({ task_type: task.type, outcome });
 
     if (!def) {
+      freeSlot();
       const error = `no handler registered for task type "${task.type}" on worker ${this.id}`;
       log.error({ max_attempts: task.maxAttempts }, error);
       const r = await this.batcher!.fail({ ref: task, error, delayMs: backoffDelayMs(DEFAULT_BACKOFF, task.attempt), permanent: false });
@@ -304,6 +364,7 @@ export class Worker {
       return;
     }
     if (deadline <= Date.now()) {
+      freeSlot();
       // The claim outlasted the whole ceiling: running now would outlive the lease.
       const error = `claim returned after the handler deadline (${new Date(deadline).toISOString()}); not started`;
       log.warn(error);
@@ -313,6 +374,7 @@ export class Worker {
     }
     const parsed = await validatePayload(def, task.payload);
     if (!parsed.ok) {
+      freeSlot();
       log.error(parsed.message);
       const r = await this.batcher!.fail({ ref: task, error: parsed.message, delayMs: 0, permanent: true });
       record(r === null ? 'lost' : 'failure');
@@ -347,6 +409,7 @@ export class Worker {
     } finally {
       clearTimeout(timer);
     }
+    freeSlot();
     this.metrics.handlerSeconds.observe({ task_type: task.type }, (performance.now() - started) / 1000);
     const shutdown = controller.signal.reason instanceof ShutdownAbort;
     const pastDeadline = controller.signal.reason instanceof DeadlineAbort || Date.now() >= deadline;
@@ -428,8 +491,18 @@ export class Worker {
     if (this.ticker) clearInterval(this.ticker);
     this.wake('stop');
     await this.fetchLoop;
+    // Leased but never started: hand them straight back.
+    const unstarted = this.buffer.splice(0);
+    this.metrics.bufferedTasks.set(0);
+    for (const t of unstarted) {
+      const done = this.release(t, 'released unstarted by worker shutdown on its final attempt').then((r) => {
+        this.metrics.outcomes.inc({ task_type: t.type, outcome: r.wrote ? 'cancelled' : 'lost' });
+      });
+      this.executions.add(done);
+      void done.finally(() => this.executions.delete(done));
+    }
     for (const f of this.inflight.values()) f.controller.abort(new ShutdownAbort());
-    const all = Promise.all([...this.inflight.values()].map((f) => f.done));
+    const all = Promise.all([...this.executions]);
     let timer: NodeJS.Timeout | undefined;
     const timedOut = await Promise.race([
       all.then(() => false),
