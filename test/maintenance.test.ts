@@ -188,3 +188,28 @@ test('exactly one maintenance leader; when it stops another takes over within se
     await Promise.all(ws.map((w) => w.stop()));
   }
 });
+
+test('gauges: pending includes running; running is a live lease; dead; oldest due; running exports nothing when idle', async () => {
+  await reset();
+  const { readGauges } = await import('../src/index.js');
+  const { publishGauges } = await import('../src/maintenance/gauges.js');
+  const { BerthMetrics } = await import('../src/metrics.js');
+  await enqueueMany(pool, Array.from({ length: 5 }, () => ({ type: 'g', payload: {} })), { schema });
+  await enqueueMany(pool, [{ type: 'g', payload: {}, delay: 3600_000 }], { schema });
+  await pool.query(`UPDATE ${S}.ready SET run_at = now() - interval '42 seconds'`);
+  const idle = new BerthMetrics();
+  publishGauges(idle, await readGauges(pool, schema));
+  const text0 = await idle.registry.metrics();
+  assert.doesNotMatch(text0, /^berth_tasks_running\{/m, 'no series while nothing runs (hence `or vector(0)`)');
+  await claimAll(2);
+  const g = await readGauges(pool, schema);
+  assert.equal(g.pending.get('g'), 6, '5 ready-or-running + 1 scheduled');
+  assert.equal(g.running.get('g'), 2);
+  assert.ok(g.oldestDueSeconds >= 41 && g.oldestDueSeconds < 60, `oldest due ${g.oldestDueSeconds}`);
+  const m = new BerthMetrics();
+  publishGauges(m, g);
+  const text = await m.registry.metrics();
+  assert.match(text, /berth_tasks_running\{task_type="g"\} 2/);
+  assert.match(text, /berth_tasks_pending\{task_type="g"\} 6/);
+  assert.match(text, /berth_task_oldest_due_seconds 4\d/);
+});

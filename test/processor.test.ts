@@ -336,3 +336,16 @@ test('prefetched tasks wait for a slot under their own lease and are handed back
     assert.equal(t?.lease, null);
   }
 });
+
+test('done returned at the deadline is recorded as success (indistinguishable from finishing)', async () => {
+  const def = defineTask({ type: 'p_done_late', ceiling: 150, handler: async (_p, ctx) => {
+    if (!ctx.signal.aborted) await new Promise((r) => ctx.signal.addEventListener('abort', r));
+    return 'done';
+  } });
+  await withWorker([def], async (w, lines) => {
+    const r = await enqueue(pool, def, {}, { schema });
+    await waitFor(async () => (await state(r.id!)) === 'completed', 10_000, 'completed');
+    await expectOutcome(w.metrics, 'p_done_late', 'success', 1);
+    assert.ok(lines.some((l) => l.msg === 'task reported done after its deadline'));
+  }, { leaseMarginMs: 100 });
+});
