@@ -30,6 +30,10 @@ export class BerthMetrics {
   readonly maintenanceErrors: Counter<'branch'>;
   readonly maintenanceOverruns: Counter<'branch'>;
   readonly promoted: Counter;
+  readonly promoteBatches: Counter;
+  readonly promoteBatchSize: Histogram;
+  readonly promoteSeconds: Histogram;
+  readonly laneContention: Counter<'state' | 'queue' | 'outcome'>;
   readonly rescued: Counter<'result'>;
   readonly ringPrunes: Counter<'result' | 'reason'>;
   readonly ringRotations: Counter<'result'>;
@@ -135,6 +139,29 @@ export class BerthMetrics {
     this.promoted = new Counter({
       name: 'berth_promoted_total',
       help: 'Deferred tasks promoted into the ready ring',
+      registers: r,
+    });
+    this.promoteBatches = new Counter({
+      name: 'berth_promote_batches_total',
+      help: 'Promotion batches run (leader ticks and busy-lane waiters)',
+      registers: r,
+    });
+    this.promoteBatchSize = new Histogram({
+      name: 'berth_promote_batch_size',
+      help: 'Rows promoted per promotion batch',
+      buckets: [0, 1, 10, 50, 100, 250, 500, 1000, 2500, 5000],
+      registers: r,
+    });
+    this.promoteSeconds = new Histogram({
+      name: 'berth_promote_duration_seconds',
+      help: 'Duration of one promotion batch',
+      buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30],
+      registers: r,
+    });
+    this.laneContention = new Counter({
+      name: 'berth_promote_lane_contention_total',
+      help: 'Busy lanes met by promotion, by deferred state, queue and outcome (handed_off, waiter_limit, waiter_timed_out)',
+      labelNames: ['state', 'queue', 'outcome'],
       registers: r,
     });
     this.rescued = new Counter({

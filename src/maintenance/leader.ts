@@ -3,7 +3,7 @@ import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import { schemaLockKey } from '../sql.js';
 import { publishGauges, readGauges } from './gauges.js';
-import { promoteDueLanes } from './promote.js';
+import { Promoter } from './promoter.js';
 import { DEFAULT_DEAD_RETENTION_MS, pruneDeadLetters } from './retention.js';
 import { maintainRing } from './ring.js';
 import { rescueLapsedLeases } from './rescue.js';
@@ -13,8 +13,10 @@ export interface MaintenanceOptions {
   leaderPollMs?: number;
   promoteIntervalMs?: number;
   promoteBatchSize?: number;
-  /** Lock timeout for each lane's promotion transaction. */
+  /** Lock timeout for each lane's promotion transaction on the leader's tick (50 ms). */
   laneLockTimeoutMs?: number;
+  /** Lock timeout of a busy-lane waiter's promotion transaction (30 s). */
+  waiterLockTimeoutMs?: number;
   rescueIntervalMs?: number;
   ringIntervalMs?: number;
   /** Seal the current ring slot once it is this old (and non-empty). */
@@ -30,6 +32,7 @@ export const MAINTENANCE_DEFAULTS: Required<MaintenanceOptions> = {
   promoteIntervalMs: 250,
   promoteBatchSize: 1000,
   laneLockTimeoutMs: 50,
+  waiterLockTimeoutMs: 30_000,
   rescueIntervalMs: 5000,
   ringIntervalMs: 1000,
   ringRotateAfterMs: 5000,
@@ -57,6 +60,7 @@ export class Maintenance {
   private leaderClient: pg.Client | null = null;
   private term: AbortController | null = null;
   private branchLoops: Promise<void>[] = [];
+  private promoter: Promoter | null = null;
   private readonly stopSignal = new AbortController();
   private loop: Promise<void> | null = null;
 
@@ -120,17 +124,25 @@ export class Maintenance {
     this.deps.logger.info('became maintenance leader');
     const o = this.opts;
     const { pool, schema, metrics } = this.deps;
+    const promoter = new Promoter(
+      pool,
+      schema,
+      {
+        batchSize: o.promoteBatchSize,
+        laneLockTimeoutMs: o.laneLockTimeoutMs,
+        waiterLockTimeoutMs: o.waiterLockTimeoutMs,
+        poolSize: pool.options.max ?? 10,
+      },
+      metrics,
+      this.deps.logger.child({ branch: 'promote' }),
+    );
+    this.promoter = promoter;
     const branches: Branch[] = [
       {
         name: 'promote',
         intervalMs: o.promoteIntervalMs,
         run: async () => {
-          for (;;) {
-            const r = await promoteDueLanes(pool, schema, null, o.promoteBatchSize, o.laneLockTimeoutMs);
-            metrics.promoted.inc(r.promoted);
-            for (const f of r.failed) this.deps.logger.error({ err: f.error.message, lane: f.lane }, 'promotion of a lane failed');
-            if (r.selected < o.promoteBatchSize || r.promoted === 0 || this.term?.signal.aborted !== false) return;
-          }
+          await promoter.tick();
         },
       },
       {
@@ -186,8 +198,9 @@ export class Maintenance {
       const took = performance.now() - started;
       this.deps.metrics.maintenanceSeconds.observe({ branch: b.name }, took / 1000);
       if (took > b.intervalMs) this.deps.metrics.maintenanceOverruns.inc({ branch: b.name });
-      // Errors back off (bounded) so a broken database is not hammered; success never does.
-      const errorBackoff = failures ? Math.min(250 * 2 ** failures, 30_000) : 0;
+      // Errors back off (bounded) so a broken database is not hammered; success never does,
+      // and promotion never does (its interval is already its floor).
+      const errorBackoff = failures && b.name !== 'promote' ? Math.min(250 * 2 ** failures, 30_000) : 0;
       const wait = Math.max(0, b.intervalMs - took) + errorBackoff;
       await sleepUnlessAborted(wait, signal);
     }
@@ -202,8 +215,9 @@ export class Maintenance {
       term.abort();
       this.deps.metrics.isLeader.set(0);
       this.deps.logger.info('stepped down as maintenance leader');
-      await Promise.allSettled(this.branchLoops);
+      await Promise.allSettled([...this.branchLoops, this.promoter?.stop()]);
       this.branchLoops = [];
+      this.promoter = null;
     }
     if (client) await client.end().catch(() => undefined);
   }

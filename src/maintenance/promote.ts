@@ -83,15 +83,19 @@ export async function promoteDueLanes(
   return out;
 }
 
-/** Promote the oldest due rows of one lane (up to `batchSize`), under an optional lock timeout. */
+/**
+ * Promote the oldest due rows of one lane (up to `batchSize`), under an optional lock timeout.
+ * Aborting `signal` cancels the statement (its transaction rolls back, the rows stay deferred).
+ */
 export async function promoteDueLane(
   pool: pg.Pool,
   schema: string,
   lane: LaneKey,
   batchSize: number,
   laneLockTimeoutMs: number | null,
+  signal?: AbortSignal,
 ): Promise<number> {
-  return promoteInLaneTransaction(pool, schema, lane, batchSize, laneLockTimeoutMs);
+  return promoteInLaneTransaction(pool, schema, lane, batchSize, laneLockTimeoutMs, signal);
 }
 
 /** Promote everything due, lane by lane, with no lock timeout. Returns rows promoted. */
@@ -116,10 +120,18 @@ async function promoteInLaneTransaction(
   lane: LaneKey,
   limit: number,
   laneLockTimeoutMs: number | null,
+  signal?: AbortSignal,
 ): Promise<number> {
   const s = quoteIdent(schema);
+  if (signal?.aborted) return 0;
   const client = await pool.connect();
   let broken = false;
+  // A statement waiting on a lock does not notice its socket closing, so cancel it server-side.
+  const pid = (client as pg.PoolClient & { processID?: number }).processID;
+  const cancel = () => {
+    if (pid) pool.query('SELECT pg_cancel_backend($1)', [pid]).catch(() => undefined);
+  };
+  signal?.addEventListener('abort', cancel);
   try {
     await client.query('BEGIN');
     try {
@@ -139,6 +151,7 @@ async function promoteInLaneTransaction(
       throw err;
     }
   } finally {
+    signal?.removeEventListener('abort', cancel);
     client.release(broken);
   }
 }

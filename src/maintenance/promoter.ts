@@ -1,0 +1,130 @@
+import type pg from 'pg';
+import type { Logger } from '../logger.js';
+import type { BerthMetrics } from '../metrics.js';
+import { isLockTimeout, laneKeyString, promoteDueLane, promoteDueLanes, type DeferredState, type LaneKey } from './promote.js';
+
+export interface PromoterOptions {
+  batchSize: number;
+  /** Lock timeout of each lane transaction on the leader's tick (seed 003: 50 ms). */
+  laneLockTimeoutMs: number;
+  /** Lock timeout of a waiter's lane transaction (seed 003: 30 s). */
+  waiterLockTimeoutMs: number;
+  /** The pool's size; waiters hold pool connections while they wait. */
+  poolSize: number;
+}
+
+/** Seed 003: one waiter per eight pool connections, never fewer than one nor more than four. */
+export function waiterLimit(poolSize: number): number {
+  return Math.max(1, Math.min(4, Math.floor(poolSize / 8)));
+}
+
+const STATES: readonly DeferredState[] = ['scheduled', 'retryable'];
+
+interface Waiter {
+  lane: LaneKey;
+  done: Promise<void>;
+}
+
+/**
+ * The leader's promotion, one instance per leadership term (seed 003's QueueStoragePromoter).
+ *
+ * Each tick promotes batches lane by lane under a short lane lock timeout. A lane that times
+ * out is skipped for the rest of the tick and handed to a waiter, which promotes it in batches
+ * under a long lock timeout. PostgreSQL grants a lock to its waiters in arrival order, so the
+ * waiter is served after the producers already queued, however busy the lane stays: that is
+ * the fairness bound. The leader never waits on a busy lane for more than one short timeout per
+ * newly contended lane per tick, and skips lanes that have a waiter. Ending the term aborts the
+ * waiters; an aborted waiter's transaction rolls back and its rows stay deferred.
+ */
+export class Promoter {
+  private readonly waiters = new Map<string, Waiter>();
+  private readonly abort = new AbortController();
+
+  constructor(
+    private readonly pool: pg.Pool,
+    private readonly schema: string,
+    private readonly opts: PromoterOptions,
+    private readonly metrics: BerthMetrics,
+    private readonly logger: Logger,
+  ) {}
+
+  /** Lanes currently handed to a waiter. */
+  get waitingLanes(): LaneKey[] {
+    return [...this.waiters.values()].map((w) => w.lane);
+  }
+
+  /** One promotion tick. Returns rows promoted by the tick itself (waiters count separately). */
+  async tick(): Promise<number> {
+    let total = 0;
+    const skipThisTick = new Map<string, LaneKey>();
+    for (const state of STATES) {
+      for (;;) {
+        if (this.abort.signal.aborted) return total;
+        const skip = [...this.waitingLanes, ...skipThisTick.values()];
+        const started = performance.now();
+        const r = await promoteDueLanes(this.pool, this.schema, state, this.opts.batchSize, this.opts.laneLockTimeoutMs, skip);
+        this.recordBatch(r.promoted, performance.now() - started);
+        total += r.promoted;
+        for (const f of r.failed) this.logger.error({ err: f.error.message, lane: f.lane, state }, 'promotion of a lane failed');
+        for (const lane of r.contended) {
+          skipThisTick.set(laneKeyString(lane), lane);
+          this.handOff(lane, state);
+        }
+        // A short batch means nothing else is due in this state (bar skipped lanes).
+        if (r.selected < this.opts.batchSize) break;
+        if (r.promoted === 0 && r.contended.length === 0) break;
+      }
+    }
+    return total;
+  }
+
+  private recordBatch(size: number, ms: number): void {
+    this.metrics.promoteBatches.inc();
+    this.metrics.promoteBatchSize.observe(size);
+    this.metrics.promoteSeconds.observe(ms / 1000);
+    this.metrics.promoted.inc(size);
+  }
+
+  private handOff(lane: LaneKey, state: DeferredState): void {
+    const key = laneKeyString(lane);
+    if (this.waiters.has(key)) return;
+    const labels = { state, queue: lane.queue };
+    if (this.waiters.size >= waiterLimit(this.opts.poolSize)) {
+      // Every waiter is busy; the lane is retried on the next tick.
+      this.metrics.laneContention.inc({ ...labels, outcome: 'waiter_limit' });
+      return;
+    }
+    this.metrics.laneContention.inc({ ...labels, outcome: 'handed_off' });
+    const waiter: Waiter = { lane, done: Promise.resolve() };
+    waiter.done = this.runWaiter(lane, state).finally(() => this.waiters.delete(key));
+    this.waiters.set(key, waiter);
+  }
+
+  private async runWaiter(lane: LaneKey, state: DeferredState): Promise<void> {
+    const log = this.logger.child({ lane: `${lane.queue}/${lane.priority}/${lane.shard}` });
+    log.info('busy lane handed to a promotion waiter');
+    try {
+      for (;;) {
+        if (this.abort.signal.aborted) return;
+        const started = performance.now();
+        const n = await promoteDueLane(this.pool, this.schema, lane, this.opts.batchSize, this.opts.waiterLockTimeoutMs, this.abort.signal);
+        this.recordBatch(n, performance.now() - started);
+        if (n < this.opts.batchSize) return;
+      }
+    } catch (err) {
+      if (this.abort.signal.aborted) return;
+      if (isLockTimeout(err)) {
+        this.metrics.laneContention.inc({ state, queue: lane.queue, outcome: 'waiter_timed_out' });
+        log.warn({ timeout_ms: this.opts.waiterLockTimeoutMs }, 'promotion waiter timed out on a busy lane');
+        return;
+      }
+      log.error({ err: (err as Error).message }, 'promotion waiter failed');
+    }
+  }
+
+  /** End of the term: abort every waiter (their transactions roll back) and wait for them. */
+  async stop(): Promise<void> {
+    this.abort.abort();
+    await Promise.allSettled([...this.waiters.values()].map((w) => w.done));
+  }
+}
