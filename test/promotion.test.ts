@@ -98,10 +98,14 @@ test('a lane held busy by two sessions taking turns holds back neither another q
   const { logger } = captureLogger();
   const w = new Worker({
     connectionString: DATABASE_URL, schema, tasks: [def], slots: 4, pollIntervalMs: 100, leaseMarginMs: 0, logger,
+    // 'other' is not served: its abandoned attempt must be found by rescue, not re-run here.
+    queues: ['hot', 'cold'],
     maintenance: { ...FAST_MAINTENANCE, waiterLockTimeoutMs: 30_000 },
   });
+  // One producer holds the lane until the checks below are done; two more queue behind it and
+  // then take turns, so the lane is never free for the whole test.
+  const firstHolder = await holdLane(hot);
   const busy = keepLaneBusy(hot, 1500);
-  await new Promise((r) => setTimeout(r, 100));
   await w.start();
   try {
     // Hot rows are older, so every batch meets the busy lane first.
@@ -111,11 +115,15 @@ test('a lane held busy by two sessions taking turns holds back neither another q
     const [abandoned] = await enqueueMany(pool, [{ type: 'busy', payload: { tag: 'abandoned' }, queue: 'other', shard: 3 }], { schema });
     const other = await laneId('other', 3);
     await claim(pool, { schema, laneIds: [other], limit: 1, ceilings: new Map([['busy', 1]]), maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: 1, marginMs: 0, workerId: 'dead-worker', wakeChannel: wakeChannel(schema) });
-    await waitFor(() => done.has('cold'), 20_000, 'the unrelated queue to complete while the lane is busy');
-    await waitFor(async () => (await pool.query(`SELECT 1 FROM ${S}.settlements WHERE id = $1 AND outcome = 'rescued'`, [abandoned!.id])).rowCount === 1, 20_000, 'rescue of the abandoned attempt');
-    await waitFor(() => [0, 1, 2, 3, 4].every((i) => done.has(`hot${i}`)), 20_000, 'the hot queue to drain through the waiter');
+    // Both happen while the first producer still holds the lane.
+    await waitFor(() => done.has('cold'), 20_000, 'the unrelated queue to complete while the lane is held');
+    await waitFor(async () => /lease lapsed/.test((await getTask(pool, schema, abandoned!.id!))?.lastError ?? ''), 20_000, 'rescue of the abandoned attempt while the lane is held');
+    assert.equal(done.size, 1, 'no hot task ran yet: the lane is still held');
+    await firstHolder();
+    await waitFor(() => [0, 1, 2, 3, 4].every((i) => done.has(`hot${i}`)), 20_000, 'the hot queue to drain through the waiter while producers take turns');
     assert.ok((await counterValue(w.metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off', queue: 'hot' })) >= 1);
   } finally {
+    await firstHolder().catch(() => undefined);
     await w.stop();
     await busy.stop();
   }
