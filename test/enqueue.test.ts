@@ -178,3 +178,27 @@ test('queue and priority are stored on the task', async () => {
   assert.equal(t?.state, 'ready');
   assert.deepEqual(t?.payload, { a: 1 });
 });
+
+test('a producer holds its lane lock until commit, so a lane\'s entries become visible in sequence order', async () => {
+  const a = await pool.connect();
+  const b = await pool.connect();
+  try {
+    await enqueue(pool, 'lane_order', { who: 'first' }, { schema, queue: 'ordered', shard: 5 }); // the lane exists
+    await a.query('BEGIN');
+    await b.query('BEGIN');
+    const ra = await enqueue(a, 'lane_order', { who: 'a' }, { schema, queue: 'ordered', shard: 5 });
+    const bPid = (await b.query('SELECT pg_backend_pid() AS pid')).rows[0].pid;
+    const pb = enqueue(b, 'lane_order', { who: 'b' }, { schema, queue: 'ordered', shard: 5 });
+    // B waits on the lane lock A still holds (not on anything else).
+    await waitFor(async () => (await pool.query(
+      `SELECT 1 FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND NOT granted`, [bPid])).rowCount === 1, 5000, 'B to wait on the lane lock');
+    await a.query('COMMIT');
+    const rb = await pb;
+    await b.query('COMMIT');
+    const seqs = await pool.query(`SELECT id::text, lane_seq FROM "${schema}".ready WHERE id = ANY($1::bigint[]) ORDER BY lane_seq`, [[ra.id, rb.id]]);
+    assert.deepEqual(seqs.rows.map((r) => r.id), [ra.id, rb.id]);
+  } finally {
+    a.release();
+    b.release();
+  }
+});

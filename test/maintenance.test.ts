@@ -178,7 +178,11 @@ test('exactly one maintenance leader; when it stops another takes over within se
     await new Promise((r) => setTimeout(r, 300));
     assert.equal(ws.filter((w) => w.isLeader).length, 1, 'never two');
     const leader = ws.find((w) => w.isLeader)!;
+    await waitFor(async () => /berth_task_oldest_due_seconds \d/.test(await leader.metrics.registry.metrics()), 10_000, 'leader gauges');
     await leader.stop();
+    const after = await leader.metrics.registry.metrics();
+    assert.match(after, /^berth_task_oldest_due_seconds 0$/m, 'a former leader exports no stale oldest-due (max() ignores its 0)');
+    assert.doesNotMatch(after, /^berth_tasks_pending\{/m, 'nor per-type series');
     const rest = ws.filter((w) => w !== leader);
     await waitFor(() => rest.filter((w) => w.isLeader).length === 1, 10_000, 'a new leader');
     // The new leader promotes: a due deferred task reaches the ring.

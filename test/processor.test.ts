@@ -308,7 +308,7 @@ test('slots default to 4 and follow BERTH_TASK_PROCESSOR_CONCURRENCY', async () 
   }
 });
 
-test('prefetched tasks wait for a slot under their own lease and are handed back unstarted by stop()', async () => {
+test('prefetched tasks wait for a slot under their own lease; stop() hands them back with the attempt refunded', async () => {
   const started: number[] = [];
   const def = defineTask<{ i: number }>({ type: 'p_prefetch', ceiling: 60_000, handler: (p, ctx) => new Promise((_r, rej) => {
     started.push(p.i);
@@ -329,11 +329,14 @@ test('prefetched tasks wait for a slot under their own lease and are handed back
   const leased = await pool.query(`SELECT count(*) AS n FROM ${S}.leases WHERE id = ANY($1::bigint[])`, [ids]);
   assert.ok(Number(leased.rows[0].n) >= 2, 'the buffered task is leased');
   await w.stop();
-  await expectOutcome(w.metrics, 'p_prefetch', 'cancelled', Number(leased.rows[0].n));
-  for (const id of ids) {
+  await expectOutcome(w.metrics, 'p_prefetch', 'cancelled', 1);
+  const running = started[0]!;
+  for (const [i, id] of ids.entries()) {
     const t = await getTask(pool, schema, id);
     assert.ok(t?.state === 'retryable' || t?.state === 'ready', `task ${id} is back (${t?.state})`);
     assert.equal(t?.lease, null);
+    // The interrupted one keeps its burnt attempt; the never-started ones get theirs back.
+    assert.equal(t?.attempts, i === running ? 1 : 0, `attempts of task ${i}`);
   }
 });
 

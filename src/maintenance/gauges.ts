@@ -52,6 +52,14 @@ export async function readGauges(db: Queryable, schema: string): Promise<GaugeSn
   return snap;
 }
 
+/** Stop exporting the queue-wide gauges (this process is no longer the leader). */
+export function resetGauges(metrics: BerthMetrics): void {
+  metrics.pending.reset();
+  metrics.running.reset();
+  metrics.dead.reset();
+  metrics.oldestDueSeconds.reset();
+}
+
 /**
  * Publish a snapshot. `running` exports a series only for types with something running (it is
  * a GROUP BY, which is why the starvation alert needs `or vector(0)`).

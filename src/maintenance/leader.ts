@@ -2,7 +2,7 @@ import pg from 'pg';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import { schemaLockKey } from '../sql.js';
-import { publishGauges, readGauges } from './gauges.js';
+import { publishGauges, readGauges, resetGauges } from './gauges.js';
 import { Promoter } from './promoter.js';
 import { DEFAULT_DEAD_RETENTION_MS, pruneDeadLetters } from './retention.js';
 import { maintainRing } from './ring.js';
@@ -214,6 +214,8 @@ export class Maintenance {
     if (term) {
       term.abort();
       this.deps.metrics.isLeader.set(0);
+      // Only the leader exports the queue-wide gauges; a former leader must not keep stale ones.
+      resetGauges(this.deps.metrics);
       this.deps.logger.info('stepped down as maintenance leader');
       await Promise.allSettled([...this.branchLoops, this.promoter?.stop()]);
       this.branchLoops = [];

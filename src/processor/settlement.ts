@@ -141,7 +141,7 @@ async function returnLease(
   write: Queryable,
   schema: string,
   ref: LeaseRef,
-  mode: 'advanced' | 'released',
+  mode: 'advanced' | 'released' | 'unstarted',
   payload: unknown,
   finalError: string | null,
 ): Promise<ReturnResult> {
@@ -158,7 +158,8 @@ async function returnLease(
        SELECT r.id, r.type,
               CASE WHEN $5 = 'advanced' THEN $6::jsonb ELSE r.payload END AS payload,
               r.queue, r.priority, r.shard,
-              CASE WHEN $5 = 'advanced' THEN 0 ELSE l.attempt END AS attempts,
+              CASE WHEN $5 = 'advanced' THEN 0 WHEN $5 = 'unstarted' THEN l.attempt - 1
+                   ELSE l.attempt END AS attempts,
               r.max_attempts, r.dedupe_key,
               CASE WHEN $5 = 'advanced' THEN NULL
                    WHEN l.attempt >= l.max_attempts THEN coalesce($7, r.last_error)
@@ -191,6 +192,14 @@ async function returnLease(
 /** AdvanceCursor: commit slice progress. Resolves false when the lease was lost. */
 export async function advanceCursor(write: Queryable, schema: string, ref: LeaseRef, payload: unknown): Promise<boolean> {
   return (await returnLease(write, schema, ref, 'advanced', payload, null)).wrote;
+}
+
+/**
+ * Hand back a prefetched task whose handler never started: the attempt its claim counted is
+ * refunded (nothing ran, so nothing was interrupted) and it never dead-letters.
+ */
+export async function returnUnstarted(write: Queryable, schema: string, ref: LeaseRef): Promise<ReturnResult> {
+  return returnLease(write, schema, ref, 'unstarted', null, null);
 }
 
 /** Release: give the task back due now with its burnt attempt kept. */

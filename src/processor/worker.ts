@@ -9,7 +9,7 @@ import { DEFAULT_SCHEMA, wakeChannel } from '../sql.js';
 import { backoffDelayMs, DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, validatePayload, type HandlerResult, type TaskContext, type TaskDefinition } from '../task.js';
 import { claim, discover, type ClaimedTask } from './claim.js';
 import { SettlementBatcher } from './settlement-batcher.js';
-import { advanceCursor, leaseKey, releaseLease } from './settlement.js';
+import { advanceCursor, leaseKey, releaseLease, returnUnstarted } from './settlement.js';
 import { WakeListener } from './wake.js';
 
 export interface WorkerOptions {
@@ -491,13 +491,16 @@ export class Worker {
     if (this.ticker) clearInterval(this.ticker);
     this.wake('stop');
     await this.fetchLoop;
-    // Leased but never started: hand them straight back.
+    // Leased but never started: hand them straight back with the claim's attempt refunded.
     const unstarted = this.buffer.splice(0);
     this.metrics.bufferedTasks.set(0);
     for (const t of unstarted) {
-      const done = this.release(t, 'released unstarted by worker shutdown on its final attempt').then((r) => {
-        this.metrics.outcomes.inc({ task_type: t.type, outcome: r.wrote ? 'cancelled' : 'lost' });
-      });
+      const done = returnUnstarted(this.writePool!, this.schema, t).then(
+        (r) => {
+          if (!r.wrote) this.logger.warn({ task_id: t.id, task_type: t.type }, 'unstarted task could not be handed back: lease no longer held');
+        },
+        (err: Error) => this.logger.warn({ err: err.message, task_id: t.id }, 'handing back an unstarted task failed; its lease will lapse'),
+      );
       this.executions.add(done);
       void done.finally(() => this.executions.delete(done));
     }

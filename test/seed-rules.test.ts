@@ -1,0 +1,179 @@
+/** Smaller seed rules, each pinned on its own (docs/seed-coverage.md cites them by name). */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import pg from 'pg';
+import { defineTask, enqueue, enqueueMany, getTask, promoteDueLanes, rescueLapsedLeases, Worker, BerthMetrics } from '../src/index.js';
+import { claim } from '../src/processor/claim.js';
+import { Promoter } from '../src/maintenance/promoter.js';
+import { schemaLockKey, wakeChannel } from '../src/sql.js';
+import { captureLogger, counterValue, DATABASE_URL, expectOutcome, freshSchema, waitFor } from './helpers.js';
+
+const { schema, pool } = await freshSchema('rules');
+const S = `"${schema}"`;
+const { logger } = captureLogger();
+
+async function reset(): Promise<void> {
+  await pool.query(`TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`);
+}
+async function laneOf(queue: string, shard = 0): Promise<number> {
+  return (await pool.query(`SELECT ${S}.provision_lane($1, 0::smallint, $2::smallint) AS id`, [queue, shard])).rows[0].id;
+}
+async function holdLane(lane: number): Promise<() => Promise<void>> {
+  const c = new pg.Client({ connectionString: DATABASE_URL });
+  await c.connect();
+  await c.query('BEGIN');
+  await c.query('SELECT pg_advisory_xact_lock($1, $2)', [schemaLockKey(schema), lane]);
+  return async () => {
+    await c.query('COMMIT');
+    await c.end();
+  };
+}
+const claimParams = (laneIds: number[], limit: number, ceilingMs = 60_000) => ({
+  schema, laneIds, limit, ceilings: new Map<string, number>(), maxAttempts: new Map<string, number>(), defaultMaxAttempts: 20,
+  defaultCeilingMs: ceilingMs, marginMs: 0, workerId: 'rules', wakeChannel: wakeChannel(schema),
+});
+
+test('the default lease margin is 30 s: lease = ceiling + 30 s, deadline = lease - 30 s', async () => {
+  await reset();
+  let seen: { deadline: number; expires: number } | null = null;
+  const def = defineTask({ type: 'r_margin', ceiling: 10_000, handler: async (_p, ctx) => {
+    const r = await pool.query(`SELECT (extract(epoch FROM expires_at) * 1000)::float8 AS e, extract(epoch FROM expires_at - claimed_at)::float8 AS s FROM ${S}.leases WHERE id = $1`, [ctx.id]);
+    seen = { deadline: ctx.deadline.getTime(), expires: r.rows[0].e };
+    assert.equal(r.rows[0].s, 40);
+  } });
+  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], logger, maintenance: false, pollIntervalMs: 100 });
+  await w.start();
+  try {
+    await enqueue(pool, def, {}, { schema });
+    await waitFor(() => seen !== null, 10_000, 'handler');
+    assert.ok(Math.abs(seen!.expires - seen!.deadline - 30_000) <= 1, `deadline is expiry - 30 s (${seen!.expires - seen!.deadline})`);
+  } finally {
+    await w.stop();
+  }
+});
+
+test('a failing task drops to the tail instead of blocking the work behind it', async () => {
+  await reset();
+  const order: string[] = [];
+  const def = defineTask<{ tag: string }>({ type: 'r_tail', ceiling: 5000, backoff: { baseMs: 300, maxMs: 300 }, handler: async (p, ctx) => {
+    order.push(`${p.tag}#${ctx.attempt}`);
+    if (p.tag === 'a' && ctx.attempt === 1) throw new Error('first attempt fails');
+  } });
+  const c = await pool.connect();
+  await c.query('BEGIN');
+  for (const tag of ['a', 'b', 'c']) await enqueue(c, def, { tag }, { schema, shard: 1 });
+  await c.query('COMMIT');
+  c.release();
+  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], slots: 1, prefetch: 0, logger, pollIntervalMs: 50, maintenance: { promoteIntervalMs: 50, leaderPollMs: 50 } });
+  await w.start();
+  try {
+    await waitFor(() => order.length === 4, 10_000, 'all ran');
+    assert.deepEqual(order, ['a#1', 'b#1', 'c#1', 'a#2']);
+  } finally {
+    await w.stop();
+  }
+});
+
+test('a promotion batch takes the oldest due rows first, across lanes', async () => {
+  await reset();
+  const base = Date.now() + 3600_000;
+  await enqueueMany(pool, [
+    { type: 'x', payload: { n: 3 }, queue: 'q1', runAt: new Date(base + 3000) },
+    { type: 'x', payload: { n: 1 }, queue: 'q2', runAt: new Date(base + 1000) },
+    { type: 'x', payload: { n: 2 }, queue: 'q1', runAt: new Date(base + 2000) },
+    { type: 'x', payload: { n: 4 }, queue: 'q2', runAt: new Date(base + 4000) },
+  ], { schema });
+  await pool.query(`UPDATE ${S}.deferred SET run_at = run_at - interval '2 hours'`);
+  const r = await promoteDueLanes(pool, schema, null, 2, null);
+  assert.equal(r.promoted, 2);
+  const promoted = await pool.query(`SELECT (payload->>'n')::int AS n FROM ${S}.ready ORDER BY 1`);
+  assert.deepEqual(promoted.rows.map((x) => x.n), [1, 2]);
+});
+
+test('rescue never takes the lane lock: a lapsed lease is rescued while its own lane is held', async () => {
+  await reset();
+  const lane = await laneOf('held', 2);
+  const [t] = await enqueueMany(pool, [{ type: 'x', payload: {}, queue: 'held', shard: 2 }], { schema });
+  await claim(pool, claimParams([lane], 1, 1));
+  const release = await holdLane(lane);
+  try {
+    await new Promise((r) => setTimeout(r, 20));
+    const c = new pg.Client({ connectionString: DATABASE_URL });
+    await c.connect();
+    await c.query("SET lock_timeout = '1s'");
+    assert.deepEqual(await rescueLapsedLeases(c, schema), { retried: 1, dead: 0 });
+    await c.end();
+    assert.equal((await getTask(pool, schema, t!.id!))?.state, 'retryable');
+  } finally {
+    await release();
+  }
+});
+
+test('promoter: a lane with a waiter is skipped by later ticks; past the waiter limit it is counted waiter_limit; a waiter that runs out of time is counted waiter_timed_out', async () => {
+  await reset();
+  const a = await laneOf('wa');
+  const b = await laneOf('wb');
+  await enqueueMany(pool, [
+    { type: 'x', payload: {}, queue: 'wa', shard: 0, delay: 1 },
+    { type: 'x', payload: {}, queue: 'wb', shard: 0, delay: 1 },
+  ], { schema });
+  await pool.query(`UPDATE ${S}.deferred SET run_at = now() - interval '1 s'`);
+  const releaseA = await holdLane(a);
+  const releaseB = await holdLane(b);
+  const metrics = new BerthMetrics();
+  const p = new Promoter(pool, schema, { batchSize: 100, laneLockTimeoutMs: 50, waiterLockTimeoutMs: 400, poolSize: 8 }, metrics, logger);
+  try {
+    await p.tick();
+    assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off', state: 'scheduled' }), 1);
+    assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'waiter_limit', state: 'scheduled' }), 1, 'pool of 8 allows one waiter');
+    assert.equal(p.waitingLanes.length, 1);
+    const waiting = p.waitingLanes[0]!.queue;
+    await p.tick();
+    assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off', queue: waiting }), 1, 'the waiting lane is skipped by the next tick');
+    assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'waiter_limit' }), 2, 'the other lane is retried each tick');
+    await waitFor(async () => (await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'waiter_timed_out', queue: waiting })) === 1, 5000, 'waiter timeout');
+    assert.ok((await counterValue(metrics, 'berth_promote_batches_total', {})) >= 3, 'tick and waiter batches are counted');
+    assert.equal((await pool.query(`SELECT count(*) FROM ${S}.deferred`)).rows[0].count, '2', 'nothing promoted while both lanes are held');
+  } finally {
+    await p.stop();
+    await releaseA();
+    await releaseB();
+  }
+  assert.equal((await promoteDueLanes(pool, schema, null, 100, 50)).promoted, 2);
+});
+
+test('shutdown settles a handler that returns as the drain ends; it never runs again', async () => {
+  await reset();
+  let runs = 0;
+  const def = defineTask({ type: 'r_drain', ceiling: 60_000, handler: async () => {
+    runs++;
+    // Finishes its work despite the abort, a moment into the drain.
+    await new Promise((r) => setTimeout(r, 300));
+  } });
+  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], logger, maintenance: false, pollIntervalMs: 100, stopTimeoutMs: 5000 });
+  await w.start();
+  const r = await enqueue(pool, def, {}, { schema });
+  await waitFor(() => runs === 1, 10_000, 'started');
+  await w.stop();
+  await expectOutcome(w.metrics, 'r_drain', 'success', 1);
+  assert.equal((await getTask(pool, schema, r.id!))?.state, 'completed', 'settled before the pools closed');
+  const again = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], logger, maintenance: false, pollIntervalMs: 50 });
+  await again.start();
+  await new Promise((res) => setTimeout(res, 300));
+  await again.stop();
+  assert.equal(runs, 1);
+});
+
+test('provision_lane rejects a null argument or a shard outside 0-63, and accepts any queue name and smallint priority', async () => {
+  await assert.rejects(pool.query(`SELECT ${S}.provision_lane(NULL, 0::smallint, 0::smallint)`), /must not be null/);
+  await assert.rejects(pool.query(`SELECT ${S}.provision_lane('q', NULL, 0::smallint)`), /must not be null/);
+  await assert.rejects(pool.query(`SELECT ${S}.provision_lane('q', 0::smallint, 64::smallint)`), /outside 0-63/);
+  await assert.rejects(pool.query(`SELECT ${S}.provision_lane('q', 0::smallint, (-1)::smallint)`), /outside 0-63/);
+  const empty = await pool.query(`SELECT ${S}.provision_lane('', (-32768)::smallint, 63::smallint) AS id`);
+  const again = await pool.query(`SELECT ${S}.provision_lane('', (-32768)::smallint, 63::smallint) AS id`);
+  assert.equal(empty.rows[0].id, again.rows[0].id, 'idempotent');
+  const odd = await pool.query(`SELECT ${S}.provision_lane('ünïcode "q"; drop', 32767::smallint, 0::smallint) AS id`);
+  assert.ok(odd.rows[0].id > 0);
+  const r = await enqueue(pool, 'x', {}, { schema, queue: '', priority: -32768 });
+  assert.equal((await getTask(pool, schema, r.id!))?.queue, '');
+});
