@@ -17,7 +17,7 @@ export {
 export { Worker, type WorkerOptions } from './processor/worker.js';
 export { runSlices, SliceLeaseLostError, type SliceOptions, type SlicePage } from './processor/slices.js';
 export { dequeue, removeUnleased } from './processor/settlement.js';
-export { getTask, type TaskRecord, type TaskState } from './storage/tasks.js';
+export { getTask, moveTask, type MoveResult, type TaskRecord, type TaskState } from './storage/tasks.js';
 export { promoteDueLanes, promoteDueLane, promoteDue, type LaneKey, type PromoteOutcome } from './maintenance/promote.js';
 export { rescueLapsedLeases, type RescueOutcome } from './maintenance/rescue.js';
 export { maintainRing, pruneSlot, rotateRing, readRingState } from './maintenance/ring.js';
