@@ -43,7 +43,12 @@ export const MAINTENANCE_DEFAULTS: Required<MaintenanceOptions> = {
 };
 
 /** The advisory lock id (second key) whose session holder is the maintenance leader. */
-const LEADER_LOCK = -1;
+export const LEADER_LOCK = -1;
+
+/** application_name of the leader's session (PostgreSQL truncates it to 63 bytes). */
+export function leaderApplicationName(workerId: string): string {
+  return `berth leader ${workerId}`.slice(0, 63);
+}
 
 type Branch = { name: string; intervalMs: number; run: () => Promise<void> };
 
@@ -72,6 +77,8 @@ export class Maintenance {
       logger: Logger;
       metrics: BerthMetrics;
       options?: MaintenanceOptions;
+      /** Shown as the leader session's application_name, so operators can see who leads. */
+      workerId?: string;
     },
   ) {
     this.opts = { ...MAINTENANCE_DEFAULTS, ...deps.options };
@@ -99,7 +106,10 @@ export class Maintenance {
   }
 
   private async tryAcquire(): Promise<void> {
-    const client = new pg.Client({ connectionString: this.deps.connectionString });
+    const client = new pg.Client({
+      connectionString: this.deps.connectionString,
+      application_name: leaderApplicationName(this.deps.workerId ?? `pid ${process.pid}`),
+    });
     client.on('error', (err) => {
       this.deps.logger.warn({ err: err.message }, 'maintenance leader connection lost; stepping down');
       void this.stepDown();

@@ -201,6 +201,7 @@ export class Worker {
         logger: this.logger.child({ component: 'maintenance' }),
         metrics: this.metrics,
         options: typeof this.options.maintenance === 'object' ? this.options.maintenance : undefined,
+        workerId: this.id,
       });
       this.maintenance.start();
     }

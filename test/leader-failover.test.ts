@@ -1,0 +1,73 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { fork, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { enqueueMany, getTask } from '../src/index.js';
+import { claim } from '../src/processor/claim.js';
+import { schemaLockKey, wakeChannel } from '../src/sql.js';
+import { DATABASE_URL, freshSchema, waitFor } from './helpers.js';
+
+const { schema, pool } = await freshSchema('failover');
+const S = `"${schema}"`;
+const fixture = fileURLToPath(new URL('./fixtures/worker-process.ts', import.meta.url));
+
+function spawnWorker(id: string): Promise<ChildProcess> {
+  const child = fork(fixture, [], {
+    execArgv: ['--import', 'tsx'],
+    env: { ...process.env, SCHEMA: schema, DATABASE_URL, WORKER_ID: id },
+    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+  });
+  return new Promise((resolve, reject) => {
+    child.once('message', () => resolve(child));
+    child.once('exit', (code) => reject(new Error(`worker ${id} exited early (${code})`)));
+  });
+}
+
+/** The worker id of the session holding the leader lock, from pg_locks + application_name. */
+async function leaderId(): Promise<string | null> {
+  const r = await pool.query(
+    `SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+      WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::oid AND l.objid = $2::oid AND l.objsubid = 2`,
+    [schemaLockKey(schema) >>> 0, -1 >>> 0],
+  );
+  const name: string | undefined = r.rows[0]?.application_name;
+  return name?.startsWith('berth leader ') ? name.slice('berth leader '.length) : null;
+}
+
+test('three worker processes: the leader is SIGKILLed and promotion and rescue resume on another', async () => {
+  await pool.query(`CREATE TABLE ${S}.executions (i integer NOT NULL, kind text NOT NULL, worker text NOT NULL, at timestamptz DEFAULT clock_timestamp())`);
+  const children = new Map<string, ChildProcess>();
+  for (const id of ['f1', 'f2', 'f3']) children.set(id, await spawnWorker(id));
+  try {
+    const first = await waitFor(leaderId, 20_000, 'a leader');
+    children.get(first)!.kill('SIGKILL');
+    await new Promise((r) => children.get(first)!.once('exit', r));
+    children.delete(first);
+    const second = await waitFor(async () => {
+      const id = await leaderId();
+      return id && id !== first ? id : null;
+    }, 20_000, 'a new leader');
+    assert.ok(children.has(second));
+    // Promotion resumed: a scheduled task becomes due and runs.
+    const [scheduled] = await enqueueMany(pool, [{ type: 'mp_ok', payload: { i: 1 }, delay: 200 }], { schema });
+    // Rescue resumed: an attempt abandoned by a dead worker (lease lapsed) is rescued and runs.
+    // Enqueued and leased in one transaction, so no live worker can take it first.
+    const c = await pool.connect();
+    await c.query('BEGIN');
+    const [abandoned] = await enqueueMany(c, [{ type: 'mp_ok', payload: { i: 2 }, queue: 'orphans', shard: 0 }], { schema });
+    const lane = (await c.query(`SELECT lane_id FROM ${S}.lanes WHERE queue = 'orphans'`)).rows[0].lane_id;
+    const got = await claim(c, { schema, laneIds: [lane], limit: 1, ceilings: new Map([['mp_ok', 1]]), maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: 1, marginMs: 0, workerId: 'ghost', wakeChannel: wakeChannel(schema) });
+    await c.query('COMMIT');
+    c.release();
+    assert.equal(got.length, 1);
+    const ran = async (i: number) => (await pool.query(`SELECT 1 FROM ${S}.executions WHERE i = $1`, [i])).rowCount! > 0;
+    await waitFor(() => ran(1), 20_000, 'the scheduled task to run after failover');
+    await waitFor(() => ran(2), 20_000, 'the rescued task to run');
+    // It was leased by 'ghost', which never settles: only rescue can have made it runnable.
+    assert.ok(abandoned!.id);
+    assert.equal((await getTask(pool, schema, scheduled!.id!))?.state ?? 'completed', 'completed');
+  } finally {
+    for (const c of children.values()) c.kill('SIGTERM');
+    await Promise.all([...children.values()].map((c) => new Promise((r) => (c.exitCode !== null ? r(null) : c.once('exit', r)))));
+  }
+});
