@@ -13,8 +13,12 @@ export interface MaintenanceOptions {
   leaderPollMs?: number;
   promoteIntervalMs?: number;
   promoteBatchSize?: number;
-  /** Lock timeout for each lane's promotion transaction on the leader's tick (50 ms). */
-  laneLockTimeoutMs?: number;
+  /**
+   * Lock timeout for each lane's promotion transaction on the leader's tick (50 ms). `null`
+   * waits on a busy lane with no timeout and no hand-off (the behaviour seed 003 fixed; kept
+   * for the coupling benchmark's comparison).
+   */
+  laneLockTimeoutMs?: number | null;
   /** Lock timeout of a busy-lane waiter's promotion transaction (30 s). */
   waiterLockTimeoutMs?: number;
   rescueIntervalMs?: number;
@@ -27,11 +31,21 @@ export interface MaintenanceOptions {
   gaugeIntervalMs?: number;
 }
 
+/** What `Maintenance.stats()` reports per branch. */
+export interface BranchStats {
+  runs: number;
+  failures: number;
+  overruns: number;
+  lastMs: number;
+  maxMs: number;
+  lastRunAt: Date | null;
+}
+
 export const MAINTENANCE_DEFAULTS: Required<MaintenanceOptions> = {
   leaderPollMs: 1000,
   promoteIntervalMs: 250,
   promoteBatchSize: 1000,
-  laneLockTimeoutMs: 50,
+  laneLockTimeoutMs: 50 as number | null,
   waiterLockTimeoutMs: 30_000,
   rescueIntervalMs: 5000,
   ringIntervalMs: 1000,
@@ -66,6 +80,7 @@ export class Maintenance {
   private term: AbortController | null = null;
   private branchLoops: Promise<void>[] = [];
   private promoter: Promoter | null = null;
+  private readonly branchStats = new Map<string, BranchStats>();
   private readonly stopSignal = new AbortController();
   private loop: Promise<void> | null = null;
 
@@ -86,6 +101,16 @@ export class Maintenance {
 
   get isLeader(): boolean {
     return this.term !== null;
+  }
+
+  /** Per-branch run counts and durations since this process started (leader terms only). */
+  stats(): Record<string, BranchStats> {
+    return Object.fromEntries([...this.branchStats].map(([k, v]) => [k, { ...v }]));
+  }
+
+  /** Lanes the current term has handed to a promotion waiter. */
+  waitingLanes(): { queue: string; priority: number; shard: number }[] {
+    return this.promoter?.waitingLanes ?? [];
   }
 
   start(): void {
@@ -208,6 +233,14 @@ export class Maintenance {
       const took = performance.now() - started;
       this.deps.metrics.maintenanceSeconds.observe({ branch: b.name }, took / 1000);
       if (took > b.intervalMs) this.deps.metrics.maintenanceOverruns.inc({ branch: b.name });
+      const st = this.branchStats.get(b.name) ?? { runs: 0, failures: 0, overruns: 0, lastMs: 0, maxMs: 0, lastRunAt: null };
+      st.runs++;
+      if (failures) st.failures++;
+      if (took > b.intervalMs) st.overruns++;
+      st.lastMs = took;
+      st.maxMs = Math.max(st.maxMs, took);
+      st.lastRunAt = new Date();
+      this.branchStats.set(b.name, st);
       // Errors back off (bounded) so a broken database is not hammered; success never does,
       // and promotion never does (its interval is already its floor).
       const errorBackoff = failures && b.name !== 'promote' ? Math.min(250 * 2 ** failures, 30_000) : 0;

@@ -5,8 +5,8 @@ import { isLockTimeout, laneKeyString, promoteDueLane, promoteDueLanes, type Def
 
 export interface PromoterOptions {
   batchSize: number;
-  /** Lock timeout of each lane transaction on the leader's tick (seed 003: 50 ms). */
-  laneLockTimeoutMs: number;
+  /** Lock timeout of each lane transaction on the leader's tick (seed 003: 50 ms); null: none. */
+  laneLockTimeoutMs: number | null;
   /** Lock timeout of a waiter's lane transaction (seed 003: 30 s). */
   waiterLockTimeoutMs: number;
   /** The pool's size; waiters hold pool connections while they wait. */

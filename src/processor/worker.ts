@@ -161,6 +161,11 @@ export class Worker {
     return this.maintenance?.isLeader ?? false;
   }
 
+  /** Maintenance branch statistics of this process (empty unless it has led). */
+  maintenanceStats(): ReturnType<Maintenance['stats']> {
+    return this.maintenance?.stats() ?? {};
+  }
+
   async start(): Promise<void> {
     if (this.started) throw new Error('worker already started');
     this.started = true;
