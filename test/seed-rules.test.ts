@@ -177,3 +177,32 @@ test('provision_lane rejects a null argument or a shard outside 0-63, and accept
   const r = await enqueue(pool, 'x', {}, { schema, queue: '', priority: -32768 });
   assert.equal((await getTask(pool, schema, r.id!))?.queue, '');
 });
+
+test('promotion is never backed off: an overrunning promotion body runs again at once, and overruns are counted', async () => {
+  await reset();
+  // Every promotion transaction now takes 150 ms, three times the 50 ms interval.
+  await pool.query(`CREATE FUNCTION ${S}.slow_promotion() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.15); RETURN NULL; END $$`);
+  await pool.query(`CREATE TRIGGER slow_promotion AFTER DELETE ON ${S}.deferred FOR EACH STATEMENT EXECUTE FUNCTION ${S}.slow_promotion()`);
+  try {
+    const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [], queues: ['none'], logger, maintenance: { leaderPollMs: 50, promoteIntervalMs: 50, rescueIntervalMs: 60_000, ringIntervalMs: 60_000, gaugeIntervalMs: 60_000 } });
+    await w.start();
+    try {
+      for (let i = 0; i < 5; i++) {
+        await enqueueMany(pool, [{ type: 'x', payload: { i }, queue: `q${i}`, delay: 1 }], { schema });
+      }
+      await waitFor(async () => (await pool.query(`SELECT count(*) FROM ${S}.deferred`)).rows[0].count === '0', 20_000, 'all promoted');
+      await waitFor(() => (w.maintenanceStats().promote?.overruns ?? 0) >= 1, 10_000, 'an overrun');
+      const st = w.maintenanceStats().promote!;
+      assert.ok(st.maxMs > 50, `a tick overran (${st.maxMs} ms)`);
+      assert.ok((await counterValue(w.metrics, 'berth_maintenance_overruns_total', { branch: 'promote' })) >= 1);
+      const runs = st.runs;
+      await enqueueMany(pool, [{ type: 'x', payload: {}, queue: 'late', delay: 1 }], { schema });
+      await waitFor(async () => (await pool.query(`SELECT count(*) FROM ${S}.deferred`)).rows[0].count === '0', 5_000, 'promoted right after an overrun');
+      assert.ok(w.maintenanceStats().promote!.runs > runs);
+    } finally {
+      await w.stop();
+    }
+  } finally {
+    await pool.query(`DROP TRIGGER slow_promotion ON ${S}.deferred`);
+  }
+});
