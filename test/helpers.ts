@@ -27,11 +27,11 @@ export async function freshSchema(name: string): Promise<{ schema: string; pool:
 }
 
 /** Poll `check` until it returns a truthy value (or throw after `timeoutMs`). Not a timing assertion: a liveness bound. */
-export async function waitFor<T>(check: () => Promise<T> | T, timeoutMs = 20_000, what = 'condition'): Promise<T> {
+export async function waitFor<T>(check: () => Promise<T> | T, timeoutMs = 20_000, what = 'condition'): Promise<NonNullable<T>> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const v = await check();
-    if (v) return v;
+    if (v) return v as NonNullable<T>;
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 25));
   }
