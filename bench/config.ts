@@ -1,0 +1,66 @@
+/** Benchmark settings: defaults per the benchmark spec, shrinkable through BENCH_* env vars. */
+
+function intEnv(name: string, fallback: number, min = 1): number {
+  const raw = process.env[name];
+  if (raw === undefined || raw === '') return fallback;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < min) throw new Error(`${name} must be an integer >= ${min}, got "${raw}"`);
+  return n;
+}
+
+export interface BenchConfig {
+  /** Server to connect to for creating the bench database (BENCH_DATABASE_URL). */
+  adminUrl: string;
+  /** The dedicated database, dropped and recreated at start. */
+  benchDbName: string;
+  benchUrl: string;
+  reps: number;
+  /** Tasks per drain run (BENCH_DRAIN_N). */
+  drainN: number;
+  drainConcurrencies: readonly number[];
+  /** Tasks per bulk-enqueue run and tasks per enqueue call. */
+  bulkN: number;
+  bulkBatch: number;
+  /** Sequential single-task enqueues per run. */
+  singleN: number;
+  pickupN: number;
+  pickupGapMs: number;
+  pickupConcurrency: number;
+  /** Drain: time allowed from worker start to the last handler (BENCH_TIMEOUT_S). */
+  drainTimeoutMs: number;
+  /** Enqueue scenarios: time allowed for the whole run. */
+  enqueueTimeoutMs: number;
+  /** Pickup: time allowed after the last enqueue for the stragglers. */
+  pickupTailTimeoutMs: number;
+  /** Only run rows whose label contains one of these (BENCH_SYSTEMS, comma separated). */
+  systemFilter: readonly string[];
+}
+
+export function loadConfig(): BenchConfig {
+  const adminUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test';
+  const benchDbName = 'berth_bench';
+  const u = new URL(adminUrl);
+  u.pathname = `/${benchDbName}`;
+  const timeoutS = intEnv('BENCH_TIMEOUT_S', 60);
+  return {
+    adminUrl,
+    benchDbName,
+    benchUrl: u.toString(),
+    reps: intEnv('BENCH_REPS', 3),
+    drainN: intEnv('BENCH_DRAIN_N', 20_000),
+    drainConcurrencies: [10, 50],
+    bulkN: intEnv('BENCH_BULK_N', 20_000),
+    bulkBatch: 1_000,
+    singleN: intEnv('BENCH_SINGLE_N', 2_000),
+    pickupN: intEnv('BENCH_PICKUP_N', 500),
+    pickupGapMs: 10,
+    pickupConcurrency: 10,
+    drainTimeoutMs: timeoutS * 1000,
+    enqueueTimeoutMs: timeoutS * 1000,
+    pickupTailTimeoutMs: Math.min(30, timeoutS) * 1000,
+    systemFilter: (process.env.BENCH_SYSTEMS ?? '')
+      .split(',')
+      .map((s) => s.trim().toLowerCase())
+      .filter(Boolean),
+  };
+}

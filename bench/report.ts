@@ -1,0 +1,74 @@
+/** Collects samples per (row, metric) and renders the Markdown report. */
+import { fmtBytes, fmtMs, fmtRate, fmtRatio, formatCell, type Formatter, type Sample } from './stats.js';
+
+export type MetricKey =
+  | 'drain10'
+  | 'drain50'
+  | 'bulk'
+  | 'single'
+  | 'p50'
+  | 'p95'
+  | 'p99'
+  | 'wal10'
+  | 'wal50'
+  | 'commits10'
+  | 'commits50'
+  | 'walAll10'
+  | 'walAll50'
+  | 'writeCommits10'
+  | 'writeCommits50';
+
+interface Column {
+  key: MetricKey;
+  title: string;
+  fmt: Formatter;
+}
+
+export const MAIN_COLUMNS: readonly Column[] = [
+  { key: 'drain10', title: 'drain c10 tasks/s', fmt: fmtRate },
+  { key: 'drain50', title: 'drain c50 tasks/s', fmt: fmtRate },
+  { key: 'bulk', title: 'bulk enqueue tasks/s', fmt: fmtRate },
+  { key: 'single', title: 'single enqueue tasks/s', fmt: fmtRate },
+  { key: 'p50', title: 'pickup p50 ms', fmt: fmtMs },
+  { key: 'p95', title: 'pickup p95 ms', fmt: fmtMs },
+  { key: 'p99', title: 'pickup p99 ms', fmt: fmtMs },
+  { key: 'wal10', title: 'WAL bytes/task c10', fmt: fmtBytes },
+  { key: 'wal50', title: 'WAL bytes/task c50', fmt: fmtBytes },
+  { key: 'commits10', title: 'commits/task c10', fmt: fmtRatio },
+  { key: 'commits50', title: 'commits/task c50', fmt: fmtRatio },
+];
+
+export const WAL_DETAIL_COLUMNS: readonly Column[] = [
+  { key: 'walAll10', title: 'cluster WAL bytes/task c10', fmt: fmtBytes },
+  { key: 'walAll50', title: 'cluster WAL bytes/task c50', fmt: fmtBytes },
+  { key: 'writeCommits10', title: 'write commits/task c10', fmt: fmtRatio },
+  { key: 'writeCommits50', title: 'write commits/task c50', fmt: fmtRatio },
+];
+
+export class Results {
+  private readonly data = new Map<string, Map<MetricKey, Sample[]>>();
+
+  constructor(private readonly rows: readonly string[]) {
+    for (const r of rows) this.data.set(r, new Map());
+  }
+
+  add(row: string, key: MetricKey, sample: Sample): void {
+    const m = this.data.get(row)!;
+    let list = m.get(key);
+    if (!list) m.set(key, (list = []));
+    list.push(sample);
+  }
+
+  table(columns: readonly Column[]): string {
+    const esc = (s: string) => s.replace(/\|/g, '\\|');
+    const lines = [
+      `| system | ${columns.map((c) => c.title).join(' | ')} |`,
+      `| --- | ${columns.map(() => '---:').join(' | ')} |`,
+    ];
+    for (const row of this.rows) {
+      const m = this.data.get(row)!;
+      lines.push(`| ${row} | ${columns.map((c) => esc(formatCell(m.get(c.key), c.fmt))).join(' | ')} |`);
+    }
+    return lines.join('\n');
+  }
+}

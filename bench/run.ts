@@ -1,0 +1,294 @@
+/**
+ * `npm run bench`: berth vs graphile-worker vs pg-boss on one PostgreSQL database. Each
+ * repetition runs every scenario for every system, systems interleaved (order rotated per
+ * repetition). Progress goes to stderr; the Markdown report goes to stdout and
+ * bench/results/latest.md.
+ */
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { cpus, loadavg } from 'node:os';
+import { loadConfig, type BenchConfig } from './config.js';
+import { Monitor, recreateDatabase, type ServerInfo } from './db.js';
+import { MAIN_COLUMNS, Results, WAL_DETAIL_COLUMNS, type MetricKey } from './report.js';
+import { drain, enqueueRate, pickup, type Outcome } from './scenarios.js';
+import type { Sample } from './stats.js';
+import { berthAdapter } from './systems/berth.js';
+import { graphileAdapter } from './systems/graphile.js';
+import { pgBossAdapter, pgBossErrors } from './systems/pgboss.js';
+import type { AdapterContext, SystemAdapter } from './systems/types.js';
+import { leaks, log } from './util.js';
+
+interface Scenario {
+  name: string;
+  /** Runs the scenario for one system and records its samples; returns the outcome. */
+  run(adapter: SystemAdapter): Promise<Outcome<unknown>>;
+  keys: readonly MetricKey[];
+}
+
+function packageVersion(name: string): string {
+  try {
+    const url = new URL(`../node_modules/${name}/package.json`, import.meta.url);
+    return (JSON.parse(readFileSync(url, 'utf8')) as { version: string }).version;
+  } catch {
+    return '?';
+  }
+}
+
+/** The berth code measured: commit plus whether src/ had uncommitted changes at start. */
+function berthRevision(): string {
+  try {
+    const git = (...args: string[]) => execFileSync('git', args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+    const head = git('rev-parse', '--short', 'HEAD');
+    const dirty = git('status', '--porcelain', '--', 'src').split('\n').filter(Boolean).length;
+    return dirty > 0 ? `${head} + ${dirty} uncommitted file(s) in src/` : head;
+  } catch {
+    return 'unknown';
+  }
+}
+
+function failure(o: Outcome<unknown>): Sample {
+  if (o.ok) throw new Error('not a failure');
+  return o.timeout ? { kind: 'timeout', note: o.note } : { kind: 'error', note: o.note };
+}
+
+async function main(): Promise<void> {
+  const cfg = loadConfig();
+  const started = Date.now();
+  const revision = berthRevision();
+  log(`recreating database ${cfg.benchDbName}`);
+  await recreateDatabase(cfg.adminUrl, cfg.benchDbName);
+  const ctx: AdapterContext = { connectionString: cfg.benchUrl };
+  const monitor = await Monitor.open(cfg.benchUrl);
+  const server = await monitor.serverInfo();
+  const runStart = await monitor.read();
+  const loadStart = loadavg()[0]!;
+
+  let systems: SystemAdapter[] = [
+    berthAdapter(ctx),
+    graphileAdapter(ctx, 'default'),
+    graphileAdapter(ctx, 'throughput'),
+    pgBossAdapter(ctx, 'default'),
+    pgBossAdapter(ctx, 'throughput'),
+  ];
+  if (cfg.systemFilter.length > 0) {
+    systems = systems.filter((s) => cfg.systemFilter.some((f) => s.label.toLowerCase().includes(f)));
+  }
+  const results = new Results(systems.map((s) => s.label));
+  const notes = { duplicates: [] as string[], noisyWindows: 0, drainWindows: 0 };
+
+  const scenarios: Scenario[] = [
+    ...cfg.drainConcurrencies.map((c): Scenario => {
+      const rateKey = `drain${c}` as MetricKey;
+      const costKeys = [`wal${c}`, `commits${c}`, `walAll${c}`, `writeCommits${c}`] as MetricKey[];
+      return {
+        name: `drain c${c}`,
+        keys: [rateKey, ...costKeys],
+        async run(a) {
+          const o = await drain(a, monitor, cfg, c);
+          if (o.ok) {
+            const { tasksPerSec, cost, duplicates } = o.value;
+            const perTask = (x: number | null): Sample => (x === null ? { kind: 'skipped' } : { kind: 'ok', value: x / cfg.drainN });
+            const ownWal = cost.ownWalBytes ?? cost.walBytes;
+            results.add(a.label, rateKey, { kind: 'ok', value: tasksPerSec });
+            results.add(a.label, `wal${c}` as MetricKey, perTask(ownWal));
+            results.add(a.label, `commits${c}` as MetricKey, perTask(cost.commits));
+            results.add(a.label, `walAll${c}` as MetricKey, perTask(cost.walBytes));
+            results.add(a.label, `writeCommits${c}` as MetricKey, perTask(cost.ownWriteCommits));
+            notes.drainWindows++;
+            if (cost.otherCommits > 0) notes.noisyWindows++;
+            if (duplicates > 0) notes.duplicates.push(`${a.label} drain c${c}: ${duplicates} handler re-runs`);
+            const n = cfg.drainN;
+            log(
+              `  ${a.label} drain c${c}: ${Math.round(tasksPerSec)} tasks/s; WAL/task ${Math.round(ownWal / n)} B own, ` +
+                `${Math.round(cost.walBytes / n)} B cluster; commits/task ${(cost.commits / n).toFixed(2)} ` +
+                `(write ${cost.ownWriteCommits === null ? '?' : (cost.ownWriteCommits / n).toFixed(2)})` +
+                `${cost.otherCommits > 0 ? `; other dbs committed ${cost.otherCommits}` : ''}`,
+            );
+          } else {
+            results.add(a.label, rateKey, failure(o));
+            for (const k of costKeys) results.add(a.label, k, { kind: 'skipped' });
+            log(`  ${a.label} drain c${c}: ${o.timeout ? 'timeout' : 'error'} ${o.note}`);
+          }
+          return o;
+        },
+      };
+    }),
+    ...(['bulk', 'single'] as const).map(
+      (kind): Scenario => ({
+        name: `${kind} enqueue`,
+        keys: [kind],
+        async run(a) {
+          const o = await enqueueRate(a, cfg, kind);
+          results.add(a.label, kind, o.ok ? { kind: 'ok', value: o.value } : failure(o));
+          log(`  ${a.label} ${kind} enqueue: ${o.ok ? `${Math.round(o.value)} tasks/s` : o.note}`);
+          return o;
+        },
+      }),
+    ),
+    {
+      name: 'pickup latency',
+      keys: ['p50', 'p95', 'p99'],
+      async run(a) {
+        const o = await pickup(a, cfg);
+        if (o.ok) {
+          for (const k of ['p50', 'p95', 'p99'] as const) results.add(a.label, k, { kind: 'ok', value: o.value[k] });
+          if (o.value.duplicates > 0) notes.duplicates.push(`${a.label} pickup: ${o.value.duplicates} handler re-runs`);
+          log(`  ${a.label} pickup: p50 ${o.value.p50.toFixed(1)} / p95 ${o.value.p95.toFixed(1)} / p99 ${o.value.p99.toFixed(1)} ms`);
+        } else {
+          results.add(a.label, 'p50', failure(o));
+          for (const k of ['p95', 'p99'] as const) results.add(a.label, k, { kind: 'skipped' });
+          log(`  ${a.label} pickup: ${o.note}`);
+        }
+        return o;
+      },
+    },
+  ];
+
+  // A (system, scenario) that timed out is not run again: its cell says "timeout" either way.
+  const gaveUp = new Set<string>();
+  for (let rep = 0; rep < cfg.reps; rep++) {
+    const order = systems.map((_, i) => systems[(i + rep) % systems.length]!);
+    for (const sc of scenarios) {
+      log(`rep ${rep + 1}/${cfg.reps}: ${sc.name}`);
+      for (const a of order) {
+        const id = `${a.label}/${sc.name}`;
+        if (gaveUp.has(id)) {
+          for (const k of sc.keys) results.add(a.label, k, { kind: 'skipped' });
+          log(`  ${a.label}: skipped (timed out in an earlier repetition)`);
+          continue;
+        }
+        try {
+          const o = await sc.run(a);
+          if (!o.ok && o.timeout) gaveUp.add(id);
+        } catch (err) {
+          const message = (err as Error).message.split('\n')[0]!.slice(0, 120);
+          log(`  ${a.label} ${sc.name}: error ${message}`);
+          results.add(a.label, sc.keys[0]!, { kind: 'error', note: message });
+          for (const k of sc.keys.slice(1)) results.add(a.label, k, { kind: 'skipped' });
+        }
+      }
+    }
+  }
+  const runEnd = await monitor.read();
+  await monitor.close();
+  const background = {
+    otherCommits: runEnd.otherCommits - runStart.otherCommits,
+    load: [loadStart, loadavg()[0]!] as const,
+  };
+
+  const report = render(cfg, server, results, systems, notes, (Date.now() - started) / 1000, monitor.walinspectProblem, background, revision);
+  mkdirSync(new URL('./results/', import.meta.url), { recursive: true });
+  writeFileSync(new URL('./results/latest.md', import.meta.url), report);
+  process.stdout.write(report);
+  log(`done in ${Math.round((Date.now() - started) / 1000)} s; report written to bench/results/latest.md`);
+
+  if (leaks.length > 0) {
+    // Something refused to shut down; do not let it hold the process open.
+    log(`exiting explicitly: ${leaks.length} cleanup step(s) did not finish`);
+    process.exit(2);
+  }
+}
+
+function render(
+  cfg: BenchConfig,
+  server: ServerInfo,
+  results: Results,
+  systems: readonly SystemAdapter[],
+  notes: { duplicates: string[]; noisyWindows: number; drainWindows: number },
+  seconds: number,
+  walinspectProblem: string | null,
+  background: { otherCommits: number; load: readonly [number, number] },
+  revision: string,
+): string {
+  const env = Object.entries(process.env)
+    .filter(([k]) => k.startsWith('BENCH_') && k !== 'BENCH_DATABASE_URL')
+    .map(([k, v]) => `${k}=${v}`)
+    .join(' ');
+  const settings = Object.entries(server.settings)
+    .map(([k, v]) => `${k}=${v}`)
+    .join(', ');
+  const walMethod =
+    walinspectProblem === null
+      ? 'main-table WAL is attributed to the bench database with pg_walinspect'
+      : `pg_walinspect unavailable (${walinspectProblem}); main-table WAL is the cluster-wide LSN difference`;
+  const lines: string[] = [
+    `# berth benchmark — ${new Date().toISOString()}`,
+    '',
+    `Command: \`${env ? `${env} ` : ''}npm run bench\` · ${cfg.reps} repetition(s), systems interleaved (order rotated per repetition) · ` +
+      `total ${Math.round(seconds)} s`,
+    '',
+    `Node ${process.version}, ${cpus().length} CPUs · PostgreSQL ${server.version} (${settings}) · ` +
+      `berth ${revision}, graphile-worker ${packageVersion('graphile-worker')}, pg-boss ${packageVersion('pg-boss')} · ` +
+      `database \`${cfg.benchDbName}\``,
+    '',
+    'Each cell: median (min–max) over the repetitions.',
+    '',
+    results.table(MAIN_COLUMNS),
+    '',
+    `WAL detail (drain; ${walMethod}):`,
+    '',
+    results.table(WAL_DETAIL_COLUMNS),
+    '',
+    '## Method',
+    '',
+    `- **Drain**: ${cfg.drainN.toLocaleString('en-US')} no-op tasks enqueued in bulk first (${cfg.bulkBatch} per call), then a worker ` +
+      'is started; tasks/s = N / (time from the worker start call to the last handler start).',
+    `- **Bulk enqueue**: ${cfg.bulkN.toLocaleString('en-US')} tasks, ${cfg.bulkBatch} per call, sequential calls. ` +
+      `**Single enqueue**: ${cfg.singleN.toLocaleString('en-US')} one-task calls, sequential, through a pool.`,
+    `- **Pickup**: worker running and idle (concurrency ${cfg.pickupConcurrency}); ${cfg.pickupN} tasks enqueued one at a time ` +
+      `${cfg.pickupGapMs} ms apart; latency = handler start − instant before the enqueue call; nearest-rank percentiles.`,
+    '- **WAL bytes/task, commits/task** (drain, processing only; enqueue cost excluded): counters read just before the ' +
+      'worker starts (enqueue sessions already closed) and after it stopped and its sessions closed (+0.5 s for the stats ' +
+      'flush), divided by N. **WAL bytes/task** counts the WAL records of the window that belong to the bench database ' +
+      '(records referencing its relations, plus records — commits — of transactions that did), read with `pg_walinspect`; ' +
+      'it excludes page headers and alignment padding. **cluster WAL bytes/task** is ' +
+      '`pg_wal_lsn_diff(pg_current_wal_lsn() after, before)`: exact but cluster-wide, so other databases\' activity lands ' +
+      'in it. **commits/task** is the `pg_stat_database.xact_commit` delta of the bench database (every transaction, ' +
+      'read-only ones included); **write commits/task** counts COMMIT WAL records of the bench database\'s transactions ' +
+      '(the ones that must flush WAL). A `CHECKPOINT` runs before each drain\'s enqueue, so no timed checkpoint ' +
+      '(full-page images) falls inside the window.',
+    `- Timeouts: drain ${cfg.drainTimeoutMs / 1000} s from worker start; enqueue ${cfg.enqueueTimeoutMs / 1000} s; pickup ` +
+      `${cfg.pickupTailTimeoutMs / 1000} s after the last enqueue. A scenario that timed out for a system is not repeated ` +
+      'for it in later repetitions; the cell shows how far it got.',
+    '- Each scenario starts from an empty, freshly installed schema (dropped and reinstalled).',
+    '',
+    '## Rows',
+    '',
+    ...systems.map((s) => `- **${s.label}**: ${s.settings}`),
+    '',
+    '## Caveats',
+    '',
+    '- pg-boss 10.4.2 has no `localConcurrency` and no `burstWhenBatchFull` option (neither appears anywhere in its ' +
+      'types or source). Concurrency N is N `work()` registrations on one PgBoss instance. Each pg-boss worker ' +
+      'waits out the rest of its polling interval (default 2 s, minimum 0.5 s) after every fetch, even a full batch, so ' +
+      'its throughput is about N × batchSize / 2 s at defaults. The throughput row uses `batchSize: 50` only, as specified; ' +
+      'a lower `pollingIntervalSeconds` would raise it. pg-boss 10.x has no LISTEN/NOTIFY wake-up, so pickup is ' +
+      'poll-bound, and N registrations made together poll in step (latency spreads over the whole 2 s interval).',
+    '- graphile-worker 0.17.3 accepts `localQueue`, `completeJobBatchDelay` and `failJobBatchDelay` only through ' +
+      '`preset.worker` (they are not top-level `RunnerOptions`); the throughput row passes them there. `maxPoolSize` is ' +
+      'left at 10 in both rows (at concurrency 50 graphile-worker recommends concurrency + 2).',
+    '- Handlers are counted when they start; completion writes (which some systems batch) land after the timed window ' +
+      'but inside the WAL/commit window.',
+    `- Autovacuum is ${server.settings.autovacuum ?? '?'} on this server.`,
+  ];
+  lines.push(
+    `- Background: other databases on the server committed ${background.otherCommits.toLocaleString('en-US')} ` +
+      `transactions during the run; 1-min load average ${background.load[0].toFixed(2)} at start, ` +
+      `${background.load[1].toFixed(2)} at end.${background.otherCommits > 1000 ? ' The server was not quiet: rates and latencies include contention from that activity.' : ''}`,
+  );
+  if (notes.noisyWindows > 0) {
+    lines.push(
+      `- In ${notes.noisyWindows} of ${notes.drainWindows} drain windows another database committed transactions; ` +
+        'their cluster WAL figures include that activity (the attributed WAL figures do not).',
+    );
+  }
+  if (notes.duplicates.length > 0) lines.push(`- Handler re-runs observed: ${notes.duplicates.join('; ')}.`);
+  if (pgBossErrors.length > 0) lines.push(`- pg-boss emitted errors: ${[...new Set(pgBossErrors)].slice(0, 5).join('; ')}.`);
+  if (leaks.length > 0) lines.push(`- Cleanup steps that did not finish: ${leaks.join('; ')}.`);
+  return `${lines.join('\n')}\n`;
+}
+
+main().catch((err: unknown) => {
+  log(`fatal: ${(err as Error).stack ?? String(err)}`);
+  process.exitCode = 1;
+});

@@ -1,0 +1,189 @@
+/** The measured scenarios, written once against the SystemAdapter interface. */
+import type { BenchConfig } from './config.js';
+import type { CounterDelta, Monitor } from './db.js';
+import { percentile } from './stats.js';
+import type { Producer, RunningWorker, SystemAdapter } from './systems/types.js';
+import { cleanup, sleep, TimeoutError, waitUntil, withTimeout } from './util.js';
+
+/** Backends flush their commit counters when they exit; give them a moment before reading. */
+const STATS_SETTLE_MS = 500;
+
+export type Outcome<T> = { ok: true; value: T } | { ok: false; timeout: boolean; note: string };
+
+/** Tracks handler runs by payload index: distinct completions, duplicates, first-run times. */
+class RunTracker {
+  readonly firstRun: Float64Array;
+  distinct = 0;
+  duplicates = 0;
+  /** performance.now() of the latest first run. */
+  lastFirstRun = NaN;
+  constructor(readonly n: number) {
+    this.firstRun = new Float64Array(n).fill(NaN);
+  }
+  readonly onRun = (i: number): void => {
+    const now = performance.now();
+    if (!(i >= 0 && i < this.n)) return; // warm-up task
+    if (Number.isNaN(this.firstRun[i]!)) {
+      this.firstRun[i] = now;
+      this.lastFirstRun = now;
+      this.distinct++;
+    } else {
+      this.duplicates++;
+    }
+  };
+}
+
+async function stopWorker(adapter: SystemAdapter, worker: RunningWorker | null): Promise<void> {
+  if (worker) await cleanup(`${adapter.label} worker stop`, () => worker.stop());
+}
+
+async function closeProducer(adapter: SystemAdapter, producer: Producer | null): Promise<void> {
+  if (producer) await cleanup(`${adapter.label} producer close`, () => producer.close());
+}
+
+export interface DrainResult {
+  tasksPerSec: number;
+  cost: CounterDelta;
+  duplicates: number;
+}
+
+/**
+ * Enqueue `n` tasks in bulk, then start a worker and time until every handler ran. Server
+ * counters are read around the worker's whole life (start to stop, its sessions closed), so
+ * WAL and commits include the settlement writes a worker flushes on stop.
+ */
+export async function drain(
+  adapter: SystemAdapter,
+  monitor: Monitor,
+  cfg: BenchConfig,
+  concurrency: number,
+): Promise<Outcome<DrainResult>> {
+  const n = cfg.drainN;
+  await adapter.reset();
+  await monitor.checkpoint();
+  const producer = await adapter.openProducer();
+  try {
+    for (let start = 0; start < n; start += cfg.bulkBatch) await producer.bulk(start, Math.min(cfg.bulkBatch, n - start));
+  } finally {
+    await closeProducer(adapter, producer);
+  }
+  await sleep(STATS_SETTLE_MS);
+  const before = await monitor.read();
+
+  const tracker = new RunTracker(n);
+  let worker: RunningWorker | null = null;
+  let elapsedMs = 0;
+  let finished = false;
+  try {
+    const t0 = performance.now();
+    worker = await adapter.startWorker(concurrency, tracker.onRun);
+    finished = await waitUntil(() => tracker.distinct >= n, Math.max(0, cfg.drainTimeoutMs - (performance.now() - t0)));
+    elapsedMs = (finished ? tracker.lastFirstRun : performance.now()) - t0;
+  } finally {
+    await stopWorker(adapter, worker);
+  }
+  if (!finished) {
+    const rate = tracker.distinct / (elapsedMs / 1000);
+    return {
+      ok: false,
+      timeout: true,
+      note: `${tracker.distinct.toLocaleString('en-US')}/${n.toLocaleString('en-US')} in ${Math.round(elapsedMs / 1000)} s ≈ ${Math.round(rate)}/s`,
+    };
+  }
+  await sleep(STATS_SETTLE_MS);
+  const after = await monitor.read();
+  const cost = await monitor.delta(before, after);
+  return { ok: true, value: { tasksPerSec: n / (elapsedMs / 1000), cost, duplicates: tracker.duplicates } };
+}
+
+/** Enqueue rate: `bulk` = cfg.bulkN tasks in batches of cfg.bulkBatch; `single` = cfg.singleN calls, sequentially. */
+export async function enqueueRate(adapter: SystemAdapter, cfg: BenchConfig, kind: 'bulk' | 'single'): Promise<Outcome<number>> {
+  await adapter.reset();
+  const producer = await adapter.openProducer();
+  const n = kind === 'bulk' ? cfg.bulkN : cfg.singleN;
+  let done = 0;
+  let elapsedMs = 0;
+  try {
+    const deadline = performance.now() + cfg.enqueueTimeoutMs;
+    const t0 = performance.now();
+    const loop = (async () => {
+      if (kind === 'bulk') {
+        for (let start = 0; start < n && performance.now() < deadline; start += cfg.bulkBatch) {
+          const count = Math.min(cfg.bulkBatch, n - start);
+          await producer.bulk(start, count);
+          done += count;
+        }
+      } else {
+        for (let i = 0; i < n && performance.now() < deadline; i++) {
+          await producer.single(i);
+          done++;
+        }
+      }
+    })();
+    // A call that never returns is caught by the bound on the wait, not by the loop's check.
+    try {
+      await withTimeout(loop, cfg.enqueueTimeoutMs + 5_000, `${adapter.label} ${kind} enqueue`);
+    } catch (err) {
+      if (!(err instanceof TimeoutError)) throw err;
+      loop.catch(() => {});
+    }
+    elapsedMs = performance.now() - t0;
+  } finally {
+    await closeProducer(adapter, producer);
+  }
+  if (done < n) {
+    return { ok: false, timeout: true, note: `${done}/${n} in ${Math.round(elapsedMs / 1000)} s` };
+  }
+  return { ok: true, value: n / (elapsedMs / 1000) };
+}
+
+export interface PickupResult {
+  p50: number;
+  p95: number;
+  p99: number;
+  duplicates: number;
+}
+
+/**
+ * Idle pickup latency: a running, idle worker; tasks enqueued one at a time every gap ms; the
+ * latency of task i is its handler's start minus the instant just before its enqueue call.
+ */
+export async function pickup(adapter: SystemAdapter, cfg: BenchConfig): Promise<Outcome<PickupResult>> {
+  const n = cfg.pickupN;
+  await adapter.reset();
+  const tracker = new RunTracker(n);
+  const sent = new Float64Array(n).fill(NaN);
+  let worker: RunningWorker | null = null;
+  let producer: Producer | null = null;
+  let finished = false;
+  try {
+    worker = await adapter.startWorker(cfg.pickupConcurrency, tracker.onRun);
+    producer = await adapter.openProducer();
+    await producer.single(-1); // warm the producer's connection and statements
+    await sleep(1_000); // let the worker go idle
+    const base = performance.now();
+    for (let i = 0; i < n; i++) {
+      const wait = base + i * cfg.pickupGapMs - performance.now();
+      if (wait > 0) await sleep(wait);
+      sent[i] = performance.now();
+      await producer.single(i);
+    }
+    finished = await waitUntil(() => tracker.distinct >= n, cfg.pickupTailTimeoutMs, 2);
+  } finally {
+    await stopWorker(adapter, worker);
+    await closeProducer(adapter, producer);
+  }
+  if (!finished) {
+    return {
+      ok: false,
+      timeout: true,
+      note: `${tracker.distinct}/${n} picked up ${cfg.pickupTailTimeoutMs / 1000} s after the last enqueue`,
+    };
+  }
+  const lat: number[] = [];
+  for (let i = 0; i < n; i++) lat.push(tracker.firstRun[i]! - sent[i]!);
+  return {
+    ok: true,
+    value: { p50: percentile(lat, 50), p95: percentile(lat, 95), p99: percentile(lat, 99), duplicates: tracker.duplicates },
+  };
+}

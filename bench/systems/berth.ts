@@ -1,0 +1,52 @@
+/** berth at its defaults: only `slots` is set (to the scenario's concurrency). */
+import pg from 'pg';
+import { pino } from 'pino';
+import { defineTask, enqueue, enqueueMany, migrate, Worker, type TaskSpec } from '../../src/index.js';
+import { dropSchema } from '../db.js';
+import type { AdapterContext, Producer, RunningWorker, SystemAdapter } from './types.js';
+
+const SCHEMA = 'berth_bench';
+const silent = pino({ level: 'silent' });
+
+export function berthAdapter(ctx: AdapterContext): SystemAdapter {
+  const { connectionString } = ctx;
+  return {
+    label: 'berth (default)',
+    settings: `Worker({ slots: <concurrency>, logger: silent }), everything else default; schema \`${SCHEMA}\``,
+
+    async reset() {
+      await dropSchema(connectionString, SCHEMA);
+      await migrate({ connectionString, schema: SCHEMA });
+    },
+
+    async openProducer(): Promise<Producer> {
+      const pool = new pg.Pool({ connectionString });
+      pool.on('error', () => {});
+      await pool.query('SELECT 1');
+      return {
+        async bulk(start, count) {
+          const specs: TaskSpec[] = [];
+          for (let i = start; i < start + count; i++) specs.push({ type: 'noop', payload: { i } });
+          await enqueueMany(pool, specs, { schema: SCHEMA });
+        },
+        async single(i) {
+          await enqueue(pool, 'noop', { i }, { schema: SCHEMA });
+        },
+        close: () => pool.end(),
+      };
+    },
+
+    async startWorker(concurrency, onRun): Promise<RunningWorker> {
+      const noop = defineTask<{ i: number }>({
+        type: 'noop',
+        ceiling: 60_000,
+        handler: async (payload) => {
+          onRun(payload.i);
+        },
+      });
+      const worker = new Worker({ connectionString, schema: SCHEMA, tasks: [noop], slots: concurrency, logger: silent });
+      await worker.start();
+      return { stop: () => worker.stop() };
+    },
+  };
+}

@@ -1,0 +1,36 @@
+/**
+ * The one interface every queue system implements for the scenarios. Tasks are no-ops whose
+ * payload is `{ i }`; the worker reports each handler start through `onRun(i)`.
+ */
+
+export interface Producer {
+  /** Enqueue tasks `i = start .. start+count-1` in one bulk call. */
+  bulk(start: number, count: number): Promise<void>;
+  /** Enqueue one task with a single-task call. */
+  single(i: number): Promise<void>;
+  close(): Promise<void>;
+}
+
+export interface RunningWorker {
+  /** Graceful stop; resolves once every connection the worker opened is closed. */
+  stop(): Promise<void>;
+}
+
+export interface SystemAdapter {
+  /** Row label in the report. */
+  readonly label: string;
+  /** What this row configures, for the report notes. */
+  readonly settings: string;
+  /** Drop and reinstall this system's schema so the scenario starts empty. */
+  reset(): Promise<void>;
+  openProducer(): Promise<Producer>;
+  /** Start processing `noop` tasks with `concurrency` handlers; resolves once started. */
+  startWorker(concurrency: number, onRun: (i: number) => void): Promise<RunningWorker>;
+}
+
+export interface AdapterContext {
+  /** Connection string of the dedicated bench database. */
+  connectionString: string;
+}
+
+export type AdapterFactory = (ctx: AdapterContext) => SystemAdapter;
