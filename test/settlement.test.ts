@@ -199,6 +199,10 @@ test('retention prunes dead letters older than 7 days from the last attempt, nev
   );
   // 9003 was retried by an operator and is on its final attempt under a live lease.
   await pool.query(
+    `INSERT INTO ${S}.ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard, attempts, max_attempts, created_at, run_at)
+     VALUES (0, 999999, 1, 9003, 't', '{}', 'default', 0, 0, 19, 20, now(), now())`,
+  );
+  await pool.query(
     `INSERT INTO ${S}.leases (slot, lane_id, lane_seq, id, type, attempt, max_attempts, token, claimed_at, expires_at)
      VALUES (0, 999999, 1, 9003, 't', 20, 20, gen_random_uuid(), now(), now() + interval '1 hour')`,
   );

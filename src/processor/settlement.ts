@@ -225,7 +225,9 @@ export async function dequeue(executor: Queryable, schema: string, id: string, t
       `WITH won AS (
          INSERT INTO ${s}.settlements (slot, lane_id, lane_seq, id, outcome)
          SELECT l.slot, l.lane_id, l.lane_seq, l.id, 'completed'
-           FROM ${s}.leases l WHERE l.id = $1 AND l.token = $2::uuid
+           FROM ${s}.ready r
+           JOIN ${s}.leases l ON l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot
+          WHERE r.id = $1 AND l.token = $2::uuid
          ON CONFLICT DO NOTHING
          RETURNING id
        ), freed AS (DELETE FROM ${s}.dedupe d USING won WHERE d.id = won.id)

@@ -6,7 +6,8 @@ export interface WakeListenerOptions {
   connectionString: string;
   channel: string;
   logger: Logger;
-  onNotify: () => void;
+  /** Called per notification with its payload ('' for a bare wake). */
+  onNotify: (payload: string) => void;
   onReconnect?: () => void;
   /** First reconnect delay; doubles to `reconnectMaxMs`. */
   reconnectBaseMs?: number;
@@ -63,12 +64,12 @@ export class WakeListener {
       await client.end().catch(() => undefined);
       return;
     }
-    client.on('notification', () => this.opts.onNotify());
+    client.on('notification', (n) => this.opts.onNotify(n.payload ?? ''));
     this.client = client;
     if (this.attempt > 0) {
       this.opts.onReconnect?.();
       // Anything enqueued while we were deaf is found by the fetch this triggers.
-      this.opts.onNotify();
+      this.opts.onNotify('');
     }
     this.attempt = 0;
   }

@@ -74,6 +74,17 @@ interface InFlight {
   controller: AbortController;
 }
 
+function lazyChild(parent: Logger, bindings: () => Record<string, unknown>): Logger {
+  let child: Logger | undefined;
+  return new Proxy(parent, {
+    get(_target, prop) {
+      child ??= parent.child(bindings());
+      const value: unknown = Reflect.get(child, prop, child);
+      return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(child) : value;
+    },
+  });
+}
+
 export function slotsFromEnv(value: string | undefined): number | undefined {
   if (value === undefined || value === '') return undefined;
   const n = Number(value);
@@ -127,6 +138,8 @@ export class Worker {
   private started = false;
   /** Lanes the last claim filled every slot from: tried first next time, skipping discovery. */
   private hotLanes: number[] = [];
+  /** Lanes named by wake notifications since the last fetch: also tried before discovery. */
+  private readonly notifiedLanes = new Set<number>();
 
   constructor(private readonly options: WorkerOptions) {
     if (!options.connectionString) throw new BerthInputError('Worker needs a connectionString');
@@ -189,7 +202,12 @@ export class Worker {
       connectionString: this.options.connectionString,
       channel: this.channel,
       logger: this.logger,
-      onNotify: () => this.wake('notify'),
+      onNotify: (payload) => {
+        // Producers and promotion name the lane they appended to: claim there first.
+        const lane = Number(payload);
+        if (payload !== '' && Number.isInteger(lane) && lane > 0 && this.notifiedLanes.size < 64) this.notifiedLanes.add(lane);
+        this.wake('notify');
+      },
       onReconnect: () => this.metrics.listenReconnects.inc(),
       reconnectBaseMs: this.options.listenReconnectBaseMs,
     });
@@ -280,8 +298,10 @@ export class Worker {
       wakeChannel: this.channel,
     };
     let got: ClaimedTask[] = [];
-    if (this.hotLanes.length > 0) {
-      got = await claim(this.writePool!, { ...params, laneIds: this.hotLanes, limit: want });
+    const known = [...new Set([...this.hotLanes, ...this.notifiedLanes])];
+    this.notifiedLanes.clear();
+    if (known.length > 0) {
+      got = await claim(this.writePool!, { ...params, laneIds: known, limit: want });
     }
     if (got.length < want) {
       const candidates = await discover(this.readPool!, this.schema, this.options.queues ?? null, 20);
@@ -352,12 +372,13 @@ export class Worker {
 
   private async execute(task: ClaimedTask, controller: AbortController, freeSlot: () => void): Promise<void> {
     const def = this.defs.get(task.type);
-    const log = this.logger.child({
+    // Built on first use: most runs log nothing, and a pino child per task is not free.
+    const log = lazyChild(this.logger, () => ({
       task_id: task.id,
       task_type: task.type,
       lane: `${task.queue}/${task.priority}/${task.shard}`,
       attempt: task.attempt,
-    });
+    }));
     const deadline = task.leaseExpiresAt - this.marginMs;
     const record = (outcome: Outcome) => this.metrics.outcomes.inc({ task_type: task.type, outcome });
 
@@ -469,7 +490,7 @@ export class Worker {
       return;
     }
     if (pastDeadline) log.warn('task reported done after its deadline');
-    log.debug('task done');
+    if (this.logger.isLevelEnabled('debug')) log.debug('task done');
     record('success');
   }
 

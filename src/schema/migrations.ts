@@ -224,7 +224,9 @@ BEGIN
           ORDER BY ord) u
     CROSS JOIN (SELECT queue, priority, shard FROM ${s}.lanes WHERE lane_id = p_lane) l;
   GET DIAGNOSTICS v_n = ROW_COUNT;
-  IF v_n > 0 THEN PERFORM pg_notify(${channel}, ''); END IF;
+  -- The payload names the lane, so a woken worker can claim from it without a discovery
+  -- round trip. Identical notifications still collapse: one per lane per transaction.
+  IF v_n > 0 THEN PERFORM pg_notify(${channel}, p_lane::text); END IF;
   RETURN v_n;
 END $fn$;
 
