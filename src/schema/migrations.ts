@@ -101,7 +101,6 @@ CREATE TABLE ${s}.leases (
   PRIMARY KEY (lane_id, lane_seq, slot)
 ) PARTITION BY LIST (slot);
 CREATE INDEX ON ${s}.leases (expires_at);
-CREATE INDEX ON ${s}.leases (id);
 
 -- The end of an attempt: completed, failed, released, advanced, rescued. Insert-only; the
 -- primary key is the fence arbiter: whoever inserts first for a lease settles it.
