@@ -102,3 +102,22 @@ test('a lost LISTEN connection reconnects with backoff, and polling keeps draini
     await w.stop();
   }
 });
+
+test('a notification naming a lane of another queue is not claimed by a worker that does not serve it', async () => {
+  let ranA = 0;
+  let ranB = 0;
+  const a = defineTask({ type: 'w_qa', ceiling: 5000, handler: async () => void ranA++ });
+  const b = defineTask({ type: 'w_qb', ceiling: 5000, handler: async () => void ranB++ });
+  const { logger } = captureLogger();
+  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [a, b], queues: ['served'], pollIntervalMs: 100, logger, maintenance: false });
+  await w.start();
+  try {
+    await enqueue(pool, b, {}, { schema, queue: 'not_served' });
+    await enqueue(pool, a, {}, { schema, queue: 'served' });
+    await waitFor(() => ranA === 1, 10_000, 'served queue');
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(ranB, 0);
+  } finally {
+    await w.stop();
+  }
+});

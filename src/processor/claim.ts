@@ -87,6 +87,8 @@ export interface ClaimParams {
   workerId: string;
   /** Channel to re-signal when the claim filled every idle slot (more work is likely). */
   wakeChannel: string;
+  /** Only lanes of these queues (null: all). Candidates from a notification may be any lane. */
+  queues?: readonly string[] | null;
 }
 
 /**
@@ -135,6 +137,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
     text: `WITH locked AS MATERIALIZED (
        SELECT l.lane_id, l.version FROM ${s}.lanes l
         WHERE l.lane_id = ANY ($1::integer[])
+          AND ($11::text[] IS NULL OR l.queue = ANY ($11::text[]))
         ORDER BY l.lane_id
         FOR UPDATE SKIP LOCKED
      ), current AS MATERIALIZED (
@@ -192,6 +195,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
       p.wakeChannel,
       p.defaultMaxAttempts,
       types.map((t) => p.maxAttempts.get(t) ?? null),
+      p.queues ?? null,
     ],
   });
   return res.rows.map((r) => ({

@@ -296,14 +296,19 @@ export class Worker {
       marginMs: this.marginMs,
       workerId: this.id,
       wakeChannel: this.channel,
+      queues: this.options.queues ?? null,
     };
     let got: ClaimedTask[] = [];
     const known = [...new Set([...this.hotLanes, ...this.notifiedLanes])];
     this.notifiedLanes.clear();
     if (known.length > 0) {
       got = await claim(this.writePool!, { ...params, laneIds: known, limit: want });
+      if (got.length > 0 && got.length < want) {
+        // Start these now; discovery for the rest runs on the next pass of the loop.
+        this.wake('more');
+      }
     }
-    if (got.length < want) {
+    if (got.length === 0) {
       const candidates = await discover(this.readPool!, this.schema, this.options.queues ?? null, 20);
       const lanes = [...new Set(candidates.map((c) => c.laneId))];
       if (lanes.length > 0) {
