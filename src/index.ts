@@ -28,3 +28,5 @@ export { BerthMetrics, OUTCOMES, type Outcome } from './metrics.js';
 export { BerthInputError, LeaseLostError, PermanentError } from './errors.js';
 export { DEFAULT_SCHEMA, type Queryable } from './sql.js';
 export { createLogger, type Logger } from './logger.js';
+export { grantRuntimeRole, type GrantRuntimeRoleOptions, type ConnectionOptions } from './schema/migrate.js';
+export { runtimeGrantStatements } from './schema/roles.js';

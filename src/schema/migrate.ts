@@ -1,14 +1,26 @@
 import pg from 'pg';
+import { BerthInputError } from '../errors.js';
 import { DEFAULT_SCHEMA, quoteIdent, schemaLockKey } from '../sql.js';
 import { MIGRATIONS } from './migrations.js';
+import { runtimeGrantStatements } from './roles.js';
 
-export interface MigrateOptions {
-  /** Connection string of the database to migrate. Either this or `client`. */
+/** How to reach the database: a connection string, or a connected client not inside a transaction. */
+export interface ConnectionOptions {
+  /** Connection string of the database. Either this or `client`. */
   connectionString?: string;
   /** An already connected client (not inside a transaction). */
   client?: pg.ClientBase;
-  /** Schema to install into; default `berth`. */
+  /** Schema berth is installed in; default `berth`. */
   schema?: string;
+}
+
+export interface MigrateOptions extends ConnectionOptions {
+  /**
+   * Roles to grant what a producer / worker needs (see `grantRuntimeRole`), in the migration's
+   * own transaction: migration 3 revokes PUBLIC's EXECUTE on berth's functions, so an install
+   * whose runtime roles relied on it keeps working only if they are granted in the same step.
+   */
+  runtimeRoles?: readonly string[];
 }
 
 export interface MigrationReport {
@@ -18,6 +30,8 @@ export interface MigrationReport {
   /** Version after this run. */
   to: number;
   applied: { version: number; name: string }[];
+  /** The `runtimeRoles` granted (in the migration transaction). */
+  grantedRoles: string[];
 }
 
 /** Raised when the database holds a newer schema than this code knows. Nothing is changed. */
@@ -37,23 +51,21 @@ export class SchemaTooNewError extends Error {
 
 export const LATEST_SCHEMA_VERSION = MIGRATIONS.reduce((m, x) => Math.max(m, x.version), 0);
 
-/** The advisory lock id (second key) that serialises migrators of one schema. */
+/** The advisory lock id (second key) that serialises migrators (and granters) of one schema. */
 const MIGRATE_LOCK = -2;
 
 /**
  * Apply every pending migration in one transaction, under an advisory transaction lock so two
- * migrators never interleave. Idempotent; refuses a schema newer than the code.
+ * migrators never interleave, and grant `runtimeRoles` in it. Idempotent; refuses a schema
+ * newer than the code.
  */
 export async function migrate(options: MigrateOptions): Promise<MigrationReport> {
   const schema = options.schema ?? DEFAULT_SCHEMA;
-  const owned = options.client === undefined;
-  const client =
-    options.client ?? new pg.Client({ connectionString: requireConnection(options.connectionString) });
-  if (owned) await client.connect();
-  const s = quoteIdent(schema);
-  try {
-    await client.query('BEGIN');
-    try {
+  const roles = [...new Set(options.runtimeRoles ?? [])];
+  return withClient(options, 'migrate', async (client) => {
+    const s = quoteIdent(schema);
+    await requireRoles(client, roles);
+    const { from, applied } = await inTransaction(client, async () => {
       await client.query('SELECT pg_advisory_xact_lock($1, $2)', [schemaLockKey(schema), MIGRATE_LOCK]);
       const exists = await client.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [schema]);
       if (exists.rowCount === 0) await client.query(`CREATE SCHEMA ${s}`);
@@ -63,10 +75,7 @@ export async function migrate(options: MigrateOptions): Promise<MigrationReport>
            name text NOT NULL,
            applied_at timestamptz NOT NULL DEFAULT now())`,
       );
-      const current = await client.query<{ v: number }>(
-        `SELECT coalesce(max(version), 0)::integer AS v FROM ${s}.schema_migrations`,
-      );
-      const from = current.rows[0]?.v ?? 0;
+      const from = (await schemaVersion(client, schema)) ?? 0;
       if (from > LATEST_SCHEMA_VERSION) throw new SchemaTooNewError(schema, from, LATEST_SCHEMA_VERSION);
       const applied: MigrationReport['applied'] = [];
       for (const m of [...MIGRATIONS].sort((a, b) => a.version - b.version)) {
@@ -78,18 +87,97 @@ export async function migrate(options: MigrateOptions): Promise<MigrationReport>
         ]);
         applied.push({ version: m.version, name: m.name });
       }
-      await client.query('COMMIT');
-      return { schema, from, to: Math.max(from, LATEST_SCHEMA_VERSION), applied };
-    } catch (err) {
-      await client.query('ROLLBACK').catch(() => undefined);
-      throw err;
-    }
-  } finally {
-    if (owned) await (client as pg.Client).end();
+      for (const role of roles) await applyGrants(client, schema, role);
+      return { from, applied };
+    });
+    return { schema, from, to: Math.max(from, LATEST_SCHEMA_VERSION), applied, grantedRoles: roles };
+  });
+}
+
+export interface GrantRuntimeRoleOptions extends ConnectionOptions {
+  /** An existing role (login, or a group the login roles are members of). */
+  role: string;
+}
+
+/**
+ * Grant one role what a producer, worker and maintenance leader need on a migrated schema:
+ * USAGE on the schema, EXECUTE on the SECURITY DEFINER functions, and the few table privileges
+ * the worker's own statements need (the list and the reason for each is in
+ * `src/schema/roles.ts`). Nothing more: no CREATE, no sequence privilege (lanes and their
+ * sequences are created by the definer functions as the schema owner, so a role without CREATE
+ * opens new lanes and every granted role can use them). Idempotent; run it as the schema owner
+ * or a superuser. The schema must be at the latest version.
+ */
+export async function grantRuntimeRole(options: GrantRuntimeRoleOptions): Promise<void> {
+  const schema = options.schema ?? DEFAULT_SCHEMA;
+  if (typeof options.role !== 'string' || options.role.length === 0) {
+    throw new BerthInputError('grantRuntimeRole needs a role name');
+  }
+  await withClient(options, 'grantRuntimeRole', async (client) => {
+    await requireRoles(client, [options.role]);
+    await inTransaction(client, async () => {
+      await client.query('SELECT pg_advisory_xact_lock($1, $2)', [schemaLockKey(schema), MIGRATE_LOCK]);
+      const version = await schemaVersion(client, schema);
+      if (version === null || version < LATEST_SCHEMA_VERSION) {
+        throw new BerthInputError(
+          `schema "${schema}" is at version ${version ?? 0}, not ${LATEST_SCHEMA_VERSION}: migrate it before granting roles`,
+        );
+      }
+      if (version > LATEST_SCHEMA_VERSION) throw new SchemaTooNewError(schema, version, LATEST_SCHEMA_VERSION);
+      await applyGrants(client, schema, options.role);
+    });
+  });
+}
+
+async function applyGrants(client: pg.ClientBase, schema: string, role: string): Promise<void> {
+  for (const statement of runtimeGrantStatements(schema, role)) await client.query(statement);
+}
+
+/** Fail before touching anything when a role to grant does not exist. */
+async function requireRoles(client: pg.ClientBase, roles: readonly string[]): Promise<void> {
+  if (roles.length === 0) return;
+  const missing = await client.query<{ name: string }>(
+    `SELECT x AS name FROM unnest($1::text[]) x WHERE NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = x)`,
+    [roles],
+  );
+  if (missing.rows.length > 0) {
+    throw new BerthInputError(`role ${missing.rows.map((r) => `"${r.name}"`).join(', ')} does not exist; create it first`);
   }
 }
 
-function requireConnection(connectionString: string | undefined): string {
-  if (!connectionString) throw new Error('migrate needs a connectionString (or DATABASE_URL) or a client');
-  return connectionString;
+/** The applied version, or null when the schema has no schema_migrations table. */
+async function schemaVersion(client: pg.ClientBase, schema: string): Promise<number | null> {
+  const table = await client.query<{ present: boolean }>('SELECT to_regclass($1) IS NOT NULL AS present', [
+    `${quoteIdent(schema)}.schema_migrations`,
+  ]);
+  if (!table.rows[0]?.present) return null;
+  const current = await client.query<{ v: number }>(
+    `SELECT coalesce(max(version), 0)::integer AS v FROM ${quoteIdent(schema)}.schema_migrations`,
+  );
+  return current.rows[0]?.v ?? 0;
+}
+
+/** Run `fn` on the caller's client, or on a client of its own that is closed afterwards. */
+export async function withClient<T>(options: ConnectionOptions, what: string, fn: (client: pg.ClientBase) => Promise<T>): Promise<T> {
+  if (options.client) return fn(options.client);
+  if (!options.connectionString) throw new Error(`${what} needs a connectionString (or DATABASE_URL) or a client`);
+  const client = new pg.Client({ connectionString: options.connectionString });
+  await client.connect();
+  try {
+    return await fn(client);
+  } finally {
+    await client.end();
+  }
+}
+
+async function inTransaction<T>(client: pg.ClientBase, fn: () => Promise<T>): Promise<T> {
+  await client.query('BEGIN');
+  try {
+    const result = await fn();
+    await client.query('COMMIT');
+    return result;
+  } catch (err) {
+    await client.query('ROLLBACK').catch(() => undefined);
+    throw err;
+  }
 }

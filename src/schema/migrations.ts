@@ -404,4 +404,17 @@ END $fn$;
   },
 };
 
-export const MIGRATIONS: readonly Migration[] = [core, moves];
+const privileges: Migration = {
+  version: 3,
+  name: 'runtime roles: no berth function is executable by PUBLIC',
+  sql(schema) {
+    return `
+-- Functions are executable by PUBLIC by default; berth's run as the schema owner, so only the
+-- roles grantRuntimeRole() names may call them. Every later migration that adds a function must
+-- revoke it too: per-schema default privileges cannot take PUBLIC's EXECUTE away.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA ${quoteIdent(schema)} FROM PUBLIC;
+`;
+  },
+};
+
+export const MIGRATIONS: readonly Migration[] = [core, moves, privileges];
