@@ -2,11 +2,18 @@
 /**
  * The `berth` command line. Every command takes --database-url (default $DATABASE_URL) and
  * --schema (default $BERTH_SCHEMA or `berth`); --json prints machine-readable output.
- * Exit codes: 0 ok, 1 operation failed, 2 bad usage or configuration.
+ * Exit codes: 0 ok, 1 operation failed (or, for a check, problems remain), 2 bad usage or
+ * configuration.
  */
 import { Command, InvalidArgumentError } from 'commander';
-import { migrate, SchemaTooNewError } from './schema/migrate.js';
+import { migrate, SchemaTooNewError, withClient } from './schema/migrate.js';
 import { BerthInputError } from './errors.js';
+import {
+  listLaneSequenceProblems,
+  repairLaneSequences,
+  type LaneSequenceProblem,
+  type LaneSequenceRepairReport,
+} from './storage/lane-sequences.js';
 
 export const EXIT = { ok: 0, failed: 1, usage: 2 } as const;
 
@@ -29,6 +36,43 @@ function schemaName(value: string): string {
   return value;
 }
 
+function collect(value: string, previous: string[]): string[] {
+  return [...previous, value];
+}
+
+function describe(p: LaneSequenceProblem): string {
+  return `${p.sequence} (lane ${p.laneId})`;
+}
+
+function printRepairs(r: LaneSequenceRepairReport): void {
+  for (const p of r.repaired) {
+    if (p.result === 'reassigned') console.log(`repaired ${describe(p)}: owner ${p.currentOwner} -> ${p.expectedOwner}`);
+    else if (p.result === 'created') console.log(`recreated ${describe(p)}`);
+    else console.log(`${describe(p)} was already repaired`);
+  }
+  for (const p of r.busy) console.log(`busy: ${describe(p)} is locked by an open transaction; run the repair again later`);
+  for (const p of r.notPermitted) console.log(`not permitted: ${describe(p)} needs one of: ${p.repairRoles.join(', ') || 'no login role'}`);
+  for (const p of r.failed) console.log(`failed: ${describe(p)}: ${p.error}`);
+}
+
+function printProblems(schema: string, problems: readonly LaneSequenceProblem[]): void {
+  if (problems.length === 0) {
+    console.log(`no lane sequence problems in schema "${schema}"`);
+    return;
+  }
+  console.log(`${problems.length} lane sequence problem(s) in schema "${schema}":`);
+  for (const p of problems) {
+    const what = p.problem === 'missing' ? 'missing' : `owned by ${p.currentOwner}, should be ${p.expectedOwner}`;
+    console.log(`  ${describe(p)}: ${what}`);
+    console.log(
+      p.repairRoles.length > 0
+        ? `    run as one of: ${p.repairRoles.join(', ')}`
+        : '    no login role qualifies: a superuser must run it',
+    );
+    console.log(`    ${p.statement};`);
+  }
+}
+
 export function buildProgram(): Command {
   const program = new Command();
   program
@@ -43,15 +87,39 @@ export function buildProgram(): Command {
       .option('--json', 'print JSON');
 
   common(program.command('migrate'))
-    .description('apply pending schema migrations (one transaction, under an advisory lock)')
-    .action(async (opts: Common) => {
-      const report = await migrate({ connectionString: connection(opts), schema: opts.schema });
+    .description('apply pending schema migrations (one transaction, under an advisory lock), then repair lane sequences')
+    .option('--runtime-role <role>', 'grant this role what producers and workers need, in the migration transaction (repeatable)', collect, [])
+    .addHelpText('after', '\nLane sequences that could not be repaired are listed on stderr; `berth storage lane-sequences` shows what to run.')
+    .action(async (opts: Common & { runtimeRole: string[] }) => {
+      const report = await migrate({ connectionString: connection(opts), schema: opts.schema, runtimeRoles: opts.runtimeRole });
       if (opts.json) console.log(JSON.stringify(report));
-      else if (report.applied.length === 0) console.log(`schema "${report.schema}" is up to date at version ${report.to}`);
       else {
+        if (report.applied.length === 0) console.log(`schema "${report.schema}" is up to date at version ${report.to}`);
         for (const m of report.applied) console.log(`applied ${m.version}: ${m.name}`);
-        console.log(`schema "${report.schema}" migrated from ${report.from} to ${report.to}`);
+        if (report.applied.length > 0) console.log(`schema "${report.schema}" migrated from ${report.from} to ${report.to}`);
+        for (const r of report.grantedRoles) console.log(`granted runtime privileges to "${r}"`);
+        printRepairs(report.laneSequences);
       }
+      const left = report.laneSequences.busy.length + report.laneSequences.notPermitted.length + report.laneSequences.failed.length;
+      if (left > 0) console.error(`berth: ${left} lane sequence problem(s) remain; see: berth storage lane-sequences --schema ${report.schema}`);
+    });
+
+  const storage = program.command('storage').description('inspect and repair queue storage');
+  common(storage.command('lane-sequences'))
+    .description('list lane sequences that are missing or not owned by the role berth\'s functions run as, with the statement to run and the roles that may run it')
+    .option('--repair', 'repair each one first (own transaction each, 300 ms lock timeout: a busy sequence is reported, not waited for)')
+    .addHelpText('after', '\nExit status: 0 when no problem remains, 1 when problems remain (or the command failed), 2 on bad usage.')
+    .action(async (opts: Common & { repair?: boolean }) => {
+      await withClient({ connectionString: connection(opts) }, 'berth storage lane-sequences', async (client) => {
+        const repair = opts.repair ? await repairLaneSequences(client, opts.schema) : null;
+        const remaining = await listLaneSequenceProblems(client, opts.schema);
+        if (opts.json) console.log(JSON.stringify({ schema: opts.schema, repair, remaining }));
+        else {
+          if (repair) printRepairs(repair);
+          printProblems(opts.schema, remaining);
+        }
+        if (remaining.length > 0) throw new Error(`${remaining.length} lane sequence problem(s) remain in schema "${opts.schema}"`);
+      });
     });
   return program;
 }

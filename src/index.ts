@@ -30,3 +30,11 @@ export { DEFAULT_SCHEMA, type Queryable } from './sql.js';
 export { createLogger, type Logger } from './logger.js';
 export { grantRuntimeRole, type GrantRuntimeRoleOptions, type ConnectionOptions } from './schema/migrate.js';
 export { runtimeGrantStatements } from './schema/roles.js';
+export {
+  listLaneSequenceProblems,
+  repairLaneSequences,
+  type LaneSequenceProblem,
+  type LaneSequenceProblemKind,
+  type LaneSequenceFix,
+  type LaneSequenceRepairReport,
+} from './storage/lane-sequences.js';

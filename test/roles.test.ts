@@ -6,6 +6,7 @@ import {
   enqueue,
   getTask,
   grantRuntimeRole,
+  listLaneSequenceProblems,
   maintainRing,
   migrate,
   moveTask,
@@ -63,6 +64,7 @@ async function laneOf(id: string): Promise<{ lane_id: number; lane_seq: string }
 
 test('migrate grants runtimeRoles in its transaction and reports them', () => {
   assert.deepEqual(report.grantedRoles, [roleA]);
+  assert.deepEqual(report.laneSequences, { repaired: [], busy: [], notPermitted: [], failed: [] });
 });
 
 test('runtime roles have no CREATE on the schema, and PUBLIC can execute no berth function', async () => {
@@ -85,6 +87,11 @@ test('runtime roles have no CREATE on the schema, and PUBLIC can execute no bert
   assert.deepEqual(open.rows, [], 'no berth function is executable by PUBLIC');
   const internal = await admin.query(`SELECT has_function_privilege($1, $2, 'EXECUTE') AS x`, [roleA, `${S}.append_ready(integer,bigint[],text[],jsonb[],integer[],integer[],text[],text[],timestamptz[],timestamptz[])`]);
   assert.equal(internal.rows[0].x, false, 'append_ready is only called from inside the definer functions');
+  const repair = await admin.query(
+    `SELECT has_function_privilege($1, $2, 'EXECUTE') AS a, has_function_privilege('public', $2, 'EXECUTE') AS p`,
+    [roleA, `${S}.provision_lane_sequence(integer)`],
+  );
+  assert.deepEqual(repair.rows[0], { a: false, p: false }, 'the lane sequence repair is for operators, not runtime roles');
 });
 
 test('a role without the grant gets a clear permission error', async () => {
@@ -118,6 +125,7 @@ test('role A opens a lane never seen before; role B appends to it; its sequence 
     [seq, roleA, roleB],
   );
   assert.deepEqual(info.rows[0], { owner, a: false, b: false });
+  assert.deepEqual(await listLaneSequenceProblems(admin, schema), []);
 });
 
 test('provision_lane rejects a null argument or a shard outside 0-63, and accepts any queue name and smallint priority', async () => {

@@ -1,6 +1,7 @@
 import pg from 'pg';
 import { BerthInputError } from '../errors.js';
 import { DEFAULT_SCHEMA, quoteIdent, schemaLockKey } from '../sql.js';
+import { repairLaneSequences, type LaneSequenceRepairReport } from '../storage/lane-sequences.js';
 import { MIGRATIONS } from './migrations.js';
 import { runtimeGrantStatements } from './roles.js';
 
@@ -32,6 +33,11 @@ export interface MigrationReport {
   applied: { version: number; name: string }[];
   /** The `runtimeRoles` granted (in the migration transaction). */
   grantedRoles: string[];
+  /**
+   * The lane sequence repair run after the migration committed (one statement per sequence).
+   * Anything busy or not permitted is still listed by `berth storage lane-sequences`.
+   */
+  laneSequences: LaneSequenceRepairReport;
 }
 
 /** Raised when the database holds a newer schema than this code knows. Nothing is changed. */
@@ -57,7 +63,9 @@ const MIGRATE_LOCK = -2;
 /**
  * Apply every pending migration in one transaction, under an advisory transaction lock so two
  * migrators never interleave, and grant `runtimeRoles` in it. Idempotent; refuses a schema
- * newer than the code.
+ * newer than the code. After the commit, repairs wrongly owned or missing lane sequences one
+ * statement each (never inside the migration transaction: a repair holds its sequence's
+ * ACCESS EXCLUSIVE lock until it commits) and reports what it could not.
  */
 export async function migrate(options: MigrateOptions): Promise<MigrationReport> {
   const schema = options.schema ?? DEFAULT_SCHEMA;
@@ -90,7 +98,17 @@ export async function migrate(options: MigrateOptions): Promise<MigrationReport>
       for (const role of roles) await applyGrants(client, schema, role);
       return { from, applied };
     });
-    return { schema, from, to: Math.max(from, LATEST_SCHEMA_VERSION), applied, grantedRoles: roles };
+    const to = Math.max(from, LATEST_SCHEMA_VERSION);
+    let laneSequences: LaneSequenceRepairReport;
+    try {
+      laneSequences = await repairLaneSequences(client, schema);
+    } catch (err) {
+      throw new Error(
+        `schema "${schema}" migrated to version ${to}, but checking its lane sequences failed: ${(err as Error).message}`,
+        { cause: err },
+      );
+    }
+    return { schema, from, to, applied, grantedRoles: roles, laneSequences };
   });
 }
 
