@@ -191,7 +191,7 @@ test('a producer holds its lane lock until commit, so a lane\'s entries become v
     const pb = enqueue(b, 'lane_order', { who: 'b' }, { schema, queue: 'ordered', shard: 5 });
     // B waits on the lane lock A still holds (not on anything else).
     await waitFor(async () => (await pool.query(
-      `SELECT 1 FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND NOT granted`, [bPid])).rowCount === 1, 5000, 'B to wait on the lane lock');
+      `SELECT 1 FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND NOT granted`, [bPid])).rowCount === 1, 20_000, 'B to wait on the lane lock');
     await a.query('COMMIT');
     const rb = await pb;
     await b.query('COMMIT');
