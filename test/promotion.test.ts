@@ -170,7 +170,11 @@ test('losing leadership aborts a waiter; its rows stay deferred', async () => {
     await waitFor(async () => (await counterValue(w.metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off' })) >= 1, 10_000, 'hand-off');
     // The waiter is now blocked on the lane lock; stopping ends the term and must not hang.
     await w.stop();
-    const waiting = await pool.query(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%promote_lane%'`);
+    // Only this file's schema: other test files run their own waiters in parallel.
+    const waiting = await pool.query(
+      `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND position($1 in query) > 0 AND query LIKE '%promote_lane%'`,
+      [`"${schema}".promote_lane`],
+    );
     assert.equal(waiting.rows[0].count, '0', 'the waiter was cancelled');
     assert.equal((await pool.query(`SELECT count(*) FROM ${S}.deferred WHERE queue = 'hot'`)).rows[0].count, '3');
   } finally {
