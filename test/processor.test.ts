@@ -41,10 +41,13 @@ test('done: the handler runs once and the task completes (success)', async () =>
     assert.equal(ctx.attempt, 1);
   } });
   await withWorker([def], async (w) => {
-    const r = await enqueue(pool, def, { n: 7 }, { schema });
+    const r = await enqueue(pool, def, { n: 7 }, { schema, dedupeKey: 'p_done:7' });
     await waitFor(async () => (await state(r.id!)) === 'completed', 10_000, 'completion');
     await waitFor(async () => (await outcomes(w.metrics, 'p_done', 'success')) === 1, 5_000, 'success counted');
     assert.deepEqual(seen, [{ n: 7 }]);
+    // Completion released the dedupe key: the same resource can be enqueued again.
+    const again = await enqueue(pool, 'p_other', {}, { schema, dedupeKey: 'p_done:7', queue: 'unserved' });
+    assert.equal(again.state, 'ready');
     assert.equal(await counterValue(w.metrics, 'berth_task_handler_seconds_count', { task_type: 'p_done' }), 1);
   });
 });

@@ -5,6 +5,8 @@ import type { LeaseRef } from './claim.js';
 import { completeLeases, leaseKey, recordFailures, type FailureInput } from './settlement.js';
 
 type Waiter<T> = { resolve: (v: T) => void };
+/** A lease to complete; its dedupe key (if any) is released with it. */
+type CompletableLease = LeaseRef & { dedupeKey?: string | null };
 
 /**
  * Coalesces settlements: while one flush is in flight, every completion and failure handed in
@@ -16,7 +18,7 @@ type Waiter<T> = { resolve: (v: T) => void };
  * duplicate run, never a loss.
  */
 export class SettlementBatcher {
-  private completes: { ref: LeaseRef; w: Waiter<boolean> }[] = [];
+  private completes: { ref: CompletableLease; w: Waiter<boolean> }[] = [];
   private failures: { input: FailureInput; w: Waiter<'retry' | 'dead' | null> }[] = [];
   private flushing: Promise<void> | null = null;
 
@@ -28,7 +30,7 @@ export class SettlementBatcher {
   ) {}
 
   /** Resolves true when settled, false when the fence refused (the lease was lost). */
-  complete(ref: LeaseRef): Promise<boolean> {
+  complete(ref: CompletableLease): Promise<boolean> {
     return new Promise((resolve) => {
       this.completes.push({ ref, w: { resolve } });
       this.kick();
@@ -72,7 +74,7 @@ export class SettlementBatcher {
     await Promise.all([this.flushCompletes(completes), this.flushFailures(failures)]);
   }
 
-  private async flushCompletes(batch: { ref: LeaseRef; w: Waiter<boolean> }[]): Promise<void> {
+  private async flushCompletes(batch: { ref: CompletableLease; w: Waiter<boolean> }[]): Promise<void> {
     if (batch.length === 0) return;
     const settled = await this.withRetry('complete', () => completeLeases(this.db, this.schema, batch.map((b) => b.ref)));
     for (const b of batch) b.w.resolve(settled?.has(leaseKey(b.ref)) ?? false);

@@ -24,7 +24,7 @@ const MOVE_COLUMNS = `id, type, payload, queue, priority, shard, attempts, max_a
 export async function completeLeases(
   write: Queryable,
   schema: string,
-  refs: readonly LeaseRef[],
+  refs: readonly (LeaseRef & { dedupeKey?: string | null })[],
 ): Promise<Set<string>> {
   if (refs.length === 0) return new Set();
   const s = quoteIdent(schema);
@@ -41,10 +41,18 @@ export async function completeLeases(
        ON CONFLICT DO NOTHING
        RETURNING lane_id, lane_seq, id
      ), freed AS (
-       DELETE FROM ${s}.dedupe d USING won WHERE d.id = won.id
+       -- By key, and only for tasks that have one: most batches probe nothing here.
+       DELETE FROM ${s}.dedupe d
+        WHERE d.dedupe_key = ANY ($5::text[]) AND d.id IN (SELECT won.id FROM won)
      )
      SELECT lane_id, lane_seq::text AS lane_seq FROM won`,
-    values: [refs.map((r) => r.slot), refs.map((r) => r.laneId), refs.map((r) => r.laneSeq), refs.map((r) => r.token)],
+    values: [
+      refs.map((r) => r.slot),
+      refs.map((r) => r.laneId),
+      refs.map((r) => r.laneSeq),
+      refs.map((r) => r.token),
+      refs.flatMap((r) => (r.dedupeKey ? [r.dedupeKey] : [])),
+    ],
   });
   return new Set(res.rows.map((r) => leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq })));
 }
