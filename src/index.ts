@@ -14,8 +14,8 @@ export {
   type Lane,
   type StandardSchemaLike,
 } from './task.js';
-export { Worker, type WorkerOptions } from './processor/worker.js';
-export { runSlices, SliceLeaseLostError, type SliceOptions, type SlicePage } from './processor/slices.js';
+export { Worker, WORKER_DEFAULTS, type WorkerOptions } from './processor/worker.js';
+export { runSlices, SliceLeaseLostError, DEFAULT_SLICE_MS, type SliceOptions, type SlicePage } from './processor/slices.js';
 export { dequeue, removeUnleased } from './processor/settlement.js';
 export { getTask, moveTask, type MoveResult, type TaskRecord, type TaskState } from './storage/tasks.js';
 export { promoteDueLanes, promoteDueLane, promoteDue, type LaneKey, type PromoteOutcome } from './maintenance/promote.js';

@@ -87,3 +87,40 @@ export async function expectOutcome(metrics: BerthMetrics, type: string, outcome
   const got = await outcomes(metrics, type, outcome);
   if (got !== n) throw new Error(`expected ${n} ${outcome} outcome(s) for ${type}, got ${got}`);
 }
+
+import { fork, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { schemaLockKey } from '../src/sql.js';
+
+/** The test database's URL, logging in as `role`. */
+export function urlAs(role: string): string {
+  const url = new URL(DATABASE_URL);
+  url.username = role;
+  return url.toString();
+}
+
+/** Start test/fixtures/worker-process.ts as a child process; resolves once its worker runs. */
+export function spawnWorkerProcess(schema: string, id: string): Promise<ChildProcess> {
+  const fixture = fileURLToPath(new URL('./fixtures/worker-process.ts', import.meta.url));
+  const child = fork(fixture, [], {
+    execArgv: ['--import', 'tsx'],
+    env: { ...process.env, SCHEMA: schema, DATABASE_URL, WORKER_ID: id },
+    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+  });
+  return new Promise((resolve, reject) => {
+    child.once('message', () => resolve(child));
+    child.once('exit', (code) => reject(new Error(`worker ${id} exited early (${code})`)));
+  });
+}
+
+/** Hold a lane's producer lock the way an open enqueue transaction does; call the result to commit. */
+export async function holdLaneLock(schema: string, lane: number): Promise<() => Promise<void>> {
+  const c = new pg.Client({ connectionString: DATABASE_URL });
+  await c.connect();
+  await c.query('BEGIN');
+  await c.query('SELECT pg_advisory_xact_lock($1, $2)', [schemaLockKey(schema), lane]);
+  return async () => {
+    await c.query('COMMIT');
+    await c.end();
+  };
+}

@@ -5,7 +5,7 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { enqueue, listLaneSequenceProblems, migrate, repairLaneSequences } from '../src/index.js';
 import { schemaLockKey } from '../src/sql.js';
-import { DATABASE_URL } from './helpers.js';
+import { DATABASE_URL, urlAs } from './helpers.js';
 
 // Roles are cluster-wide: every name carries the pid so parallel runs never share one.
 const owner = `berth_owner_ls_${process.pid}`;
@@ -14,11 +14,6 @@ const roles = [other, owner];
 const schema = `t_laneseq_${process.pid}`;
 const S = `"${schema}"`;
 
-function urlAs(role: string): string {
-  const url = new URL(DATABASE_URL);
-  url.username = role;
-  return url.toString();
-}
 
 const admin = new pg.Pool({ connectionString: DATABASE_URL });
 await admin.query(`DROP SCHEMA IF EXISTS ${S} CASCADE`);

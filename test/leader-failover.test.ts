@@ -1,27 +1,15 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { fork, type ChildProcess } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
+import type { ChildProcess } from 'node:child_process';
 import { enqueueMany, getTask } from '../src/index.js';
 import { claim } from '../src/processor/claim.js';
 import { schemaLockKey, wakeChannel } from '../src/sql.js';
-import { DATABASE_URL, freshSchema, waitFor } from './helpers.js';
+import { DATABASE_URL, freshSchema, waitFor, spawnWorkerProcess } from './helpers.js';
 
 const { schema, pool } = await freshSchema('failover');
 const S = `"${schema}"`;
-const fixture = fileURLToPath(new URL('./fixtures/worker-process.ts', import.meta.url));
 
-function spawnWorker(id: string): Promise<ChildProcess> {
-  const child = fork(fixture, [], {
-    execArgv: ['--import', 'tsx'],
-    env: { ...process.env, SCHEMA: schema, DATABASE_URL, WORKER_ID: id },
-    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
-  });
-  return new Promise((resolve, reject) => {
-    child.once('message', () => resolve(child));
-    child.once('exit', (code) => reject(new Error(`worker ${id} exited early (${code})`)));
-  });
-}
+const spawnWorker = (id: string) => spawnWorkerProcess(schema, id);
 
 /** The worker id of the session holding the leader lock, from pg_locks + application_name. */
 async function leaderId(): Promise<string | null> {

@@ -1,25 +1,13 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { fork, type ChildProcess } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
+import type { ChildProcess } from 'node:child_process';
 import { enqueueMany, readGauges } from '../src/index.js';
-import { DATABASE_URL, freshSchema, waitFor } from './helpers.js';
+import { DATABASE_URL, freshSchema, waitFor, spawnWorkerProcess } from './helpers.js';
 
 const { schema, pool } = await freshSchema('multi');
 const S = `"${schema}"`;
-const fixture = fileURLToPath(new URL('./fixtures/worker-process.ts', import.meta.url));
 
-function spawnWorker(id: string): Promise<ChildProcess> {
-  const child = fork(fixture, [], {
-    execArgv: ['--import', 'tsx'],
-    env: { ...process.env, SCHEMA: schema, DATABASE_URL, WORKER_ID: id },
-    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
-  });
-  return new Promise((resolve, reject) => {
-    child.once('message', () => resolve(child));
-    child.once('exit', (code) => reject(new Error(`worker ${id} exited early (${code})`)));
-  });
-}
+const spawnWorker = (id: string) => spawnWorkerProcess(schema, id);
 
 test('3 worker processes, 5,000 tasks, one SIGKILLed mid-run and replaced: nothing lost, only its leases re-run', async () => {
   await pool.query(`CREATE TABLE ${S}.executions (i integer NOT NULL, kind text NOT NULL, worker text NOT NULL, at timestamptz DEFAULT clock_timestamp())`);

@@ -58,7 +58,7 @@ test('error: failure records last_error and retries with backoff, then dead-lett
     runs++;
     throw new Error(`nope ${runs}`);
   } });
-  await withWorker([def], async (w) => {
+  await withWorker([def], async (w, lines) => {
     const r = await enqueue(pool, def, {}, { schema });
     await waitFor(async () => (await state(r.id!)) === 'dead', 15_000, 'dead letter');
     const t = await getTask(pool, schema, r.id!);
@@ -66,6 +66,14 @@ test('error: failure records last_error and retries with backoff, then dead-lett
     assert.equal(t?.lastError, 'nope 3');
     assert.equal(runs, 3);
     await expectOutcome(w.metrics, 'p_fail', 'failure', 3);
+    // Each failure is logged when it happens, with the task id: warn while retrying, error at death.
+    const retry = lines.filter((l) => l.msg === 'task failed; will retry');
+    const died = lines.filter((l) => l.msg === 'task failed; dead-lettered');
+    assert.deepEqual([retry.length, died.length], [2, 1]);
+    assert.equal(retry[0]!.level, 40);
+    assert.equal(died[0]!.level, 50);
+    assert.equal(died[0]!.task_id, r.id);
+    assert.equal(died[0]!.err, 'nope 3');
   });
 });
 

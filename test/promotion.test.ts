@@ -9,7 +9,7 @@ import { defineTask, enqueueMany, getTask, promoteDueLanes, Worker } from '../sr
 import { claim } from '../src/processor/claim.js';
 import { waiterLimit } from '../src/maintenance/promoter.js';
 import { schemaLockKey, wakeChannel } from '../src/sql.js';
-import { captureLogger, counterValue, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor } from './helpers.js';
+import { captureLogger, counterValue, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor, holdLaneLock } from './helpers.js';
 
 const { schema, pool } = await freshSchema('promo');
 const S = `"${schema}"`;
@@ -24,17 +24,7 @@ async function laneId(queue: string, shard = 0): Promise<number> {
   return r.rows[0].id;
 }
 
-/** Hold a lane's producer lock the way an open enqueue transaction does. */
-async function holdLane(lane: number): Promise<() => Promise<void>> {
-  const c = new pg.Client({ connectionString: DATABASE_URL });
-  await c.connect();
-  await c.query('BEGIN');
-  await c.query('SELECT pg_advisory_xact_lock($1, $2)', [schemaLockKey(schema), lane]);
-  return async () => {
-    await c.query('COMMIT');
-    await c.end();
-  };
-}
+const holdLane = (lane: number) => holdLaneLock(schema, lane);
 
 /** Two sessions taking turns holding a lane's lock, so it is never free, until stopped. */
 function keepLaneBusy(lane: number, turnMs: number): { stop: () => Promise<void> } {

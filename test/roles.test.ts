@@ -17,7 +17,7 @@ import {
   rescueLapsedLeases,
   Worker,
 } from '../src/index.js';
-import { captureLogger, counterValue, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, waitFor } from './helpers.js';
+import { captureLogger, counterValue, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, waitFor, urlAs } from './helpers.js';
 
 // Roles are cluster-wide: every name carries the pid so parallel runs never share one.
 const owner = `berth_owner_r_${process.pid}`;
@@ -28,11 +28,6 @@ const roles = [roleA, roleB, outsider, owner];
 const schema = `t_roles_${process.pid}`;
 const S = `"${schema}"`;
 
-function urlAs(role: string): string {
-  const url = new URL(DATABASE_URL);
-  url.username = role;
-  return url.toString();
-}
 
 const admin = new pg.Pool({ connectionString: DATABASE_URL });
 await admin.query(`DROP SCHEMA IF EXISTS ${S} CASCADE`);

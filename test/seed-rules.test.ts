@@ -6,7 +6,7 @@ import { defineTask, enqueue, enqueueMany, getTask, promoteDueLanes, rescueLapse
 import { claim } from '../src/processor/claim.js';
 import { Promoter } from '../src/maintenance/promoter.js';
 import { schemaLockKey, wakeChannel } from '../src/sql.js';
-import { captureLogger, counterValue, DATABASE_URL, expectOutcome, freshSchema, waitFor } from './helpers.js';
+import { captureLogger, counterValue, DATABASE_URL, expectOutcome, freshSchema, waitFor, holdLaneLock } from './helpers.js';
 
 const { schema, pool } = await freshSchema('rules');
 const S = `"${schema}"`;
@@ -18,16 +18,7 @@ async function reset(): Promise<void> {
 async function laneOf(queue: string, shard = 0): Promise<number> {
   return (await pool.query(`SELECT ${S}.provision_lane($1, 0::smallint, $2::smallint) AS id`, [queue, shard])).rows[0].id;
 }
-async function holdLane(lane: number): Promise<() => Promise<void>> {
-  const c = new pg.Client({ connectionString: DATABASE_URL });
-  await c.connect();
-  await c.query('BEGIN');
-  await c.query('SELECT pg_advisory_xact_lock($1, $2)', [schemaLockKey(schema), lane]);
-  return async () => {
-    await c.query('COMMIT');
-    await c.end();
-  };
-}
+const holdLane = (lane: number) => holdLaneLock(schema, lane);
 const claimParams = (laneIds: number[], limit: number, ceilingMs = 60_000) => ({
   schema, laneIds, limit, ceilings: new Map<string, number>(), maxAttempts: new Map<string, number>(), defaultMaxAttempts: 20,
   defaultCeilingMs: ceilingMs, marginMs: 0, workerId: 'rules', wakeChannel: wakeChannel(schema),
@@ -204,5 +195,105 @@ test('promotion is never backed off: an overrunning promotion body runs again at
     }
   } finally {
     await pool.query(`DROP TRIGGER slow_promotion ON ${S}.deferred`);
+  }
+});
+
+test("seed 000's numbers are the defaults: 4 slots, 30 s margin, 5 s poll, 20 attempts, 15 s doubling to 10 min, 2 min slices, hourly 7-day retention, 30 s statement timeout", async () => {
+  const { WORKER_DEFAULTS, DEFAULT_MAX_ATTEMPTS, DEFAULT_BACKOFF, DEFAULT_SLICE_MS, MAINTENANCE_DEFAULTS } = await import('../src/index.js');
+  assert.deepEqual(
+    { slots: WORKER_DEFAULTS.slots, margin: WORKER_DEFAULTS.leaseMarginMs, poll: WORKER_DEFAULTS.pollIntervalMs, statement: WORKER_DEFAULTS.statementTimeoutMs },
+    { slots: 4, margin: 30_000, poll: 5000, statement: 30_000 },
+  );
+  assert.equal(DEFAULT_MAX_ATTEMPTS, 20);
+  assert.deepEqual(DEFAULT_BACKOFF, { baseMs: 15_000, maxMs: 600_000 });
+  assert.equal(DEFAULT_SLICE_MS, 120_000);
+  assert.equal(MAINTENANCE_DEFAULTS.retentionIntervalMs, 3600_000);
+  assert.equal(MAINTENANCE_DEFAULTS.deadRetentionMs, 7 * 24 * 3600_000);
+  assert.equal(MAINTENANCE_DEFAULTS.laneLockTimeoutMs, 50);
+  assert.equal(MAINTENANCE_DEFAULTS.waiterLockTimeoutMs, 30_000);
+});
+
+test('a task enqueued by name takes its attempt limit from the claiming worker\'s definition, else 20', async () => {
+  await reset();
+  const lane = await laneOf('limits', 0);
+  await enqueueMany(pool, [
+    { type: 'defined', payload: {}, queue: 'limits', shard: 0 },
+    { type: 'undefined_type', payload: {}, queue: 'limits', shard: 0 },
+    { type: 'defined', payload: {}, queue: 'limits', shard: 0, maxAttempts: 2 },
+  ], { schema });
+  const got = await claim(pool, { ...claimParams([lane], 3), maxAttempts: new Map([['defined', 7]]) });
+  assert.deepEqual(got.map((t) => [t.type, t.maxAttempts]), [['defined', 7], ['undefined_type', 20], ['defined', 2]]);
+});
+
+test('a handler that ignores its AbortSignal: stop() gives up after stopTimeoutMs, logs it at error, and its lease is left to lapse', async () => {
+  await reset();
+  const { logger: l, lines } = captureLogger();
+  let started = 0;
+  const def = defineTask({ type: 'r_ignores', ceiling: 60_000, handler: () => new Promise<void>(() => void started++) });
+  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], logger: l, maintenance: false, pollIntervalMs: 50, stopTimeoutMs: 200 });
+  await w.start();
+  const r = await enqueue(pool, def, {}, { schema });
+  await waitFor(() => started === 1, 10_000, 'started');
+  await w.stop();
+  const line = lines.find((x) => String(x.msg).startsWith('handlers ignored their AbortSignal'));
+  assert.ok(line, 'logged');
+  assert.equal(line!.level, 50);
+  assert.deepEqual(line!.still_running, [r.id]);
+  assert.equal((await getTask(pool, schema, r.id!))?.state, 'running', 'still leased: only expiry (and rescue) frees it');
+});
+
+test('discovery runs on the read pool; an idle poll issues no claim on the primary', async () => {
+  await reset();
+  const readUrl = new URL(DATABASE_URL);
+  readUrl.searchParams.set('application_name', `berth_read_${process.pid}`);
+  const writeUrl = new URL(DATABASE_URL);
+  writeUrl.searchParams.set('application_name', `berth_write_${process.pid}`);
+  const w = new Worker({ connectionString: writeUrl.toString(), readConnectionString: readUrl.toString(), schema, tasks: [], queues: ['idle_only'], logger, maintenance: false, pollIntervalMs: 30 });
+  await w.start();
+  try {
+    await waitFor(async () => (await counterValue(w.metrics, 'berth_wakeups_total', { reason: 'poll' })) >= 5, 10_000, 'polls');
+    const sessions = await pool.query(
+      `SELECT application_name, query FROM pg_stat_activity WHERE application_name IN ($1, $2)`,
+      [`berth_read_${process.pid}`, `berth_write_${process.pid}`],
+    );
+    const read = sessions.rows.filter((r) => r.application_name.startsWith('berth_read'));
+    const write = sessions.rows.filter((r) => r.application_name.startsWith('berth_write'));
+    assert.ok(read.some((r) => /CROSS JOIN LATERAL/.test(r.query)), 'discovery ran on the read pool');
+    assert.ok(write.every((r) => !/WITH locked/.test(r.query) && !/CROSS JOIN LATERAL/.test(r.query)), 'the primary saw neither discovery nor a claim');
+  } finally {
+    await w.stop();
+  }
+});
+
+test('a release that fails is logged at warn, and the lapsed lease still gets the task re-run', async () => {
+  await reset();
+  // Every release (and only a release) fails from now on in this schema.
+  await pool.query(`CREATE FUNCTION ${S}.no_release() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN IF NEW.outcome = 'released' THEN RAISE EXCEPTION 'release refused by test'; END IF; RETURN NEW; END $$`);
+  await pool.query(`CREATE TRIGGER no_release BEFORE INSERT ON ${S}.settlements FOR EACH ROW EXECUTE FUNCTION ${S}.no_release()`);
+  try {
+    let runs = 0;
+    const def = defineTask({ type: 'r_release_fails', ceiling: 300, handler: (_p, ctx) => new Promise<void>((res, rej) => {
+      runs++;
+      if (runs > 1) return res();
+      ctx.signal.addEventListener('abort', () => rej(ctx.signal.reason));
+    }) });
+    const { logger: l1, lines } = captureLogger();
+    const first = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], logger: l1, maintenance: false, pollIntervalMs: 50, leaseMarginMs: 0 });
+    await first.start();
+    const r = await enqueue(pool, def, {}, { schema, queue: 'release_fails' });
+    await waitFor(() => runs === 1, 10_000, 'first run');
+    await first.stop();
+    const warn = lines.find((x) => x.msg === 'release failed; lease will lapse');
+    assert.ok(warn && warn.level === 40 && warn.task_id === r.id);
+    const second = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], logger, pollIntervalMs: 50, maintenance: { leaderPollMs: 50, rescueIntervalMs: 100, promoteIntervalMs: 50, ringIntervalMs: 60_000 } });
+    await second.start();
+    try {
+      await waitFor(() => runs === 2, 15_000, 'the task to run again after its lease lapsed');
+    } finally {
+      await second.stop();
+    }
+  } finally {
+    await pool.query(`DROP TRIGGER no_release ON ${S}.settlements`);
   }
 });

@@ -116,7 +116,7 @@ export interface ClaimParams {
 export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTask[]> {
   if (p.limit <= 0 || p.laneIds.length === 0) return [];
   const s = quoteIdent(p.schema);
-  const types = [...p.ceilings.keys()];
+  const types = [...new Set([...p.ceilings.keys(), ...p.maxAttempts.keys()])];
   const res = await write.query<{
     slot: number;
     lane_id: number;
@@ -188,7 +188,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
       p.laneIds,
       p.limit,
       types,
-      types.map((t) => p.ceilings.get(t)!),
+      types.map((t) => p.ceilings.get(t) ?? null),
       p.defaultCeilingMs,
       p.marginMs,
       p.workerId,

@@ -16,6 +16,9 @@ export interface SliceOptions<P, C> {
   sliceMs?: number;
 }
 
+/** Seed 000: resumable two-minute slices. */
+export const DEFAULT_SLICE_MS = 120_000;
+
 /** Thrown when a slice's AdvanceCursor is refused: the lease was taken over; never `continue`. */
 export class SliceLeaseLostError extends Error {
   constructor(taskId: string) {
@@ -36,7 +39,7 @@ export class SliceLeaseLostError extends Error {
  *   instead of releasing a row a new holder is running.
  */
 export async function runSlices<P, C>(payload: P, ctx: TaskContext<P>, opts: SliceOptions<P, C>): Promise<HandlerResult> {
-  const budget = opts.sliceMs ?? 120_000;
+  const budget = opts.sliceMs ?? DEFAULT_SLICE_MS;
   const sliceEnds = Date.now() + budget;
   let cursor = opts.cursorOf(payload);
   let pagesRead = 0;

@@ -85,6 +85,16 @@ function lazyChild(parent: Logger, bindings: () => Record<string, unknown>): Log
   });
 }
 
+/** The numbers seed 000 fixes, in one place (docs/configuration in the README lists them). */
+export const WORKER_DEFAULTS = Object.freeze({
+  slots: 4,
+  leaseMarginMs: 30_000,
+  pollIntervalMs: 5000,
+  defaultCeilingMs: 300_000,
+  stopTimeoutMs: 10_000,
+  statementTimeoutMs: 30_000,
+});
+
 export function slotsFromEnv(value: string | undefined): number | undefined {
   if (value === undefined || value === '') return undefined;
   const n = Number(value);
@@ -144,16 +154,16 @@ export class Worker {
   constructor(private readonly options: WorkerOptions) {
     if (!options.connectionString) throw new BerthInputError('Worker needs a connectionString');
     this.schema = options.schema ?? DEFAULT_SCHEMA;
-    this.slots = options.slots ?? slotsFromEnv(process.env.BERTH_TASK_PROCESSOR_CONCURRENCY) ?? 4;
+    this.slots = options.slots ?? slotsFromEnv(process.env.BERTH_TASK_PROCESSOR_CONCURRENCY) ?? WORKER_DEFAULTS.slots;
     if (!Number.isInteger(this.slots) || this.slots < 1) throw new BerthInputError('slots must be an integer >= 1');
-    this.marginMs = options.leaseMarginMs ?? 30_000;
+    this.marginMs = options.leaseMarginMs ?? WORKER_DEFAULTS.leaseMarginMs;
     if (!(this.marginMs >= 0)) throw new BerthInputError('leaseMarginMs must be >= 0');
-    this.pollMs = options.pollIntervalMs ?? 5000;
+    this.pollMs = options.pollIntervalMs ?? WORKER_DEFAULTS.pollIntervalMs;
     if (!(this.pollMs > 0)) throw new BerthInputError('pollIntervalMs must be > 0');
-    this.defaultCeilingMs = options.defaultCeilingMs ?? 300_000;
+    this.defaultCeilingMs = options.defaultCeilingMs ?? WORKER_DEFAULTS.defaultCeilingMs;
     this.prefetch = options.prefetch ?? this.slots * 25;
     if (!Number.isInteger(this.prefetch) || this.prefetch < 0) throw new BerthInputError('prefetch must be an integer >= 0');
-    this.stopTimeoutMs = options.stopTimeoutMs ?? 10_000;
+    this.stopTimeoutMs = options.stopTimeoutMs ?? WORKER_DEFAULTS.stopTimeoutMs;
     for (const d of options.tasks) {
       if (this.defs.has(d.type)) throw new BerthInputError(`task type "${d.type}" is defined twice`);
       this.defs.set(d.type, d);
@@ -182,7 +192,7 @@ export class Worker {
   async start(): Promise<void> {
     if (this.started) throw new Error('worker already started');
     this.started = true;
-    const statementTimeout = this.options.statementTimeoutMs ?? 30_000;
+    const statementTimeout = this.options.statementTimeoutMs ?? WORKER_DEFAULTS.statementTimeoutMs;
     this.writePool = new pg.Pool({
       connectionString: this.options.connectionString,
       max: Math.max(4, Math.ceil(this.slots / 2) + 4),
