@@ -424,6 +424,8 @@ export class Worker {
     }
 
     const timer = setTimeout(() => controller.abort(new DeadlineAbort(deadline)), Math.max(0, deadline - Date.now()));
+    // A handler that ignores its signal must not also keep the process alive after stop().
+    timer.unref();
     let advanced = false;
     const ctx: TaskContext<unknown> = {
       id: task.id,
