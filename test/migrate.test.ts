@@ -77,3 +77,16 @@ test('a non-superuser that owns the schema can migrate it', async () => {
 test('migrate without a connection gives a clear error', async () => {
   await assert.rejects(migrate({ schema: 'x' }), /connectionString/);
 });
+
+test('migrate refuses a database whose applied migration differs from the code (a shipped migration was edited)', async () => {
+  const { MigrationChangedError } = await import('../src/index.js');
+  const { schema, pool } = await freshSchema('migrate_changed');
+  const recorded = await pool.query(`SELECT count(*) FROM "${schema}".schema_migrations WHERE checksum ~ '^[0-9a-f]{64}$'`);
+  assert.equal(Number(recorded.rows[0].count), LATEST_SCHEMA_VERSION, 'every migration records its checksum');
+  await pool.query(`UPDATE "${schema}".schema_migrations SET checksum = repeat('0', 64) WHERE version = 1`);
+  await assert.rejects(migrate({ connectionString: DATABASE_URL, schema }), (err: Error) => {
+    assert.ok(err instanceof MigrationChangedError);
+    assert.deepEqual((err as InstanceType<typeof MigrationChangedError>).versions, [1]);
+    return true;
+  });
+});

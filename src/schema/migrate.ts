@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import pg from 'pg';
 import { BerthInputError } from '../errors.js';
 import { DEFAULT_SCHEMA, quoteIdent, schemaLockKey } from '../sql.js';
@@ -57,6 +58,41 @@ export class SchemaTooNewError extends Error {
 
 export const LATEST_SCHEMA_VERSION = MIGRATIONS.reduce((m, x) => Math.max(m, x.version), 0);
 
+/**
+ * Raised when a migration this database already applied differs from the code's copy: the
+ * schema may not be what the code expects (a shipped migration was edited). Nothing is changed.
+ */
+export class MigrationChangedError extends Error {
+  constructor(
+    readonly schema: string,
+    readonly versions: number[],
+  ) {
+    super(
+      `berth schema "${schema}": applied migration(s) ${versions.join(', ')} differ from this code's copy; ` +
+        'a shipped migration must never change. Restore the matching berth version or rebuild the schema.',
+    );
+    this.name = 'MigrationChangedError';
+  }
+}
+
+function checksum(sql: string): string {
+  return createHash('sha256').update(sql).digest('hex');
+}
+
+/** Compare the checksums recorded at apply time with the code's migrations (NULL: not recorded). */
+async function refuseChangedMigrations(client: pg.ClientBase, schema: string): Promise<void> {
+  const rows = await client.query<{ version: number; checksum: string | null }>(
+    `SELECT version, checksum FROM ${quoteIdent(schema)}.schema_migrations WHERE checksum IS NOT NULL`,
+  );
+  const changed = rows.rows
+    .filter((r) => {
+      const m = MIGRATIONS.find((x) => x.version === r.version);
+      return m !== undefined && checksum(m.sql(schema)) !== r.checksum;
+    })
+    .map((r) => r.version);
+  if (changed.length > 0) throw new MigrationChangedError(schema, changed);
+}
+
 /** The advisory lock id (second key) that serialises migrators (and granters) of one schema. */
 const MIGRATE_LOCK = -2;
 
@@ -81,17 +117,21 @@ export async function migrate(options: MigrateOptions): Promise<MigrationReport>
         `CREATE TABLE IF NOT EXISTS ${s}.schema_migrations (
            version integer PRIMARY KEY,
            name text NOT NULL,
-           applied_at timestamptz NOT NULL DEFAULT now())`,
+           applied_at timestamptz NOT NULL DEFAULT now(),
+           checksum text)`,
       );
       const from = (await schemaVersion(client, schema)) ?? 0;
       if (from > LATEST_SCHEMA_VERSION) throw new SchemaTooNewError(schema, from, LATEST_SCHEMA_VERSION);
+      await refuseChangedMigrations(client, schema);
       const applied: MigrationReport['applied'] = [];
       for (const m of [...MIGRATIONS].sort((a, b) => a.version - b.version)) {
         if (m.version <= from) continue;
-        await client.query(m.sql(schema));
-        await client.query(`INSERT INTO ${s}.schema_migrations (version, name) VALUES ($1, $2)`, [
+        const sql = m.sql(schema);
+        await client.query(sql);
+        await client.query(`INSERT INTO ${s}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)`, [
           m.version,
           m.name,
+          checksum(sql),
         ]);
         applied.push({ version: m.version, name: m.name });
       }
