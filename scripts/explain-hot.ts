@@ -45,12 +45,12 @@ const statements: [string, string, unknown[]][] = [
   ['claim cursor + head of one lane (inside the claim)', `SELECT r.lane_seq FROM ${S}.ready r
       WHERE r.lane_id = $1 AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${S}.leases le WHERE le.lane_id = $1), 0)
       ORDER BY r.lane_seq LIMIT 50`, [lanes[0]]],
-  ['complete (fenced, batched) — run in a rolled-back transaction', `WITH u AS (SELECT * FROM unnest($1::smallint[], $2::integer[], $3::bigint[], $4::uuid[]) AS u(slot, lane_id, lane_seq, token))
-     INSERT INTO ${S}.settlements (slot, lane_id, lane_seq, id, outcome)
-     SELECT l.slot, l.lane_id, l.lane_seq, l.id, 'completed' FROM u JOIN ${S}.leases l
-       ON l.lane_id = u.lane_id AND l.lane_seq = u.lane_seq AND l.slot = u.slot AND l.token = u.token
+  ['complete (fenced, batched, one slot\'s partitions) — run in a rolled-back transaction', `WITH u AS (SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[]) AS u(lane_id, lane_seq, token))
+     INSERT INTO ${S}.settlements_${live[0]!.slot} (slot, lane_id, lane_seq, id, outcome)
+     SELECT l.slot, l.lane_id, l.lane_seq, l.id, 'completed' FROM u JOIN ${S}.leases_${live[0]!.slot} l
+       ON l.lane_id = u.lane_id AND l.lane_seq = u.lane_seq AND l.token = u.token
      ON CONFLICT DO NOTHING RETURNING lane_id`,
-    [live.map((t) => t.slot), live.map((t) => t.laneId), live.map((t) => t.laneSeq), live.map((t) => t.token)]],
+    [live.filter((t) => t.slot === live[0]!.slot).map((t) => t.laneId), live.filter((t) => t.slot === live[0]!.slot).map((t) => t.laneSeq), live.filter((t) => t.slot === live[0]!.slot).map((t) => t.token)]],
   ['promotion batch selection', `SELECT d.id FROM ${S}.deferred d WHERE d.run_at <= now() AND ($1::text IS NULL OR d.state = $1)
      ORDER BY d.run_at, d.priority, d.id LIMIT 1000 FOR UPDATE OF d SKIP LOCKED`, [null]],
   ['rescue scan', `SELECT l.slot, l.lane_id, l.lane_seq FROM ${S}.leases l WHERE l.expires_at < now()

@@ -20,41 +20,64 @@ const MOVE_COLUMNS = `id, type, payload, queue, priority, shard, attempts, max_a
 /**
  * Dequeue, batched: settle leases as completed. Returns the keys that were settled; a lease not
  * returned was refused (token no longer owns it). Also frees each completed task's dedupe key.
+ *
+ * One statement per ring slot in the batch (almost always one), naming the slot's partitions
+ * directly: measured ~30 % cheaper per row than going through the partitioned parents (no tuple
+ * routing, no run-time pruning per probe). The slot comes from the claim, so the partition
+ * constraint holds by construction.
  */
 export async function completeLeases(
   write: Queryable,
   schema: string,
   refs: readonly (LeaseRef & { dedupeKey?: string | null })[],
 ): Promise<Set<string>> {
-  if (refs.length === 0) return new Set();
+  const bySlot = new Map<number, (LeaseRef & { dedupeKey?: string | null })[]>();
+  for (const r of refs) {
+    let g = bySlot.get(r.slot);
+    if (!g) bySlot.set(r.slot, (g = []));
+    g.push(r);
+  }
+  const settled = new Set<string>();
+  for (const [slot, group] of bySlot) {
+    for (const key of await completeInSlot(write, schema, slot, group)) settled.add(key);
+  }
+  return settled;
+}
+
+async function completeInSlot(
+  write: Queryable,
+  schema: string,
+  slot: number,
+  refs: readonly (LeaseRef & { dedupeKey?: string | null })[],
+): Promise<string[]> {
   const s = quoteIdent(schema);
+  const leases = `${s}.${quoteIdent(`leases_${slot}`)}`;
+  const settlements = `${s}.${quoteIdent(`settlements_${slot}`)}`;
   const res = await write.query<{ lane_id: number; lane_seq: string }>({
-    name: `berth-complete:${schema}`,
+    name: `berth-complete:${schema}:${slot}`,
     text: `WITH u AS (
-       SELECT * FROM unnest($1::smallint[], $2::integer[], $3::bigint[], $4::uuid[])
-         AS u(slot, lane_id, lane_seq, token)
+       SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[]) AS u(lane_id, lane_seq, token)
      ), won AS (
-       INSERT INTO ${s}.settlements (slot, lane_id, lane_seq, id, outcome)
+       INSERT INTO ${settlements} (slot, lane_id, lane_seq, id, outcome)
        SELECT l.slot, l.lane_id, l.lane_seq, l.id, 'completed'
-         FROM u JOIN ${s}.leases l
-           ON l.lane_id = u.lane_id AND l.lane_seq = u.lane_seq AND l.slot = u.slot AND l.token = u.token
+         FROM u JOIN ${leases} l
+           ON l.lane_id = u.lane_id AND l.lane_seq = u.lane_seq AND l.token = u.token
        ON CONFLICT DO NOTHING
        RETURNING lane_id, lane_seq, id
      ), freed AS (
        -- By key, and only for tasks that have one: most batches probe nothing here.
        DELETE FROM ${s}.dedupe d
-        WHERE d.dedupe_key = ANY ($5::text[]) AND d.id IN (SELECT won.id FROM won)
+        WHERE d.dedupe_key = ANY ($4::text[]) AND d.id IN (SELECT won.id FROM won)
      )
      SELECT lane_id, lane_seq::text AS lane_seq FROM won`,
     values: [
-      refs.map((r) => r.slot),
       refs.map((r) => r.laneId),
       refs.map((r) => r.laneSeq),
       refs.map((r) => r.token),
       refs.flatMap((r) => (r.dedupeKey ? [r.dedupeKey] : [])),
     ],
   });
-  return new Set(res.rows.map((r) => leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq })));
+  return res.rows.map((r) => leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq }));
 }
 
 export interface FailureInput {

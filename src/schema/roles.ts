@@ -32,7 +32,8 @@ const RING_TABLES = ['ready', 'leases', 'settlements', 'tombstones'] as const;
  * - tombstones: SELECT only; written by remove_unleased / move_task, as the owner.
  * - the 64 ring partitions: SELECT (rotation and prune read a slot's partitions directly, and
  *   PostgreSQL checks a partition's own privileges then) and TRUNCATE (prune's LOCK TABLE ...
- *   ACCESS EXCLUSIVE needs UPDATE, DELETE or TRUNCATE; its TRUNCATE needs TRUNCATE).
+ *   ACCESS EXCLUSIVE needs UPDATE, DELETE or TRUNCATE; its TRUNCATE needs TRUNCATE); INSERT
+ *   on the settlements partitions (a batched completion inserts into its slot's partition).
  * - ring_state: SELECT; UPDATE of the columns rotation sets.
  * - deferred: SELECT, INSERT (retry, release, advance, rescue); UPDATE (run_at) only because
  *   promotion's batch selection locks rows `FOR UPDATE` (promote_lane deletes, as the owner).
@@ -51,6 +52,7 @@ export function runtimeGrantStatements(schema: string, role: string): string[] {
   const partitions = RING_TABLES.flatMap((t) =>
     Array.from({ length: RING_SLOTS }, (_, slot) => `${s}.${quoteIdent(`${t}_${slot}`)}`),
   );
+  const settlementPartitions = Array.from({ length: RING_SLOTS }, (_, slot) => `${s}.${quoteIdent(`settlements_${slot}`)}`);
   return [
     `GRANT USAGE ON SCHEMA ${s} TO ${r}`,
     `GRANT EXECUTE ON FUNCTION ${RUNTIME_FUNCTIONS.map((f) => `${s}.${f}`).join(', ')} TO ${r}`,
@@ -58,6 +60,7 @@ export function runtimeGrantStatements(schema: string, role: string): string[] {
     `GRANT SELECT, INSERT ON ${s}.leases, ${s}.settlements TO ${r}`,
     `GRANT SELECT, UPDATE (version) ON ${s}.lanes TO ${r}`,
     `GRANT SELECT, TRUNCATE ON ${partitions.join(', ')} TO ${r}`,
+    `GRANT INSERT ON ${settlementPartitions.join(', ')} TO ${r}`,
     `GRANT SELECT, UPDATE (current_slot, generation, rotated_at) ON ${s}.ring_state TO ${r}`,
     `GRANT SELECT, INSERT, UPDATE (run_at) ON ${s}.deferred TO ${r}`,
     `GRANT SELECT, INSERT, DELETE, UPDATE (payload, attempts, last_error, last_attempted_at, died_at) ON ${s}.dead_letters TO ${r}`,
