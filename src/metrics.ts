@@ -160,7 +160,7 @@ export class BerthMetrics {
     });
     this.laneContention = new Counter({
       name: 'berth_promote_lane_contention_total',
-      help: 'Busy lanes met by promotion, by deferred state, queue and outcome (handed_off, waiter_limit, waiter_timed_out)',
+      help: 'Busy or failing lanes met by promotion, by deferred state, queue and outcome (handed_off, waiter_limit, waiter_timed_out, failed)',
       labelNames: ['state', 'queue', 'outcome'],
       registers: r,
     });

@@ -30,6 +30,19 @@ export function quoteLiteral(value: string): string {
   return `'${value.replaceAll("'", "''")}'`;
 }
 
+/**
+ * Wrap a call to a function that relies on READ COMMITTED: it takes a lane's row lock and then
+ * needs a fresh snapshot to see a lease committed meanwhile. Under REPEATABLE READ or
+ * SERIALIZABLE the caller's old snapshot would miss that lease, so the call is not made and
+ * `isolation` is returned instead (the caller raises a clear error).
+ */
+export function readCommittedOnly(call: string): string {
+  return `CASE WHEN current_setting('transaction_isolation') = 'read committed' THEN ${call} ELSE 'isolation' END`;
+}
+
+export const READ_COMMITTED_REQUIRED =
+  'this operation must run at READ COMMITTED (the default): under REPEATABLE READ or SERIALIZABLE it could not see a lease taken meanwhile';
+
 /** The schema name every statement of one berth installation is qualified with. */
 export const DEFAULT_SCHEMA = 'berth';
 

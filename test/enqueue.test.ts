@@ -202,3 +202,28 @@ test('a producer holds its lane lock until commit, so a lane\'s entries become v
     b.release();
   }
 });
+
+test('two batches mixing pinned and default shards take lane locks in one order: no deadlock', async () => {
+  for (let sh = 0; sh < 16; sh++) await pool.query(`SELECT "${schema}".provision_lane('mixed', 0::smallint, $1::smallint)`, [sh]);
+  const c1 = await pool.connect();
+  const c2 = await pool.connect();
+  try {
+    await c1.query('BEGIN');
+    await c2.query('BEGIN');
+    const a = Number((await c1.query('SELECT txid_current() AS t')).rows[0].t) % 16;
+    const b = Number((await c2.query('SELECT txid_current() AS t')).rows[0].t) % 16;
+    // Each pins the shard the other one's default resolves to: opposite orders without the fix.
+    const run = async (c: typeof c1, pinned: number) => {
+      await enqueueMany(c, [{ type: 'x', payload: 1, queue: 'mixed', shard: pinned }, { type: 'x', payload: 2, queue: 'mixed' }], { schema });
+      await c.query('COMMIT');
+      return 'ok';
+    };
+    const results = await Promise.allSettled([run(c1, b), run(c2, a)]);
+    assert.deepEqual(results.map((r) => (r.status === 'fulfilled' ? r.value : (r.reason as Error).message)), ['ok', 'ok']);
+  } finally {
+    await c1.query('ROLLBACK').catch(() => undefined);
+    await c2.query('ROLLBACK').catch(() => undefined);
+    c1.release();
+    c2.release();
+  }
+});

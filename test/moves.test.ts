@@ -78,3 +78,21 @@ test('a scheduled task is moved in deferred storage; a leased one is not moved',
   assert.equal(await moveTask(pool, schema, '999999999', { queue: 'x' }), 'not_found');
   await assert.rejects(moveTask(pool, schema, later.id!, { priority: 1e6 }), /priority/);
 });
+
+test('moves and empty-token dequeues refuse to run above READ COMMITTED (they could miss a lease taken meanwhile)', async () => {
+  await reset();
+  const { dequeue, BerthInputError } = await import('../src/index.js');
+  const r = await enqueue(pool, 'm', {}, { schema });
+  const c = await pool.connect();
+  try {
+    await c.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
+    await assert.rejects(moveTask(c, schema, r.id!, { priority: 1 }), BerthInputError);
+    await c.query('ROLLBACK');
+    await c.query('BEGIN ISOLATION LEVEL SERIALIZABLE');
+    await assert.rejects(dequeue(c, schema, r.id!, ''), /READ COMMITTED/);
+    await c.query('ROLLBACK');
+  } finally {
+    c.release();
+  }
+  assert.equal((await getTask(pool, schema, r.id!))?.state, 'ready', 'nothing changed');
+});

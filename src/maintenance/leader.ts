@@ -134,6 +134,12 @@ export class Maintenance {
     const client = new pg.Client({
       connectionString: this.deps.connectionString,
       application_name: leaderApplicationName(this.deps.workerId ?? `pid ${process.pid}`),
+      // A half-open connection must not leave this process believing it leads: the liveness
+      // check times out (and the leader steps down) instead of hanging.
+      keepAlive: true,
+      query_timeout: 10_000,
+      statement_timeout: 10_000,
+      connectionTimeoutMillis: 10_000,
     });
     client.on('error', (err) => {
       this.deps.logger.warn({ err: err.message }, 'maintenance leader connection lost; stepping down');
@@ -203,7 +209,7 @@ export class Maintenance {
         name: 'retention',
         intervalMs: o.retentionIntervalMs,
         run: async () => {
-          const n = await pruneDeadLetters(pool, schema, o.deadRetentionMs);
+          const n = await pruneDeadLetters(pool, schema, o.deadRetentionMs, 5000, this.term?.signal);
           metrics.deadPruned.inc(n);
           if (n) this.deps.logger.info({ pruned: n }, 'pruned dead letters past retention');
         },
@@ -211,7 +217,10 @@ export class Maintenance {
       {
         name: 'gauges',
         intervalMs: o.gaugeIntervalMs,
-        run: async () => publishGauges(metrics, await readGauges(pool, schema)),
+        run: async () => {
+          const snap = await readGauges(pool, schema);
+          if (!this.term?.signal.aborted && this.term !== null) publishGauges(metrics, snap);
+        },
       },
     ];
     const signal = this.term.signal;
@@ -257,12 +266,13 @@ export class Maintenance {
     if (term) {
       term.abort();
       this.deps.metrics.isLeader.set(0);
-      // Only the leader exports the queue-wide gauges; a former leader must not keep stale ones.
-      resetGauges(this.deps.metrics);
       this.deps.logger.info('stepped down as maintenance leader');
       await Promise.allSettled([...this.branchLoops, this.promoter?.stop()]);
       this.branchLoops = [];
       this.promoter = null;
+      // Only the leader exports the queue-wide gauges; a former leader must not keep stale ones.
+      // Reset after every branch has ended, so a gauge read in flight cannot republish them.
+      resetGauges(this.deps.metrics);
     }
     if (client) await client.end().catch(() => undefined);
   }

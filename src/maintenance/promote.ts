@@ -128,7 +128,12 @@ async function promoteInLaneTransaction(
   let broken = false;
   // A statement waiting on a lock does not notice its socket closing, so cancel it server-side.
   const pid = (client as pg.PoolClient & { processID?: number }).processID;
+  // The cancel travels on another connection and may land after this statement has finished;
+  // a cancelled client is therefore never returned to the pool, so a late cancel can only hit
+  // this backend, idle and about to close, never someone else's statement.
+  let cancelled = false;
   const cancel = () => {
+    cancelled = true;
     if (pid) pool.query('SELECT pg_cancel_backend($1)', [pid]).catch(() => undefined);
   };
   signal?.addEventListener('abort', cancel);
@@ -152,6 +157,6 @@ async function promoteInLaneTransaction(
     }
   } finally {
     signal?.removeEventListener('abort', cancel);
-    client.release(broken);
+    client.release(broken || cancelled);
   }
 }

@@ -20,6 +20,9 @@ export function waiterLimit(poolSize: number): number {
 
 const STATES: readonly DeferredState[] = ['scheduled', 'retryable'];
 
+/** How long a lane whose promotion errored is left out before it is tried again. */
+const FAILING_LANE_COOLDOWN_MS = 30_000;
+
 interface Waiter {
   lane: LaneKey;
   done: Promise<void>;
@@ -38,6 +41,9 @@ interface Waiter {
  */
 export class Promoter {
   private readonly waiters = new Map<string, Waiter>();
+  /** Lanes whose promotion raised an error, and until when they are left out. */
+  private readonly failingLanes = new Map<string, LaneKey>();
+  private readonly failingUntil = new Map<string, number>();
   private readonly abort = new AbortController();
 
   constructor(
@@ -57,22 +63,34 @@ export class Promoter {
   async tick(): Promise<number> {
     let total = 0;
     const skipThisTick = new Map<string, LaneKey>();
+    const now = Date.now();
+    for (const [key, until] of this.failingUntil) if (until <= now) this.failingUntil.delete(key);
     for (const state of STATES) {
       for (;;) {
         if (this.abort.signal.aborted) return total;
-        const skip = [...this.waitingLanes, ...skipThisTick.values()];
+        const failing = [...this.failingLanes.entries()].filter(([k]) => this.failingUntil.has(k)).map(([, l]) => l);
+        const skip = [...this.waitingLanes, ...skipThisTick.values(), ...failing];
         const started = performance.now();
         const r = await promoteDueLanes(this.pool, this.schema, state, this.opts.batchSize, this.opts.laneLockTimeoutMs, skip);
         this.recordBatch(r.promoted, performance.now() - started);
         total += r.promoted;
-        for (const f of r.failed) this.logger.error({ err: f.error.message, lane: f.lane, state }, 'promotion of a lane failed');
+        for (const f of r.failed) {
+          // A lane that errors (say its sequence is missing: see lane_sequence_problems) must not
+          // hold the batch: it is left out for the rest of the tick and for a cooldown after.
+          const key = laneKeyString(f.lane);
+          skipThisTick.set(key, f.lane);
+          this.failingLanes.set(key, f.lane);
+          this.failingUntil.set(key, Date.now() + FAILING_LANE_COOLDOWN_MS);
+          this.metrics.laneContention.inc({ state, queue: f.lane.queue, outcome: 'failed' });
+          this.logger.error({ err: f.error.message, lane: f.lane, state, retry_in_ms: FAILING_LANE_COOLDOWN_MS }, 'promotion of a lane failed; lane skipped for a while');
+        }
         for (const lane of r.contended) {
           skipThisTick.set(laneKeyString(lane), lane);
           this.handOff(lane, state);
         }
         // A short batch means nothing else is due in this state (bar skipped lanes).
         if (r.selected < this.opts.batchSize) break;
-        if (r.promoted === 0 && r.contended.length === 0) break;
+        if (r.promoted === 0 && r.contended.length === 0 && r.failed.length === 0) break;
       }
     }
     return total;

@@ -51,6 +51,8 @@ export async function rescueLapsedLeases(db: Queryable, schema: string, limit = 
      ), retried AS (
        INSERT INTO ${s}.deferred (state, run_at, ${cols})
        SELECT 'retryable', now(), ${cols} FROM src WHERE NOT dead
+       -- One colliding row must never wedge rescue for every lapsed lease behind it.
+       ON CONFLICT (id) DO NOTHING
      ), freed AS (
        DELETE FROM ${s}.dedupe d USING buried WHERE d.id = buried.id
      )

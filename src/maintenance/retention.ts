@@ -12,6 +12,7 @@ export async function pruneDeadLetters(
   schema: string,
   retentionMs = DEFAULT_DEAD_RETENTION_MS,
   batch = 5000,
+  signal?: AbortSignal,
 ): Promise<number> {
   const s = quoteIdent(schema);
   let total = 0;
@@ -25,6 +26,7 @@ export async function pruneDeadLetters(
       [retentionMs, batch],
     );
     total += r.rowCount ?? 0;
-    if ((r.rowCount ?? 0) < batch) return total;
+    // Stops between batches when the leader steps down; the rest waits for the next run.
+    if ((r.rowCount ?? 0) < batch || signal?.aborted) return total;
   }
 }

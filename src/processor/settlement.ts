@@ -1,5 +1,6 @@
 import { LeaseLostError } from '../errors.js';
-import { quoteIdent, type Queryable } from '../sql.js';
+import { BerthInputError } from '../errors.js';
+import { quoteIdent, readCommittedOnly, READ_COMMITTED_REQUIRED, type Queryable } from '../sql.js';
 import type { LeaseRef } from './claim.js';
 
 /**
@@ -134,6 +135,8 @@ export async function recordFailures(
        INSERT INTO ${s}.deferred (state, run_at, ${MOVE_COLUMNS})
        SELECT 'retryable', now() + make_interval(secs => delay_ms / 1000.0), ${MOVE_COLUMNS}
          FROM src WHERE NOT dead
+       -- A task already deferred (it can only be a duplicate copy) must not fail the batch.
+       ON CONFLICT (id) DO NOTHING
      ), freed AS (
        DELETE FROM ${s}.dedupe d USING buried WHERE d.id = buried.id
      )
@@ -210,6 +213,7 @@ async function returnLease(
      ), returned AS (
        INSERT INTO ${s}.deferred (state, run_at, ${MOVE_COLUMNS})
        SELECT 'retryable', now(), ${MOVE_COLUMNS} FROM src WHERE NOT dead
+       ON CONFLICT (id) DO NOTHING
      ), freed AS (
        DELETE FROM ${s}.dedupe d USING buried WHERE d.id = buried.id
      )
@@ -284,9 +288,11 @@ export async function removeUnleased(
   reason: string,
 ): Promise<'removed' | 'leased' | 'not_found'> {
   const s = quoteIdent(schema);
-  const res = await executor.query<{ outcome: 'removed' | 'leased' | 'not_found' }>(
-    `SELECT ${s}.remove_unleased($1::bigint, $2) AS outcome`,
+  const res = await executor.query<{ outcome: 'removed' | 'leased' | 'not_found' | 'isolation' }>(
+    `SELECT ${readCommittedOnly(`${s}.remove_unleased($1::bigint, $2)`)} AS outcome`,
     [id, reason],
   );
-  return res.rows[0]!.outcome;
+  const outcome = res.rows[0]!.outcome;
+  if (outcome === 'isolation') throw new BerthInputError(READ_COMMITTED_REQUIRED);
+  return outcome;
 }

@@ -133,6 +133,8 @@ export class Worker {
   private ticker: NodeJS.Timeout | null = null;
   /** Leased tasks waiting for a slot (at most `prefetch` beyond the idle slots). */
   private readonly buffer: ClaimedTask[] = [];
+  /** When each claimed task arrived, to tell a late claim from a wait in the buffer. */
+  private readonly receivedAt = new WeakMap<ClaimedTask, number>();
   private readonly prefetch: number;
   private completionRate = 0;
   private completedSinceSample = 0;
@@ -145,6 +147,8 @@ export class Worker {
   private wakeResolve: (() => void) | null = null;
   private fetchLoop: Promise<void> | null = null;
   private stopping = false;
+  /** Aborted by stop(): interrupts the fetch loop's error backoff. */
+  private readonly stopSignal = new AbortController();
   private started = false;
   /** Lanes the last claim filled every slot from: tried first next time, skipping discovery. */
   private hotLanes: number[] = [];
@@ -283,13 +287,18 @@ export class Worker {
       try {
         const tasks = await this.fetch(want);
         failures = 0;
+        const now = Date.now();
+        for (const t of tasks) this.receivedAt.set(t, now);
         this.buffer.push(...tasks);
         this.dispatch();
       } catch (err) {
         failures++;
         const delay = Math.min(100 * 2 ** failures, 10_000);
         this.logger.warn({ err: (err as Error).message, retryInMs: delay }, 'fetch failed; backing off');
-        await new Promise((r) => setTimeout(r, delay));
+        await new Promise<void>((r) => {
+          const t = setTimeout(r, delay);
+          this.stopSignal.signal.addEventListener('abort', () => (clearTimeout(t), r()), { once: true });
+        });
         this.wake('retry');
       }
     }
@@ -334,8 +343,8 @@ export class Worker {
 
   /**
    * How many tasks to lease ahead of free slots: about 25 ms of work at the recent completion
-   * rate, at least `slots`, at most `prefetch`. Fast tasks get big claims (few round trips);
-   * slow tasks are never hoarded away from other workers.
+   * rate, at most `prefetch`. Fast tasks get big claims (few round trips); slow tasks are never
+   * hoarded away from other workers.
    */
   private prefetchTarget(): number {
     if (this.prefetch === 0) return 0;
@@ -347,7 +356,9 @@ export class Worker {
       this.completedSinceSample = 0;
       this.rateSampledAt = now;
     }
-    return Math.min(this.prefetch, Math.max(this.slots, Math.ceil(this.completionRate * 0.025)));
+    // No floor: when tasks are slow (or the rate is unknown) nothing is leased ahead, so a task
+    // never waits in this process behind long handlers while other workers sit idle.
+    return Math.min(this.prefetch, Math.ceil(this.completionRate * 0.025));
   }
 
   /** Start buffered tasks on free slots, oldest claim first. */
@@ -405,6 +416,15 @@ export class Worker {
       record(r === null ? 'lost' : 'failure');
       return;
     }
+    const receivedAt = this.receivedAt.get(task) ?? Date.now();
+    if (deadline <= Date.now() && receivedAt < deadline) {
+      // It waited in the prefetch buffer past its deadline: it never ran, so hand it back with
+      // the attempt refunded rather than charge it a failure.
+      freeSlot();
+      const r = await returnUnstarted(this.writePool!, this.schema, task).catch(() => ({ wrote: false, dead: false }));
+      log.warn({ handed_back: r.wrote }, 'prefetched task reached its deadline before a slot freed; handed back unstarted');
+      return;
+    }
     if (deadline <= Date.now()) {
       freeSlot();
       // The claim outlasted the whole ceiling: running now would outlive the lease.
@@ -414,7 +434,11 @@ export class Worker {
       record(r === null ? 'lost' : 'timeout');
       return;
     }
-    const parsed = await validatePayload(def, task.payload);
+    // A validator that throws (instead of returning issues) is a bad payload too.
+    const parsed = await validatePayload(def, task.payload).catch((err: unknown) => ({
+      ok: false as const,
+      message: `payload validation for task type "${task.type}" threw: ${(err as Error)?.message ?? String(err)}`,
+    }));
     if (!parsed.ok) {
       freeSlot();
       log.error(parsed.message);
@@ -532,6 +556,7 @@ export class Worker {
       return;
     }
     this.stopping = true;
+    this.stopSignal.abort();
     if (this.ticker) clearInterval(this.ticker);
     this.wake('stop');
     await this.fetchLoop;

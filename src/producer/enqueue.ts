@@ -67,11 +67,18 @@ export async function enqueueMany(
 ): Promise<EnqueueResult[]> {
   const s = quoteIdent(options.schema ?? DEFAULT_SCHEMA);
   const prepared = await Promise.all(tasks.map((t, i) => prepare(t, i)));
-  // One group per lane key, visited in a fixed order so two batches never lock lanes in
-  // opposite orders (which could deadlock their transactions).
+  // One group per lane, visited in one global order (queue, priority, shard) so two
+  // transactions never take lane locks in opposite orders. A default shard is chosen from the
+  // transaction id; when a batch spans several lanes, resolve it here first (one extra round
+  // trip, only then), or the order would depend on each transaction's id and could deadlock.
+  const laneKey = (p: PreparedTask) => JSON.stringify([p.queue, p.priority, p.shard, p.shard === null ? p.shards : 0]);
+  if (prepared.some((p) => p.shard === null) && new Set(prepared.map(laneKey)).size > 1) {
+    const x = BigInt((await executor.query<{ x: string }>('SELECT txid_current()::text AS x')).rows[0]!.x);
+    for (const p of prepared) if (p.shard === null) p.shard = Number(x % BigInt(p.shards));
+  }
   const groups = new Map<string, PreparedTask[]>();
   for (const p of prepared) {
-    const key = JSON.stringify([p.queue, p.priority, p.shard, p.shards]);
+    const key = laneKey(p);
     let g = groups.get(key);
     if (!g) groups.set(key, (g = []));
     g.push(p);

@@ -1,5 +1,5 @@
 import { BerthInputError } from '../errors.js';
-import { quoteIdent, type Queryable } from '../sql.js';
+import { quoteIdent, readCommittedOnly, READ_COMMITTED_REQUIRED, type Queryable } from '../sql.js';
 
 export type TaskState = 'ready' | 'running' | 'completed' | 'scheduled' | 'retryable' | 'dead';
 
@@ -98,10 +98,11 @@ export async function moveTask(
     throw new BerthInputError('priority must be an integer in the smallint range');
   }
   const s = quoteIdent(schema);
-  const r = await db.query<{ result: MoveResult }>(`SELECT ${s}.move_task($1::bigint, $2, $3::smallint) AS result`, [
-    id,
-    to.queue ?? current.queue,
-    priority,
-  ]);
-  return r.rows[0]!.result;
+  const r = await db.query<{ result: MoveResult | 'isolation' }>(
+    `SELECT ${readCommittedOnly(`${s}.move_task($1::bigint, $2, $3::smallint)`)} AS result`,
+    [id, to.queue ?? current.queue, priority],
+  );
+  const result = r.rows[0]!.result;
+  if (result === 'isolation') throw new BerthInputError(READ_COMMITTED_REQUIRED);
+  return result;
 }
