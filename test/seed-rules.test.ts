@@ -297,3 +297,23 @@ test('a release that fails is logged at warn, and the lapsed lease still gets th
     await pool.query(`DROP TRIGGER no_release ON ${S}.settlements`);
   }
 });
+
+test('a lane whose promotion fails (its sequence is gone) does not starve the other lanes', async () => {
+  await reset();
+  const bad = await laneOf('broken', 0);
+  await laneOf('healthy', 0);
+  await enqueueMany(pool, Array.from({ length: 30 }, (_, i) => ({ type: 'x', payload: { i }, queue: 'broken', shard: 0, delay: 1 })), { schema });
+  await enqueueMany(pool, [{ type: 'x', payload: {}, queue: 'healthy', shard: 0, delay: 1 }], { schema });
+  await pool.query(`UPDATE ${S}.deferred SET run_at = now() - interval '1 s' * (CASE WHEN queue = 'broken' THEN 10 ELSE 1 END)`);
+  await pool.query(`DROP SEQUENCE ${S}.${'lane_seq_' + bad}`);
+  const metrics = new BerthMetrics();
+  const p = new Promoter(pool, schema, { batchSize: 10, laneLockTimeoutMs: 50, waiterLockTimeoutMs: 1000, poolSize: 8 }, metrics, logger);
+  try {
+    await p.tick();
+    assert.equal((await pool.query(`SELECT count(*) FROM ${S}.ready WHERE queue = 'healthy'`)).rows[0].count, '1', 'the healthy lane is promoted');
+    assert.equal((await pool.query(`SELECT count(*) FROM ${S}.deferred WHERE queue = 'broken'`)).rows[0].count, '30', 'the broken lane keeps its rows');
+    assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'failed', queue: 'broken' }), 1);
+  } finally {
+    await p.stop();
+  }
+});
