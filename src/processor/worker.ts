@@ -27,7 +27,7 @@ export interface WorkerOptions {
   leaseMarginMs?: number;
   /**
    * The most tasks leased ahead of free slots, so the next batch is claimed while this one runs
-   * (the worker aims for ~25 ms of work, at least `slots`). Their deadlines still come from
+   * (the worker aims for ~25 ms of work at the recent completion rate). Their deadlines still come from
    * their own lease stamps. Default: 25 × slots; 0 claims only for idle slots (seed 000's shape).
    */
   prefetch?: number;
