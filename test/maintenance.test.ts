@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { defineTask, enqueueMany, promoteDueLanes, promoteDue, rescueLapsedLeases, pruneSlot, rotateRing, readRingState, maintainRing, Worker, getTask } from '../src/index.js';
-import { claim, discover } from '../src/processor/claim.js';
+import { claim } from '../src/processor/claim.js';
 import { completeLeases } from '../src/processor/settlement.js';
 import { schemaLockKey, wakeChannel } from '../src/sql.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor } from './helpers.js';

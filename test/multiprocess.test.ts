@@ -2,7 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { ChildProcess } from 'node:child_process';
 import { enqueueMany, readGauges } from '../src/index.js';
-import { DATABASE_URL, freshSchema, waitFor, spawnWorkerProcess } from './helpers.js';
+import { freshSchema, waitFor, spawnWorkerProcess } from './helpers.js';
 
 const { schema, pool } = await freshSchema('multi');
 const S = `"${schema}"`;

@@ -105,6 +105,8 @@ test('a continue that advanced nothing is released, logged at warn, keeps its at
     const r = await enqueue(pool, def, {}, { schema });
     await waitFor(async () => (await state(r.id!)) === 'dead', 15_000, 'dead letter');
     assert.equal(runs, 2);
+    // A slice is not a finished task: both runs count as continued, not success.
+    await expectOutcome(w.metrics, 'p_stuck', 'continued', 2);
     const warns = lines.filter((l) => l.msg === 'slice returned continue without advancing its cursor');
     assert.equal(warns.length, 2);
     assert.equal(warns[0]!.level, 40);

@@ -5,7 +5,7 @@ import pg from 'pg';
 import { defineTask, enqueue, enqueueMany, getTask, promoteDueLanes, rescueLapsedLeases, Worker, BerthMetrics } from '../src/index.js';
 import { claim } from '../src/processor/claim.js';
 import { Promoter } from '../src/maintenance/promoter.js';
-import { schemaLockKey, wakeChannel } from '../src/sql.js';
+import { wakeChannel } from '../src/sql.js';
 import { captureLogger, counterValue, DATABASE_URL, expectOutcome, freshSchema, waitFor, holdLaneLock } from './helpers.js';
 
 const { schema, pool } = await freshSchema('rules');
