@@ -85,7 +85,7 @@ export interface ClaimParams {
   defaultCeilingMs: number;
   marginMs: number;
   workerId: string;
-  /** Channel to re-signal when the claim filled every idle slot (more work is likely). */
+  /** Channel to re-signal when the claim leased all it asked for (more work is likely). */
   wakeChannel: string;
   /** Only lanes of these queues (null: all). Candidates from a notification may be any lane. */
   queues?: readonly string[] | null;
