@@ -169,7 +169,9 @@ test('runSlices: a page read failing after progress saves the cursor and warns; 
 
 test('deadline: the AbortSignal fires at lease expiry minus the margin; an error then is a timeout and retries', async () => {
   let aborted = 0;
-  const def = defineTask({ type: 'p_slow', ceiling: 300, maxAttempts: 1, handler: (_p, ctx) =>
+  // Ceilings of a second: long enough that a claim slowed by a busy CI machine never comes back
+  // past the deadline (which would take the not-started path instead).
+  const def = defineTask({ type: 'p_slow', ceiling: 1000, maxAttempts: 1, handler: (_p, ctx) =>
     new Promise((_res, rej) => ctx.signal.addEventListener('abort', () => {
       aborted++;
       rej(ctx.signal.reason);
@@ -185,7 +187,7 @@ test('deadline: the AbortSignal fires at lease expiry minus the margin; an error
 
 test('a continue returned at the deadline is recorded as timeout and released, not backed off', async () => {
   let runs = 0;
-  const def = defineTask({ type: 'p_cont_late', ceiling: 200, handler: async (_p, ctx) => {
+  const def = defineTask({ type: 'p_cont_late', ceiling: 1000, handler: async (_p, ctx) => {
     runs++;
     if (runs > 1) return 'done';
     if (!ctx.signal.aborted) await new Promise((r) => ctx.signal.addEventListener('abort', r));
@@ -355,7 +357,7 @@ test('prefetched tasks wait for a slot under their own lease; stop() hands them 
 });
 
 test('done returned at the deadline is recorded as success (indistinguishable from finishing)', async () => {
-  const def = defineTask({ type: 'p_done_late', ceiling: 150, handler: async (_p, ctx) => {
+  const def = defineTask({ type: 'p_done_late', ceiling: 1000, handler: async (_p, ctx) => {
     if (!ctx.signal.aborted) await new Promise((r) => ctx.signal.addEventListener('abort', r));
     return 'done';
   } });

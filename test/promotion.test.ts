@@ -84,7 +84,7 @@ test('a lane held busy by two sessions taking turns holds back neither another q
   await reset();
   const hot = await laneId('hot');
   const done = new Set<string>();
-  const def = defineTask<{ tag: string }>({ type: 'busy', ceiling: 300, handler: async (p) => void done.add(p.tag) });
+  const def = defineTask<{ tag: string }>({ type: 'busy', ceiling: 5000, handler: async (p) => void done.add(p.tag) });
   const { logger } = captureLogger();
   const w = new Worker({
     connectionString: DATABASE_URL, schema, tasks: [def], slots: 4, pollIntervalMs: 100, leaseMarginMs: 0, logger,

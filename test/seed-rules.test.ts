@@ -273,7 +273,7 @@ test('a release that fails is logged at warn, and the lapsed lease still gets th
   await pool.query(`CREATE TRIGGER no_release BEFORE INSERT ON ${S}.settlements FOR EACH ROW EXECUTE FUNCTION ${S}.no_release()`);
   try {
     let runs = 0;
-    const def = defineTask({ type: 'r_release_fails', ceiling: 300, handler: (_p, ctx) => new Promise<void>((res, rej) => {
+    const def = defineTask({ type: 'r_release_fails', ceiling: 1000, handler: (_p, ctx) => new Promise<void>((res, rej) => {
       runs++;
       if (runs > 1) return res();
       ctx.signal.addEventListener('abort', () => rej(ctx.signal.reason));
