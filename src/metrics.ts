@@ -1,196 +1,352 @@
-import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { metrics as otelMetrics, type Attributes, type Counter as OtelCounter, type Histogram as OtelHistogram, type Meter, type ObservableResult } from '@opentelemetry/api';
+import { Counter, Gauge, Histogram, Registry, type LabelValues } from 'prom-client';
 
 /** How one run of a handler ended, as counted on `berth_task_outcomes_total`. */
 export type Outcome = 'success' | 'failure' | 'timeout' | 'continued' | 'cancelled' | 'lost';
 
 export const OUTCOMES: readonly Outcome[] = ['success', 'failure', 'timeout', 'continued', 'cancelled', 'lost'];
 
+export interface BerthMetricsOptions {
+  /** The prom-client registry every instrument registers on. A new one by default (one per worker). */
+  registry?: Registry;
+  /**
+   * The OpenTelemetry meter the instruments are mirrored on. Default: `metrics.getMeter('berth')`
+   * from `@opentelemetry/api`, the global provider's meter — a no-op unless the application
+   * registered a MeterProvider (an SDK) before this constructor ran, so an app that installs an
+   * SDK gets berth's metrics with no wiring, and one that does not pays nothing.
+   */
+  meter?: Meter;
+}
+
+/** The OpenTelemetry name of a Prometheus metric: the same, less a counter's `_total` (see {@link BerthMetrics}). */
+export function otelName(promName: string): string {
+  return promName.replace(/_total$/, '');
+}
+
+/** prom-client's label values as OpenTelemetry attributes (strings, as Prometheus has them). */
+function attributes(labels: LabelValues<string> | undefined): Attributes {
+  const out: Attributes = {};
+  if (labels) for (const [k, v] of Object.entries(labels)) if (v !== undefined) out[k] = String(v);
+  return out;
+}
+
 /**
- * Every instrument berth exports, on one registry per worker (so several workers in one process,
- * as in the tests, keep separate counts). Names and meanings: docs/operations.md.
+ * One OpenTelemetry instrument per meter and name: several BerthMetrics on one meter (several
+ * workers in one process) share it, so counters and histograms add up across them, and a
+ * gauge's single callback combines every live source.
+ */
+const instruments = new WeakMap<Meter, Map<string, unknown>>();
+function shared<T>(meter: Meter, name: string, create: () => T): T {
+  let byName = instruments.get(meter);
+  if (!byName) instruments.set(meter, (byName = new Map()));
+  if (!byName.has(name)) byName.set(name, create());
+  return byName.get(name) as T;
+}
+
+/** An OpenTelemetry instrument's name, description and unit (UCUM: `s`). */
+export interface Described {
+  name: string;
+  help: string;
+  unit?: string;
+}
+
+/** A Prometheus counter mirrored on an OpenTelemetry Counter. */
+export class CounterMetric<T extends string = string> {
+  private readonly otel: OtelCounter;
+  constructor(
+    readonly prom: Counter<T>,
+    meter: Meter,
+    { name, help }: Described,
+  ) {
+    this.otel = shared(meter, name, () => meter.createCounter(name, { description: help }));
+  }
+
+  inc(value?: number): void;
+  inc(labels: LabelValues<T>, value?: number): void;
+  inc(a?: LabelValues<T> | number, b?: number): void {
+    const [labels, value] = typeof a === 'object' ? [a, b ?? 1] : [undefined, a ?? 1];
+    // prom-client first: it throws on a negative increment or an unknown label, before OTel sees it.
+    if (labels) this.prom.inc(labels, value);
+    else this.prom.inc(value);
+    this.otel.add(value, attributes(labels));
+  }
+
+  reset(): void {
+    // An OpenTelemetry counter is monotonic: it has no reset. Only the Prometheus side starts over.
+    this.prom.reset();
+  }
+}
+
+/** A Prometheus histogram mirrored on an OpenTelemetry Histogram with the same buckets. */
+export class HistogramMetric<T extends string = string> {
+  private readonly otel: OtelHistogram;
+  constructor(
+    readonly prom: Histogram<T>,
+    meter: Meter,
+    { name, help, unit }: Described,
+    buckets: number[],
+  ) {
+    this.otel = shared(meter, name, () =>
+      meter.createHistogram(name, { description: help, ...(unit ? { unit } : {}), advice: { explicitBucketBoundaries: buckets } }),
+    );
+  }
+
+  observe(value: number): void;
+  observe(labels: LabelValues<T>, value: number): void;
+  observe(a: LabelValues<T> | number, b?: number): void {
+    if (typeof a === 'number') {
+      this.prom.observe(a);
+      this.otel.record(a);
+    } else {
+      this.prom.observe(a, b ?? 0);
+      this.otel.record(b ?? 0, attributes(a));
+    }
+  }
+
+  reset(): void {
+    this.prom.reset();
+  }
+}
+
+/**
+ * How a gauge's values combine when several BerthMetrics on one meter report the same label
+ * set: `sum` for counts (slots, tasks, leaders), `max` for an age or a flag.
+ */
+type Combine = 'sum' | 'max';
+
+interface GaugeSources {
+  combine: Combine;
+  /** Weak, so a dropped worker's gauges stop being reported (and are not kept alive by the meter). */
+  gauges: Set<WeakRef<Gauge<string>>>;
+  /** Every label set reported so far (bounded by the labels' cardinality: task types, queues). */
+  reported: Map<string, Attributes>;
+}
+
+/**
+ * A Prometheus gauge mirrored on an OpenTelemetry ObservableGauge whose callback reports the
+ * Prometheus gauge's current values, so `set`, `reset` and the rest carry over as they are (a
+ * label set a reset removed reads 0 on the OpenTelemetry side: see `observeGauges`).
+ */
+export class GaugeMetric<T extends string = string> {
+  constructor(
+    readonly prom: Gauge<T>,
+    meter: Meter,
+    { name, help, unit }: Described,
+    combine: Combine,
+  ) {
+    const sources = shared(meter, name, (): GaugeSources => {
+      const s: GaugeSources = { combine, gauges: new Set(), reported: new Map() };
+      const gauge = meter.createObservableGauge(name, { description: help, ...(unit ? { unit } : {}) });
+      gauge.addCallback((result) => observeGauges(s, result));
+      return s;
+    });
+    sources.gauges.add(new WeakRef(prom as unknown as Gauge<string>));
+  }
+
+  set(value: number): void;
+  set(labels: LabelValues<T>, value: number): void;
+  set(a: LabelValues<T> | number, b?: number): void {
+    if (typeof a === 'number') this.prom.set(a);
+    else this.prom.set(a, b ?? 0);
+  }
+
+  inc(value?: number): void;
+  inc(labels: LabelValues<T>, value?: number): void;
+  inc(a?: LabelValues<T> | number, b?: number): void {
+    if (typeof a === 'object') this.prom.inc(a, b);
+    else this.prom.inc(a);
+  }
+
+  dec(value?: number): void;
+  dec(labels: LabelValues<T>, value?: number): void;
+  dec(a?: LabelValues<T> | number, b?: number): void {
+    if (typeof a === 'object') this.prom.dec(a, b);
+    else this.prom.dec(a);
+  }
+
+  reset(): void {
+    this.prom.reset();
+  }
+}
+
+async function observeGauges(s: GaugeSources, result: ObservableResult): Promise<void> {
+  const combined = new Map<string, { attrs: Attributes; value: number }>();
+  for (const ref of s.gauges) {
+    const g = ref.deref();
+    if (!g) {
+      s.gauges.delete(ref);
+      continue;
+    }
+    for (const v of (await g.get()).values) {
+      const attrs = attributes(v.labels);
+      const key = JSON.stringify(Object.entries(attrs).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+      const seen = combined.get(key);
+      if (!seen) combined.set(key, { attrs, value: v.value });
+      else seen.value = s.combine === 'sum' ? seen.value + v.value : Math.max(seen.value, v.value);
+    }
+  }
+  for (const [key, { attrs, value }] of combined) {
+    result.observe(value, attrs);
+    s.reported.set(key, attrs);
+  }
+  // The SDK keeps exporting a label set's last observation after the callback stops reporting
+  // it; a series the Prometheus gauge dropped (reset) is reported as 0 instead, which is what a
+  // reset reads as in PromQL (`max`/`sum` ignore it).
+  for (const [key, attrs] of s.reported) if (!combined.has(key)) result.observe(0, attrs);
+}
+
+function isRegistry(x: Registry | BerthMetricsOptions): x is Registry {
+  return typeof (x as Registry).registerMetric === 'function';
+}
+
+/**
+ * Every instrument berth exports, on one prom-client registry per worker (so several workers in
+ * one process, as in the tests, keep separate counts), each mirrored on an OpenTelemetry meter.
+ * Names and meanings: docs/operations.md.
+ *
+ * OpenTelemetry: each instrument has the Prometheus name (counters less their `_total`, which
+ * OpenTelemetry naming leaves out and every OpenTelemetry-to-Prometheus path — the Prometheus
+ * exporters, Prometheus's OTLP receiver — appends to a monotonic sum, so the scraped name is
+ * the same either way) and the same label names as attributes. Counters are Counters,
+ * histograms are Histograms with the same buckets (as `explicitBucketBoundaries` advice) and
+ * unit (`s` where the name ends in `_seconds`), gauges are ObservableGauges reporting what the
+ * Prometheus gauge holds at collection, so a reset (a former leader's gauges) shows there too.
+ * Several BerthMetrics on one meter share its instruments: counters and histograms add up;
+ * gauges of one process's slots add up, and the queue-wide gauges the maintenance leader
+ * exports take the largest value (only the leader reports them; the others are empty or 0).
+ * The default meter is the global one read at construction: register the SDK's MeterProvider
+ * before creating workers.
  */
 export class BerthMetrics {
   readonly registry: Registry;
-  readonly outcomes: Counter<'task_type' | 'outcome'>;
-  readonly handlerSeconds: Histogram<'task_type'>;
-  readonly pending: Gauge<'task_type'>;
-  readonly running: Gauge<'task_type'>;
-  readonly dead: Gauge<'task_type'>;
-  readonly oldestDueSeconds: Gauge;
-  readonly slots: Gauge;
-  readonly busySlots: Gauge;
-  readonly bufferedTasks: Gauge;
-  readonly claims: Counter<'result'>;
-  readonly claimSeconds: Histogram;
-  readonly claimedTasks: Counter;
-  readonly wakeups: Counter<'reason'>;
-  readonly listenReconnects: Counter;
-  readonly settlementFlushSeconds: Histogram<'kind'>;
-  readonly maintenanceSeconds: Histogram<'branch'>;
-  readonly maintenanceErrors: Counter<'branch'>;
-  readonly maintenanceOverruns: Counter<'branch'>;
-  readonly promoted: Counter;
-  readonly promoteBatches: Counter;
-  readonly promoteBatchSize: Histogram;
-  readonly promoteSeconds: Histogram;
-  readonly laneContention: Counter<'state' | 'queue' | 'outcome'>;
-  readonly rescued: Counter<'result'>;
-  readonly ringPrunes: Counter<'result' | 'reason'>;
-  readonly ringRotations: Counter<'result'>;
-  readonly deadPruned: Counter;
-  readonly isLeader: Gauge;
+  readonly meter: Meter;
+  readonly outcomes: CounterMetric<'task_type' | 'outcome'>;
+  readonly handlerSeconds: HistogramMetric<'task_type'>;
+  readonly pending: GaugeMetric<'task_type'>;
+  readonly running: GaugeMetric<'task_type'>;
+  readonly dead: GaugeMetric<'task_type'>;
+  readonly oldestDueSeconds: GaugeMetric;
+  readonly slots: GaugeMetric;
+  readonly busySlots: GaugeMetric;
+  readonly bufferedTasks: GaugeMetric;
+  readonly claims: CounterMetric<'result'>;
+  readonly claimSeconds: HistogramMetric;
+  readonly claimedTasks: CounterMetric;
+  readonly wakeups: CounterMetric<'reason'>;
+  readonly listenReconnects: CounterMetric;
+  readonly settlementFlushSeconds: HistogramMetric<'kind'>;
+  readonly maintenanceSeconds: HistogramMetric<'branch'>;
+  readonly maintenanceErrors: CounterMetric<'branch'>;
+  readonly maintenanceOverruns: CounterMetric<'branch'>;
+  readonly promoted: CounterMetric;
+  readonly promoteBatches: CounterMetric;
+  readonly promoteBatchSize: HistogramMetric;
+  readonly promoteSeconds: HistogramMetric;
+  readonly laneContention: CounterMetric<'state' | 'queue' | 'outcome'>;
+  readonly rescued: CounterMetric<'result'>;
+  readonly ringPrunes: CounterMetric<'result' | 'reason'>;
+  readonly ringRotations: CounterMetric<'result'>;
+  readonly deadPruned: CounterMetric;
+  readonly isLeader: GaugeMetric;
+  readonly queuePaused: GaugeMetric<'queue'>;
+  readonly workers: GaugeMetric;
 
-  constructor(registry: Registry = new Registry()) {
+  /** `new BerthMetrics()`, `new BerthMetrics(registry)` or `new BerthMetrics({ registry, meter })`. */
+  constructor(options: Registry | BerthMetricsOptions = {}) {
+    const { registry = new Registry(), meter = otelMetrics.getMeter('berth') } = isRegistry(options) ? { registry: options } : options;
     this.registry = registry;
+    this.meter = meter;
     const r = [registry];
-    this.outcomes = new Counter({
-      name: 'berth_task_outcomes_total',
-      help: 'Handler runs by task type and outcome (success, failure, timeout, continued, cancelled, lost)',
-      labelNames: ['task_type', 'outcome'],
-      registers: r,
+    const otel = (name: string, help: string): Described => ({
+      name: otelName(name),
+      help,
+      ...(name.endsWith('_seconds') ? { unit: 's' } : {}),
     });
-    this.handlerSeconds = new Histogram({
-      name: 'berth_task_handler_seconds',
-      help: 'Handler run time by task type (runs that started)',
-      labelNames: ['task_type'],
-      buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800],
-      registers: r,
-    });
-    this.pending = new Gauge({
-      name: 'berth_tasks_pending',
-      help: 'Unfinished tasks by type: ready, scheduled, retryable or running (running is a subset)',
-      labelNames: ['task_type'],
-      registers: r,
-    });
-    this.running = new Gauge({
-      name: 'berth_tasks_running',
-      help: 'Tasks under a live lease by type',
-      labelNames: ['task_type'],
-      registers: r,
-    });
-    this.dead = new Gauge({
-      name: 'berth_tasks_dead',
-      help: 'Dead letters by type',
-      labelNames: ['task_type'],
-      registers: r,
-    });
-    this.oldestDueSeconds = new Gauge({
-      name: 'berth_task_oldest_due_seconds',
-      help: 'How long the longest-waiting claimable task has been due',
-      registers: r,
-    });
-    this.slots = new Gauge({ name: 'berth_task_slots', help: 'Worker slots in this process', registers: r });
-    this.busySlots = new Gauge({ name: 'berth_task_slots_busy', help: 'Slots running a handler now', registers: r });
-    this.bufferedTasks = new Gauge({
-      name: 'berth_tasks_prefetched',
-      help: 'Leased tasks waiting in this process for a free slot',
-      registers: r,
-    });
-    this.claims = new Counter({
-      name: 'berth_claims_total',
-      help: 'Claim statements by result (hit: leased at least one task, empty)',
-      labelNames: ['result'],
-      registers: r,
-    });
-    this.claimSeconds = new Histogram({
-      name: 'berth_claim_seconds',
-      help: 'Discovery plus claim round trip',
-      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1],
-      registers: r,
-    });
-    this.claimedTasks = new Counter({ name: 'berth_claimed_tasks_total', help: 'Tasks leased', registers: r });
-    this.wakeups = new Counter({
-      name: 'berth_wakeups_total',
-      help: 'Fetcher wake-ups by reason (notify, poll, slot_freed, start)',
-      labelNames: ['reason'],
-      registers: r,
-    });
-    this.listenReconnects = new Counter({
-      name: 'berth_listen_reconnects_total',
-      help: 'Times the LISTEN connection was lost and re-established',
-      registers: r,
-    });
-    this.settlementFlushSeconds = new Histogram({
-      name: 'berth_settlement_flush_seconds',
-      help: 'Coalesced settlement statements by kind (complete, fail)',
-      labelNames: ['kind'],
-      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1],
-      registers: r,
-    });
-    this.maintenanceSeconds = new Histogram({
-      name: 'berth_maintenance_branch_seconds',
-      help: 'Duration of each maintenance branch run',
-      labelNames: ['branch'],
-      buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30],
-      registers: r,
-    });
-    this.maintenanceErrors = new Counter({
-      name: 'berth_maintenance_errors_total',
-      help: 'Maintenance branch runs that failed',
-      labelNames: ['branch'],
-      registers: r,
-    });
-    this.maintenanceOverruns = new Counter({
-      name: 'berth_maintenance_overruns_total',
-      help: 'Maintenance branch runs that took longer than their interval',
-      labelNames: ['branch'],
-      registers: r,
-    });
-    this.promoted = new Counter({
-      name: 'berth_promoted_total',
-      help: 'Deferred tasks promoted into the ready ring',
-      registers: r,
-    });
-    this.promoteBatches = new Counter({
-      name: 'berth_promote_batches_total',
-      help: 'Promotion batches run (leader ticks and busy-lane waiters)',
-      registers: r,
-    });
-    this.promoteBatchSize = new Histogram({
-      name: 'berth_promote_batch_size',
-      help: 'Rows promoted per promotion batch',
-      buckets: [0, 1, 10, 50, 100, 250, 500, 1000, 2500, 5000],
-      registers: r,
-    });
-    this.promoteSeconds = new Histogram({
-      name: 'berth_promote_duration_seconds',
-      help: 'Duration of one promotion batch',
-      buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30],
-      registers: r,
-    });
-    this.laneContention = new Counter({
-      name: 'berth_promote_lane_contention_total',
-      help: 'Busy or failing lanes met by promotion, by deferred state, queue and outcome (handed_off, waiter_limit, waiter_timed_out, failed)',
-      labelNames: ['state', 'queue', 'outcome'],
-      registers: r,
-    });
-    this.rescued = new Counter({
-      name: 'berth_rescued_total',
-      help: 'Lapsed leases rescued (retry: back to retryable, dead: out of attempts)',
-      labelNames: ['result'],
-      registers: r,
-    });
-    this.ringPrunes = new Counter({
-      name: 'berth_ring_prune_total',
-      help: 'Ring slot prune attempts by result (pruned, skipped, blocked) and reason',
-      labelNames: ['result', 'reason'],
-      registers: r,
-    });
-    this.ringRotations = new Counter({
-      name: 'berth_ring_rotations_total',
-      help: 'Ring rotations by result (rotated, next_slot_busy)',
-      labelNames: ['result'],
-      registers: r,
-    });
-    this.deadPruned = new Counter({
-      name: 'berth_dead_letters_pruned_total',
-      help: 'Dead letters removed by retention',
-      registers: r,
-    });
-    this.isLeader = new Gauge({
-      name: 'berth_maintenance_leader',
-      help: '1 while this process is the maintenance leader',
-      registers: r,
-    });
+    const counter = <T extends string = string>(name: string, help: string, labelNames: readonly T[] = []) =>
+      new CounterMetric<T>(new Counter<T>({ name, help, labelNames, registers: r }), meter, otel(name, help));
+    const histogram = <T extends string = string>(name: string, help: string, buckets: number[], labelNames: readonly T[] = []) =>
+      new HistogramMetric<T>(new Histogram<T>({ name, help, labelNames, buckets, registers: r }), meter, otel(name, help), buckets);
+    const gauge = <T extends string = string>(name: string, help: string, combine: Combine, labelNames: readonly T[] = []) =>
+      new GaugeMetric<T>(new Gauge<T>({ name, help, labelNames, registers: r }), meter, otel(name, help), combine);
+    const fast = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1];
+
+    this.outcomes = counter(
+      'berth_task_outcomes_total',
+      'Handler runs by task type and outcome (success, failure, timeout, continued, cancelled, lost)',
+      ['task_type', 'outcome'],
+    );
+    this.handlerSeconds = histogram(
+      'berth_task_handler_seconds',
+      'Handler run time by task type (runs that started)',
+      [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800],
+      ['task_type'],
+    );
+    this.pending = gauge(
+      'berth_tasks_pending',
+      'Unfinished tasks by type: ready, scheduled, retryable or running (running is a subset)',
+      'max',
+      ['task_type'],
+    );
+    this.running = gauge('berth_tasks_running', 'Tasks under a live lease by type', 'max', ['task_type']);
+    this.dead = gauge('berth_tasks_dead', 'Dead letters by type', 'max', ['task_type']);
+    this.oldestDueSeconds = gauge('berth_task_oldest_due_seconds', 'How long the longest-waiting claimable task has been due', 'max');
+    this.slots = gauge('berth_task_slots', 'Worker slots in this process', 'sum');
+    this.busySlots = gauge('berth_task_slots_busy', 'Slots running a handler now', 'sum');
+    this.bufferedTasks = gauge('berth_tasks_prefetched', 'Leased tasks waiting in this process for a free slot', 'sum');
+    this.claims = counter('berth_claims_total', 'Claim statements by result (hit: leased at least one task, empty)', ['result']);
+    this.claimSeconds = histogram('berth_claim_seconds', 'Discovery plus claim round trip', fast);
+    this.claimedTasks = counter('berth_claimed_tasks_total', 'Tasks leased');
+    this.wakeups = counter('berth_wakeups_total', 'Fetcher wake-ups by reason (notify, poll, slot_freed, start)', ['reason']);
+    this.listenReconnects = counter('berth_listen_reconnects_total', 'Times the LISTEN connection was lost and re-established');
+    this.settlementFlushSeconds = histogram(
+      'berth_settlement_flush_seconds',
+      'Coalesced settlement statements by kind (complete, fail)',
+      fast,
+      ['kind'],
+    );
+    this.maintenanceSeconds = histogram(
+      'berth_maintenance_branch_seconds',
+      'Duration of each maintenance branch run',
+      [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30],
+      ['branch'],
+    );
+    this.maintenanceErrors = counter('berth_maintenance_errors_total', 'Maintenance branch runs that failed', ['branch']);
+    this.maintenanceOverruns = counter(
+      'berth_maintenance_overruns_total',
+      'Maintenance branch runs that took longer than their interval',
+      ['branch'],
+    );
+    this.promoted = counter('berth_promoted_total', 'Deferred tasks promoted into the ready ring');
+    this.promoteBatches = counter('berth_promote_batches_total', 'Promotion batches run (leader ticks and busy-lane waiters)');
+    this.promoteBatchSize = histogram('berth_promote_batch_size', 'Rows promoted per promotion batch', [
+      0, 1, 10, 50, 100, 250, 500, 1000, 2500, 5000,
+    ]);
+    this.promoteSeconds = histogram(
+      'berth_promote_duration_seconds',
+      'Duration of one promotion batch',
+      [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30],
+    );
+    this.laneContention = counter(
+      'berth_promote_lane_contention_total',
+      'Busy or failing lanes met by promotion, by deferred state, queue and outcome (handed_off, waiter_limit, waiter_timed_out, failed)',
+      ['state', 'queue', 'outcome'],
+    );
+    this.rescued = counter(
+      'berth_rescued_total',
+      'Lapsed leases rescued (retry: back to retryable, dead: out of attempts)',
+      ['result'],
+    );
+    this.ringPrunes = counter(
+      'berth_ring_prune_total',
+      'Ring slot prune attempts by result (pruned, skipped, blocked) and reason',
+      ['result', 'reason'],
+    );
+    this.ringRotations = counter('berth_ring_rotations_total', 'Ring rotations by result (rotated, next_slot_busy)', ['result']);
+    this.deadPruned = counter('berth_dead_letters_pruned_total', 'Dead letters removed by retention');
+    this.isLeader = gauge('berth_maintenance_leader', '1 while this process is the maintenance leader', 'max');
+    this.queuePaused = gauge('berth_queue_paused', '1 while the queue is paused; exported by the maintenance leader', 'max', [
+      'queue',
+    ]);
+    this.workers = gauge('berth_workers', 'Worker processes with a fresh heartbeat; exported by the maintenance leader', 'max');
   }
 }
