@@ -12,7 +12,8 @@ export interface GaugeSnapshot {
 /**
  * Read the queue-wide gauges (seed 000's four questions): pending (unfinished; includes
  * running), running (under a live lease), dead (same predicate as retention), and how long
- * the longest-waiting claimable task has been due.
+ * the longest-waiting claimable task has been due. A paused queue's work is not claimable, so
+ * it is left out of oldest-due: pausing a queue must not page as starvation.
  */
 export async function readGauges(db: Queryable, schema: string): Promise<GaugeSnapshot> {
   const s = quoteIdent(schema);
@@ -37,10 +38,12 @@ export async function readGauges(db: Queryable, schema: string): Promise<GaugeSn
     `SELECT extract(epoch FROM now() - min(due))::float8 AS secs FROM (
        SELECT min(r.run_at) AS due FROM ${s}.ready r
         WHERE ${liveEntryPredicate(s)}
+          AND r.lane_id IN (SELECT pl.lane_id FROM ${s}.lanes pl WHERE NOT pl.paused)
           AND NOT EXISTS (SELECT 1 FROM ${s}.leases l
                            WHERE l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot)
        UNION ALL
-       SELECT min(run_at) FROM ${s}.deferred WHERE run_at <= now()) x`,
+       SELECT min(run_at) FROM ${s}.deferred
+        WHERE run_at <= now() AND queue NOT IN (SELECT q.queue FROM ${s}.queue_pauses q)) x`,
   );
   const snap: GaugeSnapshot = { pending: new Map(), running: new Map(), dead: new Map(), oldestDueSeconds: 0 };
   for (const r of res.rows) {

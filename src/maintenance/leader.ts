@@ -4,7 +4,7 @@ import type { BerthMetrics } from '../metrics.js';
 import { schemaLockKey } from '../sql.js';
 import { publishGauges, readGauges, resetGauges } from './gauges.js';
 import { Promoter } from './promoter.js';
-import { DEFAULT_DEAD_RETENTION_MS, pruneDeadLetters } from './retention.js';
+import { DEFAULT_DEAD_RETENTION_MS, pruneDeadLetters, pruneOperatorHistory } from './retention.js';
 import { maintainRing } from './ring.js';
 import { rescueLapsedLeases } from './rescue.js';
 
@@ -212,6 +212,8 @@ export class Maintenance {
           const n = await pruneDeadLetters(pool, schema, o.deadRetentionMs, 5000, this.term?.signal);
           metrics.deadPruned.inc(n);
           if (n) this.deps.logger.info({ pruned: n }, 'pruned dead letters past retention');
+          const h = await pruneOperatorHistory(pool, schema);
+          if (h.outcomeCounts + h.workers > 0) this.deps.logger.info(h, 'pruned operator history past retention');
         },
       },
       {

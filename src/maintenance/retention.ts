@@ -30,3 +30,20 @@ export async function pruneDeadLetters(
     if ((r.rowCount ?? 0) < batch || signal?.aborted) return total;
   }
 }
+
+/** How long per-minute outcome counts are kept (the dashboard charts read at most this far back). */
+export const OUTCOME_COUNT_RETENTION_MS = 7 * 24 * 3600 * 1000;
+/** A worker row not refreshed for this long belongs to a process that died without stopping. */
+export const DEAD_WORKER_RETENTION_MS = 3600 * 1000;
+/**
+ * Prune the operator-surface history: outcome counts and dead workers' rows. The audit log is
+ * deliberately not pruned here: the leader runs with runtime credentials, and a role that can
+ * delete audit entries could erase its own trail. Operators prune it (see docs/operations.md).
+ */
+export async function pruneOperatorHistory(db: Queryable, schema: string): Promise<{ outcomeCounts: number; workers: number }> {
+  const s = quoteIdent(schema);
+  const ago = `now() - make_interval(secs => $1 / 1000.0)`;
+  const counts = await db.query(`DELETE FROM ${s}.outcome_counts WHERE minute < ${ago}`, [OUTCOME_COUNT_RETENTION_MS]);
+  const workers = await db.query(`DELETE FROM ${s}.workers WHERE last_seen_at < ${ago}`, [DEAD_WORKER_RETENTION_MS]);
+  return { outcomeCounts: counts.rowCount ?? 0, workers: workers.rowCount ?? 0 };
+}

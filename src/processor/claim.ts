@@ -64,6 +64,7 @@ export async function discover(
           ORDER BY r.lane_seq
           LIMIT $2) r
       WHERE ($1::text[] IS NULL OR l.queue = ANY ($1::text[]))
+        AND NOT l.paused
       ORDER BY r.priority, r.run_at, r.lane_id, r.lane_seq
       LIMIT $2`,
     values: [queues, limit],
@@ -110,6 +111,8 @@ export interface ClaimParams {
  * - The lease token is random and the expiry is stamped from the database clock:
  *   now() + ceiling + margin. The lease also records the attempt limit in force, so every
  *   later decision about this attempt (failure, release, rescue) uses the same number.
+ * - A paused lane is never taken: `NOT l.paused` is re-checked on the locked (latest) row, and
+ *   pausing bumps version, so a claim whose snapshot predates the pause drops the lane too.
  * - The wake re-signal rides in the same statement (delivered at commit) only when every
  *   requested slot was filled, so a burst cascades across processes one claimer at a time.
  */
@@ -138,6 +141,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
        SELECT l.lane_id, l.version FROM ${s}.lanes l
         WHERE l.lane_id = ANY ($1::integer[])
           AND ($11::text[] IS NULL OR l.queue = ANY ($11::text[]))
+          AND NOT l.paused
         ORDER BY l.lane_id
         FOR UPDATE SKIP LOCKED
      ), current AS MATERIALIZED (

@@ -11,6 +11,7 @@ import { claim, discover, type ClaimedTask } from './claim.js';
 import { SettlementBatcher } from './settlement-batcher.js';
 import { advanceCursor, leaseKey, releaseLease, returnUnstarted } from './settlement.js';
 import { WakeListener } from './wake.js';
+import { DEFAULT_HEARTBEAT_MS, Heartbeat } from './heartbeat.js';
 
 export interface WorkerOptions {
   connectionString: string;
@@ -47,6 +48,11 @@ export interface WorkerOptions {
   workerId?: string;
   /** LISTEN reconnect backoff. */
   listenReconnectBaseMs?: number;
+  /**
+   * How often this worker writes its row in `workers` and flushes its per-minute outcome counts
+   * (what `berth stats`, `berth leader` and the dashboard read). 10 s; `false` turns it off.
+   */
+  heartbeatIntervalMs?: number | false;
 }
 
 /**
@@ -120,6 +126,7 @@ export class Worker {
   private readonly pollMs: number;
   private readonly defaultCeilingMs: number;
   private readonly stopTimeoutMs: number;
+  private readonly heartbeatMs: number | false;
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
   private readonly defs = new Map<string, TaskDefinition<any>>();
   private readonly ceilings = new Map<string, number>();
@@ -129,6 +136,8 @@ export class Worker {
   private readPool: pg.Pool | null = null;
   private listener: WakeListener | null = null;
   private maintenance: Maintenance | null = null;
+  private heartbeat: Heartbeat | null = null;
+  private readonly startedAt = new Date();
   private batcher: SettlementBatcher | null = null;
   private ticker: NodeJS.Timeout | null = null;
   /** Leased tasks waiting for a slot (at most `prefetch` beyond the idle slots). */
@@ -168,6 +177,8 @@ export class Worker {
     this.prefetch = options.prefetch ?? this.slots * 25;
     if (!Number.isInteger(this.prefetch) || this.prefetch < 0) throw new BerthInputError('prefetch must be an integer >= 0');
     this.stopTimeoutMs = options.stopTimeoutMs ?? WORKER_DEFAULTS.stopTimeoutMs;
+    this.heartbeatMs = options.heartbeatIntervalMs ?? DEFAULT_HEARTBEAT_MS;
+    if (this.heartbeatMs !== false && !(this.heartbeatMs > 0)) throw new BerthInputError('heartbeatIntervalMs must be > 0 or false');
     for (const d of options.tasks) {
       if (this.defs.has(d.type)) throw new BerthInputError(`task type "${d.type}" is defined twice`);
       this.defs.set(d.type, d);
@@ -241,6 +252,26 @@ export class Worker {
         workerId: this.id,
       });
       this.maintenance.start();
+    }
+    if (this.heartbeatMs !== false) {
+      this.heartbeat = new Heartbeat(
+        this.writePool,
+        this.schema,
+        {
+          workerId: this.id,
+          queues: this.options.queues ?? null,
+          slots: this.slots,
+          startedAt: this.startedAt,
+          busy: () => this.inflight.size,
+          prefetched: () => this.buffer.length,
+          leader: () => this.isLeader,
+          maintenance: () =>
+            this.isLeader ? { branches: this.maintenanceStats(), waitingLanes: this.maintenance?.waitingLanes() ?? [] } : {},
+        },
+        this.logger.child({ component: 'heartbeat' }),
+        this.heartbeatMs,
+      );
+      this.heartbeat.start();
     }
     this.wake('start');
     this.fetchLoop = this.runFetchLoop();
@@ -406,7 +437,10 @@ export class Worker {
       attempt: task.attempt,
     }));
     const deadline = task.leaseExpiresAt - this.marginMs;
-    const record = (outcome: Outcome) => this.metrics.outcomes.inc({ task_type: task.type, outcome });
+    const record = (outcome: Outcome) => {
+      this.metrics.outcomes.inc({ task_type: task.type, outcome });
+      this.heartbeat?.tally.record(task.queue, task.type, outcome);
+    };
 
     if (!def) {
       freeSlot();
@@ -588,6 +622,7 @@ export class Worker {
       );
     }
     await this.batcher?.drain();
+    await this.heartbeat?.stop();
     await this.maintenance?.stop();
     await this.listener?.stop();
     if (this.readPool && this.readPool !== this.writePool) await this.readPool.end();

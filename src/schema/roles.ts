@@ -40,6 +40,10 @@ const RING_TABLES = ['ready', 'leases', 'settlements', 'tombstones'] as const;
  * - dead_letters: SELECT, INSERT, UPDATE of the columns `ON CONFLICT (id) DO UPDATE` sets
  *   (a task retried out of the dead letters dies again), DELETE (retention).
  * - dedupe: SELECT, DELETE (a completed or dead task frees its key).
+ * - workers, outcome_counts: SELECT, INSERT, UPDATE, DELETE (the worker's heartbeat writes its
+ *   own rows; the leader's retention removes stale ones).
+ * - queue_pauses: SELECT (the leader's oldest-due gauge leaves paused queues out). Pausing is an
+ *   operator action (set_queue_paused), not granted.
  *
  * No sequence privilege at all: task ids and lane_seq values are drawn by nextval inside the
  * definer functions, as the owner, so a lane sequence created tomorrow works for every runtime
@@ -65,5 +69,7 @@ export function runtimeGrantStatements(schema: string, role: string): string[] {
     `GRANT SELECT, INSERT, UPDATE (run_at) ON ${s}.deferred TO ${r}`,
     `GRANT SELECT, INSERT, DELETE, UPDATE (payload, attempts, last_error, last_attempted_at, died_at) ON ${s}.dead_letters TO ${r}`,
     `GRANT SELECT, DELETE ON ${s}.dedupe TO ${r}`,
+    `GRANT SELECT, INSERT, UPDATE, DELETE ON ${s}.workers, ${s}.outcome_counts TO ${r}`,
+    `GRANT SELECT ON ${s}.queue_pauses TO ${r}`,
   ];
 }

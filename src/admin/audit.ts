@@ -1,0 +1,71 @@
+import { quoteIdent, type Queryable } from '../sql.js';
+import type { Logger } from '../logger.js';
+
+/** Who did an operator action, and through what: `cli:alice`, `dashboard:ops@example.com`. */
+export type Actor = string;
+
+export interface AuditEntry {
+  id: string;
+  at: Date;
+  actor: string;
+  action: string;
+  target: unknown;
+  result: unknown;
+}
+
+/**
+ * Run an operator action and record it: one row in `audit_log` and one structured log line,
+ * whether it succeeded or failed. The action's own statements commit first (most are one
+ * statement); a failure to write the audit row is logged, never turned into a failed action,
+ * because the action has already happened.
+ */
+export async function audited<T>(
+  db: Queryable,
+  schema: string,
+  logger: Logger | null,
+  actor: Actor,
+  action: string,
+  target: Record<string, unknown>,
+  run: () => Promise<T>,
+): Promise<T> {
+  let result: unknown;
+  try {
+    const value = await run();
+    result = value;
+    return value;
+  } catch (err) {
+    result = { error: (err as Error).message };
+    throw err;
+  } finally {
+    const summary = summarise(result);
+    logger?.info({ actor, action, target, result: summary }, 'operator action');
+    try {
+      await db.query(
+        `INSERT INTO ${quoteIdent(schema)}.audit_log (actor, action, target, result) VALUES ($1, $2, $3, $4)`,
+        [actor, action, JSON.stringify(target), JSON.stringify(summary ?? null)],
+      );
+    } catch (err) {
+      logger?.error({ err: (err as Error).message, actor, action }, 'could not write the audit log row');
+    }
+  }
+}
+
+/** Large results (a list of 100k ids) are recorded as counts, not copied into the log. */
+function summarise(result: unknown): unknown {
+  if (Array.isArray(result)) return { items: result.length };
+  return result;
+}
+
+/** Newest first; `before` is the id of the last entry of the previous page. */
+export async function listAudit(
+  db: Queryable,
+  schema: string,
+  page: { limit?: number; before?: string } = {},
+): Promise<AuditEntry[]> {
+  const res = await db.query<{ id: string; at: Date; actor: string; action: string; target: unknown; result: unknown }>(
+    `SELECT id::text, at, actor, action, target, result FROM ${quoteIdent(schema)}.audit_log
+      WHERE ($1::bigint IS NULL OR id < $1) ORDER BY id DESC LIMIT $2`,
+    [page.before ?? null, Math.min(Math.max(page.limit ?? 50, 1), 500)],
+  );
+  return res.rows;
+}

@@ -1,0 +1,183 @@
+import { BerthInputError } from '../errors.js';
+import { quoteIdent, type Queryable } from '../sql.js';
+import { deadRowPredicate } from '../storage/predicates.js';
+
+/**
+ * Which dead letters a bulk action applies to. A bulk action needs at least one filter or an
+ * explicit `all: true`: an empty filter is refused, never read as "everything".
+ */
+export interface DeadFilter {
+  queue?: string;
+  type?: string;
+  /** Only dead letters whose last error contains this text (case-insensitive). */
+  errorContains?: string;
+  /** Only ones that died before this time. */
+  diedBefore?: Date;
+  /** Exactly these ids. */
+  ids?: readonly string[];
+  all?: boolean;
+}
+
+export interface DeadLetter {
+  id: string;
+  type: string;
+  queue: string;
+  priority: number;
+  attempts: number;
+  lastError: string | null;
+  payload: unknown;
+  createdAt: Date;
+  diedAt: Date;
+}
+
+export interface BulkProgress {
+  done: number;
+  total: number;
+}
+
+export interface BulkResult {
+  matched: number;
+  /** retried, or purged. */
+  changed: number;
+  /** Dead letters left alone because a live task holds their dedupe key (retry only). */
+  duplicates: number;
+}
+
+function assertBulkScope(f: DeadFilter): void {
+  const scoped = f.queue !== undefined || f.type !== undefined || f.errorContains !== undefined ||
+    f.diedBefore !== undefined || f.ids !== undefined;
+  if (!scoped && !f.all) {
+    throw new BerthInputError('a bulk dead-letter action needs a filter (queue, type, error, died before, ids) or --all');
+  }
+  for (const id of f.ids ?? []) if (!/^[0-9]{1,19}$/.test(id)) throw new BerthInputError(`bad task id "${id}"`);
+}
+
+/** The WHERE clause for a filter, over alias `d`, with parameters starting at $1. */
+function where(f: DeadFilter): { sql: string; values: unknown[] } {
+  return {
+    sql: `($1::text IS NULL OR d.queue = $1) AND ($2::text IS NULL OR d.type = $2)
+          AND ($3::text IS NULL OR strpos(lower(d.last_error), lower($3)) > 0)
+          AND ($4::timestamptz IS NULL OR d.died_at < $4)
+          AND ($5::bigint[] IS NULL OR d.id = ANY ($5::bigint[]))`,
+    values: [f.queue ?? null, f.type ?? null, f.errorContains ?? null, f.diedBefore ?? null, f.ids ? [...f.ids] : null],
+  };
+}
+
+/** Newest first, keyset-paginated by id (`after`: the last id of the previous page). */
+export async function listDead(
+  db: Queryable,
+  schema: string,
+  filter: Omit<DeadFilter, 'all'> = {},
+  page: { limit?: number; after?: string } = {},
+): Promise<{ deadLetters: DeadLetter[]; next: string | null }> {
+  const limit = page.limit ?? 50;
+  if (!Number.isInteger(limit) || limit < 1 || limit > 500) throw new BerthInputError('limit must be an integer from 1 to 500');
+  if (page.after !== undefined && !/^[0-9]{1,19}$/.test(page.after)) throw new BerthInputError(`bad page cursor "${page.after}"`);
+  const w = where(filter);
+  const res = await db.query<{
+    id: string; type: string; queue: string; priority: number; attempts: number; last_error: string | null;
+    payload: unknown; created_at: Date; died_at: Date;
+  }>(
+    `SELECT d.id::text, d.type, d.queue, d.priority, d.attempts, d.last_error, d.payload, d.created_at, d.died_at
+       FROM ${quoteIdent(schema)}.dead_letters d
+      WHERE ${w.sql} AND ($6::bigint IS NULL OR d.id < $6)
+      ORDER BY d.id DESC LIMIT $7`,
+    [...w.values, page.after ?? null, limit + 1],
+  );
+  const rows = res.rows.slice(0, limit);
+  return {
+    deadLetters: rows.map((r) => ({
+      id: r.id, type: r.type, queue: r.queue, priority: r.priority, attempts: r.attempts, lastError: r.last_error,
+      payload: r.payload, createdAt: r.created_at, diedAt: r.died_at,
+    })),
+    next: res.rows.length > limit ? rows[rows.length - 1]!.id : null,
+  };
+}
+
+/** How many dead letters a filter matches (what a bulk action will touch). */
+export async function countDead(db: Queryable, schema: string, filter: DeadFilter): Promise<number> {
+  const w = where(filter);
+  const r = await db.query<{ n: string }>(`SELECT count(*)::text AS n FROM ${quoteIdent(schema)}.dead_letters d WHERE ${w.sql}`, w.values);
+  return Number(r.rows[0]!.n);
+}
+
+/** Retry these dead letters (see `retry_dead` in migration 5), in one statement. */
+export async function retryDeadLetters(
+  db: Queryable,
+  schema: string,
+  ids: readonly string[],
+): Promise<{ id: string; result: 'retried' | 'duplicate' | 'not_found' }[]> {
+  for (const id of ids) if (!/^[0-9]{1,19}$/.test(id)) throw new BerthInputError(`bad task id "${id}"`);
+  if (ids.length === 0) return [];
+  const r = await db.query<{ id: string; result: 'retried' | 'duplicate' | 'not_found' }>(
+    `SELECT id::text, result FROM ${quoteIdent(schema)}.retry_dead($1::bigint[])`,
+    [[...ids]],
+  );
+  return r.rows;
+}
+
+const BULK_BATCH = 1000;
+
+/**
+ * Retry every dead letter a filter matches, in batches of 1,000 (one transaction each, oldest
+ * first by id), reporting progress after each batch. A batch that commits stays committed if a
+ * later one fails; running it again picks up what is left.
+ */
+export async function retryDead(
+  db: Queryable,
+  schema: string,
+  filter: DeadFilter,
+  onProgress?: (p: BulkProgress) => void,
+): Promise<BulkResult> {
+  assertBulkScope(filter);
+  const total = await countDead(db, schema, filter);
+  const w = where(filter);
+  const out: BulkResult = { matched: total, changed: 0, duplicates: 0 };
+  let after = '0';
+  let done = 0;
+  for (;;) {
+    const batch = await db.query<{ id: string }>(
+      `SELECT d.id::text FROM ${quoteIdent(schema)}.dead_letters d
+        WHERE ${w.sql} AND d.id > $6 ORDER BY d.id LIMIT $7`,
+      [...w.values, after, BULK_BATCH],
+    );
+    if (batch.rows.length === 0) break;
+    const ids = batch.rows.map((r) => r.id);
+    after = ids[ids.length - 1]!;
+    for (const r of await retryDeadLetters(db, schema, ids)) {
+      if (r.result === 'retried') out.changed++;
+      else if (r.result === 'duplicate') out.duplicates++;
+    }
+    done += ids.length;
+    onProgress?.({ done: Math.min(done, Math.max(total, done)), total: Math.max(total, done) });
+  }
+  return out;
+}
+
+/**
+ * Delete every dead letter a filter matches, in batches of 5,000, with the predicate the dead
+ * gauge counts by (a dead letter whose id a live lease carries is not abandoned, so not purged).
+ */
+export async function purgeDead(
+  db: Queryable,
+  schema: string,
+  filter: DeadFilter,
+  onProgress?: (p: BulkProgress) => void,
+): Promise<BulkResult> {
+  assertBulkScope(filter);
+  const s = quoteIdent(schema);
+  const total = await countDead(db, schema, filter);
+  const w = where(filter);
+  const out: BulkResult = { matched: total, changed: 0, duplicates: 0 };
+  for (;;) {
+    const r = await db.query(
+      `DELETE FROM ${s}.dead_letters WHERE id IN (
+         SELECT d.id FROM ${s}.dead_letters d WHERE ${w.sql} AND ${deadRowPredicate(s)} LIMIT $6)`,
+      [...w.values, 5000],
+    );
+    const n = r.rowCount ?? 0;
+    out.changed += n;
+    onProgress?.({ done: out.changed, total: Math.max(total, out.changed) });
+    if (n < 5000) return out;
+  }
+}

@@ -1,0 +1,48 @@
+import { BerthInputError } from '../errors.js';
+import { quoteIdent, type Queryable } from '../sql.js';
+
+export interface QueueInfo {
+  queue: string;
+  lanes: number;
+  paused: boolean;
+  pausedAt: Date | null;
+  pausedBy: string | null;
+  reason: string | null;
+}
+
+/** Every queue that has a lane or a pause record, by name. */
+export async function listQueues(db: Queryable, schema: string): Promise<QueueInfo[]> {
+  const s = quoteIdent(schema);
+  const r = await db.query<{ queue: string; lanes: number; paused_at: Date | null; paused_by: string | null; reason: string | null }>(
+    `SELECT q.queue, coalesce(l.lanes, 0)::int AS lanes, p.paused_at, p.paused_by, p.reason
+       FROM (SELECT queue FROM ${s}.lanes UNION SELECT queue FROM ${s}.queue_pauses) q
+       LEFT JOIN (SELECT queue, count(*) AS lanes FROM ${s}.lanes GROUP BY queue) l USING (queue)
+       LEFT JOIN ${s}.queue_pauses p USING (queue)
+      ORDER BY q.queue`,
+  );
+  return r.rows.map((x) => ({
+    queue: x.queue, lanes: x.lanes, paused: x.paused_at !== null, pausedAt: x.paused_at, pausedBy: x.paused_by, reason: x.reason,
+  }));
+}
+
+function queueName(queue: string): string {
+  if (typeof queue !== 'string' || queue.length === 0 || queue.length > 200) throw new BerthInputError('queue must be a non-empty name of at most 200 characters');
+  return queue;
+}
+
+/**
+ * Stop claims from a queue. Once this returns no worker leases a new task from it (the lanes'
+ * version bump fences claims already in flight); tasks already running finish. Enqueue and
+ * promotion go on, so nothing is lost while it is paused. Pausing a queue with no lanes yet
+ * records the pause: its first lane opens paused. Returns the number of lanes changed.
+ */
+export async function pauseQueue(db: Queryable, schema: string, queue: string, actor: string, reason?: string): Promise<{ lanes: number }> {
+  const r = await db.query<{ n: number }>(`SELECT ${quoteIdent(schema)}.set_queue_paused($1, true, $2, $3) AS n`, [queueName(queue), actor, reason ?? null]);
+  return { lanes: r.rows[0]!.n };
+}
+
+/** Let workers claim from the queue again, and wake them. */
+export async function resumeQueue(db: Queryable, schema: string, queue: string, actor: string): Promise<{ lanes: number }> {
+  const r = await db.query<{ n: number }>(`SELECT ${quoteIdent(schema)}.set_queue_paused($1, false, $2, NULL) AS n`, [queueName(queue), actor]);
+  return { lanes: r.rows[0]!.n };
+}

@@ -1,0 +1,219 @@
+import { quoteIdent, schemaLockKey, type Queryable } from '../sql.js';
+import { LEADER_LOCK } from '../maintenance/leader.js';
+import { DEFAULT_HEARTBEAT_MS, STALE_HEARTBEATS } from '../processor/heartbeat.js';
+import { deadRowPredicate, liveEntryPredicate } from '../storage/predicates.js';
+
+/** Due deferred rows are counted up to this many per lane; more reads as "10000+". */
+export const DUE_COUNT_CAP = 10_000;
+
+export interface LaneStat {
+  laneId: number;
+  queue: string;
+  priority: number;
+  shard: number;
+  paused: boolean;
+  /** Entries appended past the lane's claim cursor (includes a few removed ones: an estimate). */
+  depth: number;
+  /** Due deferred rows waiting for promotion, counted up to DUE_COUNT_CAP. */
+  dueDeferred: number;
+  /** How long the lane's oldest claimable work has been due; 0 when it has none. */
+  oldestDueSeconds: number;
+}
+
+/**
+ * Per-lane depth and age from index probes only: the ready head and claim cursor (two PK probes
+ * per partition), the first unclaimed entry, and the oldest due deferred row. Cost grows with the
+ * number of lanes, not the number of tasks, so it is safe on every dashboard refresh.
+ */
+export async function laneStats(db: Queryable, schema: string): Promise<LaneStat[]> {
+  const s = quoteIdent(schema);
+  const r = await db.query<{
+    lane_id: number; queue: string; priority: number; shard: number; paused: boolean; depth: string;
+    due_deferred: string; oldest_secs: number | null;
+  }>(
+    `SELECT l.lane_id, l.queue, l.priority, l.shard, l.paused,
+            greatest(coalesce(h.seq, 0) - coalesce(c.seq, 0), 0)::text AS depth,
+            (SELECT count(*) FROM (SELECT 1 FROM ${s}.deferred d
+                                    WHERE d.queue = l.queue AND d.priority = l.priority AND d.shard = l.shard
+                                      AND d.run_at <= now() LIMIT ${DUE_COUNT_CAP}) x)::text AS due_deferred,
+            extract(epoch FROM now() - least(hd.run_at, dd.run_at))::float8 AS oldest_secs
+       FROM ${s}.lanes l
+       LEFT JOIN LATERAL (SELECT max(r.lane_seq) AS seq FROM ${s}.ready r WHERE r.lane_id = l.lane_id) h ON true
+       LEFT JOIN LATERAL (SELECT max(le.lane_seq) AS seq FROM ${s}.leases le WHERE le.lane_id = l.lane_id) c ON true
+       LEFT JOIN LATERAL (
+         SELECT r.run_at FROM ${s}.ready r
+          WHERE r.lane_id = l.lane_id AND r.lane_seq > coalesce(c.seq, 0)
+            AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+                             WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
+          ORDER BY r.lane_seq LIMIT 1) hd ON true
+       LEFT JOIN LATERAL (
+         SELECT d.run_at FROM ${s}.deferred d
+          WHERE d.queue = l.queue AND d.priority = l.priority AND d.shard = l.shard AND d.run_at <= now()
+          ORDER BY d.run_at LIMIT 1) dd ON true
+      ORDER BY l.queue, l.priority, l.shard`,
+  );
+  return r.rows.map((x) => ({
+    laneId: x.lane_id,
+    queue: x.queue,
+    priority: x.priority,
+    shard: x.shard,
+    paused: x.paused,
+    depth: Number(x.depth),
+    dueDeferred: Number(x.due_deferred),
+    oldestDueSeconds: Math.max(0, x.oldest_secs ?? 0),
+  }));
+}
+
+export interface TaskCount {
+  queue: string;
+  type: string;
+  /** Unfinished: ready, scheduled, retryable or running (running is a subset, as in the gauge). */
+  pending: number;
+  running: number;
+  dead: number;
+}
+
+/**
+ * Counts by queue and task type, with the gauges' predicates. This one reads every unfinished
+ * row, so callers that refresh (the dashboard) cache it; see `CachedReader`.
+ */
+export async function taskCounts(db: Queryable, schema: string): Promise<TaskCount[]> {
+  const s = quoteIdent(schema);
+  const r = await db.query<{ queue: string; type: string; pending: string; running: string; dead: string }>(
+    `WITH live AS (
+       SELECT r.queue, r.type, l.expires_at
+         FROM ${s}.ready r
+         LEFT JOIN ${s}.leases l ON l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot
+        WHERE ${liveEntryPredicate(s)}
+     ), per AS (
+       SELECT queue, type, count(*) AS pending, count(*) FILTER (WHERE expires_at > now()) AS running, 0 AS dead
+         FROM live GROUP BY queue, type
+       UNION ALL
+       SELECT queue, type, count(*), 0, 0 FROM ${s}.deferred GROUP BY queue, type
+       UNION ALL
+       SELECT d.queue, d.type, 0, 0, count(*) FROM ${s}.dead_letters d WHERE ${deadRowPredicate(s)} GROUP BY d.queue, d.type
+     )
+     SELECT queue, type, sum(pending)::text AS pending, sum(running)::text AS running, sum(dead)::text AS dead
+       FROM per GROUP BY queue, type ORDER BY queue, type`,
+  );
+  return r.rows.map((x) => ({ queue: x.queue, type: x.type, pending: Number(x.pending), running: Number(x.running), dead: Number(x.dead) }));
+}
+
+export interface ThroughputPoint {
+  minute: Date;
+  queue: string;
+  type: string;
+  outcome: string;
+  count: number;
+}
+
+/** Handler outcomes per minute over the last `minutes` (from the workers' heartbeats). */
+export async function throughput(db: Queryable, schema: string, minutes = 60): Promise<ThroughputPoint[]> {
+  const r = await db.query<{ minute: Date; queue: string; type: string; outcome: string; count: string }>(
+    `SELECT minute, queue, type, outcome, sum(count)::text AS count FROM ${quoteIdent(schema)}.outcome_counts
+      WHERE minute >= date_trunc('minute', now()) - make_interval(mins => $1)
+      GROUP BY minute, queue, type, outcome ORDER BY minute`,
+    [Math.min(Math.max(Math.trunc(minutes), 1), 7 * 24 * 60)],
+  );
+  return r.rows.map((x) => ({ minute: x.minute, queue: x.queue, type: x.type, outcome: x.outcome, count: Number(x.count) }));
+}
+
+export interface WorkerInfo {
+  workerId: string;
+  host: string;
+  pid: number;
+  queues: string[] | null;
+  slots: number;
+  busy: number;
+  prefetched: number;
+  leader: boolean;
+  startedAt: Date;
+  lastSeenAt: Date;
+  /** Heartbeat within STALE_HEARTBEATS intervals. */
+  alive: boolean;
+  maintenance: { branches?: Record<string, BranchRecord>; waitingLanes?: { queue: string; priority: number; shard: number }[] };
+}
+
+export interface BranchRecord {
+  runs: number;
+  failures: number;
+  overruns: number;
+  lastMs: number;
+  maxMs: number;
+  lastRunAt: string | null;
+}
+
+/** Worker processes by heartbeat, newest first. */
+export async function listWorkers(db: Queryable, schema: string, heartbeatMs = DEFAULT_HEARTBEAT_MS): Promise<WorkerInfo[]> {
+  const r = await db.query<{
+    worker_id: string; host: string; pid: number; queues: string[] | null; slots: number; busy: number; prefetched: number;
+    leader: boolean; started_at: Date; last_seen_at: Date; alive: boolean; maintenance: WorkerInfo['maintenance'];
+  }>(
+    `SELECT w.*, w.last_seen_at > now() - make_interval(secs => $1 / 1000.0) AS alive
+       FROM ${quoteIdent(schema)}.workers w ORDER BY w.started_at DESC`,
+    [heartbeatMs * STALE_HEARTBEATS],
+  );
+  return r.rows.map((w) => ({
+    workerId: w.worker_id, host: w.host, pid: w.pid, queues: w.queues, slots: w.slots, busy: w.busy, prefetched: w.prefetched,
+    leader: w.leader, startedAt: w.started_at, lastSeenAt: w.last_seen_at, alive: w.alive, maintenance: w.maintenance ?? {},
+  }));
+}
+
+export interface LeaderInfo {
+  /** Who holds the leader lock now (from pg_locks), or null when nobody leads. */
+  session: { pid: number; applicationName: string; clientAddr: string | null; since: Date } | null;
+  /** The leader's worker row (branch statistics, waiters), when its heartbeat is fresh. */
+  worker: WorkerInfo | null;
+}
+
+/**
+ * The maintenance leader: the session holding the schema's leader advisory lock (the truth)
+ * and the heartbeat of the worker that says it leads (its branch durations and overruns).
+ */
+export async function leaderInfo(db: Queryable, schema: string, heartbeatMs = DEFAULT_HEARTBEAT_MS): Promise<LeaderInfo> {
+  const r = await db.query<{ pid: number; application_name: string; client_addr: string | null; since: Date }>(
+    `SELECT a.pid, a.application_name, a.client_addr::text AS client_addr, a.backend_start AS since
+       FROM pg_catalog.pg_locks k JOIN pg_catalog.pg_stat_activity a ON a.pid = k.pid
+      WHERE k.locktype = 'advisory' AND k.granted AND k.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+        AND k.classid = ($1::bigint & 4294967295)::oid AND k.objid = ($2::bigint & 4294967295)::oid AND k.objsubid = 2`,
+    [schemaLockKey(schema), LEADER_LOCK],
+  );
+  const row = r.rows[0];
+  const workers = await listWorkers(db, schema, heartbeatMs);
+  return {
+    session: row ? { pid: row.pid, applicationName: row.application_name, clientAddr: row.client_addr, since: row.since } : null,
+    worker: workers.find((w) => w.leader && w.alive) ?? null,
+  };
+}
+
+/**
+ * Single-flight, time-bounded cache for a read that is too heavy to run on every refresh: every
+ * caller within `ttlMs` of the last completed read shares it, and concurrent callers share the
+ * read in flight.
+ */
+export class CachedReader<T> {
+  private value: { at: number; data: T } | null = null;
+  private inFlight: Promise<T> | null = null;
+
+  constructor(
+    private readonly read: () => Promise<T>,
+    private readonly ttlMs: number,
+  ) {}
+
+  get(): Promise<{ data: T; ageMs: number }> {
+    const now = Date.now();
+    if (this.value && now - this.value.at < this.ttlMs) return Promise.resolve({ data: this.value.data, ageMs: now - this.value.at });
+    this.inFlight ??= this.read().then(
+      (data) => {
+        this.value = { at: Date.now(), data };
+        this.inFlight = null;
+        return data;
+      },
+      (err: unknown) => {
+        this.inFlight = null;
+        throw err;
+      },
+    );
+    return this.inFlight.then((data) => ({ data, ageMs: 0 }));
+  }
+}

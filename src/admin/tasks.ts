@@ -1,0 +1,233 @@
+import { BerthInputError } from '../errors.js';
+import { quoteIdent, readCommittedOnly, READ_COMMITTED_REQUIRED, type Queryable } from '../sql.js';
+import { getTask, type TaskState } from '../storage/tasks.js';
+import { retryDeadLetters } from './dead.js';
+
+export const TASK_STATES: readonly TaskState[] = ['ready', 'running', 'scheduled', 'retryable', 'dead', 'completed'];
+
+export interface TaskFilter {
+  state?: TaskState;
+  queue?: string;
+  type?: string;
+}
+
+export interface TaskPage {
+  /** At most this many (1-500, default 50). */
+  limit?: number;
+  /** Keyset cursor: the `next` of the previous page (tasks with a smaller id). */
+  after?: string;
+}
+
+export interface TaskSummary {
+  id: string;
+  type: string;
+  state: TaskState;
+  queue: string;
+  priority: number;
+  attempts: number;
+  maxAttempts: number | null;
+  /** First 300 characters of the last error. */
+  lastError: string | null;
+  createdAt: Date;
+  /** When it is (or was) due; null for dead letters. */
+  runAt: Date | null;
+  /** Completion or death time, when it has one. */
+  finishedAt: Date | null;
+  leaseExpiresAt: Date | null;
+  worker: string | null;
+}
+
+export interface TaskList {
+  tasks: TaskSummary[];
+  /** Pass as `after` for the next page; null when this was the last page. */
+  next: string | null;
+}
+
+export function parseState(value: string): TaskState {
+  if (!(TASK_STATES as readonly string[]).includes(value)) {
+    throw new BerthInputError(`unknown state "${value}"; expected one of ${TASK_STATES.join(', ')}`);
+  }
+  return value as TaskState;
+}
+
+function pageLimit(limit: number | undefined): number {
+  const n = limit ?? 50;
+  if (!Number.isInteger(n) || n < 1 || n > 500) throw new BerthInputError('limit must be an integer from 1 to 500');
+  return n;
+}
+
+function cursorId(after: string | undefined): string | null {
+  if (after === undefined || after === '') return null;
+  if (!/^[0-9]{1,19}$/.test(after)) throw new BerthInputError(`bad page cursor "${after}"`);
+  return after;
+}
+
+/**
+ * Tasks newest first (by id), with keyset pagination: each page is three index scans by id
+ * (deferred, dead letters, the ready ring) that stop after `limit` matches, merged. No count:
+ * a page costs the same at 100 tasks as at 10 million. Completed tasks are listed while their
+ * ring slot is retained.
+ */
+export async function listTasks(db: Queryable, schema: string, filter: TaskFilter = {}, page: TaskPage = {}): Promise<TaskList> {
+  const s = quoteIdent(schema);
+  const limit = pageLimit(page.limit);
+  if (filter.state) parseState(filter.state);
+  const res = await db.query<{
+    id: string; type: string; state: TaskState; queue: string; priority: number; attempts: number;
+    max_attempts: number | null; last_error: string | null; created_at: Date; run_at: Date | null;
+    finished_at: Date | null; lease_expires_at: Date | null; worker: string | null;
+  }>(
+    `SELECT * FROM (
+       (SELECT d.id, d.type, d.state, d.queue, d.priority, d.attempts, d.max_attempts,
+               left(d.last_error, 300) AS last_error, d.created_at, d.run_at,
+               NULL::timestamptz AS finished_at, NULL::timestamptz AS lease_expires_at, NULL::text AS worker
+          FROM ${s}.deferred d
+         WHERE ($1::text IS NULL OR $1 IN ('scheduled', 'retryable'))
+           AND ($1::text IS NULL OR d.state = $1) AND ($2::text IS NULL OR d.queue = $2)
+           AND ($3::text IS NULL OR d.type = $3) AND ($4::bigint IS NULL OR d.id < $4)
+         ORDER BY d.id DESC LIMIT $5)
+       UNION ALL
+       (SELECT d.id, d.type, 'dead', d.queue, d.priority, d.attempts, d.max_attempts,
+               left(d.last_error, 300), d.created_at, NULL, d.died_at, NULL, NULL
+          FROM ${s}.dead_letters d
+         WHERE ($1::text IS NULL OR $1 = 'dead') AND ($2::text IS NULL OR d.queue = $2)
+           AND ($3::text IS NULL OR d.type = $3) AND ($4::bigint IS NULL OR d.id < $4)
+         ORDER BY d.id DESC LIMIT $5)
+       UNION ALL
+       (SELECT r.id, r.type, e.state, r.queue, r.priority, coalesce(l.attempt, r.attempts),
+               coalesce(l.max_attempts, r.max_attempts), left(r.last_error, 300), r.created_at,
+               r.run_at, CASE WHEN e.state = 'completed' THEN st.settled_at END, l.expires_at, l.worker
+          FROM ${s}.ready r
+          LEFT JOIN ${s}.leases l ON l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot
+          LEFT JOIN ${s}.settlements st ON st.lane_id = r.lane_id AND st.lane_seq = r.lane_seq AND st.slot = r.slot
+          CROSS JOIN LATERAL (SELECT CASE WHEN st.outcome = 'completed' THEN 'completed'
+                                          WHEN l.lane_seq IS NOT NULL THEN 'running'
+                                          ELSE 'ready' END AS state) e
+         WHERE ($1::text IS NULL OR $1 IN ('ready', 'running', 'completed'))
+           AND (st.outcome IS NULL OR st.outcome = 'completed')
+           AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+                            WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
+           AND ($1::text IS NULL OR e.state = $1) AND ($2::text IS NULL OR r.queue = $2)
+           AND ($3::text IS NULL OR r.type = $3) AND ($4::bigint IS NULL OR r.id < $4)
+         ORDER BY r.id DESC LIMIT $5)
+     ) x ORDER BY id DESC LIMIT $5`,
+    [filter.state ?? null, filter.queue ?? null, filter.type ?? null, cursorId(page.after), limit + 1],
+  );
+  const rows = res.rows.slice(0, limit);
+  return {
+    tasks: rows.map((r) => ({
+      id: String(r.id),
+      type: r.type,
+      state: r.state,
+      queue: r.queue,
+      priority: r.priority,
+      attempts: r.attempts,
+      maxAttempts: r.max_attempts,
+      lastError: r.last_error,
+      createdAt: r.created_at,
+      runAt: r.run_at,
+      finishedAt: r.finished_at,
+      leaseExpiresAt: r.lease_expires_at,
+      worker: r.worker,
+    })),
+    next: res.rows.length > limit ? String(rows[rows.length - 1]!.id) : null,
+  };
+}
+
+export interface TimelineEvent {
+  at: Date;
+  event: 'created' | 'appended' | 'claimed' | 'settled' | 'removed' | 'scheduled' | 'dead';
+  detail: Record<string, unknown>;
+}
+
+/**
+ * What happened to a task, oldest first, from what storage still holds: every ready-ring entry
+ * it had (each append, claim, settlement, tombstone) while its slot is retained, plus its
+ * deferred or dead-letter row.
+ */
+export async function taskTimeline(db: Queryable, schema: string, id: string): Promise<TimelineEvent[]> {
+  const s = quoteIdent(schema);
+  const task = await getTask(db, schema, id);
+  if (!task) return [];
+  const res = await db.query<{
+    appended_at: Date; queue: string; priority: number; attempt: number | null; claimed_at: Date | null;
+    expires_at: Date | null; worker: string | null; outcome: string | null; settled_at: Date | null;
+    reason: string | null; removed_at: Date | null;
+  }>(
+    `SELECT r.appended_at, r.queue, r.priority, l.attempt, l.claimed_at, l.expires_at, l.worker,
+            st.outcome, st.settled_at, t.reason, t.created_at AS removed_at
+       FROM ${s}.ready r
+       LEFT JOIN ${s}.leases l ON l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot
+       LEFT JOIN ${s}.settlements st ON st.lane_id = r.lane_id AND st.lane_seq = r.lane_seq AND st.slot = r.slot
+       LEFT JOIN ${s}.tombstones t ON t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
+      WHERE r.id = $1`,
+    [id],
+  );
+  const events: TimelineEvent[] = [{ at: task.createdAt, event: 'created', detail: { queue: task.queue, priority: task.priority } }];
+  for (const r of res.rows) {
+    events.push({ at: r.appended_at, event: 'appended', detail: { queue: r.queue, priority: r.priority } });
+    if (r.claimed_at) events.push({ at: r.claimed_at, event: 'claimed', detail: { attempt: r.attempt, worker: r.worker, leaseExpiresAt: r.expires_at } });
+    if (r.settled_at) events.push({ at: r.settled_at, event: 'settled', detail: { outcome: r.outcome, attempt: r.attempt } });
+    if (r.removed_at) events.push({ at: r.removed_at, event: 'removed', detail: { reason: r.reason } });
+  }
+  if ((task.state === 'scheduled' || task.state === 'retryable') && task.runAt) {
+    events.push({ at: task.runAt, event: 'scheduled', detail: { state: task.state, runAt: task.runAt } });
+  }
+  if (task.state === 'dead') {
+    const d = await db.query<{ died_at: Date }>(`SELECT died_at FROM ${s}.dead_letters WHERE id = $1`, [id]);
+    if (d.rows[0]) events.push({ at: d.rows[0].died_at, event: 'dead', detail: { attempts: task.attempts, lastError: task.lastError } });
+  }
+  // A task created and appended in one statement shares the timestamp: keep insertion order.
+  return events.map((e, i) => ({ e, i })).sort((a, b) => a.e.at.getTime() - b.e.at.getTime() || a.i - b.i).map((x) => x.e);
+}
+
+/** What an operator action on one task did. */
+export type TaskActionResult =
+  | 'retried' // a dead letter back in the ready ring, or a scheduled/retryable task made due now
+  | 'removed'
+  | 'running' // under a lease: not changed (it finishes, fails, or its lease lapses first)
+  | 'not_retryable' // already ready, running or completed
+  | 'duplicate' // a dead letter whose dedupe key a live task holds
+  | 'not_found';
+
+/**
+ * Run a task now: a dead letter is retried with a fresh attempt budget; a scheduled or
+ * retryable task becomes due now (the leader's promotion appends it within a tick).
+ */
+export async function retryTask(db: Queryable, schema: string, id: string): Promise<TaskActionResult> {
+  const task = await getTask(db, schema, id);
+  if (!task) return 'not_found';
+  if (task.state === 'dead') {
+    const [r] = await retryDeadLetters(db, schema, [id]);
+    return r?.result ?? 'not_found';
+  }
+  if (task.state === 'scheduled' || task.state === 'retryable') {
+    const r = await db.query(`UPDATE ${quoteIdent(schema)}.deferred SET run_at = now() WHERE id = $1`, [id]);
+    return r.rowCount ? 'retried' : 'not_found';
+  }
+  return 'not_retryable';
+}
+
+/** Remove a pending task no worker holds. A dead letter is not pending: use deleteTask. */
+export async function cancelTask(db: Queryable, schema: string, id: string): Promise<TaskActionResult> {
+  return removeUnleasedAs(db, schema, id, 'cancelled');
+}
+
+/** Remove a task in any state but running: pending ones as cancel does, dead letters deleted. */
+export async function deleteTask(db: Queryable, schema: string, id: string): Promise<TaskActionResult> {
+  const r = await db.query(`DELETE FROM ${quoteIdent(schema)}.dead_letters WHERE id = $1`, [id]);
+  if (r.rowCount) return 'removed';
+  return removeUnleasedAs(db, schema, id, 'deleted');
+}
+
+async function removeUnleasedAs(db: Queryable, schema: string, id: string, reason: string): Promise<TaskActionResult> {
+  if (!/^[0-9]{1,19}$/.test(id)) throw new BerthInputError(`bad task id "${id}"`);
+  const s = quoteIdent(schema);
+  const r = await db.query<{ result: 'removed' | 'leased' | 'not_found' | 'isolation' }>(
+    `SELECT ${readCommittedOnly(`${s}.remove_unleased($1::bigint, $2)`)} AS result`,
+    [id, reason],
+  );
+  const result = r.rows[0]!.result;
+  if (result === 'isolation') throw new BerthInputError(READ_COMMITTED_REQUIRED);
+  return result === 'leased' ? 'running' : result;
+}

@@ -1,0 +1,158 @@
+import { hostname } from 'node:os';
+import { quoteIdent, type Queryable } from '../sql.js';
+import type { Logger } from '../logger.js';
+
+/** How often a worker writes its heartbeat row and its outcome counts (default 10 s). */
+export const DEFAULT_HEARTBEAT_MS = 10_000;
+
+/**
+ * A worker whose heartbeat is older than this many intervals is shown as gone and its row is
+ * removed by the leader's retention branch.
+ */
+export const STALE_HEARTBEATS = 3;
+
+/** What a heartbeat reports about its process, read at each beat. */
+export interface HeartbeatSource {
+  workerId: string;
+  queues: readonly string[] | null;
+  slots: number;
+  startedAt: Date;
+  busy(): number;
+  prefetched(): number;
+  leader(): boolean;
+  /** Branch statistics and promoter waiters while this process leads; `{}` otherwise. */
+  maintenance(): Record<string, unknown>;
+}
+
+interface CountKey {
+  minute: number;
+  queue: string;
+  type: string;
+  outcome: string;
+}
+
+/**
+ * Handler outcomes counted per (minute, queue, type, outcome) in memory until the next beat.
+ * Kept when a flush fails (added back), so a database blip delays the charts, not loses counts.
+ */
+export class OutcomeTally {
+  private counts = new Map<string, { key: CountKey; n: number }>();
+
+  record(queue: string, type: string, outcome: string, at = Date.now()): void {
+    const minute = at - (at % 60_000);
+    const k = `${minute}\u0000${queue}\u0000${type}\u0000${outcome}`;
+    const cur = this.counts.get(k);
+    if (cur) cur.n++;
+    else this.counts.set(k, { key: { minute, queue, type, outcome }, n: 1 });
+  }
+
+  take(): { key: CountKey; n: number }[] {
+    const out = [...this.counts.values()];
+    this.counts = new Map();
+    return out;
+  }
+
+  restore(rows: { key: CountKey; n: number }[]): void {
+    for (const r of rows) {
+      const k = `${r.key.minute}\u0000${r.key.queue}\u0000${r.key.type}\u0000${r.key.outcome}`;
+      const cur = this.counts.get(k);
+      if (cur) cur.n += r.n;
+      else this.counts.set(k, { key: r.key, n: r.n });
+    }
+  }
+}
+
+/**
+ * Writes the worker's row in `workers` and flushes its outcome counts, in one statement per
+ * beat. The row is what `berth leader`, `berth stats` and the dashboard's worker and
+ * maintenance views read; the counts are what their throughput charts read. Each worker only
+ * ever writes its own rows, so beats never contend. A failed beat is logged and retried at the
+ * next one: nothing on the task path depends on it.
+ */
+export class Heartbeat {
+  private timer: NodeJS.Timeout | null = null;
+  private inFlight: Promise<void> | null = null;
+  readonly tally = new OutcomeTally();
+
+  constructor(
+    private readonly db: Queryable,
+    private readonly schema: string,
+    private readonly source: HeartbeatSource,
+    private readonly logger: Logger,
+    private readonly intervalMs = DEFAULT_HEARTBEAT_MS,
+  ) {}
+
+  start(): void {
+    if (this.timer) return;
+    void this.beat();
+    this.timer = setInterval(() => void this.beat(), this.intervalMs);
+    this.timer.unref();
+  }
+
+  /** One beat now (also what the timer runs). Concurrent calls share the beat in flight. */
+  beat(): Promise<void> {
+    this.inFlight ??= this.write().finally(() => {
+      this.inFlight = null;
+    });
+    return this.inFlight;
+  }
+
+  /** Final beat (flushes the last counts), then remove the row: a clean stop is not a death. */
+  async stop(): Promise<void> {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+    await this.inFlight;
+    await this.write();
+    try {
+      await this.db.query(`DELETE FROM ${quoteIdent(this.schema)}.workers WHERE worker_id = $1`, [this.source.workerId]);
+    } catch (err) {
+      this.logger.warn({ err: (err as Error).message }, 'could not remove the worker heartbeat row');
+    }
+  }
+
+  private async write(): Promise<void> {
+    const s = quoteIdent(this.schema);
+    const src = this.source;
+    const rows = this.tally.take();
+    try {
+      await this.db.query(
+        `WITH beat AS (
+           INSERT INTO ${s}.workers AS w (worker_id, host, pid, queues, slots, busy, prefetched, leader,
+                                          maintenance, started_at, last_seen_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now())
+           ON CONFLICT (worker_id) DO UPDATE
+             SET busy = excluded.busy, prefetched = excluded.prefetched, leader = excluded.leader,
+                 maintenance = excluded.maintenance, last_seen_at = excluded.last_seen_at
+           RETURNING 1
+         ), counted AS (
+           INSERT INTO ${s}.outcome_counts AS c (minute, worker_id, queue, type, outcome, count)
+           SELECT to_timestamp(m / 1000.0), $1, q, t, o, n
+             FROM unnest($11::float8[], $12::text[], $13::text[], $14::text[], $15::bigint[]) AS x(m, q, t, o, n)
+           ON CONFLICT (minute, worker_id, queue, type, outcome) DO UPDATE SET count = c.count + excluded.count
+           RETURNING 1
+         )
+         SELECT (SELECT count(*) FROM beat) + (SELECT count(*) FROM counted) AS written`,
+        [
+          src.workerId,
+          hostname(),
+          process.pid,
+          src.queues,
+          src.slots,
+          src.busy(),
+          src.prefetched(),
+          src.leader(),
+          JSON.stringify(src.maintenance()),
+          src.startedAt,
+          rows.map((r) => r.key.minute),
+          rows.map((r) => r.key.queue),
+          rows.map((r) => r.key.type),
+          rows.map((r) => r.key.outcome),
+          rows.map((r) => r.n),
+        ],
+      );
+    } catch (err) {
+      this.tally.restore(rows);
+      this.logger.warn({ err: (err as Error).message }, 'worker heartbeat failed; retrying at the next beat');
+    }
+  }
+}
