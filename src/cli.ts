@@ -2,43 +2,25 @@
 /**
  * The `berth` command line. Every command takes --database-url (default $DATABASE_URL) and
  * --schema (default $BERTH_SCHEMA or `berth`); --json prints machine-readable output.
- * Exit codes: 0 ok, 1 operation failed (or, for a check, problems remain), 2 bad usage or
- * configuration.
+ * Exit codes: 0 ok; 1 the operation failed or did not do what was asked (not found, still
+ * running, problems remain, no leader); 2 bad usage or configuration (bad option, bad JSON,
+ * a bulk action without a filter). Commands live in src/cli/, one module per group.
  */
-import { Command, InvalidArgumentError } from 'commander';
+import { Command } from 'commander';
 import { migrate, SchemaTooNewError, withClient } from './schema/migrate.js';
 import { BerthInputError } from './errors.js';
+import { CliFailure, collect, common, connection, EXIT, type Common } from './cli/common.js';
+import { registerTaskCommands } from './cli/tasks.js';
+import { registerDeadCommands } from './cli/dead.js';
+import { registerQueueCommands } from './cli/queues.js';
+import { registerStatsCommands } from './cli/stats.js';
+import { registerWorkerCommands } from './cli/worker.js';
 import {
   listLaneSequenceProblems,
   repairLaneSequences,
   type LaneSequenceProblem,
   type LaneSequenceRepairReport,
 } from './storage/lane-sequences.js';
-
-export const EXIT = { ok: 0, failed: 1, usage: 2 } as const;
-
-interface Common {
-  databaseUrl?: string;
-  schema: string;
-  json?: boolean;
-}
-
-function connection(opts: Common): string {
-  const url = opts.databaseUrl ?? process.env.DATABASE_URL;
-  if (!url) throw new BerthInputError('no database: pass --database-url or set DATABASE_URL');
-  return url;
-}
-
-function schemaName(value: string): string {
-  if (!/^[A-Za-z_][A-Za-z0-9_$]{0,62}$/.test(value)) {
-    throw new InvalidArgumentError('schema must be a plain identifier (letters, digits, _ and $; at most 63)');
-  }
-  return value;
-}
-
-function collect(value: string, previous: string[]): string[] {
-  return [...previous, value];
-}
 
 function describe(p: LaneSequenceProblem): string {
   return `${p.sequence} (lane ${p.laneId})`;
@@ -73,6 +55,8 @@ function printProblems(schema: string, problems: readonly LaneSequenceProblem[])
   }
 }
 
+export { EXIT };
+
 export function buildProgram(): Command {
   const program = new Command();
   program
@@ -80,12 +64,6 @@ export function buildProgram(): Command {
     .description('berth: a durable task queue on PostgreSQL')
     .showHelpAfterError()
     .exitOverride();
-  const common = (c: Command) =>
-    c
-      .option('--database-url <url>', 'PostgreSQL connection string (default: $DATABASE_URL)')
-      .option('--schema <name>', 'berth schema (default: $BERTH_SCHEMA or berth)', schemaName, process.env.BERTH_SCHEMA ?? 'berth')
-      .option('--json', 'print JSON');
-
   common(program.command('migrate'))
     .description('apply pending schema migrations (one transaction, under an advisory lock), then repair lane sequences')
     .option('--runtime-role <role>', 'grant this role what producers and workers need, in the migration transaction (repeatable)', collect, [])
@@ -118,9 +96,14 @@ export function buildProgram(): Command {
           if (repair) printRepairs(repair);
           printProblems(opts.schema, remaining);
         }
-        if (remaining.length > 0) throw new Error(`${remaining.length} lane sequence problem(s) remain in schema "${opts.schema}"`);
+        if (remaining.length > 0) throw new CliFailure(`${remaining.length} lane sequence problem(s) remain in schema "${opts.schema}"`);
       });
     });
+  registerWorkerCommands(program);
+  registerTaskCommands(program);
+  registerDeadCommands(program);
+  registerQueueCommands(program);
+  registerStatsCommands(program);
   return program;
 }
 
@@ -138,7 +121,7 @@ export async function main(argv: string[]): Promise<number> {
       console.error(`berth: ${err.message}`);
       return EXIT.usage;
     }
-    if (err instanceof SchemaTooNewError) {
+    if (err instanceof SchemaTooNewError || err instanceof CliFailure) {
       console.error(`berth: ${err.message}`);
       return EXIT.failed;
     }

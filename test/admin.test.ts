@@ -169,7 +169,7 @@ test('a paused queue is not claimed; enqueue goes on; resuming lets a worker run
 
 test('laneStats: depth and oldest due from index probes; taskCounts by queue and type', async () => {
   await reset();
-  await enqueueMany(pool, Array.from({ length: 5 }, () => ({ type: 's', payload: {}, queue: 'stats-q' })), { schema, shard: 0 });
+  await enqueueMany(pool, Array.from({ length: 5 }, () => ({ type: 's', payload: {}, queue: 'stats-q', shard: 0 })), { schema });
   await claimAll(2);
   const lane = (await laneStats(pool, schema)).find((l) => l.queue === 'stats-q')!;
   assert.equal(lane.depth, 3);

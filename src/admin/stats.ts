@@ -12,7 +12,7 @@ export interface LaneStat {
   priority: number;
   shard: number;
   paused: boolean;
-  /** Entries appended past the lane's claim cursor (includes a few removed ones: an estimate). */
+  /** Entries appended past the lane's claim cursor, less the removed (tombstoned) ones. */
   depth: number;
   /** Due deferred rows waiting for promotion, counted up to DUE_COUNT_CAP. */
   dueDeferred: number;
@@ -22,7 +22,8 @@ export interface LaneStat {
 
 /**
  * Per-lane depth and age from index probes only: the ready head and claim cursor (two PK probes
- * per partition), the first unclaimed entry, and the oldest due deferred row. Cost grows with the
+ * per partition), the tombstones past the cursor (rare), the first unclaimed entry, and the
+ * oldest due deferred row. Cost grows with the
  * number of lanes, not the number of tasks, so it is safe on every dashboard refresh.
  */
 export async function laneStats(db: Queryable, schema: string): Promise<LaneStat[]> {
@@ -32,7 +33,9 @@ export async function laneStats(db: Queryable, schema: string): Promise<LaneStat
     due_deferred: string; oldest_secs: number | null;
   }>(
     `SELECT l.lane_id, l.queue, l.priority, l.shard, l.paused,
-            greatest(coalesce(h.seq, 0) - coalesce(c.seq, 0), 0)::text AS depth,
+            greatest(coalesce(h.seq, 0) - coalesce(c.seq, 0)
+                     - (SELECT count(*) FROM ${s}.tombstones t
+                         WHERE t.lane_id = l.lane_id AND t.lane_seq > coalesce(c.seq, 0)), 0)::text AS depth,
             (SELECT count(*) FROM (SELECT 1 FROM ${s}.deferred d
                                     WHERE d.queue = l.queue AND d.priority = l.priority AND d.shard = l.shard
                                       AND d.run_at <= now() LIMIT ${DUE_COUNT_CAP}) x)::text AS due_deferred,

@@ -1,0 +1,104 @@
+import { userInfo } from 'node:os';
+import { Command, InvalidArgumentError } from 'commander';
+import pg from 'pg';
+import { BerthInputError } from '../errors.js';
+
+export const EXIT = { ok: 0, failed: 1, usage: 2 } as const;
+
+/** The operation ran but did not do what was asked (not found, still running, problems remain): exit 1. */
+export class CliFailure extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'CliFailure';
+  }
+}
+
+export interface Common {
+  databaseUrl?: string;
+  schema: string;
+  json?: boolean;
+}
+
+export function connection(opts: Common): string {
+  const url = opts.databaseUrl ?? process.env.DATABASE_URL;
+  if (!url) throw new BerthInputError('no database: pass --database-url or set DATABASE_URL');
+  return url;
+}
+
+export function schemaName(value: string): string {
+  if (!/^[A-Za-z_][A-Za-z0-9_$]{0,62}$/.test(value)) {
+    throw new InvalidArgumentError('schema must be a plain identifier (letters, digits, _ and $; at most 63)');
+  }
+  return value;
+}
+
+export function collect(value: string, previous: string[]): string[] {
+  return [...previous, value];
+}
+
+export function intOption(min: number, max: number) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < min || n > max) throw new InvalidArgumentError(`expected an integer from ${min} to ${max}`);
+    return n;
+  };
+}
+
+export function taskIdArg(value: string): string {
+  if (!/^[0-9]{1,19}$/.test(value)) throw new InvalidArgumentError('a task id is a positive integer');
+  return value;
+}
+
+/** --database-url, --schema, --json on a command. */
+export function common(c: Command): Command {
+  return c
+    .option('--database-url <url>', 'PostgreSQL connection string (default: $DATABASE_URL)')
+    .option('--schema <name>', 'berth schema (default: $BERTH_SCHEMA or berth)', schemaName, process.env.BERTH_SCHEMA ?? 'berth')
+    .option('--json', 'print JSON');
+}
+
+/** Who an operator action is recorded as: $BERTH_ACTOR, else cli:<login name>. */
+export function actor(): string {
+  if (process.env.BERTH_ACTOR) return process.env.BERTH_ACTOR;
+  try {
+    return `cli:${userInfo().username}`;
+  } catch {
+    return 'cli:unknown';
+  }
+}
+
+/** A short-lived pool for one command, closed afterwards whatever happens. */
+export async function withPool<T>(opts: Common, run: (pool: pg.Pool) => Promise<T>): Promise<T> {
+  const pool = new pg.Pool({ connectionString: connection(opts), max: 2, application_name: 'berth cli' });
+  pool.on('error', () => undefined);
+  try {
+    return await run(pool);
+  } finally {
+    await pool.end();
+  }
+}
+
+export function printJson(value: unknown): void {
+  console.log(JSON.stringify(value, null, 2));
+}
+
+/** A plain aligned text table (no colours: it goes to logs and pipes as often as to people). */
+export function printTable(rows: readonly Record<string, unknown>[], columns: readonly string[]): void {
+  const cell = (v: unknown): string => {
+    if (v === null || v === undefined) return '-';
+    if (v instanceof Date) return v.toISOString();
+    return String(v);
+  };
+  const widths = columns.map((c) => Math.max(c.length, ...rows.map((r) => cell(r[c]).length)));
+  const line = (vals: string[]) => vals.map((v, i) => v.padEnd(widths[i]!)).join('  ').trimEnd();
+  console.log(line(columns.map((c) => c.toUpperCase())));
+  for (const r of rows) console.log(line(columns.map((c) => cell(r[c]))));
+}
+
+/** Seconds as a short human duration: 42s, 3m05s, 2h10m. */
+export function duration(seconds: number): string {
+  const s = Math.round(seconds);
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, '0')}s`;
+  return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, '0')}m`;
+}

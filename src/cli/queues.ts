@@ -1,0 +1,40 @@
+import { Command } from 'commander';
+import { audited } from '../admin/audit.js';
+import { listQueues, pauseQueue, resumeQueue } from '../admin/queues.js';
+import { actor, common, printJson, printTable, withPool, type Common } from './common.js';
+
+export function registerQueueCommands(program: Command): void {
+  const queues = program.command('queues').description('list, pause and resume queues');
+  common(queues.command('list'))
+    .description('every queue with its lanes and pause state')
+    .action(async (opts: Common) => {
+      await withPool(opts, async (pool) => {
+        const qs = await listQueues(pool, opts.schema);
+        if (opts.json) return printJson(qs);
+        printTable(qs.map((q) => ({ ...q, paused: q.paused ? 'yes' : 'no' })), ['queue', 'lanes', 'paused', 'pausedBy', 'pausedAt', 'reason']);
+      });
+    });
+  common(queues.command('pause <queue>'))
+    .description('stop workers claiming from a queue (running tasks finish; enqueue goes on)')
+    .option('--reason <text>', 'why, shown by queues list and the dashboard')
+    .action(async (queue: string, opts: Common & { reason?: string }) => {
+      await withPool(opts, async (pool) => {
+        const who = actor();
+        const r = await audited(pool, opts.schema, null, who, 'queue.pause', { queue, reason: opts.reason }, () =>
+          pauseQueue(pool, opts.schema, queue, who, opts.reason),
+        );
+        if (opts.json) printJson({ queue, paused: true, ...r });
+        else console.log(`queue "${queue}" paused (${r.lanes} lane(s) changed)`);
+      });
+    });
+  common(queues.command('resume <queue>'))
+    .description('let workers claim from a paused queue again')
+    .action(async (queue: string, opts: Common) => {
+      await withPool(opts, async (pool) => {
+        const who = actor();
+        const r = await audited(pool, opts.schema, null, who, 'queue.resume', { queue }, () => resumeQueue(pool, opts.schema, queue, who));
+        if (opts.json) printJson({ queue, paused: false, ...r });
+        else console.log(`queue "${queue}" resumed (${r.lanes} lane(s) changed)`);
+      });
+    });
+}

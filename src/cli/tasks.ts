@@ -1,0 +1,142 @@
+import { Command, InvalidArgumentError } from 'commander';
+import { audited } from '../admin/audit.js';
+import { cancelTask, deleteTask, listTasks, parseState, retryTask, taskTimeline, type TaskActionResult } from '../admin/tasks.js';
+import { BerthInputError } from '../errors.js';
+import { enqueue } from '../producer/enqueue.js';
+import { getTask, moveTask } from '../storage/tasks.js';
+import { actor, CliFailure, common, intOption, printJson, printTable, taskIdArg, withPool, type Common } from './common.js';
+
+function jsonPayload(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch (err) {
+    throw new BerthInputError(`payload is not valid JSON: ${(err as Error).message}`);
+  }
+}
+
+function isoDate(value: string): Date {
+  const d = new Date(value);
+  if (Number.isNaN(d.getTime())) throw new InvalidArgumentError('expected an ISO 8601 time, e.g. 2026-12-01T09:00:00Z');
+  return d;
+}
+
+/** 500ms, 30s, 15m, 2h, or plain milliseconds. */
+export function durationMs(value: string): number {
+  const m = /^(\d+)(ms|s|m|h)?$/.exec(value.trim());
+  if (!m) throw new InvalidArgumentError('expected a duration such as 500ms, 30s, 15m or 2h');
+  const n = Number(m[1]);
+  return n * ({ ms: 1, s: 1000, m: 60_000, h: 3600_000 }[m[2] ?? 'ms'] ?? 1);
+}
+
+const ACTION_MESSAGES: Record<TaskActionResult, string> = {
+  retried: 'retried',
+  removed: 'removed',
+  running: 'is running under a lease and was not changed (it finishes, fails, or its lease lapses first)',
+  not_retryable: 'is already ready, running or completed: nothing to retry',
+  duplicate: 'was not retried: a live task holds its dedupe key',
+  not_found: 'not found',
+};
+
+async function taskAction(
+  opts: Common,
+  id: string,
+  action: 'retry' | 'cancel' | 'delete',
+  run: typeof retryTask,
+): Promise<void> {
+  await withPool(opts, async (pool) => {
+    const result = await audited(pool, opts.schema, null, actor(), `task.${action}`, { id }, () => run(pool, opts.schema, id));
+    if (opts.json) printJson({ id, result });
+    else console.log(`task ${id}: ${ACTION_MESSAGES[result]}`);
+    if (result !== 'retried' && result !== 'removed') throw new CliFailure(`task ${id} ${ACTION_MESSAGES[result]}`);
+  });
+}
+
+export function registerTaskCommands(program: Command): void {
+  common(program.command('enqueue <type> <json>'))
+    .description('enqueue one task: <json> is its payload')
+    .option('--queue <name>', 'queue (default: default)')
+    .option('--priority <n>', 'priority, lower runs first (default 0)', intOption(-32768, 32767))
+    .option('--run-at <time>', 'not before this ISO 8601 time', isoDate)
+    .option('--delay <duration>', 'not before now + this (500ms, 30s, 15m, 2h), on the database clock', durationMs)
+    .option('--dedupe-key <key>', 'at most one live task per key: a second enqueue returns the first')
+    .option('--max-attempts <n>', 'attempt limit for this task (default: its type\'s)', intOption(1, 1_000_000))
+    .action(async (type: string, json: string, opts: Common & { queue?: string; priority?: number; runAt?: Date; delay?: number; dedupeKey?: string; maxAttempts?: number }) => {
+      const payload = jsonPayload(json);
+      await withPool(opts, async (pool) => {
+        const r = await enqueue(pool, type, payload, {
+          schema: opts.schema, queue: opts.queue, priority: opts.priority, runAt: opts.runAt, delay: opts.delay,
+          dedupeKey: opts.dedupeKey, maxAttempts: opts.maxAttempts,
+        });
+        if (opts.json) printJson(r);
+        else if (r.state === 'duplicate') console.log(`duplicate of live task ${r.duplicateOf} (dedupe key ${opts.dedupeKey})`);
+        else console.log(`enqueued task ${r.id} (${r.state})`);
+      });
+    });
+
+  const tasks = program.command('tasks').description('list, inspect and act on tasks');
+  common(tasks.command('list'))
+    .description('tasks newest first; --after <id> for the next page')
+    .option('--state <state>', 'ready, running, scheduled, retryable, dead or completed', parseState)
+    .option('--queue <name>', 'only this queue')
+    .option('--type <type>', 'only this task type')
+    .option('--limit <n>', 'page size (default 50)', intOption(1, 500), 50)
+    .option('--after <id>', 'page cursor: the "next" printed by the previous page', taskIdArg)
+    .action(async (opts: Common & { state?: ReturnType<typeof parseState>; queue?: string; type?: string; limit: number; after?: string }) => {
+      await withPool(opts, async (pool) => {
+        const page = await listTasks(pool, opts.schema, { state: opts.state, queue: opts.queue, type: opts.type }, { limit: opts.limit, after: opts.after });
+        if (opts.json) return printJson(page);
+        printTable(
+          page.tasks.map((t) => ({ ...t, attempts: `${t.attempts}/${t.maxAttempts ?? '-'}`, lastError: t.lastError?.split('\n')[0]?.slice(0, 60) })),
+          ['id', 'type', 'state', 'queue', 'priority', 'attempts', 'runAt', 'lastError'],
+        );
+        if (page.next) console.log(`\nmore: berth tasks list --after ${page.next}${opts.state ? ` --state ${opts.state}` : ''}${opts.queue ? ` --queue ${opts.queue}` : ''}${opts.type ? ` --type ${opts.type}` : ''}`);
+      });
+    });
+
+  common(tasks.command('show <id>'))
+    .description('one task: payload, attempts, last error, lease, timeline')
+    .action(async (id: string, opts: Common) => {
+      taskIdArg(id);
+      await withPool(opts, async (pool) => {
+        const task = await getTask(pool, opts.schema, id);
+        if (!task) throw new CliFailure(`task ${id} not found`);
+        const timeline = await taskTimeline(pool, opts.schema, id);
+        if (opts.json) return printJson({ task, timeline });
+        console.log(`task ${task.id}  ${task.type}  ${task.state}`);
+        console.log(`queue ${task.queue}  priority ${task.priority}  shard ${task.shard}  attempts ${task.attempts}/${task.maxAttempts ?? '(type default)'}`);
+        if (task.dedupeKey) console.log(`dedupe key ${task.dedupeKey}`);
+        if (task.runAt) console.log(`due ${task.runAt.toISOString()}`);
+        if (task.lease) console.log(`lease: worker ${task.lease.worker ?? '-'}, expires ${task.lease.expiresAt.toISOString()}`);
+        console.log(`payload:\n${JSON.stringify(task.payload, null, 2)}`);
+        if (task.lastError) console.log(`last error:\n${task.lastError}`);
+        console.log('timeline:');
+        for (const e of timeline) console.log(`  ${e.at.toISOString()}  ${e.event}  ${JSON.stringify(e.detail)}`);
+      });
+    });
+
+  common(tasks.command('retry <id>'))
+    .description('run now: a dead letter gets a fresh attempt budget; a scheduled or retryable task becomes due')
+    .action((id: string, opts: Common) => taskAction(opts, taskIdArg(id), 'retry', retryTask));
+  common(tasks.command('cancel <id>'))
+    .description('remove a pending task (not one a worker is running)')
+    .action((id: string, opts: Common) => taskAction(opts, taskIdArg(id), 'cancel', cancelTask));
+  common(tasks.command('delete <id>'))
+    .description('remove a task in any state but running, dead letters included')
+    .action((id: string, opts: Common) => taskAction(opts, taskIdArg(id), 'delete', deleteTask));
+  common(tasks.command('move <id>'))
+    .description('move a pending task to another queue and/or priority')
+    .option('--queue <name>', 'target queue')
+    .option('--priority <n>', 'target priority', intOption(-32768, 32767))
+    .action(async (id: string, opts: Common & { queue?: string; priority?: number }) => {
+      taskIdArg(id);
+      if (opts.queue === undefined && opts.priority === undefined) throw new BerthInputError('tasks move needs --queue and/or --priority');
+      await withPool(opts, async (pool) => {
+        const result = await audited(pool, opts.schema, null, actor(), 'task.move', { id, queue: opts.queue, priority: opts.priority }, () =>
+          moveTask(pool, opts.schema, id, { queue: opts.queue, priority: opts.priority }),
+        );
+        if (opts.json) printJson({ id, result });
+        else console.log(`task ${id}: ${result === 'leased' ? 'is running under a lease and was not moved' : result === 'moved' ? 'moved' : 'not found'}`);
+        if (result !== 'moved') throw new CliFailure(`task ${id} was not moved (${result})`);
+      });
+    });
+}

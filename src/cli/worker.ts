@@ -1,0 +1,123 @@
+import { resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { Command } from 'commander';
+import pg from 'pg';
+import { laneStats } from '../admin/stats.js';
+import { BerthInputError } from '../errors.js';
+import { createLogger } from '../logger.js';
+import { discover } from '../processor/claim.js';
+import { Worker } from '../processor/worker.js';
+import type { TaskDefinition } from '../task.js';
+import { collect, common, connection, intOption, type Common } from './common.js';
+import { progressBar } from './progress.js';
+
+type AnyDefinition = TaskDefinition<unknown>;
+
+function isDefinition(x: unknown): x is AnyDefinition {
+  return typeof x === 'object' && x !== null && typeof (x as AnyDefinition).type === 'string' && typeof (x as AnyDefinition).handler === 'function';
+}
+
+/**
+ * Task definitions from a user module: its `tasks` export, or its default export (an array, or
+ * an object with `tasks`). Each must be what defineTask returns.
+ */
+export async function loadTaskModule(path: string): Promise<AnyDefinition[]> {
+  const abs = resolve(path);
+  let mod: Record<string, unknown>;
+  try {
+    mod = (await import(pathToFileURL(abs).href)) as Record<string, unknown>;
+  } catch (err) {
+    const e = err as NodeJS.ErrnoException;
+    const hint = /\.tsx?$/.test(abs) && e.code === 'ERR_UNKNOWN_FILE_EXTENSION' ? ' (a .ts module needs tsx: run `npx tsx node_modules/.bin/berth ...` or compile it)' : '';
+    throw new BerthInputError(`cannot load task module ${abs}: ${e.message}${hint}`);
+  }
+  const def = mod.default as unknown;
+  const list = mod.tasks ?? (Array.isArray(def) ? def : (def as { tasks?: unknown } | undefined)?.tasks);
+  if (!Array.isArray(list) || list.length === 0) {
+    throw new BerthInputError(`task module ${abs} must export \`tasks\` (or a default export) as a non-empty array of defineTask(...) results`);
+  }
+  list.forEach((d, i) => {
+    if (!isDefinition(d)) throw new BerthInputError(`task module ${abs}: tasks[${i}] is not a task definition (use defineTask)`);
+  });
+  return list as AnyDefinition[];
+}
+
+function splitQueues(values: string[]): string[] | undefined {
+  const q = values.flatMap((v) => v.split(',')).map((v) => v.trim()).filter(Boolean);
+  return q.length > 0 ? q : undefined;
+}
+
+/** Resolve when SIGINT or SIGTERM arrives; a second signal exits at once. */
+function untilSignal(): Promise<NodeJS.Signals> {
+  return new Promise((res) => {
+    const on = (sig: NodeJS.Signals) => {
+      process.off('SIGINT', on);
+      process.off('SIGTERM', on);
+      process.once('SIGINT', () => process.exit(130));
+      process.once('SIGTERM', () => process.exit(143));
+      res(sig);
+    };
+    process.on('SIGINT', on);
+    process.on('SIGTERM', on);
+  });
+}
+
+/**
+ * Wait until nothing is claimable and nothing runs: discovery (the claim's own read) finds no
+ * entry, no due deferred row waits for promotion, and the worker's slots are idle, twice in a
+ * row. Lanes of paused queues and tasks scheduled for later do not count.
+ */
+async function drained(pool: pg.Pool, schema: string, worker: Worker, queues: string[] | undefined, onRemaining: (n: number) => void): Promise<void> {
+  let quiet = 0;
+  for (;;) {
+    const lanes = (await laneStats(pool, schema)).filter((l) => !l.paused && (!queues || queues.includes(l.queue)));
+    const remaining = lanes.reduce((n, l) => n + l.depth + l.dueDeferred, 0) + worker.activeSlots;
+    onRemaining(remaining);
+    const claimable = await discover(pool, schema, queues ?? null, 1);
+    const due = lanes.some((l) => l.dueDeferred > 0);
+    quiet = claimable.length === 0 && !due && worker.activeSlots === 0 ? quiet + 1 : 0;
+    if (quiet >= 2) return;
+    await new Promise((r) => setTimeout(r, 250));
+  }
+}
+
+export function registerWorkerCommands(program: Command): void {
+  common(program.command('worker'))
+    .description('run a worker (and, unless --no-maintenance, a candidate maintenance leader) for the task types a module defines')
+    .requiredOption('--tasks <module>', 'module exporting `tasks`: an array of defineTask(...) results')
+    .option('--slots <n>', 'concurrent handlers (default: $BERTH_TASK_PROCESSOR_CONCURRENCY or 4)', intOption(1, 1000))
+    .option('--queue <names>', 'only claim from these queues (comma-separated or repeated)', collect, [])
+    .option('--no-maintenance', 'never lead maintenance in this process')
+    .option('--drain', 'exit once no due work is left (progress bar on a terminal)')
+    .addHelpText('after', '\nStops gracefully on SIGINT/SIGTERM: running handlers are aborted and their leases released.')
+    .action(async (opts: Common & { tasks: string; slots?: number; queue: string[]; maintenance: boolean; drain?: boolean }) => {
+      const url = connection(opts);
+      const tasks = await loadTaskModule(opts.tasks);
+      const queues = splitQueues(opts.queue);
+      const logger = createLogger({ component: 'berth-worker' });
+      const worker = new Worker({ connectionString: url, schema: opts.schema, tasks, slots: opts.slots, queues, maintenance: opts.maintenance, logger });
+      await worker.start();
+      const signal = untilSignal();
+      if (opts.drain) {
+        const pool = new pg.Pool({ connectionString: url, max: 1, application_name: 'berth drain' });
+        pool.on('error', () => undefined);
+        const bar = progressBar('draining');
+        let total = 0;
+        try {
+          await Promise.race([
+            drained(pool, opts.schema, worker, queues, (n) => {
+              total = Math.max(total, n);
+              bar.update({ done: total - n, total });
+            }),
+            signal,
+          ]);
+        } finally {
+          bar.stop();
+          await pool.end();
+        }
+      } else {
+        await signal;
+      }
+      await worker.stop();
+    });
+}

@@ -1,0 +1,175 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { fileURLToPath } from 'node:url';
+import { main } from '../src/cli.js';
+import { enqueue, getTask, listAudit } from '../src/index.js';
+import { DATABASE_URL, freshSchema } from './helpers.js';
+
+const { schema, pool } = await freshSchema('clicmd');
+const S = `"${schema}"`;
+process.env.BERTH_ACTOR = 'cli:tester';
+
+/** Run the CLI in this process; returns its exit code and what it printed. */
+async function berth(...args: string[]): Promise<{ code: number; out: string; err: string }> {
+  const out: string[] = [];
+  const err: string[] = [];
+  const log = console.log;
+  const error = console.error;
+  const stderrWrite = process.stderr.write.bind(process.stderr);
+  console.log = (...a: unknown[]) => void out.push(a.join(' '));
+  console.error = (...a: unknown[]) => void err.push(a.join(' '));
+  // commander writes its own errors straight to stderr (stdout is the test runner's).
+  process.stderr.write = ((chunk: string) => (err.push(String(chunk)), true)) as typeof process.stderr.write;
+  try {
+    const code = await main(['node', 'berth', ...args, '--schema', schema, '--database-url', DATABASE_URL]);
+    return { code, out: out.join('\n'), err: err.join('\n') };
+  } finally {
+    console.log = log;
+    console.error = error;
+    process.stderr.write = stderrWrite;
+  }
+}
+
+async function killTask(id: string): Promise<void> {
+  await pool.query(
+    `WITH d AS (DELETE FROM ${S}.deferred WHERE id = $1 RETURNING *)
+     INSERT INTO ${S}.dead_letters (id, type, payload, queue, priority, shard, attempts, max_attempts, last_error, created_at, last_attempted_at)
+     SELECT id, type, payload, queue, priority, shard, 1, 1, 'cli fixture failure', created_at, now() FROM d`,
+    [id],
+  );
+}
+
+test('enqueue: JSON payload and options; bad JSON is a usage error that enqueues nothing', async () => {
+  const ok = await berth('enqueue', 'cli_ok', '{"n":1}', '--queue', 'cli-q', '--priority', '2', '--json');
+  assert.equal(ok.code, 0, ok.err);
+  const r = JSON.parse(ok.out);
+  assert.equal(r.state, 'ready');
+  const t = await getTask(pool, schema, r.id);
+  assert.deepEqual([t?.queue, t?.priority, t?.payload], ['cli-q', 2, { n: 1 }]);
+
+  const later = await berth('enqueue', 'cli_ok', '{}', '--delay', '15m');
+  assert.match(later.out, /enqueued task \d+ \(scheduled\)/);
+
+  const before = await pool.query(`SELECT count(*) FROM ${S}.ready`);
+  const bad = await berth('enqueue', 'cli_ok', '{n:1}');
+  assert.equal(bad.code, 2);
+  assert.match(bad.err, /payload is not valid JSON/);
+  const badDelay = await berth('enqueue', 'cli_ok', '{}', '--delay', 'soon');
+  assert.equal(badDelay.code, 2);
+  assert.match(badDelay.err, /expected a duration/);
+  assert.deepEqual((await pool.query(`SELECT count(*) FROM ${S}.ready`)).rows, before.rows);
+});
+
+test('tasks list / show / retry / cancel / delete / move, with keyset pages and meaningful exit codes', async () => {
+  const ids: string[] = [];
+  for (let i = 0; i < 5; i++) ids.push((await enqueue(pool, 'cli_page', { i }, { schema, queue: 'pages' })).id!);
+  const first = JSON.parse((await berth('tasks', 'list', '--type', 'cli_page', '--limit', '3', '--json')).out);
+  assert.deepEqual(first.tasks.map((t: { id: string }) => t.id), ids.slice(2).reverse());
+  const text = await berth('tasks', 'list', '--type', 'cli_page', '--limit', '3');
+  assert.match(text.out, new RegExp(`more: berth tasks list --after ${first.next} --type cli_page`));
+  const second = JSON.parse((await berth('tasks', 'list', '--type', 'cli_page', '--limit', '3', '--after', first.next, '--json')).out);
+  assert.deepEqual(second.tasks.map((t: { id: string }) => t.id), ids.slice(0, 2).reverse());
+  assert.equal(second.next, null);
+
+  const bad = await berth('tasks', 'list', '--state', 'finished');
+  assert.equal(bad.code, 2);
+  assert.match(bad.err, /unknown state "finished"/);
+
+  const show = await berth('tasks', 'show', ids[0]!);
+  assert.equal(show.code, 0, show.err);
+  assert.match(show.out, /cli_page {2}ready/);
+  assert.match(show.out, /"i": 0/);
+  assert.match(show.out, /timeline:\n.*created/);
+
+  assert.equal((await berth('tasks', 'move', ids[1]!, '--queue', 'elsewhere')).code, 0);
+  assert.equal((await getTask(pool, schema, ids[1]!))?.queue, 'elsewhere');
+  assert.equal((await berth('tasks', 'move', ids[1]!)).code, 2, 'move needs a target');
+  assert.equal((await berth('tasks', 'cancel', ids[2]!)).code, 0);
+  assert.equal(await getTask(pool, schema, ids[2]!), null);
+  const gone = await berth('tasks', 'cancel', ids[2]!);
+  assert.equal(gone.code, 1);
+  assert.match(gone.err, /not found/);
+  const notRetryable = await berth('tasks', 'retry', ids[3]!);
+  assert.equal(notRetryable.code, 1);
+  assert.match(notRetryable.out, /already ready/);
+  assert.equal((await berth('tasks', 'show', 'abc')).code, 2);
+  assert.equal((await berth('tasks', 'show', '987654321')).code, 1);
+
+  const sched = await enqueue(pool, 'cli_page', {}, { schema, delay: 3600_000 });
+  await killTask(sched.id!);
+  assert.equal((await berth('tasks', 'retry', sched.id!)).code, 0);
+  assert.equal((await getTask(pool, schema, sched.id!))?.state, 'ready');
+  assert.equal((await berth('tasks', 'delete', sched.id!)).code, 0);
+
+  const audit = await listAudit(pool, schema);
+  assert.ok(audit.some((a) => a.action === 'task.cancel' && a.actor === 'cli:tester'));
+  assert.ok(audit.some((a) => a.action === 'task.move'));
+});
+
+test('dead list / retry / purge: bulk actions need a filter or --all', async () => {
+  const dead: string[] = [];
+  for (let i = 0; i < 4; i++) {
+    const r = await enqueue(pool, i < 3 ? 'cli_dead_a' : 'cli_dead_b', {}, { schema, queue: 'deadq', delay: 3600_000 });
+    await killTask(r.id!);
+    dead.push(r.id!);
+  }
+  const list = JSON.parse((await berth('dead', 'list', '--queue', 'deadq', '--json')).out);
+  assert.equal(list.deadLetters.length, 4);
+  const noFilter = await berth('dead', 'retry');
+  assert.equal(noFilter.code, 2);
+  assert.match(noFilter.err, /needs a filter .* or --all/);
+  assert.equal((await berth('dead', 'purge')).code, 2);
+
+  const retried = JSON.parse((await berth('dead', 'retry', '--type', 'cli_dead_a', '--json')).out);
+  assert.deepEqual(retried, { matched: 3, changed: 3, duplicates: 0 });
+  const one = await berth('dead', 'retry', '--id', dead[3]!);
+  assert.match(one.out, /retried 1 of 1/);
+  const again = await enqueue(pool, 'cli_dead_b', {}, { schema, queue: 'deadq', delay: 3600_000 });
+  await killTask(again.id!);
+  const purged = await berth('dead', 'purge', '--all');
+  assert.match(purged.out, /purged \d+ dead letter/);
+  assert.equal(JSON.parse((await berth('dead', 'list', '--json')).out).deadLetters.length, 0);
+});
+
+test('queues pause / list / resume; stats; leader exits 1 with no leader', async () => {
+  await enqueue(pool, 'cli_ok', {}, { schema, queue: 'pq' });
+  assert.equal((await berth('queues', 'pause', 'pq', '--reason', 'deploy')).code, 0);
+  const list = JSON.parse((await berth('queues', 'list', '--json')).out);
+  const pq = list.find((q: { queue: string }) => q.queue === 'pq');
+  assert.equal(pq.paused, true);
+  assert.equal(pq.pausedBy, 'cli:tester');
+  assert.equal(pq.reason, 'deploy');
+  const stats = JSON.parse((await berth('stats', '--json')).out);
+  assert.equal(stats.queues.find((q: { queue: string }) => q.queue === 'pq').paused, true);
+  const table = await berth('stats');
+  assert.match(table.out, /QUEUE +PENDING +RUNNING +DEAD/);
+  assert.equal((await berth('queues', 'resume', 'pq')).code, 0);
+  assert.equal(JSON.parse((await berth('queues', 'list', '--json')).out).find((q: { queue: string }) => q.queue === 'pq').paused, false);
+
+  const leader = await berth('leader');
+  assert.equal(leader.code, 1);
+  assert.match(leader.out, /no maintenance leader/);
+});
+
+test('worker --tasks <module> --drain runs the module\'s handlers until no due work is left', async () => {
+  await pool.query(`TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dedupe`);
+  for (let i = 0; i < 20; i++) await enqueue(pool, 'cli_ok', { n: i }, { schema });
+  await enqueue(pool, 'cli_fail', {}, { schema });
+  const mod = fileURLToPath(new URL('./fixtures/cli-tasks.ts', import.meta.url));
+  const r = await berth('worker', '--tasks', mod, '--drain', '--no-maintenance');
+  assert.equal(r.code, 0, r.err);
+  const left = await pool.query(`SELECT count(*)::int AS n FROM ${S}.ready r WHERE NOT EXISTS (SELECT 1 FROM ${S}.settlements s WHERE s.lane_id = r.lane_id AND s.lane_seq = r.lane_seq AND s.slot = r.slot)`);
+  assert.equal(left.rows[0].n, 0);
+  assert.equal((await pool.query(`SELECT count(*)::int AS n FROM ${S}.dead_letters WHERE type = 'cli_fail'`)).rows[0].n, 1);
+});
+
+test('worker refuses a module that is not a task module, or a missing one, with exit 2', async () => {
+  const notTasks = await berth('worker', '--tasks', fileURLToPath(new URL('./fixtures/not-tasks.ts', import.meta.url)));
+  assert.equal(notTasks.code, 2);
+  assert.match(notTasks.err, /tasks\[0\] is not a task definition/);
+  const missing = await berth('worker', '--tasks', '/nonexistent/tasks.js');
+  assert.equal(missing.code, 2);
+  assert.match(missing.err, /cannot load task module/);
+  const noTasks = await berth('worker');
+  assert.equal(noTasks.code, 2);
+});
