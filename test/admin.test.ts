@@ -231,3 +231,20 @@ test('taskTimeline: created, appended, claimed, settled, in order', async () => 
   const events = (await taskTimeline(pool, schema, r.id!)).map((e) => e.event);
   assert.deepEqual(events, ['created', 'appended', 'claimed', 'settled']);
 });
+
+test('gauges: a paused queue is exported as paused and left out of oldest-due (pausing must not page as starvation)', async () => {
+  await reset();
+  const { readGauges, BerthMetrics } = await import('../src/index.js');
+  const { publishGauges } = await import('../src/maintenance/gauges.js');
+  await enqueue(pool, 'g', {}, { schema, queue: 'held', runAt: new Date(Date.now() - 600_000) });
+  assert.ok((await readGauges(pool, schema)).oldestDueSeconds >= 590);
+  await pauseQueue(pool, schema, 'held', 'test');
+  const g = await readGauges(pool, schema);
+  assert.equal(g.oldestDueSeconds, 0);
+  assert.deepEqual(g.pausedQueues, ['held']);
+  const m = new BerthMetrics();
+  publishGauges(m, g);
+  const text = await m.registry.metrics();
+  assert.match(text, /berth_queue_paused\{queue="held"\} 1/);
+  assert.match(text, /berth_workers 0/);
+});

@@ -1,12 +1,17 @@
 import { quoteIdent, type Queryable } from '../sql.js';
 import type { BerthMetrics } from '../metrics.js';
 import { deadRowPredicate, liveEntryPredicate } from '../storage/predicates.js';
+import { DEFAULT_HEARTBEAT_MS, STALE_HEARTBEATS } from '../processor/heartbeat.js';
 
 export interface GaugeSnapshot {
   pending: Map<string, number>;
   running: Map<string, number>;
   dead: Map<string, number>;
   oldestDueSeconds: number;
+  /** Queues paused now. */
+  pausedQueues: string[];
+  /** Worker processes whose heartbeat is fresh. */
+  workers: number;
 }
 
 /**
@@ -45,7 +50,16 @@ export async function readGauges(db: Queryable, schema: string): Promise<GaugeSn
        SELECT min(run_at) FROM ${s}.deferred
         WHERE run_at <= now() AND queue NOT IN (SELECT q.queue FROM ${s}.queue_pauses q)) x`,
   );
-  const snap: GaugeSnapshot = { pending: new Map(), running: new Map(), dead: new Map(), oldestDueSeconds: 0 };
+  const fleet = await db.query<{ paused: string[]; workers: number }>(
+    `SELECT ARRAY(SELECT queue FROM ${s}.queue_pauses ORDER BY queue) AS paused,
+            (SELECT count(*)::int FROM ${s}.workers
+              WHERE last_seen_at > now() - make_interval(secs => $1 / 1000.0)) AS workers`,
+    [DEFAULT_HEARTBEAT_MS * STALE_HEARTBEATS],
+  );
+  const snap: GaugeSnapshot = {
+    pending: new Map(), running: new Map(), dead: new Map(), oldestDueSeconds: 0,
+    pausedQueues: fleet.rows[0]!.paused, workers: fleet.rows[0]!.workers,
+  };
   for (const r of res.rows) {
     snap.pending.set(r.type, Number(r.pending));
     snap.dead.set(r.type, Number(r.dead));
@@ -61,6 +75,8 @@ export function resetGauges(metrics: BerthMetrics): void {
   metrics.running.reset();
   metrics.dead.reset();
   metrics.oldestDueSeconds.reset();
+  metrics.queuePaused.reset();
+  metrics.workers.reset();
 }
 
 /**
@@ -75,4 +91,7 @@ export function publishGauges(metrics: BerthMetrics, snap: GaugeSnapshot): void 
   for (const [t, v] of snap.running) metrics.running.set({ task_type: t }, v);
   for (const [t, v] of snap.dead) metrics.dead.set({ task_type: t }, v);
   metrics.oldestDueSeconds.set(snap.oldestDueSeconds);
+  metrics.queuePaused.reset();
+  for (const q of snap.pausedQueues) metrics.queuePaused.set({ queue: q }, 1);
+  metrics.workers.set(snap.workers);
 }
