@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Test prerequisites that npm does not install: promtool (Debian package `prometheus`; the alert
+# rule tests run `promtool check rules` / `promtool test rules`) and chromium (the dashboard's
+# browser tests). Does nothing when both are on PATH. As root with apt-get, installs what is
+# missing; otherwise prints what to install and exits 1. `apt-get update` runs only when the
+# install fails without it (a machine whose package lists are fresh enough skips it).
+set -euo pipefail
+
+missing=()
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "test-prereqs: missing ${missing[*]} (promtool comes with the Debian package prometheus)." >&2
+  echo "test-prereqs: install as root: apt-get install -y --no-install-recommends ${missing[*]}" >&2
+  exit 1
+fi
+
+install() {
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/tmp/test-prereqs-apt.log 2>&1
+}
+
+echo "test-prereqs: installing ${missing[*]} (apt-get; log in /tmp/test-prereqs-apt.log)" >&2
+if ! install; then
+  DEBIAN_FRONTEND=noninteractive apt-get update -q >>/tmp/test-prereqs-apt.log 2>&1
+  if ! install; then
+    tail -n 20 /tmp/test-prereqs-apt.log >&2
+    echo "test-prereqs: apt-get install ${missing[*]} failed" >&2
+    exit 1
+  fi
+fi
+
+for tool in promtool chromium; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "test-prereqs: $tool is still not on PATH after the install" >&2
+    exit 1
+  fi
+done
