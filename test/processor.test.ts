@@ -303,6 +303,13 @@ test('bad config values get clear errors', () => {
   assert.throws(() => defineTask({ type: '', ceiling: 1, handler: async () => {} }), /type/);
   const d = defineTask({ type: 'dup', ceiling: 1, handler: async () => {} });
   assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [d, d] }), /defined twice/);
+  assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], heartbeatIntervalMs: 0 }), /heartbeatIntervalMs/);
+  assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], statementTimeoutMs: -1 }), /statementTimeoutMs/);
+  assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { promoteIntervalMs: 0 } }), /promoteIntervalMs must be a positive number, got 0/);
+  assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { promoteBatchSize: 2.5 } }), /promoteBatchSize must be a positive integer/);
+  assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { gaugeIntervalMs: '5s' as unknown as number } }), /gaugeIntervalMs/);
+  assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { promoteEvery: 1 } as never }), /unknown maintenance option "promoteEvery"/);
+  assert.doesNotThrow(() => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { laneLockTimeoutMs: null } }));
 });
 
 test('slots default to 4 and follow BERTH_TASK_PROCESSOR_CONCURRENCY', async () => {

@@ -1,3 +1,4 @@
+import { BerthInputError } from '../errors.js';
 import pg from 'pg';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
@@ -56,6 +57,25 @@ export const MAINTENANCE_DEFAULTS: Required<MaintenanceOptions> = {
   gaugeIntervalMs: 5000,
 };
 
+/**
+ * Defaults filled in, every value checked: a bad interval (0, negative, NaN, a string from a
+ * config file) is refused with a clear error before anything starts, not discovered as a busy
+ * loop or a branch that never runs.
+ */
+export function validateMaintenanceOptions(options: MaintenanceOptions | undefined): Required<MaintenanceOptions> {
+  const given = Object.fromEntries(Object.entries(options ?? {}).filter(([, v]) => v !== undefined));
+  const o = { ...MAINTENANCE_DEFAULTS, ...given } as Required<MaintenanceOptions>;
+  for (const [key, value] of Object.entries(o) as [keyof MaintenanceOptions, unknown][]) {
+    if (!(key in MAINTENANCE_DEFAULTS)) throw new BerthInputError(`unknown maintenance option "${key}"`);
+    if (key === 'laneLockTimeoutMs' && value === null) continue;
+    const integer = key === 'promoteBatchSize';
+    if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || (integer && !Number.isInteger(value))) {
+      throw new BerthInputError(`maintenance option ${key} must be a positive ${integer ? 'integer' : 'number'}, got ${JSON.stringify(value)}`);
+    }
+  }
+  return o;
+}
+
 /** The advisory lock id (second key) whose session holder is the maintenance leader. */
 export const LEADER_LOCK = -1;
 
@@ -96,7 +116,7 @@ export class Maintenance {
       workerId?: string;
     },
   ) {
-    this.opts = { ...MAINTENANCE_DEFAULTS, ...deps.options };
+    this.opts = validateMaintenanceOptions(deps.options);
   }
 
   get isLeader(): boolean {

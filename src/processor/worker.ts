@@ -3,7 +3,7 @@ import { hostname } from 'node:os';
 import pg from 'pg';
 import { BerthInputError, PermanentError } from '../errors.js';
 import { createLogger, type Logger } from '../logger.js';
-import { Maintenance, type MaintenanceOptions } from '../maintenance/leader.js';
+import { Maintenance, validateMaintenanceOptions, type MaintenanceOptions } from '../maintenance/leader.js';
 import { BerthMetrics, type Outcome } from '../metrics.js';
 import { DEFAULT_SCHEMA, wakeChannel } from '../sql.js';
 import { backoffDelayMs, DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, validatePayload, type HandlerResult, type TaskContext, type TaskDefinition } from '../task.js';
@@ -12,6 +12,7 @@ import { SettlementBatcher } from './settlement-batcher.js';
 import { advanceCursor, leaseKey, releaseLease, returnUnstarted } from './settlement.js';
 import { WakeListener } from './wake.js';
 import { DEFAULT_HEARTBEAT_MS, Heartbeat } from './heartbeat.js';
+import { startWorkerHttp, validateWorkerHttpOptions, type WorkerHttpOptions } from '../dashboard/worker-http.js';
 
 export interface WorkerOptions {
   connectionString: string;
@@ -53,6 +54,12 @@ export interface WorkerOptions {
    * (what `berth stats`, `berth leader` and the dashboard read). 10 s; `false` turns it off.
    */
   heartbeatIntervalMs?: number | false;
+  /**
+   * Opt-in HTTP server started by start() and closed by stop(): `GET /metrics` from this worker's
+   * registry (`metrics`, default true) and/or the web dashboard on the worker's pool
+   * (`dashboard`: true or its options; without auth, host must be loopback). See `httpUrl`.
+   */
+  http?: WorkerHttpOptions;
 }
 
 /**
@@ -137,6 +144,7 @@ export class Worker {
   private listener: WakeListener | null = null;
   private maintenance: Maintenance | null = null;
   private heartbeat: Heartbeat | null = null;
+  private http: { url: string; close(): Promise<void> } | null = null;
   private readonly startedAt = new Date();
   private batcher: SettlementBatcher | null = null;
   private ticker: NodeJS.Timeout | null = null;
@@ -177,8 +185,14 @@ export class Worker {
     this.prefetch = options.prefetch ?? this.slots * 25;
     if (!Number.isInteger(this.prefetch) || this.prefetch < 0) throw new BerthInputError('prefetch must be an integer >= 0');
     this.stopTimeoutMs = options.stopTimeoutMs ?? WORKER_DEFAULTS.stopTimeoutMs;
+    if (!(this.stopTimeoutMs >= 0)) throw new BerthInputError('stopTimeoutMs must be >= 0');
+    if (!(this.defaultCeilingMs > 0)) throw new BerthInputError('defaultCeilingMs must be > 0');
+    const statementTimeout = options.statementTimeoutMs ?? WORKER_DEFAULTS.statementTimeoutMs;
+    if (!(statementTimeout > 0)) throw new BerthInputError('statementTimeoutMs must be > 0');
+    if (typeof options.maintenance === 'object') validateMaintenanceOptions(options.maintenance);
     this.heartbeatMs = options.heartbeatIntervalMs ?? DEFAULT_HEARTBEAT_MS;
     if (this.heartbeatMs !== false && !(this.heartbeatMs > 0)) throw new BerthInputError('heartbeatIntervalMs must be > 0 or false');
+    if (options.http !== undefined) validateWorkerHttpOptions(options.http);
     for (const d of options.tasks) {
       if (this.defs.has(d.type)) throw new BerthInputError(`task type "${d.type}" is defined twice`);
       this.defs.set(d.type, d);
@@ -193,6 +207,11 @@ export class Worker {
 
   get activeSlots(): number {
     return this.inflight.size;
+  }
+
+  /** The `http` server's address (`http://host:port`, the bound port), once started. */
+  get httpUrl(): string | null {
+    return this.http?.url ?? null;
   }
 
   get isLeader(): boolean {
@@ -220,6 +239,22 @@ export class Worker {
       this.readPool.on('error', (err) => this.logger.warn({ err: err.message }, 'idle read connection lost'));
     } else {
       this.readPool = this.writePool;
+    }
+    if (this.options.http) {
+      try {
+        this.http = await startWorkerHttp(this.options.http, {
+          pool: this.writePool,
+          schema: this.schema,
+          registry: this.metrics.registry,
+          logger: this.logger.child({ component: 'http' }),
+        });
+      } catch (err) {
+        // Nothing else has started yet: close the pools so the caller can fix the address and retry.
+        if (this.readPool !== this.writePool) await this.readPool.end();
+        await this.writePool.end();
+        this.started = false;
+        throw err;
+      }
     }
     this.batcher = new SettlementBatcher(this.writePool, this.schema, this.metrics, this.logger);
     this.metrics.slots.set(this.slots);
@@ -622,6 +657,7 @@ export class Worker {
       );
     }
     await this.batcher?.drain();
+    await this.http?.close();
     await this.heartbeat?.stop();
     await this.maintenance?.stop();
     await this.listener?.stop();
