@@ -1,0 +1,6 @@
+import { APP_CSS } from './app-css.js';
+
+/** Static assets by path: content type and body. Code and styles only, never data. */
+export const ASSETS: Readonly<Record<string, readonly [string, string]>> = Object.freeze({
+  '/assets/app.css': ['text/css; charset=utf-8', APP_CSS],
+});

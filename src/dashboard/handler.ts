@@ -1,0 +1,137 @@
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { TLSSocket } from 'node:tls';
+import type { Registry } from 'prom-client';
+import { BerthInputError } from '../errors.js';
+import { createLogger, type Logger } from '../logger.js';
+import { metricsRequestHandler, type MetricsRequestHandler } from '../observability/metrics-http.js';
+import { DEFAULT_SCHEMA, type Queryable } from '../sql.js';
+import { serveApi } from './api.js';
+import { ASSETS } from './assets/index.js';
+import { Authenticator, checkCsrf, checkSameOrigin, type Principal } from './auth.js';
+import { HttpError, readBody, send, sendError, sendJson } from './http.js';
+import { DashboardReads } from './overview.js';
+import { normaliseBasePath, validateAuth, type DashboardAuth } from './options.js';
+import { loginPage, shellPage, unauthorizedPage } from './pages.js';
+
+/** Serves a request and returns true, or returns false for a path outside the base path. */
+export type DashboardHandler = (req: IncomingMessage, res: ServerResponse) => Promise<boolean>;
+
+export interface DashboardHandlerOptions {
+  /** Where the dashboard reads and acts (a pg.Pool, at READ COMMITTED). */
+  pool: Queryable;
+  schema?: string;
+  auth?: DashboardAuth;
+  readOnly?: boolean;
+  logger?: Logger;
+  metricsRegistry?: Registry;
+  basePath?: string;
+}
+
+const HTML = 'text/html; charset=utf-8';
+
+/**
+ * The dashboard as a request handler another `node:http` server can route through (see
+ * `startDashboard` for a server of its own). Without `auth` it answers requests whose Host is
+ * loopback only; binding it to a reachable address is the caller's responsibility.
+ */
+export function createDashboardHandler(options: DashboardHandlerOptions): DashboardHandler {
+  validateAuth(options.auth);
+  const base = normaliseBasePath(options.basePath);
+  const logger = options.logger ?? createLogger({ component: 'dashboard' });
+  const auth = new Authenticator(options.auth);
+  const readOnly = options.readOnly ?? false;
+  const reads = new DashboardReads(options.pool, options.schema ?? DEFAULT_SCHEMA);
+  const metrics: MetricsRequestHandler | null = options.metricsRegistry ? metricsRequestHandler(options.metricsRegistry) : null;
+  const cookiePath = base || '/';
+
+  async function route(req: IncomingMessage, res: ServerResponse, path: string, url: URL): Promise<void> {
+    const method = req.method ?? 'GET';
+    const asset = ASSETS[path];
+    if (asset) {
+      // Code and styles only, no data: served before authentication so the login page has them.
+      send(res, 200, asset[0], asset[1], { 'cache-control': 'no-cache' });
+      return;
+    }
+    if (path === '/login' && auth.acceptsLogin) {
+      if (method === 'POST') return login(req, res);
+      send(res, 200, HTML, loginPage(base, false));
+      return;
+    }
+    const principal = auth.authenticate(req);
+    if (!principal) return unauthorized(res, path);
+    if (path === '/logout') {
+      if (method !== 'POST') throw new HttpError(405, 'log out with POST', { allow: 'POST' });
+      checkCsrf(req, principal);
+      auth.logout(principal.sessionId);
+      res.writeHead(303, { location: `${base}/login`, 'set-cookie': auth.clearCookie(cookiePath) });
+      res.end();
+      return;
+    }
+    if (path === '/metrics' && metrics) {
+      await metrics(req, res);
+      return;
+    }
+    if (path.startsWith('/api/')) return serveApi({ reads, logger, readOnly }, req, res, path, url, principal);
+    if (path === '/' || path === '/index.html') {
+      if (method !== 'GET' && method !== 'HEAD') throw new HttpError(405, 'use GET', { allow: 'GET, HEAD' });
+      return shell(res, principal);
+    }
+    throw new HttpError(404, 'not found');
+  }
+
+  function shell(res: ServerResponse, principal: Principal): void {
+    send(res, 200, HTML, shellPage({ base, csrf: principal.csrf, actor: principal.actor, readOnly, session: principal.sessionId !== undefined }));
+  }
+
+  function unauthorized(res: ServerResponse, path: string): void {
+    const headers = auth.challenge();
+    if (path.startsWith('/api/') || path === '/metrics') {
+      sendJson(res, 401, { error: 'authentication required' }, headers);
+    } else {
+      send(res, 401, HTML, auth.acceptsLogin ? loginPage(base, false) : unauthorizedPage(base), headers);
+    }
+  }
+
+  async function login(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    checkSameOrigin(req);
+    const token = new URLSearchParams(await readBody(req)).get('token') ?? '';
+    const sid = auth.login(token);
+    if (!sid) {
+      logger.warn({ remote: req.socket.remoteAddress }, 'dashboard login with a wrong token');
+      send(res, 401, HTML, loginPage(base, true));
+      return;
+    }
+    const secure = Boolean((req.socket as TLSSocket).encrypted);
+    res.writeHead(303, { location: `${base}/`, 'set-cookie': auth.sessionCookie(sid, cookiePath, secure), 'cache-control': 'no-store' });
+    res.end();
+  }
+
+  return async (req, res) => {
+    const url = new URL(req.url ?? '/', 'http://dashboard.invalid');
+    let path = url.pathname;
+    if (base) {
+      if (path === base) {
+        res.writeHead(308, { location: `${base}/${url.search}` });
+        res.end();
+        return true;
+      }
+      if (!path.startsWith(`${base}/`)) return false;
+      path = path.slice(base.length);
+    }
+    try {
+      await route(req, res, path, url);
+    } catch (err) {
+      if (res.headersSent) {
+        res.destroy();
+      } else if (err instanceof HttpError) {
+        sendError(res, err);
+      } else if (err instanceof BerthInputError) {
+        sendError(res, new HttpError(400, err.message));
+      } else {
+        logger.error({ err: (err as Error)?.message, method: req.method, path }, 'dashboard request failed');
+        sendError(res, new HttpError(500, 'internal error (see the dashboard log)'));
+      }
+    }
+    return true;
+  };
+}

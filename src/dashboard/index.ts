@@ -1,0 +1,11 @@
+export { startDashboard, type DashboardServer } from './server.js';
+export { createDashboardHandler, type DashboardHandler, type DashboardHandlerOptions } from './handler.js';
+export {
+  dashboardOptionsFromEnv,
+  DEFAULT_DASHBOARD_HOST,
+  DEFAULT_DASHBOARD_PORT,
+  type DashboardAuth,
+  type DashboardEnvOptions,
+  type DashboardOptions,
+} from './options.js';
+export { type WorkerHttpOptions, type WorkerDashboardOptions } from './worker-http.js';

@@ -1,0 +1,153 @@
+import type pg from 'pg';
+import type { Registry } from 'prom-client';
+import { BerthInputError } from '../errors.js';
+import type { Logger } from '../logger.js';
+
+/** Who may use the dashboard. With neither, it only binds to (and answers) loopback. */
+export interface DashboardAuth {
+  /** Accepted as `Authorization: Bearer <token>`, and on the login form (which sets a session cookie). */
+  token?: string;
+  /** HTTP Basic auth: user name -> password. */
+  users?: Record<string, string>;
+}
+
+export interface DashboardOptions {
+  connectionString?: string;
+  /**
+   * Used as is and left open by `close()`; otherwise a small pool on `connectionString`. Give it
+   * sessions with `jit = off` (the worker's pool has it): lane stats plan over every ring
+   * partition and are costed high enough for JIT, which turns a millisecond read into seconds.
+   */
+  pool?: pg.Pool;
+  /** Default `berth`. */
+  schema?: string;
+  /** Default 127.0.0.1. Anything else needs `auth`. */
+  host?: string;
+  /** Default 4680; 0 picks a free port (see the returned `url`). */
+  port?: number;
+  auth?: DashboardAuth;
+  /** Show everything, change nothing: every action answers 403. */
+  readOnly?: boolean;
+  logger?: Logger;
+  /** Also serve `GET /metrics` (Prometheus) from this registry, behind the same authentication. */
+  metricsRegistry?: Registry;
+  /** Serve under this path prefix (say `/berth`) instead of the root. */
+  basePath?: string;
+}
+
+export const DEFAULT_DASHBOARD_PORT = 4680;
+export const DEFAULT_DASHBOARD_HOST = '127.0.0.1';
+
+const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost', '[::1]']);
+
+export function isLoopbackHost(host: string): boolean {
+  return LOOPBACK.has(host.toLowerCase());
+}
+
+export function hasAuth(auth: DashboardAuth | undefined): boolean {
+  return Boolean(auth?.token) || Object.keys(auth?.users ?? {}).length > 0;
+}
+
+/** Refuses auth settings that would silently let everyone in (an empty token or password). */
+export function validateAuth(auth: DashboardAuth | undefined): void {
+  if (auth === undefined) return;
+  if (typeof auth !== 'object' || auth === null) throw new BerthInputError('dashboard auth must be an object { token?, users? }');
+  if (auth.token !== undefined && (typeof auth.token !== 'string' || auth.token.length === 0)) {
+    throw new BerthInputError('dashboard auth.token must be a non-empty string');
+  }
+  if (auth.users !== undefined) {
+    if (typeof auth.users !== 'object' || auth.users === null) throw new BerthInputError('dashboard auth.users must map user names to passwords');
+    for (const [user, password] of Object.entries(auth.users)) {
+      if (user.length === 0 || user.includes(':')) throw new BerthInputError(`dashboard user name "${user}" must be non-empty and contain no ":"`);
+      if (typeof password !== 'string' || password.length === 0) throw new BerthInputError(`dashboard user "${user}" needs a non-empty password`);
+    }
+  }
+}
+
+/**
+ * Without authentication the dashboard may only listen on loopback: anyone who can reach it can
+ * retry, cancel and purge tasks.
+ */
+export function assertSafeBinding(auth: DashboardAuth | undefined, host: string): void {
+  if (!hasAuth(auth) && !isLoopbackHost(host)) {
+    throw new BerthInputError(
+      `the dashboard has no authentication, so it binds to 127.0.0.1, ::1 or localhost only (asked for "${host}"); ` +
+        'set auth.token or auth.users (BERTH_DASHBOARD_TOKEN or BERTH_DASHBOARD_USERS=user:pass,...) to listen on another address',
+    );
+  }
+}
+
+export function validatePort(port: unknown, what = 'port'): number {
+  if (typeof port !== 'number' || !Number.isInteger(port) || port < 0 || port > 65535) {
+    throw new BerthInputError(`${what} must be an integer from 0 to 65535, got ${JSON.stringify(port)}`);
+  }
+  return port;
+}
+
+/** The warning an unauthenticated dashboard logs when it starts listening. */
+export function warnIfNoAuth(logger: Logger, auth: DashboardAuth | undefined, host: string): void {
+  if (hasAuth(auth)) return;
+  logger.warn({ host }, `dashboard has no authentication; bound to ${host === 'localhost' ? '127.0.0.1' : host} only`);
+}
+
+/** `/berth` from `berth`, `/berth/` or `/berth`; '' for the root. */
+export function normaliseBasePath(basePath: string | undefined): string {
+  if (basePath === undefined || basePath === '' || basePath === '/') return '';
+  if (!/^\/?[A-Za-z0-9._~\-/]+$/.test(basePath) || basePath.includes('//') || basePath.includes('..')) {
+    throw new BerthInputError(`basePath "${basePath}" must be a plain URL path such as /berth`);
+  }
+  return `/${basePath.replace(/^\/+|\/+$/g, '')}`;
+}
+
+/** The parts of DashboardOptions the environment sets. */
+export type DashboardEnvOptions = Pick<DashboardOptions, 'host' | 'port' | 'auth' | 'readOnly'>;
+
+/**
+ * Dashboard settings from the environment (what `berth dashboard` and the demo read):
+ * BERTH_DASHBOARD_TOKEN, BERTH_DASHBOARD_USERS (`user:pass,user2:pass2`; a password cannot contain
+ * a comma), BERTH_DASHBOARD_READ_ONLY (1/true/0/false), BERTH_DASHBOARD_HOST, BERTH_DASHBOARD_PORT.
+ * Unset and empty variables are left out; a bad value throws BerthInputError naming the variable.
+ */
+export function dashboardOptionsFromEnv(env: Record<string, string | undefined> = process.env): DashboardEnvOptions {
+  const out: DashboardEnvOptions = {};
+  const get = (name: string): string | undefined => {
+    const v = env[name];
+    return v === undefined || v.trim() === '' ? undefined : v.trim();
+  };
+  const port = get('BERTH_DASHBOARD_PORT');
+  if (port !== undefined) {
+    if (!/^[0-9]+$/.test(port)) throw new BerthInputError(`BERTH_DASHBOARD_PORT must be a port number, got "${port}"`);
+    out.port = validatePort(Number(port), 'BERTH_DASHBOARD_PORT');
+  }
+  const host = get('BERTH_DASHBOARD_HOST');
+  if (host !== undefined) {
+    if (/[\s/]/.test(host)) throw new BerthInputError(`BERTH_DASHBOARD_HOST must be a host name or address, got "${host}"`);
+    out.host = host;
+  }
+  const auth: DashboardAuth = {};
+  const token = get('BERTH_DASHBOARD_TOKEN');
+  if (token !== undefined) auth.token = token;
+  const users = get('BERTH_DASHBOARD_USERS');
+  if (users !== undefined) {
+    auth.users = {};
+    for (const pair of users.split(',')) {
+      const i = pair.indexOf(':');
+      const user = i < 0 ? '' : pair.slice(0, i).trim();
+      const password = i < 0 ? '' : pair.slice(i + 1);
+      if (user === '' || password === '') {
+        throw new BerthInputError('BERTH_DASHBOARD_USERS must be user:password pairs separated by commas, e.g. "alice:s3cret,bob:hunter2"');
+      }
+      if (Object.hasOwn(auth.users, user)) throw new BerthInputError(`BERTH_DASHBOARD_USERS names "${user}" twice`);
+      auth.users[user] = password;
+    }
+  }
+  if (auth.token !== undefined || auth.users !== undefined) out.auth = auth;
+  const readOnly = get('BERTH_DASHBOARD_READ_ONLY');
+  if (readOnly !== undefined) {
+    const v = readOnly.toLowerCase();
+    if (v === '1' || v === 'true' || v === 'yes') out.readOnly = true;
+    else if (v === '0' || v === 'false' || v === 'no') out.readOnly = false;
+    else throw new BerthInputError(`BERTH_DASHBOARD_READ_ONLY must be 1 or 0 (true or false), got "${readOnly}"`);
+  }
+  return out;
+}

@@ -1,0 +1,129 @@
+import type { Queryable } from '../sql.js';
+import { CachedReader, laneStats, leaderInfo, listWorkers, taskCounts, throughput, type LaneStat, type TaskCount, type ThroughputPoint } from '../admin/stats.js';
+
+/** Counts read every unfinished row: shared by every open page for this long. */
+export const COUNTS_TTL_MS = 5000;
+/** Lane stats are index probes per lane; this only lets several tabs share one read. */
+export const LANES_TTL_MS = 1000;
+export const THROUGHPUT_MINUTES = 60;
+
+/** The reads more than one request shares: one set per dashboard handler. */
+export class DashboardReads {
+  readonly counts: CachedReader<TaskCount[]>;
+  readonly lanes: CachedReader<LaneStat[]>;
+
+  constructor(
+    readonly db: Queryable,
+    readonly schema: string,
+  ) {
+    this.counts = new CachedReader(() => taskCounts(db, schema), COUNTS_TTL_MS);
+    this.lanes = new CachedReader(() => laneStats(db, schema), LANES_TTL_MS);
+  }
+}
+
+interface Totals {
+  pending: number;
+  running: number;
+  dead: number;
+}
+
+export interface QueueOverview extends Totals {
+  queue: string;
+  /** Entries past the claim cursors of the queue's lanes (an estimate), plus due deferred rows. */
+  depth: number;
+  oldestDueSeconds: number;
+  paused: boolean;
+}
+
+export interface MinutePoint {
+  minute: string;
+  /** Handler runs that ended `success`. */
+  completed: number;
+  /** `failure`, `timeout` and `lost`. */
+  failed: number;
+  /** `continued` and `cancelled`. */
+  other: number;
+}
+
+export interface Overview {
+  counts: { ageMs: number; total: Totals; byQueueType: TaskCount[]; byType: (Totals & { type: string })[] };
+  queues: QueueOverview[];
+  oldestDue: { seconds: number; queue: string | null };
+  workers: { alive: number; total: number; slots: number; busy: number };
+  leader: { workerId: string | null; pid: number; applicationName: string; since: Date } | null;
+  throughput: MinutePoint[];
+}
+
+function add(into: Totals, c: Totals): void {
+  into.pending += c.pending;
+  into.running += c.running;
+  into.dead += c.dead;
+}
+
+/** Per-minute buckets for the last `minutes`, oldest first, zero-filled. */
+export function minuteSeries(points: ThroughputPoint[], minutes: number, now = Date.now()): MinutePoint[] {
+  const latest = Math.max(Math.floor(now / 60_000) * 60_000, ...points.map((p) => p.minute.getTime()));
+  const buckets = new Map<number, MinutePoint>();
+  for (let i = minutes - 1; i >= 0; i--) {
+    const t = latest - i * 60_000;
+    buckets.set(t, { minute: new Date(t).toISOString(), completed: 0, failed: 0, other: 0 });
+  }
+  for (const p of points) {
+    const b = buckets.get(p.minute.getTime());
+    if (!b) continue;
+    if (p.outcome === 'success') b.completed += p.count;
+    else if (p.outcome === 'failure' || p.outcome === 'timeout' || p.outcome === 'lost') b.failed += p.count;
+    else b.other += p.count;
+  }
+  return [...buckets.values()];
+}
+
+export async function readOverview(reads: DashboardReads): Promise<Overview> {
+  const { db, schema } = reads;
+  const [counts, lanes, workers, leader, points] = await Promise.all([
+    reads.counts.get(),
+    reads.lanes.get(),
+    listWorkers(db, schema),
+    leaderInfo(db, schema),
+    throughput(db, schema, THROUGHPUT_MINUTES),
+  ]);
+  const total: Totals = { pending: 0, running: 0, dead: 0 };
+  const byType = new Map<string, Totals & { type: string }>();
+  const byQueue = new Map<string, QueueOverview>();
+  const queue = (name: string): QueueOverview => {
+    let q = byQueue.get(name);
+    if (!q) byQueue.set(name, (q = { queue: name, pending: 0, running: 0, dead: 0, depth: 0, oldestDueSeconds: 0, paused: false }));
+    return q;
+  };
+  for (const c of counts.data) {
+    add(total, c);
+    add(queue(c.queue), c);
+    let t = byType.get(c.type);
+    if (!t) byType.set(c.type, (t = { type: c.type, pending: 0, running: 0, dead: 0 }));
+    add(t, c);
+  }
+  const oldestDue = { seconds: 0, queue: null as string | null };
+  for (const l of lanes.data) {
+    const q = queue(l.queue);
+    q.depth += l.depth + l.dueDeferred;
+    q.oldestDueSeconds = Math.max(q.oldestDueSeconds, l.oldestDueSeconds);
+    q.paused ||= l.paused;
+    if (l.oldestDueSeconds > oldestDue.seconds) Object.assign(oldestDue, { seconds: l.oldestDueSeconds, queue: l.queue });
+  }
+  const alive = workers.filter((w) => w.alive);
+  return {
+    counts: { ageMs: counts.ageMs, total, byQueueType: counts.data, byType: [...byType.values()].sort((a, b) => a.type.localeCompare(b.type)) },
+    queues: [...byQueue.values()].sort((a, b) => a.queue.localeCompare(b.queue)),
+    oldestDue,
+    workers: {
+      alive: alive.length,
+      total: workers.length,
+      slots: alive.reduce((n, w) => n + w.slots, 0),
+      busy: alive.reduce((n, w) => n + w.busy, 0),
+    },
+    leader: leader.session
+      ? { workerId: leader.worker?.workerId ?? null, pid: leader.session.pid, applicationName: leader.session.applicationName, since: leader.session.since }
+      : null,
+    throughput: minuteSeries(points, THROUGHPUT_MINUTES),
+  };
+}

@@ -1,0 +1,46 @@
+import { BerthInputError } from '../errors.js';
+
+/** Checks on request values (query strings and JSON bodies); each throws BerthInputError (400). */
+
+const ID = /^[0-9]{1,19}$/;
+
+export function taskId(value: string): string {
+  if (!ID.test(value)) throw new BerthInputError(`bad task id "${value.slice(0, 40)}"`);
+  return value;
+}
+
+/** A short text value (queue, type, filter), or undefined when absent or empty. */
+export function optionalText(value: unknown, name: string, max = 200): string | undefined {
+  if (value === undefined || value === null || value === '') return undefined;
+  if (typeof value !== 'string' || value.length > max) throw new BerthInputError(`${name} must be text of at most ${max} characters`);
+  return value;
+}
+
+export function optionalQuery(url: URL, name: string, max = 200): string | undefined {
+  return optionalText(url.searchParams.get(name) ?? undefined, name, max);
+}
+
+export function queryLimit(url: URL): number | undefined {
+  const v = url.searchParams.get('limit');
+  if (v === null || v === '') return undefined;
+  if (!/^[0-9]{1,4}$/.test(v)) throw new BerthInputError('limit must be an integer from 1 to 500');
+  return Number(v);
+}
+
+export function optionalInteger(value: unknown, name: string): number | undefined {
+  if (value === undefined || value === null || value === '') return undefined;
+  if (typeof value !== 'number' || !Number.isInteger(value)) throw new BerthInputError(`${name} must be an integer`);
+  return value;
+}
+
+export function optionalBoolean(value: unknown, name: string): boolean | undefined {
+  if (value === undefined || value === null) return undefined;
+  if (typeof value !== 'boolean') throw new BerthInputError(`${name} must be true or false`);
+  return value;
+}
+
+export function optionalIds(value: unknown): string[] | undefined {
+  if (value === undefined || value === null) return undefined;
+  if (!Array.isArray(value) || value.length > 1000) throw new BerthInputError('ids must be a list of at most 1000 task ids');
+  return value.map((v) => taskId(typeof v === 'string' ? v : String(v)));
+}

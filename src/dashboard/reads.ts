@@ -1,0 +1,78 @@
+import { listAudit } from '../admin/audit.js';
+import { countDead, listDead } from '../admin/dead.js';
+import { listQueues } from '../admin/queues.js';
+import { leaderInfo, listWorkers } from '../admin/stats.js';
+import { listTasks, parseState, taskTimeline } from '../admin/tasks.js';
+import { getTask } from '../storage/tasks.js';
+import { HttpError } from './http.js';
+import { readOverview, type DashboardReads } from './overview.js';
+import { optionalQuery, queryLimit, taskId } from './params.js';
+
+/** The GET side of the JSON API: reads only, keyset pages and cached counts. */
+
+export function overview(reads: DashboardReads) {
+  return readOverview(reads);
+}
+
+export async function lanes(reads: DashboardReads) {
+  const [stats, leader] = await Promise.all([reads.lanes.get(), leaderInfo(reads.db, reads.schema)]);
+  const waitingLanes = leader.worker?.maintenance.waitingLanes ?? [];
+  const waiting = new Set(waitingLanes.map((w) => `${w.queue}\u0000${w.priority}\u0000${w.shard}`));
+  return {
+    ageMs: stats.ageMs,
+    leader: leader.worker?.workerId ?? null,
+    waitingLanes,
+    lanes: stats.data.map((l) => ({ ...l, waiting: waiting.has(`${l.queue}\u0000${l.priority}\u0000${l.shard}`) })),
+  };
+}
+
+export function tasks(reads: DashboardReads, url: URL) {
+  const state = optionalQuery(url, 'state');
+  return listTasks(
+    reads.db,
+    reads.schema,
+    { state: state === undefined ? undefined : parseState(state), queue: optionalQuery(url, 'queue'), type: optionalQuery(url, 'type') },
+    { after: optionalQuery(url, 'after'), limit: queryLimit(url) },
+  );
+}
+
+export async function task(reads: DashboardReads, id: string) {
+  taskId(id);
+  const record = await getTask(reads.db, reads.schema, id);
+  if (!record) throw new HttpError(404, `task ${id} not found (never existed, removed, or its ring slot was reclaimed)`);
+  const timeline = await taskTimeline(reads.db, reads.schema, id);
+  // The lease token is the fence a holder settles with: never shown.
+  const { lease, ...rest } = record;
+  return { task: { ...rest, lease: lease && { expiresAt: lease.expiresAt, worker: lease.worker, attempt: lease.attempt } }, timeline };
+}
+
+function deadFilter(url: URL) {
+  return { queue: optionalQuery(url, 'queue'), type: optionalQuery(url, 'type'), errorContains: optionalQuery(url, 'error', 500) };
+}
+
+export function dead(reads: DashboardReads, url: URL) {
+  return listDead(reads.db, reads.schema, deadFilter(url), { after: optionalQuery(url, 'after'), limit: queryLimit(url) });
+}
+
+/** What a bulk action on the filter would touch: read once, when the operator asks. */
+export async function deadCount(reads: DashboardReads, url: URL) {
+  return { count: await countDead(reads.db, reads.schema, deadFilter(url)) };
+}
+
+export async function queues(reads: DashboardReads) {
+  return { queues: await listQueues(reads.db, reads.schema) };
+}
+
+export async function maintenance(reads: DashboardReads) {
+  const [leader, workers, audit] = await Promise.all([
+    leaderInfo(reads.db, reads.schema),
+    listWorkers(reads.db, reads.schema),
+    listAudit(reads.db, reads.schema, { limit: 50 }),
+  ]);
+  const now = Date.now();
+  return {
+    leader,
+    workers: workers.map((w) => ({ ...w, heartbeatAgeSeconds: Math.max(0, (now - w.lastSeenAt.getTime()) / 1000) })),
+    audit,
+  };
+}

@@ -1,0 +1,73 @@
+import type { Registry } from 'prom-client';
+import { BerthInputError } from '../errors.js';
+import type { Logger } from '../logger.js';
+import { metricsRequestHandler } from '../observability/metrics-http.js';
+import type { Queryable } from '../sql.js';
+import { createDashboardHandler } from './handler.js';
+import { listen, type Listening, type RequestHandler } from './listen.js';
+import { assertSafeBinding, DEFAULT_DASHBOARD_HOST, normaliseBasePath, validateAuth, validatePort, warnIfNoAuth, type DashboardOptions } from './options.js';
+
+/** Dashboard settings a worker takes: the rest (database, schema, address) are the worker's own. */
+export type WorkerDashboardOptions = Omit<DashboardOptions, 'connectionString' | 'pool' | 'schema' | 'port' | 'host'>;
+
+/** The worker's opt-in HTTP server (`WorkerOptions.http`). */
+export interface WorkerHttpOptions {
+  /** 0 picks a free port (see `Worker.httpUrl`). */
+  port: number;
+  /** Default 127.0.0.1. */
+  host?: string;
+  /** Serve `GET /metrics` from this worker's registry (default true); behind the dashboard's auth when both are on. */
+  metrics?: boolean;
+  /** Serve the dashboard too, on the worker's own pool. */
+  dashboard?: boolean | WorkerDashboardOptions;
+}
+
+function dashboardOf(o: WorkerHttpOptions): WorkerDashboardOptions | null {
+  if (o.dashboard === undefined || o.dashboard === false) return null;
+  return o.dashboard === true ? {} : o.dashboard;
+}
+
+/** Checked in the Worker constructor, so a bad setting fails before anything starts. */
+export function validateWorkerHttpOptions(o: WorkerHttpOptions): void {
+  if (typeof o !== 'object' || o === null) throw new BerthInputError('http must be an object { port, host?, metrics?, dashboard? }');
+  validatePort(o.port, 'http.port');
+  const host = o.host ?? DEFAULT_DASHBOARD_HOST;
+  if (typeof host !== 'string' || host === '') throw new BerthInputError('http.host must be a host name or address');
+  const dashboard = dashboardOf(o);
+  if (o.metrics === false && !dashboard) throw new BerthInputError('http serves nothing: turn on metrics or dashboard');
+  if (dashboard) {
+    if (typeof dashboard !== 'object') throw new BerthInputError('http.dashboard must be true, false or dashboard options');
+    validateAuth(dashboard.auth);
+    assertSafeBinding(dashboard.auth, host);
+    normaliseBasePath(dashboard.basePath);
+  }
+}
+
+export interface WorkerHttpContext {
+  pool: Queryable;
+  schema: string;
+  registry: Registry;
+  logger: Logger;
+}
+
+/** One server for the worker: /metrics and/or the dashboard. */
+export function startWorkerHttp(o: WorkerHttpOptions, ctx: WorkerHttpContext): Promise<Listening> {
+  const dashboard = dashboardOf(o);
+  const metrics = o.metrics ?? true;
+  const handlers: RequestHandler[] = [];
+  if (dashboard) {
+    handlers.push(
+      createDashboardHandler({
+        ...dashboard,
+        pool: ctx.pool,
+        schema: ctx.schema,
+        logger: dashboard.logger ?? ctx.logger,
+        metricsRegistry: metrics ? ctx.registry : undefined,
+      }),
+    );
+    warnIfNoAuth(ctx.logger, dashboard.auth, o.host ?? DEFAULT_DASHBOARD_HOST);
+  } else if (metrics) {
+    handlers.push(metricsRequestHandler(ctx.registry));
+  }
+  return listen(handlers, o.port, o.host ?? DEFAULT_DASHBOARD_HOST, ctx.logger);
+}

@@ -1,0 +1,331 @@
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { request } from 'node:http';
+import { Registry, Counter } from 'prom-client';
+import { BerthInputError, defineTask, enqueue, getTask, listQueues, Worker } from '../src/index.js';
+import { createDashboardHandler, dashboardOptionsFromEnv, startDashboard, type DashboardOptions } from '../src/dashboard/index.js';
+import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, testLogger, waitFor } from './helpers.js';
+
+const { schema, pool } = await freshSchema('dashboard');
+const S = `"${schema}"`;
+
+interface Reply {
+  status: number;
+  headers: Record<string, string | string[] | undefined>;
+  body: string;
+  json: () => Record<string, unknown>;
+}
+
+/** A plain node:http request, so tests control every header (Host and Origin included). */
+function call(url: string, opts: { method?: string; headers?: Record<string, string>; body?: string } = {}): Promise<Reply> {
+  return new Promise((resolve, reject) => {
+    const req = request(url, { method: opts.method ?? 'GET', headers: opts.headers }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => {
+        const body = Buffer.concat(chunks).toString('utf8');
+        resolve({ status: res.statusCode ?? 0, headers: res.headers, body, json: () => JSON.parse(body) as Record<string, unknown> });
+      });
+    });
+    req.on('error', reject);
+    req.end(opts.body);
+  });
+}
+
+const servers: { close(): Promise<void> }[] = [];
+after(async () => {
+  for (const s of servers) await s.close();
+});
+
+async function dashboard(opts: Partial<DashboardOptions> = {}): Promise<string> {
+  const d = await startDashboard({ connectionString: DATABASE_URL, schema, port: 0, logger: testLogger, ...opts });
+  servers.push(d);
+  return d.url;
+}
+
+const basic = (user: string, pass: string) => `Basic ${Buffer.from(`${user}:${pass}`).toString('base64')}`;
+
+/** The CSRF token the page for these credentials carries. */
+async function csrfFor(url: string, headers: Record<string, string> = {}): Promise<string> {
+  const r = await call(`${url}api/session`, { headers });
+  assert.equal(r.status, 200, r.body);
+  return r.json().csrf as string;
+}
+
+function post(url: string, headers: Record<string, string>, body: unknown = {}): Promise<Reply> {
+  return call(url, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) });
+}
+
+const AUTH = { token: 'tok-0123456789abcdef', users: { alice: 'wonderland', bob: 'builder' } };
+
+test('with auth configured every page and API call needs it: 401 without, 200 with a bearer token or Basic credentials', async () => {
+  const url = await dashboard({ auth: AUTH });
+  const none = await call(`${url}api/overview`);
+  assert.equal(none.status, 401);
+  assert.match(String(none.headers['www-authenticate']), /^Basic realm="berth dashboard"/);
+  assert.deepEqual(none.json(), { error: 'authentication required' });
+  assert.equal((await call(url)).status, 401, 'the page too (it shows the login form)');
+  assert.equal((await call(`${url}api/overview`, { headers: { authorization: 'Bearer wrong' } })).status, 401);
+  assert.equal((await call(`${url}api/overview`, { headers: { authorization: basic('alice', 'nope') } })).status, 401);
+  assert.equal((await call(`${url}api/overview`, { headers: { authorization: basic('mallory', 'wonderland') } })).status, 401);
+
+  const bearer = await call(`${url}api/overview`, { headers: { authorization: `Bearer ${AUTH.token}` } });
+  assert.equal(bearer.status, 200, bearer.body);
+  const viaBasic = await call(`${url}api/session`, { headers: { authorization: basic('alice', 'wonderland') } });
+  assert.equal(viaBasic.status, 200);
+  assert.equal(viaBasic.json().actor, 'dashboard:alice');
+  const page = await call(url, { headers: { authorization: basic('bob', 'builder') } });
+  assert.equal(page.status, 200);
+  assert.match(page.body, /<meta name="berth-csrf" content="[A-Za-z0-9_-]{20,}">/);
+  // The assets hold no data: the login page needs them before anyone logs in.
+  assert.equal((await call(`${url}assets/app.css`)).status, 200);
+});
+
+test('the login form sets an HttpOnly SameSite=Strict session cookie (a random id, not the token) that works for pages and actions', async () => {
+  const url = await dashboard({ auth: { token: AUTH.token } });
+  const form = { 'content-type': 'application/x-www-form-urlencoded' };
+  const wrong = await call(`${url}login`, { method: 'POST', headers: form, body: 'token=nope' });
+  assert.equal(wrong.status, 401);
+  assert.equal(wrong.headers['set-cookie'], undefined);
+
+  const ok = await call(`${url}login`, { method: 'POST', headers: form, body: `token=${encodeURIComponent(AUTH.token)}` });
+  assert.equal(ok.status, 303);
+  const setCookie = String(ok.headers['set-cookie']);
+  assert.match(setCookie, /^berth_session=[A-Za-z0-9_-]{40,};/);
+  assert.match(setCookie, /HttpOnly/);
+  assert.match(setCookie, /SameSite=Strict/);
+  assert.ok(!setCookie.includes(AUTH.token), 'the cookie never carries the token');
+  const cookie = setCookie.split(';')[0]!;
+
+  const page = await call(url, { headers: { cookie } });
+  assert.equal(page.status, 200);
+  assert.match(page.body, /id="logout"/);
+  const csrf = await csrfFor(url, { cookie });
+  const act = await post(`${url}api/queues/login-q/pause`, { cookie, 'x-berth-csrf': csrf });
+  assert.equal(act.status, 200, act.body);
+  assert.equal((await listQueues(pool, schema)).find((q) => q.queue === 'login-q')?.pausedBy, 'dashboard:token');
+
+  assert.equal((await call(`${url}api/overview`, { headers: { cookie: 'berth_session=forged' } })).status, 401);
+  const out = await call(`${url}logout`, { method: 'POST', headers: { cookie, 'x-berth-csrf': csrf } });
+  assert.equal(out.status, 303);
+  assert.equal((await call(`${url}api/overview`, { headers: { cookie } })).status, 401, 'logged out');
+});
+
+test('without auth the dashboard refuses a non-loopback address, warns, and answers loopback Host headers only', async () => {
+  await assert.rejects(startDashboard({ pool, schema, port: 0, host: '0.0.0.0', logger: testLogger }), (err: Error) => {
+    assert.ok(err instanceof BerthInputError);
+    assert.match(err.message, /no authentication.*BERTH_DASHBOARD_TOKEN/s);
+    return true;
+  });
+  const { logger, lines } = captureLogger();
+  const url = await dashboard({ logger });
+  assert.ok(lines.some((l) => l.msg === 'dashboard has no authentication; bound to 127.0.0.1 only'), JSON.stringify(lines));
+  const session = await call(`${url}api/session`);
+  assert.equal(session.status, 200);
+  assert.equal(session.json().actor, 'dashboard:local');
+  const port = new URL(url).port;
+  const rebound = await call(`${url}api/overview`, { headers: { host: `evil.example:${port}` } });
+  assert.equal(rebound.status, 403, 'a page on another site cannot reach it by DNS rebinding');
+});
+
+test('CSRF: an action needs POST, the x-berth-csrf token, and a matching Origin; GET never acts', async () => {
+  const url = await dashboard({ auth: AUTH });
+  const auth = { authorization: basic('alice', 'wonderland') };
+  const csrf = await csrfFor(url, auth);
+  const target = `${url}api/queues/csrf-q/pause`;
+  const missing = await post(target, auth);
+  assert.equal(missing.status, 403);
+  assert.match(String(missing.json().error), /x-berth-csrf/);
+  assert.equal((await post(target, { ...auth, 'x-berth-csrf': 'guess' })).status, 403);
+  assert.equal((await post(target, { ...auth, 'x-berth-csrf': await csrfFor(url, { authorization: basic('bob', 'builder') }) })).status, 403, "another user's token");
+  const foreign = await post(target, { ...auth, 'x-berth-csrf': csrf, origin: 'https://evil.example' });
+  assert.equal(foreign.status, 403);
+  assert.match(String(foreign.json().error), /cross-origin/);
+  assert.equal((await post(target, { ...auth, 'x-berth-csrf': csrf, referer: 'https://evil.example/x' })).status, 403);
+  assert.equal((await post(target, { ...auth, 'x-berth-csrf': csrf, origin: 'null' })).status, 403);
+  assert.equal((await call(target, { headers: { ...auth, 'x-berth-csrf': csrf } })).status, 405, 'GET on an action');
+  assert.equal((await listQueues(pool, schema)).some((q) => q.queue === 'csrf-q'), false, 'nothing happened');
+
+  const ok = await post(target, { ...auth, 'x-berth-csrf': csrf, origin: new URL(url).origin });
+  assert.equal(ok.status, 200, ok.body);
+});
+
+test('an action is audited under the actor who did it', async () => {
+  const url = await dashboard({ auth: AUTH });
+  const auth = { authorization: basic('alice', 'wonderland') };
+  const r = await post(`${url}api/queues/${encodeURIComponent('audit/q')}/pause`, { ...auth, 'x-berth-csrf': await csrfFor(url, auth) }, { reason: 'incident 7' });
+  assert.equal(r.status, 200, r.body);
+  assert.deepEqual(r.json(), { lanes: 0 });
+  const row = await pool.query(`SELECT actor, action, target FROM ${S}.audit_log WHERE action = 'queue.pause' AND target->>'queue' = 'audit/q'`);
+  assert.deepEqual(row.rows, [{ actor: 'dashboard:alice', action: 'queue.pause', target: { queue: 'audit/q', reason: 'incident 7' } }]);
+  const q = (await listQueues(pool, schema)).find((x) => x.queue === 'audit/q');
+  assert.equal(q?.pausedBy, 'dashboard:alice');
+
+  const maintenance = await call(`${url}api/maintenance`, { headers: auth });
+  const audit = maintenance.json().audit as { actor: string; action: string }[];
+  assert.ok(audit.some((a) => a.actor === 'dashboard:alice' && a.action === 'queue.pause'));
+});
+
+test('read-only: every action answers 403 with a clear error; the page says read-only', async () => {
+  const url = await dashboard({ readOnly: true });
+  const csrf = await csrfFor(url);
+  const id = (await enqueue(pool, 'ro', {}, { schema, queue: 'ro-q' })).id!;
+  for (const path of [`api/tasks/${id}/cancel`, `api/tasks/${id}/move`, 'api/dead/purge', 'api/queues/ro-q/pause']) {
+    const r = await post(`${url}${path}`, { 'x-berth-csrf': csrf }, { all: true, queue: 'x' });
+    assert.equal(r.status, 403, path);
+    assert.match(String(r.json().error), /read-only/);
+  }
+  assert.equal((await getTask(pool, schema, id))?.state, 'ready');
+  const page = await call(url);
+  assert.match(page.body, /class="badge ro"[^>]*>read-only</);
+  assert.equal((await call(`${url}api/session`)).json().readOnly, true);
+});
+
+test('bad input answers 400 with the reason; unknown routes 404; no stack traces', async () => {
+  const url = await dashboard();
+  for (const path of ['api/tasks?state=finished', 'api/tasks?after=1%3B%20drop', 'api/tasks?limit=0', 'api/tasks?limit=abc', 'api/tasks/abc', 'api/dead?after=x']) {
+    const r = await call(`${url}${path}`);
+    assert.equal(r.status, 400, `${path}: ${r.body}`);
+    assert.equal(typeof r.json().error, 'string');
+    assert.doesNotMatch(r.body, /at .*\.ts:\d+/);
+  }
+  assert.match(String((await call(`${url}api/tasks?state=finished`)).json().error), /unknown state "finished"/);
+  assert.equal((await call(`${url}api/nope`)).status, 404);
+  assert.equal((await call(`${url}nope`)).status, 404);
+  assert.equal((await call(`${url}api/tasks/999999999`)).status, 404);
+  const csrf = await csrfFor(url);
+  const bulk = await post(`${url}api/dead/retry`, { 'x-berth-csrf': csrf }, {});
+  assert.equal(bulk.status, 400);
+  assert.match(String(bulk.json().error), /needs a filter/);
+  assert.equal((await post(`${url}api/dead/purge`, { 'x-berth-csrf': csrf }, { ids: ['1; drop'] })).status, 400);
+  const badJson = await call(`${url}api/dead/purge`, { method: 'POST', headers: { 'x-berth-csrf': csrf }, body: '{nope' });
+  assert.equal(badJson.status, 400);
+});
+
+test('security headers: a CSP without inline script, no framing, no sniffing', async () => {
+  const url = await dashboard();
+  for (const path of ['', 'api/overview']) {
+    const r = await call(`${url}${path}`);
+    const csp = String(r.headers['content-security-policy']);
+    assert.match(csp, /script-src 'self'/);
+    assert.doesNotMatch(csp, /unsafe-inline/);
+    assert.match(csp, /frame-ancestors 'none'/);
+    assert.equal(r.headers['x-content-type-options'], 'nosniff');
+  }
+  assert.doesNotMatch((await call(url)).body, /<script>/, 'no inline script in the shell');
+});
+
+test('/metrics is served (behind the same auth) when a registry is given, and not otherwise', async () => {
+  const registry = new Registry();
+  new Counter({ name: 'dashboard_test_total', help: 'x', registers: [registry] }).inc(3);
+  const url = await dashboard({ auth: AUTH, metricsRegistry: registry });
+  assert.equal((await call(`${url}metrics`)).status, 401);
+  const r = await call(`${url}metrics`, { headers: { authorization: `Bearer ${AUTH.token}` } });
+  assert.equal(r.status, 200);
+  assert.match(r.body, /dashboard_test_total 3/);
+  const plain = await dashboard();
+  assert.equal((await call(`${plain}metrics`)).status, 404);
+});
+
+test('/api/tasks pages by keyset; a task reads with its payload and timeline; overview counts by queue and type', async () => {
+  await pool.query(`TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`);
+  const ids: string[] = [];
+  for (let i = 0; i < 7; i++) ids.push((await enqueue(pool, i % 2 ? 'page.odd' : 'page.even', { i, html: '<b>x</b>' }, { schema, queue: 'paging' })).id!);
+  const url = await dashboard();
+  const seen: string[] = [];
+  let after = '';
+  for (let n = 0; n < 10; n++) {
+    const r = await call(`${url}api/tasks?queue=paging&limit=3${after ? `&after=${after}` : ''}`);
+    assert.equal(r.status, 200, r.body);
+    const page = r.json() as { tasks: { id: string }[]; next: string | null };
+    assert.ok(page.tasks.length <= 3);
+    seen.push(...page.tasks.map((t) => t.id));
+    if (!page.next) break;
+    after = page.next;
+  }
+  assert.deepEqual(seen, [...ids].reverse(), 'newest first, each once');
+  const odd = (await call(`${url}api/tasks?type=page.odd&state=ready`)).json() as { tasks: { id: string }[] };
+  assert.deepEqual(odd.tasks.map((t) => t.id), [ids[5], ids[3], ids[1]]);
+
+  const detail = await call(`${url}api/tasks/${ids[0]}`);
+  const { task, timeline } = detail.json() as { task: Record<string, unknown>; timeline: { event: string }[] };
+  assert.deepEqual(task.payload, { i: 0, html: '<b>x</b>' });
+  assert.equal(task.state, 'ready');
+  assert.deepEqual(timeline.map((e) => e.event), ['created', 'appended']);
+
+  const overview = (await call(`${url}api/overview`)).json() as {
+    counts: { byType: { type: string; pending: number }[] }; queues: { queue: string; pending: number }[]; throughput: unknown[];
+  };
+  assert.equal(overview.queues.find((q) => q.queue === 'paging')?.pending, 7);
+  assert.equal(overview.counts.byType.find((t) => t.type === 'page.odd')?.pending, 3);
+  assert.equal(overview.throughput.length, 60);
+});
+
+test('createDashboardHandler serves under a base path inside another server and leaves other paths alone', async () => {
+  const handle = createDashboardHandler({ pool, schema, basePath: '/ops/berth', logger: testLogger });
+  const { createServer } = await import('node:http');
+  const server = createServer((req, res) => {
+    void handle(req, res).then((served) => {
+      if (!served) res.end('app');
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  servers.push({ close: () => new Promise((r) => server.close(() => r())) });
+  const base = `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+  assert.equal((await call(`${base}/other`)).body, 'app');
+  const page = await call(`${base}/ops/berth/`);
+  assert.equal(page.status, 200);
+  assert.match(page.body, /src="\/ops\/berth\/assets\/app\.js"/);
+  assert.equal((await call(`${base}/ops/berth/api/queues`)).status, 200);
+});
+
+test("the worker's http option serves /metrics and the dashboard; bad settings fail in the constructor", async () => {
+  const base = { connectionString: DATABASE_URL, schema, tasks: [], logger: testLogger, maintenance: false as const };
+  assert.throws(() => new Worker({ ...base, http: { port: -1 } }), BerthInputError);
+  assert.throws(() => new Worker({ ...base, http: { port: 0, host: '0.0.0.0', dashboard: true } }), /no authentication/);
+  assert.throws(() => new Worker({ ...base, http: { port: 0, metrics: false } }), /serves nothing/);
+  assert.throws(() => new Worker({ ...base, http: { port: 0, dashboard: { auth: { token: '' } } } }), BerthInputError);
+
+  const def = defineTask({ type: 'http.ok', ceiling: 10_000, handler: async () => {} });
+  const w = new Worker({ ...base, tasks: [def], maintenance: FAST_MAINTENANCE, heartbeatIntervalMs: 100, pollIntervalMs: 100, http: { port: 0, dashboard: true } });
+  await w.start();
+  try {
+    const url = w.httpUrl!;
+    assert.match(url, /^http:\/\/127\.0\.0\.1:\d+$/);
+    const metrics = await call(`${url}/metrics`);
+    assert.equal(metrics.status, 200);
+    assert.match(metrics.body, /berth_task_slots 4/);
+    assert.equal((await call(`${url}/`)).status, 200);
+    await waitFor(async () => ((await call(`${url}/api/overview`)).json() as { workers: { alive: number } }).workers.alive === 1, 10_000, 'the worker on the overview');
+  } finally {
+    await w.stop();
+  }
+  await assert.rejects(call(`${w.httpUrl}/metrics`), /ECONNREFUSED/, 'stop() closed it');
+
+  const metricsOnly = new Worker({ ...base, http: { port: 0 } });
+  await metricsOnly.start();
+  try {
+    assert.equal((await call(`${metricsOnly.httpUrl}/metrics`)).status, 200);
+    assert.equal((await call(`${metricsOnly.httpUrl}/`)).status, 404);
+  } finally {
+    await metricsOnly.stop();
+  }
+});
+
+test('dashboardOptionsFromEnv reads and checks the BERTH_DASHBOARD_* variables', () => {
+  assert.deepEqual(dashboardOptionsFromEnv({}), {});
+  assert.deepEqual(
+    dashboardOptionsFromEnv({
+      BERTH_DASHBOARD_TOKEN: 'abc',
+      BERTH_DASHBOARD_USERS: 'alice:pa:ss,bob:x',
+      BERTH_DASHBOARD_READ_ONLY: '1',
+      BERTH_DASHBOARD_HOST: '0.0.0.0',
+      BERTH_DASHBOARD_PORT: '8080',
+    }),
+    { host: '0.0.0.0', port: 8080, auth: { token: 'abc', users: { alice: 'pa:ss', bob: 'x' } }, readOnly: true },
+  );
+  assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_PORT: 'eighty' }), /BERTH_DASHBOARD_PORT/);
+  assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_PORT: '70000' }), BerthInputError);
+  assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_USERS: 'alice' }), /user:password/);
+  assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_READ_ONLY: 'maybe' }), /BERTH_DASHBOARD_READ_ONLY/);
+});
