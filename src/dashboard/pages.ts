@@ -20,6 +20,7 @@ function head(base: string, title: string, extra = ''): string {
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>${escapeHtml(title)}</title>
+<link rel="icon" href="data:,">
 <link rel="stylesheet" href="${escapeHtml(base)}/assets/app.css">
 ${extra}</head>`;
 }
