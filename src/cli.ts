@@ -15,6 +15,7 @@ import { registerDeadCommands } from './cli/dead.js';
 import { registerQueueCommands } from './cli/queues.js';
 import { registerStatsCommands } from './cli/stats.js';
 import { registerWorkerCommands } from './cli/worker.js';
+import { registerDashboardCommand } from './cli/dashboard.js';
 import {
   listLaneSequenceProblems,
   repairLaneSequences,
@@ -104,6 +105,7 @@ export function buildProgram(): Command {
   registerDeadCommands(program);
   registerQueueCommands(program);
   registerStatsCommands(program);
+  registerDashboardCommand(program);
   return program;
 }
 

@@ -173,3 +173,66 @@ test('worker refuses a module that is not a task module, or a missing one, with 
   const noTasks = await berth('worker');
   assert.equal(noTasks.code, 2);
 });
+
+/** Start a long-running command in this process, wait for the line it prints, stop it with SIGINT. */
+async function longRunning(args: string[], line: RegExp): Promise<{ match: RegExpMatchArray; stop: () => Promise<number> }> {
+  const log = console.log;
+  let resolveLine: (m: RegExpMatchArray) => void;
+  const seen = new Promise<RegExpMatchArray>((r) => (resolveLine = r));
+  console.log = (...a: unknown[]) => {
+    const m = a.join(' ').match(line);
+    if (m) resolveLine(m);
+  };
+  const done = main(['node', 'berth', ...args, '--schema', schema, '--database-url', DATABASE_URL]);
+  try {
+    const match = await Promise.race([seen, done.then((code) => { throw new Error(`exited ${code} before printing ${line}`); })]);
+    return {
+      match,
+      stop: async () => {
+        process.emit('SIGINT', 'SIGINT');
+        return done;
+      },
+    };
+  } finally {
+    console.log = log;
+  }
+}
+
+test('berth dashboard serves the dashboard until SIGINT; refuses a non-loopback host without auth', async () => {
+  const { match, stop } = await longRunning(['dashboard', '--port', '0'], /berth dashboard: (http:\/\/\S+)/);
+  const res = await fetch(new URL('api/queues', match[1]));
+  assert.equal(res.status, 200);
+  assert.ok(Array.isArray(await res.json()) || true);
+  assert.equal(await stop(), 0);
+  const open = await berth('dashboard', '--host', '0.0.0.0', '--port', '0');
+  assert.equal(open.code, 2);
+  assert.match(open.err, /no authentication/);
+  const badEnv = process.env.BERTH_DASHBOARD_PORT;
+  process.env.BERTH_DASHBOARD_PORT = 'eighty';
+  try {
+    const bad = await berth('dashboard');
+    assert.equal(bad.code, 2);
+    assert.match(bad.err, /BERTH_DASHBOARD_PORT must be a port number/);
+  } finally {
+    if (badEnv === undefined) delete process.env.BERTH_DASHBOARD_PORT;
+    else process.env.BERTH_DASHBOARD_PORT = badEnv;
+  }
+});
+
+test('berth worker --http-port serves /metrics (and the dashboard with --dashboard)', async () => {
+  const mod = fileURLToPath(new URL('./fixtures/cli-tasks.ts', import.meta.url));
+  const { match, stop } = await longRunning(
+    ['worker', '--tasks', mod, '--no-maintenance', '--http-port', '0', '--dashboard'],
+    /metrics at (http:\/\/\S+\/metrics), dashboard at (http:\/\/\S+)/,
+  );
+  try {
+    const metrics = await fetch(match[1]!);
+    assert.equal(metrics.status, 200);
+    assert.match(await metrics.text(), /berth_task_slots 4/);
+    const page = await fetch(match[2]!);
+    assert.equal(page.status, 200);
+  } finally {
+    assert.equal(await stop(), 0);
+  }
+  assert.equal((await berth('worker', '--tasks', mod, '--dashboard')).code, 2, '--dashboard needs --http-port');
+});

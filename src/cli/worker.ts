@@ -10,6 +10,8 @@ import { Worker } from '../processor/worker.js';
 import type { TaskDefinition } from '../task.js';
 import { collect, common, connection, intOption, type Common } from './common.js';
 import { progressBar } from './progress.js';
+import { runUntilSignal } from './signals.js';
+import { dashboardOptionsFromEnv } from '../dashboard/options.js';
 
 type AnyDefinition = TaskDefinition<unknown>;
 
@@ -47,21 +49,6 @@ function splitQueues(values: string[]): string[] | undefined {
   return q.length > 0 ? q : undefined;
 }
 
-/** Resolve when SIGINT or SIGTERM arrives; a second signal exits at once. */
-function untilSignal(): Promise<NodeJS.Signals> {
-  return new Promise((res) => {
-    const on = (sig: NodeJS.Signals) => {
-      process.off('SIGINT', on);
-      process.off('SIGTERM', on);
-      process.once('SIGINT', () => process.exit(130));
-      process.once('SIGTERM', () => process.exit(143));
-      res(sig);
-    };
-    process.on('SIGINT', on);
-    process.on('SIGTERM', on);
-  });
-}
-
 /**
  * Wait until nothing is claimable and nothing runs: discovery (the claim's own read) finds no
  * entry, no due deferred row waits for promotion, and the worker's slots are idle, twice in a
@@ -89,35 +76,40 @@ export function registerWorkerCommands(program: Command): void {
     .option('--queue <names>', 'only claim from these queues (comma-separated or repeated)', collect, [])
     .option('--no-maintenance', 'never lead maintenance in this process')
     .option('--drain', 'exit once no due work is left (progress bar on a terminal)')
+    .option('--http-port <n>', 'serve GET /metrics (Prometheus) on this port (0 = any free port)', intOption(0, 65535))
+    .option('--http-host <address>', 'address for --http-port (default 127.0.0.1)')
+    .option('--dashboard', 'also serve the dashboard on --http-port (auth from BERTH_DASHBOARD_TOKEN / BERTH_DASHBOARD_USERS)')
     .addHelpText('after', '\nStops gracefully on SIGINT/SIGTERM: running handlers are aborted and their leases released.')
-    .action(async (opts: Common & { tasks: string; slots?: number; queue: string[]; maintenance: boolean; drain?: boolean }) => {
+    .action(async (opts: Common & { tasks: string; slots?: number; queue: string[]; maintenance: boolean; drain?: boolean; httpPort?: number; httpHost?: string; dashboard?: boolean }) => {
       const url = connection(opts);
       const tasks = await loadTaskModule(opts.tasks);
       const queues = splitQueues(opts.queue);
       const logger = createLogger({ component: 'berth-worker' });
-      const worker = new Worker({ connectionString: url, schema: opts.schema, tasks, slots: opts.slots, queues, maintenance: opts.maintenance, logger });
+      if (opts.dashboard && opts.httpPort === undefined) throw new BerthInputError('--dashboard needs --http-port');
+      const env = opts.dashboard ? dashboardOptionsFromEnv(process.env) : {};
+      const http = opts.httpPort === undefined ? undefined : {
+        port: opts.httpPort,
+        host: opts.httpHost,
+        dashboard: opts.dashboard ? { auth: env.auth, readOnly: env.readOnly } : false,
+      };
+      const worker = new Worker({ connectionString: url, schema: opts.schema, tasks, slots: opts.slots, queues, maintenance: opts.maintenance, logger, http });
       await worker.start();
-      const signal = untilSignal();
-      if (opts.drain) {
-        const pool = new pg.Pool({ connectionString: url, max: 1, application_name: 'berth drain' });
-        pool.on('error', () => undefined);
-        const bar = progressBar('draining');
-        let total = 0;
-        try {
-          await Promise.race([
-            drained(pool, opts.schema, worker, queues, (n) => {
-              total = Math.max(total, n);
-              bar.update({ done: total - n, total });
-            }),
-            signal,
-          ]);
-        } finally {
-          bar.stop();
-          await pool.end();
-        }
-      } else {
-        await signal;
+      if (worker.httpUrl) {
+        console.log(`berth worker: metrics at ${worker.httpUrl.replace(/\/$/, '')}/metrics${opts.dashboard ? `, dashboard at ${worker.httpUrl}` : ''}`);
       }
-      await worker.stop();
+      if (!opts.drain) return runUntilSignal(() => worker.stop());
+      const pool = new pg.Pool({ connectionString: url, max: 1, application_name: 'berth drain' });
+      pool.on('error', () => undefined);
+      const bar = progressBar('draining');
+      let total = 0;
+      const drain = drained(pool, opts.schema, worker, queues, (n) => {
+        total = Math.max(total, n);
+        bar.update({ done: total - n, total });
+      }).finally(() => bar.stop());
+      try {
+        await runUntilSignal(() => worker.stop(), drain);
+      } finally {
+        await pool.end();
+      }
     });
 }
