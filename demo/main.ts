@@ -1,9 +1,11 @@
 /**
- * The zero-setup main job: a worker draining a trickle of demo tasks. Uses DATABASE_URL when
- * set, else an embedded PostgreSQL with its data under ./.berth/. Ctrl-C stops it cleanly.
+ * The zero-setup main job: a worker draining a trickle of demo tasks (quick, slow, failing,
+ * sliced) and serving the dashboard and /metrics. Uses DATABASE_URL when set, else an embedded
+ * PostgreSQL with its data under ./.berth/. Ctrl-C stops it cleanly.
  */
 import pg from 'pg';
 import { defineTask, enqueueMany, migrate, runSlices, Worker, createLogger } from '../src/index.js';
+import { dashboardOptionsFromEnv, DEFAULT_DASHBOARD_PORT } from '../src/dashboard/index.js';
 import { startEmbeddedPostgres } from './embedded-postgres.js';
 
 const log = createLogger({ component: 'demo' });
@@ -14,6 +16,8 @@ async function database(): Promise<{ url: string; stop: () => Promise<void> }> {
   return startEmbeddedPostgres();
 }
 
+// Read (and so validated) before anything starts: a bad BERTH_DASHBOARD_* value is a clear error.
+const dashboard = dashboardOptionsFromEnv(process.env);
 const db = await database();
 const schema = process.env.BERTH_SCHEMA ?? 'berth';
 const report = await migrate({ connectionString: db.url, schema });
@@ -47,6 +51,15 @@ const tasks = [
       if (Math.random() < 0.3) throw new Error(`quota service unavailable for org ${p.org}`);
     },
   }),
+  defineTask<{ report: number }>({
+    type: 'report_render',
+    ceiling: 60_000,
+    handler: async (p, ctx) => {
+      // The slow one: a few seconds, so the dashboard shows tasks running.
+      await sleep(3000 + Math.random() * 5000, ctx.signal);
+      ctx.logger.info({ report: p.report }, 'rendered report');
+    },
+  }),
   defineTask<{ org: number; cursor: number | null }>({
     type: 'projection_rebuild',
     ceiling: 60_000,
@@ -64,7 +77,17 @@ const tasks = [
   }),
 ];
 
-const worker = new Worker({ connectionString: db.url, schema, tasks, slots: 4 });
+const worker = new Worker({
+  connectionString: db.url,
+  schema,
+  tasks,
+  slots: 4,
+  http: {
+    port: dashboard.port ?? DEFAULT_DASHBOARD_PORT,
+    host: dashboard.host,
+    dashboard: { auth: dashboard.auth, readOnly: dashboard.readOnly },
+  },
+});
 await worker.start();
 const pool = new pg.Pool({ connectionString: db.url, max: 2 });
 pool.on('error', (err) => log.warn({ err: err.message }, 'demo producer connection lost'));
@@ -76,12 +99,14 @@ const trickle = setInterval(() => {
     [
       { type: 'storage_cleanup', payload: { prefix: `stacks/${n}/` } },
       { type: 'quota_audit', payload: { org: n % 7 }, dedupeKey: `quota:${n % 7}` },
+      ...(n % 5 === 0 ? [{ type: 'report_render', payload: { report: n }, queue: 'reports' }] : []),
       ...(n % 10 === 0 ? [{ type: 'projection_rebuild', payload: { org: n, cursor: null } }] : []),
     ],
     { schema },
   ).catch((err: Error) => log.error({ err: err.message }, 'demo enqueue failed'));
 }, 1000);
-log.info({ database: db.url.replace(/:[^:@/]*@/, ':***@'), schema }, 'berth demo running; Ctrl-C to stop');
+log.info({ database: db.url.replace(/:[^:@/]*@/, ':***@'), schema, dashboard: worker.httpUrl }, 'berth demo running; Ctrl-C to stop');
+console.log(`\nberth demo: dashboard at ${worker.httpUrl}/  (metrics at ${worker.httpUrl}/metrics; Ctrl-C to stop)\n`);
 
 let stoppingSince = 0;
 async function shutdown(signal: NodeJS.Signals) {

@@ -16,11 +16,11 @@ const S = quoteIdent(schema);
 const root = fileURLToPath(new URL('..', import.meta.url));
 
 /** Run the demo in a process group of its own until a task has completed; then send `signals` to the group. */
-async function runAndInterrupt(signals: { signal: NodeJS.Signals; afterMs: number }[]): Promise<{ code: number | null; lines: string[] }> {
+async function runAndInterrupt(signals: { signal: NodeJS.Signals; afterMs: number }[]): Promise<{ code: number | null; lines: string[]; dashboard: { overview: number; metrics: string } }> {
   const child = spawn(process.execPath, ['--import', 'tsx', 'demo/main.ts'], {
     cwd: root,
     detached: true,
-    env: { ...process.env, DATABASE_URL, BERTH_SCHEMA: schema, BERTH_LOG_LEVEL: 'info' },
+    env: { ...process.env, DATABASE_URL, BERTH_SCHEMA: schema, BERTH_LOG_LEVEL: 'info', BERTH_DASHBOARD_PORT: '0' },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
@@ -30,6 +30,10 @@ async function runAndInterrupt(signals: { signal: NodeJS.Signals; afterMs: numbe
   try {
     const before = await completed();
     await waitFor(async () => (await completed()) > before, 20_000, 'a demo task completed');
+    // The demo prints where its dashboard is; both it and /metrics answer while it runs.
+    const url = (await waitFor(() => /dashboard at (http:\/\/\S+\/) /.exec(out)?.[1], 10_000, 'the dashboard URL'));
+    const overview = (await fetch(new URL('api/overview', url))).status;
+    const metrics = await (await fetch(new URL('metrics', url))).text();
     for (const { signal, afterMs } of signals) {
       await new Promise((r) => setTimeout(r, afterMs));
       try {
@@ -41,7 +45,7 @@ async function runAndInterrupt(signals: { signal: NodeJS.Signals; afterMs: numbe
     let timer: NodeJS.Timeout | undefined;
     const timeout = new Promise<never>((_, rej) => (timer = setTimeout(() => rej(new Error(`demo did not exit:\n${out}`)), 20_000)));
     const code = await Promise.race([exited, timeout]).finally(() => clearTimeout(timer));
-    return { code, lines: out.split('\n').filter(Boolean) };
+    return { code, lines: out.split('\n').filter(Boolean), dashboard: { overview, metrics } };
   } finally {
     if (child.exitCode === null && child.signalCode === null) process.kill(-child.pid!, 'SIGKILL');
   }
@@ -70,8 +74,10 @@ async function unsettledLeases(): Promise<number> {
   return r.rows[0]!.n;
 }
 
-test('Ctrl-C (SIGINT to the process group): worker stopped, then demo stopped; exit 0; no lease left open', async () => {
-  const { code, lines } = await runAndInterrupt([{ signal: 'SIGINT', afterMs: 0 }]);
+test('the demo serves the dashboard and /metrics; Ctrl-C (SIGINT to the process group): worker stopped, then demo stopped; exit 0; no lease left open', async () => {
+  const { code, lines, dashboard } = await runAndInterrupt([{ signal: 'SIGINT', afterMs: 0 }]);
+  assert.equal(dashboard.overview, 200);
+  assert.match(dashboard.metrics, /berth_task_outcomes_total\{task_type="[a-z_]+",outcome="success"\}/);
   const msgs = messages(lines);
   assert.equal(code, 0, lines.join('\n'));
   const stopped = msgs.indexOf('worker stopped');
