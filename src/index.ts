@@ -45,3 +45,18 @@ export { listQueues, pauseQueue, resumeQueue, type QueueInfo } from './admin/que
 export { laneStats, taskCounts, throughput, listWorkers, leaderInfo, CachedReader, DUE_COUNT_CAP, type LaneStat, type TaskCount, type ThroughputPoint, type WorkerInfo, type BranchRecord, type LeaderInfo } from './admin/stats.js';
 export { audited, listAudit, type Actor, type AuditEntry } from './admin/audit.js';
 export { DEFAULT_HEARTBEAT_MS } from './processor/heartbeat.js';
+export {
+  startDashboard,
+  createDashboardHandler,
+  dashboardOptionsFromEnv,
+  DEFAULT_DASHBOARD_HOST,
+  DEFAULT_DASHBOARD_PORT,
+  type DashboardServer,
+  type DashboardHandler,
+  type DashboardHandlerOptions,
+  type DashboardAuth,
+  type DashboardEnvOptions,
+  type DashboardOptions,
+  type WorkerHttpOptions,
+  type WorkerDashboardOptions,
+} from './dashboard/index.js';
