@@ -248,3 +248,12 @@ test('gauges: a paused queue is exported as paused and left out of oldest-due (p
   assert.match(text, /berth_queue_paused\{queue="held"\} 1/);
   assert.match(text, /berth_workers 0/);
 });
+
+test('listAudit pages in numeric id order across a power of ten', async () => {
+  await reset();
+  for (let i = 0; i < 12; i++) await audited(pool, schema, null, 'cli:pager', 'noop', { i }, async () => i);
+  const first = await listAudit(pool, schema, { limit: 5 });
+  assert.deepEqual(first.map((e) => (e.target as { i: number }).i), [11, 10, 9, 8, 7]);
+  const second = await listAudit(pool, schema, { limit: 5, before: first[4]!.id });
+  assert.deepEqual(second.map((e) => (e.target as { i: number }).i), [6, 5, 4, 3, 2]);
+});

@@ -63,8 +63,9 @@ export async function listAudit(
   page: { limit?: number; before?: string } = {},
 ): Promise<AuditEntry[]> {
   const res = await db.query<{ id: string; at: Date; actor: string; action: string; target: unknown; result: unknown }>(
-    `SELECT id::text, at, actor, action, target, result FROM ${quoteIdent(schema)}.audit_log
-      WHERE ($1::bigint IS NULL OR id < $1) ORDER BY id DESC LIMIT $2`,
+    // a.id, not the text output column: the page is in numeric order and the PK serves it.
+    `SELECT a.id::text AS id, a.at, a.actor, a.action, a.target, a.result FROM ${quoteIdent(schema)}.audit_log a
+      WHERE ($1::bigint IS NULL OR a.id < $1) ORDER BY a.id DESC LIMIT $2`,
     [page.before ?? null, Math.min(Math.max(page.limit ?? 50, 1), 500)],
   );
   return res.rows;
