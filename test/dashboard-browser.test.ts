@@ -1,0 +1,243 @@
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { existsSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium, type Browser, type Page } from 'playwright-core';
+import { defineTask, enqueue, getTask, pauseQueue, Worker } from '../src/index.js';
+import { DATABASE_URL, freshSchema, testLogger, waitFor } from './helpers.js';
+
+/**
+ * The dashboard in a real browser against a real worker. Needs Chromium at /usr/bin/chromium
+ * (`apt-get install chromium`; scripts/test-prereqs.sh installs it): without it these tests fail.
+ * The overview screenshot goes to docs/dashboard.png with BERTH_UPDATE_SCREENSHOT=1, else to a
+ * temporary file (so a test run leaves the tree clean).
+ */
+const CHROMIUM = '/usr/bin/chromium';
+const LONG = 30_000;
+
+const { schema, pool } = await freshSchema('dashbrowser');
+const S = `"${schema}"`;
+
+const gate = { failInvoices: true };
+const ran = new Map<string, number>();
+function record(id: string): void {
+  ran.set(id, (ran.get(id) ?? 0) + 1);
+}
+const tasks = [
+  defineTask({ type: 'email.send', ceiling: 10_000, handler: async (_p, ctx) => record(ctx.id) }),
+  defineTask({ type: 'report.build', ceiling: 10_000, handler: async (_p, ctx) => record(ctx.id) }),
+  defineTask<{ invoice: number }>({
+    type: 'invoice.sync',
+    ceiling: 10_000,
+    maxAttempts: 1,
+    handler: async (_p, ctx) => {
+      if (gate.failInvoices) throw new Error('upstream 503: billing API unavailable');
+      record(ctx.id);
+    },
+  }),
+];
+const worker = new Worker({
+  connectionString: DATABASE_URL,
+  schema,
+  tasks,
+  slots: 4,
+  pollIntervalMs: 200,
+  heartbeatIntervalMs: 250,
+  // Fast promotion; the ring keeps its default pace, so completed tasks stay readable for a while.
+  maintenance: { leaderPollMs: 100, promoteIntervalMs: 50, gaugeIntervalMs: 500 },
+  logger: testLogger,
+  http: { port: 0, dashboard: true },
+});
+await worker.start();
+const base = worker.httpUrl!;
+
+let launched: Promise<Browser> | null = null;
+function browser(): Promise<Browser> {
+  if (!existsSync(CHROMIUM)) {
+    return Promise.reject(new Error(`${CHROMIUM} is missing: install it with \`apt-get install chromium\` (scripts/test-prereqs.sh does)`));
+  }
+  launched ??= chromium.launch({
+    executablePath: CHROMIUM,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  });
+  return launched;
+}
+after(async () => {
+  if (launched) await (await launched).close();
+  await worker.stop();
+});
+
+/** A fresh page (own context) at a dashboard route; page errors and console errors (CSP included) are kept. */
+async function open(route: string): Promise<{ page: Page; errors: string[]; close(): Promise<void> }> {
+  const context = await (await browser()).newContext({ viewport: { width: 1280, height: 800 } });
+  context.setDefaultTimeout(LONG);
+  const page = await context.newPage();
+  const errors: string[] = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+  page.on('console', (m) => {
+    if (m.type() === 'error') errors.push(m.text());
+  });
+  await page.goto(`${base}/#/${route}`);
+  return { page, errors, close: () => context.close() };
+}
+
+/** Wait until the element's text matches (the page refreshes itself every few seconds). */
+async function textOf(page: Page, selector: string, expected: RegExp): Promise<string> {
+  const handle = await page.waitForFunction(
+    ([sel, source, flags]) => {
+      const el = document.querySelector(sel!);
+      const text = el?.textContent ?? '';
+      return new RegExp(source!, flags).test(text) ? text : null;
+    },
+    [selector, expected.source, expected.flags],
+    { timeout: LONG, polling: 100 },
+  );
+  return (await handle.jsonValue()) as string;
+}
+
+const later = () => new Date(Date.now() + 3600_000);
+
+test('the overview shows pending, running and dead counts per queue and task type', async () => {
+  for (let i = 0; i < 3; i++) await enqueue(pool, 'email.send', { to: `user${i}@example.com` }, { schema, queue: 'mail', runAt: later() });
+  for (let i = 0; i < 2; i++) await enqueue(pool, 'report.build', { month: `2026-0${i + 1}` }, { schema, queue: 'reports', runAt: later() });
+  const { page, errors, close } = await open('overview');
+  try {
+    await textOf(page, 'tr[data-queue="mail"] td:nth-child(2)', /^3$/);
+    await textOf(page, 'tr[data-queue="reports"] td:nth-child(2)', /^2$/);
+    await textOf(page, 'tr[data-type="email.send"] td:nth-child(2)', /^3$/);
+    await textOf(page, '[data-card="workers"] .card-value', /^1$/);
+    await textOf(page, '[data-card="leader"] .card-value', new RegExp(worker.id.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')));
+    assert.equal(await page.locator('figure.chart svg').count(), 2, 'throughput and failure charts');
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+  }
+});
+
+test('filtering tasks by state and type changes the list; a task opens with its payload and timeline', async () => {
+  const hostile = await enqueue(pool, 'report.build', { title: '<img src=x onerror="window.pwned=1">', n: 42 }, { schema, queue: 'reports', runAt: later() });
+  const { page, errors, close } = await open('tasks');
+  try {
+    await page.waitForSelector('tr[data-task]');
+    await page.selectOption('select[name="state"]', 'scheduled');
+    await page.waitForFunction(() => location.hash.includes('state=scheduled'));
+    await page.fill('input[name="type"]', 'report.build');
+    await page.click('form.filters button[type="submit"]');
+    await page.waitForFunction(() => {
+      const rows = [...document.querySelectorAll('tr[data-task]')];
+      return rows.length === 3 && rows.every((r) => r.textContent!.includes('report.build') && r.textContent!.includes('scheduled'));
+    }, undefined, { timeout: LONG });
+    await page.fill('input[name="type"]', 'email.send');
+    await page.click('form.filters button[type="submit"]');
+    await page.waitForFunction(() => {
+      const rows = [...document.querySelectorAll('tr[data-task]')];
+      return rows.length === 3 && rows.every((r) => r.textContent!.includes('email.send'));
+    }, undefined, { timeout: LONG });
+
+    await page.goto(`${base}/#/tasks?type=report.build`);
+    await page.click(`tr[data-task="${hostile.id}"] td:nth-child(2)`);
+    await page.waitForFunction((id) => location.hash === `#/tasks/${id}`, hostile.id);
+    const payload = await textOf(page, '#payload', /onerror/);
+    assert.deepEqual(JSON.parse(payload), { title: '<img src=x onerror="window.pwned=1">', n: 42 });
+    assert.equal(await page.locator('main img').count(), 0, 'the payload is text, never markup');
+    assert.equal(await page.evaluate(() => (window as unknown as { pwned?: number }).pwned), undefined);
+    await page.waitForSelector('#timeline li[data-event="created"]');
+    assert.deepEqual(await page.locator('#timeline li').evaluateAll((els) => els.map((e) => e.getAttribute('data-event'))), ['created', 'scheduled']);
+    await textOf(page, 'dd[data-field="state"]', /^scheduled$/);
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+  }
+});
+
+test('retrying a dead letter from the Dead letters page runs it', async () => {
+  gate.failInvoices = true;
+  const { id } = await enqueue(pool, 'invoice.sync', { invoice: 1001 }, { schema, queue: 'billing' });
+  await waitFor(async () => (await getTask(pool, schema, id!))?.state === 'dead', LONG, 'the invoice task to die');
+  const { page, errors, close } = await open('dead');
+  try {
+    const row = `tr[data-task="${id}"]`;
+    await textOf(page, row, /billing API unavailable/);
+    gate.failInvoices = false;
+    await page.click(`${row} button:has-text("Retry")`);
+    await textOf(page, '#toast', /retried/);
+    await waitFor(() => ran.get(id!) === 1, LONG, 'the retried task to run');
+    await page.goto(`${base}/#/tasks/${id}`);
+    await textOf(page, 'dd[data-field="state"]', /^completed$/);
+    await page.waitForSelector('#timeline li[data-event="settled"]');
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+  }
+});
+
+test('a queue paused from the Queues page is not claimed while others run; resuming runs it', async () => {
+  // The queue needs a lane to be listed: one task that runs now.
+  const first = await enqueue(pool, 'report.build', {}, { schema, queue: 'exports' });
+  await waitFor(() => ran.get(first.id!) === 1, LONG, 'the first export');
+  const { page, errors, close } = await open('queues');
+  try {
+    const row = 'tr[data-queue="exports"]';
+    await page.fill(`${row} input[data-keep]`, 'storage migration');
+    await page.click(`${row} button:has-text("Pause")`);
+    await textOf(page, row, /paused.*dashboard:local.*storage migration/);
+
+    const held = await enqueue(pool, 'report.build', { held: true }, { schema, queue: 'exports' });
+    const other = await enqueue(pool, 'email.send', { to: 'ops@example.com' }, { schema, queue: 'mail' });
+    await waitFor(() => ran.get(other.id!) === 1, LONG, 'the task on another queue to run');
+    const detail = await (await browser()).newPage();
+    await detail.goto(`${base}/#/tasks/${held.id}`);
+    await textOf(detail, 'dd[data-field="state"]', /^ready$/);
+    await detail.close();
+    assert.equal(ran.get(held.id!), undefined, 'not claimed while paused');
+
+    await page.click(`${row} button:has-text("Resume")`);
+    await textOf(page, row, /active/);
+    await waitFor(() => ran.get(held.id!) === 1, LONG, 'the held task to run after resume');
+    await page.goto(`${base}/#/tasks/${held.id}`);
+    await textOf(page, 'dd[data-field="state"]', /^completed$/);
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+  }
+});
+
+test('screenshot of the overview with realistic data', async () => {
+  // Work in several queues and types, some of it failing for good.
+  const spread: [string, string, number][] = [['mail', 'email.send', 14], ['reports', 'report.build', 6], ['billing', 'invoice.sync', 9], ['media', 'thumbnail.render', 21]];
+  for (const [queue, type, n] of spread) {
+    for (let i = 0; i < n; i++) await enqueue(pool, type, { i }, { schema, queue, runAt: new Date(Date.now() + (i + 1) * 600_000) });
+  }
+  gate.failInvoices = true;
+  for (let i = 0; i < 3; i++) await enqueue(pool, 'invoice.sync', { invoice: 2000 + i }, { schema, queue: 'billing' });
+  // A paused queue with a backlog: oldest due and depth.
+  await pauseQueue(pool, schema, 'media', 'cli:ops', 'CDN maintenance');
+  for (let i = 0; i < 12; i++) await enqueue(pool, 'thumbnail.render', { asset: `img-${i}.jpg` }, { schema, queue: 'media', runAt: new Date(Date.now() - (i + 1) * 60_000) });
+  // An hour of history as the workers' heartbeats would have written it (a test cannot wait an hour).
+  await pool.query(
+    `INSERT INTO ${S}.outcome_counts (minute, worker_id, queue, type, outcome, count)
+     SELECT date_trunc('minute', now()) - make_interval(mins => m), 'history', q.queue, q.type, o.outcome,
+            greatest(0, round(q.base * (1.2 + sin(m / 7.0)) * o.share + (m % 5)))::bigint
+       FROM generate_series(1, 59) m,
+            (VALUES ('mail', 'email.send', 40), ('reports', 'report.build', 8), ('billing', 'invoice.sync', 15), ('media', 'thumbnail.render', 25)) q(queue, type, base),
+            (VALUES ('success', 1.0), ('failure', 0.06)) o(outcome, share)
+      WHERE o.outcome = 'success' OR m % 3 = 0 OR m BETWEEN 20 AND 26`,
+  );
+  await waitFor(async () => (await pool.query(`SELECT count(*)::int AS n FROM ${S}.dead_letters WHERE type = 'invoice.sync'`)).rows[0].n >= 3, LONG, 'dead letters');
+  const { page, errors, close } = await open('overview');
+  try {
+    await textOf(page, 'tr[data-queue="media"] td:nth-child(2)', /^33$/);
+    await textOf(page, '[data-card="dead-letters"] .card-value', /^[1-9]/);
+    await page.waitForSelector('figure.chart rect.bar.bad');
+    const keep = Boolean(process.env.BERTH_UPDATE_SCREENSHOT);
+    const file = keep ? fileURLToPath(new URL('../docs/dashboard.png', import.meta.url)) : join(tmpdir(), `berth-dashboard-${process.pid}.png`);
+    await page.screenshot({ path: file });
+    assert.ok(statSync(file).size > 10_000, 'a real picture');
+    if (!keep) rmSync(file);
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+  }
+});
