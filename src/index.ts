@@ -42,7 +42,7 @@ export {
 export { listTasks, taskTimeline, retryTask, cancelTask, deleteTask, parseState, TASK_STATES, type TaskFilter, type TaskPage, type TaskSummary, type TaskList, type TimelineEvent, type TaskActionResult } from './admin/tasks.js';
 export { listDead, countDead, retryDead, retryDeadLetters, purgeDead, type DeadFilter, type DeadLetter, type BulkProgress, type BulkResult } from './admin/dead.js';
 export { listQueues, pauseQueue, resumeQueue, type QueueInfo } from './admin/queues.js';
-export { laneStats, taskCounts, throughput, listWorkers, leaderInfo, CachedReader, DUE_COUNT_CAP, type LaneStat, type TaskCount, type ThroughputPoint, type WorkerInfo, type BranchRecord, type LeaderInfo } from './admin/stats.js';
+export { laneStats, laneActivity, taskCounts, throughput, listWorkers, leaderInfo, CachedReader, DUE_COUNT_CAP, type LaneStat, type TaskCount, type ThroughputPoint, type WorkerInfo, type BranchRecord, type LeaderInfo } from './admin/stats.js';
 export { audited, listAudit, type Actor, type AuditEntry } from './admin/audit.js';
 export { DEFAULT_HEARTBEAT_MS } from './processor/heartbeat.js';
 export {

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import {
   audited, BerthInputError, cancelTask, defineTask, deleteTask, enqueue, enqueueMany, getTask, laneStats, leaderInfo,
   listAudit, listDead, listQueues, listTasks, listWorkers, pauseQueue, purgeDead, resumeQueue, retryDead, retryTask,
-  taskCounts, taskTimeline, throughput, Worker,
+  taskCounts, taskTimeline, throughput, Worker, laneActivity,
 } from '../src/index.js';
 import { claim } from '../src/processor/claim.js';
 import { completeLeases } from '../src/processor/settlement.js';
@@ -174,6 +174,7 @@ test('laneStats: depth and oldest due from index probes; taskCounts by queue and
   const lane = (await laneStats(pool, schema)).find((l) => l.queue === 'stats-q')!;
   assert.equal(lane.depth, 3);
   assert.ok(lane.oldestDueSeconds >= 0);
+  assert.deepEqual((await laneActivity(pool, schema)).get(lane.laneId), { running: 2, dead: 0 });
   const counts = (await taskCounts(pool, schema)).find((c) => c.queue === 'stats-q');
   assert.deepEqual(counts, { queue: 'stats-q', type: 's', pending: 5, running: 2, dead: 0 });
 });

@@ -143,6 +143,7 @@ test('queues pause / list / resume; stats; leader exits 1 with no leader', async
   assert.equal(stats.queues.find((q: { queue: string }) => q.queue === 'pq').paused, true);
   const table = await berth('stats');
   assert.match(table.out, /QUEUE +PENDING +RUNNING +DEAD/);
+  assert.match(table.out, /LANEID +QUEUE +PRIORITY +SHARD +DEPTH +DUEDEFERRED +OLDESTDUE +RUNNING +DEAD/);
   assert.equal((await berth('queues', 'resume', 'pq')).code, 0);
   assert.equal(JSON.parse((await berth('queues', 'list', '--json')).out).find((q: { queue: string }) => q.queue === 'pq').paused, false);
 

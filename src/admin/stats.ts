@@ -67,6 +67,30 @@ export async function laneStats(db: Queryable, schema: string): Promise<LaneStat
   }));
 }
 
+/**
+ * Per lane: tasks under a live lease, and dead letters. Reads the live leases (the `expires_at`
+ * index, so leases of the last ceiling-and-margin) and every dead letter: `berth stats` runs it
+ * once; a refreshing view should cache it like `taskCounts`.
+ */
+export async function laneActivity(db: Queryable, schema: string): Promise<Map<number, { running: number; dead: number }>> {
+  const s = quoteIdent(schema);
+  const r = await db.query<{ lane_id: number; running: string; dead: string }>(
+    `SELECT lane_id, sum(running)::text AS running, sum(dead)::text AS dead FROM (
+       SELECT le.lane_id, count(*) AS running, 0 AS dead FROM ${s}.leases le
+        WHERE le.expires_at > now()
+          AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
+                           WHERE st.lane_id = le.lane_id AND st.lane_seq = le.lane_seq AND st.slot = le.slot)
+        GROUP BY le.lane_id
+       UNION ALL
+       SELECT l.lane_id, 0, count(*) FROM ${s}.dead_letters d
+         JOIN ${s}.lanes l ON l.queue = d.queue AND l.priority = d.priority AND l.shard = d.shard
+        WHERE ${deadRowPredicate(s)}
+        GROUP BY l.lane_id) x
+     GROUP BY lane_id`,
+  );
+  return new Map(r.rows.map((x) => [x.lane_id, { running: Number(x.running), dead: Number(x.dead) }]));
+}
+
 export interface TaskCount {
   queue: string;
   type: string;

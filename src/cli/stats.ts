@@ -1,16 +1,18 @@
 import { Command } from 'commander';
-import { laneStats, leaderInfo, listWorkers, taskCounts, throughput, DUE_COUNT_CAP } from '../admin/stats.js';
+import { laneActivity, laneStats, leaderInfo, listWorkers, taskCounts, throughput, DUE_COUNT_CAP } from '../admin/stats.js';
 import { CliFailure, common, duration, printJson, printTable, withPool, type Common } from './common.js';
 
 export function registerStatsCommands(program: Command): void {
   common(program.command('stats'))
     .description('queues (pending, running, dead, rates) and lanes (depth, oldest due, paused)')
-    .addHelpText('after', '\nRates are handler outcomes per minute over the last 5 minutes, from worker heartbeats.')
+    .addHelpText('after', '\nRates are handler outcomes per minute over the last 5 minutes, per queue (from worker heartbeats).')
     .action(async (opts: Common) => {
       await withPool(opts, async (pool) => {
-        const [counts, lanes, points, workers] = await Promise.all([
-          taskCounts(pool, opts.schema), laneStats(pool, opts.schema), throughput(pool, opts.schema, 5), listWorkers(pool, opts.schema),
+        const [counts, laneRows, activity, points, workers] = await Promise.all([
+          taskCounts(pool, opts.schema), laneStats(pool, opts.schema), laneActivity(pool, opts.schema),
+          throughput(pool, opts.schema, 5), listWorkers(pool, opts.schema),
         ]);
+        const lanes = laneRows.map((l) => ({ ...l, running: activity.get(l.laneId)?.running ?? 0, dead: activity.get(l.laneId)?.dead ?? 0 }));
         const queues = new Map<string, { queue: string; pending: number; running: number; dead: number; donePerMin: number; failedPerMin: number; oldestDue: number; paused: boolean }>();
         const q = (name: string) => {
           let v = queues.get(name);
@@ -37,7 +39,7 @@ export function registerStatsCommands(program: Command): void {
         console.log('');
         printTable(
           lanes.map((l) => ({ ...l, dueDeferred: l.dueDeferred >= DUE_COUNT_CAP ? `${DUE_COUNT_CAP}+` : l.dueDeferred, oldestDue: duration(l.oldestDueSeconds), paused: l.paused ? 'yes' : '' })),
-          ['laneId', 'queue', 'priority', 'shard', 'depth', 'dueDeferred', 'oldestDue', 'paused'],
+          ['laneId', 'queue', 'priority', 'shard', 'depth', 'dueDeferred', 'oldestDue', 'running', 'dead', 'paused'],
         );
         console.log(`\n${alive.length} worker(s) alive, ${alive.reduce((n, w) => n + w.busy, 0)}/${alive.reduce((n, w) => n + w.slots, 0)} slots busy`);
       });
