@@ -2,7 +2,7 @@ import pg from 'pg';
 import { BerthInputError } from '../errors.js';
 import { createLogger } from '../logger.js';
 import { createDashboardHandler } from './handler.js';
-import { listen } from './listen.js';
+import { listen } from '../http/listen.js';
 import {
   assertSafeBinding,
   DEFAULT_DASHBOARD_HOST,

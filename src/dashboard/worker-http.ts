@@ -4,7 +4,7 @@ import type { Logger } from '../logger.js';
 import { metricsRequestHandler } from '../observability/metrics-http.js';
 import type { Queryable } from '../sql.js';
 import { createDashboardHandler } from './handler.js';
-import { listen, type Listening, type RequestHandler } from './listen.js';
+import { listen, type Listening, type RequestHandler } from '../http/listen.js';
 import { assertSafeBinding, DEFAULT_DASHBOARD_HOST, normaliseBasePath, validateAuth, validatePort, warnIfNoAuth, type DashboardOptions } from './options.js';
 
 /** Dashboard settings a worker takes: the rest (database, schema, address) are the worker's own. */

@@ -1,5 +1,5 @@
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { listen } from '../http/listen.js';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { Registry } from 'prom-client';
 
 /** Serves a request and returns true, or returns false for a path it does not own. */
@@ -53,32 +53,6 @@ export interface MetricsServer {
 
 /** A standalone HTTP server serving only `GET /metrics` (404 elsewhere). */
 export async function startMetricsServer({ port, host = '127.0.0.1', registry }: MetricsServerOptions): Promise<MetricsServer> {
-  const handle = metricsRequestHandler(registry);
-  const server = createServer((req, res) => {
-    handle(req, res).then(
-      (served) => {
-        if (served) return;
-        res.writeHead(404, { 'content-type': 'text/plain; charset=utf-8' });
-        res.end('not found\n');
-      },
-      () => res.destroy(),
-    );
-  });
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(port, host, () => {
-      server.off('error', reject);
-      resolve();
-    });
-  });
-  const { address, port: bound } = server.address() as AddressInfo;
-  const shown = address.includes(':') ? `[${address}]` : address;
-  return {
-    url: `http://${shown}:${bound}/metrics`,
-    close: () =>
-      new Promise<void>((resolve, reject) => {
-        server.close((err) => (err ? reject(err) : resolve()));
-        server.closeAllConnections();
-      }),
-  };
+  const server = await listen([metricsRequestHandler(registry)], port, host);
+  return { url: `${server.url}/metrics`, close: () => server.close() };
 }

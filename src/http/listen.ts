@@ -12,15 +12,18 @@ export interface Listening {
   close(): Promise<void>;
 }
 
-/** Listen on `host:port` and offer each request to `handlers` in order; 404 when none serves it. */
-export async function listen(handlers: RequestHandler[], port: number, host: string, logger: Logger): Promise<Listening> {
+/**
+ * Listen on `host:port` and offer each request to `handlers` in order; 404 when none serves it.
+ * Shared by the dashboard, the worker's http port and the standalone metrics server.
+ */
+export async function listen(handlers: RequestHandler[], port: number, host: string, logger?: Logger): Promise<Listening> {
   const server = createServer((req, res) => {
     void (async () => {
       for (const handle of handlers) if (await handle(req, res)) return;
       res.writeHead(404, { 'content-type': 'text/plain; charset=utf-8', 'x-content-type-options': 'nosniff' });
       res.end('not found\n');
     })().catch((err: unknown) => {
-      logger.error({ err: (err as Error)?.message }, 'http request failed');
+      logger?.error({ err: (err as Error)?.message }, 'http request failed');
       res.destroy();
     });
   });
