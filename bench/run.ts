@@ -4,7 +4,6 @@
  * repetition). Progress goes to stderr; the Markdown report goes to stdout and
  * bench/results/latest.md.
  */
-import { execFileSync } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
 import { loadConfig, type BenchConfig } from './config.js';
@@ -16,7 +15,7 @@ import { berthAdapter } from './systems/berth.js';
 import { graphileAdapter } from './systems/graphile.js';
 import { pgBossAdapter, pgBossErrors } from './systems/pgboss.js';
 import type { AdapterContext, SystemAdapter } from './systems/types.js';
-import { leaks, log } from './util.js';
+import { berthRevision, leaks, log } from './util.js';
 
 interface Scenario {
   name: string;
@@ -34,17 +33,6 @@ function packageVersion(name: string): string {
   }
 }
 
-/** The berth code measured: commit plus whether src/ had uncommitted changes at start. */
-function berthRevision(): string {
-  try {
-    const git = (...args: string[]) => execFileSync('git', args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
-    const head = git('rev-parse', '--short', 'HEAD');
-    const dirty = git('status', '--porcelain', '--', 'src').split('\n').filter(Boolean).length;
-    return dirty > 0 ? `${head} + ${dirty} uncommitted file(s) in src/` : head;
-  } catch {
-    return 'unknown';
-  }
-}
 
 function failure(o: Outcome<unknown>): Sample {
   if (o.ok) throw new Error('not a failure');

@@ -20,7 +20,6 @@
  * stopped and the schema is checked: nothing pending, nothing dead, no handler re-runs.
  */
 import { fork, type ChildProcess } from 'node:child_process';
-import { execFileSync } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
 import { setTimeout as delay } from 'node:timers/promises';
@@ -29,6 +28,7 @@ import pg from 'pg';
 import { pino } from 'pino';
 import { defineTask, enqueueMany, migrate, readGauges, Worker, type TaskSpec } from '../src/index.js';
 import { quoteIdent, recreateDatabase } from './db.js';
+import { berthRevision } from './util.js';
 
 const SCHEMA = 'berth_scale';
 const SLOTS = 4;
@@ -264,16 +264,6 @@ async function runOnce(url: string, w: Workload, processes: number): Promise<Run
   }
 }
 
-function berthRevision(): string {
-  try {
-    const git = (...args: string[]) => execFileSync('git', args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
-    const head = git('rev-parse', '--short', 'HEAD');
-    const dirty = git('status', '--porcelain', '--', 'src').split('\n').filter(Boolean).length;
-    return dirty > 0 ? `${head} + ${dirty} uncommitted file(s) in src/` : head;
-  } catch {
-    return 'unknown';
-  }
-}
 
 const median = (xs: number[]): number => {
   const s = [...xs].sort((a, b) => a - b);

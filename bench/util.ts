@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process';
 /** Small async helpers shared by the scenarios and adapters. */
 
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
@@ -48,5 +49,17 @@ export async function cleanup(label: string, fn: () => Promise<unknown>, ms = 30
     const message = `${label}: ${(err as Error).message}`;
     leaks.push(message);
     log(`cleanup problem: ${message}`);
+  }
+}
+
+/** The berth commit a benchmark measured, and whether src/ had uncommitted changes. */
+export function berthRevision(): string {
+  try {
+    const git = (...args: string[]) => execFileSync('git', args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+    const head = git('rev-parse', '--short', 'HEAD');
+    const dirty = git('status', '--porcelain', '--', 'src').split('\n').filter(Boolean).length;
+    return dirty > 0 ? `${head} + ${dirty} uncommitted file(s) in src/` : head;
+  } catch {
+    return 'unknown';
   }
 }
