@@ -1,4 +1,4 @@
-export { migrate, SchemaTooNewError, MigrationChangedError, LATEST_SCHEMA_VERSION, type MigrateOptions, type MigrationReport } from './schema/migrate.js';
+export { migrate, assertMigrated, SchemaNotMigratedError, SchemaTooNewError, MigrationChangedError, LATEST_SCHEMA_VERSION, type MigrateOptions, type MigrationReport } from './schema/migrate.js';
 export { enqueue, enqueueMany, DEFAULT_QUEUE, DEFAULT_SHARDS, type EnqueueOptions, type EnqueueResult, type TaskSpec, type TaskTypeRef } from './producer/enqueue.js';
 export {
   defineTask,

@@ -81,8 +81,8 @@ test('listTasks and friends refuse bad input with a clear error', async () => {
   await assert.rejects(listTasks(pool, schema, {}, { after: '1; drop table x' }), BerthInputError);
   await assert.rejects(listTasks(pool, schema, {}, { limit: 0 }), BerthInputError);
   await assert.rejects(cancelTask(pool, schema, 'abc'), BerthInputError);
-  await assert.rejects(retryDead(pool, schema, {}), /needs a filter .* or --all/);
-  await assert.rejects(purgeDead(pool, schema, {}), /needs a filter .* or --all/);
+  await assert.rejects(retryDead(pool, schema, {}), /needs a filter .* or all/);
+  await assert.rejects(purgeDead(pool, schema, {}), /needs a filter .* or all/);
 });
 
 test('retryTask: a dead letter goes back to ready with a fresh attempt budget; a scheduled task becomes due', async () => {
@@ -219,7 +219,7 @@ test('audited: every action is recorded with who did it, including failures', as
   const log = await listAudit(pool, schema);
   assert.equal(log.length, 2);
   assert.equal(log[0]!.action, 'task.cancel');
-  assert.deepEqual(log[0]!.result, { error: 'bad task id "zz"' });
+  assert.deepEqual(log[0]!.result, { error: 'bad task id "zz": expected a positive integer up to 9223372036854775807' });
   assert.equal(log[1]!.actor, 'cli:bob');
   assert.deepEqual(log[1]!.target, { queue: 'x' });
 });
@@ -257,4 +257,19 @@ test('listAudit pages in numeric id order across a power of ten', async () => {
   assert.deepEqual(first.map((e) => (e.target as { i: number }).i), [11, 10, 9, 8, 7]);
   const second = await listAudit(pool, schema, { limit: 5, before: first[4]!.id });
   assert.deepEqual(second.map((e) => (e.target as { i: number }).i), [6, 5, 4, 3, 2]);
+});
+
+test('a worker, or any admin entry point, refuses an unmigrated schema with the command that fixes it', async () => {
+  const { assertMigrated, SchemaNotMigratedError } = await import('../src/index.js');
+  const w = new Worker({ connectionString: DATABASE_URL, schema: `t_never_migrated_${process.pid}`, tasks: [], logger: testLogger });
+  await assert.rejects(w.start(), /is not migrated \(no such tables\): run `berth migrate --schema t_never_migrated_\d+`/);
+  await assert.rejects(assertMigrated(pool, 'no_such_schema'), SchemaNotMigratedError);
+  await assertMigrated(pool, schema);
+  const ids = await import('../src/admin/ids.js');
+  assert.equal(ids.isTaskId('9223372036854775807'), true);
+  assert.equal(ids.isTaskId('9223372036854775808'), false);
+  assert.equal(ids.isTaskId('0'), false);
+  await assert.rejects(retryDead(pool, schema, { errorContains: '' }), /error filter must not be empty/);
+  await assert.rejects(purgeDead(pool, schema, { queue: ' ' }), /queue filter must not be empty/);
+  await assert.rejects(listTasks(pool, schema, {}, { after: '9999999999999999999' }), BerthInputError);
 });

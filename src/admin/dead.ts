@@ -1,6 +1,7 @@
 import { BerthInputError } from '../errors.js';
 import { quoteIdent, type Queryable } from '../sql.js';
 import { deadRowPredicate } from '../storage/predicates.js';
+import { taskId } from './ids.js';
 
 /**
  * Which dead letters a bulk action applies to. A bulk action needs at least one filter or an
@@ -44,12 +45,19 @@ export interface BulkResult {
 }
 
 function assertBulkScope(f: DeadFilter): void {
+  // An empty string is no filter (strpos(x, '') matches every row): refuse it rather than read
+  // it as "everything".
+  for (const [name, v] of [['queue', f.queue], ['type', f.type], ['error', f.errorContains]] as const) {
+    if (v !== undefined && v.trim() === '') throw new BerthInputError(`the ${name} filter must not be empty`);
+  }
+  if (f.ids !== undefined && f.ids.length === 0) throw new BerthInputError('the ids filter must name at least one id');
+  if (f.diedBefore !== undefined && Number.isNaN(f.diedBefore.getTime())) throw new BerthInputError('diedBefore must be a valid time');
   const scoped = f.queue !== undefined || f.type !== undefined || f.errorContains !== undefined ||
     f.diedBefore !== undefined || f.ids !== undefined;
   if (!scoped && !f.all) {
-    throw new BerthInputError('a bulk dead-letter action needs a filter (queue, type, error, died before, ids) or --all');
+    throw new BerthInputError('a bulk dead-letter action needs a filter (queue, type, error, died before, ids) or all (--all on the CLI)');
   }
-  for (const id of f.ids ?? []) if (!/^[0-9]{1,19}$/.test(id)) throw new BerthInputError(`bad task id "${id}"`);
+  for (const id of f.ids ?? []) taskId(id);
 }
 
 /** The WHERE clause for a filter, over alias `d`, with parameters starting at $1. */
@@ -72,7 +80,7 @@ export async function listDead(
 ): Promise<{ deadLetters: DeadLetter[]; next: string | null }> {
   const limit = page.limit ?? 50;
   if (!Number.isInteger(limit) || limit < 1 || limit > 500) throw new BerthInputError('limit must be an integer from 1 to 500');
-  if (page.after !== undefined && !/^[0-9]{1,19}$/.test(page.after)) throw new BerthInputError(`bad page cursor "${page.after}"`);
+  if (page.after !== undefined) taskId(page.after, 'page cursor');
   const w = where(filter);
   const res = await db.query<{
     id: string; type: string; queue: string; priority: number; attempts: number; last_error: string | null;
@@ -107,7 +115,7 @@ export async function retryDeadLetters(
   schema: string,
   ids: readonly string[],
 ): Promise<{ id: string; result: 'retried' | 'duplicate' | 'not_found' }[]> {
-  for (const id of ids) if (!/^[0-9]{1,19}$/.test(id)) throw new BerthInputError(`bad task id "${id}"`);
+  for (const id of ids) taskId(id);
   if (ids.length === 0) return [];
   const r = await db.query<{ id: string; result: 'retried' | 'duplicate' | 'not_found' }>(
     `SELECT id::text, result FROM ${quoteIdent(schema)}.retry_dead($1::bigint[])`,

@@ -2,6 +2,7 @@ import { BerthInputError } from '../errors.js';
 import { quoteIdent, readCommittedOnly, READ_COMMITTED_REQUIRED, type Queryable } from '../sql.js';
 import { getTask, type TaskState } from '../storage/tasks.js';
 import { retryDeadLetters } from './dead.js';
+import { taskId } from './ids.js';
 
 export const TASK_STATES: readonly TaskState[] = ['ready', 'running', 'scheduled', 'retryable', 'dead', 'completed'];
 
@@ -58,7 +59,7 @@ function pageLimit(limit: number | undefined): number {
 
 function cursorId(after: string | undefined): string | null {
   if (after === undefined || after === '') return null;
-  if (!/^[0-9]{1,19}$/.test(after)) throw new BerthInputError(`bad page cursor "${after}"`);
+  taskId(after, 'page cursor');
   return after;
 }
 
@@ -268,7 +269,7 @@ export async function deleteTask(db: Queryable, schema: string, id: string): Pro
 }
 
 async function removeUnleasedAs(db: Queryable, schema: string, id: string, reason: string): Promise<TaskActionResult> {
-  if (!/^[0-9]{1,19}$/.test(id)) throw new BerthInputError(`bad task id "${id}"`);
+  taskId(id);
   const s = quoteIdent(schema);
   const r = await db.query<{ result: 'removed' | 'leased' | 'not_found' | 'isolation' }>(
     `SELECT ${readCommittedOnly(`${s}.remove_unleased($1::bigint, $2)`)} AS result`,

@@ -11,6 +11,7 @@ import { claim, discover, type ClaimedTask } from './claim.js';
 import { SettlementBatcher } from './settlement-batcher.js';
 import { advanceCursor, leaseKey, releaseLease, returnUnstarted } from './settlement.js';
 import { WakeListener } from './wake.js';
+import { assertMigrated } from '../schema/migrate.js';
 import { DEFAULT_HEARTBEAT_MS, Heartbeat } from './heartbeat.js';
 import { startWorkerHttp, validateWorkerHttpOptions, type WorkerHttpOptions } from '../dashboard/worker-http.js';
 
@@ -234,6 +235,13 @@ export class Worker {
       options: SESSION_OPTIONS,
     });
     this.writePool.on('error', (err) => this.logger.warn({ err: err.message }, 'idle write connection lost'));
+    try {
+      await assertMigrated(this.writePool, this.schema);
+    } catch (err) {
+      await this.writePool.end();
+      this.started = false;
+      throw err;
+    }
     if (this.options.readConnectionString) {
       this.readPool = new pg.Pool({ connectionString: this.options.readConnectionString, max: 2, statement_timeout: statementTimeout, options: SESSION_OPTIONS });
       this.readPool.on('error', (err) => this.logger.warn({ err: err.message }, 'idle read connection lost'));

@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import pg from 'pg';
 import { BerthInputError } from '../errors.js';
-import { DEFAULT_SCHEMA, quoteIdent, schemaLockKey } from '../sql.js';
+import { DEFAULT_SCHEMA, quoteIdent, schemaLockKey, type Queryable } from '../sql.js';
 import { repairLaneSequences, type LaneSequenceRepairReport } from '../storage/lane-sequences.js';
 import { MIGRATIONS } from './migrations.js';
 import { runtimeGrantStatements } from './roles.js';
@@ -200,6 +200,37 @@ async function requireRoles(client: pg.ClientBase, roles: readonly string[]): Pr
   );
   if (missing.rows.length > 0) {
     throw new BerthInputError(`role ${missing.rows.map((r) => `"${r.name}"`).join(', ')} does not exist; create it first`);
+  }
+}
+
+/**
+ * Refuse to run against a schema `migrate()` has not brought up to date, with the command that
+ * fixes it, instead of failing later on every statement with "relation does not exist". Looks
+ * for the newest migration's relations with `to_regclass` (which needs no privilege on them, so
+ * a runtime role without access to schema_migrations can run it).
+ */
+export async function assertMigrated(db: Queryable, schema: string): Promise<void> {
+  const s = quoteIdent(schema);
+  const r = await db.query<{ core: boolean; latest: boolean }>(
+    'SELECT to_regclass($1) IS NOT NULL AS core, to_regclass($2) IS NOT NULL AS latest',
+    [`${s}.lanes`, `${s}.${LATEST_MARKER}`],
+  );
+  const row = r.rows[0]!;
+  if (!row.core) throw new SchemaNotMigratedError(schema, `berth schema "${schema}" is not migrated (no such tables): run \`berth migrate --schema ${schema}\` or migrate()`);
+  if (!row.latest) throw new SchemaNotMigratedError(schema, `berth schema "${schema}" is older than this code (version ${LATEST_SCHEMA_VERSION}): run \`berth migrate --schema ${schema}\` or migrate()`);
+}
+
+/** A relation the newest migration creates: its presence means the schema is current. */
+const LATEST_MARKER = 'audit_log';
+
+/** The schema is missing or older than the code: nothing was run against it. */
+export class SchemaNotMigratedError extends BerthInputError {
+  constructor(
+    readonly schema: string,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'SchemaNotMigratedError';
   }
 }
 
