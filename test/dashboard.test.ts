@@ -198,6 +198,22 @@ test('bad input answers 400 with the reason; unknown routes 404; no stack traces
   assert.equal(bulk.status, 400);
   assert.match(String(bulk.json().error), /needs a filter/);
   assert.equal((await post(`${url}api/dead/purge`, { 'x-berth-csrf': csrf }, { ids: ['1; drop'] })).status, 400);
+  // Ids past bigint's range (2^63 .. 10^19 - 1) look like ids but are not: 400, not a 500 from PostgreSQL.
+  const big = '9999999999999999999';
+  for (const path of [`api/tasks/${big}`, `api/tasks?after=${big}`, `api/dead?after=${big}`, 'api/tasks/0']) {
+    const r = await call(`${url}${path}`);
+    assert.equal(r.status, 400, `${path}: ${r.body}`);
+    assert.match(String(r.json().error), /bad (task id|page cursor)/);
+  }
+  for (const action of ['retry', 'cancel', 'delete', 'move']) {
+    const r = await post(`${url}api/tasks/${big}/${action}`, { 'x-berth-csrf': csrf }, { queue: 'q' });
+    assert.equal(r.status, 400, `${action}: ${r.body}`);
+  }
+  for (const action of ['retry', 'purge']) {
+    const r = await post(`${url}api/dead/${action}`, { 'x-berth-csrf': csrf }, { ids: ['1', big] });
+    assert.equal(r.status, 400, `dead ${action}: ${r.body}`);
+    assert.match(String(r.json().error), /bad task id/);
+  }
   const badJson = await call(`${url}api/dead/purge`, { method: 'POST', headers: { 'x-berth-csrf': csrf }, body: '{nope' });
   assert.equal(badJson.status, 400);
 });

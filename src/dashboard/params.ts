@@ -1,12 +1,17 @@
+import { taskId as checkTaskId } from '../admin/ids.js';
 import { BerthInputError } from '../errors.js';
 
 /** Checks on request values (query strings and JSON bodies); each throws BerthInputError (400). */
 
-const ID = /^[0-9]{1,19}$/;
+/** A task id from a path or body: a positive bigint (up to 2^63 - 1), else 400. */
+export function taskId(value: string, what = 'task id'): string {
+  return checkTaskId(value.length > 40 ? `${value.slice(0, 40)}…` : value, what);
+}
 
-export function taskId(value: string): string {
-  if (!ID.test(value)) throw new BerthInputError(`bad task id "${value.slice(0, 40)}"`);
-  return value;
+/** A keyset cursor (`?after=`): absent, or a task id. */
+export function optionalCursor(url: URL): string | undefined {
+  const v = optionalQuery(url, 'after', 40);
+  return v === undefined ? undefined : taskId(v, 'page cursor');
 }
 
 /** A short text value (queue, type, filter), or undefined when absent or empty. */

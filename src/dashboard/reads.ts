@@ -6,7 +6,7 @@ import { listTasks, parseState, taskTimeline } from '../admin/tasks.js';
 import { getTask } from '../storage/tasks.js';
 import { HttpError } from './http.js';
 import { readOverview, type DashboardReads } from './overview.js';
-import { optionalQuery, queryLimit, taskId } from './params.js';
+import { optionalCursor, optionalQuery, queryLimit, taskId } from './params.js';
 
 /** The GET side of the JSON API: reads only, keyset pages and cached counts. */
 
@@ -32,7 +32,7 @@ export function tasks(reads: DashboardReads, url: URL) {
     reads.db,
     reads.schema,
     { state: state === undefined ? undefined : parseState(state), queue: optionalQuery(url, 'queue'), type: optionalQuery(url, 'type') },
-    { after: optionalQuery(url, 'after'), limit: queryLimit(url) },
+    { after: optionalCursor(url), limit: queryLimit(url) },
   );
 }
 
@@ -51,7 +51,7 @@ function deadFilter(url: URL) {
 }
 
 export function dead(reads: DashboardReads, url: URL) {
-  return listDead(reads.db, reads.schema, deadFilter(url), { after: optionalQuery(url, 'after'), limit: queryLimit(url) });
+  return listDead(reads.db, reads.schema, deadFilter(url), { after: optionalCursor(url), limit: queryLimit(url) });
 }
 
 /** What a bulk action on the filter would touch: read once, when the operator asks. */
