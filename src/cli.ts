@@ -6,6 +6,8 @@
  * running, problems remain, no leader); 2 bad usage or configuration (bad option, bad JSON,
  * a bulk action without a filter). Commands live in src/cli/, one module per group.
  */
+import { readFileSync, realpathSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
 import { Command } from 'commander';
 import { migrate, SchemaTooNewError, withClient } from './schema/migrate.js';
 import { BerthInputError } from './errors.js';
@@ -58,11 +60,21 @@ function printProblems(schema: string, problems: readonly LaneSequenceProblem[])
 
 export { EXIT };
 
+function packageVersion(): string {
+  try {
+    // src/cli.ts and dist/cli.js both sit one level below package.json.
+    return (JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }).version;
+  } catch {
+    return 'unknown';
+  }
+}
+
 export function buildProgram(): Command {
   const program = new Command();
   program
     .name('berth')
     .description('berth: a durable task queue on PostgreSQL')
+    .version(packageVersion(), '-V, --version', 'print the berth version')
     .showHelpAfterError()
     .exitOverride();
   common(program.command('migrate'))
@@ -132,5 +144,23 @@ export async function main(argv: string[]): Promise<number> {
   }
 }
 
-const invokedDirectly = process.argv[1] && /cli\.(ts|js)$/.test(process.argv[1]);
-if (invokedDirectly) process.exitCode = await main(process.argv);
+/**
+ * Run when this file is the program: `node dist/cli.js`, `tsx src/cli.ts`, or npm's
+ * `node_modules/.bin/berth` symlink (hence the realpath), not when a test imports `main`.
+ */
+function invokedDirectly(): boolean {
+  try {
+    return process.argv[1] !== undefined && realpathSync(process.argv[1]) === realpathSync(fileURLToPath(import.meta.url));
+  } catch {
+    return false;
+  }
+}
+
+if (invokedDirectly()) {
+  // `berth tasks list | head`: a closed pipe ends the output, not the process with a stack trace.
+  process.stdout.on('error', (err: NodeJS.ErrnoException) => {
+    if (err.code === 'EPIPE') process.exit(process.exitCode ?? 0);
+    throw err;
+  });
+  process.exitCode = await main(process.argv);
+}

@@ -1,8 +1,19 @@
+import { BerthInputError } from './errors.js';
 import { pino, type Logger } from 'pino';
 
 export type { Logger };
 
 /** The default structured logger: JSON lines on stdout, level from BERTH_LOG_LEVEL. */
 export function createLogger(bindings: Record<string, unknown> = {}): Logger {
-  return pino({ name: 'berth', level: process.env.BERTH_LOG_LEVEL ?? 'info' }).child(bindings);
+  return pino({ name: 'berth', level: logLevel(process.env.BERTH_LOG_LEVEL) }).child(bindings);
+}
+
+const LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'];
+
+/** BERTH_LOG_LEVEL, checked: a typo is a clear error, not pino's internal one. */
+export function logLevel(value: string | undefined): string {
+  if (value === undefined || value.trim() === '') return 'info';
+  const v = value.trim().toLowerCase();
+  if (!LEVELS.includes(v)) throw new BerthInputError(`BERTH_LOG_LEVEL must be one of ${LEVELS.join(', ')}, got "${value}"`);
+  return v;
 }

@@ -57,6 +57,12 @@ test('enqueue: JSON payload and options; bad JSON is a usage error that enqueues
   const badDelay = await berth('enqueue', 'cli_ok', '{}', '--delay', 'soon');
   assert.equal(badDelay.code, 2);
   assert.match(badDelay.err, /expected a duration/);
+  const both = await berth('enqueue', 'cli_ok', '{}', '--delay', '5s', '--run-at', '2030-01-01T00:00:00Z');
+  assert.equal(both.code, 2);
+  assert.match(both.err, /--run-at or --delay, not both/);
+  const emptyQueue = await berth('enqueue', 'cli_ok', '{}', '--queue', '');
+  assert.equal(emptyQueue.code, 2);
+  assert.match(emptyQueue.err, /task: queue must be a non-empty name/);
   assert.deepEqual((await pool.query(`SELECT count(*) FROM ${S}.ready`)).rows, before.rows);
 });
 
@@ -66,7 +72,7 @@ test('tasks list / show / retry / cancel / delete / move, with keyset pages and 
   const first = JSON.parse((await berth('tasks', 'list', '--type', 'cli_page', '--limit', '3', '--json')).out);
   assert.deepEqual(first.tasks.map((t: { id: string }) => t.id), ids.slice(2).reverse());
   const text = await berth('tasks', 'list', '--type', 'cli_page', '--limit', '3');
-  assert.match(text.out, new RegExp(`more: berth tasks list --after ${first.next} --type cli_page`));
+  assert.match(text.out, new RegExp(`more: berth tasks list --type cli_page --limit 3 --schema ${schema} --after ${first.next}$`, 'm'));
   const second = JSON.parse((await berth('tasks', 'list', '--type', 'cli_page', '--limit', '3', '--after', first.next, '--json')).out);
   assert.deepEqual(second.tasks.map((t: { id: string }) => t.id), ids.slice(0, 2).reverse());
   assert.equal(second.next, null);
@@ -89,14 +95,26 @@ test('tasks list / show / retry / cancel / delete / move, with keyset pages and 
   const gone = await berth('tasks', 'cancel', ids[2]!);
   assert.equal(gone.code, 1);
   assert.match(gone.err, /not found/);
+  assert.equal(gone.out, '', 'a failure is reported once, on stderr');
+  const goneJson = await berth('tasks', 'cancel', ids[2]!, '--json');
+  assert.equal(goneJson.code, 1);
+  assert.deepEqual(JSON.parse(goneJson.out), { id: ids[2], result: 'not_found' }, '--json prints the result even when it fails');
   const notRetryable = await berth('tasks', 'retry', ids[3]!);
   assert.equal(notRetryable.code, 1);
-  assert.match(notRetryable.out, /already ready/);
-  assert.equal((await berth('tasks', 'show', 'abc')).code, 2);
+  assert.match(notRetryable.err, /already ready/);
+  const badId = await berth('tasks', 'show', 'abc');
+  assert.equal(badId.code, 2);
+  assert.match(badId.err, /bad task id "abc"/, 'a bad id is said, not just an exit code');
+  const huge = await berth('tasks', 'retry', '9999999999999999999');
+  assert.equal(huge.code, 2);
+  assert.match(huge.err, /up to 9223372036854775807/);
   assert.equal((await berth('tasks', 'show', '987654321')).code, 1);
 
   const sched = await enqueue(pool, 'cli_page', {}, { schema, delay: 3600_000 });
   await killTask(sched.id!);
+  const cancelDead = await berth('tasks', 'cancel', sched.id!);
+  assert.equal(cancelDead.code, 1);
+  assert.match(cancelDead.err, /is a dead letter, not pending: retry or delete it/);
   assert.equal((await berth('tasks', 'retry', sched.id!)).code, 0);
   assert.equal((await getTask(pool, schema, sched.id!))?.state, 'ready');
   assert.equal((await berth('tasks', 'delete', sched.id!)).code, 0);
@@ -117,7 +135,12 @@ test('dead list / retry / purge: bulk actions need a filter or --all', async () 
   assert.equal(list.deadLetters.length, 4);
   const noFilter = await berth('dead', 'retry');
   assert.equal(noFilter.code, 2);
-  assert.match(noFilter.err, /needs a filter .* or --all/);
+  assert.match(noFilter.err, /needs a filter .* \(--all on the CLI\)/);
+  const emptyFilter = await berth('dead', 'purge', '--error', '');
+  assert.equal(emptyFilter.code, 2, 'an empty filter is not a filter');
+  assert.match(emptyFilter.err, /error filter must not be empty/);
+  const hint = await berth('dead', 'list', '--type', 'cli_dead_a', '--limit', '1');
+  assert.match(hint.out, new RegExp(`more: berth dead list --type cli_dead_a --limit 1 --schema ${schema} --after \\d+`));
   assert.equal((await berth('dead', 'purge')).code, 2);
 
   const retried = JSON.parse((await berth('dead', 'retry', '--type', 'cli_dead_a', '--json')).out);
@@ -145,6 +168,12 @@ test('queues pause / list / resume; stats; leader exits 1 with no leader', async
   assert.match(table.out, /QUEUE +PENDING +RUNNING +DEAD/);
   assert.match(table.out, /LANEID +QUEUE +PRIORITY +SHARD +DEPTH +DUEDEFERRED +OLDESTDUE +RUNNING +DEAD/);
   assert.equal((await berth('queues', 'resume', 'pq')).code, 0);
+  const notPaused = await berth('queues', 'resume', 'pq');
+  assert.equal(notPaused.code, 1);
+  assert.match(notPaused.err, /queue "pq" is not paused/);
+  await enqueue(pool, 'cli_ok', {}, { schema, queue: 'future-only', delay: 3600_000 });
+  const queues = JSON.parse((await berth('queues', 'list', '--json')).out).map((q: { queue: string }) => q.queue);
+  assert.ok(queues.includes('future-only'), 'a queue with only scheduled work is listed (and so can be paused)');
   assert.equal(JSON.parse((await berth('queues', 'list', '--json')).out).find((q: { queue: string }) => q.queue === 'pq').paused, false);
 
   const leader = await berth('leader');
@@ -173,6 +202,8 @@ test('worker refuses a module that is not a task module, or a missing one, with 
   assert.match(missing.err, /cannot load task module/);
   const noTasks = await berth('worker');
   assert.equal(noTasks.code, 2);
+  const unmigrated = await main(['node', 'berth', 'stats', '--schema', 'never_migrated_here', '--database-url', DATABASE_URL]);
+  assert.equal(unmigrated, 2, 'an unmigrated schema is a configuration problem with the fix in the message');
 });
 
 /** Start a long-running command in this process, wait for the line it prints, stop it with SIGINT. */

@@ -1,6 +1,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { mkdtempSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { LATEST_SCHEMA_VERSION } from '../src/index.js';
@@ -47,4 +50,15 @@ test('berth migrate exits 1 when the database is unreachable', () => {
   const r = run(['migrate', '--database-url', 'postgres://postgres@127.0.0.1:1/none']);
   assert.equal(r.status, 1);
   assert.match(r.stderr, /^berth: /);
+});
+
+test('the installed bin (a symlink, as npm links node_modules/.bin/berth) runs the CLI; --version', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'berth-bin-'));
+  const link = join(dir, 'berth');
+  symlinkSync(cli, link);
+  const help = spawnSync(process.execPath, ['--import', 'tsx', link, '--help'], { encoding: 'utf8' });
+  assert.equal(help.status, 0, help.stderr);
+  assert.match(help.stdout, /Usage: berth/);
+  const version = spawnSync(process.execPath, ['--import', 'tsx', link, '--version'], { encoding: 'utf8' });
+  assert.match(version.stdout, /^\d+\.\d+\.\d+/);
 });

@@ -3,6 +3,8 @@ import assert from 'node:assert/strict';
 import { z } from 'zod';
 import { defineTask, enqueue, enqueueMany, getTask, runSlices, Worker, type TaskDefinition } from '../src/index.js';
 import { slotsFromEnv } from '../src/processor/worker.js';
+import { logLevel } from '../src/logger.js';
+import { isPermanentError, PermanentError } from '../src/errors.js';
 import { captureLogger, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, freshSchema, outcomes, waitFor, counterValue } from './helpers.js';
 
 const { schema, pool } = await freshSchema('proc');
@@ -310,6 +312,17 @@ test('bad config values get clear errors', () => {
   assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { gaugeIntervalMs: '5s' as unknown as number } }), /gaugeIntervalMs/);
   assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { promoteEvery: 1 } as never }), /unknown maintenance option "promoteEvery"/);
   assert.doesNotThrow(() => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { laneLockTimeoutMs: null } }));
+  assert.throws(() => logLevel('loud'), /BERTH_LOG_LEVEL must be one of trace, debug, info, warn, error, fatal, silent, got "loud"/);
+  assert.equal(logLevel(undefined), 'info');
+  assert.equal(logLevel('DEBUG'), 'debug');
+});
+
+test('a PermanentError from another copy of berth (a task module loaded as CommonJS) is still permanent', () => {
+  const otherCopy = Object.assign(new Error('x'), { [Symbol.for('berth.PermanentError')]: true });
+  assert.equal(isPermanentError(otherCopy), true);
+  assert.equal(isPermanentError(new PermanentError('x')), true);
+  assert.equal(isPermanentError(new Error('x')), false);
+  assert.equal(isPermanentError(null), false);
 });
 
 test('slots default to 4 and follow BERTH_TASK_PROCESSOR_CONCURRENCY', async () => {

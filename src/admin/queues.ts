@@ -10,14 +10,26 @@ export interface QueueInfo {
   reason: string | null;
 }
 
-/** Every queue that has a lane or a pause record, by name. */
+/**
+ * Every queue that has a lane, a pause record, or only scheduled/retryable tasks (a queue whose
+ * work is all in the future has no lane yet), by name. The deferred queues are found with a
+ * skip scan over the (queue, ...) index: one probe per distinct queue, not a scan of the rows.
+ */
 export async function listQueues(db: Queryable, schema: string): Promise<QueueInfo[]> {
   const s = quoteIdent(schema);
   const r = await db.query<{ queue: string; lanes: number; paused_at: Date | null; paused_by: string | null; reason: string | null }>(
-    `SELECT q.queue, coalesce(l.lanes, 0)::int AS lanes, p.paused_at, p.paused_by, p.reason
-       FROM (SELECT queue FROM ${s}.lanes UNION SELECT queue FROM ${s}.queue_pauses) q
+    `WITH RECURSIVE deferred_queues(queue) AS (
+       (SELECT queue FROM ${s}.deferred ORDER BY queue LIMIT 1)
+       UNION ALL
+       SELECT (SELECT d.queue FROM ${s}.deferred d WHERE d.queue > dq.queue ORDER BY d.queue LIMIT 1)
+         FROM deferred_queues dq WHERE dq.queue IS NOT NULL
+     )
+     SELECT q.queue, coalesce(l.lanes, 0)::int AS lanes, p.paused_at, p.paused_by, p.reason
+       FROM (SELECT queue FROM ${s}.lanes UNION SELECT queue FROM ${s}.queue_pauses
+             UNION SELECT queue FROM deferred_queues) q
        LEFT JOIN (SELECT queue, count(*) AS lanes FROM ${s}.lanes GROUP BY queue) l USING (queue)
        LEFT JOIN ${s}.queue_pauses p USING (queue)
+      WHERE q.queue IS NOT NULL
       ORDER BY q.queue`,
   );
   return r.rows.map((x) => ({

@@ -1,7 +1,9 @@
 import { userInfo } from 'node:os';
-import { Command, InvalidArgumentError } from 'commander';
+import { Command, InvalidArgumentError, Option } from 'commander';
 import pg from 'pg';
 import { BerthInputError } from '../errors.js';
+import { isTaskId } from '../admin/ids.js';
+import { assertMigrated } from '../schema/migrate.js';
 
 export const EXIT = { ok: 0, failed: 1, usage: 2 } as const;
 
@@ -20,6 +22,10 @@ export interface Common {
 }
 
 export function connection(opts: Common): string {
+  // The default comes from $BERTH_SCHEMA, which commander's parser never sees: check it here.
+  if (!/^[A-Za-z_][A-Za-z0-9_$]{0,62}$/.test(opts.schema)) {
+    throw new BerthInputError(`schema must be a plain identifier (letters, digits, _ and $; at most 63), got "${opts.schema}" (from --schema or $BERTH_SCHEMA)`);
+  }
   const url = opts.databaseUrl ?? process.env.DATABASE_URL;
   if (!url) throw new BerthInputError('no database: pass --database-url or set DATABASE_URL');
   return url;
@@ -44,17 +50,18 @@ export function intOption(min: number, max: number) {
   };
 }
 
+/** Option parser for an id (commander prints the error). Inside an action use admin/ids taskId. */
 export function taskIdArg(value: string): string {
-  if (!/^[0-9]{1,19}$/.test(value)) throw new InvalidArgumentError('a task id is a positive integer');
+  if (!isTaskId(value)) throw new InvalidArgumentError('a task id is a positive integer up to 9223372036854775807');
   return value;
 }
 
-/** --database-url, --schema, --json on a command. */
-export function common(c: Command): Command {
-  return c
-    .option('--database-url <url>', 'PostgreSQL connection string (default: $DATABASE_URL)')
-    .option('--schema <name>', 'berth schema (default: $BERTH_SCHEMA or berth)', schemaName, process.env.BERTH_SCHEMA ?? 'berth')
-    .option('--json', 'print JSON');
+/** --database-url, --schema and (for commands that print data) --json on a command. */
+export function common(c: Command, { json = true }: { json?: boolean } = {}): Command {
+  c.option('--database-url <url>', 'PostgreSQL connection string (default: $DATABASE_URL)').addOption(
+    new Option('--schema <name>', 'berth schema').default(process.env.BERTH_SCHEMA || 'berth', '$BERTH_SCHEMA or berth').argParser(schemaName),
+  );
+  return json ? c.option('--json', 'print JSON') : c;
 }
 
 /** Who an operator action is recorded as: $BERTH_ACTOR, else cli:<login name>. */
@@ -69,9 +76,10 @@ export function actor(): string {
 
 /** A short-lived pool for one command, closed afterwards whatever happens. */
 export async function withPool<T>(opts: Common, run: (pool: pg.Pool) => Promise<T>): Promise<T> {
-  const pool = new pg.Pool({ connectionString: connection(opts), max: 2, application_name: 'berth cli' });
+  const pool = new pg.Pool({ connectionString: connection(opts), max: 2, application_name: 'berth cli', options: '-c jit=off' });
   pool.on('error', () => undefined);
   try {
+    await assertMigrated(pool, opts.schema);
     return await run(pool);
   } finally {
     await pool.end();
@@ -101,4 +109,20 @@ export function duration(seconds: number): string {
   if (s < 60) return `${s}s`;
   if (s < 3600) return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, '0')}s`;
   return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, '0')}m`;
+}
+
+/** The command that prints the next page: the same filters, page size and schema. */
+export function nextPageCommand(
+  command: string,
+  opts: Common & { limit?: number },
+  next: string,
+  filters: Record<string, string | undefined>,
+): string {
+  const quote = (v: string) => (/^[A-Za-z0-9_.:\/@-]+$/.test(v) ? v : `'${v.replaceAll("'", "'\\''")}'`);
+  const parts = [`berth ${command}`];
+  for (const [k, v] of Object.entries(filters)) if (v !== undefined) parts.push(`--${k} ${quote(v)}`);
+  if (opts.limit !== undefined && opts.limit !== 50) parts.push(`--limit ${opts.limit}`);
+  if (opts.schema !== (process.env.BERTH_SCHEMA || 'berth')) parts.push(`--schema ${opts.schema}`);
+  parts.push(`--after ${next}`);
+  return parts.join(' ');
 }

@@ -6,7 +6,7 @@ import { common, connection, intOption, type Common } from './common.js';
 import { runUntilSignal } from './signals.js';
 
 export function registerDashboardCommand(program: Command): void {
-  common(program.command('dashboard'))
+  common(program.command('dashboard'), { json: false })
     .description('serve the web dashboard (overview, lanes, tasks, dead letters, queues, maintenance)')
     .option('--host <address>', 'listen address (default: $BERTH_DASHBOARD_HOST or 127.0.0.1; anything else needs auth)')
     .option('--port <n>', 'port (default: $BERTH_DASHBOARD_PORT or 4680; 0 = any free port)', intOption(0, 65535))

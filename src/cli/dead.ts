@@ -1,7 +1,7 @@
 import { Command, InvalidArgumentError } from 'commander';
 import { audited } from '../admin/audit.js';
 import { listDead, purgeDead, retryDead, type DeadFilter } from '../admin/dead.js';
-import { actor, collect, common, intOption, printJson, printTable, taskIdArg, withPool, type Common } from './common.js';
+import { actor, CliFailure, collect, common, intOption, nextPageCommand, printJson, printTable, taskIdArg, withPool, type Common } from './common.js';
 import { progressBar } from './progress.js';
 
 interface FilterOpts extends Common {
@@ -42,7 +42,7 @@ export function registerDeadCommands(program: Command): void {
   const dead = program.command('dead').description('dead letters: tasks that ran out of attempts');
   filters(common(dead.command('list')), false)
     .description('dead letters newest first; --after <id> for the next page')
-    .option('--limit <n>', 'page size (default 50)', intOption(1, 500), 50)
+    .option('--limit <n>', 'page size', intOption(1, 500), 50)
     .option('--after <id>', 'page cursor: the "next" printed by the previous page', taskIdArg)
     .action(async (opts: FilterOpts & { limit: number; after?: string }) => {
       await withPool(opts, async (pool) => {
@@ -52,7 +52,10 @@ export function registerDeadCommands(program: Command): void {
           page.deadLetters.map((d) => ({ ...d, lastError: d.lastError?.split('\n')[0]?.slice(0, 70) })),
           ['id', 'type', 'queue', 'attempts', 'diedAt', 'lastError'],
         );
-        if (page.next) console.log(`\nmore: berth dead list --after ${page.next}`);
+        if (page.next) {
+          const filters = { queue: opts.queue, type: opts.type, error: opts.error, 'died-before': opts.diedBefore?.toISOString() };
+          console.log(`\nmore: ${nextPageCommand('dead list', opts, page.next, filters)}`);
+        }
       });
     });
 
@@ -70,6 +73,7 @@ export function registerDeadCommands(program: Command): void {
           bar.stop();
           if (opts.json) printJson(r);
           else console.log(`retried ${r.changed} of ${r.matched} dead letter(s)${r.duplicates ? `; ${r.duplicates} left: a live task holds their dedupe key` : ''}`);
+          if (r.duplicates > 0) throw new CliFailure(`${r.duplicates} dead letter(s) not retried: a live task holds their dedupe key`);
         } finally {
           bar.stop();
         }

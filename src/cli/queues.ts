@@ -1,7 +1,7 @@
 import { Command } from 'commander';
 import { audited } from '../admin/audit.js';
 import { listQueues, pauseQueue, resumeQueue } from '../admin/queues.js';
-import { actor, common, printJson, printTable, withPool, type Common } from './common.js';
+import { actor, CliFailure, common, printJson, printTable, withPool, type Common } from './common.js';
 
 export function registerQueueCommands(program: Command): void {
   const queues = program.command('queues').description('list, pause and resume queues');
@@ -24,7 +24,11 @@ export function registerQueueCommands(program: Command): void {
           pauseQueue(pool, opts.schema, queue, who, opts.reason),
         );
         if (opts.json) printJson({ queue, paused: true, ...r });
-        else console.log(`queue "${queue}" paused (${r.lanes} lane(s) changed)`);
+        else {
+          console.log(`queue "${queue}" paused (${r.lanes} lane(s) changed)`);
+          const known = (await listQueues(pool, opts.schema)).find((q) => q.queue === queue && q.lanes > 0);
+          if (!known) console.log(`note: no lane of "${queue}" exists yet; the pause is recorded and its first lane will open paused`);
+        }
       });
     });
   common(queues.command('resume <queue>'))
@@ -32,6 +36,11 @@ export function registerQueueCommands(program: Command): void {
     .action(async (queue: string, opts: Common) => {
       await withPool(opts, async (pool) => {
         const who = actor();
+        const wasPaused = (await listQueues(pool, opts.schema)).some((q) => q.queue === queue && q.paused);
+        if (!wasPaused) {
+          if (opts.json) printJson({ queue, paused: false, lanes: 0 });
+          throw new CliFailure(`queue "${queue}" is not paused`);
+        }
         const r = await audited(pool, opts.schema, null, who, 'queue.resume', { queue }, () => resumeQueue(pool, opts.schema, queue, who));
         if (opts.json) printJson({ queue, paused: false, ...r });
         else console.log(`queue "${queue}" resumed (${r.lanes} lane(s) changed)`);

@@ -57,7 +57,13 @@ export function registerStatsCommands(program: Command): void {
           console.log(`leader: ${info.session.applicationName} (backend pid ${info.session.pid}${info.session.clientAddr ? `, from ${info.session.clientAddr}` : ''}, connected since ${info.session.since.toISOString()})`);
           const branches = info.worker?.maintenance.branches ?? {};
           if (Object.keys(branches).length === 0) console.log('no branch statistics yet (they arrive with the leader\'s next heartbeat)');
-          else printTable(Object.entries(branches).map(([branch, b]) => ({ branch, ...b })), ['branch', 'runs', 'failures', 'overruns', 'lastMs', 'maxMs', 'lastRunAt']);
+          else {
+            const ms = (v: number) => (v < 10 ? v.toFixed(2) : v.toFixed(0));
+            printTable(
+              Object.entries(branches).map(([branch, b]) => ({ branch, ...b, lastMs: ms(b.lastMs), maxMs: ms(b.maxMs) })),
+              ['branch', 'runs', 'failures', 'overruns', 'lastMs', 'maxMs', 'lastRunAt'],
+            );
+          }
           for (const l of info.worker?.maintenance.waitingLanes ?? []) console.log(`promotion waiter on busy lane ${l.queue}/${l.priority}/${l.shard}`);
         }
         if (!info.session) throw new CliFailure(`no maintenance leader for schema "${opts.schema}"`);

@@ -4,7 +4,8 @@ import { cancelTask, deleteTask, listTasks, parseState, retryTask, taskTimeline,
 import { BerthInputError } from '../errors.js';
 import { enqueue } from '../producer/enqueue.js';
 import { getTask, moveTask } from '../storage/tasks.js';
-import { actor, CliFailure, common, intOption, printJson, printTable, taskIdArg, withPool, type Common } from './common.js';
+import { taskId } from '../admin/ids.js';
+import { actor, CliFailure, common, intOption, nextPageCommand, printJson, printTable, taskIdArg, withPool, type Common } from './common.js';
 
 function jsonPayload(text: string): unknown {
   try {
@@ -43,11 +44,17 @@ async function taskAction(
   action: 'retry' | 'cancel' | 'delete',
   run: typeof retryTask,
 ): Promise<void> {
+  taskId(id);
   await withPool(opts, async (pool) => {
+    // Cancel means "remove pending work": say what a dead letter needs instead of "not found".
+    if (action === 'cancel' && (await getTask(pool, opts.schema, id))?.state === 'dead') {
+      if (opts.json) printJson({ id, result: 'dead' });
+      throw new CliFailure(`task ${id} is a dead letter, not pending: retry or delete it`);
+    }
     const result = await audited(pool, opts.schema, null, actor(), `task.${action}`, { id }, () => run(pool, opts.schema, id));
     if (opts.json) printJson({ id, result });
-    else console.log(`task ${id}: ${ACTION_MESSAGES[result]}`);
     if (result !== 'retried' && result !== 'removed') throw new CliFailure(`task ${id} ${ACTION_MESSAGES[result]}`);
+    if (!opts.json) console.log(`task ${id}: ${ACTION_MESSAGES[result]}`);
   });
 }
 
@@ -61,6 +68,7 @@ export function registerTaskCommands(program: Command): void {
     .option('--dedupe-key <key>', 'at most one live task per key: a second enqueue returns the first')
     .option('--max-attempts <n>', 'attempt limit for this task (default: its type\'s)', intOption(1, 1_000_000))
     .action(async (type: string, json: string, opts: Common & { queue?: string; priority?: number; runAt?: Date; delay?: number; dedupeKey?: string; maxAttempts?: number }) => {
+      if (opts.runAt !== undefined && opts.delay !== undefined) throw new BerthInputError('give --run-at or --delay, not both');
       const payload = jsonPayload(json);
       await withPool(opts, async (pool) => {
         const r = await enqueue(pool, type, payload, {
@@ -79,7 +87,7 @@ export function registerTaskCommands(program: Command): void {
     .option('--state <state>', 'ready, running, scheduled, retryable, dead or completed', parseState)
     .option('--queue <name>', 'only this queue')
     .option('--type <type>', 'only this task type')
-    .option('--limit <n>', 'page size (default 50)', intOption(1, 500), 50)
+    .option('--limit <n>', 'page size', intOption(1, 500), 50)
     .option('--after <id>', 'page cursor: the "next" printed by the previous page', taskIdArg)
     .action(async (opts: Common & { state?: ReturnType<typeof parseState>; queue?: string; type?: string; limit: number; after?: string }) => {
       await withPool(opts, async (pool) => {
@@ -89,14 +97,14 @@ export function registerTaskCommands(program: Command): void {
           page.tasks.map((t) => ({ ...t, attempts: `${t.attempts}/${t.maxAttempts ?? '-'}`, lastError: t.lastError?.split('\n')[0]?.slice(0, 60) })),
           ['id', 'type', 'state', 'queue', 'priority', 'attempts', 'runAt', 'lastError'],
         );
-        if (page.next) console.log(`\nmore: berth tasks list --after ${page.next}${opts.state ? ` --state ${opts.state}` : ''}${opts.queue ? ` --queue ${opts.queue}` : ''}${opts.type ? ` --type ${opts.type}` : ''}`);
+        if (page.next) console.log(`\nmore: ${nextPageCommand('tasks list', opts, page.next, { state: opts.state, queue: opts.queue, type: opts.type })}`);
       });
     });
 
   common(tasks.command('show <id>'))
     .description('one task: payload, attempts, last error, lease, timeline')
     .action(async (id: string, opts: Common) => {
-      taskIdArg(id);
+      taskId(id);
       await withPool(opts, async (pool) => {
         const task = await getTask(pool, opts.schema, id);
         if (!task) throw new CliFailure(`task ${id} not found`);
@@ -116,27 +124,32 @@ export function registerTaskCommands(program: Command): void {
 
   common(tasks.command('retry <id>'))
     .description('run now: a dead letter gets a fresh attempt budget; a scheduled or retryable task becomes due')
-    .action((id: string, opts: Common) => taskAction(opts, taskIdArg(id), 'retry', retryTask));
+    .action((id: string, opts: Common) => taskAction(opts, id, 'retry', retryTask));
   common(tasks.command('cancel <id>'))
     .description('remove a pending task (not one a worker is running)')
-    .action((id: string, opts: Common) => taskAction(opts, taskIdArg(id), 'cancel', cancelTask));
+    .action((id: string, opts: Common) => taskAction(opts, id, 'cancel', cancelTask));
   common(tasks.command('delete <id>'))
     .description('remove a task in any state but running, dead letters included')
-    .action((id: string, opts: Common) => taskAction(opts, taskIdArg(id), 'delete', deleteTask));
+    .action((id: string, opts: Common) => taskAction(opts, id, 'delete', deleteTask));
   common(tasks.command('move <id>'))
     .description('move a pending task to another queue and/or priority')
     .option('--queue <name>', 'target queue')
     .option('--priority <n>', 'target priority', intOption(-32768, 32767))
     .action(async (id: string, opts: Common & { queue?: string; priority?: number }) => {
-      taskIdArg(id);
+      taskId(id);
       if (opts.queue === undefined && opts.priority === undefined) throw new BerthInputError('tasks move needs --queue and/or --priority');
       await withPool(opts, async (pool) => {
+        const state = (await getTask(pool, opts.schema, id))?.state;
+        if (state === 'dead' || state === 'completed') {
+          if (opts.json) printJson({ id, result: state });
+          throw new CliFailure(`task ${id} is ${state === 'dead' ? 'a dead letter' : 'completed'}: only pending tasks move`);
+        }
         const result = await audited(pool, opts.schema, null, actor(), 'task.move', { id, queue: opts.queue, priority: opts.priority }, () =>
           moveTask(pool, opts.schema, id, { queue: opts.queue, priority: opts.priority }),
         );
         if (opts.json) printJson({ id, result });
-        else console.log(`task ${id}: ${result === 'leased' ? 'is running under a lease and was not moved' : result === 'moved' ? 'moved' : 'not found'}`);
-        if (result !== 'moved') throw new CliFailure(`task ${id} was not moved (${result})`);
+        else if (result === 'moved') console.log(`task ${id}: moved`);
+        if (result !== 'moved') throw new CliFailure(`task ${id} was not moved: ${result === 'leased' ? 'it is running under a lease' : 'not found'}`);
       });
     });
 }

@@ -8,7 +8,7 @@ import { createLogger } from '../logger.js';
 import { discover } from '../processor/claim.js';
 import { Worker } from '../processor/worker.js';
 import type { TaskDefinition } from '../task.js';
-import { collect, common, connection, intOption, type Common } from './common.js';
+import { CliFailure, collect, common, connection, intOption, type Common } from './common.js';
 import { progressBar } from './progress.js';
 import { runUntilSignal } from './signals.js';
 import { dashboardOptionsFromEnv } from '../dashboard/options.js';
@@ -30,8 +30,12 @@ export async function loadTaskModule(path: string): Promise<AnyDefinition[]> {
     mod = (await import(pathToFileURL(abs).href)) as Record<string, unknown>;
   } catch (err) {
     const e = err as NodeJS.ErrnoException;
-    const hint = /\.tsx?$/.test(abs) && e.code === 'ERR_UNKNOWN_FILE_EXTENSION' ? ' (a .ts module needs tsx: run `npx tsx node_modules/.bin/berth ...` or compile it)' : '';
-    throw new BerthInputError(`cannot load task module ${abs}: ${e.message}${hint}`);
+    if (e.code === 'ERR_MODULE_NOT_FOUND' || e.code === 'ERR_UNKNOWN_FILE_EXTENSION') {
+      const hint = e.code === 'ERR_UNKNOWN_FILE_EXTENSION' ? ' (a .ts module needs tsx: run `npx tsx node_modules/berth/dist/cli.js ...`, or compile it)' : '';
+      throw new BerthInputError(`cannot load task module ${abs}: ${e.message}${hint}`);
+    }
+    // The module exists but failed while loading: its own error, not a usage problem.
+    throw new CliFailure(`task module ${abs} failed to load: ${e.message}`);
   }
   const def = mod.default as unknown;
   const list = mod.tasks ?? (Array.isArray(def) ? def : (def as { tasks?: unknown } | undefined)?.tasks);
@@ -69,7 +73,7 @@ async function drained(pool: pg.Pool, schema: string, worker: Worker, queues: st
 }
 
 export function registerWorkerCommands(program: Command): void {
-  common(program.command('worker'))
+  common(program.command('worker'), { json: false })
     .description('run a worker (and, unless --no-maintenance, a candidate maintenance leader) for the task types a module defines')
     .requiredOption('--tasks <module>', 'module exporting `tasks`: an array of defineTask(...) results')
     .option('--slots <n>', 'concurrent handlers (default: $BERTH_TASK_PROCESSOR_CONCURRENCY or 4)', intOption(1, 1000))
@@ -102,14 +106,19 @@ export function registerWorkerCommands(program: Command): void {
       pool.on('error', () => undefined);
       const bar = progressBar('draining');
       let total = 0;
+      let finished = false;
       const drain = drained(pool, opts.schema, worker, queues, (n) => {
         total = Math.max(total, n);
         bar.update({ done: total - n, total });
+      }).then(() => {
+        finished = true;
       }).finally(() => bar.stop());
       try {
         await runUntilSignal(() => worker.stop(), drain);
       } finally {
         await pool.end();
       }
+      if (!finished) throw new CliFailure('stopped before the queue drained; run it again to finish');
+      console.log(`drained: no due work left${total > 0 ? ` (about ${total} task(s) were waiting when it started)` : ''}`);
     });
 }

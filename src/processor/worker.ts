@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import pg from 'pg';
-import { BerthInputError, PermanentError } from '../errors.js';
+import { BerthInputError, isPermanentError } from '../errors.js';
 import { createLogger, type Logger } from '../logger.js';
 import { Maintenance, validateMaintenanceOptions, type MaintenanceOptions } from '../maintenance/leader.js';
 import { BerthMetrics, type Outcome } from '../metrics.js';
@@ -570,7 +570,7 @@ export class Worker {
     }
     if (error !== null) {
       const message = error instanceof Error ? error.message || error.name : String(error);
-      const permanent = error instanceof PermanentError;
+      const permanent = isPermanentError(error);
       const r = await this.batcher!.fail({
         ref: task,
         error: message,

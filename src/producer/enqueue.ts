@@ -66,7 +66,7 @@ export async function enqueueMany(
   options: { schema?: string } = {},
 ): Promise<EnqueueResult[]> {
   const s = quoteIdent(options.schema ?? DEFAULT_SCHEMA);
-  const prepared = await Promise.all(tasks.map((t, i) => prepare(t, i)));
+  const prepared = await Promise.all(tasks.map((t, i) => prepare(t, i, tasks.length === 1 ? 'task' : `task #${i}`)));
   // One group per lane, visited in one global order (queue, priority, shard) so two
   // transactions never take lane locks in opposite orders. A default shard is chosen from the
   // transaction id; when a batch spans several lanes, resolve it here first (one extra round
@@ -136,8 +136,8 @@ interface PreparedTask {
   dedupeKey: string | null;
 }
 
-async function prepare(t: TaskSpec, index: number): Promise<PreparedTask> {
-  const where = `task #${index}`;
+/** `where` names the task in errors: "task", or "task #3" in a batch. */
+async function prepare(t: TaskSpec, index: number, where: string): Promise<PreparedTask> {
   const def = typeof t.type === 'string' ? undefined : t.type;
   const type = def ? def.type : t.type;
   if (typeof type !== 'string' || type.length === 0 || type.length > 200) {
@@ -157,7 +157,9 @@ async function prepare(t: TaskSpec, index: number): Promise<PreparedTask> {
   }
   if (json === undefined) throw new BerthInputError(`${where} (${type}): payload is not JSON-serialisable`);
   const queue = t.queue ?? DEFAULT_QUEUE;
-  if (typeof queue !== 'string') throw new BerthInputError(`${where}: queue must be a string`);
+  if (typeof queue !== 'string' || queue.trim() === '' || queue.length > 200) {
+    throw new BerthInputError(`${where}: queue must be a non-empty name of at most 200 characters`);
+  }
   const priority = t.priority ?? 0;
   if (!Number.isInteger(priority) || priority < -32768 || priority > 32767) {
     throw new BerthInputError(`${where}: priority must be an integer in the smallint range`);
