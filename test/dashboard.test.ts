@@ -4,7 +4,8 @@ import { request } from 'node:http';
 import { Registry, Counter } from 'prom-client';
 import { BerthInputError, defineTask, enqueue, getTask, listQueues, Worker } from '../src/index.js';
 import { createDashboardHandler, dashboardOptionsFromEnv, startDashboard, type DashboardOptions } from '../src/dashboard/index.js';
-import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, testLogger, waitFor } from './helpers.js';
+import { ContentionTally } from '../src/maintenance/promoter.js';
+import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, holdLaneLock, testLogger, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('dashboard');
 const S = `"${schema}"`;
@@ -326,6 +327,74 @@ test("the worker's http option serves /metrics and the dashboard; bad settings f
   } finally {
     await metricsOnly.stop();
   }
+});
+
+interface LaneRow {
+  queue: string;
+  running: number;
+  dead: number;
+  waiting: boolean;
+  contention: { handedOff: number; waiterLimit: number; waiterTimedOut: number; failed: number; lastOutcome: string; lastAt: string } | null;
+}
+
+test("/api/lanes: running and dead per lane, and the leader's per-lane promotion contention and waiter", async () => {
+  const own = await freshSchema('dashboard_lanes');
+  let release: () => void = () => {};
+  const blocked = new Promise<void>((r) => (release = r));
+  const block = defineTask({ type: 'lanes.block', ceiling: 60_000, handler: async () => blocked });
+  const fail = defineTask({ type: 'lanes.fail', ceiling: 10_000, maxAttempts: 1, handler: async () => { throw new Error('boom'); } });
+  await enqueue(own.pool, block, {}, { schema: own.schema, queue: 'busy', shard: 0 });
+  await enqueue(own.pool, fail, {}, { schema: own.schema, queue: 'busy', shard: 0 });
+  // A due deferred row on a lane someone holds: the leader's promotion hands it to a waiter.
+  await enqueue(own.pool, block, {}, { schema: own.schema, queue: 'contended', shard: 0, delay: 60_000 });
+  await own.pool.query(`UPDATE "${own.schema}".deferred SET run_at = now() - interval '1 s'`);
+  const laneId = (await own.pool.query(
+    `SELECT "${own.schema}".provision_lane(queue, priority, shard) AS id FROM "${own.schema}".deferred WHERE queue = 'contended'`,
+  )).rows[0].id as number;
+  const unlock = await holdLaneLock(own.schema, laneId);
+  const w = new Worker({
+    connectionString: DATABASE_URL, schema: own.schema, tasks: [block, fail], logger: testLogger, queues: ['busy'],
+    heartbeatIntervalMs: 100, pollIntervalMs: 50, maintenance: { ...FAST_MAINTENANCE, waiterLockTimeoutMs: 60_000 },
+  });
+  await w.start();
+  const d = await startDashboard({ connectionString: DATABASE_URL, schema: own.schema, port: 0, logger: testLogger });
+  try {
+    const lanes = await waitFor(async () => {
+      const r = (await call(`${d.url}api/lanes`)).json() as { lanes: LaneRow[] };
+      const busy = r.lanes.find((l) => l.queue === 'busy');
+      const contended = r.lanes.find((l) => l.queue === 'contended');
+      return busy?.running === 1 && busy.dead === 1 && contended?.contention && contended.waiting ? { busy, contended } : null;
+    }, 15_000, 'running, dead and contention on /api/lanes');
+    assert.equal(lanes.contended.running, 0);
+    assert.equal(lanes.contended.contention!.handedOff, 1, 'one hand-off: the lane is skipped while its waiter waits');
+    assert.equal(lanes.contended.contention!.lastOutcome, 'handed_off');
+    assert.ok(Math.abs(Date.parse(lanes.contended.contention!.lastAt) - Date.now()) < 60_000);
+    assert.equal(lanes.busy.contention, null);
+    const heartbeat = (await own.pool.query(`SELECT maintenance FROM "${own.schema}".workers WHERE leader`)).rows[0].maintenance;
+    assert.deepEqual(Object.keys(heartbeat).sort(), ['branches', 'contention', 'waitingLanes']);
+  } finally {
+    release();
+    await unlock();
+    await d.close();
+    await w.stop();
+  }
+});
+
+test('ContentionTally keeps at most maxLanes lanes, dropping the one contended longest ago', () => {
+  const t = new ContentionTally(3);
+  const lane = (queue: string) => ({ queue, priority: 0, shard: 0 });
+  t.record(lane('a'), 'handed_off', new Date(1000));
+  t.record(lane('b'), 'waiter_limit', new Date(2000));
+  t.record(lane('c'), 'failed', new Date(3000));
+  t.record(lane('a'), 'waiter_timed_out', new Date(4000));
+  t.record(lane('d'), 'handed_off', new Date(5000));
+  assert.equal(t.size, 3);
+  assert.deepEqual(t.list().map((c) => c.queue), ['d', 'a', 'c'], 'b, contended longest ago, was dropped; newest first');
+  const a = t.list().find((c) => c.queue === 'a')!;
+  assert.deepEqual({ ...a }, {
+    queue: 'a', priority: 0, shard: 0, handed_off: 1, waiter_limit: 0, waiter_timed_out: 1, failed: 0,
+    lastOutcome: 'waiter_timed_out', lastAt: new Date(4000).toISOString(),
+  });
 });
 
 test('dashboardOptionsFromEnv reads and checks the BERTH_DASHBOARD_* variables', () => {

@@ -1,5 +1,5 @@
 import type { Queryable } from '../sql.js';
-import { CachedReader, laneStats, leaderInfo, listWorkers, taskCounts, throughput, type LaneStat, type TaskCount, type ThroughputPoint } from '../admin/stats.js';
+import { CachedReader, laneActivity, laneStats, leaderInfo, listWorkers, taskCounts, throughput, type LaneStat, type TaskCount, type ThroughputPoint } from '../admin/stats.js';
 
 /** Counts read every unfinished row: shared by every open page for this long. */
 export const COUNTS_TTL_MS = 5000;
@@ -11,6 +11,8 @@ export const THROUGHPUT_MINUTES = 60;
 export class DashboardReads {
   readonly counts: CachedReader<TaskCount[]>;
   readonly lanes: CachedReader<LaneStat[]>;
+  /** Running and dead per lane: counts rows (leases, dead letters), so cached like `counts`. */
+  readonly activity: CachedReader<Map<number, { running: number; dead: number }>>;
 
   constructor(
     readonly db: Queryable,
@@ -18,6 +20,7 @@ export class DashboardReads {
   ) {
     this.counts = new CachedReader(() => taskCounts(db, schema), COUNTS_TTL_MS);
     this.lanes = new CachedReader(() => laneStats(db, schema), LANES_TTL_MS);
+    this.activity = new CachedReader(() => laneActivity(db, schema), COUNTS_TTL_MS);
   }
 }
 

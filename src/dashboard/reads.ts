@@ -14,15 +14,49 @@ export function overview(reads: DashboardReads) {
   return readOverview(reads);
 }
 
+/** One lane's promotion contention, as the leader's heartbeat reports it (see Promoter). */
+interface LaneContentionRecord {
+  queue: string;
+  priority: number;
+  shard: number;
+  handed_off: number;
+  waiter_limit: number;
+  waiter_timed_out: number;
+  failed: number;
+  lastOutcome: string;
+  lastAt: string;
+}
+
+const laneKey = (l: { queue: string; priority: number; shard: number }) => `${l.queue}\u0000${l.priority}\u0000${l.shard}`;
+
+/**
+ * Lanes: depth and oldest due (index probes), running and dead (cached counts), and the
+ * promotion contention and waiters the leader's heartbeat reports.
+ */
 export async function lanes(reads: DashboardReads) {
-  const [stats, leader] = await Promise.all([reads.lanes.get(), leaderInfo(reads.db, reads.schema)]);
-  const waitingLanes = leader.worker?.maintenance.waitingLanes ?? [];
-  const waiting = new Set(waitingLanes.map((w) => `${w.queue}\u0000${w.priority}\u0000${w.shard}`));
+  const [stats, activity, leader] = await Promise.all([reads.lanes.get(), reads.activity.get(), leaderInfo(reads.db, reads.schema)]);
+  const maintenance = leader.worker?.maintenance ?? {};
+  const waitingLanes = maintenance.waitingLanes ?? [];
+  const waiting = new Set(waitingLanes.map(laneKey));
+  const reported = (maintenance as { contention?: unknown }).contention;
+  const contention = new Map((Array.isArray(reported) ? (reported as LaneContentionRecord[]) : []).map((c) => [laneKey(c), c]));
   return {
     ageMs: stats.ageMs,
+    activityAgeMs: activity.ageMs,
     leader: leader.worker?.workerId ?? null,
     waitingLanes,
-    lanes: stats.data.map((l) => ({ ...l, waiting: waiting.has(`${l.queue}\u0000${l.priority}\u0000${l.shard}`) })),
+    lanes: stats.data.map((l) => {
+      const c = contention.get(laneKey(l));
+      return {
+        ...l,
+        running: activity.data.get(l.laneId)?.running ?? 0,
+        dead: activity.data.get(l.laneId)?.dead ?? 0,
+        contention: c
+          ? { handedOff: c.handed_off, waiterLimit: c.waiter_limit, waiterTimedOut: c.waiter_timed_out, failed: c.failed, lastOutcome: c.lastOutcome, lastAt: c.lastAt }
+          : null,
+        waiting: waiting.has(laneKey(l)),
+      };
+    }),
   };
 }
 

@@ -4,7 +4,7 @@ import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import { schemaLockKey } from '../sql.js';
 import { publishGauges, readGauges, resetGauges } from './gauges.js';
-import { Promoter } from './promoter.js';
+import { ContentionTally, Promoter, type LaneContention } from './promoter.js';
 import { DEFAULT_DEAD_RETENTION_MS, pruneDeadLetters, pruneOperatorHistory } from './retention.js';
 import { maintainRing } from './ring.js';
 import { rescueLapsedLeases } from './rescue.js';
@@ -101,6 +101,8 @@ export class Maintenance {
   private branchLoops: Promise<void>[] = [];
   private promoter: Promoter | null = null;
   private readonly branchStats = new Map<string, BranchStats>();
+  /** Per-lane promotion contention, kept across leadership terms of this process. */
+  private readonly contentionTally = new ContentionTally();
   private readonly stopSignal = new AbortController();
   private loop: Promise<void> | null = null;
 
@@ -131,6 +133,11 @@ export class Maintenance {
   /** Lanes the current term has handed to a promotion waiter. */
   waitingLanes(): { queue: string; priority: number; shard: number }[] {
     return this.promoter?.waitingLanes ?? [];
+  }
+
+  /** Per-lane contention outcomes of this process's promotion (bounded; most recent first). */
+  contention(): LaneContention[] {
+    return this.contentionTally.list();
   }
 
   start(): void {
@@ -196,6 +203,7 @@ export class Maintenance {
       },
       metrics,
       this.deps.logger.child({ branch: 'promote' }),
+      this.contentionTally,
     );
     this.promoter = promoter;
     const branches: Branch[] = [

@@ -23,6 +23,70 @@ const STATES: readonly DeferredState[] = ['scheduled', 'retryable'];
 /** How long a lane whose promotion errored is left out before it is tried again. */
 const FAILING_LANE_COOLDOWN_MS = 30_000;
 
+/** The outcomes counted on berth_promote_lane_contention_total. */
+export type ContentionOutcome = 'handed_off' | 'waiter_limit' | 'waiter_timed_out' | 'failed';
+
+/** One lane's contention outcomes since this process first saw it contended (JSON-safe). */
+export interface LaneContention extends LaneKey {
+  handed_off: number;
+  waiter_limit: number;
+  waiter_timed_out: number;
+  failed: number;
+  lastOutcome: ContentionOutcome;
+  /** ISO time of the last outcome. */
+  lastAt: string;
+}
+
+/** How many lanes a ContentionTally keeps by default. */
+export const CONTENTION_LANES = 1000;
+
+/**
+ * Per-lane tallies of the promoter's contention outcomes (the per-lane view of
+ * berth_promote_lane_contention_total, whose labels stop at the queue). Bounded: past `maxLanes`
+ * the lane whose last contention is oldest is dropped. Outlives a leadership term (the
+ * Maintenance owning it passes it to each term's Promoter).
+ */
+export class ContentionTally {
+  /** In order of last contention, oldest first (a lane is re-inserted on each outcome). */
+  private readonly lanes = new Map<string, LaneContention>();
+
+  constructor(readonly maxLanes = CONTENTION_LANES) {}
+
+  record(lane: LaneKey, outcome: ContentionOutcome, at = new Date()): void {
+    const key = laneKeyString(lane);
+    const entry = this.lanes.get(key) ?? {
+      queue: lane.queue,
+      priority: lane.priority,
+      shard: lane.shard,
+      handed_off: 0,
+      waiter_limit: 0,
+      waiter_timed_out: 0,
+      failed: 0,
+      lastOutcome: outcome,
+      lastAt: at.toISOString(),
+    };
+    entry[outcome]++;
+    entry.lastOutcome = outcome;
+    entry.lastAt = at.toISOString();
+    this.lanes.delete(key);
+    this.lanes.set(key, entry);
+    while (this.lanes.size > this.maxLanes) {
+      const oldest = this.lanes.keys().next().value;
+      if (oldest === undefined) break;
+      this.lanes.delete(oldest);
+    }
+  }
+
+  /** Every tallied lane, most recently contended first (copies). */
+  list(): LaneContention[] {
+    return [...this.lanes.values()].reverse().map((e) => ({ ...e }));
+  }
+
+  get size(): number {
+    return this.lanes.size;
+  }
+}
+
 interface Waiter {
   lane: LaneKey;
   done: Promise<void>;
@@ -52,6 +116,8 @@ export class Promoter {
     private readonly opts: PromoterOptions,
     private readonly metrics: BerthMetrics,
     private readonly logger: Logger,
+    /** Where contention outcomes are tallied per lane (Maintenance passes one that outlives the term). */
+    readonly contention: ContentionTally = new ContentionTally(),
   ) {}
 
   /** Lanes currently handed to a waiter. */
@@ -81,7 +147,7 @@ export class Promoter {
           skipThisTick.set(key, f.lane);
           this.failingLanes.set(key, f.lane);
           this.failingUntil.set(key, Date.now() + FAILING_LANE_COOLDOWN_MS);
-          this.metrics.laneContention.inc({ state, queue: f.lane.queue, outcome: 'failed' });
+          this.countContention(f.lane, state, 'failed');
           this.logger.error({ err: f.error.message, lane: f.lane, state, retry_in_ms: FAILING_LANE_COOLDOWN_MS }, 'promotion of a lane failed; lane skipped for a while');
         }
         for (const lane of r.contended) {
@@ -106,16 +172,21 @@ export class Promoter {
   private handOff(lane: LaneKey, state: DeferredState): void {
     const key = laneKeyString(lane);
     if (this.waiters.has(key)) return;
-    const labels = { state, queue: lane.queue };
     if (this.waiters.size >= waiterLimit(this.opts.poolSize)) {
       // Every waiter is busy; the lane is retried on the next tick.
-      this.metrics.laneContention.inc({ ...labels, outcome: 'waiter_limit' });
+      this.countContention(lane, state, 'waiter_limit');
       return;
     }
-    this.metrics.laneContention.inc({ ...labels, outcome: 'handed_off' });
+    this.countContention(lane, state, 'handed_off');
     const waiter: Waiter = { lane, done: Promise.resolve() };
     waiter.done = this.runWaiter(lane, state).finally(() => this.waiters.delete(key));
     this.waiters.set(key, waiter);
+  }
+
+  /** On the metric (by queue) and on the per-lane tally. */
+  private countContention(lane: LaneKey, state: DeferredState, outcome: ContentionOutcome): void {
+    this.metrics.laneContention.inc({ state, queue: lane.queue, outcome });
+    this.contention.record(lane, outcome);
   }
 
   private async runWaiter(lane: LaneKey, state: DeferredState): Promise<void> {
@@ -132,7 +203,7 @@ export class Promoter {
     } catch (err) {
       if (this.abort.signal.aborted) return;
       if (isLockTimeout(err)) {
-        this.metrics.laneContention.inc({ state, queue: lane.queue, outcome: 'waiter_timed_out' });
+        this.countContention(lane, state, 'waiter_timed_out');
         log.warn({ timeout_ms: this.opts.waiterLockTimeoutMs }, 'promotion waiter timed out on a busy lane');
         return;
       }

@@ -309,7 +309,9 @@ export class Worker {
           prefetched: () => this.buffer.length,
           leader: () => this.isLeader,
           maintenance: () =>
-            this.isLeader ? { branches: this.maintenanceStats(), waitingLanes: this.maintenance?.waitingLanes() ?? [] } : {},
+            this.isLeader
+              ? { branches: this.maintenanceStats(), waitingLanes: this.maintenance?.waitingLanes() ?? [], contention: this.maintenance?.contention() ?? [] }
+              : {},
         },
         this.logger.child({ component: 'heartbeat' }),
         this.heartbeatMs,

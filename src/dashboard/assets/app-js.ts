@@ -310,17 +310,33 @@ export const APP_JS = String.raw`'use strict';
     ]);
   }
 
+  /** A lane's contention counts, the non-zero ones, compact; the full breakdown in the tooltip. */
+  function contentionCell(c) {
+    if (!c) return '';
+    var parts = [['handedOff', 'handed off'], ['waiterLimit', 'waiter limit'], ['waiterTimedOut', 'waiter timed out'], ['failed', 'failed']];
+    var shown = parts.filter(function (p) { return c[p[0]] > 0; }).map(function (p) { return num(c[p[0]]) + ' ' + p[1]; });
+    var full = parts.map(function (p) { return p[1] + ': ' + num(c[p[0]]); }).join(', ');
+    return h('span', { class: c.failed || c.waiterTimedOut ? 'error-text' : '', title: full, 'data-contention': '' }, shown.join(' · '));
+  }
+
   views.lanes = {
     title: 'Lanes',
     load: function () { return api('/api/lanes'); },
     render: function (el, d) {
       append(clear(el), [
         h('p', { class: 'muted' }, 'A lane is (queue, priority, shard). Depth counts entries past the claim cursor; due deferred rows wait for promotion. ' +
+          'Contention is what the leader\u2019s promotion met on a busy lane (handed to a waiter, waiter limit reached, waiter timed out, failed) since it started. ' +
           (d.waitingLanes.length ? d.waitingLanes.length + ' lane(s) have a promotion waiter.' : 'No promotion waiters.')),
-        table(['Queue', 'Priority', 'Shard', 'Depth', 'Due deferred', 'Oldest due', 'State', 'Waiter'], d.lanes.map(function (l) {
-          return { cells: [l.queue, String(l.priority), String(l.shard), num(l.depth), l.dueDeferred >= 10000 ? '10,000+' : num(l.dueDeferred),
-            l.oldestDueSeconds > 0 ? age(l.oldestDueSeconds) : '—', l.paused ? badge('paused') : badge('active', 'ok'), l.waiting ? badge('waiting') : ''] };
+        table(['Queue', 'Priority', 'Shard', 'Depth', 'Due deferred', 'Oldest due', 'Running', 'Dead', 'Contention', 'Last contention', 'State', 'Waiter'], d.lanes.map(function (l) {
+          var key = { queue: l.queue };
+          return { attrs: { 'data-lane': l.queue + '/' + l.priority + '/' + l.shard }, cells: [l.queue, String(l.priority), String(l.shard), num(l.depth), l.dueDeferred >= 10000 ? '10,000+' : num(l.dueDeferred),
+            l.oldestDueSeconds > 0 ? age(l.oldestDueSeconds) : '—', num(l.running),
+            l.dead > 0 ? h('a', { href: '#/dead' + query(key), class: 'dead-count' }, num(l.dead)) : '0',
+            contentionCell(l.contention),
+            l.contention ? h('span', { title: l.contention.lastAt + ' (' + l.contention.lastOutcome.replace(/_/g, ' ') + ')' }, ago(l.contention.lastAt)) : '',
+            l.paused ? badge('paused') : badge('active', 'ok'), l.waiting ? badge('waiting') : ''] };
         }), 'No lanes yet: nothing has been enqueued.'),
+        h('p', { class: 'muted small' }, 'Running and dead are counted rows, cached for a few seconds (read ' + age(d.activityAgeMs / 1000) + ' ago).'),
       ]);
     },
   };
