@@ -305,7 +305,11 @@ test("the worker's http option serves /metrics and the dashboard; bad settings f
 
   const def = defineTask({ type: 'http.ok', ceiling: 10_000, handler: async () => {} });
   const w = new Worker({ ...base, tasks: [def], maintenance: FAST_MAINTENANCE, heartbeatIntervalMs: 100, pollIntervalMs: 100, http: { port: 0, dashboard: true } });
+  const dashboardPids = async () =>
+    new Set((await pool.query<{ pid: number }>(`SELECT pid FROM pg_stat_activity WHERE application_name = 'berth dashboard' AND datname = current_database()`)).rows.map((r) => r.pid));
+  const before = await dashboardPids();
   await w.start();
+  let ownPids: number[] = [];
   try {
     const url = w.httpUrl!;
     assert.match(url, /^http:\/\/127\.0\.0\.1:\d+$/);
@@ -314,10 +318,19 @@ test("the worker's http option serves /metrics and the dashboard; bad settings f
     assert.match(metrics.body, /berth_task_slots 4/);
     assert.equal((await call(`${url}/`)).status, 200);
     await waitFor(async () => ((await call(`${url}/api/overview`)).json() as { workers: { alive: number } }).workers.alive === 1, 10_000, 'the worker on the overview');
+    // The dashboard reads on a pool of its own (at most two connections), not the worker's.
+    const replies = await Promise.all(Array.from({ length: 8 }, () => call(`${url}/api/overview`)));
+    assert.ok(replies.every((r) => r.status === 200));
+    ownPids = [...(await dashboardPids())].filter((p) => !before.has(p));
+    assert.ok(ownPids.length >= 1 && ownPids.length <= 2, `dashboard connections: ${ownPids.length}`);
   } finally {
     await w.stop();
   }
   await assert.rejects(call(`${w.httpUrl}/metrics`), /ECONNREFUSED/, 'stop() closed it');
+  await waitFor(async () => {
+    const now = await dashboardPids();
+    return ownPids.every((p) => !now.has(p));
+  }, 5000, "stop() ended the dashboard's pool");
 
   const metricsOnly = new Worker({ ...base, http: { port: 0 } });
   await metricsOnly.start();

@@ -1,8 +1,8 @@
+import pg from 'pg';
 import type { Registry } from 'prom-client';
 import { BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import { metricsRequestHandler } from '../observability/metrics-http.js';
-import type { Queryable } from '../sql.js';
 import { createDashboardHandler } from './handler.js';
 import { listen, type Listening, type RequestHandler } from '../http/listen.js';
 import { assertSafeBinding, DEFAULT_DASHBOARD_HOST, normaliseBasePath, validateAuth, validatePort, warnIfNoAuth, type DashboardOptions } from './options.js';
@@ -18,7 +18,11 @@ export interface WorkerHttpOptions {
   host?: string;
   /** Serve `GET /metrics` from this worker's registry (default true); behind the dashboard's auth when both are on. */
   metrics?: boolean;
-  /** Serve the dashboard too, on the worker's own pool. */
+  /**
+   * Serve the dashboard too, on a small pool of its own (two connections, 30 s statement
+   * timeout), so its reads and bulk actions never take the worker's claim and settlement
+   * connections.
+   */
   dashboard?: boolean | WorkerDashboardOptions;
 }
 
@@ -44,30 +48,60 @@ export function validateWorkerHttpOptions(o: WorkerHttpOptions): void {
 }
 
 export interface WorkerHttpContext {
-  pool: Queryable;
+  /** The worker's database: the dashboard opens its own pool on it. */
+  connectionString: string;
   schema: string;
   registry: Registry;
   logger: Logger;
 }
 
-/** One server for the worker: /metrics and/or the dashboard. */
-export function startWorkerHttp(o: WorkerHttpOptions, ctx: WorkerHttpContext): Promise<Listening> {
+/** The dashboard's pool inside a worker: small, and apart from the worker's own. */
+export const WORKER_DASHBOARD_POOL = { max: 2, statementTimeoutMs: 30_000 } as const;
+
+/** One server for the worker: /metrics and/or the dashboard. `close()` also ends the dashboard's pool. */
+export async function startWorkerHttp(o: WorkerHttpOptions, ctx: WorkerHttpContext): Promise<Listening> {
   const dashboard = dashboardOf(o);
   const metrics = o.metrics ?? true;
   const handlers: RequestHandler[] = [];
+  let pool: pg.Pool | null = null;
   if (dashboard) {
+    const logger = dashboard.logger ?? ctx.logger;
+    pool = new pg.Pool({
+      connectionString: ctx.connectionString,
+      max: WORKER_DASHBOARD_POOL.max,
+      statement_timeout: WORKER_DASHBOARD_POOL.statementTimeoutMs,
+      application_name: 'berth dashboard',
+      // Lane stats plan over every ring partition: costed high enough for JIT on a millisecond read.
+      options: '-c jit=off',
+    });
+    pool.on('error', (err) => logger.warn({ err: err.message }, 'idle dashboard connection lost'));
     handlers.push(
       createDashboardHandler({
         ...dashboard,
-        pool: ctx.pool,
+        pool,
         schema: ctx.schema,
-        logger: dashboard.logger ?? ctx.logger,
+        logger,
         metricsRegistry: metrics ? ctx.registry : undefined,
       }),
     );
-    warnIfNoAuth(ctx.logger, dashboard.auth, o.host ?? DEFAULT_DASHBOARD_HOST);
   } else if (metrics) {
     handlers.push(metricsRequestHandler(ctx.registry));
   }
-  return listen(handlers, o.port, o.host ?? DEFAULT_DASHBOARD_HOST, ctx.logger);
+  let server: Listening;
+  try {
+    server = await listen(handlers, o.port, o.host ?? DEFAULT_DASHBOARD_HOST, ctx.logger);
+  } catch (err) {
+    await pool?.end();
+    throw err;
+  }
+  if (dashboard) warnIfNoAuth(ctx.logger, dashboard.auth, o.host ?? DEFAULT_DASHBOARD_HOST);
+  let closing: Promise<void> | null = null;
+  return {
+    url: server.url,
+    close: () =>
+      (closing ??= (async () => {
+        await server.close();
+        await pool?.end();
+      })()),
+  };
 }

@@ -251,7 +251,7 @@ export class Worker {
     if (this.options.http) {
       try {
         this.http = await startWorkerHttp(this.options.http, {
-          pool: this.writePool,
+          connectionString: this.options.connectionString,
           schema: this.schema,
           registry: this.metrics.registry,
           logger: this.logger.child({ component: 'http' }),
