@@ -4,6 +4,7 @@ import { request } from 'node:http';
 import { Registry, Counter } from 'prom-client';
 import { BerthInputError, defineTask, enqueue, getTask, listQueues, Worker } from '../src/index.js';
 import { createDashboardHandler, dashboardOptionsFromEnv, startDashboard, type DashboardOptions } from '../src/dashboard/index.js';
+import { listen } from '../src/http/listen.js';
 import { ContentionTally } from '../src/maintenance/promoter.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, holdLaneLock, testLogger, waitFor } from './helpers.js';
 
@@ -408,6 +409,23 @@ test('ContentionTally keeps at most maxLanes lanes, dropping the one contended l
     queue: 'a', priority: 0, shard: 0, handed_off: 1, waiter_limit: 0, waiter_timed_out: 1, failed: 0,
     lastOutcome: 'waiter_timed_out', lastAt: new Date(4000).toISOString(),
   });
+});
+
+test('an unmigrated schema: startDashboard refuses it with the fix; a mounted handler answers 503 saying so', async () => {
+  const missing = `t_dashboard_missing_${process.pid}`;
+  await assert.rejects(
+    startDashboard({ connectionString: DATABASE_URL, schema: missing, port: 0, logger: testLogger }),
+    (err: Error) => err instanceof BerthInputError && err.name === 'SchemaNotMigratedError' && /berth migrate --schema/.test(err.message),
+  );
+  const handler = createDashboardHandler({ pool, schema: missing, logger: testLogger });
+  const server = await listen([handler], 0, '127.0.0.1');
+  try {
+    const r = await call(`${server.url}/api/overview`);
+    assert.equal(r.status, 503, r.body);
+    assert.match(String(r.json().error), /not migrated.*berth migrate/);
+  } finally {
+    await server.close();
+  }
 });
 
 test('dashboardOptionsFromEnv reads and checks the BERTH_DASHBOARD_* variables', () => {

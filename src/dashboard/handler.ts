@@ -4,7 +4,11 @@ import type { Registry } from 'prom-client';
 import { BerthInputError } from '../errors.js';
 import { createLogger, type Logger } from '../logger.js';
 import { metricsRequestHandler, type MetricsRequestHandler } from '../observability/metrics-http.js';
+import { assertMigrated } from '../schema/migrate.js';
 import { DEFAULT_SCHEMA, type Queryable } from '../sql.js';
+
+/** PostgreSQL's undefined_table: what every read answers on an unmigrated schema. */
+const UNDEFINED_TABLE = '42P01';
 import { serveApi } from './api.js';
 import { ASSETS } from './assets/index.js';
 import { Authenticator, checkCsrf, checkSameOrigin, type Principal } from './auth.js';
@@ -32,7 +36,8 @@ const HTML = 'text/html; charset=utf-8';
 /**
  * The dashboard as a request handler another `node:http` server can route through (see
  * `startDashboard` for a server of its own). Without `auth` it answers requests whose Host is
- * loopback only; binding it to a reachable address is the caller's responsibility.
+ * loopback only; binding it to a reachable address is the caller's responsibility. On a
+ * schema that is not migrated, requests answer 503 with the fix (`berth migrate`).
  */
 export function createDashboardHandler(options: DashboardHandlerOptions): DashboardHandler {
   validateAuth(options.auth);
@@ -40,7 +45,8 @@ export function createDashboardHandler(options: DashboardHandlerOptions): Dashbo
   const logger = options.logger ?? createLogger({ component: 'dashboard' });
   const auth = new Authenticator(options.auth);
   const readOnly = options.readOnly ?? false;
-  const reads = new DashboardReads(options.pool, options.schema ?? DEFAULT_SCHEMA);
+  const schema = options.schema ?? DEFAULT_SCHEMA;
+  const reads = new DashboardReads(options.pool, schema);
   const metrics: MetricsRequestHandler | null = options.metricsRegistry ? metricsRequestHandler(options.metricsRegistry) : null;
   const cookiePath = base || '/';
 
@@ -127,6 +133,11 @@ export function createDashboardHandler(options: DashboardHandlerOptions): Dashbo
         sendError(res, err);
       } else if (err instanceof BerthInputError) {
         sendError(res, new HttpError(400, err.message));
+      } else if ((err as { code?: unknown })?.code === UNDEFINED_TABLE) {
+        // The schema was dropped or never migrated under a handler mounted elsewhere: say so.
+        const reason = await assertMigrated(options.pool, schema).then(() => null, (e: Error) => e.message);
+        logger.error({ err: (err as Error).message, method: req.method, path }, 'dashboard request failed');
+        sendError(res, reason ? new HttpError(503, reason) : new HttpError(500, 'internal error (see the dashboard log)'));
       } else {
         logger.error({ err: (err as Error)?.message, method: req.method, path }, 'dashboard request failed');
         sendError(res, new HttpError(500, 'internal error (see the dashboard log)'));

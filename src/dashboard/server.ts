@@ -3,6 +3,8 @@ import { BerthInputError } from '../errors.js';
 import { createLogger } from '../logger.js';
 import { createDashboardHandler } from './handler.js';
 import { listen } from '../http/listen.js';
+import { assertMigrated } from '../schema/migrate.js';
+import { DEFAULT_SCHEMA } from '../sql.js';
 import {
   assertSafeBinding,
   DEFAULT_DASHBOARD_HOST,
@@ -24,6 +26,7 @@ export interface DashboardServer {
 /**
  * Start the web dashboard on its own HTTP server. Without `auth` it refuses any host but
  * loopback; with `auth.token` it also serves a login form; `readOnly` turns every action off.
+ * Throws SchemaNotMigratedError (a BerthInputError) when the schema is missing or older than the code.
  */
 export async function startDashboard(options: DashboardOptions): Promise<DashboardServer> {
   const host = options.host ?? DEFAULT_DASHBOARD_HOST;
@@ -48,6 +51,8 @@ export async function startDashboard(options: DashboardOptions): Promise<Dashboa
   const pool = options.pool ?? ownPool!;
   let server;
   try {
+    // An unmigrated (or older) schema would answer 500 on every request: refuse it up front, with the fix.
+    await assertMigrated(pool, options.schema ?? DEFAULT_SCHEMA);
     const handler = createDashboardHandler({ ...options, pool, logger });
     server = await listen([handler], port, host, logger);
   } catch (err) {
