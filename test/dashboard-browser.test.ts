@@ -173,6 +173,29 @@ test('retrying a dead letter from the Dead letters page runs it', async () => {
   }
 });
 
+test("a task's page offers only the actions that apply to its state", async () => {
+  gate.failInvoices = true;
+  const dead = await enqueue(pool, 'invoice.sync', { invoice: 1500 }, { schema, queue: 'billing' });
+  const scheduled = await enqueue(pool, 'email.send', { to: 'later@example.com' }, { schema, queue: 'mail', runAt: later() });
+  const done = await enqueue(pool, 'email.send', { to: 'now@example.com' }, { schema, queue: 'mail' });
+  await waitFor(async () => (await getTask(pool, schema, dead.id!))?.state === 'dead', LONG, 'the invoice task to die');
+  await waitFor(async () => (await getTask(pool, schema, done.id!))?.state === 'completed', LONG, 'the email to be sent');
+  const { page, errors, close } = await open(`tasks/${scheduled.id}`);
+  const buttons = async (id: string, state: string) => {
+    await page.goto(`${base}/#/tasks/${id}`);
+    await textOf(page, 'dd[data-field="state"]', new RegExp(`^${state}$`));
+    return page.locator('main .actions button').evaluateAll((els) => els.map((e) => e.textContent));
+  };
+  try {
+    assert.deepEqual(await buttons(dead.id!, 'dead'), ['Retry', 'Delete']);
+    assert.deepEqual(await buttons(scheduled.id!, 'scheduled'), ['Run now', 'Cancel', 'Delete', 'Move']);
+    assert.deepEqual(await buttons(done.id!, 'completed'), []);
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+  }
+});
+
 test('a queue paused from the Queues page is not claimed while others run; resuming runs it', async () => {
   // The queue needs a lane to be listed: one task that runs now.
   const first = await enqueue(pool, 'report.build', {}, { schema, queue: 'exports' });

@@ -368,26 +368,38 @@ export const APP_JS = String.raw`'use strict';
     },
   };
 
+  /** Which actions apply to a task in each state (the rest could only answer "not found" or "running"). */
+  var TASK_ACTIONS = {
+    dead: ['retry', 'delete'],
+    ready: ['cancel', 'move', 'delete'],
+    scheduled: ['retry', 'cancel', 'move', 'delete'],
+    retryable: ['retry', 'cancel', 'move', 'delete'],
+    running: [],
+    completed: [],
+  };
+  function taskActions(t) {
+    var allowed = TASK_ACTIONS[t.state] || [];
+    if (READ_ONLY || allowed.length === 0) return null;
+    var base = '/api/tasks/' + encodeURIComponent(t.id);
+    var has = function (a) { return allowed.indexOf(a) >= 0; };
+    var queue = h('input', { type: 'text', placeholder: 'queue', 'data-keep': 'move-queue', size: 12 });
+    var priority = h('input', { type: 'number', placeholder: 'priority', 'data-keep': 'move-priority', min: -32768, max: 32767 });
+    return h('div', { class: 'actions', id: 'task-actions' }, [
+      has('retry') ? actionButton(t.state === 'dead' ? 'Retry' : 'Run now', function () { act(t.state === 'dead' ? 'Retry' : 'Run now', base + '/retry'); }) : null,
+      has('cancel') ? actionButton('Cancel', function () { act('Cancel', base + '/cancel', {}, 'Cancel task ' + t.id + '? It is removed before it runs.'); }) : null,
+      has('delete') ? actionButton('Delete', function () { act('Delete', base + '/delete', {}, 'Delete task ' + t.id + '? This cannot be undone.'); }, 'danger') : null,
+      has('move') ? h('span', { class: 'move' }, ['Move to ', queue, ' ', priority, ' ', actionButton('Move', function () {
+        var body = {};
+        if (queue.value.trim()) body.queue = queue.value.trim();
+        if (priority.value !== '') body.priority = Number(priority.value);
+        act('Move', base + '/move', body);
+      })]) : null,
+    ]);
+  }
+
   views.task = {
     title: 'Task',
     load: function (r) { return api('/api/tasks/' + encodeURIComponent(r.id)); },
-    mount: function (el, r) {
-      if (READ_ONLY) return [];
-      var queue = h('input', { type: 'text', placeholder: 'queue', 'data-keep': 'move-queue', size: 12 });
-      var priority = h('input', { type: 'number', placeholder: 'priority', 'data-keep': 'move-priority', min: -32768, max: 32767 });
-      var base = '/api/tasks/' + encodeURIComponent(r.id);
-      return [h('div', { class: 'actions' }, [
-        actionButton('Retry now', function () { act('Retry', base + '/retry'); }),
-        actionButton('Cancel', function () { act('Cancel', base + '/cancel', {}, 'Cancel task ' + r.id + '? A pending task is removed.'); }),
-        actionButton('Delete', function () { act('Delete', base + '/delete', {}, 'Delete task ' + r.id + '? This cannot be undone.'); }, 'danger'),
-        h('span', { class: 'move' }, ['Move to ', queue, ' ', priority, ' ', actionButton('Move', function () {
-          var body = {};
-          if (queue.value.trim()) body.queue = queue.value.trim();
-          if (priority.value !== '') body.priority = Number(priority.value);
-          act('Move', base + '/move', body);
-        })]),
-      ])];
-    },
     render: function (el, d) {
       var t = d.task;
       var fields = [
@@ -397,6 +409,7 @@ export const APP_JS = String.raw`'use strict';
         ['Lease', t.lease ? 'attempt ' + t.lease.attempt + ' on ' + (t.lease.worker || '?') + ', expires ' + time(t.lease.expiresAt) : '—'],
       ];
       append(clear(el), [
+        taskActions(t),
         h('h2', {}, ['Task ', h('span', { class: 'mono' }, t.id)]),
         h('dl', { class: 'fields' }, fields.map(function (f) { return [h('dt', {}, f[0]), h('dd', { 'data-field': f[0].toLowerCase() }, f[1])]; })),
         t.lastError ? [h('h3', {}, 'Last error'), h('pre', { class: 'error-text', id: 'last-error' }, t.lastError)] : null,
