@@ -2,7 +2,7 @@ import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { request } from 'node:http';
 import { Registry, Counter } from 'prom-client';
-import { BerthInputError, defineTask, enqueue, getTask, listQueues, Worker } from '../src/index.js';
+import { BerthInputError, defineTask, enqueue, getTask, listQueues, pauseQueue, resumeQueue, Worker } from '../src/index.js';
 import { createDashboardHandler, dashboardOptionsFromEnv, startDashboard, type DashboardOptions } from '../src/dashboard/index.js';
 import { listen } from '../src/http/listen.js';
 import { ContentionTally } from '../src/maintenance/promoter.js';
@@ -425,6 +425,32 @@ test('an unmigrated schema: startDashboard refuses it with the fix; a mounted ha
     assert.match(String(r.json().error), /not migrated.*berth migrate/);
   } finally {
     await server.close();
+  }
+});
+
+test("the overview's oldest due leaves paused queues out (as the metric does); their rows keep the age and the paused flag", async () => {
+  const own = await freshSchema('dashboard_paused');
+  const minutesAgo = (m: number) => ({ schema: own.schema, runAt: new Date(Date.now() - m * 60_000) });
+  await enqueue(own.pool, 'held.task', {}, { ...minutesAgo(30), queue: 'held' });
+  await enqueue(own.pool, 'live.task', {}, { ...minutesAgo(2), queue: 'live' });
+  await pauseQueue(own.pool, own.schema, 'held', 'cli:test');
+  const d = await startDashboard({ connectionString: DATABASE_URL, schema: own.schema, port: 0, logger: testLogger });
+  try {
+    const o = (await call(`${d.url}api/overview`)).json() as {
+      oldestDue: { seconds: number; queue: string | null };
+      queues: { queue: string; oldestDueSeconds: number; paused: boolean }[];
+    };
+    const held = o.queues.find((q) => q.queue === 'held')!;
+    const live = o.queues.find((q) => q.queue === 'live')!;
+    assert.equal(held.paused, true);
+    assert.ok(held.oldestDueSeconds > 25 * 60, `held: ${held.oldestDueSeconds}`);
+    assert.equal(o.oldestDue.queue, 'live');
+    assert.equal(o.oldestDue.seconds, live.oldestDueSeconds);
+    assert.ok(live.oldestDueSeconds < 10 * 60);
+    await resumeQueue(own.pool, own.schema, 'held', 'cli:test');
+    await waitFor(async () => ((await call(`${d.url}api/overview`)).json() as typeof o).oldestDue.queue === 'held', 5000, 'held is the headline once resumed');
+  } finally {
+    await d.close();
   }
 });
 

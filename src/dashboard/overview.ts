@@ -51,6 +51,7 @@ export interface MinutePoint {
 export interface Overview {
   counts: { ageMs: number; total: Totals; byQueueType: TaskCount[]; byType: (Totals & { type: string })[] };
   queues: QueueOverview[];
+  /** The oldest claimable due work: paused queues left out. */
   oldestDue: { seconds: number; queue: string | null };
   workers: { alive: number; total: number; slots: number; busy: number };
   leader: { workerId: string | null; pid: number; applicationName: string; since: Date } | null;
@@ -111,7 +112,9 @@ export async function readOverview(reads: DashboardReads): Promise<Overview> {
     q.depth += l.depth + l.dueDeferred;
     q.oldestDueSeconds = Math.max(q.oldestDueSeconds, l.oldestDueSeconds);
     q.paused ||= l.paused;
-    if (l.oldestDueSeconds > oldestDue.seconds) Object.assign(oldestDue, { seconds: l.oldestDueSeconds, queue: l.queue });
+    // As berth_task_oldest_due_seconds: a paused lane is not claimable, so its age is not starvation
+    // (its queue's row keeps the age, next to the paused badge).
+    if (!l.paused && l.oldestDueSeconds > oldestDue.seconds) Object.assign(oldestDue, { seconds: l.oldestDueSeconds, queue: l.queue });
   }
   const alive = workers.filter((w) => w.alive);
   return {
