@@ -113,6 +113,42 @@ test('the login form sets an HttpOnly SameSite=Strict session cookie (a random i
   assert.equal((await call(`${url}api/overview`, { headers: { cookie } })).status, 401, 'logged out');
 });
 
+test('token and Basic both configured: a page shows the login form (no Basic prompt first) with a Basic sign-in link; logging in keeps the #/route', async () => {
+  const url = await dashboard({ auth: AUTH });
+  const page = await call(url);
+  assert.equal(page.status, 401);
+  assert.equal(page.headers['www-authenticate'], undefined, 'no browser prompt before the form');
+  assert.match(page.body, /name="token"/);
+  assert.match(page.body, /<a id="basic-login" href="\/basic">/);
+  assert.match(page.body, /<script src="\/assets\/login.js" defer><\/script>/);
+  assert.equal((await call(`${url}assets/login.js`)).status, 200);
+  assert.match(String((await call(`${url}api/overview`)).headers['www-authenticate']), /^Basic /, 'scripts still get the challenge');
+
+  const challenge = await call(`${url}basic?next=${encodeURIComponent('#/dead?queue=billing')}`);
+  assert.equal(challenge.status, 401);
+  assert.match(String(challenge.headers['www-authenticate']), /^Basic realm="berth dashboard"/);
+  const signedIn = await call(`${url}basic?next=${encodeURIComponent('#/dead?queue=billing')}`, { headers: { authorization: basic('alice', 'wonderland') } });
+  assert.equal(signedIn.status, 303);
+  assert.equal(signedIn.headers.location, '/#/dead?queue=billing');
+
+  const form = { 'content-type': 'application/x-www-form-urlencoded' };
+  const login = (next: string) =>
+    call(`${url}login`, { method: 'POST', headers: form, body: `token=${encodeURIComponent(AUTH.token)}&next=${encodeURIComponent(next)}` });
+  assert.equal((await login('#/tasks/42')).headers.location, '/#/tasks/42');
+  for (const bad of ['//evil.example/', 'https://evil.example/#/x', '#/x\r\nset-cookie: a=b', '/#/x']) {
+    const r = await login(bad);
+    assert.equal(r.status, 303);
+    assert.equal(r.headers.location, '/', `next ${JSON.stringify(bad)} is ignored`);
+  }
+});
+
+test('a wildcard bind (0.0.0.0) reports a URL a browser can open', async () => {
+  const d = await startDashboard({ connectionString: DATABASE_URL, schema, port: 0, host: '0.0.0.0', auth: { token: AUTH.token }, logger: testLogger });
+  servers.push(d);
+  assert.match(d.url, /^http:\/\/127\.0\.0\.1:\d+\/$/);
+  assert.equal((await call(`${d.url}api/session`, { headers: { authorization: `Bearer ${AUTH.token}` } })).status, 200);
+});
+
 test('without auth the dashboard refuses a non-loopback address, warns, and answers loopback Host headers only', async () => {
   await assert.rejects(startDashboard({ pool, schema, port: 0, host: '0.0.0.0', logger: testLogger }), (err: Error) => {
     assert.ok(err instanceof BerthInputError);

@@ -34,6 +34,14 @@ export interface DashboardHandlerOptions {
 const HTML = 'text/html; charset=utf-8';
 
 /**
+ * Where to land after logging in: the page's own `#/route` (sent by /assets/login.js), or ''.
+ * Only a fragment of plain URL characters, so it can never point at another site or break the header.
+ */
+export function nextRoute(next: string | null): string {
+  return next !== null && next.length <= 500 && /^#\/[A-Za-z0-9\-._~!$&'()*+,;=:@/?%]*$/.test(next) ? next : '';
+}
+
+/**
  * The dashboard as a request handler another `node:http` server can route through (see
  * `startDashboard` for a server of its own). Without `auth` it answers requests whose Host is
  * loopback only; binding it to a reachable address is the caller's responsibility. On a
@@ -60,10 +68,21 @@ export function createDashboardHandler(options: DashboardHandlerOptions): Dashbo
     }
     if (path === '/login' && auth.acceptsLogin) {
       if (method === 'POST') return login(req, res);
-      send(res, 200, HTML, loginPage(base, false));
+      send(res, 200, HTML, loginPage(base, false, auth.acceptsBasic));
       return;
     }
     const principal = auth.authenticate(req);
+    if (path === '/basic' && auth.acceptsBasic) {
+      // The login page's "sign in with a user name" link: challenge until Basic credentials come,
+      // then back to the page (and the route) the operator was on.
+      if (!principal) {
+        send(res, 401, HTML, unauthorizedPage(base), auth.challenge());
+        return;
+      }
+      res.writeHead(303, { location: `${base}/${nextRoute(url.searchParams.get('next'))}`, 'cache-control': 'no-store' });
+      res.end();
+      return;
+    }
     if (!principal) return unauthorized(res, path);
     if (path === '/logout') {
       if (method !== 'POST') throw new HttpError(405, 'log out with POST', { allow: 'POST' });
@@ -90,25 +109,28 @@ export function createDashboardHandler(options: DashboardHandlerOptions): Dashbo
   }
 
   function unauthorized(res: ServerResponse, path: string): void {
-    const headers = auth.challenge();
     if (path.startsWith('/api/') || path === '/metrics') {
-      sendJson(res, 401, { error: 'authentication required' }, headers);
+      sendJson(res, 401, { error: 'authentication required' }, auth.challenge());
+    } else if (auth.acceptsLogin) {
+      // No Basic challenge on a page when the token form is on offer: the browser would show its
+      // own prompt before the form. The form links to /basic, which challenges.
+      send(res, 401, HTML, loginPage(base, false, auth.acceptsBasic));
     } else {
-      send(res, 401, HTML, auth.acceptsLogin ? loginPage(base, false) : unauthorizedPage(base), headers);
+      send(res, 401, HTML, unauthorizedPage(base), auth.challenge());
     }
   }
 
   async function login(req: IncomingMessage, res: ServerResponse): Promise<void> {
     checkSameOrigin(req);
-    const token = new URLSearchParams(await readBody(req)).get('token') ?? '';
-    const sid = auth.login(token);
+    const form = new URLSearchParams(await readBody(req));
+    const sid = auth.login(form.get('token') ?? '');
     if (!sid) {
       logger.warn({ remote: req.socket.remoteAddress }, 'dashboard login with a wrong token');
-      send(res, 401, HTML, loginPage(base, true));
+      send(res, 401, HTML, loginPage(base, true, auth.acceptsBasic));
       return;
     }
     const secure = Boolean((req.socket as TLSSocket).encrypted);
-    res.writeHead(303, { location: `${base}/`, 'set-cookie': auth.sessionCookie(sid, cookiePath, secure), 'cache-control': 'no-store' });
+    res.writeHead(303, { location: `${base}/${nextRoute(form.get('next'))}`, 'set-cookie': auth.sessionCookie(sid, cookiePath, secure), 'cache-control': 'no-store' });
     res.end();
   }
 

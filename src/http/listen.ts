@@ -6,7 +6,7 @@ import type { Logger } from '../logger.js';
 export type RequestHandler = (req: IncomingMessage, res: ServerResponse) => Promise<boolean>;
 
 export interface Listening {
-  /** http://host:port with the port actually bound (no trailing slash). */
+  /** http://host:port with the port actually bound (no trailing slash); loopback for a wildcard bind. */
   readonly url: string;
   /** Stops listening and drops open (keep-alive) connections. */
   close(): Promise<void>;
@@ -35,7 +35,9 @@ export async function listen(handlers: RequestHandler[], port: number, host: str
     });
   });
   const { address, port: bound } = server.address() as AddressInfo;
-  const shown = address.includes(':') ? `[${address}]` : address;
+  // A wildcard bind answers on loopback too: show an address a browser can open.
+  const reachable = address === '0.0.0.0' ? '127.0.0.1' : address === '::' ? '::1' : address;
+  const shown = reachable.includes(':') ? `[${reachable}]` : reachable;
   let closed: Promise<void> | null = null;
   return {
     url: `http://${shown}:${bound}`,
