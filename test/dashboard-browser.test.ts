@@ -190,6 +190,8 @@ test("a task's page offers only the actions that apply to its state", async () =
     assert.deepEqual(await buttons(dead.id!, 'dead'), ['Retry', 'Delete']);
     assert.deepEqual(await buttons(scheduled.id!, 'scheduled'), ['Run now', 'Cancel', 'Delete', 'Move']);
     assert.deepEqual(await buttons(done.id!, 'completed'), []);
+    // Times carry the full ISO timestamp (UTC) in a tooltip.
+    assert.match(String(await page.locator('dd[data-field="created"] time').getAttribute('title')), /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \(UTC\)$/);
     assert.deepEqual(errors, []);
   } finally {
     await close();
@@ -254,6 +256,11 @@ test('screenshot of the overview with realistic data', async () => {
     await textOf(page, 'tr[data-queue="media"] td:nth-child(2)', /^33$/);
     await textOf(page, '[data-card="dead-letters"] .card-value', /^[1-9]/);
     await page.waitForSelector('figure.chart rect.bar.bad');
+    // The y-axis label fits left of the axis, thousands included (it used to clip to "),000").
+    const labels = await page.locator('figure.chart svg text.label.end').evaluateAll((els) => els.map((e) => (e as SVGTextElement).getBBox().x));
+    assert.ok(labels.every((x) => x >= 0), `labels start inside the chart: ${labels}`);
+    // The oldest-due headline leaves the paused queue (media, 12 min) out.
+    assert.doesNotMatch(await textOf(page, '[data-card="oldest-due"] .card-note', /./), /media/);
     const keep = Boolean(process.env.BERTH_UPDATE_SCREENSHOT);
     const file = keep ? fileURLToPath(new URL('../docs/dashboard.png', import.meta.url)) : join(tmpdir(), `berth-dashboard-${process.pid}.png`);
     await page.screenshot({ path: file });

@@ -73,6 +73,12 @@ export const APP_JS = String.raw`'use strict';
     if (d.toDateString() === new Date().toDateString()) return clock;
     return d.getFullYear() + '-' + pad(d.getMonth() + 1) + '-' + pad(d.getDate()) + ' ' + clock;
   }
+  /** A time as text (see time) with the full ISO timestamp, time zone included, in its tooltip. */
+  function when(iso) {
+    if (!iso) return '';
+    var d = new Date(iso);
+    return h('time', { datetime: iso, title: isNaN(d.getTime()) ? String(iso) : d.toISOString() + ' (UTC)' }, time(iso));
+  }
   function ago(iso) {
     if (!iso) return '';
     return age((Date.now() - new Date(iso).getTime()) / 1000) + ' ago';
@@ -204,21 +210,23 @@ export const APP_JS = String.raw`'use strict';
     var W = 600, H = 150, PAD = 28, TOP = 10;
     var max = 0;
     points.forEach(function (p) { max = Math.max(max, p[key]); });
+    // Room on the left for the y-axis label (10px text: about 6px a character), "1,000,000" included.
+    var LEFT = Math.max(PAD, 8 + num(max).length * 6);
     var scale = max > 0 ? (H - PAD - TOP) / max : 0;
-    var bw = (W - PAD) / Math.max(points.length, 1);
+    var bw = (W - LEFT) / Math.max(points.length, 1);
     var total = points.reduce(function (n, p) { return n + p[key]; }, 0);
     var bars = points.map(function (p, i) {
       if (!(p[key] > 0)) return null;
       var bh = Math.max(1, p[key] * scale);
-      return s('rect', { x: (PAD + i * bw + 1).toFixed(1), y: (H - PAD - bh).toFixed(1), width: Math.max(bw - 2, 1).toFixed(1), height: bh.toFixed(1), class: 'bar ' + cls },
+      return s('rect', { x: (LEFT + i * bw + 1).toFixed(1), y: (H - PAD - bh).toFixed(1), width: Math.max(bw - 2, 1).toFixed(1), height: bh.toFixed(1), class: 'bar ' + cls },
         s('title', {}, new Date(p.minute).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' }) + ': ' + num(p[key])));
     });
     var axis = [
-      s('line', { x1: PAD, y1: H - PAD, x2: W, y2: H - PAD, class: 'axis' }),
-      s('text', { x: PAD - 4, y: TOP + 8, class: 'label end' }, num(max)),
-      s('text', { x: PAD - 4, y: H - PAD, class: 'label end' }, '0'),
-      s('text', { x: PAD, y: H - 8, class: 'label' }, '-' + points.length + ' min'),
-      s('text', { x: PAD + (W - PAD) / 2, y: H - 8, class: 'label middle' }, '-' + Math.round(points.length / 2) + ' min'),
+      s('line', { x1: LEFT, y1: H - PAD, x2: W, y2: H - PAD, class: 'axis' }),
+      s('text', { x: LEFT - 4, y: TOP + 8, class: 'label end' }, num(max)),
+      s('text', { x: LEFT - 4, y: H - PAD, class: 'label end' }, '0'),
+      s('text', { x: LEFT, y: H - 8, class: 'label' }, '-' + points.length + ' min'),
+      s('text', { x: LEFT + (W - LEFT) / 2, y: H - 8, class: 'label middle' }, '-' + Math.round(points.length / 2) + ' min'),
       s('text', { x: W, y: H - 8, class: 'label end' }, 'now'),
     ];
     return h('figure', { class: 'chart' }, [
@@ -360,7 +368,7 @@ export const APP_JS = String.raw`'use strict';
         table(['ID', 'Type', 'State', 'Queue', 'Priority', 'Attempts', 'Created', 'Due / finished', 'Last error'], d.tasks.map(function (t) {
           return { attrs: { 'data-task': t.id, class: 'clickable', onclick: function (e) { if (e.target.tagName !== 'A') go('#/tasks/' + t.id); } }, cells: [
             taskLink(t.id), t.type, badge(t.state), t.queue, String(t.priority), t.attempts + (t.maxAttempts ? ' / ' + t.maxAttempts : ''),
-            time(t.createdAt), time(t.finishedAt || t.runAt), h('span', { class: 'error-text' }, clip(t.lastError, 80)),
+            when(t.createdAt), when(t.finishedAt || t.runAt), h('span', { class: 'error-text' }, clip(t.lastError, 80)),
           ] };
         }), 'No tasks match.'),
         taskPager.controls(d.next, d.tasks.length),
@@ -405,7 +413,7 @@ export const APP_JS = String.raw`'use strict';
       var fields = [
         ['State', badge(t.state)], ['Type', t.type], ['Queue', t.queue], ['Priority', String(t.priority)], ['Shard', String(t.shard)],
         ['Attempts', t.attempts + (t.maxAttempts ? ' of ' + t.maxAttempts : ' (type default)')], ['Dedupe key', t.dedupeKey || '—'],
-        ['Created', time(t.createdAt)], ['Due', t.runAt ? time(t.runAt) : '—'],
+        ['Created', when(t.createdAt)], ['Due', t.runAt ? when(t.runAt) : '—'],
         ['Lease', t.lease ? 'attempt ' + t.lease.attempt + ' on ' + (t.lease.worker || '?') + ', expires ' + time(t.lease.expiresAt) : '—'],
       ];
       append(clear(el), [
@@ -416,7 +424,7 @@ export const APP_JS = String.raw`'use strict';
         h('h3', {}, 'Payload'), h('pre', { id: 'payload' }, json(t.payload, 2)),
         h('h3', {}, 'Timeline'),
         h('ol', { class: 'timeline', id: 'timeline' }, d.timeline.map(function (e) {
-          return h('li', { 'data-event': e.event }, [h('span', { class: 'when' }, time(e.at)), ' ', h('strong', {}, e.event), ' ', h('span', { class: 'mono muted' }, json(e.detail))]);
+          return h('li', { 'data-event': e.event }, [h('span', { class: 'when' }, when(e.at)), ' ', h('strong', {}, e.event), ' ', h('span', { class: 'mono muted' }, json(e.detail))]);
         })),
       ]);
     },
@@ -450,7 +458,7 @@ export const APP_JS = String.raw`'use strict';
       append(clear(el), [
         table(['ID', 'Type', 'Queue', 'Attempts', 'Died', 'Last error', READ_ONLY ? '' : 'Actions'], d.deadLetters.map(function (x) {
           return { attrs: { 'data-task': x.id }, cells: [
-            taskLink(x.id), x.type, x.queue, String(x.attempts), h('span', { title: time(x.diedAt) }, ago(x.diedAt)),
+            taskLink(x.id), x.type, x.queue, String(x.attempts), h('span', { title: time(x.diedAt) + ' (' + x.diedAt + ')' }, ago(x.diedAt)),
             h('span', { class: 'error-text', title: x.lastError || '' }, clip(x.lastError, 120)),
             READ_ONLY ? '' : h('span', { class: 'row-actions' }, [
               actionButton('Retry', function () { act('Retry ' + x.id, '/api/tasks/' + x.id + '/retry'); }),
@@ -473,7 +481,7 @@ export const APP_JS = String.raw`'use strict';
           var reason = h('input', { type: 'text', placeholder: 'reason (optional)', 'data-keep': 'reason:' + q.queue, size: 18 });
           var base = '/api/queues/' + encodeURIComponent(q.queue);
           return { attrs: { 'data-queue': q.queue }, cells: [
-            q.queue, String(q.lanes), q.paused ? badge('paused') : badge('active', 'ok'), q.pausedBy || '', q.pausedAt ? time(q.pausedAt) : '', q.reason || '',
+            q.queue, String(q.lanes), q.paused ? badge('paused') : badge('active', 'ok'), q.pausedBy || '', q.pausedAt ? when(q.pausedAt) : '', q.reason || '',
             READ_ONLY ? '' : q.paused
               ? actionButton('Resume', function () { act('Resume ' + q.queue, base + '/resume'); })
               : h('span', { class: 'row-actions' }, [reason, ' ', actionButton('Pause', function () {
@@ -509,11 +517,11 @@ export const APP_JS = String.raw`'use strict';
         h('h2', {}, 'Workers'),
         table(['Worker', 'Host', 'PID', 'Queues', 'Slots', 'Busy', 'Prefetched', 'Leader', 'Started', 'Heartbeat'], d.workers.map(function (w) {
           return { cells: [h('span', { class: 'mono' }, w.workerId), w.host, String(w.pid), w.queues ? w.queues.join(', ') : 'all', String(w.slots), String(w.busy), String(w.prefetched),
-            w.leader ? badge('leader') : '', time(w.startedAt), w.alive ? age(w.heartbeatAgeSeconds) + ' ago' : badge('stale', 'dead')] };
+            w.leader ? badge('leader') : '', when(w.startedAt), w.alive ? age(w.heartbeatAgeSeconds) + ' ago' : badge('stale', 'dead')] };
         }), 'No workers are running.'),
         h('h2', {}, 'Recent operator actions'),
         table(['When', 'Who', 'Action', 'Target', 'Result'], d.audit.map(function (a) {
-          return { cells: [time(a.at), a.actor, a.action, h('span', { class: 'mono' }, clip(json(a.target), 120)), h('span', { class: 'mono' }, clip(json(a.result), 120))] };
+          return { cells: [when(a.at), a.actor, a.action, h('span', { class: 'mono' }, clip(json(a.target), 120)), h('span', { class: 'mono' }, clip(json(a.result), 120))] };
         }), 'No operator actions yet.'),
       ]);
     },
