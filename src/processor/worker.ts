@@ -57,8 +57,9 @@ export interface WorkerOptions {
   heartbeatIntervalMs?: number | false;
   /**
    * Opt-in HTTP server started by start() and closed by stop(): `GET /metrics` from this worker's
-   * registry (`metrics`, default true) and/or the web dashboard on the worker's pool
-   * (`dashboard`: true or its options; without auth, host must be loopback). See `httpUrl`.
+   * registry (`metrics`, default true) and/or the web dashboard on a small pool of its own (two
+   * connections, so its reads never take a claim's connection; `dashboard`: true or its options;
+   * without auth, host must be loopback). See `httpUrl`.
    */
   http?: WorkerHttpOptions;
 }
