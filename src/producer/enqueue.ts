@@ -157,9 +157,8 @@ async function prepare(t: TaskSpec, index: number, where: string): Promise<Prepa
   }
   if (json === undefined) throw new BerthInputError(`${where} (${type}): payload is not JSON-serialisable`);
   const queue = t.queue ?? DEFAULT_QUEUE;
-  if (typeof queue !== 'string' || queue.trim() === '' || queue.length > 200) {
-    throw new BerthInputError(`${where}: queue must be a non-empty name of at most 200 characters`);
-  }
+  // Any name is a queue, the empty one included (seed 003: storage rejects only NULL).
+  if (typeof queue !== 'string') throw new BerthInputError(`${where}: queue must be a string`);
   const priority = t.priority ?? 0;
   if (!Number.isInteger(priority) || priority < -32768 || priority > 32767) {
     throw new BerthInputError(`${where}: priority must be an integer in the smallint range`);
