@@ -232,6 +232,7 @@ export class BerthMetrics {
   readonly claims: CounterMetric<'result'>;
   readonly claimSeconds: HistogramMetric;
   readonly claimedTasks: CounterMetric;
+  readonly taskWaitSeconds: HistogramMetric<'task_type'>;
   readonly wakeups: CounterMetric<'reason'>;
   readonly listenReconnects: CounterMetric;
   readonly settlementFlushSeconds: HistogramMetric<'kind'>;
@@ -296,6 +297,12 @@ export class BerthMetrics {
     this.claims = counter('berth_claims_total', 'Claim statements by result (hit: leased at least one task, empty)', ['result']);
     this.claimSeconds = histogram('berth_claim_seconds', 'Discovery plus claim round trip', fast);
     this.claimedTasks = counter('berth_claimed_tasks_total', 'Tasks leased');
+    this.taskWaitSeconds = histogram(
+      'berth_task_wait_seconds',
+      'How long a task had been due when a worker claimed it (database clock), by task type',
+      [0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 60, 300, 1800, 3600],
+      ['task_type'],
+    );
     this.wakeups = counter('berth_wakeups_total', 'Fetcher wake-ups by reason (notify, poll, slot_freed, start)', ['reason']);
     this.listenReconnects = counter('berth_listen_reconnects_total', 'Times the LISTEN connection was lost and re-established');
     this.settlementFlushSeconds = histogram(

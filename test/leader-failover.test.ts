@@ -52,7 +52,8 @@ test('three worker processes: the leader is SIGKILLed and promotion and rescue r
     await waitFor(() => ran(1), 20_000, 'the scheduled task to run after failover');
     // Leased by 'ghost', which never settles: only rescue can have made it runnable again.
     await waitFor(() => ran(2), 20_000, 'the rescued task to run');
-    assert.equal((await getTask(pool, schema, scheduled!.id!))?.state ?? 'completed', 'completed');
+    // The handler's row commits before its completion is flushed (settlements are batched).
+    await waitFor(async () => ((await getTask(pool, schema, scheduled!.id!))?.state ?? 'completed') === 'completed', 20_000, 'the scheduled task settled as completed');
   } finally {
     for (const c of children.values()) c.kill('SIGTERM');
     await Promise.all([...children.values()].map((c) => new Promise((r) => (c.exitCode !== null ? r(null) : c.once('exit', r)))));

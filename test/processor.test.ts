@@ -371,8 +371,9 @@ test('prefetched tasks wait for a slot under their own lease; stop() hands them 
   await expectOutcome(w.metrics, 'p_prefetch', 'cancelled', 1);
   const back = await pool.query(`SELECT attempts FROM ${S}.deferred WHERE id = ANY($1::bigint[])`, [rs.map((r) => r.id)]);
   const attempts = back.rows.map((r) => r.attempts as number).sort((a, b) => a - b);
-  // The fetch loop may lease more between the count above and stop(): compare with what is left.
-  assert.ok(attempts.length >= Number(leased.rows[0].n), 'every lease seen unsettled was handed back');
+  // Not compared with the count above: between it and stop() the fetch loop may lease more, and
+  // completions still in the settlement batcher settle. What must hold: nothing is left open.
+  assert.ok(attempts.length >= 2, 'the interrupted task and at least one never-started task came back');
   const open = await pool.query(
     `SELECT count(*)::int AS n FROM ${S}.leases l WHERE NOT EXISTS (SELECT 1 FROM ${S}.settlements st WHERE (st.lane_id, st.lane_seq, st.slot) = (l.lane_id, l.lane_seq, l.slot))`,
   );

@@ -29,6 +29,8 @@ export interface ClaimedTask extends LeaseRef {
   dedupeKey: string | null;
   /** lease_expires_at as stamped by the database, in epoch ms. */
   leaseExpiresAt: number;
+  /** How long the task had been due when it was claimed (database clock), in seconds. */
+  waitedSeconds: number;
 }
 
 /**
@@ -135,6 +137,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
     dedupe_key: string | null;
     token: string;
     expires_ms: number;
+    waited_s: number;
   }>({
     name: `berth-claim:${p.schema}`,
     text: `WITH locked AS MATERIALIZED (
@@ -183,7 +186,8 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
      SELECT c.slot, c.lane_id, c.lane_seq::text AS lane_seq, c.id::text AS id, c.type, c.payload,
             c.queue, c.priority, c.shard, l.attempt, l.max_attempts, c.dedupe_key,
             l.token::text AS token,
-            (extract(epoch FROM l.expires_at) * 1000)::float8 AS expires_ms
+            (extract(epoch FROM l.expires_at) * 1000)::float8 AS expires_ms,
+            greatest(extract(epoch FROM now() - c.run_at), 0)::float8 AS waited_s
        FROM leased l
        JOIN chosen c USING (slot, lane_id, lane_seq)
       WHERE (SELECT count(*) FROM resignal) >= 0
@@ -217,5 +221,6 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
     maxAttempts: r.max_attempts,
     dedupeKey: r.dedupe_key,
     leaseExpiresAt: r.expires_ms,
+    waitedSeconds: r.waited_s,
   }));
 }

@@ -415,6 +415,7 @@ export class Worker {
     this.metrics.claimSeconds.observe((performance.now() - started) / 1000);
     this.metrics.claims.inc({ result: got.length > 0 ? 'hit' : 'empty' });
     this.metrics.claimedTasks.inc(got.length);
+    for (const t of got) this.metrics.taskWaitSeconds.observe({ task_type: t.type }, t.waitedSeconds);
     return got;
   }
 
