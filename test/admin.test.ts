@@ -8,7 +8,7 @@ import {
 import { claim } from '../src/processor/claim.js';
 import { completeLeases } from '../src/processor/settlement.js';
 import { wakeChannel } from '../src/sql.js';
-import { DATABASE_URL, FAST_MAINTENANCE, freshSchema, testLogger, waitFor } from './helpers.js';
+import { counterValue, DATABASE_URL, FAST_MAINTENANCE, freshSchema, testLogger, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('admin');
 const S = `"${schema}"`;
@@ -194,6 +194,7 @@ test('a worker heartbeats its row and outcome counts; the leader is visible with
       return t.reduce((n, p) => n + (p.type === 'hb' && p.outcome === 'success' ? p.count : 0), 0) === 4 ? t : null;
     }, 10_000, 'outcome counts flushed');
     assert.ok(points.every((p) => p.queue === 'hbq'));
+    assert.equal(await counterValue(w.metrics, 'berth_task_wait_seconds_count', { task_type: 'hb' }), 4, 'each claim records how long its task waited');
     const workers = await listWorkers(pool, schema);
     assert.equal(workers.length, 1, JSON.stringify(workers));
     assert.equal(workers[0]?.workerId, 'hb-worker');
