@@ -1,8 +1,9 @@
 import { BerthInputError } from '../errors.js';
-import { quoteIdent, readCommittedOnly, READ_COMMITTED_REQUIRED, type Queryable } from '../sql.js';
+import { quoteIdent, type Queryable } from '../sql.js';
 import { getTask, type TaskState } from '../storage/tasks.js';
 import { retryDeadLetters } from './dead.js';
 import { taskId } from './ids.js';
+import { removeUnleased } from '../processor/settlement.js';
 
 export const TASK_STATES: readonly TaskState[] = ['ready', 'running', 'scheduled', 'retryable', 'dead', 'completed'];
 
@@ -269,13 +270,6 @@ export async function deleteTask(db: Queryable, schema: string, id: string): Pro
 }
 
 async function removeUnleasedAs(db: Queryable, schema: string, id: string, reason: string): Promise<TaskActionResult> {
-  taskId(id);
-  const s = quoteIdent(schema);
-  const r = await db.query<{ result: 'removed' | 'leased' | 'not_found' | 'isolation' }>(
-    `SELECT ${readCommittedOnly(`${s}.remove_unleased($1::bigint, $2)`)} AS result`,
-    [id, reason],
-  );
-  const result = r.rows[0]!.result;
-  if (result === 'isolation') throw new BerthInputError(READ_COMMITTED_REQUIRED);
+  const result = await removeUnleased(db, schema, taskId(id), reason);
   return result === 'leased' ? 'running' : result;
 }
