@@ -46,6 +46,9 @@ export async function discover(
   schema: string,
   queues: readonly string[] | null,
   limit = 20,
+  /** At most this many entries per lane (default: `limit`). The worker asks for 1: it only
+   * needs the lanes, and one head per lane spreads its candidates over more lanes. */
+  perLane?: number,
 ): Promise<Candidate[]> {
   const s = quoteIdent(schema);
   const res = await read.query<{ lane_id: number; lane_seq: string; id: string }>({
@@ -64,12 +67,12 @@ export async function discover(
                              WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
                              OFFSET 0)
           ORDER BY r.lane_seq
-          LIMIT $2) r
+          LIMIT $3) r
       WHERE ($1::text[] IS NULL OR l.queue = ANY ($1::text[]))
         AND NOT l.paused
       ORDER BY r.priority, r.run_at, r.lane_id, r.lane_seq
       LIMIT $2`,
-    values: [queues, limit],
+    values: [queues, limit, perLane ?? limit],
   });
   return res.rows.map((r) => ({ laneId: r.lane_id, laneSeq: r.lane_seq, id: r.id }));
 }
@@ -92,7 +95,18 @@ export interface ClaimParams {
   wakeChannel: string;
   /** Only lanes of these queues (null: all). Candidates from a notification may be any lane. */
   queues?: readonly string[] | null;
+  /** Lock at most this many candidate lanes, in candidate order (default: all of them). The
+   * worker passes one per LANE_SHARE tasks it wants. */
+  maxLanes?: number;
 }
+
+/**
+ * A claim locks one candidate lane per this many tasks it wants, in candidate order, skipping
+ * locked ones. Locking every candidate let the first of several concurrent claimers take all the
+ * lanes, so the others found nothing (an empty claim is two round trips) and each batch shrank;
+ * with a share per claimer, concurrent workers spread over the lanes instead.
+ */
+export const LANE_SHARE = 16;
 
 /**
  * The claim: one statement on the primary that leases exactly the entries it returns.
@@ -145,7 +159,8 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
         WHERE l.lane_id = ANY ($1::integer[])
           AND ($11::text[] IS NULL OR l.queue = ANY ($11::text[]))
           AND NOT l.paused
-        ORDER BY l.lane_id
+        ORDER BY array_position($1::integer[], l.lane_id)
+        LIMIT $12
         FOR UPDATE SKIP LOCKED
      ), current AS MATERIALIZED (
        SELECT k.lane_id FROM locked k
@@ -204,6 +219,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
       p.defaultMaxAttempts,
       types.map((t) => p.maxAttempts.get(t) ?? null),
       p.queues ?? null,
+      Math.max(1, Math.min(p.laneIds.length, p.maxLanes ?? p.laneIds.length)),
     ],
   });
   return res.rows.map((r) => ({

@@ -7,7 +7,7 @@ import { Maintenance, validateMaintenanceOptions, type MaintenanceOptions } from
 import { BerthMetrics, type Outcome } from '../metrics.js';
 import { DEFAULT_SCHEMA, wakeChannel } from '../sql.js';
 import { backoffDelayMs, DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, validatePayload, type HandlerResult, type TaskContext, type TaskDefinition } from '../task.js';
-import { claim, discover, type ClaimedTask } from './claim.js';
+import { claim, discover, LANE_SHARE, type ClaimedTask } from './claim.js';
 import { SettlementBatcher } from './settlement-batcher.js';
 import { advanceCursor, leaseKey, releaseLease, returnUnstarted } from './settlement.js';
 import { WakeListener } from './wake.js';
@@ -405,10 +405,14 @@ export class Worker {
       }
     }
     if (got.length === 0) {
-      const candidates = await discover(this.readPool!, this.schema, this.options.queues ?? null, 20);
+      const candidates = await discover(this.readPool!, this.schema, this.options.queues ?? null, 20, 1);
       const lanes = [...new Set(candidates.map((c) => c.laneId))];
       if (lanes.length > 0) {
-        got = got.concat(await claim(this.writePool!, { ...params, laneIds: lanes, limit: want - got.length }));
+        // Every worker's discovery returns the same lanes, so each locks only its share of them
+        // (in discovery's priority order): concurrent workers spread instead of all but one
+        // finding every lane locked. Known lanes (its own hot lanes, notified ones) are all tried.
+        const maxLanes = Math.ceil((want - got.length) / LANE_SHARE);
+        got = got.concat(await claim(this.writePool!, { ...params, laneIds: lanes, limit: want - got.length, maxLanes }));
       }
     }
     this.hotLanes = got.length === want ? [...new Set(got.map((t) => t.laneId))] : [];
