@@ -1,6 +1,6 @@
 import { Command, InvalidArgumentError } from 'commander';
 import { audited } from '../admin/audit.js';
-import { listDead, purgeDead, retryDead, type DeadFilter } from '../admin/dead.js';
+import { listDead, purgeDead, retryDead, type BulkResult, type DeadFilter } from '../admin/dead.js';
 import { actor, CliFailure, collect, common, intOption, nextPageCommand, printJson, printTable, taskIdArg, withPool, type Common } from './common.js';
 import { progressBar } from './progress.js';
 
@@ -38,6 +38,30 @@ function toFilter(o: FilterOpts): DeadFilter {
   };
 }
 
+/** A bulk action with a progress bar on a terminal, audited; exit 1 when some were left alone. */
+async function bulk(
+  opts: FilterOpts,
+  action: 'retry' | 'purge',
+  run: typeof retryDead,
+  report: (r: BulkResult) => void,
+): Promise<void> {
+  const filter = toFilter(opts);
+  await withPool(opts, async (pool) => {
+    const bar = progressBar(action === 'retry' ? 'retrying' : 'purging');
+    let r: BulkResult;
+    try {
+      r = await audited(pool, opts.schema, null, actor(), `dead.${action}`, { ...filter }, () =>
+        run(pool, opts.schema, filter, (p) => bar.update(p)),
+      );
+    } finally {
+      bar.stop();
+    }
+    if (opts.json) printJson(r);
+    else report(r);
+    if (r.duplicates > 0) throw new CliFailure(`${r.duplicates} dead letter(s) not retried: a live task holds their dedupe key`);
+  });
+}
+
 export function registerDeadCommands(program: Command): void {
   const dead = program.command('dead').description('dead letters: tasks that ran out of attempts');
   filters(common(dead.command('list')), false)
@@ -62,41 +86,14 @@ export function registerDeadCommands(program: Command): void {
   filters(common(dead.command('retry')), true)
     .description('retry the dead letters a filter matches (fresh attempt budget), in batches of 1,000')
     .addHelpText('after', '\nNeeds a filter or --all. A dead letter whose dedupe key a live task holds is left in place.')
-    .action(async (opts: FilterOpts) => {
-      const filter = toFilter(opts);
-      await withPool(opts, async (pool) => {
-        const bar = progressBar('retrying');
-        try {
-          const r = await audited(pool, opts.schema, null, actor(), 'dead.retry', { ...filter }, () =>
-            retryDead(pool, opts.schema, filter, (p) => bar.update(p)),
-          );
-          bar.stop();
-          if (opts.json) printJson(r);
-          else console.log(`retried ${r.changed} of ${r.matched} dead letter(s)${r.duplicates ? `; ${r.duplicates} left: a live task holds their dedupe key` : ''}`);
-          if (r.duplicates > 0) throw new CliFailure(`${r.duplicates} dead letter(s) not retried: a live task holds their dedupe key`);
-        } finally {
-          bar.stop();
-        }
-      });
-    });
+    .action((opts: FilterOpts) =>
+      bulk(opts, 'retry', retryDead, (r) => {
+        console.log(`retried ${r.changed} of ${r.matched} dead letter(s)${r.duplicates ? `; ${r.duplicates} left: a live task holds their dedupe key` : ''}`);
+      }),
+    );
 
   filters(common(dead.command('purge')), true)
     .description('delete the dead letters a filter matches, in batches of 5,000')
     .addHelpText('after', '\nNeeds a filter or --all.')
-    .action(async (opts: FilterOpts) => {
-      const filter = toFilter(opts);
-      await withPool(opts, async (pool) => {
-        const bar = progressBar('purging');
-        try {
-          const r = await audited(pool, opts.schema, null, actor(), 'dead.purge', { ...filter }, () =>
-            purgeDead(pool, opts.schema, filter, (p) => bar.update(p)),
-          );
-          bar.stop();
-          if (opts.json) printJson(r);
-          else console.log(`purged ${r.changed} dead letter(s)`);
-        } finally {
-          bar.stop();
-        }
-      });
-    });
+    .action((opts: FilterOpts) => bulk(opts, 'purge', purgeDead, (r) => console.log(`purged ${r.changed} dead letter(s)`)));
 }
