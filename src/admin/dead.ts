@@ -126,6 +126,13 @@ export async function retryDeadLetters(
 
 const BULK_BATCH = 1000;
 
+/** What every bulk action does first: refuse an unscoped filter, count what it will touch. */
+async function startBulk(db: Queryable, schema: string, filter: DeadFilter) {
+  assertBulkScope(filter);
+  const total = await countDead(db, schema, filter);
+  return { total, w: where(filter), out: { matched: total, changed: 0, duplicates: 0 } as BulkResult };
+}
+
 /**
  * Retry every dead letter a filter matches, in batches of 1,000 (one transaction each, oldest
  * first by id), reporting progress after each batch. A batch that commits stays committed if a
@@ -137,10 +144,7 @@ export async function retryDead(
   filter: DeadFilter,
   onProgress?: (p: BulkProgress) => void,
 ): Promise<BulkResult> {
-  assertBulkScope(filter);
-  const total = await countDead(db, schema, filter);
-  const w = where(filter);
-  const out: BulkResult = { matched: total, changed: 0, duplicates: 0 };
+  const { total, w, out } = await startBulk(db, schema, filter);
   let after = '0';
   let done = 0;
   for (;;) {
@@ -157,7 +161,7 @@ export async function retryDead(
       else if (r.result === 'duplicate') out.duplicates++;
     }
     done += ids.length;
-    onProgress?.({ done: Math.min(done, Math.max(total, done)), total: Math.max(total, done) });
+    onProgress?.({ done, total: Math.max(total, done) });
   }
   return out;
 }
@@ -172,11 +176,8 @@ export async function purgeDead(
   filter: DeadFilter,
   onProgress?: (p: BulkProgress) => void,
 ): Promise<BulkResult> {
-  assertBulkScope(filter);
   const s = quoteIdent(schema);
-  const total = await countDead(db, schema, filter);
-  const w = where(filter);
-  const out: BulkResult = { matched: total, changed: 0, duplicates: 0 };
+  const { total, w, out } = await startBulk(db, schema, filter);
   for (;;) {
     const r = await db.query(
       `DELETE FROM ${s}.dead_letters WHERE id IN (
