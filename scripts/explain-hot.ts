@@ -34,13 +34,13 @@ const live = await claim(pool, { ...params, limit: 10 });
 
 const S = schema;
 const statements: [string, string, unknown[]][] = [
-  ['discovery (read pool)', `SELECT r.lane_id, r.lane_seq FROM ${S}.lanes l CROSS JOIN LATERAL (
+  ['discovery (read pool; the worker asks one head per lane)', `SELECT r.lane_id, r.lane_seq FROM ${S}.lanes l CROSS JOIN LATERAL (
      SELECT r.lane_id, r.lane_seq, r.priority, r.run_at FROM ${S}.ready r
       WHERE r.lane_id = l.lane_id
         AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${S}.leases le WHERE le.lane_id = l.lane_id), 0)
         AND r.run_at <= now() AND r.attempts < coalesce(r.max_attempts, 2147483647)
         AND NOT EXISTS (SELECT 1 FROM ${S}.tombstones t WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot OFFSET 0)
-      ORDER BY r.lane_seq LIMIT 20) r
+      ORDER BY r.lane_seq LIMIT 1) r
      ORDER BY r.priority, r.run_at, r.lane_id, r.lane_seq LIMIT 20`, []],
   ['claim cursor + head of one lane (inside the claim)', `SELECT r.lane_seq FROM ${S}.ready r
       WHERE r.lane_id = $1 AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${S}.leases le WHERE le.lane_id = $1), 0)
