@@ -342,8 +342,15 @@ test("the worker's http option serves /metrics and the dashboard; bad settings f
 
   const def = defineTask({ type: 'http.ok', ceiling: 10_000, handler: async () => {} });
   const w = new Worker({ ...base, tasks: [def], maintenance: FAST_MAINTENANCE, heartbeatIntervalMs: 100, pollIntervalMs: 100, http: { port: 0, dashboard: true } });
+  // The worker names its dashboard pool's sessions after itself.
   const dashboardPids = async () =>
-    new Set((await pool.query<{ pid: number }>(`SELECT pid FROM pg_stat_activity WHERE application_name = 'berth dashboard' AND datname = current_database()`)).rows.map((r) => r.pid));
+    new Set(
+      (
+        await pool.query<{ pid: number }>(`SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, [
+          `berth dashboard ${w.id}`.slice(0, 63),
+        ])
+      ).rows.map((r) => r.pid),
+    );
   const before = await dashboardPids();
   await w.start();
   let ownPids: number[] = [];

@@ -147,6 +147,12 @@ async function promoteInLaneTransaction(
         signal?.removeEventListener('abort', cancel);
       }
     },
-    { lockTimeoutMs: laneLockTimeoutMs },
+    {
+      lockTimeoutMs: laneLockTimeoutMs,
+      // The lock timeout must be what ends a wait on a busy lane (a waiter's 30 s equals the
+      // worker's default statement timeout, which would otherwise fire first and read as a
+      // failure): the statement gets the lock wait plus room for the promotion itself.
+      ...(laneLockTimeoutMs !== null ? { statementTimeoutMs: laneLockTimeoutMs + 10_000 } : {}),
+    },
   );
 }
