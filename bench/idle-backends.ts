@@ -18,7 +18,8 @@
  * need a server reload). As a breakdown, pg_stat_activity is sampled every 100 ms and each
  * session seen that started inside the window is counted under its application_name; a session
  * that lives less than a sample interval can be missed there, so only the first number is the
- * measurement.
+ * measurement. Parallel query workers (the leader's gauge reads start two every few seconds) are
+ * left out of both: they are not client sessions and do not go through max_connections.
  */
 import pg from 'pg';
 import { parseArgs } from 'node:util';
@@ -90,7 +91,7 @@ const leaderNamed = new Set<number>();
 while (performance.now() - t0 < seconds * 1000) {
   const r = await monitor.query<{ pid: number; started: Date; name: string; fresh: boolean }>(
     `SELECT pid, backend_start AS started, application_name AS name, backend_start > $2 AS fresh
-       FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`,
+       FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend' AND pid <> pg_backend_pid()`,
     [dbName, before.at],
   );
   maxOpen = Math.max(maxOpen, r.rowCount ?? 0);

@@ -18,8 +18,9 @@ export function followerApplicationName(workerId: string): string {
 /**
  * Reconnect delays after a lost or refused session: the leader poll, doubling per consecutive
  * failure up to 10 s (or the poll, if longer), each scaled by a random factor in [0.5, 1). An
- * outage thus costs a fleet of N workers about N/10 connection attempts a second at worst,
- * spread out rather than in lockstep, and leadership returns within about 10 s of the server.
+ * outage thus costs a fleet of N workers at most N/5 connection attempts a second (N/10 to N/5
+ * once backed off), spread out rather than in lockstep, and a leader is back within about 10 s
+ * of the server.
  */
 export const RECONNECT_MAX_MS = 10_000;
 
