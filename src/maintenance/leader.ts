@@ -281,8 +281,10 @@ export class Maintenance {
     this.stopped = true;
     this.stopSignal.abort();
     await this.stepDown();
-    await this.loop?.catch(() => undefined);
+    // After the branches have ended (stepDown awaits them), so no other leader's branches can
+    // overlap ours; before awaiting the loop, so a poll in flight is cut short, not waited out.
     await this.election?.close();
+    await this.loop?.catch(() => undefined);
   }
 }
 
