@@ -37,7 +37,7 @@ function run(bin: string, args: string[]): void {
 }
 
 export async function startCluster(settings: Record<string, string | number> = {}): Promise<Cluster> {
-  const dir = mkdtempSync(join(tmpdir(), 'berth-cluster-'));
+  const dir = mkdtempSync(join(tmpdir(), 'berth-bench-cluster-'));
   if (process.getuid?.() === 0) {
     const uid = Number(execFileSync('id', ['-u', 'postgres'], { encoding: 'utf8' }).trim());
     const gid = Number(execFileSync('id', ['-g', 'postgres'], { encoding: 'utf8' }).trim());
