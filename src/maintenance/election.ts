@@ -44,7 +44,7 @@ export interface ElectionOptions {
   workerId: string;
   pollMs: number;
   logger: Logger;
-  /** Called once when a session that held the lock is lost (error event or failed query). */
+  /** Called once when a session that held the lock is lost (error or end event, failed query). */
   onLeaderSessionLost: () => void;
 }
 
@@ -52,8 +52,8 @@ export interface ElectionOptions {
  * The one election session of a Maintenance, kept open across polls. A follower tries the leader
  * lock on it every poll; the session that wins is the leader's session (advisory locks belong to
  * the session), and the leader's liveness check runs on it. Before issue 8 every poll of every
- * follower opened a connection of its own: 10 idle workers made about 400–600 backends a minute
- * (docs/benchmarks.md). A broken session is closed and replaced after a bounded, jittered
+ * follower opened a connection of its own: 10 idle workers made 394–497 backends a minute, now 6,
+ * none of them the election's (docs/benchmarks.md). A broken session is closed and replaced after a bounded, jittered
  * backoff, never reconnected on every poll, so an outage does not become a reconnect storm.
  */
 export class ElectionSession {
@@ -64,10 +64,6 @@ export class ElectionSession {
   private closed = false;
 
   constructor(private readonly opts: ElectionOptions) {}
-
-  get isLeader(): boolean {
-    return this.leading;
-  }
 
   /**
    * One poll: connect if due, then a follower tries the lock and a leader checks its session.
@@ -119,6 +115,8 @@ export class ElectionSession {
     // Before connect: an 'error' on a pg.Client with no listener kills the process, and a
     // backend termination or a server restart can emit one at any time.
     client.on('error', (err) => this.lose(client, err, 'error event'));
+    // A connection closed without an error message (a proxy, a FIN) ends the session just the same.
+    client.on('end', () => this.lose(client, new Error('connection ended'), 'end event'));
     try {
       await client.connect();
     } catch (err) {
