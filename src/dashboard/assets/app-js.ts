@@ -286,7 +286,7 @@ export const APP_JS = String.raw`'use strict';
         card('Dead letters', num(t.dead), 'out of attempts', t.dead > 0 ? 'dead' : ''),
         card('Oldest due', d.oldestDue.seconds > 0 ? age(d.oldestDue.seconds) : '—', d.oldestDue.queue ? 'in ' + d.oldestDue.queue : 'nothing waiting', 'oldest'),
         card('Workers', num(d.workers.alive), num(d.workers.busy) + ' of ' + num(d.workers.slots) + ' slots busy', 'workers'),
-        card('Leader', d.leader ? (d.leader.workerId || 'pid ' + d.leader.pid) : 'none', d.leader ? 'since ' + time(d.leader.since) : 'no maintenance leader', d.leader ? 'leader' : 'dead'),
+        card('Leader', d.leader ? (d.leader.workerId || 'pid ' + d.leader.pid) : 'none', d.leader ? 'session since ' + time(d.leader.since) : 'no maintenance leader', d.leader ? 'leader' : 'dead'),
       ]);
       var charts = h('div', { class: 'charts' }, [
         barChart('Completed per minute', d.throughput, 'completed', 'ok'),
@@ -504,7 +504,7 @@ export const APP_JS = String.raw`'use strict';
         h('h2', {}, 'Leader'),
         l.session
           ? h('p', { id: 'leader' }, ['Session pid ' + l.session.pid + ' (' + l.session.applicationName + ')' + (l.session.clientAddr ? ' from ' + l.session.clientAddr : '') +
-            ', since ' + time(l.session.since) + '.', l.worker ? ' Worker ' + l.worker.workerId + '.' : ' Its heartbeat is not fresh.'])
+            ', connected since ' + time(l.session.since) + '.', l.worker ? ' Worker ' + l.worker.workerId + '.' : ' Its heartbeat is not fresh.'])
           : h('p', { class: 'error-text', id: 'leader' }, 'No maintenance leader: nothing is promoting, rescuing or pruning.'),
         table(['Branch', 'Runs', 'Last', 'Max', 'Overruns', 'Failures', 'Last run'], Object.keys(branches).sort().map(function (k) {
           var b = branches[k];
