@@ -6,7 +6,7 @@ import { defineTask, enqueue, enqueueMany, getTask, promoteDueLanes, rescueLapse
 import { claim } from '../src/processor/claim.js';
 import { Promoter } from '../src/maintenance/promoter.js';
 import { wakeChannel } from '../src/sql.js';
-import { captureLogger, counterValue, DATABASE_URL, expectOutcome, freshSchema, waitFor, holdLaneLock } from './helpers.js';
+import { captureLogger, counterValue, DATABASE_URL, expectOutcome, freshSchema, waitFor, holdLaneLock, leaseLapsed } from './helpers.js';
 
 const { schema, pool } = await freshSchema('rules');
 const S = `"${schema}"`;
@@ -85,10 +85,10 @@ test('rescue never takes the lane lock: a lapsed lease is rescued while its own 
   await reset();
   const lane = await laneOf('held', 2);
   const [t] = await enqueueMany(pool, [{ type: 'x', payload: {}, queue: 'held', shard: 2 }], { schema });
-  await claim(pool, claimParams([lane], 1, 1));
+  const [leased] = await claim(pool, claimParams([lane], 1, 1));
   const release = await holdLane(lane);
   try {
-    await new Promise((r) => setTimeout(r, 20));
+    await leaseLapsed(pool, leased!.leaseExpiresAt);
     const c = new pg.Client({ connectionString: DATABASE_URL });
     await c.connect();
     await c.query("SET lock_timeout = '1s'");
@@ -150,7 +150,8 @@ test('shutdown settles a handler that returns as the drain ends; it never runs a
   assert.equal((await getTask(pool, schema, r.id!))?.state, 'completed', 'settled before the pools closed');
   const again = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], logger, maintenance: false, pollIntervalMs: 50 });
   await again.start();
-  await new Promise((res) => setTimeout(res, 300));
+  // Long enough for the second worker to have looked: a few of its polls, however slow the machine.
+  await waitFor(async () => (await counterValue(again.metrics, 'berth_wakeups_total', { reason: 'poll' })) >= 3, 10_000, 'the second worker polling');
   await again.stop();
   assert.equal(runs, 1);
 });
