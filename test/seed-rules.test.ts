@@ -6,7 +6,7 @@ import { defineTask, enqueue, enqueueMany, getTask, promoteDueLanes, rescueLapse
 import { claim } from '../src/processor/claim.js';
 import { Promoter } from '../src/maintenance/promoter.js';
 import { wakeChannel } from '../src/sql.js';
-import { captureLogger, counterValue, DATABASE_URL, expectOutcome, freshSchema, waitFor, holdLaneLock, leaseLapsed } from './helpers.js';
+import { captureLogger, counterValue, DATABASE_URL, expectOutcome, freshSchema, waitFor, holdLaneLock, leaseLapsed, scaled } from './helpers.js';
 
 const { schema, pool } = await freshSchema('rules');
 const S = `"${schema}"`;
@@ -112,7 +112,11 @@ test('promoter: a lane with a waiter is skipped by later ticks; past the waiter 
   const releaseA = await holdLane(a);
   const releaseB = await holdLane(b);
   const metrics = new BerthMetrics();
-  const p = new Promoter(pool, schema, { batchSize: 100, laneLockTimeoutMs: 50, waiterLockTimeoutMs: 400, poolSize: 8 }, metrics, logger);
+  // The waiter must still be waiting when the second tick runs, however slow the machine: a
+  // waiter timeout far beyond two ticks here, a short one below for the timed-out count.
+  const p = new Promoter(pool, schema, { batchSize: 100, laneLockTimeoutMs: 50, waiterLockTimeoutMs: scaled(60_000), poolSize: 8 }, metrics, logger);
+  const short = new BerthMetrics();
+  const q = new Promoter(pool, schema, { batchSize: 100, laneLockTimeoutMs: 50, waiterLockTimeoutMs: 400, poolSize: 8 }, short, logger);
   try {
     await p.tick();
     assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off', state: 'scheduled' }), 1);
@@ -122,11 +126,17 @@ test('promoter: a lane with a waiter is skipped by later ticks; past the waiter 
     await p.tick();
     assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off', queue: waiting }), 1, 'the waiting lane is skipped by the next tick');
     assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'waiter_limit' }), 2, 'the other lane is retried each tick');
-    await waitFor(async () => (await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'waiter_timed_out', queue: waiting })) === 1, 5000, 'waiter timeout');
-    assert.ok((await counterValue(metrics, 'berth_promote_batches_total', {})) >= 3, 'tick and waiter batches are counted');
+    await p.stop();
+    // A waiter that runs out of time (400 ms) is counted as such.
+    await q.tick();
+    const handed = q.waitingLanes[0]!.queue;
+    await waitFor(async () => (await counterValue(short, 'berth_promote_lane_contention_total', { outcome: 'waiter_timed_out', queue: handed })) === 1, 5000, 'waiter timeout');
+    assert.ok((await counterValue(metrics, 'berth_promote_batches_total', {})) >= 2, 'tick batches are counted');
+    assert.ok((await counterValue(short, 'berth_promote_batches_total', {})) >= 2, 'tick and waiter batches are counted');
     assert.equal((await pool.query(`SELECT count(*) FROM ${S}.deferred`)).rows[0].count, '2', 'nothing promoted while both lanes are held');
   } finally {
     await p.stop();
+    await q.stop();
     await releaseA();
     await releaseB();
   }
