@@ -60,6 +60,16 @@ test('enqueue: JSON payload and options; bad JSON is a usage error that enqueues
   const both = await berth('enqueue', 'cli_ok', '{}', '--delay', '5s', '--run-at', '2030-01-01T00:00:00Z');
   assert.equal(both.code, 2);
   assert.match(both.err, /--run-at or --delay, not both/);
+  // What PostgreSQL would refuse is refused by the same checks as the library's enqueue.
+  const nul = await berth('enqueue', 'cli_ok', '{"a":{"b":"x\\u0000"}}');
+  assert.equal(nul.code, 2, nul.err);
+  assert.match(nul.err, /task \(cli_ok\): payload\.a\.b contains a NUL character/);
+  const longKey = await berth('enqueue', 'cli_ok', '{}', '--dedupe-key', 'k'.repeat(2700));
+  assert.equal(longKey.code, 2, longKey.err);
+  assert.match(longKey.err, /dedupeKey must be a non-empty string of at most 1024 UTF-8 bytes/);
+  const farRunAt = await berth('enqueue', 'cli_ok', '{}', '--run-at', '+020000-01-01T00:00:00Z');
+  assert.equal(farRunAt.code, 2, farRunAt.err);
+  assert.match(farRunAt.err, /runAt must be a valid Date from year 1 to 9999/);
   assert.deepEqual((await pool.query(`SELECT count(*) FROM ${S}.ready`)).rows, before.rows);
   // Any name is a queue, the empty one included (seed 003-44), and so it can be paused.
   assert.equal((await berth('enqueue', 'cli_ok', '{}', '--queue', '')).code, 0);

@@ -221,7 +221,7 @@ test('read-only: every action answers 403 with a clear error; the page says read
 
 test('bad input answers 400 with the reason; unknown routes 404; no stack traces', async () => {
   const url = await dashboard();
-  for (const path of ['api/tasks?state=finished', 'api/tasks?after=1%3B%20drop', 'api/tasks?limit=0', 'api/tasks?limit=abc', 'api/tasks/abc', 'api/dead?after=x']) {
+  for (const path of ['api/tasks?state=finished', 'api/tasks?after=1%3B%20drop', 'api/tasks?limit=0', 'api/tasks?limit=abc', 'api/tasks/abc', 'api/dead?after=x', 'api/tasks?queue=%00', 'api/dead?type=a%00']) {
     const r = await call(`${url}${path}`);
     assert.equal(r.status, 400, `${path}: ${r.body}`);
     assert.equal(typeof r.json().error, 'string');
@@ -252,6 +252,15 @@ test('bad input answers 400 with the reason; unknown routes 404; no stack traces
     assert.equal(r.status, 400, `dead ${action}: ${r.body}`);
     assert.match(String(r.json().error), /bad task id/);
   }
+  // Text PostgreSQL cannot store (a NUL, a lone surrogate) is refused by the checks enqueue uses.
+  const id = (await enqueue(pool, 'dash_text', {}, { schema })).id!;
+  for (const queue of ['x\u0000', 'x\ud800']) {
+    const r = await post(`${url}api/tasks/${id}/move`, { 'x-berth-csrf': csrf }, { queue });
+    assert.equal(r.status, 400, `move to ${JSON.stringify(queue)}: ${r.body}`);
+    assert.match(String(r.json().error), /queue contains a (NUL character|lone surrogate)/);
+  }
+  const pause = await post(`${url}api/queues/a%00b/pause`, { 'x-berth-csrf': csrf });
+  assert.equal(pause.status, 400, pause.body);
   const badJson = await call(`${url}api/dead/purge`, { method: 'POST', headers: { 'x-berth-csrf': csrf }, body: '{nope' });
   assert.equal(badJson.status, 400);
 });

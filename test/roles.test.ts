@@ -214,7 +214,7 @@ test('A promotes a scheduled task on a lane B created', async () => {
   const lane = await laneOf(first.id!);
   const owners = await admin.query(`SELECT pg_get_userbyid(relowner) AS o FROM pg_class WHERE oid = $1::regclass`, [`${S}."lane_seq_${lane.lane_id}"`]);
   assert.equal(owners.rows[0].o, owner, 'created through the definer: owned by the schema owner, not by B');
-  await new Promise((r) => setTimeout(r, 250));
+  await waitFor(async () => (await admin.query(`SELECT run_at <= now() AS due FROM ${S}.deferred WHERE id = $1`, [later.id])).rows[0].due, 10_000, 'the task to come due');
   const out = await promoteDueLanes(poolA, schema, null, 100, 1000);
   assert.deepEqual({ promoted: out.promoted, contended: out.contended, failed: out.failed }, { promoted: 1, contended: [], failed: [] });
   assert.deepEqual(await laneOf(later.id!), { lane_id: lane.lane_id, lane_seq: '2' });

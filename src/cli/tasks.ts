@@ -3,6 +3,7 @@ import { audited } from '../admin/audit.js';
 import { cancelTask, deleteTask, listTasks, parseState, retryTask, taskTimeline, type TaskActionResult } from '../admin/tasks.js';
 import { BerthInputError } from '../errors.js';
 import { enqueue } from '../producer/enqueue.js';
+import { MAX_ATTEMPTS_LIMIT } from '../limits.js';
 import { getTask, moveTask } from '../storage/tasks.js';
 import { taskId } from '../admin/ids.js';
 import { actor, CliFailure, common, intOption, nextPageCommand, printJson, printTable, taskIdArg, withPool, type Common } from './common.js';
@@ -66,7 +67,7 @@ export function registerTaskCommands(program: Command): void {
     .option('--run-at <time>', 'not before this ISO 8601 time', isoDate)
     .option('--delay <duration>', 'not before now + this (500ms, 30s, 15m, 2h), on the database clock', durationMs)
     .option('--dedupe-key <key>', 'at most one live task per key: a second enqueue returns the first')
-    .option('--max-attempts <n>', 'attempt limit for this task (default: its type\'s)', intOption(1, 1_000_000))
+    .option('--max-attempts <n>', 'attempt limit for this task (default: its type\'s)', intOption(1, MAX_ATTEMPTS_LIMIT))
     .action(async (type: string, json: string, opts: Common & { queue?: string; priority?: number; runAt?: Date; delay?: number; dedupeKey?: string; maxAttempts?: number }) => {
       if (opts.runAt !== undefined && opts.delay !== undefined) throw new BerthInputError('give --run-at or --delay, not both');
       const payload = jsonPayload(json);

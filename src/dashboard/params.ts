@@ -1,5 +1,6 @@
 import { taskId as checkTaskId } from '../admin/ids.js';
 import { BerthInputError } from '../errors.js';
+import { unstorable } from '../limits.js';
 
 /** Checks on request values (query strings and JSON bodies); each throws BerthInputError (400). */
 
@@ -18,6 +19,9 @@ export function optionalCursor(url: URL): string | undefined {
 export function optionalText(value: unknown, name: string, max = 200): string | undefined {
   if (value === undefined || value === null || value === '') return undefined;
   if (typeof value !== 'string' || value.length > max) throw new BerthInputError(`${name} must be text of at most ${max} characters`);
+  // A NUL or a lone surrogate would fail the query (22021) or match nothing; say so instead.
+  const bad = unstorable(value);
+  if (bad) throw new BerthInputError(`${name} contains ${bad}`);
   return value;
 }
 
