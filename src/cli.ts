@@ -79,16 +79,23 @@ export function buildProgram(): Command {
     .exitOverride();
   common(program.command('migrate'))
     .description('apply pending schema migrations (one transaction, under an advisory lock), then repair lane sequences')
-    .option('--runtime-role <role>', 'grant this role what producers and workers need, in the migration transaction (repeatable)', collect, [])
+    .option('--runtime-role <role>', 'make this role a worker role (what workers and the maintenance leader need), in the migration transaction (repeatable)', collect, [])
+    .option('--producer-role <role>', 'make this role a producer role (enqueue and read task state only), in the migration transaction (repeatable)', collect, [])
     .addHelpText('after', '\nLane sequences that could not be repaired are listed on stderr; `berth storage lane-sequences` shows what to run.')
-    .action(async (opts: Common & { runtimeRole: string[] }) => {
-      const report = await migrate({ connectionString: connection(opts), schema: opts.schema, runtimeRoles: opts.runtimeRole });
+    .action(async (opts: Common & { runtimeRole: string[]; producerRole: string[] }) => {
+      const report = await migrate({
+        connectionString: connection(opts),
+        schema: opts.schema,
+        runtimeRoles: opts.runtimeRole,
+        producerRoles: opts.producerRole,
+      });
       if (opts.json) console.log(JSON.stringify(report));
       else {
         if (report.applied.length === 0) console.log(`schema "${report.schema}" is up to date at version ${report.to}`);
         for (const m of report.applied) console.log(`applied ${m.version}: ${m.name}`);
         if (report.applied.length > 0) console.log(`schema "${report.schema}" migrated from ${report.from} to ${report.to}`);
-        for (const r of report.grantedRoles) console.log(`granted runtime privileges to "${r}"`);
+        for (const r of report.grantedRoles) console.log(`granted runtime privileges to "${r}" (worker role)`);
+        for (const r of report.grantedProducerRoles) console.log(`granted producer privileges to "${r}"`);
         printRepairs(report.laneSequences);
       }
       const left = report.laneSequences.busy.length + report.laneSequences.notPermitted.length + report.laneSequences.failed.length;

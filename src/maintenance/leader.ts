@@ -79,9 +79,13 @@ export function validateMaintenanceOptions(options: MaintenanceOptions | undefin
 /** The advisory lock id (second key) whose session holder is the maintenance leader. */
 export const LEADER_LOCK = -1;
 
-/** application_name of the leader's session (PostgreSQL truncates it to 63 bytes). */
+/**
+ * application_name of the leader's session, as PostgreSQL will report it: printable ASCII only
+ * (the server would rewrite anything else itself, differently by version) and at most 63
+ * bytes, so leaderInfo can match the lock holder's session to its worker row exactly.
+ */
 export function leaderApplicationName(workerId: string): string {
-  return `berth leader ${workerId}`.slice(0, 63);
+  return `berth leader ${workerId}`.replace(/[^\x20-\x7e]/gu, '?').slice(0, 63);
 }
 
 type Branch = { name: string; intervalMs: number; run: () => Promise<void> };
