@@ -419,6 +419,22 @@ test('grantRuntimeRole: kind producer or worker; regranting converges; options a
   await assert.rejects(migrate({ ...conn, producerRole: [producerQ] } as never), (err: Error) => input(err) && /unknown migrate option "producerRole"/.test(err.message));
   await assert.rejects(migrate({ ...conn, runtimeRoles: [producerQ], producerRoles: [producerQ] }), (err: Error) => input(err) && /both/.test(err.message));
   await assert.rejects(migrate({ ...conn, producerRoles: 'x' as never }), input);
+
+  // berth migrate offers both kinds; it turns Q back into a worker role and keeps P a producer.
+  const { main } = await import('../src/cli.js');
+  const log = console.log;
+  const printed: string[] = [];
+  console.log = (...a: unknown[]) => void printed.push(a.join(' '));
+  try {
+    const code = await main(['node', 'berth', 'migrate', '--schema', schema, '--database-url', urlAs(owner), '--runtime-role', producerQ, '--producer-role', producer]);
+    assert.equal(code, 0, printed.join('\n'));
+  } finally {
+    console.log = log;
+  }
+  assert.ok(printed.includes(`granted runtime privileges to "${producerQ}" (worker role)`), printed.join('\n'));
+  assert.ok(printed.includes(`granted producer privileges to "${producer}"`), printed.join('\n'));
+  assert.deepEqual(await priv(producerQ), { lease_insert: true, promote: true, enqueue: true, read: true });
+  assert.deepEqual(await priv(producer), { lease_insert: false, promote: false, enqueue: true, read: true });
 });
 
 test('migration 7 turns a runtime role of the old single grant into a worker role', async () => {
