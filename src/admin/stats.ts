@@ -1,5 +1,5 @@
 import { quoteIdent, schemaLockKey, type Queryable } from '../sql.js';
-import { LEADER_LOCK } from '../maintenance/leader.js';
+import { LEADER_LOCK, leaderApplicationName } from '../maintenance/leader.js';
 import { DEFAULT_HEARTBEAT_MS, STALE_HEARTBEATS } from '../processor/heartbeat.js';
 import { deadRowPredicate, liveEntryPredicate } from '../storage/predicates.js';
 
@@ -206,10 +206,13 @@ export async function leaderInfo(db: Queryable, schema: string, heartbeatMs = DE
     [schemaLockKey(schema), LEADER_LOCK],
   );
   const row = r.rows[0];
+  if (!row) return { session: null, worker: null };
+  // Only the row of the worker whose session holds the lock: a worker role can write any
+  // `workers` row (leader = true included), but not hold a lock some other session holds.
   const workers = await listWorkers(db, schema, heartbeatMs);
   return {
-    session: row ? { pid: row.pid, applicationName: row.application_name, clientAddr: row.client_addr, since: row.since } : null,
-    worker: workers.find((w) => w.leader && w.alive) ?? null,
+    session: { pid: row.pid, applicationName: row.application_name, clientAddr: row.client_addr, since: row.since },
+    worker: workers.find((w) => w.leader && w.alive && leaderApplicationName(w.workerId) === row.application_name) ?? null,
   };
 }
 

@@ -131,3 +131,14 @@ export async function inPoolTransaction<T>(
     }
   });
 }
+
+/**
+ * The `application_name` of a session berth opens for a worker (`berth worker|read|listen|
+ * dashboard|leader|follower <worker id>`), as PostgreSQL will report it: printable ASCII only
+ * (the server would rewrite anything else itself, differently by version) and at most 63 bytes,
+ * so `pg_stat_activity` shows whose session is whose, an operator can terminate one worker's
+ * sessions, and leaderInfo can match the lock holder's session to its worker row exactly.
+ */
+export function sessionName(role: 'worker' | 'read' | 'listen' | 'dashboard' | 'leader' | 'follower', workerId: string): string {
+  return `berth ${role} ${workerId}`.replace(/[^\x20-\x7e]/gu, '?').slice(0, 63);
+}

@@ -1,5 +1,6 @@
 import pg from 'pg';
 import type { Logger } from '../logger.js';
+import { sessionName } from '../db/connections.js';
 import { schemaLockKey } from '../sql.js';
 
 /** The advisory lock id (second key) whose session holder is the maintenance leader. */
@@ -7,12 +8,12 @@ export const LEADER_LOCK = -1;
 
 /** application_name of the leader's session (PostgreSQL truncates it to 63 bytes). */
 export function leaderApplicationName(workerId: string): string {
-  return `berth leader ${workerId}`.slice(0, 63);
+  return sessionName('leader', workerId);
 }
 
 /** application_name of a follower's election session: never mistaken for the leader's. */
 export function followerApplicationName(workerId: string): string {
-  return `berth follower ${workerId}`.slice(0, 63);
+  return sessionName('follower', workerId);
 }
 
 /**

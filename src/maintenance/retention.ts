@@ -1,11 +1,12 @@
 import { quoteIdent, type Queryable } from '../sql.js';
-import { deadRowPredicate } from '../storage/predicates.js';
 
 export const DEFAULT_DEAD_RETENTION_MS = 7 * 24 * 3600 * 1000;
 
 /**
- * Prune dead letters whose last attempt is older than the retention window, with the same
- * predicate the dead gauge counts by, in bounded batches. Returns rows removed.
+ * Prune dead letters whose last attempt is older than the retention window and that no live
+ * lease carries (the dead gauge's predicate), in bounded batches, through the schema's
+ * `prune_dead_letters` definer function: a worker role has no DELETE on the dead letters, and
+ * every batch that deletes something leaves an audit log row. Returns rows removed.
  */
 export async function pruneDeadLetters(
   db: Queryable,
@@ -17,17 +18,11 @@ export async function pruneDeadLetters(
   const s = quoteIdent(schema);
   let total = 0;
   for (;;) {
-    const r = await db.query(
-      `DELETE FROM ${s}.dead_letters
-        WHERE id IN (SELECT d.id FROM ${s}.dead_letters d
-                      WHERE d.last_attempted_at < now() - make_interval(secs => $1 / 1000.0)
-                        AND ${deadRowPredicate(s)}
-                      LIMIT $2)`,
-      [retentionMs, batch],
-    );
-    total += r.rowCount ?? 0;
+    const r = await db.query<{ n: number }>(`SELECT ${s}.prune_dead_letters($1::float8, $2::integer) AS n`, [retentionMs, batch]);
+    const n = r.rows[0]?.n ?? 0;
+    total += n;
     // Stops between batches when the leader steps down; the rest waits for the next run.
-    if ((r.rowCount ?? 0) < batch || signal?.aborted) return total;
+    if (n < batch || signal?.aborted) return total;
   }
 }
 
