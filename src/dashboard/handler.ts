@@ -11,7 +11,8 @@ import { DEFAULT_SCHEMA, type Queryable } from '../sql.js';
 const UNDEFINED_TABLE = '42P01';
 import { serveApi } from './api.js';
 import { ASSETS } from './assets/index.js';
-import { Authenticator, checkCsrf, checkSameOrigin, type Principal } from './auth.js';
+import { validateAuthLimits, type AuthLimitOptions } from './auth-limits.js';
+import { Authenticator, checkCsrf, checkSameOrigin, TooManyAttemptsError, type Principal } from './auth.js';
 import { HttpError, readBody, send, sendError, sendJson } from './http.js';
 import { DashboardReads } from './overview.js';
 import { normaliseBasePath, validateAuth, type DashboardAuth } from './options.js';
@@ -29,6 +30,7 @@ export interface DashboardHandlerOptions {
   logger?: Logger;
   metricsRegistry?: Registry;
   basePath?: string;
+  authLimits?: AuthLimitOptions;
 }
 
 const HTML = 'text/html; charset=utf-8';
@@ -49,9 +51,10 @@ export function nextRoute(next: string | null): string {
  */
 export function createDashboardHandler(options: DashboardHandlerOptions): DashboardHandler {
   validateAuth(options.auth);
+  const limits = validateAuthLimits(options.authLimits);
   const base = normaliseBasePath(options.basePath);
   const logger = options.logger ?? createLogger({ component: 'dashboard' });
-  const auth = new Authenticator(options.auth);
+  const auth = new Authenticator(options.auth, limits, logger);
   const readOnly = options.readOnly ?? false;
   const schema = options.schema ?? DEFAULT_SCHEMA;
   const reads = new DashboardReads(options.pool, schema);
@@ -68,7 +71,7 @@ export function createDashboardHandler(options: DashboardHandlerOptions): Dashbo
     }
     if (path === '/login' && auth.acceptsLogin) {
       if (method === 'POST') return login(req, res);
-      send(res, 200, HTML, loginPage(base, false, auth.acceptsBasic));
+      send(res, 200, HTML, loginPage(base, null, auth.acceptsBasic));
       return;
     }
     const principal = auth.authenticate(req);
@@ -114,7 +117,7 @@ export function createDashboardHandler(options: DashboardHandlerOptions): Dashbo
     } else if (auth.acceptsLogin) {
       // No Basic challenge on a page when the token form is on offer: the browser would show its
       // own prompt before the form. The form links to /basic, which challenges.
-      send(res, 401, HTML, loginPage(base, false, auth.acceptsBasic));
+      send(res, 401, HTML, loginPage(base, null, auth.acceptsBasic));
     } else {
       send(res, 401, HTML, unauthorizedPage(base), auth.challenge());
     }
@@ -123,10 +126,17 @@ export function createDashboardHandler(options: DashboardHandlerOptions): Dashbo
   async function login(req: IncomingMessage, res: ServerResponse): Promise<void> {
     checkSameOrigin(req);
     const form = new URLSearchParams(await readBody(req));
-    const sid = auth.login(form.get('token') ?? '');
+    let sid: string | null;
+    try {
+      sid = auth.login(req, form.get('token') ?? '');
+    } catch (err) {
+      if (!(err instanceof TooManyAttemptsError)) throw err;
+      send(res, 429, HTML, loginPage(base, `Too many failed attempts: try again in ${err.retryAfterSeconds} s.`, auth.acceptsBasic), err.headers);
+      return;
+    }
     if (!sid) {
-      logger.warn({ remote: req.socket.remoteAddress }, 'dashboard login with a wrong token');
-      send(res, 401, HTML, loginPage(base, true, auth.acceptsBasic));
+      // Logged (at a bounded rate) by the authenticator, with every other method's failures.
+      send(res, 401, HTML, loginPage(base, 'That token is not right.', auth.acceptsBasic));
       return;
     }
     const secure = Boolean((req.socket as TLSSocket).encrypted);
