@@ -17,6 +17,7 @@ import { HttpError, readBody, send, sendError, sendJson } from './http.js';
 import { DashboardReads } from './overview.js';
 import { normaliseBasePath, validateAuth, type DashboardAuth } from './options.js';
 import { loginPage, shellPage, unauthorizedPage } from './pages.js';
+import { rejectNul } from './params.js';
 
 /** Serves a request and returns true, or returns false for a path outside the base path. */
 export type DashboardHandler = (req: IncomingMessage, res: ServerResponse) => Promise<boolean>;
@@ -44,6 +45,16 @@ export function nextRoute(next: string | null): string {
 }
 
 /**
+ * Every route family (pages, assets, API, actions, login) refuses a NUL byte in its path (as
+ * %00: a raw one never gets past Node's parser) or in a query parameter with a 400, before
+ * anything reads it: PostgreSQL text cannot hold one, and the query would answer 500.
+ */
+function rejectNulInUrl(path: string, url: URL): void {
+  if (/%00/.test(path) || path.includes('\u0000')) throw new HttpError(400, 'the path contains a NUL byte (%00)');
+  for (const [name, value] of url.searchParams) rejectNul(`${name}=${value}`, 'a query parameter');
+}
+
+/**
  * The dashboard as a request handler another `node:http` server can route through (see
  * `startDashboard` for a server of its own). Without `auth` it answers requests whose Host is
  * loopback only; binding it to a reachable address is the caller's responsibility. On a
@@ -57,12 +68,13 @@ export function createDashboardHandler(options: DashboardHandlerOptions): Dashbo
   const auth = new Authenticator(options.auth, limits, logger);
   const readOnly = options.readOnly ?? false;
   const schema = options.schema ?? DEFAULT_SCHEMA;
-  const reads = new DashboardReads(options.pool, schema);
+  const reads = new DashboardReads(options.pool, schema, logger);
   const metrics: MetricsRequestHandler | null = options.metricsRegistry ? metricsRequestHandler(options.metricsRegistry) : null;
   const cookiePath = base || '/';
 
   async function route(req: IncomingMessage, res: ServerResponse, path: string, url: URL): Promise<void> {
     const method = req.method ?? 'GET';
+    rejectNulInUrl(path, url);
     const asset = ASSETS[path];
     if (asset) {
       // Code and styles only, no data: served before authentication so the login page has them.
@@ -126,6 +138,7 @@ export function createDashboardHandler(options: DashboardHandlerOptions): Dashbo
   async function login(req: IncomingMessage, res: ServerResponse): Promise<void> {
     checkSameOrigin(req);
     const form = new URLSearchParams(await readBody(req));
+    for (const [name, value] of form) rejectNul(`${name}=${value}`, 'the login form');
     let sid: string | null;
     try {
       sid = auth.login(req, form.get('token') ?? '');
