@@ -234,6 +234,24 @@ test('a queue paused from the Queues page is not claimed while others run; resum
   }
 });
 
+test('the Maintenance page renders past a forged workers row (leader = true, ten years ahead, malformed report), marked invalid', async () => {
+  await pool.query(
+    `INSERT INTO ${S}.workers (worker_id, host, pid, queues, slots, busy, prefetched, leader, maintenance, started_at, last_seen_at)
+     VALUES ('forged', 'nowhere', 1, NULL, 4, 0, 0, true, '{"branches": {"promote": 1}, "waitingLanes": "x"}', now(), now() + interval '10 years')`,
+  );
+  const { page, errors, close } = await open('maintenance');
+  try {
+    await textOf(page, '#leader', new RegExp(`Worker ${worker.id.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}\\.`));
+    const forged = await textOf(page, 'main table tr:has(span[data-invalid])', /forged/);
+    assert.doesNotMatch(forged, /leader/, 'the forged row is not badged leader');
+    assert.match(String(await page.locator('span[data-invalid]').getAttribute('title')), /dated in the future.*malformed branches, waitingLanes/);
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+    await pool.query(`DELETE FROM ${S}.workers WHERE worker_id = 'forged'`);
+  }
+});
+
 test('screenshot of the overview with realistic data', async () => {
   // Work in several queues and types, some of it failing for good.
   const spread: [string, string, number][] = [['mail', 'email.send', 14], ['reports', 'report.build', 6], ['billing', 'invoice.sync', 9], ['media', 'thumbnail.render', 21]];

@@ -58,7 +58,7 @@ function post(url: string, headers: Record<string, string>, body: unknown = {}):
   return call(url, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) });
 }
 
-const AUTH = { token: 'tok-0123456789abcdef', users: { alice: 'wonderland', bob: 'builder' } };
+const AUTH = { token: 'tok-0123456789abcdef', users: { alice: 'wonderland-42', bob: 'builder-bob-7' } };
 
 test('with auth configured every page and API call needs it: 401 without, 200 with a bearer token or Basic credentials', async () => {
   const url = await dashboard({ auth: AUTH });
@@ -73,10 +73,10 @@ test('with auth configured every page and API call needs it: 401 without, 200 wi
 
   const bearer = await call(`${url}api/overview`, { headers: { authorization: `Bearer ${AUTH.token}` } });
   assert.equal(bearer.status, 200, bearer.body);
-  const viaBasic = await call(`${url}api/session`, { headers: { authorization: basic('alice', 'wonderland') } });
+  const viaBasic = await call(`${url}api/session`, { headers: { authorization: basic('alice', 'wonderland-42') } });
   assert.equal(viaBasic.status, 200);
   assert.equal(viaBasic.json().actor, 'dashboard:alice');
-  const page = await call(url, { headers: { authorization: basic('bob', 'builder') } });
+  const page = await call(url, { headers: { authorization: basic('bob', 'builder-bob-7') } });
   assert.equal(page.status, 200);
   assert.match(page.body, /<meta name="berth-csrf" content="[A-Za-z0-9_-]{20,}">/);
   // The assets hold no data: the login page needs them before anyone logs in.
@@ -127,7 +127,7 @@ test('token and Basic both configured: a page shows the login form (no Basic pro
   const challenge = await call(`${url}basic?next=${encodeURIComponent('#/dead?queue=billing')}`);
   assert.equal(challenge.status, 401);
   assert.match(String(challenge.headers['www-authenticate']), /^Basic realm="berth dashboard"/);
-  const signedIn = await call(`${url}basic?next=${encodeURIComponent('#/dead?queue=billing')}`, { headers: { authorization: basic('alice', 'wonderland') } });
+  const signedIn = await call(`${url}basic?next=${encodeURIComponent('#/dead?queue=billing')}`, { headers: { authorization: basic('alice', 'wonderland-42') } });
   assert.equal(signedIn.status, 303);
   assert.equal(signedIn.headers.location, '/#/dead?queue=billing');
 
@@ -168,14 +168,14 @@ test('without auth the dashboard refuses a non-loopback address, warns, and answ
 
 test('CSRF: an action needs POST, the x-berth-csrf token, and a matching Origin; GET never acts', async () => {
   const url = await dashboard({ auth: AUTH });
-  const auth = { authorization: basic('alice', 'wonderland') };
+  const auth = { authorization: basic('alice', 'wonderland-42') };
   const csrf = await csrfFor(url, auth);
   const target = `${url}api/queues/csrf-q/pause`;
   const missing = await post(target, auth);
   assert.equal(missing.status, 403);
   assert.match(String(missing.json().error), /x-berth-csrf/);
   assert.equal((await post(target, { ...auth, 'x-berth-csrf': 'guess' })).status, 403);
-  assert.equal((await post(target, { ...auth, 'x-berth-csrf': await csrfFor(url, { authorization: basic('bob', 'builder') }) })).status, 403, "another user's token");
+  assert.equal((await post(target, { ...auth, 'x-berth-csrf': await csrfFor(url, { authorization: basic('bob', 'builder-bob-7') }) })).status, 403, "another user's token");
   const foreign = await post(target, { ...auth, 'x-berth-csrf': csrf, origin: 'https://evil.example' });
   assert.equal(foreign.status, 403);
   assert.match(String(foreign.json().error), /cross-origin/);
@@ -190,7 +190,7 @@ test('CSRF: an action needs POST, the x-berth-csrf token, and a matching Origin;
 
 test('an action is audited under the actor who did it', async () => {
   const url = await dashboard({ auth: AUTH });
-  const auth = { authorization: basic('alice', 'wonderland') };
+  const auth = { authorization: basic('alice', 'wonderland-42') };
   const r = await post(`${url}api/queues/${encodeURIComponent('audit/q')}/pause`, { ...auth, 'x-berth-csrf': await csrfFor(url, auth) }, { reason: 'incident 7' });
   assert.equal(r.status, 200, r.body);
   assert.deepEqual(r.json(), { lanes: 0 });
@@ -522,4 +522,6 @@ test('dashboardOptionsFromEnv reads and checks the BERTH_DASHBOARD_* variables',
   assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_PORT: '70000' }), BerthInputError);
   assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_USERS: 'alice' }), /user:password/);
   assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_READ_ONLY: 'maybe' }), /BERTH_DASHBOARD_READ_ONLY/);
+  assert.deepEqual(dashboardOptionsFromEnv({ BERTH_DASHBOARD_TRUST_PROXY: 'true' }), { authLimits: { trustProxy: true } });
+  assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_TRUST_PROXY: 'sometimes' }), /BERTH_DASHBOARD_TRUST_PROXY/);
 });

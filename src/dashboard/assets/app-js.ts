@@ -516,8 +516,11 @@ export const APP_JS = String.raw`'use strict';
           : h('p', { class: 'muted' }, 'None.'),
         h('h2', {}, 'Workers'),
         table(['Worker', 'Host', 'PID', 'Queues', 'Slots', 'Busy', 'Prefetched', 'Leader', 'Started', 'Heartbeat'], d.workers.map(function (w) {
+          // A row the server could not read as written (forged or corrupt) says so, with the reason on hover.
+          var heartbeat = w.invalid ? h('span', { class: 'badge dead', title: w.invalid, 'data-invalid': '' }, 'invalid')
+            : w.alive ? age(w.heartbeatAgeSeconds) + ' ago' : badge('stale', 'dead');
           return { cells: [h('span', { class: 'mono' }, w.workerId), w.host, String(w.pid), w.queues ? w.queues.join(', ') : 'all', String(w.slots), String(w.busy), String(w.prefetched),
-            w.leader ? badge('leader') : '', when(w.startedAt), w.alive ? age(w.heartbeatAgeSeconds) + ' ago' : badge('stale', 'dead')] };
+            w.leader ? badge('leader') : '', when(w.startedAt), heartbeat] };
         }), 'No workers are running.'),
         h('h2', {}, 'Recent operator actions'),
         table(['When', 'Who', 'Action', 'Target', 'Result'], d.audit.map(function (a) {
