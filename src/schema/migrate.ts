@@ -221,7 +221,7 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
 }
 
 /** A relation the newest migration creates: its presence means the schema is current. */
-const LATEST_MARKER = 'audit_log';
+const LATEST_MARKER = 'overdue_leases';
 
 /** The schema is missing or older than the code: nothing was run against it. */
 export class SchemaNotMigratedError extends BerthInputError {

@@ -42,6 +42,9 @@ const RING_TABLES = ['ready', 'leases', 'settlements', 'tombstones'] as const;
  * - dedupe: SELECT, DELETE (a completed or dead task frees its key).
  * - workers, outcome_counts: SELECT, INSERT, UPDATE, DELETE (the worker's heartbeat writes its
  *   own rows; the leader's retention removes stale ones).
+ * - overdue_leases: SELECT (rescue, the dashboard), INSERT (a worker protects the lease of a
+ *   handler still running past its deadline), UPDATE (seen_at: the holder's refresh), DELETE (the
+ *   holder once the lease is settled; rescue for the leases it takes and for stale rows).
  * - queue_pauses: SELECT (the leader's oldest-due gauge leaves paused queues out). Pausing is an
  *   operator action (set_queue_paused), not granted.
  *
@@ -70,6 +73,7 @@ export function runtimeGrantStatements(schema: string, role: string): string[] {
     `GRANT SELECT, INSERT, DELETE, UPDATE (payload, attempts, last_error, last_attempted_at, died_at) ON ${s}.dead_letters TO ${r}`,
     `GRANT SELECT, DELETE ON ${s}.dedupe TO ${r}`,
     `GRANT SELECT, INSERT, UPDATE, DELETE ON ${s}.workers, ${s}.outcome_counts TO ${r}`,
+    `GRANT SELECT, INSERT, UPDATE (seen_at), DELETE ON ${s}.overdue_leases TO ${r}`,
     `GRANT SELECT ON ${s}.queue_pauses TO ${r}`,
   ];
 }
