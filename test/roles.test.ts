@@ -244,8 +244,8 @@ test('a stuck handler\'s lease protection works under the grant: protect, refres
   const t = await enqueue(poolA, 'r_stuck', {}, { schema, queue });
   const lanes = [(await laneOf(t.id!)).lane_id];
   const [lease] = await claim(poolA, {
-    schema, laneIds: lanes, limit: 1, ceilings: new Map([['r_stuck', 300]]), maxAttempts: new Map(), defaultMaxAttempts: 20,
-    defaultCeilingMs: 300, marginMs: 0, workerId: 'roles', wakeChannel: wakeChannel(schema),
+    schema, laneIds: lanes, limit: 1, ceilings: new Map([['r_stuck', 3000]]), maxAttempts: new Map(), defaultMaxAttempts: 20,
+    defaultCeilingMs: 3000, marginMs: 0, workerId: 'roles', wakeChannel: wakeChannel(schema),
   });
   assert.ok(lease);
   assert.equal(await protectOverdueLease(poolA, schema, lease, 'roles', 0, 60_000), true);

@@ -67,7 +67,8 @@ test('a handler that ignores its signal keeps its lease past expiry: no second r
   const released = new Promise<void>((r) => (release = r));
   const hang = defineTask<{ i: number }>({
     type: 'inproc_hang',
-    ceiling: 300,
+    // Long enough that a claim on a loaded machine still returns before the deadline.
+    ceiling: 3000,
     handler: async ({ i }, ctx: TaskContext<{ i: number }>) => {
       await record(i, ctx.attempt, 'holder');
       await released; // ignores ctx.signal
@@ -142,7 +143,7 @@ async function claimOne(type: string, ceilingMs: number): Promise<ClaimedTask> {
 
 test('rescue honours a fresh overdue row only: stale, the lease is rescued and the row removed; protection is fenced like a settlement', async () => {
   const id = await add('sql_hang', {});
-  const t = await claimOne('sql_hang', 300);
+  const t = await claimOne('sql_hang', 3000);
   assert.equal(t.id, id);
   assert.equal(await protectOverdueLease(pool, schema, { ...t, token: '00000000-0000-0000-0000-000000000000' }, 'sql', 0, 60_000), false, 'another token protects nothing');
   assert.equal(await protectOverdueLease(pool, schema, t, 'sql', 0, 60_000), true);

@@ -34,9 +34,11 @@ export interface StuckWatch {
 }
 
 interface Watched {
+  key: string;
   task: ClaimedTask;
   deadline: number;
-  timers: NodeJS.Timeout[];
+  /** One timer at a time: the overdue check, then (if the grace is longer) the stuck report. */
+  timer: NodeJS.Timeout | null;
   running: boolean;
   stuck: boolean;
   /** The protection write, once started; resolves to whether the row exists. */
@@ -61,6 +63,7 @@ interface Watched {
  * heartbeat: its rows are never written or go stale, and rescue treats it as a dead process.
  */
 export class StuckGuard {
+  /** Handlers past deadline + min(grace, margin / 2), until settled: empty on the normal path. */
   private readonly watched = new Map<string, Watched>();
   private refreshTimer: NodeJS.Timeout | null = null;
   private stuckCount = 0;
@@ -81,23 +84,17 @@ export class StuckGuard {
     return this.stuckCount;
   }
 
-  /** Watch one handler from its start; `key` is its lease key. Timers only: nothing is written unless it overruns. */
+  /**
+   * Watch one handler from its start; `key` is its lease key. On the normal path this is one
+   * timer, cleared when the handler returns: nothing is written unless it overruns.
+   */
   watch(key: string, task: ClaimedTask, deadline: number): StuckWatch {
-    const w: Watched = { task, deadline, timers: [], running: true, stuck: false, protecting: null, protectedRow: false };
-    this.watched.set(key, w);
+    const w: Watched = { key, task, deadline, timer: null, running: true, stuck: false, protecting: null, protectedRow: false };
     const protectAt = deadline + Math.min(this.opts.graceMs, this.opts.marginMs / 2);
-    const stuckAt = deadline + this.opts.graceMs;
-    const at = (when: number, fn: () => void) => {
-      const t = setTimeout(fn, Math.max(0, when - Date.now()));
-      // A handler that ignores its signal must not also keep the process alive after stop().
-      t.unref();
-      w.timers.push(t);
-    };
-    at(protectAt, () => this.protect(w, stuckAt));
-    at(stuckAt, () => this.report(w));
+    this.after(w, protectAt, () => this.overdue(w, deadline + this.opts.graceMs));
     return {
       returned: () => this.returned(w),
-      settled: () => this.settled(key, w),
+      settled: () => this.settled(w),
     };
   }
 
@@ -113,8 +110,23 @@ export class StuckGuard {
     return { task_id: t.id, task_type: t.type, lane: `${t.queue}/${t.priority}/${t.shard}`, attempt: t.attempt };
   }
 
+  private after(w: Watched, when: number, fn: () => void): void {
+    w.timer = setTimeout(fn, Math.max(0, when - Date.now()));
+    // A handler that ignores its signal must not also keep the process alive after stop().
+    w.timer.unref();
+  }
+
+  /** Still running at deadline + min(grace, margin / 2): protect its lease; report it at deadline + grace. */
+  private overdue(w: Watched, stuckAt: number): void {
+    if (!w.running) return;
+    this.watched.set(w.key, w);
+    this.protect(w, stuckAt);
+    if (stuckAt <= Date.now()) this.report(w);
+    else this.after(w, stuckAt, () => this.report(w));
+  }
+
   private protect(w: Watched, stuckAt: number): void {
-    if (!w.running || this.stopped) return;
+    if (this.stopped) return;
     const attempt = async (): Promise<boolean> => {
       for (;;) {
         try {
@@ -161,7 +173,7 @@ export class StuckGuard {
   private returned(w: Watched): void {
     if (!w.running) return;
     w.running = false;
-    for (const t of w.timers) clearTimeout(t);
+    if (w.timer) clearTimeout(w.timer);
     if (w.stuck) {
       this.stuckCount--;
       this.metrics.stuckHandlers.dec({ task_type: w.task.type });
@@ -169,10 +181,11 @@ export class StuckGuard {
     }
   }
 
-  private async settled(key: string, w: Watched): Promise<void> {
+  private async settled(w: Watched): Promise<void> {
     this.returned(w);
+    if (!this.watched.has(w.key)) return;
     const written = w.protecting ? await w.protecting : false;
-    this.watched.delete(key);
+    this.watched.delete(w.key);
     if (this.refreshTimer && ![...this.watched.values()].some((x) => x.protectedRow)) {
       clearInterval(this.refreshTimer);
       this.refreshTimer = null;
