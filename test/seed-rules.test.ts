@@ -92,7 +92,7 @@ test('rescue never takes the lane lock: a lapsed lease is rescued while its own 
     const c = new pg.Client({ connectionString: DATABASE_URL });
     await c.connect();
     await c.query("SET lock_timeout = '1s'");
-    assert.deepEqual(await rescueLapsedLeases(c, schema), { retried: 1, dead: 0 });
+    assert.deepEqual(await rescueLapsedLeases(c, schema), { retried: 1, dead: 0, held: 0 });
     await c.end();
     assert.equal((await getTask(pool, schema, t!.id!))?.state, 'retryable');
   } finally {
