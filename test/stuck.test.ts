@@ -1,4 +1,4 @@
-import { after, test } from 'node:test';
+import { test, type TestContext } from 'node:test';
 import assert from 'node:assert/strict';
 import type { ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
@@ -24,18 +24,18 @@ const { schema, pool } = await freshSchema('stuck');
 const S = `"${schema}"`;
 await pool.query(`CREATE TABLE ${S}.executions (i integer NOT NULL, attempt integer NOT NULL, worker text NOT NULL, at timestamptz DEFAULT clock_timestamp())`);
 
-const stopAfter: (() => Promise<unknown>)[] = [];
-after(async () => {
-  for (const f of stopAfter.reverse()) await f().catch(() => undefined);
-});
+/** Stopped when the test ends, passed or failed, so a failure never leaks workers into the next test. */
+function cleanup(t: TestContext, f: () => Promise<unknown>): void {
+  t.after(() => f().then(() => undefined, () => undefined));
+}
 
 async function record(i: number, attempt: number, worker: string): Promise<void> {
   await pool.query(`INSERT INTO ${S}.executions (i, attempt, worker) VALUES ($1, $2, $3)`, [i, attempt, worker]);
 }
 
 /** Enqueue one task; its id (never a duplicate here). */
-async function add(type: string, payload: unknown): Promise<string> {
-  const r = await enqueue(pool, type, payload, { schema });
+async function add(type: string, payload: unknown, queue: string): Promise<string> {
+  const r = await enqueue(pool, type, payload, { schema, queue });
   assert.ok(r.id);
   return r.id;
 }
@@ -45,24 +45,24 @@ async function runs(i: number): Promise<{ attempt: number; worker: string }[]> {
 }
 
 /** A worker that completes `type` at once (recording the run): the one that would run a duplicate. */
-async function otherWorker(type: string, id: string, ceiling = 5000): Promise<Worker> {
+async function otherWorker(t: TestContext, type: string, id: string, queue: string): Promise<Worker> {
   const def = defineTask<{ i: number }>({
     type,
-    ceiling,
+    ceiling: 5000,
     handler: async ({ i }, ctx) => record(i, ctx.attempt, id),
   });
   const w = new Worker({
-    connectionString: DATABASE_URL, schema, tasks: [def], slots: 2, workerId: id, pollIntervalMs: 100,
+    connectionString: DATABASE_URL, schema, tasks: [def], slots: 2, workerId: id, pollIntervalMs: 100, queues: [queue],
     heartbeatIntervalMs: 200, logger: testLogger, maintenance: FAST_MAINTENANCE,
   });
   await w.start();
-  stopAfter.push(() => w.stop());
+  cleanup(t, () => w.stop());
   return w;
 }
 
 const gauge = (w: Worker, name: string, labels: Record<string, string> = {}) => counterValue(w.metrics, name, labels);
 
-test('a handler that ignores its signal keeps its lease past expiry: no second run while its holder lives; reported stuck once; it settles normally when it returns', async () => {
+test('a handler that ignores its signal keeps its lease past expiry: no second run while its holder lives; reported stuck once; it settles normally when it returns', async (t) => {
   let release: () => void = () => {};
   const released = new Promise<void>((r) => (release = r));
   const hang = defineTask<{ i: number }>({
@@ -75,19 +75,20 @@ test('a handler that ignores its signal keeps its lease past expiry: no second r
     },
   });
   const { logger, lines } = captureLogger();
-  // Margin 2 s: the lease lapses 2 s after the deadline; protection is written 100 ms after it.
+  // Margin 8 s: the lease lapses 8 s after the deadline; protection is written 100 ms after it,
+  // with room to spare for a database slowed down by a busy machine.
   const holder = new Worker({
-    connectionString: DATABASE_URL, schema, tasks: [hang], slots: 1, workerId: 'holder', pollIntervalMs: 100,
-    leaseMarginMs: 2000, stuckGraceMs: 100, heartbeatIntervalMs: 200, maintenance: false, logger,
+    connectionString: DATABASE_URL, schema, tasks: [hang], slots: 1, workerId: 'holder', pollIntervalMs: 100, queues: ['hang'],
+    leaseMarginMs: 8000, stuckGraceMs: 100, heartbeatIntervalMs: 200, maintenance: false, logger,
   });
   await holder.start();
-  stopAfter.push(() => holder.stop());
-  const id = await add('inproc_hang', { i: 1 });
+  cleanup(t, () => holder.stop());
+  const id = await add('inproc_hang', { i: 1 }, 'hang');
   await waitFor(async () => (await runs(1)).length === 1, 20_000, 'the holder runs the task');
-  const other = await otherWorker('inproc_hang', 'other');
+  const other = await otherWorker(t, 'inproc_hang', 'other', 'hang');
 
   // The lease lapses while the handler runs; rescue (in `other`, the only leader) leaves it alone.
-  await waitFor(async () => (await gauge(other, 'berth_rescue_held_leases')) >= 1, 30_000, 'rescue holds the lapsed lease');
+  await waitFor(async () => (await gauge(other, 'berth_rescue_held_leases')) >= 1, 60_000, 'rescue holds the lapsed lease');
   const runsAtHeld = other.maintenanceStats().rescue?.runs ?? 0;
   await waitFor(() => (other.maintenanceStats().rescue?.runs ?? 0) >= runsAtHeld + 5, 30_000, 'five more rescue runs');
   assert.deepEqual(await runs(1), [{ attempt: 1, worker: 'holder' }], 'no second run while the holder lives and runs it');
@@ -101,7 +102,7 @@ test('a handler that ignores its signal keeps its lease past expiry: no second r
   assert.equal(stuckLines[0]!.level, 40);
   assert.equal(stuckLines[0]!.task_id, id);
   assert.equal(stuckLines[0]!.task_type, 'inproc_hang');
-  assert.match(String(stuckLines[0]!.lane), /^default\/0\/\d+$/);
+  assert.match(String(stuckLines[0]!.lane), /^hang\/0\/\d+$/);
   assert.equal(stuckLines[0]!.attempt, 1);
   const mark = (await overdueMarks(pool, schema, [id])).get(id);
   assert.ok(mark, 'an overdue mark');
@@ -110,7 +111,7 @@ test('a handler that ignores its signal keeps its lease past expiry: no second r
   assert.equal(mark.worker, 'holder');
 
   const dash = await startDashboard({ connectionString: DATABASE_URL, schema, port: 0, logger: testLogger });
-  stopAfter.push(() => dash.close());
+  cleanup(t, () => dash.close());
   const page = (await (await fetch(`${dash.url}api/tasks/${id}`)).json()) as { task: { state: string; lease: { overdue: { stuck: boolean } } } };
   assert.equal(page.task.state, 'running');
   assert.equal(page.task.lease.overdue.stuck, true, 'the task page carries the stuck mark');
@@ -132,7 +133,7 @@ test('a handler that ignores its signal keeps its lease past expiry: no second r
 });
 
 async function claimOne(type: string, ceilingMs: number): Promise<ClaimedTask> {
-  const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+  const lanes = [...new Set((await discover(pool, schema, ['sql'], 20)).map((c) => c.laneId))];
   const [t] = await claim(pool, {
     schema, laneIds: lanes, limit: 1, ceilings: new Map([[type, ceilingMs]]), maxAttempts: new Map(),
     defaultMaxAttempts: 20, defaultCeilingMs: ceilingMs, marginMs: 0, workerId: 'sql', wakeChannel: wakeChannel(schema),
@@ -142,7 +143,7 @@ async function claimOne(type: string, ceilingMs: number): Promise<ClaimedTask> {
 }
 
 test('rescue honours a fresh overdue row only: stale, the lease is rescued and the row removed; protection is fenced like a settlement', async () => {
-  const id = await add('sql_hang', {});
+  const id = await add('sql_hang', {}, 'sql');
   const t = await claimOne('sql_hang', 3000);
   assert.equal(t.id, id);
   assert.equal(await protectOverdueLease(pool, schema, { ...t, token: '00000000-0000-0000-0000-000000000000' }, 'sql', 0, 60_000), false, 'another token protects nothing');
@@ -158,7 +159,7 @@ test('rescue honours a fresh overdue row only: stale, the lease is rescued and t
 
   // A lapsed lease cannot be protected any more (rescue may already be taking it).
   await pool.query(`DELETE FROM ${S}.deferred WHERE id = $1`, [id]);
-  const id2 = await add('sql_hang', { n: 2 });
+  const id2 = await add('sql_hang', { n: 2 }, 'sql');
   const t2 = await claimOne('sql_hang', 200);
   assert.equal(t2.id, id2);
   await waitFor(async () => (await pool.query(`SELECT expires_at < now() AS lapsed FROM ${S}.leases WHERE id = $1`, [id2])).rows[0].lapsed, 20_000, 'the lease lapses');
@@ -167,7 +168,7 @@ test('rescue honours a fresh overdue row only: stale, the lease is rescued and t
   await pool.query(`DELETE FROM ${S}.deferred WHERE id = $1`, [id2]);
 
   // A stale row whose lease was settled (its holder could not delete it) is swept.
-  const id3 = await add('sql_hang', { n: 3 });
+  const id3 = await add('sql_hang', { n: 3 }, 'sql');
   const t3 = await claimOne('sql_hang', 60_000);
   assert.equal(t3.id, id3);
   assert.equal(await protectOverdueLease(pool, schema, t3, 'sql', 0, 60_000), true);
@@ -192,29 +193,39 @@ function logLines(child: ChildProcess): Record<string, unknown>[] {
   return lines;
 }
 
-async function spawnStuck(id: string, env: Record<string, string>): Promise<{ child: ChildProcess; lines: Record<string, unknown>[]; exited: Promise<number | null> }> {
+/** On failure, say what the child logged (warn and above): a wait that timed out says why. */
+async function explained<T>(lines: Record<string, unknown>[], wait: Promise<T>): Promise<T> {
+  try {
+    return await wait;
+  } catch (err) {
+    const logged = lines.filter((l) => Number(l.level) >= 40).map((l) => JSON.stringify(l)).join('\n');
+    throw new Error(`${(err as Error).message}; the child logged:\n${logged || '(nothing at warn or above)'}`);
+  }
+}
+
+async function spawnStuck(t: TestContext, id: string, env: Record<string, string>): Promise<{ child: ChildProcess; lines: Record<string, unknown>[]; exited: Promise<number | null> }> {
   const child = await spawnWorkerProcess(schema, id, { fixture: 'stuck-worker.ts', env, pipe: true });
   const lines = logLines(child);
   const exited = new Promise<number | null>((r) => {
     if (child.exitCode !== null) r(child.exitCode);
     else child.once('exit', (code) => r(code));
   });
-  stopAfter.push(async () => {
+  cleanup(t, async () => {
     if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
     await exited;
   });
   return { child, lines, exited };
 }
 
-test('exitOnStuckSlots: with both slots stuck the worker process exits 75; nothing re-runs while it lives; then another worker runs both tasks to completion', async () => {
-  const { child, lines, exited } = await spawnStuck('stuck-exit', { EXIT_ON_STUCK: '2', HEARTBEAT_MS: '1000' });
-  const a = await add('stuck_hang', { i: 101 });
-  const b = await add('stuck_hang', { i: 102 });
-  await waitFor(async () => (await runs(101)).length === 1 && (await runs(102)).length === 1, 30_000, 'the child runs both');
-  const other = await otherWorker('stuck_hang', 'after-exit');
+test('exitOnStuckSlots: with both slots stuck the worker process exits 75; nothing re-runs while it lives; then another worker runs both tasks to completion', async (t) => {
+  const { child, lines, exited } = await spawnStuck(t, 'stuck-exit', { EXIT_ON_STUCK: '2', HEARTBEAT_MS: '1000' });
+  const a = await add('stuck_hang', { i: 101 }, 'stuck');
+  const b = await add('stuck_hang', { i: 102 }, 'stuck');
+  await explained(lines, waitFor(async () => (await runs(101)).length === 1 && (await runs(102)).length === 1, 60_000, 'the child runs both'));
+  const other = await otherWorker(t, 'stuck_hang', 'after-exit', 'stuck');
 
   // Reported by the child: one warn per task, and its metric.
-  await waitFor(() => lines.filter((l) => String(l.msg).startsWith('handler is stuck')).length >= 2, 30_000, 'two stuck warnings');
+  await waitFor(() => lines.filter((l) => String(l.msg).startsWith('handler is stuck')).length >= 2, 60_000, 'two stuck warnings');
   const warned = lines.filter((l) => String(l.msg).startsWith('handler is stuck'));
   assert.deepEqual(new Set(warned.map((l) => l.task_id)), new Set([a, b]));
   assert.ok(warned.every((l) => l.task_type === 'stuck_hang' && l.attempt === 1 && typeof l.lane === 'string'));
@@ -223,7 +234,7 @@ test('exitOnStuckSlots: with both slots stuck the worker process exits 75; nothi
   assert.match(scraped, /^berth_task_stuck_handlers\{task_type="stuck_hang"\} 2$/m);
 
   // The leases lapse while the child still runs both handlers: rescue holds them.
-  await waitFor(async () => (await gauge(other, 'berth_rescue_held_leases')) >= 2, 30_000, 'rescue holds both lapsed leases');
+  await waitFor(async () => (await gauge(other, 'berth_rescue_held_leases')) >= 2, 60_000, 'rescue holds both lapsed leases');
   assert.equal(child.exitCode, null, 'the child still lives');
   assert.equal((await runs(101)).length + (await runs(102)).length, 2, 'no second run while the holder lives');
 
@@ -243,16 +254,16 @@ test('exitOnStuckSlots: with both slots stuck the worker process exits 75; nothi
   await other.stop();
 });
 
-test('a stuck lease is rescued once its holder is gone (SIGKILL): its row goes stale', async () => {
-  const { child, exited } = await spawnStuck('stuck-killed', { HEARTBEAT_MS: '300' });
-  const t = await add('stuck_hang', { i: 201 });
-  await waitFor(async () => (await runs(201)).length === 1, 30_000, 'the child runs it');
-  const other = await otherWorker('stuck_hang', 'after-kill');
-  await waitFor(async () => (await gauge(other, 'berth_rescue_held_leases')) >= 1, 30_000, 'rescue holds the lapsed lease');
+test('a stuck lease is rescued once its holder is gone (SIGKILL): its row goes stale', async (t) => {
+  const { child, lines, exited } = await spawnStuck(t, 'stuck-killed', { HEARTBEAT_MS: '300' });
+  const id = await add('stuck_hang', { i: 201 }, 'stuck');
+  await explained(lines, waitFor(async () => (await runs(201)).length === 1, 60_000, 'the child runs it'));
+  const other = await otherWorker(t, 'stuck_hang', 'after-kill', 'stuck');
+  await waitFor(async () => (await gauge(other, 'berth_rescue_held_leases')) >= 1, 60_000, 'rescue holds the lapsed lease');
   assert.equal((await runs(201)).length, 1, 'not re-run while the holder lives');
   child.kill('SIGKILL');
   await exited;
-  await waitFor(async () => (await getTask(pool, schema, t))?.state === 'completed', 60_000, 'completed by the other worker');
+  await waitFor(async () => (await getTask(pool, schema, id))?.state === 'completed', 60_000, 'completed by the other worker');
   assert.deepEqual(await runs(201), [{ attempt: 1, worker: 'stuck-killed' }, { attempt: 2, worker: 'after-kill' }]);
   await other.stop();
 });

@@ -25,20 +25,11 @@ export interface StuckGuardOptions {
   exitOnStuckSlots?: number;
 }
 
-/** What the worker tells the guard about one running handler. */
-export interface StuckWatch {
-  /** The handler returned: its slot is free. */
-  returned(): void;
-  /** Its settlement is written (or refused): drop the overdue row, if one was written. */
-  settled(): Promise<void>;
-}
-
 interface Watched {
   key: string;
   task: ClaimedTask;
   deadline: number;
-  /** One timer at a time: the overdue check, then (if the grace is longer) the stuck report. */
-  timer: NodeJS.Timeout | null;
+  stuckAt: number;
   running: boolean;
   stuck: boolean;
   /** The protection write, once started; resolves to whether the row exists. */
@@ -47,17 +38,22 @@ interface Watched {
   protectedRow: boolean;
 }
 
+/** The worker's handlers running now, by lease key (its own in-flight map). */
+export type RunningHandlers = ReadonlyMap<string, { task: ClaimedTask }>;
+
 /**
  * Detects and contains handlers that ignore their AbortSignal (seed 000 leaves this case open:
  * "nothing in the queue can stop it").
  *
- * At deadline + min(grace, margin / 2) a handler still running gets its lease protected: an
- * `overdue_leases` row, refreshed every `refreshMs` while it runs, which rescue honours, so the
- * task is not re-run elsewhere while this process lives and runs it. The half-margin cap keeps
- * the write well inside the lease (rescue may take a lease the moment it lapses), and the grace
+ * A scan of the worker's running handlers, every `tickMs`, finds the ones still running at
+ * deadline + min(grace, margin / 2) and protects their leases: an `overdue_leases` row,
+ * refreshed every `refreshMs` until the settlement is written, which rescue honours, so the task
+ * is not re-run elsewhere while this process lives and runs it. The half-margin cap keeps the
+ * write well inside the lease (rescue may take a lease the moment it lapses), and the grace
  * spares the write for a handler that honours its signal a moment late. At deadline + grace it
  * is reported stuck: `berth_task_stuck_handlers`, one warn log. With `exitOnStuckSlots`, the
  * worker is told once that many are stuck at once (it stops and exits for a supervisor).
+ * A scan rather than a timer per run: the normal path costs one map lookup at settlement.
  *
  * A handler that blocks the event loop (a synchronous spin) runs none of this, nor the
  * heartbeat: its rows are never written or go stale, and rescue treats it as a dead process.
@@ -65,6 +61,10 @@ interface Watched {
 export class StuckGuard {
   /** Handlers past deadline + min(grace, margin / 2), until settled: empty on the normal path. */
   private readonly watched = new Map<string, Watched>();
+  private readonly protectAfterMs: number;
+  /** How often the running handlers are scanned: half the protection delay, 50 ms to 1 s. */
+  readonly tickMs: number;
+  private ticker: NodeJS.Timeout | null = null;
   private refreshTimer: NodeJS.Timeout | null = null;
   private stuckCount = 0;
   private tripped = false;
@@ -76,31 +76,57 @@ export class StuckGuard {
     private readonly metrics: BerthMetrics,
     private readonly logger: Logger,
     private readonly opts: StuckGuardOptions,
+    private readonly running: RunningHandlers,
     private readonly onTooManyStuck: (stuck: ClaimedTask[]) => void,
-  ) {}
+  ) {
+    this.protectAfterMs = Math.min(opts.graceMs, opts.marginMs / 2);
+    // A late scan delays protection by at most half the delay: it still lands by deadline +
+    // 0.75 × margin, inside the lease.
+    this.tickMs = Math.min(1000, Math.max(50, this.protectAfterMs / 2));
+  }
 
   /** Handlers reported stuck now. */
   get stuck(): number {
     return this.stuckCount;
   }
 
+  start(): void {
+    if (this.ticker || this.stopped) return;
+    this.ticker = setInterval(() => this.scan(), this.tickMs);
+    // A handler that ignores its signal must not also keep the process alive after stop().
+    this.ticker.unref();
+  }
+
   /**
-   * Watch one handler from its start; `key` is its lease key. On the normal path this is one
-   * timer, cleared when the handler returns: nothing is written unless it overruns.
+   * A run's settlement is written (or refused): drop its overdue row, if it has one. Called for
+   * every run; only a map lookup unless the run overran.
    */
-  watch(key: string, task: ClaimedTask, deadline: number): StuckWatch {
-    const w: Watched = { key, task, deadline, timer: null, running: true, stuck: false, protecting: null, protectedRow: false };
-    const protectAt = deadline + Math.min(this.opts.graceMs, this.opts.marginMs / 2);
-    this.after(w, protectAt, () => this.overdue(w, deadline + this.opts.graceMs));
-    return {
-      returned: () => this.returned(w),
-      settled: () => this.settled(w),
-    };
+  settled(key: string): Promise<void> | undefined {
+    const w = this.watched.get(key);
+    return w && this.release(w);
+  }
+
+  private scan(): void {
+    const now = Date.now();
+    for (const w of this.watched.values()) {
+      if (w.running && !this.running.has(w.key)) this.returned(w);
+      else if (w.running && !w.stuck && now >= w.stuckAt) this.report(w);
+    }
+    for (const [key, { task }] of this.running) {
+      const deadline = task.leaseExpiresAt - this.opts.marginMs;
+      if (now < deadline + this.protectAfterMs || this.watched.has(key)) continue;
+      const w: Watched = { key, task, deadline, stuckAt: deadline + this.opts.graceMs, running: true, stuck: false, protecting: null, protectedRow: false };
+      this.watched.set(key, w);
+      this.protect(w);
+      if (now >= w.stuckAt) this.report(w);
+    }
   }
 
   /** Stop refreshing (the worker is stopping): rows go stale and rescue takes their leases. */
   stop(): void {
     this.stopped = true;
+    if (this.ticker) clearInterval(this.ticker);
+    this.ticker = null;
     if (this.refreshTimer) clearInterval(this.refreshTimer);
     this.refreshTimer = null;
   }
@@ -110,27 +136,12 @@ export class StuckGuard {
     return { task_id: t.id, task_type: t.type, lane: `${t.queue}/${t.priority}/${t.shard}`, attempt: t.attempt };
   }
 
-  private after(w: Watched, when: number, fn: () => void): void {
-    w.timer = setTimeout(fn, Math.max(0, when - Date.now()));
-    // A handler that ignores its signal must not also keep the process alive after stop().
-    w.timer.unref();
-  }
-
-  /** Still running at deadline + min(grace, margin / 2): protect its lease; report it at deadline + grace. */
-  private overdue(w: Watched, stuckAt: number): void {
-    if (!w.running) return;
-    this.watched.set(w.key, w);
-    this.protect(w, stuckAt);
-    if (stuckAt <= Date.now()) this.report(w);
-    else this.after(w, stuckAt, () => this.report(w));
-  }
-
-  private protect(w: Watched, stuckAt: number): void {
+  private protect(w: Watched): void {
     if (this.stopped) return;
     const attempt = async (): Promise<boolean> => {
       for (;;) {
         try {
-          return await protectOverdueLease(this.db, this.schema, w.task, this.opts.workerId, stuckAt - Date.now(), this.opts.refreshMs * STALE_HEARTBEATS);
+          return await protectOverdueLease(this.db, this.schema, w.task, this.opts.workerId, w.stuckAt - Date.now(), this.opts.refreshMs * STALE_HEARTBEATS);
         } catch (err) {
           // A database blip: try again while the lease is live (rescue only takes lapsed ones).
           if (!w.running || this.stopped || Date.now() >= w.task.leaseExpiresAt) {
@@ -173,7 +184,6 @@ export class StuckGuard {
   private returned(w: Watched): void {
     if (!w.running) return;
     w.running = false;
-    if (w.timer) clearTimeout(w.timer);
     if (w.stuck) {
       this.stuckCount--;
       this.metrics.stuckHandlers.dec({ task_type: w.task.type });
@@ -181,9 +191,8 @@ export class StuckGuard {
     }
   }
 
-  private async settled(w: Watched): Promise<void> {
+  private async release(w: Watched): Promise<void> {
     this.returned(w);
-    if (!this.watched.has(w.key)) return;
     const written = w.protecting ? await w.protecting : false;
     this.watched.delete(w.key);
     if (this.refreshTimer && ![...this.watched.values()].some((x) => x.protectedRow)) {

@@ -334,8 +334,10 @@ export class Worker {
         refreshMs: this.heartbeatMs === false ? DEFAULT_HEARTBEAT_MS : this.heartbeatMs,
         exitOnStuckSlots: this.options.exitOnStuckSlots,
       },
+      this.inflight,
       (stuck) => void this.exitForStuckSlots(stuck),
     );
+    this.stuckGuard.start();
     this.metrics.slots.set(this.slots);
     this.listener = new WakeListener({
       connectionString: this.options.connectionString,
@@ -539,16 +541,12 @@ export class Worker {
     const key = leaseKey(task);
     this.inflight.set(key, { task, controller });
     this.metrics.busySlots.set(this.inflight.size);
-    // Stuck-handler containment (processor/stuck.ts): only timers, unless the handler overruns
-    // its deadline (same deadline as execute()'s).
-    const watch = this.stuckGuard!.watch(key, task, task.leaseExpiresAt - this.marginMs);
     // The slot comes free as soon as the handler returns; its settlement is written by the
     // batcher meanwhile (stop() waits for it).
     let freed = false;
     const freeSlot = () => {
       if (freed) return;
       freed = true;
-      watch.returned();
       this.inflight.delete(key);
       this.completedSinceSample++;
       this.metrics.busySlots.set(this.inflight.size);
@@ -558,8 +556,9 @@ export class Worker {
     };
     const done: Promise<void> = this.execute(task, controller, freeSlot)
       .catch((err) => this.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed'))
-      // After the settlement is written: an overdue lease row, if any, has done its job.
-      .then(() => watch.settled())
+      // Stuck-handler containment (processor/stuck.ts): after the settlement is written, an
+      // overdue lease row, if this run overran its deadline, has done its job.
+      .then(() => this.stuckGuard!.settled(key))
       .finally(() => {
         freeSlot();
         this.executions.delete(done);
