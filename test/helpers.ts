@@ -54,15 +54,7 @@ export function outcomes(metrics: BerthMetrics, type: string, outcome: string): 
   return counterValue(metrics, 'berth_task_outcomes_total', { task_type: type, outcome });
 }
 
-/** Maintenance settings fast enough for tests. */
-export const FAST_MAINTENANCE = {
-  leaderPollMs: 100,
-  promoteIntervalMs: 50,
-  rescueIntervalMs: 100,
-  ringIntervalMs: 100,
-  ringRotateAfterMs: 200,
-  gaugeIntervalMs: 100,
-};
+export { FAST_MAINTENANCE } from './support/settings.js';
 
 import { pino } from 'pino';
 import { Writable } from 'node:stream';

@@ -1,0 +1,353 @@
+/**
+ * Chaos suite: berth under process and database faults, on a PostgreSQL cluster of its own
+ * (test/support/cluster.ts), so it can stop, crash and restart that server freely.
+ *
+ * Each scenario gets a fresh schema and 3 worker processes (test/fixtures/chaos-worker.ts), a
+ * producer enqueuing a steady trickle of tasks, and one fault once work is flowing. Then it
+ * asserts, from the processes' run logs and what berth records:
+ * - no task is lost: every enqueued task has a run that returned, nothing is left pending, and
+ *   nothing was dead-lettered;
+ * - every process the test started is alive unless the test killed it (a berth process that
+ *   crashes on a database fault fails the scenario, with its output);
+ * - every repeated run is explained: the earlier run's process was killed while it was in flight,
+ *   or (database faults) it straddled the fault window;
+ * - throughput recovers: runs that started after the fault complete (the seconds until the first
+ *   RECOVERY_RUNS of them are reported, never asserted).
+ * It prints one row per scenario (docs/operations.md, "Chaos suite", keeps a copy).
+ *
+ *   node --import tsx --test test/chaos.test.ts
+ */
+import { after, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import pg from 'pg';
+import { enqueueMany, leaderInfo, migrate, readGauges } from '../src/index.js';
+import { leaderApplicationName } from '../src/maintenance/leader.js';
+import { quoteIdent } from '../src/sql.js';
+import { waitFor } from './helpers.js';
+import { TestCluster } from './support/cluster.js';
+import { Fleet, type FleetProcess } from './support/fleet.js';
+import { CHAOS_TASK, explainDuplicates, readRuns, recoverySeconds, uncompleted, type FaultWindow } from './support/run-log.js';
+
+const WORKERS = 3;
+/** Completions before the fault, so it finds work in flight. */
+const WARMUP_RUNS = 150;
+/** Completions after the fault that count as "throughput recovered". */
+const RECOVERY_RUNS = 50;
+/** The test's own sessions: never terminated by the session-kill scenario. */
+const TEST_APP = 'berth chaos test';
+/** Liveness bounds for a loaded 2-core machine, not expectations. */
+const WARMUP_TIMEOUT_MS = 60_000;
+const RECOVERY_TIMEOUT_MS = 60_000;
+const DRAIN_TIMEOUT_MS = 90_000;
+
+const cluster = await TestCluster.create();
+const rows: Row[] = [];
+after(async () => {
+  if (rows.length > 0) console.log(`\nChaos suite (${WORKERS} worker processes per scenario)\n${formatTable(rows)}\n`);
+  await cluster.destroy();
+});
+
+interface Row {
+  scenario: string;
+  tasks: number;
+  lost: number;
+  left: number;
+  duplicates: number;
+  unexplained: number;
+  recovery: number | null;
+  survivors: string;
+  killed: number;
+  seconds: number;
+}
+
+function formatTable(list: readonly Row[]): string {
+  const head = ['scenario', 'tasks', 'lost', 'left', 'dup runs', 'unexplained', 'recovery s', 'survivors', 'killed', 'took s'];
+  const body = list.map((r) => [
+    r.scenario, String(r.tasks), String(r.lost), String(r.left), String(r.duplicates), String(r.unexplained),
+    r.recovery === null ? 'none' : r.recovery.toFixed(1), r.survivors, String(r.killed), r.seconds.toFixed(0),
+  ]);
+  const widths = head.map((h, i) => Math.max(h.length, ...body.map((b) => b[i]!.length)));
+  const line = (cells: string[]) => `| ${cells.map((c, i) => (i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join(' | ')} |`;
+  return [line(head), `|${widths.map((w, i) => (i === 0 ? ':' : '') + '-'.repeat(w + 1) + (i === 0 ? '' : ':')).join('|')}|`, ...body.map(line)].join('\n');
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** A steady trickle of tasks (8 every 50 ms), some delayed if asked; remembers every id it got back. */
+class Producer {
+  readonly ids = new Set<string>();
+  errors: string[] = [];
+  private paused = false;
+  private stopped = false;
+  private current: Promise<unknown> = Promise.resolve();
+  private readonly loop: Promise<void>;
+  private n = 0;
+
+  constructor(
+    private readonly pool: pg.Pool,
+    private readonly schema: string,
+    private readonly delayed: boolean,
+  ) {
+    this.loop = this.run();
+  }
+
+  private async run(): Promise<void> {
+    while (!this.stopped) {
+      if (!this.paused) {
+        const specs = Array.from({ length: 8 }, () => ({
+          type: CHAOS_TASK,
+          payload: { n: this.n++ },
+          // Due 0.5-4 s from now: some come due across the fault, so promotion must carry on.
+          ...(this.delayed && Math.random() < 0.5 ? { delay: 500 + Math.floor(Math.random() * 3500) } : {}),
+        }));
+        this.current = enqueueMany(this.pool, specs, { schema: this.schema }).then(
+          (res) => res.forEach((r) => r.id && this.ids.add(r.id)),
+          // Not counted as enqueued: if it did commit, its task is simply not tracked.
+          (err: Error) => this.errors.push(err.message),
+        );
+        await this.current;
+      }
+      await sleep(50);
+    }
+  }
+
+  /** Stop enqueuing (for a database fault); resolves once the enqueue in flight has finished. */
+  async pause(): Promise<void> {
+    this.paused = true;
+    await this.current;
+  }
+
+  resume(): void {
+    this.paused = false;
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    await this.loop;
+  }
+}
+
+/** What a scenario's fault sees. */
+interface Ctx {
+  fleet: Fleet;
+  pool: pg.Pool;
+  schema: string;
+}
+
+interface Scenario {
+  name: string;
+  /** Pause the producer during the fault (the server goes away). */
+  serverDown?: boolean;
+  /** A repeat whose earlier run straddled the fault window is explained (database faults). */
+  windowExplains: boolean;
+  delayed?: boolean;
+  /** Before the fault window opens: wait for whatever the fault needs. */
+  prepare?(ctx: Ctx): Promise<void>;
+  /** The fault itself; resolves when it is over. */
+  inject(ctx: Ctx): Promise<void>;
+}
+
+function completedRuns(fleet: Fleet): number {
+  return readRuns(fleet.runLogs).filter((r) => r.end !== null).length;
+}
+
+/** A read that may hit a connection cut by the fault: retried until it answers. */
+function read<T>(ctx: Ctx, what: string, fn: (pool: pg.Pool) => Promise<T>): Promise<NonNullable<T>> {
+  return waitFor(() => fn(ctx.pool).catch(() => null), 30_000, what) as Promise<NonNullable<T>>;
+}
+
+/** The leader as both the processes and the database see it: its report agrees with the lock holder. */
+async function confirmedLeader(ctx: Ctx, not?: FleetProcess): Promise<FleetProcess | null> {
+  const p = ctx.fleet.leader();
+  if (!p || p === not) return null;
+  const info = await leaderInfo(ctx.pool, ctx.schema).catch(() => null);
+  return info?.session?.applicationName === leaderApplicationName(p.id) ? p : null;
+}
+
+/** Sessions other than the test's own (the workers', their listeners, the leader's). */
+async function terminateBerthSessions(pool: pg.Pool): Promise<number> {
+  const r = await pool.query<{ n: number }>(
+    `SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity
+      WHERE datname = current_database() AND backend_type = 'client backend'
+        AND pid <> pg_backend_pid() AND application_name <> $1`,
+    [TEST_APP],
+  );
+  return r.rows[0]!.n;
+}
+
+async function runScenario(index: number, s: Scenario): Promise<void> {
+  const began = Date.now();
+  const schema = `chaos_${index}`;
+  await migrate({ connectionString: cluster.url(), schema });
+  const pool = new pg.Pool({ connectionString: cluster.url(), max: 4, application_name: TEST_APP });
+  // The test's own idle sessions die with the server; the pool drops them and reconnects.
+  pool.on('error', () => undefined);
+  const dir = mkdtempSync(join(tmpdir(), `berth-chaos-${index}-`));
+  const fleet = new Fleet({ DATABASE_URL: cluster.url(), SCHEMA: schema }, dir);
+  const ctx: Ctx = { fleet, pool, schema };
+  const runs = () => readRuns(fleet.runLogs);
+  let producer: Producer | null = null;
+  let window: FaultWindow | null = null;
+  let recovery: number | null = null;
+  let left = -1;
+  let dead = 0;
+  let failure: unknown = null;
+  try {
+    await Promise.all(Array.from({ length: WORKERS }, () => fleet.spawn()));
+    producer = new Producer(pool, schema, s.delayed ?? false);
+    await waitFor(() => completedRuns(fleet) >= WARMUP_RUNS, WARMUP_TIMEOUT_MS, `${WARMUP_RUNS} runs before the fault`);
+    await s.prepare?.(ctx);
+    if (s.serverDown) await producer.pause();
+    const start = Date.now();
+    await s.inject(ctx);
+    window = { start, end: Date.now() };
+    producer.resume();
+    const faultEnd = window.end;
+    recovery = await waitFor(() => recoverySeconds(runs(), faultEnd, RECOVERY_RUNS), RECOVERY_TIMEOUT_MS, 'completions after the fault').catch(() => null);
+    await producer.stop();
+    const ids = producer.ids;
+    // Done means: every task has a run that returned, and berth holds nothing unfinished.
+    await waitFor(
+      async () => {
+        if (uncompleted(runs(), ids).length > 0) return false;
+        const g = await readGauges(pool, schema).catch(() => null);
+        return g !== null && (g.pending.get(CHAOS_TASK) ?? 0) === 0;
+      },
+      DRAIN_TIMEOUT_MS,
+      'every task completed',
+    ).catch(() => undefined);
+    const g = await read(ctx, 'gauges', (p) => readGauges(p, schema));
+    left = g.pending.get(CHAOS_TASK) ?? 0;
+    dead = g.dead.get(CHAOS_TASK) ?? 0;
+  } catch (err) {
+    failure = err;
+  }
+  {
+    await fleet.ready();
+    // Survivors are counted before the graceful stop.
+    const alive = fleet.alive.length;
+    const killed = fleet.all.filter((p) => p.killedAt !== null).length;
+    const ids = producer?.ids ?? new Set<string>();
+    await producer?.stop();
+    const finalRuns = runs();
+    const lost = uncompleted(finalRuns, ids);
+    const dups = explainDuplicates(finalRuns, s.windowExplains ? window : null, fleet.killedAt);
+    rows.push({
+      scenario: s.name,
+      tasks: ids.size,
+      lost: lost.length + dead,
+      left,
+      duplicates: dups.repeated,
+      unexplained: dups.unexplained.length,
+      recovery,
+      survivors: `${alive}/${fleet.all.length - killed}`,
+      killed,
+      seconds: (Date.now() - began) / 1000,
+    });
+    await fleet.stopAll();
+    await pool.end();
+    const crashes = fleet.crashes;
+    rmSync(dir, { recursive: true, force: true });
+    assert.deepEqual(
+      crashes.map((c) => `${c.id} (pid ${c.pid}) exited ${c.code ?? c.signal}:\n${c.output}`),
+      [],
+      'a berth process exited that the test did not kill (or it did not stop cleanly)',
+    );
+    if (failure) throw failure;
+    assert.deepEqual(lost.slice(0, 10), [], `${lost.length} task(s) never completed`);
+    assert.equal(dead, 0, 'no task was dead-lettered');
+    assert.equal(left, 0, 'nothing left pending');
+    assert.deepEqual(
+      dups.unexplained.slice(0, 5).map((u) => ({ task: u.id, earlier: u.run, next: u.next, window, killedAt: Object.fromEntries(fleet.killedAt) })),
+      [],
+      `${dups.unexplained.length} repeated run(s) not explained by a kill or the fault`,
+    );
+    assert.ok(recovery !== null, `throughput did not recover: fewer than ${RECOVERY_RUNS} runs completed after the fault`);
+  }
+}
+
+const scenarios: Scenario[] = [
+  {
+    name: 'SIGKILL of a worker',
+    windowExplains: false,
+    async inject({ fleet }) {
+      // A follower: the leader has its own scenario. Its replacement starts in the background.
+      await fleet.kill(fleet.alive.find((p) => !p.leader) ?? fleet.alive[0]!);
+      fleet.spawnInBackground();
+    },
+  },
+  {
+    name: 'repeated kills (3, each replaced)',
+    windowExplains: false,
+    async inject({ fleet }) {
+      // The oldest process each time, so every original worker dies, the leader among them;
+      // the next kill comes once work has flowed again.
+      for (let i = 0; i < 3; i++) {
+        if (i > 0) {
+          const done = completedRuns(fleet);
+          await waitFor(() => completedRuns(fleet) >= done + 30, 30_000, 'work flowing between kills');
+        }
+        await fleet.kill(fleet.alive[0]!);
+        fleet.spawnInBackground();
+      }
+    },
+  },
+  {
+    name: 'restart -m fast',
+    serverDown: true,
+    windowExplains: true,
+    async inject() {
+      await cluster.restart('fast');
+    },
+  },
+  {
+    name: 'stop -m immediate, then start',
+    serverDown: true,
+    windowExplains: true,
+    async inject() {
+      await cluster.stop('immediate');
+      // The outage itself (part of the fault, not a wait for a condition): long enough for
+      // every worker to hit it in claims, settlements, heartbeats and LISTEN.
+      await sleep(2000);
+      await cluster.start();
+    },
+  },
+  {
+    name: 'pg_terminate_backend of every berth session, twice',
+    windowExplains: true,
+    async inject(ctx) {
+      for (let i = 0; i < 2; i++) {
+        const n = await terminateBerthSessions(ctx.pool);
+        assert.ok(n >= WORKERS, `terminated ${n} berth sessions`);
+        if (i === 0) {
+          // Before the second cut, the workers have reconnected: a leader again, and sessions.
+          await waitFor(() => confirmedLeader(ctx), 30_000, 'a leader after the first termination');
+        }
+      }
+    },
+  },
+  {
+    name: 'SIGKILL of the leader while delayed tasks come due',
+    windowExplains: false,
+    delayed: true,
+    async prepare(ctx) {
+      await waitFor(() => confirmedLeader(ctx), 30_000, 'a leader');
+      const future = await read(ctx, 'deferred tasks', async (p) => {
+        const r = await p.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${quoteIdent(ctx.schema)}.deferred WHERE run_at > now()`);
+        return r.rows[0]!.n || null;
+      });
+      assert.ok(future > 0, 'delayed tasks are waiting to come due when the leader dies');
+    },
+    async inject(ctx) {
+      const leader = (await confirmedLeader(ctx))!;
+      await ctx.fleet.kill(leader);
+      ctx.fleet.spawnInBackground();
+      await waitFor(() => confirmedLeader(ctx, leader), 30_000, 'a new leader');
+    },
+  },
+];
+
+scenarios.forEach((s, i) => test(`chaos: ${s.name}`, () => runScenario(i + 1, s)));

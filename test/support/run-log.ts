@@ -1,0 +1,131 @@
+/**
+ * The chaos suite's evidence: every handler run, as the worker processes wrote it to their
+ * JSONL run logs (a `start` line, then an `end` line if the handler returned), and what follows
+ * from it: which tasks never completed, which ran more than once and whether each repeat is
+ * explained by the fault, and how soon completions resumed after it.
+ */
+import { appendFileSync, existsSync, readFileSync } from 'node:fs';
+
+/** The one task type the chaos workers run. */
+export const CHAOS_TASK = 'chaos_step';
+
+export interface RunRecord {
+  ev: 'start' | 'end';
+  id: string;
+  attempt: number;
+  pid: number;
+  worker: string;
+  t: number;
+}
+
+/** Append one record (synchronously: a SIGKILL right after loses nothing written). */
+export function appendRun(file: string, rec: RunRecord): void {
+  appendFileSync(file, `${JSON.stringify(rec)}\n`);
+}
+
+/** One handler run: its start, and its end if the handler returned. */
+export interface Run {
+  id: string;
+  attempt: number;
+  pid: number;
+  start: number;
+  end: number | null;
+}
+
+/** Runs from every log, oldest start first. A line cut short by a SIGKILL is skipped. */
+export function readRuns(files: readonly string[]): Run[] {
+  const runs: Run[] = [];
+  const open = new Map<string, Run>();
+  for (const file of files) {
+    if (!existsSync(file)) continue;
+    for (const line of readFileSync(file, 'utf8').split('\n')) {
+      if (!line) continue;
+      let rec: RunRecord;
+      try {
+        rec = JSON.parse(line) as RunRecord;
+      } catch {
+        continue;
+      }
+      const key = `${rec.pid}:${rec.id}:${rec.attempt}`;
+      if (rec.ev === 'start') {
+        const run: Run = { id: rec.id, attempt: rec.attempt, pid: rec.pid, start: rec.t, end: null };
+        open.set(key, run);
+        runs.push(run);
+      } else {
+        const run = open.get(key);
+        if (run) run.end = rec.t;
+        open.delete(key);
+      }
+    }
+  }
+  return runs.sort((a, b) => a.start - b.start);
+}
+
+/** The fault's window: from the first injected fault to the moment it was over. */
+export interface FaultWindow {
+  start: number;
+  end: number;
+}
+
+/**
+ * How long after a handler returned its completion may still be unwritten: settlements are
+ * batched, and a flush that fails is retried 3 times with 200/400/800 ms backoff before the
+ * lease is left to lapse (settlement-batcher.ts), plus a flush's own time on a loaded machine.
+ */
+export const SETTLE_GRACE_MS = 5000;
+
+export interface DuplicateReport {
+  /** Tasks that ran more than once. */
+  tasks: number;
+  /** Earlier runs that were repeated, explained or not. */
+  repeated: number;
+  unexplained: { id: string; run: Run; next: Run }[];
+}
+
+/**
+ * A repeated run is explained when the earlier run's process was killed by the test while that
+ * run (or its settlement) was in flight, or the earlier run straddled the fault window (started
+ * before the fault ended, and had not finished settling before it began). Pass a null window
+ * when the fault was only the kills: then only a kill explains a repeat.
+ */
+export function explainDuplicates(runs: readonly Run[], window: FaultWindow | null, killedAt: ReadonlyMap<number, number>): DuplicateReport {
+  const byTask = new Map<string, Run[]>();
+  for (const r of runs) {
+    const list = byTask.get(r.id);
+    if (list) list.push(r);
+    else byTask.set(r.id, [r]);
+  }
+  const report: DuplicateReport = { tasks: 0, repeated: 0, unexplained: [] };
+  const inFlightAt = (r: Run, t: number) => r.start <= t && (r.end === null || r.end + SETTLE_GRACE_MS >= t);
+  for (const [id, list] of byTask) {
+    if (list.length < 2) continue;
+    report.tasks++;
+    for (let i = 0; i < list.length - 1; i++) {
+      const run = list[i]!;
+      report.repeated++;
+      const killed = killedAt.get(run.pid);
+      const byKill = killed !== undefined && inFlightAt(run, killed);
+      const byFault = window !== null && run.start <= window.end && (run.end === null || run.end + SETTLE_GRACE_MS >= window.start);
+      if (!byKill && !byFault) report.unexplained.push({ id, run, next: list[i + 1]! });
+    }
+  }
+  return report;
+}
+
+/** Tasks (of `ids`) with no run that returned. */
+export function uncompleted(runs: readonly Run[], ids: Iterable<string>): string[] {
+  const done = new Set(runs.filter((r) => r.end !== null).map((r) => r.id));
+  return [...ids].filter((id) => !done.has(id));
+}
+
+/**
+ * Seconds from the fault's end until `n` runs that started after it had returned: completions
+ * have resumed. null when fewer than `n` have.
+ */
+export function recoverySeconds(runs: readonly Run[], faultEnd: number, n: number): number | null {
+  const ends = runs
+    .filter((r) => r.start >= faultEnd && r.end !== null)
+    .map((r) => r.end!)
+    .sort((a, b) => a - b);
+  return ends.length >= n ? (ends[n - 1]! - faultEnd) / 1000 : null;
+}
