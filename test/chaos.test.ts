@@ -2,9 +2,10 @@
  * Chaos suite: berth under process and database faults, on a PostgreSQL cluster of its own
  * (test/support/cluster.ts), so it can stop, crash and restart that server freely.
  *
- * Each scenario gets a fresh schema and 3 worker processes (test/fixtures/chaos-worker.ts), a
- * producer enqueuing a steady trickle of tasks, and one fault once work is flowing. Then it
- * asserts, from the processes' run logs and what berth records:
+ * The scenarios run one after another on one schema, with 3 worker processes
+ * (test/fixtures/chaos-worker.ts; a killed one is replaced). Each has a producer enqueuing a
+ * steady trickle of tasks and one fault once work is flowing, and drains before the next starts.
+ * Each asserts, from the processes' run logs (its own tasks only) and what berth records:
  * - no task is lost: every enqueued task has a run that returned, nothing is left pending, and
  *   nothing was dead-lettered;
  * - every process the test started is alive unless the test killed it (a berth process that
@@ -26,10 +27,11 @@ import pg from 'pg';
 import { enqueueMany, leaderInfo, migrate, readGauges } from '../src/index.js';
 import { leaderApplicationName } from '../src/maintenance/leader.js';
 import { quoteIdent } from '../src/sql.js';
+import { liveEntryPredicate } from '../src/storage/predicates.js';
 import { waitFor } from './helpers.js';
 import { TestCluster } from './support/cluster.js';
-import { Fleet, type FleetProcess } from './support/fleet.js';
-import { CHAOS_TASK, explainDuplicates, readRuns, recoverySeconds, uncompleted, type FaultWindow } from './support/run-log.js';
+import { Fleet, type Crash, type FleetProcess } from './support/fleet.js';
+import { CHAOS_TASK, explainDuplicates, recoverySeconds, RunLog, uncompleted, type FaultWindow } from './support/run-log.js';
 
 const WORKERS = 3;
 /** Completions before the fault, so it finds work in flight. */
@@ -43,12 +45,24 @@ const WARMUP_TIMEOUT_MS = 60_000;
 const RECOVERY_TIMEOUT_MS = 60_000;
 const DRAIN_TIMEOUT_MS = 90_000;
 
+/** One cluster, one schema and one fleet for every scenario: starting processes is the slow part on a busy machine. */
 const cluster = await TestCluster.create();
+const schema = 'chaos';
+const dir = mkdtempSync(join(tmpdir(), 'berth-chaos-'));
+const fleet = new Fleet({ DATABASE_URL: cluster.url(), SCHEMA: schema }, dir);
+const runLog = new RunLog();
 const rows: Row[] = [];
+const pool = new pg.Pool({ connectionString: cluster.url(), max: 4, application_name: TEST_APP });
+// The test's own idle sessions die with the server; the pool drops them and reconnects.
+pool.on('error', () => undefined);
 after(async () => {
-  if (rows.length > 0) console.log(`\nChaos suite (${WORKERS} worker processes per scenario)\n${formatTable(rows)}\n`);
+  if (rows.length > 0) console.log(`\nChaos suite (${WORKERS} worker processes)\n${formatTable(rows)}\n`);
+  await fleet.stopAll();
+  await pool.end();
   await cluster.destroy();
+  rmSync(dir, { recursive: true, force: true });
 });
+await migrate({ connectionString: cluster.url(), schema });
 
 interface Row {
   scenario: string;
@@ -150,8 +164,9 @@ interface Scenario {
   inject(ctx: Ctx): Promise<void>;
 }
 
-function completedRuns(fleet: Fleet): number {
-  return readRuns(fleet.runLogs).filter((r) => r.end !== null).length;
+/** Runs that returned so far, of every scenario. */
+function completedRuns(): number {
+  return runLog.read(fleet.runLogs).filter((r) => r.end !== null).length;
 }
 
 /** A read that may hit a connection cut by the fault: retried until it answers. */
@@ -167,6 +182,22 @@ async function confirmedLeader(ctx: Ctx, not?: FleetProcess): Promise<FleetProce
   return info?.session?.applicationName === leaderApplicationName(p.id) ? p : null;
 }
 
+/** What berth still holds unfinished (for a failure message): live ring entries and deferred rows. */
+async function unfinished(db: pg.Pool): Promise<unknown[]> {
+  const S = quoteIdent(schema);
+  const r = await db.query(
+    `SELECT r.id::text AS id, 'ring' AS at, r.lane_id, r.lane_seq, r.slot, r.attempts, l.attempt, l.worker,
+            l.expires_at, l.expires_at < now() AS lapsed,
+            (SELECT max(le.lane_seq) FROM ${S}.leases le WHERE le.lane_id = r.lane_id) AS lane_cursor
+       FROM ${S}.ready r LEFT JOIN ${S}.leases l ON l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot
+      WHERE ${liveEntryPredicate(S)}
+     UNION ALL
+     SELECT id::text, 'deferred ' || state, NULL, NULL, NULL, attempts, NULL, NULL, run_at, run_at < now(), NULL FROM ${S}.deferred
+     LIMIT 10`,
+  );
+  return r.rows;
+}
+
 /** Sessions other than the test's own (the workers', their listeners, the leader's). */
 async function terminateBerthSessions(pool: pg.Pool): Promise<number> {
   const r = await pool.query<{ n: number }>(
@@ -178,27 +209,26 @@ async function terminateBerthSessions(pool: pg.Pool): Promise<number> {
   return r.rows[0]!.n;
 }
 
-async function runScenario(index: number, s: Scenario): Promise<void> {
+async function runScenario(s: Scenario): Promise<void> {
   const began = Date.now();
-  const schema = `chaos_${index}`;
-  await migrate({ connectionString: cluster.url(), schema });
-  const pool = new pg.Pool({ connectionString: cluster.url(), max: 4, application_name: TEST_APP });
-  // The test's own idle sessions die with the server; the pool drops them and reconnects.
-  pool.on('error', () => undefined);
-  const dir = mkdtempSync(join(tmpdir(), `berth-chaos-${index}-`));
-  const fleet = new Fleet({ DATABASE_URL: cluster.url(), SCHEMA: schema }, dir);
   const ctx: Ctx = { fleet, pool, schema };
-  const runs = () => readRuns(fleet.runLogs);
-  let producer: Producer | null = null;
+  // Every process that takes part: those running now (topped up to WORKERS) and any started during.
+  await Promise.all(Array.from({ length: Math.max(0, WORKERS - fleet.alive.length) }, () => fleet.spawn()));
+  const firstNew = fleet.all.length;
+  const present = fleet.alive;
+  const crashesBefore = fleet.crashes.length;
+  const producer = new Producer(pool, schema, s.delayed ?? false);
+  // This scenario's runs: of the tasks it enqueued.
+  const runs = () => runLog.read(fleet.runLogs).filter((r) => producer.ids.has(r.id));
   let window: FaultWindow | null = null;
   let recovery: number | null = null;
   let left = -1;
-  let dead = 0;
+  let dead = -1;
+  let leftover: unknown[] = [];
   let failure: unknown = null;
   try {
-    await Promise.all(Array.from({ length: WORKERS }, () => fleet.spawn()));
-    producer = new Producer(pool, schema, s.delayed ?? false);
-    await waitFor(() => completedRuns(fleet) >= WARMUP_RUNS, WARMUP_TIMEOUT_MS, `${WARMUP_RUNS} runs before the fault`);
+    const warm = completedRuns() + WARMUP_RUNS;
+    await waitFor(() => completedRuns() >= warm, WARMUP_TIMEOUT_MS, `${WARMUP_RUNS} runs before the fault`);
     await s.prepare?.(ctx);
     if (s.serverDown) await producer.pause();
     const start = Date.now();
@@ -208,11 +238,10 @@ async function runScenario(index: number, s: Scenario): Promise<void> {
     const faultEnd = window.end;
     recovery = await waitFor(() => recoverySeconds(runs(), faultEnd, RECOVERY_RUNS), RECOVERY_TIMEOUT_MS, 'completions after the fault').catch(() => null);
     await producer.stop();
-    const ids = producer.ids;
     // Done means: every task has a run that returned, and berth holds nothing unfinished.
     await waitFor(
       async () => {
-        if (uncompleted(runs(), ids).length > 0) return false;
+        if (uncompleted(runs(), producer.ids).length > 0) return false;
         const g = await readGauges(pool, schema).catch(() => null);
         return g !== null && (g.pending.get(CHAOS_TASK) ?? 0) === 0;
       },
@@ -222,51 +251,49 @@ async function runScenario(index: number, s: Scenario): Promise<void> {
     const g = await read(ctx, 'gauges', (p) => readGauges(p, schema));
     left = g.pending.get(CHAOS_TASK) ?? 0;
     dead = g.dead.get(CHAOS_TASK) ?? 0;
+    if (left > 0) leftover = await read(ctx, 'unfinished tasks', (p) => unfinished(p));
   } catch (err) {
     failure = err;
   }
-  {
-    await fleet.ready();
-    // Survivors are counted before the graceful stop.
-    const alive = fleet.alive.length;
-    const killed = fleet.all.filter((p) => p.killedAt !== null).length;
-    const ids = producer?.ids ?? new Set<string>();
-    await producer?.stop();
-    const finalRuns = runs();
-    const lost = uncompleted(finalRuns, ids);
-    const dups = explainDuplicates(finalRuns, s.windowExplains ? window : null, fleet.killedAt);
-    rows.push({
-      scenario: s.name,
-      tasks: ids.size,
-      lost: lost.length + dead,
-      left,
-      duplicates: dups.repeated,
-      unexplained: dups.unexplained.length,
-      recovery,
-      survivors: `${alive}/${fleet.all.length - killed}`,
-      killed,
-      seconds: (Date.now() - began) / 1000,
-    });
-    await fleet.stopAll();
-    await pool.end();
-    const crashes = fleet.crashes;
-    rmSync(dir, { recursive: true, force: true });
-    assert.deepEqual(
-      crashes.map((c) => `${c.id} (pid ${c.pid}) exited ${c.code ?? c.signal}:\n${c.output}`),
-      [],
-      'a berth process exited that the test did not kill (or it did not stop cleanly)',
-    );
-    if (failure) throw failure;
-    assert.deepEqual(lost.slice(0, 10), [], `${lost.length} task(s) never completed`);
-    assert.equal(dead, 0, 'no task was dead-lettered');
-    assert.equal(left, 0, 'nothing left pending');
-    assert.deepEqual(
-      dups.unexplained.slice(0, 5).map((u) => ({ task: u.id, earlier: u.run, next: u.next, window, killedAt: Object.fromEntries(fleet.killedAt) })),
-      [],
-      `${dups.unexplained.length} repeated run(s) not explained by a kill or the fault`,
-    );
-    assert.ok(recovery !== null, `throughput did not recover: fewer than ${RECOVERY_RUNS} runs completed after the fault`);
-  }
+  await producer.stop();
+  await fleet.ready();
+  const members = [...present, ...fleet.all.slice(firstNew)];
+  const expected = members.filter((p) => p.killedAt === null);
+  const survivors = expected.filter((p) => p.exit === null);
+  const finalRuns = runs();
+  const lost = uncompleted(finalRuns, producer.ids);
+  const dups = explainDuplicates(finalRuns, s.windowExplains ? window : null, fleet.killedAt);
+  rows.push({
+    scenario: s.name,
+    tasks: producer.ids.size,
+    lost: lost.length + Math.max(dead, 0),
+    left,
+    duplicates: dups.repeated,
+    unexplained: dups.unexplained.length,
+    recovery,
+    survivors: `${survivors.length}/${expected.length}`,
+    killed: members.length - expected.length,
+    seconds: (Date.now() - began) / 1000,
+  });
+  assertNoCrashes(fleet.crashes.slice(crashesBefore));
+  if (failure) throw failure;
+  assert.deepEqual(lost.slice(0, 10), [], `${lost.length} task(s) never completed`);
+  assert.equal(dead, 0, 'no task was dead-lettered');
+  assert.equal(left, 0, `nothing left pending; some of what is: ${JSON.stringify(leftover.map((t) => ({ ...(t as object), runs: finalRuns.filter((r) => r.id === (t as { id: string }).id) })))}`);
+  assert.deepEqual(
+    dups.unexplained.slice(0, 5).map((u) => ({ task: u.id, earlier: u.run, next: u.next, window, killedAt: Object.fromEntries(fleet.killedAt) })),
+    [],
+    `${dups.unexplained.length} repeated run(s) not explained by a kill or the fault`,
+  );
+  assert.ok(recovery !== null, `throughput did not recover: fewer than ${RECOVERY_RUNS} runs completed after the fault`);
+}
+
+function assertNoCrashes(crashes: readonly Crash[]): void {
+  assert.deepEqual(
+    crashes.map((c) => `${c.id} (pid ${c.pid}) exited ${c.code ?? c.signal}:\n${c.output}`),
+    [],
+    'a berth process exited that the test did not kill (or it did not stop cleanly)',
+  );
 }
 
 const scenarios: Scenario[] = [
@@ -283,15 +310,16 @@ const scenarios: Scenario[] = [
     name: 'repeated kills (3, each replaced)',
     windowExplains: false,
     async inject({ fleet }) {
-      // The oldest process each time, so every original worker dies, the leader among them;
-      // the next kill comes once work has flowed again.
+      // The oldest process each time, so the leader dies too. Each replacement is running
+      // before the next kill, and the next kill comes once work has flowed again.
       for (let i = 0; i < 3; i++) {
         if (i > 0) {
-          const done = completedRuns(fleet);
-          await waitFor(() => completedRuns(fleet) >= done + 30, 30_000, 'work flowing between kills');
+          const done = completedRuns();
+          await waitFor(() => completedRuns() >= done + 30, 30_000, 'work flowing between kills');
         }
         await fleet.kill(fleet.alive[0]!);
-        fleet.spawnInBackground();
+        if (i < 2) await fleet.spawn();
+        else fleet.spawnInBackground();
       }
     },
   },
@@ -350,4 +378,10 @@ const scenarios: Scenario[] = [
   },
 ];
 
-scenarios.forEach((s, i) => test(`chaos: ${s.name}`, () => runScenario(i + 1, s)));
+for (const s of scenarios) test(`chaos: ${s.name}`, () => runScenario(s));
+
+test('chaos: every worker still running stops cleanly', async () => {
+  const before = fleet.crashes.length;
+  await fleet.stopAll();
+  assertNoCrashes(fleet.crashes.slice(before));
+});

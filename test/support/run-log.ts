@@ -4,7 +4,7 @@
  * from it: which tasks never completed, which ran more than once and whether each repeat is
  * explained by the fault, and how soon completions resumed after it.
  */
-import { appendFileSync, existsSync, readFileSync } from 'node:fs';
+import { appendFileSync, closeSync, existsSync, openSync, readSync, statSync } from 'node:fs';
 
 /** The one task type the chaos workers run. */
 export const CHAOS_TASK = 'chaos_step';
@@ -32,33 +32,54 @@ export interface Run {
   end: number | null;
 }
 
-/** Runs from every log, oldest start first. A line cut short by a SIGKILL is skipped. */
-export function readRuns(files: readonly string[]): Run[] {
-  const runs: Run[] = [];
-  const open = new Map<string, Run>();
-  for (const file of files) {
-    if (!existsSync(file)) continue;
-    for (const line of readFileSync(file, 'utf8').split('\n')) {
-      if (!line) continue;
-      let rec: RunRecord;
-      try {
-        rec = JSON.parse(line) as RunRecord;
-      } catch {
-        continue;
-      }
-      const key = `${rec.pid}:${rec.id}:${rec.attempt}`;
-      if (rec.ev === 'start') {
-        const run: Run = { id: rec.id, attempt: rec.attempt, pid: rec.pid, start: rec.t, end: null };
-        open.set(key, run);
-        runs.push(run);
-      } else {
-        const run = open.get(key);
-        if (run) run.end = rec.t;
-        open.delete(key);
-      }
+/**
+ * Every run in a set of run logs, read incrementally: each refresh reads only what was appended
+ * since the last one (the suite polls it while thousands of runs accumulate). A line cut short
+ * by a SIGKILL is never completed, so it is never parsed.
+ */
+export class RunLog {
+  private readonly offsets = new Map<string, number>();
+  private readonly open = new Map<string, Run>();
+  private readonly all: Run[] = [];
+
+  /** Every run so far in `files`, in the order written (per file). */
+  read(files: readonly string[]): readonly Run[] {
+    for (const file of files) this.readFile(file);
+    return this.all;
+  }
+
+  private readFile(file: string): void {
+    if (!existsSync(file)) return;
+    const from = this.offsets.get(file) ?? 0;
+    const size = statSync(file).size;
+    if (size <= from) return;
+    const buf = Buffer.alloc(size - from);
+    const fd = openSync(file, 'r');
+    try {
+      readSync(fd, buf, 0, buf.length, from);
+    } finally {
+      closeSync(fd);
+    }
+    const text = buf.toString('utf8');
+    const complete = text.lastIndexOf('\n') + 1;
+    this.offsets.set(file, from + Buffer.byteLength(text.slice(0, complete)));
+    for (const line of text.slice(0, complete).split('\n')) {
+      if (line) this.add(JSON.parse(line) as RunRecord);
     }
   }
-  return runs.sort((a, b) => a.start - b.start);
+
+  private add(rec: RunRecord): void {
+    const key = `${rec.pid}:${rec.id}:${rec.attempt}`;
+    if (rec.ev === 'start') {
+      const run: Run = { id: rec.id, attempt: rec.attempt, pid: rec.pid, start: rec.t, end: null };
+      this.open.set(key, run);
+      this.all.push(run);
+      return;
+    }
+    const run = this.open.get(key);
+    if (run) run.end = rec.t;
+    this.open.delete(key);
+  }
 }
 
 /** The fault's window: from the first injected fault to the moment it was over. */
@@ -99,6 +120,7 @@ export function explainDuplicates(runs: readonly Run[], window: FaultWindow | nu
   const inFlightAt = (r: Run, t: number) => r.start <= t && (r.end === null || r.end + SETTLE_GRACE_MS >= t);
   for (const [id, list] of byTask) {
     if (list.length < 2) continue;
+    list.sort((a, b) => a.start - b.start);
     report.tasks++;
     for (let i = 0; i < list.length - 1; i++) {
       const run = list[i]!;
