@@ -1,10 +1,15 @@
 import { metrics as otelMetrics, type Attributes, type Counter as OtelCounter, type Histogram as OtelHistogram, type Meter, type ObservableResult } from '@opentelemetry/api';
 import { Counter, Gauge, Histogram, Registry, type LabelValues } from 'prom-client';
 
-/** How one run of a handler ended, as counted on `berth_task_outcomes_total`. */
-export type Outcome = 'success' | 'failure' | 'timeout' | 'continued' | 'cancelled' | 'lost';
+/**
+ * How one run of a handler ended, as counted on `berth_task_outcomes_total`: seed 000's six,
+ * plus `unsettled` (the run ended but its settlement could not be written, because the database
+ * was unreachable until the lease expired; the task runs again after rescue). `lost` means only
+ * that the fence refused the token, so an outage never inflates it.
+ */
+export type Outcome = 'success' | 'failure' | 'timeout' | 'continued' | 'cancelled' | 'lost' | 'unsettled';
 
-export const OUTCOMES: readonly Outcome[] = ['success', 'failure', 'timeout', 'continued', 'cancelled', 'lost'];
+export const OUTCOMES: readonly Outcome[] = ['success', 'failure', 'timeout', 'continued', 'cancelled', 'lost', 'unsettled'];
 
 export interface BerthMetricsOptions {
   /** The prom-client registry every instrument registers on. A new one by default (one per worker). */
@@ -273,7 +278,7 @@ export class BerthMetrics {
 
     this.outcomes = counter(
       'berth_task_outcomes_total',
-      'Handler runs by task type and outcome (success, failure, timeout, continued, cancelled, lost)',
+      'Handler runs by task type and outcome (success, failure, timeout, continued, cancelled, lost, unsettled)',
       ['task_type', 'outcome'],
     );
     this.handlerSeconds = histogram(

@@ -53,6 +53,8 @@ export interface WorkerHttpContext {
   schema: string;
   registry: Registry;
   logger: Logger;
+  /** The dashboard pool's `application_name` (the worker names it after itself). */
+  applicationName?: string;
 }
 
 /** The dashboard's pool inside a worker: small, and apart from the worker's own. */
@@ -70,7 +72,7 @@ export async function startWorkerHttp(o: WorkerHttpOptions, ctx: WorkerHttpConte
       connectionString: ctx.connectionString,
       max: WORKER_DASHBOARD_POOL.max,
       statement_timeout: WORKER_DASHBOARD_POOL.statementTimeoutMs,
-      application_name: 'berth dashboard',
+      application_name: ctx.applicationName ?? 'berth dashboard',
       // Lane stats plan over every ring partition: costed high enough for JIT on a millisecond read.
       options: '-c jit=off',
     });

@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import { inPoolTransaction } from '../db/connections.js';
 import { quoteIdent } from '../sql.js';
 
 /** A lane as promotion sees it. */
@@ -124,39 +125,28 @@ async function promoteInLaneTransaction(
 ): Promise<number> {
   const s = quoteIdent(schema);
   if (signal?.aborted) return 0;
-  const client = await pool.connect();
-  let broken = false;
-  // A statement waiting on a lock does not notice its socket closing, so cancel it server-side.
-  const pid = (client as pg.PoolClient & { processID?: number }).processID;
-  // The cancel travels on another connection and may land after this statement has finished;
-  // a cancelled client is therefore never returned to the pool, so a late cancel can only hit
-  // this backend, idle and about to close, never someone else's statement.
-  let cancelled = false;
-  const cancel = () => {
-    cancelled = true;
-    if (pid) pool.query('SELECT pg_cancel_backend($1)', [pid]).catch(() => undefined);
-  };
-  signal?.addEventListener('abort', cancel);
-  try {
-    await client.query('BEGIN');
-    try {
-      if (laneLockTimeoutMs !== null) {
-        await client.query(`SELECT set_config('lock_timeout', $1, true)`, [`${Math.max(1, Math.round(laneLockTimeoutMs))}ms`]);
+  return inPoolTransaction(
+    pool,
+    async (c) => {
+      // A statement waiting on a lock does not notice its socket closing, so cancel it
+      // server-side. The cancel travels on another connection and may land after this statement
+      // has finished; a cancelled client is therefore discarded, never pooled, so a late cancel
+      // can only hit this backend, idle and about to close, never someone else's statement.
+      const cancel = () => {
+        c.discard();
+        if (c.pid) pool.query('SELECT pg_cancel_backend($1)', [c.pid]).catch(() => undefined);
+      };
+      signal?.addEventListener('abort', cancel);
+      try {
+        const r = await c.client.query<{ n: number }>(
+          `SELECT ${s}.promote_lane($1, $2::smallint, $3::smallint, $4) AS n`,
+          [lane.queue, lane.priority, lane.shard, limit],
+        );
+        return r.rows[0]?.n ?? 0;
+      } finally {
+        signal?.removeEventListener('abort', cancel);
       }
-      const r = await client.query<{ n: number }>(
-        `SELECT ${s}.promote_lane($1, $2::smallint, $3::smallint, $4) AS n`,
-        [lane.queue, lane.priority, lane.shard, limit],
-      );
-      await client.query('COMMIT');
-      return r.rows[0]?.n ?? 0;
-    } catch (err) {
-      await client.query('ROLLBACK').catch(() => {
-        broken = true;
-      });
-      throw err;
-    }
-  } finally {
-    signal?.removeEventListener('abort', cancel);
-    client.release(broken || cancelled);
-  }
+    },
+    { lockTimeoutMs: laneLockTimeoutMs },
+  );
 }

@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import { inPoolTransaction } from '../db/connections.js';
 import { quoteIdent } from '../sql.js';
 import { isLockTimeout } from './promote.js';
 
@@ -62,54 +63,40 @@ export type PruneResult =
 export async function pruneSlot(pool: pg.Pool, schema: string, slot: number, lockTimeoutMs: number): Promise<PruneResult> {
   const s = quoteIdent(schema);
   const t = (name: (typeof RING_TABLES)[number]) => `${s}.${quoteIdent(`${name}_${slot}`)}`;
-  const client = await pool.connect();
-  let broken = false;
   try {
-    await client.query('BEGIN');
-    try {
-      await client.query(`SELECT set_config('lock_timeout', $1, true)`, [`${Math.max(1, Math.round(lockTimeoutMs))}ms`]);
-      try {
+    return await inPoolTransaction(
+      pool,
+      async ({ client }) => {
         await client.query(`LOCK TABLE ${RING_TABLES.map(t).join(', ')} IN ACCESS EXCLUSIVE MODE`);
-      } catch (err) {
-        if (isLockTimeout(err)) {
-          await client.query('ROLLBACK');
-          return { slot, result: 'blocked', reason: 'lock_timeout' };
-        }
-        throw err;
-      }
-      const cur = await client.query<{ current_slot: number }>(`SELECT current_slot FROM ${s}.ring_state`);
-      const check = await client.query<{ any: boolean; claimable: boolean; in_flight: boolean }>(
-        `SELECT EXISTS (SELECT 1 FROM ${t('ready')}) AS any,
-                EXISTS (SELECT 1 FROM ${t('ready')} r
-                         WHERE NOT EXISTS (SELECT 1 FROM ${t('leases')} l
-                                            WHERE l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq)
-                           AND NOT EXISTS (SELECT 1 FROM ${t('tombstones')} x
-                                            WHERE x.lane_id = r.lane_id AND x.lane_seq = r.lane_seq)) AS claimable,
-                EXISTS (SELECT 1 FROM ${t('leases')} l
-                         WHERE NOT EXISTS (SELECT 1 FROM ${t('settlements')} x
-                                            WHERE x.lane_id = l.lane_id AND x.lane_seq = l.lane_seq)) AS in_flight`,
-      );
-      const c = check.rows[0]!;
-      let skip: 'current' | 'empty' | 'claimable' | 'in_flight' | null = null;
-      if (cur.rows[0]!.current_slot === slot) skip = 'current';
-      else if (!c.any) skip = 'empty';
-      else if (c.claimable) skip = 'claimable';
-      else if (c.in_flight) skip = 'in_flight';
-      if (skip) {
-        await client.query('ROLLBACK');
-        return { slot, result: 'skipped', reason: skip };
-      }
-      await client.query(`TRUNCATE ${RING_TABLES.map(t).join(', ')}`);
-      await client.query('COMMIT');
-      return { slot, result: 'pruned' };
-    } catch (err) {
-      await client.query('ROLLBACK').catch(() => {
-        broken = true;
-      });
-      throw err;
-    }
-  } finally {
-    client.release(broken);
+        const cur = await client.query<{ current_slot: number }>(`SELECT current_slot FROM ${s}.ring_state`);
+        const check = await client.query<{ any: boolean; claimable: boolean; in_flight: boolean }>(
+          `SELECT EXISTS (SELECT 1 FROM ${t('ready')}) AS any,
+                  EXISTS (SELECT 1 FROM ${t('ready')} r
+                           WHERE NOT EXISTS (SELECT 1 FROM ${t('leases')} l
+                                              WHERE l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq)
+                             AND NOT EXISTS (SELECT 1 FROM ${t('tombstones')} x
+                                              WHERE x.lane_id = r.lane_id AND x.lane_seq = r.lane_seq)) AS claimable,
+                  EXISTS (SELECT 1 FROM ${t('leases')} l
+                           WHERE NOT EXISTS (SELECT 1 FROM ${t('settlements')} x
+                                              WHERE x.lane_id = l.lane_id AND x.lane_seq = l.lane_seq)) AS in_flight`,
+        );
+        const c = check.rows[0]!;
+        let skip: 'current' | 'empty' | 'claimable' | 'in_flight' | null = null;
+        if (cur.rows[0]!.current_slot === slot) skip = 'current';
+        else if (!c.any) skip = 'empty';
+        else if (c.claimable) skip = 'claimable';
+        else if (c.in_flight) skip = 'in_flight';
+        // Nothing was written: committing the locks-and-reads transaction is as good as a rollback.
+        if (skip) return { slot, result: 'skipped', reason: skip } as const;
+        await client.query(`TRUNCATE ${RING_TABLES.map(t).join(', ')}`);
+        return { slot, result: 'pruned' } as const;
+      },
+      { lockTimeoutMs },
+    );
+  } catch (err) {
+    // A slot some transaction is using (an open producer, a long reader) is not waited for.
+    if (isLockTimeout(err)) return { slot, result: 'blocked', reason: 'lock_timeout' };
+    throw err;
   }
 }
 

@@ -1,26 +1,55 @@
+import { isConnectionError } from '../db/connections.js';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import type { Queryable } from '../sql.js';
+import { abortableSleep } from '../util/abortable-sleep.js';
 import type { LeaseRef } from './claim.js';
-import { completeLeases, leaseKey, recordFailures, type FailureInput } from './settlement.js';
+import { completeLeases, leaseKey, recordFailures, settledWith, type FailureInput } from './settlement.js';
+
+/**
+ * What became of one settlement handed to the batcher:
+ * - `settled`: written; for a failure, whether the task will be retried or went to the dead letters;
+ * - `refused`: the fence refused it, because the token no longer owns the lease (the only case counted `lost`);
+ * - `unwritten`: the statement could not be written (the database was unreachable until the
+ *   lease's own expiry, or kept failing). The lease lapses and rescue runs the task again.
+ */
+export type CompleteResult = { kind: 'settled' } | { kind: 'refused' } | { kind: 'unwritten'; error: string };
+export type FailResult = { kind: 'settled'; dead: boolean } | { kind: 'refused' } | { kind: 'unwritten'; error: string };
 
 type Waiter<T> = { resolve: (v: T) => void };
+/** A lease to settle; `expiresAt` (epoch ms, the database's stamp) bounds how long a write is retried. */
+type Settleable = LeaseRef & { leaseExpiresAt: number };
 /** A lease to complete; its dedupe key (if any) is released with it. */
-type CompletableLease = LeaseRef & { dedupeKey?: string | null };
+type CompletableLease = Settleable & { dedupeKey?: string | null };
+
+/** Retries of a statement that failed for a reason other than the connection (a bug, a bad row). */
+const OTHER_ERROR_ATTEMPTS = 4;
+/** Backoff between retries: doubling from this, capped so a recovered database is seen within about a second. */
+const RETRY_BASE_MS = 100;
+const RETRY_MAX_MS = 1000;
 
 /**
  * Coalesces settlements: while one flush is in flight, every completion and failure handed in
  * waits for the next, which writes them all in one fenced statement per kind. There is no timer:
  * at low load each settlement flushes alone and at once; under load batches form by themselves.
  *
+ * A flush that fails because the database is unreachable is retried until the last lease in it
+ * expires: before then the write is still this worker's to make (after it, rescue may already
+ * have handed the task on, and the fence would refuse it anyway). So a restart of the server
+ * costs no re-run when it is shorter than the lease, and an outage is never reported as a lost
+ * lease: `lost` means only that the token was refused.
+ *
  * Safety: a task is only ever settled by its own fenced row. A crash after a handler returned
  * but before its flush leaves the lease unsettled, so it lapses and the task is re-run: a
  * duplicate run, never a loss.
  */
 export class SettlementBatcher {
-  private completes: { ref: CompletableLease; w: Waiter<boolean> }[] = [];
-  private failures: { input: FailureInput; w: Waiter<'retry' | 'dead' | null> }[] = [];
+  private completes: { ref: CompletableLease; w: Waiter<CompleteResult> }[] = [];
+  private failures: { input: FailureInput & { ref: Settleable }; w: Waiter<FailResult> }[] = [];
   private flushing: Promise<void> | null = null;
+  /** Set by `drain(giveUpAfterMs)`: retries stop at this time (epoch ms) whatever the leases say. */
+  private giveUpAt = Infinity;
+  private readonly stopRetrying = new AbortController();
 
   constructor(
     private readonly db: Queryable,
@@ -29,16 +58,14 @@ export class SettlementBatcher {
     private readonly logger: Logger,
   ) {}
 
-  /** Resolves true when settled, false when the fence refused (the lease was lost). */
-  complete(ref: CompletableLease): Promise<boolean> {
+  complete(ref: CompletableLease): Promise<CompleteResult> {
     return new Promise((resolve) => {
       this.completes.push({ ref, w: { resolve } });
       this.kick();
     });
   }
 
-  /** Resolves 'retry' | 'dead' when recorded, null when refused. */
-  fail(input: FailureInput): Promise<'retry' | 'dead' | null> {
+  fail(input: FailureInput & { ref: Settleable }): Promise<FailResult> {
     return new Promise((resolve) => {
       this.failures.push({ input, w: { resolve } });
       this.kick();
@@ -49,8 +76,17 @@ export class SettlementBatcher {
     return this.completes.length + this.failures.length;
   }
 
-  /** Wait until everything handed in so far has been written (or given up on). */
-  async drain(): Promise<void> {
+  /**
+   * Wait until everything handed in so far has been written (or given up on). With
+   * `giveUpAfterMs`, retries against an unreachable database stop after that long (a stopping
+   * worker does not wait out whole leases).
+   */
+  async drain(giveUpAfterMs?: number): Promise<void> {
+    if (giveUpAfterMs !== undefined) {
+      this.giveUpAt = Date.now() + giveUpAfterMs;
+      const t = setTimeout(() => this.stopRetrying.abort(), giveUpAfterMs);
+      t.unref();
+    }
     while (this.flushing || this.pending > 0) {
       this.kick();
       await this.flushing;
@@ -74,36 +110,82 @@ export class SettlementBatcher {
     await Promise.all([this.flushCompletes(completes), this.flushFailures(failures)]);
   }
 
-  private async flushCompletes(batch: { ref: CompletableLease; w: Waiter<boolean> }[]): Promise<void> {
+  private async flushCompletes(batch: { ref: CompletableLease; w: Waiter<CompleteResult> }[]): Promise<void> {
     if (batch.length === 0) return;
-    const settled = await this.withRetry('complete', () => completeLeases(this.db, this.schema, batch.map((b) => b.ref)));
-    for (const b of batch) b.w.resolve(settled?.has(leaseKey(b.ref)) ?? false);
+    const refs = batch.map((b) => b.ref);
+    const r = await this.withRetry('complete', refs, async (retry) => {
+      const settled = await completeLeases(this.db, this.schema, refs);
+      if (retry) for (const k of (await settledWith(this.db, this.schema, refs.filter((x) => !settled.has(leaseKey(x))), 'completed')).keys()) settled.add(k);
+      return settled;
+    });
+    for (const b of batch) {
+      if (!r.ok) b.w.resolve({ kind: 'unwritten', error: r.error });
+      else b.w.resolve(r.value.has(leaseKey(b.ref)) ? { kind: 'settled' } : { kind: 'refused' });
+    }
   }
 
-  private async flushFailures(batch: { input: FailureInput; w: Waiter<'retry' | 'dead' | null> }[]): Promise<void> {
+  private async flushFailures(batch: { input: FailureInput & { ref: Settleable }; w: Waiter<FailResult> }[]): Promise<void> {
     if (batch.length === 0) return;
-    const recorded = await this.withRetry('fail', () => recordFailures(this.db, this.schema, batch.map((b) => b.input)));
-    for (const b of batch) b.w.resolve(recorded?.get(leaseKey(b.input.ref)) ?? null);
+    const inputs = batch.map((b) => b.input);
+    const r = await this.withRetry(
+      'fail',
+      inputs.map((i) => i.ref),
+      async (retry) => {
+        const recorded = await recordFailures(this.db, this.schema, inputs);
+        if (retry) {
+          const missing = inputs.map((i) => i.ref).filter((x) => !recorded.has(leaseKey(x)));
+          for (const [k, v] of await settledWith(this.db, this.schema, missing, 'failed')) recorded.set(k, v.dead ? 'dead' : 'retry');
+        }
+        return recorded;
+      },
+    );
+    for (const b of batch) {
+      if (!r.ok) {
+        b.w.resolve({ kind: 'unwritten', error: r.error });
+        continue;
+      }
+      const got = r.value.get(leaseKey(b.input.ref));
+      b.w.resolve(got === undefined ? { kind: 'refused' } : { kind: 'settled', dead: got === 'dead' });
+    }
   }
 
   /**
-   * A flush that errors (connection dropped) is retried a few times with backoff; past that the
-   * leases are left to lapse and be rescued, so the tasks re-run rather than vanish.
+   * Connection faults are retried until the batch's last lease expires (or `drain` gives up);
+   * any other error a few times. Backoff doubles to a cap of a second, so a database that comes
+   * back is written to within about a second.
    */
-  private async withRetry<T>(kind: string, fn: () => Promise<T>): Promise<T | null> {
+  private async withRetry<T>(
+    kind: string,
+    refs: readonly Settleable[],
+    /** `retry` is true after a failed attempt: an earlier attempt may have committed unseen. */
+    fn: (retry: boolean) => Promise<T>,
+  ): Promise<{ ok: true; value: T } | { ok: false; error: string }> {
+    const until = Math.min(Math.max(...refs.map((r) => r.leaseExpiresAt)), this.giveUpAt);
     for (let attempt = 1; ; attempt++) {
       const started = performance.now();
       try {
-        const r = await fn();
+        const value = await fn(attempt > 1);
         this.metrics.settlementFlushSeconds.observe({ kind }, (performance.now() - started) / 1000);
-        return r;
+        if (attempt > 1) this.logger.info({ kind, attempts: attempt, tasks: refs.length }, 'settlement written after the database came back');
+        return { ok: true, value };
       } catch (err) {
-        if (attempt >= 4) {
-          this.logger.error({ err: (err as Error).message, kind }, 'settlement flush failed; leases will lapse and the tasks re-run');
-          return null;
+        const message = (err as Error).message;
+        const connection = isConnectionError(err);
+        const delay = Math.min(RETRY_BASE_MS * 2 ** (attempt - 1), RETRY_MAX_MS);
+        const giveUp = connection ? Date.now() + delay >= Math.min(until, this.giveUpAt) : attempt >= OTHER_ERROR_ATTEMPTS;
+        if (giveUp || this.stopRetrying.signal.aborted) {
+          this.logger.error(
+            { err: message, kind, tasks: refs.length, attempts: attempt, database_unreachable: connection },
+            connection
+              ? 'settlement could not be written: the database stayed unreachable until the leases expired; rescue will run the tasks again'
+              : 'settlement could not be written; the leases will lapse and rescue will run the tasks again',
+          );
+          return { ok: false, error: message };
         }
-        this.logger.warn({ err: (err as Error).message, kind, attempt }, 'settlement flush failed; retrying');
-        await new Promise((r) => setTimeout(r, 100 * 2 ** attempt));
+        if (attempt === 1 || !connection) {
+          this.logger.warn({ err: message, kind, attempt, database_unreachable: connection }, 'settlement flush failed; retrying');
+        }
+        await abortableSleep(delay, this.stopRetrying.signal);
       }
     }
   }

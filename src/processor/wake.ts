@@ -9,9 +9,11 @@ export interface WakeListenerOptions {
   /** Called per notification with its payload ('' for a bare wake). */
   onNotify: (payload: string) => void;
   onReconnect?: () => void;
-  /** First reconnect delay; doubles to `reconnectMaxMs`. */
+  /** First reconnect delay; doubles to `reconnectMaxMs` (default 5 s, the poll interval). */
   reconnectBaseMs?: number;
   reconnectMaxMs?: number;
+  /** The LISTEN session's `application_name`. */
+  applicationName?: string;
 }
 
 /**
@@ -38,7 +40,7 @@ export class WakeListener {
 
   private async connect(): Promise<void> {
     if (this.stopped) return;
-    const client = new pg.Client({ connectionString: this.opts.connectionString });
+    const client = new pg.Client({ connectionString: this.opts.connectionString, application_name: this.opts.applicationName });
     const lost = (err?: Error) => {
       if (this.client !== client) return;
       this.client = null;
@@ -74,9 +76,22 @@ export class WakeListener {
     this.attempt = 0;
   }
 
+  /**
+   * Reconnect at once if the session is down and waiting out its backoff: the caller saw the
+   * database answer again (a claim succeeded), so the wait would only delay wake-ups.
+   */
+  reconnectNow(): void {
+    if (this.stopped || this.client !== null || this.retryTimer === null) return;
+    clearTimeout(this.retryTimer);
+    this.retryTimer = null;
+    void this.connect();
+  }
+
   private scheduleReconnect(): void {
     const base = this.opts.reconnectBaseMs ?? 500;
-    const max = this.opts.reconnectMaxMs ?? 30_000;
+    // Capped at the poll interval: the poll keeps claims going while LISTEN is down, so waiting
+    // longer than one poll to listen again only delays wake-ups after an outage.
+    const max = this.opts.reconnectMaxMs ?? 5_000;
     const delay = Math.min(base * 2 ** this.attempt, max) * (0.5 + Math.random() / 2);
     this.attempt++;
     this.retryTimer = setTimeout(() => {

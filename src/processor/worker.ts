@@ -1,19 +1,22 @@
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
-import pg from 'pg';
+import type pg from 'pg';
+import { createPool } from '../db/connections.js';
 import { BerthInputError, isPermanentError } from '../errors.js';
 import { createLogger, type Logger } from '../logger.js';
 import { Maintenance, validateMaintenanceOptions, type MaintenanceOptions } from '../maintenance/leader.js';
 import { BerthMetrics, type Outcome } from '../metrics.js';
 import { DEFAULT_SCHEMA, wakeChannel } from '../sql.js';
-import { backoffDelayMs, DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, validatePayload, type HandlerResult, type TaskContext, type TaskDefinition } from '../task.js';
+import { backoffDelayMs, DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, validatePayload, type TaskContext, type TaskDefinition } from '../task.js';
 import { claim, discover, LANE_SHARE, type ClaimedTask } from './claim.js';
-import { SettlementBatcher } from './settlement-batcher.js';
+import { SettlementBatcher, type FailResult } from './settlement-batcher.js';
 import { advanceCursor, leaseKey, releaseLease, returnUnstarted } from './settlement.js';
 import { WakeListener } from './wake.js';
 import { assertMigrated } from '../schema/migrate.js';
 import { DEFAULT_HEARTBEAT_MS, Heartbeat } from './heartbeat.js';
 import { startWorkerHttp, validateWorkerHttpOptions, type WorkerHttpOptions } from '../dashboard/worker-http.js';
+import { abortableSleep } from '../util/abortable-sleep.js';
+import { describeHandlerResult, isContractResult } from './handler-result.js';
 
 export interface WorkerOptions {
   connectionString: string;
@@ -70,6 +73,17 @@ export interface WorkerOptions {
  */
 const SESSION_OPTIONS = '-c jit=off -c plan_cache_mode=force_generic_plan';
 
+/** The longest wait between claim attempts while the database fails (see runFetchLoop). */
+const FETCH_RETRY_MAX_MS = 1000;
+
+/**
+ * `application_name` of each session a worker opens, so `pg_stat_activity` shows whose session
+ * is whose and an operator can terminate one worker's sessions (PostgreSQL keeps 63 bytes).
+ */
+function sessionName(role: 'worker' | 'read' | 'listen' | 'dashboard', workerId: string): string {
+  return `berth ${role} ${workerId}`.slice(0, 63);
+}
+
 class ShutdownAbort extends Error {
   constructor() {
     super('worker is shutting down');
@@ -83,6 +97,9 @@ class DeadlineAbort extends Error {
     this.name = 'DeadlineAbort';
   }
 }
+
+/** What became of a release: written (maybe to the dead letters), refused by the fence, or not written at all. */
+type ReleaseResult = { kind: 'written'; dead: boolean } | { kind: 'refused' } | { kind: 'unwritten'; error: string };
 
 interface InFlight {
   task: ClaimedTask;
@@ -166,8 +183,8 @@ export class Worker {
   private wakeResolve: (() => void) | null = null;
   private fetchLoop: Promise<void> | null = null;
   private stopping = false;
-  /** Aborted by stop(): interrupts the fetch loop's error backoff. */
-  private readonly stopSignal = new AbortController();
+  /** Aborted when the database is seen back (LISTEN reconnected) or on stop(): ends the fetch loop's error backoff early. */
+  private retryNow = new AbortController();
   private started = false;
   /** Lanes the last claim filled every slot from: tried first next time, skipping discovery. */
   private hotLanes: number[] = [];
@@ -229,13 +246,17 @@ export class Worker {
     if (this.started) throw new Error('worker already started');
     this.started = true;
     const statementTimeout = this.options.statementTimeoutMs ?? WORKER_DEFAULTS.statementTimeoutMs;
-    this.writePool = new pg.Pool({
-      connectionString: this.options.connectionString,
-      max: Math.max(4, Math.ceil(this.slots / 2) + 4),
-      statement_timeout: statementTimeout,
-      options: SESSION_OPTIONS,
-    });
-    this.writePool.on('error', (err) => this.logger.warn({ err: err.message }, 'idle write connection lost'));
+    this.writePool = createPool(
+      {
+        connectionString: this.options.connectionString,
+        max: Math.max(4, Math.ceil(this.slots / 2) + 4),
+        statement_timeout: statementTimeout,
+        options: SESSION_OPTIONS,
+        application_name: sessionName('worker', this.id),
+      },
+      this.logger,
+      'write',
+    );
     try {
       await assertMigrated(this.writePool, this.schema);
     } catch (err) {
@@ -244,8 +265,17 @@ export class Worker {
       throw err;
     }
     if (this.options.readConnectionString) {
-      this.readPool = new pg.Pool({ connectionString: this.options.readConnectionString, max: 2, statement_timeout: statementTimeout, options: SESSION_OPTIONS });
-      this.readPool.on('error', (err) => this.logger.warn({ err: err.message }, 'idle read connection lost'));
+      this.readPool = createPool(
+        {
+          connectionString: this.options.readConnectionString,
+          max: 2,
+          statement_timeout: statementTimeout,
+          options: SESSION_OPTIONS,
+          application_name: sessionName('read', this.id),
+        },
+        this.logger,
+        'read',
+      );
     } else {
       this.readPool = this.writePool;
     }
@@ -256,6 +286,7 @@ export class Worker {
           schema: this.schema,
           registry: this.metrics.registry,
           logger: this.logger.child({ component: 'http' }),
+          applicationName: sessionName('dashboard', this.id),
         });
       } catch (err) {
         // Nothing else has started yet: close the pools so the caller can fix the address and retry.
@@ -277,7 +308,12 @@ export class Worker {
         if (payload !== '' && Number.isInteger(lane) && lane > 0 && this.notifiedLanes.size < 64) this.notifiedLanes.add(lane);
         this.wake('notify');
       },
-      onReconnect: () => this.metrics.listenReconnects.inc(),
+      onReconnect: () => {
+        this.metrics.listenReconnects.inc();
+        // The database is back: a fetch loop sleeping out its error backoff retries now.
+        this.retryNow.abort();
+      },
+      applicationName: sessionName('listen', this.id),
       reconnectBaseMs: this.options.listenReconnectBaseMs,
     });
     await this.listener.start();
@@ -363,6 +399,11 @@ export class Worker {
       this.metrics.wakeups.inc({ reason });
       try {
         const tasks = await this.fetch(want);
+        if (failures > 0) {
+          this.logger.info({ failures }, 'claims work again after database errors');
+          // The LISTEN session may still be waiting out its own reconnect backoff.
+          this.listener?.reconnectNow();
+        }
         failures = 0;
         const now = Date.now();
         for (const t of tasks) this.receivedAt.set(t, now);
@@ -370,12 +411,15 @@ export class Worker {
         this.dispatch();
       } catch (err) {
         failures++;
-        const delay = Math.min(100 * 2 ** failures, 10_000);
-        this.logger.warn({ err: (err as Error).message, retryInMs: delay }, 'fetch failed; backing off');
-        await new Promise<void>((r) => {
-          const t = setTimeout(r, delay);
-          this.stopSignal.signal.addEventListener('abort', () => (clearTimeout(t), r()), { once: true });
-        });
+        // Capped at a second (with jitter, so a fleet does not retry in step): after an outage
+        // the worker claims again within about a second of the database's return, and a LISTEN
+        // reconnect cuts the wait short. Each retry is one connection attempt per process.
+        const delay = Math.round(Math.min(100 * 2 ** failures, FETCH_RETRY_MAX_MS) * (0.5 + Math.random() / 2));
+        if (failures === 1 || failures % 10 === 0) {
+          this.logger.warn({ err: (err as Error).message, retryInMs: delay, failures }, 'fetch failed; backing off');
+        }
+        if (this.retryNow.signal.aborted && !this.stopping) this.retryNow = new AbortController();
+        await abortableSleep(delay, this.retryNow.signal);
         this.wake('retry');
       }
     }
@@ -492,13 +536,25 @@ export class Worker {
       this.metrics.outcomes.inc({ task_type: task.type, outcome });
       this.heartbeat?.tally.record(task.queue, task.type, outcome);
     };
+    /** Record a failure through the batcher; `outcome` is what a written failure counts as. */
+    const fail = async (error: string, delayMs: number, permanent: boolean, outcome: 'failure' | 'timeout'): Promise<FailResult> => {
+      const r = await this.batcher!.fail({ ref: task, error, delayMs, permanent });
+      if (r.kind === 'settled') record(outcome);
+      else if (r.kind === 'refused') {
+        log.warn({ err: error }, 'RecordFailure was refused: lease lost');
+        record('lost');
+      } else {
+        log.error({ err: error, settle_error: r.error }, 'the failure could not be recorded (database unreachable); the lease will lapse and the task run again');
+        record('unsettled');
+      }
+      return r;
+    };
 
     if (!def) {
       freeSlot();
       const error = `no handler registered for task type "${task.type}" on worker ${this.id}`;
       log.error({ max_attempts: task.maxAttempts }, error);
-      const r = await this.batcher!.fail({ ref: task, error, delayMs: backoffDelayMs(DEFAULT_BACKOFF, task.attempt), permanent: false });
-      record(r === null ? 'lost' : 'failure');
+      await fail(error, backoffDelayMs(DEFAULT_BACKOFF, task.attempt), false, 'failure');
       return;
     }
     const receivedAt = this.receivedAt.get(task) ?? Date.now();
@@ -515,8 +571,7 @@ export class Worker {
       // The claim outlasted the whole ceiling: running now would outlive the lease.
       const error = `claim returned after the handler deadline (${new Date(deadline).toISOString()}); not started`;
       log.warn(error);
-      const r = await this.batcher!.fail({ ref: task, error, delayMs: backoffDelayMs(def.backoff, task.attempt), permanent: false });
-      record(r === null ? 'lost' : 'timeout');
+      await fail(error, backoffDelayMs(def.backoff, task.attempt), false, 'timeout');
       return;
     }
     // A validator that throws (instead of returning issues) is a bad payload too.
@@ -527,8 +582,7 @@ export class Worker {
     if (!parsed.ok) {
       freeSlot();
       log.error(parsed.message);
-      const r = await this.batcher!.fail({ ref: task, error: parsed.message, delayMs: 0, permanent: true });
-      record(r === null ? 'lost' : 'failure');
+      await fail(parsed.message, 0, true, 'failure');
       return;
     }
 
@@ -553,10 +607,15 @@ export class Worker {
       },
     };
     const started = performance.now();
-    let result: HandlerResult = undefined;
+    let result: unknown = undefined;
     let error: unknown = null;
     try {
       result = await def.handler(parsed.value, ctx);
+      // Seed 000's contract has three answers; anything else (42, 'retry', false) is a bug in
+      // the handler, so it fails loudly instead of counting as a success.
+      if (!isContractResult(result)) {
+        error = new Error(`handler returned ${describeHandlerResult(result)}; a handler must return 'done', 'continue' or nothing`);
+      }
     } catch (err) {
       error = err ?? new Error('handler threw a nullish value');
     } finally {
@@ -569,50 +628,50 @@ export class Worker {
 
     if (shutdown && (error !== null || result === 'continue')) {
       // Interrupted by stop(): hand the lease back so another worker takes it within a poll.
-      const r = await this.release(task, 'interrupted by worker shutdown on its final attempt');
-      if (r.dead) log.warn('released on its final attempt by shutdown; dead-lettered');
-      const outcome: Outcome = advanced ? 'continued' : r.wrote ? 'cancelled' : 'lost';
-      if (outcome === 'lost') log.warn('shutdown release refused: lease no longer held');
-      record(outcome);
+      const r = await this.release(task, 'interrupted by worker shutdown on its final attempt', log);
+      if (r.kind === 'written' && r.dead) log.warn('released on its final attempt by shutdown; dead-lettered');
+      if (advanced) record('continued');
+      else if (r.kind === 'written') record('cancelled');
+      else if (r.kind === 'refused') {
+        log.warn('shutdown release refused: lease no longer held');
+        record('lost');
+      } else record('unsettled');
       return;
     }
     if (error !== null) {
       const message = error instanceof Error ? error.message || error.name : String(error);
-      const permanent = isPermanentError(error);
-      const r = await this.batcher!.fail({
-        ref: task,
-        error: message,
-        delayMs: backoffDelayMs(def.backoff, task.attempt),
-        permanent,
-      });
-      if (r === null) {
-        log.warn({ err: message }, 'handler failed and RecordFailure was refused: lease lost');
-        record('lost');
-        return;
+      const r = await fail(message, backoffDelayMs(def.backoff, task.attempt), isPermanentError(error), pastDeadline ? 'timeout' : 'failure');
+      if (r.kind === 'settled') {
+        (r.dead ? log.error : log.warn).call(log, { err: message, dead: r.dead, max_attempts: task.maxAttempts }, r.dead ? 'task failed; dead-lettered' : 'task failed; will retry');
       }
-      (r === 'dead' ? log.error : log.warn).call(log, { err: message, dead: r === 'dead', max_attempts: task.maxAttempts }, r === 'dead' ? 'task failed; dead-lettered' : 'task failed; will retry');
-      record(pastDeadline ? 'timeout' : 'failure');
       return;
     }
     if (result === 'continue') {
       // AdvanceCursor already cleared the lease; this release is the safety net. Matching a row
       // means the slice advanced nothing and its next attempt repeats this one.
-      const r = await this.release(task, 'continued without advancing on its final attempt');
-      if (r.wrote) {
+      const r = await this.release(task, 'continued without advancing on its final attempt', log);
+      if (r.kind === 'written') {
         log.warn({ dead: r.dead, max_attempts: task.maxAttempts }, 'slice returned continue without advancing its cursor');
       } else if (!advanced) {
-        log.warn('continue release refused: lease lost');
-        record('lost');
+        if (r.kind === 'refused') {
+          log.warn('continue release refused: lease lost');
+          record('lost');
+        } else record('unsettled');
         return;
       }
       if (pastDeadline) log.warn('slice continued at its deadline; recorded as timeout');
       record(pastDeadline ? 'timeout' : 'continued');
       return;
     }
-    const ok = await this.batcher!.complete(task);
-    if (!ok) {
+    const r = await this.batcher!.complete(task);
+    if (r.kind === 'refused') {
       log.warn('task finished but Dequeue was refused: lease lost (the task may run again)');
       record('lost');
+      return;
+    }
+    if (r.kind === 'unwritten') {
+      log.error({ settle_error: r.error }, 'task finished but its completion could not be written (database unreachable); it will run again after its lease lapses');
+      record('unsettled');
       return;
     }
     if (pastDeadline) log.warn('task reported done after its deadline');
@@ -620,13 +679,15 @@ export class Worker {
     record('success');
   }
 
-  private async release(task: ClaimedTask, finalError: string) {
+  /** Release a lease (shutdown, or the continue safety net); never throws. */
+  private async release(task: ClaimedTask, finalError: string, log: Logger): Promise<ReleaseResult> {
     try {
-      return await releaseLease(this.writePool!, this.schema, task, finalError);
+      const r = await releaseLease(this.writePool!, this.schema, task, finalError);
+      return r.wrote ? { kind: 'written', dead: r.dead } : { kind: 'refused' };
     } catch (err) {
       // Expiry still gets there: the lease lapses and rescue hands the task on.
-      this.logger.warn({ err: (err as Error).message, task_id: task.id }, 'release failed; lease will lapse');
-      return { wrote: false, dead: false };
+      log.warn({ err: (err as Error).message }, 'release could not be written; the lease will lapse');
+      return { kind: 'unwritten', error: (err as Error).message };
     }
   }
 
@@ -641,7 +702,7 @@ export class Worker {
       return;
     }
     this.stopping = true;
-    this.stopSignal.abort();
+    this.retryNow.abort();
     if (this.ticker) clearInterval(this.ticker);
     this.wake('stop');
     await this.fetchLoop;
@@ -672,7 +733,8 @@ export class Worker {
         'handlers ignored their AbortSignal past the stop timeout; their leases will lapse',
       );
     }
-    await this.batcher?.drain();
+    // Against an unreachable database a stop does not wait out whole leases: they lapse instead.
+    await this.batcher?.drain(this.stopTimeoutMs);
     await this.http?.close();
     await this.heartbeat?.stop();
     await this.maintenance?.stop();

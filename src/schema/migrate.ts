@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import pg from 'pg';
+import { openClient } from '../db/connections.js';
 import { BerthInputError } from '../errors.js';
 import { DEFAULT_SCHEMA, quoteIdent, schemaLockKey, type Queryable } from '../sql.js';
 import { repairLaneSequences, type LaneSequenceRepairReport } from '../storage/lane-sequences.js';
@@ -250,12 +251,13 @@ async function schemaVersion(client: pg.ClientBase, schema: string): Promise<num
 export async function withClient<T>(options: ConnectionOptions, what: string, fn: (client: pg.ClientBase) => Promise<T>): Promise<T> {
   if (options.client) return fn(options.client);
   if (!options.connectionString) throw new Error(`${what} needs a connectionString (or DATABASE_URL) or a client`);
-  const client = new pg.Client({ connectionString: options.connectionString });
-  await client.connect();
+  // A fault mid-migration surfaces as the failed statement's error (the transaction rolls
+  // back); the listener only keeps the 'error' event from crashing the process.
+  const client = await openClient({ connectionString: options.connectionString }, () => undefined);
   try {
     return await fn(client);
   } finally {
-    await client.end();
+    await client.end().catch(() => undefined);
   }
 }
 

@@ -1,0 +1,155 @@
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import pg from 'pg';
+import { defineTask, enqueue, Worker } from '../src/index.js';
+import { promoteDueLane } from '../src/maintenance/promote.js';
+import { pruneSlot } from '../src/maintenance/ring.js';
+import { DATABASE_URL, FAST_MAINTENANCE, freshSchema, holdLaneLock, outcomes, testLogger, waitFor } from './helpers.js';
+
+/**
+ * Issue 8, item 1: no database fault may crash a berth process. A backend is terminated while
+ * each kind of holder has a client: a promotion waiter, a prune, and a whole worker (claims,
+ * settlements, LISTEN, heartbeat, the leader's session, the dashboard). Only this file's own
+ * sessions are terminated (found by an application_name carrying this process's pid), never
+ * another test's. A server restart is exercised by test/chaos.test.ts on a cluster of its own.
+ */
+const { schema, pool } = await freshSchema('dbfaults');
+const tag = `dbfaults-${process.pid}`;
+
+// An 'error' event nobody listens to becomes an uncaught exception: record any, and fail on it.
+const uncaught: unknown[] = [];
+const onUncaught = (err: unknown) => uncaught.push(err);
+process.on('uncaughtException', onUncaught);
+after(() => {
+  process.off('uncaughtException', onUncaught);
+});
+
+/** A pool whose sessions this file may terminate. */
+function taggedPool(name: string): pg.Pool {
+  const p = new pg.Pool({ connectionString: DATABASE_URL, max: 4, application_name: `${tag} ${name}` });
+  p.on('error', () => undefined);
+  return p;
+}
+
+async function terminate(where: string, params: unknown[]): Promise<number> {
+  const r = await pool.query<{ n: string }>(
+    `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) AS n FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND ${where}`,
+    params,
+  );
+  return Number(r.rows[0]!.n);
+}
+
+test('a promotion waiter whose backend is terminated fails its call; the process does not crash', async () => {
+  const p = taggedPool('waiter');
+  try {
+    const lane = { queue: 'faults_waiter', priority: 0, shard: 3 };
+    await enqueue(pool, 't', {}, { schema, queue: lane.queue, shard: lane.shard });
+    const laneId = (await pool.query<{ lane_id: number }>(`SELECT lane_id FROM "${schema}".lanes WHERE queue = $1`, [lane.queue])).rows[0]!.lane_id;
+    await enqueue(pool, 't', {}, { schema, queue: lane.queue, shard: lane.shard, delay: 1 });
+    const release = await holdLaneLock(schema, laneId);
+    try {
+      const promotion = promoteDueLane(p, schema, lane, 10, 60_000);
+      promotion.catch(() => undefined);
+      // Wait until the waiter really sits on the lane lock, then cut its connection.
+      await waitFor(
+        async () => (await terminate(`application_name = $1 AND wait_event_type = 'Lock'`, [`${tag} waiter`])) > 0,
+        60_000,
+        'the waiter blocked on the lane lock',
+      );
+      await assert.rejects(promotion);
+    } finally {
+      await release();
+    }
+    // The pool replaced the broken client and still works.
+    assert.equal((await p.query<{ one: number }>('SELECT 1 AS one')).rows[0]!.one, 1);
+    assert.deepEqual(uncaught, []);
+  } finally {
+    await p.end();
+  }
+});
+
+test('a prune whose backend is terminated while it waits for the slot lock fails its call; the process does not crash', async () => {
+  const p = taggedPool('prune');
+  const holder = new pg.Client({ connectionString: DATABASE_URL });
+  await holder.connect();
+  try {
+    await holder.query('BEGIN');
+    await holder.query(`LOCK TABLE "${schema}".ready_5 IN ACCESS SHARE MODE`);
+    const prune = pruneSlot(p, schema, 5, 60_000);
+    prune.catch(() => undefined);
+    await waitFor(
+      async () => (await terminate(`application_name = $1 AND wait_event_type = 'Lock'`, [`${tag} prune`])) > 0,
+      60_000,
+      'the prune blocked on the slot lock',
+    );
+    await assert.rejects(prune);
+    await holder.query('ROLLBACK');
+    assert.equal((await pruneSlot(p, schema, 5, 5_000)).result, 'skipped');
+    assert.deepEqual(uncaught, []);
+  } finally {
+    await holder.end();
+    await p.end();
+  }
+});
+
+test('a worker whose every session is terminated twice, mid-stream, keeps running and completes every task; nothing counts as lost', async () => {
+  const done = new Set<string>();
+  const def = defineTask({
+    type: 'faults_work',
+    ceiling: 3000,
+    handler: async (_p, ctx) => {
+      await new Promise((r) => setTimeout(r, 5));
+      done.add(ctx.id);
+    },
+  });
+  const worker = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    slots: 4,
+    queues: ['default', 'faults_busy'],
+    workerId: tag,
+    leaseMarginMs: 1000,
+    pollIntervalMs: 200,
+    heartbeatIntervalMs: 200,
+    listenReconnectBaseMs: 50,
+    logger: testLogger,
+    maintenance: FAST_MAINTENANCE,
+    http: { port: 0, dashboard: true },
+  });
+  await worker.start();
+  const readers = new AbortController();
+  try {
+    await waitFor(() => worker.isLeader, 60_000, 'leadership');
+    // A busy lane keeps a promotion waiter holding a client through the faults.
+    await enqueue(pool, def, {}, { schema, queue: 'faults_busy', shard: 1 });
+    const busyLane = (await pool.query<{ lane_id: number }>(`SELECT lane_id FROM "${schema}".lanes WHERE queue = 'faults_busy'`)).rows[0]!.lane_id;
+    const releaseBusy = await holdLaneLock(schema, busyLane);
+    await enqueue(pool, def, {}, { schema, queue: 'faults_busy', shard: 1, delay: 1 });
+    // The dashboard keeps reading through the faults.
+    const dashboard = (async () => {
+      while (!readers.signal.aborted) {
+        await fetch(new URL('api/lanes', worker.httpUrl!), { signal: readers.signal }).then((r) => r.text()).catch(() => undefined);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    })();
+    let enqueued = 2;
+    for (let round = 0; round < 2; round++) {
+      for (let i = 0; i < 200; i++) await enqueue(pool, def, { i }, { schema });
+      enqueued += 200;
+      const before = done.size;
+      await waitFor(() => done.size > before + 20, 60_000, 'work in progress');
+      const n = await terminate(`application_name LIKE $1`, [`%${tag}%`]);
+      assert.ok(n >= 3, `terminated ${n} of the worker's sessions`);
+    }
+    await releaseBusy();
+    await waitFor(() => done.size >= enqueued, 120_000, `all ${enqueued} tasks done (got ${done.size})`);
+    readers.abort();
+    await dashboard;
+    assert.equal(await outcomes(worker.metrics, 'faults_work', 'lost'), 0, 'a connection fault is not a lost lease');
+    assert.deepEqual(uncaught, []);
+  } finally {
+    readers.abort();
+    await worker.stop();
+  }
+});

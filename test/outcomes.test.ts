@@ -1,0 +1,151 @@
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { defineTask, enqueue, getTask, Worker, type TaskDefinition } from '../src/index.js';
+import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, outcomes, waitFor } from './helpers.js';
+import { TcpProxy } from './support/tcp-proxy.js';
+
+/**
+ * Issue 8, items 3 and 4: outcomes tell the truth, and recovery is prompt. The database is made
+ * unreachable through a proxy of this file's own (the shared server is never touched): a
+ * settlement that cannot be written is retried until its lease expires and is then counted
+ * `unsettled`, never `lost`; a handler's answer outside the contract is a failure.
+ */
+const { schema, pool } = await freshSchema('outcomes');
+const target = new URL(DATABASE_URL);
+const proxy = new TcpProxy({ host: target.hostname, port: Number(target.port || 5432) });
+await proxy.start();
+after(() => proxy.close());
+
+function worker(def: TaskDefinition<unknown>, opts: Partial<ConstructorParameters<typeof Worker>[0]> = {}) {
+  const { logger, lines } = captureLogger();
+  const w = new Worker({
+    connectionString: proxy.url(DATABASE_URL),
+    schema,
+    tasks: [def],
+    queues: [def.type],
+    logger,
+    maintenance: false,
+    heartbeatIntervalMs: false,
+    listenReconnectBaseMs: 50,
+    ...opts,
+  });
+  return { w, lines };
+}
+
+const msgs = (lines: Record<string, unknown>[], msg: string) => lines.filter((l) => l.msg === msg);
+
+test('a completion the database could not take is written once it is back, within the lease: counted success, not lost', async () => {
+  let runs = 0;
+  const def = defineTask<unknown>({
+    type: 'oc_blip',
+    ceiling: 60_000,
+    handler: async () => {
+      runs++;
+      if (runs === 1) proxy.cut();
+    },
+  });
+  const { w, lines } = worker(def);
+  await w.start();
+  try {
+    const { id } = await enqueue(pool, def.type, {}, { schema, queue: def.type });
+    await waitFor(() => msgs(lines, 'settlement flush failed; retrying').length > 0, 60_000, 'a failed flush');
+    proxy.restore();
+    await waitFor(async () => (await outcomes(w.metrics, def.type, 'success')) === 1, 60_000, 'the completion written');
+    assert.equal(runs, 1, 'the task did not run again');
+    assert.equal(await outcomes(w.metrics, def.type, 'lost'), 0);
+    assert.equal(await outcomes(w.metrics, def.type, 'unsettled'), 0);
+    assert.equal((await getTask(pool, schema, id!))?.state, 'completed');
+  } finally {
+    proxy.restore();
+    await w.stop();
+  }
+});
+
+test('a settlement still unwritable when its lease expires is counted unsettled, never lost; rescue runs the task again', async () => {
+  let runs = 0;
+  const def = defineTask<unknown>({
+    type: 'oc_outage',
+    ceiling: 300,
+    maxAttempts: 5,
+    handler: async () => {
+      runs++;
+      if (runs === 1) proxy.cut();
+    },
+  });
+  const { w, lines } = worker(def, { leaseMarginMs: 300, maintenance: FAST_MAINTENANCE });
+  await w.start();
+  try {
+    await enqueue(pool, def.type, {}, { schema, queue: def.type });
+    await waitFor(async () => (await outcomes(w.metrics, def.type, 'unsettled')) === 1, 60_000, 'the run counted unsettled');
+    assert.ok(msgs(lines, 'task finished but its completion could not be written (database unreachable); it will run again after its lease lapses').length === 1);
+    proxy.restore();
+    await waitFor(async () => (await outcomes(w.metrics, def.type, 'success')) === 1, 60_000, 'the re-run after rescue');
+    assert.equal(runs, 2);
+    assert.equal(await outcomes(w.metrics, def.type, 'lost'), 0, 'an outage is not a lost lease');
+  } finally {
+    proxy.restore();
+    await w.stop();
+  }
+});
+
+test('after an outage the claim loop retries at most a second apart, and picks up work once the database is back', async () => {
+  let runs = 0;
+  const def = defineTask<unknown>({ type: 'oc_recover', ceiling: 5000, handler: async () => void runs++ });
+  const { w, lines } = worker(def, { pollIntervalMs: 200 });
+  // Each failed claim used to add an abort listener to the stop signal and never remove it:
+  // Node warns past 10 listeners on one target.
+  const warnings: Error[] = [];
+  const onWarning = (warning: Error) => {
+    if (warning.name === 'MaxListenersExceededWarning') warnings.push(warning);
+  };
+  process.on('warning', onWarning);
+  await w.start();
+  try {
+    proxy.cut();
+    await waitFor(() => msgs(lines, 'fetch failed; backing off').length >= 1, 60_000, 'claims failing');
+    // Long enough for an uncapped doubling backoff to have grown past many seconds.
+    await waitFor(() => lines.filter((l) => typeof l.failures === 'number' && (l.failures as number) >= 20).length > 0, 60_000, '20 failed claims');
+    proxy.restore();
+    const back = Date.now();
+    await enqueue(pool, def.type, {}, { schema, queue: def.type });
+    await waitFor(() => runs === 1, 60_000, 'the task picked up after the outage');
+    console.log(`# picked up ${Date.now() - back} ms after the database came back`);
+    for (const l of msgs(lines, 'fetch failed; backing off')) assert.ok((l.retryInMs as number) <= 1000, `backoff ${String(l.retryInMs)} ms`);
+    assert.ok(msgs(lines, 'claims work again after database errors').length >= 1);
+    assert.deepEqual(warnings, [], 'no listener piles up across failed claims');
+    // The wake listener reconnects too (it is told to, rather than waiting out its backoff).
+    await waitFor(async () => {
+      const m = (await w.metrics.registry.getSingleMetricAsString('berth_listen_reconnects_total')).match(/ (\d+)$/m);
+      return m !== null && Number(m[1]) >= 1;
+    }, 60_000, 'LISTEN reconnected');
+  } finally {
+    process.off('warning', onWarning);
+    proxy.restore();
+    await w.stop();
+  }
+});
+
+test('a handler answer outside the contract (42, "retry", false) is a failure that names it, not a success', async () => {
+  const answers: unknown[] = [42, 'retry', false];
+  const def = defineTask<unknown>({
+    type: 'oc_contract',
+    ceiling: 5000,
+    maxAttempts: 1,
+    // @ts-expect-error -- deliberately outside HandlerResult, as plain JavaScript could return
+    handler: async (_p, ctx) => answers[ids.indexOf(ctx.id)],
+  });
+  const ids: string[] = [];
+  for (let i = 0; i < answers.length; i++) ids.push((await enqueue(pool, def.type, {}, { schema, queue: def.type })).id!);
+  const { w } = worker(def, { connectionString: DATABASE_URL });
+  await w.start();
+  try {
+    await waitFor(async () => (await outcomes(w.metrics, def.type, 'failure')) === 3, 60_000, 'three failures');
+    assert.equal(await outcomes(w.metrics, def.type, 'success'), 0);
+    const errors = await Promise.all(ids.map(async (id) => (await getTask(pool, schema, id))?.lastError));
+    assert.match(errors[0] ?? '', /handler returned number 42/);
+    assert.match(errors[1] ?? '', /handler returned "retry"/);
+    assert.match(errors[2] ?? '', /handler returned boolean false/);
+  } finally {
+    await w.stop();
+  }
+});
