@@ -88,12 +88,16 @@ export interface FaultWindow {
   end: number;
 }
 
+/** The chaos task's ceiling and the workers' lease margin: a lease lasts their sum (4 s). */
+export const CHAOS_CEILING_MS = 3000;
+export const CHAOS_MARGIN_MS = 1000;
+
 /**
- * How long after a handler returned its completion may still be unwritten: settlements are
- * batched, and a flush that fails is retried 3 times with 200/400/800 ms backoff before the
- * lease is left to lapse (settlement-batcher.ts), plus a flush's own time on a loaded machine.
+ * How long after a handler returned its completion may still be unwritten: a flush that fails
+ * because the server is unreachable is retried until the lease expires (settlement-batcher.ts),
+ * at most a lease after the run started; plus a second for a flush that began just before.
  */
-export const SETTLE_GRACE_MS = 5000;
+export const SETTLE_GRACE_MS = CHAOS_CEILING_MS + CHAOS_MARGIN_MS + 1000;
 
 export interface DuplicateReport {
   /** Tasks that ran more than once. */
