@@ -17,6 +17,8 @@ export interface FleetProcess {
   child: ChildProcess;
   runLog: string;
   outFile: string;
+  /** Its Worker has started (it said so over IPC). */
+  ready: boolean;
   /** Last leadership report over IPC. */
   leader: boolean;
   /** When the test sent it SIGKILL (Date.now()), if it did. */
@@ -69,7 +71,7 @@ export class Fleet {
     delete env.NODE_TEST_CONTEXT;
     const child = fork(FIXTURE, [], { execArgv: ['--import', 'tsx'], env, stdio: ['ignore', out, out, 'ipc'] });
     closeSync(out);
-    const p: FleetProcess = { id, pid: child.pid!, child, runLog, outFile, leader: false, killedAt: null, stopping: false, exit: null };
+    const p: FleetProcess = { id, pid: child.pid!, child, runLog, outFile, ready: false, leader: false, killedAt: null, stopping: false, exit: null };
     this.all.push(p);
     child.on('message', (m: { kind: string; leader?: boolean }) => {
       if (m.kind === 'leader') p.leader = m.leader === true;
@@ -82,7 +84,9 @@ export class Fleet {
     });
     return new Promise((resolve, reject) => {
       child.on('message', (m: { kind: string }) => {
-        if (m.kind === 'ready') resolve(p);
+        if (m.kind !== 'ready') return;
+        p.ready = true;
+        resolve(p);
       });
       child.once('exit', (code) => reject(new Error(`worker ${id} exited before it was ready (${code}):\n${this.outputTail(p)}`)));
     });
