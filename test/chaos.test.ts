@@ -11,7 +11,8 @@
  * - every process the test started is alive unless the test killed it (a berth process that
  *   crashes on a database fault fails the scenario, with its output);
  * - every repeated run is explained: the earlier run's process was killed while it was in flight,
- *   or (database faults) it straddled the fault window;
+ *   or (database faults) it straddled the fault window; a repeat whose earlier run overran its
+ *   deadline (a starved process on a loaded machine) is explained too, but counted apart (`late`);
  * - throughput recovers: runs that started after the fault complete (the seconds until the first
  *   RECOVERY_RUNS of them are reported, never asserted).
  * It prints one row per scenario (docs/operations.md, "Chaos suite", keeps a copy).
@@ -47,11 +48,16 @@ const WARMUP_TIMEOUT_MS = 60_000;
 const RECOVERY_TIMEOUT_MS = 60_000;
 const DRAIN_TIMEOUT_MS = 90_000;
 
-/** One cluster, one schema and one fleet for every scenario: starting processes is the slow part on a busy machine. */
-const cluster = await TestCluster.create();
+/**
+ * One cluster, one schema and one fleet for every scenario: starting processes is the slow part
+ * on a busy machine. The first workers load while initdb runs, and a spare stays loaded.
+ */
 const schema = 'chaos';
 const dir = mkdtempSync(join(tmpdir(), 'berth-chaos-'));
-const fleet = new Fleet({ DATABASE_URL: cluster.url(), SCHEMA: schema }, dir);
+const fleet = new Fleet(dir);
+fleet.warm(WORKERS + 1);
+const cluster = await TestCluster.create();
+fleet.target = { databaseUrl: cluster.url(), schema };
 const runLog = new RunLog();
 const rows: Row[] = [];
 const pool = new pg.Pool({ connectionString: cluster.url(), max: 4, application_name: TEST_APP });
@@ -72,6 +78,7 @@ interface Row {
   lost: number;
   left: number;
   duplicates: number;
+  late: number;
   unexplained: number;
   recovery: number | null;
   survivors: string;
@@ -80,9 +87,9 @@ interface Row {
 }
 
 function formatTable(list: readonly Row[]): string {
-  const head = ['scenario', 'tasks', 'lost', 'left', 'dup runs', 'unexplained', 'recovery s', 'survivors', 'killed', 'took s'];
+  const head = ['scenario', 'tasks', 'lost', 'left', 'dup runs', 'late', 'unexplained', 'recovery s', 'survivors', 'killed', 'took s'];
   const body = list.map((r) => [
-    r.scenario, String(r.tasks), String(r.lost), String(r.left), String(r.duplicates), String(r.unexplained),
+    r.scenario, String(r.tasks), String(r.lost), String(r.left), String(r.duplicates), String(r.late), String(r.unexplained),
     r.recovery === null ? 'none' : r.recovery.toFixed(1), r.survivors, String(r.killed), r.seconds.toFixed(0),
   ]);
   const widths = head.map((h, i) => Math.max(h.length, ...body.map((b) => b[i]!.length)));
@@ -221,12 +228,13 @@ async function terminateBerthSessions(pool: pg.Pool): Promise<number> {
 
 async function runScenario(s: Scenario): Promise<void> {
   const began = Date.now();
+  const phase = (what: string) => process.env.CHAOS_DEBUG && console.error(`[chaos] ${s.name}: ${what} at ${((Date.now() - began) / 1000).toFixed(1)} s`);
   const ctx: Ctx = { fleet, pool, schema };
+  const crashesBefore = fleet.crashes.length;
   // Every process that takes part: those running now (topped up to WORKERS) and any started during.
   await Promise.all(Array.from({ length: Math.max(0, WORKERS - fleet.alive.length) }, () => fleet.spawn()));
-  const firstNew = fleet.all.length;
+  const firstNew = fleet.workers.length;
   const present = fleet.alive;
-  const crashesBefore = fleet.crashes.length;
   // This scenario's runs: of the tasks it enqueued.
   const runs = () => runLog.read(fleet.runLogs).filter((r) => producer.ids.has(r.id));
   const producer = new Producer(pool, schema, s.delayed ?? false, () => uncompleted(runs(), producer.ids).length);
@@ -239,16 +247,20 @@ async function runScenario(s: Scenario): Promise<void> {
   let failure: unknown = null;
   try {
     const warm = completedRuns() + WARMUP_RUNS;
+    phase('workers running');
     await waitFor(() => completedRuns() >= warm, WARMUP_TIMEOUT_MS, `${WARMUP_RUNS} runs before the fault`);
+    phase('warm');
     await s.prepare?.(ctx);
     if (s.serverDown) await producer.pause();
     const start = Date.now();
     await s.inject(ctx);
     window = { start, end: Date.now() };
+    phase('fault over');
     producer.resume();
     const faultEnd = window.end;
     recovery = await waitFor(() => recoverySeconds(runs(), faultEnd, RECOVERY_RUNS), RECOVERY_TIMEOUT_MS, 'completions after the fault').catch(() => null);
     await producer.stop();
+    phase('recovered');
     // Done means: every task has a run that returned, and berth holds nothing unfinished.
     await waitFor(
       async () => {
@@ -266,9 +278,11 @@ async function runScenario(s: Scenario): Promise<void> {
   } catch (err) {
     failure = err;
   }
+  phase('drained');
   await producer.stop();
   await fleet.ready();
-  const members = [...present, ...fleet.all.slice(firstNew)];
+  phase('replacements running');
+  const members = [...present, ...fleet.workers.slice(firstNew)];
   const expected = members.filter((p) => p.killedAt === null);
   const survivors = expected.filter((p) => p.exit === null);
   const finalRuns = runs();
@@ -280,6 +294,7 @@ async function runScenario(s: Scenario): Promise<void> {
     lost: lost.length + Math.max(dead, 0),
     left,
     duplicates: dups.repeated,
+    late: dups.late,
     unexplained: dups.unexplained.length,
     recovery,
     survivors: `${survivors.length}/${expected.length}`,

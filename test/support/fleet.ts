@@ -3,6 +3,10 @@
  * stopped by the test, each with its own run log and output file. The fleet remembers which
  * processes the test killed and when, and every exit it did not cause (a berth process that
  * crashed), with the tail of that process's output (its stack).
+ *
+ * Loading the modules is most of a process start (about 1.5 s of CPU under tsx, and 20-45 s of
+ * wall time measured at load averages of 45-80 on 2 cores), so the fleet keeps spares: processes
+ * that have loaded and wait, with no database session, until a start makes them workers.
  */
 import { fork, type ChildProcess } from 'node:child_process';
 import { closeSync, existsSync, openSync, readFileSync } from 'node:fs';
@@ -12,11 +16,14 @@ import { fileURLToPath } from 'node:url';
 const FIXTURE = fileURLToPath(new URL('../fixtures/chaos-worker.ts', import.meta.url));
 
 export interface FleetProcess {
+  /** Also its berth worker id. */
   id: string;
   pid: number;
   child: ChildProcess;
   runLog: string;
   outFile: string;
+  /** It was told to start a Worker (a spare until then). */
+  activated: boolean;
   /** Its Worker has started (it said so over IPC). */
   ready: boolean;
   /** Last leadership report over IPC. */
@@ -26,6 +33,8 @@ export interface FleetProcess {
   /** Set once the test asked it to stop (SIGTERM). */
   stopping: boolean;
   exit: { code: number | null; signal: NodeJS.Signals | null } | null;
+  /** Resolves once it has loaded its modules (rejects if it exits first). */
+  loaded: Promise<void>;
 }
 
 export interface Crash {
@@ -36,20 +45,30 @@ export interface Crash {
   output: string;
 }
 
+type Message = { kind: string; leader?: boolean };
+
 export class Fleet {
+  /** Every process forked, spares included. */
   readonly all: FleetProcess[] = [];
+  /** Processes made workers, in the order they were. */
+  readonly workers: FleetProcess[] = [];
   /** Exits the test did not cause. */
   readonly crashes: Crash[] = [];
   private next = 1;
-  private readonly starting: Promise<FleetProcess>[] = [];
+  private readonly starting: Promise<unknown>[] = [];
+
+  /** Where workers connect, sent with each start (spares load before the cluster exists). */
+  target: { databaseUrl: string; schema: string } | null = null;
 
   constructor(
-    private readonly env: { DATABASE_URL: string; SCHEMA: string },
     private readonly dir: string,
+    /** Spares kept loaded. */
+    private readonly spareCount = 1,
   ) {}
 
+  /** Workers running or starting, not killed. */
   get alive(): FleetProcess[] {
-    return this.all.filter((p) => p.exit === null && p.killedAt === null);
+    return this.workers.filter((p) => p.exit === null && p.killedAt === null);
   }
 
   get killedAt(): Map<number, number> {
@@ -57,39 +76,31 @@ export class Fleet {
   }
 
   get runLogs(): string[] {
-    return this.all.map((p) => p.runLog);
+    return this.workers.map((p) => p.runLog);
   }
 
-  /** Start one worker process; resolves once its Worker has started. */
-  spawn(): Promise<FleetProcess> {
-    const id = `w${this.next++}`;
-    const runLog = join(this.dir, `${id}.runs.jsonl`);
-    const outFile = join(this.dir, `${id}.out`);
-    const out = openSync(outFile, 'a');
-    const env: NodeJS.ProcessEnv = { ...process.env, ...this.env, WORKER_ID: id, RUN_LOG: runLog };
-    // The child is not a test file: it must not report to the test runner.
-    delete env.NODE_TEST_CONTEXT;
-    const child = fork(FIXTURE, [], { execArgv: ['--import', 'tsx'], env, stdio: ['ignore', out, out, 'ipc'] });
-    closeSync(out);
-    const p: FleetProcess = { id, pid: child.pid!, child, runLog, outFile, ready: false, leader: false, killedAt: null, stopping: false, exit: null };
-    this.all.push(p);
-    child.on('message', (m: { kind: string; leader?: boolean }) => {
-      if (m.kind === 'leader') p.leader = m.leader === true;
+  /** Fork spares up to `n` (they load in the background). */
+  warm(n = this.spareCount): void {
+    const spares = this.all.filter((p) => !p.activated && p.exit === null).length;
+    for (let i = spares; i < n; i++) this.fork();
+  }
+
+  /** Make a spare (or a new process) a worker; resolves once its Worker has started. */
+  async spawn(): Promise<FleetProcess> {
+    const p = this.all.find((x) => !x.activated && x.exit === null) ?? this.fork();
+    p.activated = true;
+    this.workers.push(p);
+    this.warm();
+    await p.loaded;
+    const ready = new Promise<FleetProcess>((resolve, reject) => {
+      p.child.on('message', (m: Message) => m.kind === 'ready' && resolve(p));
+      p.child.once('exit', (code) => reject(new Error(`worker ${p.id} exited before it was ready (${code}):\n${this.outputTail(p)}`)));
     });
-    child.once('exit', (code, signal) => {
-      p.exit = { code, signal };
-      p.leader = false;
-      const expected = p.killedAt !== null || (p.stopping && code === 0);
-      if (!expected) this.crashes.push({ id, pid: p.pid, code, signal, output: this.outputTail(p) });
-    });
-    return new Promise((resolve, reject) => {
-      child.on('message', (m: { kind: string }) => {
-        if (m.kind !== 'ready') return;
-        p.ready = true;
-        resolve(p);
-      });
-      child.once('exit', (code) => reject(new Error(`worker ${id} exited before it was ready (${code}):\n${this.outputTail(p)}`)));
-    });
+    if (!this.target) throw new Error('fleet.target is not set');
+    p.child.send({ kind: 'start', ...this.target });
+    await ready;
+    p.ready = true;
+    return p;
   }
 
   /** Start a replacement without waiting for it; ready() waits for every such start. */
@@ -109,12 +120,12 @@ export class Fleet {
     await this.exited(p);
   }
 
-  /** The process that reports being the maintenance leader, if one does. */
+  /** The worker that reports being the maintenance leader, if one does. */
   leader(): FleetProcess | undefined {
     return this.alive.find((p) => p.leader);
   }
 
-  /** SIGTERM every process still running (graceful stop), SIGKILL after `timeoutMs`. */
+  /** SIGTERM every process still running, spares too (graceful stop), SIGKILL after `timeoutMs`. */
   async stopAll(timeoutMs = 30_000): Promise<void> {
     const running = this.all.filter((p) => p.exit === null);
     for (const p of running) {
@@ -131,6 +142,40 @@ export class Fleet {
   outputTail(p: FleetProcess, lines = 40): string {
     if (!existsSync(p.outFile)) return '';
     return readFileSync(p.outFile, 'utf8').split('\n').slice(-lines).join('\n');
+  }
+
+  private fork(): FleetProcess {
+    const id = `w${this.next++}`;
+    const runLog = join(this.dir, `${id}.runs.jsonl`);
+    const outFile = join(this.dir, `${id}.out`);
+    const out = openSync(outFile, 'a');
+    const env: NodeJS.ProcessEnv = { ...process.env, WORKER_ID: id, RUN_LOG: runLog };
+    // The child is not a test file: it must not report to the test runner.
+    delete env.NODE_TEST_CONTEXT;
+    const child = fork(FIXTURE, [], { execArgv: ['--import', 'tsx'], env, stdio: ['ignore', out, out, 'ipc'] });
+    closeSync(out);
+    const p: FleetProcess = {
+      id, pid: child.pid!, child, runLog, outFile,
+      activated: false, ready: false, leader: false, killedAt: null, stopping: false, exit: null,
+      loaded: new Promise((resolve, reject) => {
+        child.on('message', (m: Message) => m.kind === 'loaded' && resolve());
+        child.once('exit', (code) => reject(new Error(`process ${id} exited while loading (${code}):\n${this.outputTail(p)}`)));
+      }),
+    };
+    // Awaited by spawn(); a spare that dies unused is reported among the crashes instead.
+    p.loaded.catch(() => undefined);
+    this.all.push(p);
+    child.on('message', (m: Message) => {
+      if (m.kind === 'leader') p.leader = m.leader === true;
+    });
+    child.once('exit', (code, signal) => {
+      p.exit = { code, signal };
+      p.leader = false;
+      // A spare still loading has no SIGTERM handler yet, and never ran berth.
+      const expected = p.killedAt !== null || (p.stopping && (code === 0 || (!p.activated && signal === 'SIGTERM')));
+      if (!expected) this.crashes.push({ id, pid: p.pid, code, signal, output: this.outputTail(p) });
+    });
+    return p;
   }
 
   private exited(p: FleetProcess): Promise<void> {

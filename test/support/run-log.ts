@@ -10,12 +10,15 @@ import { appendFileSync, closeSync, existsSync, openSync, readSync, statSync } f
 export const CHAOS_TASK = 'chaos_step';
 
 export interface RunRecord {
-  ev: 'start' | 'end';
+  /** `abort`: the handler's signal fired (its deadline passed, or the worker stopped). */
+  ev: 'start' | 'end' | 'abort';
   id: string;
   attempt: number;
   pid: number;
   worker: string;
   t: number;
+  /** On `start`: the handler's deadline (epoch ms), lease expiry minus the margin. */
+  deadline?: number;
 }
 
 /** Append one record (synchronously: a SIGKILL right after loses nothing written). */
@@ -30,6 +33,9 @@ export interface Run {
   pid: number;
   start: number;
   end: number | null;
+  deadline: number;
+  /** When its signal aborted it, if it did. */
+  aborted: number | null;
 }
 
 /**
@@ -71,13 +77,18 @@ export class RunLog {
   private add(rec: RunRecord): void {
     const key = `${rec.pid}:${rec.id}:${rec.attempt}`;
     if (rec.ev === 'start') {
-      const run: Run = { id: rec.id, attempt: rec.attempt, pid: rec.pid, start: rec.t, end: null };
+      const run: Run = { id: rec.id, attempt: rec.attempt, pid: rec.pid, start: rec.t, end: null, deadline: rec.deadline ?? Infinity, aborted: null };
       this.open.set(key, run);
       this.all.push(run);
       return;
     }
     const run = this.open.get(key);
-    if (run) run.end = rec.t;
+    if (!run) return;
+    if (rec.ev === 'abort') {
+      run.aborted = rec.t;
+      return;
+    }
+    run.end = rec.t;
     this.open.delete(key);
   }
 }
@@ -104,14 +115,21 @@ export interface DuplicateReport {
   tasks: number;
   /** Earlier runs that were repeated, explained or not. */
   repeated: number;
+  /**
+   * Repeats explained only because the earlier run overran its deadline (returned after it, or
+   * was aborted at it): its lease may have lapsed before the completion was written, and seed 000
+   * has the task run again. The machine, not the fault, made it late; counted apart.
+   */
+  late: number;
   unexplained: { id: string; run: Run; next: Run }[];
 }
 
 /**
  * A repeated run is explained when the earlier run's process was killed by the test while that
  * run (or its settlement) was in flight, or the earlier run straddled the fault window (started
- * before the fault ended, and had not finished settling before it began). Pass a null window
- * when the fault was only the kills: then only a kill explains a repeat.
+ * before the fault ended, and had not finished settling before it began), or it overran its
+ * deadline (`late`). Pass a null window when the fault was only the kills: then the window
+ * explains nothing.
  */
 export function explainDuplicates(runs: readonly Run[], window: FaultWindow | null, killedAt: ReadonlyMap<number, number>): DuplicateReport {
   const byTask = new Map<string, Run[]>();
@@ -120,7 +138,7 @@ export function explainDuplicates(runs: readonly Run[], window: FaultWindow | nu
     if (list) list.push(r);
     else byTask.set(r.id, [r]);
   }
-  const report: DuplicateReport = { tasks: 0, repeated: 0, unexplained: [] };
+  const report: DuplicateReport = { tasks: 0, repeated: 0, late: 0, unexplained: [] };
   const inFlightAt = (r: Run, t: number) => r.start <= t && (r.end === null || r.end + SETTLE_GRACE_MS >= t);
   for (const [id, list] of byTask) {
     if (list.length < 2) continue;
@@ -132,7 +150,9 @@ export function explainDuplicates(runs: readonly Run[], window: FaultWindow | nu
       const killed = killedAt.get(run.pid);
       const byKill = killed !== undefined && inFlightAt(run, killed);
       const byFault = window !== null && run.start <= window.end && (run.end === null || run.end + SETTLE_GRACE_MS >= window.start);
-      if (!byKill && !byFault) report.unexplained.push({ id, run, next: list[i + 1]! });
+      if (byKill || byFault) continue;
+      if (run.aborted !== null || (run.end !== null && run.end > run.deadline)) report.late++;
+      else report.unexplained.push({ id, run, next: list[i + 1]! });
     }
   }
   return report;
