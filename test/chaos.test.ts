@@ -55,9 +55,11 @@ const DRAIN_TIMEOUT_MS = 90_000;
 const schema = 'chaos';
 const dir = mkdtempSync(join(tmpdir(), 'berth-chaos-'));
 const fleet = new Fleet(dir);
+const setupBegan = Date.now();
 fleet.warm(WORKERS + 1);
 const cluster = await TestCluster.create();
 fleet.target = { databaseUrl: cluster.url(), schema };
+debug(`cluster running after ${((Date.now() - setupBegan) / 1000).toFixed(1)} s`);
 const runLog = new RunLog();
 const rows: Row[] = [];
 const pool = new pg.Pool({ connectionString: cluster.url(), max: 4, application_name: TEST_APP });
@@ -95,6 +97,11 @@ function formatTable(list: readonly Row[]): string {
   const widths = head.map((h, i) => Math.max(h.length, ...body.map((b) => b[i]!.length)));
   const line = (cells: string[]) => `| ${cells.map((c, i) => (i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join(' | ')} |`;
   return [line(head), `|${widths.map((w, i) => (i === 0 ? ':' : '') + '-'.repeat(w + 1) + (i === 0 ? '' : ':')).join('|')}|`, ...body.map(line)].join('\n');
+}
+
+/** Progress on stderr with CHAOS_DEBUG=1 (where the time goes on a busy machine). */
+function debug(line: string): void {
+  if (process.env.CHAOS_DEBUG) console.error(`[chaos] ${line}`);
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -228,7 +235,7 @@ async function terminateBerthSessions(pool: pg.Pool): Promise<number> {
 
 async function runScenario(s: Scenario): Promise<void> {
   const began = Date.now();
-  const phase = (what: string) => process.env.CHAOS_DEBUG && console.error(`[chaos] ${s.name}: ${what} at ${((Date.now() - began) / 1000).toFixed(1)} s`);
+  const phase = (what: string) => debug(`${s.name}: ${what} at ${((Date.now() - began) / 1000).toFixed(1)} s`);
   const ctx: Ctx = { fleet, pool, schema };
   const crashesBefore = fleet.crashes.length;
   // Every process that takes part: those running now (topped up to WORKERS) and any started during.
