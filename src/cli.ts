@@ -24,37 +24,38 @@ import {
   type LaneSequenceProblem,
   type LaneSequenceRepairReport,
 } from './storage/lane-sequences.js';
+import { escapeControl, jsonSafe, say, warn } from './cli/terminal.js';
 
 function describe(p: LaneSequenceProblem): string {
-  return `${p.sequence} (lane ${p.laneId})`;
+  return `${escapeControl(p.sequence)} (lane ${p.laneId})`;
 }
 
 function printRepairs(r: LaneSequenceRepairReport): void {
   for (const p of r.repaired) {
-    if (p.result === 'reassigned') console.log(`repaired ${describe(p)}: owner ${p.currentOwner} -> ${p.expectedOwner}`);
-    else if (p.result === 'created') console.log(`recreated ${describe(p)}`);
-    else console.log(`${describe(p)} was already repaired`);
+    if (p.result === 'reassigned') say(`repaired ${describe(p)}: owner ${escapeControl(String(p.currentOwner))} -> ${escapeControl(p.expectedOwner)}`);
+    else if (p.result === 'created') say(`recreated ${describe(p)}`);
+    else say(`${describe(p)} was already repaired`);
   }
-  for (const p of r.busy) console.log(`busy: ${describe(p)} is locked by an open transaction; run the repair again later`);
-  for (const p of r.notPermitted) console.log(`not permitted: ${describe(p)} needs one of: ${p.repairRoles.join(', ') || 'no login role'}`);
-  for (const p of r.failed) console.log(`failed: ${describe(p)}: ${p.error}`);
+  for (const p of r.busy) say(`busy: ${describe(p)} is locked by an open transaction; run the repair again later`);
+  for (const p of r.notPermitted) say(`not permitted: ${describe(p)} needs one of: ${p.repairRoles.map(escapeControl).join(', ') || 'no login role'}`);
+  for (const p of r.failed) say(`failed: ${describe(p)}: ${p.error}`);
 }
 
 function printProblems(schema: string, problems: readonly LaneSequenceProblem[]): void {
   if (problems.length === 0) {
-    console.log(`no lane sequence problems in schema "${schema}"`);
+    say(`no lane sequence problems in schema "${schema}"`);
     return;
   }
-  console.log(`${problems.length} lane sequence problem(s) in schema "${schema}":`);
+  say(`${problems.length} lane sequence problem(s) in schema "${schema}":`);
   for (const p of problems) {
-    const what = p.problem === 'missing' ? 'missing' : `owned by ${p.currentOwner}, should be ${p.expectedOwner}`;
-    console.log(`  ${describe(p)}: ${what}`);
-    console.log(
+    const what = p.problem === 'missing' ? 'missing' : `owned by ${escapeControl(String(p.currentOwner))}, should be ${escapeControl(p.expectedOwner)}`;
+    say(`  ${describe(p)}: ${what}`);
+    say(
       p.repairRoles.length > 0
-        ? `    run as one of: ${p.repairRoles.join(', ')}`
+        ? `    run as one of: ${p.repairRoles.map(escapeControl).join(', ')}`
         : '    no login role qualifies: a superuser must run it',
     );
-    console.log(`    ${p.statement};`);
+    say(`    ${escapeControl(p.statement)};`);
   }
 }
 
@@ -79,20 +80,27 @@ export function buildProgram(): Command {
     .exitOverride();
   common(program.command('migrate'))
     .description('apply pending schema migrations (one transaction, under an advisory lock), then repair lane sequences')
-    .option('--runtime-role <role>', 'grant this role what producers and workers need, in the migration transaction (repeatable)', collect, [])
+    .option('--runtime-role <role>', 'make this role a worker role (what workers and the maintenance leader need), in the migration transaction (repeatable)', collect, [])
+    .option('--producer-role <role>', 'make this role a producer role (enqueue and read task state only), in the migration transaction (repeatable)', collect, [])
     .addHelpText('after', '\nLane sequences that could not be repaired are listed on stderr; `berth storage lane-sequences` shows what to run.')
-    .action(async (opts: Common & { runtimeRole: string[] }) => {
-      const report = await migrate({ connectionString: connection(opts), schema: opts.schema, runtimeRoles: opts.runtimeRole });
-      if (opts.json) console.log(JSON.stringify(report));
+    .action(async (opts: Common & { runtimeRole: string[]; producerRole: string[] }) => {
+      const report = await migrate({
+        connectionString: connection(opts),
+        schema: opts.schema,
+        runtimeRoles: opts.runtimeRole,
+        producerRoles: opts.producerRole,
+      });
+      if (opts.json) console.log(jsonSafe(JSON.stringify(report)));
       else {
-        if (report.applied.length === 0) console.log(`schema "${report.schema}" is up to date at version ${report.to}`);
-        for (const m of report.applied) console.log(`applied ${m.version}: ${m.name}`);
-        if (report.applied.length > 0) console.log(`schema "${report.schema}" migrated from ${report.from} to ${report.to}`);
-        for (const r of report.grantedRoles) console.log(`granted runtime privileges to "${r}"`);
+        if (report.applied.length === 0) say(`schema "${report.schema}" is up to date at version ${report.to}`);
+        for (const m of report.applied) say(`applied ${m.version}: ${m.name}`);
+        if (report.applied.length > 0) say(`schema "${report.schema}" migrated from ${report.from} to ${report.to}`);
+        for (const r of report.grantedRoles) say(`granted runtime privileges to "${r}" (worker role)`);
+        for (const r of report.grantedProducerRoles) say(`granted producer privileges to "${r}"`);
         printRepairs(report.laneSequences);
       }
       const left = report.laneSequences.busy.length + report.laneSequences.notPermitted.length + report.laneSequences.failed.length;
-      if (left > 0) console.error(`berth: ${left} lane sequence problem(s) remain; see: berth storage lane-sequences --schema ${report.schema}`);
+      if (left > 0) warn(`berth: ${left} lane sequence problem(s) remain; see: berth storage lane-sequences --schema ${report.schema}`);
     });
 
   const storage = program.command('storage').description('inspect and repair queue storage');
@@ -104,7 +112,7 @@ export function buildProgram(): Command {
       await withClient({ connectionString: connection(opts) }, 'berth storage lane-sequences', async (client) => {
         const repair = opts.repair ? await repairLaneSequences(client, opts.schema) : null;
         const remaining = await listLaneSequenceProblems(client, opts.schema);
-        if (opts.json) console.log(JSON.stringify({ schema: opts.schema, repair, remaining }));
+        if (opts.json) console.log(jsonSafe(JSON.stringify({ schema: opts.schema, repair, remaining })));
         else {
           if (repair) printRepairs(repair);
           printProblems(opts.schema, remaining);
@@ -132,14 +140,14 @@ export async function main(argv: string[]): Promise<number> {
       return e.code === 'commander.helpDisplayed' || e.code === 'commander.version' ? EXIT.ok : EXIT.usage;
     }
     if (err instanceof BerthInputError) {
-      console.error(`berth: ${err.message}`);
+      warn(`berth: ${err.message}`);
       return EXIT.usage;
     }
     if (err instanceof SchemaTooNewError || err instanceof CliFailure) {
-      console.error(`berth: ${err.message}`);
+      warn(`berth: ${err.message}`);
       return EXIT.failed;
     }
-    console.error(`berth: ${e.message ?? String(err)}`);
+    warn(`berth: ${e.message ?? String(err)}`);
     return EXIT.failed;
   }
 }

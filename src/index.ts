@@ -30,7 +30,7 @@ export { BerthInputError, LeaseLostError, PermanentError, isPermanentError } fro
 export { DEFAULT_SCHEMA, type Queryable } from './sql.js';
 export { createLogger, type Logger } from './logger.js';
 export { grantRuntimeRole, type GrantRuntimeRoleOptions, type ConnectionOptions } from './schema/migrate.js';
-export { runtimeGrantStatements } from './schema/roles.js';
+export { runtimeGrantStatements, type RoleKind } from './schema/roles.js';
 export {
   listLaneSequenceProblems,
   repairLaneSequences,
@@ -51,6 +51,10 @@ export {
   dashboardOptionsFromEnv,
   DEFAULT_DASHBOARD_HOST,
   DEFAULT_DASHBOARD_PORT,
+  MIN_TOKEN_LENGTH,
+  MIN_PASSWORD_LENGTH,
+  AUTH_LIMIT_DEFAULTS,
+  type AuthLimitOptions,
   type DashboardServer,
   type DashboardHandler,
   type DashboardHandlerOptions,

@@ -1,11 +1,15 @@
 import { BerthInputError } from './errors.js';
-import { pino, type Logger } from 'pino';
+import { pino, type DestinationStream, type Logger } from 'pino';
 
 export type { Logger };
 
-/** The default structured logger: JSON lines on stdout, level from BERTH_LOG_LEVEL. */
-export function createLogger(bindings: Record<string, unknown> = {}): Logger {
-  return pino({ name: 'berth', level: logLevel(process.env.BERTH_LOG_LEVEL) }).child(bindings);
+/**
+ * The default structured logger: JSON lines on stdout (or `destination`), level from
+ * BERTH_LOG_LEVEL.
+ */
+export function createLogger(bindings: Record<string, unknown> = {}, destination?: DestinationStream): Logger {
+  const options = { name: 'berth', level: logLevel(process.env.BERTH_LOG_LEVEL) };
+  return (destination ? pino(options, destination) : pino(options)).child(bindings);
 }
 
 const LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'];

@@ -1,5 +1,6 @@
 import type { Logger } from './logger.js';
 import { BerthInputError } from './errors.js';
+import { checkInteger, checkKeys, checkMs, checkText, MAX_ATTEMPTS_LIMIT, MAX_TIMER_MS, MAX_TYPE_CHARS } from './limits.js';
 
 /** Where a task lives: its lane. */
 export interface Lane {
@@ -86,26 +87,31 @@ export interface TaskDefinition<P = unknown> {
 export const DEFAULT_MAX_ATTEMPTS = 20;
 export const DEFAULT_BACKOFF: BackoffPolicy = { baseMs: 15_000, maxMs: 600_000 };
 
+const DEFINITION_KEYS: ReadonlySet<string> = new Set(['type', 'ceiling', 'handler', 'maxAttempts', 'backoff', 'schema']);
+const BACKOFF_KEYS: ReadonlySet<string> = new Set(['baseMs', 'maxMs']);
+/** A retry delay above a year is a unit mistake; the bound also keeps `now() + delay` storable. */
+export const MAX_BACKOFF_MS = 365 * 24 * 3600_000;
+
 export function defineTask<P>(input: TaskDefinitionInput<P>): TaskDefinition<P> {
-  if (typeof input.type !== 'string' || input.type.length === 0 || input.type.length > 200) {
-    throw new BerthInputError('task type must be a non-empty string of at most 200 characters');
-  }
-  if (!Number.isFinite(input.ceiling) || input.ceiling <= 0) {
-    throw new BerthInputError(`task "${input.type}": ceiling must be a positive number of milliseconds`);
-  }
+  if (typeof input !== 'object' || input === null) throw new BerthInputError('defineTask needs an object');
+  const type = checkText(input.type, 'task type', '', { maxChars: MAX_TYPE_CHARS, nonEmpty: true });
+  const where = `task "${type}"`;
+  checkKeys(input, DEFINITION_KEYS, where);
+  // The handler's deadline is a Node timer: past 2^31 - 1 ms it would fire at once.
+  checkMs(input.ceiling, 'ceiling', where, 1, MAX_TIMER_MS, " (Node's timer limit, 24.8 days)");
   if (typeof input.handler !== 'function') {
-    throw new BerthInputError(`task "${input.type}": handler must be a function`);
+    throw new BerthInputError(`${where}: handler must be a function`);
   }
-  const maxAttempts = input.maxAttempts ?? DEFAULT_MAX_ATTEMPTS;
-  if (!Number.isInteger(maxAttempts) || maxAttempts < 1 || maxAttempts > 1_000_000) {
-    throw new BerthInputError(`task "${input.type}": maxAttempts must be an integer >= 1`);
+  const maxAttempts = checkInteger(input.maxAttempts ?? DEFAULT_MAX_ATTEMPTS, 'maxAttempts', where, 1, MAX_ATTEMPTS_LIMIT);
+  if (input.backoff !== undefined) {
+    if (typeof input.backoff !== 'object' || input.backoff === null) throw new BerthInputError(`${where}: backoff must be an object`);
+    checkKeys(input.backoff, BACKOFF_KEYS, `${where}: backoff`);
   }
   const backoff = { ...DEFAULT_BACKOFF, ...input.backoff };
-  if (!(backoff.baseMs >= 0) || !(backoff.maxMs >= backoff.baseMs)) {
-    throw new BerthInputError(`task "${input.type}": backoff needs 0 <= baseMs <= maxMs`);
-  }
+  checkMs(backoff.baseMs, 'backoff.baseMs', where, 0, MAX_BACKOFF_MS);
+  checkMs(backoff.maxMs, 'backoff.maxMs', where, backoff.baseMs, MAX_BACKOFF_MS, ' (at least baseMs)');
   return Object.freeze({
-    type: input.type,
+    type,
     ceiling: input.ceiling,
     handler: input.handler,
     maxAttempts,

@@ -43,10 +43,10 @@ const MAX_BACKLOG = 300;
 const RECOVERY_RUNS = 50;
 /** The test's own sessions: never terminated by the session-kill scenario. */
 const TEST_APP = 'berth chaos test';
-/** Liveness bounds for a loaded 2-core machine, not expectations. */
-const WARMUP_TIMEOUT_MS = 60_000;
-const RECOVERY_TIMEOUT_MS = 60_000;
-const DRAIN_TIMEOUT_MS = 90_000;
+/** Liveness bounds, not expectations (waitFor multiplies them by BERTH_TEST_TIMEOUT_SCALE, 3). */
+const WARMUP_TIMEOUT_MS = 30_000;
+const RECOVERY_TIMEOUT_MS = 30_000;
+const DRAIN_TIMEOUT_MS = 45_000;
 
 /**
  * One cluster, one schema and one fleet for every scenario: starting processes is the slow part
@@ -351,7 +351,7 @@ const scenarios: Scenario[] = [
           const done = completedRuns();
           await waitFor(
             () => completedRuns() >= done + 30 && fleet.alive.filter((p) => p.ready).length >= 2,
-            120_000,
+            60_000,
             'work flowing and two workers running between kills',
           );
         }

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { enqueueMany, enqueue } from '../src/index.js';
 import { claim, discover, type ClaimParams } from '../src/processor/claim.js';
 import { wakeChannel } from '../src/sql.js';
-import { freshSchema } from './helpers.js';
+import { freshSchema, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('claim');
 
@@ -126,18 +126,24 @@ test('a claim that fills every requested slot re-signals the wake channel; a sho
   const pg = (await import('pg')).default;
   const l = new pg.Client({ connectionString: (await import('./helpers.js')).DATABASE_URL });
   await l.connect();
-  let n = 0;
-  l.on('notification', () => n++);
-  await l.query(`LISTEN "${wakeChannel(schema)}"`);
-  await enqueueMany(pool, Array.from({ length: 3 }, () => ({ type: 't', payload: {} })), { schema });
-  await new Promise((r) => setTimeout(r, 200));
-  n = 0;
+  const got: string[] = [];
+  l.on('notification', (m) => got.push(m.payload ?? ''));
+  const channel = wakeChannel(schema);
+  await l.query(`LISTEN "${channel}"`);
+  // Notifications reach a listener in commit order: once a marker sent after a statement has
+  // arrived, everything that statement signalled has arrived too (no fixed sleep).
+  let markers = 0;
+  const signalledBy = async (statement: () => Promise<unknown>): Promise<number> => {
+    got.length = 0;
+    await statement();
+    const marker = `marker-${++markers}`;
+    await pool.query('SELECT pg_notify($1, $2)', [channel, marker]);
+    await waitFor(() => got.includes(marker), 10_000, marker);
+    return got.filter((p) => !p.startsWith('marker-')).length;
+  };
+  await signalledBy(() => enqueueMany(pool, Array.from({ length: 3 }, () => ({ type: 't', payload: {} })), { schema }));
   const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
-  await claim(pool, params(lanes, 2));
-  await new Promise((r) => setTimeout(r, 200));
-  assert.equal(n, 1, 'full claim re-signals');
-  await claim(pool, params(lanes, 5));
-  await new Promise((r) => setTimeout(r, 200));
-  assert.equal(n, 1, 'short claim does not');
+  assert.equal(await signalledBy(() => claim(pool, params(lanes, 2))), 1, 'full claim re-signals');
+  assert.equal(await signalledBy(() => claim(pool, params(lanes, 5))), 0, 'short claim does not');
   await l.end();
 });

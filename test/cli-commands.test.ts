@@ -60,6 +60,16 @@ test('enqueue: JSON payload and options; bad JSON is a usage error that enqueues
   const both = await berth('enqueue', 'cli_ok', '{}', '--delay', '5s', '--run-at', '2030-01-01T00:00:00Z');
   assert.equal(both.code, 2);
   assert.match(both.err, /--run-at or --delay, not both/);
+  // What PostgreSQL would refuse is refused by the same checks as the library's enqueue.
+  const nul = await berth('enqueue', 'cli_ok', '{"a":{"b":"x\\u0000"}}');
+  assert.equal(nul.code, 2, nul.err);
+  assert.match(nul.err, /task \(cli_ok\): payload\.a\.b contains a NUL character/);
+  const longKey = await berth('enqueue', 'cli_ok', '{}', '--dedupe-key', 'k'.repeat(2700));
+  assert.equal(longKey.code, 2, longKey.err);
+  assert.match(longKey.err, /dedupeKey must be a non-empty string of at most 1024 UTF-8 bytes/);
+  const farRunAt = await berth('enqueue', 'cli_ok', '{}', '--run-at', '+020000-01-01T00:00:00Z');
+  assert.equal(farRunAt.code, 2, farRunAt.err);
+  assert.match(farRunAt.err, /runAt must be a valid Date from year 1 to 9999/);
   assert.deepEqual((await pool.query(`SELECT count(*) FROM ${S}.ready`)).rows, before.rows);
   // Any name is a queue, the empty one included (seed 003-44), and so it can be paused.
   assert.equal((await berth('enqueue', 'cli_ok', '{}', '--queue', '')).code, 0);
@@ -268,4 +278,77 @@ test('berth worker --http-port serves /metrics (and the dashboard with --dashboa
     assert.equal(await stop(), 0);
   }
   assert.equal((await berth('worker', '--tasks', mod, '--dashboard')).code, 2, '--dashboard needs --http-port');
+});
+
+test('nothing from the database reaches the terminal raw: ANSI, OSC, C1 CSI, CR and friends are escaped; --json stays exact', async () => {
+  const { claim } = await import('../src/processor/claim.js');
+  const { wakeChannel } = await import('../src/sql.js');
+  // Every control a terminal acts on (DEL, C1 and U+2028 included), in every column printed.
+  const RAW = /[\u0000-\u0009\u000b-\u001f\u007f-\u009f\u2028\u2029\u202e]/u;
+  const type = 'esc\u001b[31mRED\u001b[0m';
+  const queue = `q\u001b]0;pwned\u0007\u009b2J-${process.pid}`;
+  const dedupeKey = 'k\u009b31m\r\u0008over';
+  const payload = { s: '\u001b[2J\u009b31m\u2028\u0007\u0008x', t: 'ünïcode stays' };
+  const lastError = 'boom\u001b]8;;http://evil.example\u0007link\u001b]8;;\u0007\r\nsecond line\u202e';
+  const ready = await enqueue(pool, type, payload, { schema, queue, dedupeKey });
+  const dead = await enqueue(pool, type, payload, { schema, queue, delay: 3600_000 });
+  await killTask(dead.id!);
+  await pool.query(`UPDATE ${S}.dead_letters SET last_error = $2 WHERE id = $1`, [dead.id, lastError]);
+  const lane = (await pool.query(`SELECT lane_id FROM ${S}.ready WHERE id = $1`, [ready.id])).rows[0].lane_id as number;
+  const leased = await claim(pool, {
+    schema, laneIds: [lane], limit: 1, ceilings: new Map(), maxAttempts: new Map(), defaultMaxAttempts: 20,
+    defaultCeilingMs: 60_000, marginMs: 0, workerId: 'w\u001b[5mblink\u009d', wakeChannel: wakeChannel(schema),
+  });
+  assert.equal(leased.length, 1);
+
+  const runs = {
+    tasksList: await berth('tasks', 'list', '--queue', queue),
+    tasksShowReady: await berth('tasks', 'show', ready.id!),
+    tasksShowDead: await berth('tasks', 'show', dead.id!),
+    deadList: await berth('dead', 'list', '--queue', queue),
+    queuesList: await berth('queues', 'list'),
+    stats: await berth('stats'),
+    resume: await berth('queues', 'resume', queue),
+  };
+  for (const [name, r] of Object.entries(runs)) {
+    assert.doesNotMatch(r.out, RAW, `${name}: stdout`);
+    assert.doesNotMatch(r.err, RAW, `${name}: stderr`);
+  }
+  assert.equal(runs.resume.code, 1);
+  assert.ok(runs.resume.err.includes('\\x1b]0;pwned\\x07\\x9b2J'), runs.resume.err);
+  // Escaped, not dropped: the text is still there to read.
+  assert.ok(runs.tasksList.out.includes('esc\\x1b[31mRED\\x1b[0m'), runs.tasksList.out);
+  assert.ok(runs.tasksShowReady.out.includes('dedupe key k\\x9b31m\\r\\x08over'), runs.tasksShowReady.out);
+  assert.ok(runs.tasksShowReady.out.includes('worker w\\x1b[5mblink\\x9d'), runs.tasksShowReady.out);
+  assert.ok(runs.tasksShowReady.out.includes('ünïcode stays'));
+  assert.ok(runs.tasksShowDead.out.includes('link\\x1b]8;;\\x07\\r\nsecond line\\u202e'), runs.tasksShowDead.out);
+  assert.ok(runs.queuesList.out.includes('\\x1b]0;pwned'), runs.queuesList.out);
+
+  // --json: valid JSON, the exact values, and no raw control either (C1 and U+2028 as \u escapes).
+  const json = await berth('tasks', 'show', dead.id!, '--json');
+  assert.doesNotMatch(json.out, RAW);
+  const task = JSON.parse(json.out).task;
+  assert.deepEqual({ type: task.type, queue: task.queue, payload: task.payload, lastError: task.lastError }, { type, queue, payload, lastError });
+  for (const args of [['tasks', 'list'], ['dead', 'list'], ['queues', 'list'], ['stats']]) {
+    const r = await berth(...args, '--json');
+    assert.doesNotMatch(r.out, RAW, args.join(' '));
+    JSON.parse(r.out);
+  }
+});
+
+test('escapeControl / jsonSafe: every C0 and C1 control, DEL, U+2028/9 and bidi overrides; text and JSON values otherwise unchanged', async () => {
+  const { escapeControl, escapeControlKeepLines, jsonSafe } = await import('../src/cli/terminal.js');
+  const all = Array.from({ length: 0x20 }, (_, i) => String.fromCharCode(i)).join('') + '\u007f' +
+    Array.from({ length: 0x20 }, (_, i) => String.fromCharCode(0x80 + i)).join('') + '\u2028\u2029\u202a\u202e\u2066\u2069';
+  const escaped = escapeControl(all);
+  assert.doesNotMatch(escaped, /[^\x20-\x7e]/, 'only printable ASCII left');
+  assert.ok(escaped.startsWith('\\x00\\x01'));
+  assert.ok(escaped.includes('\\x07\\x08\\t\\n\\x0b\\x0c\\r'));
+  assert.ok(escaped.includes('\\x1b') && escaped.includes('\\x7f') && escaped.includes('\\x9b') && escaped.includes('\\u2028'));
+  assert.equal(escapeControlKeepLines('a\nb\r\n'), 'a\nb\\r\n');
+  assert.equal(escapeControl('plain, ünï 漢字 🙂 text'), 'plain, ünï 漢字 🙂 text');
+  const value = { s: all, k: 'ok' };
+  const safe = jsonSafe(JSON.stringify(value));
+  assert.doesNotMatch(safe, /[^\x20-\x7e]/);
+  assert.deepEqual(JSON.parse(safe), value);
 });

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium, type Browser, type Page } from 'playwright-core';
 import { defineTask, enqueue, getTask, pauseQueue, Worker } from '../src/index.js';
-import { DATABASE_URL, freshSchema, testLogger, waitFor } from './helpers.js';
+import { DATABASE_URL, freshSchema, scaled, testLogger, waitFor } from './helpers.js';
 
 /**
  * The dashboard in a real browser against a real worker. Needs Chromium at /usr/bin/chromium
@@ -15,7 +15,9 @@ import { DATABASE_URL, freshSchema, testLogger, waitFor } from './helpers.js';
  * temporary file (so a test run leaves the tree clean).
  */
 const CHROMIUM = '/usr/bin/chromium';
-const LONG = 30_000;
+/** Browser-side waits (playwright's own timeouts) are scaled here; waitFor scales its own. */
+const WAIT = 30_000;
+const LONG = scaled(WAIT);
 
 const { schema, pool } = await freshSchema('dashbrowser');
 const S = `"${schema}"`;
@@ -45,8 +47,10 @@ const worker = new Worker({
   slots: 4,
   pollIntervalMs: 200,
   heartbeatIntervalMs: 250,
-  // Fast promotion; the ring keeps its default pace, so completed tasks stay readable for a while.
-  maintenance: { leaderPollMs: 100, promoteIntervalMs: 50, gaugeIntervalMs: 500 },
+  // Fast promotion. The ring never rotates during the file, so no completed task is pruned
+  // before a page reads it: at the default pace (a slot sealed after 5 s, pruned once settled)
+  // a completed entry could vanish while a loaded machine was still loading the page.
+  maintenance: { leaderPollMs: 100, promoteIntervalMs: 50, gaugeIntervalMs: 500, ringRotateAfterMs: 3_600_000 },
   logger: testLogger,
   http: { port: 0, dashboard: true },
 });
@@ -155,7 +159,7 @@ test('filtering tasks by state and type changes the list; a task opens with its 
 test('retrying a dead letter from the Dead letters page runs it', async () => {
   gate.failInvoices = true;
   const { id } = await enqueue(pool, 'invoice.sync', { invoice: 1001 }, { schema, queue: 'billing' });
-  await waitFor(async () => (await getTask(pool, schema, id!))?.state === 'dead', LONG, 'the invoice task to die');
+  await waitFor(async () => (await getTask(pool, schema, id!))?.state === 'dead', WAIT, 'the invoice task to die');
   const { page, errors, close } = await open('dead');
   try {
     const row = `tr[data-task="${id}"]`;
@@ -163,7 +167,7 @@ test('retrying a dead letter from the Dead letters page runs it', async () => {
     gate.failInvoices = false;
     await page.click(`${row} button:has-text("Retry")`);
     await textOf(page, '#toast', /retried/);
-    await waitFor(() => ran.get(id!) === 1, LONG, 'the retried task to run');
+    await waitFor(() => ran.get(id!) === 1, WAIT, 'the retried task to run');
     await page.goto(`${base}/#/tasks/${id}`);
     await textOf(page, 'dd[data-field="state"]', /^completed$/);
     await page.waitForSelector('#timeline li[data-event="settled"]');
@@ -178,8 +182,8 @@ test("a task's page offers only the actions that apply to its state", async () =
   const dead = await enqueue(pool, 'invoice.sync', { invoice: 1500 }, { schema, queue: 'billing' });
   const scheduled = await enqueue(pool, 'email.send', { to: 'later@example.com' }, { schema, queue: 'mail', runAt: later() });
   const done = await enqueue(pool, 'email.send', { to: 'now@example.com' }, { schema, queue: 'mail' });
-  await waitFor(async () => (await getTask(pool, schema, dead.id!))?.state === 'dead', LONG, 'the invoice task to die');
-  await waitFor(async () => (await getTask(pool, schema, done.id!))?.state === 'completed', LONG, 'the email to be sent');
+  await waitFor(async () => (await getTask(pool, schema, dead.id!))?.state === 'dead', WAIT, 'the invoice task to die');
+  await waitFor(async () => (await getTask(pool, schema, done.id!))?.state === 'completed', WAIT, 'the email to be sent');
   const { page, errors, close } = await open(`tasks/${scheduled.id}`);
   const buttons = async (id: string, state: string) => {
     await page.goto(`${base}/#/tasks/${id}`);
@@ -201,7 +205,7 @@ test("a task's page offers only the actions that apply to its state", async () =
 test('a queue paused from the Queues page is not claimed while others run; resuming runs it', async () => {
   // The queue needs a lane to be listed: one task that runs now.
   const first = await enqueue(pool, 'report.build', {}, { schema, queue: 'exports' });
-  await waitFor(() => ran.get(first.id!) === 1, LONG, 'the first export');
+  await waitFor(() => ran.get(first.id!) === 1, WAIT, 'the first export');
   const { page, errors, close } = await open('queues');
   try {
     const row = 'tr[data-queue="exports"]';
@@ -211,8 +215,9 @@ test('a queue paused from the Queues page is not claimed while others run; resum
 
     const held = await enqueue(pool, 'report.build', { held: true }, { schema, queue: 'exports' });
     const other = await enqueue(pool, 'email.send', { to: 'ops@example.com' }, { schema, queue: 'mail' });
-    await waitFor(() => ran.get(other.id!) === 1, LONG, 'the task on another queue to run');
+    await waitFor(() => ran.get(other.id!) === 1, WAIT, 'the task on another queue to run');
     const detail = await (await browser()).newPage();
+    detail.setDefaultTimeout(LONG);
     await detail.goto(`${base}/#/tasks/${held.id}`);
     await textOf(detail, 'dd[data-field="state"]', /^ready$/);
     await detail.close();
@@ -220,12 +225,30 @@ test('a queue paused from the Queues page is not claimed while others run; resum
 
     await page.click(`${row} button:has-text("Resume")`);
     await textOf(page, row, /active/);
-    await waitFor(() => ran.get(held.id!) === 1, LONG, 'the held task to run after resume');
+    await waitFor(() => ran.get(held.id!) === 1, WAIT, 'the held task to run after resume');
     await page.goto(`${base}/#/tasks/${held.id}`);
     await textOf(page, 'dd[data-field="state"]', /^completed$/);
     assert.deepEqual(errors, []);
   } finally {
     await close();
+  }
+});
+
+test('the Maintenance page renders past a forged workers row (leader = true, ten years ahead, malformed report), marked invalid', async () => {
+  await pool.query(
+    `INSERT INTO ${S}.workers (worker_id, host, pid, queues, slots, busy, prefetched, leader, maintenance, started_at, last_seen_at)
+     VALUES ('forged', 'nowhere', 1, NULL, 4, 0, 0, true, '{"branches": {"promote": 1}, "waitingLanes": "x"}', now(), now() + interval '10 years')`,
+  );
+  const { page, errors, close } = await open('maintenance');
+  try {
+    await textOf(page, '#leader', new RegExp(`Worker ${worker.id.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}\\.`));
+    const forged = await textOf(page, 'main table tr:has(span[data-invalid])', /forged/);
+    assert.doesNotMatch(forged, /leader/, 'the forged row is not badged leader');
+    assert.match(String(await page.locator('span[data-invalid]').getAttribute('title')), /dated in the future.*malformed branches, waitingLanes/);
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+    await pool.query(`DELETE FROM ${S}.workers WHERE worker_id = 'forged'`);
   }
 });
 
@@ -250,7 +273,7 @@ test('screenshot of the overview with realistic data', async () => {
             (VALUES ('success', 1.0), ('failure', 0.06)) o(outcome, share)
       WHERE o.outcome = 'success' OR m % 3 = 0 OR m BETWEEN 20 AND 26`,
   );
-  await waitFor(async () => (await pool.query(`SELECT count(*)::int AS n FROM ${S}.dead_letters WHERE type = 'invoice.sync'`)).rows[0].n >= 3, LONG, 'dead letters');
+  await waitFor(async () => (await pool.query(`SELECT count(*)::int AS n FROM ${S}.dead_letters WHERE type = 'invoice.sync'`)).rows[0].n >= 3, WAIT, 'dead letters');
   const { page, errors, close } = await open('overview');
   try {
     await textOf(page, 'tr[data-queue="media"] td:nth-child(2)', /^33$/);

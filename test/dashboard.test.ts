@@ -58,7 +58,7 @@ function post(url: string, headers: Record<string, string>, body: unknown = {}):
   return call(url, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) });
 }
 
-const AUTH = { token: 'tok-0123456789abcdef', users: { alice: 'wonderland', bob: 'builder' } };
+const AUTH = { token: 'tok-0123456789abcdef', users: { alice: 'wonderland-42', bob: 'builder-bob-7' } };
 
 test('with auth configured every page and API call needs it: 401 without, 200 with a bearer token or Basic credentials', async () => {
   const url = await dashboard({ auth: AUTH });
@@ -73,10 +73,10 @@ test('with auth configured every page and API call needs it: 401 without, 200 wi
 
   const bearer = await call(`${url}api/overview`, { headers: { authorization: `Bearer ${AUTH.token}` } });
   assert.equal(bearer.status, 200, bearer.body);
-  const viaBasic = await call(`${url}api/session`, { headers: { authorization: basic('alice', 'wonderland') } });
+  const viaBasic = await call(`${url}api/session`, { headers: { authorization: basic('alice', 'wonderland-42') } });
   assert.equal(viaBasic.status, 200);
   assert.equal(viaBasic.json().actor, 'dashboard:alice');
-  const page = await call(url, { headers: { authorization: basic('bob', 'builder') } });
+  const page = await call(url, { headers: { authorization: basic('bob', 'builder-bob-7') } });
   assert.equal(page.status, 200);
   assert.match(page.body, /<meta name="berth-csrf" content="[A-Za-z0-9_-]{20,}">/);
   // The assets hold no data: the login page needs them before anyone logs in.
@@ -127,7 +127,7 @@ test('token and Basic both configured: a page shows the login form (no Basic pro
   const challenge = await call(`${url}basic?next=${encodeURIComponent('#/dead?queue=billing')}`);
   assert.equal(challenge.status, 401);
   assert.match(String(challenge.headers['www-authenticate']), /^Basic realm="berth dashboard"/);
-  const signedIn = await call(`${url}basic?next=${encodeURIComponent('#/dead?queue=billing')}`, { headers: { authorization: basic('alice', 'wonderland') } });
+  const signedIn = await call(`${url}basic?next=${encodeURIComponent('#/dead?queue=billing')}`, { headers: { authorization: basic('alice', 'wonderland-42') } });
   assert.equal(signedIn.status, 303);
   assert.equal(signedIn.headers.location, '/#/dead?queue=billing');
 
@@ -168,14 +168,14 @@ test('without auth the dashboard refuses a non-loopback address, warns, and answ
 
 test('CSRF: an action needs POST, the x-berth-csrf token, and a matching Origin; GET never acts', async () => {
   const url = await dashboard({ auth: AUTH });
-  const auth = { authorization: basic('alice', 'wonderland') };
+  const auth = { authorization: basic('alice', 'wonderland-42') };
   const csrf = await csrfFor(url, auth);
   const target = `${url}api/queues/csrf-q/pause`;
   const missing = await post(target, auth);
   assert.equal(missing.status, 403);
   assert.match(String(missing.json().error), /x-berth-csrf/);
   assert.equal((await post(target, { ...auth, 'x-berth-csrf': 'guess' })).status, 403);
-  assert.equal((await post(target, { ...auth, 'x-berth-csrf': await csrfFor(url, { authorization: basic('bob', 'builder') }) })).status, 403, "another user's token");
+  assert.equal((await post(target, { ...auth, 'x-berth-csrf': await csrfFor(url, { authorization: basic('bob', 'builder-bob-7') }) })).status, 403, "another user's token");
   const foreign = await post(target, { ...auth, 'x-berth-csrf': csrf, origin: 'https://evil.example' });
   assert.equal(foreign.status, 403);
   assert.match(String(foreign.json().error), /cross-origin/);
@@ -190,7 +190,7 @@ test('CSRF: an action needs POST, the x-berth-csrf token, and a matching Origin;
 
 test('an action is audited under the actor who did it', async () => {
   const url = await dashboard({ auth: AUTH });
-  const auth = { authorization: basic('alice', 'wonderland') };
+  const auth = { authorization: basic('alice', 'wonderland-42') };
   const r = await post(`${url}api/queues/${encodeURIComponent('audit/q')}/pause`, { ...auth, 'x-berth-csrf': await csrfFor(url, auth) }, { reason: 'incident 7' });
   assert.equal(r.status, 200, r.body);
   assert.deepEqual(r.json(), { lanes: 0 });
@@ -221,7 +221,7 @@ test('read-only: every action answers 403 with a clear error; the page says read
 
 test('bad input answers 400 with the reason; unknown routes 404; no stack traces', async () => {
   const url = await dashboard();
-  for (const path of ['api/tasks?state=finished', 'api/tasks?after=1%3B%20drop', 'api/tasks?limit=0', 'api/tasks?limit=abc', 'api/tasks/abc', 'api/dead?after=x']) {
+  for (const path of ['api/tasks?state=finished', 'api/tasks?after=1%3B%20drop', 'api/tasks?limit=0', 'api/tasks?limit=abc', 'api/tasks/abc', 'api/dead?after=x', 'api/tasks?queue=%00', 'api/dead?type=a%00']) {
     const r = await call(`${url}${path}`);
     assert.equal(r.status, 400, `${path}: ${r.body}`);
     assert.equal(typeof r.json().error, 'string');
@@ -252,6 +252,15 @@ test('bad input answers 400 with the reason; unknown routes 404; no stack traces
     assert.equal(r.status, 400, `dead ${action}: ${r.body}`);
     assert.match(String(r.json().error), /bad task id/);
   }
+  // Text PostgreSQL cannot store (a NUL, a lone surrogate) is refused by the checks enqueue uses.
+  const id = (await enqueue(pool, 'dash_text', {}, { schema })).id!;
+  for (const queue of ['x\u0000', 'x\ud800']) {
+    const r = await post(`${url}api/tasks/${id}/move`, { 'x-berth-csrf': csrf }, { queue });
+    assert.equal(r.status, 400, `move to ${JSON.stringify(queue)}: ${r.body}`);
+    assert.match(String(r.json().error), /queue contains a (NUL character|lone surrogate)/);
+  }
+  const pause = await post(`${url}api/queues/a%00b/pause`, { 'x-berth-csrf': csrf });
+  assert.equal(pause.status, 400, pause.body);
   const badJson = await call(`${url}api/dead/purge`, { method: 'POST', headers: { 'x-berth-csrf': csrf }, body: '{nope' });
   assert.equal(badJson.status, 400);
 });
@@ -342,8 +351,15 @@ test("the worker's http option serves /metrics and the dashboard; bad settings f
 
   const def = defineTask({ type: 'http.ok', ceiling: 10_000, handler: async () => {} });
   const w = new Worker({ ...base, tasks: [def], maintenance: FAST_MAINTENANCE, heartbeatIntervalMs: 100, pollIntervalMs: 100, http: { port: 0, dashboard: true } });
+  // The worker names its dashboard pool's sessions after itself.
   const dashboardPids = async () =>
-    new Set((await pool.query<{ pid: number }>(`SELECT pid FROM pg_stat_activity WHERE application_name = 'berth dashboard' AND datname = current_database()`)).rows.map((r) => r.pid));
+    new Set(
+      (
+        await pool.query<{ pid: number }>(`SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, [
+          `berth dashboard ${w.id}`.slice(0, 63),
+        ])
+      ).rows.map((r) => r.pid),
+    );
   const before = await dashboardPids();
   await w.start();
   let ownPids: number[] = [];
@@ -506,4 +522,6 @@ test('dashboardOptionsFromEnv reads and checks the BERTH_DASHBOARD_* variables',
   assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_PORT: '70000' }), BerthInputError);
   assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_USERS: 'alice' }), /user:password/);
   assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_READ_ONLY: 'maybe' }), /BERTH_DASHBOARD_READ_ONLY/);
+  assert.deepEqual(dashboardOptionsFromEnv({ BERTH_DASHBOARD_TRUST_PROXY: 'true' }), { authLimits: { trustProxy: true } });
+  assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_TRUST_PROXY: 'sometimes' }), /BERTH_DASHBOARD_TRUST_PROXY/);
 });

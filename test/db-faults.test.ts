@@ -1,7 +1,7 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
-import { defineTask, enqueue, Worker } from '../src/index.js';
+import { defineTask, enqueue, enqueueMany, Worker } from '../src/index.js';
 import { promoteDueLane } from '../src/maintenance/promote.js';
 import { pruneSlot } from '../src/maintenance/ring.js';
 import { DATABASE_URL, FAST_MAINTENANCE, freshSchema, holdLaneLock, outcomes, testLogger, waitFor } from './helpers.js';
@@ -96,9 +96,12 @@ test('a worker whose every session is terminated twice, mid-stream, keeps runnin
   const done = new Set<string>();
   const def = defineTask({
     type: 'faults_work',
-    ceiling: 3000,
+    // Long enough that no lease lapses on a loaded machine (a lapsed lease is legitimately
+    // `lost` when its settlement lands after rescue); short enough that a claim whose reply
+    // was cut after its commit strands its leases only briefly.
+    ceiling: 20_000,
     handler: async (_p, ctx) => {
-      await new Promise((r) => setTimeout(r, 5));
+      await new Promise((r) => setTimeout(r, 20));
       done.add(ctx.id);
     },
   });
@@ -135,10 +138,11 @@ test('a worker whose every session is terminated twice, mid-stream, keeps runnin
     })();
     let enqueued = 2;
     for (let round = 0; round < 2; round++) {
-      for (let i = 0; i < 200; i++) await enqueue(pool, def, { i }, { schema });
-      enqueued += 200;
       const before = done.size;
-      await waitFor(() => done.size > before + 20, 60_000, 'work in progress');
+      // One batch, so the stream is still flowing when the sessions are cut.
+      await enqueueMany(pool, Array.from({ length: 300 }, (_, i) => ({ type: def, payload: { i } })), { schema });
+      enqueued += 300;
+      await waitFor(() => done.size > before + 20, 120_000, `work in progress in round ${round} (done ${done.size} of ${enqueued})`);
       const n = await terminate(`application_name LIKE $1`, [`%${tag}%`]);
       assert.ok(n >= 3, `terminated ${n} of the worker's sessions`);
     }

@@ -8,7 +8,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { DATABASE_URL, freshSchema, waitFor } from './helpers.js';
+import { DATABASE_URL, freshSchema, scaled, waitFor } from './helpers.js';
 import { quoteIdent } from '../src/sql.js';
 
 const { schema, pool } = await freshSchema('demo');
@@ -43,7 +43,7 @@ async function runAndInterrupt(signals: { signal: NodeJS.Signals; afterMs: numbe
       }
     }
     let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<never>((_, rej) => (timer = setTimeout(() => rej(new Error(`demo did not exit:\n${out}`)), 20_000)));
+    const timeout = new Promise<never>((_, rej) => (timer = setTimeout(() => rej(new Error(`demo did not exit:\n${out}`)), scaled(20_000))));
     const code = await Promise.race([exited, timeout]).finally(() => clearTimeout(timer));
     return { code, lines: out.split('\n').filter(Boolean), dashboard: { overview, metrics } };
   } finally {

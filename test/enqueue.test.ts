@@ -2,7 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
 import { z } from 'zod';
-import { enqueue, enqueueMany, defineTask, getTask, BerthInputError } from '../src/index.js';
+import { enqueue, enqueueMany, defineTask, getTask, moveTask, pauseQueue, BerthInputError, type TaskSpec } from '../src/index.js';
 import { wakeChannel } from '../src/sql.js';
 import { DATABASE_URL, freshSchema, waitFor } from './helpers.js';
 
@@ -226,4 +226,75 @@ test('two batches mixing pinned and default shards take lane locks in one order:
     c1.release();
     c2.release();
   }
+});
+
+test('inputs PostgreSQL would refuse are refused by berth, naming the field and the task; the batch writes nothing', async () => {
+  const before = await taskCount();
+  // Each of these used to reach the statement and fail there with a raw SQLSTATE (in brackets).
+  const bad: [Partial<TaskSpec>, RegExp][] = [
+    [{ maxAttempts: 3e9 }, /^task #1: maxAttempts must be an integer from 1 to 1000000 \(got 3000000000\)$/], // 22003
+    [{ delay: 1e300 }, /^task #1: delay must be a number of milliseconds from 0 to \d+ \(the run time must fall before year 10000\) \(got 1e\+300\)$/], // 22008
+    [{ runAt: new Date(-8.64e15) }, /^task #1: runAt must be a valid Date from year 1 to 9999/], // 22008
+    [{ runAt: new Date('+010000-01-01T00:00:00Z') }, /^task #1: runAt must be a valid Date from year 1 to 9999/], // read back as null
+    [{ payload: { a: 'x\u0000y' } }, /^task #1 \(t\): payload\.a contains a NUL character \(\\u0000\)/], // 22P05
+    [{ payload: { list: [1, { 'odd key': ['ok', 'deep\u0000'] }] } }, /^task #1 \(t\): payload\.list\[1\]\["odd key"\]\[1\] contains a NUL/],
+    [{ payload: { ['k\u0000']: 1 } }, /^task #1 \(t\): key "k\\u0000" in payload contains a NUL/],
+    [{ payload: 'lone \ud800 high' }, /^task #1 \(t\): payload contains a lone surrogate \(\\ud800\)/], // 22P02
+    [{ payload: { nested: { ['\udc00']: true } } }, /^task #1 \(t\): key "\\udc00" in payload\.nested contains a lone surrogate/],
+    [{ queue: 'q\u0000' }, /^task #1: queue contains a NUL character/], // 22021
+    [{ type: 'ty\u0000pe' }, /^task #1: type contains a NUL character/], // 22021
+    [{ dedupeKey: 'k\u0000' }, /^task #1: dedupeKey contains a NUL character/], // 22021
+    [{ dedupeKey: 'k\ud83d' }, /^task #1: dedupeKey contains a lone surrogate/], // stored as U+FFFD: keys would collide
+    [{ queue: 'q'.repeat(2700) }, /^task #1: queue must be a string of at most 255 UTF-8 bytes \(got 2700 bytes\)$/], // 54000
+    [{ queue: 'é'.repeat(128) }, /^task #1: queue must be a string of at most 255 UTF-8 bytes \(got 256 bytes\)$/],
+    [{ dedupeKey: 'k'.repeat(2700) }, /^task #1: dedupeKey must be a non-empty string of at most 1024 UTF-8 bytes \(got 2700 bytes\)$/], // 54000
+    [{ dealy: 5 } as never, /^task #1: unknown option "dealy"/],
+  ];
+  for (const [spec, message] of bad) {
+    const batch = [{ type: 't', payload: { fine: true } }, { type: 't', payload: { fine: true }, ...spec } as TaskSpec, { type: 't', payload: 1 }];
+    await assert.rejects(enqueueMany(pool, batch, { schema }), (err: Error) => {
+      assert.ok(err instanceof BerthInputError, `${err.name}: ${err.message}`);
+      assert.match(err.message, message);
+      return true;
+    });
+  }
+  // One task alone is "task"; options of enqueue() are checked too.
+  await assert.rejects(enqueue(pool, 't', {}, { schema, maxAttempts: 2 ** 31 }), /^BerthInputError: task: maxAttempts must be an integer from 1 to 1000000/);
+  await assert.rejects(enqueue(pool, 't', {}, { schema, runAt: 5 as never }), /task: runAt must be a valid Date/);
+  await assert.rejects(enqueue(pool, 't', {}, { schema, payload: 1 } as never), /enqueue options: unknown option "payload"/);
+  await assert.rejects(enqueueMany(pool, [], { schema, queue: 'q' } as never), /enqueueMany options: unknown option "queue"/);
+  assert.equal(await taskCount(), before);
+
+  // What is allowed right up to the limits is stored, byte for byte.
+  const edge = await enqueueMany(pool, [
+    { type: 'e', payload: { text: 'pair \ud83d\ude00, escaped \\u0000 and \\\\\\u0000 are text', ['\ud83d\ude00']: ['\u0001'] }, queue: 'é'.repeat(127) + 'x' },
+    { type: 'e', payload: null, dedupeKey: 'k'.repeat(1024), maxAttempts: 1_000_000 },
+    { type: 'e', payload: {}, runAt: new Date('9999-12-31T23:59:59.999Z') },
+    { type: 'e', payload: {}, runAt: new Date('0001-01-01T00:00:00.000Z') },
+  ], { schema });
+  assert.deepEqual(edge.map((r) => r.state), ['ready', 'ready', 'scheduled', 'ready']);
+  const stored = await getTask(pool, schema, edge[0]!.id!);
+  assert.deepEqual(stored?.payload, { text: 'pair \ud83d\ude00, escaped \\u0000 and \\\\\\u0000 are text', ['\ud83d\ude00']: ['\u0001'] });
+  assert.equal(stored?.queue, 'é'.repeat(127) + 'x');
+});
+
+test('defineTask refuses what a worker could not run or store, naming the field', () => {
+  const handler = async () => {};
+  assert.throws(() => defineTask({ type: 'd', ceiling: 1000, handler, maxAttempts: 3e9 }), /^BerthInputError: task "d": maxAttempts must be an integer from 1 to 1000000 \(got 3000000000\)$/);
+  assert.throws(() => defineTask({ type: 'd', ceiling: 1e300, handler }), /task "d": ceiling must be a number of milliseconds from 1 to 2147483647/);
+  assert.throws(() => defineTask({ type: 'd', ceiling: 1000, handler, backoff: { maxMs: Infinity } }), /task "d": backoff\.maxMs must be a number of milliseconds/);
+  assert.throws(() => defineTask({ type: 'd', ceiling: 1000, handler, backoff: { baseMs: 10, maxMs: 5 } }), /backoff\.maxMs .* \(at least baseMs\)/);
+  assert.throws(() => defineTask({ type: 'd', ceiling: 1000, handler, backoff: { base: 5 } as never }), /task "d": backoff: unknown option "base"/);
+  assert.throws(() => defineTask({ type: 'd', ceiling: 1000, handler, retries: 3 } as never), /task "d": unknown option "retries"/);
+  assert.throws(() => defineTask({ type: 'd\u0000', ceiling: 1000, handler }), /task type contains a NUL character/);
+  assert.throws(() => defineTask({ type: 'x'.repeat(201), ceiling: 1000, handler }), /task type must be a non-empty string of at most 200 characters/);
+  assert.equal(defineTask({ type: 'd', ceiling: 2_147_483_647, handler, maxAttempts: 1_000_000 }).maxAttempts, 1_000_000);
+});
+
+test('moving a task or pausing a queue checks the queue name the way enqueue does', async () => {
+  const r = await enqueue(pool, 'm', {}, { schema });
+  await assert.rejects(moveTask(pool, schema, r.id!, { queue: 'x\u0000' }), /queue contains a NUL character/);
+  await assert.rejects(moveTask(pool, schema, r.id!, { queue: 'x'.repeat(300) }), /queue must be a string of at most 255 UTF-8 bytes/);
+  await assert.rejects(pauseQueue(pool, schema, 'x\u0000', 'test'), /queue contains a NUL character/);
+  assert.equal((await getTask(pool, schema, r.id!))?.queue, 'default');
 });

@@ -26,13 +26,33 @@ export async function freshSchema(name: string): Promise<{ schema: string; pool:
   return { schema, pool };
 }
 
-/** Poll `check` until it returns a truthy value (or throw after `timeoutMs`). Not a timing assertion: a liveness bound. */
+/**
+ * Every deadline a test waits on is a liveness bound, never a timing assertion, so it is sized
+ * for a loaded machine: multiplied by BERTH_TEST_TIMEOUT_SCALE (default 3; a condition that
+ * holds returns at once, so only a failing wait takes longer). Measured: the pinned-horizon run
+ * takes 12-28 s alone and over 120 s at a load average of 12 on 2 cores.
+ */
+export const TIMEOUT_SCALE = timeoutScale(process.env.BERTH_TEST_TIMEOUT_SCALE);
+
+function timeoutScale(raw: string | undefined): number {
+  if (raw === undefined || raw === '') return 3;
+  const n = Number(raw);
+  if (!(n > 0)) throw new Error(`BERTH_TEST_TIMEOUT_SCALE must be a positive number, got "${raw}"`);
+  return n;
+}
+
+/** A test deadline in ms, scaled for a loaded machine (see TIMEOUT_SCALE). */
+export function scaled(ms: number): number {
+  return ms * TIMEOUT_SCALE;
+}
+
+/** Poll `check` until it returns a truthy value (or throw after `timeoutMs`, scaled). Not a timing assertion: a liveness bound. */
 export async function waitFor<T>(check: () => Promise<T> | T, timeoutMs = 20_000, what = 'condition'): Promise<NonNullable<T>> {
-  const deadline = Date.now() + timeoutMs;
+  const deadline = Date.now() + scaled(timeoutMs);
   for (;;) {
     const v = await check();
     if (v) return v as NonNullable<T>;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what} (${scaled(timeoutMs)} ms)`);
     await new Promise((r) => setTimeout(r, 25));
   }
 }
@@ -52,6 +72,24 @@ export async function counterValue(metrics: BerthMetrics, name: string, labels: 
 
 export function outcomes(metrics: BerthMetrics, type: string, outcome: string): Promise<number> {
   return counterValue(metrics, 'berth_task_outcomes_total', { task_type: type, outcome });
+}
+
+/** `p`, or a failure naming `what` once `timeoutMs` (scaled) has passed: for a call that must return, not hang. */
+export async function within<T>(p: Promise<T>, timeoutMs: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what} did not finish within ${scaled(timeoutMs)} ms`)), scaled(timeoutMs));
+  });
+  try {
+    return await Promise.race([p, deadline]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** Wait until the database clock is past a lease's expiry (`leaseExpiresAt`, epoch ms): the lease has lapsed. */
+export async function leaseLapsed(db: pg.Pool, expiresAtMs: number): Promise<void> {
+  await waitFor(async () => (await db.query('SELECT now() > to_timestamp($1 / 1000.0) AS past', [expiresAtMs])).rows[0].past, 10_000, 'the lease to lapse');
 }
 
 export { FAST_MAINTENANCE } from './support/settings.js';

@@ -2,7 +2,11 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
 import { migrate, SchemaTooNewError, LATEST_SCHEMA_VERSION } from '../src/index.js';
+import { MIGRATIONS } from '../src/schema/migrations.js';
 import { DATABASE_URL, freshSchema } from './helpers.js';
+
+// Versions may have gaps while branches land (each migration number is assigned up front).
+const MIGRATION_COUNT = MIGRATIONS.length;
 
 test('migrate is idempotent and reports what it applied', async () => {
   const { schema, pool } = await freshSchema('migrate');
@@ -10,7 +14,7 @@ test('migrate is idempotent and reports what it applied', async () => {
   assert.deepEqual(again.applied, []);
   assert.equal(again.from, LATEST_SCHEMA_VERSION);
   const rows = await pool.query(`SELECT version FROM "${schema}".schema_migrations ORDER BY version`);
-  assert.equal(rows.rowCount, LATEST_SCHEMA_VERSION);
+  assert.equal(rows.rowCount, MIGRATION_COUNT);
 });
 
 test('a fresh schema reports every migration applied', async () => {
@@ -34,7 +38,7 @@ test('concurrent migrators apply each migration once', async () => {
   try {
     await pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     const reports = await Promise.all([1, 2, 3].map(() => migrate({ connectionString: DATABASE_URL, schema })));
-    assert.equal(reports.reduce((n, r) => n + r.applied.length, 0), LATEST_SCHEMA_VERSION);
+    assert.equal(reports.reduce((n, r) => n + r.applied.length, 0), MIGRATION_COUNT);
   } finally {
     await pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     await pool.end();
@@ -82,7 +86,7 @@ test('migrate refuses a database whose applied migration differs from the code (
   const { MigrationChangedError } = await import('../src/index.js');
   const { schema, pool } = await freshSchema('migrate_changed');
   const recorded = await pool.query(`SELECT count(*) FROM "${schema}".schema_migrations WHERE checksum ~ '^[0-9a-f]{64}$'`);
-  assert.equal(Number(recorded.rows[0].count), LATEST_SCHEMA_VERSION, 'every migration records its checksum');
+  assert.equal(Number(recorded.rows[0].count), MIGRATION_COUNT, 'every migration records its checksum');
   await pool.query(`UPDATE "${schema}".schema_migrations SET checksum = repeat('0', 64) WHERE version = 1`);
   await assert.rejects(migrate({ connectionString: DATABASE_URL, schema }), (err: Error) => {
     assert.ok(err instanceof MigrationChangedError);

@@ -1,8 +1,12 @@
 /**
  * DESIGN plane 2: a queue must stay healthy while another session pins the xmin horizon.
- * One session holds an open transaction with an XID for the whole run; 20,000 tasks flow; the
- * hot relations gain (almost) no dead tuples and no task is lost. Throughput with and without
- * the pin is measured by `npm run bench:pinned`, not here.
+ * One session holds an open transaction with an XID for the whole run; 5,000 tasks flow through
+ * several ring rotations; the hot relations gain no dead tuples and no task is lost. Throughput
+ * with and without the pin is measured by `npm run bench:pinned`, not here.
+ *
+ * 5,000 rather than 20,000: the claim is about which rows the task path writes, which every
+ * task exercises the same way; 20,000 took over 120 s at a load average of 12 on 2 cores (and
+ * the pin holds the horizon of the whole shared server back for as long).
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -10,15 +14,17 @@ import pg from 'pg';
 import { defineTask, enqueueMany, readRingState, Worker } from '../src/index.js';
 import { captureLogger, DATABASE_URL, freshSchema, waitFor } from './helpers.js';
 
+const N = 5_000;
+
 const { schema, pool } = await freshSchema('pinned');
 
-test('with the xmin horizon pinned, 20,000 tasks flow, hot relations stay free of dead tuples, none is lost', async () => {
+test('with the xmin horizon pinned, 5,000 tasks flow, hot relations stay free of dead tuples, none is lost', async () => {
   const pin = new pg.Client({ connectionString: DATABASE_URL });
   await pin.connect();
   await pin.query('BEGIN');
   const xid = (await pin.query('SELECT txid_current() AS x')).rows[0].x;
   assert.ok(xid);
-  const seen = new Uint8Array(20_000);
+  const seen = new Uint8Array(N);
   const def = defineTask<{ i: number }>({ type: 'pin', ceiling: 10_000, handler: async ({ i }) => void (seen[i]! += 1) });
   const { logger } = captureLogger();
   const w = new Worker({
@@ -26,29 +32,36 @@ test('with the xmin horizon pinned, 20,000 tasks flow, hot relations stay free o
     maintenance: { promoteIntervalMs: 100, ringIntervalMs: 100, ringRotateAfterMs: 300, leaderPollMs: 100 },
   });
   await w.start();
+  let stopped = false;
   try {
-    for (let b = 0; b < 20; b++) {
+    for (let b = 0; b < N / 1000; b++) {
       await enqueueMany(pool, Array.from({ length: 1000 }, (_, k) => ({ type: 'pin', payload: { i: b * 1000 + k } })), { schema });
     }
     await waitFor(() => seen.every((n) => n >= 1), 120_000, 'every task to run');
     assert.ok(seen.every((n) => n === 1), 'no task ran twice');
     const horizon = await pool.query(`SELECT backend_xid::text AS x FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid = $1`, [(pin as unknown as { processID: number }).processID]);
     assert.equal(horizon.rows[0]?.x, String(xid), 'the pin held for the whole run');
-    // Let the statistics catch up, then count dead tuples on every relation of the schema.
-    await pool.query('SELECT pg_stat_force_next_flush()');
-    await new Promise((r) => setTimeout(r, 600));
-    const dead = await pool.query(
+    // A backend reports its table statistics when idle (at most once a second) or at exit: stop
+    // the worker, so its sessions exit, and wait until every settlement insert is counted.
+    await w.stop();
+    stopped = true;
+    const stats = () => pool.query(
       `SELECT relname, n_dead_tup::int AS dead, n_tup_ins::int AS ins FROM pg_stat_user_tables WHERE schemaname = $1 ORDER BY n_dead_tup DESC`,
       [schema],
     );
+    const dead = await waitFor(async () => {
+      const r = await stats();
+      return r.rows.filter((x) => x.relname.startsWith('settlements')).reduce((n, x) => n + x.ins, 0) >= N ? r : null;
+    }, 60_000, 'the statistics of every settlement');
     const total = dead.rows.reduce((n, r) => n + r.dead, 0);
     const rotations = (await readRingState(pool, schema)).generation;
     // Only the one-row ring_state is updated (once per rotation); the task path never updates
     // or deletes a row.
     assert.ok(total <= rotations + 20, `dead tuples ${total} (rotations ${rotations}): ${JSON.stringify(dead.rows.slice(0, 5))}`);
     assert.ok(rotations >= 1, 'the ring rotated during the run');
+    assert.deepEqual(dead.rows.filter((r) => /^(ready|leases|settlements|tombstones)/.test(r.relname) && r.dead > 0), [], 'the ring tables gain no dead tuples');
   } finally {
-    await w.stop();
+    if (!stopped) await w.stop();
     await pin.query('ROLLBACK');
     await pin.end();
   }

@@ -4,8 +4,10 @@ import pg from 'pg';
 import {
   defineTask,
   enqueue,
+  BerthInputError,
   getTask,
   grantRuntimeRole,
+  leaderInfo,
   listLaneSequenceProblems,
   maintainRing,
   migrate,
@@ -15,8 +17,13 @@ import {
   readGauges,
   removeUnleased,
   rescueLapsedLeases,
+  rotateRing,
   Worker,
 } from '../src/index.js';
+import { claim } from '../src/processor/claim.js';
+import { LEADER_LOCK } from '../src/maintenance/leader.js';
+import { MIGRATIONS } from '../src/schema/migrations.js';
+import { schemaLockKey, wakeChannel } from '../src/sql.js';
 import { captureLogger, counterValue, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, waitFor, urlAs } from './helpers.js';
 
 // Roles are cluster-wide: every name carries the pid so parallel runs never share one.
@@ -24,7 +31,9 @@ const owner = `berth_owner_r_${process.pid}`;
 const roleA = `berth_rt_a_${process.pid}`;
 const roleB = `berth_rt_b_${process.pid}`;
 const outsider = `berth_rt_x_${process.pid}`;
-const roles = [roleA, roleB, outsider, owner];
+const producer = `berth_rt_p_${process.pid}`;
+const producerQ = `berth_rt_q_${process.pid}`;
+const roles = [roleA, roleB, outsider, producer, producerQ, owner];
 const schema = `t_roles_${process.pid}`;
 const S = `"${schema}"`;
 
@@ -35,14 +44,15 @@ for (const r of roles) await admin.query(`DROP ROLE IF EXISTS "${r}"`);
 for (const r of roles) await admin.query(`CREATE ROLE "${r}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE`);
 // A non-superuser owns the schema and migrates it: the definer functions run as this role.
 await admin.query(`CREATE SCHEMA ${S} AUTHORIZATION "${owner}"`);
-const report = await migrate({ connectionString: urlAs(owner), schema, runtimeRoles: [roleA] });
+const report = await migrate({ connectionString: urlAs(owner), schema, runtimeRoles: [roleA], producerRoles: [producer] });
 await grantRuntimeRole({ connectionString: urlAs(owner), schema, role: roleB });
 const poolA = new pg.Pool({ connectionString: urlAs(roleA), max: 4 });
 const poolB = new pg.Pool({ connectionString: urlAs(roleB), max: 4 });
 const poolX = new pg.Pool({ connectionString: urlAs(outsider), max: 2 });
+const poolP = new pg.Pool({ connectionString: urlAs(producer), max: 2 });
 
 after(async () => {
-  await Promise.all([poolA.end(), poolB.end(), poolX.end()]);
+  await Promise.all([poolA.end(), poolB.end(), poolX.end(), poolP.end()]);
   await admin.query(`DROP SCHEMA IF EXISTS ${S} CASCADE`);
   for (const r of roles) {
     await admin.query(`DROP OWNED BY "${r}"`).catch(() => undefined);
@@ -57,13 +67,22 @@ async function laneOf(id: string): Promise<{ lane_id: number; lane_seq: string }
   return r.rows[0];
 }
 
-test('migrate grants runtimeRoles in its transaction and reports them', () => {
+/** The statement fails with insufficient_privilege (42501), whatever the message. */
+async function denied(db: pg.Pool, sql: string, values: unknown[] = []): Promise<void> {
+  await assert.rejects(db.query(sql, values), (err: { code?: string; message?: string }) => {
+    assert.equal(err.code, '42501', `${sql}: ${err.message}`);
+    return true;
+  }, sql);
+}
+
+test('migrate grants runtimeRoles and producerRoles in its transaction and reports them', () => {
   assert.deepEqual(report.grantedRoles, [roleA]);
+  assert.deepEqual(report.grantedProducerRoles, [producer]);
   assert.deepEqual(report.laneSequences, { repaired: [], busy: [], notPermitted: [], failed: [] });
 });
 
 test('runtime roles have no CREATE on the schema, and PUBLIC can execute no berth function', async () => {
-  for (const r of [roleA, roleB]) {
+  for (const r of [roleA, roleB, producer]) {
     const p = await admin.query(`SELECT has_schema_privilege($1, $2, 'CREATE') AS c, has_schema_privilege($1, $2, 'USAGE') AS u`, [r, schema]);
     assert.deepEqual(p.rows[0], { c: false, u: true }, r);
   }
@@ -194,8 +213,15 @@ test('B claims, fails, retries, slices and completes through a Worker whose main
     await expectOutcome(w.metrics, 'r_slice', 'success', 1);
     await waitFor(async () => (await getTask(admin, schema, dead))?.state === 'dead', 10_000, 'dead letter');
     assert.equal(attempts.get('flaky'), 2);
-    // Prune truncates a settled slot's partitions (LOCK TABLE + TRUNCATE as B).
+    // Prune truncates a settled slot's partitions through prune_slot (B has no TRUNCATE).
     await waitFor(async () => (await counterValue(w.metrics, 'berth_ring_prune_total', { result: 'pruned' })) > 0, 10_000, 'a ring slot pruned by B');
+    // A forged leader row (the same role can write `workers`) does not change who leads.
+    await forgeLeaderRow(poolB, forged);
+    const info = await waitFor(async () => {
+      const i = await leaderInfo(admin, schema);
+      return i.worker?.workerId === w.id ? i : null;
+    }, 10_000, 'leaderInfo names the worker holding the lock');
+    assert.match(info.session!.applicationName, /^berth leader /);
     await waitFor(async () => (await counterValue(w.metrics, 'berth_maintenance_branch_seconds_count', { branch: 'gauges' })) > 1, 5_000, 'gauges ran');
     for (const branch of ['promote', 'rescue', 'ring', 'retention', 'gauges']) {
       assert.ok((await counterValue(w.metrics, 'berth_maintenance_branch_seconds_count', { branch })) > 0, `${branch} ran`);
@@ -204,7 +230,22 @@ test('B claims, fails, retries, slices and completes through a Worker whose main
   } finally {
     await w.stop();
   }
+  const none = await leaderInfo(admin, schema);
+  assert.deepEqual({ session: none.session, worker: none.worker }, { session: null, worker: null }, 'no lock holder: no leader, forged row or not');
+  await admin.query(`DELETE FROM ${S}.workers WHERE worker_id = $1`, [forged]);
 });
+
+const forged = `forged-${process.pid}`;
+
+/** The row the security probe wrote: leader, seen ten years ahead, malformed maintenance. */
+async function forgeLeaderRow(db: pg.Pool, id: string): Promise<void> {
+  await db.query(
+    `INSERT INTO ${S}.workers (worker_id, host, pid, queues, slots, busy, prefetched, leader, maintenance, started_at, last_seen_at)
+     VALUES ($1, 'forged', 1, NULL, 1, 0, 0, true, '{"branches": 42, "waitingLanes": "x"}',
+             now() + interval '10 years', now() + interval '10 years')`,
+    [id],
+  );
+}
 
 test('A promotes a scheduled task on a lane B created', async () => {
   const queue = `promo-${process.pid}`;
@@ -214,7 +255,7 @@ test('A promotes a scheduled task on a lane B created', async () => {
   const lane = await laneOf(first.id!);
   const owners = await admin.query(`SELECT pg_get_userbyid(relowner) AS o FROM pg_class WHERE oid = $1::regclass`, [`${S}."lane_seq_${lane.lane_id}"`]);
   assert.equal(owners.rows[0].o, owner, 'created through the definer: owned by the schema owner, not by B');
-  await new Promise((r) => setTimeout(r, 250));
+  await waitFor(async () => (await admin.query(`SELECT run_at <= now() AS due FROM ${S}.deferred WHERE id = $1`, [later.id])).rows[0].due, 10_000, 'the task to come due');
   const out = await promoteDueLanes(poolA, schema, null, 100, 1000);
   assert.deepEqual({ promoted: out.promoted, contended: out.contended, failed: out.failed }, { promoted: 1, contended: [], failed: [] });
   assert.deepEqual(await laneOf(later.id!), { lane_id: lane.lane_id, lane_seq: '2' });
@@ -232,4 +273,211 @@ test('the rest of the runtime surface works under the grant (read, move, remove,
   assert.ok((await readGauges(poolB, schema)).dead.get('r_dead'));
   assert.equal(await pruneDeadLetters(poolA, schema, 0), 1);
   await maintainRing(poolA, schema, { rotateAfterMs: 0, lockTimeoutMs: 100 });
+});
+
+test('a producer role enqueues and reads task state, and nothing more', async () => {
+  const queue = `prod-${process.pid}`;
+  const ready = await enqueue(poolP, 'r_prod', { n: 1 }, { schema, queue, shard: 7, dedupeKey: `pk-${process.pid}` });
+  const later = await enqueue(poolP, 'r_prod', { n: 2 }, { schema, queue, shard: 7, delay: 60_000 });
+  assert.equal((await enqueue(poolP, 'r_prod', {}, { schema, queue, dedupeKey: `pk-${process.pid}` })).state, 'duplicate');
+  assert.equal((await getTask(poolP, schema, ready.id!))?.state, 'ready');
+  assert.equal((await getTask(poolP, schema, later.id!))?.state, 'scheduled');
+  const lane = await laneOf(ready.id!);
+
+  // Claim: the lane lock (FOR UPDATE needs UPDATE on lanes) and the lease insert are refused.
+  await assert.rejects(
+    claim(poolP, { schema, laneIds: [lane.lane_id], limit: 1, ceilings: new Map(), maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: 1000, marginMs: 0, workerId: 'p', wakeChannel: wakeChannel(schema) }),
+    (err: { code?: string }) => err.code === '42501',
+  );
+  await denied(poolP, `INSERT INTO ${S}.leases (slot, lane_id, lane_seq, id, type, attempt, max_attempts, token, claimed_at, expires_at)
+                        VALUES (0, $1, $2, $3, 'x', 1, 1, gen_random_uuid(), now(), now())`, [lane.lane_id, lane.lane_seq, ready.id]);
+  // Settlement, ring and lane writes, the definer functions beyond enqueue.
+  await denied(poolP, `INSERT INTO ${S}.settlements (slot, lane_id, lane_seq, id, outcome) VALUES (0, $1, $2, $3, 'completed')`, [lane.lane_id, lane.lane_seq, ready.id]);
+  await denied(poolP, `UPDATE ${S}.lanes SET paused = true`);
+  await assert.rejects(rotateRing(poolP as never, schema, 0), (err: { code?: string }) => err.code === '42501');
+  for (const call of [
+    `${S}.prune_slot(0::smallint, 10)`,
+    `${S}.prune_dead_letters(0, 10)`,
+    `${S}.promote_lane('q', 0::smallint, 0::smallint, 10)`,
+    `${S}.remove_unleased(${ready.id}, 'x')`,
+    `${S}.provision_lane('q', 0::smallint, 0::smallint)`,
+    `* FROM ${S}.due_deferred(NULL, 10, '{}', '{}', '{}')`,
+  ]) await denied(poolP, `SELECT ${call}`);
+  // Nothing that destroys: truncate, delete, drop.
+  await denied(poolP, `TRUNCATE ${S}."ready_0"`);
+  await denied(poolP, `TRUNCATE ${S}.ready`);
+  for (const t of ['deferred', 'ready', 'dead_letters', 'dedupe', 'leases']) await denied(poolP, `DELETE FROM ${S}.${t}`);
+  await denied(poolP, `UPDATE ${S}.deferred SET run_at = now()`);
+  await denied(poolP, `DROP TABLE ${S}.ready`);
+  await denied(poolP, `DROP TABLE ${S}."ready_0"`);
+  // Nor forge a worker, a leader or an audit entry.
+  await assert.rejects(forgeLeaderRow(poolP, `${forged}-p`), (err: { code?: string }) => err.code === '42501');
+  await denied(poolP, `INSERT INTO ${S}.audit_log (actor, action, target, result) VALUES ('x', 'x', '{}', '{}')`);
+  await denied(poolP, `SELECT count(*) FROM ${S}.audit_log`);
+  await denied(poolP, `SELECT count(*) FROM ${S}.workers`);
+  // Everything refused left the tasks as they were.
+  assert.equal((await getTask(admin, schema, ready.id!))?.state, 'ready');
+  assert.equal((await getTask(admin, schema, later.id!))?.state, 'scheduled');
+});
+
+test('a worker role cannot truncate, delete, drop or forge what it does not own', async () => {
+  for (const t of ['ready', 'leases', 'settlements', 'tombstones']) {
+    await denied(poolB, `TRUNCATE ${S}.${t}`);
+    await denied(poolB, `TRUNCATE ${S}."${t}_3"`);
+    const c = await poolB.connect();
+    try {
+      await c.query('BEGIN');
+      await assert.rejects(c.query(`LOCK TABLE ${S}."${t}_3" IN ACCESS EXCLUSIVE MODE`), (err: { code?: string }) => err.code === '42501');
+    } finally {
+      await c.query('ROLLBACK');
+      c.release();
+    }
+  }
+  for (const t of ['ready', 'leases', 'settlements', 'tombstones', 'deferred', 'dead_letters', 'audit_log', 'lanes']) {
+    await denied(poolB, `DELETE FROM ${S}.${t}`);
+  }
+  await denied(poolB, `DELETE FROM ${S}."ready_3"`);
+  await denied(poolB, `UPDATE ${S}.deferred SET run_at = now() + interval '1 year'`);
+  await denied(poolB, `UPDATE ${S}.ready SET payload = '{}'`);
+  await denied(poolB, `UPDATE ${S}.leases SET expires_at = now()`);
+  await denied(poolB, `SELECT id FROM ${S}.deferred FOR UPDATE`);
+  await denied(poolB, `INSERT INTO ${S}.audit_log (actor, action, target, result) VALUES ('x', 'x', '{}', '{}')`);
+  await denied(poolB, `INSERT INTO ${S}.ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard, attempts, created_at, run_at)
+                        VALUES (0, 1, 999999, 1, 'x', '{}', 'q', 0, 0, 0, now(), now())`);
+  await denied(poolB, `DROP TABLE ${S}.ready`);
+  await denied(poolB, `DROP TABLE ${S}.workers`);
+  await denied(poolB, `ALTER TABLE ${S}.dead_letters DISABLE TRIGGER ALL`);
+  await denied(poolB, `CREATE TABLE ${S}.mine (x int)`);
+  await denied(poolB, `SELECT ${S}.set_queue_paused('q', true, 'b', NULL)`);
+  await denied(poolB, `SELECT * FROM ${S}.retry_dead('{1}')`);
+  await denied(poolB, `SELECT * FROM ${S}.schema_migrations`);
+  // A forged leader row is refused to nobody holding the worker grant, and changes nothing.
+  const before = await leaderInfo(admin, schema);
+  await forgeLeaderRow(poolB, `${forged}-b`);
+  try {
+    const after = await leaderInfo(admin, schema);
+    assert.deepEqual(after, before, 'leaderInfo reads the lock holder, not a row that says it leads');
+  } finally {
+    await admin.query(`DELETE FROM ${S}.workers WHERE worker_id = $1`, [`${forged}-b`]);
+  }
+});
+
+test('the leader lock is not a privilege: any role that can connect can take it (and is reported as the lock holder)', async () => {
+  // pg_advisory_lock needs no grant. A session that takes the leader key blocks maintenance
+  // (no worker can lead) but cannot pass for a worker: leaderInfo names no worker row for it.
+  const c = await poolP.connect();
+  try {
+    const got = await c.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1, $2) AS ok', [schemaLockKey(schema), LEADER_LOCK]);
+    assert.equal(got.rows[0]!.ok, true);
+    const pid = (await c.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
+    const info = await leaderInfo(admin, schema);
+    assert.equal(info.session?.pid, pid);
+    assert.equal(info.worker, null);
+    await c.query('SELECT pg_advisory_unlock($1, $2)', [schemaLockKey(schema), LEADER_LOCK]);
+  } finally {
+    c.release();
+  }
+});
+
+test('a dead-letter retention that deletes something leaves an audit row', async () => {
+  const queue = `ret-${process.pid}`;
+  const t = await enqueue(poolA, 'r_ret', {}, { schema, queue, delay: 60_000 });
+  await admin.query(
+    `INSERT INTO ${S}.dead_letters (id, type, payload, queue, priority, shard, attempts, created_at, last_attempted_at)
+     SELECT id, type, payload, queue, priority, shard, 1, created_at, now() - interval '1 day' FROM ${S}.deferred WHERE id = $1`,
+    [t.id],
+  );
+  await admin.query(`DELETE FROM ${S}.deferred WHERE id = $1`, [t.id]);
+  assert.equal(await pruneDeadLetters(poolB, schema, 3600_000), 1);
+  const audit = await admin.query(`SELECT actor, action, result FROM ${S}.audit_log WHERE action = 'dead.retention' ORDER BY id DESC LIMIT 1`);
+  assert.deepEqual(audit.rows[0], { actor: `maintenance:${roleB}`, action: 'dead.retention', result: { pruned: 1 } });
+  assert.equal(await pruneDeadLetters(poolB, schema, 3600_000), 0);
+});
+
+test('grantRuntimeRole: kind producer or worker; regranting converges; options are checked', async () => {
+  const conn = { connectionString: urlAs(owner), schema };
+  const priv = async (role: string) =>
+    (
+      await admin.query(
+        `SELECT has_table_privilege($1, $2, 'INSERT') AS lease_insert, has_function_privilege($1, $3, 'EXECUTE') AS promote,
+                has_function_privilege($1, $4, 'EXECUTE') AS enqueue, has_table_privilege($1, $5, 'SELECT') AS read`,
+        [role, `${S}.leases`, `${S}.promote_lane(text,smallint,smallint,integer)`,
+         `${S}.enqueue(text,smallint,smallint,smallint,text[],jsonb[],timestamptz[],integer[],text[])`, `${S}.ready`],
+      )
+    ).rows[0];
+  await grantRuntimeRole({ ...conn, role: producerQ, kind: 'worker' });
+  assert.deepEqual(await priv(producerQ), { lease_insert: true, promote: true, enqueue: true, read: true });
+  await grantRuntimeRole({ ...conn, role: producerQ, kind: 'producer' });
+  assert.deepEqual(await priv(producerQ), { lease_insert: false, promote: false, enqueue: true, read: true });
+  assert.deepEqual(await priv(producer), await priv(producerQ), 'same set as migrate({ producerRoles })');
+
+  const input = (err: unknown) => err instanceof BerthInputError;
+  await assert.rejects(grantRuntimeRole({ ...conn, role: producerQ, kind: 'admin' as never }), input);
+  await assert.rejects(grantRuntimeRole({ ...conn, role: producerQ, knd: 'producer' } as never), (err: Error) => input(err) && /unknown grantRuntimeRole option "knd"/.test(err.message));
+  await assert.rejects(grantRuntimeRole({ ...conn, role: '' }), input);
+  await assert.rejects(grantRuntimeRole({ ...conn, role: owner }), (err: Error) => input(err) && /owns schema/.test(err.message));
+  await assert.rejects(migrate({ ...conn, producerRole: [producerQ] } as never), (err: Error) => input(err) && /unknown migrate option "producerRole"/.test(err.message));
+  await assert.rejects(migrate({ ...conn, runtimeRoles: [producerQ], producerRoles: [producerQ] }), (err: Error) => input(err) && /both/.test(err.message));
+  await assert.rejects(migrate({ ...conn, producerRoles: 'x' as never }), input);
+
+  // berth migrate offers both kinds; it turns Q back into a worker role and keeps P a producer.
+  const { main } = await import('../src/cli.js');
+  const log = console.log;
+  const printed: string[] = [];
+  console.log = (...a: unknown[]) => void printed.push(a.join(' '));
+  try {
+    const code = await main(['node', 'berth', 'migrate', '--schema', schema, '--database-url', urlAs(owner), '--runtime-role', producerQ, '--producer-role', producer]);
+    assert.equal(code, 0, printed.join('\n'));
+  } finally {
+    console.log = log;
+  }
+  assert.ok(printed.includes(`granted runtime privileges to "${producerQ}" (worker role)`), printed.join('\n'));
+  assert.ok(printed.includes(`granted producer privileges to "${producer}"`), printed.join('\n'));
+  assert.deepEqual(await priv(producerQ), { lease_insert: true, promote: true, enqueue: true, read: true });
+  assert.deepEqual(await priv(producer), { lease_insert: false, promote: false, enqueue: true, read: true });
+});
+
+test('migration 7 turns a runtime role of the old single grant into a worker role', async () => {
+  const legacySchema = `t_roles_legacy_${process.pid}`;
+  const L = `"${legacySchema}"`;
+  const legacy = `berth_rt_l_${process.pid}`;
+  await admin.query(`DROP SCHEMA IF EXISTS ${L} CASCADE`);
+  await admin.query(`DROP ROLE IF EXISTS "${legacy}"`);
+  await admin.query(`CREATE ROLE "${legacy}" LOGIN`);
+  const o = new pg.Client({ connectionString: urlAs(owner) });
+  await o.connect();
+  try {
+    await admin.query(`CREATE SCHEMA ${L} AUTHORIZATION "${owner}"`);
+    // The schema as berth left it before the split (migrations up to 5), with the old grant.
+    await o.query(`CREATE TABLE ${L}.schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
+                     applied_at timestamptz NOT NULL DEFAULT now(), checksum text)`);
+    for (const m of MIGRATIONS.filter((x) => x.version <= 5)) {
+      await o.query(m.sql(legacySchema));
+      await o.query(`INSERT INTO ${L}.schema_migrations (version, name) VALUES ($1, $2)`, [m.version, m.name]);
+    }
+    await o.query(`GRANT USAGE ON SCHEMA ${L} TO "${legacy}"`);
+    await o.query(`GRANT EXECUTE ON FUNCTION ${L}.promote_lane(text, smallint, smallint, integer) TO "${legacy}"`);
+    await o.query(`GRANT SELECT, TRUNCATE ON ${L}."ready_0", ${L}."leases_15", ${L}."tombstones_7" TO "${legacy}"`);
+    await o.query(`GRANT SELECT, INSERT, DELETE ON ${L}.dead_letters TO "${legacy}"`);
+    await o.query(`GRANT SELECT, INSERT, UPDATE (run_at) ON ${L}.deferred TO "${legacy}"`);
+    await migrate({ client: o, schema: legacySchema });
+    const p = await admin.query(
+      `SELECT has_table_privilege($1, $2, 'TRUNCATE') AS t0, has_table_privilege($1, $3, 'TRUNCATE') AS t15,
+              has_table_privilege($1, $4, 'DELETE') AS dl_delete, has_table_privilege($1, $4, 'INSERT') AS dl_insert,
+              has_column_privilege($1, $5, 'run_at', 'UPDATE') AS run_at,
+              has_function_privilege($1, $6, 'EXECUTE') AS prune, has_function_privilege($1, $7, 'EXECUTE') AS retention,
+              has_function_privilege($1, $8, 'EXECUTE') AS due`,
+      [legacy, `${L}."ready_0"`, `${L}."leases_15"`, `${L}.dead_letters`, `${L}.deferred`,
+       `${L}.prune_slot(smallint,integer)`, `${L}.prune_dead_letters(double precision,integer)`,
+       `${L}.due_deferred(text,integer,text[],smallint[],smallint[])`],
+    );
+    assert.deepEqual(p.rows[0], { t0: false, t15: false, dl_delete: false, dl_insert: true, run_at: false, prune: true, retention: true, due: true });
+    const ownerKept = await admin.query(`SELECT has_table_privilege($1, $2, 'TRUNCATE') AS t`, [owner, `${L}."ready_0"`]);
+    assert.equal(ownerKept.rows[0].t, true, 'the owner keeps its own privileges');
+  } finally {
+    await o.end();
+    await admin.query(`DROP SCHEMA IF EXISTS ${L} CASCADE`);
+    await admin.query(`DROP OWNED BY "${legacy}"`).catch(() => undefined);
+    await admin.query(`DROP ROLE IF EXISTS "${legacy}"`);
+  }
 });

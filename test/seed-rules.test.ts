@@ -6,7 +6,7 @@ import { defineTask, enqueue, enqueueMany, getTask, promoteDueLanes, rescueLapse
 import { claim } from '../src/processor/claim.js';
 import { Promoter } from '../src/maintenance/promoter.js';
 import { wakeChannel } from '../src/sql.js';
-import { captureLogger, counterValue, DATABASE_URL, expectOutcome, freshSchema, waitFor, holdLaneLock } from './helpers.js';
+import { captureLogger, counterValue, DATABASE_URL, expectOutcome, freshSchema, waitFor, holdLaneLock, leaseLapsed, scaled } from './helpers.js';
 
 const { schema, pool } = await freshSchema('rules');
 const S = `"${schema}"`;
@@ -85,10 +85,10 @@ test('rescue never takes the lane lock: a lapsed lease is rescued while its own 
   await reset();
   const lane = await laneOf('held', 2);
   const [t] = await enqueueMany(pool, [{ type: 'x', payload: {}, queue: 'held', shard: 2 }], { schema });
-  await claim(pool, claimParams([lane], 1, 1));
+  const [leased] = await claim(pool, claimParams([lane], 1, 1));
   const release = await holdLane(lane);
   try {
-    await new Promise((r) => setTimeout(r, 20));
+    await leaseLapsed(pool, leased!.leaseExpiresAt);
     const c = new pg.Client({ connectionString: DATABASE_URL });
     await c.connect();
     await c.query("SET lock_timeout = '1s'");
@@ -112,7 +112,11 @@ test('promoter: a lane with a waiter is skipped by later ticks; past the waiter 
   const releaseA = await holdLane(a);
   const releaseB = await holdLane(b);
   const metrics = new BerthMetrics();
-  const p = new Promoter(pool, schema, { batchSize: 100, laneLockTimeoutMs: 50, waiterLockTimeoutMs: 400, poolSize: 8 }, metrics, logger);
+  // The waiter must still be waiting when the second tick runs, however slow the machine: a
+  // waiter timeout far beyond two ticks here, a short one below for the timed-out count.
+  const p = new Promoter(pool, schema, { batchSize: 100, laneLockTimeoutMs: 50, waiterLockTimeoutMs: scaled(60_000), poolSize: 8 }, metrics, logger);
+  const short = new BerthMetrics();
+  const q = new Promoter(pool, schema, { batchSize: 100, laneLockTimeoutMs: 50, waiterLockTimeoutMs: 400, poolSize: 8 }, short, logger);
   try {
     await p.tick();
     assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off', state: 'scheduled' }), 1);
@@ -122,11 +126,17 @@ test('promoter: a lane with a waiter is skipped by later ticks; past the waiter 
     await p.tick();
     assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off', queue: waiting }), 1, 'the waiting lane is skipped by the next tick');
     assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'waiter_limit' }), 2, 'the other lane is retried each tick');
-    await waitFor(async () => (await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'waiter_timed_out', queue: waiting })) === 1, 5000, 'waiter timeout');
-    assert.ok((await counterValue(metrics, 'berth_promote_batches_total', {})) >= 3, 'tick and waiter batches are counted');
+    await p.stop();
+    // A waiter that runs out of time (400 ms) is counted as such.
+    await q.tick();
+    const handed = q.waitingLanes[0]!.queue;
+    await waitFor(async () => (await counterValue(short, 'berth_promote_lane_contention_total', { outcome: 'waiter_timed_out', queue: handed })) === 1, 5000, 'waiter timeout');
+    assert.ok((await counterValue(metrics, 'berth_promote_batches_total', {})) >= 2, 'tick batches are counted');
+    assert.ok((await counterValue(short, 'berth_promote_batches_total', {})) >= 2, 'tick and waiter batches are counted');
     assert.equal((await pool.query(`SELECT count(*) FROM ${S}.deferred`)).rows[0].count, '2', 'nothing promoted while both lanes are held');
   } finally {
     await p.stop();
+    await q.stop();
     await releaseA();
     await releaseB();
   }
@@ -150,7 +160,8 @@ test('shutdown settles a handler that returns as the drain ends; it never runs a
   assert.equal((await getTask(pool, schema, r.id!))?.state, 'completed', 'settled before the pools closed');
   const again = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], logger, maintenance: false, pollIntervalMs: 50 });
   await again.start();
-  await new Promise((res) => setTimeout(res, 300));
+  // Long enough for the second worker to have looked: a few of its polls, however slow the machine.
+  await waitFor(async () => (await counterValue(again.metrics, 'berth_wakeups_total', { reason: 'poll' })) >= 3, 10_000, 'the second worker polling');
   await again.stop();
   assert.equal(runs, 1);
 });

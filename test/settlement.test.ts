@@ -4,7 +4,7 @@ import { enqueue, enqueueMany, dequeue, getTask, LeaseLostError, pruneDeadLetter
 import { claim, discover, type ClaimedTask } from '../src/processor/claim.js';
 import { advanceCursor, completeLeases, leaseKey, recordFailures, releaseLease } from '../src/processor/settlement.js';
 import { wakeChannel } from '../src/sql.js';
-import { freshSchema } from './helpers.js';
+import { freshSchema, leaseLapsed } from './helpers.js';
 
 const { schema, pool } = await freshSchema('settle');
 const S = `"${schema}"`;
@@ -76,6 +76,7 @@ test('RecordFailure is fenced: a wrong token is refused and nothing is written',
 
 test('failure stores last_error, backs off and clears the lease; attempts are counted at claim', async () => {
   const id = await fresh();
+  const started = performance.now();
   const t = await claimOne();
   assert.equal(t.attempt, 1);
   const r = await recordFailures(pool, schema, [{ ref: t, error: 'object store said 503', delayMs: 15_000, permanent: false }]);
@@ -85,8 +86,11 @@ test('failure stores last_error, backs off and clears the lease; attempts are co
   assert.equal(task?.lastError, 'object store said 503');
   assert.equal(task?.attempts, 1);
   assert.equal(task?.lease, null, 'lease cleared');
+  // run_at is the failure's now() + 15 s; last_attempted_at is the claim's now(). Between the
+  // two lies however long the machine took (measured here), not a fixed second.
+  const between = (performance.now() - started) / 1000;
   const delay = await pool.query(`SELECT extract(epoch FROM run_at - last_attempted_at)::float8 AS s FROM ${S}.deferred WHERE id = $1`, [id]);
-  assert.ok(delay.rows[0].s >= 14.9 && delay.rows[0].s < 16, `backoff ~15 s, got ${delay.rows[0].s}`);
+  assert.ok(delay.rows[0].s >= 15 && delay.rows[0].s <= 15 + between + 0.05, `backoff 15 s after the failure, got ${delay.rows[0].s} (claim to failure took at most ${between} s)`);
   await promoteNow();
   const t2 = await claimOne();
   assert.equal(t2.id, id, 'identity is stable across retries');
@@ -171,14 +175,14 @@ test('release keeps the burnt attempt; on the final attempt it dead-letters and 
 test('rescue: a lapsed lease goes back to retryable with the attempt burnt, or dead when out of attempts', async () => {
   const id = await fresh({}, { maxAttempts: 2 });
   const t1 = await claimOne('t', 1);
-  await new Promise((r) => setTimeout(r, 20));
+  await leaseLapsed(pool, t1.leaseExpiresAt);
   assert.deepEqual(await rescueLapsedLeases(pool, schema), { retried: 1, dead: 0 });
   assert.equal((await getTask(pool, schema, id))?.state, 'retryable');
   await assert.rejects(dequeue(pool, schema, id, t1.token), LeaseLostError, 'the old holder is fenced out');
   await promoteNow();
   const t2 = await claimOne('t', 1);
   assert.equal(t2.attempt, 2);
-  await new Promise((r) => setTimeout(r, 20));
+  await leaseLapsed(pool, t2.leaseExpiresAt);
   assert.deepEqual(await rescueLapsedLeases(pool, schema), { retried: 0, dead: 1 });
   const dead = await getTask(pool, schema, id);
   assert.equal(dead?.state, 'dead');

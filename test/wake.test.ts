@@ -115,7 +115,9 @@ test('a notification naming a lane of another queue is not claimed by a worker t
     await enqueue(pool, b, {}, { schema, queue: 'not_served' });
     await enqueue(pool, a, {}, { schema, queue: 'served' });
     await waitFor(() => ranA === 1, 10_000, 'served queue');
-    await new Promise((r) => setTimeout(r, 300));
+    // The worker has had its chances to take the other queue's task: a few polls since.
+    const polls = await counterValue(w.metrics, 'berth_wakeups_total', { reason: 'poll' });
+    await waitFor(async () => (await counterValue(w.metrics, 'berth_wakeups_total', { reason: 'poll' })) >= polls + 3, 10_000, 'three more polls');
     assert.equal(ranB, 0);
   } finally {
     await w.stop();

@@ -1,4 +1,4 @@
-import { BerthInputError } from '../errors.js';
+import { checkText, MAX_QUEUE_BYTES } from '../limits.js';
 import { quoteIdent, type Queryable } from '../sql.js';
 
 export interface QueueInfo {
@@ -39,8 +39,7 @@ export async function listQueues(db: Queryable, schema: string): Promise<QueueIn
 
 /** Any string names a queue, the empty one included (seed 003), so it can be paused too. */
 function queueName(queue: string): string {
-  if (typeof queue !== 'string') throw new BerthInputError('queue must be a string');
-  return queue;
+  return checkText(queue, 'queue', '', { maxBytes: MAX_QUEUE_BYTES });
 }
 
 /**

@@ -1,6 +1,7 @@
 import { quoteIdent, schemaLockKey, type Queryable } from '../sql.js';
-import { LEADER_LOCK } from '../maintenance/leader.js';
-import { DEFAULT_HEARTBEAT_MS, STALE_HEARTBEATS } from '../processor/heartbeat.js';
+import { LEADER_LOCK, leaderApplicationName } from '../maintenance/leader.js';
+import { DEFAULT_HEARTBEAT_MS, HEARTBEAT_FUTURE_ALLOWANCE_MS, STALE_HEARTBEATS } from '../processor/heartbeat.js';
+import { readMaintenanceReport, type MaintenanceReport } from './worker-report.js';
 import { deadRowPredicate, liveEntryPredicate } from '../storage/predicates.js';
 
 /** Due deferred rows are counted up to this many per lane; more reads as "10000+". */
@@ -39,7 +40,8 @@ export async function laneStats(db: Queryable, schema: string): Promise<LaneStat
             (SELECT count(*) FROM (SELECT 1 FROM ${s}.deferred d
                                     WHERE d.queue = l.queue AND d.priority = l.priority AND d.shard = l.shard
                                       AND d.run_at <= now() LIMIT ${DUE_COUNT_CAP}) x)::text AS due_deferred,
-            extract(epoch FROM now() - least(hd.run_at, dd.run_at))::float8 AS oldest_secs
+            -- An infinite run_at (no enqueue writes one; the runtime role could) has no age: 0, not an error.
+            CASE WHEN isfinite(least(hd.run_at, dd.run_at)) THEN extract(epoch FROM now() - least(hd.run_at, dd.run_at)) END::float8 AS oldest_secs
        FROM ${s}.lanes l
        LEFT JOIN LATERAL (SELECT max(r.lane_seq) AS seq FROM ${s}.ready r WHERE r.lane_id = l.lane_id) h ON true
        LEFT JOIN LATERAL (SELECT max(le.lane_seq) AS seq FROM ${s}.leases le WHERE le.lane_id = l.lane_id) c ON true
@@ -137,10 +139,13 @@ export interface ThroughputPoint {
 /** Handler outcomes per minute over the last `minutes` (from the workers' heartbeats). */
 export async function throughput(db: Queryable, schema: string, minutes = 60): Promise<ThroughputPoint[]> {
   const r = await db.query<{ minute: Date; queue: string; type: string; outcome: string; count: string }>(
+    // Heartbeats write this minute's counts: a later (or infinite) minute or a negative count was
+    // written by something else, and is left out rather than bending every chart.
     `SELECT minute, queue, type, outcome, sum(count)::text AS count FROM ${quoteIdent(schema)}.outcome_counts
       WHERE minute >= date_trunc('minute', now()) - make_interval(mins => $1)
+        AND minute <= now() + make_interval(secs => $2 / 1000.0) AND count >= 0
       GROUP BY minute, queue, type, outcome ORDER BY minute`,
-    [Math.min(Math.max(Math.trunc(minutes), 1), 7 * 24 * 60)],
+    [Math.min(Math.max(Math.trunc(minutes), 1), 7 * 24 * 60), HEARTBEAT_FUTURE_ALLOWANCE_MS],
   );
   return r.rows.map((x) => ({ minute: x.minute, queue: x.queue, type: x.type, outcome: x.outcome, count: Number(x.count) }));
 }
@@ -153,37 +158,85 @@ export interface WorkerInfo {
   slots: number;
   busy: number;
   prefetched: number;
+  /** It says it leads, and it is the session holding the leader lock (pg_locks): never the row's word alone. */
   leader: boolean;
   startedAt: Date;
   lastSeenAt: Date;
-  /** Heartbeat within STALE_HEARTBEATS intervals. */
+  /** Heartbeat within STALE_HEARTBEATS intervals, and not dated in the future. */
   alive: boolean;
-  maintenance: { branches?: Record<string, BranchRecord>; waitingLanes?: { queue: string; priority: number; shard: number }[] };
+  /** The valid parts of its maintenance report (see readMaintenanceReport). */
+  maintenance: MaintenanceReport;
+  /** What is wrong with the row (forged or corrupt: a future heartbeat, a malformed report), or null. */
+  invalid: string | null;
 }
 
-export interface BranchRecord {
-  runs: number;
-  failures: number;
-  overruns: number;
-  lastMs: number;
-  maxMs: number;
-  lastRunAt: string | null;
+export type { BranchRecord } from './worker-report.js';
+
+type LeaderSession = NonNullable<LeaderInfo['session']>;
+
+/** The session holding the schema's leader advisory lock, or null when nobody leads. */
+async function leaderSession(db: Queryable, schema: string): Promise<LeaderSession | null> {
+  const r = await db.query<{ pid: number; application_name: string; client_addr: string | null; since: Date }>(
+    `SELECT a.pid, a.application_name, a.client_addr::text AS client_addr, a.backend_start AS since
+       FROM pg_catalog.pg_locks k JOIN pg_catalog.pg_stat_activity a ON a.pid = k.pid
+      WHERE k.locktype = 'advisory' AND k.granted AND k.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+        AND k.classid = ($1::bigint & 4294967295)::oid AND k.objid = ($2::bigint & 4294967295)::oid AND k.objsubid = 2`,
+    [schemaLockKey(schema), LEADER_LOCK],
+  );
+  const row = r.rows[0];
+  return row ? { pid: row.pid, applicationName: row.application_name, clientAddr: row.client_addr, since: row.since } : null;
 }
 
-/** Worker processes by heartbeat, newest first. */
-export async function listWorkers(db: Queryable, schema: string, heartbeatMs = DEFAULT_HEARTBEAT_MS): Promise<WorkerInfo[]> {
+/** application_name as PostgreSQL keeps it: at most 63 bytes, never a split character. */
+function clipBytes(text: string, max: number): string {
+  let out = '';
+  let bytes = 0;
+  for (const ch of text) {
+    bytes += Buffer.byteLength(ch, 'utf8');
+    if (bytes > max) break;
+    out += ch;
+  }
+  return out;
+}
+
+/** Whether the lock holder's session is this worker's leader session (see leaderApplicationName). */
+function holdsLeaderLock(workerId: string, session: LeaderSession | null): boolean {
+  return session !== null && session.applicationName === clipBytes(leaderApplicationName(workerId), 63);
+}
+
+async function readWorkers(db: Queryable, schema: string, heartbeatMs: number, session: LeaderSession | null): Promise<WorkerInfo[]> {
   const r = await db.query<{
     worker_id: string; host: string; pid: number; queues: string[] | null; slots: number; busy: number; prefetched: number;
-    leader: boolean; started_at: Date; last_seen_at: Date; alive: boolean; maintenance: WorkerInfo['maintenance'];
+    leader: boolean; started_at: Date; last_seen_at: Date; alive: boolean; future: boolean; maintenance: unknown;
   }>(
-    `SELECT w.*, w.last_seen_at > now() - make_interval(secs => $1 / 1000.0) AS alive
-       FROM ${quoteIdent(schema)}.workers w ORDER BY w.started_at DESC`,
-    [heartbeatMs * STALE_HEARTBEATS],
+    // Infinite times are no heartbeat's (it writes now()): such a row is left out, and pruned.
+    `SELECT w.worker_id, w.host, w.pid, w.queues, w.slots, w.busy, w.prefetched, w.leader, w.started_at, w.last_seen_at, w.maintenance,
+            w.last_seen_at > now() - make_interval(secs => $1 / 1000.0) AND w.last_seen_at <= now() + make_interval(secs => $2 / 1000.0) AS alive,
+            w.last_seen_at > now() + make_interval(secs => $2 / 1000.0) AS future
+       FROM ${quoteIdent(schema)}.workers w
+      WHERE isfinite(w.started_at) AND isfinite(w.last_seen_at)
+      ORDER BY w.started_at DESC`,
+    [heartbeatMs * STALE_HEARTBEATS, HEARTBEAT_FUTURE_ALLOWANCE_MS],
   );
-  return r.rows.map((w) => ({
-    workerId: w.worker_id, host: w.host, pid: w.pid, queues: w.queues, slots: w.slots, busy: w.busy, prefetched: w.prefetched,
-    leader: w.leader, startedAt: w.started_at, lastSeenAt: w.last_seen_at, alive: w.alive, maintenance: w.maintenance ?? {},
-  }));
+  return r.rows.map((w) => {
+    const { report, invalid } = readMaintenanceReport(w.maintenance);
+    const problems = [w.future ? 'its heartbeat is dated in the future' : null, invalid].filter((p) => p !== null);
+    return {
+      workerId: w.worker_id, host: w.host, pid: w.pid, queues: w.queues, slots: w.slots, busy: w.busy, prefetched: w.prefetched,
+      leader: w.leader && !w.future && holdsLeaderLock(w.worker_id, session), startedAt: w.started_at, lastSeenAt: w.last_seen_at,
+      alive: w.alive, maintenance: report, invalid: problems.length ? problems.join('; ') : null,
+    };
+  });
+}
+
+/**
+ * Worker processes by heartbeat, newest first. Every row is read defensively (the runtime role
+ * can write anything into `workers`): a malformed maintenance report is left out and named in
+ * `invalid`, a future-dated row is neither alive nor leader, and `leader` is confirmed against
+ * the session that holds the leader lock.
+ */
+export async function listWorkers(db: Queryable, schema: string, heartbeatMs = DEFAULT_HEARTBEAT_MS): Promise<WorkerInfo[]> {
+  return readWorkers(db, schema, heartbeatMs, await leaderSession(db, schema));
 }
 
 export interface LeaderInfo {
@@ -195,22 +248,13 @@ export interface LeaderInfo {
 
 /**
  * The maintenance leader: the session holding the schema's leader advisory lock (the truth)
- * and the heartbeat of the worker that says it leads (its branch durations and overruns).
+ * and the heartbeat of the worker whose leader session that is (its branch durations and
+ * overruns). A row that only says `leader = true` is not taken at its word.
  */
 export async function leaderInfo(db: Queryable, schema: string, heartbeatMs = DEFAULT_HEARTBEAT_MS): Promise<LeaderInfo> {
-  const r = await db.query<{ pid: number; application_name: string; client_addr: string | null; since: Date }>(
-    `SELECT a.pid, a.application_name, a.client_addr::text AS client_addr, a.backend_start AS since
-       FROM pg_catalog.pg_locks k JOIN pg_catalog.pg_stat_activity a ON a.pid = k.pid
-      WHERE k.locktype = 'advisory' AND k.granted AND k.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
-        AND k.classid = ($1::bigint & 4294967295)::oid AND k.objid = ($2::bigint & 4294967295)::oid AND k.objsubid = 2`,
-    [schemaLockKey(schema), LEADER_LOCK],
-  );
-  const row = r.rows[0];
-  const workers = await listWorkers(db, schema, heartbeatMs);
-  return {
-    session: row ? { pid: row.pid, applicationName: row.application_name, clientAddr: row.client_addr, since: row.since } : null,
-    worker: workers.find((w) => w.leader && w.alive) ?? null,
-  };
+  const session = await leaderSession(db, schema);
+  const workers = await readWorkers(db, schema, heartbeatMs, session);
+  return { session, worker: workers.find((w) => w.leader && w.alive) ?? null };
 }
 
 /**

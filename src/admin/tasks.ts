@@ -227,7 +227,10 @@ export async function taskTimeline(db: Queryable, schema: string, id: string): P
     if (d.rows[0]) events.push({ at: d.rows[0].died_at, event: 'dead', detail: { attempts: task.attempts, lastError: task.lastError } });
   }
   // A task created and appended in one statement shares the timestamp: keep insertion order.
-  return events.map((e, i) => ({ e, i })).sort((a, b) => a.e.at.getTime() - b.e.at.getTime() || a.i - b.i).map((x) => x.e);
+  // Number(), not getTime(): an infinite timestamp (which the runtime role can write) comes back
+  // from pg as the number Infinity, not a Date.
+  const at = (e: TimelineEvent) => Number(e.at);
+  return events.map((e, i) => ({ e, i })).sort((a, b) => at(a.e) - at(b.e) || a.i - b.i).map((x) => x.e);
 }
 
 /** What an operator action on one task did. */

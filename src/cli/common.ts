@@ -4,6 +4,7 @@ import pg from 'pg';
 import { BerthInputError } from '../errors.js';
 import { isTaskId } from '../admin/ids.js';
 import { assertMigrated } from '../schema/migrate.js';
+import { escapeControl, jsonSafe, say } from './terminal.js';
 
 export const EXIT = { ok: 0, failed: 1, usage: 2 } as const;
 
@@ -87,7 +88,7 @@ export async function withPool<T>(opts: Common, run: (pool: pg.Pool) => Promise<
 }
 
 export function printJson(value: unknown): void {
-  console.log(JSON.stringify(value, null, 2));
+  console.log(jsonSafe(JSON.stringify(value, null, 2)));
 }
 
 /** A plain aligned text table (no colours: it goes to logs and pipes as often as to people). */
@@ -95,12 +96,13 @@ export function printTable(rows: readonly Record<string, unknown>[], columns: re
   const cell = (v: unknown): string => {
     if (v === null || v === undefined) return '-';
     if (v instanceof Date) return v.toISOString();
-    return String(v);
+    // Database text: escaped whole (newlines too), so a cell stays one cell on one line.
+    return escapeControl(String(v));
   };
   const widths = columns.map((c) => Math.max(c.length, ...rows.map((r) => cell(r[c]).length)));
   const line = (vals: string[]) => vals.map((v, i) => v.padEnd(widths[i]!)).join('  ').trimEnd();
-  console.log(line(columns.map((c) => c.toUpperCase())));
-  for (const r of rows) console.log(line(columns.map((c) => cell(r[c]))));
+  say(line(columns.map((c) => c.toUpperCase())));
+  for (const r of rows) say(line(columns.map((c) => cell(r[c]))));
 }
 
 /** Seconds as a short human duration: 42s, 3m05s, 2h10m. */

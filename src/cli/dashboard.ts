@@ -4,6 +4,7 @@ import { dashboardOptionsFromEnv } from '../dashboard/options.js';
 import { createLogger } from '../logger.js';
 import { common, connection, intOption, type Common } from './common.js';
 import { runUntilSignal } from './signals.js';
+import { say } from './terminal.js';
 
 export function registerDashboardCommand(program: Command): void {
   common(program.command('dashboard'), { json: false })
@@ -28,7 +29,7 @@ export function registerDashboardCommand(program: Command): void {
         readOnly: opts.readOnly ?? env.readOnly,
         logger,
       });
-      console.log(`berth dashboard: ${server.url}`);
+      say(`berth dashboard: ${server.url}`);
       await runUntilSignal(() => server.close());
     });
 }

@@ -3,6 +3,7 @@ import { audited } from '../admin/audit.js';
 import { listDead, purgeDead, retryDead, type BulkResult, type DeadFilter } from '../admin/dead.js';
 import { actor, CliFailure, collect, common, intOption, nextPageCommand, printJson, printTable, taskIdArg, withPool, type Common } from './common.js';
 import { progressBar } from './progress.js';
+import { say } from './terminal.js';
 
 interface FilterOpts extends Common {
   queue?: string;
@@ -78,7 +79,7 @@ export function registerDeadCommands(program: Command): void {
         );
         if (page.next) {
           const filters = { queue: opts.queue, type: opts.type, error: opts.error, 'died-before': opts.diedBefore?.toISOString() };
-          console.log(`\nmore: ${nextPageCommand('dead list', opts, page.next, filters)}`);
+          say(`\nmore: ${nextPageCommand('dead list', opts, page.next, filters)}`);
         }
       });
     });
@@ -88,12 +89,12 @@ export function registerDeadCommands(program: Command): void {
     .addHelpText('after', '\nNeeds a filter or --all. A dead letter whose dedupe key a live task holds is left in place.')
     .action((opts: FilterOpts) =>
       bulk(opts, 'retry', retryDead, (r) => {
-        console.log(`retried ${r.changed} of ${r.matched} dead letter(s)${r.duplicates ? `; ${r.duplicates} left: a live task holds their dedupe key` : ''}`);
+        say(`retried ${r.changed} of ${r.matched} dead letter(s)${r.duplicates ? `; ${r.duplicates} left: a live task holds their dedupe key` : ''}`);
       }),
     );
 
   filters(common(dead.command('purge')), true)
     .description('delete the dead letters a filter matches, in batches of 5,000')
     .addHelpText('after', '\nNeeds a filter or --all.')
-    .action((opts: FilterOpts) => bulk(opts, 'purge', purgeDead, (r) => console.log(`purged ${r.changed} dead letter(s)`)));
+    .action((opts: FilterOpts) => bulk(opts, 'purge', purgeDead, (r) => say(`purged ${r.changed} dead letter(s)`)));
 }

@@ -2,6 +2,7 @@ import { Command } from 'commander';
 import { audited } from '../admin/audit.js';
 import { listQueues, pauseQueue, resumeQueue } from '../admin/queues.js';
 import { actor, CliFailure, common, printJson, printTable, withPool, type Common } from './common.js';
+import { say } from './terminal.js';
 
 export function registerQueueCommands(program: Command): void {
   const queues = program.command('queues').description('list, pause and resume queues');
@@ -25,9 +26,9 @@ export function registerQueueCommands(program: Command): void {
         );
         if (opts.json) printJson({ queue, paused: true, ...r });
         else {
-          console.log(`queue "${queue}" paused (${r.lanes} lane(s) changed)`);
+          say(`queue "${queue}" paused (${r.lanes} lane(s) changed)`);
           const known = (await listQueues(pool, opts.schema)).find((q) => q.queue === queue && q.lanes > 0);
-          if (!known) console.log(`note: no lane of "${queue}" exists yet; the pause is recorded and its first lane will open paused`);
+          if (!known) say(`note: no lane of "${queue}" exists yet; the pause is recorded and its first lane will open paused`);
         }
       });
     });
@@ -43,7 +44,7 @@ export function registerQueueCommands(program: Command): void {
         }
         const r = await audited(pool, opts.schema, null, who, 'queue.resume', { queue }, () => resumeQueue(pool, opts.schema, queue, who));
         if (opts.json) printJson({ queue, paused: false, ...r });
-        else console.log(`queue "${queue}" resumed (${r.lanes} lane(s) changed)`);
+        else say(`queue "${queue}" resumed (${r.lanes} lane(s) changed)`);
       });
     });
 }

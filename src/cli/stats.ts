@@ -1,6 +1,7 @@
 import { Command } from 'commander';
 import { laneActivity, laneStats, leaderInfo, listWorkers, taskCounts, throughput, DUE_COUNT_CAP } from '../admin/stats.js';
 import { CliFailure, common, duration, printJson, printTable, withPool, type Common } from './common.js';
+import { escapeControl, say } from './terminal.js';
 
 export function registerStatsCommands(program: Command): void {
   common(program.command('stats'))
@@ -36,12 +37,12 @@ export function registerStatsCommands(program: Command): void {
           rows.map((r) => ({ ...r, donePerMin: r.donePerMin.toFixed(1), failedPerMin: r.failedPerMin.toFixed(1), oldestDue: duration(r.oldestDue), paused: r.paused ? 'yes' : '' })),
           ['queue', 'pending', 'running', 'dead', 'donePerMin', 'failedPerMin', 'oldestDue', 'paused'],
         );
-        console.log('');
+        say('');
         printTable(
           lanes.map((l) => ({ ...l, dueDeferred: l.dueDeferred >= DUE_COUNT_CAP ? `${DUE_COUNT_CAP}+` : l.dueDeferred, oldestDue: duration(l.oldestDueSeconds), paused: l.paused ? 'yes' : '' })),
           ['laneId', 'queue', 'priority', 'shard', 'depth', 'dueDeferred', 'oldestDue', 'running', 'dead', 'paused'],
         );
-        console.log(`\n${alive.length} worker(s) alive, ${alive.reduce((n, w) => n + w.busy, 0)}/${alive.reduce((n, w) => n + w.slots, 0)} slots busy`);
+        say(`\n${alive.length} worker(s) alive, ${alive.reduce((n, w) => n + w.busy, 0)}/${alive.reduce((n, w) => n + w.slots, 0)} slots busy`);
       });
     });
 
@@ -52,11 +53,11 @@ export function registerStatsCommands(program: Command): void {
       await withPool(opts, async (pool) => {
         const info = await leaderInfo(pool, opts.schema);
         if (opts.json) printJson(info);
-        else if (!info.session) console.log(`no maintenance leader for schema "${opts.schema}": no worker with maintenance enabled is connected`);
+        else if (!info.session) say(`no maintenance leader for schema "${opts.schema}": no worker with maintenance enabled is connected`);
         else {
-          console.log(`leader: ${info.session.applicationName} (backend pid ${info.session.pid}${info.session.clientAddr ? `, from ${info.session.clientAddr}` : ''}, connected since ${info.session.since.toISOString()})`);
+          say(`leader: ${escapeControl(info.session.applicationName)} (backend pid ${info.session.pid}${info.session.clientAddr ? `, from ${info.session.clientAddr}` : ''}, connected since ${info.session.since.toISOString()})`);
           const branches = info.worker?.maintenance.branches ?? {};
-          if (Object.keys(branches).length === 0) console.log('no branch statistics yet (they arrive with the leader\'s next heartbeat)');
+          if (Object.keys(branches).length === 0) say('no branch statistics yet (they arrive with the leader\'s next heartbeat)');
           else {
             const ms = (v: number) => (v < 10 ? v.toFixed(2) : v.toFixed(0));
             printTable(
@@ -64,7 +65,7 @@ export function registerStatsCommands(program: Command): void {
               ['branch', 'runs', 'failures', 'overruns', 'lastMs', 'maxMs', 'lastRunAt'],
             );
           }
-          for (const l of info.worker?.maintenance.waitingLanes ?? []) console.log(`promotion waiter on busy lane ${l.queue}/${l.priority}/${l.shard}`);
+          for (const l of info.worker?.maintenance.waitingLanes ?? []) say(`promotion waiter on busy lane ${escapeControl(String(l.queue))}/${l.priority}/${l.shard}`);
         }
         if (!info.session) throw new CliFailure(`no maintenance leader for schema "${opts.schema}"`);
       });

@@ -3,9 +3,11 @@ import { audited } from '../admin/audit.js';
 import { cancelTask, deleteTask, listTasks, parseState, retryTask, taskTimeline, type TaskActionResult } from '../admin/tasks.js';
 import { BerthInputError } from '../errors.js';
 import { enqueue } from '../producer/enqueue.js';
+import { MAX_ATTEMPTS_LIMIT } from '../limits.js';
 import { getTask, moveTask } from '../storage/tasks.js';
 import { taskId } from '../admin/ids.js';
 import { actor, CliFailure, common, intOption, nextPageCommand, printJson, printTable, taskIdArg, withPool, type Common } from './common.js';
+import { escapeControl, jsonSafe, say } from './terminal.js';
 
 function jsonPayload(text: string): unknown {
   try {
@@ -54,7 +56,7 @@ async function taskAction(
     const result = await audited(pool, opts.schema, null, actor(), `task.${action}`, { id }, () => run(pool, opts.schema, id));
     if (opts.json) printJson({ id, result });
     if (result !== 'retried' && result !== 'removed') throw new CliFailure(`task ${id} ${ACTION_MESSAGES[result]}`);
-    if (!opts.json) console.log(`task ${id}: ${ACTION_MESSAGES[result]}`);
+    if (!opts.json) say(`task ${id}: ${ACTION_MESSAGES[result]}`);
   });
 }
 
@@ -66,7 +68,7 @@ export function registerTaskCommands(program: Command): void {
     .option('--run-at <time>', 'not before this ISO 8601 time', isoDate)
     .option('--delay <duration>', 'not before now + this (500ms, 30s, 15m, 2h), on the database clock', durationMs)
     .option('--dedupe-key <key>', 'at most one live task per key: a second enqueue returns the first')
-    .option('--max-attempts <n>', 'attempt limit for this task (default: its type\'s)', intOption(1, 1_000_000))
+    .option('--max-attempts <n>', 'attempt limit for this task (default: its type\'s)', intOption(1, MAX_ATTEMPTS_LIMIT))
     .action(async (type: string, json: string, opts: Common & { queue?: string; priority?: number; runAt?: Date; delay?: number; dedupeKey?: string; maxAttempts?: number }) => {
       if (opts.runAt !== undefined && opts.delay !== undefined) throw new BerthInputError('give --run-at or --delay, not both');
       const payload = jsonPayload(json);
@@ -76,8 +78,8 @@ export function registerTaskCommands(program: Command): void {
           dedupeKey: opts.dedupeKey, maxAttempts: opts.maxAttempts,
         });
         if (opts.json) printJson(r);
-        else if (r.state === 'duplicate') console.log(`duplicate of live task ${r.duplicateOf} (dedupe key ${opts.dedupeKey})`);
-        else console.log(`enqueued task ${r.id} (${r.state})`);
+        else if (r.state === 'duplicate') say(`duplicate of live task ${r.duplicateOf} (dedupe key ${escapeControl(opts.dedupeKey ?? '')})`);
+        else say(`enqueued task ${r.id} (${r.state})`);
       });
     });
 
@@ -97,7 +99,7 @@ export function registerTaskCommands(program: Command): void {
           page.tasks.map((t) => ({ ...t, attempts: `${t.attempts}/${t.maxAttempts ?? '-'}`, lastError: t.lastError?.split('\n')[0]?.slice(0, 60) })),
           ['id', 'type', 'state', 'queue', 'priority', 'attempts', 'runAt', 'lastError'],
         );
-        if (page.next) console.log(`\nmore: ${nextPageCommand('tasks list', opts, page.next, { state: opts.state, queue: opts.queue, type: opts.type })}`);
+        if (page.next) say(`\nmore: ${nextPageCommand('tasks list', opts, page.next, { state: opts.state, queue: opts.queue, type: opts.type })}`);
       });
     });
 
@@ -110,15 +112,15 @@ export function registerTaskCommands(program: Command): void {
         if (!task) throw new CliFailure(`task ${id} not found`);
         const timeline = await taskTimeline(pool, opts.schema, id);
         if (opts.json) return printJson({ task, timeline });
-        console.log(`task ${task.id}  ${task.type}  ${task.state}`);
-        console.log(`queue ${task.queue}  priority ${task.priority}  shard ${task.shard}  attempts ${task.attempts}/${task.maxAttempts ?? '(type default)'}`);
-        if (task.dedupeKey) console.log(`dedupe key ${task.dedupeKey}`);
-        if (task.runAt) console.log(`due ${task.runAt.toISOString()}`);
-        if (task.lease) console.log(`lease: worker ${task.lease.worker ?? '-'}, expires ${task.lease.expiresAt.toISOString()}`);
-        console.log(`payload:\n${JSON.stringify(task.payload, null, 2)}`);
-        if (task.lastError) console.log(`last error:\n${task.lastError}`);
-        console.log('timeline:');
-        for (const e of timeline) console.log(`  ${e.at.toISOString()}  ${e.event}  ${JSON.stringify(e.detail)}`);
+        say(`task ${task.id}  ${escapeControl(task.type)}  ${task.state}`);
+        say(`queue ${escapeControl(task.queue)}  priority ${task.priority}  shard ${task.shard}  attempts ${task.attempts}/${task.maxAttempts ?? '(type default)'}`);
+        if (task.dedupeKey) say(`dedupe key ${escapeControl(task.dedupeKey)}`);
+        if (task.runAt) say(`due ${task.runAt.toISOString()}`);
+        if (task.lease) say(`lease: worker ${escapeControl(task.lease.worker ?? '-')}, expires ${task.lease.expiresAt.toISOString()}`);
+        say(`payload:\n${jsonSafe(JSON.stringify(task.payload, null, 2))}`);
+        if (task.lastError) say(`last error:\n${task.lastError}`);
+        say('timeline:');
+        for (const e of timeline) say(`  ${e.at.toISOString()}  ${e.event}  ${jsonSafe(JSON.stringify(e.detail))}`);
       });
     });
 
@@ -148,7 +150,7 @@ export function registerTaskCommands(program: Command): void {
           moveTask(pool, opts.schema, id, { queue: opts.queue, priority: opts.priority }),
         );
         if (opts.json) printJson({ id, result });
-        else if (result === 'moved') console.log(`task ${id}: moved`);
+        else if (result === 'moved') say(`task ${id}: moved`);
         if (result !== 'moved') throw new CliFailure(`task ${id} was not moved: ${result === 'leased' ? 'it is running under a lease' : 'not found'}`);
       });
     });

@@ -12,6 +12,7 @@ import { CliFailure, collect, common, connection, intOption, type Common } from 
 import { progressBar } from './progress.js';
 import { runUntilSignal } from './signals.js';
 import { dashboardOptionsFromEnv } from '../dashboard/options.js';
+import { say, terminalSafeStream } from './terminal.js';
 
 type AnyDefinition = TaskDefinition<unknown>;
 
@@ -88,7 +89,8 @@ export function registerWorkerCommands(program: Command): void {
       const url = connection(opts);
       const tasks = await loadTaskModule(opts.tasks);
       const queues = splitQueues(opts.queue);
-      const logger = createLogger({ component: 'berth-worker' });
+      // Log lines carry task types and errors: nothing in them may act on a terminal.
+      const logger = createLogger({ component: 'berth-worker' }, terminalSafeStream(process.stdout));
       if (opts.dashboard && opts.httpPort === undefined) throw new BerthInputError('--dashboard needs --http-port');
       const env = opts.dashboard ? dashboardOptionsFromEnv(process.env) : {};
       const http = opts.httpPort === undefined ? undefined : {
@@ -99,7 +101,7 @@ export function registerWorkerCommands(program: Command): void {
       const worker = new Worker({ connectionString: url, schema: opts.schema, tasks, slots: opts.slots, queues, maintenance: opts.maintenance, logger, http });
       await worker.start();
       if (worker.httpUrl) {
-        console.log(`berth worker: metrics at ${worker.httpUrl.replace(/\/$/, '')}/metrics${opts.dashboard ? `, dashboard at ${worker.httpUrl}` : ''}`);
+        say(`berth worker: metrics at ${worker.httpUrl.replace(/\/$/, '')}/metrics${opts.dashboard ? `, dashboard at ${worker.httpUrl}` : ''}`);
       }
       if (!opts.drain) return runUntilSignal(() => worker.stop());
       const pool = new pg.Pool({ connectionString: url, max: 1, application_name: 'berth drain' });
@@ -119,6 +121,6 @@ export function registerWorkerCommands(program: Command): void {
         await pool.end();
       }
       if (!finished) throw new CliFailure('stopped before the queue drained; run it again to finish');
-      console.log(`drained: no due work left${total > 0 ? ` (about ${total} task(s) were waiting when it started)` : ''}`);
+      say(`drained: no due work left${total > 0 ? ` (about ${total} task(s) were waiting when it started)` : ''}`);
     });
 }

@@ -6,7 +6,7 @@ import { BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { Queryable } from '../sql.js';
 import { moveTask } from '../storage/tasks.js';
-import { optionalBoolean, optionalIds, optionalInteger, optionalText, taskId } from './params.js';
+import { MAX_FILTER_TEXT_CHARS, optionalBoolean, optionalIds, optionalInteger, optionalQueue, optionalText, queueName, taskId } from './params.js';
 
 /** The state-changing side of the JSON API. Every action is audited under the caller's actor. */
 export interface ActionContext {
@@ -42,7 +42,7 @@ export async function taskAction(c: ActionContext, id: string, action: TaskActio
 
 export async function moveAction(c: ActionContext, id: string, body: Body) {
   taskId(id);
-  const queue = optionalText(body.queue, 'queue');
+  const queue = optionalQueue(body.queue);
   const priority = optionalInteger(body.priority, 'priority');
   if (queue === undefined && priority === undefined) throw new BerthInputError('a move needs a queue, a priority, or both');
   const to = { ...(queue !== undefined && { queue }), ...(priority !== undefined && { priority }) };
@@ -54,9 +54,9 @@ export async function moveAction(c: ActionContext, id: string, body: Body) {
 function deadFilter(body: Body): DeadFilter {
   const filter: DeadFilter = {};
   const ids = optionalIds(body.ids);
-  const queue = optionalText(body.queue, 'queue');
+  const queue = optionalQueue(body.queue);
   const type = optionalText(body.type, 'type');
-  const error = optionalText(body.error, 'error', 500);
+  const error = optionalText(body.error, 'error', MAX_FILTER_TEXT_CHARS);
   const all = optionalBoolean(body.all, 'all');
   if (ids !== undefined) filter.ids = ids;
   if (queue !== undefined) filter.queue = queue;
@@ -73,8 +73,9 @@ export function deadAction(c: ActionContext, action: 'retry' | 'purge', body: Bo
 }
 
 export function queueAction(c: ActionContext, queue: string, action: 'pause' | 'resume', body: Body) {
+  queueName(queue);
   if (action === 'pause') {
-    const reason = optionalText(body.reason, 'reason', 500);
+    const reason = optionalText(body.reason, 'reason', MAX_FILTER_TEXT_CHARS);
     return run(c, 'queue.pause', { queue, ...(reason !== undefined && { reason }) }, () => pauseQueue(c.db, c.schema, queue, c.actor, reason));
   }
   return run(c, 'queue.resume', { queue }, () => resumeQueue(c.db, c.schema, queue, c.actor));

@@ -1,6 +1,11 @@
 import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
+import type { Logger } from '../logger.js';
+import type { AuthLimits } from './auth-limits.js';
+import { clientKey } from './client-address.js';
+import { FailureLog, type AuthMethod } from './failure-log.js';
 import { HttpError, parseCookies } from './http.js';
+import { AuthLimiter } from './limiter.js';
 import { hasAuth, isLoopbackHost, type DashboardAuth } from './options.js';
 
 /** Who is making a request, as recorded on the audit log, and the CSRF token their pages carry. */
@@ -28,20 +33,64 @@ function randomId(): string {
   return randomBytes(32).toString('base64url');
 }
 
+/** 429: this client, user or token has failed too often; the secret was not read. */
+export class TooManyAttemptsError extends HttpError {
+  constructor(readonly retryAfterSeconds: number) {
+    super(429, `too many failed authentications: try again in ${retryAfterSeconds} s`, { 'retry-after': String(retryAfterSeconds) });
+    this.name = 'TooManyAttemptsError';
+  }
+}
+
+/** The shared limiter key of the token (bearer and form), and of a Basic user name (hashed: any length in, 64 bytes kept). */
+const TOKEN_KEY = 'token';
+const userKey = (user: string) => `user:${createHash('sha256').update(user, 'utf8').digest('hex')}`;
+
 /**
  * Bearer token, login sessions (a random id in an HttpOnly cookie, never the token itself) and
  * HTTP Basic users; with none configured, everyone on loopback is `dashboard:local`. Sessions
- * live in this process: a restart logs everyone out.
+ * live in this process: a restart logs everyone out. Every secret comparison goes through the
+ * failure limiter first (429 without reading the secret while the client, user or token waits)
+ * and its failures through the bounded failure log.
  */
 export class Authenticator {
   readonly required: boolean;
   private readonly secret = randomBytes(32);
   private readonly sessions = new Map<string, { csrf: string; expiresAt: number }>();
   private readonly users: [string, string][];
+  private readonly limiter: AuthLimiter;
+  private readonly failures: FailureLog;
 
-  constructor(private readonly auth: DashboardAuth | undefined) {
+  constructor(
+    private readonly auth: DashboardAuth | undefined,
+    private readonly limits: AuthLimits,
+    logger: Logger,
+  ) {
     this.required = hasAuth(auth);
     this.users = Object.entries(auth?.users ?? {});
+    this.limiter = new AuthLimiter(limits, new Set([TOKEN_KEY, ...this.users.map(([u]) => userKey(u))]));
+    this.failures = new FailureLog(logger, limits.logLinesPerMinute);
+  }
+
+  /**
+   * Compare a secret unless the client or the shared key (user, token) must wait: then 429
+   * without comparing. Returns the actor, or null for a wrong secret.
+   */
+  private guarded(req: IncomingMessage, method: AuthMethod, shared: string, user: string | undefined, compare: () => string | null): string | null {
+    const client = clientKey(req, this.limits.trustProxy);
+    const waitMs = this.limiter.retryAfterMs(client, shared);
+    if (waitMs > 0) {
+      this.failures.refused(method);
+      throw new TooManyAttemptsError(Math.ceil(waitMs / 1000));
+    }
+    const actor = compare();
+    if (actor === null) {
+      const { lockedOut } = this.limiter.failed(client, shared);
+      const named = lockedOut.map((k) => (k === client ? `client ${client}` : user !== undefined ? `user ${clip(user)}` : 'token'));
+      this.failures.failed(method, { remote: client, ...(user !== undefined && { user: clip(user) }) }, named);
+    } else {
+      this.limiter.succeeded(client, shared);
+    }
+    return actor;
   }
 
   get acceptsLogin(): boolean {
@@ -68,7 +117,7 @@ export class Authenticator {
       return this.principal('dashboard:local');
     }
     const header = req.headers.authorization;
-    if (header !== undefined) return this.fromAuthorization(header);
+    if (header !== undefined) return this.fromAuthorization(req, header);
     const sid = parseCookies(req.headers.cookie).get(SESSION_COOKIE);
     if (sid === undefined) return null;
     const session = this.sessions.get(sid);
@@ -80,10 +129,12 @@ export class Authenticator {
     return { actor: 'dashboard:token', csrf: session.csrf, sessionId: sid };
   }
 
-  private fromAuthorization(header: string): Principal | null {
+  private fromAuthorization(req: IncomingMessage, header: string): Principal | null {
     const [scheme = '', value = ''] = header.trim().split(/\s+/, 2);
     if (scheme.toLowerCase() === 'bearer' && this.auth?.token) {
-      return safeEqual(value, this.auth.token) ? this.principal('dashboard:token') : null;
+      const token = this.auth.token;
+      const actor = this.guarded(req, 'bearer', TOKEN_KEY, undefined, () => (safeEqual(value, token) ? 'dashboard:token' : null));
+      return actor === null ? null : this.principal(actor);
     }
     if (scheme.toLowerCase() === 'basic' && this.acceptsBasic) {
       const decoded = Buffer.from(value, 'base64').toString('utf8');
@@ -91,13 +142,16 @@ export class Authenticator {
       if (i < 0) return null;
       const user = decoded.slice(0, i);
       const password = decoded.slice(i + 1);
-      // Compare against every user, so the time taken does not say which names exist.
-      let match: string | null = null;
-      for (const [u, p] of this.users) {
-        const ok = safeEqual(u, user) && safeEqual(p, password);
-        if (ok && match === null) match = u;
-      }
-      return match === null ? null : this.principal(`dashboard:${match}`);
+      const actor = this.guarded(req, 'basic', userKey(user), user, () => {
+        // Compare against every user, so the time taken does not say which names exist.
+        let match: string | null = null;
+        for (const [u, p] of this.users) {
+          const ok = safeEqual(u, user) && safeEqual(p, password);
+          if (ok && match === null) match = u;
+        }
+        return match === null ? null : `dashboard:${match}`;
+      });
+      return actor === null ? null : this.principal(actor);
     }
     return null;
   }
@@ -107,9 +161,11 @@ export class Authenticator {
     return { actor, csrf: createHmac('sha256', this.secret).update(actor).digest('base64url') };
   }
 
-  /** A new session id for a correct token; null otherwise. */
-  login(token: string): string | null {
-    if (!this.auth?.token || !safeEqual(token, this.auth.token)) return null;
+  /** A new session id for a correct token from the login form; null otherwise (429 while limited). */
+  login(req: IncomingMessage, token: string): string | null {
+    const expected = this.auth?.token;
+    if (!expected) return null;
+    if (this.guarded(req, 'form', TOKEN_KEY, undefined, () => (safeEqual(token, expected) ? 'dashboard:token' : null)) === null) return null;
     const now = Date.now();
     for (const [id, s] of this.sessions) if (s.expiresAt <= now) this.sessions.delete(id);
     while (this.sessions.size >= MAX_SESSIONS) {
@@ -133,6 +189,11 @@ export class Authenticator {
   clearCookie(path: string): string {
     return `${SESSION_COOKIE}=; Path=${path}; HttpOnly; SameSite=Strict; Max-Age=0`;
   }
+}
+
+/** A user name as logged: at most 100 characters. */
+function clip(text: string): string {
+  return text.length > 100 ? `${text.slice(0, 100)}…` : text;
 }
 
 /** The host name of a Host header value (`[::1]:4680` -> `[::1]`), or '' when it is not one. */

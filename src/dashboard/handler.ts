@@ -11,11 +11,13 @@ import { DEFAULT_SCHEMA, type Queryable } from '../sql.js';
 const UNDEFINED_TABLE = '42P01';
 import { serveApi } from './api.js';
 import { ASSETS } from './assets/index.js';
-import { Authenticator, checkCsrf, checkSameOrigin, type Principal } from './auth.js';
+import { validateAuthLimits, type AuthLimitOptions } from './auth-limits.js';
+import { Authenticator, checkCsrf, checkSameOrigin, TooManyAttemptsError, type Principal } from './auth.js';
 import { HttpError, readBody, send, sendError, sendJson } from './http.js';
 import { DashboardReads } from './overview.js';
 import { normaliseBasePath, validateAuth, type DashboardAuth } from './options.js';
 import { loginPage, shellPage, unauthorizedPage } from './pages.js';
+import { rejectNul } from './params.js';
 
 /** Serves a request and returns true, or returns false for a path outside the base path. */
 export type DashboardHandler = (req: IncomingMessage, res: ServerResponse) => Promise<boolean>;
@@ -29,6 +31,7 @@ export interface DashboardHandlerOptions {
   logger?: Logger;
   metricsRegistry?: Registry;
   basePath?: string;
+  authLimits?: AuthLimitOptions;
 }
 
 const HTML = 'text/html; charset=utf-8';
@@ -42,6 +45,16 @@ export function nextRoute(next: string | null): string {
 }
 
 /**
+ * Every route family (pages, assets, API, actions, login) refuses a NUL byte in its path (as
+ * %00: a raw one never gets past Node's parser) or in a query parameter with a 400, before
+ * anything reads it: PostgreSQL text cannot hold one, and the query would answer 500.
+ */
+function rejectNulInUrl(path: string, url: URL): void {
+  if (/%00/.test(path) || path.includes('\u0000')) throw new HttpError(400, 'the path contains a NUL byte (%00)');
+  for (const [name, value] of url.searchParams) rejectNul(`${name}=${value}`, 'a query parameter');
+}
+
+/**
  * The dashboard as a request handler another `node:http` server can route through (see
  * `startDashboard` for a server of its own). Without `auth` it answers requests whose Host is
  * loopback only; binding it to a reachable address is the caller's responsibility. On a
@@ -49,17 +62,19 @@ export function nextRoute(next: string | null): string {
  */
 export function createDashboardHandler(options: DashboardHandlerOptions): DashboardHandler {
   validateAuth(options.auth);
+  const limits = validateAuthLimits(options.authLimits);
   const base = normaliseBasePath(options.basePath);
   const logger = options.logger ?? createLogger({ component: 'dashboard' });
-  const auth = new Authenticator(options.auth);
+  const auth = new Authenticator(options.auth, limits, logger);
   const readOnly = options.readOnly ?? false;
   const schema = options.schema ?? DEFAULT_SCHEMA;
-  const reads = new DashboardReads(options.pool, schema);
+  const reads = new DashboardReads(options.pool, schema, logger);
   const metrics: MetricsRequestHandler | null = options.metricsRegistry ? metricsRequestHandler(options.metricsRegistry) : null;
   const cookiePath = base || '/';
 
   async function route(req: IncomingMessage, res: ServerResponse, path: string, url: URL): Promise<void> {
     const method = req.method ?? 'GET';
+    rejectNulInUrl(path, url);
     const asset = ASSETS[path];
     if (asset) {
       // Code and styles only, no data: served before authentication so the login page has them.
@@ -68,7 +83,7 @@ export function createDashboardHandler(options: DashboardHandlerOptions): Dashbo
     }
     if (path === '/login' && auth.acceptsLogin) {
       if (method === 'POST') return login(req, res);
-      send(res, 200, HTML, loginPage(base, false, auth.acceptsBasic));
+      send(res, 200, HTML, loginPage(base, null, auth.acceptsBasic));
       return;
     }
     const principal = auth.authenticate(req);
@@ -114,7 +129,7 @@ export function createDashboardHandler(options: DashboardHandlerOptions): Dashbo
     } else if (auth.acceptsLogin) {
       // No Basic challenge on a page when the token form is on offer: the browser would show its
       // own prompt before the form. The form links to /basic, which challenges.
-      send(res, 401, HTML, loginPage(base, false, auth.acceptsBasic));
+      send(res, 401, HTML, loginPage(base, null, auth.acceptsBasic));
     } else {
       send(res, 401, HTML, unauthorizedPage(base), auth.challenge());
     }
@@ -123,10 +138,18 @@ export function createDashboardHandler(options: DashboardHandlerOptions): Dashbo
   async function login(req: IncomingMessage, res: ServerResponse): Promise<void> {
     checkSameOrigin(req);
     const form = new URLSearchParams(await readBody(req));
-    const sid = auth.login(form.get('token') ?? '');
+    for (const [name, value] of form) rejectNul(`${name}=${value}`, 'the login form');
+    let sid: string | null;
+    try {
+      sid = auth.login(req, form.get('token') ?? '');
+    } catch (err) {
+      if (!(err instanceof TooManyAttemptsError)) throw err;
+      send(res, 429, HTML, loginPage(base, `Too many failed attempts: try again in ${err.retryAfterSeconds} s.`, auth.acceptsBasic), err.headers);
+      return;
+    }
     if (!sid) {
-      logger.warn({ remote: req.socket.remoteAddress }, 'dashboard login with a wrong token');
-      send(res, 401, HTML, loginPage(base, true, auth.acceptsBasic));
+      // Logged (at a bounded rate) by the authenticator, with every other method's failures.
+      send(res, 401, HTML, loginPage(base, 'That token is not right.', auth.acceptsBasic));
       return;
     }
     const secure = Boolean((req.socket as TLSSocket).encrypted);

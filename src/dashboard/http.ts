@@ -1,4 +1,5 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { rejectNulDeep } from './params.js';
 
 /** An answer with a status and a message safe to show the client. */
 export class HttpError extends Error {
@@ -50,7 +51,7 @@ export function sendError(res: ServerResponse, err: HttpError): void {
 
 const MAX_BODY = 64 * 1024;
 
-/** The request body as text, at most 64 KiB (413 beyond). */
+/** The request body as text, at most 64 KiB (413 beyond); a raw NUL byte in it is a 400. */
 export async function readBody(req: IncomingMessage): Promise<string> {
   const chunks: Buffer[] = [];
   let size = 0;
@@ -60,7 +61,9 @@ export async function readBody(req: IncomingMessage): Promise<string> {
     if (size > MAX_BODY) throw new HttpError(413, 'request body too large');
     chunks.push(b);
   }
-  return Buffer.concat(chunks).toString('utf8');
+  const text = Buffer.concat(chunks).toString('utf8');
+  if (text.includes('\u0000')) throw new HttpError(400, 'the request body contains a NUL byte (\\0), which PostgreSQL text cannot hold');
+  return text;
 }
 
 /** A JSON object body; an empty body is `{}`. */
@@ -74,6 +77,8 @@ export async function readJsonObject(req: IncomingMessage): Promise<Record<strin
     throw new HttpError(400, 'the request body is not valid JSON');
   }
   if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new HttpError(400, 'the request body must be a JSON object');
+  // A NUL as the escape \u0000 only shows once parsed: check every string and key.
+  rejectNulDeep(value);
   return value as Record<string, unknown>;
 }
 

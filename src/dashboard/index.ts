@@ -4,8 +4,11 @@ export {
   dashboardOptionsFromEnv,
   DEFAULT_DASHBOARD_HOST,
   DEFAULT_DASHBOARD_PORT,
+  MIN_PASSWORD_LENGTH,
+  MIN_TOKEN_LENGTH,
   type DashboardAuth,
   type DashboardEnvOptions,
   type DashboardOptions,
 } from './options.js';
 export { type WorkerHttpOptions, type WorkerDashboardOptions } from './worker-http.js';
+export { AUTH_LIMIT_DEFAULTS, type AuthLimitOptions } from './auth-limits.js';

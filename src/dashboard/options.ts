@@ -2,14 +2,27 @@ import type pg from 'pg';
 import type { Registry } from 'prom-client';
 import { BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
+import type { AuthLimitOptions } from './auth-limits.js';
 
 /** Who may use the dashboard. With neither, it only binds to (and answers) loopback. */
 export interface DashboardAuth {
-  /** Accepted as `Authorization: Bearer <token>`, and on the login form (which sets a session cookie). */
+  /**
+   * Accepted as `Authorization: Bearer <token>`, and on the login form (which sets a session
+   * cookie). At least MIN_TOKEN_LENGTH (16) characters: a random one, say `openssl rand -base64 24`.
+   */
   token?: string;
-  /** HTTP Basic auth: user name -> password. */
+  /** HTTP Basic auth: user name -> password, each password at least MIN_PASSWORD_LENGTH (12) characters. */
   users?: Record<string, string>;
 }
+
+/**
+ * The shortest token and password accepted at start. Guessing is slowed to about 20 tries per
+ * client per 25 minutes (see AuthLimitOptions), but a 1-character secret falls in a handful of
+ * tries; 16 random characters (about 96 bits from base64) are out of reach, and 12 is the floor
+ * for a password a person chose.
+ */
+export const MIN_TOKEN_LENGTH = 16;
+export const MIN_PASSWORD_LENGTH = 12;
 
 export interface DashboardOptions {
   connectionString?: string;
@@ -33,6 +46,8 @@ export interface DashboardOptions {
   metricsRegistry?: Registry;
   /** Serve under this path prefix (say `/berth`) instead of the root. */
   basePath?: string;
+  /** How failed authentications are slowed (per client, per user, for the token); defaults in AUTH_LIMIT_DEFAULTS. */
+  authLimits?: AuthLimitOptions;
 }
 
 export const DEFAULT_DASHBOARD_PORT = 4680;
@@ -48,18 +63,31 @@ export function hasAuth(auth: DashboardAuth | undefined): boolean {
   return Boolean(auth?.token) || Object.keys(auth?.users ?? {}).length > 0;
 }
 
-/** Refuses auth settings that would silently let everyone in (an empty token or password). */
+/** Characters, not UTF-16 units: an emoji is one. */
+const chars = (s: string) => [...s].length;
+
+/**
+ * Refuses auth settings that would let everyone in (an empty token or password) or fall to
+ * guessing (one shorter than MIN_TOKEN_LENGTH / MIN_PASSWORD_LENGTH), naming the option.
+ */
 export function validateAuth(auth: DashboardAuth | undefined): void {
   if (auth === undefined) return;
   if (typeof auth !== 'object' || auth === null) throw new BerthInputError('dashboard auth must be an object { token?, users? }');
-  if (auth.token !== undefined && (typeof auth.token !== 'string' || auth.token.length === 0)) {
-    throw new BerthInputError('dashboard auth.token must be a non-empty string');
+  for (const key of Object.keys(auth)) {
+    if (key !== 'token' && key !== 'users') throw new BerthInputError(`unknown dashboard auth option "${key}" (token, users)`);
+  }
+  if (auth.token !== undefined && (typeof auth.token !== 'string' || chars(auth.token) < MIN_TOKEN_LENGTH)) {
+    throw new BerthInputError(
+      `dashboard auth.token (BERTH_DASHBOARD_TOKEN) must be a string of at least ${MIN_TOKEN_LENGTH} characters; generate one with \`openssl rand -base64 24\``,
+    );
   }
   if (auth.users !== undefined) {
     if (typeof auth.users !== 'object' || auth.users === null) throw new BerthInputError('dashboard auth.users must map user names to passwords');
     for (const [user, password] of Object.entries(auth.users)) {
       if (user.length === 0 || user.includes(':')) throw new BerthInputError(`dashboard user name "${user}" must be non-empty and contain no ":"`);
-      if (typeof password !== 'string' || password.length === 0) throw new BerthInputError(`dashboard user "${user}" needs a non-empty password`);
+      if (typeof password !== 'string' || chars(password) < MIN_PASSWORD_LENGTH) {
+        throw new BerthInputError(`dashboard auth.users (BERTH_DASHBOARD_USERS): the password of "${user}" must be at least ${MIN_PASSWORD_LENGTH} characters`);
+      }
     }
   }
 }
@@ -100,12 +128,20 @@ export function normaliseBasePath(basePath: string | undefined): string {
 }
 
 /** The parts of DashboardOptions the environment sets. */
-export type DashboardEnvOptions = Pick<DashboardOptions, 'host' | 'port' | 'auth' | 'readOnly'>;
+export type DashboardEnvOptions = Pick<DashboardOptions, 'host' | 'port' | 'auth' | 'readOnly' | 'authLimits'>;
+
+function envFlag(name: string, value: string): boolean {
+  const v = value.toLowerCase();
+  if (v === '1' || v === 'true' || v === 'yes') return true;
+  if (v === '0' || v === 'false' || v === 'no') return false;
+  throw new BerthInputError(`${name} must be 1 or 0 (true or false), got "${value}"`);
+}
 
 /**
  * Dashboard settings from the environment (what `berth dashboard` and the demo read):
  * BERTH_DASHBOARD_TOKEN, BERTH_DASHBOARD_USERS (`user:pass,user2:pass2`; a password cannot contain
- * a comma), BERTH_DASHBOARD_READ_ONLY (1/true/0/false), BERTH_DASHBOARD_HOST, BERTH_DASHBOARD_PORT.
+ * a comma), BERTH_DASHBOARD_READ_ONLY (1/true/0/false), BERTH_DASHBOARD_HOST, BERTH_DASHBOARD_PORT,
+ * BERTH_DASHBOARD_TRUST_PROXY (1/true/0/false: `authLimits.trustProxy`).
  * Unset and empty variables are left out; a bad value throws BerthInputError naming the variable.
  */
 export function dashboardOptionsFromEnv(env: Record<string, string | undefined> = process.env): DashboardEnvOptions {
@@ -143,11 +179,8 @@ export function dashboardOptionsFromEnv(env: Record<string, string | undefined> 
   }
   if (auth.token !== undefined || auth.users !== undefined) out.auth = auth;
   const readOnly = get('BERTH_DASHBOARD_READ_ONLY');
-  if (readOnly !== undefined) {
-    const v = readOnly.toLowerCase();
-    if (v === '1' || v === 'true' || v === 'yes') out.readOnly = true;
-    else if (v === '0' || v === 'false' || v === 'no') out.readOnly = false;
-    else throw new BerthInputError(`BERTH_DASHBOARD_READ_ONLY must be 1 or 0 (true or false), got "${readOnly}"`);
-  }
+  if (readOnly !== undefined) out.readOnly = envFlag('BERTH_DASHBOARD_READ_ONLY', readOnly);
+  const trustProxy = get('BERTH_DASHBOARD_TRUST_PROXY');
+  if (trustProxy !== undefined) out.authLimits = { trustProxy: envFlag('BERTH_DASHBOARD_TRUST_PROXY', trustProxy) };
   return out;
 }

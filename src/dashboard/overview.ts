@@ -1,5 +1,8 @@
+import type { Logger } from '../logger.js';
 import type { Queryable } from '../sql.js';
-import { CachedReader, laneActivity, laneStats, leaderInfo, listWorkers, taskCounts, throughput, type LaneStat, type TaskCount, type ThroughputPoint } from '../admin/stats.js';
+import {
+  CachedReader, laneActivity, laneStats, leaderInfo, listWorkers, taskCounts, throughput, type LaneStat, type TaskCount, type ThroughputPoint, type WorkerInfo,
+} from '../admin/stats.js';
 
 /** Counts read every unfinished row: shared by every open page for this long. */
 export const COUNTS_TTL_MS = 5000;
@@ -14,13 +17,30 @@ export class DashboardReads {
   /** Running and dead per lane: counts rows (leases, dead letters), so cached like `counts`. */
   readonly activity: CachedReader<Map<number, { running: number; dead: number }>>;
 
+  /** `worker\0problem` already logged: each bad row is logged once, not on every refresh. */
+  private readonly reported = new Set<string>();
+
   constructor(
     readonly db: Queryable,
     readonly schema: string,
+    private readonly logger?: Logger,
   ) {
     this.counts = new CachedReader(() => taskCounts(db, schema), COUNTS_TTL_MS);
     this.lanes = new CachedReader(() => laneStats(db, schema), LANES_TTL_MS);
     this.activity = new CachedReader(() => laneActivity(db, schema), COUNTS_TTL_MS);
+  }
+
+  /** Log each worker row that could not be read as written, once (rows are shown without the bad parts). */
+  noteInvalid(workers: readonly WorkerInfo[]): void {
+    for (const w of workers) {
+      if (w.invalid === null) continue;
+      const key = `${w.workerId}\0${w.invalid}`;
+      if (this.reported.has(key)) continue;
+      // Bounded: a role that forges rows cannot grow this set without limit.
+      if (this.reported.size >= 1000) this.reported.clear();
+      this.reported.add(key);
+      this.logger?.warn({ worker: w.workerId.slice(0, 200), problem: w.invalid }, 'a workers row could not be read as written (shown without the bad parts)');
+    }
   }
 }
 
@@ -91,6 +111,7 @@ export async function readOverview(reads: DashboardReads): Promise<Overview> {
     leaderInfo(db, schema),
     throughput(db, schema, THROUGHPUT_MINUTES),
   ]);
+  reads.noteInvalid(workers);
   const total: Totals = { pending: 0, running: 0, dead: 0 };
   const byType = new Map<string, Totals & { type: string }>();
   const byQueue = new Map<string, QueueOverview>();

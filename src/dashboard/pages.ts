@@ -70,13 +70,13 @@ export function shellPage(o: ShellOptions): string {
  * The token form; with Basic users configured too, a link that asks the browser for a user name
  * and password instead (`/basic`). /assets/login.js carries the `#/route` through either.
  */
-export function loginPage(base: string, failed: boolean, basic = false): string {
+export function loginPage(base: string, error: string | null, basic = false): string {
   const script = `<script src="${escapeHtml(base)}/assets/login.js" defer></script>\n`;
   return `${head(base, 'berth dashboard: log in', script)}
 <body class="login">
 <form method="post" action="${escapeHtml(base)}/login" class="login-box">
   <h1>berth dashboard</h1>
-  ${failed ? '<p class="error">That token is not right.</p>' : ''}
+  ${error ? `<p class="error">${escapeHtml(error)}</p>` : ''}
   <label>Access token <input type="password" name="token" autocomplete="current-password" required autofocus></label>
   <input type="hidden" name="next" value="">
   <button type="submit">Log in</button>

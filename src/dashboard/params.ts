@@ -1,7 +1,55 @@
 import { taskId as checkTaskId } from '../admin/ids.js';
 import { BerthInputError } from '../errors.js';
+import { MAX_QUEUE_BYTES, MAX_TYPE_CHARS, unstorable } from '../limits.js';
 
 /** Checks on request values (query strings and JSON bodies); each throws BerthInputError (400). */
+
+/**
+ * Longest queue name a request may carry, in UTF-8 bytes: the producer's own limit (a longer
+ * one cannot have been enqueued).
+ */
+export const MAX_QUEUE_NAME_BYTES = MAX_QUEUE_BYTES;
+/** Longest task type, in characters (as `enqueue` and `defineTask` check it). */
+export const MAX_TASK_TYPE_CHARS = MAX_TYPE_CHARS;
+/** Longest error filter and pause reason, in characters. */
+export const MAX_FILTER_TEXT_CHARS = 500;
+
+/**
+ * A NUL byte (or a lone surrogate) anywhere in `value` is a 400 naming where it was: PostgreSQL
+ * text cannot hold the one, and the other would match nothing.
+ */
+export function rejectNul(value: string, where: string): string {
+  const bad = unstorable(value);
+  if (bad) throw new BerthInputError(`${where} contains ${bad}`);
+  return value;
+}
+
+/** Every string (and key) in a parsed JSON body, checked for NUL bytes. */
+export function rejectNulDeep(value: unknown, where = 'the request body'): void {
+  if (typeof value === 'string') rejectNul(value, where);
+  else if (Array.isArray(value)) for (const v of value) rejectNulDeep(v, where);
+  else if (typeof value === 'object' && value !== null) {
+    for (const [k, v] of Object.entries(value)) {
+      rejectNul(k, where);
+      rejectNulDeep(v, where);
+    }
+  }
+}
+
+/** A queue name (path segment, query or body): at most MAX_QUEUE_NAME_BYTES, no NUL. */
+export function queueName(value: string, name = 'queue'): string {
+  rejectNul(value, name);
+  if (Buffer.byteLength(value, 'utf8') > MAX_QUEUE_NAME_BYTES) {
+    throw new BerthInputError(`${name} must be a name of at most ${MAX_QUEUE_NAME_BYTES} bytes (UTF-8), got ${Buffer.byteLength(value, 'utf8')}`);
+  }
+  return value;
+}
+
+export function optionalQueue(value: unknown, name = 'queue'): string | undefined {
+  if (value === undefined || value === null || value === '') return undefined;
+  if (typeof value !== 'string') throw new BerthInputError(`${name} must be a queue name (text)`);
+  return queueName(value, name);
+}
 
 /** A task id from a path or body: a positive bigint (up to 2^63 - 1), else 400. */
 export function taskId(value: string, what = 'task id'): string {
@@ -15,14 +63,18 @@ export function optionalCursor(url: URL): string | undefined {
 }
 
 /** A short text value (queue, type, filter), or undefined when absent or empty. */
-export function optionalText(value: unknown, name: string, max = 200): string | undefined {
+export function optionalText(value: unknown, name: string, max = MAX_TASK_TYPE_CHARS): string | undefined {
   if (value === undefined || value === null || value === '') return undefined;
   if (typeof value !== 'string' || value.length > max) throw new BerthInputError(`${name} must be text of at most ${max} characters`);
-  return value;
+  return rejectNul(value, name);
 }
 
-export function optionalQuery(url: URL, name: string, max = 200): string | undefined {
+export function optionalQuery(url: URL, name: string, max = MAX_TASK_TYPE_CHARS): string | undefined {
   return optionalText(url.searchParams.get(name) ?? undefined, name, max);
+}
+
+export function optionalQueueQuery(url: URL): string | undefined {
+  return optionalQueue(url.searchParams.get('queue') ?? undefined);
 }
 
 export function queryLimit(url: URL): number | undefined {

@@ -6,7 +6,7 @@ import { listTasks, parseState, taskTimeline } from '../admin/tasks.js';
 import { getTask } from '../storage/tasks.js';
 import { HttpError } from './http.js';
 import { readOverview, type DashboardReads } from './overview.js';
-import { optionalCursor, optionalQuery, queryLimit, taskId } from './params.js';
+import { MAX_FILTER_TEXT_CHARS, optionalCursor, optionalQuery, optionalQueueQuery, queryLimit, taskId } from './params.js';
 
 /** The GET side of the JSON API: reads only, keyset pages and cached counts. */
 
@@ -14,32 +14,18 @@ export function overview(reads: DashboardReads) {
   return readOverview(reads);
 }
 
-/** One lane's promotion contention, as the leader's heartbeat reports it (see Promoter). */
-interface LaneContentionRecord {
-  queue: string;
-  priority: number;
-  shard: number;
-  handed_off: number;
-  waiter_limit: number;
-  waiter_timed_out: number;
-  failed: number;
-  lastOutcome: string;
-  lastAt: string;
-}
-
 const laneKey = (l: { queue: string; priority: number; shard: number }) => `${l.queue}\u0000${l.priority}\u0000${l.shard}`;
 
 /**
  * Lanes: depth and oldest due (index probes), running and dead (cached counts), and the
- * promotion contention and waiters the leader's heartbeat reports.
+ * promotion contention and waiters the leader's heartbeat reports (validated: see listWorkers).
  */
 export async function lanes(reads: DashboardReads) {
   const [stats, activity, leader] = await Promise.all([reads.lanes.get(), reads.activity.get(), leaderInfo(reads.db, reads.schema)]);
-  const maintenance = leader.worker?.maintenance ?? {};
-  const waitingLanes = maintenance.waitingLanes ?? [];
+  if (leader.worker) reads.noteInvalid([leader.worker]);
+  const waitingLanes = leader.worker?.maintenance.waitingLanes ?? [];
   const waiting = new Set(waitingLanes.map(laneKey));
-  const reported = (maintenance as { contention?: unknown }).contention;
-  const contention = new Map((Array.isArray(reported) ? (reported as LaneContentionRecord[]) : []).map((c) => [laneKey(c), c]));
+  const contention = new Map((leader.worker?.maintenance.contention ?? []).map((c) => [laneKey(c), c]));
   return {
     ageMs: stats.ageMs,
     activityAgeMs: activity.ageMs,
@@ -65,7 +51,7 @@ export function tasks(reads: DashboardReads, url: URL) {
   return listTasks(
     reads.db,
     reads.schema,
-    { state: state === undefined ? undefined : parseState(state), queue: optionalQuery(url, 'queue'), type: optionalQuery(url, 'type') },
+    { state: state === undefined ? undefined : parseState(state), queue: optionalQueueQuery(url), type: optionalQuery(url, 'type') },
     { after: optionalCursor(url), limit: queryLimit(url) },
   );
 }
@@ -81,7 +67,7 @@ export async function task(reads: DashboardReads, id: string) {
 }
 
 function deadFilter(url: URL) {
-  return { queue: optionalQuery(url, 'queue'), type: optionalQuery(url, 'type'), errorContains: optionalQuery(url, 'error', 500) };
+  return { queue: optionalQueueQuery(url), type: optionalQuery(url, 'type'), errorContains: optionalQuery(url, 'error', MAX_FILTER_TEXT_CHARS) };
 }
 
 export function dead(reads: DashboardReads, url: URL) {
@@ -103,6 +89,7 @@ export async function maintenance(reads: DashboardReads) {
     listWorkers(reads.db, reads.schema),
     listAudit(reads.db, reads.schema, { limit: 50 }),
   ]);
+  reads.noteInvalid(workers);
   const now = Date.now();
   return {
     leader,

@@ -1,6 +1,7 @@
 import pg from 'pg';
 import { BerthInputError } from '../errors.js';
 import { createLogger } from '../logger.js';
+import { validateAuthLimits } from './auth-limits.js';
 import { createDashboardHandler } from './handler.js';
 import { listen } from '../http/listen.js';
 import { assertMigrated } from '../schema/migrate.js';
@@ -32,6 +33,7 @@ export async function startDashboard(options: DashboardOptions): Promise<Dashboa
   const host = options.host ?? DEFAULT_DASHBOARD_HOST;
   const port = validatePort(options.port ?? DEFAULT_DASHBOARD_PORT);
   validateAuth(options.auth);
+  validateAuthLimits(options.authLimits);
   assertSafeBinding(options.auth, host);
   const base = normaliseBasePath(options.basePath);
   if (!options.pool && !options.connectionString) throw new BerthInputError('the dashboard needs a connectionString or a pool');

@@ -3,6 +3,7 @@ import type { Registry } from 'prom-client';
 import { BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import { metricsRequestHandler } from '../observability/metrics-http.js';
+import { validateAuthLimits } from './auth-limits.js';
 import { createDashboardHandler } from './handler.js';
 import { listen, type Listening, type RequestHandler } from '../http/listen.js';
 import { assertSafeBinding, DEFAULT_DASHBOARD_HOST, normaliseBasePath, validateAuth, validatePort, warnIfNoAuth, type DashboardOptions } from './options.js';
@@ -42,6 +43,7 @@ export function validateWorkerHttpOptions(o: WorkerHttpOptions): void {
   if (dashboard) {
     if (typeof dashboard !== 'object') throw new BerthInputError('http.dashboard must be true, false or dashboard options');
     validateAuth(dashboard.auth);
+    validateAuthLimits(dashboard.authLimits);
     assertSafeBinding(dashboard.auth, host);
     normaliseBasePath(dashboard.basePath);
   }

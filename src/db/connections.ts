@@ -95,6 +95,8 @@ export async function withPoolClient<T>(pool: pg.Pool, fn: (c: Checkout) => Prom
 export interface TransactionOptions {
   /** `SET LOCAL lock_timeout` for this transaction; null or absent waits as the server does. */
   lockTimeoutMs?: number | null;
+  /** `SET LOCAL statement_timeout` for this transaction (overrides the pool's). */
+  statementTimeoutMs?: number;
 }
 
 /**
@@ -109,8 +111,16 @@ export async function inPoolTransaction<T>(
   return withPoolClient(pool, async (c) => {
     await c.client.query('BEGIN');
     try {
-      if (options.lockTimeoutMs !== undefined && options.lockTimeoutMs !== null) {
-        await c.client.query(`SELECT set_config('lock_timeout', $1, true)`, [`${Math.max(1, Math.round(options.lockTimeoutMs))}ms`]);
+      const ms = (v: number) => `${Math.max(1, Math.round(v))}ms`;
+      const lock = options.lockTimeoutMs ?? null;
+      const statement = options.statementTimeoutMs ?? null;
+      if (lock !== null || statement !== null) {
+        // One round trip for both; a NULL leaves that setting as the session has it.
+        await c.client.query(
+          `SELECT set_config('lock_timeout', coalesce($1, current_setting('lock_timeout')), true),
+                  set_config('statement_timeout', coalesce($2, current_setting('statement_timeout')), true)`,
+          [lock === null ? null : ms(lock), statement === null ? null : ms(statement)],
+        );
       }
       const result = await fn(c);
       await c.client.query('COMMIT');
@@ -120,4 +130,15 @@ export async function inPoolTransaction<T>(
       throw err;
     }
   });
+}
+
+/**
+ * The `application_name` of a session berth opens for a worker (`berth worker|read|listen|
+ * dashboard|leader|follower <worker id>`), as PostgreSQL will report it: printable ASCII only
+ * (the server would rewrite anything else itself, differently by version) and at most 63 bytes,
+ * so `pg_stat_activity` shows whose session is whose, an operator can terminate one worker's
+ * sessions, and leaderInfo can match the lock holder's session to its worker row exactly.
+ */
+export function sessionName(role: 'worker' | 'read' | 'listen' | 'dashboard' | 'leader' | 'follower', workerId: string): string {
+  return `berth ${role} ${workerId}`.replace(/[^\x20-\x7e]/gu, '?').slice(0, 63);
 }

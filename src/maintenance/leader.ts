@@ -1,8 +1,8 @@
 import { BerthInputError } from '../errors.js';
-import pg from 'pg';
+import type pg from 'pg';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
-import { schemaLockKey } from '../sql.js';
+import { ElectionSession } from './election.js';
 import { publishGauges, readGauges, resetGauges } from './gauges.js';
 import { ContentionTally, Promoter, type LaneContention } from './promoter.js';
 import { DEFAULT_DEAD_RETENTION_MS, pruneDeadLetters, pruneOperatorHistory } from './retention.js';
@@ -76,19 +76,14 @@ export function validateMaintenanceOptions(options: MaintenanceOptions | undefin
   return o;
 }
 
-/** The advisory lock id (second key) whose session holder is the maintenance leader. */
-export const LEADER_LOCK = -1;
-
-/** application_name of the leader's session (PostgreSQL truncates it to 63 bytes). */
-export function leaderApplicationName(workerId: string): string {
-  return `berth leader ${workerId}`.slice(0, 63);
-}
+export { LEADER_LOCK, leaderApplicationName, followerApplicationName } from './election.js';
 
 type Branch = { name: string; intervalMs: number; run: () => Promise<void> };
 
 /**
- * Exactly one maintenance leader per schema, elected through a session-level advisory lock on a
- * dedicated connection: when the leader dies or its connection drops, PostgreSQL releases the
+ * Exactly one maintenance leader per schema, elected through a session-level advisory lock that
+ * each process tries on one election session of its own, kept open across polls
+ * (`ElectionSession`): when the leader dies or its connection drops, PostgreSQL releases the
  * lock and a follower takes it on its next poll. Each branch runs on its own loop, timed and
  * counted, so a slow branch (or a busy lane in promotion) never delays the others. Cooldowns
  * are wall-clock: a branch that overran its interval starts again at once, never backed off.
@@ -96,7 +91,7 @@ type Branch = { name: string; intervalMs: number; run: () => Promise<void> };
 export class Maintenance {
   private readonly opts: Required<MaintenanceOptions>;
   private stopped = false;
-  private leaderClient: pg.Client | null = null;
+  private election: ElectionSession | null = null;
   private term: AbortController | null = null;
   private branchLoops: Promise<void>[] = [];
   private promoter: Promoter | null = null;
@@ -141,52 +136,29 @@ export class Maintenance {
   }
 
   start(): void {
-    this.loop = this.electionLoop();
+    this.election = new ElectionSession({
+      connectionString: this.deps.connectionString,
+      schema: this.deps.schema,
+      workerId: this.deps.workerId ?? `pid ${process.pid}`,
+      pollMs: this.opts.leaderPollMs,
+      logger: this.deps.logger,
+      // Step down at once, not at the next poll: a follower may already hold the lock.
+      onLeaderSessionLost: () => void this.stepDown(),
+    });
+    this.loop = this.electionLoop(this.election);
   }
 
-  private async electionLoop(): Promise<void> {
+  private async electionLoop(election: ElectionSession): Promise<void> {
     while (!this.stopped) {
-      try {
-        if (this.leaderClient) await this.leaderClient.query('SELECT 1');
-        else await this.tryAcquire();
-      } catch (err) {
-        this.deps.logger.warn({ err: (err as Error).message }, 'maintenance leader session failed');
-        await this.stepDown();
-      }
+      const leads = await election.poll();
+      if (this.stopped) break;
+      if (leads && !this.term) this.becomeLeader();
+      else if (!leads && this.term) await this.stepDown();
       await sleepUnlessAborted(this.opts.leaderPollMs, this.stopSignal.signal);
     }
   }
 
-  private async tryAcquire(): Promise<void> {
-    const client = new pg.Client({
-      connectionString: this.deps.connectionString,
-      application_name: leaderApplicationName(this.deps.workerId ?? `pid ${process.pid}`),
-      // A half-open connection must not leave this process believing it leads: the liveness
-      // check times out (and the leader steps down) instead of hanging.
-      keepAlive: true,
-      query_timeout: 10_000,
-      statement_timeout: 10_000,
-      connectionTimeoutMillis: 10_000,
-    });
-    client.on('error', (err) => {
-      this.deps.logger.warn({ err: err.message }, 'maintenance leader connection lost; stepping down');
-      void this.stepDown();
-    });
-    try {
-      await client.connect();
-      const r = await client.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1, $2) AS ok', [
-        schemaLockKey(this.deps.schema),
-        LEADER_LOCK,
-      ]);
-      if (!r.rows[0]?.ok || this.stopped) {
-        await client.end();
-        return;
-      }
-    } catch (err) {
-      await client.end().catch(() => undefined);
-      throw err;
-    }
-    this.leaderClient = client;
+  private becomeLeader(): void {
     this.term = new AbortController();
     this.deps.metrics.isLeader.set(1);
     this.deps.logger.info('became maintenance leader');
@@ -290,9 +262,7 @@ export class Maintenance {
 
   private async stepDown(): Promise<void> {
     const term = this.term;
-    const client = this.leaderClient;
     this.term = null;
-    this.leaderClient = null;
     if (term) {
       term.abort();
       this.deps.metrics.isLeader.set(0);
@@ -304,14 +274,16 @@ export class Maintenance {
       // Reset after every branch has ended, so a gauge read in flight cannot republish them.
       resetGauges(this.deps.metrics);
     }
-    if (client) await client.end().catch(() => undefined);
   }
 
-  /** Stop: end every branch this leader started, then release leadership. */
+  /** Stop: end every branch this leader started, then release leadership (end the election session). */
   async stop(): Promise<void> {
     this.stopped = true;
     this.stopSignal.abort();
     await this.stepDown();
+    // After the branches have ended (stepDown awaits them), so no other leader's branches can
+    // overlap ours; before awaiting the loop, so a poll in flight is cut short, not waited out.
+    await this.election?.close();
     await this.loop?.catch(() => undefined);
   }
 }

@@ -50,16 +50,11 @@ export async function promoteDueLanes(
   skip: readonly LaneKey[] = [],
 ): Promise<PromoteOutcome> {
   const s = quoteIdent(schema);
+  // Through due_deferred (a definer function): the row locks need UPDATE on deferred, which a
+  // worker role does not have.
   const sel = await pool.query<{ id: string; queue: string; priority: number; shard: number }>(
-    `SELECT d.id::text AS id, d.queue, d.priority, d.shard
-       FROM ${s}.deferred d
-      WHERE d.run_at <= now()
-        AND ($1::text IS NULL OR d.state = $1)
-        AND NOT EXISTS (SELECT 1 FROM unnest($3::text[], $4::smallint[], $5::smallint[]) AS k(q, p, sh)
-                         WHERE k.q = d.queue AND k.p = d.priority AND k.sh = d.shard)
-      ORDER BY d.run_at, d.priority, d.id
-      LIMIT $2
-      FOR UPDATE OF d SKIP LOCKED`,
+    `SELECT id::text AS id, queue, priority, shard
+       FROM ${s}.due_deferred($1::text, $2::integer, $3::text[], $4::smallint[], $5::smallint[])`,
     [state, batchSize, skip.map((l) => l.queue), skip.map((l) => l.priority), skip.map((l) => l.shard)],
   );
   const groups = new Map<string, { lane: LaneKey; ids: string[] }>();
@@ -147,6 +142,12 @@ async function promoteInLaneTransaction(
         signal?.removeEventListener('abort', cancel);
       }
     },
-    { lockTimeoutMs: laneLockTimeoutMs },
+    {
+      lockTimeoutMs: laneLockTimeoutMs,
+      // The lock timeout must be what ends a wait on a busy lane (a waiter's 30 s equals the
+      // worker's default statement timeout, which would otherwise fire first and read as a
+      // failure): the statement gets the lock wait plus room for the promotion itself.
+      ...(laneLockTimeoutMs !== null ? { statementTimeoutMs: laneLockTimeoutMs + 10_000 } : {}),
+    },
   );
 }

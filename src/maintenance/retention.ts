@@ -1,11 +1,13 @@
 import { quoteIdent, type Queryable } from '../sql.js';
-import { deadRowPredicate } from '../storage/predicates.js';
+import { HEARTBEAT_FUTURE_ALLOWANCE_MS } from '../processor/heartbeat.js';
 
 export const DEFAULT_DEAD_RETENTION_MS = 7 * 24 * 3600 * 1000;
 
 /**
- * Prune dead letters whose last attempt is older than the retention window, with the same
- * predicate the dead gauge counts by, in bounded batches. Returns rows removed.
+ * Prune dead letters whose last attempt is older than the retention window and that no live
+ * lease carries (the dead gauge's predicate), in bounded batches, through the schema's
+ * `prune_dead_letters` definer function: a worker role has no DELETE on the dead letters, and
+ * every batch that deletes something leaves an audit log row. Returns rows removed.
  */
 export async function pruneDeadLetters(
   db: Queryable,
@@ -17,17 +19,11 @@ export async function pruneDeadLetters(
   const s = quoteIdent(schema);
   let total = 0;
   for (;;) {
-    const r = await db.query(
-      `DELETE FROM ${s}.dead_letters
-        WHERE id IN (SELECT d.id FROM ${s}.dead_letters d
-                      WHERE d.last_attempted_at < now() - make_interval(secs => $1 / 1000.0)
-                        AND ${deadRowPredicate(s)}
-                      LIMIT $2)`,
-      [retentionMs, batch],
-    );
-    total += r.rowCount ?? 0;
+    const r = await db.query<{ n: number }>(`SELECT ${s}.prune_dead_letters($1::float8, $2::integer) AS n`, [retentionMs, batch]);
+    const n = r.rows[0]?.n ?? 0;
+    total += n;
     // Stops between batches when the leader steps down; the rest waits for the next run.
-    if ((r.rowCount ?? 0) < batch || signal?.aborted) return total;
+    if (n < batch || signal?.aborted) return total;
   }
 }
 
@@ -36,14 +32,23 @@ export const OUTCOME_COUNT_RETENTION_MS = 7 * 24 * 3600 * 1000;
 /** A worker row not refreshed for this long belongs to a process that died without stopping. */
 export const DEAD_WORKER_RETENTION_MS = 3600 * 1000;
 /**
- * Prune the operator-surface history: outcome counts and dead workers' rows. The audit log is
+ * Prune the operator-surface history: outcome counts and dead workers' rows, and rows no
+ * heartbeat wrote (dated past HEARTBEAT_FUTURE_ALLOWANCE_MS ahead of the database's clock, or
+ * infinite: a heartbeat stamps now()), which would otherwise never age out. The audit log is
  * deliberately not pruned here: the leader runs with runtime credentials, and a role that can
  * delete audit entries could erase its own trail. Operators prune it (see docs/operations.md).
  */
 export async function pruneOperatorHistory(db: Queryable, schema: string): Promise<{ outcomeCounts: number; workers: number }> {
   const s = quoteIdent(schema);
   const ago = `now() - make_interval(secs => $1 / 1000.0)`;
-  const counts = await db.query(`DELETE FROM ${s}.outcome_counts WHERE minute < ${ago}`, [OUTCOME_COUNT_RETENTION_MS]);
-  const workers = await db.query(`DELETE FROM ${s}.workers WHERE last_seen_at < ${ago}`, [DEAD_WORKER_RETENTION_MS]);
+  const ahead = `now() + make_interval(secs => $2 / 1000.0)`;
+  const counts = await db.query(`DELETE FROM ${s}.outcome_counts WHERE minute < ${ago} OR minute > ${ahead}`, [
+    OUTCOME_COUNT_RETENTION_MS,
+    HEARTBEAT_FUTURE_ALLOWANCE_MS,
+  ]);
+  const workers = await db.query(
+    `DELETE FROM ${s}.workers WHERE last_seen_at < ${ago} OR last_seen_at > ${ahead} OR NOT isfinite(started_at)`,
+    [DEAD_WORKER_RETENTION_MS, HEARTBEAT_FUTURE_ALLOWANCE_MS],
+  );
   return { outcomeCounts: counts.rowCount ?? 0, workers: workers.rowCount ?? 0 };
 }

@@ -1,9 +1,5 @@
 import type pg from 'pg';
-import { inPoolTransaction } from '../db/connections.js';
 import { quoteIdent } from '../sql.js';
-import { isLockTimeout } from './promote.js';
-
-const RING_TABLES = ['ready', 'leases', 'settlements', 'tombstones'] as const;
 
 export interface RingState {
   currentSlot: number;
@@ -54,51 +50,27 @@ export type PruneResult =
   | { slot: number; result: 'blocked'; reason: 'lock_timeout' };
 
 /**
- * Reclaim one sealed slot by TRUNCATE. Under a short lock_timeout it takes ACCESS EXCLUSIVE on
- * the slot's four partitions (so nothing can append, lease or settle in them meanwhile), then
- * truncates only if no entry is still claimable and no lease is still in flight. A slot that
- * any transaction is using (an open producer, a long reader) reports `blocked` instead of
- * waiting. No task can be lost: every entry in a pruned slot was settled or tombstoned.
+ * Reclaim one sealed slot by TRUNCATE, through the schema's `prune_slot` definer function (so
+ * a worker role needs no TRUNCATE of its own): under a short lock_timeout it takes ACCESS
+ * EXCLUSIVE on the slot's four partitions (so nothing can append, lease or settle in them
+ * meanwhile), then truncates only if no entry is still claimable and no lease is still in
+ * flight. A slot that any transaction is using (an open producer, a long reader) reports
+ * `blocked` instead of waiting. No task can be lost: every entry in a pruned slot was settled or
+ * tombstoned. One statement: no client is checked out.
  */
 export async function pruneSlot(pool: pg.Pool, schema: string, slot: number, lockTimeoutMs: number): Promise<PruneResult> {
-  const s = quoteIdent(schema);
-  const t = (name: (typeof RING_TABLES)[number]) => `${s}.${quoteIdent(`${name}_${slot}`)}`;
-  try {
-    return await inPoolTransaction(
-      pool,
-      async ({ client }) => {
-        await client.query(`LOCK TABLE ${RING_TABLES.map(t).join(', ')} IN ACCESS EXCLUSIVE MODE`);
-        const cur = await client.query<{ current_slot: number }>(`SELECT current_slot FROM ${s}.ring_state`);
-        const check = await client.query<{ any: boolean; claimable: boolean; in_flight: boolean }>(
-          `SELECT EXISTS (SELECT 1 FROM ${t('ready')}) AS any,
-                  EXISTS (SELECT 1 FROM ${t('ready')} r
-                           WHERE NOT EXISTS (SELECT 1 FROM ${t('leases')} l
-                                              WHERE l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq)
-                             AND NOT EXISTS (SELECT 1 FROM ${t('tombstones')} x
-                                              WHERE x.lane_id = r.lane_id AND x.lane_seq = r.lane_seq)) AS claimable,
-                  EXISTS (SELECT 1 FROM ${t('leases')} l
-                           WHERE NOT EXISTS (SELECT 1 FROM ${t('settlements')} x
-                                              WHERE x.lane_id = l.lane_id AND x.lane_seq = l.lane_seq)) AS in_flight`,
-        );
-        const c = check.rows[0]!;
-        let skip: 'current' | 'empty' | 'claimable' | 'in_flight' | null = null;
-        if (cur.rows[0]!.current_slot === slot) skip = 'current';
-        else if (!c.any) skip = 'empty';
-        else if (c.claimable) skip = 'claimable';
-        else if (c.in_flight) skip = 'in_flight';
-        // Nothing was written: committing the locks-and-reads transaction is as good as a rollback.
-        if (skip) return { slot, result: 'skipped', reason: skip } as const;
-        await client.query(`TRUNCATE ${RING_TABLES.map(t).join(', ')}`);
-        return { slot, result: 'pruned' } as const;
-      },
-      { lockTimeoutMs },
-    );
-  } catch (err) {
-    // A slot some transaction is using (an open producer, a long reader) is not waited for.
-    if (isLockTimeout(err)) return { slot, result: 'blocked', reason: 'lock_timeout' };
-    throw err;
-  }
+  const r = await pool.query<{ result: PruneOutcome }>(`SELECT ${quoteIdent(schema)}.prune_slot($1::smallint, $2::integer) AS result`, [
+    slot,
+    Math.max(1, Math.round(lockTimeoutMs)),
+  ]);
+  const result = r.rows[0]!.result;
+  if (result === 'pruned') return { slot, result };
+  if (result === 'blocked') return { slot, result, reason: 'lock_timeout' };
+  return { slot, result: 'skipped', reason: result };
 }
+
+/** What prune_slot (migration 7) answers. */
+type PruneOutcome = 'pruned' | 'blocked' | 'current' | 'empty' | 'claimable' | 'in_flight';
 
 /** Rotate if due, then try to prune every sealed, non-empty slot, oldest first. */
 export async function maintainRing(

@@ -11,6 +11,13 @@ export const DEFAULT_HEARTBEAT_MS = 10_000;
  */
 export const STALE_HEARTBEATS = 3;
 
+/**
+ * A heartbeat is stamped with the database's `now()` (at its transaction's start), so a row dated
+ * later than this past the database's clock was not written by a heartbeat: it is shown as
+ * invalid, never as alive or leading, and retention removes it.
+ */
+export const HEARTBEAT_FUTURE_ALLOWANCE_MS = 60_000;
+
 /** What a heartbeat reports about its process, read at each beat. */
 export interface HeartbeatSource {
   workerId: string;

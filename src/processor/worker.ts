@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import type pg from 'pg';
-import { createPool } from '../db/connections.js';
+import { createPool, sessionName } from '../db/connections.js';
 import { BerthInputError, isPermanentError } from '../errors.js';
 import { createLogger, type Logger } from '../logger.js';
 import { Maintenance, validateMaintenanceOptions, type MaintenanceOptions } from '../maintenance/leader.js';
@@ -75,14 +75,6 @@ const SESSION_OPTIONS = '-c jit=off -c plan_cache_mode=force_generic_plan';
 
 /** The longest wait between claim attempts while the database fails (see runFetchLoop). */
 const FETCH_RETRY_MAX_MS = 1000;
-
-/**
- * `application_name` of each session a worker opens, so `pg_stat_activity` shows whose session
- * is whose and an operator can terminate one worker's sessions (PostgreSQL keeps 63 bytes).
- */
-function sessionName(role: 'worker' | 'read' | 'listen' | 'dashboard', workerId: string): string {
-  return `berth ${role} ${workerId}`.slice(0, 63);
-}
 
 class ShutdownAbort extends Error {
   constructor() {

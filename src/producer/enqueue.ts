@@ -1,6 +1,10 @@
 import { BerthInputError } from '../errors.js';
 import { DEFAULT_SCHEMA, quoteIdent, type Queryable } from '../sql.js';
 import { validatePayload, type TaskDefinition } from '../task.js';
+import {
+  checkInteger, checkKeys, checkMs, checkPayloadJson, checkText,
+  MAX_ATTEMPTS_LIMIT, MAX_DEDUPE_KEY_BYTES, MAX_QUEUE_BYTES, MAX_RUN_AT_MS, MAX_TYPE_CHARS, MIN_RUN_AT_MS,
+} from '../limits.js';
 
 export interface EnqueueOptions {
   /** When the task becomes due (absolute). */
@@ -54,6 +58,7 @@ export async function enqueue<P>(
   payload: P,
   options: EnqueueOptions = {},
 ): Promise<EnqueueResult> {
+  checkKeys(options, OPTION_KEYS, 'enqueue options');
   const { schema, ...rest } = options;
   const [result] = await enqueueMany(executor, [{ ...rest, type: type as TaskTypeRef, payload }], { schema });
   return result!;
@@ -65,6 +70,7 @@ export async function enqueueMany(
   tasks: readonly TaskSpec[],
   options: { schema?: string } = {},
 ): Promise<EnqueueResult[]> {
+  checkKeys(options, BATCH_OPTION_KEYS, 'enqueueMany options');
   const s = quoteIdent(options.schema ?? DEFAULT_SCHEMA);
   const prepared = await Promise.all(tasks.map((t, i) => prepare(t, i, tasks.length === 1 ? 'task' : `task #${i}`)));
   // One group per lane, visited in one global order (queue, priority, shard) so two
@@ -136,13 +142,23 @@ interface PreparedTask {
   dedupeKey: string | null;
 }
 
-/** `where` names the task in errors: "task", or "task #3" in a batch. */
+const SPEC_KEYS: ReadonlySet<string> = new Set([
+  'type', 'payload', 'runAt', 'delay', 'priority', 'queue', 'dedupeKey', 'maxAttempts', 'shard', 'shards',
+]);
+const OPTION_KEYS: ReadonlySet<string> = new Set([...SPEC_KEYS, 'schema'].filter((k) => k !== 'type' && k !== 'payload'));
+const BATCH_OPTION_KEYS: ReadonlySet<string> = new Set(['schema']);
+/** Why delay is bounded: the run time it gives must be a storable runAt. */
+const DELAY_WHY = ' (the run time must fall before year 10000)';
+
+/**
+ * `where` names the task in errors: "task", or "task #3" in a batch. Every check runs here,
+ * for every task of a batch, before the first statement: one bad task writes nothing. The
+ * checks are what PostgreSQL would otherwise refuse mid-statement (src/limits.ts).
+ */
 async function prepare(t: TaskSpec, index: number, where: string): Promise<PreparedTask> {
+  checkKeys(t, SPEC_KEYS, where);
   const def = typeof t.type === 'string' ? undefined : t.type;
-  const type = def ? def.type : t.type;
-  if (typeof type !== 'string' || type.length === 0 || type.length > 200) {
-    throw new BerthInputError(`${where}: type must be a non-empty string of at most 200 characters`);
-  }
+  const type = checkText(def ? def.type : t.type, 'type', where, { maxChars: MAX_TYPE_CHARS, nonEmpty: true });
   let payload: unknown = t.payload;
   if (def) {
     const v = await validatePayload(def, payload);
@@ -156,35 +172,25 @@ async function prepare(t: TaskSpec, index: number, where: string): Promise<Prepa
     throw new BerthInputError(`${where} (${type}): payload is not JSON-serialisable: ${(err as Error).message}`);
   }
   if (json === undefined) throw new BerthInputError(`${where} (${type}): payload is not JSON-serialisable`);
-  const queue = t.queue ?? DEFAULT_QUEUE;
+  checkPayloadJson(json, where, type);
   // Any name is a queue, the empty one included (seed 003: storage rejects only NULL).
-  if (typeof queue !== 'string') throw new BerthInputError(`${where}: queue must be a string`);
-  const priority = t.priority ?? 0;
-  if (!Number.isInteger(priority) || priority < -32768 || priority > 32767) {
-    throw new BerthInputError(`${where}: priority must be an integer in the smallint range`);
+  const queue = t.queue === undefined ? DEFAULT_QUEUE : checkText(t.queue, 'queue', where, { maxBytes: MAX_QUEUE_BYTES });
+  const priority = t.priority === undefined ? 0 : checkInteger(t.priority, 'priority', where, -32768, 32767);
+  const shards = t.shards === undefined ? DEFAULT_SHARDS : checkInteger(t.shards, 'shards', where, 1, 64);
+  const shard = t.shard === undefined ? null : checkInteger(t.shard, 'shard', where, 0, 63);
+  if (t.runAt !== undefined) {
+    const ms = t.runAt instanceof Date ? t.runAt.getTime() : NaN;
+    if (!(ms >= MIN_RUN_AT_MS && ms <= MAX_RUN_AT_MS)) {
+      throw new BerthInputError(`${where}: runAt must be a valid Date from year 1 to 9999 (got ${t.runAt instanceof Date ? t.runAt.toString() : typeof t.runAt})`);
+    }
   }
-  const shards = t.shards ?? DEFAULT_SHARDS;
-  if (!Number.isInteger(shards) || shards < 1 || shards > 64) {
-    throw new BerthInputError(`${where}: shards must be an integer from 1 to 64`);
-  }
-  const shard = t.shard ?? null;
-  if (shard !== null && (!Number.isInteger(shard) || shard < 0 || shard > 63)) {
-    throw new BerthInputError(`${where}: shard must be an integer from 0 to 63`);
-  }
-  if (t.runAt !== undefined && !(t.runAt instanceof Date && !Number.isNaN(t.runAt.getTime()))) {
-    throw new BerthInputError(`${where}: runAt must be a valid Date`);
-  }
-  if (t.delay !== undefined && !(Number.isFinite(t.delay) && t.delay >= 0)) {
-    throw new BerthInputError(`${where}: delay must be a non-negative number of milliseconds`);
-  }
+  // Measured on the database clock; bounded with this one (the bound is millennia away).
+  if (t.delay !== undefined) checkMs(t.delay, 'delay', where, 0, MAX_RUN_AT_MS - Date.now(), DELAY_WHY);
   // Unset: resolved at claim from the worker's definition of the type (else 20).
   const maxAttempts = t.maxAttempts ?? def?.maxAttempts ?? null;
-  if (maxAttempts !== null && (!Number.isInteger(maxAttempts) || maxAttempts < 1)) {
-    throw new BerthInputError(`${where}: maxAttempts must be an integer >= 1`);
-  }
-  if (t.dedupeKey !== undefined && (typeof t.dedupeKey !== 'string' || t.dedupeKey.length === 0)) {
-    throw new BerthInputError(`${where}: dedupeKey must be a non-empty string`);
-  }
+  if (maxAttempts !== null) checkInteger(maxAttempts, 'maxAttempts', where, 1, MAX_ATTEMPTS_LIMIT);
+  const dedupeKey =
+    t.dedupeKey === undefined ? null : checkText(t.dedupeKey, 'dedupeKey', where, { maxBytes: MAX_DEDUPE_KEY_BYTES, nonEmpty: true });
   return {
     index,
     type,
@@ -196,6 +202,6 @@ async function prepare(t: TaskSpec, index: number, where: string): Promise<Prepa
     runAt: t.runAt ?? null,
     delay: t.runAt === undefined ? (t.delay ?? null) : null,
     maxAttempts,
-    dedupeKey: t.dedupeKey ?? null,
+    dedupeKey,
   };
 }

@@ -5,7 +5,7 @@ import { BerthInputError } from '../errors.js';
 import { DEFAULT_SCHEMA, quoteIdent, schemaLockKey, type Queryable } from '../sql.js';
 import { repairLaneSequences, type LaneSequenceRepairReport } from '../storage/lane-sequences.js';
 import { MIGRATIONS } from './migrations.js';
-import { runtimeGrantStatements } from './roles.js';
+import { ROLE_KINDS, runtimeGrantStatements, type RoleKind } from './roles.js';
 
 /** How to reach the database: a connection string, or a connected client not inside a transaction. */
 export interface ConnectionOptions {
@@ -19,11 +19,38 @@ export interface ConnectionOptions {
 
 export interface MigrateOptions extends ConnectionOptions {
   /**
-   * Roles to grant what a producer / worker needs (see `grantRuntimeRole`), in the migration's
-   * own transaction: migration 3 revokes PUBLIC's EXECUTE on berth's functions, so an install
-   * whose runtime roles relied on it keeps working only if they are granted in the same step.
+   * Roles to make worker roles (what a Worker and the maintenance leader need; see
+   * `grantRuntimeRole`), in the migration's own transaction: migration 3 revokes PUBLIC's
+   * EXECUTE on berth's functions, so an install whose runtime roles relied on it keeps working
+   * only if they are granted in the same step.
    */
   runtimeRoles?: readonly string[];
+  /** Roles to make producer roles (enqueue and getTask only), in the same transaction. */
+  producerRoles?: readonly string[];
+}
+
+const CONNECTION_KEYS = ['connectionString', 'client', 'schema'] as const;
+
+/** Unknown keys are errors (a misspelt `producerRole` must not silently grant nothing). */
+function checkKeys(options: object, allowed: readonly string[], what: string): void {
+  if (typeof options !== 'object' || options === null) throw new BerthInputError(`${what} needs an options object`);
+  for (const key of Object.keys(options)) {
+    if (!allowed.includes(key)) throw new BerthInputError(`unknown ${what} option "${key}" (known: ${allowed.join(', ')})`);
+  }
+}
+
+function roleList(value: unknown, name: string): string[] {
+  if (value === undefined) return [];
+  if (!Array.isArray(value)) throw new BerthInputError(`${name} must be an array of role names`);
+  for (const r of value) roleName(r, name);
+  return [...new Set(value as string[])];
+}
+
+function roleName(value: unknown, name: string): string {
+  if (typeof value !== 'string' || value.length === 0 || value.includes('\u0000')) {
+    throw new BerthInputError(`${name}: a role name is a non-empty string without NUL`);
+  }
+  return value;
 }
 
 export interface MigrationReport {
@@ -33,8 +60,10 @@ export interface MigrationReport {
   /** Version after this run. */
   to: number;
   applied: { version: number; name: string }[];
-  /** The `runtimeRoles` granted (in the migration transaction). */
+  /** The `runtimeRoles` made worker roles (in the migration transaction). */
   grantedRoles: string[];
+  /** The `producerRoles` made producer roles (in the migration transaction). */
+  grantedProducerRoles: string[];
   /**
    * The lane sequence repair run after the migration committed (one statement per sequence).
    * Anything busy or not permitted is still listed by `berth storage lane-sequences`.
@@ -105,11 +134,17 @@ const MIGRATE_LOCK = -2;
  * ACCESS EXCLUSIVE lock until it commits) and reports what it could not.
  */
 export async function migrate(options: MigrateOptions): Promise<MigrationReport> {
+  checkKeys(options, [...CONNECTION_KEYS, 'runtimeRoles', 'producerRoles'], 'migrate');
   const schema = options.schema ?? DEFAULT_SCHEMA;
-  const roles = [...new Set(options.runtimeRoles ?? [])];
+  const roles = roleList(options.runtimeRoles, 'runtimeRoles');
+  const producers = roleList(options.producerRoles, 'producerRoles');
+  const both = roles.filter((r) => producers.includes(r));
+  if (both.length > 0) {
+    throw new BerthInputError(`role ${both.map((r) => `"${r}"`).join(', ')} is in both runtimeRoles and producerRoles; a role has one kind`);
+  }
   return withClient(options, 'migrate', async (client) => {
     const s = quoteIdent(schema);
-    await requireRoles(client, roles);
+    await requireRoles(client, [...roles, ...producers]);
     const { from, applied } = await inTransaction(client, async () => {
       await client.query('SELECT pg_advisory_xact_lock($1, $2)', [schemaLockKey(schema), MIGRATE_LOCK]);
       const exists = await client.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [schema]);
@@ -136,7 +171,8 @@ export async function migrate(options: MigrateOptions): Promise<MigrationReport>
         ]);
         applied.push({ version: m.version, name: m.name });
       }
-      for (const role of roles) await applyGrants(client, schema, role);
+      for (const role of roles) await applyGrants(client, schema, role, 'worker');
+      for (const role of producers) await applyGrants(client, schema, role, 'producer');
       return { from, applied };
     });
     const to = Math.max(from, LATEST_SCHEMA_VERSION);
@@ -149,31 +185,38 @@ export async function migrate(options: MigrateOptions): Promise<MigrationReport>
         { cause: err },
       );
     }
-    return { schema, from, to, applied, grantedRoles: roles, laneSequences };
+    return { schema, from, to, applied, grantedRoles: roles, grantedProducerRoles: producers, laneSequences };
   });
 }
 
 export interface GrantRuntimeRoleOptions extends ConnectionOptions {
-  /** An existing role (login, or a group the login roles are members of). */
+  /** An existing role (login, or a group the login roles are members of); not the schema owner. */
   role: string;
+  /**
+   * `worker` (the default: what a Worker and the maintenance leader need, enqueue and getTask
+   * included) or `producer` (enqueue and getTask only).
+   */
+  kind?: RoleKind;
 }
 
 /**
- * Grant one role what a producer, worker and maintenance leader need on a migrated schema:
- * USAGE on the schema, EXECUTE on the SECURITY DEFINER functions, and the few table privileges
- * the worker's own statements need (the list and the reason for each is in
- * `src/schema/roles.ts`). Nothing more: no CREATE, no sequence privilege (lanes and their
- * sequences are created by the definer functions as the schema owner, so a role without CREATE
- * opens new lanes and every granted role can use them). Idempotent; run it as the schema owner
- * or a superuser. The schema must be at the latest version.
+ * Make one role a `worker` role (the default) or a `producer` role on a migrated schema: USAGE
+ * on the schema, EXECUTE on the SECURITY DEFINER functions its kind calls, and the few table
+ * privileges its own statements need (the lists and the reason for each are in
+ * `src/schema/roles.ts`). Nothing more: no CREATE, no TRUNCATE, no sequence privilege (lanes
+ * and their sequences are created by the definer functions as the schema owner, so a role
+ * without CREATE opens new lanes and every granted role can use them). Whatever an earlier
+ * runtime grant gave the role beyond its kind is revoked, so regranting converges. Idempotent;
+ * run it as the schema owner or a superuser. The schema must be at the latest version.
  */
 export async function grantRuntimeRole(options: GrantRuntimeRoleOptions): Promise<void> {
+  checkKeys(options, [...CONNECTION_KEYS, 'role', 'kind'], 'grantRuntimeRole');
   const schema = options.schema ?? DEFAULT_SCHEMA;
-  if (typeof options.role !== 'string' || options.role.length === 0) {
-    throw new BerthInputError('grantRuntimeRole needs a role name');
-  }
+  const role = roleName(options.role, 'grantRuntimeRole needs a role name');
+  const kind = options.kind ?? 'worker';
+  if (!ROLE_KINDS.includes(kind)) throw new BerthInputError(`grantRuntimeRole kind must be ${ROLE_KINDS.map((k) => `"${k}"`).join(' or ')}, got ${JSON.stringify(kind)}`);
   await withClient(options, 'grantRuntimeRole', async (client) => {
-    await requireRoles(client, [options.role]);
+    await requireRoles(client, [role]);
     await inTransaction(client, async () => {
       await client.query('SELECT pg_advisory_xact_lock($1, $2)', [schemaLockKey(schema), MIGRATE_LOCK]);
       const version = await schemaVersion(client, schema);
@@ -183,13 +226,26 @@ export async function grantRuntimeRole(options: GrantRuntimeRoleOptions): Promis
         );
       }
       if (version > LATEST_SCHEMA_VERSION) throw new SchemaTooNewError(schema, version, LATEST_SCHEMA_VERSION);
-      await applyGrants(client, schema, options.role);
+      await applyGrants(client, schema, role, kind);
     });
   });
 }
 
-async function applyGrants(client: pg.ClientBase, schema: string, role: string): Promise<void> {
-  for (const statement of runtimeGrantStatements(schema, role)) await client.query(statement);
+/**
+ * Refuses the schema owner and the role berth's tables and functions belong to: they hold every
+ * privilege by ownership, and the kind's revokes would take the owner's own privileges away
+ * (and with them the definer functions' power). Runtime roles are separate roles.
+ */
+async function applyGrants(client: pg.ClientBase, schema: string, role: string, kind: RoleKind): Promise<void> {
+  const owners = await client.query<{ owns: boolean }>(
+    `SELECT (SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = $1) = $3
+            OR (SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = to_regclass($2)) = $3 AS owns`,
+    [schema, `${quoteIdent(schema)}.lanes`, role],
+  );
+  if (owners.rows[0]?.owns) {
+    throw new BerthInputError(`role "${role}" owns schema "${schema}" (or its tables): grant the ${kind} privileges to a separate role`);
+  }
+  for (const statement of runtimeGrantStatements(schema, role, kind)) await client.query(statement);
 }
 
 /** Fail before touching anything when a role to grant does not exist. */
@@ -207,13 +263,14 @@ async function requireRoles(client: pg.ClientBase, roles: readonly string[]): Pr
 /**
  * Refuse to run against a schema `migrate()` has not brought up to date, with the command that
  * fixes it, instead of failing later on every statement with "relation does not exist". Looks
- * for the newest migration's relations with `to_regclass` (which needs no privilege on them, so
- * a runtime role without access to schema_migrations can run it).
+ * for the core tables and the newest migration's function with `to_regclass` /
+ * `to_regprocedure` (which need no privilege on them, so a runtime role without access to
+ * schema_migrations can run it).
  */
 export async function assertMigrated(db: Queryable, schema: string): Promise<void> {
   const s = quoteIdent(schema);
   const r = await db.query<{ core: boolean; latest: boolean }>(
-    'SELECT to_regclass($1) IS NOT NULL AS core, to_regclass($2) IS NOT NULL AS latest',
+    'SELECT to_regclass($1) IS NOT NULL AS core, to_regprocedure($2) IS NOT NULL AS latest',
     [`${s}.lanes`, `${s}.${LATEST_MARKER}`],
   );
   const row = r.rows[0]!;
@@ -221,8 +278,8 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
   if (!row.latest) throw new SchemaNotMigratedError(schema, `berth schema "${schema}" is older than this code (version ${LATEST_SCHEMA_VERSION}): run \`berth migrate --schema ${schema}\` or migrate()`);
 }
 
-/** A relation the newest migration creates: its presence means the schema is current. */
-const LATEST_MARKER = 'audit_log';
+/** A function the newest migration creates: its presence means the schema is current. */
+const LATEST_MARKER = 'prune_slot(smallint,integer)';
 
 /** The schema is missing or older than the code: nothing was run against it. */
 export class SchemaNotMigratedError extends BerthInputError {

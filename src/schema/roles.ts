@@ -2,74 +2,135 @@ import { quoteIdent } from '../sql.js';
 import { RING_SLOTS } from './migrations.js';
 
 /**
- * The SECURITY DEFINER functions a runtime role calls. They run as the schema owner, which is
- * how a role without CREATE opens a lane (and its sequence) and appends to it. Not granted:
- * `append_ready` (only ever called from inside these, as the owner; calling it directly would
- * bypass dedupe) and the operator-only lane sequence repair functions.
+ * What a runtime role may do, by kind:
+ *
+ * - `producer`: enqueue (the `enqueue` definer function) and read task state (`getTask`'s
+ *   SELECTs). Nothing else: no claim, no settlement, no ring or lane writes, no heartbeats.
+ * - `worker`: everything a Worker and the maintenance leader run (claim, settle, heartbeat,
+ *   promotion, rescue, ring rotation and prune, retention, gauges), plus what a producer may do.
+ *
+ * Neither kind can TRUNCATE, DROP or ALTER anything, or DELETE/UPDATE task data at will: the
+ * operations that need such power (the ring prune, dead-letter retention, promotion's row
+ * locks, lane opening, removal, moves) run inside SECURITY DEFINER functions owned by the
+ * schema owner, which check their own safety condition. No role gets a sequence privilege:
+ * task ids and lane_seq values are drawn inside the definer functions, as the owner, so a lane
+ * sequence created tomorrow works for every role without a grant. No role gets access to
+ * schema_migrations, the lane sequence repair functions, the pause function, dead-letter retry
+ * or the audit log (operator actions: run them as the schema owner or an operator role).
+ * A role also needs CONNECT on the database, which PUBLIC has by default.
  */
-const RUNTIME_FUNCTIONS = [
+export type RoleKind = 'producer' | 'worker';
+export const ROLE_KINDS: readonly RoleKind[] = ['producer', 'worker'];
+
+/** One GRANT (or, mirrored, REVOKE): `privileges` ON `on`. */
+interface Grant {
+  privileges: string;
+  on: string;
+}
+
+const ENQUEUE = 'enqueue(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[], integer[], text[])';
+
+/**
+ * The definer functions a worker calls. Not granted to anyone: `append_ready` (only ever called
+ * from inside these, as the owner; calling it directly would bypass dedupe) and the
+ * operator-only functions.
+ */
+const WORKER_FUNCTIONS = [
   'provision_lane(text, smallint, smallint)',
-  'enqueue(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[], integer[], text[])',
+  ENQUEUE,
   'promote_lane(text, smallint, smallint, integer)',
   'remove_unleased(bigint, text)',
   'move_task(bigint, text, smallint)',
+  'prune_slot(smallint, integer)',
+  'prune_dead_letters(double precision, integer)',
+  'due_deferred(text, integer, text[], smallint[], smallint[])',
 ] as const;
 
 const RING_TABLES = ['ready', 'leases', 'settlements', 'tombstones'] as const;
 
+function ringPartitions(s: string, tables: readonly string[]): string {
+  return tables.flatMap((t) => Array.from({ length: RING_SLOTS }, (_, slot) => `${s}.${quoteIdent(`${t}_${slot}`)}`)).join(', ');
+}
+
+/** getTask reads these (through the partitioned parents, so no partition privilege). */
+function producerGrants(s: string): Grant[] {
+  return [
+    { privileges: 'USAGE', on: `SCHEMA ${s}` },
+    { privileges: 'EXECUTE', on: `FUNCTION ${s}.${ENQUEUE}` },
+    { privileges: 'SELECT', on: ['deferred', 'dead_letters', 'ready', 'leases', 'settlements', 'tombstones'].map((t) => `${s}.${t}`).join(', ') },
+  ];
+}
+
 /**
- * The privileges a runtime role (producer, worker, maintenance leader) needs, and nothing more.
- * Why each one, by the statement that needs it:
- *
- * - USAGE on the schema: to name anything in it.
- * - EXECUTE on the definer functions above: enqueue, promotion, removal, move, lane opening.
- * - lanes: SELECT (discovery); UPDATE (version), because the claim's `FOR UPDATE SKIP LOCKED`
- *   needs UPDATE on at least one column. version is the column the lane lock protects;
- *   bumping it only makes a claim with an older snapshot skip the lane once.
- * - ready: SELECT only. Entries are appended by append_ready, as the owner.
- * - leases: SELECT, INSERT (the claim).
- * - settlements: SELECT, INSERT (complete, fail, release, advance, rescue).
- * - tombstones: SELECT only; written by remove_unleased / move_task, as the owner.
- * - the 64 ring partitions: SELECT (rotation and prune read a slot's partitions directly, and
- *   PostgreSQL checks a partition's own privileges then) and TRUNCATE (prune's LOCK TABLE ...
- *   ACCESS EXCLUSIVE needs UPDATE, DELETE or TRUNCATE; its TRUNCATE needs TRUNCATE); INSERT
- *   on the settlements partitions (a batched completion inserts into its slot's partition).
- * - ring_state: SELECT; UPDATE of the columns rotation sets.
- * - deferred: SELECT, INSERT (retry, release, advance, rescue); UPDATE (run_at) only because
- *   promotion's batch selection locks rows `FOR UPDATE` (promote_lane deletes, as the owner).
- * - dead_letters: SELECT, INSERT, UPDATE of the columns `ON CONFLICT (id) DO UPDATE` sets
- *   (a task retried out of the dead letters dies again), DELETE (retention).
- * - dedupe: SELECT, DELETE (a completed or dead task frees its key).
- * - workers, outcome_counts: SELECT, INSERT, UPDATE, DELETE (the worker's heartbeat writes its
- *   own rows; the leader's retention removes stale ones).
- * - queue_pauses: SELECT (the leader's oldest-due gauge leaves paused queues out). Pausing is an
- *   operator action (set_queue_paused), not granted.
- *
- * No sequence privilege at all: task ids and lane_seq values are drawn by nextval inside the
- * definer functions, as the owner, so a lane sequence created tomorrow works for every runtime
- * role without a grant. No access to schema_migrations or the lane sequence repair view.
- * The role also needs CONNECT on the database, which PUBLIC has by default.
+ * The worker's set. Why each privilege, by the statement that needs it; every UPDATE and
+ * DELETE a worker keeps is on this list with its reason.
  */
-export function runtimeGrantStatements(schema: string, role: string): string[] {
+function workerGrants(s: string): Grant[] {
+  return [
+    // To name anything in the schema.
+    { privileges: 'USAGE', on: `SCHEMA ${s}` },
+    // Enqueue, promotion, removal, move, lane opening, ring prune, retention, promotion's selection.
+    { privileges: 'EXECUTE', on: `FUNCTION ${WORKER_FUNCTIONS.map((f) => `${s}.${f}`).join(', ')}` },
+    // Appended by append_ready and tombstoned by remove_unleased / move_task, as the owner.
+    { privileges: 'SELECT', on: `${s}.ready, ${s}.tombstones` },
+    // The claim inserts leases; complete, fail, release, advance and rescue insert settlements.
+    { privileges: 'SELECT, INSERT', on: `${s}.leases, ${s}.settlements` },
+    // UPDATE (version): the claim's `FOR UPDATE SKIP LOCKED` on lanes needs UPDATE on at least one
+    // column. version is the column the lane lock protects; a forged bump only makes a claim
+    // with an older snapshot skip the lane once.
+    { privileges: 'SELECT, UPDATE (version)', on: `${s}.lanes` },
+    // Rotation and the completion statement read a slot's partitions directly, and PostgreSQL
+    // checks a partition's own privileges then. No TRUNCATE: the prune is prune_slot's.
+    { privileges: 'SELECT', on: ringPartitions(s, RING_TABLES) },
+    // A batched completion inserts into its slot's settlements partition directly.
+    { privileges: 'INSERT', on: ringPartitions(s, ['settlements']) },
+    // UPDATE of the columns rotation's compare-and-set writes. A forged value only changes which
+    // slot new entries go to; prune_slot re-checks everything under its lock, so none is lost.
+    { privileges: 'SELECT, UPDATE (current_slot, generation, rotated_at)', on: `${s}.ring_state` },
+    // INSERT: a failure's retry, a release, a cursor advance and a rescue defer the task.
+    // Promotion deletes (promote_lane) and locks (due_deferred) as the owner: no UPDATE, no DELETE.
+    { privileges: 'SELECT, INSERT', on: `${s}.deferred` },
+    // INSERT: a task out of attempts is buried. UPDATE of exactly the columns the bury's
+    // `ON CONFLICT (id) DO UPDATE` sets (a task with a dead letter already there dies again).
+    // No DELETE: retention is prune_dead_letters'.
+    { privileges: 'SELECT, INSERT, UPDATE (payload, attempts, last_error, last_attempted_at, died_at)', on: `${s}.dead_letters` },
+    // DELETE: a completed or buried task frees its dedupe key, in the settling statement itself
+    // (the hot completion path). A forged delete can only let a second task with the key in; it
+    // never loses or changes a task.
+    { privileges: 'SELECT, DELETE', on: `${s}.dedupe` },
+    // The heartbeat upserts its own rows and deletes its row on a clean stop; the leader's
+    // retention deletes stale rows and old counts. Status reports, not task data: leadership is
+    // the advisory lock (leaderInfo reads pg_locks), so a forged row cannot make a leader.
+    { privileges: 'SELECT, INSERT, UPDATE, DELETE', on: `${s}.workers, ${s}.outcome_counts` },
+    // The leader's oldest-due gauge leaves paused queues out. Pausing is set_queue_paused's (operators).
+    { privileges: 'SELECT', on: `${s}.queue_pauses` },
+  ];
+}
+
+/**
+ * Privileges an earlier berth granted its one runtime role and no role gets now; every grant
+ * revokes them (migration 7 revoked them from the roles it found).
+ */
+function retiredGrants(s: string): Grant[] {
+  return [
+    { privileges: 'TRUNCATE', on: ringPartitions(s, RING_TABLES) },
+    { privileges: 'DELETE', on: `${s}.dead_letters` },
+    { privileges: 'UPDATE (run_at)', on: `${s}.deferred` },
+  ];
+}
+
+/**
+ * The statements that make `role` exactly a `kind` role on `schema`: revoke everything any
+ * runtime grant ever gave (so a worker role regranted as a producer loses the rest, and a role
+ * from before the split loses what was retired), then grant the kind's set. Run them in one
+ * transaction. Privileges berth never grants (an operator's own) are left alone.
+ */
+export function runtimeGrantStatements(schema: string, role: string, kind: RoleKind = 'worker'): string[] {
   const s = quoteIdent(schema);
   const r = quoteIdent(role);
-  const partitions = RING_TABLES.flatMap((t) =>
-    Array.from({ length: RING_SLOTS }, (_, slot) => `${s}.${quoteIdent(`${t}_${slot}`)}`),
-  );
-  const settlementPartitions = Array.from({ length: RING_SLOTS }, (_, slot) => `${s}.${quoteIdent(`settlements_${slot}`)}`);
+  const grants = kind === 'producer' ? producerGrants(s) : workerGrants(s);
   return [
-    `GRANT USAGE ON SCHEMA ${s} TO ${r}`,
-    `GRANT EXECUTE ON FUNCTION ${RUNTIME_FUNCTIONS.map((f) => `${s}.${f}`).join(', ')} TO ${r}`,
-    `GRANT SELECT ON ${s}.ready, ${s}.tombstones TO ${r}`,
-    `GRANT SELECT, INSERT ON ${s}.leases, ${s}.settlements TO ${r}`,
-    `GRANT SELECT, UPDATE (version) ON ${s}.lanes TO ${r}`,
-    `GRANT SELECT, TRUNCATE ON ${partitions.join(', ')} TO ${r}`,
-    `GRANT INSERT ON ${settlementPartitions.join(', ')} TO ${r}`,
-    `GRANT SELECT, UPDATE (current_slot, generation, rotated_at) ON ${s}.ring_state TO ${r}`,
-    `GRANT SELECT, INSERT, UPDATE (run_at) ON ${s}.deferred TO ${r}`,
-    `GRANT SELECT, INSERT, DELETE, UPDATE (payload, attempts, last_error, last_attempted_at, died_at) ON ${s}.dead_letters TO ${r}`,
-    `GRANT SELECT, DELETE ON ${s}.dedupe TO ${r}`,
-    `GRANT SELECT, INSERT, UPDATE, DELETE ON ${s}.workers, ${s}.outcome_counts TO ${r}`,
-    `GRANT SELECT ON ${s}.queue_pauses TO ${r}`,
+    ...[...workerGrants(s), ...retiredGrants(s)].map((g) => `REVOKE ${g.privileges} ON ${g.on} FROM ${r}`),
+    ...grants.map((g) => `GRANT ${g.privileges} ON ${g.on} TO ${r}`),
   ];
 }

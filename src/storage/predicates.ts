@@ -6,6 +6,8 @@
 /**
  * A dead letter (alias `d`) that is really abandoned: no live, unsettled lease carries its id.
  * A task retried out of the dead letters and on its final attempt under a worker is not pruned.
+ * Dead-letter retention runs a frozen copy of it inside `prune_dead_letters` (migration 7):
+ * changing it here needs a new migration that replaces that function too.
  */
 export function deadRowPredicate(s: string): string {
   // Through ready(id): leases carry no index on id (one index fewer on the hot insert).

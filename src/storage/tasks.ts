@@ -1,4 +1,5 @@
 import { BerthInputError } from '../errors.js';
+import { checkText, MAX_QUEUE_BYTES } from '../limits.js';
 import { quoteIdent, readCommittedOnly, READ_COMMITTED_REQUIRED, type Queryable } from '../sql.js';
 
 export type TaskState = 'ready' | 'running' | 'completed' | 'scheduled' | 'retryable' | 'dead';
@@ -91,6 +92,7 @@ export async function moveTask(
   id: string,
   to: { queue?: string; priority?: number },
 ): Promise<MoveResult> {
+  if (to.queue !== undefined) checkText(to.queue, 'queue', '', { maxBytes: MAX_QUEUE_BYTES });
   const current = await getTask(db, schema, id);
   if (!current || current.state === 'dead' || current.state === 'completed') return 'not_found';
   const priority = to.priority ?? current.priority;

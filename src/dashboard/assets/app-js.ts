@@ -286,7 +286,7 @@ export const APP_JS = String.raw`'use strict';
         card('Dead letters', num(t.dead), 'out of attempts', t.dead > 0 ? 'dead' : ''),
         card('Oldest due', d.oldestDue.seconds > 0 ? age(d.oldestDue.seconds) : '—', d.oldestDue.queue ? 'in ' + d.oldestDue.queue : 'nothing waiting', 'oldest'),
         card('Workers', num(d.workers.alive), num(d.workers.busy) + ' of ' + num(d.workers.slots) + ' slots busy', 'workers'),
-        card('Leader', d.leader ? (d.leader.workerId || 'pid ' + d.leader.pid) : 'none', d.leader ? 'since ' + time(d.leader.since) : 'no maintenance leader', d.leader ? 'leader' : 'dead'),
+        card('Leader', d.leader ? (d.leader.workerId || 'pid ' + d.leader.pid) : 'none', d.leader ? 'session since ' + time(d.leader.since) : 'no maintenance leader', d.leader ? 'leader' : 'dead'),
       ]);
       var charts = h('div', { class: 'charts' }, [
         barChart('Completed per minute', d.throughput, 'completed', 'ok'),
@@ -504,7 +504,7 @@ export const APP_JS = String.raw`'use strict';
         h('h2', {}, 'Leader'),
         l.session
           ? h('p', { id: 'leader' }, ['Session pid ' + l.session.pid + ' (' + l.session.applicationName + ')' + (l.session.clientAddr ? ' from ' + l.session.clientAddr : '') +
-            ', since ' + time(l.session.since) + '.', l.worker ? ' Worker ' + l.worker.workerId + '.' : ' Its heartbeat is not fresh.'])
+            ', connected since ' + time(l.session.since) + '.', l.worker ? ' Worker ' + l.worker.workerId + '.' : ' Its heartbeat is not fresh.'])
           : h('p', { class: 'error-text', id: 'leader' }, 'No maintenance leader: nothing is promoting, rescuing or pruning.'),
         table(['Branch', 'Runs', 'Last', 'Max', 'Overruns', 'Failures', 'Last run'], Object.keys(branches).sort().map(function (k) {
           var b = branches[k];
@@ -516,8 +516,11 @@ export const APP_JS = String.raw`'use strict';
           : h('p', { class: 'muted' }, 'None.'),
         h('h2', {}, 'Workers'),
         table(['Worker', 'Host', 'PID', 'Queues', 'Slots', 'Busy', 'Prefetched', 'Leader', 'Started', 'Heartbeat'], d.workers.map(function (w) {
+          // A row the server could not read as written (forged or corrupt) says so, with the reason on hover.
+          var heartbeat = w.invalid ? h('span', { class: 'badge dead', title: w.invalid, 'data-invalid': '' }, 'invalid')
+            : w.alive ? age(w.heartbeatAgeSeconds) + ' ago' : badge('stale', 'dead');
           return { cells: [h('span', { class: 'mono' }, w.workerId), w.host, String(w.pid), w.queues ? w.queues.join(', ') : 'all', String(w.slots), String(w.busy), String(w.prefetched),
-            w.leader ? badge('leader') : '', when(w.startedAt), w.alive ? age(w.heartbeatAgeSeconds) + ' ago' : badge('stale', 'dead')] };
+            w.leader ? badge('leader') : '', when(w.startedAt), heartbeat] };
         }), 'No workers are running.'),
         h('h2', {}, 'Recent operator actions'),
         table(['When', 'Who', 'Action', 'Target', 'Result'], d.audit.map(function (a) {
