@@ -50,13 +50,14 @@ const DRAIN_TIMEOUT_MS = 45_000;
 
 /**
  * One cluster, one schema and one fleet for every scenario: starting processes is the slow part
- * on a busy machine. The first workers load while initdb runs, and a spare stays loaded.
+ * on a busy machine. The first workers load while initdb runs, and two spares stay loaded (a replacement
+ * starts at once even after kills in a row).
  */
 const schema = 'chaos';
 const dir = mkdtempSync(join(tmpdir(), 'berth-chaos-'));
-const fleet = new Fleet(dir);
+const fleet = new Fleet(dir, 2);
 const setupBegan = Date.now();
-fleet.warm(WORKERS + 1);
+fleet.warm(WORKERS + 2);
 const cluster = await TestCluster.create();
 fleet.target = { databaseUrl: cluster.url(), schema };
 debug(`cluster running after ${((Date.now() - setupBegan) / 1000).toFixed(1)} s`);
@@ -268,6 +269,19 @@ async function runScenario(s: Scenario): Promise<void> {
     recovery = await waitFor(() => recoverySeconds(runs(), faultEnd, RECOVERY_RUNS), RECOVERY_TIMEOUT_MS, 'completions after the fault').catch(() => null);
     await producer.stop();
     phase('recovered');
+    if (process.env.CHAOS_DEBUG) {
+      // Completions per second around the fault (by end time), and by whom.
+      const per = new Map<number, Map<number, number>>();
+      for (const r of runs()) {
+        if (r.end === null) continue;
+        const sec = Math.floor((r.end - faultEnd) / 1000);
+        if (sec < -5 || sec > 30) continue;
+        const m = per.get(sec) ?? new Map<number, number>();
+        m.set(r.pid, (m.get(r.pid) ?? 0) + 1);
+        per.set(sec, m);
+      }
+      for (const [sec, m] of [...per].sort((a, b) => a[0] - b[0])) debug(`  ${sec} s: ${[...m].map(([pid, n]) => `${pid}:${n}`).join(' ')}`);
+    }
     // Done means: every task has a run that returned, and berth holds nothing unfinished.
     await waitFor(
       async () => {
