@@ -92,15 +92,7 @@ export async function leaseLapsed(db: pg.Pool, expiresAtMs: number): Promise<voi
   await waitFor(async () => (await db.query('SELECT now() > to_timestamp($1 / 1000.0) AS past', [expiresAtMs])).rows[0].past, 10_000, 'the lease to lapse');
 }
 
-/** Maintenance settings fast enough for tests. */
-export const FAST_MAINTENANCE = {
-  leaderPollMs: 100,
-  promoteIntervalMs: 50,
-  rescueIntervalMs: 100,
-  ringIntervalMs: 100,
-  ringRotateAfterMs: 200,
-  gaugeIntervalMs: 100,
-};
+export { FAST_MAINTENANCE } from './support/settings.js';
 
 import { pino } from 'pino';
 import { Writable } from 'node:stream';
