@@ -308,7 +308,7 @@ async function runScenario(s: Scenario): Promise<void> {
   const survivors = expected.filter((p) => p.exit === null);
   const finalRuns = runs();
   const lost = uncompleted(finalRuns, producer.ids);
-  const dups = explainDuplicates(finalRuns, s.windowExplains ? window : null, fleet.killedAt);
+  const dups = explainDuplicates(finalRuns, s.windowExplains ? window : null, fleet.kills);
   rows.push({
     scenario: s.name,
     tasks: producer.ids.size,
@@ -328,7 +328,7 @@ async function runScenario(s: Scenario): Promise<void> {
   assert.equal(dead, 0, 'no task was dead-lettered');
   assert.equal(left, 0, `nothing left pending; some of what is: ${JSON.stringify(leftover.map((t) => ({ ...(t as object), runs: finalRuns.filter((r) => r.id === (t as { id: string }).id) })))}`);
   assert.deepEqual(
-    dups.unexplained.slice(0, 5).map((u) => ({ task: u.id, earlier: u.run, next: u.next, window, killedAt: Object.fromEntries(fleet.killedAt) })),
+    dups.unexplained.slice(0, 5).map((u) => ({ task: u.id, earlier: u.run, next: u.next, window, kills: Object.fromEntries(fleet.kills) })),
     [],
     `${dups.unexplained.length} repeated run(s) not explained by a kill or the fault`,
   );

@@ -33,6 +33,8 @@ export interface FleetProcess {
   /** Set once the test asked it to stop (SIGTERM). */
   stopping: boolean;
   exit: { code: number | null; signal: NodeJS.Signals | null } | null;
+  /** When its exit was seen (Date.now()). */
+  exitedAt: number | null;
   /** Resolves once it has loaded its modules (rejects if it exits first). */
   loaded: Promise<void>;
 }
@@ -71,8 +73,9 @@ export class Fleet {
     return this.workers.filter((p) => p.exit === null && p.killedAt === null);
   }
 
-  get killedAt(): Map<number, number> {
-    return new Map(this.all.filter((p) => p.killedAt !== null).map((p) => [p.pid, p.killedAt!]));
+  /** Per killed pid: from the SIGKILL sent to the exit seen. */
+  get kills(): Map<number, { start: number; end: number }> {
+    return new Map(this.all.filter((p) => p.killedAt !== null).map((p) => [p.pid, { start: p.killedAt!, end: p.exitedAt ?? Infinity }]));
   }
 
   get runLogs(): string[] {
@@ -156,7 +159,7 @@ export class Fleet {
     closeSync(out);
     const p: FleetProcess = {
       id, pid: child.pid!, child, runLog, outFile,
-      activated: false, ready: false, leader: false, killedAt: null, stopping: false, exit: null,
+      activated: false, ready: false, leader: false, killedAt: null, stopping: false, exit: null, exitedAt: null,
       loaded: new Promise((resolve, reject) => {
         child.on('message', (m: Message) => m.kind === 'loaded' && resolve());
         child.once('exit', (code) => reject(new Error(`process ${id} exited while loading (${code}):\n${this.outputTail(p)}`)));
@@ -170,6 +173,7 @@ export class Fleet {
     });
     child.once('exit', (code, signal) => {
       p.exit = { code, signal };
+      p.exitedAt = Date.now();
       p.leader = false;
       // A spare still loading has no SIGTERM handler yet, and never ran berth.
       const expected = p.killedAt !== null || (p.stopping && (code === 0 || (!p.activated && signal === 'SIGTERM')));

@@ -126,12 +126,13 @@ export interface DuplicateReport {
 
 /**
  * A repeated run is explained when the earlier run's process was killed by the test while that
- * run (or its settlement) was in flight, or the earlier run straddled the fault window (started
+ * run (or its settlement) was in flight (`kills`: per pid, from the SIGKILL sent to the exit
+ * seen; on a loaded machine a process can run on for a while in between), or the earlier run straddled the fault window (started
  * before the fault ended, and had not finished settling before it began), or it overran its
  * deadline (`late`). Pass a null window when the fault was only the kills: then the window
  * explains nothing.
  */
-export function explainDuplicates(runs: readonly Run[], window: FaultWindow | null, killedAt: ReadonlyMap<number, number>): DuplicateReport {
+export function explainDuplicates(runs: readonly Run[], window: FaultWindow | null, kills: ReadonlyMap<number, FaultWindow>): DuplicateReport {
   const byTask = new Map<string, Run[]>();
   for (const r of runs) {
     const list = byTask.get(r.id);
@@ -139,7 +140,8 @@ export function explainDuplicates(runs: readonly Run[], window: FaultWindow | nu
     else byTask.set(r.id, [r]);
   }
   const report: DuplicateReport = { tasks: 0, repeated: 0, late: 0, unexplained: [] };
-  const inFlightAt = (r: Run, t: number) => r.start <= t && (r.end === null || r.end + SETTLE_GRACE_MS >= t);
+  // Started before the window ended, and not done settling before it began.
+  const straddles = (r: Run, w: FaultWindow) => r.start <= w.end && (r.end === null || r.end + SETTLE_GRACE_MS >= w.start);
   for (const [id, list] of byTask) {
     if (list.length < 2) continue;
     list.sort((a, b) => a.start - b.start);
@@ -147,9 +149,9 @@ export function explainDuplicates(runs: readonly Run[], window: FaultWindow | nu
     for (let i = 0; i < list.length - 1; i++) {
       const run = list[i]!;
       report.repeated++;
-      const killed = killedAt.get(run.pid);
-      const byKill = killed !== undefined && inFlightAt(run, killed);
-      const byFault = window !== null && run.start <= window.end && (run.end === null || run.end + SETTLE_GRACE_MS >= window.start);
+      const kill = kills.get(run.pid);
+      const byKill = kill !== undefined && straddles(run, kill);
+      const byFault = window !== null && straddles(run, window);
       if (byKill || byFault) continue;
       if (run.aborted !== null || (run.end !== null && run.end > run.deadline)) report.late++;
       else report.unexplained.push({ id, run, next: list[i + 1]! });
