@@ -1,6 +1,17 @@
 /** Benchmark settings: defaults per the benchmark spec, shrinkable through BENCH_* env vars. */
 
-function intEnv(name: string, fallback: number, min = 1): number {
+/** A comma-separated list of positive integers from the environment, e.g. "20000,200000". */
+export function intListEnv(name: string, fallback: readonly number[]): readonly number[] {
+  const raw = process.env[name];
+  if (raw === undefined || raw.trim() === '') return fallback;
+  const xs = raw.split(',').map((x) => Number(x.trim()));
+  if (xs.length === 0 || xs.some((n) => !Number.isInteger(n) || n < 1)) {
+    throw new Error(`${name} must be a comma-separated list of positive integers, got "${raw}"`);
+  }
+  return xs;
+}
+
+export function intEnv(name: string, fallback: number, min = 1): number {
   const raw = process.env[name];
   if (raw === undefined || raw === '') return fallback;
   const n = Number(raw);
@@ -9,7 +20,7 @@ function intEnv(name: string, fallback: number, min = 1): number {
 }
 
 export interface BenchConfig {
-  /** Server to connect to for creating the bench database (BENCH_DATABASE_URL). */
+  /** Server to connect to for creating the bench database (the dedicated cluster, or BENCH_DATABASE_URL). */
   adminUrl: string;
   /** The dedicated database, dropped and recreated at start. */
   benchDbName: string;
@@ -36,8 +47,7 @@ export interface BenchConfig {
   systemFilter: readonly string[];
 }
 
-export function loadConfig(): BenchConfig {
-  const adminUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test';
+export function loadConfig(adminUrl: string): BenchConfig {
   const benchDbName = 'berth_bench';
   const u = new URL(adminUrl);
   u.pathname = `/${benchDbName}`;

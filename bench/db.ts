@@ -1,6 +1,35 @@
 /** Bench database lifecycle and the WAL / commit counters read around each drain. */
 import pg from 'pg';
+import { startCluster } from './cluster.js';
 import { log } from './util.js';
+
+export interface BenchServer {
+  /** Superuser URL to a maintenance database on the server. */
+  adminUrl: string;
+  /** For the report header: which server this was. */
+  description: string;
+  stop(): Promise<void>;
+}
+
+/**
+ * The server a benchmark runs on: by default a dedicated cluster with stock settings, started
+ * here and removed by stop() (see cluster.ts); BENCH_DATABASE_URL targets an existing server
+ * instead. `settings` apply to the dedicated cluster only.
+ */
+export async function openBenchServer(settings: Record<string, string | number | boolean> = {}): Promise<BenchServer> {
+  const external = process.env.BENCH_DATABASE_URL;
+  if (external) return { adminUrl: external, description: 'existing server (BENCH_DATABASE_URL)', stop: async () => {} };
+  log('starting a dedicated PostgreSQL cluster (initdb, stock settings)');
+  const t0 = performance.now();
+  const cluster = await startCluster({ settings });
+  log(`cluster up on 127.0.0.1:${cluster.port} in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+  const extra = Object.keys(settings).length > 0 ? ` plus ${Object.entries(settings).map(([k, v]) => `${k}=${v}`).join(', ')}` : '';
+  return {
+    adminUrl: cluster.url,
+    description: `dedicated cluster (initdb, stock settings${extra}; removed afterwards)`,
+    stop: () => cluster.stop(),
+  };
+}
 
 export function quoteIdent(name: string): string {
   return `"${name.replace(/"/g, '""')}"`;
@@ -143,13 +172,16 @@ export class Monitor {
 
   async serverInfo(): Promise<ServerInfo> {
     const v = await this.client.query<{ v: string }>("SELECT current_setting('server_version') AS v");
-    const names = ['synchronous_commit', 'fsync', 'shared_buffers', 'max_wal_size', 'checkpoint_timeout', 'autovacuum', 'wal_level'];
+    const names = [
+      'synchronous_commit', 'fsync', 'shared_buffers', 'max_wal_size', 'checkpoint_timeout', 'autovacuum', 'wal_level',
+      'max_connections', 'work_mem', 'shared_preload_libraries',
+    ];
     const s = await this.client.query<{ name: string; setting: string; unit: string | null }>(
       'SELECT name, setting, unit FROM pg_settings WHERE name = ANY($1)',
       [names],
     );
     const settings: Record<string, string> = {};
-    for (const row of s.rows) settings[row.name] = row.unit ? `${row.setting} ${row.unit}` : row.setting;
+    for (const row of s.rows) settings[row.name] = row.setting === '' ? "''" : row.unit ? `${row.setting} ${row.unit}` : row.setting;
     return { version: v.rows[0]!.v, settings };
   }
 

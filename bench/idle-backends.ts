@@ -50,7 +50,7 @@ let cluster: Cluster | null = null;
 let url = values.url;
 let monitorUrl = values.url;
 if (!url) {
-  cluster = await startCluster({ max_connections: 200 });
+  cluster = await startCluster({ settings: { max_connections: 200 } });
   process.on('exit', () => cluster?.stop());
   for (const sig of ['SIGINT', 'SIGTERM'] as const) process.on(sig, () => process.exit(130));
   const admin = new pg.Client({ connectionString: cluster.url });

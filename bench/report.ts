@@ -16,7 +16,11 @@ export type MetricKey =
   | 'walAll10'
   | 'walAll50'
   | 'writeCommits10'
-  | 'writeCommits50';
+  | 'writeCommits50'
+  | 'started10'
+  | 'started50'
+  | 'tail10'
+  | 'tail50';
 
 interface Column {
   key: MetricKey;
@@ -25,8 +29,8 @@ interface Column {
 }
 
 export const MAIN_COLUMNS: readonly Column[] = [
-  { key: 'drain10', title: 'drain c10 tasks/s', fmt: fmtRate },
-  { key: 'drain50', title: 'drain c50 tasks/s', fmt: fmtRate },
+  { key: 'drain10', title: 'drain c10 tasks/s (completed)', fmt: fmtRate },
+  { key: 'drain50', title: 'drain c50 tasks/s (completed)', fmt: fmtRate },
   { key: 'bulk', title: 'bulk enqueue tasks/s', fmt: fmtRate },
   { key: 'single', title: 'single enqueue tasks/s', fmt: fmtRate },
   { key: 'p50', title: 'pickup p50 ms', fmt: fmtMs },
@@ -36,6 +40,14 @@ export const MAIN_COLUMNS: readonly Column[] = [
   { key: 'wal50', title: 'WAL bytes/task c50', fmt: fmtBytes },
   { key: 'commits10', title: 'commits/task c10', fmt: fmtRatio },
   { key: 'commits50', title: 'commits/task c50', fmt: fmtRatio },
+];
+
+/** When the last handler started, and how long after it every completion was recorded. */
+export const DRAIN_DETAIL_COLUMNS: readonly Column[] = [
+  { key: 'started10', title: 'drain c10 tasks/s (all started)', fmt: fmtRate },
+  { key: 'started50', title: 'drain c50 tasks/s (all started)', fmt: fmtRate },
+  { key: 'tail10', title: 'last start → all recorded c10 ms', fmt: fmtMs },
+  { key: 'tail50', title: 'last start → all recorded c50 ms', fmt: fmtMs },
 ];
 
 export const WAL_DETAIL_COLUMNS: readonly Column[] = [

@@ -1,14 +1,15 @@
 /**
- * `npm run bench`: berth vs graphile-worker vs pg-boss on one PostgreSQL database. Each
- * repetition runs every scenario for every system, systems interleaved (order rotated per
- * repetition). Progress goes to stderr; the Markdown report goes to stdout and
- * bench/results/latest.md.
+ * `npm run bench`: berth vs graphile-worker vs pg-boss on one PostgreSQL database, by default
+ * on a dedicated cluster with stock settings started for the run (BENCH_DATABASE_URL targets an
+ * existing server instead). Each repetition runs every scenario for every system, systems
+ * interleaved (order rotated per repetition). Progress goes to stderr; the Markdown report goes
+ * to stdout and bench/results/latest.md.
  */
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
 import { loadConfig, type BenchConfig } from './config.js';
-import { Monitor, recreateDatabase, type ServerInfo } from './db.js';
-import { MAIN_COLUMNS, Results, WAL_DETAIL_COLUMNS, type MetricKey } from './report.js';
+import { Monitor, openBenchServer, recreateDatabase, type ServerInfo } from './db.js';
+import { DRAIN_DETAIL_COLUMNS, MAIN_COLUMNS, Results, WAL_DETAIL_COLUMNS, type MetricKey } from './report.js';
 import { drain, enqueueRate, pickup, type Outcome } from './scenarios.js';
 import type { Sample } from './stats.js';
 import { berthAdapter } from './systems/berth.js';
@@ -40,14 +41,28 @@ function failure(o: Outcome<unknown>): Sample {
 }
 
 async function main(): Promise<void> {
-  const cfg = loadConfig();
   const started = Date.now();
+  const server = await openBenchServer();
+  try {
+    await bench(server.adminUrl, server.description, started);
+  } finally {
+    await server.stop();
+  }
+  if (leaks.length > 0) {
+    // Something refused to shut down; do not let it hold the process open.
+    log(`exiting explicitly: ${leaks.length} cleanup step(s) did not finish`);
+    process.exit(2);
+  }
+}
+
+async function bench(adminUrl: string, serverDescription: string, started: number): Promise<void> {
+  const cfg = loadConfig(adminUrl);
   const revision = berthRevision();
   log(`recreating database ${cfg.benchDbName}`);
   await recreateDatabase(cfg.adminUrl, cfg.benchDbName);
   const ctx: AdapterContext = { connectionString: cfg.benchUrl };
   const monitor = await Monitor.open(cfg.benchUrl);
-  const server = await monitor.serverInfo();
+  const serverInfo = await monitor.serverInfo();
   const runStart = await monitor.read();
   const loadStart = loadavg()[0]!;
 
@@ -56,7 +71,7 @@ async function main(): Promise<void> {
     graphileAdapter(ctx, 'default'),
     graphileAdapter(ctx, 'throughput'),
     pgBossAdapter(ctx, 'default'),
-    pgBossAdapter(ctx, 'throughput'),
+    pgBossAdapter(ctx, 'batched'),
   ];
   if (cfg.systemFilter.length > 0) {
     systems = systems.filter((s) => cfg.systemFilter.some((f) => s.label.toLowerCase().includes(f)));
@@ -67,17 +82,19 @@ async function main(): Promise<void> {
   const scenarios: Scenario[] = [
     ...cfg.drainConcurrencies.map((c): Scenario => {
       const rateKey = `drain${c}` as MetricKey;
-      const costKeys = [`wal${c}`, `commits${c}`, `walAll${c}`, `writeCommits${c}`] as MetricKey[];
+      const costKeys = [`started${c}`, `tail${c}`, `wal${c}`, `commits${c}`, `walAll${c}`, `writeCommits${c}`] as MetricKey[];
       return {
         name: `drain c${c}`,
         keys: [rateKey, ...costKeys],
         async run(a) {
           const o = await drain(a, monitor, cfg, c);
           if (o.ok) {
-            const { tasksPerSec, cost, duplicates } = o.value;
+            const { tasksPerSec, startedPerSec, tailMs, cost, duplicates } = o.value;
             const perTask = (x: number | null): Sample => (x === null ? { kind: 'skipped' } : { kind: 'ok', value: x / cfg.drainN });
             const ownWal = cost.ownWalBytes ?? cost.walBytes;
             results.add(a.label, rateKey, { kind: 'ok', value: tasksPerSec });
+            results.add(a.label, `started${c}` as MetricKey, { kind: 'ok', value: startedPerSec });
+            results.add(a.label, `tail${c}` as MetricKey, { kind: 'ok', value: tailMs });
             results.add(a.label, `wal${c}` as MetricKey, perTask(ownWal));
             results.add(a.label, `commits${c}` as MetricKey, perTask(cost.commits));
             results.add(a.label, `walAll${c}` as MetricKey, perTask(cost.walBytes));
@@ -87,7 +104,8 @@ async function main(): Promise<void> {
             if (duplicates > 0) notes.duplicates.push(`${a.label} drain c${c}: ${duplicates} handler re-runs`);
             const n = cfg.drainN;
             log(
-              `  ${a.label} drain c${c}: ${Math.round(tasksPerSec)} tasks/s; WAL/task ${Math.round(ownWal / n)} B own, ` +
+              `  ${a.label} drain c${c}: ${Math.round(tasksPerSec)} tasks/s completed (${Math.round(startedPerSec)} started, ` +
+                `tail ${Math.round(tailMs)} ms); WAL/task ${Math.round(ownWal / n)} B own, ` +
                 `${Math.round(cost.walBytes / n)} B cluster; commits/task ${(cost.commits / n).toFixed(2)} ` +
                 `(write ${cost.ownWriteCommits === null ? '?' : (cost.ownWriteCommits / n).toFixed(2)})` +
                 `${cost.otherCommits > 0 ? `; other dbs committed ${cost.otherCommits}` : ''}`,
@@ -164,22 +182,17 @@ async function main(): Promise<void> {
     load: [loadStart, loadavg()[0]!] as const,
   };
 
-  const report = render(cfg, server, results, systems, notes, (Date.now() - started) / 1000, monitor.walinspectProblem, background, revision);
+  const report = render(cfg, serverInfo, serverDescription, results, systems, notes, (Date.now() - started) / 1000, monitor.walinspectProblem, background, revision);
   mkdirSync(new URL('./results/', import.meta.url), { recursive: true });
   writeFileSync(new URL('./results/latest.md', import.meta.url), report);
   process.stdout.write(report);
   log(`done in ${Math.round((Date.now() - started) / 1000)} s; report written to bench/results/latest.md`);
-
-  if (leaks.length > 0) {
-    // Something refused to shut down; do not let it hold the process open.
-    log(`exiting explicitly: ${leaks.length} cleanup step(s) did not finish`);
-    process.exit(2);
-  }
 }
 
 function render(
   cfg: BenchConfig,
   server: ServerInfo,
+  serverDescription: string,
   results: Results,
   systems: readonly SystemAdapter[],
   notes: { duplicates: string[]; noisyWindows: number; drainWindows: number },
@@ -205,13 +218,18 @@ function render(
     `Command: \`${env ? `${env} ` : ''}npm run bench\` · ${cfg.reps} repetition(s), systems interleaved (order rotated per repetition) · ` +
       `total ${Math.round(seconds)} s`,
     '',
-    `Node ${process.version}, ${cpus().length} CPUs · PostgreSQL ${server.version} (${settings}) · ` +
-      `berth ${revision}, graphile-worker ${packageVersion('graphile-worker')}, pg-boss ${packageVersion('pg-boss')} · ` +
+    `Node ${process.version}, ${cpus().length} CPUs · PostgreSQL ${server.version}, ${serverDescription}: ` +
+      `${settings} · berth ${revision}, graphile-worker ${packageVersion('graphile-worker')}, pg-boss ${packageVersion('pg-boss')} · ` +
       `database \`${cfg.benchDbName}\``,
     '',
     'Each cell: median (min–max) over the repetitions.',
     '',
     results.table(MAIN_COLUMNS),
+    '',
+    'Drain detail: the rate counted at the last handler start, and how long after it the database showed every ' +
+      'completion recorded (the main table counts the latter):',
+    '',
+    results.table(DRAIN_DETAIL_COLUMNS),
     '',
     `WAL detail (drain; ${walMethod}):`,
     '',
@@ -220,7 +238,11 @@ function render(
     '## Method',
     '',
     `- **Drain**: ${cfg.drainN.toLocaleString('en-US')} no-op tasks enqueued in bulk first (${cfg.bulkBatch} per call), then a worker ` +
-      'is started; tasks/s = N / (time from the worker start call to the last handler start).',
+      'is started; tasks/s (completed) = N / (time from the worker start call to the instant a read of the database showed ' +
+      'every completion recorded). Once the last handler has started, a separate session runs the system\'s pending count ' +
+      '(berth: `taskCounts`, graphile-worker: rows left in `_private_jobs`, pg-boss: rows not in state `completed`) back to ' +
+      'back until it reads 0; the time is taken when that read returns, so it is late by at most one read. ' +
+      '(all started) = N / (worker start call to the last handler start).',
     `- **Bulk enqueue**: ${cfg.bulkN.toLocaleString('en-US')} tasks, ${cfg.bulkBatch} per call, sequential calls. ` +
       `**Single enqueue**: ${cfg.singleN.toLocaleString('en-US')} one-task calls, sequential, through a pool.`,
     `- **Pickup**: worker running and idle (concurrency ${cfg.pickupConcurrency}); ${cfg.pickupN} tasks enqueued one at a time ` +
@@ -234,7 +256,7 @@ function render(
       'in it. **commits/task** is the `pg_stat_database.xact_commit` delta of the bench database (every transaction, ' +
       'read-only ones included); **write commits/task** counts COMMIT WAL records of the bench database\'s transactions ' +
       '(the ones that must flush WAL). A `CHECKPOINT` runs before each drain\'s enqueue, so no timed checkpoint ' +
-      '(full-page images) falls inside the window.',
+      '(full-page images) falls inside the window. The pending-count reads are subtracted from commits.',
     `- Timeouts: drain ${cfg.drainTimeoutMs / 1000} s from worker start; enqueue ${cfg.enqueueTimeoutMs / 1000} s; pickup ` +
       `${cfg.pickupTailTimeoutMs / 1000} s after the last enqueue. A scenario that timed out for a system is not repeated ` +
       'for it in later repetitions; the cell shows how far it got.',
@@ -246,17 +268,19 @@ function render(
     '',
     '## Caveats',
     '',
-    '- pg-boss 10.4.2 has no `localConcurrency` and no `burstWhenBatchFull` option (neither appears anywhere in its ' +
-      'types or source). Concurrency N is N `work()` registrations on one PgBoss instance. Each pg-boss worker ' +
-      'waits out the rest of its polling interval (default 2 s, minimum 0.5 s) after every fetch, even a full batch, so ' +
-      'its throughput is about N × batchSize / 2 s at defaults. The throughput row uses `batchSize: 50` only, as specified; ' +
-      'a lower `pollingIntervalSeconds` would raise it. pg-boss 10.x has no LISTEN/NOTIFY wake-up, so pickup is ' +
-      'poll-bound, and N registrations made together poll in step (latency spreads over the whole 2 s interval).',
-    '- graphile-worker 0.17.3 accepts `localQueue`, `completeJobBatchDelay` and `failJobBatchDelay` only through ' +
-      '`preset.worker` (they are not top-level `RunnerOptions`); the throughput row passes them there. `maxPoolSize` is ' +
-      'left at 10 in both rows (at concurrency 50 graphile-worker recommends concurrency + 2).',
-    '- Handlers are counted when they start; completion writes (which some systems batch) land after the timed window ' +
-      'but inside the WAL/commit window.',
+    `- pg-boss ${packageVersion('pg-boss')}: concurrency N is \`localConcurrency: N\` (N pollers in one instance). At its ` +
+      'defaults each poller fetches one job and then waits out the rest of its 2 s polling interval, so it drains about ' +
+      'N / 2 jobs/s and its pickup is poll-bound. The batched row fetches 50 per poll and keeps fetching while batches ' +
+      'come back full (`burstWhenBatchFull`), and turns on pg-boss\'s LISTEN/NOTIFY wake-up (off by default) so its pickup ' +
+      'is not poll-bound either. pg-boss keeps completed jobs (state `completed`) until its retention deletes them.',
+    `- graphile-worker ${packageVersion('graphile-worker')} accepts \`localQueue\`, \`completeJobBatchDelay\` and ` +
+      '`failJobBatchDelay` only through `preset.worker` (they are not top-level `RunnerOptions`); the throughput row ' +
+      'passes them there, with `maxPoolSize` = concurrency + 1 as in the performance docs\' preset (24 jobs, pool 25). ' +
+      'The default row keeps the default pool of 10.',
+    '- graphile-worker 0.18 and pg-boss 12 declare `engines.node >= 22`; this run used the Node version above ' +
+      '(both import and run on Node 20; nothing in the run depends on Node 22 features as far as it shows).',
+    '- Completion writes that a system batches (berth\'s settlement batcher, graphile-worker\'s completeJobBatchDelay, ' +
+      'pg-boss\'s per-batch complete) are inside the timed window: a task counts once its completion is in the database.',
     `- Autovacuum is ${server.settings.autovacuum ?? '?'} on this server.`,
   ];
   lines.push(

@@ -1,4 +1,5 @@
 /** The measured scenarios, written once against the SystemAdapter interface. */
+import pg from 'pg';
 import type { BenchConfig } from './config.js';
 import type { CounterDelta, Monitor } from './db.js';
 import { percentile } from './stats.js';
@@ -10,8 +11,8 @@ const STATS_SETTLE_MS = 500;
 
 export type Outcome<T> = { ok: true; value: T } | { ok: false; timeout: boolean; note: string };
 
-/** Tracks handler runs by payload index: distinct completions, duplicates, first-run times. */
-class RunTracker {
+/** Tracks handler runs by payload index: distinct handler starts, duplicates, first-run times. */
+export class RunTracker {
   readonly firstRun: Float64Array;
   distinct = 0;
   duplicates = 0;
@@ -42,15 +43,42 @@ async function closeProducer(adapter: SystemAdapter, producer: Producer | null):
 }
 
 export interface DrainResult {
+  /** N / (worker start → the instant the database showed every completion recorded). */
   tasksPerSec: number;
+  /** N / (worker start → the last handler start). */
+  startedPerSec: number;
+  /** Last handler start → every completion recorded, ms (bounded by one probe's round trip). */
+  tailMs: number;
+  /** WAL and commits; the probe's own read-only commits are already taken out. */
   cost: CounterDelta;
   duplicates: number;
 }
 
 /**
- * Enqueue `n` tasks in bulk, then start a worker and time until every handler ran. Server
- * counters are read around the worker's whole life (start to stop, its sessions closed), so
- * WAL and commits include the settlement writes a worker flushes on stop.
+ * Poll `pending()` back to back until it reads 0; returns when (performance.now()) the first
+ * zero came back, or null at the deadline, and how many probes ran. The zero is observed at
+ * most one probe round trip after it became true, which bounds the error.
+ */
+export async function untilRecorded(
+  pending: () => Promise<number>,
+  deadline: number,
+): Promise<{ at: number | null; probes: number; left: number }> {
+  let probes = 0;
+  let left = Number.NaN;
+  while (performance.now() < deadline) {
+    probes++;
+    left = await pending();
+    if (left === 0) return { at: performance.now(), probes, left };
+    await sleep(1);
+  }
+  return { at: null, probes, left };
+}
+
+/**
+ * Enqueue `n` tasks in bulk, then start a worker and time until the database shows every
+ * completion recorded (the last handler's start is reported too). Server counters are read
+ * around the worker's whole life (start to stop, its sessions closed), so WAL and commits
+ * include the settlement writes a worker flushes on stop.
  */
 export async function drain(
   adapter: SystemAdapter,
@@ -67,33 +95,51 @@ export async function drain(
   } finally {
     await closeProducer(adapter, producer);
   }
+  // Polled only once every handler has started, so the probe adds nothing during the drain.
+  const probe = new pg.Client({ connectionString: cfg.benchUrl, application_name: 'bench-probe' });
+  await probe.connect();
   await sleep(STATS_SETTLE_MS);
   const before = await monitor.read();
 
   const tracker = new RunTracker(n);
   let worker: RunningWorker | null = null;
-  let elapsedMs = 0;
-  let finished = false;
+  let t0 = 0;
+  let recorded: Awaited<ReturnType<typeof untilRecorded>> | null = null;
+  let started = false;
   try {
-    const t0 = performance.now();
+    t0 = performance.now();
+    const deadline = t0 + cfg.drainTimeoutMs;
     worker = await adapter.startWorker(concurrency, tracker.onRun);
-    finished = await waitUntil(() => tracker.distinct >= n, Math.max(0, cfg.drainTimeoutMs - (performance.now() - t0)));
-    elapsedMs = (finished ? tracker.lastFirstRun : performance.now()) - t0;
+    started = await waitUntil(() => tracker.distinct >= n, Math.max(0, deadline - performance.now()));
+    if (started) recorded = await untilRecorded(() => adapter.pending(probe), deadline);
   } finally {
     await stopWorker(adapter, worker);
+    await cleanup('probe close', () => probe.end());
   }
-  if (!finished) {
-    const rate = tracker.distinct / (elapsedMs / 1000);
-    return {
-      ok: false,
-      timeout: true,
-      note: `${tracker.distinct.toLocaleString('en-US')}/${n.toLocaleString('en-US')} in ${Math.round(elapsedMs / 1000)} s ≈ ${Math.round(rate)}/s`,
-    };
+  if (!started || !recorded || recorded.at === null) {
+    const elapsedS = (performance.now() - t0) / 1000;
+    const note = started
+      ? `all ${n.toLocaleString('en-US')} started in ${((tracker.lastFirstRun - t0) / 1000).toFixed(1)} s; ` +
+        `${recorded?.left ?? '?'} not recorded as completed after ${Math.round(elapsedS)} s`
+      : `${tracker.distinct.toLocaleString('en-US')}/${n.toLocaleString('en-US')} started in ${Math.round(elapsedS)} s ` +
+        `≈ ${Math.round(tracker.distinct / elapsedS)}/s`;
+    return { ok: false, timeout: true, note };
   }
   await sleep(STATS_SETTLE_MS);
   const after = await monitor.read();
   const cost = await monitor.delta(before, after);
-  return { ok: true, value: { tasksPerSec: n / (elapsedMs / 1000), cost, duplicates: tracker.duplicates } };
+  cost.commits -= recorded.probes;
+  const allStartedMs = tracker.lastFirstRun - t0;
+  return {
+    ok: true,
+    value: {
+      tasksPerSec: n / ((recorded.at - t0) / 1000),
+      startedPerSec: n / (allStartedMs / 1000),
+      tailMs: recorded.at - tracker.lastFirstRun,
+      cost,
+      duplicates: tracker.duplicates,
+    },
+  };
 }
 
 /** Enqueue rate: `bulk` = cfg.bulkN tasks in batches of cfg.bulkBatch; `single` = cfg.singleN calls, sequentially. */

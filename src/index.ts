@@ -45,6 +45,8 @@ export { listQueues, pauseQueue, resumeQueue, type QueueInfo } from './admin/que
 export { laneStats, laneActivity, taskCounts, throughput, listWorkers, leaderInfo, CachedReader, DUE_COUNT_CAP, type LaneStat, type TaskCount, type ThroughputPoint, type WorkerInfo, type BranchRecord, type LeaderInfo } from './admin/stats.js';
 export { audited, listAudit, type Actor, type AuditEntry } from './admin/audit.js';
 export { DEFAULT_HEARTBEAT_MS } from './processor/heartbeat.js';
+export { DEFAULT_STUCK_GRACE_MS, STUCK_EXIT_CODE } from './processor/stuck.js';
+export { overdueMarks, type OverdueMark } from './processor/overdue.js';
 export {
   startDashboard,
   createDashboardHandler,

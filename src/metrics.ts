@@ -234,6 +234,8 @@ export class BerthMetrics {
   readonly slots: GaugeMetric;
   readonly busySlots: GaugeMetric;
   readonly bufferedTasks: GaugeMetric;
+  readonly stuckHandlers: GaugeMetric<'task_type'>;
+  readonly rescueHeld: GaugeMetric;
   readonly claims: CounterMetric<'result'>;
   readonly claimSeconds: HistogramMetric;
   readonly claimedTasks: CounterMetric;
@@ -299,6 +301,17 @@ export class BerthMetrics {
     this.slots = gauge('berth_task_slots', 'Worker slots in this process', 'sum');
     this.busySlots = gauge('berth_task_slots_busy', 'Slots running a handler now', 'sum');
     this.bufferedTasks = gauge('berth_tasks_prefetched', 'Leased tasks waiting in this process for a free slot', 'sum');
+    this.stuckHandlers = gauge(
+      'berth_task_stuck_handlers',
+      'Handlers still running past their deadline plus the stuck grace, by task type: each holds a slot (and its lease) in this process',
+      'sum',
+      ['task_type'],
+    );
+    this.rescueHeld = gauge(
+      'berth_rescue_held_leases',
+      'Lapsed leases rescue left alone because their holder is alive and still runs the handler; exported by the maintenance leader',
+      'max',
+    );
     this.claims = counter('berth_claims_total', 'Claim statements by result (hit: leased at least one task, empty)', ['result']);
     this.claimSeconds = histogram('berth_claim_seconds', 'Discovery plus claim round trip', fast);
     this.claimedTasks = counter('berth_claimed_tasks_total', 'Tasks leased');

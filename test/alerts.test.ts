@@ -188,6 +188,13 @@ const MUTATIONS: { alert: string; what: string; from: string; to: string; failin
     to: '',
     failing: 'waiter timed out / a fresh Prometheus does not fire on old counts',
   },
+  {
+    alert: 'BerthStuckHandlers',
+    what: 'without sum by (task_type) each process pages on its own',
+    from: 'sum by (task_type) (berth_task_stuck_handlers)',
+    to: 'berth_task_stuck_handlers',
+    failing: 'stuck handlers / stuck for 5m fires once per type with the fleet\'s count',
+  },
 ];
 
 test('each clause matters: without it, the promtool case that shows why fails', { concurrency: 2 }, async (t) => {

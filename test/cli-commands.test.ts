@@ -30,6 +30,13 @@ async function berth(...args: string[]): Promise<{ code: number; out: string; er
   }
 }
 
+/** Run the CLI for its JSON output; a failure shows what it printed to stderr (not a JSON parse error). */
+async function berthJson(...args: string[]): Promise<any> { // eslint-disable-line @typescript-eslint/no-explicit-any
+  const r = await berth(...args);
+  assert.equal(r.code, 0, `berth ${args.join(' ')}: exit ${r.code}: ${r.err}`);
+  return JSON.parse(r.out);
+}
+
 async function killTask(id: string): Promise<void> {
   await pool.query(
     `WITH d AS (DELETE FROM ${S}.deferred WHERE id = $1 RETURNING *)
@@ -80,11 +87,11 @@ test('enqueue: JSON payload and options; bad JSON is a usage error that enqueues
 test('tasks list / show / retry / cancel / delete / move, with keyset pages and meaningful exit codes', async () => {
   const ids: string[] = [];
   for (let i = 0; i < 5; i++) ids.push((await enqueue(pool, 'cli_page', { i }, { schema, queue: 'pages' })).id!);
-  const first = JSON.parse((await berth('tasks', 'list', '--type', 'cli_page', '--limit', '3', '--json')).out);
+  const first = await berthJson('tasks', 'list', '--type', 'cli_page', '--limit', '3', '--json');
   assert.deepEqual(first.tasks.map((t: { id: string }) => t.id), ids.slice(2).reverse());
   const text = await berth('tasks', 'list', '--type', 'cli_page', '--limit', '3');
   assert.match(text.out, new RegExp(`more: berth tasks list --type cli_page --limit 3 --schema ${schema} --after ${first.next}$`, 'm'));
-  const second = JSON.parse((await berth('tasks', 'list', '--type', 'cli_page', '--limit', '3', '--after', first.next, '--json')).out);
+  const second = await berthJson('tasks', 'list', '--type', 'cli_page', '--limit', '3', '--after', first.next, '--json');
   assert.deepEqual(second.tasks.map((t: { id: string }) => t.id), ids.slice(0, 2).reverse());
   assert.equal(second.next, null);
 
@@ -142,7 +149,7 @@ test('dead list / retry / purge: bulk actions need a filter or --all', async () 
     await killTask(r.id!);
     dead.push(r.id!);
   }
-  const list = JSON.parse((await berth('dead', 'list', '--queue', 'deadq', '--json')).out);
+  const list = await berthJson('dead', 'list', '--queue', 'deadq', '--json');
   assert.equal(list.deadLetters.length, 4);
   const noFilter = await berth('dead', 'retry');
   assert.equal(noFilter.code, 2);
@@ -154,7 +161,7 @@ test('dead list / retry / purge: bulk actions need a filter or --all', async () 
   assert.match(hint.out, new RegExp(`more: berth dead list --type cli_dead_a --limit 1 --schema ${schema} --after \\d+`));
   assert.equal((await berth('dead', 'purge')).code, 2);
 
-  const retried = JSON.parse((await berth('dead', 'retry', '--type', 'cli_dead_a', '--json')).out);
+  const retried = await berthJson('dead', 'retry', '--type', 'cli_dead_a', '--json');
   assert.deepEqual(retried, { matched: 3, changed: 3, duplicates: 0 });
   const one = await berth('dead', 'retry', '--id', dead[3]!);
   assert.match(one.out, /retried 1 of 1/);
@@ -162,18 +169,18 @@ test('dead list / retry / purge: bulk actions need a filter or --all', async () 
   await killTask(again.id!);
   const purged = await berth('dead', 'purge', '--all');
   assert.match(purged.out, /purged \d+ dead letter/);
-  assert.equal(JSON.parse((await berth('dead', 'list', '--json')).out).deadLetters.length, 0);
+  assert.equal((await berthJson('dead', 'list', '--json')).deadLetters.length, 0);
 });
 
 test('queues pause / list / resume; stats; leader exits 1 with no leader', async () => {
   await enqueue(pool, 'cli_ok', {}, { schema, queue: 'pq' });
   assert.equal((await berth('queues', 'pause', 'pq', '--reason', 'deploy')).code, 0);
-  const list = JSON.parse((await berth('queues', 'list', '--json')).out);
+  const list = await berthJson('queues', 'list', '--json');
   const pq = list.find((q: { queue: string }) => q.queue === 'pq');
   assert.equal(pq.paused, true);
   assert.equal(pq.pausedBy, 'cli:tester');
   assert.equal(pq.reason, 'deploy');
-  const stats = JSON.parse((await berth('stats', '--json')).out);
+  const stats = await berthJson('stats', '--json');
   assert.equal(stats.queues.find((q: { queue: string }) => q.queue === 'pq').paused, true);
   const table = await berth('stats');
   assert.match(table.out, /QUEUE +PENDING +RUNNING +DEAD/);
@@ -183,9 +190,9 @@ test('queues pause / list / resume; stats; leader exits 1 with no leader', async
   assert.equal(notPaused.code, 1);
   assert.match(notPaused.err, /queue "pq" is not paused/);
   await enqueue(pool, 'cli_ok', {}, { schema, queue: 'future-only', delay: 3600_000 });
-  const queues = JSON.parse((await berth('queues', 'list', '--json')).out).map((q: { queue: string }) => q.queue);
+  const queues = (await berthJson('queues', 'list', '--json')).map((q: { queue: string }) => q.queue);
   assert.ok(queues.includes('future-only'), 'a queue with only scheduled work is listed (and so can be paused)');
-  assert.equal(JSON.parse((await berth('queues', 'list', '--json')).out).find((q: { queue: string }) => q.queue === 'pq').paused, false);
+  assert.equal((await berthJson('queues', 'list', '--json')).find((q: { queue: string }) => q.queue === 'pq').paused, false);
 
   const leader = await berth('leader');
   assert.equal(leader.code, 1);

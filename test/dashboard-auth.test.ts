@@ -9,7 +9,9 @@ import { FailureLog } from '../src/dashboard/failure-log.js';
 import { AuthLimiter } from '../src/dashboard/limiter.js';
 import { captureLogger, DATABASE_URL, freshSchema, testLogger } from './helpers.js';
 
-const { schema } = await freshSchema('dashauth');
+// The dashboards here read on the file's own pool: a pool of their own would be named "berth
+// dashboard", which dashboard.test.ts counts as the worker's while files run in parallel.
+const { schema, pool } = await freshSchema('dashauth');
 
 const TOKEN = 'tok-0123456789abcdef';
 const USERS = { alice: 'wonderland-42', bob: 'builder-bob-7' };
@@ -21,7 +23,7 @@ after(async () => {
 });
 
 async function dashboard(opts: Partial<DashboardOptions> = {}): Promise<string> {
-  const d = await startDashboard({ connectionString: DATABASE_URL, schema, port: 0, logger: testLogger, auth: { token: TOKEN, users: USERS }, ...opts });
+  const d = await startDashboard({ pool, schema, port: 0, logger: testLogger, auth: { token: TOKEN, users: USERS }, ...opts });
   servers.push(d);
   return d.url;
 }
@@ -219,7 +221,7 @@ test('Basic and bearer failures are logged, with the client and the user name, n
 });
 
 test('secrets shorter than the documented minimum, and bad authLimits, are refused at start naming the option', async () => {
-  const start = (o: Partial<DashboardOptions>) => startDashboard({ connectionString: DATABASE_URL, schema, port: 0, logger: testLogger, ...o });
+  const start = (o: Partial<DashboardOptions>) => startDashboard({ pool, schema, port: 0, logger: testLogger, ...o });
   await assert.rejects(start({ auth: { token: 'x' } }), (e: Error) => e instanceof BerthInputError && /auth\.token \(BERTH_DASHBOARD_TOKEN\) .* at least 16 characters/.test(e.message));
   await assert.rejects(start({ auth: { token: '0123456789abcde' } }), /at least 16/);
   await assert.rejects(start({ auth: { users: { alice: 'short' } } }), (e: Error) => e instanceof BerthInputError && /auth\.users .*"alice" must be at least 12 characters/.test(e.message));

@@ -19,7 +19,9 @@ import { captureLogger, DATABASE_URL, freshSchema } from './helpers.js';
 const { schema, pool } = await freshSchema('dashhostile');
 const S = `"${schema}"`;
 const { logger, lines } = captureLogger();
-const d = await startDashboard({ connectionString: DATABASE_URL, schema, port: 0, logger });
+// On the file's own pool: one of its own would be named "berth dashboard", which dashboard.test.ts
+// counts as the worker's while files run in parallel.
+const d = await startDashboard({ pool, schema, port: 0, logger });
 after(() => d.close());
 
 interface Reply {
@@ -164,7 +166,7 @@ test('NUL bytes in paths, query parameters and bodies answer 400 on every route 
     ['action body raw', async () => post('api/dead/purge', '{"queue": "q"}\u0000')],
   ];
   // The login form and the Basic link exist when auth is configured.
-  const authed = await startDashboard({ connectionString: DATABASE_URL, schema, port: 0, logger, auth: { token: 'tok-0123456789abcdef', users: { alice: 'wonderland-42' } } });
+  const authed = await startDashboard({ pool, schema, port: 0, logger, auth: { token: 'tok-0123456789abcdef', users: { alice: 'wonderland-42' } } });
   after(() => authed.close());
   cases.push(
     ['login body', () => at(authed.url, 'login', { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' }, body: 'token=a%00b' })],

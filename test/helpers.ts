@@ -129,13 +129,20 @@ export function urlAs(role: string): string {
   return url.toString();
 }
 
-/** Start test/fixtures/worker-process.ts as a child process; resolves once its worker runs. */
-export function spawnWorkerProcess(schema: string, id: string): Promise<ChildProcess> {
-  const fixture = fileURLToPath(new URL('./fixtures/worker-process.ts', import.meta.url));
+/**
+ * Start test/fixtures/worker-process.ts (or another fixture there) as a child process; resolves
+ * once its worker runs. `pipe` gives the test the child's stdout (its log lines) to read.
+ */
+export function spawnWorkerProcess(
+  schema: string,
+  id: string,
+  opts: { fixture?: string; env?: Record<string, string>; pipe?: boolean } = {},
+): Promise<ChildProcess> {
+  const fixture = fileURLToPath(new URL(`./fixtures/${opts.fixture ?? 'worker-process.ts'}`, import.meta.url));
   const child = fork(fixture, [], {
     execArgv: ['--import', 'tsx'],
-    env: { ...process.env, SCHEMA: schema, DATABASE_URL, WORKER_ID: id },
-    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    env: { ...process.env, SCHEMA: schema, DATABASE_URL, WORKER_ID: id, ...opts.env },
+    stdio: ['ignore', opts.pipe ? 'pipe' : 'inherit', 'inherit', 'ipc'],
   });
   return new Promise((resolve, reject) => {
     child.once('message', () => resolve(child));

@@ -5,7 +5,7 @@ import { defineTask, enqueue, enqueueMany, getTask, runSlices, Worker, type Task
 import { slotsFromEnv } from '../src/processor/worker.js';
 import { logLevel } from '../src/logger.js';
 import { isPermanentError, PermanentError } from '../src/errors.js';
-import { captureLogger, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, freshSchema, outcomes, waitFor, counterValue } from './helpers.js';
+import { captureLogger, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, freshSchema, outcomes, scaled, waitFor, counterValue } from './helpers.js';
 
 const { schema, pool } = await freshSchema('proc');
 const S = `"${schema}"`;
@@ -171,9 +171,9 @@ test('runSlices: a page read failing after progress saves the cursor and warns; 
 
 test('deadline: the AbortSignal fires at lease expiry minus the margin; an error then is a timeout and retries', async () => {
   let aborted = 0;
-  // Ceilings of a second: long enough that a claim slowed by a busy CI machine never comes back
-  // past the deadline (which would take the not-started path instead).
-  const def = defineTask({ type: 'p_slow', ceiling: 1000, maxAttempts: 1, handler: (_p, ctx) =>
+  // Ceilings of a second, scaled (3 s by default): a claim slowed past the deadline takes the
+  // not-started path instead, and at a load average of 70 a claim took over a second.
+  const def = defineTask({ type: 'p_slow', ceiling: scaled(1000), maxAttempts: 1, handler: (_p, ctx) =>
     new Promise((_res, rej) => ctx.signal.addEventListener('abort', () => {
       aborted++;
       rej(ctx.signal.reason);
@@ -189,7 +189,7 @@ test('deadline: the AbortSignal fires at lease expiry minus the margin; an error
 
 test('a continue returned at the deadline is recorded as timeout and released, not backed off', async () => {
   let runs = 0;
-  const def = defineTask({ type: 'p_cont_late', ceiling: 1000, handler: async (_p, ctx) => {
+  const def = defineTask({ type: 'p_cont_late', ceiling: scaled(1000), handler: async (_p, ctx) => {
     runs++;
     if (runs > 1) return 'done';
     if (!ctx.signal.aborted) await new Promise((r) => ctx.signal.addEventListener('abort', r));
@@ -383,7 +383,7 @@ test('prefetched tasks wait for a slot under their own lease; stop() hands them 
 });
 
 test('done returned at the deadline is recorded as success (indistinguishable from finishing)', async () => {
-  const def = defineTask({ type: 'p_done_late', ceiling: 1000, handler: async (_p, ctx) => {
+  const def = defineTask({ type: 'p_done_late', ceiling: scaled(1000), handler: async (_p, ctx) => {
     if (!ctx.signal.aborted) await new Promise((r) => ctx.signal.addEventListener('abort', r));
     return 'done';
   } });

@@ -24,6 +24,9 @@ import { claim } from '../src/processor/claim.js';
 import { LEADER_LOCK } from '../src/maintenance/leader.js';
 import { MIGRATIONS } from '../src/schema/migrations.js';
 import { schemaLockKey, wakeChannel } from '../src/sql.js';
+import { overdueMarks } from '../src/index.js';
+import { clearOverdueLease, protectOverdueLease, refreshOverdueLeases } from '../src/processor/overdue.js';
+import { completeLeases } from '../src/processor/settlement.js';
 import { captureLogger, counterValue, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, waitFor, urlAs } from './helpers.js';
 
 // Roles are cluster-wide: every name carries the pid so parallel runs never share one.
@@ -269,7 +272,7 @@ test('the rest of the runtime surface works under the grant (read, move, remove,
   assert.equal(await removeUnleased(poolA, schema, t.id!, 'cancelled'), 'removed');
   const d = await enqueue(poolA, 'r_misc', {}, { schema, queue, delay: 60_000, dedupeKey: `k-${process.pid}` });
   assert.equal(await removeUnleased(poolB, schema, d.id!, 'cancelled'), 'removed');
-  assert.deepEqual(await rescueLapsedLeases(poolA, schema), { retried: 0, dead: 0 });
+  assert.deepEqual(await rescueLapsedLeases(poolA, schema), { retried: 0, dead: 0, held: 0 });
   assert.ok((await readGauges(poolB, schema)).dead.get('r_dead'));
   assert.equal(await pruneDeadLetters(poolA, schema, 0), 1);
   await maintainRing(poolA, schema, { rotateAfterMs: 0, lockTimeoutMs: 100 });
@@ -480,4 +483,23 @@ test('migration 7 turns a runtime role of the old single grant into a worker rol
     await admin.query(`DROP OWNED BY "${legacy}"`).catch(() => undefined);
     await admin.query(`DROP ROLE IF EXISTS "${legacy}"`);
   }
+});
+
+test('a stuck handler\'s lease protection works under the grant: protect, refresh, mark, hold from rescue, clear', async () => {
+  const queue = `stuck-${process.pid}`;
+  const t = await enqueue(poolA, 'r_stuck', {}, { schema, queue });
+  const lanes = [(await laneOf(t.id!)).lane_id];
+  const [lease] = await claim(poolA, {
+    schema, laneIds: lanes, limit: 1, ceilings: new Map([['r_stuck', 3000]]), maxAttempts: new Map(), defaultMaxAttempts: 20,
+    defaultCeilingMs: 3000, marginMs: 0, workerId: 'roles', wakeChannel: wakeChannel(schema),
+  });
+  assert.ok(lease);
+  assert.equal(await protectOverdueLease(poolA, schema, lease, 'roles', 0, 60_000), true);
+  await refreshOverdueLeases(poolA, schema, 'roles', [lease]);
+  assert.equal((await overdueMarks(poolB, schema, [t.id!])).get(t.id!)?.stuck, true);
+  await waitFor(async () => (await admin.query(`SELECT expires_at < now() AS lapsed FROM ${S}.leases WHERE id = $1`, [t.id])).rows[0].lapsed, 20_000, 'lapsed');
+  assert.deepEqual(await rescueLapsedLeases(poolB, schema), { retried: 0, dead: 0, held: 1 });
+  assert.equal((await completeLeases(poolA, schema, [lease])).size, 1, 'the late result settles its own lease');
+  await clearOverdueLease(poolA, schema, lease);
+  assert.equal((await admin.query(`SELECT count(*)::int AS n FROM ${S}.overdue_leases`)).rows[0].n, 0);
 });

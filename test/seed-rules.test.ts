@@ -92,7 +92,7 @@ test('rescue never takes the lane lock: a lapsed lease is rescued while its own 
     const c = new pg.Client({ connectionString: DATABASE_URL });
     await c.connect();
     await c.query("SET lock_timeout = '1s'");
-    assert.deepEqual(await rescueLapsedLeases(c, schema), { retried: 1, dead: 0 });
+    assert.deepEqual(await rescueLapsedLeases(c, schema), { retried: 1, dead: 0, held: 0 });
     await c.end();
     assert.equal((await getTask(pool, schema, t!.id!))?.state, 'retryable');
   } finally {
@@ -128,9 +128,9 @@ test('promoter: a lane with a waiter is skipped by later ticks; past the waiter 
     assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'waiter_limit' }), 2, 'the other lane is retried each tick');
     await p.stop();
     // A waiter that runs out of time (400 ms) is counted as such.
+    // One lane goes to the (only) waiter; on a slow machine it may time out before tick() returns.
     await q.tick();
-    const handed = q.waitingLanes[0]!.queue;
-    await waitFor(async () => (await counterValue(short, 'berth_promote_lane_contention_total', { outcome: 'waiter_timed_out', queue: handed })) === 1, 5000, 'waiter timeout');
+    await waitFor(async () => (await counterValue(short, 'berth_promote_lane_contention_total', { outcome: 'waiter_timed_out' })) === 1, 5000, 'waiter timeout');
     assert.ok((await counterValue(metrics, 'berth_promote_batches_total', {})) >= 2, 'tick batches are counted');
     assert.ok((await counterValue(short, 'berth_promote_batches_total', {})) >= 2, 'tick and waiter batches are counted');
     assert.equal((await pool.query(`SELECT count(*) FROM ${S}.deferred`)).rows[0].count, '2', 'nothing promoted while both lanes are held');
@@ -284,7 +284,7 @@ test('a release that fails is logged at warn, and the lapsed lease still gets th
   await pool.query(`CREATE TRIGGER no_release BEFORE INSERT ON ${S}.settlements FOR EACH ROW EXECUTE FUNCTION ${S}.no_release()`);
   try {
     let runs = 0;
-    const def = defineTask({ type: 'r_release_fails', ceiling: 1000, handler: (_p, ctx) => new Promise<void>((res, rej) => {
+    const def = defineTask({ type: 'r_release_fails', ceiling: scaled(1000), handler: (_p, ctx) => new Promise<void>((res, rej) => {
       runs++;
       if (runs > 1) return res();
       ctx.signal.addEventListener('abort', () => rej(ctx.signal.reason));

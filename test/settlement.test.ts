@@ -176,21 +176,21 @@ test('rescue: a lapsed lease goes back to retryable with the attempt burnt, or d
   const id = await fresh({}, { maxAttempts: 2 });
   const t1 = await claimOne('t', 1);
   await leaseLapsed(pool, t1.leaseExpiresAt);
-  assert.deepEqual(await rescueLapsedLeases(pool, schema), { retried: 1, dead: 0 });
+  assert.deepEqual(await rescueLapsedLeases(pool, schema), { retried: 1, dead: 0, held: 0 });
   assert.equal((await getTask(pool, schema, id))?.state, 'retryable');
   await assert.rejects(dequeue(pool, schema, id, t1.token), LeaseLostError, 'the old holder is fenced out');
   await promoteNow();
   const t2 = await claimOne('t', 1);
   assert.equal(t2.attempt, 2);
   await leaseLapsed(pool, t2.leaseExpiresAt);
-  assert.deepEqual(await rescueLapsedLeases(pool, schema), { retried: 0, dead: 1 });
+  assert.deepEqual(await rescueLapsedLeases(pool, schema), { retried: 0, dead: 1, held: 0 });
   const dead = await getTask(pool, schema, id);
   assert.equal(dead?.state, 'dead');
   assert.match(dead!.lastError!, /lease lapsed/);
   // A live lease is never rescued.
   await fresh();
   await claimOne('t', 60_000);
-  assert.deepEqual(await rescueLapsedLeases(pool, schema), { retried: 0, dead: 0 });
+  assert.deepEqual(await rescueLapsedLeases(pool, schema), { retried: 0, dead: 0, held: 0 });
 });
 
 test('retention prunes dead letters older than 7 days from the last attempt, never one under a live lease', async () => {

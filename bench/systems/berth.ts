@@ -1,7 +1,7 @@
 /** berth at its defaults: only `slots` is set (to the scenario's concurrency). */
 import pg from 'pg';
 import { pino } from 'pino';
-import { defineTask, enqueue, enqueueMany, migrate, Worker, type TaskSpec } from '../../src/index.js';
+import { defineTask, enqueue, enqueueMany, migrate, taskCounts, Worker, type TaskSpec } from '../../src/index.js';
 import { dropSchema } from '../db.js';
 import type { AdapterContext, Producer, RunningWorker, SystemAdapter } from './types.js';
 
@@ -47,6 +47,11 @@ export function berthAdapter(ctx: AdapterContext): SystemAdapter {
       const worker = new Worker({ connectionString, schema: SCHEMA, tasks: [noop], slots: concurrency, logger: silent });
       await worker.start();
       return { stop: () => worker.stop() };
+    },
+
+    async pending(db) {
+      // The public count (what `berth stats` shows): live entries not settled, plus deferred.
+      return (await taskCounts(db, SCHEMA)).reduce((sum, c) => sum + c.pending, 0);
     },
   };
 }

@@ -1,7 +1,10 @@
 /**
- * graphile-worker 0.17: `run()` at its defaults, and with the batching options from its
- * performance docs. In 0.17 `localQueue`, `completeJobBatchDelay` and `failJobBatchDelay` exist
- * only as preset options (`preset.worker.*`), not as top-level RunnerOptions.
+ * graphile-worker 0.18: `run()` at its defaults, and with the throughput preset of its
+ * performance docs (https://worker.graphile.org/docs/performance): `localQueue: { size: 500 }`,
+ * `completeJobBatchDelay: 0`, `failJobBatchDelay: 0`, and a pool one larger than the
+ * concurrency (the docs' preset runs `concurrentJobs: 24, maxPoolSize: 25`). In 0.18, as in
+ * 0.17, the batching options exist only as preset options (`preset.worker.*`), not as
+ * top-level RunnerOptions. A job's completion is recorded by deleting its row.
  */
 import { Logger, makeWorkerUtils, run, runMigrations, type RunnerOptions, type Task } from 'graphile-worker';
 import { dropSchema } from '../db.js';
@@ -10,9 +13,11 @@ import type { AdapterContext, Producer, RunningWorker, SystemAdapter } from './t
 const SCHEMA = 'graphile_worker';
 const silent = new Logger(() => () => {});
 
-const THROUGHPUT_PRESET = {
-  worker: { localQueue: { size: 500 }, completeJobBatchDelay: 0, failJobBatchDelay: 0 },
-} satisfies NonNullable<RunnerOptions['preset']>;
+function throughputPreset(concurrency: number): NonNullable<RunnerOptions['preset']> {
+  return {
+    worker: { localQueue: { size: 500 }, completeJobBatchDelay: 0, failJobBatchDelay: 0, maxPoolSize: concurrency + 1 },
+  };
+}
 
 export function graphileAdapter(ctx: AdapterContext, mode: 'default' | 'throughput'): SystemAdapter {
   const { connectionString } = ctx;
@@ -21,7 +26,8 @@ export function graphileAdapter(ctx: AdapterContext, mode: 'default' | 'throughp
     settings:
       mode === 'default'
         ? 'run({ concurrency, taskList, noHandleSignals: true }), pollInterval/maxPoolSize default (2000 ms / 10)'
-        : 'as default plus preset.worker { localQueue: { size: 500 }, completeJobBatchDelay: 0, failJobBatchDelay: 0 }',
+        : 'as default plus the performance docs\' preset: preset.worker { localQueue: { size: 500 }, ' +
+          'completeJobBatchDelay: 0, failJobBatchDelay: 0, maxPoolSize: concurrency + 1 }',
 
     async reset() {
       await dropSchema(connectionString, SCHEMA);
@@ -56,7 +62,7 @@ export function graphileAdapter(ctx: AdapterContext, mode: 'default' | 'throughp
         taskList: { noop },
         noHandleSignals: true,
         logger: silent,
-        ...(mode === 'throughput' ? { preset: THROUGHPUT_PRESET } : {}),
+        ...(mode === 'throughput' ? { preset: throughputPreset(concurrency) } : {}),
       });
       // The runner's promise rejects if the pool dies; stop() surfaces that, keep it handled here.
       const done = runner.promise.catch((err: unknown) => err);
@@ -67,6 +73,11 @@ export function graphileAdapter(ctx: AdapterContext, mode: 'default' | 'throughp
           if (err instanceof Error) throw err;
         },
       };
+    },
+
+    async pending(db) {
+      const r = await db.query<{ n: string }>(`SELECT count(*)::text AS n FROM ${SCHEMA}._private_jobs`);
+      return Number(r.rows[0]!.n);
     },
   };
 }

@@ -1,22 +1,30 @@
 /**
- * pg-boss 10.4.2. It has neither `localConcurrency` nor `burstWhenBatchFull` (both absent from
- * its types and source), so concurrency N is N `work()` registrations on one PgBoss instance,
- * each fetching up to `batchSize` jobs per poll. A worker waits out the rest of its polling
- * interval (default 2 s) after every fetch, even a full one.
+ * pg-boss 12. Concurrency N is `work(name, { localConcurrency: N }, handler)`: N pollers on one
+ * PgBoss instance, each fetching up to `batchSize` jobs (default 1) and handing them to the
+ * handler as one array. After every fetch a poller waits out the rest of its polling interval
+ * (default 2 s) unless `burstWhenBatchFull` is set and the fetch came back full.
+ *
+ * - default: `new PgBoss({ connectionString, schema })`, `createQueue(name)`, `localConcurrency: N`.
+ * - batched: `batchSize: 50` with `burstWhenBatchFull: true` (pg-boss's own way to keep fetching
+ *   while there is a backlog), plus its LISTEN/NOTIFY wake-up (`useListenNotify: true` on the
+ *   instance, `notify: true` on the queue), so pickup is not bound to the 2 s poll.
+ *
+ * A job's completion is recorded as `state = 'completed'` on its row (retained, not deleted).
  */
-import PgBoss from 'pg-boss';
+import { PgBoss, type ConstructorOptions, type JobInsert, type WorkOptions } from 'pg-boss';
 import { dropSchema } from '../db.js';
 import { log } from '../util.js';
 import type { AdapterContext, Producer, RunningWorker, SystemAdapter } from './types.js';
 
 const SCHEMA = 'pgboss';
 const QUEUE = 'noop';
+const BATCH_SIZE = 50;
 
 /** Errors pg-boss emits (it emits instead of throwing from its loops); reported at the end. */
 export const pgBossErrors: string[] = [];
 
-function newBoss(connectionString: string): PgBoss {
-  const boss = new PgBoss({ connectionString, schema: SCHEMA });
+function newBoss(connectionString: string, extra: Partial<ConstructorOptions> = {}): PgBoss {
+  const boss = new PgBoss({ connectionString, schema: SCHEMA, ...extra });
   boss.on('error', (err: Error) => {
     if (pgBossErrors.length < 20) pgBossErrors.push(err.message);
     if (pgBossErrors.length <= 3) log(`pg-boss error: ${err.message}`);
@@ -24,54 +32,66 @@ function newBoss(connectionString: string): PgBoss {
   return boss;
 }
 
-async function ensureQueue(boss: PgBoss): Promise<void> {
-  if (!(await boss.getQueue(QUEUE))) await boss.createQueue(QUEUE);
-}
-
-export function pgBossAdapter(ctx: AdapterContext, mode: 'default' | 'throughput'): SystemAdapter {
+export function pgBossAdapter(ctx: AdapterContext, mode: 'default' | 'batched'): SystemAdapter {
   const { connectionString } = ctx;
-  const workOptions: PgBoss.WorkOptions = mode === 'throughput' ? { batchSize: 50 } : {};
+  const batched = mode === 'batched';
+  const instanceOptions: Partial<ConstructorOptions> = batched ? { useListenNotify: true } : {};
+  const workOptions = (concurrency: number): WorkOptions =>
+    batched ? { localConcurrency: concurrency, batchSize: BATCH_SIZE, burstWhenBatchFull: true } : { localConcurrency: concurrency };
+
+  async function ensureQueue(boss: PgBoss): Promise<void> {
+    if (!(await boss.getQueue(QUEUE))) await boss.createQueue(QUEUE, batched ? { notify: true } : {});
+  }
+
   return {
     label: `pg-boss (${mode})`,
-    settings:
-      mode === 'default'
-        ? 'new PgBoss({ connectionString, schema }); <concurrency> × work(name, handler) (batchSize 1, polling 2 s)'
-        : '<concurrency> × work(name, { batchSize: 50 }, handler) (polling 2 s default; no burstWhenBatchFull in 10.x)',
+    settings: batched
+      ? `new PgBoss({ connectionString, schema, useListenNotify: true }); createQueue(name, { notify: true }); ` +
+        `work(name, { localConcurrency: <concurrency>, batchSize: ${BATCH_SIZE}, burstWhenBatchFull: true }, handler)`
+      : 'new PgBoss({ connectionString, schema }); createQueue(name); work(name, { localConcurrency: <concurrency> }, handler) ' +
+        '(batchSize 1, polling every 2 s, no LISTEN/NOTIFY)',
 
     async reset() {
       await dropSchema(connectionString, SCHEMA);
       const boss = newBoss(connectionString);
       await boss.start();
       await ensureQueue(boss);
-      await boss.stop({ graceful: false, wait: true });
+      await boss.stop({ graceful: false });
     },
 
     async openProducer(): Promise<Producer> {
-      const boss = newBoss(connectionString);
+      const boss = newBoss(connectionString, instanceOptions);
       await boss.start();
       await ensureQueue(boss);
       return {
         async bulk(start, count) {
-          const jobs: PgBoss.JobInsert[] = [];
-          for (let i = start; i < start + count; i++) jobs.push({ name: QUEUE, data: { i } });
-          await boss.insert(jobs);
+          const jobs: JobInsert[] = [];
+          for (let i = start; i < start + count; i++) jobs.push({ data: { i } });
+          await boss.insert(QUEUE, jobs);
         },
         async single(i) {
           await boss.send(QUEUE, { i });
         },
-        close: () => boss.stop({ graceful: false, wait: true }),
+        close: () => boss.stop({ graceful: false }),
       };
     },
 
     async startWorker(concurrency, onRun): Promise<RunningWorker> {
-      const boss = newBoss(connectionString);
+      const boss = newBoss(connectionString, instanceOptions);
       await boss.start();
       await ensureQueue(boss);
-      const handler: PgBoss.WorkHandler<{ i: number }> = async (jobs) => {
+      await boss.work<{ i: number }>(QUEUE, workOptions(concurrency), async (jobs) => {
         for (const job of jobs) onRun(job.data.i);
-      };
-      for (let k = 0; k < concurrency; k++) await boss.work(QUEUE, workOptions, handler);
-      return { stop: () => boss.stop({ graceful: true, timeout: 10_000, wait: true }) };
+      });
+      return { stop: () => boss.stop({ graceful: true, timeout: 10_000 }) };
+    },
+
+    async pending(db) {
+      const r = await db.query<{ n: string }>(
+        `SELECT count(*)::text AS n FROM ${SCHEMA}.job WHERE name = $1 AND state <> 'completed'`,
+        [QUEUE],
+      );
+      return Number(r.rows[0]!.n);
     },
   };
 }

@@ -1,7 +1,9 @@
 /**
  * The one interface every queue system implements for the scenarios. Tasks are no-ops whose
- * payload is `{ i }`; the worker reports each handler start through `onRun(i)`.
+ * payload is `{ i }`; the worker reports each handler start through `onRun(i)`, and `pending`
+ * reads from the database how many are not yet recorded as completed.
  */
+import type pg from 'pg';
 
 export interface Producer {
   /** Enqueue tasks `i = start .. start+count-1` in one bulk call. */
@@ -26,6 +28,11 @@ export interface SystemAdapter {
   openProducer(): Promise<Producer>;
   /** Start processing `noop` tasks with `concurrency` handlers; resolves once started. */
   startWorker(concurrency: number, onRun: (i: number) => void): Promise<RunningWorker>;
+  /**
+   * Tasks whose completion is not recorded in the database yet (queued, running, or finished
+   * but with the completion still in the worker's memory). One read-only statement on `db`.
+   */
+  pending(db: pg.ClientBase): Promise<number>;
 }
 
 export interface AdapterContext {

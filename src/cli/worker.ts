@@ -84,8 +84,9 @@ export function registerWorkerCommands(program: Command): void {
     .option('--http-port <n>', 'serve GET /metrics (Prometheus) on this port (0 = any free port)', intOption(0, 65535))
     .option('--http-host <address>', 'address for --http-port (default 127.0.0.1)')
     .option('--dashboard', 'also serve the dashboard on --http-port (auth from BERTH_DASHBOARD_TOKEN / BERTH_DASHBOARD_USERS)')
+    .option('--exit-on-stuck-slots <n>', 'exit with status 75 once this many slots hold handlers stuck past their deadline (for a supervisor to restart)', intOption(1, 1000))
     .addHelpText('after', '\nStops gracefully on SIGINT/SIGTERM: running handlers are aborted and their leases released.')
-    .action(async (opts: Common & { tasks: string; slots?: number; queue: string[]; maintenance: boolean; drain?: boolean; httpPort?: number; httpHost?: string; dashboard?: boolean }) => {
+    .action(async (opts: Common & { tasks: string; slots?: number; queue: string[]; maintenance: boolean; drain?: boolean; httpPort?: number; httpHost?: string; dashboard?: boolean; exitOnStuckSlots?: number }) => {
       const url = connection(opts);
       const tasks = await loadTaskModule(opts.tasks);
       const queues = splitQueues(opts.queue);
@@ -98,7 +99,10 @@ export function registerWorkerCommands(program: Command): void {
         host: opts.httpHost,
         dashboard: opts.dashboard ? { auth: env.auth, readOnly: env.readOnly } : false,
       };
-      const worker = new Worker({ connectionString: url, schema: opts.schema, tasks, slots: opts.slots, queues, maintenance: opts.maintenance, logger, http });
+      const worker = new Worker({
+        connectionString: url, schema: opts.schema, tasks, slots: opts.slots, queues, maintenance: opts.maintenance, logger, http,
+        exitOnStuckSlots: opts.exitOnStuckSlots,
+      });
       await worker.start();
       if (worker.httpUrl) {
         say(`berth worker: metrics at ${worker.httpUrl.replace(/\/$/, '')}/metrics${opts.dashboard ? `, dashboard at ${worker.httpUrl}` : ''}`);

@@ -4,6 +4,7 @@ import { listQueues } from '../admin/queues.js';
 import { leaderInfo, listWorkers } from '../admin/stats.js';
 import { listTasks, parseState, taskTimeline } from '../admin/tasks.js';
 import { getTask } from '../storage/tasks.js';
+import { overdueMarks } from '../processor/overdue.js';
 import { HttpError } from './http.js';
 import { readOverview, type DashboardReads } from './overview.js';
 import { MAX_FILTER_TEXT_CHARS, optionalCursor, optionalQuery, optionalQueueQuery, queryLimit, taskId } from './params.js';
@@ -46,14 +47,17 @@ export async function lanes(reads: DashboardReads) {
   };
 }
 
-export function tasks(reads: DashboardReads, url: URL) {
+export async function tasks(reads: DashboardReads, url: URL) {
   const state = optionalQuery(url, 'state');
-  return listTasks(
+  const page = await listTasks(
     reads.db,
     reads.schema,
     { state: state === undefined ? undefined : parseState(state), queue: optionalQueueQuery(url), type: optionalQuery(url, 'type') },
     { after: optionalCursor(url), limit: queryLimit(url) },
   );
+  // Running tasks whose handler overran its deadline (one index probe per running task shown).
+  const marks = await overdueMarks(reads.db, reads.schema, page.tasks.filter((t) => t.state === 'running').map((t) => t.id));
+  return { ...page, tasks: page.tasks.map((t) => (marks.has(t.id) ? { ...t, overdue: marks.get(t.id) } : t)) };
 }
 
 export async function task(reads: DashboardReads, id: string) {
@@ -61,9 +65,11 @@ export async function task(reads: DashboardReads, id: string) {
   const record = await getTask(reads.db, reads.schema, id);
   if (!record) throw new HttpError(404, `task ${id} not found (never existed, removed, or its ring slot was reclaimed)`);
   const timeline = await taskTimeline(reads.db, reads.schema, id);
+  // A handler still running past its deadline: marked on the page (stuck past the grace).
+  const overdue = record.lease ? ((await overdueMarks(reads.db, reads.schema, [id])).get(id) ?? null) : null;
   // The lease token is the fence a holder settles with: never shown.
   const { lease, ...rest } = record;
-  return { task: { ...rest, lease: lease && { expiresAt: lease.expiresAt, worker: lease.worker, attempt: lease.attempt } }, timeline };
+  return { task: { ...rest, lease: lease && { expiresAt: lease.expiresAt, worker: lease.worker, attempt: lease.attempt, overdue } }, timeline };
 }
 
 function deadFilter(url: URL) {

@@ -77,6 +77,7 @@ export function resetGauges(metrics: BerthMetrics): void {
   metrics.oldestDueSeconds.reset();
   metrics.queuePaused.reset();
   metrics.workers.reset();
+  metrics.rescueHeld.reset();
 }
 
 /**

@@ -100,6 +100,8 @@ export class Maintenance {
   private readonly contentionTally = new ContentionTally();
   private readonly stopSignal = new AbortController();
   private loop: Promise<void> | null = null;
+  /** Held leases at the last rescue run (logged on change). */
+  private lastHeld = 0;
 
   constructor(
     private readonly deps: {
@@ -193,7 +195,13 @@ export class Maintenance {
           const r = await rescueLapsedLeases(pool, schema);
           if (r.retried) metrics.rescued.inc({ result: 'retry' }, r.retried);
           if (r.dead) metrics.rescued.inc({ result: 'dead' }, r.dead);
-          if (r.retried || r.dead) this.deps.logger.warn(r, 'rescued lapsed leases');
+          metrics.rescueHeld.set(r.held);
+          // Logged when the number changes, not every run: a stuck handler can be held for hours.
+          if (r.held !== this.lastHeld && r.held > 0) {
+            this.deps.logger.warn({ held: r.held }, 'lapsed leases left to their holders: their handlers still run past the deadline (see berth_task_stuck_handlers)');
+          }
+          this.lastHeld = r.held;
+          if (r.retried || r.dead) this.deps.logger.warn({ retried: r.retried, dead: r.dead }, 'rescued lapsed leases');
         },
       },
       {

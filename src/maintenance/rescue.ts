@@ -5,6 +5,11 @@ export interface RescueOutcome {
   retried: number;
   /** Out of attempts: moved to the dead letters. */
   dead: number;
+  /**
+   * Lapsed but left alone: the holder still runs the handler and refreshes its overdue row
+   * (see processor/overdue.ts), so rescuing it would run the task twice at once.
+   */
+  held: number;
 }
 
 /**
@@ -13,17 +18,24 @@ export interface RescueOutcome {
  * task that reliably kills its worker dead-letters at max_attempts instead of looping.
  * The settlement insert is the fence: a worker settling at the same moment wins or loses
  * cleanly. Safe to run from many processes at once.
+ *
+ * A lapsed lease whose holder keeps its `overdue_leases` row fresh (the holder is alive and its
+ * handler, past its deadline, still runs) is left alone and counted as held: seed 000 accepts
+ * the duplicate run there, berth does not. When the holder dies its row goes stale and the
+ * lease is rescued as any other. Rows of leases rescued here are removed, and so are stale rows
+ * whose lease is settled (a holder that could not delete its own).
  */
 export async function rescueLapsedLeases(db: Queryable, schema: string, limit = 1000): Promise<RescueOutcome> {
   const s = quoteIdent(schema);
   const cols = `id, type, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
     last_error, created_at, last_attempted_at`;
-  const res = await db.query<{ retried: string; dead: string }>(
+  const res = await db.query<{ retried: string; dead: string; held: string }>(
     `WITH lapsed AS MATERIALIZED (
        SELECT l.slot, l.lane_id, l.lane_seq, l.id FROM ${s}.leases l
         WHERE l.expires_at < now()
           AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
                            WHERE st.lane_id = l.lane_id AND st.lane_seq = l.lane_seq AND st.slot = l.slot)
+          AND NOT EXISTS (${heldBy(s, 'l')})
         ORDER BY l.expires_at
         LIMIT $1
      ), won AS (
@@ -55,10 +67,35 @@ export async function rescueLapsedLeases(db: Queryable, schema: string, limit = 
        ON CONFLICT (id) DO NOTHING
      ), freed AS (
        DELETE FROM ${s}.dedupe d USING buried WHERE d.id = buried.id
+     ), unmarked AS (
+       DELETE FROM ${s}.overdue_leases o USING won w
+        WHERE o.lane_id = w.lane_id AND o.lane_seq = w.lane_seq AND o.slot = w.slot
+     ), swept AS (
+       -- A stale row whose lease is settled (or pruned): its holder's delete failed.
+       DELETE FROM ${s}.overdue_leases o
+        WHERE o.seen_at <= now() - o.stale_after
+          AND NOT EXISTS (SELECT 1 FROM ${s}.leases l
+                           WHERE l.lane_id = o.lane_id AND l.lane_seq = o.lane_seq AND l.slot = o.slot
+                             AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
+                                              WHERE st.lane_id = l.lane_id AND st.lane_seq = l.lane_seq AND st.slot = l.slot))
      )
-     SELECT count(*) FILTER (WHERE NOT dead) AS retried, count(*) FILTER (WHERE dead) AS dead FROM src`,
+     SELECT count(*) FILTER (WHERE NOT dead) AS retried, count(*) FILTER (WHERE dead) AS dead,
+            -- Driven from overdue_leases (a handful of rows), never from the lapsed leases.
+            (SELECT count(*) FROM ${s}.overdue_leases o
+               JOIN ${s}.leases l ON l.lane_id = o.lane_id AND l.lane_seq = o.lane_seq AND l.slot = o.slot
+              WHERE l.expires_at < now() AND o.seen_at > now() - o.stale_after
+                AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
+                                 WHERE st.lane_id = l.lane_id AND st.lane_seq = l.lane_seq AND st.slot = l.slot)) AS held
+       FROM src`,
     [limit],
   );
   const row = res.rows[0]!;
-  return { retried: Number(row.retried), dead: Number(row.dead) };
+  return { retried: Number(row.retried), dead: Number(row.dead), held: Number(row.held) };
+}
+
+/** The lease aliased `l` has a fresh overdue row: its holder still runs the handler. */
+function heldBy(s: string, l: string): string {
+  return `SELECT 1 FROM ${s}.overdue_leases o
+           WHERE o.lane_id = ${l}.lane_id AND o.lane_seq = ${l}.lane_seq AND o.slot = ${l}.slot
+             AND o.seen_at > now() - o.stale_after`;
 }

@@ -17,6 +17,7 @@ import { DEFAULT_HEARTBEAT_MS, Heartbeat } from './heartbeat.js';
 import { startWorkerHttp, validateWorkerHttpOptions, type WorkerHttpOptions } from '../dashboard/worker-http.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
 import { describeHandlerResult, isContractResult } from './handler-result.js';
+import { DEFAULT_STUCK_GRACE_MS, STUCK_EXIT_CODE, StuckGuard } from './stuck.js';
 
 export interface WorkerOptions {
   connectionString: string;
@@ -65,7 +66,26 @@ export interface WorkerOptions {
    * without auth, host must be loopback). See `httpUrl`.
    */
   http?: WorkerHttpOptions;
+  /**
+   * A handler still running this long past its deadline (it ignored its AbortSignal) is reported
+   * stuck: `berth_task_stuck_handlers`, a warn log, a mark on the dashboard. Its lease is kept
+   * from rescue while this process runs it (see docs/architecture.md). 10 s.
+   */
+  stuckGraceMs?: number;
+  /**
+   * Opt-in: once this many slots are stuck at once, log an error, stop (no new claims, the rest
+   * released) and exit the process with status 75 (`STUCK_EXIT_CODE`) for a supervisor to
+   * restart. The stuck leases are rescued once the process is gone. Default: never.
+   */
+  exitOnStuckSlots?: number;
 }
+
+/** Every key WorkerOptions has: anything else is a typo, refused rather than ignored. */
+const WORKER_OPTION_KEYS: ReadonlySet<string> = new Set<keyof WorkerOptions>([
+  'connectionString', 'readConnectionString', 'tasks', 'slots', 'queues', 'schema', 'leaseMarginMs', 'prefetch',
+  'pollIntervalMs', 'defaultCeilingMs', 'stopTimeoutMs', 'statementTimeoutMs', 'maintenance', 'logger', 'metrics',
+  'workerId', 'listenReconnectBaseMs', 'heartbeatIntervalMs', 'http', 'stuckGraceMs', 'exitOnStuckSlots',
+]);
 
 /**
  * Worker sessions run without JIT: the claim's plan over every ring partition is costed high
@@ -145,6 +165,8 @@ export class Worker {
   private readonly defaultCeilingMs: number;
   private readonly stopTimeoutMs: number;
   private readonly heartbeatMs: number | false;
+  private readonly stuckGraceMs: number;
+  private stuckGuard: StuckGuard | null = null;
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
   private readonly defs = new Map<string, TaskDefinition<any>>();
   private readonly ceilings = new Map<string, number>();
@@ -184,6 +206,9 @@ export class Worker {
   private readonly notifiedLanes = new Set<number>();
 
   constructor(private readonly options: WorkerOptions) {
+    for (const key of Object.keys(options)) {
+      if (!WORKER_OPTION_KEYS.has(key)) throw new BerthInputError(`unknown worker option "${key}"`);
+    }
     if (!options.connectionString) throw new BerthInputError('Worker needs a connectionString');
     this.schema = options.schema ?? DEFAULT_SCHEMA;
     this.slots = options.slots ?? slotsFromEnv(process.env.BERTH_TASK_PROCESSOR_CONCURRENCY) ?? WORKER_DEFAULTS.slots;
@@ -204,6 +229,14 @@ export class Worker {
     this.heartbeatMs = options.heartbeatIntervalMs ?? DEFAULT_HEARTBEAT_MS;
     if (this.heartbeatMs !== false && !(this.heartbeatMs > 0)) throw new BerthInputError('heartbeatIntervalMs must be > 0 or false');
     if (options.http !== undefined) validateWorkerHttpOptions(options.http);
+    this.stuckGraceMs = options.stuckGraceMs ?? DEFAULT_STUCK_GRACE_MS;
+    if (typeof this.stuckGraceMs !== 'number' || !Number.isFinite(this.stuckGraceMs) || this.stuckGraceMs < 0) {
+      throw new BerthInputError(`stuckGraceMs must be a finite number >= 0, got ${JSON.stringify(options.stuckGraceMs)}`);
+    }
+    const exitOn = options.exitOnStuckSlots;
+    if (exitOn !== undefined && !(Number.isInteger(exitOn) && exitOn >= 1 && exitOn <= this.slots)) {
+      throw new BerthInputError(`exitOnStuckSlots must be an integer from 1 to slots (${this.slots}), got ${JSON.stringify(exitOn)}`);
+    }
     for (const d of options.tasks) {
       if (this.defs.has(d.type)) throw new BerthInputError(`task type "${d.type}" is defined twice`);
       this.defs.set(d.type, d);
@@ -289,6 +322,22 @@ export class Worker {
       }
     }
     this.batcher = new SettlementBatcher(this.writePool, this.schema, this.metrics, this.logger);
+    this.stuckGuard = new StuckGuard(
+      this.writePool,
+      this.schema,
+      this.metrics,
+      this.logger,
+      {
+        workerId: this.id,
+        marginMs: this.marginMs,
+        graceMs: this.stuckGraceMs,
+        refreshMs: this.heartbeatMs === false ? DEFAULT_HEARTBEAT_MS : this.heartbeatMs,
+        exitOnStuckSlots: this.options.exitOnStuckSlots,
+      },
+      this.inflight,
+      (stuck) => void this.exitForStuckSlots(stuck),
+    );
+    this.stuckGuard.start();
     this.metrics.slots.set(this.slots);
     this.listener = new WakeListener({
       connectionString: this.options.connectionString,
@@ -507,6 +556,9 @@ export class Worker {
     };
     const done: Promise<void> = this.execute(task, controller, freeSlot)
       .catch((err) => this.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed'))
+      // Stuck-handler containment (processor/stuck.ts): after the settlement is written, an
+      // overdue lease row, if this run overran its deadline, has done its job.
+      .then(() => this.stuckGuard!.settled(key))
       .finally(() => {
         freeSlot();
         this.executions.delete(done);
@@ -727,6 +779,8 @@ export class Worker {
     }
     // Against an unreachable database a stop does not wait out whole leases: they lapse instead.
     await this.batcher?.drain(this.stopTimeoutMs);
+    // Handlers still running past stop() lose their lease protection within 3 refresh intervals.
+    this.stuckGuard?.stop();
     await this.http?.close();
     await this.heartbeat?.stop();
     await this.maintenance?.stop();
@@ -734,5 +788,29 @@ export class Worker {
     if (this.readPool && this.readPool !== this.writePool) await this.readPool.end();
     await this.writePool?.end();
     this.logger.info('worker stopped');
+  }
+
+  /**
+   * `exitOnStuckSlots` reached: a slot held by a handler that ignores its signal only comes
+   * back when the process ends. Stop as stop() does (no new claims; the other handlers aborted
+   * and their leases released; settlements written), then exit for a supervisor to restart.
+   * The stuck leases are not released (their handlers still run until the exit): their rows go
+   * stale, and rescue hands them on, burning the attempt as for a crash.
+   */
+  private async exitForStuckSlots(stuck: ClaimedTask[]): Promise<void> {
+    this.logger.error(
+      {
+        stuck_slots: stuck.length,
+        exit_code: STUCK_EXIT_CODE,
+        stuck: stuck.map((t) => ({ task_id: t.id, task_type: t.type, lane: `${t.queue}/${t.priority}/${t.shard}`, attempt: t.attempt })),
+      },
+      'too many stuck slots (exitOnStuckSlots): stopping and exiting for a supervisor to restart this process',
+    );
+    try {
+      await this.stop();
+    } catch (err) {
+      this.logger.error({ err: (err as Error).message }, 'stop before the stuck-slot exit failed');
+    }
+    process.exit(STUCK_EXIT_CODE);
   }
 }

@@ -102,6 +102,10 @@ function workerGrants(s: string): Grant[] {
     // retention deletes stale rows and old counts. Status reports, not task data: leadership is
     // the advisory lock (leaderInfo reads pg_locks), so a forged row cannot make a leader.
     { privileges: 'SELECT, INSERT, UPDATE, DELETE', on: `${s}.workers, ${s}.outcome_counts` },
+    // A worker protects the lease of a handler still running past its deadline (INSERT),
+    // refreshes it (UPDATE seen_at) and removes it once the lease settles; rescue deletes the
+    // rows of leases it takes and stale ones. Rescue and the dashboard read it.
+    { privileges: 'SELECT, INSERT, UPDATE (seen_at), DELETE', on: `${s}.overdue_leases` },
     // The leader's oldest-due gauge leaves paused queues out. Pausing is set_queue_paused's (operators).
     { privileges: 'SELECT', on: `${s}.queue_pauses` },
   ];

@@ -52,7 +52,7 @@ tr.clickable { cursor: pointer; } tr.clickable:hover td { background: #f3f6ff; }
 .badge.ready, .badge.ok, .badge.active, .badge.leader { background: #e2f5ea; color: #17693b; }
 .badge.running { background: #ece7ff; color: #4b34a8; }
 .badge.scheduled, .badge.retryable, .badge.waiting { background: #fff2da; color: #8a5608; }
-.badge.dead, .badge.paused { background: #fde4e4; color: #a12c2c; }
+.badge.dead, .badge.paused, .badge.stuck { background: #fde4e4; color: #a12c2c; }
 .badge.completed { background: #e4edff; color: #2449b0; }
 .badge.ro { background: #ffd9a8; color: #6b3d00; text-transform: uppercase; letter-spacing: .5px; }
 .filters { display: flex; flex-wrap: wrap; gap: 10px; align-items: center; margin-bottom: 12px; }

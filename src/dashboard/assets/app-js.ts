@@ -93,6 +93,14 @@ export const APP_JS = String.raw`'use strict';
   function badge(text, kind) {
     return h('span', { class: 'badge ' + (kind || text) }, text);
   }
+  /** A running task whose handler overran its deadline: "overdue", then "stuck" past the grace. */
+  function stateBadges(state, overdue) {
+    if (!overdue) return badge(state);
+    var title = 'handler still running past its deadline since ' + new Date(overdue.since).toLocaleString() + ' on ' + overdue.worker +
+      (overdue.protected ? '; its lease is kept from rescue while that worker lives' : '; its holder stopped refreshing, rescue takes the lease');
+    var mark = h('span', { class: 'badge stuck', 'data-overdue': overdue.stuck ? 'stuck' : 'overdue', title: title }, overdue.stuck ? 'stuck' : 'overdue');
+    return [badge(state), ' ', mark];
+  }
 
   // ---- Talking to the API.
   function ApiError(status, message) {
@@ -367,7 +375,7 @@ export const APP_JS = String.raw`'use strict';
       append(clear(el), [
         table(['ID', 'Type', 'State', 'Queue', 'Priority', 'Attempts', 'Created', 'Due / finished', 'Last error'], d.tasks.map(function (t) {
           return { attrs: { 'data-task': t.id, class: 'clickable', onclick: function (e) { if (e.target.tagName !== 'A') go('#/tasks/' + t.id); } }, cells: [
-            taskLink(t.id), t.type, badge(t.state), t.queue, String(t.priority), t.attempts + (t.maxAttempts ? ' / ' + t.maxAttempts : ''),
+            taskLink(t.id), t.type, stateBadges(t.state, t.overdue), t.queue, String(t.priority), t.attempts + (t.maxAttempts ? ' / ' + t.maxAttempts : ''),
             when(t.createdAt), when(t.finishedAt || t.runAt), h('span', { class: 'error-text' }, clip(t.lastError, 80)),
           ] };
         }), 'No tasks match.'),
@@ -411,7 +419,7 @@ export const APP_JS = String.raw`'use strict';
     render: function (el, d) {
       var t = d.task;
       var fields = [
-        ['State', badge(t.state)], ['Type', t.type], ['Queue', t.queue], ['Priority', String(t.priority)], ['Shard', String(t.shard)],
+        ['State', stateBadges(t.state, t.lease && t.lease.overdue)], ['Type', t.type], ['Queue', t.queue], ['Priority', String(t.priority)], ['Shard', String(t.shard)],
         ['Attempts', t.attempts + (t.maxAttempts ? ' of ' + t.maxAttempts : ' (type default)')], ['Dedupe key', t.dedupeKey || '—'],
         ['Created', when(t.createdAt)], ['Due', t.runAt ? when(t.runAt) : '—'],
         ['Lease', t.lease ? 'attempt ' + t.lease.attempt + ' on ' + (t.lease.worker || '?') + ', expires ' + time(t.lease.expiresAt) : '—'],

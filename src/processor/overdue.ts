@@ -1,0 +1,90 @@
+import { quoteIdent, type Queryable } from '../sql.js';
+import type { ClaimedTask, LeaseRef } from './claim.js';
+
+/**
+ * The `overdue_leases` rows a worker writes for a handler still running past its deadline
+ * (migration 6). Nothing here runs on the hot path: a row exists only while a handler ignores
+ * its AbortSignal. Rescue reads them (see maintenance/rescue.ts); the dashboard marks them.
+ */
+
+/**
+ * Record that this worker still runs the lease's handler past its deadline, so rescue leaves
+ * the lease alone once it lapses. Fenced like a settlement: only the token's holder, only while
+ * the lease is unsettled and not yet expired (a lease that already lapsed may be rescued at any
+ * moment, so protecting it then would promise what rescue does not keep). Returns whether the
+ * row was written.
+ */
+export async function protectOverdueLease(
+  db: Queryable,
+  schema: string,
+  task: Pick<ClaimedTask, 'slot' | 'laneId' | 'laneSeq' | 'token'>,
+  workerId: string,
+  stuckInMs: number,
+  staleAfterMs: number,
+): Promise<boolean> {
+  const s = quoteIdent(schema);
+  const r = await db.query(
+    `INSERT INTO ${s}.overdue_leases (slot, lane_id, lane_seq, id, type, attempt, worker_id, stuck_at, stale_after)
+     SELECT l.slot, l.lane_id, l.lane_seq, l.id, l.type, l.attempt, $5,
+            now() + make_interval(secs => $6 / 1000.0), make_interval(secs => $7 / 1000.0)
+       FROM ${s}.leases l
+      WHERE l.lane_id = $1 AND l.lane_seq = $2 AND l.slot = $3 AND l.token = $4
+        AND l.expires_at > now()
+        AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
+                         WHERE st.lane_id = l.lane_id AND st.lane_seq = l.lane_seq AND st.slot = l.slot)
+     ON CONFLICT DO NOTHING`,
+    [task.laneId, task.laneSeq, task.slot, task.token, workerId, Math.max(0, stuckInMs), staleAfterMs],
+  );
+  return (r.rowCount ?? 0) > 0;
+}
+
+/**
+ * The holder's proof of life for the leases it still runs: one statement for all of them.
+ * Only rows of handlers running now are refreshed, so a row whose delete failed goes stale.
+ */
+export async function refreshOverdueLeases(db: Queryable, schema: string, workerId: string, refs: readonly LeaseRef[]): Promise<void> {
+  if (refs.length === 0) return;
+  const s = quoteIdent(schema);
+  await db.query(
+    `UPDATE ${s}.overdue_leases o SET seen_at = now()
+       FROM unnest($2::integer[], $3::bigint[], $4::smallint[]) AS k(lane_id, lane_seq, slot)
+      WHERE o.lane_id = k.lane_id AND o.lane_seq = k.lane_seq AND o.slot = k.slot AND o.worker_id = $1`,
+    [workerId, refs.map((r) => r.laneId), refs.map((r) => r.laneSeq), refs.map((r) => r.slot)],
+  );
+}
+
+/** The handler returned and its settlement was written (or refused): the row has done its job. */
+export async function clearOverdueLease(db: Queryable, schema: string, ref: LeaseRef): Promise<void> {
+  const s = quoteIdent(schema);
+  await db.query(`DELETE FROM ${s}.overdue_leases WHERE lane_id = $1 AND lane_seq = $2 AND slot = $3`, [ref.laneId, ref.laneSeq, ref.slot]);
+}
+
+/** What the dashboard shows for a lease still running past its deadline. */
+export interface OverdueMark {
+  worker: string;
+  attempt: number;
+  /** When its holder reported it past its deadline. */
+  since: Date;
+  /** Past deadline + grace: reported stuck. */
+  stuck: boolean;
+  /** The holder refreshed it recently, so rescue leaves the lease alone. */
+  protected: boolean;
+}
+
+/** Overdue marks of these tasks' unsettled leases, by task id (most tasks have none). */
+export async function overdueMarks(db: Queryable, schema: string, ids: readonly string[]): Promise<Map<string, OverdueMark>> {
+  const out = new Map<string, OverdueMark>();
+  if (ids.length === 0) return out;
+  const s = quoteIdent(schema);
+  const r = await db.query<{ id: string; worker_id: string; attempt: number; since: Date; stuck: boolean; protected: boolean }>(
+    `SELECT o.id::text AS id, o.worker_id, o.attempt, o.since, o.stuck_at <= now() AS stuck,
+            o.seen_at > now() - o.stale_after AS protected
+       FROM ${s}.overdue_leases o
+      WHERE o.id = ANY ($1::bigint[])
+        AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
+                         WHERE st.lane_id = o.lane_id AND st.lane_seq = o.lane_seq AND st.slot = o.slot)`,
+    [ids],
+  );
+  for (const row of r.rows) out.set(row.id, { worker: row.worker_id, attempt: row.attempt, since: row.since, stuck: row.stuck, protected: row.protected });
+  return out;
+}
