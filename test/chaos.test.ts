@@ -50,8 +50,8 @@ const DRAIN_TIMEOUT_MS = 45_000;
 
 /**
  * One cluster, one schema and one fleet for every scenario: starting processes is the slow part
- * on a busy machine. The first workers load while initdb runs, and two spares stay loaded (a replacement
- * starts at once even after kills in a row).
+ * on a busy machine. The first workers load while initdb runs, and two spares stay loaded (a
+ * replacement starts at once even after kills in a row).
  */
 const schema = 'chaos';
 const dir = mkdtempSync(join(tmpdir(), 'berth-chaos-'));
@@ -114,7 +114,8 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
  */
 class Producer {
   readonly ids = new Set<string>();
-  errors: string[] = [];
+  /** Enqueues that failed (none expected: the producer pauses while the server is down). */
+  errors = 0;
   private paused = false;
   private stopped = false;
   private current: Promise<unknown> = Promise.resolve();
@@ -145,7 +146,10 @@ class Producer {
         this.current = enqueueMany(this.pool, specs, { schema: this.schema }).then(
           (res) => res.forEach((r) => r.id && this.ids.add(r.id)),
           // Not counted as enqueued: if it did commit, its task is simply not tracked.
-          (err: Error) => this.errors.push(err.message),
+          (err: Error) => {
+            this.errors++;
+            debug(`enqueue failed: ${err.message}`);
+          },
         );
         await this.current;
       }
@@ -413,7 +417,6 @@ const scenarios: Scenario[] = [
     windowExplains: false,
     delayed: true,
     async prepare(ctx) {
-      await waitFor(() => confirmedLeader(ctx), 30_000, 'a leader');
       const future = await read(ctx, 'deferred tasks', async (p) => {
         const r = await p.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${quoteIdent(ctx.schema)}.deferred WHERE run_at > now()`);
         return r.rows[0]!.n || null;
@@ -421,7 +424,7 @@ const scenarios: Scenario[] = [
       assert.ok(future > 0, 'delayed tasks are waiting to come due when the leader dies');
     },
     async inject(ctx) {
-      const leader = (await confirmedLeader(ctx))!;
+      const leader = await waitFor(() => confirmedLeader(ctx), 30_000, 'a leader');
       await ctx.fleet.kill(leader);
       ctx.fleet.spawnInBackground();
       await waitFor(() => confirmedLeader(ctx, leader), 30_000, 'a new leader');

@@ -103,7 +103,7 @@ export class TestCluster {
   async start(): Promise<void> {
     for (let tries = 0; ; tries++) {
       try {
-        await this.pgCtl(['start', '-w', '-t', '120', '-l', this.logFile, '-o', `-p ${this.portNumber}`]);
+        await this.pgCtl(['start', '-w', '-t', '300', '-l', this.logFile, '-o', `-p ${this.portNumber}`]);
         this.running = true;
         return;
       } catch (err) {
@@ -119,13 +119,13 @@ export class TestCluster {
 
   /** pg_ctl stop -m mode (immediate is a crash: no checkpoint, recovery on the next start). */
   async stop(mode: StopMode = 'fast'): Promise<void> {
-    await this.pgCtl(['stop', '-w', '-t', '120', '-m', mode]);
+    await this.pgCtl(['stop', '-w', '-t', '300', '-m', mode]);
     this.running = false;
   }
 
   /** pg_ctl restart -m mode, on the same port. */
   async restart(mode: StopMode = 'fast'): Promise<void> {
-    await this.pgCtl(['restart', '-w', '-t', '120', '-m', mode, '-l', this.logFile, '-o', `-p ${this.portNumber}`]);
+    await this.pgCtl(['restart', '-w', '-t', '300', '-m', mode, '-l', this.logFile, '-o', `-p ${this.portNumber}`]);
     this.running = true;
   }
 
