@@ -26,25 +26,8 @@ export async function freshSchema(name: string): Promise<{ schema: string; pool:
   return { schema, pool };
 }
 
-/**
- * Every deadline a test waits on is a liveness bound, never a timing assertion, so it is sized
- * for a loaded machine: multiplied by BERTH_TEST_TIMEOUT_SCALE (default 3; a condition that
- * holds returns at once, so only a failing wait takes longer). Measured: the pinned-horizon run
- * takes 12-28 s alone and over 120 s at a load average of 12 on 2 cores.
- */
-export const TIMEOUT_SCALE = timeoutScale(process.env.BERTH_TEST_TIMEOUT_SCALE);
-
-function timeoutScale(raw: string | undefined): number {
-  if (raw === undefined || raw === '') return 3;
-  const n = Number(raw);
-  if (!(n > 0)) throw new Error(`BERTH_TEST_TIMEOUT_SCALE must be a positive number, got "${raw}"`);
-  return n;
-}
-
-/** A test deadline in ms, scaled for a loaded machine (see TIMEOUT_SCALE). */
-export function scaled(ms: number): number {
-  return ms * TIMEOUT_SCALE;
-}
+export { scaled, TIMEOUT_SCALE } from './timeouts.js';
+import { scaled } from './timeouts.js';
 
 /** Poll `check` until it returns a truthy value (or throw after `timeoutMs`, scaled). Not a timing assertion: a liveness bound. */
 export async function waitFor<T>(check: () => Promise<T> | T, timeoutMs = 20_000, what = 'condition'): Promise<NonNullable<T>> {

@@ -53,7 +53,9 @@ test('with the xmin horizon pinned, 5,000 tasks flow, hot relations stay free of
       const r = await stats();
       return r.rows.filter((x) => x.relname.startsWith('settlements')).reduce((n, x) => n + x.ins, 0) >= N ? r : null;
     }, 60_000, 'the statistics of every settlement');
-    const total = dead.rows.reduce((n, r) => n + r.dead, 0);
+    // workers and outcome_counts are rewritten on each worker heartbeat (every 10 s), not per
+    // task: their dead tuples grow with the run's length, so they are left out of the bound.
+    const total = dead.rows.filter((r) => !['workers', 'outcome_counts'].includes(r.relname)).reduce((n, r) => n + r.dead, 0);
     const rotations = (await readRingState(pool, schema)).generation;
     // Only the one-row ring_state is updated (once per rotation); the task path never updates
     // or deletes a row.
