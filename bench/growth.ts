@@ -404,7 +404,7 @@ function render(
     if (failed.length > 0) return formatCell(failed, fmt);
     return formatCell(xs.filter(Number.isFinite).map((value) => ({ kind: 'ok', value }) as Sample), fmt);
   };
-  const us = (x: number) => x.toFixed(1);
+  const us = fmtMs; // one decimal below 100, whole numbers above
   const lines: string[] = [
     `# berth growth benchmark — ${new Date().toISOString()}`,
     '',
