@@ -1,7 +1,7 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { defineTask, enqueue, getTask, Worker, type TaskDefinition } from '../src/index.js';
-import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, outcomes, waitFor } from './helpers.js';
+import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, outcomes, scaled, waitFor } from './helpers.js';
 import { TcpProxy } from './support/tcp-proxy.js';
 
 /**
@@ -65,7 +65,9 @@ test('a settlement still unwritable when its lease expires is counted unsettled,
   let runs = 0;
   const def = defineTask<unknown>({
     type: 'oc_outage',
-    ceiling: 300,
+    // Short enough that the outage outlasts the first lease; scaled so that the re-run's own
+    // lease does not lapse too on a loaded machine (that run must settle as a success).
+    ceiling: scaled(1000),
     maxAttempts: 5,
     handler: async () => {
       runs++;
