@@ -39,6 +39,20 @@ async function terminate(where: string, params: unknown[]): Promise<number> {
   return Number(r.rows[0]!.n);
 }
 
+/**
+ * Wait until `call` (running on the tagged pool `name`) really sits on a lock, cut its backend,
+ * and require the call to fail rather than the process to crash.
+ */
+async function cutWhileBlocked(call: Promise<unknown>, name: string): Promise<void> {
+  call.catch(() => undefined);
+  await waitFor(
+    async () => (await terminate(`application_name = $1 AND wait_event_type = 'Lock'`, [`${tag} ${name}`])) > 0,
+    60_000,
+    `the ${name} blocked on a lock`,
+  );
+  await assert.rejects(call);
+}
+
 test('a promotion waiter whose backend is terminated fails its call; the process does not crash', async () => {
   const p = taggedPool('waiter');
   try {
@@ -48,15 +62,7 @@ test('a promotion waiter whose backend is terminated fails its call; the process
     await enqueue(pool, 't', {}, { schema, queue: lane.queue, shard: lane.shard, delay: 1 });
     const release = await holdLaneLock(schema, laneId);
     try {
-      const promotion = promoteDueLane(p, schema, lane, 10, 60_000);
-      promotion.catch(() => undefined);
-      // Wait until the waiter really sits on the lane lock, then cut its connection.
-      await waitFor(
-        async () => (await terminate(`application_name = $1 AND wait_event_type = 'Lock'`, [`${tag} waiter`])) > 0,
-        60_000,
-        'the waiter blocked on the lane lock',
-      );
-      await assert.rejects(promotion);
+      await cutWhileBlocked(promoteDueLane(p, schema, lane, 10, 60_000), 'waiter');
     } finally {
       await release();
     }
@@ -75,14 +81,7 @@ test('a prune whose backend is terminated while it waits for the slot lock fails
   try {
     await holder.query('BEGIN');
     await holder.query(`LOCK TABLE "${schema}".ready_5 IN ACCESS SHARE MODE`);
-    const prune = pruneSlot(p, schema, 5, 60_000);
-    prune.catch(() => undefined);
-    await waitFor(
-      async () => (await terminate(`application_name = $1 AND wait_event_type = 'Lock'`, [`${tag} prune`])) > 0,
-      60_000,
-      'the prune blocked on the slot lock',
-    );
-    await assert.rejects(prune);
+    await cutWhileBlocked(pruneSlot(p, schema, 5, 60_000), 'prune');
     await holder.query('ROLLBACK');
     assert.equal((await pruneSlot(p, schema, 5, 5_000)).result, 'skipped');
     assert.deepEqual(uncaught, []);
