@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Test prerequisites that npm does not install: promtool (Debian package `prometheus`; the alert
-# rule tests run `promtool check rules` / `promtool test rules`) and chromium (the dashboard's
-# browser tests). Does nothing when both are on PATH. As root with apt-get, installs what is
+# rule tests run `promtool check rules` / `promtool test rules`), chromium (the dashboard's
+# browser tests) and pg_dump (Debian package `postgresql-client`, or $PG_DUMP; the schema dump
+# test). Does nothing when all are there. As root with apt-get, installs what is
 # missing; otherwise prints what to install and exits 1. `apt-get update` runs only when the
 # install fails without it (a machine whose package lists are fresh enough skips it).
 set -euo pipefail
@@ -9,6 +10,7 @@ set -euo pipefail
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v "${PG_DUMP:-pg_dump}" >/dev/null 2>&1 || missing+=(postgresql-client)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
@@ -31,7 +33,7 @@ if ! install; then
   fi
 fi
 
-for tool in promtool chromium; do
+for tool in promtool chromium "${PG_DUMP:-pg_dump}"; do
   if ! command -v "$tool" >/dev/null 2>&1; then
     echo "test-prereqs: $tool is still not on PATH after the install" >&2
     exit 1

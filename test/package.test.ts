@@ -172,9 +172,14 @@ describe('the npm package', { concurrency: true }, () => {
 
   test('the tarball holds dist/, README, LICENSE and package.json only; no maps; its dependencies are what its code imports', () => {
     const files = filesUnder(installed);
-    const stray = files.filter((f) => !['LICENSE', 'README.md', 'package.json'].includes(f) && !/^dist\/.+\.(js|d\.ts)$/.test(f));
+    const build = /^dist\/.+\.(js|d\.ts)$|^dist\/schema\/migrations\/[^/]+\.sql$/;
+    const stray = files.filter((f) => !['LICENSE', 'README.md', 'package.json'].includes(f) && !build.test(f));
     assert.deepEqual(stray, [], 'nothing but the build, README, LICENSE and package.json');
     for (const f of ['dist/index.js', 'dist/index.d.ts', 'dist/cli.js', 'LICENSE']) assert.ok(files.includes(f), `${f} is shipped`);
+    // migrate() reads them at run time (src/schema/migrations.ts), so every one must be shipped.
+    const migrations = readdirSync(join(root, 'src', 'schema', 'migrations')).filter((f) => f.endsWith('.sql')).sort();
+    assert.ok(migrations.length > 0);
+    assert.deepEqual(files.filter((f) => f.startsWith('dist/schema/migrations/')), migrations.map((f) => `dist/schema/migrations/${f}`));
     assert.match(readFileSync(join(installed, 'LICENSE'), 'utf8'), /^MIT License\n\nCopyright \(c\) 2026 the berth authors/);
 
     const manifest = JSON.parse(readFileSync(join(installed, 'package.json'), 'utf8')) as Record<string, any>;
@@ -186,7 +191,7 @@ describe('the npm package', { concurrency: true }, () => {
 
     // Every bare specifier in the shipped code, by package name (".d.ts" imports need types).
     const imported = new Set<string>();
-    for (const f of files.filter((x) => x.startsWith('dist/'))) {
+    for (const f of files.filter((x) => x.startsWith('dist/') && !x.endsWith('.sql'))) {
       const text = readFileSync(join(installed, f), 'utf8');
       for (const m of text.matchAll(IMPORT)) {
         const spec = (m[1] ?? m[2] ?? m[3])!;

@@ -105,6 +105,14 @@ export class MigrationChangedError extends Error {
   }
 }
 
+/**
+ * SHA-256 of a migration as it runs for one schema: its file's text after the header, with the
+ * placeholders replaced (src/schema/migrations.ts). That is byte for byte what the in-code
+ * template strings produced before the migrations moved to .sql files, so the checksums
+ * installed databases recorded still match; computing it over anything else (the raw file, the
+ * header) would have every existing installation refused as changed.
+ * test/migration-files.test.ts pins the values.
+ */
 function checksum(sql: string): string {
   return createHash('sha256').update(sql).digest('hex');
 }
