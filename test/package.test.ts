@@ -179,7 +179,7 @@ describe('the npm package', { concurrency: true }, () => {
     assert.deepEqual(stray, [], 'nothing but the build, README, LICENSE and package.json');
     const shipped = ['dist/index.js', 'dist/index.d.ts', 'dist/cli.js', 'dist/dashboard/static/app.js', 'dist/dashboard/static/login.js', 'dist/dashboard/static/app.css', 'LICENSE'];
     for (const f of shipped) assert.ok(files.includes(f), `${f} is shipped`);
-    assert.deepEqual(files.filter((f) => f.startsWith('dist/dashboard/client')), [], 'the browser client is bundled, not compiled as server modules');
+    assert.deepEqual(files.filter((f) => f.startsWith('dist/dashboard/client/')), [], 'the browser client is bundled, not compiled as server modules');
     assert.match(readFileSync(join(installed, 'LICENSE'), 'utf8'), /^MIT License\n\nCopyright \(c\) 2026 the berth authors/);
 
     const manifest = JSON.parse(readFileSync(join(installed, 'package.json'), 'utf8')) as Record<string, any>;
