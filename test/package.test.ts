@@ -2,8 +2,9 @@
  * The published package, as a user gets it: `npm pack` from a copy of the project with no dist/
  * (so the tarball's dist/ proves `prepare` builds it), `npm install` of the tarball into a
  * fresh project, then
- * - the tarball holds dist/, README, LICENSE and package.json only, no source maps, and its
- *   dependencies are exactly the packages its code imports (nothing only the demo or tests use);
+ * - the tarball holds dist/ (tsc's output and the dashboard's built client), README, LICENSE and
+ *   package.json only, no source maps, and its dependencies are exactly the packages its code
+ *   imports (nothing only the demo or tests use);
  * - an ES module and a CommonJS script (require(esm), Node ≥ 20.19) each migrate a schema of
  *   their own on the test database, enqueue a task and run a Worker until it completes;
  * - `npx berth --version` runs the installed bin;
@@ -172,10 +173,15 @@ describe('the npm package', { concurrency: true }, () => {
 
   test('the tarball holds dist/, README, LICENSE and package.json only; no maps; its dependencies are what its code imports', () => {
     const files = filesUnder(installed);
-    const build = /^dist\/.+\.(js|d\.ts)$|^dist\/schema\/migrations\/[^/]+\.sql$/;
-    const stray = files.filter((f) => !['LICENSE', 'README.md', 'package.json'].includes(f) && !build.test(f));
+    // The build is tsc's output, the migrations' .sql files (scripts/copy-sql.mjs) and the
+    // dashboard's client (scripts/build-client.mjs): two bundles and a stylesheet.
+    const built = (f: string) =>
+      /^dist\/.+\.(js|d\.ts)$|^dist\/schema\/migrations\/[^/]+\.sql$/.test(f) || f === 'dist/dashboard/static/app.css';
+    const stray = files.filter((f) => !['LICENSE', 'README.md', 'package.json'].includes(f) && !built(f));
     assert.deepEqual(stray, [], 'nothing but the build, README, LICENSE and package.json');
-    for (const f of ['dist/index.js', 'dist/index.d.ts', 'dist/cli.js', 'LICENSE']) assert.ok(files.includes(f), `${f} is shipped`);
+    const shipped = ['dist/index.js', 'dist/index.d.ts', 'dist/cli.js', 'dist/dashboard/static/app.js', 'dist/dashboard/static/login.js', 'dist/dashboard/static/app.css', 'LICENSE'];
+    for (const f of shipped) assert.ok(files.includes(f), `${f} is shipped`);
+    assert.deepEqual(files.filter((f) => f.startsWith('dist/dashboard/client/')), [], 'the browser client is bundled, not compiled as server modules');
     // migrate() reads them at run time (src/schema/migrations.ts), so every one must be shipped.
     const migrations = readdirSync(join(root, 'src', 'schema', 'migrations')).filter((f) => f.endsWith('.sql')).sort();
     assert.ok(migrations.length > 0);

@@ -10,7 +10,7 @@ import { DEFAULT_SCHEMA, type Queryable } from '../sql.js';
 /** PostgreSQL's undefined_table: what every read answers on an unmigrated schema. */
 const UNDEFINED_TABLE = '42P01';
 import { serveApi } from './api.js';
-import { ASSETS } from './assets/index.js';
+import { loadAssets } from './assets.js';
 import { validateAuthLimits, type AuthLimitOptions } from './auth-limits.js';
 import { Authenticator, checkCsrf, checkSameOrigin, TooManyAttemptsError, type Principal } from './auth.js';
 import { HttpError, readBody, send, sendError, sendJson } from './http.js';
@@ -71,11 +71,13 @@ export function createDashboardHandler(options: DashboardHandlerOptions): Dashbo
   const reads = new DashboardReads(options.pool, schema, logger);
   const metrics: MetricsRequestHandler | null = options.metricsRegistry ? metricsRequestHandler(options.metricsRegistry) : null;
   const cookiePath = base || '/';
+  // Read (and from src/, checked against the client's sources) now: a missing build fails here, not on a request.
+  const assets = loadAssets();
 
   async function route(req: IncomingMessage, res: ServerResponse, path: string, url: URL): Promise<void> {
     const method = req.method ?? 'GET';
     rejectNulInUrl(path, url);
-    const asset = ASSETS[path];
+    const asset = assets.get(path);
     if (asset) {
       // Code and styles only, no data: served before authentication so the login page has them.
       send(res, 200, asset[0], asset[1], { 'cache-control': 'no-cache' });

@@ -1,0 +1,66 @@
+import { api, query } from '../api.js';
+import { barChart } from '../chart.js';
+import { append, clear, h } from '../dom.js';
+import { age, num, time } from '../format.js';
+import type { View } from '../view.js';
+import { badge, card, table } from '../widgets.js';
+import type { Overview } from '../wire.js';
+
+export const overview: View<Overview> = {
+  title: 'Overview',
+  load: () => api<Overview>('/api/overview'),
+  render: (el, d) => {
+    const t = d.counts.total;
+    const stats = h('div', { class: 'cards' }, [
+      card('Pending', num(t.pending), 'not finished yet', 'pending'),
+      card('Running', num(t.running), 'under a live lease', 'running'),
+      card('Dead letters', num(t.dead), 'out of attempts', t.dead > 0 ? 'dead' : ''),
+      card('Oldest due', d.oldestDue.seconds > 0 ? age(d.oldestDue.seconds) : '—', d.oldestDue.queue ? `in ${d.oldestDue.queue}` : 'nothing waiting', 'oldest'),
+      card('Workers', num(d.workers.alive), `${num(d.workers.busy)} of ${num(d.workers.slots)} slots busy`, 'workers'),
+      card(
+        'Leader',
+        d.leader ? d.leader.workerId || `pid ${d.leader.pid}` : 'none',
+        d.leader ? `session since ${time(d.leader.since)}` : 'no maintenance leader',
+        d.leader ? 'leader' : 'dead',
+      ),
+    ]);
+    const charts = h('div', { class: 'charts' }, [
+      barChart('Completed per minute', d.throughput, 'completed', 'ok'),
+      barChart('Failures per minute', d.throughput, 'failed', 'bad'),
+    ]);
+    const byQueue = table(
+      ['Queue', 'Pending', 'Running', 'Dead', 'Depth', 'Oldest due', ''],
+      d.queues.map((q) => ({
+        attrs: { 'data-queue': q.queue },
+        cells: [
+          h('a', { href: `#/tasks${query({ queue: q.queue })}` }, q.queue),
+          num(q.pending),
+          num(q.running),
+          q.dead > 0 ? h('a', { href: `#/dead${query({ queue: q.queue })}`, class: 'dead-count' }, num(q.dead)) : '0',
+          num(q.depth),
+          q.oldestDueSeconds > 0 ? age(q.oldestDueSeconds) : '—',
+          q.paused ? badge('paused') : '',
+        ],
+      })),
+      'No queues yet.',
+    );
+    const byType = table(
+      ['Task type', 'Pending', 'Running', 'Dead'],
+      d.counts.byType.map((c) => ({
+        attrs: { 'data-type': c.type },
+        cells: [h('a', { href: `#/tasks${query({ type: c.type })}` }, c.type), num(c.pending), num(c.running), num(c.dead)],
+      })),
+      'No task types yet.',
+    );
+    append(clear(el), [
+      stats,
+      charts,
+      h('div', { class: 'columns' }, [h('section', {}, [h('h2', {}, 'By queue'), byQueue]), h('section', {}, [h('h2', {}, 'By task type'), byType])]),
+      h(
+        'p',
+        { class: 'muted small' },
+        `Counts are cached for a few seconds (read ${age(d.counts.ageMs / 1000)} ago); charts come from the workers\u2019 per-minute heartbeats.`,
+      ),
+    ]);
+  },
+};

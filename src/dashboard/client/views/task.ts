@@ -1,0 +1,86 @@
+import { actionButton, act } from '../actions.js';
+import { api } from '../api.js';
+import { append, type Child, clear, h } from '../dom.js';
+import { json, time } from '../format.js';
+import { READ_ONLY } from '../page.js';
+import type { View } from '../view.js';
+import { stateBadges, when } from '../widgets.js';
+import type { TaskDetail, TaskState } from '../wire.js';
+
+type TaskAction = 'retry' | 'cancel' | 'move' | 'delete';
+
+/** Which actions apply to a task in each state (the rest could only answer "not found" or "running"). */
+const TASK_ACTIONS: Readonly<Record<TaskState, readonly TaskAction[]>> = {
+  dead: ['retry', 'delete'],
+  ready: ['cancel', 'move', 'delete'],
+  scheduled: ['retry', 'cancel', 'move', 'delete'],
+  retryable: ['retry', 'cancel', 'move', 'delete'],
+  running: [],
+  completed: [],
+};
+
+function taskActions(t: TaskDetail['task']): HTMLDivElement | null {
+  const allowed = TASK_ACTIONS[t.state] || [];
+  if (READ_ONLY || allowed.length === 0) return null;
+  const base = `/api/tasks/${encodeURIComponent(t.id)}`;
+  const has = (a: TaskAction) => allowed.includes(a);
+  const queue = h('input', { type: 'text', placeholder: 'queue', 'data-keep': 'move-queue', size: 12 });
+  const priority = h('input', { type: 'number', placeholder: 'priority', 'data-keep': 'move-priority', min: -32768, max: 32767 });
+  const retry = t.state === 'dead' ? 'Retry' : 'Run now';
+  return h('div', { class: 'actions', id: 'task-actions' }, [
+    has('retry') ? actionButton(retry, () => act(retry, `${base}/retry`)) : null,
+    has('cancel') ? actionButton('Cancel', () => act('Cancel', `${base}/cancel`, {}, `Cancel task ${t.id}? It is removed before it runs.`)) : null,
+    has('delete') ? actionButton('Delete', () => act('Delete', `${base}/delete`, {}, `Delete task ${t.id}? This cannot be undone.`), 'danger') : null,
+    has('move')
+      ? h('span', { class: 'move' }, [
+          'Move to ',
+          queue,
+          ' ',
+          priority,
+          ' ',
+          actionButton('Move', () => {
+            const body: { queue?: string; priority?: number } = {};
+            if (queue.value.trim()) body.queue = queue.value.trim();
+            if (priority.value !== '') body.priority = Number(priority.value);
+            act('Move', `${base}/move`, body);
+          }),
+        ])
+      : null,
+  ]);
+}
+
+export const task: View<TaskDetail> = {
+  title: 'Task',
+  load: (r) => api<TaskDetail>(`/api/tasks/${encodeURIComponent(r.id ?? '')}`),
+  render: (el, d) => {
+    const t = d.task;
+    const fields: [string, Child][] = [
+      ['State', stateBadges(t.state, t.lease?.overdue)],
+      ['Type', t.type],
+      ['Queue', t.queue],
+      ['Priority', String(t.priority)],
+      ['Shard', String(t.shard)],
+      ['Attempts', `${t.attempts}${t.maxAttempts ? ` of ${t.maxAttempts}` : ' (type default)'}`],
+      ['Dedupe key', t.dedupeKey || '—'],
+      ['Created', when(t.createdAt)],
+      ['Due', t.runAt ? when(t.runAt) : '—'],
+      ['Lease', t.lease ? `attempt ${t.lease.attempt} on ${t.lease.worker || '?'}, expires ${time(t.lease.expiresAt)}` : '—'],
+    ];
+    append(clear(el), [
+      taskActions(t),
+      h('h2', {}, ['Task ', h('span', { class: 'mono' }, t.id)]),
+      h('dl', { class: 'fields' }, fields.map(([name, value]) => [h('dt', {}, name), h('dd', { 'data-field': name.toLowerCase() }, value)])),
+      t.lastError ? [h('h3', {}, 'Last error'), h('pre', { class: 'error-text', id: 'last-error' }, t.lastError)] : null,
+      h('h3', {}, 'Payload'),
+      h('pre', { id: 'payload' }, json(t.payload, 2)),
+      h('h3', {}, 'Timeline'),
+      h(
+        'ol',
+        { class: 'timeline', id: 'timeline' },
+        d.timeline.map((e) =>
+          h('li', { 'data-event': e.event }, [h('span', { class: 'when' }, when(e.at)), ' ', h('strong', {}, e.event), ' ', h('span', { class: 'mono muted' }, json(e.detail))]),
+        ),
+      ),
+    ]);
+  },
+};
