@@ -26,7 +26,7 @@ export { readGauges, type GaugeSnapshot } from './maintenance/gauges.js';
 export { Maintenance, MAINTENANCE_DEFAULTS, type MaintenanceOptions } from './maintenance/leader.js';
 export { BerthMetrics, OUTCOMES, CounterMetric, HistogramMetric, GaugeMetric, type Outcome, type BerthMetricsOptions } from './metrics.js';
 export { metricsRequestHandler, startMetricsServer, type MetricsRequestHandler, type MetricsServerOptions, type MetricsServer } from './observability/metrics-http.js';
-export { BerthInputError, LeaseLostError, PermanentError, isPermanentError } from './errors.js';
+export { BerthError, BerthInputError, LeaseLostError, PermanentError, isPermanentError, type BerthErrorCode } from './errors.js';
 export { DEFAULT_SCHEMA, type Queryable } from './sql.js';
 export { createLogger, type Logger } from './logger.js';
 export { grantRuntimeRole, type GrantRuntimeRoleOptions, type ConnectionOptions } from './schema/migrate.js';
