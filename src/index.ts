@@ -11,14 +11,14 @@ export {
   type TaskHandler,
   type HandlerResult,
   type BackoffPolicy,
-  type Lane,
   type StandardSchemaLike,
 } from './task.js';
 export { Worker, WORKER_DEFAULTS, type WorkerOptions } from './processor/worker.js';
 export { runSlices, SliceLeaseLostError, DEFAULT_SLICE_MS, type SliceOptions, type SlicePage } from './processor/slices.js';
 export { dequeue, removeUnleased } from './processor/settlement.js';
 export { getTask, moveTask, type MoveResult, type TaskRecord, type TaskState } from './storage/tasks.js';
-export { promoteDueLanes, promoteDueLane, promoteDue, type LaneKey, type PromoteOutcome } from './maintenance/promote.js';
+export { type Lane } from './lane.js';
+export { promoteDueLanes, promoteDueLane, promoteDue, type PromoteOutcome } from './maintenance/promote.js';
 export { rescueLapsedLeases, type RescueOutcome } from './maintenance/rescue.js';
 export { maintainRing, pruneSlot, rotateRing, readRingState } from './maintenance/ring.js';
 export { pruneDeadLetters } from './maintenance/retention.js';
