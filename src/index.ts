@@ -20,7 +20,7 @@ export { getTask, moveTask, type MoveResult, type TaskRecord, type TaskState } f
 export { type Lane } from './lane.js';
 export { promoteDueLanes, promoteDueLane, promoteDue, type PromoteOutcome } from './maintenance/promote.js';
 export { rescueLapsedLeases, type RescueOutcome } from './maintenance/rescue.js';
-export { maintainRing, pruneSlot, rotateRing, readRingState } from './maintenance/ring.js';
+export { maintainRing, pruneSegment, rotateRing, readRingState, type RingState, type RotateResult, type PruneResult } from './maintenance/ring.js';
 export { pruneDeadLetters } from './maintenance/retention.js';
 export { readGauges, type GaugeSnapshot } from './maintenance/gauges.js';
 export { Maintenance, MAINTENANCE_DEFAULTS, type MaintenanceOptions } from './maintenance/leader.js';

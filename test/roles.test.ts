@@ -216,8 +216,8 @@ test('B claims, fails, retries, slices and completes through a Worker whose main
     await expectOutcome(w.metrics, 'r_slice', 'success', 1);
     await waitFor(async () => (await getTask(admin, schema, dead))?.state === 'dead', 10_000, 'dead letter');
     assert.equal(attempts.get('flaky'), 2);
-    // Prune truncates a settled slot's partitions through prune_slot (B has no TRUNCATE).
-    await waitFor(async () => (await counterValue(w.metrics, 'berth_ring_prune_total', { result: 'pruned' })) > 0, 10_000, 'a ring slot pruned by B');
+    // Prune truncates a settled ring segment's partitions through prune_slot (B has no TRUNCATE).
+    await waitFor(async () => (await counterValue(w.metrics, 'berth_ring_prune_total', { result: 'pruned' })) > 0, 10_000, 'a ring segment pruned by B');
     // A forged leader row (the same role can write `workers`) does not change who leads.
     await forgeLeaderRow(poolB, forged);
     const info = await waitFor(async () => {

@@ -62,7 +62,7 @@ export async function tasks(reads: DashboardReads, url: URL) {
 export async function task(reads: DashboardReads, id: string) {
   taskId(id);
   const record = await getTask(reads.db, reads.schema, id);
-  if (!record) throw new HttpError(404, `task ${id} not found (never existed, removed, or its ring slot was reclaimed)`);
+  if (!record) throw new HttpError(404, `task ${id} not found (never existed, removed, or its ring segment was reclaimed)`);
   const timeline = await taskTimeline(reads.db, reads.schema, id);
   // A handler still running past its deadline: marked on the page (stuck past the grace).
   const overdue = record.lease ? ((await overdueMarks(reads.db, reads.schema, [id])).get(id) ?? null) : null;

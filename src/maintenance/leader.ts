@@ -25,7 +25,7 @@ export interface MaintenanceOptions {
   waiterLockTimeoutMs?: number;
   rescueIntervalMs?: number;
   ringIntervalMs?: number;
-  /** Seal the current ring slot once it is this old (and non-empty). */
+  /** Seal the current ring segment once it is this old (and non-empty). */
   ringRotateAfterMs?: number;
   ringLockTimeoutMs?: number;
   retentionIntervalMs?: number;
