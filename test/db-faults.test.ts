@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import pg from 'pg';
 import { defineTask, enqueue, enqueueMany, Worker } from '../src/index.js';
 import { promoteDueLane } from '../src/maintenance/promote.js';
-import { pruneSegment } from '../src/maintenance/ring.js';
+import { pruneSegment } from '../src/maintenance-api.js';
 import { DATABASE_URL, FAST_MAINTENANCE, freshSchema, holdLaneLock, outcomes, testLogger, waitFor } from './helpers.js';
 
 /**

@@ -1,6 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { defineTask, enqueueMany, promoteDueLanes, promoteDue, rescueLapsedLeases, pruneSegment, rotateRing, readRingState, maintainRing, Worker, getTask } from '../src/index.js';
+import { defineTask, enqueueMany, Worker, getTask } from '../src/index.js';
+import { promoteDueLanes, promoteDue, rescueLapsedLeases, pruneSegment, rotateRing, readRingState, maintainRing } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { completeLeases } from '../src/processor/settlement.js';
 import { schemaLockKey, wakeChannel } from '../src/sql.js';
@@ -195,7 +196,7 @@ test('exactly one maintenance leader; when it stops another takes over within se
 
 test('gauges: pending includes running; running is a live lease; dead; oldest due; running exports nothing when idle', async () => {
   await reset();
-  const { readGauges } = await import('../src/index.js');
+  const { readGauges } = await import('../src/maintenance-api.js');
   const { publishGauges } = await import('../src/maintenance/gauges.js');
   const { BerthMetrics } = await import('../src/metrics.js');
   await enqueueMany(pool, Array.from({ length: 5 }, () => ({ type: 'g', payload: {} })), { schema });

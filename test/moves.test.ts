@@ -1,6 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { enqueue, enqueueMany, getTask, moveTask, maintainRing, readRingState, rotateRing, pruneSegment } from '../src/index.js';
+import { enqueue, enqueueMany, getTask, moveTask } from '../src/index.js';
+import { maintainRing, readRingState, rotateRing, pruneSegment } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { completeLeases } from '../src/processor/settlement.js';
 import { wakeChannel } from '../src/sql.js';

@@ -9,24 +9,17 @@ import {
   grantRuntimeRole,
   leaderInfo,
   listLaneSequenceProblems,
-  maintainRing,
   migrate,
   moveTask,
-  promoteDueLanes,
-  pruneDeadLetters,
-  readGauges,
-  removeUnleased,
-  rescueLapsedLeases,
-  rotateRing,
   Worker,
 } from '../src/index.js';
+import { maintainRing, promoteDueLanes, pruneDeadLetters, readGauges, rescueLapsedLeases, rotateRing } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { LEADER_LOCK } from '../src/maintenance/leader.js';
 import { MIGRATIONS } from '../src/schema/migrations.js';
 import { schemaLockKey, wakeChannel } from '../src/sql.js';
-import { overdueMarks } from '../src/index.js';
-import { clearOverdueLease, protectOverdueLease, refreshOverdueLeases } from '../src/processor/overdue.js';
-import { completeLeases } from '../src/processor/settlement.js';
+import { clearOverdueLease, overdueMarks, protectOverdueLease, refreshOverdueLeases } from '../src/processor/overdue.js';
+import { completeLeases, removeUnleased } from '../src/processor/settlement.js';
 import { captureLogger, counterValue, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, waitFor, urlAs } from './helpers.js';
 
 // Roles are cluster-wide: every name carries the pid so parallel runs never share one.
