@@ -26,7 +26,8 @@ import { setTimeout as delay } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { pino } from 'pino';
-import { defineTask, enqueueMany, migrate, readGauges, Worker, type TaskSpec } from '../src/index.js';
+import { defineTask, enqueueMany, migrate, Worker, type TaskSpec } from '../src/index.js';
+import { readGauges } from '../src/maintenance-api.js';
 import { quoteIdent, recreateDatabase } from './db.js';
 import { berthRevision } from './util.js';
 

@@ -7,7 +7,8 @@
  */
 import { writeFileSync } from 'node:fs';
 import pg from 'pg';
-import { enqueueMany, migrate, promoteDueLanes } from '../src/index.js';
+import { enqueueMany, migrate } from '../src/index.js';
+import { promoteDueLanes } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { completeLeases } from '../src/processor/settlement.js';
 import { wakeChannel } from '../src/sql.js';

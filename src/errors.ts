@@ -1,5 +1,35 @@
+/**
+ * Each of berth's error classes carries a stable `code`: the class name in capitals
+ * without its `Error` suffix. Messages are for people and may be reworded; a code never changes
+ * once released, so match on it (or on the class) rather than on the text. A subclass has its
+ * own code (`SchemaNotMigratedError` is a `BerthInputError` with code `SCHEMA_NOT_MIGRATED`).
+ * docs/api.md lists them.
+ */
+export type BerthErrorCode =
+  | 'BERTH_INPUT'
+  | 'LEASE_LOST'
+  | 'PERMANENT'
+  | 'SCHEMA_NOT_MIGRATED'
+  | 'SCHEMA_TOO_NEW'
+  | 'MIGRATION_CHANGED'
+  | 'SLICE_LEASE_LOST'
+  | 'HTTP'
+  | 'TOO_MANY_ATTEMPTS'
+  | 'CLI_FAILURE';
+
+/**
+ * The base of berth's errors. `instanceof BerthError` holds within one copy of berth; a task
+ * module loaded through another module system gets its own copy (see PermanentError), so code
+ * that must work across copies checks `code` (or `isPermanentError`).
+ */
+export abstract class BerthError extends Error {
+  abstract readonly code: BerthErrorCode;
+}
+
 /** A caller passed something berth cannot accept (bad payload, option or config value). */
-export class BerthInputError extends Error {
+export class BerthInputError extends BerthError {
+  override readonly code: BerthErrorCode = 'BERTH_INPUT';
+
   constructor(message: string) {
     super(message);
     this.name = 'BerthInputError';
@@ -10,7 +40,9 @@ export class BerthInputError extends Error {
  * A fenced write matched nothing: the lease token no longer owns the task. Dequeue and
  * RecordFailure raise it so the caller rolls back; the processor records the run as `lost`.
  */
-export class LeaseLostError extends Error {
+export class LeaseLostError extends BerthError {
+  override readonly code = 'LEASE_LOST';
+
   constructor(readonly taskId: string, operation: string) {
     super(`lease on task ${taskId} is no longer held; ${operation} refused`);
     this.name = 'LeaseLostError';
@@ -23,7 +55,8 @@ const PERMANENT = Symbol.for('berth.PermanentError');
  * Thrown by a handler (or by payload validation) for a failure no retry can fix.
  * The task goes straight to the dead letters with this message as last_error.
  */
-export class PermanentError extends Error {
+export class PermanentError extends BerthError {
+  override readonly code = 'PERMANENT';
   /** A brand, not `instanceof`: a task module loaded through another module system (tsx
    * loading a .ts file as CommonJS) gets its own copy of this class. */
   readonly [PERMANENT] = true;

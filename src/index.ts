@@ -1,5 +1,37 @@
-export { migrate, assertMigrated, SchemaNotMigratedError, SchemaTooNewError, MigrationChangedError, LATEST_SCHEMA_VERSION, type MigrateOptions, type MigrationReport } from './schema/migrate.js';
+/**
+ * berth's public API (`berth-queue`): what an application needs to enqueue, define and run
+ * tasks, operate the queue, watch it, and handle its errors. The maintenance leader's
+ * primitives (promotion, rescue, ring rotation and prune, retention, gauges) are not here: they
+ * are `berth-queue/maintenance` (src/maintenance-api.ts). docs/api.md lists both.
+ */
+
+// Schema and roles
+export {
+  migrate,
+  assertMigrated,
+  grantRuntimeRole,
+  LATEST_SCHEMA_VERSION,
+  type MigrateOptions,
+  type MigrationReport,
+  type GrantRuntimeRoleOptions,
+  type ConnectionOptions,
+} from './schema/migrate.js';
+export { runtimeGrantStatements, type RoleKind } from './schema/roles.js';
+export {
+  listLaneSequenceProblems,
+  repairLaneSequences,
+  type LaneSequenceProblem,
+  type LaneSequenceProblemKind,
+  type LaneSequenceFix,
+  type LaneSequenceRepairReport,
+} from './storage/lane-sequences.js';
+export { DEFAULT_SCHEMA, type Queryable } from './sql.js';
+
+// Producer
 export { enqueue, enqueueMany, DEFAULT_QUEUE, DEFAULT_SHARDS, type EnqueueOptions, type EnqueueResult, type TaskSpec, type TaskTypeRef } from './producer/enqueue.js';
+export { type Lane } from './lane.js';
+
+// Task definitions and handlers
 export {
   defineTask,
   backoffDelayMs,
@@ -11,42 +43,27 @@ export {
   type TaskHandler,
   type HandlerResult,
   type BackoffPolicy,
-  type Lane,
   type StandardSchemaLike,
 } from './task.js';
+export { runSlices, DEFAULT_SLICE_MS, type SliceOptions, type SlicePage } from './processor/slices.js';
+export { dequeue } from './processor/settlement.js';
+
+// Worker
 export { Worker, WORKER_DEFAULTS, type WorkerOptions } from './processor/worker.js';
-export { runSlices, SliceLeaseLostError, DEFAULT_SLICE_MS, type SliceOptions, type SlicePage } from './processor/slices.js';
-export { dequeue, removeUnleased } from './processor/settlement.js';
-export { getTask, moveTask, type MoveResult, type TaskRecord, type TaskState } from './storage/tasks.js';
-export { promoteDueLanes, promoteDueLane, promoteDue, type LaneKey, type PromoteOutcome } from './maintenance/promote.js';
-export { rescueLapsedLeases, type RescueOutcome } from './maintenance/rescue.js';
-export { maintainRing, pruneSlot, rotateRing, readRingState } from './maintenance/ring.js';
-export { pruneDeadLetters } from './maintenance/retention.js';
-export { readGauges, type GaugeSnapshot } from './maintenance/gauges.js';
-export { Maintenance, MAINTENANCE_DEFAULTS, type MaintenanceOptions } from './maintenance/leader.js';
-export { BerthMetrics, OUTCOMES, CounterMetric, HistogramMetric, GaugeMetric, type Outcome, type BerthMetricsOptions } from './metrics.js';
-export { metricsRequestHandler, startMetricsServer, type MetricsRequestHandler, type MetricsServerOptions, type MetricsServer } from './observability/metrics-http.js';
-export { BerthInputError, LeaseLostError, PermanentError, isPermanentError } from './errors.js';
-export { DEFAULT_SCHEMA, type Queryable } from './sql.js';
+export { MAINTENANCE_DEFAULTS, type MaintenanceOptions } from './maintenance/leader.js';
+export { DEFAULT_HEARTBEAT_MS } from './processor/heartbeat.js';
+export { DEFAULT_STUCK_GRACE_MS, STUCK_EXIT_CODE } from './processor/stuck.js';
 export { createLogger, type Logger } from './logger.js';
-export { grantRuntimeRole, type GrantRuntimeRoleOptions, type ConnectionOptions } from './schema/migrate.js';
-export { runtimeGrantStatements, type RoleKind } from './schema/roles.js';
-export {
-  listLaneSequenceProblems,
-  repairLaneSequences,
-  type LaneSequenceProblem,
-  type LaneSequenceProblemKind,
-  type LaneSequenceFix,
-  type LaneSequenceRepairReport,
-} from './storage/lane-sequences.js';
+
+// Admin: reads and actions on tasks, dead letters, queues; stats; the audit log
+export { getTask, moveTask, type MoveResult, type TaskRecord, type TaskState } from './storage/tasks.js';
 export { listTasks, taskTimeline, retryTask, cancelTask, deleteTask, parseState, TASK_STATES, type TaskFilter, type TaskPage, type TaskSummary, type TaskList, type TimelineEvent, type TaskActionResult } from './admin/tasks.js';
 export { listDead, countDead, retryDead, retryDeadLetters, purgeDead, type DeadFilter, type DeadLetter, type BulkProgress, type BulkResult } from './admin/dead.js';
 export { listQueues, pauseQueue, resumeQueue, type QueueInfo } from './admin/queues.js';
-export { laneStats, laneActivity, taskCounts, throughput, listWorkers, leaderInfo, CachedReader, DUE_COUNT_CAP, type LaneStat, type TaskCount, type ThroughputPoint, type WorkerInfo, type BranchRecord, type LeaderInfo } from './admin/stats.js';
+export { laneStats, laneActivity, taskCounts, throughput, listWorkers, leaderInfo, DUE_COUNT_CAP, type LaneStat, type TaskCount, type ThroughputPoint, type WorkerInfo, type BranchRecord, type LeaderInfo } from './admin/stats.js';
 export { audited, listAudit, type Actor, type AuditEntry } from './admin/audit.js';
-export { DEFAULT_HEARTBEAT_MS } from './processor/heartbeat.js';
-export { DEFAULT_STUCK_GRACE_MS, STUCK_EXIT_CODE } from './processor/stuck.js';
-export { overdueMarks, type OverdueMark } from './processor/overdue.js';
+
+// Dashboard
 export {
   startDashboard,
   createDashboardHandler,
@@ -66,3 +83,12 @@ export {
   type WorkerHttpOptions,
   type WorkerDashboardOptions,
 } from './dashboard/index.js';
+
+// Metrics
+export { BerthMetrics, OUTCOMES, CounterMetric, HistogramMetric, GaugeMetric, type Outcome, type BerthMetricsOptions } from './metrics.js';
+export { metricsRequestHandler, startMetricsServer, type MetricsRequestHandler, type MetricsServerOptions, type MetricsServer } from './observability/metrics-http.js';
+
+// Errors (docs/api.md has the table of codes)
+export { BerthError, BerthInputError, LeaseLostError, PermanentError, isPermanentError, type BerthErrorCode } from './errors.js';
+export { SchemaNotMigratedError, SchemaTooNewError, MigrationChangedError } from './schema/migrate.js';
+export { SliceLeaseLostError } from './processor/slices.js';

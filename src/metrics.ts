@@ -363,7 +363,7 @@ export class BerthMetrics {
     );
     this.ringPrunes = counter(
       'berth_ring_prune_total',
-      'Ring slot prune attempts by result (pruned, skipped, blocked) and reason',
+      'Ring segment prune attempts by result (pruned, skipped, blocked) and reason',
       ['result', 'reason'],
     );
     this.ringRotations = counter('berth_ring_rotations_total', 'Ring rotations by result (rotated, next_slot_busy)', ['result']);

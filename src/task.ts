@@ -1,13 +1,7 @@
 import type { Logger } from './logger.js';
 import { BerthInputError } from './errors.js';
+import type { Lane } from './lane.js';
 import { checkInteger, checkKeys, checkMs, checkText, MAX_ATTEMPTS_LIMIT, MAX_TIMER_MS, MAX_TYPE_CHARS } from './limits.js';
-
-/** Where a task lives: its lane. */
-export interface Lane {
-  queue: string;
-  priority: number;
-  shard: number;
-}
 
 /**
  * What a running handler sees. `signal` aborts at the lease's database-stamped expiry minus the
@@ -18,6 +12,7 @@ export interface TaskContext<P> {
   readonly type: string;
   readonly attempt: number;
   readonly maxAttempts: number;
+  /** Where the task lives: its lane. */
   readonly lane: Lane;
   readonly signal: AbortSignal;
   /** When the handler must have stopped (lease expiry minus the margin). */

@@ -236,7 +236,8 @@ test('taskTimeline: created, appended, claimed, settled, in order', async () => 
 
 test('gauges: a paused queue is exported as paused and left out of oldest-due (pausing must not page as starvation)', async () => {
   await reset();
-  const { readGauges, BerthMetrics } = await import('../src/index.js');
+  const { readGauges } = await import('../src/maintenance-api.js');
+  const { BerthMetrics } = await import('../src/index.js');
   const { publishGauges } = await import('../src/maintenance/gauges.js');
   await enqueue(pool, 'g', {}, { schema, queue: 'held', runAt: new Date(Date.now() - 600_000) });
   assert.ok((await readGauges(pool, schema)).oldestDueSeconds >= 590);

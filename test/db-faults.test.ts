@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import pg from 'pg';
 import { defineTask, enqueue, enqueueMany, Worker } from '../src/index.js';
 import { promoteDueLane } from '../src/maintenance/promote.js';
-import { pruneSlot } from '../src/maintenance/ring.js';
+import { pruneSegment } from '../src/maintenance-api.js';
 import { DATABASE_URL, FAST_MAINTENANCE, freshSchema, holdLaneLock, outcomes, testLogger, waitFor } from './helpers.js';
 
 /**
@@ -74,16 +74,16 @@ test('a promotion waiter whose backend is terminated fails its call; the process
   }
 });
 
-test('a prune whose backend is terminated while it waits for the slot lock fails its call; the process does not crash', async () => {
+test('a prune whose backend is terminated while it waits for the ring segment lock fails its call; the process does not crash', async () => {
   const p = taggedPool('prune');
   const holder = new pg.Client({ connectionString: DATABASE_URL });
   await holder.connect();
   try {
     await holder.query('BEGIN');
     await holder.query(`LOCK TABLE "${schema}".ready_5 IN ACCESS SHARE MODE`);
-    await cutWhileBlocked(pruneSlot(p, schema, 5, 60_000), 'prune');
+    await cutWhileBlocked(pruneSegment(p, schema, 5, 60_000), 'prune');
     await holder.query('ROLLBACK');
-    assert.equal((await pruneSlot(p, schema, 5, 5_000)).result, 'skipped');
+    assert.equal((await pruneSegment(p, schema, 5, 5_000)).result, 'skipped');
     assert.deepEqual(uncaught, []);
   } finally {
     await holder.end();

@@ -8,7 +8,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer } from 'node:net';
-import { Maintenance } from '../src/index.js';
+import { Maintenance } from '../src/maintenance-api.js';
 import { BerthMetrics } from '../src/metrics.js';
 import { followerApplicationName, leaderApplicationName, RECONNECT_MAX_MS, reconnectDelayMs } from '../src/maintenance/election.js';
 import { schemaLockKey } from '../src/sql.js';

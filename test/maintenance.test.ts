@@ -1,6 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { defineTask, enqueueMany, promoteDueLanes, promoteDue, rescueLapsedLeases, pruneSlot, rotateRing, readRingState, maintainRing, Worker, getTask } from '../src/index.js';
+import { defineTask, enqueueMany, Worker, getTask } from '../src/index.js';
+import { promoteDueLanes, promoteDue, rescueLapsedLeases, pruneSegment, rotateRing, readRingState, maintainRing } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { completeLeases } from '../src/processor/settlement.js';
 import { schemaLockKey, wakeChannel } from '../src/sql.js';
@@ -99,30 +100,30 @@ test('rescue run by many processes at once rescues each lapsed lease once', asyn
   assert.equal((await pool.query(`SELECT count(*) FROM ${S}.settlements WHERE outcome = 'rescued'`)).rows[0].count, '300');
 });
 
-test('ring: rotation seals a slot; prune truncates it only when nothing is claimable or in flight', async () => {
+test('ring: rotation seals a segment; prune truncates it only when nothing is claimable or in flight', async () => {
   await reset();
   await enqueueMany(pool, Array.from({ length: 10 }, () => ({ type: 'm', payload: {} })), { schema });
   assert.equal(await rotateRing(pool, schema, 0), 'rotated');
   const st = await readRingState(pool, schema);
-  assert.equal(st.currentSlot, 1);
-  assert.equal(await rotateRing(pool, schema, 0), 'empty', 'an empty current slot is not rotated');
-  assert.deepEqual(await pruneSlot(pool, schema, 0, 100), { slot: 0, result: 'skipped', reason: 'claimable' });
+  assert.equal(st.currentSegment, 1);
+  assert.equal(await rotateRing(pool, schema, 0), 'empty', 'an empty current segment is not rotated');
+  assert.deepEqual(await pruneSegment(pool, schema, 0, 100), { segment: 0, result: 'skipped', reason: 'claimable' });
   const leased = await claimAll(10);
-  assert.deepEqual(await pruneSlot(pool, schema, 0, 100), { slot: 0, result: 'skipped', reason: 'in_flight' });
+  assert.deepEqual(await pruneSegment(pool, schema, 0, 100), { segment: 0, result: 'skipped', reason: 'in_flight' });
   await completeLeases(pool, schema, leased.slice(0, 9));
-  assert.deepEqual(await pruneSlot(pool, schema, 0, 100), { slot: 0, result: 'skipped', reason: 'in_flight' });
-  // A transaction using the slot blocks the prune (reported, not waited on).
+  assert.deepEqual(await pruneSegment(pool, schema, 0, 100), { segment: 0, result: 'skipped', reason: 'in_flight' });
+  // A transaction using the segment blocks the prune (reported, not waited on).
   const reader = await pool.connect();
   await reader.query('BEGIN');
   await reader.query(`SELECT count(*) FROM ${S}.ready_0`);
   await completeLeases(pool, schema, leased.slice(9));
-  assert.deepEqual(await pruneSlot(pool, schema, 0, 50), { slot: 0, result: 'blocked', reason: 'lock_timeout' });
+  assert.deepEqual(await pruneSegment(pool, schema, 0, 50), { segment: 0, result: 'blocked', reason: 'lock_timeout' });
   await reader.query('COMMIT');
   reader.release();
-  assert.deepEqual(await pruneSlot(pool, schema, 0, 100), { slot: 0, result: 'pruned' });
+  assert.deepEqual(await pruneSegment(pool, schema, 0, 100), { segment: 0, result: 'pruned' });
   assert.equal((await pool.query(`SELECT count(*) FROM ${S}.ready_0`)).rows[0].count, '0');
   assert.equal((await pool.query(`SELECT count(*) FROM ${S}.leases_0`)).rows[0].count, '0');
-  assert.deepEqual(await pruneSlot(pool, schema, 1, 100), { slot: 1, result: 'skipped', reason: 'current' });
+  assert.deepEqual(await pruneSegment(pool, schema, 1, 100), { segment: 1, result: 'skipped', reason: 'current' });
 });
 
 test('ring wrap: a task enqueued after the claim cursor history was truncated is still claimed', async () => {
@@ -135,7 +136,7 @@ test('ring wrap: a task enqueued after the claim cursor history was truncated is
     await maintainRing(pool, schema, { rotateAfterMs: 0, lockTimeoutMs: 100 });
   }
   const st = await readRingState(pool, schema);
-  assert.ok(st.generation >= 16, 'wrapped the 16-slot ring');
+  assert.ok(st.generation >= 16, 'wrapped the 16-segment ring');
 });
 
 test('prune run aggressively under load never loses a task', async () => {
@@ -195,7 +196,7 @@ test('exactly one maintenance leader; when it stops another takes over within se
 
 test('gauges: pending includes running; running is a live lease; dead; oldest due; running exports nothing when idle', async () => {
   await reset();
-  const { readGauges } = await import('../src/index.js');
+  const { readGauges } = await import('../src/maintenance-api.js');
   const { publishGauges } = await import('../src/maintenance/gauges.js');
   const { BerthMetrics } = await import('../src/metrics.js');
   await enqueueMany(pool, Array.from({ length: 5 }, () => ({ type: 'g', payload: {} })), { schema });

@@ -1,6 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { enqueue, enqueueMany, getTask, moveTask, maintainRing, readRingState, rotateRing, pruneSlot } from '../src/index.js';
+import { enqueue, enqueueMany, getTask, moveTask } from '../src/index.js';
+import { maintainRing, readRingState, rotateRing, pruneSegment } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { completeLeases } from '../src/processor/settlement.js';
 import { wakeChannel } from '../src/sql.js';
@@ -24,8 +25,8 @@ async function churnAndRotate(): Promise<void> {
   const r = await rotateRing(pool, schema, 0);
   assert.equal(r, 'rotated');
   const st = await readRingState(pool, schema);
-  // Reclaim the slot we will rotate into next, as the leader's ring branch would.
-  await pruneSlot(pool, schema, (st.currentSlot + 1) % st.slotCount, 100);
+  // Reclaim the segment we will rotate into next, as the leader's ring branch would.
+  await pruneSegment(pool, schema, (st.currentSegment + 1) % st.segmentCount, 100);
 }
 
 test('moving a pending task to another priority: getTask returns the current row, never the tombstoned one', async () => {
@@ -47,16 +48,16 @@ test('moves across a ring wrap (priority, then queue): getTask follows the newes
   await reset();
   const r = await enqueue(pool, 'm', { v: 1 }, { schema, queue: 'src', priority: 3 });
   for (let i = 0; i < 14; i++) await churnAndRotate();
-  assert.equal((await readRingState(pool, schema)).currentSlot, 14);
+  assert.equal((await readRingState(pool, schema)).currentSegment, 14);
   assert.equal(await moveTask(pool, schema, r.id!, { priority: 7 }), 'moved');
-  // The source slot 0 holds only the tombstoned entry now: prunable.
-  assert.deepEqual(await pruneSlot(pool, schema, 0, 100), { slot: 0, result: 'pruned' });
-  for (let i = 0; i < 3; i++) await churnAndRotate(); // 14 -> 15 -> 0 -> 1: the slot numbers wrap
-  assert.equal((await readRingState(pool, schema)).currentSlot, 1);
+  // The source segment 0 holds only the tombstoned entry now: prunable.
+  assert.deepEqual(await pruneSegment(pool, schema, 0, 100), { segment: 0, result: 'pruned' });
+  for (let i = 0; i < 3; i++) await churnAndRotate(); // 14 -> 15 -> 0 -> 1: the segment numbers wrap
+  assert.equal((await readRingState(pool, schema)).currentSegment, 1);
   assert.equal((await getTask(pool, schema, r.id!))?.priority, 7);
   assert.equal(await moveTask(pool, schema, r.id!, { queue: 'dst' }), 'moved');
   const t = await getTask(pool, schema, r.id!);
-  assert.equal(t?.queue, 'dst', 'the entry in slot 1 is newer than the one in slot 14');
+  assert.equal(t?.queue, 'dst', 'the entry in segment 1 is newer than the one in segment 14');
   assert.equal(t?.priority, 7);
   assert.deepEqual(t?.payload, { v: 1 });
   await maintainRing(pool, schema, { rotateAfterMs: 60_000, lockTimeoutMs: 100 });

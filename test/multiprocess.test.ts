@@ -1,7 +1,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { ChildProcess } from 'node:child_process';
-import { enqueueMany, readGauges } from '../src/index.js';
+import { enqueueMany } from '../src/index.js';
+import { readGauges } from '../src/maintenance-api.js';
 import { freshSchema, waitFor, spawnWorkerProcess } from './helpers.js';
 
 const { schema, pool } = await freshSchema('multi');

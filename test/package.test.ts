@@ -6,7 +6,9 @@
  *   package.json only, no source maps, and its dependencies are exactly the packages its code
  *   imports (nothing only the demo or tests use);
  * - an ES module and a CommonJS script (require(esm), Node ≥ 20.19) each migrate a schema of
- *   their own on the test database, enqueue a task and run a Worker until it completes;
+ *   their own on the test database, enqueue a task and run a Worker until it completes, and
+ *   reach the `berth-queue/maintenance` subpath (whose primitives the root does not export);
+ * - a deep import past `exports` is refused;
  * - `npx berth --version` runs the installed bin;
  * - a consumer file type-checks with the repo's tsc under module node16, bundler, and (as a
  *   CommonJS .cts file) nodenext, with skipLibCheck off, so berth's own .d.ts files must resolve.
@@ -70,6 +72,7 @@ function filesUnder(dir: string): string[] {
 /** Steps of the producer-and-worker scenario, the same for the ES module and the CommonJS script. */
 const scenario = (form: string) => `
 const { migrate, defineTask, enqueue, getTask, Worker } = berth;
+const { readRingState } = maintenance;
 const connectionString = process.env.DATABASE_URL;
 const schema = process.env.PACKAGE_TEST_SCHEMA;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -81,6 +84,7 @@ async function main() {
   const pool = new pg.Pool({ connectionString });
   const worker = new Worker({ connectionString, schema, tasks: [greet], maintenance: false });
   try {
+    const ring = await readRingState(pool, schema);
     const { id } = await enqueue(pool, greet, { from: '${form}' }, { schema });
     await worker.start();
     let timer;
@@ -91,7 +95,15 @@ async function main() {
       state = (await getTask(pool, schema, id))?.state;
       if (state === 'completed') break;
     }
-    console.log('RESULT ' + JSON.stringify({ id, payload, state, workerIsClass: typeof Worker === 'function' }));
+    const surface = {
+      segments: ring.segmentCount,
+      maintenance: ['Maintenance', 'promoteDueLanes', 'rescueLapsedLeases', 'maintainRing', 'pruneSegment', 'pruneDeadLetters', 'readGauges']
+        .filter((name) => typeof maintenance[name] === 'function'),
+      rootHas: ['pruneSegment', 'rotateRing', 'readGauges', 'removeUnleased', 'Maintenance'].filter((name) => name in berth),
+      inputCode: new berth.BerthInputError('x').code,
+      leaseLostIsBerthError: new berth.LeaseLostError('1', 'Dequeue') instanceof berth.BerthError,
+    };
+    console.log('RESULT ' + JSON.stringify({ id, payload, state, workerIsClass: typeof Worker === 'function', surface }));
   } finally {
     await worker.stop();
     await pool.end();
@@ -102,7 +114,8 @@ main().catch((err) => { console.error(err); process.exit(1); });
 
 /** A consumer's TypeScript: if berth's types resolved to `any`, the @ts-expect-error would fail. */
 const CONSUMER_TS = `import pg from 'pg';
-import { defineTask, enqueue, getTask, migrate, Worker, type TaskDefinition } from '${own.name}';
+import { BerthError, defineTask, enqueue, getTask, LeaseLostError, migrate, Worker, type BerthErrorCode, type Lane, type TaskDefinition } from '${own.name}';
+import { promoteDueLanes, readRingState, type PromoteOutcome, type RingState } from '${own.name}/maintenance';
 
 export const greet: TaskDefinition<{ name: string }> = defineTask<{ name: string }>({
   type: 'greet',
@@ -125,6 +138,19 @@ export async function run(connectionString: string): Promise<string | undefined>
 
 // @ts-expect-error ceiling is a number of milliseconds
 defineTask({ type: 'x', ceiling: '1s', handler: async () => {} });
+
+export async function maintain(pool: pg.Pool, lane: Lane): Promise<[number, PromoteOutcome]> {
+  const ring: RingState = await readRingState(pool, 'app');
+  return [ring.segmentCount, await promoteDueLanes(pool, 'app', null, 100, 50, [lane])];
+}
+
+export function codeOf(err: unknown): BerthErrorCode | null {
+  return err instanceof BerthError ? err.code : null;
+}
+export const lost: 'LEASE_LOST' = new LeaseLostError('1', 'Dequeue').code;
+
+// @ts-expect-error the maintenance primitives are not in the root
+export { pruneSegment } from '${own.name}';
 `;
 
 const admin = new pg.Pool({ connectionString: DATABASE_URL, max: 2 });
@@ -179,7 +205,7 @@ describe('the npm package', { concurrency: true }, () => {
       /^dist\/.+\.(js|d\.ts)$|^dist\/schema\/migrations\/[^/]+\.sql$/.test(f) || f === 'dist/dashboard/static/app.css';
     const stray = files.filter((f) => !['LICENSE', 'README.md', 'package.json'].includes(f) && !built(f));
     assert.deepEqual(stray, [], 'nothing but the build, README, LICENSE and package.json');
-    const shipped = ['dist/index.js', 'dist/index.d.ts', 'dist/cli.js', 'dist/dashboard/static/app.js', 'dist/dashboard/static/login.js', 'dist/dashboard/static/app.css', 'LICENSE'];
+    const shipped = ['dist/index.js', 'dist/index.d.ts', 'dist/maintenance-api.js', 'dist/maintenance-api.d.ts', 'dist/cli.js', 'dist/dashboard/static/app.js', 'dist/dashboard/static/login.js', 'dist/dashboard/static/app.css', 'LICENSE'];
     for (const f of shipped) assert.ok(files.includes(f), `${f} is shipped`);
     assert.deepEqual(files.filter((f) => f.startsWith('dist/dashboard/client/')), [], 'the browser client is bundled, not compiled as server modules');
     // migrate() reads them at run time (src/schema/migrations.ts), so every one must be shipped.
@@ -191,6 +217,10 @@ describe('the npm package', { concurrency: true }, () => {
     const manifest = JSON.parse(readFileSync(join(installed, 'package.json'), 'utf8')) as Record<string, any>;
     assert.equal(manifest.name, 'berth-queue');
     assert.equal(manifest.bin.berth, 'dist/cli.js');
+    assert.deepEqual(Object.keys(manifest.exports), ['.', './maintenance', './package.json'], 'two entry points and the manifest');
+    for (const entry of [manifest.exports['.'], manifest.exports['./maintenance']]) {
+      for (const target of [entry.types, entry.default]) assert.ok(files.includes(target.slice(2)), `${target} is shipped`);
+    }
     assert.equal(manifest.license, 'MIT');
     assert.match(manifest.repository.url, /github\.com/);
     assert.match(manifest.homepage, /github\.com/);
@@ -223,8 +253,8 @@ describe('the npm package', { concurrency: true }, () => {
   });
 
   for (const [form, file, header] of [
-    ['esm', 'scenario.mjs', `import * as berth from '${own.name}';\nimport pg from 'pg';`],
-    ['cjs', 'scenario.cjs', `const berth = require('${own.name}');\nconst pg = require('pg');`],
+    ['esm', 'scenario.mjs', `import * as berth from '${own.name}';\nimport * as maintenance from '${own.name}/maintenance';\nimport pg from 'pg';`],
+    ['cjs', 'scenario.cjs', `const berth = require('${own.name}');\nconst maintenance = require('${own.name}/maintenance');\nconst pg = require('pg');`],
   ] as const) {
     test(`${form === 'esm' ? 'an ES module imports' : 'a CommonJS script require()s'} it and runs a producer and a worker on the test database`, async (t) => {
       if (form === 'cjs' && !(process.features as { require_module?: boolean }).require_module) {
@@ -239,17 +269,31 @@ describe('the npm package', { concurrency: true }, () => {
       }));
       const line = stdout.split('\n').find((l) => l.startsWith('RESULT '));
       assert.ok(line, `the script reported a result:\n${stdout}`);
-      const result = JSON.parse(line.slice('RESULT '.length)) as { payload: unknown; state: string; workerIsClass: boolean };
-      assert.deepEqual(result, { ...result, payload: { from: form }, state: 'completed', workerIsClass: true });
+      const result = JSON.parse(line.slice('RESULT '.length)) as { payload: unknown; state: string; workerIsClass: boolean; surface: unknown };
+      assert.deepEqual(result, {
+        ...result,
+        payload: { from: form },
+        state: 'completed',
+        workerIsClass: true,
+        surface: {
+          segments: 16,
+          maintenance: ['Maintenance', 'promoteDueLanes', 'rescueLapsedLeases', 'maintainRing', 'pruneSegment', 'pruneDeadLetters', 'readGauges'],
+          rootHas: [],
+          inputCode: 'BERTH_INPUT',
+          leaseLostIsBerthError: true,
+        },
+      });
     });
   }
 
-  test('require() also reaches package.json, and the installed `berth` bin prints the version', async () => {
+  test('require() also reaches package.json, the installed `berth` bin prints the version, a deep import is refused', async () => {
     const { stdout: viaRequire } = await run(process.execPath, ['-p', `require('${own.name}/package.json').version`], consumer);
     assert.equal(viaRequire.trim(), own.version);
     // What `npx berth` runs (npx finds it there), without npm's start-up on a loaded machine.
     const { stdout } = await run(join(consumer, 'node_modules', '.bin', 'berth'), ['--version'], consumer);
     assert.equal(stdout.trim(), own.version);
+    // Only the entry points are importable: internals are not an API.
+    await assert.rejects(run(process.execPath, ['-e', `require('${own.name}/dist/processor/claim.js')`], consumer), /ERR_PACKAGE_PATH_NOT_EXPORTED/);
   });
 
   test('a consumer type-checks under module node16 and bundler, and as CommonJS under nodenext', async () => {

@@ -11,7 +11,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
-import { defineTask, enqueueMany, readRingState, Worker } from '../src/index.js';
+import { defineTask, enqueueMany, Worker } from '../src/index.js';
+import { readRingState } from '../src/maintenance-api.js';
 import { captureLogger, DATABASE_URL, freshSchema, waitFor } from './helpers.js';
 
 const N = 5_000;

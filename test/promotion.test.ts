@@ -5,7 +5,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
-import { defineTask, enqueueMany, getTask, promoteDueLanes, Worker } from '../src/index.js';
+import { defineTask, enqueueMany, getTask, Worker } from '../src/index.js';
+import { promoteDueLanes } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { waiterLimit } from '../src/maintenance/promoter.js';
 import { schemaLockKey, wakeChannel } from '../src/sql.js';

@@ -9,24 +9,17 @@ import {
   grantRuntimeRole,
   leaderInfo,
   listLaneSequenceProblems,
-  maintainRing,
   migrate,
   moveTask,
-  promoteDueLanes,
-  pruneDeadLetters,
-  readGauges,
-  removeUnleased,
-  rescueLapsedLeases,
-  rotateRing,
   Worker,
 } from '../src/index.js';
+import { maintainRing, promoteDueLanes, pruneDeadLetters, readGauges, rescueLapsedLeases, rotateRing } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { LEADER_LOCK } from '../src/maintenance/leader.js';
 import { MIGRATIONS } from '../src/schema/migrations.js';
 import { schemaLockKey, wakeChannel } from '../src/sql.js';
-import { overdueMarks } from '../src/index.js';
-import { clearOverdueLease, protectOverdueLease, refreshOverdueLeases } from '../src/processor/overdue.js';
-import { completeLeases } from '../src/processor/settlement.js';
+import { clearOverdueLease, overdueMarks, protectOverdueLease, refreshOverdueLeases } from '../src/processor/overdue.js';
+import { completeLeases, removeUnleased } from '../src/processor/settlement.js';
 import { captureLogger, counterValue, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, waitFor, urlAs } from './helpers.js';
 
 // Roles are cluster-wide: every name carries the pid so parallel runs never share one.
@@ -216,8 +209,8 @@ test('B claims, fails, retries, slices and completes through a Worker whose main
     await expectOutcome(w.metrics, 'r_slice', 'success', 1);
     await waitFor(async () => (await getTask(admin, schema, dead))?.state === 'dead', 10_000, 'dead letter');
     assert.equal(attempts.get('flaky'), 2);
-    // Prune truncates a settled slot's partitions through prune_slot (B has no TRUNCATE).
-    await waitFor(async () => (await counterValue(w.metrics, 'berth_ring_prune_total', { result: 'pruned' })) > 0, 10_000, 'a ring slot pruned by B');
+    // Prune truncates a settled ring segment's partitions through prune_slot (B has no TRUNCATE).
+    await waitFor(async () => (await counterValue(w.metrics, 'berth_ring_prune_total', { result: 'pruned' })) > 0, 10_000, 'a ring segment pruned by B');
     // A forged leader row (the same role can write `workers`) does not change who leads.
     await forgeLeaderRow(poolB, forged);
     const info = await waitFor(async () => {

@@ -2,7 +2,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
-import { defineTask, enqueue, enqueueMany, getTask, promoteDueLanes, rescueLapsedLeases, Worker, BerthMetrics } from '../src/index.js';
+import { defineTask, enqueue, enqueueMany, getTask, Worker, BerthMetrics } from '../src/index.js';
+import { promoteDueLanes, rescueLapsedLeases } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { Promoter } from '../src/maintenance/promoter.js';
 import { wakeChannel } from '../src/sql.js';

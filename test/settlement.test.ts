@@ -1,6 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { enqueue, enqueueMany, dequeue, getTask, LeaseLostError, pruneDeadLetters, rescueLapsedLeases, promoteDue, readGauges, backoffDelayMs, DEFAULT_BACKOFF } from '../src/index.js';
+import { enqueue, enqueueMany, dequeue, getTask, LeaseLostError, backoffDelayMs, DEFAULT_BACKOFF } from '../src/index.js';
+import { pruneDeadLetters, rescueLapsedLeases, promoteDue, readGauges } from '../src/maintenance-api.js';
 import { claim, discover, type ClaimedTask } from '../src/processor/claim.js';
 import { advanceCursor, completeLeases, leaseKey, recordFailures, releaseLease } from '../src/processor/settlement.js';
 import { wakeChannel } from '../src/sql.js';

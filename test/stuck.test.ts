@@ -7,15 +7,14 @@ import {
   defineTask,
   enqueue,
   getTask,
-  overdueMarks,
-  rescueLapsedLeases,
   startDashboard,
   STUCK_EXIT_CODE,
   Worker,
   type TaskContext,
 } from '../src/index.js';
+import { rescueLapsedLeases } from '../src/maintenance-api.js';
 import { claim, discover, type ClaimedTask } from '../src/processor/claim.js';
-import { protectOverdueLease } from '../src/processor/overdue.js';
+import { overdueMarks, protectOverdueLease } from '../src/processor/overdue.js';
 import { completeLeases } from '../src/processor/settlement.js';
 import { wakeChannel } from '../src/sql.js';
 import { captureLogger, counterValue, DATABASE_URL, FAST_MAINTENANCE, freshSchema, spawnWorkerProcess, testLogger, waitFor } from './helpers.js';

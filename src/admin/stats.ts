@@ -1,3 +1,4 @@
+import type { Lane } from '../lane.js';
 import { quoteIdent, schemaLockKey, type Queryable } from '../sql.js';
 import { LEADER_LOCK, leaderApplicationName } from '../maintenance/leader.js';
 import { DEFAULT_HEARTBEAT_MS, HEARTBEAT_FUTURE_ALLOWANCE_MS, STALE_HEARTBEATS } from '../processor/heartbeat.js';
@@ -7,11 +8,8 @@ import { deadRowPredicate, liveEntryPredicate } from '../storage/predicates.js';
 /** Due deferred rows are counted up to this many per lane; more reads as "10000+". */
 export const DUE_COUNT_CAP = 10_000;
 
-export interface LaneStat {
+export interface LaneStat extends Lane {
   laneId: number;
-  queue: string;
-  priority: number;
-  shard: number;
   paused: boolean;
   /** Entries appended past the lane's claim cursor, less the removed (tombstoned) ones. */
   depth: number;

@@ -68,7 +68,7 @@ function cursorId(after: string | undefined): string | null {
  * Tasks newest first (by id), with keyset pagination: each page is three index scans by id
  * (deferred, dead letters, the ready ring) that stop after `limit` matches, merged. No count:
  * a page costs the same at 100 tasks as at 10 million. Completed tasks are listed while their
- * ring slot is retained. A filter that few tasks match makes a scan walk further before it
+ * ring segment is retained. A filter that few tasks match makes a scan walk further before it
  * stops, except `running` and `completed`, which avoid the walk (see `ringPart`);
  * docs/explain-admin.md has the measured plans.
  */
@@ -191,7 +191,7 @@ export interface TimelineEvent {
 
 /**
  * What happened to a task, oldest first, from what storage still holds: every ready-ring entry
- * it had (each append, claim, settlement, tombstone) while its slot is retained, plus its
+ * it had (each append, claim, settlement, tombstone) while its ring segment is retained, plus its
  * deferred or dead-letter row.
  */
 export async function taskTimeline(db: Queryable, schema: string, id: string): Promise<TimelineEvent[]> {

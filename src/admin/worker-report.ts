@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import type { Lane } from '../lane.js';
 
 /**
  * The `maintenance` report a worker writes into its `workers` row, read back defensively: the
@@ -23,7 +24,7 @@ const lane = z.object({
   queue: text,
   priority: z.number().int(),
   shard: z.number().int(),
-});
+}) satisfies z.ZodType<Lane>;
 
 const contention = lane.extend({
   handed_off: count,
@@ -44,12 +45,11 @@ const PARTS = {
 } as const;
 
 export type BranchRecord = z.infer<typeof branch>;
-export type LaneRecord = z.infer<typeof lane>;
 export type LaneContentionRecord = z.infer<typeof contention>;
 
 export interface MaintenanceReport {
   branches?: Record<string, BranchRecord>;
-  waitingLanes?: LaneRecord[];
+  waitingLanes?: Lane[];
   contention?: LaneContentionRecord[];
 }
 

@@ -1,7 +1,7 @@
 import { userInfo } from 'node:os';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import pg from 'pg';
-import { BerthInputError } from '../errors.js';
+import { BerthError, BerthInputError } from '../errors.js';
 import { isTaskId } from '../admin/ids.js';
 import { assertMigrated } from '../schema/migrate.js';
 import { escapeControl, jsonSafe, say } from './terminal.js';
@@ -9,7 +9,9 @@ import { escapeControl, jsonSafe, say } from './terminal.js';
 export const EXIT = { ok: 0, failed: 1, usage: 2 } as const;
 
 /** The operation ran but did not do what was asked (not found, still running, problems remain): exit 1. */
-export class CliFailure extends Error {
+export class CliFailure extends BerthError {
+  override readonly code = 'CLI_FAILURE';
+
   constructor(message: string) {
     super(message);
     this.name = 'CliFailure';

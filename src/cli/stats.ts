@@ -1,5 +1,6 @@
 import { Command } from 'commander';
 import { laneActivity, laneStats, leaderInfo, listWorkers, taskCounts, throughput, DUE_COUNT_CAP } from '../admin/stats.js';
+import { laneLabel } from '../lane.js';
 import { CliFailure, common, duration, printJson, printTable, withPool, type Common } from './common.js';
 import { escapeControl, say } from './terminal.js';
 
@@ -65,7 +66,7 @@ export function registerStatsCommands(program: Command): void {
               ['branch', 'runs', 'failures', 'overruns', 'lastMs', 'maxMs', 'lastRunAt'],
             );
           }
-          for (const l of info.worker?.maintenance.waitingLanes ?? []) say(`promotion waiter on busy lane ${escapeControl(String(l.queue))}/${l.priority}/${l.shard}`);
+          for (const l of info.worker?.maintenance.waitingLanes ?? []) say(`promotion waiter on busy lane ${escapeControl(laneLabel(l))}`);
         }
         if (!info.session) throw new CliFailure(`no maintenance leader for schema "${opts.schema}"`);
       });

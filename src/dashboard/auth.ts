@@ -1,5 +1,6 @@
 import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
+import type { BerthErrorCode } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { AuthLimits } from './auth-limits.js';
 import { clientKey } from './client-address.js';
@@ -35,6 +36,8 @@ function randomId(): string {
 
 /** 429: this client, user or token has failed too often; the secret was not read. */
 export class TooManyAttemptsError extends HttpError {
+  override readonly code: BerthErrorCode = 'TOO_MANY_ATTEMPTS';
+
   constructor(readonly retryAfterSeconds: number) {
     super(429, `too many failed authentications: try again in ${retryAfterSeconds} s`, { 'retry-after': String(retryAfterSeconds) });
     this.name = 'TooManyAttemptsError';

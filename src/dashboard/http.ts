@@ -1,8 +1,11 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { BerthError, type BerthErrorCode } from '../errors.js';
 import { rejectNulDeep } from './params.js';
 
 /** An answer with a status and a message safe to show the client. */
-export class HttpError extends Error {
+export class HttpError extends BerthError {
+  override readonly code: BerthErrorCode = 'HTTP';
+
   constructor(
     readonly status: number,
     message: string,

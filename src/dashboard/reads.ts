@@ -3,6 +3,7 @@ import { countDead, listDead } from '../admin/dead.js';
 import { listQueues } from '../admin/queues.js';
 import { leaderInfo, listWorkers } from '../admin/stats.js';
 import { listTasks, parseState, taskTimeline } from '../admin/tasks.js';
+import { laneKey } from '../lane.js';
 import { getTask } from '../storage/tasks.js';
 import { overdueMarks } from '../processor/overdue.js';
 import { HttpError } from './http.js';
@@ -14,8 +15,6 @@ import { MAX_FILTER_TEXT_CHARS, optionalCursor, optionalQuery, optionalQueueQuer
 export function overview(reads: DashboardReads) {
   return readOverview(reads);
 }
-
-const laneKey = (l: { queue: string; priority: number; shard: number }) => `${l.queue}\u0000${l.priority}\u0000${l.shard}`;
 
 /**
  * Lanes: depth and oldest due (index probes), running and dead (cached counts), and the
@@ -63,7 +62,7 @@ export async function tasks(reads: DashboardReads, url: URL) {
 export async function task(reads: DashboardReads, id: string) {
   taskId(id);
   const record = await getTask(reads.db, reads.schema, id);
-  if (!record) throw new HttpError(404, `task ${id} not found (never existed, removed, or its ring slot was reclaimed)`);
+  if (!record) throw new HttpError(404, `task ${id} not found (never existed, removed, or its ring segment was reclaimed)`);
   const timeline = await taskTimeline(reads.db, reads.schema, id);
   // A handler still running past its deadline: marked on the page (stuck past the grace).
   const overdue = record.lease ? ((await overdueMarks(reads.db, reads.schema, [id])).get(id) ?? null) : null;

@@ -1,5 +1,6 @@
 import { BerthInputError } from '../errors.js';
 import type pg from 'pg';
+import type { Lane } from '../lane.js';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import { ElectionSession } from './election.js';
@@ -24,7 +25,7 @@ export interface MaintenanceOptions {
   waiterLockTimeoutMs?: number;
   rescueIntervalMs?: number;
   ringIntervalMs?: number;
-  /** Seal the current ring slot once it is this old (and non-empty). */
+  /** Seal the current ring segment once it is this old (and non-empty). */
   ringRotateAfterMs?: number;
   ringLockTimeoutMs?: number;
   retentionIntervalMs?: number;
@@ -128,7 +129,7 @@ export class Maintenance {
   }
 
   /** Lanes the current term has handed to a promotion waiter. */
-  waitingLanes(): { queue: string; priority: number; shard: number }[] {
+  waitingLanes(): Lane[] {
     return this.promoter?.waitingLanes ?? [];
   }
 

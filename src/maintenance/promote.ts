@@ -1,13 +1,7 @@
 import type pg from 'pg';
 import { inPoolTransaction } from '../db/connections.js';
+import { laneKey, type Lane } from '../lane.js';
 import { quoteIdent } from '../sql.js';
-
-/** A lane as promotion sees it. */
-export interface LaneKey {
-  queue: string;
-  priority: number;
-  shard: number;
-}
 
 export type DeferredState = 'scheduled' | 'retryable';
 
@@ -17,15 +11,11 @@ export interface PromoteOutcome {
   /** Lanes whose share was promoted. */
   lanes: number;
   /** Lanes whose lock could not be had within the timeout: their rows stay deferred. */
-  contended: LaneKey[];
+  contended: Lane[];
   /** Lanes that failed for another reason (logged by the caller). */
-  failed: { lane: LaneKey; error: Error }[];
+  failed: { lane: Lane; error: Error }[];
   /** Rows the batch selected (a full batch means more may be due). */
   selected: number;
-}
-
-export function laneKeyString(l: LaneKey): string {
-  return `${l.queue}\u0000${l.priority}\u0000${l.shard}`;
 }
 
 const LOCK_NOT_AVAILABLE = '55P03';
@@ -47,7 +37,7 @@ export async function promoteDueLanes(
   state: DeferredState | null,
   batchSize: number,
   laneLockTimeoutMs: number | null,
-  skip: readonly LaneKey[] = [],
+  skip: readonly Lane[] = [],
 ): Promise<PromoteOutcome> {
   const s = quoteIdent(schema);
   // Through due_deferred (a definer function): the row locks need UPDATE on deferred, which a
@@ -57,10 +47,10 @@ export async function promoteDueLanes(
        FROM ${s}.due_deferred($1::text, $2::integer, $3::text[], $4::smallint[], $5::smallint[])`,
     [state, batchSize, skip.map((l) => l.queue), skip.map((l) => l.priority), skip.map((l) => l.shard)],
   );
-  const groups = new Map<string, { lane: LaneKey; ids: string[] }>();
+  const groups = new Map<string, { lane: Lane; ids: string[] }>();
   for (const r of sel.rows) {
     const lane = { queue: r.queue, priority: r.priority, shard: r.shard };
-    const k = laneKeyString(lane);
+    const k = laneKey(lane);
     let g = groups.get(k);
     if (!g) groups.set(k, (g = { lane, ids: [] }));
     g.ids.push(r.id);
@@ -86,7 +76,7 @@ export async function promoteDueLanes(
 export async function promoteDueLane(
   pool: pg.Pool,
   schema: string,
-  lane: LaneKey,
+  lane: Lane,
   batchSize: number,
   laneLockTimeoutMs: number | null,
   signal?: AbortSignal,
@@ -113,7 +103,7 @@ export function isLockTimeout(err: unknown): boolean {
 async function promoteInLaneTransaction(
   pool: pg.Pool,
   schema: string,
-  lane: LaneKey,
+  lane: Lane,
   limit: number,
   laneLockTimeoutMs: number | null,
   signal?: AbortSignal,

@@ -1,7 +1,8 @@
 import type pg from 'pg';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
-import { isLockTimeout, laneKeyString, promoteDueLane, promoteDueLanes, type DeferredState, type LaneKey } from './promote.js';
+import { laneKey, laneLabel, type Lane } from '../lane.js';
+import { isLockTimeout, promoteDueLane, promoteDueLanes, type DeferredState } from './promote.js';
 
 export interface PromoterOptions {
   batchSize: number;
@@ -27,7 +28,7 @@ const FAILING_LANE_COOLDOWN_MS = 30_000;
 export type ContentionOutcome = 'handed_off' | 'waiter_limit' | 'waiter_timed_out' | 'failed';
 
 /** One lane's contention outcomes since this process first saw it contended (JSON-safe). */
-export interface LaneContention extends LaneKey {
+export interface LaneContention extends Lane {
   handed_off: number;
   waiter_limit: number;
   waiter_timed_out: number;
@@ -52,8 +53,8 @@ export class ContentionTally {
 
   constructor(readonly maxLanes = CONTENTION_LANES) {}
 
-  record(lane: LaneKey, outcome: ContentionOutcome, at = new Date()): void {
-    const key = laneKeyString(lane);
+  record(lane: Lane, outcome: ContentionOutcome, at = new Date()): void {
+    const key = laneKey(lane);
     const entry = this.lanes.get(key) ?? {
       queue: lane.queue,
       priority: lane.priority,
@@ -88,7 +89,7 @@ export class ContentionTally {
 }
 
 interface Waiter {
-  lane: LaneKey;
+  lane: Lane;
   done: Promise<void>;
 }
 
@@ -106,7 +107,7 @@ interface Waiter {
 export class Promoter {
   private readonly waiters = new Map<string, Waiter>();
   /** Lanes whose promotion raised an error, and until when they are left out. */
-  private readonly failingLanes = new Map<string, LaneKey>();
+  private readonly failingLanes = new Map<string, Lane>();
   private readonly failingUntil = new Map<string, number>();
   private readonly abort = new AbortController();
 
@@ -121,14 +122,14 @@ export class Promoter {
   ) {}
 
   /** Lanes currently handed to a waiter. */
-  get waitingLanes(): LaneKey[] {
+  get waitingLanes(): Lane[] {
     return [...this.waiters.values()].map((w) => w.lane);
   }
 
   /** One promotion tick. Returns rows promoted by the tick itself (waiters count separately). */
   async tick(): Promise<number> {
     let total = 0;
-    const skipThisTick = new Map<string, LaneKey>();
+    const skipThisTick = new Map<string, Lane>();
     const now = Date.now();
     for (const [key, until] of this.failingUntil) if (until <= now) this.failingUntil.delete(key);
     for (const state of STATES) {
@@ -143,7 +144,7 @@ export class Promoter {
         for (const f of r.failed) {
           // A lane that errors (say its sequence is missing: see lane_sequence_problems) must not
           // hold the batch: it is left out for the rest of the tick and for a cooldown after.
-          const key = laneKeyString(f.lane);
+          const key = laneKey(f.lane);
           skipThisTick.set(key, f.lane);
           this.failingLanes.set(key, f.lane);
           this.failingUntil.set(key, Date.now() + FAILING_LANE_COOLDOWN_MS);
@@ -151,7 +152,7 @@ export class Promoter {
           this.logger.error({ err: f.error.message, lane: f.lane, state, retry_in_ms: FAILING_LANE_COOLDOWN_MS }, 'promotion of a lane failed; lane skipped for a while');
         }
         for (const lane of r.contended) {
-          skipThisTick.set(laneKeyString(lane), lane);
+          skipThisTick.set(laneKey(lane), lane);
           this.handOff(lane, state);
         }
         // A short batch means nothing else is due in this state (bar skipped lanes).
@@ -169,8 +170,8 @@ export class Promoter {
     this.metrics.promoted.inc(size);
   }
 
-  private handOff(lane: LaneKey, state: DeferredState): void {
-    const key = laneKeyString(lane);
+  private handOff(lane: Lane, state: DeferredState): void {
+    const key = laneKey(lane);
     if (this.waiters.has(key)) return;
     if (this.waiters.size >= waiterLimit(this.opts.poolSize)) {
       // Every waiter is busy; the lane is retried on the next tick.
@@ -184,13 +185,13 @@ export class Promoter {
   }
 
   /** On the metric (by queue) and on the per-lane tally. */
-  private countContention(lane: LaneKey, state: DeferredState, outcome: ContentionOutcome): void {
+  private countContention(lane: Lane, state: DeferredState, outcome: ContentionOutcome): void {
     this.metrics.laneContention.inc({ state, queue: lane.queue, outcome });
     this.contention.record(lane, outcome);
   }
 
-  private async runWaiter(lane: LaneKey, state: DeferredState): Promise<void> {
-    const log = this.logger.child({ lane: `${lane.queue}/${lane.priority}/${lane.shard}` });
+  private async runWaiter(lane: Lane, state: DeferredState): Promise<void> {
+    const log = this.logger.child({ lane: laneLabel(lane) });
     log.info('busy lane handed to a promotion waiter');
     try {
       for (;;) {

@@ -1,10 +1,22 @@
 import type pg from 'pg';
 import { quoteIdent } from '../sql.js';
 
+/**
+ * The ready ring is 16 segments: segment n is partition n of the four ring tables (`ready_n`,
+ * `leases_n`, `settlements_n`, `tombstones_n`), appended to while current, then sealed, then
+ * reclaimed by one TRUNCATE of all four. "Segment" keeps it apart from a worker's slots (its
+ * concurrency). The database still calls it `slot` (the partition key column, `ring_state`'s
+ * `current_slot` and `slot_count`, the `prune_slot` function): renaming those would need a
+ * migration, so the SQL keeps the old word and this module translates.
+ */
 export interface RingState {
-  currentSlot: number;
-  slotCount: number;
+  /** The segment new entries are appended to (`ring_state.current_slot`). */
+  currentSegment: number;
+  /** How many segments the ring has (`ring_state.slot_count`). */
+  segmentCount: number;
+  /** Rotations so far. */
   generation: number;
+  /** Time since the last rotation. */
   ageMs: number;
 }
 
@@ -16,63 +28,67 @@ export async function readRingState(db: pg.Pool | pg.ClientBase, schema: string)
        FROM ${s}.ring_state`,
   );
   const row = r.rows[0]!;
-  return { currentSlot: row.current_slot, slotCount: row.slot_count, generation: Number(row.generation), ageMs: row.age_ms };
+  return { currentSegment: row.current_slot, segmentCount: row.slot_count, generation: Number(row.generation), ageMs: row.age_ms };
 }
 
+/**
+ * `next_slot_busy`: the next segment still holds entries. The value keeps the old word because
+ * it is the `result` label of `berth_ring_rotations_total`, which alerts and dashboards match.
+ */
 export type RotateResult = 'rotated' | 'not_due' | 'empty' | 'next_slot_busy' | 'raced';
 
 /**
- * Seal the current slot and move new appends to the next one, once the current slot is older
- * than `minAgeMs` and holds something. The next slot must be empty (pruned): a slot is only
- * ever appended to again after TRUNCATE has reclaimed it. Compare-and-set on current_slot, so
- * concurrent rotators move it once.
+ * Seal the current segment and move new appends to the next one, once the current segment is
+ * older than `minAgeMs` and holds something. The next segment must be empty (pruned): a segment
+ * is only ever appended to again after TRUNCATE has reclaimed it. Compare-and-set on
+ * current_slot, so concurrent rotators move it once.
  */
 export async function rotateRing(pool: pg.Pool, schema: string, minAgeMs: number): Promise<RotateResult> {
   const s = quoteIdent(schema);
   const st = await readRingState(pool, schema);
   if (st.ageMs < minAgeMs) return 'not_due';
-  const cur = await pool.query(`SELECT 1 FROM ${s}.${quoteIdent(`ready_${st.currentSlot}`)} LIMIT 1`);
+  const cur = await pool.query(`SELECT 1 FROM ${s}.${quoteIdent(`ready_${st.currentSegment}`)} LIMIT 1`);
   if (cur.rowCount === 0) return 'empty';
-  const next = (st.currentSlot + 1) % st.slotCount;
+  const next = (st.currentSegment + 1) % st.segmentCount;
   const busy = await pool.query(`SELECT 1 FROM ${s}.${quoteIdent(`ready_${next}`)} LIMIT 1`);
   if ((busy.rowCount ?? 0) > 0) return 'next_slot_busy';
   const upd = await pool.query(
     `UPDATE ${s}.ring_state SET current_slot = $2, generation = generation + 1, rotated_at = now()
       WHERE current_slot = $1`,
-    [st.currentSlot, next],
+    [st.currentSegment, next],
   );
   return upd.rowCount === 1 ? 'rotated' : 'raced';
 }
 
 export type PruneResult =
-  | { slot: number; result: 'pruned' }
-  | { slot: number; result: 'skipped'; reason: 'current' | 'empty' | 'claimable' | 'in_flight' }
-  | { slot: number; result: 'blocked'; reason: 'lock_timeout' };
+  | { segment: number; result: 'pruned' }
+  | { segment: number; result: 'skipped'; reason: 'current' | 'empty' | 'claimable' | 'in_flight' }
+  | { segment: number; result: 'blocked'; reason: 'lock_timeout' };
 
 /**
- * Reclaim one sealed slot by TRUNCATE, through the schema's `prune_slot` definer function (so
- * a worker role needs no TRUNCATE of its own): under a short lock_timeout it takes ACCESS
- * EXCLUSIVE on the slot's four partitions (so nothing can append, lease or settle in them
+ * Reclaim one sealed segment by TRUNCATE, through the schema's `prune_slot` definer function
+ * (so a worker role needs no TRUNCATE of its own): under a short lock_timeout it takes ACCESS
+ * EXCLUSIVE on the segment's four partitions (so nothing can append, lease or settle in them
  * meanwhile), then truncates only if no entry is still claimable and no lease is still in
- * flight. A slot that any transaction is using (an open producer, a long reader) reports
- * `blocked` instead of waiting. No task can be lost: every entry in a pruned slot was settled or
- * tombstoned. One statement: no client is checked out.
+ * flight. A segment that any transaction is using (an open producer, a long reader) reports
+ * `blocked` instead of waiting. No task can be lost: every entry in a pruned segment was settled
+ * or tombstoned. One statement: no client is checked out.
  */
-export async function pruneSlot(pool: pg.Pool, schema: string, slot: number, lockTimeoutMs: number): Promise<PruneResult> {
+export async function pruneSegment(pool: pg.Pool, schema: string, segment: number, lockTimeoutMs: number): Promise<PruneResult> {
   const r = await pool.query<{ result: PruneOutcome }>(`SELECT ${quoteIdent(schema)}.prune_slot($1::smallint, $2::integer) AS result`, [
-    slot,
+    segment,
     Math.max(1, Math.round(lockTimeoutMs)),
   ]);
   const result = r.rows[0]!.result;
-  if (result === 'pruned') return { slot, result };
-  if (result === 'blocked') return { slot, result, reason: 'lock_timeout' };
-  return { slot, result: 'skipped', reason: result };
+  if (result === 'pruned') return { segment, result };
+  if (result === 'blocked') return { segment, result, reason: 'lock_timeout' };
+  return { segment, result: 'skipped', reason: result };
 }
 
 /** What prune_slot (migration 7) answers. */
 type PruneOutcome = 'pruned' | 'blocked' | 'current' | 'empty' | 'claimable' | 'in_flight';
 
-/** Rotate if due, then try to prune every sealed, non-empty slot, oldest first. */
+/** Rotate if due, then try to prune every sealed, non-empty segment, oldest first. */
 export async function maintainRing(
   pool: pg.Pool,
   schema: string,
@@ -81,11 +97,11 @@ export async function maintainRing(
   const s = quoteIdent(schema);
   const st = await readRingState(pool, schema);
   const prunes: PruneResult[] = [];
-  for (let i = 1; i < st.slotCount; i++) {
-    const slot = (st.currentSlot + i) % st.slotCount;
-    const nonEmpty = await pool.query(`SELECT 1 FROM ${s}.${quoteIdent(`ready_${slot}`)} LIMIT 1`);
+  for (let i = 1; i < st.segmentCount; i++) {
+    const segment = (st.currentSegment + i) % st.segmentCount;
+    const nonEmpty = await pool.query(`SELECT 1 FROM ${s}.${quoteIdent(`ready_${segment}`)} LIMIT 1`);
     if ((nonEmpty.rowCount ?? 0) === 0) continue;
-    prunes.push(await pruneSlot(pool, schema, slot, opts.lockTimeoutMs));
+    prunes.push(await pruneSegment(pool, schema, segment, opts.lockTimeoutMs));
   }
   const rotation = await rotateRing(pool, schema, opts.rotateAfterMs);
   return { rotation, prunes };

@@ -1,3 +1,4 @@
+import { BerthError } from '../errors.js';
 import type { HandlerResult, TaskContext } from '../task.js';
 
 export interface SlicePage<C> {
@@ -20,7 +21,9 @@ export interface SliceOptions<P, C> {
 export const DEFAULT_SLICE_MS = 120_000;
 
 /** Thrown when a slice's AdvanceCursor is refused: the lease was taken over; never `continue`. */
-export class SliceLeaseLostError extends Error {
+export class SliceLeaseLostError extends BerthError {
+  override readonly code = 'SLICE_LEASE_LOST';
+
   constructor(taskId: string) {
     super(`task ${taskId}: AdvanceCursor refused, lease lost; slice abandoned`);
     this.name = 'SliceLeaseLostError';

@@ -1,3 +1,4 @@
+import { laneLabel } from '../lane.js';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import type { Queryable } from '../sql.js';
@@ -133,7 +134,7 @@ export class StuckGuard {
 
   private fields(w: Watched): Record<string, unknown> {
     const t = w.task;
-    return { task_id: t.id, task_type: t.type, lane: `${t.queue}/${t.priority}/${t.shard}`, attempt: t.attempt };
+    return { task_id: t.id, task_type: t.type, lane: laneLabel(t), attempt: t.attempt };
   }
 
   private protect(w: Watched): void {

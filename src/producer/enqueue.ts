@@ -77,14 +77,17 @@ export async function enqueueMany(
   // transactions never take lane locks in opposite orders. A default shard is chosen from the
   // transaction id; when a batch spans several lanes, resolve it here first (one extra round
   // trip, only then), or the order would depend on each transaction's id and could deadlock.
-  const laneKey = (p: PreparedTask) => JSON.stringify([p.queue, p.priority, p.shard, p.shard === null ? p.shards : 0]);
-  if (prepared.some((p) => p.shard === null) && new Set(prepared.map(laneKey)).size > 1) {
+  // Not `laneKey` (src/lane.ts): before the shard is resolved a group is a lane-to-be (its shard
+  // count stands in for the shard), and the sorted keys are the lock order, which every berth
+  // version must share or two producers of different versions could deadlock.
+  const groupKey = (p: PreparedTask) => JSON.stringify([p.queue, p.priority, p.shard, p.shard === null ? p.shards : 0]);
+  if (prepared.some((p) => p.shard === null) && new Set(prepared.map(groupKey)).size > 1) {
     const x = BigInt((await executor.query<{ x: string }>('SELECT txid_current()::text AS x')).rows[0]!.x);
     for (const p of prepared) if (p.shard === null) p.shard = Number(x % BigInt(p.shards));
   }
   const groups = new Map<string, PreparedTask[]>();
   for (const p of prepared) {
-    const key = laneKey(p);
+    const key = groupKey(p);
     let g = groups.get(key);
     if (!g) groups.set(key, (g = []));
     g.push(p);

@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import pg from 'pg';
 import { openClient } from '../db/connections.js';
-import { BerthInputError } from '../errors.js';
+import { BerthError, BerthInputError, type BerthErrorCode } from '../errors.js';
 import { DEFAULT_SCHEMA, quoteIdent, schemaLockKey, type Queryable } from '../sql.js';
 import { repairLaneSequences, type LaneSequenceRepairReport } from '../storage/lane-sequences.js';
 import { MIGRATIONS } from './migrations.js';
@@ -72,7 +72,9 @@ export interface MigrationReport {
 }
 
 /** Raised when the database holds a newer schema than this code knows. Nothing is changed. */
-export class SchemaTooNewError extends Error {
+export class SchemaTooNewError extends BerthError {
+  override readonly code = 'SCHEMA_TOO_NEW';
+
   constructor(
     readonly schema: string,
     readonly databaseVersion: number,
@@ -92,7 +94,9 @@ export const LATEST_SCHEMA_VERSION = MIGRATIONS.reduce((m, x) => Math.max(m, x.v
  * Raised when a migration this database already applied differs from the code's copy: the
  * schema may not be what the code expects (a shipped migration was edited). Nothing is changed.
  */
-export class MigrationChangedError extends Error {
+export class MigrationChangedError extends BerthError {
+  override readonly code = 'MIGRATION_CHANGED';
+
   constructor(
     readonly schema: string,
     readonly versions: number[],
@@ -291,6 +295,8 @@ const LATEST_MARKER = 'prune_slot(smallint,integer)';
 
 /** The schema is missing or older than the code: nothing was run against it. */
 export class SchemaNotMigratedError extends BerthInputError {
+  override readonly code: BerthErrorCode = 'SCHEMA_NOT_MIGRATED';
+
   constructor(
     readonly schema: string,
     message: string,

@@ -49,7 +49,7 @@ const WORKER_FUNCTIONS = [
 const RING_TABLES = ['ready', 'leases', 'settlements', 'tombstones'] as const;
 
 function ringPartitions(s: string, tables: readonly string[]): string {
-  return tables.flatMap((t) => Array.from({ length: RING_SLOTS }, (_, slot) => `${s}.${quoteIdent(`${t}_${slot}`)}`)).join(', ');
+  return tables.flatMap((t) => Array.from({ length: RING_SLOTS }, (_, segment) => `${s}.${quoteIdent(`${t}_${segment}`)}`)).join(', ');
 }
 
 /** getTask reads these (through the partitioned parents, so no partition privilege). */
@@ -79,13 +79,13 @@ function workerGrants(s: string): Grant[] {
     // column. version is the column the lane lock protects; a forged bump only makes a claim
     // with an older snapshot skip the lane once.
     { privileges: 'SELECT, UPDATE (version)', on: `${s}.lanes` },
-    // Rotation and the completion statement read a slot's partitions directly, and PostgreSQL
+    // Rotation and the completion statement read a ring segment's partitions directly, and PostgreSQL
     // checks a partition's own privileges then. No TRUNCATE: the prune is prune_slot's.
     { privileges: 'SELECT', on: ringPartitions(s, RING_TABLES) },
-    // A batched completion inserts into its slot's settlements partition directly.
+    // A batched completion inserts into its ring segment's settlements partition directly.
     { privileges: 'INSERT', on: ringPartitions(s, ['settlements']) },
     // UPDATE of the columns rotation's compare-and-set writes. A forged value only changes which
-    // slot new entries go to; prune_slot re-checks everything under its lock, so none is lost.
+    // ring segment new entries go to; prune_slot re-checks everything under its lock, so none is lost.
     { privileges: 'SELECT, UPDATE (current_slot, generation, rotated_at)', on: `${s}.ring_state` },
     // INSERT: a failure's retry, a release, a cursor advance and a rescue defer the task.
     // Promotion deletes (promote_lane) and locks (due_deferred) as the owner: no UPDATE, no DELETE.

@@ -1,17 +1,16 @@
 import { BerthInputError } from '../errors.js';
+import type { Lane } from '../lane.js';
 import { checkText, MAX_QUEUE_BYTES } from '../limits.js';
 import { quoteIdent, readCommittedOnly, READ_COMMITTED_REQUIRED, type Queryable } from '../sql.js';
 
 export type TaskState = 'ready' | 'running' | 'completed' | 'scheduled' | 'retryable' | 'dead';
 
-export interface TaskRecord {
+/** A task as storage holds it now; its lane fields say where it lives. */
+export interface TaskRecord extends Lane {
   id: string;
   type: string;
   state: TaskState;
   payload: unknown;
-  queue: string;
-  priority: number;
-  shard: number;
   attempts: number;
   /** null: not set on the task; its type's setting applies at claim (default 20). */
   maxAttempts: number | null;
