@@ -29,6 +29,9 @@ export { metricsRequestHandler, startMetricsServer, type MetricsRequestHandler, 
 export { BerthInputError, LeaseLostError, PermanentError, isPermanentError } from './errors.js';
 export { DEFAULT_SCHEMA, type Queryable } from './sql.js';
 export { createLogger, type Logger } from './logger.js';
+export { fromEnv, workerOptionsFromEnv, type BerthEnvironment, type Environment, type WorkerEnvOptions } from './env.js';
+export { ENQUEUE_DEFAULTS } from './producer/enqueue.js';
+export { DASHBOARD_DEFAULTS } from './dashboard/options.js';
 export { grantRuntimeRole, type GrantRuntimeRoleOptions, type ConnectionOptions } from './schema/migrate.js';
 export { runtimeGrantStatements, type RoleKind } from './schema/roles.js';
 export {
