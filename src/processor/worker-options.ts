@@ -6,7 +6,7 @@ import { resolveMaintenanceOptions, type MaintenanceOptions, type ResolvedMainte
 import { BerthMetrics } from '../metrics.js';
 import { DEFAULT_SCHEMA } from '../sql.js';
 import { DEFAULT_MAX_ATTEMPTS, type TaskDefinition } from '../task.js';
-import { validateWorkerHttpOptions, type WorkerHttpOptions } from '../dashboard/worker-http.js';
+import { resolveWorkerHttpOptions, type ResolvedWorkerHttpOptions, type WorkerHttpOptions } from '../dashboard/worker-http.js';
 import { DEFAULT_HEARTBEAT_MS } from './heartbeat.js';
 import { DEFAULT_STUCK_GRACE_MS } from './stuck.js';
 
@@ -132,7 +132,7 @@ export interface ResolvedWorkerOptions {
   readonly workerId: string;
   readonly listenReconnectBaseMs: number;
   readonly heartbeatIntervalMs: number | false;
-  readonly http: WorkerHttpOptions | null;
+  readonly http: ResolvedWorkerHttpOptions | null;
   readonly stuckGraceMs: number;
   readonly exitOnStuckSlots: number | null;
 }
@@ -166,7 +166,7 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
   const maintenance = maintenanceOption === false ? false : resolveMaintenanceOptions(maintenanceOption === true ? undefined : maintenanceOption);
   const heartbeatIntervalMs = options.heartbeatIntervalMs ?? d.heartbeatIntervalMs;
   if (heartbeatIntervalMs !== false && !(heartbeatIntervalMs > 0)) throw new BerthInputError('heartbeatIntervalMs must be > 0 or false');
-  if (options.http !== undefined) validateWorkerHttpOptions(options.http);
+  const http = options.http === undefined ? null : resolveWorkerHttpOptions(options.http);
   const stuckGraceMs = options.stuckGraceMs ?? d.stuckGraceMs;
   if (typeof stuckGraceMs !== 'number' || !Number.isFinite(stuckGraceMs) || stuckGraceMs < 0) {
     throw new BerthInputError(`stuckGraceMs must be a finite number >= 0, got ${JSON.stringify(options.stuckGraceMs)}`);
@@ -205,7 +205,7 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
     workerId,
     listenReconnectBaseMs: options.listenReconnectBaseMs ?? d.listenReconnectBaseMs,
     heartbeatIntervalMs,
-    http: options.http ?? null,
+    http,
     stuckGraceMs,
     exitOnStuckSlots: exitOn ?? null,
   };
