@@ -9,10 +9,10 @@
  */
 import { existsSync, mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
-import { createLogger } from '../src/logger.js';
+import { createLogger, logLevel } from '../src/logger.js';
 import type { EmbeddedPostgresOptions, HostMessage } from './embedded-postgres.js';
 
-const log = createLogger({ component: 'embedded-postgres' });
+const log = createLogger({ component: 'embedded-postgres' }, undefined, logLevel(process.env.BERTH_LOG_LEVEL));
 // Once the channel is closed the demo is gone, and 'disconnect' has the host stop.
 const send = (m: HostMessage) => {
   if (process.connected) process.send?.(m, undefined, {}, () => undefined);

@@ -5,21 +5,23 @@
  */
 import pg from 'pg';
 import { defineTask, enqueueMany, migrate, runSlices, Worker, createLogger } from '../src/index.js';
-import { dashboardOptionsFromEnv, DEFAULT_DASHBOARD_PORT } from '../src/dashboard/index.js';
+import { DEFAULT_DASHBOARD_PORT } from '../src/dashboard/index.js';
+import { fromEnv } from '../src/env.js';
 import { startEmbeddedPostgres } from './embedded-postgres.js';
 
-const log = createLogger({ component: 'demo' });
+// Read (and so validated) before anything starts: a bad BERTH_* value is a clear error.
+const env = fromEnv(process.env);
+const log = createLogger({ component: 'demo' }, undefined, env.logLevel);
 
 async function database(): Promise<{ url: string; stop: () => Promise<void> }> {
-  if (process.env.DATABASE_URL) return { url: process.env.DATABASE_URL, stop: async () => {} };
+  if (env.databaseUrl) return { url: env.databaseUrl, stop: async () => {} };
   // In a detached process of its own, so Ctrl-C reaches the worker first (demo/embedded-postgres.ts).
   return startEmbeddedPostgres();
 }
 
-// Read (and so validated) before anything starts: a bad BERTH_DASHBOARD_* value is a clear error.
-const dashboard = dashboardOptionsFromEnv(process.env);
+const dashboard = env.dashboard;
 const db = await database();
-const schema = process.env.BERTH_SCHEMA ?? 'berth';
+const schema = env.schema ?? 'berth';
 const report = await migrate({ connectionString: db.url, schema });
 log.info(report, 'migrated');
 
@@ -82,6 +84,7 @@ const worker = new Worker({
   schema,
   tasks,
   slots: 4,
+  logger: createLogger({}, undefined, env.logLevel),
   http: {
     port: dashboard.port ?? DEFAULT_DASHBOARD_PORT,
     host: dashboard.host,

@@ -28,7 +28,7 @@ export {
 export { DEFAULT_SCHEMA, type Queryable } from './sql.js';
 
 // Producer
-export { enqueue, enqueueMany, DEFAULT_QUEUE, DEFAULT_SHARDS, type EnqueueOptions, type EnqueueResult, type TaskSpec, type TaskTypeRef } from './producer/enqueue.js';
+export { enqueue, enqueueMany, DEFAULT_QUEUE, DEFAULT_SHARDS, ENQUEUE_DEFAULTS, type EnqueueOptions, type EnqueueResult, type TaskSpec, type TaskTypeRef } from './producer/enqueue.js';
 export { type Lane } from './lane.js';
 
 // Task definitions and handlers
@@ -54,6 +54,7 @@ export { MAINTENANCE_DEFAULTS, type MaintenanceOptions } from './maintenance/lea
 export { DEFAULT_HEARTBEAT_MS } from './processor/heartbeat.js';
 export { DEFAULT_STUCK_GRACE_MS, STUCK_EXIT_CODE } from './processor/stuck.js';
 export { createLogger, type Logger } from './logger.js';
+export { fromEnv, workerOptionsFromEnv, type BerthEnvironment, type Environment, type WorkerEnvOptions } from './env.js';
 
 // Admin: reads and actions on tasks, dead letters, queues; stats; the audit log
 export { getTask, moveTask, type MoveResult, type TaskRecord, type TaskState } from './storage/tasks.js';
@@ -70,6 +71,7 @@ export {
   dashboardOptionsFromEnv,
   DEFAULT_DASHBOARD_HOST,
   DEFAULT_DASHBOARD_PORT,
+  DASHBOARD_DEFAULTS,
   MIN_TOKEN_LENGTH,
   MIN_PASSWORD_LENGTH,
   AUTH_LIMIT_DEFAULTS,

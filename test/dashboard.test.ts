@@ -525,3 +525,12 @@ test('dashboardOptionsFromEnv reads and checks the BERTH_DASHBOARD_* variables',
   assert.deepEqual(dashboardOptionsFromEnv({ BERTH_DASHBOARD_TRUST_PROXY: 'true' }), { authLimits: { trustProxy: true } });
   assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_TRUST_PROXY: 'sometimes' }), /BERTH_DASHBOARD_TRUST_PROXY/);
 });
+
+test('dashboard options are resolved once: an unknown key is refused by startDashboard and createDashboardHandler, before anything listens', async () => {
+  await assert.rejects(
+    startDashboard({ connectionString: DATABASE_URL, schema, port: 0, logger: testLogger, prot: 80 } as DashboardOptions),
+    (e: Error) => e instanceof BerthInputError && /unknown dashboard option "prot"/.test(e.message),
+  );
+  assert.throws(() => createDashboardHandler({ pool, schema, logger: testLogger, host: '0.0.0.0' } as never), /unknown dashboard option "host"/);
+  assert.throws(() => createDashboardHandler({ pool, schema, logger: testLogger, readOnly: 'yes' as never }), /readOnly must be true or false/);
+});

@@ -2,12 +2,12 @@ import pg from 'pg';
 import { after } from 'node:test';
 import { migrate } from '../src/index.js';
 import type { BerthMetrics } from '../src/metrics.js';
-import { createLogger, type Logger } from '../src/logger.js';
+import { createLogger, logLevel, type Logger } from '../src/logger.js';
 
 export const DATABASE_URL = process.env.TEST_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 
 /** A quiet logger for tests (BERTH_LOG_LEVEL=debug to see everything). */
-export const testLogger = createLogger({ test: true });
+export const testLogger = createLogger({ test: true }, undefined, logLevel(process.env.BERTH_LOG_LEVEL));
 if (!process.env.BERTH_LOG_LEVEL) testLogger.level = "silent";
 
 /**

@@ -2,7 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { z } from 'zod';
 import { defineTask, enqueue, enqueueMany, getTask, runSlices, Worker, type TaskDefinition } from '../src/index.js';
-import { slotsFromEnv } from '../src/processor/worker.js';
+import { slotsFromEnv, workerOptionsFromEnv } from '../src/env.js';
 import { logLevel } from '../src/logger.js';
 import { isPermanentError, PermanentError } from '../src/errors.js';
 import { captureLogger, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, freshSchema, outcomes, scaled, waitFor, counterValue } from './helpers.js';
@@ -325,19 +325,23 @@ test('a PermanentError from another copy of berth (a task module loaded as Commo
   assert.equal(isPermanentError(null), false);
 });
 
-test('slots default to 4 and follow BERTH_TASK_PROCESSOR_CONCURRENCY', async () => {
+test('slots default to 4 and follow BERTH_TASK_PROCESSOR_CONCURRENCY through workerOptionsFromEnv (the library never reads the environment itself)', async () => {
   const prev = process.env.BERTH_TASK_PROCESSOR_CONCURRENCY;
   try {
-    delete process.env.BERTH_TASK_PROCESSOR_CONCURRENCY;
+    process.env.BERTH_TASK_PROCESSOR_CONCURRENCY = '7';
     const w = new Worker({ connectionString: DATABASE_URL, tasks: [], schema, maintenance: false });
     await w.start();
     assert.equal(await counterValue(w.metrics, 'berth_task_slots', {}), 4);
     await w.stop();
-    process.env.BERTH_TASK_PROCESSOR_CONCURRENCY = '7';
-    const w7 = new Worker({ connectionString: DATABASE_URL, tasks: [], schema, maintenance: false });
+    const w7 = new Worker({ connectionString: DATABASE_URL, tasks: [], schema, maintenance: false, ...workerOptionsFromEnv() });
     await w7.start();
     assert.equal(await counterValue(w7.metrics, 'berth_task_slots', {}), 7);
     await w7.stop();
+    assert.deepEqual(workerOptionsFromEnv({}), {});
+    assert.deepEqual(workerOptionsFromEnv({ BERTH_TASK_PROCESSOR_CONCURRENCY: '3' }), { slots: 3 });
+    assert.throws(() => workerOptionsFromEnv({ BERTH_TASK_PROCESSOR_CONCURRENCY: '0' }), /BERTH_TASK_PROCESSOR_CONCURRENCY/);
+    assert.throws(() => workerOptionsFromEnv({ BERTH_LOG_LEVEL: 'loud' }), /BERTH_LOG_LEVEL/);
+    assert.equal(workerOptionsFromEnv({ BERTH_LOG_LEVEL: 'warn' }).logger?.level, 'warn');
   } finally {
     if (prev === undefined) delete process.env.BERTH_TASK_PROCESSOR_CONCURRENCY;
     else process.env.BERTH_TASK_PROCESSOR_CONCURRENCY = prev;

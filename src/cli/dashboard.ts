@@ -1,7 +1,7 @@
 import { Command } from 'commander';
 import { startDashboard } from '../dashboard/server.js';
 import { dashboardOptionsFromEnv } from '../dashboard/options.js';
-import { createLogger } from '../logger.js';
+import { createLogger, logLevel } from '../logger.js';
 import { common, connection, intOption, type Common } from './common.js';
 import { runUntilSignal } from './signals.js';
 import { say } from './terminal.js';
@@ -19,7 +19,7 @@ export function registerDashboardCommand(program: Command): void {
     )
     .action(async (opts: Common & { host?: string; port?: number; readOnly?: boolean }) => {
       const env = dashboardOptionsFromEnv(process.env);
-      const logger = createLogger({ component: 'dashboard' });
+      const logger = createLogger({ component: 'dashboard' }, undefined, logLevel(process.env.BERTH_LOG_LEVEL));
       const server = await startDashboard({
         ...env,
         connectionString: connection(opts),

@@ -4,7 +4,7 @@ import { Command } from 'commander';
 import pg from 'pg';
 import { laneStats } from '../admin/stats.js';
 import { BerthInputError } from '../errors.js';
-import { createLogger } from '../logger.js';
+import { createLogger, logLevel } from '../logger.js';
 import { discover } from '../processor/claim.js';
 import { Worker } from '../processor/worker.js';
 import type { TaskDefinition } from '../task.js';
@@ -12,6 +12,7 @@ import { CliFailure, collect, common, connection, intOption, type Common } from 
 import { progressBar } from './progress.js';
 import { runUntilSignal } from './signals.js';
 import { dashboardOptionsFromEnv } from '../dashboard/options.js';
+import { slotsFromEnv } from '../env.js';
 import { say, terminalSafeStream } from './terminal.js';
 
 type AnyDefinition = TaskDefinition<unknown>;
@@ -91,7 +92,7 @@ export function registerWorkerCommands(program: Command): void {
       const tasks = await loadTaskModule(opts.tasks);
       const queues = splitQueues(opts.queue);
       // Log lines carry task types and errors: nothing in them may act on a terminal.
-      const logger = createLogger({ component: 'berth-worker' }, terminalSafeStream(process.stdout));
+      const logger = createLogger({ component: 'berth-worker' }, terminalSafeStream(process.stdout), logLevel(process.env.BERTH_LOG_LEVEL));
       if (opts.dashboard && opts.httpPort === undefined) throw new BerthInputError('--dashboard needs --http-port');
       const env = opts.dashboard ? dashboardOptionsFromEnv(process.env) : {};
       const http = opts.httpPort === undefined ? undefined : {
@@ -100,7 +101,9 @@ export function registerWorkerCommands(program: Command): void {
         dashboard: opts.dashboard ? { auth: env.auth, readOnly: env.readOnly } : false,
       };
       const worker = new Worker({
-        connectionString: url, schema: opts.schema, tasks, slots: opts.slots, queues, maintenance: opts.maintenance, logger, http,
+        connectionString: url, schema: opts.schema, tasks, queues,
+        // The flag wins; the library never reads the environment, so the CLI does.
+        slots: opts.slots ?? slotsFromEnv(process.env.BERTH_TASK_PROCESSOR_CONCURRENCY), maintenance: opts.maintenance, logger, http,
         exitOnStuckSlots: opts.exitOnStuckSlots,
       });
       await worker.start();

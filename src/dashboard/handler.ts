@@ -1,11 +1,8 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { TLSSocket } from 'node:tls';
-import type { Registry } from 'prom-client';
 import { BerthInputError } from '../errors.js';
-import { createLogger, type Logger } from '../logger.js';
 import { metricsRequestHandler, type MetricsRequestHandler } from '../observability/metrics-http.js';
 import { assertMigrated } from '../schema/migrate.js';
-import { DEFAULT_SCHEMA, type Queryable } from '../sql.js';
 
 /** PostgreSQL's undefined_table: what every read answers on an unmigrated schema. */
 const UNDEFINED_TABLE = '42P01';
@@ -15,24 +12,14 @@ import { validateAuthLimits, type AuthLimitOptions } from './auth-limits.js';
 import { Authenticator, checkCsrf, checkSameOrigin, TooManyAttemptsError, type Principal } from './auth.js';
 import { HttpError, readBody, send, sendError, sendJson } from './http.js';
 import { DashboardReads } from './overview.js';
-import { normaliseBasePath, validateAuth, type DashboardAuth } from './options.js';
+import { resolveDashboardHandlerOptions, type DashboardHandlerOptions, type ResolvedDashboardHandlerOptions } from './options.js';
 import { loginPage, shellPage, unauthorizedPage } from './pages.js';
 import { rejectNul } from './params.js';
 
 /** Serves a request and returns true, or returns false for a path outside the base path. */
 export type DashboardHandler = (req: IncomingMessage, res: ServerResponse) => Promise<boolean>;
 
-export interface DashboardHandlerOptions {
-  /** Where the dashboard reads and acts (a pg.Pool, at READ COMMITTED). */
-  pool: Queryable;
-  schema?: string;
-  auth?: DashboardAuth;
-  readOnly?: boolean;
-  logger?: Logger;
-  metricsRegistry?: Registry;
-  basePath?: string;
-  authLimits?: AuthLimitOptions;
-}
+export type { DashboardHandlerOptions } from './options.js';
 
 const HTML = 'text/html; charset=utf-8';
 
@@ -61,13 +48,13 @@ function rejectNulInUrl(path: string, url: URL): void {
  * schema that is not migrated, requests answer 503 with the fix (`berth migrate`).
  */
 export function createDashboardHandler(options: DashboardHandlerOptions): DashboardHandler {
-  validateAuth(options.auth);
-  const limits = validateAuthLimits(options.authLimits);
-  const base = normaliseBasePath(options.basePath);
-  const logger = options.logger ?? createLogger({ component: 'dashboard' });
-  const auth = new Authenticator(options.auth, limits, logger);
-  const readOnly = options.readOnly ?? false;
-  const schema = options.schema ?? DEFAULT_SCHEMA;
+  return dashboardHandler(resolveDashboardHandlerOptions(options));
+}
+
+/** The handler on options resolved once (startDashboard and the worker's HTTP server resolve theirs). */
+export function dashboardHandler(options: ResolvedDashboardHandlerOptions): DashboardHandler {
+  const { basePath: base, logger, readOnly, schema } = options;
+  const auth = new Authenticator(options.auth, options.authLimits, logger);
   const reads = new DashboardReads(options.pool, schema, logger);
   const metrics: MetricsRequestHandler | null = options.metricsRegistry ? metricsRequestHandler(options.metricsRegistry) : null;
   const cookiePath = base || '/';

@@ -2,6 +2,7 @@ export { startDashboard, type DashboardServer } from './server.js';
 export { createDashboardHandler, type DashboardHandler, type DashboardHandlerOptions } from './handler.js';
 export {
   dashboardOptionsFromEnv,
+  DASHBOARD_DEFAULTS,
   DEFAULT_DASHBOARD_HOST,
   DEFAULT_DASHBOARD_PORT,
   MIN_PASSWORD_LENGTH,

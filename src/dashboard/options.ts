@@ -1,8 +1,9 @@
 import type pg from 'pg';
 import type { Registry } from 'prom-client';
 import { BerthInputError } from '../errors.js';
-import type { Logger } from '../logger.js';
-import type { AuthLimitOptions } from './auth-limits.js';
+import { createLogger, type Logger } from '../logger.js';
+import { DEFAULT_SCHEMA, type Queryable } from '../sql.js';
+import { validateAuthLimits, type AuthLimitOptions, type AuthLimits } from './auth-limits.js';
 
 /** Who may use the dashboard. With neither, it only binds to (and answers) loopback. */
 export interface DashboardAuth {
@@ -52,6 +53,101 @@ export interface DashboardOptions {
 
 export const DEFAULT_DASHBOARD_PORT = 4680;
 export const DEFAULT_DASHBOARD_HOST = '127.0.0.1';
+
+/** Every dashboard default in one place (authLimits: AUTH_LIMIT_DEFAULTS; docs/configuration.md). */
+export const DASHBOARD_DEFAULTS = Object.freeze({
+  host: DEFAULT_DASHBOARD_HOST,
+  port: DEFAULT_DASHBOARD_PORT,
+  schema: DEFAULT_SCHEMA,
+  readOnly: false,
+  /** The root. */
+  basePath: '',
+});
+
+/** The options of a dashboard request handler (`createDashboardHandler`). */
+export interface DashboardHandlerOptions {
+  /** Where the dashboard reads and acts (a pg.Pool, at READ COMMITTED). */
+  pool: Queryable;
+  schema?: string;
+  auth?: DashboardAuth;
+  readOnly?: boolean;
+  logger?: Logger;
+  metricsRegistry?: Registry;
+  basePath?: string;
+  authLimits?: AuthLimitOptions;
+}
+
+/** DashboardHandlerOptions with every default filled in and every value checked. */
+export interface ResolvedDashboardHandlerOptions {
+  readonly pool: Queryable;
+  readonly schema: string;
+  readonly auth: DashboardAuth | undefined;
+  readonly readOnly: boolean;
+  readonly logger: Logger;
+  readonly metricsRegistry: Registry | null;
+  /** Normalised: `/berth`, or '' for the root. */
+  readonly basePath: string;
+  readonly authLimits: AuthLimits;
+}
+
+/** DashboardOptions resolved: the handler's options plus the server's address and its own pool, if any. */
+export interface ResolvedDashboardOptions extends Omit<ResolvedDashboardHandlerOptions, 'pool'> {
+  readonly host: string;
+  readonly port: number;
+  /** The caller's pool (left open by close()), or null: the dashboard opens one on `connectionString`. */
+  readonly pool: pg.Pool | null;
+  readonly connectionString: string | null;
+}
+
+const HANDLER_OPTION_KEYS: ReadonlySet<string> = new Set<keyof DashboardHandlerOptions>([
+  'pool', 'schema', 'auth', 'readOnly', 'logger', 'metricsRegistry', 'basePath', 'authLimits',
+]);
+const DASHBOARD_OPTION_KEYS: ReadonlySet<string> = new Set<keyof DashboardOptions>([
+  'connectionString', 'pool', 'schema', 'host', 'port', 'auth', 'readOnly', 'logger', 'metricsRegistry', 'basePath', 'authLimits',
+]);
+
+function checkKnownKeys(options: object, known: ReadonlySet<string>, what: string): void {
+  if (typeof options !== 'object' || options === null || Array.isArray(options)) throw new BerthInputError(`${what} must be an object`);
+  for (const [key, value] of Object.entries(options)) {
+    if (value !== undefined && !known.has(key)) throw new BerthInputError(`unknown ${what} "${key}"`);
+  }
+}
+
+function resolveShared(options: Omit<DashboardHandlerOptions, 'pool'>): Omit<ResolvedDashboardHandlerOptions, 'pool'> {
+  validateAuth(options.auth);
+  if (options.readOnly !== undefined && typeof options.readOnly !== 'boolean') throw new BerthInputError('dashboard readOnly must be true or false');
+  return {
+    schema: options.schema ?? DASHBOARD_DEFAULTS.schema,
+    auth: options.auth,
+    readOnly: options.readOnly ?? DASHBOARD_DEFAULTS.readOnly,
+    logger: options.logger ?? createLogger({ component: 'dashboard' }),
+    metricsRegistry: options.metricsRegistry ?? null,
+    basePath: normaliseBasePath(options.basePath),
+    authLimits: validateAuthLimits(options.authLimits),
+  };
+}
+
+/** Defaults filled in, every value checked, once; an unknown key or a bad value is a BerthInputError naming it. */
+export function resolveDashboardHandlerOptions(options: DashboardHandlerOptions): ResolvedDashboardHandlerOptions {
+  checkKnownKeys(options, HANDLER_OPTION_KEYS, 'dashboard option');
+  if (!options.pool) throw new BerthInputError('the dashboard handler needs a pool');
+  return { ...resolveShared(options), pool: options.pool };
+}
+
+/**
+ * `startDashboard`'s options resolved once: defaults filled in, every value checked (the address,
+ * the authentication and its limits, the base path) before anything listens. Without auth only
+ * a loopback host is accepted.
+ */
+export function resolveDashboardOptions(options: DashboardOptions): ResolvedDashboardOptions {
+  checkKnownKeys(options, DASHBOARD_OPTION_KEYS, 'dashboard option');
+  const host = options.host ?? DASHBOARD_DEFAULTS.host;
+  const port = validatePort(options.port ?? DASHBOARD_DEFAULTS.port);
+  const shared = resolveShared(options);
+  assertSafeBinding(options.auth, host);
+  if (!options.pool && !options.connectionString) throw new BerthInputError('the dashboard needs a connectionString or a pool');
+  return { ...shared, host, port, pool: options.pool ?? null, connectionString: options.connectionString ?? null };
+}
 
 const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost', '[::1]']);
 
@@ -138,13 +234,14 @@ function envFlag(name: string, value: string): boolean {
 }
 
 /**
- * Dashboard settings from the environment (what `berth dashboard` and the demo read):
+ * Dashboard settings from an environment record (`fromEnv()` in src/env.ts passes `process.env`;
+ * `berth dashboard` and the demo read these):
  * BERTH_DASHBOARD_TOKEN, BERTH_DASHBOARD_USERS (`user:pass,user2:pass2`; a password cannot contain
  * a comma), BERTH_DASHBOARD_READ_ONLY (1/true/0/false), BERTH_DASHBOARD_HOST, BERTH_DASHBOARD_PORT,
  * BERTH_DASHBOARD_TRUST_PROXY (1/true/0/false: `authLimits.trustProxy`).
  * Unset and empty variables are left out; a bad value throws BerthInputError naming the variable.
  */
-export function dashboardOptionsFromEnv(env: Record<string, string | undefined> = process.env): DashboardEnvOptions {
+export function dashboardOptionsFromEnv(env: Readonly<Record<string, string | undefined>>): DashboardEnvOptions {
   const out: DashboardEnvOptions = {};
   const get = (name: string): string | undefined => {
     const v = env[name];

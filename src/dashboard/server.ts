@@ -1,21 +1,9 @@
 import pg from 'pg';
 import { BerthInputError } from '../errors.js';
-import { createLogger } from '../logger.js';
-import { validateAuthLimits } from './auth-limits.js';
-import { createDashboardHandler } from './handler.js';
+import { dashboardHandler } from './handler.js';
 import { listen } from '../http/listen.js';
 import { assertMigrated } from '../schema/migrate.js';
-import { DEFAULT_SCHEMA } from '../sql.js';
-import {
-  assertSafeBinding,
-  DEFAULT_DASHBOARD_HOST,
-  DEFAULT_DASHBOARD_PORT,
-  normaliseBasePath,
-  validateAuth,
-  validatePort,
-  warnIfNoAuth,
-  type DashboardOptions,
-} from './options.js';
+import { resolveDashboardOptions, warnIfNoAuth, type DashboardOptions } from './options.js';
 
 export interface DashboardServer {
   /** The dashboard's address, with the port actually bound and the base path, ending in `/`. */
@@ -30,18 +18,12 @@ export interface DashboardServer {
  * Throws SchemaNotMigratedError (a BerthInputError) when the schema is missing or older than the code.
  */
 export async function startDashboard(options: DashboardOptions): Promise<DashboardServer> {
-  const host = options.host ?? DEFAULT_DASHBOARD_HOST;
-  const port = validatePort(options.port ?? DEFAULT_DASHBOARD_PORT);
-  validateAuth(options.auth);
-  validateAuthLimits(options.authLimits);
-  assertSafeBinding(options.auth, host);
-  const base = normaliseBasePath(options.basePath);
-  if (!options.pool && !options.connectionString) throw new BerthInputError('the dashboard needs a connectionString or a pool');
-  const logger = options.logger ?? createLogger({ component: 'dashboard' });
-  const ownPool = options.pool
+  const o = resolveDashboardOptions(options);
+  const { logger, host } = o;
+  const ownPool = o.pool
     ? null
     : new pg.Pool({
-        connectionString: options.connectionString,
+        connectionString: o.connectionString ?? undefined,
         max: 4,
         statement_timeout: 30_000,
         application_name: 'berth dashboard',
@@ -50,20 +32,21 @@ export async function startDashboard(options: DashboardOptions): Promise<Dashboa
         options: '-c jit=off',
       });
   ownPool?.on('error', (err) => logger.warn({ err: err.message }, 'idle dashboard connection lost'));
-  const pool = options.pool ?? ownPool!;
+  const pool: pg.Pool | null = o.pool ?? ownPool;
+  if (pool === null) throw new BerthInputError('the dashboard needs a connectionString or a pool');
   let server;
   try {
     // An unmigrated (or older) schema would answer 500 on every request: refuse it up front, with the fix.
-    await assertMigrated(pool, options.schema ?? DEFAULT_SCHEMA);
-    const handler = createDashboardHandler({ ...options, pool, logger });
-    server = await listen([handler], port, host, logger);
+    await assertMigrated(pool, o.schema);
+    const handler = dashboardHandler({ ...o, pool });
+    server = await listen([handler], o.port, host, logger);
   } catch (err) {
     await ownPool?.end();
     throw err;
   }
-  warnIfNoAuth(logger, options.auth, host);
-  const url = `${server.url}${base}/`;
-  logger.info({ url, readOnly: options.readOnly ?? false }, 'dashboard listening');
+  warnIfNoAuth(logger, o.auth, host);
+  const url = `${server.url}${o.basePath}/`;
+  logger.info({ url, readOnly: o.readOnly }, 'dashboard listening');
   let closing: Promise<void> | null = null;
   return {
     url,

@@ -27,18 +27,22 @@ export interface WorkerHttpOptions {
   dashboard?: boolean | WorkerDashboardOptions;
 }
 
-function dashboardOf(o: WorkerHttpOptions): WorkerDashboardOptions | null {
-  if (o.dashboard === undefined || o.dashboard === false) return null;
-  return o.dashboard === true ? {} : o.dashboard;
+/** WorkerHttpOptions with its defaults filled in and every value checked. */
+export interface ResolvedWorkerHttpOptions {
+  readonly port: number;
+  readonly host: string;
+  readonly metrics: boolean;
+  /** null: no dashboard. */
+  readonly dashboard: WorkerDashboardOptions | null;
 }
 
-/** Checked in the Worker constructor, so a bad setting fails before anything starts. */
-export function validateWorkerHttpOptions(o: WorkerHttpOptions): void {
+/** Resolved in the Worker constructor, so a bad setting fails before anything starts. */
+export function resolveWorkerHttpOptions(o: WorkerHttpOptions): ResolvedWorkerHttpOptions {
   if (typeof o !== 'object' || o === null) throw new BerthInputError('http must be an object { port, host?, metrics?, dashboard? }');
-  validatePort(o.port, 'http.port');
+  const port = validatePort(o.port, 'http.port');
   const host = o.host ?? DEFAULT_DASHBOARD_HOST;
   if (typeof host !== 'string' || host === '') throw new BerthInputError('http.host must be a host name or address');
-  const dashboard = dashboardOf(o);
+  const dashboard = o.dashboard === undefined || o.dashboard === false ? null : o.dashboard === true ? {} : o.dashboard;
   if (o.metrics === false && !dashboard) throw new BerthInputError('http serves nothing: turn on metrics or dashboard');
   if (dashboard) {
     if (typeof dashboard !== 'object') throw new BerthInputError('http.dashboard must be true, false or dashboard options');
@@ -47,6 +51,7 @@ export function validateWorkerHttpOptions(o: WorkerHttpOptions): void {
     assertSafeBinding(dashboard.auth, host);
     normaliseBasePath(dashboard.basePath);
   }
+  return { port, host, metrics: o.metrics ?? true, dashboard };
 }
 
 export interface WorkerHttpContext {
@@ -63,9 +68,8 @@ export interface WorkerHttpContext {
 export const WORKER_DASHBOARD_POOL = { max: 2, statementTimeoutMs: 30_000 } as const;
 
 /** One server for the worker: /metrics and/or the dashboard. `close()` also ends the dashboard's pool. */
-export async function startWorkerHttp(o: WorkerHttpOptions, ctx: WorkerHttpContext): Promise<Listening> {
-  const dashboard = dashboardOf(o);
-  const metrics = o.metrics ?? true;
+export async function startWorkerHttp(o: ResolvedWorkerHttpOptions, ctx: WorkerHttpContext): Promise<Listening> {
+  const { dashboard, metrics } = o;
   const handlers: RequestHandler[] = [];
   let pool: pg.Pool | null = null;
   if (dashboard) {
@@ -93,12 +97,12 @@ export async function startWorkerHttp(o: WorkerHttpOptions, ctx: WorkerHttpConte
   }
   let server: Listening;
   try {
-    server = await listen(handlers, o.port, o.host ?? DEFAULT_DASHBOARD_HOST, ctx.logger);
+    server = await listen(handlers, o.port, o.host, ctx.logger);
   } catch (err) {
     await pool?.end();
     throw err;
   }
-  if (dashboard) warnIfNoAuth(ctx.logger, dashboard.auth, o.host ?? DEFAULT_DASHBOARD_HOST);
+  if (dashboard) warnIfNoAuth(ctx.logger, dashboard.auth, o.host);
   let closing: Promise<void> | null = null;
   return {
     url: server.url,

@@ -43,7 +43,11 @@ export interface BranchStats {
   lastRunAt: Date | null;
 }
 
-export const MAINTENANCE_DEFAULTS: Required<MaintenanceOptions> = {
+/** MaintenanceOptions with every default filled in and every value checked. */
+export type ResolvedMaintenanceOptions = Required<MaintenanceOptions>;
+
+/** Every maintenance default in one place (docs/configuration.md lists them). */
+export const MAINTENANCE_DEFAULTS: ResolvedMaintenanceOptions = {
   leaderPollMs: 1000,
   promoteIntervalMs: 250,
   promoteBatchSize: 1000,
@@ -63,9 +67,12 @@ export const MAINTENANCE_DEFAULTS: Required<MaintenanceOptions> = {
  * config file) is refused with a clear error before anything starts, not discovered as a busy
  * loop or a branch that never runs.
  */
-export function validateMaintenanceOptions(options: MaintenanceOptions | undefined): Required<MaintenanceOptions> {
+export function resolveMaintenanceOptions(options: MaintenanceOptions | undefined): ResolvedMaintenanceOptions {
+  if (options !== undefined && (typeof options !== 'object' || options === null || Array.isArray(options))) {
+    throw new BerthInputError('maintenance options must be an object (see docs/configuration.md)');
+  }
   const given = Object.fromEntries(Object.entries(options ?? {}).filter(([, v]) => v !== undefined));
-  const o = { ...MAINTENANCE_DEFAULTS, ...given } as Required<MaintenanceOptions>;
+  const o = { ...MAINTENANCE_DEFAULTS, ...given } as ResolvedMaintenanceOptions;
   for (const [key, value] of Object.entries(o) as [keyof MaintenanceOptions, unknown][]) {
     if (!(key in MAINTENANCE_DEFAULTS)) throw new BerthInputError(`unknown maintenance option "${key}"`);
     if (key === 'laneLockTimeoutMs' && value === null) continue;
@@ -90,7 +97,7 @@ type Branch = { name: string; intervalMs: number; run: () => Promise<void> };
  * are wall-clock: a branch that overran its interval starts again at once, never backed off.
  */
 export class Maintenance {
-  private readonly opts: Required<MaintenanceOptions>;
+  private readonly opts: ResolvedMaintenanceOptions;
   private stopped = false;
   private election: ElectionSession | null = null;
   private term: AbortController | null = null;
@@ -116,7 +123,8 @@ export class Maintenance {
       workerId?: string;
     },
   ) {
-    this.opts = validateMaintenanceOptions(deps.options);
+    // Resolving a resolved value changes nothing: the worker resolves its options up front.
+    this.opts = resolveMaintenanceOptions(deps.options);
   }
 
   get isLeader(): boolean {

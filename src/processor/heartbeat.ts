@@ -79,7 +79,6 @@ export class OutcomeTally {
 export class Heartbeat {
   private timer: NodeJS.Timeout | null = null;
   private inFlight: Promise<void> | null = null;
-  readonly tally = new OutcomeTally();
 
   constructor(
     private readonly db: Queryable,
@@ -87,6 +86,8 @@ export class Heartbeat {
     private readonly source: HeartbeatSource,
     private readonly logger: Logger,
     private readonly intervalMs = DEFAULT_HEARTBEAT_MS,
+    /** The outcome counts it flushes (the worker's engine records into it). */
+    readonly tally = new OutcomeTally(),
   ) {}
 
   start(): void {

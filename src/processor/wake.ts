@@ -9,8 +9,8 @@ export interface WakeListenerOptions {
   /** Called per notification with its payload ('' for a bare wake). */
   onNotify: (payload: string) => void;
   onReconnect?: () => void;
-  /** First reconnect delay; doubles to `reconnectMaxMs` (default 5 s, the poll interval). */
-  reconnectBaseMs?: number;
+  /** First reconnect delay (the worker's `listenReconnectBaseMs`); doubles to `reconnectMaxMs` (default 5 s, the poll interval). */
+  reconnectBaseMs: number;
   reconnectMaxMs?: number;
   /** The LISTEN session's `application_name`. */
   applicationName?: string;
@@ -88,7 +88,7 @@ export class WakeListener {
   }
 
   private scheduleReconnect(): void {
-    const base = this.opts.reconnectBaseMs ?? 500;
+    const base = this.opts.reconnectBaseMs;
     // Capped at the poll interval: the poll keeps claims going while LISTEN is down, so waiting
     // longer than one poll to listen again only delays wake-ups after an outage.
     const max = this.opts.reconnectMaxMs ?? 5_000;

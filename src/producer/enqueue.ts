@@ -43,8 +43,15 @@ export interface TaskSpec<P = unknown> extends Omit<EnqueueOptions, 'schema'> {
   payload: P;
 }
 
-export const DEFAULT_QUEUE = 'default';
-export const DEFAULT_SHARDS = 16;
+/** Every enqueue default in one place (docs/configuration.md); `maxAttempts` is resolved at claim. */
+export const ENQUEUE_DEFAULTS = Object.freeze({
+  queue: 'default',
+  priority: 0,
+  shards: 16,
+  schema: DEFAULT_SCHEMA,
+});
+export const DEFAULT_QUEUE = ENQUEUE_DEFAULTS.queue;
+export const DEFAULT_SHARDS = ENQUEUE_DEFAULTS.shards;
 /** Rows per enqueue call; bigger batches are split (each piece still one statement). */
 const CHUNK = 5_000;
 
@@ -71,8 +78,9 @@ export async function enqueueMany(
   options: { schema?: string } = {},
 ): Promise<EnqueueResult[]> {
   checkKeys(options, BATCH_OPTION_KEYS, 'enqueueMany options');
-  const s = quoteIdent(options.schema ?? DEFAULT_SCHEMA);
-  const prepared = await Promise.all(tasks.map((t, i) => prepare(t, i, tasks.length === 1 ? 'task' : `task #${i}`)));
+  const schema = options.schema ?? ENQUEUE_DEFAULTS.schema;
+  const s = quoteIdent(schema);
+  const prepared = await Promise.all(tasks.map((t, i) => resolveTaskSpec(t, i, tasks.length === 1 ? 'task' : `task #${i}`)));
   // One group per lane, visited in one global order (queue, priority, shard) so two
   // transactions never take lane locks in opposite orders. A default shard is chosen from the
   // transaction id; when a batch spans several lanes, resolve it here first (one extra round
@@ -80,12 +88,12 @@ export async function enqueueMany(
   // Not `laneKey` (src/lane.ts): before the shard is resolved a group is a lane-to-be (its shard
   // count stands in for the shard), and the sorted keys are the lock order, which every berth
   // version must share or two producers of different versions could deadlock.
-  const groupKey = (p: PreparedTask) => JSON.stringify([p.queue, p.priority, p.shard, p.shard === null ? p.shards : 0]);
+  const groupKey = (p: ResolvedTaskSpec) => JSON.stringify([p.queue, p.priority, p.shard, p.shard === null ? p.shards : 0]);
   if (prepared.some((p) => p.shard === null) && new Set(prepared.map(groupKey)).size > 1) {
     const x = BigInt((await executor.query<{ x: string }>('SELECT txid_current()::text AS x')).rows[0]!.x);
     for (const p of prepared) if (p.shard === null) p.shard = Number(x % BigInt(p.shards));
   }
-  const groups = new Map<string, PreparedTask[]>();
+  const groups = new Map<string, ResolvedTaskSpec[]>();
   for (const p of prepared) {
     const key = groupKey(p);
     let g = groups.get(key);
@@ -100,7 +108,7 @@ export async function enqueueMany(
       const first = chunk[0]!;
       // Named, so each connection parses and plans it once (it is the producer's hot path).
       const res = await executor.query<{ ord: number; id: string | null; state: EnqueueResult['state']; duplicate_of: string | null }>({
-        name: `berth-enqueue:${options.schema ?? DEFAULT_SCHEMA}`,
+        name: `berth-enqueue:${schema}`,
         text: `SELECT ord, id::text AS id, state, duplicate_of::text AS duplicate_of
            FROM ${s}.enqueue($1, $2::smallint, $3::smallint, $4::smallint, $5::text[], $6::jsonb[],
              (SELECT array_agg(CASE WHEN d IS NULL THEN r ELSE now() + make_interval(secs => d / 1000.0) END ORDER BY o)
@@ -131,7 +139,8 @@ export async function enqueueMany(
   return results;
 }
 
-interface PreparedTask {
+/** A TaskSpec with every default filled in and every value checked: what the statement binds. */
+interface ResolvedTaskSpec {
   index: number;
   type: string;
   json: string;
@@ -158,7 +167,7 @@ const DELAY_WHY = ' (the run time must fall before year 10000)';
  * for every task of a batch, before the first statement: one bad task writes nothing. The
  * checks are what PostgreSQL would otherwise refuse mid-statement (src/limits.ts).
  */
-async function prepare(t: TaskSpec, index: number, where: string): Promise<PreparedTask> {
+async function resolveTaskSpec(t: TaskSpec, index: number, where: string): Promise<ResolvedTaskSpec> {
   checkKeys(t, SPEC_KEYS, where);
   const def = typeof t.type === 'string' ? undefined : t.type;
   const type = checkText(def ? def.type : t.type, 'type', where, { maxChars: MAX_TYPE_CHARS, nonEmpty: true });
@@ -177,9 +186,9 @@ async function prepare(t: TaskSpec, index: number, where: string): Promise<Prepa
   if (json === undefined) throw new BerthInputError(`${where} (${type}): payload is not JSON-serialisable`);
   checkPayloadJson(json, where, type);
   // Any name is a queue, the empty one included (seed 003: storage rejects only NULL).
-  const queue = t.queue === undefined ? DEFAULT_QUEUE : checkText(t.queue, 'queue', where, { maxBytes: MAX_QUEUE_BYTES });
-  const priority = t.priority === undefined ? 0 : checkInteger(t.priority, 'priority', where, -32768, 32767);
-  const shards = t.shards === undefined ? DEFAULT_SHARDS : checkInteger(t.shards, 'shards', where, 1, 64);
+  const queue = t.queue === undefined ? ENQUEUE_DEFAULTS.queue : checkText(t.queue, 'queue', where, { maxBytes: MAX_QUEUE_BYTES });
+  const priority = t.priority === undefined ? ENQUEUE_DEFAULTS.priority : checkInteger(t.priority, 'priority', where, -32768, 32767);
+  const shards = t.shards === undefined ? ENQUEUE_DEFAULTS.shards : checkInteger(t.shards, 'shards', where, 1, 64);
   const shard = t.shard === undefined ? null : checkInteger(t.shard, 'shard', where, 0, 63);
   if (t.runAt !== undefined) {
     const ms = t.runAt instanceof Date ? t.runAt.getTime() : NaN;

@@ -1,0 +1,345 @@
+import type { Logger } from '../logger.js';
+import type { BerthMetrics, Outcome } from '../metrics.js';
+import type { Queryable } from '../sql.js';
+import { DEFAULT_BACKOFF } from '../task.js';
+import { abortableSleep } from '../util/abortable-sleep.js';
+import type { ClaimedTask } from './claim.js';
+import { Fetcher } from './fetcher.js';
+import { DEFAULT_HEARTBEAT_MS, type OutcomeTally } from './heartbeat.js';
+import { settlementFor } from './outcome-table.js';
+import { PrefetchRate } from './prefetch-rate.js';
+import { runTask, ShutdownAbort } from './run-task.js';
+import { settleTask } from './settle-task.js';
+import type { SettlementBatcher } from './settlement-batcher.js';
+import { leaseKey, returnUnstarted } from './settlement.js';
+import { StuckGuard } from './stuck.js';
+import type { ResolvedWorkerOptions } from './worker-options.js';
+
+/** The longest wait between claim attempts while the database fails (see runFetchLoop). */
+const FETCH_RETRY_MAX_MS = 1000;
+
+interface InFlight {
+  task: ClaimedTask;
+  controller: AbortController;
+}
+
+/** What the engine runs on: made by the worker (the composition root) before the engine exists. */
+export interface EngineDeps {
+  options: ResolvedWorkerOptions;
+  /** The primary: claims and settlements. */
+  write: Queryable;
+  /** Discovery reads (the primary unless a replica is configured). */
+  read: Queryable;
+  batcher: SettlementBatcher;
+  logger: Logger;
+  metrics: BerthMetrics;
+  wakeChannel: string;
+  /** The heartbeat's per-minute outcome counts; null when the heartbeat is off. */
+  tally: OutcomeTally | null;
+  /** Claims work again after database errors (the LISTEN session may still be backing off). */
+  onClaimsRecovered: () => void;
+  /** `exitOnStuckSlots` reached: the process should stop and exit. */
+  onTooManyStuck: (stuck: ClaimedTask[]) => void;
+}
+
+function lazyChild(parent: Logger, bindings: () => Record<string, unknown>): Logger {
+  let child: Logger | undefined;
+  return new Proxy(parent, {
+    get(_target, prop) {
+      child ??= parent.child(bindings());
+      const value: unknown = Reflect.get(child, prop, child);
+      return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(child) : value;
+    },
+  });
+}
+
+/**
+ * Runs tasks. N slots share one fetcher: a wake (NOTIFY, the shared poll tick, or a slot coming
+ * free) runs discovery on the read pool and one claim on the primary that leases entries for
+ * every idle slot. Each leased task runs under its own token and deadline (run-task.ts), and what
+ * happened is settled by its own fenced row, as the outcome table says (outcome-table.ts,
+ * settle-task.ts).
+ */
+export class Engine {
+  private readonly o: ResolvedWorkerOptions;
+  private readonly fetcher: Fetcher;
+  private readonly rate: PrefetchRate;
+  private readonly stuckGuard: StuckGuard;
+  /** Leased tasks waiting for a slot (at most `prefetch` beyond the idle slots). */
+  private readonly buffer: ClaimedTask[] = [];
+  /** When each claimed task arrived, to tell a late claim from a wait in the buffer. */
+  private readonly receivedAt = new WeakMap<ClaimedTask, number>();
+  /** Tasks whose handler is running: each holds a slot. */
+  private readonly inflight = new Map<string, InFlight>();
+  /** Every execution not yet fully settled (its handler may already have returned). */
+  private readonly executions = new Set<Promise<void>>();
+  private wakeReason: string | null = null;
+  private wakeResolve: (() => void) | null = null;
+  private ticker: NodeJS.Timeout | null = null;
+  private fetchLoop: Promise<void> = Promise.resolve();
+  private stopping = false;
+  /** Aborted when the database is seen back (LISTEN reconnected) or on stop(): ends the fetch loop's error backoff early. */
+  private retryNow = new AbortController();
+
+  constructor(private readonly deps: EngineDeps) {
+    this.o = deps.options;
+    this.fetcher = new Fetcher({
+      write: deps.write,
+      read: deps.read,
+      metrics: deps.metrics,
+      schema: this.o.schema,
+      tasks: this.o.tasks,
+      defaultCeilingMs: this.o.defaultCeilingMs,
+      marginMs: this.o.leaseMarginMs,
+      workerId: this.o.workerId,
+      wakeChannel: deps.wakeChannel,
+      queues: this.o.queues,
+      wakeAgain: () => this.wake('more'),
+    });
+    this.rate = new PrefetchRate(this.o.prefetch);
+    this.stuckGuard = new StuckGuard(
+      deps.write,
+      this.o.schema,
+      deps.metrics,
+      deps.logger,
+      {
+        workerId: this.o.workerId,
+        marginMs: this.o.leaseMarginMs,
+        graceMs: this.o.stuckGraceMs,
+        // Protection is refreshed on the heartbeat's interval, or its default when it is off.
+        refreshMs: this.o.heartbeatIntervalMs === false ? DEFAULT_HEARTBEAT_MS : this.o.heartbeatIntervalMs,
+        exitOnStuckSlots: this.o.exitOnStuckSlots ?? undefined,
+      },
+      this.inflight,
+      deps.onTooManyStuck,
+    );
+  }
+
+  /** Handlers running now. */
+  get activeSlots(): number {
+    return this.inflight.size;
+  }
+
+  /** Leased tasks waiting in the prefetch buffer. */
+  get buffered(): number {
+    return this.buffer.length;
+  }
+
+  /** Ids of the tasks whose handlers run now. */
+  runningTaskIds(): string[] {
+    return [...this.inflight.values()].map((f) => f.task.id);
+  }
+
+  start(): void {
+    this.stuckGuard.start();
+    this.deps.metrics.slots.set(this.o.slots);
+    // One ticker shared by all slots: each tick releases at most one fetch.
+    this.ticker = setInterval(() => {
+      if (this.inflight.size < this.o.slots) this.wake('poll');
+    }, this.o.pollIntervalMs);
+    this.wake('start');
+    this.fetchLoop = this.runFetchLoop();
+  }
+
+  /** A wake notification arrived (payload: the lane it names, or ''). */
+  notify(payload: string): void {
+    this.fetcher.noteLane(payload);
+    this.wake('notify');
+  }
+
+  /** The database is back (LISTEN reconnected): a fetch loop sleeping out its error backoff retries now. */
+  databaseBack(): void {
+    this.retryNow.abort();
+  }
+
+  /** Resolves once the fetch loop has ended (after stop()). */
+  fetchLoopEnded(): Promise<void> {
+    return this.fetchLoop;
+  }
+
+  private wake(reason: string): void {
+    if (this.wakeReason === null) this.wakeReason = reason;
+    const r = this.wakeResolve;
+    this.wakeResolve = null;
+    r?.();
+  }
+
+  private waitForWake(): Promise<void> {
+    if (this.wakeReason !== null || this.stopping) return Promise.resolve();
+    return new Promise((resolve) => {
+      this.wakeResolve = resolve;
+    });
+  }
+
+  private async runFetchLoop(): Promise<void> {
+    let failures = 0;
+    const slots = this.o.slots;
+    while (!this.stopping) {
+      await this.waitForWake();
+      if (this.stopping) break;
+      const idle = slots - this.inflight.size;
+      const ahead = this.rate.target();
+      const want = idle + ahead - this.buffer.length;
+      // Claim when the buffer is down to its low-water mark, or a slot idles with nothing local.
+      const lowWater = Math.ceil((slots + ahead) / 2);
+      if (want <= 0 || (want < lowWater && !(idle > 0 && this.buffer.length === 0))) {
+        // Stay asleep until a slot frees (it re-wakes us).
+        this.wakeReason = null;
+        continue;
+      }
+      const reason = this.wakeReason ?? 'unknown';
+      this.wakeReason = null;
+      this.deps.metrics.wakeups.inc({ reason });
+      try {
+        const tasks = await this.fetcher.fetch(want);
+        if (failures > 0) {
+          this.deps.logger.info({ failures }, 'claims work again after database errors');
+          // The LISTEN session may still be waiting out its own reconnect backoff.
+          this.deps.onClaimsRecovered();
+        }
+        failures = 0;
+        const now = Date.now();
+        for (const t of tasks) this.receivedAt.set(t, now);
+        this.buffer.push(...tasks);
+        this.dispatch();
+      } catch (err) {
+        failures++;
+        // Capped at a second (with jitter, so a fleet does not retry in step): after an outage
+        // the worker claims again within about a second of the database's return, and a LISTEN
+        // reconnect cuts the wait short. Each retry is one connection attempt per process.
+        const delay = Math.round(Math.min(100 * 2 ** failures, FETCH_RETRY_MAX_MS) * (0.5 + Math.random() / 2));
+        if (failures === 1 || failures % 10 === 0) {
+          this.deps.logger.warn({ err: (err as Error).message, retryInMs: delay, failures }, 'fetch failed; backing off');
+        }
+        if (this.retryNow.signal.aborted && !this.stopping) this.retryNow = new AbortController();
+        await abortableSleep(delay, this.retryNow.signal);
+        this.wake('retry');
+      }
+    }
+  }
+
+  /** Start buffered tasks on free slots, oldest claim first. */
+  private dispatch(): void {
+    while (this.inflight.size < this.o.slots && !this.stopping) {
+      const task = this.buffer.shift();
+      if (task === undefined) break;
+      this.startTask(task);
+    }
+    this.deps.metrics.bufferedTasks.set(this.buffer.length);
+  }
+
+  private startTask(task: ClaimedTask): void {
+    const controller = new AbortController();
+    const key = leaseKey(task);
+    this.inflight.set(key, { task, controller });
+    this.deps.metrics.busySlots.set(this.inflight.size);
+    // The slot comes free as soon as the handler returns; its settlement is written by the
+    // batcher meanwhile (stop() waits for it).
+    let freed = false;
+    const freeSlot = () => {
+      if (freed) return;
+      freed = true;
+      this.inflight.delete(key);
+      this.rate.completed();
+      this.deps.metrics.busySlots.set(this.inflight.size);
+      if (this.stopping) return;
+      this.dispatch();
+      this.wake('slot_freed');
+    };
+    const done: Promise<void> = this.execute(task, controller, freeSlot)
+      .catch((err) => this.deps.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed'))
+      // Stuck-handler containment (processor/stuck.ts): after the settlement is written, an
+      // overdue lease row, if this run overran its deadline, has done its job.
+      .then(() => this.stuckGuard.settled(key))
+      .finally(() => {
+        freeSlot();
+        this.executions.delete(done);
+      });
+    this.executions.add(done);
+  }
+
+  /** Run the task, then settle what happened: two steps, the table between them. */
+  private async execute(task: ClaimedTask, controller: AbortController, freeSlot: () => void): Promise<void> {
+    const def = this.o.tasks.defs.get(task.type);
+    // Built on first use: most runs log nothing, and a pino child per task is not free.
+    const log = lazyChild(this.deps.logger, () => ({
+      task_id: task.id,
+      task_type: task.type,
+      lane: `${task.queue}/${task.priority}/${task.shard}`,
+      attempt: task.attempt,
+    }));
+    const run = await runTask(
+      { write: this.deps.write, schema: this.o.schema, metrics: this.deps.metrics, workerId: this.o.workerId },
+      {
+        task,
+        def,
+        deadline: task.leaseExpiresAt - this.o.leaseMarginMs,
+        receivedAt: this.receivedAt.get(task) ?? Date.now(),
+        controller,
+        log,
+        freeSlot,
+      },
+    );
+    const settlement = settlementFor(run, { attempt: task.attempt, backoff: def?.backoff ?? DEFAULT_BACKOFF });
+    await settleTask(
+      {
+        write: this.deps.write,
+        schema: this.o.schema,
+        batcher: this.deps.batcher,
+        record: (t, outcome) => this.record(t, outcome),
+        debugEnabled: () => this.deps.logger.isLevelEnabled('debug'),
+      },
+      task,
+      run,
+      settlement,
+      log,
+    );
+  }
+
+  private record(task: ClaimedTask, outcome: Outcome): void {
+    this.deps.metrics.outcomes.inc({ task_type: task.type, outcome });
+    this.deps.tally?.record(task.queue, task.type, outcome);
+  }
+
+  /**
+   * The engine's part of a graceful stop: no new claims; leased but unstarted tasks handed back;
+   * in-flight handlers aborted (their leases released, as the outcome table says for a
+   * shutdown); every settlement already handed off written or given up on.
+   */
+  async stop(): Promise<void> {
+    this.stopping = true;
+    this.retryNow.abort();
+    if (this.ticker) clearInterval(this.ticker);
+    this.wake('stop');
+    await this.fetchLoop;
+    const { logger, metrics, write } = this.deps;
+    // Leased but never started: hand them straight back with the claim's attempt refunded.
+    const unstarted = this.buffer.splice(0);
+    metrics.bufferedTasks.set(0);
+    for (const t of unstarted) {
+      const done = returnUnstarted(write, this.o.schema, t).then(
+        (r) => {
+          if (!r.wrote) logger.warn({ task_id: t.id, task_type: t.type }, 'unstarted task could not be handed back: lease no longer held');
+        },
+        (err: Error) => logger.warn({ err: err.message, task_id: t.id }, 'handing back an unstarted task failed; its lease will lapse'),
+      );
+      this.executions.add(done);
+      void done.finally(() => this.executions.delete(done));
+    }
+    for (const f of this.inflight.values()) f.controller.abort(new ShutdownAbort());
+    const all = Promise.all([...this.executions]);
+    let timer: NodeJS.Timeout | undefined;
+    const timedOut = await Promise.race([
+      all.then(() => false),
+      new Promise<boolean>((r) => (timer = setTimeout(() => r(true), this.o.stopTimeoutMs))),
+    ]);
+    clearTimeout(timer);
+    if (timedOut) {
+      logger.error({ still_running: this.runningTaskIds() }, 'handlers ignored their AbortSignal past the stop timeout; their leases will lapse');
+    }
+    // Against an unreachable database a stop does not wait out whole leases: they lapse instead.
+    await this.deps.batcher.drain(this.o.stopTimeoutMs);
+    // Handlers still running past stop() lose their lease protection within 3 refresh intervals.
+    this.stuckGuard.stop();
+  }
+}

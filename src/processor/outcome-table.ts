@@ -1,0 +1,125 @@
+import type { Outcome } from '../metrics.js';
+import { backoffDelayMs, type BackoffPolicy } from '../task.js';
+
+/**
+ * What happened when the engine took a leased task (processor/run-task.ts): either it never
+ * started the handler, or the handler ran and gave one of seed 000's three answers (or broke
+ * the contract). Nothing here has been written yet: settling is the next, separate step.
+ */
+export type TaskRun =
+  /** The worker has no definition for the claimed type: a failure, backed off by the default policy. */
+  | { kind: 'unknown_type'; error: string }
+  /** It waited in the prefetch buffer past its deadline: it never ran. */
+  | { kind: 'expired_in_buffer' }
+  /** The claim itself returned after the handler deadline (seed 000: not started, recorded as timeout). */
+  | { kind: 'late_claim'; error: string }
+  /** The payload failed its definition's schema: it can never succeed, so it is a permanent failure. */
+  | { kind: 'invalid_payload'; error: string }
+  | ({ kind: 'done' } & HandlerRan)
+  | ({ kind: 'continue' } & HandlerRan)
+  | ({ kind: 'error'; error: string; permanent: boolean } & HandlerRan)
+  /** The handler returned something outside done/continue/nothing (42, 'retry', false). */
+  | ({ kind: 'contract_violation'; error: string } & HandlerRan);
+
+/** What the engine saw around a handler that ran. */
+export interface HandlerRan {
+  /** An AdvanceCursor of this run was written (its progress is saved, its lease already cleared). */
+  advanced: boolean;
+  /** stop() aborted the handler (a rollout), as opposed to its deadline or nothing. */
+  shutdown: boolean;
+  /** The deadline aborted it, or it returned at or after its deadline. */
+  pastDeadline: boolean;
+}
+
+/** The task as the table needs it: its attempt and the backoff policy that applies. */
+export interface TaskAttempt {
+  attempt: number;
+  backoff: BackoffPolicy;
+}
+
+/** The one fenced write that settles a run. */
+export type SettleAction =
+  /** Dequeue: settled as completed (the batcher's completion). */
+  | { kind: 'complete' }
+  /** RecordFailure: backoff, last_error, retry or (out of attempts, or permanent) dead letter. */
+  | { kind: 'fail'; error: string; delayMs: number; permanent: boolean }
+  /**
+   * Release: back due now with the burnt attempt kept (seed 000: a rollout is not refunded);
+   * `finalError` is stamped only when it retires the task on its final attempt.
+   */
+  | { kind: 'release'; reason: 'shutdown' | 'continue'; finalError: string }
+  /** Hand back a never-started task with the claim's attempt refunded. */
+  | { kind: 'return_unstarted' };
+
+/**
+ * What the fence answered: the write landed (`dead`: it moved the task to the dead letters), the
+ * token no longer owned the lease, or the statement could not be written at all.
+ */
+export type SettleAnswer = { kind: 'written'; dead: boolean } | { kind: 'refused' } | { kind: 'unwritten'; error: string };
+
+/** The outcome counted for each answer the settlement can get; null: not counted. */
+export type OutcomeByAnswer = Readonly<Record<SettleAnswer['kind'], Outcome | null>>;
+
+export interface Settlement {
+  action: SettleAction;
+  outcome: OutcomeByAnswer;
+}
+
+/** A refused write means the lease was taken over (`lost`); an unwritten one lapses (`unsettled`). */
+function fenced(written: Outcome | null): OutcomeByAnswer {
+  return { written, refused: 'lost', unwritten: 'unsettled' };
+}
+
+const SHUTDOWN_FINAL_ERROR = 'interrupted by worker shutdown on its final attempt';
+const CONTINUE_FINAL_ERROR = 'continued without advancing on its final attempt';
+
+/**
+ * Seed 000's handler contract as a table: what happened (the run), the task's attempt and its
+ * backoff policy give the settlement to write and the outcome to count for each answer of the
+ * fence. Pure: no clock, no database. The retire decision (attempt >= max attempts, or a
+ * permanent failure) is the fenced statement's, on the lease row's own numbers.
+ */
+export function settlementFor(run: TaskRun, task: TaskAttempt): Settlement {
+  switch (run.kind) {
+    case 'unknown_type':
+      return { action: { kind: 'fail', error: run.error, delayMs: backoffDelayMs(task.backoff, task.attempt), permanent: false }, outcome: fenced('failure') };
+    case 'expired_in_buffer':
+      // Nothing ran, so nothing is counted; the refund keeps a slow process from burning attempts.
+      return { action: { kind: 'return_unstarted' }, outcome: { written: null, refused: null, unwritten: null } };
+    case 'late_claim':
+      return { action: { kind: 'fail', error: run.error, delayMs: backoffDelayMs(task.backoff, task.attempt), permanent: false }, outcome: fenced('timeout') };
+    case 'invalid_payload':
+      return { action: { kind: 'fail', error: run.error, delayMs: 0, permanent: true }, outcome: fenced('failure') };
+    default:
+      return afterHandler(run, task);
+  }
+}
+
+function afterHandler(run: Extract<TaskRun, HandlerRan>, task: TaskAttempt): Settlement {
+  if (run.shutdown && run.kind !== 'done') {
+    // Interrupted by stop(): hand the lease back so another worker takes it within a poll.
+    // A run that saved progress first is counted as continued whatever the release answers.
+    const action: SettleAction = { kind: 'release', reason: 'shutdown', finalError: SHUTDOWN_FINAL_ERROR };
+    if (run.advanced) return { action, outcome: { written: 'continued', refused: 'continued', unwritten: 'continued' } };
+    return { action, outcome: fenced('cancelled') };
+  }
+  const counted: Outcome = run.pastDeadline ? 'timeout' : 'failure';
+  switch (run.kind) {
+    case 'error':
+      return { action: { kind: 'fail', error: run.error, delayMs: backoffDelayMs(task.backoff, task.attempt), permanent: run.permanent }, outcome: fenced(counted) };
+    case 'contract_violation':
+      return { action: { kind: 'fail', error: run.error, delayMs: backoffDelayMs(task.backoff, task.attempt), permanent: false }, outcome: fenced(counted) };
+    case 'continue': {
+      // AdvanceCursor already cleared the lease; this release is the safety net. Matching a row
+      // means the slice advanced nothing and its next attempt repeats this one. A continue at
+      // the deadline is a timeout (a property of the deadline, not of intent).
+      const continued: Outcome = run.pastDeadline ? 'timeout' : 'continued';
+      const action: SettleAction = { kind: 'release', reason: 'continue', finalError: CONTINUE_FINAL_ERROR };
+      if (run.advanced) return { action, outcome: { written: continued, refused: continued, unwritten: continued } };
+      return { action, outcome: fenced(continued) };
+    }
+    case 'done':
+      // Done after the deadline is still a success: indistinguishable from one that finished.
+      return { action: { kind: 'complete' }, outcome: fenced('success') };
+  }
+}

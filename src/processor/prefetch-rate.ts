@@ -1,0 +1,32 @@
+/**
+ * How many tasks to lease ahead of free slots: about 25 ms of work at the recent completion
+ * rate, at most `prefetch`. Fast tasks get big claims (few round trips); slow tasks are never
+ * hoarded away from other workers.
+ */
+export class PrefetchRate {
+  private completionRate = 0;
+  private completedSinceSample = 0;
+  private rateSampledAt = performance.now();
+
+  constructor(private readonly prefetch: number) {}
+
+  /** A slot came free. */
+  completed(): void {
+    this.completedSinceSample++;
+  }
+
+  target(): number {
+    if (this.prefetch === 0) return 0;
+    const now = performance.now();
+    const dt = now - this.rateSampledAt;
+    if (dt >= 10) {
+      const rate = (this.completedSinceSample * 1000) / dt;
+      this.completionRate = this.completionRate === 0 ? rate : this.completionRate * 0.7 + rate * 0.3;
+      this.completedSinceSample = 0;
+      this.rateSampledAt = now;
+    }
+    // No floor: when tasks are slow (or the rate is unknown) nothing is leased ahead, so a task
+    // never waits in this process behind long handlers while other workers sit idle.
+    return Math.min(this.prefetch, Math.ceil(this.completionRate * 0.025));
+  }
+}

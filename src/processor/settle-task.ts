@@ -1,0 +1,104 @@
+import type { Logger } from '../logger.js';
+import type { Outcome } from '../metrics.js';
+import type { Queryable } from '../sql.js';
+import type { ClaimedTask } from './claim.js';
+import type { SettleAnswer, Settlement, TaskRun } from './outcome-table.js';
+import type { SettlementBatcher } from './settlement-batcher.js';
+import { releaseLease, returnUnstarted } from './settlement.js';
+
+export interface SettleDeps {
+  write: Queryable;
+  schema: string;
+  batcher: SettlementBatcher;
+  /** Counts an outcome (metrics and the heartbeat's tally). */
+  record: (task: ClaimedTask, outcome: Outcome) => void;
+  /** Whether debug lines are wanted (a pino child per task is not free, so ask the parent). */
+  debugEnabled: () => boolean;
+}
+
+/**
+ * Write the settlement the outcome table chose, log what became of it, and count the outcome the
+ * table gives for the fence's answer. Never throws for a database fault: an unwritten settlement
+ * lapses, and rescue runs the task again.
+ */
+export async function settleTask(deps: SettleDeps, task: ClaimedTask, run: TaskRun, settlement: Settlement, log: Logger): Promise<void> {
+  const answer = await write(deps, task, settlement, log);
+  describe(task, run, settlement, answer, log, deps.debugEnabled);
+  const outcome: Outcome | null = settlement.outcome[answer.kind];
+  if (outcome !== null) deps.record(task, outcome);
+}
+
+async function write(deps: SettleDeps, task: ClaimedTask, settlement: Settlement, log: Logger): Promise<SettleAnswer> {
+  const action = settlement.action;
+  switch (action.kind) {
+    case 'complete': {
+      const r = await deps.batcher.complete(task);
+      return r.kind === 'settled' ? { kind: 'written', dead: false } : r;
+    }
+    case 'fail': {
+      const r = await deps.batcher.fail({ ref: task, error: action.error, delayMs: action.delayMs, permanent: action.permanent });
+      return r.kind === 'settled' ? { kind: 'written', dead: r.dead } : r;
+    }
+    case 'release':
+      try {
+        const r = await releaseLease(deps.write, deps.schema, task, action.finalError);
+        return r.wrote ? { kind: 'written', dead: r.dead } : { kind: 'refused' };
+      } catch (err) {
+        // Expiry still gets there: the lease lapses and rescue hands the task on.
+        log.warn({ err: (err as Error).message }, 'release could not be written; the lease will lapse');
+        return { kind: 'unwritten', error: (err as Error).message };
+      }
+    case 'return_unstarted':
+      try {
+        const r = await returnUnstarted(deps.write, deps.schema, task);
+        return r.wrote ? { kind: 'written', dead: false } : { kind: 'refused' };
+      } catch (err) {
+        return { kind: 'unwritten', error: (err as Error).message };
+      }
+  }
+}
+
+/** The log lines of a settlement (operators search for these words; keep them stable). */
+function describe(task: ClaimedTask, run: TaskRun, settlement: Settlement, answer: SettleAnswer, log: Logger, debugEnabled: () => boolean): void {
+  const action = settlement.action;
+  const ran = run.kind === 'done' || run.kind === 'continue' || run.kind === 'error' || run.kind === 'contract_violation' ? run : null;
+  switch (action.kind) {
+    case 'return_unstarted':
+      log.warn({ handed_back: answer.kind === 'written' }, 'prefetched task reached its deadline before a slot freed; handed back unstarted');
+      return;
+    case 'fail':
+      if (answer.kind === 'refused') log.warn({ err: action.error }, 'RecordFailure was refused: lease lost');
+      else if (answer.kind === 'unwritten') {
+        log.error({ err: action.error, settle_error: answer.error }, 'the failure could not be recorded (database unreachable); the lease will lapse and the task run again');
+      } else if (ran) {
+        (answer.dead ? log.error : log.warn).call(
+          log,
+          { err: action.error, dead: answer.dead, max_attempts: task.maxAttempts },
+          answer.dead ? 'task failed; dead-lettered' : 'task failed; will retry',
+        );
+      }
+      return;
+    case 'release':
+      if (action.reason === 'shutdown') {
+        if (answer.kind === 'written' && answer.dead) log.warn('released on its final attempt by shutdown; dead-lettered');
+        if (answer.kind === 'refused' && !ran?.advanced) log.warn('shutdown release refused: lease no longer held');
+        return;
+      }
+      if (answer.kind === 'written') {
+        log.warn({ dead: answer.dead, max_attempts: task.maxAttempts }, 'slice returned continue without advancing its cursor');
+      } else if (!ran?.advanced) {
+        if (answer.kind === 'refused') log.warn('continue release refused: lease lost');
+        return;
+      }
+      if (ran?.pastDeadline) log.warn('slice continued at its deadline; recorded as timeout');
+      return;
+    case 'complete':
+      if (answer.kind === 'refused') log.warn('task finished but Dequeue was refused: lease lost (the task may run again)');
+      else if (answer.kind === 'unwritten') {
+        log.error({ settle_error: answer.error }, 'task finished but its completion could not be written (database unreachable); it will run again after its lease lapses');
+      } else {
+        if (ran?.pastDeadline) log.warn('task reported done after its deadline');
+        if (debugEnabled()) log.debug('task done');
+      }
+  }
+}

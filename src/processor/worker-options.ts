@@ -1,0 +1,212 @@
+import { randomUUID } from 'node:crypto';
+import { hostname } from 'node:os';
+import { BerthInputError } from '../errors.js';
+import { createLogger, type Logger } from '../logger.js';
+import { resolveMaintenanceOptions, type MaintenanceOptions, type ResolvedMaintenanceOptions } from '../maintenance/leader.js';
+import { BerthMetrics } from '../metrics.js';
+import { DEFAULT_SCHEMA } from '../sql.js';
+import { DEFAULT_MAX_ATTEMPTS, type TaskDefinition } from '../task.js';
+import { resolveWorkerHttpOptions, type ResolvedWorkerHttpOptions, type WorkerHttpOptions } from '../dashboard/worker-http.js';
+import { DEFAULT_HEARTBEAT_MS } from './heartbeat.js';
+import { DEFAULT_STUCK_GRACE_MS } from './stuck.js';
+
+export interface WorkerOptions {
+  connectionString: string;
+  /** Discovery reads go here (a replica); claims and settlements always go to the primary. */
+  readConnectionString?: string;
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- definitions of any payload type
+  tasks: readonly TaskDefinition<any>[];
+  /** Worker slots (concurrent handlers). 4; `workerOptionsFromEnv` reads BERTH_TASK_PROCESSOR_CONCURRENCY. */
+  slots?: number;
+  /** Only claim from these queues. Default: all. */
+  queues?: readonly string[];
+  schema?: string;
+  /** Lease margin: lease = ceiling + margin; the handler must stop by expiry - margin. 30 s. */
+  leaseMarginMs?: number;
+  /**
+   * The most tasks leased ahead of free slots, so the next batch is claimed while this one runs
+   * (the worker aims for ~25 ms of work at the recent completion rate). Their deadlines still come from
+   * their own lease stamps. Default: 25 × slots; 0 claims only for idle slots (seed 000's shape).
+   */
+  prefetch?: number;
+  /** The shared idle poll: one fetch per tick. 5 s. */
+  pollIntervalMs?: number;
+  /** Ceiling used for a claimed task whose type this worker has no definition for. 5 min. */
+  defaultCeilingMs?: number;
+  /** How long stop() waits for aborted handlers to return. 10 s. */
+  stopTimeoutMs?: number;
+  /** Statement timeout for every query the worker's pools run. 30 s. */
+  statementTimeoutMs?: number;
+  /** Run the elected maintenance leader in this process (default true). */
+  maintenance?: boolean | MaintenanceOptions;
+  logger?: Logger;
+  metrics?: BerthMetrics;
+  /** Recorded on every lease; default host:pid:random. */
+  workerId?: string;
+  /** LISTEN reconnect backoff. */
+  listenReconnectBaseMs?: number;
+  /**
+   * How often this worker writes its row in `workers` and flushes its per-minute outcome counts
+   * (what `berth stats`, `berth leader` and the dashboard read). 10 s; `false` turns it off.
+   */
+  heartbeatIntervalMs?: number | false;
+  /**
+   * Opt-in HTTP server started by start() and closed by stop(): `GET /metrics` from this worker's
+   * registry (`metrics`, default true) and/or the web dashboard on a small pool of its own (two
+   * connections, so its reads never take a claim's connection; `dashboard`: true or its options;
+   * without auth, host must be loopback). See `httpUrl`.
+   */
+  http?: WorkerHttpOptions;
+  /**
+   * A handler still running this long past its deadline (it ignored its AbortSignal) is reported
+   * stuck: `berth_task_stuck_handlers`, a warn log, a mark on the dashboard. Its lease is kept
+   * from rescue while this process runs it (see docs/architecture.md). 10 s.
+   */
+  stuckGraceMs?: number;
+  /**
+   * Opt-in: once this many slots are stuck at once, log an error, stop (no new claims, the rest
+   * released) and exit the process with status 75 (`STUCK_EXIT_CODE`) for a supervisor to
+   * restart. The stuck leases are rescued once the process is gone. Default: never.
+   */
+  exitOnStuckSlots?: number;
+}
+
+/**
+ * Every worker default in one place: the numbers seed 000 fixes (slots, margin, poll, statement
+ * timeout) and the rest. docs/configuration.md lists them; `prefetch` defaults to
+ * `prefetchPerSlot` × slots.
+ */
+export const WORKER_DEFAULTS = Object.freeze({
+  slots: 4,
+  leaseMarginMs: 30_000,
+  pollIntervalMs: 5000,
+  defaultCeilingMs: 300_000,
+  stopTimeoutMs: 10_000,
+  statementTimeoutMs: 30_000,
+  prefetchPerSlot: 25,
+  heartbeatIntervalMs: DEFAULT_HEARTBEAT_MS as number | false,
+  stuckGraceMs: DEFAULT_STUCK_GRACE_MS,
+  listenReconnectBaseMs: 500,
+  maintenance: true as boolean,
+  schema: DEFAULT_SCHEMA,
+});
+
+/** Every key WorkerOptions has: anything else is a typo, refused rather than ignored. */
+const WORKER_OPTION_KEYS: ReadonlySet<string> = new Set<keyof WorkerOptions>([
+  'connectionString', 'readConnectionString', 'tasks', 'slots', 'queues', 'schema', 'leaseMarginMs', 'prefetch',
+  'pollIntervalMs', 'defaultCeilingMs', 'stopTimeoutMs', 'statementTimeoutMs', 'maintenance', 'logger', 'metrics',
+  'workerId', 'listenReconnectBaseMs', 'heartbeatIntervalMs', 'http', 'stuckGraceMs', 'exitOnStuckSlots',
+]);
+
+/** The task definitions a worker runs, indexed once. */
+export interface TaskRegistry {
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- definitions of any payload type
+  readonly defs: ReadonlyMap<string, TaskDefinition<any>>;
+  /** Per type: the claim's lease is ceiling + margin. */
+  readonly ceilings: ReadonlyMap<string, number>;
+  /** Per type: the attempt limit a task enqueued by name takes at claim. */
+  readonly maxAttempts: ReadonlyMap<string, number>;
+  /** For a type with no definition here, and none at enqueue. */
+  readonly defaultMaxAttempts: number;
+}
+
+/** WorkerOptions with every default filled in and every value checked: what the worker runs on. */
+export interface ResolvedWorkerOptions {
+  readonly connectionString: string;
+  readonly readConnectionString: string | null;
+  readonly tasks: TaskRegistry;
+  readonly slots: number;
+  readonly queues: readonly string[] | null;
+  readonly schema: string;
+  readonly leaseMarginMs: number;
+  readonly prefetch: number;
+  readonly pollIntervalMs: number;
+  readonly defaultCeilingMs: number;
+  readonly stopTimeoutMs: number;
+  readonly statementTimeoutMs: number;
+  /** false: this process never leads maintenance. */
+  readonly maintenance: ResolvedMaintenanceOptions | false;
+  /** The caller's logger (or a new one), bound to this worker's id. */
+  readonly logger: Logger;
+  readonly metrics: BerthMetrics;
+  readonly workerId: string;
+  readonly listenReconnectBaseMs: number;
+  readonly heartbeatIntervalMs: number | false;
+  readonly http: ResolvedWorkerHttpOptions | null;
+  readonly stuckGraceMs: number;
+  readonly exitOnStuckSlots: number | null;
+}
+
+/**
+ * Defaults filled in, every value checked, once: a bad value (or an unknown key) is a
+ * BerthInputError naming the option, thrown by `new Worker(...)` before anything starts. The
+ * library never reads the environment here (see `workerOptionsFromEnv` in src/env.ts).
+ */
+export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOptions {
+  for (const key of Object.keys(options)) {
+    if (!WORKER_OPTION_KEYS.has(key)) throw new BerthInputError(`unknown worker option "${key}"`);
+  }
+  if (!options.connectionString) throw new BerthInputError('Worker needs a connectionString');
+  const d = WORKER_DEFAULTS;
+  const slots = options.slots ?? d.slots;
+  if (!Number.isInteger(slots) || slots < 1) throw new BerthInputError('slots must be an integer >= 1');
+  const leaseMarginMs = options.leaseMarginMs ?? d.leaseMarginMs;
+  if (!(leaseMarginMs >= 0)) throw new BerthInputError('leaseMarginMs must be >= 0');
+  const pollIntervalMs = options.pollIntervalMs ?? d.pollIntervalMs;
+  if (!(pollIntervalMs > 0)) throw new BerthInputError('pollIntervalMs must be > 0');
+  const defaultCeilingMs = options.defaultCeilingMs ?? d.defaultCeilingMs;
+  const prefetch = options.prefetch ?? slots * d.prefetchPerSlot;
+  if (!Number.isInteger(prefetch) || prefetch < 0) throw new BerthInputError('prefetch must be an integer >= 0');
+  const stopTimeoutMs = options.stopTimeoutMs ?? d.stopTimeoutMs;
+  if (!(stopTimeoutMs >= 0)) throw new BerthInputError('stopTimeoutMs must be >= 0');
+  if (!(defaultCeilingMs > 0)) throw new BerthInputError('defaultCeilingMs must be > 0');
+  const statementTimeoutMs = options.statementTimeoutMs ?? d.statementTimeoutMs;
+  if (!(statementTimeoutMs > 0)) throw new BerthInputError('statementTimeoutMs must be > 0');
+  const maintenanceOption = options.maintenance ?? d.maintenance;
+  const maintenance = maintenanceOption === false ? false : resolveMaintenanceOptions(maintenanceOption === true ? undefined : maintenanceOption);
+  const heartbeatIntervalMs = options.heartbeatIntervalMs ?? d.heartbeatIntervalMs;
+  if (heartbeatIntervalMs !== false && !(heartbeatIntervalMs > 0)) throw new BerthInputError('heartbeatIntervalMs must be > 0 or false');
+  const http = options.http === undefined ? null : resolveWorkerHttpOptions(options.http);
+  const stuckGraceMs = options.stuckGraceMs ?? d.stuckGraceMs;
+  if (typeof stuckGraceMs !== 'number' || !Number.isFinite(stuckGraceMs) || stuckGraceMs < 0) {
+    throw new BerthInputError(`stuckGraceMs must be a finite number >= 0, got ${JSON.stringify(options.stuckGraceMs)}`);
+  }
+  const exitOn = options.exitOnStuckSlots;
+  if (exitOn !== undefined && !(Number.isInteger(exitOn) && exitOn >= 1 && exitOn <= slots)) {
+    throw new BerthInputError(`exitOnStuckSlots must be an integer from 1 to slots (${slots}), got ${JSON.stringify(exitOn)}`);
+  }
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  const defs = new Map<string, TaskDefinition<any>>();
+  const ceilings = new Map<string, number>();
+  const maxAttempts = new Map<string, number>();
+  for (const def of options.tasks) {
+    if (defs.has(def.type)) throw new BerthInputError(`task type "${def.type}" is defined twice`);
+    defs.set(def.type, def);
+    ceilings.set(def.type, def.ceiling);
+    maxAttempts.set(def.type, def.maxAttempts);
+  }
+  const workerId = options.workerId ?? `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`;
+  return {
+    connectionString: options.connectionString,
+    readConnectionString: options.readConnectionString || null,
+    tasks: { defs, ceilings, maxAttempts, defaultMaxAttempts: DEFAULT_MAX_ATTEMPTS },
+    slots,
+    queues: options.queues ?? null,
+    schema: options.schema ?? d.schema,
+    leaseMarginMs,
+    prefetch,
+    pollIntervalMs,
+    defaultCeilingMs,
+    stopTimeoutMs,
+    statementTimeoutMs,
+    maintenance,
+    logger: (options.logger ?? createLogger()).child({ worker: workerId }),
+    metrics: options.metrics ?? new BerthMetrics(),
+    workerId,
+    listenReconnectBaseMs: options.listenReconnectBaseMs ?? d.listenReconnectBaseMs,
+    heartbeatIntervalMs,
+    http,
+    stuckGraceMs,
+    exitOnStuckSlots: exitOn ?? null,
+  };
+}
