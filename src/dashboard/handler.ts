@@ -8,7 +8,6 @@ import { assertMigrated } from '../schema/migrate.js';
 const UNDEFINED_TABLE = '42P01';
 import { serveApi } from './api.js';
 import { loadAssets } from './assets.js';
-import { validateAuthLimits, type AuthLimitOptions } from './auth-limits.js';
 import { Authenticator, checkCsrf, checkSameOrigin, TooManyAttemptsError, type Principal } from './auth.js';
 import { HttpError, readBody, send, sendError, sendJson } from './http.js';
 import { DashboardReads } from './overview.js';
