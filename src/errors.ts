@@ -15,7 +15,9 @@ export type BerthErrorCode =
   | 'SLICE_LEASE_LOST'
   | 'HTTP'
   | 'TOO_MANY_ATTEMPTS'
-  | 'CLI_FAILURE';
+  | 'CLI_FAILURE'
+  | 'SHUTDOWN_ABORT'
+  | 'DEADLINE_ABORT';
 
 /**
  * The base of berth's errors. `instanceof BerthError` holds within one copy of berth; a task
@@ -70,4 +72,28 @@ export class PermanentError extends BerthError {
 /** True for any PermanentError, whichever copy of berth created it. */
 export function isPermanentError(err: unknown): boolean {
   return typeof err === 'object' && err !== null && (err as Record<symbol, unknown>)[PERMANENT] === true;
+}
+
+/**
+ * The reason a handler's `ctx.signal` carries when the worker stops (`worker.stop()`, SIGTERM):
+ * the lease is released and the task is due again at once. A handler that checks
+ * `signal.reason.code` can tell a shutdown (save progress, return `continue`) from a deadline.
+ */
+export class ShutdownAbort extends BerthError {
+  override readonly code: BerthErrorCode = 'SHUTDOWN_ABORT';
+
+  constructor() {
+    super('worker is shutting down');
+    this.name = 'ShutdownAbort';
+  }
+}
+
+/** The reason a handler's `ctx.signal` carries when its attempt's deadline passes. */
+export class DeadlineAbort extends BerthError {
+  override readonly code: BerthErrorCode = 'DEADLINE_ABORT';
+
+  constructor(readonly deadline: number) {
+    super(`handler deadline ${new Date(deadline).toISOString()} passed`);
+    this.name = 'DeadlineAbort';
+  }
 }

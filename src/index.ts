@@ -91,6 +91,15 @@ export { BerthMetrics, OUTCOMES, CounterMetric, HistogramMetric, GaugeMetric, ty
 export { metricsRequestHandler, startMetricsServer, type MetricsRequestHandler, type MetricsServerOptions, type MetricsServer } from './observability/metrics-http.js';
 
 // Errors (docs/api.md has the table of codes)
-export { BerthError, BerthInputError, LeaseLostError, PermanentError, isPermanentError, type BerthErrorCode } from './errors.js';
+export {
+  BerthError,
+  BerthInputError,
+  LeaseLostError,
+  PermanentError,
+  isPermanentError,
+  ShutdownAbort,
+  DeadlineAbort,
+  type BerthErrorCode,
+} from './errors.js';
 export { SchemaNotMigratedError, SchemaTooNewError, MigrationChangedError } from './schema/migrate.js';
 export { SliceLeaseLostError } from './processor/slices.js';

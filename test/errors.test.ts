@@ -11,12 +11,14 @@ import * as maintenance from '../src/maintenance-api.js';
 import {
   BerthError,
   BerthInputError,
+  DeadlineAbort,
   isPermanentError,
   LeaseLostError,
   MigrationChangedError,
   PermanentError,
   SchemaNotMigratedError,
   SchemaTooNewError,
+  ShutdownAbort,
   SliceLeaseLostError,
   type BerthErrorCode,
 } from '../src/index.js';
@@ -36,6 +38,8 @@ const CODES: Record<BerthErrorCode, true> = {
   HTTP: true,
   TOO_MANY_ATTEMPTS: true,
   CLI_FAILURE: true,
+  SHUTDOWN_ABORT: true,
+  DEADLINE_ABORT: true,
 };
 
 type ErrorClass = abstract new (...args: never[]) => Error;
@@ -90,6 +94,14 @@ const CASES: { cls: ErrorClass; err: BerthError; code: BerthErrorCode; also: Err
     message: 'too many failed authentications: try again in 30 s',
   },
   { cls: CliFailure, err: new CliFailure('task 42 not found'), code: 'CLI_FAILURE', also: [], message: 'task 42 not found' },
+  { cls: ShutdownAbort, err: new ShutdownAbort(), code: 'SHUTDOWN_ABORT', also: [], message: 'worker is shutting down' },
+  {
+    cls: DeadlineAbort,
+    err: new DeadlineAbort(Date.UTC(2026, 0, 1)),
+    code: 'DEADLINE_ABORT',
+    also: [],
+    message: 'handler deadline 2026-01-01T00:00:00.000Z passed',
+  },
 ];
 
 test('every error class has its own stable code, its name and message, and is a BerthError and an Error', () => {

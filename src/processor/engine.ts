@@ -1,3 +1,5 @@
+import { ShutdownAbort } from '../errors.js';
+import { laneLabel } from '../lane.js';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics, Outcome } from '../metrics.js';
 import type { Queryable } from '../sql.js';
@@ -8,7 +10,7 @@ import { Fetcher } from './fetcher.js';
 import { DEFAULT_HEARTBEAT_MS, type OutcomeTally } from './heartbeat.js';
 import { settlementFor } from './outcome-table.js';
 import { PrefetchRate } from './prefetch-rate.js';
-import { runTask, ShutdownAbort } from './run-task.js';
+import { runTask } from './run-task.js';
 import { settleTask } from './settle-task.js';
 import type { SettlementBatcher } from './settlement-batcher.js';
 import { leaseKey, returnUnstarted } from './settlement.js';
@@ -265,7 +267,7 @@ export class Engine {
     const log = lazyChild(this.deps.logger, () => ({
       task_id: task.id,
       task_type: task.type,
-      lane: `${task.queue}/${task.priority}/${task.shard}`,
+      lane: laneLabel(task),
       attempt: task.attempt,
     }));
     const run = await runTask(

@@ -1,4 +1,4 @@
-import { isPermanentError } from '../errors.js';
+import { DeadlineAbort, isPermanentError, ShutdownAbort } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import type { Queryable } from '../sql.js';
@@ -7,21 +7,6 @@ import type { ClaimedTask } from './claim.js';
 import { describeHandlerResult, isContractResult } from './handler-result.js';
 import type { TaskRun } from './outcome-table.js';
 import { advanceCursor } from './settlement.js';
-
-/** The abort reason stop() gives a running handler. */
-export class ShutdownAbort extends Error {
-  constructor() {
-    super('worker is shutting down');
-    this.name = 'ShutdownAbort';
-  }
-}
-
-class DeadlineAbort extends Error {
-  constructor(deadline: number) {
-    super(`handler deadline ${new Date(deadline).toISOString()} passed`);
-    this.name = 'DeadlineAbort';
-  }
-}
 
 /** What running one task needs from the engine. */
 export interface RunDeps {
