@@ -16,10 +16,12 @@ export {
 } from './task.js';
 export { Worker, WORKER_DEFAULTS, type WorkerOptions } from './processor/worker.js';
 export { runSlices, SliceLeaseLostError, DEFAULT_SLICE_MS, type SliceOptions, type SlicePage } from './processor/slices.js';
-export { dequeue, removeUnleased } from './processor/settlement.js';
-export { getTask, moveTask, type MoveResult, type TaskRecord, type TaskState } from './storage/tasks.js';
+export { dequeue } from './storage/complete.js';
+export { removeUnleased } from './storage/remove.js';
+export { getTask, type TaskRecord, type TaskState } from './storage/tasks.js';
+export { moveTask, type MoveResult } from './storage/move.js';
 export { promoteDueLanes, promoteDueLane, promoteDue, type LaneKey, type PromoteOutcome } from './maintenance/promote.js';
-export { rescueLapsedLeases, type RescueOutcome } from './maintenance/rescue.js';
+export { rescueLapsedLeases, type RescueOutcome } from './storage/rescue.js';
 export { maintainRing, pruneSlot, rotateRing, readRingState } from './maintenance/ring.js';
 export { pruneDeadLetters } from './maintenance/retention.js';
 export { readGauges, type GaugeSnapshot } from './maintenance/gauges.js';
@@ -44,9 +46,9 @@ export { listDead, countDead, retryDead, retryDeadLetters, purgeDead, type DeadF
 export { listQueues, pauseQueue, resumeQueue, type QueueInfo } from './admin/queues.js';
 export { laneStats, laneActivity, taskCounts, throughput, listWorkers, leaderInfo, CachedReader, DUE_COUNT_CAP, type LaneStat, type TaskCount, type ThroughputPoint, type WorkerInfo, type BranchRecord, type LeaderInfo } from './admin/stats.js';
 export { audited, listAudit, type Actor, type AuditEntry } from './admin/audit.js';
-export { DEFAULT_HEARTBEAT_MS } from './processor/heartbeat.js';
+export { DEFAULT_HEARTBEAT_MS } from './storage/live-workers.js';
 export { DEFAULT_STUCK_GRACE_MS, STUCK_EXIT_CODE } from './processor/stuck.js';
-export { overdueMarks, type OverdueMark } from './processor/overdue.js';
+export { overdueMarks, type OverdueMark } from './storage/overdue.js';
 export {
   startDashboard,
   createDashboardHandler,

@@ -50,14 +50,3 @@ export const DEFAULT_SCHEMA = 'berth';
 export function wakeChannel(schema: string): string {
   return `${schema}.wake`;
 }
-
-/** Stable 32-bit key for advisory locks namespaced by schema (the lane lock's first key). */
-export function schemaLockKey(schema: string): number {
-  // FNV-1a, folded into int4 range; stable across processes and versions.
-  let h = 0x811c9dc5;
-  for (const ch of Buffer.from(schema, 'utf8')) {
-    h ^= ch;
-    h = Math.imul(h, 0x01000193);
-  }
-  return h | 0;
-}

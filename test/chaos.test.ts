@@ -26,7 +26,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 import { enqueueMany, leaderInfo, migrate, readGauges } from '../src/index.js';
-import { leaderApplicationName } from '../src/maintenance/leader.js';
+import { leaderApplicationName } from '../src/storage/locks.js';
 import { quoteIdent } from '../src/sql.js';
 import { liveEntryPredicate } from '../src/storage/predicates.js';
 import { waitFor } from './helpers.js';

@@ -2,8 +2,9 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { defineTask, enqueueMany, promoteDueLanes, promoteDue, rescueLapsedLeases, pruneSlot, rotateRing, readRingState, maintainRing, Worker, getTask } from '../src/index.js';
 import { claim } from '../src/processor/claim.js';
-import { completeLeases } from '../src/processor/settlement.js';
-import { schemaLockKey, wakeChannel } from '../src/sql.js';
+import { completeLeases } from '../src/storage/complete.js';
+import { wakeChannel } from '../src/sql.js';
+import { schemaLockKey } from '../src/storage/locks.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, leaseLapsed, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('maint');

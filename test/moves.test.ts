@@ -2,7 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { enqueue, enqueueMany, getTask, moveTask, maintainRing, readRingState, rotateRing, pruneSlot } from '../src/index.js';
 import { claim } from '../src/processor/claim.js';
-import { completeLeases } from '../src/processor/settlement.js';
+import { completeLeases } from '../src/storage/complete.js';
 import { wakeChannel } from '../src/sql.js';
 import { freshSchema } from './helpers.js';
 

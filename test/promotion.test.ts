@@ -8,7 +8,8 @@ import pg from 'pg';
 import { defineTask, enqueueMany, getTask, promoteDueLanes, Worker } from '../src/index.js';
 import { claim } from '../src/processor/claim.js';
 import { waiterLimit } from '../src/maintenance/promoter.js';
-import { schemaLockKey, wakeChannel } from '../src/sql.js';
+import { wakeChannel } from '../src/sql.js';
+import { schemaLockKey } from '../src/storage/locks.js';
 import { captureLogger, counterValue, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor, holdLaneLock } from './helpers.js';
 
 const { schema, pool } = await freshSchema('promo');

@@ -21,12 +21,12 @@ import {
   Worker,
 } from '../src/index.js';
 import { claim } from '../src/processor/claim.js';
-import { LEADER_LOCK } from '../src/maintenance/leader.js';
 import { MIGRATIONS } from '../src/schema/migrations.js';
-import { schemaLockKey, wakeChannel } from '../src/sql.js';
+import { wakeChannel } from '../src/sql.js';
+import { LEADER_LOCK, schemaLockKey } from '../src/storage/locks.js';
 import { overdueMarks } from '../src/index.js';
-import { clearOverdueLease, protectOverdueLease, refreshOverdueLeases } from '../src/processor/overdue.js';
-import { completeLeases } from '../src/processor/settlement.js';
+import { clearOverdueLease, protectOverdueLease, refreshOverdueLeases } from '../src/storage/overdue.js';
+import { completeLeases } from '../src/storage/complete.js';
 import { captureLogger, counterValue, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, waitFor, urlAs } from './helpers.js';
 
 // Roles are cluster-wide: every name carries the pid so parallel runs never share one.

@@ -2,7 +2,10 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { enqueue, enqueueMany, dequeue, getTask, LeaseLostError, pruneDeadLetters, rescueLapsedLeases, promoteDue, readGauges, backoffDelayMs, DEFAULT_BACKOFF } from '../src/index.js';
 import { claim, discover, type ClaimedTask } from '../src/processor/claim.js';
-import { advanceCursor, completeLeases, leaseKey, recordFailures, releaseLease } from '../src/processor/settlement.js';
+import { completeLeases } from '../src/storage/complete.js';
+import { recordFailures } from '../src/storage/fail.js';
+import { leaseKey } from '../src/storage/lease.js';
+import { advanceCursor, releaseLease } from '../src/storage/return.js';
 import { wakeChannel } from '../src/sql.js';
 import { freshSchema, leaseLapsed } from './helpers.js';
 

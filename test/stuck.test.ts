@@ -15,8 +15,8 @@ import {
   type TaskContext,
 } from '../src/index.js';
 import { claim, discover, type ClaimedTask } from '../src/processor/claim.js';
-import { protectOverdueLease } from '../src/processor/overdue.js';
-import { completeLeases } from '../src/processor/settlement.js';
+import { protectOverdueLease } from '../src/storage/overdue.js';
+import { completeLeases } from '../src/storage/complete.js';
 import { wakeChannel } from '../src/sql.js';
 import { captureLogger, counterValue, DATABASE_URL, FAST_MAINTENANCE, freshSchema, spawnWorkerProcess, testLogger, waitFor } from './helpers.js';
 

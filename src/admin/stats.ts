@@ -1,6 +1,6 @@
-import { quoteIdent, schemaLockKey, type Queryable } from '../sql.js';
-import { LEADER_LOCK, leaderApplicationName } from '../maintenance/leader.js';
-import { DEFAULT_HEARTBEAT_MS, HEARTBEAT_FUTURE_ALLOWANCE_MS, STALE_HEARTBEATS } from '../processor/heartbeat.js';
+import { quoteIdent, type Queryable } from '../sql.js';
+import { LEADER_LOCK, leaderApplicationName, schemaLockKey } from '../storage/locks.js';
+import { DEFAULT_HEARTBEAT_MS, HEARTBEAT_FUTURE_ALLOWANCE_MS, liveWorker, liveWorkerParams } from '../storage/live-workers.js';
 import { readMaintenanceReport, type MaintenanceReport } from './worker-report.js';
 import { deadRowPredicate, liveEntryPredicate } from '../storage/predicates.js';
 
@@ -211,12 +211,12 @@ async function readWorkers(db: Queryable, schema: string, heartbeatMs: number, s
   }>(
     // Infinite times are no heartbeat's (it writes now()): such a row is left out, and pruned.
     `SELECT w.worker_id, w.host, w.pid, w.queues, w.slots, w.busy, w.prefetched, w.leader, w.started_at, w.last_seen_at, w.maintenance,
-            w.last_seen_at > now() - make_interval(secs => $1 / 1000.0) AND w.last_seen_at <= now() + make_interval(secs => $2 / 1000.0) AS alive,
+            ${liveWorker('w', '$1', '$2')} AS alive,
             w.last_seen_at > now() + make_interval(secs => $2 / 1000.0) AS future
        FROM ${quoteIdent(schema)}.workers w
       WHERE isfinite(w.started_at) AND isfinite(w.last_seen_at)
       ORDER BY w.started_at DESC`,
-    [heartbeatMs * STALE_HEARTBEATS, HEARTBEAT_FUTURE_ALLOWANCE_MS],
+    liveWorkerParams(heartbeatMs),
   );
   return r.rows.map((w) => {
     const { report, invalid } = readMaintenanceReport(w.maintenance);

@@ -3,7 +3,8 @@ import { quoteIdent, type Queryable } from '../sql.js';
 import { getTask, type TaskState } from '../storage/tasks.js';
 import { retryDeadLetters } from './dead.js';
 import { taskId } from './ids.js';
-import { removeUnleased } from '../processor/settlement.js';
+import { deleteDeadLetter, removeUnleased } from '../storage/remove.js';
+import { makeDeferredDueNow } from '../storage/move.js';
 
 export const TASK_STATES: readonly TaskState[] = ['ready', 'running', 'scheduled', 'retryable', 'dead', 'completed'];
 
@@ -254,8 +255,7 @@ export async function retryTask(db: Queryable, schema: string, id: string): Prom
     return r?.result ?? 'not_found';
   }
   if (task.state === 'scheduled' || task.state === 'retryable') {
-    const r = await db.query(`UPDATE ${quoteIdent(schema)}.deferred SET run_at = now() WHERE id = $1`, [id]);
-    return r.rowCount ? 'retried' : 'not_found';
+    return (await makeDeferredDueNow(db, schema, id)) ? 'retried' : 'not_found';
   }
   return 'not_retryable';
 }
@@ -267,8 +267,7 @@ export async function cancelTask(db: Queryable, schema: string, id: string): Pro
 
 /** Remove a task in any state but running: pending ones as cancel does, dead letters deleted. */
 export async function deleteTask(db: Queryable, schema: string, id: string): Promise<TaskActionResult> {
-  const r = await db.query(`DELETE FROM ${quoteIdent(schema)}.dead_letters WHERE id = $1`, [id]);
-  if (r.rowCount) return 'removed';
+  if (await deleteDeadLetter(db, schema, id)) return 'removed';
   return removeUnleasedAs(db, schema, id, 'deleted');
 }
 

@@ -7,7 +7,7 @@ import { publishGauges, readGauges, resetGauges } from './gauges.js';
 import { ContentionTally, Promoter, type LaneContention } from './promoter.js';
 import { DEFAULT_DEAD_RETENTION_MS, pruneDeadLetters, pruneOperatorHistory } from './retention.js';
 import { maintainRing } from './ring.js';
-import { rescueLapsedLeases } from './rescue.js';
+import { rescueLapsedLeases } from '../storage/rescue.js';
 
 export interface MaintenanceOptions {
   /** How often a follower tries to take leadership, and the leader checks its session. */
@@ -75,8 +75,6 @@ export function validateMaintenanceOptions(options: MaintenanceOptions | undefin
   }
   return o;
 }
-
-export { LEADER_LOCK, leaderApplicationName, followerApplicationName } from './election.js';
 
 type Branch = { name: string; intervalMs: number; run: () => Promise<void> };
 

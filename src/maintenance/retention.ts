@@ -1,5 +1,5 @@
 import { quoteIdent, type Queryable } from '../sql.js';
-import { HEARTBEAT_FUTURE_ALLOWANCE_MS } from '../processor/heartbeat.js';
+import { HEARTBEAT_FUTURE_ALLOWANCE_MS } from '../storage/live-workers.js';
 
 export const DEFAULT_DEAD_RETENTION_MS = 7 * 24 * 3600 * 1000;
 

@@ -1,18 +1,12 @@
 import { quoteIdent, type Queryable } from '../sql.js';
+import type { LeaseRef } from '../storage/lease.js';
+import { claimableEntry } from '../storage/predicates.js';
 
 /** A lane that discovery saw with claimable entries, in the order they should be served. */
 export interface Candidate {
   laneId: number;
   laneSeq: string;
   id: string;
-}
-
-/** Identifies one lease (one attempt): the ready entry it leases. */
-export interface LeaseRef {
-  slot: number;
-  laneId: number;
-  laneSeq: string;
-  token: string;
 }
 
 export interface ClaimedTask extends LeaseRef {
@@ -58,14 +52,7 @@ export async function discover(
        CROSS JOIN LATERAL (
          SELECT r.lane_id, r.lane_seq, r.id, r.priority, r.run_at
            FROM ${s}.ready r
-          WHERE r.lane_id = l.lane_id
-            AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${s}.leases le
-                                        WHERE le.lane_id = l.lane_id), 0)
-            AND r.run_at <= now()
-            AND r.attempts < coalesce(r.max_attempts, 2147483647)
-            AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
-                             WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
-                             OFFSET 0)
+          WHERE ${claimableEntry(s, 'l.lane_id')}
           ORDER BY r.lane_seq
           LIMIT $3) r
       WHERE ($1::text[] IS NULL OR l.queue = ANY ($1::text[]))
@@ -172,14 +159,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
          FROM current k
          CROSS JOIN LATERAL (
            SELECT r.* FROM ${s}.ready r
-            WHERE r.lane_id = k.lane_id
-              AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${s}.leases le
-                                          WHERE le.lane_id = k.lane_id), 0)
-              AND r.run_at <= now()
-              AND r.attempts < coalesce(r.max_attempts, 2147483647)
-              AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
-                               WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
-                             OFFSET 0)
+            WHERE ${claimableEntry(s, 'k.lane_id')}
             ORDER BY r.lane_seq
             LIMIT $2) r
      ), chosen AS MATERIALIZED (

@@ -1,22 +1,7 @@
 import { hostname } from 'node:os';
 import { quoteIdent, type Queryable } from '../sql.js';
 import type { Logger } from '../logger.js';
-
-/** How often a worker writes its heartbeat row and its outcome counts (default 10 s). */
-export const DEFAULT_HEARTBEAT_MS = 10_000;
-
-/**
- * A worker whose heartbeat is older than this many intervals is shown as gone and its row is
- * removed by the leader's retention branch.
- */
-export const STALE_HEARTBEATS = 3;
-
-/**
- * A heartbeat is stamped with the database's `now()` (at its transaction's start), so a row dated
- * later than this past the database's clock was not written by a heartbeat: it is shown as
- * invalid, never as alive or leading, and retention removes it.
- */
-export const HEARTBEAT_FUTURE_ALLOWANCE_MS = 60_000;
+import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 
 /** What a heartbeat reports about its process, read at each beat. */
 export interface HeartbeatSource {

@@ -3,8 +3,10 @@ import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import type { Queryable } from '../sql.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
-import type { LeaseRef } from './claim.js';
-import { completeLeases, leaseKey, recordFailures, settledWith, type FailureInput } from './settlement.js';
+import { completeLeases } from '../storage/complete.js';
+import { recordFailures, type FailureInput } from '../storage/fail.js';
+import { leaseKey, type LeaseRef } from '../storage/lease.js';
+import { settledWith } from '../storage/settled.js';
 
 /**
  * What became of one settlement handed to the batcher:

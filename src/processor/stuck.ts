@@ -2,8 +2,8 @@ import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import type { Queryable } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
-import { STALE_HEARTBEATS } from './heartbeat.js';
-import { clearOverdueLease, protectOverdueLease, refreshOverdueLeases } from './overdue.js';
+import { STALE_HEARTBEATS } from '../storage/live-workers.js';
+import { clearOverdueLease, protectOverdueLease, refreshOverdueLeases } from '../storage/overdue.js';
 
 /** How long past its deadline a running handler is reported stuck (default 10 s). */
 export const DEFAULT_STUCK_GRACE_MS = 10_000;

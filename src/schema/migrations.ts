@@ -1,4 +1,5 @@
-import { quoteIdent, quoteLiteral, schemaLockKey, wakeChannel } from '../sql.js';
+import { quoteIdent, quoteLiteral, wakeChannel } from '../sql.js';
+import { queueLockKey, schemaLockKey } from '../storage/locks.js';
 
 /**
  * Forward-only, numbered migrations. Each is a function of the schema name so one database can
@@ -558,7 +559,7 @@ const operatorSurface: Migration = {
   sql(schema) {
     const s = quoteIdent(schema);
     const channel = quoteLiteral(wakeChannel(schema));
-    const queueLockPrefix = quoteLiteral(`${schema}:queue:`);
+    const queueLockPrefix = quoteLiteral(queueLockKey(schema));
     return `
 -- A paused queue's lanes carry paused = true: discovery and the claim skip them (the claim
 -- re-reads the column on the locked row, and pausing bumps version, so a claim with an older

@@ -1,10 +1,10 @@
 import { quoteIdent, type Queryable } from '../sql.js';
-import type { ClaimedTask, LeaseRef } from './claim.js';
+import type { LeaseRef } from './lease.js';
 
 /**
  * The `overdue_leases` rows a worker writes for a handler still running past its deadline
  * (migration 6). Nothing here runs on the hot path: a row exists only while a handler ignores
- * its AbortSignal. Rescue reads them (see maintenance/rescue.ts); the dashboard marks them.
+ * its AbortSignal. Rescue reads them (see rescue.ts); the dashboard marks them.
  */
 
 /**
@@ -17,7 +17,7 @@ import type { ClaimedTask, LeaseRef } from './claim.js';
 export async function protectOverdueLease(
   db: Queryable,
   schema: string,
-  task: Pick<ClaimedTask, 'slot' | 'laneId' | 'laneSeq' | 'token'>,
+  task: LeaseRef,
   workerId: string,
   stuckInMs: number,
   staleAfterMs: number,
