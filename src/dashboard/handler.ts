@@ -5,7 +5,7 @@ import { BerthInputError } from '../errors.js';
 import { createLogger, type Logger } from '../logger.js';
 import { metricsRequestHandler, type MetricsRequestHandler } from '../observability/metrics-http.js';
 import { assertMigrated } from '../schema/migrate.js';
-import { DEFAULT_SCHEMA, type Queryable } from '../sql.js';
+import { bindSchema, DEFAULT_SCHEMA, type Queryable } from '../sql.js';
 
 /** PostgreSQL's undefined_table: what every read answers on an unmigrated schema. */
 const UNDEFINED_TABLE = '42P01';
@@ -68,7 +68,7 @@ export function createDashboardHandler(options: DashboardHandlerOptions): Dashbo
   const auth = new Authenticator(options.auth, limits, logger);
   const readOnly = options.readOnly ?? false;
   const schema = options.schema ?? DEFAULT_SCHEMA;
-  const reads = new DashboardReads(options.pool, schema, logger);
+  const reads = new DashboardReads(options.pool, bindSchema(schema), logger);
   const metrics: MetricsRequestHandler | null = options.metricsRegistry ? metricsRequestHandler(options.metricsRegistry) : null;
   const cookiePath = base || '/';
 

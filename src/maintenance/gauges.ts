@@ -1,4 +1,4 @@
-import { quoteIdent, type Queryable } from '../sql.js';
+import { type Queryable, bindSchema, type SchemaRef } from '../sql.js';
 import type { BerthMetrics } from '../metrics.js';
 import { deadRowPredicate, liveEntryPredicate } from '../storage/predicates.js';
 import { liveWorker, liveWorkerParams } from '../storage/live-workers.js';
@@ -20,8 +20,8 @@ export interface GaugeSnapshot {
  * the longest-waiting claimable task has been due. A paused queue's work is not claimable, so
  * it is left out of oldest-due: pausing a queue must not page as starvation.
  */
-export async function readGauges(db: Queryable, schema: string): Promise<GaugeSnapshot> {
-  const s = quoteIdent(schema);
+export async function readGauges(db: Queryable, schema: SchemaRef): Promise<GaugeSnapshot> {
+  const { q: s } = bindSchema(schema);
   const res = await db.query<{ type: string; pending: string; running: string; dead: string }>(
     `WITH live AS (
        SELECT r.type, l.expires_at

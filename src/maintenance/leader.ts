@@ -7,6 +7,7 @@ import { publishGauges, readGauges, resetGauges } from './gauges.js';
 import { ContentionTally, Promoter, type LaneContention } from './promoter.js';
 import { DEFAULT_DEAD_RETENTION_MS, pruneDeadLetters, pruneOperatorHistory } from './retention.js';
 import { maintainRing } from './ring.js';
+import { bindSchema, type Schema, type SchemaRef } from '../sql.js';
 import { rescueLapsedLeases } from '../storage/rescue.js';
 
 export interface MaintenanceOptions {
@@ -88,6 +89,7 @@ type Branch = { name: string; intervalMs: number; run: () => Promise<void> };
  */
 export class Maintenance {
   private readonly opts: Required<MaintenanceOptions>;
+  private readonly schema: Schema;
   private stopped = false;
   private election: ElectionSession | null = null;
   private term: AbortController | null = null;
@@ -104,7 +106,7 @@ export class Maintenance {
   constructor(
     private readonly deps: {
       connectionString: string;
-      schema: string;
+      schema: SchemaRef;
       pool: pg.Pool;
       logger: Logger;
       metrics: BerthMetrics;
@@ -114,6 +116,7 @@ export class Maintenance {
     },
   ) {
     this.opts = validateMaintenanceOptions(deps.options);
+    this.schema = bindSchema(deps.schema);
   }
 
   get isLeader(): boolean {
@@ -138,7 +141,7 @@ export class Maintenance {
   start(): void {
     this.election = new ElectionSession({
       connectionString: this.deps.connectionString,
-      schema: this.deps.schema,
+      schema: this.schema.name,
       workerId: this.deps.workerId ?? `pid ${process.pid}`,
       pollMs: this.opts.leaderPollMs,
       logger: this.deps.logger,
@@ -163,7 +166,8 @@ export class Maintenance {
     this.deps.metrics.isLeader.set(1);
     this.deps.logger.info('became maintenance leader');
     const o = this.opts;
-    const { pool, schema, metrics } = this.deps;
+    const { pool, metrics } = this.deps;
+    const schema = this.schema;
     const promoter = new Promoter(
       pool,
       schema,

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { quoteIdent } from '../sql.js';
+import { quoteIdent, bindSchema, type SchemaRef } from '../sql.js';
 
 export interface RingState {
   currentSlot: number;
@@ -8,8 +8,8 @@ export interface RingState {
   ageMs: number;
 }
 
-export async function readRingState(db: pg.Pool | pg.ClientBase, schema: string): Promise<RingState> {
-  const s = quoteIdent(schema);
+export async function readRingState(db: pg.Pool | pg.ClientBase, schema: SchemaRef): Promise<RingState> {
+  const { q: s } = bindSchema(schema);
   const r = await db.query<{ current_slot: number; slot_count: number; generation: string; age_ms: number }>(
     `SELECT current_slot, slot_count, generation::text AS generation,
             (extract(epoch FROM now() - rotated_at) * 1000)::float8 AS age_ms
@@ -27,9 +27,10 @@ export type RotateResult = 'rotated' | 'not_due' | 'empty' | 'next_slot_busy' | 
  * ever appended to again after TRUNCATE has reclaimed it. Compare-and-set on current_slot, so
  * concurrent rotators move it once.
  */
-export async function rotateRing(pool: pg.Pool, schema: string, minAgeMs: number): Promise<RotateResult> {
-  const s = quoteIdent(schema);
-  const st = await readRingState(pool, schema);
+export async function rotateRing(pool: pg.Pool, schema: SchemaRef, minAgeMs: number): Promise<RotateResult> {
+  const bound = bindSchema(schema);
+  const s = bound.q;
+  const st = await readRingState(pool, bound);
   if (st.ageMs < minAgeMs) return 'not_due';
   const cur = await pool.query(`SELECT 1 FROM ${s}.${quoteIdent(`ready_${st.currentSlot}`)} LIMIT 1`);
   if (cur.rowCount === 0) return 'empty';
@@ -58,8 +59,8 @@ export type PruneResult =
  * `blocked` instead of waiting. No task can be lost: every entry in a pruned slot was settled or
  * tombstoned. One statement: no client is checked out.
  */
-export async function pruneSlot(pool: pg.Pool, schema: string, slot: number, lockTimeoutMs: number): Promise<PruneResult> {
-  const r = await pool.query<{ result: PruneOutcome }>(`SELECT ${quoteIdent(schema)}.prune_slot($1::smallint, $2::integer) AS result`, [
+export async function pruneSlot(pool: pg.Pool, schema: SchemaRef, slot: number, lockTimeoutMs: number): Promise<PruneResult> {
+  const r = await pool.query<{ result: PruneOutcome }>(`SELECT ${bindSchema(schema).q}.prune_slot($1::smallint, $2::integer) AS result`, [
     slot,
     Math.max(1, Math.round(lockTimeoutMs)),
   ]);
@@ -75,18 +76,19 @@ type PruneOutcome = 'pruned' | 'blocked' | 'current' | 'empty' | 'claimable' | '
 /** Rotate if due, then try to prune every sealed, non-empty slot, oldest first. */
 export async function maintainRing(
   pool: pg.Pool,
-  schema: string,
+  schema: SchemaRef,
   opts: { rotateAfterMs: number; lockTimeoutMs: number },
 ): Promise<{ rotation: RotateResult; prunes: PruneResult[] }> {
-  const s = quoteIdent(schema);
-  const st = await readRingState(pool, schema);
+  const bound = bindSchema(schema);
+  const s = bound.q;
+  const st = await readRingState(pool, bound);
   const prunes: PruneResult[] = [];
   for (let i = 1; i < st.slotCount; i++) {
     const slot = (st.currentSlot + i) % st.slotCount;
     const nonEmpty = await pool.query(`SELECT 1 FROM ${s}.${quoteIdent(`ready_${slot}`)} LIMIT 1`);
     if ((nonEmpty.rowCount ?? 0) === 0) continue;
-    prunes.push(await pruneSlot(pool, schema, slot, opts.lockTimeoutMs));
+    prunes.push(await pruneSlot(pool, bound, slot, opts.lockTimeoutMs));
   }
-  const rotation = await rotateRing(pool, schema, opts.rotateAfterMs);
+  const rotation = await rotateRing(pool, bound, opts.rotateAfterMs);
   return { rotation, prunes };
 }

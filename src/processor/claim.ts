@@ -1,4 +1,4 @@
-import { quoteIdent, type Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import type { LeaseRef } from '../storage/lease.js';
 import { claimableEntry } from '../storage/predicates.js';
 
@@ -37,16 +37,16 @@ export interface ClaimedTask extends LeaseRef {
  */
 export async function discover(
   read: Queryable,
-  schema: string,
+  schema: SchemaRef,
   queues: readonly string[] | null,
   limit = 20,
   /** At most this many entries per lane (default: `limit`). The worker asks for 1: it only
    * needs the lanes, and one head per lane spreads its candidates over more lanes. */
   perLane?: number,
 ): Promise<Candidate[]> {
-  const s = quoteIdent(schema);
+  const { name, q: s } = bindSchema(schema);
   const res = await read.query<{ lane_id: number; lane_seq: string; id: string }>({
-    name: `berth-discover:${schema}`,
+    name: `berth-discover:${name}`,
     text: `SELECT r.lane_id, r.lane_seq::text AS lane_seq, r.id::text AS id
        FROM ${s}.lanes l
        CROSS JOIN LATERAL (
@@ -65,7 +65,7 @@ export async function discover(
 }
 
 export interface ClaimParams {
-  schema: string;
+  schema: SchemaRef;
   /** Candidate lanes, best first. */
   laneIds: readonly number[];
   /** How many entries to lease at most (the number of idle slots). */
@@ -121,7 +121,7 @@ export const LANE_SHARE = 16;
  */
 export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTask[]> {
   if (p.limit <= 0 || p.laneIds.length === 0) return [];
-  const s = quoteIdent(p.schema);
+  const { name, q: s } = bindSchema(p.schema);
   const types = [...new Set([...p.ceilings.keys(), ...p.maxAttempts.keys()])];
   const res = await write.query<{
     slot: number;
@@ -140,7 +140,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
     expires_ms: number;
     waited_s: number;
   }>({
-    name: `berth-claim:${p.schema}`,
+    name: `berth-claim:${name}`,
     text: `WITH locked AS MATERIALIZED (
        SELECT l.lane_id, l.version FROM ${s}.lanes l
         WHERE l.lane_id = ANY ($1::integer[])

@@ -1,5 +1,5 @@
 import { hostname } from 'node:os';
-import { quoteIdent, type Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type Schema, type SchemaRef } from '../sql.js';
 import type { Logger } from '../logger.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 
@@ -66,13 +66,17 @@ export class Heartbeat {
   private inFlight: Promise<void> | null = null;
   readonly tally = new OutcomeTally();
 
+  private readonly schema: Schema;
+
   constructor(
     private readonly db: Queryable,
-    private readonly schema: string,
+    schema: SchemaRef,
     private readonly source: HeartbeatSource,
     private readonly logger: Logger,
     private readonly intervalMs = DEFAULT_HEARTBEAT_MS,
-  ) {}
+  ) {
+    this.schema = bindSchema(schema);
+  }
 
   start(): void {
     if (this.timer) return;
@@ -96,14 +100,14 @@ export class Heartbeat {
     await this.inFlight;
     await this.write();
     try {
-      await this.db.query(`DELETE FROM ${quoteIdent(this.schema)}.workers WHERE worker_id = $1`, [this.source.workerId]);
+      await this.db.query(`DELETE FROM ${this.schema.q}.workers WHERE worker_id = $1`, [this.source.workerId]);
     } catch (err) {
       this.logger.warn({ err: (err as Error).message }, 'could not remove the worker heartbeat row');
     }
   }
 
   private async write(): Promise<void> {
-    const s = quoteIdent(this.schema);
+    const s = this.schema.q;
     const src = this.source;
     const rows = this.tally.take();
     try {

@@ -1,7 +1,7 @@
 import { isConnectionError } from '../db/connections.js';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
-import type { Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type Schema, type SchemaRef } from '../sql.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
 import { completeLeases } from '../storage/complete.js';
 import { recordFailures, type FailureInput } from '../storage/fail.js';
@@ -53,12 +53,16 @@ export class SettlementBatcher {
   private giveUpAt = Infinity;
   private readonly stopRetrying = new AbortController();
 
+  private readonly schema: Schema;
+
   constructor(
     private readonly db: Queryable,
-    private readonly schema: string,
+    schema: SchemaRef,
     private readonly metrics: BerthMetrics,
     private readonly logger: Logger,
-  ) {}
+  ) {
+    this.schema = bindSchema(schema);
+  }
 
   complete(ref: CompletableLease): Promise<CompleteResult> {
     return new Promise((resolve) => {

@@ -1,6 +1,6 @@
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
-import type { Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type Schema, type SchemaRef } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
 import { STALE_HEARTBEATS } from '../storage/live-workers.js';
 import { clearOverdueLease, protectOverdueLease, refreshOverdueLeases } from '../storage/overdue.js';
@@ -70,15 +70,18 @@ export class StuckGuard {
   private tripped = false;
   private stopped = false;
 
+  private readonly schema: Schema;
+
   constructor(
     private readonly db: Queryable,
-    private readonly schema: string,
+    schema: SchemaRef,
     private readonly metrics: BerthMetrics,
     private readonly logger: Logger,
     private readonly opts: StuckGuardOptions,
     private readonly running: RunningHandlers,
     private readonly onTooManyStuck: (stuck: ClaimedTask[]) => void,
   ) {
+    this.schema = bindSchema(schema);
     this.protectAfterMs = Math.min(opts.graceMs, opts.marginMs / 2);
     // A late scan delays protection by at most half the delay: it still lands by deadline +
     // 0.75 × margin, inside the lease.

@@ -1,5 +1,5 @@
 import { LeaseLostError } from '../errors.js';
-import { quoteIdent, type Queryable } from '../sql.js';
+import { bindSchema, quoteIdent, type Queryable, type Schema, type SchemaRef } from '../sql.js';
 import { leaseKey, type LeaseRef } from './lease.js';
 import { removeUnleased } from './remove.js';
 
@@ -23,7 +23,8 @@ export type CompletableRef = LeaseRef & { dedupeKey?: string | null };
  * routing, no run-time pruning per probe). The slot comes from the claim, so the partition
  * constraint holds by construction.
  */
-export async function completeLeases(write: Queryable, schema: string, refs: readonly CompletableRef[]): Promise<Set<string>> {
+export async function completeLeases(write: Queryable, schema: SchemaRef, refs: readonly CompletableRef[]): Promise<Set<string>> {
+  const bound = bindSchema(schema);
   const bySlot = new Map<number, CompletableRef[]>();
   for (const r of refs) {
     let g = bySlot.get(r.slot);
@@ -32,17 +33,17 @@ export async function completeLeases(write: Queryable, schema: string, refs: rea
   }
   const settled = new Set<string>();
   for (const [slot, group] of bySlot) {
-    for (const key of await completeInSlot(write, schema, slot, group)) settled.add(key);
+    for (const key of await completeInSlot(write, bound, slot, group)) settled.add(key);
   }
   return settled;
 }
 
-async function completeInSlot(write: Queryable, schema: string, slot: number, refs: readonly CompletableRef[]): Promise<string[]> {
-  const s = quoteIdent(schema);
+async function completeInSlot(write: Queryable, schema: Schema, slot: number, refs: readonly CompletableRef[]): Promise<string[]> {
+  const s = schema.q;
   const leases = `${s}.${quoteIdent(`leases_${slot}`)}`;
   const settlements = `${s}.${quoteIdent(`settlements_${slot}`)}`;
   const res = await write.query<{ lane_id: number; lane_seq: string }>({
-    name: `berth-complete:${schema}:${slot}`,
+    name: `berth-complete:${schema.name}:${slot}`,
     text: `WITH u AS (
        SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[]) AS u(lane_id, lane_seq, token)
      ), won AS (
@@ -74,8 +75,9 @@ async function completeInSlot(write: Queryable, schema: string, slot: number, re
  * remove the task only while it is unleased (the inline-cleanup path: a producer that enqueued
  * and then did the work itself). Runs on the caller's executor.
  */
-export async function dequeue(executor: Queryable, schema: string, id: string, token: string): Promise<void> {
-  const s = quoteIdent(schema);
+export async function dequeue(executor: Queryable, schema: SchemaRef, id: string, token: string): Promise<void> {
+  const bound = bindSchema(schema);
+  const s = bound.q;
   if (token !== '') {
     const res = await executor.query(
       `WITH won AS (
@@ -93,6 +95,6 @@ export async function dequeue(executor: Queryable, schema: string, id: string, t
     if (res.rowCount === 0) throw new LeaseLostError(id, 'Dequeue');
     return;
   }
-  const outcome = await removeUnleased(executor, schema, id, 'dequeued');
+  const outcome = await removeUnleased(executor, bound, id, 'dequeued');
   if (outcome !== 'removed') throw new LeaseLostError(id, `Dequeue with an empty token (task is ${outcome})`);
 }

@@ -1,4 +1,4 @@
-import { quoteIdent, type Queryable } from '../sql.js';
+import { type Queryable, bindSchema, type SchemaRef } from '../sql.js';
 import { leaseKey, type LeaseRef } from './lease.js';
 import { settleAndMove } from './settle-tail.js';
 
@@ -19,13 +19,13 @@ export interface FailureInput {
  */
 export async function recordFailures(
   write: Queryable,
-  schema: string,
+  schema: SchemaRef,
   items: readonly FailureInput[],
 ): Promise<Map<string, 'retry' | 'dead'>> {
   if (items.length === 0) return new Map();
-  const s = quoteIdent(schema);
+  const { name, q: s } = bindSchema(schema);
   const res = await write.query<{ lane_id: number; lane_seq: string; dead: boolean }>({
-    name: `berth-fail:${schema}`,
+    name: `berth-fail:${name}`,
     text: `WITH u AS (
        SELECT * FROM unnest($1::smallint[], $2::integer[], $3::bigint[], $4::uuid[], $5::text[],
                             $6::float8[], $7::boolean[])

@@ -1,6 +1,6 @@
 import { BerthInputError } from '../errors.js';
 import { checkText, MAX_QUEUE_BYTES } from '../limits.js';
-import { quoteIdent, readCommittedOnly, READ_COMMITTED_REQUIRED, type Queryable } from '../sql.js';
+import { readCommittedOnly, READ_COMMITTED_REQUIRED, type Queryable, bindSchema, type SchemaRef } from '../sql.js';
 import { getTask } from './tasks.js';
 
 export type MoveResult = 'moved' | 'leased' | 'not_found';
@@ -12,20 +12,20 @@ export type MoveResult = 'moved' | 'leased' | 'not_found';
  */
 export async function moveTask(
   db: Queryable,
-  schema: string,
+  schema: SchemaRef,
   id: string,
   to: { queue?: string; priority?: number },
 ): Promise<MoveResult> {
   if (to.queue !== undefined) checkText(to.queue, 'queue', '', { maxBytes: MAX_QUEUE_BYTES });
-  const current = await getTask(db, schema, id);
+  const bound = bindSchema(schema);
+  const current = await getTask(db, bound, id);
   if (!current || current.state === 'dead' || current.state === 'completed') return 'not_found';
   const priority = to.priority ?? current.priority;
   if (!Number.isInteger(priority) || priority < -32768 || priority > 32767) {
     throw new BerthInputError('priority must be an integer in the smallint range');
   }
-  const s = quoteIdent(schema);
   const r = await db.query<{ result: MoveResult | 'isolation' }>(
-    `SELECT ${readCommittedOnly(`${s}.move_task($1::bigint, $2, $3::smallint)`)} AS result`,
+    `SELECT ${readCommittedOnly(`${bound.q}.move_task($1::bigint, $2, $3::smallint)`)} AS result`,
     [id, to.queue ?? current.queue, priority],
   );
   const result = r.rows[0]!.result;
@@ -37,7 +37,7 @@ export async function moveTask(
  * Make a scheduled or retryable task due now (the operator's retry of a deferred task): the
  * leader's promotion appends it within a tick. Returns whether a deferred row was there.
  */
-export async function makeDeferredDueNow(db: Queryable, schema: string, id: string): Promise<boolean> {
-  const r = await db.query(`UPDATE ${quoteIdent(schema)}.deferred SET run_at = now() WHERE id = $1`, [id]);
+export async function makeDeferredDueNow(db: Queryable, schema: SchemaRef, id: string): Promise<boolean> {
+  const r = await db.query(`UPDATE ${bindSchema(schema).q}.deferred SET run_at = now() WHERE id = $1`, [id]);
   return (r.rowCount ?? 0) > 0;
 }

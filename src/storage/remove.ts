@@ -1,5 +1,5 @@
 import { BerthInputError } from '../errors.js';
-import { quoteIdent, readCommittedOnly, READ_COMMITTED_REQUIRED, type Queryable } from '../sql.js';
+import { readCommittedOnly, READ_COMMITTED_REQUIRED, type Queryable, bindSchema, type SchemaRef } from '../sql.js';
 
 /**
  * Remove a task that no worker holds: a deferred row is deleted; a ready entry past its lane's
@@ -9,11 +9,11 @@ import { quoteIdent, readCommittedOnly, READ_COMMITTED_REQUIRED, type Queryable 
  */
 export async function removeUnleased(
   executor: Queryable,
-  schema: string,
+  schema: SchemaRef,
   id: string,
   reason: string,
 ): Promise<'removed' | 'leased' | 'not_found'> {
-  const s = quoteIdent(schema);
+  const { q: s } = bindSchema(schema);
   const res = await executor.query<{ outcome: 'removed' | 'leased' | 'not_found' | 'isolation' }>(
     `SELECT ${readCommittedOnly(`${s}.remove_unleased($1::bigint, $2)`)} AS outcome`,
     [id, reason],
@@ -24,7 +24,7 @@ export async function removeUnleased(
 }
 
 /** Delete one dead letter (the operator's delete). Returns whether there was one. */
-export async function deleteDeadLetter(db: Queryable, schema: string, id: string): Promise<boolean> {
-  const r = await db.query(`DELETE FROM ${quoteIdent(schema)}.dead_letters WHERE id = $1`, [id]);
+export async function deleteDeadLetter(db: Queryable, schema: SchemaRef, id: string): Promise<boolean> {
+  const r = await db.query(`DELETE FROM ${bindSchema(schema).q}.dead_letters WHERE id = $1`, [id]);
   return (r.rowCount ?? 0) > 0;
 }

@@ -1,4 +1,4 @@
-import { quoteIdent, type Queryable } from '../sql.js';
+import { type Queryable, bindSchema, type SchemaRef } from '../sql.js';
 import { settleAndMove } from './settle-tail.js';
 
 export interface RescueOutcome {
@@ -26,8 +26,8 @@ export interface RescueOutcome {
  * lease is rescued as any other. Rows of leases rescued here are removed, and so are stale rows
  * whose lease is settled (a holder that could not delete its own).
  */
-export async function rescueLapsedLeases(db: Queryable, schema: string, limit = 1000): Promise<RescueOutcome> {
-  const s = quoteIdent(schema);
+export async function rescueLapsedLeases(db: Queryable, schema: SchemaRef, limit = 1000): Promise<RescueOutcome> {
+  const { q: s } = bindSchema(schema);
   const res = await db.query<{ retried: string; dead: string; held: string }>(
     `WITH lapsed AS MATERIALIZED (
        SELECT l.slot, l.lane_id, l.lane_seq, l.id FROM ${s}.leases l

@@ -1,4 +1,4 @@
-import { quoteIdent, type Queryable } from '../sql.js';
+import { type Queryable, bindSchema, type SchemaRef } from '../sql.js';
 import type { LeaseRef } from './lease.js';
 import { settleAndMove } from './settle-tail.js';
 
@@ -22,13 +22,13 @@ export interface ReturnResult {
  */
 async function returnLease(
   write: Queryable,
-  schema: string,
+  schema: SchemaRef,
   ref: LeaseRef,
   mode: 'advanced' | 'released' | 'unstarted',
   payload: unknown,
   finalError: string | null,
 ): Promise<ReturnResult> {
-  const s = quoteIdent(schema);
+  const { q: s } = bindSchema(schema);
   const res = await write.query<{ wrote: boolean; dead: boolean }>(
     `WITH won AS (
        INSERT INTO ${s}.settlements (slot, lane_id, lane_seq, id, outcome)
@@ -61,7 +61,7 @@ async function returnLease(
 }
 
 /** AdvanceCursor: commit slice progress. Resolves false when the lease was lost. */
-export async function advanceCursor(write: Queryable, schema: string, ref: LeaseRef, payload: unknown): Promise<boolean> {
+export async function advanceCursor(write: Queryable, schema: SchemaRef, ref: LeaseRef, payload: unknown): Promise<boolean> {
   return (await returnLease(write, schema, ref, 'advanced', payload, null)).wrote;
 }
 
@@ -69,11 +69,11 @@ export async function advanceCursor(write: Queryable, schema: string, ref: Lease
  * Hand back a prefetched task whose handler never started: the attempt its claim counted is
  * refunded (nothing ran, so nothing was interrupted) and it never dead-letters.
  */
-export async function returnUnstarted(write: Queryable, schema: string, ref: LeaseRef): Promise<ReturnResult> {
+export async function returnUnstarted(write: Queryable, schema: SchemaRef, ref: LeaseRef): Promise<ReturnResult> {
   return returnLease(write, schema, ref, 'unstarted', null, null);
 }
 
 /** Release: give the task back due now with its burnt attempt kept. */
-export function releaseLease(write: Queryable, schema: string, ref: LeaseRef, finalError: string): Promise<ReturnResult> {
+export function releaseLease(write: Queryable, schema: SchemaRef, ref: LeaseRef, finalError: string): Promise<ReturnResult> {
   return returnLease(write, schema, ref, 'released', null, finalError);
 }

@@ -1,4 +1,4 @@
-import { quoteIdent, type Queryable } from '../sql.js';
+import { type Queryable, bindSchema, type SchemaRef } from '../sql.js';
 import { leaseKey, type LeaseRef } from './lease.js';
 
 /**
@@ -9,12 +9,12 @@ import { leaseKey, type LeaseRef } from './lease.js';
  */
 export async function settledWith(
   write: Queryable,
-  schema: string,
+  schema: SchemaRef,
   refs: readonly LeaseRef[],
   outcome: 'completed' | 'failed',
 ): Promise<Map<string, { dead: boolean }>> {
   if (refs.length === 0) return new Map();
-  const s = quoteIdent(schema);
+  const { q: s } = bindSchema(schema);
   const res = await write.query<{ lane_id: number; lane_seq: string; dead: boolean }>(
     `SELECT st.lane_id, st.lane_seq::text AS lane_seq,
             EXISTS (SELECT 1 FROM ${s}.dead_letters d WHERE d.id = st.id) AS dead

@@ -1,4 +1,4 @@
-import { quoteIdent, type Queryable } from '../sql.js';
+import { type Queryable, bindSchema, type SchemaRef } from '../sql.js';
 
 export type TaskState = 'ready' | 'running' | 'completed' | 'scheduled' | 'retryable' | 'dead';
 
@@ -25,8 +25,8 @@ export interface TaskRecord {
  * it returns only the entry that still stands for the task (never a tombstoned one, never one
  * whose attempt has moved on), so a task that was moved or retried reads as its current row.
  */
-export async function getTask(db: Queryable, schema: string, id: string): Promise<TaskRecord | null> {
-  const s = quoteIdent(schema);
+export async function getTask(db: Queryable, schema: SchemaRef, id: string): Promise<TaskRecord | null> {
+  const { q: s } = bindSchema(schema);
   const res = await db.query<{
     id: string; type: string; state: TaskState; payload: unknown; queue: string; priority: number; shard: number;
     attempts: number; max_attempts: number | null; dedupe_key: string | null; last_error: string | null;
