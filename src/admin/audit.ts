@@ -1,4 +1,4 @@
-import { type Queryable, bindSchema, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import type { Logger } from '../logger.js';
 
 /** Who did an operator action, and through what: `cli:alice`, `dashboard:ops@example.com`. */

@@ -1,5 +1,5 @@
 import { BerthInputError } from '../errors.js';
-import { type Queryable, bindSchema, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import { deadRowPredicate } from '../storage/predicates.js';
 import { taskId } from './ids.js';
 

@@ -1,5 +1,5 @@
 import { checkText, MAX_QUEUE_BYTES } from '../limits.js';
-import { type Queryable, bindSchema, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 
 export interface QueueInfo {
   queue: string;

@@ -1,4 +1,4 @@
-import { type Queryable, bindSchema, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import { LEADER_LOCK, leaderApplicationName, schemaLockKey } from '../storage/locks.js';
 import { DEFAULT_HEARTBEAT_MS, HEARTBEAT_FUTURE_ALLOWANCE_MS, liveWorker, liveWorkerParams } from '../storage/live-workers.js';
 import { readMaintenanceReport, type MaintenanceReport } from './worker-report.js';

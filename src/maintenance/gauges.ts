@@ -1,4 +1,4 @@
-import { type Queryable, bindSchema, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import type { BerthMetrics } from '../metrics.js';
 import { deadRowPredicate, liveEntryPredicate } from '../storage/predicates.js';
 import { liveWorker, liveWorkerParams } from '../storage/live-workers.js';

@@ -1,4 +1,4 @@
-import { type Queryable, bindSchema, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import { HEARTBEAT_FUTURE_ALLOWANCE_MS } from '../storage/live-workers.js';
 
 export const DEFAULT_DEAD_RETENTION_MS = 7 * 24 * 3600 * 1000;

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { quoteIdent, bindSchema, type SchemaRef } from '../sql.js';
+import { bindSchema, quoteIdent, type SchemaRef } from '../sql.js';
 
 export interface RingState {
   currentSlot: number;

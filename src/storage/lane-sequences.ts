@@ -1,4 +1,4 @@
-import { type Queryable, bindSchema, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 
 /**
  * Lane sequences (`lane_seq_<lane_id>`) give each lane its order. berth creates them through

@@ -1,6 +1,6 @@
 import { BerthInputError } from '../errors.js';
 import { checkText, MAX_QUEUE_BYTES } from '../limits.js';
-import { readCommittedOnly, READ_COMMITTED_REQUIRED, type Queryable, bindSchema, type SchemaRef } from '../sql.js';
+import { bindSchema, READ_COMMITTED_REQUIRED, readCommittedOnly, type Queryable, type SchemaRef } from '../sql.js';
 import { getTask } from './tasks.js';
 
 export type MoveResult = 'moved' | 'leased' | 'not_found';

@@ -1,4 +1,4 @@
-import { type Queryable, bindSchema, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import type { LeaseRef } from './lease.js';
 
 /**

@@ -1,5 +1,5 @@
 import { BerthInputError } from '../errors.js';
-import { readCommittedOnly, READ_COMMITTED_REQUIRED, type Queryable, bindSchema, type SchemaRef } from '../sql.js';
+import { bindSchema, READ_COMMITTED_REQUIRED, readCommittedOnly, type Queryable, type SchemaRef } from '../sql.js';
 
 /**
  * Remove a task that no worker holds: a deferred row is deleted; a ready entry past its lane's
