@@ -16,7 +16,8 @@ import pg from 'pg';
 import { pino } from 'pino';
 import { defineTask, enqueue, enqueueMany, migrate, Worker } from '../src/index.js';
 import { claim } from '../src/processor/claim.js';
-import { schemaLockKey, wakeChannel } from '../src/sql.js';
+import { wakeChannel } from '../src/sql.js';
+import { schemaLockKey } from '../src/storage/locks.js';
 
 const url = process.env.BENCH_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 const schema = 'berth_coupling';

@@ -18,10 +18,10 @@ import {
   migrate, taskCounts, taskTimeline, throughput, type Queryable, type TaskSpec,
 } from '../src/index.js';
 import { claim, type ClaimParams } from '../src/processor/claim.js';
-import { completeLeases } from '../src/processor/settlement.js';
+import { completeLeases } from '../src/storage/complete.js';
 import { Heartbeat } from '../src/processor/heartbeat.js';
-import { LEADER_LOCK } from '../src/maintenance/leader.js';
-import { quoteIdent, schemaLockKey, wakeChannel } from '../src/sql.js';
+import { quoteIdent, wakeChannel } from '../src/sql.js';
+import { LEADER_LOCK, schemaLockKey } from '../src/storage/locks.js';
 
 const url = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 const schema = 'explain_admin';

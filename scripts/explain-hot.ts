@@ -10,7 +10,7 @@ import pg from 'pg';
 import { enqueueMany, migrate } from '../src/index.js';
 import { promoteDueLanes } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
-import { completeLeases } from '../src/processor/settlement.js';
+import { completeLeases } from '../src/storage/complete.js';
 import { wakeChannel } from '../src/sql.js';
 
 const url = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';

@@ -46,18 +46,19 @@ export {
   type StandardSchemaLike,
 } from './task.js';
 export { runSlices, DEFAULT_SLICE_MS, type SliceOptions, type SlicePage } from './processor/slices.js';
-export { dequeue } from './processor/settlement.js';
+export { dequeue } from './storage/complete.js';
 
 // Worker
 export { Worker, WORKER_DEFAULTS, type WorkerOptions } from './processor/worker.js';
 export { MAINTENANCE_DEFAULTS, type MaintenanceOptions } from './maintenance/leader.js';
-export { DEFAULT_HEARTBEAT_MS } from './processor/heartbeat.js';
+export { DEFAULT_HEARTBEAT_MS } from './storage/live-workers.js';
 export { DEFAULT_STUCK_GRACE_MS, STUCK_EXIT_CODE } from './processor/stuck.js';
 export { createLogger, type Logger } from './logger.js';
 export { fromEnv, workerOptionsFromEnv, type BerthEnvironment, type Environment, type WorkerEnvOptions } from './env.js';
 
 // Admin: reads and actions on tasks, dead letters, queues; stats; the audit log
-export { getTask, moveTask, type MoveResult, type TaskRecord, type TaskState } from './storage/tasks.js';
+export { getTask, type TaskRecord, type TaskState } from './storage/tasks.js';
+export { moveTask, type MoveResult } from './storage/move.js';
 export { listTasks, taskTimeline, retryTask, cancelTask, deleteTask, parseState, TASK_STATES, type TaskFilter, type TaskPage, type TaskSummary, type TaskList, type TimelineEvent, type TaskActionResult } from './admin/tasks.js';
 export { listDead, countDead, retryDead, retryDeadLetters, purgeDead, type DeadFilter, type DeadLetter, type BulkProgress, type BulkResult } from './admin/dead.js';
 export { listQueues, pauseQueue, resumeQueue, type QueueInfo } from './admin/queues.js';

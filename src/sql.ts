@@ -51,13 +51,22 @@ export function wakeChannel(schema: string): string {
   return `${schema}.wake`;
 }
 
-/** Stable 32-bit key for advisory locks namespaced by schema (the lane lock's first key). */
-export function schemaLockKey(schema: string): number {
-  // FNV-1a, folded into int4 range; stable across processes and versions.
-  let h = 0x811c9dc5;
-  for (const ch of Buffer.from(schema, 'utf8')) {
-    h ^= ch;
-    h = Math.imul(h, 0x01000193);
-  }
-  return h | 0;
+/**
+ * A schema bound once: its name (for statement names, the wake channel and lock keys) and its
+ * identifier quoted for SQL text. Components that run statements bind their schema when they
+ * are built and hand the bound value down, so no statement re-quotes it.
+ */
+export interface Schema {
+  readonly name: string;
+  /** `quoteIdent(name)`: what statements write before `.table`. */
+  readonly q: string;
+}
+
+/** A schema as callers may give it: a name (the public API takes one) or an already bound one. */
+export type SchemaRef = string | Schema;
+
+/** Bind a schema name (validated and quoted here, once); a bound schema is returned as it is. */
+export function bindSchema(schema: SchemaRef): Schema {
+  if (typeof schema !== 'string') return schema;
+  return Object.freeze({ name: schema, q: quoteIdent(schema) });
 }

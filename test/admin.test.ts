@@ -6,7 +6,7 @@ import {
   taskCounts, taskTimeline, throughput, Worker, laneActivity,
 } from '../src/index.js';
 import { claim } from '../src/processor/claim.js';
-import { completeLeases } from '../src/processor/settlement.js';
+import { completeLeases } from '../src/storage/complete.js';
 import { wakeChannel } from '../src/sql.js';
 import { counterValue, DATABASE_URL, FAST_MAINTENANCE, freshSchema, testLogger, waitFor } from './helpers.js';
 

@@ -27,7 +27,7 @@ import { join } from 'node:path';
 import pg from 'pg';
 import { enqueueMany, leaderInfo, migrate } from '../src/index.js';
 import { readGauges } from '../src/maintenance-api.js';
-import { leaderApplicationName } from '../src/maintenance/leader.js';
+import { leaderApplicationName } from '../src/storage/locks.js';
 import { quoteIdent } from '../src/sql.js';
 import { liveEntryPredicate } from '../src/storage/predicates.js';
 import { waitFor } from './helpers.js';

@@ -6,9 +6,8 @@ import pg from 'pg';
 import { enqueue, leaderInfo, listWorkers } from '../src/index.js';
 import { startDashboard } from '../src/dashboard/index.js';
 import { MAX_QUEUE_NAME_BYTES, MAX_TASK_TYPE_CHARS } from '../src/dashboard/params.js';
-import { LEADER_LOCK, leaderApplicationName } from '../src/maintenance/leader.js';
 import { pruneOperatorHistory } from '../src/maintenance/retention.js';
-import { schemaLockKey } from '../src/sql.js';
+import { LEADER_LOCK, leaderApplicationName, schemaLockKey } from '../src/storage/locks.js';
 import { captureLogger, DATABASE_URL, freshSchema } from './helpers.js';
 
 /**

@@ -10,8 +10,8 @@ import assert from 'node:assert/strict';
 import { createServer } from 'node:net';
 import { Maintenance } from '../src/maintenance-api.js';
 import { BerthMetrics } from '../src/metrics.js';
-import { followerApplicationName, leaderApplicationName, RECONNECT_MAX_MS, reconnectDelayMs } from '../src/maintenance/election.js';
-import { schemaLockKey } from '../src/sql.js';
+import { RECONNECT_MAX_MS, reconnectDelayMs } from '../src/maintenance/election.js';
+import { followerApplicationName, leaderApplicationName, schemaLockKey } from '../src/storage/locks.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, testLogger, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('election');

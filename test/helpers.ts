@@ -103,7 +103,7 @@ export async function expectOutcome(metrics: BerthMetrics, type: string, outcome
 
 import { fork, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { schemaLockKey } from '../src/sql.js';
+import { schemaLockKey } from '../src/storage/locks.js';
 
 /** The test database's URL, logging in as `role`. */
 export function urlAs(role: string): string {

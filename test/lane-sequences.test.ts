@@ -4,7 +4,7 @@ import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { enqueue, listLaneSequenceProblems, migrate, repairLaneSequences } from '../src/index.js';
-import { schemaLockKey } from '../src/sql.js';
+import { schemaLockKey } from '../src/storage/locks.js';
 import { DATABASE_URL, urlAs, within } from './helpers.js';
 
 // Roles are cluster-wide: every name carries the pid so parallel runs never share one.

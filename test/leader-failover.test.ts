@@ -3,7 +3,8 @@ import assert from 'node:assert/strict';
 import type { ChildProcess } from 'node:child_process';
 import { enqueueMany, getTask } from '../src/index.js';
 import { claim } from '../src/processor/claim.js';
-import { schemaLockKey, wakeChannel } from '../src/sql.js';
+import { wakeChannel } from '../src/sql.js';
+import { schemaLockKey } from '../src/storage/locks.js';
 import { freshSchema, waitFor, spawnWorkerProcess } from './helpers.js';
 
 const { schema, pool } = await freshSchema('failover');

@@ -3,8 +3,9 @@ import assert from 'node:assert/strict';
 import { defineTask, enqueueMany, Worker, getTask } from '../src/index.js';
 import { promoteDueLanes, promoteDue, rescueLapsedLeases, pruneSegment, rotateRing, readRingState, maintainRing } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
-import { completeLeases } from '../src/processor/settlement.js';
-import { schemaLockKey, wakeChannel } from '../src/sql.js';
+import { completeLeases } from '../src/storage/complete.js';
+import { wakeChannel } from '../src/sql.js';
+import { schemaLockKey } from '../src/storage/locks.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, leaseLapsed, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('maint');

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { enqueue, enqueueMany, getTask, moveTask } from '../src/index.js';
 import { maintainRing, readRingState, rotateRing, pruneSegment } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
-import { completeLeases } from '../src/processor/settlement.js';
+import { completeLeases } from '../src/storage/complete.js';
 import { wakeChannel } from '../src/sql.js';
 import { freshSchema } from './helpers.js';
 

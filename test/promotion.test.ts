@@ -9,7 +9,8 @@ import { defineTask, enqueueMany, getTask, Worker } from '../src/index.js';
 import { promoteDueLanes } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { waiterLimit } from '../src/maintenance/promoter.js';
-import { schemaLockKey, wakeChannel } from '../src/sql.js';
+import { wakeChannel } from '../src/sql.js';
+import { schemaLockKey } from '../src/storage/locks.js';
 import { captureLogger, counterValue, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor, holdLaneLock } from './helpers.js';
 
 const { schema, pool } = await freshSchema('promo');

@@ -15,11 +15,12 @@ import {
 } from '../src/index.js';
 import { maintainRing, promoteDueLanes, pruneDeadLetters, readGauges, rescueLapsedLeases, rotateRing } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
-import { LEADER_LOCK } from '../src/maintenance/leader.js';
 import { MIGRATIONS } from '../src/schema/migrations.js';
-import { schemaLockKey, wakeChannel } from '../src/sql.js';
-import { clearOverdueLease, overdueMarks, protectOverdueLease, refreshOverdueLeases } from '../src/processor/overdue.js';
-import { completeLeases, removeUnleased } from '../src/processor/settlement.js';
+import { wakeChannel } from '../src/sql.js';
+import { LEADER_LOCK, schemaLockKey } from '../src/storage/locks.js';
+import { clearOverdueLease, overdueMarks, protectOverdueLease, refreshOverdueLeases } from '../src/storage/overdue.js';
+import { completeLeases } from '../src/storage/complete.js';
+import { removeUnleased } from '../src/storage/remove.js';
 import { captureLogger, counterValue, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, waitFor, urlAs } from './helpers.js';
 
 // Roles are cluster-wide: every name carries the pid so parallel runs never share one.

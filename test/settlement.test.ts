@@ -3,7 +3,10 @@ import assert from 'node:assert/strict';
 import { enqueue, enqueueMany, dequeue, getTask, LeaseLostError, backoffDelayMs, DEFAULT_BACKOFF } from '../src/index.js';
 import { pruneDeadLetters, rescueLapsedLeases, promoteDue, readGauges } from '../src/maintenance-api.js';
 import { claim, discover, type ClaimedTask } from '../src/processor/claim.js';
-import { advanceCursor, completeLeases, leaseKey, recordFailures, releaseLease } from '../src/processor/settlement.js';
+import { completeLeases } from '../src/storage/complete.js';
+import { recordFailures } from '../src/storage/fail.js';
+import { leaseKey } from '../src/storage/lease.js';
+import { advanceCursor, releaseLease } from '../src/storage/return.js';
 import { wakeChannel } from '../src/sql.js';
 import { freshSchema, leaseLapsed } from './helpers.js';
 

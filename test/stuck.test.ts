@@ -14,8 +14,8 @@ import {
 } from '../src/index.js';
 import { rescueLapsedLeases } from '../src/maintenance-api.js';
 import { claim, discover, type ClaimedTask } from '../src/processor/claim.js';
-import { overdueMarks, protectOverdueLease } from '../src/processor/overdue.js';
-import { completeLeases } from '../src/processor/settlement.js';
+import { overdueMarks, protectOverdueLease } from '../src/storage/overdue.js';
+import { completeLeases } from '../src/storage/complete.js';
 import { wakeChannel } from '../src/sql.js';
 import { captureLogger, counterValue, DATABASE_URL, FAST_MAINTENANCE, freshSchema, spawnWorkerProcess, testLogger, waitFor } from './helpers.js';
 

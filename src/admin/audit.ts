@@ -1,4 +1,4 @@
-import { quoteIdent, type Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import type { Logger } from '../logger.js';
 
 /** Who did an operator action, and through what: `cli:alice`, `dashboard:ops@example.com`. */
@@ -21,7 +21,7 @@ export interface AuditEntry {
  */
 export async function audited<T>(
   db: Queryable,
-  schema: string,
+  schema: SchemaRef,
   logger: Logger | null,
   actor: Actor,
   action: string,
@@ -41,7 +41,7 @@ export async function audited<T>(
     logger?.info({ actor, action, target, result: summary }, 'operator action');
     try {
       await db.query(
-        `INSERT INTO ${quoteIdent(schema)}.audit_log (actor, action, target, result) VALUES ($1, $2, $3, $4)`,
+        `INSERT INTO ${bindSchema(schema).q}.audit_log (actor, action, target, result) VALUES ($1, $2, $3, $4)`,
         [actor, action, JSON.stringify(target), JSON.stringify(summary ?? null)],
       );
     } catch (err) {
@@ -59,12 +59,12 @@ function summarise(result: unknown): unknown {
 /** Newest first; `before` is the id of the last entry of the previous page. */
 export async function listAudit(
   db: Queryable,
-  schema: string,
+  schema: SchemaRef,
   page: { limit?: number; before?: string } = {},
 ): Promise<AuditEntry[]> {
   const res = await db.query<{ id: string; at: Date; actor: string; action: string; target: unknown; result: unknown }>(
     // a.id, not the text output column: the page is in numeric order and the PK serves it.
-    `SELECT a.id::text AS id, a.at, a.actor, a.action, a.target, a.result FROM ${quoteIdent(schema)}.audit_log a
+    `SELECT a.id::text AS id, a.at, a.actor, a.action, a.target, a.result FROM ${bindSchema(schema).q}.audit_log a
       WHERE ($1::bigint IS NULL OR a.id < $1) ORDER BY a.id DESC LIMIT $2`,
     [page.before ?? null, Math.min(Math.max(page.limit ?? 50, 1), 500)],
   );

@@ -1,5 +1,5 @@
 import { BerthInputError } from '../errors.js';
-import { quoteIdent, type Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import { deadRowPredicate } from '../storage/predicates.js';
 import { taskId } from './ids.js';
 
@@ -74,7 +74,7 @@ function where(f: DeadFilter): { sql: string; values: unknown[] } {
 /** Newest first, keyset-paginated by id (`after`: the last id of the previous page). */
 export async function listDead(
   db: Queryable,
-  schema: string,
+  schema: SchemaRef,
   filter: Omit<DeadFilter, 'all'> = {},
   page: { limit?: number; after?: string } = {},
 ): Promise<{ deadLetters: DeadLetter[]; next: string | null }> {
@@ -87,7 +87,7 @@ export async function listDead(
     payload: unknown; created_at: Date; died_at: Date;
   }>(
     `SELECT d.id::text, d.type, d.queue, d.priority, d.attempts, d.last_error, d.payload, d.created_at, d.died_at
-       FROM ${quoteIdent(schema)}.dead_letters d
+       FROM ${bindSchema(schema).q}.dead_letters d
       WHERE ${w.sql} AND ($6::bigint IS NULL OR d.id < $6)
       ORDER BY d.id DESC LIMIT $7`,
     [...w.values, page.after ?? null, limit + 1],
@@ -103,22 +103,22 @@ export async function listDead(
 }
 
 /** How many dead letters a filter matches (what a bulk action will touch). */
-export async function countDead(db: Queryable, schema: string, filter: DeadFilter): Promise<number> {
+export async function countDead(db: Queryable, schema: SchemaRef, filter: DeadFilter): Promise<number> {
   const w = where(filter);
-  const r = await db.query<{ n: string }>(`SELECT count(*)::text AS n FROM ${quoteIdent(schema)}.dead_letters d WHERE ${w.sql}`, w.values);
+  const r = await db.query<{ n: string }>(`SELECT count(*)::text AS n FROM ${bindSchema(schema).q}.dead_letters d WHERE ${w.sql}`, w.values);
   return Number(r.rows[0]!.n);
 }
 
 /** Retry these dead letters (see `retry_dead` in migration 5), in one statement. */
 export async function retryDeadLetters(
   db: Queryable,
-  schema: string,
+  schema: SchemaRef,
   ids: readonly string[],
 ): Promise<{ id: string; result: 'retried' | 'duplicate' | 'not_found' }[]> {
   for (const id of ids) taskId(id);
   if (ids.length === 0) return [];
   const r = await db.query<{ id: string; result: 'retried' | 'duplicate' | 'not_found' }>(
-    `SELECT id::text, result FROM ${quoteIdent(schema)}.retry_dead($1::bigint[])`,
+    `SELECT id::text, result FROM ${bindSchema(schema).q}.retry_dead($1::bigint[])`,
     [[...ids]],
   );
   return r.rows;
@@ -127,10 +127,11 @@ export async function retryDeadLetters(
 const BULK_BATCH = 1000;
 
 /** What every bulk action does first: refuse an unscoped filter, count what it will touch. */
-async function startBulk(db: Queryable, schema: string, filter: DeadFilter) {
+async function startBulk(db: Queryable, schema: SchemaRef, filter: DeadFilter) {
   assertBulkScope(filter);
-  const total = await countDead(db, schema, filter);
-  return { total, w: where(filter), out: { matched: total, changed: 0, duplicates: 0 } as BulkResult };
+  const bound = bindSchema(schema);
+  const total = await countDead(db, bound, filter);
+  return { bound, total, w: where(filter), out: { matched: total, changed: 0, duplicates: 0 } as BulkResult };
 }
 
 /**
@@ -140,23 +141,23 @@ async function startBulk(db: Queryable, schema: string, filter: DeadFilter) {
  */
 export async function retryDead(
   db: Queryable,
-  schema: string,
+  schema: SchemaRef,
   filter: DeadFilter,
   onProgress?: (p: BulkProgress) => void,
 ): Promise<BulkResult> {
-  const { total, w, out } = await startBulk(db, schema, filter);
+  const { bound, total, w, out } = await startBulk(db, schema, filter);
   let after = '0';
   let done = 0;
   for (;;) {
     const batch = await db.query<{ id: string }>(
-      `SELECT d.id::text FROM ${quoteIdent(schema)}.dead_letters d
+      `SELECT d.id::text FROM ${bound.q}.dead_letters d
         WHERE ${w.sql} AND d.id > $6 ORDER BY d.id LIMIT $7`,
       [...w.values, after, BULK_BATCH],
     );
     if (batch.rows.length === 0) break;
     const ids = batch.rows.map((r) => r.id);
     after = ids[ids.length - 1]!;
-    for (const r of await retryDeadLetters(db, schema, ids)) {
+    for (const r of await retryDeadLetters(db, bound, ids)) {
       if (r.result === 'retried') out.changed++;
       else if (r.result === 'duplicate') out.duplicates++;
     }
@@ -172,12 +173,12 @@ export async function retryDead(
  */
 export async function purgeDead(
   db: Queryable,
-  schema: string,
+  schema: SchemaRef,
   filter: DeadFilter,
   onProgress?: (p: BulkProgress) => void,
 ): Promise<BulkResult> {
-  const s = quoteIdent(schema);
-  const { total, w, out } = await startBulk(db, schema, filter);
+  const { bound, total, w, out } = await startBulk(db, schema, filter);
+  const s = bound.q;
   for (;;) {
     const r = await db.query(
       `DELETE FROM ${s}.dead_letters WHERE id IN (

@@ -1,5 +1,5 @@
 import { checkText, MAX_QUEUE_BYTES } from '../limits.js';
-import { quoteIdent, type Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 
 export interface QueueInfo {
   queue: string;
@@ -15,8 +15,8 @@ export interface QueueInfo {
  * work is all in the future has no lane yet), by name. The deferred queues are found with a
  * skip scan over the (queue, ...) index: one probe per distinct queue, not a scan of the rows.
  */
-export async function listQueues(db: Queryable, schema: string): Promise<QueueInfo[]> {
-  const s = quoteIdent(schema);
+export async function listQueues(db: Queryable, schema: SchemaRef): Promise<QueueInfo[]> {
+  const { q: s } = bindSchema(schema);
   const r = await db.query<{ queue: string; lanes: number; paused_at: Date | null; paused_by: string | null; reason: string | null }>(
     `WITH RECURSIVE deferred_queues(queue) AS (
        (SELECT queue FROM ${s}.deferred ORDER BY queue LIMIT 1)
@@ -48,13 +48,13 @@ function queueName(queue: string): string {
  * promotion go on, so nothing is lost while it is paused. Pausing a queue with no lanes yet
  * records the pause: its first lane opens paused. Returns the number of lanes changed.
  */
-export async function pauseQueue(db: Queryable, schema: string, queue: string, actor: string, reason?: string): Promise<{ lanes: number }> {
-  const r = await db.query<{ n: number }>(`SELECT ${quoteIdent(schema)}.set_queue_paused($1, true, $2, $3) AS n`, [queueName(queue), actor, reason ?? null]);
+export async function pauseQueue(db: Queryable, schema: SchemaRef, queue: string, actor: string, reason?: string): Promise<{ lanes: number }> {
+  const r = await db.query<{ n: number }>(`SELECT ${bindSchema(schema).q}.set_queue_paused($1, true, $2, $3) AS n`, [queueName(queue), actor, reason ?? null]);
   return { lanes: r.rows[0]!.n };
 }
 
 /** Let workers claim from the queue again, and wake them. */
-export async function resumeQueue(db: Queryable, schema: string, queue: string, actor: string): Promise<{ lanes: number }> {
-  const r = await db.query<{ n: number }>(`SELECT ${quoteIdent(schema)}.set_queue_paused($1, false, $2, NULL) AS n`, [queueName(queue), actor]);
+export async function resumeQueue(db: Queryable, schema: SchemaRef, queue: string, actor: string): Promise<{ lanes: number }> {
+  const r = await db.query<{ n: number }>(`SELECT ${bindSchema(schema).q}.set_queue_paused($1, false, $2, NULL) AS n`, [queueName(queue), actor]);
   return { lanes: r.rows[0]!.n };
 }

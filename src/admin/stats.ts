@@ -1,7 +1,7 @@
 import type { Lane } from '../lane.js';
-import { quoteIdent, schemaLockKey, type Queryable } from '../sql.js';
-import { LEADER_LOCK, leaderApplicationName } from '../maintenance/leader.js';
-import { DEFAULT_HEARTBEAT_MS, HEARTBEAT_FUTURE_ALLOWANCE_MS, STALE_HEARTBEATS } from '../processor/heartbeat.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import { LEADER_LOCK, leaderApplicationName, schemaLockKey } from '../storage/locks.js';
+import { DEFAULT_HEARTBEAT_MS, HEARTBEAT_FUTURE_ALLOWANCE_MS, liveWorker, liveWorkerParams } from '../storage/live-workers.js';
 import { readMaintenanceReport, type MaintenanceReport } from './worker-report.js';
 import { deadRowPredicate, liveEntryPredicate } from '../storage/predicates.js';
 
@@ -25,8 +25,8 @@ export interface LaneStat extends Lane {
  * oldest due deferred row. Cost grows with the
  * number of lanes, not the number of tasks, so it is safe on every dashboard refresh.
  */
-export async function laneStats(db: Queryable, schema: string): Promise<LaneStat[]> {
-  const s = quoteIdent(schema);
+export async function laneStats(db: Queryable, schema: SchemaRef): Promise<LaneStat[]> {
+  const { q: s } = bindSchema(schema);
   const r = await db.query<{
     lane_id: number; queue: string; priority: number; shard: number; paused: boolean; depth: string;
     due_deferred: string; oldest_secs: number | null;
@@ -72,8 +72,8 @@ export async function laneStats(db: Queryable, schema: string): Promise<LaneStat
  * index, so leases of the last ceiling-and-margin) and every dead letter: `berth stats` runs it
  * once; a refreshing view should cache it like `taskCounts`.
  */
-export async function laneActivity(db: Queryable, schema: string): Promise<Map<number, { running: number; dead: number }>> {
-  const s = quoteIdent(schema);
+export async function laneActivity(db: Queryable, schema: SchemaRef): Promise<Map<number, { running: number; dead: number }>> {
+  const { q: s } = bindSchema(schema);
   const r = await db.query<{ lane_id: number; running: string; dead: string }>(
     `SELECT lane_id, sum(running)::text AS running, sum(dead)::text AS dead FROM (
        SELECT le.lane_id, count(*) AS running, 0 AS dead FROM ${s}.leases le
@@ -104,8 +104,8 @@ export interface TaskCount {
  * Counts by queue and task type, with the gauges' predicates. This one reads every unfinished
  * row, so callers that refresh (the dashboard) cache it; see `CachedReader`.
  */
-export async function taskCounts(db: Queryable, schema: string): Promise<TaskCount[]> {
-  const s = quoteIdent(schema);
+export async function taskCounts(db: Queryable, schema: SchemaRef): Promise<TaskCount[]> {
+  const { q: s } = bindSchema(schema);
   const r = await db.query<{ queue: string; type: string; pending: string; running: string; dead: string }>(
     `WITH live AS (
        SELECT r.queue, r.type, l.expires_at
@@ -135,11 +135,11 @@ export interface ThroughputPoint {
 }
 
 /** Handler outcomes per minute over the last `minutes` (from the workers' heartbeats). */
-export async function throughput(db: Queryable, schema: string, minutes = 60): Promise<ThroughputPoint[]> {
+export async function throughput(db: Queryable, schema: SchemaRef, minutes = 60): Promise<ThroughputPoint[]> {
   const r = await db.query<{ minute: Date; queue: string; type: string; outcome: string; count: string }>(
     // Heartbeats write this minute's counts: a later (or infinite) minute or a negative count was
     // written by something else, and is left out rather than bending every chart.
-    `SELECT minute, queue, type, outcome, sum(count)::text AS count FROM ${quoteIdent(schema)}.outcome_counts
+    `SELECT minute, queue, type, outcome, sum(count)::text AS count FROM ${bindSchema(schema).q}.outcome_counts
       WHERE minute >= date_trunc('minute', now()) - make_interval(mins => $1)
         AND minute <= now() + make_interval(secs => $2 / 1000.0) AND count >= 0
       GROUP BY minute, queue, type, outcome ORDER BY minute`,
@@ -173,13 +173,13 @@ export type { BranchRecord } from './worker-report.js';
 type LeaderSession = NonNullable<LeaderInfo['session']>;
 
 /** The session holding the schema's leader advisory lock, or null when nobody leads. */
-async function leaderSession(db: Queryable, schema: string): Promise<LeaderSession | null> {
+async function leaderSession(db: Queryable, schema: SchemaRef): Promise<LeaderSession | null> {
   const r = await db.query<{ pid: number; application_name: string; client_addr: string | null; since: Date }>(
     `SELECT a.pid, a.application_name, a.client_addr::text AS client_addr, a.backend_start AS since
        FROM pg_catalog.pg_locks k JOIN pg_catalog.pg_stat_activity a ON a.pid = k.pid
       WHERE k.locktype = 'advisory' AND k.granted AND k.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
         AND k.classid = ($1::bigint & 4294967295)::oid AND k.objid = ($2::bigint & 4294967295)::oid AND k.objsubid = 2`,
-    [schemaLockKey(schema), LEADER_LOCK],
+    [schemaLockKey(bindSchema(schema).name), LEADER_LOCK],
   );
   const row = r.rows[0];
   return row ? { pid: row.pid, applicationName: row.application_name, clientAddr: row.client_addr, since: row.since } : null;
@@ -202,19 +202,19 @@ function holdsLeaderLock(workerId: string, session: LeaderSession | null): boole
   return session !== null && session.applicationName === clipBytes(leaderApplicationName(workerId), 63);
 }
 
-async function readWorkers(db: Queryable, schema: string, heartbeatMs: number, session: LeaderSession | null): Promise<WorkerInfo[]> {
+async function readWorkers(db: Queryable, schema: SchemaRef, heartbeatMs: number, session: LeaderSession | null): Promise<WorkerInfo[]> {
   const r = await db.query<{
     worker_id: string; host: string; pid: number; queues: string[] | null; slots: number; busy: number; prefetched: number;
     leader: boolean; started_at: Date; last_seen_at: Date; alive: boolean; future: boolean; maintenance: unknown;
   }>(
     // Infinite times are no heartbeat's (it writes now()): such a row is left out, and pruned.
     `SELECT w.worker_id, w.host, w.pid, w.queues, w.slots, w.busy, w.prefetched, w.leader, w.started_at, w.last_seen_at, w.maintenance,
-            w.last_seen_at > now() - make_interval(secs => $1 / 1000.0) AND w.last_seen_at <= now() + make_interval(secs => $2 / 1000.0) AS alive,
+            ${liveWorker('w', '$1', '$2')} AS alive,
             w.last_seen_at > now() + make_interval(secs => $2 / 1000.0) AS future
-       FROM ${quoteIdent(schema)}.workers w
+       FROM ${bindSchema(schema).q}.workers w
       WHERE isfinite(w.started_at) AND isfinite(w.last_seen_at)
       ORDER BY w.started_at DESC`,
-    [heartbeatMs * STALE_HEARTBEATS, HEARTBEAT_FUTURE_ALLOWANCE_MS],
+    liveWorkerParams(heartbeatMs),
   );
   return r.rows.map((w) => {
     const { report, invalid } = readMaintenanceReport(w.maintenance);
@@ -233,8 +233,9 @@ async function readWorkers(db: Queryable, schema: string, heartbeatMs: number, s
  * `invalid`, a future-dated row is neither alive nor leader, and `leader` is confirmed against
  * the session that holds the leader lock.
  */
-export async function listWorkers(db: Queryable, schema: string, heartbeatMs = DEFAULT_HEARTBEAT_MS): Promise<WorkerInfo[]> {
-  return readWorkers(db, schema, heartbeatMs, await leaderSession(db, schema));
+export async function listWorkers(db: Queryable, schema: SchemaRef, heartbeatMs = DEFAULT_HEARTBEAT_MS): Promise<WorkerInfo[]> {
+  const bound = bindSchema(schema);
+  return readWorkers(db, bound, heartbeatMs, await leaderSession(db, bound));
 }
 
 export interface LeaderInfo {
@@ -249,9 +250,10 @@ export interface LeaderInfo {
  * and the heartbeat of the worker whose leader session that is (its branch durations and
  * overruns). A row that only says `leader = true` is not taken at its word.
  */
-export async function leaderInfo(db: Queryable, schema: string, heartbeatMs = DEFAULT_HEARTBEAT_MS): Promise<LeaderInfo> {
-  const session = await leaderSession(db, schema);
-  const workers = await readWorkers(db, schema, heartbeatMs, session);
+export async function leaderInfo(db: Queryable, schema: SchemaRef, heartbeatMs = DEFAULT_HEARTBEAT_MS): Promise<LeaderInfo> {
+  const bound = bindSchema(schema);
+  const session = await leaderSession(db, bound);
+  const workers = await readWorkers(db, bound, heartbeatMs, session);
   return { session, worker: workers.find((w) => w.leader && w.alive) ?? null };
 }
 

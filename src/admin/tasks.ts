@@ -1,9 +1,10 @@
 import { BerthInputError } from '../errors.js';
-import { quoteIdent, type Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import { getTask, type TaskState } from '../storage/tasks.js';
 import { retryDeadLetters } from './dead.js';
 import { taskId } from './ids.js';
-import { removeUnleased } from '../processor/settlement.js';
+import { deleteDeadLetter, removeUnleased } from '../storage/remove.js';
+import { makeDeferredDueNow } from '../storage/move.js';
 
 export const TASK_STATES: readonly TaskState[] = ['ready', 'running', 'scheduled', 'retryable', 'dead', 'completed'];
 
@@ -72,8 +73,8 @@ function cursorId(after: string | undefined): string | null {
  * stops, except `running` and `completed`, which avoid the walk (see `ringPart`);
  * docs/explain-admin.md has the measured plans.
  */
-export async function listTasks(db: Queryable, schema: string, filter: TaskFilter = {}, page: TaskPage = {}): Promise<TaskList> {
-  const s = quoteIdent(schema);
+export async function listTasks(db: Queryable, schema: SchemaRef, filter: TaskFilter = {}, page: TaskPage = {}): Promise<TaskList> {
+  const { q: s } = bindSchema(schema);
   const limit = pageLimit(page.limit);
   if (filter.state) parseState(filter.state);
   const res = await db.query<{
@@ -194,9 +195,10 @@ export interface TimelineEvent {
  * it had (each append, claim, settlement, tombstone) while its ring segment is retained, plus its
  * deferred or dead-letter row.
  */
-export async function taskTimeline(db: Queryable, schema: string, id: string): Promise<TimelineEvent[]> {
-  const s = quoteIdent(schema);
-  const task = await getTask(db, schema, id);
+export async function taskTimeline(db: Queryable, schema: SchemaRef, id: string): Promise<TimelineEvent[]> {
+  const bound = bindSchema(schema);
+  const s = bound.q;
+  const task = await getTask(db, bound, id);
   if (!task) return [];
   const res = await db.query<{
     appended_at: Date; queue: string; priority: number; attempt: number | null; claimed_at: Date | null;
@@ -246,33 +248,33 @@ export type TaskActionResult =
  * Run a task now: a dead letter is retried with a fresh attempt budget; a scheduled or
  * retryable task becomes due now (the leader's promotion appends it within a tick).
  */
-export async function retryTask(db: Queryable, schema: string, id: string): Promise<TaskActionResult> {
-  const task = await getTask(db, schema, id);
+export async function retryTask(db: Queryable, schema: SchemaRef, id: string): Promise<TaskActionResult> {
+  const bound = bindSchema(schema);
+  const task = await getTask(db, bound, id);
   if (!task) return 'not_found';
   if (task.state === 'dead') {
-    const [r] = await retryDeadLetters(db, schema, [id]);
+    const [r] = await retryDeadLetters(db, bound, [id]);
     return r?.result ?? 'not_found';
   }
   if (task.state === 'scheduled' || task.state === 'retryable') {
-    const r = await db.query(`UPDATE ${quoteIdent(schema)}.deferred SET run_at = now() WHERE id = $1`, [id]);
-    return r.rowCount ? 'retried' : 'not_found';
+    return (await makeDeferredDueNow(db, bound, id)) ? 'retried' : 'not_found';
   }
   return 'not_retryable';
 }
 
 /** Remove a pending task no worker holds. A dead letter is not pending: use deleteTask. */
-export async function cancelTask(db: Queryable, schema: string, id: string): Promise<TaskActionResult> {
+export async function cancelTask(db: Queryable, schema: SchemaRef, id: string): Promise<TaskActionResult> {
   return removeUnleasedAs(db, schema, id, 'cancelled');
 }
 
 /** Remove a task in any state but running: pending ones as cancel does, dead letters deleted. */
-export async function deleteTask(db: Queryable, schema: string, id: string): Promise<TaskActionResult> {
-  const r = await db.query(`DELETE FROM ${quoteIdent(schema)}.dead_letters WHERE id = $1`, [id]);
-  if (r.rowCount) return 'removed';
-  return removeUnleasedAs(db, schema, id, 'deleted');
+export async function deleteTask(db: Queryable, schema: SchemaRef, id: string): Promise<TaskActionResult> {
+  const bound = bindSchema(schema);
+  if (await deleteDeadLetter(db, bound, id)) return 'removed';
+  return removeUnleasedAs(db, bound, id, 'deleted');
 }
 
-async function removeUnleasedAs(db: Queryable, schema: string, id: string, reason: string): Promise<TaskActionResult> {
+async function removeUnleasedAs(db: Queryable, schema: SchemaRef, id: string, reason: string): Promise<TaskActionResult> {
   const result = await removeUnleased(db, schema, taskId(id), reason);
   return result === 'leased' ? 'running' : result;
 }

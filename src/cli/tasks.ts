@@ -4,7 +4,8 @@ import { cancelTask, deleteTask, listTasks, parseState, retryTask, taskTimeline,
 import { BerthInputError } from '../errors.js';
 import { enqueue } from '../producer/enqueue.js';
 import { MAX_ATTEMPTS_LIMIT } from '../limits.js';
-import { getTask, moveTask } from '../storage/tasks.js';
+import { getTask } from '../storage/tasks.js';
+import { moveTask } from '../storage/move.js';
 import { taskId } from '../admin/ids.js';
 import { actor, CliFailure, common, intOption, nextPageCommand, printJson, printTable, taskIdArg, withPool, type Common } from './common.js';
 import { escapeControl, jsonSafe, say } from './terminal.js';

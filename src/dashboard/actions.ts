@@ -4,14 +4,14 @@ import { pauseQueue, resumeQueue } from '../admin/queues.js';
 import { cancelTask, deleteTask, retryTask } from '../admin/tasks.js';
 import { BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
-import type { Queryable } from '../sql.js';
-import { moveTask } from '../storage/tasks.js';
+import type { Queryable, Schema } from '../sql.js';
+import { moveTask } from '../storage/move.js';
 import { MAX_FILTER_TEXT_CHARS, optionalBoolean, optionalIds, optionalInteger, optionalQueue, optionalText, queueName, taskId } from './params.js';
 
 /** The state-changing side of the JSON API. Every action is audited under the caller's actor. */
 export interface ActionContext {
   db: Queryable;
-  schema: string;
+  schema: Schema;
   logger: Logger;
   actor: string;
 }

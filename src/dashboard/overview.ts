@@ -1,5 +1,5 @@
 import type { Logger } from '../logger.js';
-import type { Queryable } from '../sql.js';
+import type { Queryable, Schema } from '../sql.js';
 import {
   CachedReader, laneActivity, laneStats, leaderInfo, listWorkers, taskCounts, throughput, type LaneStat, type TaskCount, type ThroughputPoint, type WorkerInfo,
 } from '../admin/stats.js';
@@ -22,7 +22,8 @@ export class DashboardReads {
 
   constructor(
     readonly db: Queryable,
-    readonly schema: string,
+    /** Bound once by the handler; every read is qualified with it. */
+    readonly schema: Schema,
     private readonly logger?: Logger,
   ) {
     this.counts = new CachedReader(() => taskCounts(db, schema), COUNTS_TTL_MS);

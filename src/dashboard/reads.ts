@@ -5,7 +5,7 @@ import { leaderInfo, listWorkers } from '../admin/stats.js';
 import { listTasks, parseState, taskTimeline } from '../admin/tasks.js';
 import { laneKey } from '../lane.js';
 import { getTask } from '../storage/tasks.js';
-import { overdueMarks } from '../processor/overdue.js';
+import { overdueMarks } from '../storage/overdue.js';
 import { HttpError } from './http.js';
 import { readOverview, type DashboardReads } from './overview.js';
 import { MAX_FILTER_TEXT_CHARS, optionalCursor, optionalQuery, optionalQueueQuery, queryLimit, taskId } from './params.js';

@@ -1,20 +1,6 @@
 import pg from 'pg';
 import type { Logger } from '../logger.js';
-import { sessionName } from '../db/connections.js';
-import { schemaLockKey } from '../sql.js';
-
-/** The advisory lock id (second key) whose session holder is the maintenance leader. */
-export const LEADER_LOCK = -1;
-
-/** application_name of the leader's session (PostgreSQL truncates it to 63 bytes). */
-export function leaderApplicationName(workerId: string): string {
-  return sessionName('leader', workerId);
-}
-
-/** application_name of a follower's election session: never mistaken for the leader's. */
-export function followerApplicationName(workerId: string): string {
-  return sessionName('follower', workerId);
-}
+import { followerApplicationName, LEADER_LOCK, leaderApplicationName, schemaLockKey } from '../storage/locks.js';
 
 /**
  * Reconnect delays after a lost or refused session: the leader poll, doubling per consecutive

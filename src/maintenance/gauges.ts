@@ -1,7 +1,7 @@
-import { quoteIdent, type Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import type { BerthMetrics } from '../metrics.js';
 import { deadRowPredicate, liveEntryPredicate } from '../storage/predicates.js';
-import { DEFAULT_HEARTBEAT_MS, STALE_HEARTBEATS } from '../processor/heartbeat.js';
+import { liveWorker, liveWorkerParams } from '../storage/live-workers.js';
 
 export interface GaugeSnapshot {
   pending: Map<string, number>;
@@ -20,8 +20,8 @@ export interface GaugeSnapshot {
  * the longest-waiting claimable task has been due. A paused queue's work is not claimable, so
  * it is left out of oldest-due: pausing a queue must not page as starvation.
  */
-export async function readGauges(db: Queryable, schema: string): Promise<GaugeSnapshot> {
-  const s = quoteIdent(schema);
+export async function readGauges(db: Queryable, schema: SchemaRef): Promise<GaugeSnapshot> {
+  const { q: s } = bindSchema(schema);
   const res = await db.query<{ type: string; pending: string; running: string; dead: string }>(
     `WITH live AS (
        SELECT r.type, l.expires_at
@@ -52,9 +52,8 @@ export async function readGauges(db: Queryable, schema: string): Promise<GaugeSn
   );
   const fleet = await db.query<{ paused: string[]; workers: number }>(
     `SELECT ARRAY(SELECT queue FROM ${s}.queue_pauses ORDER BY queue) AS paused,
-            (SELECT count(*)::int FROM ${s}.workers
-              WHERE last_seen_at > now() - make_interval(secs => $1 / 1000.0)) AS workers`,
-    [DEFAULT_HEARTBEAT_MS * STALE_HEARTBEATS],
+            (SELECT count(*)::int FROM ${s}.workers w WHERE ${liveWorker('w', '$1', '$2')}) AS workers`,
+    liveWorkerParams(),
   );
   const snap: GaugeSnapshot = {
     pending: new Map(), running: new Map(), dead: new Map(), oldestDueSeconds: 0,

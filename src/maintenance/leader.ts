@@ -8,7 +8,8 @@ import { publishGauges, readGauges, resetGauges } from './gauges.js';
 import { ContentionTally, Promoter, type LaneContention } from './promoter.js';
 import { DEFAULT_DEAD_RETENTION_MS, pruneDeadLetters, pruneOperatorHistory } from './retention.js';
 import { maintainRing } from './ring.js';
-import { rescueLapsedLeases } from './rescue.js';
+import { bindSchema, type Schema, type SchemaRef } from '../sql.js';
+import { rescueLapsedLeases } from '../storage/rescue.js';
 
 export interface MaintenanceOptions {
   /** How often a follower tries to take leadership, and the leader checks its session. */
@@ -84,8 +85,6 @@ export function resolveMaintenanceOptions(options: MaintenanceOptions | undefine
   return o;
 }
 
-export { LEADER_LOCK, leaderApplicationName, followerApplicationName } from './election.js';
-
 type Branch = { name: string; intervalMs: number; run: () => Promise<void> };
 
 /**
@@ -98,6 +97,7 @@ type Branch = { name: string; intervalMs: number; run: () => Promise<void> };
  */
 export class Maintenance {
   private readonly opts: ResolvedMaintenanceOptions;
+  private readonly schema: Schema;
   private stopped = false;
   private election: ElectionSession | null = null;
   private term: AbortController | null = null;
@@ -114,7 +114,7 @@ export class Maintenance {
   constructor(
     private readonly deps: {
       connectionString: string;
-      schema: string;
+      schema: SchemaRef;
       pool: pg.Pool;
       logger: Logger;
       metrics: BerthMetrics;
@@ -125,6 +125,7 @@ export class Maintenance {
   ) {
     // Resolving a resolved value changes nothing: the worker resolves its options up front.
     this.opts = resolveMaintenanceOptions(deps.options);
+    this.schema = bindSchema(deps.schema);
   }
 
   get isLeader(): boolean {
@@ -149,7 +150,7 @@ export class Maintenance {
   start(): void {
     this.election = new ElectionSession({
       connectionString: this.deps.connectionString,
-      schema: this.deps.schema,
+      schema: this.schema.name,
       workerId: this.deps.workerId ?? `pid ${process.pid}`,
       pollMs: this.opts.leaderPollMs,
       logger: this.deps.logger,
@@ -174,7 +175,8 @@ export class Maintenance {
     this.deps.metrics.isLeader.set(1);
     this.deps.logger.info('became maintenance leader');
     const o = this.opts;
-    const { pool, schema, metrics } = this.deps;
+    const { pool, metrics } = this.deps;
+    const schema = this.schema;
     const promoter = new Promoter(
       pool,
       schema,

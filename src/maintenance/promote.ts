@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import { inPoolTransaction } from '../db/connections.js';
 import { laneKey, type Lane } from '../lane.js';
-import { quoteIdent } from '../sql.js';
+import { bindSchema, type SchemaRef } from '../sql.js';
 
 export type DeferredState = 'scheduled' | 'retryable';
 
@@ -33,13 +33,14 @@ const LOCK_NOT_AVAILABLE = '55P03';
  */
 export async function promoteDueLanes(
   pool: pg.Pool,
-  schema: string,
+  schema: SchemaRef,
   state: DeferredState | null,
   batchSize: number,
   laneLockTimeoutMs: number | null,
   skip: readonly Lane[] = [],
 ): Promise<PromoteOutcome> {
-  const s = quoteIdent(schema);
+  const bound = bindSchema(schema);
+  const s = bound.q;
   // Through due_deferred (a definer function): the row locks need UPDATE on deferred, which a
   // worker role does not have.
   const sel = await pool.query<{ id: string; queue: string; priority: number; shard: number }>(
@@ -58,7 +59,7 @@ export async function promoteDueLanes(
   const out: PromoteOutcome = { promoted: 0, lanes: 0, contended: [], failed: [], selected: sel.rowCount ?? 0 };
   for (const { lane, ids } of groups.values()) {
     try {
-      const n = await promoteInLaneTransaction(pool, schema, lane, ids.length, laneLockTimeoutMs);
+      const n = await promoteInLaneTransaction(pool, bound, lane, ids.length, laneLockTimeoutMs);
       out.promoted += n;
       out.lanes += 1;
     } catch (err) {
@@ -75,7 +76,7 @@ export async function promoteDueLanes(
  */
 export async function promoteDueLane(
   pool: pg.Pool,
-  schema: string,
+  schema: SchemaRef,
   lane: Lane,
   batchSize: number,
   laneLockTimeoutMs: number | null,
@@ -85,10 +86,11 @@ export async function promoteDueLane(
 }
 
 /** Promote everything due, lane by lane, with no lock timeout. Returns rows promoted. */
-export async function promoteDue(pool: pg.Pool, schema: string, batchSize = 1000): Promise<number> {
+export async function promoteDue(pool: pg.Pool, schema: SchemaRef, batchSize = 1000): Promise<number> {
+  const bound = bindSchema(schema);
   let total = 0;
   for (;;) {
-    const r = await promoteDueLanes(pool, schema, null, batchSize, null);
+    const r = await promoteDueLanes(pool, bound, null, batchSize, null);
     total += r.promoted;
     if (r.failed.length > 0) throw r.failed[0]!.error;
     if (r.selected < batchSize || r.promoted === 0) return total;
@@ -102,13 +104,13 @@ export function isLockTimeout(err: unknown): boolean {
 
 async function promoteInLaneTransaction(
   pool: pg.Pool,
-  schema: string,
+  schema: SchemaRef,
   lane: Lane,
   limit: number,
   laneLockTimeoutMs: number | null,
   signal?: AbortSignal,
 ): Promise<number> {
-  const s = quoteIdent(schema);
+  const { q: s } = bindSchema(schema);
   if (signal?.aborted) return 0;
   return inPoolTransaction(
     pool,

@@ -2,6 +2,7 @@ import type pg from 'pg';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import { laneKey, laneLabel, type Lane } from '../lane.js';
+import { bindSchema, type Schema, type SchemaRef } from '../sql.js';
 import { isLockTimeout, promoteDueLane, promoteDueLanes, type DeferredState } from './promote.js';
 
 export interface PromoterOptions {
@@ -111,15 +112,19 @@ export class Promoter {
   private readonly failingUntil = new Map<string, number>();
   private readonly abort = new AbortController();
 
+  private readonly schema: Schema;
+
   constructor(
     private readonly pool: pg.Pool,
-    private readonly schema: string,
+    schema: SchemaRef,
     private readonly opts: PromoterOptions,
     private readonly metrics: BerthMetrics,
     private readonly logger: Logger,
     /** Where contention outcomes are tallied per lane (Maintenance passes one that outlives the term). */
     readonly contention: ContentionTally = new ContentionTally(),
-  ) {}
+  ) {
+    this.schema = bindSchema(schema);
+  }
 
   /** Lanes currently handed to a waiter. */
   get waitingLanes(): Lane[] {

@@ -1,5 +1,5 @@
-import { quoteIdent, type Queryable } from '../sql.js';
-import { HEARTBEAT_FUTURE_ALLOWANCE_MS } from '../processor/heartbeat.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import { HEARTBEAT_FUTURE_ALLOWANCE_MS } from '../storage/live-workers.js';
 
 export const DEFAULT_DEAD_RETENTION_MS = 7 * 24 * 3600 * 1000;
 
@@ -11,12 +11,12 @@ export const DEFAULT_DEAD_RETENTION_MS = 7 * 24 * 3600 * 1000;
  */
 export async function pruneDeadLetters(
   db: Queryable,
-  schema: string,
+  schema: SchemaRef,
   retentionMs = DEFAULT_DEAD_RETENTION_MS,
   batch = 5000,
   signal?: AbortSignal,
 ): Promise<number> {
-  const s = quoteIdent(schema);
+  const { q: s } = bindSchema(schema);
   let total = 0;
   for (;;) {
     const r = await db.query<{ n: number }>(`SELECT ${s}.prune_dead_letters($1::float8, $2::integer) AS n`, [retentionMs, batch]);
@@ -38,8 +38,8 @@ export const DEAD_WORKER_RETENTION_MS = 3600 * 1000;
  * deliberately not pruned here: the leader runs with runtime credentials, and a role that can
  * delete audit entries could erase its own trail. Operators prune it (see docs/operations.md).
  */
-export async function pruneOperatorHistory(db: Queryable, schema: string): Promise<{ outcomeCounts: number; workers: number }> {
-  const s = quoteIdent(schema);
+export async function pruneOperatorHistory(db: Queryable, schema: SchemaRef): Promise<{ outcomeCounts: number; workers: number }> {
+  const { q: s } = bindSchema(schema);
   const ago = `now() - make_interval(secs => $1 / 1000.0)`;
   const ahead = `now() + make_interval(secs => $2 / 1000.0)`;
   const counts = await db.query(`DELETE FROM ${s}.outcome_counts WHERE minute < ${ago} OR minute > ${ahead}`, [

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { quoteIdent } from '../sql.js';
+import { bindSchema, quoteIdent, type SchemaRef } from '../sql.js';
 
 /**
  * The ready ring is 16 segments: segment n is partition n of the four ring tables (`ready_n`,
@@ -20,8 +20,8 @@ export interface RingState {
   ageMs: number;
 }
 
-export async function readRingState(db: pg.Pool | pg.ClientBase, schema: string): Promise<RingState> {
-  const s = quoteIdent(schema);
+export async function readRingState(db: pg.Pool | pg.ClientBase, schema: SchemaRef): Promise<RingState> {
+  const { q: s } = bindSchema(schema);
   const r = await db.query<{ current_slot: number; slot_count: number; generation: string; age_ms: number }>(
     `SELECT current_slot, slot_count, generation::text AS generation,
             (extract(epoch FROM now() - rotated_at) * 1000)::float8 AS age_ms
@@ -43,9 +43,10 @@ export type RotateResult = 'rotated' | 'not_due' | 'empty' | 'next_slot_busy' | 
  * is only ever appended to again after TRUNCATE has reclaimed it. Compare-and-set on
  * current_slot, so concurrent rotators move it once.
  */
-export async function rotateRing(pool: pg.Pool, schema: string, minAgeMs: number): Promise<RotateResult> {
-  const s = quoteIdent(schema);
-  const st = await readRingState(pool, schema);
+export async function rotateRing(pool: pg.Pool, schema: SchemaRef, minAgeMs: number): Promise<RotateResult> {
+  const bound = bindSchema(schema);
+  const s = bound.q;
+  const st = await readRingState(pool, bound);
   if (st.ageMs < minAgeMs) return 'not_due';
   const cur = await pool.query(`SELECT 1 FROM ${s}.${quoteIdent(`ready_${st.currentSegment}`)} LIMIT 1`);
   if (cur.rowCount === 0) return 'empty';
@@ -74,8 +75,8 @@ export type PruneResult =
  * `blocked` instead of waiting. No task can be lost: every entry in a pruned segment was settled
  * or tombstoned. One statement: no client is checked out.
  */
-export async function pruneSegment(pool: pg.Pool, schema: string, segment: number, lockTimeoutMs: number): Promise<PruneResult> {
-  const r = await pool.query<{ result: PruneOutcome }>(`SELECT ${quoteIdent(schema)}.prune_slot($1::smallint, $2::integer) AS result`, [
+export async function pruneSegment(pool: pg.Pool, schema: SchemaRef, segment: number, lockTimeoutMs: number): Promise<PruneResult> {
+  const r = await pool.query<{ result: PruneOutcome }>(`SELECT ${bindSchema(schema).q}.prune_slot($1::smallint, $2::integer) AS result`, [
     segment,
     Math.max(1, Math.round(lockTimeoutMs)),
   ]);
@@ -91,18 +92,19 @@ type PruneOutcome = 'pruned' | 'blocked' | 'current' | 'empty' | 'claimable' | '
 /** Rotate if due, then try to prune every sealed, non-empty segment, oldest first. */
 export async function maintainRing(
   pool: pg.Pool,
-  schema: string,
+  schema: SchemaRef,
   opts: { rotateAfterMs: number; lockTimeoutMs: number },
 ): Promise<{ rotation: RotateResult; prunes: PruneResult[] }> {
-  const s = quoteIdent(schema);
-  const st = await readRingState(pool, schema);
+  const bound = bindSchema(schema);
+  const s = bound.q;
+  const st = await readRingState(pool, bound);
   const prunes: PruneResult[] = [];
   for (let i = 1; i < st.segmentCount; i++) {
     const segment = (st.currentSegment + i) % st.segmentCount;
     const nonEmpty = await pool.query(`SELECT 1 FROM ${s}.${quoteIdent(`ready_${segment}`)} LIMIT 1`);
     if ((nonEmpty.rowCount ?? 0) === 0) continue;
-    prunes.push(await pruneSegment(pool, schema, segment, opts.lockTimeoutMs));
+    prunes.push(await pruneSegment(pool, bound, segment, opts.lockTimeoutMs));
   }
-  const rotation = await rotateRing(pool, schema, opts.rotateAfterMs);
+  const rotation = await rotateRing(pool, bound, opts.rotateAfterMs);
   return { rotation, prunes };
 }

@@ -1,18 +1,12 @@
-import { quoteIdent, type Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import type { LeaseRef } from '../storage/lease.js';
+import { claimableEntry } from '../storage/predicates.js';
 
 /** A lane that discovery saw with claimable entries, in the order they should be served. */
 export interface Candidate {
   laneId: number;
   laneSeq: string;
   id: string;
-}
-
-/** Identifies one lease (one attempt): the ready entry it leases. */
-export interface LeaseRef {
-  slot: number;
-  laneId: number;
-  laneSeq: string;
-  token: string;
 }
 
 export interface ClaimedTask extends LeaseRef {
@@ -43,29 +37,22 @@ export interface ClaimedTask extends LeaseRef {
  */
 export async function discover(
   read: Queryable,
-  schema: string,
+  schema: SchemaRef,
   queues: readonly string[] | null,
   limit = 20,
   /** At most this many entries per lane (default: `limit`). The worker asks for 1: it only
    * needs the lanes, and one head per lane spreads its candidates over more lanes. */
   perLane?: number,
 ): Promise<Candidate[]> {
-  const s = quoteIdent(schema);
+  const { name, q: s } = bindSchema(schema);
   const res = await read.query<{ lane_id: number; lane_seq: string; id: string }>({
-    name: `berth-discover:${schema}`,
+    name: `berth-discover:${name}`,
     text: `SELECT r.lane_id, r.lane_seq::text AS lane_seq, r.id::text AS id
        FROM ${s}.lanes l
        CROSS JOIN LATERAL (
          SELECT r.lane_id, r.lane_seq, r.id, r.priority, r.run_at
            FROM ${s}.ready r
-          WHERE r.lane_id = l.lane_id
-            AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${s}.leases le
-                                        WHERE le.lane_id = l.lane_id), 0)
-            AND r.run_at <= now()
-            AND r.attempts < coalesce(r.max_attempts, 2147483647)
-            AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
-                             WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
-                             OFFSET 0)
+          WHERE ${claimableEntry(s, 'l.lane_id')}
           ORDER BY r.lane_seq
           LIMIT $3) r
       WHERE ($1::text[] IS NULL OR l.queue = ANY ($1::text[]))
@@ -78,7 +65,7 @@ export async function discover(
 }
 
 export interface ClaimParams {
-  schema: string;
+  schema: SchemaRef;
   /** Candidate lanes, best first. */
   laneIds: readonly number[];
   /** How many entries to lease at most (the number of idle slots). */
@@ -134,7 +121,7 @@ export const LANE_SHARE = 16;
  */
 export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTask[]> {
   if (p.limit <= 0 || p.laneIds.length === 0) return [];
-  const s = quoteIdent(p.schema);
+  const { name, q: s } = bindSchema(p.schema);
   const types = [...new Set([...p.ceilings.keys(), ...p.maxAttempts.keys()])];
   const res = await write.query<{
     slot: number;
@@ -153,7 +140,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
     expires_ms: number;
     waited_s: number;
   }>({
-    name: `berth-claim:${p.schema}`,
+    name: `berth-claim:${name}`,
     text: `WITH locked AS MATERIALIZED (
        SELECT l.lane_id, l.version FROM ${s}.lanes l
         WHERE l.lane_id = ANY ($1::integer[])
@@ -172,14 +159,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
          FROM current k
          CROSS JOIN LATERAL (
            SELECT r.* FROM ${s}.ready r
-            WHERE r.lane_id = k.lane_id
-              AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${s}.leases le
-                                          WHERE le.lane_id = k.lane_id), 0)
-              AND r.run_at <= now()
-              AND r.attempts < coalesce(r.max_attempts, 2147483647)
-              AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
-                               WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
-                             OFFSET 0)
+            WHERE ${claimableEntry(s, 'k.lane_id')}
             ORDER BY r.lane_seq
             LIMIT $2) r
      ), chosen AS MATERIALIZED (

@@ -7,15 +7,17 @@ import { DEFAULT_BACKOFF } from '../task.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
 import type { ClaimedTask } from './claim.js';
 import { Fetcher } from './fetcher.js';
-import { DEFAULT_HEARTBEAT_MS, type OutcomeTally } from './heartbeat.js';
+import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
+import type { OutcomeTally } from './heartbeat.js';
 import { settlementFor } from './outcome-table.js';
 import { PrefetchRate } from './prefetch-rate.js';
 import { runTask } from './run-task.js';
 import { settleTask } from './settle-task.js';
 import type { SettlementBatcher } from './settlement-batcher.js';
-import { leaseKey, returnUnstarted } from './settlement.js';
+import { leaseKey } from '../storage/lease.js';
+import { returnUnstarted } from '../storage/return.js';
 import { StuckGuard } from './stuck.js';
-import type { ResolvedWorkerOptions } from './worker-options.js';
+import type { EngineOptions } from './engine-options.js';
 
 /** The longest wait between claim attempts while the database fails (see runFetchLoop). */
 const FETCH_RETRY_MAX_MS = 1000;
@@ -27,7 +29,7 @@ interface InFlight {
 
 /** What the engine runs on: made by the worker (the composition root) before the engine exists. */
 export interface EngineDeps {
-  options: ResolvedWorkerOptions;
+  options: EngineOptions;
   /** The primary: claims and settlements. */
   write: Queryable;
   /** Discovery reads (the primary unless a replica is configured). */
@@ -63,7 +65,7 @@ function lazyChild(parent: Logger, bindings: () => Record<string, unknown>): Log
  * settle-task.ts).
  */
 export class Engine {
-  private readonly o: ResolvedWorkerOptions;
+  private readonly o: EngineOptions;
   private readonly fetcher: Fetcher;
   private readonly rate: PrefetchRate;
   private readonly stuckGuard: StuckGuard;

@@ -1,7 +1,7 @@
 import type { BerthMetrics } from '../metrics.js';
 import type { Queryable } from '../sql.js';
 import { claim, discover, LANE_SHARE, type ClaimedTask } from './claim.js';
-import type { TaskRegistry } from './worker-options.js';
+import type { TaskRegistry } from './engine-options.js';
 
 export interface FetcherDeps {
   write: Queryable;

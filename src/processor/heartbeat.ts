@@ -1,22 +1,7 @@
 import { hostname } from 'node:os';
-import { quoteIdent, type Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type Schema, type SchemaRef } from '../sql.js';
 import type { Logger } from '../logger.js';
-
-/** How often a worker writes its heartbeat row and its outcome counts (default 10 s). */
-export const DEFAULT_HEARTBEAT_MS = 10_000;
-
-/**
- * A worker whose heartbeat is older than this many intervals is shown as gone and its row is
- * removed by the leader's retention branch.
- */
-export const STALE_HEARTBEATS = 3;
-
-/**
- * A heartbeat is stamped with the database's `now()` (at its transaction's start), so a row dated
- * later than this past the database's clock was not written by a heartbeat: it is shown as
- * invalid, never as alive or leading, and retention removes it.
- */
-export const HEARTBEAT_FUTURE_ALLOWANCE_MS = 60_000;
+import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 
 /** What a heartbeat reports about its process, read at each beat. */
 export interface HeartbeatSource {
@@ -80,15 +65,19 @@ export class Heartbeat {
   private timer: NodeJS.Timeout | null = null;
   private inFlight: Promise<void> | null = null;
 
+  private readonly schema: Schema;
+
   constructor(
     private readonly db: Queryable,
-    private readonly schema: string,
+    schema: SchemaRef,
     private readonly source: HeartbeatSource,
     private readonly logger: Logger,
     private readonly intervalMs = DEFAULT_HEARTBEAT_MS,
     /** The outcome counts it flushes (the worker's engine records into it). */
     readonly tally = new OutcomeTally(),
-  ) {}
+  ) {
+    this.schema = bindSchema(schema);
+  }
 
   start(): void {
     if (this.timer) return;
@@ -112,14 +101,14 @@ export class Heartbeat {
     await this.inFlight;
     await this.write();
     try {
-      await this.db.query(`DELETE FROM ${quoteIdent(this.schema)}.workers WHERE worker_id = $1`, [this.source.workerId]);
+      await this.db.query(`DELETE FROM ${this.schema.q}.workers WHERE worker_id = $1`, [this.source.workerId]);
     } catch (err) {
       this.logger.warn({ err: (err as Error).message }, 'could not remove the worker heartbeat row');
     }
   }
 
   private async write(): Promise<void> {
-    const s = quoteIdent(this.schema);
+    const s = this.schema.q;
     const src = this.source;
     const rows = this.tally.take();
     try {

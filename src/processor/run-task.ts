@@ -6,7 +6,7 @@ import { validatePayload, type TaskContext, type TaskDefinition } from '../task.
 import type { ClaimedTask } from './claim.js';
 import { describeHandlerResult, isContractResult } from './handler-result.js';
 import type { TaskRun } from './outcome-table.js';
-import { advanceCursor } from './settlement.js';
+import { advanceCursor } from '../storage/return.js';
 
 /** What running one task needs from the engine. */
 export interface RunDeps {

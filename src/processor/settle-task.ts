@@ -4,7 +4,7 @@ import type { Queryable } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
 import type { SettleAnswer, Settlement, TaskRun } from './outcome-table.js';
 import type { SettlementBatcher } from './settlement-batcher.js';
-import { releaseLease, returnUnstarted } from './settlement.js';
+import { releaseLease, returnUnstarted } from '../storage/return.js';
 
 export interface SettleDeps {
   write: Queryable;

@@ -1,10 +1,12 @@
 import { isConnectionError } from '../db/connections.js';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
-import type { Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type Schema, type SchemaRef } from '../sql.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
-import type { LeaseRef } from './claim.js';
-import { completeLeases, leaseKey, recordFailures, settledWith, type FailureInput } from './settlement.js';
+import { completeLeases } from '../storage/complete.js';
+import { recordFailures, type FailureInput } from '../storage/fail.js';
+import { leaseKey, type LeaseRef } from '../storage/lease.js';
+import { settledWith } from '../storage/settled.js';
 
 /**
  * What became of one settlement handed to the batcher:
@@ -51,12 +53,16 @@ export class SettlementBatcher {
   private giveUpAt = Infinity;
   private readonly stopRetrying = new AbortController();
 
+  private readonly schema: Schema;
+
   constructor(
     private readonly db: Queryable,
-    private readonly schema: string,
+    schema: SchemaRef,
     private readonly metrics: BerthMetrics,
     private readonly logger: Logger,
-  ) {}
+  ) {
+    this.schema = bindSchema(schema);
+  }
 
   complete(ref: CompletableLease): Promise<CompleteResult> {
     return new Promise((resolve) => {

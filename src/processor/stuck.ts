@@ -1,10 +1,10 @@
 import { laneLabel } from '../lane.js';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
-import type { Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type Schema, type SchemaRef } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
-import { STALE_HEARTBEATS } from './heartbeat.js';
-import { clearOverdueLease, protectOverdueLease, refreshOverdueLeases } from './overdue.js';
+import { STALE_HEARTBEATS } from '../storage/live-workers.js';
+import { clearOverdueLease, protectOverdueLease, refreshOverdueLeases } from '../storage/overdue.js';
 
 /** How long past its deadline a running handler is reported stuck (default 10 s). */
 export const DEFAULT_STUCK_GRACE_MS = 10_000;
@@ -71,15 +71,18 @@ export class StuckGuard {
   private tripped = false;
   private stopped = false;
 
+  private readonly schema: Schema;
+
   constructor(
     private readonly db: Queryable,
-    private readonly schema: string,
+    schema: SchemaRef,
     private readonly metrics: BerthMetrics,
     private readonly logger: Logger,
     private readonly opts: StuckGuardOptions,
     private readonly running: RunningHandlers,
     private readonly onTooManyStuck: (stuck: ClaimedTask[]) => void,
   ) {
+    this.schema = bindSchema(schema);
     this.protectAfterMs = Math.min(opts.graceMs, opts.marginMs / 2);
     // A late scan delays protection by at most half the delay: it still lands by deadline +
     // 0.75 × margin, inside the lease.

@@ -7,8 +7,9 @@ import { BerthMetrics } from '../metrics.js';
 import { DEFAULT_SCHEMA } from '../sql.js';
 import { DEFAULT_MAX_ATTEMPTS, type TaskDefinition } from '../task.js';
 import { resolveWorkerHttpOptions, type ResolvedWorkerHttpOptions, type WorkerHttpOptions } from '../dashboard/worker-http.js';
-import { DEFAULT_HEARTBEAT_MS } from './heartbeat.js';
+import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 import { DEFAULT_STUCK_GRACE_MS } from './stuck.js';
+import type { EngineOptions } from './engine-options.js';
 
 export interface WorkerOptions {
   connectionString: string;
@@ -98,43 +99,18 @@ const WORKER_OPTION_KEYS: ReadonlySet<string> = new Set<keyof WorkerOptions>([
   'workerId', 'listenReconnectBaseMs', 'heartbeatIntervalMs', 'http', 'stuckGraceMs', 'exitOnStuckSlots',
 ]);
 
-/** The task definitions a worker runs, indexed once. */
-export interface TaskRegistry {
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- definitions of any payload type
-  readonly defs: ReadonlyMap<string, TaskDefinition<any>>;
-  /** Per type: the claim's lease is ceiling + margin. */
-  readonly ceilings: ReadonlyMap<string, number>;
-  /** Per type: the attempt limit a task enqueued by name takes at claim. */
-  readonly maxAttempts: ReadonlyMap<string, number>;
-  /** For a type with no definition here, and none at enqueue. */
-  readonly defaultMaxAttempts: number;
-}
-
 /** WorkerOptions with every default filled in and every value checked: what the worker runs on. */
-export interface ResolvedWorkerOptions {
+export interface ResolvedWorkerOptions extends EngineOptions {
   readonly connectionString: string;
   readonly readConnectionString: string | null;
-  readonly tasks: TaskRegistry;
-  readonly slots: number;
-  readonly queues: readonly string[] | null;
-  readonly schema: string;
-  readonly leaseMarginMs: number;
-  readonly prefetch: number;
-  readonly pollIntervalMs: number;
-  readonly defaultCeilingMs: number;
-  readonly stopTimeoutMs: number;
   readonly statementTimeoutMs: number;
   /** false: this process never leads maintenance. */
   readonly maintenance: ResolvedMaintenanceOptions | false;
   /** The caller's logger (or a new one), bound to this worker's id. */
   readonly logger: Logger;
   readonly metrics: BerthMetrics;
-  readonly workerId: string;
   readonly listenReconnectBaseMs: number;
-  readonly heartbeatIntervalMs: number | false;
   readonly http: ResolvedWorkerHttpOptions | null;
-  readonly stuckGraceMs: number;
-  readonly exitOnStuckSlots: number | null;
 }
 
 /**

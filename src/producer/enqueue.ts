@@ -1,5 +1,5 @@
 import { BerthInputError } from '../errors.js';
-import { DEFAULT_SCHEMA, quoteIdent, type Queryable } from '../sql.js';
+import { bindSchema, DEFAULT_SCHEMA, type Queryable } from '../sql.js';
 import { validatePayload, type TaskDefinition } from '../task.js';
 import {
   checkInteger, checkKeys, checkMs, checkPayloadJson, checkText,
@@ -78,8 +78,7 @@ export async function enqueueMany(
   options: { schema?: string } = {},
 ): Promise<EnqueueResult[]> {
   checkKeys(options, BATCH_OPTION_KEYS, 'enqueueMany options');
-  const schema = options.schema ?? ENQUEUE_DEFAULTS.schema;
-  const s = quoteIdent(schema);
+  const { name: schema, q: s } = bindSchema(options.schema ?? ENQUEUE_DEFAULTS.schema);
   const prepared = await Promise.all(tasks.map((t, i) => resolveTaskSpec(t, i, tasks.length === 1 ? 'task' : `task #${i}`)));
   // One group per lane, visited in one global order (queue, priority, shard) so two
   // transactions never take lane locks in opposite orders. A default shard is chosen from the

@@ -2,7 +2,8 @@ import { createHash } from 'node:crypto';
 import pg from 'pg';
 import { openClient } from '../db/connections.js';
 import { BerthError, BerthInputError, type BerthErrorCode } from '../errors.js';
-import { DEFAULT_SCHEMA, quoteIdent, schemaLockKey, type Queryable } from '../sql.js';
+import { DEFAULT_SCHEMA, quoteIdent, type Queryable } from '../sql.js';
+import { MIGRATE_LOCK, schemaLockKey } from '../storage/locks.js';
 import { repairLaneSequences, type LaneSequenceRepairReport } from '../storage/lane-sequences.js';
 import { MIGRATIONS } from './migrations.js';
 import { ROLE_KINDS, runtimeGrantStatements, type RoleKind } from './roles.js';
@@ -134,9 +135,6 @@ async function refuseChangedMigrations(client: pg.ClientBase, schema: string): P
     .map((r) => r.version);
   if (changed.length > 0) throw new MigrationChangedError(schema, changed);
 }
-
-/** The advisory lock id (second key) that serialises migrators (and granters) of one schema. */
-const MIGRATE_LOCK = -2;
 
 /**
  * Apply every pending migration in one transaction, under an advisory transaction lock so two

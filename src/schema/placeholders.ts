@@ -1,4 +1,5 @@
-import { quoteIdent, quoteLiteral, schemaLockKey, wakeChannel } from '../sql.js';
+import { quoteIdent, quoteLiteral, wakeChannel } from '../sql.js';
+import { queueLockKey, schemaLockKey } from '../storage/locks.js';
 
 /**
  * The placeholders a migration file may use, each replaced by a value made safe for where it
@@ -22,7 +23,7 @@ const FIXED = new Map<string, (schema: string) => string>([
   ['schema_literal', (schema) => quoteLiteral(schema)],
   ['schema_lock_key', (schema) => String(schemaLockKey(schema))],
   ['wake_channel_literal', (schema) => quoteLiteral(wakeChannel(schema))],
-  ['queue_lock_prefix_literal', (schema) => quoteLiteral(`${schema}:queue:`)],
+  ['queue_lock_prefix_literal', (schema) => quoteLiteral(queueLockKey(schema))],
 ]);
 
 const QUALIFIED_LITERAL = 'qualified_literal:';

@@ -1,4 +1,4 @@
-import { quoteIdent, type Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 
 /**
  * Lane sequences (`lane_seq_<lane_id>`) give each lane its order. berth creates them through
@@ -52,8 +52,8 @@ function errorCode(err: unknown): string | undefined {
 }
 
 /** Every lane sequence that is missing or wrongly owned, in lane order. */
-export async function listLaneSequenceProblems(db: Queryable, schema: string): Promise<LaneSequenceProblem[]> {
-  const s = quoteIdent(schema);
+export async function listLaneSequenceProblems(db: Queryable, schema: SchemaRef): Promise<LaneSequenceProblem[]> {
+  const { name, q: s } = bindSchema(schema);
   try {
     const res = await db.query<{
       lane_id: number;
@@ -78,7 +78,7 @@ export async function listLaneSequenceProblems(db: Queryable, schema: string): P
     }));
   } catch (err) {
     if (errorCode(err) === UNDEFINED_TABLE) {
-      throw new Error(`schema "${schema}" has no lane_sequence_problems view: migrate it first (berth migrate)`, { cause: err });
+      throw new Error(`schema "${name}" has no lane_sequence_problems view: migrate it first (berth migrate)`, { cause: err });
     }
     throw err;
   }
@@ -91,10 +91,11 @@ export async function listLaneSequenceProblems(db: Queryable, schema: string): P
  * waits behind it. Each repair waits at most 300 ms for its locks and reports the sequence
  * busy rather than stalling producers. Runs with the caller's rights.
  */
-export async function repairLaneSequences(db: Queryable, schema: string): Promise<LaneSequenceRepairReport> {
-  const s = quoteIdent(schema);
+export async function repairLaneSequences(db: Queryable, schema: SchemaRef): Promise<LaneSequenceRepairReport> {
+  const bound = bindSchema(schema);
+  const s = bound.q;
   const report: LaneSequenceRepairReport = { repaired: [], busy: [], notPermitted: [], failed: [] };
-  for (const problem of await listLaneSequenceProblems(db, schema)) {
+  for (const problem of await listLaneSequenceProblems(db, bound)) {
     let result: string;
     try {
       const res = await db.query<{ result: string }>(`SELECT ${s}.repair_lane_sequence($1) AS result`, [problem.laneId]);

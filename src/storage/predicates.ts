@@ -27,3 +27,23 @@ export function liveEntryPredicate(s: string): string {
           AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
                            WHERE st.lane_id = r.lane_id AND st.lane_seq = r.lane_seq AND st.slot = r.slot)`;
 }
+
+/**
+ * A ready entry (alias `r`) of the lane `laneId` (an SQL expression) that a claim may lease:
+ * past the lane's claim cursor (`max(leases.lane_seq)`, so not leased), due, under the attempt
+ * limit, and not tombstoned. Discovery (read pool) and the claim (primary, which re-checks
+ * everything under the lane lock) both select by it, in lane order.
+ *
+ * The `OFFSET 0` keeps the tombstone check a per-row probe inside the ordered index scan; as a
+ * hash anti-join it read the whole lane to sort it (docs/architecture.md, "Performance notes").
+ */
+export function claimableEntry(s: string, laneId: string): string {
+  return `r.lane_id = ${laneId}
+            AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${s}.leases le
+                                        WHERE le.lane_id = ${laneId}), 0)
+            AND r.run_at <= now()
+            AND r.attempts < coalesce(r.max_attempts, 2147483647)
+            AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+                             WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
+                             OFFSET 0)`;
+}

@@ -1,7 +1,5 @@
-import { BerthInputError } from '../errors.js';
 import type { Lane } from '../lane.js';
-import { checkText, MAX_QUEUE_BYTES } from '../limits.js';
-import { quoteIdent, readCommittedOnly, READ_COMMITTED_REQUIRED, type Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 
 export type TaskState = 'ready' | 'running' | 'completed' | 'scheduled' | 'retryable' | 'dead';
 
@@ -26,8 +24,8 @@ export interface TaskRecord extends Lane {
  * it returns only the entry that still stands for the task (never a tombstoned one, never one
  * whose attempt has moved on), so a task that was moved or retried reads as its current row.
  */
-export async function getTask(db: Queryable, schema: string, id: string): Promise<TaskRecord | null> {
-  const s = quoteIdent(schema);
+export async function getTask(db: Queryable, schema: SchemaRef, id: string): Promise<TaskRecord | null> {
+  const { q: s } = bindSchema(schema);
   const res = await db.query<{
     id: string; type: string; state: TaskState; payload: unknown; queue: string; priority: number; shard: number;
     attempts: number; max_attempts: number | null; dedupe_key: string | null; last_error: string | null;
@@ -77,33 +75,3 @@ export async function getTask(db: Queryable, schema: string, id: string): Promis
   };
 }
 
-
-export type MoveResult = 'moved' | 'leased' | 'not_found';
-
-/**
- * Admin operation: move a task no worker holds to another queue and/or priority. The ready ring
- * stays append-only: the old entry gets a tombstone and the task is re-appended to its new lane
- * (same id, payload, attempts). A task under a lease is not moved ('leased').
- */
-export async function moveTask(
-  db: Queryable,
-  schema: string,
-  id: string,
-  to: { queue?: string; priority?: number },
-): Promise<MoveResult> {
-  if (to.queue !== undefined) checkText(to.queue, 'queue', '', { maxBytes: MAX_QUEUE_BYTES });
-  const current = await getTask(db, schema, id);
-  if (!current || current.state === 'dead' || current.state === 'completed') return 'not_found';
-  const priority = to.priority ?? current.priority;
-  if (!Number.isInteger(priority) || priority < -32768 || priority > 32767) {
-    throw new BerthInputError('priority must be an integer in the smallint range');
-  }
-  const s = quoteIdent(schema);
-  const r = await db.query<{ result: MoveResult | 'isolation' }>(
-    `SELECT ${readCommittedOnly(`${s}.move_task($1::bigint, $2, $3::smallint)`)} AS result`,
-    [id, to.queue ?? current.queue, priority],
-  );
-  const result = r.rows[0]!.result;
-  if (result === 'isolation') throw new BerthInputError(READ_COMMITTED_REQUIRED);
-  return result;
-}

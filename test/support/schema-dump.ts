@@ -11,7 +11,8 @@
  * version still shapes the text, so the header names it (set $PG_DUMP to pick a pg_dump).
  */
 import { execFile } from 'node:child_process';
-import { DEFAULT_SCHEMA, schemaLockKey } from '../../src/sql.js';
+import { DEFAULT_SCHEMA } from '../../src/sql.js';
+import { schemaLockKey } from '../../src/storage/locks.js';
 
 /** The checked-in dump. */
 export const SCHEMA_DUMP_FILE = new URL('../../docs/schema.sql', import.meta.url);

@@ -58,7 +58,7 @@ export interface Lanes {
   })[];
 }
 
-/** A running task whose handler overran its deadline (see src/processor/overdue.ts). */
+/** A running task whose handler overran its deadline (see src/storage/overdue.ts). */
 export interface OverdueMark {
   worker: string;
   attempt: number;

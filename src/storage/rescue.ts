@@ -1,4 +1,5 @@
-import { quoteIdent, type Queryable } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import { settleAndMove } from './settle-tail.js';
 
 export interface RescueOutcome {
   /** Back to retryable (due now), attempt burnt. */
@@ -7,7 +8,7 @@ export interface RescueOutcome {
   dead: number;
   /**
    * Lapsed but left alone: the holder still runs the handler and refreshes its overdue row
-   * (see processor/overdue.ts), so rescuing it would run the task twice at once.
+   * (see overdue.ts), so rescuing it would run the task twice at once.
    */
   held: number;
 }
@@ -25,10 +26,8 @@ export interface RescueOutcome {
  * lease is rescued as any other. Rows of leases rescued here are removed, and so are stale rows
  * whose lease is settled (a holder that could not delete its own).
  */
-export async function rescueLapsedLeases(db: Queryable, schema: string, limit = 1000): Promise<RescueOutcome> {
-  const s = quoteIdent(schema);
-  const cols = `id, type, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
-    last_error, created_at, last_attempted_at`;
+export async function rescueLapsedLeases(db: Queryable, schema: SchemaRef, limit = 1000): Promise<RescueOutcome> {
+  const { q: s } = bindSchema(schema);
   const res = await db.query<{ retried: string; dead: string; held: string }>(
     `WITH lapsed AS MATERIALIZED (
        SELECT l.slot, l.lane_id, l.lane_seq, l.id FROM ${s}.leases l
@@ -53,21 +52,7 @@ export async function rescueLapsedLeases(db: Queryable, schema: string, limit = 
          FROM won w
          JOIN ${s}.leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.lane_seq = w.lane_seq
          JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq
-     ), buried AS (
-       INSERT INTO ${s}.dead_letters (${cols})
-       SELECT ${cols} FROM src WHERE dead
-       ON CONFLICT (id) DO UPDATE SET
-         payload = EXCLUDED.payload, attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error,
-         last_attempted_at = EXCLUDED.last_attempted_at, died_at = now()
-       RETURNING id
-     ), retried AS (
-       INSERT INTO ${s}.deferred (state, run_at, ${cols})
-       SELECT 'retryable', now(), ${cols} FROM src WHERE NOT dead
-       -- One colliding row must never wedge rescue for every lapsed lease behind it.
-       ON CONFLICT (id) DO NOTHING
-     ), freed AS (
-       DELETE FROM ${s}.dedupe d USING buried WHERE d.id = buried.id
-     ), unmarked AS (
+     ), ${settleAndMove(s, 'now()')}, unmarked AS (
        DELETE FROM ${s}.overdue_leases o USING won w
         WHERE o.lane_id = w.lane_id AND o.lane_seq = w.lane_seq AND o.slot = w.slot
      ), swept AS (

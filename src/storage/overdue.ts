@@ -1,10 +1,10 @@
-import { quoteIdent, type Queryable } from '../sql.js';
-import type { ClaimedTask, LeaseRef } from './claim.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import type { LeaseRef } from './lease.js';
 
 /**
  * The `overdue_leases` rows a worker writes for a handler still running past its deadline
  * (migration 6). Nothing here runs on the hot path: a row exists only while a handler ignores
- * its AbortSignal. Rescue reads them (see maintenance/rescue.ts); the dashboard marks them.
+ * its AbortSignal. Rescue reads them (see rescue.ts); the dashboard marks them.
  */
 
 /**
@@ -16,13 +16,13 @@ import type { ClaimedTask, LeaseRef } from './claim.js';
  */
 export async function protectOverdueLease(
   db: Queryable,
-  schema: string,
-  task: Pick<ClaimedTask, 'slot' | 'laneId' | 'laneSeq' | 'token'>,
+  schema: SchemaRef,
+  task: LeaseRef,
   workerId: string,
   stuckInMs: number,
   staleAfterMs: number,
 ): Promise<boolean> {
-  const s = quoteIdent(schema);
+  const { q: s } = bindSchema(schema);
   const r = await db.query(
     `INSERT INTO ${s}.overdue_leases (slot, lane_id, lane_seq, id, type, attempt, worker_id, stuck_at, stale_after)
      SELECT l.slot, l.lane_id, l.lane_seq, l.id, l.type, l.attempt, $5,
@@ -42,9 +42,9 @@ export async function protectOverdueLease(
  * The holder's proof of life for the leases it still runs: one statement for all of them.
  * Only rows of handlers running now are refreshed, so a row whose delete failed goes stale.
  */
-export async function refreshOverdueLeases(db: Queryable, schema: string, workerId: string, refs: readonly LeaseRef[]): Promise<void> {
+export async function refreshOverdueLeases(db: Queryable, schema: SchemaRef, workerId: string, refs: readonly LeaseRef[]): Promise<void> {
   if (refs.length === 0) return;
-  const s = quoteIdent(schema);
+  const { q: s } = bindSchema(schema);
   await db.query(
     `UPDATE ${s}.overdue_leases o SET seen_at = now()
        FROM unnest($2::integer[], $3::bigint[], $4::smallint[]) AS k(lane_id, lane_seq, slot)
@@ -54,8 +54,8 @@ export async function refreshOverdueLeases(db: Queryable, schema: string, worker
 }
 
 /** The handler returned and its settlement was written (or refused): the row has done its job. */
-export async function clearOverdueLease(db: Queryable, schema: string, ref: LeaseRef): Promise<void> {
-  const s = quoteIdent(schema);
+export async function clearOverdueLease(db: Queryable, schema: SchemaRef, ref: LeaseRef): Promise<void> {
+  const { q: s } = bindSchema(schema);
   await db.query(`DELETE FROM ${s}.overdue_leases WHERE lane_id = $1 AND lane_seq = $2 AND slot = $3`, [ref.laneId, ref.laneSeq, ref.slot]);
 }
 
@@ -72,10 +72,10 @@ export interface OverdueMark {
 }
 
 /** Overdue marks of these tasks' unsettled leases, by task id (most tasks have none). */
-export async function overdueMarks(db: Queryable, schema: string, ids: readonly string[]): Promise<Map<string, OverdueMark>> {
+export async function overdueMarks(db: Queryable, schema: SchemaRef, ids: readonly string[]): Promise<Map<string, OverdueMark>> {
   const out = new Map<string, OverdueMark>();
   if (ids.length === 0) return out;
-  const s = quoteIdent(schema);
+  const { q: s } = bindSchema(schema);
   const r = await db.query<{ id: string; worker_id: string; attempt: number; since: Date; stuck: boolean; protected: boolean }>(
     `SELECT o.id::text AS id, o.worker_id, o.attempt, o.since, o.stuck_at <= now() AS stuck,
             o.seen_at > now() - o.stale_after AS protected

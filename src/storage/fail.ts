@@ -1,0 +1,62 @@
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import { leaseKey, type LeaseRef } from './lease.js';
+import { settleAndMove } from './settle-tail.js';
+
+export interface FailureInput {
+  ref: LeaseRef;
+  error: string;
+  /** Backoff before the retry, applied on the database clock. */
+  delayMs: number;
+  /** Dead-letter now, whatever attempts remain. */
+  permanent: boolean;
+}
+
+/**
+ * RecordFailure, batched: settle as failed (fenced on each token: the settlements primary key
+ * is the arbiter, see complete.ts), store last_error, and move the task to deferred storage
+ * (retryable at now() + backoff, lease cleared) or, out of attempts, to the dead letters.
+ * Returns key -> 'retry' | 'dead'; a missing key was refused. One statement per batch.
+ */
+export async function recordFailures(
+  write: Queryable,
+  schema: SchemaRef,
+  items: readonly FailureInput[],
+): Promise<Map<string, 'retry' | 'dead'>> {
+  if (items.length === 0) return new Map();
+  const { name, q: s } = bindSchema(schema);
+  const res = await write.query<{ lane_id: number; lane_seq: string; dead: boolean }>({
+    name: `berth-fail:${name}`,
+    text: `WITH u AS (
+       SELECT * FROM unnest($1::smallint[], $2::integer[], $3::bigint[], $4::uuid[], $5::text[],
+                            $6::float8[], $7::boolean[])
+         AS u(slot, lane_id, lane_seq, token, error, delay_ms, permanent)
+     ), won AS (
+       INSERT INTO ${s}.settlements (slot, lane_id, lane_seq, id, outcome)
+       SELECT l.slot, l.lane_id, l.lane_seq, l.id, 'failed'
+         FROM u JOIN ${s}.leases l
+           ON l.lane_id = u.lane_id AND l.lane_seq = u.lane_seq AND l.slot = u.slot AND l.token = u.token
+       ON CONFLICT DO NOTHING
+       RETURNING slot, lane_id, lane_seq
+     ), src AS MATERIALIZED (
+       SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, l.attempt AS attempts,
+              r.max_attempts, r.dedupe_key, u.error AS last_error, r.created_at,
+              l.claimed_at AS last_attempted_at, u.delay_ms, r.lane_id, r.lane_seq,
+              (u.permanent OR l.attempt >= l.max_attempts) AS dead
+         FROM won w
+         JOIN u ON u.slot = w.slot AND u.lane_id = w.lane_id AND u.lane_seq = w.lane_seq
+         JOIN ${s}.leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.lane_seq = w.lane_seq
+         JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq
+     ), ${settleAndMove(s, 'now() + make_interval(secs => delay_ms / 1000.0)')}
+     SELECT lane_id, lane_seq::text AS lane_seq, dead FROM src`,
+    values: [
+      items.map((i) => i.ref.slot),
+      items.map((i) => i.ref.laneId),
+      items.map((i) => i.ref.laneSeq),
+      items.map((i) => i.ref.token),
+      items.map((i) => i.error),
+      items.map((i) => Math.max(0, i.delayMs)),
+      items.map((i) => i.permanent),
+    ],
+  });
+  return new Map(res.rows.map((r) => [leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq }), r.dead ? 'dead' : 'retry']));
+}

@@ -1,0 +1,30 @@
+import { BerthInputError } from '../errors.js';
+import { bindSchema, READ_COMMITTED_REQUIRED, readCommittedOnly, type Queryable, type SchemaRef } from '../sql.js';
+
+/**
+ * Remove a task that no worker holds: a deferred row is deleted; a ready entry past its lane's
+ * claim cursor gets a tombstone (the ring stays append-only). The lane row is locked first so
+ * no claim can lease the entry between the check and the tombstone (`remove_unleased`, a
+ * definer function). Dequeue with an empty token, and the operator's cancel and delete.
+ */
+export async function removeUnleased(
+  executor: Queryable,
+  schema: SchemaRef,
+  id: string,
+  reason: string,
+): Promise<'removed' | 'leased' | 'not_found'> {
+  const { q: s } = bindSchema(schema);
+  const res = await executor.query<{ outcome: 'removed' | 'leased' | 'not_found' | 'isolation' }>(
+    `SELECT ${readCommittedOnly(`${s}.remove_unleased($1::bigint, $2)`)} AS outcome`,
+    [id, reason],
+  );
+  const outcome = res.rows[0]!.outcome;
+  if (outcome === 'isolation') throw new BerthInputError(READ_COMMITTED_REQUIRED);
+  return outcome;
+}
+
+/** Delete one dead letter (the operator's delete). Returns whether there was one. */
+export async function deleteDeadLetter(db: Queryable, schema: SchemaRef, id: string): Promise<boolean> {
+  const r = await db.query(`DELETE FROM ${bindSchema(schema).q}.dead_letters WHERE id = $1`, [id]);
+  return (r.rowCount ?? 0) > 0;
+}

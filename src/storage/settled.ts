@@ -1,0 +1,27 @@
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import { leaseKey, type LeaseRef } from './lease.js';
+
+/**
+ * Which of these leases already carry a settlement with `outcome`. Only the token's holder
+ * writes `completed` or `failed` (rescue writes `rescued`), so after a retried flush such a row
+ * is this worker's own write whose commit reply was lost with the connection, not a refusal.
+ * Runs only on that retry path, never on the hot path.
+ */
+export async function settledWith(
+  write: Queryable,
+  schema: SchemaRef,
+  refs: readonly LeaseRef[],
+  outcome: 'completed' | 'failed',
+): Promise<Map<string, { dead: boolean }>> {
+  if (refs.length === 0) return new Map();
+  const { q: s } = bindSchema(schema);
+  const res = await write.query<{ lane_id: number; lane_seq: string; dead: boolean }>(
+    `SELECT st.lane_id, st.lane_seq::text AS lane_seq,
+            EXISTS (SELECT 1 FROM ${s}.dead_letters d WHERE d.id = st.id) AS dead
+       FROM unnest($1::smallint[], $2::integer[], $3::bigint[]) AS u(slot, lane_id, lane_seq)
+       JOIN ${s}.settlements st ON st.slot = u.slot AND st.lane_id = u.lane_id AND st.lane_seq = u.lane_seq
+      WHERE st.outcome = $4`,
+    [refs.map((r) => r.slot), refs.map((r) => r.laneId), refs.map((r) => r.laneSeq), outcome],
+  );
+  return new Map(res.rows.map((r) => [leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq }), { dead: r.dead }]));
+}
