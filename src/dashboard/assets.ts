@@ -15,6 +15,8 @@ import { fileURLToPath } from 'node:url';
  * banner names the sources it was built from (a sha256 over src/dashboard/client): a client
  * edited since the last build fails here, loudly, rather than serving stale code. `npm test`
  * and `npm start` run `npm install`, whose `prepare` builds, so a fresh clone always has them.
+ * Not rebuilt on the fly from src/: that would put esbuild on this code path, and test files
+ * starting dashboards at once would race on the output.
  */
 
 /** Written by scripts/build-client.mjs as each file's first line; the hex digest is its sources'. */

@@ -1,8 +1,8 @@
-import { BASE, CSRF } from './page.js';
+import { BASE, CSRF } from './shell.js';
 import type { ActionAnswer } from './wire.js';
 
 /** An API answer that was not 2xx: its status and the server's `error` text. */
-export class ApiError extends Error {
+class ApiError extends Error {
   constructor(
     readonly status: number,
     message: string,

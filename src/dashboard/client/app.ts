@@ -5,8 +5,8 @@
  * cannot inject markup. scripts/build-client.mjs bundles it (see docs/architecture.md).
  */
 import { pause, refresh } from './live.js';
-import { BASE, CSRF } from './page.js';
 import { mount } from './router.js';
+import { BASE, CSRF } from './shell.js';
 
 document.addEventListener('visibilitychange', () => {
   if (document.hidden) pause();

@@ -1,10 +1,10 @@
-import { actionButton, act } from '../actions.js';
+import { act, actionButton } from '../actions.js';
 import { api, messageOf, query } from '../api.js';
 import { append, clear, h } from '../dom.js';
 import { toast } from '../feedback.js';
 import { filterForm, Pager } from '../filters.js';
 import { ago, clip, num, time } from '../format.js';
-import { READ_ONLY } from '../page.js';
+import { READ_ONLY } from '../shell.js';
 import type { Route, View } from '../view.js';
 import { table, taskLink } from '../widgets.js';
 import type { DeadLetters } from '../wire.js';

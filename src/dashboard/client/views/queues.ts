@@ -1,7 +1,7 @@
-import { actionButton, act } from '../actions.js';
+import { act, actionButton } from '../actions.js';
 import { api } from '../api.js';
 import { append, clear, h } from '../dom.js';
-import { READ_ONLY } from '../page.js';
+import { READ_ONLY } from '../shell.js';
 import type { View } from '../view.js';
 import { badge, table, when } from '../widgets.js';
 import type { Queues } from '../wire.js';

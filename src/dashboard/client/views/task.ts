@@ -1,8 +1,8 @@
-import { actionButton, act } from '../actions.js';
+import { act, actionButton } from '../actions.js';
 import { api } from '../api.js';
 import { append, type Child, clear, h } from '../dom.js';
 import { json, time } from '../format.js';
-import { READ_ONLY } from '../page.js';
+import { READ_ONLY } from '../shell.js';
 import type { View } from '../view.js';
 import { stateBadges, when } from '../widgets.js';
 import type { TaskDetail, TaskState } from '../wire.js';
