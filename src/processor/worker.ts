@@ -1,6 +1,7 @@
 import type pg from 'pg';
 import { createPool, sessionName } from '../db/connections.js';
 import type { Logger } from '../logger.js';
+import { laneLabel } from '../lane.js';
 import { Maintenance } from '../maintenance/leader.js';
 import type { BerthMetrics } from '../metrics.js';
 import { wakeChannel } from '../sql.js';
@@ -247,7 +248,7 @@ export class Worker {
       {
         stuck_slots: stuck.length,
         exit_code: STUCK_EXIT_CODE,
-        stuck: stuck.map((t) => ({ task_id: t.id, task_type: t.type, lane: `${t.queue}/${t.priority}/${t.shard}`, attempt: t.attempt })),
+        stuck: stuck.map((t) => ({ task_id: t.id, task_type: t.type, lane: laneLabel(t), attempt: t.attempt })),
       },
       'too many stuck slots (exitOnStuckSlots): stopping and exiting for a supervisor to restart this process',
     );
