@@ -86,7 +86,8 @@ async function run(scenario: Scenario, laneLockTimeoutMs: number | null): Promis
         await c.query('COMMIT');
         await c.end();
       })()
-    : (holding(), Promise.resolve());
+    : Promise.resolve();
+  if (!scenario.holdMs) holding();
   await held;
   const started = Date.now();
   await worker.start();
@@ -198,4 +199,4 @@ const table = [
 ].join('\n');
 console.log(table);
 mkdirSync(new URL('./results/', import.meta.url), { recursive: true });
-writeFileSync(new URL('./results/coupling.md', import.meta.url), table + '\n');
+writeFileSync(new URL('./results/coupling.md', import.meta.url), `${table}\n`);

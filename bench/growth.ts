@@ -412,7 +412,7 @@ function render(
     '',
     meta.header,
     '',
-    'Each cell: median (min–max) over the repetitions. berth at its defaults: `Worker({ slots: ' + cfg.slots + ' })`.',
+    `Each cell: median (min–max) over the repetitions. berth at its defaults: \`Worker({ slots: ${cfg.slots} })\`.`,
     '',
   ];
   const svgs: Record<string, string> = {};

@@ -123,4 +123,4 @@ console.log(`| most sessions open at once | ${maxOpen} |`);
 console.log(`| sessions named \`berth leader …\` seen | ${leaderNamed.size} |`);
 console.log(`| workers leading at the end | ${leaders} |`);
 for (const [name, n] of [...byName].sort((a, b) => b[1] - a[1])) console.log(`| sampled new sessions: ${name} | ${n} (${perMin(n)}/min) |`);
-cluster?.stop();
+await cluster?.stop();

@@ -67,7 +67,10 @@ export class Results {
   add(row: string, key: MetricKey, sample: Sample): void {
     const m = this.data.get(row)!;
     let list = m.get(key);
-    if (!list) m.set(key, (list = []));
+    if (!list) {
+      list = [];
+      m.set(key, list);
+    }
     list.push(sample);
   }
 

@@ -84,7 +84,9 @@ export function lineChart(spec: ChartSpec): string {
     `<rect width="${W}" height="${H}" fill="#fff"/>`,
     `<text x="${W / 2}" y="20" text-anchor="middle" font-size="15" font-weight="bold">${esc(spec.title)}</text>`,
   ];
-  sub.forEach((l, i) => out.push(`<text x="${W / 2}" y="${38 + i * 14}" text-anchor="middle" font-size="11" fill="#555">${esc(l)}</text>`));
+  sub.forEach((l, i) => {
+    out.push(`<text x="${W / 2}" y="${38 + i * 14}" text-anchor="middle" font-size="11" fill="#555">${esc(l)}</text>`);
+  });
   if (xs.length === 0 || ys.length === 0) {
     out.push(`<text x="${W / 2}" y="${H / 2}" text-anchor="middle" fill="#a00">no data</text>`, '</svg>');
     return `${out.join('\n')}\n`;

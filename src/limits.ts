@@ -30,6 +30,7 @@ export const MAX_RUN_AT_MS = Date.parse('9999-12-31T23:59:59.999Z');
 export const MAX_TIMER_MS = 2_147_483_647;
 
 // In `u` mode a surrogate range matches only a lone surrogate (a pair is one code point).
+// biome-ignore lint/suspicious/noControlCharactersInRegex: NUL is one of the characters jsonb refuses
 const UNSTORABLE = /[\u0000\ud800-\udfff]/u;
 // What JSON.stringify makes of the same characters: `\u0000`, and a lone surrogate as
 // `\udXXX` (a pair is written as is). jsonb refuses both (22P05, 22P02). A match can also be

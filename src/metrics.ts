@@ -43,7 +43,10 @@ function attributes(labels: LabelValues<string> | undefined): Attributes {
 const instruments = new WeakMap<Meter, Map<string, unknown>>();
 function shared<T>(meter: Meter, name: string, create: () => T): T {
   let byName = instruments.get(meter);
-  if (!byName) instruments.set(meter, (byName = new Map()));
+  if (!byName) {
+    byName = new Map();
+    instruments.set(meter, byName);
+  }
   if (!byName.has(name)) byName.set(name, create());
   return byName.get(name) as T;
 }

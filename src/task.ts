@@ -27,6 +27,7 @@ export interface TaskContext<P> {
 }
 
 /** `'done'` (or nothing) finished the task; `'continue'` means a slice committed its cursor. */
+// biome-ignore lint/suspicious/noConfusingVoidType: handlers typed `(...) => Promise<void>` must stay assignable; `undefined` would refuse them
 export type HandlerResult = 'done' | 'continue' | void;
 
 export type TaskHandler<P> = (payload: P, ctx: TaskContext<P>) => Promise<HandlerResult>;
@@ -79,6 +80,14 @@ export interface TaskDefinition<P = unknown> {
   readonly schema: StandardSchemaLike<P> | undefined;
 }
 
+/**
+ * A definition of any payload type, for lists that mix them (the worker's `tasks`).
+ * TaskDefinition is invariant in P (the handler takes a P, the schema yields one), so neither
+ * `TaskDefinition<unknown>` nor `TaskDefinition<never>` accepts every definition: only `any` does.
+ */
+// biome-ignore lint/suspicious/noExplicitAny: the one place a definition's payload type is erased, see above
+export type AnyTaskDefinition = TaskDefinition<any>;
+
 export const DEFAULT_MAX_ATTEMPTS = 20;
 export const DEFAULT_BACKOFF: BackoffPolicy = { baseMs: 15_000, maxMs: 600_000 };
 
@@ -130,7 +139,7 @@ export async function validatePayload<P>(
   const result = await def.schema['~standard'].validate(payload);
   if (result.issues) {
     const detail = result.issues
-      .map((i) => (i.path && i.path.length ? `${i.path.map(String).join('.')}: ${i.message}` : i.message))
+      .map((i) => (i.path?.length ? `${i.path.map(String).join('.')}: ${i.message}` : i.message))
       .join('; ');
     return { ok: false, message: `payload for task type "${def.type}" is invalid: ${detail}` };
   }

@@ -145,7 +145,9 @@ class Producer {
           ...(this.delayed && Math.random() < 0.5 ? { delay: 500 + Math.floor(Math.random() * 3500) } : {}),
         }));
         this.current = enqueueMany(this.pool, specs, { schema: this.schema }).then(
-          (res) => res.forEach((r) => r.id && this.ids.add(r.id)),
+          (res) => {
+            for (const r of res) if (r.id) this.ids.add(r.id);
+          },
           // Not counted as enqueued: if it did commit, its task is simply not tracked.
           (err: Error) => {
             this.errors++;

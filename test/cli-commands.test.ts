@@ -19,7 +19,10 @@ async function berth(...args: string[]): Promise<{ code: number; out: string; er
   console.log = (...a: unknown[]) => void out.push(a.join(' '));
   console.error = (...a: unknown[]) => void err.push(a.join(' '));
   // commander writes its own errors straight to stderr (stdout is the test runner's).
-  process.stderr.write = ((chunk: string) => (err.push(String(chunk)), true)) as typeof process.stderr.write;
+  process.stderr.write = ((chunk: string) => {
+    err.push(String(chunk));
+    return true;
+  }) as typeof process.stderr.write;
   try {
     const code = await main(['node', 'berth', ...args, '--schema', schema, '--database-url', DATABASE_URL]);
     return { code, out: out.join('\n'), err: err.join('\n') };
@@ -31,10 +34,25 @@ async function berth(...args: string[]): Promise<{ code: number; out: string; er
 }
 
 /** Run the CLI for its JSON output; a failure shows what it printed to stderr (not a JSON parse error). */
-async function berthJson(...args: string[]): Promise<any> { // eslint-disable-line @typescript-eslint/no-explicit-any
+async function berthJson<T>(...args: string[]): Promise<T> {
   const r = await berth(...args);
   assert.equal(r.code, 0, `berth ${args.join(' ')}: exit ${r.code}: ${r.err}`);
-  return JSON.parse(r.out);
+  return JSON.parse(r.out) as T;
+}
+
+/** The parts of the CLI's JSON output these tests read. */
+interface TaskPageJson {
+  tasks: { id: string }[];
+  next: string | null;
+}
+interface DeadPageJson {
+  deadLetters: unknown[];
+}
+interface QueueJson {
+  queue: string;
+  paused: boolean;
+  pausedBy: string | null;
+  reason: string | null;
 }
 
 async function killTask(id: string): Promise<void> {
@@ -87,12 +105,12 @@ test('enqueue: JSON payload and options; bad JSON is a usage error that enqueues
 test('tasks list / show / retry / cancel / delete / move, with keyset pages and meaningful exit codes', async () => {
   const ids: string[] = [];
   for (let i = 0; i < 5; i++) ids.push((await enqueue(pool, 'cli_page', { i }, { schema, queue: 'pages' })).id!);
-  const first = await berthJson('tasks', 'list', '--type', 'cli_page', '--limit', '3', '--json');
-  assert.deepEqual(first.tasks.map((t: { id: string }) => t.id), ids.slice(2).reverse());
+  const first = await berthJson<TaskPageJson>('tasks', 'list', '--type', 'cli_page', '--limit', '3', '--json');
+  assert.deepEqual(first.tasks.map((t) => t.id), ids.slice(2).reverse());
   const text = await berth('tasks', 'list', '--type', 'cli_page', '--limit', '3');
   assert.match(text.out, new RegExp(`more: berth tasks list --type cli_page --limit 3 --schema ${schema} --after ${first.next}$`, 'm'));
-  const second = await berthJson('tasks', 'list', '--type', 'cli_page', '--limit', '3', '--after', first.next, '--json');
-  assert.deepEqual(second.tasks.map((t: { id: string }) => t.id), ids.slice(0, 2).reverse());
+  const second = await berthJson<TaskPageJson>('tasks', 'list', '--type', 'cli_page', '--limit', '3', '--after', first.next!, '--json');
+  assert.deepEqual(second.tasks.map((t) => t.id), ids.slice(0, 2).reverse());
   assert.equal(second.next, null);
 
   const bad = await berth('tasks', 'list', '--state', 'finished');
@@ -149,7 +167,7 @@ test('dead list / retry / purge: bulk actions need a filter or --all', async () 
     await killTask(r.id!);
     dead.push(r.id!);
   }
-  const list = await berthJson('dead', 'list', '--queue', 'deadq', '--json');
+  const list = await berthJson<DeadPageJson>('dead', 'list', '--queue', 'deadq', '--json');
   assert.equal(list.deadLetters.length, 4);
   const noFilter = await berth('dead', 'retry');
   assert.equal(noFilter.code, 2);
@@ -161,7 +179,7 @@ test('dead list / retry / purge: bulk actions need a filter or --all', async () 
   assert.match(hint.out, new RegExp(`more: berth dead list --type cli_dead_a --limit 1 --schema ${schema} --after \\d+`));
   assert.equal((await berth('dead', 'purge')).code, 2);
 
-  const retried = await berthJson('dead', 'retry', '--type', 'cli_dead_a', '--json');
+  const retried = await berthJson<unknown>('dead', 'retry', '--type', 'cli_dead_a', '--json');
   assert.deepEqual(retried, { matched: 3, changed: 3, duplicates: 0 });
   const one = await berth('dead', 'retry', '--id', dead[3]!);
   assert.match(one.out, /retried 1 of 1/);
@@ -169,19 +187,19 @@ test('dead list / retry / purge: bulk actions need a filter or --all', async () 
   await killTask(again.id!);
   const purged = await berth('dead', 'purge', '--all');
   assert.match(purged.out, /purged \d+ dead letter/);
-  assert.equal((await berthJson('dead', 'list', '--json')).deadLetters.length, 0);
+  assert.equal((await berthJson<DeadPageJson>('dead', 'list', '--json')).deadLetters.length, 0);
 });
 
 test('queues pause / list / resume; stats; leader exits 1 with no leader', async () => {
   await enqueue(pool, 'cli_ok', {}, { schema, queue: 'pq' });
   assert.equal((await berth('queues', 'pause', 'pq', '--reason', 'deploy')).code, 0);
-  const list = await berthJson('queues', 'list', '--json');
-  const pq = list.find((q: { queue: string }) => q.queue === 'pq');
-  assert.equal(pq.paused, true);
-  assert.equal(pq.pausedBy, 'cli:tester');
-  assert.equal(pq.reason, 'deploy');
-  const stats = await berthJson('stats', '--json');
-  assert.equal(stats.queues.find((q: { queue: string }) => q.queue === 'pq').paused, true);
+  const list = await berthJson<QueueJson[]>('queues', 'list', '--json');
+  const pq = list.find((q) => q.queue === 'pq');
+  assert.equal(pq?.paused, true);
+  assert.equal(pq?.pausedBy, 'cli:tester');
+  assert.equal(pq?.reason, 'deploy');
+  const stats = await berthJson<{ queues: QueueJson[] }>('stats', '--json');
+  assert.equal(stats.queues.find((q) => q.queue === 'pq')?.paused, true);
   const table = await berth('stats');
   assert.match(table.out, /QUEUE +PENDING +RUNNING +DEAD/);
   assert.match(table.out, /LANEID +QUEUE +PRIORITY +SHARD +DEPTH +DUEDEFERRED +OLDESTDUE +RUNNING +DEAD/);
@@ -190,9 +208,9 @@ test('queues pause / list / resume; stats; leader exits 1 with no leader', async
   assert.equal(notPaused.code, 1);
   assert.match(notPaused.err, /queue "pq" is not paused/);
   await enqueue(pool, 'cli_ok', {}, { schema, queue: 'future-only', delay: 3600_000 });
-  const queues = (await berthJson('queues', 'list', '--json')).map((q: { queue: string }) => q.queue);
+  const queues = (await berthJson<QueueJson[]>('queues', 'list', '--json')).map((q) => q.queue);
   assert.ok(queues.includes('future-only'), 'a queue with only scheduled work is listed (and so can be paused)');
-  assert.equal((await berthJson('queues', 'list', '--json')).find((q: { queue: string }) => q.queue === 'pq').paused, false);
+  assert.equal((await berthJson<QueueJson[]>('queues', 'list', '--json')).find((q) => q.queue === 'pq')?.paused, false);
 
   const leader = await berth('leader');
   assert.equal(leader.code, 1);
@@ -291,6 +309,7 @@ test('nothing from the database reaches the terminal raw: ANSI, OSC, C1 CSI, CR 
   const { claim } = await import('../src/processor/claim.js');
   const { wakeChannel } = await import('../src/sql.js');
   // Every control a terminal acts on (DEL, C1 and U+2028 included), in every column printed.
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: the test looks for raw control characters
   const RAW = /[\u0000-\u0009\u000b-\u001f\u007f-\u009f\u2028\u2029\u202e]/u;
   const type = 'esc\u001b[31mRED\u001b[0m';
   const queue = `q\u001b]0;pwned\u0007\u009b2J-${process.pid}`;

@@ -161,7 +161,7 @@ test('NUL bytes in paths, query parameters and bodies answer 400 on every route 
     ['api query name', () => call('api/dead?a%00=1')],
     ['action path', async () => post('api/queues/a%00b/pause', '{}')],
     ['action body', async () => post('api/queues/q/pause', JSON.stringify({ reason: 'a\u0000b' }))],
-    ['action body key', async () => post('api/dead/purge', JSON.stringify({ queue: 'q', ['x\u0000']: 1 }))],
+    ['action body key', async () => post('api/dead/purge', JSON.stringify({ queue: 'q', 'x\u0000': 1 }))],
     ['action body raw', async () => post('api/dead/purge', '{"queue": "q"}\u0000')],
   ];
   // The login form and the Basic link exist when auth is configured.

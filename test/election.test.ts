@@ -143,7 +143,9 @@ test('an unreachable server is retried with a growing, bounded backoff, not on e
     const delays = failures().map((l) => Number(l.retryInMs));
     const poll = FAST_MAINTENANCE.leaderPollMs;
     // Attempt n waits [0.5, 1) × poll × 2^(n-1): the 4th waits at least 4 polls, not one.
-    delays.slice(0, 4).forEach((d, i) => assert.ok(d >= 0.5 * poll * 2 ** i - 5, `delay ${i + 1} (${d} ms) is backed off`));
+    delays.slice(0, 4).forEach((d, i) => {
+      assert.ok(d >= 0.5 * poll * 2 ** i - 5, `delay ${i + 1} (${d} ms) is backed off`);
+    });
     assert.equal(m.isLeader, false);
   } finally {
     await m.stop();

@@ -45,8 +45,10 @@ async function exportedSeriesNames(): Promise<Set<string>> {
   return new Set([...metrics.map((m) => m.name), ...suffixed]);
 }
 
+// biome-ignore lint/suspicious/noTemplateCurlyInString: Grafana's variable syntax, meant literally
 const PROMETHEUS_DS = { type: 'prometheus', uid: '${datasource}' };
 
+// biome-ignore lint/suspicious/noTemplateCurlyInString: Grafana's variable syntax, meant literally
 test('the dashboard is valid JSON with a prometheus ${datasource} variable', () => {
   const d = readDashboard();
   assert.ok(d.schemaVersion >= 36 && d.schemaVersion <= 41, `schemaVersion ${d.schemaVersion}`);
@@ -57,6 +59,7 @@ test('the dashboard is valid JSON with a prometheus ${datasource} variable', () 
   assert.equal(ds.query, 'prometheus');
 });
 
+// biome-ignore lint/suspicious/noTemplateCurlyInString: Grafana's variable syntax, meant literally
 test('every panel has a target with an expression, on the ${datasource} variable', () => {
   const panels = dataPanels(readDashboard().panels);
   assert.ok(panels.length >= 20, `only ${panels.length} panels`);
@@ -67,7 +70,7 @@ test('every panel has a target with an expression, on the ${datasource} variable
     assert.deepEqual(p.datasource, PROMETHEUS_DS, `${p.title}: datasource`);
     assert.ok((p.targets ?? []).length >= 1, `${p.title} has no target`);
     for (const t of p.targets ?? []) {
-      assert.ok(t.expr && t.expr.trim(), `${p.title} target ${t.refId} has no expr`);
+      assert.ok(t.expr?.trim(), `${p.title} target ${t.refId} has no expr`);
       assert.deepEqual(t.datasource, PROMETHEUS_DS, `${p.title} target ${t.refId}: datasource`);
     }
   }

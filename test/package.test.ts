@@ -214,7 +214,15 @@ describe('the npm package', { concurrency: true }, () => {
     assert.deepEqual(files.filter((f) => f.startsWith('dist/schema/migrations/')), migrations.map((f) => `dist/schema/migrations/${f}`));
     assert.match(readFileSync(join(installed, 'LICENSE'), 'utf8'), /^MIT License\n\nCopyright \(c\) 2026 the berth authors/);
 
-    const manifest = JSON.parse(readFileSync(join(installed, 'package.json'), 'utf8')) as Record<string, any>;
+    const manifest = JSON.parse(readFileSync(join(installed, 'package.json'), 'utf8')) as {
+      name: string;
+      bin: Record<string, string>;
+      license: string;
+      repository: { url: string };
+      homepage: string;
+      dependencies?: Record<string, string>;
+      exports: Record<'.' | './maintenance' | './package.json', { types: string; default: string }>;
+    };
     assert.equal(manifest.name, 'berth-queue');
     assert.equal(manifest.bin.berth, 'dist/cli.js');
     assert.deepEqual(Object.keys(manifest.exports), ['.', './maintenance', './package.json'], 'two entry points and the manifest');

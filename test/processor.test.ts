@@ -1,7 +1,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { z } from 'zod';
-import { defineTask, enqueue, enqueueMany, getTask, runSlices, Worker, type TaskDefinition } from '../src/index.js';
+import { defineTask, enqueue, enqueueMany, getTask, runSlices, Worker } from '../src/index.js';
+import type { AnyTaskDefinition } from '../src/task.js';
 import { slotsFromEnv, workerOptionsFromEnv } from '../src/env.js';
 import { logLevel } from '../src/logger.js';
 import { isPermanentError, PermanentError } from '../src/errors.js';
@@ -10,8 +11,7 @@ import { captureLogger, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, freshSche
 const { schema, pool } = await freshSchema('proc');
 const S = `"${schema}"`;
 
-// eslint-disable-next-line @typescript-eslint/no-explicit-any
-async function withWorker(tasks: TaskDefinition<any>[], fn: (w: Worker, lines: Record<string, unknown>[]) => Promise<void>, opts: Partial<ConstructorParameters<typeof Worker>[0]> = {}) {
+async function withWorker(tasks: AnyTaskDefinition[], fn: (w: Worker, lines: Record<string, unknown>[]) => Promise<void>, opts: Partial<ConstructorParameters<typeof Worker>[0]> = {}) {
   const { logger, lines } = captureLogger();
   const w = new Worker({
     connectionString: DATABASE_URL,

@@ -319,7 +319,7 @@ test('a lane whose promotion fails (its sequence is gone) does not starve the ot
   await enqueueMany(pool, Array.from({ length: 30 }, (_, i) => ({ type: 'x', payload: { i }, queue: 'broken', shard: 0, delay: 1 })), { schema });
   await enqueueMany(pool, [{ type: 'x', payload: {}, queue: 'healthy', shard: 0, delay: 1 }], { schema });
   await pool.query(`UPDATE ${S}.deferred SET run_at = now() - interval '1 s' * (CASE WHEN queue = 'broken' THEN 10 ELSE 1 END)`);
-  await pool.query(`DROP SEQUENCE ${S}.${'lane_seq_' + bad}`);
+  await pool.query(`DROP SEQUENCE ${S}.lane_seq_${bad}`);
   const metrics = new BerthMetrics();
   const p = new Promoter(pool, schema, { batchSize: 10, laneLockTimeoutMs: 50, waiterLockTimeoutMs: 1000, poolSize: 8 }, metrics, logger);
   try {

@@ -1,5 +1,5 @@
 import { userInfo } from 'node:os';
-import { Command, InvalidArgumentError, Option } from 'commander';
+import { type Command, InvalidArgumentError, Option } from 'commander';
 import pg from 'pg';
 import { BerthError, BerthInputError } from '../errors.js';
 import { isTaskId } from '../admin/ids.js';
@@ -122,7 +122,7 @@ export function nextPageCommand(
   next: string,
   filters: Record<string, string | undefined>,
 ): string {
-  const quote = (v: string) => (/^[A-Za-z0-9_.:\/@-]+$/.test(v) ? v : `'${v.replaceAll("'", "'\\''")}'`);
+  const quote = (v: string) => (/^[A-Za-z0-9_.:/@-]+$/.test(v) ? v : `'${v.replaceAll("'", "'\\''")}'`);
   const parts = [`berth ${command}`];
   for (const [k, v] of Object.entries(filters)) if (v !== undefined) parts.push(`--${k} ${quote(v)}`);
   if (opts.limit !== undefined && opts.limit !== 50) parts.push(`--limit ${opts.limit}`);

@@ -1,4 +1,4 @@
-import { Command } from 'commander';
+import type { Command } from 'commander';
 import { startDashboard } from '../dashboard/server.js';
 import { dashboardOptionsFromEnv } from '../dashboard/options.js';
 import { createLogger, logLevel } from '../logger.js';

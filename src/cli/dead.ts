@@ -1,4 +1,4 @@
-import { Command, InvalidArgumentError } from 'commander';
+import { type Command, InvalidArgumentError } from 'commander';
 import { audited } from '../admin/audit.js';
 import { listDead, purgeDead, retryDead, type BulkResult, type DeadFilter } from '../admin/dead.js';
 import { actor, CliFailure, collect, common, intOption, nextPageCommand, printJson, printTable, taskIdArg, withPool, type Common } from './common.js';

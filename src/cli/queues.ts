@@ -1,4 +1,4 @@
-import { Command } from 'commander';
+import type { Command } from 'commander';
 import { audited } from '../admin/audit.js';
 import { listQueues, pauseQueue, resumeQueue } from '../admin/queues.js';
 import { actor, CliFailure, common, printJson, printTable, withPool, type Common } from './common.js';

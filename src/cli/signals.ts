@@ -17,7 +17,7 @@ export async function runUntilSignal(shutdown: () => Promise<void>, early?: Prom
   });
   let failed: { err: unknown } | null = null;
   try {
-    await (early ? Promise.race([first, early]) : first);
+    await (early !== undefined ? Promise.race([first, early]) : first);
   } catch (err) {
     failed = { err }; // shut down anyway, then report it
   } finally {

@@ -1,4 +1,4 @@
-import { Command } from 'commander';
+import type { Command } from 'commander';
 import { laneActivity, laneStats, leaderInfo, listWorkers, taskCounts, throughput, DUE_COUNT_CAP } from '../admin/stats.js';
 import { laneLabel } from '../lane.js';
 import { CliFailure, common, duration, printJson, printTable, withPool, type Common } from './common.js';
@@ -18,7 +18,10 @@ export function registerStatsCommands(program: Command): void {
         const queues = new Map<string, { queue: string; pending: number; running: number; dead: number; donePerMin: number; failedPerMin: number; oldestDue: number; paused: boolean }>();
         const q = (name: string) => {
           let v = queues.get(name);
-          if (!v) queues.set(name, (v = { queue: name, pending: 0, running: 0, dead: 0, donePerMin: 0, failedPerMin: 0, oldestDue: 0, paused: false }));
+          if (!v) {
+            v = { queue: name, pending: 0, running: 0, dead: 0, donePerMin: 0, failedPerMin: 0, oldestDue: 0, paused: false };
+            queues.set(name, v);
+          }
           return v;
         };
         for (const c of counts) Object.assign(q(c.queue), { pending: q(c.queue).pending + c.pending, running: q(c.queue).running + c.running, dead: q(c.queue).dead + c.dead });

@@ -1,4 +1,4 @@
-import { Command, InvalidArgumentError } from 'commander';
+import { type Command, InvalidArgumentError } from 'commander';
 import { audited } from '../admin/audit.js';
 import { cancelTask, deleteTask, listTasks, parseState, retryTask, taskTimeline, type TaskActionResult } from '../admin/tasks.js';
 import { BerthInputError } from '../errors.js';

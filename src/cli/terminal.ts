@@ -13,7 +13,9 @@
  * an escaped control and the same characters typed literally look alike: the output is for
  * reading, and `--json` is the exact form.
  */
+// biome-ignore lint/suspicious/noControlCharactersInRegex: matching control characters is what this regex is for
 const CONTROL = /[\u0000-\u001f\u007f-\u009f\u2028\u2029\u202a-\u202e\u2066-\u2069]/gu;
+// biome-ignore lint/suspicious/noControlCharactersInRegex: matching control characters is what this regex is for
 const CONTROL_BUT_NEWLINE = /[\u0000-\u0009\u000b-\u001f\u007f-\u009f\u2028\u2029\u202a-\u202e\u2066-\u2069]/gu;
 /**
  * What JSON.stringify leaves raw: it escapes C0 only. These can only occur inside JSON strings,

@@ -1,6 +1,6 @@
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { Command } from 'commander';
+import type { Command } from 'commander';
 import pg from 'pg';
 import { laneStats } from '../admin/stats.js';
 import { BerthInputError } from '../errors.js';

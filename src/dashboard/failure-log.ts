@@ -57,7 +57,10 @@ export class FailureLog {
       this.flush(method, w);
       w = undefined;
     }
-    if (!w) this.windows.set(method, (w = { startedAt: now, logged: 0, notLogged: 0, refused: 0, lockouts: 0, timer: null }));
+    if (!w) {
+      w = { startedAt: now, logged: 0, notLogged: 0, refused: 0, lockouts: 0, timer: null };
+      this.windows.set(method, w);
+    }
     return w;
   }
 

@@ -11,5 +11,5 @@ export {
   type DashboardEnvOptions,
   type DashboardOptions,
 } from './options.js';
-export { type WorkerHttpOptions, type WorkerDashboardOptions } from './worker-http.js';
+export type { WorkerHttpOptions, WorkerDashboardOptions } from './worker-http.js';
 export { AUTH_LIMIT_DEFAULTS, type AuthLimitOptions } from './auth-limits.js';

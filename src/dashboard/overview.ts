@@ -118,14 +118,20 @@ export async function readOverview(reads: DashboardReads): Promise<Overview> {
   const byQueue = new Map<string, QueueOverview>();
   const queue = (name: string): QueueOverview => {
     let q = byQueue.get(name);
-    if (!q) byQueue.set(name, (q = { queue: name, pending: 0, running: 0, dead: 0, depth: 0, oldestDueSeconds: 0, paused: false }));
+    if (!q) {
+      q = { queue: name, pending: 0, running: 0, dead: 0, depth: 0, oldestDueSeconds: 0, paused: false };
+      byQueue.set(name, q);
+    }
     return q;
   };
   for (const c of counts.data) {
     add(total, c);
     add(queue(c.queue), c);
     let t = byType.get(c.type);
-    if (!t) byType.set(c.type, (t = { type: c.type, pending: 0, running: 0, dead: 0 }));
+    if (!t) {
+      t = { type: c.type, pending: 0, running: 0, dead: 0 };
+      byType.set(c.type, t);
+    }
     add(t, c);
   }
   const oldestDue = { seconds: 0, queue: null as string | null };

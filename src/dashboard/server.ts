@@ -1,7 +1,7 @@
 import pg from 'pg';
 import { BerthInputError } from '../errors.js';
 import { dashboardHandler } from './handler.js';
-import { listen } from '../http/listen.js';
+import { listen, type Listening } from '../http/listen.js';
 import { assertMigrated } from '../schema/migrate.js';
 import { resolveDashboardOptions, warnIfNoAuth, type DashboardOptions } from './options.js';
 
@@ -34,7 +34,7 @@ export async function startDashboard(options: DashboardOptions): Promise<Dashboa
   ownPool?.on('error', (err) => logger.warn({ err: err.message }, 'idle dashboard connection lost'));
   const pool: pg.Pool | null = o.pool ?? ownPool;
   if (pool === null) throw new BerthInputError('the dashboard needs a connectionString or a pool');
-  let server;
+  let server: Listening;
   try {
     // An unmigrated (or older) schema would answer 500 on every request: refuse it up front, with the fix.
     await assertMigrated(pool, o.schema);

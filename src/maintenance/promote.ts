@@ -53,7 +53,10 @@ export async function promoteDueLanes(
     const lane = { queue: r.queue, priority: r.priority, shard: r.shard };
     const k = laneKey(lane);
     let g = groups.get(k);
-    if (!g) groups.set(k, (g = { lane, ids: [] }));
+    if (!g) {
+      g = { lane, ids: [] };
+      groups.set(k, g);
+    }
     g.ids.push(r.id);
   }
   const out: PromoteOutcome = { promoted: 0, lanes: 0, contended: [], failed: [], selected: sel.rowCount ?? 0 };

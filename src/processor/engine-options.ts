@@ -1,4 +1,4 @@
-import type { TaskDefinition } from '../task.js';
+import type { AnyTaskDefinition } from '../task.js';
 
 /**
  * What the engine reads of the worker's resolved options (src/processor/worker-options.ts
@@ -6,8 +6,7 @@ import type { TaskDefinition } from '../task.js';
  */
 /** The task definitions a worker runs, indexed once. */
 export interface TaskRegistry {
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- definitions of any payload type
-  readonly defs: ReadonlyMap<string, TaskDefinition<any>>;
+  readonly defs: ReadonlyMap<string, AnyTaskDefinition>;
   /** Per type: the claim's lease is ceiling + margin. */
   readonly ceilings: ReadonlyMap<string, number>;
   /** Per type: the attempt limit a task enqueued by name takes at claim. */

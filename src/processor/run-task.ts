@@ -2,7 +2,7 @@ import { DeadlineAbort, isPermanentError, ShutdownAbort } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import type { Queryable } from '../sql.js';
-import { validatePayload, type TaskContext, type TaskDefinition } from '../task.js';
+import { validatePayload, type TaskContext, type AnyTaskDefinition } from '../task.js';
 import type { ClaimedTask } from './claim.js';
 import { describeHandlerResult, isContractResult } from './handler-result.js';
 import type { TaskRun } from './outcome-table.js';
@@ -18,8 +18,7 @@ export interface RunDeps {
 
 export interface RunInput {
   task: ClaimedTask;
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- definitions of any payload type
-  def: TaskDefinition<any> | undefined;
+  def: AnyTaskDefinition | undefined;
   /** The handler's deadline: the lease's own expiry stamp minus the margin (epoch ms). */
   deadline: number;
   /** When the claim handed this task to the process (epoch ms). */

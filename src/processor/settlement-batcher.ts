@@ -100,7 +100,7 @@ export class SettlementBatcher {
   }
 
   private kick(): void {
-    if (this.flushing) return;
+    if (this.flushing !== null) return;
     if (this.pending === 0) return;
     this.flushing = this.flush().finally(() => {
       this.flushing = null;

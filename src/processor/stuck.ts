@@ -197,7 +197,7 @@ export class StuckGuard {
 
   private async release(w: Watched): Promise<void> {
     this.returned(w);
-    const written = w.protecting ? await w.protecting : false;
+    const written = w.protecting !== null ? await w.protecting : false;
     this.watched.delete(w.key);
     if (this.refreshTimer && ![...this.watched.values()].some((x) => x.protectedRow)) {
       clearInterval(this.refreshTimer);

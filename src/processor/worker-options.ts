@@ -5,7 +5,7 @@ import { createLogger, type Logger } from '../logger.js';
 import { resolveMaintenanceOptions, type MaintenanceOptions, type ResolvedMaintenanceOptions } from '../maintenance/leader.js';
 import { BerthMetrics } from '../metrics.js';
 import { DEFAULT_SCHEMA } from '../sql.js';
-import { DEFAULT_MAX_ATTEMPTS, type TaskDefinition } from '../task.js';
+import { DEFAULT_MAX_ATTEMPTS, type AnyTaskDefinition } from '../task.js';
 import { resolveWorkerHttpOptions, type ResolvedWorkerHttpOptions, type WorkerHttpOptions } from '../dashboard/worker-http.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 import { DEFAULT_STUCK_GRACE_MS } from './stuck.js';
@@ -15,8 +15,7 @@ export interface WorkerOptions {
   connectionString: string;
   /** Discovery reads go here (a replica); claims and settlements always go to the primary. */
   readConnectionString?: string;
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- definitions of any payload type
-  tasks: readonly TaskDefinition<any>[];
+  tasks: readonly AnyTaskDefinition[];
   /** Worker slots (concurrent handlers). 4; `workerOptionsFromEnv` reads BERTH_TASK_PROCESSOR_CONCURRENCY. */
   slots?: number;
   /** Only claim from these queues. Default: all. */
@@ -151,8 +150,7 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
   if (exitOn !== undefined && !(Number.isInteger(exitOn) && exitOn >= 1 && exitOn <= slots)) {
     throw new BerthInputError(`exitOnStuckSlots must be an integer from 1 to slots (${slots}), got ${JSON.stringify(exitOn)}`);
   }
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any
-  const defs = new Map<string, TaskDefinition<any>>();
+  const defs = new Map<string, AnyTaskDefinition>();
   const ceilings = new Map<string, number>();
   const maxAttempts = new Map<string, number>();
   for (const def of options.tasks) {

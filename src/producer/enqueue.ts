@@ -96,7 +96,10 @@ export async function enqueueMany(
   for (const p of prepared) {
     const key = groupKey(p);
     let g = groups.get(key);
-    if (!g) groups.set(key, (g = []));
+    if (!g) {
+      g = [];
+      groups.set(key, g);
+    }
     g.push(p);
   }
   const results: EnqueueResult[] = new Array(tasks.length);

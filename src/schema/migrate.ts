@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import pg from 'pg';
+import type pg from 'pg';
 import { openClient } from '../db/connections.js';
 import { BerthError, BerthInputError, type BerthErrorCode } from '../errors.js';
 import { DEFAULT_SCHEMA, quoteIdent, type Queryable } from '../sql.js';
