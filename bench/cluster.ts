@@ -117,7 +117,16 @@ export async function startCluster(options: ClusterOptions = {}): Promise<Cluste
     }
     // Locale and encoding as on the shared server (C.UTF-8, UTF8); --no-sync only skips
     // initdb's final fsync of a directory that is deleted afterwards.
-    const [icmd, iargs] = command(l, 'initdb', ['-D', l.data, '-U', 'postgres', '--auth=trust', '--encoding=UTF8', '--locale=C.UTF-8', '--no-sync']);
+    const [icmd, iargs] = command(l, 'initdb', [
+      '-D',
+      l.data,
+      '-U',
+      'postgres',
+      '--auth=trust',
+      '--encoding=UTF8',
+      '--locale=C.UTF-8',
+      '--no-sync',
+    ]);
     await run(icmd, iargs);
     let lastError: unknown;
     for (let attempt = 0; attempt < 3; attempt++) {
@@ -130,8 +139,22 @@ export async function startCluster(options: ClusterOptions = {}): Promise<Cluste
       };
       // Appended, so these lines win over initdb's defaults above them; rewritten per attempt.
       const conf = join(l.data, 'postgresql.conf');
-      appendFileSync(conf, `\n# berth bench cluster (attempt ${attempt + 1})\n${Object.entries(settings).map(([k, v]) => `${k} = ${confValue(v)}`).join('\n')}\n`);
-      const [scmd, sargs] = command(l, 'pg_ctl', ['start', '-D', l.data, '-l', join(base, 'server.log'), '-w', '-t', '120']);
+      appendFileSync(
+        conf,
+        `\n# berth bench cluster (attempt ${attempt + 1})\n${Object.entries(settings)
+          .map(([k, v]) => `${k} = ${confValue(v)}`)
+          .join('\n')}\n`,
+      );
+      const [scmd, sargs] = command(l, 'pg_ctl', [
+        'start',
+        '-D',
+        l.data,
+        '-l',
+        join(base, 'server.log'),
+        '-w',
+        '-t',
+        '120',
+      ]);
       try {
         await run(scmd, sargs);
         const url = `postgres://postgres@127.0.0.1:${port}/postgres`;

@@ -53,13 +53,28 @@ async function run(scenario: Scenario, laneLockTimeoutMs: number | null): Promis
   const admin = new pg.Pool({ connectionString: url, max: 4 });
   await admin.query(`DROP SCHEMA IF EXISTS ${S} CASCADE`);
   await migrate({ connectionString: url, schema });
-  const hotLane = (await admin.query(`SELECT ${S}.provision_lane('hot', 0::smallint, 0::smallint) AS id`)).rows[0].id as number;
-  await enqueueMany(admin, Array.from({ length: BACKLOG }, (_, i) => ({ type: 'hot', payload: { i }, queue: 'hot', shard: 0, delay: 3600_000 })), { schema });
+  const hotLane = (await admin.query(`SELECT ${S}.provision_lane('hot', 0::smallint, 0::smallint) AS id`)).rows[0]
+    .id as number;
+  await enqueueMany(
+    admin,
+    Array.from({ length: BACKLOG }, (_, i) => ({
+      type: 'hot',
+      payload: { i },
+      queue: 'hot',
+      shard: 0,
+      delay: 3600_000,
+    })),
+    { schema },
+  );
   await admin.query(`UPDATE ${S}.deferred SET run_at = now() - interval '1 s'`);
 
   let hotDone = 0;
   const coldLag: number[] = [];
-  const cold = defineTask<{ dueAt: number }>({ type: 'cold', ceiling: 60_000, handler: async (p) => void coldLag.push(Date.now() - p.dueAt) });
+  const cold = defineTask<{ dueAt: number }>({
+    type: 'cold',
+    ceiling: 60_000,
+    handler: async (p) => void coldLag.push(Date.now() - p.dueAt),
+  });
   const hot = defineTask({ type: 'hot', ceiling: 60_000, handler: async () => void hotDone++ });
   const produced = defineTask({ type: 'produced', ceiling: 60_000, handler: async () => {} });
   const worker = new Worker({
@@ -110,12 +125,24 @@ async function run(scenario: Scenario, laneLockTimeoutMs: number | null): Promis
     }
   })();
   const orphanProbe = (async () => {
-    const orphanLane = (await admin.query(`SELECT ${S}.provision_lane('orphans', 0::smallint, 0::smallint) AS id`)).rows[0].id as number;
+    const orphanLane = (await admin.query(`SELECT ${S}.provision_lane('orphans', 0::smallint, 0::smallint) AS id`))
+      .rows[0].id as number;
     while (!stop) {
       const c = await admin.connect();
       await c.query('BEGIN');
       await enqueue(c, 'orphan', {}, { schema, queue: 'orphans', shard: 0 });
-      await claim(c, { schema, laneIds: [orphanLane], limit: 1, ceilings: new Map([['orphan', 100]]), maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: 100, marginMs: 0, workerId: 'abandoned', wakeChannel: wakeChannel(schema) });
+      await claim(c, {
+        schema,
+        laneIds: [orphanLane],
+        limit: 1,
+        ceilings: new Map([['orphan', 100]]),
+        maxAttempts: new Map(),
+        defaultMaxAttempts: 20,
+        defaultCeilingMs: 100,
+        marginMs: 0,
+        workerId: 'abandoned',
+        wakeChannel: wakeChannel(schema),
+      });
       await c.query('COMMIT');
       c.release();
       await sleep(250);

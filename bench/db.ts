@@ -18,12 +18,18 @@ export interface BenchServer {
  */
 export async function openBenchServer(settings: Record<string, string | number | boolean> = {}): Promise<BenchServer> {
   const external = process.env.BENCH_DATABASE_URL;
-  if (external) return { adminUrl: external, description: 'existing server (BENCH_DATABASE_URL)', stop: async () => {} };
+  if (external)
+    return { adminUrl: external, description: 'existing server (BENCH_DATABASE_URL)', stop: async () => {} };
   log('starting a dedicated PostgreSQL cluster (initdb, stock settings)');
   const t0 = performance.now();
   const cluster = await startCluster({ settings });
   log(`cluster up on 127.0.0.1:${cluster.port} in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
-  const extra = Object.keys(settings).length > 0 ? ` plus ${Object.entries(settings).map(([k, v]) => `${k}=${v}`).join(', ')}` : '';
+  const extra =
+    Object.keys(settings).length > 0
+      ? ` plus ${Object.entries(settings)
+          .map(([k, v]) => `${k}=${v}`)
+          .join(', ')}`
+      : '';
   return {
     adminUrl: cluster.url,
     description: `dedicated cluster (initdb, stock settings${extra}; removed afterwards)`,
@@ -102,7 +108,9 @@ export class Monitor {
   static async open(connectionString: string): Promise<Monitor> {
     const client = new pg.Client({ connectionString, application_name: 'bench-monitor' });
     await client.connect();
-    const oid = await client.query<{ oid: string }>('SELECT oid::text AS oid FROM pg_database WHERE datname = current_database()');
+    const oid = await client.query<{ oid: string }>(
+      'SELECT oid::text AS oid FROM pg_database WHERE datname = current_database()',
+    );
     let problem: string | null = null;
     try {
       await client.query('CREATE EXTENSION IF NOT EXISTS pg_walinspect');
@@ -173,15 +181,24 @@ export class Monitor {
   async serverInfo(): Promise<ServerInfo> {
     const v = await this.client.query<{ v: string }>("SELECT current_setting('server_version') AS v");
     const names = [
-      'synchronous_commit', 'fsync', 'shared_buffers', 'max_wal_size', 'checkpoint_timeout', 'autovacuum', 'wal_level',
-      'max_connections', 'work_mem', 'shared_preload_libraries',
+      'synchronous_commit',
+      'fsync',
+      'shared_buffers',
+      'max_wal_size',
+      'checkpoint_timeout',
+      'autovacuum',
+      'wal_level',
+      'max_connections',
+      'work_mem',
+      'shared_preload_libraries',
     ];
     const s = await this.client.query<{ name: string; setting: string; unit: string | null }>(
       'SELECT name, setting, unit FROM pg_settings WHERE name = ANY($1)',
       [names],
     );
     const settings: Record<string, string> = {};
-    for (const row of s.rows) settings[row.name] = row.setting === '' ? "''" : row.unit ? `${row.setting} ${row.unit}` : row.setting;
+    for (const row of s.rows)
+      settings[row.name] = row.setting === '' ? "''" : row.unit ? `${row.setting} ${row.unit}` : row.setting;
     return { version: v.rows[0]!.v, settings };
   }
 

@@ -20,7 +20,16 @@ import { copyFileSync, mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
 import pg from 'pg';
 import { pino } from 'pino';
-import { BerthMetrics, defineTask, enqueue, enqueueMany, migrate, taskCounts, Worker, type TaskSpec } from '../src/index.js';
+import {
+  BerthMetrics,
+  defineTask,
+  enqueue,
+  enqueueMany,
+  migrate,
+  taskCounts,
+  Worker,
+  type TaskSpec,
+} from '../src/index.js';
 import { intEnv, intListEnv } from './config.js';
 import { dropSchema, openBenchServer, recreateDatabase } from './db.js';
 import { RunTracker, untilRecorded } from './scenarios.js';
@@ -43,7 +52,8 @@ function loadGrowthConfig() {
     .map((s) => s.trim())
     .filter(Boolean);
   for (const s of sections) {
-    if (!(SECTIONS as readonly string[]).includes(s)) throw new Error(`GROWTH_SECTIONS: unknown section "${s}" (known: ${SECTIONS.join(', ')})`);
+    if (!(SECTIONS as readonly string[]).includes(s))
+      throw new Error(`GROWTH_SECTIONS: unknown section "${s}" (known: ${SECTIONS.join(', ')})`);
   }
   return {
     sections: new Set(sections as Section[]),
@@ -106,7 +116,10 @@ async function prepareEnv(url: string): Promise<Env> {
       await t.connect();
       await t.end();
       probeUrl = u.toString();
-      probeRoleOid = Number((await c.query<{ oid: string }>('SELECT oid::text AS oid FROM pg_roles WHERE rolname = $1', [PROBE_ROLE])).rows[0]!.oid);
+      probeRoleOid = Number(
+        (await c.query<{ oid: string }>('SELECT oid::text AS oid FROM pg_roles WHERE rolname = $1', [PROBE_ROLE]))
+          .rows[0]!.oid,
+      );
     } catch (err) {
       log(`probe role unavailable (${(err as Error).message}); the probe's reads count in the server time`);
     }
@@ -164,7 +177,9 @@ async function drainOnce(env: Env, cfg: GrowthConfig, n: number, lanes: number |
     for (let start = 0; start < n; start += cfg.bulkBatch) {
       const specs: TaskSpec[] = [];
       for (let i = start; i < Math.min(n, start + cfg.bulkBatch); i++) {
-        specs.push(lanes === null ? { type: 'noop', payload: { i } } : { type: 'noop', payload: { i }, ...laneOf(i % lanes) });
+        specs.push(
+          lanes === null ? { type: 'noop', payload: { i } } : { type: 'noop', payload: { i }, ...laneOf(i % lanes) },
+        );
       }
       await enqueueMany(pool, specs, { schema: SCHEMA });
     }
@@ -193,10 +208,19 @@ async function drainOnce(env: Env, cfg: GrowthConfig, n: number, lanes: number |
     const lsn0 = (await admin.query<{ l: string }>('SELECT pg_current_wal_lsn()::text AS l')).rows[0]!.l;
     const t0 = performance.now();
     const deadline = t0 + drainTimeoutMs(n);
-    worker = new Worker({ connectionString: env.url, schema: SCHEMA, tasks: [noop], slots: cfg.slots, logger: silent, metrics });
+    worker = new Worker({
+      connectionString: env.url,
+      schema: SCHEMA,
+      tasks: [noop],
+      slots: cfg.slots,
+      logger: silent,
+      metrics,
+    });
     await worker.start();
     const started = await waitUntil(() => tracker.distinct >= n, Math.max(0, deadline - performance.now()), 10);
-    const recorded = started ? await untilRecorded(async () => (await taskCounts(probe, SCHEMA)).reduce((s, c) => s + c.pending, 0), deadline) : null;
+    const recorded = started
+      ? await untilRecorded(async () => (await taskCounts(probe, SCHEMA)).reduce((s, c) => s + c.pending, 0), deadline)
+      : null;
     await cleanup('growth worker stop', () => worker!.stop());
     worker = null;
     if (!recorded || recorded.at === null) {
@@ -208,7 +232,10 @@ async function drainOnce(env: Env, cfg: GrowthConfig, n: number, lanes: number |
           : `${tracker.distinct.toLocaleString('en-US')}/${n.toLocaleString('en-US')} started in ${Math.round(s)} s`,
       };
     }
-    const wal = await admin.query<{ d: string }>('SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::text AS d', [lsn0]);
+    const wal = await admin.query<{ d: string }>(
+      'SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::text AS d',
+      [lsn0],
+    );
     let serverMs: number | null = null;
     if (env.statements) {
       const r = await admin.query<{ ms: string }>(
@@ -244,7 +271,10 @@ async function drainOnce(env: Env, cfg: GrowthConfig, n: number, lanes: number |
 /** `producers` connections, each making single-task enqueue calls on one queue over `shards` shards. */
 async function enqueueOnce(env: Env, cfg: GrowthConfig, producers: number, shards: number): Promise<number> {
   await resetSchema(env.url);
-  const clients = Array.from({ length: producers }, () => new pg.Client({ connectionString: env.url, application_name: 'bench-producer' }));
+  const clients = Array.from(
+    { length: producers },
+    () => new pg.Client({ connectionString: env.url, application_name: 'bench-producer' }),
+  );
   await Promise.all(clients.map((c) => c.connect()));
   try {
     const opts = { schema: SCHEMA, queue: 'growth', shards };
@@ -384,7 +414,9 @@ async function main(): Promise<void> {
       if (cfg.docs) copyFileSync(new URL(name, dir), new URL(`../docs/${name}`, import.meta.url));
     }
     process.stdout.write(report.markdown);
-    log(`done in ${Math.round(seconds)} s; report in bench/results/growth.md, plots ${Object.keys(report.svgs).join(', ')}${cfg.docs ? ' (copied to docs/)' : ''}`);
+    log(
+      `done in ${Math.round(seconds)} s; report in bench/results/growth.md, plots ${Object.keys(report.svgs).join(', ')}${cfg.docs ? ' (copied to docs/)' : ''}`,
+    );
   } finally {
     // A role is cluster-wide: on an existing server, leave none behind (a dedicated one is deleted).
     if (process.env.BENCH_DATABASE_URL) await cleanup('probe role drop', () => dropProbeRole(server.adminUrl));
@@ -402,7 +434,10 @@ function render(
   const cell = (xs: number[], fmt: (x: number) => string, failKey: string): string => {
     const failed = cells.get(failKey);
     if (failed.length > 0) return formatCell(failed, fmt);
-    return formatCell(xs.filter(Number.isFinite).map((value) => ({ kind: 'ok', value }) as Sample), fmt);
+    return formatCell(
+      xs.filter(Number.isFinite).map((value) => ({ kind: 'ok', value }) as Sample),
+      fmt,
+    );
   };
   const us = fmtMs; // one decimal below 100, whole numbers above
   const lines: string[] = [
@@ -423,7 +458,7 @@ function render(
       '',
       `N no-op tasks enqueued in bulk (${cfg.bulkBatch} per call, berth's default lane choice), then one worker drains them; ` +
         'drain time runs from the worker start call to the instant a read of the database shows every completion recorded. ' +
-        'Server µs/task: summed execution time of the worker\'s statements (pg_stat_statements) over the drain, per task. ' +
+        "Server µs/task: summed execution time of the worker's statements (pg_stat_statements) over the drain, per task. " +
         'WAL: `pg_current_wal_lsn()` difference over the drain (cluster-wide).',
       '',
       '| queued tasks | drain s | drain tasks/s | wall µs/task | server µs/task | WAL bytes/task | bulk enqueue tasks/s | last start → all recorded ms |',
@@ -435,11 +470,39 @@ function render(
       const rs = runs.get(`size:${n}`) ?? [];
       const fk = `size:${n}:fail`;
       lines.push(
-        `| ${n.toLocaleString('en-US')} | ${cell(rs.map((r) => n / r.tasksPerSec), (x) => x.toFixed(1), fk)} | ` +
-          `${cell(rs.map((r) => r.tasksPerSec), fmtRate, fk)} | ${cell(rs.map((r) => 1e6 / r.tasksPerSec), us, fk)} | ` +
-          `${cell(rs.map((r) => (r.serverMs === null ? NaN : (r.serverMs * 1000) / n)), us, fk)} | ` +
-          `${cell(rs.map((r) => r.walBytes / n), (x) => Math.round(x).toLocaleString('en-US'), fk)} | ` +
-          `${cell(rs.map((r) => r.enqueuePerSec), fmtRate, fk)} | ${cell(rs.map((r) => r.tailMs), fmtMs, fk)} |`,
+        `| ${n.toLocaleString('en-US')} | ${cell(
+          rs.map((r) => n / r.tasksPerSec),
+          (x) => x.toFixed(1),
+          fk,
+        )} | ` +
+          `${cell(
+            rs.map((r) => r.tasksPerSec),
+            fmtRate,
+            fk,
+          )} | ${cell(
+            rs.map((r) => 1e6 / r.tasksPerSec),
+            us,
+            fk,
+          )} | ` +
+          `${cell(
+            rs.map((r) => (r.serverMs === null ? NaN : (r.serverMs * 1000) / n)),
+            us,
+            fk,
+          )} | ` +
+          `${cell(
+            rs.map((r) => r.walBytes / n),
+            (x) => Math.round(x).toLocaleString('en-US'),
+            fk,
+          )} | ` +
+          `${cell(
+            rs.map((r) => r.enqueuePerSec),
+            fmtRate,
+            fk,
+          )} | ${cell(
+            rs.map((r) => r.tailMs),
+            fmtMs,
+            fk,
+          )} |`,
       );
       wall.points = [...wall.points, [n, med(rs.map((r) => 1e6 / r.tasksPerSec))]];
       srv.points = [...srv.points, [n, med(rs.map((r) => (r.serverMs === null ? NaN : (r.serverMs * 1000) / n)))]];
@@ -461,7 +524,7 @@ function render(
       '',
       `${cfg.laneTasks.toLocaleString('en-US')} no-op tasks spread evenly over L lanes (64 shards of a queue per 64 lanes), ` +
         'then one worker drains them. Claim: each discovery-plus-claim round trip the worker makes (its ' +
-        '`berth_claim_seconds` observations, every one kept), percentiles pooled over the repetitions\' claims.',
+        "`berth_claim_seconds` observations, every one kept), percentiles pooled over the repetitions' claims.",
       '',
       '| active lanes | claims | tasks/claim | claim p50 ms | claim p95 ms | claim p99 ms | claim mean ms | drain tasks/s |',
       '| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
@@ -476,14 +539,37 @@ function render(
       const fk = `lanes:${l}:fail`;
       const all = rs.flatMap((r) => r.claimMs);
       const failed = cells.get(fk);
-      const pct = (q: number) => (failed.length > 0 ? formatCell(failed, fmtMs) : all.length ? fmtMs(percentile(all, q)) : '–');
+      const pct = (q: number) =>
+        failed.length > 0 ? formatCell(failed, fmtMs) : all.length ? fmtMs(percentile(all, q)) : '–';
       lines.push(
-        `| ${l} | ${cell(rs.map((r) => r.claimMs.length), (x) => Math.round(x).toLocaleString('en-US'), fk)} | ` +
-          `${cell(rs.map((r) => r.claimedTasks / Math.max(1, r.claimMs.length)), (x) => x.toFixed(1), fk)} | ` +
-          `${pct(50)} | ${pct(95)} | ${pct(99)} | ${cell(rs.map((r) => r.claimMs.reduce((a, b) => a + b, 0) / Math.max(1, r.claimMs.length)), fmtMs, fk)} | ` +
-          `${cell(rs.map((r) => r.tasksPerSec), fmtRate, fk)} |`,
+        `| ${l} | ${cell(
+          rs.map((r) => r.claimMs.length),
+          (x) => Math.round(x).toLocaleString('en-US'),
+          fk,
+        )} | ` +
+          `${cell(
+            rs.map((r) => r.claimedTasks / Math.max(1, r.claimMs.length)),
+            (x) => x.toFixed(1),
+            fk,
+          )} | ` +
+          `${pct(50)} | ${pct(95)} | ${pct(99)} | ${cell(
+            rs.map((r) => r.claimMs.reduce((a, b) => a + b, 0) / Math.max(1, r.claimMs.length)),
+            fmtMs,
+            fk,
+          )} | ` +
+          `${cell(
+            rs.map((r) => r.tasksPerSec),
+            fmtRate,
+            fk,
+          )} |`,
       );
-      if (all.length) for (const [k, q] of [['p50', 50], ['p95', 95], ['p99', 99]] as const) p[k].points = [...p[k].points, [l, percentile(all, q)]];
+      if (all.length)
+        for (const [k, q] of [
+          ['p50', 50],
+          ['p95', 95],
+          ['p99', 99],
+        ] as const)
+          p[k].points = [...p[k].points, [l, percentile(all, q)]];
     }
     lines.push('', '![claim latency against active lanes](growth-lanes.svg)', '');
     svgs['growth-lanes.svg'] = lineChart({
@@ -501,7 +587,7 @@ function render(
       '## Enqueue throughput against producers and shards',
       '',
       `${cfg.enqueueN.toLocaleString('en-US')} single-task \`enqueue\` calls per cell, split over P producers (each its own ` +
-        'connection, calls back to back), all on one queue with `shards: S` (each call\'s transaction picks one of S lanes). ' +
+        "connection, calls back to back), all on one queue with `shards: S` (each call's transaction picks one of S lanes). " +
         'Each cell starts from a fresh schema; one warm-up call per producer is not timed.',
       '',
       `| producers | ${cfg.shards.map((s) => `${s} shard${s === 1 ? '' : 's'} tasks/s`).join(' | ')} |`,

@@ -40,7 +40,8 @@ const workers = Number(values.workers);
 const seconds = Number(values.seconds);
 const warmup = Number(values.warmup);
 for (const [k, v] of Object.entries({ workers, seconds, warmup })) {
-  if (!Number.isFinite(v) || v < 0 || (k !== 'warmup' && v <= 0)) throw new Error(`--${k} must be a positive number, got ${v}`);
+  if (!Number.isFinite(v) || v < 0 || (k !== 'warmup' && v <= 0))
+    throw new Error(`--${k} must be a positive number, got ${v}`);
 }
 
 const schema = 'berth_idle';
@@ -69,7 +70,14 @@ const dbName = new URL(url).pathname.slice(1) || db;
 await migrate({ connectionString: url, schema });
 
 const pool = [...Array(workers).keys()].map(
-  (i) => new Worker({ connectionString: url!, schema, tasks: [], workerId: `idle-${i + 1}`, logger: pino({ level: 'silent' }) }),
+  (i) =>
+    new Worker({
+      connectionString: url!,
+      schema,
+      tasks: [],
+      workerId: `idle-${i + 1}`,
+      logger: pino({ level: 'silent' }),
+    }),
 );
 await Promise.all(pool.map((w) => w.start()));
 await sleep(warmup * 1000);
@@ -114,7 +122,9 @@ for (const name of seen.values()) {
 }
 const newSessions = after.sessions - before.sessions;
 const perMin = (n: number) => (n / elapsedMin).toFixed(1);
-console.log(`berth ${berthRevision()} · ${workers} idle workers · window ${(elapsedMin * 60).toFixed(1)} s after ${warmup} s warm-up · ${cluster ? 'own cluster' : `database ${dbName}`}\n`);
+console.log(
+  `berth ${berthRevision()} · ${workers} idle workers · window ${(elapsedMin * 60).toFixed(1)} s after ${warmup} s warm-up · ${cluster ? 'own cluster' : `database ${dbName}`}\n`,
+);
 console.log('| measure | value |');
 console.log('| --- | ---: |');
 console.log(`| new backends (pg_stat_database.sessions) | ${newSessions} |`);
@@ -122,5 +132,6 @@ console.log(`| new backends per minute | ${perMin(newSessions)} |`);
 console.log(`| most sessions open at once | ${maxOpen} |`);
 console.log(`| sessions named \`berth leader …\` seen | ${leaderNamed.size} |`);
 console.log(`| workers leading at the end | ${leaders} |`);
-for (const [name, n] of [...byName].sort((a, b) => b[1] - a[1])) console.log(`| sampled new sessions: ${name} | ${n} (${perMin(n)}/min) |`);
+for (const [name, n] of [...byName].sort((a, b) => b[1] - a[1]))
+  console.log(`| sampled new sessions: ${name} | ${n} (${perMin(n)}/min) |`);
 await cluster?.stop();

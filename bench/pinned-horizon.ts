@@ -33,7 +33,11 @@ async function run(pinned: boolean): Promise<{ tps: number; dead: number; walPer
   const wal0 = (await admin.query('SELECT pg_current_wal_lsn() AS l')).rows[0].l;
   const t0 = performance.now();
   for (let b = 0; b < N / 1000; b++) {
-    await enqueueMany(admin, Array.from({ length: 1000 }, (_, i) => ({ type: 'noop', payload: { i } })), { schema });
+    await enqueueMany(
+      admin,
+      Array.from({ length: 1000 }, (_, i) => ({ type: 'noop', payload: { i } })),
+      { schema },
+    );
   }
   while (done < N) await new Promise((r) => setTimeout(r, 5));
   const secs = (performance.now() - t0) / 1000;
@@ -41,7 +45,11 @@ async function run(pinned: boolean): Promise<{ tps: number; dead: number; walPer
   await w.stop();
   await admin.query('SELECT pg_stat_force_next_flush()');
   await new Promise((r) => setTimeout(r, 600));
-  const dead = (await admin.query(`SELECT coalesce(sum(n_dead_tup), 0)::int AS d FROM pg_stat_user_tables WHERE schemaname = $1`, [schema])).rows[0].d;
+  const dead = (
+    await admin.query(`SELECT coalesce(sum(n_dead_tup), 0)::int AS d FROM pg_stat_user_tables WHERE schemaname = $1`, [
+      schema,
+    ])
+  ).rows[0].d;
   if (pinned) await pin.query('ROLLBACK');
   await pin.end();
   await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
@@ -49,18 +57,28 @@ async function run(pinned: boolean): Promise<{ tps: number; dead: number; walPer
   return { tps: N / secs, dead, walPerTask: wal / N };
 }
 
-const results: Record<'pinned' | 'unpinned', { tps: number; dead: number; walPerTask: number }[]> = { pinned: [], unpinned: [] };
+const results: Record<'pinned' | 'unpinned', { tps: number; dead: number; walPerTask: number }[]> = {
+  pinned: [],
+  unpinned: [],
+};
 for (let rep = 0; rep < 3; rep++) {
   for (const pinned of rep % 2 ? [true, false] : [false, true]) {
     const r = await run(pinned);
     results[pinned ? 'pinned' : 'unpinned'].push(r);
-    console.error(`rep ${rep + 1} ${pinned ? 'pinned' : 'unpinned'}: ${Math.round(r.tps)} tasks/s, ${r.dead} dead tuples, ${Math.round(r.walPerTask)} WAL bytes/task`);
+    console.error(
+      `rep ${rep + 1} ${pinned ? 'pinned' : 'unpinned'}: ${Math.round(r.tps)} tasks/s, ${r.dead} dead tuples, ${Math.round(r.walPerTask)} WAL bytes/task`,
+    );
   }
 }
 const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-const cell = (xs: number[]) => `${Math.round(med(xs)).toLocaleString('en-US')} (${Math.round(Math.min(...xs)).toLocaleString('en-US')}–${Math.round(Math.max(...xs)).toLocaleString('en-US')})`;
-console.log(`| run | tasks/s (enqueue while draining) | dead tuples left | WAL bytes/task |\n| --- | ---: | ---: | ---: |`);
+const cell = (xs: number[]) =>
+  `${Math.round(med(xs)).toLocaleString('en-US')} (${Math.round(Math.min(...xs)).toLocaleString('en-US')}–${Math.round(Math.max(...xs)).toLocaleString('en-US')})`;
+console.log(
+  `| run | tasks/s (enqueue while draining) | dead tuples left | WAL bytes/task |\n| --- | ---: | ---: | ---: |`,
+);
 for (const k of ['unpinned', 'pinned'] as const) {
   const rs = results[k];
-  console.log(`| ${k === 'pinned' ? 'xmin horizon pinned' : 'no pin'} | ${cell(rs.map((r) => r.tps))} | ${cell(rs.map((r) => r.dead))} | ${cell(rs.map((r) => r.walPerTask))} |`);
+  console.log(
+    `| ${k === 'pinned' ? 'xmin horizon pinned' : 'no pin'} | ${cell(rs.map((r) => r.tps))} | ${cell(rs.map((r) => r.dead))} | ${cell(rs.map((r) => r.walPerTask))} |`,
+  );
 }

@@ -13,11 +13,21 @@ import type { Queryable } from '../src/sql.js';
 
 const N = 10_000;
 const stub = {
-  query: async (q: { values: unknown[] }) => ({ rows: (q.values[4] as unknown[]).map((_, i) => ({ ord: i + 1, id: '1', state: 'ready' })) }),
+  query: async (q: { values: unknown[] }) => ({
+    rows: (q.values[4] as unknown[]).map((_, i) => ({ ord: i + 1, id: '1', state: 'ready' })),
+  }),
 } as unknown as Queryable;
 const tasks: TaskSpec[] = Array.from({ length: N }, (_, i) => ({
   type: 'send_invoice',
-  payload: { orgId: i, email: `user${i}@example.com`, lines: [{ sku: 'A-1', qty: 2 }, { sku: 'B-7', qty: 1 }], note: 'net 30' },
+  payload: {
+    orgId: i,
+    email: `user${i}@example.com`,
+    lines: [
+      { sku: 'A-1', qty: 2 },
+      { sku: 'B-7', qty: 1 },
+    ],
+    note: 'net 30',
+  },
   queue: 'billing',
   dedupeKey: `invoice:${i}`,
   maxAttempts: 5,
@@ -29,4 +39,6 @@ for (let run = 0; run < 50; run++) {
   if (run >= 10) times.push(performance.now() - t0);
 }
 times.sort((a, b) => a - b);
-console.log(`enqueueMany of ${N} tasks (stub executor): median ${times[times.length >> 1]!.toFixed(1)} ms, best ${times[0]!.toFixed(1)} ms`);
+console.log(
+  `enqueueMany of ${N} tasks (stub executor): median ${times[times.length >> 1]!.toFixed(1)} ms, best ${times[0]!.toFixed(1)} ms`,
+);

@@ -34,7 +34,6 @@ function packageVersion(name: string): string {
   }
 }
 
-
 function failure(o: Outcome<unknown>): Sample {
   if (o.ok) throw new Error('not a failure');
   return o.timeout ? { kind: 'timeout', note: o.note } : { kind: 'error', note: o.note };
@@ -82,7 +81,14 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
   const scenarios: Scenario[] = [
     ...cfg.drainConcurrencies.map((c): Scenario => {
       const rateKey = `drain${c}` as MetricKey;
-      const costKeys = [`started${c}`, `tail${c}`, `wal${c}`, `commits${c}`, `walAll${c}`, `writeCommits${c}`] as MetricKey[];
+      const costKeys = [
+        `started${c}`,
+        `tail${c}`,
+        `wal${c}`,
+        `commits${c}`,
+        `walAll${c}`,
+        `writeCommits${c}`,
+      ] as MetricKey[];
       return {
         name: `drain c${c}`,
         keys: [rateKey, ...costKeys],
@@ -90,7 +96,8 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
           const o = await drain(a, monitor, cfg, c);
           if (o.ok) {
             const { tasksPerSec, startedPerSec, tailMs, cost, duplicates } = o.value;
-            const perTask = (x: number | null): Sample => (x === null ? { kind: 'skipped' } : { kind: 'ok', value: x / cfg.drainN });
+            const perTask = (x: number | null): Sample =>
+              x === null ? { kind: 'skipped' } : { kind: 'ok', value: x / cfg.drainN };
             const ownWal = cost.ownWalBytes ?? cost.walBytes;
             results.add(a.label, rateKey, { kind: 'ok', value: tasksPerSec });
             results.add(a.label, `started${c}` as MetricKey, { kind: 'ok', value: startedPerSec });
@@ -139,7 +146,9 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
         if (o.ok) {
           for (const k of ['p50', 'p95', 'p99'] as const) results.add(a.label, k, { kind: 'ok', value: o.value[k] });
           if (o.value.duplicates > 0) notes.duplicates.push(`${a.label} pickup: ${o.value.duplicates} handler re-runs`);
-          log(`  ${a.label} pickup: p50 ${o.value.p50.toFixed(1)} / p95 ${o.value.p95.toFixed(1)} / p99 ${o.value.p99.toFixed(1)} ms`);
+          log(
+            `  ${a.label} pickup: p50 ${o.value.p50.toFixed(1)} / p95 ${o.value.p95.toFixed(1)} / p99 ${o.value.p99.toFixed(1)} ms`,
+          );
         } else {
           results.add(a.label, 'p50', failure(o));
           for (const k of ['p95', 'p99'] as const) results.add(a.label, k, { kind: 'skipped' });
@@ -182,7 +191,18 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
     load: [loadStart, loadavg()[0]!] as const,
   };
 
-  const report = render(cfg, serverInfo, serverDescription, results, systems, notes, (Date.now() - started) / 1000, monitor.walinspectProblem, background, revision);
+  const report = render(
+    cfg,
+    serverInfo,
+    serverDescription,
+    results,
+    systems,
+    notes,
+    (Date.now() - started) / 1000,
+    monitor.walinspectProblem,
+    background,
+    revision,
+  );
   mkdirSync(new URL('./results/', import.meta.url), { recursive: true });
   writeFileSync(new URL('./results/latest.md', import.meta.url), report);
   process.stdout.write(report);
@@ -239,7 +259,7 @@ function render(
     '',
     `- **Drain**: ${cfg.drainN.toLocaleString('en-US')} no-op tasks enqueued in bulk first (${cfg.bulkBatch} per call), then a worker ` +
       'is started; tasks/s (completed) = N / (time from the worker start call to the instant a read of the database showed ' +
-      'every completion recorded). Once the last handler has started, a separate session runs the system\'s pending count ' +
+      "every completion recorded). Once the last handler has started, a separate session runs the system's pending count " +
       '(berth: `taskCounts`, graphile-worker: rows left in `_private_jobs`, pg-boss: rows not in state `completed`) back to ' +
       'back until it reads 0; the time is taken when that read returns, so it is late by at most one read. ' +
       '(all started) = N / (worker start call to the last handler start).',
@@ -252,10 +272,10 @@ function render(
       'flush), divided by N. **WAL bytes/task** counts the WAL records of the window that belong to the bench database ' +
       '(records referencing its relations, plus records — commits — of transactions that did), read with `pg_walinspect`; ' +
       'it excludes page headers and alignment padding. **cluster WAL bytes/task** is ' +
-      '`pg_wal_lsn_diff(pg_current_wal_lsn() after, before)`: exact but cluster-wide, so other databases\' activity lands ' +
+      "`pg_wal_lsn_diff(pg_current_wal_lsn() after, before)`: exact but cluster-wide, so other databases' activity lands " +
       'in it. **commits/task** is the `pg_stat_database.xact_commit` delta of the bench database (every transaction, ' +
-      'read-only ones included); **write commits/task** counts COMMIT WAL records of the bench database\'s transactions ' +
-      '(the ones that must flush WAL). A `CHECKPOINT` runs before each drain\'s enqueue, so no timed checkpoint ' +
+      "read-only ones included); **write commits/task** counts COMMIT WAL records of the bench database's transactions " +
+      "(the ones that must flush WAL). A `CHECKPOINT` runs before each drain's enqueue, so no timed checkpoint " +
       '(full-page images) falls inside the window. The pending-count reads are subtracted from commits.',
     `- Timeouts: drain ${cfg.drainTimeoutMs / 1000} s from worker start; enqueue ${cfg.enqueueTimeoutMs / 1000} s; pickup ` +
       `${cfg.pickupTailTimeoutMs / 1000} s after the last enqueue. A scenario that timed out for a system is not repeated ` +
@@ -271,16 +291,16 @@ function render(
     `- pg-boss ${packageVersion('pg-boss')}: concurrency N is \`localConcurrency: N\` (N pollers in one instance). At its ` +
       'defaults each poller fetches one job and then waits out the rest of its 2 s polling interval, so it drains about ' +
       'N / 2 jobs/s and its pickup is poll-bound. The batched row fetches 50 per poll and keeps fetching while batches ' +
-      'come back full (`burstWhenBatchFull`), and turns on pg-boss\'s LISTEN/NOTIFY wake-up (off by default) so its pickup ' +
+      "come back full (`burstWhenBatchFull`), and turns on pg-boss's LISTEN/NOTIFY wake-up (off by default) so its pickup " +
       'is not poll-bound either. pg-boss keeps completed jobs (state `completed`) until its retention deletes them.',
     `- graphile-worker ${packageVersion('graphile-worker')} accepts \`localQueue\`, \`completeJobBatchDelay\` and ` +
       '`failJobBatchDelay` only through `preset.worker` (they are not top-level `RunnerOptions`); the throughput row ' +
-      'passes them there, with `maxPoolSize` = concurrency + 1 as in the performance docs\' preset (24 jobs, pool 25). ' +
+      "passes them there, with `maxPoolSize` = concurrency + 1 as in the performance docs' preset (24 jobs, pool 25). " +
       'The default row keeps the default pool of 10.',
     '- graphile-worker 0.18 and pg-boss 12 declare `engines.node >= 22`; this run used the Node version above ' +
       '(both import and run on Node 20; nothing in the run depends on Node 22 features as far as it shows).',
-    '- Completion writes that a system batches (berth\'s settlement batcher, graphile-worker\'s completeJobBatchDelay, ' +
-      'pg-boss\'s per-batch complete) are inside the timed window: a task counts once its completion is in the database.',
+    "- Completion writes that a system batches (berth's settlement batcher, graphile-worker's completeJobBatchDelay, " +
+      "pg-boss's per-batch complete) are inside the timed window: a task counts once its completion is in the database.",
     `- Autovacuum is ${server.settings.autovacuum ?? '?'} on this server.`,
   ];
   lines.push(
@@ -295,7 +315,8 @@ function render(
     );
   }
   if (notes.duplicates.length > 0) lines.push(`- Handler re-runs observed: ${notes.duplicates.join('; ')}.`);
-  if (pgBossErrors.length > 0) lines.push(`- pg-boss emitted errors: ${[...new Set(pgBossErrors)].slice(0, 5).join('; ')}.`);
+  if (pgBossErrors.length > 0)
+    lines.push(`- pg-boss emitted errors: ${[...new Set(pgBossErrors)].slice(0, 5).join('; ')}.`);
   if (leaks.length > 0) lines.push(`- Cleanup steps that did not finish: ${leaks.join('; ')}.`);
   return `${lines.join('\n')}\n`;
 }

@@ -113,7 +113,10 @@ async function child(): Promise<void> {
     const u = process.cpuUsage();
     return (u.user + u.system) / 1000;
   };
-  const ticker = setInterval(() => send({ kind: 'progress', done, lastAt, leader: worker.isLeader, cpuMs: cpuMs() }), PROGRESS_MS);
+  const ticker = setInterval(
+    () => send({ kind: 'progress', done, lastAt, leader: worker.isLeader, cpuMs: cpuMs() }),
+    PROGRESS_MS,
+  );
   process.on('message', async (m) => {
     if (m !== 'stop') return;
     clearInterval(ticker);
@@ -139,7 +142,13 @@ function log(message: string): void {
 
 async function startFleet(url: string, processes: number): Promise<Fleet> {
   const file = fileURLToPath(import.meta.url);
-  const latest: Progress[] = Array.from({ length: processes }, () => ({ kind: 'progress', done: 0, lastAt: 0, leader: false, cpuMs: 0 }));
+  const latest: Progress[] = Array.from({ length: processes }, () => ({
+    kind: 'progress',
+    done: 0,
+    lastAt: 0,
+    leader: false,
+    cpuMs: 0,
+  }));
   const children = await Promise.all(
     Array.from({ length: processes }, (_, k) => {
       const c = fork(file, [], {
@@ -180,7 +189,11 @@ async function stopFleet(fleet: Fleet): Promise<{ done: number; leaders: number 
         }),
     ),
   );
-  await Promise.all(fleet.children.map((c) => (c.exitCode === null && c.signalCode === null ? new Promise((r) => c.once('exit', r)) : null)));
+  await Promise.all(
+    fleet.children.map((c) =>
+      c.exitCode === null && c.signalCode === null ? new Promise((r) => c.once('exit', r)) : null,
+    ),
+  );
   return { done: finals.reduce((a, f) => a + f.done, 0), leaders: finals.filter((f) => f.leader).length };
 }
 
@@ -201,7 +214,11 @@ async function runOnce(url: string, w: Workload, processes: number): Promise<Run
   admin.on('error', () => {});
   await admin.query(`DROP SCHEMA IF EXISTS ${quoteIdent(SCHEMA)} CASCADE`);
   await migrate({ connectionString: url, schema: SCHEMA });
-  const specs: TaskSpec[] = Array.from({ length: w.n }, (_, i) => ({ type: w.type, payload: { i }, shard: i % SHARDS }));
+  const specs: TaskSpec[] = Array.from({ length: w.n }, (_, i) => ({
+    type: w.type,
+    payload: { i },
+    shard: i % SHARDS,
+  }));
 
   const fleet = await startFleet(url, processes);
   let note = '';
@@ -214,7 +231,10 @@ async function runOnce(url: string, w: Workload, processes: number): Promise<Run
     if (leadersBefore !== 1) note += `${leadersBefore} leaders before the run; `;
 
     const commits = async () =>
-      Number((await admin.query(`SELECT xact_commit::text AS n FROM pg_stat_database WHERE datname = current_database()`)).rows[0].n);
+      Number(
+        (await admin.query(`SELECT xact_commit::text AS n FROM pg_stat_database WHERE datname = current_database()`))
+          .rows[0].n,
+      );
     const xact0 = await commits();
     const c = await admin.connect();
     let t0: number;
@@ -265,7 +285,6 @@ async function runOnce(url: string, w: Workload, processes: number): Promise<Run
   }
 }
 
-
 const median = (xs: number[]): number => {
   const s = [...xs].sort((a, b) => a - b);
   const m = Math.floor(s.length / 2);
@@ -275,7 +294,8 @@ const int = (x: number): string => Math.round(x).toLocaleString('en-US');
 
 async function driver(): Promise<void> {
   const reps = Number(process.env.SCALE_REPS ?? 3);
-  if (!Number.isInteger(reps) || reps < 1) throw new Error(`SCALE_REPS must be a positive integer, got "${process.env.SCALE_REPS}"`);
+  if (!Number.isInteger(reps) || reps < 1)
+    throw new Error(`SCALE_REPS must be a positive integer, got "${process.env.SCALE_REPS}"`);
   const adminUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test';
   const u = new URL(adminUrl);
   u.pathname = '/berth_scale';
@@ -288,7 +308,9 @@ async function driver(): Promise<void> {
   const pgVersion = (await mon.query('SHOW server_version')).rows[0].server_version as string;
   const otherCommits = async () => {
     await mon.query('SELECT pg_stat_clear_snapshot()');
-    const r = await mon.query(`SELECT coalesce(sum(xact_commit), 0)::text AS n FROM pg_stat_database WHERE datname IS DISTINCT FROM current_database()`);
+    const r = await mon.query(
+      `SELECT coalesce(sum(xact_commit), 0)::text AS n FROM pg_stat_database WHERE datname IS DISTINCT FROM current_database()`,
+    );
     return Number(r.rows[0].n);
   };
   const other0 = await otherCommits();
@@ -335,7 +357,9 @@ async function driver(): Promise<void> {
       const cpuCell =
         `${cs.length ? median(cs).toFixed(2) : '–'} | ${ms.length ? median(ms).toFixed(2) : '–'} | ` +
         `${xs2.length ? median(xs2).toFixed(3) : '–'}`;
-      rows.push(`| ${n} | ${w.name} (${w.n.toLocaleString('en-US')} tasks) | ${cell} | ${ceiling === null ? '–' : `${int(ceiling)}${ofCeiling}`} | ${ratio} | ${cpuCell} |`);
+      rows.push(
+        `| ${n} | ${w.name} (${w.n.toLocaleString('en-US')} tasks) | ${cell} | ${ceiling === null ? '–' : `${int(ceiling)}${ofCeiling}`} | ${ratio} | ${cpuCell} |`,
+      );
     }
   }
   const seconds = Math.round((Date.now() - started) / 1000);

@@ -91,7 +91,8 @@ export async function drain(
   await monitor.checkpoint();
   const producer = await adapter.openProducer();
   try {
-    for (let start = 0; start < n; start += cfg.bulkBatch) await producer.bulk(start, Math.min(cfg.bulkBatch, n - start));
+    for (let start = 0; start < n; start += cfg.bulkBatch)
+      await producer.bulk(start, Math.min(cfg.bulkBatch, n - start));
   } finally {
     await closeProducer(adapter, producer);
   }
@@ -143,7 +144,11 @@ export async function drain(
 }
 
 /** Enqueue rate: `bulk` = cfg.bulkN tasks in batches of cfg.bulkBatch; `single` = cfg.singleN calls, sequentially. */
-export async function enqueueRate(adapter: SystemAdapter, cfg: BenchConfig, kind: 'bulk' | 'single'): Promise<Outcome<number>> {
+export async function enqueueRate(
+  adapter: SystemAdapter,
+  cfg: BenchConfig,
+  kind: 'bulk' | 'single',
+): Promise<Outcome<number>> {
   await adapter.reset();
   const producer = await adapter.openProducer();
   const n = kind === 'bulk' ? cfg.bulkN : cfg.singleN;
@@ -230,6 +235,11 @@ export async function pickup(adapter: SystemAdapter, cfg: BenchConfig): Promise<
   for (let i = 0; i < n; i++) lat.push(tracker.firstRun[i]! - sent[i]!);
   return {
     ok: true,
-    value: { p50: percentile(lat, 50), p95: percentile(lat, 95), p99: percentile(lat, 99), duplicates: tracker.duplicates },
+    value: {
+      p50: percentile(lat, 50),
+      p95: percentile(lat, 95),
+      p99: percentile(lat, 99),
+      duplicates: tracker.duplicates,
+    },
   };
 }

@@ -15,7 +15,9 @@ const url = process.env.BENCH_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:543
 const schema = 'berth_statements';
 const N = Number(process.env.BENCH_DRAIN_N ?? 20_000);
 const admin = new pg.Pool({ connectionString: url, max: 2 });
-const has = await admin.query(`SELECT 1 FROM pg_settings WHERE name = 'shared_preload_libraries' AND setting LIKE '%pg_stat_statements%'`);
+const has = await admin.query(
+  `SELECT 1 FROM pg_settings WHERE name = 'shared_preload_libraries' AND setting LIKE '%pg_stat_statements%'`,
+);
 if (has.rowCount === 0) {
   console.error('pg_stat_statements is not loaded: add it to shared_preload_libraries and restart PostgreSQL.');
   process.exit(2);
@@ -24,7 +26,11 @@ await admin.query('CREATE EXTENSION IF NOT EXISTS pg_stat_statements');
 await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
 await migrate({ connectionString: url, schema });
 for (let b = 0; b < N / 1000; b++) {
-  await enqueueMany(admin, Array.from({ length: 1000 }, (_, i) => ({ type: 'noop', payload: { i } })), { schema });
+  await enqueueMany(
+    admin,
+    Array.from({ length: 1000 }, (_, i) => ({ type: 'noop', payload: { i } })),
+    { schema },
+  );
 }
 let done = 0;
 const def = defineTask({ type: 'noop', ceiling: 60_000, handler: async () => void done++ });
@@ -45,10 +51,14 @@ const rows = await admin.query(
     ORDER BY total_exec_time DESC LIMIT 12`,
 );
 const calls = rows.rows.reduce((n, r) => n + r.calls, 0);
-console.log(`drain of ${N} tasks, 10 slots: ${Math.round(N / secs)} tasks/s; WAL ${Math.round(wal / N)} bytes/task; ~${(calls / N).toFixed(3)} statements/task\n`);
+console.log(
+  `drain of ${N} tasks, 10 slots: ${Math.round(N / secs)} tasks/s; WAL ${Math.round(wal / N)} bytes/task; ~${(calls / N).toFixed(3)} statements/task\n`,
+);
 console.log('| calls | rows | total ms | mean ms | statement |\n| ---: | ---: | ---: | ---: | --- |');
 for (const r of rows.rows) {
-  console.log(`| ${r.calls} | ${r.rows} | ${r.total_ms.toFixed(0)} | ${r.mean_ms.toFixed(3)} | \`${r.q.replaceAll('|', '\\|')}\` |`);
+  console.log(
+    `| ${r.calls} | ${r.rows} | ${r.total_ms.toFixed(0)} | ${r.mean_ms.toFixed(3)} | \`${r.q.replaceAll('|', '\\|')}\` |`,
+  );
 }
 await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
 await admin.end();

@@ -76,7 +76,10 @@ export function lineChart(spec: ChartSpec): string {
   const H = m.top + plotH + m.bottom;
   const pw = W - m.left - m.right;
   const ph = H - m.top - m.bottom;
-  const series = spec.series.map((s) => ({ ...s, points: s.points.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y)) }));
+  const series = spec.series.map((s) => ({
+    ...s,
+    points: s.points.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y)),
+  }));
   const xs = [...new Set(series.flatMap((s) => s.points.map(([x]) => x)))].sort((a, b) => a - b);
   const ys = series.flatMap((s) => s.points.map(([, y]) => y));
   const out: string[] = [
@@ -113,7 +116,9 @@ export function lineChart(spec: ChartSpec): string {
   }
   out.push(`<line x1="${m.left}" x2="${m.left + pw}" y1="${m.top + ph}" y2="${m.top + ph}" stroke="#333"/>`);
   out.push(`<line x1="${m.left}" x2="${m.left}" y1="${m.top}" y2="${m.top + ph}" stroke="#333"/>`);
-  out.push(`<text x="${m.left + pw / 2}" y="${m.top + ph + 38}" text-anchor="middle">${esc(spec.xLabel)}${logX ? ' (log scale)' : ''}</text>`);
+  out.push(
+    `<text x="${m.left + pw / 2}" y="${m.top + ph + 38}" text-anchor="middle">${esc(spec.xLabel)}${logX ? ' (log scale)' : ''}</text>`,
+  );
   out.push(
     `<text transform="translate(18 ${m.top + ph / 2}) rotate(-90)" text-anchor="middle">${esc(spec.yLabel)}</text>`,
   );
@@ -127,7 +132,9 @@ export function lineChart(spec: ChartSpec): string {
       out.push(`<polyline fill="none" stroke="${color}" stroke-width="2" points="${d}"/>`);
     }
     for (const [x, y] of pts) {
-      out.push(`<circle cx="${px(x).toFixed(1)}" cy="${py(y).toFixed(1)}" r="3.5" fill="${color}"><title>${esc(`${s.name}: ${compact(x)} → ${compact(y)}`)}</title></circle>`);
+      out.push(
+        `<circle cx="${px(x).toFixed(1)}" cy="${py(y).toFixed(1)}" r="3.5" fill="${color}"><title>${esc(`${s.name}: ${compact(x)} → ${compact(y)}`)}</title></circle>`,
+      );
     }
   });
 

@@ -55,7 +55,8 @@ export async function cleanup(label: string, fn: () => Promise<unknown>, ms = 30
 /** The berth commit a benchmark measured, and whether src/ had uncommitted changes. */
 export function berthRevision(): string {
   try {
-    const git = (...args: string[]) => execFileSync('git', args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+    const git = (...args: string[]) =>
+      execFileSync('git', args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
     const head = git('rev-parse', '--short', 'HEAD');
     const dirty = git('status', '--porcelain', '--', 'src').split('\n').filter(Boolean).length;
     return dirty > 0 ? `${head} + ${dirty} uncommitted file(s) in src/` : head;

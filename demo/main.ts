@@ -108,7 +108,10 @@ const trickle = setInterval(() => {
     { schema },
   ).catch((err: Error) => log.error({ err: err.message }, 'demo enqueue failed'));
 }, 1000);
-log.info({ database: db.url.replace(/:[^:@/]*@/, ':***@'), schema, dashboard: worker.httpUrl }, 'berth demo running; Ctrl-C to stop');
+log.info(
+  { database: db.url.replace(/:[^:@/]*@/, ':***@'), schema, dashboard: worker.httpUrl },
+  'berth demo running; Ctrl-C to stop',
+);
 console.log(`\nberth demo: dashboard at ${worker.httpUrl}/  (metrics at ${worker.httpUrl}/metrics; Ctrl-C to stop)\n`);
 
 let stoppingSince = 0;

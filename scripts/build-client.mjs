@@ -24,7 +24,11 @@ function clientSourceHash(dir) {
     .map((d) => relative(dir, join(d.parentPath, d.name)).split(sep).join('/'))
     .sort();
   const hash = createHash('sha256');
-  for (const f of files) hash.update(`${f}\0`).update(readFileSync(join(dir, f))).update('\0');
+  for (const f of files)
+    hash
+      .update(`${f}\0`)
+      .update(readFileSync(join(dir, f)))
+      .update('\0');
   return hash.digest('hex');
 }
 

@@ -7,5 +7,6 @@ import { fileURLToPath } from 'node:url';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
 const files = readdirSync(join(root, 'src'), { recursive: true, encoding: 'utf8' }).filter((f) => f.endsWith('.sql'));
-if (files.length === 0) throw new Error('copy-sql: no .sql file under src/ (the migrations are src/schema/migrations/*.sql)');
+if (files.length === 0)
+  throw new Error('copy-sql: no .sql file under src/ (the migrations are src/schema/migrations/*.sql)');
 for (const f of files) cpSync(join(root, 'src', f), join(root, 'dist', f));

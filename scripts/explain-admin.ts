@@ -14,8 +14,22 @@
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import pg from 'pg';
 import {
-  countDead, createLogger, enqueueMany, laneStats, leaderInfo, listAudit, listDead, listQueues, listTasks, listWorkers,
-  migrate, taskCounts, taskTimeline, throughput, type Queryable, type TaskSpec,
+  countDead,
+  createLogger,
+  enqueueMany,
+  laneStats,
+  leaderInfo,
+  listAudit,
+  listDead,
+  listQueues,
+  listTasks,
+  listWorkers,
+  migrate,
+  taskCounts,
+  taskTimeline,
+  throughput,
+  type Queryable,
+  type TaskSpec,
 } from '../src/index.js';
 import { claim, type ClaimParams } from '../src/processor/claim.js';
 import { completeLeases } from '../src/storage/complete.js';
@@ -82,14 +96,25 @@ for (let b = 0; b < BATCHES; b++) {
             now() - make_interval(mins => ${BATCHES - b})
        FROM generate_series(${b * DEAD_PER_BATCH}, ${(b + 1) * DEAD_PER_BATCH - 1}) g`,
   );
-  if ((b + 1) % 50 === 0) log(`enqueued ${(b + 1) * 1000} ready, ${(b + 1) * DEFERRED_PER_BATCH} deferred, ${(b + 1) * DEAD_PER_BATCH} dead`);
+  if ((b + 1) % 50 === 0)
+    log(`enqueued ${(b + 1) * 1000} ready, ${(b + 1) * DEFERRED_PER_BATCH} deferred, ${(b + 1) * DEAD_PER_BATCH} dead`);
 }
 
-const lanes = (await pool.query<{ lane_id: number }>(`SELECT lane_id FROM ${S}.lanes ORDER BY lane_id`)).rows.map((r) => r.lane_id);
+const lanes = (await pool.query<{ lane_id: number }>(`SELECT lane_id FROM ${S}.lanes ORDER BY lane_id`)).rows.map(
+  (r) => r.lane_id,
+);
 const HOUR = 3_600_000;
 const claimParams: ClaimParams = {
-  schema, laneIds: lanes, limit: 500, ceilings: new Map(), maxAttempts: new Map(), defaultMaxAttempts: 20,
-  defaultCeilingMs: HOUR, marginMs: 30_000, workerId: 'worker-02', wakeChannel: wakeChannel(schema),
+  schema,
+  laneIds: lanes,
+  limit: 500,
+  ceilings: new Map(),
+  maxAttempts: new Map(),
+  defaultMaxAttempts: 20,
+  defaultCeilingMs: HOUR,
+  marginMs: 30_000,
+  workerId: 'worker-02',
+  wakeChannel: wakeChannel(schema),
 };
 let claimed = 0;
 while (claimed < 100_000) {
@@ -166,19 +191,23 @@ function explaining(label: string, scaling: string): Queryable {
 }
 
 /** A completed task (it has an append, a claim and a settlement to show). */
-const sample = (await pool.query<{ id: string }>(
-  `SELECT st.id::text AS id FROM ${S}.settlements st ORDER BY st.lane_id, st.lane_seq LIMIT 1 OFFSET 500`,
-)).rows[0]!.id;
+const sample = (
+  await pool.query<{ id: string }>(
+    `SELECT st.id::text AS id FROM ${S}.settlements st ORDER BY st.lane_id, st.lane_seq LIMIT 1 OFFSET 500`,
+  )
+).rows[0]!.id;
 
 /** Page 50 of the unfiltered list: the cursor after 49 pages of 50 (walked on the plain pool). */
 let after: string | undefined;
 for (let p = 1; p < 50; p++) after = (await listTasks(pool, schema, {}, { after })).next ?? undefined;
 
 /** Past the oldest ready task: every older entry is leased, so no ready row is left below (a drained queue). */
-const oldestReady = (await pool.query<{ id: string }>(
-  `SELECT min(r.id)::text AS id FROM ${S}.ready r
+const oldestReady = (
+  await pool.query<{ id: string }>(
+    `SELECT min(r.id)::text AS id FROM ${S}.ready r
     WHERE NOT EXISTS (SELECT 1 FROM ${S}.leases l WHERE l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot)`,
-)).rows[0]!.id;
+  )
+).rows[0]!.id;
 
 const leaderClient = new pg.Client({ connectionString: url, application_name: 'berth-explain-leader' });
 await leaderClient.connect();
@@ -188,19 +217,34 @@ const BOUNDED = 'bounded';
 const cases: [string, string, (db: Queryable) => Promise<unknown>][] = [
   ['listTasks: first page, no filter', BOUNDED, (db) => listTasks(db, schema)],
   ['listTasks: page 50 (keyset `after`)', BOUNDED, (db) => listTasks(db, schema, {}, { after })],
-  [`listTasks: type = ${RARE_TYPE} (rare, 20 tasks)`, 'rows walked until the page fills', (db) => listTasks(db, schema, { type: RARE_TYPE })],
+  [
+    `listTasks: type = ${RARE_TYPE} (rare, 20 tasks)`,
+    'rows walked until the page fills',
+    (db) => listTasks(db, schema, { type: RARE_TYPE }),
+  ],
   [`listTasks: type = ${COMMON_TYPE} (common)`, BOUNDED, (db) => listTasks(db, schema, { type: COMMON_TYPE })],
   ['listTasks: state = ready', BOUNDED, (db) => listTasks(db, schema, { state: 'ready' })],
-  ['listTasks: state = ready, past the oldest ready task (as on a drained queue)', 'rows walked until the page fills: here the whole claimed ring',
-    (db) => listTasks(db, schema, { state: 'ready' }, { after: oldestReady })],
+  [
+    'listTasks: state = ready, past the oldest ready task (as on a drained queue)',
+    'rows walked until the page fills: here the whole claimed ring',
+    (db) => listTasks(db, schema, { state: 'ready' }, { after: oldestReady }),
+  ],
   ['listTasks: state = running', 'leases in the ring (anti-join)', (db) => listTasks(db, schema, { state: 'running' })],
-  ['listTasks: state = completed', 'unclaimed entries newer than the page (one comparison each)', (db) => listTasks(db, schema, { state: 'completed' })],
+  [
+    'listTasks: state = completed',
+    'unclaimed entries newer than the page (one comparison each)',
+    (db) => listTasks(db, schema, { state: 'completed' }),
+  ],
   ['listTasks: state = dead', BOUNDED, (db) => listTasks(db, schema, { state: 'dead' })],
   ['listTasks: queue = media', BOUNDED, (db) => listTasks(db, schema, { queue: 'media' })],
   ['taskTimeline: one completed task', BOUNDED, (db) => taskTimeline(db, schema, sample)],
   ['listDead: first page, no filter', BOUNDED, (db) => listDead(db, schema)],
   ['listDead: errorContains "503" (common)', BOUNDED, (db) => listDead(db, schema, { errorContains: '503' })],
-  ['listDead: errorContains "quota" (1 in 1,000)', 'rows walked until the page fills', (db) => listDead(db, schema, { errorContains: 'quota' })],
+  [
+    'listDead: errorContains "quota" (1 in 1,000)',
+    'rows walked until the page fills',
+    (db) => listDead(db, schema, { errorContains: 'quota' }),
+  ],
   ['countDead: queue = mail', 'matching dead letters', (db) => countDead(db, schema, { queue: 'mail' })],
   ['laneStats', 'lanes', (db) => laneStats(db, schema)],
   ['taskCounts', 'every unfinished row + every dead letter', (db) => taskCounts(db, schema)],
@@ -210,18 +254,43 @@ const cases: [string, string, (db: Queryable) => Promise<unknown>][] = [
   ['leaderInfo', 'sessions holding locks; workers', (db) => leaderInfo(db, schema)],
   ['listQueues', 'lanes', (db) => listQueues(db, schema)],
   ['listAudit: first page', BOUNDED, (db) => listAudit(db, schema)],
-  ['heartbeat upsert (Heartbeat.beat, 10 outcome counts)', BOUNDED, async (db) => {
-    const hb = new Heartbeat(db, schema, {
-      workerId: 'worker-01', queues: null, slots: 32, startedAt: new Date(Date.now() - HOUR),
-      busy: () => 12, prefetched: () => 3, leader: () => true,
-      maintenance: () => ({ branches: { promote: { runs: 8641, failures: 0, overruns: 2, lastMs: 3, maxMs: 310, lastRunAt: null } }, waitingLanes: [] }),
-    }, createLogger({ script: 'explain-admin' }));
-    for (const type of ['send-email', 'resize-image', 'sync-account', 'build-report', RARE_TYPE]) {
-      hb.tally.record(type === 'send-email' ? 'mail' : type === 'resize-image' ? 'media' : 'default', type, 'success');
-      hb.tally.record(type === 'send-email' ? 'mail' : type === 'resize-image' ? 'media' : 'default', type, 'failure');
-    }
-    await hb.beat();
-  }],
+  [
+    'heartbeat upsert (Heartbeat.beat, 10 outcome counts)',
+    BOUNDED,
+    async (db) => {
+      const hb = new Heartbeat(
+        db,
+        schema,
+        {
+          workerId: 'worker-01',
+          queues: null,
+          slots: 32,
+          startedAt: new Date(Date.now() - HOUR),
+          busy: () => 12,
+          prefetched: () => 3,
+          leader: () => true,
+          maintenance: () => ({
+            branches: { promote: { runs: 8641, failures: 0, overruns: 2, lastMs: 3, maxMs: 310, lastRunAt: null } },
+            waitingLanes: [],
+          }),
+        },
+        createLogger({ script: 'explain-admin' }),
+      );
+      for (const type of ['send-email', 'resize-image', 'sync-account', 'build-report', RARE_TYPE]) {
+        hb.tally.record(
+          type === 'send-email' ? 'mail' : type === 'resize-image' ? 'media' : 'default',
+          type,
+          'success',
+        );
+        hb.tally.record(
+          type === 'send-email' ? 'mail' : type === 'resize-image' ? 'media' : 'default',
+          type,
+          'failure',
+        );
+      }
+      await hb.beat();
+    },
+  ],
 ];
 
 const results = new Map<string, unknown>();
@@ -237,9 +306,13 @@ await leaderClient.end();
 const first = results.get('listTasks: first page, no filter') as { tasks: unknown[] };
 const rare = results.get(`listTasks: type = ${RARE_TYPE} (rare, 20 tasks)`) as { tasks: unknown[] };
 const run = results.get('listTasks: state = running') as { tasks: unknown[] };
-const drained = results.get('listTasks: state = ready, past the oldest ready task (as on a drained queue)') as { tasks: unknown[] };
+const drained = results.get('listTasks: state = ready, past the oldest ready task (as on a drained queue)') as {
+  tasks: unknown[];
+};
 if (first.tasks.length !== 50 || rare.tasks.length !== 20 || run.tasks.length !== 50 || drained.tasks.length !== 0) {
-  throw new Error(`unexpected result sizes: ${first.tasks.length}, ${rare.tasks.length}, ${run.tasks.length}, ${drained.tasks.length}`);
+  throw new Error(
+    `unexpected result sizes: ${first.tasks.length}, ${rare.tasks.length}, ${run.tasks.length}, ${drained.tasks.length}`,
+  );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -261,11 +334,17 @@ function summarise(plan: string[]): Summary {
   const body = planningAt < 0 ? plan : plan.slice(0, planningAt);
   // The top node's Buffers line (instrumentation is inclusive of children and subplans).
   const topBuf = body.find((l) => /^ {2}Buffers:/.test(l)) ?? '';
-  const buffers = { hit: Number(/hit=(\d+)/.exec(topBuf)?.[1] ?? 0), read: Number(/read=(\d+)/.exec(topBuf)?.[1] ?? 0) };
+  const buffers = {
+    hit: Number(/hit=(\d+)/.exec(topBuf)?.[1] ?? 0),
+    read: Number(/read=(\d+)/.exec(topBuf)?.[1] ?? 0),
+  };
   // Rows each scan node produced plus those its filter threw away, times its loops.
   let rowsVisited = 0;
   for (let i = 0; i < body.length; i++) {
-    const m = /(Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan|Function Scan)[^(]*\(cost=[^)]*\) \(actual time=[^ ]+ rows=(\d+) loops=(\d+)\)/.exec(body[i]!);
+    const m =
+      /(Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan|Function Scan)[^(]*\(cost=[^)]*\) \(actual time=[^ ]+ rows=(\d+) loops=(\d+)\)/.exec(
+        body[i]!,
+      );
     if (!m) continue;
     const loops = Number(m[3]);
     let removed = 0;
@@ -276,14 +355,25 @@ function summarise(plan: string[]): Summary {
     }
     rowsVisited += (Number(m[2]) + removed) * loops;
   }
-  const indexes = [...new Set(body.flatMap((l) => {
-    const m = /(?:Index Scan|Index Only Scan|Bitmap Index Scan)(?: Backward)? (?:using|on) (\S+)|Conflict Arbiter Indexes: (.+)$/.exec(l);
-    return m ? [(m[1] ?? m[2]!).replace(/_\d+_/, '_N_')] : [];
-  }))];
-  const seqs = [...new Map(body.flatMap((l) => {
-    const m = /Seq Scan on (\S+) .*actual time=[^ ]+ rows=(\d+) loops=(\d+)/.exec(l);
-    return m && Number(m[2]) * Number(m[3]) >= 1000 ? [[m[1]!, Number(m[2]) * Number(m[3])] as const] : [];
-  })).entries()];
+  const indexes = [
+    ...new Set(
+      body.flatMap((l) => {
+        const m =
+          /(?:Index Scan|Index Only Scan|Bitmap Index Scan)(?: Backward)? (?:using|on) (\S+)|Conflict Arbiter Indexes: (.+)$/.exec(
+            l,
+          );
+        return m ? [(m[1] ?? m[2]!).replace(/_\d+_/, '_N_')] : [];
+      }),
+    ),
+  ];
+  const seqs = [
+    ...new Map(
+      body.flatMap((l) => {
+        const m = /Seq Scan on (\S+) .*actual time=[^ ]+ rows=(\d+) loops=(\d+)/.exec(l);
+        return m && Number(m[2]) * Number(m[3]) >= 1000 ? [[m[1]!, Number(m[2]) * Number(m[3])] as const] : [];
+      }),
+    ).entries(),
+  ];
   const access = [
     indexes.length ? `index: ${indexes.join(', ')}` : 'no index',
     ...seqs.map(([rel, n]) => `**seq scan ${rel}** (${n.toLocaleString('en-US')} rows)`),
@@ -317,24 +407,39 @@ function readable(plan: string[]): string[] {
 
 const version = (await pool.query<{ server_version: string }>('SHOW server_version')).rows[0]!.server_version;
 const fmt = (n: number) => n.toLocaleString('en-US');
-const TABLE_ORDER = ['lanes', 'ready', 'leases', 'settlements', 'deferred', 'deferred (due)', 'dead_letters', 'outcome_counts', 'workers', 'audit_log'];
-const counts = (await pool.query<{ t: string; n: string }>(
-  `SELECT 'ready' AS t, count(*)::text AS n FROM ${S}.ready UNION ALL SELECT 'leases', count(*)::text FROM ${S}.leases
+const TABLE_ORDER = [
+  'lanes',
+  'ready',
+  'leases',
+  'settlements',
+  'deferred',
+  'deferred (due)',
+  'dead_letters',
+  'outcome_counts',
+  'workers',
+  'audit_log',
+];
+const counts = (
+  await pool.query<{ t: string; n: string }>(
+    `SELECT 'ready' AS t, count(*)::text AS n FROM ${S}.ready UNION ALL SELECT 'leases', count(*)::text FROM ${S}.leases
    UNION ALL SELECT 'settlements', count(*)::text FROM ${S}.settlements UNION ALL SELECT 'deferred', count(*)::text FROM ${S}.deferred
    UNION ALL SELECT 'deferred (due)', count(*)::text FROM ${S}.deferred WHERE run_at <= now()
    UNION ALL SELECT 'dead_letters', count(*)::text FROM ${S}.dead_letters UNION ALL SELECT 'outcome_counts', count(*)::text FROM ${S}.outcome_counts
    UNION ALL SELECT 'lanes', count(*)::text FROM ${S}.lanes UNION ALL SELECT 'workers', count(*)::text FROM ${S}.workers
    UNION ALL SELECT 'audit_log', count(*)::text FROM ${S}.audit_log`,
-)).rows.sort((a, b) => TABLE_ORDER.indexOf(a.t) - TABLE_ORDER.indexOf(b.t));
+  )
+).rows.sort((a, b) => TABLE_ORDER.indexOf(a.t) - TABLE_ORDER.indexOf(b.t));
 
 const READING_START = '<!-- reading:start (hand-written; kept when the script regenerates this file) -->';
 const READING_END = '<!-- reading:end -->';
 const previous = existsSync(DOC) ? readFileSync(DOC, 'utf8') : '';
-const kept = previous.includes(READING_START) && previous.includes(READING_END)
-  ? previous.slice(previous.indexOf(READING_START), previous.indexOf(READING_END) + READING_END.length)
-  : `${READING_START}\n\n(to be written)\n\n${READING_END}`;
+const kept =
+  previous.includes(READING_START) && previous.includes(READING_END)
+    ? previous.slice(previous.indexOf(READING_START), previous.indexOf(READING_END) + READING_END.length)
+    : `${READING_START}\n\n(to be written)\n\n${READING_END}`;
 
-let out = `# EXPLAIN of the operator-surface reads\n\n` +
+let out =
+  `# EXPLAIN of the operator-surface reads\n\n` +
   `Generated by \`npx tsx scripts/explain-admin.ts\` on ${new Date().toISOString().slice(0, 10)} (PostgreSQL ${version}, ` +
   `jit off, default \`shared_buffers\`/\`work_mem\`); setup took ${setupSeconds} s. The hot path is in [explain.md](explain.md).\n\n` +
   `## Setup\n\n` +
@@ -362,15 +467,19 @@ captured.forEach((c, i) => {
   const s = summarise(c.plan);
   const n = captured.filter((x) => x.label === c.label);
   const name = n.length > 1 ? `${c.label} (${n.indexOf(c) + 1}/${n.length})` : c.label;
-  out += `| ${i + 1} | ${name} | ${s.execMs.toFixed(2)} | ${s.planMs.toFixed(2)} | ${c.wallMs.toFixed(1)} | ` +
+  out +=
+    `| ${i + 1} | ${name} | ${s.execMs.toFixed(2)} | ${s.planMs.toFixed(2)} | ${c.wallMs.toFixed(1)} | ` +
     `${fmt(s.buffers.hit)}+${fmt(s.buffers.read)} | ${fmt(s.rowsVisited)} | ${s.top} | ${s.access} | ${c.scaling} |\n`;
 });
 out += `\n## Reading\n\n${kept}\n\n## Plans\n`;
 captured.forEach((c, i) => {
   const n = captured.filter((x) => x.label === c.label);
   const name = n.length > 1 ? `${c.label} (${n.indexOf(c) + 1}/${n.length})` : c.label;
-  const values = JSON.stringify(c.values, (_k, v: unknown) => (Array.isArray(v) && v.length > 12 ? `[${v.length} values]` : v));
-  out += `\n### ${i + 1}. ${name}\n\nValues: \`${values}\`\n\n\`\`\`sql\n${c.sql.replace(/^\s*\n/, '').replace(/\s+$/, '')}\n\`\`\`\n\n` +
+  const values = JSON.stringify(c.values, (_k, v: unknown) =>
+    Array.isArray(v) && v.length > 12 ? `[${v.length} values]` : v,
+  );
+  out +=
+    `\n### ${i + 1}. ${name}\n\nValues: \`${values}\`\n\n\`\`\`sql\n${c.sql.replace(/^\s*\n/, '').replace(/\s+$/, '')}\n\`\`\`\n\n` +
     `\`\`\`\n${readable(c.plan).join('\n')}\n\`\`\`\n`;
 });
 writeFileSync(DOC, out);

@@ -19,48 +19,97 @@ const pool = new pg.Pool({ connectionString: url, max: 4, options: '-c jit=off' 
 await pool.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
 await migrate({ connectionString: url, schema });
 for (let b = 0; b < 200; b++) {
-  await enqueueMany(pool, Array.from({ length: 1000 }, (_, i) => ({ type: 'noop', payload: { b, i }, shard: b % 16 })), { schema });
+  await enqueueMany(
+    pool,
+    Array.from({ length: 1000 }, (_, i) => ({ type: 'noop', payload: { b, i }, shard: b % 16 })),
+    { schema },
+  );
 }
-await enqueueMany(pool, Array.from({ length: 20_000 }, (_, i) => ({ type: 'later', payload: { i }, delay: i % 2 ? 3_600_000 : 1 })), { schema });
+await enqueueMany(
+  pool,
+  Array.from({ length: 20_000 }, (_, i) => ({ type: 'later', payload: { i }, delay: i % 2 ? 3_600_000 : 1 })),
+  { schema },
+);
 const lanes = (await pool.query(`SELECT lane_id FROM ${schema}.lanes`)).rows.map((r) => r.lane_id as number);
-const params = { schema, laneIds: lanes, limit: 500, ceilings: new Map([['noop', 60_000]]), maxAttempts: new Map<string, number>(), defaultMaxAttempts: 20, defaultCeilingMs: 300_000, marginMs: 30_000, workerId: 'explain', wakeChannel: wakeChannel(schema) };
+const params = {
+  schema,
+  laneIds: lanes,
+  limit: 500,
+  ceilings: new Map([['noop', 60_000]]),
+  maxAttempts: new Map<string, number>(),
+  defaultMaxAttempts: 20,
+  defaultCeilingMs: 300_000,
+  marginMs: 30_000,
+  workerId: 'explain',
+  wakeChannel: wakeChannel(schema),
+};
 let claimed = 0;
 while (claimed < 100_000) {
   const got = await claim(pool, params);
   await completeLeases(pool, schema, got);
   claimed += got.length;
 }
-await pool.query(`ANALYZE ${schema}.ready, ${schema}.leases, ${schema}.settlements, ${schema}.deferred, ${schema}.lanes`);
+await pool.query(
+  `ANALYZE ${schema}.ready, ${schema}.leases, ${schema}.settlements, ${schema}.deferred, ${schema}.lanes`,
+);
 const live = await claim(pool, { ...params, limit: 10 });
 
 const S = schema;
 const statements: [string, string, unknown[]][] = [
-  ['discovery (read pool; the worker asks one head per lane)', `SELECT r.lane_id, r.lane_seq FROM ${S}.lanes l CROSS JOIN LATERAL (
+  [
+    'discovery (read pool; the worker asks one head per lane)',
+    `SELECT r.lane_id, r.lane_seq FROM ${S}.lanes l CROSS JOIN LATERAL (
      SELECT r.lane_id, r.lane_seq, r.priority, r.run_at FROM ${S}.ready r
       WHERE r.lane_id = l.lane_id
         AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${S}.leases le WHERE le.lane_id = l.lane_id), 0)
         AND r.run_at <= now() AND r.attempts < coalesce(r.max_attempts, 2147483647)
         AND NOT EXISTS (SELECT 1 FROM ${S}.tombstones t WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot OFFSET 0)
       ORDER BY r.lane_seq LIMIT 1) r
-     ORDER BY r.priority, r.run_at, r.lane_id, r.lane_seq LIMIT 20`, []],
-  ['claim cursor + head of one lane (inside the claim)', `SELECT r.lane_seq FROM ${S}.ready r
+     ORDER BY r.priority, r.run_at, r.lane_id, r.lane_seq LIMIT 20`,
+    [],
+  ],
+  [
+    'claim cursor + head of one lane (inside the claim)',
+    `SELECT r.lane_seq FROM ${S}.ready r
       WHERE r.lane_id = $1 AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${S}.leases le WHERE le.lane_id = $1), 0)
-      ORDER BY r.lane_seq LIMIT 50`, [lanes[0]]],
-  ['complete (fenced, batched, one slot\'s partitions) — run in a rolled-back transaction', `WITH u AS (SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[]) AS u(lane_id, lane_seq, token))
+      ORDER BY r.lane_seq LIMIT 50`,
+    [lanes[0]],
+  ],
+  [
+    "complete (fenced, batched, one slot's partitions) — run in a rolled-back transaction",
+    `WITH u AS (SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[]) AS u(lane_id, lane_seq, token))
      INSERT INTO ${S}.settlements_${live[0]!.slot} (slot, lane_id, lane_seq, id, outcome)
      SELECT l.slot, l.lane_id, l.lane_seq, l.id, 'completed' FROM u JOIN ${S}.leases_${live[0]!.slot} l
        ON l.lane_id = u.lane_id AND l.lane_seq = u.lane_seq AND l.token = u.token
      ON CONFLICT DO NOTHING RETURNING lane_id`,
-    [live.filter((t) => t.slot === live[0]!.slot).map((t) => t.laneId), live.filter((t) => t.slot === live[0]!.slot).map((t) => t.laneSeq), live.filter((t) => t.slot === live[0]!.slot).map((t) => t.token)]],
-  ['promotion batch selection', `SELECT d.id FROM ${S}.deferred d WHERE d.run_at <= now() AND ($1::text IS NULL OR d.state = $1)
-     ORDER BY d.run_at, d.priority, d.id LIMIT 1000 FOR UPDATE OF d SKIP LOCKED`, [null]],
-  ['rescue scan', `SELECT l.slot, l.lane_id, l.lane_seq FROM ${S}.leases l WHERE l.expires_at < now()
+    [
+      live.filter((t) => t.slot === live[0]!.slot).map((t) => t.laneId),
+      live.filter((t) => t.slot === live[0]!.slot).map((t) => t.laneSeq),
+      live.filter((t) => t.slot === live[0]!.slot).map((t) => t.token),
+    ],
+  ],
+  [
+    'promotion batch selection',
+    `SELECT d.id FROM ${S}.deferred d WHERE d.run_at <= now() AND ($1::text IS NULL OR d.state = $1)
+     ORDER BY d.run_at, d.priority, d.id LIMIT 1000 FOR UPDATE OF d SKIP LOCKED`,
+    [null],
+  ],
+  [
+    'rescue scan',
+    `SELECT l.slot, l.lane_id, l.lane_seq FROM ${S}.leases l WHERE l.expires_at < now()
      AND NOT EXISTS (SELECT 1 FROM ${S}.settlements st WHERE st.lane_id = l.lane_id AND st.lane_seq = l.lane_seq AND st.slot = l.slot)
-     ORDER BY l.expires_at LIMIT 1000`, []],
-  ['point read by id (getTask, ready part)', `SELECT r.id FROM ${S}.ready r WHERE r.id = $1
-     AND NOT EXISTS (SELECT 1 FROM ${S}.tombstones t WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)`, [live[0]!.id]],
+     ORDER BY l.expires_at LIMIT 1000`,
+    [],
+  ],
+  [
+    'point read by id (getTask, ready part)',
+    `SELECT r.id FROM ${S}.ready r WHERE r.id = $1
+     AND NOT EXISTS (SELECT 1 FROM ${S}.tombstones t WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)`,
+    [live[0]!.id],
+  ],
 ];
-let out = `# EXPLAIN of the hot statements\n\nGenerated by \`npx tsx scripts/explain-hot.ts\` on ${new Date().toISOString().slice(0, 10)} (PostgreSQL ${(await pool.query('SHOW server_version')).rows[0].server_version}).\n` +
+let out =
+  `# EXPLAIN of the hot statements\n\nGenerated by \`npx tsx scripts/explain-hot.ts\` on ${new Date().toISOString().slice(0, 10)} (PostgreSQL ${(await pool.query('SHOW server_version')).rows[0].server_version}).\n` +
   `Data: 200,000 ready entries in 16 lanes, 100,000 of them leased and completed, 20,000 deferred (10,000 due).\n`;
 for (const [title, sql, values] of statements) {
   const c = await pool.connect();

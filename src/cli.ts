@@ -32,12 +32,18 @@ function describe(p: LaneSequenceProblem): string {
 
 function printRepairs(r: LaneSequenceRepairReport): void {
   for (const p of r.repaired) {
-    if (p.result === 'reassigned') say(`repaired ${describe(p)}: owner ${escapeControl(String(p.currentOwner))} -> ${escapeControl(p.expectedOwner)}`);
+    if (p.result === 'reassigned')
+      say(
+        `repaired ${describe(p)}: owner ${escapeControl(String(p.currentOwner))} -> ${escapeControl(p.expectedOwner)}`,
+      );
     else if (p.result === 'created') say(`recreated ${describe(p)}`);
     else say(`${describe(p)} was already repaired`);
   }
   for (const p of r.busy) say(`busy: ${describe(p)} is locked by an open transaction; run the repair again later`);
-  for (const p of r.notPermitted) say(`not permitted: ${describe(p)} needs one of: ${p.repairRoles.map(escapeControl).join(', ') || 'no login role'}`);
+  for (const p of r.notPermitted)
+    say(
+      `not permitted: ${describe(p)} needs one of: ${p.repairRoles.map(escapeControl).join(', ') || 'no login role'}`,
+    );
   for (const p of r.failed) say(`failed: ${describe(p)}: ${p.error}`);
 }
 
@@ -48,7 +54,10 @@ function printProblems(schema: string, problems: readonly LaneSequenceProblem[])
   }
   say(`${problems.length} lane sequence problem(s) in schema "${schema}":`);
   for (const p of problems) {
-    const what = p.problem === 'missing' ? 'missing' : `owned by ${escapeControl(String(p.currentOwner))}, should be ${escapeControl(p.expectedOwner)}`;
+    const what =
+      p.problem === 'missing'
+        ? 'missing'
+        : `owned by ${escapeControl(String(p.currentOwner))}, should be ${escapeControl(p.expectedOwner)}`;
     say(`  ${describe(p)}: ${what}`);
     say(
       p.repairRoles.length > 0
@@ -64,7 +73,8 @@ export { EXIT };
 function packageVersion(): string {
   try {
     // src/cli.ts and dist/cli.js both sit one level below package.json.
-    return (JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }).version;
+    return (JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string })
+      .version;
   } catch {
     return 'unknown';
   }
@@ -79,10 +89,25 @@ export function buildProgram(): Command {
     .showHelpAfterError()
     .exitOverride();
   common(program.command('migrate'))
-    .description('apply pending schema migrations (one transaction, under an advisory lock), then repair lane sequences')
-    .option('--runtime-role <role>', 'make this role a worker role (what workers and the maintenance leader need), in the migration transaction (repeatable)', collect, [])
-    .option('--producer-role <role>', 'make this role a producer role (enqueue and read task state only), in the migration transaction (repeatable)', collect, [])
-    .addHelpText('after', '\nLane sequences that could not be repaired are listed on stderr; `berth storage lane-sequences` shows what to run.')
+    .description(
+      'apply pending schema migrations (one transaction, under an advisory lock), then repair lane sequences',
+    )
+    .option(
+      '--runtime-role <role>',
+      'make this role a worker role (what workers and the maintenance leader need), in the migration transaction (repeatable)',
+      collect,
+      [],
+    )
+    .option(
+      '--producer-role <role>',
+      'make this role a producer role (enqueue and read task state only), in the migration transaction (repeatable)',
+      collect,
+      [],
+    )
+    .addHelpText(
+      'after',
+      '\nLane sequences that could not be repaired are listed on stderr; `berth storage lane-sequences` shows what to run.',
+    )
     .action(async (opts: Common & { runtimeRole: string[]; producerRole: string[] }) => {
       const report = await migrate({
         connectionString: connection(opts),
@@ -99,15 +124,29 @@ export function buildProgram(): Command {
         for (const r of report.grantedProducerRoles) say(`granted producer privileges to "${r}"`);
         printRepairs(report.laneSequences);
       }
-      const left = report.laneSequences.busy.length + report.laneSequences.notPermitted.length + report.laneSequences.failed.length;
-      if (left > 0) warn(`berth: ${left} lane sequence problem(s) remain; see: berth storage lane-sequences --schema ${report.schema}`);
+      const left =
+        report.laneSequences.busy.length +
+        report.laneSequences.notPermitted.length +
+        report.laneSequences.failed.length;
+      if (left > 0)
+        warn(
+          `berth: ${left} lane sequence problem(s) remain; see: berth storage lane-sequences --schema ${report.schema}`,
+        );
     });
 
   const storage = program.command('storage').description('inspect and repair queue storage');
   common(storage.command('lane-sequences'))
-    .description('list lane sequences that are missing or not owned by the role berth\'s functions run as, with the statement to run and the roles that may run it')
-    .option('--repair', 'repair each one first (own transaction each, 300 ms lock timeout: a busy sequence is reported, not waited for)')
-    .addHelpText('after', '\nExit status: 0 when no problem remains, 1 when problems remain (or the command failed), 2 on bad usage.')
+    .description(
+      "list lane sequences that are missing or not owned by the role berth's functions run as, with the statement to run and the roles that may run it",
+    )
+    .option(
+      '--repair',
+      'repair each one first (own transaction each, 300 ms lock timeout: a busy sequence is reported, not waited for)',
+    )
+    .addHelpText(
+      'after',
+      '\nExit status: 0 when no problem remains, 1 when problems remain (or the command failed), 2 on bad usage.',
+    )
     .action(async (opts: Common & { repair?: boolean }) => {
       await withClient({ connectionString: connection(opts) }, 'berth storage lane-sequences', async (client) => {
         const repair = opts.repair ? await repairLaneSequences(client, opts.schema) : null;
@@ -117,7 +156,8 @@ export function buildProgram(): Command {
           if (repair) printRepairs(repair);
           printProblems(opts.schema, remaining);
         }
-        if (remaining.length > 0) throw new CliFailure(`${remaining.length} lane sequence problem(s) remain in schema "${opts.schema}"`);
+        if (remaining.length > 0)
+          throw new CliFailure(`${remaining.length} lane sequence problem(s) remain in schema "${opts.schema}"`);
       });
     });
   registerWorkerCommands(program);
@@ -158,7 +198,9 @@ export async function main(argv: string[]): Promise<number> {
  */
 function invokedDirectly(): boolean {
   try {
-    return process.argv[1] !== undefined && realpathSync(process.argv[1]) === realpathSync(fileURLToPath(import.meta.url));
+    return (
+      process.argv[1] !== undefined && realpathSync(process.argv[1]) === realpathSync(fileURLToPath(import.meta.url))
+    );
   } catch {
     return false;
   }

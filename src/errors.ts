@@ -45,7 +45,10 @@ export class BerthInputError extends BerthError {
 export class LeaseLostError extends BerthError {
   override readonly code = 'LEASE_LOST';
 
-  constructor(readonly taskId: string, operation: string) {
+  constructor(
+    readonly taskId: string,
+    operation: string,
+  ) {
     super(`lease on task ${taskId} is no longer held; ${operation} refused`);
     this.name = 'LeaseLostError';
   }

@@ -28,8 +28,18 @@ export {
 export { DEFAULT_SCHEMA, type Queryable } from './sql.js';
 
 // Producer
-export { enqueue, enqueueMany, DEFAULT_QUEUE, DEFAULT_SHARDS, ENQUEUE_DEFAULTS, type EnqueueOptions, type EnqueueResult, type TaskSpec, type TaskTypeRef } from './producer/enqueue.js';
-export { type Lane } from './lane.js';
+export {
+  enqueue,
+  enqueueMany,
+  DEFAULT_QUEUE,
+  DEFAULT_SHARDS,
+  ENQUEUE_DEFAULTS,
+  type EnqueueOptions,
+  type EnqueueResult,
+  type TaskSpec,
+  type TaskTypeRef,
+} from './producer/enqueue.js';
+export type { Lane } from './lane.js';
 
 // Task definitions and handlers
 export {
@@ -54,15 +64,59 @@ export { MAINTENANCE_DEFAULTS, type MaintenanceOptions } from './maintenance/lea
 export { DEFAULT_HEARTBEAT_MS } from './storage/live-workers.js';
 export { DEFAULT_STUCK_GRACE_MS, STUCK_EXIT_CODE } from './processor/stuck.js';
 export { createLogger, type Logger } from './logger.js';
-export { fromEnv, workerOptionsFromEnv, type BerthEnvironment, type Environment, type WorkerEnvOptions } from './env.js';
+export {
+  fromEnv,
+  workerOptionsFromEnv,
+  type BerthEnvironment,
+  type Environment,
+  type WorkerEnvOptions,
+} from './env.js';
 
 // Admin: reads and actions on tasks, dead letters, queues; stats; the audit log
 export { getTask, type TaskRecord, type TaskState } from './storage/tasks.js';
 export { moveTask, type MoveResult } from './storage/move.js';
-export { listTasks, taskTimeline, retryTask, cancelTask, deleteTask, parseState, TASK_STATES, type TaskFilter, type TaskPage, type TaskSummary, type TaskList, type TimelineEvent, type TaskActionResult } from './admin/tasks.js';
-export { listDead, countDead, retryDead, retryDeadLetters, purgeDead, type DeadFilter, type DeadLetter, type BulkProgress, type BulkResult } from './admin/dead.js';
+export {
+  listTasks,
+  taskTimeline,
+  retryTask,
+  cancelTask,
+  deleteTask,
+  parseState,
+  TASK_STATES,
+  type TaskFilter,
+  type TaskPage,
+  type TaskSummary,
+  type TaskList,
+  type TimelineEvent,
+  type TaskActionResult,
+} from './admin/tasks.js';
+export {
+  listDead,
+  countDead,
+  retryDead,
+  retryDeadLetters,
+  purgeDead,
+  type DeadFilter,
+  type DeadLetter,
+  type BulkProgress,
+  type BulkResult,
+} from './admin/dead.js';
 export { listQueues, pauseQueue, resumeQueue, type QueueInfo } from './admin/queues.js';
-export { laneStats, laneActivity, taskCounts, throughput, listWorkers, leaderInfo, DUE_COUNT_CAP, type LaneStat, type TaskCount, type ThroughputPoint, type WorkerInfo, type BranchRecord, type LeaderInfo } from './admin/stats.js';
+export {
+  laneStats,
+  laneActivity,
+  taskCounts,
+  throughput,
+  listWorkers,
+  leaderInfo,
+  DUE_COUNT_CAP,
+  type LaneStat,
+  type TaskCount,
+  type ThroughputPoint,
+  type WorkerInfo,
+  type BranchRecord,
+  type LeaderInfo,
+} from './admin/stats.js';
 export { audited, listAudit, type Actor, type AuditEntry } from './admin/audit.js';
 
 // Dashboard
@@ -88,8 +142,22 @@ export {
 } from './dashboard/index.js';
 
 // Metrics
-export { BerthMetrics, OUTCOMES, CounterMetric, HistogramMetric, GaugeMetric, type Outcome, type BerthMetricsOptions } from './metrics.js';
-export { metricsRequestHandler, startMetricsServer, type MetricsRequestHandler, type MetricsServerOptions, type MetricsServer } from './observability/metrics-http.js';
+export {
+  BerthMetrics,
+  OUTCOMES,
+  CounterMetric,
+  HistogramMetric,
+  GaugeMetric,
+  type Outcome,
+  type BerthMetricsOptions,
+} from './metrics.js';
+export {
+  metricsRequestHandler,
+  startMetricsServer,
+  type MetricsRequestHandler,
+  type MetricsServerOptions,
+  type MetricsServer,
+} from './observability/metrics-http.js';
 
 // Errors (docs/api.md has the table of codes)
 export {

@@ -83,15 +83,24 @@ export function checkText(
   return value;
 }
 
-function textError(field: string, where: string, limit: { maxBytes?: number; maxChars?: number; nonEmpty?: boolean }, detail: string) {
+function textError(
+  field: string,
+  where: string,
+  limit: { maxBytes?: number; maxChars?: number; nonEmpty?: boolean },
+  detail: string,
+) {
   const size = limit.maxBytes !== undefined ? `${limit.maxBytes} UTF-8 bytes` : `${limit.maxChars} characters`;
-  return new BerthInputError(`${where ? `${where}: ` : ''}${field} must be ${limit.nonEmpty ? 'a non-empty' : 'a'} string of at most ${size}${detail}`);
+  return new BerthInputError(
+    `${where ? `${where}: ` : ''}${field} must be ${limit.nonEmpty ? 'a non-empty' : 'a'} string of at most ${size}${detail}`,
+  );
 }
 
 /** An integer in [min, max], else an error naming the field and the range. */
 export function checkInteger(value: unknown, field: string, where: string, min: number, max: number): number {
   if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
-    throw new BerthInputError(`${where ? `${where}: ` : ''}${field} must be an integer from ${min} to ${max} (got ${show(value)})`);
+    throw new BerthInputError(
+      `${where ? `${where}: ` : ''}${field} must be an integer from ${min} to ${max} (got ${show(value)})`,
+    );
   }
   return value;
 }
@@ -126,7 +135,9 @@ export function checkPayloadJson(json: string, where: string, type: string): voi
   for (let m = UNSTORABLE_IN_JSON.exec(json); m; m = UNSTORABLE_IN_JSON.exec(json)) {
     if (isEscapeAt(json, m.index)) {
       const found = findUnstorable(JSON.parse(json) as unknown, 'payload');
-      throw new BerthInputError(`${where} (${type}): ${found ?? `payload contains ${unstorable(JSON.parse(`"${m[0]}"`) as string)}`}`);
+      throw new BerthInputError(
+        `${where} (${type}): ${found ?? `payload contains ${unstorable(JSON.parse(`"${m[0]}"`) as string)}`}`,
+      );
     }
   }
 }
@@ -163,7 +174,9 @@ function findUnstorable(value: unknown, path: string): string | undefined {
 }
 
 function show(value: unknown): string {
-  if (typeof value === 'string') return value.length > 40 ? `a string of ${value.length} characters` : JSON.stringify(value);
-  if (typeof value === 'number' || typeof value === 'boolean' || value === null || value === undefined) return String(value);
+  if (typeof value === 'string')
+    return value.length > 40 ? `a string of ${value.length} characters` : JSON.stringify(value);
+  if (typeof value === 'number' || typeof value === 'boolean' || value === null || value === undefined)
+    return String(value);
   return typeof value;
 }

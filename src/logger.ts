@@ -8,7 +8,11 @@ export type { Logger };
  * library never reads the environment: BERTH_LOG_LEVEL reaches it through the CLI or
  * `fromEnv()` (src/env.ts).
  */
-export function createLogger(bindings: Record<string, unknown> = {}, destination?: DestinationStream, level = 'info'): Logger {
+export function createLogger(
+  bindings: Record<string, unknown> = {},
+  destination?: DestinationStream,
+  level = 'info',
+): Logger {
   const options = { name: 'berth', level: logLevel(level) };
   return (destination ? pino(options, destination) : pino(options)).child(bindings);
 }
@@ -19,6 +23,7 @@ const LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'];
 export function logLevel(value: string | undefined): string {
   if (value === undefined || value.trim() === '') return 'info';
   const v = value.trim().toLowerCase();
-  if (!LEVELS.includes(v)) throw new BerthInputError(`BERTH_LOG_LEVEL must be one of ${LEVELS.join(', ')}, got "${value}"`);
+  if (!LEVELS.includes(v))
+    throw new BerthInputError(`BERTH_LOG_LEVEL must be one of ${LEVELS.join(', ')}, got "${value}"`);
   return v;
 }

@@ -8,9 +8,23 @@
 
 /** The leader itself: election, the branch loops and their statistics, for a process that only maintains. */
 export { Maintenance } from './maintenance/leader.js';
-export { type LaneContention } from './maintenance/promoter.js';
-export { promoteDueLanes, promoteDueLane, promoteDue, type DeferredState, type PromoteOutcome } from './maintenance/promote.js';
+export type { LaneContention } from './maintenance/promoter.js';
+export {
+  promoteDueLanes,
+  promoteDueLane,
+  promoteDue,
+  type DeferredState,
+  type PromoteOutcome,
+} from './maintenance/promote.js';
 export { rescueLapsedLeases, type RescueOutcome } from './storage/rescue.js';
-export { maintainRing, rotateRing, pruneSegment, readRingState, type RingState, type RotateResult, type PruneResult } from './maintenance/ring.js';
+export {
+  maintainRing,
+  rotateRing,
+  pruneSegment,
+  readRingState,
+  type RingState,
+  type RotateResult,
+  type PruneResult,
+} from './maintenance/ring.js';
 export { pruneDeadLetters, pruneOperatorHistory } from './maintenance/retention.js';
 export { readGauges, type GaugeSnapshot } from './maintenance/gauges.js';

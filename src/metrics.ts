@@ -1,4 +1,11 @@
-import { metrics as otelMetrics, type Attributes, type Counter as OtelCounter, type Histogram as OtelHistogram, type Meter, type ObservableResult } from '@opentelemetry/api';
+import {
+  metrics as otelMetrics,
+  type Attributes,
+  type Counter as OtelCounter,
+  type Histogram as OtelHistogram,
+  type Meter,
+  type ObservableResult,
+} from '@opentelemetry/api';
 import { Counter, Gauge, Histogram, Registry, type LabelValues } from 'prom-client';
 
 /**
@@ -9,7 +16,15 @@ import { Counter, Gauge, Histogram, Registry, type LabelValues } from 'prom-clie
  */
 export type Outcome = 'success' | 'failure' | 'timeout' | 'continued' | 'cancelled' | 'lost' | 'unsettled';
 
-export const OUTCOMES: readonly Outcome[] = ['success', 'failure', 'timeout', 'continued', 'cancelled', 'lost', 'unsettled'];
+export const OUTCOMES: readonly Outcome[] = [
+  'success',
+  'failure',
+  'timeout',
+  'continued',
+  'cancelled',
+  'lost',
+  'unsettled',
+];
 
 export interface BerthMetricsOptions {
   /** The prom-client registry every instrument registers on. A new one by default (one per worker). */
@@ -95,7 +110,11 @@ export class HistogramMetric<T extends string = string> {
     buckets: number[],
   ) {
     this.otel = shared(meter, name, () =>
-      meter.createHistogram(name, { description: help, ...(unit ? { unit } : {}), advice: { explicitBucketBoundaries: buckets } }),
+      meter.createHistogram(name, {
+        description: help,
+        ...(unit ? { unit } : {}),
+        advice: { explicitBucketBoundaries: buckets },
+      }),
     );
   }
 
@@ -264,7 +283,9 @@ export class BerthMetrics {
 
   /** `new BerthMetrics()`, `new BerthMetrics(registry)` or `new BerthMetrics({ registry, meter })`. */
   constructor(options: Registry | BerthMetricsOptions = {}) {
-    const { registry = new Registry(), meter = otelMetrics.getMeter('berth') } = isRegistry(options) ? { registry: options } : options;
+    const { registry = new Registry(), meter = otelMetrics.getMeter('berth') } = isRegistry(options)
+      ? { registry: options }
+      : options;
     this.registry = registry;
     this.meter = meter;
     const r = [registry];
@@ -275,10 +296,24 @@ export class BerthMetrics {
     });
     const counter = <T extends string = string>(name: string, help: string, labelNames: readonly T[] = []) =>
       new CounterMetric<T>(new Counter<T>({ name, help, labelNames, registers: r }), meter, otel(name, help));
-    const histogram = <T extends string = string>(name: string, help: string, buckets: number[], labelNames: readonly T[] = []) =>
-      new HistogramMetric<T>(new Histogram<T>({ name, help, labelNames, buckets, registers: r }), meter, otel(name, help), buckets);
-    const gauge = <T extends string = string>(name: string, help: string, combine: Combine, labelNames: readonly T[] = []) =>
-      new GaugeMetric<T>(new Gauge<T>({ name, help, labelNames, registers: r }), meter, otel(name, help), combine);
+    const histogram = <T extends string = string>(
+      name: string,
+      help: string,
+      buckets: number[],
+      labelNames: readonly T[] = [],
+    ) =>
+      new HistogramMetric<T>(
+        new Histogram<T>({ name, help, labelNames, buckets, registers: r }),
+        meter,
+        otel(name, help),
+        buckets,
+      );
+    const gauge = <T extends string = string>(
+      name: string,
+      help: string,
+      combine: Combine,
+      labelNames: readonly T[] = [],
+    ) => new GaugeMetric<T>(new Gauge<T>({ name, help, labelNames, registers: r }), meter, otel(name, help), combine);
     const fast = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1];
 
     this.outcomes = counter(
@@ -300,7 +335,11 @@ export class BerthMetrics {
     );
     this.running = gauge('berth_tasks_running', 'Tasks under a live lease by type', 'max', ['task_type']);
     this.dead = gauge('berth_tasks_dead', 'Dead letters by type', 'max', ['task_type']);
-    this.oldestDueSeconds = gauge('berth_task_oldest_due_seconds', 'How long the longest-waiting claimable task has been due', 'max');
+    this.oldestDueSeconds = gauge(
+      'berth_task_oldest_due_seconds',
+      'How long the longest-waiting claimable task has been due',
+      'max',
+    );
     this.slots = gauge('berth_task_slots', 'Worker slots in this process', 'sum');
     this.busySlots = gauge('berth_task_slots_busy', 'Slots running a handler now', 'sum');
     this.bufferedTasks = gauge('berth_tasks_prefetched', 'Leased tasks waiting in this process for a free slot', 'sum');
@@ -315,7 +354,9 @@ export class BerthMetrics {
       'Lapsed leases rescue left alone because their holder is alive and still runs the handler; exported by the maintenance leader',
       'max',
     );
-    this.claims = counter('berth_claims_total', 'Claim statements by result (hit: leased at least one task, empty)', ['result']);
+    this.claims = counter('berth_claims_total', 'Claim statements by result (hit: leased at least one task, empty)', [
+      'result',
+    ]);
     this.claimSeconds = histogram('berth_claim_seconds', 'Discovery plus claim round trip', fast);
     this.claimedTasks = counter('berth_claimed_tasks_total', 'Tasks leased');
     this.taskWaitSeconds = histogram(
@@ -324,8 +365,13 @@ export class BerthMetrics {
       [0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 60, 300, 1800, 3600],
       ['task_type'],
     );
-    this.wakeups = counter('berth_wakeups_total', 'Fetcher wake-ups by reason (notify, poll, slot_freed, start)', ['reason']);
-    this.listenReconnects = counter('berth_listen_reconnects_total', 'Times the LISTEN connection was lost and re-established');
+    this.wakeups = counter('berth_wakeups_total', 'Fetcher wake-ups by reason (notify, poll, slot_freed, start)', [
+      'reason',
+    ]);
+    this.listenReconnects = counter(
+      'berth_listen_reconnects_total',
+      'Times the LISTEN connection was lost and re-established',
+    );
     this.settlementFlushSeconds = histogram(
       'berth_settlement_flush_seconds',
       'Coalesced settlement statements by kind (complete, fail)',
@@ -338,17 +384,24 @@ export class BerthMetrics {
       [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30],
       ['branch'],
     );
-    this.maintenanceErrors = counter('berth_maintenance_errors_total', 'Maintenance branch runs that failed', ['branch']);
+    this.maintenanceErrors = counter('berth_maintenance_errors_total', 'Maintenance branch runs that failed', [
+      'branch',
+    ]);
     this.maintenanceOverruns = counter(
       'berth_maintenance_overruns_total',
       'Maintenance branch runs that took longer than their interval',
       ['branch'],
     );
     this.promoted = counter('berth_promoted_total', 'Deferred tasks promoted into the ready ring');
-    this.promoteBatches = counter('berth_promote_batches_total', 'Promotion batches run (leader ticks and busy-lane waiters)');
-    this.promoteBatchSize = histogram('berth_promote_batch_size', 'Rows promoted per promotion batch', [
-      0, 1, 10, 50, 100, 250, 500, 1000, 2500, 5000,
-    ]);
+    this.promoteBatches = counter(
+      'berth_promote_batches_total',
+      'Promotion batches run (leader ticks and busy-lane waiters)',
+    );
+    this.promoteBatchSize = histogram(
+      'berth_promote_batch_size',
+      'Rows promoted per promotion batch',
+      [0, 1, 10, 50, 100, 250, 500, 1000, 2500, 5000],
+    );
     this.promoteSeconds = histogram(
       'berth_promote_duration_seconds',
       'Duration of one promotion batch',
@@ -369,12 +422,21 @@ export class BerthMetrics {
       'Ring segment prune attempts by result (pruned, skipped, blocked) and reason',
       ['result', 'reason'],
     );
-    this.ringRotations = counter('berth_ring_rotations_total', 'Ring rotations by result (rotated, next_slot_busy)', ['result']);
+    this.ringRotations = counter('berth_ring_rotations_total', 'Ring rotations by result (rotated, next_slot_busy)', [
+      'result',
+    ]);
     this.deadPruned = counter('berth_dead_letters_pruned_total', 'Dead letters removed by retention');
     this.isLeader = gauge('berth_maintenance_leader', '1 while this process is the maintenance leader', 'max');
-    this.queuePaused = gauge('berth_queue_paused', '1 while the queue is paused; exported by the maintenance leader', 'max', [
-      'queue',
-    ]);
-    this.workers = gauge('berth_workers', 'Worker processes with a fresh heartbeat; exported by the maintenance leader', 'max');
+    this.queuePaused = gauge(
+      'berth_queue_paused',
+      '1 while the queue is paused; exported by the maintenance leader',
+      'max',
+      ['queue'],
+    );
+    this.workers = gauge(
+      'berth_workers',
+      'Worker processes with a fresh heartbeat; exported by the maintenance leader',
+      'max',
+    );
   }
 }

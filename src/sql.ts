@@ -5,10 +5,7 @@ import type pg from 'pg';
  * `pg.PoolClient` checked out inside the caller's own transaction.
  */
 export interface Queryable {
-  query<R extends pg.QueryResultRow = pg.QueryResultRow>(
-    text: string,
-    values?: unknown[],
-  ): Promise<pg.QueryResult<R>>;
+  query<R extends pg.QueryResultRow = pg.QueryResultRow>(text: string, values?: unknown[]): Promise<pg.QueryResult<R>>;
   /** Named form: hot statements are prepared once per connection (planning a statement over
    * every ring partition costs more than running it). */
   query<R extends pg.QueryResultRow = pg.QueryResultRow>(config: pg.QueryConfig<unknown[]>): Promise<pg.QueryResult<R>>;

@@ -1,7 +1,15 @@
 import type { Logger } from './logger.js';
 import { BerthInputError } from './errors.js';
 import type { Lane } from './lane.js';
-import { checkInteger, checkKeys, checkMs, checkText, MAX_ATTEMPTS_LIMIT, MAX_TIMER_MS, MAX_TYPE_CHARS } from './limits.js';
+import {
+  checkInteger,
+  checkKeys,
+  checkMs,
+  checkText,
+  MAX_ATTEMPTS_LIMIT,
+  MAX_TIMER_MS,
+  MAX_TYPE_CHARS,
+} from './limits.js';
 
 /**
  * What a running handler sees. `signal` aborts at the lease's database-stamped expiry minus the
@@ -91,7 +99,14 @@ export type AnyTaskDefinition = TaskDefinition<any>;
 export const DEFAULT_MAX_ATTEMPTS = 20;
 export const DEFAULT_BACKOFF: BackoffPolicy = { baseMs: 15_000, maxMs: 600_000 };
 
-const DEFINITION_KEYS: ReadonlySet<string> = new Set(['type', 'ceiling', 'handler', 'maxAttempts', 'backoff', 'schema']);
+const DEFINITION_KEYS: ReadonlySet<string> = new Set([
+  'type',
+  'ceiling',
+  'handler',
+  'maxAttempts',
+  'backoff',
+  'schema',
+]);
 const BACKOFF_KEYS: ReadonlySet<string> = new Set(['baseMs', 'maxMs']);
 /** A retry delay above a year is a unit mistake; the bound also keeps `now() + delay` storable. */
 export const MAX_BACKOFF_MS = 365 * 24 * 3600_000;
@@ -106,9 +121,16 @@ export function defineTask<P>(input: TaskDefinitionInput<P>): TaskDefinition<P> 
   if (typeof input.handler !== 'function') {
     throw new BerthInputError(`${where}: handler must be a function`);
   }
-  const maxAttempts = checkInteger(input.maxAttempts ?? DEFAULT_MAX_ATTEMPTS, 'maxAttempts', where, 1, MAX_ATTEMPTS_LIMIT);
+  const maxAttempts = checkInteger(
+    input.maxAttempts ?? DEFAULT_MAX_ATTEMPTS,
+    'maxAttempts',
+    where,
+    1,
+    MAX_ATTEMPTS_LIMIT,
+  );
   if (input.backoff !== undefined) {
-    if (typeof input.backoff !== 'object' || input.backoff === null) throw new BerthInputError(`${where}: backoff must be an object`);
+    if (typeof input.backoff !== 'object' || input.backoff === null)
+      throw new BerthInputError(`${where}: backoff must be an object`);
     checkKeys(input.backoff, BACKOFF_KEYS, `${where}: backoff`);
   }
   const backoff = { ...DEFAULT_BACKOFF, ...input.backoff };

@@ -1,9 +1,31 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  audited, BerthInputError, cancelTask, defineTask, deleteTask, enqueue, enqueueMany, getTask, laneStats, leaderInfo,
-  listAudit, listDead, listQueues, listTasks, listWorkers, pauseQueue, purgeDead, resumeQueue, retryDead, retryTask,
-  taskCounts, taskTimeline, throughput, Worker, laneActivity,
+  audited,
+  BerthInputError,
+  cancelTask,
+  defineTask,
+  deleteTask,
+  enqueue,
+  enqueueMany,
+  getTask,
+  laneStats,
+  leaderInfo,
+  listAudit,
+  listDead,
+  listQueues,
+  listTasks,
+  listWorkers,
+  pauseQueue,
+  purgeDead,
+  resumeQueue,
+  retryDead,
+  retryTask,
+  taskCounts,
+  taskTimeline,
+  throughput,
+  Worker,
+  laneActivity,
 } from '../src/index.js';
 import { claim } from '../src/processor/claim.js';
 import { completeLeases } from '../src/storage/complete.js';
@@ -21,7 +43,18 @@ async function reset(): Promise<void> {
 
 async function claimAll(limit = 100) {
   const lanes = (await pool.query(`SELECT lane_id FROM ${S}.lanes`)).rows.map((r) => r.lane_id as number);
-  return claim(pool, { schema, laneIds: lanes, limit, ceilings: new Map(), maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: 60_000, marginMs: 0, workerId: 'adm', wakeChannel: wakeChannel(schema) });
+  return claim(pool, {
+    schema,
+    laneIds: lanes,
+    limit,
+    ceilings: new Map(),
+    maxAttempts: new Map(),
+    defaultMaxAttempts: 20,
+    defaultCeilingMs: 60_000,
+    marginMs: 0,
+    workerId: 'adm',
+    wakeChannel: wakeChannel(schema),
+  });
 }
 
 /** A dead letter as a worker would leave it: attempts spent, last error recorded. */
@@ -35,8 +68,16 @@ async function killTask(id: string, error = 'boom'): Promise<void> {
   await pool.query(`DELETE FROM ${S}.dedupe WHERE id = $1`, [id]);
 }
 
-async function deadTask(type: string, opts: { queue?: string; error?: string; dedupeKey?: string } = {}): Promise<string> {
-  const r = await enqueue(pool, type, { n: 1 }, { schema, queue: opts.queue, runAt: new Date(Date.now() + 3600_000), dedupeKey: opts.dedupeKey });
+async function deadTask(
+  type: string,
+  opts: { queue?: string; error?: string; dedupeKey?: string } = {},
+): Promise<string> {
+  const r = await enqueue(
+    pool,
+    type,
+    { n: 1 },
+    { schema, queue: opts.queue, runAt: new Date(Date.now() + 3600_000), dedupeKey: opts.dedupeKey },
+  );
   await killTask(r.id!, opts.error);
   return r.id!;
 }
@@ -44,7 +85,8 @@ async function deadTask(type: string, opts: { queue?: string; error?: string; de
 test('listTasks: filters by state, queue and type; keyset pages cover everything exactly once', async () => {
   await reset();
   const ids: string[] = [];
-  for (let i = 0; i < 7; i++) ids.push((await enqueue(pool, i % 2 ? 'odd' : 'even', { i }, { schema, queue: i < 5 ? 'a' : 'b' })).id!);
+  for (let i = 0; i < 7; i++)
+    ids.push((await enqueue(pool, i % 2 ? 'odd' : 'even', { i }, { schema, queue: i < 5 ? 'a' : 'b' })).id!);
   const later = await enqueue(pool, 'even', {}, { schema, queue: 'a', runAt: new Date(Date.now() + 3600_000) });
   const dead = await deadTask('odd', { queue: 'b' });
   const [leased] = await claimAll(1);
@@ -61,18 +103,33 @@ test('listTasks: filters by state, queue and type; keyset pages cover everything
   const all = [...ids, later.id!, dead].sort((x, y) => Number(y) - Number(x));
   assert.deepEqual(seen, all, 'newest first, each task once');
 
-  assert.deepEqual((await listTasks(pool, schema, { state: 'scheduled' })).tasks.map((t) => t.id), [later.id]);
-  assert.deepEqual((await listTasks(pool, schema, { state: 'dead' })).tasks.map((t) => t.id), [dead]);
-  assert.deepEqual((await listTasks(pool, schema, { state: 'running' })).tasks.map((t) => t.id), [leased.id]);
+  assert.deepEqual(
+    (await listTasks(pool, schema, { state: 'scheduled' })).tasks.map((t) => t.id),
+    [later.id],
+  );
+  assert.deepEqual(
+    (await listTasks(pool, schema, { state: 'dead' })).tasks.map((t) => t.id),
+    [dead],
+  );
+  assert.deepEqual(
+    (await listTasks(pool, schema, { state: 'running' })).tasks.map((t) => t.id),
+    [leased.id],
+  );
   const running = (await listTasks(pool, schema, { state: 'running' })).tasks[0]!;
   assert.equal(running.worker, 'adm');
   assert.ok(running.leaseExpiresAt);
-  assert.deepEqual((await listTasks(pool, schema, { queue: 'b', type: 'odd' })).tasks.map((t) => t.id).sort(), [ids[5]!, dead].sort());
+  assert.deepEqual(
+    (await listTasks(pool, schema, { queue: 'b', type: 'odd' })).tasks.map((t) => t.id).sort(),
+    [ids[5]!, dead].sort(),
+  );
   assert.equal((await listTasks(pool, schema, { state: 'ready' })).tasks.length, 6);
 
   await completeLeases(pool, schema, [leased]);
   const completed = await listTasks(pool, schema, { state: 'completed' });
-  assert.deepEqual(completed.tasks.map((t) => t.id), [leased.id]);
+  assert.deepEqual(
+    completed.tasks.map((t) => t.id),
+    [leased.id],
+  );
   assert.ok(completed.tasks[0]!.finishedAt);
 });
 
@@ -134,7 +191,8 @@ test('cancel and delete: pending tasks are removed, running ones are left alone,
 test('bulk dead-letter retry and purge by filter, with progress; the filter is honoured', async () => {
   await reset();
   const mine: string[] = [];
-  for (let i = 0; i < 25; i++) mine.push(await deadTask('bulk', { queue: 'q1', error: i % 5 === 0 ? 'Timeout talking to S3' : 'bad input' }));
+  for (let i = 0; i < 25; i++)
+    mine.push(await deadTask('bulk', { queue: 'q1', error: i % 5 === 0 ? 'Timeout talking to S3' : 'bad input' }));
   const other = await deadTask('other', { queue: 'q2' });
   const progress: number[] = [];
   const r = await retryDead(pool, schema, { type: 'bulk', errorContains: 'timeout' }, (p) => progress.push(p.done));
@@ -142,7 +200,10 @@ test('bulk dead-letter retry and purge by filter, with progress; the filter is h
   assert.deepEqual(progress, [5]);
   const p = await purgeDead(pool, schema, { queue: 'q1' });
   assert.equal(p.changed, 20);
-  assert.deepEqual((await listDead(pool, schema)).deadLetters.map((d) => d.id), [other]);
+  assert.deepEqual(
+    (await listDead(pool, schema)).deadLetters.map((d) => d.id),
+    [other],
+  );
   assert.equal((await purgeDead(pool, schema, { all: true })).changed, 1);
 });
 
@@ -155,7 +216,11 @@ test('a paused queue is not claimed; enqueue goes on; resuming lets a worker run
   const otherPriority = await enqueue(pool, 'p', {}, { schema, queue: 'paused-q', priority: 3 });
   const free = await enqueue(pool, 'p', {}, { schema, queue: 'free-q' });
   const got = await claimAll(100);
-  assert.deepEqual(got.map((t) => t.id), [free.id], 'only the unpaused queue is claimed');
+  assert.deepEqual(
+    got.map((t) => t.id),
+    [free.id],
+    'only the unpaused queue is claimed',
+  );
   const q = (await listQueues(pool, schema)).find((x) => x.queue === 'paused-q');
   assert.equal(q?.paused, true);
   assert.equal(q?.pausedBy, 'test:alice');
@@ -169,7 +234,11 @@ test('a paused queue is not claimed; enqueue goes on; resuming lets a worker run
 
 test('laneStats: depth and oldest due from index probes; taskCounts by queue and type', async () => {
   await reset();
-  await enqueueMany(pool, Array.from({ length: 5 }, () => ({ type: 's', payload: {}, queue: 'stats-q', shard: 0 })), { schema });
+  await enqueueMany(
+    pool,
+    Array.from({ length: 5 }, () => ({ type: 's', payload: {}, queue: 'stats-q', shard: 0 })),
+    { schema },
+  );
   await claimAll(2);
   const lane = (await laneStats(pool, schema)).find((l) => l.queue === 'stats-q')!;
   assert.equal(lane.depth, 3);
@@ -183,26 +252,48 @@ test('a worker heartbeats its row and outcome counts; the leader is visible with
   await reset();
   const def = defineTask({ type: 'hb', ceiling: 10_000, handler: async () => {} });
   const w = new Worker({
-    connectionString: DATABASE_URL, schema, tasks: [def], pollIntervalMs: 100, logger: testLogger, workerId: 'hb-worker',
-    heartbeatIntervalMs: 100, maintenance: FAST_MAINTENANCE,
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    pollIntervalMs: 100,
+    logger: testLogger,
+    workerId: 'hb-worker',
+    heartbeatIntervalMs: 100,
+    maintenance: FAST_MAINTENANCE,
   });
   await w.start();
   try {
-    await enqueueMany(pool, Array.from({ length: 4 }, () => ({ type: 'hb', payload: {}, queue: 'hbq' })), { schema });
-    const points = await waitFor(async () => {
-      const t = await throughput(pool, schema, 5);
-      return t.reduce((n, p) => n + (p.type === 'hb' && p.outcome === 'success' ? p.count : 0), 0) === 4 ? t : null;
-    }, 10_000, 'outcome counts flushed');
+    await enqueueMany(
+      pool,
+      Array.from({ length: 4 }, () => ({ type: 'hb', payload: {}, queue: 'hbq' })),
+      { schema },
+    );
+    const points = await waitFor(
+      async () => {
+        const t = await throughput(pool, schema, 5);
+        return t.reduce((n, p) => n + (p.type === 'hb' && p.outcome === 'success' ? p.count : 0), 0) === 4 ? t : null;
+      },
+      10_000,
+      'outcome counts flushed',
+    );
     assert.ok(points.every((p) => p.queue === 'hbq'));
-    assert.equal(await counterValue(w.metrics, 'berth_task_wait_seconds_count', { task_type: 'hb' }), 4, 'each claim records how long its task waited');
+    assert.equal(
+      await counterValue(w.metrics, 'berth_task_wait_seconds_count', { task_type: 'hb' }),
+      4,
+      'each claim records how long its task waited',
+    );
     const workers = await listWorkers(pool, schema);
     assert.equal(workers.length, 1, JSON.stringify(workers));
     assert.equal(workers[0]?.workerId, 'hb-worker');
     assert.equal(workers[0]?.alive, true);
-    const leader = await waitFor(async () => {
-      const l = await leaderInfo(pool, schema);
-      return l.session && l.worker?.maintenance.branches?.promote ? l : null;
-    }, 10_000, 'leader with branch stats');
+    const leader = await waitFor(
+      async () => {
+        const l = await leaderInfo(pool, schema);
+        return l.session && l.worker?.maintenance.branches?.promote ? l : null;
+      },
+      10_000,
+      'leader with branch stats',
+    );
     assert.match(leader.session!.applicationName, /hb-worker/);
     assert.ok(leader.worker!.maintenance.branches!.promote!.runs > 0);
   } finally {
@@ -214,13 +305,19 @@ test('a worker heartbeats its row and outcome counts; the leader is visible with
 
 test('audited: every action is recorded with who did it, including failures', async () => {
   await reset();
-  const r = await audited(pool, schema, testLogger, 'cli:bob', 'queue.pause', { queue: 'x' }, () => pauseQueue(pool, schema, 'x', 'cli:bob'));
+  const r = await audited(pool, schema, testLogger, 'cli:bob', 'queue.pause', { queue: 'x' }, () =>
+    pauseQueue(pool, schema, 'x', 'cli:bob'),
+  );
   assert.deepEqual(r, { lanes: 0 });
-  await assert.rejects(audited(pool, schema, testLogger, 'cli:bob', 'task.cancel', { id: 'zz' }, () => cancelTask(pool, schema, 'zz')));
+  await assert.rejects(
+    audited(pool, schema, testLogger, 'cli:bob', 'task.cancel', { id: 'zz' }, () => cancelTask(pool, schema, 'zz')),
+  );
   const log = await listAudit(pool, schema);
   assert.equal(log.length, 2);
   assert.equal(log[0]!.action, 'task.cancel');
-  assert.deepEqual(log[0]!.result, { error: 'bad task id "zz": expected a positive integer up to 9223372036854775807' });
+  assert.deepEqual(log[0]!.result, {
+    error: 'bad task id "zz": expected a positive integer up to 9223372036854775807',
+  });
   assert.equal(log[1]!.actor, 'cli:bob');
   assert.deepEqual(log[1]!.target, { queue: 'x' });
 });
@@ -256,15 +353,29 @@ test('listAudit pages in numeric id order across a power of ten', async () => {
   await reset();
   for (let i = 0; i < 12; i++) await audited(pool, schema, null, 'cli:pager', 'noop', { i }, async () => i);
   const first = await listAudit(pool, schema, { limit: 5 });
-  assert.deepEqual(first.map((e) => (e.target as { i: number }).i), [11, 10, 9, 8, 7]);
+  assert.deepEqual(
+    first.map((e) => (e.target as { i: number }).i),
+    [11, 10, 9, 8, 7],
+  );
   const second = await listAudit(pool, schema, { limit: 5, before: first[4]!.id });
-  assert.deepEqual(second.map((e) => (e.target as { i: number }).i), [6, 5, 4, 3, 2]);
+  assert.deepEqual(
+    second.map((e) => (e.target as { i: number }).i),
+    [6, 5, 4, 3, 2],
+  );
 });
 
 test('a worker, or any admin entry point, refuses an unmigrated schema with the command that fixes it', async () => {
   const { assertMigrated, SchemaNotMigratedError } = await import('../src/index.js');
-  const w = new Worker({ connectionString: DATABASE_URL, schema: `t_never_migrated_${process.pid}`, tasks: [], logger: testLogger });
-  await assert.rejects(w.start(), /is not migrated \(no such tables\): run `berth migrate --schema t_never_migrated_\d+`/);
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema: `t_never_migrated_${process.pid}`,
+    tasks: [],
+    logger: testLogger,
+  });
+  await assert.rejects(
+    w.start(),
+    /is not migrated \(no such tables\): run `berth migrate --schema t_never_migrated_\d+`/,
+  );
   await assert.rejects(assertMigrated(pool, 'no_such_schema'), SchemaNotMigratedError);
   await assertMigrated(pool, schema);
   const ids = await import('../src/admin/ids.js');

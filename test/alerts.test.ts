@@ -193,7 +193,7 @@ const MUTATIONS: { alert: string; what: string; from: string; to: string; failin
     what: 'without sum by (task_type) each process pages on its own',
     from: 'sum by (task_type) (berth_task_stuck_handlers)',
     to: 'berth_task_stuck_handlers',
-    failing: 'stuck handlers / stuck for 5m fires once per type with the fleet\'s count',
+    failing: "stuck handlers / stuck for 5m fires once per type with the fleet's count",
   },
 ];
 
@@ -215,7 +215,10 @@ async function mutationFails(m: (typeof MUTATIONS)[number], t: TestContext): Pro
   copyFileSync(RULE_TESTS, join(dir, 'berth-alerts.test.yaml'));
   const r = await promtool('test', 'rules', join(dir, 'berth-alerts.test.yaml'));
   assert.ok(!r.ok, `with the mutated expr\n  ${rule.expr}\nevery promtool case still passes:\n${r.output}`);
-  assert.ok(r.output.includes(`name: ${m.failing},`), `expected the case "${m.failing}" to fail; promtool said:\n${r.output}`);
+  assert.ok(
+    r.output.includes(`name: ${m.failing},`),
+    `expected the case "${m.failing}" to fail; promtool said:\n${r.output}`,
+  );
 }
 
 test('every metric an alert references is one berth exports', async () => {
@@ -223,7 +226,8 @@ test('every metric an alert references is one berth exports', async () => {
   for (const rule of rulesOf(readRules())) {
     const used = rule.expr.match(/\bberth_[a-z0-9_]+/g) ?? [];
     assert.ok(used.length > 0, `${rule.alert} references no berth metric`);
-    for (const name of used) assert.ok(exported.has(name), `${rule.alert} references ${name}, which src/metrics.ts does not export`);
+    for (const name of used)
+      assert.ok(exported.has(name), `${rule.alert} references ${name}, which src/metrics.ts does not export`);
   }
 });
 
@@ -248,6 +252,9 @@ test('every alert has a severity, a summary, a description and a runbook section
 test('docs/operations.md describes every metric berth exports', async () => {
   const ops = readFileSync(join(ROOT, OPERATIONS), 'utf8');
   for (const m of await new BerthMetrics().registry.getMetricsAsJSON()) {
-    assert.ok(ops.includes(`\`${m.name}\``), `${m.name} is exported by src/metrics.ts but not described in ${OPERATIONS} (add it to the metrics table)`);
+    assert.ok(
+      ops.includes(`\`${m.name}\``),
+      `${m.name} is exported by src/metrics.ts but not described in ${OPERATIONS} (add it to the metrics table)`,
+    );
   }
 });

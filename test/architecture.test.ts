@@ -18,7 +18,10 @@ const SRC = fileURLToPath(new URL('../src/', import.meta.url));
  * that matches a module decides its layer, so a file can sit above the rest of its folder.
  */
 const LAYERS: readonly { name: string; paths: readonly string[]; peers?: true }[] = [
-  { name: 'foundation', paths: ['util/', 'errors.ts', 'logger.ts', 'limits.ts', 'sql.ts', 'db/', 'metrics.ts', 'task.ts', 'lane.ts'] },
+  {
+    name: 'foundation',
+    paths: ['util/', 'errors.ts', 'logger.ts', 'limits.ts', 'sql.ts', 'db/', 'metrics.ts', 'task.ts', 'lane.ts'],
+  },
   { name: 'storage', paths: ['storage/'] },
   { name: 'schema', paths: ['schema/'] },
   { name: 'roles', paths: ['producer/', 'processor/', 'maintenance/', 'admin/'], peers: true },
@@ -100,9 +103,12 @@ function upwardImports(graph: Graph): string[] {
     const own = layerOf(from)!;
     for (const e of edges) {
       const theirs = layerOf(e.target)!;
-      if (theirs > own) out.push(`src/${from} imports '${e.specifier}' (${LAYERS[own]!.name} → ${LAYERS[theirs]!.name})`);
+      if (theirs > own)
+        out.push(`src/${from} imports '${e.specifier}' (${LAYERS[own]!.name} → ${LAYERS[theirs]!.name})`);
       else if (theirs === own && LAYERS[own]!.peers && unitOf(from) !== unitOf(e.target)) {
-        out.push(`src/${from} imports '${e.specifier}' (${unitOf(from)} and ${unitOf(e.target)} are peers in ${LAYERS[own]!.name})`);
+        out.push(
+          `src/${from} imports '${e.specifier}' (${unitOf(from)} and ${unitOf(e.target)} are peers in ${LAYERS[own]!.name})`,
+        );
       }
     }
   }
@@ -143,7 +149,11 @@ function cycles(edges: ReadonlyMap<string, ReadonlySet<string>>): string[][] {
 }
 
 /** A concrete cycle through `start` inside one strongly connected component (breadth first). */
-function pathWithin(edges: ReadonlyMap<string, ReadonlySet<string>>, component: ReadonlySet<string>, start: string): string[] {
+function pathWithin(
+  edges: ReadonlyMap<string, ReadonlySet<string>>,
+  component: ReadonlySet<string>,
+  start: string,
+): string[] {
   const parent = new Map<string, string>();
   const queue = [start];
   while (queue.length > 0) {
@@ -183,7 +193,9 @@ function describeFolderCycle(graph: Graph, cycle: readonly string[]): string {
   const steps = cycle.slice(1).map((to, i) => {
     const from = cycle[i]!;
     const why = [...graph].flatMap(([file, list]) =>
-      unitOf(file) === from ? list.filter((e) => unitOf(e.target) === to).map((e) => `src/${file} imports '${e.specifier}'`) : [],
+      unitOf(file) === from
+        ? list.filter((e) => unitOf(e.target) === to).map((e) => `src/${file} imports '${e.specifier}'`)
+        : [],
     );
     return `${from} → ${to} (${why.join('; ')})`;
   });
@@ -194,7 +206,11 @@ const graph = readGraph();
 
 test('every module of src/ has a layer', () => {
   const unplaced = [...graph.keys()].filter((m) => layerOf(m) === null);
-  assert.deepEqual(unplaced, [], `give these modules a layer in test/architecture.test.ts and docs/architecture.md: ${unplaced.join(', ')}`);
+  assert.deepEqual(
+    unplaced,
+    [],
+    `give these modules a layer in test/architecture.test.ts and docs/architecture.md: ${unplaced.join(', ')}`,
+  );
 });
 
 test('no module imports from a layer above its own, nor from a peer folder', () => {
@@ -215,31 +231,45 @@ test('no file imports itself back through other files', () => {
 test('the check reads imports and catches what it must', () => {
   // The parser: multi-line and type-only imports, re-exports, side-effect and dynamic imports.
   assert.deepEqual(
-    relativeImports([
-      `import { a,\n  b } from './a.js';`,
-      `import type { C } from "../c.js";`,
-      `export { d } from './d.js';`,
-      `export * from './e.js';`,
-      `import './f.js';`,
-      `const g = await import('./g.js');`,
-      `import pg from 'pg';`,
-    ].join('\n')),
+    relativeImports(
+      [
+        `import { a,\n  b } from './a.js';`,
+        `import type { C } from "../c.js";`,
+        `export { d } from './d.js';`,
+        `export * from './e.js';`,
+        `import './f.js';`,
+        `const g = await import('./g.js');`,
+        `import pg from 'pg';`,
+      ].join('\n'),
+    ),
     ['./a.js', '../c.js', './d.js', './e.js', './f.js', './g.js'],
   );
   // The graph holds a known edge, so the checks do not pass on an empty graph.
-  assert.ok(graph.get('processor/claim.ts')?.some((e) => e.target === 'storage/predicates.ts'), 'claim.ts imports the shared predicate');
+  assert.ok(
+    graph.get('processor/claim.ts')?.some((e) => e.target === 'storage/predicates.ts'),
+    'claim.ts imports the shared predicate',
+  );
   // An upward edge and a cycle are reported, naming the file and the import.
   const synthetic: Graph = new Map([
     ['storage/x.ts', [{ specifier: '../admin/y.js', target: 'admin/y.ts' }]],
     ['admin/y.ts', [{ specifier: '../storage/x.js', target: 'storage/x.ts' }]],
   ]);
   assert.deepEqual(upwardImports(synthetic), [`src/storage/x.ts imports '../admin/y.js' (storage → roles)`]);
-  assert.deepEqual(upwardImports(new Map([['admin/z.ts', [{ specifier: '../processor/heartbeat.js', target: 'processor/heartbeat.ts' }]]])), [
-    `src/admin/z.ts imports '../processor/heartbeat.js' (admin and processor are peers in roles)`,
-  ]);
+  assert.deepEqual(
+    upwardImports(
+      new Map([['admin/z.ts', [{ specifier: '../processor/heartbeat.js', target: 'processor/heartbeat.ts' }]]]),
+    ),
+    [`src/admin/z.ts imports '../processor/heartbeat.js' (admin and processor are peers in roles)`],
+  );
   assert.deepEqual(
     cycles(edgesBy(synthetic, unitOf)).map((c) => describeFolderCycle(synthetic, c)),
-    [`storage → admin (src/storage/x.ts imports '../admin/y.js'), admin → storage (src/admin/y.ts imports '../storage/x.js')`],
+    [
+      `storage → admin (src/storage/x.ts imports '../admin/y.js'), admin → storage (src/admin/y.ts imports '../storage/x.js')`,
+    ],
   );
-  assert.equal(layerOf('processor/worker.ts'), LAYERS.findIndex((l) => l.name === 'process'), 'the longest entry decides');
+  assert.equal(
+    layerOf('processor/worker.ts'),
+    LAYERS.findIndex((l) => l.name === 'process'),
+    'the longest entry decides',
+  );
 });

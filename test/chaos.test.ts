@@ -33,7 +33,14 @@ import { liveEntryPredicate } from '../src/storage/predicates.js';
 import { waitFor } from './helpers.js';
 import { TestCluster } from './support/cluster.js';
 import { Fleet, type Crash, type FleetProcess } from './support/fleet.js';
-import { CHAOS_TASK, explainDuplicates, recoverySeconds, RunLog, uncompleted, type FaultWindow } from './support/run-log.js';
+import {
+  CHAOS_TASK,
+  explainDuplicates,
+  recoverySeconds,
+  RunLog,
+  uncompleted,
+  type FaultWindow,
+} from './support/run-log.js';
 
 const WORKERS = 3;
 /** Completions before the fault, so it finds work in flight. */
@@ -91,14 +98,40 @@ interface Row {
 }
 
 function formatTable(list: readonly Row[]): string {
-  const head = ['scenario', 'tasks', 'lost', 'left', 'dup runs', 'late', 'unexplained', 'recovery s', 'survivors', 'killed', 'took s'];
+  const head = [
+    'scenario',
+    'tasks',
+    'lost',
+    'left',
+    'dup runs',
+    'late',
+    'unexplained',
+    'recovery s',
+    'survivors',
+    'killed',
+    'took s',
+  ];
   const body = list.map((r) => [
-    r.scenario, String(r.tasks), String(r.lost), String(r.left), String(r.duplicates), String(r.late), String(r.unexplained),
-    r.recovery === null ? 'none' : r.recovery.toFixed(1), r.survivors, String(r.killed), r.seconds.toFixed(0),
+    r.scenario,
+    String(r.tasks),
+    String(r.lost),
+    String(r.left),
+    String(r.duplicates),
+    String(r.late),
+    String(r.unexplained),
+    r.recovery === null ? 'none' : r.recovery.toFixed(1),
+    r.survivors,
+    String(r.killed),
+    r.seconds.toFixed(0),
   ]);
   const widths = head.map((h, i) => Math.max(h.length, ...body.map((b) => b[i]!.length)));
-  const line = (cells: string[]) => `| ${cells.map((c, i) => (i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join(' | ')} |`;
-  return [line(head), `|${widths.map((w, i) => (i === 0 ? ':' : '') + '-'.repeat(w + 1) + (i === 0 ? '' : ':')).join('|')}|`, ...body.map(line)].join('\n');
+  const line = (cells: string[]) =>
+    `| ${cells.map((c, i) => (i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join(' | ')} |`;
+  return [
+    line(head),
+    `|${widths.map((w, i) => (i === 0 ? ':' : '') + '-'.repeat(w + 1) + (i === 0 ? '' : ':')).join('|')}|`,
+    ...body.map(line),
+  ].join('\n');
 }
 
 /** Progress on stderr with CHAOS_DEBUG=1 (where the time goes on a busy machine). */
@@ -273,7 +306,11 @@ async function runScenario(s: Scenario): Promise<void> {
     phase('fault over');
     producer.resume();
     const faultEnd = window.end;
-    recovery = await waitFor(() => recoverySeconds(runs(), faultEnd, RECOVERY_RUNS), RECOVERY_TIMEOUT_MS, 'completions after the fault').catch(() => null);
+    recovery = await waitFor(
+      () => recoverySeconds(runs(), faultEnd, RECOVERY_RUNS),
+      RECOVERY_TIMEOUT_MS,
+      'completions after the fault',
+    ).catch(() => null);
     await producer.stop();
     phase('recovered');
     if (process.env.CHAOS_DEBUG) {
@@ -287,7 +324,8 @@ async function runScenario(s: Scenario): Promise<void> {
         m.set(r.pid, (m.get(r.pid) ?? 0) + 1);
         per.set(sec, m);
       }
-      for (const [sec, m] of [...per].sort((a, b) => a[0] - b[0])) debug(`  ${sec} s: ${[...m].map(([pid, n]) => `${pid}:${n}`).join(' ')}`);
+      for (const [sec, m] of [...per].sort((a, b) => a[0] - b[0]))
+        debug(`  ${sec} s: ${[...m].map(([pid, n]) => `${pid}:${n}`).join(' ')}`);
     }
     // Done means: every task has a run that returned, and berth holds nothing unfinished.
     await waitFor(
@@ -302,7 +340,8 @@ async function runScenario(s: Scenario): Promise<void> {
     const g = await read(ctx, 'gauges', (p) => readGauges(p, schema));
     left = g.pending.get(CHAOS_TASK) ?? 0;
     dead = g.dead.get(CHAOS_TASK) ?? 0;
-    if (left > 0 || uncompleted(runs(), producer.ids).length > 0) leftover = await read(ctx, 'unfinished tasks', (p) => unfinished(p));
+    if (left > 0 || uncompleted(runs(), producer.ids).length > 0)
+      leftover = await read(ctx, 'unfinished tasks', (p) => unfinished(p));
   } catch (err) {
     failure = err;
   }
@@ -331,15 +370,28 @@ async function runScenario(s: Scenario): Promise<void> {
   });
   assertNoCrashes(fleet.crashes.slice(crashesBefore));
   if (failure) throw failure;
-  assert.deepEqual(lost.slice(0, 10), [], `${lost.length} task(s) never completed; some of what berth holds unfinished: ${JSON.stringify(leftover)}`);
-  assert.equal(dead, 0, 'no task was dead-lettered');
-  assert.equal(left, 0, `nothing left pending; some of what is: ${JSON.stringify(leftover.map((t) => ({ ...(t as object), runs: finalRuns.filter((r) => r.id === (t as { id: string }).id) })))}`);
   assert.deepEqual(
-    dups.unexplained.slice(0, 5).map((u) => ({ task: u.id, earlier: u.run, next: u.next, window, kills: Object.fromEntries(fleet.kills) })),
+    lost.slice(0, 10),
+    [],
+    `${lost.length} task(s) never completed; some of what berth holds unfinished: ${JSON.stringify(leftover)}`,
+  );
+  assert.equal(dead, 0, 'no task was dead-lettered');
+  assert.equal(
+    left,
+    0,
+    `nothing left pending; some of what is: ${JSON.stringify(leftover.map((t) => ({ ...(t as object), runs: finalRuns.filter((r) => r.id === (t as { id: string }).id) })))}`,
+  );
+  assert.deepEqual(
+    dups.unexplained
+      .slice(0, 5)
+      .map((u) => ({ task: u.id, earlier: u.run, next: u.next, window, kills: Object.fromEntries(fleet.kills) })),
     [],
     `${dups.unexplained.length} repeated run(s) not explained by a kill or the fault`,
   );
-  assert.ok(recovery !== null, `throughput did not recover: fewer than ${RECOVERY_RUNS} runs completed after the fault`);
+  assert.ok(
+    recovery !== null,
+    `throughput did not recover: fewer than ${RECOVERY_RUNS} runs completed after the fault`,
+  );
 }
 
 function assertNoCrashes(crashes: readonly Crash[]): void {
@@ -421,7 +473,9 @@ const scenarios: Scenario[] = [
     delayed: true,
     async prepare(ctx) {
       const future = await read(ctx, 'deferred tasks', async (p) => {
-        const r = await p.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${quoteIdent(ctx.schema)}.deferred WHERE run_at > now()`);
+        const r = await p.query<{ n: number }>(
+          `SELECT count(*)::int AS n FROM ${quoteIdent(ctx.schema)}.deferred WHERE run_at > now()`,
+        );
         return r.rows[0]!.n || null;
       });
       assert.ok(future > 0, 'delayed tasks are waiting to come due when the leader dies');

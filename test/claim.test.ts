@@ -13,7 +13,9 @@ function params(laneIds: number[], limit: number, extra: Partial<ClaimParams> = 
     laneIds,
     limit,
     ceilings: new Map([['t', 60_000]]),
-    maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: 300_000,
+    maxAttempts: new Map(),
+    defaultMaxAttempts: 20,
+    defaultCeilingMs: 300_000,
     marginMs: 30_000,
     workerId: 'test',
     wakeChannel: wakeChannel(schema),
@@ -26,13 +28,23 @@ async function leaseCount(): Promise<number> {
 }
 
 async function reset(): Promise<void> {
-  await pool.query(`TRUNCATE "${schema}".ready, "${schema}".leases, "${schema}".settlements, "${schema}".tombstones, "${schema}".deferred`);
+  await pool.query(
+    `TRUNCATE "${schema}".ready, "${schema}".leases, "${schema}".settlements, "${schema}".tombstones, "${schema}".deferred`,
+  );
 }
 
 test('ClaimLeasesExactlyOneRow: a claim for one slot leases exactly the one entry it returns', async () => {
   await reset();
-  await enqueueMany(pool, Array.from({ length: 30 }, (_, i) => ({ type: 't', payload: { i }, shard: 0 })), { schema });
-  await enqueueMany(pool, Array.from({ length: 30 }, (_, i) => ({ type: 't', payload: { i }, shard: 1 })), { schema });
+  await enqueueMany(
+    pool,
+    Array.from({ length: 30 }, (_, i) => ({ type: 't', payload: { i }, shard: 0 })),
+    { schema },
+  );
+  await enqueueMany(
+    pool,
+    Array.from({ length: 30 }, (_, i) => ({ type: 't', payload: { i }, shard: 1 })),
+    { schema },
+  );
   const lanes = (await pool.query(`SELECT lane_id FROM "${schema}".lanes`)).rows.map((r) => r.lane_id as number);
   assert.equal(lanes.length, 2);
   const got = await claim(pool, params(lanes, 1));
@@ -47,12 +59,19 @@ test('ClaimLeasesExactlyOneRow: a claim for one slot leases exactly the one entr
 
 test('discovery returns due, unleased entries oldest first, 20 at a time', async () => {
   await reset();
-  await enqueueMany(pool, Array.from({ length: 25 }, (_, i) => ({ type: 't', payload: { i }, shard: 2 })), { schema });
+  await enqueueMany(
+    pool,
+    Array.from({ length: 25 }, (_, i) => ({ type: 't', payload: { i }, shard: 2 })),
+    { schema },
+  );
   await enqueue(pool, 't', { future: true }, { schema, delay: 3600_000, shard: 2 });
   const first = await discover(pool, schema, null, 20);
   assert.equal(first.length, 20);
   const seqs = first.map((c) => Number(c.laneSeq));
-  assert.deepEqual(seqs, [...seqs].sort((a, b) => a - b));
+  assert.deepEqual(
+    seqs,
+    [...seqs].sort((a, b) => a - b),
+  );
   await claim(pool, params([first[0]!.laneId], 5));
   const after = await discover(pool, schema, null, 20);
   assert.equal(after.length, 20);
@@ -73,7 +92,11 @@ test('priority: a lower number is discovered and claimed first', async () => {
 test('SKIP LOCKED: two claimers handed the same candidates take different entries', async () => {
   await reset();
   for (let shard = 0; shard < 4; shard++) {
-    await enqueueMany(pool, Array.from({ length: 5 }, (_, i) => ({ type: 't', payload: { i }, shard })), { schema });
+    await enqueueMany(
+      pool,
+      Array.from({ length: 5 }, (_, i) => ({ type: 't', payload: { i }, shard })),
+      { schema },
+    );
   }
   const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
   // Hold one lane locked as a concurrent claimer would, mid-statement.
@@ -82,13 +105,20 @@ test('SKIP LOCKED: two claimers handed the same candidates take different entrie
   await holder.query(`SELECT 1 FROM "${schema}".lanes WHERE lane_id = $1 FOR UPDATE`, [lanes[0]]);
   const got = await claim(pool, params(lanes, 4));
   assert.equal(got.length, 4);
-  assert.ok(got.every((t) => t.laneId !== lanes[0]), 'the locked lane is skipped, not waited on');
+  assert.ok(
+    got.every((t) => t.laneId !== lanes[0]),
+    'the locked lane is skipped, not waited on',
+  );
   await holder.query('ROLLBACK');
   holder.release();
   // Many concurrent claimers over the same candidates never lease one entry twice.
   await reset();
   for (let shard = 0; shard < 8; shard++) {
-    await enqueueMany(pool, Array.from({ length: 50 }, (_, i) => ({ type: 't', payload: { i }, shard })), { schema });
+    await enqueueMany(
+      pool,
+      Array.from({ length: 50 }, (_, i) => ({ type: 't', payload: { i }, shard })),
+      { schema },
+    );
   }
   const all = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
   const claimed: string[] = [];
@@ -117,7 +147,10 @@ test('the claim stamps a random token and expiry = db now() + ceiling + margin',
   assert.match(byType.t.token, /^[0-9a-f-]{36}$/);
   assert.equal(byType.t.attempt, 1, 'attempts are counted at claim');
   const t = got.find((x) => x.type === 't')!;
-  const dbExpiry = await pool.query(`SELECT (extract(epoch FROM expires_at) * 1000)::float8 AS ms FROM "${schema}".leases WHERE token = $1`, [t.token]);
+  const dbExpiry = await pool.query(
+    `SELECT (extract(epoch FROM expires_at) * 1000)::float8 AS ms FROM "${schema}".leases WHERE token = $1`,
+    [t.token],
+  );
   assert.equal(t.leaseExpiresAt, dbExpiry.rows[0].ms, 'the deadline is derived from the returned database stamp');
 });
 
@@ -141,7 +174,13 @@ test('a claim that fills every requested slot re-signals the wake channel; a sho
     await waitFor(() => got.includes(marker), 10_000, marker);
     return got.filter((p) => !p.startsWith('marker-')).length;
   };
-  await signalledBy(() => enqueueMany(pool, Array.from({ length: 3 }, () => ({ type: 't', payload: {} })), { schema }));
+  await signalledBy(() =>
+    enqueueMany(
+      pool,
+      Array.from({ length: 3 }, () => ({ type: 't', payload: {} })),
+      { schema },
+    ),
+  );
   const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
   assert.equal(await signalledBy(() => claim(pool, params(lanes, 2))), 1, 'full claim re-signals');
   assert.equal(await signalledBy(() => claim(pool, params(lanes, 5))), 0, 'short claim does not');

@@ -106,11 +106,30 @@ test('tasks list / show / retry / cancel / delete / move, with keyset pages and 
   const ids: string[] = [];
   for (let i = 0; i < 5; i++) ids.push((await enqueue(pool, 'cli_page', { i }, { schema, queue: 'pages' })).id!);
   const first = await berthJson<TaskPageJson>('tasks', 'list', '--type', 'cli_page', '--limit', '3', '--json');
-  assert.deepEqual(first.tasks.map((t) => t.id), ids.slice(2).reverse());
+  assert.deepEqual(
+    first.tasks.map((t) => t.id),
+    ids.slice(2).reverse(),
+  );
   const text = await berth('tasks', 'list', '--type', 'cli_page', '--limit', '3');
-  assert.match(text.out, new RegExp(`more: berth tasks list --type cli_page --limit 3 --schema ${schema} --after ${first.next}$`, 'm'));
-  const second = await berthJson<TaskPageJson>('tasks', 'list', '--type', 'cli_page', '--limit', '3', '--after', first.next!, '--json');
-  assert.deepEqual(second.tasks.map((t) => t.id), ids.slice(0, 2).reverse());
+  assert.match(
+    text.out,
+    new RegExp(`more: berth tasks list --type cli_page --limit 3 --schema ${schema} --after ${first.next}$`, 'm'),
+  );
+  const second = await berthJson<TaskPageJson>(
+    'tasks',
+    'list',
+    '--type',
+    'cli_page',
+    '--limit',
+    '3',
+    '--after',
+    first.next!,
+    '--json',
+  );
+  assert.deepEqual(
+    second.tasks.map((t) => t.id),
+    ids.slice(0, 2).reverse(),
+  );
   assert.equal(second.next, null);
 
   const bad = await berth('tasks', 'list', '--state', 'finished');
@@ -134,7 +153,11 @@ test('tasks list / show / retry / cancel / delete / move, with keyset pages and 
   assert.equal(gone.out, '', 'a failure is reported once, on stderr');
   const goneJson = await berth('tasks', 'cancel', ids[2]!, '--json');
   assert.equal(goneJson.code, 1);
-  assert.deepEqual(JSON.parse(goneJson.out), { id: ids[2], result: 'not_found' }, '--json prints the result even when it fails');
+  assert.deepEqual(
+    JSON.parse(goneJson.out),
+    { id: ids[2], result: 'not_found' },
+    '--json prints the result even when it fails',
+  );
   const notRetryable = await berth('tasks', 'retry', ids[3]!);
   assert.equal(notRetryable.code, 1);
   assert.match(notRetryable.err, /already ready/);
@@ -176,7 +199,10 @@ test('dead list / retry / purge: bulk actions need a filter or --all', async () 
   assert.equal(emptyFilter.code, 2, 'an empty filter is not a filter');
   assert.match(emptyFilter.err, /error filter must not be empty/);
   const hint = await berth('dead', 'list', '--type', 'cli_dead_a', '--limit', '1');
-  assert.match(hint.out, new RegExp(`more: berth dead list --type cli_dead_a --limit 1 --schema ${schema} --after \\d+`));
+  assert.match(
+    hint.out,
+    new RegExp(`more: berth dead list --type cli_dead_a --limit 1 --schema ${schema} --after \\d+`),
+  );
   assert.equal((await berth('dead', 'purge')).code, 2);
 
   const retried = await berthJson<unknown>('dead', 'retry', '--type', 'cli_dead_a', '--json');
@@ -217,16 +243,21 @@ test('queues pause / list / resume; stats; leader exits 1 with no leader', async
   assert.match(leader.out, /no maintenance leader/);
 });
 
-test('worker --tasks <module> --drain runs the module\'s handlers until no due work is left', async () => {
+test("worker --tasks <module> --drain runs the module's handlers until no due work is left", async () => {
   await pool.query(`TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dedupe`);
   for (let i = 0; i < 20; i++) await enqueue(pool, 'cli_ok', { n: i }, { schema });
   await enqueue(pool, 'cli_fail', {}, { schema });
   const mod = fileURLToPath(new URL('./fixtures/cli-tasks.ts', import.meta.url));
   const r = await berth('worker', '--tasks', mod, '--drain', '--no-maintenance');
   assert.equal(r.code, 0, r.err);
-  const left = await pool.query(`SELECT count(*)::int AS n FROM ${S}.ready r WHERE NOT EXISTS (SELECT 1 FROM ${S}.settlements s WHERE s.lane_id = r.lane_id AND s.lane_seq = r.lane_seq AND s.slot = r.slot)`);
+  const left = await pool.query(
+    `SELECT count(*)::int AS n FROM ${S}.ready r WHERE NOT EXISTS (SELECT 1 FROM ${S}.settlements s WHERE s.lane_id = r.lane_id AND s.lane_seq = r.lane_seq AND s.slot = r.slot)`,
+  );
   assert.equal(left.rows[0].n, 0);
-  assert.equal((await pool.query(`SELECT count(*)::int AS n FROM ${S}.dead_letters WHERE type = 'cli_fail'`)).rows[0].n, 1);
+  assert.equal(
+    (await pool.query(`SELECT count(*)::int AS n FROM ${S}.dead_letters WHERE type = 'cli_fail'`)).rows[0].n,
+    1,
+  );
 });
 
 test('worker refuses a module that is not a task module, or a missing one, with exit 2', async () => {
@@ -238,12 +269,23 @@ test('worker refuses a module that is not a task module, or a missing one, with 
   assert.match(missing.err, /cannot load task module/);
   const noTasks = await berth('worker');
   assert.equal(noTasks.code, 2);
-  const unmigrated = await main(['node', 'berth', 'stats', '--schema', 'never_migrated_here', '--database-url', DATABASE_URL]);
+  const unmigrated = await main([
+    'node',
+    'berth',
+    'stats',
+    '--schema',
+    'never_migrated_here',
+    '--database-url',
+    DATABASE_URL,
+  ]);
   assert.equal(unmigrated, 2, 'an unmigrated schema is a configuration problem with the fix in the message');
 });
 
 /** Start a long-running command in this process, wait for the line it prints, stop it with SIGINT. */
-async function longRunning(args: string[], line: RegExp): Promise<{ match: RegExpMatchArray; stop: () => Promise<number> }> {
+async function longRunning(
+  args: string[],
+  line: RegExp,
+): Promise<{ match: RegExpMatchArray; stop: () => Promise<number> }> {
   const log = console.log;
   let resolveLine: (m: RegExpMatchArray) => void;
   const seen = new Promise<RegExpMatchArray>((r) => (resolveLine = r));
@@ -253,7 +295,12 @@ async function longRunning(args: string[], line: RegExp): Promise<{ match: RegEx
   };
   const done = main(['node', 'berth', ...args, '--schema', schema, '--database-url', DATABASE_URL]);
   try {
-    const match = await Promise.race([seen, done.then((code) => { throw new Error(`exited ${code} before printing ${line}`); })]);
+    const match = await Promise.race([
+      seen,
+      done.then((code) => {
+        throw new Error(`exited ${code} before printing ${line}`);
+      }),
+    ]);
     return {
       match,
       stop: async () => {
@@ -322,8 +369,16 @@ test('nothing from the database reaches the terminal raw: ANSI, OSC, C1 CSI, CR 
   await pool.query(`UPDATE ${S}.dead_letters SET last_error = $2 WHERE id = $1`, [dead.id, lastError]);
   const lane = (await pool.query(`SELECT lane_id FROM ${S}.ready WHERE id = $1`, [ready.id])).rows[0].lane_id as number;
   const leased = await claim(pool, {
-    schema, laneIds: [lane], limit: 1, ceilings: new Map(), maxAttempts: new Map(), defaultMaxAttempts: 20,
-    defaultCeilingMs: 60_000, marginMs: 0, workerId: 'w\u001b[5mblink\u009d', wakeChannel: wakeChannel(schema),
+    schema,
+    laneIds: [lane],
+    limit: 1,
+    ceilings: new Map(),
+    maxAttempts: new Map(),
+    defaultMaxAttempts: 20,
+    defaultCeilingMs: 60_000,
+    marginMs: 0,
+    workerId: 'w\u001b[5mblink\u009d',
+    wakeChannel: wakeChannel(schema),
   });
   assert.equal(leased.length, 1);
 
@@ -354,7 +409,10 @@ test('nothing from the database reaches the terminal raw: ANSI, OSC, C1 CSI, CR 
   const json = await berth('tasks', 'show', dead.id!, '--json');
   assert.doesNotMatch(json.out, RAW);
   const task = JSON.parse(json.out).task;
-  assert.deepEqual({ type: task.type, queue: task.queue, payload: task.payload, lastError: task.lastError }, { type, queue, payload, lastError });
+  assert.deepEqual(
+    { type: task.type, queue: task.queue, payload: task.payload, lastError: task.lastError },
+    { type, queue, payload, lastError },
+  );
   for (const args of [['tasks', 'list'], ['dead', 'list'], ['queues', 'list'], ['stats']]) {
     const r = await berth(...args, '--json');
     assert.doesNotMatch(r.out, RAW, args.join(' '));
@@ -364,13 +422,18 @@ test('nothing from the database reaches the terminal raw: ANSI, OSC, C1 CSI, CR 
 
 test('escapeControl / jsonSafe: every C0 and C1 control, DEL, U+2028/9 and bidi overrides; text and JSON values otherwise unchanged', async () => {
   const { escapeControl, escapeControlKeepLines, jsonSafe } = await import('../src/cli/terminal.js');
-  const all = Array.from({ length: 0x20 }, (_, i) => String.fromCharCode(i)).join('') + '\u007f' +
-    Array.from({ length: 0x20 }, (_, i) => String.fromCharCode(0x80 + i)).join('') + '\u2028\u2029\u202a\u202e\u2066\u2069';
+  const all =
+    Array.from({ length: 0x20 }, (_, i) => String.fromCharCode(i)).join('') +
+    '\u007f' +
+    Array.from({ length: 0x20 }, (_, i) => String.fromCharCode(0x80 + i)).join('') +
+    '\u2028\u2029\u202a\u202e\u2066\u2069';
   const escaped = escapeControl(all);
   assert.doesNotMatch(escaped, /[^\x20-\x7e]/, 'only printable ASCII left');
   assert.ok(escaped.startsWith('\\x00\\x01'));
   assert.ok(escaped.includes('\\x07\\x08\\t\\n\\x0b\\x0c\\r'));
-  assert.ok(escaped.includes('\\x1b') && escaped.includes('\\x7f') && escaped.includes('\\x9b') && escaped.includes('\\u2028'));
+  assert.ok(
+    escaped.includes('\\x1b') && escaped.includes('\\x7f') && escaped.includes('\\x9b') && escaped.includes('\\u2028'),
+  );
   assert.equal(escapeControlKeepLines('a\nb\r\n'), 'a\nb\\r\n');
   assert.equal(escapeControl('plain, ünï 漢字 🙂 text'), 'plain, ünï 漢字 🙂 text');
   const value = { s: all, k: 'ok' };

@@ -23,7 +23,14 @@ after(async () => {
 });
 
 async function dashboard(opts: Partial<DashboardOptions> = {}): Promise<string> {
-  const d = await startDashboard({ pool, schema, port: 0, logger: testLogger, auth: { token: TOKEN, users: USERS }, ...opts });
+  const d = await startDashboard({
+    pool,
+    schema,
+    port: 0,
+    logger: testLogger,
+    auth: { token: TOKEN, users: USERS },
+    ...opts,
+  });
   servers.push(d);
   return d.url;
 }
@@ -34,12 +41,17 @@ interface Reply {
   body: string;
 }
 
-function call(url: string, opts: { method?: string; headers?: Record<string, string>; body?: string; agent?: Agent } = {}): Promise<Reply> {
+function call(
+  url: string,
+  opts: { method?: string; headers?: Record<string, string>; body?: string; agent?: Agent } = {},
+): Promise<Reply> {
   return new Promise((resolve, reject) => {
     const req = request(url, { method: opts.method ?? 'GET', headers: opts.headers, agent: opts.agent }, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString('utf8') }));
+      res.on('end', () =>
+        resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString('utf8') }),
+      );
     });
     req.on('error', reject);
     req.end(opts.body);
@@ -51,8 +63,18 @@ const FORM = { 'content-type': 'application/x-www-form-urlencoded' };
 /** One wrong guess by each method, as the probe sent them. */
 const GUESSES = {
   form: (url: string, i: number) => ({ url: `${url}login`, method: 'POST', headers: FORM, body: `token=guess-${i}` }),
-  basic: (url: string, i: number) => ({ url: `${url}api/session`, method: 'GET', headers: { authorization: basic('alice', `guess-${i}`) }, body: undefined }),
-  bearer: (url: string, i: number) => ({ url: `${url}api/session`, method: 'GET', headers: { authorization: `Bearer guess-${i}` }, body: undefined }),
+  basic: (url: string, i: number) => ({
+    url: `${url}api/session`,
+    method: 'GET',
+    headers: { authorization: basic('alice', `guess-${i}`) },
+    body: undefined,
+  }),
+  bearer: (url: string, i: number) => ({
+    url: `${url}api/session`,
+    method: 'GET',
+    headers: { authorization: `Bearer guess-${i}` },
+    body: undefined,
+  }),
 } as const;
 
 /**
@@ -79,7 +101,12 @@ async function hammer(url: string, method: keyof typeof GUESSES, n: number) {
 }
 
 /** Limits so high they never bite: the dashboard as it was before the limiter. */
-const UNLIMITED: AuthLimitOptions = { clientFreeFailures: 1e9, clientLockoutFailures: 1e9, sharedFreeFailures: 1e9, sharedLockoutFailures: 1e9 };
+const UNLIMITED: AuthLimitOptions = {
+  clientFreeFailures: 1e9,
+  clientLockoutFailures: 1e9,
+  sharedFreeFailures: 1e9,
+  sharedLockoutFailures: 1e9,
+};
 
 /**
  * Wrong guesses an hour one client gets with these limits when it retries the moment it may: the
@@ -119,11 +146,17 @@ test('guessing through the form, Basic and bearer is slowed by orders of magnitu
     assert.equal(afterRun.other, 0);
     assert.equal(afterRun.compared + afterRun.refused, n);
     // 5 at full speed, then 1 s, 2 s, 4 s... between guesses: a handful in a run of seconds.
-    assert.ok(afterRun.compared <= AUTH_LIMIT_DEFAULTS.clientFreeFailures + Math.ceil(Math.log2(afterRun.seconds + 1)) + 1, `${method}: ${afterRun.compared} compared`);
+    assert.ok(
+      afterRun.compared <= AUTH_LIMIT_DEFAULTS.clientFreeFailures + Math.ceil(Math.log2(afterRun.seconds + 1)) + 1,
+      `${method}: ${afterRun.compared} compared`,
+    );
     // Ratios, not speeds: the first seconds are dominated by the free guesses, an hour by the
     // backoff and lockout. Both hold on a machine so loaded it serves 10 requests a second (the
     // suite's worst seen); on an idle one the hour's ratio is in the hundreds of thousands.
-    assert.ok(before.comparedPerSecond / afterRun.comparedPerSecond >= 10, `${method}: only ${(before.comparedPerSecond / afterRun.comparedPerSecond).toFixed(0)}x slower at once`);
+    assert.ok(
+      before.comparedPerSecond / afterRun.comparedPerSecond >= 10,
+      `${method}: only ${(before.comparedPerSecond / afterRun.comparedPerSecond).toFixed(0)}x slower at once`,
+    );
     assert.ok(longRun >= 100, `${method}: only ${longRun.toFixed(0)}x slower over an hour`);
   }
 });
@@ -154,8 +187,11 @@ test('429 with Retry-After once a client has failed too often; the secret is not
 });
 
 test('a correct login resets the client; an address that logged in as a user is not locked out by guesses at that user from elsewhere', async () => {
-  const url = await dashboard({ authLimits: { trustProxy: true, clientFreeFailures: 3, sharedFreeFailures: 3, sharedLockoutFailures: 5 } });
-  const from = (address: string, authorization: string) => call(`${url}api/session`, { headers: { authorization, 'x-forwarded-for': `198.51.100.1, ${address}` } });
+  const url = await dashboard({
+    authLimits: { trustProxy: true, clientFreeFailures: 3, sharedFreeFailures: 3, sharedLockoutFailures: 5 },
+  });
+  const from = (address: string, authorization: string) =>
+    call(`${url}api/session`, { headers: { authorization, 'x-forwarded-for': `198.51.100.1, ${address}` } });
   // Alice's own address logs in once: trusted for her name from now on.
   assert.equal((await from('192.0.2.10', basic('alice', USERS.alice))).status, 200);
   // Two failures, a success, two more: the success reset the address's count, so no backoff yet.
@@ -168,9 +204,20 @@ test('a correct login resets the client; an address that logged in as a user is 
   const statuses: number[] = [];
   for (let i = 0; i < 8; i++) statuses.push((await from(`203.0.113.${i + 1}`, basic('alice', `guess-${i}`))).status);
   assert.deepEqual(statuses.slice(0, 3), [401, 401, 401]);
-  assert.ok(statuses.slice(3).every((s) => s === 429), `later guesses at alice wait: ${statuses}`);
-  assert.equal((await from('203.0.113.200', basic('alice', USERS.alice))).status, 429, 'a new address waits for alice too');
-  assert.equal((await from('192.0.2.10', basic('alice', USERS.alice))).status, 200, "alice's own address is not locked out by someone else's guesses");
+  assert.ok(
+    statuses.slice(3).every((s) => s === 429),
+    `later guesses at alice wait: ${statuses}`,
+  );
+  assert.equal(
+    (await from('203.0.113.200', basic('alice', USERS.alice))).status,
+    429,
+    'a new address waits for alice too',
+  );
+  assert.equal(
+    (await from('192.0.2.10', basic('alice', USERS.alice))).status,
+    200,
+    "alice's own address is not locked out by someone else's guesses",
+  );
   assert.equal((await from('203.0.113.201', basic('bob', USERS.bob))).status, 200, 'other users are untouched');
   // Without trustProxy the header is ignored: every request is the socket's address.
   assert.equal(addressKey('::ffff:127.0.0.1'), '127.0.0.1');
@@ -180,7 +227,11 @@ test('a correct login resets the client; an address that logged in as a user is 
 
 test('memory stays bounded: past maxTrackedKeys the key that failed longest ago is forgotten', () => {
   let now = 0;
-  const limiter = new AuthLimiter(validateAuthLimits({ maxTrackedKeys: 50 }), new Set(['token', 'user:alice']), () => now);
+  const limiter = new AuthLimiter(
+    validateAuthLimits({ maxTrackedKeys: 50 }),
+    new Set(['token', 'user:alice']),
+    () => now,
+  );
   for (let i = 0; i < 10_000; i++) {
     limiter.failed(`10.0.${i >> 8}.${i & 255}`, `user:name-${i}`);
     now++;
@@ -199,13 +250,17 @@ test('failures are logged at a bounded rate per method, with a counted summary',
   for (let i = 0; i < 1000; i++) log.failed('form', { remote: '10.0.0.1' }, []);
   for (let i = 0; i < 5; i++) log.failed('bearer', { remote: '10.0.0.1' }, []);
   for (let i = 0; i < 7; i++) log.refused('form');
-  const failed = (m: string) => lines.filter((l) => l.msg === 'dashboard authentication failed' && l.method === m).length;
+  const failed = (m: string) =>
+    lines.filter((l) => l.msg === 'dashboard authentication failed' && l.method === m).length;
   assert.equal(failed('form'), 10);
   assert.equal(failed('bearer'), 5);
   now += 61_000;
   log.failed('form', { remote: '10.0.0.1' }, []);
   const summary = lines.find((l) => l.notLogged !== undefined);
-  assert.deepEqual({ method: summary?.method, notLogged: summary?.notLogged, refused: summary?.refused }, { method: 'form', notLogged: 990, refused: 7 });
+  assert.deepEqual(
+    { method: summary?.method, notLogged: summary?.notLogged, refused: summary?.refused },
+    { method: 'form', notLogged: 990, refused: 7 },
+  );
   assert.equal(failed('form'), 11, 'a new minute logs again');
 });
 
@@ -216,21 +271,54 @@ test('Basic and bearer failures are logged, with the client and the user name, n
   await call(`${url}api/session`, { headers: { authorization: 'Bearer secret-guess-2' } });
   await call(`${url}login`, { method: 'POST', headers: FORM, body: 'token=secret-guess-3' });
   const failures = lines.filter((l) => l.msg === 'dashboard authentication failed');
-  assert.deepEqual(failures.map((l) => [l.method, l.user ?? null, l.remote]), [['basic', 'mallory', '127.0.0.1'], ['bearer', null, '127.0.0.1'], ['form', null, '127.0.0.1']]);
+  assert.deepEqual(
+    failures.map((l) => [l.method, l.user ?? null, l.remote]),
+    [
+      ['basic', 'mallory', '127.0.0.1'],
+      ['bearer', null, '127.0.0.1'],
+      ['form', null, '127.0.0.1'],
+    ],
+  );
   assert.doesNotMatch(JSON.stringify(lines), /secret-guess/);
 });
 
 test('secrets shorter than the documented minimum, and bad authLimits, are refused at start naming the option', async () => {
   const start = (o: Partial<DashboardOptions>) => startDashboard({ pool, schema, port: 0, logger: testLogger, ...o });
-  await assert.rejects(start({ auth: { token: 'x' } }), (e: Error) => e instanceof BerthInputError && /auth\.token \(BERTH_DASHBOARD_TOKEN\) .* at least 16 characters/.test(e.message));
+  await assert.rejects(
+    start({ auth: { token: 'x' } }),
+    (e: Error) =>
+      e instanceof BerthInputError && /auth\.token \(BERTH_DASHBOARD_TOKEN\) .* at least 16 characters/.test(e.message),
+  );
   await assert.rejects(start({ auth: { token: '0123456789abcde' } }), /at least 16/);
-  await assert.rejects(start({ auth: { users: { alice: 'short' } } }), (e: Error) => e instanceof BerthInputError && /auth\.users .*"alice" must be at least 12 characters/.test(e.message));
+  await assert.rejects(
+    start({ auth: { users: { alice: 'short' } } }),
+    (e: Error) =>
+      e instanceof BerthInputError && /auth\.users .*"alice" must be at least 12 characters/.test(e.message),
+  );
   await assert.rejects(start({ auth: { token: TOKEN, user: {} } as never }), /unknown dashboard auth option "user"/);
-  await assert.rejects(start({ auth: { token: TOKEN }, authLimits: { lockoutMs: 0 } }), /authLimits\.lockoutMs must be a positive integer/);
-  await assert.rejects(start({ auth: { token: TOKEN }, authLimits: { lockout: 5 } as never }), /unknown dashboard authLimits option "lockout"/);
-  await assert.rejects(start({ auth: { token: TOKEN }, authLimits: { clientFreeFailures: 10, clientLockoutFailures: 5 } }), /clientLockoutFailures must be at least clientFreeFailures/);
-  await assert.rejects(start({ auth: { token: TOKEN }, authLimits: { trustProxy: 'yes' as never } }), /trustProxy must be true or false/);
+  await assert.rejects(
+    start({ auth: { token: TOKEN }, authLimits: { lockoutMs: 0 } }),
+    /authLimits\.lockoutMs must be a positive integer/,
+  );
+  await assert.rejects(
+    start({ auth: { token: TOKEN }, authLimits: { lockout: 5 } as never }),
+    /unknown dashboard authLimits option "lockout"/,
+  );
+  await assert.rejects(
+    start({ auth: { token: TOKEN }, authLimits: { clientFreeFailures: 10, clientLockoutFailures: 5 } }),
+    /clientLockoutFailures must be at least clientFreeFailures/,
+  );
+  await assert.rejects(
+    start({ auth: { token: TOKEN }, authLimits: { trustProxy: 'yes' as never } }),
+    /trustProxy must be true or false/,
+  );
   const base = { connectionString: DATABASE_URL, schema, tasks: [], logger: testLogger, maintenance: false as const };
-  assert.throws(() => new Worker({ ...base, http: { port: 0, dashboard: { auth: { token: 'short' } } } }), /at least 16/);
-  assert.throws(() => new Worker({ ...base, http: { port: 0, dashboard: { authLimits: { backoffMs: -1 } } } }), /backoffMs/);
+  assert.throws(
+    () => new Worker({ ...base, http: { port: 0, dashboard: { auth: { token: 'short' } } } }),
+    /at least 16/,
+  );
+  assert.throws(
+    () => new Worker({ ...base, http: { port: 0, dashboard: { authLimits: { backoffMs: -1 } } } }),
+    /backoffMs/,
+  );
 });

@@ -60,11 +60,21 @@ const base = worker.httpUrl!;
 let launched: Promise<Browser> | null = null;
 function browser(): Promise<Browser> {
   if (!existsSync(CHROMIUM)) {
-    return Promise.reject(new Error(`${CHROMIUM} is missing: install it with \`apt-get install chromium\` (scripts/test-prereqs.sh does)`));
+    return Promise.reject(
+      new Error(`${CHROMIUM} is missing: install it with \`apt-get install chromium\` (scripts/test-prereqs.sh does)`),
+    );
   }
   launched ??= chromium.launch({
     executablePath: CHROMIUM,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    args: [
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-quic',
+      '--no-first-run',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--disable-sync',
+    ],
   });
   return launched;
 }
@@ -104,15 +114,21 @@ async function textOf(page: Page, selector: string, expected: RegExp): Promise<s
 const later = () => new Date(Date.now() + 3600_000);
 
 test('the overview shows pending, running and dead counts per queue and task type', async () => {
-  for (let i = 0; i < 3; i++) await enqueue(pool, 'email.send', { to: `user${i}@example.com` }, { schema, queue: 'mail', runAt: later() });
-  for (let i = 0; i < 2; i++) await enqueue(pool, 'report.build', { month: `2026-0${i + 1}` }, { schema, queue: 'reports', runAt: later() });
+  for (let i = 0; i < 3; i++)
+    await enqueue(pool, 'email.send', { to: `user${i}@example.com` }, { schema, queue: 'mail', runAt: later() });
+  for (let i = 0; i < 2; i++)
+    await enqueue(pool, 'report.build', { month: `2026-0${i + 1}` }, { schema, queue: 'reports', runAt: later() });
   const { page, errors, close } = await open('overview');
   try {
     await textOf(page, 'tr[data-queue="mail"] td:nth-child(2)', /^3$/);
     await textOf(page, 'tr[data-queue="reports"] td:nth-child(2)', /^2$/);
     await textOf(page, 'tr[data-type="email.send"] td:nth-child(2)', /^3$/);
     await textOf(page, '[data-card="workers"] .card-value', /^1$/);
-    await textOf(page, '[data-card="leader"] .card-value', new RegExp(worker.id.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')));
+    await textOf(
+      page,
+      '[data-card="leader"] .card-value',
+      new RegExp(worker.id.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')),
+    );
     assert.equal(await page.locator('figure.chart svg').count(), 2, 'throughput and failure charts');
     assert.deepEqual(errors, []);
   } finally {
@@ -121,7 +137,12 @@ test('the overview shows pending, running and dead counts per queue and task typ
 });
 
 test('filtering tasks by state and type changes the list; a task opens with its payload and timeline', async () => {
-  const hostile = await enqueue(pool, 'report.build', { title: '<img src=x onerror="window.pwned=1">', n: 42 }, { schema, queue: 'reports', runAt: later() });
+  const hostile = await enqueue(
+    pool,
+    'report.build',
+    { title: '<img src=x onerror="window.pwned=1">', n: 42 },
+    { schema, queue: 'reports', runAt: later() },
+  );
   const { page, errors, close } = await open('tasks');
   try {
     await page.waitForSelector('tr[data-task]');
@@ -129,16 +150,27 @@ test('filtering tasks by state and type changes the list; a task opens with its 
     await page.waitForFunction(() => location.hash.includes('state=scheduled'));
     await page.fill('input[name="type"]', 'report.build');
     await page.click('form.filters button[type="submit"]');
-    await page.waitForFunction(() => {
-      const rows = [...document.querySelectorAll('tr[data-task]')];
-      return rows.length === 3 && rows.every((r) => r.textContent!.includes('report.build') && r.textContent!.includes('scheduled'));
-    }, undefined, { timeout: LONG });
+    await page.waitForFunction(
+      () => {
+        const rows = [...document.querySelectorAll('tr[data-task]')];
+        return (
+          rows.length === 3 &&
+          rows.every((r) => r.textContent!.includes('report.build') && r.textContent!.includes('scheduled'))
+        );
+      },
+      undefined,
+      { timeout: LONG },
+    );
     await page.fill('input[name="type"]', 'email.send');
     await page.click('form.filters button[type="submit"]');
-    await page.waitForFunction(() => {
-      const rows = [...document.querySelectorAll('tr[data-task]')];
-      return rows.length === 3 && rows.every((r) => r.textContent!.includes('email.send'));
-    }, undefined, { timeout: LONG });
+    await page.waitForFunction(
+      () => {
+        const rows = [...document.querySelectorAll('tr[data-task]')];
+        return rows.length === 3 && rows.every((r) => r.textContent!.includes('email.send'));
+      },
+      undefined,
+      { timeout: LONG },
+    );
 
     await page.goto(`${base}/#/tasks?type=report.build`);
     await page.click(`tr[data-task="${hostile.id}"] td:nth-child(2)`);
@@ -148,7 +180,10 @@ test('filtering tasks by state and type changes the list; a task opens with its 
     assert.equal(await page.locator('main img').count(), 0, 'the payload is text, never markup');
     assert.equal(await page.evaluate(() => (window as unknown as { pwned?: number }).pwned), undefined);
     await page.waitForSelector('#timeline li[data-event="created"]');
-    assert.deepEqual(await page.locator('#timeline li').evaluateAll((els) => els.map((e) => e.getAttribute('data-event'))), ['created', 'scheduled']);
+    assert.deepEqual(
+      await page.locator('#timeline li').evaluateAll((els) => els.map((e) => e.getAttribute('data-event'))),
+      ['created', 'scheduled'],
+    );
     await textOf(page, 'dd[data-field="state"]', /^scheduled$/);
     assert.deepEqual(errors, []);
   } finally {
@@ -180,10 +215,19 @@ test('retrying a dead letter from the Dead letters page runs it', async () => {
 test("a task's page offers only the actions that apply to its state", async () => {
   gate.failInvoices = true;
   const dead = await enqueue(pool, 'invoice.sync', { invoice: 1500 }, { schema, queue: 'billing' });
-  const scheduled = await enqueue(pool, 'email.send', { to: 'later@example.com' }, { schema, queue: 'mail', runAt: later() });
+  const scheduled = await enqueue(
+    pool,
+    'email.send',
+    { to: 'later@example.com' },
+    { schema, queue: 'mail', runAt: later() },
+  );
   const done = await enqueue(pool, 'email.send', { to: 'now@example.com' }, { schema, queue: 'mail' });
   await waitFor(async () => (await getTask(pool, schema, dead.id!))?.state === 'dead', WAIT, 'the invoice task to die');
-  await waitFor(async () => (await getTask(pool, schema, done.id!))?.state === 'completed', WAIT, 'the email to be sent');
+  await waitFor(
+    async () => (await getTask(pool, schema, done.id!))?.state === 'completed',
+    WAIT,
+    'the email to be sent',
+  );
   const { page, errors, close } = await open(`tasks/${scheduled.id}`);
   const buttons = async (id: string, state: string) => {
     await page.goto(`${base}/#/tasks/${id}`);
@@ -195,7 +239,10 @@ test("a task's page offers only the actions that apply to its state", async () =
     assert.deepEqual(await buttons(scheduled.id!, 'scheduled'), ['Run now', 'Cancel', 'Delete', 'Move']);
     assert.deepEqual(await buttons(done.id!, 'completed'), []);
     // Times carry the full ISO timestamp (UTC) in a tooltip.
-    assert.match(String(await page.locator('dd[data-field="created"] time').getAttribute('title')), /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \(UTC\)$/);
+    assert.match(
+      String(await page.locator('dd[data-field="created"] time').getAttribute('title')),
+      /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \(UTC\)$/,
+    );
     assert.deepEqual(errors, []);
   } finally {
     await close();
@@ -244,7 +291,10 @@ test('the Maintenance page renders past a forged workers row (leader = true, ten
     await textOf(page, '#leader', new RegExp(`Worker ${worker.id.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}\\.`));
     const forged = await textOf(page, 'main table tr:has(span[data-invalid])', /forged/);
     assert.doesNotMatch(forged, /leader/, 'the forged row is not badged leader');
-    assert.match(String(await page.locator('span[data-invalid]').getAttribute('title')), /dated in the future.*malformed branches, waitingLanes/);
+    assert.match(
+      String(await page.locator('span[data-invalid]').getAttribute('title')),
+      /dated in the future.*malformed branches, waitingLanes/,
+    );
     assert.deepEqual(errors, []);
   } finally {
     await close();
@@ -254,15 +304,27 @@ test('the Maintenance page renders past a forged workers row (leader = true, ten
 
 test('screenshot of the overview with realistic data', async () => {
   // Work in several queues and types, some of it failing for good.
-  const spread: [string, string, number][] = [['mail', 'email.send', 14], ['reports', 'report.build', 6], ['billing', 'invoice.sync', 9], ['media', 'thumbnail.render', 21]];
+  const spread: [string, string, number][] = [
+    ['mail', 'email.send', 14],
+    ['reports', 'report.build', 6],
+    ['billing', 'invoice.sync', 9],
+    ['media', 'thumbnail.render', 21],
+  ];
   for (const [queue, type, n] of spread) {
-    for (let i = 0; i < n; i++) await enqueue(pool, type, { i }, { schema, queue, runAt: new Date(Date.now() + (i + 1) * 600_000) });
+    for (let i = 0; i < n; i++)
+      await enqueue(pool, type, { i }, { schema, queue, runAt: new Date(Date.now() + (i + 1) * 600_000) });
   }
   gate.failInvoices = true;
   for (let i = 0; i < 3; i++) await enqueue(pool, 'invoice.sync', { invoice: 2000 + i }, { schema, queue: 'billing' });
   // A paused queue with a backlog: oldest due and depth.
   await pauseQueue(pool, schema, 'media', 'cli:ops', 'CDN maintenance');
-  for (let i = 0; i < 12; i++) await enqueue(pool, 'thumbnail.render', { asset: `img-${i}.jpg` }, { schema, queue: 'media', runAt: new Date(Date.now() - (i + 1) * 60_000) });
+  for (let i = 0; i < 12; i++)
+    await enqueue(
+      pool,
+      'thumbnail.render',
+      { asset: `img-${i}.jpg` },
+      { schema, queue: 'media', runAt: new Date(Date.now() - (i + 1) * 60_000) },
+    );
   // An hour of history as the workers' heartbeats would have written it (a test cannot wait an hour).
   await pool.query(
     `INSERT INTO ${S}.outcome_counts (minute, worker_id, queue, type, outcome, count)
@@ -273,19 +335,31 @@ test('screenshot of the overview with realistic data', async () => {
             (VALUES ('success', 1.0), ('failure', 0.06)) o(outcome, share)
       WHERE o.outcome = 'success' OR m % 3 = 0 OR m BETWEEN 20 AND 26`,
   );
-  await waitFor(async () => (await pool.query(`SELECT count(*)::int AS n FROM ${S}.dead_letters WHERE type = 'invoice.sync'`)).rows[0].n >= 3, WAIT, 'dead letters');
+  await waitFor(
+    async () =>
+      (await pool.query(`SELECT count(*)::int AS n FROM ${S}.dead_letters WHERE type = 'invoice.sync'`)).rows[0].n >= 3,
+    WAIT,
+    'dead letters',
+  );
   const { page, errors, close } = await open('overview');
   try {
     await textOf(page, 'tr[data-queue="media"] td:nth-child(2)', /^33$/);
     await textOf(page, '[data-card="dead-letters"] .card-value', /^[1-9]/);
     await page.waitForSelector('figure.chart rect.bar.bad');
     // The y-axis label fits left of the axis, thousands included (it used to clip to "),000").
-    const labels = await page.locator('figure.chart svg text.label.end').evaluateAll((els) => els.map((e) => (e as SVGTextElement).getBBox().x));
-    assert.ok(labels.every((x) => x >= 0), `labels start inside the chart: ${labels}`);
+    const labels = await page
+      .locator('figure.chart svg text.label.end')
+      .evaluateAll((els) => els.map((e) => (e as SVGTextElement).getBBox().x));
+    assert.ok(
+      labels.every((x) => x >= 0),
+      `labels start inside the chart: ${labels}`,
+    );
     // The oldest-due headline leaves the paused queue (media, 12 min) out.
     assert.doesNotMatch(await textOf(page, '[data-card="oldest-due"] .card-note', /./), /media/);
     const keep = Boolean(process.env.BERTH_UPDATE_SCREENSHOT);
-    const file = keep ? fileURLToPath(new URL('../docs/dashboard.png', import.meta.url)) : join(tmpdir(), `berth-dashboard-${process.pid}.png`);
+    const file = keep
+      ? fileURLToPath(new URL('../docs/dashboard.png', import.meta.url))
+      : join(tmpdir(), `berth-dashboard-${process.pid}.png`);
     await page.screenshot({ path: file });
     assert.ok(statSync(file).size > 10_000, 'a real picture');
     if (!keep) rmSync(file);

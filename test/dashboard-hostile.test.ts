@@ -54,7 +54,12 @@ const post = async (path: string, body: string, type = 'application/json') =>
 
 const READS = ['', 'api/overview', 'api/lanes', 'api/tasks', 'api/dead', 'api/queues', 'api/maintenance'];
 
-async function forge(workerId: string, maintenance: string, lastSeen = "now() + interval '10 years'", leader = true): Promise<void> {
+async function forge(
+  workerId: string,
+  maintenance: string,
+  lastSeen = "now() + interval '10 years'",
+  leader = true,
+): Promise<void> {
   await pool.query(
     `INSERT INTO ${S}.workers (worker_id, host, pid, queues, slots, busy, prefetched, leader, maintenance, started_at, last_seen_at)
      VALUES ($1, 'forged-host', 1, NULL, 4, 0, 0, $2, $3::jsonb, now(), ${lastSeen})`,
@@ -63,7 +68,16 @@ async function forge(workerId: string, maintenance: string, lastSeen = "now() + 
 }
 
 test('a forged workers row (leader = true, ten years ahead, malformed maintenance) never breaks a read and is never shown as the leader', async () => {
-  const reports = ['"garbage"', '[1,2]', '{"branches": 5}', '{"branches": {"promote": 1}}', '{"waitingLanes": "x"}', '{"waitingLanes": [null]}', '{"contention": [{"queue": 1}]}', 'null'];
+  const reports = [
+    '"garbage"',
+    '[1,2]',
+    '{"branches": 5}',
+    '{"branches": {"promote": 1}}',
+    '{"waitingLanes": "x"}',
+    '{"waitingLanes": [null]}',
+    '{"contention": [{"queue": 1}]}',
+    'null',
+  ];
   // One at a time (the leader read picks one row, so each must be the only one), then all together.
   for (const [i, report] of reports.entries()) {
     await pool.query(`DELETE FROM ${S}.workers`);
@@ -79,7 +93,10 @@ test('a forged workers row (leader = true, ten years ahead, malformed maintenanc
     const r = await call(path);
     assert.equal(r.status, 200, `${path}: ${r.body.slice(0, 300)}`);
   }
-  const m = (await call('api/maintenance')).json() as { leader: { session: unknown; worker: unknown }; workers: { workerId: string; leader: boolean; alive: boolean; invalid: string | null }[] };
+  const m = (await call('api/maintenance')).json() as {
+    leader: { session: unknown; worker: unknown };
+    workers: { workerId: string; leader: boolean; alive: boolean; invalid: string | null }[];
+  };
   assert.equal(m.leader.session, null);
   assert.equal(m.leader.worker, null, 'a row saying leader = true is not the leader');
   assert.equal(m.workers.length, reports.length);
@@ -94,7 +111,9 @@ test('a forged workers row (leader = true, ten years ahead, malformed maintenanc
   assert.deepEqual([overview.workers.alive, overview.leader], [0, null]);
   // Logged once per row, not on every refresh.
   await call('api/maintenance');
-  const logged = lines.filter((l) => l.msg === 'a workers row could not be read as written (shown without the bad parts)');
+  const logged = lines.filter(
+    (l) => l.msg === 'a workers row could not be read as written (shown without the bad parts)',
+  );
   assert.equal(logged.length, reports.length, JSON.stringify(logged.map((l) => l.worker)));
 
   // Retention removes rows dated in the future (and the one with a report that is null is just empty).
@@ -108,7 +127,10 @@ test('a forged workers row (leader = true, ten years ahead, malformed maintenanc
 
 test('the leader is the worker whose session holds the leader lock, not a later row that says leader = true', async () => {
   await pool.query(`DELETE FROM ${S}.workers`);
-  const holder = new pg.Client({ connectionString: DATABASE_URL, application_name: leaderApplicationName('real-leader') });
+  const holder = new pg.Client({
+    connectionString: DATABASE_URL,
+    application_name: leaderApplicationName('real-leader'),
+  });
   await holder.connect();
   try {
     await holder.query('SELECT pg_advisory_lock($1, $2)', [schemaLockKey(schema), LEADER_LOCK]);
@@ -117,7 +139,13 @@ test('the leader is the worker whose session holds the leader lock, not a later 
     await forge('impostor', '{"waitingLanes": [{"queue": "q", "priority": 0, "shard": 0}]}', 'now()');
     const info = await leaderInfo(pool, schema);
     assert.equal(info.worker?.workerId, 'real-leader');
-    assert.deepEqual((await listWorkers(pool, schema)).map((w) => [w.workerId, w.leader, w.invalid]), [['impostor', false, null], ['real-leader', true, null]]);
+    assert.deepEqual(
+      (await listWorkers(pool, schema)).map((w) => [w.workerId, w.leader, w.invalid]),
+      [
+        ['impostor', false, null],
+        ['real-leader', true, null],
+      ],
+    );
     const lanes = (await call('api/lanes')).json() as { leader: string; waitingLanes: unknown[] };
     assert.deepEqual([lanes.leader, lanes.waitingLanes], ['real-leader', []], "the impostor's waiters are not shown");
   } finally {
@@ -141,12 +169,21 @@ test('infinite times written by the runtime role (run_at, minute, died_at) leave
      SELECT id, type, payload, queue, priority, shard, 1, 'x', '-infinity', 'infinity', 'infinity' FROM moved`,
     [dead.id],
   );
-  for (const path of [...READS, `api/tasks/${id}`, `api/tasks/${dead.id}`, 'api/tasks?queue=inf', 'api/dead?queue=inf']) {
+  for (const path of [
+    ...READS,
+    `api/tasks/${id}`,
+    `api/tasks/${dead.id}`,
+    'api/tasks?queue=inf',
+    'api/dead?queue=inf',
+  ]) {
     const r = await call(path);
     assert.equal(r.status, 200, `${path}: ${r.body.slice(0, 300)}`);
   }
   const overview = (await call('api/overview')).json() as { throughput: { failed: number; completed: number }[] };
-  assert.ok(overview.throughput.every((p) => p.failed >= 0 && p.completed >= 0), 'a negative count is left out');
+  assert.ok(
+    overview.throughput.every((p) => p.failed >= 0 && p.completed >= 0),
+    'a negative count is left out',
+  );
   assert.equal((await pruneOperatorHistory(pool, schema)).outcomeCounts >= 2, true, 'counts dated ahead are pruned');
 });
 
@@ -165,10 +202,24 @@ test('NUL bytes in paths, query parameters and bodies answer 400 on every route 
     ['action body raw', async () => post('api/dead/purge', '{"queue": "q"}\u0000')],
   ];
   // The login form and the Basic link exist when auth is configured.
-  const authed = await startDashboard({ pool, schema, port: 0, logger, auth: { token: 'tok-0123456789abcdef', users: { alice: 'wonderland-42' } } });
+  const authed = await startDashboard({
+    pool,
+    schema,
+    port: 0,
+    logger,
+    auth: { token: 'tok-0123456789abcdef', users: { alice: 'wonderland-42' } },
+  });
   after(() => authed.close());
   cases.push(
-    ['login body', () => at(authed.url, 'login', { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' }, body: 'token=a%00b' })],
+    [
+      'login body',
+      () =>
+        at(authed.url, 'login', {
+          method: 'POST',
+          headers: { 'content-type': 'application/x-www-form-urlencoded' },
+          body: 'token=a%00b',
+        }),
+    ],
     ['login query', () => at(authed.url, 'login?next=%00')],
     ['basic query', () => at(authed.url, 'basic?next=%00')],
   );
@@ -180,7 +231,9 @@ test('NUL bytes in paths, query parameters and bodies answer 400 on every route 
   // A raw NUL in the request line never reaches the handler: Node's parser answers 400 itself.
   const raw = await new Promise<string>((resolve, reject) => {
     const { port } = new URL(d.url);
-    const socket = connect(Number(port), '127.0.0.1', () => socket.end('GET /api/tasks?q=a\u0000b HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n'));
+    const socket = connect(Number(port), '127.0.0.1', () =>
+      socket.end('GET /api/tasks?q=a\u0000b HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n'),
+    );
     let text = '';
     socket.on('data', (c) => (text += c.toString()));
     socket.on('close', () => resolve(text));
@@ -216,4 +269,3 @@ test('names over the documented limits answer 400 naming the limit, on reads and
   assert.equal((await post(`api/queues/${'q'.repeat(MAX_QUEUE_NAME_BYTES)}/pause`, '{}')).status, 200);
   assert.equal((await call(`api/tasks?type=${'t'.repeat(MAX_TASK_TYPE_CHARS)}`)).status, 200);
 });
-

@@ -2,11 +2,33 @@ import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { request } from 'node:http';
 import { Registry, Counter } from 'prom-client';
-import { BerthInputError, defineTask, enqueue, getTask, listQueues, pauseQueue, resumeQueue, Worker } from '../src/index.js';
-import { createDashboardHandler, dashboardOptionsFromEnv, startDashboard, type DashboardOptions } from '../src/dashboard/index.js';
+import {
+  BerthInputError,
+  defineTask,
+  enqueue,
+  getTask,
+  listQueues,
+  pauseQueue,
+  resumeQueue,
+  Worker,
+} from '../src/index.js';
+import {
+  createDashboardHandler,
+  dashboardOptionsFromEnv,
+  startDashboard,
+  type DashboardOptions,
+} from '../src/dashboard/index.js';
 import { listen } from '../src/http/listen.js';
 import { ContentionTally } from '../src/maintenance/promoter.js';
-import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, holdLaneLock, testLogger, waitFor } from './helpers.js';
+import {
+  captureLogger,
+  DATABASE_URL,
+  FAST_MAINTENANCE,
+  freshSchema,
+  holdLaneLock,
+  testLogger,
+  waitFor,
+} from './helpers.js';
 
 const { schema, pool } = await freshSchema('dashboard');
 const S = `"${schema}"`;
@@ -19,14 +41,22 @@ interface Reply {
 }
 
 /** A plain node:http request, so tests control every header (Host and Origin included). */
-function call(url: string, opts: { method?: string; headers?: Record<string, string>; body?: string } = {}): Promise<Reply> {
+function call(
+  url: string,
+  opts: { method?: string; headers?: Record<string, string>; body?: string } = {},
+): Promise<Reply> {
   return new Promise((resolve, reject) => {
     const req = request(url, { method: opts.method ?? 'GET', headers: opts.headers }, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
       res.on('end', () => {
         const body = Buffer.concat(chunks).toString('utf8');
-        resolve({ status: res.statusCode ?? 0, headers: res.headers, body, json: () => JSON.parse(body) as Record<string, unknown> });
+        resolve({
+          status: res.statusCode ?? 0,
+          headers: res.headers,
+          body,
+          json: () => JSON.parse(body) as Record<string, unknown>,
+        });
       });
     });
     req.on('error', reject);
@@ -55,7 +85,11 @@ async function csrfFor(url: string, headers: Record<string, string> = {}): Promi
 }
 
 function post(url: string, headers: Record<string, string>, body: unknown = {}): Promise<Reply> {
-  return call(url, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) });
+  return call(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: JSON.stringify(body),
+  });
 }
 
 const AUTH = { token: 'tok-0123456789abcdef', users: { alice: 'wonderland-42', bob: 'builder-bob-7' } };
@@ -69,7 +103,10 @@ test('with auth configured every page and API call needs it: 401 without, 200 wi
   assert.equal((await call(url)).status, 401, 'the page too (it shows the login form)');
   assert.equal((await call(`${url}api/overview`, { headers: { authorization: 'Bearer wrong' } })).status, 401);
   assert.equal((await call(`${url}api/overview`, { headers: { authorization: basic('alice', 'nope') } })).status, 401);
-  assert.equal((await call(`${url}api/overview`, { headers: { authorization: basic('mallory', 'wonderland') } })).status, 401);
+  assert.equal(
+    (await call(`${url}api/overview`, { headers: { authorization: basic('mallory', 'wonderland') } })).status,
+    401,
+  );
 
   const bearer = await call(`${url}api/overview`, { headers: { authorization: `Bearer ${AUTH.token}` } });
   assert.equal(bearer.status, 200, bearer.body);
@@ -90,7 +127,11 @@ test('the login form sets an HttpOnly SameSite=Strict session cookie (a random i
   assert.equal(wrong.status, 401);
   assert.equal(wrong.headers['set-cookie'], undefined);
 
-  const ok = await call(`${url}login`, { method: 'POST', headers: form, body: `token=${encodeURIComponent(AUTH.token)}` });
+  const ok = await call(`${url}login`, {
+    method: 'POST',
+    headers: form,
+    body: `token=${encodeURIComponent(AUTH.token)}`,
+  });
   assert.equal(ok.status, 303);
   const setCookie = String(ok.headers['set-cookie']);
   assert.match(setCookie, /^berth_session=[A-Za-z0-9_-]{40,};/);
@@ -122,18 +163,28 @@ test('token and Basic both configured: a page shows the login form (no Basic pro
   assert.match(page.body, /<a id="basic-login" href="\/basic">/);
   assert.match(page.body, /<script src="\/assets\/login.js" defer><\/script>/);
   assert.equal((await call(`${url}assets/login.js`)).status, 200);
-  assert.match(String((await call(`${url}api/overview`)).headers['www-authenticate']), /^Basic /, 'scripts still get the challenge');
+  assert.match(
+    String((await call(`${url}api/overview`)).headers['www-authenticate']),
+    /^Basic /,
+    'scripts still get the challenge',
+  );
 
   const challenge = await call(`${url}basic?next=${encodeURIComponent('#/dead?queue=billing')}`);
   assert.equal(challenge.status, 401);
   assert.match(String(challenge.headers['www-authenticate']), /^Basic realm="berth dashboard"/);
-  const signedIn = await call(`${url}basic?next=${encodeURIComponent('#/dead?queue=billing')}`, { headers: { authorization: basic('alice', 'wonderland-42') } });
+  const signedIn = await call(`${url}basic?next=${encodeURIComponent('#/dead?queue=billing')}`, {
+    headers: { authorization: basic('alice', 'wonderland-42') },
+  });
   assert.equal(signedIn.status, 303);
   assert.equal(signedIn.headers.location, '/#/dead?queue=billing');
 
   const form = { 'content-type': 'application/x-www-form-urlencoded' };
   const login = (next: string) =>
-    call(`${url}login`, { method: 'POST', headers: form, body: `token=${encodeURIComponent(AUTH.token)}&next=${encodeURIComponent(next)}` });
+    call(`${url}login`, {
+      method: 'POST',
+      headers: form,
+      body: `token=${encodeURIComponent(AUTH.token)}&next=${encodeURIComponent(next)}`,
+    });
   assert.equal((await login('#/tasks/42')).headers.location, '/#/tasks/42');
   for (const bad of ['//evil.example/', 'https://evil.example/#/x', '#/x\r\nset-cookie: a=b', '/#/x']) {
     const r = await login(bad);
@@ -143,7 +194,14 @@ test('token and Basic both configured: a page shows the login form (no Basic pro
 });
 
 test('a wildcard bind (0.0.0.0) reports a URL a browser can open', async () => {
-  const d = await startDashboard({ connectionString: DATABASE_URL, schema, port: 0, host: '0.0.0.0', auth: { token: AUTH.token }, logger: testLogger });
+  const d = await startDashboard({
+    connectionString: DATABASE_URL,
+    schema,
+    port: 0,
+    host: '0.0.0.0',
+    auth: { token: AUTH.token },
+    logger: testLogger,
+  });
   servers.push(d);
   assert.match(d.url, /^http:\/\/127\.0\.0\.1:\d+\/$/);
   assert.equal((await call(`${d.url}api/session`, { headers: { authorization: `Bearer ${AUTH.token}` } })).status, 200);
@@ -157,7 +215,10 @@ test('without auth the dashboard refuses a non-loopback address, warns, and answ
   });
   const { logger, lines } = captureLogger();
   const url = await dashboard({ logger });
-  assert.ok(lines.some((l) => l.msg === 'dashboard has no authentication; bound to 127.0.0.1 only'), JSON.stringify(lines));
+  assert.ok(
+    lines.some((l) => l.msg === 'dashboard has no authentication; bound to 127.0.0.1 only'),
+    JSON.stringify(lines),
+  );
   const session = await call(`${url}api/session`);
   assert.equal(session.status, 200);
   assert.equal(session.json().actor, 'dashboard:local');
@@ -175,14 +236,27 @@ test('CSRF: an action needs POST, the x-berth-csrf token, and a matching Origin;
   assert.equal(missing.status, 403);
   assert.match(String(missing.json().error), /x-berth-csrf/);
   assert.equal((await post(target, { ...auth, 'x-berth-csrf': 'guess' })).status, 403);
-  assert.equal((await post(target, { ...auth, 'x-berth-csrf': await csrfFor(url, { authorization: basic('bob', 'builder-bob-7') }) })).status, 403, "another user's token");
+  assert.equal(
+    (
+      await post(target, {
+        ...auth,
+        'x-berth-csrf': await csrfFor(url, { authorization: basic('bob', 'builder-bob-7') }),
+      })
+    ).status,
+    403,
+    "another user's token",
+  );
   const foreign = await post(target, { ...auth, 'x-berth-csrf': csrf, origin: 'https://evil.example' });
   assert.equal(foreign.status, 403);
   assert.match(String(foreign.json().error), /cross-origin/);
   assert.equal((await post(target, { ...auth, 'x-berth-csrf': csrf, referer: 'https://evil.example/x' })).status, 403);
   assert.equal((await post(target, { ...auth, 'x-berth-csrf': csrf, origin: 'null' })).status, 403);
   assert.equal((await call(target, { headers: { ...auth, 'x-berth-csrf': csrf } })).status, 405, 'GET on an action');
-  assert.equal((await listQueues(pool, schema)).some((q) => q.queue === 'csrf-q'), false, 'nothing happened');
+  assert.equal(
+    (await listQueues(pool, schema)).some((q) => q.queue === 'csrf-q'),
+    false,
+    'nothing happened',
+  );
 
   const ok = await post(target, { ...auth, 'x-berth-csrf': csrf, origin: new URL(url).origin });
   assert.equal(ok.status, 200, ok.body);
@@ -191,11 +265,19 @@ test('CSRF: an action needs POST, the x-berth-csrf token, and a matching Origin;
 test('an action is audited under the actor who did it', async () => {
   const url = await dashboard({ auth: AUTH });
   const auth = { authorization: basic('alice', 'wonderland-42') };
-  const r = await post(`${url}api/queues/${encodeURIComponent('audit/q')}/pause`, { ...auth, 'x-berth-csrf': await csrfFor(url, auth) }, { reason: 'incident 7' });
+  const r = await post(
+    `${url}api/queues/${encodeURIComponent('audit/q')}/pause`,
+    { ...auth, 'x-berth-csrf': await csrfFor(url, auth) },
+    { reason: 'incident 7' },
+  );
   assert.equal(r.status, 200, r.body);
   assert.deepEqual(r.json(), { lanes: 0 });
-  const row = await pool.query(`SELECT actor, action, target FROM ${S}.audit_log WHERE action = 'queue.pause' AND target->>'queue' = 'audit/q'`);
-  assert.deepEqual(row.rows, [{ actor: 'dashboard:alice', action: 'queue.pause', target: { queue: 'audit/q', reason: 'incident 7' } }]);
+  const row = await pool.query(
+    `SELECT actor, action, target FROM ${S}.audit_log WHERE action = 'queue.pause' AND target->>'queue' = 'audit/q'`,
+  );
+  assert.deepEqual(row.rows, [
+    { actor: 'dashboard:alice', action: 'queue.pause', target: { queue: 'audit/q', reason: 'incident 7' } },
+  ]);
   const q = (await listQueues(pool, schema)).find((x) => x.queue === 'audit/q');
   assert.equal(q?.pausedBy, 'dashboard:alice');
 
@@ -221,7 +303,16 @@ test('read-only: every action answers 403 with a clear error; the page says read
 
 test('bad input answers 400 with the reason; unknown routes 404; no stack traces', async () => {
   const url = await dashboard();
-  for (const path of ['api/tasks?state=finished', 'api/tasks?after=1%3B%20drop', 'api/tasks?limit=0', 'api/tasks?limit=abc', 'api/tasks/abc', 'api/dead?after=x', 'api/tasks?queue=%00', 'api/dead?type=a%00']) {
+  for (const path of [
+    'api/tasks?state=finished',
+    'api/tasks?after=1%3B%20drop',
+    'api/tasks?limit=0',
+    'api/tasks?limit=abc',
+    'api/tasks/abc',
+    'api/dead?after=x',
+    'api/tasks?queue=%00',
+    'api/dead?type=a%00',
+  ]) {
     const r = await call(`${url}${path}`);
     assert.equal(r.status, 400, `${path}: ${r.body}`);
     assert.equal(typeof r.json().error, 'string');
@@ -261,7 +352,11 @@ test('bad input answers 400 with the reason; unknown routes 404; no stack traces
   }
   const pause = await post(`${url}api/queues/a%00b/pause`, { 'x-berth-csrf': csrf });
   assert.equal(pause.status, 400, pause.body);
-  const badJson = await call(`${url}api/dead/purge`, { method: 'POST', headers: { 'x-berth-csrf': csrf }, body: '{nope' });
+  const badJson = await call(`${url}api/dead/purge`, {
+    method: 'POST',
+    headers: { 'x-berth-csrf': csrf },
+    body: '{nope',
+  });
   assert.equal(badJson.status, 400);
 });
 
@@ -291,9 +386,14 @@ test('/metrics is served (behind the same auth) when a registry is given, and no
 });
 
 test('/api/tasks pages by keyset; a task reads with its payload and timeline; overview counts by queue and type', async () => {
-  await pool.query(`TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`);
+  await pool.query(
+    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
+  );
   const ids: string[] = [];
-  for (let i = 0; i < 7; i++) ids.push((await enqueue(pool, i % 2 ? 'page.odd' : 'page.even', { i, html: '<b>x</b>' }, { schema, queue: 'paging' })).id!);
+  for (let i = 0; i < 7; i++)
+    ids.push(
+      (await enqueue(pool, i % 2 ? 'page.odd' : 'page.even', { i, html: '<b>x</b>' }, { schema, queue: 'paging' })).id!,
+    );
   const url = await dashboard();
   const seen: string[] = [];
   let after = '';
@@ -308,16 +408,24 @@ test('/api/tasks pages by keyset; a task reads with its payload and timeline; ov
   }
   assert.deepEqual(seen, [...ids].reverse(), 'newest first, each once');
   const odd = (await call(`${url}api/tasks?type=page.odd&state=ready`)).json() as { tasks: { id: string }[] };
-  assert.deepEqual(odd.tasks.map((t) => t.id), [ids[5], ids[3], ids[1]]);
+  assert.deepEqual(
+    odd.tasks.map((t) => t.id),
+    [ids[5], ids[3], ids[1]],
+  );
 
   const detail = await call(`${url}api/tasks/${ids[0]}`);
   const { task, timeline } = detail.json() as { task: Record<string, unknown>; timeline: { event: string }[] };
   assert.deepEqual(task.payload, { i: 0, html: '<b>x</b>' });
   assert.equal(task.state, 'ready');
-  assert.deepEqual(timeline.map((e) => e.event), ['created', 'appended']);
+  assert.deepEqual(
+    timeline.map((e) => e.event),
+    ['created', 'appended'],
+  );
 
   const overview = (await call(`${url}api/overview`)).json() as {
-    counts: { byType: { type: string; pending: number }[] }; queues: { queue: string; pending: number }[]; throughput: unknown[];
+    counts: { byType: { type: string; pending: number }[] };
+    queues: { queue: string; pending: number }[];
+    throughput: unknown[];
   };
   assert.equal(overview.queues.find((q) => q.queue === 'paging')?.pending, 7);
   assert.equal(overview.counts.byType.find((t) => t.type === 'page.odd')?.pending, 3);
@@ -345,19 +453,30 @@ test('createDashboardHandler serves under a base path inside another server and 
 test("the worker's http option serves /metrics and the dashboard; bad settings fail in the constructor", async () => {
   const base = { connectionString: DATABASE_URL, schema, tasks: [], logger: testLogger, maintenance: false as const };
   assert.throws(() => new Worker({ ...base, http: { port: -1 } }), BerthInputError);
-  assert.throws(() => new Worker({ ...base, http: { port: 0, host: '0.0.0.0', dashboard: true } }), /no authentication/);
+  assert.throws(
+    () => new Worker({ ...base, http: { port: 0, host: '0.0.0.0', dashboard: true } }),
+    /no authentication/,
+  );
   assert.throws(() => new Worker({ ...base, http: { port: 0, metrics: false } }), /serves nothing/);
   assert.throws(() => new Worker({ ...base, http: { port: 0, dashboard: { auth: { token: '' } } } }), BerthInputError);
 
   const def = defineTask({ type: 'http.ok', ceiling: 10_000, handler: async () => {} });
-  const w = new Worker({ ...base, tasks: [def], maintenance: FAST_MAINTENANCE, heartbeatIntervalMs: 100, pollIntervalMs: 100, http: { port: 0, dashboard: true } });
+  const w = new Worker({
+    ...base,
+    tasks: [def],
+    maintenance: FAST_MAINTENANCE,
+    heartbeatIntervalMs: 100,
+    pollIntervalMs: 100,
+    http: { port: 0, dashboard: true },
+  });
   // The worker names its dashboard pool's sessions after itself.
   const dashboardPids = async () =>
     new Set(
       (
-        await pool.query<{ pid: number }>(`SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, [
-          `berth dashboard ${w.id}`.slice(0, 63),
-        ])
+        await pool.query<{ pid: number }>(
+          `SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`,
+          [`berth dashboard ${w.id}`.slice(0, 63)],
+        )
       ).rows.map((r) => r.pid),
     );
   const before = await dashboardPids();
@@ -370,7 +489,11 @@ test("the worker's http option serves /metrics and the dashboard; bad settings f
     assert.equal(metrics.status, 200);
     assert.match(metrics.body, /berth_task_slots 4/);
     assert.equal((await call(`${url}/`)).status, 200);
-    await waitFor(async () => ((await call(`${url}/api/overview`)).json() as { workers: { alive: number } }).workers.alive === 1, 10_000, 'the worker on the overview');
+    await waitFor(
+      async () => ((await call(`${url}/api/overview`)).json() as { workers: { alive: number } }).workers.alive === 1,
+      10_000,
+      'the worker on the overview',
+    );
     // The dashboard reads on a pool of its own (at most two connections), not the worker's.
     const replies = await Promise.all(Array.from({ length: 8 }, () => call(`${url}/api/overview`)));
     assert.ok(replies.every((r) => r.status === 200));
@@ -380,10 +503,14 @@ test("the worker's http option serves /metrics and the dashboard; bad settings f
     await w.stop();
   }
   await assert.rejects(call(`${w.httpUrl}/metrics`), /ECONNREFUSED/, 'stop() closed it');
-  await waitFor(async () => {
-    const now = await dashboardPids();
-    return ownPids.every((p) => !now.has(p));
-  }, 5000, "stop() ended the dashboard's pool");
+  await waitFor(
+    async () => {
+      const now = await dashboardPids();
+      return ownPids.every((p) => !now.has(p));
+    },
+    5000,
+    "stop() ended the dashboard's pool",
+  );
 
   const metricsOnly = new Worker({ ...base, http: { port: 0 } });
   await metricsOnly.start();
@@ -400,7 +527,14 @@ interface LaneRow {
   running: number;
   dead: number;
   waiting: boolean;
-  contention: { handedOff: number; waiterLimit: number; waiterTimedOut: number; failed: number; lastOutcome: string; lastAt: string } | null;
+  contention: {
+    handedOff: number;
+    waiterLimit: number;
+    waiterTimedOut: number;
+    failed: number;
+    lastOutcome: string;
+    lastAt: string;
+  } | null;
 }
 
 test("/api/lanes: running and dead per lane, and the leader's per-lane promotion contention and waiter", async () => {
@@ -408,35 +542,57 @@ test("/api/lanes: running and dead per lane, and the leader's per-lane promotion
   let release: () => void = () => {};
   const blocked = new Promise<void>((r) => (release = r));
   const block = defineTask({ type: 'lanes.block', ceiling: 60_000, handler: async () => blocked });
-  const fail = defineTask({ type: 'lanes.fail', ceiling: 10_000, maxAttempts: 1, handler: async () => { throw new Error('boom'); } });
+  const fail = defineTask({
+    type: 'lanes.fail',
+    ceiling: 10_000,
+    maxAttempts: 1,
+    handler: async () => {
+      throw new Error('boom');
+    },
+  });
   await enqueue(own.pool, block, {}, { schema: own.schema, queue: 'busy', shard: 0 });
   await enqueue(own.pool, fail, {}, { schema: own.schema, queue: 'busy', shard: 0 });
   // A due deferred row on a lane someone holds: the leader's promotion hands it to a waiter.
   await enqueue(own.pool, block, {}, { schema: own.schema, queue: 'contended', shard: 0, delay: 60_000 });
   await own.pool.query(`UPDATE "${own.schema}".deferred SET run_at = now() - interval '1 s'`);
-  const laneId = (await own.pool.query(
-    `SELECT "${own.schema}".provision_lane(queue, priority, shard) AS id FROM "${own.schema}".deferred WHERE queue = 'contended'`,
-  )).rows[0].id as number;
+  const laneId = (
+    await own.pool.query(
+      `SELECT "${own.schema}".provision_lane(queue, priority, shard) AS id FROM "${own.schema}".deferred WHERE queue = 'contended'`,
+    )
+  ).rows[0].id as number;
   const unlock = await holdLaneLock(own.schema, laneId);
   const w = new Worker({
-    connectionString: DATABASE_URL, schema: own.schema, tasks: [block, fail], logger: testLogger, queues: ['busy'],
-    heartbeatIntervalMs: 100, pollIntervalMs: 50, maintenance: { ...FAST_MAINTENANCE, waiterLockTimeoutMs: 60_000 },
+    connectionString: DATABASE_URL,
+    schema: own.schema,
+    tasks: [block, fail],
+    logger: testLogger,
+    queues: ['busy'],
+    heartbeatIntervalMs: 100,
+    pollIntervalMs: 50,
+    maintenance: { ...FAST_MAINTENANCE, waiterLockTimeoutMs: 60_000 },
   });
   await w.start();
   const d = await startDashboard({ connectionString: DATABASE_URL, schema: own.schema, port: 0, logger: testLogger });
   try {
-    const lanes = await waitFor(async () => {
-      const r = (await call(`${d.url}api/lanes`)).json() as { lanes: LaneRow[] };
-      const busy = r.lanes.find((l) => l.queue === 'busy');
-      const contended = r.lanes.find((l) => l.queue === 'contended');
-      return busy?.running === 1 && busy.dead === 1 && contended?.contention && contended.waiting ? { busy, contended } : null;
-    }, 15_000, 'running, dead and contention on /api/lanes');
+    const lanes = await waitFor(
+      async () => {
+        const r = (await call(`${d.url}api/lanes`)).json() as { lanes: LaneRow[] };
+        const busy = r.lanes.find((l) => l.queue === 'busy');
+        const contended = r.lanes.find((l) => l.queue === 'contended');
+        return busy?.running === 1 && busy.dead === 1 && contended?.contention && contended.waiting
+          ? { busy, contended }
+          : null;
+      },
+      15_000,
+      'running, dead and contention on /api/lanes',
+    );
     assert.equal(lanes.contended.running, 0);
     assert.equal(lanes.contended.contention!.handedOff, 1, 'one hand-off: the lane is skipped while its waiter waits');
     assert.equal(lanes.contended.contention!.lastOutcome, 'handed_off');
     assert.ok(Math.abs(Date.parse(lanes.contended.contention!.lastAt) - Date.now()) < 60_000);
     assert.equal(lanes.busy.contention, null);
-    const heartbeat = (await own.pool.query(`SELECT maintenance FROM "${own.schema}".workers WHERE leader`)).rows[0].maintenance;
+    const heartbeat = (await own.pool.query(`SELECT maintenance FROM "${own.schema}".workers WHERE leader`)).rows[0]
+      .maintenance;
     assert.deepEqual(Object.keys(heartbeat).sort(), ['branches', 'contention', 'waitingLanes']);
   } finally {
     release();
@@ -455,19 +611,36 @@ test('ContentionTally keeps at most maxLanes lanes, dropping the one contended l
   t.record(lane('a'), 'waiter_timed_out', new Date(4000));
   t.record(lane('d'), 'handed_off', new Date(5000));
   assert.equal(t.size, 3);
-  assert.deepEqual(t.list().map((c) => c.queue), ['d', 'a', 'c'], 'b, contended longest ago, was dropped; newest first');
+  assert.deepEqual(
+    t.list().map((c) => c.queue),
+    ['d', 'a', 'c'],
+    'b, contended longest ago, was dropped; newest first',
+  );
   const a = t.list().find((c) => c.queue === 'a')!;
-  assert.deepEqual({ ...a }, {
-    queue: 'a', priority: 0, shard: 0, handed_off: 1, waiter_limit: 0, waiter_timed_out: 1, failed: 0,
-    lastOutcome: 'waiter_timed_out', lastAt: new Date(4000).toISOString(),
-  });
+  assert.deepEqual(
+    { ...a },
+    {
+      queue: 'a',
+      priority: 0,
+      shard: 0,
+      handed_off: 1,
+      waiter_limit: 0,
+      waiter_timed_out: 1,
+      failed: 0,
+      lastOutcome: 'waiter_timed_out',
+      lastAt: new Date(4000).toISOString(),
+    },
+  );
 });
 
 test('an unmigrated schema: startDashboard refuses it with the fix; a mounted handler answers 503 saying so', async () => {
   const missing = `t_dashboard_missing_${process.pid}`;
   await assert.rejects(
     startDashboard({ connectionString: DATABASE_URL, schema: missing, port: 0, logger: testLogger }),
-    (err: Error) => err instanceof BerthInputError && err.name === 'SchemaNotMigratedError' && /berth migrate --schema/.test(err.message),
+    (err: Error) =>
+      err instanceof BerthInputError &&
+      err.name === 'SchemaNotMigratedError' &&
+      /berth migrate --schema/.test(err.message),
   );
   const handler = createDashboardHandler({ pool, schema: missing, logger: testLogger });
   const server = await listen([handler], 0, '127.0.0.1');
@@ -500,7 +673,11 @@ test("the overview's oldest due leaves paused queues out (as the metric does); t
     assert.equal(o.oldestDue.seconds, live.oldestDueSeconds);
     assert.ok(live.oldestDueSeconds < 10 * 60);
     await resumeQueue(own.pool, own.schema, 'held', 'cli:test');
-    await waitFor(async () => ((await call(`${d.url}api/overview`)).json() as typeof o).oldestDue.queue === 'held', 5000, 'held is the headline once resumed');
+    await waitFor(
+      async () => ((await call(`${d.url}api/overview`)).json() as typeof o).oldestDue.queue === 'held',
+      5000,
+      'held is the headline once resumed',
+    );
   } finally {
     await d.close();
   }
@@ -522,15 +699,32 @@ test('dashboardOptionsFromEnv reads and checks the BERTH_DASHBOARD_* variables',
   assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_PORT: '70000' }), BerthInputError);
   assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_USERS: 'alice' }), /user:password/);
   assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_READ_ONLY: 'maybe' }), /BERTH_DASHBOARD_READ_ONLY/);
-  assert.deepEqual(dashboardOptionsFromEnv({ BERTH_DASHBOARD_TRUST_PROXY: 'true' }), { authLimits: { trustProxy: true } });
-  assert.throws(() => dashboardOptionsFromEnv({ BERTH_DASHBOARD_TRUST_PROXY: 'sometimes' }), /BERTH_DASHBOARD_TRUST_PROXY/);
+  assert.deepEqual(dashboardOptionsFromEnv({ BERTH_DASHBOARD_TRUST_PROXY: 'true' }), {
+    authLimits: { trustProxy: true },
+  });
+  assert.throws(
+    () => dashboardOptionsFromEnv({ BERTH_DASHBOARD_TRUST_PROXY: 'sometimes' }),
+    /BERTH_DASHBOARD_TRUST_PROXY/,
+  );
 });
 
 test('dashboard options are resolved once: an unknown key is refused by startDashboard and createDashboardHandler, before anything listens', async () => {
   await assert.rejects(
-    startDashboard({ connectionString: DATABASE_URL, schema, port: 0, logger: testLogger, prot: 80 } as DashboardOptions),
+    startDashboard({
+      connectionString: DATABASE_URL,
+      schema,
+      port: 0,
+      logger: testLogger,
+      prot: 80,
+    } as DashboardOptions),
     (e: Error) => e instanceof BerthInputError && /unknown dashboard option "prot"/.test(e.message),
   );
-  assert.throws(() => createDashboardHandler({ pool, schema, logger: testLogger, host: '0.0.0.0' } as never), /unknown dashboard option "host"/);
-  assert.throws(() => createDashboardHandler({ pool, schema, logger: testLogger, readOnly: 'yes' as never }), /readOnly must be true or false/);
+  assert.throws(
+    () => createDashboardHandler({ pool, schema, logger: testLogger, host: '0.0.0.0' } as never),
+    /unknown dashboard option "host"/,
+  );
+  assert.throws(
+    () => createDashboardHandler({ pool, schema, logger: testLogger, readOnly: 'yes' as never }),
+    /readOnly must be true or false/,
+  );
 });

@@ -58,7 +58,9 @@ test('a promotion waiter whose backend is terminated fails its call; the process
   try {
     const lane = { queue: 'faults_waiter', priority: 0, shard: 3 };
     await enqueue(pool, 't', {}, { schema, queue: lane.queue, shard: lane.shard });
-    const laneId = (await pool.query<{ lane_id: number }>(`SELECT lane_id FROM "${schema}".lanes WHERE queue = $1`, [lane.queue])).rows[0]!.lane_id;
+    const laneId = (
+      await pool.query<{ lane_id: number }>(`SELECT lane_id FROM "${schema}".lanes WHERE queue = $1`, [lane.queue])
+    ).rows[0]!.lane_id;
     await enqueue(pool, 't', {}, { schema, queue: lane.queue, shard: lane.shard, delay: 1 });
     const release = await holdLaneLock(schema, laneId);
     try {
@@ -125,13 +127,17 @@ test('a worker whose every session is terminated twice, mid-stream, keeps runnin
     await waitFor(() => worker.isLeader, 60_000, 'leadership');
     // A busy lane keeps a promotion waiter holding a client through the faults.
     await enqueue(pool, def, {}, { schema, queue: 'faults_busy', shard: 1 });
-    const busyLane = (await pool.query<{ lane_id: number }>(`SELECT lane_id FROM "${schema}".lanes WHERE queue = 'faults_busy'`)).rows[0]!.lane_id;
+    const busyLane = (
+      await pool.query<{ lane_id: number }>(`SELECT lane_id FROM "${schema}".lanes WHERE queue = 'faults_busy'`)
+    ).rows[0]!.lane_id;
     const releaseBusy = await holdLaneLock(schema, busyLane);
     await enqueue(pool, def, {}, { schema, queue: 'faults_busy', shard: 1, delay: 1 });
     // The dashboard keeps reading through the faults.
     const dashboard = (async () => {
       while (!readers.signal.aborted) {
-        await fetch(new URL('api/lanes', worker.httpUrl!), { signal: readers.signal }).then((r) => r.text()).catch(() => undefined);
+        await fetch(new URL('api/lanes', worker.httpUrl!), { signal: readers.signal })
+          .then((r) => r.text())
+          .catch(() => undefined);
         await new Promise((r) => setTimeout(r, 50));
       }
     })();
@@ -139,9 +145,17 @@ test('a worker whose every session is terminated twice, mid-stream, keeps runnin
     for (let round = 0; round < 2; round++) {
       const before = done.size;
       // One batch, so the stream is still flowing when the sessions are cut.
-      await enqueueMany(pool, Array.from({ length: 300 }, (_, i) => ({ type: def, payload: { i } })), { schema });
+      await enqueueMany(
+        pool,
+        Array.from({ length: 300 }, (_, i) => ({ type: def, payload: { i } })),
+        { schema },
+      );
       enqueued += 300;
-      await waitFor(() => done.size > before + 20, 120_000, `work in progress in round ${round} (done ${done.size} of ${enqueued})`);
+      await waitFor(
+        () => done.size > before + 20,
+        120_000,
+        `work in progress in round ${round} (done ${done.size} of ${enqueued})`,
+      );
       const n = await terminate(`application_name LIKE $1`, [`%${tag}%`]);
       assert.ok(n >= 3, `terminated ${n} of the worker's sessions`);
     }

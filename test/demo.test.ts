@@ -16,7 +16,9 @@ const S = quoteIdent(schema);
 const root = fileURLToPath(new URL('..', import.meta.url));
 
 /** Run the demo in a process group of its own until a task has completed; then send `signals` to the group. */
-async function runAndInterrupt(signals: { signal: NodeJS.Signals; afterMs: number }[]): Promise<{ code: number | null; lines: string[]; dashboard: { overview: number; metrics: string } }> {
+async function runAndInterrupt(
+  signals: { signal: NodeJS.Signals; afterMs: number }[],
+): Promise<{ code: number | null; lines: string[]; dashboard: { overview: number; metrics: string } }> {
   const child = spawn(process.execPath, ['--import', 'tsx', 'demo/main.ts'], {
     cwd: root,
     detached: true,
@@ -31,7 +33,7 @@ async function runAndInterrupt(signals: { signal: NodeJS.Signals; afterMs: numbe
     const before = await completed();
     await waitFor(async () => (await completed()) > before, 20_000, 'a demo task completed');
     // The demo prints where its dashboard is; both it and /metrics answer while it runs.
-    const url = (await waitFor(() => /dashboard at (http:\/\/\S+\/) /.exec(out)?.[1], 10_000, 'the dashboard URL'));
+    const url = await waitFor(() => /dashboard at (http:\/\/\S+\/) /.exec(out)?.[1], 10_000, 'the dashboard URL');
     const overview = (await fetch(new URL('api/overview', url))).status;
     const metrics = await (await fetch(new URL('metrics', url))).text();
     for (const { signal, afterMs } of signals) {
@@ -43,7 +45,9 @@ async function runAndInterrupt(signals: { signal: NodeJS.Signals; afterMs: numbe
       }
     }
     let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<never>((_, rej) => (timer = setTimeout(() => rej(new Error(`demo did not exit:\n${out}`)), scaled(20_000))));
+    const timeout = new Promise<never>(
+      (_, rej) => (timer = setTimeout(() => rej(new Error(`demo did not exit:\n${out}`)), scaled(20_000))),
+    );
     const code = await Promise.race([exited, timeout]).finally(() => clearTimeout(timer));
     return { code, lines: out.split('\n').filter(Boolean), dashboard: { overview, metrics } };
   } finally {
@@ -52,7 +56,9 @@ async function runAndInterrupt(signals: { signal: NodeJS.Signals; afterMs: numbe
 }
 
 async function completed(): Promise<number> {
-  const r = await pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${S}.settlements WHERE outcome = 'completed'`);
+  const r = await pool.query<{ n: number }>(
+    `SELECT count(*)::int AS n FROM ${S}.settlements WHERE outcome = 'completed'`,
+  );
   return r.rows[0]!.n;
 }
 

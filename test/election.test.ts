@@ -17,7 +17,15 @@ import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, testLogger,
 const { schema, pool } = await freshSchema('election');
 
 function start(id: string, connectionString = DATABASE_URL, logger = testLogger): Maintenance {
-  const m = new Maintenance({ connectionString, schema, pool, logger, metrics: new BerthMetrics(), options: FAST_MAINTENANCE, workerId: `${schema}-${id}` });
+  const m = new Maintenance({
+    connectionString,
+    schema,
+    pool,
+    logger,
+    metrics: new BerthMetrics(),
+    options: FAST_MAINTENANCE,
+    workerId: `${schema}-${id}`,
+  });
   m.start();
   return m;
 }
@@ -46,7 +54,10 @@ async function lockHolder(): Promise<{ pid: number; name: string } | null> {
 }
 
 /** Start three Maintenance instances, wait for one to lead, run `fn`, and stop them all. */
-async function withThree(keys: string[], fn: (ms: Map<string, Maintenance>, leaderId: string) => Promise<void>): Promise<void> {
+async function withThree(
+  keys: string[],
+  fn: (ms: Map<string, Maintenance>, leaderId: string) => Promise<void>,
+): Promise<void> {
   const ms = new Map(keys.map((k) => [k, start(k)]));
   try {
     const leader = await waitFor(() => [...ms.values()].find((m) => m.isLeader), 20_000, 'a leader');
@@ -68,19 +79,27 @@ test('followers keep one election session across polls; only the lock holder is 
     const seen = new Map<string, Set<string>>(followers.map((k) => [k, new Set()]));
     const polls = new Map<string, Set<string>>(followers.map((k) => [k, new Set()]));
     const namedLeader = new Set<number>();
-    await waitFor(async () => {
-      for (const s of await sessions()) {
-        if (s.name.startsWith('berth leader ')) namedLeader.add(s.pid);
-        const k = followers.find((f) => s.name === followerApplicationName(`${schema}-${f}`));
-        if (!k) continue;
-        seen.get(k)!.add(`${s.pid}/${s.started}`);
-        if (s.queryStart) polls.get(k)!.add(s.queryStart);
-      }
-      return [...polls.values()].every((p) => p.size >= 10);
-    }, 60_000, '10 polls by each follower');
+    await waitFor(
+      async () => {
+        for (const s of await sessions()) {
+          if (s.name.startsWith('berth leader ')) namedLeader.add(s.pid);
+          const k = followers.find((f) => s.name === followerApplicationName(`${schema}-${f}`));
+          if (!k) continue;
+          seen.get(k)!.add(`${s.pid}/${s.started}`);
+          if (s.queryStart) polls.get(k)!.add(s.queryStart);
+        }
+        return [...polls.values()].every((p) => p.size >= 10);
+      },
+      60_000,
+      '10 polls by each follower',
+    );
     for (const k of followers) assert.equal(seen.get(k)!.size, 1, `follower ${k} used one session for all its polls`);
     const holder = await lockHolder();
-    assert.equal(holder?.name, leaderApplicationName(`${schema}-${leaderId}`), 'the lock holder carries the leader name');
+    assert.equal(
+      holder?.name,
+      leaderApplicationName(`${schema}-${leaderId}`),
+      'the lock holder carries the leader name',
+    );
     assert.deepEqual([...namedLeader], [holder!.pid], 'no other session was ever named like the leader');
     assert.equal([...ms.values()].filter((m) => m.isLeader).length, 1);
   });
@@ -92,13 +111,21 @@ test("terminating the leader's session hands leadership over; the old leader com
     const holder = await waitFor(lockHolder, 20_000, 'the lock holder');
     assert.equal(holder.name, leaderApplicationName(`${schema}-${leaderId}`));
     await terminate(holder.pid);
-    const next = await waitFor(async () => {
-      const h = await lockHolder();
-      return h && h.pid !== holder.pid ? h : null;
-    }, 20_000, 'a new lock holder');
+    const next = await waitFor(
+      async () => {
+        const h = await lockHolder();
+        return h && h.pid !== holder.pid ? h : null;
+      },
+      20_000,
+      'a new lock holder',
+    );
     assert.notEqual(next.name, leaderApplicationName(`${schema}-${leaderId}`), 'another process leads');
     await waitFor(() => !leader.isLeader, 20_000, 'the old leader to step down');
-    await waitFor(async () => (await sessions()).some((s) => s.name === followerApplicationName(`${schema}-${leaderId}`)), 30_000, 'the old leader to reconnect as a follower');
+    await waitFor(
+      async () => (await sessions()).some((s) => s.name === followerApplicationName(`${schema}-${leaderId}`)),
+      30_000,
+      'the old leader to reconnect as a follower',
+    );
     await waitFor(() => [...ms.values()].filter((m) => m.isLeader).length === 1, 20_000, 'exactly one leader');
   });
 });
@@ -108,14 +135,26 @@ test('a follower whose session is terminated reconnects, keeps following, and ca
     const leader = ms.get(leaderId)!;
     const victimId = [...ms.keys()].find((k) => k !== leaderId)!;
     const name = followerApplicationName(`${schema}-${victimId}`);
-    const first = await waitFor(async () => (await sessions()).find((s) => s.name === name), 20_000, 'the follower session');
+    const first = await waitFor(
+      async () => (await sessions()).find((s) => s.name === name),
+      20_000,
+      'the follower session',
+    );
     await terminate(first.pid);
-    const second = await waitFor(async () => (await sessions()).find((s) => s.name === name && s.pid !== first.pid), 30_000, 'the follower to reconnect');
+    const second = await waitFor(
+      async () => (await sessions()).find((s) => s.name === name && s.pid !== first.pid),
+      30_000,
+      'the follower to reconnect',
+    );
     // It follows on the new session: its polls run there (query_start moves on).
-    await waitFor(async () => {
-      const s = (await sessions()).find((x) => x.pid === second.pid);
-      return s && s.queryStart !== second.queryStart;
-    }, 20_000, 'a poll on the new session');
+    await waitFor(
+      async () => {
+        const s = (await sessions()).find((x) => x.pid === second.pid);
+        return s && s.queryStart !== second.queryStart;
+      },
+      20_000,
+      'a poll on the new session',
+    );
     assert.ok(leader.isLeader, 'the leader was not disturbed');
     // Every other process stops: the reconnected follower takes over.
     const victim = ms.get(victimId)!;

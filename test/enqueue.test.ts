@@ -2,7 +2,16 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
 import { z } from 'zod';
-import { enqueue, enqueueMany, defineTask, getTask, moveTask, pauseQueue, BerthInputError, type TaskSpec } from '../src/index.js';
+import {
+  enqueue,
+  enqueueMany,
+  defineTask,
+  getTask,
+  moveTask,
+  pauseQueue,
+  BerthInputError,
+  type TaskSpec,
+} from '../src/index.js';
 import { wakeChannel } from '../src/sql.js';
 import { DATABASE_URL, freshSchema, waitFor } from './helpers.js';
 
@@ -117,8 +126,11 @@ test('a dead letter never suppresses a new enqueue with its key', async () => {
      SELECT id, type, payload, queue, priority, shard, 20, 20, dedupe_key, 'boom', created_at, now() FROM t`,
     [r.id],
   );
-  await pool.query(`INSERT INTO "${schema}".tombstones (slot, lane_id, lane_seq, id, reason)
-                    SELECT slot, lane_id, lane_seq, id, 'test' FROM "${schema}".ready WHERE id = $1`, [r.id]);
+  await pool.query(
+    `INSERT INTO "${schema}".tombstones (slot, lane_id, lane_seq, id, reason)
+                    SELECT slot, lane_id, lane_seq, id, 'test' FROM "${schema}".ready WHERE id = $1`,
+    [r.id],
+  );
   await pool.query(`DELETE FROM "${schema}".dedupe WHERE id = $1`, [r.id]);
   const again = await enqueue(pool, 'audit', {}, { schema, dedupeKey: 'audit:dead' });
   assert.equal(again.state, 'ready');
@@ -134,10 +146,14 @@ test('runAt and delay in the future go to deferred storage as scheduled', async 
   assert.ok(t!.runAt!.getTime() > Date.now() + 30_000);
 });
 
-test('one transaction\'s entries share a lane and take lane sequence numbers in order', async () => {
+test("one transaction's entries share a lane and take lane sequence numbers in order", async () => {
   const c = await pool.connect();
   await c.query('BEGIN');
-  const rs = await enqueueMany(c, Array.from({ length: 50 }, (_, i) => ({ type: 'ordered', payload: { i } })), { schema });
+  const rs = await enqueueMany(
+    c,
+    Array.from({ length: 50 }, (_, i) => ({ type: 'ordered', payload: { i } })),
+    { schema },
+  );
   await c.query('COMMIT');
   c.release();
   const rows = await pool.query(
@@ -145,7 +161,10 @@ test('one transaction\'s entries share a lane and take lane sequence numbers in 
     [rs.map((r) => r.id)],
   );
   assert.equal(new Set(rows.rows.map((r) => r.lane_id)).size, 1);
-  assert.deepEqual(rows.rows.map((r) => r.i), Array.from({ length: 50 }, (_, i) => i));
+  assert.deepEqual(
+    rows.rows.map((r) => r.i),
+    Array.from({ length: 50 }, (_, i) => i),
+  );
 });
 
 test('bad input gets a clear error and writes nothing', async () => {
@@ -158,11 +177,26 @@ test('bad input gets a clear error and writes nothing', async () => {
   await assert.rejects(enqueue(pool, 'x', {}, { schema, runAt: new Date('nope') }), /runAt/);
   await assert.rejects(enqueue(pool, 'x', {}, { schema, delay: -1 }), /delay/);
   await assert.rejects(enqueue(pool, 'x', {}, { schema, maxAttempts: 0 }), /maxAttempts/);
-  const def = defineTask({ type: 'typed', ceiling: 1000, handler: async () => {}, schema: z.object({ org: z.number() }) });
-  await assert.rejects(enqueue(pool, def, { org: 'nope' } as never, { schema }), /payload for task type "typed" is invalid: org/);
+  const def = defineTask({
+    type: 'typed',
+    ceiling: 1000,
+    handler: async () => {},
+    schema: z.object({ org: z.number() }),
+  });
+  await assert.rejects(
+    enqueue(pool, def, { org: 'nope' } as never, { schema }),
+    /payload for task type "typed" is invalid: org/,
+  );
   // A batch with one bad task writes none of them.
   await assert.rejects(
-    enqueueMany(pool, [{ type: 'ok', payload: {} }, { type: 'ok', payload: {}, queue: 5 as never }], { schema }),
+    enqueueMany(
+      pool,
+      [
+        { type: 'ok', payload: {} },
+        { type: 'ok', payload: {}, queue: 5 as never },
+      ],
+      { schema },
+    ),
     /queue/,
   );
   assert.equal(await taskCount(), before);
@@ -179,7 +213,7 @@ test('queue and priority are stored on the task', async () => {
   assert.deepEqual(t?.payload, { a: 1 });
 });
 
-test('a producer holds its lane lock until commit, so a lane\'s entries become visible in sequence order', async () => {
+test("a producer holds its lane lock until commit, so a lane's entries become visible in sequence order", async () => {
   const a = await pool.connect();
   const b = await pool.connect();
   try {
@@ -190,13 +224,24 @@ test('a producer holds its lane lock until commit, so a lane\'s entries become v
     const bPid = (await b.query('SELECT pg_backend_pid() AS pid')).rows[0].pid;
     const pb = enqueue(b, 'lane_order', { who: 'b' }, { schema, queue: 'ordered', shard: 5 });
     // B waits on the lane lock A still holds (not on anything else).
-    await waitFor(async () => (await pool.query(
-      `SELECT 1 FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND NOT granted`, [bPid])).rowCount === 1, 20_000, 'B to wait on the lane lock');
+    await waitFor(
+      async () =>
+        (await pool.query(`SELECT 1 FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND NOT granted`, [bPid]))
+          .rowCount === 1,
+      20_000,
+      'B to wait on the lane lock',
+    );
     await a.query('COMMIT');
     const rb = await pb;
     await b.query('COMMIT');
-    const seqs = await pool.query(`SELECT id::text, lane_seq FROM "${schema}".ready WHERE id = ANY($1::bigint[]) ORDER BY lane_seq`, [[ra.id, rb.id]]);
-    assert.deepEqual(seqs.rows.map((r) => r.id), [ra.id, rb.id]);
+    const seqs = await pool.query(
+      `SELECT id::text, lane_seq FROM "${schema}".ready WHERE id = ANY($1::bigint[]) ORDER BY lane_seq`,
+      [[ra.id, rb.id]],
+    );
+    assert.deepEqual(
+      seqs.rows.map((r) => r.id),
+      [ra.id, rb.id],
+    );
   } finally {
     a.release();
     b.release();
@@ -204,7 +249,8 @@ test('a producer holds its lane lock until commit, so a lane\'s entries become v
 });
 
 test('two batches mixing pinned and default shards take lane locks in one order: no deadlock', async () => {
-  for (let sh = 0; sh < 16; sh++) await pool.query(`SELECT "${schema}".provision_lane('mixed', 0::smallint, $1::smallint)`, [sh]);
+  for (let sh = 0; sh < 16; sh++)
+    await pool.query(`SELECT "${schema}".provision_lane('mixed', 0::smallint, $1::smallint)`, [sh]);
   const c1 = await pool.connect();
   const c2 = await pool.connect();
   try {
@@ -214,12 +260,22 @@ test('two batches mixing pinned and default shards take lane locks in one order:
     const b = Number((await c2.query('SELECT txid_current() AS t')).rows[0].t) % 16;
     // Each pins the shard the other one's default resolves to: opposite orders without the fix.
     const run = async (c: typeof c1, pinned: number) => {
-      await enqueueMany(c, [{ type: 'x', payload: 1, queue: 'mixed', shard: pinned }, { type: 'x', payload: 2, queue: 'mixed' }], { schema });
+      await enqueueMany(
+        c,
+        [
+          { type: 'x', payload: 1, queue: 'mixed', shard: pinned },
+          { type: 'x', payload: 2, queue: 'mixed' },
+        ],
+        { schema },
+      );
       await c.query('COMMIT');
       return 'ok';
     };
     const results = await Promise.allSettled([run(c1, b), run(c2, a)]);
-    assert.deepEqual(results.map((r) => (r.status === 'fulfilled' ? r.value : (r.reason as Error).message)), ['ok', 'ok']);
+    assert.deepEqual(
+      results.map((r) => (r.status === 'fulfilled' ? r.value : (r.reason as Error).message)),
+      ['ok', 'ok'],
+    );
   } finally {
     await c1.query('ROLLBACK').catch(() => undefined);
     await c2.query('ROLLBACK').catch(() => undefined);
@@ -233,25 +289,41 @@ test('inputs PostgreSQL would refuse are refused by berth, naming the field and 
   // Each of these used to reach the statement and fail there with a raw SQLSTATE (in brackets).
   const bad: [Partial<TaskSpec>, RegExp][] = [
     [{ maxAttempts: 3e9 }, /^task #1: maxAttempts must be an integer from 1 to 1000000 \(got 3000000000\)$/], // 22003
-    [{ delay: 1e300 }, /^task #1: delay must be a number of milliseconds from 0 to \d+ \(the run time must fall before year 10000\) \(got 1e\+300\)$/], // 22008
+    [
+      { delay: 1e300 },
+      /^task #1: delay must be a number of milliseconds from 0 to \d+ \(the run time must fall before year 10000\) \(got 1e\+300\)$/,
+    ], // 22008
     [{ runAt: new Date(-8.64e15) }, /^task #1: runAt must be a valid Date from year 1 to 9999/], // 22008
     [{ runAt: new Date('+010000-01-01T00:00:00Z') }, /^task #1: runAt must be a valid Date from year 1 to 9999/], // read back as null
     [{ payload: { a: 'x\u0000y' } }, /^task #1 \(t\): payload\.a contains a NUL character \(\\u0000\)/], // 22P05
-    [{ payload: { list: [1, { 'odd key': ['ok', 'deep\u0000'] }] } }, /^task #1 \(t\): payload\.list\[1\]\["odd key"\]\[1\] contains a NUL/],
+    [
+      { payload: { list: [1, { 'odd key': ['ok', 'deep\u0000'] }] } },
+      /^task #1 \(t\): payload\.list\[1\]\["odd key"\]\[1\] contains a NUL/,
+    ],
     [{ payload: { 'k\u0000': 1 } }, /^task #1 \(t\): key "k\\u0000" in payload contains a NUL/],
     [{ payload: 'lone \ud800 high' }, /^task #1 \(t\): payload contains a lone surrogate \(\\ud800\)/], // 22P02
-    [{ payload: { nested: { '\udc00': true } } }, /^task #1 \(t\): key "\\udc00" in payload\.nested contains a lone surrogate/],
+    [
+      { payload: { nested: { '\udc00': true } } },
+      /^task #1 \(t\): key "\\udc00" in payload\.nested contains a lone surrogate/,
+    ],
     [{ queue: 'q\u0000' }, /^task #1: queue contains a NUL character/], // 22021
     [{ type: 'ty\u0000pe' }, /^task #1: type contains a NUL character/], // 22021
     [{ dedupeKey: 'k\u0000' }, /^task #1: dedupeKey contains a NUL character/], // 22021
     [{ dedupeKey: 'k\ud83d' }, /^task #1: dedupeKey contains a lone surrogate/], // stored as U+FFFD: keys would collide
     [{ queue: 'q'.repeat(2700) }, /^task #1: queue must be a string of at most 255 UTF-8 bytes \(got 2700 bytes\)$/], // 54000
     [{ queue: 'é'.repeat(128) }, /^task #1: queue must be a string of at most 255 UTF-8 bytes \(got 256 bytes\)$/],
-    [{ dedupeKey: 'k'.repeat(2700) }, /^task #1: dedupeKey must be a non-empty string of at most 1024 UTF-8 bytes \(got 2700 bytes\)$/], // 54000
+    [
+      { dedupeKey: 'k'.repeat(2700) },
+      /^task #1: dedupeKey must be a non-empty string of at most 1024 UTF-8 bytes \(got 2700 bytes\)$/,
+    ], // 54000
     [{ dealy: 5 } as never, /^task #1: unknown option "dealy"/],
   ];
   for (const [spec, message] of bad) {
-    const batch = [{ type: 't', payload: { fine: true } }, { type: 't', payload: { fine: true }, ...spec } as TaskSpec, { type: 't', payload: 1 }];
+    const batch = [
+      { type: 't', payload: { fine: true } },
+      { type: 't', payload: { fine: true }, ...spec } as TaskSpec,
+      { type: 't', payload: 1 },
+    ];
     await assert.rejects(enqueueMany(pool, batch, { schema }), (err: Error) => {
       assert.ok(err instanceof BerthInputError, `${err.name}: ${err.message}`);
       assert.match(err.message, message);
@@ -259,42 +331,92 @@ test('inputs PostgreSQL would refuse are refused by berth, naming the field and 
     });
   }
   // One task alone is "task"; options of enqueue() are checked too.
-  await assert.rejects(enqueue(pool, 't', {}, { schema, maxAttempts: 2 ** 31 }), /^BerthInputError: task: maxAttempts must be an integer from 1 to 1000000/);
+  await assert.rejects(
+    enqueue(pool, 't', {}, { schema, maxAttempts: 2 ** 31 }),
+    /^BerthInputError: task: maxAttempts must be an integer from 1 to 1000000/,
+  );
   await assert.rejects(enqueue(pool, 't', {}, { schema, runAt: 5 as never }), /task: runAt must be a valid Date/);
-  await assert.rejects(enqueue(pool, 't', {}, { schema, payload: 1 } as never), /enqueue options: unknown option "payload"/);
-  await assert.rejects(enqueueMany(pool, [], { schema, queue: 'q' } as never), /enqueueMany options: unknown option "queue"/);
+  await assert.rejects(
+    enqueue(pool, 't', {}, { schema, payload: 1 } as never),
+    /enqueue options: unknown option "payload"/,
+  );
+  await assert.rejects(
+    enqueueMany(pool, [], { schema, queue: 'q' } as never),
+    /enqueueMany options: unknown option "queue"/,
+  );
   assert.equal(await taskCount(), before);
 
   // What is allowed right up to the limits is stored, byte for byte.
-  const edge = await enqueueMany(pool, [
-    { type: 'e', payload: { text: 'pair \ud83d\ude00, escaped \\u0000 and \\\\\\u0000 are text', '\ud83d\ude00': ['\u0001'] }, queue: `${'é'.repeat(127)}x` },
-    { type: 'e', payload: null, dedupeKey: 'k'.repeat(1024), maxAttempts: 1_000_000 },
-    { type: 'e', payload: {}, runAt: new Date('9999-12-31T23:59:59.999Z') },
-    { type: 'e', payload: {}, runAt: new Date('0001-01-01T00:00:00.000Z') },
-  ], { schema });
-  assert.deepEqual(edge.map((r) => r.state), ['ready', 'ready', 'scheduled', 'ready']);
+  const edge = await enqueueMany(
+    pool,
+    [
+      {
+        type: 'e',
+        payload: { text: 'pair \ud83d\ude00, escaped \\u0000 and \\\\\\u0000 are text', '\ud83d\ude00': ['\u0001'] },
+        queue: `${'é'.repeat(127)}x`,
+      },
+      { type: 'e', payload: null, dedupeKey: 'k'.repeat(1024), maxAttempts: 1_000_000 },
+      { type: 'e', payload: {}, runAt: new Date('9999-12-31T23:59:59.999Z') },
+      { type: 'e', payload: {}, runAt: new Date('0001-01-01T00:00:00.000Z') },
+    ],
+    { schema },
+  );
+  assert.deepEqual(
+    edge.map((r) => r.state),
+    ['ready', 'ready', 'scheduled', 'ready'],
+  );
   const stored = await getTask(pool, schema, edge[0]!.id!);
-  assert.deepEqual(stored?.payload, { text: 'pair \ud83d\ude00, escaped \\u0000 and \\\\\\u0000 are text', '\ud83d\ude00': ['\u0001'] });
+  assert.deepEqual(stored?.payload, {
+    text: 'pair \ud83d\ude00, escaped \\u0000 and \\\\\\u0000 are text',
+    '\ud83d\ude00': ['\u0001'],
+  });
   assert.equal(stored?.queue, `${'é'.repeat(127)}x`);
 });
 
 test('defineTask refuses what a worker could not run or store, naming the field', () => {
   const handler = async () => {};
-  assert.throws(() => defineTask({ type: 'd', ceiling: 1000, handler, maxAttempts: 3e9 }), /^BerthInputError: task "d": maxAttempts must be an integer from 1 to 1000000 \(got 3000000000\)$/);
-  assert.throws(() => defineTask({ type: 'd', ceiling: 1e300, handler }), /task "d": ceiling must be a number of milliseconds from 1 to 2147483647/);
-  assert.throws(() => defineTask({ type: 'd', ceiling: 1000, handler, backoff: { maxMs: Infinity } }), /task "d": backoff\.maxMs must be a number of milliseconds/);
-  assert.throws(() => defineTask({ type: 'd', ceiling: 1000, handler, backoff: { baseMs: 10, maxMs: 5 } }), /backoff\.maxMs .* \(at least baseMs\)/);
-  assert.throws(() => defineTask({ type: 'd', ceiling: 1000, handler, backoff: { base: 5 } as never }), /task "d": backoff: unknown option "base"/);
-  assert.throws(() => defineTask({ type: 'd', ceiling: 1000, handler, retries: 3 } as never), /task "d": unknown option "retries"/);
+  assert.throws(
+    () => defineTask({ type: 'd', ceiling: 1000, handler, maxAttempts: 3e9 }),
+    /^BerthInputError: task "d": maxAttempts must be an integer from 1 to 1000000 \(got 3000000000\)$/,
+  );
+  assert.throws(
+    () => defineTask({ type: 'd', ceiling: 1e300, handler }),
+    /task "d": ceiling must be a number of milliseconds from 1 to 2147483647/,
+  );
+  assert.throws(
+    () => defineTask({ type: 'd', ceiling: 1000, handler, backoff: { maxMs: Infinity } }),
+    /task "d": backoff\.maxMs must be a number of milliseconds/,
+  );
+  assert.throws(
+    () => defineTask({ type: 'd', ceiling: 1000, handler, backoff: { baseMs: 10, maxMs: 5 } }),
+    /backoff\.maxMs .* \(at least baseMs\)/,
+  );
+  assert.throws(
+    () => defineTask({ type: 'd', ceiling: 1000, handler, backoff: { base: 5 } as never }),
+    /task "d": backoff: unknown option "base"/,
+  );
+  assert.throws(
+    () => defineTask({ type: 'd', ceiling: 1000, handler, retries: 3 } as never),
+    /task "d": unknown option "retries"/,
+  );
   assert.throws(() => defineTask({ type: 'd\u0000', ceiling: 1000, handler }), /task type contains a NUL character/);
-  assert.throws(() => defineTask({ type: 'x'.repeat(201), ceiling: 1000, handler }), /task type must be a non-empty string of at most 200 characters/);
-  assert.equal(defineTask({ type: 'd', ceiling: 2_147_483_647, handler, maxAttempts: 1_000_000 }).maxAttempts, 1_000_000);
+  assert.throws(
+    () => defineTask({ type: 'x'.repeat(201), ceiling: 1000, handler }),
+    /task type must be a non-empty string of at most 200 characters/,
+  );
+  assert.equal(
+    defineTask({ type: 'd', ceiling: 2_147_483_647, handler, maxAttempts: 1_000_000 }).maxAttempts,
+    1_000_000,
+  );
 });
 
 test('moving a task or pausing a queue checks the queue name the way enqueue does', async () => {
   const r = await enqueue(pool, 'm', {}, { schema });
   await assert.rejects(moveTask(pool, schema, r.id!, { queue: 'x\u0000' }), /queue contains a NUL character/);
-  await assert.rejects(moveTask(pool, schema, r.id!, { queue: 'x'.repeat(300) }), /queue must be a string of at most 255 UTF-8 bytes/);
+  await assert.rejects(
+    moveTask(pool, schema, r.id!, { queue: 'x'.repeat(300) }),
+    /queue must be a string of at most 255 UTF-8 bytes/,
+  );
   await assert.rejects(pauseQueue(pool, schema, 'x\u0000', 'test'), /queue contains a NUL character/);
   assert.equal((await getTask(pool, schema, r.id!))?.queue, 'default');
 });

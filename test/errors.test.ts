@@ -54,7 +54,13 @@ const CASES: { cls: ErrorClass; err: BerthError; code: BerthErrorCode; also: Err
     also: [],
     message: 'lease on task 42 is no longer held; Dequeue refused',
   },
-  { cls: PermanentError, err: new PermanentError('no retry helps'), code: 'PERMANENT', also: [], message: 'no retry helps' },
+  {
+    cls: PermanentError,
+    err: new PermanentError('no retry helps'),
+    code: 'PERMANENT',
+    also: [],
+    message: 'no retry helps',
+  },
   {
     cls: SchemaNotMigratedError,
     err: new SchemaNotMigratedError('app', 'berth schema "app" is not migrated'),
@@ -67,7 +73,8 @@ const CASES: { cls: ErrorClass; err: BerthError; code: BerthErrorCode; also: Err
     err: new SchemaTooNewError('app', 9, 7),
     code: 'SCHEMA_TOO_NEW',
     also: [],
-    message: 'berth schema "app" is at version 9 but this code only knows up to 7; upgrade berth before running it against this database',
+    message:
+      'berth schema "app" is at version 9 but this code only knows up to 7; upgrade berth before running it against this database',
   },
   {
     cls: MigrationChangedError,
@@ -85,7 +92,13 @@ const CASES: { cls: ErrorClass; err: BerthError; code: BerthErrorCode; also: Err
     also: [],
     message: 'task 42: AdvanceCursor refused, lease lost; slice abandoned',
   },
-  { cls: HttpError, err: new HttpError(404, 'task 42 not found'), code: 'HTTP', also: [], message: 'task 42 not found' },
+  {
+    cls: HttpError,
+    err: new HttpError(404, 'task 42 not found'),
+    code: 'HTTP',
+    also: [],
+    message: 'task 42 not found',
+  },
   {
     cls: TooManyAttemptsError,
     err: new TooManyAttemptsError(30),
@@ -93,8 +106,20 @@ const CASES: { cls: ErrorClass; err: BerthError; code: BerthErrorCode; also: Err
     also: [HttpError],
     message: 'too many failed authentications: try again in 30 s',
   },
-  { cls: CliFailure, err: new CliFailure('task 42 not found'), code: 'CLI_FAILURE', also: [], message: 'task 42 not found' },
-  { cls: ShutdownAbort, err: new ShutdownAbort(), code: 'SHUTDOWN_ABORT', also: [], message: 'worker is shutting down' },
+  {
+    cls: CliFailure,
+    err: new CliFailure('task 42 not found'),
+    code: 'CLI_FAILURE',
+    also: [],
+    message: 'task 42 not found',
+  },
+  {
+    cls: ShutdownAbort,
+    err: new ShutdownAbort(),
+    code: 'SHUTDOWN_ABORT',
+    also: [],
+    message: 'worker is shutting down',
+  },
   {
     cls: DeadlineAbort,
     err: new DeadlineAbort(Date.UTC(2026, 0, 1)),
@@ -115,7 +140,11 @@ test('every error class has its own stable code, its name and message, and is a 
     for (const base of also) assert.ok(err instanceof base, `${cls.name} instanceof ${base.name}`);
     assert.ok(typeof err.stack === 'string' && err.stack.includes(message), `${cls.name} keeps a stack`);
   }
-  assert.deepEqual(CASES.map((c) => c.code).sort(), Object.keys(CODES).sort(), 'one class per code, one code per class');
+  assert.deepEqual(
+    CASES.map((c) => c.code).sort(),
+    Object.keys(CODES).sort(),
+    'one class per code, one code per class',
+  );
 });
 
 test('the code is an own, enumerable property, so structured logs (pino) carry it', () => {
@@ -153,7 +182,8 @@ test('PermanentError keeps its brand: a copy from another module system still co
 test('every error class the package exports is covered here, and the root exports BerthError', () => {
   const covered = new Set<unknown>([BerthError, ...CASES.map((c) => c.cls)]);
   for (const [name, value] of [...Object.entries(root), ...Object.entries(maintenance)]) {
-    if (typeof value === 'function' && value.prototype instanceof Error) assert.ok(covered.has(value), `${name} has a case (and a code)`);
+    if (typeof value === 'function' && value.prototype instanceof Error)
+      assert.ok(covered.has(value), `${name} has a case (and a code)`);
   }
   assert.equal(root.BerthError, BerthError);
 });

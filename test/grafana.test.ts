@@ -24,7 +24,12 @@ interface Panel {
 }
 
 /** JSON.parse throws on invalid JSON, which fails the test that reads it. */
-function readDashboard(): { schemaVersion: number; uid: string; panels: Panel[]; templating: { list: Record<string, unknown>[] } } {
+function readDashboard(): {
+  schemaVersion: number;
+  uid: string;
+  panels: Panel[];
+  templating: { list: Record<string, unknown>[] };
+} {
   return JSON.parse(readFileSync(DASHBOARD, 'utf8'));
 }
 
@@ -79,19 +84,24 @@ test('every panel has a target with an expression, on the ${datasource} variable
 test('every metric a panel or variable references is one berth exports', async () => {
   const exported = await exportedSeriesNames();
   const d = readDashboard();
-  const exprs = dataPanels(d.panels).flatMap((p) => (p.targets ?? []).map((t) => ({ where: p.title, expr: t.expr ?? '' })));
+  const exprs = dataPanels(d.panels).flatMap((p) =>
+    (p.targets ?? []).map((t) => ({ where: p.title, expr: t.expr ?? '' })),
+  );
   for (const v of d.templating.list) {
     if (typeof v.definition === 'string') exprs.push({ where: `variable ${String(v.name)}`, expr: v.definition });
   }
   for (const { where, expr } of exprs) {
     const used = metricNames(expr);
     assert.ok(used.length > 0 || where.startsWith('variable'), `${where}: references no berth metric: ${expr}`);
-    for (const name of used) assert.ok(exported.has(name), `${where} references ${name}, which src/metrics.ts does not export`);
+    for (const name of used)
+      assert.ok(exported.has(name), `${where} references ${name}, which src/metrics.ts does not export`);
   }
 });
 
 test('the dashboard covers every metric berth exports', async () => {
-  const used = new Set(dataPanels(readDashboard().panels).flatMap((p) => (p.targets ?? []).flatMap((t) => metricNames(t.expr ?? ''))));
+  const used = new Set(
+    dataPanels(readDashboard().panels).flatMap((p) => (p.targets ?? []).flatMap((t) => metricNames(t.expr ?? ''))),
+  );
   const bases = [...used].map((n) => n.replace(/_(bucket|sum|count)$/, ''));
   for (const m of await new BerthMetrics().registry.getMetricsAsJSON()) {
     assert.ok(used.has(m.name) || bases.includes(m.name), `no panel shows ${m.name}`);
@@ -102,14 +112,18 @@ test('every panel expression parses as PromQL (promtool check rules)', (t) => {
   const exprs = dataPanels(readDashboard().panels).flatMap((p) => (p.targets ?? []).map((tg) => tg.expr ?? ''));
   // Grafana's variables, as Grafana would substitute them.
   const concrete = exprs.map((e) => e.replaceAll('$__rate_interval', '1m').replaceAll('$task_type', '.*'));
-  const rules = concrete.map((expr, i) => `      - record: berth_dashboard:panel_${i}\n        expr: ${JSON.stringify(expr)}\n`).join('');
+  const rules = concrete
+    .map((expr, i) => `      - record: berth_dashboard:panel_${i}\n        expr: ${JSON.stringify(expr)}\n`)
+    .join('');
   const dir = mkdtempSync(join(tmpdir(), 'berth-dashboard-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
   const file = join(dir, 'panels.yaml');
   writeFileSync(file, `groups:\n  - name: dashboard\n    rules:\n${rules}`);
   const r = spawnSync('promtool', ['check', 'rules', file], { encoding: 'utf8' });
   if (r.error && (r.error as NodeJS.ErrnoException).code === 'ENOENT') {
-    assert.fail('promtool is not on PATH. Install it with `apt-get install prometheus` (the Debian package ships promtool), or run scripts/test-prereqs.sh.');
+    assert.fail(
+      'promtool is not on PATH. Install it with `apt-get install prometheus` (the Debian package ships promtool), or run scripts/test-prereqs.sh.',
+    );
   }
   assert.equal(r.status, 0, `promtool rejected a panel expression:\n${r.stdout}${r.stderr}`);
 });

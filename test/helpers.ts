@@ -8,7 +8,7 @@ export const DATABASE_URL = process.env.TEST_DATABASE_URL ?? 'postgres://postgre
 
 /** A quiet logger for tests (BERTH_LOG_LEVEL=debug to see everything). */
 export const testLogger = createLogger({ test: true }, undefined, logLevel(process.env.BERTH_LOG_LEVEL));
-if (!process.env.BERTH_LOG_LEVEL) testLogger.level = "silent";
+if (!process.env.BERTH_LOG_LEVEL) testLogger.level = 'silent';
 
 /**
  * A fresh, migrated schema of its own for one test file (files run in parallel), dropped
@@ -30,7 +30,11 @@ export { scaled, TIMEOUT_SCALE } from './timeouts.js';
 import { scaled } from './timeouts.js';
 
 /** Poll `check` until it returns a truthy value (or throw after `timeoutMs`, scaled). Not a timing assertion: a liveness bound. */
-export async function waitFor<T>(check: () => Promise<T> | T, timeoutMs = 20_000, what = 'condition'): Promise<NonNullable<T>> {
+export async function waitFor<T>(
+  check: () => Promise<T> | T,
+  timeoutMs = 20_000,
+  what = 'condition',
+): Promise<NonNullable<T>> {
   const deadline = Date.now() + scaled(timeoutMs);
   for (;;) {
     const v = await check();
@@ -40,7 +44,11 @@ export async function waitFor<T>(check: () => Promise<T> | T, timeoutMs = 20_000
   }
 }
 
-export async function counterValue(metrics: BerthMetrics, name: string, labels: Record<string, string>): Promise<number> {
+export async function counterValue(
+  metrics: BerthMetrics,
+  name: string,
+  labels: Record<string, string>,
+): Promise<number> {
   // Histograms list their _count/_sum series under the base name, tagged with metricName.
   const all = await metrics.registry.getMetricsAsJSON();
   const m = all.find((x) => x.name === name) ?? all.find((x) => name.startsWith(`${x.name}_`));
@@ -61,7 +69,10 @@ export function outcomes(metrics: BerthMetrics, type: string, outcome: string): 
 export async function within<T>(p: Promise<T>, timeoutMs: number, what: string): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   const deadline = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what} did not finish within ${scaled(timeoutMs)} ms`)), scaled(timeoutMs));
+    timer = setTimeout(
+      () => reject(new Error(`${what} did not finish within ${scaled(timeoutMs)} ms`)),
+      scaled(timeoutMs),
+    );
   });
   try {
     return await Promise.race([p, deadline]);
@@ -72,7 +83,11 @@ export async function within<T>(p: Promise<T>, timeoutMs: number, what: string):
 
 /** Wait until the database clock is past a lease's expiry (`leaseExpiresAt`, epoch ms): the lease has lapsed. */
 export async function leaseLapsed(db: pg.Pool, expiresAtMs: number): Promise<void> {
-  await waitFor(async () => (await db.query('SELECT now() > to_timestamp($1 / 1000.0) AS past', [expiresAtMs])).rows[0].past, 10_000, 'the lease to lapse');
+  await waitFor(
+    async () => (await db.query('SELECT now() > to_timestamp($1 / 1000.0) AS past', [expiresAtMs])).rows[0].past,
+    10_000,
+    'the lease to lapse',
+  );
 }
 
 export { FAST_MAINTENANCE } from './support/settings.js';
@@ -96,7 +111,9 @@ export function captureLogger(): { logger: Logger; lines: Record<string, unknown
 
 /** Wait until an outcome counter reaches `n` (it is bumped just after the settlement commits), then require exactly `n`. */
 export async function expectOutcome(metrics: BerthMetrics, type: string, outcome: string, n: number): Promise<void> {
-  await waitFor(async () => (await outcomes(metrics, type, outcome)) >= n, 10_000, `${n} ${outcome} of ${type}`).catch(() => undefined);
+  await waitFor(async () => (await outcomes(metrics, type, outcome)) >= n, 10_000, `${n} ${outcome} of ${type}`).catch(
+    () => undefined,
+  );
   const got = await outcomes(metrics, type, outcome);
   if (got !== n) throw new Error(`expected ${n} ${outcome} outcome(s) for ${type}, got ${got}`);
 }

@@ -14,7 +14,6 @@ const roles = [other, owner];
 const schema = `t_laneseq_${process.pid}`;
 const S = `"${schema}"`;
 
-
 const admin = new pg.Pool({ connectionString: DATABASE_URL });
 await admin.query(`DROP SCHEMA IF EXISTS ${S} CASCADE`);
 for (const r of roles) await admin.query(`DROP ROLE IF EXISTS "${r}"`);
@@ -86,27 +85,42 @@ test('the view lists a wrongly owned and a missing sequence with who can repair 
   await admin.query(`DROP SEQUENCE ${gone.seq}`);
   // Why they are problems: the definer role may not draw from another role's sequence, and a
   // missing one fails every append to its lane.
-  await assert.rejects(enqueue(admin, 'ls', {}, { schema, queue: wrong.queue, shard: 0 }), /permission denied for sequence/);
+  await assert.rejects(
+    enqueue(admin, 'ls', {}, { schema, queue: wrong.queue, shard: 0 }),
+    /permission denied for sequence/,
+  );
   await assert.rejects(enqueue(admin, 'ls', {}, { schema, queue: gone.queue, shard: 0 }), /does not exist/);
 
   const problems = await listLaneSequenceProblems(admin, schema);
-  assert.deepEqual(problems.map((p) => [p.laneId, p.problem, p.currentOwner, p.expectedOwner]), [
-    [wrong.laneId, 'wrong_owner', other, owner],
-    [gone.laneId, 'missing', null, owner],
-  ]);
-  const [w, m] = problems as [typeof problems[0], typeof problems[0]];
+  assert.deepEqual(
+    problems.map((p) => [p.laneId, p.problem, p.currentOwner, p.expectedOwner]),
+    [
+      [wrong.laneId, 'wrong_owner', other, owner],
+      [gone.laneId, 'missing', null, owner],
+    ],
+  );
+  const [w, m] = problems as [(typeof problems)[0], (typeof problems)[0]];
   assert.equal(w.statement, `ALTER SEQUENCE ${schema}.lane_seq_${wrong.laneId} OWNER TO ${owner}`);
   assert.equal(m.statement, `SELECT ${schema}.provision_lane_sequence(${gone.laneId})`);
   // Reassigning needs the current owner's rights and membership in the new owner: neither the
   // schema owner (not a member of `other`) nor `other` (not a member of the owner) qualifies.
   assert.ok(w.repairRoles.includes('postgres'));
   assert.ok(!w.repairRoles.includes(owner) && !w.repairRoles.includes(other), w.repairRoles.join());
-  assert.ok(m.repairRoles.includes('postgres') && m.repairRoles.includes(owner) && !m.repairRoles.includes(other), m.repairRoles.join());
+  assert.ok(
+    m.repairRoles.includes('postgres') && m.repairRoles.includes(owner) && !m.repairRoles.includes(other),
+    m.repairRoles.join(),
+  );
 
   // The schema owner may recreate the missing one but not take the other's sequence.
   const byOwner = await repairLaneSequences(asOwner, schema);
-  assert.deepEqual(byOwner.repaired.map((p) => [p.laneId, p.result]), [[gone.laneId, 'created']]);
-  assert.deepEqual(byOwner.notPermitted.map((p) => p.laneId), [wrong.laneId]);
+  assert.deepEqual(
+    byOwner.repaired.map((p) => [p.laneId, p.result]),
+    [[gone.laneId, 'created']],
+  );
+  assert.deepEqual(
+    byOwner.notPermitted.map((p) => p.laneId),
+    [wrong.laneId],
+  );
   assert.deepEqual([byOwner.busy, byOwner.failed], [[], []]);
 
   // Once `other` is a member of the owner role it qualifies, and can repair it itself.
@@ -115,17 +129,26 @@ test('the view lists a wrongly owned and a missing sequence with who can repair 
     const [again] = await listLaneSequenceProblems(admin, schema);
     assert.ok(again?.repairRoles.includes(other), again?.repairRoles.join());
     const byOther = await repairLaneSequences(asOther, schema);
-    assert.deepEqual(byOther.repaired.map((p) => [p.laneId, p.result]), [[wrong.laneId, 'reassigned']]);
+    assert.deepEqual(
+      byOther.repaired.map((p) => [p.laneId, p.result]),
+      [[wrong.laneId, 'reassigned']],
+    );
   } finally {
     await admin.query(`REVOKE "${owner}" FROM "${other}"`);
   }
   assert.deepEqual(await listLaneSequenceProblems(admin, schema), []);
 
-  const owners = await admin.query(`SELECT pg_get_userbyid(relowner) AS o FROM pg_class WHERE oid IN ($1::regclass, $2::regclass)`, [wrong.seq, gone.seq]);
-  assert.deepEqual(owners.rows.map((r) => r.o), [owner, owner]);
+  const owners = await admin.query(
+    `SELECT pg_get_userbyid(relowner) AS o FROM pg_class WHERE oid IN ($1::regclass, $2::regclass)`,
+    [wrong.seq, gone.seq],
+  );
+  assert.deepEqual(
+    owners.rows.map((r) => r.o),
+    [owner, owner],
+  );
   const next = await enqueue(admin, 'ls', {}, { schema, queue: gone.queue, shard: 0 });
   const seq = await admin.query(`SELECT lane_seq::text FROM ${S}.ready WHERE id = $1`, [next.id]);
-  assert.equal(seq.rows[0].lane_seq, '4', 'the recreated sequence continues past the lane\'s 3 entries');
+  assert.equal(seq.rows[0].lane_seq, '4', "the recreated sequence continues past the lane's 3 entries");
   assert.equal((await enqueue(admin, 'ls', {}, { schema, queue: wrong.queue, shard: 0 })).state, 'ready');
 });
 
@@ -136,7 +159,10 @@ test('a repair reports a busy sequence after its 300 ms lock timeout instead of 
   const locked = await holdSequence(lane.seq, other);
   try {
     const { value, ms } = await timed(() => repairLaneSequences(admin, schema));
-    assert.deepEqual(value.busy.map((p) => p.laneId), [lane.laneId]);
+    assert.deepEqual(
+      value.busy.map((p) => p.laneId),
+      [lane.laneId],
+    );
     assert.deepEqual(value.repaired, []);
     assert.ok(ms >= 250, `gave up after its lock timeout, not before: ${ms} ms`);
   } finally {
@@ -148,12 +174,18 @@ test('a repair reports a busy sequence after its 300 ms lock timeout instead of 
   const drew = await holdLock(`SELECT nextval('${lane.seq}')`);
   try {
     const { value } = await timed(() => repairLaneSequences(admin, schema));
-    assert.deepEqual(value.busy.map((p) => p.laneId), [lane.laneId]);
+    assert.deepEqual(
+      value.busy.map((p) => p.laneId),
+      [lane.laneId],
+    );
   } finally {
     await drew.release();
   }
   const done = await repairLaneSequences(admin, schema);
-  assert.deepEqual(done.repaired.map((p) => [p.laneId, p.result]), [[lane.laneId, 'reassigned']]);
+  assert.deepEqual(
+    done.repaired.map((p) => [p.laneId, p.result]),
+    [[lane.laneId, 'reassigned']],
+  );
 
   // A missing sequence is recreated under the lane lock; a lane lock held elsewhere is busy too.
   const gone = await newLane();
@@ -161,11 +193,17 @@ test('a repair reports a busy sequence after its 300 ms lock timeout instead of 
   const laneLock = await holdLock(`SELECT pg_advisory_xact_lock(${schemaLockKey(schema)}, ${gone.laneId})`);
   try {
     const { value } = await timed(() => repairLaneSequences(admin, schema));
-    assert.deepEqual(value.busy.map((p) => [p.laneId, p.problem]), [[gone.laneId, 'missing']]);
+    assert.deepEqual(
+      value.busy.map((p) => [p.laneId, p.problem]),
+      [[gone.laneId, 'missing']],
+    );
   } finally {
     await laneLock.release();
   }
-  assert.deepEqual((await repairLaneSequences(admin, schema)).repaired.map((p) => p.result), ['created']);
+  assert.deepEqual(
+    (await repairLaneSequences(admin, schema)).repaired.map((p) => p.result),
+    ['created'],
+  );
 });
 
 test('migrate repairs lane sequences after its commit and reports repaired, busy and not permitted', async () => {
@@ -177,26 +215,41 @@ test('migrate repairs lane sequences after its commit and reports repaired, busy
   // As the owner: may not take `other`'s sequences, says so, and still succeeds.
   const asOwnerReport = await migrate({ connectionString: urlAs(owner), schema });
   assert.deepEqual(asOwnerReport.applied, []);
-  assert.deepEqual(asOwnerReport.laneSequences.notPermitted.map((p) => p.laneId), [fixable.laneId, busy.laneId]);
+  assert.deepEqual(
+    asOwnerReport.laneSequences.notPermitted.map((p) => p.laneId),
+    [fixable.laneId, busy.laneId],
+  );
   assert.ok(asOwnerReport.laneSequences.notPermitted.every((p) => p.repairRoles.includes('postgres')));
 
   const locked = await holdSequence(busy.seq, other);
   try {
     const { value: report } = await timed(() => migrate({ connectionString: DATABASE_URL, schema }));
-    assert.deepEqual(report.laneSequences.repaired.map((p) => [p.laneId, p.result]), [[fixable.laneId, 'reassigned']]);
-    assert.deepEqual(report.laneSequences.busy.map((p) => p.laneId), [busy.laneId]);
+    assert.deepEqual(
+      report.laneSequences.repaired.map((p) => [p.laneId, p.result]),
+      [[fixable.laneId, 'reassigned']],
+    );
+    assert.deepEqual(
+      report.laneSequences.busy.map((p) => p.laneId),
+      [busy.laneId],
+    );
     assert.deepEqual([report.laneSequences.notPermitted, report.laneSequences.failed], [[], []]);
   } finally {
     await locked.release();
   }
   const after = await migrate({ connectionString: DATABASE_URL, schema });
-  assert.deepEqual(after.laneSequences.repaired.map((p) => p.laneId), [busy.laneId]);
+  assert.deepEqual(
+    after.laneSequences.repaired.map((p) => p.laneId),
+    [busy.laneId],
+  );
   assert.deepEqual(await listLaneSequenceProblems(admin, schema), []);
 });
 
 const cli = fileURLToPath(new URL('../src/cli.ts', import.meta.url));
 const run = (args: string[]) =>
-  spawnSync(process.execPath, ['--import', 'tsx', cli, ...args], { encoding: 'utf8', env: { ...process.env, DATABASE_URL } });
+  spawnSync(process.execPath, ['--import', 'tsx', cli, ...args], {
+    encoding: 'utf8',
+    env: { ...process.env, DATABASE_URL },
+  });
 
 test('berth storage lane-sequences prints what remains with the statement to run; exit 1 while problems remain, 0 after --repair', async () => {
   const clean = run(['storage', 'lane-sequences', '--schema', schema]);
@@ -217,7 +270,10 @@ test('berth storage lane-sequences prints what remains with the statement to run
   assert.equal(json.status, 1);
   const out = JSON.parse(json.stdout);
   assert.equal(out.repair, null);
-  assert.deepEqual(out.remaining.map((p: { laneId: number; statement: string }) => [p.laneId, `${p.statement};`]), [[lane.laneId, statement]]);
+  assert.deepEqual(
+    out.remaining.map((p: { laneId: number; statement: string }) => [p.laneId, `${p.statement};`]),
+    [[lane.laneId, statement]],
+  );
 
   const locked = await holdSequence(lane.seq, other);
   try {
@@ -237,7 +293,10 @@ test('berth storage lane-sequences prints what remains with the statement to run
 
   const repaired = run(['storage', 'lane-sequences', '--schema', schema, '--repair']);
   assert.equal(repaired.status, 0, repaired.stderr);
-  assert.match(repaired.stdout, new RegExp(`repaired lane_seq_${lane.laneId} \\(lane ${lane.laneId}\\): owner ${other} -> ${owner}`));
+  assert.match(
+    repaired.stdout,
+    new RegExp(`repaired lane_seq_${lane.laneId} \\(lane ${lane.laneId}\\): owner ${other} -> ${owner}`),
+  );
   assert.match(repaired.stdout, /no lane sequence problems/);
 
   const help = run(['storage', 'lane-sequences', '--help']);

@@ -24,7 +24,9 @@ async function leaderId(): Promise<string | null> {
 }
 
 test('three worker processes: the leader is SIGKILLed and promotion and rescue resume on another', async () => {
-  await pool.query(`CREATE TABLE ${S}.executions (i integer NOT NULL, kind text NOT NULL, worker text NOT NULL, at timestamptz DEFAULT clock_timestamp())`);
+  await pool.query(
+    `CREATE TABLE ${S}.executions (i integer NOT NULL, kind text NOT NULL, worker text NOT NULL, at timestamptz DEFAULT clock_timestamp())`,
+  );
   const children = new Map<string, ChildProcess>();
   for (const id of ['f1', 'f2', 'f3']) children.set(id, await spawnWorker(id));
   try {
@@ -32,10 +34,14 @@ test('three worker processes: the leader is SIGKILLed and promotion and rescue r
     children.get(first)!.kill('SIGKILL');
     await new Promise((r) => children.get(first)!.once('exit', r));
     children.delete(first);
-    const second = await waitFor(async () => {
-      const id = await leaderId();
-      return id && id !== first ? id : null;
-    }, 20_000, 'a new leader');
+    const second = await waitFor(
+      async () => {
+        const id = await leaderId();
+        return id && id !== first ? id : null;
+      },
+      20_000,
+      'a new leader',
+    );
     assert.ok(children.has(second));
     // Promotion resumed: a scheduled task becomes due and runs.
     const [scheduled] = await enqueueMany(pool, [{ type: 'mp_ok', payload: { i: 1 }, delay: 200 }], { schema });
@@ -45,18 +51,36 @@ test('three worker processes: the leader is SIGKILLed and promotion and rescue r
     await c.query('BEGIN');
     await enqueueMany(c, [{ type: 'mp_ok', payload: { i: 2 }, queue: 'orphans', shard: 0 }], { schema });
     const lane = (await c.query(`SELECT lane_id FROM ${S}.lanes WHERE queue = 'orphans'`)).rows[0].lane_id;
-    const got = await claim(c, { schema, laneIds: [lane], limit: 1, ceilings: new Map([['mp_ok', 1]]), maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: 1, marginMs: 0, workerId: 'ghost', wakeChannel: wakeChannel(schema) });
+    const got = await claim(c, {
+      schema,
+      laneIds: [lane],
+      limit: 1,
+      ceilings: new Map([['mp_ok', 1]]),
+      maxAttempts: new Map(),
+      defaultMaxAttempts: 20,
+      defaultCeilingMs: 1,
+      marginMs: 0,
+      workerId: 'ghost',
+      wakeChannel: wakeChannel(schema),
+    });
     await c.query('COMMIT');
     c.release();
     assert.equal(got.length, 1);
-    const ran = async (i: number) => (await pool.query(`SELECT 1 FROM ${S}.executions WHERE i = $1`, [i])).rowCount! > 0;
+    const ran = async (i: number) =>
+      (await pool.query(`SELECT 1 FROM ${S}.executions WHERE i = $1`, [i])).rowCount! > 0;
     await waitFor(() => ran(1), 20_000, 'the scheduled task to run after failover');
     // Leased by 'ghost', which never settles: only rescue can have made it runnable again.
     await waitFor(() => ran(2), 20_000, 'the rescued task to run');
     // The handler's row commits before its completion is flushed (settlements are batched).
-    await waitFor(async () => ((await getTask(pool, schema, scheduled!.id!))?.state ?? 'completed') === 'completed', 20_000, 'the scheduled task settled as completed');
+    await waitFor(
+      async () => ((await getTask(pool, schema, scheduled!.id!))?.state ?? 'completed') === 'completed',
+      20_000,
+      'the scheduled task settled as completed',
+    );
   } finally {
     for (const c of children.values()) c.kill('SIGTERM');
-    await Promise.all([...children.values()].map((c) => new Promise((r) => (c.exitCode !== null ? r(null) : c.once('exit', r)))));
+    await Promise.all(
+      [...children.values()].map((c) => new Promise((r) => (c.exitCode !== null ? r(null) : c.once('exit', r)))),
+    );
   }
 });

@@ -1,7 +1,15 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { defineTask, enqueueMany, Worker, getTask } from '../src/index.js';
-import { promoteDueLanes, promoteDue, rescueLapsedLeases, pruneSegment, rotateRing, readRingState, maintainRing } from '../src/maintenance-api.js';
+import {
+  promoteDueLanes,
+  promoteDue,
+  rescueLapsedLeases,
+  pruneSegment,
+  rotateRing,
+  readRingState,
+  maintainRing,
+} from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { wakeChannel } from '../src/sql.js';
@@ -12,13 +20,26 @@ const { schema, pool } = await freshSchema('maint');
 const S = `"${schema}"`;
 
 async function reset(): Promise<void> {
-  await pool.query(`TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`);
+  await pool.query(
+    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
+  );
   await pool.query(`UPDATE ${S}.ring_state SET current_slot = 0, rotated_at = now()`);
 }
 
 async function claimAll(limit: number, ceilingMs = 60_000) {
   const lanes = (await pool.query(`SELECT lane_id FROM ${S}.lanes`)).rows.map((r) => r.lane_id as number);
-  return claim(pool, { schema, laneIds: lanes, limit, ceilings: new Map(), maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: ceilingMs, marginMs: 0, workerId: 'm', wakeChannel: wakeChannel(schema) });
+  return claim(pool, {
+    schema,
+    laneIds: lanes,
+    limit,
+    ceilings: new Map(),
+    maxAttempts: new Map(),
+    defaultMaxAttempts: 20,
+    defaultCeilingMs: ceilingMs,
+    marginMs: 0,
+    workerId: 'm',
+    wakeChannel: wakeChannel(schema),
+  });
 }
 
 test('promotion run by many processes at once moves every due row exactly once', async () => {
@@ -26,20 +47,29 @@ test('promotion run by many processes at once moves every due row exactly once',
   const tasks = Array.from({ length: 2000 }, (_, i) => ({ type: 'm', payload: { i }, shard: i % 5, delay: 60_000 }));
   await enqueueMany(pool, tasks, { schema });
   await pool.query(`UPDATE ${S}.deferred SET run_at = run_at - interval '1 hour'`);
-  await Promise.all(Array.from({ length: 6 }, async () => {
-    for (;;) {
-      const r = await promoteDueLanes(pool, schema, null, 150, null);
-      if (r.selected === 0) return;
-    }
-  }));
-  const counts = await pool.query(`SELECT (SELECT count(*) FROM ${S}.deferred) AS deferred, (SELECT count(*) FROM ${S}.ready) AS ready, (SELECT count(DISTINCT id) FROM ${S}.ready) AS ids`);
+  await Promise.all(
+    Array.from({ length: 6 }, async () => {
+      for (;;) {
+        const r = await promoteDueLanes(pool, schema, null, 150, null);
+        if (r.selected === 0) return;
+      }
+    }),
+  );
+  const counts = await pool.query(
+    `SELECT (SELECT count(*) FROM ${S}.deferred) AS deferred, (SELECT count(*) FROM ${S}.ready) AS ready, (SELECT count(DISTINCT id) FROM ${S}.ready) AS ids`,
+  );
   assert.deepEqual(counts.rows[0], { deferred: '0', ready: '2000', ids: '2000' });
 });
 
 test('promoted rows of a lane take lane sequence numbers in due order (ids in the opposite order)', async () => {
   await reset();
   // Task ids ascend while due times descend.
-  const tasks = Array.from({ length: 300 }, (_, i) => ({ type: 'm', payload: { i }, shard: i % 3, runAt: new Date(Date.now() + 3600_000 + (300 - i) * 1000) }));
+  const tasks = Array.from({ length: 300 }, (_, i) => ({
+    type: 'm',
+    payload: { i },
+    shard: i % 3,
+    runAt: new Date(Date.now() + 3600_000 + (300 - i) * 1000),
+  }));
   await enqueueMany(pool, tasks, { schema });
   await pool.query(`UPDATE ${S}.deferred SET run_at = run_at - interval '2 hours'`);
   for (;;) {
@@ -55,19 +85,28 @@ test('promoted rows of a lane take lane sequence numbers in due order (ids in th
 
 test('promoteDueLanes: a contended lane stays deferred and is reported, other lanes go ahead; skip leaves a lane out', async () => {
   await reset();
-  await enqueueMany(pool, [
-    { type: 'm', payload: {}, queue: 'hot', shard: 0, delay: 60_000 },
-    { type: 'm', payload: {}, queue: 'cold', shard: 0, delay: 60_000 },
-  ], { schema });
+  await enqueueMany(
+    pool,
+    [
+      { type: 'm', payload: {}, queue: 'hot', shard: 0, delay: 60_000 },
+      { type: 'm', payload: {}, queue: 'cold', shard: 0, delay: 60_000 },
+    ],
+    { schema },
+  );
   await pool.query(`UPDATE ${S}.deferred SET run_at = now() - interval '1 s'`);
   await promoteDue(pool, schema).catch(() => 0); // provisions lanes (promotes both)
   await reset();
-  await enqueueMany(pool, [
-    { type: 'm', payload: { q: 'hot' }, queue: 'hot', shard: 0, delay: 60_000 },
-    { type: 'm', payload: { q: 'cold' }, queue: 'cold', shard: 0, delay: 60_000 },
-  ], { schema });
+  await enqueueMany(
+    pool,
+    [
+      { type: 'm', payload: { q: 'hot' }, queue: 'hot', shard: 0, delay: 60_000 },
+      { type: 'm', payload: { q: 'cold' }, queue: 'cold', shard: 0, delay: 60_000 },
+    ],
+    { schema },
+  );
   await pool.query(`UPDATE ${S}.deferred SET run_at = now() - interval '1 s'`);
-  const hotLane = (await pool.query(`SELECT lane_id FROM ${S}.lanes WHERE queue = 'hot' AND shard = 0`)).rows[0].lane_id;
+  const hotLane = (await pool.query(`SELECT lane_id FROM ${S}.lanes WHERE queue = 'hot' AND shard = 0`)).rows[0]
+    .lane_id;
   const holder = await pool.connect();
   await holder.query('BEGIN');
   await holder.query('SELECT pg_advisory_xact_lock($1, $2)', [schemaLockKey(schema), hotLane]);
@@ -85,7 +124,11 @@ test('promoteDueLanes: a contended lane stays deferred and is reported, other la
 
 test('rescue run by many processes at once rescues each lapsed lease once', async () => {
   await reset();
-  await enqueueMany(pool, Array.from({ length: 300 }, (_, i) => ({ type: 'm', payload: { i } })), { schema });
+  await enqueueMany(
+    pool,
+    Array.from({ length: 300 }, (_, i) => ({ type: 'm', payload: { i } })),
+    { schema },
+  );
   const got = await claimAll(300, 1);
   assert.equal(got.length, 300);
   await leaseLapsed(pool, Math.max(...got.map((t) => t.leaseExpiresAt)));
@@ -98,12 +141,19 @@ test('rescue run by many processes at once rescues each lapsed lease once', asyn
   }
   assert.equal(more, 300);
   assert.equal((await pool.query(`SELECT count(*) FROM ${S}.deferred`)).rows[0].count, '300');
-  assert.equal((await pool.query(`SELECT count(*) FROM ${S}.settlements WHERE outcome = 'rescued'`)).rows[0].count, '300');
+  assert.equal(
+    (await pool.query(`SELECT count(*) FROM ${S}.settlements WHERE outcome = 'rescued'`)).rows[0].count,
+    '300',
+  );
 });
 
 test('ring: rotation seals a segment; prune truncates it only when nothing is claimable or in flight', async () => {
   await reset();
-  await enqueueMany(pool, Array.from({ length: 10 }, () => ({ type: 'm', payload: {} })), { schema });
+  await enqueueMany(
+    pool,
+    Array.from({ length: 10 }, () => ({ type: 'm', payload: {} })),
+    { schema },
+  );
   assert.equal(await rotateRing(pool, schema, 0), 'rotated');
   const st = await readRingState(pool, schema);
   assert.equal(st.currentSegment, 1);
@@ -130,7 +180,11 @@ test('ring: rotation seals a segment; prune truncates it only when nothing is cl
 test('ring wrap: a task enqueued after the claim cursor history was truncated is still claimed', async () => {
   await reset();
   for (let round = 0; round < 20; round++) {
-    await enqueueMany(pool, Array.from({ length: 5 }, (_, i) => ({ type: 'm', payload: { round, i }, shard: 0 })), { schema });
+    await enqueueMany(
+      pool,
+      Array.from({ length: 5 }, (_, i) => ({ type: 'm', payload: { round, i }, shard: 0 })),
+      { schema },
+    );
     const got = await claimAll(5);
     assert.equal(got.length, 5, `round ${round}`);
     await completeLeases(pool, schema, got);
@@ -143,27 +197,46 @@ test('ring wrap: a task enqueued after the claim cursor history was truncated is
 test('prune run aggressively under load never loses a task', async () => {
   await reset();
   const seen = new Map<number, number>();
-  const def = defineTask<{ i: number }>({ type: 'm_load', ceiling: 10_000, handler: async (p) => {
-    seen.set(p.i, (seen.get(p.i) ?? 0) + 1);
-    await new Promise((r) => setTimeout(r, Math.random() * 3));
-  } });
+  const def = defineTask<{ i: number }>({
+    type: 'm_load',
+    ceiling: 10_000,
+    handler: async (p) => {
+      seen.set(p.i, (seen.get(p.i) ?? 0) + 1);
+      await new Promise((r) => setTimeout(r, Math.random() * 3));
+    },
+  });
   const { logger } = captureLogger();
-  const workers = [0, 1].map(() => new Worker({
-    connectionString: DATABASE_URL, schema, tasks: [def], slots: 8, pollIntervalMs: 50, logger,
-    maintenance: { ...FAST_MAINTENANCE, ringIntervalMs: 10, ringRotateAfterMs: 20, ringLockTimeoutMs: 20 },
-  }));
+  const workers = [0, 1].map(
+    () =>
+      new Worker({
+        connectionString: DATABASE_URL,
+        schema,
+        tasks: [def],
+        slots: 8,
+        pollIntervalMs: 50,
+        logger,
+        maintenance: { ...FAST_MAINTENANCE, ringIntervalMs: 10, ringRotateAfterMs: 20, ringLockTimeoutMs: 20 },
+      }),
+  );
   await Promise.all(workers.map((w) => w.start()));
   try {
     const N = 3000;
     for (let b = 0; b < 30; b++) {
-      await enqueueMany(pool, Array.from({ length: N / 30 }, (_, k) => ({ type: 'm_load', payload: { i: b * (N / 30) + k } })), { schema });
+      await enqueueMany(
+        pool,
+        Array.from({ length: N / 30 }, (_, k) => ({ type: 'm_load', payload: { i: b * (N / 30) + k } })),
+        { schema },
+      );
       await new Promise((r) => setTimeout(r, 10));
     }
     await waitFor(() => seen.size === N, 60_000, 'every task ran');
     const completed = await pool.query(`SELECT count(*) FROM ${S}.settlements WHERE outcome = 'completed'`);
     const gen = await readRingState(pool, schema);
     assert.ok(gen.generation > 5, `the ring rotated under load (${gen.generation})`);
-    assert.ok([...seen.values()].every((n) => n === 1), 'no task ran twice');
+    assert.ok(
+      [...seen.values()].every((n) => n === 1),
+      'no task ran twice',
+    );
     assert.ok(Number(completed.rows[0].count) <= N);
   } finally {
     await Promise.all(workers.map((w) => w.stop()));
@@ -173,23 +246,45 @@ test('prune run aggressively under load never loses a task', async () => {
 test('exactly one maintenance leader; when it stops another takes over within seconds', async () => {
   await reset();
   const { logger } = captureLogger();
-  const ws = [0, 1, 2].map(() => new Worker({ connectionString: DATABASE_URL, schema, tasks: [], queues: ['served'], logger, maintenance: FAST_MAINTENANCE }));
+  const ws = [0, 1, 2].map(
+    () =>
+      new Worker({
+        connectionString: DATABASE_URL,
+        schema,
+        tasks: [],
+        queues: ['served'],
+        logger,
+        maintenance: FAST_MAINTENANCE,
+      }),
+  );
   await Promise.all(ws.map((w) => w.start()));
   try {
     await waitFor(() => ws.filter((w) => w.isLeader).length === 1, 10_000, 'a leader');
     await new Promise((r) => setTimeout(r, 300));
     assert.equal(ws.filter((w) => w.isLeader).length, 1, 'never two');
     const leader = ws.find((w) => w.isLeader)!;
-    await waitFor(async () => /berth_task_oldest_due_seconds \d/.test(await leader.metrics.registry.metrics()), 10_000, 'leader gauges');
+    await waitFor(
+      async () => /berth_task_oldest_due_seconds \d/.test(await leader.metrics.registry.metrics()),
+      10_000,
+      'leader gauges',
+    );
     await leader.stop();
     const after = await leader.metrics.registry.metrics();
-    assert.match(after, /^berth_task_oldest_due_seconds 0$/m, 'a former leader exports no stale oldest-due (max() ignores its 0)');
+    assert.match(
+      after,
+      /^berth_task_oldest_due_seconds 0$/m,
+      'a former leader exports no stale oldest-due (max() ignores its 0)',
+    );
     assert.doesNotMatch(after, /^berth_tasks_pending\{/m, 'nor per-type series');
     const rest = ws.filter((w) => w !== leader);
     await waitFor(() => rest.filter((w) => w.isLeader).length === 1, 10_000, 'a new leader');
     // The new leader promotes: a due deferred task reaches the ring.
     const [r] = await enqueueMany(pool, [{ type: 'm', payload: {}, delay: 1 }], { schema });
-    await waitFor(async () => (await getTask(pool, schema, r!.id!))?.state === 'ready', 10_000, 'promotion by the new leader');
+    await waitFor(
+      async () => (await getTask(pool, schema, r!.id!))?.state === 'ready',
+      10_000,
+      'promotion by the new leader',
+    );
   } finally {
     await Promise.all(ws.map((w) => w.stop()));
   }
@@ -200,7 +295,11 @@ test('gauges: pending includes running; running is a live lease; dead; oldest du
   const { readGauges } = await import('../src/maintenance-api.js');
   const { publishGauges } = await import('../src/maintenance/gauges.js');
   const { BerthMetrics } = await import('../src/metrics.js');
-  await enqueueMany(pool, Array.from({ length: 5 }, () => ({ type: 'g', payload: {} })), { schema });
+  await enqueueMany(
+    pool,
+    Array.from({ length: 5 }, () => ({ type: 'g', payload: {} })),
+    { schema },
+  );
   await enqueueMany(pool, [{ type: 'g', payload: {}, delay: 3600_000 }], { schema });
   const aged = performance.now();
   await pool.query(`UPDATE ${S}.ready SET run_at = now() - interval '42 seconds'`);
@@ -214,7 +313,10 @@ test('gauges: pending includes running; running is a live lease; dead; oldest du
   assert.equal(g.running.get('g'), 2);
   // 42 s when aged, plus however long the machine took since (measured, not assumed).
   const since = (performance.now() - aged) / 1000;
-  assert.ok(g.oldestDueSeconds >= 41 && g.oldestDueSeconds <= 43 + since, `oldest due ${g.oldestDueSeconds} (${since} s after aging)`);
+  assert.ok(
+    g.oldestDueSeconds >= 41 && g.oldestDueSeconds <= 43 + since,
+    `oldest due ${g.oldestDueSeconds} (${since} s after aging)`,
+  );
   const m = new BerthMetrics();
   publishGauges(m, g);
   const text = await m.registry.metrics();

@@ -76,7 +76,13 @@ test('every Prometheus instrument has an OpenTelemetry twin with the same name, 
     assert.deepEqual([...points.keys()].sort(), [...labelSets].sort(), `${pm.name}: label sets`);
     for (const v of values) {
       const p = points.get(key(v.labels))!;
-      assert.deepEqual(Object.keys(p.attributes).sort(), Object.keys(v.labels).filter((k) => k !== 'le').sort(), `${pm.name}: label keys`);
+      assert.deepEqual(
+        Object.keys(p.attributes).sort(),
+        Object.keys(v.labels)
+          .filter((k) => k !== 'le')
+          .sort(),
+        `${pm.name}: label keys`,
+      );
     }
     const type = String(pm.type);
     if (type === 'counter') {
@@ -103,7 +109,10 @@ test('every Prometheus instrument has an OpenTelemetry twin with the same name, 
         assert.ok(Math.abs((p.value.sum ?? NaN) - sum) < 1e-12);
         // Same boundaries; Prometheus buckets are cumulative, OpenTelemetry's are not.
         const promBuckets = mine.filter((v) => v.metricName === `${pm.name}_bucket` && v.labels.le !== '+Inf');
-        assert.deepEqual(p.value.buckets.boundaries, promBuckets.map((b) => Number(b.labels.le)));
+        assert.deepEqual(
+          p.value.buckets.boundaries,
+          promBuckets.map((b) => Number(b.labels.le)),
+        );
         let running = 0;
         p.value.buckets.boundaries.forEach((_, i) => {
           running += p.value.buckets.counts[i]!;
@@ -121,10 +130,13 @@ test('a gauge reset carries over: the label set it dropped reads 0, the others t
   m.pending.set({ task_type: 'h' }, 2);
   m.oldestDueSeconds.set(42);
   const before = await collect(reader);
-  assert.deepEqual(before.get('berth_tasks_pending')!.dataPoints.map((p) => [p.attributes, p.value]), [
-    [{ task_type: 'g' }, 6],
-    [{ task_type: 'h' }, 2],
-  ]);
+  assert.deepEqual(
+    before.get('berth_tasks_pending')!.dataPoints.map((p) => [p.attributes, p.value]),
+    [
+      [{ task_type: 'g' }, 6],
+      [{ task_type: 'h' }, 2],
+    ],
+  );
   m.pending.reset();
   m.pending.set({ task_type: 'h' }, 3);
   m.oldestDueSeconds.reset();
@@ -151,7 +163,10 @@ test('several BerthMetrics on one meter: counters add up, slots add up, leader g
   assert.equal(otel.get('berth_claimed_tasks')!.dataPoints[0]!.value, 5);
   assert.equal(otel.get('berth_task_slots')!.dataPoints[0]!.value, 6);
   assert.equal(otel.get('berth_maintenance_leader')!.dataPoints[0]!.value, 1);
-  assert.deepEqual(otel.get('berth_queue_paused')!.dataPoints.map((p) => [p.attributes, p.value]), [[{ queue: 'q' }, 1]]);
+  assert.deepEqual(
+    otel.get('berth_queue_paused')!.dataPoints.map((p) => [p.attributes, p.value]),
+    [[{ queue: 'q' }, 1]],
+  );
   // Each keeps its own Prometheus registry.
   assert.match(await a.registry.metrics(), /^berth_claimed_tasks_total 2$/m);
   assert.match(await b.registry.metrics(), /^berth_claimed_tasks_total 3$/m);
@@ -168,9 +183,10 @@ test('the default meter is the global one; new BerthMetrics(registry) still work
     m.outcomes.inc({ task_type: 't', outcome: 'success' });
     m.handlerSeconds.observe({ task_type: 't' }, 0.02);
     const otel = await collect(reader);
-    assert.deepEqual(otel.get('berth_task_outcomes')!.dataPoints.map((p) => [p.attributes, p.value]), [
-      [{ task_type: 't', outcome: 'success' }, 1],
-    ]);
+    assert.deepEqual(
+      otel.get('berth_task_outcomes')!.dataPoints.map((p) => [p.attributes, p.value]),
+      [[{ task_type: 't', outcome: 'success' }, 1]],
+    );
     assert.equal(otel.get('berth_task_handler_seconds')!.dataPoints.length, 1);
     assert.match(await m.registry.metrics(), /berth_task_outcomes_total\{task_type="t",outcome="success"\} 1/);
   } finally {

@@ -38,7 +38,10 @@ test('concurrent migrators apply each migration once', async () => {
   try {
     await pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     const reports = await Promise.all([1, 2, 3].map(() => migrate({ connectionString: DATABASE_URL, schema })));
-    assert.equal(reports.reduce((n, r) => n + r.applied.length, 0), MIGRATION_COUNT);
+    assert.equal(
+      reports.reduce((n, r) => n + r.applied.length, 0),
+      MIGRATION_COUNT,
+    );
   } finally {
     await pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     await pool.end();
@@ -85,7 +88,9 @@ test('migrate without a connection gives a clear error', async () => {
 test('migrate refuses a database whose applied migration differs from the code (a shipped migration was edited)', async () => {
   const { MigrationChangedError } = await import('../src/index.js');
   const { schema, pool } = await freshSchema('migrate_changed');
-  const recorded = await pool.query(`SELECT count(*) FROM "${schema}".schema_migrations WHERE checksum ~ '^[0-9a-f]{64}$'`);
+  const recorded = await pool.query(
+    `SELECT count(*) FROM "${schema}".schema_migrations WHERE checksum ~ '^[0-9a-f]{64}$'`,
+  );
   assert.equal(Number(recorded.rows[0].count), MIGRATION_COUNT, 'every migration records its checksum');
   await pool.query(`UPDATE "${schema}".schema_migrations SET checksum = repeat('0', 64) WHERE version = 1`);
   await assert.rejects(migrate({ connectionString: DATABASE_URL, schema }), (err: Error) => {

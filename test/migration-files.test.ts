@@ -25,7 +25,7 @@ const TEMPLATE_CHECKSUMS: Record<string, [number, string][]> = {
     [6, 'f5181e216fc5b01e37aa0cc62a35ffae78b8120a5b85b6ee506424b6cb42b5fe'],
     [7, 'e8c5b97ba6c22a6601ba89b298a02d135a93a999a4bc01682e26c68bdeb749d7'],
   ],
-  [`Tenant "A's" {{schema}} \\ queue`]: [
+  'Tenant "A\'s" {{schema}} \\ queue': [
     [1, '1566d5c6fdf2e3915d7129aa3e473c0fd28d74ccdb28c3f68b912159a33aa418'],
     [2, '95787dd4125ebdd8ca2b7d7e547cde2f1b1df62b8640979e90f68afee03694c6'],
     [3, '650a22b7fee7314c930bacea93b5769d9901293e4174da91bae55aca12cc8155'],
@@ -57,7 +57,10 @@ for (const [schema, pins] of Object.entries(TEMPLATE_CHECKSUMS)) {
 }
 
 test('the names recorded in schema_migrations are the ones the in-code migrations had', () => {
-  assert.deepEqual(NAMES.map(([version]) => [version, MIGRATIONS.find((x) => x.version === version)?.name]), NAMES);
+  assert.deepEqual(
+    NAMES.map(([version]) => [version, MIGRATIONS.find((x) => x.version === version)?.name]),
+    NAMES,
+  );
 });
 
 test('placeholders become the schema quoted as an identifier or a literal, never raw, and none is left over', () => {
@@ -74,8 +77,14 @@ test('placeholders become the schema quoted as an identifier or a literal, never
 test('migration 1 creates RING_SLOTS partitions of each ring table', () => {
   const core = MIGRATIONS.find((m) => m.version === 1)!.sql('berth');
   for (const table of ['ready', 'leases', 'settlements', 'tombstones']) {
-    const slots = [...core.matchAll(new RegExp(`PARTITION OF "berth"\\.${table} FOR VALUES IN \\((\\d+)\\)`, 'g'))].map((m) => Number(m[1]));
-    assert.deepEqual(slots, Array.from({ length: RING_SLOTS }, (_, i) => i), table);
+    const slots = [...core.matchAll(new RegExp(`PARTITION OF "berth"\\.${table} FOR VALUES IN \\((\\d+)\\)`, 'g'))].map(
+      (m) => Number(m[1]),
+    );
+    assert.deepEqual(
+      slots,
+      Array.from({ length: RING_SLOTS }, (_, i) => i),
+      table,
+    );
   }
   assert.match(core, new RegExp(`VALUES \\(0, ${RING_SLOTS}, 0, now\\(\\)\\)`), 'ring_state.slot_count');
 });
@@ -83,9 +92,22 @@ test('migration 1 creates RING_SLOTS partitions of each ring table', () => {
 test('a malformed migration file is refused, naming the file', () => {
   const ok = '-- name: x\n-- why\n\nSELECT 1 FROM {{schema}}.lanes;\n';
   assert.equal(parseMigration('0009_x.sql', ok).sql('s'), '\nSELECT 1 FROM "s".lanes;\n');
-  assert.equal(parseMigration('0009_x.sql', ok.replaceAll('\n', '\r\n')).sql('s'), '\nSELECT 1 FROM "s".lanes;\n', 'CRLF reads as LF');
+  assert.equal(
+    parseMigration('0009_x.sql', ok.replaceAll('\n', '\r\n')).sql('s'),
+    '\nSELECT 1 FROM "s".lanes;\n',
+    'CRLF reads as LF',
+  );
   assert.throws(() => parseMigration('9_x.sql', ok), /9_x\.sql: the name must be NNNN_/);
-  assert.throws(() => parseMigration('0009_x.sql', '-- x\n\nSELECT 1;\n'), /0009_x\.sql: the first line must be "-- name: <name>"/);
-  assert.throws(() => parseMigration('0009_x.sql', '-- name: x\nSELECT 1;\n'), /0009_x\.sql: the header .* holds comments only/);
-  assert.throws(() => parseMigration('0009_x.sql', '-- name: x\n\nSELECT {{shema}};\n'), /0009_x\.sql: unknown placeholder\(s\) \{\{shema\}\}/);
+  assert.throws(
+    () => parseMigration('0009_x.sql', '-- x\n\nSELECT 1;\n'),
+    /0009_x\.sql: the first line must be "-- name: <name>"/,
+  );
+  assert.throws(
+    () => parseMigration('0009_x.sql', '-- name: x\nSELECT 1;\n'),
+    /0009_x\.sql: the header .* holds comments only/,
+  );
+  assert.throws(
+    () => parseMigration('0009_x.sql', '-- name: x\n\nSELECT {{shema}};\n'),
+    /0009_x\.sql: unknown placeholder\(s\) \{\{shema\}\}/,
+  );
 });

@@ -11,16 +11,35 @@ const { schema, pool } = await freshSchema('moves');
 const S = `"${schema}"`;
 
 async function reset(): Promise<void> {
-  await pool.query(`TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`);
+  await pool.query(
+    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
+  );
   await pool.query(`UPDATE ${S}.ring_state SET current_slot = 0, rotated_at = now()`);
 }
 async function claimFrom(queues: string[] | null, limit: number) {
-  const lanes = (await pool.query(`SELECT lane_id FROM ${S}.lanes WHERE $1::text[] IS NULL OR queue = ANY($1)`, [queues])).rows.map((r) => r.lane_id as number);
-  return claim(pool, { schema, laneIds: lanes, limit, ceilings: new Map(), maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: 60_000, marginMs: 0, workerId: 'mv', wakeChannel: wakeChannel(schema) });
+  const lanes = (
+    await pool.query(`SELECT lane_id FROM ${S}.lanes WHERE $1::text[] IS NULL OR queue = ANY($1)`, [queues])
+  ).rows.map((r) => r.lane_id as number);
+  return claim(pool, {
+    schema,
+    laneIds: lanes,
+    limit,
+    ceilings: new Map(),
+    maxAttempts: new Map(),
+    defaultMaxAttempts: 20,
+    defaultCeilingMs: 60_000,
+    marginMs: 0,
+    workerId: 'mv',
+    wakeChannel: wakeChannel(schema),
+  });
 }
 /** Other traffic: enqueue, claim and complete a few tasks on queue 'other', then rotate once. */
 async function churnAndRotate(): Promise<void> {
-  await enqueueMany(pool, Array.from({ length: 3 }, () => ({ type: 'o', payload: {}, queue: 'other' })), { schema });
+  await enqueueMany(
+    pool,
+    Array.from({ length: 3 }, () => ({ type: 'o', payload: {}, queue: 'other' })),
+    { schema },
+  );
   await completeLeases(pool, schema, await claimFrom(['other'], 10));
   const r = await rotateRing(pool, schema, 0);
   assert.equal(r, 'rotated');
@@ -63,7 +82,10 @@ test('moves across a ring wrap (priority, then queue): getTask follows the newes
   await maintainRing(pool, schema, { rotateAfterMs: 60_000, lockTimeoutMs: 100 });
   assert.equal((await getTask(pool, schema, r.id!))?.queue, 'dst', 'still, after pruning what can be pruned');
   const got = await claimFrom(['src', 'dst'], 5);
-  assert.deepEqual(got.map((g) => [g.id, g.queue]), [[r.id, 'dst']]);
+  assert.deepEqual(
+    got.map((g) => [g.id, g.queue]),
+    [[r.id, 'dst']],
+  );
 });
 
 test('a scheduled task is moved in deferred storage; a leased one is not moved', async () => {

@@ -32,17 +32,33 @@ test('done: "A handler returns done and the processor writes the consequence" (D
 
 test('error: "A handler error records last_error, pushes run_at forward by a capped exponential backoff (15 s doubling to 10 min)"', () => {
   const s = settlementFor({ kind: 'error', error: 'boom', permanent: false, ...plain }, task);
-  assert.deepEqual(s.action, { kind: 'fail', error: 'boom', delayMs: backoffDelayMs(DEFAULT_BACKOFF, 3), permanent: false });
+  assert.deepEqual(s.action, {
+    kind: 'fail',
+    error: 'boom',
+    delayMs: backoffDelayMs(DEFAULT_BACKOFF, 3),
+    permanent: false,
+  });
   assert.equal(s.action.kind === 'fail' && s.action.delayMs, 60_000, '15 s doubling: the third attempt waits 60 s');
   assert.equal(s.outcome.written, 'failure');
-  const late = settlementFor({ kind: 'error', error: 'boom', permanent: false, ...plain }, { attempt: 12, backoff: DEFAULT_BACKOFF });
+  const late = settlementFor(
+    { kind: 'error', error: 'boom', permanent: false, ...plain },
+    { attempt: 12, backoff: DEFAULT_BACKOFF },
+  );
   assert.equal(late.action.kind === 'fail' && late.action.delayMs, 600_000, 'capped at 10 min');
 });
 
 test('dead letters: "At 20 attempts the row dead-letters" (the same RecordFailure; the fenced statement retires it, still counted failure)', () => {
   const s = settlementFor({ kind: 'error', error: 'boom', permanent: false, ...plain }, finalAttempt);
-  assert.deepEqual(s.action, { kind: 'fail', error: 'boom', delayMs: backoffDelayMs(DEFAULT_BACKOFF, 20), permanent: false });
-  assert.equal(counted({ kind: 'error', error: 'boom', permanent: false, ...plain }, writtenDead, finalAttempt), 'failure');
+  assert.deepEqual(s.action, {
+    kind: 'fail',
+    error: 'boom',
+    delayMs: backoffDelayMs(DEFAULT_BACKOFF, 20),
+    permanent: false,
+  });
+  assert.equal(
+    counted({ kind: 'error', error: 'boom', permanent: false, ...plain }, writtenDead, finalAttempt),
+    'failure',
+  );
 });
 
 test('permanent error: a PermanentError dead-letters now, whatever attempts remain (counted failure)', () => {
@@ -53,7 +69,11 @@ test('permanent error: a PermanentError dead-letters now, whatever attempts rema
 
 test('continue: "A continue is counted as continued, not success — a slice is not a finished task" (the release is the safety net)', () => {
   const s = settlementFor({ kind: 'continue', ...plain, advanced: true }, task);
-  assert.deepEqual(s.action, { kind: 'release', reason: 'continue', finalError: 'continued without advancing on its final attempt' });
+  assert.deepEqual(s.action, {
+    kind: 'release',
+    reason: 'continue',
+    finalError: 'continued without advancing on its final attempt',
+  });
   // AdvanceCursor already cleared the lease: the net matching nothing is the normal case.
   assert.equal(counted({ kind: 'continue', ...plain, advanced: true }, refused), 'continued');
   assert.equal(counted({ kind: 'continue', ...plain, advanced: true }, unwritten), 'continued');
@@ -67,7 +87,11 @@ test('continue: "That net matching a row is how a slice which advanced nothing i
 
 test('continue: "one that continued without advancing keeps the attempt and reaches 20" (the release on the final attempt retires it with an explanation)', () => {
   const s = settlementFor({ kind: 'continue', ...plain }, finalAttempt);
-  assert.deepEqual(s.action, { kind: 'release', reason: 'continue', finalError: 'continued without advancing on its final attempt' });
+  assert.deepEqual(s.action, {
+    kind: 'release',
+    reason: 'continue',
+    finalError: 'continued without advancing on its final attempt',
+  });
   assert.equal(counted({ kind: 'continue', ...plain }, writtenDead, finalAttempt), 'continued');
 });
 
@@ -90,7 +114,12 @@ test('lease lost: "A refused settlement is treated as this worker no longer owns
 
 test('deadline: "A ceiling hit is recorded as outcome timeout" — an error at the deadline is an ordinary failure (backoff, retry) counted timeout', () => {
   const s = settlementFor({ kind: 'error', error: 'aborted', permanent: false, ...plain, pastDeadline: true }, task);
-  assert.deepEqual(s.action, { kind: 'fail', error: 'aborted', delayMs: backoffDelayMs(DEFAULT_BACKOFF, 3), permanent: false });
+  assert.deepEqual(s.action, {
+    kind: 'fail',
+    error: 'aborted',
+    delayMs: backoffDelayMs(DEFAULT_BACKOFF, 3),
+    permanent: false,
+  });
   assert.equal(s.outcome.written, 'timeout');
 });
 
@@ -102,7 +131,12 @@ test('deadline: "done (true, nil) — recorded as success. A handler that swallo
 
 test('deadline: "If that deadline is already past when the claim returns ... not started ... Recorded as timeout ..., then backed off like any other failure"', () => {
   const s = settlementFor({ kind: 'late_claim', error: 'claim returned after the handler deadline' }, task);
-  assert.deepEqual(s.action, { kind: 'fail', error: 'claim returned after the handler deadline', delayMs: backoffDelayMs(DEFAULT_BACKOFF, 3), permanent: false });
+  assert.deepEqual(s.action, {
+    kind: 'fail',
+    error: 'claim returned after the handler deadline',
+    delayMs: backoffDelayMs(DEFAULT_BACKOFF, 3),
+    permanent: false,
+  });
   assert.equal(s.outcome.written, 'timeout');
 });
 
@@ -113,13 +147,20 @@ test('shutdown: "In-flight handlers are cancelled and their leases explicitly re
     { kind: 'contract_violation', error: 'returned 42', ...plain, shutdown: true },
   ] as const) {
     const s = settlementFor(run, task);
-    assert.deepEqual(s.action, { kind: 'release', reason: 'shutdown', finalError: 'interrupted by worker shutdown on its final attempt' }, run.kind);
+    assert.deepEqual(
+      s.action,
+      { kind: 'release', reason: 'shutdown', finalError: 'interrupted by worker shutdown on its final attempt' },
+      run.kind,
+    );
     assert.deepEqual(s.outcome, { written: 'cancelled', refused: 'lost', unwritten: 'unsettled' }, run.kind);
   }
 });
 
 test('shutdown: "... and continued when it saved progress first" (whatever the release answers: the progress is saved)', () => {
-  const s = settlementFor({ kind: 'error', error: 'aborted', permanent: false, ...plain, shutdown: true, advanced: true }, task);
+  const s = settlementFor(
+    { kind: 'error', error: 'aborted', permanent: false, ...plain, shutdown: true, advanced: true },
+    task,
+  );
   assert.equal(s.action.kind, 'release');
   assert.deepEqual(s.outcome, { written: 'continued', refused: 'continued', unwritten: 'continued' });
 });
@@ -127,8 +168,15 @@ test('shutdown: "... and continued when it saved progress first" (whatever the r
 test('shutdown: "A release does not refund the attempt the claim burnt" and "a shutdown on a task\'s final attempt retires it ... the release stamps last_error"', () => {
   const s = settlementFor({ kind: 'error', error: 'aborted', permanent: true, ...plain, shutdown: true }, finalAttempt);
   // A release, never a refund (return_unstarted) nor a failure (a permanent error interrupted by stop is still a release).
-  assert.deepEqual(s.action, { kind: 'release', reason: 'shutdown', finalError: 'interrupted by worker shutdown on its final attempt' });
-  assert.equal(counted({ kind: 'error', error: 'aborted', permanent: false, ...plain, shutdown: true }, writtenDead, finalAttempt), 'cancelled');
+  assert.deepEqual(s.action, {
+    kind: 'release',
+    reason: 'shutdown',
+    finalError: 'interrupted by worker shutdown on its final attempt',
+  });
+  assert.equal(
+    counted({ kind: 'error', error: 'aborted', permanent: false, ...plain, shutdown: true }, writtenDead, finalAttempt),
+    'cancelled',
+  );
 });
 
 test('shutdown: a handler that finished before it saw the abort reports done, and done is written (counted success)', () => {
@@ -138,12 +186,18 @@ test('shutdown: a handler that finished before it saw the abort reports done, an
 });
 
 test('shutdown: "If the release itself fails, expiry still gets there" (not written: counted unsettled, the lease lapses)', () => {
-  assert.equal(counted({ kind: 'error', error: 'aborted', permanent: false, ...plain, shutdown: true }, unwritten), 'unsettled');
+  assert.equal(
+    counted({ kind: 'error', error: 'aborted', permanent: false, ...plain, shutdown: true }, unwritten),
+    'unsettled',
+  );
 });
 
 test('refund: a prefetched task that waited past its deadline never ran: handed back with the attempt refunded, counted nowhere', () => {
   const s = settlementFor({ kind: 'expired_in_buffer' }, task);
-  assert.deepEqual(s, { action: { kind: 'return_unstarted' }, outcome: { written: null, refused: null, unwritten: null } });
+  assert.deepEqual(s, {
+    action: { kind: 'return_unstarted' },
+    outcome: { written: null, refused: null, unwritten: null },
+  });
 });
 
 test('outage: a settlement the database never took is counted unsettled, never lost ("lost" means only that the token was refused)', () => {
@@ -153,15 +207,32 @@ test('outage: a settlement the database never took is counted unsettled, never l
 });
 
 test('"Three states, and nothing else": a handler that returns anything else fails loudly (backoff, counted failure), never a success', () => {
-  const s = settlementFor({ kind: 'contract_violation', error: "handler returned 42; a handler must return 'done', 'continue' or nothing", ...plain }, task);
-  assert.deepEqual(s.action, { kind: 'fail', error: "handler returned 42; a handler must return 'done', 'continue' or nothing", delayMs: backoffDelayMs(DEFAULT_BACKOFF, 3), permanent: false });
+  const s = settlementFor(
+    {
+      kind: 'contract_violation',
+      error: "handler returned 42; a handler must return 'done', 'continue' or nothing",
+      ...plain,
+    },
+    task,
+  );
+  assert.deepEqual(s.action, {
+    kind: 'fail',
+    error: "handler returned 42; a handler must return 'done', 'continue' or nothing",
+    delayMs: backoffDelayMs(DEFAULT_BACKOFF, 3),
+    permanent: false,
+  });
   assert.equal(s.outcome.written, 'failure');
   assert.equal(counted({ kind: 'contract_violation', error: 'x', ...plain, pastDeadline: true }, written), 'timeout');
 });
 
 test('unknown type: a claimed task this worker has no handler for is a failure, backed off by the default policy', () => {
   const s = settlementFor({ kind: 'unknown_type', error: 'no handler registered for task type "x"' }, task);
-  assert.deepEqual(s.action, { kind: 'fail', error: 'no handler registered for task type "x"', delayMs: backoffDelayMs(DEFAULT_BACKOFF, 3), permanent: false });
+  assert.deepEqual(s.action, {
+    kind: 'fail',
+    error: 'no handler registered for task type "x"',
+    delayMs: backoffDelayMs(DEFAULT_BACKOFF, 3),
+    permanent: false,
+  });
   assert.equal(s.outcome.written, 'failure');
 });
 
@@ -182,7 +253,12 @@ test('every outcome the table counts is one of the seven the metrics export', ()
     for (const shutdown of [false, true]) {
       for (const pastDeadline of [false, true]) {
         const ran = { advanced, shutdown, pastDeadline };
-        runs.push({ kind: 'done', ...ran }, { kind: 'continue', ...ran }, { kind: 'error', error: 'x', permanent: false, ...ran }, { kind: 'contract_violation', error: 'x', ...ran });
+        runs.push(
+          { kind: 'done', ...ran },
+          { kind: 'continue', ...ran },
+          { kind: 'error', error: 'x', permanent: false, ...ran },
+          { kind: 'contract_violation', error: 'x', ...ran },
+        );
       }
     }
   }

@@ -78,10 +78,23 @@ test('a settlement still unwritable when its lease expires is counted unsettled,
   await w.start();
   try {
     await enqueue(pool, def.type, {}, { schema, queue: def.type });
-    await waitFor(async () => (await outcomes(w.metrics, def.type, 'unsettled')) === 1, 60_000, 'the run counted unsettled');
-    assert.ok(msgs(lines, 'task finished but its completion could not be written (database unreachable); it will run again after its lease lapses').length === 1);
+    await waitFor(
+      async () => (await outcomes(w.metrics, def.type, 'unsettled')) === 1,
+      60_000,
+      'the run counted unsettled',
+    );
+    assert.ok(
+      msgs(
+        lines,
+        'task finished but its completion could not be written (database unreachable); it will run again after its lease lapses',
+      ).length === 1,
+    );
     proxy.restore();
-    await waitFor(async () => (await outcomes(w.metrics, def.type, 'success')) === 1, 60_000, 'the re-run after rescue');
+    await waitFor(
+      async () => (await outcomes(w.metrics, def.type, 'success')) === 1,
+      60_000,
+      'the re-run after rescue',
+    );
     assert.equal(runs, 2);
     assert.equal(await outcomes(w.metrics, def.type, 'lost'), 0, 'an outage is not a lost lease');
   } finally {
@@ -106,20 +119,29 @@ test('after an outage the claim loop retries at most a second apart, and picks u
     proxy.cut();
     await waitFor(() => msgs(lines, 'fetch failed; backing off').length >= 1, 60_000, 'claims failing');
     // Long enough for an uncapped doubling backoff to have grown past many seconds.
-    await waitFor(() => lines.filter((l) => typeof l.failures === 'number' && (l.failures as number) >= 20).length > 0, 60_000, '20 failed claims');
+    await waitFor(
+      () => lines.filter((l) => typeof l.failures === 'number' && (l.failures as number) >= 20).length > 0,
+      60_000,
+      '20 failed claims',
+    );
     proxy.restore();
     const back = Date.now();
     await enqueue(pool, def.type, {}, { schema, queue: def.type });
     await waitFor(() => runs === 1, 60_000, 'the task picked up after the outage');
     console.log(`# picked up ${Date.now() - back} ms after the database came back`);
-    for (const l of msgs(lines, 'fetch failed; backing off')) assert.ok((l.retryInMs as number) <= 1000, `backoff ${String(l.retryInMs)} ms`);
+    for (const l of msgs(lines, 'fetch failed; backing off'))
+      assert.ok((l.retryInMs as number) <= 1000, `backoff ${String(l.retryInMs)} ms`);
     assert.ok(msgs(lines, 'claims work again after database errors').length >= 1);
     assert.deepEqual(warnings, [], 'no listener piles up across failed claims');
     // The wake listener reconnects too (it is told to, rather than waiting out its backoff).
-    await waitFor(async () => {
-      const m = (await w.metrics.registry.getSingleMetricAsString('berth_listen_reconnects_total')).match(/ (\d+)$/m);
-      return m !== null && Number(m[1]) >= 1;
-    }, 60_000, 'LISTEN reconnected');
+    await waitFor(
+      async () => {
+        const m = (await w.metrics.registry.getSingleMetricAsString('berth_listen_reconnects_total')).match(/ (\d+)$/m);
+        return m !== null && Number(m[1]) >= 1;
+      },
+      60_000,
+      'LISTEN reconnected',
+    );
   } finally {
     process.off('warning', onWarning);
     proxy.restore();
@@ -137,7 +159,8 @@ test('a handler answer outside the contract (42, "retry", false) is a failure th
     handler: async (_p, ctx) => answers[ids.indexOf(ctx.id)],
   });
   const ids: string[] = [];
-  for (let i = 0; i < answers.length; i++) ids.push((await enqueue(pool, def.type, {}, { schema, queue: def.type })).id!);
+  for (let i = 0; i < answers.length; i++)
+    ids.push((await enqueue(pool, def.type, {}, { schema, queue: def.type })).id!);
   const { w } = worker(def, { connectionString: DATABASE_URL });
   await w.start();
   try {

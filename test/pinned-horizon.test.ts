@@ -26,45 +26,77 @@ test('with the xmin horizon pinned, 5,000 tasks flow, hot relations stay free of
   const xid = (await pin.query('SELECT txid_current() AS x')).rows[0].x;
   assert.ok(xid);
   const seen = new Uint8Array(N);
-  const def = defineTask<{ i: number }>({ type: 'pin', ceiling: 10_000, handler: async ({ i }) => {
-    seen[i]! += 1;
-  } });
+  const def = defineTask<{ i: number }>({
+    type: 'pin',
+    ceiling: 10_000,
+    handler: async ({ i }) => {
+      seen[i]! += 1;
+    },
+  });
   const { logger } = captureLogger();
   const w = new Worker({
-    connectionString: DATABASE_URL, schema, tasks: [def], slots: 10, logger,
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    slots: 10,
+    logger,
     maintenance: { promoteIntervalMs: 100, ringIntervalMs: 100, ringRotateAfterMs: 300, leaderPollMs: 100 },
   });
   await w.start();
   let stopped = false;
   try {
     for (let b = 0; b < N / 1000; b++) {
-      await enqueueMany(pool, Array.from({ length: 1000 }, (_, k) => ({ type: 'pin', payload: { i: b * 1000 + k } })), { schema });
+      await enqueueMany(
+        pool,
+        Array.from({ length: 1000 }, (_, k) => ({ type: 'pin', payload: { i: b * 1000 + k } })),
+        { schema },
+      );
     }
     await waitFor(() => seen.every((n) => n >= 1), 120_000, 'every task to run');
-    assert.ok(seen.every((n) => n === 1), 'no task ran twice');
-    const horizon = await pool.query(`SELECT backend_xid::text AS x FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid = $1`, [(pin as unknown as { processID: number }).processID]);
+    assert.ok(
+      seen.every((n) => n === 1),
+      'no task ran twice',
+    );
+    const horizon = await pool.query(
+      `SELECT backend_xid::text AS x FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid = $1`,
+      [(pin as unknown as { processID: number }).processID],
+    );
     assert.equal(horizon.rows[0]?.x, String(xid), 'the pin held for the whole run');
     // A backend reports its table statistics when idle (at most once a second) or at exit: stop
     // the worker, so its sessions exit, and wait until every settlement insert is counted.
     await w.stop();
     stopped = true;
-    const stats = () => pool.query(
-      `SELECT relname, n_dead_tup::int AS dead, n_tup_ins::int AS ins FROM pg_stat_user_tables WHERE schemaname = $1 ORDER BY n_dead_tup DESC`,
-      [schema],
+    const stats = () =>
+      pool.query(
+        `SELECT relname, n_dead_tup::int AS dead, n_tup_ins::int AS ins FROM pg_stat_user_tables WHERE schemaname = $1 ORDER BY n_dead_tup DESC`,
+        [schema],
+      );
+    const dead = await waitFor(
+      async () => {
+        const r = await stats();
+        return r.rows.filter((x) => x.relname.startsWith('settlements')).reduce((n, x) => n + x.ins, 0) >= N ? r : null;
+      },
+      60_000,
+      'the statistics of every settlement',
     );
-    const dead = await waitFor(async () => {
-      const r = await stats();
-      return r.rows.filter((x) => x.relname.startsWith('settlements')).reduce((n, x) => n + x.ins, 0) >= N ? r : null;
-    }, 60_000, 'the statistics of every settlement');
     // workers and outcome_counts are rewritten on each worker heartbeat (every 10 s), not per
     // task: their dead tuples grow with the run's length, so they are left out of the bound.
-    const total = dead.rows.filter((r) => !['workers', 'outcome_counts'].includes(r.relname)).reduce((n, r) => n + r.dead, 0);
+    const total = dead.rows
+      .filter((r) => !['workers', 'outcome_counts'].includes(r.relname))
+      .reduce((n, r) => n + r.dead, 0);
     const rotations = (await readRingState(pool, schema)).generation;
     // Only the one-row ring_state is updated (once per rotation); the task path never updates
     // or deletes a row.
-    assert.ok(total <= rotations + 20, `dead tuples ${total} (rotations ${rotations}): ${JSON.stringify(dead.rows.slice(0, 5))}`);
+    assert.ok(
+      total <= rotations + 20,
+      `dead tuples ${total} (rotations ${rotations}): ${JSON.stringify(dead.rows.slice(0, 5))}`,
+    );
     assert.ok(rotations >= 1, 'the ring rotated during the run');
-    assert.deepEqual(dead.rows.filter((r) => /^(ready|leases|settlements|tombstones)/.test(r.relname) && r.dead > 0), [], 'the ring tables gain no dead tuples');
+    assert.deepEqual(
+      dead.rows.filter((r) => /^(ready|leases|settlements|tombstones)/.test(r.relname) && r.dead > 0),
+      [],
+      'the ring tables gain no dead tuples',
+    );
   } finally {
     if (!stopped) await w.stop();
     await pin.query('ROLLBACK');

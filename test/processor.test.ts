@@ -6,12 +6,26 @@ import type { AnyTaskDefinition } from '../src/task.js';
 import { slotsFromEnv, workerOptionsFromEnv } from '../src/env.js';
 import { logLevel } from '../src/logger.js';
 import { isPermanentError, PermanentError } from '../src/errors.js';
-import { captureLogger, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, freshSchema, outcomes, scaled, waitFor, counterValue } from './helpers.js';
+import {
+  captureLogger,
+  DATABASE_URL,
+  expectOutcome,
+  FAST_MAINTENANCE,
+  freshSchema,
+  outcomes,
+  scaled,
+  waitFor,
+  counterValue,
+} from './helpers.js';
 
 const { schema, pool } = await freshSchema('proc');
 const S = `"${schema}"`;
 
-async function withWorker(tasks: AnyTaskDefinition[], fn: (w: Worker, lines: Record<string, unknown>[]) => Promise<void>, opts: Partial<ConstructorParameters<typeof Worker>[0]> = {}) {
+async function withWorker(
+  tasks: AnyTaskDefinition[],
+  fn: (w: Worker, lines: Record<string, unknown>[]) => Promise<void>,
+  opts: Partial<ConstructorParameters<typeof Worker>[0]> = {},
+) {
   const { logger, lines } = captureLogger();
   const w = new Worker({
     connectionString: DATABASE_URL,
@@ -37,11 +51,15 @@ const state = async (id: string) => (await getTask(pool, schema, id))?.state;
 
 test('done: the handler runs once and the task completes (success)', async () => {
   const seen: unknown[] = [];
-  const def = defineTask<{ n: number }>({ type: 'p_done', ceiling: 10_000, handler: async (p, ctx) => {
-    seen.push(p);
-    assert.ok(ctx.deadline.getTime() > Date.now());
-    assert.equal(ctx.attempt, 1);
-  } });
+  const def = defineTask<{ n: number }>({
+    type: 'p_done',
+    ceiling: 10_000,
+    handler: async (p, ctx) => {
+      seen.push(p);
+      assert.ok(ctx.deadline.getTime() > Date.now());
+      assert.equal(ctx.attempt, 1);
+    },
+  });
   await withWorker([def], async (w) => {
     const r = await enqueue(pool, def, { n: 7 }, { schema, dedupeKey: 'p_done:7' });
     await waitFor(async () => (await state(r.id!)) === 'completed', 10_000, 'completion');
@@ -56,10 +74,16 @@ test('done: the handler runs once and the task completes (success)', async () =>
 
 test('error: failure records last_error and retries with backoff, then dead-letters at maxAttempts', async () => {
   let runs = 0;
-  const def = defineTask({ type: 'p_fail', ceiling: 10_000, maxAttempts: 3, backoff: { baseMs: 0, maxMs: 0 }, handler: async () => {
-    runs++;
-    throw new Error(`nope ${runs}`);
-  } });
+  const def = defineTask({
+    type: 'p_fail',
+    ceiling: 10_000,
+    maxAttempts: 3,
+    backoff: { baseMs: 0, maxMs: 0 },
+    handler: async () => {
+      runs++;
+      throw new Error(`nope ${runs}`);
+    },
+  });
   await withWorker([def], async (w, lines) => {
     const r = await enqueue(pool, def, {}, { schema });
     await waitFor(async () => (await state(r.id!)) === 'dead', 15_000, 'dead letter');
@@ -81,12 +105,16 @@ test('error: failure records last_error and retries with backoff, then dead-lett
 
 test('continue after AdvanceCursor: counted as continued, next slice resumes from the cursor', async () => {
   const cursors: number[] = [];
-  const def = defineTask<{ cursor: number }>({ type: 'p_slice', ceiling: 10_000, handler: async (p, ctx) => {
-    cursors.push(p.cursor);
-    if (p.cursor >= 3) return 'done';
-    assert.equal(await ctx.advanceCursor({ cursor: p.cursor + 1 }), true);
-    return 'continue';
-  } });
+  const def = defineTask<{ cursor: number }>({
+    type: 'p_slice',
+    ceiling: 10_000,
+    handler: async (p, ctx) => {
+      cursors.push(p.cursor);
+      if (p.cursor >= 3) return 'done';
+      assert.equal(await ctx.advanceCursor({ cursor: p.cursor + 1 }), true);
+      return 'continue';
+    },
+  });
   await withWorker([def], async (w, lines) => {
     const r = await enqueue(pool, def, { cursor: 0 }, { schema });
     await waitFor(async () => (await state(r.id!)) === 'completed', 15_000, 'sliced completion');
@@ -99,10 +127,15 @@ test('continue after AdvanceCursor: counted as continued, next slice resumes fro
 
 test('a continue that advanced nothing is released, logged at warn, keeps its attempt and dead-letters', async () => {
   let runs = 0;
-  const def = defineTask({ type: 'p_stuck', ceiling: 10_000, maxAttempts: 2, handler: async () => {
-    runs++;
-    return 'continue';
-  } });
+  const def = defineTask({
+    type: 'p_stuck',
+    ceiling: 10_000,
+    maxAttempts: 2,
+    handler: async () => {
+      runs++;
+      return 'continue';
+    },
+  });
   await withWorker([def], async (w, lines) => {
     const r = await enqueue(pool, def, {}, { schema });
     await waitFor(async () => (await state(r.id!)) === 'dead', 15_000, 'dead letter');
@@ -120,21 +153,25 @@ test('a continue that advanced nothing is released, logged at warn, keeps its at
 });
 
 test('a refused AdvanceCursor surfaces as an error and the run is recorded as lost', async () => {
-  const def = defineTask<{ cursor: number | null }>({ type: 'p_lost', ceiling: 10_000, handler: (payload, ctx) =>
-    runSlices(payload, ctx, {
-      cursorOf: (p) => p.cursor,
-      withCursor: (p, cursor) => ({ ...p, cursor }),
-      sliceMs: 0,
-      readPage: async () => {
-        // Another party takes the lease over mid-slice (as rescue would after a lapse).
-        await pool.query(
-          `INSERT INTO ${S}.settlements (slot, lane_id, lane_seq, id, outcome)
+  const def = defineTask<{ cursor: number | null }>({
+    type: 'p_lost',
+    ceiling: 10_000,
+    handler: (payload, ctx) =>
+      runSlices(payload, ctx, {
+        cursorOf: (p) => p.cursor,
+        withCursor: (p, cursor) => ({ ...p, cursor }),
+        sliceMs: 0,
+        readPage: async () => {
+          // Another party takes the lease over mid-slice (as rescue would after a lapse).
+          await pool.query(
+            `INSERT INTO ${S}.settlements (slot, lane_id, lane_seq, id, outcome)
            SELECT slot, lane_id, lane_seq, id, 'rescued' FROM ${S}.leases WHERE id = $1 ON CONFLICT DO NOTHING`,
-          [ctx.id],
-        );
-        return { next: 1 };
-      },
-    }) });
+            [ctx.id],
+          );
+          return { next: 1 };
+        },
+      }),
+  });
   await withWorker([def], async (w) => {
     await enqueue(pool, def, { cursor: null }, { schema });
     await waitFor(async () => (await outcomes(w.metrics, 'p_lost', 'lost')) === 1, 10_000, 'lost outcome');
@@ -144,18 +181,24 @@ test('a refused AdvanceCursor surfaces as an error and the run is recorded as lo
 
 test('runSlices: a page read failing after progress saves the cursor and warns; on the first page it is an error', async () => {
   let call = 0;
-  const def = defineTask<{ cursor: number | null }>({ type: 'p_pages', ceiling: 10_000, maxAttempts: 5, backoff: { baseMs: 0, maxMs: 0 }, handler: (payload, ctx) =>
-    runSlices(payload, ctx, {
-      cursorOf: (p) => p.cursor,
-      withCursor: (p, cursor) => ({ ...p, cursor }),
-      readPage: async (cursor) => {
-        call++;
-        if (call === 1) throw new Error('first page read failed');
-        if (call === 4) throw new Error('page read failed mid-slice');
-        const next = (cursor ?? 0) + 1;
-        return { next: next > 4 ? null : next };
-      },
-    }) });
+  const def = defineTask<{ cursor: number | null }>({
+    type: 'p_pages',
+    ceiling: 10_000,
+    maxAttempts: 5,
+    backoff: { baseMs: 0, maxMs: 0 },
+    handler: (payload, ctx) =>
+      runSlices(payload, ctx, {
+        cursorOf: (p) => p.cursor,
+        withCursor: (p, cursor) => ({ ...p, cursor }),
+        readPage: async (cursor) => {
+          call++;
+          if (call === 1) throw new Error('first page read failed');
+          if (call === 4) throw new Error('page read failed mid-slice');
+          const next = (cursor ?? 0) + 1;
+          return { next: next > 4 ? null : next };
+        },
+      }),
+  });
   await withWorker([def], async (w, lines) => {
     const r = await enqueue(pool, def, { cursor: null }, { schema });
     await waitFor(async () => (await state(r.id!)) === 'completed', 15_000, 'completion');
@@ -173,47 +216,82 @@ test('deadline: the AbortSignal fires at lease expiry minus the margin; an error
   let aborted = 0;
   // Ceilings of a second, scaled (3 s by default): a claim slowed past the deadline takes the
   // not-started path instead, and at a load average of 70 a claim took over a second.
-  const def = defineTask({ type: 'p_slow', ceiling: scaled(1000), maxAttempts: 1, handler: (_p, ctx) =>
-    new Promise((_res, rej) => ctx.signal.addEventListener('abort', () => {
-      aborted++;
-      rej(ctx.signal.reason);
-    })) });
-  await withWorker([def], async (w) => {
-    const r = await enqueue(pool, def, {}, { schema });
-    await waitFor(async () => (await state(r.id!)) === 'dead', 10_000, 'timed out');
-    assert.equal(aborted, 1);
-    await expectOutcome(w.metrics, 'p_slow', 'timeout', 1);
-    assert.match((await getTask(pool, schema, r.id!))!.lastError!, /deadline/);
-  }, { leaseMarginMs: 200 });
+  const def = defineTask({
+    type: 'p_slow',
+    ceiling: scaled(1000),
+    maxAttempts: 1,
+    handler: (_p, ctx) =>
+      new Promise((_res, rej) =>
+        ctx.signal.addEventListener('abort', () => {
+          aborted++;
+          rej(ctx.signal.reason);
+        }),
+      ),
+  });
+  await withWorker(
+    [def],
+    async (w) => {
+      const r = await enqueue(pool, def, {}, { schema });
+      await waitFor(async () => (await state(r.id!)) === 'dead', 10_000, 'timed out');
+      assert.equal(aborted, 1);
+      await expectOutcome(w.metrics, 'p_slow', 'timeout', 1);
+      assert.match((await getTask(pool, schema, r.id!))!.lastError!, /deadline/);
+    },
+    { leaseMarginMs: 200 },
+  );
 });
 
 test('a continue returned at the deadline is recorded as timeout and released, not backed off', async () => {
   let runs = 0;
-  const def = defineTask({ type: 'p_cont_late', ceiling: scaled(1000), handler: async (_p, ctx) => {
-    runs++;
-    if (runs > 1) return 'done';
-    if (!ctx.signal.aborted) await new Promise((r) => ctx.signal.addEventListener('abort', r));
-    return 'continue';
-  } });
-  await withWorker([def], async (w) => {
-    const r = await enqueue(pool, def, {}, { schema });
-    await waitFor(async () => (await state(r.id!)) === 'completed', 10_000, 'completion after release');
-    await expectOutcome(w.metrics, 'p_cont_late', 'timeout', 1);
-    assert.equal(await outcomes(w.metrics, 'p_cont_late', 'failure'), 0);
-  }, { leaseMarginMs: 100 });
+  const def = defineTask({
+    type: 'p_cont_late',
+    ceiling: scaled(1000),
+    handler: async (_p, ctx) => {
+      runs++;
+      if (runs > 1) return 'done';
+      if (!ctx.signal.aborted) await new Promise((r) => ctx.signal.addEventListener('abort', r));
+      return 'continue';
+    },
+  });
+  await withWorker(
+    [def],
+    async (w) => {
+      const r = await enqueue(pool, def, {}, { schema });
+      await waitFor(async () => (await state(r.id!)) === 'completed', 10_000, 'completion after release');
+      await expectOutcome(w.metrics, 'p_cont_late', 'timeout', 1);
+      assert.equal(await outcomes(w.metrics, 'p_cont_late', 'failure'), 0);
+    },
+    { leaseMarginMs: 100 },
+  );
 });
 
 test('a claim that returns after its deadline does not start the handler: timeout, no latency sample, backed off', async () => {
   // Make every claim take 300 ms in a schema of its own, longer than the 50 ms ceiling.
   const { schema: slow, pool: sp } = await freshSchema('proc_slowclaim');
-  await sp.query(`CREATE FUNCTION "${slow}".slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.3); RETURN NULL; END $$`);
-  await sp.query(`CREATE TRIGGER slow AFTER INSERT ON "${slow}".leases FOR EACH STATEMENT EXECUTE FUNCTION "${slow}".slow()`);
+  await sp.query(
+    `CREATE FUNCTION "${slow}".slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.3); RETURN NULL; END $$`,
+  );
+  await sp.query(
+    `CREATE TRIGGER slow AFTER INSERT ON "${slow}".leases FOR EACH STATEMENT EXECUTE FUNCTION "${slow}".slow()`,
+  );
   let started = 0;
-  const def = defineTask({ type: 'p_late', ceiling: 50, handler: async () => {
-    started++;
-  } });
+  const def = defineTask({
+    type: 'p_late',
+    ceiling: 50,
+    handler: async () => {
+      started++;
+    },
+  });
   const { logger } = captureLogger();
-  const w = new Worker({ connectionString: DATABASE_URL, schema: slow, tasks: [def], leaseMarginMs: 0, pollIntervalMs: 100, logger, maintenance: false });
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema: slow,
+    tasks: [def],
+    leaseMarginMs: 0,
+    pollIntervalMs: 100,
+    logger,
+    maintenance: false,
+  });
   await w.start();
   try {
     const r = await enqueue(sp, def, {}, { schema: slow });
@@ -231,22 +309,45 @@ test('a claim that returns after its deadline does not start the handler: timeou
 
 test('stop(): in-flight handlers are aborted, leases released (cancelled / continued), final attempt stamped', async () => {
   let started = 0;
-  const hang = defineTask({ type: 'p_hang', ceiling: 60_000, handler: (_p, ctx) => new Promise((_r, rej) => {
-    started++;
-    ctx.signal.addEventListener('abort', () => rej(ctx.signal.reason));
-  }) });
-  const progress = defineTask<{ c: number }>({ type: 'p_progress', ceiling: 60_000, handler: async (p, ctx) => {
-    started++;
-    await ctx.advanceCursor({ c: p.c + 1 });
-    if (!ctx.signal.aborted) await new Promise((r) => ctx.signal.addEventListener('abort', r));
-    return 'continue';
-  } });
-  const final = defineTask({ type: 'p_final', ceiling: 60_000, maxAttempts: 1, handler: (_p, ctx) => new Promise((_r, rej) => {
-    started++;
-    ctx.signal.addEventListener('abort', () => rej(ctx.signal.reason));
-  }) });
+  const hang = defineTask({
+    type: 'p_hang',
+    ceiling: 60_000,
+    handler: (_p, ctx) =>
+      new Promise((_r, rej) => {
+        started++;
+        ctx.signal.addEventListener('abort', () => rej(ctx.signal.reason));
+      }),
+  });
+  const progress = defineTask<{ c: number }>({
+    type: 'p_progress',
+    ceiling: 60_000,
+    handler: async (p, ctx) => {
+      started++;
+      await ctx.advanceCursor({ c: p.c + 1 });
+      if (!ctx.signal.aborted) await new Promise((r) => ctx.signal.addEventListener('abort', r));
+      return 'continue';
+    },
+  });
+  const final = defineTask({
+    type: 'p_final',
+    ceiling: 60_000,
+    maxAttempts: 1,
+    handler: (_p, ctx) =>
+      new Promise((_r, rej) => {
+        started++;
+        ctx.signal.addEventListener('abort', () => rej(ctx.signal.reason));
+      }),
+  });
   const { logger } = captureLogger();
-  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [hang, progress, final], slots: 4, pollIntervalMs: 100, logger, maintenance: false });
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [hang, progress, final],
+    slots: 4,
+    pollIntervalMs: 100,
+    logger,
+    maintenance: false,
+  });
   await w.start();
   const a = await enqueue(pool, hang, {}, { schema });
   const b = await enqueue(pool, progress, { c: 0 }, { schema });
@@ -264,7 +365,10 @@ test('stop(): in-flight handlers are aborted, leases released (cancelled / conti
   const tc = await getTask(pool, schema, c.id!);
   assert.equal(tc?.state, 'dead');
   assert.match(tc!.lastError!, /shutdown/);
-  const due = await pool.query(`SELECT bool_and(run_at <= now()) AS due FROM ${S}.deferred WHERE id = ANY($1::bigint[])`, [[a.id, b.id]]);
+  const due = await pool.query(
+    `SELECT bool_and(run_at <= now()) AS due FROM ${S}.deferred WHERE id = ANY($1::bigint[])`,
+    [[a.id, b.id]],
+  );
   assert.equal(due.rows[0].due, true, 'released work is due at once, not after the lease');
 });
 
@@ -282,9 +386,14 @@ test('an unknown task type gets a clear error and loses nothing', async () => {
 
 test('a malformed payload is dead-lettered with a clear error, payload kept for repair', async () => {
   let ran = 0;
-  const def = defineTask({ type: 'p_typed', ceiling: 1000, schema: z.object({ org: z.number() }), handler: async () => {
-    ran++;
-  } });
+  const def = defineTask({
+    type: 'p_typed',
+    ceiling: 1000,
+    schema: z.object({ org: z.number() }),
+    handler: async () => {
+      ran++;
+    },
+  });
   await withWorker([def], async () => {
     const r = await enqueue(pool, 'p_typed', { org: 'x' }, { schema });
     await waitFor(async () => (await state(r.id!)) === 'dead', 10_000, 'dead letter');
@@ -305,14 +414,42 @@ test('bad config values get clear errors', () => {
   assert.throws(() => defineTask({ type: '', ceiling: 1, handler: async () => {} }), /type/);
   const d = defineTask({ type: 'dup', ceiling: 1, handler: async () => {} });
   assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [d, d] }), /defined twice/);
-  assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], heartbeatIntervalMs: 0 }), /heartbeatIntervalMs/);
-  assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], statementTimeoutMs: -1 }), /statementTimeoutMs/);
-  assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { promoteIntervalMs: 0 } }), /promoteIntervalMs must be a positive number, got 0/);
-  assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { promoteBatchSize: 2.5 } }), /promoteBatchSize must be a positive integer/);
-  assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { gaugeIntervalMs: '5s' as unknown as number } }), /gaugeIntervalMs/);
-  assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { promoteEvery: 1 } as never }), /unknown maintenance option "promoteEvery"/);
-  assert.doesNotThrow(() => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { laneLockTimeoutMs: null } }));
-  assert.throws(() => logLevel('loud'), /BERTH_LOG_LEVEL must be one of trace, debug, info, warn, error, fatal, silent, got "loud"/);
+  assert.throws(
+    () => new Worker({ connectionString: DATABASE_URL, tasks: [], heartbeatIntervalMs: 0 }),
+    /heartbeatIntervalMs/,
+  );
+  assert.throws(
+    () => new Worker({ connectionString: DATABASE_URL, tasks: [], statementTimeoutMs: -1 }),
+    /statementTimeoutMs/,
+  );
+  assert.throws(
+    () => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { promoteIntervalMs: 0 } }),
+    /promoteIntervalMs must be a positive number, got 0/,
+  );
+  assert.throws(
+    () => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { promoteBatchSize: 2.5 } }),
+    /promoteBatchSize must be a positive integer/,
+  );
+  assert.throws(
+    () =>
+      new Worker({
+        connectionString: DATABASE_URL,
+        tasks: [],
+        maintenance: { gaugeIntervalMs: '5s' as unknown as number },
+      }),
+    /gaugeIntervalMs/,
+  );
+  assert.throws(
+    () => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { promoteEvery: 1 } as never }),
+    /unknown maintenance option "promoteEvery"/,
+  );
+  assert.doesNotThrow(
+    () => new Worker({ connectionString: DATABASE_URL, tasks: [], maintenance: { laneLockTimeoutMs: null } }),
+  );
+  assert.throws(
+    () => logLevel('loud'),
+    /BERTH_LOG_LEVEL must be one of trace, debug, info, warn, error, fatal, silent, got "loud"/,
+  );
   assert.equal(logLevel(undefined), 'info');
   assert.equal(logLevel('DEBUG'), 'debug');
 });
@@ -333,13 +470,22 @@ test('slots default to 4 and follow BERTH_TASK_PROCESSOR_CONCURRENCY through wor
     await w.start();
     assert.equal(await counterValue(w.metrics, 'berth_task_slots', {}), 4);
     await w.stop();
-    const w7 = new Worker({ connectionString: DATABASE_URL, tasks: [], schema, maintenance: false, ...workerOptionsFromEnv() });
+    const w7 = new Worker({
+      connectionString: DATABASE_URL,
+      tasks: [],
+      schema,
+      maintenance: false,
+      ...workerOptionsFromEnv(),
+    });
     await w7.start();
     assert.equal(await counterValue(w7.metrics, 'berth_task_slots', {}), 7);
     await w7.stop();
     assert.deepEqual(workerOptionsFromEnv({}), {});
     assert.deepEqual(workerOptionsFromEnv({ BERTH_TASK_PROCESSOR_CONCURRENCY: '3' }), { slots: 3 });
-    assert.throws(() => workerOptionsFromEnv({ BERTH_TASK_PROCESSOR_CONCURRENCY: '0' }), /BERTH_TASK_PROCESSOR_CONCURRENCY/);
+    assert.throws(
+      () => workerOptionsFromEnv({ BERTH_TASK_PROCESSOR_CONCURRENCY: '0' }),
+      /BERTH_TASK_PROCESSOR_CONCURRENCY/,
+    );
     assert.throws(() => workerOptionsFromEnv({ BERTH_LOG_LEVEL: 'loud' }), /BERTH_LOG_LEVEL/);
     assert.equal(workerOptionsFromEnv({ BERTH_LOG_LEVEL: 'warn' }).logger?.level, 'warn');
   } finally {
@@ -352,16 +498,34 @@ test('prefetched tasks wait for a slot under their own lease; stop() hands them 
   // Fast tasks build up a completion rate, so the worker leases ahead; task 150 then blocks the
   // only slot, leaving the rest leased in the buffer.
   let started = 0;
-  const def = defineTask<{ i: number }>({ type: 'p_prefetch', ceiling: 60_000, handler: (p, ctx) => new Promise((res, rej) => {
-    started++;
-    if (p.i !== 150) return res();
-    ctx.signal.addEventListener('abort', () => rej(ctx.signal.reason));
-  }) });
+  const def = defineTask<{ i: number }>({
+    type: 'p_prefetch',
+    ceiling: 60_000,
+    handler: (p, ctx) =>
+      new Promise((res, rej) => {
+        started++;
+        if (p.i !== 150) return res();
+        ctx.signal.addEventListener('abort', () => rej(ctx.signal.reason));
+      }),
+  });
   const { logger } = captureLogger();
-  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], slots: 1, prefetch: 40, pollIntervalMs: 100, logger, maintenance: false });
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    slots: 1,
+    prefetch: 40,
+    pollIntervalMs: 100,
+    logger,
+    maintenance: false,
+  });
   const c = await pool.connect();
   await c.query('BEGIN');
-  const rs = await enqueueMany(c, Array.from({ length: 400 }, (_, i) => ({ type: def, payload: { i }, shard: 0 })), { schema });
+  const rs = await enqueueMany(
+    c,
+    Array.from({ length: 400 }, (_, i) => ({ type: def, payload: { i }, shard: 0 })),
+    { schema },
+  );
   await c.query('COMMIT');
   c.release();
   await w.start();
@@ -373,7 +537,9 @@ test('prefetched tasks wait for a slot under their own lease; stop() hands them 
   assert.ok(Number(leased.rows[0].n) >= 2, 'the running task and at least one buffered task are leased');
   await w.stop();
   await expectOutcome(w.metrics, 'p_prefetch', 'cancelled', 1);
-  const back = await pool.query(`SELECT attempts FROM ${S}.deferred WHERE id = ANY($1::bigint[])`, [rs.map((r) => r.id)]);
+  const back = await pool.query(`SELECT attempts FROM ${S}.deferred WHERE id = ANY($1::bigint[])`, [
+    rs.map((r) => r.id),
+  ]);
   const attempts = back.rows.map((r) => r.attempts as number).sort((a, b) => a - b);
   // Not compared with the count above: between it and stop() the fetch loop may lease more, and
   // completions still in the settlement batcher settle. What must hold: nothing is left open.
@@ -383,18 +549,29 @@ test('prefetched tasks wait for a slot under their own lease; stop() hands them 
   );
   assert.equal(open.rows[0].n, 0, 'no lease is left unsettled after stop()');
   assert.equal(attempts.filter((a) => a === 1).length, 1, 'the interrupted task keeps its burnt attempt');
-  assert.ok(attempts.slice(0, -1).every((a) => a === 0), 'never-started tasks get theirs back');
+  assert.ok(
+    attempts.slice(0, -1).every((a) => a === 0),
+    'never-started tasks get theirs back',
+  );
 });
 
 test('done returned at the deadline is recorded as success (indistinguishable from finishing)', async () => {
-  const def = defineTask({ type: 'p_done_late', ceiling: scaled(1000), handler: async (_p, ctx) => {
-    if (!ctx.signal.aborted) await new Promise((r) => ctx.signal.addEventListener('abort', r));
-    return 'done';
-  } });
-  await withWorker([def], async (w, lines) => {
-    const r = await enqueue(pool, def, {}, { schema });
-    await waitFor(async () => (await state(r.id!)) === 'completed', 10_000, 'completed');
-    await expectOutcome(w.metrics, 'p_done_late', 'success', 1);
-    assert.ok(lines.some((l) => l.msg === 'task reported done after its deadline'));
-  }, { leaseMarginMs: 100 });
+  const def = defineTask({
+    type: 'p_done_late',
+    ceiling: scaled(1000),
+    handler: async (_p, ctx) => {
+      if (!ctx.signal.aborted) await new Promise((r) => ctx.signal.addEventListener('abort', r));
+      return 'done';
+    },
+  });
+  await withWorker(
+    [def],
+    async (w, lines) => {
+      const r = await enqueue(pool, def, {}, { schema });
+      await waitFor(async () => (await state(r.id!)) === 'completed', 10_000, 'completed');
+      await expectOutcome(w.metrics, 'p_done_late', 'success', 1);
+      assert.ok(lines.some((l) => l.msg === 'task reported done after its deadline'));
+    },
+    { leaseMarginMs: 100 },
+  );
 });

@@ -11,14 +11,24 @@ import { claim } from '../src/processor/claim.js';
 import { waiterLimit } from '../src/maintenance/promoter.js';
 import { wakeChannel } from '../src/sql.js';
 import { schemaLockKey } from '../src/storage/locks.js';
-import { captureLogger, counterValue, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor, holdLaneLock } from './helpers.js';
+import {
+  captureLogger,
+  counterValue,
+  DATABASE_URL,
+  FAST_MAINTENANCE,
+  freshSchema,
+  waitFor,
+  holdLaneLock,
+} from './helpers.js';
 
 const { schema, pool } = await freshSchema('promo');
 const S = `"${schema}"`;
 const HOT = { queue: 'hot', priority: 0, shard: 0 };
 
 async function reset(): Promise<void> {
-  await pool.query(`TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`);
+  await pool.query(
+    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
+  );
 }
 
 async function laneId(queue: string, shard = 0): Promise<number> {
@@ -57,15 +67,32 @@ test('a contended lane stays deferred and in order while another queue is promot
   await laneId('cold');
   const base = Date.now() + 3600_000;
   // Hot rows: ids ascending, due times descending; all older than the cold row.
-  await enqueueMany(pool, Array.from({ length: 6 }, (_, i) => ({ type: 'x', payload: { i }, ...HOT, runAt: new Date(base + (6 - i) * 1000) })), { schema });
-  await enqueueMany(pool, [{ type: 'x', payload: { cold: true }, queue: 'cold', shard: 0, runAt: new Date(base + 60_000) }], { schema });
+  await enqueueMany(
+    pool,
+    Array.from({ length: 6 }, (_, i) => ({
+      type: 'x',
+      payload: { i },
+      ...HOT,
+      runAt: new Date(base + (6 - i) * 1000),
+    })),
+    { schema },
+  );
+  await enqueueMany(
+    pool,
+    [{ type: 'x', payload: { cold: true }, queue: 'cold', shard: 0, runAt: new Date(base + 60_000) }],
+    { schema },
+  );
   await pool.query(`UPDATE ${S}.deferred SET run_at = run_at - interval '2 hours'`);
   const release = await holdLane(hot);
   try {
     const r = await promoteDueLanes(pool, schema, 'scheduled', 100, 50);
     assert.equal(r.promoted, 1, 'the unrelated queue is promoted');
     assert.deepEqual(r.contended, [HOT]);
-    assert.equal((await pool.query(`SELECT count(*) FROM ${S}.deferred WHERE queue = 'hot' AND state = 'scheduled'`)).rows[0].count, '6');
+    assert.equal(
+      (await pool.query(`SELECT count(*) FROM ${S}.deferred WHERE queue = 'hot' AND state = 'scheduled'`)).rows[0]
+        .count,
+      '6',
+    );
     const skipped = await promoteDueLanes(pool, schema, 'scheduled', 100, 50, [HOT]);
     assert.equal(skipped.selected, 0, 'a batch that skips the lane does not touch it');
     assert.deepEqual(skipped.contended, []);
@@ -76,9 +103,27 @@ test('a contended lane stays deferred and in order while another queue is promot
     const r = await promoteDueLanes(pool, schema, 'scheduled', 2, 50);
     if (r.selected === 0) break;
   }
-  const order = await pool.query(`SELECT (payload->>'i')::int AS i FROM ${S}.ready WHERE lane_id = $1 ORDER BY lane_seq`, [hot]);
-  assert.deepEqual(order.rows.map((x) => x.i), [5, 4, 3, 2, 1, 0], 'lane_seq follows due order, not id order');
-  const got = await claim(pool, { schema, laneIds: [hot], limit: 10, ceilings: new Map(), maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: 60_000, marginMs: 0, workerId: 't', wakeChannel: wakeChannel(schema) });
+  const order = await pool.query(
+    `SELECT (payload->>'i')::int AS i FROM ${S}.ready WHERE lane_id = $1 ORDER BY lane_seq`,
+    [hot],
+  );
+  assert.deepEqual(
+    order.rows.map((x) => x.i),
+    [5, 4, 3, 2, 1, 0],
+    'lane_seq follows due order, not id order',
+  );
+  const got = await claim(pool, {
+    schema,
+    laneIds: [hot],
+    limit: 10,
+    ceilings: new Map(),
+    maxAttempts: new Map(),
+    defaultMaxAttempts: 20,
+    defaultCeilingMs: 60_000,
+    marginMs: 0,
+    workerId: 't',
+    wakeChannel: wakeChannel(schema),
+  });
   assert.equal(got.length, 6);
 });
 
@@ -89,7 +134,13 @@ test('a lane held busy by two sessions taking turns holds back neither another q
   const def = defineTask<{ tag: string }>({ type: 'busy', ceiling: 5000, handler: async (p) => void done.add(p.tag) });
   const { logger } = captureLogger();
   const w = new Worker({
-    connectionString: DATABASE_URL, schema, tasks: [def], slots: 4, pollIntervalMs: 100, leaseMarginMs: 0, logger,
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    slots: 4,
+    pollIntervalMs: 100,
+    leaseMarginMs: 0,
+    logger,
     // 'other' is not served: its abandoned attempt must be found by rescue, not re-run here.
     queues: ['hot', 'cold'],
     maintenance: { ...FAST_MAINTENANCE, waiterLockTimeoutMs: 30_000 },
@@ -101,19 +152,49 @@ test('a lane held busy by two sessions taking turns holds back neither another q
   await w.start();
   try {
     // Hot rows are older, so every batch meets the busy lane first.
-    await enqueueMany(pool, Array.from({ length: 5 }, (_, i) => ({ type: 'busy', payload: { tag: `hot${i}` }, ...HOT, delay: 1 })), { schema });
+    await enqueueMany(
+      pool,
+      Array.from({ length: 5 }, (_, i) => ({ type: 'busy', payload: { tag: `hot${i}` }, ...HOT, delay: 1 })),
+      { schema },
+    );
     await enqueueMany(pool, [{ type: 'busy', payload: { tag: 'cold' }, queue: 'cold', delay: 50 }], { schema });
     // An abandoned attempt on another queue: leased by a worker that died, lease already lapsed.
-    const [abandoned] = await enqueueMany(pool, [{ type: 'busy', payload: { tag: 'abandoned' }, queue: 'other', shard: 3 }], { schema });
+    const [abandoned] = await enqueueMany(
+      pool,
+      [{ type: 'busy', payload: { tag: 'abandoned' }, queue: 'other', shard: 3 }],
+      { schema },
+    );
     const other = await laneId('other', 3);
-    await claim(pool, { schema, laneIds: [other], limit: 1, ceilings: new Map([['busy', 1]]), maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: 1, marginMs: 0, workerId: 'dead-worker', wakeChannel: wakeChannel(schema) });
+    await claim(pool, {
+      schema,
+      laneIds: [other],
+      limit: 1,
+      ceilings: new Map([['busy', 1]]),
+      maxAttempts: new Map(),
+      defaultMaxAttempts: 20,
+      defaultCeilingMs: 1,
+      marginMs: 0,
+      workerId: 'dead-worker',
+      wakeChannel: wakeChannel(schema),
+    });
     // Both happen while the first producer still holds the lane.
     await waitFor(() => done.has('cold'), 20_000, 'the unrelated queue to complete while the lane is held');
-    await waitFor(async () => /lease lapsed/.test((await getTask(pool, schema, abandoned!.id!))?.lastError ?? ''), 20_000, 'rescue of the abandoned attempt while the lane is held');
+    await waitFor(
+      async () => /lease lapsed/.test((await getTask(pool, schema, abandoned!.id!))?.lastError ?? ''),
+      20_000,
+      'rescue of the abandoned attempt while the lane is held',
+    );
     assert.equal(done.size, 1, 'no hot task ran yet: the lane is still held');
     await firstHolder();
-    await waitFor(() => [0, 1, 2, 3, 4].every((i) => done.has(`hot${i}`)), 20_000, 'the hot queue to drain through the waiter while producers take turns');
-    assert.ok((await counterValue(w.metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off', queue: 'hot' })) >= 1);
+    await waitFor(
+      () => [0, 1, 2, 3, 4].every((i) => done.has(`hot${i}`)),
+      20_000,
+      'the hot queue to drain through the waiter while producers take turns',
+    );
+    assert.ok(
+      (await counterValue(w.metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off', queue: 'hot' })) >=
+        1,
+    );
   } finally {
     await firstHolder().catch(() => undefined);
     await w.stop();
@@ -123,7 +204,11 @@ test('a lane held busy by two sessions taking turns holds back neither another q
 
 test('4,160 locked due rows do not starve promotion of another queue', async () => {
   await reset();
-  await enqueueMany(pool, Array.from({ length: 4160 }, (_, i) => ({ type: 'x', payload: { i }, queue: 'locked', delay: 3600_000 })), { schema });
+  await enqueueMany(
+    pool,
+    Array.from({ length: 4160 }, (_, i) => ({ type: 'x', payload: { i }, queue: 'locked', delay: 3600_000 })),
+    { schema },
+  );
   await enqueueMany(pool, [{ type: 'x', payload: { free: true }, queue: 'free', delay: 3600_000 }], { schema });
   await pool.query(`UPDATE ${S}.deferred SET run_at = now() - interval '1 hour' WHERE queue = 'locked'`);
   await pool.query(`UPDATE ${S}.deferred SET run_at = now() - interval '1 minute' WHERE queue = 'free'`);
@@ -132,14 +217,29 @@ test('4,160 locked due rows do not starve promotion of another queue', async () 
   await holder.query('BEGIN');
   await holder.query(`SELECT id FROM ${S}.deferred WHERE queue = 'locked' FOR UPDATE`);
   const { logger } = captureLogger();
-  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [], queues: ['none'], logger, maintenance: { ...FAST_MAINTENANCE, promoteBatchSize: 1000 } });
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [],
+    queues: ['none'],
+    logger,
+    maintenance: { ...FAST_MAINTENANCE, promoteBatchSize: 1000 },
+  });
   await w.start();
   try {
     const free = (await pool.query(`SELECT id::text FROM ${S}.deferred WHERE queue = 'free'`)).rows[0].id;
-    await waitFor(async () => (await getTask(pool, schema, free))?.state === 'ready', 20_000, 'the free queue promoted past 4,160 locked rows');
+    await waitFor(
+      async () => (await getTask(pool, schema, free))?.state === 'ready',
+      20_000,
+      'the free queue promoted past 4,160 locked rows',
+    );
     assert.equal((await pool.query(`SELECT count(*) FROM ${S}.deferred WHERE queue = 'locked'`)).rows[0].count, '4160');
     await holder.query('COMMIT');
-    await waitFor(async () => (await pool.query(`SELECT count(*) FROM ${S}.deferred`)).rows[0].count === '0', 20_000, 'locked rows promoted once released');
+    await waitFor(
+      async () => (await pool.query(`SELECT count(*) FROM ${S}.deferred`)).rows[0].count === '0',
+      20_000,
+      'locked rows promoted once released',
+    );
   } finally {
     await holder.end().catch(() => undefined);
     await w.stop();
@@ -153,13 +253,29 @@ test('waiters: one per eight pool connections, at least one, at most four', () =
 test('losing leadership aborts a waiter; its rows stay deferred', async () => {
   await reset();
   const hot = await laneId('hot');
-  await enqueueMany(pool, Array.from({ length: 3 }, (_, i) => ({ type: 'x', payload: { i }, ...HOT, delay: 1 })), { schema });
+  await enqueueMany(
+    pool,
+    Array.from({ length: 3 }, (_, i) => ({ type: 'x', payload: { i }, ...HOT, delay: 1 })),
+    { schema },
+  );
   const release = await holdLane(hot);
   const { logger } = captureLogger();
-  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [], queues: ['none'], logger, maintenance: FAST_MAINTENANCE });
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [],
+    queues: ['none'],
+    logger,
+    maintenance: FAST_MAINTENANCE,
+  });
   await w.start();
   try {
-    await waitFor(async () => (await counterValue(w.metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off' })) >= 1, 10_000, 'hand-off');
+    await waitFor(
+      async () =>
+        (await counterValue(w.metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off' })) >= 1,
+      10_000,
+      'hand-off',
+    );
     // The waiter is now blocked on the lane lock; stopping ends the term and must not hang.
     await w.stop();
     // Only this file's schema: other test files run their own waiters in parallel.

@@ -13,7 +13,14 @@ import {
   moveTask,
   Worker,
 } from '../src/index.js';
-import { maintainRing, promoteDueLanes, pruneDeadLetters, readGauges, rescueLapsedLeases, rotateRing } from '../src/maintenance-api.js';
+import {
+  maintainRing,
+  promoteDueLanes,
+  pruneDeadLetters,
+  readGauges,
+  rescueLapsedLeases,
+  rotateRing,
+} from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { MIGRATIONS } from '../src/schema/migrations.js';
 import { wakeChannel } from '../src/sql.js';
@@ -21,7 +28,15 @@ import { LEADER_LOCK, schemaLockKey } from '../src/storage/locks.js';
 import { clearOverdueLease, overdueMarks, protectOverdueLease, refreshOverdueLeases } from '../src/storage/overdue.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { removeUnleased } from '../src/storage/remove.js';
-import { captureLogger, counterValue, DATABASE_URL, expectOutcome, FAST_MAINTENANCE, waitFor, urlAs } from './helpers.js';
+import {
+  captureLogger,
+  counterValue,
+  DATABASE_URL,
+  expectOutcome,
+  FAST_MAINTENANCE,
+  waitFor,
+  urlAs,
+} from './helpers.js';
 
 // Roles are cluster-wide: every name carries the pid so parallel runs never share one.
 const owner = `berth_owner_r_${process.pid}`;
@@ -34,14 +49,18 @@ const roles = [roleA, roleB, outsider, producer, producerQ, owner];
 const schema = `t_roles_${process.pid}`;
 const S = `"${schema}"`;
 
-
 const admin = new pg.Pool({ connectionString: DATABASE_URL });
 await admin.query(`DROP SCHEMA IF EXISTS ${S} CASCADE`);
 for (const r of roles) await admin.query(`DROP ROLE IF EXISTS "${r}"`);
 for (const r of roles) await admin.query(`CREATE ROLE "${r}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE`);
 // A non-superuser owns the schema and migrates it: the definer functions run as this role.
 await admin.query(`CREATE SCHEMA ${S} AUTHORIZATION "${owner}"`);
-const report = await migrate({ connectionString: urlAs(owner), schema, runtimeRoles: [roleA], producerRoles: [producer] });
+const report = await migrate({
+  connectionString: urlAs(owner),
+  schema,
+  runtimeRoles: [roleA],
+  producerRoles: [producer],
+});
 await grantRuntimeRole({ connectionString: urlAs(owner), schema, role: roleB });
 const poolA = new pg.Pool({ connectionString: urlAs(roleA), max: 4 });
 const poolB = new pg.Pool({ connectionString: urlAs(roleB), max: 4 });
@@ -66,10 +85,14 @@ async function laneOf(id: string): Promise<{ lane_id: number; lane_seq: string }
 
 /** The statement fails with insufficient_privilege (42501), whatever the message. */
 async function denied(db: pg.Pool, sql: string, values: unknown[] = []): Promise<void> {
-  await assert.rejects(db.query(sql, values), (err: { code?: string; message?: string }) => {
-    assert.equal(err.code, '42501', `${sql}: ${err.message}`);
-    return true;
-  }, sql);
+  await assert.rejects(
+    db.query(sql, values),
+    (err: { code?: string; message?: string }) => {
+      assert.equal(err.code, '42501', `${sql}: ${err.message}`);
+      return true;
+    },
+    sql,
+  );
 }
 
 test('migrate grants runtimeRoles and producerRoles in its transaction and reports them', () => {
@@ -80,7 +103,10 @@ test('migrate grants runtimeRoles and producerRoles in its transaction and repor
 
 test('runtime roles have no CREATE on the schema, and PUBLIC can execute no berth function', async () => {
   for (const r of [roleA, roleB, producer]) {
-    const p = await admin.query(`SELECT has_schema_privilege($1, $2, 'CREATE') AS c, has_schema_privilege($1, $2, 'USAGE') AS u`, [r, schema]);
+    const p = await admin.query(
+      `SELECT has_schema_privilege($1, $2, 'CREATE') AS c, has_schema_privilege($1, $2, 'USAGE') AS u`,
+      [r, schema],
+    );
     assert.deepEqual(p.rows[0], { c: false, u: true }, r);
   }
   const provision = `${S}.provision_lane(text,smallint,smallint)`;
@@ -96,13 +122,20 @@ test('runtime roles have no CREATE on the schema, and PUBLIC can execute no bert
     [schema],
   );
   assert.deepEqual(open.rows, [], 'no berth function is executable by PUBLIC');
-  const internal = await admin.query(`SELECT has_function_privilege($1, $2, 'EXECUTE') AS x`, [roleA, `${S}.append_ready(integer,bigint[],text[],jsonb[],integer[],integer[],text[],text[],timestamptz[],timestamptz[])`]);
+  const internal = await admin.query(`SELECT has_function_privilege($1, $2, 'EXECUTE') AS x`, [
+    roleA,
+    `${S}.append_ready(integer,bigint[],text[],jsonb[],integer[],integer[],text[],text[],timestamptz[],timestamptz[])`,
+  ]);
   assert.equal(internal.rows[0].x, false, 'append_ready is only called from inside the definer functions');
   const repair = await admin.query(
     `SELECT has_function_privilege($1, $2, 'EXECUTE') AS a, has_function_privilege('public', $2, 'EXECUTE') AS p`,
     [roleA, `${S}.provision_lane_sequence(integer)`],
   );
-  assert.deepEqual(repair.rows[0], { a: false, p: false }, 'the lane sequence repair is for operators, not runtime roles');
+  assert.deepEqual(
+    repair.rows[0],
+    { a: false, p: false },
+    'the lane sequence repair is for operators, not runtime roles',
+  );
 });
 
 test('a role without the grant gets a clear permission error', async () => {
@@ -111,11 +144,17 @@ test('a role without the grant gets a clear permission error', async () => {
   await admin.query(`GRANT USAGE ON SCHEMA ${S} TO "${outsider}"`);
   try {
     await assert.rejects(enqueue(poolX, 'r', {}, { schema }), /permission denied for function enqueue/);
-    await assert.rejects(poolX.query(`SELECT ${S}.provision_lane('q', 0::smallint, 0::smallint)`), /permission denied for function provision_lane/);
+    await assert.rejects(
+      poolX.query(`SELECT ${S}.provision_lane('q', 0::smallint, 0::smallint)`),
+      /permission denied for function provision_lane/,
+    );
   } finally {
     await admin.query(`REVOKE USAGE ON SCHEMA ${S} FROM "${outsider}"`);
   }
-  await assert.rejects(grantRuntimeRole({ connectionString: urlAs(owner), schema, role: `no_such_role_${process.pid}` }), /does not exist/);
+  await assert.rejects(
+    grantRuntimeRole({ connectionString: urlAs(owner), schema, role: `no_such_role_${process.pid}` }),
+    /does not exist/,
+  );
 });
 
 test('role A opens a lane never seen before; role B appends to it; its sequence needs no grant', async () => {
@@ -142,14 +181,28 @@ test('role A opens a lane never seen before; role B appends to it; its sequence 
 test('provision_lane rejects a null argument or a shard outside 0-63, and accepts any queue name and smallint priority', async () => {
   const call = (q: string | null, p: number | null, sh: number | null) =>
     poolA.query<{ id: number }>(`SELECT ${S}.provision_lane($1, $2::smallint, $3::smallint) AS id`, [q, p, sh]);
-  for (const [q, p, sh] of [[null, 0, 0], ['q', null, 0], ['q', 0, null]] as const) {
-    await assert.rejects(call(q, p, sh), (err: { code?: string; message?: string }) => err.code === '22004' && /must not be null/.test(err.message ?? ''));
+  for (const [q, p, sh] of [
+    [null, 0, 0],
+    ['q', null, 0],
+    ['q', 0, null],
+  ] as const) {
+    await assert.rejects(
+      call(q, p, sh),
+      (err: { code?: string; message?: string }) => err.code === '22004' && /must not be null/.test(err.message ?? ''),
+    );
   }
   for (const shard of [-1, 64]) {
-    await assert.rejects(call('q', 0, shard), (err: { code?: string; message?: string }) => err.code === '22023' && /outside 0-63/.test(err.message ?? ''));
+    await assert.rejects(
+      call('q', 0, shard),
+      (err: { code?: string; message?: string }) => err.code === '22023' && /outside 0-63/.test(err.message ?? ''),
+    );
   }
   const ids = new Set<number>();
-  for (const [q, p, sh] of [['', 0, 0], ['', -32768, 63], ['ünï "quoted"; drop', 32767, 0]] as const) {
+  for (const [q, p, sh] of [
+    ['', 0, 0],
+    ['', -32768, 63],
+    ['ünï "quoted"; drop', 32767, 0],
+  ] as const) {
     const first = (await call(q, p, sh)).rows[0]!.id;
     assert.equal((await call(q, p, sh)).rows[0]!.id, first, 'provisioning is idempotent');
     ids.add(first);
@@ -173,7 +226,14 @@ test('B claims, fails, retries, slices and completes through a Worker whose main
       if (ctx.attempt === 1) throw new Error('first attempt fails');
     },
   });
-  const doomed = defineTask({ type: 'r_dead', ceiling: 10_000, maxAttempts: 1, handler: async () => { throw new Error('always'); } });
+  const doomed = defineTask({
+    type: 'r_dead',
+    ceiling: 10_000,
+    maxAttempts: 1,
+    handler: async () => {
+      throw new Error('always');
+    },
+  });
   const sliced = defineTask<{ cursor: number }>({
     type: 'r_slice',
     ceiling: 10_000,
@@ -211,24 +271,47 @@ test('B claims, fails, retries, slices and completes through a Worker whose main
     await waitFor(async () => (await getTask(admin, schema, dead))?.state === 'dead', 10_000, 'dead letter');
     assert.equal(attempts.get('flaky'), 2);
     // Prune truncates a settled ring segment's partitions through prune_slot (B has no TRUNCATE).
-    await waitFor(async () => (await counterValue(w.metrics, 'berth_ring_prune_total', { result: 'pruned' })) > 0, 10_000, 'a ring segment pruned by B');
+    await waitFor(
+      async () => (await counterValue(w.metrics, 'berth_ring_prune_total', { result: 'pruned' })) > 0,
+      10_000,
+      'a ring segment pruned by B',
+    );
     // A forged leader row (the same role can write `workers`) does not change who leads.
     await forgeLeaderRow(poolB, forged);
-    const info = await waitFor(async () => {
-      const i = await leaderInfo(admin, schema);
-      return i.worker?.workerId === w.id ? i : null;
-    }, 10_000, 'leaderInfo names the worker holding the lock');
+    const info = await waitFor(
+      async () => {
+        const i = await leaderInfo(admin, schema);
+        return i.worker?.workerId === w.id ? i : null;
+      },
+      10_000,
+      'leaderInfo names the worker holding the lock',
+    );
     assert.match(info.session!.applicationName, /^berth leader /);
-    await waitFor(async () => (await counterValue(w.metrics, 'berth_maintenance_branch_seconds_count', { branch: 'gauges' })) > 1, 5_000, 'gauges ran');
+    await waitFor(
+      async () => (await counterValue(w.metrics, 'berth_maintenance_branch_seconds_count', { branch: 'gauges' })) > 1,
+      5_000,
+      'gauges ran',
+    );
     for (const branch of ['promote', 'rescue', 'ring', 'retention', 'gauges']) {
-      assert.ok((await counterValue(w.metrics, 'berth_maintenance_branch_seconds_count', { branch })) > 0, `${branch} ran`);
+      assert.ok(
+        (await counterValue(w.metrics, 'berth_maintenance_branch_seconds_count', { branch })) > 0,
+        `${branch} ran`,
+      );
     }
-    assert.equal(await counterValue(w.metrics, 'berth_maintenance_errors_total', {}), 0, JSON.stringify(lines.filter((l) => l.level === 50)));
+    assert.equal(
+      await counterValue(w.metrics, 'berth_maintenance_errors_total', {}),
+      0,
+      JSON.stringify(lines.filter((l) => l.level === 50)),
+    );
   } finally {
     await w.stop();
   }
   const none = await leaderInfo(admin, schema);
-  assert.deepEqual({ session: none.session, worker: none.worker }, { session: null, worker: null }, 'no lock holder: no leader, forged row or not');
+  assert.deepEqual(
+    { session: none.session, worker: none.worker },
+    { session: null, worker: null },
+    'no lock holder: no leader, forged row or not',
+  );
   await admin.query(`DELETE FROM ${S}.workers WHERE worker_id = $1`, [forged]);
 });
 
@@ -250,11 +333,21 @@ test('A promotes a scheduled task on a lane B created', async () => {
   const later = await enqueue(poolB, 'r_promo', { n: 2 }, { schema, queue, shard: 5, delay: 200 });
   assert.equal(later.state, 'scheduled');
   const lane = await laneOf(first.id!);
-  const owners = await admin.query(`SELECT pg_get_userbyid(relowner) AS o FROM pg_class WHERE oid = $1::regclass`, [`${S}."lane_seq_${lane.lane_id}"`]);
+  const owners = await admin.query(`SELECT pg_get_userbyid(relowner) AS o FROM pg_class WHERE oid = $1::regclass`, [
+    `${S}."lane_seq_${lane.lane_id}"`,
+  ]);
   assert.equal(owners.rows[0].o, owner, 'created through the definer: owned by the schema owner, not by B');
-  await waitFor(async () => (await admin.query(`SELECT run_at <= now() AS due FROM ${S}.deferred WHERE id = $1`, [later.id])).rows[0].due, 10_000, 'the task to come due');
+  await waitFor(
+    async () =>
+      (await admin.query(`SELECT run_at <= now() AS due FROM ${S}.deferred WHERE id = $1`, [later.id])).rows[0].due,
+    10_000,
+    'the task to come due',
+  );
   const out = await promoteDueLanes(poolA, schema, null, 100, 1000);
-  assert.deepEqual({ promoted: out.promoted, contended: out.contended, failed: out.failed }, { promoted: 1, contended: [], failed: [] });
+  assert.deepEqual(
+    { promoted: out.promoted, contended: out.contended, failed: out.failed },
+    { promoted: 1, contended: [], failed: [] },
+  );
   assert.deepEqual(await laneOf(later.id!), { lane_id: lane.lane_id, lane_seq: '2' });
 });
 
@@ -276,20 +369,42 @@ test('a producer role enqueues and reads task state, and nothing more', async ()
   const queue = `prod-${process.pid}`;
   const ready = await enqueue(poolP, 'r_prod', { n: 1 }, { schema, queue, shard: 7, dedupeKey: `pk-${process.pid}` });
   const later = await enqueue(poolP, 'r_prod', { n: 2 }, { schema, queue, shard: 7, delay: 60_000 });
-  assert.equal((await enqueue(poolP, 'r_prod', {}, { schema, queue, dedupeKey: `pk-${process.pid}` })).state, 'duplicate');
+  assert.equal(
+    (await enqueue(poolP, 'r_prod', {}, { schema, queue, dedupeKey: `pk-${process.pid}` })).state,
+    'duplicate',
+  );
   assert.equal((await getTask(poolP, schema, ready.id!))?.state, 'ready');
   assert.equal((await getTask(poolP, schema, later.id!))?.state, 'scheduled');
   const lane = await laneOf(ready.id!);
 
   // Claim: the lane lock (FOR UPDATE needs UPDATE on lanes) and the lease insert are refused.
   await assert.rejects(
-    claim(poolP, { schema, laneIds: [lane.lane_id], limit: 1, ceilings: new Map(), maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: 1000, marginMs: 0, workerId: 'p', wakeChannel: wakeChannel(schema) }),
+    claim(poolP, {
+      schema,
+      laneIds: [lane.lane_id],
+      limit: 1,
+      ceilings: new Map(),
+      maxAttempts: new Map(),
+      defaultMaxAttempts: 20,
+      defaultCeilingMs: 1000,
+      marginMs: 0,
+      workerId: 'p',
+      wakeChannel: wakeChannel(schema),
+    }),
     (err: { code?: string }) => err.code === '42501',
   );
-  await denied(poolP, `INSERT INTO ${S}.leases (slot, lane_id, lane_seq, id, type, attempt, max_attempts, token, claimed_at, expires_at)
-                        VALUES (0, $1, $2, $3, 'x', 1, 1, gen_random_uuid(), now(), now())`, [lane.lane_id, lane.lane_seq, ready.id]);
+  await denied(
+    poolP,
+    `INSERT INTO ${S}.leases (slot, lane_id, lane_seq, id, type, attempt, max_attempts, token, claimed_at, expires_at)
+                        VALUES (0, $1, $2, $3, 'x', 1, 1, gen_random_uuid(), now(), now())`,
+    [lane.lane_id, lane.lane_seq, ready.id],
+  );
   // Settlement, ring and lane writes, the definer functions beyond enqueue.
-  await denied(poolP, `INSERT INTO ${S}.settlements (slot, lane_id, lane_seq, id, outcome) VALUES (0, $1, $2, $3, 'completed')`, [lane.lane_id, lane.lane_seq, ready.id]);
+  await denied(
+    poolP,
+    `INSERT INTO ${S}.settlements (slot, lane_id, lane_seq, id, outcome) VALUES (0, $1, $2, $3, 'completed')`,
+    [lane.lane_id, lane.lane_seq, ready.id],
+  );
   await denied(poolP, `UPDATE ${S}.lanes SET paused = true`);
   await assert.rejects(rotateRing(poolP as never, schema, 0), (err: { code?: string }) => err.code === '42501');
   for (const call of [
@@ -299,11 +414,13 @@ test('a producer role enqueues and reads task state, and nothing more', async ()
     `${S}.remove_unleased(${ready.id}, 'x')`,
     `${S}.provision_lane('q', 0::smallint, 0::smallint)`,
     `* FROM ${S}.due_deferred(NULL, 10, '{}', '{}', '{}')`,
-  ]) await denied(poolP, `SELECT ${call}`);
+  ])
+    await denied(poolP, `SELECT ${call}`);
   // Nothing that destroys: truncate, delete, drop.
   await denied(poolP, `TRUNCATE ${S}."ready_0"`);
   await denied(poolP, `TRUNCATE ${S}.ready`);
-  for (const t of ['deferred', 'ready', 'dead_letters', 'dedupe', 'leases']) await denied(poolP, `DELETE FROM ${S}.${t}`);
+  for (const t of ['deferred', 'ready', 'dead_letters', 'dedupe', 'leases'])
+    await denied(poolP, `DELETE FROM ${S}.${t}`);
   await denied(poolP, `UPDATE ${S}.deferred SET run_at = now()`);
   await denied(poolP, `DROP TABLE ${S}.ready`);
   await denied(poolP, `DROP TABLE ${S}."ready_0"`);
@@ -324,7 +441,10 @@ test('a worker role cannot truncate, delete, drop or forge what it does not own'
     const c = await poolB.connect();
     try {
       await c.query('BEGIN');
-      await assert.rejects(c.query(`LOCK TABLE ${S}."${t}_3" IN ACCESS EXCLUSIVE MODE`), (err: { code?: string }) => err.code === '42501');
+      await assert.rejects(
+        c.query(`LOCK TABLE ${S}."${t}_3" IN ACCESS EXCLUSIVE MODE`),
+        (err: { code?: string }) => err.code === '42501',
+      );
     } finally {
       await c.query('ROLLBACK');
       c.release();
@@ -339,8 +459,11 @@ test('a worker role cannot truncate, delete, drop or forge what it does not own'
   await denied(poolB, `UPDATE ${S}.leases SET expires_at = now()`);
   await denied(poolB, `SELECT id FROM ${S}.deferred FOR UPDATE`);
   await denied(poolB, `INSERT INTO ${S}.audit_log (actor, action, target, result) VALUES ('x', 'x', '{}', '{}')`);
-  await denied(poolB, `INSERT INTO ${S}.ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard, attempts, created_at, run_at)
-                        VALUES (0, 1, 999999, 1, 'x', '{}', 'q', 0, 0, 0, now(), now())`);
+  await denied(
+    poolB,
+    `INSERT INTO ${S}.ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard, attempts, created_at, run_at)
+                        VALUES (0, 1, 999999, 1, 'x', '{}', 'q', 0, 0, 0, now(), now())`,
+  );
   await denied(poolB, `DROP TABLE ${S}.ready`);
   await denied(poolB, `DROP TABLE ${S}.workers`);
   await denied(poolB, `ALTER TABLE ${S}.dead_letters DISABLE TRIGGER ALL`);
@@ -364,7 +487,10 @@ test('the leader lock is not a privilege: any role that can connect can take it 
   // (no worker can lead) but cannot pass for a worker: leaderInfo names no worker row for it.
   const c = await poolP.connect();
   try {
-    const got = await c.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1, $2) AS ok', [schemaLockKey(schema), LEADER_LOCK]);
+    const got = await c.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1, $2) AS ok', [
+      schemaLockKey(schema),
+      LEADER_LOCK,
+    ]);
     assert.equal(got.rows[0]!.ok, true);
     const pid = (await c.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
     const info = await leaderInfo(admin, schema);
@@ -386,7 +512,9 @@ test('a dead-letter retention that deletes something leaves an audit row', async
   );
   await admin.query(`DELETE FROM ${S}.deferred WHERE id = $1`, [t.id]);
   assert.equal(await pruneDeadLetters(poolB, schema, 3600_000), 1);
-  const audit = await admin.query(`SELECT actor, action, result FROM ${S}.audit_log WHERE action = 'dead.retention' ORDER BY id DESC LIMIT 1`);
+  const audit = await admin.query(
+    `SELECT actor, action, result FROM ${S}.audit_log WHERE action = 'dead.retention' ORDER BY id DESC LIMIT 1`,
+  );
   assert.deepEqual(audit.rows[0], { actor: `maintenance:${roleB}`, action: 'dead.retention', result: { pruned: 1 } });
   assert.equal(await pruneDeadLetters(poolB, schema, 3600_000), 0);
 });
@@ -398,8 +526,13 @@ test('grantRuntimeRole: kind producer or worker; regranting converges; options a
       await admin.query(
         `SELECT has_table_privilege($1, $2, 'INSERT') AS lease_insert, has_function_privilege($1, $3, 'EXECUTE') AS promote,
                 has_function_privilege($1, $4, 'EXECUTE') AS enqueue, has_table_privilege($1, $5, 'SELECT') AS read`,
-        [role, `${S}.leases`, `${S}.promote_lane(text,smallint,smallint,integer)`,
-         `${S}.enqueue(text,smallint,smallint,smallint,text[],jsonb[],timestamptz[],integer[],text[])`, `${S}.ready`],
+        [
+          role,
+          `${S}.leases`,
+          `${S}.promote_lane(text,smallint,smallint,integer)`,
+          `${S}.enqueue(text,smallint,smallint,smallint,text[],jsonb[],timestamptz[],integer[],text[])`,
+          `${S}.ready`,
+        ],
       )
     ).rows[0];
   await grantRuntimeRole({ ...conn, role: producerQ, kind: 'worker' });
@@ -410,11 +543,23 @@ test('grantRuntimeRole: kind producer or worker; regranting converges; options a
 
   const input = (err: unknown) => err instanceof BerthInputError;
   await assert.rejects(grantRuntimeRole({ ...conn, role: producerQ, kind: 'admin' as never }), input);
-  await assert.rejects(grantRuntimeRole({ ...conn, role: producerQ, knd: 'producer' } as never), (err: Error) => input(err) && /unknown grantRuntimeRole option "knd"/.test(err.message));
+  await assert.rejects(
+    grantRuntimeRole({ ...conn, role: producerQ, knd: 'producer' } as never),
+    (err: Error) => input(err) && /unknown grantRuntimeRole option "knd"/.test(err.message),
+  );
   await assert.rejects(grantRuntimeRole({ ...conn, role: '' }), input);
-  await assert.rejects(grantRuntimeRole({ ...conn, role: owner }), (err: Error) => input(err) && /owns schema/.test(err.message));
-  await assert.rejects(migrate({ ...conn, producerRole: [producerQ] } as never), (err: Error) => input(err) && /unknown migrate option "producerRole"/.test(err.message));
-  await assert.rejects(migrate({ ...conn, runtimeRoles: [producerQ], producerRoles: [producerQ] }), (err: Error) => input(err) && /both/.test(err.message));
+  await assert.rejects(
+    grantRuntimeRole({ ...conn, role: owner }),
+    (err: Error) => input(err) && /owns schema/.test(err.message),
+  );
+  await assert.rejects(
+    migrate({ ...conn, producerRole: [producerQ] } as never),
+    (err: Error) => input(err) && /unknown migrate option "producerRole"/.test(err.message),
+  );
+  await assert.rejects(
+    migrate({ ...conn, runtimeRoles: [producerQ], producerRoles: [producerQ] }),
+    (err: Error) => input(err) && /both/.test(err.message),
+  );
   await assert.rejects(migrate({ ...conn, producerRoles: 'x' as never }), input);
 
   // berth migrate offers both kinds; it turns Q back into a worker role and keeps P a producer.
@@ -423,7 +568,19 @@ test('grantRuntimeRole: kind producer or worker; regranting converges; options a
   const printed: string[] = [];
   console.log = (...a: unknown[]) => void printed.push(a.join(' '));
   try {
-    const code = await main(['node', 'berth', 'migrate', '--schema', schema, '--database-url', urlAs(owner), '--runtime-role', producerQ, '--producer-role', producer]);
+    const code = await main([
+      'node',
+      'berth',
+      'migrate',
+      '--schema',
+      schema,
+      '--database-url',
+      urlAs(owner),
+      '--runtime-role',
+      producerQ,
+      '--producer-role',
+      producer,
+    ]);
     assert.equal(code, 0, printed.join('\n'));
   } finally {
     console.log = log;
@@ -464,12 +621,31 @@ test('migration 7 turns a runtime role of the old single grant into a worker rol
               has_column_privilege($1, $5, 'run_at', 'UPDATE') AS run_at,
               has_function_privilege($1, $6, 'EXECUTE') AS prune, has_function_privilege($1, $7, 'EXECUTE') AS retention,
               has_function_privilege($1, $8, 'EXECUTE') AS due`,
-      [legacy, `${L}."ready_0"`, `${L}."leases_15"`, `${L}.dead_letters`, `${L}.deferred`,
-       `${L}.prune_slot(smallint,integer)`, `${L}.prune_dead_letters(double precision,integer)`,
-       `${L}.due_deferred(text,integer,text[],smallint[],smallint[])`],
+      [
+        legacy,
+        `${L}."ready_0"`,
+        `${L}."leases_15"`,
+        `${L}.dead_letters`,
+        `${L}.deferred`,
+        `${L}.prune_slot(smallint,integer)`,
+        `${L}.prune_dead_letters(double precision,integer)`,
+        `${L}.due_deferred(text,integer,text[],smallint[],smallint[])`,
+      ],
     );
-    assert.deepEqual(p.rows[0], { t0: false, t15: false, dl_delete: false, dl_insert: true, run_at: false, prune: true, retention: true, due: true });
-    const ownerKept = await admin.query(`SELECT has_table_privilege($1, $2, 'TRUNCATE') AS t`, [owner, `${L}."ready_0"`]);
+    assert.deepEqual(p.rows[0], {
+      t0: false,
+      t15: false,
+      dl_delete: false,
+      dl_insert: true,
+      run_at: false,
+      prune: true,
+      retention: true,
+      due: true,
+    });
+    const ownerKept = await admin.query(`SELECT has_table_privilege($1, $2, 'TRUNCATE') AS t`, [
+      owner,
+      `${L}."ready_0"`,
+    ]);
     assert.equal(ownerKept.rows[0].t, true, 'the owner keeps its own privileges');
   } finally {
     await o.end();
@@ -479,19 +655,32 @@ test('migration 7 turns a runtime role of the old single grant into a worker rol
   }
 });
 
-test('a stuck handler\'s lease protection works under the grant: protect, refresh, mark, hold from rescue, clear', async () => {
+test("a stuck handler's lease protection works under the grant: protect, refresh, mark, hold from rescue, clear", async () => {
   const queue = `stuck-${process.pid}`;
   const t = await enqueue(poolA, 'r_stuck', {}, { schema, queue });
   const lanes = [(await laneOf(t.id!)).lane_id];
   const [lease] = await claim(poolA, {
-    schema, laneIds: lanes, limit: 1, ceilings: new Map([['r_stuck', 3000]]), maxAttempts: new Map(), defaultMaxAttempts: 20,
-    defaultCeilingMs: 3000, marginMs: 0, workerId: 'roles', wakeChannel: wakeChannel(schema),
+    schema,
+    laneIds: lanes,
+    limit: 1,
+    ceilings: new Map([['r_stuck', 3000]]),
+    maxAttempts: new Map(),
+    defaultMaxAttempts: 20,
+    defaultCeilingMs: 3000,
+    marginMs: 0,
+    workerId: 'roles',
+    wakeChannel: wakeChannel(schema),
   });
   assert.ok(lease);
   assert.equal(await protectOverdueLease(poolA, schema, lease, 'roles', 0, 60_000), true);
   await refreshOverdueLeases(poolA, schema, 'roles', [lease]);
   assert.equal((await overdueMarks(poolB, schema, [t.id!])).get(t.id!)?.stuck, true);
-  await waitFor(async () => (await admin.query(`SELECT expires_at < now() AS lapsed FROM ${S}.leases WHERE id = $1`, [t.id])).rows[0].lapsed, 20_000, 'lapsed');
+  await waitFor(
+    async () =>
+      (await admin.query(`SELECT expires_at < now() AS lapsed FROM ${S}.leases WHERE id = $1`, [t.id])).rows[0].lapsed,
+    20_000,
+    'lapsed',
+  );
   assert.deepEqual(await rescueLapsedLeases(poolB, schema), { retried: 0, dead: 0, held: 1 });
   assert.equal((await completeLeases(poolA, schema, [lease])).size, 1, 'the late result settles its own lease');
   await clearOverdueLease(poolA, schema, lease);

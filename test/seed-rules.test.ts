@@ -7,38 +7,76 @@ import { promoteDueLanes, rescueLapsedLeases } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { Promoter } from '../src/maintenance/promoter.js';
 import { wakeChannel } from '../src/sql.js';
-import { captureLogger, counterValue, DATABASE_URL, expectOutcome, freshSchema, waitFor, holdLaneLock, leaseLapsed, scaled } from './helpers.js';
+import {
+  captureLogger,
+  counterValue,
+  DATABASE_URL,
+  expectOutcome,
+  freshSchema,
+  waitFor,
+  holdLaneLock,
+  leaseLapsed,
+  scaled,
+} from './helpers.js';
 
 const { schema, pool } = await freshSchema('rules');
 const S = `"${schema}"`;
 const { logger } = captureLogger();
 
 async function reset(): Promise<void> {
-  await pool.query(`TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`);
+  await pool.query(
+    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
+  );
 }
 async function laneOf(queue: string, shard = 0): Promise<number> {
-  return (await pool.query(`SELECT ${S}.provision_lane($1, 0::smallint, $2::smallint) AS id`, [queue, shard])).rows[0].id;
+  return (await pool.query(`SELECT ${S}.provision_lane($1, 0::smallint, $2::smallint) AS id`, [queue, shard])).rows[0]
+    .id;
 }
 const holdLane = (lane: number) => holdLaneLock(schema, lane);
 const claimParams = (laneIds: number[], limit: number, ceilingMs = 60_000) => ({
-  schema, laneIds, limit, ceilings: new Map<string, number>(), maxAttempts: new Map<string, number>(), defaultMaxAttempts: 20,
-  defaultCeilingMs: ceilingMs, marginMs: 0, workerId: 'rules', wakeChannel: wakeChannel(schema),
+  schema,
+  laneIds,
+  limit,
+  ceilings: new Map<string, number>(),
+  maxAttempts: new Map<string, number>(),
+  defaultMaxAttempts: 20,
+  defaultCeilingMs: ceilingMs,
+  marginMs: 0,
+  workerId: 'rules',
+  wakeChannel: wakeChannel(schema),
 });
 
 test('the default lease margin is 30 s: lease = ceiling + 30 s, deadline = lease - 30 s', async () => {
   await reset();
   let seen: { deadline: number; expires: number } | null = null;
-  const def = defineTask({ type: 'r_margin', ceiling: 10_000, handler: async (_p, ctx) => {
-    const r = await pool.query(`SELECT (extract(epoch FROM expires_at) * 1000)::float8 AS e, extract(epoch FROM expires_at - claimed_at)::float8 AS s FROM ${S}.leases WHERE id = $1`, [ctx.id]);
-    seen = { deadline: ctx.deadline.getTime(), expires: r.rows[0].e };
-    assert.equal(r.rows[0].s, 40);
-  } });
-  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], logger, maintenance: false, pollIntervalMs: 100 });
+  const def = defineTask({
+    type: 'r_margin',
+    ceiling: 10_000,
+    handler: async (_p, ctx) => {
+      const r = await pool.query(
+        `SELECT (extract(epoch FROM expires_at) * 1000)::float8 AS e, extract(epoch FROM expires_at - claimed_at)::float8 AS s FROM ${S}.leases WHERE id = $1`,
+        [ctx.id],
+      );
+      seen = { deadline: ctx.deadline.getTime(), expires: r.rows[0].e };
+      assert.equal(r.rows[0].s, 40);
+    },
+  });
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    logger,
+    maintenance: false,
+    pollIntervalMs: 100,
+  });
   await w.start();
   try {
     await enqueue(pool, def, {}, { schema });
     await waitFor(() => seen !== null, 10_000, 'handler');
-    assert.ok(Math.abs(seen!.expires - seen!.deadline - 30_000) <= 1, `deadline is expiry - 30 s (${seen!.expires - seen!.deadline})`);
+    assert.ok(
+      Math.abs(seen!.expires - seen!.deadline - 30_000) <= 1,
+      `deadline is expiry - 30 s (${seen!.expires - seen!.deadline})`,
+    );
   } finally {
     await w.stop();
   }
@@ -47,16 +85,30 @@ test('the default lease margin is 30 s: lease = ceiling + 30 s, deadline = lease
 test('a failing task drops to the tail instead of blocking the work behind it', async () => {
   await reset();
   const order: string[] = [];
-  const def = defineTask<{ tag: string }>({ type: 'r_tail', ceiling: 5000, backoff: { baseMs: 300, maxMs: 300 }, handler: async (p, ctx) => {
-    order.push(`${p.tag}#${ctx.attempt}`);
-    if (p.tag === 'a' && ctx.attempt === 1) throw new Error('first attempt fails');
-  } });
+  const def = defineTask<{ tag: string }>({
+    type: 'r_tail',
+    ceiling: 5000,
+    backoff: { baseMs: 300, maxMs: 300 },
+    handler: async (p, ctx) => {
+      order.push(`${p.tag}#${ctx.attempt}`);
+      if (p.tag === 'a' && ctx.attempt === 1) throw new Error('first attempt fails');
+    },
+  });
   const c = await pool.connect();
   await c.query('BEGIN');
   for (const tag of ['a', 'b', 'c']) await enqueue(c, def, { tag }, { schema, shard: 1 });
   await c.query('COMMIT');
   c.release();
-  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], slots: 1, prefetch: 0, logger, pollIntervalMs: 50, maintenance: { promoteIntervalMs: 50, leaderPollMs: 50 } });
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    slots: 1,
+    prefetch: 0,
+    logger,
+    pollIntervalMs: 50,
+    maintenance: { promoteIntervalMs: 50, leaderPollMs: 50 },
+  });
   await w.start();
   try {
     await waitFor(() => order.length === 4, 10_000, 'all ran');
@@ -69,17 +121,24 @@ test('a failing task drops to the tail instead of blocking the work behind it', 
 test('a promotion batch takes the oldest due rows first, across lanes', async () => {
   await reset();
   const base = Date.now() + 3600_000;
-  await enqueueMany(pool, [
-    { type: 'x', payload: { n: 3 }, queue: 'q1', runAt: new Date(base + 3000) },
-    { type: 'x', payload: { n: 1 }, queue: 'q2', runAt: new Date(base + 1000) },
-    { type: 'x', payload: { n: 2 }, queue: 'q1', runAt: new Date(base + 2000) },
-    { type: 'x', payload: { n: 4 }, queue: 'q2', runAt: new Date(base + 4000) },
-  ], { schema });
+  await enqueueMany(
+    pool,
+    [
+      { type: 'x', payload: { n: 3 }, queue: 'q1', runAt: new Date(base + 3000) },
+      { type: 'x', payload: { n: 1 }, queue: 'q2', runAt: new Date(base + 1000) },
+      { type: 'x', payload: { n: 2 }, queue: 'q1', runAt: new Date(base + 2000) },
+      { type: 'x', payload: { n: 4 }, queue: 'q2', runAt: new Date(base + 4000) },
+    ],
+    { schema },
+  );
   await pool.query(`UPDATE ${S}.deferred SET run_at = run_at - interval '2 hours'`);
   const r = await promoteDueLanes(pool, schema, null, 2, null);
   assert.equal(r.promoted, 2);
   const promoted = await pool.query(`SELECT (payload->>'n')::int AS n FROM ${S}.ready ORDER BY 1`);
-  assert.deepEqual(promoted.rows.map((x) => x.n), [1, 2]);
+  assert.deepEqual(
+    promoted.rows.map((x) => x.n),
+    [1, 2],
+  );
 });
 
 test('rescue never takes the lane lock: a lapsed lease is rescued while its own lane is held', async () => {
@@ -105,36 +164,82 @@ test('promoter: a lane with a waiter is skipped by later ticks; past the waiter 
   await reset();
   const a = await laneOf('wa');
   const b = await laneOf('wb');
-  await enqueueMany(pool, [
-    { type: 'x', payload: {}, queue: 'wa', shard: 0, delay: 1 },
-    { type: 'x', payload: {}, queue: 'wb', shard: 0, delay: 1 },
-  ], { schema });
+  await enqueueMany(
+    pool,
+    [
+      { type: 'x', payload: {}, queue: 'wa', shard: 0, delay: 1 },
+      { type: 'x', payload: {}, queue: 'wb', shard: 0, delay: 1 },
+    ],
+    { schema },
+  );
   await pool.query(`UPDATE ${S}.deferred SET run_at = now() - interval '1 s'`);
   const releaseA = await holdLane(a);
   const releaseB = await holdLane(b);
   const metrics = new BerthMetrics();
   // The waiter must still be waiting when the second tick runs, however slow the machine: a
   // waiter timeout far beyond two ticks here, a short one below for the timed-out count.
-  const p = new Promoter(pool, schema, { batchSize: 100, laneLockTimeoutMs: 50, waiterLockTimeoutMs: scaled(60_000), poolSize: 8 }, metrics, logger);
+  const p = new Promoter(
+    pool,
+    schema,
+    { batchSize: 100, laneLockTimeoutMs: 50, waiterLockTimeoutMs: scaled(60_000), poolSize: 8 },
+    metrics,
+    logger,
+  );
   const short = new BerthMetrics();
-  const q = new Promoter(pool, schema, { batchSize: 100, laneLockTimeoutMs: 50, waiterLockTimeoutMs: 400, poolSize: 8 }, short, logger);
+  const q = new Promoter(
+    pool,
+    schema,
+    { batchSize: 100, laneLockTimeoutMs: 50, waiterLockTimeoutMs: 400, poolSize: 8 },
+    short,
+    logger,
+  );
   try {
     await p.tick();
-    assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off', state: 'scheduled' }), 1);
-    assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'waiter_limit', state: 'scheduled' }), 1, 'pool of 8 allows one waiter');
+    assert.equal(
+      await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off', state: 'scheduled' }),
+      1,
+    );
+    assert.equal(
+      await counterValue(metrics, 'berth_promote_lane_contention_total', {
+        outcome: 'waiter_limit',
+        state: 'scheduled',
+      }),
+      1,
+      'pool of 8 allows one waiter',
+    );
     assert.equal(p.waitingLanes.length, 1);
     const waiting = p.waitingLanes[0]!.queue;
     await p.tick();
-    assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off', queue: waiting }), 1, 'the waiting lane is skipped by the next tick');
-    assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'waiter_limit' }), 2, 'the other lane is retried each tick');
+    assert.equal(
+      await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'handed_off', queue: waiting }),
+      1,
+      'the waiting lane is skipped by the next tick',
+    );
+    assert.equal(
+      await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'waiter_limit' }),
+      2,
+      'the other lane is retried each tick',
+    );
     await p.stop();
     // A waiter that runs out of time (400 ms) is counted as such.
     // One lane goes to the (only) waiter; on a slow machine it may time out before tick() returns.
     await q.tick();
-    await waitFor(async () => (await counterValue(short, 'berth_promote_lane_contention_total', { outcome: 'waiter_timed_out' })) === 1, 5000, 'waiter timeout');
+    await waitFor(
+      async () =>
+        (await counterValue(short, 'berth_promote_lane_contention_total', { outcome: 'waiter_timed_out' })) === 1,
+      5000,
+      'waiter timeout',
+    );
     assert.ok((await counterValue(metrics, 'berth_promote_batches_total', {})) >= 2, 'tick batches are counted');
-    assert.ok((await counterValue(short, 'berth_promote_batches_total', {})) >= 2, 'tick and waiter batches are counted');
-    assert.equal((await pool.query(`SELECT count(*) FROM ${S}.deferred`)).rows[0].count, '2', 'nothing promoted while both lanes are held');
+    assert.ok(
+      (await counterValue(short, 'berth_promote_batches_total', {})) >= 2,
+      'tick and waiter batches are counted',
+    );
+    assert.equal(
+      (await pool.query(`SELECT count(*) FROM ${S}.deferred`)).rows[0].count,
+      '2',
+      'nothing promoted while both lanes are held',
+    );
   } finally {
     await p.stop();
     await q.stop();
@@ -147,22 +252,45 @@ test('promoter: a lane with a waiter is skipped by later ticks; past the waiter 
 test('shutdown settles a handler that returns as the drain ends; it never runs again', async () => {
   await reset();
   let runs = 0;
-  const def = defineTask({ type: 'r_drain', ceiling: 60_000, handler: async () => {
-    runs++;
-    // Finishes its work despite the abort, a moment into the drain.
-    await new Promise((r) => setTimeout(r, 300));
-  } });
-  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], logger, maintenance: false, pollIntervalMs: 100, stopTimeoutMs: 5000 });
+  const def = defineTask({
+    type: 'r_drain',
+    ceiling: 60_000,
+    handler: async () => {
+      runs++;
+      // Finishes its work despite the abort, a moment into the drain.
+      await new Promise((r) => setTimeout(r, 300));
+    },
+  });
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    logger,
+    maintenance: false,
+    pollIntervalMs: 100,
+    stopTimeoutMs: 5000,
+  });
   await w.start();
   const r = await enqueue(pool, def, {}, { schema });
   await waitFor(() => runs === 1, 10_000, 'started');
   await w.stop();
   await expectOutcome(w.metrics, 'r_drain', 'success', 1);
   assert.equal((await getTask(pool, schema, r.id!))?.state, 'completed', 'settled before the pools closed');
-  const again = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], logger, maintenance: false, pollIntervalMs: 50 });
+  const again = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    logger,
+    maintenance: false,
+    pollIntervalMs: 50,
+  });
   await again.start();
   // Long enough for the second worker to have looked: a few of its polls, however slow the machine.
-  await waitFor(async () => (await counterValue(again.metrics, 'berth_wakeups_total', { reason: 'poll' })) >= 3, 10_000, 'the second worker polling');
+  await waitFor(
+    async () => (await counterValue(again.metrics, 'berth_wakeups_total', { reason: 'poll' })) >= 3,
+    10_000,
+    'the second worker polling',
+  );
   await again.stop();
   assert.equal(runs, 1);
 });
@@ -184,23 +312,48 @@ test('provision_lane rejects a null argument or a shard outside 0-63, and accept
 test('promotion is never backed off: an overrunning promotion body runs again at once, and overruns are counted', async () => {
   await reset();
   // Every promotion transaction now takes 150 ms, three times the 50 ms interval.
-  await pool.query(`CREATE FUNCTION ${S}.slow_promotion() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.15); RETURN NULL; END $$`);
-  await pool.query(`CREATE TRIGGER slow_promotion AFTER DELETE ON ${S}.deferred FOR EACH STATEMENT EXECUTE FUNCTION ${S}.slow_promotion()`);
+  await pool.query(
+    `CREATE FUNCTION ${S}.slow_promotion() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.15); RETURN NULL; END $$`,
+  );
+  await pool.query(
+    `CREATE TRIGGER slow_promotion AFTER DELETE ON ${S}.deferred FOR EACH STATEMENT EXECUTE FUNCTION ${S}.slow_promotion()`,
+  );
   try {
-    const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [], queues: ['none'], logger, maintenance: { leaderPollMs: 50, promoteIntervalMs: 50, rescueIntervalMs: 60_000, ringIntervalMs: 60_000, gaugeIntervalMs: 60_000 } });
+    const w = new Worker({
+      connectionString: DATABASE_URL,
+      schema,
+      tasks: [],
+      queues: ['none'],
+      logger,
+      maintenance: {
+        leaderPollMs: 50,
+        promoteIntervalMs: 50,
+        rescueIntervalMs: 60_000,
+        ringIntervalMs: 60_000,
+        gaugeIntervalMs: 60_000,
+      },
+    });
     await w.start();
     try {
       for (let i = 0; i < 5; i++) {
         await enqueueMany(pool, [{ type: 'x', payload: { i }, queue: `q${i}`, delay: 1 }], { schema });
       }
-      await waitFor(async () => (await pool.query(`SELECT count(*) FROM ${S}.deferred`)).rows[0].count === '0', 20_000, 'all promoted');
+      await waitFor(
+        async () => (await pool.query(`SELECT count(*) FROM ${S}.deferred`)).rows[0].count === '0',
+        20_000,
+        'all promoted',
+      );
       await waitFor(() => (w.maintenanceStats().promote?.overruns ?? 0) >= 1, 10_000, 'an overrun');
       const st = w.maintenanceStats().promote!;
       assert.ok(st.maxMs > 50, `a tick overran (${st.maxMs} ms)`);
       assert.ok((await counterValue(w.metrics, 'berth_maintenance_overruns_total', { branch: 'promote' })) >= 1);
       const runs = st.runs;
       await enqueueMany(pool, [{ type: 'x', payload: {}, queue: 'late', delay: 1 }], { schema });
-      await waitFor(async () => (await pool.query(`SELECT count(*) FROM ${S}.deferred`)).rows[0].count === '0', 5_000, 'promoted right after an overrun');
+      await waitFor(
+        async () => (await pool.query(`SELECT count(*) FROM ${S}.deferred`)).rows[0].count === '0',
+        5_000,
+        'promoted right after an overrun',
+      );
       // The branch's statistics are updated just after its run returns, a moment after the
       // promotion committed: wait for them rather than read them at once.
       await waitFor(() => w.maintenanceStats().promote!.runs > runs, 10_000, 'the promotion run counted');
@@ -213,9 +366,15 @@ test('promotion is never backed off: an overrunning promotion body runs again at
 });
 
 test("seed 000's numbers are the defaults: 4 slots, 30 s margin, 5 s poll, 20 attempts, 15 s doubling to 10 min, 2 min slices, hourly 7-day retention, 30 s statement timeout", async () => {
-  const { WORKER_DEFAULTS, DEFAULT_MAX_ATTEMPTS, DEFAULT_BACKOFF, DEFAULT_SLICE_MS, MAINTENANCE_DEFAULTS } = await import('../src/index.js');
+  const { WORKER_DEFAULTS, DEFAULT_MAX_ATTEMPTS, DEFAULT_BACKOFF, DEFAULT_SLICE_MS, MAINTENANCE_DEFAULTS } =
+    await import('../src/index.js');
   assert.deepEqual(
-    { slots: WORKER_DEFAULTS.slots, margin: WORKER_DEFAULTS.leaseMarginMs, poll: WORKER_DEFAULTS.pollIntervalMs, statement: WORKER_DEFAULTS.statementTimeoutMs },
+    {
+      slots: WORKER_DEFAULTS.slots,
+      margin: WORKER_DEFAULTS.leaseMarginMs,
+      poll: WORKER_DEFAULTS.pollIntervalMs,
+      statement: WORKER_DEFAULTS.statementTimeoutMs,
+    },
     { slots: 4, margin: 30_000, poll: 5000, statement: 30_000 },
   );
   assert.equal(DEFAULT_MAX_ATTEMPTS, 20);
@@ -227,24 +386,47 @@ test("seed 000's numbers are the defaults: 4 slots, 30 s margin, 5 s poll, 20 at
   assert.equal(MAINTENANCE_DEFAULTS.waiterLockTimeoutMs, 30_000);
 });
 
-test('a task enqueued by name takes its attempt limit from the claiming worker\'s definition, else 20', async () => {
+test("a task enqueued by name takes its attempt limit from the claiming worker's definition, else 20", async () => {
   await reset();
   const lane = await laneOf('limits', 0);
-  await enqueueMany(pool, [
-    { type: 'defined', payload: {}, queue: 'limits', shard: 0 },
-    { type: 'undefined_type', payload: {}, queue: 'limits', shard: 0 },
-    { type: 'defined', payload: {}, queue: 'limits', shard: 0, maxAttempts: 2 },
-  ], { schema });
+  await enqueueMany(
+    pool,
+    [
+      { type: 'defined', payload: {}, queue: 'limits', shard: 0 },
+      { type: 'undefined_type', payload: {}, queue: 'limits', shard: 0 },
+      { type: 'defined', payload: {}, queue: 'limits', shard: 0, maxAttempts: 2 },
+    ],
+    { schema },
+  );
   const got = await claim(pool, { ...claimParams([lane], 3), maxAttempts: new Map([['defined', 7]]) });
-  assert.deepEqual(got.map((t) => [t.type, t.maxAttempts]), [['defined', 7], ['undefined_type', 20], ['defined', 2]]);
+  assert.deepEqual(
+    got.map((t) => [t.type, t.maxAttempts]),
+    [
+      ['defined', 7],
+      ['undefined_type', 20],
+      ['defined', 2],
+    ],
+  );
 });
 
 test('a handler that ignores its AbortSignal: stop() gives up after stopTimeoutMs, logs it at error, and its lease is left to lapse', async () => {
   await reset();
   const { logger: l, lines } = captureLogger();
   let started = 0;
-  const def = defineTask({ type: 'r_ignores', ceiling: 60_000, handler: () => new Promise<void>(() => void started++) });
-  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], logger: l, maintenance: false, pollIntervalMs: 50, stopTimeoutMs: 200 });
+  const def = defineTask({
+    type: 'r_ignores',
+    ceiling: 60_000,
+    handler: () => new Promise<void>(() => void started++),
+  });
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    logger: l,
+    maintenance: false,
+    pollIntervalMs: 50,
+    stopTimeoutMs: 200,
+  });
   await w.start();
   const r = await enqueue(pool, def, {}, { schema });
   await waitFor(() => started === 1, 10_000, 'started');
@@ -253,7 +435,11 @@ test('a handler that ignores its AbortSignal: stop() gives up after stopTimeoutM
   assert.ok(line, 'logged');
   assert.equal(line!.level, 50);
   assert.deepEqual(line!.still_running, [r.id]);
-  assert.equal((await getTask(pool, schema, r.id!))?.state, 'running', 'still leased: only expiry (and rescue) frees it');
+  assert.equal(
+    (await getTask(pool, schema, r.id!))?.state,
+    'running',
+    'still leased: only expiry (and rescue) frees it',
+  );
 });
 
 test('discovery runs on the read pool; an idle poll issues no claim on the primary', async () => {
@@ -262,18 +448,37 @@ test('discovery runs on the read pool; an idle poll issues no claim on the prima
   readUrl.searchParams.set('application_name', `berth_read_${process.pid}`);
   const writeUrl = new URL(DATABASE_URL);
   writeUrl.searchParams.set('application_name', `berth_write_${process.pid}`);
-  const w = new Worker({ connectionString: writeUrl.toString(), readConnectionString: readUrl.toString(), schema, tasks: [], queues: ['idle_only'], logger, maintenance: false, pollIntervalMs: 30 });
+  const w = new Worker({
+    connectionString: writeUrl.toString(),
+    readConnectionString: readUrl.toString(),
+    schema,
+    tasks: [],
+    queues: ['idle_only'],
+    logger,
+    maintenance: false,
+    pollIntervalMs: 30,
+  });
   await w.start();
   try {
-    await waitFor(async () => (await counterValue(w.metrics, 'berth_wakeups_total', { reason: 'poll' })) >= 5, 10_000, 'polls');
+    await waitFor(
+      async () => (await counterValue(w.metrics, 'berth_wakeups_total', { reason: 'poll' })) >= 5,
+      10_000,
+      'polls',
+    );
     const sessions = await pool.query(
       `SELECT application_name, query FROM pg_stat_activity WHERE application_name IN ($1, $2)`,
       [`berth_read_${process.pid}`, `berth_write_${process.pid}`],
     );
     const read = sessions.rows.filter((r) => r.application_name.startsWith('berth_read'));
     const write = sessions.rows.filter((r) => r.application_name.startsWith('berth_write'));
-    assert.ok(read.some((r) => /CROSS JOIN LATERAL/.test(r.query)), 'discovery ran on the read pool');
-    assert.ok(write.every((r) => !/WITH locked/.test(r.query) && !/CROSS JOIN LATERAL/.test(r.query)), 'the primary saw neither discovery nor a claim');
+    assert.ok(
+      read.some((r) => /CROSS JOIN LATERAL/.test(r.query)),
+      'discovery ran on the read pool',
+    );
+    assert.ok(
+      write.every((r) => !/WITH locked/.test(r.query) && !/CROSS JOIN LATERAL/.test(r.query)),
+      'the primary saw neither discovery nor a claim',
+    );
   } finally {
     await w.stop();
   }
@@ -284,23 +489,45 @@ test('a release that fails is logged at warn, and the lapsed lease still gets th
   // Every release (and only a release) fails from now on in this schema.
   await pool.query(`CREATE FUNCTION ${S}.no_release() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN IF NEW.outcome = 'released' THEN RAISE EXCEPTION 'release refused by test'; END IF; RETURN NEW; END $$`);
-  await pool.query(`CREATE TRIGGER no_release BEFORE INSERT ON ${S}.settlements FOR EACH ROW EXECUTE FUNCTION ${S}.no_release()`);
+  await pool.query(
+    `CREATE TRIGGER no_release BEFORE INSERT ON ${S}.settlements FOR EACH ROW EXECUTE FUNCTION ${S}.no_release()`,
+  );
   try {
     let runs = 0;
-    const def = defineTask({ type: 'r_release_fails', ceiling: scaled(1000), handler: (_p, ctx) => new Promise<void>((res, rej) => {
-      runs++;
-      if (runs > 1) return res();
-      ctx.signal.addEventListener('abort', () => rej(ctx.signal.reason));
-    }) });
+    const def = defineTask({
+      type: 'r_release_fails',
+      ceiling: scaled(1000),
+      handler: (_p, ctx) =>
+        new Promise<void>((res, rej) => {
+          runs++;
+          if (runs > 1) return res();
+          ctx.signal.addEventListener('abort', () => rej(ctx.signal.reason));
+        }),
+    });
     const { logger: l1, lines } = captureLogger();
-    const first = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], logger: l1, maintenance: false, pollIntervalMs: 50, leaseMarginMs: 0 });
+    const first = new Worker({
+      connectionString: DATABASE_URL,
+      schema,
+      tasks: [def],
+      logger: l1,
+      maintenance: false,
+      pollIntervalMs: 50,
+      leaseMarginMs: 0,
+    });
     await first.start();
     const r = await enqueue(pool, def, {}, { schema, queue: 'release_fails' });
     await waitFor(() => runs === 1, 10_000, 'first run');
     await first.stop();
     const warn = lines.find((x) => x.msg === 'release could not be written; the lease will lapse');
     assert.ok(warn && warn.level === 40 && warn.task_id === r.id);
-    const second = new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], logger, pollIntervalMs: 50, maintenance: { leaderPollMs: 50, rescueIntervalMs: 100, promoteIntervalMs: 50, ringIntervalMs: 60_000 } });
+    const second = new Worker({
+      connectionString: DATABASE_URL,
+      schema,
+      tasks: [def],
+      logger,
+      pollIntervalMs: 50,
+      maintenance: { leaderPollMs: 50, rescueIntervalMs: 100, promoteIntervalMs: 50, ringIntervalMs: 60_000 },
+    });
     await second.start();
     try {
       await waitFor(() => runs === 2, 15_000, 'the task to run again after its lease lapsed');
@@ -316,17 +543,40 @@ test('a lane whose promotion fails (its sequence is gone) does not starve the ot
   await reset();
   const bad = await laneOf('broken', 0);
   await laneOf('healthy', 0);
-  await enqueueMany(pool, Array.from({ length: 30 }, (_, i) => ({ type: 'x', payload: { i }, queue: 'broken', shard: 0, delay: 1 })), { schema });
+  await enqueueMany(
+    pool,
+    Array.from({ length: 30 }, (_, i) => ({ type: 'x', payload: { i }, queue: 'broken', shard: 0, delay: 1 })),
+    { schema },
+  );
   await enqueueMany(pool, [{ type: 'x', payload: {}, queue: 'healthy', shard: 0, delay: 1 }], { schema });
-  await pool.query(`UPDATE ${S}.deferred SET run_at = now() - interval '1 s' * (CASE WHEN queue = 'broken' THEN 10 ELSE 1 END)`);
+  await pool.query(
+    `UPDATE ${S}.deferred SET run_at = now() - interval '1 s' * (CASE WHEN queue = 'broken' THEN 10 ELSE 1 END)`,
+  );
   await pool.query(`DROP SEQUENCE ${S}.lane_seq_${bad}`);
   const metrics = new BerthMetrics();
-  const p = new Promoter(pool, schema, { batchSize: 10, laneLockTimeoutMs: 50, waiterLockTimeoutMs: 1000, poolSize: 8 }, metrics, logger);
+  const p = new Promoter(
+    pool,
+    schema,
+    { batchSize: 10, laneLockTimeoutMs: 50, waiterLockTimeoutMs: 1000, poolSize: 8 },
+    metrics,
+    logger,
+  );
   try {
     await p.tick();
-    assert.equal((await pool.query(`SELECT count(*) FROM ${S}.ready WHERE queue = 'healthy'`)).rows[0].count, '1', 'the healthy lane is promoted');
-    assert.equal((await pool.query(`SELECT count(*) FROM ${S}.deferred WHERE queue = 'broken'`)).rows[0].count, '30', 'the broken lane keeps its rows');
-    assert.equal(await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'failed', queue: 'broken' }), 1);
+    assert.equal(
+      (await pool.query(`SELECT count(*) FROM ${S}.ready WHERE queue = 'healthy'`)).rows[0].count,
+      '1',
+      'the healthy lane is promoted',
+    );
+    assert.equal(
+      (await pool.query(`SELECT count(*) FROM ${S}.deferred WHERE queue = 'broken'`)).rows[0].count,
+      '30',
+      'the broken lane keeps its rows',
+    );
+    assert.equal(
+      await counterValue(metrics, 'berth_promote_lane_contention_total', { outcome: 'failed', queue: 'broken' }),
+      1,
+    );
   } finally {
     await p.stop();
   }

@@ -1,6 +1,14 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { enqueue, enqueueMany, dequeue, getTask, LeaseLostError, backoffDelayMs, DEFAULT_BACKOFF } from '../src/index.js';
+import {
+  enqueue,
+  enqueueMany,
+  dequeue,
+  getTask,
+  LeaseLostError,
+  backoffDelayMs,
+  DEFAULT_BACKOFF,
+} from '../src/index.js';
 import { pruneDeadLetters, rescueLapsedLeases, promoteDue, readGauges } from '../src/maintenance-api.js';
 import { claim, discover, type ClaimedTask } from '../src/processor/claim.js';
 import { completeLeases } from '../src/storage/complete.js';
@@ -20,7 +28,9 @@ async function claimOne(type = 't', ceilingMs = 60_000): Promise<ClaimedTask> {
     laneIds: lanes,
     limit: 1,
     ceilings: new Map([[type, ceilingMs]]),
-    maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: ceilingMs,
+    maxAttempts: new Map(),
+    defaultMaxAttempts: 20,
+    defaultCeilingMs: ceilingMs,
     marginMs: 0,
     workerId: 'test',
     wakeChannel: wakeChannel(schema),
@@ -30,7 +40,9 @@ async function claimOne(type = 't', ceilingMs = 60_000): Promise<ClaimedTask> {
 }
 
 async function fresh(payload: unknown = {}, opts: { maxAttempts?: number; dedupeKey?: string } = {}): Promise<string> {
-  await pool.query(`TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`);
+  await pool.query(
+    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
+  );
   const r = await enqueue(pool, 't', payload, { schema, ...opts });
   return r.id!;
 }
@@ -83,7 +95,9 @@ test('failure stores last_error, backs off and clears the lease; attempts are co
   const started = performance.now();
   const t = await claimOne();
   assert.equal(t.attempt, 1);
-  const r = await recordFailures(pool, schema, [{ ref: t, error: 'object store said 503', delayMs: 15_000, permanent: false }]);
+  const r = await recordFailures(pool, schema, [
+    { ref: t, error: 'object store said 503', delayMs: 15_000, permanent: false },
+  ]);
   assert.equal(r.get(leaseKey(t)), 'retry');
   const task = await getTask(pool, schema, id);
   assert.equal(task?.state, 'retryable');
@@ -93,8 +107,14 @@ test('failure stores last_error, backs off and clears the lease; attempts are co
   // run_at is the failure's now() + 15 s; last_attempted_at is the claim's now(). Between the
   // two lies however long the machine took (measured here), not a fixed second.
   const between = (performance.now() - started) / 1000;
-  const delay = await pool.query(`SELECT extract(epoch FROM run_at - last_attempted_at)::float8 AS s FROM ${S}.deferred WHERE id = $1`, [id]);
-  assert.ok(delay.rows[0].s >= 15 && delay.rows[0].s <= 15 + between + 0.05, `backoff 15 s after the failure, got ${delay.rows[0].s} (claim to failure took at most ${between} s)`);
+  const delay = await pool.query(
+    `SELECT extract(epoch FROM run_at - last_attempted_at)::float8 AS s FROM ${S}.deferred WHERE id = $1`,
+    [id],
+  );
+  assert.ok(
+    delay.rows[0].s >= 15 && delay.rows[0].s <= 15 + between + 0.05,
+    `backoff 15 s after the failure, got ${delay.rows[0].s} (claim to failure took at most ${between} s)`,
+  );
   await promoteNow();
   const t2 = await claimOne();
   assert.equal(t2.id, id, 'identity is stable across retries');
@@ -218,14 +238,32 @@ test('retention prunes dead letters older than 7 days from the last attempt, nev
   assert.equal(before.dead.get('t'), 2, 'the gauge uses the same predicate');
   assert.equal(await pruneDeadLetters(pool, schema), 1);
   const left = await pool.query(`SELECT id FROM ${S}.dead_letters ORDER BY id`);
-  assert.deepEqual(left.rows.map((r) => Number(r.id)), [9002, 9003]);
+  assert.deepEqual(
+    left.rows.map((r) => Number(r.id)),
+    [9002, 9003],
+  );
 });
 
 test('batched completion settles each lease by its own token', async () => {
   await fresh();
-  await enqueueMany(pool, Array.from({ length: 5 }, () => ({ type: 't', payload: {} })), { schema });
+  await enqueueMany(
+    pool,
+    Array.from({ length: 5 }, () => ({ type: 't', payload: {} })),
+    { schema },
+  );
   const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
-  const ts = await claim(pool, { schema, laneIds: lanes, limit: 6, ceilings: new Map(), maxAttempts: new Map(), defaultMaxAttempts: 20, defaultCeilingMs: 60_000, marginMs: 0, workerId: 'x', wakeChannel: wakeChannel(schema) });
+  const ts = await claim(pool, {
+    schema,
+    laneIds: lanes,
+    limit: 6,
+    ceilings: new Map(),
+    maxAttempts: new Map(),
+    defaultMaxAttempts: 20,
+    defaultCeilingMs: 60_000,
+    marginMs: 0,
+    workerId: 'x',
+    wakeChannel: wakeChannel(schema),
+  });
   assert.equal(ts.length, 6);
   const refs = ts.map((t, i) => (i === 2 ? stolen(t) : t));
   const settled = await completeLeases(pool, schema, refs);

@@ -18,4 +18,3 @@ function timeoutScale(raw: string | undefined): number {
 export function scaled(ms: number): number {
   return ms * TIMEOUT_SCALE;
 }
-

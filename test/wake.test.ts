@@ -39,7 +39,11 @@ test('one shared poll ticker: each tick wakes one fetch, not one per slot', asyn
   const { w } = worker([def], 50, 8);
   await w.start();
   try {
-    await waitFor(async () => (await counterValue(w.metrics, 'berth_wakeups_total', { reason: 'poll' })) >= 10, 10_000, 'ten ticks');
+    await waitFor(
+      async () => (await counterValue(w.metrics, 'berth_wakeups_total', { reason: 'poll' })) >= 10,
+      10_000,
+      'ten ticks',
+    );
     const polls = await counterValue(w.metrics, 'berth_wakeups_total', { reason: 'poll' });
     const claims = await counterValue(w.metrics, 'berth_claims_total', {});
     // Every fetch is one discovery (and at most one claim) whatever the slot count: 8 idle
@@ -54,14 +58,19 @@ test('a burst cascades: one wake fills every idle slot with one claim', async ()
   let running = 0;
   let peak = 0;
   const release: (() => void)[] = [];
-  const def = defineTask({ type: 'w_burst', ceiling: 10_000, handler: () => new Promise<void>((r) => {
-    running++;
-    peak = Math.max(peak, running);
-    release.push(() => {
-      running--;
-      r();
-    });
-  }) });
+  const def = defineTask({
+    type: 'w_burst',
+    ceiling: 10_000,
+    handler: () =>
+      new Promise<void>((r) => {
+        running++;
+        peak = Math.max(peak, running);
+        release.push(() => {
+          running--;
+          r();
+        });
+      }),
+  });
   const { w } = worker([def], 600_000, 4);
   await w.start();
   try {
@@ -94,7 +103,11 @@ test('a lost LISTEN connection reconnects with backoff, and polling keeps draini
     // While deaf (or reconnecting), the poll still finds work.
     await enqueue(pool, def, {}, { schema });
     await waitFor(() => ran === 1, 10_000, 'poll-driven pickup');
-    await waitFor(async () => (await counterValue(w.metrics, 'berth_listen_reconnects_total', {})) >= 1, 10_000, 'reconnect');
+    await waitFor(
+      async () => (await counterValue(w.metrics, 'berth_listen_reconnects_total', {})) >= 1,
+      10_000,
+      'reconnect',
+    );
     assert.ok(lines.some((l) => String(l.msg).includes('wake LISTEN connection lost')));
     const newPid = await w.listenerBackendPid();
     assert.ok(newPid && newPid !== pid);
@@ -109,7 +122,15 @@ test('a notification naming a lane of another queue is not claimed by a worker t
   const a = defineTask({ type: 'w_qa', ceiling: 5000, handler: async () => void ranA++ });
   const b = defineTask({ type: 'w_qb', ceiling: 5000, handler: async () => void ranB++ });
   const { logger } = captureLogger();
-  const w = new Worker({ connectionString: DATABASE_URL, schema, tasks: [a, b], queues: ['served'], pollIntervalMs: 100, logger, maintenance: false });
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [a, b],
+    queues: ['served'],
+    pollIntervalMs: 100,
+    logger,
+    maintenance: false,
+  });
   await w.start();
   try {
     await enqueue(pool, b, {}, { schema, queue: 'not_served' });
@@ -117,7 +138,11 @@ test('a notification naming a lane of another queue is not claimed by a worker t
     await waitFor(() => ranA === 1, 10_000, 'served queue');
     // The worker has had its chances to take the other queue's task: a few polls since.
     const polls = await counterValue(w.metrics, 'berth_wakeups_total', { reason: 'poll' });
-    await waitFor(async () => (await counterValue(w.metrics, 'berth_wakeups_total', { reason: 'poll' })) >= polls + 3, 10_000, 'three more polls');
+    await waitFor(
+      async () => (await counterValue(w.metrics, 'berth_wakeups_total', { reason: 'poll' })) >= polls + 3,
+      10_000,
+      'three more polls',
+    );
     assert.equal(ranB, 0);
   } finally {
     await w.stop();

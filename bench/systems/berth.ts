@@ -44,7 +44,13 @@ export function berthAdapter(ctx: AdapterContext): SystemAdapter {
           onRun(payload.i);
         },
       });
-      const worker = new Worker({ connectionString, schema: SCHEMA, tasks: [noop], slots: concurrency, logger: silent });
+      const worker = new Worker({
+        connectionString,
+        schema: SCHEMA,
+        tasks: [noop],
+        slots: concurrency,
+        logger: silent,
+      });
       await worker.start();
       return { stop: () => worker.stop() };
     },

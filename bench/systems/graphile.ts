@@ -26,7 +26,7 @@ export function graphileAdapter(ctx: AdapterContext, mode: 'default' | 'throughp
     settings:
       mode === 'default'
         ? 'run({ concurrency, taskList, noHandleSignals: true }), pollInterval/maxPoolSize default (2000 ms / 10)'
-        : 'as default plus the performance docs\' preset: preset.worker { localQueue: { size: 500 }, ' +
+        : "as default plus the performance docs' preset: preset.worker { localQueue: { size: 500 }, " +
           'completeJobBatchDelay: 0, failJobBatchDelay: 0, maxPoolSize: concurrency + 1 }',
 
     async reset() {

@@ -37,7 +37,9 @@ export function pgBossAdapter(ctx: AdapterContext, mode: 'default' | 'batched'):
   const batched = mode === 'batched';
   const instanceOptions: Partial<ConstructorOptions> = batched ? { useListenNotify: true } : {};
   const workOptions = (concurrency: number): WorkOptions =>
-    batched ? { localConcurrency: concurrency, batchSize: BATCH_SIZE, burstWhenBatchFull: true } : { localConcurrency: concurrency };
+    batched
+      ? { localConcurrency: concurrency, batchSize: BATCH_SIZE, burstWhenBatchFull: true }
+      : { localConcurrency: concurrency };
 
   async function ensureQueue(boss: PgBoss): Promise<void> {
     if (!(await boss.getQueue(QUEUE))) await boss.createQueue(QUEUE, batched ? { notify: true } : {});

@@ -47,15 +47,26 @@ export interface BulkResult {
 function assertBulkScope(f: DeadFilter): void {
   // An empty string is no filter (strpos(x, '') matches every row): refuse it rather than read
   // it as "everything".
-  for (const [name, v] of [['queue', f.queue], ['type', f.type], ['error', f.errorContains]] as const) {
+  for (const [name, v] of [
+    ['queue', f.queue],
+    ['type', f.type],
+    ['error', f.errorContains],
+  ] as const) {
     if (v !== undefined && v.trim() === '') throw new BerthInputError(`the ${name} filter must not be empty`);
   }
   if (f.ids !== undefined && f.ids.length === 0) throw new BerthInputError('the ids filter must name at least one id');
-  if (f.diedBefore !== undefined && Number.isNaN(f.diedBefore.getTime())) throw new BerthInputError('diedBefore must be a valid time');
-  const scoped = f.queue !== undefined || f.type !== undefined || f.errorContains !== undefined ||
-    f.diedBefore !== undefined || f.ids !== undefined;
+  if (f.diedBefore !== undefined && Number.isNaN(f.diedBefore.getTime()))
+    throw new BerthInputError('diedBefore must be a valid time');
+  const scoped =
+    f.queue !== undefined ||
+    f.type !== undefined ||
+    f.errorContains !== undefined ||
+    f.diedBefore !== undefined ||
+    f.ids !== undefined;
   if (!scoped && !f.all) {
-    throw new BerthInputError('a bulk dead-letter action needs a filter (queue, type, error, died before, ids) or all (--all on the CLI)');
+    throw new BerthInputError(
+      'a bulk dead-letter action needs a filter (queue, type, error, died before, ids) or all (--all on the CLI)',
+    );
   }
   for (const id of f.ids ?? []) taskId(id);
 }
@@ -79,12 +90,20 @@ export async function listDead(
   page: { limit?: number; after?: string } = {},
 ): Promise<{ deadLetters: DeadLetter[]; next: string | null }> {
   const limit = page.limit ?? 50;
-  if (!Number.isInteger(limit) || limit < 1 || limit > 500) throw new BerthInputError('limit must be an integer from 1 to 500');
+  if (!Number.isInteger(limit) || limit < 1 || limit > 500)
+    throw new BerthInputError('limit must be an integer from 1 to 500');
   if (page.after !== undefined) taskId(page.after, 'page cursor');
   const w = where(filter);
   const res = await db.query<{
-    id: string; type: string; queue: string; priority: number; attempts: number; last_error: string | null;
-    payload: unknown; created_at: Date; died_at: Date;
+    id: string;
+    type: string;
+    queue: string;
+    priority: number;
+    attempts: number;
+    last_error: string | null;
+    payload: unknown;
+    created_at: Date;
+    died_at: Date;
   }>(
     `SELECT d.id::text, d.type, d.queue, d.priority, d.attempts, d.last_error, d.payload, d.created_at, d.died_at
        FROM ${bindSchema(schema).q}.dead_letters d
@@ -95,8 +114,15 @@ export async function listDead(
   const rows = res.rows.slice(0, limit);
   return {
     deadLetters: rows.map((r) => ({
-      id: r.id, type: r.type, queue: r.queue, priority: r.priority, attempts: r.attempts, lastError: r.last_error,
-      payload: r.payload, createdAt: r.created_at, diedAt: r.died_at,
+      id: r.id,
+      type: r.type,
+      queue: r.queue,
+      priority: r.priority,
+      attempts: r.attempts,
+      lastError: r.last_error,
+      payload: r.payload,
+      createdAt: r.created_at,
+      diedAt: r.died_at,
     })),
     next: res.rows.length > limit ? rows[rows.length - 1]!.id : null,
   };
@@ -105,7 +131,10 @@ export async function listDead(
 /** How many dead letters a filter matches (what a bulk action will touch). */
 export async function countDead(db: Queryable, schema: SchemaRef, filter: DeadFilter): Promise<number> {
   const w = where(filter);
-  const r = await db.query<{ n: string }>(`SELECT count(*)::text AS n FROM ${bindSchema(schema).q}.dead_letters d WHERE ${w.sql}`, w.values);
+  const r = await db.query<{ n: string }>(
+    `SELECT count(*)::text AS n FROM ${bindSchema(schema).q}.dead_letters d WHERE ${w.sql}`,
+    w.values,
+  );
   return Number(r.rows[0]!.n);
 }
 

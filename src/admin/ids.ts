@@ -9,6 +9,7 @@ export function isTaskId(value: unknown): value is string {
 
 /** A task id (or keyset cursor) from outside, checked; `what` names it in the error. */
 export function taskId(value: string, what = 'task id'): string {
-  if (!isTaskId(value)) throw new BerthInputError(`bad ${what} "${value}": expected a positive integer up to 9223372036854775807`);
+  if (!isTaskId(value))
+    throw new BerthInputError(`bad ${what} "${value}": expected a positive integer up to 9223372036854775807`);
   return value;
 }

@@ -17,7 +17,13 @@ export interface QueueInfo {
  */
 export async function listQueues(db: Queryable, schema: SchemaRef): Promise<QueueInfo[]> {
   const { q: s } = bindSchema(schema);
-  const r = await db.query<{ queue: string; lanes: number; paused_at: Date | null; paused_by: string | null; reason: string | null }>(
+  const r = await db.query<{
+    queue: string;
+    lanes: number;
+    paused_at: Date | null;
+    paused_by: string | null;
+    reason: string | null;
+  }>(
     `WITH RECURSIVE deferred_queues(queue) AS (
        (SELECT queue FROM ${s}.deferred ORDER BY queue LIMIT 1)
        UNION ALL
@@ -33,7 +39,12 @@ export async function listQueues(db: Queryable, schema: SchemaRef): Promise<Queu
       ORDER BY q.queue`,
   );
   return r.rows.map((x) => ({
-    queue: x.queue, lanes: x.lanes, paused: x.paused_at !== null, pausedAt: x.paused_at, pausedBy: x.paused_by, reason: x.reason,
+    queue: x.queue,
+    lanes: x.lanes,
+    paused: x.paused_at !== null,
+    pausedAt: x.paused_at,
+    pausedBy: x.paused_by,
+    reason: x.reason,
   }));
 }
 
@@ -48,13 +59,31 @@ function queueName(queue: string): string {
  * promotion go on, so nothing is lost while it is paused. Pausing a queue with no lanes yet
  * records the pause: its first lane opens paused. Returns the number of lanes changed.
  */
-export async function pauseQueue(db: Queryable, schema: SchemaRef, queue: string, actor: string, reason?: string): Promise<{ lanes: number }> {
-  const r = await db.query<{ n: number }>(`SELECT ${bindSchema(schema).q}.set_queue_paused($1, true, $2, $3) AS n`, [queueName(queue), actor, reason ?? null]);
+export async function pauseQueue(
+  db: Queryable,
+  schema: SchemaRef,
+  queue: string,
+  actor: string,
+  reason?: string,
+): Promise<{ lanes: number }> {
+  const r = await db.query<{ n: number }>(`SELECT ${bindSchema(schema).q}.set_queue_paused($1, true, $2, $3) AS n`, [
+    queueName(queue),
+    actor,
+    reason ?? null,
+  ]);
   return { lanes: r.rows[0]!.n };
 }
 
 /** Let workers claim from the queue again, and wake them. */
-export async function resumeQueue(db: Queryable, schema: SchemaRef, queue: string, actor: string): Promise<{ lanes: number }> {
-  const r = await db.query<{ n: number }>(`SELECT ${bindSchema(schema).q}.set_queue_paused($1, false, $2, NULL) AS n`, [queueName(queue), actor]);
+export async function resumeQueue(
+  db: Queryable,
+  schema: SchemaRef,
+  queue: string,
+  actor: string,
+): Promise<{ lanes: number }> {
+  const r = await db.query<{ n: number }>(`SELECT ${bindSchema(schema).q}.set_queue_paused($1, false, $2, NULL) AS n`, [
+    queueName(queue),
+    actor,
+  ]);
   return { lanes: r.rows[0]!.n };
 }

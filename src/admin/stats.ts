@@ -1,7 +1,12 @@
 import type { Lane } from '../lane.js';
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import { LEADER_LOCK, leaderApplicationName, schemaLockKey } from '../storage/locks.js';
-import { DEFAULT_HEARTBEAT_MS, HEARTBEAT_FUTURE_ALLOWANCE_MS, liveWorker, liveWorkerParams } from '../storage/live-workers.js';
+import {
+  DEFAULT_HEARTBEAT_MS,
+  HEARTBEAT_FUTURE_ALLOWANCE_MS,
+  liveWorker,
+  liveWorkerParams,
+} from '../storage/live-workers.js';
 import { readMaintenanceReport, type MaintenanceReport } from './worker-report.js';
 import { deadRowPredicate, liveEntryPredicate } from '../storage/predicates.js';
 
@@ -28,8 +33,14 @@ export interface LaneStat extends Lane {
 export async function laneStats(db: Queryable, schema: SchemaRef): Promise<LaneStat[]> {
   const { q: s } = bindSchema(schema);
   const r = await db.query<{
-    lane_id: number; queue: string; priority: number; shard: number; paused: boolean; depth: string;
-    due_deferred: string; oldest_secs: number | null;
+    lane_id: number;
+    queue: string;
+    priority: number;
+    shard: number;
+    paused: boolean;
+    depth: string;
+    due_deferred: string;
+    oldest_secs: number | null;
   }>(
     `SELECT l.lane_id, l.queue, l.priority, l.shard, l.paused,
             greatest(coalesce(h.seq, 0) - coalesce(c.seq, 0)
@@ -72,7 +83,10 @@ export async function laneStats(db: Queryable, schema: SchemaRef): Promise<LaneS
  * index, so leases of the last ceiling-and-margin) and every dead letter: `berth stats` runs it
  * once; a refreshing view should cache it like `taskCounts`.
  */
-export async function laneActivity(db: Queryable, schema: SchemaRef): Promise<Map<number, { running: number; dead: number }>> {
+export async function laneActivity(
+  db: Queryable,
+  schema: SchemaRef,
+): Promise<Map<number, { running: number; dead: number }>> {
   const { q: s } = bindSchema(schema);
   const r = await db.query<{ lane_id: number; running: string; dead: string }>(
     `SELECT lane_id, sum(running)::text AS running, sum(dead)::text AS dead FROM (
@@ -123,7 +137,13 @@ export async function taskCounts(db: Queryable, schema: SchemaRef): Promise<Task
      SELECT queue, type, sum(pending)::text AS pending, sum(running)::text AS running, sum(dead)::text AS dead
        FROM per GROUP BY queue, type ORDER BY queue, type`,
   );
-  return r.rows.map((x) => ({ queue: x.queue, type: x.type, pending: Number(x.pending), running: Number(x.running), dead: Number(x.dead) }));
+  return r.rows.map((x) => ({
+    queue: x.queue,
+    type: x.type,
+    pending: Number(x.pending),
+    running: Number(x.running),
+    dead: Number(x.dead),
+  }));
 }
 
 export interface ThroughputPoint {
@@ -145,7 +165,13 @@ export async function throughput(db: Queryable, schema: SchemaRef, minutes = 60)
       GROUP BY minute, queue, type, outcome ORDER BY minute`,
     [Math.min(Math.max(Math.trunc(minutes), 1), 7 * 24 * 60), HEARTBEAT_FUTURE_ALLOWANCE_MS],
   );
-  return r.rows.map((x) => ({ minute: x.minute, queue: x.queue, type: x.type, outcome: x.outcome, count: Number(x.count) }));
+  return r.rows.map((x) => ({
+    minute: x.minute,
+    queue: x.queue,
+    type: x.type,
+    outcome: x.outcome,
+    count: Number(x.count),
+  }));
 }
 
 export interface WorkerInfo {
@@ -182,7 +208,9 @@ async function leaderSession(db: Queryable, schema: SchemaRef): Promise<LeaderSe
     [schemaLockKey(bindSchema(schema).name), LEADER_LOCK],
   );
   const row = r.rows[0];
-  return row ? { pid: row.pid, applicationName: row.application_name, clientAddr: row.client_addr, since: row.since } : null;
+  return row
+    ? { pid: row.pid, applicationName: row.application_name, clientAddr: row.client_addr, since: row.since }
+    : null;
 }
 
 /** application_name as PostgreSQL keeps it: at most 63 bytes, never a split character. */
@@ -202,10 +230,26 @@ function holdsLeaderLock(workerId: string, session: LeaderSession | null): boole
   return session !== null && session.applicationName === clipBytes(leaderApplicationName(workerId), 63);
 }
 
-async function readWorkers(db: Queryable, schema: SchemaRef, heartbeatMs: number, session: LeaderSession | null): Promise<WorkerInfo[]> {
+async function readWorkers(
+  db: Queryable,
+  schema: SchemaRef,
+  heartbeatMs: number,
+  session: LeaderSession | null,
+): Promise<WorkerInfo[]> {
   const r = await db.query<{
-    worker_id: string; host: string; pid: number; queues: string[] | null; slots: number; busy: number; prefetched: number;
-    leader: boolean; started_at: Date; last_seen_at: Date; alive: boolean; future: boolean; maintenance: unknown;
+    worker_id: string;
+    host: string;
+    pid: number;
+    queues: string[] | null;
+    slots: number;
+    busy: number;
+    prefetched: number;
+    leader: boolean;
+    started_at: Date;
+    last_seen_at: Date;
+    alive: boolean;
+    future: boolean;
+    maintenance: unknown;
   }>(
     // Infinite times are no heartbeat's (it writes now()): such a row is left out, and pruned.
     `SELECT w.worker_id, w.host, w.pid, w.queues, w.slots, w.busy, w.prefetched, w.leader, w.started_at, w.last_seen_at, w.maintenance,
@@ -220,9 +264,19 @@ async function readWorkers(db: Queryable, schema: SchemaRef, heartbeatMs: number
     const { report, invalid } = readMaintenanceReport(w.maintenance);
     const problems = [w.future ? 'its heartbeat is dated in the future' : null, invalid].filter((p) => p !== null);
     return {
-      workerId: w.worker_id, host: w.host, pid: w.pid, queues: w.queues, slots: w.slots, busy: w.busy, prefetched: w.prefetched,
-      leader: w.leader && !w.future && holdsLeaderLock(w.worker_id, session), startedAt: w.started_at, lastSeenAt: w.last_seen_at,
-      alive: w.alive, maintenance: report, invalid: problems.length ? problems.join('; ') : null,
+      workerId: w.worker_id,
+      host: w.host,
+      pid: w.pid,
+      queues: w.queues,
+      slots: w.slots,
+      busy: w.busy,
+      prefetched: w.prefetched,
+      leader: w.leader && !w.future && holdsLeaderLock(w.worker_id, session),
+      startedAt: w.started_at,
+      lastSeenAt: w.last_seen_at,
+      alive: w.alive,
+      maintenance: report,
+      invalid: problems.length ? problems.join('; ') : null,
     };
   });
 }
@@ -233,7 +287,11 @@ async function readWorkers(db: Queryable, schema: SchemaRef, heartbeatMs: number
  * `invalid`, a future-dated row is neither alive nor leader, and `leader` is confirmed against
  * the session that holds the leader lock.
  */
-export async function listWorkers(db: Queryable, schema: SchemaRef, heartbeatMs = DEFAULT_HEARTBEAT_MS): Promise<WorkerInfo[]> {
+export async function listWorkers(
+  db: Queryable,
+  schema: SchemaRef,
+  heartbeatMs = DEFAULT_HEARTBEAT_MS,
+): Promise<WorkerInfo[]> {
   const bound = bindSchema(schema);
   return readWorkers(db, bound, heartbeatMs, await leaderSession(db, bound));
 }
@@ -250,7 +308,11 @@ export interface LeaderInfo {
  * and the heartbeat of the worker whose leader session that is (its branch durations and
  * overruns). A row that only says `leader = true` is not taken at its word.
  */
-export async function leaderInfo(db: Queryable, schema: SchemaRef, heartbeatMs = DEFAULT_HEARTBEAT_MS): Promise<LeaderInfo> {
+export async function leaderInfo(
+  db: Queryable,
+  schema: SchemaRef,
+  heartbeatMs = DEFAULT_HEARTBEAT_MS,
+): Promise<LeaderInfo> {
   const bound = bindSchema(schema);
   const session = await leaderSession(db, bound);
   const workers = await readWorkers(db, bound, heartbeatMs, session);
@@ -273,7 +335,8 @@ export class CachedReader<T> {
 
   get(): Promise<{ data: T; ageMs: number }> {
     const now = Date.now();
-    if (this.value && now - this.value.at < this.ttlMs) return Promise.resolve({ data: this.value.data, ageMs: now - this.value.at });
+    if (this.value && now - this.value.at < this.ttlMs)
+      return Promise.resolve({ data: this.value.data, ageMs: now - this.value.at });
     this.inFlight ??= this.read().then(
       (data) => {
         this.value = { at: Date.now(), data };

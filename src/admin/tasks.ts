@@ -73,14 +73,29 @@ function cursorId(after: string | undefined): string | null {
  * stops, except `running` and `completed`, which avoid the walk (see `ringPart`);
  * docs/explain-admin.md has the measured plans.
  */
-export async function listTasks(db: Queryable, schema: SchemaRef, filter: TaskFilter = {}, page: TaskPage = {}): Promise<TaskList> {
+export async function listTasks(
+  db: Queryable,
+  schema: SchemaRef,
+  filter: TaskFilter = {},
+  page: TaskPage = {},
+): Promise<TaskList> {
   const { q: s } = bindSchema(schema);
   const limit = pageLimit(page.limit);
   if (filter.state) parseState(filter.state);
   const res = await db.query<{
-    id: string; type: string; state: TaskState; queue: string; priority: number; attempts: number;
-    max_attempts: number | null; last_error: string | null; created_at: Date; run_at: Date | null;
-    finished_at: Date | null; lease_expires_at: Date | null; worker: string | null;
+    id: string;
+    type: string;
+    state: TaskState;
+    queue: string;
+    priority: number;
+    attempts: number;
+    max_attempts: number | null;
+    last_error: string | null;
+    created_at: Date;
+    run_at: Date | null;
+    finished_at: Date | null;
+    lease_expires_at: Date | null;
+    worker: string | null;
   }>(
     `SELECT * FROM (
        (SELECT d.id, d.type, d.state, d.queue, d.priority, d.attempts, d.max_attempts,
@@ -166,7 +181,10 @@ function ringPart(s: string, state: TaskState | undefined): string {
            AND ${where}`;
   }
   // One row per lane, computed once per statement (an InitPlan); a lane missing from it is not cut.
-  const pastCursor = state !== 'completed' ? '' : `
+  const pastCursor =
+    state !== 'completed'
+      ? ''
+      : `
            AND r.lane_seq <= coalesce(((SELECT jsonb_object_agg(c.lane_id, coalesce(
                                           (SELECT max(le.lane_seq) FROM ${s}.leases le WHERE le.lane_id = c.lane_id), 0))
                                           FROM ${s}.lanes c) ->> r.lane_id::text)::bigint, 9223372036854775807)`;
@@ -201,9 +219,17 @@ export async function taskTimeline(db: Queryable, schema: SchemaRef, id: string)
   const task = await getTask(db, bound, id);
   if (!task) return [];
   const res = await db.query<{
-    appended_at: Date; queue: string; priority: number; attempt: number | null; claimed_at: Date | null;
-    expires_at: Date | null; worker: string | null; outcome: string | null; settled_at: Date | null;
-    reason: string | null; removed_at: Date | null;
+    appended_at: Date;
+    queue: string;
+    priority: number;
+    attempt: number | null;
+    claimed_at: Date | null;
+    expires_at: Date | null;
+    worker: string | null;
+    outcome: string | null;
+    settled_at: Date | null;
+    reason: string | null;
+    removed_at: Date | null;
   }>(
     `SELECT r.appended_at, r.queue, r.priority, l.attempt, l.claimed_at, l.expires_at, l.worker,
             st.outcome, st.settled_at, t.reason, t.created_at AS removed_at
@@ -214,11 +240,19 @@ export async function taskTimeline(db: Queryable, schema: SchemaRef, id: string)
       WHERE r.id = $1`,
     [id],
   );
-  const events: TimelineEvent[] = [{ at: task.createdAt, event: 'created', detail: { queue: task.queue, priority: task.priority } }];
+  const events: TimelineEvent[] = [
+    { at: task.createdAt, event: 'created', detail: { queue: task.queue, priority: task.priority } },
+  ];
   for (const r of res.rows) {
     events.push({ at: r.appended_at, event: 'appended', detail: { queue: r.queue, priority: r.priority } });
-    if (r.claimed_at) events.push({ at: r.claimed_at, event: 'claimed', detail: { attempt: r.attempt, worker: r.worker, leaseExpiresAt: r.expires_at } });
-    if (r.settled_at) events.push({ at: r.settled_at, event: 'settled', detail: { outcome: r.outcome, attempt: r.attempt } });
+    if (r.claimed_at)
+      events.push({
+        at: r.claimed_at,
+        event: 'claimed',
+        detail: { attempt: r.attempt, worker: r.worker, leaseExpiresAt: r.expires_at },
+      });
+    if (r.settled_at)
+      events.push({ at: r.settled_at, event: 'settled', detail: { outcome: r.outcome, attempt: r.attempt } });
     if (r.removed_at) events.push({ at: r.removed_at, event: 'removed', detail: { reason: r.reason } });
   }
   if ((task.state === 'scheduled' || task.state === 'retryable') && task.runAt) {
@@ -226,13 +260,21 @@ export async function taskTimeline(db: Queryable, schema: SchemaRef, id: string)
   }
   if (task.state === 'dead') {
     const d = await db.query<{ died_at: Date }>(`SELECT died_at FROM ${s}.dead_letters WHERE id = $1`, [id]);
-    if (d.rows[0]) events.push({ at: d.rows[0].died_at, event: 'dead', detail: { attempts: task.attempts, lastError: task.lastError } });
+    if (d.rows[0])
+      events.push({
+        at: d.rows[0].died_at,
+        event: 'dead',
+        detail: { attempts: task.attempts, lastError: task.lastError },
+      });
   }
   // A task created and appended in one statement shares the timestamp: keep insertion order.
   // Number(), not getTime(): an infinite timestamp (which the runtime role can write) comes back
   // from pg as the number Infinity, not a Date.
   const at = (e: TimelineEvent) => Number(e.at);
-  return events.map((e, i) => ({ e, i })).sort((a, b) => at(a.e) - at(b.e) || a.i - b.i).map((x) => x.e);
+  return events
+    .map((e, i) => ({ e, i }))
+    .sort((a, b) => at(a.e) - at(b.e) || a.i - b.i)
+    .map((x) => x.e);
 }
 
 /** What an operator action on one task did. */
@@ -274,7 +316,12 @@ export async function deleteTask(db: Queryable, schema: SchemaRef, id: string): 
   return removeUnleasedAs(db, bound, id, 'deleted');
 }
 
-async function removeUnleasedAs(db: Queryable, schema: SchemaRef, id: string, reason: string): Promise<TaskActionResult> {
+async function removeUnleasedAs(
+  db: Queryable,
+  schema: SchemaRef,
+  id: string,
+  reason: string,
+): Promise<TaskActionResult> {
   const result = await removeUnleased(db, schema, taskId(id), reason);
   return result === 'leased' ? 'running' : result;
 }

@@ -67,5 +67,8 @@ export function readMaintenanceReport(raw: unknown): { report: MaintenanceReport
     if (parsed.success) report[key] = parsed.data;
     else bad.push(key);
   }
-  return { report: report as MaintenanceReport, invalid: bad.length ? `its maintenance report has a malformed ${bad.join(', ')} (left out)` : null };
+  return {
+    report: report as MaintenanceReport,
+    invalid: bad.length ? `its maintenance report has a malformed ${bad.join(', ')} (left out)` : null,
+  };
 }

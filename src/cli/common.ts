@@ -27,7 +27,9 @@ export interface Common {
 export function connection(opts: Common): string {
   // The default comes from $BERTH_SCHEMA, which commander's parser never sees: check it here.
   if (!/^[A-Za-z_][A-Za-z0-9_$]{0,62}$/.test(opts.schema)) {
-    throw new BerthInputError(`schema must be a plain identifier (letters, digits, _ and $; at most 63), got "${opts.schema}" (from --schema or $BERTH_SCHEMA)`);
+    throw new BerthInputError(
+      `schema must be a plain identifier (letters, digits, _ and $; at most 63), got "${opts.schema}" (from --schema or $BERTH_SCHEMA)`,
+    );
   }
   const url = opts.databaseUrl ?? process.env.DATABASE_URL;
   if (!url) throw new BerthInputError('no database: pass --database-url or set DATABASE_URL');
@@ -48,7 +50,8 @@ export function collect(value: string, previous: string[]): string[] {
 export function intOption(min: number, max: number) {
   return (value: string): number => {
     const n = Number(value);
-    if (!Number.isInteger(n) || n < min || n > max) throw new InvalidArgumentError(`expected an integer from ${min} to ${max}`);
+    if (!Number.isInteger(n) || n < min || n > max)
+      throw new InvalidArgumentError(`expected an integer from ${min} to ${max}`);
     return n;
   };
 }
@@ -62,7 +65,9 @@ export function taskIdArg(value: string): string {
 /** --database-url, --schema and (for commands that print data) --json on a command. */
 export function common(c: Command, { json = true }: { json?: boolean } = {}): Command {
   c.option('--database-url <url>', 'PostgreSQL connection string (default: $DATABASE_URL)').addOption(
-    new Option('--schema <name>', 'berth schema').default(process.env.BERTH_SCHEMA || 'berth', '$BERTH_SCHEMA or berth').argParser(schemaName),
+    new Option('--schema <name>', 'berth schema')
+      .default(process.env.BERTH_SCHEMA || 'berth', '$BERTH_SCHEMA or berth')
+      .argParser(schemaName),
   );
   return json ? c.option('--json', 'print JSON') : c;
 }
@@ -79,7 +84,12 @@ export function actor(): string {
 
 /** A short-lived pool for one command, closed afterwards whatever happens. */
 export async function withPool<T>(opts: Common, run: (pool: pg.Pool) => Promise<T>): Promise<T> {
-  const pool = new pg.Pool({ connectionString: connection(opts), max: 2, application_name: 'berth cli', options: '-c jit=off' });
+  const pool = new pg.Pool({
+    connectionString: connection(opts),
+    max: 2,
+    application_name: 'berth cli',
+    options: '-c jit=off',
+  });
   pool.on('error', () => undefined);
   try {
     await assertMigrated(pool, opts.schema);
@@ -102,7 +112,11 @@ export function printTable(rows: readonly Record<string, unknown>[], columns: re
     return escapeControl(String(v));
   };
   const widths = columns.map((c) => Math.max(c.length, ...rows.map((r) => cell(r[c]).length)));
-  const line = (vals: string[]) => vals.map((v, i) => v.padEnd(widths[i]!)).join('  ').trimEnd();
+  const line = (vals: string[]) =>
+    vals
+      .map((v, i) => v.padEnd(widths[i]!))
+      .join('  ')
+      .trimEnd();
   say(line(columns.map((c) => c.toUpperCase())));
   for (const r of rows) say(line(columns.map((c) => cell(r[c]))));
 }

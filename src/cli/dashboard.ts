@@ -9,7 +9,10 @@ import { say } from './terminal.js';
 export function registerDashboardCommand(program: Command): void {
   common(program.command('dashboard'), { json: false })
     .description('serve the web dashboard (overview, lanes, tasks, dead letters, queues, maintenance)')
-    .option('--host <address>', 'listen address (default: $BERTH_DASHBOARD_HOST or 127.0.0.1; anything else needs auth)')
+    .option(
+      '--host <address>',
+      'listen address (default: $BERTH_DASHBOARD_HOST or 127.0.0.1; anything else needs auth)',
+    )
     .option('--port <n>', 'port (default: $BERTH_DASHBOARD_PORT or 4680; 0 = any free port)', intOption(0, 65535))
     .option('--read-only', 'show everything, change nothing (also $BERTH_DASHBOARD_READ_ONLY=1)')
     .addHelpText(

@@ -1,7 +1,19 @@
 import { type Command, InvalidArgumentError } from 'commander';
 import { audited } from '../admin/audit.js';
 import { listDead, purgeDead, retryDead, type BulkResult, type DeadFilter } from '../admin/dead.js';
-import { actor, CliFailure, collect, common, intOption, nextPageCommand, printJson, printTable, taskIdArg, withPool, type Common } from './common.js';
+import {
+  actor,
+  CliFailure,
+  collect,
+  common,
+  intOption,
+  nextPageCommand,
+  printJson,
+  printTable,
+  taskIdArg,
+  withPool,
+  type Common,
+} from './common.js';
 import { progressBar } from './progress.js';
 import { say } from './terminal.js';
 
@@ -26,16 +38,24 @@ function filters(c: Command, bulk: boolean): Command {
     .option('--error <text>', 'only those whose last error contains this (case-insensitive)')
     .option('--died-before <time>', 'only those that died before this ISO 8601 time', isoDate);
   if (bulk) {
-    c.option('--id <id>', 'exactly this dead letter (repeatable)', (v: string, prev: string[]) => collect(taskIdArg(v), prev), [])
-      .option('--all', 'every dead letter (required when no filter is given)');
+    c.option(
+      '--id <id>',
+      'exactly this dead letter (repeatable)',
+      (v: string, prev: string[]) => collect(taskIdArg(v), prev),
+      [],
+    ).option('--all', 'every dead letter (required when no filter is given)');
   }
   return c;
 }
 
 function toFilter(o: FilterOpts): DeadFilter {
   return {
-    queue: o.queue, type: o.type, errorContains: o.error, diedBefore: o.diedBefore,
-    ids: o.id && o.id.length > 0 ? o.id : undefined, all: o.all,
+    queue: o.queue,
+    type: o.type,
+    errorContains: o.error,
+    diedBefore: o.diedBefore,
+    ids: o.id && o.id.length > 0 ? o.id : undefined,
+    all: o.all,
   };
 }
 
@@ -59,7 +79,8 @@ async function bulk(
     }
     if (opts.json) printJson(r);
     else report(r);
-    if (r.duplicates > 0) throw new CliFailure(`${r.duplicates} dead letter(s) not retried: a live task holds their dedupe key`);
+    if (r.duplicates > 0)
+      throw new CliFailure(`${r.duplicates} dead letter(s) not retried: a live task holds their dedupe key`);
   });
 }
 
@@ -71,14 +92,22 @@ export function registerDeadCommands(program: Command): void {
     .option('--after <id>', 'page cursor: the "next" printed by the previous page', taskIdArg)
     .action(async (opts: FilterOpts & { limit: number; after?: string }) => {
       await withPool(opts, async (pool) => {
-        const page = await listDead(pool, opts.schema, toFilter({ ...opts, id: [] }), { limit: opts.limit, after: opts.after });
+        const page = await listDead(pool, opts.schema, toFilter({ ...opts, id: [] }), {
+          limit: opts.limit,
+          after: opts.after,
+        });
         if (opts.json) return printJson(page);
         printTable(
           page.deadLetters.map((d) => ({ ...d, lastError: d.lastError?.split('\n')[0]?.slice(0, 70) })),
           ['id', 'type', 'queue', 'attempts', 'diedAt', 'lastError'],
         );
         if (page.next) {
-          const filters = { queue: opts.queue, type: opts.type, error: opts.error, 'died-before': opts.diedBefore?.toISOString() };
+          const filters = {
+            queue: opts.queue,
+            type: opts.type,
+            error: opts.error,
+            'died-before': opts.diedBefore?.toISOString(),
+          };
           say(`\nmore: ${nextPageCommand('dead list', opts, page.next, filters)}`);
         }
       });
@@ -86,10 +115,15 @@ export function registerDeadCommands(program: Command): void {
 
   filters(common(dead.command('retry')), true)
     .description('retry the dead letters a filter matches (fresh attempt budget), in batches of 1,000')
-    .addHelpText('after', '\nNeeds a filter or --all. A dead letter whose dedupe key a live task holds is left in place.')
+    .addHelpText(
+      'after',
+      '\nNeeds a filter or --all. A dead letter whose dedupe key a live task holds is left in place.',
+    )
     .action((opts: FilterOpts) =>
       bulk(opts, 'retry', retryDead, (r) => {
-        say(`retried ${r.changed} of ${r.matched} dead letter(s)${r.duplicates ? `; ${r.duplicates} left: a live task holds their dedupe key` : ''}`);
+        say(
+          `retried ${r.changed} of ${r.matched} dead letter(s)${r.duplicates ? `; ${r.duplicates} left: a live task holds their dedupe key` : ''}`,
+        );
       }),
     );
 

@@ -8,7 +8,11 @@ import type { BulkProgress } from '../admin/dead.js';
 export function progressBar(label: string): { update(p: BulkProgress): void; stop(): void } {
   if (!process.stderr.isTTY) return { update: () => undefined, stop: () => undefined };
   const bar = new cliProgress.SingleBar(
-    { format: `${label} [{bar}] {percentage}% {value}/{total} {eta_formatted} left`, stream: process.stderr, hideCursor: true },
+    {
+      format: `${label} [{bar}] {percentage}% {value}/{total} {eta_formatted} left`,
+      stream: process.stderr,
+      hideCursor: true,
+    },
     cliProgress.Presets.shades_classic,
   );
   let started = false;

@@ -12,7 +12,10 @@ export function registerQueueCommands(program: Command): void {
       await withPool(opts, async (pool) => {
         const qs = await listQueues(pool, opts.schema);
         if (opts.json) return printJson(qs);
-        printTable(qs.map((q) => ({ ...q, paused: q.paused ? 'yes' : 'no' })), ['queue', 'lanes', 'paused', 'pausedBy', 'pausedAt', 'reason']);
+        printTable(
+          qs.map((q) => ({ ...q, paused: q.paused ? 'yes' : 'no' })),
+          ['queue', 'lanes', 'paused', 'pausedBy', 'pausedAt', 'reason'],
+        );
       });
     });
   common(queues.command('pause <queue>'))
@@ -28,7 +31,8 @@ export function registerQueueCommands(program: Command): void {
         else {
           say(`queue "${queue}" paused (${r.lanes} lane(s) changed)`);
           const known = (await listQueues(pool, opts.schema)).find((q) => q.queue === queue && q.lanes > 0);
-          if (!known) say(`note: no lane of "${queue}" exists yet; the pause is recorded and its first lane will open paused`);
+          if (!known)
+            say(`note: no lane of "${queue}" exists yet; the pause is recorded and its first lane will open paused`);
         }
       });
     });
@@ -42,7 +46,9 @@ export function registerQueueCommands(program: Command): void {
           if (opts.json) printJson({ queue, paused: false, lanes: 0 });
           throw new CliFailure(`queue "${queue}" is not paused`);
         }
-        const r = await audited(pool, opts.schema, null, who, 'queue.resume', { queue }, () => resumeQueue(pool, opts.schema, queue, who));
+        const r = await audited(pool, opts.schema, null, who, 'queue.resume', { queue }, () =>
+          resumeQueue(pool, opts.schema, queue, who),
+        );
         if (opts.json) printJson({ queue, paused: false, ...r });
         else say(`queue "${queue}" resumed (${r.lanes} lane(s) changed)`);
       });

@@ -1,13 +1,32 @@
 import { type Command, InvalidArgumentError } from 'commander';
 import { audited } from '../admin/audit.js';
-import { cancelTask, deleteTask, listTasks, parseState, retryTask, taskTimeline, type TaskActionResult } from '../admin/tasks.js';
+import {
+  cancelTask,
+  deleteTask,
+  listTasks,
+  parseState,
+  retryTask,
+  taskTimeline,
+  type TaskActionResult,
+} from '../admin/tasks.js';
 import { BerthInputError } from '../errors.js';
 import { enqueue } from '../producer/enqueue.js';
 import { MAX_ATTEMPTS_LIMIT } from '../limits.js';
 import { getTask } from '../storage/tasks.js';
 import { moveTask } from '../storage/move.js';
 import { taskId } from '../admin/ids.js';
-import { actor, CliFailure, common, intOption, nextPageCommand, printJson, printTable, taskIdArg, withPool, type Common } from './common.js';
+import {
+  actor,
+  CliFailure,
+  common,
+  intOption,
+  nextPageCommand,
+  printJson,
+  printTable,
+  taskIdArg,
+  withPool,
+  type Common,
+} from './common.js';
 import { escapeControl, jsonSafe, say } from './terminal.js';
 
 function jsonPayload(text: string): unknown {
@@ -54,7 +73,9 @@ async function taskAction(
       if (opts.json) printJson({ id, result: 'dead' });
       throw new CliFailure(`task ${id} is a dead letter, not pending: retry or delete it`);
     }
-    const result = await audited(pool, opts.schema, null, actor(), `task.${action}`, { id }, () => run(pool, opts.schema, id));
+    const result = await audited(pool, opts.schema, null, actor(), `task.${action}`, { id }, () =>
+      run(pool, opts.schema, id),
+    );
     if (opts.json) printJson({ id, result });
     if (result !== 'retried' && result !== 'removed') throw new CliFailure(`task ${id} ${ACTION_MESSAGES[result]}`);
     if (!opts.json) say(`task ${id}: ${ACTION_MESSAGES[result]}`);
@@ -69,20 +90,40 @@ export function registerTaskCommands(program: Command): void {
     .option('--run-at <time>', 'not before this ISO 8601 time', isoDate)
     .option('--delay <duration>', 'not before now + this (500ms, 30s, 15m, 2h), on the database clock', durationMs)
     .option('--dedupe-key <key>', 'at most one live task per key: a second enqueue returns the first')
-    .option('--max-attempts <n>', 'attempt limit for this task (default: its type\'s)', intOption(1, MAX_ATTEMPTS_LIMIT))
-    .action(async (type: string, json: string, opts: Common & { queue?: string; priority?: number; runAt?: Date; delay?: number; dedupeKey?: string; maxAttempts?: number }) => {
-      if (opts.runAt !== undefined && opts.delay !== undefined) throw new BerthInputError('give --run-at or --delay, not both');
-      const payload = jsonPayload(json);
-      await withPool(opts, async (pool) => {
-        const r = await enqueue(pool, type, payload, {
-          schema: opts.schema, queue: opts.queue, priority: opts.priority, runAt: opts.runAt, delay: opts.delay,
-          dedupeKey: opts.dedupeKey, maxAttempts: opts.maxAttempts,
+    .option('--max-attempts <n>', "attempt limit for this task (default: its type's)", intOption(1, MAX_ATTEMPTS_LIMIT))
+    .action(
+      async (
+        type: string,
+        json: string,
+        opts: Common & {
+          queue?: string;
+          priority?: number;
+          runAt?: Date;
+          delay?: number;
+          dedupeKey?: string;
+          maxAttempts?: number;
+        },
+      ) => {
+        if (opts.runAt !== undefined && opts.delay !== undefined)
+          throw new BerthInputError('give --run-at or --delay, not both');
+        const payload = jsonPayload(json);
+        await withPool(opts, async (pool) => {
+          const r = await enqueue(pool, type, payload, {
+            schema: opts.schema,
+            queue: opts.queue,
+            priority: opts.priority,
+            runAt: opts.runAt,
+            delay: opts.delay,
+            dedupeKey: opts.dedupeKey,
+            maxAttempts: opts.maxAttempts,
+          });
+          if (opts.json) printJson(r);
+          else if (r.state === 'duplicate')
+            say(`duplicate of live task ${r.duplicateOf} (dedupe key ${escapeControl(opts.dedupeKey ?? '')})`);
+          else say(`enqueued task ${r.id} (${r.state})`);
         });
-        if (opts.json) printJson(r);
-        else if (r.state === 'duplicate') say(`duplicate of live task ${r.duplicateOf} (dedupe key ${escapeControl(opts.dedupeKey ?? '')})`);
-        else say(`enqueued task ${r.id} (${r.state})`);
-      });
-    });
+      },
+    );
 
   const tasks = program.command('tasks').description('list, inspect and act on tasks');
   common(tasks.command('list'))
@@ -92,17 +133,39 @@ export function registerTaskCommands(program: Command): void {
     .option('--type <type>', 'only this task type')
     .option('--limit <n>', 'page size', intOption(1, 500), 50)
     .option('--after <id>', 'page cursor: the "next" printed by the previous page', taskIdArg)
-    .action(async (opts: Common & { state?: ReturnType<typeof parseState>; queue?: string; type?: string; limit: number; after?: string }) => {
-      await withPool(opts, async (pool) => {
-        const page = await listTasks(pool, opts.schema, { state: opts.state, queue: opts.queue, type: opts.type }, { limit: opts.limit, after: opts.after });
-        if (opts.json) return printJson(page);
-        printTable(
-          page.tasks.map((t) => ({ ...t, attempts: `${t.attempts}/${t.maxAttempts ?? '-'}`, lastError: t.lastError?.split('\n')[0]?.slice(0, 60) })),
-          ['id', 'type', 'state', 'queue', 'priority', 'attempts', 'runAt', 'lastError'],
-        );
-        if (page.next) say(`\nmore: ${nextPageCommand('tasks list', opts, page.next, { state: opts.state, queue: opts.queue, type: opts.type })}`);
-      });
-    });
+    .action(
+      async (
+        opts: Common & {
+          state?: ReturnType<typeof parseState>;
+          queue?: string;
+          type?: string;
+          limit: number;
+          after?: string;
+        },
+      ) => {
+        await withPool(opts, async (pool) => {
+          const page = await listTasks(
+            pool,
+            opts.schema,
+            { state: opts.state, queue: opts.queue, type: opts.type },
+            { limit: opts.limit, after: opts.after },
+          );
+          if (opts.json) return printJson(page);
+          printTable(
+            page.tasks.map((t) => ({
+              ...t,
+              attempts: `${t.attempts}/${t.maxAttempts ?? '-'}`,
+              lastError: t.lastError?.split('\n')[0]?.slice(0, 60),
+            })),
+            ['id', 'type', 'state', 'queue', 'priority', 'attempts', 'runAt', 'lastError'],
+          );
+          if (page.next)
+            say(
+              `\nmore: ${nextPageCommand('tasks list', opts, page.next, { state: opts.state, queue: opts.queue, type: opts.type })}`,
+            );
+        });
+      },
+    );
 
   common(tasks.command('show <id>'))
     .description('one task: payload, attempts, last error, lease, timeline')
@@ -114,10 +177,15 @@ export function registerTaskCommands(program: Command): void {
         const timeline = await taskTimeline(pool, opts.schema, id);
         if (opts.json) return printJson({ task, timeline });
         say(`task ${task.id}  ${escapeControl(task.type)}  ${task.state}`);
-        say(`queue ${escapeControl(task.queue)}  priority ${task.priority}  shard ${task.shard}  attempts ${task.attempts}/${task.maxAttempts ?? '(type default)'}`);
+        say(
+          `queue ${escapeControl(task.queue)}  priority ${task.priority}  shard ${task.shard}  attempts ${task.attempts}/${task.maxAttempts ?? '(type default)'}`,
+        );
         if (task.dedupeKey) say(`dedupe key ${escapeControl(task.dedupeKey)}`);
         if (task.runAt) say(`due ${task.runAt.toISOString()}`);
-        if (task.lease) say(`lease: worker ${escapeControl(task.lease.worker ?? '-')}, expires ${task.lease.expiresAt.toISOString()}`);
+        if (task.lease)
+          say(
+            `lease: worker ${escapeControl(task.lease.worker ?? '-')}, expires ${task.lease.expiresAt.toISOString()}`,
+          );
         say(`payload:\n${jsonSafe(JSON.stringify(task.payload, null, 2))}`);
         if (task.lastError) say(`last error:\n${task.lastError}`);
         say('timeline:');
@@ -140,19 +208,31 @@ export function registerTaskCommands(program: Command): void {
     .option('--priority <n>', 'target priority', intOption(-32768, 32767))
     .action(async (id: string, opts: Common & { queue?: string; priority?: number }) => {
       taskId(id);
-      if (opts.queue === undefined && opts.priority === undefined) throw new BerthInputError('tasks move needs --queue and/or --priority');
+      if (opts.queue === undefined && opts.priority === undefined)
+        throw new BerthInputError('tasks move needs --queue and/or --priority');
       await withPool(opts, async (pool) => {
         const state = (await getTask(pool, opts.schema, id))?.state;
         if (state === 'dead' || state === 'completed') {
           if (opts.json) printJson({ id, result: state });
-          throw new CliFailure(`task ${id} is ${state === 'dead' ? 'a dead letter' : 'completed'}: only pending tasks move`);
+          throw new CliFailure(
+            `task ${id} is ${state === 'dead' ? 'a dead letter' : 'completed'}: only pending tasks move`,
+          );
         }
-        const result = await audited(pool, opts.schema, null, actor(), 'task.move', { id, queue: opts.queue, priority: opts.priority }, () =>
-          moveTask(pool, opts.schema, id, { queue: opts.queue, priority: opts.priority }),
+        const result = await audited(
+          pool,
+          opts.schema,
+          null,
+          actor(),
+          'task.move',
+          { id, queue: opts.queue, priority: opts.priority },
+          () => moveTask(pool, opts.schema, id, { queue: opts.queue, priority: opts.priority }),
         );
         if (opts.json) printJson({ id, result });
         else if (result === 'moved') say(`task ${id}: moved`);
-        if (result !== 'moved') throw new CliFailure(`task ${id} was not moved: ${result === 'leased' ? 'it is running under a lease' : 'not found'}`);
+        if (result !== 'moved')
+          throw new CliFailure(
+            `task ${id} was not moved: ${result === 'leased' ? 'it is running under a lease' : 'not found'}`,
+          );
       });
     });
 }

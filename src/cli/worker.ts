@@ -18,7 +18,12 @@ import { say, terminalSafeStream } from './terminal.js';
 type AnyDefinition = TaskDefinition<unknown>;
 
 function isDefinition(x: unknown): x is AnyDefinition {
-  return typeof x === 'object' && x !== null && typeof (x as AnyDefinition).type === 'string' && typeof (x as AnyDefinition).handler === 'function';
+  return (
+    typeof x === 'object' &&
+    x !== null &&
+    typeof (x as AnyDefinition).type === 'string' &&
+    typeof (x as AnyDefinition).handler === 'function'
+  );
 }
 
 /**
@@ -33,7 +38,10 @@ export async function loadTaskModule(path: string): Promise<AnyDefinition[]> {
   } catch (err) {
     const e = err as NodeJS.ErrnoException;
     if (e.code === 'ERR_MODULE_NOT_FOUND' || e.code === 'ERR_UNKNOWN_FILE_EXTENSION') {
-      const hint = e.code === 'ERR_UNKNOWN_FILE_EXTENSION' ? ' (a .ts module needs tsx: run `npx tsx node_modules/berth/dist/cli.js ...`, or compile it)' : '';
+      const hint =
+        e.code === 'ERR_UNKNOWN_FILE_EXTENSION'
+          ? ' (a .ts module needs tsx: run `npx tsx node_modules/berth/dist/cli.js ...`, or compile it)'
+          : '';
       throw new BerthInputError(`cannot load task module ${abs}: ${e.message}${hint}`);
     }
     // The module exists but failed while loading: its own error, not a usage problem.
@@ -42,16 +50,22 @@ export async function loadTaskModule(path: string): Promise<AnyDefinition[]> {
   const def = mod.default as unknown;
   const list = mod.tasks ?? (Array.isArray(def) ? def : (def as { tasks?: unknown } | undefined)?.tasks);
   if (!Array.isArray(list) || list.length === 0) {
-    throw new BerthInputError(`task module ${abs} must export \`tasks\` (or a default export) as a non-empty array of defineTask(...) results`);
+    throw new BerthInputError(
+      `task module ${abs} must export \`tasks\` (or a default export) as a non-empty array of defineTask(...) results`,
+    );
   }
   list.forEach((d, i) => {
-    if (!isDefinition(d)) throw new BerthInputError(`task module ${abs}: tasks[${i}] is not a task definition (use defineTask)`);
+    if (!isDefinition(d))
+      throw new BerthInputError(`task module ${abs}: tasks[${i}] is not a task definition (use defineTask)`);
   });
   return list as AnyDefinition[];
 }
 
 function splitQueues(values: string[]): string[] | undefined {
-  const q = values.flatMap((v) => v.split(',')).map((v) => v.trim()).filter(Boolean);
+  const q = values
+    .flatMap((v) => v.split(','))
+    .map((v) => v.trim())
+    .filter(Boolean);
   return q.length > 0 ? q : undefined;
 }
 
@@ -60,7 +74,13 @@ function splitQueues(values: string[]): string[] | undefined {
  * entry, no due deferred row waits for promotion, and the worker's slots are idle, twice in a
  * row. Lanes of paused queues and tasks scheduled for later do not count.
  */
-async function drained(pool: pg.Pool, schema: string, worker: Worker, queues: string[] | undefined, onRemaining: (n: number) => void): Promise<void> {
+async function drained(
+  pool: pg.Pool,
+  schema: string,
+  worker: Worker,
+  queues: string[] | undefined,
+  onRemaining: (n: number) => void,
+): Promise<void> {
   let quiet = 0;
   for (;;) {
     const lanes = (await laneStats(pool, schema)).filter((l) => !l.paused && (!queues || queues.includes(l.queue)));
@@ -76,7 +96,9 @@ async function drained(pool: pg.Pool, schema: string, worker: Worker, queues: st
 
 export function registerWorkerCommands(program: Command): void {
   common(program.command('worker'), { json: false })
-    .description('run a worker (and, unless --no-maintenance, a candidate maintenance leader) for the task types a module defines')
+    .description(
+      'run a worker (and, unless --no-maintenance, a candidate maintenance leader) for the task types a module defines',
+    )
     .requiredOption('--tasks <module>', 'module exporting `tasks`: an array of defineTask(...) results')
     .option('--slots <n>', 'concurrent handlers (default: $BERTH_TASK_PROCESSOR_CONCURRENCY or 4)', intOption(1, 1000))
     .option('--queue <names>', 'only claim from these queues (comma-separated or repeated)', collect, [])
@@ -84,50 +106,91 @@ export function registerWorkerCommands(program: Command): void {
     .option('--drain', 'exit once no due work is left (progress bar on a terminal)')
     .option('--http-port <n>', 'serve GET /metrics (Prometheus) on this port (0 = any free port)', intOption(0, 65535))
     .option('--http-host <address>', 'address for --http-port (default 127.0.0.1)')
-    .option('--dashboard', 'also serve the dashboard on --http-port (auth from BERTH_DASHBOARD_TOKEN / BERTH_DASHBOARD_USERS)')
-    .option('--exit-on-stuck-slots <n>', 'exit with status 75 once this many slots hold handlers stuck past their deadline (for a supervisor to restart)', intOption(1, 1000))
-    .addHelpText('after', '\nStops gracefully on SIGINT/SIGTERM: running handlers are aborted and their leases released.')
-    .action(async (opts: Common & { tasks: string; slots?: number; queue: string[]; maintenance: boolean; drain?: boolean; httpPort?: number; httpHost?: string; dashboard?: boolean; exitOnStuckSlots?: number }) => {
-      const url = connection(opts);
-      const tasks = await loadTaskModule(opts.tasks);
-      const queues = splitQueues(opts.queue);
-      // Log lines carry task types and errors: nothing in them may act on a terminal.
-      const logger = createLogger({ component: 'berth-worker' }, terminalSafeStream(process.stdout), logLevel(process.env.BERTH_LOG_LEVEL));
-      if (opts.dashboard && opts.httpPort === undefined) throw new BerthInputError('--dashboard needs --http-port');
-      const env = opts.dashboard ? dashboardOptionsFromEnv(process.env) : {};
-      const http = opts.httpPort === undefined ? undefined : {
-        port: opts.httpPort,
-        host: opts.httpHost,
-        dashboard: opts.dashboard ? { auth: env.auth, readOnly: env.readOnly } : false,
-      };
-      const worker = new Worker({
-        connectionString: url, schema: opts.schema, tasks, queues,
-        // The flag wins; the library never reads the environment, so the CLI does.
-        slots: opts.slots ?? slotsFromEnv(process.env.BERTH_TASK_PROCESSOR_CONCURRENCY), maintenance: opts.maintenance, logger, http,
-        exitOnStuckSlots: opts.exitOnStuckSlots,
-      });
-      await worker.start();
-      if (worker.httpUrl) {
-        say(`berth worker: metrics at ${worker.httpUrl.replace(/\/$/, '')}/metrics${opts.dashboard ? `, dashboard at ${worker.httpUrl}` : ''}`);
-      }
-      if (!opts.drain) return runUntilSignal(() => worker.stop());
-      const pool = new pg.Pool({ connectionString: url, max: 1, application_name: 'berth drain' });
-      pool.on('error', () => undefined);
-      const bar = progressBar('draining');
-      let total = 0;
-      let finished = false;
-      const drain = drained(pool, opts.schema, worker, queues, (n) => {
-        total = Math.max(total, n);
-        bar.update({ done: total - n, total });
-      }).then(() => {
-        finished = true;
-      }).finally(() => bar.stop());
-      try {
-        await runUntilSignal(() => worker.stop(), drain);
-      } finally {
-        await pool.end();
-      }
-      if (!finished) throw new CliFailure('stopped before the queue drained; run it again to finish');
-      say(`drained: no due work left${total > 0 ? ` (about ${total} task(s) were waiting when it started)` : ''}`);
-    });
+    .option(
+      '--dashboard',
+      'also serve the dashboard on --http-port (auth from BERTH_DASHBOARD_TOKEN / BERTH_DASHBOARD_USERS)',
+    )
+    .option(
+      '--exit-on-stuck-slots <n>',
+      'exit with status 75 once this many slots hold handlers stuck past their deadline (for a supervisor to restart)',
+      intOption(1, 1000),
+    )
+    .addHelpText(
+      'after',
+      '\nStops gracefully on SIGINT/SIGTERM: running handlers are aborted and their leases released.',
+    )
+    .action(
+      async (
+        opts: Common & {
+          tasks: string;
+          slots?: number;
+          queue: string[];
+          maintenance: boolean;
+          drain?: boolean;
+          httpPort?: number;
+          httpHost?: string;
+          dashboard?: boolean;
+          exitOnStuckSlots?: number;
+        },
+      ) => {
+        const url = connection(opts);
+        const tasks = await loadTaskModule(opts.tasks);
+        const queues = splitQueues(opts.queue);
+        // Log lines carry task types and errors: nothing in them may act on a terminal.
+        const logger = createLogger(
+          { component: 'berth-worker' },
+          terminalSafeStream(process.stdout),
+          logLevel(process.env.BERTH_LOG_LEVEL),
+        );
+        if (opts.dashboard && opts.httpPort === undefined) throw new BerthInputError('--dashboard needs --http-port');
+        const env = opts.dashboard ? dashboardOptionsFromEnv(process.env) : {};
+        const http =
+          opts.httpPort === undefined
+            ? undefined
+            : {
+                port: opts.httpPort,
+                host: opts.httpHost,
+                dashboard: opts.dashboard ? { auth: env.auth, readOnly: env.readOnly } : false,
+              };
+        const worker = new Worker({
+          connectionString: url,
+          schema: opts.schema,
+          tasks,
+          queues,
+          // The flag wins; the library never reads the environment, so the CLI does.
+          slots: opts.slots ?? slotsFromEnv(process.env.BERTH_TASK_PROCESSOR_CONCURRENCY),
+          maintenance: opts.maintenance,
+          logger,
+          http,
+          exitOnStuckSlots: opts.exitOnStuckSlots,
+        });
+        await worker.start();
+        if (worker.httpUrl) {
+          say(
+            `berth worker: metrics at ${worker.httpUrl.replace(/\/$/, '')}/metrics${opts.dashboard ? `, dashboard at ${worker.httpUrl}` : ''}`,
+          );
+        }
+        if (!opts.drain) return runUntilSignal(() => worker.stop());
+        const pool = new pg.Pool({ connectionString: url, max: 1, application_name: 'berth drain' });
+        pool.on('error', () => undefined);
+        const bar = progressBar('draining');
+        let total = 0;
+        let finished = false;
+        const drain = drained(pool, opts.schema, worker, queues, (n) => {
+          total = Math.max(total, n);
+          bar.update({ done: total - n, total });
+        })
+          .then(() => {
+            finished = true;
+          })
+          .finally(() => bar.stop());
+        try {
+          await runUntilSignal(() => worker.stop(), drain);
+        } finally {
+          await pool.end();
+        }
+        if (!finished) throw new CliFailure('stopped before the queue drained; run it again to finish');
+        say(`drained: no due work left${total > 0 ? ` (about ${total} task(s) were waiting when it started)` : ''}`);
+      },
+    );
 }

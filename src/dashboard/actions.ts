@@ -6,7 +6,16 @@ import { BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { Queryable, Schema } from '../sql.js';
 import { moveTask } from '../storage/move.js';
-import { MAX_FILTER_TEXT_CHARS, optionalBoolean, optionalIds, optionalInteger, optionalQueue, optionalText, queueName, taskId } from './params.js';
+import {
+  MAX_FILTER_TEXT_CHARS,
+  optionalBoolean,
+  optionalIds,
+  optionalInteger,
+  optionalQueue,
+  optionalText,
+  queueName,
+  taskId,
+} from './params.js';
 
 /** The state-changing side of the JSON API. Every action is audited under the caller's actor. */
 export interface ActionContext {
@@ -44,7 +53,8 @@ export async function moveAction(c: ActionContext, id: string, body: Body) {
   taskId(id);
   const queue = optionalQueue(body.queue);
   const priority = optionalInteger(body.priority, 'priority');
-  if (queue === undefined && priority === undefined) throw new BerthInputError('a move needs a queue, a priority, or both');
+  if (queue === undefined && priority === undefined)
+    throw new BerthInputError('a move needs a queue, a priority, or both');
   const to = { ...(queue !== undefined && { queue }), ...(priority !== undefined && { priority }) };
   const result = await run(c, 'task.move', { id, ...to }, () => moveTask(c.db, c.schema, id, to));
   return { result };
@@ -68,7 +78,10 @@ function deadFilter(body: Body): DeadFilter {
 
 export function deadAction(c: ActionContext, action: 'retry' | 'purge', body: Body) {
   const filter = deadFilter(body);
-  const target = { ...filter, ...(filter.ids && { ids: filter.ids.length <= 20 ? filter.ids : `${filter.ids.length} ids` }) };
+  const target = {
+    ...filter,
+    ...(filter.ids && { ids: filter.ids.length <= 20 ? filter.ids : `${filter.ids.length} ids` }),
+  };
   return run(c, `dead.${action}`, target, () => (action === 'retry' ? retryDead : purgeDead)(c.db, c.schema, filter));
 }
 
@@ -76,7 +89,9 @@ export function queueAction(c: ActionContext, queue: string, action: 'pause' | '
   queueName(queue);
   if (action === 'pause') {
     const reason = optionalText(body.reason, 'reason', MAX_FILTER_TEXT_CHARS);
-    return run(c, 'queue.pause', { queue, ...(reason !== undefined && { reason }) }, () => pauseQueue(c.db, c.schema, queue, c.actor, reason));
+    return run(c, 'queue.pause', { queue, ...(reason !== undefined && { reason }) }, () =>
+      pauseQueue(c.db, c.schema, queue, c.actor, reason),
+    );
   }
   return run(c, 'queue.resume', { queue }, () => resumeQueue(c.db, c.schema, queue, c.actor));
 }

@@ -15,7 +15,12 @@ export interface ApiContext {
 type Body = Record<string, unknown>;
 
 /** A read: GET, never changes anything. */
-type Read = (reads: DashboardReads, url: URL, params: string[], session: { principal: Principal; readOnly: boolean }) => Promise<unknown>;
+type Read = (
+  reads: DashboardReads,
+  url: URL,
+  params: string[],
+  session: { principal: Principal; readOnly: boolean },
+) => Promise<unknown>;
 /** An action: POST with the CSRF header, audited. */
 type Action = (c: ActionContext, params: string[], body: Body) => Promise<unknown>;
 
@@ -30,18 +35,25 @@ const SEGMENT = '([^/]+)';
 
 const ROUTES: Route[] = [
   // What the page needs to act: who it is acting as, its CSRF token, and whether it may.
-  { pattern: /^\/api\/session$/, read: async (_r, _u, _p, s) => ({ actor: s.principal.actor, csrf: s.principal.csrf, readOnly: s.readOnly }) },
+  {
+    pattern: /^\/api\/session$/,
+    read: async (_r, _u, _p, s) => ({ actor: s.principal.actor, csrf: s.principal.csrf, readOnly: s.readOnly }),
+  },
   { pattern: /^\/api\/overview$/, read: (r) => read.overview(r) },
   { pattern: /^\/api\/lanes$/, read: (r) => read.lanes(r) },
   { pattern: /^\/api\/tasks$/, read: (r, url) => read.tasks(r, url) },
   { pattern: new RegExp(`^/api/tasks/${SEGMENT}$`), read: (r, _u, [id]) => read.task(r, id!) },
   {
     pattern: new RegExp(`^/api/tasks/${SEGMENT}/(retry|cancel|delete|move)$`),
-    action: (c, [id, name], body) => (name === 'move' ? moveAction(c, id!, body) : isTaskAction(name!) ? taskAction(c, id!, name) : notFound()),
+    action: (c, [id, name], body) =>
+      name === 'move' ? moveAction(c, id!, body) : isTaskAction(name!) ? taskAction(c, id!, name) : notFound(),
   },
   { pattern: /^\/api\/dead$/, read: (r, url) => read.dead(r, url) },
   { pattern: /^\/api\/dead\/count$/, read: (r, url) => read.deadCount(r, url) },
-  { pattern: /^\/api\/dead\/(retry|purge)$/, action: (c, [name], body) => deadAction(c, name === 'retry' ? 'retry' : 'purge', body) },
+  {
+    pattern: /^\/api\/dead\/(retry|purge)$/,
+    action: (c, [name], body) => deadAction(c, name === 'retry' ? 'retry' : 'purge', body),
+  },
   { pattern: /^\/api\/queues$/, read: (r) => read.queues(r) },
   {
     pattern: new RegExp(`^/api/queues/${SEGMENT}/(pause|resume)$`),
@@ -66,7 +78,14 @@ function decode(segment: string): string {
  * Serve one `/api/...` request (`path` relative to the dashboard's base path). Errors are
  * thrown for the caller to turn into JSON: HttpError as is, BerthInputError as 400.
  */
-export async function serveApi(ctx: ApiContext, req: IncomingMessage, res: ServerResponse, path: string, url: URL, principal: Principal): Promise<void> {
+export async function serveApi(
+  ctx: ApiContext,
+  req: IncomingMessage,
+  res: ServerResponse,
+  path: string,
+  url: URL,
+  principal: Principal,
+): Promise<void> {
   for (const route of ROUTES) {
     const m = route.pattern.exec(path);
     if (!m) continue;

@@ -20,7 +20,8 @@ import { fileURLToPath } from 'node:url';
  */
 
 /** Written by scripts/build-client.mjs as each file's first line; the hex digest is its sources'. */
-const STAMP = /^\/\* berth dashboard client: built by scripts\/build-client\.mjs from src\/dashboard\/client \(sources sha256 ([0-9a-f]{64})\) \*\/\n/;
+const STAMP =
+  /^\/\* berth dashboard client: built by scripts\/build-client\.mjs from src\/dashboard\/client \(sources sha256 ([0-9a-f]{64})\) \*\/\n/;
 
 const FROM_SOURCE = import.meta.url.endsWith('.ts');
 const STATIC_DIR = new URL(FROM_SOURCE ? '../../dist/dashboard/static/' : './static/', import.meta.url);
@@ -47,7 +48,11 @@ function clientSourceHash(dir: string): string {
     .map((d) => relative(dir, join(d.parentPath, d.name)).split(sep).join('/'))
     .sort();
   const hash = createHash('sha256');
-  for (const f of files) hash.update(`${f}\0`).update(readFileSync(join(dir, f))).update('\0');
+  for (const f of files)
+    hash
+      .update(`${f}\0`)
+      .update(readFileSync(join(dir, f)))
+      .update('\0');
   return hash.digest('hex');
 }
 

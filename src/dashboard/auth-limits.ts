@@ -67,20 +67,27 @@ export function validateAuthLimits(options: AuthLimitOptions | undefined): AuthL
   }
   const given = Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined));
   for (const key of Object.keys(given)) {
-    if (!Object.hasOwn(AUTH_LIMIT_DEFAULTS, key)) throw new BerthInputError(`unknown dashboard authLimits option "${key}"`);
+    if (!Object.hasOwn(AUTH_LIMIT_DEFAULTS, key))
+      throw new BerthInputError(`unknown dashboard authLimits option "${key}"`);
   }
   const o = { ...AUTH_LIMIT_DEFAULTS, ...given } as AuthLimits;
   for (const [key, value] of Object.entries(o)) {
     if (key === 'trustProxy') {
-      if (typeof value !== 'boolean') throw new BerthInputError(`dashboard authLimits.trustProxy must be true or false, got ${JSON.stringify(value)}`);
+      if (typeof value !== 'boolean')
+        throw new BerthInputError(
+          `dashboard authLimits.trustProxy must be true or false, got ${JSON.stringify(value)}`,
+        );
       continue;
     }
     if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 1) {
       throw new BerthInputError(`dashboard authLimits.${key} must be a positive integer, got ${JSON.stringify(value)}`);
     }
   }
-  if (o.clientLockoutFailures < o.clientFreeFailures) throw new BerthInputError('dashboard authLimits.clientLockoutFailures must be at least clientFreeFailures');
-  if (o.sharedLockoutFailures < o.sharedFreeFailures) throw new BerthInputError('dashboard authLimits.sharedLockoutFailures must be at least sharedFreeFailures');
-  if (o.maxBackoffMs < o.backoffMs) throw new BerthInputError('dashboard authLimits.maxBackoffMs must be at least backoffMs');
+  if (o.clientLockoutFailures < o.clientFreeFailures)
+    throw new BerthInputError('dashboard authLimits.clientLockoutFailures must be at least clientFreeFailures');
+  if (o.sharedLockoutFailures < o.sharedFreeFailures)
+    throw new BerthInputError('dashboard authLimits.sharedLockoutFailures must be at least sharedFreeFailures');
+  if (o.maxBackoffMs < o.backoffMs)
+    throw new BerthInputError('dashboard authLimits.maxBackoffMs must be at least backoffMs');
   return o;
 }

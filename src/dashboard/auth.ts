@@ -39,7 +39,9 @@ export class TooManyAttemptsError extends HttpError {
   override readonly code: BerthErrorCode = 'TOO_MANY_ATTEMPTS';
 
   constructor(readonly retryAfterSeconds: number) {
-    super(429, `too many failed authentications: try again in ${retryAfterSeconds} s`, { 'retry-after': String(retryAfterSeconds) });
+    super(429, `too many failed authentications: try again in ${retryAfterSeconds} s`, {
+      'retry-after': String(retryAfterSeconds),
+    });
     this.name = 'TooManyAttemptsError';
   }
 }
@@ -78,7 +80,13 @@ export class Authenticator {
    * Compare a secret unless the client or the shared key (user, token) must wait: then 429
    * without comparing. Returns the actor, or null for a wrong secret.
    */
-  private guarded(req: IncomingMessage, method: AuthMethod, shared: string, user: string | undefined, compare: () => string | null): string | null {
+  private guarded(
+    req: IncomingMessage,
+    method: AuthMethod,
+    shared: string,
+    user: string | undefined,
+    compare: () => string | null,
+  ): string | null {
     const client = clientKey(req, this.limits.trustProxy);
     const waitMs = this.limiter.retryAfterMs(client, shared);
     if (waitMs > 0) {
@@ -88,7 +96,9 @@ export class Authenticator {
     const actor = compare();
     if (actor === null) {
       const { lockedOut } = this.limiter.failed(client, shared);
-      const named = lockedOut.map((k) => (k === client ? `client ${client}` : user !== undefined ? `user ${clip(user)}` : 'token'));
+      const named = lockedOut.map((k) =>
+        k === client ? `client ${client}` : user !== undefined ? `user ${clip(user)}` : 'token',
+      );
       this.failures.failed(method, { remote: client, ...(user !== undefined && { user: clip(user) }) }, named);
     } else {
       this.limiter.succeeded(client, shared);
@@ -136,7 +146,9 @@ export class Authenticator {
     const [scheme = '', value = ''] = header.trim().split(/\s+/, 2);
     if (scheme.toLowerCase() === 'bearer' && this.auth?.token) {
       const token = this.auth.token;
-      const actor = this.guarded(req, 'bearer', TOKEN_KEY, undefined, () => (safeEqual(value, token) ? 'dashboard:token' : null));
+      const actor = this.guarded(req, 'bearer', TOKEN_KEY, undefined, () =>
+        safeEqual(value, token) ? 'dashboard:token' : null,
+      );
       return actor === null ? null : this.principal(actor);
     }
     if (scheme.toLowerCase() === 'basic' && this.acceptsBasic) {
@@ -168,7 +180,11 @@ export class Authenticator {
   login(req: IncomingMessage, token: string): string | null {
     const expected = this.auth?.token;
     if (!expected) return null;
-    if (this.guarded(req, 'form', TOKEN_KEY, undefined, () => (safeEqual(token, expected) ? 'dashboard:token' : null)) === null) return null;
+    if (
+      this.guarded(req, 'form', TOKEN_KEY, undefined, () => (safeEqual(token, expected) ? 'dashboard:token' : null)) ===
+      null
+    )
+      return null;
     const now = Date.now();
     for (const [id, s] of this.sessions) if (s.expiresAt <= now) this.sessions.delete(id);
     while (this.sessions.size >= MAX_SESSIONS) {

@@ -30,6 +30,9 @@ function expandIpv6(address: string): string[] {
   const [head = '', tail] = plain.split('::');
   const left = head ? head.split(':') : [];
   const right = tail ? tail.split(':') : [];
-  const groups = tail === undefined ? left : [...left, ...Array<string>(Math.max(0, 8 - left.length - right.length)).fill('0'), ...right];
+  const groups =
+    tail === undefined
+      ? left
+      : [...left, ...Array<string>(Math.max(0, 8 - left.length - right.length)).fill('0'), ...right];
   return groups.map((g) => (g.includes('.') ? g : g.replace(/^0+(?=.)/, '')));
 }

@@ -35,7 +35,10 @@ export class FailureLog {
     const w = this.window(method);
     if (w.logged < this.linesPerMinute) {
       w.logged++;
-      this.logger.warn({ method, ...fields, ...(lockedOut.length > 0 && { lockedOut }) }, 'dashboard authentication failed');
+      this.logger.warn(
+        { method, ...fields, ...(lockedOut.length > 0 && { lockedOut }) },
+        'dashboard authentication failed',
+      );
     } else {
       w.notLogged++;
       w.lockouts += lockedOut.length;
@@ -67,10 +70,13 @@ export class FailureLog {
   /** The summary comes at the end of the minute even when no further attempt arrives. */
   private flushLater(method: AuthMethod, w: Window): void {
     if (w.timer) return;
-    w.timer = setTimeout(() => {
-      if (this.windows.get(method) === w) this.windows.delete(method);
-      this.flush(method, w);
-    }, Math.max(0, w.startedAt + INTERVAL_MS - this.now()));
+    w.timer = setTimeout(
+      () => {
+        if (this.windows.get(method) === w) this.windows.delete(method);
+        this.flush(method, w);
+      },
+      Math.max(0, w.startedAt + INTERVAL_MS - this.now()),
+    );
     w.timer.unref();
   }
 

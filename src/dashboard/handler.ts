@@ -12,7 +12,11 @@ import { loadAssets } from './assets.js';
 import { Authenticator, checkCsrf, checkSameOrigin, TooManyAttemptsError, type Principal } from './auth.js';
 import { HttpError, readBody, send, sendError, sendJson } from './http.js';
 import { DashboardReads } from './overview.js';
-import { resolveDashboardHandlerOptions, type DashboardHandlerOptions, type ResolvedDashboardHandlerOptions } from './options.js';
+import {
+  resolveDashboardHandlerOptions,
+  type DashboardHandlerOptions,
+  type ResolvedDashboardHandlerOptions,
+} from './options.js';
 import { loginPage, shellPage, unauthorizedPage } from './pages.js';
 import { rejectNul } from './params.js';
 
@@ -56,7 +60,9 @@ export function dashboardHandler(options: ResolvedDashboardHandlerOptions): Dash
   const { basePath: base, logger, readOnly, schema } = options;
   const auth = new Authenticator(options.auth, options.authLimits, logger);
   const reads = new DashboardReads(options.pool, bindSchema(schema), logger);
-  const metrics: MetricsRequestHandler | null = options.metricsRegistry ? metricsRequestHandler(options.metricsRegistry) : null;
+  const metrics: MetricsRequestHandler | null = options.metricsRegistry
+    ? metricsRequestHandler(options.metricsRegistry)
+    : null;
   const cookiePath = base || '/';
   // Read (and from src/, checked against the client's sources) now: a missing build fails here, not on a request.
   const assets = loadAssets();
@@ -83,7 +89,10 @@ export function dashboardHandler(options: ResolvedDashboardHandlerOptions): Dash
         send(res, 401, HTML, unauthorizedPage(base), auth.challenge());
         return;
       }
-      res.writeHead(303, { location: `${base}/${nextRoute(url.searchParams.get('next'))}`, 'cache-control': 'no-store' });
+      res.writeHead(303, {
+        location: `${base}/${nextRoute(url.searchParams.get('next'))}`,
+        'cache-control': 'no-store',
+      });
       res.end();
       return;
     }
@@ -109,7 +118,18 @@ export function dashboardHandler(options: ResolvedDashboardHandlerOptions): Dash
   }
 
   function shell(res: ServerResponse, principal: Principal): void {
-    send(res, 200, HTML, shellPage({ base, csrf: principal.csrf, actor: principal.actor, readOnly, session: principal.sessionId !== undefined }));
+    send(
+      res,
+      200,
+      HTML,
+      shellPage({
+        base,
+        csrf: principal.csrf,
+        actor: principal.actor,
+        readOnly,
+        session: principal.sessionId !== undefined,
+      }),
+    );
   }
 
   function unauthorized(res: ServerResponse, path: string): void {
@@ -133,7 +153,13 @@ export function dashboardHandler(options: ResolvedDashboardHandlerOptions): Dash
       sid = auth.login(req, form.get('token') ?? '');
     } catch (err) {
       if (!(err instanceof TooManyAttemptsError)) throw err;
-      send(res, 429, HTML, loginPage(base, `Too many failed attempts: try again in ${err.retryAfterSeconds} s.`, auth.acceptsBasic), err.headers);
+      send(
+        res,
+        429,
+        HTML,
+        loginPage(base, `Too many failed attempts: try again in ${err.retryAfterSeconds} s.`, auth.acceptsBasic),
+        err.headers,
+      );
       return;
     }
     if (!sid) {
@@ -142,7 +168,11 @@ export function dashboardHandler(options: ResolvedDashboardHandlerOptions): Dash
       return;
     }
     const secure = Boolean((req.socket as TLSSocket).encrypted);
-    res.writeHead(303, { location: `${base}/${nextRoute(form.get('next'))}`, 'set-cookie': auth.sessionCookie(sid, cookiePath, secure), 'cache-control': 'no-store' });
+    res.writeHead(303, {
+      location: `${base}/${nextRoute(form.get('next'))}`,
+      'set-cookie': auth.sessionCookie(sid, cookiePath, secure),
+      'cache-control': 'no-store',
+    });
     res.end();
   }
 
@@ -169,9 +199,15 @@ export function dashboardHandler(options: ResolvedDashboardHandlerOptions): Dash
         sendError(res, new HttpError(400, err.message));
       } else if ((err as { code?: unknown })?.code === UNDEFINED_TABLE) {
         // The schema was dropped or never migrated under a handler mounted elsewhere: say so.
-        const reason = await assertMigrated(options.pool, schema).then(() => null, (e: Error) => e.message);
+        const reason = await assertMigrated(options.pool, schema).then(
+          () => null,
+          (e: Error) => e.message,
+        );
         logger.error({ err: (err as Error).message, method: req.method, path }, 'dashboard request failed');
-        sendError(res, reason ? new HttpError(503, reason) : new HttpError(500, 'internal error (see the dashboard log)'));
+        sendError(
+          res,
+          reason ? new HttpError(503, reason) : new HttpError(500, 'internal error (see the dashboard log)'),
+        );
       } else {
         logger.error({ err: (err as Error)?.message, method: req.method, path }, 'dashboard request failed');
         sendError(res, new HttpError(500, 'internal error (see the dashboard log)'));

@@ -43,7 +43,12 @@ export function send(
 }
 
 /** Dates as ISO strings, bigint as text: what JSON.stringify does, plus bigint. */
-export function sendJson(res: ServerResponse, status: number, value: unknown, headers: Record<string, string | string[]> = {}): void {
+export function sendJson(
+  res: ServerResponse,
+  status: number,
+  value: unknown,
+  headers: Record<string, string | string[]> = {},
+): void {
   const body = JSON.stringify(value, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v));
   send(res, status, 'application/json; charset=utf-8', body, headers);
 }
@@ -65,7 +70,8 @@ export async function readBody(req: IncomingMessage): Promise<string> {
     chunks.push(b);
   }
   const text = Buffer.concat(chunks).toString('utf8');
-  if (text.includes('\u0000')) throw new HttpError(400, 'the request body contains a NUL byte (\\0), which PostgreSQL text cannot hold');
+  if (text.includes('\u0000'))
+    throw new HttpError(400, 'the request body contains a NUL byte (\\0), which PostgreSQL text cannot hold');
   return text;
 }
 
@@ -79,7 +85,8 @@ export async function readJsonObject(req: IncomingMessage): Promise<Record<strin
   } catch {
     throw new HttpError(400, 'the request body is not valid JSON');
   }
-  if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new HttpError(400, 'the request body must be a JSON object');
+  if (typeof value !== 'object' || value === null || Array.isArray(value))
+    throw new HttpError(400, 'the request body must be a JSON object');
   // A NUL as the escape \u0000 only shows once parsed: check every string and key.
   rejectNulDeep(value);
   return value as Record<string, unknown>;

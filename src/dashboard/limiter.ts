@@ -82,8 +82,12 @@ export class AuthLimiter {
   failed(client: string, shared: string): FailureOutcome {
     const now = this.now();
     const lockedOut: string[] = [];
-    if (this.bump(this.clients, client, now, this.limits.clientFreeFailures, this.limits.clientLockoutFailures)) lockedOut.push(client);
-    if (this.bump(this.sharedMap(shared), shared, now, this.limits.sharedFreeFailures, this.limits.sharedLockoutFailures)) lockedOut.push(shared);
+    if (this.bump(this.clients, client, now, this.limits.clientFreeFailures, this.limits.clientLockoutFailures))
+      lockedOut.push(client);
+    if (
+      this.bump(this.sharedMap(shared), shared, now, this.limits.sharedFreeFailures, this.limits.sharedLockoutFailures)
+    )
+      lockedOut.push(shared);
     return { lockedOut };
   }
 
@@ -108,7 +112,11 @@ export class AuthLimiter {
   }
 
   /** The key's state, or undefined when it has none or it was forgotten. */
-  private current(map: Pick<BoundedMap<FailureState>, 'get' | 'delete'>, key: string, now: number): FailureState | undefined {
+  private current(
+    map: Pick<BoundedMap<FailureState>, 'get' | 'delete'>,
+    key: string,
+    now: number,
+  ): FailureState | undefined {
     const s = map.get(key);
     if (s && now - s.lastAt > this.limits.forgetAfterMs && now >= s.blockedUntil) {
       map.delete(key);
@@ -118,7 +126,13 @@ export class AuthLimiter {
   }
 
   /** Count one failure on a key; true when it has just been locked out. */
-  private bump(map: Pick<BoundedMap<FailureState>, 'get' | 'set' | 'delete'>, key: string, now: number, free: number, lockout: number): boolean {
+  private bump(
+    map: Pick<BoundedMap<FailureState>, 'get' | 'set' | 'delete'>,
+    key: string,
+    now: number,
+    free: number,
+    lockout: number,
+  ): boolean {
     const s = this.current(map, key, now) ?? { failures: 0, lastAt: now, blockedUntil: 0 };
     s.failures++;
     s.lastAt = now;
@@ -128,7 +142,8 @@ export class AuthLimiter {
       locked = s.blockedUntil <= now;
       s.blockedUntil = now + this.limits.lockoutMs;
     } else if (s.failures >= free) {
-      s.blockedUntil = now + Math.min(this.limits.maxBackoffMs, this.limits.backoffMs * 2 ** Math.min(s.failures - free, 40));
+      s.blockedUntil =
+        now + Math.min(this.limits.maxBackoffMs, this.limits.backoffMs * 2 ** Math.min(s.failures - free, 40));
     }
     map.set(key, s);
     return locked;

@@ -100,14 +100,32 @@ export interface ResolvedDashboardOptions extends Omit<ResolvedDashboardHandlerO
 }
 
 const HANDLER_OPTION_KEYS: ReadonlySet<string> = new Set<keyof DashboardHandlerOptions>([
-  'pool', 'schema', 'auth', 'readOnly', 'logger', 'metricsRegistry', 'basePath', 'authLimits',
+  'pool',
+  'schema',
+  'auth',
+  'readOnly',
+  'logger',
+  'metricsRegistry',
+  'basePath',
+  'authLimits',
 ]);
 const DASHBOARD_OPTION_KEYS: ReadonlySet<string> = new Set<keyof DashboardOptions>([
-  'connectionString', 'pool', 'schema', 'host', 'port', 'auth', 'readOnly', 'logger', 'metricsRegistry', 'basePath', 'authLimits',
+  'connectionString',
+  'pool',
+  'schema',
+  'host',
+  'port',
+  'auth',
+  'readOnly',
+  'logger',
+  'metricsRegistry',
+  'basePath',
+  'authLimits',
 ]);
 
 function checkKnownKeys(options: object, known: ReadonlySet<string>, what: string): void {
-  if (typeof options !== 'object' || options === null || Array.isArray(options)) throw new BerthInputError(`${what} must be an object`);
+  if (typeof options !== 'object' || options === null || Array.isArray(options))
+    throw new BerthInputError(`${what} must be an object`);
   for (const [key, value] of Object.entries(options)) {
     if (value !== undefined && !known.has(key)) throw new BerthInputError(`unknown ${what} "${key}"`);
   }
@@ -115,7 +133,8 @@ function checkKnownKeys(options: object, known: ReadonlySet<string>, what: strin
 
 function resolveShared(options: Omit<DashboardHandlerOptions, 'pool'>): Omit<ResolvedDashboardHandlerOptions, 'pool'> {
   validateAuth(options.auth);
-  if (options.readOnly !== undefined && typeof options.readOnly !== 'boolean') throw new BerthInputError('dashboard readOnly must be true or false');
+  if (options.readOnly !== undefined && typeof options.readOnly !== 'boolean')
+    throw new BerthInputError('dashboard readOnly must be true or false');
   return {
     schema: options.schema ?? DASHBOARD_DEFAULTS.schema,
     auth: options.auth,
@@ -145,7 +164,8 @@ export function resolveDashboardOptions(options: DashboardOptions): ResolvedDash
   const port = validatePort(options.port ?? DASHBOARD_DEFAULTS.port);
   const shared = resolveShared(options);
   assertSafeBinding(options.auth, host);
-  if (!options.pool && !options.connectionString) throw new BerthInputError('the dashboard needs a connectionString or a pool');
+  if (!options.pool && !options.connectionString)
+    throw new BerthInputError('the dashboard needs a connectionString or a pool');
   return { ...shared, host, port, pool: options.pool ?? null, connectionString: options.connectionString ?? null };
 }
 
@@ -168,9 +188,11 @@ const chars = (s: string) => [...s].length;
  */
 export function validateAuth(auth: DashboardAuth | undefined): void {
   if (auth === undefined) return;
-  if (typeof auth !== 'object' || auth === null) throw new BerthInputError('dashboard auth must be an object { token?, users? }');
+  if (typeof auth !== 'object' || auth === null)
+    throw new BerthInputError('dashboard auth must be an object { token?, users? }');
   for (const key of Object.keys(auth)) {
-    if (key !== 'token' && key !== 'users') throw new BerthInputError(`unknown dashboard auth option "${key}" (token, users)`);
+    if (key !== 'token' && key !== 'users')
+      throw new BerthInputError(`unknown dashboard auth option "${key}" (token, users)`);
   }
   if (auth.token !== undefined && (typeof auth.token !== 'string' || chars(auth.token) < MIN_TOKEN_LENGTH)) {
     throw new BerthInputError(
@@ -178,11 +200,15 @@ export function validateAuth(auth: DashboardAuth | undefined): void {
     );
   }
   if (auth.users !== undefined) {
-    if (typeof auth.users !== 'object' || auth.users === null) throw new BerthInputError('dashboard auth.users must map user names to passwords');
+    if (typeof auth.users !== 'object' || auth.users === null)
+      throw new BerthInputError('dashboard auth.users must map user names to passwords');
     for (const [user, password] of Object.entries(auth.users)) {
-      if (user.length === 0 || user.includes(':')) throw new BerthInputError(`dashboard user name "${user}" must be non-empty and contain no ":"`);
+      if (user.length === 0 || user.includes(':'))
+        throw new BerthInputError(`dashboard user name "${user}" must be non-empty and contain no ":"`);
       if (typeof password !== 'string' || chars(password) < MIN_PASSWORD_LENGTH) {
-        throw new BerthInputError(`dashboard auth.users (BERTH_DASHBOARD_USERS): the password of "${user}" must be at least ${MIN_PASSWORD_LENGTH} characters`);
+        throw new BerthInputError(
+          `dashboard auth.users (BERTH_DASHBOARD_USERS): the password of "${user}" must be at least ${MIN_PASSWORD_LENGTH} characters`,
+        );
       }
     }
   }
@@ -254,7 +280,8 @@ export function dashboardOptionsFromEnv(env: Readonly<Record<string, string | un
   }
   const host = get('BERTH_DASHBOARD_HOST');
   if (host !== undefined) {
-    if (/[\s/]/.test(host)) throw new BerthInputError(`BERTH_DASHBOARD_HOST must be a host name or address, got "${host}"`);
+    if (/[\s/]/.test(host))
+      throw new BerthInputError(`BERTH_DASHBOARD_HOST must be a host name or address, got "${host}"`);
     out.host = host;
   }
   const auth: DashboardAuth = {};
@@ -268,7 +295,9 @@ export function dashboardOptionsFromEnv(env: Readonly<Record<string, string | un
       const user = i < 0 ? '' : pair.slice(0, i).trim();
       const password = i < 0 ? '' : pair.slice(i + 1);
       if (user === '' || password === '') {
-        throw new BerthInputError('BERTH_DASHBOARD_USERS must be user:password pairs separated by commas, e.g. "alice:s3cret,bob:hunter2"');
+        throw new BerthInputError(
+          'BERTH_DASHBOARD_USERS must be user:password pairs separated by commas, e.g. "alice:s3cret,bob:hunter2"',
+        );
       }
       if (Object.hasOwn(auth.users, user)) throw new BerthInputError(`BERTH_DASHBOARD_USERS names "${user}" twice`);
       auth.users[user] = password;

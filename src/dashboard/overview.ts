@@ -1,7 +1,17 @@
 import type { Logger } from '../logger.js';
 import type { Queryable, Schema } from '../sql.js';
 import {
-  CachedReader, laneActivity, laneStats, leaderInfo, listWorkers, taskCounts, throughput, type LaneStat, type TaskCount, type ThroughputPoint, type WorkerInfo,
+  CachedReader,
+  laneActivity,
+  laneStats,
+  leaderInfo,
+  listWorkers,
+  taskCounts,
+  throughput,
+  type LaneStat,
+  type TaskCount,
+  type ThroughputPoint,
+  type WorkerInfo,
 } from '../admin/stats.js';
 
 /** Counts read every unfinished row: shared by every open page for this long. */
@@ -40,7 +50,10 @@ export class DashboardReads {
       // Bounded: a role that forges rows cannot grow this set without limit.
       if (this.reported.size >= 1000) this.reported.clear();
       this.reported.add(key);
-      this.logger?.warn({ worker: w.workerId.slice(0, 200), problem: w.invalid }, 'a workers row could not be read as written (shown without the bad parts)');
+      this.logger?.warn(
+        { worker: w.workerId.slice(0, 200), problem: w.invalid },
+        'a workers row could not be read as written (shown without the bad parts)',
+      );
     }
   }
 }
@@ -142,11 +155,17 @@ export async function readOverview(reads: DashboardReads): Promise<Overview> {
     q.paused ||= l.paused;
     // As berth_task_oldest_due_seconds: a paused lane is not claimable, so its age is not starvation
     // (its queue's row keeps the age, next to the paused badge).
-    if (!l.paused && l.oldestDueSeconds > oldestDue.seconds) Object.assign(oldestDue, { seconds: l.oldestDueSeconds, queue: l.queue });
+    if (!l.paused && l.oldestDueSeconds > oldestDue.seconds)
+      Object.assign(oldestDue, { seconds: l.oldestDueSeconds, queue: l.queue });
   }
   const alive = workers.filter((w) => w.alive);
   return {
-    counts: { ageMs: counts.ageMs, total, byQueueType: counts.data, byType: [...byType.values()].sort((a, b) => a.type.localeCompare(b.type)) },
+    counts: {
+      ageMs: counts.ageMs,
+      total,
+      byQueueType: counts.data,
+      byType: [...byType.values()].sort((a, b) => a.type.localeCompare(b.type)),
+    },
     queues: [...byQueue.values()].sort((a, b) => a.queue.localeCompare(b.queue)),
     oldestDue,
     workers: {
@@ -156,7 +175,12 @@ export async function readOverview(reads: DashboardReads): Promise<Overview> {
       busy: alive.reduce((n, w) => n + w.busy, 0),
     },
     leader: leader.session
-      ? { workerId: leader.worker?.workerId ?? null, pid: leader.session.pid, applicationName: leader.session.applicationName, since: leader.session.since }
+      ? {
+          workerId: leader.worker?.workerId ?? null,
+          pid: leader.session.pid,
+          applicationName: leader.session.applicationName,
+          since: leader.session.since,
+        }
       : null,
     throughput: minuteSeries(points, THROUGHPUT_MINUTES),
   };

@@ -40,7 +40,9 @@ export function rejectNulDeep(value: unknown, where = 'the request body'): void 
 export function queueName(value: string, name = 'queue'): string {
   rejectNul(value, name);
   if (Buffer.byteLength(value, 'utf8') > MAX_QUEUE_NAME_BYTES) {
-    throw new BerthInputError(`${name} must be a name of at most ${MAX_QUEUE_NAME_BYTES} bytes (UTF-8), got ${Buffer.byteLength(value, 'utf8')}`);
+    throw new BerthInputError(
+      `${name} must be a name of at most ${MAX_QUEUE_NAME_BYTES} bytes (UTF-8), got ${Buffer.byteLength(value, 'utf8')}`,
+    );
   }
   return value;
 }
@@ -65,7 +67,8 @@ export function optionalCursor(url: URL): string | undefined {
 /** A short text value (queue, type, filter), or undefined when absent or empty. */
 export function optionalText(value: unknown, name: string, max = MAX_TASK_TYPE_CHARS): string | undefined {
   if (value === undefined || value === null || value === '') return undefined;
-  if (typeof value !== 'string' || value.length > max) throw new BerthInputError(`${name} must be text of at most ${max} characters`);
+  if (typeof value !== 'string' || value.length > max)
+    throw new BerthInputError(`${name} must be text of at most ${max} characters`);
   return rejectNul(value, name);
 }
 
@@ -98,6 +101,7 @@ export function optionalBoolean(value: unknown, name: string): boolean | undefin
 
 export function optionalIds(value: unknown): string[] | undefined {
   if (value === undefined || value === null) return undefined;
-  if (!Array.isArray(value) || value.length > 1000) throw new BerthInputError('ids must be a list of at most 1000 task ids');
+  if (!Array.isArray(value) || value.length > 1000)
+    throw new BerthInputError('ids must be a list of at most 1000 task ids');
   return value.map((v) => taskId(typeof v === 'string' ? v : String(v)));
 }

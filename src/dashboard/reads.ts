@@ -8,7 +8,14 @@ import { getTask } from '../storage/tasks.js';
 import { overdueMarks } from '../storage/overdue.js';
 import { HttpError } from './http.js';
 import { readOverview, type DashboardReads } from './overview.js';
-import { MAX_FILTER_TEXT_CHARS, optionalCursor, optionalQuery, optionalQueueQuery, queryLimit, taskId } from './params.js';
+import {
+  MAX_FILTER_TEXT_CHARS,
+  optionalCursor,
+  optionalQuery,
+  optionalQueueQuery,
+  queryLimit,
+  taskId,
+} from './params.js';
 
 /** The GET side of the JSON API: reads only, keyset pages and cached counts. */
 
@@ -21,7 +28,11 @@ export function overview(reads: DashboardReads) {
  * promotion contention and waiters the leader's heartbeat reports (validated: see listWorkers).
  */
 export async function lanes(reads: DashboardReads) {
-  const [stats, activity, leader] = await Promise.all([reads.lanes.get(), reads.activity.get(), leaderInfo(reads.db, reads.schema)]);
+  const [stats, activity, leader] = await Promise.all([
+    reads.lanes.get(),
+    reads.activity.get(),
+    leaderInfo(reads.db, reads.schema),
+  ]);
   if (leader.worker) reads.noteInvalid([leader.worker]);
   const waitingLanes = leader.worker?.maintenance.waitingLanes ?? [];
   const waiting = new Set(waitingLanes.map(laneKey));
@@ -38,7 +49,14 @@ export async function lanes(reads: DashboardReads) {
         running: activity.data.get(l.laneId)?.running ?? 0,
         dead: activity.data.get(l.laneId)?.dead ?? 0,
         contention: c
-          ? { handedOff: c.handed_off, waiterLimit: c.waiter_limit, waiterTimedOut: c.waiter_timed_out, failed: c.failed, lastOutcome: c.lastOutcome, lastAt: c.lastAt }
+          ? {
+              handedOff: c.handed_off,
+              waiterLimit: c.waiter_limit,
+              waiterTimedOut: c.waiter_timed_out,
+              failed: c.failed,
+              lastOutcome: c.lastOutcome,
+              lastAt: c.lastAt,
+            }
           : null,
         waiting: waiting.has(laneKey(l)),
       };
@@ -51,28 +69,47 @@ export async function tasks(reads: DashboardReads, url: URL) {
   const page = await listTasks(
     reads.db,
     reads.schema,
-    { state: state === undefined ? undefined : parseState(state), queue: optionalQueueQuery(url), type: optionalQuery(url, 'type') },
+    {
+      state: state === undefined ? undefined : parseState(state),
+      queue: optionalQueueQuery(url),
+      type: optionalQuery(url, 'type'),
+    },
     { after: optionalCursor(url), limit: queryLimit(url) },
   );
   // Running tasks whose handler overran its deadline (one index probe per running task shown).
-  const marks = await overdueMarks(reads.db, reads.schema, page.tasks.filter((t) => t.state === 'running').map((t) => t.id));
+  const marks = await overdueMarks(
+    reads.db,
+    reads.schema,
+    page.tasks.filter((t) => t.state === 'running').map((t) => t.id),
+  );
   return { ...page, tasks: page.tasks.map((t) => (marks.has(t.id) ? { ...t, overdue: marks.get(t.id) } : t)) };
 }
 
 export async function task(reads: DashboardReads, id: string) {
   taskId(id);
   const record = await getTask(reads.db, reads.schema, id);
-  if (!record) throw new HttpError(404, `task ${id} not found (never existed, removed, or its ring segment was reclaimed)`);
+  if (!record)
+    throw new HttpError(404, `task ${id} not found (never existed, removed, or its ring segment was reclaimed)`);
   const timeline = await taskTimeline(reads.db, reads.schema, id);
   // A handler still running past its deadline: marked on the page (stuck past the grace).
   const overdue = record.lease ? ((await overdueMarks(reads.db, reads.schema, [id])).get(id) ?? null) : null;
   // The lease token is the fence a holder settles with: never shown.
   const { lease, ...rest } = record;
-  return { task: { ...rest, lease: lease && { expiresAt: lease.expiresAt, worker: lease.worker, attempt: lease.attempt, overdue } }, timeline };
+  return {
+    task: {
+      ...rest,
+      lease: lease && { expiresAt: lease.expiresAt, worker: lease.worker, attempt: lease.attempt, overdue },
+    },
+    timeline,
+  };
 }
 
 function deadFilter(url: URL) {
-  return { queue: optionalQueueQuery(url), type: optionalQuery(url, 'type'), errorContains: optionalQuery(url, 'error', MAX_FILTER_TEXT_CHARS) };
+  return {
+    queue: optionalQueueQuery(url),
+    type: optionalQuery(url, 'type'),
+    errorContains: optionalQuery(url, 'error', MAX_FILTER_TEXT_CHARS),
+  };
 }
 
 export function dead(reads: DashboardReads, url: URL) {

@@ -6,7 +6,15 @@ import { metricsRequestHandler } from '../observability/metrics-http.js';
 import { validateAuthLimits } from './auth-limits.js';
 import { createDashboardHandler } from './handler.js';
 import { listen, type Listening, type RequestHandler } from '../http/listen.js';
-import { assertSafeBinding, DEFAULT_DASHBOARD_HOST, normaliseBasePath, validateAuth, validatePort, warnIfNoAuth, type DashboardOptions } from './options.js';
+import {
+  assertSafeBinding,
+  DEFAULT_DASHBOARD_HOST,
+  normaliseBasePath,
+  validateAuth,
+  validatePort,
+  warnIfNoAuth,
+  type DashboardOptions,
+} from './options.js';
 
 /** Dashboard settings a worker takes: the rest (database, schema, address) are the worker's own. */
 export type WorkerDashboardOptions = Omit<DashboardOptions, 'connectionString' | 'pool' | 'schema' | 'port' | 'host'>;
@@ -38,14 +46,16 @@ export interface ResolvedWorkerHttpOptions {
 
 /** Resolved in the Worker constructor, so a bad setting fails before anything starts. */
 export function resolveWorkerHttpOptions(o: WorkerHttpOptions): ResolvedWorkerHttpOptions {
-  if (typeof o !== 'object' || o === null) throw new BerthInputError('http must be an object { port, host?, metrics?, dashboard? }');
+  if (typeof o !== 'object' || o === null)
+    throw new BerthInputError('http must be an object { port, host?, metrics?, dashboard? }');
   const port = validatePort(o.port, 'http.port');
   const host = o.host ?? DEFAULT_DASHBOARD_HOST;
   if (typeof host !== 'string' || host === '') throw new BerthInputError('http.host must be a host name or address');
   const dashboard = o.dashboard === undefined || o.dashboard === false ? null : o.dashboard === true ? {} : o.dashboard;
   if (o.metrics === false && !dashboard) throw new BerthInputError('http serves nothing: turn on metrics or dashboard');
   if (dashboard) {
-    if (typeof dashboard !== 'object') throw new BerthInputError('http.dashboard must be true, false or dashboard options');
+    if (typeof dashboard !== 'object')
+      throw new BerthInputError('http.dashboard must be true, false or dashboard options');
     validateAuth(dashboard.auth);
     validateAuthLimits(dashboard.authLimits);
     assertSafeBinding(dashboard.auth, host);

@@ -26,17 +26,34 @@ export function isConnectionError(err: unknown): boolean {
   const code = typeof e.code === 'string' ? e.code : '';
   // Class 08: connection exception. 57P01-03: admin shutdown, crash shutdown, cannot connect now
   // (starting up / shutting down). 53300: too many connections. Node socket errors by name.
-  if (code.startsWith('08') || code === '57P01' || code === '57P02' || code === '57P03' || code === '53300') return true;
-  if (['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'ENOTFOUND', 'EHOSTUNREACH', 'ENETUNREACH', 'EAI_AGAIN'].includes(code)) return true;
+  if (code.startsWith('08') || code === '57P01' || code === '57P02' || code === '57P03' || code === '53300')
+    return true;
+  if (
+    [
+      'ECONNREFUSED',
+      'ECONNRESET',
+      'EPIPE',
+      'ETIMEDOUT',
+      'ENOTFOUND',
+      'EHOSTUNREACH',
+      'ENETUNREACH',
+      'EAI_AGAIN',
+    ].includes(code)
+  )
+    return true;
   const message = typeof e.message === 'string' ? e.message : '';
   // pg's own wording when the socket closes under it or a connect attempt times out.
-  return /Connection terminated|Client has encountered a connection error|connection timeout|timeout expired|Connection ended unexpectedly/i.test(message);
+  return /Connection terminated|Client has encountered a connection error|connection timeout|timeout expired|Connection ended unexpectedly/i.test(
+    message,
+  );
 }
 
 /** Build a pool whose idle clients' errors are logged, never thrown. */
 export function createPool(config: pg.PoolConfig, logger: Logger, label: string): pg.Pool {
   const pool = new pg.Pool(config);
-  pool.on('error', (err) => logger.warn({ err: err.message, pool: label }, 'idle database connection lost; the pool replaces it'));
+  pool.on('error', (err) =>
+    logger.warn({ err: err.message, pool: label }, 'idle database connection lost; the pool replaces it'),
+  );
   return pool;
 }
 
@@ -139,6 +156,9 @@ export async function inPoolTransaction<T>(
  * so `pg_stat_activity` shows whose session is whose, an operator can terminate one worker's
  * sessions, and leaderInfo can match the lock holder's session to its worker row exactly.
  */
-export function sessionName(role: 'worker' | 'read' | 'listen' | 'dashboard' | 'leader' | 'follower', workerId: string): string {
+export function sessionName(
+  role: 'worker' | 'read' | 'listen' | 'dashboard' | 'leader' | 'follower',
+  workerId: string,
+): string {
   return `berth ${role} ${workerId}`.replace(/[^\x20-\x7e]/gu, '?').slice(0, 63);
 }

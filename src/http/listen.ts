@@ -16,7 +16,12 @@ export interface Listening {
  * Listen on `host:port` and offer each request to `handlers` in order; 404 when none serves it.
  * Shared by the dashboard, the worker's http port and the standalone metrics server.
  */
-export async function listen(handlers: RequestHandler[], port: number, host: string, logger?: Logger): Promise<Listening> {
+export async function listen(
+  handlers: RequestHandler[],
+  port: number,
+  host: string,
+  logger?: Logger,
+): Promise<Listening> {
   const server = createServer((req, res) => {
     void (async () => {
       for (const handle of handlers) if (await handle(req, res)) return;

@@ -109,7 +109,10 @@ export class ElectionSession {
     } catch (err) {
       client.end().catch(() => undefined);
       this.backOff();
-      this.opts.logger.warn({ err: (err as Error).message, retryInMs: Math.round(this.nextConnectAt - Date.now()) }, 'maintenance election session could not connect');
+      this.opts.logger.warn(
+        { err: (err as Error).message, retryInMs: Math.round(this.nextConnectAt - Date.now()) },
+        'maintenance election session could not connect',
+      );
       return false;
     }
     if (this.closed) {
@@ -136,7 +139,9 @@ export class ElectionSession {
     this.backOff();
     this.opts.logger.warn(
       { err: err.message, how, leader: wasLeader, retryInMs: Math.round(this.nextConnectAt - Date.now()) },
-      wasLeader ? 'maintenance leader session failed; stepping down' : 'maintenance election session lost; reconnecting after backoff',
+      wasLeader
+        ? 'maintenance leader session failed; stepping down'
+        : 'maintenance election session lost; reconnecting after backoff',
     );
     if (wasLeader) this.opts.onLeaderSessionLost();
   }

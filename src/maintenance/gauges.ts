@@ -56,8 +56,12 @@ export async function readGauges(db: Queryable, schema: SchemaRef): Promise<Gaug
     liveWorkerParams(),
   );
   const snap: GaugeSnapshot = {
-    pending: new Map(), running: new Map(), dead: new Map(), oldestDueSeconds: 0,
-    pausedQueues: fleet.rows[0]!.paused, workers: fleet.rows[0]!.workers,
+    pending: new Map(),
+    running: new Map(),
+    dead: new Map(),
+    oldestDueSeconds: 0,
+    pausedQueues: fleet.rows[0]!.paused,
+    workers: fleet.rows[0]!.workers,
   };
   for (const r of res.rows) {
     snap.pending.set(r.type, Number(r.pending));

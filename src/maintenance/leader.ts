@@ -79,7 +79,9 @@ export function resolveMaintenanceOptions(options: MaintenanceOptions | undefine
     if (key === 'laneLockTimeoutMs' && value === null) continue;
     const integer = key === 'promoteBatchSize';
     if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || (integer && !Number.isInteger(value))) {
-      throw new BerthInputError(`maintenance option ${key} must be a positive ${integer ? 'integer' : 'number'}, got ${JSON.stringify(value)}`);
+      throw new BerthInputError(
+        `maintenance option ${key} must be a positive ${integer ? 'integer' : 'number'}, got ${JSON.stringify(value)}`,
+      );
     }
   }
   return o;
@@ -209,7 +211,10 @@ export class Maintenance {
           metrics.rescueHeld.set(r.held);
           // Logged when the number changes, not every run: a stuck handler can be held for hours.
           if (r.held !== this.lastHeld && r.held > 0) {
-            this.deps.logger.warn({ held: r.held }, 'lapsed leases left to their holders: their handlers still run past the deadline (see berth_task_stuck_handlers)');
+            this.deps.logger.warn(
+              { held: r.held },
+              'lapsed leases left to their holders: their handlers still run past the deadline (see berth_task_stuck_handlers)',
+            );
           }
           this.lastHeld = r.held;
           if (r.retried || r.dead) this.deps.logger.warn({ retried: r.retried, dead: r.dead }, 'rescued lapsed leases');
@@ -219,7 +224,10 @@ export class Maintenance {
         name: 'ring',
         intervalMs: o.ringIntervalMs,
         run: async () => {
-          const r = await maintainRing(pool, schema, { rotateAfterMs: o.ringRotateAfterMs, lockTimeoutMs: o.ringLockTimeoutMs });
+          const r = await maintainRing(pool, schema, {
+            rotateAfterMs: o.ringRotateAfterMs,
+            lockTimeoutMs: o.ringLockTimeoutMs,
+          });
           metrics.ringRotations.inc({ result: r.rotation });
           for (const p of r.prunes) metrics.ringPrunes.inc({ result: p.result, reason: 'reason' in p ? p.reason : '' });
         },
@@ -263,7 +271,14 @@ export class Maintenance {
       const took = performance.now() - started;
       this.deps.metrics.maintenanceSeconds.observe({ branch: b.name }, took / 1000);
       if (took > b.intervalMs) this.deps.metrics.maintenanceOverruns.inc({ branch: b.name });
-      const st = this.branchStats.get(b.name) ?? { runs: 0, failures: 0, overruns: 0, lastMs: 0, maxMs: 0, lastRunAt: null };
+      const st = this.branchStats.get(b.name) ?? {
+        runs: 0,
+        failures: 0,
+        overruns: 0,
+        lastMs: 0,
+        maxMs: 0,
+        lastRunAt: null,
+      };
       st.runs++;
       if (failures) st.failures++;
       if (took > b.intervalMs) st.overruns++;

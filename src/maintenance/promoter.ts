@@ -143,7 +143,14 @@ export class Promoter {
         const failing = [...this.failingLanes.entries()].filter(([k]) => this.failingUntil.has(k)).map(([, l]) => l);
         const skip = [...this.waitingLanes, ...skipThisTick.values(), ...failing];
         const started = performance.now();
-        const r = await promoteDueLanes(this.pool, this.schema, state, this.opts.batchSize, this.opts.laneLockTimeoutMs, skip);
+        const r = await promoteDueLanes(
+          this.pool,
+          this.schema,
+          state,
+          this.opts.batchSize,
+          this.opts.laneLockTimeoutMs,
+          skip,
+        );
         this.recordBatch(r.promoted, performance.now() - started);
         total += r.promoted;
         for (const f of r.failed) {
@@ -154,7 +161,10 @@ export class Promoter {
           this.failingLanes.set(key, f.lane);
           this.failingUntil.set(key, Date.now() + FAILING_LANE_COOLDOWN_MS);
           this.countContention(f.lane, state, 'failed');
-          this.logger.error({ err: f.error.message, lane: f.lane, state, retry_in_ms: FAILING_LANE_COOLDOWN_MS }, 'promotion of a lane failed; lane skipped for a while');
+          this.logger.error(
+            { err: f.error.message, lane: f.lane, state, retry_in_ms: FAILING_LANE_COOLDOWN_MS },
+            'promotion of a lane failed; lane skipped for a while',
+          );
         }
         for (const lane of r.contended) {
           skipThisTick.set(laneKey(lane), lane);
@@ -202,7 +212,14 @@ export class Promoter {
       for (;;) {
         if (this.abort.signal.aborted) return;
         const started = performance.now();
-        const n = await promoteDueLane(this.pool, this.schema, lane, this.opts.batchSize, this.opts.waiterLockTimeoutMs, this.abort.signal);
+        const n = await promoteDueLane(
+          this.pool,
+          this.schema,
+          lane,
+          this.opts.batchSize,
+          this.opts.waiterLockTimeoutMs,
+          this.abort.signal,
+        );
         this.recordBatch(n, performance.now() - started);
         if (n < this.opts.batchSize) return;
       }

@@ -19,7 +19,10 @@ export async function pruneDeadLetters(
   const { q: s } = bindSchema(schema);
   let total = 0;
   for (;;) {
-    const r = await db.query<{ n: number }>(`SELECT ${s}.prune_dead_letters($1::float8, $2::integer) AS n`, [retentionMs, batch]);
+    const r = await db.query<{ n: number }>(`SELECT ${s}.prune_dead_letters($1::float8, $2::integer) AS n`, [
+      retentionMs,
+      batch,
+    ]);
     const n = r.rows[0]?.n ?? 0;
     total += n;
     // Stops between batches when the leader steps down; the rest waits for the next run.
@@ -38,7 +41,10 @@ export const DEAD_WORKER_RETENTION_MS = 3600 * 1000;
  * deliberately not pruned here: the leader runs with runtime credentials, and a role that can
  * delete audit entries could erase its own trail. Operators prune it (see docs/operations.md).
  */
-export async function pruneOperatorHistory(db: Queryable, schema: SchemaRef): Promise<{ outcomeCounts: number; workers: number }> {
+export async function pruneOperatorHistory(
+  db: Queryable,
+  schema: SchemaRef,
+): Promise<{ outcomeCounts: number; workers: number }> {
   const { q: s } = bindSchema(schema);
   const ago = `now() - make_interval(secs => $1 / 1000.0)`;
   const ahead = `now() + make_interval(secs => $2 / 1000.0)`;

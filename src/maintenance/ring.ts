@@ -28,7 +28,12 @@ export async function readRingState(db: pg.Pool | pg.ClientBase, schema: SchemaR
        FROM ${s}.ring_state`,
   );
   const row = r.rows[0]!;
-  return { currentSegment: row.current_slot, segmentCount: row.slot_count, generation: Number(row.generation), ageMs: row.age_ms };
+  return {
+    currentSegment: row.current_slot,
+    segmentCount: row.slot_count,
+    generation: Number(row.generation),
+    ageMs: row.age_ms,
+  };
 }
 
 /**
@@ -75,11 +80,16 @@ export type PruneResult =
  * `blocked` instead of waiting. No task can be lost: every entry in a pruned segment was settled
  * or tombstoned. One statement: no client is checked out.
  */
-export async function pruneSegment(pool: pg.Pool, schema: SchemaRef, segment: number, lockTimeoutMs: number): Promise<PruneResult> {
-  const r = await pool.query<{ result: PruneOutcome }>(`SELECT ${bindSchema(schema).q}.prune_slot($1::smallint, $2::integer) AS result`, [
-    segment,
-    Math.max(1, Math.round(lockTimeoutMs)),
-  ]);
+export async function pruneSegment(
+  pool: pg.Pool,
+  schema: SchemaRef,
+  segment: number,
+  lockTimeoutMs: number,
+): Promise<PruneResult> {
+  const r = await pool.query<{ result: PruneOutcome }>(
+    `SELECT ${bindSchema(schema).q}.prune_slot($1::smallint, $2::integer) AS result`,
+    [segment, Math.max(1, Math.round(lockTimeoutMs))],
+  );
   const result = r.rows[0]!.result;
   if (result === 'pruned') return { segment, result };
   if (result === 'blocked') return { segment, result, reason: 'lock_timeout' };

@@ -52,7 +52,11 @@ export interface MetricsServer {
 }
 
 /** A standalone HTTP server serving only `GET /metrics` (404 elsewhere). */
-export async function startMetricsServer({ port, host = '127.0.0.1', registry }: MetricsServerOptions): Promise<MetricsServer> {
+export async function startMetricsServer({
+  port,
+  host = '127.0.0.1',
+  registry,
+}: MetricsServerOptions): Promise<MetricsServer> {
   const server = await listen([metricsRequestHandler(registry)], port, host);
   return { url: `${server.url}/metrics`, close: () => server.close() };
 }

@@ -213,7 +213,10 @@ export class Engine {
         // reconnect cuts the wait short. Each retry is one connection attempt per process.
         const delay = Math.round(Math.min(100 * 2 ** failures, FETCH_RETRY_MAX_MS) * (0.5 + Math.random() / 2));
         if (failures === 1 || failures % 10 === 0) {
-          this.deps.logger.warn({ err: (err as Error).message, retryInMs: delay, failures }, 'fetch failed; backing off');
+          this.deps.logger.warn(
+            { err: (err as Error).message, retryInMs: delay, failures },
+            'fetch failed; backing off',
+          );
         }
         if (this.retryNow.signal.aborted && !this.stopping) this.retryNow = new AbortController();
         await abortableSleep(delay, this.retryNow.signal);
@@ -251,7 +254,9 @@ export class Engine {
       this.wake('slot_freed');
     };
     const done: Promise<void> = this.execute(task, controller, freeSlot)
-      .catch((err) => this.deps.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed'))
+      .catch((err) =>
+        this.deps.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed'),
+      )
       // Stuck-handler containment (processor/stuck.ts): after the settlement is written, an
       // overdue lease row, if this run overran its deadline, has done its job.
       .then(() => this.stuckGuard.settled(key))
@@ -323,9 +328,17 @@ export class Engine {
     for (const t of unstarted) {
       const done = returnUnstarted(write, this.o.schema, t).then(
         (r) => {
-          if (!r.wrote) logger.warn({ task_id: t.id, task_type: t.type }, 'unstarted task could not be handed back: lease no longer held');
+          if (!r.wrote)
+            logger.warn(
+              { task_id: t.id, task_type: t.type },
+              'unstarted task could not be handed back: lease no longer held',
+            );
         },
-        (err: Error) => logger.warn({ err: err.message, task_id: t.id }, 'handing back an unstarted task failed; its lease will lapse'),
+        (err: Error) =>
+          logger.warn(
+            { err: err.message, task_id: t.id },
+            'handing back an unstarted task failed; its lease will lapse',
+          ),
       );
       this.executions.add(done);
       void done.finally(() => this.executions.delete(done));
@@ -339,7 +352,10 @@ export class Engine {
     ]);
     clearTimeout(timer);
     if (timedOut) {
-      logger.error({ still_running: this.runningTaskIds() }, 'handlers ignored their AbortSignal past the stop timeout; their leases will lapse');
+      logger.error(
+        { still_running: this.runningTaskIds() },
+        'handlers ignored their AbortSignal past the stop timeout; their leases will lapse',
+      );
     }
     // Against an unreachable database a stop does not wait out whole leases: they lapse instead.
     await this.deps.batcher.drain(this.o.stopTimeoutMs);

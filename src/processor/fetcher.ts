@@ -34,7 +34,8 @@ export class Fetcher {
   /** A wake notification's payload: producers and promotion name the lane they appended to. */
   noteLane(payload: string): void {
     const lane = Number(payload);
-    if (payload !== '' && Number.isInteger(lane) && lane > 0 && this.notifiedLanes.size < 64) this.notifiedLanes.add(lane);
+    if (payload !== '' && Number.isInteger(lane) && lane > 0 && this.notifiedLanes.size < 64)
+      this.notifiedLanes.add(lane);
   }
 
   async fetch(want: number): Promise<ClaimedTask[]> {

@@ -55,7 +55,10 @@ export type SettleAction =
  * What the fence answered: the write landed (`dead`: it moved the task to the dead letters), the
  * token no longer owned the lease, or the statement could not be written at all.
  */
-export type SettleAnswer = { kind: 'written'; dead: boolean } | { kind: 'refused' } | { kind: 'unwritten'; error: string };
+export type SettleAnswer =
+  | { kind: 'written'; dead: boolean }
+  | { kind: 'refused' }
+  | { kind: 'unwritten'; error: string };
 
 /** The outcome counted for each answer the settlement can get; null: not counted. */
 export type OutcomeByAnswer = Readonly<Record<SettleAnswer['kind'], Outcome | null>>;
@@ -82,12 +85,28 @@ const CONTINUE_FINAL_ERROR = 'continued without advancing on its final attempt';
 export function settlementFor(run: TaskRun, task: TaskAttempt): Settlement {
   switch (run.kind) {
     case 'unknown_type':
-      return { action: { kind: 'fail', error: run.error, delayMs: backoffDelayMs(task.backoff, task.attempt), permanent: false }, outcome: fenced('failure') };
+      return {
+        action: {
+          kind: 'fail',
+          error: run.error,
+          delayMs: backoffDelayMs(task.backoff, task.attempt),
+          permanent: false,
+        },
+        outcome: fenced('failure'),
+      };
     case 'expired_in_buffer':
       // Nothing ran, so nothing is counted; the refund keeps a slow process from burning attempts.
       return { action: { kind: 'return_unstarted' }, outcome: { written: null, refused: null, unwritten: null } };
     case 'late_claim':
-      return { action: { kind: 'fail', error: run.error, delayMs: backoffDelayMs(task.backoff, task.attempt), permanent: false }, outcome: fenced('timeout') };
+      return {
+        action: {
+          kind: 'fail',
+          error: run.error,
+          delayMs: backoffDelayMs(task.backoff, task.attempt),
+          permanent: false,
+        },
+        outcome: fenced('timeout'),
+      };
     case 'invalid_payload':
       return { action: { kind: 'fail', error: run.error, delayMs: 0, permanent: true }, outcome: fenced('failure') };
     default:
@@ -100,15 +119,32 @@ function afterHandler(run: Extract<TaskRun, HandlerRan>, task: TaskAttempt): Set
     // Interrupted by stop(): hand the lease back so another worker takes it within a poll.
     // A run that saved progress first is counted as continued whatever the release answers.
     const action: SettleAction = { kind: 'release', reason: 'shutdown', finalError: SHUTDOWN_FINAL_ERROR };
-    if (run.advanced) return { action, outcome: { written: 'continued', refused: 'continued', unwritten: 'continued' } };
+    if (run.advanced)
+      return { action, outcome: { written: 'continued', refused: 'continued', unwritten: 'continued' } };
     return { action, outcome: fenced('cancelled') };
   }
   const counted: Outcome = run.pastDeadline ? 'timeout' : 'failure';
   switch (run.kind) {
     case 'error':
-      return { action: { kind: 'fail', error: run.error, delayMs: backoffDelayMs(task.backoff, task.attempt), permanent: run.permanent }, outcome: fenced(counted) };
+      return {
+        action: {
+          kind: 'fail',
+          error: run.error,
+          delayMs: backoffDelayMs(task.backoff, task.attempt),
+          permanent: run.permanent,
+        },
+        outcome: fenced(counted),
+      };
     case 'contract_violation':
-      return { action: { kind: 'fail', error: run.error, delayMs: backoffDelayMs(task.backoff, task.attempt), permanent: false }, outcome: fenced(counted) };
+      return {
+        action: {
+          kind: 'fail',
+          error: run.error,
+          delayMs: backoffDelayMs(task.backoff, task.attempt),
+          permanent: false,
+        },
+        outcome: fenced(counted),
+      };
     case 'continue': {
       // AdvanceCursor already cleared the lease; this release is the safety net. Matching a row
       // means the slice advanced nothing and its next attempt repeats this one. A continue at

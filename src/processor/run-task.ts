@@ -87,7 +87,7 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     },
   };
   const started = performance.now();
-  let result: unknown = undefined;
+  let result: unknown;
   let error: unknown = null;
   let violation = false;
   try {
@@ -96,7 +96,9 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     // the handler, so it fails loudly instead of counting as a success.
     if (!isContractResult(result)) {
       violation = true;
-      error = new Error(`handler returned ${describeHandlerResult(result)}; a handler must return 'done', 'continue' or nothing`);
+      error = new Error(
+        `handler returned ${describeHandlerResult(result)}; a handler must return 'done', 'continue' or nothing`,
+      );
     }
   } catch (err) {
     error = err ?? new Error('handler threw a nullish value');

@@ -21,7 +21,13 @@ export interface SettleDeps {
  * table gives for the fence's answer. Never throws for a database fault: an unwritten settlement
  * lapses, and rescue runs the task again.
  */
-export async function settleTask(deps: SettleDeps, task: ClaimedTask, run: TaskRun, settlement: Settlement, log: Logger): Promise<void> {
+export async function settleTask(
+  deps: SettleDeps,
+  task: ClaimedTask,
+  run: TaskRun,
+  settlement: Settlement,
+  log: Logger,
+): Promise<void> {
   const answer = await write(deps, task, settlement, log);
   describe(task, run, settlement, answer, log, deps.debugEnabled);
   const outcome: Outcome | null = settlement.outcome[answer.kind];
@@ -36,7 +42,12 @@ async function write(deps: SettleDeps, task: ClaimedTask, settlement: Settlement
       return r.kind === 'settled' ? { kind: 'written', dead: false } : r;
     }
     case 'fail': {
-      const r = await deps.batcher.fail({ ref: task, error: action.error, delayMs: action.delayMs, permanent: action.permanent });
+      const r = await deps.batcher.fail({
+        ref: task,
+        error: action.error,
+        delayMs: action.delayMs,
+        permanent: action.permanent,
+      });
       return r.kind === 'settled' ? { kind: 'written', dead: r.dead } : r;
     }
     case 'release':
@@ -59,17 +70,33 @@ async function write(deps: SettleDeps, task: ClaimedTask, settlement: Settlement
 }
 
 /** The log lines of a settlement (operators search for these words; keep them stable). */
-function describe(task: ClaimedTask, run: TaskRun, settlement: Settlement, answer: SettleAnswer, log: Logger, debugEnabled: () => boolean): void {
+function describe(
+  task: ClaimedTask,
+  run: TaskRun,
+  settlement: Settlement,
+  answer: SettleAnswer,
+  log: Logger,
+  debugEnabled: () => boolean,
+): void {
   const action = settlement.action;
-  const ran = run.kind === 'done' || run.kind === 'continue' || run.kind === 'error' || run.kind === 'contract_violation' ? run : null;
+  const ran =
+    run.kind === 'done' || run.kind === 'continue' || run.kind === 'error' || run.kind === 'contract_violation'
+      ? run
+      : null;
   switch (action.kind) {
     case 'return_unstarted':
-      log.warn({ handed_back: answer.kind === 'written' }, 'prefetched task reached its deadline before a slot freed; handed back unstarted');
+      log.warn(
+        { handed_back: answer.kind === 'written' },
+        'prefetched task reached its deadline before a slot freed; handed back unstarted',
+      );
       return;
     case 'fail':
       if (answer.kind === 'refused') log.warn({ err: action.error }, 'RecordFailure was refused: lease lost');
       else if (answer.kind === 'unwritten') {
-        log.error({ err: action.error, settle_error: answer.error }, 'the failure could not be recorded (database unreachable); the lease will lapse and the task run again');
+        log.error(
+          { err: action.error, settle_error: answer.error },
+          'the failure could not be recorded (database unreachable); the lease will lapse and the task run again',
+        );
       } else if (ran) {
         (answer.dead ? log.error : log.warn).call(
           log,
@@ -80,12 +107,16 @@ function describe(task: ClaimedTask, run: TaskRun, settlement: Settlement, answe
       return;
     case 'release':
       if (action.reason === 'shutdown') {
-        if (answer.kind === 'written' && answer.dead) log.warn('released on its final attempt by shutdown; dead-lettered');
+        if (answer.kind === 'written' && answer.dead)
+          log.warn('released on its final attempt by shutdown; dead-lettered');
         if (answer.kind === 'refused' && !ran?.advanced) log.warn('shutdown release refused: lease no longer held');
         return;
       }
       if (answer.kind === 'written') {
-        log.warn({ dead: answer.dead, max_attempts: task.maxAttempts }, 'slice returned continue without advancing its cursor');
+        log.warn(
+          { dead: answer.dead, max_attempts: task.maxAttempts },
+          'slice returned continue without advancing its cursor',
+        );
       } else if (!ran?.advanced) {
         if (answer.kind === 'refused') log.warn('continue release refused: lease lost');
         return;
@@ -93,9 +124,13 @@ function describe(task: ClaimedTask, run: TaskRun, settlement: Settlement, answe
       if (ran?.pastDeadline) log.warn('slice continued at its deadline; recorded as timeout');
       return;
     case 'complete':
-      if (answer.kind === 'refused') log.warn('task finished but Dequeue was refused: lease lost (the task may run again)');
+      if (answer.kind === 'refused')
+        log.warn('task finished but Dequeue was refused: lease lost (the task may run again)');
       else if (answer.kind === 'unwritten') {
-        log.error({ settle_error: answer.error }, 'task finished but its completion could not be written (database unreachable); it will run again after its lease lapses');
+        log.error(
+          { settle_error: answer.error },
+          'task finished but its completion could not be written (database unreachable); it will run again after its lease lapses',
+        );
       } else {
         if (ran?.pastDeadline) log.warn('task reported done after its deadline');
         if (debugEnabled()) log.debug('task done');

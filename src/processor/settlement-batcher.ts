@@ -16,7 +16,10 @@ import { settledWith } from '../storage/settled.js';
  *   lease's own expiry, or kept failing). The lease lapses and rescue runs the task again.
  */
 export type CompleteResult = { kind: 'settled' } | { kind: 'refused' } | { kind: 'unwritten'; error: string };
-export type FailResult = { kind: 'settled'; dead: boolean } | { kind: 'refused' } | { kind: 'unwritten'; error: string };
+export type FailResult =
+  | { kind: 'settled'; dead: boolean }
+  | { kind: 'refused' }
+  | { kind: 'unwritten'; error: string };
 
 type Waiter<T> = { resolve: (v: T) => void };
 /** A lease to settle; `expiresAt` (epoch ms, the database's stamp) bounds how long a write is retried. */
@@ -121,7 +124,16 @@ export class SettlementBatcher {
     const refs = batch.map((b) => b.ref);
     const r = await this.withRetry('complete', refs, async (retry) => {
       const settled = await completeLeases(this.db, this.schema, refs);
-      if (retry) for (const k of (await settledWith(this.db, this.schema, refs.filter((x) => !settled.has(leaseKey(x))), 'completed')).keys()) settled.add(k);
+      if (retry)
+        for (const k of (
+          await settledWith(
+            this.db,
+            this.schema,
+            refs.filter((x) => !settled.has(leaseKey(x))),
+            'completed',
+          )
+        ).keys())
+          settled.add(k);
       return settled;
     });
     for (const b of batch) {
@@ -130,7 +142,9 @@ export class SettlementBatcher {
     }
   }
 
-  private async flushFailures(batch: { input: FailureInput & { ref: Settleable }; w: Waiter<FailResult> }[]): Promise<void> {
+  private async flushFailures(
+    batch: { input: FailureInput & { ref: Settleable }; w: Waiter<FailResult> }[],
+  ): Promise<void> {
     if (batch.length === 0) return;
     const inputs = batch.map((b) => b.input);
     const r = await this.withRetry(
@@ -140,7 +154,8 @@ export class SettlementBatcher {
         const recorded = await recordFailures(this.db, this.schema, inputs);
         if (retry) {
           const missing = inputs.map((i) => i.ref).filter((x) => !recorded.has(leaseKey(x)));
-          for (const [k, v] of await settledWith(this.db, this.schema, missing, 'failed')) recorded.set(k, v.dead ? 'dead' : 'retry');
+          for (const [k, v] of await settledWith(this.db, this.schema, missing, 'failed'))
+            recorded.set(k, v.dead ? 'dead' : 'retry');
         }
         return recorded;
       },
@@ -172,13 +187,19 @@ export class SettlementBatcher {
       try {
         const value = await fn(attempt > 1);
         this.metrics.settlementFlushSeconds.observe({ kind }, (performance.now() - started) / 1000);
-        if (attempt > 1) this.logger.info({ kind, attempts: attempt, tasks: refs.length }, 'settlement written after the database came back');
+        if (attempt > 1)
+          this.logger.info(
+            { kind, attempts: attempt, tasks: refs.length },
+            'settlement written after the database came back',
+          );
         return { ok: true, value };
       } catch (err) {
         const message = (err as Error).message;
         const connection = isConnectionError(err);
         const delay = Math.min(RETRY_BASE_MS * 2 ** (attempt - 1), RETRY_MAX_MS);
-        const giveUp = connection ? Date.now() + delay >= Math.min(until, this.giveUpAt) : attempt >= OTHER_ERROR_ATTEMPTS;
+        const giveUp = connection
+          ? Date.now() + delay >= Math.min(until, this.giveUpAt)
+          : attempt >= OTHER_ERROR_ATTEMPTS;
         if (giveUp || this.stopRetrying.signal.aborted) {
           this.logger.error(
             { err: message, kind, tasks: refs.length, attempts: attempt, database_unreachable: connection },
@@ -189,7 +210,10 @@ export class SettlementBatcher {
           return { ok: false, error: message };
         }
         if (attempt === 1 || !connection) {
-          this.logger.warn({ err: message, kind, attempt, database_unreachable: connection }, 'settlement flush failed; retrying');
+          this.logger.warn(
+            { err: message, kind, attempt, database_unreachable: connection },
+            'settlement flush failed; retrying',
+          );
         }
         await abortableSleep(delay, this.stopRetrying.signal);
       }

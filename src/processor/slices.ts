@@ -41,7 +41,11 @@ export class SliceLeaseLostError extends BerthError {
  * - a refused AdvanceCursor throws, so the processor's fenced settlement records the run as lost
  *   instead of releasing a row a new holder is running.
  */
-export async function runSlices<P, C>(payload: P, ctx: TaskContext<P>, opts: SliceOptions<P, C>): Promise<HandlerResult> {
+export async function runSlices<P, C>(
+  payload: P,
+  ctx: TaskContext<P>,
+  opts: SliceOptions<P, C>,
+): Promise<HandlerResult> {
   const budget = opts.sliceMs ?? DEFAULT_SLICE_MS;
   const sliceEnds = Date.now() + budget;
   let cursor = opts.cursorOf(payload);

@@ -119,7 +119,16 @@ export class StuckGuard {
     for (const [key, { task }] of this.running) {
       const deadline = task.leaseExpiresAt - this.opts.marginMs;
       if (now < deadline + this.protectAfterMs || this.watched.has(key)) continue;
-      const w: Watched = { key, task, deadline, stuckAt: deadline + this.opts.graceMs, running: true, stuck: false, protecting: null, protectedRow: false };
+      const w: Watched = {
+        key,
+        task,
+        deadline,
+        stuckAt: deadline + this.opts.graceMs,
+        running: true,
+        stuck: false,
+        protecting: null,
+        protectedRow: false,
+      };
       this.watched.set(key, w);
       this.protect(w);
       if (now >= w.stuckAt) this.report(w);
@@ -145,11 +154,21 @@ export class StuckGuard {
     const attempt = async (): Promise<boolean> => {
       for (;;) {
         try {
-          return await protectOverdueLease(this.db, this.schema, w.task, this.opts.workerId, w.stuckAt - Date.now(), this.opts.refreshMs * STALE_HEARTBEATS);
+          return await protectOverdueLease(
+            this.db,
+            this.schema,
+            w.task,
+            this.opts.workerId,
+            w.stuckAt - Date.now(),
+            this.opts.refreshMs * STALE_HEARTBEATS,
+          );
         } catch (err) {
           // A database blip: try again while the lease is live (rescue only takes lapsed ones).
           if (!w.running || this.stopped || Date.now() >= w.task.leaseExpiresAt) {
-            this.logger.warn({ ...this.fields(w), err: (err as Error).message }, 'could not protect the lease of a handler running past its deadline');
+            this.logger.warn(
+              { ...this.fields(w), err: (err as Error).message },
+              'could not protect the lease of a handler running past its deadline',
+            );
             return false;
           }
           await new Promise((r) => setTimeout(r, 1000).unref());
@@ -175,7 +194,12 @@ export class StuckGuard {
     this.stuckCount++;
     this.metrics.stuckHandlers.inc({ task_type: w.task.type });
     this.logger.warn(
-      { ...this.fields(w), deadline: new Date(w.deadline).toISOString(), grace_ms: this.opts.graceMs, stuck_slots: this.stuckCount },
+      {
+        ...this.fields(w),
+        deadline: new Date(w.deadline).toISOString(),
+        grace_ms: this.opts.graceMs,
+        stuck_slots: this.stuckCount,
+      },
       'handler is stuck: it ignored its AbortSignal and still runs past its deadline; its slot stays busy and its lease is kept from rescue while this process lives',
     );
     const limit = this.opts.exitOnStuckSlots;
@@ -191,7 +215,10 @@ export class StuckGuard {
     if (w.stuck) {
       this.stuckCount--;
       this.metrics.stuckHandlers.dec({ task_type: w.task.type });
-      this.logger.info({ ...this.fields(w), overdue_ms: Math.round(Date.now() - w.deadline) }, 'stuck handler returned; its slot is free again');
+      this.logger.info(
+        { ...this.fields(w), overdue_ms: Math.round(Date.now() - w.deadline) },
+        'stuck handler returned; its slot is free again',
+      );
     }
   }
 
@@ -207,7 +234,10 @@ export class StuckGuard {
     // After the settlement, never before: deleting first would let rescue take a lease whose
     // handler has returned but whose result is not written yet.
     await clearOverdueLease(this.db, this.schema, w.task).catch((err: Error) =>
-      this.logger.warn({ ...this.fields(w), err: err.message }, 'could not remove an overdue lease row; it goes stale and rescue removes it'),
+      this.logger.warn(
+        { ...this.fields(w), err: err.message },
+        'could not remove an overdue lease row; it goes stale and rescue removes it',
+      ),
     );
   }
 
@@ -224,7 +254,10 @@ export class StuckGuard {
       await refreshOverdueLeases(this.db, this.schema, this.opts.workerId, refs);
     } catch (err) {
       // The row stays fresh for STALE_HEARTBEATS intervals: one missed refresh loses nothing.
-      this.logger.warn({ err: (err as Error).message, leases: refs.length }, 'could not refresh overdue leases; retrying at the next interval');
+      this.logger.warn(
+        { err: (err as Error).message, leases: refs.length },
+        'could not refresh overdue leases; retrying at the next interval',
+      );
     }
   }
 }

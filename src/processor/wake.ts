@@ -40,7 +40,10 @@ export class WakeListener {
 
   private async connect(): Promise<void> {
     if (this.stopped) return;
-    const client = new pg.Client({ connectionString: this.opts.connectionString, application_name: this.opts.applicationName });
+    const client = new pg.Client({
+      connectionString: this.opts.connectionString,
+      application_name: this.opts.applicationName,
+    });
     const lost = (err?: Error) => {
       if (this.client !== client) return;
       this.client = null;

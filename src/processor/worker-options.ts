@@ -2,11 +2,19 @@ import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { BerthInputError } from '../errors.js';
 import { createLogger, type Logger } from '../logger.js';
-import { resolveMaintenanceOptions, type MaintenanceOptions, type ResolvedMaintenanceOptions } from '../maintenance/leader.js';
+import {
+  resolveMaintenanceOptions,
+  type MaintenanceOptions,
+  type ResolvedMaintenanceOptions,
+} from '../maintenance/leader.js';
 import { BerthMetrics } from '../metrics.js';
 import { DEFAULT_SCHEMA } from '../sql.js';
 import { DEFAULT_MAX_ATTEMPTS, type AnyTaskDefinition } from '../task.js';
-import { resolveWorkerHttpOptions, type ResolvedWorkerHttpOptions, type WorkerHttpOptions } from '../dashboard/worker-http.js';
+import {
+  resolveWorkerHttpOptions,
+  type ResolvedWorkerHttpOptions,
+  type WorkerHttpOptions,
+} from '../dashboard/worker-http.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 import { DEFAULT_STUCK_GRACE_MS } from './stuck.js';
 import type { EngineOptions } from './engine-options.js';
@@ -93,9 +101,27 @@ export const WORKER_DEFAULTS = Object.freeze({
 
 /** Every key WorkerOptions has: anything else is a typo, refused rather than ignored. */
 const WORKER_OPTION_KEYS: ReadonlySet<string> = new Set<keyof WorkerOptions>([
-  'connectionString', 'readConnectionString', 'tasks', 'slots', 'queues', 'schema', 'leaseMarginMs', 'prefetch',
-  'pollIntervalMs', 'defaultCeilingMs', 'stopTimeoutMs', 'statementTimeoutMs', 'maintenance', 'logger', 'metrics',
-  'workerId', 'listenReconnectBaseMs', 'heartbeatIntervalMs', 'http', 'stuckGraceMs', 'exitOnStuckSlots',
+  'connectionString',
+  'readConnectionString',
+  'tasks',
+  'slots',
+  'queues',
+  'schema',
+  'leaseMarginMs',
+  'prefetch',
+  'pollIntervalMs',
+  'defaultCeilingMs',
+  'stopTimeoutMs',
+  'statementTimeoutMs',
+  'maintenance',
+  'logger',
+  'metrics',
+  'workerId',
+  'listenReconnectBaseMs',
+  'heartbeatIntervalMs',
+  'http',
+  'stuckGraceMs',
+  'exitOnStuckSlots',
 ]);
 
 /** WorkerOptions with every default filled in and every value checked: what the worker runs on. */
@@ -138,9 +164,13 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
   const statementTimeoutMs = options.statementTimeoutMs ?? d.statementTimeoutMs;
   if (!(statementTimeoutMs > 0)) throw new BerthInputError('statementTimeoutMs must be > 0');
   const maintenanceOption = options.maintenance ?? d.maintenance;
-  const maintenance = maintenanceOption === false ? false : resolveMaintenanceOptions(maintenanceOption === true ? undefined : maintenanceOption);
+  const maintenance =
+    maintenanceOption === false
+      ? false
+      : resolveMaintenanceOptions(maintenanceOption === true ? undefined : maintenanceOption);
   const heartbeatIntervalMs = options.heartbeatIntervalMs ?? d.heartbeatIntervalMs;
-  if (heartbeatIntervalMs !== false && !(heartbeatIntervalMs > 0)) throw new BerthInputError('heartbeatIntervalMs must be > 0 or false');
+  if (heartbeatIntervalMs !== false && !(heartbeatIntervalMs > 0))
+    throw new BerthInputError('heartbeatIntervalMs must be > 0 or false');
   const http = options.http === undefined ? null : resolveWorkerHttpOptions(options.http);
   const stuckGraceMs = options.stuckGraceMs ?? d.stuckGraceMs;
   if (typeof stuckGraceMs !== 'number' || !Number.isFinite(stuckGraceMs) || stuckGraceMs < 0) {
@@ -148,7 +178,9 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
   }
   const exitOn = options.exitOnStuckSlots;
   if (exitOn !== undefined && !(Number.isInteger(exitOn) && exitOn >= 1 && exitOn <= slots)) {
-    throw new BerthInputError(`exitOnStuckSlots must be an integer from 1 to slots (${slots}), got ${JSON.stringify(exitOn)}`);
+    throw new BerthInputError(
+      `exitOnStuckSlots must be an integer from 1 to slots (${slots}), got ${JSON.stringify(exitOn)}`,
+    );
   }
   const defs = new Map<string, AnyTaskDefinition>();
   const ceilings = new Map<string, number>();

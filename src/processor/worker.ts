@@ -81,7 +81,7 @@ export class Worker {
   }
 
   async start(): Promise<void> {
-    if (this.starting) throw new Error('worker already started');
+    if (this.starting !== null) throw new Error('worker already started');
     this.starting = this.build();
     try {
       await this.starting;
@@ -186,7 +186,11 @@ export class Worker {
               leader: () => this.isLeader,
               maintenance: () =>
                 maintenance?.isLeader
-                  ? { branches: maintenance.stats(), waitingLanes: maintenance.waitingLanes(), contention: maintenance.contention() }
+                  ? {
+                      branches: maintenance.stats(),
+                      waitingLanes: maintenance.waitingLanes(),
+                      contention: maintenance.contention(),
+                    }
                   : {},
             },
             this.logger.child({ component: 'heartbeat' }),

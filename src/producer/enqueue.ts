@@ -2,8 +2,17 @@ import { BerthInputError } from '../errors.js';
 import { bindSchema, DEFAULT_SCHEMA, type Queryable } from '../sql.js';
 import { validatePayload, type TaskDefinition } from '../task.js';
 import {
-  checkInteger, checkKeys, checkMs, checkPayloadJson, checkText,
-  MAX_ATTEMPTS_LIMIT, MAX_DEDUPE_KEY_BYTES, MAX_QUEUE_BYTES, MAX_RUN_AT_MS, MAX_TYPE_CHARS, MIN_RUN_AT_MS,
+  checkInteger,
+  checkKeys,
+  checkMs,
+  checkPayloadJson,
+  checkText,
+  MAX_ATTEMPTS_LIMIT,
+  MAX_DEDUPE_KEY_BYTES,
+  MAX_QUEUE_BYTES,
+  MAX_RUN_AT_MS,
+  MAX_TYPE_CHARS,
+  MIN_RUN_AT_MS,
 } from '../limits.js';
 
 export interface EnqueueOptions {
@@ -79,7 +88,9 @@ export async function enqueueMany(
 ): Promise<EnqueueResult[]> {
   checkKeys(options, BATCH_OPTION_KEYS, 'enqueueMany options');
   const { name: schema, q: s } = bindSchema(options.schema ?? ENQUEUE_DEFAULTS.schema);
-  const prepared = await Promise.all(tasks.map((t, i) => resolveTaskSpec(t, i, tasks.length === 1 ? 'task' : `task #${i}`)));
+  const prepared = await Promise.all(
+    tasks.map((t, i) => resolveTaskSpec(t, i, tasks.length === 1 ? 'task' : `task #${i}`)),
+  );
   // One group per lane, visited in one global order (queue, priority, shard) so two
   // transactions never take lane locks in opposite orders. A default shard is chosen from the
   // transaction id; when a batch spans several lanes, resolve it here first (one extra round
@@ -87,7 +98,8 @@ export async function enqueueMany(
   // Not `laneKey` (src/lane.ts): before the shard is resolved a group is a lane-to-be (its shard
   // count stands in for the shard), and the sorted keys are the lock order, which every berth
   // version must share or two producers of different versions could deadlock.
-  const groupKey = (p: ResolvedTaskSpec) => JSON.stringify([p.queue, p.priority, p.shard, p.shard === null ? p.shards : 0]);
+  const groupKey = (p: ResolvedTaskSpec) =>
+    JSON.stringify([p.queue, p.priority, p.shard, p.shard === null ? p.shards : 0]);
   if (prepared.some((p) => p.shard === null) && new Set(prepared.map(groupKey)).size > 1) {
     const x = BigInt((await executor.query<{ x: string }>('SELECT txid_current()::text AS x')).rows[0]!.x);
     for (const p of prepared) if (p.shard === null) p.shard = Number(x % BigInt(p.shards));
@@ -109,7 +121,12 @@ export async function enqueueMany(
       const chunk = group.slice(start, start + CHUNK);
       const first = chunk[0]!;
       // Named, so each connection parses and plans it once (it is the producer's hot path).
-      const res = await executor.query<{ ord: number; id: string | null; state: EnqueueResult['state']; duplicate_of: string | null }>({
+      const res = await executor.query<{
+        ord: number;
+        id: string | null;
+        state: EnqueueResult['state'];
+        duplicate_of: string | null;
+      }>({
         name: `berth-enqueue:${schema}`,
         text: `SELECT ord, id::text AS id, state, duplicate_of::text AS duplicate_of
            FROM ${s}.enqueue($1, $2::smallint, $3::smallint, $4::smallint, $5::text[], $6::jsonb[],
@@ -157,9 +174,20 @@ interface ResolvedTaskSpec {
 }
 
 const SPEC_KEYS: ReadonlySet<string> = new Set([
-  'type', 'payload', 'runAt', 'delay', 'priority', 'queue', 'dedupeKey', 'maxAttempts', 'shard', 'shards',
+  'type',
+  'payload',
+  'runAt',
+  'delay',
+  'priority',
+  'queue',
+  'dedupeKey',
+  'maxAttempts',
+  'shard',
+  'shards',
 ]);
-const OPTION_KEYS: ReadonlySet<string> = new Set([...SPEC_KEYS, 'schema'].filter((k) => k !== 'type' && k !== 'payload'));
+const OPTION_KEYS: ReadonlySet<string> = new Set(
+  [...SPEC_KEYS, 'schema'].filter((k) => k !== 'type' && k !== 'payload'),
+);
 const BATCH_OPTION_KEYS: ReadonlySet<string> = new Set(['schema']);
 /** Why delay is bounded: the run time it gives must be a storable runAt. */
 const DELAY_WHY = ' (the run time must fall before year 10000)';
@@ -188,14 +216,18 @@ async function resolveTaskSpec(t: TaskSpec, index: number, where: string): Promi
   if (json === undefined) throw new BerthInputError(`${where} (${type}): payload is not JSON-serialisable`);
   checkPayloadJson(json, where, type);
   // Any name is a queue, the empty one included (seed 003: storage rejects only NULL).
-  const queue = t.queue === undefined ? ENQUEUE_DEFAULTS.queue : checkText(t.queue, 'queue', where, { maxBytes: MAX_QUEUE_BYTES });
-  const priority = t.priority === undefined ? ENQUEUE_DEFAULTS.priority : checkInteger(t.priority, 'priority', where, -32768, 32767);
+  const queue =
+    t.queue === undefined ? ENQUEUE_DEFAULTS.queue : checkText(t.queue, 'queue', where, { maxBytes: MAX_QUEUE_BYTES });
+  const priority =
+    t.priority === undefined ? ENQUEUE_DEFAULTS.priority : checkInteger(t.priority, 'priority', where, -32768, 32767);
   const shards = t.shards === undefined ? ENQUEUE_DEFAULTS.shards : checkInteger(t.shards, 'shards', where, 1, 64);
   const shard = t.shard === undefined ? null : checkInteger(t.shard, 'shard', where, 0, 63);
   if (t.runAt !== undefined) {
     const ms = t.runAt instanceof Date ? t.runAt.getTime() : NaN;
     if (!(ms >= MIN_RUN_AT_MS && ms <= MAX_RUN_AT_MS)) {
-      throw new BerthInputError(`${where}: runAt must be a valid Date from year 1 to 9999 (got ${t.runAt instanceof Date ? t.runAt.toString() : typeof t.runAt})`);
+      throw new BerthInputError(
+        `${where}: runAt must be a valid Date from year 1 to 9999 (got ${t.runAt instanceof Date ? t.runAt.toString() : typeof t.runAt})`,
+      );
     }
   }
   // Measured on the database clock; bounded with this one (the bound is millennia away).
@@ -204,7 +236,9 @@ async function resolveTaskSpec(t: TaskSpec, index: number, where: string): Promi
   const maxAttempts = t.maxAttempts ?? def?.maxAttempts ?? null;
   if (maxAttempts !== null) checkInteger(maxAttempts, 'maxAttempts', where, 1, MAX_ATTEMPTS_LIMIT);
   const dedupeKey =
-    t.dedupeKey === undefined ? null : checkText(t.dedupeKey, 'dedupeKey', where, { maxBytes: MAX_DEDUPE_KEY_BYTES, nonEmpty: true });
+    t.dedupeKey === undefined
+      ? null
+      : checkText(t.dedupeKey, 'dedupeKey', where, { maxBytes: MAX_DEDUPE_KEY_BYTES, nonEmpty: true });
   return {
     index,
     type,

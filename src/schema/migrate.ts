@@ -36,7 +36,8 @@ const CONNECTION_KEYS = ['connectionString', 'client', 'schema'] as const;
 function checkKeys(options: object, allowed: readonly string[], what: string): void {
   if (typeof options !== 'object' || options === null) throw new BerthInputError(`${what} needs an options object`);
   for (const key of Object.keys(options)) {
-    if (!allowed.includes(key)) throw new BerthInputError(`unknown ${what} option "${key}" (known: ${allowed.join(', ')})`);
+    if (!allowed.includes(key))
+      throw new BerthInputError(`unknown ${what} option "${key}" (known: ${allowed.join(', ')})`);
   }
 }
 
@@ -150,7 +151,9 @@ export async function migrate(options: MigrateOptions): Promise<MigrationReport>
   const producers = roleList(options.producerRoles, 'producerRoles');
   const both = roles.filter((r) => producers.includes(r));
   if (both.length > 0) {
-    throw new BerthInputError(`role ${both.map((r) => `"${r}"`).join(', ')} is in both runtimeRoles and producerRoles; a role has one kind`);
+    throw new BerthInputError(
+      `role ${both.map((r) => `"${r}"`).join(', ')} is in both runtimeRoles and producerRoles; a role has one kind`,
+    );
   }
   return withClient(options, 'migrate', async (client) => {
     const s = quoteIdent(schema);
@@ -224,7 +227,10 @@ export async function grantRuntimeRole(options: GrantRuntimeRoleOptions): Promis
   const schema = options.schema ?? DEFAULT_SCHEMA;
   const role = roleName(options.role, 'grantRuntimeRole needs a role name');
   const kind = options.kind ?? 'worker';
-  if (!ROLE_KINDS.includes(kind)) throw new BerthInputError(`grantRuntimeRole kind must be ${ROLE_KINDS.map((k) => `"${k}"`).join(' or ')}, got ${JSON.stringify(kind)}`);
+  if (!ROLE_KINDS.includes(kind))
+    throw new BerthInputError(
+      `grantRuntimeRole kind must be ${ROLE_KINDS.map((k) => `"${k}"`).join(' or ')}, got ${JSON.stringify(kind)}`,
+    );
   await withClient(options, 'grantRuntimeRole', async (client) => {
     await requireRoles(client, [role]);
     await inTransaction(client, async () => {
@@ -253,7 +259,9 @@ async function applyGrants(client: pg.ClientBase, schema: string, role: string, 
     [schema, `${quoteIdent(schema)}.lanes`, role],
   );
   if (owners.rows[0]?.owns) {
-    throw new BerthInputError(`role "${role}" owns schema "${schema}" (or its tables): grant the ${kind} privileges to a separate role`);
+    throw new BerthInputError(
+      `role "${role}" owns schema "${schema}" (or its tables): grant the ${kind} privileges to a separate role`,
+    );
   }
   for (const statement of runtimeGrantStatements(schema, role, kind)) await client.query(statement);
 }
@@ -266,7 +274,9 @@ async function requireRoles(client: pg.ClientBase, roles: readonly string[]): Pr
     [roles],
   );
   if (missing.rows.length > 0) {
-    throw new BerthInputError(`role ${missing.rows.map((r) => `"${r.name}"`).join(', ')} does not exist; create it first`);
+    throw new BerthInputError(
+      `role ${missing.rows.map((r) => `"${r.name}"`).join(', ')} does not exist; create it first`,
+    );
   }
 }
 
@@ -284,8 +294,16 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
     [`${s}.lanes`, `${s}.${LATEST_MARKER}`],
   );
   const row = r.rows[0]!;
-  if (!row.core) throw new SchemaNotMigratedError(schema, `berth schema "${schema}" is not migrated (no such tables): run \`berth migrate --schema ${schema}\` or migrate()`);
-  if (!row.latest) throw new SchemaNotMigratedError(schema, `berth schema "${schema}" is older than this code (version ${LATEST_SCHEMA_VERSION}): run \`berth migrate --schema ${schema}\` or migrate()`);
+  if (!row.core)
+    throw new SchemaNotMigratedError(
+      schema,
+      `berth schema "${schema}" is not migrated (no such tables): run \`berth migrate --schema ${schema}\` or migrate()`,
+    );
+  if (!row.latest)
+    throw new SchemaNotMigratedError(
+      schema,
+      `berth schema "${schema}" is older than this code (version ${LATEST_SCHEMA_VERSION}): run \`berth migrate --schema ${schema}\` or migrate()`,
+    );
 }
 
 /** A function the newest migration creates: its presence means the schema is current. */
@@ -317,7 +335,11 @@ async function schemaVersion(client: pg.ClientBase, schema: string): Promise<num
 }
 
 /** Run `fn` on the caller's client, or on a client of its own that is closed afterwards. */
-export async function withClient<T>(options: ConnectionOptions, what: string, fn: (client: pg.ClientBase) => Promise<T>): Promise<T> {
+export async function withClient<T>(
+  options: ConnectionOptions,
+  what: string,
+  fn: (client: pg.ClientBase) => Promise<T>,
+): Promise<T> {
   if (options.client) return fn(options.client);
   if (!options.connectionString) throw new Error(`${what} needs a connectionString (or DATABASE_URL) or a client`);
   // A fault mid-migration surfaces as the failed statement's error (the transaction rolls

@@ -44,11 +44,15 @@ export function parseMigration(fileName: string, text: string): Migration {
   const name = NAME_LINE.exec(header[0] ?? '')?.[1];
   if (name === undefined) throw new Error(`migration file ${fileName}: the first line must be "-- name: <name>"`);
   const notComment = header.find((l) => !l.startsWith('--'));
-  if (notComment !== undefined) throw new Error(`migration file ${fileName}: the header (up to the first empty line) holds comments only, found "${notComment}"`);
+  if (notComment !== undefined)
+    throw new Error(
+      `migration file ${fileName}: the header (up to the first empty line) holds comments only, found "${notComment}"`,
+    );
   if (blank === -1) throw new Error(`migration file ${fileName}: no empty line ends the header`);
   const template = lines.slice(blank).join('\n');
   const unknown = unknownPlaceholders(template);
-  if (unknown.length > 0) throw new Error(`migration file ${fileName}: unknown placeholder(s) ${unknown.map((u) => `{{${u}}}`).join(', ')}`);
+  if (unknown.length > 0)
+    throw new Error(`migration file ${fileName}: unknown placeholder(s) ${unknown.map((u) => `{{${u}}}`).join(', ')}`);
   return { version: Number(version), name, sql: (schema) => renderPlaceholders(template, schema) };
 }
 
@@ -58,7 +62,9 @@ function loadMigrations(directory: URL): Migration[] {
   try {
     files = readdirSync(directory).filter((f) => f.endsWith('.sql'));
   } catch (err) {
-    throw new Error(`berth's migration files are missing (${directory.href}): ${(err as Error).message}`, { cause: err });
+    throw new Error(`berth's migration files are missing (${directory.href}): ${(err as Error).message}`, {
+      cause: err,
+    });
   }
   const migrations = files.map((f) => parseMigration(f, readFileSync(new URL(f, directory), 'utf8')));
   migrations.sort((a, b) => a.version - b.version);

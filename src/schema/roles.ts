@@ -49,7 +49,9 @@ const WORKER_FUNCTIONS = [
 const RING_TABLES = ['ready', 'leases', 'settlements', 'tombstones'] as const;
 
 function ringPartitions(s: string, tables: readonly string[]): string {
-  return tables.flatMap((t) => Array.from({ length: RING_SLOTS }, (_, segment) => `${s}.${quoteIdent(`${t}_${segment}`)}`)).join(', ');
+  return tables
+    .flatMap((t) => Array.from({ length: RING_SLOTS }, (_, segment) => `${s}.${quoteIdent(`${t}_${segment}`)}`))
+    .join(', ');
 }
 
 /** getTask reads these (through the partitioned parents, so no partition privilege). */
@@ -57,7 +59,12 @@ function producerGrants(s: string): Grant[] {
   return [
     { privileges: 'USAGE', on: `SCHEMA ${s}` },
     { privileges: 'EXECUTE', on: `FUNCTION ${s}.${ENQUEUE}` },
-    { privileges: 'SELECT', on: ['deferred', 'dead_letters', 'ready', 'leases', 'settlements', 'tombstones'].map((t) => `${s}.${t}`).join(', ') },
+    {
+      privileges: 'SELECT',
+      on: ['deferred', 'dead_letters', 'ready', 'leases', 'settlements', 'tombstones']
+        .map((t) => `${s}.${t}`)
+        .join(', '),
+    },
   ];
 }
 
@@ -93,7 +100,10 @@ function workerGrants(s: string): Grant[] {
     // INSERT: a task out of attempts is buried. UPDATE of exactly the columns the bury's
     // `ON CONFLICT (id) DO UPDATE` sets (a task with a dead letter already there dies again).
     // No DELETE: retention is prune_dead_letters'.
-    { privileges: 'SELECT, INSERT, UPDATE (payload, attempts, last_error, last_attempted_at, died_at)', on: `${s}.dead_letters` },
+    {
+      privileges: 'SELECT, INSERT, UPDATE (payload, attempts, last_error, last_attempted_at, died_at)',
+      on: `${s}.dead_letters`,
+    },
     // DELETE: a completed or buried task frees its dedupe key, in the settling statement itself
     // (the hot completion path). A forged delete can only let a second task with the key in; it
     // never loses or changes a task.

@@ -23,12 +23,19 @@ export type CompletableRef = LeaseRef & { dedupeKey?: string | null };
  * routing, no run-time pruning per probe). The slot comes from the claim, so the partition
  * constraint holds by construction.
  */
-export async function completeLeases(write: Queryable, schema: SchemaRef, refs: readonly CompletableRef[]): Promise<Set<string>> {
+export async function completeLeases(
+  write: Queryable,
+  schema: SchemaRef,
+  refs: readonly CompletableRef[],
+): Promise<Set<string>> {
   const bound = bindSchema(schema);
   const bySlot = new Map<number, CompletableRef[]>();
   for (const r of refs) {
     let g = bySlot.get(r.slot);
-    if (!g) bySlot.set(r.slot, (g = []));
+    if (!g) {
+      g = [];
+      bySlot.set(r.slot, g);
+    }
     g.push(r);
   }
   const settled = new Set<string>();
@@ -38,7 +45,12 @@ export async function completeLeases(write: Queryable, schema: SchemaRef, refs: 
   return settled;
 }
 
-async function completeInSlot(write: Queryable, schema: Schema, slot: number, refs: readonly CompletableRef[]): Promise<string[]> {
+async function completeInSlot(
+  write: Queryable,
+  schema: Schema,
+  slot: number,
+  refs: readonly CompletableRef[],
+): Promise<string[]> {
   const s = schema.q;
   const leases = `${s}.${quoteIdent(`leases_${slot}`)}`;
   const settlements = `${s}.${quoteIdent(`settlements_${slot}`)}`;

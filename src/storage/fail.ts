@@ -58,5 +58,7 @@ export async function recordFailures(
       items.map((i) => i.permanent),
     ],
   });
-  return new Map(res.rows.map((r) => [leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq }), r.dead ? 'dead' : 'retry']));
+  return new Map(
+    res.rows.map((r) => [leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq }), r.dead ? 'dead' : 'retry']),
+  );
 }

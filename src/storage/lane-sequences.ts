@@ -78,7 +78,9 @@ export async function listLaneSequenceProblems(db: Queryable, schema: SchemaRef)
     }));
   } catch (err) {
     if (errorCode(err) === UNDEFINED_TABLE) {
-      throw new Error(`schema "${name}" has no lane_sequence_problems view: migrate it first (berth migrate)`, { cause: err });
+      throw new Error(`schema "${name}" has no lane_sequence_problems view: migrate it first (berth migrate)`, {
+        cause: err,
+      });
     }
     throw err;
   }
@@ -98,7 +100,9 @@ export async function repairLaneSequences(db: Queryable, schema: SchemaRef): Pro
   for (const problem of await listLaneSequenceProblems(db, bound)) {
     let result: string;
     try {
-      const res = await db.query<{ result: string }>(`SELECT ${s}.repair_lane_sequence($1) AS result`, [problem.laneId]);
+      const res = await db.query<{ result: string }>(`SELECT ${s}.repair_lane_sequence($1) AS result`, [
+        problem.laneId,
+      ]);
       result = res.rows[0]!.result;
     } catch (err) {
       const code = errorCode(err);
@@ -108,7 +112,8 @@ export async function repairLaneSequences(db: Queryable, schema: SchemaRef): Pro
       else report.failed.push({ ...problem, error: (err as Error).message });
       continue;
     }
-    if (result === 'reassigned' || result === 'created' || result === 'ok') report.repaired.push({ ...problem, result });
+    if (result === 'reassigned' || result === 'created' || result === 'ok')
+      report.repaired.push({ ...problem, result });
     else if (result === 'busy') report.busy.push(problem);
     else if (result === 'not_permitted') report.notPermitted.push(problem);
     else report.failed.push({ ...problem, error: `repair_lane_sequence returned ${result}` });

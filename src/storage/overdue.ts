@@ -42,7 +42,12 @@ export async function protectOverdueLease(
  * The holder's proof of life for the leases it still runs: one statement for all of them.
  * Only rows of handlers running now are refreshed, so a row whose delete failed goes stale.
  */
-export async function refreshOverdueLeases(db: Queryable, schema: SchemaRef, workerId: string, refs: readonly LeaseRef[]): Promise<void> {
+export async function refreshOverdueLeases(
+  db: Queryable,
+  schema: SchemaRef,
+  workerId: string,
+  refs: readonly LeaseRef[],
+): Promise<void> {
   if (refs.length === 0) return;
   const { q: s } = bindSchema(schema);
   await db.query(
@@ -56,7 +61,11 @@ export async function refreshOverdueLeases(db: Queryable, schema: SchemaRef, wor
 /** The handler returned and its settlement was written (or refused): the row has done its job. */
 export async function clearOverdueLease(db: Queryable, schema: SchemaRef, ref: LeaseRef): Promise<void> {
   const { q: s } = bindSchema(schema);
-  await db.query(`DELETE FROM ${s}.overdue_leases WHERE lane_id = $1 AND lane_seq = $2 AND slot = $3`, [ref.laneId, ref.laneSeq, ref.slot]);
+  await db.query(`DELETE FROM ${s}.overdue_leases WHERE lane_id = $1 AND lane_seq = $2 AND slot = $3`, [
+    ref.laneId,
+    ref.laneSeq,
+    ref.slot,
+  ]);
 }
 
 /** What the dashboard shows for a lease still running past its deadline. */
@@ -72,11 +81,22 @@ export interface OverdueMark {
 }
 
 /** Overdue marks of these tasks' unsettled leases, by task id (most tasks have none). */
-export async function overdueMarks(db: Queryable, schema: SchemaRef, ids: readonly string[]): Promise<Map<string, OverdueMark>> {
+export async function overdueMarks(
+  db: Queryable,
+  schema: SchemaRef,
+  ids: readonly string[],
+): Promise<Map<string, OverdueMark>> {
   const out = new Map<string, OverdueMark>();
   if (ids.length === 0) return out;
   const { q: s } = bindSchema(schema);
-  const r = await db.query<{ id: string; worker_id: string; attempt: number; since: Date; stuck: boolean; protected: boolean }>(
+  const r = await db.query<{
+    id: string;
+    worker_id: string;
+    attempt: number;
+    since: Date;
+    stuck: boolean;
+    protected: boolean;
+  }>(
     `SELECT o.id::text AS id, o.worker_id, o.attempt, o.since, o.stuck_at <= now() AS stuck,
             o.seen_at > now() - o.stale_after AS protected
        FROM ${s}.overdue_leases o
@@ -85,6 +105,13 @@ export async function overdueMarks(db: Queryable, schema: SchemaRef, ids: readon
                          WHERE st.lane_id = o.lane_id AND st.lane_seq = o.lane_seq AND st.slot = o.slot)`,
     [ids],
   );
-  for (const row of r.rows) out.set(row.id, { worker: row.worker_id, attempt: row.attempt, since: row.since, stuck: row.stuck, protected: row.protected });
+  for (const row of r.rows)
+    out.set(row.id, {
+      worker: row.worker_id,
+      attempt: row.attempt,
+      since: row.since,
+      stuck: row.stuck,
+      protected: row.protected,
+    });
   return out;
 }

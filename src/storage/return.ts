@@ -54,14 +54,27 @@ async function returnLease(
          JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq
      ), ${settleAndMove(s, 'now()')}
      SELECT EXISTS (SELECT 1 FROM src) AS wrote, coalesce((SELECT bool_or(dead) FROM src), false) AS dead`,
-    [ref.slot, ref.laneId, ref.laneSeq, ref.token, mode, mode === 'advanced' ? JSON.stringify(payload ?? null) : null, finalError],
+    [
+      ref.slot,
+      ref.laneId,
+      ref.laneSeq,
+      ref.token,
+      mode,
+      mode === 'advanced' ? JSON.stringify(payload ?? null) : null,
+      finalError,
+    ],
   );
   const row = res.rows[0]!;
   return { wrote: row.wrote, dead: row.dead };
 }
 
 /** AdvanceCursor: commit slice progress. Resolves false when the lease was lost. */
-export async function advanceCursor(write: Queryable, schema: SchemaRef, ref: LeaseRef, payload: unknown): Promise<boolean> {
+export async function advanceCursor(
+  write: Queryable,
+  schema: SchemaRef,
+  ref: LeaseRef,
+  payload: unknown,
+): Promise<boolean> {
   return (await returnLease(write, schema, ref, 'advanced', payload, null)).wrote;
 }
 
@@ -74,6 +87,11 @@ export async function returnUnstarted(write: Queryable, schema: SchemaRef, ref: 
 }
 
 /** Release: give the task back due now with its burnt attempt kept. */
-export function releaseLease(write: Queryable, schema: SchemaRef, ref: LeaseRef, finalError: string): Promise<ReturnResult> {
+export function releaseLease(
+  write: Queryable,
+  schema: SchemaRef,
+  ref: LeaseRef,
+  finalError: string,
+): Promise<ReturnResult> {
   return returnLease(write, schema, ref, 'released', null, finalError);
 }

@@ -27,9 +27,22 @@ export interface TaskRecord extends Lane {
 export async function getTask(db: Queryable, schema: SchemaRef, id: string): Promise<TaskRecord | null> {
   const { q: s } = bindSchema(schema);
   const res = await db.query<{
-    id: string; type: string; state: TaskState; payload: unknown; queue: string; priority: number; shard: number;
-    attempts: number; max_attempts: number | null; dedupe_key: string | null; last_error: string | null;
-    created_at: Date; run_at: Date | null; token: string | null; expires_at: Date | null; worker: string | null;
+    id: string;
+    type: string;
+    state: TaskState;
+    payload: unknown;
+    queue: string;
+    priority: number;
+    shard: number;
+    attempts: number;
+    max_attempts: number | null;
+    dedupe_key: string | null;
+    last_error: string | null;
+    created_at: Date;
+    run_at: Date | null;
+    token: string | null;
+    expires_at: Date | null;
+    worker: string | null;
   }>(
     `SELECT id::text, type, state, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
             last_error, created_at, run_at, NULL AS token, NULL::timestamptz AS expires_at, NULL AS worker
@@ -71,7 +84,8 @@ export async function getTask(db: Queryable, schema: SchemaRef, id: string): Pro
     lastError: row.last_error,
     createdAt: row.created_at,
     runAt: row.run_at,
-    lease: row.token ? { token: row.token, expiresAt: row.expires_at!, worker: row.worker, attempt: row.attempts } : null,
+    lease: row.token
+      ? { token: row.token, expiresAt: row.expires_at!, worker: row.worker, attempt: row.attempts }
+      : null,
   };
 }
-

@@ -8,7 +8,18 @@
  * uid/gid. As any other user, the cluster runs as that user.
  */
 import { execFileSync, spawn } from 'node:child_process';
-import { appendFileSync, chownSync, closeSync, existsSync, fchownSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs';
+import {
+  appendFileSync,
+  chownSync,
+  closeSync,
+  existsSync,
+  fchownSync,
+  mkdirSync,
+  mkdtempSync,
+  openSync,
+  readFileSync,
+  rmSync,
+} from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -80,7 +91,12 @@ export class TestCluster {
         log_line_prefix: "'%m [%p] %a '",
         ...options.settings,
       };
-      appendFileSync(join(cluster.dataDir, 'postgresql.conf'), Object.entries(settings).map(([k, v]) => `${k} = ${v}\n`).join(''));
+      appendFileSync(
+        join(cluster.dataDir, 'postgresql.conf'),
+        Object.entries(settings)
+          .map(([k, v]) => `${k} = ${v}\n`)
+          .join(''),
+      );
       process.on('exit', cluster.exitGuard);
       await cluster.start();
       return cluster;
@@ -149,7 +165,10 @@ export class TestCluster {
   private stopSync(): void {
     try {
       if (existsSync(join(this.dataDir, 'postmaster.pid'))) {
-        execFileSync(join(PG_BIN, 'pg_ctl'), ['stop', '-D', this.dataDir, '-m', 'immediate', '-w'], { stdio: 'ignore', ...this.identity });
+        execFileSync(join(PG_BIN, 'pg_ctl'), ['stop', '-D', this.dataDir, '-m', 'immediate', '-w'], {
+          stdio: 'ignore',
+          ...this.identity,
+        });
       }
       rmSync(this.dir, { recursive: true, force: true });
     } catch {
@@ -178,7 +197,11 @@ export class TestCluster {
       child.once('error', reject);
       child.once('exit', (code, signal) => {
         if (code === 0) return resolve();
-        reject(new Error(`${binary} ${args.join(' ')} failed (${code ?? signal}):\n${readFileSync(out, 'utf8')}\n${this.logTail()}`));
+        reject(
+          new Error(
+            `${binary} ${args.join(' ')} failed (${code ?? signal}):\n${readFileSync(out, 'utf8')}\n${this.logTail()}`,
+          ),
+        );
       });
     }).finally(() => closeSync(fd));
   }

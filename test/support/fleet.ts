@@ -75,7 +75,11 @@ export class Fleet {
 
   /** Per killed pid: from the SIGKILL sent to the exit seen. */
   get kills(): Map<number, { start: number; end: number }> {
-    return new Map(this.all.filter((p) => p.killedAt !== null).map((p) => [p.pid, { start: p.killedAt!, end: p.exitedAt ?? Infinity }]));
+    return new Map(
+      this.all
+        .filter((p) => p.killedAt !== null)
+        .map((p) => [p.pid, { start: p.killedAt!, end: p.exitedAt ?? Infinity }]),
+    );
   }
 
   get runLogs(): string[] {
@@ -97,7 +101,9 @@ export class Fleet {
     await p.loaded;
     const ready = new Promise<FleetProcess>((resolve, reject) => {
       p.child.on('message', (m: Message) => m.kind === 'ready' && resolve(p));
-      p.child.once('exit', (code) => reject(new Error(`worker ${p.id} exited before it was ready (${code}):\n${this.outputTail(p)}`)));
+      p.child.once('exit', (code) =>
+        reject(new Error(`worker ${p.id} exited before it was ready (${code}):\n${this.outputTail(p)}`)),
+      );
     });
     if (!this.target) throw new Error('fleet.target is not set');
     p.child.send({ kind: 'start', ...this.target });
@@ -158,11 +164,23 @@ export class Fleet {
     const child = fork(FIXTURE, [], { execArgv: ['--import', 'tsx'], env, stdio: ['ignore', out, out, 'ipc'] });
     closeSync(out);
     const p: FleetProcess = {
-      id, pid: child.pid!, child, runLog, outFile,
-      activated: false, ready: false, leader: false, killedAt: null, stopping: false, exit: null, exitedAt: null,
+      id,
+      pid: child.pid!,
+      child,
+      runLog,
+      outFile,
+      activated: false,
+      ready: false,
+      leader: false,
+      killedAt: null,
+      stopping: false,
+      exit: null,
+      exitedAt: null,
       loaded: new Promise((resolve, reject) => {
         child.on('message', (m: Message) => m.kind === 'loaded' && resolve());
-        child.once('exit', (code) => reject(new Error(`process ${id} exited while loading (${code}):\n${this.outputTail(p)}`)));
+        child.once('exit', (code) =>
+          reject(new Error(`process ${id} exited while loading (${code}):\n${this.outputTail(p)}`)),
+        );
       }),
     };
     // Awaited by spawn(); a spare that dies unused is reported among the crashes instead.

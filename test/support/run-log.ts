@@ -77,7 +77,15 @@ export class RunLog {
   private add(rec: RunRecord): void {
     const key = `${rec.pid}:${rec.id}:${rec.attempt}`;
     if (rec.ev === 'start') {
-      const run: Run = { id: rec.id, attempt: rec.attempt, pid: rec.pid, start: rec.t, end: null, deadline: rec.deadline ?? Infinity, aborted: null };
+      const run: Run = {
+        id: rec.id,
+        attempt: rec.attempt,
+        pid: rec.pid,
+        start: rec.t,
+        end: null,
+        deadline: rec.deadline ?? Infinity,
+        aborted: null,
+      };
       this.open.set(key, run);
       this.all.push(run);
       return;
@@ -132,7 +140,11 @@ export interface DuplicateReport {
  * deadline (`late`). Pass a null window when the fault was only the kills: then the window
  * explains nothing.
  */
-export function explainDuplicates(runs: readonly Run[], window: FaultWindow | null, kills: ReadonlyMap<number, FaultWindow>): DuplicateReport {
+export function explainDuplicates(
+  runs: readonly Run[],
+  window: FaultWindow | null,
+  kills: ReadonlyMap<number, FaultWindow>,
+): DuplicateReport {
   const byTask = new Map<string, Run[]>();
   for (const r of runs) {
     const list = byTask.get(r.id);
@@ -141,7 +153,8 @@ export function explainDuplicates(runs: readonly Run[], window: FaultWindow | nu
   }
   const report: DuplicateReport = { tasks: 0, repeated: 0, late: 0, unexplained: [] };
   // Started before the window ended, and not done settling before it began.
-  const straddles = (r: Run, w: FaultWindow) => r.start <= w.end && (r.end === null || r.end + SETTLE_GRACE_MS >= w.start);
+  const straddles = (r: Run, w: FaultWindow) =>
+    r.start <= w.end && (r.end === null || r.end + SETTLE_GRACE_MS >= w.start);
   for (const [id, list] of byTask) {
     if (list.length < 2) continue;
     list.sort((a, b) => a.start - b.start);

@@ -38,7 +38,10 @@ function normalise(raw: string, schema: string, major: string): string {
     .filter((line) => !/^-- Dumped (from database|by pg_dump) version /.test(line) && !/^\\(un)?restrict /.test(line))
     .join('\n')
     .replace(new RegExp(`\\b${schema}\\b`, 'g'), DEFAULT_SCHEMA)
-    .replace(new RegExp(`(?<![\\w-])${regexLiteral(String(schemaLockKey(schema)))}(?!\\w)`, 'g'), String(schemaLockKey(DEFAULT_SCHEMA)))
+    .replace(
+      new RegExp(`(?<![\\w-])${regexLiteral(String(schemaLockKey(schema)))}(?!\\w)`, 'g'),
+      String(schemaLockKey(DEFAULT_SCHEMA)),
+    )
     .replace(/\n{3,}/g, '\n\n')
     .trimEnd();
   const header = [
@@ -56,7 +59,10 @@ function regexLiteral(text: string): string {
 function run(cmd: string, args: string[]): Promise<string> {
   return new Promise((resolve, reject) => {
     execFile(cmd, args, { maxBuffer: 64 * 1024 * 1024 }, (err, stdout, stderr) => {
-      if (err) reject(new Error(`${cmd} failed (set $PG_DUMP to the pg_dump to run): ${err.message}\n${stderr}`, { cause: err }));
+      if (err)
+        reject(
+          new Error(`${cmd} failed (set $PG_DUMP to the pg_dump to run): ${err.message}\n${stderr}`, { cause: err }),
+        );
       else resolve(stdout);
     });
   });

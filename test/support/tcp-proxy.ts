@@ -11,9 +11,7 @@ export class TcpProxy {
   private down = false;
   port = 0;
 
-  constructor(
-    private readonly target: { host: string; port: number },
-  ) {
+  constructor(private readonly target: { host: string; port: number }) {
     this.server = net.createServer((client) => {
       if (this.down) {
         client.destroy();

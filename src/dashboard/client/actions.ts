@@ -33,7 +33,8 @@ export async function act(label: string, path: string, body?: object, confirmTex
 }
 
 /** A button that runs `onClick`; none at all on a read-only dashboard. */
-export function actionButton(label: string, onClick: () => void, kind = ''): HTMLButtonElement | null {
+export function actionButton(label: string, onClick: () => void | Promise<void>, kind = ''): HTMLButtonElement | null {
   if (READ_ONLY) return null;
-  return h('button', { type: 'button', class: kind, onclick: onClick }, label);
+  // act() reports its own failures (a toast), so the click has nothing to await.
+  return h('button', { type: 'button', class: kind, onclick: () => void onClick() }, label);
 }

@@ -14,8 +14,10 @@ document.addEventListener('visibilitychange', () => {
 });
 window.addEventListener('hashchange', mount);
 document.getElementById('logout')?.addEventListener('click', () => {
-  fetch(`${BASE}/logout`, { method: 'POST', credentials: 'same-origin', headers: { 'x-berth-csrf': CSRF } }).then(() => {
-    location.href = `${BASE}/login`;
-  });
+  void fetch(`${BASE}/logout`, { method: 'POST', credentials: 'same-origin', headers: { 'x-berth-csrf': CSRF } }).then(
+    () => {
+      location.href = `${BASE}/login`;
+    },
+  );
 });
 mount();

@@ -3,7 +3,12 @@ import { num } from './format.js';
 import type { MinutePoint } from './wire.js';
 
 /** A chart of inline SVG bars, one per minute, oldest on the left. */
-export function barChart(title: string, points: readonly MinutePoint[], key: 'completed' | 'failed', cls: string): HTMLElement {
+export function barChart(
+  title: string,
+  points: readonly MinutePoint[],
+  key: 'completed' | 'failed',
+  cls: string,
+): HTMLElement {
   const W = 600;
   const H = 150;
   const PAD = 28;
@@ -27,7 +32,11 @@ export function barChart(title: string, points: readonly MinutePoint[], key: 'co
         height: bh.toFixed(1),
         class: `bar ${cls}`,
       },
-      s('title', {}, `${new Date(p.minute).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' })}: ${num(p[key])}`),
+      s(
+        'title',
+        {},
+        `${new Date(p.minute).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' })}: ${num(p[key])}`,
+      ),
     );
   });
   const axis = [

@@ -42,14 +42,22 @@ function setAttrs<E extends Element>(el: E, attrs: Attrs): E {
 }
 
 /** An HTML element. */
-export function h<K extends keyof HTMLElementTagNameMap>(tag: K, attrs: Attrs = {}, children: Child = []): HTMLElementTagNameMap[K] {
+export function h<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  attrs: Attrs = {},
+  children: Child = [],
+): HTMLElementTagNameMap[K] {
   return append(setAttrs(document.createElement(tag), attrs), children);
 }
 
 const SVG = 'http://www.w3.org/2000/svg';
 
 /** An SVG element (the charts). */
-export function s<K extends keyof SVGElementTagNameMap>(tag: K, attrs: Attrs = {}, children: Child = []): SVGElementTagNameMap[K] {
+export function s<K extends keyof SVGElementTagNameMap>(
+  tag: K,
+  attrs: Attrs = {},
+  children: Child = [],
+): SVGElementTagNameMap[K] {
   return append(setAttrs(document.createElementNS(SVG, tag), attrs), children);
 }
 

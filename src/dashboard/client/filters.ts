@@ -29,11 +29,19 @@ export function filterForm(page: string, fields: readonly Field[], params: URLSe
       fields.map((f) => {
         let input: HTMLInputElement | HTMLSelectElement;
         if (f.options) {
-          input = h('select', { name: f.name }, [h('option', { value: '' }, 'any'), f.options.map((o) => h('option', { value: o }, o))]);
+          input = h('select', { name: f.name }, [
+            h('option', { value: '' }, 'any'),
+            f.options.map((o) => h('option', { value: o }, o)),
+          ]);
           input.value = params.get(f.name) || '';
           input.addEventListener('change', () => form.requestSubmit());
         } else {
-          input = h('input', { name: f.name, type: 'search', placeholder: f.placeholder || 'any', value: params.get(f.name) || '' });
+          input = h('input', {
+            name: f.name,
+            type: 'search',
+            placeholder: f.placeholder || 'any',
+            value: params.get(f.name) || '',
+          });
         }
         inputs.set(f.name, input);
         return h('label', {}, [f.label, ' ', input]);

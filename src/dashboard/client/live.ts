@@ -59,7 +59,7 @@ export function refresh(now: boolean): void {
   const shown = state.shown;
   if (!shown) return;
   const gen = state.generation;
-  shown.page
+  void shown.page
     .load(shown.route)
     .then(
       (loaded) => {

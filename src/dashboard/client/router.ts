@@ -33,7 +33,8 @@ export function mount(): void {
   const page = PAGES.get(route.page);
   if (!page) throw new Error(`no page ${route.page}`);
   document.title = `${page.title} · berth`;
-  for (const a of document.querySelectorAll('[data-nav]')) a.classList.toggle('active', a.getAttribute('data-nav') === route.nav);
+  for (const a of document.querySelectorAll('[data-nav]'))
+    a.classList.toggle('active', a.getAttribute('data-nav') === route.nav);
   const top = page.mount(main, route);
   const body = h('div', { class: 'view-body' }, h('p', { class: 'muted' }, 'Loading…'));
   append(clear(main), [h('h1', {}, page.title), top, body]);

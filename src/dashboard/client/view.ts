@@ -38,6 +38,7 @@ export function page<T>(view: View<T>): Page {
   return {
     title: view.title,
     mount: (el, route) => (view.mount ? view.mount(el, route) : []),
-    load: (route) => view.load(route).then((data) => ({ text: JSON.stringify(data), draw: (el) => view.render(el, data, route) })),
+    load: (route) =>
+      view.load(route).then((data) => ({ text: JSON.stringify(data), draw: (el) => view.render(el, data, route) })),
   };
 }

@@ -12,8 +12,14 @@ export function stateBadges(state: string, overdue: OverdueMark | null | undefin
   if (!overdue) return badge(state);
   const title =
     `handler still running past its deadline since ${new Date(overdue.since).toLocaleString()} on ${overdue.worker}` +
-    (overdue.protected ? '; its lease is kept from rescue while that worker lives' : '; its holder stopped refreshing, rescue takes the lease');
-  const mark = h('span', { class: 'badge stuck', 'data-overdue': overdue.stuck ? 'stuck' : 'overdue', title }, overdue.stuck ? 'stuck' : 'overdue');
+    (overdue.protected
+      ? '; its lease is kept from rescue while that worker lives'
+      : '; its holder stopped refreshing, rescue takes the lease');
+  const mark = h(
+    'span',
+    { class: 'badge stuck', 'data-overdue': overdue.stuck ? 'stuck' : 'overdue', title },
+    overdue.stuck ? 'stuck' : 'overdue',
+  );
   return [badge(state), ' ', mark];
 }
 
@@ -21,7 +27,11 @@ export function stateBadges(state: string, overdue: OverdueMark | null | undefin
 export function when(iso: string | null | undefined): Child {
   if (!iso) return '';
   const d = new Date(iso);
-  return h('time', { datetime: iso, title: Number.isNaN(d.getTime()) ? String(iso) : `${d.toISOString()} (UTC)` }, time(iso));
+  return h(
+    'time',
+    { datetime: iso, title: Number.isNaN(d.getTime()) ? String(iso) : `${d.toISOString()} (UTC)` },
+    time(iso),
+  );
 }
 
 export interface Row {
@@ -33,8 +43,26 @@ export interface Row {
 export function table(headers: readonly string[], rows: readonly Row[], empty?: string): HTMLElement {
   if (rows.length === 0) return h('p', { class: 'muted empty' }, empty || 'Nothing here.');
   return h('table', {}, [
-    h('thead', {}, h('tr', {}, headers.map((x) => h('th', {}, x)))),
-    h('tbody', {}, rows.map((r) => h('tr', r.attrs || {}, r.cells.map((c) => h('td', {}, c))))),
+    h(
+      'thead',
+      {},
+      h(
+        'tr',
+        {},
+        headers.map((x) => h('th', {}, x)),
+      ),
+    ),
+    h(
+      'tbody',
+      {},
+      rows.map((r) =>
+        h(
+          'tr',
+          r.attrs || {},
+          r.cells.map((c) => h('td', {}, c)),
+        ),
+      ),
+    ),
   ]);
 }
 

@@ -108,12 +108,26 @@ export interface TaskDetail {
 }
 
 export interface DeadLetters {
-  deadLetters: { id: string; type: string; queue: string; attempts: number; lastError: string | null; diedAt: string }[];
+  deadLetters: {
+    id: string;
+    type: string;
+    queue: string;
+    attempts: number;
+    lastError: string | null;
+    diedAt: string;
+  }[];
   next: string | null;
 }
 
 export interface Queues {
-  queues: { queue: string; lanes: number; paused: boolean; pausedAt: string | null; pausedBy: string | null; reason: string | null }[];
+  queues: {
+    queue: string;
+    lanes: number;
+    paused: boolean;
+    pausedAt: string | null;
+    pausedBy: string | null;
+    reason: string | null;
+  }[];
 }
 
 export interface Branch {
@@ -150,4 +164,7 @@ export interface Maintenance {
 }
 
 /** What an action answers: a task action's result, a bulk dead-letter count, or a queue's lanes. */
-export type ActionAnswer = { result: string } | { matched: number; changed: number; duplicates: number } | { lanes: number };
+export type ActionAnswer =
+  | { result: string }
+  | { matched: number; changed: number; duplicates: number }
+  | { lanes: number };

@@ -14,7 +14,11 @@ let pager = new Pager();
 
 /** Retry or purge every dead letter the page's filter matches (all of them without one), after a count and a confirmation. */
 function bulkActions(r: Route): HTMLDivElement {
-  const filter = { queue: r.params.get('queue') || undefined, type: r.params.get('type') || undefined, error: r.params.get('error') || undefined };
+  const filter = {
+    queue: r.params.get('queue') || undefined,
+    type: r.params.get('type') || undefined,
+    error: r.params.get('error') || undefined,
+  };
   const scoped = Boolean(filter.queue || filter.type || filter.error);
   const what = scoped ? 'matching this filter' : '(all of them)';
   const bulk = (action: 'retry' | 'purge', label: string) =>
@@ -22,7 +26,13 @@ function bulkActions(r: Route): HTMLDivElement {
       label + (scoped ? ' all matching' : ' all'),
       () => {
         api<{ count: number }>(`/api/dead/count${query(filter)}`).then(
-          (c) => act(label, `/api/dead/${action}`, scoped ? filter : { all: true }, `${label} ${num(c.count)} dead letter(s) ${what}?`),
+          (c) =>
+            act(
+              label,
+              `/api/dead/${action}`,
+              scoped ? filter : { all: true },
+              `${label} ${num(c.count)} dead letter(s) ${what}?`,
+            ),
           (err: unknown) => toast(messageOf(err), true),
         );
       },
@@ -49,7 +59,9 @@ export const dead: View<DeadLetters> = {
     ];
   },
   load: (r) =>
-    api<DeadLetters>(`/api/dead${query({ queue: r.params.get('queue'), type: r.params.get('type'), error: r.params.get('error'), after: pager.after })}`),
+    api<DeadLetters>(
+      `/api/dead${query({ queue: r.params.get('queue'), type: r.params.get('type'), error: r.params.get('error'), after: pager.after })}`,
+    ),
   render: (el, d) => {
     append(clear(el), [
       table(
@@ -67,7 +79,11 @@ export const dead: View<DeadLetters> = {
               ? ''
               : h('span', { class: 'row-actions' }, [
                   actionButton('Retry', () => act(`Retry ${x.id}`, `/api/tasks/${x.id}/retry`)),
-                  actionButton('Delete', () => act(`Delete ${x.id}`, `/api/tasks/${x.id}/delete`, {}, `Delete dead letter ${x.id}?`), 'danger'),
+                  actionButton(
+                    'Delete',
+                    () => act(`Delete ${x.id}`, `/api/tasks/${x.id}/delete`, {}, `Delete dead letter ${x.id}?`),
+                    'danger',
+                  ),
                 ]),
           ],
         })),

@@ -19,7 +19,11 @@ export const maintenance: View<Maintenance> = {
             `Session pid ${l.session.pid} (${l.session.applicationName})${l.session.clientAddr ? ` from ${l.session.clientAddr}` : ''}, connected since ${time(l.session.since)}.`,
             l.worker ? ` Worker ${l.worker.workerId}.` : ' Its heartbeat is not fresh.',
           ])
-        : h('p', { class: 'error-text', id: 'leader' }, 'No maintenance leader: nothing is promoting, rescuing or pruning.'),
+        : h(
+            'p',
+            { class: 'error-text', id: 'leader' },
+            'No maintenance leader: nothing is promoting, rescuing or pruning.',
+          ),
       table(
         ['Branch', 'Runs', 'Last', 'Max', 'Overruns', 'Failures', 'Last run'],
         Object.entries(branches)
@@ -39,7 +43,11 @@ export const maintenance: View<Maintenance> = {
       ),
       h('h3', {}, 'Lanes waiting for promotion'),
       waiting.length
-        ? h('ul', {}, waiting.map((w) => h('li', {}, `${w.queue} / priority ${w.priority} / shard ${w.shard}`)))
+        ? h(
+            'ul',
+            {},
+            waiting.map((w) => h('li', {}, `${w.queue} / priority ${w.priority} / shard ${w.shard}`)),
+          )
         : h('p', { class: 'muted' }, 'None.'),
       h('h2', {}, 'Workers'),
       table(
@@ -72,7 +80,13 @@ export const maintenance: View<Maintenance> = {
       table(
         ['When', 'Who', 'Action', 'Target', 'Result'],
         d.audit.map((a) => ({
-          cells: [when(a.at), a.actor, a.action, h('span', { class: 'mono' }, clip(json(a.target), 120)), h('span', { class: 'mono' }, clip(json(a.result), 120))],
+          cells: [
+            when(a.at),
+            a.actor,
+            a.action,
+            h('span', { class: 'mono' }, clip(json(a.target), 120)),
+            h('span', { class: 'mono' }, clip(json(a.result), 120)),
+          ],
         })),
         'No operator actions yet.',
       ),

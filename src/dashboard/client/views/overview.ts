@@ -15,7 +15,12 @@ export const overview: View<Overview> = {
       card('Pending', num(t.pending), 'not finished yet', 'pending'),
       card('Running', num(t.running), 'under a live lease', 'running'),
       card('Dead letters', num(t.dead), 'out of attempts', t.dead > 0 ? 'dead' : ''),
-      card('Oldest due', d.oldestDue.seconds > 0 ? age(d.oldestDue.seconds) : '—', d.oldestDue.queue ? `in ${d.oldestDue.queue}` : 'nothing waiting', 'oldest'),
+      card(
+        'Oldest due',
+        d.oldestDue.seconds > 0 ? age(d.oldestDue.seconds) : '—',
+        d.oldestDue.queue ? `in ${d.oldestDue.queue}` : 'nothing waiting',
+        'oldest',
+      ),
       card('Workers', num(d.workers.alive), `${num(d.workers.busy)} of ${num(d.workers.slots)} slots busy`, 'workers'),
       card(
         'Leader',
@@ -48,14 +53,22 @@ export const overview: View<Overview> = {
       ['Task type', 'Pending', 'Running', 'Dead'],
       d.counts.byType.map((c) => ({
         attrs: { 'data-type': c.type },
-        cells: [h('a', { href: `#/tasks${query({ type: c.type })}` }, c.type), num(c.pending), num(c.running), num(c.dead)],
+        cells: [
+          h('a', { href: `#/tasks${query({ type: c.type })}` }, c.type),
+          num(c.pending),
+          num(c.running),
+          num(c.dead),
+        ],
       })),
       'No task types yet.',
     );
     append(clear(el), [
       stats,
       charts,
-      h('div', { class: 'columns' }, [h('section', {}, [h('h2', {}, 'By queue'), byQueue]), h('section', {}, [h('h2', {}, 'By task type'), byType])]),
+      h('div', { class: 'columns' }, [
+        h('section', {}, [h('h2', {}, 'By queue'), byQueue]),
+        h('section', {}, [h('h2', {}, 'By task type'), byType]),
+      ]),
       h(
         'p',
         { class: 'muted small' },

@@ -11,13 +11,23 @@ export const queues: View<Queues> = {
   load: () => api<Queues>('/api/queues'),
   render: (el, d) => {
     append(clear(el), [
-      h('p', { class: 'muted' }, 'A paused queue keeps accepting tasks; workers stop claiming from it until it is resumed. Running tasks finish.'),
+      h(
+        'p',
+        { class: 'muted' },
+        'A paused queue keeps accepting tasks; workers stop claiming from it until it is resumed. Running tasks finish.',
+      ),
       table(
         ['Queue', 'Lanes', 'State', 'Paused by', 'Since', 'Reason', READ_ONLY ? '' : 'Action'],
         d.queues.map((q) => {
-          const reason = h('input', { type: 'text', placeholder: 'reason (optional)', 'data-keep': `reason:${q.queue}`, size: 18 });
+          const reason = h('input', {
+            type: 'text',
+            placeholder: 'reason (optional)',
+            'data-keep': `reason:${q.queue}`,
+            size: 18,
+          });
           const base = `/api/queues/${encodeURIComponent(q.queue)}`;
-          const pause = () => act(`Pause ${q.queue}`, `${base}/pause`, reason.value.trim() ? { reason: reason.value.trim() } : {});
+          const pause = () =>
+            act(`Pause ${q.queue}`, `${base}/pause`, reason.value.trim() ? { reason: reason.value.trim() } : {});
           return {
             attrs: { 'data-queue': q.queue },
             cells: [

@@ -25,12 +25,28 @@ function taskActions(t: TaskDetail['task']): HTMLDivElement | null {
   const base = `/api/tasks/${encodeURIComponent(t.id)}`;
   const has = (a: TaskAction) => allowed.includes(a);
   const queue = h('input', { type: 'text', placeholder: 'queue', 'data-keep': 'move-queue', size: 12 });
-  const priority = h('input', { type: 'number', placeholder: 'priority', 'data-keep': 'move-priority', min: -32768, max: 32767 });
+  const priority = h('input', {
+    type: 'number',
+    placeholder: 'priority',
+    'data-keep': 'move-priority',
+    min: -32768,
+    max: 32767,
+  });
   const retry = t.state === 'dead' ? 'Retry' : 'Run now';
   return h('div', { class: 'actions', id: 'task-actions' }, [
     has('retry') ? actionButton(retry, () => act(retry, `${base}/retry`)) : null,
-    has('cancel') ? actionButton('Cancel', () => act('Cancel', `${base}/cancel`, {}, `Cancel task ${t.id}? It is removed before it runs.`)) : null,
-    has('delete') ? actionButton('Delete', () => act('Delete', `${base}/delete`, {}, `Delete task ${t.id}? This cannot be undone.`), 'danger') : null,
+    has('cancel')
+      ? actionButton('Cancel', () =>
+          act('Cancel', `${base}/cancel`, {}, `Cancel task ${t.id}? It is removed before it runs.`),
+        )
+      : null,
+    has('delete')
+      ? actionButton(
+          'Delete',
+          () => act('Delete', `${base}/delete`, {}, `Delete task ${t.id}? This cannot be undone.`),
+          'danger',
+        )
+      : null,
     has('move')
       ? h('span', { class: 'move' }, [
           'Move to ',
@@ -42,7 +58,7 @@ function taskActions(t: TaskDetail['task']): HTMLDivElement | null {
             const body: { queue?: string; priority?: number } = {};
             if (queue.value.trim()) body.queue = queue.value.trim();
             if (priority.value !== '') body.priority = Number(priority.value);
-            act('Move', `${base}/move`, body);
+            return act('Move', `${base}/move`, body);
           }),
         ])
       : null,
@@ -64,13 +80,22 @@ export const task: View<TaskDetail> = {
       ['Dedupe key', t.dedupeKey || '—'],
       ['Created', when(t.createdAt)],
       ['Due', t.runAt ? when(t.runAt) : '—'],
-      ['Lease', t.lease ? `attempt ${t.lease.attempt} on ${t.lease.worker || '?'}, expires ${time(t.lease.expiresAt)}` : '—'],
+      [
+        'Lease',
+        t.lease ? `attempt ${t.lease.attempt} on ${t.lease.worker || '?'}, expires ${time(t.lease.expiresAt)}` : '—',
+      ],
     ];
     append(clear(el), [
       taskActions(t),
       h('h2', {}, ['Task ', h('span', { class: 'mono' }, t.id)]),
-      h('dl', { class: 'fields' }, fields.map(([name, value]) => [h('dt', {}, name), h('dd', { 'data-field': name.toLowerCase() }, value)])),
-      t.lastError ? [h('h3', {}, 'Last error'), h('pre', { class: 'error-text', id: 'last-error' }, t.lastError)] : null,
+      h(
+        'dl',
+        { class: 'fields' },
+        fields.map(([name, value]) => [h('dt', {}, name), h('dd', { 'data-field': name.toLowerCase() }, value)]),
+      ),
+      t.lastError
+        ? [h('h3', {}, 'Last error'), h('pre', { class: 'error-text', id: 'last-error' }, t.lastError)]
+        : null,
       h('h3', {}, 'Payload'),
       h('pre', { id: 'payload' }, json(t.payload, 2)),
       h('h3', {}, 'Timeline'),
@@ -78,7 +103,13 @@ export const task: View<TaskDetail> = {
         'ol',
         { class: 'timeline', id: 'timeline' },
         d.timeline.map((e) =>
-          h('li', { 'data-event': e.event }, [h('span', { class: 'when' }, when(e.at)), ' ', h('strong', {}, e.event), ' ', h('span', { class: 'mono muted' }, json(e.detail))]),
+          h('li', { 'data-event': e.event }, [
+            h('span', { class: 'when' }, when(e.at)),
+            ' ',
+            h('strong', {}, e.event),
+            ' ',
+            h('span', { class: 'mono muted' }, json(e.detail)),
+          ]),
         ),
       ),
     ]);

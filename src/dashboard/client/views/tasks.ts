@@ -29,7 +29,9 @@ export const tasks: View<TaskList> = {
     ];
   },
   load: (r) =>
-    api<TaskList>(`/api/tasks${query({ state: r.params.get('state'), queue: r.params.get('queue'), type: r.params.get('type'), after: pager.after })}`),
+    api<TaskList>(
+      `/api/tasks${query({ state: r.params.get('state'), queue: r.params.get('queue'), type: r.params.get('type'), after: pager.after })}`,
+    ),
   render: (el, d) => {
     append(clear(el), [
       table(
