@@ -4,33 +4,25 @@
 // package ships. Not minified and no source maps: the bundles stay readable in the browser's
 // debugger, and the package ships no map pointing at sources it does not include.
 //
-// Every file's first line names the sources it was built from (sha256, see clientSourceHash in
-// src/dashboard/assets.ts, which computes the same): run from src/, the server refuses a build
+// Every file's first line names the sources it was built from (sha256, clientSourceHash in
+// src/dashboard/client-hash.ts, imported from dist/): run from src/, the server refuses a build
 // older than the client's sources. Run by `npm run build` (after tsc) or `npm run build:client`.
-import { createHash } from 'node:crypto';
-import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { join, relative, sep } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { join, relative } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 import { build } from 'esbuild';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
 const src = join(root, 'src', 'dashboard', 'client');
 const out = join(root, 'dist', 'dashboard', 'static');
 
-/** As clientSourceHash in src/dashboard/assets.ts: change both together. */
-function clientSourceHash(dir) {
-  const files = readdirSync(dir, { recursive: true, withFileTypes: true })
-    .filter((d) => d.isFile() && /\.(ts|css)$/.test(d.name))
-    .map((d) => relative(dir, join(d.parentPath, d.name)).split(sep).join('/'))
-    .sort();
-  const hash = createHash('sha256');
-  for (const f of files)
-    hash
-      .update(`${f}\0`)
-      .update(readFileSync(join(dir, f)))
-      .update('\0');
-  return hash.digest('hex');
+// The same function src/dashboard/assets.ts checks with, from tsc's output (the build runs tsc first).
+const hashModule = join(root, 'dist', 'dashboard', 'client-hash.js');
+if (!existsSync(hashModule)) {
+  console.error(`build-client: ${relative(root, hashModule)} is missing; run npm run build (tsc comes first)`);
+  process.exit(1);
 }
+const { clientSourceHash } = await import(pathToFileURL(hashModule).href);
 
 const banner = `/* berth dashboard client: built by scripts/build-client.mjs from src/dashboard/client (sources sha256 ${clientSourceHash(src)}) */`;
 

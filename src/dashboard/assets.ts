@@ -1,7 +1,6 @@
-import { createHash } from 'node:crypto';
-import { readdirSync, readFileSync } from 'node:fs';
-import { join, relative, sep } from 'node:path';
+import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
+import { clientSourceHash } from './client-hash.js';
 
 /**
  * The dashboard's static assets: the browser client (/assets/app.js, /assets/login.js) and its
@@ -35,26 +34,6 @@ const FILES: readonly (readonly [path: string, file: string, contentType: string
 
 /** Content type and body by request path. Code and styles only, never data. */
 export type Assets = ReadonlyMap<string, readonly [contentType: string, body: string]>;
-
-/**
- * The hash scripts/build-client.mjs stamps: sha256 over the client's .ts and .css files (an
- * editor's swap file is not a source), by relative path in sorted order, each as
- * `path NUL content NUL`. The build script computes the same (it cannot import this TypeScript
- * module): change both together.
- */
-function clientSourceHash(dir: string): string {
-  const files = readdirSync(dir, { recursive: true, withFileTypes: true })
-    .filter((d) => d.isFile() && /\.(ts|css)$/.test(d.name))
-    .map((d) => relative(dir, join(d.parentPath, d.name)).split(sep).join('/'))
-    .sort();
-  const hash = createHash('sha256');
-  for (const f of files)
-    hash
-      .update(`${f}\0`)
-      .update(readFileSync(join(dir, f)))
-      .update('\0');
-  return hash.digest('hex');
-}
 
 let loaded: Assets | null = null;
 
