@@ -136,7 +136,7 @@ async function main(): Promise<void> {
         const values = [gs.map((g) => g.lane), gs.map((g) => g.from), gs.map((g) => g.token), gs.map((g) => multirange(g.seqs))];
         const slot = gs[0]!.slot; // one slot in this drain (all entries in slot 0)
         const res = mode === 'lock'
-          ? await c.query<{ seqs: string }>({ name: 'complete-lock', text: `SELECT seqs::text FROM ${s}.complete_ranges($1::smallint, $2, $3, $4, $5::int8multirange[])`, values: [slot, ...values] })
+          ? await c.query<{ seqs: string }>({ name: `complete-lock-${slot}`, text: `SELECT seqs::text FROM ${s}.${quoteIdent(`complete_ranges_${slot}`)}($1, $2, $3, $4::int8multirange[])`, values })
           : await c.query<{ seqs: string }>({ name: `complete-gist-${slot}`, text: completeGistSql(s, slot), values });
         flushes++;
         if (res.rows.length !== gs.length) throw new Error(`settled ${res.rows.length} of ${gs.length} leases`);

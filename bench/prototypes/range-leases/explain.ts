@@ -30,7 +30,7 @@ function capture(): Queryable & { last: { text: string; values: unknown[] } } {
     async query(textOrCfg: string | { text: string; values?: unknown[] }, values?: unknown[]) {
       if (typeof textOrCfg === 'string') q.last = { text: textOrCfg, values: values ?? [] };
       else q.last = { text: textOrCfg.text, values: textOrCfg.values ?? [] };
-      return { rows: [], rowCount: 0 } as unknown as pg.QueryResult;
+      return { rows: [{ retried: '0', dead: '0', held: '0' }], rowCount: 0 } as unknown as pg.QueryResult;
     },
   };
   return q as unknown as Queryable & { last: { text: string; values: unknown[] } };
@@ -63,7 +63,7 @@ async function main(): Promise<void> {
         FROM ${s}.ready r WHERE r.lane_seq <= ${HIST + 1}`);
     await c.query(`INSERT INTO ${s}.settlements (slot, lane_id, lane_seq, id, outcome)
       SELECT slot, lane_id, lane_seq, id, 'completed' FROM ${s}.leases WHERE lane_seq <= ${HIST}`);
-    await c.query(`VACUUM ANALYZE ${s}.ready; VACUUM ANALYZE ${s}.leases; VACUUM ANALYZE ${s}.settlements`);
+    for (const t of ['ready', 'leases', 'settlements']) await c.query(`VACUUM ANALYZE ${s}.${t}`);
     const q = capture();
     await discover(q, schema, null, 20, 1);
     await explain(c, 'base: discovery', q.last.text, q.last.values);
@@ -92,7 +92,7 @@ async function main(): Promise<void> {
     await c.query(`INSERT INTO ${s}.leases (slot, lane_id, from_seq, to_seq, n, token, claimed_at, worker, types, type_expires, type_max_attempts, expires_at)
       SELECT 0, l, ${HIST + 1}, ${HIST + 1}, 1, gen_random_uuid(), now() - interval '2 min', 'w',
              '{noop}', ARRAY[now() - interval '30 s'], '{20}', now() - interval '30 s' FROM generate_series(1, 16) l`);
-    await c.query(`VACUUM ANALYZE ${s}.ready; VACUUM ANALYZE ${s}.leases; VACUUM ANALYZE ${s}.settlements`);
+    for (const t of ['ready', 'leases', 'settlements']) await c.query(`VACUUM ANALYZE ${s}.${t}`);
     await explain(c, `${variant}: discovery`, discoverSql(s), [null, 20, 1]);
     const claimValues = [Array.from({ length: 16 }, (_, i) => i + 1), 100, [], [], 60_000, 30_000, 'w', 20, [], 7];
     await explain(c, `${variant}: claim (k=100, 7 lanes)`, claimSql(s), claimValues);
@@ -101,13 +101,13 @@ async function main(): Promise<void> {
     const seqs = got.rows.map((r) => BigInt(r.lane_seq));
     const v = [[1], [got.rows[0]!.lease_from], [got.rows[0]!.token], [multirange(seqs)]];
     if (variant === 'lock') {
-      await explain(c, 'lock: complete (100 tasks, one flush) — the function call', `SELECT * FROM ${s}.complete_ranges(0::smallint, $1, $2, $3, $4::int8multirange[])`, v);
+      await explain(c, 'lock: complete (100 tasks, one flush) — the function call', `SELECT * FROM ${s}.complete_ranges_0($1, $2, $3, $4::int8multirange[])`, v);
       // The function's second statement, as plpgsql runs it (auto_explain is not loaded here).
       await explain(c, 'lock: complete — its insert statement', `WITH u AS (SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[], $4::int8multirange[]) AS u(lane_id, from_seq, token, seqs)),
-  todo AS (SELECT l.slot, l.lane_id, l.from_seq, u.seqs - coalesce((SELECT range_agg(st.seqs) FROM ${s}.settlements st
-                               WHERE st.lane_id = l.lane_id AND st.lease_from = l.from_seq AND st.slot = l.slot), '{}'::int8multirange) AS seqs
-      FROM u JOIN ${s}.leases l ON l.lane_id = u.lane_id AND l.from_seq = u.from_seq AND l.slot = 0 AND l.token = u.token)
-  INSERT INTO ${s}.settlements (slot, lane_id, lease_from, seqs, n, outcome)
+  todo AS (SELECT l.slot, l.lane_id, l.from_seq, u.seqs - coalesce((SELECT range_agg(st.seqs) FROM ${s}.settlements_0 st
+                               WHERE st.lane_id = l.lane_id AND st.lease_from = l.from_seq), '{}'::int8multirange) AS seqs
+      FROM u JOIN ${s}.leases_0 l ON l.lane_id = u.lane_id AND l.from_seq = u.from_seq AND l.token = u.token)
+  INSERT INTO ${s}.settlements_0 (slot, lane_id, lease_from, seqs, n, outcome)
     SELECT t.slot, t.lane_id, t.from_seq, t.seqs, ${s}.mr_count(t.seqs), 'completed' FROM todo t WHERE NOT isempty(t.seqs)
     RETURNING lane_id, lease_from, seqs`, v);
       await explain(c, 'lock: rescue (10k lapsed settled range leases, 16 unsettled)', `SELECT * FROM ${s}.rescue(1000)`, []);

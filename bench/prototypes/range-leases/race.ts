@@ -26,13 +26,17 @@ function expand(mr: string): bigint[] {
   return out;
 }
 
+async function countDeferred(c: pg.Client, s: string): Promise<number> {
+  return Number((await c.query<{ n: string }>(`SELECT count(*) AS n FROM ${s}.deferred`)).rows[0]!.n);
+}
+
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 async function complete(c: pg.Client, s: string, mode: Variant, lane: number, from: string, token: string, seqs: bigint[]): Promise<bigint[]> {
   if (seqs.length === 0) return [];
   const values = [[lane], [from], [token], [multirange([...seqs])]];
   if (mode === 'lock') {
-    const r = await c.query<{ seqs: string }>(`SELECT seqs::text FROM ${s}.complete_ranges(0::smallint, $1, $2, $3, $4::int8multirange[])`, values);
+    const r = await c.query<{ seqs: string }>(`SELECT seqs::text FROM ${s}.complete_ranges_0($1, $2, $3, $4::int8multirange[])`, values);
     return r.rows.flatMap((x) => expand(x.seqs));
   }
   // gist: a flush that overlaps a rescue writes nothing; the holder then settles the remainder
@@ -92,7 +96,7 @@ async function main(): Promise<void> {
     const flushes = 1 + Math.floor(Math.random() * 3);
     const parts: bigint[][] = Array.from({ length: flushes }, () => []);
     mine.forEach((x, i) => parts[i % flushes]!.push(x));
-    const deferredBefore = Number((await admin.query(`SELECT count(*) FROM ${s}.deferred`)).rows[0].count);
+    const deferredBefore = await countDeferred(admin, s);
     const holderGot: bigint[] = [];
     await Promise.all([
       (async () => { await sleep(Math.random() * holderDelay); for (const p of parts) holderGot.push(...(await complete(holder, s, mode, 1, from, token, p))); })(),
@@ -107,7 +111,7 @@ async function main(): Promise<void> {
     const union = new Set(all.map(String));
     const sumN = st.rows.reduce((a, r) => a + r.n, 0);
     const overlap = holderGot.filter((x) => rescued.includes(x));
-    const deferredAfter = Number((await admin.query(`SELECT count(*) FROM ${s}.deferred`)).rows[0].count);
+    const deferredAfter = await countDeferred(admin, s);
     const ok = all.length === size && union.size === size && sumN === size && overlap.length === 0
       && deferredAfter - deferredBefore === rescued.length && seqs.every((x) => union.has(String(x)));
     if (!ok) {

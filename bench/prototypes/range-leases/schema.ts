@@ -99,57 +99,38 @@ ${variant === 'lock' ? lockFunctions(s) : ''}
 /** lock variant: the settle and rescue functions (two statements each: lock, then read+write). */
 function lockFunctions(s: string): string {
   return `
--- Complete: p_seqs[i] are the entries of lease (p_lane[i], p_from[i]) this flush settles.
--- Returns what was written (a subset: entries rescue took first are missing).
-CREATE FUNCTION ${s}.complete_ranges(p_slot smallint, p_lane integer[], p_from bigint[], p_token uuid[],
-                                     p_seqs int8multirange[])
-RETURNS TABLE (lane_id integer, lease_from bigint, seqs int8multirange)
-LANGUAGE plpgsql AS $fn$
-BEGIN
-  -- In key order, so two settlers of overlapping lease sets never deadlock.
-  PERFORM pg_advisory_xact_lock(k) FROM (SELECT DISTINCT ${s}.lease_key(t) AS k FROM unnest(p_token) t ORDER BY 1) x;
-  -- A new statement: at READ COMMITTED it sees every settlement committed before the locks.
-  RETURN QUERY
-  WITH u AS (SELECT * FROM unnest(p_lane, p_from, p_token, p_seqs) AS u(lane_id, from_seq, token, seqs)),
-  todo AS (
-    SELECT l.slot, l.lane_id, l.from_seq,
-           u.seqs - coalesce((SELECT range_agg(st.seqs) FROM ${s}.settlements st
-                               WHERE st.lane_id = l.lane_id AND st.lease_from = l.from_seq AND st.slot = l.slot),
-                             '{}'::int8multirange) AS seqs
-      FROM u JOIN ${s}.leases l
-        ON l.lane_id = u.lane_id AND l.from_seq = u.from_seq AND l.slot = p_slot AND l.token = u.token
-  ), won AS (
-    INSERT INTO ${s}.settlements (slot, lane_id, lease_from, seqs, n, outcome)
-    SELECT t.slot, t.lane_id, t.from_seq, t.seqs, ${s}.mr_count(t.seqs), 'completed' FROM todo t
-     WHERE NOT isempty(t.seqs)
-    RETURNING settlements.lane_id, settlements.lease_from, settlements.seqs)
-  SELECT * FROM won;
-END $fn$;
-
+-- Complete, one function per slot so it names the slot's partitions (no tuple routing, no
+-- run-time pruning: berth's completion writes partitions directly today for the same reason).
+-- p_seqs[i] are the entries of lease (p_lane[i], p_from[i]) this flush settles. Returns what
+-- was written (a subset: entries rescue took first are missing).
+${Array.from({ length: SLOTS }, (_, slot) => completeFn(s, slot)).join('\n')}
 -- Rescue: lapsed, not fully settled leases whose lock is free now (a settler holding it is
 -- mid-write; the next run sees its result). Entries whose type's expiry passed and that carry
 -- no settlement go back to deferred (attempt kept) or to the dead letters.
 CREATE FUNCTION ${s}.rescue(p_limit integer) RETURNS TABLE (retried bigint, dead bigint)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_keys bigint[];
+DECLARE v_slots smallint[]; v_lanes integer[]; v_froms bigint[];
 BEGIN
-  SELECT array_agg(${s}.lease_key(c.token)) INTO v_keys FROM (
-    SELECT l.token FROM ${s}.leases l
+  SELECT array_agg(c.slot), array_agg(c.lane_id), array_agg(c.from_seq) INTO v_slots, v_lanes, v_froms FROM (
+    SELECT l.slot, l.lane_id, l.from_seq, l.token FROM ${s}.leases l
      WHERE l.expires_at < now()
        AND l.n > coalesce((SELECT sum(st.n) FROM ${s}.settlements st
                             WHERE st.lane_id = l.lane_id AND st.lease_from = l.from_seq AND st.slot = l.slot), 0)
      ORDER BY l.expires_at LIMIT p_limit) c
    WHERE pg_try_advisory_xact_lock(${s}.lease_key(c.token));
-  IF v_keys IS NULL THEN retried := 0; dead := 0; RETURN NEXT; RETURN; END IF;
+  IF v_slots IS NULL THEN retried := 0; dead := 0; RETURN NEXT; RETURN; END IF;
   RETURN QUERY
   WITH lapsed AS MATERIALIZED (
     SELECT l.slot, l.lane_id, l.from_seq, l.claimed_at, l.worker, r.lane_seq, r.id,
            r.attempts + 1 AS attempt,
            coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]) AS max_attempts,
            l.type_expires[array_position(l.types, r.type)] AS expired_at
-      FROM ${s}.leases l
-      JOIN ${s}.ready r ON r.lane_id = l.lane_id AND r.slot = l.slot AND r.lane_seq BETWEEN l.from_seq AND l.to_seq
-     WHERE ${s}.lease_key(l.token) = ANY (v_keys) AND l.expires_at < now()
+      FROM unnest(v_slots, v_lanes, v_froms) AS c(slot, lane_id, from_seq)
+      JOIN ${s}.leases l ON l.lane_id = c.lane_id AND l.from_seq = c.from_seq AND l.slot = c.slot
+      -- LATERAL: one index range scan of ready per lease (a join let the planner sort all of ready).
+      CROSS JOIN LATERAL (SELECT r.* FROM ${s}.ready r WHERE r.lane_id = l.lane_id AND r.slot = l.slot
+                             AND r.lane_seq BETWEEN l.from_seq AND l.to_seq OFFSET 0) r
+     WHERE l.expires_at < now()
        AND l.type_expires[array_position(l.types, r.type)] < now()
        AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
                         WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
@@ -185,6 +166,34 @@ BEGIN
   SELECT count(*) FILTER (WHERE NOT is_dead), count(*) FILTER (WHERE is_dead) FROM src;
 END $fn$;
 `;
+}
+
+function completeFn(s: string, slot: number): string {
+  const le = `${s}.${quoteIdent(`leases_${slot}`)}`;
+  const st = `${s}.${quoteIdent(`settlements_${slot}`)}`;
+  return `CREATE FUNCTION ${s}.${quoteIdent(`complete_ranges_${slot}`)}(p_lane integer[], p_from bigint[], p_token uuid[],
+                                     p_seqs int8multirange[])
+RETURNS TABLE (lane_id integer, lease_from bigint, seqs int8multirange)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+  -- In key order, so two settlers of overlapping lease sets never deadlock.
+  PERFORM pg_advisory_xact_lock(k) FROM (SELECT DISTINCT ${s}.lease_key(t) AS k FROM unnest(p_token) t ORDER BY 1) x;
+  -- A new statement: at READ COMMITTED it sees every settlement committed before the locks.
+  RETURN QUERY
+  WITH u AS (SELECT * FROM unnest(p_lane, p_from, p_token, p_seqs) AS u(lane_id, from_seq, token, seqs)),
+  todo AS (
+    SELECT l.slot, l.lane_id, l.from_seq,
+           u.seqs - coalesce((SELECT range_agg(x.seqs) FROM ${st} x
+                               WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq),
+                             '{}'::int8multirange) AS seqs
+      FROM u JOIN ${le} l ON l.lane_id = u.lane_id AND l.from_seq = u.from_seq AND l.token = u.token
+  ), won AS (
+    INSERT INTO ${st} AS w (slot, lane_id, lease_from, seqs, n, outcome)
+    SELECT t.slot, t.lane_id, t.from_seq, t.seqs, ${s}.mr_count(t.seqs), 'completed' FROM todo t
+     WHERE NOT isempty(t.seqs)
+    RETURNING w.lane_id, w.lease_from, w.seqs)
+  SELECT * FROM won;
+END $fn$;`;
 }
 
 /**
@@ -282,7 +291,9 @@ export function rescueGistSql(s: string): string {
            coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]) AS max_attempts,
            l.type_expires[array_position(l.types, r.type)] AS expired_at
       FROM cand l
-      JOIN ${s}.ready r ON r.lane_id = l.lane_id AND r.slot = l.slot AND r.lane_seq BETWEEN l.from_seq AND l.to_seq
+      -- LATERAL: one index range scan of ready per lease (a join let the planner sort all of ready).
+      CROSS JOIN LATERAL (SELECT r.* FROM ${s}.ready r WHERE r.lane_id = l.lane_id AND r.slot = l.slot
+                             AND r.lane_seq BETWEEN l.from_seq AND l.to_seq OFFSET 0) r
      WHERE l.type_expires[array_position(l.types, r.type)] < now()
        AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
                         WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
@@ -345,7 +356,8 @@ export function discoverSql(s: string): string {
                              OFFSET 0)
           ORDER BY r.lane_seq
           LIMIT $3) r
-      WHERE NOT l.paused
+      WHERE ($1::text[] IS NULL OR l.queue = ANY ($1::text[]))
+        AND NOT l.paused
       ORDER BY r.priority, r.run_at, r.lane_id, r.lane_seq
       LIMIT $2`;
 }
