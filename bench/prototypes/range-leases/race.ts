@@ -76,6 +76,8 @@ async function main(): Promise<void> {
   // Rescue is one slower statement (its write comes last); the holder starts within this many
   // ms, so both orders and overlaps happen.
   const holderDelay = Number(arg('holder-delay-ms', mode === 'gist' ? '60' : '3'));
+  // Up to this many ms between the holder's flushes, so a rescue can land between two of them.
+  const flushGap = Number(arg('flush-gap-ms', '0'));
   const schema = `race_${mode}`;
   const s = quoteIdent(schema);
   const admin = await connect();
@@ -99,7 +101,13 @@ async function main(): Promise<void> {
     const deferredBefore = await countDeferred(admin, s);
     const holderGot: bigint[] = [];
     await Promise.all([
-      (async () => { await sleep(Math.random() * holderDelay); for (const p of parts) holderGot.push(...(await complete(holder, s, mode, 1, from, token, p))); })(),
+      (async () => {
+        await sleep(Math.random() * holderDelay);
+        for (const [i, p] of parts.entries()) {
+          if (i > 0 && flushGap > 0) await sleep(Math.random() * flushGap);
+          holderGot.push(...(await complete(holder, s, mode, 1, from, token, p)));
+        }
+      })(),
       (async () => { await sleep(Math.random() * 2); await rescue(r1, s, mode); })(),
       (async () => { await sleep(Math.random() * 2); await rescue(r2, s, mode); })(),
     ]);
