@@ -9,10 +9,10 @@
  *   node --import tsx bench/prototypes/range-leases/explain.ts [--url URL]
  */
 import { writeFileSync } from 'node:fs';
-import pg from 'pg';
+import type pg from 'pg';
 import { claim, discover } from '../../../src/processor/claim.js';
-import { completeLeases } from '../../../src/processor/settlement.js';
-import { rescueLapsedLeases } from '../../../src/maintenance/rescue.js';
+import { completeLeases } from '../../../src/storage/complete.js';
+import { rescueLapsedLeases } from '../../../src/storage/rescue.js';
 import type { Queryable } from '../../../src/sql.js';
 import { quoteIdent } from '../../../src/sql.js';
 import { connect, multirange, setupBase, setupRange } from './drive.js';
@@ -39,7 +39,10 @@ function capture(): Queryable & { last: { text: string; values: unknown[] } } {
 async function explain(c: pg.Client, label: string, text: string, values: unknown[]): Promise<void> {
   await c.query('BEGIN');
   try {
-    const r = await c.query<{ 'QUERY PLAN': string }>(`EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING ON) ${text}`, values);
+    const r = await c.query<{ 'QUERY PLAN': string }>(
+      `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING ON) ${text}`,
+      values,
+    );
     const lines = r.rows.map((x) => x['QUERY PLAN']);
     out.push(`## ${label}\n\n\`\`\`\n${lines.join('\n')}\n\`\`\`\n`);
     const exec = lines.find((l) => l.startsWith('Execution Time'));
@@ -67,12 +70,34 @@ async function main(): Promise<void> {
     const q = capture();
     await discover(q, schema, null, 20, 1);
     await explain(c, 'base: discovery', q.last.text, q.last.values);
-    await claim(q, { schema, laneIds: lanes, limit: 100, ceilings: new Map(), maxAttempts: new Map(), defaultMaxAttempts: 20,
-      defaultCeilingMs: 60_000, marginMs: 30_000, workerId: 'w', wakeChannel: 'ex', maxLanes: 7 });
+    await claim(q, {
+      schema,
+      laneIds: lanes,
+      limit: 100,
+      ceilings: new Map(),
+      maxAttempts: new Map(),
+      defaultMaxAttempts: 20,
+      defaultCeilingMs: 60_000,
+      marginMs: 30_000,
+      workerId: 'w',
+      wakeChannel: 'ex',
+      maxLanes: 7,
+    });
     await explain(c, 'base: claim (k=100, 7 lanes)', q.last.text, q.last.values);
     // A completion of 100 real leases (the next 100 entries of lane 1, leased here and kept).
-    const got = await claim(c, { schema, laneIds: [lanes[0]!], limit: 100, ceilings: new Map(), maxAttempts: new Map(),
-      defaultMaxAttempts: 20, defaultCeilingMs: 60_000, marginMs: 30_000, workerId: 'w', wakeChannel: 'ex', maxLanes: 1 });
+    const got = await claim(c, {
+      schema,
+      laneIds: [lanes[0]!],
+      limit: 100,
+      ceilings: new Map(),
+      maxAttempts: new Map(),
+      defaultMaxAttempts: 20,
+      defaultCeilingMs: 60_000,
+      marginMs: 30_000,
+      workerId: 'w',
+      wakeChannel: 'ex',
+      maxLanes: 1,
+    });
     await completeLeases(q, schema, got);
     await explain(c, 'base: complete (100 tasks, one flush)', q.last.text, q.last.values);
     await rescueLapsedLeases(q, schema, 1000);
@@ -96,21 +121,46 @@ async function main(): Promise<void> {
     await explain(c, `${variant}: discovery`, discoverSql(s), [null, 20, 1]);
     const claimValues = [Array.from({ length: 16 }, (_, i) => i + 1), 100, [], [], 60_000, 30_000, 'w', 20, [], 7];
     await explain(c, `${variant}: claim (k=100, 7 lanes)`, claimSql(s), claimValues);
-    const got = await c.query<{ lane_id: number; lane_seq: string; lease_from: string; token: string }>(
-      claimSql(s), [[1], 100, [], [], 60_000, 30_000, 'w', 20, [], 1]);
+    const got = await c.query<{ lane_id: number; lane_seq: string; lease_from: string; token: string }>(claimSql(s), [
+      [1],
+      100,
+      [],
+      [],
+      60_000,
+      30_000,
+      'w',
+      20,
+      [],
+      1,
+    ]);
     const seqs = got.rows.map((r) => BigInt(r.lane_seq));
     const v = [[1], [got.rows[0]!.lease_from], [got.rows[0]!.token], [multirange(seqs)]];
     if (variant === 'lock') {
-      await explain(c, 'lock: complete (100 tasks, one flush) — the function call', `SELECT * FROM ${s}.complete_ranges_0($1, $2, $3, $4::int8multirange[])`, v);
+      await explain(
+        c,
+        'lock: complete (100 tasks, one flush) — the function call',
+        `SELECT * FROM ${s}.complete_ranges_0($1, $2, $3, $4::int8multirange[])`,
+        v,
+      );
       // The function's second statement, as plpgsql runs it (auto_explain is not loaded here).
-      await explain(c, 'lock: complete — its insert statement', `WITH u AS (SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[], $4::int8multirange[]) AS u(lane_id, from_seq, token, seqs)),
+      await explain(
+        c,
+        'lock: complete — its insert statement',
+        `WITH u AS (SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[], $4::int8multirange[]) AS u(lane_id, from_seq, token, seqs)),
   todo AS (SELECT l.slot, l.lane_id, l.from_seq, u.seqs - coalesce((SELECT range_agg(st.seqs) FROM ${s}.settlements_0 st
                                WHERE st.lane_id = l.lane_id AND st.lease_from = l.from_seq), '{}'::int8multirange) AS seqs
       FROM u JOIN ${s}.leases_0 l ON l.lane_id = u.lane_id AND l.from_seq = u.from_seq AND l.token = u.token)
   INSERT INTO ${s}.settlements_0 (slot, lane_id, lease_from, seqs, n, outcome)
     SELECT t.slot, t.lane_id, t.from_seq, t.seqs, ${s}.mr_count(t.seqs), 'completed' FROM todo t WHERE NOT isempty(t.seqs)
-    RETURNING lane_id, lease_from, seqs`, v);
-      await explain(c, 'lock: rescue (10k lapsed settled range leases, 16 unsettled)', `SELECT * FROM ${s}.rescue(1000)`, []);
+    RETURNING lane_id, lease_from, seqs`,
+        v,
+      );
+      await explain(
+        c,
+        'lock: rescue (10k lapsed settled range leases, 16 unsettled)',
+        `SELECT * FROM ${s}.rescue(1000)`,
+        [],
+      );
     } else {
       await explain(c, 'gist: complete (100 tasks, one flush)', completeGistSql(s, 0), v);
       await explain(c, 'gist: rescue (10k lapsed settled range leases, 16 unsettled)', rescueGistSql(s), [1000]);
@@ -122,9 +172,15 @@ async function main(): Promise<void> {
   const sizes = await c.query(`SELECT relname, pg_size_pretty(pg_total_relation_size(oid)) AS size FROM pg_class
      WHERE relnamespace = 'ex_base'::regnamespace AND relname IN ('leases_0', 'settlements_0') ORDER BY 1`);
   summary.push(`base: sizes ${JSON.stringify(sizes.rows)}`);
-  writeFileSync(new URL('./explain-out.md', import.meta.url), `# EXPLAIN output (generated by explain.ts)\n\n${summary.map((l) => `- ${l}`).join('\n')}\n\n${out.join('\n')}`);
+  writeFileSync(
+    new URL('./explain-out.md', import.meta.url),
+    `# EXPLAIN output (generated by explain.ts)\n\n${summary.map((l) => `- ${l}`).join('\n')}\n\n${out.join('\n')}`,
+  );
   console.log(summary.join('\n'));
   await c.end();
 }
 
-main().catch((e) => { console.error(e); process.exit(1); });
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});

@@ -10,7 +10,7 @@
  *
  *   node --import tsx bench/prototypes/range-leases/race.ts --mode lock|gist --rounds 300 --size 64
  */
-import pg from 'pg';
+import type pg from 'pg';
 import { quoteIdent } from '../../../src/sql.js';
 import { connect, multirange, setupRange } from './drive.js';
 import { claimSql, completeGistSql, rescueGistSql, type Variant } from './schema.js';
@@ -32,11 +32,22 @@ async function countDeferred(c: pg.Client, s: string): Promise<number> {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-async function complete(c: pg.Client, s: string, mode: Variant, lane: number, from: string, token: string, seqs: bigint[]): Promise<bigint[]> {
+async function complete(
+  c: pg.Client,
+  s: string,
+  mode: Variant,
+  lane: number,
+  from: string,
+  token: string,
+  seqs: bigint[],
+): Promise<bigint[]> {
   if (seqs.length === 0) return [];
   const values = [[lane], [from], [token], [multirange([...seqs])]];
   if (mode === 'lock') {
-    const r = await c.query<{ seqs: string }>(`SELECT seqs::text FROM ${s}.complete_ranges_0($1, $2, $3, $4::int8multirange[])`, values);
+    const r = await c.query<{ seqs: string }>(
+      `SELECT seqs::text FROM ${s}.complete_ranges_0($1, $2, $3, $4::int8multirange[])`,
+      values,
+    );
     return r.rows.flatMap((x) => expand(x.seqs));
   }
   // gist: a flush that overlaps a rescue writes nothing; the holder then settles the remainder
@@ -46,7 +57,9 @@ async function complete(c: pg.Client, s: string, mode: Variant, lane: number, fr
     if (r.rows.length > 0) return r.rows.flatMap((x) => expand(x.seqs));
     const left = await c.query<{ seqs: string | null }>(
       `SELECT ($1::int8multirange - coalesce(range_agg(seqs), '{}'))::text AS seqs FROM ${s}.settlements
-        WHERE lane_id = $2 AND lease_from = $3 AND slot = 0`, [values[3]![0], lane, from]);
+        WHERE lane_id = $2 AND lease_from = $3 AND slot = 0`,
+      [values[3]![0], lane, from],
+    );
     const rest = left.rows[0]!.seqs;
     if (!rest || rest === '{}') return [];
     values[3] = [rest];
@@ -89,15 +102,25 @@ async function main(): Promise<void> {
   let rescueWins = 0;
   for (let round = 0; round < rounds; round++) {
     // Ceiling −60 s, margin 0: the lease is lapsed from the start, so rescue may take it at once.
-    const got = await holder.query<{ lane_seq: string; lease_from: string; token: string; id: string }>(
-      claimSql(s), [[1], size, [], [], -60_000, 0, 'holder', 20, [], 1]);
+    const got = await holder.query<{ lane_seq: string; lease_from: string; token: string; id: string }>(claimSql(s), [
+      [1],
+      size,
+      [],
+      [],
+      -60_000,
+      0,
+      'holder',
+      20,
+      [],
+      1,
+    ]);
     if (got.rows.length !== size) throw new Error(`claimed ${got.rows.length}`);
     const { lease_from: from, token } = got.rows[0]!;
     const seqs = got.rows.map((r) => BigInt(r.lane_seq));
     const mine = seqs.filter(() => Math.random() < 0.8);
     const flushes = 1 + Math.floor(Math.random() * 3);
     const parts: bigint[][] = Array.from({ length: flushes }, () => []);
-    mine.forEach((x, i) => parts[i % flushes]!.push(x));
+    for (const [i, x] of mine.entries()) parts[i % flushes]!.push(x);
     const deferredBefore = await countDeferred(admin, s);
     const holderGot: bigint[] = [];
     await Promise.all([
@@ -108,32 +131,61 @@ async function main(): Promise<void> {
           holderGot.push(...(await complete(holder, s, mode, 1, from, token, p)));
         }
       })(),
-      (async () => { await sleep(Math.random() * 2); await rescue(r1, s, mode); })(),
-      (async () => { await sleep(Math.random() * 2); await rescue(r2, s, mode); })(),
+      (async () => {
+        await sleep(Math.random() * 2);
+        await rescue(r1, s, mode);
+      })(),
+      (async () => {
+        await sleep(Math.random() * 2);
+        await rescue(r2, s, mode);
+      })(),
     ]);
     await rescue(r1, s, mode); // sweep
     const st = await admin.query<{ seqs: string; n: number; outcome: string }>(
-      `SELECT seqs::text, n, outcome FROM ${s}.settlements WHERE lane_id = 1 AND lease_from = $1 AND slot = 0`, [from]);
+      `SELECT seqs::text, n, outcome FROM ${s}.settlements WHERE lane_id = 1 AND lease_from = $1 AND slot = 0`,
+      [from],
+    );
     const all = st.rows.flatMap((r) => expand(r.seqs));
     const rescued = st.rows.filter((r) => r.outcome === 'rescued').flatMap((r) => expand(r.seqs));
     const union = new Set(all.map(String));
     const sumN = st.rows.reduce((a, r) => a + r.n, 0);
     const overlap = holderGot.filter((x) => rescued.includes(x));
     const deferredAfter = await countDeferred(admin, s);
-    const ok = all.length === size && union.size === size && sumN === size && overlap.length === 0
-      && deferredAfter - deferredBefore === rescued.length && seqs.every((x) => union.has(String(x)));
+    const ok =
+      all.length === size &&
+      union.size === size &&
+      sumN === size &&
+      overlap.length === 0 &&
+      deferredAfter - deferredBefore === rescued.length &&
+      seqs.every((x) => union.has(String(x)));
     if (!ok) {
       bad++;
-      console.error(JSON.stringify({ round, size, settledRows: all.length, union: union.size, sumN, overlap: overlap.length,
-        deferred: deferredAfter - deferredBefore, rescued: rescued.length, holderGot: holderGot.length }));
+      console.error(
+        JSON.stringify({
+          round,
+          size,
+          settledRows: all.length,
+          union: union.size,
+          sumN,
+          overlap: overlap.length,
+          deferred: deferredAfter - deferredBefore,
+          rescued: rescued.length,
+          holderGot: holderGot.length,
+        }),
+      );
     }
     if (holderGot.length < mine.length && holderGot.length > 0) raced++;
     if (holderGot.length === mine.length) holderWins++;
     if (holderGot.length === 0 && mine.length > 0) rescueWins++;
   }
-  console.log(JSON.stringify({ mode, rounds, size, bad, holderWonAll: holderWins, rescueWonAll: rescueWins, splitRounds: raced }));
+  console.log(
+    JSON.stringify({ mode, rounds, size, bad, holderWonAll: holderWins, rescueWonAll: rescueWins, splitRounds: raced }),
+  );
   await Promise.all([holder.end(), r1.end(), r2.end(), admin.end()]);
   if (bad > 0) process.exit(1);
 }
 
-main().catch((e) => { console.error(e); process.exit(1); });
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});

@@ -21,8 +21,10 @@ export const SLOTS = 16;
 export function rangeSchemaSql(schema: string, variant: Variant): string {
   const s = quoteIdent(schema);
   const parts = (t: string, extra = (_slot: number) => '') =>
-    Array.from({ length: SLOTS }, (_, slot) =>
-      `CREATE TABLE ${s}.${quoteIdent(`${t}_${slot}`)} PARTITION OF ${s}.${t} FOR VALUES IN (${slot});${extra(slot)}`,
+    Array.from(
+      { length: SLOTS },
+      (_, slot) =>
+        `CREATE TABLE ${s}.${quoteIdent(`${t}_${slot}`)} PARTITION OF ${s}.${t} FOR VALUES IN (${slot});${extra(slot)}`,
     ).join('\n');
   const exclusion = (slot: number) =>
     variant === 'gist'

@@ -30,12 +30,17 @@ async function main(): Promise<void> {
   // And B's next claim (fresh snapshot) continues after A's range.
   const next = await b.query<{ lane_seq: string }>(claimSql(s), args(5));
   const result = {
-    aLeased: got.rows.map((r) => r.lane_seq), bLeasedWithStaleSnapshot: bGot.rows.map((r) => r.lane_seq),
-    bNextClaim: next.rows.map((r) => r.lane_seq), leases: leases.rows,
+    aLeased: got.rows.map((r) => r.lane_seq),
+    bLeasedWithStaleSnapshot: bGot.rows.map((r) => r.lane_seq),
+    bNextClaim: next.rows.map((r) => r.lane_seq),
+    leases: leases.rows,
   };
   console.log(JSON.stringify(result));
   await Promise.all([a.end(), b.end(), admin.end()]);
   if (bGot.rows.length !== 0 || next.rows[0]?.lane_seq !== '4') process.exit(1);
 }
 
-main().catch((e) => { console.error(e); process.exit(1); });
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});
