@@ -186,3 +186,93 @@ test('a claim that fills every requested slot re-signals the wake channel; a sho
   assert.equal(await signalledBy(() => claim(pool, params(lanes, 5))), 0, 'short claim does not');
   await l.end();
 });
+
+test('the cursor never passes an unleased entry: a claim that began before an append it then sees leases a prefix of the lane', async () => {
+  await reset();
+  const s = `"${schema}"`;
+  const lane = (
+    await pool.query<{ id: number }>(`SELECT ${s}.provision_lane('default', 0::smallint, 9::smallint) AS id`)
+  ).rows[0]!.id;
+  // A claim's now() is its transaction's start, but its snapshot is taken when it executes.
+  // Anything that delays it in between (a CPU stall under load; here, as in the ring's prune, an
+  // ACCESS EXCLUSIVE lock on a ring partition, which the claim's plan must lock) lets entries
+  // appended meanwhile be visible to it with a run_at later than its now().
+  const ring = await pool.query<{ current_slot: number; slot_count: number }>(
+    `SELECT current_slot, slot_count FROM ${s}.ring_state`,
+  );
+  const other = (ring.rows[0]!.current_slot + 1) % ring.rows[0]!.slot_count;
+  const blocker = await pool.connect();
+  const claimer = await pool.connect();
+  try {
+    await blocker.query('BEGIN');
+    await blocker.query(`LOCK TABLE ${s}."ready_${other}" IN ACCESS EXCLUSIVE MODE`);
+    const claimerPid = (await claimer.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
+    const pending = claim(claimer, params([lane], 10));
+    const claimStart = await waitFor(
+      async () => {
+        const r = await pool.query<{ xact_start: Date }>(
+          `SELECT a.xact_start FROM pg_stat_activity a
+          WHERE a.pid = $1 AND EXISTS (SELECT 1 FROM pg_locks k WHERE k.pid = a.pid AND NOT k.granted)`,
+          [claimerPid],
+        );
+        return r.rows[0]?.xact_start;
+      },
+      20_000,
+      'the claim to wait for the ring partition lock',
+    );
+    // X: due now (run_at = the producer's now(), after the claim's now()). Y: appended after X,
+    // with a runAt in the past, as an enqueue with an old runAt or a promotion of a row that
+    // came due long ago (a backlog after a leader change) appends it.
+    const [x] = await enqueueMany(pool, [{ type: 't', payload: { n: 'x' }, shard: 9 }], { schema });
+    const [y] = await enqueueMany(
+      pool,
+      [{ type: 't', payload: { n: 'y' }, shard: 9, runAt: new Date(Date.now() - 60_000) }],
+      { schema },
+    );
+    const entries = await pool.query<{ id: string; lane_seq: string; late: boolean }>(
+      // On the current segment only: planning a read of every partition would queue behind the lock too.
+      `SELECT id::text, lane_seq::text, run_at > $2 AS late FROM ${s}.ready
+        WHERE lane_id = $1 AND slot = $3 ORDER BY lane_seq`,
+      [lane, claimStart, ring.rows[0]!.current_slot],
+    );
+    assert.deepEqual(
+      entries.rows.map((r) => [r.id, r.late]),
+      [
+        [x!.id, true],
+        [y!.id, false],
+      ],
+      'X precedes Y in the lane, and only X is later than the claim began',
+    );
+    await blocker.query('COMMIT');
+    const first = await pending;
+    // The invariant itself: no entry at or below the lane's cursor without a lease.
+    const stranded = await pool.query<{ id: string }>(
+      `SELECT r.id::text FROM ${s}.ready r
+        WHERE r.lane_id = $1
+          AND r.lane_seq <= (SELECT max(le.lane_seq) FROM ${s}.leases le WHERE le.lane_id = $1)
+          AND NOT EXISTS (SELECT 1 FROM ${s}.leases le
+                           WHERE le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq AND le.slot = r.slot)`,
+      [lane],
+    );
+    assert.deepEqual(
+      stranded.rows,
+      [],
+      `the claim (it leased ${JSON.stringify(first.map((t) => t.id))}) left the cursor past an unleased entry`,
+    );
+    assert.deepEqual(
+      first.map((t) => t.id),
+      [],
+      'the lane stops at X, not due by the now() of the claim: nothing behind it is leased',
+    );
+    // The lane's next claim (a later now()) takes both, in lane order.
+    const second = await claim(pool, params([lane], 10));
+    assert.deepEqual(
+      second.map((t) => t.id),
+      [x!.id, y!.id],
+    );
+  } finally {
+    await blocker.query('ROLLBACK').catch(() => undefined);
+    blocker.release();
+    claimer.release();
+  }
+});

@@ -53,6 +53,7 @@ export async function discover(
          SELECT r.lane_id, r.lane_seq, r.id, r.priority, r.run_at
            FROM ${s}.ready r
           WHERE ${claimableEntry(s, 'l.lane_id')}
+            AND r.run_at <= now()
           ORDER BY r.lane_seq
           LIMIT $3) r
       WHERE ($1::text[] IS NULL OR l.queue = ANY ($1::text[]))
@@ -103,6 +104,16 @@ export const LANE_SHARE = 16;
  * - Each locked lane yields its entries past the cursor in lane order; `chosen` keeps a prefix
  *   of every lane (ordered by rank within lane), so the cursor (max leased lane_seq) never
  *   jumps over an unleased entry.
+ * - Due is a stop, not a filter: a lane's prefix ends at its first entry with `run_at > now()`
+ *   (`due_so_far`). now() is the claim's transaction start, but its snapshot is taken when it
+ *   executes, and anything in between (a CPU stall, a wait for the ring prune's partition lock
+ *   while the plan is locked) lets it see entries appended after its now() whose run_at is later
+ *   than it. A lane is not in run_at order (an enqueue with an old runAt, or a promotion of a row
+ *   due long ago, appends behind newer entries), so filtering them out leased the entries behind
+ *   them and the cursor passed entries nobody would ever claim (5 tasks lost in the chaos suite;
+ *   test/claim.test.ts "the cursor never passes an unleased entry…"). Stopped there, the lane's
+ *   next claim (a later now()) takes them: every appender writes run_at ≤ its own now(), which
+ *   precedes its commit.
  * - READ COMMITTED: the lane lock may be granted after a competing claim or a tombstone
  *   committed, while the rest of the statement still reads the older snapshot. A competing
  *   claim's leases are caught by ON CONFLICT DO NOTHING (the loser leases fewer, never a leased
@@ -155,15 +166,17 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
      ), picked AS MATERIALIZED (
        SELECT r.slot, r.lane_id, r.lane_seq, r.id, r.type, r.payload, r.queue, r.priority,
               r.shard, r.attempts, r.max_attempts, r.dedupe_key, r.run_at,
-              row_number() OVER (PARTITION BY r.lane_id ORDER BY r.lane_seq) AS rank_in_lane
+              row_number() OVER lane AS rank_in_lane,
+              bool_and(r.run_at <= now()) OVER lane AS due_so_far
          FROM current k
          CROSS JOIN LATERAL (
            SELECT r.* FROM ${s}.ready r
             WHERE ${claimableEntry(s, 'k.lane_id')}
             ORDER BY r.lane_seq
             LIMIT $2) r
+       WINDOW lane AS (PARTITION BY r.lane_id ORDER BY r.lane_seq)
      ), chosen AS MATERIALIZED (
-       SELECT * FROM picked ORDER BY priority, rank_in_lane, run_at, lane_id LIMIT $2
+       SELECT * FROM picked WHERE due_so_far ORDER BY priority, rank_in_lane, run_at, lane_id LIMIT $2
      ), leased AS (
        INSERT INTO ${s}.leases (slot, lane_id, lane_seq, id, type, attempt, max_attempts, token,
                                 claimed_at, expires_at, worker)

@@ -30,9 +30,13 @@ export function liveEntryPredicate(s: string): string {
 
 /**
  * A ready entry (alias `r`) of the lane `laneId` (an SQL expression) that a claim may lease:
- * past the lane's claim cursor (`max(leases.lane_seq)`, so not leased), due, under the attempt
+ * past the lane's claim cursor (`max(leases.lane_seq)`, so not leased), under the attempt
  * limit, and not tombstoned. Discovery (read pool) and the claim (primary, which re-checks
  * everything under the lane lock) both select by it, in lane order.
+ *
+ * Due (`run_at <= now()`) is not part of it: discovery filters by it (a hint, it leases
+ * nothing), but the claim must stop a lane at its first entry that is not due rather than skip
+ * it, or the cursor passes that entry for good (see `claim` in src/processor/claim.ts).
  *
  * The `OFFSET 0` keeps the tombstone check a per-row probe inside the ordered index scan; as a
  * hash anti-join it read the whole lane to sort it (docs/architecture.md, "Performance notes").
@@ -41,7 +45,6 @@ export function claimableEntry(s: string, laneId: string): string {
   return `r.lane_id = ${laneId}
             AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${s}.leases le
                                         WHERE le.lane_id = ${laneId}), 0)
-            AND r.run_at <= now()
             AND r.attempts < coalesce(r.max_attempts, 2147483647)
             AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
                              WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
