@@ -728,3 +728,23 @@ test('dashboard options are resolved once: an unknown key is refused by startDas
     /readOnly must be true or false/,
   );
 });
+
+test("a worker's dashboard settings are resolved once, in its constructor: an unknown or worker-owned key is refused before anything starts", () => {
+  const worker = (dashboard: unknown) =>
+    new Worker({
+      connectionString: DATABASE_URL,
+      schema,
+      tasks: [],
+      logger: testLogger,
+      maintenance: false,
+      http: { port: 0, dashboard: dashboard as never },
+    });
+  assert.throws(() => worker({ readOnlyy: true }), /unknown http\.dashboard option "readOnlyy"/);
+  // The worker serves its own registry and schema: passing them is a mistake, not a silent no-op.
+  assert.throws(() => worker({ metricsRegistry: new Registry() }), /unknown http\.dashboard option "metricsRegistry"/);
+  assert.throws(() => worker({ schema: 'other' }), /unknown http\.dashboard option "schema"/);
+  assert.throws(() => worker({ readOnly: 'yes' }), /readOnly must be true or false/);
+  assert.throws(() => worker({ basePath: '/a/../b' }), /basePath/);
+  assert.throws(() => worker([]), /http\.dashboard must be true, false or dashboard options/);
+  assert.ok(worker({ readOnly: true, basePath: '/ops' }), 'valid settings construct a worker (nothing started)');
+});

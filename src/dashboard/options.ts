@@ -131,19 +131,62 @@ function checkKnownKeys(options: object, known: ReadonlySet<string>, what: strin
   }
 }
 
-function resolveShared(options: Omit<DashboardHandlerOptions, 'pool'>): Omit<ResolvedDashboardHandlerOptions, 'pool'> {
+/** What every dashboard resolves the same way: its authentication, read-only mode and base path. */
+function resolveAccess(
+  options: Pick<DashboardHandlerOptions, 'auth' | 'readOnly' | 'basePath' | 'authLimits'>,
+): Pick<ResolvedDashboardHandlerOptions, 'auth' | 'readOnly' | 'basePath' | 'authLimits'> {
   validateAuth(options.auth);
   if (options.readOnly !== undefined && typeof options.readOnly !== 'boolean')
     throw new BerthInputError('dashboard readOnly must be true or false');
   return {
-    schema: options.schema ?? DASHBOARD_DEFAULTS.schema,
     auth: options.auth,
     readOnly: options.readOnly ?? DASHBOARD_DEFAULTS.readOnly,
-    logger: options.logger ?? createLogger({ component: 'dashboard' }),
-    metricsRegistry: options.metricsRegistry ?? null,
     basePath: normaliseBasePath(options.basePath),
     authLimits: validateAuthLimits(options.authLimits),
   };
+}
+
+function resolveShared(options: Omit<DashboardHandlerOptions, 'pool'>): Omit<ResolvedDashboardHandlerOptions, 'pool'> {
+  return {
+    ...resolveAccess(options),
+    schema: options.schema ?? DASHBOARD_DEFAULTS.schema,
+    logger: options.logger ?? createLogger({ component: 'dashboard' }),
+    metricsRegistry: options.metricsRegistry ?? null,
+  };
+}
+
+/** The settings of the dashboard a worker serves (`WorkerOptions.http.dashboard`): the worker supplies the rest. */
+export interface DashboardSettings {
+  auth?: DashboardAuth;
+  readOnly?: boolean;
+  /** Default: the worker's logger. */
+  logger?: Logger;
+  basePath?: string;
+  authLimits?: AuthLimitOptions;
+}
+
+/** DashboardSettings resolved; `logger` null means the worker's own. */
+export interface ResolvedDashboardSettings
+  extends Pick<ResolvedDashboardHandlerOptions, 'auth' | 'readOnly' | 'basePath' | 'authLimits'> {
+  readonly logger: Logger | null;
+}
+
+const SETTINGS_KEYS: ReadonlySet<string> = new Set<keyof DashboardSettings>([
+  'auth',
+  'readOnly',
+  'logger',
+  'basePath',
+  'authLimits',
+]);
+
+/**
+ * The worker's dashboard settings resolved once, in the Worker constructor (the database,
+ * schema, address and metrics registry are the worker's own, so they are not settings here and
+ * are refused by name like any unknown key).
+ */
+export function resolveDashboardSettings(options: DashboardSettings, what: string): ResolvedDashboardSettings {
+  checkKnownKeys(options, SETTINGS_KEYS, what);
+  return { ...resolveAccess(options), logger: options.logger ?? null };
 }
 
 /** Defaults filled in, every value checked, once; an unknown key or a bad value is a BerthInputError naming it. */

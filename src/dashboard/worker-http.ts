@@ -3,21 +3,23 @@ import type { Registry } from 'prom-client';
 import { BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import { metricsRequestHandler } from '../observability/metrics-http.js';
-import { validateAuthLimits } from './auth-limits.js';
-import { createDashboardHandler } from './handler.js';
+import { dashboardHandler } from './handler.js';
 import { listen, type Listening, type RequestHandler } from '../http/listen.js';
 import {
   assertSafeBinding,
   DEFAULT_DASHBOARD_HOST,
-  normaliseBasePath,
-  validateAuth,
+  resolveDashboardSettings,
   validatePort,
   warnIfNoAuth,
-  type DashboardOptions,
+  type DashboardSettings,
+  type ResolvedDashboardSettings,
 } from './options.js';
 
-/** Dashboard settings a worker takes: the rest (database, schema, address) are the worker's own. */
-export type WorkerDashboardOptions = Omit<DashboardOptions, 'connectionString' | 'pool' | 'schema' | 'port' | 'host'>;
+/**
+ * Dashboard settings a worker takes: the rest (database, schema, address, metrics registry) are
+ * the worker's own.
+ */
+export type WorkerDashboardOptions = DashboardSettings;
 
 /** The worker's opt-in HTTP server (`WorkerOptions.http`). */
 export interface WorkerHttpOptions {
@@ -41,7 +43,7 @@ export interface ResolvedWorkerHttpOptions {
   readonly host: string;
   readonly metrics: boolean;
   /** null: no dashboard. */
-  readonly dashboard: WorkerDashboardOptions | null;
+  readonly dashboard: ResolvedDashboardSettings | null;
 }
 
 /** Resolved in the Worker constructor, so a bad setting fails before anything starts. */
@@ -51,16 +53,12 @@ export function resolveWorkerHttpOptions(o: WorkerHttpOptions): ResolvedWorkerHt
   const port = validatePort(o.port, 'http.port');
   const host = o.host ?? DEFAULT_DASHBOARD_HOST;
   if (typeof host !== 'string' || host === '') throw new BerthInputError('http.host must be a host name or address');
-  const dashboard = o.dashboard === undefined || o.dashboard === false ? null : o.dashboard === true ? {} : o.dashboard;
-  if (o.metrics === false && !dashboard) throw new BerthInputError('http serves nothing: turn on metrics or dashboard');
-  if (dashboard) {
-    if (typeof dashboard !== 'object')
-      throw new BerthInputError('http.dashboard must be true, false or dashboard options');
-    validateAuth(dashboard.auth);
-    validateAuthLimits(dashboard.authLimits);
-    assertSafeBinding(dashboard.auth, host);
-    normaliseBasePath(dashboard.basePath);
-  }
+  const raw = o.dashboard === undefined || o.dashboard === false ? null : o.dashboard === true ? {} : o.dashboard;
+  if (o.metrics === false && !raw) throw new BerthInputError('http serves nothing: turn on metrics or dashboard');
+  if (raw !== null && (typeof raw !== 'object' || Array.isArray(raw)))
+    throw new BerthInputError('http.dashboard must be true, false or dashboard options');
+  const dashboard = raw === null ? null : resolveDashboardSettings(raw, 'http.dashboard option');
+  if (dashboard) assertSafeBinding(dashboard.auth, host);
   return { port, host, metrics: o.metrics ?? true, dashboard };
 }
 
@@ -93,13 +91,14 @@ export async function startWorkerHttp(o: ResolvedWorkerHttpOptions, ctx: WorkerH
       options: '-c jit=off',
     });
     pool.on('error', (err) => logger.warn({ err: err.message }, 'idle dashboard connection lost'));
+    // Resolved in the Worker constructor: only what the worker owns is added here.
     handlers.push(
-      createDashboardHandler({
+      dashboardHandler({
         ...dashboard,
         pool,
         schema: ctx.schema,
         logger,
-        metricsRegistry: metrics ? ctx.registry : undefined,
+        metricsRegistry: metrics ? ctx.registry : null,
       }),
     );
   } else if (metrics) {
