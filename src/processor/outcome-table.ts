@@ -73,6 +73,16 @@ function fenced(written: Outcome | null): OutcomeByAnswer {
   return { written, refused: 'lost', unwritten: 'unsettled' };
 }
 
+/** Counted as `outcome` whatever the write answers (the run already saved its progress). */
+function always(outcome: Outcome): OutcomeByAnswer {
+  return { written: outcome, refused: outcome, unwritten: outcome };
+}
+
+/** A failure retried after the task's backoff (dead-lettered instead when permanent or out of attempts). */
+function failWithBackoff(error: string, task: TaskAttempt, permanent: boolean): SettleAction {
+  return { kind: 'fail', error, delayMs: backoffDelayMs(task.backoff, task.attempt), permanent };
+}
+
 const SHUTDOWN_FINAL_ERROR = 'interrupted by worker shutdown on its final attempt';
 const CONTINUE_FINAL_ERROR = 'continued without advancing on its final attempt';
 
@@ -86,12 +96,7 @@ export function settlementFor(run: TaskRun, task: TaskAttempt): Settlement {
   switch (run.kind) {
     case 'unknown_type':
       return {
-        action: {
-          kind: 'fail',
-          error: run.error,
-          delayMs: backoffDelayMs(task.backoff, task.attempt),
-          permanent: false,
-        },
+        action: failWithBackoff(run.error, task, false),
         outcome: fenced('failure'),
       };
     case 'expired_in_buffer':
@@ -99,12 +104,7 @@ export function settlementFor(run: TaskRun, task: TaskAttempt): Settlement {
       return { action: { kind: 'return_unstarted' }, outcome: { written: null, refused: null, unwritten: null } };
     case 'late_claim':
       return {
-        action: {
-          kind: 'fail',
-          error: run.error,
-          delayMs: backoffDelayMs(task.backoff, task.attempt),
-          permanent: false,
-        },
+        action: failWithBackoff(run.error, task, false),
         outcome: fenced('timeout'),
       };
     case 'invalid_payload':
@@ -119,30 +119,19 @@ function afterHandler(run: Extract<TaskRun, HandlerRan>, task: TaskAttempt): Set
     // Interrupted by stop(): hand the lease back so another worker takes it within a poll.
     // A run that saved progress first is counted as continued whatever the release answers.
     const action: SettleAction = { kind: 'release', reason: 'shutdown', finalError: SHUTDOWN_FINAL_ERROR };
-    if (run.advanced)
-      return { action, outcome: { written: 'continued', refused: 'continued', unwritten: 'continued' } };
+    if (run.advanced) return { action, outcome: always('continued') };
     return { action, outcome: fenced('cancelled') };
   }
   const counted: Outcome = run.pastDeadline ? 'timeout' : 'failure';
   switch (run.kind) {
     case 'error':
       return {
-        action: {
-          kind: 'fail',
-          error: run.error,
-          delayMs: backoffDelayMs(task.backoff, task.attempt),
-          permanent: run.permanent,
-        },
+        action: failWithBackoff(run.error, task, run.permanent),
         outcome: fenced(counted),
       };
     case 'contract_violation':
       return {
-        action: {
-          kind: 'fail',
-          error: run.error,
-          delayMs: backoffDelayMs(task.backoff, task.attempt),
-          permanent: false,
-        },
+        action: failWithBackoff(run.error, task, false),
         outcome: fenced(counted),
       };
     case 'continue': {
@@ -151,7 +140,7 @@ function afterHandler(run: Extract<TaskRun, HandlerRan>, task: TaskAttempt): Set
       // the deadline is a timeout (a property of the deadline, not of intent).
       const continued: Outcome = run.pastDeadline ? 'timeout' : 'continued';
       const action: SettleAction = { kind: 'release', reason: 'continue', finalError: CONTINUE_FINAL_ERROR };
-      if (run.advanced) return { action, outcome: { written: continued, refused: continued, unwritten: continued } };
+      if (run.advanced) return { action, outcome: always(continued) };
       return { action, outcome: fenced(continued) };
     }
     case 'done':
