@@ -166,13 +166,13 @@ async function run(scenario: Scenario, laneLockTimeoutMs: number | null): Promis
   await worker.stop();
   const rescue = await admin.query(
     `SELECT coalesce(max(extract(epoch FROM st.settled_at - l.expires_at) * 1000), 0)::float8 AS late
-       FROM ${S}.settlements st JOIN ${S}.leases l USING (slot, lane_id, lane_seq)
+       FROM ${S}.range_settlements st
+       JOIN ${S}.range_leases l ON l.slot = st.slot AND l.lane_id = st.lane_id AND l.from_seq = st.lease_from
       WHERE st.outcome = 'rescued'`,
   );
   const unrescued = await admin.query(
-    `SELECT coalesce(max(extract(epoch FROM now() - l.expires_at) * 1000), 0)::float8 AS late FROM ${S}.leases l
-      WHERE l.worker = 'abandoned' AND l.expires_at < now() - interval '1 s'
-        AND NOT EXISTS (SELECT 1 FROM ${S}.settlements st WHERE (st.slot, st.lane_id, st.lane_seq) = (l.slot, l.lane_id, l.lane_seq))`,
+    `SELECT coalesce(max(extract(epoch FROM now() - l.expires_at) * 1000), 0)::float8 AS late FROM ${S}.leased_entries l
+      WHERE l.worker = 'abandoned' AND l.expires_at < now() - interval '1 s' AND l.outcome IS NULL`,
   );
   await admin.query(`DROP SCHEMA IF EXISTS ${S} CASCADE`);
   await admin.end();

@@ -135,6 +135,27 @@ BEGIN
 END $$;
 
 --
+-- Name: forward_legacy_settlement(); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.forward_legacy_settlement() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE v_n integer;
+BEGIN
+  INSERT INTO "berth".range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
+  SELECT NEW.slot, NEW.lane_id, l.from_seq, int8multirange(int8range(NEW.lane_seq, NEW.lane_seq + 1)), 1,
+         NEW.outcome
+    FROM "berth".range_leases l
+   WHERE l.lane_id = NEW.lane_id AND l.slot = NEW.slot AND l.from_seq = NEW.lane_seq
+  ON CONFLICT DO NOTHING;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  IF v_n = 0 THEN RETURN NULL; END IF;
+  RETURN NEW;
+END $$;
+
+--
 -- Name: move_task(bigint, text, smallint); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -153,13 +174,14 @@ BEGIN
    WHERE e.id = p_id
      AND NOT EXISTS (SELECT 1 FROM "berth".tombstones t
                       WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.slot = e.slot)
-     AND NOT EXISTS (SELECT 1 FROM "berth".settlements st
-                      WHERE st.lane_id = e.lane_id AND st.lane_seq = e.lane_seq AND st.slot = e.slot)
+     AND NOT EXISTS (SELECT 1 FROM "berth".leased_entries le
+                      WHERE le.id = p_id AND le.lane_id = e.lane_id AND le.lane_seq = e.lane_seq
+                        AND le.slot = e.slot AND le.outcome IS NOT NULL)
    ORDER BY e.appended_at DESC LIMIT 1;
   IF NOT FOUND THEN RETURN 'not_found'; END IF;
   UPDATE "berth".lanes SET version = version + 1 WHERE lane_id = r.lane_id;
-  IF EXISTS (SELECT 1 FROM "berth".leases l
-              WHERE l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot) THEN
+  IF EXISTS (SELECT 1 FROM "berth".leased_entries le
+              WHERE le.id = p_id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq AND le.slot = r.slot) THEN
     RETURN 'leased';
   END IF;
   INSERT INTO "berth".tombstones (slot, lane_id, lane_seq, id, reason)
@@ -259,7 +281,7 @@ BEGIN
     END IF;
     v_next := greatest(
       coalesce((SELECT max(r.lane_seq) FROM "berth".ready r WHERE r.lane_id = p_lane), 0),
-      coalesce((SELECT max(l.lane_seq) FROM "berth".leases l WHERE l.lane_id = p_lane), 0)) + 1;
+      coalesce((SELECT max(l.to_seq) FROM "berth".range_leases l WHERE l.lane_id = p_lane), 0)) + 1;
     EXECUTE format('CREATE SEQUENCE %I.%I START WITH %s', 'berth', 'lane_seq_' || p_lane, v_next);
     RETURN 'created';
   EXCEPTION WHEN lock_not_available THEN
@@ -286,13 +308,8 @@ BEGIN
   DELETE FROM "berth".dead_letters
    WHERE id IN (SELECT d.id FROM "berth".dead_letters d
                  WHERE d.last_attempted_at < now() - make_interval(secs => p_retention_ms / 1000.0)
-                   AND NOT EXISTS (SELECT 1 FROM "berth".ready rr
-                                     JOIN "berth".leases l
-                                       ON l.lane_id = rr.lane_id AND l.lane_seq = rr.lane_seq AND l.slot = rr.slot
-                                    WHERE rr.id = d.id AND l.expires_at > now()
-                                      AND NOT EXISTS (SELECT 1 FROM "berth".settlements st
-                                                       WHERE st.lane_id = l.lane_id AND st.lane_seq = l.lane_seq
-                                                         AND st.slot = l.slot))
+                   AND NOT EXISTS (SELECT 1 FROM "berth".leased_entries le
+                                    WHERE le.id = d.id AND le.expires_at > now() AND le.outcome IS NULL)
                  LIMIT p_limit);
   GET DIAGNOSTICS v_n = ROW_COUNT;
   IF v_n > 0 THEN
@@ -322,9 +339,10 @@ BEGIN
   IF p_slot < 0 OR p_slot >= (SELECT slot_count FROM "berth".ring_state) THEN
     RAISE EXCEPTION 'berth: ring slot % does not exist', p_slot USING ERRCODE = '22023';
   END IF;
-  -- Checked first too, so the current slot's partitions (every producer's) are never locked.
   IF (SELECT current_slot FROM "berth".ring_state) = p_slot THEN RETURN 'current'; END IF;
-  v_tables := concat_ws(', ', format('%I.%I', 'berth', 'ready_' || p_slot), format('%I.%I', 'berth', 'leases_' || p_slot), format('%I.%I', 'berth', 'settlements_' || p_slot), format('%I.%I', 'berth', 'tombstones_' || p_slot));
+  SELECT string_agg(format('%I.%I', 'berth', t || '_' || p_slot), ', ')
+    INTO v_tables
+    FROM unnest(ARRAY['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements']) t;
   PERFORM set_config('lock_timeout', greatest(p_lock_timeout_ms, 1) || 'ms', true);
   BEGIN
     EXECUTE 'LOCK TABLE ' || v_tables || ' IN ACCESS EXCLUSIVE MODE';
@@ -333,16 +351,20 @@ BEGIN
     RETURN 'blocked';
   END;
   PERFORM set_config('lock_timeout', v_old_timeout, true);
-  -- Again under the lock: a rotation that committed meanwhile may have made it current.
   IF (SELECT current_slot FROM "berth".ring_state) = p_slot THEN RETURN 'current'; END IF;
   EXECUTE format(
     'SELECT EXISTS (SELECT 1 FROM %1$s),
             EXISTS (SELECT 1 FROM %1$s r
-                     WHERE NOT EXISTS (SELECT 1 FROM %2$s l WHERE l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq)
+                     WHERE NOT EXISTS (SELECT 1 FROM (SELECT l.to_seq FROM %2$s l
+                                                       WHERE l.lane_id = r.lane_id AND l.from_seq <= r.lane_seq
+                                                       ORDER BY l.from_seq DESC LIMIT 1) l
+                                        WHERE l.to_seq >= r.lane_seq)
                        AND NOT EXISTS (SELECT 1 FROM %4$s x WHERE x.lane_id = r.lane_id AND x.lane_seq = r.lane_seq)),
             EXISTS (SELECT 1 FROM %2$s l
-                     WHERE NOT EXISTS (SELECT 1 FROM %3$s x WHERE x.lane_id = l.lane_id AND x.lane_seq = l.lane_seq))',
-    format('%I.%I', 'berth', 'ready_' || p_slot), format('%I.%I', 'berth', 'leases_' || p_slot), format('%I.%I', 'berth', 'settlements_' || p_slot), format('%I.%I', 'berth', 'tombstones_' || p_slot))
+                     WHERE l.n > coalesce((SELECT sum(x.n) FROM %3$s x
+                                            WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq), 0))',
+    format('%I.%I', 'berth', 'ready_' || p_slot), format('%I.%I', 'berth', 'range_leases_' || p_slot),
+    format('%I.%I', 'berth', 'range_settlements_' || p_slot), format('%I.%I', 'berth', 'tombstones_' || p_slot))
     INTO v_any, v_claimable, v_in_flight;
   IF NOT v_any THEN RETURN 'empty'; END IF;
   IF v_claimable THEN RETURN 'claimable'; END IF;
@@ -350,6 +372,19 @@ BEGIN
   EXECUTE 'TRUNCATE ' || v_tables;
   RETURN 'pruned';
 END $_$;
+
+--
+-- Name: refuse_legacy_lease(); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.refuse_legacy_lease() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+  RAISE EXCEPTION 'berth: this schema leases ranges since migration 8; upgrade the worker'
+    USING ERRCODE = '55000';
+END $$;
 
 --
 -- Name: remove_unleased(bigint, text); Type: FUNCTION; Schema: berth; Owner: -
@@ -370,15 +405,16 @@ BEGIN
    WHERE e.id = p_id
      AND NOT EXISTS (SELECT 1 FROM "berth".tombstones t
                       WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.slot = e.slot)
-     AND NOT EXISTS (SELECT 1 FROM "berth".settlements st
-                      WHERE st.lane_id = e.lane_id AND st.lane_seq = e.lane_seq AND st.slot = e.slot)
+     AND NOT EXISTS (SELECT 1 FROM "berth".leased_entries le
+                      WHERE le.id = p_id AND le.lane_id = e.lane_id AND le.lane_seq = e.lane_seq
+                        AND le.slot = e.slot AND le.outcome IS NOT NULL)
    ORDER BY e.appended_at DESC LIMIT 1;
   IF NOT FOUND THEN RETURN 'not_found'; END IF;
   -- Row-locks the lane (claims skip it meanwhile) and bumps its version, so a claim whose
   -- snapshot predates this tombstone sees the version change and leaves the lane alone.
   UPDATE "berth".lanes SET version = version + 1 WHERE lane_id = r.lane_id;
-  IF EXISTS (SELECT 1 FROM "berth".leases l
-              WHERE l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot) THEN
+  IF EXISTS (SELECT 1 FROM "berth".leased_entries le
+              WHERE le.id = p_id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq AND le.slot = r.slot) THEN
     RETURN 'leased';
   END IF;
   INSERT INTO "berth".tombstones (slot, lane_id, lane_seq, id, reason)
@@ -667,6 +703,124 @@ ALTER TABLE berth.lanes ALTER COLUMN lane_id ADD GENERATED ALWAYS AS IDENTITY (
     NO MAXVALUE
     CACHE 1
 );
+
+--
+-- Name: range_leases; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+)
+PARTITION BY LIST (slot);
+
+--
+-- Name: range_settlements; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+)
+PARTITION BY LIST (slot);
+
+--
+-- Name: ready; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.ready (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lane_seq bigint NOT NULL,
+    id bigint NOT NULL,
+    type text NOT NULL,
+    payload jsonb NOT NULL,
+    queue text NOT NULL,
+    priority smallint NOT NULL,
+    shard smallint NOT NULL,
+    attempts integer NOT NULL,
+    max_attempts integer,
+    dedupe_key text,
+    last_error text,
+    created_at timestamp with time zone NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+)
+PARTITION BY LIST (slot);
+
+--
+-- Name: tombstones; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.tombstones (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lane_seq bigint NOT NULL,
+    id bigint NOT NULL,
+    reason text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+)
+PARTITION BY LIST (slot);
+
+--
+-- Name: leased_entries; Type: VIEW; Schema: berth; Owner: -
+--
+
+CREATE VIEW berth.leased_entries AS
+ SELECT r.slot,
+    r.lane_id,
+    r.lane_seq,
+    r.id,
+    r.type,
+    (r.attempts + 1) AS attempt,
+    COALESCE(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]) AS max_attempts,
+    l.token,
+    l.claimed_at,
+    l.type_expires[array_position(l.types, r.type)] AS expires_at,
+    l.worker,
+    l.from_seq AS lease_from,
+    st.outcome,
+    st.settled_at
+   FROM ((berth.ready r
+     CROSS JOIN LATERAL ( SELECT le.slot,
+            le.lane_id,
+            le.from_seq,
+            le.to_seq,
+            le.n,
+            le.token,
+            le.claimed_at,
+            le.worker,
+            le.types,
+            le.type_expires,
+            le.type_max_attempts,
+            le.expires_at
+           FROM berth.range_leases le
+          WHERE ((le.lane_id = r.lane_id) AND (le.slot = r.slot) AND (le.from_seq <= r.lane_seq))
+          ORDER BY le.from_seq DESC
+         LIMIT 1) l)
+     LEFT JOIN LATERAL ( SELECT x.outcome,
+            x.settled_at
+           FROM berth.range_settlements x
+          WHERE ((x.lane_id = r.lane_id) AND (x.lease_from = l.from_seq) AND (x.slot = r.slot) AND (x.seqs @> r.lane_seq))
+         LIMIT 1) st ON (true))
+  WHERE ((l.to_seq >= r.lane_seq) AND (NOT (EXISTS ( SELECT 1
+           FROM berth.tombstones t
+          WHERE ((t.lane_id = r.lane_id) AND (t.lane_seq = r.lane_seq) AND (t.slot = r.slot))))));
 
 --
 -- Name: leases; Type: TABLE; Schema: berth; Owner: -
@@ -1018,28 +1172,532 @@ CREATE TABLE berth.queue_pauses (
 );
 
 --
--- Name: ready; Type: TABLE; Schema: berth; Owner: -
+-- Name: range_leases_0; Type: TABLE; Schema: berth; Owner: -
 --
 
-CREATE TABLE berth.ready (
+CREATE TABLE berth.range_leases_0 (
     slot smallint NOT NULL,
     lane_id integer NOT NULL,
-    lane_seq bigint NOT NULL,
-    id bigint NOT NULL,
-    type text NOT NULL,
-    payload jsonb NOT NULL,
-    queue text NOT NULL,
-    priority smallint NOT NULL,
-    shard smallint NOT NULL,
-    attempts integer NOT NULL,
-    max_attempts integer,
-    dedupe_key text,
-    last_error text,
-    created_at timestamp with time zone NOT NULL,
-    run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
-)
-PARTITION BY LIST (slot);
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_leases_1; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases_1 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_leases_10; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases_10 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_leases_11; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases_11 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_leases_12; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases_12 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_leases_13; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases_13 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_leases_14; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases_14 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_leases_15; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases_15 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_leases_2; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases_2 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_leases_3; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases_3 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_leases_4; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases_4 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_leases_5; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases_5 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_leases_6; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases_6 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_leases_7; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases_7 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_leases_8; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases_8 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_leases_9; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_leases_9 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    n integer NOT NULL,
+    token uuid NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    worker text,
+    types text[] NOT NULL,
+    type_expires timestamp with time zone[] NOT NULL,
+    type_max_attempts integer[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: range_settlements_0; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_0 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: range_settlements_1; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_1 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: range_settlements_10; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_10 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: range_settlements_11; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_11 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: range_settlements_12; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_12 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: range_settlements_13; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_13 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: range_settlements_14; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_14 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: range_settlements_15; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_15 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: range_settlements_2; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_2 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: range_settlements_3; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_3 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: range_settlements_4; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_4 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: range_settlements_5; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_5 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: range_settlements_6; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_6 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: range_settlements_7; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_7 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: range_settlements_8; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_8 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: range_settlements_9; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.range_settlements_9 (
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    seqs int8multirange NOT NULL,
+    n integer NOT NULL,
+    outcome text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
 
 --
 -- Name: ready_0; Type: TABLE; Schema: berth; Owner: -
@@ -1667,20 +2325,6 @@ CREATE SEQUENCE berth.task_id_seq
     CACHE 1;
 
 --
--- Name: tombstones; Type: TABLE; Schema: berth; Owner: -
---
-
-CREATE TABLE berth.tombstones (
-    slot smallint NOT NULL,
-    lane_id integer NOT NULL,
-    lane_seq bigint NOT NULL,
-    id bigint NOT NULL,
-    reason text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL
-)
-PARTITION BY LIST (slot);
-
---
 -- Name: tombstones_0; Type: TABLE; Schema: berth; Owner: -
 --
 
@@ -2001,6 +2645,198 @@ ALTER TABLE ONLY berth.leases ATTACH PARTITION berth.leases_8 FOR VALUES IN ('8'
 --
 
 ALTER TABLE ONLY berth.leases ATTACH PARTITION berth.leases_9 FOR VALUES IN ('9');
+
+--
+-- Name: range_leases_0; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_0 FOR VALUES IN ('0');
+
+--
+-- Name: range_leases_1; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_1 FOR VALUES IN ('1');
+
+--
+-- Name: range_leases_10; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_10 FOR VALUES IN ('10');
+
+--
+-- Name: range_leases_11; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_11 FOR VALUES IN ('11');
+
+--
+-- Name: range_leases_12; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_12 FOR VALUES IN ('12');
+
+--
+-- Name: range_leases_13; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_13 FOR VALUES IN ('13');
+
+--
+-- Name: range_leases_14; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_14 FOR VALUES IN ('14');
+
+--
+-- Name: range_leases_15; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_15 FOR VALUES IN ('15');
+
+--
+-- Name: range_leases_2; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_2 FOR VALUES IN ('2');
+
+--
+-- Name: range_leases_3; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_3 FOR VALUES IN ('3');
+
+--
+-- Name: range_leases_4; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_4 FOR VALUES IN ('4');
+
+--
+-- Name: range_leases_5; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_5 FOR VALUES IN ('5');
+
+--
+-- Name: range_leases_6; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_6 FOR VALUES IN ('6');
+
+--
+-- Name: range_leases_7; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_7 FOR VALUES IN ('7');
+
+--
+-- Name: range_leases_8; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_8 FOR VALUES IN ('8');
+
+--
+-- Name: range_leases_9; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases ATTACH PARTITION berth.range_leases_9 FOR VALUES IN ('9');
+
+--
+-- Name: range_settlements_0; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_0 FOR VALUES IN ('0');
+
+--
+-- Name: range_settlements_1; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_1 FOR VALUES IN ('1');
+
+--
+-- Name: range_settlements_10; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_10 FOR VALUES IN ('10');
+
+--
+-- Name: range_settlements_11; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_11 FOR VALUES IN ('11');
+
+--
+-- Name: range_settlements_12; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_12 FOR VALUES IN ('12');
+
+--
+-- Name: range_settlements_13; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_13 FOR VALUES IN ('13');
+
+--
+-- Name: range_settlements_14; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_14 FOR VALUES IN ('14');
+
+--
+-- Name: range_settlements_15; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_15 FOR VALUES IN ('15');
+
+--
+-- Name: range_settlements_2; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_2 FOR VALUES IN ('2');
+
+--
+-- Name: range_settlements_3; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_3 FOR VALUES IN ('3');
+
+--
+-- Name: range_settlements_4; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_4 FOR VALUES IN ('4');
+
+--
+-- Name: range_settlements_5; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_5 FOR VALUES IN ('5');
+
+--
+-- Name: range_settlements_6; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_6 FOR VALUES IN ('6');
+
+--
+-- Name: range_settlements_7; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_7 FOR VALUES IN ('7');
+
+--
+-- Name: range_settlements_8; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_8 FOR VALUES IN ('8');
+
+--
+-- Name: range_settlements_9; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements ATTACH PARTITION berth.range_settlements_9 FOR VALUES IN ('9');
 
 --
 -- Name: ready_0; Type: TABLE ATTACH; Schema: berth; Owner: -
@@ -2471,6 +3307,237 @@ ALTER TABLE ONLY berth.overdue_leases
 
 ALTER TABLE ONLY berth.queue_pauses
     ADD CONSTRAINT queue_pauses_pkey PRIMARY KEY (queue);
+
+--
+-- Name: range_leases range_leases_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases
+    ADD CONSTRAINT range_leases_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_0 range_leases_0_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_0
+    ADD CONSTRAINT range_leases_0_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_10 range_leases_10_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_10
+    ADD CONSTRAINT range_leases_10_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_11 range_leases_11_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_11
+    ADD CONSTRAINT range_leases_11_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_12 range_leases_12_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_12
+    ADD CONSTRAINT range_leases_12_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_13 range_leases_13_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_13
+    ADD CONSTRAINT range_leases_13_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_14 range_leases_14_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_14
+    ADD CONSTRAINT range_leases_14_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_15 range_leases_15_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_15
+    ADD CONSTRAINT range_leases_15_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_1 range_leases_1_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_1
+    ADD CONSTRAINT range_leases_1_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_2 range_leases_2_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_2
+    ADD CONSTRAINT range_leases_2_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_3 range_leases_3_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_3
+    ADD CONSTRAINT range_leases_3_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_4 range_leases_4_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_4
+    ADD CONSTRAINT range_leases_4_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_5 range_leases_5_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_5
+    ADD CONSTRAINT range_leases_5_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_6 range_leases_6_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_6
+    ADD CONSTRAINT range_leases_6_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_7 range_leases_7_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_7
+    ADD CONSTRAINT range_leases_7_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_8 range_leases_8_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_8
+    ADD CONSTRAINT range_leases_8_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_leases_9 range_leases_9_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_leases_9
+    ADD CONSTRAINT range_leases_9_pkey PRIMARY KEY (lane_id, from_seq, slot);
+
+--
+-- Name: range_settlements_0 range_settlements_0_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_0
+    ADD CONSTRAINT range_settlements_0_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
+
+--
+-- Name: range_settlements_10 range_settlements_10_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_10
+    ADD CONSTRAINT range_settlements_10_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
+
+--
+-- Name: range_settlements_11 range_settlements_11_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_11
+    ADD CONSTRAINT range_settlements_11_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
+
+--
+-- Name: range_settlements_12 range_settlements_12_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_12
+    ADD CONSTRAINT range_settlements_12_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
+
+--
+-- Name: range_settlements_13 range_settlements_13_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_13
+    ADD CONSTRAINT range_settlements_13_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
+
+--
+-- Name: range_settlements_14 range_settlements_14_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_14
+    ADD CONSTRAINT range_settlements_14_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
+
+--
+-- Name: range_settlements_15 range_settlements_15_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_15
+    ADD CONSTRAINT range_settlements_15_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
+
+--
+-- Name: range_settlements_1 range_settlements_1_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_1
+    ADD CONSTRAINT range_settlements_1_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
+
+--
+-- Name: range_settlements_2 range_settlements_2_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_2
+    ADD CONSTRAINT range_settlements_2_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
+
+--
+-- Name: range_settlements_3 range_settlements_3_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_3
+    ADD CONSTRAINT range_settlements_3_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
+
+--
+-- Name: range_settlements_4 range_settlements_4_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_4
+    ADD CONSTRAINT range_settlements_4_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
+
+--
+-- Name: range_settlements_5 range_settlements_5_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_5
+    ADD CONSTRAINT range_settlements_5_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
+
+--
+-- Name: range_settlements_6 range_settlements_6_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_6
+    ADD CONSTRAINT range_settlements_6_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
+
+--
+-- Name: range_settlements_7 range_settlements_7_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_7
+    ADD CONSTRAINT range_settlements_7_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
+
+--
+-- Name: range_settlements_8 range_settlements_8_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_8
+    ADD CONSTRAINT range_settlements_8_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
+
+--
+-- Name: range_settlements_9 range_settlements_9_fence; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.range_settlements_9
+    ADD CONSTRAINT range_settlements_9_fence EXCLUDE USING gist (int4range(lane_id, lane_id, '[]'::text) WITH &&, seqs WITH &&);
 
 --
 -- Name: ready ready_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
@@ -3001,6 +4068,210 @@ CREATE INDEX leases_9_expires_at_idx ON berth.leases_9 USING btree (expires_at);
 CREATE INDEX overdue_leases_id_idx ON berth.overdue_leases USING btree (id);
 
 --
+-- Name: range_leases_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_expires_at_idx ON ONLY berth.range_leases USING btree (expires_at);
+
+--
+-- Name: range_leases_0_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_0_expires_at_idx ON berth.range_leases_0 USING btree (expires_at);
+
+--
+-- Name: range_leases_10_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_10_expires_at_idx ON berth.range_leases_10 USING btree (expires_at);
+
+--
+-- Name: range_leases_11_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_11_expires_at_idx ON berth.range_leases_11 USING btree (expires_at);
+
+--
+-- Name: range_leases_12_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_12_expires_at_idx ON berth.range_leases_12 USING btree (expires_at);
+
+--
+-- Name: range_leases_13_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_13_expires_at_idx ON berth.range_leases_13 USING btree (expires_at);
+
+--
+-- Name: range_leases_14_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_14_expires_at_idx ON berth.range_leases_14 USING btree (expires_at);
+
+--
+-- Name: range_leases_15_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_15_expires_at_idx ON berth.range_leases_15 USING btree (expires_at);
+
+--
+-- Name: range_leases_1_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_1_expires_at_idx ON berth.range_leases_1 USING btree (expires_at);
+
+--
+-- Name: range_leases_2_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_2_expires_at_idx ON berth.range_leases_2 USING btree (expires_at);
+
+--
+-- Name: range_leases_3_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_3_expires_at_idx ON berth.range_leases_3 USING btree (expires_at);
+
+--
+-- Name: range_leases_4_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_4_expires_at_idx ON berth.range_leases_4 USING btree (expires_at);
+
+--
+-- Name: range_leases_5_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_5_expires_at_idx ON berth.range_leases_5 USING btree (expires_at);
+
+--
+-- Name: range_leases_6_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_6_expires_at_idx ON berth.range_leases_6 USING btree (expires_at);
+
+--
+-- Name: range_leases_7_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_7_expires_at_idx ON berth.range_leases_7 USING btree (expires_at);
+
+--
+-- Name: range_leases_8_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_8_expires_at_idx ON berth.range_leases_8 USING btree (expires_at);
+
+--
+-- Name: range_leases_9_expires_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_leases_9_expires_at_idx ON berth.range_leases_9 USING btree (expires_at);
+
+--
+-- Name: range_settlements_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_lane_id_lease_from_slot_idx ON ONLY berth.range_settlements USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_0_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_0_lane_id_lease_from_slot_idx ON berth.range_settlements_0 USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_10_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_10_lane_id_lease_from_slot_idx ON berth.range_settlements_10 USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_11_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_11_lane_id_lease_from_slot_idx ON berth.range_settlements_11 USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_12_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_12_lane_id_lease_from_slot_idx ON berth.range_settlements_12 USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_13_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_13_lane_id_lease_from_slot_idx ON berth.range_settlements_13 USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_14_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_14_lane_id_lease_from_slot_idx ON berth.range_settlements_14 USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_15_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_15_lane_id_lease_from_slot_idx ON berth.range_settlements_15 USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_1_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_1_lane_id_lease_from_slot_idx ON berth.range_settlements_1 USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_2_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_2_lane_id_lease_from_slot_idx ON berth.range_settlements_2 USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_3_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_3_lane_id_lease_from_slot_idx ON berth.range_settlements_3 USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_4_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_4_lane_id_lease_from_slot_idx ON berth.range_settlements_4 USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_5_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_5_lane_id_lease_from_slot_idx ON berth.range_settlements_5 USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_6_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_6_lane_id_lease_from_slot_idx ON berth.range_settlements_6 USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_7_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_7_lane_id_lease_from_slot_idx ON berth.range_settlements_7 USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_8_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_8_lane_id_lease_from_slot_idx ON berth.range_settlements_8 USING btree (lane_id, lease_from, slot);
+
+--
+-- Name: range_settlements_9_lane_id_lease_from_slot_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX range_settlements_9_lane_id_lease_from_slot_idx ON berth.range_settlements_9 USING btree (lane_id, lease_from, slot);
+
+--
 -- Name: ready_id_idx; Type: INDEX; Schema: berth; Owner: -
 --
 
@@ -3395,6 +4666,294 @@ ALTER INDEX berth.leases_expires_at_idx ATTACH PARTITION berth.leases_9_expires_
 --
 
 ALTER INDEX berth.leases_pkey ATTACH PARTITION berth.leases_9_pkey;
+
+--
+-- Name: range_leases_0_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_0_expires_at_idx;
+
+--
+-- Name: range_leases_0_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_0_pkey;
+
+--
+-- Name: range_leases_10_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_10_expires_at_idx;
+
+--
+-- Name: range_leases_10_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_10_pkey;
+
+--
+-- Name: range_leases_11_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_11_expires_at_idx;
+
+--
+-- Name: range_leases_11_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_11_pkey;
+
+--
+-- Name: range_leases_12_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_12_expires_at_idx;
+
+--
+-- Name: range_leases_12_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_12_pkey;
+
+--
+-- Name: range_leases_13_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_13_expires_at_idx;
+
+--
+-- Name: range_leases_13_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_13_pkey;
+
+--
+-- Name: range_leases_14_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_14_expires_at_idx;
+
+--
+-- Name: range_leases_14_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_14_pkey;
+
+--
+-- Name: range_leases_15_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_15_expires_at_idx;
+
+--
+-- Name: range_leases_15_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_15_pkey;
+
+--
+-- Name: range_leases_1_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_1_expires_at_idx;
+
+--
+-- Name: range_leases_1_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_1_pkey;
+
+--
+-- Name: range_leases_2_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_2_expires_at_idx;
+
+--
+-- Name: range_leases_2_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_2_pkey;
+
+--
+-- Name: range_leases_3_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_3_expires_at_idx;
+
+--
+-- Name: range_leases_3_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_3_pkey;
+
+--
+-- Name: range_leases_4_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_4_expires_at_idx;
+
+--
+-- Name: range_leases_4_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_4_pkey;
+
+--
+-- Name: range_leases_5_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_5_expires_at_idx;
+
+--
+-- Name: range_leases_5_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_5_pkey;
+
+--
+-- Name: range_leases_6_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_6_expires_at_idx;
+
+--
+-- Name: range_leases_6_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_6_pkey;
+
+--
+-- Name: range_leases_7_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_7_expires_at_idx;
+
+--
+-- Name: range_leases_7_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_7_pkey;
+
+--
+-- Name: range_leases_8_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_8_expires_at_idx;
+
+--
+-- Name: range_leases_8_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_8_pkey;
+
+--
+-- Name: range_leases_9_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_expires_at_idx ATTACH PARTITION berth.range_leases_9_expires_at_idx;
+
+--
+-- Name: range_leases_9_pkey; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_leases_pkey ATTACH PARTITION berth.range_leases_9_pkey;
+
+--
+-- Name: range_settlements_0_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_0_lane_id_lease_from_slot_idx;
+
+--
+-- Name: range_settlements_10_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_10_lane_id_lease_from_slot_idx;
+
+--
+-- Name: range_settlements_11_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_11_lane_id_lease_from_slot_idx;
+
+--
+-- Name: range_settlements_12_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_12_lane_id_lease_from_slot_idx;
+
+--
+-- Name: range_settlements_13_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_13_lane_id_lease_from_slot_idx;
+
+--
+-- Name: range_settlements_14_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_14_lane_id_lease_from_slot_idx;
+
+--
+-- Name: range_settlements_15_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_15_lane_id_lease_from_slot_idx;
+
+--
+-- Name: range_settlements_1_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_1_lane_id_lease_from_slot_idx;
+
+--
+-- Name: range_settlements_2_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_2_lane_id_lease_from_slot_idx;
+
+--
+-- Name: range_settlements_3_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_3_lane_id_lease_from_slot_idx;
+
+--
+-- Name: range_settlements_4_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_4_lane_id_lease_from_slot_idx;
+
+--
+-- Name: range_settlements_5_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_5_lane_id_lease_from_slot_idx;
+
+--
+-- Name: range_settlements_6_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_6_lane_id_lease_from_slot_idx;
+
+--
+-- Name: range_settlements_7_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_7_lane_id_lease_from_slot_idx;
+
+--
+-- Name: range_settlements_8_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_8_lane_id_lease_from_slot_idx;
+
+--
+-- Name: range_settlements_9_lane_id_lease_from_slot_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.range_settlements_lane_id_lease_from_slot_idx ATTACH PARTITION berth.range_settlements_9_lane_id_lease_from_slot_idx;
 
 --
 -- Name: ready_0_id_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
@@ -3877,6 +5436,18 @@ ALTER INDEX berth.tombstones_id_idx ATTACH PARTITION berth.tombstones_9_id_idx;
 ALTER INDEX berth.tombstones_pkey ATTACH PARTITION berth.tombstones_9_pkey;
 
 --
+-- Name: settlements forward_legacy_settlement; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER forward_legacy_settlement BEFORE INSERT ON berth.settlements FOR EACH ROW EXECUTE FUNCTION berth.forward_legacy_settlement();
+
+--
+-- Name: leases refuse_legacy_lease; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER refuse_legacy_lease BEFORE INSERT ON berth.leases FOR EACH ROW EXECUTE FUNCTION berth.refuse_legacy_lease();
+
+--
 -- Name: FUNCTION append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[]); Type: ACL; Schema: berth; Owner: -
 --
 
@@ -3893,6 +5464,12 @@ REVOKE ALL ON FUNCTION berth.due_deferred(p_state text, p_limit integer, p_skip_
 --
 
 REVOKE ALL ON FUNCTION berth.enqueue(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[]) FROM PUBLIC;
+
+--
+-- Name: FUNCTION forward_legacy_settlement(); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.forward_legacy_settlement() FROM PUBLIC;
 
 --
 -- Name: FUNCTION move_task(p_id bigint, p_queue text, p_priority smallint); Type: ACL; Schema: berth; Owner: -
@@ -3929,6 +5506,12 @@ REVOKE ALL ON FUNCTION berth.prune_dead_letters(p_retention_ms double precision,
 --
 
 REVOKE ALL ON FUNCTION berth.prune_slot(p_slot smallint, p_lock_timeout_ms integer) FROM PUBLIC;
+
+--
+-- Name: FUNCTION refuse_legacy_lease(); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.refuse_legacy_lease() FROM PUBLIC;
 
 --
 -- Name: FUNCTION remove_unleased(p_id bigint, p_reason text); Type: ACL; Schema: berth; Owner: -

@@ -29,7 +29,7 @@ import { enqueueMany, leaderInfo, migrate } from '../src/index.js';
 import { readGauges } from '../src/maintenance-api.js';
 import { leaderApplicationName } from '../src/storage/locks.js';
 import { quoteIdent } from '../src/sql.js';
-import { liveEntryPredicate } from '../src/storage/predicates.js';
+import { laneCursor, liveEntries } from '../src/storage/predicates.js';
 import { waitFor } from './helpers.js';
 import { TestCluster } from './support/cluster.js';
 import { Fleet, type Crash, type FleetProcess } from './support/fleet.js';
@@ -252,10 +252,10 @@ async function unfinished(db: pg.Pool): Promise<unknown[]> {
   const S = quoteIdent(schema);
   const r = await db.query(
     `SELECT r.id::text AS id, 'ring' AS at, r.lane_id, r.lane_seq, r.slot, r.attempts, l.attempt, l.worker,
-            l.expires_at, l.expires_at < now() AS lapsed,
-            (SELECT max(le.lane_seq) FROM ${S}.leases le WHERE le.lane_id = r.lane_id) AS lane_cursor
-       FROM ${S}.ready r LEFT JOIN ${S}.leases l ON l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot
-      WHERE ${liveEntryPredicate(S)}
+            r.expires_at, r.expires_at < now() AS lapsed, ${laneCursor(S, 'r.lane_id')} AS lane_cursor
+       FROM ${liveEntries(S)} r
+       LEFT JOIN LATERAL (SELECT * FROM ${S}.leased_entries le
+                           WHERE le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq AND le.slot = r.slot) l ON true
      UNION ALL
      SELECT id::text, 'deferred ' || state, NULL, NULL, NULL, attempts, NULL, NULL, run_at, run_at < now(), NULL FROM ${S}.deferred
      LIMIT 10`,

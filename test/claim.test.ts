@@ -24,12 +24,12 @@ function params(laneIds: number[], limit: number, extra: Partial<ClaimParams> = 
 }
 
 async function leaseCount(): Promise<number> {
-  return Number((await pool.query(`SELECT count(*) AS n FROM "${schema}".leases`)).rows[0].n);
+  return Number((await pool.query(`SELECT count(*) AS n FROM "${schema}".leased_entries`)).rows[0].n);
 }
 
 async function reset(): Promise<void> {
   await pool.query(
-    `TRUNCATE "${schema}".ready, "${schema}".leases, "${schema}".settlements, "${schema}".tombstones, "${schema}".deferred`,
+    `TRUNCATE "${schema}".ready, "${schema}".leases, "${schema}".settlements, "${schema}".range_leases, "${schema}".range_settlements, "${schema}".tombstones, "${schema}".deferred`,
   );
 }
 
@@ -53,7 +53,7 @@ test('ClaimLeasesExactlyOneRow: a claim for one slot leases exactly the one entr
   const three = await claim(pool, params(lanes, 3));
   assert.equal(three.length, 3);
   assert.equal(await leaseCount(), 4);
-  const leased = await pool.query(`SELECT id::text FROM "${schema}".leases ORDER BY id`);
+  const leased = await pool.query(`SELECT id::text FROM "${schema}".leased_entries ORDER BY id`);
   assert.deepEqual(leased.rows.map((r) => r.id).sort(), [...got, ...three].map((t) => t.id).sort());
 });
 
@@ -138,18 +138,20 @@ test('the claim stamps a random token and expiry = db now() + ceiling + margin',
   const got = await claim(pool, params(lanes, 2));
   assert.equal(got.length, 2);
   const rows = await pool.query(
-    `SELECT type, token::text, extract(epoch FROM expires_at - claimed_at)::float8 AS secs, attempt FROM "${schema}".leases ORDER BY type`,
+    `SELECT type, token::text, extract(epoch FROM expires_at - claimed_at)::float8 AS secs, attempt FROM "${schema}".leased_entries ORDER BY type`,
   );
   const byType = Object.fromEntries(rows.rows.map((r) => [r.type, r]));
   assert.equal(byType.t.secs, 90, 'ceiling 60 s + margin 30 s');
   assert.equal(byType.unknown_type.secs, 330, 'default ceiling 300 s + margin');
-  assert.notEqual(byType.t.token, byType.unknown_type.token);
+  // One claim leases one range per lane: entries of one lane share the range's token.
+  const sameLane = got[0]!.laneId === got[1]!.laneId;
+  assert.equal(byType.t.token === byType.unknown_type.token, sameLane);
   assert.match(byType.t.token, /^[0-9a-f-]{36}$/);
   assert.equal(byType.t.attempt, 1, 'attempts are counted at claim');
   const t = got.find((x) => x.type === 't')!;
   const dbExpiry = await pool.query(
-    `SELECT (extract(epoch FROM expires_at) * 1000)::float8 AS ms FROM "${schema}".leases WHERE token = $1`,
-    [t.token],
+    `SELECT (extract(epoch FROM expires_at) * 1000)::float8 AS ms FROM "${schema}".leased_entries WHERE token = $1 AND id = $2`,
+    [t.token, t.id],
   );
   assert.equal(t.leaseExpiresAt, dbExpiry.rows[0].ms, 'the deadline is derived from the returned database stamp');
 });
@@ -249,9 +251,11 @@ test('the cursor never passes an unleased entry: a claim that began before an ap
     const stranded = await pool.query<{ id: string }>(
       `SELECT r.id::text FROM ${s}.ready r
         WHERE r.lane_id = $1
-          AND r.lane_seq <= (SELECT max(le.lane_seq) FROM ${s}.leases le WHERE le.lane_id = $1)
-          AND NOT EXISTS (SELECT 1 FROM ${s}.leases le
-                           WHERE le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq AND le.slot = r.slot)`,
+          AND r.lane_seq <= (SELECT max(le.to_seq) FROM ${s}.range_leases le WHERE le.lane_id = $1)
+          AND NOT EXISTS (SELECT 1 FROM ${s}.leased_entries le
+                           WHERE le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq AND le.slot = r.slot)
+          AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+                           WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)`,
       [lane],
     );
     assert.deepEqual(

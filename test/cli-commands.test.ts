@@ -244,14 +244,16 @@ test('queues pause / list / resume; stats; leader exits 1 with no leader', async
 });
 
 test("worker --tasks <module> --drain runs the module's handlers until no due work is left", async () => {
-  await pool.query(`TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dedupe`);
+  await pool.query(
+    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dedupe`,
+  );
   for (let i = 0; i < 20; i++) await enqueue(pool, 'cli_ok', { n: i }, { schema });
   await enqueue(pool, 'cli_fail', {}, { schema });
   const mod = fileURLToPath(new URL('./fixtures/cli-tasks.ts', import.meta.url));
   const r = await berth('worker', '--tasks', mod, '--drain', '--no-maintenance');
   assert.equal(r.code, 0, r.err);
   const left = await pool.query(
-    `SELECT count(*)::int AS n FROM ${S}.ready r WHERE NOT EXISTS (SELECT 1 FROM ${S}.settlements s WHERE s.lane_id = r.lane_id AND s.lane_seq = r.lane_seq AND s.slot = r.slot)`,
+    `SELECT count(*)::int AS n FROM ${S}.ready r WHERE NOT EXISTS (SELECT 1 FROM ${S}.leased_entries s WHERE s.id = r.id AND s.lane_id = r.lane_id AND s.lane_seq = r.lane_seq AND s.slot = r.slot AND s.outcome IS NOT NULL)`,
   );
   assert.equal(left.rows[0].n, 0);
   assert.equal(

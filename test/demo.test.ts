@@ -57,7 +57,7 @@ async function runAndInterrupt(
 
 async function completed(): Promise<number> {
   const r = await pool.query<{ n: number }>(
-    `SELECT count(*)::int AS n FROM ${S}.settlements WHERE outcome = 'completed'`,
+    `SELECT coalesce(sum(n), 0)::int AS n FROM ${S}.range_settlements WHERE outcome = 'completed'`,
   );
   return r.rows[0]!.n;
 }
@@ -74,8 +74,7 @@ function messages(lines: string[]): string[] {
 
 async function unsettledLeases(): Promise<number> {
   const r = await pool.query<{ n: number }>(
-    `SELECT count(*)::int AS n FROM ${S}.leases l
-      WHERE NOT EXISTS (SELECT 1 FROM ${S}.settlements s WHERE s.lane_id = l.lane_id AND s.lane_seq = l.lane_seq AND s.slot = l.slot)`,
+    `SELECT count(*)::int AS n FROM ${S}.leased_entries l WHERE l.outcome IS NULL`,
   );
   return r.rows[0]!.n;
 }

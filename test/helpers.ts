@@ -16,7 +16,10 @@ if (!process.env.BERTH_LOG_LEVEL) testLogger.level = 'silent';
  */
 export async function freshSchema(name: string): Promise<{ schema: string; pool: pg.Pool }> {
   const schema = `t_${name}_${process.pid}`;
-  const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 10 });
+  // jit off as on every session berth opens itself (SESSION_OPTIONS in src/processor/worker.ts):
+  // maintenance and admin statements plan over every ring partition, and on never-analyzed
+  // partitions their estimates pass jit_above_cost, where compiling them takes seconds.
+  const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 10, options: '-c jit=off' });
   await pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
   await migrate({ connectionString: DATABASE_URL, schema });
   after(async () => {

@@ -34,10 +34,7 @@ test('3 worker processes, 5,000 tasks, one SIGKILLed mid-run and replaced: nothi
     // What the killed worker held at its death: leases of w1 with no settlement yet.
     const held = new Set(
       (
-        await pool.query(
-          `SELECT l.id::text FROM ${S}.leases l WHERE l.worker = 'w1'
-           AND NOT EXISTS (SELECT 1 FROM ${S}.settlements s WHERE s.lane_id = l.lane_id AND s.lane_seq = l.lane_seq AND s.slot = l.slot)`,
-        )
+        await pool.query(`SELECT l.id::text FROM ${S}.leased_entries l WHERE l.worker = 'w1' AND l.outcome IS NULL`)
       ).rows.map((r) => r.id),
     );
     live.push(await spawnWorker('w4'));
@@ -66,7 +63,7 @@ test('3 worker processes, 5,000 tasks, one SIGKILLed mid-run and replaced: nothi
     const idsByI = new Map(
       (
         await pool.query(
-          `SELECT DISTINCT (payload->>'i')::int AS i, id::text FROM ${S}.leases JOIN ${S}.ready USING (slot, lane_id, lane_seq, id)`,
+          `SELECT DISTINCT (r.payload->>'i')::int AS i, r.id::text FROM ${S}.leased_entries le JOIN ${S}.ready r USING (slot, lane_id, lane_seq, id)`,
         )
       ).rows.map((r) => [r.i, r.id]),
     );

@@ -164,8 +164,9 @@ test('a refused AdvanceCursor surfaces as an error and the run is recorded as lo
         readPage: async () => {
           // Another party takes the lease over mid-slice (as rescue would after a lapse).
           await pool.query(
-            `INSERT INTO ${S}.settlements (slot, lane_id, lane_seq, id, outcome)
-           SELECT slot, lane_id, lane_seq, id, 'rescued' FROM ${S}.leases WHERE id = $1 ON CONFLICT DO NOTHING`,
+            `INSERT INTO ${S}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
+           SELECT slot, lane_id, lease_from, int8multirange(int8range(lane_seq, lane_seq + 1)), 1, 'rescued'
+             FROM ${S}.leased_entries WHERE id = $1 AND outcome IS NULL ON CONFLICT DO NOTHING`,
             [ctx.id],
           );
           return { next: 1 };
@@ -272,7 +273,7 @@ test('a claim that returns after its deadline does not start the handler: timeou
     `CREATE FUNCTION "${slow}".slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.3); RETURN NULL; END $$`,
   );
   await sp.query(
-    `CREATE TRIGGER slow AFTER INSERT ON "${slow}".leases FOR EACH STATEMENT EXECUTE FUNCTION "${slow}".slow()`,
+    `CREATE TRIGGER slow AFTER INSERT ON "${slow}".range_leases FOR EACH STATEMENT EXECUTE FUNCTION "${slow}".slow()`,
   );
   let started = 0;
   const def = defineTask({
@@ -531,9 +532,7 @@ test('prefetched tasks wait for a slot under their own lease; stop() hands them 
   await w.start();
   await waitFor(() => started >= 151, 20_000, 'the blocker started');
   await waitFor(async () => (await counterValue(w.metrics, 'berth_tasks_prefetched', {})) >= 1, 10_000, 'prefetched');
-  const leased = await pool.query(
-    `SELECT count(*) AS n FROM ${S}.leases l WHERE NOT EXISTS (SELECT 1 FROM ${S}.settlements st WHERE (st.lane_id, st.lane_seq, st.slot) = (l.lane_id, l.lane_seq, l.slot))`,
-  );
+  const leased = await pool.query(`SELECT count(*) AS n FROM ${S}.leased_entries l WHERE l.outcome IS NULL`);
   assert.ok(Number(leased.rows[0].n) >= 2, 'the running task and at least one buffered task are leased');
   await w.stop();
   await expectOutcome(w.metrics, 'p_prefetch', 'cancelled', 1);
@@ -544,9 +543,7 @@ test('prefetched tasks wait for a slot under their own lease; stop() hands them 
   // Not compared with the count above: between it and stop() the fetch loop may lease more, and
   // completions still in the settlement batcher settle. What must hold: nothing is left open.
   assert.ok(attempts.length >= 2, 'the interrupted task and at least one never-started task came back');
-  const open = await pool.query(
-    `SELECT count(*)::int AS n FROM ${S}.leases l WHERE NOT EXISTS (SELECT 1 FROM ${S}.settlements st WHERE (st.lane_id, st.lane_seq, st.slot) = (l.lane_id, l.lane_seq, l.slot))`,
-  );
+  const open = await pool.query(`SELECT count(*)::int AS n FROM ${S}.leased_entries l WHERE l.outcome IS NULL`);
   assert.equal(open.rows[0].n, 0, 'no lease is left unsettled after stop()');
   assert.equal(attempts.filter((a) => a === 1).length, 1, 'the interrupted task keeps its burnt attempt');
   assert.ok(

@@ -395,15 +395,17 @@ test('a producer role enqueues and reads task state, and nothing more', async ()
   );
   await denied(
     poolP,
-    `INSERT INTO ${S}.leases (slot, lane_id, lane_seq, id, type, attempt, max_attempts, token, claimed_at, expires_at)
-                        VALUES (0, $1, $2, $3, 'x', 1, 1, gen_random_uuid(), now(), now())`,
-    [lane.lane_id, lane.lane_seq, ready.id],
+    `INSERT INTO ${S}.range_leases (slot, lane_id, from_seq, to_seq, n, token, claimed_at, types, type_expires,
+                                    type_max_attempts, expires_at)
+                        VALUES (0, $1, $2::bigint, $2::bigint, 1, gen_random_uuid(), now(), '{x}', ARRAY[now()], '{1}', now())`,
+    [lane.lane_id, lane.lane_seq],
   );
   // Settlement, ring and lane writes, the definer functions beyond enqueue.
   await denied(
     poolP,
-    `INSERT INTO ${S}.settlements (slot, lane_id, lane_seq, id, outcome) VALUES (0, $1, $2, $3, 'completed')`,
-    [lane.lane_id, lane.lane_seq, ready.id],
+    `INSERT INTO ${S}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
+                        VALUES (0, $1, $2::bigint, int8multirange(int8range($2::bigint, $2::bigint + 1)), 1, 'completed')`,
+    [lane.lane_id, lane.lane_seq],
   );
   await denied(poolP, `UPDATE ${S}.lanes SET paused = true`);
   await assert.rejects(rotateRing(poolP as never, schema, 0), (err: { code?: string }) => err.code === '42501');
@@ -450,13 +452,24 @@ test('a worker role cannot truncate, delete, drop or forge what it does not own'
       c.release();
     }
   }
-  for (const t of ['ready', 'leases', 'settlements', 'tombstones', 'deferred', 'dead_letters', 'audit_log', 'lanes']) {
+  for (const t of [
+    'ready',
+    'leases',
+    'settlements',
+    'range_leases',
+    'range_settlements',
+    'tombstones',
+    'deferred',
+    'dead_letters',
+    'audit_log',
+    'lanes',
+  ]) {
     await denied(poolB, `DELETE FROM ${S}.${t}`);
   }
   await denied(poolB, `DELETE FROM ${S}."ready_3"`);
   await denied(poolB, `UPDATE ${S}.deferred SET run_at = now() + interval '1 year'`);
   await denied(poolB, `UPDATE ${S}.ready SET payload = '{}'`);
-  await denied(poolB, `UPDATE ${S}.leases SET expires_at = now()`);
+  await denied(poolB, `UPDATE ${S}.range_leases SET expires_at = now()`);
   await denied(poolB, `SELECT id FROM ${S}.deferred FOR UPDATE`);
   await denied(poolB, `INSERT INTO ${S}.audit_log (actor, action, target, result) VALUES ('x', 'x', '{}', '{}')`);
   await denied(
@@ -528,7 +541,7 @@ test('grantRuntimeRole: kind producer or worker; regranting converges; options a
                 has_function_privilege($1, $4, 'EXECUTE') AS enqueue, has_table_privilege($1, $5, 'SELECT') AS read`,
         [
           role,
-          `${S}.leases`,
+          `${S}.range_leases`,
           `${S}.promote_lane(text,smallint,smallint,integer)`,
           `${S}.enqueue(text,smallint,smallint,smallint,text[],jsonb[],timestamptz[],integer[],text[])`,
           `${S}.ready`,
@@ -677,7 +690,8 @@ test("a stuck handler's lease protection works under the grant: protect, refresh
   assert.equal((await overdueMarks(poolB, schema, [t.id!])).get(t.id!)?.stuck, true);
   await waitFor(
     async () =>
-      (await admin.query(`SELECT expires_at < now() AS lapsed FROM ${S}.leases WHERE id = $1`, [t.id])).rows[0].lapsed,
+      (await admin.query(`SELECT expires_at < now() AS lapsed FROM ${S}.leased_entries WHERE id = $1`, [t.id])).rows[0]
+        .lapsed,
     20_000,
     'lapsed',
   );

@@ -25,7 +25,7 @@ const { logger } = captureLogger();
 
 async function reset(): Promise<void> {
   await pool.query(
-    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
+    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
   );
 }
 async function laneOf(queue: string, shard = 0): Promise<number> {
@@ -54,7 +54,7 @@ test('the default lease margin is 30 s: lease = ceiling + 30 s, deadline = lease
     ceiling: 10_000,
     handler: async (_p, ctx) => {
       const r = await pool.query(
-        `SELECT (extract(epoch FROM expires_at) * 1000)::float8 AS e, extract(epoch FROM expires_at - claimed_at)::float8 AS s FROM ${S}.leases WHERE id = $1`,
+        `SELECT (extract(epoch FROM expires_at) * 1000)::float8 AS e, extract(epoch FROM expires_at - claimed_at)::float8 AS s FROM ${S}.leased_entries WHERE id = $1`,
         [ctx.id],
       );
       seen = { deadline: ctx.deadline.getTime(), expires: r.rows[0].e };
@@ -490,7 +490,7 @@ test('a release that fails is logged at warn, and the lapsed lease still gets th
   await pool.query(`CREATE FUNCTION ${S}.no_release() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN IF NEW.outcome = 'released' THEN RAISE EXCEPTION 'release refused by test'; END IF; RETURN NEW; END $$`);
   await pool.query(
-    `CREATE TRIGGER no_release BEFORE INSERT ON ${S}.settlements FOR EACH ROW EXECUTE FUNCTION ${S}.no_release()`,
+    `CREATE TRIGGER no_release BEFORE INSERT ON ${S}.range_settlements FOR EACH ROW EXECUTE FUNCTION ${S}.no_release()`,
   );
   try {
     let runs = 0;
@@ -535,7 +535,7 @@ test('a release that fails is logged at warn, and the lapsed lease still gets th
       await second.stop();
     }
   } finally {
-    await pool.query(`DROP TRIGGER no_release ON ${S}.settlements`);
+    await pool.query(`DROP TRIGGER no_release ON ${S}.range_settlements`);
   }
 });
 

@@ -41,7 +41,7 @@ async function claimOne(type = 't', ceilingMs = 60_000): Promise<ClaimedTask> {
 
 async function fresh(payload: unknown = {}, opts: { maxAttempts?: number; dedupeKey?: string } = {}): Promise<string> {
   await pool.query(
-    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
+    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
   );
   const r = await enqueue(pool, 't', payload, { schema, ...opts });
   return r.id!;
@@ -231,8 +231,10 @@ test('retention prunes dead letters older than 7 days from the last attempt, nev
      VALUES (0, 999999, 1, 9003, 't', '{}', 'default', 0, 0, 19, 20, now(), now())`,
   );
   await pool.query(
-    `INSERT INTO ${S}.leases (slot, lane_id, lane_seq, id, type, attempt, max_attempts, token, claimed_at, expires_at)
-     VALUES (0, 999999, 1, 9003, 't', 20, 20, gen_random_uuid(), now(), now() + interval '1 hour')`,
+    `INSERT INTO ${S}.range_leases (slot, lane_id, from_seq, to_seq, n, token, claimed_at, types, type_expires,
+                                    type_max_attempts, expires_at)
+     VALUES (0, 999999, 1, 1, 1, gen_random_uuid(), now(), '{t}', ARRAY[now() + interval '1 hour'], '{20}',
+             now() + interval '1 hour')`,
   );
   const before = await readGauges(pool, schema);
   assert.equal(before.dead.get('t'), 2, 'the gauge uses the same predicate');

@@ -134,7 +134,7 @@ test('a handler that ignores its signal keeps its lease past expiry: no second r
     [{ attempt: 1, worker: 'holder' }],
     'no second run while the holder lives and runs it',
   );
-  const lease = await pool.query(`SELECT expires_at < now() AS lapsed FROM ${S}.leases WHERE id = $1`, [id]);
+  const lease = await pool.query(`SELECT expires_at < now() AS lapsed FROM ${S}.leased_entries WHERE id = $1`, [id]);
   assert.equal(lease.rows[0].lapsed, true, 'the lease itself has lapsed');
 
   // Reported: the gauge, one warn line with the task's fields, and the dashboard's mark.
@@ -226,7 +226,8 @@ test('rescue honours a fresh overdue row only: stale, the lease is rescued and t
   assert.equal(await protectOverdueLease(pool, schema, t, 'sql', 0, 60_000), true);
   await waitFor(
     async () =>
-      (await pool.query(`SELECT expires_at < now() AS lapsed FROM ${S}.leases WHERE id = $1`, [id])).rows[0].lapsed,
+      (await pool.query(`SELECT expires_at < now() AS lapsed FROM ${S}.leased_entries WHERE id = $1`, [id])).rows[0]
+        .lapsed,
     20_000,
     'the lease lapses',
   );
@@ -249,7 +250,8 @@ test('rescue honours a fresh overdue row only: stale, the lease is rescued and t
   assert.equal(t2.id, id2);
   await waitFor(
     async () =>
-      (await pool.query(`SELECT expires_at < now() AS lapsed FROM ${S}.leases WHERE id = $1`, [id2])).rows[0].lapsed,
+      (await pool.query(`SELECT expires_at < now() AS lapsed FROM ${S}.leased_entries WHERE id = $1`, [id2])).rows[0]
+        .lapsed,
     20_000,
     'the lease lapses',
   );

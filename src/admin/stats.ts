@@ -8,7 +8,13 @@ import {
   liveWorkerParams,
 } from '../storage/live-workers.js';
 import { readMaintenanceReport, type MaintenanceReport } from './worker-report.js';
-import { deadRowPredicate, liveEntryPredicate } from '../storage/predicates.js';
+import {
+  deadRowPredicate,
+  laneCursor,
+  liveEntries,
+  unsettledEntriesOf,
+  unsettledRanges,
+} from '../storage/predicates.js';
 
 /** Due deferred rows are counted up to this many per lane; more reads as "10000+". */
 export const DUE_COUNT_CAP = 10_000;
@@ -53,7 +59,7 @@ export async function laneStats(db: Queryable, schema: SchemaRef): Promise<LaneS
             CASE WHEN isfinite(least(hd.run_at, dd.run_at)) THEN extract(epoch FROM now() - least(hd.run_at, dd.run_at)) END::float8 AS oldest_secs
        FROM ${s}.lanes l
        LEFT JOIN LATERAL (SELECT max(r.lane_seq) AS seq FROM ${s}.ready r WHERE r.lane_id = l.lane_id) h ON true
-       LEFT JOIN LATERAL (SELECT max(le.lane_seq) AS seq FROM ${s}.leases le WHERE le.lane_id = l.lane_id) c ON true
+       LEFT JOIN LATERAL (SELECT ${laneCursor(s, 'l.lane_id')} AS seq) c ON true
        LEFT JOIN LATERAL (
          SELECT r.run_at FROM ${s}.ready r
           WHERE r.lane_id = l.lane_id AND r.lane_seq > coalesce(c.seq, 0)
@@ -79,9 +85,9 @@ export async function laneStats(db: Queryable, schema: SchemaRef): Promise<LaneS
 }
 
 /**
- * Per lane: tasks under a live lease, and dead letters. Reads the live leases (the `expires_at`
- * index, so leases of the last ceiling-and-margin) and every dead letter: `berth stats` runs it
- * once; a refreshing view should cache it like `taskCounts`.
+ * Per lane: tasks under a live lease, and dead letters. Reads the range leases with unsettled
+ * entries (one row per claimed batch, not per task) and every dead letter: `berth stats` runs
+ * it once; a refreshing view should cache it like `taskCounts`.
  */
 export async function laneActivity(
   db: Queryable,
@@ -90,10 +96,10 @@ export async function laneActivity(
   const { q: s } = bindSchema(schema);
   const r = await db.query<{ lane_id: number; running: string; dead: string }>(
     `SELECT lane_id, sum(running)::text AS running, sum(dead)::text AS dead FROM (
-       SELECT le.lane_id, count(*) AS running, 0 AS dead FROM ${s}.leases le
-        WHERE le.expires_at > now()
-          AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
-                           WHERE st.lane_id = le.lane_id AND st.lane_seq = le.lane_seq AND st.slot = le.slot)
+       SELECT le.lane_id, count(*) AS running, 0 AS dead
+         FROM ${unsettledRanges(s)} le
+        CROSS JOIN LATERAL (${unsettledEntriesOf(s, 'le')}) e
+        WHERE le.type_expires[array_position(le.types, e.type)] > now()
         GROUP BY le.lane_id
        UNION ALL
        SELECT l.lane_id, 0, count(*) FROM ${s}.dead_letters d
@@ -122,10 +128,7 @@ export async function taskCounts(db: Queryable, schema: SchemaRef): Promise<Task
   const { q: s } = bindSchema(schema);
   const r = await db.query<{ queue: string; type: string; pending: string; running: string; dead: string }>(
     `WITH live AS (
-       SELECT r.queue, r.type, l.expires_at
-         FROM ${s}.ready r
-         LEFT JOIN ${s}.leases l ON l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot
-        WHERE ${liveEntryPredicate(s)}
+       SELECT r.queue, r.type, r.expires_at FROM ${liveEntries(s)} r
      ), per AS (
        SELECT queue, type, count(*) AS pending, count(*) FILTER (WHERE expires_at > now()) AS running, 0 AS dead
          FROM live GROUP BY queue, type

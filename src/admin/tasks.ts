@@ -1,5 +1,6 @@
 import { BerthInputError } from '../errors.js';
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import { laneCursor, unsettledEntriesOf, unsettledRanges } from '../storage/predicates.js';
 import { getTask, type TaskState } from '../storage/tasks.js';
 import { retryDeadLetters } from './dead.js';
 import { taskId } from './ids.js';
@@ -146,14 +147,14 @@ export async function listTasks(
  * probe every entry newer than the page (at 100,000 pending tasks, over a second for `running`
  * or `completed`) and, when fewer than a page match, the whole ring, so each state has an exact
  * cheaper route. All three rest on one invariant: a settlement is only ever written from a lease
- * (complete, fail, release, advance, rescue all insert from `leases`), so no lease means no
- * settlement, and a settled entry is never past its lane's claim cursor (max leased lane_seq).
+ * (complete, fail, release, advance, rescue all insert from `range_leases`), so no lease means no
+ * settlement, and a settled entry is never past its lane's claim cursor (its last range's to_seq).
  *
- * - `running` (a lease with no settlement) starts from the leases: an anti-join of leases to
- *   settlements, whose cost follows the ring's leases, not the backlog or the id order.
+ * - `running` (a leased entry with no settlement) starts from the range leases with unsettled
+ *   entries, whose cost follows the work in flight, not the backlog or the id order.
  * - `completed` keeps the walk but first drops, with one comparison, every entry past its lane's
  *   claim cursor, so the unclaimed backlog costs no probes.
- * - `ready` (no lease) probes the lease only. Still a walk: on a drained queue (fewer ready
+ * - `ready` (past its lane's cursor) probes the cursor only. Still a walk: on a drained queue (fewer ready
  *   entries than a page) it reads the whole ring, a third of what the general walk costs.
  */
 function ringPart(s: string, state: TaskState | undefined): string {
@@ -163,21 +164,19 @@ function ringPart(s: string, state: TaskState | undefined): string {
            AND ($3::text IS NULL OR r.type = $3) AND ($4::bigint IS NULL OR r.id < $4)
          ORDER BY r.id DESC LIMIT $5`;
   if (state === 'running') {
-    return `SELECT r.id, r.type, 'running', r.queue, r.priority, coalesce(l.attempt, r.attempts),
-               coalesce(l.max_attempts, r.max_attempts), left(r.last_error, 300), r.created_at,
-               r.run_at, NULL, l.expires_at, l.worker
-          FROM ${s}.leases l
-          JOIN ${s}.ready r ON r.lane_id = l.lane_id AND r.lane_seq = l.lane_seq AND r.slot = l.slot
-         WHERE NOT EXISTS (SELECT 1 FROM ${s}.settlements st
-                            WHERE st.lane_id = l.lane_id AND st.lane_seq = l.lane_seq AND st.slot = l.slot)
-           AND ${where}`;
+    return `SELECT r.id, r.type, 'running', r.queue, r.priority, r.attempts + 1,
+               coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]),
+               left(r.last_error, 300), r.created_at, r.run_at, NULL,
+               l.type_expires[array_position(l.types, r.type)], l.worker
+          FROM ${unsettledRanges(s)} l
+          CROSS JOIN LATERAL (${unsettledEntriesOf(s, 'l')}) r
+         WHERE ${where}`;
   }
   if (state === 'ready') {
     return `SELECT r.id, r.type, 'ready', r.queue, r.priority, r.attempts, r.max_attempts,
                left(r.last_error, 300), r.created_at, r.run_at, NULL, NULL, NULL
           FROM ${s}.ready r
-         WHERE NOT EXISTS (SELECT 1 FROM ${s}.leases l
-                            WHERE l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot)
+         WHERE r.lane_seq > ${laneCursor(s, 'r.lane_id')}
            AND ${where}`;
   }
   // One row per lane, computed once per statement (an InitPlan); a lane missing from it is not cut.
@@ -185,20 +184,20 @@ function ringPart(s: string, state: TaskState | undefined): string {
     state !== 'completed'
       ? ''
       : `
-           AND r.lane_seq <= coalesce(((SELECT jsonb_object_agg(c.lane_id, coalesce(
-                                          (SELECT max(le.lane_seq) FROM ${s}.leases le WHERE le.lane_id = c.lane_id), 0))
+           AND r.lane_seq <= coalesce(((SELECT jsonb_object_agg(c.lane_id, ${laneCursor(s, 'c.lane_id')})
                                           FROM ${s}.lanes c) ->> r.lane_id::text)::bigint, 9223372036854775807)`;
   return `SELECT r.id, r.type, e.state, r.queue, r.priority, coalesce(l.attempt, r.attempts),
                coalesce(l.max_attempts, r.max_attempts), left(r.last_error, 300), r.created_at,
-               r.run_at, CASE WHEN e.state = 'completed' THEN st.settled_at END, l.expires_at, l.worker
+               r.run_at, CASE WHEN e.state = 'completed' THEN l.settled_at END, l.expires_at, l.worker
           FROM ${s}.ready r
-          LEFT JOIN ${s}.leases l ON l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot
-          LEFT JOIN ${s}.settlements st ON st.lane_id = r.lane_id AND st.lane_seq = r.lane_seq AND st.slot = r.slot
-          CROSS JOIN LATERAL (SELECT CASE WHEN st.outcome = 'completed' THEN 'completed'
+          LEFT JOIN LATERAL (SELECT * FROM ${s}.leased_entries le
+                              WHERE le.id = r.id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq
+                                AND le.slot = r.slot) l ON true
+          CROSS JOIN LATERAL (SELECT CASE WHEN l.outcome = 'completed' THEN 'completed'
                                           WHEN l.lane_seq IS NOT NULL THEN 'running'
                                           ELSE 'ready' END AS state) e
          WHERE ($1::text IS NULL OR $1 IN ('ready', 'running', 'completed'))
-           AND (st.outcome IS NULL OR st.outcome = 'completed')${pastCursor}
+           AND (l.outcome IS NULL OR l.outcome = 'completed')${pastCursor}
            AND ($1::text IS NULL OR e.state = $1) AND ${where}`;
 }
 
@@ -232,10 +231,11 @@ export async function taskTimeline(db: Queryable, schema: SchemaRef, id: string)
     removed_at: Date | null;
   }>(
     `SELECT r.appended_at, r.queue, r.priority, l.attempt, l.claimed_at, l.expires_at, l.worker,
-            st.outcome, st.settled_at, t.reason, t.created_at AS removed_at
+            l.outcome, l.settled_at, t.reason, t.created_at AS removed_at
        FROM ${s}.ready r
-       LEFT JOIN ${s}.leases l ON l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot
-       LEFT JOIN ${s}.settlements st ON st.lane_id = r.lane_id AND st.lane_seq = r.lane_seq AND st.slot = r.slot
+       LEFT JOIN LATERAL (SELECT * FROM ${s}.leased_entries le
+                           WHERE le.id = r.id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq
+                             AND le.slot = r.slot) l ON true
        LEFT JOIN ${s}.tombstones t ON t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
       WHERE r.id = $1`,
     [id],

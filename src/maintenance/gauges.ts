@@ -1,6 +1,6 @@
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import type { BerthMetrics } from '../metrics.js';
-import { deadRowPredicate, liveEntryPredicate } from '../storage/predicates.js';
+import { claimableEntry, deadRowPredicate, liveEntries } from '../storage/predicates.js';
 import { liveWorker, liveWorkerParams } from '../storage/live-workers.js';
 
 export interface GaugeSnapshot {
@@ -24,10 +24,7 @@ export async function readGauges(db: Queryable, schema: SchemaRef): Promise<Gaug
   const { q: s } = bindSchema(schema);
   const res = await db.query<{ type: string; pending: string; running: string; dead: string }>(
     `WITH live AS (
-       SELECT r.type, l.expires_at
-         FROM ${s}.ready r
-         LEFT JOIN ${s}.leases l ON l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot
-        WHERE ${liveEntryPredicate(s)}
+       SELECT r.type, r.expires_at FROM ${liveEntries(s)} r
      ), per_type AS (
        SELECT type, count(*) AS pending, count(*) FILTER (WHERE expires_at > now()) AS running, 0 AS dead
          FROM live GROUP BY type
@@ -41,11 +38,12 @@ export async function readGauges(db: Queryable, schema: SchemaRef): Promise<Gaug
   );
   const oldest = await db.query<{ secs: number | null }>(
     `SELECT extract(epoch FROM now() - min(due))::float8 AS secs FROM (
-       SELECT min(r.run_at) AS due FROM ${s}.ready r
-        WHERE ${liveEntryPredicate(s)}
-          AND r.lane_id IN (SELECT pl.lane_id FROM ${s}.lanes pl WHERE NOT pl.paused)
-          AND NOT EXISTS (SELECT 1 FROM ${s}.leases l
-                           WHERE l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot)
+       -- Unleased entries only: per unpaused lane, those past its cursor (no lease probe per entry).
+       SELECT min(h.run_at) AS due FROM ${s}.lanes pl
+        CROSS JOIN LATERAL (
+          SELECT min(r.run_at) AS run_at FROM ${s}.ready r
+           WHERE ${claimableEntry(s, 'pl.lane_id')}) h
+        WHERE NOT pl.paused
        UNION ALL
        SELECT min(run_at) FROM ${s}.deferred
         WHERE run_at <= now() AND queue NOT IN (SELECT q.queue FROM ${s}.queue_pauses q)) x`,

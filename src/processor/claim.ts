@@ -138,6 +138,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
     slot: number;
     lane_id: number;
     lane_seq: string;
+    lease_from: string;
     id: string;
     type: string;
     payload: unknown;
@@ -167,7 +168,8 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
        SELECT r.slot, r.lane_id, r.lane_seq, r.id, r.type, r.payload, r.queue, r.priority,
               r.shard, r.attempts, r.max_attempts, r.dedupe_key, r.run_at,
               row_number() OVER lane AS rank_in_lane,
-              bool_and(r.run_at <= now()) OVER lane AS due_so_far
+              bool_and(r.run_at <= now()) OVER lane AS due_so_far,
+              first_value(r.slot) OVER lane AS lane_slot
          FROM current k
          CROSS JOIN LATERAL (
            SELECT r.* FROM ${s}.ready r
@@ -176,28 +178,45 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
             LIMIT $2) r
        WINDOW lane AS (PARTITION BY r.lane_id ORDER BY r.lane_seq)
      ), chosen AS MATERIALIZED (
-       SELECT * FROM picked WHERE due_so_far ORDER BY priority, rank_in_lane, run_at, lane_id LIMIT $2
-     ), leased AS (
-       INSERT INTO ${s}.leases (slot, lane_id, lane_seq, id, type, attempt, max_attempts, token,
-                                claimed_at, expires_at, worker)
-       SELECT c.slot, c.lane_id, c.lane_seq, c.id, c.type, c.attempts + 1,
-              coalesce(c.max_attempts, t.max_attempts, $9), gen_random_uuid(), now(),
-              now() + make_interval(secs => (coalesce(t.ceiling_ms, $5) + $6) / 1000.0), $7
-         FROM chosen c
+       SELECT * FROM (
+         SELECT p.*, bool_and(p.slot = p.lane_slot) OVER (PARTITION BY p.lane_id ORDER BY p.lane_seq) AS in_lane_slot
+           FROM picked p WHERE p.due_so_far) p
+        WHERE p.in_lane_slot
+        ORDER BY priority, rank_in_lane, run_at, lane_id LIMIT $2
+     ), per_type AS (
+       SELECT c.lane_id, c.type,
+              now() + make_interval(secs => (coalesce(t.ceiling_ms, $5) + $6) / 1000.0) AS expires_at,
+              coalesce(t.max_attempts, $9) AS max_attempts
+         FROM (SELECT DISTINCT lane_id, type FROM chosen) c
          LEFT JOIN unnest($3::text[], $4::float8[], $10::integer[]) AS t(type, ceiling_ms, max_attempts)
            ON t.type = c.type
+     ), leased AS (
+       INSERT INTO ${s}.range_leases (slot, lane_id, from_seq, to_seq, n, token, claimed_at, worker,
+                                      types, type_expires, type_max_attempts, expires_at)
+       SELECT c.slot, c.lane_id, c.from_seq, c.to_seq, c.n, gen_random_uuid(), now(), $7,
+              pt.types, pt.type_expires, pt.type_max_attempts, pt.expires_at
+         FROM (SELECT lane_id, min(slot) AS slot, min(lane_seq) AS from_seq, max(lane_seq) AS to_seq,
+                      count(*)::integer AS n
+                 FROM chosen GROUP BY lane_id) c
+         JOIN (SELECT lane_id, array_agg(type ORDER BY type) AS types,
+                      array_agg(expires_at ORDER BY type) AS type_expires,
+                      array_agg(max_attempts ORDER BY type) AS type_max_attempts,
+                      min(expires_at) AS expires_at
+                 FROM per_type GROUP BY lane_id) pt USING (lane_id)
        ON CONFLICT DO NOTHING
-       RETURNING slot, lane_id, lane_seq, attempt, max_attempts, token, expires_at
+       RETURNING slot, lane_id, from_seq, to_seq, n, token, types, type_expires, type_max_attempts
      ), resignal AS (
-       SELECT pg_notify($8, '') WHERE (SELECT count(*) FROM leased) >= $2
+       SELECT pg_notify($8, '') WHERE (SELECT coalesce(sum(n), 0) FROM leased) >= $2
      )
-     SELECT c.slot, c.lane_id, c.lane_seq::text AS lane_seq, c.id::text AS id, c.type, c.payload,
-            c.queue, c.priority, c.shard, l.attempt, l.max_attempts, c.dedupe_key,
-            l.token::text AS token,
-            (extract(epoch FROM l.expires_at) * 1000)::float8 AS expires_ms,
+     SELECT c.slot, c.lane_id, c.lane_seq::text AS lane_seq, l.from_seq::text AS lease_from,
+            c.id::text AS id, c.type, c.payload, c.queue, c.priority, c.shard,
+            c.attempts + 1 AS attempt,
+            coalesce(c.max_attempts, l.type_max_attempts[array_position(l.types, c.type)]) AS max_attempts,
+            c.dedupe_key, l.token::text AS token,
+            (extract(epoch FROM l.type_expires[array_position(l.types, c.type)]) * 1000)::float8 AS expires_ms,
             greatest(extract(epoch FROM now() - c.run_at), 0)::float8 AS waited_s
        FROM leased l
-       JOIN chosen c USING (slot, lane_id, lane_seq)
+       JOIN chosen c ON c.lane_id = l.lane_id AND c.lane_seq BETWEEN l.from_seq AND l.to_seq
       WHERE (SELECT count(*) FROM resignal) >= 0
       ORDER BY c.priority, c.rank_in_lane, c.run_at, c.lane_id`,
     values: [
@@ -219,6 +238,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
     slot: r.slot,
     laneId: r.lane_id,
     laneSeq: r.lane_seq,
+    leaseFrom: r.lease_from,
     token: r.token,
     id: r.id,
     type: r.type,

@@ -25,7 +25,7 @@ type Waiter<T> = { resolve: (v: T) => void };
 /** A lease to settle; `expiresAt` (epoch ms, the database's stamp) bounds how long a write is retried. */
 type Settleable = LeaseRef & { leaseExpiresAt: number };
 /** A lease to complete; its dedupe key (if any) is released with it. */
-type CompletableLease = Settleable & { dedupeKey?: string | null };
+type CompletableLease = Settleable & { id: string; dedupeKey?: string | null };
 
 /** Retries of a statement that failed for a reason other than the connection (a bug, a bad row). */
 const OTHER_ERROR_ATTEMPTS = 4;

@@ -46,7 +46,7 @@ const WORKER_FUNCTIONS = [
   'due_deferred(text, integer, text[], smallint[], smallint[])',
 ] as const;
 
-const RING_TABLES = ['ready', 'leases', 'settlements', 'tombstones'] as const;
+const RING_TABLES = ['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements'] as const;
 
 function ringPartitions(s: string, tables: readonly string[]): string {
   return tables
@@ -61,7 +61,17 @@ function producerGrants(s: string): Grant[] {
     { privileges: 'EXECUTE', on: `FUNCTION ${s}.${ENQUEUE}` },
     {
       privileges: 'SELECT',
-      on: ['deferred', 'dead_letters', 'ready', 'leases', 'settlements', 'tombstones']
+      on: [
+        'deferred',
+        'dead_letters',
+        'ready',
+        'leases',
+        'settlements',
+        'tombstones',
+        'range_leases',
+        'range_settlements',
+        'leased_entries',
+      ]
         .map((t) => `${s}.${t}`)
         .join(', '),
     },
@@ -80,8 +90,10 @@ function workerGrants(s: string): Grant[] {
     { privileges: 'EXECUTE', on: `FUNCTION ${WORKER_FUNCTIONS.map((f) => `${s}.${f}`).join(', ')}` },
     // Appended by append_ready and tombstoned by remove_unleased / move_task, as the owner.
     { privileges: 'SELECT', on: `${s}.ready, ${s}.tombstones` },
-    // The claim inserts leases; complete, fail, release, advance and rescue insert settlements.
-    { privileges: 'SELECT, INSERT', on: `${s}.leases, ${s}.settlements` },
+    // The claim inserts range leases; complete, fail, release, advance and rescue insert range
+    // settlements. The per-task tables (before migration 8) are read only by what drains them.
+    { privileges: 'SELECT, INSERT', on: `${s}.range_leases, ${s}.range_settlements` },
+    { privileges: 'SELECT', on: `${s}.leases, ${s}.settlements, ${s}.leased_entries` },
     // UPDATE (version): the claim's `FOR UPDATE SKIP LOCKED` on lanes needs UPDATE on at least one
     // column. version is the column the lane lock protects; a forged bump only makes a claim
     // with an older snapshot skip the lane once.
@@ -89,8 +101,8 @@ function workerGrants(s: string): Grant[] {
     // Rotation and the completion statement read a ring segment's partitions directly, and PostgreSQL
     // checks a partition's own privileges then. No TRUNCATE: the prune is prune_slot's.
     { privileges: 'SELECT', on: ringPartitions(s, RING_TABLES) },
-    // A batched completion inserts into its ring segment's settlements partition directly.
-    { privileges: 'INSERT', on: ringPartitions(s, ['settlements']) },
+    // A batched completion inserts into its ring segment's range_settlements partition directly.
+    { privileges: 'INSERT', on: ringPartitions(s, ['range_settlements']) },
     // UPDATE of the columns rotation's compare-and-set writes. A forged value only changes which
     // ring segment new entries go to; prune_slot re-checks everything under its lock, so none is lost.
     { privileges: 'SELECT, UPDATE (current_slot, generation, rotated_at)', on: `${s}.ring_state` },
@@ -128,6 +140,8 @@ function workerGrants(s: string): Grant[] {
 function retiredGrants(s: string): Grant[] {
   return [
     { privileges: 'TRUNCATE', on: ringPartitions(s, RING_TABLES) },
+    // Per-task leases and settlements, written before migration 8.
+    { privileges: 'INSERT', on: `${s}.leases, ${s}.settlements, ${ringPartitions(s, ['settlements'])}` },
     { privileges: 'DELETE', on: `${s}.dead_letters` },
     { privileges: 'UPDATE (run_at)', on: `${s}.deferred` },
   ];

@@ -12,8 +12,8 @@ export interface FailureInput {
 }
 
 /**
- * RecordFailure, batched: settle as failed (fenced on each token: the settlements primary key
- * is the arbiter, see complete.ts), store last_error, and move the task to deferred storage
+ * RecordFailure, batched: settle as failed (fenced on each token: the range_settlements
+ * exclusion constraint is the arbiter, see complete.ts; one single-entry row per failure), store last_error, and move the task to deferred storage
  * (retryable at now() + backoff, lease cleared) or, out of attempts, to the dead letters.
  * Returns key -> 'retry' | 'dead'; a missing key was refused. One statement per batch.
  */
@@ -28,23 +28,26 @@ export async function recordFailures(
     name: `berth-fail:${name}`,
     text: `WITH u AS (
        SELECT * FROM unnest($1::smallint[], $2::integer[], $3::bigint[], $4::uuid[], $5::text[],
-                            $6::float8[], $7::boolean[])
-         AS u(slot, lane_id, lane_seq, token, error, delay_ms, permanent)
+                            $6::float8[], $7::boolean[], $8::bigint[])
+         AS u(slot, lane_id, lane_seq, token, error, delay_ms, permanent, lease_from)
      ), won AS (
-       INSERT INTO ${s}.settlements (slot, lane_id, lane_seq, id, outcome)
-       SELECT l.slot, l.lane_id, l.lane_seq, l.id, 'failed'
-         FROM u JOIN ${s}.leases l
-           ON l.lane_id = u.lane_id AND l.lane_seq = u.lane_seq AND l.slot = u.slot AND l.token = u.token
+       INSERT INTO ${s}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
+       SELECT l.slot, l.lane_id, l.from_seq, int8multirange(int8range(u.lane_seq, u.lane_seq + 1)), 1, 'failed'
+         FROM u JOIN ${s}.range_leases l
+           ON l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.slot = u.slot AND l.token = u.token
+        WHERE u.lane_seq BETWEEN l.from_seq AND l.to_seq
+        ORDER BY u.lane_id, u.lane_seq
        ON CONFLICT DO NOTHING
-       RETURNING slot, lane_id, lane_seq
+       RETURNING slot, lane_id, lease_from, lower(seqs) AS lane_seq
      ), src AS MATERIALIZED (
-       SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, l.attempt AS attempts,
+       SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, r.attempts + 1 AS attempts,
               r.max_attempts, r.dedupe_key, u.error AS last_error, r.created_at,
               l.claimed_at AS last_attempted_at, u.delay_ms, r.lane_id, r.lane_seq,
-              (u.permanent OR l.attempt >= l.max_attempts) AS dead
+              (u.permanent OR r.attempts + 1 >= coalesce(r.max_attempts,
+                 l.type_max_attempts[array_position(l.types, r.type)])) AS dead
          FROM won w
          JOIN u ON u.slot = w.slot AND u.lane_id = w.lane_id AND u.lane_seq = w.lane_seq
-         JOIN ${s}.leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.lane_seq = w.lane_seq
+         JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
          JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq
      ), ${settleAndMove(s, 'now() + make_interval(secs => delay_ms / 1000.0)')}
      SELECT lane_id, lane_seq::text AS lane_seq, dead FROM src`,
@@ -56,6 +59,7 @@ export async function recordFailures(
       items.map((i) => i.error),
       items.map((i) => Math.max(0, i.delayMs)),
       items.map((i) => i.permanent),
+      items.map((i) => i.ref.leaseFrom),
     ],
   });
   return new Map(

@@ -27,11 +27,9 @@ export async function protectOverdueLease(
     `INSERT INTO ${s}.overdue_leases (slot, lane_id, lane_seq, id, type, attempt, worker_id, stuck_at, stale_after)
      SELECT l.slot, l.lane_id, l.lane_seq, l.id, l.type, l.attempt, $5,
             now() + make_interval(secs => $6 / 1000.0), make_interval(secs => $7 / 1000.0)
-       FROM ${s}.leases l
+       FROM ${s}.leased_entries l
       WHERE l.lane_id = $1 AND l.lane_seq = $2 AND l.slot = $3 AND l.token = $4
-        AND l.expires_at > now()
-        AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
-                         WHERE st.lane_id = l.lane_id AND st.lane_seq = l.lane_seq AND st.slot = l.slot)
+        AND l.expires_at > now() AND l.outcome IS NULL
      ON CONFLICT DO NOTHING`,
     [task.laneId, task.laneSeq, task.slot, task.token, workerId, Math.max(0, stuckInMs), staleAfterMs],
   );
@@ -101,8 +99,9 @@ export async function overdueMarks(
             o.seen_at > now() - o.stale_after AS protected
        FROM ${s}.overdue_leases o
       WHERE o.id = ANY ($1::bigint[])
-        AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
-                         WHERE st.lane_id = o.lane_id AND st.lane_seq = o.lane_seq AND st.slot = o.slot)`,
+        AND NOT EXISTS (SELECT 1 FROM ${s}.leased_entries le
+                         WHERE le.lane_id = o.lane_id AND le.lane_seq = o.lane_seq AND le.slot = o.slot
+                           AND le.outcome IS NOT NULL)`,
     [ids],
   );
   for (const row of r.rows)

@@ -1,51 +1,100 @@
 /**
- * Row predicates shared by more than one statement, so a gauge and the statement that acts on
- * what it counts can never disagree (seed 000: the dead-letter prune uses the gauge's predicate).
+ * Row predicates and row sources shared by more than one statement, so a gauge and the
+ * statement that acts on what it counts can never disagree (seed 000: the dead-letter prune
+ * uses the gauge's predicate).
+ *
+ * Leases are ranges (migration 8, docs/design/range-leases.md): one `range_leases` row leases
+ * the non-tombstoned entries `from_seq..to_seq` of a lane in one ring segment, and
+ * `range_settlements` rows settle subsets of them (an int8multirange each, disjoint by the
+ * exclusion constraint). A lane's claim cursor is the `to_seq` of its last range.
  */
+
+/**
+ * The claim cursor of lane `laneId` (an SQL expression): every entry at or below it is leased,
+ * tombstoned or gone with its segment. Ranges of a lane never overlap and are appended in order,
+ * so it is the `to_seq` of the range with the greatest `from_seq`: one backward probe of each
+ * partition's primary key under a Merge Append, the shape `max(lane_seq)` had per task.
+ */
+export function laneCursor(s: string, laneId: string): string {
+  return `coalesce((SELECT cur.to_seq FROM ${s}.range_leases cur
+                     WHERE cur.lane_id = ${laneId} ORDER BY cur.from_seq DESC LIMIT 1), 0)`;
+}
 
 /**
  * A dead letter (alias `d`) that is really abandoned: no live, unsettled lease carries its id.
  * A task retried out of the dead letters and on its final attempt under a worker is not pruned.
- * Dead-letter retention runs a frozen copy of it inside `prune_dead_letters` (migration 7):
+ * Dead-letter retention runs a frozen copy of it inside `prune_dead_letters` (migration 8):
  * changing it here needs a new migration that replaces that function too.
  */
 export function deadRowPredicate(s: string): string {
-  // Through ready(id): leases carry no index on id (one index fewer on the hot insert).
-  return `NOT EXISTS (SELECT 1 FROM ${s}.ready rr
-                        JOIN ${s}.leases l
-                          ON l.lane_id = rr.lane_id AND l.lane_seq = rr.lane_seq AND l.slot = rr.slot
-                       WHERE rr.id = d.id AND l.expires_at > now()
-                         AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
-                                          WHERE st.lane_id = l.lane_id AND st.lane_seq = l.lane_seq
-                                            AND st.slot = l.slot))`;
+  // Through ready(id) inside the view: leases carry no index on id.
+  return `NOT EXISTS (SELECT 1 FROM ${s}.leased_entries le
+                       WHERE le.id = d.id AND le.expires_at > now() AND le.outcome IS NULL)`;
 }
 
-/** A ready entry (alias `r`) that still stands for its task: not tombstoned, not settled. */
-export function liveEntryPredicate(s: string): string {
-  return `NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
-                       WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
-          AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
-                           WHERE st.lane_id = r.lane_id AND st.lane_seq = r.lane_seq AND st.slot = r.slot)`;
+/**
+ * The entries that still stand for their tasks (not tombstoned, not settled), as rows of
+ * `ready` plus `expires_at` (the entry's own lease deadline, null when unleased). Two parts,
+ * so the cost follows the backlog and the work in flight, never the settled history:
+ * - unleased: per lane, the entries past its cursor;
+ * - leased: the ranges with unsettled entries (`n` above the settled count, sound because a
+ *   lease's settlements are disjoint), each expanded to its entries without a settlement
+ *   (one index range scan of `ready` per range; `OFFSET 0` keeps it one).
+ */
+export function liveEntries(s: string): string {
+  return `(SELECT r.*, NULL::timestamptz AS expires_at
+             FROM ${s}.lanes ln
+            CROSS JOIN LATERAL (
+              SELECT r.* FROM ${s}.ready r
+               WHERE r.lane_id = ln.lane_id AND r.lane_seq > ${laneCursor(s, 'ln.lane_id')}
+                 AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+                                  WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
+               OFFSET 0) r
+           UNION ALL
+           SELECT e.*, l.type_expires[array_position(l.types, e.type)]
+             FROM ${unsettledRanges(s)} l
+            CROSS JOIN LATERAL (${unsettledEntriesOf(s, 'l')}) e)`;
+}
+
+/** Range leases (alias it) with at least one unsettled entry. */
+export function unsettledRanges(s: string): string {
+  return `(SELECT l.* FROM ${s}.range_leases l
+            WHERE l.n > coalesce((SELECT sum(x.n) FROM ${s}.range_settlements x
+                                   WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq AND x.slot = l.slot), 0))`;
+}
+
+/** The ready rows of range `l` (an alias) that are leased by it and not settled. */
+export function unsettledEntriesOf(s: string, l: string): string {
+  return `SELECT r.* FROM ${s}.ready r
+           WHERE r.lane_id = ${l}.lane_id AND r.slot = ${l}.slot
+             AND r.lane_seq BETWEEN ${l}.from_seq AND ${l}.to_seq
+             AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+                              WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
+             AND NOT EXISTS (SELECT 1 FROM ${s}.range_settlements x
+                              WHERE x.lane_id = ${l}.lane_id AND x.lease_from = ${l}.from_seq
+                                AND x.slot = ${l}.slot AND x.seqs @> r.lane_seq)
+           OFFSET 0`;
 }
 
 /**
  * A ready entry (alias `r`) of the lane `laneId` (an SQL expression) that a claim may lease:
- * past the lane's claim cursor (`max(leases.lane_seq)`, so not leased), under the attempt
- * limit, and not tombstoned. Discovery (read pool) and the claim (primary, which re-checks
- * everything under the lane lock) both select by it, in lane order.
+ * past the lane's claim cursor (so not leased) and not tombstoned. Discovery (read pool) and
+ * the claim (primary, which re-checks everything under the lane lock) both select by it, in
+ * lane order.
  *
  * Due (`run_at <= now()`) is not part of it: discovery filters by it (a hint, it leases
  * nothing), but the claim must stop a lane at its first entry that is not due rather than skip
- * it, or the cursor passes that entry for good (see `claim` in src/processor/claim.ts).
+ * it, or the cursor passes that entry for good (see `claim` in src/processor/claim.ts). Nor is
+ * the attempt limit: every writer of `ready` appends entries under their limit (a new task with
+ * 0 attempts, a retry below its lease's limit, a refund one below), and a range leases every
+ * non-tombstoned entry between its ends, so skipping one would lease it anyway.
  *
  * The `OFFSET 0` keeps the tombstone check a per-row probe inside the ordered index scan; as a
  * hash anti-join it read the whole lane to sort it (docs/architecture.md, "Performance notes").
  */
 export function claimableEntry(s: string, laneId: string): string {
   return `r.lane_id = ${laneId}
-            AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${s}.leases le
-                                        WHERE le.lane_id = ${laneId}), 0)
-            AND r.attempts < coalesce(r.max_attempts, 2147483647)
+            AND r.lane_seq > ${laneCursor(s, laneId)}
             AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
                              WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
                              OFFSET 0)`;

@@ -1,4 +1,5 @@
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import { unsettledEntriesOf, unsettledRanges } from './predicates.js';
 import { settleAndMove } from './settle-tail.js';
 
 export interface RescueOutcome {
@@ -14,11 +15,13 @@ export interface RescueOutcome {
 }
 
 /**
- * Rescue lapsed leases: a lease whose expires_at (database clock) has passed with no
- * settlement belongs to a worker that died or hung. The attempt its claim burnt is kept, so a
+ * Rescue lapsed leases: a leased entry whose deadline (its type's expiry in the range lease,
+ * database clock) has passed with no settlement belongs to a worker that died or hung. One
+ * `rescued` row per range lease, covering its lapsed, unsettled entries. The attempt its claim burnt is kept, so a
  * task that reliably kills its worker dead-letters at max_attempts instead of looping.
  * The settlement insert is the fence: a worker settling at the same moment wins or loses
- * cleanly. Safe to run from many processes at once.
+ * cleanly (a rescue row that overlaps a concurrent settlement is dropped whole, and the range is
+ * looked at again on the next run). Safe to run from many processes at once.
  *
  * A lapsed lease whose holder keeps its `overdue_leases` row fresh (the holder is alive and its
  * handler, past its deadline, still runs) is left alone and counted as held: seed 000 accepts
@@ -29,48 +32,57 @@ export interface RescueOutcome {
 export async function rescueLapsedLeases(db: Queryable, schema: SchemaRef, limit = 1000): Promise<RescueOutcome> {
   const { q: s } = bindSchema(schema);
   const res = await db.query<{ retried: string; dead: string; held: string }>(
-    `WITH lapsed AS MATERIALIZED (
-       SELECT l.slot, l.lane_id, l.lane_seq, l.id FROM ${s}.leases l
+    `WITH cand AS MATERIALIZED (
+       SELECT l.* FROM ${unsettledRanges(s)} l
         WHERE l.expires_at < now()
-          AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
-                           WHERE st.lane_id = l.lane_id AND st.lane_seq = l.lane_seq AND st.slot = l.slot)
-          AND NOT EXISTS (${heldBy(s, 'l')})
         ORDER BY l.expires_at
         LIMIT $1
+     ), lapsed AS MATERIALIZED (
+       -- Per candidate range, one index range scan of ready (OFFSET 0 keeps it one: joined to
+       -- ready as a whole, the planner sorted every ready row; docs/design/range-leases.md).
+       SELECT c.slot, c.lane_id, c.from_seq, e.lane_seq,
+              c.type_expires[array_position(c.types, e.type)] AS expires_at
+         FROM cand c
+         CROSS JOIN LATERAL (${unsettledEntriesOf(s, 'c')}) e
+        WHERE c.type_expires[array_position(c.types, e.type)] < now()
+          AND NOT EXISTS (${heldBy(s, 'e')})
      ), won AS (
-       INSERT INTO ${s}.settlements (slot, lane_id, lane_seq, id, outcome)
-       SELECT slot, lane_id, lane_seq, id, 'rescued' FROM lapsed
+       INSERT INTO ${s}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
+       SELECT slot, lane_id, from_seq, range_agg(int8range(lane_seq, lane_seq + 1)), count(*)::integer, 'rescued'
+         FROM lapsed GROUP BY slot, lane_id, from_seq
+        ORDER BY lane_id, from_seq
        ON CONFLICT DO NOTHING
-       RETURNING slot, lane_id, lane_seq
+       RETURNING slot, lane_id, lease_from, seqs
      ), src AS MATERIALIZED (
-       SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, l.attempt AS attempts,
+       SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, r.attempts + 1 AS attempts,
               r.max_attempts, r.dedupe_key,
-              format('lease lapsed at %s on attempt %s (worker %s)', l.expires_at, l.attempt,
+              format('lease lapsed at %s on attempt %s (worker %s)', x.expires_at, r.attempts + 1,
                      coalesce(l.worker, 'unknown')) AS last_error,
               r.created_at, l.claimed_at AS last_attempted_at,
-              l.attempt >= l.max_attempts AS dead
+              r.attempts + 1 >= coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]) AS dead,
+              r.slot, r.lane_id, r.lane_seq
          FROM won w
-         JOIN ${s}.leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.lane_seq = w.lane_seq
-         JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq
+         JOIN lapsed x ON x.slot = w.slot AND x.lane_id = w.lane_id AND x.from_seq = w.lease_from
+         JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
+         JOIN ${s}.ready r ON r.slot = x.slot AND r.lane_id = x.lane_id AND r.lane_seq = x.lane_seq
      ), ${settleAndMove(s, 'now()')}, unmarked AS (
-       DELETE FROM ${s}.overdue_leases o USING won w
+       DELETE FROM ${s}.overdue_leases o USING src w
         WHERE o.lane_id = w.lane_id AND o.lane_seq = w.lane_seq AND o.slot = w.slot
      ), swept AS (
        -- A stale row whose lease is settled (or pruned): its holder's delete failed.
        DELETE FROM ${s}.overdue_leases o
         WHERE o.seen_at <= now() - o.stale_after
-          AND NOT EXISTS (SELECT 1 FROM ${s}.leases l
-                           WHERE l.lane_id = o.lane_id AND l.lane_seq = o.lane_seq AND l.slot = o.slot
-                             AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
-                                              WHERE st.lane_id = l.lane_id AND st.lane_seq = l.lane_seq AND st.slot = l.slot))
+          AND NOT EXISTS (SELECT 1 FROM ${s}.leased_entries le
+                           WHERE le.lane_id = o.lane_id AND le.lane_seq = o.lane_seq AND le.slot = o.slot
+                             AND le.outcome IS NULL)
      )
      SELECT count(*) FILTER (WHERE NOT dead) AS retried, count(*) FILTER (WHERE dead) AS dead,
             -- Driven from overdue_leases (a handful of rows), never from the lapsed leases.
             (SELECT count(*) FROM ${s}.overdue_leases o
-               JOIN ${s}.leases l ON l.lane_id = o.lane_id AND l.lane_seq = o.lane_seq AND l.slot = o.slot
-              WHERE l.expires_at < now() AND o.seen_at > now() - o.stale_after
-                AND NOT EXISTS (SELECT 1 FROM ${s}.settlements st
-                                 WHERE st.lane_id = l.lane_id AND st.lane_seq = l.lane_seq AND st.slot = l.slot)) AS held
+               JOIN LATERAL (SELECT * FROM ${s}.leased_entries le
+                              WHERE le.lane_id = o.lane_id AND le.lane_seq = o.lane_seq AND le.slot = o.slot) le ON true
+              WHERE le.expires_at < now() AND o.seen_at > now() - o.stale_after
+                AND le.outcome IS NULL) AS held
        FROM src`,
     [limit],
   );
@@ -78,9 +90,9 @@ export async function rescueLapsedLeases(db: Queryable, schema: SchemaRef, limit
   return { retried: Number(row.retried), dead: Number(row.dead), held: Number(row.held) };
 }
 
-/** The lease aliased `l` has a fresh overdue row: its holder still runs the handler. */
-function heldBy(s: string, l: string): string {
+/** The leased entry aliased `e` has a fresh overdue row: its holder still runs the handler. */
+function heldBy(s: string, e: string): string {
   return `SELECT 1 FROM ${s}.overdue_leases o
-           WHERE o.lane_id = ${l}.lane_id AND o.lane_seq = ${l}.lane_seq AND o.slot = ${l}.slot
+           WHERE o.lane_id = ${e}.lane_id AND o.lane_seq = ${e}.lane_seq AND o.slot = ${e}.slot
              AND o.seen_at > now() - o.stale_after`;
 }

@@ -31,27 +31,33 @@ async function returnLease(
   const { q: s } = bindSchema(schema);
   const res = await write.query<{ wrote: boolean; dead: boolean }>(
     `WITH won AS (
-       INSERT INTO ${s}.settlements (slot, lane_id, lane_seq, id, outcome)
-       SELECT l.slot, l.lane_id, l.lane_seq, l.id, $5
-         FROM ${s}.leases l
-        WHERE l.slot = $1 AND l.lane_id = $2 AND l.lane_seq = $3 AND l.token = $4::uuid
+       INSERT INTO ${s}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
+       SELECT l.slot, l.lane_id, l.from_seq, int8multirange(int8range($3::bigint, $3::bigint + 1)), 1, $5
+         FROM ${s}.range_leases l
+        WHERE l.slot = $1 AND l.lane_id = $2 AND l.from_seq = $8 AND l.token = $4::uuid
+          AND $3::bigint BETWEEN l.from_seq AND l.to_seq
        ON CONFLICT DO NOTHING
-       RETURNING slot, lane_id, lane_seq
-     ), src AS MATERIALIZED (
-       SELECT r.id, r.type,
-              CASE WHEN $5 = 'advanced' THEN $6::jsonb ELSE r.payload END AS payload,
-              r.queue, r.priority, r.shard,
-              CASE WHEN $5 = 'advanced' THEN 0 WHEN $5 = 'unstarted' THEN l.attempt - 1
-                   ELSE l.attempt END AS attempts,
-              r.max_attempts, r.dedupe_key,
-              CASE WHEN $5 = 'advanced' THEN NULL
-                   WHEN l.attempt >= l.max_attempts THEN coalesce($7, r.last_error)
-                   ELSE r.last_error END AS last_error,
-              r.created_at, l.claimed_at AS last_attempted_at,
-              ($5 = 'released' AND l.attempt >= l.max_attempts) AS dead
+       RETURNING slot, lane_id, lease_from
+     ), lease AS (
+       SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, r.attempts + 1 AS attempt,
+              coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]) AS max_attempts,
+              r.max_attempts AS task_max_attempts, r.dedupe_key, r.last_error, r.created_at, l.claimed_at
          FROM won w
-         JOIN ${s}.leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.lane_seq = w.lane_seq
-         JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq
+         JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
+         JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = $3::bigint
+     ), src AS MATERIALIZED (
+       SELECT x.id, x.type,
+              CASE WHEN $5 = 'advanced' THEN $6::jsonb ELSE x.payload END AS payload,
+              x.queue, x.priority, x.shard,
+              CASE WHEN $5 = 'advanced' THEN 0 WHEN $5 = 'unstarted' THEN x.attempt - 1
+                   ELSE x.attempt END AS attempts,
+              x.task_max_attempts AS max_attempts, x.dedupe_key,
+              CASE WHEN $5 = 'advanced' THEN NULL
+                   WHEN x.attempt >= x.max_attempts THEN coalesce($7, x.last_error)
+                   ELSE x.last_error END AS last_error,
+              x.created_at, x.claimed_at AS last_attempted_at,
+              ($5 = 'released' AND x.attempt >= x.max_attempts) AS dead
+         FROM lease x
      ), ${settleAndMove(s, 'now()')}
      SELECT EXISTS (SELECT 1 FROM src) AS wrote, coalesce((SELECT bool_or(dead) FROM src), false) AS dead`,
     [
@@ -62,6 +68,7 @@ async function returnLease(
       mode,
       mode === 'advanced' ? JSON.stringify(payload ?? null) : null,
       finalError,
+      ref.leaseFrom,
     ],
   );
   const row = res.rows[0]!;

@@ -16,11 +16,12 @@ export async function settledWith(
   if (refs.length === 0) return new Map();
   const { q: s } = bindSchema(schema);
   const res = await write.query<{ lane_id: number; lane_seq: string; dead: boolean }>(
-    `SELECT st.lane_id, st.lane_seq::text AS lane_seq,
-            EXISTS (SELECT 1 FROM ${s}.dead_letters d WHERE d.id = st.id) AS dead
+    `SELECT le.lane_id, le.lane_seq::text AS lane_seq,
+            EXISTS (SELECT 1 FROM ${s}.dead_letters d WHERE d.id = le.id) AS dead
        FROM unnest($1::smallint[], $2::integer[], $3::bigint[]) AS u(slot, lane_id, lane_seq)
-       JOIN ${s}.settlements st ON st.slot = u.slot AND st.lane_id = u.lane_id AND st.lane_seq = u.lane_seq
-      WHERE st.outcome = $4`,
+       CROSS JOIN LATERAL (SELECT * FROM ${s}.leased_entries le
+                            WHERE le.slot = u.slot AND le.lane_id = u.lane_id AND le.lane_seq = u.lane_seq) le
+      WHERE le.outcome = $4`,
     [refs.map((r) => r.slot), refs.map((r) => r.laneId), refs.map((r) => r.laneSeq), outcome],
   );
   return new Map(res.rows.map((r) => [leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq }), { dead: r.dead }]));

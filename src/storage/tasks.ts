@@ -53,17 +53,18 @@ export async function getTask(db: Queryable, schema: SchemaRef, id: string): Pro
        FROM ${s}.dead_letters WHERE id = $1
      UNION ALL
      (SELECT r.id::text, r.type,
-             CASE WHEN st.outcome = 'completed' THEN 'completed'
+             CASE WHEN l.outcome = 'completed' THEN 'completed'
                   WHEN l.lane_seq IS NOT NULL THEN 'running' ELSE 'ready' END,
              r.payload, r.queue, r.priority, r.shard, coalesce(l.attempt, r.attempts), coalesce(l.max_attempts, r.max_attempts),
              r.dedupe_key, r.last_error, r.created_at, r.run_at, l.token::text, l.expires_at, l.worker
         FROM ${s}.ready r
-        LEFT JOIN ${s}.leases l ON l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot
-        LEFT JOIN ${s}.settlements st ON st.lane_id = r.lane_id AND st.lane_seq = r.lane_seq AND st.slot = r.slot
+        LEFT JOIN LATERAL (SELECT * FROM ${s}.leased_entries le
+                            WHERE le.id = r.id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq
+                              AND le.slot = r.slot) l ON true
        WHERE r.id = $1
          AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
                           WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
-         AND (st.outcome IS NULL OR st.outcome = 'completed')
+         AND (l.outcome IS NULL OR l.outcome = 'completed')
        ORDER BY r.appended_at DESC
        LIMIT 1)`,
     [id],

@@ -1,0 +1,312 @@
+/**
+ * Range leases and range settlements (migration 8, docs/design/range-leases.md): the fence is
+ * the exclusion constraint, a claim leases one range per lane within one ring segment, each
+ * entry keeps its own type's deadline and limit, and exactly one writer settles each entry when
+ * the holder's completion races rescue.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import pg from 'pg';
+import { enqueueMany } from '../src/index.js';
+import { claim, type ClaimedTask, type ClaimParams } from '../src/processor/claim.js';
+import { MIGRATIONS } from '../src/schema/migrations.js';
+import { migrate } from '../src/schema/migrate.js';
+import { quoteIdent, wakeChannel } from '../src/sql.js';
+import { completeLeases } from '../src/storage/complete.js';
+import { leaseKey, seqsToMultirange } from '../src/storage/lease.js';
+import { rescueLapsedLeases } from '../src/storage/rescue.js';
+import { rotateRing } from '../src/maintenance/ring.js';
+import { DATABASE_URL, freshSchema } from './helpers.js';
+
+const { schema, pool } = await freshSchema('ranges');
+const S = quoteIdent(schema);
+
+/** Every lane, as candidates: these tests claim whatever is there. */
+async function allLanes(): Promise<number[]> {
+  const r = await pool.query<{ lane_id: number }>(`SELECT lane_id FROM ${S}.lanes ORDER BY lane_id`);
+  return r.rows.map((x) => x.lane_id);
+}
+
+async function claimAll(limit: number, extra: Partial<ClaimParams> = {}): Promise<ClaimedTask[]> {
+  const laneIds = await allLanes();
+  return claim(pool, {
+    schema,
+    laneIds,
+    limit,
+    ceilings: new Map([['t', 60_000]]),
+    maxAttempts: new Map(),
+    defaultMaxAttempts: 20,
+    defaultCeilingMs: 60_000,
+    marginMs: 0,
+    workerId: 'range-test',
+    wakeChannel: wakeChannel(schema),
+    ...extra,
+  });
+}
+
+async function reset(): Promise<void> {
+  await pool.query(
+    `TRUNCATE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
+  );
+}
+
+test('seqsToMultirange collapses runs of consecutive entries', () => {
+  assert.equal(seqsToMultirange(['5', '3', '4', '9', '10', '7']), '{[3,6),[7,8),[9,11)}');
+  assert.equal(seqsToMultirange(['12345678901234567']), '{[12345678901234567,12345678901234568)}');
+  assert.equal(seqsToMultirange([]), '{}');
+});
+
+test('the fence: an overlapping settlement of a lane is refused whatever writes it; disjoint ones and other lanes are not', async () => {
+  await reset();
+  const ins = (lane: number, seqs: string, outcome = 'completed') =>
+    pool.query(
+      `INSERT INTO ${S}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
+       VALUES (0, $1, 1, $2::int8multirange, 1, $3) ON CONFLICT DO NOTHING`,
+      [lane, seqs, outcome],
+    );
+  assert.equal((await ins(1, '{[1,5)}')).rowCount, 1);
+  assert.equal((await ins(1, '{[4,6)}', 'rescued')).rowCount, 0, 'overlaps entry 4');
+  assert.equal((await ins(1, '{[5,6),[9,10)}', 'failed')).rowCount, 1, 'disjoint');
+  assert.equal((await ins(2, '{[1,5)}')).rowCount, 1, 'another lane');
+  // Without ON CONFLICT it is an exclusion violation, so no writer can slip past it.
+  await assert.rejects(
+    pool.query(
+      `INSERT INTO ${S}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome) VALUES (0, 1, 1, '{[2,3)}', 1, 'x')`,
+    ),
+    (err: { code?: string }) => err.code === '23P01',
+  );
+  // An in-progress overlapping row blocks, then refuses once it commits (a unique index would too).
+  const a = new pg.Client({ connectionString: DATABASE_URL, options: '-c jit=off' });
+  await a.connect();
+  try {
+    await a.query('BEGIN');
+    await a.query(
+      `INSERT INTO ${S}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome) VALUES (0, 3, 1, '{[1,3)}', 2, 'completed')`,
+    );
+    const b = ins(3, '{[2,4)}', 'rescued');
+    await a.query('COMMIT');
+    assert.equal((await b).rowCount, 0);
+  } finally {
+    await a.end();
+  }
+});
+
+test('a claim leases one range per lane: one lease row, every entry returned with the range and its own attempt', async () => {
+  await reset();
+  await enqueueMany(
+    pool,
+    Array.from({ length: 10 }, (_, i) => ({ type: 't', payload: { i }, shard: 0 })),
+    { schema },
+  );
+  const got = await claimAll(6);
+  assert.equal(got.length, 6);
+  const rows = await pool.query(`SELECT from_seq::text, to_seq::text, n, token::text FROM ${S}.range_leases`);
+  assert.equal(rows.rows.length, 1);
+  const [lease] = rows.rows;
+  assert.equal(lease.n, 6);
+  assert.deepEqual(
+    got.map((t) => t.laneSeq),
+    got.map((_, i) => String(Number(lease.from_seq) + i)),
+  );
+  assert.ok(got.every((t) => t.token === lease.token && t.leaseFrom === lease.from_seq && t.attempt === 1));
+  const next = await claimAll(10);
+  assert.equal(next.length, 4, 'the next claim starts past the first range');
+  assert.equal(next[0]!.laneSeq, String(Number(lease.to_seq) + 1));
+});
+
+test('a range never spans two ring segments: the claim stops a lane at the segment of its first entry', async () => {
+  await reset();
+  await enqueueMany(
+    pool,
+    [1, 2, 3].map((i) => ({ type: 't', payload: { i }, shard: 5 })),
+    { schema },
+  );
+  assert.equal(await rotateRing(pool, schema, 0), 'rotated');
+  await enqueueMany(
+    pool,
+    [4, 5].map((i) => ({ type: 't', payload: { i }, shard: 5 })),
+    { schema },
+  );
+  const first = await claimAll(10);
+  assert.deepEqual(
+    first.map((t) => (t.payload as { i: number }).i),
+    [1, 2, 3],
+  );
+  const second = await claimAll(10);
+  assert.deepEqual(
+    second.map((t) => (t.payload as { i: number }).i),
+    [4, 5],
+  );
+  assert.notEqual(first[0]!.slot, second[0]!.slot);
+  const leases = await pool.query(`SELECT slot, n FROM ${S}.range_leases ORDER BY from_seq`);
+  assert.deepEqual(
+    leases.rows.map((r) => r.n),
+    [3, 2],
+  );
+});
+
+test('per-type deadlines and limits in one range; rescue takes only the lapsed type and buries at the limit resolved at claim', async () => {
+  await reset();
+  await enqueueMany(
+    pool,
+    Array.from({ length: 6 }, (_, i) => ({ type: i % 2 === 0 ? 'short' : 'long', payload: { i }, shard: 9 })),
+    { schema },
+  );
+  const got = await claimAll(6, {
+    ceilings: new Map([
+      ['short', 1],
+      ['long', 600_000],
+    ]),
+    maxAttempts: new Map([
+      ['short', 1],
+      ['long', 5],
+    ]),
+  });
+  assert.equal(got.length, 6);
+  assert.equal((await pool.query(`SELECT count(*)::int AS n FROM ${S}.range_leases`)).rows[0].n, 1, 'one range');
+  const short = got.filter((t) => t.type === 'short');
+  const long = got.filter((t) => t.type === 'long');
+  assert.ok(short.every((t) => t.maxAttempts === 1) && long.every((t) => t.maxAttempts === 5));
+  assert.ok(Math.max(...short.map((t) => t.leaseExpiresAt)) < Math.min(...long.map((t) => t.leaseExpiresAt)) - 500_000);
+  // Wait (on the database clock) until the short type's deadline has passed.
+  for (;;) {
+    const r = await pool.query(`SELECT now() > to_timestamp($1 / 1000.0) AS past`, [short[0]!.leaseExpiresAt]);
+    if (r.rows[0].past) break;
+  }
+  const rescued = await rescueLapsedLeases(pool, schema);
+  assert.deepEqual(rescued, { retried: 0, dead: 3, held: 0 }, 'limit 1, resolved at claim: buried');
+  const dead = await pool.query(`SELECT id::text FROM ${S}.dead_letters ORDER BY id`);
+  assert.deepEqual(
+    dead.rows.map((r) => r.id),
+    short.map((t) => t.id).sort(),
+  );
+  // The holder's completion of all six settles exactly the three rescue did not take.
+  const settled = await completeLeases(pool, schema, got);
+  assert.deepEqual([...settled].sort(), long.map((t) => leaseKey(t)).sort());
+  assert.equal((await rescueLapsedLeases(pool, schema)).retried, 0, 'nothing left to rescue');
+});
+
+test('exactly one winner: the holder completing parts of a lapsed range while two rescuers run', async () => {
+  const rounds = 40;
+  const size = 32;
+  const other = new pg.Pool({ connectionString: DATABASE_URL, max: 4, options: '-c jit=off' });
+  try {
+    for (let round = 0; round < rounds; round++) {
+      await reset();
+      await enqueueMany(
+        pool,
+        Array.from({ length: size }, (_, i) => ({ type: 'lapse', payload: { i }, shard: 1 })),
+        { schema },
+      );
+      const got = await claimAll(size, { ceilings: new Map([['lapse', 1]]), defaultCeilingMs: 1 });
+      assert.equal(got.length, size);
+      for (;;) {
+        const r = await pool.query(`SELECT now() > to_timestamp($1 / 1000.0) AS past`, [got[0]!.leaseExpiresAt]);
+        if (r.rows[0].past) break;
+      }
+      // The holder completes a random ~80 % in 1–3 flushes, racing two rescuers.
+      const picked = got.filter(() => Math.random() < 0.8);
+      const flushes = 1 + Math.floor(Math.random() * 3);
+      const parts = Array.from({ length: flushes }, (_, f) => picked.filter((_, i) => i % flushes === f));
+      const holder = (async () => {
+        const won = new Set<string>();
+        for (const part of parts) for (const k of await completeLeases(other, schema, part)) won.add(k);
+        return won;
+      })();
+      const [holderWon, r1, r2] = await Promise.all([
+        holder,
+        rescueLapsedLeases(other, schema),
+        rescueLapsedLeases(other, schema),
+      ]);
+      const rescuedCount = r1.retried + r2.retried + r1.dead + r2.dead;
+      // A rescue row dropped by an overlapping completion leaves entries for the next run.
+      const sweep = await rescueLapsedLeases(pool, schema);
+      const totalRescued = rescuedCount + sweep.retried + sweep.dead;
+      const check = await pool.query<{ settled: number; distinct_settled: number; deferred: number }>(
+        `SELECT (SELECT coalesce(sum(n), 0)::int FROM ${S}.range_settlements) AS settled,
+                (SELECT count(*)::int FROM ${S}.leased_entries WHERE outcome IS NOT NULL) AS distinct_settled,
+                (SELECT count(*)::int FROM ${S}.deferred) AS deferred`,
+      );
+      const c = check.rows[0]!;
+      assert.equal(c.distinct_settled, size, `round ${round}: every entry settled`);
+      assert.equal(c.settled, size, `round ${round}: no entry settled twice`);
+      assert.equal(holderWon.size + totalRescued, size, `round ${round}: holder's and rescue's sets are disjoint`);
+      assert.equal(c.deferred, totalRescued, `round ${round}: deferred holds exactly the rescued entries`);
+      const deferredIds = new Set(
+        (await pool.query<{ id: string }>(`SELECT id::text FROM ${S}.deferred`)).rows.map((r) => r.id),
+      );
+      for (const t of got) {
+        if (holderWon.has(leaseKey(t))) assert.ok(!deferredIds.has(t.id), `round ${round}: completed and rescued`);
+      }
+    }
+  } finally {
+    await other.end();
+  }
+});
+
+test('rolling deploy: migration 8 carries per-task leases over; an old claim is refused, an old settlement is forwarded and fenced', async () => {
+  const legacySchema = `t_ranges_legacy_${process.pid}`;
+  const L = quoteIdent(legacySchema);
+  const c = new pg.Client({ connectionString: DATABASE_URL, options: '-c jit=off' });
+  await c.connect();
+  try {
+    await c.query(`DROP SCHEMA IF EXISTS ${L} CASCADE`);
+    await c.query(`CREATE SCHEMA ${L}`);
+    await c.query(`CREATE TABLE ${L}.schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
+                     applied_at timestamptz NOT NULL DEFAULT now(), checksum text)`);
+    for (const m of MIGRATIONS.filter((x) => x.version <= 7)) {
+      await c.query(m.sql(legacySchema));
+      await c.query(`INSERT INTO ${L}.schema_migrations (version, name) VALUES ($1, $2)`, [m.version, m.name]);
+    }
+    // What an older worker left: three entries, two leased per task, one of those settled.
+    await c.query(
+      `INSERT INTO ${L}.ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard, attempts, created_at, run_at)
+       SELECT 0, 7, s, 100 + s, 'old', '{}', 'default', 0, 0, 0, now(), now() FROM generate_series(1, 3) s`,
+    );
+    await c.query(
+      `INSERT INTO ${L}.leases (slot, lane_id, lane_seq, id, type, attempt, max_attempts, token, claimed_at, expires_at, worker)
+       SELECT 0, 7, s, 100 + s, 'old', 1, 3, ('00000000-0000-0000-0000-00000000000' || s)::uuid, now(), now() + interval '1 hour', 'old-worker'
+         FROM generate_series(1, 2) s`,
+    );
+    await c.query(
+      `INSERT INTO ${L}.settlements (slot, lane_id, lane_seq, id, outcome) VALUES (0, 7, 1, 101, 'completed')`,
+    );
+    await migrate({ client: c, schema: legacySchema });
+    const leased = await c.query(
+      `SELECT id::text, attempt, max_attempts, worker, outcome FROM ${L}.leased_entries ORDER BY id`,
+    );
+    assert.deepEqual(leased.rows, [
+      { id: '101', attempt: 1, max_attempts: 3, worker: 'old-worker', outcome: 'completed' },
+      { id: '102', attempt: 1, max_attempts: 3, worker: 'old-worker', outcome: null },
+    ]);
+    // The cursor is past the carried-over leases: the new claim takes entry 3 only.
+    const cur = await c.query(
+      `SELECT to_seq::text FROM ${L}.range_leases WHERE lane_id = 7 ORDER BY from_seq DESC LIMIT 1`,
+    );
+    assert.equal(cur.rows[0].to_seq, '2');
+    // An old claim fails loudly instead of leasing what a range may hold.
+    await assert.rejects(
+      c.query(
+        `INSERT INTO ${L}.leases (slot, lane_id, lane_seq, id, type, attempt, max_attempts, token, claimed_at, expires_at)
+         VALUES (0, 7, 3, 103, 'old', 1, 3, gen_random_uuid(), now(), now())`,
+      ),
+      /leases ranges since migration 8; upgrade the worker/,
+    );
+    // An old worker's settlement of its lease is forwarded, and the fence still decides.
+    const first = await c.query(
+      `INSERT INTO ${L}."settlements_0" (slot, lane_id, lane_seq, id, outcome) VALUES (0, 7, 2, 102, 'completed')
+       ON CONFLICT DO NOTHING RETURNING id`,
+    );
+    assert.equal(first.rowCount, 1);
+    const again = await c.query(
+      `INSERT INTO ${L}.settlements (slot, lane_id, lane_seq, id, outcome) VALUES (0, 7, 2, 102, 'rescued')
+       ON CONFLICT DO NOTHING RETURNING id`,
+    );
+    assert.equal(again.rowCount, 0, 'the second writer is told it lost');
+    const out = await c.query(`SELECT outcome FROM ${L}.leased_entries WHERE id = 102`);
+    assert.equal(out.rows[0].outcome, 'completed');
+  } finally {
+    await c.query(`DROP SCHEMA IF EXISTS ${L} CASCADE`);
+    await c.end();
+  }
+});
