@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { defineTask, enqueue, Worker } from '../src/index.js';
-import { captureLogger, counterValue, DATABASE_URL, freshSchema, waitFor } from './helpers.js';
+import { captureLogger, counterValue, DATABASE_URL, freshSchema, outcomes, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('wake');
 
@@ -144,6 +144,98 @@ test('a notification naming a lane of another queue is not claimed by a worker t
       'three more polls',
     );
     assert.equal(ranB, 0);
+  } finally {
+    await w.stop();
+  }
+});
+
+test('an idle worker runs one fetch per task it picks up: a slot freed after a short claim queries nothing', async () => {
+  let ran = 0;
+  const def = defineTask({ type: 'w_one_fetch', ceiling: 5000, handler: async () => void ran++ });
+  const { w } = worker([def], 600_000); // no poll: every fetch below is a wake's
+  await w.start();
+  try {
+    // The start-up fetch (a discovery of an empty queue).
+    await waitFor(async () => (await counterValue(w.metrics, 'berth_claims_total', {})) >= 1, 10_000, 'start fetch');
+    const before = await counterValue(w.metrics, 'berth_claims_total', {});
+    const k = 10;
+    for (let i = 0; i < k; i++) {
+      await enqueue(pool, def, { i }, { schema });
+      await waitFor(() => ran === i + 1, 10_000, `task ${i} picked up`);
+      await waitFor(async () => (await outcomes(w.metrics, 'w_one_fetch', 'success')) === i + 1, 10_000, 'settled');
+    }
+    const fetches = (await counterValue(w.metrics, 'berth_claims_total', {})) - before;
+    // One claim on the notified lane per task. Before issue 11 each task also cost a discovery
+    // after the short claim and another when its slot came free: about 2.5 fetches per task.
+    assert.ok(fetches <= k + 2, `${fetches} fetches for ${k} tasks picked up one at a time`);
+  } finally {
+    await w.stop();
+  }
+});
+
+test('wakes that arrive during a claim are not lost: same lane and another lane, no poll', async () => {
+  const ran = new Set<number>();
+  const def = defineTask({
+    type: 'w_during_claim',
+    ceiling: 5000,
+    handler: async (payload) => void ran.add((payload as { i: number }).i),
+  });
+  const { w } = worker([def], 600_000);
+  await w.start();
+  const blocker = await pool.connect();
+  try {
+    await waitFor(async () => (await counterValue(w.metrics, 'berth_claims_total', {})) >= 1, 10_000, 'start fetch');
+    // Hold the claim's INSERT into leases: the claim woken by task 0 waits while the others commit.
+    await blocker.query('BEGIN');
+    await blocker.query(`LOCK TABLE "${schema}".leases IN SHARE MODE`);
+    await enqueue(pool, def, { i: 0 }, { schema, shard: 3 });
+    await waitFor(
+      async () =>
+        (
+          await pool.query(
+            `SELECT 1 FROM pg_stat_activity
+              WHERE application_name LIKE 'berth worker %' AND wait_event_type = 'Lock'`,
+          )
+        ).rowCount === 1,
+      10_000,
+      'the claim blocked on the leases lock',
+    );
+    await enqueue(pool, def, { i: 1 }, { schema, shard: 3 }); // the lane being claimed
+    await enqueue(pool, def, { i: 2 }, { schema, shard: 5 }); // another lane
+    await blocker.query('COMMIT');
+    await waitFor(() => ran.size === 3, 10_000, 'all three picked up by their wakes');
+  } finally {
+    await blocker.query('ROLLBACK').catch(() => undefined);
+    blocker.release();
+    await w.stop();
+  }
+});
+
+test('work in more lanes than one claim locks drains without the poll', async () => {
+  const ran = new Set<number>();
+  const def = defineTask<{ i: number }>({
+    type: 'w_many_lanes',
+    ceiling: 5000,
+    handler: async ({ i }) => void ran.add(i),
+  });
+  // Enqueued before the worker listens: only its start-up discovery knows of them. Four slots
+  // lock one discovered lane per claim (LANE_SHARE), so each claim comes back short with lanes
+  // left over, and discovery stays owed until they are drained.
+  for (let i = 0; i < 6; i++) await enqueue(pool, def, { i }, { schema, shard: 10 + i });
+  const { logger } = captureLogger();
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    slots: 4,
+    prefetch: 0,
+    pollIntervalMs: 600_000,
+    logger,
+    maintenance: false,
+  });
+  await w.start();
+  try {
+    await waitFor(() => ran.size === 6, 10_000, 'every lane drained');
   } finally {
     await w.stop();
   }
