@@ -5,7 +5,12 @@ import { captureLogger, counterValue, DATABASE_URL, freshSchema, outcomes, waitF
 
 const { schema, pool } = await freshSchema('wake');
 
-function worker(tasks: ReturnType<typeof defineTask>[], pollIntervalMs: number, slots = 4) {
+function worker(
+  tasks: ReturnType<typeof defineTask>[],
+  pollIntervalMs: number,
+  slots = 4,
+  more: { prefetch?: number } = {},
+) {
   const { logger, lines } = captureLogger();
   const w = new Worker({
     connectionString: DATABASE_URL,
@@ -16,6 +21,7 @@ function worker(tasks: ReturnType<typeof defineTask>[], pollIntervalMs: number, 
     logger,
     maintenance: false,
     listenReconnectBaseMs: 50,
+    ...more,
   });
   return { w, lines };
 }
@@ -213,26 +219,16 @@ test('wakes that arrive during a claim are not lost: same lane and another lane,
 
 test('work in more lanes than one claim locks drains without the poll', async () => {
   const ran = new Set<number>();
-  const def = defineTask<{ i: number }>({
+  const def = defineTask({
     type: 'w_many_lanes',
     ceiling: 5000,
-    handler: async ({ i }) => void ran.add(i),
+    handler: async (payload) => void ran.add((payload as { i: number }).i),
   });
   // Enqueued before the worker listens: only its start-up discovery knows of them. Four slots
   // lock one discovered lane per claim (LANE_SHARE), so each claim comes back short with lanes
   // left over, and discovery stays owed until they are drained.
   for (let i = 0; i < 6; i++) await enqueue(pool, def, { i }, { schema, shard: 10 + i });
-  const { logger } = captureLogger();
-  const w = new Worker({
-    connectionString: DATABASE_URL,
-    schema,
-    tasks: [def],
-    slots: 4,
-    prefetch: 0,
-    pollIntervalMs: 600_000,
-    logger,
-    maintenance: false,
-  });
+  const { w } = worker([def], 600_000, 4, { prefetch: 0 });
   await w.start();
   try {
     await waitFor(() => ran.size === 6, 10_000, 'every lane drained');
