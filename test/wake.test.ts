@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { defineTask, enqueue, Worker } from '../src/index.js';
+import { defineTask, enqueue, pauseQueue, resumeQueue, Worker } from '../src/index.js';
 import { captureLogger, counterValue, DATABASE_URL, freshSchema, outcomes, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('wake');
@@ -232,6 +232,27 @@ test('work in more lanes than one claim locks drains without the poll', async ()
   await w.start();
   try {
     await waitFor(() => ran.size === 6, 10_000, 'every lane drained');
+  } finally {
+    await w.stop();
+  }
+});
+
+test("a paused queue's task runs on the resume's wake, without the poll", async () => {
+  let ran = 0;
+  const def = defineTask({ type: 'w_resume', ceiling: 5000, handler: async () => void ran++ });
+  await pauseQueue(pool, schema, 'w-paused', 'test', 'wake test');
+  const { w } = worker([def], 600_000);
+  await w.start();
+  try {
+    await waitFor(async () => (await counterValue(w.metrics, 'berth_claims_total', {})) >= 1, 10_000, 'start fetch');
+    // Its wake names the paused lane: the claim gets nothing and the discovery that follows
+    // skips paused lanes, so nothing runs and nothing more is owed.
+    await enqueue(pool, def, {}, { schema, queue: 'w-paused' });
+    await waitFor(async () => (await counterValue(w.metrics, 'berth_claims_total', {})) >= 2, 10_000, 'its fetch');
+    assert.equal(ran, 0);
+    // Resuming NOTIFYs every lane of the queue.
+    await resumeQueue(pool, schema, 'w-paused', 'test');
+    await waitFor(() => ran === 1, 10_000, 'the resumed task picked up by its wake');
   } finally {
     await w.stop();
   }
