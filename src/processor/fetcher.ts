@@ -34,7 +34,12 @@ const MAX_NOTIFIED_LANES = 64;
  * (a lane that gave nothing may be held by a claimer whose snapshot predates the entry that
  * named it). A claim that came back short from lanes it locked drained them: anything appended
  * later commits after that claim's snapshot, and every append NOTIFYs its lane on commit, which
- * is noted after this fetch cleared its notified lanes, so the next pass claims it. Until issue
+ * is noted after this fetch cleared its notified lanes, so the next pass claims it. The one
+ * short claim that did not drain its lane is a claim whose snapshot predates a competing
+ * claim's commit: the entries the other leased (ON CONFLICT DO NOTHING) count against its
+ * limit, and entries behind them can be left. Those were appended after the other claim's
+ * snapshot (a short claim takes all it sees), so every listener, that claimer included, notes
+ * their NOTIFYs for its next pass. Until issue
  * 11 every short claim and every freed slot ran a discovery: an idle worker picking up one task
  * ran two discoveries per task, and a notification arriving during one waited for it (the pickup
  * p99; docs/benchmarks.md, "Where pickup time goes").
