@@ -140,7 +140,10 @@ export class Engine {
     this.deps.metrics.slots.set(this.o.slots);
     // One ticker shared by all slots: each tick releases at most one fetch.
     this.ticker = setInterval(() => {
-      if (this.inflight.size < this.o.slots) this.wakeToDiscover('poll');
+      // Owed even while every slot is busy: the next slot to come free then discovers, so work
+      // whose NOTIFY was missed waits no longer than one poll interval either way.
+      this.fetcher.oweDiscovery();
+      if (this.inflight.size < this.o.slots) this.wake('poll');
     }, this.o.pollIntervalMs);
     this.wakeToDiscover('start');
     this.fetchLoop = this.runFetchLoop();
