@@ -59,10 +59,11 @@ function lazyChild(parent: Logger, bindings: () => Record<string, unknown>): Log
 
 /**
  * Runs tasks. N slots share one fetcher: a wake (NOTIFY, the shared poll tick, or a slot coming
- * free) runs discovery on the read pool and one claim on the primary that leases entries for
- * every idle slot. Each leased task runs under its own token and deadline (run-task.ts), and what
- * happened is settled by its own fenced row, as the outcome table says (outcome-table.ts,
- * settle-task.ts).
+ * free) runs one fetch that leases entries for every idle slot: a claim on the lanes it knows
+ * (notified, hot), else discovery on the read pool and a claim on the primary (fetcher.ts says
+ * when discovery is owed; a freed slot after a short claim runs nothing). Each leased task runs
+ * under its own token and deadline (run-task.ts), and what happened is settled by its own fenced
+ * row, as the outcome table says (outcome-table.ts, settle-task.ts).
  */
 export class Engine {
   private readonly o: EngineOptions;
@@ -139,9 +140,12 @@ export class Engine {
     this.deps.metrics.slots.set(this.o.slots);
     // One ticker shared by all slots: each tick releases at most one fetch.
     this.ticker = setInterval(() => {
+      // Owed even while every slot is busy: the next slot to come free then discovers, so work
+      // whose NOTIFY was missed waits no longer than one poll interval either way.
+      this.fetcher.oweDiscovery();
       if (this.inflight.size < this.o.slots) this.wake('poll');
     }, this.o.pollIntervalMs);
-    this.wake('start');
+    this.wakeToDiscover('start');
     this.fetchLoop = this.runFetchLoop();
   }
 
@@ -159,6 +163,12 @@ export class Engine {
   /** Resolves once the fetch loop has ended (after stop()). */
   fetchLoopEnded(): Promise<void> {
     return this.fetchLoop;
+  }
+
+  /** A wake that names no lane: the fetch it releases runs discovery. */
+  private wakeToDiscover(reason: string): void {
+    this.fetcher.oweDiscovery();
+    this.wake(reason);
   }
 
   private wake(reason: string): void {
@@ -191,6 +201,13 @@ export class Engine {
         this.wakeReason = null;
         continue;
       }
+      if (!this.fetcher.hasLeads) {
+        // The last claim came back short from everything it knew of, and no wake since names
+        // anything new (a freed slot does not): a fetch would only find nothing. New work
+        // arrives with its lane's NOTIFY; the poll is the safety net.
+        this.wakeReason = null;
+        continue;
+      }
       const reason = this.wakeReason ?? 'unknown';
       this.wakeReason = null;
       this.deps.metrics.wakeups.inc({ reason });
@@ -220,7 +237,8 @@ export class Engine {
         }
         if (this.retryNow.signal.aborted && !this.stopping) this.retryNow = new AbortController();
         await abortableSleep(delay, this.retryNow.signal);
-        this.wake('retry');
+        // The failed fetch had already taken its notified lanes: discovery finds them again.
+        this.wakeToDiscover('retry');
       }
     }
   }

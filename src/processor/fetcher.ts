@@ -18,24 +18,61 @@ export interface FetcherDeps {
   wakeAgain: () => void;
 }
 
+/** How many lanes discovery returns (one head each). */
+const DISCOVERY_LANES = 20;
+/** Lanes remembered from notifications between two fetches; past this, discovery finds the rest. */
+const MAX_NOTIFIED_LANES = 64;
+
 /**
  * One fetch: claim on the lanes this process already knows (its hot lanes, lanes named by wake
- * notifications) and, when that finds nothing, discovery on the read pool and a claim of this
- * worker's share of the lanes it returns.
+ * notifications) and, when that finds nothing and work may wait where no notification points,
+ * discovery on the read pool and a claim of this worker's share of the lanes it returns.
+ *
+ * Discovery runs only when it is owed: after a wake that names no lane (the poll, start, a
+ * retry, a bare NOTIFY: another claimer's re-signal or a LISTEN reconnect), after a full claim
+ * (more may wait anywhere), and after a claim that left a lane it was pointed at unexplained
+ * (a lane that gave nothing may be held by a claimer whose snapshot predates the entry that
+ * named it). A claim that came back short from lanes it locked drained them: anything appended
+ * later commits after that claim's snapshot, and every append NOTIFYs its lane on commit, which
+ * is noted after this fetch cleared its notified lanes, so the next pass claims it. The one
+ * short claim that did not drain its lane is a claim whose snapshot predates a competing
+ * claim's commit: the entries the other leased (ON CONFLICT DO NOTHING) count against its
+ * limit, and entries behind them can be left. Those were appended after the other claim's
+ * snapshot (a short claim takes all it sees), so every listener, that claimer included, notes
+ * their NOTIFYs for its next pass. Until issue
+ * 11 every short claim and every freed slot ran a discovery: an idle worker picking up one task
+ * ran two discoveries per task, and a notification arriving during one waited for it (the pickup
+ * p99; docs/benchmarks.md, "Where pickup time goes").
  */
 export class Fetcher {
   /** Lanes the last claim filled every slot from: tried first next time, skipping discovery. */
   private hotLanes: number[] = [];
   /** Lanes named by wake notifications since the last fetch: also tried before discovery. */
   private readonly notifiedLanes = new Set<number>();
+  /** Work may wait where no known lane points: the next fetch that finds nothing runs discovery. */
+  private discoveryOwed = true;
 
   constructor(private readonly deps: FetcherDeps) {}
 
   /** A wake notification's payload: producers and promotion name the lane they appended to. */
   noteLane(payload: string): void {
     const lane = Number(payload);
-    if (payload !== '' && Number.isInteger(lane) && lane > 0 && this.notifiedLanes.size < 64)
-      this.notifiedLanes.add(lane);
+    if (payload === '' || !Number.isInteger(lane) || lane <= 0 || this.notifiedLanes.size >= MAX_NOTIFIED_LANES) {
+      // A bare wake names no lane, and a lane past the cap is not remembered: discovery finds them.
+      this.discoveryOwed = true;
+      return;
+    }
+    this.notifiedLanes.add(lane);
+  }
+
+  /** A wake that names no lane (the poll, start, a retry after an error): the next fetch discovers. */
+  oweDiscovery(): void {
+    this.discoveryOwed = true;
+  }
+
+  /** Whether a fetch now could find anything: false when the last claim drained all it knew of. */
+  get hasLeads(): boolean {
+    return this.discoveryOwed || this.hotLanes.length > 0 || this.notifiedLanes.size > 0;
   }
 
   async fetch(want: number): Promise<ClaimedTask[]> {
@@ -57,13 +94,16 @@ export class Fetcher {
     this.notifiedLanes.clear();
     if (known.length > 0) {
       got = await claim(d.write, { ...params, laneIds: known, limit: want });
-      if (got.length > 0 && got.length < want) {
+      if (got.length < want && !gaveFromEach(got, known)) this.discoveryOwed = true;
+      if (got.length > 0 && got.length < want && this.discoveryOwed) {
         // Start these now; discovery for the rest runs on the next pass of the loop.
         d.wakeAgain();
       }
     }
-    if (got.length === 0) {
-      const candidates = await discover(d.read, d.schema, d.queues, 20, 1);
+    if (got.length === 0 && this.discoveryOwed) {
+      // Cleared before the read: a bare wake arriving meanwhile owes the next fetch another.
+      this.discoveryOwed = false;
+      const candidates = await discover(d.read, d.schema, d.queues, DISCOVERY_LANES, 1);
       const lanes = [...new Set(candidates.map((c) => c.laneId))];
       if (lanes.length > 0) {
         // Every worker's discovery returns the same lanes, so each locks only its share of them
@@ -71,13 +111,27 @@ export class Fetcher {
         // finding every lane locked. Known lanes (its own hot lanes, notified ones) are all tried.
         const maxLanes = Math.ceil((want - got.length) / LANE_SHARE);
         got = got.concat(await claim(d.write, { ...params, laneIds: lanes, limit: want - got.length, maxLanes }));
+        // Lanes beyond this worker's share, lanes another claimer held, a full page: more may wait.
+        if (candidates.length >= DISCOVERY_LANES || !gaveFromEach(got, lanes)) this.discoveryOwed = true;
       }
     }
-    this.hotLanes = got.length === want ? [...new Set(got.map((t) => t.laneId))] : [];
+    if (got.length === want) {
+      this.hotLanes = [...new Set(got.map((t) => t.laneId))];
+      // A full claim may have left work anywhere (the claim re-signals other processes for it).
+      this.discoveryOwed = true;
+    } else {
+      this.hotLanes = [];
+    }
     d.metrics.claimSeconds.observe((performance.now() - started) / 1000);
     d.metrics.claims.inc({ result: got.length > 0 ? 'hit' : 'empty' });
     d.metrics.claimedTasks.inc(got.length);
     for (const t of got) d.metrics.taskWaitSeconds.observe({ task_type: t.type }, t.waitedSeconds);
     return got;
   }
+}
+
+/** Whether every one of `lanes` gave at least one of the claimed tasks. */
+function gaveFromEach(got: readonly ClaimedTask[], lanes: readonly number[]): boolean {
+  const gave = new Set(got.map((t) => t.laneId));
+  return lanes.every((l) => gave.has(l));
 }
