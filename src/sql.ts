@@ -67,3 +67,43 @@ export function bindSchema(schema: SchemaRef): Schema {
   if (typeof schema !== 'string') return schema;
   return Object.freeze({ name: schema, q: quoteIdent(schema) });
 }
+
+/**
+ * Run one statement with JIT compilation off. The statements that walk the ring (rescue, the
+ * gauges, task counts and listings) plan over every ring partition; on partitions that were
+ * never analyzed (every freshly truncated ring segment) their estimates pass `jit_above_cost`,
+ * and compiling such a plan took 10–28 s on this machine for a statement that runs in
+ * milliseconds. berth's own sessions run with `jit = off` already; a caller's pool may not, so
+ * on a pool the statement runs in a short transaction that turns JIT off for itself
+ * (`SET LOCAL`). A client (maybe inside the caller's own transaction) is used as it is.
+ */
+export async function queryWithoutJit<R extends pg.QueryResultRow = pg.QueryResultRow>(
+  db: Queryable,
+  text: string,
+  values?: unknown[],
+): Promise<pg.QueryResult<R>> {
+  if (!isPool(db)) return db.query<R>(text, values);
+  const client = await db.connect();
+  let broken = false;
+  try {
+    // One round trip for both (simple protocol, no parameters).
+    await client.query('BEGIN; SET LOCAL jit = off');
+    try {
+      const res = await client.query<R>(text, values);
+      await client.query('COMMIT');
+      return res;
+    } catch (err) {
+      await client.query('ROLLBACK').catch(() => {
+        broken = true;
+      });
+      throw err;
+    }
+  } finally {
+    client.release(broken);
+  }
+}
+
+function isPool(db: Queryable): db is pg.Pool {
+  const candidate = db as Partial<pg.Pool>;
+  return typeof candidate.connect === 'function' && typeof candidate.totalCount === 'number';
+}

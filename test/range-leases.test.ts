@@ -11,7 +11,7 @@ import { enqueueMany } from '../src/index.js';
 import { claim, type ClaimedTask, type ClaimParams } from '../src/processor/claim.js';
 import { MIGRATIONS } from '../src/schema/migrations.js';
 import { migrate } from '../src/schema/migrate.js';
-import { quoteIdent, wakeChannel } from '../src/sql.js';
+import { queryWithoutJit, quoteIdent, wakeChannel } from '../src/sql.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { leaseKey, seqsToMultirange } from '../src/storage/lease.js';
 import { rescueLapsedLeases } from '../src/storage/rescue.js';
@@ -308,5 +308,21 @@ test('rolling deploy: migration 8 carries per-task leases over; an old claim is 
   } finally {
     await c.query(`DROP SCHEMA IF EXISTS ${L} CASCADE`);
     await c.end();
+  }
+});
+
+test('ring-walking statements run with JIT off on a caller pool that has it on (compiling their plans took seconds)', async () => {
+  const plain = new pg.Pool({ connectionString: DATABASE_URL, max: 2 });
+  try {
+    const on = await plain.query<{ jit: string }>(`SELECT current_setting('jit') AS jit`);
+    const off = await queryWithoutJit<{ jit: string }>(plain, `SELECT current_setting('jit') AS jit`);
+    assert.equal(off.rows[0]!.jit, 'off');
+    // The caller's sessions keep their own setting.
+    const after = await plain.query<{ jit: string }>(`SELECT current_setting('jit') AS jit`);
+    assert.equal(after.rows[0]!.jit, on.rows[0]!.jit);
+    await assert.rejects(queryWithoutJit(plain, 'SELECT 1/0'), /division by zero/);
+    assert.equal((await plain.query('SELECT 1 AS one')).rows[0].one, 1, 'the pool is usable after an error');
+  } finally {
+    await plain.end();
   }
 });

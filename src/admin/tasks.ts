@@ -1,5 +1,5 @@
 import { BerthInputError } from '../errors.js';
-import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, queryWithoutJit, type SchemaRef } from '../sql.js';
 import { laneCursor, unsettledEntriesOf, unsettledRanges } from '../storage/predicates.js';
 import { getTask, type TaskState } from '../storage/tasks.js';
 import { retryDeadLetters } from './dead.js';
@@ -83,7 +83,7 @@ export async function listTasks(
   const { q: s } = bindSchema(schema);
   const limit = pageLimit(page.limit);
   if (filter.state) parseState(filter.state);
-  const res = await db.query<{
+  const res = await queryWithoutJit<{
     id: string;
     type: string;
     state: TaskState;
@@ -98,6 +98,7 @@ export async function listTasks(
     lease_expires_at: Date | null;
     worker: string | null;
   }>(
+    db,
     `SELECT * FROM (
        (SELECT d.id, d.type, d.state, d.queue, d.priority, d.attempts, d.max_attempts,
                left(d.last_error, 300) AS last_error, d.created_at, d.run_at,
