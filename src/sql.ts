@@ -73,17 +73,36 @@ export function bindSchema(schema: SchemaRef): Schema {
  * gauges, task counts and listings) plan over every ring partition; on partitions that were
  * never analyzed (every freshly truncated ring segment) their estimates pass `jit_above_cost`,
  * and compiling such a plan took 10–28 s on this machine for a statement that runs in
- * milliseconds. berth's own sessions run with `jit = off` already; a caller's pool may not, so
- * on a pool the statement runs in a short transaction that turns JIT off for itself
- * (`SET LOCAL`). A client (maybe inside the caller's own transaction) is used as it is.
+ * milliseconds. berth's own sessions run with `jit = off` already; a caller's may not.
+ * - On a pool: a short transaction that turns JIT off for itself (`SET LOCAL`), which holds
+ *   behind a transaction-mode pooler too.
+ * - On a client (maybe inside the caller's own transaction): JIT off for the session around the
+ *   statement, then the caller's setting back (inside a transaction that the statement aborts,
+ *   the rollback restores it).
  */
 export async function queryWithoutJit<R extends pg.QueryResultRow = pg.QueryResultRow>(
   db: Queryable,
   text: string,
   values?: unknown[],
 ): Promise<pg.QueryResult<R>> {
-  if (!isPool(db)) return db.query<R>(text, values);
-  const client = await db.connect();
+  if (isPool(db)) return inJitOffTransaction<R>(db, text, values);
+  const prev = await db.query<{ jit: string }>(
+    `SELECT current_setting('jit') AS jit, set_config('jit', 'off', false) AS now_off`,
+  );
+  const was = prev.rows[0]?.jit ?? 'off';
+  try {
+    return await db.query<R>(text, values);
+  } finally {
+    if (was !== 'off') await db.query(`SELECT set_config('jit', $1, false)`, [was]).catch(() => undefined);
+  }
+}
+
+async function inJitOffTransaction<R extends pg.QueryResultRow>(
+  pool: pg.Pool,
+  text: string,
+  values?: unknown[],
+): Promise<pg.QueryResult<R>> {
+  const client = await pool.connect();
   let broken = false;
   try {
     // One round trip for both (simple protocol, no parameters).

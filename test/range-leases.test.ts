@@ -322,6 +322,22 @@ test('ring-walking statements run with JIT off on a caller pool that has it on (
     assert.equal(after.rows[0]!.jit, on.rows[0]!.jit);
     await assert.rejects(queryWithoutJit(plain, 'SELECT 1/0'), /division by zero/);
     assert.equal((await plain.query('SELECT 1 AS one')).rows[0].one, 1, 'the pool is usable after an error');
+    // On a client: off around the statement, the session's own setting back after it.
+    const c = await plain.connect();
+    try {
+      await c.query(`SET jit = on`);
+      assert.equal(
+        (await queryWithoutJit<{ jit: string }>(c, `SELECT current_setting('jit') AS jit`)).rows[0]!.jit,
+        'off',
+      );
+      assert.equal((await c.query(`SELECT current_setting('jit') AS jit`)).rows[0].jit, 'on');
+      await c.query('BEGIN');
+      await assert.rejects(queryWithoutJit(c, 'SELECT 1/0'), /division by zero/);
+      await c.query('ROLLBACK');
+      assert.equal((await c.query(`SELECT current_setting('jit') AS jit`)).rows[0].jit, 'on');
+    } finally {
+      c.release();
+    }
   } finally {
     await plain.end();
   }
