@@ -52,7 +52,7 @@ export async function discover(
        CROSS JOIN LATERAL (
          SELECT r.lane_id, r.lane_seq, r.id, r.priority, r.run_at
            FROM ${s}.ready r
-          WHERE ${claimableEntry(s, 'l.lane_id')}
+          WHERE ${claimableEntry(s, 'l')}
             AND r.run_at <= now()
           ORDER BY r.lane_seq
           LIMIT $3) r
@@ -162,7 +162,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
         LIMIT $12
         FOR UPDATE SKIP LOCKED
      ), current AS MATERIALIZED (
-       SELECT k.lane_id FROM locked k
+       SELECT k.lane_id, k.version FROM locked k
         WHERE k.version = (SELECT v.version FROM ${s}.lanes v WHERE v.lane_id = k.lane_id)
      ), picked AS MATERIALIZED (
        SELECT r.slot, r.lane_id, r.lane_seq, r.id, r.type, r.payload, r.queue, r.priority,
@@ -173,7 +173,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
          FROM current k
          CROSS JOIN LATERAL (
            SELECT r.* FROM ${s}.ready r
-            WHERE ${claimableEntry(s, 'k.lane_id')}
+            WHERE ${claimableEntry(s, 'k')}
             ORDER BY r.lane_seq
             LIMIT $2) r
        WINDOW lane AS (PARTITION BY r.lane_id ORDER BY r.lane_seq)
