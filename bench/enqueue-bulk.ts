@@ -18,6 +18,7 @@
  * BULK_BATCH (1000).
  */
 import { readFileSync } from 'node:fs';
+import { loadavg } from 'node:os';
 import { basename, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import pg from 'pg';
@@ -81,6 +82,7 @@ async function once(b: Build, schema: string): Promise<number> {
 }
 
 try {
+  const load0 = loadavg()[0]!;
   const rates = builds.map(() => [] as number[]);
   for (let rep = 0; rep < reps; rep++) {
     const order = builds.map((_, i) => i);
@@ -94,11 +96,19 @@ try {
   const fmt = (x: number) => Math.round(x).toLocaleString('en-US');
   console.log(
     `bulk enqueue: ${n} tasks, ${batch} per enqueueMany call, sequential, ${reps} repetitions` +
-      ` (${cluster ? 'dedicated stock cluster' : 'BENCH_DATABASE_URL'})`,
+      ` (${cluster ? 'dedicated stock cluster' : 'BENCH_DATABASE_URL'};` +
+      ` 1-min load average ${load0.toFixed(1)} at start, ${loadavg()[0]!.toFixed(1)} at end)`,
   );
+  const median = (xs: number[]) => [...xs].sort((a, c) => a - c)[xs.length >> 1]!;
   builds.forEach((b, i) => {
     const xs = [...rates[i]!].sort((a, c) => a - c);
-    console.log(`  ${b.label}: ${fmt(xs[xs.length >> 1]!)} tasks/s (${fmt(xs[0]!)}–${fmt(xs[xs.length - 1]!)})`);
+    // Within a repetition the builds ran back to back, so the per-repetition ratio to the first
+    // build is steadier than the rates on a machine whose load comes and goes.
+    const ratio =
+      i === 0
+        ? ''
+        : `; ×${median(rates[i]!.map((r, k) => r / rates[0]![k]!)).toFixed(2)} of the first, median per repetition`;
+    console.log(`  ${b.label}: ${fmt(median(xs))} tasks/s (${fmt(xs[0]!)}–${fmt(xs[xs.length - 1]!)})${ratio}`);
   });
 } finally {
   await cluster?.stop();

@@ -82,7 +82,10 @@ export async function enqueue<P>(
   return result!;
 }
 
-/** Enqueue a batch: one statement per lane (and per 5 000 rows), results in input order. */
+/**
+ * Enqueue a batch: one statement per lane (and per 5 000 rows or 16 M characters of payload
+ * JSON), results in input order.
+ */
 export async function enqueueMany(
   executor: Queryable,
   tasks: readonly TaskSpec[],
