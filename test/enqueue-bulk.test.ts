@@ -250,6 +250,36 @@ for (const { label, schema } of installs) {
     assert.equal(BigInt(again[0]!.lane_seq), BigInt(rows[3]!.lane_seq) + 1n, 'the lane continues');
   });
 
+  test(`${label}: promotion appends after the lane's entries, in due order, and an empty promotion takes no number`, async () => {
+    const lane = { queue: 'promo', shard: 2 };
+    const [head] = await enqueueMany(pool, [{ type: 'promo', payload: 'head', ...lane }], { schema });
+    const later = await enqueueMany(
+      pool,
+      [3, 1, 2].map((k) => ({ type: 'promo', payload: k, delay: 3_600_000 + k * 1000, ...lane })),
+      { schema },
+    );
+    assert.ok(later.every((r) => r.state === 'scheduled'));
+    const promote = async () =>
+      (await pool.query(`SELECT "${schema}".promote_lane('promo', 0::smallint, 2::smallint, 100) AS n`)).rows[0].n;
+    assert.equal(await promote(), 0, 'nothing due yet');
+    await pool.query(
+      `UPDATE "${schema}".deferred SET run_at = run_at - interval '2 hours' WHERE id = ANY($1::bigint[])`,
+      [later.map((r) => r.id)],
+    );
+    assert.equal(await promote(), 3);
+    const [tail] = await enqueueMany(pool, [{ type: 'promo', payload: 'tail', ...lane }], { schema });
+    const rows = await readyRows(schema, [head!.id, ...later.map((r) => r.id), tail!.id]);
+    assert.deepEqual(
+      rows.map((r) => r.payload),
+      ['head', 1, 2, 3, 'tail'],
+    );
+    const seqs = rows.map((r) => BigInt(r.lane_seq));
+    assert.deepEqual(
+      seqs,
+      seqs.map((_, k) => seqs[0]! + BigInt(k)),
+    );
+  });
+
   test(`${label}: a batch over several lanes: results in input order, each lane in input order, one wake per lane`, async () => {
     await listening(schema, async (lanes) => {
       const targets = [
