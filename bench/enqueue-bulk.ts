@@ -6,31 +6,26 @@
  *
  *   npx tsx bench/enqueue-bulk.ts
  *   BULK_BASELINE=/path/to/other/checkout npx tsx bench/enqueue-bulk.ts   (before/after, interleaved)
- *   BULK_PROPOSED=1 npx tsx bench/enqueue-bulk.ts   (also: this checkout plus the proposed migration)
  *
  * Without BENCH_DATABASE_URL it starts its own stock cluster, as `npm run bench` does (fsync and
  * synchronous_commit on: every call pays one WAL flush); with it, it runs against that server.
  * BULK_BASELINE names another berth checkout (its `src/index.ts` is imported): both builds run
  * in every repetition, order alternating, so a shared machine's load hits both alike. Prints
- * tasks/s median (min–max) per build. BULK_PROPOSED=1 adds this checkout once more with
- * bench/prototypes/enqueue-fast-path/enqueue_fast_path.sql run after `migrate()` (a proposed
- * migration, not yet one of berth's). Knobs: BULK_REPS (default 5), BULK_N (20000),
- * BULK_BATCH (1000).
+ * tasks/s median (min–max) per build. (The "proposed migration" rows in docs/benchmarks.md ran
+ * what is now migration 9 as an extra build after migrate().) Knobs: BULK_REPS
+ * (default 5), BULK_N (20000), BULK_BATCH (1000).
  */
-import { readFileSync } from 'node:fs';
 import { loadavg } from 'node:os';
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import pg from 'pg';
 import { startCluster } from './cluster.js';
 import { intEnv } from './config.js';
-import { parseMigration } from '../src/schema/migrations.js';
 import { dropSchema } from './db.js';
 
 interface Build {
   label: string;
   /** SQL run after migrate() on the run's schema (the proposed migration), if any. */
-  extra?: (schema: string) => string;
   enqueueMany: (
     executor: pg.Pool,
     tasks: { type: string; payload: unknown }[],
@@ -49,12 +44,6 @@ async function load(label: string, dir: string): Promise<Build> {
 }
 
 const builds: Build[] = [await load('this checkout', resolve(import.meta.dirname, '..'))];
-if (process.env.BULK_PROPOSED) {
-  // Unnumbered until it is added to the migrations: any version parses it.
-  const file = new URL('prototypes/enqueue-fast-path/enqueue_fast_path.sql', import.meta.url);
-  const proposed = parseMigration('9999_enqueue_fast_path.sql', readFileSync(file, 'utf8'));
-  builds.push({ ...builds[0]!, label: 'this checkout + proposed migration', extra: proposed.sql });
-}
 if (process.env.BULK_BASELINE)
   builds.unshift(await load(`baseline ${process.env.BULK_BASELINE}`, process.env.BULK_BASELINE));
 
@@ -67,7 +56,6 @@ async function once(b: Build, schema: string): Promise<number> {
   const pool = new pg.Pool({ connectionString: url });
   pool.on('error', () => {});
   try {
-    if (b.extra) await pool.query(b.extra(schema));
     await pool.query('SELECT 1');
     const t0 = performance.now();
     for (let start = 0; start < n; start += batch) {

@@ -1,35 +1,21 @@
 /**
  * Bulk enqueue (issue 11): the batch shapes `enqueueMany` sends as JSON arrays and NULL columns,
- * checked row by row in storage. Every case runs twice: on the schema as `migrate()` leaves it,
- * and on one with the proposed fast-path migration applied
- * (bench/prototypes/enqueue-fast-path/), so both `enqueue()` bodies are held to the same rows,
- * lanes, lane order, dedupe and notifications.
+ * checked row by row in storage, through both paths of `enqueue()` (migration 9: the fast path
+ * for batches with no dedupe key and nothing scheduled, the general path otherwise), so both
+ * are held to the same rows, lanes, lane order, dedupe and notifications.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
 import pg from 'pg';
 import { z } from 'zod';
 import { BerthInputError, defineTask, enqueue, enqueueMany, getTask, type TaskSpec } from '../src/index.js';
 import { CHUNK_JSON_CHARS } from '../src/producer/enqueue.js';
-import { parseMigration } from '../src/schema/migrations.js';
 import { wakeChannel } from '../src/sql.js';
 import { DATABASE_URL, freshSchema, waitFor } from './helpers.js';
 
-// Unnumbered until it is added to the migrations: any version parses it.
-const PROPOSED = parseMigration(
-  '9999_enqueue_fast_path.sql',
-  readFileSync(new URL('../bench/prototypes/enqueue-fast-path/enqueue_fast_path.sql', import.meta.url), 'utf8'),
-);
-
 const migrated = await freshSchema('bulk');
-const proposed = await freshSchema('bulk_fast');
-await proposed.pool.query(PROPOSED.sql(proposed.schema));
 const { pool } = migrated;
-const installs = [
-  { label: 'as migrated', schema: migrated.schema },
-  { label: 'with the proposed fast path', schema: proposed.schema },
-];
+const installs = [{ label: 'as migrated', schema: migrated.schema }];
 
 interface ReadyRow {
   id: string;

@@ -1,9 +1,7 @@
 -- name: enqueue fast path: immediate batches go straight to append_ready, lane numbers reserved as a block
 --
--- PROPOSED, not applied by migrate(): berth issue 11 (bulk enqueue >= 100k tasks/s). To ship it,
--- copy it into src/schema/migrations/ under the next free number, regenerate docs/schema.sql
--- (npm run schema:dump), and drop the note above. bench/enqueue-bulk.ts with BULK_PROPOSED=1
--- applies it to its schema to measure it (docs/benchmarks.md, "Bulk enqueue").
+-- Issue 11 (bulk enqueue >= 100k tasks/s); measured with bench/enqueue-bulk.ts
+-- (docs/benchmarks.md, "Bulk enqueue").
 --
 -- Same signatures, owners and grants (CREATE OR REPLACE keeps them); same rows, lanes, lane
 -- order, dedupe and NOTIFY. Two changes, each measured on 1,000-task calls:
