@@ -69,31 +69,39 @@ export function bindSchema(schema: SchemaRef): Schema {
 }
 
 /**
- * Run one statement with JIT compilation off. The statements that walk the ring (rescue, the
- * gauges, task counts and listings) plan over every ring partition; on partitions that were
- * never analyzed (every freshly truncated ring segment) their estimates pass `jit_above_cost`,
- * and compiling such a plan took 10–28 s on this machine for a statement that runs in
- * milliseconds. berth's own sessions run with `jit = off` already; a caller's may not.
+ * Run one statement that walks the ring (rescue, the gauges, task counts and listings) with the
+ * planner settings it needs, whatever the session's:
+ * - JIT off: these statements plan over every ring partition; on partitions that were never
+ *   analyzed (every freshly truncated ring segment) their estimates pass `jit_above_cost`, and
+ *   compiling such a plan took 10–28 s for a statement that runs in milliseconds.
+ * - Bitmap scans on: worker sessions turn them off for the claim (see SESSION_OPTIONS in
+ *   src/processor/worker.ts), and without them the gauges read each lane's backlog with a
+ *   sequential scan of the ring partition per lane (553 ms against 177 ms at 200k entries,
+ *   docs/explain.md).
  * - On a pool: a short transaction that turns JIT off for itself (`SET LOCAL`), which holds
  *   behind a transaction-mode pooler too.
  * - On a client (maybe inside the caller's own transaction): JIT off for the session around the
  *   statement, then the caller's setting back (inside a transaction that the statement aborts,
  *   the rollback restores it).
  */
-export async function queryWithoutJit<R extends pg.QueryResultRow = pg.QueryResultRow>(
+export async function queryRingRead<R extends pg.QueryResultRow = pg.QueryResultRow>(
   db: Queryable,
   text: string,
   values?: unknown[],
 ): Promise<pg.QueryResult<R>> {
   if (isPool(db)) return inJitOffTransaction<R>(db, text, values);
-  const prev = await db.query<{ jit: string }>(
-    `SELECT current_setting('jit') AS jit, set_config('jit', 'off', false) AS now_off`,
+  const prev = await db.query<{ jit: string; bitmap: string }>(
+    `SELECT current_setting('jit') AS jit, current_setting('enable_bitmapscan') AS bitmap,
+            set_config('jit', 'off', false), set_config('enable_bitmapscan', 'on', false)`,
   );
-  const was = prev.rows[0]?.jit ?? 'off';
+  const was = prev.rows[0] ?? { jit: 'off', bitmap: 'on' };
   try {
     return await db.query<R>(text, values);
   } finally {
-    if (was !== 'off') await db.query(`SELECT set_config('jit', $1, false)`, [was]).catch(() => undefined);
+    if (was.jit !== 'off' || was.bitmap !== 'on')
+      await db
+        .query(`SELECT set_config('jit', $1, false), set_config('enable_bitmapscan', $2, false)`, [was.jit, was.bitmap])
+        .catch(() => undefined);
   }
 }
 
@@ -112,7 +120,7 @@ async function inJitOffTransaction<R extends pg.QueryResultRow>(
   client.on('error', onError);
   try {
     // One round trip for both (simple protocol, no parameters).
-    await client.query('BEGIN; SET LOCAL jit = off');
+    await client.query('BEGIN; SET LOCAL jit = off; SET LOCAL enable_bitmapscan = on');
     try {
       const res = await client.query<R>(text, values);
       await client.query('COMMIT');

@@ -11,7 +11,7 @@ import { enqueueMany } from '../src/index.js';
 import { claimBatch, type ClaimedTask, type ClaimParams } from '../src/processor/claim.js';
 import { MIGRATIONS } from '../src/schema/migrations.js';
 import { migrate } from '../src/schema/migrate.js';
-import { queryWithoutJit, quoteIdent, wakeChannel } from '../src/sql.js';
+import { queryRingRead, quoteIdent, wakeChannel } from '../src/sql.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { leaseKey, seqsToMultirange } from '../src/storage/lease.js';
 import { rescueLapsedLeases } from '../src/storage/rescue.js';
@@ -332,24 +332,28 @@ test('ring-walking statements run with JIT off on a caller pool that has it on (
   const plain = new pg.Pool({ connectionString: DATABASE_URL, max: 2 });
   try {
     const on = await plain.query<{ jit: string }>(`SELECT current_setting('jit') AS jit`);
-    const off = await queryWithoutJit<{ jit: string }>(plain, `SELECT current_setting('jit') AS jit`);
-    assert.equal(off.rows[0]!.jit, 'off');
+    const off = await queryRingRead<{ jit: string; bitmap: string }>(
+      plain,
+      `SELECT current_setting('jit') AS jit, current_setting('enable_bitmapscan') AS bitmap`,
+    );
+    assert.deepEqual(off.rows[0], { jit: 'off', bitmap: 'on' });
     // The caller's sessions keep their own setting.
     const after = await plain.query<{ jit: string }>(`SELECT current_setting('jit') AS jit`);
     assert.equal(after.rows[0]!.jit, on.rows[0]!.jit);
-    await assert.rejects(queryWithoutJit(plain, 'SELECT 1/0'), /division by zero/);
+    await assert.rejects(queryRingRead(plain, 'SELECT 1/0'), /division by zero/);
     assert.equal((await plain.query('SELECT 1 AS one')).rows[0].one, 1, 'the pool is usable after an error');
     // On a client: off around the statement, the session's own setting back after it.
     const c = await plain.connect();
     try {
-      await c.query(`SET jit = on`);
+      await c.query(`SET jit = on; SET enable_bitmapscan = off`);
       assert.equal(
-        (await queryWithoutJit<{ jit: string }>(c, `SELECT current_setting('jit') AS jit`)).rows[0]!.jit,
+        (await queryRingRead<{ jit: string }>(c, `SELECT current_setting('jit') AS jit`)).rows[0]!.jit,
         'off',
       );
       assert.equal((await c.query(`SELECT current_setting('jit') AS jit`)).rows[0].jit, 'on');
+      assert.equal((await c.query(`SELECT current_setting('enable_bitmapscan') AS b`)).rows[0].b, 'off');
       await c.query('BEGIN');
-      await assert.rejects(queryWithoutJit(c, 'SELECT 1/0'), /division by zero/);
+      await assert.rejects(queryRingRead(c, 'SELECT 1/0'), /division by zero/);
       await c.query('ROLLBACK');
       assert.equal((await c.query(`SELECT current_setting('jit') AS jit`)).rows[0].jit, 'on');
     } finally {

@@ -1,5 +1,5 @@
 import type { Lane } from '../lane.js';
-import { bindSchema, type Queryable, queryWithoutJit, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, queryRingRead, type SchemaRef } from '../sql.js';
 import { LEADER_LOCK, leaderApplicationName, schemaLockKey } from '../storage/locks.js';
 import {
   DEFAULT_HEARTBEAT_MS,
@@ -94,7 +94,7 @@ export async function laneActivity(
   schema: SchemaRef,
 ): Promise<Map<number, { running: number; dead: number }>> {
   const { q: s } = bindSchema(schema);
-  const r = await queryWithoutJit<{ lane_id: number; running: string; dead: string }>(
+  const r = await queryRingRead<{ lane_id: number; running: string; dead: string }>(
     db,
     `SELECT lane_id, sum(running)::text AS running, sum(dead)::text AS dead FROM (
        SELECT le.lane_id, count(*) AS running, 0 AS dead
@@ -127,7 +127,7 @@ export interface TaskCount {
  */
 export async function taskCounts(db: Queryable, schema: SchemaRef): Promise<TaskCount[]> {
   const { q: s } = bindSchema(schema);
-  const r = await queryWithoutJit<{ queue: string; type: string; pending: string; running: string; dead: string }>(
+  const r = await queryRingRead<{ queue: string; type: string; pending: string; running: string; dead: string }>(
     db,
     `WITH live AS (
        SELECT r.queue, r.type, r.expires_at FROM ${liveEntries(s)} r

@@ -1,6 +1,6 @@
 import { BerthInputError } from '../errors.js';
-import { bindSchema, type Queryable, queryWithoutJit, type SchemaRef } from '../sql.js';
-import { laneCursor, unsettledEntriesOf, unsettledRanges } from '../storage/predicates.js';
+import { bindSchema, type Queryable, queryRingRead, type SchemaRef } from '../sql.js';
+import { laneCursorsJson, unsettledEntriesOf, unsettledRanges } from '../storage/predicates.js';
 import { getTask, type TaskState } from '../storage/tasks.js';
 import { retryDeadLetters } from './dead.js';
 import { taskId } from './ids.js';
@@ -83,7 +83,7 @@ export async function listTasks(
   const { q: s } = bindSchema(schema);
   const limit = pageLimit(page.limit);
   if (filter.state) parseState(filter.state);
-  const res = await queryWithoutJit<{
+  const res = await queryRingRead<{
     id: string;
     type: string;
     state: TaskState;
@@ -177,7 +177,7 @@ function ringPart(s: string, state: TaskState | undefined): string {
     return `SELECT r.id, r.type, 'ready', r.queue, r.priority, r.attempts, r.max_attempts,
                left(r.last_error, 300), r.created_at, r.run_at, NULL, NULL, NULL
           FROM ${s}.ready r
-         WHERE r.lane_seq > ${laneCursor(s, 'r.lane_id')}
+         WHERE r.lane_seq > coalesce((${laneCursorsJson(s)} ->> r.lane_id::text)::bigint, 0)
            AND ${where}`;
   }
   // One row per lane, computed once per statement (an InitPlan); a lane missing from it is not cut.
@@ -185,8 +185,7 @@ function ringPart(s: string, state: TaskState | undefined): string {
     state !== 'completed'
       ? ''
       : `
-           AND r.lane_seq <= coalesce(((SELECT jsonb_object_agg(c.lane_id, ${laneCursor(s, 'c.lane_id')})
-                                          FROM ${s}.lanes c) ->> r.lane_id::text)::bigint, 9223372036854775807)`;
+           AND r.lane_seq <= coalesce((${laneCursorsJson(s)} ->> r.lane_id::text)::bigint, 9223372036854775807)`;
   return `SELECT r.id, r.type, e.state, r.queue, r.priority, coalesce(l.attempt, r.attempts),
                coalesce(l.max_attempts, r.max_attempts), left(r.last_error, 300), r.created_at,
                r.run_at, CASE WHEN e.state = 'completed' THEN l.settled_at END, l.expires_at, l.worker

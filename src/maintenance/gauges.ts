@@ -1,4 +1,4 @@
-import { bindSchema, type Queryable, queryWithoutJit, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, queryRingRead, type SchemaRef } from '../sql.js';
 import type { BerthMetrics } from '../metrics.js';
 import { claimableEntry, deadRowPredicate, liveEntries } from '../storage/predicates.js';
 import { liveWorker, liveWorkerParams } from '../storage/live-workers.js';
@@ -22,7 +22,7 @@ export interface GaugeSnapshot {
  */
 export async function readGauges(db: Queryable, schema: SchemaRef): Promise<GaugeSnapshot> {
   const { q: s } = bindSchema(schema);
-  const res = await queryWithoutJit<{ type: string; pending: string; running: string; dead: string }>(
+  const res = await queryRingRead<{ type: string; pending: string; running: string; dead: string }>(
     db,
     `WITH live AS (
        SELECT r.type, r.expires_at FROM ${liveEntries(s)} r
@@ -37,7 +37,7 @@ export async function readGauges(db: Queryable, schema: SchemaRef): Promise<Gaug
      SELECT type, sum(pending)::text AS pending, sum(running)::text AS running, sum(dead)::text AS dead
        FROM per_type GROUP BY type`,
   );
-  const oldest = await queryWithoutJit<{ secs: number | null }>(
+  const oldest = await queryRingRead<{ secs: number | null }>(
     db,
     `SELECT extract(epoch FROM now() - min(due))::float8 AS secs FROM (
        -- Unleased entries only: per unpaused lane, those past its cursor (no lease probe per entry).

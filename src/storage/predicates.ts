@@ -25,11 +25,31 @@ export function laneCursor(s: string, laneId: string): string {
  * A task retried out of the dead letters and on its final attempt under a worker is not pruned.
  * Dead-letter retention runs a frozen copy of it inside `prune_dead_letters` (migration 8):
  * changing it here needs a new migration that replaces that function too.
+ *
+ * The ids under a live lease are computed once, from the ranges with unsettled entries (the
+ * work in flight), and the dead letters anti-joined to them. Asked per dead letter through
+ * `leased_entries`, the planner expanded every leased entry of the ring (the settled history)
+ * and compared each dead letter with them: 5.5 s for `taskCounts` at 100k dead letters and 100k
+ * settled entries (docs/explain-admin.md).
  */
 export function deadRowPredicate(s: string): string {
-  // Through ready(id) inside the view: leases carry no index on id.
-  return `NOT EXISTS (SELECT 1 FROM ${s}.leased_entries le
-                       WHERE le.id = d.id AND le.expires_at > now() AND le.outcome IS NULL)`;
+  return `NOT EXISTS (SELECT 1 FROM ${liveLeasedIds(s)} live WHERE live.id = d.id)`;
+}
+
+/** Ids of tasks under a live (not yet expired), unsettled lease. */
+function liveLeasedIds(s: string): string {
+  return `(SELECT e.id FROM ${unsettledRanges(s)} l
+            CROSS JOIN LATERAL (${unsettledEntriesOf(s, 'l')}) e
+            WHERE l.type_expires[array_position(l.types, e.type)] > now())`;
+}
+
+/**
+ * Every lane's claim cursor as one jsonb object (lane id → cursor), computed once per statement
+ * (an InitPlan) for statements that compare many entries with their lane's cursor: per entry,
+ * the cursor probe is a Merge Append over every range_leases partition.
+ */
+export function laneCursorsJson(s: string): string {
+  return `(SELECT jsonb_object_agg(c.lane_id, ${laneCursor(s, 'c.lane_id')}) FROM ${s}.lanes c)`;
 }
 
 /**

@@ -1,4 +1,4 @@
-import { bindSchema, type Queryable, queryWithoutJit, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, queryRingRead, type SchemaRef } from '../sql.js';
 import { unsettledEntriesOf, unsettledRanges } from './predicates.js';
 import { settleAndMove } from './settle-tail.js';
 
@@ -31,7 +31,7 @@ export interface RescueOutcome {
  */
 export async function rescueLapsedLeases(db: Queryable, schema: SchemaRef, limit = 1000): Promise<RescueOutcome> {
   const { q: s } = bindSchema(schema);
-  const res = await queryWithoutJit<{ retried: string; dead: string; held: string }>(
+  const res = await queryRingRead<{ retried: string; dead: string; held: string }>(
     db,
     `WITH cand AS MATERIALIZED (
        SELECT l.* FROM ${unsettledRanges(s)} l

@@ -196,7 +196,9 @@ BEGIN
 END $fn$;
 
 -- Dead-letter retention with the dead gauge's predicate (deadRowPredicate,
--- src/storage/predicates.ts, as of this version): no live, unsettled lease carries the id.
+-- src/storage/predicates.ts, as of this version): no live, unsettled lease carries the id. The
+-- ids under live leases come from the ranges with unsettled entries, once, not from a probe of
+-- leased_entries per dead letter (which expanded the whole settled history).
 CREATE OR REPLACE FUNCTION {{schema}}.prune_dead_letters(p_retention_ms double precision, p_limit integer)
 RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE v_n integer;
@@ -210,8 +212,24 @@ BEGIN
   DELETE FROM {{schema}}.dead_letters
    WHERE id IN (SELECT d.id FROM {{schema}}.dead_letters d
                  WHERE d.last_attempted_at < now() - make_interval(secs => p_retention_ms / 1000.0)
-                   AND NOT EXISTS (SELECT 1 FROM {{schema}}.leased_entries le
-                                    WHERE le.id = d.id AND le.expires_at > now() AND le.outcome IS NULL)
+                   AND NOT EXISTS (
+                     SELECT 1 FROM (
+                       SELECT e.id FROM {{schema}}.range_leases l
+                        CROSS JOIN LATERAL (
+                          SELECT r.id, r.type FROM {{schema}}.ready r
+                           WHERE r.lane_id = l.lane_id AND r.slot = l.slot
+                             AND r.lane_seq BETWEEN l.from_seq AND l.to_seq
+                             AND NOT EXISTS (SELECT 1 FROM {{schema}}.tombstones t
+                                              WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
+                             AND NOT EXISTS (SELECT 1 FROM {{schema}}.range_settlements x
+                                              WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq
+                                                AND x.slot = l.slot AND x.seqs @> r.lane_seq)
+                           OFFSET 0) e
+                        WHERE l.n > coalesce((SELECT sum(x.n) FROM {{schema}}.range_settlements x
+                                               WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq
+                                                 AND x.slot = l.slot), 0)
+                          AND l.type_expires[array_position(l.types, e.type)] > now()) live
+                      WHERE live.id = d.id)
                  LIMIT p_limit);
   GET DIAGNOSTICS v_n = ROW_COUNT;
   IF v_n > 0 THEN
