@@ -3,10 +3,11 @@
  * installation, written to docs/explain-admin.md. Run: npx tsx scripts/explain-admin.ts
  * (DATABASE_URL or the local test db; schema `explain_admin`, dropped and rebuilt each run).
  *
- * The statements are not copied here: the real admin functions run against a Queryable proxy
- * that, for every query a function sends, runs it for real and then runs
- * `EXPLAIN (ANALYZE, BUFFERS, FORMAT TEXT)` of the same text and values inside a rolled-back
- * transaction (so the heartbeat's upsert is not applied twice), and records the plan.
+ * The statements are not copied here: the real admin functions (and getTask, Heartbeat.beat)
+ * run against the explaining Queryable of scripts/explain-capture.ts, which for every query a
+ * function sends runs it for real (the function gets its real result) and then EXPLAINs
+ * (ANALYZE, BUFFERS) it through PREPARE/EXECUTE inside a rolled-back transaction (so the
+ * heartbeat's upsert is not applied twice), on a session with the worker's SESSION_OPTIONS.
  *
  * The "Reading" section of the doc is hand-written: it is kept, between its markers, when the
  * doc is regenerated.
@@ -17,6 +18,7 @@ import {
   countDead,
   createLogger,
   enqueueMany,
+  laneActivity,
   laneStats,
   leaderInfo,
   listAudit,
@@ -32,16 +34,20 @@ import {
   type TaskSpec,
 } from '../src/index.js';
 import { claim, type ClaimParams } from '../src/processor/claim.js';
-import { completeLeases } from '../src/storage/complete.js';
 import { Heartbeat } from '../src/processor/heartbeat.js';
+import { SESSION_OPTIONS } from '../src/processor/worker.js';
 import { quoteIdent, wakeChannel } from '../src/sql.js';
+import { completeLeases } from '../src/storage/complete.js';
+import { recordFailures } from '../src/storage/fail.js';
 import { LEADER_LOCK, schemaLockKey } from '../src/storage/locks.js';
+import { getTask } from '../src/storage/tasks.js';
+import { Explainer, readable, summarise } from './explain-capture.js';
 
 const url = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 const schema = 'explain_admin';
 const S = quoteIdent(schema);
 const DOC = new URL('../docs/explain-admin.md', import.meta.url);
-const pool = new pg.Pool({ connectionString: url, max: 4, options: '-c jit=off' });
+const pool = new pg.Pool({ connectionString: url, max: 4, options: SESSION_OPTIONS });
 const log = (msg: string) => console.log(`[${new Date().toISOString().slice(11, 19)}] ${msg}`);
 
 // ---------------------------------------------------------------------------------------------
@@ -123,8 +129,15 @@ while (claimed < 100_000) {
   await completeLeases(pool, schema, got);
   claimed += got.length;
 }
+// 1,000 failures with a one-hour backoff: retryable rows in deferred (and their settlements).
+const failing = await claim(pool, { ...claimParams, limit: 1000, workerId: 'worker-04' });
+await recordFailures(
+  pool,
+  schema,
+  failing.map((ref) => ({ ref, error: 'Error: upstream returned 503', delayMs: HOUR, permanent: false })),
+);
 const running = await claim(pool, { ...claimParams, limit: 300, workerId: 'worker-03' });
-log(`claimed and completed ${claimed}; ${running.length} running`);
+log(`claimed and completed ${claimed}; ${failing.length} failed to retry; ${running.length} running`);
 
 // 7 days of per-minute outcome counts: 10 workers x 5 types x 3 outcomes.
 await pool.query(
@@ -150,50 +163,26 @@ await pool.query(
           jsonb_build_object('queue', 'mail'), jsonb_build_object('items', g)
      FROM generate_series(1, 1000) g`,
 );
-await pool.query(`ANALYZE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters,
+await pool.query(`ANALYZE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters,
                   ${S}.lanes, ${S}.outcome_counts, ${S}.workers, ${S}.audit_log, ${S}.dedupe`);
 const setupSeconds = Math.round((Date.now() - t0) / 1000);
 log(`built in ${setupSeconds} s`);
 
-// ---------------------------------------------------------------------------------------------
-// The proxy: run each statement, then EXPLAIN ANALYZE it in a rolled-back transaction
-// ---------------------------------------------------------------------------------------------
-
-interface Captured {
-  label: string;
-  scaling: string;
-  sql: string;
-  values: unknown[];
-  wallMs: number;
-  plan: string[];
-}
-const captured: Captured[] = [];
-
-function explaining(label: string, scaling: string): Queryable {
-  const query = async (q: string | pg.QueryConfig<unknown[]>, values?: unknown[]) => {
-    const text = typeof q === 'string' ? q : q.text;
-    const vals = (typeof q === 'string' ? values : q.values) ?? [];
-    const started = process.hrtime.bigint();
-    const result = await pool.query(text, vals);
-    const wallMs = Number(process.hrtime.bigint() - started) / 1e6;
-    const c = await pool.connect();
-    try {
-      await c.query('BEGIN');
-      const r = await c.query<{ 'QUERY PLAN': string }>(`EXPLAIN (ANALYZE, BUFFERS, FORMAT TEXT) ${text}`, vals);
-      captured.push({ label, scaling, sql: text, values: vals, wallMs, plan: r.rows.map((x) => x['QUERY PLAN']) });
-    } finally {
-      await c.query('ROLLBACK');
-      c.release();
-    }
-    return result;
-  };
-  return { query } as unknown as Queryable;
-}
+const explainClient = new pg.Client({
+  connectionString: url,
+  options: SESSION_OPTIONS,
+  application_name: 'berth-explain',
+});
+await explainClient.connect();
+const explainer = new Explainer(explainClient);
+const captured = explainer.captured;
 
 /** A completed task (it has an append, a claim and a settlement to show). */
 const sample = (
   await pool.query<{ id: string }>(
-    `SELECT st.id::text AS id FROM ${S}.settlements st ORDER BY st.lane_id, st.lane_seq LIMIT 1 OFFSET 500`,
+    `SELECT r.id::text AS id FROM ${S}.range_settlements st
+       JOIN ${S}.ready r ON r.lane_id = st.lane_id AND r.slot = st.slot AND st.seqs @> r.lane_seq
+      WHERE st.outcome = 'completed' ORDER BY r.lane_id, r.lane_seq LIMIT 1 OFFSET 500`,
   )
 ).rows[0]!.id;
 
@@ -205,7 +194,8 @@ for (let p = 1; p < 50; p++) after = (await listTasks(pool, schema, {}, { after 
 const oldestReady = (
   await pool.query<{ id: string }>(
     `SELECT min(r.id)::text AS id FROM ${S}.ready r
-    WHERE NOT EXISTS (SELECT 1 FROM ${S}.leases l WHERE l.lane_id = r.lane_id AND l.lane_seq = r.lane_seq AND l.slot = r.slot)`,
+      WHERE NOT EXISTS (SELECT 1 FROM ${S}.range_leases l
+                         WHERE l.lane_id = r.lane_id AND l.slot = r.slot AND r.lane_seq BETWEEN l.from_seq AND l.to_seq)`,
   )
 ).rows[0]!.id;
 
@@ -215,6 +205,8 @@ await leaderClient.query('SELECT pg_advisory_lock($1, $2)', [schemaLockKey(schem
 
 const BOUNDED = 'bounded';
 const cases: [string, string, (db: Queryable) => Promise<unknown>][] = [
+  ['getTask: one completed task', BOUNDED, (db) => getTask(db, schema, sample)],
+  ['getTask: one running task', BOUNDED, (db) => getTask(db, schema, running[0]!.id)],
   ['listTasks: first page, no filter', BOUNDED, (db) => listTasks(db, schema)],
   ['listTasks: page 50 (keyset `after`)', BOUNDED, (db) => listTasks(db, schema, {}, { after })],
   [
@@ -235,6 +227,8 @@ const cases: [string, string, (db: Queryable) => Promise<unknown>][] = [
     'unclaimed entries newer than the page (one comparison each)',
     (db) => listTasks(db, schema, { state: 'completed' }),
   ],
+  ['listTasks: state = scheduled', BOUNDED, (db) => listTasks(db, schema, { state: 'scheduled' })],
+  ['listTasks: state = retryable', BOUNDED, (db) => listTasks(db, schema, { state: 'retryable' })],
   ['listTasks: state = dead', BOUNDED, (db) => listTasks(db, schema, { state: 'dead' })],
   ['listTasks: queue = media', BOUNDED, (db) => listTasks(db, schema, { queue: 'media' })],
   ['taskTimeline: one completed task', BOUNDED, (db) => taskTimeline(db, schema, sample)],
@@ -247,6 +241,7 @@ const cases: [string, string, (db: Queryable) => Promise<unknown>][] = [
   ],
   ['countDead: queue = mail', 'matching dead letters', (db) => countDead(db, schema, { queue: 'mail' })],
   ['laneStats', 'lanes', (db) => laneStats(db, schema)],
+  ['laneActivity', 'work in flight; dead letters', (db) => laneActivity(db, schema)],
   ['taskCounts', 'every unfinished row + every dead letter', (db) => taskCounts(db, schema)],
   ['throughput(60)', 'the window (rows per minute)', (db) => throughput(db, schema, 60)],
   ['throughput(7 * 24 * 60)', 'the window (rows per minute)', (db) => throughput(db, schema, 7 * 24 * 60)],
@@ -294,13 +289,15 @@ const cases: [string, string, (db: Queryable) => Promise<unknown>][] = [
 ];
 
 const results = new Map<string, unknown>();
+const scalingOf = new Map<string, string>();
 for (const [label, scaling, run] of cases) {
   const before = captured.length;
-  results.set(label, await run(explaining(label, scaling)));
-  if (captured.length === before) throw new Error(`${label}: no statement captured`);
+  scalingOf.set(label, scaling);
+  results.set(label, await explainer.capture(label, run, { real: true }));
   for (const c of captured.slice(before)) log(`${label}: ${c.plan.find((l) => l.startsWith('Execution Time'))}`);
 }
 await leaderClient.end();
+await explainClient.end();
 
 // Sanity: the reads return what the data says, so the plans are of real work.
 const first = results.get('listTasks: first page, no filter') as { tasks: unknown[] };
@@ -319,99 +316,13 @@ if (first.tasks.length !== 50 || rare.tasks.length !== 20 || run.tasks.length !=
 // The doc
 // ---------------------------------------------------------------------------------------------
 
-interface Summary {
-  execMs: number;
-  planMs: number;
-  buffers: { hit: number; read: number };
-  rowsVisited: number;
-  top: string;
-  access: string;
-}
-
-function summarise(plan: string[]): Summary {
-  const num = (re: RegExp) => Number(plan.map((l) => re.exec(l)?.[1]).find((x) => x !== undefined) ?? NaN);
-  const planningAt = plan.findIndex((l) => l.startsWith('Planning'));
-  const body = planningAt < 0 ? plan : plan.slice(0, planningAt);
-  // The top node's Buffers line (instrumentation is inclusive of children and subplans).
-  const topBuf = body.find((l) => /^ {2}Buffers:/.test(l)) ?? '';
-  const buffers = {
-    hit: Number(/hit=(\d+)/.exec(topBuf)?.[1] ?? 0),
-    read: Number(/read=(\d+)/.exec(topBuf)?.[1] ?? 0),
-  };
-  // Rows each scan node produced plus those its filter threw away, times its loops.
-  let rowsVisited = 0;
-  for (let i = 0; i < body.length; i++) {
-    const m =
-      /(Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan|Function Scan)[^(]*\(cost=[^)]*\) \(actual time=[^ ]+ rows=(\d+) loops=(\d+)\)/.exec(
-        body[i]!,
-      );
-    if (!m) continue;
-    const loops = Number(m[3]);
-    let removed = 0;
-    const indent = /^ */.exec(body[i]!)![0].length;
-    for (let j = i + 1; j < body.length && !/^\s*->/.test(body[j]!) && /^ */.exec(body[j]!)![0].length > indent; j++) {
-      const r = /Rows Removed by (?:Filter|Index Recheck): (\d+)/.exec(body[j]!);
-      if (r) removed += Number(r[1]);
-    }
-    rowsVisited += (Number(m[2]) + removed) * loops;
-  }
-  const indexes = [
-    ...new Set(
-      body.flatMap((l) => {
-        const m =
-          /(?:Index Scan|Index Only Scan|Bitmap Index Scan)(?: Backward)? (?:using|on) (\S+)|Conflict Arbiter Indexes: (.+)$/.exec(
-            l,
-          );
-        return m ? [(m[1] ?? m[2]!).replace(/_\d+_/, '_N_')] : [];
-      }),
-    ),
-  ];
-  const seqs = [
-    ...new Map(
-      body.flatMap((l) => {
-        const m = /Seq Scan on (\S+) .*actual time=[^ ]+ rows=(\d+) loops=(\d+)/.exec(l);
-        return m && Number(m[2]) * Number(m[3]) >= 1000 ? [[m[1]!, Number(m[2]) * Number(m[3])] as const] : [];
-      }),
-    ).entries(),
-  ];
-  const access = [
-    indexes.length ? `index: ${indexes.join(', ')}` : 'no index',
-    ...seqs.map(([rel, n]) => `**seq scan ${rel}** (${n.toLocaleString('en-US')} rows)`),
-  ].join('; ');
-  return {
-    execMs: num(/^Execution Time: ([\d.]+)/),
-    planMs: num(/^Planning Time: ([\d.]+)/),
-    buffers,
-    rowsVisited,
-    top: plan[0]!.replace(/\s+\(cost=.*$/, '').trim(),
-    access,
-  };
-}
-
-/** The plan without the nodes that never ran (and everything under them) and without `Heap Fetches: 0`. */
-function readable(plan: string[]): string[] {
-  const out: string[] = [];
-  let skipBelow = -1;
-  for (const line of plan) {
-    const indent = /^ */.exec(line)![0].length;
-    if (skipBelow >= 0 && indent > skipBelow) continue;
-    skipBelow = -1;
-    if (line.includes('(never executed)')) {
-      skipBelow = indent;
-      continue;
-    }
-    if (!/Heap Fetches: 0$/.test(line)) out.push(line);
-  }
-  return out;
-}
-
 const version = (await pool.query<{ server_version: string }>('SHOW server_version')).rows[0]!.server_version;
 const fmt = (n: number) => n.toLocaleString('en-US');
 const TABLE_ORDER = [
   'lanes',
   'ready',
-  'leases',
-  'settlements',
+  'range_leases',
+  'range_settlements',
   'deferred',
   'deferred (due)',
   'dead_letters',
@@ -421,8 +332,9 @@ const TABLE_ORDER = [
 ];
 const counts = (
   await pool.query<{ t: string; n: string }>(
-    `SELECT 'ready' AS t, count(*)::text AS n FROM ${S}.ready UNION ALL SELECT 'leases', count(*)::text FROM ${S}.leases
-   UNION ALL SELECT 'settlements', count(*)::text FROM ${S}.settlements UNION ALL SELECT 'deferred', count(*)::text FROM ${S}.deferred
+    `SELECT 'ready' AS t, count(*)::text AS n FROM ${S}.ready
+   UNION ALL SELECT 'range_leases', count(*)::text FROM ${S}.range_leases
+   UNION ALL SELECT 'range_settlements', count(*)::text FROM ${S}.range_settlements UNION ALL SELECT 'deferred', count(*)::text FROM ${S}.deferred
    UNION ALL SELECT 'deferred (due)', count(*)::text FROM ${S}.deferred WHERE run_at <= now()
    UNION ALL SELECT 'dead_letters', count(*)::text FROM ${S}.dead_letters UNION ALL SELECT 'outcome_counts', count(*)::text FROM ${S}.outcome_counts
    UNION ALL SELECT 'lanes', count(*)::text FROM ${S}.lanes UNION ALL SELECT 'workers', count(*)::text FROM ${S}.workers
@@ -441,20 +353,24 @@ const kept =
 let out =
   `# EXPLAIN of the operator-surface reads\n\n` +
   `Generated by \`npx tsx scripts/explain-admin.ts\` on ${new Date().toISOString().slice(0, 10)} (PostgreSQL ${version}, ` +
-  `jit off, default \`shared_buffers\`/\`work_mem\`); setup took ${setupSeconds} s. The hot path is in [explain.md](explain.md).\n\n` +
+  `sessions with the worker's options \`${SESSION_OPTIONS}\`, default \`shared_buffers\`/\`work_mem\`); setup took ${setupSeconds} s. The hot path is in [explain.md](explain.md).\n\n` +
   `## Setup\n\n` +
   `Schema \`${schema}\`, rebuilt each run. 48 lanes (queues ${QUEUES.map((q) => `\`${q}\``).join(', ')} x 16 shards, priority 0). ` +
   `Each of ${BATCHES} rounds enqueues 1,000 ready tasks (half \`send-email\`, then \`resize-image\`, \`sync-account\`, \`build-report\`; ` +
   `the oldest round and the middle one each carry 10 \`${RARE_TYPE}\`), ${DEFERRED_PER_BATCH} deferred ones (half due: delay 1 ms, ` +
   `never promoted) and inserts ${DEAD_PER_BATCH} dead letters with \`generate_series\` (ids from the task sequence, so the three ` +
   `kinds interleave by id as they would in a live system; 1 in 1,000 has a "quota" error). Then \`claim\` + \`completeLeases\` ` +
-  `lease and complete 100,000 (the older half of every lane), and one more \`claim\` leaves ${running.length} running. ` +
+  `lease and complete 100,000 (the older half of every lane) into \`range_leases\`/\`range_settlements\`, \`claim\` + ` +
+  `\`recordFailures\` fail ${failing.length} with a one-hour backoff (retryable), and one more \`claim\` leaves ${running.length} running. ` +
   `7 days of \`outcome_counts\` (10 workers x 5 types x 3 outcomes per minute), 10 \`workers\` rows (worker-01 leads and a ` +
   `session holds the leader lock), 1,000 \`audit_log\` rows, then ANALYZE.\n\n` +
   `| table | rows |\n| --- | ---: |\n${counts.map((c) => `| ${c.t} | ${fmt(Number(c.n))} |`).join('\n')}\n\n` +
-  `Method: the real functions from \`src/admin\` (and \`Heartbeat.beat()\`) run against a \`Queryable\` proxy. For every ` +
-  `statement a function sends, the proxy runs it (the **wall** column: one round trip on a warm cache, measured in the ` +
-  `client), then runs \`EXPLAIN (ANALYZE, BUFFERS, FORMAT TEXT)\` of the same text and values in a rolled-back transaction. ` +
+  `Method: the real functions from \`src/admin\` (and \`getTask\`, \`Heartbeat.beat()\`) run against the explaining ` +
+  `\`Queryable\` of scripts/explain-capture.ts, on one session with the worker's options. For every statement a function ` +
+  `sends, it runs it (the **wall** column: one round trip on a warm cache, measured in the client), then \`PREPARE\`s its ` +
+  `text and runs \`EXPLAIN (ANALYZE, BUFFERS) EXECUTE\` with its values in a rolled-back transaction: with ` +
+  `\`plan_cache_mode = force_generic_plan\` these are the generic plans berth's sessions run (an EXPLAIN of the text with ` +
+  `bind values would fold them into a custom plan). ` +
   `Buffers are the top node's (inclusive of children and subplans); **rows visited** sums, over every scan node, the rows it ` +
   `returned plus the rows its filter removed, times its loops: the measure of work that does or does not grow with the tables. ` +
   `Plans leave out the nodes that never ran (with everything under them) and \`Heap Fetches: 0\`; the ring's 15 empty ` +
@@ -468,8 +384,8 @@ captured.forEach((c, i) => {
   const n = captured.filter((x) => x.label === c.label);
   const name = n.length > 1 ? `${c.label} (${n.indexOf(c) + 1}/${n.length})` : c.label;
   out +=
-    `| ${i + 1} | ${name} | ${s.execMs.toFixed(2)} | ${s.planMs.toFixed(2)} | ${c.wallMs.toFixed(1)} | ` +
-    `${fmt(s.buffers.hit)}+${fmt(s.buffers.read)} | ${fmt(s.rowsVisited)} | ${s.top} | ${s.access} | ${c.scaling} |\n`;
+    `| ${i + 1} | ${name} | ${s.execMs.toFixed(2)} | ${s.planMs.toFixed(2)} | ${(c.wallMs ?? Number.NaN).toFixed(1)} | ` +
+    `${fmt(s.buffers.hit)}+${fmt(s.buffers.read)} | ${fmt(s.rowsVisited)} | ${s.top} | ${s.access} | ${scalingOf.get(c.label)} |\n`;
 });
 out += `\n## Reading\n\n${kept}\n\n## Plans\n`;
 captured.forEach((c, i) => {

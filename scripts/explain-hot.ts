@@ -2,21 +2,36 @@
  * EXPLAIN (ANALYZE, BUFFERS) of every hot statement on a large table, written to
  * docs/explain.md. Run: npx tsx scripts/explain-hot.ts  (DATABASE_URL or the local test db)
  *
- * Setup: 200,000 ready tasks over 16 lanes, 100,000 of them claimed and completed, 20,000
- * deferred (half due), so the claim cursor sits mid-lane and the ring holds settled history.
+ * The statements are not copied here: the production functions (discover, claimBatch,
+ * completeLeases, recordFailures, returnUnstarted, releaseLease, dequeue, rescueLapsedLeases,
+ * readGauges, getTask) run against the explaining Queryable of scripts/explain-capture.ts, on a
+ * session with the worker's SESSION_OPTIONS. Writes are rolled back, so every statement sees the
+ * data set below.
+ *
+ * Setup (all through the real functions): 200,000 ready tasks over 16 lanes; 100,000 of them
+ * claimed and completed (so range_leases and range_settlements hold the settled history and the
+ * claim cursor sits mid-lane); 1,000 claimed and failed permanently (dead letters); 200 claimed
+ * with a zero ceiling (lapsed, for the rescue); 64 claimed and running; 20,000 deferred (half due).
  */
 import { writeFileSync } from 'node:fs';
 import pg from 'pg';
 import { enqueueMany, migrate } from '../src/index.js';
-import { promoteDueLanes } from '../src/maintenance-api.js';
-import { claim } from '../src/processor/claim.js';
-import { completeLeases } from '../src/storage/complete.js';
-import { wakeChannel } from '../src/sql.js';
+import { readGauges } from '../src/maintenance/gauges.js';
+import { type ClaimParams, claim, claimBatch, discover } from '../src/processor/claim.js';
+import { SESSION_OPTIONS } from '../src/processor/worker.js';
+import { quoteIdent, wakeChannel } from '../src/sql.js';
+import { completeLeases, dequeue } from '../src/storage/complete.js';
+import { recordFailures } from '../src/storage/fail.js';
+import { rescueLapsedLeases } from '../src/storage/rescue.js';
+import { releaseLease, returnUnstarted } from '../src/storage/return.js';
+import { getTask } from '../src/storage/tasks.js';
+import { Explainer, readable, summarise } from './explain-capture.js';
 
 const url = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 const schema = 'explain_hot';
-const pool = new pg.Pool({ connectionString: url, max: 4, options: '-c jit=off' });
-await pool.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+const S = quoteIdent(schema);
+const pool = new pg.Pool({ connectionString: url, max: 4, options: SESSION_OPTIONS });
+await pool.query(`DROP SCHEMA IF EXISTS ${S} CASCADE`);
 await migrate({ connectionString: url, schema });
 for (let b = 0; b < 200; b++) {
   await enqueueMany(
@@ -30,8 +45,10 @@ await enqueueMany(
   Array.from({ length: 20_000 }, (_, i) => ({ type: 'later', payload: { i }, delay: i % 2 ? 3_600_000 : 1 })),
   { schema },
 );
-const lanes = (await pool.query(`SELECT lane_id FROM ${schema}.lanes`)).rows.map((r) => r.lane_id as number);
-const params = {
+const lanes = (await pool.query<{ lane_id: number }>(`SELECT lane_id FROM ${S}.lanes ORDER BY lane_id`)).rows.map(
+  (r) => r.lane_id,
+);
+const params: ClaimParams = {
   schema,
   laneIds: lanes,
   limit: 500,
@@ -46,82 +63,157 @@ const params = {
 let claimed = 0;
 while (claimed < 100_000) {
   const got = await claim(pool, params);
+  if (got.length === 0) throw new Error('nothing left to claim');
   await completeLeases(pool, schema, got);
   claimed += got.length;
 }
-await pool.query(
-  `ANALYZE ${schema}.ready, ${schema}.leases, ${schema}.settlements, ${schema}.deferred, ${schema}.lanes`,
+const failed = await claim(pool, { ...params, limit: 1000 });
+await recordFailures(
+  pool,
+  schema,
+  failed.map((ref) => ({ ref, error: 'Error: permanent', delayMs: 0, permanent: true })),
 );
-const live = await claim(pool, { ...params, limit: 10 });
+// A zero ceiling and margin: these leases lapse at once (the rescue's work).
+const lapsed = await claim(pool, {
+  ...params,
+  limit: 200,
+  ceilings: new Map(),
+  defaultCeilingMs: 0,
+  marginMs: 0,
+  workerId: 'gone',
+});
+const live = await claim(pool, { ...params, limit: 64 });
+await pool.query(`ANALYZE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred,
+                  ${S}.dead_letters, ${S}.lanes, ${S}.dedupe, ${S}.overdue_leases, ${S}.workers`);
+console.log(`set up: ${claimed} completed, ${failed.length} dead, ${lapsed.length} lapsed, ${live.length} running`);
 
-const S = schema;
-const statements: [string, string, unknown[]][] = [
+const counts = (
+  await pool.query<{ t: string; n: string }>(
+    `SELECT 'ready' AS t, count(*)::text AS n FROM ${S}.ready
+     UNION ALL SELECT 'range_leases', count(*)::text FROM ${S}.range_leases
+     UNION ALL SELECT 'range_settlements', count(*)::text FROM ${S}.range_settlements
+     UNION ALL SELECT 'deferred', count(*)::text FROM ${S}.deferred
+     UNION ALL SELECT 'dead_letters', count(*)::text FROM ${S}.dead_letters`,
+  )
+).rows;
+
+const client = new pg.Client({ connectionString: url, options: SESSION_OPTIONS, application_name: 'berth-explain' });
+await client.connect();
+const x = new Explainer(client);
+const lane0 = live.filter((t) => t.laneId === live[0]!.laneId);
+const cases: [string, string, () => Promise<unknown>][] = [
   [
-    'discovery (read pool; the worker asks one head per lane)',
-    `SELECT r.lane_id, r.lane_seq FROM ${S}.lanes l CROSS JOIN LATERAL (
-     SELECT r.lane_id, r.lane_seq, r.priority, r.run_at FROM ${S}.ready r
-      WHERE r.lane_id = l.lane_id
-        AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${S}.leases le WHERE le.lane_id = l.lane_id), 0)
-        AND r.run_at <= now() AND r.attempts < coalesce(r.max_attempts, 2147483647)
-        AND NOT EXISTS (SELECT 1 FROM ${S}.tombstones t WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot OFFSET 0)
-      ORDER BY r.lane_seq LIMIT 1) r
-     ORDER BY r.priority, r.run_at, r.lane_id, r.lane_seq LIMIT 20`,
-    [],
+    'discover (read pool; the worker asks one head per lane)',
+    'one backward probe of range_leases per lane for the cursor, one forward probe of ready for the head',
+    () => x.capture('discover', (db) => discover(db, schema, null, 20, 1), { real: true }),
   ],
   [
-    'claim cursor + head of one lane (inside the claim)',
-    `SELECT r.lane_seq FROM ${S}.ready r
-      WHERE r.lane_id = $1 AND r.lane_seq > coalesce((SELECT max(le.lane_seq) FROM ${S}.leases le WHERE le.lane_id = $1), 0)
-      ORDER BY r.lane_seq LIMIT 50`,
-    [lanes[0]],
+    'claimBatch (32 slots over 2 of the discovered lanes, as the fetcher asks)',
+    'reads only the entries past each locked lane’s cursor, inserts one range_leases row per lane',
+    () =>
+      x.capture(
+        'claimBatch',
+        (db) => claimBatch(db, { ...params, laneIds: lanes, limit: 32, maxLanes: 2, perLane: 16 }),
+        { real: false },
+      ),
   ],
   [
-    "complete (fenced, batched, one slot's partitions) — run in a rolled-back transaction",
-    `WITH u AS (SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[]) AS u(lane_id, lane_seq, token))
-     INSERT INTO ${S}.settlements_${live[0]!.slot} (slot, lane_id, lane_seq, id, outcome)
-     SELECT l.slot, l.lane_id, l.lane_seq, l.id, 'completed' FROM u JOIN ${S}.leases_${live[0]!.slot} l
-       ON l.lane_id = u.lane_id AND l.lane_seq = u.lane_seq AND l.token = u.token
-     ON CONFLICT DO NOTHING RETURNING lane_id`,
-    [
-      live.filter((t) => t.slot === live[0]!.slot).map((t) => t.laneId),
-      live.filter((t) => t.slot === live[0]!.slot).map((t) => t.laneSeq),
-      live.filter((t) => t.slot === live[0]!.slot).map((t) => t.token),
-    ],
+    `completeLeases (${lane0.length} entries of one range lease: one settlement row)`,
+    'one probe of the segment’s range_leases partition, one exclusion-constraint check',
+    () => x.capture('completeLeases', (db) => completeLeases(db, schema, lane0), { real: false, max: 1 }),
   ],
   [
-    'promotion batch selection',
-    `SELECT d.id FROM ${S}.deferred d WHERE d.run_at <= now() AND ($1::text IS NULL OR d.state = $1)
-     ORDER BY d.run_at, d.priority, d.id LIMIT 1000 FOR UPDATE OF d SKIP LOCKED`,
-    [null],
+    'recordFailures (one failure, retried into deferred)',
+    'fenced settlement row, then the move to deferred',
+    () =>
+      x.capture(
+        'recordFailures',
+        (db) => recordFailures(db, schema, [{ ref: live[1]!, error: 'Error: boom', delayMs: 1000, permanent: false }]),
+        { real: false },
+      ),
   ],
   [
-    'rescue scan',
-    `SELECT l.slot, l.lane_id, l.lane_seq FROM ${S}.leases l WHERE l.expires_at < now()
-     AND NOT EXISTS (SELECT 1 FROM ${S}.settlements st WHERE st.lane_id = l.lane_id AND st.lane_seq = l.lane_seq AND st.slot = l.slot)
-     ORDER BY l.expires_at LIMIT 1000`,
-    [],
+    'returnUnstarted (a prefetched task handed back)',
+    'fenced settlement row, then the move to deferred',
+    () => x.capture('returnUnstarted', (db) => returnUnstarted(db, schema, live[2]!), { real: false }),
   ],
   [
-    'point read by id (getTask, ready part)',
-    `SELECT r.id FROM ${S}.ready r WHERE r.id = $1
-     AND NOT EXISTS (SELECT 1 FROM ${S}.tombstones t WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)`,
-    [live[0]!.id],
+    'releaseLease (burnt attempt kept)',
+    'same statement as returnUnstarted, another mode',
+    () => x.capture('releaseLease', (db) => releaseLease(db, schema, live[3]!, 'Error: shutdown'), { real: false }),
+  ],
+  [
+    'dequeue (a handler’s own Dequeue with its lease token)',
+    'through leased_entries by id',
+    () => x.capture('dequeue', (db) => dequeue(db, schema, live[4]!.id, live[4]!.token), { real: false }),
+  ],
+  [
+    `rescueLapsedLeases (${lapsed.length} lapsed entries)`,
+    'unsettled ranges only, then one range scan of ready per lapsed range',
+    () => x.capture('rescueLapsedLeases', (db) => rescueLapsedLeases(db, schema), { real: false }),
+  ],
+  [
+    'readGauges (maintenance leader, every few seconds)',
+    'live entries (backlog + work in flight), deferred, dead letters',
+    () => x.capture('readGauges', (db) => readGauges(db, schema), { real: true }),
+  ],
+  [
+    'getTask: a running task',
+    'point read by id in deferred, dead_letters and ready (+ leased_entries)',
+    () => x.capture('getTask (running)', (db) => getTask(db, schema, live[5]!.id), { real: true }),
   ],
 ];
+// One claimed-and-completed task, one never claimed.
+const [completedId, readyId] = (
+  await pool.query<{ id: string }>(
+    `(SELECT id::text AS id FROM ${S}.ready ORDER BY lane_id, lane_seq LIMIT 1)
+     UNION ALL (SELECT id::text FROM ${S}.ready ORDER BY lane_id DESC, lane_seq DESC LIMIT 1)`,
+  )
+).rows.map((r) => r.id);
+cases.push(
+  [
+    'getTask: a completed task',
+    'as above',
+    () => x.capture('getTask (completed)', (db) => getTask(db, schema, completedId!), { real: true }),
+  ],
+  [
+    'getTask: a ready task',
+    'as above',
+    () => x.capture('getTask (ready)', (db) => getTask(db, schema, readyId!), { real: true }),
+  ],
+);
+const version = (await pool.query<{ server_version: string }>('SHOW server_version')).rows[0]!.server_version;
+const fmt = (n: number) => n.toLocaleString('en-US');
 let out =
-  `# EXPLAIN of the hot statements\n\nGenerated by \`npx tsx scripts/explain-hot.ts\` on ${new Date().toISOString().slice(0, 10)} (PostgreSQL ${(await pool.query('SHOW server_version')).rows[0].server_version}).\n` +
-  `Data: 200,000 ready entries in 16 lanes, 100,000 of them leased and completed, 20,000 deferred (10,000 due).\n`;
-for (const [title, sql, values] of statements) {
-  const c = await pool.connect();
-  await c.query('BEGIN');
-  const r = await c.query(`EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, SUMMARY) ${sql}`, values);
-  await c.query('ROLLBACK');
-  c.release();
-  const plan = r.rows.map((x) => x['QUERY PLAN']).filter((l: string) => !/never executed|Heap Fetches: 0/.test(l));
-  out += `\n## ${title}\n\n\`\`\`\n${plan.join('\n')}\n\`\`\`\n`;
-  console.log(title, plan.filter((l: string) => /Planning|Execution/.test(l)).join(' '));
+  `# EXPLAIN of the hot statements\n\n` +
+  `Generated by \`npx tsx scripts/explain-hot.ts\` on ${new Date().toISOString().slice(0, 10)} (PostgreSQL ${version}).\n` +
+  `Data: 200,000 ready entries in 16 lanes, 100,000 of them leased and completed, 1,000 failed into the dead letters, ` +
+  `${lapsed.length} leased with a lapsed deadline, ${live.length} running, 20,000 deferred (10,000 due); all through the ` +
+  `real claim, complete and fail functions, then ANALYZE. ` +
+  `Rows: ${counts.map((c) => `${c.t} ${fmt(Number(c.n))}`).join(', ')}.\n\n` +
+  `Method: the production functions run against a Queryable that, for each statement they send, runs ` +
+  `\`PREPARE\` of its text and \`EXPLAIN (ANALYZE, BUFFERS) EXECUTE\` with its values in a rolled-back transaction ` +
+  `(scripts/explain-capture.ts), on a session with the worker's options \`${SESSION_OPTIONS}\`: the plans are the ` +
+  `generic plans the worker runs. Writes are rolled back, so each statement sees the data set above. ` +
+  `Plans leave out the nodes that never ran and \`Heap Fetches: 0\`. "Rows visited" sums, over the scan nodes, the rows ` +
+  `returned plus those a filter removed, times loops.\n`;
+for (const [title, expect, run] of cases) {
+  const before = x.captured.length;
+  await run();
+  const mine = x.captured.slice(before);
+  mine.forEach((c, i) => {
+    const s = summarise(c.plan);
+    const name = mine.length > 1 ? `${title} (${i + 1}/${mine.length})` : title;
+    const widest = s.widest.map((w) => `${w.node} ${fmt(w.rows)}`).join(', ');
+    out +=
+      `\n## ${name}\n\n` +
+      `Reading: ${s.execMs.toFixed(2)} ms, ${fmt(s.buffers.hit + s.buffers.read)} buffers, ${fmt(s.rowsVisited)} rows visited ` +
+      `(widest: ${widest || 'none'}); ${s.access}. Expected: ${expect}.\n\n` +
+      `\`\`\`\n${readable(c.plan).join('\n')}\n\`\`\`\n`;
+    console.log(`${name}: ${s.execMs.toFixed(2)} ms, ${fmt(s.rowsVisited)} rows visited; ${widest}`);
+  });
 }
-await promoteDueLanes(pool, schema, null, 10, null);
+await client.end();
 writeFileSync(new URL('../docs/explain.md', import.meta.url), out);
-await pool.query(`DROP SCHEMA ${schema} CASCADE`);
+if (!process.env.KEEP_SCHEMA) await pool.query(`DROP SCHEMA ${S} CASCADE`);
 await pool.end();

@@ -29,7 +29,7 @@ export { WORKER_DEFAULTS, type WorkerOptions } from './worker-options.js';
  * Append of the partitions' primary keys under the LIMIT, which stops after the entries it
  * takes: 0.2 ms per lane (EXPLAIN ANALYZE, docs/benchmarks.md "Range leases").
  */
-const SESSION_OPTIONS = '-c jit=off -c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off';
+export const SESSION_OPTIONS = '-c jit=off -c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off';
 
 /** Everything start() builds, so stop() takes down exactly what exists. */
 interface Running {
