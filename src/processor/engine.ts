@@ -363,7 +363,7 @@ export class Engine {
 
   /**
    * One execution, from the handler to its written settlement. One async function rather than a
-   * promise chain (catch, then, finally: three more promises and closures per task).
+   * promise chain (catch, then, finally: three more promises and closures per task) or two.
    */
   private async runOne(task: ClaimedTask, key: string, abort: RunAbort, receivedAt: number): Promise<void> {
     // The slot comes free as soon as the handler returns; its settlement is written by the
@@ -385,7 +385,12 @@ export class Engine {
     };
     try {
       try {
-        await this.execute(task, abort, receivedAt, freeSlot);
+        // Run the task, then settle what happened: two steps, the table between them.
+        const def = this.o.tasks.defs.get(task.type);
+        const log = lazyChild(this.deps.logger, task);
+        const run = await runTask(this.runDeps, { task, def, receivedAt, abort, log, freeSlot });
+        const settlement = settlementFor(run, { attempt: task.attempt, backoff: def?.backoff ?? DEFAULT_BACKOFF });
+        await settleTask(this.settleDeps, task, run, settlement, log);
       } catch (err) {
         this.deps.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed');
       }
@@ -418,15 +423,6 @@ export class Engine {
         resolve();
       };
     });
-  }
-
-  /** Run the task, then settle what happened: two steps, the table between them. */
-  private async execute(task: ClaimedTask, abort: RunAbort, receivedAt: number, freeSlot: () => void): Promise<void> {
-    const def = this.o.tasks.defs.get(task.type);
-    const log = lazyChild(this.deps.logger, task);
-    const run = await runTask(this.runDeps, { task, def, receivedAt, abort, log, freeSlot });
-    const settlement = settlementFor(run, { attempt: task.attempt, backoff: def?.backoff ?? DEFAULT_BACKOFF });
-    await settleTask(this.settleDeps, task, run, settlement, log);
   }
 
   /**

@@ -61,13 +61,14 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     log.error({ max_attempts: task.maxAttempts }, error);
     return { kind: 'unknown_type', error };
   }
-  if (deadline <= Date.now() && input.receivedAt < deadline) {
+  const now = Date.now();
+  if (deadline <= now && input.receivedAt < deadline) {
     // It waited in the prefetch buffer past its deadline: it never ran, so hand it back with
     // the attempt refunded rather than charge it a failure.
     freeSlot();
     return { kind: 'expired_in_buffer' };
   }
-  if (deadline <= Date.now()) {
+  if (deadline <= now) {
     freeSlot();
     // The claim outlasted the whole ceiling: running now would outlive the lease.
     const error = `claim returned after the handler deadline (${new Date(deadline).toISOString()}); not started`;
