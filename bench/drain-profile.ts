@@ -33,6 +33,7 @@ import { Session } from 'node:inspector/promises';
 import { loadavg } from 'node:os';
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
+import { GCProfiler, getHeapStatistics } from 'node:v8';
 import pg from 'pg';
 import { pino } from 'pino';
 import { z } from 'zod';
@@ -81,14 +82,24 @@ interface RunResult {
   cpuUsPerTask: number;
   /** The system (kernel) part of cpuUsPerTask. */
   sysUsPerTask: number;
+  /**
+   * The main thread's CPU alone (/proc/self/task): the event loop's time per task, without GC
+   * helper threads; null where /proc is not readable.
+   */
+  mainUsPerTask: number | null;
+  /** JS heap bytes allocated per task (from the GC profiler's heap sizes around each collection). */
+  allocatedPerTask: number;
+  /** Claim statements and settlement flushes per task: the batch shape the CPU per task depends on. */
+  claimsPerTask: number;
+  flushesPerTask: number;
   /** null when the backends' /proc entries cannot be read (a remote server). */
   serverUsPerTask: number | null;
 }
 
-/** CPU seconds (user + system) a local backend has used, from /proc; null if unreadable. */
-function backendCpuSeconds(pid: number): number | null {
+/** CPU seconds (user + system) a local process or thread has used, from /proc; null if unreadable. */
+function procCpuSeconds(path: string): number | null {
   try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const stat = readFileSync(path, 'utf8');
     // Fields after the command name (which may hold spaces, so split after its closing paren).
     const rest = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
     return (Number(rest[11]) + Number(rest[12])) / CLK_TCK;
@@ -114,6 +125,15 @@ async function successes(worker: Worker): Promise<number> {
   return m.values.reduce((n, v) => (v.labels.outcome === 'success' ? n + v.value : n), 0);
 }
 
+/** Claim statements (hit or empty) and settlement flushes (complete or fail) the worker made. */
+async function statements(worker: Worker): Promise<{ claims: number; flushes: number }> {
+  const claims = (await worker.metrics.claims.prom.get()).values.reduce((n, v) => n + v.value, 0);
+  const flushes = (await worker.metrics.settlementFlushSeconds.prom.get()).values
+    .filter((v) => v.metricName?.endsWith('_count'))
+    .reduce((n, v) => n + v.value, 0);
+  return { claims, flushes };
+}
+
 async function drain(admin: pg.Pool, slots: number, profile: string | null, n = N): Promise<RunResult> {
   await fill(admin, n);
   const payload = z.object({ i: z.number().int() });
@@ -135,6 +155,11 @@ async function drain(admin: pg.Pool, slots: number, profile: string | null, n = 
     await session.post('Profiler.setSamplingInterval', { interval: 100 });
     await session.post('Profiler.start');
   }
+  const mainStat = `/proc/self/task/${process.pid}/stat`;
+  const gc = new GCProfiler();
+  gc.start();
+  const heap0 = getHeapStatistics().used_heap_size;
+  const main0 = procCpuSeconds(mainStat);
   const cpu0 = process.cpuUsage();
   const t0 = performance.now();
   await worker.start();
@@ -143,6 +168,18 @@ async function drain(admin: pg.Pool, slots: number, profile: string | null, n = 
   while ((await successes(worker)) < n) await new Promise((r) => setTimeout(r, 5));
   const secs = (performance.now() - t0) / 1000;
   const cpu = process.cpuUsage(cpu0);
+  const main1 = procCpuSeconds(mainStat);
+  // Allocated = what each collection found in use, less what the one before left, plus what is
+  // in use now beyond the last one's leftovers.
+  const gcs = gc.stop().statistics;
+  let allocated = 0;
+  let floor = heap0;
+  for (const g of gcs) {
+    allocated += Math.max(0, g.beforeGC.heapStatistics.usedHeapSize - floor);
+    floor = g.afterGC.heapStatistics.usedHeapSize;
+  }
+  allocated += Math.max(0, getHeapStatistics().used_heap_size - floor);
+  const made = await statements(worker);
   if (session) {
     const { profile: p } = await session.post('Profiler.stop');
     mkdirSync('bench/results', { recursive: true });
@@ -155,7 +192,7 @@ async function drain(admin: pg.Pool, slots: number, profile: string | null, n = 
   );
   let serverSecs: number | null = 0;
   for (const { pid } of backends.rows) {
-    const s = backendCpuSeconds(pid);
+    const s = procCpuSeconds(`/proc/${pid}/stat`);
     serverSecs = s === null || serverSecs === null ? null : serverSecs + s;
   }
   await worker.stop();
@@ -170,6 +207,10 @@ async function drain(admin: pg.Pool, slots: number, profile: string | null, n = 
     tasksPerSec: n / secs,
     cpuUsPerTask: (cpu.user + cpu.system) / n,
     sysUsPerTask: cpu.system / n,
+    mainUsPerTask: main0 === null || main1 === null ? null : ((main1 - main0) * 1e6) / n,
+    allocatedPerTask: allocated / n,
+    claimsPerTask: made.claims / n,
+    flushesPerTask: made.flushes / n,
     serverUsPerTask: serverSecs === null ? null : (serverSecs * 1e6) / n,
   };
 }
@@ -192,25 +233,28 @@ try {
       const res = await drain(admin, slots, null);
       results.push(res);
       console.error(
-        `run ${r + 1} c${slots}: ${Math.round(res.tasksPerSec)} tasks/s, ${fmt(res.cpuUsPerTask)} µs CPU/task (worker; ${fmt(res.sysUsPerTask)} system), ${fmt(res.serverUsPerTask)} µs/task (its backends)`,
+        `run ${r + 1} c${slots}: ${Math.round(res.tasksPerSec)} tasks/s, ${fmt(res.cpuUsPerTask)} µs CPU/task (worker; ${fmt(res.sysUsPerTask)} system; main thread ${fmt(res.mainUsPerTask)}), ${Math.round(res.allocatedPerTask)} B allocated/task, ${fmt(res.serverUsPerTask)} µs/task (its backends); ${res.claimsPerTask.toFixed(4)} claims and ${res.flushesPerTask.toFixed(4)} flushes per task`,
       );
     }
   }
   console.log(
     `\ndrain of ${N} no-op tasks (${args.entry ?? (args.dist ? 'dist/' : 'src/ under tsx')})${args['schema-check'] ? ' (Zod payload schema)' : ''}, ${RUNS} runs; node ${process.version}; load ${load0.toFixed(1)} → ${loadavg()[0]!.toFixed(1)}\n`,
   );
+  console.log('Medians over the runs.\n');
   console.log(
-    '| slots | tasks/s (median, min–max) | worker CPU µs/task (median, min–max) | its backends, CPU µs/task (median) |',
+    '| slots | tasks/s (median, min–max) | worker CPU µs/task (median, min–max) | main thread µs/task | B allocated/task | its backends, CPU µs/task | claims / flushes per task |',
   );
-  console.log('| ---: | ---: | ---: | ---: |');
+  console.log('| ---: | ---: | ---: | ---: | ---: | ---: | ---: |');
   for (const slots of SLOTS) {
     const rs = results.filter((x) => x.slots === slots);
     const tps = rs.map((x) => x.tasksPerSec);
     const cpu = rs.map((x) => x.cpuUsPerTask);
     const srv = rs.map((x) => x.serverUsPerTask);
     const srvMedian = srv.every((x) => x !== null) ? median(srv as number[]) : null;
+    const main = rs.map((x) => x.mainUsPerTask);
+    const mainMedian = main.every((x) => x !== null) ? median(main as number[]) : null;
     console.log(
-      `| ${slots} | ${Math.round(median(tps))} (${Math.round(Math.min(...tps))}–${Math.round(Math.max(...tps))}) | ${fmt(median(cpu))} (${fmt(Math.min(...cpu))}–${fmt(Math.max(...cpu))}) | ${fmt(srvMedian)} |`,
+      `| ${slots} | ${Math.round(median(tps))} (${Math.round(Math.min(...tps))}–${Math.round(Math.max(...tps))}) | ${fmt(median(cpu))} (${fmt(Math.min(...cpu))}–${fmt(Math.max(...cpu))}) | ${fmt(mainMedian)} | ${Math.round(median(rs.map((x) => x.allocatedPerTask)))} | ${fmt(srvMedian)} | ${median(rs.map((x) => x.claimsPerTask)).toFixed(4)} / ${median(rs.map((x) => x.flushesPerTask)).toFixed(4)} |`,
     );
   }
   if (args.profile) {
