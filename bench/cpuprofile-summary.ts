@@ -1,7 +1,8 @@
 /**
- * Where a V8 CPU profile's time went, as text (for docs and reviews, where DevTools is not at hand).
+ * Where a V8 CPU profile's time (or a sampling heap profile's bytes) went, as text (for docs and reviews, where DevTools is not at hand).
  *
  *   npx tsx bench/cpuprofile-summary.ts FILE.cpuprofile [--top 40] [--focus NAME,...]
+ *   npx tsx bench/cpuprofile-summary.ts FILE.heapprofile [--top 40]
  *
  * Prints the share of samples by category (idle, garbage collection, berth's source, node_modules
  * packages, Node's own code), the top functions by self time, and, for each `--focus` function
@@ -28,6 +29,42 @@ interface Profile {
   samples: number[];
 }
 
+interface HeapNode {
+  callFrame: CallFrame;
+  selfSize: number;
+  children: HeapNode[];
+}
+interface HeapProfile {
+  head: HeapNode;
+}
+
+/** A sampling heap profile: bytes allocated by category and by allocating function. */
+function summariseHeap(h: HeapProfile): void {
+  const cats = new Map<string, number>();
+  const fns = new Map<string, number>();
+  let total = 0;
+  const visit = (n: HeapNode) => {
+    if (n.selfSize > 0) {
+      total += n.selfSize;
+      const cf = n.callFrame;
+      cats.set(category(cf), (cats.get(category(cf)) ?? 0) + n.selfSize);
+      const key = `${cf.functionName || '(anonymous)'} ${where(cf)}${cf.url ? `:${cf.lineNumber + 1}` : ''}`;
+      fns.set(key, (fns.get(key) ?? 0) + n.selfSize);
+    }
+    for (const c of n.children) visit(c);
+  };
+  visit(h.head);
+  const mb = (n: number) => `${(n / 1e6).toFixed(1)} MB`;
+  const share = (n: number) => `${((n * 100) / total).toFixed(1)} %`;
+  console.log(`${file}: ${mb(total)} allocated (sampled)\n`);
+  console.log('| category | allocated | share |\n| --- | ---: | ---: |');
+  for (const [c, n] of [...cats].sort((a, b) => b[1] - a[1]).slice(0, 20))
+    console.log(`| ${c} | ${mb(n)} | ${share(n)} |`);
+  console.log('\n| function (allocating) | allocated | share |\n| --- | ---: | ---: |');
+  for (const [f, n] of [...fns].sort((a, b) => b[1] - a[1]).slice(0, Number(args.top)))
+    console.log(`| \`${f}\` | ${mb(n)} | ${share(n)} |`);
+}
+
 const { values: args, positionals } = parseArgs({
   allowPositionals: true,
   options: { top: { type: 'string', default: '40' }, focus: { type: 'string', default: '' } },
@@ -36,6 +73,10 @@ const file = positionals[0];
 if (!file) {
   console.error('usage: npx tsx bench/cpuprofile-summary.ts FILE.cpuprofile [--top 40] [--focus a,b]');
   process.exit(2);
+}
+if (file.endsWith('.heapprofile')) {
+  summariseHeap(JSON.parse(readFileSync(file, 'utf8')) as HeapProfile);
+  process.exit(0);
 }
 const p = JSON.parse(readFileSync(file, 'utf8')) as Profile;
 const byId = new Map(p.nodes.map((n) => [n.id, n]));

@@ -16,8 +16,9 @@
  *
  * `--profile` adds one more run per slot count under the V8 CPU profiler (node:inspector, started
  * at the worker's start and stopped at the last completion) and writes
- * `bench/results/drain-c<slots>.cpuprofile` (open it in Chrome DevTools, or summarise it with
- * `npx tsx bench/cpuprofile-summary.ts FILE`). Profiled runs are slower and are not in the medians.
+ * `bench/results/drain-c<slots>.cpuprofile`, and a sampling heap profile of the same run (every
+ * allocation, collected or not) as `drain-c<slots>.heapprofile` (open them in Chrome DevTools, or
+ * summarise them with `npx tsx bench/cpuprofile-summary.ts FILE`). Profiled runs are slower and are not in the medians.
  * `--dist` runs the built package (dist/, after `npm run build`) instead of src/ under tsx;
  * `--entry FILE` imports berth from another checkout's `src/index.ts`, for an A/B against an older
  * commit (`mkdir /tmp/base && git archive main src | tar -x -C /tmp/base`, then
@@ -154,6 +155,13 @@ async function drain(admin: pg.Pool, slots: number, profile: string | null, n = 
     await session.post('Profiler.enable');
     await session.post('Profiler.setSamplingInterval', { interval: 100 });
     await session.post('Profiler.start');
+    // Every allocation site, short-lived objects included (they are what a drain allocates).
+    await session.post('HeapProfiler.enable');
+    await session.post('HeapProfiler.startSampling', {
+      samplingInterval: 4096,
+      includeObjectsCollectedByMajorGC: true,
+      includeObjectsCollectedByMinorGC: true,
+    });
   }
   const mainStat = `/proc/self/task/${process.pid}/stat`;
   const gc = new GCProfiler();
@@ -182,8 +190,10 @@ async function drain(admin: pg.Pool, slots: number, profile: string | null, n = 
   const made = await statements(worker);
   if (session) {
     const { profile: p } = await session.post('Profiler.stop');
+    const { profile: h } = await session.post('HeapProfiler.stopSampling');
     mkdirSync('bench/results', { recursive: true });
     writeFileSync(profile as string, JSON.stringify(p));
+    writeFileSync((profile as string).replace(/\.cpuprofile$/, '.heapprofile'), JSON.stringify(h));
     session.disconnect();
   }
   const backends = await admin.query<{ pid: number }>(
