@@ -40,6 +40,7 @@ import { pino } from 'pino';
 import { z } from 'zod';
 import type { TaskSpec, Worker } from '../src/index.js';
 import { dropSchema } from './db.js';
+import { median } from './stats.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -225,10 +226,6 @@ async function drain(admin: pg.Pool, slots: number, profile: string | null, n = 
   };
 }
 
-const median = (xs: number[]): number => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-};
 const fmt = (x: number | null, digits = 1): string => (x === null ? '–' : x.toFixed(digits));
 
 const admin = new pg.Pool({ connectionString: url, max: 2 });
