@@ -62,6 +62,7 @@ const {
   defineTask,
   enqueueMany,
   migrate,
+  taskCounts,
   Worker: WorkerClass,
 } = (await import(entry)) as typeof import('../src/index.js');
 const N = Number(args.n);
@@ -207,12 +208,9 @@ async function drain(admin: pg.Pool, slots: number, profile: string | null, n = 
     serverSecs = s === null || serverSecs === null ? null : serverSecs + s;
   }
   await worker.stop();
-  const left = await admin.query<{ n: number }>(
-    `SELECT count(*)::int AS n FROM ${SCHEMA}.ready r
-      WHERE NOT EXISTS (SELECT 1 FROM ${SCHEMA}.settlements s
-                         WHERE s.slot = r.slot AND s.lane_id = r.lane_id AND s.lane_seq = r.lane_seq)`,
-  );
-  if (left.rows[0]!.n !== 0) throw new Error(`${left.rows[0]!.n} tasks left unsettled after the drain`);
+  // Nothing left pending (the public count, as `berth stats` shows it).
+  const left = (await taskCounts(admin, SCHEMA)).reduce((sum, c) => sum + c.pending, 0);
+  if (left !== 0) throw new Error(`${left} tasks left pending after the drain`);
   return {
     slots,
     tasksPerSec: n / secs,
