@@ -380,9 +380,10 @@ export class Engine {
       }
       this.dispatch();
       // Asked here rather than by waking the fetch loop to ask it (a promise and a turn of the
-      // loop per task): it would go straight back to sleep unless a claim is wanted and could
-      // find something (the same two checks, in the loop's order).
-      if (this.wanted() > 0 && this.fetcher.hasLeads) this.wake('slot_freed');
+      // loop per task): it would go straight back to sleep unless a claim is wanted. Not whether
+      // the fetcher has leads: a fetch in flight may not have set them yet, and the wake is what
+      // makes the loop look again once it returns.
+      if (this.wanted() > 0) this.wake('slot_freed');
     };
     try {
       try {
