@@ -31,20 +31,30 @@ CREATE FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_types text[
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-DECLARE v_seq regclass; v_n integer;
+DECLARE
+  v_seq regclass;
+  -- The rows the unnest below makes: as many as the longest array (callers pass equal lengths).
+  v_n integer := coalesce(greatest(cardinality(p_ids), cardinality(p_types), cardinality(p_payloads),
+    cardinality(p_attempts), cardinality(p_max_attempts), cardinality(p_dedupe),
+    cardinality(p_last_error), cardinality(p_created_at), cardinality(p_run_at)), 0);
+  v_base bigint;
 BEGIN
   PERFORM pg_advisory_xact_lock(446571594, p_lane);
+  IF v_n = 0 THEN RETURN 0; END IF;
   v_seq := format('%I.%I', 'berth', 'lane_seq_' || p_lane)::regclass;
+  -- Every appender to the lane holds the lane lock (taken above, held to commit) while it draws
+  -- from the lane's sequence, so v_base .. v_base + v_n - 1 are this call's alone.
+  v_base := nextval(v_seq);
+  IF v_n > 1 THEN PERFORM setval(v_seq, v_base + v_n - 1); END IF;
   INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
                           attempts, max_attempts, dedupe_key, last_error, created_at, run_at)
-  SELECT (SELECT current_slot FROM "berth".ring_state), p_lane, nextval(v_seq), u.id, u.type,
-         u.payload, l.queue, l.priority, l.shard, u.attempts, u.max_attempts, u.dedupe_key,
-         u.last_error, u.created_at, u.run_at
-    FROM (SELECT * FROM unnest(p_ids, p_types, p_payloads, p_attempts, p_max_attempts, p_dedupe,
-                               p_last_error, p_created_at, p_run_at) WITH ORDINALITY
-            AS x(id, type, payload, attempts, max_attempts, dedupe_key, last_error, created_at,
-                 run_at, ord)
-          ORDER BY ord) u
+  SELECT (SELECT current_slot FROM "berth".ring_state), p_lane, v_base + x.ord - 1, x.id, x.type,
+         x.payload, l.queue, l.priority, l.shard, x.attempts, x.max_attempts, x.dedupe_key,
+         x.last_error, x.created_at, x.run_at
+    FROM unnest(p_ids, p_types, p_payloads, p_attempts, p_max_attempts, p_dedupe, p_last_error,
+                p_created_at, p_run_at) WITH ORDINALITY
+           AS x(id, type, payload, attempts, max_attempts, dedupe_key, last_error, created_at,
+                run_at, ord)
     CROSS JOIN (SELECT queue, priority, shard FROM "berth".lanes WHERE lane_id = p_lane) l;
   GET DIAGNOSTICS v_n = ROW_COUNT;
   -- The payload names the lane, so a woken worker can claim from it without a discovery
@@ -100,6 +110,19 @@ BEGIN
       INSERT INTO "berth".dedupe AS d (dedupe_key, id) SELECT cand.k, cand.id FROM cand
       ON CONFLICT DO NOTHING RETURNING d.id)
     SELECT coalesce(array_agg(ins.id), '{}') INTO v_won FROM ins;
+  ELSIF NOT EXISTS (SELECT 1 FROM unnest(p_run_at) r WHERE r > now()) THEN
+    -- No dedupe key and nothing in the future: every task is accepted and ready, in input order.
+    IF v_n > 0 THEN
+      PERFORM "berth".append_ready("berth".provision_lane(p_queue, p_priority, v_shard), v_ids,
+        p_types, p_payloads, array_fill(0, ARRAY[v_n]), p_max_attempts, p_dedupe, NULL,
+        array_fill(now(), ARRAY[v_n]),
+        CASE WHEN p_run_at IS NULL THEN array_fill(now(), ARRAY[v_n])
+             ELSE ARRAY(SELECT coalesce(u.r, now()) FROM unnest(v_ids, p_run_at) WITH ORDINALITY AS u(i, r, o)
+                         ORDER BY u.o) END);
+    END IF;
+    RETURN QUERY SELECT u.o::integer, u.i, 'ready'::text, NULL::bigint
+                   FROM unnest(v_ids) WITH ORDINALITY AS u(i, o) ORDER BY u.o;
+    RETURN;
   END IF;
 
   RETURN QUERY

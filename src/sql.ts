@@ -104,6 +104,12 @@ async function inJitOffTransaction<R extends pg.QueryResultRow>(
 ): Promise<pg.QueryResult<R>> {
   const client = await pool.connect();
   let broken = false;
+  // A checked-out client emits 'error' when its backend goes away between two queries (a
+  // terminated session, a restart); unheard, that event would crash the process.
+  const onError = () => {
+    broken = true;
+  };
+  client.on('error', onError);
   try {
     // One round trip for both (simple protocol, no parameters).
     await client.query('BEGIN; SET LOCAL jit = off');
@@ -118,6 +124,7 @@ async function inJitOffTransaction<R extends pg.QueryResultRow>(
       throw err;
     }
   } finally {
+    client.removeListener('error', onError);
     client.release(broken);
   }
 }

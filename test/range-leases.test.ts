@@ -8,7 +8,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
 import { enqueueMany } from '../src/index.js';
-import { claim, type ClaimedTask, type ClaimParams } from '../src/processor/claim.js';
+import { claimBatch, type ClaimedTask, type ClaimParams } from '../src/processor/claim.js';
 import { MIGRATIONS } from '../src/schema/migrations.js';
 import { migrate } from '../src/schema/migrate.js';
 import { queryWithoutJit, quoteIdent, wakeChannel } from '../src/sql.js';
@@ -27,21 +27,37 @@ async function allLanes(): Promise<number[]> {
   return r.rows.map((x) => x.lane_id);
 }
 
-async function claimAll(limit: number, extra: Partial<ClaimParams> = {}): Promise<ClaimedTask[]> {
+/** The lane of the default queue and priority with this shard. */
+async function laneOf(shard: number): Promise<number[]> {
+  const r = await pool.query<{ lane_id: number }>(`SELECT lane_id FROM ${S}.lanes WHERE shard = $1`, [shard]);
+  return r.rows.map((x) => x.lane_id);
+}
+
+/** Claim up to `limit` over every lane, again while a claim says it left entries (as the worker does). */
+async function claimAll(
+  limit: number,
+  extra: Partial<ClaimParams> = {},
+  { once = false } = {},
+): Promise<ClaimedTask[]> {
   const laneIds = await allLanes();
-  return claim(pool, {
-    schema,
-    laneIds,
-    limit,
-    ceilings: new Map([['t', 60_000]]),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: 60_000,
-    marginMs: 0,
-    workerId: 'range-test',
-    wakeChannel: wakeChannel(schema),
-    ...extra,
-  });
+  const got: ClaimedTask[] = [];
+  for (;;) {
+    const batch = await claimBatch(pool, {
+      schema,
+      laneIds,
+      limit: limit - got.length,
+      ceilings: new Map([['t', 60_000]]),
+      maxAttempts: new Map(),
+      defaultMaxAttempts: 20,
+      defaultCeilingMs: 60_000,
+      marginMs: 0,
+      workerId: 'range-test',
+      wakeChannel: wakeChannel(schema),
+      ...extra,
+    });
+    got.push(...batch.tasks);
+    if (once || !batch.more || got.length >= limit) return got;
+  }
 }
 
 async function reset(): Promise<void> {
@@ -98,7 +114,7 @@ test('a claim leases one range per lane: one lease row, every entry returned wit
     Array.from({ length: 10 }, (_, i) => ({ type: 't', payload: { i }, shard: 0 })),
     { schema },
   );
-  const got = await claimAll(6);
+  const got = await claimAll(6, { laneIds: await laneOf(0) });
   assert.equal(got.length, 6);
   const rows = await pool.query(`SELECT from_seq::text, to_seq::text, n, token::text FROM ${S}.range_leases`);
   assert.equal(rows.rows.length, 1);
@@ -109,7 +125,7 @@ test('a claim leases one range per lane: one lease row, every entry returned wit
     got.map((_, i) => String(Number(lease.from_seq) + i)),
   );
   assert.ok(got.every((t) => t.token === lease.token && t.leaseFrom === lease.from_seq && t.attempt === 1));
-  const next = await claimAll(10);
+  const next = await claimAll(10, { laneIds: await laneOf(0) });
   assert.equal(next.length, 4, 'the next claim starts past the first range');
   assert.equal(next[0]!.laneSeq, String(Number(lease.to_seq) + 1));
 });
@@ -127,12 +143,12 @@ test('a range never spans two ring segments: the claim stops a lane at the segme
     [4, 5].map((i) => ({ type: 't', payload: { i }, shard: 5 })),
     { schema },
   );
-  const first = await claimAll(10);
+  const first = await claimAll(10, { laneIds: await laneOf(5) }, { once: true });
   assert.deepEqual(
     first.map((t) => (t.payload as { i: number }).i),
     [1, 2, 3],
   );
-  const second = await claimAll(10);
+  const second = await claimAll(10, { laneIds: await laneOf(5) }, { once: true });
   assert.deepEqual(
     second.map((t) => (t.payload as { i: number }).i),
     [4, 5],
@@ -153,6 +169,7 @@ test('per-type deadlines and limits in one range; rescue takes only the lapsed t
     { schema },
   );
   const got = await claimAll(6, {
+    laneIds: await laneOf(9),
     ceilings: new Map([
       ['short', 1],
       ['long', 600_000],
@@ -341,4 +358,63 @@ test('ring-walking statements run with JIT off on a caller pool that has it on (
   } finally {
     await plain.end();
   }
+});
+
+test('a claim reads each lane for its share of the limit and says when it left due entries behind', async () => {
+  await reset();
+  // Lane A holds 10 entries, lane B 2; a claim of 8 over both reads each for its share of 4.
+  await enqueueMany(
+    pool,
+    Array.from({ length: 10 }, (_, i) => ({ type: 't', payload: { i }, shard: 20 })),
+    { schema },
+  );
+  await enqueueMany(
+    pool,
+    Array.from({ length: 2 }, (_, i) => ({ type: 't', payload: { i }, shard: 21 })),
+    { schema },
+  );
+  const base = {
+    schema,
+    laneIds: [...(await laneOf(20)), ...(await laneOf(21))],
+    ceilings: new Map([['t', 60_000]]),
+    maxAttempts: new Map(),
+    defaultMaxAttempts: 20,
+    defaultCeilingMs: 60_000,
+    marginMs: 0,
+    workerId: 'range-test',
+    wakeChannel: wakeChannel(schema),
+  };
+  const first = await claimBatch(pool, { ...base, limit: 8, perLane: 4 });
+  assert.equal(first.tasks.length, 6, 'A gave its share of 4, B its 2');
+  assert.equal(first.more, true, 'A gave its whole share: it may hold more');
+  const second = await claimBatch(pool, { ...base, limit: 8, perLane: 4 });
+  assert.equal(second.tasks.length, 4, 'A again gives its share');
+  assert.equal(second.more, true);
+  const third = await claimBatch(pool, { ...base, limit: 8, perLane: 4 });
+  assert.equal(third.tasks.length, 2, 'the rest of A');
+  assert.equal(third.more, false, 'drained');
+  // A lane that continues in the next ring segment: the claim stops at the boundary and says so.
+  await enqueueMany(
+    pool,
+    [1, 2].map((i) => ({ type: 't', payload: { i }, shard: 22 })),
+    { schema },
+  );
+  assert.equal(await rotateRing(pool, schema, 0), 'rotated');
+  await enqueueMany(
+    pool,
+    [3].map((i) => ({ type: 't', payload: { i }, shard: 22 })),
+    { schema },
+  );
+  const crossed = await claimBatch(pool, { ...base, laneIds: await laneOf(22), limit: 10 });
+  assert.deepEqual(
+    crossed.tasks.map((t) => (t.payload as { i: number }).i),
+    [1, 2],
+  );
+  assert.equal(crossed.more, true);
+  const rest = await claimBatch(pool, { ...base, laneIds: await laneOf(22), limit: 10 });
+  assert.deepEqual(
+    rest.tasks.map((t) => (t.payload as { i: number }).i),
+    [3],
+  );
+  assert.equal(rest.more, false);
 });

@@ -44,7 +44,7 @@ export async function readGauges(db: Queryable, schema: SchemaRef): Promise<Gaug
        SELECT min(h.run_at) AS due FROM ${s}.lanes pl
         CROSS JOIN LATERAL (
           SELECT min(r.run_at) AS run_at FROM ${s}.ready r
-           WHERE ${claimableEntry(s, 'pl.lane_id')}) h
+           WHERE ${claimableEntry(s, 'pl')}) h
         WHERE NOT pl.paused
        UNION ALL
        SELECT min(run_at) FROM ${s}.deferred

@@ -52,7 +52,7 @@ export async function discover(
        CROSS JOIN LATERAL (
          SELECT r.lane_id, r.lane_seq, r.id, r.priority, r.run_at
            FROM ${s}.ready r
-          WHERE ${claimableEntry(s, 'l.lane_id')}
+          WHERE ${claimableEntry(s, 'l')}
             AND r.run_at <= now()
           ORDER BY r.lane_seq
           LIMIT $3) r
@@ -86,6 +86,14 @@ export interface ClaimParams {
   /** Lock at most this many candidate lanes, in candidate order (default: all of them). The
    * worker passes one per LANE_SHARE tasks it wants. */
   maxLanes?: number;
+  /**
+   * Read each locked lane for at most this many entries (default: `limit`). The claim takes a
+   * round-robin prefix of its lanes, so with n lanes each gives about limit / n; reading each
+   * for the whole limit only to drop the rest cost 3.5 µs per entry read (a claim of 107 over
+   * 7 lanes: 5.2 ms reading 749 entries, 2.95 ms reading 112). A lane that gives all of it sets
+   * `more` (claimBatch), so nothing waits for the poll.
+   */
+  perLane?: number;
 }
 
 /**
@@ -131,7 +139,21 @@ export const LANE_SHARE = 16;
  *   requested slot was filled, so a burst cascades across processes one claimer at a time.
  */
 export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTask[]> {
-  if (p.limit <= 0 || p.laneIds.length === 0) return [];
+  return (await claimBatch(write, p)).tasks;
+}
+
+/** What one claim leased, and whether its lanes may hold more due entries it left. */
+export interface ClaimBatch {
+  tasks: ClaimedTask[];
+  /**
+   * A lane gave all it was read for (`perLane`) or stopped at a ring segment boundary: a short
+   * claim with `more` did not drain its lanes.
+   */
+  more: boolean;
+}
+
+export async function claimBatch(write: Queryable, p: ClaimParams): Promise<ClaimBatch> {
+  if (p.limit <= 0 || p.laneIds.length === 0) return { tasks: [], more: false };
   const { name, q: s } = bindSchema(p.schema);
   const types = [...new Set([...p.ceilings.keys(), ...p.maxAttempts.keys()])];
   const res = await write.query<{
@@ -151,6 +173,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
     token: string;
     expires_ms: number;
     waited_s: number;
+    more: boolean;
   }>({
     name: `berth-claim:${name}`,
     text: `WITH locked AS MATERIALIZED (
@@ -162,7 +185,7 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
         LIMIT $12
         FOR UPDATE SKIP LOCKED
      ), current AS MATERIALIZED (
-       SELECT k.lane_id FROM locked k
+       SELECT k.lane_id, k.version FROM locked k
         WHERE k.version = (SELECT v.version FROM ${s}.lanes v WHERE v.lane_id = k.lane_id)
      ), picked AS MATERIALIZED (
        SELECT r.slot, r.lane_id, r.lane_seq, r.id, r.type, r.payload, r.queue, r.priority,
@@ -173,16 +196,23 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
          FROM current k
          CROSS JOIN LATERAL (
            SELECT r.* FROM ${s}.ready r
-            WHERE ${claimableEntry(s, 'k.lane_id')}
+            WHERE ${claimableEntry(s, 'k')}
             ORDER BY r.lane_seq
-            LIMIT $2) r
+            LIMIT least($2, coalesce($13::integer, $2))) r
        WINDOW lane AS (PARTITION BY r.lane_id ORDER BY r.lane_seq)
+     ), shaped AS MATERIALIZED (
+       SELECT p.*, bool_and(p.slot = p.lane_slot) OVER (PARTITION BY p.lane_id ORDER BY p.lane_seq) AS in_lane_slot
+         FROM picked p WHERE p.due_so_far
      ), chosen AS MATERIALIZED (
-       SELECT * FROM (
-         SELECT p.*, bool_and(p.slot = p.lane_slot) OVER (PARTITION BY p.lane_id ORDER BY p.lane_seq) AS in_lane_slot
-           FROM picked p WHERE p.due_so_far) p
+       SELECT * FROM shaped p
         WHERE p.in_lane_slot
         ORDER BY priority, rank_in_lane, run_at, lane_id LIMIT $2
+     ), more AS (
+       -- Whether a lane may hold due entries this claim left: it gave its whole share, or it
+       -- stopped at a ring segment boundary. The worker then claims again at once instead of
+       -- taking a short claim for a drained lane.
+       SELECT coalesce(bool_or(x.n >= least($2, coalesce($13::integer, $2)) OR x.crossed), false) AS more
+         FROM (SELECT lane_id, count(*) AS n, bool_or(NOT in_lane_slot) AS crossed FROM shaped GROUP BY lane_id) x
      ), per_type AS (
        SELECT c.lane_id, c.type,
               now() + make_interval(secs => (coalesce(t.ceiling_ms, $5) + $6) / 1000.0) AS expires_at,
@@ -214,7 +244,8 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
             coalesce(c.max_attempts, l.type_max_attempts[array_position(l.types, c.type)]) AS max_attempts,
             c.dedupe_key, l.token::text AS token,
             (extract(epoch FROM l.type_expires[array_position(l.types, c.type)]) * 1000)::float8 AS expires_ms,
-            greatest(extract(epoch FROM now() - c.run_at), 0)::float8 AS waited_s
+            greatest(extract(epoch FROM now() - c.run_at), 0)::float8 AS waited_s,
+            (SELECT more FROM more) AS more
        FROM leased l
        JOIN chosen c ON c.lane_id = l.lane_id AND c.lane_seq BETWEEN l.from_seq AND l.to_seq
       WHERE (SELECT count(*) FROM resignal) >= 0
@@ -232,9 +263,10 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
       types.map((t) => p.maxAttempts.get(t) ?? null),
       p.queues ?? null,
       Math.max(1, Math.min(p.laneIds.length, p.maxLanes ?? p.laneIds.length)),
+      p.perLane ?? null,
     ],
   });
-  return res.rows.map((r) => ({
+  const tasks = res.rows.map((r) => ({
     slot: r.slot,
     laneId: r.lane_id,
     laneSeq: r.lane_seq,
@@ -252,4 +284,5 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
     leaseExpiresAt: r.expires_ms,
     waitedSeconds: r.waited_s,
   }));
+  return { tasks, more: res.rows[0]?.more ?? false };
 }

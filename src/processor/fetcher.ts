@@ -1,6 +1,6 @@
 import type { BerthMetrics } from '../metrics.js';
 import type { Queryable } from '../sql.js';
-import { claim, discover, LANE_SHARE, type ClaimedTask } from './claim.js';
+import { claimBatch, discover, LANE_SHARE, type ClaimedTask } from './claim.js';
 import type { TaskRegistry } from './engine-options.js';
 import type { TypeMetrics } from './type-metrics.js';
 
@@ -96,8 +96,14 @@ export class Fetcher {
     const known = [...new Set([...this.hotLanes, ...this.notifiedLanes])];
     this.notifiedLanes.clear();
     if (known.length > 0) {
-      got = await claim(d.write, { ...params, laneIds: known, limit: want });
-      if (got.length < want && !gaveFromEach(got, known)) this.discoveryOwed = true;
+      const batch = await claimBatch(d.write, {
+        ...params,
+        laneIds: known,
+        limit: want,
+        perLane: Math.ceil(want / known.length),
+      });
+      got = batch.tasks;
+      if (got.length < want && (batch.more || !gaveFromEach(got, known))) this.discoveryOwed = true;
       if (got.length > 0 && got.length < want && this.discoveryOwed) {
         // Start these now; discovery for the rest runs on the next pass of the loop.
         d.wakeAgain();
@@ -113,9 +119,20 @@ export class Fetcher {
         // (in discovery's priority order): concurrent workers spread instead of all but one
         // finding every lane locked. Known lanes (its own hot lanes, notified ones) are all tried.
         const maxLanes = Math.ceil((want - got.length) / LANE_SHARE);
-        got = got.concat(await claim(d.write, { ...params, laneIds: lanes, limit: want - got.length, maxLanes }));
-        // Lanes beyond this worker's share, lanes another claimer held, a full page: more may wait.
-        if (candidates.length >= DISCOVERY_LANES || !gaveFromEach(got, lanes)) this.discoveryOwed = true;
+        const batch = await claimBatch(d.write, {
+          ...params,
+          laneIds: lanes,
+          limit: want - got.length,
+          maxLanes,
+          // Each lane is read for its share of the claim, not the whole of it.
+          perLane: Math.ceil((want - got.length) / Math.min(maxLanes, lanes.length)),
+        });
+        got = got.concat(batch.tasks);
+        // Lanes beyond this worker's share, lanes another claimer held, a full page, a lane that
+        // gave its whole share or stopped at a ring segment boundary: more may wait.
+        if (candidates.length >= DISCOVERY_LANES || batch.more || !gaveFromEach(got, lanes)) this.discoveryOwed = true;
+        // Entries left in lanes this claim read: claim again on the next pass, not after a slot frees.
+        if (batch.more && got.length > 0 && got.length < want) d.wakeAgain();
       }
     }
     if (got.length === want) {

@@ -21,8 +21,15 @@ export { WORKER_DEFAULTS, type WorkerOptions } from './worker-options.js';
 /**
  * Worker sessions run without JIT: the claim's plan over every ring partition is costed high
  * enough to trigger JIT compilation, which took ~1 s per statement for a sub-millisecond query.
+ *
+ * And without bitmap scans: ring partitions are truncated all the time and so are almost never
+ * analyzed, and on such estimates the claim read a lane's whole backlog past its cursor with a
+ * bitmap scan (unordered) to sort it and keep the first entries: 5.3 ms per claim at 1,700
+ * entries per lane (20k queued), growing with the backlog. Without it the plan is a Merge
+ * Append of the partitions' primary keys under the LIMIT, which stops after the entries it
+ * takes: 0.2 ms per lane (EXPLAIN ANALYZE, docs/benchmarks.md "Range leases").
  */
-const SESSION_OPTIONS = '-c jit=off -c plan_cache_mode=force_generic_plan';
+const SESSION_OPTIONS = '-c jit=off -c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off';
 
 /** Everything start() builds, so stop() takes down exactly what exists. */
 interface Running {
