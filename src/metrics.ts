@@ -73,6 +73,20 @@ export interface Described {
   unit?: string;
 }
 
+/**
+ * One label set of an instrument, bound once: what the worker updates per task (per task type).
+ * It counts exactly as the instrument's own call with those labels; it only saves building the
+ * labels object and its OpenTelemetry attributes on every call.
+ */
+export interface BoundCounter {
+  inc(value?: number): void;
+}
+
+/** A histogram's label set, bound once (see {@link BoundCounter}). */
+export interface BoundHistogram {
+  observe(value: number): void;
+}
+
 /** A Prometheus counter mirrored on an OpenTelemetry Counter. */
 export class CounterMetric<T extends string = string> {
   private readonly otel: OtelCounter;
@@ -92,6 +106,18 @@ export class CounterMetric<T extends string = string> {
     if (labels) this.prom.inc(labels, value);
     else this.prom.inc(value);
     this.otel.add(value, attributes(labels));
+  }
+
+  /** `inc(labels, value)` with `labels` bound once. */
+  bind(labels: LabelValues<T>): BoundCounter {
+    const bound = { ...labels };
+    const attrs = attributes(bound);
+    return {
+      inc: (value = 1) => {
+        this.prom.inc(bound, value);
+        this.otel.add(value, attrs);
+      },
+    };
   }
 
   reset(): void {
@@ -128,6 +154,18 @@ export class HistogramMetric<T extends string = string> {
       this.prom.observe(a, b ?? 0);
       this.otel.record(b ?? 0, attributes(a));
     }
+  }
+
+  /** `observe(labels, value)` with `labels` bound once. */
+  bind(labels: LabelValues<T>): BoundHistogram {
+    const bound = { ...labels };
+    const attrs = attributes(bound);
+    return {
+      observe: (value) => {
+        this.prom.observe(bound, value);
+        this.otel.record(value, attrs);
+      },
+    };
   }
 
   reset(): void {

@@ -152,13 +152,38 @@ export function backoffDelayMs(policy: BackoffPolicy, attempt: number): number {
   return Math.min(policy.baseMs * 2 ** exp, policy.maxMs);
 }
 
+/** A payload checked against its definition's schema: the parsed value, or the issues as one message. */
+export type PayloadCheck<P> = { ok: true; value: P } | { ok: false; message: string };
+
+type StandardResult<P> = Awaited<ReturnType<StandardSchemaLike<P>['~standard']['validate']>>;
+
 /** Validate a payload against a definition's schema; returns the parsed value or the issues. */
 export async function validatePayload<P>(
   def: Pick<TaskDefinition<P>, 'schema' | 'type'>,
   payload: unknown,
-): Promise<{ ok: true; value: P } | { ok: false; message: string }> {
+): Promise<PayloadCheck<P>> {
+  return checkPayload(def, payload);
+}
+
+/**
+ * `validatePayload` without the promise when the schema answers at once (no schema, or zod's
+ * synchronous validate): the worker checks every payload it runs, and an await per task is a
+ * promise and a microtask turn. A validator that throws, throws here (the caller reports it).
+ */
+export function checkPayload<P>(
+  def: Pick<TaskDefinition<P>, 'schema' | 'type'>,
+  payload: unknown,
+): PayloadCheck<P> | Promise<PayloadCheck<P>> {
   if (!def.schema) return { ok: true, value: payload as P };
-  const result = await def.schema['~standard'].validate(payload);
+  const result = def.schema['~standard'].validate(payload);
+  return isThenable(result) ? Promise.resolve(result).then((r) => toCheck(def, r)) : toCheck(def, result);
+}
+
+function isThenable<T>(value: T | PromiseLike<T>): value is PromiseLike<T> {
+  return typeof (value as { then?: unknown } | null)?.then === 'function';
+}
+
+function toCheck<P>(def: Pick<TaskDefinition<P>, 'type'>, result: StandardResult<P>): PayloadCheck<P> {
   if (result.issues) {
     const detail = result.issues
       .map((i) => (i.path?.length ? `${i.path.map(String).join('.')}: ${i.message}` : i.message))

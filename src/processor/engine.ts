@@ -1,7 +1,7 @@
 import { ShutdownAbort } from '../errors.js';
 import { laneLabel } from '../lane.js';
 import type { Logger } from '../logger.js';
-import type { BerthMetrics, Outcome } from '../metrics.js';
+import type { BerthMetrics } from '../metrics.js';
 import type { Queryable } from '../sql.js';
 import { DEFAULT_BACKOFF } from '../task.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
@@ -11,20 +11,65 @@ import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 import type { OutcomeTally } from './heartbeat.js';
 import { settlementFor } from './outcome-table.js';
 import { PrefetchRate } from './prefetch-rate.js';
-import { runTask } from './run-task.js';
-import { settleTask } from './settle-task.js';
+import { DeadlineTimer, RunAbort } from './run-abort.js';
+import { runTask, type RunDeps } from './run-task.js';
+import { settleTask, type SettleDeps } from './settle-task.js';
 import type { SettlementBatcher } from './settlement-batcher.js';
 import { leaseKey } from '../storage/lease.js';
 import { returnUnstarted } from '../storage/return.js';
 import { StuckGuard } from './stuck.js';
 import type { EngineOptions } from './engine-options.js';
+import { TypeMetrics } from './type-metrics.js';
 
 /** The longest wait between claim attempts while the database fails (see runFetchLoop). */
 const FETCH_RETRY_MAX_MS = 1000;
 
 interface InFlight {
   task: ClaimedTask;
-  controller: AbortController;
+  abort: RunAbort;
+}
+
+/**
+ * Leased tasks waiting for a slot, oldest claim first: each claim's batch as it came, with the
+ * time it arrived (to tell a late claim from a wait in the buffer).
+ */
+class ClaimBuffer {
+  private batches: { tasks: ClaimedTask[]; at: number }[] = [];
+  /** The next task's index in the first batch. */
+  private next = 0;
+  private count = 0;
+  /** When the task `take()` returned last arrived (epoch ms). */
+  takenAt = 0;
+
+  get size(): number {
+    return this.count;
+  }
+
+  add(tasks: ClaimedTask[], at: number): void {
+    if (tasks.length === 0) return;
+    this.batches.push({ tasks, at });
+    this.count += tasks.length;
+  }
+
+  take(): ClaimedTask | undefined {
+    const batch = this.batches[0];
+    if (batch === undefined) return undefined;
+    const task = batch.tasks[this.next++]!;
+    this.takenAt = batch.at;
+    this.count--;
+    if (this.next === batch.tasks.length) {
+      this.batches.shift();
+      this.next = 0;
+    }
+    return task;
+  }
+
+  /** Empty the buffer, returning what it held. */
+  takeAll(): ClaimedTask[] {
+    const all: ClaimedTask[] = [];
+    for (let t = this.take(); t !== undefined; t = this.take()) all.push(t);
+    return all;
+  }
 }
 
 /** What the engine runs on: made by the worker (the composition root) before the engine exists. */
@@ -46,15 +91,29 @@ export interface EngineDeps {
   onTooManyStuck: (stuck: ClaimedTask[]) => void;
 }
 
-function lazyChild(parent: Logger, bindings: () => Record<string, unknown>): Logger {
-  let child: Logger | undefined;
-  return new Proxy(parent, {
-    get(_target, prop) {
-      child ??= parent.child(bindings());
-      const value: unknown = Reflect.get(child, prop, child);
-      return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(child) : value;
-    },
-  });
+/**
+ * A task's logger: a child of the worker's with the task's fields, made on first use (most runs
+ * log nothing, and a pino child per task is not free).
+ */
+function lazyChild(parent: Logger, task: ClaimedTask): Logger {
+  return new Proxy(parent, new LazyChild(parent, task));
+}
+
+class LazyChild implements ProxyHandler<Logger> {
+  private child: Logger | undefined;
+
+  constructor(
+    private readonly parent: Logger,
+    private readonly task: ClaimedTask,
+  ) {}
+
+  get(_target: Logger, prop: string | symbol): unknown {
+    const t = this.task;
+    this.child ??= this.parent.child({ task_id: t.id, task_type: t.type, lane: laneLabel(t), attempt: t.attempt });
+    const child = this.child;
+    const value: unknown = Reflect.get(child, prop, child);
+    return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(child) : value;
+  }
 }
 
 /**
@@ -71,13 +130,18 @@ export class Engine {
   private readonly rate: PrefetchRate;
   private readonly stuckGuard: StuckGuard;
   /** Leased tasks waiting for a slot (at most `prefetch` beyond the idle slots). */
-  private readonly buffer: ClaimedTask[] = [];
-  /** When each claimed task arrived, to tell a late claim from a wait in the buffer. */
-  private readonly receivedAt = new WeakMap<ClaimedTask, number>();
+  private readonly buffer = new ClaimBuffer();
   /** Tasks whose handler is running: each holds a slot. */
   private readonly inflight = new Map<string, InFlight>();
-  /** Every execution not yet fully settled (its handler may already have returned). */
-  private readonly executions = new Set<Promise<void>>();
+  /** Executions not yet fully settled (a handler may already have returned), and stop()'s wait for none. */
+  private executing = 0;
+  private dispatching = false;
+  private noneExecuting: (() => void) | null = null;
+  private readonly typeMetrics: TypeMetrics;
+  private readonly deadlines = new DeadlineTimer();
+  /** What runTask and settleTask need, built once rather than per task. */
+  private readonly runDeps: RunDeps;
+  private readonly settleDeps: SettleDeps;
   private wakeReason: string | null = null;
   private wakeResolve: (() => void) | null = null;
   private ticker: NodeJS.Timeout | null = null;
@@ -88,10 +152,29 @@ export class Engine {
 
   constructor(private readonly deps: EngineDeps) {
     this.o = deps.options;
+    this.typeMetrics = new TypeMetrics(deps.metrics);
+    this.runDeps = {
+      write: deps.write,
+      schema: this.o.schema,
+      workerId: this.o.workerId,
+      deadlines: this.deadlines,
+      observeHandler: (task, seconds) => this.typeMetrics.for(task.type).handlerSeconds.observe(seconds),
+    };
+    this.settleDeps = {
+      write: deps.write,
+      schema: this.o.schema,
+      batcher: deps.batcher,
+      record: (task, outcome) => {
+        this.typeMetrics.for(task.type).outcome(outcome).inc();
+        this.deps.tally?.record(task.queue, task.type, outcome);
+      },
+      debugEnabled: () => this.deps.logger.isLevelEnabled('debug'),
+    };
     this.fetcher = new Fetcher({
       write: deps.write,
       read: deps.read,
       metrics: deps.metrics,
+      typeMetrics: this.typeMetrics,
       schema: this.o.schema,
       tasks: this.o.tasks,
       defaultCeilingMs: this.o.defaultCeilingMs,
@@ -127,7 +210,7 @@ export class Engine {
 
   /** Leased tasks waiting in the prefetch buffer. */
   get buffered(): number {
-    return this.buffer.length;
+    return this.buffer.size;
   }
 
   /** Ids of the tasks whose handlers run now. */
@@ -187,16 +270,11 @@ export class Engine {
 
   private async runFetchLoop(): Promise<void> {
     let failures = 0;
-    const slots = this.o.slots;
     while (!this.stopping) {
       await this.waitForWake();
       if (this.stopping) break;
-      const idle = slots - this.inflight.size;
-      const ahead = this.rate.target();
-      const want = idle + ahead - this.buffer.length;
-      // Claim when the buffer is down to its low-water mark, or a slot idles with nothing local.
-      const lowWater = Math.ceil((slots + ahead) / 2);
-      if (want <= 0 || (want < lowWater && !(idle > 0 && this.buffer.length === 0))) {
+      const want = this.wanted();
+      if (want === 0) {
         // Stay asleep until a slot frees (it re-wakes us).
         this.wakeReason = null;
         continue;
@@ -219,9 +297,7 @@ export class Engine {
           this.deps.onClaimsRecovered();
         }
         failures = 0;
-        const now = Date.now();
-        for (const t of tasks) this.receivedAt.set(t, now);
-        this.buffer.push(...tasks);
+        this.buffer.add(tasks, Date.now());
         this.dispatch();
       } catch (err) {
         failures++;
@@ -243,21 +319,53 @@ export class Engine {
     }
   }
 
-  /** Start buffered tasks on free slots, oldest claim first. */
-  private dispatch(): void {
-    while (this.inflight.size < this.o.slots && !this.stopping) {
-      const task = this.buffer.shift();
-      if (task === undefined) break;
-      this.startTask(task);
-    }
-    this.deps.metrics.bufferedTasks.set(this.buffer.length);
+  /** How many tasks to claim now: 0 while the buffer is above its low-water mark. */
+  private wanted(): number {
+    const slots = this.o.slots;
+    const idle = slots - this.inflight.size;
+    const ahead = this.rate.target();
+    const want = idle + ahead - this.buffer.size;
+    // Claim when the buffer is down to its low-water mark, or a slot idles with nothing local.
+    const lowWater = Math.ceil((slots + ahead) / 2);
+    if (want <= 0 || (want < lowWater && !(idle > 0 && this.buffer.size === 0))) return 0;
+    return want;
   }
 
-  private startTask(task: ClaimedTask): void {
-    const controller = new AbortController();
-    const key = leaseKey(task);
-    this.inflight.set(key, { task, controller });
+  /** Start buffered tasks on free slots, oldest claim first. */
+  private dispatch(): void {
+    // A run that never starts its handler (no definition, a bad payload) frees its slot within
+    // startTask: the loop below takes that slot, rather than a nested dispatch per such task
+    // (a buffer of them would otherwise recurse once per task).
+    if (this.dispatching) return;
+    this.dispatching = true;
+    try {
+      while (this.inflight.size < this.o.slots && !this.stopping) {
+        const task = this.buffer.take();
+        if (task === undefined) break;
+        this.startTask(task, this.buffer.takenAt);
+      }
+    } finally {
+      this.dispatching = false;
+    }
+    // Set once here rather than at each start and each freed slot: nothing reads a gauge
+    // between them (this all runs in one turn of the event loop), and each set costs.
     this.deps.metrics.busySlots.set(this.inflight.size);
+    this.deps.metrics.bufferedTasks.set(this.buffer.size);
+  }
+
+  private startTask(task: ClaimedTask, receivedAt: number): void {
+    const abort = new RunAbort(task.leaseExpiresAt - this.o.leaseMarginMs);
+    const key = leaseKey(task);
+    this.inflight.set(key, { task, abort });
+    this.executing++;
+    void this.runOne(task, key, abort, receivedAt);
+  }
+
+  /**
+   * One execution, from the handler to its written settlement. One async function rather than a
+   * promise chain (catch, then, finally: three more promises and closures per task) or two.
+   */
+  private async runOne(task: ClaimedTask, key: string, abort: RunAbort, receivedAt: number): Promise<void> {
     // The slot comes free as soon as the handler returns; its settlement is written by the
     // batcher meanwhile (stop() waits for it).
     let freed = false;
@@ -266,66 +374,57 @@ export class Engine {
       freed = true;
       this.inflight.delete(key);
       this.rate.completed();
-      this.deps.metrics.busySlots.set(this.inflight.size);
-      if (this.stopping) return;
+      if (this.stopping) {
+        this.deps.metrics.busySlots.set(this.inflight.size);
+        return;
+      }
       this.dispatch();
-      this.wake('slot_freed');
+      // Asked here rather than by waking the fetch loop to ask it (a promise and a turn of the
+      // loop per task): it would go straight back to sleep unless a claim is wanted. Not whether
+      // the fetcher has leads: a fetch in flight may not have set them yet, and the wake is what
+      // makes the loop look again once it returns.
+      if (this.wanted() > 0) this.wake('slot_freed');
     };
-    const done: Promise<void> = this.execute(task, controller, freeSlot)
-      .catch((err) =>
-        this.deps.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed'),
-      )
+    try {
+      try {
+        // Run the task, then settle what happened: two steps, the table between them.
+        const def = this.o.tasks.defs.get(task.type);
+        const log = lazyChild(this.deps.logger, task);
+        const run = await runTask(this.runDeps, { task, def, receivedAt, abort, log, freeSlot });
+        const settlement = settlementFor(run, { attempt: task.attempt, backoff: def?.backoff ?? DEFAULT_BACKOFF });
+        await settleTask(this.settleDeps, task, run, settlement, log);
+      } catch (err) {
+        this.deps.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed');
+      }
       // Stuck-handler containment (processor/stuck.ts): after the settlement is written, an
       // overdue lease row, if this run overran its deadline, has done its job.
-      .then(() => this.stuckGuard.settled(key))
-      .finally(() => {
-        freeSlot();
-        this.executions.delete(done);
-      });
-    this.executions.add(done);
+      const overdue = this.stuckGuard.settled(key);
+      if (overdue !== undefined) await overdue;
+    } finally {
+      freeSlot();
+      this.executionEnded();
+    }
   }
 
-  /** Run the task, then settle what happened: two steps, the table between them. */
-  private async execute(task: ClaimedTask, controller: AbortController, freeSlot: () => void): Promise<void> {
-    const def = this.o.tasks.defs.get(task.type);
-    // Built on first use: most runs log nothing, and a pino child per task is not free.
-    const log = lazyChild(this.deps.logger, () => ({
-      task_id: task.id,
-      task_type: task.type,
-      lane: laneLabel(task),
-      attempt: task.attempt,
-    }));
-    const run = await runTask(
-      { write: this.deps.write, schema: this.o.schema, metrics: this.deps.metrics, workerId: this.o.workerId },
-      {
-        task,
-        def,
-        deadline: task.leaseExpiresAt - this.o.leaseMarginMs,
-        receivedAt: this.receivedAt.get(task) ?? Date.now(),
-        controller,
-        log,
-        freeSlot,
-      },
-    );
-    const settlement = settlementFor(run, { attempt: task.attempt, backoff: def?.backoff ?? DEFAULT_BACKOFF });
-    await settleTask(
-      {
-        write: this.deps.write,
-        schema: this.o.schema,
-        batcher: this.deps.batcher,
-        record: (t, outcome) => this.record(t, outcome),
-        debugEnabled: () => this.deps.logger.isLevelEnabled('debug'),
-      },
-      task,
-      run,
-      settlement,
-      log,
-    );
+  private executionEnded(): void {
+    this.executing--;
+    if (this.executing === 0 && this.noneExecuting !== null) {
+      const resolve = this.noneExecuting;
+      this.noneExecuting = null;
+      resolve();
+    }
   }
 
-  private record(task: ClaimedTask, outcome: Outcome): void {
-    this.deps.metrics.outcomes.inc({ task_type: task.type, outcome });
-    this.deps.tally?.record(task.queue, task.type, outcome);
+  /** Resolves when no execution (nor hand-back) is left. */
+  private allExecuted(): Promise<void> {
+    if (this.executing === 0) return Promise.resolve();
+    return new Promise((resolve) => {
+      const before = this.noneExecuting;
+      this.noneExecuting = () => {
+        before?.();
+        resolve();
+      };
+    });
   }
 
   /**
@@ -341,9 +440,10 @@ export class Engine {
     await this.fetchLoop;
     const { logger, metrics, write } = this.deps;
     // Leased but never started: hand them straight back with the claim's attempt refunded.
-    const unstarted = this.buffer.splice(0);
+    const unstarted = this.buffer.takeAll();
     metrics.bufferedTasks.set(0);
     for (const t of unstarted) {
+      this.executing++;
       const done = returnUnstarted(write, this.o.schema, t).then(
         (r) => {
           if (!r.wrote)
@@ -358,11 +458,10 @@ export class Engine {
             'handing back an unstarted task failed; its lease will lapse',
           ),
       );
-      this.executions.add(done);
-      void done.finally(() => this.executions.delete(done));
+      void done.finally(() => this.executionEnded());
     }
-    for (const f of this.inflight.values()) f.controller.abort(new ShutdownAbort());
-    const all = Promise.all([...this.executions]);
+    for (const f of this.inflight.values()) f.abort.abort(new ShutdownAbort());
+    const all = this.allExecuted();
     let timer: NodeJS.Timeout | undefined;
     const timedOut = await Promise.race([
       all.then(() => false),

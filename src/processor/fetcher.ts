@@ -2,11 +2,14 @@ import type { BerthMetrics } from '../metrics.js';
 import type { Queryable } from '../sql.js';
 import { claimBatch, discover, LANE_SHARE, type ClaimedTask } from './claim.js';
 import type { TaskRegistry } from './engine-options.js';
+import type { TypeMetrics } from './type-metrics.js';
 
 export interface FetcherDeps {
   write: Queryable;
   read: Queryable;
   metrics: BerthMetrics;
+  /** The per-type instruments (the task wait histogram), bound once per type. */
+  typeMetrics: TypeMetrics;
   schema: string;
   tasks: TaskRegistry;
   defaultCeilingMs: number;
@@ -142,7 +145,7 @@ export class Fetcher {
     d.metrics.claimSeconds.observe((performance.now() - started) / 1000);
     d.metrics.claims.inc({ result: got.length > 0 ? 'hit' : 'empty' });
     d.metrics.claimedTasks.inc(got.length);
-    for (const t of got) d.metrics.taskWaitSeconds.observe({ task_type: t.type }, t.waitedSeconds);
+    for (const t of got) d.typeMetrics.for(t.type).waitSeconds.observe(t.waitedSeconds);
     return got;
   }
 }

@@ -29,18 +29,39 @@ interface CountKey {
  */
 export class OutcomeTally {
   private counts = new Map<string, { key: CountKey; n: number }>();
+  /**
+   * The entry the last record went to: the next one usually has the same key (a drain is one
+   * type, one queue, one outcome), and comparing four values is cheaper than building the key.
+   */
+  private last: { key: CountKey; n: number } | null = null;
 
   record(queue: string, type: string, outcome: string, at = Date.now()): void {
     const minute = at - (at % 60_000);
+    const last = this.last;
+    if (
+      last !== null &&
+      last.key.minute === minute &&
+      last.key.queue === queue &&
+      last.key.type === type &&
+      last.key.outcome === outcome
+    ) {
+      last.n++;
+      return;
+    }
     const k = `${minute}\u0000${queue}\u0000${type}\u0000${outcome}`;
-    const cur = this.counts.get(k);
+    let cur = this.counts.get(k);
     if (cur) cur.n++;
-    else this.counts.set(k, { key: { minute, queue, type, outcome }, n: 1 });
+    else {
+      cur = { key: { minute, queue, type, outcome }, n: 1 };
+      this.counts.set(k, cur);
+    }
+    this.last = cur;
   }
 
   take(): { key: CountKey; n: number }[] {
     const out = [...this.counts.values()];
     this.counts = new Map();
+    this.last = null;
     return out;
   }
 

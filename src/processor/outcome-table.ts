@@ -83,6 +83,12 @@ function failWithBackoff(error: string, task: TaskAttempt, permanent: boolean): 
   return { kind: 'fail', error, delayMs: backoffDelayMs(task.backoff, task.attempt), permanent };
 }
 
+/** The common case, one value for every run (the table is pure, and nothing changes a settlement). */
+const COMPLETE: Settlement = Object.freeze({
+  action: Object.freeze({ kind: 'complete' }),
+  outcome: Object.freeze(fenced('success')),
+});
+
 const SHUTDOWN_FINAL_ERROR = 'interrupted by worker shutdown on its final attempt';
 const CONTINUE_FINAL_ERROR = 'continued without advancing on its final attempt';
 
@@ -145,6 +151,6 @@ function afterHandler(run: Extract<TaskRun, HandlerRan>, task: TaskAttempt): Set
     }
     case 'done':
       // Done after the deadline is still a success: indistinguishable from one that finished.
-      return { action: { kind: 'complete' }, outcome: fenced('success') };
+      return COMPLETE;
   }
 }

@@ -1,33 +1,51 @@
 import { DeadlineAbort, isPermanentError, ShutdownAbort } from '../errors.js';
 import type { Logger } from '../logger.js';
-import type { BerthMetrics } from '../metrics.js';
 import type { Queryable } from '../sql.js';
-import { validatePayload, type TaskContext, type AnyTaskDefinition } from '../task.js';
+import { checkPayload, type TaskContext, type AnyTaskDefinition, type PayloadCheck } from '../task.js';
 import type { ClaimedTask } from './claim.js';
 import { describeHandlerResult, isContractResult } from './handler-result.js';
 import type { TaskRun } from './outcome-table.js';
+import type { DeadlineTimer, RunAbort } from './run-abort.js';
 import { advanceCursor } from '../storage/return.js';
 
-/** What running one task needs from the engine. */
+/** What running one task needs from the engine (one value, built once). */
 export interface RunDeps {
   write: Queryable;
   schema: string;
-  metrics: BerthMetrics;
   workerId: string;
+  /** Aborts a running handler at its deadline. */
+  deadlines: DeadlineTimer;
+  /** Records a started handler's run time (the engine's per-type histogram). */
+  observeHandler: (task: ClaimedTask, seconds: number) => void;
 }
 
 export interface RunInput {
   task: ClaimedTask;
   def: AnyTaskDefinition | undefined;
-  /** The handler's deadline: the lease's own expiry stamp minus the margin (epoch ms). */
-  deadline: number;
   /** When the claim handed this task to the process (epoch ms). */
   receivedAt: number;
-  controller: AbortController;
+  /** The run's deadline (the lease's own expiry stamp minus the margin) and its abort. */
+  abort: RunAbort;
   log: Logger;
   /** Gives the slot back: called as soon as no handler runs for this task any more. */
   freeSlot: () => void;
 }
+
+const RUN_ABORT = Symbol('berth.runAbort');
+
+/**
+ * `ctx.signal`: an own, enumerable property (a handler may spread its context), read through a
+ * getter so the signal is made only when the handler reads it (run-abort.ts). One descriptor for
+ * every context: a getter written in the object literal, or a descriptor per context, cost
+ * ~0.6 µs a task against ~0.17 µs for this (measured on Node 20, a million contexts).
+ */
+const SIGNAL: PropertyDescriptor & ThisType<{ [RUN_ABORT]: RunAbort }> = {
+  get() {
+    return this[RUN_ABORT].signal;
+  },
+  enumerable: true,
+  configurable: true,
+};
 
 /**
  * Take a leased task: decide whether it may start, run its handler under its deadline, and say
@@ -35,57 +53,64 @@ export interface RunInput {
  * the caller's next step (outcome-table.ts, settle-task.ts).
  */
 export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> {
-  const { task, def, deadline, controller, log, freeSlot } = input;
+  const { task, def, abort, log, freeSlot } = input;
+  const deadline = abort.deadline;
   if (!def) {
     freeSlot();
     const error = `no handler registered for task type "${task.type}" on worker ${deps.workerId}`;
     log.error({ max_attempts: task.maxAttempts }, error);
     return { kind: 'unknown_type', error };
   }
-  if (deadline <= Date.now() && input.receivedAt < deadline) {
+  const now = Date.now();
+  if (deadline <= now && input.receivedAt < deadline) {
     // It waited in the prefetch buffer past its deadline: it never ran, so hand it back with
     // the attempt refunded rather than charge it a failure.
     freeSlot();
     return { kind: 'expired_in_buffer' };
   }
-  if (deadline <= Date.now()) {
+  if (deadline <= now) {
     freeSlot();
     // The claim outlasted the whole ceiling: running now would outlive the lease.
     const error = `claim returned after the handler deadline (${new Date(deadline).toISOString()}); not started`;
     log.warn(error);
     return { kind: 'late_claim', error };
   }
-  // A validator that throws (instead of returning issues) is a bad payload too.
-  const parsed = await validatePayload(def, task.payload).catch((err: unknown) => ({
-    ok: false as const,
-    message: `payload validation for task type "${task.type}" threw: ${(err as Error)?.message ?? String(err)}`,
-  }));
+  let parsed: PayloadCheck<unknown>;
+  try {
+    const checked = checkPayload(def, task.payload);
+    parsed = checked instanceof Promise ? await checked : checked;
+  } catch (err) {
+    // A validator that throws (instead of returning issues) is a bad payload too.
+    parsed = {
+      ok: false,
+      message: `payload validation for task type "${task.type}" threw: ${(err as Error)?.message ?? String(err)}`,
+    };
+  }
   if (!parsed.ok) {
     freeSlot();
     log.error(parsed.message);
     return { kind: 'invalid_payload', error: parsed.message };
   }
 
-  const timer = setTimeout(() => controller.abort(new DeadlineAbort(deadline)), Math.max(0, deadline - Date.now()));
-  // A handler that ignores its signal must not also keep the process alive after stop().
-  timer.unref();
+  deps.deadlines.arm(abort);
   let advanced = false;
-  const ctx: TaskContext<unknown> = {
+  const fields = {
     id: task.id,
     type: task.type,
     attempt: task.attempt,
     maxAttempts: task.maxAttempts,
     lane: { queue: task.queue, priority: task.priority, shard: task.shard },
-    signal: controller.signal,
     deadline: new Date(deadline),
     logger: log,
-    advanceCursor: async (next) => {
+    advanceCursor: async (next: unknown) => {
       const ok = await advanceCursor(deps.write, deps.schema, task, next);
       if (ok) advanced = true;
       else log.warn('AdvanceCursor refused: lease no longer held');
       return ok;
     },
+    [RUN_ABORT]: abort,
   };
+  const ctx = Object.defineProperty(fields, 'signal', SIGNAL) as typeof fields & TaskContext<unknown>;
   const started = performance.now();
   let result: unknown;
   let error: unknown = null;
@@ -103,14 +128,14 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
   } catch (err) {
     error = err ?? new Error('handler threw a nullish value');
   } finally {
-    clearTimeout(timer);
+    deps.deadlines.disarm(abort);
   }
   freeSlot();
-  deps.metrics.handlerSeconds.observe({ task_type: task.type }, (performance.now() - started) / 1000);
+  deps.observeHandler(task, (performance.now() - started) / 1000);
   const ran = {
     advanced,
-    shutdown: controller.signal.reason instanceof ShutdownAbort,
-    pastDeadline: controller.signal.reason instanceof DeadlineAbort || Date.now() >= deadline,
+    shutdown: abort.reason instanceof ShutdownAbort,
+    pastDeadline: abort.reason instanceof DeadlineAbort || Date.now() >= deadline,
   };
   if (error !== null) {
     const message = error instanceof Error ? error.message || error.name : String(error);

@@ -3,7 +3,7 @@ import type { Outcome } from '../metrics.js';
 import type { Queryable } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
 import type { SettleAnswer, Settlement, TaskRun } from './outcome-table.js';
-import type { SettlementBatcher } from './settlement-batcher.js';
+import type { CompleteResult, SettlementBatcher } from './settlement-batcher.js';
 import { releaseLease, returnUnstarted } from '../storage/return.js';
 
 export interface SettleDeps {
@@ -34,38 +34,49 @@ export async function settleTask(
   if (outcome !== null) deps.record(task, outcome);
 }
 
-async function write(deps: SettleDeps, task: ClaimedTask, settlement: Settlement, log: Logger): Promise<SettleAnswer> {
+/**
+ * The fenced write. Not an async function: the batcher's answer is mapped with one `then`, not
+ * awaited by a frame of its own (each async layer and await allocates, for every task).
+ */
+function write(deps: SettleDeps, task: ClaimedTask, settlement: Settlement, log: Logger): Promise<SettleAnswer> {
   const action = settlement.action;
   switch (action.kind) {
-    case 'complete': {
-      const r = await deps.batcher.complete(task);
-      return r.kind === 'settled' ? { kind: 'written', dead: false } : r;
-    }
-    case 'fail': {
-      const r = await deps.batcher.fail({
-        ref: task,
-        error: action.error,
-        delayMs: action.delayMs,
-        permanent: action.permanent,
-      });
-      return r.kind === 'settled' ? { kind: 'written', dead: r.dead } : r;
-    }
+    case 'complete':
+      return deps.batcher.complete(task).then(completeAnswer);
+    case 'fail':
+      return deps.batcher
+        .fail({ ref: task, error: action.error, delayMs: action.delayMs, permanent: action.permanent })
+        .then((r) => (r.kind === 'settled' ? { kind: 'written', dead: r.dead } : r));
     case 'release':
-      try {
-        const r = await releaseLease(deps.write, deps.schema, task, action.finalError);
-        return r.wrote ? { kind: 'written', dead: r.dead } : { kind: 'refused' };
-      } catch (err) {
-        // Expiry still gets there: the lease lapses and rescue hands the task on.
-        log.warn({ err: (err as Error).message }, 'release could not be written; the lease will lapse');
-        return { kind: 'unwritten', error: (err as Error).message };
-      }
+      return release(deps, task, action.finalError, log);
     case 'return_unstarted':
-      try {
-        const r = await returnUnstarted(deps.write, deps.schema, task);
-        return r.wrote ? { kind: 'written', dead: false } : { kind: 'refused' };
-      } catch (err) {
-        return { kind: 'unwritten', error: (err as Error).message };
-      }
+      return handBack(deps, task);
+  }
+}
+
+const WRITTEN: SettleAnswer = Object.freeze({ kind: 'written', dead: false });
+
+function completeAnswer(r: CompleteResult): SettleAnswer {
+  return r.kind === 'settled' ? WRITTEN : r;
+}
+
+async function release(deps: SettleDeps, task: ClaimedTask, finalError: string, log: Logger): Promise<SettleAnswer> {
+  try {
+    const r = await releaseLease(deps.write, deps.schema, task, finalError);
+    return r.wrote ? { kind: 'written', dead: r.dead } : { kind: 'refused' };
+  } catch (err) {
+    // Expiry still gets there: the lease lapses and rescue hands the task on.
+    log.warn({ err: (err as Error).message }, 'release could not be written; the lease will lapse');
+    return { kind: 'unwritten', error: (err as Error).message };
+  }
+}
+
+async function handBack(deps: SettleDeps, task: ClaimedTask): Promise<SettleAnswer> {
+  try {
+    const r = await returnUnstarted(deps.write, deps.schema, task);
+    return r.wrote ? { kind: 'written', dead: false } : { kind: 'refused' };
+  } catch (err) {
+    return { kind: 'unwritten', error: (err as Error).message };
   }
 }
 

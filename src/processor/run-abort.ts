@@ -1,0 +1,87 @@
+import { DeadlineAbort } from '../errors.js';
+
+/** setTimeout's longest delay; a longer one fires at once (ceilings stay under it, see task.ts). */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/**
+ * One run's abort: its deadline, why it was aborted (stop(), the deadline) and the handler's
+ * `AbortSignal`, which is made only when the handler first reads it, already aborted with the
+ * same reason if the abort came first. Measured in the drain probe (bench/drain-profile.ts,
+ * 50,000 no-op tasks): creating the signal of an AbortController took ~3.4 µs a task in Node 20
+ * (the signal is an EventTarget whose prototype is swapped at creation), 10 % of the worker's CPU,
+ * and most handlers never read it.
+ */
+export class RunAbort {
+  private controller: AbortController | null = null;
+  private why: Error | undefined = undefined;
+
+  /** The handler's deadline: the lease's own expiry stamp minus the margin (epoch ms). */
+  constructor(readonly deadline: number) {}
+
+  /** The handler's signal: the same object on every read. */
+  get signal(): AbortSignal {
+    if (this.controller === null) {
+      this.controller = new AbortController();
+      if (this.why !== undefined) this.controller.abort(this.why);
+    }
+    return this.controller.signal;
+  }
+
+  /** Why the run was aborted (the first abort wins, as with an AbortController); undefined if not. */
+  get reason(): Error | undefined {
+    return this.why;
+  }
+
+  abort(reason: Error): void {
+    if (this.why !== undefined) return;
+    this.why = reason;
+    this.controller?.abort(reason);
+  }
+}
+
+/**
+ * Aborts each armed run with a DeadlineAbort once its deadline passes, on one timer for all of
+ * them: set for the earliest armed deadline, and moved only when a run with an earlier one is
+ * armed. A timer per run (set before the handler, cleared after) cost a Timeout and a timer-list
+ * insert and removal per task; here a run costs a Set add and delete, and a drain of same-type
+ * tasks (increasing deadlines) sets the timer about once per ceiling. A run disarmed before its
+ * deadline is simply gone when the timer fires, which re-arms for the earliest one left.
+ */
+export class DeadlineTimer {
+  private readonly armed = new Set<RunAbort>();
+  private timer: NodeJS.Timeout | null = null;
+  private firesAt = Number.POSITIVE_INFINITY;
+
+  /** Abort `run` with a DeadlineAbort at its deadline, unless disarmed first. */
+  arm(run: RunAbort): void {
+    this.armed.add(run);
+    if (run.deadline < this.firesAt) this.schedule(run.deadline, Date.now());
+  }
+
+  disarm(run: RunAbort): void {
+    this.armed.delete(run);
+  }
+
+  private schedule(at: number, now: number): void {
+    if (this.timer !== null) clearTimeout(this.timer);
+    this.firesAt = at;
+    this.timer = setTimeout(() => this.fire(), Math.min(MAX_TIMER_MS, Math.max(0, at - now)));
+    // A handler that ignores its signal must not also keep the process alive after stop().
+    this.timer.unref();
+  }
+
+  private fire(): void {
+    this.timer = null;
+    this.firesAt = Number.POSITIVE_INFINITY;
+    const now = Date.now();
+    let next = Number.POSITIVE_INFINITY;
+    for (const run of this.armed) {
+      if (run.deadline <= now) {
+        this.armed.delete(run);
+        run.abort(new DeadlineAbort(run.deadline));
+      } else if (run.deadline < next) next = run.deadline;
+    }
+    // Timers may fire a little early by the wall clock: a run not yet due gets a timer of its own.
+    if (next !== Number.POSITIVE_INFINITY) this.schedule(next, now);
+  }
+}
