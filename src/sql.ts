@@ -110,16 +110,13 @@ async function inJitOffTransaction<R extends pg.QueryResultRow>(
   text: string,
   values?: unknown[],
 ): Promise<pg.QueryResult<R>> {
-  const client = await pool.connect();
   let broken = false;
-  // A checked-out client emits 'error' when its backend goes away between two queries (a
-  // terminated session, a restart); unheard, that event would crash the process.
   const onError = () => {
     broken = true;
   };
-  client.on('error', onError);
+  const client = await checkoutListening(pool, onError);
   try {
-    // One round trip for both (simple protocol, no parameters).
+    // One round trip for all three (simple protocol, no parameters).
     await client.query('BEGIN; SET LOCAL jit = off; SET LOCAL enable_bitmapscan = on');
     try {
       const res = await client.query<R>(text, values);
@@ -135,6 +132,28 @@ async function inJitOffTransaction<R extends pg.QueryResultRow>(
     client.removeListener('error', onError);
     client.release(broken);
   }
+}
+
+/**
+ * Check a client out with an `'error'` listener attached in the same tick the pool hands it
+ * over. A checked-out client emits `'error'` when its backend goes away (a terminated session,
+ * a restart), and unheard that event crashes the process. With `await pool.connect()` the
+ * listener is attached one microtask later, and the pool hands a client over from inside the
+ * previous holder's release, which can run inside that client's own socket read: an error in
+ * the same read (its backend terminated right after the previous statement) was emitted into
+ * the gap and crashed a worker in the chaos suite. The callback form runs synchronously there.
+ */
+export function checkoutListening(pool: pg.Pool, onError: (err: Error) => void): Promise<pg.PoolClient> {
+  return new Promise((resolve, reject) => {
+    pool.connect((err, client) => {
+      if (err || !client) {
+        reject(err ?? new Error('pool.connect returned no client'));
+        return;
+      }
+      client.on('error', onError);
+      resolve(client);
+    });
+  });
 }
 
 function isPool(db: Queryable): db is pg.Pool {

@@ -1,5 +1,6 @@
 import pg from 'pg';
 import type { Logger } from '../logger.js';
+import { checkoutListening } from '../sql.js';
 
 /**
  * Every connection berth opens goes through this module, so that no database fault can crash
@@ -88,12 +89,12 @@ export interface Checkout {
  * caller.
  */
 export async function withPoolClient<T>(pool: pg.Pool, fn: (c: Checkout) => Promise<T>): Promise<T> {
-  const client = await pool.connect();
   let broken: Error | true | null = null;
   const onError = (err: Error) => {
     broken ??= err;
   };
-  client.on('error', onError);
+  // Attached in the tick the pool hands the client over (see checkoutListening).
+  const client = await checkoutListening(pool, onError);
   const checkout: Checkout = {
     client,
     pid: (client as pg.PoolClient & { processID?: number }).processID,
