@@ -16,7 +16,7 @@ import { completeLeases } from '../src/storage/complete.js';
 import { leaseKey, seqsToMultirange } from '../src/storage/lease.js';
 import { rescueLapsedLeases } from '../src/storage/rescue.js';
 import { rotateRing } from '../src/maintenance/ring.js';
-import { DATABASE_URL, freshSchema } from './helpers.js';
+import { DATABASE_URL, freshSchema, leaseLapsed } from './helpers.js';
 
 const { schema, pool } = await freshSchema('ranges');
 const S = quoteIdent(schema);
@@ -186,10 +186,7 @@ test('per-type deadlines and limits in one range; rescue takes only the lapsed t
   assert.ok(short.every((t) => t.maxAttempts === 1) && long.every((t) => t.maxAttempts === 5));
   assert.ok(Math.max(...short.map((t) => t.leaseExpiresAt)) < Math.min(...long.map((t) => t.leaseExpiresAt)) - 500_000);
   // Wait (on the database clock) until the short type's deadline has passed.
-  for (;;) {
-    const r = await pool.query(`SELECT now() > to_timestamp($1 / 1000.0) AS past`, [short[0]!.leaseExpiresAt]);
-    if (r.rows[0].past) break;
-  }
+  await leaseLapsed(pool, Math.max(...short.map((t) => t.leaseExpiresAt)));
   const rescued = await rescueLapsedLeases(pool, schema);
   assert.deepEqual(rescued, { retried: 0, dead: 3, held: 0 }, 'limit 1, resolved at claim: buried');
   const dead = await pool.query(`SELECT id::text FROM ${S}.dead_letters ORDER BY id`);
@@ -217,10 +214,7 @@ test('exactly one winner: the holder completing parts of a lapsed range while tw
       );
       const got = await claimAll(size, { ceilings: new Map([['lapse', 1]]), defaultCeilingMs: 1 });
       assert.equal(got.length, size);
-      for (;;) {
-        const r = await pool.query(`SELECT now() > to_timestamp($1 / 1000.0) AS past`, [got[0]!.leaseExpiresAt]);
-        if (r.rows[0].past) break;
-      }
+      await leaseLapsed(pool, Math.max(...got.map((t) => t.leaseExpiresAt)));
       // The holder completes a random ~80 % in 1–3 flushes, racing two rescuers.
       const picked = got.filter(() => Math.random() < 0.8);
       const flushes = 1 + Math.floor(Math.random() * 3);

@@ -76,32 +76,16 @@ function compareSeq(a: string, b: string): number {
   return a.length - b.length || (a < b ? -1 : a > b ? 1 : 0);
 }
 
-/** Dedupe keys of the batch with their task ids, and the lease that must win for each to be freed. */
-function keyedArrays(groups: readonly LeaseGroup[]): [string[], string[], number[], string[]] {
-  const keys: string[] = [];
-  const ids: string[] = [];
-  const lanes: number[] = [];
-  const froms: string[] = [];
-  for (const g of groups)
-    for (const r of g.refs)
-      if (r.dedupeKey) {
-        keys.push(r.dedupeKey);
-        ids.push(r.id);
-        lanes.push(g.laneId);
-        froms.push(g.leaseFrom);
-      }
-  return [keys, ids, lanes, froms];
-}
-
-/** Dedupe keys of these leases' entries, with the entry each belongs to. */
-function keyedEntries(groups: readonly LeaseGroup[]): [string[], string[], number[], string[]] {
+/**
+ * The batch's dedupe keys, each with its task id and lane, and `at(ref)`: the lease the hot
+ * statement needs to have won (`leaseFrom`), or the entry the remainder step checks (`laneSeq`).
+ */
+function keyedRefs(
+  groups: readonly LeaseGroup[],
+  at: (r: CompletableRef) => string,
+): [string[], string[], number[], string[]] {
   const keyed = groups.flatMap((g) => g.refs.filter((r) => r.dedupeKey));
-  return [
-    keyed.map((r) => r.dedupeKey!),
-    keyed.map((r) => r.id),
-    keyed.map((r) => r.laneId),
-    keyed.map((r) => r.laneSeq),
-  ];
+  return [keyed.map((r) => r.dedupeKey ?? ''), keyed.map((r) => r.id), keyed.map((r) => r.laneId), keyed.map(at)];
 }
 
 async function completeInSlot(
@@ -143,7 +127,7 @@ async function completeInSlot(
       groups.map((g) => g.token),
       groups.map((g) => seqsToMultirange(g.refs.map((r) => r.laneSeq))),
       groups.map((g) => g.refs.length),
-      ...keyedArrays(groups),
+      ...keyedRefs(groups, (r) => r.leaseFrom),
     ],
   });
   const won = new Set(res.rows.map((r) => `${r.lane_id}:${r.lease_from}:${r.token}`));
@@ -217,7 +201,7 @@ async function completeRemainders(
         pending.map((g) => g.leaseFrom),
         pending.map((g) => g.token),
         pending.map((g) => seqsToMultirange(g.refs.map((r) => r.laneSeq))),
-        ...keyedEntries(pending),
+        ...keyedRefs(pending, (r) => r.laneSeq),
       ],
     );
     const retry: LeaseGroup[] = [];
