@@ -28,8 +28,19 @@ export { WORKER_DEFAULTS, type WorkerOptions } from './worker-options.js';
  * entries per lane (20k queued), growing with the backlog. Without it the plan is a Merge
  * Append of the partitions' primary keys under the LIMIT, which stops after the entries it
  * takes: 0.2 ms per lane (EXPLAIN ANALYZE, docs/benchmarks.md "Range leases").
+ *
+ * And without sequential scans: the claim and the completion are named statements whose generic
+ * plan each session keeps, made when a ring slot's lease partition was nearly empty (a page).
+ * That plan read the lane cursor (the lane's highest lease) with a sequential scan of every
+ * lease in the slot, once per lane, and the completion joined its batch against the same: both
+ * grew with the slot, to ~1,900 leases read per lane per claim at 50k tasks (3.2 ms of a 7.2 ms
+ * claim, auto_explain during bench/drain-profile.ts). With them off the same cached plans probe
+ * the primary keys; the PostgreSQL backends' CPU per task went from 47–56 µs to 32–37 µs, and
+ * the drain from 16–20k to 23–25k tasks/s (c10, 2026-12-01). Reads that walk whole partitions
+ * on purpose (rescue, gauges, prune) turn both back on for themselves (`queryRingRead`).
  */
-export const SESSION_OPTIONS = '-c jit=off -c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off';
+export const SESSION_OPTIONS =
+  '-c jit=off -c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off';
 
 /** Everything start() builds, so stop() takes down exactly what exists. */
 interface Running {
