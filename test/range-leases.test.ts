@@ -70,6 +70,8 @@ test('seqsToMultirange collapses runs of consecutive entries', () => {
   assert.equal(seqsToMultirange(['5', '3', '4', '9', '10', '7']), '{[3,6),[7,8),[9,11)}');
   assert.equal(seqsToMultirange(['12345678901234567']), '{[12345678901234567,12345678901234568)}');
   assert.equal(seqsToMultirange([]), '{}');
+  // A run across the 15-digit line (Numbers below it, BigInts above).
+  assert.equal(seqsToMultirange(['1000000000000000', '999999999999999']), '{[999999999999999,1000000000000001)}');
 });
 
 test('the fence: an overlapping settlement of a lane is refused whatever writes it; disjoint ones and other lanes are not', async () => {
