@@ -200,6 +200,7 @@ test('NUL bytes in paths, query parameters and bodies answer 400 on every route 
     ['action body', async () => post('api/queues/q/pause', JSON.stringify({ reason: 'a\u0000b' }))],
     ['action body key', async () => post('api/dead/purge', JSON.stringify({ queue: 'q', 'x\u0000': 1 }))],
     ['action body raw', async () => post('api/dead/purge', '{"queue": "q"}\u0000')],
+    ['bulk task ids', async () => post('api/tasks/bulk/cancel', JSON.stringify({ ids: ['1\u0000'] }))],
   ];
   // The login form and the Basic link exist when auth is configured.
   const authed = await startDashboard({
@@ -258,6 +259,16 @@ test('names over the documented limits answer 400 naming the limit, on reads and
     ['dead count', () => call(`api/dead/count?type=${longType}`), typeLimit],
     ['move body', async () => post('api/tasks/1/move', JSON.stringify({ queue: longQueue })), queueLimit],
     ['bulk body', async () => post('api/dead/retry', JSON.stringify({ type: longType })), typeLimit],
+    [
+      'bulk task ids',
+      async () => post('api/tasks/bulk/retry', JSON.stringify({ ids: Array.from({ length: 501 }, (_, i) => i + 1) })),
+      /ids must be a list of 1 to 500 task ids/,
+    ],
+    [
+      'bulk task id',
+      async () => post('api/tasks/bulk/cancel', JSON.stringify({ ids: ['9'.repeat(5000)] })),
+      /bad task id/,
+    ],
     ['path segment', () => call(`api/tasks/${'9'.repeat(5000)}`), /bad task id/],
   ];
   for (const [what, send, reason] of cases) {

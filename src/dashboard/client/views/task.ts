@@ -88,7 +88,7 @@ function attemptError(e: Attempt['error']): Child {
 function attemptsSection(d: TaskDetail): Child {
   if (!d.attempts) return null;
   const fromTimeline = d.attemptsFrom !== 'history';
-  return [
+  return h('section', { id: 'attempts', 'data-from': fromTimeline ? 'timeline' : 'history' }, [
     h('h3', {}, 'Attempts'),
     table(
       ['Attempt', 'Claimed', 'Worker', 'Outcome', 'Duration', 'Error'],
@@ -112,7 +112,7 @@ function attemptsSection(d: TaskDetail): Child {
           'Read off the ring\u2019s claims and settlements while their segment is retained; the ring keeps only the last error (above), not one per attempt.',
         )
       : null,
-  ];
+  ]);
 }
 
 export const task: View<TaskDetail> = {
