@@ -77,6 +77,6 @@ export function card(label: string, value: string, note: string, kind?: string):
   return h('div', { class: `card ${kind || ''}`, 'data-card': label.toLowerCase().replace(/\s+/g, '-') }, [
     h('div', { class: 'card-label' }, label),
     h('div', { class: 'card-value', title: value }, value),
-    h('div', { class: 'card-note' }, note),
+    h('div', { class: 'card-note', title: note }, note),
   ]);
 }

@@ -23,7 +23,7 @@ export const overview: View<Overview> = {
     const stats = h('div', { class: 'cards' }, [
       // Waiting and running add up to pending (seed 000 counts running tasks as pending, as the
       // berth_tasks_pending gauge does): shown side by side, no task is counted twice.
-      card('Waiting', num(t.waiting), `not claimed yet · ${num(t.pending)} pending in all`, 'pending'),
+      card('Waiting', num(t.waiting), `of ${num(t.pending)} pending`, 'pending'),
       card('Running', num(t.running), 'under a live lease', 'running'),
       card('Dead letters', num(t.dead), 'out of attempts', t.dead > 0 ? 'dead' : ''),
       card(
@@ -36,7 +36,7 @@ export const overview: View<Overview> = {
       card(
         'Leader',
         d.leader ? d.leader.workerId || `pid ${d.leader.pid}` : 'none',
-        d.leader ? `session since ${time(d.leader.since)}` : 'no maintenance leader',
+        d.leader ? `since ${time(d.leader.since)}` : 'no maintenance leader',
         d.leader ? 'leader' : 'dead',
       ),
     ]);
