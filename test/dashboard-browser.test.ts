@@ -483,7 +483,7 @@ test('tasks selected on the list (select all on the page) are cancelled or retri
       '#bulk-result [data-summary]',
       /^Retry: 1 of 2 changed \(1 retried\); 1 not changed: 1 not retryable \(ready, running or completed\)\.$/,
     );
-    await textOf(page, `#bulk-result li[data-unchanged="${done}"]`, /not retryable/);
+    await textOf(page, '#bulk-result li[data-reason="not_retryable"]', new RegExp(`^not retryable .*: ${done}$`));
     await waitFor(() => ran.get(kept) === 1, WAIT, 'the retried task to run now');
     assert.deepEqual(errors, []);
   } finally {

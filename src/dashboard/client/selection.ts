@@ -46,27 +46,38 @@ export function summarise(action: BulkAction, a: BulkTaskAnswer): string {
   return `${text}.`;
 }
 
+/** Links to at most this many unchanged tasks per reason; the rest are counted. */
+const LINKS_PER_REASON = 20;
+
+/** The tasks not changed, one line per reason: "running under a lease: 12, 14, 15". */
+function unchangedList(a: BulkTaskAnswer): HTMLUListElement | null {
+  const byReason = new Map<string, string[]>();
+  for (const r of a.results) {
+    if (r.changed) continue;
+    const ids = byReason.get(r.result) ?? [];
+    ids.push(r.id);
+    byReason.set(r.result, ids);
+  }
+  if (byReason.size === 0) return null;
+  return h(
+    'ul',
+    { class: 'unchanged' },
+    [...byReason].map(([result, ids]) => {
+      const shown = ids.slice(0, LINKS_PER_REASON).flatMap((id, i) => [i ? ', ' : '', taskLink(id)]);
+      const more = ids.length > LINKS_PER_REASON ? ` and ${num(ids.length - LINKS_PER_REASON)} more` : '';
+      return h('li', { 'data-reason': result }, [`${REASONS[result] ?? result.replace(/_/g, ' ')}: `, shown, more]);
+    }),
+  );
+}
+
 function showResult(action: BulkAction, a: BulkTaskAnswer): void {
   const box = document.getElementById(RESULT_ID);
   if (!box) return;
-  const unchanged = a.results.filter((r) => !r.changed);
   box.hidden = false;
-  box.className = `bulk-result${unchanged.length ? ' partial' : ''}`;
+  box.className = `bulk-result${a.unchanged ? ' partial' : ''}`;
   append(clear(box), [
     h('span', { 'data-summary': '' }, summarise(action, a)),
-    unchanged.length
-      ? h(
-          'ul',
-          { class: 'unchanged' },
-          unchanged.map((r) =>
-            h('li', { 'data-unchanged': r.id }, [
-              taskLink(r.id),
-              ': ',
-              REASONS[r.result] ?? r.result.replace(/_/g, ' '),
-            ]),
-          ),
-        )
-      : null,
+    unchangedList(a),
     h(
       'button',
       {
