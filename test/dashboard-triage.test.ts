@@ -1,10 +1,11 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { request } from 'node:http';
 import { defineTask, enqueue, getTask, Worker } from '../src/index.js';
 import { startDashboard } from '../src/dashboard/index.js';
 import { MAX_BULK_TASK_IDS } from '../src/dashboard/actions.js';
+import type { Attempt } from '../src/dashboard/client/wire.js';
 import { DATABASE_URL, FAST_MAINTENANCE, freshSchema, testLogger, waitFor } from './helpers.js';
+import { httpCall, type Reply } from './support/http.js';
 
 /**
  * The dashboard's API for finding a task and acting on it: waiting beside running on the
@@ -54,26 +55,7 @@ after(async () => {
   await worker.stop();
 });
 
-interface Reply {
-  status: number;
-  body: string;
-  json: () => Record<string, unknown>;
-}
-
-function call(url: string, opts: { method?: string; headers?: Record<string, string>; body?: string } = {}) {
-  return new Promise<Reply>((resolve, reject) => {
-    const req = request(url, { method: opts.method ?? 'GET', headers: opts.headers }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => {
-        const body = Buffer.concat(chunks).toString('utf8');
-        resolve({ status: res.statusCode ?? 0, body, json: () => JSON.parse(body) as Record<string, unknown> });
-      });
-    });
-    req.on('error', reject);
-    req.end(opts.body);
-  });
-}
+const call = httpCall;
 
 async function csrfOf(url: string): Promise<string> {
   return (await call(`${url}api/session`)).json().csrf as string;
@@ -229,16 +211,6 @@ test('bulk actions refuse bad input with a 400 naming the problem and change not
 test("a task's attempts: each claim with its worker, outcome and duration, read off the timeline", async () => {
   const done = (await enqueue(pool, ok, {}, { schema, queue: 'work' })).id!;
   await waitFor(async () => (await stateOf(done)) === 'completed', 20_000, 'the task to complete');
-  type Attempt = {
-    id: string | null;
-    attempt: number | null;
-    claimedAt: string | null;
-    worker: string | null;
-    outcome: string | null;
-    settledAt: string | null;
-    durationMs: number | null;
-    error: unknown;
-  };
   const read = async (id: string) =>
     (await call(`${dash.url}api/tasks/${id}`)).json() as { attempts: Attempt[]; attemptsFrom: string };
   const d = await read(done);
