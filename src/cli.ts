@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 import { Command } from 'commander';
 import { migrate, SchemaTooNewError, withClient } from './schema/migrate.js';
 import { BerthInputError } from './errors.js';
-import { CliFailure, collect, common, connection, EXIT, type Common } from './cli/common.js';
+import { CliFailure, collect, common, database, EXIT, type Common } from './cli/common.js';
 import { registerTaskCommands } from './cli/tasks.js';
 import { registerDeadCommands } from './cli/dead.js';
 import { registerQueueCommands } from './cli/queues.js';
@@ -109,8 +109,10 @@ export function buildProgram(): Command {
       '\nLane sequences that could not be repaired are listed on stderr; `berth storage lane-sequences` shows what to run.',
     )
     .action(async (opts: Common & { runtimeRole: string[]; producerRole: string[] }) => {
+      const db = database(opts);
       const report = await migrate({
-        connectionString: connection(opts),
+        connectionString: db.connectionString,
+        connectTimeoutMs: db.connectTimeoutMs,
         schema: opts.schema,
         runtimeRoles: opts.runtimeRole,
         producerRoles: opts.producerRole,
@@ -148,7 +150,9 @@ export function buildProgram(): Command {
       '\nExit status: 0 when no problem remains, 1 when problems remain (or the command failed), 2 on bad usage.',
     )
     .action(async (opts: Common & { repair?: boolean }) => {
-      await withClient({ connectionString: connection(opts) }, 'berth storage lane-sequences', async (client) => {
+      const db = database(opts);
+      const target = { connectionString: db.connectionString, connectTimeoutMs: db.connectTimeoutMs };
+      await withClient(target, 'berth storage lane-sequences', async (client) => {
         const repair = opts.repair ? await repairLaneSequences(client, opts.schema) : null;
         const remaining = await listLaneSequenceProblems(client, opts.schema);
         if (opts.json) console.log(jsonSafe(JSON.stringify({ schema: opts.schema, repair, remaining })));

@@ -19,6 +19,7 @@ import {
   actor,
   CliFailure,
   common,
+  durationMs,
   intOption,
   nextPageCommand,
   printJson,
@@ -41,14 +42,6 @@ function isoDate(value: string): Date {
   const d = new Date(value);
   if (Number.isNaN(d.getTime())) throw new InvalidArgumentError('expected an ISO 8601 time, e.g. 2026-12-01T09:00:00Z');
   return d;
-}
-
-/** 500ms, 30s, 15m, 2h, or plain milliseconds. */
-export function durationMs(value: string): number {
-  const m = /^(\d+)(ms|s|m|h)?$/.exec(value.trim());
-  if (!m) throw new InvalidArgumentError('expected a duration such as 500ms, 30s, 15m or 2h');
-  const n = Number(m[1]);
-  return n * ({ ms: 1, s: 1000, m: 60_000, h: 3600_000 }[m[2] ?? 'ms'] ?? 1);
 }
 
 const ACTION_MESSAGES: Record<TaskActionResult, string> = {

@@ -1,14 +1,14 @@
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import type { Command } from 'commander';
-import pg from 'pg';
+import type pg from 'pg';
 import { laneStats } from '../admin/stats.js';
 import { BerthInputError } from '../errors.js';
 import { createLogger, logLevel } from '../logger.js';
 import { discover } from '../processor/claim.js';
 import { Worker } from '../processor/worker.js';
 import type { TaskDefinition } from '../task.js';
-import { CliFailure, collect, common, connection, intOption, type Common } from './common.js';
+import { CliFailure, cliPool, collect, common, database, intOption, type Common } from './common.js';
 import { progressBar } from './progress.js';
 import { runUntilSignal } from './signals.js';
 import { dashboardOptionsFromEnv } from '../dashboard/options.js';
@@ -133,7 +133,7 @@ export function registerWorkerCommands(program: Command): void {
           exitOnStuckSlots?: number;
         },
       ) => {
-        const url = connection(opts);
+        const db = database(opts);
         const tasks = await loadTaskModule(opts.tasks);
         const queues = splitQueues(opts.queue);
         // Log lines carry task types and errors: nothing in them may act on a terminal.
@@ -153,7 +153,8 @@ export function registerWorkerCommands(program: Command): void {
                 dashboard: opts.dashboard ? { auth: env.auth, readOnly: env.readOnly } : false,
               };
         const worker = new Worker({
-          connectionString: url,
+          connectionString: db.connectionString,
+          connectTimeoutMs: db.connectTimeoutMs,
           schema: opts.schema,
           tasks,
           queues,
@@ -171,8 +172,7 @@ export function registerWorkerCommands(program: Command): void {
           );
         }
         if (!opts.drain) return runUntilSignal(() => worker.stop());
-        const pool = new pg.Pool({ connectionString: url, max: 1, application_name: 'berth drain' });
-        pool.on('error', () => undefined);
+        const pool = cliPool(db, 'berth drain', 1);
         const bar = progressBar('draining');
         let total = 0;
         let finished = false;
