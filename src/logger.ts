@@ -1,5 +1,5 @@
 import { BerthInputError } from './errors.js';
-import { pino, type DestinationStream, type Logger } from 'pino';
+import { pino, type DestinationStream, type LogFn, type Logger, type LoggerOptions } from 'pino';
 
 export type { Logger };
 
@@ -13,8 +13,71 @@ export function createLogger(
   destination?: DestinationStream,
   level = 'info',
 ): Logger {
-  const options = { name: 'berth', level: logLevel(level) };
-  return (destination ? pino(options, destination) : pino(options)).child(bindings);
+  const options: LoggerOptions = { name: 'berth', level: logLevel(level), hooks: { logMethod: noRepeatedKeys } };
+  return childLogger(destination ? pino(options, destination) : pino(options), bindings);
+}
+
+/** The keys each logger binds (its own and its ancestors'), for loggers made by `childLogger`. */
+const boundKeys = new WeakMap<Logger, ReadonlySet<string>>();
+
+function keysOf(logger: Logger): ReadonlySet<string> {
+  let keys = boundKeys.get(logger);
+  if (keys === undefined) {
+    // pino's bindings() parses the logger's serialised bindings: once per logger, then cached.
+    keys = new Set(Object.keys(logger.bindings()));
+    boundKeys.set(logger, keys);
+  }
+  return keys;
+}
+
+/**
+ * `parent.child(bindings)` without ever writing a key twice. pino appends a child's bindings to
+ * its parent's as text, so a child binding a key its parent (or a log call) already has puts that
+ * key twice in every line: `{"component":"berth-worker",…,"component":"maintenance"}` is JSON
+ * that strict parsers and log pipelines reject (issue 12). A key the parent already binds keeps
+ * the parent's value; the child's is written as `berth_<key>` (numbered if that is taken too).
+ * Every logger berth derives goes through here, so a logger you pass in may bind any key.
+ * The parent's keys are read once per logger and cached (a WeakMap), so a per-task child costs
+ * one pino child, as before.
+ */
+export function childLogger(parent: Logger, bindings: Record<string, unknown>): Logger {
+  const taken = keysOf(parent);
+  const own: Record<string, unknown> = {};
+  const keys = new Set(taken);
+  for (const [key, value] of Object.entries(bindings)) {
+    let name = key;
+    for (let n = 1; keys.has(name); n++) name = n === 1 ? `berth_${key}` : `berth_${key}_${n}`;
+    keys.add(name);
+    own[name] = value;
+  }
+  const child = parent.child(own);
+  boundKeys.set(child, keys);
+  return child;
+}
+
+/**
+ * pino's logMethod hook for the loggers createLogger makes: a field of a log call that the logger
+ * already binds (`ctx.logger.info({ task_type })` in a handler) is written as `log_<key>`, not as
+ * a second `task_type`. Only calls with a fields object pay for it: one cached lookup and a scan
+ * of that object's keys. A logger of your own does not have the hook (pino would write the key
+ * twice): keep berth's bound keys (docs/operations.md, "Logs") out of your log calls there.
+ */
+function noRepeatedKeys(this: Logger, args: Parameters<LogFn>, method: LogFn): void {
+  const fields = args[0];
+  if (typeof fields === 'object' && fields !== null && !(fields instanceof Error)) {
+    const bound = keysOf(this);
+    let copy: Record<string, unknown> | null = null;
+    for (const key of Object.keys(fields)) {
+      if (!bound.has(key)) continue;
+      copy ??= { ...(fields as Record<string, unknown>) };
+      let name = `log_${key}`;
+      for (let n = 2; bound.has(name) || Object.hasOwn(copy, name); n++) name = `log_${key}_${n}`;
+      copy[name] = copy[key];
+      delete copy[key];
+    }
+    if (copy !== null) args[0] = copy;
+  }
+  method.apply(this, args);
 }
 
 const LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'];

@@ -138,7 +138,7 @@ export function registerWorkerCommands(program: Command): void {
         const queues = splitQueues(opts.queue);
         // Log lines carry task types and errors: nothing in them may act on a terminal.
         const logger = createLogger(
-          { component: 'berth-worker' },
+          { service: 'berth-worker' },
           terminalSafeStream(process.stdout),
           logLevel(process.env.BERTH_LOG_LEVEL),
         );

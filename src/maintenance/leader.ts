@@ -2,7 +2,7 @@ import { resolveDatabase, type DatabaseTarget } from '../db/connections.js';
 import { BerthInputError } from '../errors.js';
 import type pg from 'pg';
 import type { Lane } from '../lane.js';
-import type { Logger } from '../logger.js';
+import { childLogger, type Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import { ElectionSession } from './election.js';
 import { publishGauges, readGauges, resetGauges } from './gauges.js';
@@ -194,7 +194,7 @@ export class Maintenance {
         poolSize: pool.options.max ?? 10,
       },
       metrics,
-      this.deps.logger.child({ branch: 'promote' }),
+      childLogger(this.deps.logger, { branch: 'promote' }),
       this.contentionTally,
     );
     this.promoter = promoter;

@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { resolveDatabase, type DatabaseTarget } from '../db/connections.js';
 import { BerthInputError } from '../errors.js';
-import { createLogger, type Logger } from '../logger.js';
+import { childLogger, createLogger, type Logger } from '../logger.js';
 import {
   resolveMaintenanceOptions,
   type MaintenanceOptions,
@@ -223,7 +223,7 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
     stopTimeoutMs,
     statementTimeoutMs,
     maintenance,
-    logger: (options.logger ?? createLogger()).child({ worker: workerId }),
+    logger: childLogger(options.logger ?? createLogger(), { worker: workerId }),
     metrics: options.metrics ?? new BerthMetrics(),
     workerId,
     listenReconnectBaseMs: options.listenReconnectBaseMs ?? d.listenReconnectBaseMs,

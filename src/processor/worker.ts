@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import { createPool, sessionName, type DatabaseTarget } from '../db/connections.js';
-import type { Logger } from '../logger.js';
+import { childLogger, type Logger } from '../logger.js';
 import { laneLabel } from '../lane.js';
 import { Maintenance } from '../maintenance/leader.js';
 import type { BerthMetrics } from '../metrics.js';
@@ -128,7 +128,7 @@ export class Worker {
           database: o.database,
           schema: o.schema,
           registry: this.metrics.registry,
-          logger: this.logger.child({ component: 'http' }),
+          logger: childLogger(this.logger, { component: 'http' }),
           applicationName: sessionName('dashboard', this.id),
         });
       } catch (err) {
@@ -174,7 +174,7 @@ export class Worker {
             connectTimeoutMs: o.database.connectTimeoutMs,
             schema: o.schema,
             pool: write,
-            logger: this.logger.child({ component: 'maintenance' }),
+            logger: childLogger(this.logger, { component: 'maintenance' }),
             metrics: this.metrics,
             options: o.maintenance,
             workerId: this.id,
@@ -202,7 +202,7 @@ export class Worker {
                     }
                   : {},
             },
-            this.logger.child({ component: 'heartbeat' }),
+            childLogger(this.logger, { component: 'heartbeat' }),
             o.heartbeatIntervalMs,
             tally,
           );
