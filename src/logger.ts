@@ -17,41 +17,63 @@ export function createLogger(
   return childLogger(destination ? pino(options, destination) : pino(options), bindings);
 }
 
-/** The keys each logger binds (its own and its ancestors'), for loggers made by `childLogger`. */
-const boundKeys = new WeakMap<Logger, ReadonlySet<string>>();
+/**
+ * The keys a logger binds, its own and its ancestors': a chain (a child adds its own few keys to
+ * its parent's), so making a per-task child copies nothing.
+ */
+interface BoundKeys {
+  has(key: string): boolean;
+}
 
-function keysOf(logger: Logger): ReadonlySet<string> {
-  let keys = boundKeys.get(logger);
-  if (keys === undefined) {
-    // pino's bindings() parses the logger's serialised bindings: once per logger, then cached.
-    keys = new Set(Object.keys(logger.bindings()));
-    boundKeys.set(logger, keys);
+class KeyChain implements BoundKeys {
+  constructor(
+    private readonly parent: BoundKeys,
+    private readonly own: readonly string[],
+  ) {}
+
+  has(key: string): boolean {
+    return this.own.includes(key) || this.parent.has(key);
   }
+}
+
+/**
+ * Where a logger made (or first seen) here keeps its bound keys: an own property, since a pino
+ * child inherits its parent's properties (it is made with Object.create), and cheaper per child
+ * than a WeakMap entry.
+ */
+const BOUND_KEYS = Symbol('berth.boundKeys');
+type Keyed = Logger & { [BOUND_KEYS]?: BoundKeys };
+
+function keysOf(logger: Logger): BoundKeys {
+  const l = logger as Keyed;
+  if (Object.hasOwn(l, BOUND_KEYS)) return l[BOUND_KEYS]!;
+  // pino's bindings() parses the logger's serialised bindings: once per logger, then kept.
+  const keys = new Set(Object.keys(logger.bindings()));
+  Object.defineProperty(l, BOUND_KEYS, { value: keys, enumerable: false });
   return keys;
 }
 
 /**
  * `parent.child(bindings)` without ever writing a key twice. pino appends a child's bindings to
- * its parent's as text, so a child binding a key its parent (or a log call) already has puts that
- * key twice in every line: `{"component":"berth-worker",…,"component":"maintenance"}` is JSON
- * that strict parsers and log pipelines reject (issue 12). A key the parent already binds keeps
- * the parent's value; the child's is written as `berth_<key>` (numbered if that is taken too).
- * Every logger berth derives goes through here, so a logger you pass in may bind any key.
- * The parent's keys are read once per logger and cached (a WeakMap), so a per-task child costs
- * one pino child, as before.
+ * its parent's as text, so a child binding a key its parent already has puts that key twice in
+ * every line: `{"component":"berth-worker",…,"component":"maintenance"}` is JSON that strict
+ * parsers and log pipelines reject (issue 12). A key the parent already binds keeps the parent's
+ * value; the child's is written as `berth_<key>` (numbered if that is taken too). Every logger
+ * berth derives goes through here, so a logger you pass in may bind any key. The parent's keys
+ * are read once per logger and cached, so a per-task child costs about what a pino child does.
  */
 export function childLogger(parent: Logger, bindings: Record<string, unknown>): Logger {
   const taken = keysOf(parent);
   const own: Record<string, unknown> = {};
-  const keys = new Set(taken);
-  for (const [key, value] of Object.entries(bindings)) {
+  const names: string[] = [];
+  for (const key in bindings) {
     let name = key;
-    for (let n = 1; keys.has(name); n++) name = n === 1 ? `berth_${key}` : `berth_${key}_${n}`;
-    keys.add(name);
-    own[name] = value;
+    for (let n = 1; taken.has(name) || names.includes(name); n++) name = n === 1 ? `berth_${key}` : `berth_${key}_${n}`;
+    names.push(name);
+    own[name] = bindings[key];
   }
   const child = parent.child(own);
-  boundKeys.set(child, keys);
+  Object.defineProperty(child, BOUND_KEYS, { value: new KeyChain(taken, names), enumerable: false });
   return child;
 }
 
