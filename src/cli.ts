@@ -86,7 +86,9 @@ export function buildProgram(): Command {
     .name('berth')
     .description('berth: a durable task queue on PostgreSQL')
     .version(packageVersion(), '-V, --version', 'print the berth version')
-    .showHelpAfterError()
+    // An option error is one line (`berth: option '--delay <duration>' argument '30' is
+    // invalid. ...`), not that line followed by the whole usage: `--help` shows the usage.
+    .configureOutput({ outputError: (text, write) => write(`berth: ${text.replace(/^error: /, '')}`) })
     .exitOverride();
   common(program.command('migrate'))
     .description(
@@ -173,15 +175,47 @@ export function buildProgram(): Command {
   return program;
 }
 
+/**
+ * The first word of `args` that names no command where a command is expected, with the
+ * commands that would have been: commander shows the parent's help (and exits 0) for
+ * `berth schedules --help`, so an unknown command is caught before it parses anything.
+ */
+export function unknownCommand(program: Command, args: readonly string[]): { word: string; known: string[] } | null {
+  let at: Command = program;
+  for (const word of args) {
+    if (word === '--') return null;
+    if (word.startsWith('-')) continue;
+    if (at.commands.length === 0) return null;
+    const next = at.commands.find((c) => c.name() === word || c.aliases().includes(word));
+    if (next) {
+      at = next;
+      continue;
+    }
+    // `berth help [command]`: commander's own help command, at the top.
+    if (word === 'help' && at === program) return null;
+    return { word, known: at.commands.map((c) => c.name()) };
+  }
+  return null;
+}
+
 export async function main(argv: string[]): Promise<number> {
   const program = buildProgram();
+  const unknown = unknownCommand(program, argv.slice(2));
+  if (unknown) {
+    warn(
+      `berth: unknown command "${escapeControl(unknown.word)}" (commands here: ${unknown.known.join(', ')}); see berth --help`,
+    );
+    return EXIT.usage;
+  }
   try {
     await program.parseAsync(argv);
     return EXIT.ok;
   } catch (err) {
     const e = err as { code?: string; exitCode?: number; message?: string };
     if (e.code?.startsWith('commander.')) {
-      return e.code === 'commander.helpDisplayed' || e.code === 'commander.version' ? EXIT.ok : EXIT.usage;
+      // Help asked for (`--help`, `berth help tasks`) exits 0; help shown for a missing
+      // subcommand (`berth tasks`) and every parse error exit 2.
+      return e.exitCode === 0 ? EXIT.ok : EXIT.usage;
     }
     if (err instanceof BerthInputError) {
       warn(`berth: ${err.message}`);

@@ -48,6 +48,25 @@ export function database(opts: Common): DatabaseTarget {
 }
 
 /**
+ * An ISO 8601 time with its zone: `2026-12-01T09:00:00Z` or `...+01:00`. A time without one is
+ * refused rather than guessed: JavaScript reads `2026-12-01T09:00` as the machine's local time
+ * and `2026-12-01` as UTC midnight, and the operator's terminal, the server and the database may
+ * each be in another zone.
+ */
+export function isoDate(value: string): Date {
+  const v = value.trim();
+  const shape = /^\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?)?(Z|[+-]\d{2}(?::?\d{2})?)?$/i.exec(v);
+  if (!shape) throw new InvalidArgumentError(`expected an ISO 8601 time such as 2026-12-01T09:00:00Z, got "${value}"`);
+  if (!shape[1])
+    throw new InvalidArgumentError(
+      `"${value}" has no time zone: add Z for UTC (2026-12-01T09:00:00Z) or an offset (2026-12-01T10:00:00+01:00)`,
+    );
+  const d = new Date(v.replace(' ', 'T'));
+  if (Number.isNaN(d.getTime())) throw new InvalidArgumentError(`"${value}" is not a valid time`);
+  return d;
+}
+
+/**
  * A duration with its unit: 500ms, 30s, 15m, 2h. A bare number is refused: `--delay 30` could
  * mean 30 ms or 30 s, and reading it either way silently is how a task runs a thousand times
  * too early.
