@@ -55,7 +55,8 @@ export function database(opts: Common): DatabaseTarget {
  */
 export function isoDate(value: string): Date {
   const v = value.trim();
-  const shape = /^(?:[+-]\d{6}|\d{4})-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?)?(Z|[+-]\d{2}(?::?\d{2})?)?$/i.exec(v);
+  const shape =
+    /^(?:[+-]\d{6}|\d{4})-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?)?(Z|[+-]\d{2}(?::?\d{2})?)?$/i.exec(v);
   if (!shape) throw new InvalidArgumentError(`expected an ISO 8601 time such as 2026-12-01T09:00:00Z, got "${value}"`);
   if (!shape[1])
     throw new InvalidArgumentError(
