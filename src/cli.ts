@@ -175,6 +175,9 @@ export function buildProgram(): Command {
   return program;
 }
 
+/** The options without a value that may come before a command. */
+const FLAGS = new Set(['-h', '--help', '-V', '--version']);
+
 /**
  * The first word of `args` that names no command where a command is expected, with the
  * commands that would have been: commander shows the parent's help (and exits 0) for
@@ -182,10 +185,16 @@ export function buildProgram(): Command {
  */
 export function unknownCommand(program: Command, args: readonly string[]): { word: string; known: string[] } | null {
   let at: Command = program;
+  let previous = '';
   for (const word of args) {
     if (word === '--') return null;
+    const after = previous;
+    previous = word;
     if (word.startsWith('-')) continue;
     if (at.commands.length === 0) return null;
+    // Perhaps an option's value (`--database-url <url>` misplaced before its command): commander
+    // reports that, and a value is never echoed as a command name (it may hold a password).
+    if (after.startsWith('-') && !after.includes('=') && !FLAGS.has(after)) return null;
     const next = at.commands.find((c) => c.name() === word || c.aliases().includes(word));
     if (next) {
       at = next;
