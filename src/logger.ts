@@ -42,13 +42,15 @@ class KeyChain implements BoundKeys {
  * than a WeakMap entry.
  */
 const BOUND_KEYS = Symbol('berth.boundKeys');
+const PINO_KEYS = ['level', 'time', 'pid', 'hostname', 'msg'];
 type Keyed = Logger & { [BOUND_KEYS]?: BoundKeys };
 
 function keysOf(logger: Logger): BoundKeys {
   const l = logger as Keyed;
   if (Object.hasOwn(l, BOUND_KEYS)) return l[BOUND_KEYS]!;
-  // pino's bindings() parses the logger's serialised bindings: once per logger, then kept.
-  const keys = new Set(Object.keys(logger.bindings()));
+  // pino's bindings() parses the logger's serialised bindings: once per logger, then kept. It
+  // leaves out pid and hostname, which pino writes in every line like level, time and msg.
+  const keys = new Set([...PINO_KEYS, ...Object.keys(logger.bindings())]);
   Object.defineProperty(l, BOUND_KEYS, { value: keys, enumerable: false });
   return keys;
 }

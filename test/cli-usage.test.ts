@@ -77,6 +77,11 @@ test('an unknown command is an error with exit 2, --help or not, at any level; h
     assert.ok(oneLine(r.stderr), r.stderr);
     assert.equal(r.stdout, '', 'no help on stdout');
   }
+  // An option's value before the command is not named as a command (it may hold a password).
+  const misplaced = plainNode(['--database-url', 'postgres://u:Secret-pw-9@h/db', 'stats']);
+  assert.equal(misplaced.status, 2);
+  assert.ok(oneLine(misplaced.stderr), misplaced.stderr);
+  assert.doesNotMatch(misplaced.stderr, /Secret-pw-9/);
   for (const args of [['--help'], ['tasks', '--help'], ['help', 'tasks'], ['enqueue', '--help']]) {
     const r = plainNode(args);
     assert.equal(r.status, 0, `berth ${args.join(' ')}: ${r.stderr}`);

@@ -56,13 +56,18 @@ test('the strict parser refuses a repeated key (JSON.parse does not) and reads e
 test('childLogger keeps the parent value of a key it already binds and writes the child value beside it', () => {
   const { stream, lines } = rawSink();
   const root = pino({ level: 'info' }, stream).child({ component: 'billing', worker: 'web-1' });
-  const child = childLogger(childLogger(root, { component: 'maintenance' }), { component: 'promote', lane: 'x' });
+  const child = childLogger(childLogger(root, { component: 'maintenance' }), {
+    component: 'promote',
+    lane: 'x',
+    hostname: 'mine',
+  });
   child.info('hello');
   const [line] = strictly(lines);
   assert.equal(line!.component, 'billing');
   assert.equal(line!.berth_component, 'maintenance');
   assert.equal(line!.berth_component_2, 'promote');
   assert.equal(line!.lane, 'x');
+  assert.equal(line!.berth_hostname, 'mine', "pino's own keys count as bound");
 });
 
 test('a worker with maintenance, heartbeat and logging handlers writes no line with a repeated key, under a logger that binds berth keys', async () => {
