@@ -12,7 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { build } from 'esbuild';
-import { main } from '../src/cli.js';
+import { runCli } from './support/run-cli.js';
 import { durationMs, isoDate } from '../src/cli/common.js';
 import { enqueue } from '../src/index.js';
 import { DATABASE_URL, freshSchema } from './helpers.js';
@@ -20,25 +20,7 @@ import { DATABASE_URL, freshSchema } from './helpers.js';
 const { schema, pool } = await freshSchema('cliusage');
 const root = fileURLToPath(new URL('..', import.meta.url));
 
-/** Run the CLI in this process: exit code, stdout and stderr. */
-async function berth(...args: string[]): Promise<{ code: number; out: string; err: string }> {
-  const out: string[] = [];
-  const err: string[] = [];
-  const log = console.log;
-  const error = console.error;
-  const errWrite = process.stderr.write.bind(process.stderr);
-  console.log = (...a: unknown[]) => void out.push(`${a.join(' ')}\n`);
-  console.error = (...a: unknown[]) => void err.push(`${a.join(' ')}\n`);
-  process.stderr.write = ((chunk: string) => err.push(String(chunk)) > 0) as typeof process.stderr.write;
-  try {
-    const code = await main(['node', 'berth', ...args]);
-    return { code, out: out.join(''), err: err.join('') };
-  } finally {
-    console.log = log;
-    console.error = error;
-    process.stderr.write = errWrite;
-  }
-}
+const berth = (...args: string[]) => runCli(args);
 
 /**
  * The CLI as a plain Node program, without `--import tsx`: src/ transpiled file by file (with the

@@ -9,13 +9,13 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer, type Socket } from 'node:net';
-import { main } from '../src/cli.js';
 import { ConnectError, DEFAULT_CONNECT_TIMEOUT_MS, defineTask, migrate, startDashboard, Worker } from '../src/index.js';
 import { Maintenance } from '../src/maintenance-api.js';
 import { BerthInputError } from '../src/errors.js';
 import { isConnectionError, resolveDatabase } from '../src/db/connections.js';
 import { WakeListener } from '../src/processor/wake.js';
 import { BerthMetrics } from '../src/metrics.js';
+import { runCli } from './support/run-cli.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('connect');
@@ -71,29 +71,7 @@ test('migrate and the dashboard fail with a ConnectError within their timeout', 
   assert.ok(!JSON.stringify(lines).includes(PASSWORD));
 });
 
-/** Run the CLI in this process; what it printed to stderr. */
-async function berth(args: string[], env: Record<string, string> = {}): Promise<{ code: number; err: string }> {
-  const err: string[] = [];
-  const error = console.error;
-  const write = process.stderr.write.bind(process.stderr);
-  const saved = Object.fromEntries(Object.keys(env).map((k) => [k, process.env[k]]));
-  Object.assign(process.env, env);
-  console.error = (...a: unknown[]) => void err.push(a.join(' '));
-  process.stderr.write = ((chunk: string) => {
-    err.push(String(chunk));
-    return true;
-  }) as typeof process.stderr.write;
-  try {
-    return { code: await main(['node', 'berth', ...args]), err: err.join('\n') };
-  } finally {
-    console.error = error;
-    process.stderr.write = write;
-    for (const [k, v] of Object.entries(saved)) {
-      if (v === undefined) delete process.env[k];
-      else process.env[k] = v;
-    }
-  }
-}
+const berth = runCli;
 
 test('berth stats against a silent server: one line naming the server, exit 1; --connect-timeout, the URL and PGCONNECT_TIMEOUT all bound it', async () => {
   const flag = await berth(['stats', '--database-url', SILENT_URL, '--connect-timeout', '300ms', '--schema', schema]);
