@@ -17,7 +17,8 @@ export type BerthErrorCode =
   | 'TOO_MANY_ATTEMPTS'
   | 'CLI_FAILURE'
   | 'SHUTDOWN_ABORT'
-  | 'DEADLINE_ABORT';
+  | 'DEADLINE_ABORT'
+  | 'CONNECT';
 
 /**
  * The base of berth's errors. `instanceof BerthError` holds within one copy of berth; a task

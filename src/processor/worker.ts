@@ -1,6 +1,6 @@
 import type pg from 'pg';
-import { createPool, sessionName } from '../db/connections.js';
-import type { Logger } from '../logger.js';
+import { createPool, sessionName, type DatabaseTarget } from '../db/connections.js';
+import { childLogger, type Logger } from '../logger.js';
 import { laneLabel } from '../lane.js';
 import { Maintenance } from '../maintenance/leader.js';
 import type { BerthMetrics } from '../metrics.js';
@@ -112,10 +112,10 @@ export class Worker {
 
   private async build(): Promise<void> {
     const o = this.o;
-    const pool = (connectionString: string, max: number, kind: 'write' | 'read') =>
+    const pool = (target: DatabaseTarget, max: number, kind: 'write' | 'read') =>
       createPool(
+        target,
         {
-          connectionString,
           max,
           statement_timeout: o.statementTimeoutMs,
           options: SESSION_OPTIONS,
@@ -124,22 +124,22 @@ export class Worker {
         this.logger,
         kind,
       );
-    const write = pool(o.connectionString, Math.max(4, Math.ceil(o.slots / 2) + 4), 'write');
+    const write = pool(o.database, Math.max(4, Math.ceil(o.slots / 2) + 4), 'write');
     try {
       await assertMigrated(write, o.schema);
     } catch (err) {
       await write.end();
       throw err;
     }
-    const read = o.readConnectionString ? pool(o.readConnectionString, 2, 'read') : write;
+    const read = o.readDatabase ? pool(o.readDatabase, 2, 'read') : write;
     let http: Listening | null = null;
     if (o.http) {
       try {
         http = await startWorkerHttp(o.http, {
-          connectionString: o.connectionString,
+          database: o.database,
           schema: o.schema,
           registry: this.metrics.registry,
-          logger: this.logger.child({ component: 'http' }),
+          logger: childLogger(this.logger, { component: 'http' }),
           applicationName: sessionName('dashboard', this.id),
         });
       } catch (err) {
@@ -151,7 +151,7 @@ export class Worker {
     }
     const tally = o.heartbeatIntervalMs === false ? null : new OutcomeTally();
     const listener = new WakeListener({
-      connectionString: o.connectionString,
+      database: o.database,
       channel: this.channel,
       logger: this.logger,
       // Producers and promotion name the lane they appended to: the engine claims there first.
@@ -180,10 +180,12 @@ export class Worker {
       o.maintenance === false
         ? null
         : new Maintenance({
-            connectionString: o.connectionString,
+            connectionString: o.database.connectionString,
+            // Resolved already (option, URL, PGCONNECT_TIMEOUT or the default): passed as is.
+            connectTimeoutMs: o.database.connectTimeoutMs,
             schema: o.schema,
             pool: write,
-            logger: this.logger.child({ component: 'maintenance' }),
+            logger: childLogger(this.logger, { component: 'maintenance' }),
             metrics: this.metrics,
             options: o.maintenance,
             workerId: this.id,
@@ -211,7 +213,7 @@ export class Worker {
                     }
                   : {},
             },
-            this.logger.child({ component: 'heartbeat' }),
+            childLogger(this.logger, { component: 'heartbeat' }),
             o.heartbeatIntervalMs,
             tally,
           );
