@@ -7,6 +7,7 @@ import {
   checkMs,
   checkText,
   MAX_ATTEMPTS_LIMIT,
+  MAX_QUEUE_BYTES,
   MAX_TIMER_MS,
   MAX_TYPE_CHARS,
 } from './limits.js';
@@ -64,28 +65,50 @@ export interface BackoffPolicy {
   maxMs: number;
 }
 
-export interface TaskDefinitionInput<P> {
+/** What `defineTask` takes besides the ceiling (see TaskDefinitionInput). */
+export interface TaskDefinitionFields<P> {
   type: string;
-  /**
-   * The handler's maximum run time in ms, about ten times its expected worst case. The lease is
-   * `ceiling + margin`, which is also the crash-recovery wait for the type.
-   */
-  ceiling: number;
   handler: TaskHandler<P>;
   /** Attempts before the task dead-letters (default 20). */
   maxAttempts?: number;
   backoff?: Partial<BackoffPolicy>;
   /** Validates payloads at enqueue (when the definition is passed) and before each run. */
   schema?: StandardSchemaLike<P>;
+  /** The queue enqueueing by this definition routes to (an enqueue's own `queue` wins). */
+  queue?: string;
 }
+
+/**
+ * A task definition: its fields and its ceiling, `ceilingMs`. `ceiling` is the same number under
+ * its name before 0.2 (deprecated: accepted with a DeprecationWarning; both at once is an error).
+ */
+export type TaskDefinitionInput<P> = TaskDefinitionFields<P> &
+  (
+    | {
+        /**
+         * The handler's maximum run time in ms, about ten times its expected worst case. The
+         * lease is `ceilingMs + leaseMarginMs`, which is also the crash-recovery wait for the type.
+         */
+        ceilingMs: number;
+        ceiling?: undefined;
+      }
+    | {
+        /** @deprecated renamed `ceilingMs` (every duration option ends in its unit). */
+        ceiling: number;
+        ceilingMs?: undefined;
+      }
+  );
 
 export interface TaskDefinition<P = unknown> {
   readonly type: string;
-  readonly ceiling: number;
+  /** The handler's maximum run time in ms. */
+  readonly ceilingMs: number;
   readonly handler: TaskHandler<P>;
   readonly maxAttempts: number;
   readonly backoff: BackoffPolicy;
   readonly schema: StandardSchemaLike<P> | undefined;
+  /** The queue enqueueing by this definition routes to; undefined: the enqueue's, else `default`. */
+  readonly queue: string | undefined;
 }
 
 /**
@@ -101,13 +124,26 @@ export const DEFAULT_BACKOFF: BackoffPolicy = { baseMs: 15_000, maxMs: 600_000 }
 
 const DEFINITION_KEYS: ReadonlySet<string> = new Set([
   'type',
-  'ceiling',
+  'ceilingMs',
   'handler',
   'maxAttempts',
   'backoff',
   'schema',
+  'queue',
+  'ceiling',
 ]);
 const BACKOFF_KEYS: ReadonlySet<string> = new Set(['baseMs', 'maxMs']);
+/** What other queues call the backoff's two numbers (pg-boss, BullMQ, graphile-worker's docs). */
+const BACKOFF_HINTS: Readonly<Record<string, string>> = {
+  initial: 'baseMs',
+  initialMs: 'baseMs',
+  initialDelay: 'baseMs',
+  base: 'baseMs',
+  delay: 'baseMs',
+  max: 'maxMs',
+  maxDelay: 'maxMs',
+  cap: 'maxMs',
+};
 /** A retry delay above a year is a unit mistake; the bound also keeps `now() + delay` storable. */
 export const MAX_BACKOFF_MS = 365 * 24 * 3600_000;
 
@@ -116,8 +152,9 @@ export function defineTask<P>(input: TaskDefinitionInput<P>): TaskDefinition<P> 
   const type = checkText(input.type, 'task type', '', { maxChars: MAX_TYPE_CHARS, nonEmpty: true });
   const where = `task "${type}"`;
   checkKeys(input, DEFINITION_KEYS, where);
-  // The handler's deadline is a Node timer: past 2^31 - 1 ms it would fire at once.
-  checkMs(input.ceiling, 'ceiling', where, 1, MAX_TIMER_MS, " (Node's timer limit, 24.8 days)");
+  const ceilingMs = resolveCeiling(input, where);
+  const queue =
+    input.queue === undefined ? undefined : checkText(input.queue, 'queue', where, { maxBytes: MAX_QUEUE_BYTES });
   if (typeof input.handler !== 'function') {
     throw new BerthInputError(`${where}: handler must be a function`);
   }
@@ -131,19 +168,50 @@ export function defineTask<P>(input: TaskDefinitionInput<P>): TaskDefinition<P> 
   if (input.backoff !== undefined) {
     if (typeof input.backoff !== 'object' || input.backoff === null)
       throw new BerthInputError(`${where}: backoff must be an object`);
-    checkKeys(input.backoff, BACKOFF_KEYS, `${where}: backoff`);
+    checkKeys(input.backoff, BACKOFF_KEYS, `${where}: backoff`, BACKOFF_HINTS);
   }
   const backoff = { ...DEFAULT_BACKOFF, ...input.backoff };
   checkMs(backoff.baseMs, 'backoff.baseMs', where, 0, MAX_BACKOFF_MS);
   checkMs(backoff.maxMs, 'backoff.maxMs', where, backoff.baseMs, MAX_BACKOFF_MS, ' (at least baseMs)');
   return Object.freeze({
     type,
-    ceiling: input.ceiling,
+    ceilingMs,
     handler: input.handler,
     maxAttempts,
     backoff,
     schema: input.schema,
+    queue,
   });
+}
+
+let ceilingWarned = false;
+
+/**
+ * `ceilingMs`, or the deprecated `ceiling` (a DeprecationWarning, once per process: a definition
+ * list is built at start-up, and one warning says all there is to say). Both is an error: which
+ * one was meant cannot be known.
+ */
+function resolveCeiling(input: { ceilingMs?: unknown; ceiling?: unknown }, where: string): number {
+  const legacy = input.ceiling !== undefined;
+  if (legacy && input.ceilingMs !== undefined) {
+    throw new BerthInputError(`${where}: give ceilingMs only (ceiling is its deprecated name), not both`);
+  }
+  if (legacy && !ceilingWarned) {
+    ceilingWarned = true;
+    process.emitWarning(`${where}: defineTask's "ceiling" is deprecated; call it "ceilingMs"`, {
+      type: 'DeprecationWarning',
+      code: 'BERTH_DEP_CEILING',
+    });
+  }
+  // The handler's deadline is a Node timer: past 2^31 - 1 ms it would fire at once.
+  return checkMs(
+    legacy ? input.ceiling : input.ceilingMs,
+    legacy ? 'ceiling' : 'ceilingMs',
+    where,
+    1,
+    MAX_TIMER_MS,
+    " (Node's timer limit, 24.8 days)",
+  );
 }
 
 /** Capped exponential backoff: base doubling per failed attempt, never above the cap. */

@@ -1,3 +1,4 @@
+import { checkKeys } from '../limits.js';
 import pg from 'pg';
 import type { Registry } from 'prom-client';
 import { BerthInputError } from '../errors.js';
@@ -37,6 +38,8 @@ export interface WorkerHttpOptions {
   dashboard?: boolean | WorkerDashboardOptions;
 }
 
+const HTTP_KEYS: ReadonlySet<string> = new Set<keyof WorkerHttpOptions>(['port', 'host', 'metrics', 'dashboard']);
+
 /** WorkerHttpOptions with its defaults filled in and every value checked. */
 export interface ResolvedWorkerHttpOptions {
   readonly port: number;
@@ -50,6 +53,7 @@ export interface ResolvedWorkerHttpOptions {
 export function resolveWorkerHttpOptions(o: WorkerHttpOptions): ResolvedWorkerHttpOptions {
   if (typeof o !== 'object' || o === null)
     throw new BerthInputError('http must be an object { port, host?, metrics?, dashboard? }');
+  checkKeys(o, HTTP_KEYS, 'http');
   const port = validatePort(o.port, 'http.port');
   const host = o.host ?? DEFAULT_DASHBOARD_HOST;
   if (typeof host !== 'string' || host === '') throw new BerthInputError('http.host must be a host name or address');
