@@ -1,6 +1,7 @@
 import type { Logger } from './logger.js';
 import { BerthInputError } from './errors.js';
 import type { Lane } from './lane.js';
+import type { Queryable } from './sql.js';
 import {
   checkInteger,
   checkKeys,
@@ -13,20 +14,42 @@ import {
 } from './limits.js';
 
 /**
- * What a running handler sees. `signal` aborts at the lease's database-stamped expiry minus the
- * margin (or when the worker stops); `advanceCursor` is the one queue write a handler makes.
+ * What a running handler sees, without a query: the task, its lease, its deadline and abort, a
+ * logger, and the two queue writes a handler may make (`advanceCursor`, `dequeue`). `signal`
+ * aborts at the lease's database-stamped expiry minus the margin (or when the worker stops).
  */
 export interface TaskContext<P> {
   readonly id: string;
   readonly type: string;
+  /** This run's attempt, from 1. */
   readonly attempt: number;
+  /** The attempt after which a failure dead-letters the task. */
   readonly maxAttempts: number;
   /** Where the task lives: its lane. */
   readonly lane: Lane;
   readonly signal: AbortSignal;
   /** When the handler must have stopped (lease expiry minus the margin). */
   readonly deadline: Date;
+  /**
+   * The worker's logger with this task's fields bound: `task_id`, `task_type`, `lane`
+   * (queue/priority/shard) and `attempt` (and the worker's `worker`). Do not log those keys again:
+   * pino would write them twice.
+   */
   readonly logger: Logger;
+  /** The installation schema the task lives in. */
+  readonly schema: string;
+  /**
+   * This run's lease token: with `schema` and `id`, what `dequeue(executor, schema, id, token)`
+   * needs (`ctx.dequeue` passes them for you).
+   */
+  readonly token: string;
+  /**
+   * Settle this task as completed on `executor`: pass your transaction's client, and the task is
+   * done exactly when your own writes commit (and not, if they roll back). Throws LeaseLostError
+   * when this run no longer holds the lease (roll your transaction back then). Return `'done'`
+   * (or nothing) afterwards: the worker's own completion then finds the task settled.
+   */
+  dequeue(executor: Queryable): Promise<void>;
   /**
    * Commit slice progress: rewrites the payload, makes the task due now with attempts reset and
    * its lease cleared, in one fenced statement. Resolves `false` when the lease was lost (the
@@ -227,7 +250,7 @@ type StandardResult<P> = Awaited<ReturnType<StandardSchemaLike<P>['~standard']['
 
 /** Validate a payload against a definition's schema; returns the parsed value or the issues. */
 export async function validatePayload<P>(
-  def: Pick<TaskDefinition<P>, 'schema' | 'type'>,
+  def: { readonly type: string; readonly schema?: StandardSchemaLike<P> | undefined },
   payload: unknown,
 ): Promise<PayloadCheck<P>> {
   return checkPayload(def, payload);
@@ -239,7 +262,7 @@ export async function validatePayload<P>(
  * promise and a microtask turn. A validator that throws, throws here (the caller reports it).
  */
 export function checkPayload<P>(
-  def: Pick<TaskDefinition<P>, 'schema' | 'type'>,
+  def: { readonly type: string; readonly schema?: StandardSchemaLike<P> | undefined },
   payload: unknown,
 ): PayloadCheck<P> | Promise<PayloadCheck<P>> {
   if (!def.schema) return { ok: true, value: payload as P };
