@@ -28,7 +28,6 @@ const FILTER_KEYS: ReadonlySet<string> = new Set<keyof DeadFilter>([
   'ids',
   'all',
 ]);
-const LIST_FILTER_KEYS: ReadonlySet<string> = new Set([...FILTER_KEYS].filter((k) => k !== 'all'));
 const PAGE_KEYS: ReadonlySet<string> = new Set(['limit', 'after']);
 
 export interface DeadLetter {
@@ -102,7 +101,8 @@ export async function listDead(
   filter: Omit<DeadFilter, 'all'> = {},
   page: { limit?: number; after?: string } = {},
 ): Promise<{ deadLetters: DeadLetter[]; next: string | null }> {
-  checkKeys(filter, LIST_FILTER_KEYS, 'listDead filter');
+  // `all` is a bulk action's scope; a list ignores it (the CLI builds one filter for both).
+  checkKeys(filter, FILTER_KEYS, 'listDead filter');
   checkKeys(page, PAGE_KEYS, 'listDead page');
   const limit = page.limit ?? 50;
   if (!Number.isInteger(limit) || limit < 1 || limit > 500)
