@@ -72,11 +72,11 @@ async function run(scenario: Scenario, laneLockTimeoutMs: number | null): Promis
   const coldLag: number[] = [];
   const cold = defineTask<{ dueAt: number }>({
     type: 'cold',
-    ceiling: 60_000,
+    ceilingMs: 60_000,
     handler: async (p) => void coldLag.push(Date.now() - p.dueAt),
   });
-  const hot = defineTask({ type: 'hot', ceiling: 60_000, handler: async () => void hotDone++ });
-  const produced = defineTask({ type: 'produced', ceiling: 60_000, handler: async () => {} });
+  const hot = defineTask({ type: 'hot', ceilingMs: 60_000, handler: async () => void hotDone++ });
+  const produced = defineTask({ type: 'produced', ceilingMs: 60_000, handler: async () => {} });
   const worker = new Worker({
     connectionString: url,
     schema,

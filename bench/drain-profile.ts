@@ -141,8 +141,8 @@ async function drain(admin: pg.Pool, slots: number, profile: string | null, n = 
   await fill(admin, n);
   const payload = z.object({ i: z.number().int() });
   const noop = args['schema-check']
-    ? defineTask({ type: 'noop', ceiling: 60_000, schema: payload, handler: async () => {} })
-    : defineTask<{ i: number }>({ type: 'noop', ceiling: 60_000, handler: async () => {} });
+    ? defineTask({ type: 'noop', ceilingMs: 60_000, schema: payload, handler: async () => {} })
+    : defineTask<{ i: number }>({ type: 'noop', ceilingMs: 60_000, handler: async () => {} });
   const worker = new WorkerClass({
     connectionString: url as string,
     schema: SCHEMA,

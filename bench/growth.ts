@@ -200,7 +200,7 @@ async function drainOnce(env: Env, cfg: GrowthConfig, n: number, lanes: number |
     claimMs.push(v * 1000);
     observe(v);
   }) as typeof metrics.claimSeconds.observe;
-  const noop = defineTask<{ i: number }>({ type: 'noop', ceiling: 60_000, handler: async (p) => tracker.onRun(p.i) });
+  const noop = defineTask<{ i: number }>({ type: 'noop', ceilingMs: 60_000, handler: async (p) => tracker.onRun(p.i) });
   let worker: Worker | null = null;
   try {
     await admin.query('CHECKPOINT');

@@ -243,7 +243,7 @@ async function run(v: Variant): Promise<Run> {
   let started = 0;
   const noop = berth.defineTask<{ i: number }>({
     type: 'noop',
-    ceiling: 60_000,
+    ceilingMs: 60_000,
     handler: async ({ i }) => {
       if (i >= 0 && Number.isNaN(firstRun[i]!)) {
         firstRun[i] = performance.now();

@@ -27,7 +27,7 @@ async function run(pinned: boolean): Promise<{ tps: number; dead: number; walPer
     await pin.query('SELECT txid_current()');
   }
   let done = 0;
-  const def = defineTask({ type: 'noop', ceiling: 60_000, handler: async () => void done++ });
+  const def = defineTask({ type: 'noop', ceilingMs: 60_000, handler: async () => void done++ });
   const w = new Worker({ connectionString: url, schema, tasks: [def], slots: 10, logger: pino({ level: 'silent' }) });
   await w.start();
   const wal0 = (await admin.query('SELECT pg_current_wal_lsn() AS l')).rows[0].l;

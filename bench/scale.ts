@@ -91,13 +91,13 @@ async function child(): Promise<void> {
   };
   const sleep50 = defineTask<{ i: number }>({
     type: 'sleep50',
-    ceiling: 60_000,
+    ceilingMs: 60_000,
     handler: async (_p, ctx) => {
       await delay(SLEEP_MS, undefined, { signal: ctx.signal });
       finished();
     },
   });
-  const noop = defineTask<{ i: number }>({ type: 'noop', ceiling: 60_000, handler: async () => finished() });
+  const noop = defineTask<{ i: number }>({ type: 'noop', ceilingMs: 60_000, handler: async () => finished() });
   const worker = new Worker({
     connectionString: process.env.SCALE_URL!,
     schema: SCHEMA,

@@ -33,7 +33,7 @@ for (let b = 0; b < N / 1000; b++) {
   );
 }
 let done = 0;
-const def = defineTask({ type: 'noop', ceiling: 60_000, handler: async () => void done++ });
+const def = defineTask({ type: 'noop', ceilingMs: 60_000, handler: async () => void done++ });
 const w = new Worker({ connectionString: url, schema, tasks: [def], slots: 10, logger: pino({ level: 'silent' }) });
 await admin.query('SELECT pg_stat_statements_reset()');
 const wal0 = (await admin.query('SELECT pg_current_wal_lsn() AS l')).rows[0].l;

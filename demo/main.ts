@@ -62,7 +62,7 @@ const sleep = (ms: number, signal?: AbortSignal) =>
 const tasks = [
   defineTask<{ prefix: string }>({
     type: 'storage_cleanup',
-    ceiling: 60_000,
+    ceilingMs: 60_000,
     handler: async (p, ctx) => {
       await sleep(50 + Math.random() * 200, ctx.signal);
       ctx.logger.info({ prefix: p.prefix }, 'cleaned prefix');
@@ -70,7 +70,7 @@ const tasks = [
   }),
   defineTask<{ org: number }>({
     type: 'quota_audit',
-    ceiling: 30_000,
+    ceilingMs: 30_000,
     maxAttempts: 3,
     backoff: { baseMs: 1000, maxMs: 5000 },
     handler: async (p, ctx) => {
@@ -80,7 +80,7 @@ const tasks = [
   }),
   defineTask<{ report: number }>({
     type: 'report_render',
-    ceiling: 60_000,
+    ceilingMs: 60_000,
     handler: async (p, ctx) => {
       // The slow one: a few seconds, so the dashboard shows tasks running.
       await sleep(3000 + Math.random() * 5000, ctx.signal);
@@ -89,7 +89,7 @@ const tasks = [
   }),
   defineTask<{ org: number; cursor: number | null }>({
     type: 'projection_rebuild',
-    ceiling: 60_000,
+    ceilingMs: 60_000,
     handler: (payload, ctx) =>
       runSlices(payload, ctx, {
         cursorOf: (p) => p.cursor,

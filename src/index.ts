@@ -38,7 +38,20 @@ export {
   type EnqueueResult,
   type TaskSpec,
   type TaskTypeRef,
+  type CheckedTaskSpec,
+  type CheckedTaskSpecs,
 } from './producer/enqueue.js';
+export {
+  defineTaskType,
+  implement,
+  type TaskRegistry,
+  type TaskTypeName,
+  type TaskPayload,
+  type TaskType,
+  type TaskTypeInput,
+  type TaskTypeLike,
+  type TaskImplementation,
+} from './task-type.js';
 export type { Lane } from './lane.js';
 
 // Task definitions and handlers
@@ -49,6 +62,7 @@ export {
   DEFAULT_MAX_ATTEMPTS,
   type TaskDefinition,
   type TaskDefinitionInput,
+  type TaskDefinitionFields,
   type TaskContext,
   type TaskHandler,
   type HandlerResult,

@@ -1,4 +1,5 @@
 import { BerthInputError } from './errors.js';
+import { didYouMean } from './util/nearest.js';
 
 /**
  * What PostgreSQL can store, checked in the client so a bad value is refused with a
@@ -115,13 +116,33 @@ export function checkMs(value: unknown, field: string, where: string, min: numbe
   return value;
 }
 
-/** Refuse keys a caller did not mean (a misspelt `dealy` would otherwise be dropped silently). */
-export function checkKeys(value: object, known: ReadonlySet<string>, what: string): void {
+/**
+ * Refuse keys a caller did not mean (a misspelt `dealy` would otherwise be dropped silently),
+ * naming the key and the nearest known one. `what` says whose option it is ("task #3");
+ * `hints` maps names other libraries use to ours, where spelling alone would not find it
+ * (`backoff.initial` → `baseMs`).
+ */
+export function checkKeys(
+  value: object,
+  known: ReadonlySet<string>,
+  what: string,
+  hints?: Readonly<Record<string, string>>,
+): void {
   for (const key in value) {
-    if (!known.has(key)) {
-      throw new BerthInputError(`${what}: unknown option "${key}" (expected ${[...known].join(', ')})`);
-    }
+    if (!known.has(key)) throw unknownOption(key, known, what, hints);
   }
+}
+
+/** The error for an unknown option key: the key, the nearest known one, and the full list. */
+export function unknownOption(
+  key: string,
+  known: Iterable<string>,
+  what: string,
+  hints?: Readonly<Record<string, string>>,
+): BerthInputError {
+  const list = [...known];
+  const hint = hints && Object.hasOwn(hints, key) ? `; did you mean "${hints[key]}"?` : didYouMean(key, list);
+  return new BerthInputError(`${what ? `${what}: ` : ''}unknown option "${key}"${hint} (expected ${list.join(', ')})`);
 }
 
 /**

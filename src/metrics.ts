@@ -1,3 +1,4 @@
+import { checkKeys } from './limits.js';
 import {
   metrics as otelMetrics,
   type Attributes,
@@ -37,6 +38,8 @@ export interface BerthMetricsOptions {
    */
   meter?: Meter;
 }
+
+const METRICS_OPTION_KEYS: ReadonlySet<string> = new Set<keyof BerthMetricsOptions>(['registry', 'meter']);
 
 /** The OpenTelemetry name of a Prometheus metric: the same, less a counter's `_total` (see {@link BerthMetrics}). */
 export function otelName(promName: string): string {
@@ -321,6 +324,7 @@ export class BerthMetrics {
 
   /** `new BerthMetrics()`, `new BerthMetrics(registry)` or `new BerthMetrics({ registry, meter })`. */
   constructor(options: Registry | BerthMetricsOptions = {}) {
+    if (!isRegistry(options)) checkKeys(options, METRICS_OPTION_KEYS, 'BerthMetrics');
     const { registry = new Registry(), meter = otelMetrics.getMeter('berth') } = isRegistry(options)
       ? { registry: options }
       : options;

@@ -1,31 +1,55 @@
 import type { Logger } from './logger.js';
 import { BerthInputError } from './errors.js';
 import type { Lane } from './lane.js';
+import type { Queryable } from './sql.js';
 import {
   checkInteger,
   checkKeys,
   checkMs,
   checkText,
   MAX_ATTEMPTS_LIMIT,
+  MAX_QUEUE_BYTES,
   MAX_TIMER_MS,
   MAX_TYPE_CHARS,
 } from './limits.js';
 
 /**
- * What a running handler sees. `signal` aborts at the lease's database-stamped expiry minus the
- * margin (or when the worker stops); `advanceCursor` is the one queue write a handler makes.
+ * What a running handler sees, without a query: the task, its lease, its deadline and abort, a
+ * logger, and the two queue writes a handler may make (`advanceCursor`, `dequeue`). `signal`
+ * aborts at the lease's database-stamped expiry minus the margin (or when the worker stops).
  */
 export interface TaskContext<P> {
   readonly id: string;
   readonly type: string;
+  /** This run's attempt, from 1. */
   readonly attempt: number;
+  /** The attempt after which a failure dead-letters the task. */
   readonly maxAttempts: number;
   /** Where the task lives: its lane. */
   readonly lane: Lane;
   readonly signal: AbortSignal;
   /** When the handler must have stopped (lease expiry minus the margin). */
   readonly deadline: Date;
+  /**
+   * The worker's logger with this task's fields bound: `task_id`, `task_type`, `lane`
+   * (queue/priority/shard) and `attempt` (and the worker's `worker`). Do not log those keys again:
+   * pino would write them twice.
+   */
   readonly logger: Logger;
+  /** The installation schema the task lives in. */
+  readonly schema: string;
+  /**
+   * This run's lease token: with `schema` and `id`, what `dequeue(executor, schema, id, token)`
+   * needs (`ctx.dequeue` passes them for you).
+   */
+  readonly token: string;
+  /**
+   * Settle this task as completed on `executor`: pass your transaction's client, and the task is
+   * done exactly when your own writes commit (and not, if they roll back). Throws LeaseLostError
+   * when this run no longer holds the lease (roll your transaction back then). Return `'done'`
+   * (or nothing) afterwards: the worker's own completion then finds the task settled.
+   */
+  dequeue(executor: Queryable): Promise<void>;
   /**
    * Commit slice progress: rewrites the payload, makes the task due now with attempts reset and
    * its lease cleared, in one fenced statement. Resolves `false` when the lease was lost (the
@@ -64,28 +88,50 @@ export interface BackoffPolicy {
   maxMs: number;
 }
 
-export interface TaskDefinitionInput<P> {
+/** What `defineTask` takes besides the ceiling (see TaskDefinitionInput). */
+export interface TaskDefinitionFields<P> {
   type: string;
-  /**
-   * The handler's maximum run time in ms, about ten times its expected worst case. The lease is
-   * `ceiling + margin`, which is also the crash-recovery wait for the type.
-   */
-  ceiling: number;
   handler: TaskHandler<P>;
   /** Attempts before the task dead-letters (default 20). */
   maxAttempts?: number;
   backoff?: Partial<BackoffPolicy>;
   /** Validates payloads at enqueue (when the definition is passed) and before each run. */
   schema?: StandardSchemaLike<P>;
+  /** The queue enqueueing by this definition routes to (an enqueue's own `queue` wins). */
+  queue?: string;
 }
+
+/**
+ * A task definition: its fields and its ceiling, `ceilingMs`. `ceiling` is the same number under
+ * its name before 0.2 (deprecated: accepted with a DeprecationWarning; both at once is an error).
+ */
+export type TaskDefinitionInput<P> = TaskDefinitionFields<P> &
+  (
+    | {
+        /**
+         * The handler's maximum run time in ms, about ten times its expected worst case. The
+         * lease is `ceilingMs + leaseMarginMs`, which is also the crash-recovery wait for the type.
+         */
+        ceilingMs: number;
+        ceiling?: undefined;
+      }
+    | {
+        /** @deprecated renamed `ceilingMs` (every duration option ends in its unit). */
+        ceiling: number;
+        ceilingMs?: undefined;
+      }
+  );
 
 export interface TaskDefinition<P = unknown> {
   readonly type: string;
-  readonly ceiling: number;
+  /** The handler's maximum run time in ms. */
+  readonly ceilingMs: number;
   readonly handler: TaskHandler<P>;
   readonly maxAttempts: number;
   readonly backoff: BackoffPolicy;
   readonly schema: StandardSchemaLike<P> | undefined;
+  /** The queue enqueueing by this definition routes to; undefined: the enqueue's, else `default`. */
+  readonly queue: string | undefined;
 }
 
 /**
@@ -101,13 +147,26 @@ export const DEFAULT_BACKOFF: BackoffPolicy = { baseMs: 15_000, maxMs: 600_000 }
 
 const DEFINITION_KEYS: ReadonlySet<string> = new Set([
   'type',
-  'ceiling',
+  'ceilingMs',
   'handler',
   'maxAttempts',
   'backoff',
   'schema',
+  'queue',
+  'ceiling',
 ]);
 const BACKOFF_KEYS: ReadonlySet<string> = new Set(['baseMs', 'maxMs']);
+/** What other queues call the backoff's two numbers (pg-boss, BullMQ, graphile-worker's docs). */
+const BACKOFF_HINTS: Readonly<Record<string, string>> = {
+  initial: 'baseMs',
+  initialMs: 'baseMs',
+  initialDelay: 'baseMs',
+  base: 'baseMs',
+  delay: 'baseMs',
+  max: 'maxMs',
+  maxDelay: 'maxMs',
+  cap: 'maxMs',
+};
 /** A retry delay above a year is a unit mistake; the bound also keeps `now() + delay` storable. */
 export const MAX_BACKOFF_MS = 365 * 24 * 3600_000;
 
@@ -116,8 +175,9 @@ export function defineTask<P>(input: TaskDefinitionInput<P>): TaskDefinition<P> 
   const type = checkText(input.type, 'task type', '', { maxChars: MAX_TYPE_CHARS, nonEmpty: true });
   const where = `task "${type}"`;
   checkKeys(input, DEFINITION_KEYS, where);
-  // The handler's deadline is a Node timer: past 2^31 - 1 ms it would fire at once.
-  checkMs(input.ceiling, 'ceiling', where, 1, MAX_TIMER_MS, " (Node's timer limit, 24.8 days)");
+  const ceilingMs = resolveCeiling(input, where);
+  const queue =
+    input.queue === undefined ? undefined : checkText(input.queue, 'queue', where, { maxBytes: MAX_QUEUE_BYTES });
   if (typeof input.handler !== 'function') {
     throw new BerthInputError(`${where}: handler must be a function`);
   }
@@ -131,19 +191,50 @@ export function defineTask<P>(input: TaskDefinitionInput<P>): TaskDefinition<P> 
   if (input.backoff !== undefined) {
     if (typeof input.backoff !== 'object' || input.backoff === null)
       throw new BerthInputError(`${where}: backoff must be an object`);
-    checkKeys(input.backoff, BACKOFF_KEYS, `${where}: backoff`);
+    checkKeys(input.backoff, BACKOFF_KEYS, `${where}: backoff`, BACKOFF_HINTS);
   }
   const backoff = { ...DEFAULT_BACKOFF, ...input.backoff };
   checkMs(backoff.baseMs, 'backoff.baseMs', where, 0, MAX_BACKOFF_MS);
   checkMs(backoff.maxMs, 'backoff.maxMs', where, backoff.baseMs, MAX_BACKOFF_MS, ' (at least baseMs)');
   return Object.freeze({
     type,
-    ceiling: input.ceiling,
+    ceilingMs,
     handler: input.handler,
     maxAttempts,
     backoff,
     schema: input.schema,
+    queue,
   });
+}
+
+let ceilingWarned = false;
+
+/**
+ * `ceilingMs`, or the deprecated `ceiling` (a DeprecationWarning, once per process: a definition
+ * list is built at start-up, and one warning says all there is to say). Both is an error: which
+ * one was meant cannot be known.
+ */
+function resolveCeiling(input: { ceilingMs?: unknown; ceiling?: unknown }, where: string): number {
+  const legacy = input.ceiling !== undefined;
+  if (legacy && input.ceilingMs !== undefined) {
+    throw new BerthInputError(`${where}: give ceilingMs only (ceiling is its deprecated name), not both`);
+  }
+  if (legacy && !ceilingWarned) {
+    ceilingWarned = true;
+    process.emitWarning(`${where}: defineTask's "ceiling" is deprecated; call it "ceilingMs"`, {
+      type: 'DeprecationWarning',
+      code: 'BERTH_DEP_CEILING',
+    });
+  }
+  // The handler's deadline is a Node timer: past 2^31 - 1 ms it would fire at once.
+  return checkMs(
+    legacy ? input.ceiling : input.ceilingMs,
+    legacy ? 'ceiling' : 'ceilingMs',
+    where,
+    1,
+    MAX_TIMER_MS,
+    " (Node's timer limit, 24.8 days)",
+  );
 }
 
 /** Capped exponential backoff: base doubling per failed attempt, never above the cap. */
@@ -159,7 +250,7 @@ type StandardResult<P> = Awaited<ReturnType<StandardSchemaLike<P>['~standard']['
 
 /** Validate a payload against a definition's schema; returns the parsed value or the issues. */
 export async function validatePayload<P>(
-  def: Pick<TaskDefinition<P>, 'schema' | 'type'>,
+  def: { readonly type: string; readonly schema?: StandardSchemaLike<P> | undefined },
   payload: unknown,
 ): Promise<PayloadCheck<P>> {
   return checkPayload(def, payload);
@@ -171,7 +262,7 @@ export async function validatePayload<P>(
  * promise and a microtask turn. A validator that throws, throws here (the caller reports it).
  */
 export function checkPayload<P>(
-  def: Pick<TaskDefinition<P>, 'schema' | 'type'>,
+  def: { readonly type: string; readonly schema?: StandardSchemaLike<P> | undefined },
   payload: unknown,
 ): PayloadCheck<P> | Promise<PayloadCheck<P>> {
   if (!def.schema) return { ok: true, value: payload as P };

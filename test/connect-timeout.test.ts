@@ -51,7 +51,7 @@ function assertTimedOut(err: unknown): true {
   return true;
 }
 
-const tasks = [defineTask<Record<string, never>>({ type: 'connect_noop', ceiling: 5000, handler: async () => {} })];
+const tasks = [defineTask<Record<string, never>>({ type: 'connect_noop', ceilingMs: 5000, handler: async () => {} })];
 
 test('Worker.start() against a silent server fails with a ConnectError; nothing is left running; no password in logs', async () => {
   const { logger, lines } = captureLogger();

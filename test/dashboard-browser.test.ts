@@ -39,17 +39,17 @@ const hold = {
 const tasks = [
   defineTask({
     type: 'slow.job',
-    ceiling: 60_000,
+    ceilingMs: 60_000,
     handler: async (_p, ctx) => {
       await hold.released;
       record(ctx.id);
     },
   }),
-  defineTask({ type: 'email.send', ceiling: 10_000, handler: async (_p, ctx) => record(ctx.id) }),
-  defineTask({ type: 'report.build', ceiling: 10_000, handler: async (_p, ctx) => record(ctx.id) }),
+  defineTask({ type: 'email.send', ceilingMs: 10_000, handler: async (_p, ctx) => record(ctx.id) }),
+  defineTask({ type: 'report.build', ceilingMs: 10_000, handler: async (_p, ctx) => record(ctx.id) }),
   defineTask<{ invoice: number }>({
     type: 'invoice.sync',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     maxAttempts: 1,
     handler: async (_p, ctx) => {
       if (gate.failInvoices) throw new Error('upstream 503: billing API unavailable');

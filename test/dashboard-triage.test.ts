@@ -16,11 +16,11 @@ const S = `"${schema}"`;
 
 let release: () => void = () => {};
 const gate = new Promise<void>((r) => (release = r));
-const block = defineTask({ type: 'triage.block', ceiling: 60_000, handler: async () => gate });
-const ok = defineTask({ type: 'triage.ok', ceiling: 10_000, handler: async () => {} });
+const block = defineTask({ type: 'triage.block', ceilingMs: 60_000, handler: async () => gate });
+const ok = defineTask({ type: 'triage.ok', ceilingMs: 10_000, handler: async () => {} });
 const fail = defineTask({
   type: 'triage.fail',
-  ceiling: 10_000,
+  ceilingMs: 10_000,
   maxAttempts: 1,
   handler: async () => {
     throw new Error('upstream said no');

@@ -431,7 +431,7 @@ test("the worker's http option serves /metrics and the dashboard; bad settings f
   assert.throws(() => new Worker({ ...base, http: { port: 0, metrics: false } }), /serves nothing/);
   assert.throws(() => new Worker({ ...base, http: { port: 0, dashboard: { auth: { token: '' } } } }), BerthInputError);
 
-  const def = defineTask({ type: 'http.ok', ceiling: 10_000, handler: async () => {} });
+  const def = defineTask({ type: 'http.ok', ceilingMs: 10_000, handler: async () => {} });
   const w = new Worker({
     ...base,
     tasks: [def],
@@ -512,10 +512,10 @@ test("/api/lanes: running and dead per lane, and the leader's per-lane promotion
   const own = await freshSchema('dashboard_lanes');
   let release: () => void = () => {};
   const blocked = new Promise<void>((r) => (release = r));
-  const block = defineTask({ type: 'lanes.block', ceiling: 60_000, handler: async () => blocked });
+  const block = defineTask({ type: 'lanes.block', ceilingMs: 60_000, handler: async () => blocked });
   const fail = defineTask({
     type: 'lanes.fail',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     maxAttempts: 1,
     handler: async () => {
       throw new Error('boom');

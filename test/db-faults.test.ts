@@ -100,7 +100,7 @@ test('a worker whose every session is terminated twice, mid-stream, keeps runnin
     // Long enough that no lease lapses on a loaded machine (a lapsed lease is legitimately
     // `lost` when its settlement lands after rescue); short enough that a claim whose reply
     // was cut after its commit strands its leases only briefly.
-    ceiling: 20_000,
+    ceilingMs: 20_000,
     handler: async (_p, ctx) => {
       await new Promise((r) => setTimeout(r, 20));
       done.add(ctx.id);

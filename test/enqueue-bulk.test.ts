@@ -339,7 +339,7 @@ for (const { label, schema } of installs) {
   test(`${label}: definitions with schemas and plain tasks in one batch`, async () => {
     const typed = defineTask({
       type: 'typed_bulk',
-      ceiling: 1000,
+      ceilingMs: 1000,
       maxAttempts: 4,
       handler: async () => {},
       schema: z.object({ n: z.number(), tag: z.string().default('none') }),

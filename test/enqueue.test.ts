@@ -179,7 +179,7 @@ test('bad input gets a clear error and writes nothing', async () => {
   await assert.rejects(enqueue(pool, 'x', {}, { schema, maxAttempts: 0 }), /maxAttempts/);
   const def = defineTask({
     type: 'typed',
-    ceiling: 1000,
+    ceilingMs: 1000,
     handler: async () => {},
     schema: z.object({ org: z.number() }),
   });
@@ -376,36 +376,36 @@ test('inputs PostgreSQL would refuse are refused by berth, naming the field and 
 test('defineTask refuses what a worker could not run or store, naming the field', () => {
   const handler = async () => {};
   assert.throws(
-    () => defineTask({ type: 'd', ceiling: 1000, handler, maxAttempts: 3e9 }),
+    () => defineTask({ type: 'd', ceilingMs: 1000, handler, maxAttempts: 3e9 }),
     /^BerthInputError: task "d": maxAttempts must be an integer from 1 to 1000000 \(got 3000000000\)$/,
   );
   assert.throws(
-    () => defineTask({ type: 'd', ceiling: 1e300, handler }),
-    /task "d": ceiling must be a number of milliseconds from 1 to 2147483647/,
+    () => defineTask({ type: 'd', ceilingMs: 1e300, handler }),
+    /task "d": ceilingMs must be a number of milliseconds from 1 to 2147483647/,
   );
   assert.throws(
-    () => defineTask({ type: 'd', ceiling: 1000, handler, backoff: { maxMs: Infinity } }),
+    () => defineTask({ type: 'd', ceilingMs: 1000, handler, backoff: { maxMs: Infinity } }),
     /task "d": backoff\.maxMs must be a number of milliseconds/,
   );
   assert.throws(
-    () => defineTask({ type: 'd', ceiling: 1000, handler, backoff: { baseMs: 10, maxMs: 5 } }),
+    () => defineTask({ type: 'd', ceilingMs: 1000, handler, backoff: { baseMs: 10, maxMs: 5 } }),
     /backoff\.maxMs .* \(at least baseMs\)/,
   );
   assert.throws(
-    () => defineTask({ type: 'd', ceiling: 1000, handler, backoff: { base: 5 } as never }),
+    () => defineTask({ type: 'd', ceilingMs: 1000, handler, backoff: { base: 5 } as never }),
     /task "d": backoff: unknown option "base"/,
   );
   assert.throws(
-    () => defineTask({ type: 'd', ceiling: 1000, handler, retries: 3 } as never),
+    () => defineTask({ type: 'd', ceilingMs: 1000, handler, retries: 3 } as never),
     /task "d": unknown option "retries"/,
   );
-  assert.throws(() => defineTask({ type: 'd\u0000', ceiling: 1000, handler }), /task type contains a NUL character/);
+  assert.throws(() => defineTask({ type: 'd\u0000', ceilingMs: 1000, handler }), /task type contains a NUL character/);
   assert.throws(
-    () => defineTask({ type: 'x'.repeat(201), ceiling: 1000, handler }),
+    () => defineTask({ type: 'x'.repeat(201), ceilingMs: 1000, handler }),
     /task type must be a non-empty string of at most 200 characters/,
   );
   assert.equal(
-    defineTask({ type: 'd', ceiling: 2_147_483_647, handler, maxAttempts: 1_000_000 }).maxAttempts,
+    defineTask({ type: 'd', ceilingMs: 2_147_483_647, handler, maxAttempts: 1_000_000 }).maxAttempts,
     1_000_000,
   );
 });

@@ -77,14 +77,14 @@ test('a worker with maintenance, heartbeat and logging handlers writes no line w
   const tasks = [
     defineTask<{ n: number }>({
       type: 'log_ok',
-      ceiling: 10_000,
+      ceilingMs: 10_000,
       handler: async (p, ctx) => {
         ctx.logger.info({ n: p.n, task_type: 'shadowed', component: 'handler' }, 'handler says hello');
       },
     }),
     defineTask<Record<string, never>>({
       type: 'log_fail',
-      ceiling: 10_000,
+      ceilingMs: 10_000,
       maxAttempts: 2,
       backoff: { baseMs: 10, maxMs: 10 },
       handler: async () => {
@@ -93,7 +93,7 @@ test('a worker with maintenance, heartbeat and logging handlers writes no line w
     }),
     defineTask<Record<string, never>>({
       type: 'log_dead',
-      ceiling: 10_000,
+      ceilingMs: 10_000,
       handler: async () => {
         throw new PermanentError('no retry helps');
       },

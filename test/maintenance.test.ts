@@ -203,7 +203,7 @@ test('prune run aggressively under load never loses a task', async () => {
   const seen = new Map<number, number>();
   const def = defineTask<{ i: number }>({
     type: 'm_load',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     handler: async (p) => {
       seen.set(p.i, (seen.get(p.i) ?? 0) + 1);
       await new Promise((r) => setTimeout(r, Math.random() * 3));

@@ -38,7 +38,7 @@ test('a completion the database could not take is written once it is back, withi
   let runs = 0;
   const def = defineTask<unknown>({
     type: 'oc_blip',
-    ceiling: 60_000,
+    ceilingMs: 60_000,
     handler: async () => {
       runs++;
       if (runs === 1) proxy.cut();
@@ -67,7 +67,7 @@ test('a settlement still unwritable when its lease expires is counted unsettled,
     type: 'oc_outage',
     // Short enough that the outage outlasts the first lease; scaled so that the re-run's own
     // lease does not lapse too on a loaded machine (that run must settle as a success).
-    ceiling: scaled(1000),
+    ceilingMs: scaled(1000),
     maxAttempts: 5,
     handler: async () => {
       runs++;
@@ -105,7 +105,7 @@ test('a settlement still unwritable when its lease expires is counted unsettled,
 
 test('after an outage the claim loop retries at most a second apart, and picks up work once the database is back', async () => {
   let runs = 0;
-  const def = defineTask<unknown>({ type: 'oc_recover', ceiling: 5000, handler: async () => void runs++ });
+  const def = defineTask<unknown>({ type: 'oc_recover', ceilingMs: 5000, handler: async () => void runs++ });
   const { w, lines } = worker(def, { pollIntervalMs: 200 });
   // Each failed claim used to add an abort listener to the stop signal and never remove it:
   // Node warns past 10 listeners on one target.
@@ -153,7 +153,7 @@ test('a handler answer outside the contract (42, "retry", false) is a failure th
   const answers: unknown[] = [42, 'retry', false];
   const def = defineTask<unknown>({
     type: 'oc_contract',
-    ceiling: 5000,
+    ceilingMs: 5000,
     maxAttempts: 1,
     // @ts-expect-error -- deliberately outside HandlerResult, as plain JavaScript could return
     handler: async (_p, ctx) => answers[ids.indexOf(ctx.id)],

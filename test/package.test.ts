@@ -81,7 +81,7 @@ async function main() {
   await migrate({ connectionString, schema });
   let handled;
   const ran = new Promise((resolve) => (handled = resolve));
-  const greet = defineTask({ type: 'greet', ceiling: 30000, handler: async (payload) => { handled(payload); } });
+  const greet = defineTask({ type: 'greet', ceilingMs: 30000, handler: async (payload) => { handled(payload); } });
   const pool = new pg.Pool({ connectionString });
   const worker = new Worker({ connectionString, schema, tasks: [greet], maintenance: false });
   try {
@@ -120,7 +120,7 @@ import { promoteDueLanes, readRingState, type PromoteOutcome, type RingState } f
 
 export const greet: TaskDefinition<{ name: string }> = defineTask<{ name: string }>({
   type: 'greet',
-  ceiling: 10_000,
+  ceilingMs: 10_000,
   handler: async ({ name }, ctx) => {
     ctx.signal.throwIfAborted();
     if (name === '') throw new Error('no name');
@@ -138,7 +138,7 @@ export async function run(connectionString: string): Promise<string | undefined>
 }
 
 // @ts-expect-error ceiling is a number of milliseconds
-defineTask({ type: 'x', ceiling: '1s', handler: async () => {} });
+defineTask({ type: 'x', ceilingMs: '1s', handler: async () => {} });
 
 export async function maintain(pool: pg.Pool, lane: Lane): Promise<[number, PromoteOutcome]> {
   const ring: RingState = await readRingState(pool, 'app');

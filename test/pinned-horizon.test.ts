@@ -29,7 +29,7 @@ test('with the xmin horizon pinned, 5,000 tasks flow, hot relations stay free of
   const seen = new Uint8Array(N);
   const def = defineTask<{ i: number }>({
     type: 'pin',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     handler: async ({ i }) => {
       seen[i]! += 1;
     },

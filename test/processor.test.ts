@@ -53,7 +53,7 @@ test('done: the handler runs once and the task completes (success)', async () =>
   const seen: unknown[] = [];
   const def = defineTask<{ n: number }>({
     type: 'p_done',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     handler: async (p, ctx) => {
       seen.push(p);
       assert.ok(ctx.deadline.getTime() > Date.now());
@@ -76,7 +76,7 @@ test('error: failure records last_error and retries with backoff, then dead-lett
   let runs = 0;
   const def = defineTask({
     type: 'p_fail',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     maxAttempts: 3,
     backoff: { baseMs: 0, maxMs: 0 },
     handler: async () => {
@@ -107,7 +107,7 @@ test('continue after AdvanceCursor: counted as continued, next slice resumes fro
   const cursors: number[] = [];
   const def = defineTask<{ cursor: number }>({
     type: 'p_slice',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     handler: async (p, ctx) => {
       cursors.push(p.cursor);
       if (p.cursor >= 3) return 'done';
@@ -129,7 +129,7 @@ test('a continue that advanced nothing is released, logged at warn, keeps its at
   let runs = 0;
   const def = defineTask({
     type: 'p_stuck',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     maxAttempts: 2,
     handler: async () => {
       runs++;
@@ -155,7 +155,7 @@ test('a continue that advanced nothing is released, logged at warn, keeps its at
 test('a refused AdvanceCursor surfaces as an error and the run is recorded as lost', async () => {
   const def = defineTask<{ cursor: number | null }>({
     type: 'p_lost',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     handler: (payload, ctx) =>
       runSlices(payload, ctx, {
         cursorOf: (p) => p.cursor,
@@ -184,7 +184,7 @@ test('runSlices: a page read failing after progress saves the cursor and warns; 
   let call = 0;
   const def = defineTask<{ cursor: number | null }>({
     type: 'p_pages',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     maxAttempts: 5,
     backoff: { baseMs: 0, maxMs: 0 },
     handler: (payload, ctx) =>
@@ -219,7 +219,7 @@ test('deadline: the AbortSignal fires at lease expiry minus the margin; an error
   // not-started path instead, and at a load average of 70 a claim took over a second.
   const def = defineTask({
     type: 'p_slow',
-    ceiling: scaled(1000),
+    ceilingMs: scaled(1000),
     maxAttempts: 1,
     handler: (_p, ctx) =>
       new Promise((_res, rej) =>
@@ -246,7 +246,7 @@ test('a continue returned at the deadline is recorded as timeout and released, n
   let runs = 0;
   const def = defineTask({
     type: 'p_cont_late',
-    ceiling: scaled(1000),
+    ceilingMs: scaled(1000),
     handler: async (_p, ctx) => {
       runs++;
       if (runs > 1) return 'done';
@@ -278,7 +278,7 @@ test('a claim that returns after its deadline does not start the handler: timeou
   let started = 0;
   const def = defineTask({
     type: 'p_late',
-    ceiling: 50,
+    ceilingMs: 50,
     handler: async () => {
       started++;
     },
@@ -312,7 +312,7 @@ test('stop(): in-flight handlers are aborted, leases released (cancelled / conti
   let started = 0;
   const hang = defineTask({
     type: 'p_hang',
-    ceiling: 60_000,
+    ceilingMs: 60_000,
     handler: (_p, ctx) =>
       new Promise((_r, rej) => {
         started++;
@@ -321,7 +321,7 @@ test('stop(): in-flight handlers are aborted, leases released (cancelled / conti
   });
   const progress = defineTask<{ c: number }>({
     type: 'p_progress',
-    ceiling: 60_000,
+    ceilingMs: 60_000,
     handler: async (p, ctx) => {
       started++;
       await ctx.advanceCursor({ c: p.c + 1 });
@@ -331,7 +331,7 @@ test('stop(): in-flight handlers are aborted, leases released (cancelled / conti
   });
   const final = defineTask({
     type: 'p_final',
-    ceiling: 60_000,
+    ceilingMs: 60_000,
     maxAttempts: 1,
     handler: (_p, ctx) =>
       new Promise((_r, rej) => {
@@ -374,7 +374,7 @@ test('stop(): in-flight handlers are aborted, leases released (cancelled / conti
 });
 
 test('an unknown task type gets a clear error and loses nothing', async () => {
-  const known = defineTask({ type: 'p_known', ceiling: 1000, handler: async () => {} });
+  const known = defineTask({ type: 'p_known', ceilingMs: 1000, handler: async () => {} });
   await withWorker([known], async (w) => {
     const r = await enqueue(pool, 'p_mystery', { keep: 'me' }, { schema });
     await waitFor(async () => (await state(r.id!)) === 'retryable', 10_000, 'failure recorded');
@@ -389,7 +389,7 @@ test('a malformed payload is dead-lettered with a clear error, payload kept for 
   let ran = 0;
   const def = defineTask({
     type: 'p_typed',
-    ceiling: 1000,
+    ceilingMs: 1000,
     schema: z.object({ org: z.number() }),
     handler: async () => {
       ran++;
@@ -411,9 +411,9 @@ test('bad config values get clear errors', () => {
   assert.equal(slotsFromEnv(undefined), undefined);
   assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [], slots: 0 }), /slots/);
   assert.throws(() => new Worker({ connectionString: '', tasks: [] }), /connectionString/);
-  assert.throws(() => defineTask({ type: 'x', ceiling: 0, handler: async () => {} }), /ceiling/);
-  assert.throws(() => defineTask({ type: '', ceiling: 1, handler: async () => {} }), /type/);
-  const d = defineTask({ type: 'dup', ceiling: 1, handler: async () => {} });
+  assert.throws(() => defineTask({ type: 'x', ceilingMs: 0, handler: async () => {} }), /ceiling/);
+  assert.throws(() => defineTask({ type: '', ceilingMs: 1, handler: async () => {} }), /type/);
+  const d = defineTask({ type: 'dup', ceilingMs: 1, handler: async () => {} });
   assert.throws(() => new Worker({ connectionString: DATABASE_URL, tasks: [d, d] }), /defined twice/);
   assert.throws(
     () => new Worker({ connectionString: DATABASE_URL, tasks: [], heartbeatIntervalMs: 0 }),
@@ -501,7 +501,7 @@ test('prefetched tasks wait for a slot under their own lease; stop() hands them 
   let started = 0;
   const def = defineTask<{ i: number }>({
     type: 'p_prefetch',
-    ceiling: 60_000,
+    ceilingMs: 60_000,
     handler: (p, ctx) =>
       new Promise((res, rej) => {
         started++;
@@ -555,7 +555,7 @@ test('prefetched tasks wait for a slot under their own lease; stop() hands them 
 test('done returned at the deadline is recorded as success (indistinguishable from finishing)', async () => {
   const def = defineTask({
     type: 'p_done_late',
-    ceiling: scaled(1000),
+    ceilingMs: scaled(1000),
     handler: async (_p, ctx) => {
       if (!ctx.signal.aborted) await new Promise((r) => ctx.signal.addEventListener('abort', r));
       return 'done';

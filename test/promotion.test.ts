@@ -131,7 +131,11 @@ test('a lane held busy by two sessions taking turns holds back neither another q
   await reset();
   const hot = await laneId('hot');
   const done = new Set<string>();
-  const def = defineTask<{ tag: string }>({ type: 'busy', ceiling: 5000, handler: async (p) => void done.add(p.tag) });
+  const def = defineTask<{ tag: string }>({
+    type: 'busy',
+    ceilingMs: 5000,
+    handler: async (p) => void done.add(p.tag),
+  });
   const { logger } = captureLogger();
   const w = new Worker({
     connectionString: DATABASE_URL,

@@ -216,10 +216,10 @@ test('provision_lane rejects a null argument or a shard outside 0-63, and accept
 test('B claims, fails, retries, slices and completes through a Worker whose maintenance (promotion, rescue, ring prune, gauges, retention) runs as B', async () => {
   const queue = `work-${process.pid}`;
   const attempts = new Map<string, number>();
-  const done = defineTask({ type: 'r_done', ceiling: 10_000, handler: async () => undefined });
+  const done = defineTask({ type: 'r_done', ceilingMs: 10_000, handler: async () => undefined });
   const flaky = defineTask({
     type: 'r_flaky',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     backoff: { baseMs: 0, maxMs: 0 },
     handler: async (_p, ctx) => {
       attempts.set('flaky', ctx.attempt);
@@ -228,7 +228,7 @@ test('B claims, fails, retries, slices and completes through a Worker whose main
   });
   const doomed = defineTask({
     type: 'r_dead',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     maxAttempts: 1,
     handler: async () => {
       throw new Error('always');
@@ -236,7 +236,7 @@ test('B claims, fails, retries, slices and completes through a Worker whose main
   });
   const sliced = defineTask<{ cursor: number }>({
     type: 'r_slice',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     handler: async (p, ctx) => {
       if (p.cursor >= 2) return 'done';
       assert.equal(await ctx.advanceCursor({ cursor: p.cursor + 1 }), true);

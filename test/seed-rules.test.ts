@@ -51,7 +51,7 @@ test('the default lease margin is 30 s: lease = ceiling + 30 s, deadline = lease
   let seen: { deadline: number; expires: number } | null = null;
   const def = defineTask({
     type: 'r_margin',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     handler: async (_p, ctx) => {
       const r = await pool.query(
         `SELECT (extract(epoch FROM expires_at) * 1000)::float8 AS e, extract(epoch FROM expires_at - claimed_at)::float8 AS s FROM ${S}.leased_entries WHERE id = $1`,
@@ -87,7 +87,7 @@ test('a failing task drops to the tail instead of blocking the work behind it', 
   const order: string[] = [];
   const def = defineTask<{ tag: string }>({
     type: 'r_tail',
-    ceiling: 5000,
+    ceilingMs: 5000,
     backoff: { baseMs: 300, maxMs: 300 },
     handler: async (p, ctx) => {
       order.push(`${p.tag}#${ctx.attempt}`);
@@ -254,7 +254,7 @@ test('shutdown settles a handler that returns as the drain ends; it never runs a
   let runs = 0;
   const def = defineTask({
     type: 'r_drain',
-    ceiling: 60_000,
+    ceilingMs: 60_000,
     handler: async () => {
       runs++;
       // Finishes its work despite the abort, a moment into the drain.
@@ -415,7 +415,7 @@ test('a handler that ignores its AbortSignal: stop() gives up after stopTimeoutM
   let started = 0;
   const def = defineTask({
     type: 'r_ignores',
-    ceiling: 60_000,
+    ceilingMs: 60_000,
     handler: () => new Promise<void>(() => void started++),
   });
   const w = new Worker({
@@ -496,7 +496,7 @@ test('a release that fails is logged at warn, and the lapsed lease still gets th
     let runs = 0;
     const def = defineTask({
       type: 'r_release_fails',
-      ceiling: scaled(1000),
+      ceilingMs: scaled(1000),
       handler: (_p, ctx) =>
         new Promise<void>((res, rej) => {
           runs++;

@@ -64,7 +64,7 @@ async function runs(i: number): Promise<{ attempt: number; worker: string }[]> {
 async function otherWorker(t: TestContext, type: string, id: string, queue: string): Promise<Worker> {
   const def = defineTask<{ i: number }>({
     type,
-    ceiling: 5000,
+    ceilingMs: 5000,
     handler: async ({ i }, ctx) => record(i, ctx.attempt, id),
   });
   const w = new Worker({
@@ -92,7 +92,7 @@ test('a handler that ignores its signal keeps its lease past expiry: no second r
   const hang = defineTask<{ i: number }>({
     type: 'inproc_hang',
     // Long enough that a claim on a loaded machine still returns before the deadline.
-    ceiling: 3000,
+    ceilingMs: 3000,
     handler: async ({ i }, ctx: TaskContext<{ i: number }>) => {
       await record(i, ctx.attempt, 'holder');
       await released; // ignores ctx.signal

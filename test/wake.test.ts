@@ -28,7 +28,7 @@ function worker(
 
 test('LISTEN: a committed enqueue wakes an idle worker without waiting for the poll', async () => {
   let ran = 0;
-  const def = defineTask({ type: 'w_notify', ceiling: 5000, handler: async () => void ran++ });
+  const def = defineTask({ type: 'w_notify', ceilingMs: 5000, handler: async () => void ran++ });
   const { w } = worker([def], 600_000); // the poll would take ten minutes
   await w.start();
   try {
@@ -41,7 +41,7 @@ test('LISTEN: a committed enqueue wakes an idle worker without waiting for the p
 });
 
 test('one shared poll ticker: each tick wakes one fetch, not one per slot', async () => {
-  const def = defineTask({ type: 'w_idle', ceiling: 5000, handler: async () => {} });
+  const def = defineTask({ type: 'w_idle', ceilingMs: 5000, handler: async () => {} });
   const { w } = worker([def], 50, 8);
   await w.start();
   try {
@@ -66,7 +66,7 @@ test('a burst cascades: one wake fills every idle slot with one claim', async ()
   const release: (() => void)[] = [];
   const def = defineTask({
     type: 'w_burst',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     handler: () =>
       new Promise<void>((r) => {
         running++;
@@ -99,7 +99,7 @@ test('a burst cascades: one wake fills every idle slot with one claim', async ()
 
 test('a lost LISTEN connection reconnects with backoff, and polling keeps draining meanwhile', async () => {
   let ran = 0;
-  const def = defineTask({ type: 'w_reconnect', ceiling: 5000, handler: async () => void ran++ });
+  const def = defineTask({ type: 'w_reconnect', ceilingMs: 5000, handler: async () => void ran++ });
   const { w, lines } = worker([def], 100);
   await w.start();
   try {
@@ -125,8 +125,8 @@ test('a lost LISTEN connection reconnects with backoff, and polling keeps draini
 test('a notification naming a lane of another queue is not claimed by a worker that does not serve it', async () => {
   let ranA = 0;
   let ranB = 0;
-  const a = defineTask({ type: 'w_qa', ceiling: 5000, handler: async () => void ranA++ });
-  const b = defineTask({ type: 'w_qb', ceiling: 5000, handler: async () => void ranB++ });
+  const a = defineTask({ type: 'w_qa', ceilingMs: 5000, handler: async () => void ranA++ });
+  const b = defineTask({ type: 'w_qb', ceilingMs: 5000, handler: async () => void ranB++ });
   const { logger } = captureLogger();
   const w = new Worker({
     connectionString: DATABASE_URL,
@@ -157,7 +157,7 @@ test('a notification naming a lane of another queue is not claimed by a worker t
 
 test('an idle worker runs one fetch per task it picks up: a slot freed after a short claim queries nothing', async () => {
   let ran = 0;
-  const def = defineTask({ type: 'w_one_fetch', ceiling: 5000, handler: async () => void ran++ });
+  const def = defineTask({ type: 'w_one_fetch', ceilingMs: 5000, handler: async () => void ran++ });
   const { w } = worker([def], 600_000); // no poll: every fetch below is a wake's
   await w.start();
   try {
@@ -183,7 +183,7 @@ test('wakes that arrive during a claim are not lost: same lane and another lane,
   const ran = new Set<number>();
   const def = defineTask({
     type: 'w_during_claim',
-    ceiling: 5000,
+    ceilingMs: 5000,
     handler: async (payload) => void ran.add((payload as { i: number }).i),
   });
   const { w } = worker([def], 600_000);
@@ -221,7 +221,7 @@ test('work in more lanes than one claim locks drains without the poll', async ()
   const ran = new Set<number>();
   const def = defineTask({
     type: 'w_many_lanes',
-    ceiling: 5000,
+    ceilingMs: 5000,
     handler: async (payload) => void ran.add((payload as { i: number }).i),
   });
   // Enqueued before the worker listens: only its start-up discovery knows of them. Four slots
@@ -239,7 +239,7 @@ test('work in more lanes than one claim locks drains without the poll', async ()
 
 test("a paused queue's task runs on the resume's wake, without the poll", async () => {
   let ran = 0;
-  const def = defineTask({ type: 'w_resume', ceiling: 5000, handler: async () => void ran++ });
+  const def = defineTask({ type: 'w_resume', ceilingMs: 5000, handler: async () => void ran++ });
   await pauseQueue(pool, schema, 'w-paused', 'test', 'wake test');
   const { w } = worker([def], 600_000);
   await w.start();

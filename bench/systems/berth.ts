@@ -52,7 +52,7 @@ export function berthAdapter(ctx: AdapterContext): SystemAdapter {
     async startWorker(concurrency, onRun): Promise<RunningWorker> {
       const noop = defineTask<{ i: number }>({
         type: 'noop',
-        ceiling: 60_000,
+        ceilingMs: 60_000,
         handler: async (payload) => {
           onRun(payload.i);
         },

@@ -1,3 +1,4 @@
+import { checkKeys } from '../limits.js';
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import type { Logger } from '../logger.js';
 
@@ -56,12 +57,15 @@ function summarise(result: unknown): unknown {
   return result;
 }
 
+const AUDIT_PAGE_KEYS: ReadonlySet<string> = new Set(['limit', 'before']);
+
 /** Newest first; `before` is the id of the last entry of the previous page. */
 export async function listAudit(
   db: Queryable,
   schema: SchemaRef,
   page: { limit?: number; before?: string } = {},
 ): Promise<AuditEntry[]> {
+  checkKeys(page, AUDIT_PAGE_KEYS, 'listAudit page');
   const res = await db.query<{ id: string; at: Date; actor: string; action: string; target: unknown; result: unknown }>(
     // a.id, not the text output column: the page is in numeric order and the PK serves it.
     `SELECT a.id::text AS id, a.at, a.actor, a.action, a.target, a.result FROM ${bindSchema(schema).q}.audit_log a

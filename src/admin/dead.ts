@@ -1,3 +1,4 @@
+import { checkKeys } from '../limits.js';
 import { BerthInputError } from '../errors.js';
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import { deadRowPredicate } from '../storage/predicates.js';
@@ -18,6 +19,16 @@ export interface DeadFilter {
   ids?: readonly string[];
   all?: boolean;
 }
+
+const FILTER_KEYS: ReadonlySet<string> = new Set<keyof DeadFilter>([
+  'queue',
+  'type',
+  'errorContains',
+  'diedBefore',
+  'ids',
+  'all',
+]);
+const PAGE_KEYS: ReadonlySet<string> = new Set(['limit', 'after']);
 
 export interface DeadLetter {
   id: string;
@@ -73,6 +84,7 @@ function assertBulkScope(f: DeadFilter): void {
 
 /** The WHERE clause for a filter, over alias `d`, with parameters starting at $1. */
 function where(f: DeadFilter): { sql: string; values: unknown[] } {
+  checkKeys(f, FILTER_KEYS, 'dead-letter filter');
   return {
     sql: `($1::text IS NULL OR d.queue = $1) AND ($2::text IS NULL OR d.type = $2)
           AND ($3::text IS NULL OR strpos(lower(d.last_error), lower($3)) > 0)
@@ -89,6 +101,9 @@ export async function listDead(
   filter: Omit<DeadFilter, 'all'> = {},
   page: { limit?: number; after?: string } = {},
 ): Promise<{ deadLetters: DeadLetter[]; next: string | null }> {
+  // `all` is a bulk action's scope; a list ignores it (the CLI builds one filter for both).
+  checkKeys(filter, FILTER_KEYS, 'listDead filter');
+  checkKeys(page, PAGE_KEYS, 'listDead page');
   const limit = page.limit ?? 50;
   if (!Number.isInteger(limit) || limit < 1 || limit > 500)
     throw new BerthInputError('limit must be an integer from 1 to 500');

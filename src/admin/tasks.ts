@@ -1,3 +1,4 @@
+import { checkKeys } from '../limits.js';
 import { BerthInputError } from '../errors.js';
 import { bindSchema, type Queryable, queryRingRead, type SchemaRef } from '../sql.js';
 import { laneCursorsJson, unsettledEntriesOf, unsettledRanges } from '../storage/predicates.js';
@@ -15,12 +16,16 @@ export interface TaskFilter {
   type?: string;
 }
 
+const TASK_FILTER_KEYS: ReadonlySet<string> = new Set<keyof TaskFilter>(['state', 'queue', 'type']);
+
 export interface TaskPage {
   /** At most this many (1-500, default 50). */
   limit?: number;
   /** Keyset cursor: the `next` of the previous page (tasks with a smaller id). */
   after?: string;
 }
+
+const PAGE_KEYS: ReadonlySet<string> = new Set<keyof TaskPage>(['limit', 'after']);
 
 export interface TaskSummary {
   id: string;
@@ -80,6 +85,8 @@ export async function listTasks(
   filter: TaskFilter = {},
   page: TaskPage = {},
 ): Promise<TaskList> {
+  checkKeys(filter, TASK_FILTER_KEYS, 'listTasks filter');
+  checkKeys(page, PAGE_KEYS, 'listTasks page');
   const { q: s } = bindSchema(schema);
   const limit = pageLimit(page.limit);
   if (filter.state) parseState(filter.state);

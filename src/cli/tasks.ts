@@ -10,7 +10,7 @@ import {
   type TaskActionResult,
 } from '../admin/tasks.js';
 import { BerthInputError } from '../errors.js';
-import { enqueue } from '../producer/enqueue.js';
+import { enqueueUnchecked } from '../producer/enqueue.js';
 import { MAX_ATTEMPTS_LIMIT } from '../limits.js';
 import { getTask } from '../storage/tasks.js';
 import { moveTask } from '../storage/move.js';
@@ -96,7 +96,7 @@ export function registerTaskCommands(program: Command): void {
           throw new BerthInputError('give --run-at or --delay, not both');
         const payload = jsonPayload(json);
         await withPool(opts, async (pool) => {
-          const r = await enqueue(pool, type, payload, {
+          const r = await enqueueUnchecked(pool, type, payload, {
             schema: opts.schema,
             queue: opts.queue,
             priority: opts.priority,

@@ -1,3 +1,4 @@
+import { didYouMean } from '../util/nearest.js';
 import { BerthInputError } from '../errors.js';
 
 /**
@@ -68,7 +69,9 @@ export function validateAuthLimits(options: AuthLimitOptions | undefined): AuthL
   const given = Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined));
   for (const key of Object.keys(given)) {
     if (!Object.hasOwn(AUTH_LIMIT_DEFAULTS, key))
-      throw new BerthInputError(`unknown dashboard authLimits option "${key}"`);
+      throw new BerthInputError(
+        `unknown dashboard authLimits option "${key}"${didYouMean(key, Object.keys(AUTH_LIMIT_DEFAULTS))}`,
+      );
   }
   const o = { ...AUTH_LIMIT_DEFAULTS, ...given } as AuthLimits;
   for (const [key, value] of Object.entries(o)) {

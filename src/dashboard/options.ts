@@ -1,3 +1,4 @@
+import { didYouMean } from '../util/nearest.js';
 import type pg from 'pg';
 import type { Registry } from 'prom-client';
 import { resolveDatabase, type DatabaseTarget } from '../db/connections.js';
@@ -135,7 +136,8 @@ function checkKnownKeys(options: object, known: ReadonlySet<string>, what: strin
   if (typeof options !== 'object' || options === null || Array.isArray(options))
     throw new BerthInputError(`${what} must be an object`);
   for (const [key, value] of Object.entries(options)) {
-    if (value !== undefined && !known.has(key)) throw new BerthInputError(`unknown ${what} "${key}"`);
+    if (value !== undefined && !known.has(key))
+      throw new BerthInputError(`unknown ${what} "${key}"${didYouMean(key, known)}`);
   }
 }
 
@@ -250,7 +252,9 @@ export function validateAuth(auth: DashboardAuth | undefined): void {
     throw new BerthInputError('dashboard auth must be an object { token?, users? }');
   for (const key of Object.keys(auth)) {
     if (key !== 'token' && key !== 'users')
-      throw new BerthInputError(`unknown dashboard auth option "${key}" (token, users)`);
+      throw new BerthInputError(
+        `unknown dashboard auth option "${key}"${didYouMean(key, ['token', 'users'])} (token, users)`,
+      );
   }
   if (auth.token !== undefined && (typeof auth.token !== 'string' || chars(auth.token) < MIN_TOKEN_LENGTH)) {
     throw new BerthInputError(

@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import { createPool, type DatabaseTarget } from '../db/connections.js';
+import { checkKeys } from '../limits.js';
 import type { Registry } from 'prom-client';
 import { BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
@@ -38,6 +39,8 @@ export interface WorkerHttpOptions {
   dashboard?: boolean | WorkerDashboardOptions;
 }
 
+const HTTP_KEYS: ReadonlySet<string> = new Set<keyof WorkerHttpOptions>(['port', 'host', 'metrics', 'dashboard']);
+
 /** WorkerHttpOptions with its defaults filled in and every value checked. */
 export interface ResolvedWorkerHttpOptions {
   readonly port: number;
@@ -51,6 +54,7 @@ export interface ResolvedWorkerHttpOptions {
 export function resolveWorkerHttpOptions(o: WorkerHttpOptions): ResolvedWorkerHttpOptions {
   if (typeof o !== 'object' || o === null)
     throw new BerthInputError('http must be an object { port, host?, metrics?, dashboard? }');
+  checkKeys(o, HTTP_KEYS, 'http');
   const port = validatePort(o.port, 'http.port');
   const host = o.host ?? DEFAULT_DASHBOARD_HOST;
   if (typeof host !== 'string' || host === '') throw new BerthInputError('http.host must be a host name or address');

@@ -1,4 +1,6 @@
 import { resolveDatabase, type DatabaseTarget } from '../db/connections.js';
+import { checkKeys } from '../limits.js';
+import { didYouMean } from '../util/nearest.js';
 import { BerthInputError } from '../errors.js';
 import type pg from 'pg';
 import type { Lane } from '../lane.js';
@@ -76,7 +78,10 @@ export function resolveMaintenanceOptions(options: MaintenanceOptions | undefine
   const given = Object.fromEntries(Object.entries(options ?? {}).filter(([, v]) => v !== undefined));
   const o = { ...MAINTENANCE_DEFAULTS, ...given } as ResolvedMaintenanceOptions;
   for (const [key, value] of Object.entries(o) as [keyof MaintenanceOptions, unknown][]) {
-    if (!(key in MAINTENANCE_DEFAULTS)) throw new BerthInputError(`unknown maintenance option "${key}"`);
+    if (!(key in MAINTENANCE_DEFAULTS))
+      throw new BerthInputError(
+        `unknown maintenance option "${key}"${didYouMean(key, Object.keys(MAINTENANCE_DEFAULTS))}`,
+      );
     if (key === 'laneLockTimeoutMs' && value === null) continue;
     const integer = key === 'promoteBatchSize';
     if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || (integer && !Number.isInteger(value))) {
@@ -87,6 +92,16 @@ export function resolveMaintenanceOptions(options: MaintenanceOptions | undefine
   }
   return o;
 }
+
+const MAINTENANCE_DEPS_KEYS: ReadonlySet<string> = new Set([
+  'connectionString',
+  'schema',
+  'pool',
+  'logger',
+  'metrics',
+  'options',
+  'workerId',
+]);
 
 type Branch = { name: string; intervalMs: number; run: () => Promise<void> };
 
@@ -129,6 +144,7 @@ export class Maintenance {
       workerId?: string;
     },
   ) {
+    checkKeys(deps, MAINTENANCE_DEPS_KEYS, 'Maintenance');
     // Resolving a resolved value changes nothing: the worker resolves its options up front.
     this.opts = resolveMaintenanceOptions(deps.options);
     this.schema = bindSchema(deps.schema);

@@ -1,3 +1,4 @@
+import { checkKeys } from '../limits.js';
 import type pg from 'pg';
 import { bindSchema, queryRingRead, quoteIdent, type SchemaRef } from '../sql.js';
 
@@ -103,12 +104,15 @@ export async function pruneSegment(
 /** What prune_slot (migration 7) answers. */
 type PruneOutcome = 'pruned' | 'blocked' | 'current' | 'empty' | 'claimable' | 'in_flight';
 
+const RING_KEYS: ReadonlySet<string> = new Set(['rotateAfterMs', 'lockTimeoutMs']);
+
 /** Rotate if due, then try to prune every sealed, non-empty segment, oldest first. */
 export async function maintainRing(
   pool: pg.Pool,
   schema: SchemaRef,
   opts: { rotateAfterMs: number; lockTimeoutMs: number },
 ): Promise<{ rotation: RotateResult; prunes: PruneResult[] }> {
+  checkKeys(opts, RING_KEYS, 'maintainRing');
   const bound = bindSchema(schema);
   const s = bound.q;
   const st = await readRingState(pool, bound);

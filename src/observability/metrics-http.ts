@@ -1,3 +1,4 @@
+import { checkKeys } from '../limits.js';
 import { listen } from '../http/listen.js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { Registry } from 'prom-client';
@@ -51,12 +52,12 @@ export interface MetricsServer {
   close(): Promise<void>;
 }
 
+const METRICS_SERVER_KEYS: ReadonlySet<string> = new Set<keyof MetricsServerOptions>(['port', 'host', 'registry']);
+
 /** A standalone HTTP server serving only `GET /metrics` (404 elsewhere). */
-export async function startMetricsServer({
-  port,
-  host = '127.0.0.1',
-  registry,
-}: MetricsServerOptions): Promise<MetricsServer> {
+export async function startMetricsServer(options: MetricsServerOptions): Promise<MetricsServer> {
+  checkKeys(options, METRICS_SERVER_KEYS, 'startMetricsServer');
+  const { port, host = '127.0.0.1', registry } = options;
   const server = await listen([metricsRequestHandler(registry)], port, host);
   return { url: `${server.url}/metrics`, close: () => server.close() };
 }

@@ -29,6 +29,12 @@ export interface HandlerRan {
   shutdown: boolean;
   /** The deadline aborted it, or it returned at or after its deadline. */
   pastDeadline: boolean;
+  /**
+   * The handler settled the task itself (`ctx.dequeue`, in its own transaction). The worker's
+   * settlement is still written (the handler's transaction may have rolled back); a refusal then
+   * means the handler's completion committed, and counts as a success, not a lost lease.
+   */
+  dequeued: boolean;
 }
 
 /** The task as the table needs it: its attempt and the backoff policy that applies. */
@@ -121,6 +127,11 @@ export function settlementFor(run: TaskRun, task: TaskAttempt): Settlement {
 }
 
 function afterHandler(run: Extract<TaskRun, HandlerRan>, task: TaskAttempt): Settlement {
+  const settlement = byHandlerResult(run, task);
+  return run.dequeued ? { ...settlement, outcome: { ...settlement.outcome, refused: 'success' } } : settlement;
+}
+
+function byHandlerResult(run: Extract<TaskRun, HandlerRan>, task: TaskAttempt): Settlement {
   if (run.shutdown && run.kind !== 'done') {
     // Interrupted by stop(): hand the lease back so another worker takes it within a poll.
     // A run that saved progress first is counted as continued whatever the release answers.

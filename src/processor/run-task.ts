@@ -7,6 +7,7 @@ import { describeHandlerResult, isContractResult } from './handler-result.js';
 import type { TaskRun } from './outcome-table.js';
 import type { DeadlineTimer, RunAbort } from './run-abort.js';
 import { advanceCursor } from '../storage/return.js';
+import { dequeue } from '../storage/complete.js';
 
 /** What running one task needs from the engine (one value, built once). */
 export interface RunDeps {
@@ -94,6 +95,7 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
 
   deps.deadlines.arm(abort);
   let advanced = false;
+  let dequeued = false;
   const fields = {
     id: task.id,
     type: task.type,
@@ -102,11 +104,17 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     lane: { queue: task.queue, priority: task.priority, shard: task.shard },
     deadline: new Date(deadline),
     logger: log,
+    schema: deps.schema,
+    token: task.token,
     advanceCursor: async (next: unknown) => {
       const ok = await advanceCursor(deps.write, deps.schema, task, next);
       if (ok) advanced = true;
       else log.warn('AdvanceCursor refused: lease no longer held');
       return ok;
+    },
+    dequeue: async (executor: Queryable) => {
+      await dequeue(executor, deps.schema, task.id, task.token);
+      dequeued = true;
     },
     [RUN_ABORT]: abort,
   };
@@ -134,6 +142,7 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
   deps.observeHandler(task, (performance.now() - started) / 1000);
   const ran = {
     advanced,
+    dequeued,
     shutdown: abort.reason instanceof ShutdownAbort,
     pastDeadline: abort.reason instanceof DeadlineAbort || Date.now() >= deadline,
   };

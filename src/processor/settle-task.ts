@@ -94,6 +94,11 @@ function describe(
     run.kind === 'done' || run.kind === 'continue' || run.kind === 'error' || run.kind === 'contract_violation'
       ? run
       : null;
+  if (answer.kind === 'refused' && ran?.dequeued) {
+    // Not a lost lease: the handler's own ctx.dequeue committed first.
+    if (debugEnabled()) log.debug('task dequeued by its handler');
+    return;
+  }
   switch (action.kind) {
     case 'return_unstarted':
       log.warn(

@@ -1,3 +1,4 @@
+import { checkKeys } from '../limits.js';
 import { BerthError } from '../errors.js';
 import type { HandlerResult, TaskContext } from '../task.js';
 
@@ -16,6 +17,8 @@ export interface SliceOptions<P, C> {
   /** Wall-clock budget of one slice before it commits its cursor and continues (default 2 min). */
   sliceMs?: number;
 }
+
+const SLICE_KEYS: ReadonlySet<string> = new Set(['cursorOf', 'withCursor', 'readPage', 'sliceMs']);
 
 /** Seed 000: resumable two-minute slices. */
 export const DEFAULT_SLICE_MS = 120_000;
@@ -46,6 +49,7 @@ export async function runSlices<P, C>(
   ctx: TaskContext<P>,
   opts: SliceOptions<P, C>,
 ): Promise<HandlerResult> {
+  checkKeys(opts, SLICE_KEYS, 'runSlices');
   const budget = opts.sliceMs ?? DEFAULT_SLICE_MS;
   const sliceEnds = Date.now() + budget;
   let cursor = opts.cursorOf(payload);

@@ -1,3 +1,4 @@
+import { didYouMean } from '../util/nearest.js';
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { resolveDatabase, type DatabaseTarget } from '../db/connections.js';
@@ -155,7 +156,8 @@ export interface ResolvedWorkerOptions extends EngineOptions {
  */
 export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOptions {
   for (const key of Object.keys(options)) {
-    if (!WORKER_OPTION_KEYS.has(key)) throw new BerthInputError(`unknown worker option "${key}"`);
+    if (!WORKER_OPTION_KEYS.has(key))
+      throw new BerthInputError(`unknown worker option "${key}"${didYouMean(key, WORKER_OPTION_KEYS)}`);
   }
   if (!options.connectionString) throw new BerthInputError('Worker needs a connectionString');
   const database = resolveDatabase(options.connectionString, { connectTimeoutMs: options.connectTimeoutMs });
@@ -205,7 +207,7 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
   for (const def of options.tasks) {
     if (defs.has(def.type)) throw new BerthInputError(`task type "${def.type}" is defined twice`);
     defs.set(def.type, def);
-    ceilings.set(def.type, def.ceiling);
+    ceilings.set(def.type, def.ceilingMs);
     maxAttempts.set(def.type, def.maxAttempts);
   }
   const workerId = options.workerId ?? `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`;

@@ -1,6 +1,7 @@
 import { BerthInputError } from '../errors.js';
 import { bindSchema, DEFAULT_SCHEMA, type Queryable } from '../sql.js';
-import { validatePayload, type TaskDefinition } from '../task.js';
+import { validatePayload } from '../task.js';
+import type { TaskPayload, TaskTypeLike, TaskTypeName } from '../task-type.js';
 import {
   checkInteger,
   checkKeys,
@@ -44,13 +45,33 @@ export interface EnqueueResult {
   duplicateOf?: string;
 }
 
-/** A task type by name, or its definition (whose schema then validates the payload). */
-export type TaskTypeRef = string | Pick<TaskDefinition<unknown>, 'type' | 'maxAttempts' | 'schema'>;
+/**
+ * A task type by name (typed by the TaskRegistry once it has entries), or its definition: a
+ * TaskType or a TaskDefinition, whose schema then validates the payload.
+ */
+export type TaskTypeRef<P = unknown> = TaskTypeName | TaskTypeLike<P>;
 
 export interface TaskSpec<P = unknown> extends Omit<EnqueueOptions, 'schema'> {
-  type: TaskTypeRef;
+  type: TaskTypeRef<P>;
   payload: P;
 }
+
+/**
+ * One entry of an `enqueueMany` batch as the compiler checks it: a definition's payload is the
+ * definition's payload type; a name must be a registered one (any string while the registry is
+ * empty), its payload the registry's. An entry typed only as a TaskSpec (a batch built in a
+ * loop) is taken as it is.
+ */
+export type CheckedTaskSpec<S> = S extends { type: infer T }
+  ? [T] extends [string]
+    ? Omit<EnqueueOptions, 'schema'> & { type: T & TaskTypeName; payload: TaskPayload<T> }
+    : [T] extends [TaskTypeLike<infer P>]
+      ? Omit<EnqueueOptions, 'schema'> & { type: T; payload: P }
+      : S
+  : never;
+
+/** A batch checked entry by entry (see CheckedTaskSpec). */
+export type CheckedTaskSpecs<S extends readonly unknown[]> = readonly CheckedTaskSpec<S[number]>[];
 
 /** Every enqueue default in one place (docs/configuration.md); `maxAttempts` is resolved at claim. */
 export const ENQUEUE_DEFAULTS = Object.freeze({
@@ -70,15 +91,40 @@ export const CHUNK_JSON_CHARS = 16 * 1024 * 1024;
  * Enqueue one task with the caller's executor. Pass a client inside your transaction and the
  * task commits or rolls back with your business write; the wake NOTIFY fires only on commit.
  */
-export async function enqueue<P>(
+export function enqueue<P>(
   executor: Queryable,
-  type: string | Pick<TaskDefinition<P>, 'type' | 'maxAttempts' | 'schema'>,
-  payload: P,
+  type: TaskTypeLike<P>,
+  payload: NoInfer<P>,
+  options?: EnqueueOptions,
+): Promise<EnqueueResult>;
+export function enqueue<T extends TaskTypeName>(
+  executor: Queryable,
+  type: T,
+  payload: TaskPayload<T>,
+  options?: EnqueueOptions,
+): Promise<EnqueueResult>;
+export function enqueue(
+  executor: Queryable,
+  type: TaskTypeRef,
+  payload: unknown,
+  options?: EnqueueOptions,
+): Promise<EnqueueResult> {
+  return enqueueUnchecked(executor, type, payload, options);
+}
+
+/**
+ * `enqueue` without the compile-time check of the name and payload (the CLI's: a name typed by
+ * an operator, which no application's TaskRegistry covers). Checked at run time the same way.
+ */
+export async function enqueueUnchecked(
+  executor: Queryable,
+  type: string | TaskTypeLike<unknown>,
+  payload: unknown,
   options: EnqueueOptions = {},
 ): Promise<EnqueueResult> {
   checkKeys(options, OPTION_KEYS, 'enqueue options');
   const { schema, ...rest } = options;
-  const [result] = await enqueueMany(executor, [{ ...rest, type: type as TaskTypeRef, payload }], { schema });
+  const [result] = await enqueueTasks(executor, [{ ...rest, type, payload }], { schema });
   return result!;
 }
 
@@ -86,10 +132,21 @@ export async function enqueue<P>(
  * Enqueue a batch: one statement per lane (and per 5 000 rows or 16 M characters of payload
  * JSON), results in input order.
  */
-export async function enqueueMany(
+export function enqueueMany<S extends readonly TaskSpec[]>(
   executor: Queryable,
-  tasks: readonly TaskSpec[],
+  tasks: S & CheckedTaskSpecs<S>,
   options: { schema?: string } = {},
+): Promise<EnqueueResult[]> {
+  return enqueueTasks(executor, tasks, options);
+}
+
+/** A task spec as the run-time checks take it: a name is any string here. */
+type AnyTaskSpec = Omit<TaskSpec, 'type'> & { type: string | TaskTypeLike<unknown> };
+
+async function enqueueTasks(
+  executor: Queryable,
+  tasks: readonly AnyTaskSpec[],
+  options: { schema?: string },
 ): Promise<EnqueueResult[]> {
   checkKeys(options, BATCH_OPTION_KEYS, 'enqueueMany options');
   const { name: schema, q: s } = bindSchema(options.schema ?? ENQUEUE_DEFAULTS.schema);
@@ -273,7 +330,7 @@ const DELAY_WHY = ' (the run time must fall before year 10000)';
  * (asynchronously, all of them at once); every other task is resolved synchronously, so a bulk
  * call of plain tasks makes no promise per task.
  */
-async function resolveTaskSpecs(tasks: readonly TaskSpec[]): Promise<ResolvedTaskSpec[]> {
+async function resolveTaskSpecs(tasks: readonly AnyTaskSpec[]): Promise<ResolvedTaskSpec[]> {
   const n = tasks.length;
   const resolved = new Array<ResolvedTaskSpec>(n);
   const validations: Promise<void>[] = [];
@@ -311,7 +368,7 @@ function whereOf(index: number, count: number): string {
  * schema, if any). The checks are what PostgreSQL would otherwise refuse mid-statement
  * (src/limits.ts).
  */
-function resolveTaskSpec(t: TaskSpec, index: number, count: number, payload: unknown): ResolvedTaskSpec {
+function resolveTaskSpec(t: AnyTaskSpec, index: number, count: number, payload: unknown): ResolvedTaskSpec {
   const where = whereOf(index, count);
   checkKeys(t, SPEC_KEYS, where);
   const def = typeof t.type === 'string' ? undefined : t.type;
@@ -325,8 +382,10 @@ function resolveTaskSpec(t: TaskSpec, index: number, count: number, payload: unk
   if (json === undefined) throw new BerthInputError(`${where} (${type}): payload is not JSON-serialisable`);
   checkPayloadJson(json, where, type);
   // Any name is a queue, the empty one included (seed 003: storage rejects only NULL).
+  // The enqueue's own queue, else the definition's, else `default`.
+  const named = t.queue ?? def?.queue;
   const queue =
-    t.queue === undefined ? ENQUEUE_DEFAULTS.queue : checkText(t.queue, 'queue', where, { maxBytes: MAX_QUEUE_BYTES });
+    named === undefined ? ENQUEUE_DEFAULTS.queue : checkText(named, 'queue', where, { maxBytes: MAX_QUEUE_BYTES });
   const priority =
     t.priority === undefined ? ENQUEUE_DEFAULTS.priority : checkInteger(t.priority, 'priority', where, -32768, 32767);
   const shards = t.shards === undefined ? ENQUEUE_DEFAULTS.shards : checkInteger(t.shards, 'shards', where, 1, 64);

@@ -1,3 +1,4 @@
+import { didYouMean } from '../util/nearest.js';
 import { createHash } from 'node:crypto';
 import type pg from 'pg';
 import { openClient, resolveDatabase } from '../db/connections.js';
@@ -42,7 +43,9 @@ function checkKeys(options: object, allowed: readonly string[], what: string): v
   if (typeof options !== 'object' || options === null) throw new BerthInputError(`${what} needs an options object`);
   for (const key of Object.keys(options)) {
     if (!allowed.includes(key))
-      throw new BerthInputError(`unknown ${what} option "${key}" (known: ${allowed.join(', ')})`);
+      throw new BerthInputError(
+        `unknown ${what} option "${key}"${didYouMean(key, allowed)} (known: ${allowed.join(', ')})`,
+      );
   }
 }
 

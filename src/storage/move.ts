@@ -1,7 +1,9 @@
 import { BerthInputError } from '../errors.js';
-import { checkText, MAX_QUEUE_BYTES } from '../limits.js';
+import { checkKeys, checkText, MAX_QUEUE_BYTES } from '../limits.js';
 import { bindSchema, READ_COMMITTED_REQUIRED, readCommittedOnly, type Queryable, type SchemaRef } from '../sql.js';
 import { getTask } from './tasks.js';
+
+const MOVE_KEYS: ReadonlySet<string> = new Set(['queue', 'priority']);
 
 export type MoveResult = 'moved' | 'leased' | 'not_found';
 
@@ -16,6 +18,7 @@ export async function moveTask(
   id: string,
   to: { queue?: string; priority?: number },
 ): Promise<MoveResult> {
+  checkKeys(to, MOVE_KEYS, 'moveTask');
   if (to.queue !== undefined) checkText(to.queue, 'queue', '', { maxBytes: MAX_QUEUE_BYTES });
   const bound = bindSchema(schema);
   const current = await getTask(db, bound, id);
