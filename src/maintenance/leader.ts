@@ -95,6 +95,7 @@ export function resolveMaintenanceOptions(options: MaintenanceOptions | undefine
 
 const MAINTENANCE_DEPS_KEYS: ReadonlySet<string> = new Set([
   'connectionString',
+  'connectTimeoutMs',
   'schema',
   'pool',
   'logger',
