@@ -7,6 +7,7 @@ import {
   checkMs,
   checkText,
   MAX_ATTEMPTS_LIMIT,
+  MAX_QUEUE_BYTES,
   MAX_TIMER_MS,
   MAX_TYPE_CHARS,
 } from './limits.js';
@@ -77,6 +78,11 @@ export interface TaskDefinitionInput<P> {
   backoff?: Partial<BackoffPolicy>;
   /** Validates payloads at enqueue (when the definition is passed) and before each run. */
   schema?: StandardSchemaLike<P>;
+  /**
+   * The queue its tasks go to when enqueued by this definition (an explicit `queue` option
+   * still wins), and one a worker holding it serves by default. Default: `default`.
+   */
+  queue?: string;
 }
 
 export interface TaskDefinition<P = unknown> {
@@ -86,6 +92,8 @@ export interface TaskDefinition<P = unknown> {
   readonly maxAttempts: number;
   readonly backoff: BackoffPolicy;
   readonly schema: StandardSchemaLike<P> | undefined;
+  /** The queue it routes to; undefined: the default queue (docs/architecture.md, "Routing"). */
+  readonly queue: string | undefined;
 }
 
 /**
@@ -106,6 +114,7 @@ const DEFINITION_KEYS: ReadonlySet<string> = new Set([
   'maxAttempts',
   'backoff',
   'schema',
+  'queue',
 ]);
 const BACKOFF_KEYS: ReadonlySet<string> = new Set(['baseMs', 'maxMs']);
 /** A retry delay above a year is a unit mistake; the bound also keeps `now() + delay` storable. */
@@ -133,6 +142,9 @@ export function defineTask<P>(input: TaskDefinitionInput<P>): TaskDefinition<P> 
       throw new BerthInputError(`${where}: backoff must be an object`);
     checkKeys(input.backoff, BACKOFF_KEYS, `${where}: backoff`);
   }
+  // Any name is a queue, the empty one included, as at enqueue (src/producer/enqueue.ts).
+  const queue =
+    input.queue === undefined ? undefined : checkText(input.queue, 'queue', where, { maxBytes: MAX_QUEUE_BYTES });
   const backoff = { ...DEFAULT_BACKOFF, ...input.backoff };
   checkMs(backoff.baseMs, 'backoff.baseMs', where, 0, MAX_BACKOFF_MS);
   checkMs(backoff.maxMs, 'backoff.maxMs', where, backoff.baseMs, MAX_BACKOFF_MS, ' (at least baseMs)');
@@ -143,6 +155,7 @@ export function defineTask<P>(input: TaskDefinitionInput<P>): TaskDefinition<P> 
     maxAttempts,
     backoff,
     schema: input.schema,
+    queue,
   });
 }
 

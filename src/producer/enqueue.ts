@@ -22,7 +22,7 @@ export interface EnqueueOptions {
   delay?: number;
   /** Lower runs first. smallint range; default 0. */
   priority?: number;
-  /** Default `default`. */
+  /** Default: the definition's queue when a definition is passed, else `default`. This option wins over both. */
   queue?: string;
   /** At most one live (not dead, not finished) task per key. */
   dedupeKey?: string;
@@ -44,8 +44,16 @@ export interface EnqueueResult {
   duplicateOf?: string;
 }
 
-/** A task type by name, or its definition (whose schema then validates the payload). */
-export type TaskTypeRef = string | Pick<TaskDefinition<unknown>, 'type' | 'maxAttempts' | 'schema'>;
+/**
+ * A task type by name, or its definition (whose schema then validates the payload, and whose
+ * queue the task goes to unless the options name one).
+ */
+export type TaskTypeRef = string | DefinitionRef<unknown>;
+
+/** What enqueue reads of a definition. `queue` is optional so a hand-made `{ type }` still fits. */
+export type DefinitionRef<P> = Pick<TaskDefinition<P>, 'type' | 'maxAttempts' | 'schema'> & {
+  readonly queue?: string | undefined;
+};
 
 export interface TaskSpec<P = unknown> extends Omit<EnqueueOptions, 'schema'> {
   type: TaskTypeRef;
@@ -72,7 +80,7 @@ export const CHUNK_JSON_CHARS = 16 * 1024 * 1024;
  */
 export async function enqueue<P>(
   executor: Queryable,
-  type: string | Pick<TaskDefinition<P>, 'type' | 'maxAttempts' | 'schema'>,
+  type: string | DefinitionRef<P>,
   payload: P,
   options: EnqueueOptions = {},
 ): Promise<EnqueueResult> {
@@ -324,9 +332,12 @@ function resolveTaskSpec(t: TaskSpec, index: number, count: number, payload: unk
   }
   if (json === undefined) throw new BerthInputError(`${where} (${type}): payload is not JSON-serialisable`);
   checkPayloadJson(json, where, type);
-  // Any name is a queue, the empty one included (seed 003: storage rejects only NULL).
+  // Any name is a queue, the empty one included (seed 003: storage rejects only NULL). The
+  // option wins over the definition's queue (checked by defineTask), as River's per-insert
+  // options win over a job's own (docs/architecture.md, "Routing").
+  const named = t.queue === undefined ? def?.queue : t.queue;
   const queue =
-    t.queue === undefined ? ENQUEUE_DEFAULTS.queue : checkText(t.queue, 'queue', where, { maxBytes: MAX_QUEUE_BYTES });
+    named === undefined ? ENQUEUE_DEFAULTS.queue : checkText(named, 'queue', where, { maxBytes: MAX_QUEUE_BYTES });
   const priority =
     t.priority === undefined ? ENQUEUE_DEFAULTS.priority : checkInteger(t.priority, 'priority', where, -32768, 32767);
   const shards = t.shards === undefined ? ENQUEUE_DEFAULTS.shards : checkInteger(t.shards, 'shards', where, 1, 64);
