@@ -80,7 +80,8 @@ test('defineTask: queue is optional, checked like an enqueue queue, and kept on 
   for (const queue of [42, 'a\u0000b', 'x'.repeat(256)]) {
     assert.throws(
       () => defineTask({ type: 'r_bad', ceiling: 1000, handler, queue: queue as string }),
-      (e: unknown) => e instanceof BerthInputError && /^task "r_bad": queue (must be a string|contains a NUL)/.test(e.message),
+      (e: unknown) =>
+        e instanceof BerthInputError && /^task "r_bad": queue (must be a string|contains a NUL)/.test(e.message),
     );
   }
 });
