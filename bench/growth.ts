@@ -212,6 +212,8 @@ async function drainOnce(env: Env, cfg: GrowthConfig, n: number, lanes: number |
       connectionString: env.url,
       schema: SCHEMA,
       tasks: [noop],
+      // The lanes section spreads over queues `lanes0`, `lanes1`, …: serve them all.
+      queues: 'all',
       slots: cfg.slots,
       logger: silent,
       metrics,

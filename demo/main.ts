@@ -80,6 +80,8 @@ const tasks = [
   }),
   defineTask<{ report: number }>({
     type: 'report_render',
+    // Its own queue, which this worker then serves too (the producer below names it).
+    queue: 'reports',
     ceilingMs: 60_000,
     handler: async (p, ctx) => {
       // The slow one: a few seconds, so the dashboard shows tasks running.

@@ -289,6 +289,7 @@ export class BerthMetrics {
   readonly registry: Registry;
   readonly meter: Meter;
   readonly outcomes: CounterMetric<'task_type' | 'outcome'>;
+  readonly unknownTypes: CounterMetric<'task_type'>;
   readonly handlerSeconds: HistogramMetric<'task_type'>;
   readonly pending: GaugeMetric<'task_type'>;
   readonly running: GaugeMetric<'task_type'>;
@@ -362,6 +363,11 @@ export class BerthMetrics {
       'berth_task_outcomes_total',
       'Handler runs by task type and outcome (success, failure, timeout, continued, cancelled, lost, unsettled)',
       ['task_type', 'outcome'],
+    );
+    this.unknownTypes = counter(
+      'berth_tasks_unknown_type_total',
+      'Claimed tasks of a type this worker has no definition for, handed back without charging an attempt, by task type',
+      ['task_type'],
     );
     this.handlerSeconds = histogram(
       'berth_task_handler_seconds',

@@ -97,7 +97,10 @@ export interface TaskDefinitionFields<P> {
   backoff?: Partial<BackoffPolicy>;
   /** Validates payloads at enqueue (when the definition is passed) and before each run. */
   schema?: StandardSchemaLike<P>;
-  /** The queue enqueueing by this definition routes to (an enqueue's own `queue` wins). */
+  /**
+   * The queue its tasks go to when enqueued by this definition (an explicit `queue` option
+   * still wins), and one a worker holding it serves by default. Default: `default`.
+   */
   queue?: string;
 }
 
@@ -130,7 +133,7 @@ export interface TaskDefinition<P = unknown> {
   readonly maxAttempts: number;
   readonly backoff: BackoffPolicy;
   readonly schema: StandardSchemaLike<P> | undefined;
-  /** The queue enqueueing by this definition routes to; undefined: the enqueue's, else `default`. */
+  /** The queue it routes to; undefined: the default queue (docs/architecture.md, "Routing"). */
   readonly queue: string | undefined;
 }
 
@@ -176,6 +179,7 @@ export function defineTask<P>(input: TaskDefinitionInput<P>): TaskDefinition<P> 
   const where = `task "${type}"`;
   checkKeys(input, DEFINITION_KEYS, where);
   const ceilingMs = resolveCeiling(input, where);
+  // Any name is a queue, the empty one included, as at enqueue (src/producer/enqueue.ts).
   const queue =
     input.queue === undefined ? undefined : checkText(input.queue, 'queue', where, { maxBytes: MAX_QUEUE_BYTES });
   if (typeof input.handler !== 'function') {

@@ -250,7 +250,7 @@ test('laneStats: depth and oldest due from index probes; taskCounts by queue and
 
 test('a worker heartbeats its row and outcome counts; the leader is visible with branch stats; a clean stop removes the row', async () => {
   await reset();
-  const def = defineTask({ type: 'hb', ceilingMs: 10_000, handler: async () => {} });
+  const def = defineTask({ type: 'hb', queue: 'hbq', ceilingMs: 10_000, handler: async () => {} });
   const w = new Worker({
     connectionString: DATABASE_URL,
     schema,

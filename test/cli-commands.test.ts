@@ -253,6 +253,16 @@ test('worker refuses a module that is not a task module, or a missing one, with 
   assert.match(missing.err, /cannot load task module/);
   const noTasks = await berth('worker');
   assert.equal(noTasks.code, 2);
+  const both = await berth(
+    'worker',
+    '--tasks',
+    fileURLToPath(new URL('./fixtures/cli-tasks.ts', import.meta.url)),
+    '--queue',
+    'a',
+    '--all-queues',
+  );
+  assert.equal(both.code, 2);
+  assert.match(both.err, /--queue and --all-queues exclude each other/);
   const unmigrated = await main([
     'node',
     'berth',

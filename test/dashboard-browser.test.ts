@@ -61,6 +61,8 @@ const worker = new Worker({
   connectionString: DATABASE_URL,
   schema,
   tasks,
+  // The pages are filled from several queues (mail, reports, billing, exports): serve them all.
+  queues: 'all',
   slots: 4,
   pollIntervalMs: 200,
   heartbeatIntervalMs: 250,

@@ -77,6 +77,8 @@ test('the context has id, type, attempt, max attempts, lane, deadline, signal, s
     {};
   const def = defineTask<{ n: number }>({
     type: 'ctx_fields',
+    // The worker serves its definitions' queues (docs/architecture.md, "Routing").
+    queue: 'ctxq',
     ceilingMs: 60_000,
     maxAttempts: 7,
     handler: async (_p, ctx) => {

@@ -225,15 +225,17 @@ test('"Three states, and nothing else": a handler that returns anything else fai
   assert.equal(counted({ kind: 'contract_violation', error: 'x', ...plain, pastDeadline: true }, written), 'timeout');
 });
 
-test('unknown type: a claimed task this worker has no handler for is a failure, backed off by the default policy', () => {
-  const s = settlementFor({ kind: 'unknown_type', error: 'no handler registered for task type "x"' }, task);
+test('unknown type: handed back unstarted, the attempt refunded, kept away for its delay, nothing counted', () => {
+  const s = settlementFor({ kind: 'unknown_type', error: 'no handler for task type "x"', delayMs: 5000 }, task);
   assert.deepEqual(s.action, {
-    kind: 'fail',
-    error: 'no handler registered for task type "x"',
-    delayMs: backoffDelayMs(DEFAULT_BACKOFF, 3),
-    permanent: false,
+    kind: 'return_unstarted',
+    away: { delayMs: 5000, note: 'no handler for task type "x"' },
   });
-  assert.equal(s.outcome.written, 'failure');
+  assert.deepEqual(
+    s.outcome,
+    { written: null, refused: null, unwritten: null },
+    'not a handler outcome, never a failure',
+  );
 });
 
 test('bad payload: a payload its schema refuses can never succeed: dead-lettered at once, no backoff (counted failure)', () => {
@@ -244,7 +246,7 @@ test('bad payload: a payload its schema refuses can never succeed: dead-lettered
 
 test('every outcome the table counts is one of the seven the metrics export', () => {
   const runs: TaskRun[] = [
-    { kind: 'unknown_type', error: 'x' },
+    { kind: 'unknown_type', error: 'x', delayMs: 0 },
     { kind: 'expired_in_buffer' },
     { kind: 'late_claim', error: 'x' },
     { kind: 'invalid_payload', error: 'x' },

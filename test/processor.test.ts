@@ -373,15 +373,17 @@ test('stop(): in-flight handlers are aborted, leases released (cancelled / conti
   assert.equal(due.rows[0].due, true, 'released work is due at once, not after the lease');
 });
 
-test('an unknown task type gets a clear error and loses nothing', async () => {
+test('an unknown task type is handed back with a clear note, no attempt charged, nothing lost', async () => {
   const known = defineTask({ type: 'p_known', ceilingMs: 1000, handler: async () => {} });
   await withWorker([known], async (w) => {
     const r = await enqueue(pool, 'p_mystery', { keep: 'me' }, { schema });
-    await waitFor(async () => (await state(r.id!)) === 'retryable', 10_000, 'failure recorded');
+    await waitFor(async () => (await state(r.id!)) === 'retryable', 10_000, 'hand-back recorded');
     const t = await getTask(pool, schema, r.id!);
-    assert.match(t!.lastError!, /no handler registered for task type "p_mystery"/);
+    assert.match(t!.lastError!, /no handler for task type "p_mystery" on worker .*: handed back without charging/);
     assert.deepEqual(t!.payload, { keep: 'me' });
-    await expectOutcome(w.metrics, 'p_mystery', 'failure', 1);
+    assert.equal(t!.attempts, 0, "the claim's attempt is refunded");
+    assert.equal(await counterValue(w.metrics, 'berth_tasks_unknown_type_total', { task_type: 'p_mystery' }), 1);
+    assert.equal(await outcomes(w.metrics, 'p_mystery', 'failure'), 0, 'not a failure');
   });
 });
 

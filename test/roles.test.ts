@@ -248,6 +248,7 @@ test('B claims, fails, retries, slices and completes through a Worker whose main
     connectionString: urlAs(roleB),
     schema,
     tasks: [done, flaky, doomed, sliced],
+    queues: [queue],
     slots: 2,
     leaseMarginMs: 0,
     pollIntervalMs: 100,

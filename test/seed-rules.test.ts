@@ -496,6 +496,7 @@ test('a release that fails is logged at warn, and the lapsed lease still gets th
     let runs = 0;
     const def = defineTask({
       type: 'r_release_fails',
+      queue: 'release_fails',
       ceilingMs: scaled(1000),
       handler: (_p, ctx) =>
         new Promise<void>((res, rej) => {
@@ -515,7 +516,7 @@ test('a release that fails is logged at warn, and the lapsed lease still gets th
       leaseMarginMs: 0,
     });
     await first.start();
-    const r = await enqueue(pool, def, {}, { schema, queue: 'release_fails' });
+    const r = await enqueue(pool, def, {}, { schema });
     await waitFor(() => runs === 1, 10_000, 'first run');
     await first.stop();
     const warn = lines.find((x) => x.msg === 'release could not be written; the lease will lapse');

@@ -239,7 +239,7 @@ test('work in more lanes than one claim locks drains without the poll', async ()
 
 test("a paused queue's task runs on the resume's wake, without the poll", async () => {
   let ran = 0;
-  const def = defineTask({ type: 'w_resume', ceilingMs: 5000, handler: async () => void ran++ });
+  const def = defineTask({ type: 'w_resume', queue: 'w-paused', ceilingMs: 5000, handler: async () => void ran++ });
   await pauseQueue(pool, schema, 'w-paused', 'test', 'wake test');
   const { w } = worker([def], 600_000);
   await w.start();
@@ -247,7 +247,7 @@ test("a paused queue's task runs on the resume's wake, without the poll", async 
     await waitFor(async () => (await counterValue(w.metrics, 'berth_claims_total', {})) >= 1, 10_000, 'start fetch');
     // Its wake names the paused lane: the claim gets nothing and the discovery that follows
     // skips paused lanes, so nothing runs and nothing more is owed.
-    await enqueue(pool, def, {}, { schema, queue: 'w-paused' });
+    await enqueue(pool, def, {}, { schema });
     await waitFor(async () => (await counterValue(w.metrics, 'berth_claims_total', {})) >= 2, 10_000, 'its fetch');
     assert.equal(ran, 0);
     // Resuming NOTIFYs every lane of the queue.

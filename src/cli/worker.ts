@@ -130,7 +130,7 @@ async function drained(
   pool: pg.Pool,
   schema: string,
   worker: Worker,
-  queues: string[] | undefined,
+  queues: readonly string[] | null,
   onRemaining: (n: number) => void,
 ): Promise<void> {
   let quiet = 0;
@@ -138,7 +138,7 @@ async function drained(
     const lanes = (await laneStats(pool, schema)).filter((l) => !l.paused && (!queues || queues.includes(l.queue)));
     const remaining = lanes.reduce((n, l) => n + l.depth + l.dueDeferred, 0) + worker.activeSlots;
     onRemaining(remaining);
-    const claimable = await discover(pool, schema, queues ?? null, 1);
+    const claimable = await discover(pool, schema, queues, 1);
     const due = lanes.some((l) => l.dueDeferred > 0);
     quiet = claimable.length === 0 && !due && worker.activeSlots === 0 ? quiet + 1 : 0;
     if (quiet >= 2) return;
@@ -153,7 +153,13 @@ export function registerWorkerCommands(program: Command): void {
     )
     .requiredOption('--tasks <module>', 'module exporting `tasks`: an array of defineTask(...) results')
     .option('--slots <n>', 'concurrent handlers (default: $BERTH_TASK_PROCESSOR_CONCURRENCY or 4)', intOption(1, 1000))
-    .option('--queue <names>', 'only claim from these queues (comma-separated or repeated)', collect, [])
+    .option(
+      '--queue <names>',
+      'only claim from these queues (comma-separated or repeated; default: the queues the task definitions name)',
+      collect,
+      [],
+    )
+    .option('--all-queues', 'claim from every queue (tasks of types the module does not define are handed back)')
     .option('--no-maintenance', 'never lead maintenance in this process')
     .option('--drain', 'exit once no due work is left (progress bar on a terminal)')
     .option('--http-port <n>', 'serve GET /metrics (Prometheus) on this port (0 = any free port)', intOption(0, 65535))
@@ -177,6 +183,7 @@ export function registerWorkerCommands(program: Command): void {
           tasks: string;
           slots?: number;
           queue: string[];
+          allQueues?: boolean;
           maintenance: boolean;
           drain?: boolean;
           httpPort?: number;
@@ -187,7 +194,9 @@ export function registerWorkerCommands(program: Command): void {
       ) => {
         const db = database(opts);
         const tasks = await loadTaskModule(opts.tasks);
-        const queues = splitQueues(opts.queue);
+        const named = splitQueues(opts.queue);
+        if (named && opts.allQueues) throw new BerthInputError('--queue and --all-queues exclude each other');
+        const queues = opts.allQueues ? 'all' : named;
         // Log lines carry task types and errors: nothing in them may act on a terminal.
         const logger = createLogger(
           { service: 'berth-worker' },
@@ -228,7 +237,7 @@ export function registerWorkerCommands(program: Command): void {
         const bar = progressBar('draining');
         let total = 0;
         let finished = false;
-        const drain = drained(pool, opts.schema, worker, queues, (n) => {
+        const drain = drained(pool, opts.schema, worker, worker.queues, (n) => {
           total = Math.max(total, n);
           bar.update({ done: total - n, total });
         })

@@ -1,4 +1,5 @@
 import type { AnyTaskDefinition } from '../task.js';
+import type { ResolvedUnknownTypeOptions } from './unknown-types.js';
 
 /**
  * What the engine reads of the worker's resolved options (src/processor/worker-options.ts
@@ -19,7 +20,10 @@ export interface TaskRegistry {
 export interface EngineOptions {
   readonly tasks: TaskRegistry;
   readonly slots: number;
+  /** The queues claimed from (null: every queue). */
   readonly queues: readonly string[] | null;
+  /** What happens to a claimed task of a type with no definition here. */
+  readonly unknownTypes: ResolvedUnknownTypeOptions;
   readonly schema: string;
   readonly leaseMarginMs: number;
   readonly prefetch: number;

@@ -20,6 +20,7 @@ import { returnUnstarted } from '../storage/return.js';
 import { StuckGuard } from './stuck.js';
 import type { EngineOptions } from './engine-options.js';
 import { TypeMetrics } from './type-metrics.js';
+import { UnknownTypes } from './unknown-types.js';
 
 /** The longest wait between claim attempts while the database fails (see runFetchLoop). */
 const FETCH_RETRY_MAX_MS = 1000;
@@ -164,6 +165,7 @@ export class Engine {
       workerId: this.o.workerId,
       deadlines: this.deadlines,
       observeHandler: (task, seconds) => this.typeMetrics.for(task.type).handlerSeconds.observe(seconds),
+      unknownTypes: new UnknownTypes(this.o.unknownTypes, deps.metrics, deps.logger, this.o.workerId),
     };
     this.settleDeps = {
       write: deps.write,

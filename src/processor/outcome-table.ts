@@ -7,8 +7,11 @@ import { backoffDelayMs, type BackoffPolicy } from '../task.js';
  * the contract). Nothing here has been written yet: settling is the next, separate step.
  */
 export type TaskRun =
-  /** The worker has no definition for the claimed type: a failure, backed off by the default policy. */
-  | { kind: 'unknown_type'; error: string }
+  /**
+   * The worker has no definition for the claimed type: not the task's fault, so it is handed
+   * back without charging an attempt, kept away `delayMs` (processor/unknown-types.ts).
+   */
+  | { kind: 'unknown_type'; error: string; delayMs: number }
   /** It waited in the prefetch buffer past its deadline: it never ran. */
   | { kind: 'expired_in_buffer' }
   /** The claim itself returned after the handler deadline (seed 000: not started, recorded as timeout). */
@@ -54,8 +57,11 @@ export type SettleAction =
    * `finalError` is stamped only when it retires the task on its final attempt.
    */
   | { kind: 'release'; reason: 'shutdown' | 'continue'; finalError: string }
-  /** Hand back a never-started task with the claim's attempt refunded. */
-  | { kind: 'return_unstarted' };
+  /**
+   * Hand back a never-started task with the claim's attempt refunded: due now, or (`away`) after
+   * a delay, with a note as its last_error.
+   */
+  | { kind: 'return_unstarted'; away?: { delayMs: number; note: string } };
 
 /**
  * What the fence answered: the write landed (`dead`: it moved the task to the dead letters), the
@@ -78,6 +84,9 @@ export interface Settlement {
 function fenced(written: Outcome | null): OutcomeByAnswer {
   return { written, refused: 'lost', unwritten: 'unsettled' };
 }
+
+/** Nothing is counted whatever the write answers (no handler ran). */
+const NOT_COUNTED: OutcomeByAnswer = Object.freeze({ written: null, refused: null, unwritten: null });
 
 /** Counted as `outcome` whatever the write answers (the run already saved its progress). */
 function always(outcome: Outcome): OutcomeByAnswer {
@@ -107,13 +116,17 @@ const CONTINUE_FINAL_ERROR = 'continued without advancing on its final attempt';
 export function settlementFor(run: TaskRun, task: TaskAttempt): Settlement {
   switch (run.kind) {
     case 'unknown_type':
+      // Not the task's fault: another worker (or this one's next version) runs it. Nothing ran,
+      // so no outcome; berth_tasks_unknown_type_total counts it. Seed 000 keeps a rollout's
+      // attempt because a refund could hide a task that always dies mid-flight; a task that is
+      // never started cannot be one (docs/architecture.md, "Routing").
       return {
-        action: failWithBackoff(run.error, task, false),
-        outcome: fenced('failure'),
+        action: { kind: 'return_unstarted', away: { delayMs: run.delayMs, note: run.error } },
+        outcome: NOT_COUNTED,
       };
     case 'expired_in_buffer':
       // Nothing ran, so nothing is counted; the refund keeps a slow process from burning attempts.
-      return { action: { kind: 'return_unstarted' }, outcome: { written: null, refused: null, unwritten: null } };
+      return { action: { kind: 'return_unstarted' }, outcome: NOT_COUNTED };
     case 'late_claim':
       return {
         action: failWithBackoff(run.error, task, false),

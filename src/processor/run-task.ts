@@ -8,6 +8,7 @@ import type { TaskRun } from './outcome-table.js';
 import type { DeadlineTimer, RunAbort } from './run-abort.js';
 import { advanceCursor } from '../storage/return.js';
 import { dequeue } from '../storage/complete.js';
+import type { UnknownTypes } from './unknown-types.js';
 
 /** What running one task needs from the engine (one value, built once). */
 export interface RunDeps {
@@ -18,6 +19,8 @@ export interface RunDeps {
   deadlines: DeadlineTimer;
   /** Records a started handler's run time (the engine's per-type histogram). */
   observeHandler: (task: ClaimedTask, seconds: number) => void;
+  /** Types this worker has no definition for: their delay, metric and log line. */
+  unknownTypes: UnknownTypes;
 }
 
 export interface RunInput {
@@ -58,9 +61,9 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
   const deadline = abort.deadline;
   if (!def) {
     freeSlot();
-    const error = `no handler registered for task type "${task.type}" on worker ${deps.workerId}`;
-    log.error({ max_attempts: task.maxAttempts }, error);
-    return { kind: 'unknown_type', error };
+    // Logged once per type per interval by unknownTypes, not per task.
+    const delayMs = deps.unknownTypes.handBack(task);
+    return { kind: 'unknown_type', error: deps.unknownTypes.note(task.type), delayMs };
   }
   const now = Date.now();
   if (deadline <= now && input.receivedAt < deadline) {

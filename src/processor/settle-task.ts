@@ -50,7 +50,7 @@ function write(deps: SettleDeps, task: ClaimedTask, settlement: Settlement, log:
     case 'release':
       return release(deps, task, action.finalError, log);
     case 'return_unstarted':
-      return handBack(deps, task);
+      return handBack(deps, task, action.away);
   }
 }
 
@@ -71,9 +71,13 @@ async function release(deps: SettleDeps, task: ClaimedTask, finalError: string, 
   }
 }
 
-async function handBack(deps: SettleDeps, task: ClaimedTask): Promise<SettleAnswer> {
+async function handBack(
+  deps: SettleDeps,
+  task: ClaimedTask,
+  away: { delayMs: number; note: string } | undefined,
+): Promise<SettleAnswer> {
   try {
-    const r = await returnUnstarted(deps.write, deps.schema, task);
+    const r = await returnUnstarted(deps.write, deps.schema, task, away);
     return r.wrote ? { kind: 'written', dead: false } : { kind: 'refused' };
   } catch (err) {
     return { kind: 'unwritten', error: (err as Error).message };
@@ -101,6 +105,14 @@ function describe(
   }
   switch (action.kind) {
     case 'return_unstarted':
+      if (run.kind === 'unknown_type') {
+        // Each hand-back that landed is in the type's once-per-interval line; one that did not
+        // is told here (its lease lapses, and rescue hands it on).
+        if (answer.kind !== 'written') {
+          log.warn({ handed_back: false, answer: answer.kind }, 'a task of an unknown type could not be handed back');
+        }
+        return;
+      }
       log.warn(
         { handed_back: answer.kind === 'written' },
         'prefetched task reached its deadline before a slot freed; handed back unstarted',

@@ -20,6 +20,9 @@ import {
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 import { DEFAULT_STUCK_GRACE_MS } from './stuck.js';
 import type { EngineOptions } from './engine-options.js';
+import { resolveUnknownTypeOptions, type UnknownTypeOptions } from './unknown-types.js';
+import { DEFAULT_QUEUE } from '../producer/enqueue.js';
+import { checkText, MAX_QUEUE_BYTES } from '../limits.js';
 
 export interface WorkerOptions {
   connectionString: string;
@@ -28,8 +31,20 @@ export interface WorkerOptions {
   tasks: readonly AnyTaskDefinition[];
   /** Worker slots (concurrent handlers). 4; `workerOptionsFromEnv` reads BERTH_TASK_PROCESSOR_CONCURRENCY. */
   slots?: number;
-  /** Only claim from these queues. Default: all. */
-  queues?: readonly string[];
+  /**
+   * The queues this worker claims from. Default: the queues its definitions name (`default` for
+   * a definition that names none), so a worker only meets the types it was deployed with.
+   * `'all'`: every queue (a type it has no definition for is then handed back, see
+   * `unknownTypes`).
+   */
+  queues?: readonly string[] | 'all';
+  /**
+   * A claimed task of a type this worker has no definition for is handed back without charging
+   * an attempt, due again after `delayMs` (doubling per consecutive `logIntervalMs` the type is
+   * seen in, up to `maxDelayMs`), counted on `berth_tasks_unknown_type_total` and logged once
+   * per type per interval. Defaults 5 s, 5 min, 60 s.
+   */
+  unknownTypes?: UnknownTypeOptions;
   schema?: string;
   /** Lease margin: lease = ceiling + margin; the handler must stop by expiry - margin. 30 s. */
   leaseMarginMs?: number;
@@ -114,6 +129,7 @@ const WORKER_OPTION_KEYS: ReadonlySet<string> = new Set<keyof WorkerOptions>([
   'tasks',
   'slots',
   'queues',
+  'unknownTypes',
   'schema',
   'leaseMarginMs',
   'prefetch',
@@ -210,13 +226,15 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
     ceilings.set(def.type, def.ceilingMs);
     maxAttempts.set(def.type, def.maxAttempts);
   }
+  const queues = resolveQueues(options.queues, options.tasks);
   const workerId = options.workerId ?? `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`;
   return {
     database,
     readDatabase,
     tasks: { defs, ceilings, maxAttempts, defaultMaxAttempts: DEFAULT_MAX_ATTEMPTS },
     slots,
-    queues: options.queues ?? null,
+    queues,
+    unknownTypes: resolveUnknownTypeOptions(options.unknownTypes),
     schema: options.schema ?? d.schema,
     leaseMarginMs,
     prefetch,
@@ -234,4 +252,21 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
     stuckGraceMs,
     exitOnStuckSlots: exitOn ?? null,
   };
+}
+
+/**
+ * The queues a worker claims from: the ones it was given, else the ones its definitions name
+ * (the default queue for a definition that names none), in definition order, once each; null
+ * for `'all'` (docs/architecture.md, "Routing").
+ */
+function resolveQueues(
+  queues: readonly string[] | 'all' | undefined,
+  tasks: readonly AnyTaskDefinition[],
+): readonly string[] | null {
+  if (queues === 'all') return null;
+  if (queues === undefined) return [...new Set(tasks.map((d) => d.queue ?? DEFAULT_QUEUE))];
+  if (!Array.isArray(queues)) {
+    throw new BerthInputError(`queues must be an array of queue names or 'all', got ${JSON.stringify(queues)}`);
+  }
+  return queues.map((q, i) => checkText(q, `queues[${i}]`, '', { maxBytes: MAX_QUEUE_BYTES }));
 }

@@ -80,6 +80,11 @@ export class Worker {
     this.channel = wakeChannel(this.o.schema);
   }
 
+  /** The queues this worker claims from (null: every queue); see the `queues` option. */
+  get queues(): readonly string[] | null {
+    return this.o.queues;
+  }
+
   get activeSlots(): number {
     return this.running?.engine.activeSlots ?? 0;
   }

@@ -23,7 +23,7 @@ export interface EnqueueOptions {
   delay?: number;
   /** Lower runs first. smallint range; default 0. */
   priority?: number;
-  /** Default `default`. */
+  /** Default: the definition's queue when a definition is passed, else `default`. This option wins over both. */
   queue?: string;
   /** At most one live (not dead, not finished) task per key. */
   dedupeKey?: string;
@@ -381,9 +381,10 @@ function resolveTaskSpec(t: AnyTaskSpec, index: number, count: number, payload: 
   }
   if (json === undefined) throw new BerthInputError(`${where} (${type}): payload is not JSON-serialisable`);
   checkPayloadJson(json, where, type);
-  // Any name is a queue, the empty one included (seed 003: storage rejects only NULL).
-  // The enqueue's own queue, else the definition's, else `default`.
-  const named = t.queue ?? def?.queue;
+  // Any name is a queue, the empty one included (seed 003: storage rejects only NULL). The
+  // option wins over the definition's queue (checked by defineTask), as River's per-insert
+  // options win over a job's own (docs/architecture.md, "Routing").
+  const named = t.queue === undefined ? def?.queue : t.queue;
   const queue =
     named === undefined ? ENQUEUE_DEFAULTS.queue : checkText(named, 'queue', where, { maxBytes: MAX_QUEUE_BYTES });
   const priority =

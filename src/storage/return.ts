@@ -27,6 +27,7 @@ async function returnLease(
   mode: 'advanced' | 'released' | 'unstarted',
   payload: unknown,
   finalError: string | null,
+  delayMs = 0,
 ): Promise<ReturnResult> {
   const { q: s } = bindSchema(schema);
   const res = await write.query<{ wrote: boolean; dead: boolean }>(
@@ -53,12 +54,13 @@ async function returnLease(
                    ELSE x.attempt END AS attempts,
               x.task_max_attempts AS max_attempts, x.dedupe_key,
               CASE WHEN $5 = 'advanced' THEN NULL
+                   WHEN $5 = 'unstarted' THEN coalesce($7, x.last_error)
                    WHEN x.attempt >= x.max_attempts THEN coalesce($7, x.last_error)
                    ELSE x.last_error END AS last_error,
               x.created_at, x.claimed_at AS last_attempted_at,
               ($5 = 'released' AND x.attempt >= x.max_attempts) AS dead
          FROM lease x
-     ), ${settleAndMove(s, 'now()')}
+     ), ${settleAndMove(s, 'now() + make_interval(secs => $9::float8 / 1000.0)')}
      SELECT EXISTS (SELECT 1 FROM src) AS wrote, coalesce((SELECT bool_or(dead) FROM src), false) AS dead`,
     [
       ref.slot,
@@ -69,6 +71,7 @@ async function returnLease(
       mode === 'advanced' ? JSON.stringify(payload ?? null) : null,
       finalError,
       ref.leaseFrom,
+      delayMs,
     ],
   );
   const row = res.rows[0]!;
@@ -86,11 +89,18 @@ export async function advanceCursor(
 }
 
 /**
- * Hand back a prefetched task whose handler never started: the attempt its claim counted is
- * refunded (nothing ran, so nothing was interrupted) and it never dead-letters.
+ * Hand back a task whose handler never started: the attempt its claim counted is refunded
+ * (nothing ran, so nothing was interrupted) and it never dead-letters. Due now, or after
+ * `delayMs` with `note` as its last_error (a type this worker cannot run: docs/architecture.md,
+ * "Routing").
  */
-export async function returnUnstarted(write: Queryable, schema: SchemaRef, ref: LeaseRef): Promise<ReturnResult> {
-  return returnLease(write, schema, ref, 'unstarted', null, null);
+export async function returnUnstarted(
+  write: Queryable,
+  schema: SchemaRef,
+  ref: LeaseRef,
+  away?: { delayMs: number; note: string },
+): Promise<ReturnResult> {
+  return returnLease(write, schema, ref, 'unstarted', null, away?.note ?? null, away?.delayMs ?? 0);
 }
 
 /** Release: give the task back due now with its burnt attempt kept. */
