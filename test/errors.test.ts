@@ -12,6 +12,7 @@ import {
   BerthError,
   BerthInputError,
   DeadlineAbort,
+  CancelAbort,
   isPermanentError,
   LeaseLostError,
   MigrationChangedError,
@@ -40,6 +41,7 @@ const CODES: Record<BerthErrorCode, true> = {
   CLI_FAILURE: true,
   SHUTDOWN_ABORT: true,
   DEADLINE_ABORT: true,
+  CANCEL_ABORT: true,
 };
 
 type ErrorClass = abstract new (...args: never[]) => Error;
@@ -126,6 +128,13 @@ const CASES: { cls: ErrorClass; err: BerthError; code: BerthErrorCode; also: Err
     code: 'DEADLINE_ABORT',
     also: [],
     message: 'handler deadline 2026-01-01T00:00:00.000Z passed',
+  },
+  {
+    cls: CancelAbort,
+    err: new CancelAbort(),
+    code: 'CANCEL_ABORT',
+    also: [],
+    message: 'task was cancelled by an operator',
   },
 ];
 

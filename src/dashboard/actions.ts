@@ -45,7 +45,9 @@ export function isTaskAction(name: string): name is TaskAction {
 
 export async function taskAction(c: ActionContext, id: string, action: TaskAction) {
   taskId(id);
-  const result = await run(c, `task.${action}`, { id }, () => TASK_ACTIONS[action](c.db, c.schema, id));
+  const result = await run(c, `task.${action}`, { id }, () =>
+    action === 'cancel' ? cancelTask(c.db, c.schema, id, { actor: c.actor }) : TASK_ACTIONS[action](c.db, c.schema, id),
+  );
   return { result };
 }
 
