@@ -16,15 +16,7 @@ import { Counter, Gauge, Histogram, Registry, type LabelValues } from 'prom-clie
  * token, so an outage never inflates it; a run whose settlement lost to an operator's cancel is
  * `cancelled`.
  */
-export type Outcome =
-  | 'success'
-  | 'failure'
-  | 'timeout'
-  | 'continued'
-  | 'cancelled'
-  | 'snoozed'
-  | 'lost'
-  | 'unsettled';
+export type Outcome = 'success' | 'failure' | 'timeout' | 'continued' | 'cancelled' | 'snoozed' | 'lost' | 'unsettled';
 
 export const OUTCOMES: readonly Outcome[] = [
   'success',

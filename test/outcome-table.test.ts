@@ -152,7 +152,11 @@ test('shutdown: "In-flight handlers are cancelled and their leases explicitly re
       { kind: 'release', reason: 'shutdown', finalError: 'interrupted by worker shutdown on its final attempt' },
       run.kind,
     );
-    assert.deepEqual(s.outcome, { written: 'cancelled', refused: 'lost', cancelled: 'cancelled', unwritten: 'unsettled' }, run.kind);
+    assert.deepEqual(
+      s.outcome,
+      { written: 'cancelled', refused: 'lost', cancelled: 'cancelled', unwritten: 'unsettled' },
+      run.kind,
+    );
   }
 });
 
@@ -286,7 +290,12 @@ test('cancel: a run an operator cancelled (its signal fired by the cancel) write
   ] satisfies TaskRun[]) {
     const s = settlementFor(run, task);
     assert.deepEqual(s.action, { kind: 'none' }, run.kind);
-    assert.deepEqual(s.outcome, { written: 'cancelled', refused: 'cancelled', cancelled: 'cancelled', unwritten: 'cancelled' });
+    assert.deepEqual(s.outcome, {
+      written: 'cancelled',
+      refused: 'cancelled',
+      cancelled: 'cancelled',
+      unwritten: 'cancelled',
+    });
   }
 });
 
@@ -297,7 +306,7 @@ test('cancel race: a settlement refused because an operator cancelled first coun
   assert.equal(counted({ kind: 'done', ...plain }, refused), 'lost');
 });
 
-test('snooze: written as a snooze with the type\'s maxSnoozes (default 100), counted snoozed; during a stop too', () => {
+test("snooze: written as a snooze with the type's maxSnoozes (default 100), counted snoozed; during a stop too", () => {
   const s = settlementFor({ kind: 'snooze', delayMs: 30_000, ...plain }, task);
   assert.deepEqual(s.action, {
     kind: 'snooze',

@@ -284,7 +284,10 @@ export class Engine {
     if (task === null) return;
     this.deps.metrics.bufferedTasks.set(this.buffer.size);
     this.settleDeps.record(task, 'cancelled');
-    this.deps.logger.info({ task_id: task.id, task_type: task.type }, 'prefetched task cancelled by an operator; dropped');
+    this.deps.logger.info(
+      { task_id: task.id, task_type: task.type },
+      'prefetched task cancelled by an operator; dropped',
+    );
   }
 
   /**
@@ -476,7 +479,10 @@ export class Engine {
   private async grace(graceMs: number): Promise<void> {
     if (graceMs <= 0 || this.graceSkipped || this.inflight.size === 0) return;
     const running = this.inflight.size;
-    this.deps.logger.info({ running, grace_ms: graceMs }, 'stopping: running handlers may finish within the grace period');
+    this.deps.logger.info(
+      { running, grace_ms: graceMs },
+      'stopping: running handlers may finish within the grace period',
+    );
     let timer: NodeJS.Timeout | undefined;
     const finished = await Promise.race([
       this.allExecuted().then(() => true),

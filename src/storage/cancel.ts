@@ -62,7 +62,12 @@ export async function cancelledAmong(
       WHERE EXISTS (SELECT 1 FROM ${s}.range_settlements x
                      WHERE x.lane_id = u.lane_id AND x.lease_from = u.lease_from AND x.slot = u.slot
                        AND x.seqs @> u.lane_seq AND x.outcome = 'cancelled')`,
-    values: [refs.map((r) => r.slot), refs.map((r) => r.laneId), refs.map((r) => r.leaseFrom), refs.map((r) => r.laneSeq)],
+    values: [
+      refs.map((r) => r.slot),
+      refs.map((r) => r.laneId),
+      refs.map((r) => r.leaseFrom),
+      refs.map((r) => r.laneSeq),
+    ],
   });
   return new Set(res.rows.map((r) => leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq })));
 }
