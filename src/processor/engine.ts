@@ -460,7 +460,11 @@ export class Engine {
         const def = this.o.tasks.defs.get(task.type);
         const log = lazyChild(this.deps.logger, task);
         const run = await runTask(this.runDeps, { task, def, receivedAt, abort, log, freeSlot });
-        const settlement = settlementFor(run, { attempt: task.attempt, backoff: def?.backoff ?? DEFAULT_BACKOFF });
+        const settlement = settlementFor(run, {
+          attempt: task.attempt,
+          backoff: def?.backoff ?? DEFAULT_BACKOFF,
+          maxSnoozes: def?.maxSnoozes,
+        });
         await settleTask(this.settleDeps, task, run, settlement, log);
       } catch (err) {
         this.deps.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed');

@@ -257,7 +257,7 @@ export class Worker {
     await this.starting?.catch(() => undefined);
     const running = this.running;
     if (!running) return;
-    if (this.stopping) {
+    if (this.stopping !== null) {
       running.engine.skipGrace();
       return this.stopping;
     }
