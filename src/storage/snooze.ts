@@ -1,6 +1,6 @@
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import type { LeaseRef } from './lease.js';
-import { settleAndMove } from './settle-tail.js';
+import { settleAndMove, settleOneEntry } from './settle-tail.js';
 
 export interface SnoozeResult {
   /** False when the fence refused: the lease was already settled (a cancel, rescue) or taken over. */
@@ -31,22 +31,7 @@ export async function snoozeLease(
 ): Promise<SnoozeResult> {
   const { q: s } = bindSchema(schema);
   const res = await write.query<{ wrote: boolean; snoozes: number | null; refunded: boolean; dead: boolean }>(
-    `WITH won AS (
-       INSERT INTO ${s}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
-       SELECT l.slot, l.lane_id, l.from_seq, int8multirange(int8range($3::bigint, $3::bigint + 1)), 1, 'snoozed'
-         FROM ${s}.range_leases l
-        WHERE l.slot = $1 AND l.lane_id = $2 AND l.from_seq = $4 AND l.token = $5::uuid
-          AND $3::bigint BETWEEN l.from_seq AND l.to_seq
-       ON CONFLICT DO NOTHING
-       RETURNING slot, lane_id, lease_from
-     ), lease AS MATERIALIZED (
-       SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, r.attempts + 1 AS attempt,
-              coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]) AS max_attempts,
-              r.max_attempts AS task_max_attempts, r.dedupe_key, r.last_error, r.created_at, l.claimed_at
-         FROM won w
-         JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
-         JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = $3::bigint
-     ), counted AS (
+    `WITH ${settleOneEntry(s, `'snoozed'`, '$5')}, counted AS (
        INSERT INTO ${s}.snoozes AS z (id, snoozes) SELECT x.id, 1 FROM lease x
        ON CONFLICT (id) DO UPDATE SET snoozes = z.snoozes + 1, last_snoozed_at = now()
        RETURNING z.id, z.snoozes
@@ -63,7 +48,7 @@ export async function snoozeLease(
      SELECT EXISTS (SELECT 1 FROM won) AS wrote, (SELECT snoozes FROM src) AS snoozes,
             coalesce((SELECT refunded FROM src), false) AS refunded,
             coalesce((SELECT dead FROM src), false) AS dead`,
-    [ref.slot, ref.laneId, ref.laneSeq, ref.leaseFrom, ref.token, Math.max(0, delayMs), maxSnoozes, finalError],
+    [ref.slot, ref.laneId, ref.laneSeq, ref.token, ref.leaseFrom, Math.max(0, delayMs), maxSnoozes, finalError],
   );
   const row = res.rows[0]!;
   return { wrote: row.wrote, snoozes: row.snoozes ?? 0, refunded: row.refunded, dead: row.dead };
