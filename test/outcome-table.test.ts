@@ -318,3 +318,14 @@ test("snooze: written as a snooze with the type's maxSnoozes (default 100), coun
   const t = settlementFor({ kind: 'snooze', delayMs: 1, ...plain, shutdown: true }, { ...task, maxSnoozes: 3 });
   assert.equal(t.action.kind === 'snooze' && t.action.maxSnoozes, 3);
 });
+
+test('snooze after an AdvanceCursor: the advance already released the task, so it settles as a continue that saved progress', () => {
+  const s = settlementFor({ kind: 'snooze', delayMs: 10, ...plain, advanced: true }, task);
+  assert.equal(s.action.kind, 'release');
+  assert.deepEqual(s.outcome, {
+    written: 'continued',
+    refused: 'continued',
+    cancelled: 'continued',
+    unwritten: 'continued',
+  });
+});

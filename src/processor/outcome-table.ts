@@ -154,6 +154,11 @@ export function settlementFor(run: TaskRun, task: TaskAttempt): Settlement {
 function afterHandler(run: Extract<TaskRun, HandlerRan>, task: TaskAttempt): Settlement {
   // Cancelled: the cancel's settlement is the attempt's; whatever the handler said loses to it.
   if (run.cancelled) return CANCELLED;
+  if (run.kind === 'snooze' && run.advanced) {
+    // The run's AdvanceCursor already settled the lease and made the task due now: the snooze
+    // has nothing left to defer, so it is the safety-net release of a continue (refused).
+    return afterHandler({ ...run, kind: 'continue' }, task);
+  }
   if (run.kind === 'snooze') {
     // An explicit answer, written as it is, during a stop or at the deadline too.
     return {
