@@ -3,7 +3,8 @@
  * on a dedicated cluster with stock settings started for the run (BENCH_DATABASE_URL targets an
  * existing server instead). Each repetition runs every scenario for every system, systems
  * interleaved (order rotated per repetition). Progress goes to stderr; the Markdown report goes
- * to stdout and bench/results/latest.md.
+ * to stdout and bench/results/latest.md. berth runs from its tsc build (dist/, which `npm run
+ * bench` builds first), as the peers run their compiled packages; BENCH_BERTH_SRC=1 runs src/.
  */
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';

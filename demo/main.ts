@@ -9,9 +9,23 @@ import { DEFAULT_DASHBOARD_PORT } from '../src/dashboard/index.js';
 import { fromEnv } from '../src/env.js';
 import { startEmbeddedPostgres } from './embedded-postgres.js';
 
+/** A startup failure as one line on stderr (no stack trace), then exit 1. */
+function fail(message: string): never {
+  process.stderr.write(`berth demo: ${message}\n`);
+  process.exit(1);
+}
+
 // Read (and so validated) before anything starts: a bad BERTH_* value is a clear error.
-const env = fromEnv(process.env);
-const log = createLogger({ component: 'demo' }, undefined, env.logLevel);
+let env: ReturnType<typeof fromEnv>;
+try {
+  env = fromEnv(process.env);
+} catch (err) {
+  fail((err as Error).message);
+}
+// On a terminal the demo's JSON lines would bury the banner: they start at warn there unless
+// BERTH_LOG_LEVEL says otherwise (the banner says how to see them). Piped, they are all there.
+const level = env.logLevel ?? (process.stdout.isTTY ? 'warn' : 'info');
+const log = createLogger({ component: 'demo' }, undefined, level);
 
 async function database(): Promise<{ url: string; stop: () => Promise<void> }> {
   if (env.databaseUrl) return { url: env.databaseUrl, stop: async () => {} };
@@ -20,10 +34,21 @@ async function database(): Promise<{ url: string; stop: () => Promise<void> }> {
 }
 
 const dashboard = env.dashboard;
-const db = await database();
+const dashboardPort = dashboard.port ?? DEFAULT_DASHBOARD_PORT;
+let db: { url: string; stop: () => Promise<void> };
+try {
+  db = await database();
+} catch (err) {
+  fail(`could not start the database: ${(err as Error).message}`);
+}
 const schema = env.schema ?? 'berth';
-const report = await migrate({ connectionString: db.url, schema });
-log.info(report, 'migrated');
+try {
+  const report = await migrate({ connectionString: db.url, schema });
+  log.info(report, 'migrated');
+} catch (err) {
+  await db.stop();
+  fail((err as Error).message);
+}
 
 const sleep = (ms: number, signal?: AbortSignal) =>
   new Promise<void>((res, rej) => {
@@ -84,14 +109,24 @@ const worker = new Worker({
   schema,
   tasks,
   slots: 4,
-  logger: createLogger({}, undefined, env.logLevel),
+  logger: createLogger({}, undefined, level),
   http: {
-    port: dashboard.port ?? DEFAULT_DASHBOARD_PORT,
+    port: dashboardPort,
     host: dashboard.host,
     dashboard: { auth: dashboard.auth, readOnly: dashboard.readOnly },
   },
 });
-await worker.start();
+try {
+  await worker.start();
+} catch (err) {
+  await db.stop();
+  if ((err as NodeJS.ErrnoException).code === 'EADDRINUSE')
+    fail(
+      `port ${dashboardPort} on ${dashboard.host ?? '127.0.0.1'} is already in use (another demo or dashboard?): ` +
+        'stop it, or start with BERTH_DASHBOARD_PORT=<another port> (0 picks a free one)',
+    );
+  fail((err as Error).message);
+}
 const pool = new pg.Pool({ connectionString: db.url, max: 2 });
 pool.on('error', (err) => log.warn({ err: err.message }, 'demo producer connection lost'));
 let n = 0;
@@ -112,7 +147,14 @@ log.info(
   { database: db.url.replace(/:[^:@/]*@/, ':***@'), schema, dashboard: worker.httpUrl },
   'berth demo running; Ctrl-C to stop',
 );
-console.log(`\nberth demo: dashboard at ${worker.httpUrl}/  (metrics at ${worker.httpUrl}/metrics; Ctrl-C to stop)\n`);
+// The banner goes to stderr: on a terminal it is what a person reads, and piped it stays apart
+// from the JSON lines on stdout.
+process.stderr.write(
+  `\nberth demo: dashboard at ${worker.httpUrl}/  (metrics at ${worker.httpUrl}/metrics; Ctrl-C to stop)\n` +
+    (env.logLevel === undefined && process.stdout.isTTY
+      ? '  worker logs: warnings only on a terminal; BERTH_LOG_LEVEL=info (or debug: every completed task) for all\n\n'
+      : '\n'),
+);
 
 let stoppingSince = 0;
 async function shutdown(signal: NodeJS.Signals) {

@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 import { Command } from 'commander';
 import { migrate, SchemaTooNewError, withClient } from './schema/migrate.js';
 import { BerthInputError } from './errors.js';
-import { CliFailure, collect, common, connection, EXIT, type Common } from './cli/common.js';
+import { CliFailure, collect, common, database, EXIT, type Common } from './cli/common.js';
 import { registerTaskCommands } from './cli/tasks.js';
 import { registerDeadCommands } from './cli/dead.js';
 import { registerQueueCommands } from './cli/queues.js';
@@ -86,7 +86,9 @@ export function buildProgram(): Command {
     .name('berth')
     .description('berth: a durable task queue on PostgreSQL')
     .version(packageVersion(), '-V, --version', 'print the berth version')
-    .showHelpAfterError()
+    // An option error is one line (`berth: option '--delay <duration>' argument '30' is
+    // invalid. ...`), not that line followed by the whole usage: `--help` shows the usage.
+    .configureOutput({ outputError: (text, write) => write(`berth: ${text.replace(/^error: /, '')}`) })
     .exitOverride();
   common(program.command('migrate'))
     .description(
@@ -109,8 +111,10 @@ export function buildProgram(): Command {
       '\nLane sequences that could not be repaired are listed on stderr; `berth storage lane-sequences` shows what to run.',
     )
     .action(async (opts: Common & { runtimeRole: string[]; producerRole: string[] }) => {
+      const db = database(opts);
       const report = await migrate({
-        connectionString: connection(opts),
+        connectionString: db.connectionString,
+        connectTimeoutMs: db.connectTimeoutMs,
         schema: opts.schema,
         runtimeRoles: opts.runtimeRole,
         producerRoles: opts.producerRole,
@@ -148,7 +152,9 @@ export function buildProgram(): Command {
       '\nExit status: 0 when no problem remains, 1 when problems remain (or the command failed), 2 on bad usage.',
     )
     .action(async (opts: Common & { repair?: boolean }) => {
-      await withClient({ connectionString: connection(opts) }, 'berth storage lane-sequences', async (client) => {
+      const db = database(opts);
+      const target = { connectionString: db.connectionString, connectTimeoutMs: db.connectTimeoutMs };
+      await withClient(target, 'berth storage lane-sequences', async (client) => {
         const repair = opts.repair ? await repairLaneSequences(client, opts.schema) : null;
         const remaining = await listLaneSequenceProblems(client, opts.schema);
         if (opts.json) console.log(jsonSafe(JSON.stringify({ schema: opts.schema, repair, remaining })));
@@ -169,15 +175,56 @@ export function buildProgram(): Command {
   return program;
 }
 
+/** The options without a value that may come before a command. */
+const FLAGS = new Set(['-h', '--help', '-V', '--version']);
+
+/**
+ * The first word of `args` that names no command where a command is expected, with the
+ * commands that would have been: commander shows the parent's help (and exits 0) for
+ * `berth schedules --help`, so an unknown command is caught before it parses anything.
+ */
+export function unknownCommand(program: Command, args: readonly string[]): { word: string; known: string[] } | null {
+  let at: Command = program;
+  let previous = '';
+  for (const word of args) {
+    if (word === '--') return null;
+    const after = previous;
+    previous = word;
+    if (word.startsWith('-')) continue;
+    if (at.commands.length === 0) return null;
+    // Perhaps an option's value (`--database-url <url>` misplaced before its command): commander
+    // reports that, and a value is never echoed as a command name (it may hold a password).
+    if (after.startsWith('-') && !after.includes('=') && !FLAGS.has(after)) return null;
+    const next = at.commands.find((c) => c.name() === word || c.aliases().includes(word));
+    if (next) {
+      at = next;
+      continue;
+    }
+    // `berth help [command]`: commander's own help command, at the top.
+    if (word === 'help' && at === program) return null;
+    return { word, known: at.commands.map((c) => c.name()) };
+  }
+  return null;
+}
+
 export async function main(argv: string[]): Promise<number> {
   const program = buildProgram();
+  const unknown = unknownCommand(program, argv.slice(2));
+  if (unknown) {
+    warn(
+      `berth: unknown command "${escapeControl(unknown.word)}" (commands here: ${unknown.known.join(', ')}); see berth --help`,
+    );
+    return EXIT.usage;
+  }
   try {
     await program.parseAsync(argv);
     return EXIT.ok;
   } catch (err) {
     const e = err as { code?: string; exitCode?: number; message?: string };
     if (e.code?.startsWith('commander.')) {
-      return e.code === 'commander.helpDisplayed' || e.code === 'commander.version' ? EXIT.ok : EXIT.usage;
+      // Help asked for (`--help`, `berth help tasks`) exits 0; help shown for a missing
+      // subcommand (`berth tasks`) and every parse error exit 2.
+      return e.exitCode === 0 ? EXIT.ok : EXIT.usage;
     }
     if (err instanceof BerthInputError) {
       warn(`berth: ${err.message}`);

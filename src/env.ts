@@ -7,7 +7,8 @@ import type { WorkerOptions } from './processor/worker-options.js';
  * The one module of the library that reads the environment. Everything else takes its settings
  * as options, resolved once by the component (`new Worker`, `startDashboard`, ...); the CLI and
  * code that wants twelve-factor settings call `fromEnv()` or `workerOptionsFromEnv()` here.
- * Every variable is listed in docs/configuration.md.
+ * Every variable is listed in docs/configuration.md. The one other reader is the connection
+ * layer (src/db/connections.ts), for libpq's PGCONNECT_TIMEOUT, as pg itself reads PGHOST & co.
  */
 
 /** An environment: `process.env`, or a record of your own (tests, config files). */

@@ -18,7 +18,8 @@ export type BerthErrorCode =
   | 'CLI_FAILURE'
   | 'SHUTDOWN_ABORT'
   | 'DEADLINE_ABORT'
-  | 'CANCEL_ABORT';
+  | 'CANCEL_ABORT'
+  | 'CONNECT';
 
 /**
  * The base of berth's errors. `instanceof BerthError` holds within one copy of berth; a task

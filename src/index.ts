@@ -181,3 +181,4 @@ export {
 } from './errors.js';
 export { SchemaNotMigratedError, SchemaTooNewError, MigrationChangedError } from './schema/migrate.js';
 export { SliceLeaseLostError } from './processor/slices.js';
+export { ConnectError, DEFAULT_CONNECT_TIMEOUT_MS } from './db/connections.js';

@@ -78,6 +78,8 @@ export function bindSchema(schema: SchemaRef): Schema {
  *   src/processor/worker.ts), and without them the gauges read each lane's backlog with a
  *   sequential scan of the ring partition per lane (553 ms against 177 ms at 200k entries,
  *   docs/explain.md).
+ * - Sequential scans on: worker sessions turn them off too (SESSION_OPTIONS), and these reads
+ *   scan whole partitions on purpose.
  * - On a pool: a short transaction that turns JIT off for itself (`SET LOCAL`), which holds
  *   behind a transaction-mode pooler too.
  * - On a client (maybe inside the caller's own transaction): JIT off for the session around the
@@ -90,17 +92,23 @@ export async function queryRingRead<R extends pg.QueryResultRow = pg.QueryResult
   values?: unknown[],
 ): Promise<pg.QueryResult<R>> {
   if (isPool(db)) return inJitOffTransaction<R>(db, text, values);
-  const prev = await db.query<{ jit: string; bitmap: string }>(
+  const prev = await db.query<{ jit: string; bitmap: string; seq: string }>(
     `SELECT current_setting('jit') AS jit, current_setting('enable_bitmapscan') AS bitmap,
-            set_config('jit', 'off', false), set_config('enable_bitmapscan', 'on', false)`,
+            current_setting('enable_seqscan') AS seq,
+            set_config('jit', 'off', false), set_config('enable_bitmapscan', 'on', false),
+            set_config('enable_seqscan', 'on', false)`,
   );
-  const was = prev.rows[0] ?? { jit: 'off', bitmap: 'on' };
+  const was = prev.rows[0] ?? { jit: 'off', bitmap: 'on', seq: 'on' };
   try {
     return await db.query<R>(text, values);
   } finally {
-    if (was.jit !== 'off' || was.bitmap !== 'on')
+    if (was.jit !== 'off' || was.bitmap !== 'on' || was.seq !== 'on')
       await db
-        .query(`SELECT set_config('jit', $1, false), set_config('enable_bitmapscan', $2, false)`, [was.jit, was.bitmap])
+        .query(
+          `SELECT set_config('jit', $1, false), set_config('enable_bitmapscan', $2, false),
+                  set_config('enable_seqscan', $3, false)`,
+          [was.jit, was.bitmap, was.seq],
+        )
         .catch(() => undefined);
   }
 }
@@ -116,8 +124,8 @@ async function inJitOffTransaction<R extends pg.QueryResultRow>(
   };
   const client = await checkoutListening(pool, onError);
   try {
-    // One round trip for all three (simple protocol, no parameters).
-    await client.query('BEGIN; SET LOCAL jit = off; SET LOCAL enable_bitmapscan = on');
+    // One round trip for all four (simple protocol, no parameters).
+    await client.query('BEGIN; SET LOCAL jit = off; SET LOCAL enable_bitmapscan = on; SET LOCAL enable_seqscan = on');
     try {
       const res = await client.query<R>(text, values);
       await client.query('COMMIT');

@@ -4,33 +4,15 @@ import { fileURLToPath } from 'node:url';
 import { main } from '../src/cli.js';
 import { enqueue, getTask, listAudit } from '../src/index.js';
 import { DATABASE_URL, freshSchema } from './helpers.js';
+import { runCli } from './support/run-cli.js';
 
 const { schema, pool } = await freshSchema('clicmd');
 const S = `"${schema}"`;
 process.env.BERTH_ACTOR = 'cli:tester';
 
-/** Run the CLI in this process; returns its exit code and what it printed. */
-async function berth(...args: string[]): Promise<{ code: number; out: string; err: string }> {
-  const out: string[] = [];
-  const err: string[] = [];
-  const log = console.log;
-  const error = console.error;
-  const stderrWrite = process.stderr.write.bind(process.stderr);
-  console.log = (...a: unknown[]) => void out.push(a.join(' '));
-  console.error = (...a: unknown[]) => void err.push(a.join(' '));
-  // commander writes its own errors straight to stderr (stdout is the test runner's).
-  process.stderr.write = ((chunk: string) => {
-    err.push(String(chunk));
-    return true;
-  }) as typeof process.stderr.write;
-  try {
-    const code = await main(['node', 'berth', ...args, '--schema', schema, '--database-url', DATABASE_URL]);
-    return { code, out: out.join('\n'), err: err.join('\n') };
-  } finally {
-    console.log = log;
-    console.error = error;
-    process.stderr.write = stderrWrite;
-  }
+/** Run the CLI in this process on this file's schema; returns its exit code and what it printed. */
+function berth(...args: string[]): Promise<{ code: number; out: string; err: string }> {
+  return runCli([...args, '--schema', schema, '--database-url', DATABASE_URL]);
 }
 
 /** Run the CLI for its JSON output; a failure shows what it printed to stderr (not a JSON parse error). */

@@ -5,7 +5,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium, type Browser, type Page } from 'playwright-core';
-import { defineTask, enqueue, getTask, pauseQueue, Worker } from '../src/index.js';
+import { defineTask, enqueue, getTask, pauseQueue, resumeQueue, Worker } from '../src/index.js';
+import { startDashboard } from '../src/dashboard/index.js';
 import { DATABASE_URL, freshSchema, scaled, testLogger, waitFor } from './helpers.js';
 
 /**
@@ -27,7 +28,23 @@ const ran = new Map<string, number>();
 function record(id: string): void {
   ran.set(id, (ran.get(id) ?? 0) + 1);
 }
+/** `slow.job` handlers wait for `hold.release()` (a fresh hold each time `hold.arm()` is called). */
+const hold = {
+  released: Promise.resolve(),
+  release: () => {},
+  arm() {
+    this.released = new Promise<void>((r) => (this.release = r));
+  },
+};
 const tasks = [
+  defineTask({
+    type: 'slow.job',
+    ceiling: 60_000,
+    handler: async (_p, ctx) => {
+      await hold.released;
+      record(ctx.id);
+    },
+  }),
   defineTask({ type: 'email.send', ceiling: 10_000, handler: async (_p, ctx) => record(ctx.id) }),
   defineTask({ type: 'report.build', ceiling: 10_000, handler: async (_p, ctx) => record(ctx.id) }),
   defineTask<{ invoice: number }>({
@@ -79,13 +96,20 @@ function browser(): Promise<Browser> {
   return launched;
 }
 after(async () => {
+  hold.release();
   if (launched) await (await launched).close();
   await worker.stop();
 });
 
 /** A fresh page (own context) at a dashboard route; page errors and console errors (CSP included) are kept. */
-async function open(route: string): Promise<{ page: Page; errors: string[]; close(): Promise<void> }> {
-  const context = await (await browser()).newContext({ viewport: { width: 1280, height: 800 } });
+async function open(
+  route: string,
+  timezoneId?: string,
+): Promise<{ page: Page; errors: string[]; close(): Promise<void> }> {
+  const context = await (await browser()).newContext({
+    viewport: { width: 1280, height: 800 },
+    ...(timezoneId && { timezoneId }),
+  });
   context.setDefaultTimeout(LONG);
   const page = await context.newPage();
   const errors: string[] = [];
@@ -206,6 +230,10 @@ test('retrying a dead letter from the Dead letters page runs it', async () => {
     await page.goto(`${base}/#/tasks/${id}`);
     await textOf(page, 'dd[data-field="state"]', /^completed$/);
     await page.waitForSelector('#timeline li[data-event="settled"]');
+    // The retried run is an attempt: its claim, worker and outcome (off the ring's timeline).
+    const attempt = await textOf(page, '#attempts tbody tr:last-child', /completed/);
+    assert.ok(attempt.includes(worker.id), attempt);
+    assert.equal(await page.locator('#attempts').getAttribute('data-from'), 'timeline');
     assert.deepEqual(errors, []);
   } finally {
     await close();
@@ -302,6 +330,264 @@ test('the Maintenance page renders past a forged workers row (leader = true, ten
   }
 });
 
+test('the overview shows a running task as running and not also as waiting (waiting + running = pending)', async () => {
+  hold.arm();
+  const { id } = await enqueue(pool, 'slow.job', {}, { schema, queue: 'slow' });
+  const { page, errors, close } = await open('overview');
+  try {
+    await waitFor(async () => (await getTask(pool, schema, id!))?.state === 'running', WAIT, 'the slow job to run');
+    const row = 'tr[data-queue="slow"]';
+    await textOf(page, `${row} td:nth-child(3)`, /^1$/);
+    assert.equal(await page.locator(`${row} td:nth-child(2)`).textContent(), '0', 'not waiting: a worker holds it');
+    assert.equal(
+      await page.locator(`${row} td:nth-child(2) span`).getAttribute('title'),
+      '1 pending = 0 waiting + 1 running',
+    );
+    assert.deepEqual((await page.locator('main table').first().locator('th').allTextContents()).slice(0, 4), [
+      'Queue',
+      'Waiting',
+      'Running',
+      'Dead',
+    ]);
+    assert.equal(await page.locator('[data-card="pending"]').count(), 0, 'no pending card to read the task twice in');
+    await textOf(page, '[data-card="waiting"] .card-note', /^of \d+ pending$/);
+    assert.deepEqual(errors, []);
+  } finally {
+    hold.release();
+    await close();
+  }
+  await waitFor(() => ran.get(id!) === 1, WAIT, 'the slow job to finish');
+});
+
+test("the Lanes page folds a queue's lanes into one row (sums, oldest age) and unfolds it to show each lane", async () => {
+  // Paused, so what is enqueued stays in the ring and counts as depth.
+  await pauseQueue(pool, schema, 'fold', 'cli:test');
+  for (const shard of [0, 1, 2, 3])
+    for (let i = 0; i < 2; i++) await enqueue(pool, 'email.send', { shard, i }, { schema, queue: 'fold', shard });
+  await enqueue(pool, 'email.send', { urgent: true }, { schema, queue: 'fold', shard: 0, priority: 5 });
+  const { page, errors, close } = await open('lanes');
+  const lanes = () =>
+    page
+      .locator('tr[data-lane^="fold/"]')
+      .evaluateAll((els) =>
+        els.map((e) => `${e.getAttribute('data-lane')}=${e.querySelector('td:nth-child(5)')?.textContent}`).sort(),
+      );
+  try {
+    const group = 'tr.lane-group[data-queue="fold"]';
+    await textOf(page, `${group} td:nth-child(5)`, /^9$/);
+    assert.equal(await page.locator(`${group} td:nth-child(4)`).textContent(), '5 lanes');
+    assert.deepEqual(
+      (await page.locator(`${group} td:nth-child(3)`).textContent())!.split(', ').sort(),
+      ['0', '5'],
+      'its priorities',
+    );
+    assert.equal(await page.locator(`${group} td:nth-child(12)`).textContent(), 'paused');
+    assert.deepEqual(await lanes(), [], 'folded: no lane rows');
+
+    await page.click(`${group} button.toggle`);
+    await page.waitForFunction(() => document.querySelectorAll('tr[data-lane^="fold/"]').length === 5);
+    assert.deepEqual(await lanes(), ['fold/0/0=2', 'fold/0/1=2', 'fold/0/2=2', 'fold/0/3=2', 'fold/5/0=1']);
+    assert.equal(await page.locator(`${group} button.toggle`).getAttribute('aria-expanded'), 'true');
+    // The page redraws itself every few seconds; the queue stays unfolded.
+    const drawn = await page.$(group);
+    await page.waitForFunction((el) => !el?.isConnected, drawn, { timeout: LONG, polling: 100 });
+    assert.equal((await lanes()).length, 5, 'still unfolded after a refresh');
+
+    await page.click(`${group} button.toggle`);
+    await page.waitForFunction(() => document.querySelectorAll('tr[data-lane^="fold/"]').length === 0);
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+    await resumeQueue(pool, schema, 'fold', 'cli:test');
+  }
+});
+
+/** "2026-12-01 12:55:18 UTC+05:30": a date, a clock and a zone. */
+const KOLKATA = /^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\+05:30$/;
+
+test("every time shown carries its date and zone (the browser's), with the UTC instant on hover", async () => {
+  const { id } = await enqueue(pool, 'report.build', {}, { schema, queue: 'dated', runAt: later() });
+  const { page, errors, close } = await open('tasks?queue=dated', 'Asia/Kolkata');
+  try {
+    await page.waitForSelector(`tr[data-task="${id}"] time`);
+    const times = await page
+      .locator(`tr[data-task="${id}"] time`)
+      .evaluateAll((els) =>
+        els.map((e) => [e.getAttribute('datetime') ?? '', e.textContent ?? '', e.getAttribute('title') ?? ''] as const),
+      );
+    assert.equal(times.length, 2, 'created and due');
+    for (const [iso, text, title] of times) {
+      const local = new Date(Date.parse(iso) + 330 * 60_000).toISOString();
+      assert.equal(text, `${local.slice(0, 10)} ${local.slice(11, 19)} UTC+05:30`);
+      assert.equal(title, `${new Date(iso).toISOString()} (UTC)`);
+    }
+    await page.goto(`${base}/#/tasks/${id}`);
+    await textOf(page, 'dd[data-field="due"]', KOLKATA);
+    assert.match(String(await page.locator('#timeline li[data-event="created"] time').textContent()), KOLKATA);
+    // A relative time accompanies the date, never replaces it (a heartbeat, a branch's last run).
+    await page.goto(`${base}/#/maintenance`);
+    await textOf(page, 'main', /\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\+05:30 \((\d+s ago|in \d+s)\)/);
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+  }
+});
+
+test('tasks selected on the list (select all on the page) are cancelled or retried in one action, confirmed, with a summary of what changed and why not', async () => {
+  const picked: string[] = [];
+  for (let i = 0; i < 3; i++)
+    picked.push((await enqueue(pool, 'report.build', { i }, { schema, queue: 'triage', runAt: later() })).id!);
+  const kept = (await enqueue(pool, 'email.send', { kept: true }, { schema, queue: 'triage', runAt: later() })).id!;
+  const { page, errors, close } = await open('tasks?queue=triage');
+  const rows = (n: number) =>
+    page.waitForFunction((count) => document.querySelectorAll('tr[data-task]').length === count, n, {
+      timeout: LONG,
+    });
+  try {
+    await rows(4);
+    await textOf(page, '[data-selected]', /^0 selected$/);
+    assert.equal(await page.locator('button[data-bulk="cancel"]').isDisabled(), true);
+    await page.check('input[data-select-all]');
+    await textOf(page, '[data-selected]', /^4 selected$/);
+    await page.uncheck(`input[data-select="${kept}"]`);
+    await textOf(page, '[data-selected]', /^3 selected$/);
+    assert.equal(await page.evaluate(() => location.hash), '#/tasks?queue=triage', 'a tick does not open the task');
+    assert.equal(
+      await page.locator('input[data-select-all]').evaluate((e) => (e as HTMLInputElement).indeterminate),
+      true,
+    );
+    // Declined: nothing happens.
+    await page.click('button[data-bulk="cancel"]');
+    await textOf(page, '#confirm-text', /^Cancel 3 selected task\(s\)\?/);
+    await page.click('#confirm button[value="cancel"]');
+    assert.equal((await getTask(pool, schema, picked[0]!))?.state, 'scheduled');
+
+    await page.click('button[data-bulk="cancel"]');
+    await page.click('#confirm-ok');
+    await textOf(page, '#bulk-result [data-summary]', /^Cancel: 3 of 3 changed \(3 removed\)\.$/);
+    await rows(1);
+    for (const id of picked) assert.equal(await getTask(pool, schema, id), null, `task ${id} cancelled`);
+    await textOf(page, '[data-selected]', /^0 selected$/);
+
+    // A completed task cannot be retried: the summary says so, and which.
+    const done = (await enqueue(pool, 'email.send', { now: true }, { schema, queue: 'triage' })).id!;
+    await waitFor(async () => (await getTask(pool, schema, done))?.state === 'completed', WAIT, 'the email to be sent');
+    await rows(2);
+    await page.check(`input[data-select="${kept}"]`);
+    await page.check(`input[data-select="${done}"]`);
+    await page.click('button[data-bulk="retry"]');
+    await textOf(page, '#confirm-text', /^Retry 2 selected task\(s\)\?/);
+    await page.click('#confirm-ok');
+    await textOf(
+      page,
+      '#bulk-result [data-summary]',
+      /^Retry: 1 of 2 changed \(1 retried\); 1 not changed: 1 not retryable \(ready, running or completed\)\.$/,
+    );
+    await textOf(page, '#bulk-result li[data-reason="not_retryable"]', new RegExp(`^not retryable .*: ${done}$`));
+    await waitFor(() => ran.get(kept) === 1, WAIT, 'the retried task to run now');
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+  }
+});
+
+test('dead letters selected on their page are retried in one action', async () => {
+  gate.failInvoices = true;
+  const ids: string[] = [];
+  for (let i = 0; i < 2; i++)
+    ids.push((await enqueue(pool, 'invoice.sync', { invoice: 3000 + i }, { schema, queue: 'dunning' })).id!);
+  for (const id of ids)
+    await waitFor(async () => (await getTask(pool, schema, id))?.state === 'dead', WAIT, 'the invoice to die');
+  const { page, errors, close } = await open('dead?queue=dunning');
+  try {
+    await page.waitForFunction(() => document.querySelectorAll('tr[data-task]').length === 2);
+    gate.failInvoices = false;
+    await page.check('input[data-select-all]');
+    await page.click('button[data-bulk="retry"]');
+    await page.click('#confirm-ok');
+    await textOf(page, '#bulk-result [data-summary]', /^Retry: 2 of 2 changed \(2 retried\)\.$/);
+    for (const id of ids) await waitFor(() => ran.get(id) === 1, WAIT, 'the retried invoice to run');
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+  }
+});
+
+test('a read-only dashboard draws no checkboxes and no bulk actions', async () => {
+  await enqueue(pool, 'report.build', {}, { schema, queue: 'ro-list', runAt: later() });
+  const ro = await startDashboard({ pool, schema, port: 0, logger: testLogger, readOnly: true });
+  const context = await (await browser()).newContext();
+  context.setDefaultTimeout(LONG);
+  try {
+    const page = await context.newPage();
+    await page.goto(`${ro.url}#/tasks?queue=ro-list`);
+    await page.waitForSelector('tr[data-task]');
+    assert.equal(await page.locator('input[type="checkbox"], button[data-bulk], #bulk-result').count(), 0);
+  } finally {
+    await context.close();
+    await ro.close();
+  }
+});
+
+test("the task page draws each attempt's error and stack when the API sends an attempt history", async () => {
+  const { id } = await enqueue(pool, 'report.build', {}, { schema, queue: 'reports', runAt: later() });
+  const { page, errors, close } = await open('overview');
+  const at = (s: number) => new Date(Date.now() - s * 1000).toISOString();
+  try {
+    // The shape an attempt history read answers with (src/dashboard/attempts.ts), markup in the message.
+    await page.route(`**/api/tasks/${id}`, async (route) => {
+      const response = await route.fetch();
+      const body = (await response.json()) as Record<string, unknown>;
+      body.attemptsFrom = 'history';
+      body.attempts = [
+        {
+          id: '11',
+          attempt: 1,
+          claimedAt: at(90),
+          worker: 'w-one',
+          outcome: 'failure',
+          settledAt: at(88),
+          durationMs: 1250,
+          error: {
+            message: '<img src=x onerror="window.pwned=1">',
+            stack: 'Error: upstream\n    at handler (tasks.ts:3:9)\nCaused by: Error: socket hang up',
+          },
+        },
+        {
+          id: '12',
+          attempt: 2,
+          claimedAt: at(60),
+          worker: 'w-two',
+          outcome: 'timeout',
+          settledAt: at(30),
+          durationMs: 30_000,
+          error: { message: 'deadline passed', stack: null },
+        },
+      ];
+      await route.fulfill({ response, json: body });
+    });
+    await page.goto(`${base}/#/tasks/${id}`);
+    await textOf(page, '#attempts tr[data-attempt="1"] [data-error]', /onerror/);
+    assert.equal(await page.locator('#attempts').getAttribute('data-from'), 'history');
+    assert.equal(await page.locator('#attempts-note').count(), 0);
+    const first = await page.locator('#attempts tr[data-attempt="1"]').textContent();
+    assert.match(String(first), /w-one.*failure.*1\.3 s/);
+    assert.equal(await page.locator('#attempts tr[data-attempt="1"] [data-stack]').isVisible(), false, 'folded');
+    await page.click('#attempts tr[data-attempt="1"] summary');
+    await textOf(page, '#attempts tr[data-attempt="1"] [data-stack]', /Caused by: Error: socket hang up/);
+    assert.match(
+      String(await page.locator('#attempts tr[data-attempt="2"]').textContent()),
+      /timeout.*30\.0 s.*deadline passed/,
+    );
+    assert.equal(await page.locator('#attempts tr[data-attempt="2"] [data-stack]').count(), 0);
+    assert.equal(await page.locator('main img').count(), 0, 'an error is text, never markup');
+    assert.equal(await page.evaluate(() => (window as unknown as { pwned?: number }).pwned), undefined);
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+  }
+});
+
 test('screenshot of the overview with realistic data', async () => {
   // Work in several queues and types, some of it failing for good.
   const spread: [string, string, number][] = [
@@ -325,6 +611,9 @@ test('screenshot of the overview with realistic data', async () => {
       { asset: `img-${i}.jpg` },
       { schema, queue: 'media', runAt: new Date(Date.now() - (i + 1) * 60_000) },
     );
+  // Two tasks running while the picture is taken: counted under Running, not also under Waiting.
+  hold.arm();
+  for (let i = 0; i < 2; i++) await enqueue(pool, 'slow.job', { i }, { schema, queue: 'reports' });
   // An hour of history as the workers' heartbeats would have written it (a test cannot wait an hour).
   await pool.query(
     `INSERT INTO ${S}.outcome_counts (minute, worker_id, queue, type, outcome, count)
@@ -344,6 +633,7 @@ test('screenshot of the overview with realistic data', async () => {
   const { page, errors, close } = await open('overview');
   try {
     await textOf(page, 'tr[data-queue="media"] td:nth-child(2)', /^33$/);
+    await textOf(page, 'tr[data-queue="reports"] td:nth-child(3)', /^2$/);
     await textOf(page, '[data-card="dead-letters"] .card-value', /^[1-9]/);
     await page.waitForSelector('figure.chart rect.bar.bad');
     // The y-axis label fits left of the axis, thousands included (it used to clip to "),000").
@@ -365,6 +655,7 @@ test('screenshot of the overview with realistic data', async () => {
     if (!keep) rmSync(file);
     assert.deepEqual(errors, []);
   } finally {
+    hold.release();
     await close();
   }
 });

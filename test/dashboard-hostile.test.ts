@@ -1,7 +1,6 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { connect } from 'node:net';
-import { request } from 'node:http';
 import pg from 'pg';
 import { enqueue, leaderInfo, listWorkers } from '../src/index.js';
 import { startDashboard } from '../src/dashboard/index.js';
@@ -9,6 +8,7 @@ import { MAX_QUEUE_NAME_BYTES, MAX_TASK_TYPE_CHARS } from '../src/dashboard/para
 import { pruneOperatorHistory } from '../src/maintenance/retention.js';
 import { LEADER_LOCK, leaderApplicationName, schemaLockKey } from '../src/storage/locks.js';
 import { captureLogger, DATABASE_URL, freshSchema } from './helpers.js';
+import { httpCall, type Reply, type RequestOptions } from './support/http.js';
 
 /**
  * What the runtime role can write (any `workers` row, any time in the tables it inserts into),
@@ -23,30 +23,9 @@ const { logger, lines } = captureLogger();
 const d = await startDashboard({ pool, schema, port: 0, logger });
 after(() => d.close());
 
-interface Reply {
-  status: number;
-  body: string;
-  json: () => Record<string, unknown>;
-}
+const at = (url: string, path: string, opts: RequestOptions = {}): Promise<Reply> => httpCall(`${url}${path}`, opts);
 
-type Options = { method?: string; headers?: Record<string, string>; body?: string };
-
-function at(url: string, path: string, opts: Options = {}): Promise<Reply> {
-  return new Promise((resolve, reject) => {
-    const req = request(`${url}${path}`, { method: opts.method ?? 'GET', headers: opts.headers }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => {
-        const body = Buffer.concat(chunks).toString('utf8');
-        resolve({ status: res.statusCode ?? 0, body, json: () => JSON.parse(body) as Record<string, unknown> });
-      });
-    });
-    req.on('error', reject);
-    req.end(opts.body);
-  });
-}
-
-const call = (path: string, opts: Options = {}) => at(d.url, path, opts);
+const call = (path: string, opts: RequestOptions = {}) => at(d.url, path, opts);
 
 const csrf = async () => (await call('api/session')).json().csrf as string;
 const post = async (path: string, body: string, type = 'application/json') =>
@@ -200,6 +179,7 @@ test('NUL bytes in paths, query parameters and bodies answer 400 on every route 
     ['action body', async () => post('api/queues/q/pause', JSON.stringify({ reason: 'a\u0000b' }))],
     ['action body key', async () => post('api/dead/purge', JSON.stringify({ queue: 'q', 'x\u0000': 1 }))],
     ['action body raw', async () => post('api/dead/purge', '{"queue": "q"}\u0000')],
+    ['bulk task ids', async () => post('api/tasks/bulk/cancel', JSON.stringify({ ids: ['1\u0000'] }))],
   ];
   // The login form and the Basic link exist when auth is configured.
   const authed = await startDashboard({
@@ -258,6 +238,16 @@ test('names over the documented limits answer 400 naming the limit, on reads and
     ['dead count', () => call(`api/dead/count?type=${longType}`), typeLimit],
     ['move body', async () => post('api/tasks/1/move', JSON.stringify({ queue: longQueue })), queueLimit],
     ['bulk body', async () => post('api/dead/retry', JSON.stringify({ type: longType })), typeLimit],
+    [
+      'bulk task ids',
+      async () => post('api/tasks/bulk/retry', JSON.stringify({ ids: Array.from({ length: 501 }, (_, i) => i + 1) })),
+      /ids must be a list of 1 to 500 task ids/,
+    ],
+    [
+      'bulk task id',
+      async () => post('api/tasks/bulk/cancel', JSON.stringify({ ids: ['9'.repeat(5000)] })),
+      /bad task id/,
+    ],
     ['path segment', () => call(`api/tasks/${'9'.repeat(5000)}`), /bad task id/],
   ];
   for (const [what, send, reason] of cases) {

@@ -1,6 +1,5 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { request } from 'node:http';
 import { Registry, Counter } from 'prom-client';
 import {
   BerthInputError,
@@ -29,40 +28,12 @@ import {
   testLogger,
   waitFor,
 } from './helpers.js';
+import { httpCall, type Reply } from './support/http.js';
 
 const { schema, pool } = await freshSchema('dashboard');
 const S = `"${schema}"`;
 
-interface Reply {
-  status: number;
-  headers: Record<string, string | string[] | undefined>;
-  body: string;
-  json: () => Record<string, unknown>;
-}
-
-/** A plain node:http request, so tests control every header (Host and Origin included). */
-function call(
-  url: string,
-  opts: { method?: string; headers?: Record<string, string>; body?: string } = {},
-): Promise<Reply> {
-  return new Promise((resolve, reject) => {
-    const req = request(url, { method: opts.method ?? 'GET', headers: opts.headers }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => {
-        const body = Buffer.concat(chunks).toString('utf8');
-        resolve({
-          status: res.statusCode ?? 0,
-          headers: res.headers,
-          body,
-          json: () => JSON.parse(body) as Record<string, unknown>,
-        });
-      });
-    });
-    req.on('error', reject);
-    req.end(opts.body);
-  });
-}
+const call = httpCall;
 
 const servers: { close(): Promise<void> }[] = [];
 after(async () => {

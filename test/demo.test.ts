@@ -6,7 +6,11 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { DATABASE_URL, freshSchema, scaled, waitFor } from './helpers.js';
 import { quoteIdent } from '../src/sql.js';
@@ -26,14 +30,19 @@ async function runAndInterrupt(
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
+  let err = '';
   child.stdout.on('data', (c: Buffer) => (out += c.toString()));
-  child.stderr.on('data', (c: Buffer) => (out += c.toString()));
+  child.stderr.on('data', (c: Buffer) => {
+    out += c.toString();
+    err += c.toString();
+  });
   const exited = new Promise<number | null>((res) => child.once('exit', (code) => res(code)));
   try {
     const before = await completed();
     await waitFor(async () => (await completed()) > before, 20_000, 'a demo task completed');
     // The demo prints where its dashboard is; both it and /metrics answer while it runs.
-    const url = await waitFor(() => /dashboard at (http:\/\/\S+\/) /.exec(out)?.[1], 10_000, 'the dashboard URL');
+    // On stderr, apart from the JSON lines on stdout, where a person running `npm start` sees it.
+    const url = await waitFor(() => /dashboard at (http:\/\/\S+\/) /.exec(err)?.[1], 10_000, 'the dashboard URL');
     const overview = (await fetch(new URL('api/overview', url))).status;
     const metrics = await (await fetch(new URL('metrics', url))).text();
     for (const { signal, afterMs } of signals) {
@@ -101,4 +110,72 @@ test('one Ctrl-C delivered twice within a moment (npm and tsx relay it) is still
   assert.equal(code, 0, lines.join('\n'));
   assert.ok(msgs.includes('demo stopped'), msgs.join('\n'));
   assert.ok(!msgs.includes('forced exit'));
+});
+
+test('a busy dashboard port is one line on stderr and exit 1, no stack trace', async () => {
+  const busy = createServer();
+  await new Promise<void>((r) => busy.listen(0, '127.0.0.1', r));
+  const port = (busy.address() as { port: number }).port;
+  try {
+    const r = await new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
+      const child = spawn(process.execPath, ['--import', 'tsx', 'demo/main.ts'], {
+        cwd: root,
+        env: { ...process.env, DATABASE_URL, BERTH_SCHEMA: schema, BERTH_DASHBOARD_PORT: String(port) },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let stdout = '';
+      let stderr = '';
+      child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
+      child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
+      child.once('exit', (code) => resolve({ code, stdout, stderr }));
+    });
+    assert.equal(r.code, 1, r.stderr);
+    assert.equal(r.stderr.trim().split('\n').length, 1, r.stderr);
+    assert.match(
+      r.stderr,
+      new RegExp(`^berth demo: port ${port} on 127\\.0\\.0\\.1 is already in use .*BERTH_DASHBOARD_PORT`),
+    );
+    assert.doesNotMatch(r.stderr + r.stdout, /^\s+at /m);
+  } finally {
+    await new Promise((r) => busy.close(r));
+  }
+});
+
+test('npm start installs only when package.json or package-lock.json changed (or on a fresh clone)', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'berth-start-'));
+  try {
+    // A fake npm that records each call and, for install, makes node_modules as npm would.
+    const calls = join(dir, 'calls.txt');
+    const fake = join(dir, 'fake-npm.mjs');
+    writeFileSync(
+      fake,
+      `import { appendFileSync, mkdirSync } from 'node:fs';
+       appendFileSync(${JSON.stringify(calls)}, process.argv.slice(2).join(' ') + '\\n');
+       if (process.argv[2] === 'install') mkdirSync('node_modules', { recursive: true });`,
+    );
+    writeFileSync(join(dir, 'package.json'), '{"name":"x","version":"1.0.0"}');
+    writeFileSync(join(dir, 'package-lock.json'), '{"lockfileVersion":3}');
+    mkdirSync(join(dir, 'dist', 'dashboard', 'static'), { recursive: true });
+    writeFileSync(join(dir, 'dist', 'dashboard', 'static', 'app.css'), '');
+    const start = () => {
+      const r = spawnSync(process.execPath, [join(root, 'scripts', 'ensure-deps.mjs')], {
+        cwd: dir,
+        encoding: 'utf8',
+        env: { ...process.env, BERTH_NPM: fake },
+      });
+      assert.equal(r.status, 0, r.stderr);
+      return existsSync(calls) ? readFileSync(calls, 'utf8').trim().split('\n') : [];
+    };
+    assert.deepEqual(start(), ['install --no-audit --no-fund'], 'a fresh clone installs');
+    assert.deepEqual(start(), ['install --no-audit --no-fund'], 'a second start installs nothing');
+    writeFileSync(join(dir, 'package-lock.json'), '{"lockfileVersion":3,"packages":{}}');
+    assert.equal(start().length, 2, 'a changed lock file installs again');
+    assert.equal(start().length, 2);
+    rmSync(join(dir, 'dist'), { recursive: true });
+    assert.deepEqual(start().slice(2), ['run build'], 'a missing dashboard client is built, without an install');
+    rmSync(join(dir, 'node_modules'), { recursive: true });
+    assert.deepEqual(start().slice(3), ['install --no-audit --no-fund'], 'no node_modules: install');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

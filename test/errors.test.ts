@@ -11,6 +11,7 @@ import * as maintenance from '../src/maintenance-api.js';
 import {
   BerthError,
   BerthInputError,
+  ConnectError,
   DeadlineAbort,
   CancelAbort,
   isPermanentError,
@@ -42,6 +43,7 @@ const CODES: Record<BerthErrorCode, true> = {
   SHUTDOWN_ABORT: true,
   DEADLINE_ABORT: true,
   CANCEL_ABORT: true,
+  CONNECT: true,
 };
 
 type ErrorClass = abstract new (...args: never[]) => Error;
@@ -136,6 +138,16 @@ const CASES: { cls: ErrorClass; err: BerthError; code: BerthErrorCode; also: Err
     also: [],
     message: 'task was cancelled by an operator',
   },
+  {
+    cls: ConnectError,
+    err: new ConnectError('db.example:5432, database "app"', false, {
+      cause: new Error('connect ECONNREFUSED 10.0.0.1:5432'),
+      timeoutMs: 10_000,
+    }),
+    code: 'CONNECT',
+    also: [],
+    message: 'could not connect to PostgreSQL at db.example:5432, database "app": connect ECONNREFUSED 10.0.0.1:5432',
+  },
 ];
 
 test('every error class has its own stable code, its name and message, and is a BerthError and an Error', () => {
@@ -171,6 +183,10 @@ test('errors keep their extra fields and the cause', () => {
   const tooNew = new SchemaTooNewError('app', 9, 7);
   assert.deepEqual([tooNew.schema, tooNew.databaseVersion, tooNew.codeVersion], ['app', 9, 7]);
   assert.deepEqual(new MigrationChangedError('app', [1, 3]).versions, [1, 3]);
+  const refused = new Error('connect ECONNREFUSED');
+  const connect = new ConnectError('h:5432, database "d"', true, { cause: refused, timeoutMs: 2000 });
+  assert.deepEqual([connect.where, connect.timedOut, connect.cause], ['h:5432, database "d"', true, refused]);
+  assert.match(connect.message, /no answer within 2 s/);
   assert.equal(new SchemaNotMigratedError('app', 'x').schema, 'app');
   const http = new HttpError(400, 'bad', { 'x-a': '1' });
   assert.deepEqual([http.status, http.headers], [400, { 'x-a': '1' }]);

@@ -70,6 +70,8 @@ test('seqsToMultirange collapses runs of consecutive entries', () => {
   assert.equal(seqsToMultirange(['5', '3', '4', '9', '10', '7']), '{[3,6),[7,8),[9,11)}');
   assert.equal(seqsToMultirange(['12345678901234567']), '{[12345678901234567,12345678901234568)}');
   assert.equal(seqsToMultirange([]), '{}');
+  // A run across the 15-digit line (Numbers below it, BigInts above).
+  assert.equal(seqsToMultirange(['1000000000000000', '999999999999999']), '{[999999999999999,1000000000000001)}');
 });
 
 test('the fence: an overlapping settlement of a lane is refused whatever writes it; disjoint ones and other lanes are not', async () => {
@@ -326,11 +328,12 @@ test('ring-walking statements run with JIT off on a caller pool that has it on (
   const plain = new pg.Pool({ connectionString: DATABASE_URL, max: 2 });
   try {
     const on = await plain.query<{ jit: string }>(`SELECT current_setting('jit') AS jit`);
-    const off = await queryRingRead<{ jit: string; bitmap: string }>(
+    const off = await queryRingRead<{ jit: string; bitmap: string; seq: string }>(
       plain,
-      `SELECT current_setting('jit') AS jit, current_setting('enable_bitmapscan') AS bitmap`,
+      `SELECT current_setting('jit') AS jit, current_setting('enable_bitmapscan') AS bitmap,
+              current_setting('enable_seqscan') AS seq`,
     );
-    assert.deepEqual(off.rows[0], { jit: 'off', bitmap: 'on' });
+    assert.deepEqual(off.rows[0], { jit: 'off', bitmap: 'on', seq: 'on' });
     // The caller's sessions keep their own setting.
     const after = await plain.query<{ jit: string }>(`SELECT current_setting('jit') AS jit`);
     assert.equal(after.rows[0]!.jit, on.rows[0]!.jit);
@@ -339,13 +342,20 @@ test('ring-walking statements run with JIT off on a caller pool that has it on (
     // On a client: off around the statement, the session's own setting back after it.
     const c = await plain.connect();
     try {
-      await c.query(`SET jit = on; SET enable_bitmapscan = off`);
-      assert.equal(
-        (await queryRingRead<{ jit: string }>(c, `SELECT current_setting('jit') AS jit`)).rows[0]!.jit,
-        'off',
+      // A worker session's settings (SESSION_OPTIONS) plus JIT on.
+      await c.query(`SET jit = on; SET enable_bitmapscan = off; SET enable_seqscan = off`);
+      assert.deepEqual(
+        (
+          await queryRingRead<{ jit: string; seq: string }>(
+            c,
+            `SELECT current_setting('jit') AS jit, current_setting('enable_seqscan') AS seq`,
+          )
+        ).rows[0],
+        { jit: 'off', seq: 'on' },
       );
       assert.equal((await c.query(`SELECT current_setting('jit') AS jit`)).rows[0].jit, 'on');
       assert.equal((await c.query(`SELECT current_setting('enable_bitmapscan') AS b`)).rows[0].b, 'off');
+      assert.equal((await c.query(`SELECT current_setting('enable_seqscan') AS s`)).rows[0].s, 'off');
       await c.query('BEGIN');
       await assert.rejects(queryRingRead(c, 'SELECT 1/0'), /division by zero/);
       await c.query('ROLLBACK');

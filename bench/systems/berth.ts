@@ -1,9 +1,22 @@
 /** berth at its defaults: only `slots` is set (to the scenario's concurrency). */
 import pg from 'pg';
 import { pino } from 'pino';
-import { defineTask, enqueue, enqueueMany, migrate, taskCounts, Worker, type TaskSpec } from '../../src/index.js';
+import type { TaskSpec } from '../../src/index.js';
 import { dropSchema } from '../db.js';
 import type { AdapterContext, Producer, RunningWorker, SystemAdapter } from './types.js';
+
+/**
+ * berth as users run it: tsc's build in dist/ (`npm run bench` builds it first), as the peers run
+ * their published, compiled packages. src/ under tsx costs more per task (tsx's `keepNames`
+ * renames every closure through a helper: 8.7 % of a profile's busy samples, docs/benchmarks.md
+ * "Worker CPU per task"). BENCH_BERTH_SRC=1 runs src/ instead. The path is a variable so that
+ * typechecking never needs dist/.
+ */
+const entry = process.env.BENCH_BERTH_SRC ? '../../src/index.js' : '../../dist/index.js';
+export const berthBuild = process.env.BENCH_BERTH_SRC ? 'src/ under tsx' : 'dist/ (tsc build)';
+const { defineTask, enqueue, enqueueMany, migrate, taskCounts, Worker } = (await import(
+  entry
+)) as typeof import('../../src/index.js');
 
 const SCHEMA = 'berth_bench';
 const silent = pino({ level: 'silent' });
@@ -12,7 +25,7 @@ export function berthAdapter(ctx: AdapterContext): SystemAdapter {
   const { connectionString } = ctx;
   return {
     label: 'berth (default)',
-    settings: `Worker({ slots: <concurrency>, logger: silent }), everything else default; schema \`${SCHEMA}\``,
+    settings: `Worker({ slots: <concurrency>, logger: silent }), everything else default; schema \`${SCHEMA}\`; ${berthBuild}`,
 
     async reset() {
       await dropSchema(connectionString, SCHEMA);

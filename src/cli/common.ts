@@ -1,6 +1,7 @@
 import { userInfo } from 'node:os';
 import { type Command, InvalidArgumentError, Option } from 'commander';
-import pg from 'pg';
+import type pg from 'pg';
+import { createPool, resolveDatabase, type DatabaseTarget } from '../db/connections.js';
 import { BerthError, BerthInputError } from '../errors.js';
 import { isTaskId } from '../admin/ids.js';
 import { assertMigrated } from '../schema/migrate.js';
@@ -20,11 +21,18 @@ export class CliFailure extends BerthError {
 
 export interface Common {
   databaseUrl?: string;
+  /** --connect-timeout, in ms. */
+  connectTimeout?: number;
   schema: string;
   json?: boolean;
 }
 
-export function connection(opts: Common): string {
+/**
+ * The command's database: --database-url or $DATABASE_URL, checked (a malformed URL is a usage
+ * error naming where it came from, never echoed), with the connect timeout resolved:
+ * --connect-timeout, else the URL's connect_timeout, else $PGCONNECT_TIMEOUT, else 10 s.
+ */
+export function database(opts: Common): DatabaseTarget {
   // The default comes from $BERTH_SCHEMA, which commander's parser never sees: check it here.
   if (!/^[A-Za-z_][A-Za-z0-9_$]{0,62}$/.test(opts.schema)) {
     throw new BerthInputError(
@@ -33,7 +41,49 @@ export function connection(opts: Common): string {
   }
   const url = opts.databaseUrl ?? process.env.DATABASE_URL;
   if (!url) throw new BerthInputError('no database: pass --database-url or set DATABASE_URL');
-  return url;
+  return resolveDatabase(url, {
+    field: opts.databaseUrl !== undefined ? '--database-url' : 'DATABASE_URL',
+    connectTimeoutMs: opts.connectTimeout,
+  });
+}
+
+/**
+ * An ISO 8601 time with its zone: `2026-12-01T09:00:00Z` or `...+01:00`. A time without one is
+ * refused rather than guessed: JavaScript reads `2026-12-01T09:00` as the machine's local time
+ * and `2026-12-01` as UTC midnight, and the operator's terminal, the server and the database may
+ * each be in another zone.
+ */
+export function isoDate(value: string): Date {
+  const v = value.trim();
+  const shape =
+    /^(?:[+-]\d{6}|\d{4})-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?)?(Z|[+-]\d{2}(?::?\d{2})?)?$/i.exec(v);
+  if (!shape) throw new InvalidArgumentError(`expected an ISO 8601 time such as 2026-12-01T09:00:00Z, got "${value}"`);
+  if (!shape[1])
+    throw new InvalidArgumentError(
+      `"${value}" has no time zone: add Z for UTC (2026-12-01T09:00:00Z) or an offset (2026-12-01T10:00:00+01:00)`,
+    );
+  const d = new Date(v.replace(' ', 'T'));
+  if (Number.isNaN(d.getTime())) throw new InvalidArgumentError(`"${value}" is not a valid time`);
+  return d;
+}
+
+/**
+ * A duration with its unit: 500ms, 30s, 15m, 2h. A bare number is refused: `--delay 30` could
+ * mean 30 ms or 30 s, and reading it either way silently is how a task runs a thousand times
+ * too early.
+ */
+export function durationMs(value: string): number {
+  const m = /^(\d+)(ms|s|m|h)$/.exec(value.trim());
+  if (!m) {
+    const bare = /^\d+$/.test(value.trim());
+    throw new InvalidArgumentError(
+      bare
+        ? `"${value}" has no unit: write ${value}ms, ${value}s, ${value}m or ${value}h`
+        : `expected a duration such as 500ms, 30s, 15m or 2h, got "${value}"`,
+    );
+  }
+  const n = Number(m[1]);
+  return n * ({ ms: 1, s: 1000, m: 60_000, h: 3600_000 }[m[2]!] ?? 1);
 }
 
 export function schemaName(value: string): string {
@@ -64,11 +114,17 @@ export function taskIdArg(value: string): string {
 
 /** --database-url, --schema and (for commands that print data) --json on a command. */
 export function common(c: Command, { json = true }: { json?: boolean } = {}): Command {
-  c.option('--database-url <url>', 'PostgreSQL connection string (default: $DATABASE_URL)').addOption(
-    new Option('--schema <name>', 'berth schema')
-      .default(process.env.BERTH_SCHEMA || 'berth', '$BERTH_SCHEMA or berth')
-      .argParser(schemaName),
-  );
+  c.option('--database-url <url>', 'PostgreSQL connection string (default: $DATABASE_URL)')
+    .option(
+      '--connect-timeout <duration>',
+      "give up connecting after this long (default: the URL's connect_timeout, else $PGCONNECT_TIMEOUT, else 10s)",
+      durationMs,
+    )
+    .addOption(
+      new Option('--schema <name>', 'berth schema')
+        .default(process.env.BERTH_SCHEMA || 'berth', '$BERTH_SCHEMA or berth')
+        .argParser(schemaName),
+    );
   return json ? c.option('--json', 'print JSON') : c;
 }
 
@@ -84,19 +140,18 @@ export function actor(): string {
 
 /** A short-lived pool for one command, closed afterwards whatever happens. */
 export async function withPool<T>(opts: Common, run: (pool: pg.Pool) => Promise<T>): Promise<T> {
-  const pool = new pg.Pool({
-    connectionString: connection(opts),
-    max: 2,
-    application_name: 'berth cli',
-    options: '-c jit=off',
-  });
-  pool.on('error', () => undefined);
+  const pool = cliPool(database(opts), 'berth cli', 2);
   try {
     await assertMigrated(pool, opts.schema);
     return await run(pool);
   } finally {
     await pool.end();
   }
+}
+
+/** A CLI pool: no JIT (see SESSION_OPTIONS), idle errors dropped (the command fails on its next query). */
+export function cliPool(target: DatabaseTarget, applicationName: string, max: number): pg.Pool {
+  return createPool(target, { max, application_name: applicationName, options: '-c jit=off' }, null, 'cli');
 }
 
 export function printJson(value: unknown): void {

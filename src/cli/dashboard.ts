@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { startDashboard } from '../dashboard/server.js';
 import { dashboardOptionsFromEnv } from '../dashboard/options.js';
 import { createLogger, logLevel } from '../logger.js';
-import { common, connection, intOption, type Common } from './common.js';
+import { common, database, intOption, type Common } from './common.js';
 import { runUntilSignal } from './signals.js';
 import { say } from './terminal.js';
 
@@ -23,9 +23,11 @@ export function registerDashboardCommand(program: Command): void {
     .action(async (opts: Common & { host?: string; port?: number; readOnly?: boolean }) => {
       const env = dashboardOptionsFromEnv(process.env);
       const logger = createLogger({ component: 'dashboard' }, undefined, logLevel(process.env.BERTH_LOG_LEVEL));
+      const db = database(opts);
       const server = await startDashboard({
         ...env,
-        connectionString: connection(opts),
+        connectionString: db.connectionString,
+        connectTimeoutMs: db.connectTimeoutMs,
         schema: opts.schema,
         host: opts.host ?? env.host,
         port: opts.port ?? env.port,

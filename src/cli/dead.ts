@@ -1,4 +1,4 @@
-import { type Command, InvalidArgumentError } from 'commander';
+import type { Command } from 'commander';
 import { audited } from '../admin/audit.js';
 import { listDead, purgeDead, retryDead, type BulkResult, type DeadFilter } from '../admin/dead.js';
 import {
@@ -7,6 +7,7 @@ import {
   collect,
   common,
   intOption,
+  isoDate,
   nextPageCommand,
   printJson,
   printTable,
@@ -26,17 +27,11 @@ interface FilterOpts extends Common {
   all?: boolean;
 }
 
-function isoDate(value: string): Date {
-  const d = new Date(value);
-  if (Number.isNaN(d.getTime())) throw new InvalidArgumentError('expected an ISO 8601 time');
-  return d;
-}
-
 function filters(c: Command, bulk: boolean): Command {
   c.option('--queue <name>', 'only this queue')
     .option('--type <type>', 'only this task type')
     .option('--error <text>', 'only those whose last error contains this (case-insensitive)')
-    .option('--died-before <time>', 'only those that died before this ISO 8601 time', isoDate);
+    .option('--died-before <time>', 'only those that died before this ISO 8601 time, with its zone', isoDate);
   if (bulk) {
     c.option(
       '--id <id>',

@@ -1,4 +1,4 @@
-import { type Command, InvalidArgumentError } from 'commander';
+import type { Command } from 'commander';
 import { audited } from '../admin/audit.js';
 import {
   type BulkCancelResult,
@@ -22,7 +22,9 @@ import {
   actor,
   CliFailure,
   common,
+  durationMs,
   intOption,
+  isoDate,
   nextPageCommand,
   printJson,
   printTable,
@@ -39,20 +41,6 @@ function jsonPayload(text: string): unknown {
   } catch (err) {
     throw new BerthInputError(`payload is not valid JSON: ${(err as Error).message}`);
   }
-}
-
-function isoDate(value: string): Date {
-  const d = new Date(value);
-  if (Number.isNaN(d.getTime())) throw new InvalidArgumentError('expected an ISO 8601 time, e.g. 2026-12-01T09:00:00Z');
-  return d;
-}
-
-/** 500ms, 30s, 15m, 2h, or plain milliseconds. */
-export function durationMs(value: string): number {
-  const m = /^(\d+)(ms|s|m|h)?$/.exec(value.trim());
-  if (!m) throw new InvalidArgumentError('expected a duration such as 500ms, 30s, 15m or 2h');
-  const n = Number(m[1]);
-  return n * ({ ms: 1, s: 1000, m: 60_000, h: 3600_000 }[m[2] ?? 'ms'] ?? 1);
 }
 
 const ACTION_MESSAGES: Record<TaskActionResult, string> = {
@@ -95,7 +83,7 @@ export function registerTaskCommands(program: Command): void {
     .description('enqueue one task: <json> is its payload')
     .option('--queue <name>', 'queue (default: default)')
     .option('--priority <n>', 'priority, lower runs first (default 0)', intOption(-32768, 32767))
-    .option('--run-at <time>', 'not before this ISO 8601 time', isoDate)
+    .option('--run-at <time>', 'not before this ISO 8601 time, with its zone (2026-12-01T09:00:00Z)', isoDate)
     .option('--delay <duration>', 'not before now + this (500ms, 30s, 15m, 2h), on the database clock', durationMs)
     .option('--dedupe-key <key>', 'at most one live task per key: a second enqueue returns the first')
     .option('--max-attempts <n>', "attempt limit for this task (default: its type's)", intOption(1, MAX_ATTEMPTS_LIMIT))

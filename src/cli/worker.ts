@@ -1,7 +1,9 @@
-import { resolve } from 'node:path';
+import { createRequire } from 'node:module';
+import { readFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import type { Command } from 'commander';
-import pg from 'pg';
+import type pg from 'pg';
 import { laneStats } from '../admin/stats.js';
 import { BerthInputError } from '../errors.js';
 import { MAX_TIMER_MS } from '../limits.js';
@@ -9,13 +11,12 @@ import { createLogger, logLevel } from '../logger.js';
 import { discover } from '../processor/claim.js';
 import { Worker } from '../processor/worker.js';
 import type { TaskDefinition } from '../task.js';
-import { CliFailure, collect, common, connection, intOption, type Common } from './common.js';
+import { CliFailure, cliPool, collect, common, database, intOption, type Common, durationMs } from './common.js';
 import { progressBar } from './progress.js';
 import { runUntilSignal } from './signals.js';
 import { dashboardOptionsFromEnv } from '../dashboard/options.js';
 import { slotsFromEnv } from '../env.js';
 import { say, terminalSafeStream } from './terminal.js';
-import { durationMs } from './tasks.js';
 
 /**
  * The grace period running handlers get on SIGTERM/SIGINT before they are aborted and their
@@ -44,16 +45,11 @@ export async function loadTaskModule(path: string): Promise<AnyDefinition[]> {
   const abs = resolve(path);
   let mod: Record<string, unknown>;
   try {
-    mod = (await import(pathToFileURL(abs).href)) as Record<string, unknown>;
+    mod = await importModule(abs);
   } catch (err) {
+    if (err instanceof BerthInputError) throw err;
     const e = err as NodeJS.ErrnoException;
-    if (e.code === 'ERR_MODULE_NOT_FOUND' || e.code === 'ERR_UNKNOWN_FILE_EXTENSION') {
-      const hint =
-        e.code === 'ERR_UNKNOWN_FILE_EXTENSION'
-          ? ' (a .ts module needs tsx: run `npx tsx node_modules/berth/dist/cli.js ...`, or compile it)'
-          : '';
-      throw new BerthInputError(`cannot load task module ${abs}: ${e.message}${hint}`);
-    }
+    if (e.code === 'ERR_MODULE_NOT_FOUND') throw new BerthInputError(`cannot load task module ${abs}: ${e.message}`);
     // The module exists but failed while loading: its own error, not a usage problem.
     throw new CliFailure(`task module ${abs} failed to load: ${e.message}`);
   }
@@ -69,6 +65,61 @@ export async function loadTaskModule(path: string): Promise<AnyDefinition[]> {
       throw new BerthInputError(`task module ${abs}: tasks[${i}] is not a task definition (use defineTask)`);
   });
   return list as AnyDefinition[];
+}
+
+const TYPESCRIPT = /\.(?:ts|mts|cts|tsx)$/;
+
+/**
+ * Import a task module. A TypeScript one loads as it is where Node can (22.18 and later strip
+ * types by default, or a `--import tsx` already registered); otherwise through the tsx the
+ * user's project has (found from the module, then from the working directory), with its
+ * `tsImport`, scoped to that module. Node 20 has no type stripping at all, so without tsx the
+ * error says what to install.
+ */
+async function importModule(abs: string): Promise<Record<string, unknown>> {
+  const url = pathToFileURL(abs).href;
+  try {
+    return (await import(url)) as Record<string, unknown>;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (
+      !TYPESCRIPT.test(abs) ||
+      (code !== 'ERR_UNKNOWN_FILE_EXTENSION' && code !== 'ERR_UNSUPPORTED_NODE_MODULES_TYPE_STRIPPING')
+    )
+      throw err;
+  }
+  const tsImport = await findTsx(abs);
+  if (tsImport === null) {
+    throw new BerthInputError(
+      `cannot load task module ${abs}: Node ${process.version} cannot run TypeScript by itself and no tsx was found ` +
+        'from the module or the working directory; install it (npm install --save-dev tsx), compile the module to .js, ' +
+        'or use Node 22.18 or later',
+    );
+  }
+  return (await tsImport(abs, import.meta.url)) as Record<string, unknown>;
+}
+
+type TsImport = (specifier: string, parent: string) => Promise<unknown>;
+type TsxManifest = { exports?: Record<string, { import?: string | { default?: string } } | undefined> };
+
+async function findTsx(abs: string): Promise<TsImport | null> {
+  for (const from of [abs, join(process.cwd(), 'noop.js')]) {
+    // The ESM entry of `tsx/esm/api` (require.resolve would pick its CommonJS one, which
+    // cannot load from here): read from tsx's own exports map.
+    let api: string;
+    try {
+      const manifest = createRequire(from).resolve('tsx/package.json');
+      const exports = (JSON.parse(readFileSync(manifest, 'utf8')) as TsxManifest).exports?.['./esm/api'];
+      const entry = typeof exports?.import === 'string' ? exports.import : exports?.import?.default;
+      if (typeof entry !== 'string') continue;
+      api = join(dirname(manifest), entry);
+    } catch {
+      continue;
+    }
+    const mod = (await import(pathToFileURL(api).href)) as { tsImport?: TsImport };
+    if (typeof mod.tsImport === 'function') return mod.tsImport;
+  }
+  return null;
 }
 
 function splitQueues(values: string[]): string[] | undefined {
@@ -152,12 +203,12 @@ export function registerWorkerCommands(program: Command): void {
         },
       ) => {
         if (opts.grace > MAX_TIMER_MS) throw new BerthInputError('--grace must be at most 596h (24.8 days)');
-        const url = connection(opts);
+        const db = database(opts);
         const tasks = await loadTaskModule(opts.tasks);
         const queues = splitQueues(opts.queue);
         // Log lines carry task types and errors: nothing in them may act on a terminal.
         const logger = createLogger(
-          { component: 'berth-worker' },
+          { service: 'berth-worker' },
           terminalSafeStream(process.stdout),
           logLevel(process.env.BERTH_LOG_LEVEL),
         );
@@ -172,7 +223,8 @@ export function registerWorkerCommands(program: Command): void {
                 dashboard: opts.dashboard ? { auth: env.auth, readOnly: env.readOnly } : false,
               };
         const worker = new Worker({
-          connectionString: url,
+          connectionString: db.connectionString,
+          connectTimeoutMs: db.connectTimeoutMs,
           schema: opts.schema,
           tasks,
           queues,
@@ -195,8 +247,7 @@ export function registerWorkerCommands(program: Command): void {
           void worker.stop();
         };
         if (!opts.drain) return runUntilSignal(stop, undefined, hurry);
-        const pool = new pg.Pool({ connectionString: url, max: 1, application_name: 'berth drain' });
-        pool.on('error', () => undefined);
+        const pool = cliPool(db, 'berth drain', 1);
         const bar = progressBar('draining');
         let total = 0;
         let finished = false;

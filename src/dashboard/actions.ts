@@ -1,7 +1,7 @@
 import { audited } from '../admin/audit.js';
 import { purgeDead, retryDead, type DeadFilter } from '../admin/dead.js';
 import { pauseQueue, resumeQueue } from '../admin/queues.js';
-import { cancelTask, deleteTask, retryTask } from '../admin/tasks.js';
+import { cancelTask, deleteTask, retryTask, type TaskActionResult } from '../admin/tasks.js';
 import { BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { Queryable, Schema } from '../sql.js';
@@ -45,10 +45,83 @@ export function isTaskAction(name: string): name is TaskAction {
 
 export async function taskAction(c: ActionContext, id: string, action: TaskAction) {
   taskId(id);
-  const result = await run(c, `task.${action}`, { id }, () =>
-    action === 'cancel' ? cancelTask(c.db, c.schema, id, { actor: c.actor }) : TASK_ACTIONS[action](c.db, c.schema, id),
-  );
+  const result = await run(c, `task.${action}`, { id }, () => oneTask(c, id, action));
   return { result };
+}
+
+/** One task's action; a cancel records the caller's actor on a running task's settlement. */
+function oneTask(c: ActionContext, id: string, action: TaskAction) {
+  return action === 'cancel'
+    ? cancelTask(c.db, c.schema, id, { actor: c.actor })
+    : TASK_ACTIONS[action](c.db, c.schema, id);
+}
+
+/** Most task ids one bulk retry or cancel may name: a page of the task list at its largest. */
+export const MAX_BULK_TASK_IDS = 500;
+
+/**
+ * Whether a result changed the task. A Record, not a list, so a result the admin API adds later
+ * (cancelling a running task, for one) fails to compile here until it is classified.
+ */
+const CHANGED: Readonly<Record<TaskActionResult, boolean>> = {
+  retried: true,
+  removed: true,
+  cancelled: true,
+  already_settled: false,
+  running: false,
+  not_retryable: false,
+  duplicate: false,
+  not_found: false,
+};
+
+export type BulkTaskAction = 'retry' | 'cancel';
+
+export interface BulkTaskAnswer {
+  /** Distinct ids asked for. */
+  requested: number;
+  changed: number;
+  unchanged: number;
+  /** How many ended in each result (`retried`, `removed`, `running`, `not_found`, …). */
+  byResult: Partial<Record<TaskActionResult, number>>;
+  /** Each id's result, in the order asked, and whether it changed the task. */
+  results: { id: string; result: TaskActionResult; changed: boolean }[];
+}
+
+/** `{ ids: [...] }`: 1 to MAX_BULK_TASK_IDS task ids (text or integers), nothing else. */
+function bulkIds(body: Body): string[] {
+  for (const key of Object.keys(body)) {
+    if (key !== 'ids')
+      throw new BerthInputError(`unknown field "${key.slice(0, 40)}" in a bulk task action (only ids)`);
+  }
+  const ids = body.ids;
+  if (!Array.isArray(ids) || ids.length === 0 || ids.length > MAX_BULK_TASK_IDS)
+    throw new BerthInputError(`ids must be a list of 1 to ${MAX_BULK_TASK_IDS} task ids`);
+  const checked = ids.map((v) => {
+    if (typeof v !== 'string' && !(typeof v === 'number' && Number.isSafeInteger(v)))
+      throw new BerthInputError('ids must hold task ids (text or integers)');
+    return taskId(String(v));
+  });
+  return [...new Set(checked)];
+}
+
+/**
+ * Retry or cancel each of several tasks with the admin API's one-task action, one audit row per
+ * task (as when each is done on its own, so a task's audit trail is complete), and answer how
+ * many changed and why the rest did not. One at a time: each is the admin call's own statement(s),
+ * and at most MAX_BULK_TASK_IDS of them.
+ */
+export async function bulkTaskAction(c: ActionContext, action: BulkTaskAction, body: Body): Promise<BulkTaskAnswer> {
+  const ids = bulkIds(body);
+  const results: BulkTaskAnswer['results'] = [];
+  const byResult: BulkTaskAnswer['byResult'] = {};
+  let changed = 0;
+  for (const id of ids) {
+    const result = await run(c, `task.${action}`, { id, bulk: true }, () => oneTask(c, id, action));
+    results.push({ id, result, changed: CHANGED[result] });
+    byResult[result] = (byResult[result] ?? 0) + 1;
+    if (CHANGED[result]) changed++;
+  }
+  return { requested: ids.length, changed, unchanged: ids.length - changed, byResult, results };
 }
 
 export async function moveAction(c: ActionContext, id: string, body: Body) {

@@ -1,6 +1,14 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from '../logger.js';
-import { deadAction, isTaskAction, moveAction, queueAction, taskAction, type ActionContext } from './actions.js';
+import {
+  bulkTaskAction,
+  deadAction,
+  isTaskAction,
+  moveAction,
+  queueAction,
+  taskAction,
+  type ActionContext,
+} from './actions.js';
 import { checkCsrf, type Principal } from './auth.js';
 import { HttpError, readJsonObject, sendJson } from './http.js';
 import type { DashboardReads } from './overview.js';
@@ -42,6 +50,11 @@ const ROUTES: Route[] = [
   { pattern: /^\/api\/overview$/, read: (r) => read.overview(r) },
   { pattern: /^\/api\/lanes$/, read: (r) => read.lanes(r) },
   { pattern: /^\/api\/tasks$/, read: (r, url) => read.tasks(r, url) },
+  // Before the one-task routes, whose id segment would take "bulk" (and answer 400).
+  {
+    pattern: /^\/api\/tasks\/bulk\/(retry|cancel)$/,
+    action: (c, [name], body) => bulkTaskAction(c, name === 'retry' ? 'retry' : 'cancel', body),
+  },
   { pattern: new RegExp(`^/api/tasks/${SEGMENT}$`), read: (r, _u, [id]) => read.task(r, id!) },
   {
     pattern: new RegExp(`^/api/tasks/${SEGMENT}/(retry|cancel|delete|move)$`),

@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import type { Registry } from 'prom-client';
+import { resolveDatabase, type DatabaseTarget } from '../db/connections.js';
 import { BerthInputError } from '../errors.js';
 import { createLogger, type Logger } from '../logger.js';
 import { DEFAULT_SCHEMA, type Queryable } from '../sql.js';
@@ -33,6 +34,11 @@ export interface DashboardOptions {
    * partition and are costed high enough for JIT, which turns a millisecond read into seconds.
    */
   pool?: pg.Pool;
+  /**
+   * How long opening one of its own pool's connections may take; 0 waits indefinitely. Default:
+   * `connectionString`'s `connect_timeout`, else PGCONNECT_TIMEOUT (seconds, as libpq), else 10 s.
+   */
+  connectTimeoutMs?: number;
   /** Default `berth`. */
   schema?: string;
   /** Default 127.0.0.1. Anything else needs `auth`. */
@@ -96,7 +102,8 @@ export interface ResolvedDashboardOptions extends Omit<ResolvedDashboardHandlerO
   readonly port: number;
   /** The caller's pool (left open by close()), or null: the dashboard opens one on `connectionString`. */
   readonly pool: pg.Pool | null;
-  readonly connectionString: string | null;
+  /** The database its own pool connects to (null when given a pool). */
+  readonly database: DatabaseTarget | null;
 }
 
 const HANDLER_OPTION_KEYS: ReadonlySet<string> = new Set<keyof DashboardHandlerOptions>([
@@ -111,6 +118,7 @@ const HANDLER_OPTION_KEYS: ReadonlySet<string> = new Set<keyof DashboardHandlerO
 ]);
 const DASHBOARD_OPTION_KEYS: ReadonlySet<string> = new Set<keyof DashboardOptions>([
   'connectionString',
+  'connectTimeoutMs',
   'pool',
   'schema',
   'host',
@@ -209,7 +217,14 @@ export function resolveDashboardOptions(options: DashboardOptions): ResolvedDash
   assertSafeBinding(options.auth, host);
   if (!options.pool && !options.connectionString)
     throw new BerthInputError('the dashboard needs a connectionString or a pool');
-  return { ...shared, host, port, pool: options.pool ?? null, connectionString: options.connectionString ?? null };
+  if (options.pool && options.connectTimeoutMs !== undefined)
+    throw new BerthInputError(
+      'dashboard connectTimeoutMs applies to its own pool: set it on the pool you pass instead',
+    );
+  const database = options.pool
+    ? null
+    : resolveDatabase(options.connectionString, { connectTimeoutMs: options.connectTimeoutMs });
+  return { ...shared, host, port, pool: options.pool ?? null, database };
 }
 
 const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost', '[::1]']);

@@ -58,8 +58,14 @@ export class DashboardReads {
   }
 }
 
+/**
+ * Counts as the pages show them. `pending` keeps seed 000's definition (every unfinished task,
+ * running ones included, as berth_tasks_pending counts them); `waiting` is pending minus running,
+ * so the overview can show waiting beside running without one task being read twice.
+ */
 interface Totals {
   pending: number;
+  waiting: number;
   running: number;
   dead: number;
 }
@@ -92,8 +98,11 @@ export interface Overview {
   throughput: MinutePoint[];
 }
 
-function add(into: Totals, c: Totals): void {
+function add(into: Totals, c: TaskCount): void {
   into.pending += c.pending;
+  // Both come from one read of the same rows, so running never exceeds pending; max() keeps a
+  // page from ever showing a negative count.
+  into.waiting += Math.max(0, c.pending - c.running);
   into.running += c.running;
   into.dead += c.dead;
 }
@@ -126,13 +135,13 @@ export async function readOverview(reads: DashboardReads): Promise<Overview> {
     throughput(db, schema, THROUGHPUT_MINUTES),
   ]);
   reads.noteInvalid(workers);
-  const total: Totals = { pending: 0, running: 0, dead: 0 };
+  const total: Totals = { pending: 0, waiting: 0, running: 0, dead: 0 };
   const byType = new Map<string, Totals & { type: string }>();
   const byQueue = new Map<string, QueueOverview>();
   const queue = (name: string): QueueOverview => {
     let q = byQueue.get(name);
     if (!q) {
-      q = { queue: name, pending: 0, running: 0, dead: 0, depth: 0, oldestDueSeconds: 0, paused: false };
+      q = { queue: name, pending: 0, waiting: 0, running: 0, dead: 0, depth: 0, oldestDueSeconds: 0, paused: false };
       byQueue.set(name, q);
     }
     return q;
@@ -142,7 +151,7 @@ export async function readOverview(reads: DashboardReads): Promise<Overview> {
     add(queue(c.queue), c);
     let t = byType.get(c.type);
     if (!t) {
-      t = { type: c.type, pending: 0, running: 0, dead: 0 };
+      t = { type: c.type, pending: 0, waiting: 0, running: 0, dead: 0 };
       byType.set(c.type, t);
     }
     add(t, c);

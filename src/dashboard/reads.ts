@@ -6,6 +6,7 @@ import { listTasks, parseState, taskTimeline } from '../admin/tasks.js';
 import { laneKey } from '../lane.js';
 import { getTask } from '../storage/tasks.js';
 import { overdueMarks } from '../storage/overdue.js';
+import { type AttemptSource, attemptsFromTimeline } from './attempts.js';
 import { HttpError } from './http.js';
 import { readOverview, type DashboardReads } from './overview.js';
 import {
@@ -95,12 +96,15 @@ export async function task(reads: DashboardReads, id: string) {
   const overdue = record.lease ? ((await overdueMarks(reads.db, reads.schema, [id])).get(id) ?? null) : null;
   // The lease token is the fence a holder settles with: never shown.
   const { lease, ...rest } = record;
+  const attemptsFrom: AttemptSource = 'timeline';
   return {
     task: {
       ...rest,
       lease: lease && { expiresAt: lease.expiresAt, worker: lease.worker, attempt: lease.attempt, overdue },
     },
     timeline,
+    attempts: attemptsFromTimeline(timeline),
+    attemptsFrom,
   };
 }
 

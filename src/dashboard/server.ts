@@ -1,4 +1,5 @@
-import pg from 'pg';
+import type pg from 'pg';
+import { createPool } from '../db/connections.js';
 import { BerthInputError } from '../errors.js';
 import { dashboardHandler } from './handler.js';
 import { listen, type Listening } from '../http/listen.js';
@@ -20,18 +21,22 @@ export interface DashboardServer {
 export async function startDashboard(options: DashboardOptions): Promise<DashboardServer> {
   const o = resolveDashboardOptions(options);
   const { logger, host } = o;
-  const ownPool = o.pool
-    ? null
-    : new pg.Pool({
-        connectionString: o.connectionString ?? undefined,
-        max: 4,
-        statement_timeout: 30_000,
-        application_name: 'berth dashboard',
-        // Lane stats plan over every ring partition: costed high enough for JIT (seconds) on a
-        // millisecond query.
-        options: '-c jit=off',
-      });
-  ownPool?.on('error', (err) => logger.warn({ err: err.message }, 'idle dashboard connection lost'));
+  const ownPool =
+    o.database === null
+      ? null
+      : createPool(
+          o.database,
+          {
+            max: 4,
+            statement_timeout: 30_000,
+            application_name: 'berth dashboard',
+            // Lane stats plan over every ring partition: costed high enough for JIT (seconds) on a
+            // millisecond query.
+            options: '-c jit=off',
+          },
+          logger,
+          'dashboard',
+        );
   const pool: pg.Pool | null = o.pool ?? ownPool;
   if (pool === null) throw new BerthInputError('the dashboard needs a connectionString or a pool');
   let server: Listening;

@@ -1,4 +1,5 @@
-import pg from 'pg';
+import type pg from 'pg';
+import { createPool, type DatabaseTarget } from '../db/connections.js';
 import type { Registry } from 'prom-client';
 import { BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
@@ -64,7 +65,7 @@ export function resolveWorkerHttpOptions(o: WorkerHttpOptions): ResolvedWorkerHt
 
 export interface WorkerHttpContext {
   /** The worker's database: the dashboard opens its own pool on it. */
-  connectionString: string;
+  database: DatabaseTarget;
   schema: string;
   registry: Registry;
   logger: Logger;
@@ -82,15 +83,18 @@ export async function startWorkerHttp(o: ResolvedWorkerHttpOptions, ctx: WorkerH
   let pool: pg.Pool | null = null;
   if (dashboard) {
     const logger = dashboard.logger ?? ctx.logger;
-    pool = new pg.Pool({
-      connectionString: ctx.connectionString,
-      max: WORKER_DASHBOARD_POOL.max,
-      statement_timeout: WORKER_DASHBOARD_POOL.statementTimeoutMs,
-      application_name: ctx.applicationName ?? 'berth dashboard',
-      // Lane stats plan over every ring partition: costed high enough for JIT on a millisecond read.
-      options: '-c jit=off',
-    });
-    pool.on('error', (err) => logger.warn({ err: err.message }, 'idle dashboard connection lost'));
+    pool = createPool(
+      ctx.database,
+      {
+        max: WORKER_DASHBOARD_POOL.max,
+        statement_timeout: WORKER_DASHBOARD_POOL.statementTimeoutMs,
+        application_name: ctx.applicationName ?? 'berth dashboard',
+        // Lane stats plan over every ring partition: costed high enough for JIT on a millisecond read.
+        options: '-c jit=off',
+      },
+      logger,
+      'dashboard',
+    );
     // Resolved in the Worker constructor: only what the worker owns is added here.
     handlers.push(
       dashboardHandler({

@@ -1,4 +1,5 @@
 import pg from 'pg';
+import { BerthError, BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import { checkoutListening } from '../sql.js';
 
@@ -17,12 +18,209 @@ import { checkoutListening } from '../sql.js';
  * So: pools are made by `createPool` (an idle-error listener is always attached), checkouts go
  * through `withPoolClient` / `inPoolTransaction` (a listener for exactly the checkout, and a
  * broken client is never returned to the pool), and dedicated clients are made by `openClient`
- * (the listener is attached before `connect()`).
+ * or `newClient` (the listener is attached before `connect()`).
+ *
+ * And so that no connect can hang: every pool and client is made for a `DatabaseTarget`
+ * (`resolveDatabase`), which carries the connect timeout, and every connect failure becomes a
+ * `ConnectError` naming host, port and database (never the password).
  */
+
+/** The connect timeout when nothing sets one (issue 12: a silent server hung `Worker.start()` forever). */
+export const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
+
+/**
+ * A connection string checked once, with its connect timeout resolved: what every pool and
+ * client of berth is made for.
+ */
+export interface DatabaseTarget {
+  readonly connectionString: string;
+  /** How long one connect may take before it fails; 0 waits as long as the network does. */
+  readonly connectTimeoutMs: number;
+  /** `host:port, database "name"` for messages: never the user's password. */
+  readonly where: string;
+}
+
+/** Where berth reads the one environment variable of the connection layer (`process.env` by default). */
+export type ConnectionEnvironment = Readonly<Record<string, string | undefined>>;
+
+export interface ResolveDatabaseOptions {
+  /** The option's name in messages (`connectionString`, `readConnectionString`, `--database-url`). */
+  field?: string;
+  /** The caller's explicit timeout (`connectTimeoutMs`): wins over the URL and the environment. */
+  connectTimeoutMs?: unknown;
+  /** Default `process.env`: only PGCONNECT_TIMEOUT is read. */
+  env?: ConnectionEnvironment;
+}
+
+/**
+ * Check a connection string and resolve its connect timeout. Precedence, most specific first:
+ * the explicit `connectTimeoutMs` option, the URL's `connect_timeout` (seconds), the
+ * PGCONNECT_TIMEOUT environment variable (seconds), then 10 s. URL and variable have libpq's
+ * meaning: whole seconds, 0 or less waits indefinitely, 1 means 2 (libpq's minimum). The
+ * variable is read here, not in src/env.ts, because it is the driver's setting, read where pg
+ * itself reads PGHOST, PGUSER and PGPASSWORD: a `new Worker(...)` honours it as psql does.
+ * A malformed string or value is a BerthInputError naming the field, never echoing the string
+ * (it may hold a password).
+ */
+export function resolveDatabase(connectionString: unknown, options: ResolveDatabaseOptions = {}): DatabaseTarget {
+  const field = options.field ?? 'connectionString';
+  if (typeof connectionString !== 'string' || connectionString.trim() === '')
+    throw new BerthInputError(`${field} must be a non-empty PostgreSQL connection string`);
+  const where = describeTarget(connectionString, field);
+  const explicit = options.connectTimeoutMs;
+  let connectTimeoutMs: number;
+  if (explicit !== undefined) {
+    if (typeof explicit !== 'number' || !Number.isFinite(explicit) || explicit < 0)
+      throw new BerthInputError(
+        `connectTimeoutMs must be a finite number of milliseconds >= 0 (0 waits indefinitely), got ${JSON.stringify(explicit)}`,
+      );
+    connectTimeoutMs = explicit;
+  } else {
+    const fromUrl = urlParameter(connectionString, 'connect_timeout');
+    const env = options.env ?? process.env;
+    const fromEnv = env.PGCONNECT_TIMEOUT?.trim() || undefined;
+    connectTimeoutMs =
+      fromUrl !== undefined
+        ? libpqSeconds(fromUrl, `${field}'s connect_timeout`)
+        : fromEnv !== undefined
+          ? libpqSeconds(fromEnv, 'PGCONNECT_TIMEOUT')
+          : DEFAULT_CONNECT_TIMEOUT_MS;
+  }
+  return { connectionString, connectTimeoutMs, where };
+}
+
+/** libpq's connect_timeout: an integer of seconds; <= 0 is no timeout; 1 is raised to 2. */
+function libpqSeconds(value: string, name: string): number {
+  if (!/^[+-]?\d+$/.test(value.trim()))
+    throw new BerthInputError(`${name} must be a whole number of seconds (libpq's meaning), got "${value}"`);
+  const seconds = Number(value.trim());
+  if (seconds <= 0) return 0;
+  return Math.max(seconds, 2) * 1000;
+}
+
+const URL_SCHEMES = new Set(['postgres:', 'postgresql:', 'socket:']);
+
+/** A query parameter of a URL connection string; undefined for a socket path or when absent. */
+function urlParameter(connectionString: string, name: string): string | undefined {
+  if (connectionString.startsWith('/')) return undefined;
+  return new URL(connectionString).searchParams.get(name) ?? undefined;
+}
+
+/**
+ * `host:port, database "name"` as pg will use them (it fills gaps from PGHOST, PGPORT, PGDATABASE
+ * and the user name), for connect errors. pg parses the string when a client is constructed, so a
+ * string pg cannot read fails here, before anything connects. Anything but a postgres:// or
+ * postgresql:// URL or a socket path is refused: pg would read `localhost/db` (a missing scheme)
+ * as the database name on a host called "base".
+ */
+function describeTarget(connectionString: string, field: string): string {
+  const malformed = (why: string) =>
+    new BerthInputError(
+      `${field} is not a valid PostgreSQL connection string (${why}); expected postgres://user:password@host:port/database`,
+    );
+  if (!connectionString.startsWith('/')) {
+    let url: URL;
+    try {
+      url = new URL(connectionString);
+    } catch {
+      // Node's own error carries the input (and with it any password): never rethrown.
+      throw malformed('not a URL');
+    }
+    if (!URL_SCHEMES.has(url.protocol)) throw malformed(`scheme "${url.protocol}" is not postgres: or postgresql:`);
+  }
+  let probe: pg.Client;
+  try {
+    probe = new pg.Client({ connectionString });
+  } catch (err) {
+    throw malformed(err instanceof Error && !err.message.includes(connectionString) ? err.message : 'unreadable');
+  }
+  const host = probe.host.startsWith('/')
+    ? `socket ${probe.host}`
+    : probe.host.includes(':')
+      ? `[${probe.host}]`
+      : probe.host;
+  return `${host}:${probe.port}, database "${probe.database ?? probe.user ?? ''}"`;
+}
+
+/**
+ * A connect that failed: no answer within the connect timeout, refused, unknown host, or refused
+ * by the server (authentication, no such database). The message names host, port and database,
+ * never the password; `cause` is the driver's error (its `code` says which).
+ */
+export class ConnectError extends BerthError {
+  override readonly code = 'CONNECT';
+
+  constructor(
+    readonly where: string,
+    readonly timedOut: boolean,
+    options: { cause: unknown; timeoutMs: number },
+  ) {
+    const reason = timedOut
+      ? `no answer within ${formatMs(options.timeoutMs)} (the connect timeout: connectTimeoutMs, the URL's connect_timeout or PGCONNECT_TIMEOUT)`
+      : options.cause instanceof Error
+        ? options.cause.message
+        : String(options.cause);
+    super(`could not connect to PostgreSQL at ${where}: ${reason}`, { cause: options.cause });
+    this.name = 'ConnectError';
+  }
+}
+
+function formatMs(ms: number): string {
+  return ms % 1000 === 0 ? `${ms / 1000} s` : `${ms} ms`;
+}
+
+function connectError(err: unknown, target: DatabaseTarget): ConnectError {
+  if (err instanceof ConnectError) return err;
+  // pg's wording when its connect timer destroys the socket (client.js `_connect`).
+  const timedOut = target.connectTimeoutMs > 0 && err instanceof Error && /timeout expired/i.test(err.message);
+  return new ConnectError(target.where, timedOut, { cause: err, timeoutMs: target.connectTimeoutMs });
+}
+
+type ConnectCallback = (err: Error | null, client?: pg.Client) => void;
+
+/**
+ * The client class of a target: pg's Client with the target's connect timeout, whose connect
+ * failures are ConnectErrors. The timeout is set on the client, not as the pool's
+ * `connectionTimeoutMillis`: pg-pool applies that one also to a checkout waiting for a busy pool,
+ * and a worker's claim or settlement waiting its turn for a connection must not fail for it.
+ */
+function clientClass(target: DatabaseTarget): new (config?: pg.ClientConfig) => pg.Client {
+  return class BerthClient extends pg.Client {
+    constructor(config: pg.ClientConfig = {}) {
+      super({ ...config, connectionString: target.connectionString, connectionTimeoutMillis: target.connectTimeoutMs });
+    }
+
+    override connect(): Promise<pg.Client>;
+    override connect(callback: ConnectCallback): void;
+    override connect(callback?: ConnectCallback): Promise<pg.Client> | undefined {
+      if (callback) {
+        super.connect((err: Error | null) => (err ? callback(connectError(err, target)) : callback(null, this)));
+        return undefined;
+      }
+      return super.connect().then(
+        () => this,
+        (err: unknown) => {
+          throw connectError(err, target);
+        },
+      );
+    }
+  };
+}
+
+/**
+ * A client for the target, not yet connected, for a session that manages its own listeners and
+ * reconnects (LISTEN, the leader election). Attach an `'error'` listener before `connect()`.
+ */
+export function newClient(target: DatabaseTarget, config: Omit<pg.ClientConfig, 'connectionString'> = {}): pg.Client {
+  const Client = clientClass(target);
+  return new Client(config);
+}
 
 /** A connection-level fault: the server went away or refused us; retrying later may succeed. */
 export function isConnectionError(err: unknown): boolean {
   if (typeof err !== 'object' || err === null) return false;
+  // A failed connect says why in its cause: a refused socket is one, a wrong password is not.
+  if (err instanceof ConnectError) return err.timedOut || isConnectionError(err.cause);
   const e = err as { code?: unknown; message?: unknown };
   const code = typeof e.code === 'string' ? e.code : '';
   // Class 08: connection exception. 57P01-03: admin shutdown, crash shutdown, cannot connect now
@@ -49,22 +247,39 @@ export function isConnectionError(err: unknown): boolean {
   );
 }
 
-/** Build a pool whose idle clients' errors are logged, never thrown. */
-export function createPool(config: pg.PoolConfig, logger: Logger, label: string): pg.Pool {
-  const pool = new pg.Pool(config);
+/**
+ * Build a pool on the target whose idle clients' errors are logged (or given to `onIdleError`),
+ * never thrown. Its connects time out as the target says.
+ */
+export function createPool(
+  target: DatabaseTarget,
+  config: Omit<pg.PoolConfig, 'connectionString' | 'Client' | 'connectionTimeoutMillis'>,
+  logger: Logger | null,
+  label: string,
+): pg.Pool {
+  const pool = new pg.Pool({
+    ...config,
+    connectionString: target.connectionString,
+    // The typings say a Client takes no arguments; pg-pool passes it the pool's options.
+    Client: clientClass(target) as new () => pg.Client,
+  });
   pool.on('error', (err) =>
-    logger.warn({ err: err.message, pool: label }, 'idle database connection lost; the pool replaces it'),
+    logger?.warn({ err: err.message, pool: label }, 'idle database connection lost; the pool replaces it'),
   );
   return pool;
 }
 
 /**
- * Open a dedicated client (LISTEN, the leader's session, a migration). The `'error'` listener
- * is attached before connecting, so a fault at any moment reaches `onError` instead of
- * crashing the process. A failed connect ends the client and rethrows.
+ * Open a dedicated client (a migration, a CLI command). The `'error'` listener is attached
+ * before connecting, so a fault at any moment reaches `onError` instead of crashing the process.
+ * A failed connect ends the client and rethrows (a ConnectError).
  */
-export async function openClient(config: pg.ClientConfig, onError: (err: Error) => void): Promise<pg.Client> {
-  const client = new pg.Client(config);
+export async function openClient(
+  target: DatabaseTarget,
+  config: Omit<pg.ClientConfig, 'connectionString'>,
+  onError: (err: Error) => void,
+): Promise<pg.Client> {
+  const client = newClient(target, config);
   client.on('error', onError);
   try {
     await client.connect();

@@ -1,4 +1,5 @@
-import pg from 'pg';
+import type pg from 'pg';
+import { newClient, type DatabaseTarget } from '../db/connections.js';
 import type { Logger } from '../logger.js';
 import { followerApplicationName, LEADER_LOCK, leaderApplicationName, schemaLockKey } from '../storage/locks.js';
 
@@ -26,7 +27,7 @@ export function reconnectDelayMs(pollMs: number, failures: number): number {
 const TRY_LEAD = `SELECT CASE WHEN pg_try_advisory_lock($1, $2) THEN set_config('application_name', $3, false) END AS name`;
 
 export interface ElectionOptions {
-  connectionString: string;
+  database: DatabaseTarget;
   schema: string;
   workerId: string;
   pollMs: number;
@@ -89,15 +90,14 @@ export class ElectionSession {
 
   private async connect(): Promise<boolean> {
     if (Date.now() < this.nextConnectAt) return false;
-    const client = new pg.Client({
-      connectionString: this.opts.connectionString,
+    const client = newClient(this.opts.database, {
       application_name: followerApplicationName(this.opts.workerId),
       // A half-open connection must not leave this process believing it leads: the liveness
-      // check times out (and the leader steps down) instead of hanging.
+      // check times out (and the leader steps down) instead of hanging. The connect times out
+      // as the database target says (10 s unless configured).
       keepAlive: true,
       query_timeout: 10_000,
       statement_timeout: 10_000,
-      connectionTimeoutMillis: 10_000,
     });
     // Before connect: an 'error' on a pg.Client with no listener kills the process, and a
     // backend termination or a server restart can emit one at any time.

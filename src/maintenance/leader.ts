@@ -1,7 +1,8 @@
+import { resolveDatabase, type DatabaseTarget } from '../db/connections.js';
 import { BerthInputError } from '../errors.js';
 import type pg from 'pg';
 import type { Lane } from '../lane.js';
-import type { Logger } from '../logger.js';
+import { childLogger, type Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import { ElectionSession } from './election.js';
 import { publishGauges, readGauges, resetGauges } from './gauges.js';
@@ -101,6 +102,7 @@ type Branch = { name: string; intervalMs: number; run: () => Promise<void> };
 export class Maintenance {
   private readonly opts: ResolvedMaintenanceOptions;
   private readonly schema: Schema;
+  private readonly database: DatabaseTarget;
   private stopped = false;
   private election: ElectionSession | null = null;
   private term: AbortController | null = null;
@@ -117,6 +119,8 @@ export class Maintenance {
   constructor(
     private readonly deps: {
       connectionString: string;
+      /** How long the election session's connect may take; default as `resolveDatabase` says (10 s). */
+      connectTimeoutMs?: number;
       schema: SchemaRef;
       pool: pg.Pool;
       logger: Logger;
@@ -129,6 +133,7 @@ export class Maintenance {
     // Resolving a resolved value changes nothing: the worker resolves its options up front.
     this.opts = resolveMaintenanceOptions(deps.options);
     this.schema = bindSchema(deps.schema);
+    this.database = resolveDatabase(deps.connectionString, { connectTimeoutMs: deps.connectTimeoutMs });
   }
 
   get isLeader(): boolean {
@@ -152,7 +157,7 @@ export class Maintenance {
 
   start(): void {
     this.election = new ElectionSession({
-      connectionString: this.deps.connectionString,
+      database: this.database,
       schema: this.schema.name,
       workerId: this.deps.workerId ?? `pid ${process.pid}`,
       pollMs: this.opts.leaderPollMs,
@@ -190,7 +195,7 @@ export class Maintenance {
         poolSize: pool.options.max ?? 10,
       },
       metrics,
-      this.deps.logger.child({ branch: 'promote' }),
+      childLogger(this.deps.logger, { branch: 'promote' }),
       this.contentionTally,
     );
     this.promoter = promoter;

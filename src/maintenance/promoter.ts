@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import type { Logger } from '../logger.js';
+import { childLogger, type Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import { laneKey, laneLabel, type Lane } from '../lane.js';
 import { bindSchema, type Schema, type SchemaRef } from '../sql.js';
@@ -206,7 +206,7 @@ export class Promoter {
   }
 
   private async runWaiter(lane: Lane, state: DeferredState): Promise<void> {
-    const log = this.logger.child({ lane: laneLabel(lane) });
+    const log = childLogger(this.logger, { lane: laneLabel(lane) });
     log.info('busy lane handed to a promotion waiter');
     try {
       for (;;) {

@@ -1,4 +1,4 @@
-import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, queryRingRead, type SchemaRef } from '../sql.js';
 import { HEARTBEAT_FUTURE_ALLOWANCE_MS } from '../storage/live-workers.js';
 
 export const DEFAULT_DEAD_RETENTION_MS = 7 * 24 * 3600 * 1000;
@@ -19,7 +19,8 @@ export async function pruneDeadLetters(
   const { q: s } = bindSchema(schema);
   let total = 0;
   for (;;) {
-    const r = await db.query<{ n: number }>(`SELECT ${s}.prune_dead_letters($1::float8, $2::integer) AS n`, [
+    // A scan of the settled history: with a ring read's planner settings, not a worker session's.
+    const r = await queryRingRead<{ n: number }>(db, `SELECT ${s}.prune_dead_letters($1::float8, $2::integer) AS n`, [
       retentionMs,
       batch,
     ]);

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { bindSchema, quoteIdent, type SchemaRef } from '../sql.js';
+import { bindSchema, queryRingRead, quoteIdent, type SchemaRef } from '../sql.js';
 
 /**
  * The ready ring is 16 segments: segment n is partition n of the ring tables (`ready_n`,
@@ -87,7 +87,10 @@ export async function pruneSegment(
   segment: number,
   lockTimeoutMs: number,
 ): Promise<PruneResult> {
-  const r = await pool.query<{ result: PruneOutcome }>(
+  // Its in-flight check reads the slot's whole partitions: with the planner settings of a ring
+  // read, not the worker session's (no sequential scans).
+  const r = await queryRingRead<{ result: PruneOutcome }>(
+    pool,
     `SELECT ${bindSchema(schema).q}.prune_slot($1::smallint, $2::integer) AS result`,
     [segment, Math.max(1, Math.round(lockTimeoutMs))],
   );

@@ -1,6 +1,6 @@
 import { CancelAbort, ShutdownAbort } from '../errors.js';
 import { laneLabel } from '../lane.js';
-import type { Logger } from '../logger.js';
+import { childLogger, type Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import type { Queryable } from '../sql.js';
 import { DEFAULT_BACKOFF } from '../task.js';
@@ -128,7 +128,12 @@ class LazyChild implements ProxyHandler<Logger> {
 
   get(_target: Logger, prop: string | symbol): unknown {
     const t = this.task;
-    this.child ??= this.parent.child({ task_id: t.id, task_type: t.type, lane: laneLabel(t), attempt: t.attempt });
+    this.child ??= childLogger(this.parent, {
+      task_id: t.id,
+      task_type: t.type,
+      lane: laneLabel(t),
+      attempt: t.attempt,
+    });
     const child = this.child;
     const value: unknown = Reflect.get(child, prop, child);
     return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(child) : value;

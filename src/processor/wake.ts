@@ -1,9 +1,10 @@
-import pg from 'pg';
+import type pg from 'pg';
+import { newClient, type DatabaseTarget } from '../db/connections.js';
 import type { Logger } from '../logger.js';
 import { quoteIdent } from '../sql.js';
 
 export interface WakeListenerOptions {
-  connectionString: string;
+  database: DatabaseTarget;
   channel: string;
   logger: Logger;
   /** Called per notification with its payload ('' for a bare wake). */
@@ -40,10 +41,7 @@ export class WakeListener {
 
   private async connect(): Promise<void> {
     if (this.stopped) return;
-    const client = new pg.Client({
-      connectionString: this.opts.connectionString,
-      application_name: this.opts.applicationName,
-    });
+    const client = newClient(this.opts.database, { application_name: this.opts.applicationName });
     const lost = (err?: Error) => {
       if (this.client !== client) return;
       this.client = null;

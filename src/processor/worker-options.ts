@@ -1,7 +1,8 @@
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
+import { resolveDatabase, type DatabaseTarget } from '../db/connections.js';
 import { BerthInputError } from '../errors.js';
-import { createLogger, type Logger } from '../logger.js';
+import { childLogger, createLogger, type Logger } from '../logger.js';
 import {
   resolveMaintenanceOptions,
   type MaintenanceOptions,
@@ -45,6 +46,12 @@ export interface WorkerOptions {
   stopTimeoutMs?: number;
   /** Statement timeout for every query the worker's pools run. 30 s. */
   statementTimeoutMs?: number;
+  /**
+   * How long opening one connection may take (every pool, LISTEN, the election session, the
+   * HTTP dashboard's pool); 0 waits indefinitely. Default: the URL's `connect_timeout`, else
+   * PGCONNECT_TIMEOUT (both in seconds, as libpq reads them), else 10 s.
+   */
+  connectTimeoutMs?: number;
   /** Run the elected maintenance leader in this process (default true). */
   maintenance?: boolean | MaintenanceOptions;
   logger?: Logger;
@@ -113,6 +120,7 @@ const WORKER_OPTION_KEYS: ReadonlySet<string> = new Set<keyof WorkerOptions>([
   'defaultCeilingMs',
   'stopTimeoutMs',
   'statementTimeoutMs',
+  'connectTimeoutMs',
   'maintenance',
   'logger',
   'metrics',
@@ -126,8 +134,10 @@ const WORKER_OPTION_KEYS: ReadonlySet<string> = new Set<keyof WorkerOptions>([
 
 /** WorkerOptions with every default filled in and every value checked: what the worker runs on. */
 export interface ResolvedWorkerOptions extends EngineOptions {
-  readonly connectionString: string;
-  readonly readConnectionString: string | null;
+  /** The primary, checked, with its connect timeout. */
+  readonly database: DatabaseTarget;
+  /** `readConnectionString`'s target, or null. */
+  readonly readDatabase: DatabaseTarget | null;
   readonly statementTimeoutMs: number;
   /** false: this process never leads maintenance. */
   readonly maintenance: ResolvedMaintenanceOptions | false;
@@ -148,6 +158,13 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
     if (!WORKER_OPTION_KEYS.has(key)) throw new BerthInputError(`unknown worker option "${key}"`);
   }
   if (!options.connectionString) throw new BerthInputError('Worker needs a connectionString');
+  const database = resolveDatabase(options.connectionString, { connectTimeoutMs: options.connectTimeoutMs });
+  const readDatabase = options.readConnectionString
+    ? resolveDatabase(options.readConnectionString, {
+        field: 'readConnectionString',
+        connectTimeoutMs: options.connectTimeoutMs,
+      })
+    : null;
   const d = WORKER_DEFAULTS;
   const slots = options.slots ?? d.slots;
   if (!Number.isInteger(slots) || slots < 1) throw new BerthInputError('slots must be an integer >= 1');
@@ -193,8 +210,8 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
   }
   const workerId = options.workerId ?? `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`;
   return {
-    connectionString: options.connectionString,
-    readConnectionString: options.readConnectionString || null,
+    database,
+    readDatabase,
     tasks: { defs, ceilings, maxAttempts, defaultMaxAttempts: DEFAULT_MAX_ATTEMPTS },
     slots,
     queues: options.queues ?? null,
@@ -206,7 +223,7 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
     stopTimeoutMs,
     statementTimeoutMs,
     maintenance,
-    logger: (options.logger ?? createLogger()).child({ worker: workerId }),
+    logger: childLogger(options.logger ?? createLogger(), { worker: workerId }),
     metrics: options.metrics ?? new BerthMetrics(),
     workerId,
     listenReconnectBaseMs: options.listenReconnectBaseMs ?? d.listenReconnectBaseMs,

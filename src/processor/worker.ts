@@ -1,8 +1,8 @@
 import type pg from 'pg';
 import { BerthInputError } from '../errors.js';
 import { checkKeys, checkMs, MAX_TIMER_MS } from '../limits.js';
-import { createPool, sessionName } from '../db/connections.js';
-import type { Logger } from '../logger.js';
+import { createPool, sessionName, type DatabaseTarget } from '../db/connections.js';
+import { childLogger, type Logger } from '../logger.js';
 import { laneLabel } from '../lane.js';
 import { Maintenance } from '../maintenance/leader.js';
 import type { BerthMetrics } from '../metrics.js';
@@ -48,8 +48,19 @@ function stopGraceMs(options: StopOptions): number {
  * entries per lane (20k queued), growing with the backlog. Without it the plan is a Merge
  * Append of the partitions' primary keys under the LIMIT, which stops after the entries it
  * takes: 0.2 ms per lane (EXPLAIN ANALYZE, docs/benchmarks.md "Range leases").
+ *
+ * And without sequential scans: the claim and the completion are named statements whose generic
+ * plan each session keeps, made when a ring slot's lease partition was nearly empty (a page).
+ * That plan read the lane cursor (the lane's highest lease) with a sequential scan of every
+ * lease in the slot, once per lane, and the completion joined its batch against the same: both
+ * grew with the slot, to ~1,900 leases read per lane per claim at 50k tasks (3.2 ms of a 7.2 ms
+ * claim, auto_explain during bench/drain-profile.ts). With them off the same cached plans probe
+ * the primary keys; the PostgreSQL backends' CPU per task went from 47–56 µs to 32–37 µs, and
+ * the drain from 16–20k to 23–25k tasks/s (c10, 2026-12-01). Reads that walk whole partitions
+ * on purpose (rescue, gauges, prune) turn both back on for themselves (`queryRingRead`).
  */
-export const SESSION_OPTIONS = '-c jit=off -c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off';
+export const SESSION_OPTIONS =
+  '-c jit=off -c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off';
 
 /** Everything start() builds, so stop() takes down exactly what exists. */
 interface Running {
@@ -121,10 +132,10 @@ export class Worker {
 
   private async build(): Promise<void> {
     const o = this.o;
-    const pool = (connectionString: string, max: number, kind: 'write' | 'read') =>
+    const pool = (target: DatabaseTarget, max: number, kind: 'write' | 'read') =>
       createPool(
+        target,
         {
-          connectionString,
           max,
           statement_timeout: o.statementTimeoutMs,
           options: SESSION_OPTIONS,
@@ -133,22 +144,22 @@ export class Worker {
         this.logger,
         kind,
       );
-    const write = pool(o.connectionString, Math.max(4, Math.ceil(o.slots / 2) + 4), 'write');
+    const write = pool(o.database, Math.max(4, Math.ceil(o.slots / 2) + 4), 'write');
     try {
       await assertMigrated(write, o.schema);
     } catch (err) {
       await write.end();
       throw err;
     }
-    const read = o.readConnectionString ? pool(o.readConnectionString, 2, 'read') : write;
+    const read = o.readDatabase ? pool(o.readDatabase, 2, 'read') : write;
     let http: Listening | null = null;
     if (o.http) {
       try {
         http = await startWorkerHttp(o.http, {
-          connectionString: o.connectionString,
+          database: o.database,
           schema: o.schema,
           registry: this.metrics.registry,
-          logger: this.logger.child({ component: 'http' }),
+          logger: childLogger(this.logger, { component: 'http' }),
           applicationName: sessionName('dashboard', this.id),
         });
       } catch (err) {
@@ -160,7 +171,7 @@ export class Worker {
     }
     const tally = o.heartbeatIntervalMs === false ? null : new OutcomeTally();
     const listener = new WakeListener({
-      connectionString: o.connectionString,
+      database: o.database,
       channel: this.channel,
       logger: this.logger,
       // Producers and promotion name the lane they appended to: the engine claims there first.
@@ -189,10 +200,12 @@ export class Worker {
       o.maintenance === false
         ? null
         : new Maintenance({
-            connectionString: o.connectionString,
+            connectionString: o.database.connectionString,
+            // Resolved already (option, URL, PGCONNECT_TIMEOUT or the default): passed as is.
+            connectTimeoutMs: o.database.connectTimeoutMs,
             schema: o.schema,
             pool: write,
-            logger: this.logger.child({ component: 'maintenance' }),
+            logger: childLogger(this.logger, { component: 'maintenance' }),
             metrics: this.metrics,
             options: o.maintenance,
             workerId: this.id,
@@ -220,7 +233,7 @@ export class Worker {
                     }
                   : {},
             },
-            this.logger.child({ component: 'heartbeat' }),
+            childLogger(this.logger, { component: 'heartbeat' }),
             o.heartbeatIntervalMs,
             tally,
           );

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import type pg from 'pg';
-import { openClient } from '../db/connections.js';
+import { openClient, resolveDatabase } from '../db/connections.js';
 import { BerthError, BerthInputError, type BerthErrorCode } from '../errors.js';
 import { DEFAULT_SCHEMA, quoteIdent, type Queryable } from '../sql.js';
 import { MIGRATE_LOCK, schemaLockKey } from '../storage/locks.js';
@@ -14,6 +14,11 @@ export interface ConnectionOptions {
   connectionString?: string;
   /** An already connected client (not inside a transaction). */
   client?: pg.ClientBase;
+  /**
+   * With `connectionString`: how long the connect may take; 0 waits indefinitely. Default: the
+   * URL's `connect_timeout`, else PGCONNECT_TIMEOUT (seconds, as libpq), else 10 s.
+   */
+  connectTimeoutMs?: number;
   /** Schema berth is installed in; default `berth`. */
   schema?: string;
 }
@@ -30,7 +35,7 @@ export interface MigrateOptions extends ConnectionOptions {
   producerRoles?: readonly string[];
 }
 
-const CONNECTION_KEYS = ['connectionString', 'client', 'schema'] as const;
+const CONNECTION_KEYS = ['connectionString', 'client', 'connectTimeoutMs', 'schema'] as const;
 
 /** Unknown keys are errors (a misspelt `producerRole` must not silently grant nothing). */
 function checkKeys(options: object, allowed: readonly string[], what: string): void {
@@ -340,11 +345,17 @@ export async function withClient<T>(
   what: string,
   fn: (client: pg.ClientBase) => Promise<T>,
 ): Promise<T> {
-  if (options.client) return fn(options.client);
-  if (!options.connectionString) throw new Error(`${what} needs a connectionString (or DATABASE_URL) or a client`);
+  if (options.client) {
+    if (options.connectTimeoutMs !== undefined)
+      throw new BerthInputError(`${what}: connectTimeoutMs applies to a connectionString, not to a client`);
+    return fn(options.client);
+  }
+  if (!options.connectionString)
+    throw new BerthInputError(`${what} needs a connectionString (or DATABASE_URL) or a client`);
+  const target = resolveDatabase(options.connectionString, { connectTimeoutMs: options.connectTimeoutMs });
   // A fault mid-migration surfaces as the failed statement's error (the transaction rolls
   // back); the listener only keeps the 'error' event from crashing the process.
-  const client = await openClient({ connectionString: options.connectionString }, () => undefined);
+  const client = await openClient(target, {}, () => undefined);
   try {
     return await fn(client);
   } finally {

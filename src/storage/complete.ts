@@ -88,6 +88,19 @@ function keyedRefs(
   return [keyed.map((r) => r.dedupeKey ?? ''), keyed.map((r) => r.id), keyed.map((r) => r.laneId), keyed.map(at)];
 }
 
+/**
+ * One lease looked up by its key, as a LATERAL subquery the planner cannot flatten into a join
+ * (the LIMIT keeps it a parameterised index probe per batch row). As a plain join, the plan the
+ * session caches (generic, named statement) was made while the slot's partition was nearly empty:
+ * a hash join over a seq scan of every lease in the slot, or a merge join reading the primary key
+ * from its start, both growing with the slot's leases (1,848 rows read per completion at 50k
+ * tasks, 0.4 ms of its 1.2 ms; auto_explain during bench/drain-profile.ts, 2026-12-01).
+ */
+function leaseProbe(leases: string, laneId: string, from: string, extra = ''): string {
+  return `SELECT l.slot, l.lane_id, l.from_seq, l.token FROM ${leases} l
+           WHERE l.lane_id = ${laneId} AND l.from_seq = ${from} ${extra} LIMIT 1`;
+}
+
 async function completeInSlot(
   write: Queryable,
   schema: Schema,
@@ -106,8 +119,7 @@ async function completeInSlot(
      ), won AS (
        INSERT INTO ${settlements} (slot, lane_id, lease_from, seqs, n, outcome)
        SELECT l.slot, l.lane_id, l.from_seq, u.seqs, u.n, 'completed'
-         FROM u JOIN ${leases} l
-           ON l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.token = u.token
+         FROM u CROSS JOIN LATERAL (${leaseProbe(leases, 'u.lane_id', 'u.lease_from', 'AND l.token = u.token')}) l
         ORDER BY u.o
        ON CONFLICT DO NOTHING
        RETURNING lane_id, lease_from
@@ -120,7 +132,7 @@ async function completeInSlot(
      )
      -- The token too: a batch may hold a wrong-token group for the same range as a right one.
      SELECT w.lane_id, w.lease_from::text AS lease_from, l.token::text AS token
-       FROM won w JOIN ${leases} l ON l.lane_id = w.lane_id AND l.from_seq = w.lease_from`,
+       FROM won w CROSS JOIN LATERAL (${leaseProbe(leases, 'w.lane_id', 'w.lease_from')}) l`,
     values: [
       groups.map((g) => g.laneId),
       groups.map((g) => g.leaseFrom),

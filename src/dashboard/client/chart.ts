@@ -1,5 +1,5 @@
 import { h, s } from './dom.js';
-import { num } from './format.js';
+import { num, time } from './format.js';
 import type { MinutePoint } from './wire.js';
 
 /** A chart of inline SVG bars, one per minute, oldest on the left. */
@@ -32,11 +32,7 @@ export function barChart(
         height: bh.toFixed(1),
         class: `bar ${cls}`,
       },
-      s(
-        'title',
-        {},
-        `${new Date(p.minute).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' })}: ${num(p[key])}`,
-      ),
+      s('title', {}, `${time(p.minute)}: ${num(p[key])}`),
     );
   });
   const axis = [

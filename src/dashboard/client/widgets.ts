@@ -1,5 +1,5 @@
 import { type Attrs, type Child, h } from './dom.js';
-import { time } from './format.js';
+import { ago, time } from './format.js';
 import type { OverdueMark } from './wire.js';
 
 /** A coloured label; its class is `kind`, or the text itself ("paused", "dead", "running"). */
@@ -11,7 +11,7 @@ export function badge(text: string, kind?: string): HTMLSpanElement {
 export function stateBadges(state: string, overdue: OverdueMark | null | undefined): Child {
   if (!overdue) return badge(state);
   const title =
-    `handler still running past its deadline since ${new Date(overdue.since).toLocaleString()} on ${overdue.worker}` +
+    `handler still running past its deadline since ${time(overdue.since)} on ${overdue.worker}` +
     (overdue.protected
       ? '; its lease is kept from rescue while that worker lives'
       : '; its holder stopped refreshing, rescue takes the lease');
@@ -23,15 +23,17 @@ export function stateBadges(state: string, overdue: OverdueMark | null | undefin
   return [badge(state), ' ', mark];
 }
 
-/** A time as text (see time) with the full ISO timestamp, time zone included, in its tooltip. */
-export function when(iso: string | null | undefined): Child {
+/**
+ * A time as text (see time: date, clock and zone) with the full ISO timestamp in UTC in its
+ * tooltip; with `relative`, "(5m 2s ago)" after it.
+ */
+export function when(iso: string | null | undefined, relative = false): Child {
   if (!iso) return '';
   const d = new Date(iso);
-  return h(
-    'time',
-    { datetime: iso, title: Number.isNaN(d.getTime()) ? String(iso) : `${d.toISOString()} (UTC)` },
-    time(iso),
-  );
+  const valid = !Number.isNaN(d.getTime());
+  const stamp = h('time', { datetime: iso, title: valid ? `${d.toISOString()} (UTC)` : String(iso) }, time(iso));
+  const rel = relative && valid ? ago(iso) : '';
+  return rel ? h('span', { class: 'when' }, [stamp, ' ', h('span', { class: 'muted ago' }, `(${rel})`)]) : stamp;
 }
 
 export interface Row {
@@ -39,8 +41,8 @@ export interface Row {
   cells: Child[];
 }
 
-/** A table, or `empty` (a muted line) when there are no rows. */
-export function table(headers: readonly string[], rows: readonly Row[], empty?: string): HTMLElement {
+/** A table, or `empty` (a muted line) when there are no rows. A header is text or a control (select all). */
+export function table(headers: readonly Child[], rows: readonly Row[], empty?: string): HTMLElement {
   if (rows.length === 0) return h('p', { class: 'muted empty' }, empty || 'Nothing here.');
   return h('table', {}, [
     h(
@@ -75,6 +77,6 @@ export function card(label: string, value: string, note: string, kind?: string):
   return h('div', { class: `card ${kind || ''}`, 'data-card': label.toLowerCase().replace(/\s+/g, '-') }, [
     h('div', { class: 'card-label' }, label),
     h('div', { class: 'card-value', title: value }, value),
-    h('div', { class: 'card-note' }, note),
+    h('div', { class: 'card-note', title: note }, note),
   ]);
 }

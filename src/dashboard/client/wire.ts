@@ -7,7 +7,10 @@
 export type TaskState = 'ready' | 'running' | 'scheduled' | 'retryable' | 'dead' | 'completed';
 
 interface Totals {
+  /** Every unfinished task, running ones included (seed 000's definition, as the gauge). */
   pending: number;
+  /** Pending minus running: what no worker holds yet. */
+  waiting: number;
   running: number;
   dead: number;
 }
@@ -105,6 +108,22 @@ export interface TaskDetail {
     lease: { expiresAt: string; worker: string | null; attempt: number; overdue: OverdueMark | null } | null;
   };
   timeline: { at: string; event: string; detail: unknown }[];
+  /** Absent from a server that predates it; drawn when present (see src/dashboard/attempts.ts). */
+  attempts?: Attempt[];
+  /** `history`: the attempt history, errors included; `timeline`: claims and settlements off the ring. */
+  attemptsFrom?: 'history' | 'timeline';
+}
+
+/** One attempt: its claim, how it ended, and (from the attempt history) its error and stack. */
+export interface Attempt {
+  id: string | null;
+  attempt: number | null;
+  claimedAt: string | null;
+  worker: string | null;
+  outcome: string | null;
+  settledAt: string | null;
+  durationMs: number | null;
+  error: { message: string; stack: string | null } | null;
 }
 
 export interface DeadLetters {
@@ -149,6 +168,7 @@ export interface WorkerRow {
   prefetched: number;
   leader: boolean;
   startedAt: string;
+  lastSeenAt: string;
   alive: boolean;
   maintenance: { branches?: Record<string, Branch>; waitingLanes?: LaneKey[] };
   invalid: string | null;
@@ -163,8 +183,18 @@ export interface Maintenance {
   audit: { at: string; actor: string; action: string; target: unknown; result: unknown }[];
 }
 
+/** A bulk retry or cancel of selected tasks: each id's result, and whether it changed the task. */
+export interface BulkTaskAnswer {
+  requested: number;
+  changed: number;
+  unchanged: number;
+  byResult: Record<string, number>;
+  results: { id: string; result: string; changed: boolean }[];
+}
+
 /** What an action answers: a task action's result, a bulk dead-letter count, or a queue's lanes. */
 export type ActionAnswer =
   | { result: string }
+  | BulkTaskAnswer
   | { matched: number; changed: number; duplicates: number }
   | { lanes: number };

@@ -3,14 +3,16 @@ import { api, messageOf, query } from '../api.js';
 import { append, clear, h } from '../dom.js';
 import { toast } from '../feedback.js';
 import { filterForm, Pager } from '../filters.js';
-import { ago, clip, num, time } from '../format.js';
+import { clip, num } from '../format.js';
+import { bulkResultBox, Selection } from '../selection.js';
 import { READ_ONLY } from '../shell.js';
 import type { Route, View } from '../view.js';
-import { table, taskLink } from '../widgets.js';
+import { table, taskLink, when } from '../widgets.js';
 import type { DeadLetters } from '../wire.js';
 
-/** A fresh pager each time the page is mounted (a new filter starts at page 1). */
+/** A fresh pager and selection each time the page is mounted (a new filter starts at page 1, nothing ticked). */
 let pager = new Pager();
+let selection = new Selection(['retry']);
 
 /** Retry or purge every dead letter the page's filter matches (all of them without one), after a count and a confirmation. */
 function bulkActions(r: Route): HTMLDivElement {
@@ -45,6 +47,7 @@ export const dead: View<DeadLetters> = {
   title: 'Dead letters',
   mount: (_el, r) => {
     pager = new Pager();
+    selection = new Selection(['retry']);
     return [
       filterForm(
         'dead',
@@ -56,6 +59,7 @@ export const dead: View<DeadLetters> = {
         r.params,
       ),
       READ_ONLY ? null : bulkActions(r),
+      READ_ONLY ? null : bulkResultBox(),
     ];
   },
   load: (r) =>
@@ -63,17 +67,21 @@ export const dead: View<DeadLetters> = {
       `/api/dead${query({ queue: r.params.get('queue'), type: r.params.get('type'), error: r.params.get('error'), after: pager.after })}`,
     ),
   render: (el, d) => {
+    selection.begin(d.deadLetters.map((x) => x.id));
+    const headers = ['ID', 'Type', 'Queue', 'Attempts', 'Died', 'Last error', READ_ONLY ? '' : 'Actions'];
     append(clear(el), [
+      READ_ONLY || d.deadLetters.length === 0 ? null : selection.toolbar(),
       table(
-        ['ID', 'Type', 'Queue', 'Attempts', 'Died', 'Last error', READ_ONLY ? '' : 'Actions'],
+        READ_ONLY ? headers : [selection.allBox(), ...headers],
         d.deadLetters.map((x) => ({
           attrs: { 'data-task': x.id },
           cells: [
+            READ_ONLY ? null : h('label', { class: 'select' }, selection.checkbox(x.id)),
             taskLink(x.id),
             x.type,
             x.queue,
             String(x.attempts),
-            h('span', { title: `${time(x.diedAt)} (${x.diedAt})` }, ago(x.diedAt)),
+            when(x.diedAt, true),
             h('span', { class: 'error-text', title: x.lastError || '' }, clip(x.lastError, 120)),
             READ_ONLY
               ? ''
@@ -85,7 +93,7 @@ export const dead: View<DeadLetters> = {
                     'danger',
                   ),
                 ]),
-          ],
+          ].filter((c) => c !== null),
         })),
         'No dead letters match.',
       ),

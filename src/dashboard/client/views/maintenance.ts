@@ -1,6 +1,6 @@
 import { api } from '../api.js';
 import { append, clear, h } from '../dom.js';
-import { age, ago, clip, json, num, time } from '../format.js';
+import { age, clip, json, num, time } from '../format.js';
 import type { View } from '../view.js';
 import { badge, table, when } from '../widgets.js';
 import type { Maintenance } from '../wire.js';
@@ -36,7 +36,7 @@ export const maintenance: View<Maintenance> = {
               `${b.maxMs.toFixed(1)} ms`,
               num(b.overruns),
               b.failures ? h('span', { class: 'error-text' }, num(b.failures)) : '0',
-              ago(b.lastRunAt),
+              when(b.lastRunAt, true),
             ],
           })),
         'No branch statistics yet.',
@@ -57,7 +57,12 @@ export const maintenance: View<Maintenance> = {
           const heartbeat = w.invalid
             ? h('span', { class: 'badge dead', title: w.invalid, 'data-invalid': '' }, 'invalid')
             : w.alive
-              ? `${age(w.heartbeatAgeSeconds)} ago`
+              ? // The age is the server's (its clock against the database's), not the browser's.
+                h('span', { class: 'when' }, [
+                  when(w.lastSeenAt),
+                  ' ',
+                  h('span', { class: 'muted ago' }, `(${age(w.heartbeatAgeSeconds)} ago)`),
+                ])
               : badge('stale', 'dead');
           return {
             cells: [

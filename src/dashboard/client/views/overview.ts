@@ -6,13 +6,24 @@ import type { View } from '../view.js';
 import { badge, card, table } from '../widgets.js';
 import type { Overview } from '../wire.js';
 
+/** A waiting count, with the pending total (waiting + running) it is part of on hover. */
+function pendingPart(waiting: number, pending: number): HTMLSpanElement {
+  return h(
+    'span',
+    { title: `${num(pending)} pending = ${num(waiting)} waiting + ${num(pending - waiting)} running` },
+    num(waiting),
+  );
+}
+
 export const overview: View<Overview> = {
   title: 'Overview',
   load: () => api<Overview>('/api/overview'),
   render: (el, d) => {
     const t = d.counts.total;
     const stats = h('div', { class: 'cards' }, [
-      card('Pending', num(t.pending), 'not finished yet', 'pending'),
+      // Waiting and running add up to pending (seed 000 counts running tasks as pending, as the
+      // berth_tasks_pending gauge does): shown side by side, no task is counted twice.
+      card('Waiting', num(t.waiting), `of ${num(t.pending)} pending`, 'pending'),
       card('Running', num(t.running), 'under a live lease', 'running'),
       card('Dead letters', num(t.dead), 'out of attempts', t.dead > 0 ? 'dead' : ''),
       card(
@@ -25,7 +36,7 @@ export const overview: View<Overview> = {
       card(
         'Leader',
         d.leader ? d.leader.workerId || `pid ${d.leader.pid}` : 'none',
-        d.leader ? `session since ${time(d.leader.since)}` : 'no maintenance leader',
+        d.leader ? `since ${time(d.leader.since)}` : 'no maintenance leader',
         d.leader ? 'leader' : 'dead',
       ),
     ]);
@@ -34,12 +45,12 @@ export const overview: View<Overview> = {
       barChart('Failures per minute', d.throughput, 'failed', 'bad'),
     ]);
     const byQueue = table(
-      ['Queue', 'Pending', 'Running', 'Dead', 'Depth', 'Oldest due', ''],
+      ['Queue', 'Waiting', 'Running', 'Dead', 'Depth', 'Oldest due', ''],
       d.queues.map((q) => ({
         attrs: { 'data-queue': q.queue },
         cells: [
           h('a', { href: `#/tasks${query({ queue: q.queue })}` }, q.queue),
-          num(q.pending),
+          pendingPart(q.waiting, q.pending),
           num(q.running),
           q.dead > 0 ? h('a', { href: `#/dead${query({ queue: q.queue })}`, class: 'dead-count' }, num(q.dead)) : '0',
           num(q.depth),
@@ -50,12 +61,12 @@ export const overview: View<Overview> = {
       'No queues yet.',
     );
     const byType = table(
-      ['Task type', 'Pending', 'Running', 'Dead'],
+      ['Task type', 'Waiting', 'Running', 'Dead'],
       d.counts.byType.map((c) => ({
         attrs: { 'data-type': c.type },
         cells: [
           h('a', { href: `#/tasks${query({ type: c.type })}` }, c.type),
-          num(c.pending),
+          pendingPart(c.waiting, c.pending),
           num(c.running),
           num(c.dead),
         ],
@@ -72,7 +83,7 @@ export const overview: View<Overview> = {
       h(
         'p',
         { class: 'muted small' },
-        `Counts are cached for a few seconds (read ${age(d.counts.ageMs / 1000)} ago); charts come from the workers\u2019 per-minute heartbeats.`,
+        `Waiting + running = pending (berth_tasks_pending counts both). Counts are cached for a few seconds (read ${age(d.counts.ageMs / 1000)} ago); charts come from the workers\u2019 per-minute heartbeats.`,
       ),
     ]);
   },

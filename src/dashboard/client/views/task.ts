@@ -1,11 +1,11 @@
 import { act, actionButton } from '../actions.js';
 import { api } from '../api.js';
 import { append, type Child, clear, h } from '../dom.js';
-import { json, time } from '../format.js';
+import { duration, json } from '../format.js';
 import { READ_ONLY } from '../shell.js';
 import type { View } from '../view.js';
-import { stateBadges, when } from '../widgets.js';
-import type { TaskDetail, TaskState } from '../wire.js';
+import { badge, stateBadges, table, when } from '../widgets.js';
+import type { Attempt, TaskDetail, TaskState } from '../wire.js';
 
 type TaskAction = 'retry' | 'cancel' | 'move' | 'delete';
 
@@ -72,6 +72,56 @@ function taskActions(t: TaskDetail['task']): HTMLDivElement | null {
   ]);
 }
 
+/** An attempt's error: its message, and its stack folded below it when the history kept one. */
+function attemptError(e: Attempt['error']): Child {
+  if (!e) return '';
+  return h('div', { class: 'attempt-error' }, [
+    h('span', { class: 'error-text', 'data-error': '' }, e.message),
+    e.stack
+      ? h('details', {}, [
+          h('summary', {}, 'stack'),
+          h('pre', { class: 'error-text stack', 'data-stack': '' }, e.stack),
+        ])
+      : null,
+  ]);
+}
+
+/**
+ * Every attempt the server knows of, oldest first: claim, worker, outcome, duration, error and
+ * stack. Drawn from whatever the API sends (`attempts`); it says when they came off the ring's
+ * timeline, which keeps claims and settlements while their segment is retained and no error
+ * per attempt.
+ */
+function attemptsSection(d: TaskDetail): Child {
+  if (!d.attempts) return null;
+  const fromTimeline = d.attemptsFrom !== 'history';
+  return h('section', { id: 'attempts', 'data-from': fromTimeline ? 'timeline' : 'history' }, [
+    h('h3', {}, 'Attempts'),
+    table(
+      ['Attempt', 'Claimed', 'Worker', 'Outcome', 'Duration', 'Error'],
+      d.attempts.map((a, i) => ({
+        attrs: { 'data-attempt': a.attempt ?? `#${i + 1}` },
+        cells: [
+          a.attempt === null ? '?' : String(a.attempt),
+          when(a.claimedAt),
+          h('span', { class: 'mono' }, a.worker || '?'),
+          a.outcome ? badge(a.outcome, `outcome ${a.outcome}`) : a.settledAt ? '?' : badge('running'),
+          a.durationMs === null ? '' : duration(a.durationMs),
+          attemptError(a.error),
+        ],
+      })),
+      fromTimeline ? 'No claim of this task is retained on the ring.' : 'Not claimed yet.',
+    ),
+    fromTimeline
+      ? h(
+          'p',
+          { class: 'muted small', id: 'attempts-note' },
+          'Read off the ring\u2019s claims and settlements while their segment is retained; the ring keeps only the last error (above), not one per attempt.',
+        )
+      : null,
+  ]);
+}
+
 export const task: View<TaskDetail> = {
   title: 'Task',
   load: (r) => api<TaskDetail>(`/api/tasks/${encodeURIComponent(r.id ?? '')}`),
@@ -89,7 +139,9 @@ export const task: View<TaskDetail> = {
       ['Due', t.runAt ? when(t.runAt) : '—'],
       [
         'Lease',
-        t.lease ? `attempt ${t.lease.attempt} on ${t.lease.worker || '?'}, expires ${time(t.lease.expiresAt)}` : '—',
+        t.lease
+          ? [`attempt ${t.lease.attempt} on ${t.lease.worker || '?'}, expires `, when(t.lease.expiresAt, true)]
+          : '—',
       ],
     ];
     append(clear(el), [
@@ -103,6 +155,7 @@ export const task: View<TaskDetail> = {
       t.lastError
         ? [h('h3', {}, 'Last error'), h('pre', { class: 'error-text', id: 'last-error' }, t.lastError)]
         : null,
+      attemptsSection(d),
       h('h3', {}, 'Payload'),
       h('pre', { id: 'payload' }, json(t.payload, 2)),
       h('h3', {}, 'Timeline'),

@@ -3,19 +3,23 @@ import { append, clear, h } from '../dom.js';
 import { clip } from '../format.js';
 import { filterForm, Pager } from '../filters.js';
 import { go } from '../live.js';
+import { bulkResultBox, Selection } from '../selection.js';
+import { READ_ONLY } from '../shell.js';
 import type { View } from '../view.js';
 import { stateBadges, table, taskLink, when } from '../widgets.js';
 import type { TaskList } from '../wire.js';
 
 const STATES = ['ready', 'running', 'scheduled', 'retryable', 'dead', 'completed'];
 
-/** A fresh pager each time the page is mounted (a new filter starts at page 1). */
+/** A fresh pager and selection each time the page is mounted (a new filter starts at page 1, nothing ticked). */
 let pager = new Pager();
+let selection = new Selection(['retry', 'cancel']);
 
 export const tasks: View<TaskList> = {
   title: 'Tasks',
   mount: (_el, r) => {
     pager = new Pager();
+    selection = new Selection(['retry', 'cancel']);
     return [
       filterForm(
         'tasks',
@@ -26,6 +30,7 @@ export const tasks: View<TaskList> = {
         ],
         r.params,
       ),
+      READ_ONLY ? null : bulkResultBox(),
     ];
   },
   load: (r) =>
@@ -33,19 +38,23 @@ export const tasks: View<TaskList> = {
       `/api/tasks${query({ state: r.params.get('state'), queue: r.params.get('queue'), type: r.params.get('type'), after: pager.after })}`,
     ),
   render: (el, d) => {
+    selection.begin(d.tasks.map((t) => t.id));
+    const headers = ['ID', 'Type', 'State', 'Queue', 'Priority', 'Attempts', 'Created', 'Due / finished', 'Last error'];
     append(clear(el), [
+      READ_ONLY || d.tasks.length === 0 ? null : selection.toolbar(),
       table(
-        ['ID', 'Type', 'State', 'Queue', 'Priority', 'Attempts', 'Created', 'Due / finished', 'Last error'],
+        READ_ONLY ? headers : [selection.allBox(), ...headers],
         d.tasks.map((t) => ({
           attrs: {
             'data-task': t.id,
             class: 'clickable',
-            // The row opens the task; its id link does that itself.
+            // The row opens the task; its id link, its checkbox and the cell around it do not.
             onclick: (e) => {
-              if (!(e.target instanceof Element && e.target.tagName === 'A')) go(`#/tasks/${t.id}`);
+              if (!(e.target instanceof Element && e.target.closest('a, input, label.select'))) go(`#/tasks/${t.id}`);
             },
           },
           cells: [
+            READ_ONLY ? null : h('label', { class: 'select' }, selection.checkbox(t.id)),
             taskLink(t.id),
             t.type,
             stateBadges(t.state, t.overdue),
@@ -55,7 +64,7 @@ export const tasks: View<TaskList> = {
             when(t.createdAt),
             when(t.finishedAt || t.runAt),
             h('span', { class: 'error-text' }, clip(t.lastError, 80)),
-          ],
+          ].filter((c) => c !== null),
         })),
         'No tasks match.',
       ),
