@@ -16,8 +16,10 @@ import {
   getTask,
   type TaskContext,
   Worker,
+  type WorkerOptions,
 } from '../src/index.js';
 import { claimBatch, type ClaimedTask } from '../src/processor/claim.js';
+import type { AnyTaskDefinition } from '../src/task.js';
 import { quoteIdent, wakeChannel } from '../src/sql.js';
 import { cancelledAmong, cancelTasks as cancelIds } from '../src/storage/cancel.js';
 import { completeLeases } from '../src/storage/complete.js';
@@ -70,6 +72,11 @@ async function claimAll(limit: number, ceilingMs = 60_000): Promise<ClaimedTask[
   }
 }
 
+/** A worker in this file's schema for one definition (logging to the test logger unless given one). */
+function workerFor(def: AnyTaskDefinition, options: Partial<WorkerOptions>): Worker {
+  return new Worker({ connectionString: DATABASE_URL, schema, tasks: [def], logger: testLogger, ...options });
+}
+
 /** A handler that runs until its signal fires, recording each start and the abort reason's code. */
 function blocking(type: string, ceiling = 60_000) {
   const runs: { id: string; attempt: number; aborted: string | null }[] = [];
@@ -95,14 +102,10 @@ test('cancel a running task: the holder hears the notification and aborts the ha
   // A short lease, so the test can wait it out; long enough that the cancel comes well before the deadline.
   const { def, runs } = blocking('c_notify', scaled(5000));
   // The poll is a minute away: only the notification can abort the handler within the wait below.
-  const w = new Worker({
-    connectionString: DATABASE_URL,
-    schema,
-    tasks: [def],
+  const w = workerFor(def, {
     slots: 2,
     pollIntervalMs: 60_000,
     leaseMarginMs: 500,
-    logger: testLogger,
     maintenance: FAST_MAINTENANCE,
   });
   await w.start();
@@ -135,15 +138,11 @@ test('cancel a running task: the holder hears the notification and aborts the ha
 test('the poll is the fallback: with the LISTEN session down, a cancel still aborts the handler', async () => {
   await reset();
   const { def, runs } = blocking('c_poll');
-  const w = new Worker({
-    connectionString: DATABASE_URL,
-    schema,
-    tasks: [def],
+  const w = workerFor(def, {
     slots: 2,
     pollIntervalMs: 200,
     // Once its session is killed it stays deaf for the rest of the test.
     listenReconnectBaseMs: 600_000,
-    logger: testLogger,
     maintenance: false,
   });
   await w.start();
@@ -182,10 +181,7 @@ test('a completion that loses to a cancel is told so: not written, counted cance
     },
   });
   const { logger, lines } = captureLogger();
-  const w = new Worker({
-    connectionString: DATABASE_URL,
-    schema,
-    tasks: [def],
+  const w = workerFor(def, {
     slots: 1,
     pollIntervalMs: 600_000,
     listenReconnectBaseMs: 600_000,
@@ -226,12 +222,8 @@ test("a cancel against a dead worker's lease: settled at once, rescue finds noth
   await leaseLapsed(pool, t!.leaseExpiresAt);
   assert.deepEqual(await rescueLapsedLeases(pool, schema), { retried: 0, dead: 0, held: 0 });
   const { def, runs } = blocking('c_dead');
-  const w = new Worker({
-    connectionString: DATABASE_URL,
-    schema,
-    tasks: [def],
+  const w = workerFor(def, {
     pollIntervalMs: 100,
-    logger: testLogger,
     maintenance: FAST_MAINTENANCE,
   });
   await w.start();
