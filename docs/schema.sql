@@ -64,6 +64,68 @@ BEGIN
 END $$;
 
 --
+-- Name: cancel_tasks(bigint[], text); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.cancel_tasks(p_ids bigint[], p_actor text) RETURNS TABLE(id bigint, result text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v_id bigint;
+  v_result text;
+  v_n integer;
+  e record;
+BEGIN
+  IF p_ids IS NULL THEN
+    RAISE EXCEPTION 'berth: cancel_tasks ids must not be null' USING ERRCODE = '22004';
+  END IF;
+  FOREACH v_id IN ARRAY p_ids LOOP
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+      id := v_id; result := 'isolation'; RETURN NEXT; CONTINUE;
+    END IF;
+    -- Pending: removed. Leased: remove_unleased has taken the lane's row lock, and this
+    -- statement's fresh snapshot sees the lease.
+    v_result := "berth".remove_unleased(v_id, 'cancelled');
+    IF v_result <> 'removed' THEN
+      SELECT le.slot, le.lane_id, le.lane_seq, le.lease_from INTO e
+        FROM "berth".leased_entries le
+       WHERE le.id = v_id AND le.outcome IS NULL
+       LIMIT 1;
+      IF FOUND THEN
+        INSERT INTO "berth".range_settlements (slot, lane_id, lease_from, seqs, n, outcome, actor)
+        VALUES (e.slot, e.lane_id, e.lease_from, int8multirange(int8range(e.lane_seq, e.lane_seq + 1)), 1,
+                'cancelled', p_actor)
+        ON CONFLICT DO NOTHING;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+      ELSE
+        v_n := -1;
+      END IF;
+      IF v_n = 1 THEN
+        DELETE FROM "berth".dedupe d WHERE d.id = v_id;
+        -- Delivered at commit to every worker's LISTEN session; the holder aborts the handler.
+        PERFORM pg_notify('berth.wake', format('cancel:%s:%s', e.lane_id, e.lane_seq));
+        v_result := 'cancelled';
+      ELSE
+        -- Lost the race (the insert waited for the holder's settlement and was dropped), or no
+        -- lease is open: a failure, release or rescue that won may have deferred the task.
+        DELETE FROM "berth".deferred d WHERE d.id = v_id;
+        IF FOUND THEN
+          DELETE FROM "berth".dedupe d WHERE d.id = v_id;
+          v_result := 'removed';
+        ELSIF v_n = 0 OR EXISTS (SELECT 1 FROM "berth".leased_entries le
+                                  WHERE le.id = v_id AND le.outcome IS NOT NULL) THEN
+          v_result := 'already_settled';
+        ELSE
+          v_result := 'not_found';
+        END IF;
+      END IF;
+    END IF;
+    id := v_id; result := v_result; RETURN NEXT;
+  END LOOP;
+END $$;
+
+--
 -- Name: due_deferred(text, integer, text[], smallint[], smallint[]); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -774,7 +836,8 @@ CREATE TABLE berth.range_settlements (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 )
 PARTITION BY LIST (slot);
 
@@ -1525,7 +1588,8 @@ CREATE TABLE berth.range_settlements_0 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -1539,7 +1603,8 @@ CREATE TABLE berth.range_settlements_1 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -1553,7 +1618,8 @@ CREATE TABLE berth.range_settlements_10 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -1567,7 +1633,8 @@ CREATE TABLE berth.range_settlements_11 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -1581,7 +1648,8 @@ CREATE TABLE berth.range_settlements_12 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -1595,7 +1663,8 @@ CREATE TABLE berth.range_settlements_13 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -1609,7 +1678,8 @@ CREATE TABLE berth.range_settlements_14 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -1623,7 +1693,8 @@ CREATE TABLE berth.range_settlements_15 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -1637,7 +1708,8 @@ CREATE TABLE berth.range_settlements_2 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -1651,7 +1723,8 @@ CREATE TABLE berth.range_settlements_3 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -1665,7 +1738,8 @@ CREATE TABLE berth.range_settlements_4 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -1679,7 +1753,8 @@ CREATE TABLE berth.range_settlements_5 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -1693,7 +1768,8 @@ CREATE TABLE berth.range_settlements_6 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -1707,7 +1783,8 @@ CREATE TABLE berth.range_settlements_7 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -1721,7 +1798,8 @@ CREATE TABLE berth.range_settlements_8 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -1735,7 +1813,8 @@ CREATE TABLE berth.range_settlements_9 (
     seqs int8multirange NOT NULL,
     n integer NOT NULL,
     outcome text NOT NULL,
-    settled_at timestamp with time zone DEFAULT now() NOT NULL
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text
 );
 
 --
@@ -2350,6 +2429,16 @@ CREATE TABLE berth.settlements_9 (
     id bigint NOT NULL,
     outcome text NOT NULL,
     settled_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: snoozes; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.snoozes (
+    id bigint NOT NULL,
+    snoozes integer NOT NULL,
+    last_snoozed_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 --
@@ -3829,6 +3918,13 @@ ALTER TABLE ONLY berth.settlements_8
 
 ALTER TABLE ONLY berth.settlements_9
     ADD CONSTRAINT settlements_9_pkey PRIMARY KEY (lane_id, lane_seq, slot);
+
+--
+-- Name: snoozes snoozes_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.snoozes
+    ADD CONSTRAINT snoozes_pkey PRIMARY KEY (id);
 
 --
 -- Name: tombstones tombstones_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
@@ -5491,6 +5587,12 @@ CREATE TRIGGER refuse_legacy_lease BEFORE INSERT ON berth.leases FOR EACH ROW EX
 --
 
 REVOKE ALL ON FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[]) FROM PUBLIC;
+
+--
+-- Name: FUNCTION cancel_tasks(p_ids bigint[], p_actor text); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.cancel_tasks(p_ids bigint[], p_actor text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION due_deferred(p_state text, p_limit integer, p_skip_queues text[], p_skip_priorities smallint[], p_skip_shards smallint[]); Type: ACL; Schema: berth; Owner: -

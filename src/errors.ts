@@ -18,6 +18,7 @@ export type BerthErrorCode =
   | 'CLI_FAILURE'
   | 'SHUTDOWN_ABORT'
   | 'DEADLINE_ABORT'
+  | 'CANCEL_ABORT'
   | 'CONNECT';
 
 /**
@@ -99,5 +100,19 @@ export class DeadlineAbort extends BerthError {
   constructor(readonly deadline: number) {
     super(`handler deadline ${new Date(deadline).toISOString()} passed`);
     this.name = 'DeadlineAbort';
+  }
+}
+
+/**
+ * The reason a handler's `ctx.signal` carries when an operator cancelled its task (`cancelTask`,
+ * `berth tasks cancel`, the dashboard). The attempt is already settled as `cancelled`: whatever
+ * the handler returns now is not written, and the task never runs again.
+ */
+export class CancelAbort extends BerthError {
+  override readonly code: BerthErrorCode = 'CANCEL_ABORT';
+
+  constructor() {
+    super('task was cancelled by an operator');
+    this.name = 'CancelAbort';
   }
 }

@@ -60,6 +60,10 @@ export {
   backoffDelayMs,
   DEFAULT_BACKOFF,
   DEFAULT_MAX_ATTEMPTS,
+  DEFAULT_MAX_SNOOZES,
+  snooze,
+  isSnooze,
+  type Snooze,
   type TaskDefinition,
   type TaskDefinitionInput,
   type TaskDefinitionFields,
@@ -73,7 +77,7 @@ export { runSlices, DEFAULT_SLICE_MS, type SliceOptions, type SlicePage } from '
 export { dequeue } from './storage/complete.js';
 
 // Worker
-export { Worker, WORKER_DEFAULTS, type WorkerOptions } from './processor/worker.js';
+export { Worker, WORKER_DEFAULTS, type WorkerOptions, type StopOptions } from './processor/worker.js';
 export { UNKNOWN_TYPE_DEFAULTS, type UnknownTypeOptions } from './processor/unknown-types.js';
 export { MAINTENANCE_DEFAULTS, type MaintenanceOptions } from './maintenance/leader.js';
 export { DEFAULT_HEARTBEAT_MS } from './storage/live-workers.js';
@@ -95,6 +99,7 @@ export {
   taskTimeline,
   retryTask,
   cancelTask,
+  cancelTasks,
   deleteTask,
   parseState,
   TASK_STATES,
@@ -104,6 +109,9 @@ export {
   type TaskList,
   type TimelineEvent,
   type TaskActionResult,
+  type CancelOptions,
+  type CancelFilter,
+  type BulkCancelResult,
 } from './admin/tasks.js';
 export {
   listDead,
@@ -183,6 +191,7 @@ export {
   isPermanentError,
   ShutdownAbort,
   DeadlineAbort,
+  CancelAbort,
   type BerthErrorCode,
 } from './errors.js';
 export { SchemaNotMigratedError, SchemaTooNewError, MigrationChangedError } from './schema/migrate.js';

@@ -12,10 +12,12 @@ import { Counter, Gauge, Histogram, Registry, type LabelValues } from 'prom-clie
 /**
  * How one run of a handler ended, as counted on `berth_task_outcomes_total`: seed 000's six,
  * plus `unsettled` (the run ended but its settlement could not be written, because the database
- * was unreachable until the lease expired; the task runs again after rescue). `lost` means only
- * that the fence refused the token, so an outage never inflates it.
+ * was unreachable until the lease expired; the task runs again after rescue) and `snoozed` (the
+ * handler asked to run again later, `snooze()`). `lost` means only that the fence refused the
+ * token, so an outage never inflates it; a run whose settlement lost to an operator's cancel is
+ * `cancelled`.
  */
-export type Outcome = 'success' | 'failure' | 'timeout' | 'continued' | 'cancelled' | 'lost' | 'unsettled';
+export type Outcome = 'success' | 'failure' | 'timeout' | 'continued' | 'cancelled' | 'snoozed' | 'lost' | 'unsettled';
 
 export const OUTCOMES: readonly Outcome[] = [
   'success',
@@ -23,6 +25,7 @@ export const OUTCOMES: readonly Outcome[] = [
   'timeout',
   'continued',
   'cancelled',
+  'snoozed',
   'lost',
   'unsettled',
 ];

@@ -58,9 +58,37 @@ export interface TaskContext<P> {
   advanceCursor(next: P): Promise<boolean>;
 }
 
-/** `'done'` (or nothing) finished the task; `'continue'` means a slice committed its cursor. */
+const SNOOZE = Symbol.for('berth.Snooze');
+
+/** What `snooze(delayMs)` returns: a handler's request to run again after a delay. */
+export interface Snooze {
+  readonly [SNOOZE]: true;
+  /** The delay in ms, applied on the database clock. */
+  readonly delayMs: number;
+}
+
+/**
+ * Ask to run the task again after `delayMs` without consuming an attempt (River's JobSnooze):
+ * `return snooze(60_000)`. The attempt the claim counted is given back, up to the type's
+ * `maxSnoozes` per task; past it a snooze keeps the attempt, so the attempt limit ends a task
+ * that only ever snoozes (docs/api.md, "Snooze").
+ */
+export function snooze(delayMs: number): Snooze {
+  checkMs(delayMs, 'snooze delay', 'snooze()', 0, MAX_BACKOFF_MS);
+  return Object.freeze({ [SNOOZE]: true as const, delayMs });
+}
+
+/** A snooze request, whichever copy of berth made it (a brand, as for PermanentError). */
+export function isSnooze(value: unknown): value is Snooze {
+  return typeof value === 'object' && value !== null && (value as Record<symbol, unknown>)[SNOOZE] === true;
+}
+
+/**
+ * `'done'` (or nothing) finished the task; `'continue'` means a slice committed its cursor;
+ * `snooze(ms)` asks to run again later.
+ */
 // biome-ignore lint/suspicious/noConfusingVoidType: handlers typed `(...) => Promise<void>` must stay assignable; `undefined` would refuse them
-export type HandlerResult = 'done' | 'continue' | void;
+export type HandlerResult = 'done' | 'continue' | Snooze | void;
 
 export type TaskHandler<P> = (payload: P, ctx: TaskContext<P>) => Promise<HandlerResult>;
 
@@ -94,6 +122,11 @@ export interface TaskDefinitionFields<P> {
   handler: TaskHandler<P>;
   /** Attempts before the task dead-letters (default 20). */
   maxAttempts?: number;
+  /**
+   * Snoozes per task that give back their attempt (default 100); past it a snooze keeps the
+   * attempt its claim counted, so the attempt limit applies. 0: every snooze consumes an attempt.
+   */
+  maxSnoozes?: number;
   backoff?: Partial<BackoffPolicy>;
   /** Validates payloads at enqueue (when the definition is passed) and before each run. */
   schema?: StandardSchemaLike<P>;
@@ -131,6 +164,7 @@ export interface TaskDefinition<P = unknown> {
   readonly ceilingMs: number;
   readonly handler: TaskHandler<P>;
   readonly maxAttempts: number;
+  readonly maxSnoozes: number;
   readonly backoff: BackoffPolicy;
   readonly schema: StandardSchemaLike<P> | undefined;
   /** The queue it routes to; undefined: the default queue (docs/architecture.md, "Routing"). */
@@ -146,6 +180,7 @@ export interface TaskDefinition<P = unknown> {
 export type AnyTaskDefinition = TaskDefinition<any>;
 
 export const DEFAULT_MAX_ATTEMPTS = 20;
+export const DEFAULT_MAX_SNOOZES = 100;
 export const DEFAULT_BACKOFF: BackoffPolicy = { baseMs: 15_000, maxMs: 600_000 };
 
 const DEFINITION_KEYS: ReadonlySet<string> = new Set([
@@ -153,6 +188,7 @@ const DEFINITION_KEYS: ReadonlySet<string> = new Set([
   'ceilingMs',
   'handler',
   'maxAttempts',
+  'maxSnoozes',
   'backoff',
   'schema',
   'queue',
@@ -192,6 +228,7 @@ export function defineTask<P>(input: TaskDefinitionInput<P>): TaskDefinition<P> 
     1,
     MAX_ATTEMPTS_LIMIT,
   );
+  const maxSnoozes = checkInteger(input.maxSnoozes ?? DEFAULT_MAX_SNOOZES, 'maxSnoozes', where, 0, MAX_ATTEMPTS_LIMIT);
   if (input.backoff !== undefined) {
     if (typeof input.backoff !== 'object' || input.backoff === null)
       throw new BerthInputError(`${where}: backoff must be an object`);
@@ -205,6 +242,7 @@ export function defineTask<P>(input: TaskDefinitionInput<P>): TaskDefinition<P> 
     ceilingMs,
     handler: input.handler,
     maxAttempts,
+    maxSnoozes,
     backoff,
     schema: input.schema,
     queue,

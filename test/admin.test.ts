@@ -173,13 +173,14 @@ test('a dead letter whose dedupe key a live task holds is not retried (at most o
   assert.equal(again.state, 'duplicate', 'the retried task holds its key again');
 });
 
-test('cancel and delete: pending tasks are removed, running ones are left alone, dead letters only by delete', async () => {
+test('cancel and delete: pending tasks are removed, running ones cancelled (delete leaves them alone), dead letters only by delete', async () => {
   await reset();
   const a = await enqueue(pool, 'c', {}, { schema });
   const b = await enqueue(pool, 'c', {}, { schema });
   const [leased] = await claimAll(1);
   assert.equal(leased?.id, a.id);
-  assert.equal(await cancelTask(pool, schema, a.id!), 'running');
+  assert.equal(await deleteTask(pool, schema, a.id!), 'running');
+  assert.equal(await cancelTask(pool, schema, a.id!), 'cancelled');
   assert.equal(await cancelTask(pool, schema, b.id!), 'removed');
   assert.equal(await getTask(pool, schema, b.id!), null);
   const dead = await deadTask('c');

@@ -111,27 +111,26 @@ test('the overview shows waiting (pending minus running) beside running; pending
 });
 
 test('bulk cancel: one request, each id through the admin cancel, a per-id result and a summary, one audit row per task', async () => {
-  assert.ok(runningId, 'the overview test left a running task');
-  await waitFor(async () => (await stateOf(runningId)) === 'running', 20_000, 'the blocked task to run');
+  // A running task of its own (runningId stays running for the attempts test below). Its handler
+  // ignores the abort and holds its slot until the file ends; its attempt is settled cancelled.
+  const doomed = (await enqueue(pool, block, {}, { schema, queue: 'work' })).id!;
+  await waitFor(async () => (await stateOf(doomed)) === 'running', 20_000, 'the blocked task to run');
   const ready = (await enqueue(pool, ok, {}, { schema, queue: 'parked' })).id!;
   const scheduled = (await enqueue(pool, ok, {}, later)).id!;
   const missing = '999999999';
-  const r = await bulk('cancel', { ids: [ready, scheduled, runningId, missing, Number(ready)] });
+  const r = await bulk('cancel', { ids: [ready, scheduled, doomed, missing, Number(ready)] });
   assert.equal(r.status, 200, r.body);
   const a = r.json() as unknown as BulkAnswer;
   assert.equal(a.requested, 4, 'a repeated id (text or number) counts once');
   assert.deepEqual(a.results, [
     { id: ready, result: 'removed', changed: true },
     { id: scheduled, result: 'removed', changed: true },
-    { id: runningId, result: 'running', changed: false },
+    { id: doomed, result: 'cancelled', changed: true },
     { id: missing, result: 'not_found', changed: false },
   ]);
-  assert.deepEqual([a.changed, a.unchanged], [2, 2]);
-  assert.deepEqual(a.byResult, { removed: 2, running: 1, not_found: 1 });
-  assert.deepEqual(
-    [await stateOf(ready), await stateOf(scheduled), await stateOf(runningId)],
-    ['gone', 'gone', 'running'],
-  );
+  assert.deepEqual([a.changed, a.unchanged], [3, 1]);
+  assert.deepEqual(a.byResult, { removed: 2, cancelled: 1, not_found: 1 });
+  assert.deepEqual([await stateOf(ready), await stateOf(scheduled), await stateOf(doomed)], ['gone', 'gone', 'gone']);
   const audit = await pool.query(
     `SELECT actor, target, result FROM ${S}.audit_log WHERE action = 'task.cancel' ORDER BY id`,
   );
@@ -140,7 +139,7 @@ test('bulk cancel: one request, each id through the admin cancel, a per-id resul
     [
       ['dashboard:local', { id: ready, bulk: true }, 'removed'],
       ['dashboard:local', { id: scheduled, bulk: true }, 'removed'],
-      ['dashboard:local', { id: runningId, bulk: true }, 'running'],
+      ['dashboard:local', { id: doomed, bulk: true }, 'cancelled'],
       ['dashboard:local', { id: missing, bulk: true }, 'not_found'],
     ],
   );

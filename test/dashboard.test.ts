@@ -719,3 +719,46 @@ test("a worker's dashboard settings are resolved once, in its constructor: an un
   assert.throws(() => worker([]), /http\.dashboard must be true, false or dashboard options/);
   assert.ok(worker({ readOnly: true, basePath: '/ops' }), 'valid settings construct a worker (nothing started)');
 });
+
+test('cancel a running task from the dashboard: its handler is aborted, the settlement and the audit log carry the dashboard actor', async () => {
+  let reason: string | null = null;
+  let started = false;
+  const def = defineTask({
+    type: 'dash_cancel',
+    ceilingMs: 60_000,
+    handler: async (_p, ctx) => {
+      started = true;
+      await new Promise<void>((resolve) => ctx.signal.addEventListener('abort', () => resolve(), { once: true }));
+      reason = (ctx.signal.reason as { code?: string }).code ?? 'unknown';
+      throw ctx.signal.reason;
+    },
+  });
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    logger: testLogger,
+    maintenance: false,
+  });
+  await w.start();
+  try {
+    const { id } = await enqueue(pool, 'dash_cancel', {}, { schema });
+    await waitFor(() => started, 20_000, 'the handler to start');
+    const url = await dashboard();
+    const r = await post(`${url}api/tasks/${id}/cancel`, { 'x-berth-csrf': await csrfFor(url) });
+    assert.equal(r.status, 200, r.body);
+    assert.deepEqual(r.json(), { result: 'cancelled' });
+    await waitFor(() => reason !== null, 20_000, 'the handler to be aborted');
+    assert.equal(reason, 'CANCEL_ABORT');
+    const st = await pool.query(`SELECT actor FROM ${S}.range_settlements WHERE outcome = 'cancelled'`);
+    const audit = await pool.query(
+      `SELECT actor FROM ${S}.audit_log WHERE action = 'task.cancel' AND target->>'id' = $1`,
+      [id],
+    );
+    assert.equal(st.rows.length, 1);
+    assert.match(st.rows[0].actor, /^dashboard:/);
+    assert.deepEqual(audit.rows, st.rows);
+  } finally {
+    await w.stop();
+  }
+});

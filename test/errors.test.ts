@@ -13,6 +13,7 @@ import {
   BerthInputError,
   ConnectError,
   DeadlineAbort,
+  CancelAbort,
   isPermanentError,
   LeaseLostError,
   MigrationChangedError,
@@ -41,6 +42,7 @@ const CODES: Record<BerthErrorCode, true> = {
   CLI_FAILURE: true,
   SHUTDOWN_ABORT: true,
   DEADLINE_ABORT: true,
+  CANCEL_ABORT: true,
   CONNECT: true,
 };
 
@@ -128,6 +130,13 @@ const CASES: { cls: ErrorClass; err: BerthError; code: BerthErrorCode; also: Err
     code: 'DEADLINE_ABORT',
     also: [],
     message: 'handler deadline 2026-01-01T00:00:00.000Z passed',
+  },
+  {
+    cls: CancelAbort,
+    err: new CancelAbort(),
+    code: 'CANCEL_ABORT',
+    also: [],
+    message: 'task was cancelled by an operator',
   },
   {
     cls: ConnectError,

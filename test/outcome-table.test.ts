@@ -13,7 +13,7 @@ import { settlementFor, type HandlerRan, type SettleAnswer, type TaskRun } from 
 
 const task = { attempt: 3, backoff: DEFAULT_BACKOFF };
 const finalAttempt = { attempt: 20, backoff: DEFAULT_BACKOFF };
-const plain: HandlerRan = { advanced: false, shutdown: false, pastDeadline: false, dequeued: false };
+const plain: HandlerRan = { advanced: false, shutdown: false, pastDeadline: false, dequeued: false, cancelled: false };
 const written: SettleAnswer = { kind: 'written', dead: false };
 const writtenDead: SettleAnswer = { kind: 'written', dead: true };
 const refused: SettleAnswer = { kind: 'refused' };
@@ -152,7 +152,11 @@ test('shutdown: "In-flight handlers are cancelled and their leases explicitly re
       { kind: 'release', reason: 'shutdown', finalError: 'interrupted by worker shutdown on its final attempt' },
       run.kind,
     );
-    assert.deepEqual(s.outcome, { written: 'cancelled', refused: 'lost', unwritten: 'unsettled' }, run.kind);
+    assert.deepEqual(
+      s.outcome,
+      { written: 'cancelled', refused: 'lost', cancelled: 'cancelled', unwritten: 'unsettled' },
+      run.kind,
+    );
   }
 });
 
@@ -162,7 +166,12 @@ test('shutdown: "... and continued when it saved progress first" (whatever the r
     task,
   );
   assert.equal(s.action.kind, 'release');
-  assert.deepEqual(s.outcome, { written: 'continued', refused: 'continued', unwritten: 'continued' });
+  assert.deepEqual(s.outcome, {
+    written: 'continued',
+    refused: 'continued',
+    cancelled: 'continued',
+    unwritten: 'continued',
+  });
 });
 
 test('shutdown: "A release does not refund the attempt the claim burnt" and "a shutdown on a task\'s final attempt retires it ... the release stamps last_error"', () => {
@@ -196,7 +205,7 @@ test('refund: a prefetched task that waited past its deadline never ran: handed 
   const s = settlementFor({ kind: 'expired_in_buffer' }, task);
   assert.deepEqual(s, {
     action: { kind: 'return_unstarted' },
-    outcome: { written: null, refused: null, unwritten: null },
+    outcome: { written: null, refused: null, cancelled: null, unwritten: null },
   });
 });
 
@@ -233,7 +242,7 @@ test('unknown type: handed back unstarted, the attempt refunded, kept away for i
   });
   assert.deepEqual(
     s.outcome,
-    { written: null, refused: null, unwritten: null },
+    { written: null, refused: null, cancelled: null, unwritten: null },
     'not a handler outcome, never a failure',
   );
 });
@@ -244,7 +253,7 @@ test('bad payload: a payload its schema refuses can never succeed: dead-lettered
   assert.equal(s.outcome.written, 'failure');
 });
 
-test('every outcome the table counts is one of the seven the metrics export', () => {
+test('every outcome the table counts is one of the eight the metrics export', () => {
   const runs: TaskRun[] = [
     { kind: 'unknown_type', error: 'x', delayMs: 0 },
     { kind: 'expired_in_buffer' },
@@ -254,13 +263,16 @@ test('every outcome the table counts is one of the seven the metrics export', ()
   for (const advanced of [false, true]) {
     for (const shutdown of [false, true]) {
       for (const pastDeadline of [false, true]) {
-        const ran = { advanced, shutdown, pastDeadline, dequeued: false };
-        runs.push(
-          { kind: 'done', ...ran },
-          { kind: 'continue', ...ran },
-          { kind: 'error', error: 'x', permanent: false, ...ran },
-          { kind: 'contract_violation', error: 'x', ...ran },
-        );
+        for (const cancelled of [false, true]) {
+          const ran = { advanced, shutdown, pastDeadline, cancelled, dequeued: false };
+          runs.push(
+            { kind: 'done', ...ran },
+            { kind: 'continue', ...ran },
+            { kind: 'snooze', delayMs: 1000, ...ran },
+            { kind: 'error', error: 'x', permanent: false, ...ran },
+            { kind: 'contract_violation', error: 'x', ...ran },
+          );
+        }
       }
     }
   }
@@ -269,4 +281,53 @@ test('every outcome the table counts is one of the seven the metrics export', ()
     for (const o of Object.values(settlementFor(run, task).outcome)) if (o !== null) seen.add(o);
   }
   assert.deepEqual([...seen].sort(), [...OUTCOMES].sort());
+});
+
+test('cancel: a run an operator cancelled (its signal fired by the cancel) writes nothing and counts cancelled, whatever it returned', () => {
+  for (const run of [
+    { kind: 'done', ...plain, cancelled: true },
+    { kind: 'continue', ...plain, cancelled: true },
+    { kind: 'snooze', delayMs: 5, ...plain, cancelled: true },
+    { kind: 'error', error: 'aborted', permanent: false, ...plain, cancelled: true, shutdown: true },
+  ] satisfies TaskRun[]) {
+    const s = settlementFor(run, task);
+    assert.deepEqual(s.action, { kind: 'none' }, run.kind);
+    assert.deepEqual(s.outcome, {
+      written: 'cancelled',
+      refused: 'cancelled',
+      cancelled: 'cancelled',
+      unwritten: 'cancelled',
+    });
+  }
+});
+
+test('cancel race: a settlement refused because an operator cancelled first counts cancelled, not lost', () => {
+  const lostToCancel: SettleAnswer = { kind: 'cancelled' };
+  assert.equal(counted({ kind: 'done', ...plain }, lostToCancel), 'cancelled');
+  assert.equal(counted({ kind: 'error', error: 'x', permanent: false, ...plain }, lostToCancel), 'cancelled');
+  assert.equal(counted({ kind: 'done', ...plain }, refused), 'lost');
+});
+
+test("snooze: written as a snooze with the type's maxSnoozes (default 100), counted snoozed; during a stop too", () => {
+  const s = settlementFor({ kind: 'snooze', delayMs: 30_000, ...plain }, task);
+  assert.deepEqual(s.action, {
+    kind: 'snooze',
+    delayMs: 30_000,
+    maxSnoozes: 100,
+    finalError: 'snoozed past maxSnoozes on its final attempt',
+  });
+  assert.deepEqual(s.outcome, { written: 'snoozed', refused: 'lost', cancelled: 'cancelled', unwritten: 'unsettled' });
+  const t = settlementFor({ kind: 'snooze', delayMs: 1, ...plain, shutdown: true }, { ...task, maxSnoozes: 3 });
+  assert.equal(t.action.kind === 'snooze' && t.action.maxSnoozes, 3);
+});
+
+test('snooze after an AdvanceCursor: the advance already released the task, so it settles as a continue that saved progress', () => {
+  const s = settlementFor({ kind: 'snooze', delayMs: 10, ...plain, advanced: true }, task);
+  assert.equal(s.action.kind, 'release');
+  assert.deepEqual(s.outcome, {
+    written: 'continued',
+    refused: 'continued',
+    cancelled: 'continued',
+    unwritten: 'continued',
+  });
 });

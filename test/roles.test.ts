@@ -28,6 +28,8 @@ import { LEADER_LOCK, schemaLockKey } from '../src/storage/locks.js';
 import { clearOverdueLease, overdueMarks, protectOverdueLease, refreshOverdueLeases } from '../src/storage/overdue.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { removeUnleased } from '../src/storage/remove.js';
+import { cancelTasks } from '../src/storage/cancel.js';
+import { pruneSnoozeCounts, snoozeLease } from '../src/storage/snooze.js';
 import {
   captureLogger,
   counterValue,
@@ -700,4 +702,31 @@ test("a stuck handler's lease protection works under the grant: protect, refresh
   assert.equal((await completeLeases(poolA, schema, [lease])).size, 1, 'the late result settles its own lease');
   await clearOverdueLease(poolA, schema, lease);
   assert.equal((await admin.query(`SELECT count(*)::int AS n FROM ${S}.overdue_leases`)).rows[0].n, 0);
+});
+
+test('cancel and snooze work under the worker grant: cancel_tasks settles a running task, a snooze counts itself, retention prunes counts', async () => {
+  const queue = `cancel-${process.pid}`;
+  const a = await enqueue(poolA, 'r_cancel', {}, { schema, queue, shard: 3 });
+  const b = await enqueue(poolA, 'r_cancel', {}, { schema, queue, shard: 3 });
+  const lanes = [(await laneOf(a.id!)).lane_id];
+  const leases = await claim(poolB, {
+    schema,
+    laneIds: lanes,
+    limit: 2,
+    ceilings: new Map(),
+    maxAttempts: new Map(),
+    defaultMaxAttempts: 20,
+    defaultCeilingMs: 60_000,
+    marginMs: 0,
+    workerId: 'roles',
+    wakeChannel: wakeChannel(schema),
+  });
+  assert.equal(leases.length, 2);
+  const [la, lb] = leases[0]!.id === a.id ? leases : [leases[1]!, leases[0]!];
+  assert.equal((await cancelTasks(poolA, schema, [la!.id], 'roles:a')).get(la!.id), 'cancelled');
+  const snoozed = await snoozeLease(poolB, schema, lb!, 60_000, 5, 'x');
+  assert.deepEqual(snoozed, { wrote: true, snoozes: 1, refunded: true, dead: false });
+  assert.equal((await getTask(poolB, schema, b.id!))?.state, 'retryable');
+  assert.equal(await pruneSnoozeCounts(poolA, schema), 0, 'a pending task keeps its count');
+  await denied(poolP, `SELECT ${S}.cancel_tasks(ARRAY[1::bigint], 'x')`);
 });

@@ -6,6 +6,8 @@ import { getTask, type TaskState } from '../storage/tasks.js';
 import { retryDeadLetters } from './dead.js';
 import { taskId } from './ids.js';
 import { deleteDeadLetter, removeUnleased } from '../storage/remove.js';
+import { cancelTasks as cancelTaskIds } from '../storage/cancel.js';
+import type { BulkProgress } from './dead.js';
 import { makeDeferredDueNow } from '../storage/move.js';
 
 export const TASK_STATES: readonly TaskState[] = ['ready', 'running', 'scheduled', 'retryable', 'dead', 'completed'];
@@ -288,7 +290,9 @@ export async function taskTimeline(db: Queryable, schema: SchemaRef, id: string)
 export type TaskActionResult =
   | 'retried' // a dead letter back in the ready ring, or a scheduled/retryable task made due now
   | 'removed'
-  | 'running' // under a lease: not changed (it finishes, fails, or its lease lapses first)
+  | 'cancelled' // it was running: its attempt is settled as cancelled and its handler aborted
+  | 'already_settled' // cancel only: its attempt was settled first (it completed, died, was cancelled): nothing changed
+  | 'running' // delete only: under a lease, not changed (cancel it first)
   | 'not_retryable' // already ready, running or completed
   | 'duplicate' // a dead letter whose dedupe key a live task holds
   | 'not_found';
@@ -311,12 +315,92 @@ export async function retryTask(db: Queryable, schema: SchemaRef, id: string): P
   return 'not_retryable';
 }
 
-/** Remove a pending task no worker holds. A dead letter is not pending: use deleteTask. */
-export async function cancelTask(db: Queryable, schema: SchemaRef, id: string): Promise<TaskActionResult> {
-  return removeUnleasedAs(db, schema, id, 'cancelled');
+/** Who cancels: recorded on the cancelled settlement (and by `audited()` in the audit log). */
+export interface CancelOptions {
+  /** `cli:alice`, `dashboard:ops@example.com`; null when not given. */
+  actor?: string;
 }
 
-/** Remove a task in any state but running: pending ones as cancel does, dead letters deleted. */
+/**
+ * Cancel a task so it never runs again: a pending one is removed before it runs; a running one
+ * (or one a dead worker's lease still holds) has its attempt settled as `cancelled` with the
+ * actor, and the worker running it sees its handler's `AbortSignal` fire (a notification, or
+ * its poll). Of a cancel and the task's own settlement exactly one wins: the loser of a cancel
+ * is told `already_settled`. A dead letter is not pending: use deleteTask.
+ */
+export async function cancelTask(
+  db: Queryable,
+  schema: SchemaRef,
+  id: string,
+  options: CancelOptions = {},
+): Promise<TaskActionResult> {
+  const r = await cancelTaskIds(db, schema, [taskId(id)], options.actor ?? null);
+  return r.get(id) ?? 'not_found';
+}
+
+/** Which tasks a bulk cancel takes: at least one of the fields, or `all`. */
+export interface CancelFilter {
+  /** Pending states only: ready, running, scheduled, retryable. */
+  state?: Exclude<TaskState, 'dead' | 'completed'>;
+  queue?: string;
+  type?: string;
+  all?: boolean;
+}
+
+export interface BulkCancelResult {
+  /** Tasks the filter matched when their page was read. */
+  matched: number;
+  removed: number;
+  cancelled: number;
+  /** Settled first (completed, died, cancelled meanwhile): left as they were. */
+  alreadySettled: number;
+}
+
+const CANCEL_BATCH = 500;
+
+/**
+ * Cancel every pending or running task a filter matches, newest first, a page of 500 at a time
+ * (one `cancel_tasks` statement per page). Refuses an empty filter (pass `all: true`).
+ */
+export async function cancelTasks(
+  db: Queryable,
+  schema: SchemaRef,
+  filter: CancelFilter,
+  options: CancelOptions & { onProgress?: (p: BulkProgress) => void } = {},
+): Promise<BulkCancelResult> {
+  const bound = bindSchema(schema);
+  const { state, queue, type, all } = filter;
+  if (state !== undefined && (parseState(state) === 'dead' || state === ('completed' as TaskState)))
+    throw new BerthInputError(`cannot cancel ${state} tasks: only ready, running, scheduled or retryable ones`);
+  for (const [name, v] of [
+    ['queue', queue],
+    ['type', type],
+  ] as const) {
+    if (v !== undefined && v === '') throw new BerthInputError(`${name} must not be empty`);
+  }
+  if (state === undefined && queue === undefined && type === undefined && all !== true)
+    throw new BerthInputError('a bulk cancel needs a filter (state, queue, type) or all');
+  const out: BulkCancelResult = { matched: 0, removed: 0, cancelled: 0, alreadySettled: 0 };
+  let after: string | undefined;
+  for (;;) {
+    const page = await listTasks(db, bound, { state, queue, type }, { limit: CANCEL_BATCH, after });
+    const ids = page.tasks.filter((t) => t.state !== 'dead' && t.state !== 'completed').map((t) => t.id);
+    if (ids.length > 0) {
+      out.matched += ids.length;
+      for (const r of (await cancelTaskIds(db, bound, ids, options.actor ?? null)).values()) {
+        if (r === 'removed') out.removed++;
+        else if (r === 'cancelled') out.cancelled++;
+        else if (r === 'already_settled') out.alreadySettled++;
+      }
+      options.onProgress?.({ done: out.matched, total: out.matched });
+    }
+    if (page.next === null) break;
+    after = page.next;
+  }
+  return out;
+}
+
+/** Remove a task in any state but running: pending ones as cancel does, dead letters deleted (no record kept). */
 export async function deleteTask(db: Queryable, schema: SchemaRef, id: string): Promise<TaskActionResult> {
   const bound = bindSchema(schema);
   if (await deleteDeadLetter(db, bound, id)) return 'removed';

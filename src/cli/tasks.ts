@@ -1,7 +1,10 @@
 import type { Command } from 'commander';
 import { audited } from '../admin/audit.js';
 import {
+  type BulkCancelResult,
+  type CancelFilter,
   cancelTask,
+  cancelTasks,
   deleteTask,
   listTasks,
   parseState,
@@ -30,6 +33,7 @@ import {
   type Common,
 } from './common.js';
 import { escapeControl, jsonSafe, say } from './terminal.js';
+import { progressBar } from './progress.js';
 
 function jsonPayload(text: string): unknown {
   try {
@@ -42,7 +46,9 @@ function jsonPayload(text: string): unknown {
 const ACTION_MESSAGES: Record<TaskActionResult, string> = {
   retried: 'retried',
   removed: 'removed',
-  running: 'is running under a lease and was not changed (it finishes, fails, or its lease lapses first)',
+  cancelled: 'cancelled while running: its attempt is settled as cancelled and its worker aborts the handler',
+  already_settled: 'was settled before the cancel (it completed, died or was cancelled already): nothing changed',
+  running: 'is running under a lease and was not changed (cancel it first)',
   not_retryable: 'is already ready, running or completed: nothing to retry',
   duplicate: 'was not retried: a live task holds its dedupe key',
   not_found: 'not found',
@@ -61,11 +67,13 @@ async function taskAction(
       if (opts.json) printJson({ id, result: 'dead' });
       throw new CliFailure(`task ${id} is a dead letter, not pending: retry or delete it`);
     }
-    const result = await audited(pool, opts.schema, null, actor(), `task.${action}`, { id }, () =>
-      run(pool, opts.schema, id),
+    const who = actor();
+    const result = await audited(pool, opts.schema, null, who, `task.${action}`, { id }, () =>
+      action === 'cancel' ? cancelTask(pool, opts.schema, id, { actor: who }) : run(pool, opts.schema, id),
     );
     if (opts.json) printJson({ id, result });
-    if (result !== 'retried' && result !== 'removed') throw new CliFailure(`task ${id} ${ACTION_MESSAGES[result]}`);
+    if (result !== 'retried' && result !== 'removed' && result !== 'cancelled')
+      throw new CliFailure(`task ${id} ${ACTION_MESSAGES[result]}`);
     if (!opts.json) say(`task ${id}: ${ACTION_MESSAGES[result]}`);
   });
 }
@@ -184,9 +192,39 @@ export function registerTaskCommands(program: Command): void {
   common(tasks.command('retry <id>'))
     .description('run now: a dead letter gets a fresh attempt budget; a scheduled or retryable task becomes due')
     .action((id: string, opts: Common) => taskAction(opts, id, 'retry', retryTask));
-  common(tasks.command('cancel <id>'))
-    .description('remove a pending task (not one a worker is running)')
-    .action((id: string, opts: Common) => taskAction(opts, id, 'cancel', cancelTask));
+  common(tasks.command('cancel [id]'))
+    .description(
+      'cancel a task so it never runs again: a pending one is removed, a running one is settled as cancelled and its handler aborted; without <id>, every task a filter matches',
+    )
+    .option('--state <state>', 'bulk: only ready, running, scheduled or retryable tasks', parseState)
+    .option('--queue <name>', 'bulk: only this queue')
+    .option('--type <type>', 'bulk: only this task type')
+    .option('--all', 'bulk: every pending and running task')
+    .action(async (id: string | undefined, opts: Common & CancelFilter) => {
+      if (id !== undefined) {
+        if (opts.state !== undefined || opts.queue !== undefined || opts.type !== undefined || opts.all)
+          throw new BerthInputError('give a task id or a filter (--state, --queue, --type, --all), not both');
+        return taskAction(opts, id, 'cancel', cancelTask);
+      }
+      const filter: CancelFilter = { state: opts.state, queue: opts.queue, type: opts.type, all: opts.all };
+      await withPool(opts, async (pool) => {
+        const who = actor();
+        const bar = progressBar('cancelling');
+        let r: BulkCancelResult;
+        try {
+          r = await audited(pool, opts.schema, null, who, 'task.cancel', { ...filter }, () =>
+            cancelTasks(pool, opts.schema, filter, { actor: who, onProgress: (p) => bar.update(p) }),
+          );
+        } finally {
+          bar.stop();
+        }
+        if (opts.json) return printJson(r);
+        say(
+          `cancelled ${r.cancelled} running and removed ${r.removed} pending task(s) of ${r.matched} matched` +
+            (r.alreadySettled > 0 ? `; ${r.alreadySettled} settled first (left as they were)` : ''),
+        );
+      });
+    });
   common(tasks.command('delete <id>'))
     .description('remove a task in any state but running, dead letters included')
     .action((id: string, opts: Common) => taskAction(opts, id, 'delete', deleteTask));

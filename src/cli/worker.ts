@@ -6,16 +6,25 @@ import type { Command } from 'commander';
 import type pg from 'pg';
 import { laneStats } from '../admin/stats.js';
 import { BerthInputError } from '../errors.js';
+import { MAX_TIMER_MS } from '../limits.js';
 import { createLogger, logLevel } from '../logger.js';
 import { discover } from '../processor/claim.js';
 import { Worker } from '../processor/worker.js';
 import type { TaskDefinition } from '../task.js';
-import { CliFailure, cliPool, collect, common, database, intOption, type Common } from './common.js';
+import { CliFailure, cliPool, collect, common, database, intOption, type Common, durationMs } from './common.js';
 import { progressBar } from './progress.js';
 import { runUntilSignal } from './signals.js';
 import { dashboardOptionsFromEnv } from '../dashboard/options.js';
 import { slotsFromEnv } from '../env.js';
 import { say, terminalSafeStream } from './terminal.js';
+
+/**
+ * The grace period running handlers get on SIGTERM/SIGINT before they are aborted and their
+ * leases released. 15 s, so that the grace plus the abort wait (`stopTimeoutMs`, 10 s) stays
+ * under Kubernetes' default `terminationGracePeriodSeconds` (30 s) with 5 s to spare for the
+ * releases and closing the pools (docs/operations.md, "Graceful stop").
+ */
+export const DEFAULT_SIGNAL_GRACE_MS = 15_000;
 
 type AnyDefinition = TaskDefinition<unknown>;
 
@@ -169,13 +178,20 @@ export function registerWorkerCommands(program: Command): void {
       'also serve the dashboard on --http-port (auth from BERTH_DASHBOARD_TOKEN / BERTH_DASHBOARD_USERS)',
     )
     .option(
+      '--grace <duration>',
+      'on SIGTERM/SIGINT, let running handlers finish for this long (500ms, 30s, 2m) before aborting them; a second signal aborts at once',
+      durationMs,
+      DEFAULT_SIGNAL_GRACE_MS,
+    )
+    .option(
       '--exit-on-stuck-slots <n>',
       'exit with status 75 once this many slots hold handlers stuck past their deadline (for a supervisor to restart)',
       intOption(1, 1000),
     )
     .addHelpText(
       'after',
-      '\nStops gracefully on SIGINT/SIGTERM: running handlers are aborted and their leases released.',
+      '\nStops gracefully on SIGINT/SIGTERM: claiming stops at once, running handlers get --grace to finish,\n' +
+        'then the rest are aborted and their leases released. A second signal skips the grace; a third exits at once.',
     )
     .action(
       async (
@@ -190,8 +206,10 @@ export function registerWorkerCommands(program: Command): void {
           httpHost?: string;
           dashboard?: boolean;
           exitOnStuckSlots?: number;
+          grace: number;
         },
       ) => {
+        if (opts.grace > MAX_TIMER_MS) throw new BerthInputError('--grace must be at most 596h (24.8 days)');
         const db = database(opts);
         const tasks = await loadTaskModule(opts.tasks);
         const named = splitQueues(opts.queue);
@@ -232,7 +250,12 @@ export function registerWorkerCommands(program: Command): void {
             `berth worker: metrics at ${worker.httpUrl.replace(/\/$/, '')}/metrics${opts.dashboard ? `, dashboard at ${worker.httpUrl}` : ''}`,
           );
         }
-        if (!opts.drain) return runUntilSignal(() => worker.stop());
+        const stop = () => worker.stop({ graceMs: opts.grace });
+        const hurry = () => {
+          say('berth worker: second signal, aborting running handlers now (a third exits at once)');
+          void worker.stop();
+        };
+        if (!opts.drain) return runUntilSignal(stop, undefined, hurry);
         const pool = cliPool(db, 'berth drain', 1);
         const bar = progressBar('draining');
         let total = 0;
@@ -246,7 +269,7 @@ export function registerWorkerCommands(program: Command): void {
           })
           .finally(() => bar.stop());
         try {
-          await runUntilSignal(() => worker.stop(), drain);
+          await runUntilSignal(stop, drain, hurry);
         } finally {
           await pool.end();
         }

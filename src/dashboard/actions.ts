@@ -45,8 +45,15 @@ export function isTaskAction(name: string): name is TaskAction {
 
 export async function taskAction(c: ActionContext, id: string, action: TaskAction) {
   taskId(id);
-  const result = await run(c, `task.${action}`, { id }, () => TASK_ACTIONS[action](c.db, c.schema, id));
+  const result = await run(c, `task.${action}`, { id }, () => oneTask(c, id, action));
   return { result };
+}
+
+/** One task's action; a cancel records the caller's actor on a running task's settlement. */
+function oneTask(c: ActionContext, id: string, action: TaskAction) {
+  return action === 'cancel'
+    ? cancelTask(c.db, c.schema, id, { actor: c.actor })
+    : TASK_ACTIONS[action](c.db, c.schema, id);
 }
 
 /** Most task ids one bulk retry or cancel may name: a page of the task list at its largest. */
@@ -59,6 +66,8 @@ export const MAX_BULK_TASK_IDS = 500;
 const CHANGED: Readonly<Record<TaskActionResult, boolean>> = {
   retried: true,
   removed: true,
+  cancelled: true,
+  already_settled: false,
   running: false,
   not_retryable: false,
   duplicate: false,
@@ -107,7 +116,7 @@ export async function bulkTaskAction(c: ActionContext, action: BulkTaskAction, b
   const byResult: BulkTaskAnswer['byResult'] = {};
   let changed = 0;
   for (const id of ids) {
-    const result = await run(c, `task.${action}`, { id, bulk: true }, () => TASK_ACTIONS[action](c.db, c.schema, id));
+    const result = await run(c, `task.${action}`, { id, bulk: true }, () => oneTask(c, id, action));
     results.push({ id, result, changed: CHANGED[result] });
     byResult[result] = (byResult[result] ?? 0) + 1;
     if (CHANGED[result]) changed++;

@@ -13,6 +13,7 @@ import { DEFAULT_DEAD_RETENTION_MS, pruneDeadLetters, pruneOperatorHistory } fro
 import { maintainRing } from './ring.js';
 import { bindSchema, type Schema, type SchemaRef } from '../sql.js';
 import { rescueLapsedLeases } from '../storage/rescue.js';
+import { pruneSnoozeCounts } from '../storage/snooze.js';
 
 export interface MaintenanceOptions {
   /** How often a follower tries to take leadership, and the leader checks its session. */
@@ -263,6 +264,8 @@ export class Maintenance {
           if (n) this.deps.logger.info({ pruned: n }, 'pruned dead letters past retention');
           const h = await pruneOperatorHistory(pool, schema);
           if (h.outcomeCounts + h.workers > 0) this.deps.logger.info(h, 'pruned operator history past retention');
+          const z = await pruneSnoozeCounts(pool, schema);
+          if (z) this.deps.logger.info({ pruned: z }, 'pruned snooze counts of tasks no longer pending');
         },
       },
       {

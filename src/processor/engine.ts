@@ -1,4 +1,4 @@
-import { ShutdownAbort } from '../errors.js';
+import { CancelAbort, ShutdownAbort } from '../errors.js';
 import { laneLabel } from '../lane.js';
 import { childLogger, type Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
@@ -17,6 +17,7 @@ import { settleTask, type SettleDeps } from './settle-task.js';
 import type { SettlementBatcher } from './settlement-batcher.js';
 import { leaseKey } from '../storage/lease.js';
 import { returnUnstarted } from '../storage/return.js';
+import { cancelledAmong, CANCEL_NOTICE_PREFIX, parseCancelNotice } from '../storage/cancel.js';
 import { StuckGuard } from './stuck.js';
 import type { EngineOptions } from './engine-options.js';
 import { TypeMetrics } from './type-metrics.js';
@@ -63,6 +64,24 @@ class ClaimBuffer {
       this.next = 0;
     }
     return task;
+  }
+
+  /** Take the task with this lease key out of the buffer (an operator cancelled it); null if not here. */
+  remove(key: string): ClaimedTask | null {
+    for (let b = 0; b < this.batches.length; b++) {
+      const batch = this.batches[b]!;
+      for (let i = b === 0 ? this.next : 0; i < batch.tasks.length; i++) {
+        if (leaseKey(batch.tasks[i]!) !== key) continue;
+        const [task] = batch.tasks.splice(i, 1);
+        this.count--;
+        if (b === 0 ? this.next >= batch.tasks.length : batch.tasks.length === 0) {
+          this.batches.splice(b, 1);
+          if (b === 0) this.next = 0;
+        }
+        return task!;
+      }
+    }
+    return null;
   }
 
   /** Empty the buffer, returning what it held. */
@@ -153,6 +172,10 @@ export class Engine {
   private ticker: NodeJS.Timeout | null = null;
   private fetchLoop: Promise<void> = Promise.resolve();
   private stopping = false;
+  /** Ends stop()'s grace period early (a second stop, a second signal); set while it waits. */
+  private endGrace: (() => void) | null = null;
+  private graceSkipped = false;
+  private checkingCancels = false;
   /** Aborted when the database is seen back (LISTEN reconnected) or on stop(): ends the fetch loop's error backoff early. */
   private retryNow = new AbortController();
 
@@ -230,6 +253,9 @@ export class Engine {
     this.deps.metrics.slots.set(this.o.slots);
     // One ticker shared by all slots: each tick releases at most one fetch.
     this.ticker = setInterval(() => {
+      // The fallback for a cancel notice this process missed (LISTEN down): also during stop's grace.
+      void this.checkCancelled();
+      if (this.stopping) return;
       // Owed even while every slot is busy: the next slot to come free then discovers, so work
       // whose NOTIFY was missed waits no longer than one poll interval either way.
       this.fetcher.oweDiscovery();
@@ -239,10 +265,53 @@ export class Engine {
     this.fetchLoop = this.runFetchLoop();
   }
 
-  /** A wake notification arrived (payload: the lane it names, or ''). */
+  /** A wake notification arrived (payload: the lane it names, '', or a cancel notice). */
   notify(payload: string): void {
+    if (payload.startsWith(CANCEL_NOTICE_PREFIX)) {
+      const key = parseCancelNotice(payload);
+      if (key !== null) this.cancelled(key);
+      return;
+    }
     this.fetcher.noteLane(payload);
     this.wake('notify');
+  }
+
+  /**
+   * An operator cancelled the lease `key` (its `cancelled` settlement is committed): abort its
+   * handler if it runs here, or drop it from the prefetch buffer (it never starts). Nothing is
+   * written: the cancel's settlement is the attempt's.
+   */
+  private cancelled(key: string): void {
+    const f = this.inflight.get(key);
+    if (f !== undefined) {
+      f.abort.abort(new CancelAbort());
+      return;
+    }
+    const task = this.buffer.remove(key);
+    if (task === null) return;
+    this.deps.metrics.bufferedTasks.set(this.buffer.size);
+    this.settleDeps.record(task, 'cancelled');
+    this.deps.logger.info(
+      { task_id: task.id, task_type: task.type },
+      'prefetched task cancelled by an operator; dropped',
+    );
+  }
+
+  /**
+   * The poll behind the cancel notices: one statement over the running handlers' leases, on the
+   * shared ticker, only while some run (and never two at once). A failure is retried next tick.
+   */
+  private async checkCancelled(): Promise<void> {
+    if (this.checkingCancels || this.inflight.size === 0) return;
+    this.checkingCancels = true;
+    try {
+      const running = [...this.inflight.values()].filter((f) => f.abort.reason === undefined).map((f) => f.task);
+      for (const key of await cancelledAmong(this.deps.write, this.o.schema, running)) this.cancelled(key);
+    } catch (err) {
+      this.deps.logger.warn({ err: (err as Error).message }, 'checking running tasks for cancels failed');
+    } finally {
+      this.checkingCancels = false;
+    }
   }
 
   /** The database is back (LISTEN reconnected): a fetch loop sleeping out its error backoff retries now. */
@@ -398,7 +467,11 @@ export class Engine {
         const def = this.o.tasks.defs.get(task.type);
         const log = lazyChild(this.deps.logger, task);
         const run = await runTask(this.runDeps, { task, def, receivedAt, abort, log, freeSlot });
-        const settlement = settlementFor(run, { attempt: task.attempt, backoff: def?.backoff ?? DEFAULT_BACKOFF });
+        const settlement = settlementFor(run, {
+          attempt: task.attempt,
+          backoff: def?.backoff ?? DEFAULT_BACKOFF,
+          maxSnoozes: def?.maxSnoozes,
+        });
         await settleTask(this.settleDeps, task, run, settlement, log);
       } catch (err) {
         this.deps.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed');
@@ -410,6 +483,32 @@ export class Engine {
     } finally {
       freeSlot();
       this.executionEnded();
+    }
+  }
+
+  /** Wait up to `graceMs` for the running handlers to finish on their own (ended early by skipGrace). */
+  private async grace(graceMs: number): Promise<void> {
+    if (graceMs <= 0 || this.graceSkipped || this.inflight.size === 0) return;
+    const running = this.inflight.size;
+    this.deps.logger.info(
+      { running, grace_ms: graceMs },
+      'stopping: running handlers may finish within the grace period',
+    );
+    let timer: NodeJS.Timeout | undefined;
+    const finished = await Promise.race([
+      this.allExecuted().then(() => true),
+      new Promise<boolean>((r) => {
+        timer = setTimeout(() => r(false), graceMs);
+        this.endGrace = () => r(false);
+      }),
+    ]);
+    clearTimeout(timer);
+    this.endGrace = null;
+    if (!finished && this.inflight.size > 0) {
+      this.deps.logger.warn(
+        { still_running: this.runningTaskIds(), grace_ms: graceMs, skipped: this.graceSkipped },
+        'grace period over: aborting the handlers still running; their leases are released',
+      );
     }
   }
 
@@ -434,15 +533,22 @@ export class Engine {
     });
   }
 
+  /** End a stop()'s grace period now (a second stop or signal): running handlers are aborted at once. */
+  skipGrace(): void {
+    this.graceSkipped = true;
+    this.endGrace?.();
+  }
+
   /**
    * The engine's part of a graceful stop: no new claims; leased but unstarted tasks handed back;
-   * in-flight handlers aborted (their leases released, as the outcome table says for a
-   * shutdown); every settlement already handed off written or given up on.
+   * in-flight handlers given `graceMs` to finish (their settlements written as usual), then
+   * aborted (their leases released, as the outcome table says for a shutdown: cancelled, or
+   * continued when they saved progress, the attempt not refunded); every settlement already
+   * handed off written or given up on.
    */
-  async stop(): Promise<void> {
+  async stop(graceMs = 0): Promise<void> {
     this.stopping = true;
     this.retryNow.abort();
-    if (this.ticker) clearInterval(this.ticker);
     this.wake('stop');
     await this.fetchLoop;
     const { logger, metrics, write } = this.deps;
@@ -467,6 +573,8 @@ export class Engine {
       );
       void done.finally(() => this.executionEnded());
     }
+    await this.grace(graceMs);
+    if (this.ticker) clearInterval(this.ticker);
     for (const f of this.inflight.values()) f.abort.abort(new ShutdownAbort());
     const all = this.allExecuted();
     let timer: NodeJS.Timeout | undefined;

@@ -1,10 +1,12 @@
+import { isSnooze } from '../task.js';
+
 /**
  * Seed 000's handler contract has three answers: done (`'done'` or nothing), continue
  * (`'continue'`), or an error (a throw). Anything else a handler returns (42, 'retry', false,
  * an object) is outside it, and is recorded as a failure that names what came back.
  */
 export function isContractResult(value: unknown): boolean {
-  return value === undefined || value === 'done' || value === 'continue';
+  return value === undefined || value === 'done' || value === 'continue' || isSnooze(value);
 }
 
 /** A short, bounded rendering of an unexpected return value for the error message. */

@@ -1,5 +1,5 @@
 import type { Outcome } from '../metrics.js';
-import { backoffDelayMs, type BackoffPolicy } from '../task.js';
+import { backoffDelayMs, type BackoffPolicy, DEFAULT_MAX_SNOOZES } from '../task.js';
 
 /**
  * What happened when the engine took a leased task (processor/run-task.ts): either it never
@@ -20,6 +20,8 @@ export type TaskRun =
   | { kind: 'invalid_payload'; error: string }
   | ({ kind: 'done' } & HandlerRan)
   | ({ kind: 'continue' } & HandlerRan)
+  /** The handler returned `snooze(delayMs)`: run again after the delay. */
+  | ({ kind: 'snooze'; delayMs: number } & HandlerRan)
   | ({ kind: 'error'; error: string; permanent: boolean } & HandlerRan)
   /** The handler returned something outside done/continue/nothing (42, 'retry', false). */
   | ({ kind: 'contract_violation'; error: string } & HandlerRan);
@@ -38,12 +40,19 @@ export interface HandlerRan {
    * means the handler's completion committed, and counts as a success, not a lost lease.
    */
   dequeued: boolean;
+  /**
+   * An operator cancelled it: the signal fired because a `cancelled` settlement of this attempt
+   * was committed (seen by its notification or the poll), so nothing the handler says is written.
+   */
+  cancelled: boolean;
 }
 
 /** The task as the table needs it: its attempt and the backoff policy that applies. */
 export interface TaskAttempt {
   attempt: number;
   backoff: BackoffPolicy;
+  /** The type's `maxSnoozes` (default 100). */
+  maxSnoozes?: number;
 }
 
 /** The one fenced write that settles a run. */
@@ -61,15 +70,24 @@ export type SettleAction =
    * Hand back a never-started task with the claim's attempt refunded: due now, or (`away`) after
    * a delay, with a note as its last_error.
    */
-  | { kind: 'return_unstarted'; away?: { delayMs: number; note: string } };
+  | { kind: 'return_unstarted'; away?: { delayMs: number; note: string } }
+  /**
+   * Snooze: defer to now() + delayMs; the attempt is given back within `maxSnoozes` snoozes of
+   * the task, kept past it (`finalError` stamped when that retires it on its final attempt).
+   */
+  | { kind: 'snooze'; delayMs: number; maxSnoozes: number; finalError: string }
+  /** Nothing to write: an operator's cancel already settled this attempt. */
+  | { kind: 'none' };
 
 /**
  * What the fence answered: the write landed (`dead`: it moved the task to the dead letters), the
- * token no longer owned the lease, or the statement could not be written at all.
+ * token no longer owned the lease, an operator's cancel had settled the attempt first (a refusal
+ * whose winner was a cancel), or the statement could not be written at all.
  */
 export type SettleAnswer =
   | { kind: 'written'; dead: boolean }
   | { kind: 'refused' }
+  | { kind: 'cancelled' }
   | { kind: 'unwritten'; error: string };
 
 /** The outcome counted for each answer the settlement can get; null: not counted. */
@@ -80,17 +98,20 @@ export interface Settlement {
   outcome: OutcomeByAnswer;
 }
 
-/** A refused write means the lease was taken over (`lost`); an unwritten one lapses (`unsettled`). */
+/**
+ * A refused write means the lease was taken over (`lost`), or lost to an operator's cancel
+ * (`cancelled`: the cancel is what the attempt came to); an unwritten one lapses (`unsettled`).
+ */
 function fenced(written: Outcome | null): OutcomeByAnswer {
-  return { written, refused: 'lost', unwritten: 'unsettled' };
+  return { written, refused: 'lost', cancelled: 'cancelled', unwritten: 'unsettled' };
 }
 
 /** Nothing is counted whatever the write answers (no handler ran). */
-const NOT_COUNTED: OutcomeByAnswer = Object.freeze({ written: null, refused: null, unwritten: null });
+const NOT_COUNTED: OutcomeByAnswer = Object.freeze({ written: null, refused: null, cancelled: null, unwritten: null });
 
 /** Counted as `outcome` whatever the write answers (the run already saved its progress). */
 function always(outcome: Outcome): OutcomeByAnswer {
-  return { written: outcome, refused: outcome, unwritten: outcome };
+  return { written: outcome, refused: outcome, cancelled: outcome, unwritten: outcome };
 }
 
 /** A failure retried after the task's backoff (dead-lettered instead when permanent or out of attempts). */
@@ -105,6 +126,13 @@ const COMPLETE: Settlement = Object.freeze({
 });
 
 const SHUTDOWN_FINAL_ERROR = 'interrupted by worker shutdown on its final attempt';
+const SNOOZE_FINAL_ERROR = 'snoozed past maxSnoozes on its final attempt';
+
+/** An operator's cancel settled the attempt: nothing to write, counted cancelled. */
+const CANCELLED: Settlement = Object.freeze({
+  action: Object.freeze({ kind: 'none' }),
+  outcome: Object.freeze(always('cancelled')),
+});
 const CONTINUE_FINAL_ERROR = 'continued without advancing on its final attempt';
 
 /**
@@ -140,11 +168,30 @@ export function settlementFor(run: TaskRun, task: TaskAttempt): Settlement {
 }
 
 function afterHandler(run: Extract<TaskRun, HandlerRan>, task: TaskAttempt): Settlement {
+  // Cancelled: the cancel's settlement is the attempt's; whatever the handler said loses to it.
+  if (run.cancelled) return CANCELLED;
   const settlement = byHandlerResult(run, task);
   return run.dequeued ? { ...settlement, outcome: { ...settlement.outcome, refused: 'success' } } : settlement;
 }
 
 function byHandlerResult(run: Extract<TaskRun, HandlerRan>, task: TaskAttempt): Settlement {
+  if (run.kind === 'snooze' && run.advanced) {
+    // The run's AdvanceCursor already settled the lease and made the task due now: the snooze
+    // has nothing left to defer, so it is the safety-net release of a continue (refused).
+    return byHandlerResult({ ...run, kind: 'continue' }, task);
+  }
+  if (run.kind === 'snooze') {
+    // An explicit answer, written as it is, during a stop or at the deadline too.
+    return {
+      action: {
+        kind: 'snooze',
+        delayMs: run.delayMs,
+        maxSnoozes: task.maxSnoozes ?? DEFAULT_MAX_SNOOZES,
+        finalError: SNOOZE_FINAL_ERROR,
+      },
+      outcome: fenced('snoozed'),
+    };
+  }
   if (run.shutdown && run.kind !== 'done') {
     // Interrupted by stop(): hand the lease back so another worker takes it within a poll.
     // A run that saved progress first is counted as continued whatever the release answers.

@@ -1,7 +1,7 @@
-import { DeadlineAbort, isPermanentError, ShutdownAbort } from '../errors.js';
+import { CancelAbort, DeadlineAbort, isPermanentError, ShutdownAbort } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { Queryable } from '../sql.js';
-import { checkPayload, type TaskContext, type AnyTaskDefinition, type PayloadCheck } from '../task.js';
+import { checkPayload, isSnooze, type TaskContext, type AnyTaskDefinition, type PayloadCheck } from '../task.js';
 import type { ClaimedTask } from './claim.js';
 import { describeHandlerResult, isContractResult } from './handler-result.js';
 import type { TaskRun } from './outcome-table.js';
@@ -148,11 +148,13 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     dequeued,
     shutdown: abort.reason instanceof ShutdownAbort,
     pastDeadline: abort.reason instanceof DeadlineAbort || Date.now() >= deadline,
+    cancelled: abort.reason instanceof CancelAbort,
   };
   if (error !== null) {
     const message = error instanceof Error ? error.message || error.name : String(error);
     if (violation) return { kind: 'contract_violation', error: message, ...ran };
     return { kind: 'error', error: message, permanent: isPermanentError(error), ...ran };
   }
+  if (isSnooze(result)) return { kind: 'snooze', delayMs: result.delayMs, ...ran };
   return result === 'continue' ? { kind: 'continue', ...ran } : { kind: 'done', ...ran };
 }

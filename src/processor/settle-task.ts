@@ -2,9 +2,11 @@ import type { Logger } from '../logger.js';
 import type { Outcome } from '../metrics.js';
 import type { Queryable } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
-import type { SettleAnswer, Settlement, TaskRun } from './outcome-table.js';
+import type { SettleAction, SettleAnswer, Settlement, TaskRun } from './outcome-table.js';
 import type { CompleteResult, SettlementBatcher } from './settlement-batcher.js';
 import { releaseLease, returnUnstarted } from '../storage/return.js';
+import { settlementOutcome } from '../storage/cancel.js';
+import { snoozeLease } from '../storage/snooze.js';
 
 export interface SettleDeps {
   write: Queryable;
@@ -28,7 +30,10 @@ export async function settleTask(
   settlement: Settlement,
   log: Logger,
 ): Promise<void> {
-  const answer = await write(deps, task, settlement, log);
+  let answer = await write(deps, task, settlement, log);
+  // A refusal is rare: only then ask who won, so a settlement that lost to an operator's cancel
+  // is told apart from a lease taken over (one point read, never on the written path).
+  if (answer.kind === 'refused' && (await lostToCancel(deps, task, log))) answer = LOST_TO_CANCEL;
   describe(task, run, settlement, answer, log, deps.debugEnabled);
   const outcome: Outcome | null = settlement.outcome[answer.kind];
   if (outcome !== null) deps.record(task, outcome);
@@ -51,6 +56,44 @@ function write(deps: SettleDeps, task: ClaimedTask, settlement: Settlement, log:
       return release(deps, task, action.finalError, log);
     case 'return_unstarted':
       return handBack(deps, task, action.away);
+    case 'snooze':
+      return snoozeIt(deps, task, action, log);
+    case 'none':
+      return Promise.resolve(NOTHING_WRITTEN);
+  }
+}
+
+const LOST_TO_CANCEL: SettleAnswer = Object.freeze({ kind: 'cancelled' });
+/** The action `none` (a cancel settled the attempt first) writes nothing: the answer is the cancel's. */
+const NOTHING_WRITTEN: SettleAnswer = LOST_TO_CANCEL;
+
+async function lostToCancel(deps: SettleDeps, task: ClaimedTask, log: Logger): Promise<boolean> {
+  try {
+    return (await settlementOutcome(deps.write, deps.schema, task)) === 'cancelled';
+  } catch (err) {
+    log.warn({ err: (err as Error).message }, 'could not read who settled a refused lease');
+    return false;
+  }
+}
+
+async function snoozeIt(
+  deps: SettleDeps,
+  task: ClaimedTask,
+  action: Extract<SettleAction, { kind: 'snooze' }>,
+  log: Logger,
+): Promise<SettleAnswer> {
+  try {
+    const r = await snoozeLease(deps.write, deps.schema, task, action.delayMs, action.maxSnoozes, action.finalError);
+    if (r.wrote) {
+      log.info(
+        { snooze_ms: action.delayMs, snoozes: r.snoozes, refunded: r.refunded, dead: r.dead },
+        r.refunded ? 'task snoozed' : 'task snoozed past maxSnoozes; the attempt counts',
+      );
+    }
+    return r.wrote ? { kind: 'written', dead: r.dead } : { kind: 'refused' };
+  } catch (err) {
+    log.warn({ err: (err as Error).message }, 'snooze could not be written; the lease will lapse');
+    return { kind: 'unwritten', error: (err as Error).message };
   }
 }
 
@@ -95,7 +138,11 @@ function describe(
 ): void {
   const action = settlement.action;
   const ran =
-    run.kind === 'done' || run.kind === 'continue' || run.kind === 'error' || run.kind === 'contract_violation'
+    run.kind === 'done' ||
+    run.kind === 'continue' ||
+    run.kind === 'error' ||
+    run.kind === 'contract_violation' ||
+    run.kind === 'snooze'
       ? run
       : null;
   if (answer.kind === 'refused' && ran?.dequeued) {
@@ -103,7 +150,21 @@ function describe(
     if (debugEnabled()) log.debug('task dequeued by its handler');
     return;
   }
+  if (answer.kind === 'cancelled') {
+    // The loser of the race with a cancel: say so (the cancel's caller got `cancelled`).
+    log.warn(
+      { settlement: action.kind, aborted: ran?.cancelled ?? false },
+      action.kind === 'none'
+        ? 'task cancelled by an operator while it ran; handler aborted'
+        : 'task settlement lost to a cancel: an operator cancelled it first',
+    );
+    return;
+  }
   switch (action.kind) {
+    case 'none':
+    case 'snooze':
+      if (answer.kind === 'refused') log.warn('snooze refused: lease lost');
+      return;
     case 'return_unstarted':
       if (run.kind === 'unknown_type') {
         // Each hand-back that landed is in the type's once-per-interval line; one that did not

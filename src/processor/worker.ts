@@ -1,4 +1,6 @@
 import type pg from 'pg';
+import { BerthInputError } from '../errors.js';
+import { checkKeys, checkMs, MAX_TIMER_MS } from '../limits.js';
 import { createPool, sessionName, type DatabaseTarget } from '../db/connections.js';
 import { childLogger, type Logger } from '../logger.js';
 import { laneLabel } from '../lane.js';
@@ -17,6 +19,24 @@ import { WakeListener } from './wake.js';
 import { resolveWorkerOptions, type ResolvedWorkerOptions, type WorkerOptions } from './worker-options.js';
 
 export { WORKER_DEFAULTS, type WorkerOptions } from './worker-options.js';
+
+/** `worker.stop(options)`. */
+export interface StopOptions {
+  /**
+   * How long running handlers may go on before they are aborted (ms, default 0: at once). The
+   * CLI's `--grace` (default 15 s on SIGTERM/SIGINT) sets it; see docs/operations.md for sizing
+   * it against a platform's termination timeout.
+   */
+  graceMs?: number;
+}
+
+const STOP_KEYS: ReadonlySet<string> = new Set(['graceMs']);
+
+function stopGraceMs(options: StopOptions): number {
+  if (typeof options !== 'object' || options === null) throw new BerthInputError('stop options must be an object');
+  checkKeys(options, STOP_KEYS, 'stop options');
+  return checkMs(options.graceMs ?? 0, 'graceMs', 'stop options', 0, MAX_TIMER_MS, " (Node's timer limit)");
+}
 
 /**
  * Worker sessions run without JIT: the claim's plan over every ring partition is costed high
@@ -70,7 +90,7 @@ export class Worker {
   private readonly startedAt = new Date();
   private starting: Promise<void> | null = null;
   private running: Running | null = null;
-  private stopping = false;
+  private stopping: Promise<void> | null = null;
 
   constructor(options: WorkerOptions) {
     this.o = resolveWorkerOptions(options);
@@ -243,19 +263,28 @@ export class Worker {
   }
 
   /**
-   * Graceful stop: no new claims; in-flight handlers are aborted and their leases released
-   * (recorded as cancelled, or continued if they saved progress); every settlement already
-   * handed off is written; then maintenance stops and the pools close.
+   * Graceful stop: claiming stops at once and prefetched tasks are handed back; in-flight
+   * handlers may finish within `graceMs` (default 0), then the ones still running are aborted
+   * and their leases released (recorded as cancelled, or continued if they saved progress; the
+   * attempt is not refunded); every settlement already handed off is written; then maintenance
+   * stops and the pools close. A second call while a stop runs ends its grace period at once
+   * and resolves when that stop is done.
    */
-  async stop(): Promise<void> {
+  async stop(options: StopOptions = {}): Promise<void> {
+    const graceMs = stopGraceMs(options);
     await this.starting?.catch(() => undefined);
     const running = this.running;
-    if (!running || this.stopping) {
-      await running?.engine.fetchLoopEnded();
-      return;
+    if (!running) return;
+    if (this.stopping !== null) {
+      running.engine.skipGrace();
+      return this.stopping;
     }
-    this.stopping = true;
-    await running.engine.stop();
+    this.stopping = this.stopAll(running, graceMs);
+    return this.stopping;
+  }
+
+  private async stopAll(running: Running, graceMs: number): Promise<void> {
+    await running.engine.stop(graceMs);
     await running.http?.close();
     await running.heartbeat?.stop();
     await running.maintenance?.stop();

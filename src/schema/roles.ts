@@ -44,6 +44,7 @@ const WORKER_FUNCTIONS = [
   'prune_slot(smallint, integer)',
   'prune_dead_letters(double precision, integer)',
   'due_deferred(text, integer, text[], smallint[], smallint[])',
+  'cancel_tasks(bigint[], text)',
 ] as const;
 
 const RING_TABLES = ['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements'] as const;
@@ -86,7 +87,7 @@ function workerGrants(s: string): Grant[] {
   return [
     // To name anything in the schema.
     { privileges: 'USAGE', on: `SCHEMA ${s}` },
-    // Enqueue, promotion, removal, move, lane opening, ring prune, retention, promotion's selection.
+    // Enqueue, promotion, removal, move, lane opening, ring prune, retention, promotion's selection, cancel.
     { privileges: 'EXECUTE', on: `FUNCTION ${WORKER_FUNCTIONS.map((f) => `${s}.${f}`).join(', ')}` },
     // Appended by append_ready and tombstoned by remove_unleased / move_task, as the owner.
     { privileges: 'SELECT', on: `${s}.ready, ${s}.tombstones` },
@@ -128,6 +129,9 @@ function workerGrants(s: string): Grant[] {
     // refreshes it (UPDATE seen_at) and removes it once the lease settles; rescue deletes the
     // rows of leases it takes and stale ones. Rescue and the dashboard read it.
     { privileges: 'SELECT, INSERT, UPDATE (seen_at), DELETE', on: `${s}.overdue_leases` },
+    // A snooze counts itself (INSERT … ON CONFLICT DO UPDATE of its count); the leader's
+    // retention deletes the rows of tasks that are no longer pending.
+    { privileges: 'SELECT, INSERT, UPDATE (snoozes, last_snoozed_at), DELETE', on: `${s}.snoozes` },
     // The leader's oldest-due gauge leaves paused queues out. Pausing is set_queue_paused's (operators).
     { privileges: 'SELECT', on: `${s}.queue_pauses` },
   ];

@@ -1,6 +1,6 @@
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import type { LeaseRef } from './lease.js';
-import { settleAndMove } from './settle-tail.js';
+import { settleAndMove, settleOneEntry } from './settle-tail.js';
 
 export interface ReturnResult {
   /** False when the fence refused: the lease was already settled or taken over. */
@@ -31,22 +31,7 @@ async function returnLease(
 ): Promise<ReturnResult> {
   const { q: s } = bindSchema(schema);
   const res = await write.query<{ wrote: boolean; dead: boolean }>(
-    `WITH won AS (
-       INSERT INTO ${s}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
-       SELECT l.slot, l.lane_id, l.from_seq, int8multirange(int8range($3::bigint, $3::bigint + 1)), 1, $5
-         FROM ${s}.range_leases l
-        WHERE l.slot = $1 AND l.lane_id = $2 AND l.from_seq = $8 AND l.token = $4::uuid
-          AND $3::bigint BETWEEN l.from_seq AND l.to_seq
-       ON CONFLICT DO NOTHING
-       RETURNING slot, lane_id, lease_from
-     ), lease AS (
-       SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, r.attempts + 1 AS attempt,
-              coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]) AS max_attempts,
-              r.max_attempts AS task_max_attempts, r.dedupe_key, r.last_error, r.created_at, l.claimed_at
-         FROM won w
-         JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
-         JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = $3::bigint
-     ), src AS MATERIALIZED (
+    `WITH ${settleOneEntry(s, '$5', '$8')}, src AS MATERIALIZED (
        SELECT x.id, x.type,
               CASE WHEN $5 = 'advanced' THEN $6::jsonb ELSE x.payload END AS payload,
               x.queue, x.priority, x.shard,

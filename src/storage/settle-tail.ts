@@ -41,3 +41,29 @@ export function settleAndMove(s: string, runAt: string): string {
        DELETE FROM ${s}.dedupe d USING buried WHERE d.id = buried.id
      )`;
 }
+
+/**
+ * The head of a single-entry settlement (release, AdvanceCursor, hand-back, snooze), written
+ * once: `won` inserts the settlement of entry `$3` of the lease (`$1` slot, `$2` lane, `leaseFrom`
+ * its first entry) fenced on token `$4`, as `outcome` (an SQL expression); `lease` reads the entry
+ * it settled with its attempt and limit. Nothing when the fence refuses. The caller's `src`
+ * follows.
+ */
+export function settleOneEntry(s: string, outcome: string, leaseFrom: string): string {
+  return `won AS (
+       INSERT INTO ${s}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
+       SELECT l.slot, l.lane_id, l.from_seq, int8multirange(int8range($3::bigint, $3::bigint + 1)), 1, ${outcome}
+         FROM ${s}.range_leases l
+        WHERE l.slot = $1 AND l.lane_id = $2 AND l.from_seq = ${leaseFrom} AND l.token = $4::uuid
+          AND $3::bigint BETWEEN l.from_seq AND l.to_seq
+       ON CONFLICT DO NOTHING
+       RETURNING slot, lane_id, lease_from
+     ), lease AS (
+       SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, r.attempts + 1 AS attempt,
+              coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]) AS max_attempts,
+              r.max_attempts AS task_max_attempts, r.dedupe_key, r.last_error, r.created_at, l.claimed_at
+         FROM won w
+         JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
+         JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = $3::bigint
+     )`;
+}

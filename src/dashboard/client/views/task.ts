@@ -15,7 +15,7 @@ const TASK_ACTIONS: Readonly<Record<TaskState, readonly TaskAction[]>> = {
   ready: ['cancel', 'move', 'delete'],
   scheduled: ['retry', 'cancel', 'move', 'delete'],
   retryable: ['retry', 'cancel', 'move', 'delete'],
-  running: [],
+  running: ['cancel'],
   completed: [],
 };
 
@@ -37,7 +37,14 @@ function taskActions(t: TaskDetail['task']): HTMLDivElement | null {
     has('retry') ? actionButton(retry, () => act(retry, `${base}/retry`)) : null,
     has('cancel')
       ? actionButton('Cancel', () =>
-          act('Cancel', `${base}/cancel`, {}, `Cancel task ${t.id}? It is removed before it runs.`),
+          act(
+            'Cancel',
+            `${base}/cancel`,
+            {},
+            t.state === 'running'
+              ? `Cancel task ${t.id}? Its handler is aborted and it never runs again.`
+              : `Cancel task ${t.id}? It is removed before it runs.`,
+          ),
         )
       : null,
     has('delete')

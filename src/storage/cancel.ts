@@ -1,0 +1,93 @@
+import { BerthInputError } from '../errors.js';
+import { bindSchema, READ_COMMITTED_REQUIRED, type Queryable, type SchemaRef } from '../sql.js';
+import { leaseKey, type LeaseRef } from './lease.js';
+
+/**
+ * What a cancel did to one task:
+ * - `removed`: it was pending (ready, scheduled or retryable) and is gone before it ran again;
+ * - `cancelled`: it was running (or held by a dead worker's lease); its attempt is settled as
+ *   `cancelled` and its holder is told to abort the handler;
+ * - `already_settled`: its attempt was settled first (it completed, died, or was cancelled
+ *   already): the cancel lost the race and changed nothing;
+ * - `not_found`: no such task (a dead letter is not pending: retry or delete it).
+ */
+export type CancelResult = 'removed' | 'cancelled' | 'already_settled' | 'not_found';
+
+/** The wake-channel payload prefix of a cancel (`cancel:<lane_id>:<lane_seq>`). */
+export const CANCEL_NOTICE_PREFIX = 'cancel:';
+
+/**
+ * Cancel tasks by id, in order, in one statement (`cancel_tasks()`, a definer function): a
+ * pending task is removed as `removeUnleased` does; a running one gets a `cancelled` settlement
+ * carrying `actor`, fenced like every settlement by the `range_settlements` exclusion constraint,
+ * so of a cancel and the holder's own settlement exactly one is written. The holder is notified
+ * on the wake channel at commit. Must run at READ COMMITTED (it takes a lane's row lock and then
+ * needs a fresh snapshot to see a lease committed meanwhile).
+ */
+export async function cancelTasks(
+  executor: Queryable,
+  schema: SchemaRef,
+  ids: readonly string[],
+  actor: string | null,
+): Promise<Map<string, CancelResult>> {
+  const { q: s } = bindSchema(schema);
+  const res = await executor.query<{ id: string; result: CancelResult | 'isolation' }>(
+    `SELECT c.id::text AS id, c.result FROM ${s}.cancel_tasks($1::bigint[], $2) c`,
+    [ids, actor],
+  );
+  const out = new Map<string, CancelResult>();
+  for (const r of res.rows) {
+    if (r.result === 'isolation') throw new BerthInputError(READ_COMMITTED_REQUIRED);
+    out.set(r.id, r.result);
+  }
+  return out;
+}
+
+/**
+ * The poll behind the cancel notification: which of these leases (a worker's in-flight
+ * handlers) an operator cancelled. One statement per check, one index probe of
+ * `range_settlements` per lease; run by a worker only while it has handlers running.
+ */
+export async function cancelledAmong(
+  db: Queryable,
+  schema: SchemaRef,
+  refs: readonly LeaseRef[],
+): Promise<Set<string>> {
+  if (refs.length === 0) return new Set();
+  const { name, q: s } = bindSchema(schema);
+  const res = await db.query<{ lane_id: number; lane_seq: string }>({
+    name: `berth-cancelled:${name}`,
+    text: `SELECT u.lane_id, u.lane_seq::text AS lane_seq
+       FROM unnest($1::smallint[], $2::integer[], $3::bigint[], $4::bigint[]) AS u(slot, lane_id, lease_from, lane_seq)
+      WHERE EXISTS (SELECT 1 FROM ${s}.range_settlements x
+                     WHERE x.lane_id = u.lane_id AND x.lease_from = u.lease_from AND x.slot = u.slot
+                       AND x.seqs @> u.lane_seq AND x.outcome = 'cancelled')`,
+    values: [
+      refs.map((r) => r.slot),
+      refs.map((r) => r.laneId),
+      refs.map((r) => r.leaseFrom),
+      refs.map((r) => r.laneSeq),
+    ],
+  });
+  return new Set(res.rows.map((r) => leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq })));
+}
+
+/** How a lease's entry was settled, if it was (the refused-settlement path: was it a cancel?). */
+export async function settlementOutcome(db: Queryable, schema: SchemaRef, ref: LeaseRef): Promise<string | null> {
+  const { q: s } = bindSchema(schema);
+  const res = await db.query<{ outcome: string }>(
+    `SELECT x.outcome FROM ${s}.range_settlements x
+      WHERE x.lane_id = $1 AND x.lease_from = $2 AND x.slot = $3 AND x.seqs @> $4::bigint
+      LIMIT 1`,
+    [ref.laneId, ref.leaseFrom, ref.slot, ref.laneSeq],
+  );
+  return res.rows[0]?.outcome ?? null;
+}
+
+/** Parse a cancel notice (`cancel:<lane_id>:<lane_seq>`) into the lease key it names, or null. */
+export function parseCancelNotice(payload: string): string | null {
+  if (!payload.startsWith(CANCEL_NOTICE_PREFIX)) return null;
+  const m = /^(\d+):(\d+)$/.exec(payload.slice(CANCEL_NOTICE_PREFIX.length));
+  if (!m) return null;
+  return leaseKey({ laneId: Number(m[1]), laneSeq: m[2]! });
+}

@@ -1,0 +1,130 @@
+/**
+ * Issue 13, item 4: `return snooze(ms)` runs the task again after a delay without consuming an
+ * attempt, at most `maxSnoozes` times per task; past that a snooze keeps its attempt, so the
+ * attempt limit ends a task that only ever snoozes (seed 000: an unbounded refund would make it
+ * immortal).
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { BerthInputError, defineTask, enqueue, getTask, snooze, Worker } from '../src/index.js';
+import { quoteIdent } from '../src/sql.js';
+import { pruneSnoozeCounts } from '../src/storage/snooze.js';
+import {
+  DATABASE_URL,
+  expectOutcome,
+  FAST_MAINTENANCE,
+  freshSchema,
+  outcomes,
+  testLogger,
+  waitFor,
+} from './helpers.js';
+
+const { schema, pool } = await freshSchema('snooze');
+const S = quoteIdent(schema);
+
+function worker(tasks: ReturnType<typeof defineTask<Record<string, never>>>[]) {
+  return new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks,
+    slots: 2,
+    pollIntervalMs: 100,
+    logger: testLogger,
+    maintenance: FAST_MAINTENANCE,
+  });
+}
+
+test('a snooze defers the task by its delay without consuming an attempt; the next run sees the same attempt number', async () => {
+  const attempts: number[] = [];
+  const def = defineTask<Record<string, never>>({
+    type: 's_once',
+    ceilingMs: 60_000,
+    handler: async (_p, ctx) => {
+      attempts.push(ctx.attempt);
+      return attempts.length === 1 ? snooze(1500) : 'done';
+    },
+  });
+  const w = worker([def]);
+  await w.start();
+  try {
+    const { id } = await enqueue(pool, 's_once', {}, { schema });
+    await waitFor(() => attempts.length === 1, 20_000, 'the first run');
+    const snoozed = await waitFor(
+      async () =>
+        (
+          await pool.query(
+            `SELECT attempts, state, run_at >= now() + interval '500 ms' AS later FROM ${S}.deferred WHERE id = $1`,
+            [id],
+          )
+        ).rows[0],
+      20_000,
+      'the snoozed row',
+    );
+    assert.deepEqual(snoozed, { attempts: 0, state: 'retryable', later: true });
+    assert.deepEqual((await pool.query(`SELECT snoozes FROM ${S}.snoozes WHERE id = $1`, [id])).rows, [{ snoozes: 1 }]);
+    await waitFor(() => attempts.length === 2, 20_000, 'the run after the snooze');
+    assert.deepEqual(attempts, [1, 1]);
+    await expectOutcome(w.metrics, 's_once', 'success', 1);
+    assert.equal(await outcomes(w.metrics, 's_once', 'snoozed'), 1);
+    assert.equal(await outcomes(w.metrics, 's_once', 'failure'), 0);
+    assert.equal((await getTask(pool, schema, id!))?.state, 'completed');
+    // Its count outlives the task only until retention: a finished task's row goes.
+    await pool.query(`UPDATE ${S}.snoozes SET last_snoozed_at = now() - interval '2 hours'`);
+    assert.equal(await pruneSnoozeCounts(pool, schema), 1);
+  } finally {
+    await w.stop();
+  }
+});
+
+test('bounded: past maxSnoozes a snooze keeps its attempt, so a task that only snoozes dead-letters after maxSnoozes + maxAttempts runs', async () => {
+  let runs = 0;
+  const def = defineTask<Record<string, never>>({
+    type: 's_forever',
+    ceilingMs: 60_000,
+    maxSnoozes: 2,
+    maxAttempts: 3,
+    handler: async () => {
+      runs++;
+      return snooze(0);
+    },
+  });
+  const w = worker([def]);
+  await w.start();
+  try {
+    const { id } = await enqueue(pool, 's_forever', {}, { schema });
+    const dead = await waitFor(
+      async () => (await pool.query(`SELECT attempts, last_error FROM ${S}.dead_letters WHERE id = $1`, [id])).rows[0],
+      30_000,
+      'the dead letter',
+    );
+    assert.deepEqual(dead, { attempts: 3, last_error: 'snoozed past maxSnoozes on its final attempt' });
+    assert.equal(runs, 5, '2 free snoozes, then 3 that each burnt an attempt');
+    await expectOutcome(w.metrics, 's_forever', 'snoozed', 5);
+    assert.deepEqual((await pool.query(`SELECT snoozes FROM ${S}.snoozes WHERE id = $1`, [id])).rows, [{ snoozes: 5 }]);
+    // A pending task keeps its count whatever its age.
+    await pool.query(`UPDATE ${S}.snoozes SET last_snoozed_at = now() - interval '2 hours'`);
+    const keep = await enqueue(pool, 's_keep', {}, { schema, delay: 3_600_000 });
+    await pool.query(
+      `INSERT INTO ${S}.snoozes (id, snoozes, last_snoozed_at) VALUES ($1, 7, now() - interval '2 hours')`,
+      [keep.id],
+    );
+    assert.equal(await pruneSnoozeCounts(pool, schema), 1, 'the dead task’s count, not the scheduled one’s');
+  } finally {
+    await w.stop();
+  }
+});
+
+test('snooze() and maxSnoozes are checked: a bad delay fails the run (a BerthInputError naming it), a bad limit fails defineTask', async () => {
+  assert.throws(
+    () => snooze(-1),
+    (e: Error) => e instanceof BerthInputError && /snooze delay/.test(e.message),
+  );
+  assert.throws(() => snooze(Number.NaN), BerthInputError);
+  assert.throws(() => snooze(366 * 24 * 3600_000), BerthInputError);
+  assert.throws(
+    () => defineTask({ type: 'x', ceilingMs: 1000, handler: async () => undefined, maxSnoozes: -1 }),
+    /maxSnoozes/,
+  );
+  assert.equal(defineTask({ type: 'x', ceilingMs: 1000, handler: async () => undefined }).maxSnoozes, 100);
+  assert.equal(defineTask({ type: 'x', ceilingMs: 1000, handler: async () => undefined, maxSnoozes: 0 }).maxSnoozes, 0);
+});
