@@ -1,14 +1,12 @@
 import { BerthInputError } from '../errors.js';
+import type { Lane } from '../lane.js';
 import { bindSchema, DEFAULT_SCHEMA, type Queryable, type SchemaRef } from '../sql.js';
 
 /** A task as its enqueue wrote it: what `enqueuedIn` lists. */
-export interface EnqueuedTask {
+export interface EnqueuedTask extends Lane {
   id: string;
   type: string;
   payload: unknown;
-  queue: string;
-  priority: number;
-  shard: number;
   /** `ready`: due at enqueue; `scheduled`: enqueued with a later `runAt` or a `delay`. */
   state: 'ready' | 'scheduled';
   runAt: Date;
@@ -42,18 +40,7 @@ export async function enqueuedIn(db: Queryable, schema: SchemaRef = DEFAULT_SCHE
       'enqueuedIn: pass the client holding the open transaction that enqueued (after BEGIN, before COMMIT or ROLLBACK); this query ran in a transaction of its own',
     );
   }
-  const res = await db.query<{
-    id: string;
-    type: string;
-    payload: unknown;
-    queue: string;
-    priority: number;
-    shard: number;
-    state: 'ready' | 'scheduled';
-    run_at: Date;
-    max_attempts: number | null;
-    dedupe_key: string | null;
-  }>({
+  const res = await db.query<EnqueuedTask>({
     name: `berth-enqueued-in:${name}`,
     text: `WITH me AS (
        SELECT x::text::numeric AS top, x::text::numeric % 4294967296 AS top32
@@ -69,22 +56,11 @@ export async function enqueuedIn(db: Queryable, schema: SchemaRef = DEFAULT_SCHE
                  FROM ${s}.deferred WHERE state = 'scheduled' AND attempts = 0) t, me
      )
      SELECT DISTINCT ON (m.id) m.id::text AS id, m.type, m.payload, m.queue, m.priority, m.shard,
-            m.state, m.run_at, m.max_attempts, m.dedupe_key
+            m.state, m.run_at AS "runAt", m.max_attempts AS "maxAttempts", m.dedupe_key AS "dedupeKey"
        FROM mine m, me
       WHERE m.after_top < 2147483648
         AND pg_xact_status((me.top + m.after_top)::text::xid8) = 'in progress'
       ORDER BY m.id, m.state`,
   });
-  return res.rows.map((r) => ({
-    id: r.id,
-    type: r.type,
-    payload: r.payload,
-    queue: r.queue,
-    priority: r.priority,
-    shard: r.shard,
-    state: r.state,
-    runAt: r.run_at,
-    maxAttempts: r.max_attempts,
-    dedupeKey: r.dedupe_key,
-  }));
+  return res.rows;
 }
