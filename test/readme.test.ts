@@ -79,6 +79,11 @@ async function dropDatabases(): Promise<void> {
 describe('the examples in README.md and the docs', () => {
   before(async () => {
     symlinkSync(join(root, 'node_modules'), join(tmp, 'node_modules'), 'dir');
+    // An ES module project, as the README's task module (`tasks.js`, with `import`) assumes.
+    writeFileSync(
+      join(tmp, 'package.json'),
+      JSON.stringify({ name: 'readme-examples', private: true, type: 'module' }),
+    );
     const seen = new Set<string>();
     for (const b of blocks) {
       assert.ok(!seen.has(b.file), `two examples are both named ${b.file}`);
