@@ -224,7 +224,7 @@ describe('runDueTasks', () => {
     );
     await assert.rejects(
       runDueTasks(pool, [ok], { schema, maxRun: 3 } as never),
-      (e: Error) => e instanceof BerthInputError && /unknown option "maxRun"/.test(e.message),
+      (e: Error) => e instanceof BerthInputError && /unknown option "maxRun"; did you mean "maxRuns"/.test(e.message),
     );
     await assert.rejects(runDueTasks(pool, [ok], { schema, maxRuns: 0 }), BerthInputError);
     await assert.rejects(runDueTasks(pool, [ok], { schema, leaseMarginMs: -1 }), /leaseMarginMs/);
