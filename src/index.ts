@@ -2,7 +2,8 @@
  * berth's public API (`berth-queue`): what an application needs to enqueue, define and run
  * tasks, operate the queue, watch it, and handle its errors. The maintenance leader's
  * primitives (promotion, rescue, ring rotation and prune, retention, gauges) are not here: they
- * are `berth-queue/maintenance` (src/maintenance-api.ts). docs/api.md lists both.
+ * are `berth-queue/maintenance` (src/maintenance-api.ts); the helpers for an application's own
+ * tests are `berth-queue/testing` (src/testing-api.ts). docs/api.md lists all three.
  */
 
 // Schema and roles

@@ -40,8 +40,12 @@ const LAYERS: readonly { name: string; paths: readonly string[]; peers?: true }[
   // The worker's composition root and its options: it wires the engine, the maintenance leader
   // and the worker's HTTP server (dashboard, metrics) into one process.
   // env.ts turns the environment into worker and dashboard options (the library never reads it).
-  { name: 'process', paths: ['processor/worker.ts', 'processor/worker-options.ts', 'env.ts'] },
-  { name: 'entry', paths: ['cli/', 'cli.ts', 'index.ts', 'maintenance-api.ts'] },
+  // run-due.ts (runDueTasks, for tests) runs the engine's parts and the leader's promotion.
+  {
+    name: 'process',
+    paths: ['processor/worker.ts', 'processor/worker-options.ts', 'processor/run-due.ts', 'env.ts'],
+  },
+  { name: 'entry', paths: ['cli/', 'cli.ts', 'index.ts', 'maintenance-api.ts', 'testing-api.ts'] },
 ];
 
 type Graph = Map<string, { specifier: string; target: string }[]>;

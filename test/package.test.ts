@@ -7,7 +7,8 @@
  *   imports (nothing only the demo or tests use);
  * - an ES module and a CommonJS script (require(esm), Node ≥ 20.19) each migrate a schema of
  *   their own on the test database, enqueue a task and run a Worker until it completes, and
- *   reach the `berth-queue/maintenance` subpath (whose primitives the root does not export);
+ *   reach the `berth-queue/maintenance` subpath (whose primitives the root does not export) and
+ *   the `berth-queue/testing` one (runDueTasks runs a task, enqueuedIn lists a transaction's);
  * - a deep import past `exports` is refused;
  * - `npx berth --version` runs the installed bin;
  * - a consumer file type-checks with the repo's tsc under module node16, bundler, and (as a
@@ -74,6 +75,7 @@ function filesUnder(dir: string): string[] {
 const scenario = (form: string) => `
 const { migrate, defineTask, enqueue, getTask, Worker } = berth;
 const { readRingState } = maintenance;
+const { runDueTasks, enqueuedIn } = testing;
 const connectionString = process.env.DATABASE_URL;
 const schema = process.env.PACKAGE_TEST_SCHEMA;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -84,6 +86,7 @@ async function main() {
   const greet = defineTask({ type: 'greet', ceilingMs: 30000, handler: async (payload) => { handled(payload); } });
   const pool = new pg.Pool({ connectionString });
   const worker = new Worker({ connectionString, schema, tasks: [greet], maintenance: false });
+  let stopped = false;
   try {
     const ring = await readRingState(pool, schema);
     const { id } = await enqueue(pool, greet, { from: '${form}' }, { schema });
@@ -96,17 +99,32 @@ async function main() {
       state = (await getTask(pool, schema, id))?.state;
       if (state === 'completed') break;
     }
+    await worker.stop();
+    stopped = true;
+    await enqueue(pool, greet, { from: 'testing' }, { schema });
+    const runs = (await runDueTasks(pool, [greet], { schema })).map((r) => r.status);
+    const client = await pool.connect();
+    let listed;
+    try {
+      await client.query('BEGIN');
+      await enqueue(client, greet, { from: 'transaction' }, { schema });
+      listed = (await enqueuedIn(client, schema)).map((t) => t.payload);
+      await client.query('ROLLBACK');
+    } finally {
+      client.release();
+    }
     const surface = {
       segments: ring.segmentCount,
       maintenance: ['Maintenance', 'promoteDueLanes', 'rescueLapsedLeases', 'maintainRing', 'pruneSegment', 'pruneDeadLetters', 'readGauges']
         .filter((name) => typeof maintenance[name] === 'function'),
-      rootHas: ['pruneSegment', 'rotateRing', 'readGauges', 'removeUnleased', 'Maintenance'].filter((name) => name in berth),
+      rootHas: ['pruneSegment', 'rotateRing', 'readGauges', 'removeUnleased', 'Maintenance', 'runDueTasks', 'enqueuedIn'].filter((name) => name in berth),
+      testing: { runs, listed },
       inputCode: new berth.BerthInputError('x').code,
       leaseLostIsBerthError: new berth.LeaseLostError('1', 'Dequeue') instanceof berth.BerthError,
     };
     console.log('RESULT ' + JSON.stringify({ id, payload, state, workerIsClass: typeof Worker === 'function', surface }));
   } finally {
-    await worker.stop();
+    if (!stopped) await worker.stop();
     await pool.end();
   }
 }
@@ -117,6 +135,7 @@ main().catch((err) => { console.error(err); process.exit(1); });
 const CONSUMER_TS = `import pg from 'pg';
 import { BerthError, defineTask, enqueue, getTask, LeaseLostError, migrate, Worker, type BerthErrorCode, type Lane, type TaskDefinition } from '${own.name}';
 import { promoteDueLanes, readRingState, type PromoteOutcome, type RingState } from '${own.name}/maintenance';
+import { enqueuedIn, runDueTasks, type EnqueuedTask, type TaskRunReport } from '${own.name}/testing';
 
 export const greet: TaskDefinition<{ name: string }> = defineTask<{ name: string }>({
   type: 'greet',
@@ -143,6 +162,13 @@ defineTask({ type: 'x', ceilingMs: '1s', handler: async () => {} });
 export async function maintain(pool: pg.Pool, lane: Lane): Promise<[number, PromoteOutcome]> {
   const ring: RingState = await readRingState(pool, 'app');
   return [ring.segmentCount, await promoteDueLanes(pool, 'app', null, 100, 50, [lane])];
+}
+
+export async function drain(pool: pg.Pool, client: pg.PoolClient): Promise<[TaskRunReport[], EnqueuedTask[]]> {
+  const runs = await runDueTasks(pool, [greet], { schema: 'app', maxRuns: 10 });
+  // @ts-expect-error a run's status is one of a closed set
+  if (runs[0]?.status === 'succeeded') return [[], []];
+  return [runs, await enqueuedIn(client, 'app')];
 }
 
 export function codeOf(err: unknown): BerthErrorCode | null {
@@ -220,6 +246,8 @@ describe('the npm package', { concurrency: true }, () => {
       'dist/index.d.ts',
       'dist/maintenance-api.js',
       'dist/maintenance-api.d.ts',
+      'dist/testing-api.js',
+      'dist/testing-api.d.ts',
       'dist/cli.js',
       'dist/dashboard/static/app.js',
       'dist/dashboard/static/login.js',
@@ -253,16 +281,16 @@ describe('the npm package', { concurrency: true }, () => {
       repository: { url: string };
       homepage: string;
       dependencies?: Record<string, string>;
-      exports: Record<'.' | './maintenance' | './package.json', { types: string; default: string }>;
+      exports: Record<'.' | './maintenance' | './testing' | './package.json', { types: string; default: string }>;
     };
     assert.equal(manifest.name, 'berth-queue');
     assert.equal(manifest.bin.berth, 'dist/cli.js');
     assert.deepEqual(
       Object.keys(manifest.exports),
-      ['.', './maintenance', './package.json'],
-      'two entry points and the manifest',
+      ['.', './maintenance', './testing', './package.json'],
+      'three entry points and the manifest',
     );
-    for (const entry of [manifest.exports['.'], manifest.exports['./maintenance']]) {
+    for (const entry of [manifest.exports['.'], manifest.exports['./maintenance'], manifest.exports['./testing']]) {
       for (const target of [entry.types, entry.default])
         assert.ok(files.includes(target.slice(2)), `${target} is shipped`);
     }
@@ -310,12 +338,12 @@ describe('the npm package', { concurrency: true }, () => {
     [
       'esm',
       'scenario.mjs',
-      `import * as berth from '${own.name}';\nimport * as maintenance from '${own.name}/maintenance';\nimport pg from 'pg';`,
+      `import * as berth from '${own.name}';\nimport * as maintenance from '${own.name}/maintenance';\nimport * as testing from '${own.name}/testing';\nimport pg from 'pg';`,
     ],
     [
       'cjs',
       'scenario.cjs',
-      `const berth = require('${own.name}');\nconst maintenance = require('${own.name}/maintenance');\nconst pg = require('pg');`,
+      `const berth = require('${own.name}');\nconst maintenance = require('${own.name}/maintenance');\nconst testing = require('${own.name}/testing');\nconst pg = require('pg');`,
     ],
   ] as const) {
     test(`${form === 'esm' ? 'an ES module imports' : 'a CommonJS script require()s'} it and runs a producer and a worker on the test database`, async (t) => {
@@ -359,6 +387,7 @@ describe('the npm package', { concurrency: true }, () => {
             'readGauges',
           ],
           rootHas: [],
+          testing: { runs: ['completed'], listed: [{ from: 'transaction' }] },
           inputCode: 'BERTH_INPUT',
           leaseLostIsBerthError: true,
         },

@@ -21,7 +21,8 @@ export interface SettleDeps {
 /**
  * Write the settlement the outcome table chose, log what became of it, and count the outcome the
  * table gives for the fence's answer. Never throws for a database fault: an unwritten settlement
- * lapses, and rescue runs the task again.
+ * lapses, and rescue runs the task again. Returns the fence's answer (the engine ignores it;
+ * `runDueTasks` reports it).
  */
 export async function settleTask(
   deps: SettleDeps,
@@ -29,7 +30,7 @@ export async function settleTask(
   run: TaskRun,
   settlement: Settlement,
   log: Logger,
-): Promise<void> {
+): Promise<SettleAnswer> {
   let answer = await write(deps, task, settlement, log);
   // A refusal is rare: only then ask who won, so a settlement that lost to an operator's cancel
   // is told apart from a lease taken over (one point read, never on the written path).
@@ -37,6 +38,7 @@ export async function settleTask(
   describe(task, run, settlement, answer, log, deps.debugEnabled);
   const outcome: Outcome | null = settlement.outcome[answer.kind];
   if (outcome !== null) deps.record(task, outcome);
+  return answer;
 }
 
 /**

@@ -1,0 +1,273 @@
+import type pg from 'pg';
+import { BerthInputError } from '../errors.js';
+import { checkKeys } from '../limits.js';
+import { createLogger, type Logger } from '../logger.js';
+import { promoteDue } from '../maintenance/promote.js';
+import type { BerthMetrics, Outcome } from '../metrics.js';
+import { wakeChannel } from '../sql.js';
+import { DEFAULT_BACKOFF, type AnyTaskDefinition } from '../task.js';
+import { claimBatch, discover, type ClaimedTask } from './claim.js';
+import { settlementFor, type SettleAnswer, type Settlement, type TaskRun } from './outcome-table.js';
+import { DeadlineTimer, RunAbort } from './run-abort.js';
+import { runTask, type RunDeps } from './run-task.js';
+import { settleTask, type SettleDeps } from './settle-task.js';
+import { SettlementBatcher } from './settlement-batcher.js';
+import { TypeMetrics } from './type-metrics.js';
+import { UnknownTypes } from './unknown-types.js';
+import { resolveWorkerOptions, type ResolvedWorkerOptions } from './worker-options.js';
+
+export interface RunDueTasksOptions {
+  /** The installation schema. `berth`. */
+  schema?: string;
+  /** Only claim from these queues, as the worker option. Default: as a Worker holding the same tasks. */
+  queues?: readonly string[];
+  /** Lease margin, as the worker option (lease = ceiling + margin). 30 s. */
+  leaseMarginMs?: number;
+  /** The ceiling for a claimed task of a type `tasks` does not define, as the worker option. 5 min. */
+  defaultCeilingMs?: number;
+  /** Recorded on every lease. Default: host:pid:random, as a worker's. */
+  workerId?: string;
+  /** The handlers' and the settlements' log lines. Default: none (level `silent`). */
+  logger?: Logger;
+  /** Counts each outcome on `berth_task_outcomes_total`, as a worker does. Default: a registry of its own. */
+  metrics?: BerthMetrics;
+  /**
+   * Give up with an error after this many runs: a handler that enqueues itself again, or
+   * continues forever, would otherwise never let the call return. 1000.
+   */
+  maxRuns?: number;
+}
+
+const OPTION_KEYS: ReadonlySet<string> = new Set<keyof RunDueTasksOptions>([
+  'schema',
+  'queues',
+  'leaseMarginMs',
+  'defaultCeilingMs',
+  'workerId',
+  'logger',
+  'metrics',
+  'maxRuns',
+]);
+
+export const DEFAULT_MAX_RUNS = 1000;
+
+/**
+ * What became of one run:
+ * - `completed`: the handler finished and the completion was written;
+ * - `retry`: it failed and waits out its backoff (`retryDelayMs`) as `retryable`;
+ * - `dead`: it failed on its last attempt, or permanently (`PermanentError`, a payload its
+ *   schema refuses), and is in the dead letters;
+ * - `continued`: a slice returned `'continue'` (see `runSlices`): it is due again, and a later
+ *   pass of the same call runs it;
+ * - `snoozed`: the handler returned `snooze(ms)`: due again after the delay;
+ * - `returned`: handed back without running, its attempt refunded: due now (the claim came
+ *   back after its deadline), or after the unknown-type delay (its type has no definition in
+ *   `tasks`; docs/architecture.md, *Routing*);
+ * - `cancelled`: an operator's cancel settled the attempt first;
+ * - `lost`: the fence refused the settlement (the lease was no longer this run's);
+ * - `unsettled`: the settlement could not be written (the database failed).
+ */
+export type TaskRunStatus =
+  | 'completed'
+  | 'retry'
+  | 'dead'
+  | 'continued'
+  | 'snoozed'
+  | 'returned'
+  | 'cancelled'
+  | 'lost'
+  | 'unsettled';
+
+/** One run of one task by `runDueTasks`. */
+export interface TaskRunReport {
+  id: string;
+  type: string;
+  payload: unknown;
+  queue: string;
+  priority: number;
+  /** This run's attempt (1 for the first). */
+  attempt: number;
+  /** The attempt limit it ran under. */
+  maxAttempts: number;
+  status: TaskRunStatus;
+  /** The outcome a worker counts on `berth_task_outcomes_total` (`success`, `failure`, `timeout`, …); null when none is. */
+  outcome: Outcome | null;
+  /** What the handler threw (its message), or why the task could not run; null when nothing failed. */
+  error: string | null;
+  /** For `retry`: the backoff before it is due again. */
+  retryDelayMs: number | null;
+}
+
+/**
+ * Run every task that is due now with the given definitions, one at a time, and say what became
+ * of each: a test's "drain the queue". Each task goes the way a Worker's does: discovery, the
+ * one-statement claim (lease, token, attempt), the handler under its deadline and signal, and
+ * the fenced settlement the outcome table chooses (complete, fail with backoff or to the dead
+ * letters, release), so attempts, retries, dead letters and dedupe keys end as in production.
+ *
+ * Before it stops it promotes what has become due in deferred storage (a retry with no backoff
+ * left, a task scheduled in the past), so a task is run as often as it is due again within the
+ * call: a handler's follow-up tasks, a slice that continues, a failure whose backoff is 0. A
+ * retry waiting out a real backoff is not due, and is reported once as `retry`.
+ *
+ * It claims as a Worker holding `tasks` would (the same queues; what a worker does with a task
+ * type it has no definition for, this does too). A running Worker on the same schema competes
+ * for the same tasks: stop it first. Writes go through `pool` and commit: run it against a test
+ * database (a schema of the test's own).
+ */
+export async function runDueTasks(
+  pool: pg.Pool,
+  tasks: readonly AnyTaskDefinition[],
+  options: RunDueTasksOptions = {},
+): Promise<TaskRunReport[]> {
+  checkKeys(options, OPTION_KEYS, 'runDueTasks');
+  const maxRuns = options.maxRuns ?? DEFAULT_MAX_RUNS;
+  if (!Number.isInteger(maxRuns) || maxRuns < 1) {
+    throw new BerthInputError(`runDueTasks: maxRuns must be an integer >= 1, got ${JSON.stringify(options.maxRuns)}`);
+  }
+  const o = resolveWorkerOptions({
+    // Checked and resolved exactly as a Worker's options, so the claim sees the same ceilings,
+    // attempt limits and queues. The connection string is never used: every statement runs on
+    // the caller's pool.
+    connectionString: 'postgres://runDueTasks.invalid/',
+    tasks,
+    schema: options.schema,
+    queues: options.queues,
+    leaseMarginMs: options.leaseMarginMs,
+    defaultCeilingMs: options.defaultCeilingMs,
+    workerId: options.workerId,
+    logger: options.logger ?? createLogger({}, undefined, 'silent'),
+    metrics: options.metrics,
+    maintenance: false,
+    heartbeatIntervalMs: false,
+  });
+  const runner = new OnceRunner(pool, o);
+  const reports: TaskRunReport[] = [];
+  try {
+    for (;;) {
+      const task = await runner.claimNext();
+      if (task === null) {
+        // Nothing claimable: what became due in deferred storage meanwhile is the last source.
+        if ((await promoteDue(pool, o.schema)) > 0) continue;
+        return reports;
+      }
+      if (reports.length >= maxRuns) {
+        // Claimed but not run: hand it back, so the queue is left as it was found.
+        await runner.handBack(task);
+        throw new Error(
+          `runDueTasks: tasks were still due after ${maxRuns} runs (a handler that enqueues itself, or continues forever?); raise maxRuns if this is expected`,
+        );
+      }
+      reports.push(await runner.run(task));
+    }
+  } finally {
+    await runner.drain();
+  }
+}
+
+/** The engine's parts for one task at a time: discovery, claim, run, settle. */
+class OnceRunner {
+  private readonly batcher: SettlementBatcher;
+  private readonly runDeps: RunDeps;
+  private readonly settleDeps: SettleDeps;
+  private readonly channel: string;
+
+  constructor(
+    private readonly pool: pg.Pool,
+    private readonly o: ResolvedWorkerOptions,
+  ) {
+    this.batcher = new SettlementBatcher(pool, o.schema, o.metrics, o.logger);
+    this.channel = wakeChannel(o.schema);
+    const typeMetrics = new TypeMetrics(o.metrics);
+    this.runDeps = {
+      write: pool,
+      schema: o.schema,
+      workerId: o.workerId,
+      deadlines: new DeadlineTimer(),
+      observeHandler: (task, seconds) => typeMetrics.for(task.type).handlerSeconds.observe(seconds),
+      unknownTypes: new UnknownTypes(o.unknownTypes, o.metrics, o.logger, o.workerId),
+    };
+    this.settleDeps = {
+      write: pool,
+      schema: o.schema,
+      batcher: this.batcher,
+      record: (task, outcome) => typeMetrics.for(task.type).outcome(outcome).inc(),
+      debugEnabled: () => o.logger.isLevelEnabled('debug'),
+    };
+  }
+
+  /** The oldest due task (priority, then due time), leased to this run; null when none is claimable. */
+  async claimNext(): Promise<ClaimedTask | null> {
+    const o = this.o;
+    const lanes = [...new Set((await discover(this.pool, o.schema, o.queues, 20, 1)).map((c) => c.laneId))];
+    if (lanes.length === 0) return null;
+    const { tasks } = await claimBatch(this.pool, {
+      schema: o.schema,
+      laneIds: lanes,
+      limit: 1,
+      ceilings: o.tasks.ceilings,
+      maxAttempts: o.tasks.maxAttempts,
+      defaultMaxAttempts: o.tasks.defaultMaxAttempts,
+      defaultCeilingMs: o.defaultCeilingMs,
+      marginMs: o.leaseMarginMs,
+      workerId: o.workerId,
+      wakeChannel: this.channel,
+      queues: o.queues,
+    });
+    // Empty although discovery saw due lanes: another claimer holds them (a running worker).
+    return tasks[0] ?? null;
+  }
+
+  async run(task: ClaimedTask): Promise<TaskRunReport> {
+    const def = this.o.tasks.defs.get(task.type);
+    const log = this.o.logger.child({ task_id: task.id, task_type: task.type, attempt: task.attempt });
+    const abort = new RunAbort(task.leaseExpiresAt - this.o.leaseMarginMs);
+    const run = await runTask(this.runDeps, { task, def, receivedAt: Date.now(), abort, log, freeSlot: () => {} });
+    const settlement = settlementFor(run, { attempt: task.attempt, backoff: def?.backoff ?? DEFAULT_BACKOFF });
+    const answer = await settleTask(this.settleDeps, task, run, settlement, log);
+    return report(task, run, settlement, answer);
+  }
+
+  /** A claimed task that will not run: back due now, its attempt refunded (the engine's stop path). */
+  async handBack(task: ClaimedTask): Promise<void> {
+    const run: TaskRun = { kind: 'expired_in_buffer' };
+    const settlement = settlementFor(run, { attempt: task.attempt, backoff: DEFAULT_BACKOFF });
+    await settleTask(this.settleDeps, task, run, settlement, this.o.logger);
+  }
+
+  drain(): Promise<void> {
+    return this.batcher.drain();
+  }
+}
+
+function report(task: ClaimedTask, run: TaskRun, settlement: Settlement, answer: SettleAnswer): TaskRunReport {
+  const action = settlement.action;
+  let status: TaskRunStatus;
+  if (run.kind === 'continue' && run.advanced)
+    status = 'continued'; // AdvanceCursor already settled it
+  else if (answer.kind === 'refused') status = 'lost';
+  else if (answer.kind === 'cancelled')
+    status = 'cancelled'; // an operator's cancel settled it first
+  else if (answer.kind === 'unwritten') status = 'unsettled';
+  else if (action.kind === 'complete') status = 'completed';
+  else if (answer.dead) status = 'dead';
+  else if (action.kind === 'fail') status = 'retry';
+  else if (action.kind === 'release' && action.reason === 'continue') status = 'continued';
+  else if (action.kind === 'snooze') status = 'snoozed';
+  else status = 'returned';
+  let error: string | null = 'error' in run ? run.error : null;
+  if (status === 'dead' && action.kind === 'release') error = action.finalError;
+  return {
+    id: task.id,
+    type: task.type,
+    payload: task.payload,
+    queue: task.queue,
+    priority: task.priority,
+    attempt: task.attempt,
+    maxAttempts: task.maxAttempts,
+    status,
+    outcome: settlement.outcome[answer.kind],
+    error,
+    retryDelayMs: status === 'retry' && action.kind === 'fail' ? action.delayMs : null,
+  };
+}
