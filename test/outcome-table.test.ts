@@ -13,7 +13,7 @@ import { settlementFor, type HandlerRan, type SettleAnswer, type TaskRun } from 
 
 const task = { attempt: 3, backoff: DEFAULT_BACKOFF };
 const finalAttempt = { attempt: 20, backoff: DEFAULT_BACKOFF };
-const plain: HandlerRan = { advanced: false, shutdown: false, pastDeadline: false };
+const plain: HandlerRan = { ms: 0, advanced: false, shutdown: false, pastDeadline: false };
 const written: SettleAnswer = { kind: 'written', dead: false };
 const writtenDead: SettleAnswer = { kind: 'written', dead: true };
 const refused: SettleAnswer = { kind: 'refused' };
@@ -252,7 +252,7 @@ test('every outcome the table counts is one of the seven the metrics export', ()
   for (const advanced of [false, true]) {
     for (const shutdown of [false, true]) {
       for (const pastDeadline of [false, true]) {
-        const ran = { advanced, shutdown, pastDeadline };
+        const ran = { ms: 0, advanced, shutdown, pastDeadline };
         runs.push(
           { kind: 'done', ...ran },
           { kind: 'continue', ...ran },

@@ -25,6 +25,8 @@ export interface ClaimedTask extends LeaseRef {
   leaseExpiresAt: number;
   /** How long the task had been due when it was claimed (database clock), in seconds. */
   waitedSeconds: number;
+  /** When the task was created, epoch ms (attempt history keeps it with a completion). */
+  createdMs: number;
 }
 
 /**
@@ -173,6 +175,7 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
     token: string;
     expires_ms: number;
     waited_s: number;
+    created_ms: number;
     more: boolean;
   }>({
     name: `berth-claim:${name}`,
@@ -189,7 +192,7 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
         WHERE k.version = (SELECT v.version FROM ${s}.lanes v WHERE v.lane_id = k.lane_id)
      ), picked AS MATERIALIZED (
        SELECT r.slot, r.lane_id, r.lane_seq, r.id, r.type, r.payload, r.queue, r.priority,
-              r.shard, r.attempts, r.max_attempts, r.dedupe_key, r.run_at,
+              r.shard, r.attempts, r.max_attempts, r.dedupe_key, r.run_at, r.created_at,
               row_number() OVER lane AS rank_in_lane,
               bool_and(r.run_at <= now()) OVER lane AS due_so_far,
               first_value(r.slot) OVER lane AS lane_slot
@@ -245,6 +248,7 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
             c.dedupe_key, l.token::text AS token,
             (extract(epoch FROM l.type_expires[array_position(l.types, c.type)]) * 1000)::float8 AS expires_ms,
             greatest(extract(epoch FROM now() - c.run_at), 0)::float8 AS waited_s,
+            (extract(epoch FROM c.created_at) * 1000)::float8 AS created_ms,
             (SELECT more FROM more) AS more
        FROM leased l
        JOIN chosen c ON c.lane_id = l.lane_id AND c.lane_seq BETWEEN l.from_seq AND l.to_seq
@@ -283,6 +287,7 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
     dedupeKey: r.dedupe_key,
     leaseExpiresAt: r.expires_ms,
     waitedSeconds: r.waited_s,
+    createdMs: r.created_ms,
   }));
   return { tasks, more: res.rows[0]?.more ?? false };
 }

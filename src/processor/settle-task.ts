@@ -4,7 +4,7 @@ import type { Queryable } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
 import type { SettleAnswer, Settlement, TaskRun } from './outcome-table.js';
 import type { CompleteResult, SettlementBatcher } from './settlement-batcher.js';
-import { releaseLease, returnUnstarted } from '../storage/return.js';
+import { type ReleaseHistory, releaseLease, returnUnstarted } from '../storage/return.js';
 
 export interface SettleDeps {
   write: Queryable;
@@ -28,7 +28,7 @@ export async function settleTask(
   settlement: Settlement,
   log: Logger,
 ): Promise<void> {
-  const answer = await write(deps, task, settlement, log);
+  const answer = await write(deps, task, run, settlement, log);
   describe(task, run, settlement, answer, log, deps.debugEnabled);
   const outcome: Outcome | null = settlement.outcome[answer.kind];
   if (outcome !== null) deps.record(task, outcome);
@@ -38,17 +38,36 @@ export async function settleTask(
  * The fenced write. Not an async function: the batcher's answer is mapped with one `then`, not
  * awaited by a frame of its own (each async layer and await allocates, for every task).
  */
-function write(deps: SettleDeps, task: ClaimedTask, settlement: Settlement, log: Logger): Promise<SettleAnswer> {
+function write(
+  deps: SettleDeps,
+  task: ClaimedTask,
+  run: TaskRun,
+  settlement: Settlement,
+  log: Logger,
+): Promise<SettleAnswer> {
   const action = settlement.action;
+  // Attempt history records the outcome counted when the write lands, in the same statement.
+  const runMs = 'ms' in run ? run.ms : null;
   switch (action.kind) {
     case 'complete':
-      return deps.batcher.complete(task).then(completeAnswer);
+      return deps.batcher.complete(task, runMs).then(completeAnswer);
     case 'fail':
       return deps.batcher
-        .fail({ ref: task, error: action.error, delayMs: action.delayMs, permanent: action.permanent })
+        .fail({
+          ref: task,
+          error: action.error,
+          delayMs: action.delayMs,
+          permanent: action.permanent,
+          outcome: settlement.outcome.written === 'timeout' ? 'timeout' : 'failure',
+          detail: ('detail' in run ? run.detail : undefined) ?? { message: action.error },
+          runMs,
+        })
         .then((r) => (r.kind === 'settled' ? { kind: 'written', dead: r.dead } : r));
-    case 'release':
-      return release(deps, task, action.finalError, log);
+    case 'release': {
+      const counted = settlement.outcome.written;
+      const outcome = counted === 'cancelled' || counted === 'timeout' ? counted : 'continued';
+      return release(deps, task, action.finalError, { outcome, runMs }, log);
+    }
     case 'return_unstarted':
       return handBack(deps, task);
   }
@@ -60,9 +79,15 @@ function completeAnswer(r: CompleteResult): SettleAnswer {
   return r.kind === 'settled' ? WRITTEN : r;
 }
 
-async function release(deps: SettleDeps, task: ClaimedTask, finalError: string, log: Logger): Promise<SettleAnswer> {
+async function release(
+  deps: SettleDeps,
+  task: ClaimedTask,
+  finalError: string,
+  history: ReleaseHistory,
+  log: Logger,
+): Promise<SettleAnswer> {
   try {
-    const r = await releaseLease(deps.write, deps.schema, task, finalError);
+    const r = await releaseLease(deps.write, deps.schema, task, finalError, history);
     return r.wrote ? { kind: 'written', dead: r.dead } : { kind: 'refused' };
   } catch (err) {
     // Expiry still gets there: the lease lapses and rescue hands the task on.

@@ -44,6 +44,7 @@ const WORKER_FUNCTIONS = [
   'prune_slot(smallint, integer)',
   'prune_dead_letters(double precision, integer)',
   'due_deferred(text, integer, text[], smallint[], smallint[])',
+  'rotate_history(integer)',
 ] as const;
 
 const RING_TABLES = ['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements'] as const;
@@ -71,6 +72,10 @@ function producerGrants(s: string): Grant[] {
         'range_leases',
         'range_settlements',
         'leased_entries',
+        // A completed task's attempts, and its queue once its ring entry is gone (migration 10).
+        'attempt_history',
+        'history_state',
+        'lanes',
       ]
         .map((t) => `${s}.${t}`)
         .join(', '),
@@ -128,6 +133,11 @@ function workerGrants(s: string): Grant[] {
     // refreshes it (UPDATE seen_at) and removes it once the lease settles; rescue deletes the
     // rows of leases it takes and stale ones. Rescue and the dashboard read it.
     { privileges: 'SELECT, INSERT, UPDATE (seen_at), DELETE', on: `${s}.overdue_leases` },
+    // Every settling statement appends the attempt it ends (migration 10), reading the schema's
+    // history setting; getTask and the timeline read it. Reclaimed by rotate_history (TRUNCATE
+    // as the owner): no UPDATE, no DELETE.
+    { privileges: 'SELECT, INSERT', on: `${s}.attempt_history` },
+    { privileges: 'SELECT', on: `${s}.history_state` },
     // The leader's oldest-due gauge leaves paused queues out. Pausing is set_queue_paused's (operators).
     { privileges: 'SELECT', on: `${s}.queue_pauses` },
   ];

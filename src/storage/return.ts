@@ -1,4 +1,5 @@
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import { perTaskHistory, runMsValue } from './history.js';
 import type { LeaseRef } from './lease.js';
 import { settleAndMove } from './settle-tail.js';
 
@@ -27,6 +28,7 @@ async function returnLease(
   mode: 'advanced' | 'released' | 'unstarted',
   payload: unknown,
   finalError: string | null,
+  history: ReleaseHistory,
 ): Promise<ReturnResult> {
   const { q: s } = bindSchema(schema);
   const res = await write.query<{ wrote: boolean; dead: boolean }>(
@@ -41,7 +43,8 @@ async function returnLease(
      ), lease AS (
        SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, r.attempts + 1 AS attempt,
               coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]) AS max_attempts,
-              r.max_attempts AS task_max_attempts, r.dedupe_key, r.last_error, r.created_at, l.claimed_at
+              r.max_attempts AS task_max_attempts, r.dedupe_key, r.last_error, r.created_at, l.claimed_at,
+              r.lane_id, l.worker
          FROM won w
          JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
          JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = $3::bigint
@@ -56,9 +59,18 @@ async function returnLease(
                    WHEN x.attempt >= x.max_attempts THEN coalesce($7, x.last_error)
                    ELSE x.last_error END AS last_error,
               x.created_at, x.claimed_at AS last_attempted_at,
-              ($5 = 'released' AND x.attempt >= x.max_attempts) AS dead
+              ($5 = 'released' AND x.attempt >= x.max_attempts) AS dead,
+              x.attempt AS attempt_no, x.lane_id, x.worker
          FROM lease x
-     ), ${settleAndMove(s, 'now()')}
+     ), ${settleAndMove(s, 'now()')}, hist AS (${perTaskHistory(
+       s,
+       // A hand-back of a task that never started is no attempt (its attempt is refunded).
+       `SELECT id, CASE WHEN $5 = 'advanced' THEN 'continued' ELSE $9 END AS outcome, lane_id, type, worker,
+               last_attempted_at AS claimed_at, attempt_no AS attempt, created_at, $10::integer AS run_ms,
+               CASE WHEN dead THEN jsonb_build_object('message', last_error) END AS error,
+               CASE WHEN $5 = 'advanced' THEN $6::jsonb END AS cursor, dead
+          FROM src WHERE $5 <> 'unstarted'`,
+     )})
      SELECT EXISTS (SELECT 1 FROM src) AS wrote, coalesce((SELECT bool_or(dead) FROM src), false) AS dead`,
     [
       ref.slot,
@@ -69,6 +81,8 @@ async function returnLease(
       mode === 'advanced' ? JSON.stringify(payload ?? null) : null,
       finalError,
       ref.leaseFrom,
+      history.outcome,
+      runMsValue(history.runMs),
     ],
   );
   const row = res.rows[0]!;
@@ -82,7 +96,7 @@ export async function advanceCursor(
   ref: LeaseRef,
   payload: unknown,
 ): Promise<boolean> {
-  return (await returnLease(write, schema, ref, 'advanced', payload, null)).wrote;
+  return (await returnLease(write, schema, ref, 'advanced', payload, null, NO_HISTORY)).wrote;
 }
 
 /**
@@ -90,15 +104,30 @@ export async function advanceCursor(
  * refunded (nothing ran, so nothing was interrupted) and it never dead-letters.
  */
 export async function returnUnstarted(write: Queryable, schema: SchemaRef, ref: LeaseRef): Promise<ReturnResult> {
-  return returnLease(write, schema, ref, 'unstarted', null, null);
+  return returnLease(write, schema, ref, 'unstarted', null, null, NO_HISTORY);
 }
 
-/** Release: give the task back due now with its burnt attempt kept. */
+/**
+ * Release: give the task back due now with its burnt attempt kept. `history` is what attempt
+ * history records: `continued` (a slice that did not advance), `cancelled` (stop interrupted it)
+ * or `timeout` (it was past its deadline).
+ */
 export function releaseLease(
   write: Queryable,
   schema: SchemaRef,
   ref: LeaseRef,
   finalError: string,
+  history: ReleaseHistory = { outcome: 'continued' },
 ): Promise<ReturnResult> {
-  return returnLease(write, schema, ref, 'released', null, finalError);
+  return returnLease(write, schema, ref, 'released', null, finalError, history);
 }
+
+/** What attempt history records for a release. */
+export interface ReleaseHistory {
+  outcome: 'continued' | 'cancelled' | 'timeout';
+  /** The handler's run time, ms. */
+  runMs?: number | null;
+}
+
+/** AdvanceCursor records `continued` with its cursor; a hand-back records nothing. */
+const NO_HISTORY: ReleaseHistory = { outcome: 'continued' };
