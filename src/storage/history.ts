@@ -230,10 +230,10 @@ export function parseOutcome(value: string): AttemptOutcome {
 
 const AT = `timestamptz 'epoch' + $4::bigint * interval '1 microsecond'`;
 
-/** The keyset cursor: settled_at in microseconds since the epoch (exact, unlike a JS Date), `|`, the id. */
+/** The keyset cursor: settled_at in microseconds since the epoch (exact, unlike a JS Date), `:`, the id (shell-safe, for the CLI's next-page command). */
 function parseCursor(after: string | undefined): [string, string] | [null, null] {
   if (after === undefined || after === '') return [null, null];
-  const m = /^(-?[0-9]{1,18})\|([0-9]{1,19})$/.exec(after);
+  const m = /^(-?[0-9]{1,18}):([0-9]{1,19})$/.exec(after);
   if (!m) throw new BerthInputError('after must be the next cursor of a previous page');
   return [m[1]!, m[2]!];
 }
@@ -272,7 +272,7 @@ export async function listAttempts(
   const last = rows[rows.length - 1];
   return {
     attempts: rows.map(toRecord),
-    next: res.rows.length > limit && last ? `${last.settled_key}|${last.id}` : null,
+    next: res.rows.length > limit && last ? `${last.settled_key}:${last.id}` : null,
   };
 }
 
