@@ -205,7 +205,8 @@ test('retrying a dead letter from the Dead letters page runs it', async () => {
     await waitFor(() => ran.get(id!) === 1, WAIT, 'the retried task to run');
     await page.goto(`${base}/#/tasks/${id}`);
     await textOf(page, 'dd[data-field="state"]', /^completed$/);
-    await page.waitForSelector('#timeline li[data-event="settled"]');
+    await page.waitForSelector('#timeline li[data-event="attempt"]');
+    await page.waitForSelector('#attempts li[data-outcome="success"]');
     assert.deepEqual(errors, []);
   } finally {
     await close();
@@ -299,6 +300,51 @@ test('the Maintenance page renders past a forged workers row (leader = true, ten
   } finally {
     await close();
     await pool.query(`DELETE FROM ${S}.workers WHERE worker_id = 'forged'`);
+  }
+});
+
+test('the Attempts page lists failed and completed attempts by outcome and type; a task page shows every attempt with its error and stack', async () => {
+  gate.failInvoices = true;
+  const failed = await enqueue(pool, 'invoice.sync', { invoice: 7 }, { schema, queue: 'billing' });
+  const done = await enqueue(pool, 'email.send', { to: 'a@example.com' }, { schema, queue: 'mail' });
+  await waitFor(
+    async () =>
+      (await getTask(pool, schema, failed.id!))?.state === 'dead' &&
+      (await getTask(pool, schema, done.id!))?.state === 'completed',
+    LONG,
+    'the invoice to die and the email to complete',
+  );
+  const { page, errors, close } = await open('attempts?outcome=failure&type=invoice.sync');
+  try {
+    await page.waitForSelector(`tr[data-attempt="${failed.id}:1"]`);
+    const rows = await page.locator('tr[data-attempt]').evaluateAll((els) => els.map((e) => e.textContent ?? ''));
+    assert.ok(rows.length >= 1);
+    assert.ok(
+      rows.every((r) => r.includes('invoice.sync') && r.includes('failure')),
+      rows.join('\n'),
+    );
+    await page.selectOption('select[name="outcome"]', 'success');
+    await page.fill('input[name="type"]', 'email.send');
+    await page.fill('input[name="queue"]', 'mail');
+    await page.click('form.filters button[type="submit"]');
+    await page.waitForSelector(`tr[data-attempt="${done.id}:1"]`);
+    assert.ok(
+      (await page.locator('tr[data-attempt]').evaluateAll((els) => els.map((e) => e.textContent ?? ''))).every(
+        (r) => r.includes('email.send') && r.includes('success') && r.includes('mail'),
+      ),
+    );
+
+    await page.goto(`${base}/#/attempts?outcome=failure&type=invoice.sync`);
+    await page.click(`tr[data-attempt="${failed.id}:1"] td:nth-child(4)`);
+    await page.waitForFunction((id) => location.hash === `#/tasks/${id}`, failed.id);
+    await page.waitForSelector('#attempts li[data-outcome="failure"]');
+    const error = await textOf(page, '#attempts li[data-attempt="1"] pre.error-text', /upstream 503/);
+    assert.match(error, /upstream 503: billing API unavailable\n\s+at /, 'the stack is shown');
+    assert.match(await textOf(page, '#attempts li[data-attempt="1"]', /dead/), /failure · dead/);
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+    gate.failInvoices = false;
   }
 });
 

@@ -4,6 +4,7 @@ import { listQueues } from '../admin/queues.js';
 import { leaderInfo, listWorkers } from '../admin/stats.js';
 import { listTasks, parseState, taskTimeline } from '../admin/tasks.js';
 import { laneKey } from '../lane.js';
+import { attemptsOf, listAttempts, parseOutcome } from '../storage/history.js';
 import { getTask } from '../storage/tasks.js';
 import { overdueMarks } from '../storage/overdue.js';
 import { HttpError } from './http.js';
@@ -89,8 +90,13 @@ export async function task(reads: DashboardReads, id: string) {
   taskId(id);
   const record = await getTask(reads.db, reads.schema, id);
   if (!record)
-    throw new HttpError(404, `task ${id} not found (never existed, removed, or its ring segment was reclaimed)`);
+    throw new HttpError(
+      404,
+      `task ${id} not found (never existed, removed, or finished before attempt history's retention)`,
+    );
   const timeline = await taskTimeline(reads.db, reads.schema, id);
+  // Every attempt in attempt history, each with its error (stack, cause chain) or cursor.
+  const attempts = await attemptsOf(reads.db, reads.schema, id);
   // A handler still running past its deadline: marked on the page (stuck past the grace).
   const overdue = record.lease ? ((await overdueMarks(reads.db, reads.schema, [id])).get(id) ?? null) : null;
   // The lease token is the fence a holder settles with: never shown.
@@ -100,8 +106,25 @@ export async function task(reads: DashboardReads, id: string) {
       ...rest,
       lease: lease && { expiresAt: lease.expiresAt, worker: lease.worker, attempt: lease.attempt, overdue },
     },
+    attempts,
     timeline,
   };
+}
+
+/** Attempts newest first by type, queue and outcome (attempt history), keyset-paginated. */
+export function attempts(reads: DashboardReads, url: URL) {
+  const outcome = optionalQuery(url, 'outcome');
+  const after = optionalQuery(url, 'after', 40);
+  return listAttempts(
+    reads.db,
+    reads.schema,
+    {
+      queue: optionalQueueQuery(url),
+      type: optionalQuery(url, 'type'),
+      outcome: outcome === undefined ? undefined : parseOutcome(outcome),
+    },
+    { after, limit: queryLimit(url) },
+  );
 }
 
 function deadFilter(url: URL) {

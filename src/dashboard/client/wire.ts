@@ -103,8 +103,45 @@ export interface TaskDetail {
     createdAt: string;
     runAt: string | null;
     lease: { expiresAt: string; worker: string | null; attempt: number; overdue: OverdueMark | null } | null;
+    /** `history`: the task has left the queue; read from attempt history (no payload kept). */
+    source: 'queue' | 'history';
   };
+  attempts: Attempt[];
   timeline: { at: string; event: string; detail: unknown }[];
+}
+
+/** What a handler threw, bounded (src/util/error-detail.ts). */
+export interface ErrorDetail {
+  message: string;
+  name?: string;
+  stack?: string;
+  data?: string;
+  cause?: ErrorDetail;
+}
+
+/** One attempt in attempt history (src/storage/history.ts `AttemptRecord`). */
+export interface Attempt {
+  id: string;
+  attempt: number;
+  outcome: string;
+  type: string;
+  queue: string;
+  priority: number;
+  shard: number;
+  worker: string | null;
+  claimedAt: string;
+  settledAt: string;
+  durationMs: number;
+  runMs: number | null;
+  createdAt: string;
+  error: ErrorDetail | null;
+  cursor: unknown;
+  dead: boolean;
+}
+
+export interface AttemptList {
+  attempts: Attempt[];
+  next: string | null;
 }
 
 export interface DeadLetters {

@@ -5,7 +5,8 @@ import { json, time } from '../format.js';
 import { READ_ONLY } from '../shell.js';
 import type { View } from '../view.js';
 import { stateBadges, when } from '../widgets.js';
-import type { TaskDetail, TaskState } from '../wire.js';
+import type { Attempt, ErrorDetail, TaskDetail, TaskState } from '../wire.js';
+import { outcomeBadge } from './attempts.js';
 
 type TaskAction = 'retry' | 'cancel' | 'move' | 'delete';
 
@@ -65,6 +66,35 @@ function taskActions(t: TaskDetail['task']): HTMLDivElement | null {
   ]);
 }
 
+/** An error and its cause chain: each link's name, message, data and stack, as text. */
+function errorBlock(e: ErrorDetail): HTMLElement[] {
+  const out: HTMLElement[] = [];
+  for (let c: ErrorDetail | undefined = e, first = true; c; c = c.cause, first = false) {
+    const head = `${first ? '' : 'Caused by: '}${c.name ? `${c.name}: ` : ''}${c.message}`;
+    const lines = [head, c.data ? `data: ${c.data}` : '', c.stack && c.stack !== head ? c.stack : '']
+      .filter(Boolean)
+      .join('\n');
+    out.push(h('pre', { class: 'error-text', 'data-error-depth': String(out.length) }, lines));
+  }
+  return out;
+}
+
+function attemptItem(a: Attempt): HTMLLIElement {
+  return h('li', { 'data-attempt': String(a.attempt), 'data-outcome': a.outcome }, [
+    h('strong', {}, `#${a.attempt}`),
+    ' ',
+    outcomeBadge(a.outcome, a.dead),
+    ' ',
+    h(
+      'span',
+      { class: 'muted' },
+      `on ${a.worker || '?'} · claimed ${time(a.claimedAt)} · ${Math.round(a.durationMs)} ms${a.runMs !== null ? ` (handler ${a.runMs} ms)` : ''}`,
+    ),
+    a.cursor !== null ? h('pre', { class: 'mono' }, `cursor ${json(a.cursor)}`) : null,
+    a.error ? errorBlock(a.error) : null,
+  ]);
+}
+
 export const task: View<TaskDetail> = {
   title: 'Task',
   load: (r) => api<TaskDetail>(`/api/tasks/${encodeURIComponent(r.id ?? '')}`),
@@ -97,7 +127,17 @@ export const task: View<TaskDetail> = {
         ? [h('h3', {}, 'Last error'), h('pre', { class: 'error-text', id: 'last-error' }, t.lastError)]
         : null,
       h('h3', {}, 'Payload'),
-      h('pre', { id: 'payload' }, json(t.payload, 2)),
+      t.source === 'history'
+        ? h(
+            'p',
+            { class: 'muted', id: 'payload' },
+            'Not kept: the task has left the queue; this is its attempt history.',
+          )
+        : h('pre', { id: 'payload' }, json(t.payload, 2)),
+      h('h3', {}, 'Attempts'),
+      d.attempts.length === 0
+        ? h('p', { class: 'muted', id: 'attempts' }, 'No attempt recorded (none ended yet, or attempt history is off).')
+        : h('ol', { class: 'attempts', id: 'attempts' }, d.attempts.map(attemptItem)),
       h('h3', {}, 'Timeline'),
       h(
         'ol',
