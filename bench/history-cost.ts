@@ -9,7 +9,7 @@
  * Worker at its defaults (only `slots`, a silent logger, and maintenance off, so no leader branch
  * writes WAL meanwhile) timed until its metrics count N successes. Printed per run: tasks/s, WAL
  * bytes per task (pg_current_wal_lsn around the drain, cluster-wide: run it on a cluster of your
- * own), and the history's own bytes per task (heap and indexes of attempt_history after the
+ * own, with nothing else running on it), and the history's own bytes per task (heap and indexes of attempt_history after the
  * drain). Then the medians and the on/off ratios. `--fail F` makes every F-th task fail once
  * (one per-task failure row each, then a success on the retry, which needs the leader's
  * promotion: maintenance is then on).
@@ -118,9 +118,9 @@ async function drain(slots: number, history: boolean): Promise<Run> {
   // The worker's backends were opened by its start: their whole CPU is the drain's (and the
   // few ms of connection setup, the same in both modes).
   const pids = (
-    await pool.query<{ pid: number }>(
-      `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'berth %'`,
-    )
+    await pool.query<{ pid: number }>(`SELECT pid FROM pg_stat_activity WHERE application_name = ANY ($1::text[])`, [
+      ['worker', 'read', 'listen'].map((k) => `berth ${k} ${worker.id}`.slice(0, 63)),
+    ])
   ).rows.map((r) => r.pid);
   const cpus = pids.map(procCpuSeconds);
   const serverUs = cpus.some((c) => c === null) ? null : (cpus.reduce((a: number, b) => a + (b ?? 0), 0) * 1e6) / N;
