@@ -206,6 +206,14 @@ test('a worker records every attempt: success, errors with stack and cause, non-
       'newest first',
     );
     assert.equal((await listAttempts(pool, schema, { queue: 'nope' })).attempts.length, 0);
+    assert.equal((await listAttempts(pool, schema, { type: 'sliced', since: new Date(0) })).attempts.length, 3);
+    assert.equal((await listAttempts(pool, schema, { type: 'sliced', before: new Date(0) })).attempts.length, 0);
+    const mid = byType.attempts[1]!.settledAt;
+    assert.ok(
+      (await listAttempts(pool, schema, { type: 'sliced', before: mid })).attempts.every((a) => a.settledAt < mid),
+    );
+    await assert.rejects(listAttempts(pool, schema, { since: new Date('nope') }), /since must be a valid date/);
+    await assert.rejects(listAttempts(pool, schema, {}, { after: 'x' }), /next cursor/);
   } finally {
     await w.stop();
   }

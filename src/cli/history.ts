@@ -24,6 +24,12 @@ function retentionArg(value: string): number {
   return ms;
 }
 
+function timeArg(value: string): Date {
+  const t = new Date(value);
+  if (Number.isNaN(t.getTime())) throw new InvalidArgumentError('a time like 2026-12-01T06:00Z');
+  return t;
+}
+
 function describe(st: HistorySettings): string {
   const hours = st.retentionMs / 3_600_000;
   return `attempt history ${st.enabled ? 'on' : 'off'}, kept ${hours >= 1 ? `${+hours.toFixed(2)}h` : `${st.retentionMs / 1000}s`} (${st.partitions} partitions, partition ${st.currentPartition} current since ${st.rotatedAt.toISOString()})`;
@@ -68,17 +74,27 @@ export function registerHistoryCommands(program: Command): void {
     .option('--type <type>', 'only this task type')
     .option('--queue <name>', 'only this queue')
     .option('--outcome <outcome>', 'success, failure, timeout, continued, cancelled or lost', parseOutcome)
+    .option('--since <time>', 'settled at or after this time (ISO 8601)', timeArg)
+    .option('--before <time>', 'settled before this time (ISO 8601)', timeArg)
     .option('--limit <n>', 'page size', intOption(1, 500), 50)
     .option('--after <cursor>', 'page cursor: the "next" printed by the previous page')
     .action(
       async (
-        opts: Common & { type?: string; queue?: string; outcome?: AttemptOutcome; limit: number; after?: string },
+        opts: Common & {
+          type?: string;
+          queue?: string;
+          outcome?: AttemptOutcome;
+          since?: Date;
+          before?: Date;
+          limit: number;
+          after?: string;
+        },
       ) => {
         await withPool(opts, async (pool) => {
           const page = await listAttempts(
             pool,
             opts.schema,
-            { type: opts.type, queue: opts.queue, outcome: opts.outcome },
+            { type: opts.type, queue: opts.queue, outcome: opts.outcome, since: opts.since, before: opts.before },
             { limit: opts.limit, after: opts.after },
           );
           if (opts.json) return printJson(page);
@@ -92,7 +108,13 @@ export function registerHistoryCommands(program: Command): void {
           );
           if (page.next)
             say(
-              `\nmore: ${nextPageCommand('history list', opts, page.next, { type: opts.type, queue: opts.queue, outcome: opts.outcome })}`,
+              `\nmore: ${nextPageCommand('history list', opts, page.next, {
+                type: opts.type,
+                queue: opts.queue,
+                outcome: opts.outcome,
+                since: opts.since?.toISOString(),
+                before: opts.before?.toISOString(),
+              })}`,
             );
         });
       },

@@ -1,3 +1,4 @@
+import { BerthInputError } from '../errors.js';
 import { listAudit } from '../admin/audit.js';
 import { countDead, listDead } from '../admin/dead.js';
 import { listQueues } from '../admin/queues.js';
@@ -111,7 +112,16 @@ export async function task(reads: DashboardReads, id: string) {
   };
 }
 
-/** Attempts newest first by type, queue and outcome (attempt history), keyset-paginated. */
+/** A time in the query (ISO 8601, e.g. 2026-12-01T06:00Z), or undefined when absent. */
+function timeQuery(url: URL, name: string): Date | undefined {
+  const v = optionalQuery(url, name, 40);
+  if (v === undefined) return undefined;
+  const t = new Date(v);
+  if (Number.isNaN(t.getTime())) throw new BerthInputError(`${name} must be a time like 2026-12-01T06:00Z`);
+  return t;
+}
+
+/** Attempts newest first by type, queue, outcome and time (attempt history), keyset-paginated. */
 export function attempts(reads: DashboardReads, url: URL) {
   const outcome = optionalQuery(url, 'outcome');
   const after = optionalQuery(url, 'after', 40);
@@ -122,6 +132,8 @@ export function attempts(reads: DashboardReads, url: URL) {
       queue: optionalQueueQuery(url),
       type: optionalQuery(url, 'type'),
       outcome: outcome === undefined ? undefined : parseOutcome(outcome),
+      since: timeQuery(url, 'since'),
+      before: timeQuery(url, 'before'),
     },
     { after, limit: queryLimit(url) },
   );

@@ -207,6 +207,17 @@ export interface AttemptFilter {
   type?: string;
   queue?: string;
   outcome?: AttemptOutcome;
+  /** Settled at or after this time. */
+  since?: Date;
+  /** Settled before this time. */
+  before?: Date;
+}
+
+function checkTime(value: Date | undefined, name: string): Date | null {
+  if (value === undefined) return null;
+  if (!(value instanceof Date) || Number.isNaN(value.getTime()))
+    throw new BerthInputError(`${name} must be a valid date`);
+  return value;
 }
 
 export interface AttemptPage {
@@ -239,7 +250,8 @@ function parseCursor(after: string | undefined): [string, string] | [null, null]
 }
 
 /**
- * Attempts newest first (by settlement time, then id), filtered by type, queue and outcome, with
+ * Attempts newest first (by settlement time, then id), filtered by type, queue, outcome and a
+ * settlement-time window, with
  * keyset pagination. Walks the `settled_at` index backwards and stops at the page: a filter few
  * attempts match walks further (the whole retention at worst).
  */
@@ -264,9 +276,19 @@ export async function listAttempts(
         AND ($3::text IS NULL OR h.outcome = $3)
         AND ($4::bigint IS NULL OR h.settled_at <= ${AT})
         AND ($4::bigint IS NULL OR (h.settled_at, x.id) < (${AT}, $5::bigint))
+        AND ($7::timestamptz IS NULL OR h.settled_at >= $7) AND ($8::timestamptz IS NULL OR h.settled_at < $8)
       ORDER BY h.settled_at DESC, x.id DESC
       LIMIT $6`,
-    [filter.type ?? null, filter.queue ?? null, filter.outcome ?? null, at, afterId, limit + 1],
+    [
+      filter.type ?? null,
+      filter.queue ?? null,
+      filter.outcome ?? null,
+      at,
+      afterId,
+      limit + 1,
+      checkTime(filter.since, 'since'),
+      checkTime(filter.before, 'before'),
+    ],
   );
   const rows = res.rows.slice(0, limit);
   const last = rows[rows.length - 1];

@@ -18,7 +18,7 @@ export function outcomeBadge(outcome: string, dead: boolean): HTMLSpanElement {
 /** A fresh pager each time the page is mounted (a new filter starts at page 1). */
 let pager = new Pager();
 
-/** Completed and failed attempts from attempt history, newest first, by type, queue and outcome. */
+/** Completed and failed attempts from attempt history, newest first, by outcome, type, queue and time. */
 export const attempts: View<AttemptList> = {
   title: 'Attempts',
   mount: (_el, r) => {
@@ -30,6 +30,8 @@ export const attempts: View<AttemptList> = {
           { name: 'outcome', label: 'Outcome', options: OUTCOMES },
           { name: 'queue', label: 'Queue' },
           { name: 'type', label: 'Type' },
+          { name: 'since', label: 'Since', placeholder: '2026-12-01T06:00Z' },
+          { name: 'before', label: 'Before', placeholder: 'now' },
         ],
         r.params,
       ),
@@ -37,7 +39,7 @@ export const attempts: View<AttemptList> = {
   },
   load: (r) =>
     api<AttemptList>(
-      `/api/attempts${query({ outcome: r.params.get('outcome'), queue: r.params.get('queue'), type: r.params.get('type'), after: pager.after })}`,
+      `/api/attempts${query({ outcome: r.params.get('outcome'), queue: r.params.get('queue'), type: r.params.get('type'), since: r.params.get('since'), before: r.params.get('before'), after: pager.after })}`,
     ),
   render: (el, d) => {
     append(clear(el), [
