@@ -30,9 +30,15 @@ function timeArg(value: string): Date {
   return t;
 }
 
-function describe(st: HistorySettings): string {
+function printSettings(opts: Common, st: HistorySettings): void {
+  if (opts.json) {
+    printJson(st);
+    return;
+  }
   const hours = st.retentionMs / 3_600_000;
-  return `attempt history ${st.enabled ? 'on' : 'off'}, kept ${hours >= 1 ? `${+hours.toFixed(2)}h` : `${st.retentionMs / 1000}s`} (${st.partitions} partitions, partition ${st.currentPartition} current since ${st.rotatedAt.toISOString()})`;
+  say(
+    `attempt history ${st.enabled ? 'on' : 'off'}, kept ${hours >= 1 ? `${+hours.toFixed(2)}h` : `${st.retentionMs / 1000}s`} (${st.partitions} partitions, partition ${st.currentPartition} current since ${st.rotatedAt.toISOString()})`,
+  );
 }
 
 export function registerHistoryCommands(program: Command): void {
@@ -43,9 +49,7 @@ export function registerHistoryCommands(program: Command): void {
     .description('whether attempt history is written and how long it is kept')
     .action(async (opts: Common) => {
       await withPool(opts, async (pool) => {
-        const st = await readHistorySettings(pool, opts.schema);
-        if (opts.json) printJson(st);
-        else say(describe(st));
+        printSettings(opts, await readHistorySettings(pool, opts.schema));
       });
     });
   common(history.command('set'))
@@ -65,8 +69,7 @@ export function registerHistoryCommands(program: Command): void {
         const st = await audited(pool, opts.schema, null, actor(), 'history.set', change, () =>
           setHistorySettings(pool, opts.schema, change),
         );
-        if (opts.json) printJson(st);
-        else say(describe(st));
+        printSettings(opts, st);
       });
     });
   common(history.command('list'))

@@ -142,24 +142,14 @@ export interface AttemptRecord {
   dead: boolean;
 }
 
-type AttemptRow = {
-  id: string;
-  attempt: number;
-  outcome: AttemptOutcome;
-  type: string;
-  queue: string;
-  priority: number;
-  shard: number;
-  worker: string | null;
+/** An AttemptRecord as the statement returns it (snake_case times, and the keyset cursor's key). */
+type AttemptRow = Omit<AttemptRecord, 'claimedAt' | 'settledAt' | 'durationMs' | 'runMs' | 'createdAt'> & {
   claimed_at: Date;
   settled_at: Date;
   settled_key: string;
   duration_ms: number;
   run_ms: number | null;
   created_at: Date;
-  error: ErrorDetail | null;
-  cursor: unknown;
-  dead: boolean;
 };
 
 const ATTEMPT_SELECT = `x.id::text AS id, x.attempt, h.outcome, h.type, ln.queue, ln.priority, ln.shard, h.worker,
