@@ -615,6 +615,41 @@ BEGIN
 END $$;
 
 --
+-- Name: rotate_history(integer); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.rotate_history(p_lock_timeout_ms integer) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  st record;
+  v_next smallint;
+  v_old_timeout text := current_setting('lock_timeout');
+BEGIN
+  IF p_lock_timeout_ms IS NULL THEN
+    RAISE EXCEPTION 'berth: rotate_history argument must not be null' USING ERRCODE = '22004';
+  END IF;
+  SELECT * INTO st FROM "berth".history_state FOR UPDATE;
+  IF now() < st.rotated_at + make_interval(secs => st.retention_ms / 1000.0 / (st.part_count - 1)) THEN
+    RETURN 'not_due';
+  END IF;
+  v_next := (st.current_part + 1) % st.part_count;
+  PERFORM set_config('lock_timeout', greatest(p_lock_timeout_ms, 1) || 'ms', true);
+  BEGIN
+    EXECUTE format('LOCK TABLE %I.%I IN ACCESS EXCLUSIVE MODE', 'berth', 'attempt_history_' || v_next);
+  EXCEPTION WHEN lock_not_available THEN
+    PERFORM set_config('lock_timeout', v_old_timeout, true);
+    RETURN 'blocked';
+  END;
+  PERFORM set_config('lock_timeout', v_old_timeout, true);
+  EXECUTE format('TRUNCATE %I.%I', 'berth', 'attempt_history_' || v_next);
+  UPDATE "berth".history_state
+     SET current_part = v_next, generation = generation + 1, rotated_at = now();
+  RETURN 'rotated';
+END $$;
+
+--
 -- Name: set_queue_paused(text, boolean, text, text); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -647,7 +682,206 @@ END $$;
 
 SET default_tablespace = '';
 
+--
+-- Name: attempt_history; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.attempt_history (
+    part smallint NOT NULL,
+    bucket bigint NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome text NOT NULL,
+    lane_id integer NOT NULL,
+    type text NOT NULL,
+    worker text,
+    claimed_at timestamp with time zone NOT NULL,
+    ids bigint[] NOT NULL,
+    attempts integer[] NOT NULL,
+    created_at timestamp with time zone[] NOT NULL,
+    run_ms integer[],
+    error jsonb,
+    cursor jsonb,
+    dead boolean DEFAULT false NOT NULL
+)
+PARTITION BY LIST (part);
+
 SET default_table_access_method = heap;
+
+--
+-- Name: attempt_history_0; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.attempt_history_0 (
+    part smallint NOT NULL,
+    bucket bigint NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome text NOT NULL,
+    lane_id integer NOT NULL,
+    type text NOT NULL,
+    worker text,
+    claimed_at timestamp with time zone NOT NULL,
+    ids bigint[] NOT NULL,
+    attempts integer[] NOT NULL,
+    created_at timestamp with time zone[] NOT NULL,
+    run_ms integer[],
+    error jsonb,
+    cursor jsonb,
+    dead boolean DEFAULT false NOT NULL
+);
+
+--
+-- Name: attempt_history_1; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.attempt_history_1 (
+    part smallint NOT NULL,
+    bucket bigint NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome text NOT NULL,
+    lane_id integer NOT NULL,
+    type text NOT NULL,
+    worker text,
+    claimed_at timestamp with time zone NOT NULL,
+    ids bigint[] NOT NULL,
+    attempts integer[] NOT NULL,
+    created_at timestamp with time zone[] NOT NULL,
+    run_ms integer[],
+    error jsonb,
+    cursor jsonb,
+    dead boolean DEFAULT false NOT NULL
+);
+
+--
+-- Name: attempt_history_2; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.attempt_history_2 (
+    part smallint NOT NULL,
+    bucket bigint NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome text NOT NULL,
+    lane_id integer NOT NULL,
+    type text NOT NULL,
+    worker text,
+    claimed_at timestamp with time zone NOT NULL,
+    ids bigint[] NOT NULL,
+    attempts integer[] NOT NULL,
+    created_at timestamp with time zone[] NOT NULL,
+    run_ms integer[],
+    error jsonb,
+    cursor jsonb,
+    dead boolean DEFAULT false NOT NULL
+);
+
+--
+-- Name: attempt_history_3; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.attempt_history_3 (
+    part smallint NOT NULL,
+    bucket bigint NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome text NOT NULL,
+    lane_id integer NOT NULL,
+    type text NOT NULL,
+    worker text,
+    claimed_at timestamp with time zone NOT NULL,
+    ids bigint[] NOT NULL,
+    attempts integer[] NOT NULL,
+    created_at timestamp with time zone[] NOT NULL,
+    run_ms integer[],
+    error jsonb,
+    cursor jsonb,
+    dead boolean DEFAULT false NOT NULL
+);
+
+--
+-- Name: attempt_history_4; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.attempt_history_4 (
+    part smallint NOT NULL,
+    bucket bigint NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome text NOT NULL,
+    lane_id integer NOT NULL,
+    type text NOT NULL,
+    worker text,
+    claimed_at timestamp with time zone NOT NULL,
+    ids bigint[] NOT NULL,
+    attempts integer[] NOT NULL,
+    created_at timestamp with time zone[] NOT NULL,
+    run_ms integer[],
+    error jsonb,
+    cursor jsonb,
+    dead boolean DEFAULT false NOT NULL
+);
+
+--
+-- Name: attempt_history_5; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.attempt_history_5 (
+    part smallint NOT NULL,
+    bucket bigint NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome text NOT NULL,
+    lane_id integer NOT NULL,
+    type text NOT NULL,
+    worker text,
+    claimed_at timestamp with time zone NOT NULL,
+    ids bigint[] NOT NULL,
+    attempts integer[] NOT NULL,
+    created_at timestamp with time zone[] NOT NULL,
+    run_ms integer[],
+    error jsonb,
+    cursor jsonb,
+    dead boolean DEFAULT false NOT NULL
+);
+
+--
+-- Name: attempt_history_6; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.attempt_history_6 (
+    part smallint NOT NULL,
+    bucket bigint NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome text NOT NULL,
+    lane_id integer NOT NULL,
+    type text NOT NULL,
+    worker text,
+    claimed_at timestamp with time zone NOT NULL,
+    ids bigint[] NOT NULL,
+    attempts integer[] NOT NULL,
+    created_at timestamp with time zone[] NOT NULL,
+    run_ms integer[],
+    error jsonb,
+    cursor jsonb,
+    dead boolean DEFAULT false NOT NULL
+);
+
+--
+-- Name: attempt_history_7; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.attempt_history_7 (
+    part smallint NOT NULL,
+    bucket bigint NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome text NOT NULL,
+    lane_id integer NOT NULL,
+    type text NOT NULL,
+    worker text,
+    claimed_at timestamp with time zone NOT NULL,
+    ids bigint[] NOT NULL,
+    attempts integer[] NOT NULL,
+    created_at timestamp with time zone[] NOT NULL,
+    run_ms integer[],
+    error jsonb,
+    cursor jsonb,
+    dead boolean DEFAULT false NOT NULL
+);
 
 --
 -- Name: audit_log; Type: TABLE; Schema: berth; Owner: -
@@ -724,6 +958,23 @@ CREATE TABLE berth.deferred (
     last_attempted_at timestamp with time zone,
     run_at timestamp with time zone NOT NULL,
     CONSTRAINT deferred_state_check CHECK ((state = ANY (ARRAY['scheduled'::text, 'retryable'::text])))
+);
+
+--
+-- Name: history_state; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.history_state (
+    singleton boolean DEFAULT true NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    retention_ms double precision DEFAULT 86400000 NOT NULL,
+    part_count smallint DEFAULT 8 NOT NULL,
+    current_part smallint DEFAULT 0 NOT NULL,
+    generation bigint DEFAULT 0 NOT NULL,
+    rotated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT history_state_part_count_check CHECK ((part_count >= 3)),
+    CONSTRAINT history_state_retention_ms_check CHECK ((retention_ms >= (1000)::double precision)),
+    CONSTRAINT history_state_singleton_check CHECK (singleton)
 );
 
 --
@@ -2679,6 +2930,54 @@ CREATE TABLE berth.workers (
 );
 
 --
+-- Name: attempt_history_0; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.attempt_history ATTACH PARTITION berth.attempt_history_0 FOR VALUES IN ('0');
+
+--
+-- Name: attempt_history_1; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.attempt_history ATTACH PARTITION berth.attempt_history_1 FOR VALUES IN ('1');
+
+--
+-- Name: attempt_history_2; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.attempt_history ATTACH PARTITION berth.attempt_history_2 FOR VALUES IN ('2');
+
+--
+-- Name: attempt_history_3; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.attempt_history ATTACH PARTITION berth.attempt_history_3 FOR VALUES IN ('3');
+
+--
+-- Name: attempt_history_4; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.attempt_history ATTACH PARTITION berth.attempt_history_4 FOR VALUES IN ('4');
+
+--
+-- Name: attempt_history_5; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.attempt_history ATTACH PARTITION berth.attempt_history_5 FOR VALUES IN ('5');
+
+--
+-- Name: attempt_history_6; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.attempt_history ATTACH PARTITION berth.attempt_history_6 FOR VALUES IN ('6');
+
+--
+-- Name: attempt_history_7; Type: TABLE ATTACH; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.attempt_history ATTACH PARTITION berth.attempt_history_7 FOR VALUES IN ('7');
+
+--
 -- Name: leases_0; Type: TABLE ATTACH; Schema: berth; Owner: -
 --
 
@@ -3281,6 +3580,13 @@ ALTER TABLE ONLY berth.dedupe
 
 ALTER TABLE ONLY berth.deferred
     ADD CONSTRAINT deferred_pkey PRIMARY KEY (id);
+
+--
+-- Name: history_state history_state_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.history_state
+    ADD CONSTRAINT history_state_pkey PRIMARY KEY (singleton);
 
 --
 -- Name: lanes lanes_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
@@ -4053,6 +4359,114 @@ ALTER TABLE ONLY berth.workers
     ADD CONSTRAINT workers_pkey PRIMARY KEY (worker_id);
 
 --
+-- Name: attempt_history_bucket_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_bucket_idx ON ONLY berth.attempt_history USING btree (bucket);
+
+--
+-- Name: attempt_history_0_bucket_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_0_bucket_idx ON berth.attempt_history_0 USING btree (bucket);
+
+--
+-- Name: attempt_history_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_settled_at_idx ON ONLY berth.attempt_history USING btree (settled_at);
+
+--
+-- Name: attempt_history_0_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_0_settled_at_idx ON berth.attempt_history_0 USING btree (settled_at);
+
+--
+-- Name: attempt_history_1_bucket_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_1_bucket_idx ON berth.attempt_history_1 USING btree (bucket);
+
+--
+-- Name: attempt_history_1_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_1_settled_at_idx ON berth.attempt_history_1 USING btree (settled_at);
+
+--
+-- Name: attempt_history_2_bucket_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_2_bucket_idx ON berth.attempt_history_2 USING btree (bucket);
+
+--
+-- Name: attempt_history_2_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_2_settled_at_idx ON berth.attempt_history_2 USING btree (settled_at);
+
+--
+-- Name: attempt_history_3_bucket_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_3_bucket_idx ON berth.attempt_history_3 USING btree (bucket);
+
+--
+-- Name: attempt_history_3_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_3_settled_at_idx ON berth.attempt_history_3 USING btree (settled_at);
+
+--
+-- Name: attempt_history_4_bucket_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_4_bucket_idx ON berth.attempt_history_4 USING btree (bucket);
+
+--
+-- Name: attempt_history_4_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_4_settled_at_idx ON berth.attempt_history_4 USING btree (settled_at);
+
+--
+-- Name: attempt_history_5_bucket_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_5_bucket_idx ON berth.attempt_history_5 USING btree (bucket);
+
+--
+-- Name: attempt_history_5_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_5_settled_at_idx ON berth.attempt_history_5 USING btree (settled_at);
+
+--
+-- Name: attempt_history_6_bucket_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_6_bucket_idx ON berth.attempt_history_6 USING btree (bucket);
+
+--
+-- Name: attempt_history_6_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_6_settled_at_idx ON berth.attempt_history_6 USING btree (settled_at);
+
+--
+-- Name: attempt_history_7_bucket_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_7_bucket_idx ON berth.attempt_history_7 USING btree (bucket);
+
+--
+-- Name: attempt_history_7_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_7_settled_at_idx ON berth.attempt_history_7 USING btree (settled_at);
+
+--
 -- Name: audit_log_at_idx; Type: INDEX; Schema: berth; Owner: -
 --
 
@@ -4609,6 +5023,102 @@ CREATE INDEX tombstones_8_id_idx ON berth.tombstones_8 USING btree (id);
 --
 
 CREATE INDEX tombstones_9_id_idx ON berth.tombstones_9 USING btree (id);
+
+--
+-- Name: attempt_history_0_bucket_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_0_bucket_idx;
+
+--
+-- Name: attempt_history_0_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_settled_at_idx ATTACH PARTITION berth.attempt_history_0_settled_at_idx;
+
+--
+-- Name: attempt_history_1_bucket_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_1_bucket_idx;
+
+--
+-- Name: attempt_history_1_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_settled_at_idx ATTACH PARTITION berth.attempt_history_1_settled_at_idx;
+
+--
+-- Name: attempt_history_2_bucket_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_2_bucket_idx;
+
+--
+-- Name: attempt_history_2_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_settled_at_idx ATTACH PARTITION berth.attempt_history_2_settled_at_idx;
+
+--
+-- Name: attempt_history_3_bucket_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_3_bucket_idx;
+
+--
+-- Name: attempt_history_3_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_settled_at_idx ATTACH PARTITION berth.attempt_history_3_settled_at_idx;
+
+--
+-- Name: attempt_history_4_bucket_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_4_bucket_idx;
+
+--
+-- Name: attempt_history_4_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_settled_at_idx ATTACH PARTITION berth.attempt_history_4_settled_at_idx;
+
+--
+-- Name: attempt_history_5_bucket_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_5_bucket_idx;
+
+--
+-- Name: attempt_history_5_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_settled_at_idx ATTACH PARTITION berth.attempt_history_5_settled_at_idx;
+
+--
+-- Name: attempt_history_6_bucket_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_6_bucket_idx;
+
+--
+-- Name: attempt_history_6_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_settled_at_idx ATTACH PARTITION berth.attempt_history_6_settled_at_idx;
+
+--
+-- Name: attempt_history_7_bucket_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_7_bucket_idx;
+
+--
+-- Name: attempt_history_7_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_settled_at_idx ATTACH PARTITION berth.attempt_history_7_settled_at_idx;
 
 --
 -- Name: leases_0_expires_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
@@ -5671,6 +6181,12 @@ REVOKE ALL ON FUNCTION berth.repair_lane_sequence(p_lane integer) FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION berth.retry_dead(p_ids bigint[]) FROM PUBLIC;
+
+--
+-- Name: FUNCTION rotate_history(p_lock_timeout_ms integer); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.rotate_history(p_lock_timeout_ms integer) FROM PUBLIC;
 
 --
 -- Name: FUNCTION set_queue_paused(p_queue text, p_paused boolean, p_actor text, p_reason text); Type: ACL; Schema: berth; Owner: -

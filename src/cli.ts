@@ -13,6 +13,7 @@ import { migrate, SchemaTooNewError, withClient } from './schema/migrate.js';
 import { BerthInputError } from './errors.js';
 import { CliFailure, collect, common, database, EXIT, type Common } from './cli/common.js';
 import { registerTaskCommands } from './cli/tasks.js';
+import { registerHistoryCommands } from './cli/history.js';
 import { registerDeadCommands } from './cli/dead.js';
 import { registerQueueCommands } from './cli/queues.js';
 import { registerStatsCommands } from './cli/stats.js';
@@ -168,6 +169,7 @@ export function buildProgram(): Command {
     });
   registerWorkerCommands(program);
   registerTaskCommands(program);
+  registerHistoryCommands(program);
   registerDeadCommands(program);
   registerQueueCommands(program);
   registerStatsCommands(program);

@@ -96,6 +96,22 @@ export {
 export { getTask, type TaskRecord, type TaskState } from './storage/tasks.js';
 export { moveTask, type MoveResult } from './storage/move.js';
 export {
+  attemptsOf,
+  listAttempts,
+  readHistorySettings,
+  setHistorySettings,
+  parseOutcome,
+  ATTEMPT_OUTCOMES,
+  MIN_HISTORY_RETENTION_MS,
+  type AttemptOutcome,
+  type AttemptRecord,
+  type AttemptFilter,
+  type AttemptPage,
+  type AttemptList,
+  type HistorySettings,
+} from './storage/history.js';
+export type { ErrorDetail } from './util/error-detail.js';
+export {
   listTasks,
   taskTimeline,
   retryTask,

@@ -27,4 +27,5 @@ export {
   type PruneResult,
 } from './maintenance/ring.js';
 export { pruneDeadLetters, pruneOperatorHistory } from './maintenance/retention.js';
+export { rotateHistory, type HistoryRotation } from './maintenance/history.js';
 export { readGauges, type GaugeSnapshot } from './maintenance/gauges.js';

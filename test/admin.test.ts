@@ -23,6 +23,7 @@ import {
   retryTask,
   taskCounts,
   taskTimeline,
+  setHistorySettings,
   throughput,
   Worker,
   laneActivity,
@@ -323,13 +324,27 @@ test('audited: every action is recorded with who did it, including failures', as
   assert.deepEqual(log[1]!.target, { queue: 'x' });
 });
 
-test('taskTimeline: created, appended, claimed, settled, in order', async () => {
+test('taskTimeline: created, appended, claimed, then the attempt (from attempt history, or the ring when it is off)', async () => {
   await reset();
   const r = await enqueue(pool, 'tl', {}, { schema });
   const [t] = await claimAll(1);
   await completeLeases(pool, schema, [t!]);
-  const events = (await taskTimeline(pool, schema, r.id!)).map((e) => e.event);
-  assert.deepEqual(events, ['created', 'appended', 'claimed', 'settled']);
+  const timeline = await taskTimeline(pool, schema, r.id!);
+  assert.deepEqual(
+    timeline.map((e) => e.event),
+    ['created', 'appended', 'claimed', 'attempt'],
+  );
+  assert.equal(timeline[3]!.detail.outcome, 'success');
+  await setHistorySettings(pool, schema, { enabled: false });
+  try {
+    const off = await enqueue(pool, 'tl', {}, { schema });
+    const [u] = await claimAll(1);
+    await completeLeases(pool, schema, [u!]);
+    const events = (await taskTimeline(pool, schema, off.id!)).map((e) => e.event);
+    assert.deepEqual(events, ['created', 'appended', 'claimed', 'settled']);
+  } finally {
+    await setHistorySettings(pool, schema, { enabled: true });
+  }
 });
 
 test('gauges: a paused queue is exported as paused and left out of oldest-due (pausing must not page as starvation)', async () => {

@@ -244,6 +244,52 @@ test("worker --tasks <module> --drain runs the module's handlers until no due wo
   );
 });
 
+test('completed tasks and every attempt error stay visible after the ring forgets them: tasks show/list, history list/show/set', async () => {
+  // After the drain above: reclaim the ring as the leader's prune would.
+  await pool.query(
+    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones`,
+  );
+  const completed = await berthJson<TaskPageJson>('tasks', 'list', '--state', 'completed', '--json', '--limit', '500');
+  assert.equal(completed.tasks.length, 20);
+  const okId = completed.tasks[0]!.id;
+  const shown = await berth('tasks', 'show', okId);
+  assert.equal(shown.code, 0, shown.err);
+  assert.match(shown.out, /cli_ok {2}completed/);
+  assert.match(shown.out, /payload: not kept/);
+  assert.match(shown.out, /#1 {2}success/);
+  const failed = (await pool.query(`SELECT id::text FROM ${S}.dead_letters WHERE type = 'cli_fail'`)).rows[0].id;
+  const failShown = await berth('tasks', 'show', failed);
+  assert.match(failShown.out, /#1 {2}failure \(dead-lettered\)/);
+  assert.match(failShown.out, /error: cli fixture failure\n\s+Error: cli fixture failure\n\s+at /);
+  const attempts = await berthJson<{ attempts: { id: string; outcome: string }[] }>(
+    'history',
+    'list',
+    '--outcome',
+    'failure',
+    '--json',
+  );
+  assert.deepEqual(
+    attempts.attempts.map((a) => a.id),
+    [failed],
+  );
+  const table = await berth('history', 'list', '--type', 'cli_ok', '--limit', '5');
+  assert.match(table.out, /more: berth history list --type cli_ok --limit 5 .*--after \d+:\d+$/);
+  const set = await berthJson<{ enabled: boolean; retentionMs: number }>(
+    'history',
+    'set',
+    '--off',
+    '--retention',
+    '48h',
+    '--json',
+  );
+  assert.deepEqual([set.enabled, set.retentionMs], [false, 48 * 3_600_000]);
+  assert.match((await berth('history', 'show')).out, /attempt history off, kept 48h/);
+  assert.equal((await berth('history', 'set', '--retention', '1s')).code, 2, 'too short a retention is a usage error');
+  await berthJson('history', 'set', '--on', '--retention', '24h', '--json');
+  const audit = await listAudit(pool, schema, { limit: 5 });
+  assert.ok(audit.some((e) => e.action === 'history.set'));
+});
+
 test('worker refuses a module that is not a task module, or a missing one, with exit 2', async () => {
   const notTasks = await berth('worker', '--tasks', fileURLToPath(new URL('./fixtures/not-tasks.ts', import.meta.url)));
   assert.equal(notTasks.code, 2);

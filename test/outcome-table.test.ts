@@ -13,7 +13,14 @@ import { settlementFor, type HandlerRan, type SettleAnswer, type TaskRun } from 
 
 const task = { attempt: 3, backoff: DEFAULT_BACKOFF };
 const finalAttempt = { attempt: 20, backoff: DEFAULT_BACKOFF };
-const plain: HandlerRan = { advanced: false, shutdown: false, pastDeadline: false, dequeued: false, cancelled: false };
+const plain: HandlerRan = {
+  ms: 0,
+  advanced: false,
+  shutdown: false,
+  pastDeadline: false,
+  dequeued: false,
+  cancelled: false,
+};
 const written: SettleAnswer = { kind: 'written', dead: false };
 const writtenDead: SettleAnswer = { kind: 'written', dead: true };
 const refused: SettleAnswer = { kind: 'refused' };
@@ -264,7 +271,7 @@ test('every outcome the table counts is one of the eight the metrics export', ()
     for (const shutdown of [false, true]) {
       for (const pastDeadline of [false, true]) {
         for (const cancelled of [false, true]) {
-          const ran = { advanced, shutdown, pastDeadline, cancelled, dequeued: false };
+          const ran = { ms: 0, advanced, shutdown, pastDeadline, cancelled, dequeued: false };
           runs.push(
             { kind: 'done', ...ran },
             { kind: 'continue', ...ran },

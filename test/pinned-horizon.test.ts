@@ -1,7 +1,8 @@
 /**
  * DESIGN plane 2: a queue must stay healthy while another session pins the xmin horizon.
  * One session holds an open transaction with an XID for the whole run; 5,000 tasks flow through
- * several ring rotations; the hot relations gain no dead tuples and no task is lost. Throughput
+ * several ring rotations; the hot relations gain no dead tuples and no task is lost. Attempt
+ * history is on (the default), and its rows are inserts only. Throughput
  * with and without the pin is measured by `npm run bench:pinned`, not here.
  *
  * 5,000 rather than 20,000: the claim is about which rows the task path writes, which every
@@ -100,11 +101,23 @@ test('with the xmin horizon pinned, 5,000 tasks flow, hot relations stay free of
     assert.ok(rotations >= 1, 'the ring rotated during the run');
     assert.deepEqual(
       dead.rows.filter(
-        (r) => /^(ready|range_leases|range_settlements|leases|settlements|tombstones)/.test(r.relname) && r.dead > 0,
+        (r) =>
+          /^(ready|range_leases|range_settlements|leases|settlements|tombstones|attempt_history|history_state)/.test(
+            r.relname,
+          ) && r.dead > 0,
       ),
       [],
-      'the ring tables gain no dead tuples',
+      'the ring tables and attempt history gain no dead tuples',
     );
+    // History is on by default: every task's attempt was recorded, append-only.
+    const recorded = Number(
+      (
+        await pool.query(
+          `SELECT coalesce(sum(cardinality(ids)), 0) AS n FROM ${quoteIdent(schema)}.attempt_history WHERE outcome = 'success'`,
+        )
+      ).rows[0].n,
+    );
+    assert.equal(recorded, N, 'attempt history holds every success');
   } finally {
     if (!stopped) await w.stop();
     await pin.query('ROLLBACK');

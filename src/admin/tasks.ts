@@ -2,6 +2,7 @@ import { checkKeys } from '../limits.js';
 import { BerthInputError } from '../errors.js';
 import { bindSchema, type Queryable, queryRingRead, type SchemaRef } from '../sql.js';
 import { laneCursorsJson, unsettledEntriesOf, unsettledRanges } from '../storage/predicates.js';
+import { attemptsOf } from '../storage/history.js';
 import { getTask, type TaskState } from '../storage/tasks.js';
 import { retryDeadLetters } from './dead.js';
 import { taskId } from './ids.js';
@@ -76,8 +77,8 @@ function cursorId(after: string | undefined): string | null {
 /**
  * Tasks newest first (by id), with keyset pagination: each page is three index scans by id
  * (deferred, dead letters, the ready ring) that stop after `limit` matches, merged. No count:
- * a page costs the same at 100 tasks as at 10 million. Completed tasks are listed while their
- * ring segment is retained. A filter that few tasks match makes a scan walk further before it
+ * a page costs the same at 100 tasks as at 10 million. Completed tasks are listed from the ring
+ * while their segment is retained and from attempt history for its retention. A filter that few tasks match makes a scan walk further before it
  * stops, except `running` and `completed`, which avoid the walk (see `ringPart`);
  * docs/explain-admin.md has the measured plans.
  */
@@ -108,10 +109,11 @@ export async function listTasks(
     worker: string | null;
   }>(
     db,
-    `SELECT * FROM (
+    `SELECT DISTINCT ON (id) * FROM (
        (SELECT d.id, d.type, d.state, d.queue, d.priority, d.attempts, d.max_attempts,
                left(d.last_error, 300) AS last_error, d.created_at, d.run_at,
-               NULL::timestamptz AS finished_at, NULL::timestamptz AS lease_expires_at, NULL::text AS worker
+               NULL::timestamptz AS finished_at, NULL::timestamptz AS lease_expires_at, NULL::text AS worker,
+               0 AS pref
           FROM ${s}.deferred d
          WHERE ($1::text IS NULL OR $1 IN ('scheduled', 'retryable'))
            AND ($1::text IS NULL OR d.state = $1) AND ($2::text IS NULL OR d.queue = $2)
@@ -119,14 +121,19 @@ export async function listTasks(
          ORDER BY d.id DESC LIMIT $5)
        UNION ALL
        (SELECT d.id, d.type, 'dead', d.queue, d.priority, d.attempts, d.max_attempts,
-               left(d.last_error, 300), d.created_at, NULL, d.died_at, NULL, NULL
+               left(d.last_error, 300), d.created_at, NULL, d.died_at, NULL, NULL, 0
           FROM ${s}.dead_letters d
          WHERE ($1::text IS NULL OR $1 = 'dead') AND ($2::text IS NULL OR d.queue = $2)
            AND ($3::text IS NULL OR d.type = $3) AND ($4::bigint IS NULL OR d.id < $4)
          ORDER BY d.id DESC LIMIT $5)
        UNION ALL
        (${ringPart(s, filter.state)})
-     ) x ORDER BY id DESC LIMIT $5`,
+${
+  // Only where completed tasks can match: the history part opens all 8 partitions (~2 ms
+  // of executor start-up even when its one-time filter is false; docs/explain-admin.md).
+  filter.state === undefined || filter.state === 'completed' ? `UNION ALL (${historyPart(s)})` : ''
+}
+     ) x ORDER BY id DESC, pref LIMIT $5`,
     [filter.state ?? null, filter.queue ?? null, filter.type ?? null, cursorId(page.after), limit + 1],
   );
   const rows = res.rows.slice(0, limit);
@@ -177,14 +184,14 @@ function ringPart(s: string, state: TaskState | undefined): string {
     return `SELECT r.id, r.type, 'running', r.queue, r.priority, r.attempts + 1,
                coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]),
                left(r.last_error, 300), r.created_at, r.run_at, NULL,
-               l.type_expires[array_position(l.types, r.type)], l.worker
+               l.type_expires[array_position(l.types, r.type)], l.worker, 0
           FROM ${unsettledRanges(s)} l
           CROSS JOIN LATERAL (${unsettledEntriesOf(s, 'l')}) r
          WHERE ${where}`;
   }
   if (state === 'ready') {
     return `SELECT r.id, r.type, 'ready', r.queue, r.priority, r.attempts, r.max_attempts,
-               left(r.last_error, 300), r.created_at, r.run_at, NULL, NULL, NULL
+               left(r.last_error, 300), r.created_at, r.run_at, NULL, NULL, NULL, 0
           FROM ${s}.ready r
          WHERE r.lane_seq > coalesce((${laneCursorsJson(s)} ->> r.lane_id::text)::bigint, 0)
            AND ${where}`;
@@ -197,7 +204,7 @@ function ringPart(s: string, state: TaskState | undefined): string {
            AND r.lane_seq <= coalesce((${laneCursorsJson(s)} ->> r.lane_id::text)::bigint, 9223372036854775807)`;
   return `SELECT r.id, r.type, e.state, r.queue, r.priority, coalesce(l.attempt, r.attempts),
                coalesce(l.max_attempts, r.max_attempts), left(r.last_error, 300), r.created_at,
-               r.run_at, CASE WHEN e.state = 'completed' THEN l.settled_at END, l.expires_at, l.worker
+               r.run_at, CASE WHEN e.state = 'completed' THEN l.settled_at END, l.expires_at, l.worker, 0
           FROM ${s}.ready r
           LEFT JOIN LATERAL (SELECT * FROM ${s}.leased_entries le
                               WHERE le.id = r.id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq
@@ -210,16 +217,36 @@ function ringPart(s: string, state: TaskState | undefined): string {
            AND ($1::text IS NULL OR e.state = $1) AND ${where}`;
 }
 
+/**
+ * Completed tasks in attempt history (their ring entries may be gone), for a `listTasks` page
+ * (parameters as there). Walks the history's `bucket` index (id >> 10) backwards, sorting each
+ * bucket's ids (an incremental sort), and stops at the page. A task still in the ring shows
+ * once: the outer DISTINCT ON prefers the ring's row (`pref` 0).
+ */
+function historyPart(s: string): string {
+  return `SELECT x.id, h.type, 'completed', ln.queue, ln.priority, x.attempt, NULL::integer, NULL::text,
+               x.created_at, NULL::timestamptz, h.settled_at, NULL::timestamptz, h.worker, 1
+          FROM ${s}.attempt_history h
+          JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
+         CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at) AS x(id, attempt, created_at)
+         WHERE ($1::text IS NULL OR $1 = 'completed') AND h.outcome = 'success'
+           AND ($2::text IS NULL OR ln.queue = $2) AND ($3::text IS NULL OR h.type = $3)
+           AND ($4::bigint IS NULL OR (h.bucket <= $4::bigint >> 10 AND x.id < $4))
+         ORDER BY h.bucket DESC, x.id DESC LIMIT $5`;
+}
+
 export interface TimelineEvent {
   at: Date;
-  event: 'created' | 'appended' | 'claimed' | 'settled' | 'removed' | 'scheduled' | 'dead';
+  event: 'created' | 'appended' | 'claimed' | 'settled' | 'attempt' | 'removed' | 'scheduled' | 'dead';
   detail: Record<string, unknown>;
 }
 
 /**
- * What happened to a task, oldest first, from what storage still holds: every ready-ring entry
- * it had (each append, claim, settlement, tombstone) while its ring segment is retained, plus its
- * deferred or dead-letter row.
+ * What happened to a task, oldest first, from what storage still holds: every attempt in
+ * attempt history (its claim, and an `attempt` event with the outcome, duration, error and
+ * cursor), every ready-ring entry it had (each append, claim, settlement, tombstone) while its
+ * ring segment is retained, and its deferred or dead-letter row. A ring claim and settlement
+ * that history also holds are shown once, from history.
  */
 export async function taskTimeline(db: Queryable, schema: SchemaRef, id: string): Promise<TimelineEvent[]> {
   const bound = bindSchema(schema);
@@ -252,8 +279,36 @@ export async function taskTimeline(db: Queryable, schema: SchemaRef, id: string)
   const events: TimelineEvent[] = [
     { at: task.createdAt, event: 'created', detail: { queue: task.queue, priority: task.priority } },
   ];
+  const recorded = new Set<string>();
+  for (const a of await attemptsOf(db, bound, id)) {
+    recorded.add(`${Number(a.claimedAt)}:${a.attempt}`);
+    events.push({
+      at: a.claimedAt,
+      event: 'claimed',
+      detail: { attempt: a.attempt, worker: a.worker, queue: a.queue, priority: a.priority },
+    });
+    events.push({
+      at: a.settledAt,
+      event: 'attempt',
+      detail: {
+        attempt: a.attempt,
+        outcome: a.outcome,
+        worker: a.worker,
+        durationMs: a.durationMs,
+        runMs: a.runMs,
+        error: a.error,
+        ...(a.cursor !== null ? { cursor: a.cursor } : {}),
+        dead: a.dead,
+      },
+    });
+  }
   for (const r of res.rows) {
     events.push({ at: r.appended_at, event: 'appended', detail: { queue: r.queue, priority: r.priority } });
+    // Already shown from attempt history, with more detail.
+    if (r.claimed_at && recorded.has(`${Number(r.claimed_at)}:${r.attempt}`)) {
+      if (r.removed_at) events.push({ at: r.removed_at, event: 'removed', detail: { reason: r.reason } });
+      continue;
+    }
     if (r.claimed_at)
       events.push({
         at: r.claimed_at,

@@ -15,6 +15,8 @@ import {
 import { BerthInputError } from '../errors.js';
 import { enqueueUnchecked } from '../producer/enqueue.js';
 import { MAX_ATTEMPTS_LIMIT } from '../limits.js';
+import { attemptsOf } from '../storage/history.js';
+import type { ErrorDetail } from '../util/error-detail.js';
 import { getTask } from '../storage/tasks.js';
 import { moveTask } from '../storage/move.js';
 import { taskId } from '../admin/ids.js';
@@ -164,7 +166,7 @@ export function registerTaskCommands(program: Command): void {
     );
 
   common(tasks.command('show <id>'))
-    .description('one task: payload, attempts, last error, lease, timeline')
+    .description('one task: payload, attempts (each with its error, stack and cause), last error, lease, timeline')
     .action(async (id: string, opts: Common) => {
       taskId(id);
       await withPool(opts, async (pool) => {
@@ -182,8 +184,27 @@ export function registerTaskCommands(program: Command): void {
           say(
             `lease: worker ${escapeControl(task.lease.worker ?? '-')}, expires ${task.lease.expiresAt.toISOString()}`,
           );
-        say(`payload:\n${jsonSafe(JSON.stringify(task.payload, null, 2))}`);
+        if (task.source === 'history')
+          say('payload: not kept (the task has left the queue; this is its record in attempt history)');
+        else say(`payload:\n${jsonSafe(JSON.stringify(task.payload, null, 2))}`);
         if (task.lastError) say(`last error:\n${task.lastError}`);
+        const attempts = await attemptsOf(pool, opts.schema, id);
+        if (attempts.length > 0) say('attempts:');
+        for (const a of attempts) {
+          say(
+            `  #${a.attempt}  ${a.outcome}${a.dead ? ' (dead-lettered)' : ''}  worker ${escapeControl(a.worker ?? '-')}  claimed ${a.claimedAt.toISOString()}  ${Math.round(a.durationMs)} ms${a.runMs !== null ? ` (handler ${a.runMs} ms)` : ''}`,
+          );
+          if (a.cursor !== null) say(`    cursor ${jsonSafe(JSON.stringify(a.cursor))}`);
+          for (
+            let e: ErrorDetail | undefined = a.error ?? undefined, prefix = 'error';
+            e;
+            e = e.cause, prefix = 'caused by'
+          ) {
+            say(`    ${prefix}: ${e.name ? `${e.name}: ` : ''}${e.message}`);
+            if (e.data) say(`    data: ${jsonSafe(e.data)}`);
+            if (e.stack) say(e.stack.replace(/^/gm, '      '));
+          }
+        }
         say('timeline:');
         for (const e of timeline) say(`  ${e.at.toISOString()}  ${e.event}  ${jsonSafe(JSON.stringify(e.detail))}`);
       });

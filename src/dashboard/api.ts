@@ -61,6 +61,7 @@ const ROUTES: Route[] = [
     action: (c, [id, name], body) =>
       name === 'move' ? moveAction(c, id!, body) : isTaskAction(name!) ? taskAction(c, id!, name) : notFound(),
   },
+  { pattern: /^\/api\/attempts$/, read: (r, url) => read.attempts(r, url) },
   { pattern: /^\/api\/dead$/, read: (r, url) => read.dead(r, url) },
   { pattern: /^\/api\/dead\/count$/, read: (r, url) => read.deadCount(r, url) },
   {

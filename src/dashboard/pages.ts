@@ -8,6 +8,7 @@ export const NAV: readonly (readonly [string, string])[] = [
   ['overview', 'Overview'],
   ['lanes', 'Lanes'],
   ['tasks', 'Tasks'],
+  ['attempts', 'Attempts'],
   ['dead', 'Dead letters'],
   ['queues', 'Queues'],
   ['maintenance', 'Maintenance'],

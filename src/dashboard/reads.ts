@@ -1,12 +1,13 @@
+import { BerthInputError } from '../errors.js';
 import { listAudit } from '../admin/audit.js';
 import { countDead, listDead } from '../admin/dead.js';
 import { listQueues } from '../admin/queues.js';
 import { leaderInfo, listWorkers } from '../admin/stats.js';
 import { listTasks, parseState, taskTimeline } from '../admin/tasks.js';
 import { laneKey } from '../lane.js';
+import { attemptsOf, listAttempts, parseOutcome } from '../storage/history.js';
 import { getTask } from '../storage/tasks.js';
 import { overdueMarks } from '../storage/overdue.js';
-import { type AttemptSource, attemptsFromTimeline } from './attempts.js';
 import { HttpError } from './http.js';
 import { readOverview, type DashboardReads } from './overview.js';
 import {
@@ -90,22 +91,52 @@ export async function task(reads: DashboardReads, id: string) {
   taskId(id);
   const record = await getTask(reads.db, reads.schema, id);
   if (!record)
-    throw new HttpError(404, `task ${id} not found (never existed, removed, or its ring segment was reclaimed)`);
+    throw new HttpError(
+      404,
+      `task ${id} not found (never existed, removed, or finished before attempt history's retention)`,
+    );
   const timeline = await taskTimeline(reads.db, reads.schema, id);
+  // Every attempt in attempt history, each with its error (stack, cause chain) or cursor.
+  const attempts = await attemptsOf(reads.db, reads.schema, id);
   // A handler still running past its deadline: marked on the page (stuck past the grace).
   const overdue = record.lease ? ((await overdueMarks(reads.db, reads.schema, [id])).get(id) ?? null) : null;
   // The lease token is the fence a holder settles with: never shown.
   const { lease, ...rest } = record;
-  const attemptsFrom: AttemptSource = 'timeline';
   return {
     task: {
       ...rest,
       lease: lease && { expiresAt: lease.expiresAt, worker: lease.worker, attempt: lease.attempt, overdue },
     },
+    attempts,
     timeline,
-    attempts: attemptsFromTimeline(timeline),
-    attemptsFrom,
   };
+}
+
+/** A time in the query (ISO 8601, e.g. 2026-12-01T06:00Z), or undefined when absent. */
+function timeQuery(url: URL, name: string): Date | undefined {
+  const v = optionalQuery(url, name, 40);
+  if (v === undefined) return undefined;
+  const t = new Date(v);
+  if (Number.isNaN(t.getTime())) throw new BerthInputError(`${name} must be a time like 2026-12-01T06:00Z`);
+  return t;
+}
+
+/** Attempts newest first by type, queue, outcome and time (attempt history), keyset-paginated. */
+export function attempts(reads: DashboardReads, url: URL) {
+  const outcome = optionalQuery(url, 'outcome');
+  const after = optionalQuery(url, 'after', 40);
+  return listAttempts(
+    reads.db,
+    reads.schema,
+    {
+      queue: optionalQueueQuery(url),
+      type: optionalQuery(url, 'type'),
+      outcome: outcome === undefined ? undefined : parseOutcome(outcome),
+      since: timeQuery(url, 'since'),
+      before: timeQuery(url, 'before'),
+    },
+    { after, limit: queryLimit(url) },
+  );
 }
 
 function deadFilter(url: URL) {

@@ -10,6 +10,7 @@ import { ElectionSession } from './election.js';
 import { publishGauges, readGauges, resetGauges } from './gauges.js';
 import { ContentionTally, Promoter, type LaneContention } from './promoter.js';
 import { DEFAULT_DEAD_RETENTION_MS, pruneDeadLetters, pruneOperatorHistory } from './retention.js';
+import { rotateHistory } from './history.js';
 import { maintainRing } from './ring.js';
 import { bindSchema, type Schema, type SchemaRef } from '../sql.js';
 import { rescueLapsedLeases } from '../storage/rescue.js';
@@ -35,6 +36,11 @@ export interface MaintenanceOptions {
   ringLockTimeoutMs?: number;
   retentionIntervalMs?: number;
   deadRetentionMs?: number;
+  /**
+   * How often the leader checks whether attempt history is due a rotation (60 s). The retention
+   * itself is the schema's setting (`berth history`), so every process agrees on it.
+   */
+  historyIntervalMs?: number;
   gaugeIntervalMs?: number;
 }
 
@@ -64,6 +70,7 @@ export const MAINTENANCE_DEFAULTS: ResolvedMaintenanceOptions = {
   ringLockTimeoutMs: 100,
   retentionIntervalMs: 3600_000,
   deadRetentionMs: DEFAULT_DEAD_RETENTION_MS,
+  historyIntervalMs: 60_000,
   gaugeIntervalMs: 5000,
 };
 
@@ -266,6 +273,16 @@ export class Maintenance {
           if (h.outcomeCounts + h.workers > 0) this.deps.logger.info(h, 'pruned operator history past retention');
           const z = await pruneSnoozeCounts(pool, schema);
           if (z) this.deps.logger.info({ pruned: z }, 'pruned snooze counts of tasks no longer pending');
+        },
+      },
+      {
+        name: 'history',
+        intervalMs: o.historyIntervalMs,
+        run: async () => {
+          const r = await rotateHistory(pool, schema, o.ringLockTimeoutMs);
+          if (r === 'rotated') this.deps.logger.info('attempt history rotated: its oldest partition truncated');
+          else if (r === 'blocked')
+            this.deps.logger.warn('attempt history rotation blocked by a reader of the partition; retrying next run');
         },
       },
       {

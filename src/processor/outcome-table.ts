@@ -1,5 +1,6 @@
 import type { Outcome } from '../metrics.js';
 import { backoffDelayMs, type BackoffPolicy, DEFAULT_MAX_SNOOZES } from '../task.js';
+import type { ErrorDetail } from '../util/error-detail.js';
 
 /**
  * What happened when the engine took a leased task (processor/run-task.ts): either it never
@@ -22,12 +23,14 @@ export type TaskRun =
   | ({ kind: 'continue' } & HandlerRan)
   /** The handler returned `snooze(delayMs)`: run again after the delay. */
   | ({ kind: 'snooze'; delayMs: number } & HandlerRan)
-  | ({ kind: 'error'; error: string; permanent: boolean } & HandlerRan)
+  | ({ kind: 'error'; error: string; detail?: ErrorDetail; permanent: boolean } & HandlerRan)
   /** The handler returned something outside done/continue/nothing (42, 'retry', false). */
-  | ({ kind: 'contract_violation'; error: string } & HandlerRan);
+  | ({ kind: 'contract_violation'; error: string; detail?: ErrorDetail } & HandlerRan);
 
 /** What the engine saw around a handler that ran. */
 export interface HandlerRan {
+  /** How long the handler ran, in milliseconds (attempt history). */
+  ms: number;
   /** An AdvanceCursor of this run was written (its progress is saved, its lease already cleared). */
   advanced: boolean;
   /** stop() aborted the handler (a rollout), as opposed to its deadline or nothing. */

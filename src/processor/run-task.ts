@@ -9,6 +9,7 @@ import type { DeadlineTimer, RunAbort } from './run-abort.js';
 import { advanceCursor } from '../storage/return.js';
 import { dequeue } from '../storage/complete.js';
 import type { UnknownTypes } from './unknown-types.js';
+import { errorDetail, errorMessage } from '../util/error-detail.js';
 
 /** What running one task needs from the engine (one value, built once). */
 export interface RunDeps {
@@ -142,8 +143,10 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     deps.deadlines.disarm(abort);
   }
   freeSlot();
-  deps.observeHandler(task, (performance.now() - started) / 1000);
+  const ms = performance.now() - started;
+  deps.observeHandler(task, ms / 1000);
   const ran = {
+    ms,
     advanced,
     dequeued,
     shutdown: abort.reason instanceof ShutdownAbort,
@@ -151,9 +154,11 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     cancelled: abort.reason instanceof CancelAbort,
   };
   if (error !== null) {
-    const message = error instanceof Error ? error.message || error.name : String(error);
-    if (violation) return { kind: 'contract_violation', error: message, ...ran };
-    return { kind: 'error', error: message, permanent: isPermanentError(error), ...ran };
+    // A thrown non-Error is kept as JSON (`{"code":42}`), never `[object Object]`.
+    const message = errorMessage(error);
+    const detail = errorDetail(error);
+    if (violation) return { kind: 'contract_violation', error: message, detail, ...ran };
+    return { kind: 'error', error: message, detail, permanent: isPermanentError(error), ...ran };
   }
   if (isSnooze(result)) return { kind: 'snooze', delayMs: result.delayMs, ...ran };
   return result === 'continue' ? { kind: 'continue', ...ran } : { kind: 'done', ...ran };

@@ -4,7 +4,7 @@ import type { Queryable } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
 import type { SettleAction, SettleAnswer, Settlement, TaskRun } from './outcome-table.js';
 import type { CompleteResult, SettlementBatcher } from './settlement-batcher.js';
-import { releaseLease, returnUnstarted } from '../storage/return.js';
+import { type ReleaseHistory, releaseLease, returnUnstarted } from '../storage/return.js';
 import { settlementOutcome } from '../storage/cancel.js';
 import { snoozeLease } from '../storage/snooze.js';
 
@@ -31,7 +31,7 @@ export async function settleTask(
   settlement: Settlement,
   log: Logger,
 ): Promise<SettleAnswer> {
-  let answer = await write(deps, task, settlement, log);
+  let answer = await write(deps, task, run, settlement, log);
   // A refusal is rare: only then ask who won, so a settlement that lost to an operator's cancel
   // is told apart from a lease taken over (one point read, never on the written path).
   if (answer.kind === 'refused' && (await lostToCancel(deps, task, log))) answer = LOST_TO_CANCEL;
@@ -45,17 +45,36 @@ export async function settleTask(
  * The fenced write. Not an async function: the batcher's answer is mapped with one `then`, not
  * awaited by a frame of its own (each async layer and await allocates, for every task).
  */
-function write(deps: SettleDeps, task: ClaimedTask, settlement: Settlement, log: Logger): Promise<SettleAnswer> {
+function write(
+  deps: SettleDeps,
+  task: ClaimedTask,
+  run: TaskRun,
+  settlement: Settlement,
+  log: Logger,
+): Promise<SettleAnswer> {
   const action = settlement.action;
+  // Attempt history records the outcome counted when the write lands, in the same statement.
+  const runMs = 'ms' in run ? run.ms : null;
   switch (action.kind) {
     case 'complete':
-      return deps.batcher.complete(task).then(completeAnswer);
+      return deps.batcher.complete(task, runMs).then(completeAnswer);
     case 'fail':
       return deps.batcher
-        .fail({ ref: task, error: action.error, delayMs: action.delayMs, permanent: action.permanent })
+        .fail({
+          ref: task,
+          error: action.error,
+          delayMs: action.delayMs,
+          permanent: action.permanent,
+          outcome: settlement.outcome.written === 'timeout' ? 'timeout' : 'failure',
+          detail: ('detail' in run ? run.detail : undefined) ?? { message: action.error },
+          runMs,
+        })
         .then((r) => (r.kind === 'settled' ? { kind: 'written', dead: r.dead } : r));
-    case 'release':
-      return release(deps, task, action.finalError, log);
+    case 'release': {
+      const counted = settlement.outcome.written;
+      const outcome = counted === 'cancelled' || counted === 'timeout' ? counted : 'continued';
+      return release(deps, task, action.finalError, { outcome, runMs }, log);
+    }
     case 'return_unstarted':
       return handBack(deps, task, action.away);
     case 'snooze':
@@ -105,9 +124,15 @@ function completeAnswer(r: CompleteResult): SettleAnswer {
   return r.kind === 'settled' ? WRITTEN : r;
 }
 
-async function release(deps: SettleDeps, task: ClaimedTask, finalError: string, log: Logger): Promise<SettleAnswer> {
+async function release(
+  deps: SettleDeps,
+  task: ClaimedTask,
+  finalError: string,
+  history: ReleaseHistory,
+  log: Logger,
+): Promise<SettleAnswer> {
   try {
-    const r = await releaseLease(deps.write, deps.schema, task, finalError);
+    const r = await releaseLease(deps.write, deps.schema, task, finalError, history);
     return r.wrote ? { kind: 'written', dead: r.dead } : { kind: 'refused' };
   } catch (err) {
     // Expiry still gets there: the lease lapses and rescue hands the task on.

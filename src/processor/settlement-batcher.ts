@@ -3,7 +3,7 @@ import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import { bindSchema, type Queryable, type Schema, type SchemaRef } from '../sql.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
-import { completeLeases } from '../storage/complete.js';
+import { type CompletableRef, completeLeases } from '../storage/complete.js';
 import { recordFailures, type FailureInput } from '../storage/fail.js';
 import { leaseKey, type LeaseRef } from '../storage/lease.js';
 import { settledWith } from '../storage/settled.js';
@@ -24,8 +24,8 @@ export type FailResult =
 type Waiter<T> = { resolve: (v: T) => void };
 /** A lease to settle; `expiresAt` (epoch ms, the database's stamp) bounds how long a write is retried. */
 type Settleable = LeaseRef & { leaseExpiresAt: number };
-/** A lease to complete; its dedupe key (if any) is released with it. */
-type CompletableLease = Settleable & { id: string; dedupeKey?: string | null };
+/** A lease to complete; its dedupe key (if any) is released with it, its identity goes to attempt history. */
+type CompletableLease = Settleable & CompletableRef;
 
 /** Retries of a statement that failed for a reason other than the connection (a bug, a bad row). */
 const OTHER_ERROR_ATTEMPTS = 4;
@@ -49,7 +49,7 @@ const RETRY_MAX_MS = 1000;
  * duplicate run, never a loss.
  */
 export class SettlementBatcher {
-  private completes: { ref: CompletableLease; w: Waiter<CompleteResult> }[] = [];
+  private completes: { ref: CompletableLease; runMs: number | null; w: Waiter<CompleteResult> }[] = [];
   private failures: { input: FailureInput & { ref: Settleable }; w: Waiter<FailResult> }[] = [];
   private flushing: Promise<void> | null = null;
   /** Set by `drain(giveUpAfterMs)`: retries stop at this time (epoch ms) whatever the leases say. */
@@ -67,9 +67,10 @@ export class SettlementBatcher {
     this.schema = bindSchema(schema);
   }
 
-  complete(ref: CompletableLease): Promise<CompleteResult> {
+  /** `runMs`: the handler's run time, for attempt history. */
+  complete(ref: CompletableLease, runMs: number | null = null): Promise<CompleteResult> {
     return new Promise((resolve) => {
-      this.completes.push({ ref, w: { resolve } });
+      this.completes.push({ ref, runMs, w: { resolve } });
       this.kick();
     });
   }
@@ -119,9 +120,11 @@ export class SettlementBatcher {
     await Promise.all([this.flushCompletes(completes), this.flushFailures(failures)]);
   }
 
-  private async flushCompletes(batch: { ref: CompletableLease; w: Waiter<CompleteResult> }[]): Promise<void> {
+  private async flushCompletes(
+    batch: { ref: CompletableLease; runMs: number | null; w: Waiter<CompleteResult> }[],
+  ): Promise<void> {
     if (batch.length === 0) return;
-    const refs = batch.map((b) => b.ref);
+    const refs = batch.map((b) => ({ ...b.ref, runMs: b.runMs }));
     const r = await this.withRetry('complete', refs, async (retry) => {
       const settled = await completeLeases(this.db, this.schema, refs);
       if (retry)

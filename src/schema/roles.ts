@@ -45,6 +45,7 @@ const WORKER_FUNCTIONS = [
   'prune_dead_letters(double precision, integer)',
   'due_deferred(text, integer, text[], smallint[], smallint[])',
   'cancel_tasks(bigint[], text)',
+  'rotate_history(integer)',
 ] as const;
 
 const RING_TABLES = ['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements'] as const;
@@ -72,6 +73,10 @@ function producerGrants(s: string): Grant[] {
         'range_leases',
         'range_settlements',
         'leased_entries',
+        // A completed task's attempts, and its queue once its ring entry is gone (migration 10).
+        'attempt_history',
+        'history_state',
+        'lanes',
       ]
         .map((t) => `${s}.${t}`)
         .join(', '),
@@ -132,6 +137,11 @@ function workerGrants(s: string): Grant[] {
     // A snooze counts itself (INSERT … ON CONFLICT DO UPDATE of its count); the leader's
     // retention deletes the rows of tasks that are no longer pending.
     { privileges: 'SELECT, INSERT, UPDATE (snoozes, last_snoozed_at), DELETE', on: `${s}.snoozes` },
+    // Every settling statement appends the attempt it ends (migration 10), reading the schema's
+    // history setting; getTask and the timeline read it. Reclaimed by rotate_history (TRUNCATE
+    // as the owner): no UPDATE, no DELETE.
+    { privileges: 'SELECT, INSERT', on: `${s}.attempt_history` },
+    { privileges: 'SELECT', on: `${s}.history_state` },
     // The leader's oldest-due gauge leaves paused queues out. Pausing is set_queue_paused's (operators).
     { privileges: 'SELECT', on: `${s}.queue_pauses` },
   ];

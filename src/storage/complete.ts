@@ -1,5 +1,6 @@
 import { LeaseLostError } from '../errors.js';
 import { bindSchema, quoteIdent, type Queryable, type Schema, type SchemaRef } from '../sql.js';
+import { type CompletedEntry, completionHistory, completionHistoryValues, perTaskHistory } from './history.js';
 import { leaseKey, type LeaseRef, seqsToMultirange } from './lease.js';
 import { removeUnleased } from './remove.js';
 
@@ -12,8 +13,11 @@ import { removeUnleased } from './remove.js';
  * or delete a ready entry.
  */
 
-/** A lease to complete; its task's dedupe key (if any) is freed with it. */
-export type CompletableRef = LeaseRef & { id: string; dedupeKey?: string | null };
+/**
+ * A lease to complete; its task's dedupe key (if any) is freed with it, and the task's identity
+ * (id, type, attempt, created) goes to attempt history with it.
+ */
+export type CompletableRef = LeaseRef & CompletedEntry & { dedupeKey?: string | null };
 
 /**
  * Dequeue, batched: settle leases as completed. Returns the keys that were settled; a lease not
@@ -129,7 +133,7 @@ async function completeInSlot(
         USING unnest($6::text[], $7::bigint[], $8::integer[], $9::bigint[]) AS k(key, id, lane_id, lease_from)
         WHERE d.dedupe_key = k.key AND d.id = k.id
           AND EXISTS (SELECT 1 FROM won w WHERE w.lane_id = k.lane_id AND w.lease_from = k.lease_from)
-     )
+     ), ${completionHistory(s, leases, 10, false)}
      -- The token too: a batch may hold a wrong-token group for the same range as a right one.
      SELECT w.lane_id, w.lease_from::text AS lease_from, l.token::text AS token
        FROM won w CROSS JOIN LATERAL (${leaseProbe(leases, 'w.lane_id', 'w.lease_from')}) l`,
@@ -140,6 +144,7 @@ async function completeInSlot(
       groups.map((g) => seqsToMultirange(g.refs.map((r) => r.laneSeq))),
       groups.map((g) => g.refs.length),
       ...keyedRefs(groups, (r) => r.leaseFrom),
+      ...completionHistoryValues(groups.map((g) => g.refs)),
     ],
   });
   const won = new Set(res.rows.map((r) => `${r.lane_id}:${r.lease_from}:${r.token}`));
@@ -201,7 +206,7 @@ async function completeRemainders(
           USING unnest($5::text[], $6::bigint[], $7::integer[], $8::bigint[]) AS k(key, id, lane_id, lane_seq)
           WHERE d.dedupe_key = k.key AND d.id = k.id
             AND EXISTS (SELECT 1 FROM won w WHERE w.lane_id = k.lane_id AND w.seqs @> k.lane_seq)
-       )
+       ), ${completionHistory(s, leases, 9, true)}
        SELECT w.lane_id, w.from_seq::text AS lease_from, w.token::text AS token,
               (SELECT array_agg(g::text) FROM won x, unnest(x.seqs) m, generate_series(lower(m), upper(m) - 1) g
                 WHERE x.lane_id = w.lane_id AND x.lease_from = w.from_seq) AS won,
@@ -214,6 +219,7 @@ async function completeRemainders(
         pending.map((g) => g.token),
         pending.map((g) => seqsToMultirange(g.refs.map((r) => r.laneSeq))),
         ...keyedRefs(pending, (r) => r.laneSeq),
+        ...completionHistoryValues(pending.map((g) => g.refs)),
       ],
     );
     const retry: LeaseGroup[] = [];
@@ -250,8 +256,16 @@ export async function dequeue(executor: Queryable, schema: SchemaRef, id: string
            FROM ${s}.leased_entries le
           WHERE le.id = $1 AND le.token = $2::uuid AND le.outcome IS NULL
          ON CONFLICT DO NOTHING
-         RETURNING 1
+         RETURNING slot, lane_id, lease_from, lower(seqs) AS lane_seq
        ), freed AS (DELETE FROM ${s}.dedupe d WHERE d.id = $1 AND EXISTS (SELECT 1 FROM won))
+       , hist AS (${perTaskHistory(
+         s,
+         `SELECT r.id, 'success' AS outcome, r.lane_id, r.type, l.worker, l.claimed_at, r.attempts + 1 AS attempt,
+                 r.created_at, NULL::integer AS run_ms, NULL::jsonb AS error, NULL::jsonb AS cursor, false AS dead
+            FROM won w
+            JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
+            JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq`,
+       )})
        SELECT 1 FROM won`,
       [id, token],
     );

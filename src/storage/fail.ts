@@ -1,4 +1,6 @@
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import type { ErrorDetail } from '../util/error-detail.js';
+import { perTaskHistory, runMsValue } from './history.js';
 import { leaseKey, type LeaseRef } from './lease.js';
 import { settleAndMove } from './settle-tail.js';
 
@@ -9,6 +11,12 @@ export interface FailureInput {
   delayMs: number;
   /** Dead-letter now, whatever attempts remain. */
   permanent: boolean;
+  /** The outcome attempt history records (default `failure`; `timeout` past the deadline). */
+  outcome?: 'failure' | 'timeout';
+  /** What was thrown (message, stack, cause chain); default: `{ message: error }`. */
+  detail?: ErrorDetail;
+  /** The handler's run time, ms. */
+  runMs?: number | null;
 }
 
 /**
@@ -28,8 +36,8 @@ export async function recordFailures(
     name: `berth-fail:${name}`,
     text: `WITH u AS (
        SELECT * FROM unnest($1::smallint[], $2::integer[], $3::bigint[], $4::uuid[], $5::text[],
-                            $6::float8[], $7::boolean[], $8::bigint[])
-         AS u(slot, lane_id, lane_seq, token, error, delay_ms, permanent, lease_from)
+                            $6::float8[], $7::boolean[], $8::bigint[], $9::text[], $10::jsonb[], $11::integer[])
+         AS u(slot, lane_id, lane_seq, token, error, delay_ms, permanent, lease_from, outcome, detail, run_ms)
      ), won AS (
        INSERT INTO ${s}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
        SELECT l.slot, l.lane_id, l.from_seq, int8multirange(int8range(u.lane_seq, u.lane_seq + 1)), 1, 'failed'
@@ -43,13 +51,18 @@ export async function recordFailures(
        SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, r.attempts + 1 AS attempts,
               r.max_attempts, r.dedupe_key, u.error AS last_error, r.created_at,
               l.claimed_at AS last_attempted_at, u.delay_ms, r.lane_id, r.lane_seq,
+              l.worker, u.outcome, u.detail, u.run_ms,
               (u.permanent OR r.attempts + 1 >= coalesce(r.max_attempts,
                  l.type_max_attempts[array_position(l.types, r.type)])) AS dead
          FROM won w
          JOIN u ON u.slot = w.slot AND u.lane_id = w.lane_id AND u.lane_seq = w.lane_seq
          JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
          JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq
-     ), ${settleAndMove(s, 'now() + make_interval(secs => delay_ms / 1000.0)')}
+     ), ${settleAndMove(s, 'now() + make_interval(secs => delay_ms / 1000.0)')}, hist AS (${perTaskHistory(
+       s,
+       `SELECT id, outcome, lane_id, type, worker, last_attempted_at AS claimed_at, attempts AS attempt, created_at,
+               run_ms, detail AS error, NULL::jsonb AS cursor, dead FROM src`,
+     )})
      SELECT lane_id, lane_seq::text AS lane_seq, dead FROM src`,
     values: [
       items.map((i) => i.ref.slot),
@@ -60,6 +73,9 @@ export async function recordFailures(
       items.map((i) => Math.max(0, i.delayMs)),
       items.map((i) => i.permanent),
       items.map((i) => i.ref.leaseFrom),
+      items.map((i) => i.outcome ?? 'failure'),
+      items.map((i) => JSON.stringify(i.detail ?? { message: i.error })),
+      items.map((i) => runMsValue(i.runMs)),
     ],
   });
   return new Map(

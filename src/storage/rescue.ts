@@ -1,4 +1,5 @@
 import { bindSchema, type Queryable, queryRingRead, type SchemaRef } from '../sql.js';
+import { perTaskHistory } from './history.js';
 import { unsettledEntriesOf, unsettledRanges } from './predicates.js';
 import { settleAndMove } from './settle-tail.js';
 
@@ -61,12 +62,18 @@ export async function rescueLapsedLeases(db: Queryable, schema: SchemaRef, limit
                      coalesce(l.worker, 'unknown')) AS last_error,
               r.created_at, l.claimed_at AS last_attempted_at,
               r.attempts + 1 >= coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]) AS dead,
-              r.slot, r.lane_id, r.lane_seq
+              r.slot, r.lane_id, r.lane_seq, l.worker
          FROM won w
          JOIN lapsed x ON x.slot = w.slot AND x.lane_id = w.lane_id AND x.from_seq = w.lease_from
          JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
          JOIN ${s}.ready r ON r.slot = x.slot AND r.lane_id = x.lane_id AND r.lane_seq = x.lane_seq
-     ), ${settleAndMove(s, 'now()')}, unmarked AS (
+     ), ${settleAndMove(s, 'now()')}, hist AS (${perTaskHistory(
+       s,
+       // The holder never settled it: history records the attempt as lost, with why.
+       `SELECT id, 'lost' AS outcome, lane_id, type, worker, last_attempted_at AS claimed_at, attempts AS attempt,
+               created_at, NULL::integer AS run_ms, jsonb_build_object('message', last_error) AS error,
+               NULL::jsonb AS cursor, dead FROM src`,
+     )}), unmarked AS (
        DELETE FROM ${s}.overdue_leases o USING src w
         WHERE o.lane_id = w.lane_id AND o.lane_seq = w.lane_seq AND o.slot = w.slot
      ), swept AS (

@@ -1,4 +1,5 @@
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import { perTaskHistory, runMsValue } from './history.js';
 import type { LeaseRef } from './lease.js';
 import { settleAndMove, settleOneEntry } from './settle-tail.js';
 
@@ -27,6 +28,7 @@ async function returnLease(
   mode: 'advanced' | 'released' | 'unstarted',
   payload: unknown,
   finalError: string | null,
+  history: ReleaseHistory,
   delayMs = 0,
 ): Promise<ReturnResult> {
   const { q: s } = bindSchema(schema);
@@ -43,9 +45,18 @@ async function returnLease(
                    WHEN x.attempt >= x.max_attempts THEN coalesce($7, x.last_error)
                    ELSE x.last_error END AS last_error,
               x.created_at, x.claimed_at AS last_attempted_at,
-              ($5 = 'released' AND x.attempt >= x.max_attempts) AS dead
+              ($5 = 'released' AND x.attempt >= x.max_attempts) AS dead,
+              x.attempt AS attempt_no, x.lane_id, x.worker
          FROM lease x
-     ), ${settleAndMove(s, 'now() + make_interval(secs => $9::float8 / 1000.0)')}
+     ), ${settleAndMove(s, 'now() + make_interval(secs => $9::float8 / 1000.0)')}, hist AS (${perTaskHistory(
+       s,
+       // A hand-back of a task that never started is no attempt (its attempt is refunded).
+       `SELECT id, CASE WHEN $5 = 'advanced' THEN 'continued' ELSE $10 END AS outcome, lane_id, type, worker,
+               last_attempted_at AS claimed_at, attempt_no AS attempt, created_at, $11::integer AS run_ms,
+               CASE WHEN dead THEN jsonb_build_object('message', last_error) END AS error,
+               CASE WHEN $5 = 'advanced' THEN $6::jsonb END AS cursor, dead
+          FROM src WHERE $5 <> 'unstarted'`,
+     )})
      SELECT EXISTS (SELECT 1 FROM src) AS wrote, coalesce((SELECT bool_or(dead) FROM src), false) AS dead`,
     [
       ref.slot,
@@ -57,6 +68,8 @@ async function returnLease(
       finalError,
       ref.leaseFrom,
       delayMs,
+      history.outcome,
+      runMsValue(history.runMs),
     ],
   );
   const row = res.rows[0]!;
@@ -70,7 +83,7 @@ export async function advanceCursor(
   ref: LeaseRef,
   payload: unknown,
 ): Promise<boolean> {
-  return (await returnLease(write, schema, ref, 'advanced', payload, null)).wrote;
+  return (await returnLease(write, schema, ref, 'advanced', payload, null, NO_HISTORY)).wrote;
 }
 
 /**
@@ -85,15 +98,30 @@ export async function returnUnstarted(
   ref: LeaseRef,
   away?: { delayMs: number; note: string },
 ): Promise<ReturnResult> {
-  return returnLease(write, schema, ref, 'unstarted', null, away?.note ?? null, away?.delayMs ?? 0);
+  return returnLease(write, schema, ref, 'unstarted', null, away?.note ?? null, NO_HISTORY, away?.delayMs ?? 0);
 }
 
-/** Release: give the task back due now with its burnt attempt kept. */
+/**
+ * Release: give the task back due now with its burnt attempt kept. `history` is what attempt
+ * history records: `continued` (a slice that did not advance), `cancelled` (stop interrupted it)
+ * or `timeout` (it was past its deadline).
+ */
 export function releaseLease(
   write: Queryable,
   schema: SchemaRef,
   ref: LeaseRef,
   finalError: string,
+  history: ReleaseHistory = { outcome: 'continued' },
 ): Promise<ReturnResult> {
-  return returnLease(write, schema, ref, 'released', null, finalError);
+  return returnLease(write, schema, ref, 'released', null, finalError, history);
 }
+
+/** What attempt history records for a release. */
+export interface ReleaseHistory {
+  outcome: 'continued' | 'cancelled' | 'timeout';
+  /** The handler's run time, ms. */
+  runMs?: number | null;
+}
+
+/** AdvanceCursor records `continued` with its cursor; a hand-back records nothing. */
+const NO_HISTORY: ReleaseHistory = { outcome: 'continued' };

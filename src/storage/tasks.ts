@@ -17,6 +17,15 @@ export interface TaskRecord extends Lane {
   createdAt: Date;
   runAt: Date | null;
   lease: { token: string; expiresAt: Date; worker: string | null; attempt: number } | null;
+  /**
+   * `queue`: read from the queue's own storage. `history`: the task is gone from it (a completed
+   * task whose ring segment was reclaimed, a purged dead letter) and this is its last attempt in
+   * attempt history, which keeps no payload (`payload` is null, `maxAttempts` and `dedupeKey`
+   * unknown).
+   */
+  source: 'queue' | 'history';
+  /** When it completed or died, when that is known. */
+  finishedAt?: Date;
 }
 
 /**
@@ -70,7 +79,7 @@ export async function getTask(db: Queryable, schema: SchemaRef, id: string): Pro
     [id],
   );
   const row = res.rows[0];
-  if (!row) return null;
+  if (!row) return fromHistory(db, s, id);
   return {
     id: row.id,
     type: row.type,
@@ -88,5 +97,54 @@ export async function getTask(db: Queryable, schema: SchemaRef, id: string): Pro
     lease: row.token
       ? { token: row.token, expiresAt: row.expires_at!, worker: row.worker, attempt: row.attempts }
       : null,
+    source: 'queue',
+  };
+}
+
+/**
+ * A task the queue's storage no longer holds, from its last attempt in attempt history: a
+ * success (completed), or an attempt that retired it (dead, the dead letter since purged).
+ * One probe of the history's `bucket` index.
+ */
+async function fromHistory(db: Queryable, s: string, id: string): Promise<TaskRecord | null> {
+  const res = await db.query<{
+    type: string;
+    outcome: string;
+    dead: boolean;
+    queue: string;
+    priority: number;
+    shard: number;
+    attempt: number;
+    created_at: Date;
+    settled_at: Date;
+    error: { message?: string } | null;
+  }>(
+    `SELECT h.type, h.outcome, h.dead, ln.queue, ln.priority, ln.shard, x.attempt, x.created_at, h.settled_at, h.error
+       FROM ${s}.attempt_history h
+       JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
+      CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at) AS x(id, attempt, created_at)
+      WHERE h.bucket = $1::bigint >> 10 AND $1::bigint = ANY (h.ids) AND x.id = $1::bigint
+      ORDER BY h.settled_at DESC LIMIT 1`,
+    [id],
+  );
+  const h = res.rows[0];
+  if (!h || (h.outcome !== 'success' && !h.dead)) return null;
+  return {
+    id,
+    type: h.type,
+    state: h.outcome === 'success' ? 'completed' : 'dead',
+    payload: null,
+    queue: h.queue,
+    priority: h.priority,
+    shard: h.shard,
+    attempts: h.attempt,
+    maxAttempts: null,
+    dedupeKey: null,
+    lastError: h.outcome === 'success' ? null : (h.error?.message ?? null),
+    createdAt: h.created_at,
+    runAt: null,
+    lease: null,
+    source: 'history',
+    finishedAt: h.settled_at,
   };
 }

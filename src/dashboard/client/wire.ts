@@ -106,24 +106,45 @@ export interface TaskDetail {
     createdAt: string;
     runAt: string | null;
     lease: { expiresAt: string; worker: string | null; attempt: number; overdue: OverdueMark | null } | null;
+    /** `history`: the task has left the queue; read from attempt history (no payload kept). */
+    source: 'queue' | 'history';
   };
+  attempts: Attempt[];
   timeline: { at: string; event: string; detail: unknown }[];
-  /** Absent from a server that predates it; drawn when present (see src/dashboard/attempts.ts). */
-  attempts?: Attempt[];
-  /** `history`: the attempt history, errors included; `timeline`: claims and settlements off the ring. */
-  attemptsFrom?: 'history' | 'timeline';
 }
 
-/** One attempt: its claim, how it ended, and (from the attempt history) its error and stack. */
+/** What a handler threw, bounded (src/util/error-detail.ts). */
+export interface ErrorDetail {
+  message: string;
+  name?: string;
+  stack?: string;
+  data?: string;
+  cause?: ErrorDetail;
+}
+
+/** One attempt in attempt history (src/storage/history.ts `AttemptRecord`). */
 export interface Attempt {
-  id: string | null;
-  attempt: number | null;
-  claimedAt: string | null;
+  id: string;
+  attempt: number;
+  outcome: string;
+  type: string;
+  queue: string;
+  priority: number;
+  shard: number;
   worker: string | null;
-  outcome: string | null;
-  settledAt: string | null;
-  durationMs: number | null;
-  error: { message: string; stack: string | null } | null;
+  claimedAt: string;
+  settledAt: string;
+  durationMs: number;
+  runMs: number | null;
+  createdAt: string;
+  error: ErrorDetail | null;
+  cursor: unknown;
+  dead: boolean;
+}
+
+export interface AttemptList {
+  attempts: Attempt[];
+  next: string | null;
 }
 
 export interface DeadLetters {

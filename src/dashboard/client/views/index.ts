@@ -1,4 +1,5 @@
 import { type Page, page } from '../view.js';
+import { attempts } from './attempts.js';
 import { dead } from './dead.js';
 import { lanes } from './lanes.js';
 import { maintenance } from './maintenance.js';
@@ -13,6 +14,7 @@ export const PAGES: ReadonlyMap<string, Page> = new Map([
   ['lanes', page(lanes)],
   ['tasks', page(tasks)],
   ['task', page(task)],
+  ['attempts', page(attempts)],
   ['dead', page(dead)],
   ['queues', page(queues)],
   ['maintenance', page(maintenance)],

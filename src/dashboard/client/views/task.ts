@@ -4,8 +4,9 @@ import { append, type Child, clear, h } from '../dom.js';
 import { duration, json } from '../format.js';
 import { READ_ONLY } from '../shell.js';
 import type { View } from '../view.js';
-import { badge, stateBadges, table, when } from '../widgets.js';
-import type { Attempt, TaskDetail, TaskState } from '../wire.js';
+import { stateBadges, when } from '../widgets.js';
+import type { Attempt, ErrorDetail, TaskDetail, TaskState } from '../wire.js';
+import { outcomeBadge } from './attempts.js';
 
 type TaskAction = 'retry' | 'cancel' | 'move' | 'delete';
 
@@ -72,53 +73,32 @@ function taskActions(t: TaskDetail['task']): HTMLDivElement | null {
   ]);
 }
 
-/** An attempt's error: its message, and its stack folded below it when the history kept one. */
-function attemptError(e: Attempt['error']): Child {
-  if (!e) return '';
-  return h('div', { class: 'attempt-error' }, [
-    h('span', { class: 'error-text', 'data-error': '' }, e.message),
-    e.stack
-      ? h('details', {}, [
-          h('summary', {}, 'stack'),
-          h('pre', { class: 'error-text stack', 'data-stack': '' }, e.stack),
-        ])
-      : null,
-  ]);
+/** An error and its cause chain: each link's name, message, data and stack, as text. */
+function errorBlock(e: ErrorDetail): HTMLElement[] {
+  const out: HTMLElement[] = [];
+  for (let c: ErrorDetail | undefined = e, first = true; c; c = c.cause, first = false) {
+    const head = `${first ? '' : 'Caused by: '}${c.name ? `${c.name}: ` : ''}${c.message}`;
+    const lines = [head, c.data ? `data: ${c.data}` : '', c.stack && c.stack !== head ? c.stack : '']
+      .filter(Boolean)
+      .join('\n');
+    out.push(h('pre', { class: 'error-text', 'data-error-depth': String(out.length) }, lines));
+  }
+  return out;
 }
 
-/**
- * Every attempt the server knows of, oldest first: claim, worker, outcome, duration, error and
- * stack. Drawn from whatever the API sends (`attempts`); it says when they came off the ring's
- * timeline, which keeps claims and settlements while their segment is retained and no error
- * per attempt.
- */
-function attemptsSection(d: TaskDetail): Child {
-  if (!d.attempts) return null;
-  const fromTimeline = d.attemptsFrom !== 'history';
-  return h('section', { id: 'attempts', 'data-from': fromTimeline ? 'timeline' : 'history' }, [
-    h('h3', {}, 'Attempts'),
-    table(
-      ['Attempt', 'Claimed', 'Worker', 'Outcome', 'Duration', 'Error'],
-      d.attempts.map((a, i) => ({
-        attrs: { 'data-attempt': a.attempt ?? `#${i + 1}` },
-        cells: [
-          a.attempt === null ? '?' : String(a.attempt),
-          when(a.claimedAt),
-          h('span', { class: 'mono' }, a.worker || '?'),
-          a.outcome ? badge(a.outcome, `outcome ${a.outcome}`) : a.settledAt ? '?' : badge('running'),
-          a.durationMs === null ? '' : duration(a.durationMs),
-          attemptError(a.error),
-        ],
-      })),
-      fromTimeline ? 'No claim of this task is retained on the ring.' : 'Not claimed yet.',
-    ),
-    fromTimeline
-      ? h(
-          'p',
-          { class: 'muted small', id: 'attempts-note' },
-          'Read off the ring\u2019s claims and settlements while their segment is retained; the ring keeps only the last error (above), not one per attempt.',
-        )
-      : null,
+function attemptItem(a: Attempt): HTMLLIElement {
+  return h('li', { 'data-attempt': String(a.attempt), 'data-outcome': a.outcome }, [
+    h('strong', {}, `#${a.attempt}`),
+    ' ',
+    outcomeBadge(a.outcome, a.dead),
+    ' ',
+    h('span', { class: 'muted' }, [
+      `on ${a.worker || '?'} · claimed `,
+      when(a.claimedAt),
+      ` · ${duration(a.durationMs)}${a.runMs !== null ? ` (handler ${duration(a.runMs)})` : ''}`,
+    ]),
+    a.cursor !== null ? h('pre', { class: 'mono' }, `cursor ${json(a.cursor)}`) : null,
+    a.error ? errorBlock(a.error) : null,
   ]);
 }
 
@@ -155,9 +135,18 @@ export const task: View<TaskDetail> = {
       t.lastError
         ? [h('h3', {}, 'Last error'), h('pre', { class: 'error-text', id: 'last-error' }, t.lastError)]
         : null,
-      attemptsSection(d),
       h('h3', {}, 'Payload'),
-      h('pre', { id: 'payload' }, json(t.payload, 2)),
+      t.source === 'history'
+        ? h(
+            'p',
+            { class: 'muted', id: 'payload' },
+            'Not kept: the task has left the queue; this is its attempt history.',
+          )
+        : h('pre', { id: 'payload' }, json(t.payload, 2)),
+      h('h3', {}, 'Attempts'),
+      d.attempts.length === 0
+        ? h('p', { class: 'muted', id: 'attempts' }, 'No attempt recorded (none ended yet, or attempt history is off).')
+        : h('ol', { class: 'attempts', id: 'attempts' }, d.attempts.map(attemptItem)),
       h('h3', {}, 'Timeline'),
       h(
         'ol',

@@ -1,0 +1,351 @@
+import { BerthInputError } from '../errors.js';
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import type { ErrorDetail } from '../util/error-detail.js';
+
+/**
+ * Attempt history (migration 10): what every attempt was, written by the statement that settles
+ * it (complete, Dequeue, fail, release, AdvanceCursor, rescue) as one more data-modifying CTE, so
+ * it costs no round trip and is written exactly when the settlement wins its fence. Append-only
+ * in a ring of partitions the leader truncates by age (`rotate_history`, maintenance/history.ts).
+ * The schema's `history_state` says whether it is written and for how long it is kept; each
+ * statement reads it itself, so producers, workers and the leader always agree.
+ *
+ * Successes are compact: one row per (range lease, type, id bucket) of a completion flush, its
+ * tasks as arrays. Everything else is one row per task, with its error or its cursor.
+ */
+
+/** The outcome an attempt ended with: seed 000's six (`lost`: its lease lapsed and was rescued). */
+export type AttemptOutcome = 'success' | 'failure' | 'timeout' | 'continued' | 'cancelled' | 'lost';
+
+export const ATTEMPT_OUTCOMES: readonly AttemptOutcome[] = [
+  'success',
+  'failure',
+  'timeout',
+  'continued',
+  'cancelled',
+  'lost',
+];
+
+const COLUMNS =
+  'part, bucket, outcome, lane_id, type, worker, claimed_at, ids, attempts, created_at, run_ms, error, cursor, dead';
+
+/** Whether history is written, read inside the statement (a one-time filter: nothing else runs when off). */
+function enabled(s: string): string {
+  return `(SELECT hs.enabled FROM ${s}.history_state hs)`;
+}
+
+function currentPart(s: string): string {
+  return `(SELECT hs.current_part FROM ${s}.history_state hs)`;
+}
+
+/**
+ * The INSERT of one history row per task, for a settling statement's CTE. `from` is a SELECT
+ * with the columns id, outcome, lane_id, type, worker, claimed_at, attempt, created_at, run_ms
+ * (integer), error (jsonb), cursor (jsonb), dead (boolean), one row per settlement won.
+ */
+export function perTaskHistory(s: string, from: string): string {
+  return `INSERT INTO ${s}.attempt_history (${COLUMNS})
+       SELECT ${currentPart(s)}, h.id >> 10, h.outcome, h.lane_id, h.type, h.worker, h.claimed_at,
+              ARRAY[h.id], ARRAY[h.attempt], ARRAY[h.created_at], ARRAY[h.run_ms], h.error, h.cursor, h.dead
+         FROM (${from}) h
+        WHERE ${enabled(s)}`;
+}
+
+/** A completed task as the completion statement's history needs it (the worker already holds all of it). */
+export interface CompletedEntry {
+  laneSeq: string;
+  id: string;
+  type: string;
+  attempt: number;
+  /** When the task was created, epoch ms (from the claim). */
+  createdMs: number;
+  /** The handler's run time, ms; null when not known. */
+  runMs?: number | null;
+}
+
+/**
+ * The completion statement's history CTE, `hist`: one row per (lease, type, id bucket) of the
+ * leases won, the tasks as arrays in lane order. Needs CTEs `u` (the lease groups, with
+ * ordinality `o`) and `won` (the settlement rows inserted: lane_id, lease_from, and seqs when
+ * `onlyWonSeqs`, which keeps only the entries the row covers). `leases` is the range_leases
+ * relation; the entries come as seven arrays from parameter `$p` on (see `completionHistoryValues`).
+ */
+export function completionHistory(s: string, leases: string, p: number, onlyWonSeqs: boolean): string {
+  return `hist AS (
+       INSERT INTO ${s}.attempt_history (${COLUMNS})
+       SELECT ${currentPart(s)}, e.id >> 10, 'success', l.lane_id, e.type, l.worker, l.claimed_at,
+              array_agg(e.id ORDER BY e.k), array_agg(e.attempt ORDER BY e.k),
+              array_agg(to_timestamp(e.created_ms / 1000.0) ORDER BY e.k), array_agg(e.run_ms ORDER BY e.k),
+              NULL, NULL, false
+         FROM won w
+         JOIN ${leases} l ON l.lane_id = w.lane_id AND l.from_seq = w.lease_from
+         JOIN u ON u.lane_id = w.lane_id AND u.lease_from = w.lease_from AND u.token = l.token
+         JOIN unnest($${p}::integer[], $${p + 1}::bigint[], $${p + 2}::bigint[], $${p + 3}::text[],
+                     $${p + 4}::integer[], $${p + 5}::float8[], $${p + 6}::integer[])
+              WITH ORDINALITY AS e(g, lane_seq, id, type, attempt, created_ms, run_ms, k)
+           ON e.g = u.o${onlyWonSeqs ? ' AND w.seqs @> e.lane_seq' : ''}
+        WHERE ${enabled(s)}
+        GROUP BY l.lane_id, l.from_seq, l.worker, l.claimed_at, e.type, e.id >> 10
+     )`;
+}
+
+/** The seven arrays `completionHistory` reads: `groups[i]` is group i + 1's entries. */
+export function completionHistoryValues(groups: readonly (readonly CompletedEntry[])[]): unknown[] {
+  const g: number[] = [];
+  const seq: string[] = [];
+  const id: string[] = [];
+  const type: string[] = [];
+  const attempt: number[] = [];
+  const created: number[] = [];
+  const ms: (number | null)[] = [];
+  groups.forEach((entries, i) => {
+    for (const e of entries) {
+      g.push(i + 1);
+      seq.push(e.laneSeq);
+      id.push(e.id);
+      type.push(e.type);
+      attempt.push(e.attempt);
+      created.push(e.createdMs);
+      ms.push(e.runMs == null ? null : Math.round(e.runMs));
+    }
+  });
+  return [g, seq, id, type, attempt, created, ms];
+}
+
+/** A handler's run time as the history column holds it (whole ms, within int4). */
+export function runMsValue(ms: number | null | undefined): number | null {
+  if (ms == null || !Number.isFinite(ms) || ms < 0) return null;
+  return Math.min(Math.round(ms), 2_147_483_647);
+}
+
+/** One attempt of one task, as attempt history holds it. */
+export interface AttemptRecord {
+  id: string;
+  attempt: number;
+  outcome: AttemptOutcome;
+  type: string;
+  queue: string;
+  priority: number;
+  shard: number;
+  worker: string | null;
+  claimedAt: Date;
+  settledAt: Date;
+  /** From the claim to the settlement. */
+  durationMs: number;
+  /** The handler's own run time; null when it did not run (or the attempt was not settled by its worker). */
+  runMs: number | null;
+  createdAt: Date;
+  error: ErrorDetail | null;
+  /** The payload AdvanceCursor saved, for a `continued` attempt that advanced. */
+  cursor: unknown;
+  /** The attempt retired the task to the dead letters. */
+  dead: boolean;
+}
+
+/** An AttemptRecord as the statement returns it (snake_case times, and the keyset cursor's key). */
+type AttemptRow = Omit<AttemptRecord, 'claimedAt' | 'settledAt' | 'durationMs' | 'runMs' | 'createdAt'> & {
+  claimed_at: Date;
+  settled_at: Date;
+  settled_key: string;
+  duration_ms: number;
+  run_ms: number | null;
+  created_at: Date;
+};
+
+const ATTEMPT_SELECT = `x.id::text AS id, x.attempt, h.outcome, h.type, ln.queue, ln.priority, ln.shard, h.worker,
+       h.claimed_at, h.settled_at, (extract(epoch FROM h.settled_at) * 1000000)::bigint::text AS settled_key,
+       (extract(epoch FROM h.settled_at - h.claimed_at) * 1000)::float8 AS duration_ms,
+       x.run_ms, x.created_at, h.error, h.cursor, h.dead`;
+
+function toRecord(r: AttemptRow): AttemptRecord {
+  return {
+    id: r.id,
+    attempt: r.attempt,
+    outcome: r.outcome,
+    type: r.type,
+    queue: r.queue,
+    priority: r.priority,
+    shard: r.shard,
+    worker: r.worker,
+    claimedAt: r.claimed_at,
+    settledAt: r.settled_at,
+    durationMs: r.duration_ms,
+    runMs: r.run_ms,
+    createdAt: r.created_at,
+    error: r.error,
+    cursor: r.cursor,
+    dead: r.dead,
+  };
+}
+
+/** Every attempt of one task still in history, oldest first. One btree probe (`bucket`). */
+export async function attemptsOf(db: Queryable, schema: SchemaRef, id: string): Promise<AttemptRecord[]> {
+  const { q: s } = bindSchema(schema);
+  const res = await db.query<AttemptRow>(
+    `SELECT ${ATTEMPT_SELECT}
+       FROM ${s}.attempt_history h
+       JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
+      CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at, h.run_ms) AS x(id, attempt, created_at, run_ms)
+      WHERE h.bucket = $1::bigint >> 10 AND $1::bigint = ANY (h.ids) AND x.id = $1::bigint
+      ORDER BY h.settled_at, h.claimed_at`,
+    [id],
+  );
+  return res.rows.map(toRecord);
+}
+
+export interface AttemptFilter {
+  type?: string;
+  queue?: string;
+  outcome?: AttemptOutcome;
+  /** Settled at or after this time. */
+  since?: Date;
+  /** Settled before this time. */
+  before?: Date;
+}
+
+function checkTime(value: Date | undefined, name: string): Date | null {
+  if (value === undefined) return null;
+  if (!(value instanceof Date) || Number.isNaN(value.getTime()))
+    throw new BerthInputError(`${name} must be a valid date`);
+  return value;
+}
+
+export interface AttemptPage {
+  /** 1-500, default 50. */
+  limit?: number;
+  /** The `next` of the previous page. */
+  after?: string;
+}
+
+export interface AttemptList {
+  attempts: AttemptRecord[];
+  next: string | null;
+}
+
+export function parseOutcome(value: string): AttemptOutcome {
+  if (!(ATTEMPT_OUTCOMES as readonly string[]).includes(value)) {
+    throw new BerthInputError(`unknown outcome "${value}"; expected one of ${ATTEMPT_OUTCOMES.join(', ')}`);
+  }
+  return value as AttemptOutcome;
+}
+
+const AT = `timestamptz 'epoch' + $4::bigint * interval '1 microsecond'`;
+
+/** The keyset cursor: settled_at in microseconds since the epoch (exact, unlike a JS Date), `:`, the id (shell-safe, for the CLI's next-page command). */
+function parseCursor(after: string | undefined): [string, string] | [null, null] {
+  if (after === undefined || after === '') return [null, null];
+  const m = /^(-?[0-9]{1,18}):([0-9]{1,19})$/.exec(after);
+  if (!m) throw new BerthInputError('after must be the next cursor of a previous page');
+  return [m[1]!, m[2]!];
+}
+
+/**
+ * Attempts newest first (by settlement time, then id), filtered by type, queue, outcome and a
+ * settlement-time window, with
+ * keyset pagination. Walks the `settled_at` index backwards and stops at the page: a filter few
+ * attempts match walks further (the whole retention at worst).
+ */
+export async function listAttempts(
+  db: Queryable,
+  schema: SchemaRef,
+  filter: AttemptFilter = {},
+  page: AttemptPage = {},
+): Promise<AttemptList> {
+  const { q: s } = bindSchema(schema);
+  const limit = page.limit ?? 50;
+  if (!Number.isInteger(limit) || limit < 1 || limit > 500)
+    throw new BerthInputError('limit must be an integer from 1 to 500');
+  if (filter.outcome !== undefined) parseOutcome(filter.outcome);
+  const [at, afterId] = parseCursor(page.after);
+  const res = await db.query<AttemptRow>(
+    `SELECT ${ATTEMPT_SELECT}
+       FROM ${s}.attempt_history h
+       JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
+      CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at, h.run_ms) AS x(id, attempt, created_at, run_ms)
+      WHERE ($1::text IS NULL OR h.type = $1) AND ($2::text IS NULL OR ln.queue = $2)
+        AND ($3::text IS NULL OR h.outcome = $3)
+        AND ($4::bigint IS NULL OR h.settled_at <= ${AT})
+        AND ($4::bigint IS NULL OR (h.settled_at, x.id) < (${AT}, $5::bigint))
+        AND ($7::timestamptz IS NULL OR h.settled_at >= $7) AND ($8::timestamptz IS NULL OR h.settled_at < $8)
+      ORDER BY h.settled_at DESC, x.id DESC
+      LIMIT $6`,
+    [
+      filter.type ?? null,
+      filter.queue ?? null,
+      filter.outcome ?? null,
+      at,
+      afterId,
+      limit + 1,
+      checkTime(filter.since, 'since'),
+      checkTime(filter.before, 'before'),
+    ],
+  );
+  const rows = res.rows.slice(0, limit);
+  const last = rows[rows.length - 1];
+  return {
+    attempts: rows.map(toRecord),
+    next: res.rows.length > limit && last ? `${last.settled_key}:${last.id}` : null,
+  };
+}
+
+/** The schema-wide history setting. */
+export interface HistorySettings {
+  enabled: boolean;
+  retentionMs: number;
+  partitions: number;
+  currentPartition: number;
+  generation: number;
+  rotatedAt: Date;
+}
+
+export async function readHistorySettings(db: Queryable, schema: SchemaRef): Promise<HistorySettings> {
+  const { q: s } = bindSchema(schema);
+  const r = await db.query<{
+    enabled: boolean;
+    retention_ms: number;
+    part_count: number;
+    current_part: number;
+    generation: string;
+    rotated_at: Date;
+  }>(`SELECT enabled, retention_ms, part_count, current_part, generation::text AS generation, rotated_at
+        FROM ${s}.history_state`);
+  const row = r.rows[0]!;
+  return {
+    enabled: row.enabled,
+    retentionMs: row.retention_ms,
+    partitions: row.part_count,
+    currentPartition: row.current_part,
+    generation: Number(row.generation),
+    rotatedAt: row.rotated_at,
+  };
+}
+
+/** The shortest retention: rotation runs every retention / 7, on the leader's history branch. */
+export const MIN_HISTORY_RETENTION_MS = 7000;
+
+/**
+ * Turn attempt history on or off, or change how long it is kept (an operator's action, as the
+ * schema owner: runtime roles may only read the setting). Takes effect at each writer's next
+ * statement. Turning it off stops the writes; what is kept ages out as before.
+ */
+export async function setHistorySettings(
+  db: Queryable,
+  schema: SchemaRef,
+  change: { enabled?: boolean; retentionMs?: number },
+): Promise<HistorySettings> {
+  for (const key of Object.keys(change)) {
+    if (key !== 'enabled' && key !== 'retentionMs') throw new BerthInputError(`unknown history setting "${key}"`);
+  }
+  if (change.enabled !== undefined && typeof change.enabled !== 'boolean')
+    throw new BerthInputError('history enabled must be true or false');
+  const ms = change.retentionMs;
+  if (ms !== undefined && (typeof ms !== 'number' || !Number.isFinite(ms) || ms < MIN_HISTORY_RETENTION_MS))
+    throw new BerthInputError(`history retentionMs must be a number of milliseconds >= ${MIN_HISTORY_RETENTION_MS}`);
+  const bound = bindSchema(schema);
+  await db.query(
+    `UPDATE ${bound.q}.history_state
+        SET enabled = coalesce($1::boolean, enabled), retention_ms = coalesce($2::float8, retention_ms)`,
+    [change.enabled ?? null, ms ?? null],
+  );
+  return readHistorySettings(db, bound);
+}
