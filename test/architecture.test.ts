@@ -20,7 +20,18 @@ const SRC = fileURLToPath(new URL('../src/', import.meta.url));
 const LAYERS: readonly { name: string; paths: readonly string[]; peers?: true }[] = [
   {
     name: 'foundation',
-    paths: ['util/', 'errors.ts', 'logger.ts', 'limits.ts', 'sql.ts', 'db/', 'metrics.ts', 'task.ts', 'lane.ts'],
+    paths: [
+      'util/',
+      'errors.ts',
+      'logger.ts',
+      'limits.ts',
+      'sql.ts',
+      'db/',
+      'metrics.ts',
+      'tracing.ts',
+      'task.ts',
+      'lane.ts',
+    ],
   },
   { name: 'storage', paths: ['storage/'] },
   { name: 'schema', paths: ['schema/'] },

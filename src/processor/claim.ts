@@ -25,6 +25,8 @@ export interface ClaimedTask extends LeaseRef {
   leaseExpiresAt: number;
   /** How long the task had been due when it was claimed (database clock), in seconds. */
   waitedSeconds: number;
+  /** The producer's stored trace context (src/tracing.ts), or null when it enqueued untraced. */
+  traceContext: string | null;
 }
 
 /**
@@ -170,6 +172,7 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
     attempt: number;
     max_attempts: number;
     dedupe_key: string | null;
+    trace_context: string | null;
     token: string;
     expires_ms: number;
     waited_s: number;
@@ -189,7 +192,7 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
         WHERE k.version = (SELECT v.version FROM ${s}.lanes v WHERE v.lane_id = k.lane_id)
      ), picked AS MATERIALIZED (
        SELECT r.slot, r.lane_id, r.lane_seq, r.id, r.type, r.payload, r.queue, r.priority,
-              r.shard, r.attempts, r.max_attempts, r.dedupe_key, r.run_at,
+              r.shard, r.attempts, r.max_attempts, r.dedupe_key, r.run_at, r.trace_context,
               row_number() OVER lane AS rank_in_lane,
               bool_and(r.run_at <= now()) OVER lane AS due_so_far,
               first_value(r.slot) OVER lane AS lane_slot
@@ -242,7 +245,7 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
             c.id::text AS id, c.type, c.payload, c.queue, c.priority, c.shard,
             c.attempts + 1 AS attempt,
             coalesce(c.max_attempts, l.type_max_attempts[array_position(l.types, c.type)]) AS max_attempts,
-            c.dedupe_key, l.token::text AS token,
+            c.dedupe_key, c.trace_context, l.token::text AS token,
             (extract(epoch FROM l.type_expires[array_position(l.types, c.type)]) * 1000)::float8 AS expires_ms,
             greatest(extract(epoch FROM now() - c.run_at), 0)::float8 AS waited_s,
             (SELECT more FROM more) AS more
@@ -283,6 +286,7 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
     dedupeKey: r.dedupe_key,
     leaseExpiresAt: r.expires_ms,
     waitedSeconds: r.waited_s,
+    traceContext: r.trace_context,
   }));
   return { tasks, more: res.rows[0]?.more ?? false };
 }

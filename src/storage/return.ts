@@ -41,7 +41,8 @@ async function returnLease(
      ), lease AS (
        SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, r.attempts + 1 AS attempt,
               coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]) AS max_attempts,
-              r.max_attempts AS task_max_attempts, r.dedupe_key, r.last_error, r.created_at, l.claimed_at
+              r.max_attempts AS task_max_attempts, r.dedupe_key, r.last_error, r.created_at, l.claimed_at,
+              r.trace_context
          FROM won w
          JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
          JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = $3::bigint
@@ -55,7 +56,7 @@ async function returnLease(
               CASE WHEN $5 = 'advanced' THEN NULL
                    WHEN x.attempt >= x.max_attempts THEN coalesce($7, x.last_error)
                    ELSE x.last_error END AS last_error,
-              x.created_at, x.claimed_at AS last_attempted_at,
+              x.created_at, x.claimed_at AS last_attempted_at, x.trace_context,
               ($5 = 'released' AND x.attempt >= x.max_attempts) AS dead
          FROM lease x
      ), ${settleAndMove(s, 'now()')}

@@ -9,7 +9,7 @@
 
 /** The columns a settled entry carries to `dead_letters` or `deferred`. */
 export const MOVE_COLUMNS = `id, type, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
-  last_error, created_at, last_attempted_at`;
+  last_error, created_at, last_attempted_at, trace_context`;
 
 /**
  * The tail's CTEs, to follow a `src` CTE (MATERIALIZED, so the moves read it once) that selects
