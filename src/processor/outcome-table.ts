@@ -17,9 +17,10 @@ export type TaskRun =
   | { kind: 'invalid_payload'; error: string }
   | ({ kind: 'done' } & HandlerRan)
   | ({ kind: 'continue' } & HandlerRan)
-  | ({ kind: 'error'; error: string; permanent: boolean } & HandlerRan)
+  /** `thrown`: what the handler threw, as it was (events and spans report it; the table ignores it). */
+  | ({ kind: 'error'; error: string; permanent: boolean; thrown?: unknown } & HandlerRan)
   /** The handler returned something outside done/continue/nothing (42, 'retry', false). */
-  | ({ kind: 'contract_violation'; error: string } & HandlerRan);
+  | ({ kind: 'contract_violation'; error: string; thrown?: unknown } & HandlerRan);
 
 /** What the engine saw around a handler that ran. */
 export interface HandlerRan {

@@ -29,6 +29,14 @@ export interface RunInput {
   log: Logger;
   /** Gives the slot back: called as soon as no handler runs for this task any more. */
   freeSlot: () => void;
+  /** Told when the handler starts and returns (events, the span: processor/task-observer.ts); null: nobody asks. */
+  hooks: HandlerHooks | null;
+}
+
+/** What the observer of an attempt hears of its handler. */
+export interface HandlerHooks {
+  handlerStarted(): void;
+  handlerEnded(): void;
 }
 
 const RUN_ABORT = Symbol('berth.runAbort');
@@ -111,6 +119,7 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     [RUN_ABORT]: abort,
   };
   const ctx = Object.defineProperty(fields, 'signal', SIGNAL) as typeof fields & TaskContext<unknown>;
+  input.hooks?.handlerStarted();
   const started = performance.now();
   let result: unknown;
   let error: unknown = null;
@@ -131,6 +140,7 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     deps.deadlines.disarm(abort);
   }
   freeSlot();
+  input.hooks?.handlerEnded();
   deps.observeHandler(task, (performance.now() - started) / 1000);
   const ran = {
     advanced,
@@ -139,8 +149,8 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
   };
   if (error !== null) {
     const message = error instanceof Error ? error.message || error.name : String(error);
-    if (violation) return { kind: 'contract_violation', error: message, ...ran };
-    return { kind: 'error', error: message, permanent: isPermanentError(error), ...ran };
+    if (violation) return { kind: 'contract_violation', error: message, thrown: error, ...ran };
+    return { kind: 'error', error: message, permanent: isPermanentError(error), thrown: error, ...ran };
   }
   return result === 'continue' ? { kind: 'continue', ...ran } : { kind: 'done', ...ran };
 }

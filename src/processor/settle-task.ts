@@ -18,8 +18,8 @@ export interface SettleDeps {
 
 /**
  * Write the settlement the outcome table chose, log what became of it, and count the outcome the
- * table gives for the fence's answer. Never throws for a database fault: an unwritten settlement
- * lapses, and rescue runs the task again.
+ * table gives for the fence's answer; returns the fence's answer. Never throws for a database
+ * fault: an unwritten settlement lapses, and rescue runs the task again.
  */
 export async function settleTask(
   deps: SettleDeps,
@@ -27,11 +27,12 @@ export async function settleTask(
   run: TaskRun,
   settlement: Settlement,
   log: Logger,
-): Promise<void> {
+): Promise<SettleAnswer> {
   const answer = await write(deps, task, settlement, log);
   describe(task, run, settlement, answer, log, deps.debugEnabled);
   const outcome: Outcome | null = settlement.outcome[answer.kind];
   if (outcome !== null) deps.record(task, outcome);
+  return answer;
 }
 
 /**
