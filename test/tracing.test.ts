@@ -316,3 +316,24 @@ test('the registered propagator is used both ways; the stored context is bounded
   assert.equal(parseTraceparent(`ff-${'a'.repeat(32)}-${'b'.repeat(16)}-01`), undefined, 'version ff');
   assert.equal(parseTraceparent(`01-${'a'.repeat(32)}-${'b'.repeat(16)}-01-future`)?.spanId, 'b'.repeat(16));
 });
+
+test("an attempt's span does not leak into the next task's dispatch or the settled events", async () => {
+  const def = defineTask<unknown>({ type: 'tr_leak', ceiling: 10_000, handler: async () => {} });
+  const w = worker([def], { slots: 1 });
+  const activeAtSettled: (string | undefined)[] = [];
+  w.events.on('task:settled', () => void activeAtSettled.push(trace.getActiveSpan()?.spanContext().spanId));
+  await inSpan('producer', () =>
+    enqueueMany(
+      pool,
+      [1, 2, 3, 4].map((i) => ({ type: def.type, payload: i, queue: def.type })),
+      { schema },
+    ),
+  );
+  await w.start();
+  try {
+    await waitFor(() => activeAtSettled.length === 4, 20_000, 'four settled events');
+  } finally {
+    await w.stop();
+  }
+  assert.deepEqual(activeAtSettled, [undefined, undefined, undefined, undefined]);
+});

@@ -396,6 +396,7 @@ export class Engine {
         const def = this.o.tasks.defs.get(task.type);
         const log = lazyChild(this.deps.logger, task);
         const input = { task, def, receivedAt, abort, log, freeSlot, hooks: attempt };
+        if (attempt !== null) input.freeSlot = attempt.detached(freeSlot);
         const run = await (attempt === null
           ? runTask(this.runDeps, input)
           : attempt.run(() => runTask(this.runDeps, input)));

@@ -97,6 +97,15 @@ export class Attempt implements HandlerHooks {
     return this.span === null ? fn() : context.with(this.spanContext, fn);
   }
 
+  /**
+   * `fn` run outside the attempt's span: what the engine does when the slot frees (dispatching the
+   * next task, waking the fetch loop) must not carry this attempt's context into the next task's
+   * statements or the settlement batcher's timers. Unchanged when the attempt is not traced.
+   */
+  detached(fn: () => void): () => void {
+    return this.span === null ? fn : () => context.with(ROOT_CONTEXT, fn);
+  }
+
   handlerStarted(): void {
     this.handlerStart = performance.now();
     if (this.events.wantsTaskEvents) this.events.emit('task:started', { workerId: this.workerId, task: this.info });
