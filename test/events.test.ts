@@ -14,12 +14,10 @@ import {
   type WorkerEventMap,
   type WorkerEventName,
 } from '../src/index.js';
-import { quoteIdent } from '../src/sql.js';
 import type { AnyTaskDefinition } from '../src/task.js';
-import { captureLogger, FAST_MAINTENANCE, freshSchema, DATABASE_URL, waitFor } from './helpers.js';
+import { captureLogger, FAST_MAINTENANCE, freshSchema, DATABASE_URL, takeLeaseOver, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('events');
-const S = quoteIdent(schema);
 
 /** Every event a worker emitted, in order, by name. */
 function record(w: Worker): { name: WorkerEventName; event: unknown }[] {
@@ -172,12 +170,7 @@ test('a handler interrupted by stop(): task:cancelled; a continue: task:continue
     ceiling: 10_000,
     handler: async (_p, ctx) => {
       // Another party settles this lease first (as rescue would after a lapse): the completion is refused.
-      await pool.query(
-        `INSERT INTO ${S}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
-         SELECT slot, lane_id, lease_from, int8multirange(int8range(lane_seq, lane_seq + 1)), 1, 'rescued'
-           FROM ${S}.leased_entries WHERE id = $1 AND outcome IS NULL ON CONFLICT DO NOTHING`,
-        [ctx.id],
-      );
+      await takeLeaseOver(pool, schema, ctx.id);
     },
   });
   const defs = [slow, cont, lost];

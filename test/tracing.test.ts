@@ -34,7 +34,7 @@ import {
   restoreTraceContext,
   tracingEnabled,
 } from '../src/tracing.js';
-import { DATABASE_URL, FAST_MAINTENANCE, freshSchema, testLogger, waitFor } from './helpers.js';
+import { DATABASE_URL, FAST_MAINTENANCE, freshSchema, takeLeaseOver, testLogger, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('tracing');
 const S = quoteIdent(schema);
@@ -199,12 +199,7 @@ test('a lease lost at settlement is an error on the span', async () => {
     type: 'tr_lost',
     ceiling: 10_000,
     handler: async (_p, ctx) => {
-      await pool.query(
-        `INSERT INTO ${S}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
-         SELECT slot, lane_id, lease_from, int8multirange(int8range(lane_seq, lane_seq + 1)), 1, 'rescued'
-           FROM ${S}.leased_entries WHERE id = $1 AND outcome IS NULL ON CONFLICT DO NOTHING`,
-        [ctx.id],
-      );
+      await takeLeaseOver(pool, schema, ctx.id);
     },
   });
   const { id } = await enqueue(pool, def, {}, { schema, queue: def.type });
