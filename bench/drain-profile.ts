@@ -24,6 +24,10 @@
  * commit (`mkdir /tmp/base && git archive main src | tar -x -C /tmp/base`, then
  * `--entry /tmp/base/src/index.ts`; node_modules resolve from here when the checkout lies below).
  * `--schema-check` gives the task type a Zod payload schema (validation per task).
+ * `--observe events` adds a listener to `task:started` and `task:settled` (each counts);
+ * `--observe trace` registers an OpenTelemetry SDK first (BasicTracerProvider, always sampled,
+ * spans dropped by a NoopSpanProcessor, and the AsyncLocalStorage context manager), so every
+ * attempt makes its span; `--observe both` does both (docs/benchmarks.md, "Events and traces").
  *
  * Database: BENCH_DATABASE_URL, else TEST_DATABASE_URL. Schema `berth_drain_profile`, dropped at
  * the end. The machine's load is printed with the results: other processes on the same cores
@@ -52,8 +56,21 @@ const { values: args } = parseArgs({
     'schema-check': { type: 'boolean', default: false },
     dist: { type: 'boolean', default: false },
     entry: { type: 'string' },
+    observe: { type: 'string' },
   },
 });
+const OBSERVE = args.observe ?? 'none';
+if (!['none', 'events', 'trace', 'both'].includes(OBSERVE)) {
+  console.error('--observe is one of none, events, trace, both');
+  process.exit(2);
+}
+if (OBSERVE === 'trace' || OBSERVE === 'both') {
+  const { trace, context } = await import('@opentelemetry/api');
+  const { BasicTracerProvider, NoopSpanProcessor } = await import('@opentelemetry/sdk-trace-base');
+  const { AsyncLocalStorageContextManager } = await import('@opentelemetry/context-async-hooks');
+  trace.setGlobalTracerProvider(new BasicTracerProvider({ spanProcessors: [new NoopSpanProcessor()] }));
+  context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+}
 // tsx compiles src/ with esbuild's keepNames (every function and closure created is renamed
 // through a helper) and minified whitespace; `--dist` runs tsc's build, as the package ships it
 // (run `npm run build` first). The path is a variable so typechecking never needs dist/.
@@ -150,6 +167,11 @@ async function drain(admin: pg.Pool, slots: number, profile: string | null, n = 
     slots,
     logger: silent,
   });
+  if (OBSERVE === 'events' || OBSERVE === 'both') {
+    let heard = 0;
+    worker.events.on('task:started', () => void heard++);
+    worker.events.on('task:settled', () => void heard++);
+  }
   let session: Session | null = null;
   if (profile) {
     session = new Session();
@@ -243,7 +265,7 @@ try {
     }
   }
   console.log(
-    `\ndrain of ${N} no-op tasks (${args.entry ?? (args.dist ? 'dist/' : 'src/ under tsx')})${args['schema-check'] ? ' (Zod payload schema)' : ''}, ${RUNS} runs; node ${process.version}; load ${load0.toFixed(1)} → ${loadavg()[0]!.toFixed(1)}\n`,
+    `\ndrain of ${N} no-op tasks (${args.entry ?? (args.dist ? 'dist/' : 'src/ under tsx')})${args['schema-check'] ? ' (Zod payload schema)' : ''}${OBSERVE === 'none' ? '' : ` (observed: ${OBSERVE})`}, ${RUNS} runs; node ${process.version}; load ${load0.toFixed(1)} → ${loadavg()[0]!.toFixed(1)}\n`,
   );
   console.log('Medians over the runs.\n');
   console.log(

@@ -24,10 +24,10 @@ SET row_security = off;
 CREATE SCHEMA berth;
 
 --
--- Name: append_ready(integer, bigint[], text[], jsonb[], integer[], integer[], text[], text[], timestamp with time zone[], timestamp with time zone[]); Type: FUNCTION; Schema: berth; Owner: -
+-- Name: append_ready(integer, bigint[], text[], jsonb[], integer[], integer[], text[], text[], timestamp with time zone[], timestamp with time zone[], text[]); Type: FUNCTION; Schema: berth; Owner: -
 --
 
-CREATE FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[]) RETURNS integer
+CREATE FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[] DEFAULT NULL::text[]) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -47,14 +47,15 @@ BEGIN
   v_base := nextval(v_seq);
   IF v_n > 1 THEN PERFORM setval(v_seq, v_base + v_n - 1); END IF;
   INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
-                          attempts, max_attempts, dedupe_key, last_error, created_at, run_at)
+                          attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
+                          trace_context)
   SELECT (SELECT current_slot FROM "berth".ring_state), p_lane, v_base + x.ord - 1, x.id, x.type,
          x.payload, l.queue, l.priority, l.shard, x.attempts, x.max_attempts, x.dedupe_key,
-         x.last_error, x.created_at, x.run_at
+         x.last_error, x.created_at, x.run_at, x.trace_context
     FROM unnest(p_ids, p_types, p_payloads, p_attempts, p_max_attempts, p_dedupe, p_last_error,
-                p_created_at, p_run_at) WITH ORDINALITY
+                p_created_at, p_run_at, p_trace_context) WITH ORDINALITY
            AS x(id, type, payload, attempts, max_attempts, dedupe_key, last_error, created_at,
-                run_at, ord)
+                run_at, trace_context, ord)
     CROSS JOIN (SELECT queue, priority, shard FROM "berth".lanes WHERE lane_id = p_lane) l;
   GET DIAGNOSTICS v_n = ROW_COUNT;
   -- The payload names the lane, so a woken worker can claim from it without a discovery
@@ -149,6 +150,19 @@ $$;
 --
 
 CREATE FUNCTION berth.enqueue(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[]) RETURNS TABLE(ord integer, id bigint, state text, duplicate_of bigint)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+  SELECT e.ord, e.id, e.state, e.duplicate_of
+    FROM "berth".enqueue(p_queue, p_priority, p_shard, p_shards, p_types, p_payloads, p_run_at,
+                            p_max_attempts, p_dedupe, NULL::text) AS e
+$$;
+
+--
+-- Name: enqueue(text, smallint, smallint, smallint, text[], jsonb[], timestamp with time zone[], integer[], text[], text); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.enqueue(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text) RETURNS TABLE(ord integer, id bigint, state text, duplicate_of bigint)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -174,13 +188,15 @@ BEGIN
     SELECT coalesce(array_agg(ins.id), '{}') INTO v_won FROM ins;
   ELSIF NOT EXISTS (SELECT 1 FROM unnest(p_run_at) r WHERE r > now()) THEN
     -- No dedupe key and nothing in the future: every task is accepted and ready, in input order.
+    -- An untraced call (p_trace_context NULL) passes NULL, which the unnest pads like NULLs.
     IF v_n > 0 THEN
       PERFORM "berth".append_ready("berth".provision_lane(p_queue, p_priority, v_shard), v_ids,
         p_types, p_payloads, array_fill(0, ARRAY[v_n]), p_max_attempts, p_dedupe, NULL,
         array_fill(now(), ARRAY[v_n]),
         CASE WHEN p_run_at IS NULL THEN array_fill(now(), ARRAY[v_n])
              ELSE ARRAY(SELECT coalesce(u.r, now()) FROM unnest(v_ids, p_run_at) WITH ORDINALITY AS u(i, r, o)
-                         ORDER BY u.o) END);
+                         ORDER BY u.o) END,
+        CASE WHEN p_trace_context IS NULL THEN NULL ELSE array_fill(p_trace_context, ARRAY[v_n]) END);
     END IF;
     RETURN QUERY SELECT u.o::integer, u.i, 'ready'::text, NULL::bigint
                    FROM unnest(v_ids) WITH ORDINALITY AS u(i, o) ORDER BY u.o;
@@ -200,14 +216,16 @@ BEGIN
              array_agg(i.payload ORDER BY i.o), array_agg(0 ORDER BY i.o),
              array_agg(i.max_attempts ORDER BY i.o), array_agg(i.k ORDER BY i.o),
              array_agg(NULL::text ORDER BY i.o), array_agg(now() ORDER BY i.o),
-             array_agg(i.run_at ORDER BY i.o)) AS n
+             array_agg(i.run_at ORDER BY i.o),
+             CASE WHEN p_trace_context IS NULL THEN NULL
+                  ELSE array_fill(p_trace_context, ARRAY[count(*)::integer]) END) AS n
       FROM items i WHERE i.accepted AND i.due
     HAVING count(*) > 0
   ), scheduled AS (
     INSERT INTO "berth".deferred (id, state, type, payload, queue, priority, shard, attempts,
-                               max_attempts, dedupe_key, created_at, run_at)
+                               max_attempts, dedupe_key, created_at, run_at, trace_context)
     SELECT i.id, 'scheduled', i.type, i.payload, p_queue, p_priority, v_shard, 0, i.max_attempts,
-           i.k, now(), i.run_at
+           i.k, now(), i.run_at, p_trace_context
       FROM items i WHERE i.accepted AND NOT i.due
     RETURNING 1
   )
@@ -273,7 +291,8 @@ BEGIN
   VALUES (r.slot, r.lane_id, r.lane_seq, p_id, 'moved') ON CONFLICT DO NOTHING;
   PERFORM "berth".append_ready("berth".provision_lane(p_queue, p_priority, r.shard), ARRAY[r.id],
             ARRAY[r.type], ARRAY[r.payload], ARRAY[r.attempts], ARRAY[r.max_attempts],
-            ARRAY[r.dedupe_key], ARRAY[r.last_error], ARRAY[r.created_at], ARRAY[r.run_at]);
+            ARRAY[r.dedupe_key], ARRAY[r.last_error], ARRAY[r.created_at], ARRAY[r.run_at],
+            ARRAY[r.trace_context]);
   RETURN 'moved';
 END $$;
 
@@ -305,7 +324,7 @@ BEGIN
            array_agg(m.payload ORDER BY m.run_at, m.id), array_agg(m.attempts ORDER BY m.run_at, m.id),
            array_agg(m.max_attempts ORDER BY m.run_at, m.id), array_agg(m.dedupe_key ORDER BY m.run_at, m.id),
            array_agg(m.last_error ORDER BY m.run_at, m.id), array_agg(m.created_at ORDER BY m.run_at, m.id),
-           array_agg(m.run_at ORDER BY m.run_at, m.id))
+           array_agg(m.run_at ORDER BY m.run_at, m.id), array_agg(m.trace_context ORDER BY m.run_at, m.id))
     INTO v_n
     FROM moved m;
   RETURN coalesce(v_n, 0);
@@ -598,7 +617,7 @@ BEGIN
                array_agg(g.payload ORDER BY g.id), array_agg(0 ORDER BY g.id),
                array_agg(g.max_attempts ORDER BY g.id), array_agg(g.dedupe_key ORDER BY g.id),
                array_agg(g.last_error ORDER BY g.id), array_agg(g.created_at ORDER BY g.id),
-               array_agg(now() ORDER BY g.id)) AS n,
+               array_agg(now() ORDER BY g.id), array_agg(g.trace_context ORDER BY g.id)) AS n,
              array_agg(g.id) AS ids
         FROM gone g
       HAVING count(*) > 0
@@ -926,7 +945,8 @@ CREATE TABLE berth.dead_letters (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     last_attempted_at timestamp with time zone NOT NULL,
-    died_at timestamp with time zone DEFAULT now() NOT NULL
+    died_at timestamp with time zone DEFAULT now() NOT NULL,
+    trace_context text
 );
 
 --
@@ -957,6 +977,7 @@ CREATE TABLE berth.deferred (
     created_at timestamp with time zone NOT NULL,
     last_attempted_at timestamp with time zone,
     run_at timestamp with time zone NOT NULL,
+    trace_context text,
     CONSTRAINT deferred_state_check CHECK ((state = ANY (ARRAY['scheduled'::text, 'retryable'::text])))
 );
 
@@ -1112,7 +1133,8 @@ CREATE TABLE berth.ready (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 )
 PARTITION BY LIST (slot);
 
@@ -2088,7 +2110,8 @@ CREATE TABLE berth.ready_0 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -2111,7 +2134,8 @@ CREATE TABLE berth.ready_1 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -2134,7 +2158,8 @@ CREATE TABLE berth.ready_10 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -2157,7 +2182,8 @@ CREATE TABLE berth.ready_11 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -2180,7 +2206,8 @@ CREATE TABLE berth.ready_12 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -2203,7 +2230,8 @@ CREATE TABLE berth.ready_13 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -2226,7 +2254,8 @@ CREATE TABLE berth.ready_14 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -2249,7 +2278,8 @@ CREATE TABLE berth.ready_15 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -2272,7 +2302,8 @@ CREATE TABLE berth.ready_2 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -2295,7 +2326,8 @@ CREATE TABLE berth.ready_3 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -2318,7 +2350,8 @@ CREATE TABLE berth.ready_4 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -2341,7 +2374,8 @@ CREATE TABLE berth.ready_5 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -2364,7 +2398,8 @@ CREATE TABLE berth.ready_6 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -2387,7 +2422,8 @@ CREATE TABLE berth.ready_7 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -2410,7 +2446,8 @@ CREATE TABLE berth.ready_8 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -2433,7 +2470,8 @@ CREATE TABLE berth.ready_9 (
     last_error text,
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+    appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    trace_context text
 );
 
 --
@@ -6093,10 +6131,10 @@ CREATE TRIGGER forward_legacy_settlement BEFORE INSERT ON berth.settlements FOR 
 CREATE TRIGGER refuse_legacy_lease BEFORE INSERT ON berth.leases FOR EACH ROW EXECUTE FUNCTION berth.refuse_legacy_lease();
 
 --
--- Name: FUNCTION append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[]); Type: ACL; Schema: berth; Owner: -
+-- Name: FUNCTION append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[]); Type: ACL; Schema: berth; Owner: -
 --
 
-REVOKE ALL ON FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[]) FROM PUBLIC;
 
 --
 -- Name: FUNCTION cancel_tasks(p_ids bigint[], p_actor text); Type: ACL; Schema: berth; Owner: -
@@ -6115,6 +6153,12 @@ REVOKE ALL ON FUNCTION berth.due_deferred(p_state text, p_limit integer, p_skip_
 --
 
 REVOKE ALL ON FUNCTION berth.enqueue(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[]) FROM PUBLIC;
+
+--
+-- Name: FUNCTION enqueue(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.enqueue(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION forward_legacy_settlement(); Type: ACL; Schema: berth; Owner: -

@@ -80,6 +80,19 @@ export { dequeue } from './storage/complete.js';
 // Worker
 export { Worker, WORKER_DEFAULTS, type WorkerOptions, type StopOptions } from './processor/worker.js';
 export { UNKNOWN_TYPE_DEFAULTS, type UnknownTypeOptions } from './processor/unknown-types.js';
+export {
+  WorkerEvents,
+  type WorkerEventMap,
+  type WorkerEventName,
+  type WorkerEventListener,
+  type TaskEventTask,
+  type TaskEventError,
+  type TaskStartedEvent,
+  type TaskSettledEvent,
+  type WorkerStartedEvent,
+  type WorkerStoppedEvent,
+  type LeaderEvent,
+} from './processor/task-events.js';
 export { MAINTENANCE_DEFAULTS, type MaintenanceOptions } from './maintenance/leader.js';
 export { DEFAULT_HEARTBEAT_MS } from './storage/live-workers.js';
 export { DEFAULT_STUCK_GRACE_MS, STUCK_EXIT_CODE } from './processor/stuck.js';

@@ -28,6 +28,7 @@ const LAYERS: readonly { name: string; paths: readonly string[]; peers?: true }[
       'sql.ts',
       'db/',
       'metrics.ts',
+      'tracing.ts',
       'task.ts',
       'task-type.ts',
       'lane.ts',

@@ -95,6 +95,20 @@ export async function leaseLapsed(db: pg.Pool, expiresAtMs: number): Promise<voi
 
 export { FAST_MAINTENANCE } from './support/settings.js';
 
+/**
+ * Settle a running task's lease as another party would (rescue after a lapse), so its holder's
+ * own settlement is refused: the way to provoke a `lost` outcome from inside a handler.
+ */
+export async function takeLeaseOver(db: pg.Pool, schema: string, id: string): Promise<void> {
+  const s = quoteIdent(schema);
+  await db.query(
+    `INSERT INTO ${s}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
+     SELECT slot, lane_id, lease_from, int8multirange(int8range(lane_seq, lane_seq + 1)), 1, 'rescued'
+       FROM ${s}.leased_entries WHERE id = $1 AND outcome IS NULL ON CONFLICT DO NOTHING`,
+    [id],
+  );
+}
+
 import { pino } from 'pino';
 import { Writable } from 'node:stream';
 
@@ -124,6 +138,7 @@ export async function expectOutcome(metrics: BerthMetrics, type: string, outcome
 import { fork, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { schemaLockKey } from '../src/storage/locks.js';
+import { quoteIdent } from '../src/sql.js';
 
 /** The test database's URL, logging in as `role`. */
 export function urlAs(role: string): string {

@@ -126,7 +126,7 @@ test('runtime roles have no CREATE on the schema, and PUBLIC can execute no bert
   assert.deepEqual(open.rows, [], 'no berth function is executable by PUBLIC');
   const internal = await admin.query(`SELECT has_function_privilege($1, $2, 'EXECUTE') AS x`, [
     roleA,
-    `${S}.append_ready(integer,bigint[],text[],jsonb[],integer[],integer[],text[],text[],timestamptz[],timestamptz[])`,
+    `${S}.append_ready(integer,bigint[],text[],jsonb[],integer[],integer[],text[],text[],timestamptz[],timestamptz[],text[])`,
   ]);
   assert.equal(internal.rows[0].x, false, 'append_ready is only called from inside the definer functions');
   const repair = await admin.query(
@@ -546,7 +546,7 @@ test('grantRuntimeRole: kind producer or worker; regranting converges; options a
           role,
           `${S}.range_leases`,
           `${S}.promote_lane(text,smallint,smallint,integer)`,
-          `${S}.enqueue(text,smallint,smallint,smallint,text[],jsonb[],timestamptz[],integer[],text[])`,
+          `${S}.enqueue(text,smallint,smallint,smallint,text[],jsonb[],timestamptz[],integer[],text[],text)`,
           `${S}.ready`,
         ],
       )

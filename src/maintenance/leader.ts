@@ -104,6 +104,7 @@ export function resolveMaintenanceOptions(options: MaintenanceOptions | undefine
 const MAINTENANCE_DEPS_KEYS: ReadonlySet<string> = new Set([
   'connectionString',
   'connectTimeoutMs',
+  'onLeadership',
   'schema',
   'pool',
   'logger',
@@ -151,6 +152,8 @@ export class Maintenance {
       options?: MaintenanceOptions;
       /** Shown as the leader session's application_name, so operators can see who leads. */
       workerId?: string;
+      /** Told after this process became leader (true) or stepped down (false): `worker.events`. */
+      onLeadership?: (leader: boolean) => void;
     },
   ) {
     checkKeys(deps, MAINTENANCE_DEPS_KEYS, 'Maintenance');
@@ -296,6 +299,7 @@ export class Maintenance {
     ];
     const signal = this.term.signal;
     this.branchLoops = branches.map((b) => this.runBranch(b, signal));
+    this.deps.onLeadership?.(true);
   }
 
   private async runBranch(b: Branch, signal: AbortSignal): Promise<void> {
@@ -349,6 +353,7 @@ export class Maintenance {
       // Only the leader exports the queue-wide gauges; a former leader must not keep stale ones.
       // Reset after every branch has ended, so a gauge read in flight cannot republish them.
       resetGauges(this.deps.metrics);
+      this.deps.onLeadership?.(false);
     }
   }
 

@@ -27,6 +27,8 @@ export interface ClaimedTask extends LeaseRef {
   waitedSeconds: number;
   /** When the task was created, epoch ms (attempt history keeps it with a completion). */
   createdMs: number;
+  /** The producer's stored trace context (src/tracing.ts), or null when it enqueued untraced. */
+  traceContext: string | null;
 }
 
 /**
@@ -173,7 +175,7 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
         WHERE k.version = (SELECT v.version FROM ${s}.lanes v WHERE v.lane_id = k.lane_id)
      ), picked AS MATERIALIZED (
        SELECT r.slot, r.lane_id, r.lane_seq, r.id, r.type, r.payload, r.queue, r.priority,
-              r.shard, r.attempts, r.max_attempts, r.dedupe_key, r.run_at, r.created_at,
+              r.shard, r.attempts, r.max_attempts, r.dedupe_key, r.run_at, r.created_at, r.trace_context,
               row_number() OVER lane AS rank_in_lane,
               bool_and(r.run_at <= now()) OVER lane AS due_so_far,
               first_value(r.slot) OVER lane AS lane_slot
@@ -235,7 +237,8 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
                 json_agg(json_build_array(c.ord, c.lane_seq::text, c.id::text, c.type, c.payload,
                                           c.attempts + 1, c.max_attempts, c.dedupe_key,
                                           greatest(extract(epoch FROM now() - c.run_at), 0)::float8,
-                                          (extract(epoch FROM c.created_at) * 1000)::float8)) AS tasks
+                                          (extract(epoch FROM c.created_at) * 1000)::float8,
+                                          c.trace_context)) AS tasks
            FROM chosen c
           WHERE c.lane_id = l.lane_id AND c.lane_seq BETWEEN l.from_seq AND l.to_seq) t
       WHERE (SELECT count(*) FROM resignal) >= 0`,
@@ -284,9 +287,22 @@ interface LeaseRow {
  * One task of a lease: its position in the claim's order (1-based: priority, then rank within
  * its lane, due time, lane), lane_seq and id (as text: int8), type, payload, this attempt, its
  * own attempt limit (null: the type's), dedupe key, seconds it had been due, when it was
- * created (epoch ms: the attempt history's record of a success keeps it).
+ * created (epoch ms: the attempt history's record of a success keeps it), the producer's trace
+ * context (null: enqueued untraced).
  */
-type ClaimedJson = [number, string, string, string, unknown, number, number | null, string | null, number, number];
+type ClaimedJson = [
+  number,
+  string,
+  string,
+  string,
+  unknown,
+  number,
+  number | null,
+  string | null,
+  number,
+  number,
+  string | null,
+];
 
 /** The leases' tasks in the claim's order (round-robin over lanes, by priority). */
 function tasksOf(rows: readonly LeaseRow[]): ClaimedTask[] {
@@ -294,7 +310,7 @@ function tasksOf(rows: readonly LeaseRow[]): ClaimedTask[] {
   let placed = 0;
   let last = 0;
   for (const r of rows) {
-    for (const [ord, laneSeq, id, type, payload, attempt, own, dedupeKey, waited, createdMs] of r.tasks) {
+    for (const [ord, laneSeq, id, type, payload, attempt, own, dedupeKey, waited, createdMs, traceContext] of r.tasks) {
       const t = r.types.indexOf(type);
       out[ord - 1] = {
         slot: r.slot,
@@ -314,6 +330,7 @@ function tasksOf(rows: readonly LeaseRow[]): ClaimedTask[] {
         leaseExpiresAt: r.type_expires_ms[t]!,
         waitedSeconds: waited,
         createdMs,
+        traceContext,
       };
       placed++;
       if (ord > last) last = ord;

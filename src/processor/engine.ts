@@ -22,6 +22,7 @@ import { StuckGuard } from './stuck.js';
 import type { EngineOptions } from './engine-options.js';
 import { TypeMetrics } from './type-metrics.js';
 import { UnknownTypes } from './unknown-types.js';
+import type { TaskObserver } from './task-observer.js';
 
 /** The longest wait between claim attempts while the database fails (see runFetchLoop). */
 const FETCH_RETRY_MAX_MS = 1000;
@@ -109,6 +110,8 @@ export interface EngineDeps {
   onClaimsRecovered: () => void;
   /** `exitOnStuckSlots` reached: the process should stop and exit. */
   onTooManyStuck: (stuck: ClaimedTask[]) => void;
+  /** Reports each attempt to `worker.events` and its trace span (task-observer.ts). */
+  observer: TaskObserver;
 }
 
 /**
@@ -461,20 +464,28 @@ export class Engine {
       // makes the loop look again once it returns.
       if (this.wanted() > 0) this.wake('slot_freed');
     };
+    // Null unless someone listens to task events or a TracerProvider is registered.
+    const attempt = this.deps.observer.begin(task);
     try {
       try {
         // Run the task, then settle what happened: two steps, the table between them.
         const def = this.o.tasks.defs.get(task.type);
         const log = lazyChild(this.deps.logger, task);
-        const run = await runTask(this.runDeps, { task, def, receivedAt, abort, log, freeSlot });
+        const input = { task, def, receivedAt, abort, log, freeSlot, hooks: attempt };
+        if (attempt !== null) input.freeSlot = attempt.detached(freeSlot);
+        const run = await (attempt === null
+          ? runTask(this.runDeps, input)
+          : attempt.run(() => runTask(this.runDeps, input)));
         const settlement = settlementFor(run, {
           attempt: task.attempt,
           backoff: def?.backoff ?? DEFAULT_BACKOFF,
           maxSnoozes: def?.maxSnoozes,
         });
-        await settleTask(this.settleDeps, task, run, settlement, log);
+        const answer = await settleTask(this.settleDeps, task, run, settlement, log);
+        attempt?.settled(run, settlement, answer);
       } catch (err) {
         this.deps.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed');
+        attempt?.crashed(err);
       }
       // Stuck-handler containment (processor/stuck.ts): after the settlement is written, an
       // overdue lease row, if this run overran its deadline, has done its job.

@@ -23,9 +23,10 @@ export type TaskRun =
   | ({ kind: 'continue' } & HandlerRan)
   /** The handler returned `snooze(delayMs)`: run again after the delay. */
   | ({ kind: 'snooze'; delayMs: number } & HandlerRan)
-  | ({ kind: 'error'; error: string; detail?: ErrorDetail; permanent: boolean } & HandlerRan)
+  /** `thrown`: what the handler threw, as it was (events and spans report it; the table ignores it). */
+  | ({ kind: 'error'; error: string; detail?: ErrorDetail; permanent: boolean; thrown?: unknown } & HandlerRan)
   /** The handler returned something outside done/continue/nothing (42, 'retry', false). */
-  | ({ kind: 'contract_violation'; error: string; detail?: ErrorDetail } & HandlerRan);
+  | ({ kind: 'contract_violation'; error: string; detail?: ErrorDetail; thrown?: unknown } & HandlerRan);
 
 /** What the engine saw around a handler that ran. */
 export interface HandlerRan {

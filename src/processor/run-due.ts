@@ -222,7 +222,15 @@ class OnceRunner {
     const def = this.o.tasks.defs.get(task.type);
     const log = this.o.logger.child({ task_id: task.id, task_type: task.type, attempt: task.attempt });
     const abort = new RunAbort(task.leaseExpiresAt - this.o.leaseMarginMs);
-    const run = await runTask(this.runDeps, { task, def, receivedAt: Date.now(), abort, log, freeSlot: () => {} });
+    const run = await runTask(this.runDeps, {
+      task,
+      def,
+      receivedAt: Date.now(),
+      abort,
+      log,
+      freeSlot: () => {},
+      hooks: null,
+    });
     const settlement = settlementFor(run, { attempt: task.attempt, backoff: def?.backoff ?? DEFAULT_BACKOFF });
     const answer = await settleTask(this.settleDeps, task, run, settlement, log);
     return report(task, run, settlement, answer);

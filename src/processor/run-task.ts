@@ -34,6 +34,14 @@ export interface RunInput {
   log: Logger;
   /** Gives the slot back: called as soon as no handler runs for this task any more. */
   freeSlot: () => void;
+  /** Told when the handler starts and returns (events, the span: processor/task-observer.ts); null: nobody asks. */
+  hooks: HandlerHooks | null;
+}
+
+/** What the observer of an attempt hears of its handler. */
+export interface HandlerHooks {
+  handlerStarted(): void;
+  handlerEnded(): void;
 }
 
 const RUN_ABORT = Symbol('berth.runAbort');
@@ -123,6 +131,7 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     [RUN_ABORT]: abort,
   };
   const ctx = Object.defineProperty(fields, 'signal', SIGNAL) as typeof fields & TaskContext<unknown>;
+  input.hooks?.handlerStarted();
   const started = performance.now();
   let result: unknown;
   let error: unknown = null;
@@ -143,6 +152,7 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     deps.deadlines.disarm(abort);
   }
   freeSlot();
+  input.hooks?.handlerEnded();
   const ms = performance.now() - started;
   deps.observeHandler(task, ms / 1000);
   const ran = {
@@ -157,8 +167,8 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     // A thrown non-Error is kept as JSON (`{"code":42}`), never `[object Object]`.
     const message = errorMessage(error);
     const detail = errorDetail(error);
-    if (violation) return { kind: 'contract_violation', error: message, detail, ...ran };
-    return { kind: 'error', error: message, detail, permanent: isPermanentError(error), ...ran };
+    if (violation) return { kind: 'contract_violation', error: message, detail, thrown: error, ...ran };
+    return { kind: 'error', error: message, detail, permanent: isPermanentError(error), thrown: error, ...ran };
   }
   if (isSnooze(result)) return { kind: 'snooze', delayMs: result.delayMs, ...ran };
   return result === 'continue' ? { kind: 'continue', ...ran } : { kind: 'done', ...ran };

@@ -15,6 +15,8 @@ import { Engine } from './engine.js';
 import { Heartbeat, OutcomeTally } from './heartbeat.js';
 import { SettlementBatcher } from './settlement-batcher.js';
 import { STUCK_EXIT_CODE } from './stuck.js';
+import { WorkerEvents } from './task-events.js';
+import { TaskObserver } from './task-observer.js';
 import { WakeListener } from './wake.js';
 import { resolveWorkerOptions, type ResolvedWorkerOptions, type WorkerOptions } from './worker-options.js';
 
@@ -85,6 +87,13 @@ export class Worker {
   readonly id: string;
   readonly metrics: BerthMetrics;
   readonly logger: Logger;
+  /**
+   * What happens in this worker, as typed events: tasks started and settled (completed, failed,
+   * retrying, dead, cancelled, continued, lease lost, unsettled), the worker started and stopped,
+   * leadership gained and lost. `worker.events.on('task:completed', (e) => ...)`; docs/api.md,
+   * "Events". Listeners run synchronously and must not block; their throws are logged.
+   */
+  readonly events: WorkerEvents;
   private readonly o: ResolvedWorkerOptions;
   private readonly channel: string;
   private readonly startedAt = new Date();
@@ -97,6 +106,7 @@ export class Worker {
     this.id = this.o.workerId;
     this.metrics = this.o.metrics;
     this.logger = this.o.logger;
+    this.events = new WorkerEvents(this.logger);
     this.channel = wakeChannel(this.o.schema);
   }
 
@@ -200,6 +210,7 @@ export class Worker {
       tally,
       onClaimsRecovered: () => listener.reconnectNow(),
       onTooManyStuck: (stuck) => void this.exitForStuckSlots(stuck),
+      observer: new TaskObserver(this.events, this.id),
     });
     const maintenance =
       o.maintenance === false
@@ -214,6 +225,7 @@ export class Worker {
             metrics: this.metrics,
             options: o.maintenance,
             workerId: this.id,
+            onLeadership: (leader) => this.events.emit(leader ? 'leader:gained' : 'leader:lost', { workerId: this.id }),
           });
     const heartbeat =
       tally === null || o.heartbeatIntervalMs === false
@@ -254,7 +266,9 @@ export class Worker {
     maintenance?.start();
     heartbeat?.start();
     engine.start();
-    this.logger.info({ slots: o.slots, schema: o.schema, types: [...o.tasks.defs.keys()] }, 'worker started');
+    const types = [...o.tasks.defs.keys()];
+    this.logger.info({ slots: o.slots, schema: o.schema, types }, 'worker started');
+    this.events.emit('worker:started', { workerId: this.id, slots: o.slots, queues: o.queues, types });
   }
 
   /** For tests: the LISTEN session's backend pid. */
@@ -292,6 +306,7 @@ export class Worker {
     if (running.read !== running.write) await running.read.end();
     await running.write.end();
     this.logger.info('worker stopped');
+    this.events.emit('worker:stopped', { workerId: this.id });
   }
 
   /**

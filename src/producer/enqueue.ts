@@ -2,6 +2,7 @@ import { BerthInputError } from '../errors.js';
 import { bindSchema, DEFAULT_SCHEMA, type Queryable } from '../sql.js';
 import { validatePayload } from '../task.js';
 import type { TaskPayload, TaskTypeLike, TaskTypeName } from '../task-type.js';
+import { captureTraceContext } from '../tracing.js';
 import {
   checkInteger,
   checkKeys,
@@ -150,6 +151,9 @@ async function enqueueTasks(
 ): Promise<EnqueueResult[]> {
   checkKeys(options, BATCH_OPTION_KEYS, 'enqueueMany options');
   const { name: schema, q: s } = bindSchema(options.schema ?? ENQUEUE_DEFAULTS.schema);
+  // The caller's active trace context, taken now (before any await), once for the whole call:
+  // null unless a span is active, so an untraced producer stores nothing (src/tracing.ts).
+  const trace = captureTraceContext();
   const prepared = await resolveTaskSpecs(tasks);
   // One group per lane, visited in one global order (queue, priority, shard) so two
   // transactions never take lane locks in opposite orders. A default shard is chosen from the
@@ -182,7 +186,7 @@ async function enqueueTasks(
   }
   const results: EnqueueResult[] = new Array(tasks.length);
   for (const key of [...groups.keys()].sort()) {
-    for (const chunk of chunks(groups.get(key)!)) await enqueueChunk(executor, schema, s, chunk, results);
+    for (const chunk of chunks(groups.get(key)!)) await enqueueChunk(executor, schema, s, chunk, trace, results);
   }
   return results;
 }
@@ -232,6 +236,7 @@ async function enqueueChunk(
   schema: string,
   s: string,
   chunk: readonly ResolvedTaskSpec[],
+  trace: string | null,
   results: EnqueueResult[],
 ): Promise<void> {
   const first = chunk[0]!;
@@ -252,7 +257,7 @@ async function enqueueChunk(
                ARRAY(SELECT p FROM jsonb_array_elements($6::jsonb) WITH ORDINALITY AS a(p, o) ORDER BY o),
                (SELECT array_agg(CASE WHEN d IS NULL THEN r ELSE now() + make_interval(secs => d / 1000.0) END ORDER BY o)
                   FROM unnest($7::timestamptz[], $8::float8[]) WITH ORDINALITY AS u(r, d, o)),
-               $9::integer[], $10::text[]) AS e`,
+               $9::integer[], $10::text[], $11::text) AS e`,
     values: [
       first.queue,
       first.priority,
@@ -264,6 +269,7 @@ async function enqueueChunk(
       column(chunk, (c) => c.delay),
       column(chunk, (c) => c.maxAttempts),
       column(chunk, (c) => c.dedupeKey),
+      trace,
     ],
   });
   const { ids, states } = res.rows[0]!;

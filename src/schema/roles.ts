@@ -28,7 +28,10 @@ interface Grant {
   on: string;
 }
 
-const ENQUEUE = 'enqueue(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[], integer[], text[])';
+const ENQUEUE = 'enqueue(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[], integer[], text[], text)';
+/** The enqueue before migration 12 (no trace context), kept for producers of the previous version during a deploy. */
+const ENQUEUE_BEFORE_13 =
+  'enqueue(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[], integer[], text[])';
 
 /**
  * The definer functions a worker calls. Not granted to anyone: `append_ready` (only ever called
@@ -38,6 +41,7 @@ const ENQUEUE = 'enqueue(text, smallint, smallint, smallint, text[], jsonb[], ti
 const WORKER_FUNCTIONS = [
   'provision_lane(text, smallint, smallint)',
   ENQUEUE,
+  ENQUEUE_BEFORE_13,
   'promote_lane(text, smallint, smallint, integer)',
   'remove_unleased(bigint, text)',
   'move_task(bigint, text, smallint)',
@@ -60,7 +64,7 @@ function ringPartitions(s: string, tables: readonly string[]): string {
 function producerGrants(s: string): Grant[] {
   return [
     { privileges: 'USAGE', on: `SCHEMA ${s}` },
-    { privileges: 'EXECUTE', on: `FUNCTION ${s}.${ENQUEUE}` },
+    { privileges: 'EXECUTE', on: `FUNCTION ${s}.${ENQUEUE}, ${s}.${ENQUEUE_BEFORE_13}` },
     {
       privileges: 'SELECT',
       on: [

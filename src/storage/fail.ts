@@ -50,7 +50,7 @@ export async function recordFailures(
      ), src AS MATERIALIZED (
        SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, r.attempts + 1 AS attempts,
               r.max_attempts, r.dedupe_key, u.error AS last_error, r.created_at,
-              l.claimed_at AS last_attempted_at, u.delay_ms, r.lane_id, r.lane_seq,
+              l.claimed_at AS last_attempted_at, r.trace_context, u.delay_ms, r.lane_id, r.lane_seq,
               l.worker, u.outcome, u.detail, u.run_ms,
               (u.permanent OR r.attempts + 1 >= coalesce(r.max_attempts,
                  l.type_max_attempts[array_position(l.types, r.type)])) AS dead

@@ -60,7 +60,7 @@ export async function rescueLapsedLeases(db: Queryable, schema: SchemaRef, limit
               r.max_attempts, r.dedupe_key,
               format('lease lapsed at %s on attempt %s (worker %s)', x.expires_at, r.attempts + 1,
                      coalesce(l.worker, 'unknown')) AS last_error,
-              r.created_at, l.claimed_at AS last_attempted_at,
+              r.created_at, l.claimed_at AS last_attempted_at, r.trace_context,
               r.attempts + 1 >= coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]) AS dead,
               r.slot, r.lane_id, r.lane_seq, l.worker
          FROM won w

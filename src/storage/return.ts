@@ -44,7 +44,7 @@ async function returnLease(
                    WHEN $5 = 'unstarted' THEN coalesce($7, x.last_error)
                    WHEN x.attempt >= x.max_attempts THEN coalesce($7, x.last_error)
                    ELSE x.last_error END AS last_error,
-              x.created_at, x.claimed_at AS last_attempted_at,
+              x.created_at, x.claimed_at AS last_attempted_at, x.trace_context,
               ($5 = 'released' AND x.attempt >= x.max_attempts) AS dead,
               x.attempt AS attempt_no, x.lane_id, x.worker
          FROM lease x

@@ -9,7 +9,7 @@
 
 /** The columns a settled entry carries to `dead_letters` or `deferred`. */
 export const MOVE_COLUMNS = `id, type, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
-  last_error, created_at, last_attempted_at`;
+  last_error, created_at, last_attempted_at, trace_context`;
 
 /**
  * The tail's CTEs, to follow a `src` CTE (MATERIALIZED, so the moves read it once) that selects
@@ -62,7 +62,7 @@ export function settleOneEntry(s: string, outcome: string, leaseFrom: string): s
        SELECT r.id, r.type, r.payload, r.queue, r.priority, r.shard, r.attempts + 1 AS attempt,
               coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]) AS max_attempts,
               r.max_attempts AS task_max_attempts, r.dedupe_key, r.last_error, r.created_at, l.claimed_at,
-              r.lane_id, l.worker
+              r.lane_id, l.worker, r.trace_context
          FROM won w
          JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
          JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = $3::bigint

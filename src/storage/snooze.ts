@@ -40,7 +40,7 @@ export async function snoozeLease(
               CASE WHEN c.snoozes <= $7 THEN x.attempt - 1 ELSE x.attempt END AS attempts,
               x.task_max_attempts AS max_attempts, x.dedupe_key,
               CASE WHEN c.snoozes > $7 AND x.attempt >= x.max_attempts THEN $8 ELSE x.last_error END AS last_error,
-              x.created_at, x.claimed_at AS last_attempted_at,
+              x.created_at, x.claimed_at AS last_attempted_at, x.trace_context,
               (c.snoozes > $7 AND x.attempt >= x.max_attempts) AS dead,
               c.snoozes, c.snoozes <= $7 AS refunded
          FROM lease x JOIN counted c ON c.id = x.id
