@@ -106,6 +106,20 @@ BEGIN
         DELETE FROM "berth".dedupe d WHERE d.id = v_id;
         -- Delivered at commit to every worker's LISTEN session; the holder aborts the handler.
         PERFORM pg_notify('berth.wake', format('cancel:%s:%s', e.lane_id, e.lane_seq));
+        -- Attempt history (migration 10): the attempt ended here, and who ended it. The holder's
+        -- own settlement is refused by the fence (or never written), so it records nothing.
+        INSERT INTO "berth".attempt_history (part, bucket, outcome, lane_id, type, worker, claimed_at,
+                                                ids, attempts, created_at, run_ms, error, cursor, dead)
+        SELECT hs.current_part, v_id >> 10, 'cancelled', r.lane_id, r.type, l.worker, l.claimed_at,
+               ARRAY[v_id], ARRAY[r.attempts + 1], ARRAY[r.created_at], ARRAY[NULL::integer],
+               jsonb_build_object('message', 'cancelled by ' || coalesce(p_actor, 'an operator'),
+                                  'name', 'Cancel',
+                                  'data', jsonb_build_object('cancelledBy', p_actor)::text),
+               NULL, false
+          FROM "berth".history_state hs, "berth".ready r, "berth".range_leases l
+         WHERE hs.enabled
+           AND r.slot = e.slot AND r.lane_id = e.lane_id AND r.lane_seq = e.lane_seq
+           AND l.slot = e.slot AND l.lane_id = e.lane_id AND l.from_seq = e.lease_from;
         v_result := 'cancelled';
       ELSE
         -- Lost the race (the insert waited for the holder's settlement and was dropped), or no

@@ -8,6 +8,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
 import {
+  attemptsOf,
   cancelTask,
   cancelTasks,
   defineTask,
@@ -121,6 +122,13 @@ test('cancel a running task: the holder hears the notification and aborts the ha
     assert.equal(await outcomes(w.metrics, 'c_notify', 'failure'), 0);
     const st = await pool.query(`SELECT outcome, actor FROM ${S}.range_settlements`);
     assert.deepEqual(st.rows, [{ outcome: 'cancelled', actor: 'test:alice' }]);
+    // The attempt history says it was cancelled, and by whom (one row: the holder's own
+    // settlement wrote none).
+    const history = await attemptsOf(pool, schema, id!);
+    assert.deepEqual(
+      history.map((a) => [a.attempt, a.outcome, a.error?.message]),
+      [[1, 'cancelled', 'cancelled by test:alice']],
+    );
     // Gone: not pending anywhere, its dedupe key free, and a second cancel is told it lost.
     assert.equal(await getTask(pool, schema, id!), null);
     assert.equal((await pool.query(`SELECT count(*)::int AS n FROM ${S}.deferred`)).rows[0].n, 0);
