@@ -83,7 +83,7 @@ async function drain(slots: number, history: boolean): Promise<Run> {
   const seen = new Set<number>();
   const def = defineTask<{ i: number }>({
     type: 'noop',
-    ceiling: 60_000,
+    ceilingMs: 60_000,
     backoff: { baseMs: 1, maxMs: 1 },
     handler: async ({ i }) => {
       if (FAIL_EVERY > 0 && i % FAIL_EVERY === 0 && !seen.has(i)) {
