@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium, type Browser, type Page } from 'playwright-core';
-import { defineTask, enqueue, getTask, pauseQueue, resumeQueue, Worker } from '../src/index.js';
+import { attemptsOf, defineTask, enqueue, getTask, pauseQueue, resumeQueue, Worker } from '../src/index.js';
 import { startDashboard } from '../src/dashboard/index.js';
 import { DATABASE_URL, freshSchema, scaled, testLogger, waitFor } from './helpers.js';
 
@@ -326,6 +326,37 @@ test('the Maintenance page renders past a forged workers row (leader = true, ten
   } finally {
     await close();
     await pool.query(`DELETE FROM ${S}.workers WHERE worker_id = 'forged'`);
+  }
+});
+
+test("a running task is cancelled from its page: confirmed, its handler's signal fires, and it never runs again", async () => {
+  hold.arm();
+  const { id } = await enqueue(pool, 'slow.job', {}, { schema, queue: 'slow' });
+  const { page, errors, close } = await open('overview');
+  try {
+    await waitFor(async () => (await getTask(pool, schema, id!))?.state === 'running', WAIT, 'the slow job to run');
+    await page.goto(`${base}/#/tasks/${id}`);
+    await textOf(page, 'dd[data-field="state"]', /^running$/);
+    assert.deepEqual(await page.locator('main .actions button').evaluateAll((els) => els.map((e) => e.textContent)), [
+      'Cancel',
+    ]);
+    await page.click('main .actions button:has-text("Cancel")');
+    await textOf(page, '#confirm-text', /Its handler is aborted and it never runs again/);
+    await page.click('#confirm-ok');
+    await textOf(page, '#toast', /cancelled/);
+    await waitFor(async () => (await getTask(pool, schema, id!)) === null, WAIT, 'the task to be gone from the queue');
+    const history = await attemptsOf(pool, schema, id!);
+    assert.equal(history.length, 1);
+    assert.equal(history[0]!.outcome, 'cancelled');
+    assert.match(String(history[0]!.error?.message), /^cancelled by dashboard/);
+    // The page's refresh after the cancel asks for a task the queue no longer holds: that 404 only.
+    assert.ok(
+      errors.every((e) => e.includes('404')),
+      errors.join('\n'),
+    );
+  } finally {
+    hold.release();
+    await close();
   }
 });
 
