@@ -24,6 +24,10 @@ export interface FailureInput {
  * exclusion constraint is the arbiter, see complete.ts; one single-entry row per failure), store last_error, and move the task to deferred storage
  * (retryable at now() + backoff, lease cleared) or, out of attempts, to the dead letters.
  * Returns key -> 'retry' | 'dead'; a missing key was refused. One statement per batch.
+ *
+ * Each lease is looked up in a `LATERAL … LIMIT 1` probe, as the completion does (complete.ts,
+ * `leaseProbe`): as a join, the session's cached generic plan read the slot's lease index from
+ * its start to the match (203 rows for one failure in docs/explain.md; ~1 after).
  */
 export async function recordFailures(
   write: Queryable,
@@ -41,8 +45,10 @@ export async function recordFailures(
      ), won AS (
        INSERT INTO ${s}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
        SELECT l.slot, l.lane_id, l.from_seq, int8multirange(int8range(u.lane_seq, u.lane_seq + 1)), 1, 'failed'
-         FROM u JOIN ${s}.range_leases l
-           ON l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.slot = u.slot AND l.token = u.token
+         FROM u CROSS JOIN LATERAL (
+                SELECT l.slot, l.lane_id, l.from_seq, l.to_seq FROM ${s}.range_leases l
+                 WHERE l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.slot = u.slot AND l.token = u.token
+                 LIMIT 1) l
         WHERE u.lane_seq BETWEEN l.from_seq AND l.to_seq
         ORDER BY u.lane_id, u.lane_seq
        ON CONFLICT DO NOTHING
@@ -56,7 +62,10 @@ export async function recordFailures(
                  l.type_max_attempts[array_position(l.types, r.type)])) AS dead
          FROM won w
          JOIN u ON u.slot = w.slot AND u.lane_id = w.lane_id AND u.lane_seq = w.lane_seq
-         JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
+         CROSS JOIN LATERAL (
+                SELECT l.claimed_at, l.worker, l.types, l.type_max_attempts FROM ${s}.range_leases l
+                 WHERE l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
+                 LIMIT 1) l
          JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq
      ), ${settleAndMove(s, 'now() + make_interval(secs => delay_ms / 1000.0)')}, hist AS (${perTaskHistory(
        s,
