@@ -174,32 +174,37 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
        SELECT k.lane_id, k.version FROM locked k
         WHERE k.version = (SELECT v.version FROM ${s}.lanes v WHERE v.lane_id = k.lane_id)
      ), picked AS MATERIALIZED (
+       -- One window pass: rank within the lane, and whether the lane's prefix is still due and
+       -- still in the lane's first ring segment (lane_slot, from the read's own window). Both
+       -- are stops, so \`ok\` is cumulative: a lane yields the prefix up to its first entry that
+       -- is not due or lies in a later segment.
        SELECT r.slot, r.lane_id, r.lane_seq, r.id, r.type, r.payload, r.queue, r.priority,
               r.shard, r.attempts, r.max_attempts, r.dedupe_key, r.run_at, r.created_at, r.trace_context,
+              r.slot <> r.lane_slot AS past_slot,
               row_number() OVER lane AS rank_in_lane,
               bool_and(r.run_at <= now()) OVER lane AS due_so_far,
-              first_value(r.slot) OVER lane AS lane_slot
+              bool_and(r.run_at <= now() AND r.slot = r.lane_slot) OVER lane AS ok
          FROM current k
          CROSS JOIN LATERAL (
-           SELECT r.* FROM ${s}.ready r
-            WHERE ${claimableEntry(s, 'k')}
-            ORDER BY r.lane_seq
-            LIMIT least($2, coalesce($13::integer, $2))) r
+           SELECT r.*, first_value(r.slot) OVER (ORDER BY r.lane_seq) AS lane_slot
+             FROM (SELECT r.* FROM ${s}.ready r
+                    WHERE ${claimableEntry(s, 'k')}
+                    ORDER BY r.lane_seq
+                    LIMIT least($2, coalesce($13::integer, $2))) r) r
        WINDOW lane AS (PARTITION BY r.lane_id ORDER BY r.lane_seq)
-     ), shaped AS MATERIALIZED (
-       SELECT p.*, bool_and(p.slot = p.lane_slot) OVER (PARTITION BY p.lane_id ORDER BY p.lane_seq) AS in_lane_slot
-         FROM picked p WHERE p.due_so_far
      ), chosen AS MATERIALIZED (
        SELECT p.*, row_number() OVER (ORDER BY priority, rank_in_lane, run_at, lane_id) AS ord
-         FROM shaped p
-        WHERE p.in_lane_slot
+         FROM picked p
+        WHERE p.ok
         ORDER BY priority, rank_in_lane, run_at, lane_id LIMIT $2
      ), more AS (
        -- Whether a lane may hold due entries this claim left: it gave its whole share, or it
-       -- stopped at a ring segment boundary. The worker then claims again at once instead of
-       -- taking a short claim for a drained lane.
+       -- stopped at a ring segment boundary (its due prefix ran into a later segment). The
+       -- worker then claims again at once instead of taking a short claim for a drained lane.
        SELECT coalesce(bool_or(x.n >= least($2, coalesce($13::integer, $2)) OR x.crossed), false) AS more
-         FROM (SELECT lane_id, count(*) AS n, bool_or(NOT in_lane_slot) AS crossed FROM shaped GROUP BY lane_id) x
+         FROM (SELECT lane_id, count(*) FILTER (WHERE ok) AS n,
+                      bool_or(past_slot AND due_so_far) AS crossed
+                 FROM picked GROUP BY lane_id) x
      ), per_type AS (
        SELECT c.lane_id, c.type,
               now() + make_interval(secs => (coalesce(t.ceiling_ms, $5) + $6) / 1000.0) AS expires_at,
@@ -232,15 +237,16 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
             l.type_max_attempts, t.queue, t.priority, t.shard, t.tasks,
             (SELECT more FROM more) AS more
        FROM leased l
-       CROSS JOIN LATERAL (
-         SELECT min(c.queue) AS queue, min(c.priority) AS priority, min(c.shard) AS shard,
+       JOIN (
+         -- A lease covers every chosen entry of its lane (from_seq and to_seq are their min and
+         -- max), so its tasks are the lane's group.
+         SELECT c.lane_id, min(c.queue) AS queue, min(c.priority) AS priority, min(c.shard) AS shard,
                 json_agg(json_build_array(c.ord, c.lane_seq::text, c.id::text, c.type, c.payload,
                                           c.attempts + 1, c.max_attempts, c.dedupe_key,
-                                          greatest(extract(epoch FROM now() - c.run_at), 0)::float8,
-                                          (extract(epoch FROM c.created_at) * 1000)::float8,
+                                          greatest(date_part('epoch', now() - c.run_at), 0),
+                                          date_part('epoch', c.created_at) * 1000,
                                           c.trace_context)) AS tasks
-           FROM chosen c
-          WHERE c.lane_id = l.lane_id AND c.lane_seq BETWEEN l.from_seq AND l.to_seq) t
+           FROM chosen c GROUP BY c.lane_id) t USING (lane_id)
       WHERE (SELECT count(*) FROM resignal) >= 0`,
     values: [
       p.laneIds,
