@@ -280,3 +280,30 @@ test('the cursor never passes an unleased entry: a claim that began before an ap
     claimer.release();
   }
 });
+
+test('the claim commits asynchronously, and only its own transaction (synchronous_commit off, local)', async () => {
+  await reset();
+  await enqueue(pool, 't', { i: 1 }, { schema, shard: 0 });
+  const lanes = (await pool.query(`SELECT lane_id FROM "${schema}".lanes`)).rows.map((r) => r.lane_id as number);
+  const client = await pool.connect();
+  try {
+    // The session's own setting (a test cluster may run with it off server-wide).
+    await client.query('SET synchronous_commit = on');
+    await client.query('BEGIN');
+    const got = await claim(client, params(lanes, 1));
+    assert.equal(got.length, 1);
+    // Inside the claim's transaction the setting is off, so its commit does not wait for the flush.
+    assert.equal((await client.query(`SELECT current_setting('synchronous_commit') AS v`)).rows[0].v, 'off');
+    await client.query('COMMIT');
+    // After it, the session is as it was: settlements on this connection still commit synchronously.
+    assert.equal((await client.query(`SELECT current_setting('synchronous_commit') AS v`)).rows[0].v, 'on');
+    // Autocommit, as the worker runs it: the same, and the lease is there.
+    await enqueue(pool, 't', { i: 2 }, { schema, shard: 0 });
+    assert.equal((await claim(client, params(lanes, 1))).length, 1);
+    assert.equal((await client.query(`SELECT current_setting('synchronous_commit') AS v`)).rows[0].v, 'on');
+    assert.equal(await leaseCount(), 2);
+  } finally {
+    await client.query('RESET synchronous_commit');
+    client.release();
+  }
+});
