@@ -23,6 +23,7 @@
  * `--entry FILE` imports berth from another checkout's `src/index.ts`, for an A/B against an older
  * commit (`mkdir /tmp/base && git archive main src | tar -x -C /tmp/base`, then
  * `--entry /tmp/base/src/index.ts`; node_modules resolve from here when the checkout lies below).
+ * `--worker-options JSON` adds Worker options (an A/B of a default, e.g. `'{"prefetch":1000}'`).
  * `--schema-check` gives the task type a Zod payload schema (validation per task).
  * `--observe events` adds a listener to `task:started` and `task:settled` (each counts);
  * `--observe trace` registers an OpenTelemetry SDK first (BasicTracerProvider, always sampled,
@@ -57,8 +58,11 @@ const { values: args } = parseArgs({
     dist: { type: 'boolean', default: false },
     entry: { type: 'string' },
     observe: { type: 'string' },
+    'worker-options': { type: 'string' },
   },
 });
+/** Extra Worker options as JSON (`--worker-options '{"prefetch":1000}'`), for an A/B of a default. */
+const WORKER_OPTIONS = JSON.parse(args['worker-options'] ?? '{}') as Record<string, unknown>;
 const OBSERVE = args.observe ?? 'none';
 if (!['none', 'events', 'trace', 'both'].includes(OBSERVE)) {
   console.error('--observe is one of none, events, trace, both');
@@ -166,6 +170,7 @@ async function drain(admin: pg.Pool, slots: number, profile: string | null, n = 
     tasks: [noop],
     slots,
     logger: silent,
+    ...WORKER_OPTIONS,
   });
   if (OBSERVE === 'events' || OBSERVE === 'both') {
     let heard = 0;

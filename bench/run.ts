@@ -261,7 +261,8 @@ function render(
     `- **Drain**: ${cfg.drainN.toLocaleString('en-US')} no-op tasks enqueued in bulk first (${cfg.bulkBatch} per call), then a worker ` +
       'is started; tasks/s (completed) = N / (time from the worker start call to the instant a read of the database showed ' +
       "every completion recorded). Once the last handler has started, a separate session runs the system's pending count " +
-      '(berth: `taskCounts`, graphile-worker: rows left in `_private_jobs`, pg-boss: rows not in state `completed`) back to ' +
+      '(berth: ready entries + deferred rows − entries covered by a settlement − tombstoned entries, one prepared statement; ' +
+      'graphile-worker: rows left in `_private_jobs`; pg-boss: rows not in state `completed`) back to ' +
       'back until it reads 0; the time is taken when that read returns, so it is late by at most one read. ' +
       '(all started) = N / (worker start call to the last handler start).',
     `- **Bulk enqueue**: ${cfg.bulkN.toLocaleString('en-US')} tasks, ${cfg.bulkBatch} per call, sequential calls. ` +

@@ -14,6 +14,7 @@ import { defineTask, enqueueMany, migrate, Worker } from '../src/index.js';
 const url = process.env.BENCH_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 const schema = 'berth_statements';
 const N = Number(process.env.BENCH_DRAIN_N ?? 20_000);
+const SLOTS = Number(process.env.BENCH_SLOTS ?? 10);
 const admin = new pg.Pool({ connectionString: url, max: 2 });
 const has = await admin.query(
   `SELECT 1 FROM pg_settings WHERE name = 'shared_preload_libraries' AND setting LIKE '%pg_stat_statements%'`,
@@ -34,7 +35,7 @@ for (let b = 0; b < N / 1000; b++) {
 }
 let done = 0;
 const def = defineTask({ type: 'noop', ceilingMs: 60_000, handler: async () => void done++ });
-const w = new Worker({ connectionString: url, schema, tasks: [def], slots: 10, logger: pino({ level: 'silent' }) });
+const w = new Worker({ connectionString: url, schema, tasks: [def], slots: SLOTS, logger: pino({ level: 'silent' }) });
 await admin.query('SELECT pg_stat_statements_reset()');
 const wal0 = (await admin.query('SELECT pg_current_wal_lsn() AS l')).rows[0].l;
 const t0 = performance.now();
@@ -52,7 +53,7 @@ const rows = await admin.query(
 );
 const calls = rows.rows.reduce((n, r) => n + r.calls, 0);
 console.log(
-  `drain of ${N} tasks, 10 slots: ${Math.round(N / secs)} tasks/s; WAL ${Math.round(wal / N)} bytes/task; ~${(calls / N).toFixed(3)} statements/task\n`,
+  `drain of ${N} tasks, ${SLOTS} slots: ${Math.round(N / secs)} tasks/s; WAL ${Math.round(wal / N)} bytes/task; ~${(calls / N).toFixed(3)} statements/task\n`,
 );
 console.log('| calls | rows | total ms | mean ms | statement |\n| ---: | ---: | ---: | ---: | --- |');
 for (const r of rows.rows) {

@@ -307,3 +307,40 @@ test('the claim commits asynchronously, and only its own transaction (synchronou
     client.release();
   }
 });
+
+test('ids and lane positions past 2^53 come back exact (int8 travels as text in the claim)', async () => {
+  await reset();
+  await pool.query(`ALTER SEQUENCE "${schema}".task_id_seq RESTART WITH 9007199254740993`);
+  try {
+    await enqueueMany(
+      pool,
+      [1, 2].map((i) => ({ type: 't', payload: { i }, shard: 30 })),
+      { schema },
+    );
+    const lane = (await pool.query(`SELECT lane_id FROM "${schema}".lanes WHERE shard = 30`)).rows[0].lane_id as number;
+    // The lane's own sequence too: every entry appended next sits past 2^53.
+    await pool.query(`TRUNCATE "${schema}".ready`);
+    await pool.query(`ALTER SEQUENCE "${schema}".lane_seq_${lane} RESTART WITH 9007199254740995`);
+    await pool.query(`ALTER SEQUENCE "${schema}".task_id_seq RESTART WITH 9007199254740997`);
+    await enqueueMany(
+      pool,
+      [3, 4].map((i) => ({ type: 't', payload: { i }, shard: 30 })),
+      { schema },
+    );
+    const got = await claim(pool, params([lane], 2));
+    assert.deepEqual(
+      got.map((t) => [t.id, t.laneSeq, t.payload]),
+      [
+        ['9007199254740997', '9007199254740995', { i: 3 }],
+        ['9007199254740998', '9007199254740996', { i: 4 }],
+      ],
+    );
+    const stored = await pool.query(`SELECT id::text, lane_seq::text FROM "${schema}".ready ORDER BY lane_seq`);
+    assert.deepEqual(
+      stored.rows.map((r) => [r.id, r.lane_seq]),
+      got.map((t) => [t.id, t.laneSeq]),
+    );
+  } finally {
+    await pool.query(`ALTER SEQUENCE "${schema}".task_id_seq RESTART WITH 1000000`);
+  }
+});

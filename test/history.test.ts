@@ -9,6 +9,7 @@ import {
   defineTask,
   dequeue,
   enqueue,
+  enqueueMany,
   getTask,
   listAttempts,
   listTasks,
@@ -20,6 +21,7 @@ import {
 } from '../src/index.js';
 import { rescueLapsedLeases, rotateHistory } from '../src/maintenance-api.js';
 import { claim, discover, type ClaimedTask } from '../src/processor/claim.js';
+import { completeLeases } from '../src/storage/complete.js';
 import { wakeChannel } from '../src/sql.js';
 import { errorDetail, MAX_STACK_CHARS } from '../src/util/error-detail.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, leaseLapsed, waitFor } from './helpers.js';
@@ -237,6 +239,52 @@ test('a handler Dequeue and a rescued lease are recorded; a hand-back is not an 
   const [rescued] = await attemptsOf(pool, schema, b);
   assert.equal(rescued?.outcome, 'lost');
   assert.match(rescued?.error?.message ?? '', /lease lapsed .* \(worker history-test\)/);
+});
+
+test('a batched completion records each task with its own run time, attempt and creation time, read back from the ring', async () => {
+  // Two lanes, several tasks each, completed in one flush with the refs out of lane order: the
+  // statement numbers each lease's entries in lane order, so each run time must land on its task.
+  await forgetRing();
+  for (const shard of [40, 41]) {
+    await enqueueMany(
+      pool,
+      Array.from({ length: 5 }, (_, i) => ({ type: 'batch', payload: { i }, shard })),
+      { schema },
+    );
+  }
+  const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+  const got = await claim(pool, {
+    schema,
+    laneIds: lanes,
+    limit: 10,
+    ceilings: new Map([['batch', 60_000]]),
+    maxAttempts: new Map(),
+    defaultMaxAttempts: 20,
+    defaultCeilingMs: 60_000,
+    marginMs: 0,
+    workerId: 'history-batch',
+    wakeChannel: wakeChannel(schema),
+  });
+  assert.equal(got.length, 10);
+  const shuffled = [...got].reverse();
+  const runMs = shuffled.map((_, i) => 100 + i * 7);
+  const settled = await completeLeases(pool, schema, shuffled, runMs);
+  assert.equal(settled.size, 10);
+  const created = new Map(
+    (await pool.query<{ id: string; created_at: Date }>(`SELECT id::text, created_at FROM ${S}.ready`)).rows.map(
+      (r) => [r.id, r.created_at.getTime()],
+    ),
+  );
+  for (const [i, t] of shuffled.entries()) {
+    const [a, ...more] = await attemptsOf(pool, schema, t.id);
+    assert.equal(more.length, 0, `one attempt for ${t.id}`);
+    assert.equal(a!.outcome, 'success');
+    assert.equal(a!.runMs, runMs[i], `the run time of task ${t.id}`);
+    assert.equal(a!.attempt, 1);
+    assert.equal(a!.type, 'batch');
+    assert.equal(a!.worker, 'history-batch');
+    assert.equal(a!.createdAt.getTime(), created.get(t.id), 'created_at as the ring holds it');
+  }
 });
 
 test('with history off nothing is written; turning it back on resumes', async () => {

@@ -331,3 +331,51 @@ test('gauges: pending includes running; running is a live lease; dead; oldest du
   // The published value is the snapshot's (41 s or more: the machine may be slow to get here).
   assert.ok(text.includes(`berth_task_oldest_due_seconds ${g.oldestDueSeconds}\n`), text);
 });
+
+test('a new leader starts promotion, rescue and the ring at once; gauges, retention and history rotation one interval later', async () => {
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [],
+    queues: ['first-runs'],
+    logger: captureLogger().logger,
+    maintenance: {
+      ...FAST_MAINTENANCE,
+      // Longer than this test can take: their first run must not have come yet.
+      gaugeIntervalMs: 600_000,
+      retentionIntervalMs: 600_000,
+      historyIntervalMs: 600_000,
+    },
+  });
+  await w.start();
+  try {
+    await waitFor(
+      () => ['promote', 'rescue', 'ring'].every((b) => (w.maintenanceStats()[b]?.runs ?? 0) >= 2),
+      30_000,
+      'the task-moving branches running',
+    );
+    for (const b of ['gauges', 'retention', 'history']) {
+      assert.equal(w.maintenanceStats()[b]?.runs ?? 0, 0, `${b} waits out its first interval`);
+    }
+  } finally {
+    await w.stop();
+  }
+  const soon = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [],
+    queues: ['first-runs'],
+    logger: captureLogger().logger,
+    maintenance: { ...FAST_MAINTENANCE, gaugeIntervalMs: 100, retentionIntervalMs: 100, historyIntervalMs: 100 },
+  });
+  await soon.start();
+  try {
+    await waitFor(
+      () => ['gauges', 'retention', 'history'].every((b) => (soon.maintenanceStats()[b]?.runs ?? 0) >= 1),
+      30_000,
+      'each after its (short) interval',
+    );
+  } finally {
+    await soon.stop();
+  }
+});

@@ -171,3 +171,14 @@ test('ceilingMs; ceiling is its deprecated name: accepted with a DeprecationWarn
   );
   assert.throws(() => defineTask({ type: 'none', handler } as never), /task "none": ceilingMs must be a number/);
 });
+
+test('prefetch defaults to 25 per slot, at least 2,000 (the cap the ~25 ms rate target may lease ahead); 0 and explicit values stand', async () => {
+  const { resolveWorkerOptions } = await import('../src/processor/worker-options.js');
+  const resolved = (o: Record<string, unknown>) =>
+    resolveWorkerOptions({ connectionString: 'postgres://x@127.0.0.1/db', tasks: [], ...o }).prefetch;
+  assert.equal(resolved({}), 2000);
+  assert.equal(resolved({ slots: 10 }), 2000);
+  assert.equal(resolved({ slots: 200 }), 5000);
+  assert.equal(resolved({ slots: 10, prefetch: 0 }), 0);
+  assert.equal(resolved({ slots: 10, prefetch: 40 }), 40);
+});

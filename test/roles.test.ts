@@ -255,7 +255,8 @@ test('B claims, fails, retries, slices and completes through a Worker whose main
     leaseMarginMs: 0,
     pollIntervalMs: 100,
     logger,
-    maintenance: { ...FAST_MAINTENANCE, ringRotateAfterMs: 100 },
+    // Retention's first run waits one interval after the term starts (maintenance/leader.ts).
+    maintenance: { ...FAST_MAINTENANCE, ringRotateAfterMs: 100, retentionIntervalMs: 200 },
   });
   await w.start();
   try {

@@ -1,6 +1,6 @@
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import type { LeaseRef } from '../storage/lease.js';
-import { claimableEntry } from '../storage/predicates.js';
+import { claimableEntries } from '../storage/predicates.js';
 
 /** A lane that discovery saw with claimable entries, in the order they should be served. */
 export interface Candidate {
@@ -25,8 +25,6 @@ export interface ClaimedTask extends LeaseRef {
   leaseExpiresAt: number;
   /** How long the task had been due when it was claimed (database clock), in seconds. */
   waitedSeconds: number;
-  /** When the task was created, epoch ms (attempt history keeps it with a completion). */
-  createdMs: number;
   /** The producer's stored trace context (src/tracing.ts), or null when it enqueued untraced. */
   traceContext: string | null;
 }
@@ -55,10 +53,8 @@ export async function discover(
        FROM ${s}.lanes l
        CROSS JOIN LATERAL (
          SELECT r.lane_id, r.lane_seq, r.id, r.priority, r.run_at
-           FROM ${s}.ready r
-          WHERE ${claimableEntry(s, 'l')}
-            AND r.run_at <= now()
-          ORDER BY r.lane_seq
+           FROM ${claimableEntries(s, 'l', ['lane_id', 'lane_seq', 'id', 'priority', 'run_at'], 'ALL')} r
+          WHERE r.run_at <= now()
           LIMIT $3) r
       WHERE ($1::text[] IS NULL OR l.queue = ANY ($1::text[]))
         AND NOT l.paused
@@ -173,7 +169,7 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
   const res = await write.query<LeaseRow>({
     name: `berth-claim:${name}`,
     text: `WITH locked AS MATERIALIZED (
-       SELECT l.lane_id, l.version FROM ${s}.lanes l
+       SELECT l.lane_id, l.version, l.queue, l.priority, l.shard FROM ${s}.lanes l
         WHERE l.lane_id = ANY ($1::integer[])
           AND ($11::text[] IS NULL OR l.queue = ANY ($11::text[]))
           AND NOT l.paused
@@ -181,60 +177,66 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
         LIMIT $12
         FOR UPDATE SKIP LOCKED
      ), current AS MATERIALIZED (
-       SELECT k.lane_id, k.version FROM locked k
+       SELECT k.* FROM locked k
         WHERE k.version = (SELECT v.version FROM ${s}.lanes v WHERE v.lane_id = k.lane_id)
      ), picked AS MATERIALIZED (
-       -- One window pass: rank within the lane, and whether the lane's prefix is still due and
-       -- still in the lane's first ring segment (lane_slot, from the read's own window). Both
-       -- are stops, so \`ok\` is cumulative: a lane yields the prefix up to its first entry that
-       -- is not due or lies in a later segment.
-       SELECT r.slot, r.lane_id, r.lane_seq, r.id, r.type, r.payload, r.queue, r.priority,
-              r.shard, r.attempts, r.max_attempts, r.dedupe_key, r.run_at, r.created_at, r.trace_context,
-              r.slot <> r.lane_slot AS past_slot,
-              row_number() OVER lane AS rank_in_lane,
-              bool_and(r.run_at <= now()) OVER lane AS due_so_far,
-              bool_and(r.run_at <= now() AND r.slot = r.lane_slot) OVER lane AS ok
+       -- Per lane, in lane order (the index scan's, so the window sorts nothing): rank, and
+       -- whether the prefix is still due and still in the lane's first ring segment. Both are
+       -- stops: a lane yields the prefix up to its first entry that is not due or lies in a later
+       -- segment (a later segment never goes back to the first, so \`slot = lane_slot\` is itself
+       -- a prefix). Only the columns the shaping needs: the tasks are read once more, by range,
+       -- for the result (a payload carried through here and the sort cost more than that read).
+       SELECT k.lane_id, k.priority, r.slot, r.lane_seq, r.run_at, r.type, r.rank_in_lane,
+              r.due_so_far, r.slot = r.lane_slot AS in_lane_slot
          FROM current k
          CROSS JOIN LATERAL (
-           SELECT r.*, first_value(r.slot) OVER (ORDER BY r.lane_seq) AS lane_slot
-             FROM (SELECT r.* FROM ${s}.ready r
-                    WHERE ${claimableEntry(s, 'k')}
-                    ORDER BY r.lane_seq
-                    LIMIT least($2, coalesce($13::integer, $2))) r) r
-       WINDOW lane AS (PARTITION BY r.lane_id ORDER BY r.lane_seq)
-     ), chosen AS MATERIALIZED (
-       SELECT p.*, row_number() OVER (ORDER BY priority, rank_in_lane, run_at, lane_id) AS ord
-         FROM picked p
-        WHERE p.ok
-        ORDER BY priority, rank_in_lane, run_at, lane_id LIMIT $2
+           SELECT r.slot, r.lane_seq, r.run_at, r.type,
+                  row_number() OVER w AS rank_in_lane,
+                  bool_and(r.run_at <= now()) OVER w AS due_so_far,
+                  first_value(r.slot) OVER w AS lane_slot
+             FROM ${claimableEntries(s, 'k', ['slot', 'lane_seq', 'run_at', 'type'], 'least($2, coalesce($13::integer, $2))')} r
+           WINDOW w AS (ORDER BY r.lane_seq ROWS UNBOUNDED PRECEDING)) r
+     ), chosen AS (
+       -- The round-robin prefix of every lane, by priority. Sorted only when the lanes gave more
+       -- than the limit (each is read for its share, so mostly they give at most the limit): the
+       -- one-time filters run one branch.
+       SELECT p.lane_id, p.slot, p.lane_seq, p.type FROM picked p
+        WHERE p.due_so_far AND p.in_lane_slot
+          AND (SELECT count(*) FROM picked x WHERE x.due_so_far AND x.in_lane_slot) <= $2
+       UNION ALL
+       (SELECT p.lane_id, p.slot, p.lane_seq, p.type FROM picked p
+         WHERE p.due_so_far AND p.in_lane_slot
+           AND (SELECT count(*) FROM picked x WHERE x.due_so_far AND x.in_lane_slot) > $2
+         ORDER BY p.priority, p.rank_in_lane, p.run_at, p.lane_id LIMIT $2)
      ), more AS (
-       -- Whether a lane may hold due entries this claim left: it gave its whole share, or it
-       -- stopped at a ring segment boundary (its due prefix ran into a later segment). The
-       -- worker then claims again at once instead of taking a short claim for a drained lane.
-       SELECT coalesce(bool_or(x.n >= least($2, coalesce($13::integer, $2)) OR x.crossed), false) AS more
-         FROM (SELECT lane_id, count(*) FILTER (WHERE ok) AS n,
-                      bool_or(past_slot AND due_so_far) AS crossed
-                 FROM picked GROUP BY lane_id) x
-     ), per_type AS (
-       SELECT c.lane_id, c.type,
-              now() + make_interval(secs => (coalesce(t.ceiling_ms, $5) + $6) / 1000.0) AS expires_at,
-              coalesce(t.max_attempts, $9) AS max_attempts
-         FROM (SELECT DISTINCT lane_id, type FROM chosen) c
-         LEFT JOIN unnest($3::text[], $4::float8[], $10::integer[]) AS t(type, ceiling_ms, max_attempts)
-           ON t.type = c.type
+       -- Whether a lane may hold due entries this claim left: it gave its whole share (its entry
+       -- ranked at the share is in the prefix), or its due prefix ran into a later ring segment.
+       -- The worker then claims again at once instead of taking a short claim for a drained lane.
+       SELECT coalesce(bool_or(p.due_so_far AND (p.rank_in_lane >= least($2, coalesce($13::integer, $2))
+                                                 OR NOT p.in_lane_slot)), false) AS more
+         FROM picked p
+     ), leases AS (
+       -- One lease per lane: its range, and per type (the claiming worker's ceiling and attempt
+       -- limit, else the defaults) the deadline stamped from the database clock.
+       SELECT c.lane_id, min(c.slot) AS slot, min(c.from_seq) AS from_seq, max(c.to_seq) AS to_seq,
+              sum(c.n)::integer AS n, array_agg(c.type ORDER BY c.type) AS types,
+              array_agg(c.expires_at ORDER BY c.type) AS type_expires,
+              array_agg(c.max_attempts ORDER BY c.type) AS type_max_attempts, min(c.expires_at) AS expires_at
+         FROM (SELECT ch.lane_id, ch.type, min(ch.slot) AS slot, min(ch.lane_seq) AS from_seq,
+                      max(ch.lane_seq) AS to_seq, count(*) AS n,
+                      now() + make_interval(secs => (coalesce(t.ceiling_ms, $5) + $6) / 1000.0) AS expires_at,
+                      coalesce(t.max_attempts, $9) AS max_attempts
+                 FROM chosen ch
+                 LEFT JOIN unnest($3::text[], $4::float8[], $10::integer[]) AS t(type, ceiling_ms, max_attempts)
+                   ON t.type = ch.type
+                GROUP BY ch.lane_id, ch.type, t.ceiling_ms, t.max_attempts) c
+        GROUP BY c.lane_id
      ), leased AS (
        INSERT INTO ${s}.range_leases (slot, lane_id, from_seq, to_seq, n, token, claimed_at, worker,
                                       types, type_expires, type_max_attempts, expires_at)
        SELECT c.slot, c.lane_id, c.from_seq, c.to_seq, c.n, gen_random_uuid(), now(), $7,
-              pt.types, pt.type_expires, pt.type_max_attempts, pt.expires_at
-         FROM (SELECT lane_id, min(slot) AS slot, min(lane_seq) AS from_seq, max(lane_seq) AS to_seq,
-                      count(*)::integer AS n
-                 FROM chosen GROUP BY lane_id) c
-         JOIN (SELECT lane_id, array_agg(type ORDER BY type) AS types,
-                      array_agg(expires_at ORDER BY type) AS type_expires,
-                      array_agg(max_attempts ORDER BY type) AS type_max_attempts,
-                      min(expires_at) AS expires_at
-                 FROM per_type GROUP BY lane_id) pt USING (lane_id)
+              c.types, c.type_expires, c.type_max_attempts, c.expires_at
+         FROM leases c
        ON CONFLICT DO NOTHING
        RETURNING slot, lane_id, from_seq, to_seq, n, token, types, type_expires, type_max_attempts
      ), resignal AS (
@@ -244,23 +246,34 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
        -- in the comment on claim()).
        SELECT set_config('synchronous_commit', 'off', true) AS was
      )
-     -- One row per range lease, its tasks as one JSON array (see LeaseRow).
+     -- One row per range lease, its tasks as one JSON text (see LeaseRow).
      SELECT l.slot, l.lane_id, l.from_seq::text AS lease_from, l.token::text AS token, l.types,
             (SELECT array_agg((extract(epoch FROM e) * 1000)::float8 ORDER BY o)
                FROM unnest(l.type_expires) WITH ORDINALITY AS x(e, o)) AS type_expires_ms,
-            l.type_max_attempts, t.queue, t.priority, t.shard, t.tasks,
+            l.type_max_attempts, k.queue, k.priority, k.shard,
+            -- A lease covers every claimable entry from from_seq to to_seq of its lane and slot
+            -- (a prefix is contiguous in lane order; the same snapshot, the same tombstone check),
+            -- so its tasks are one range read of the lane's index (the tombstone probe above the
+            -- partitions, as in claimableEntries).
+            (SELECT '[' || string_agg(
+                      '["' || r.lane_seq || '","' || r.id || '",' || array_position(l.types, r.type) || ','
+                          || (r.attempts + 1) || ',' || greatest(date_part('epoch', now() - r.run_at), 0) || ','
+                          || r.payload
+                          || CASE WHEN r.max_attempts IS NULL AND r.dedupe_key IS NULL AND r.trace_context IS NULL
+                                  THEN ']'
+                                  ELSE ',' || coalesce(r.max_attempts::text, 'null') || ','
+                                       || coalesce(to_json(r.dedupe_key)::text, 'null') || ','
+                                       || coalesce(to_json(r.trace_context)::text, 'null') || ']' END,
+                      ',' ORDER BY r.lane_seq) || ']'
+               FROM (SELECT r.* FROM ${s}.ready r
+                      WHERE r.lane_id = l.lane_id AND r.slot = l.slot AND r.lane_seq BETWEEN l.from_seq AND l.to_seq
+                      OFFSET 0) r
+              WHERE k.version = 0
+                 OR NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+                                 WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
+                                 OFFSET 0)) AS tasks,
             (SELECT more FROM more) AS more
-       FROM leased l
-       JOIN (
-         -- A lease covers every chosen entry of its lane (from_seq and to_seq are their min and
-         -- max), so its tasks are the lane's group.
-         SELECT c.lane_id, min(c.queue) AS queue, min(c.priority) AS priority, min(c.shard) AS shard,
-                json_agg(json_build_array(c.ord, c.lane_seq::text, c.id::text, c.type, c.payload,
-                                          c.attempts + 1, c.max_attempts, c.dedupe_key,
-                                          greatest(date_part('epoch', now() - c.run_at), 0),
-                                          date_part('epoch', c.created_at) * 1000,
-                                          c.trace_context)) AS tasks
-           FROM chosen c GROUP BY c.lane_id) t USING (lane_id)
+       FROM leased l JOIN current k ON k.lane_id = l.lane_id
       WHERE (SELECT count(*) FROM resignal) >= 0 AND (SELECT count(*) FROM async_commit) = 1`,
     values: [
       p.laneIds,
@@ -284,9 +297,12 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
 /**
  * The claim's result: one row per range lease, with what is the lease's once (slot, token, the
  * lane's queue, priority and shard, each type's expiry and attempt limit) and its tasks as one
- * JSON array of ClaimedJson. As one row per task with every column, the rows cost the worker
- * 8.8 µs each to parse (bench/row-parse.ts; half of it the per-lease columns repeated) and the
- * server an output row per task; one JSON value per lease is one JSON.parse.
+ * JSON text of ClaimedJson, in lane order. As one row per task with every column, the rows cost
+ * the worker 8.8 µs each to parse (bench/row-parse.ts; half of it the per-lease columns
+ * repeated) and the server an output row per task; one JSON text per lease is one JSON.parse.
+ * Built by concatenation rather than json_agg(json_build_array(…)), which resolves the output
+ * of every argument per row: 1.5 µs per task of the claim's server time against ~0.7 µs
+ * (docs/benchmarks.md, "The claim's shape").
  */
 interface LeaseRow {
   slot: number;
@@ -299,64 +315,71 @@ interface LeaseRow {
   queue: string;
   priority: number;
   shard: number;
-  tasks: ClaimedJson[];
+  tasks: string;
   more: boolean;
 }
 
 /**
- * One task of a lease: its position in the claim's order (1-based: priority, then rank within
- * its lane, due time, lane), lane_seq and id (as text: int8), type, payload, this attempt, its
- * own attempt limit (null: the type's), dedupe key, seconds it had been due, when it was
- * created (epoch ms: the attempt history's record of a success keeps it), the producer's trace
- * context (null: enqueued untraced).
+ * One task of a lease, in lane order: lane_seq and id (int8, as JSON strings: exact whatever
+ * their size), its type's 1-based position in the lease's `types`, this attempt, seconds it had
+ * been due, payload; then, only when one of them is set, its own attempt limit (null: the
+ * type's), dedupe key and the producer's trace context.
  */
-type ClaimedJson = [
-  number,
-  string,
-  string,
-  string,
-  unknown,
-  number,
-  number | null,
-  string | null,
-  number,
-  number,
-  string | null,
-];
+type ClaimedJson =
+  | [string, string, number, number, number, unknown]
+  | [string, string, number, number, number, unknown, number | null, string | null, string | null];
 
-/** The leases' tasks in the claim's order (round-robin over lanes, by priority). */
+/** A key's part as it is ordered (the claim's order: priority, rank in lane, due time, lane). */
+interface Placed {
+  task: ClaimedTask;
+  priority: number;
+  rank: number;
+  waited: number;
+}
+
+/**
+ * The leases' tasks in the claim's order: by priority, then round-robin over the lanes (rank in
+ * lane), the longest due first within a rank, then by lane. The statement leases each lane's
+ * prefix and leaves the order to the worker (a sort of every claimed row there cost more).
+ */
 function tasksOf(rows: readonly LeaseRow[]): ClaimedTask[] {
+  if (rows.length === 1) return leaseTasks(rows[0]!, null);
+  const placed: Placed[] = [];
+  for (const r of rows) leaseTasks(r, placed);
+  placed.sort(
+    (a, b) => a.priority - b.priority || a.rank - b.rank || b.waited - a.waited || a.task.laneId - b.task.laneId,
+  );
+  return placed.map((p) => p.task);
+}
+
+function leaseTasks(r: LeaseRow, placed: Placed[] | null): ClaimedTask[] {
   const out: ClaimedTask[] = [];
-  let placed = 0;
-  let last = 0;
-  for (const r of rows) {
-    for (const [ord, laneSeq, id, type, payload, attempt, own, dedupeKey, waited, createdMs, traceContext] of r.tasks) {
-      const t = r.types.indexOf(type);
-      out[ord - 1] = {
-        slot: r.slot,
-        laneId: r.lane_id,
-        laneSeq,
-        leaseFrom: r.lease_from,
-        token: r.token,
-        id,
-        type,
-        payload,
-        queue: r.queue,
-        priority: r.priority,
-        shard: r.shard,
-        attempt,
-        maxAttempts: own ?? r.type_max_attempts[t]!,
-        dedupeKey,
-        leaseExpiresAt: r.type_expires_ms[t]!,
-        waitedSeconds: waited,
-        createdMs,
-        traceContext,
-      };
-      placed++;
-      if (ord > last) last = ord;
-    }
+  const tasks = JSON.parse(r.tasks) as ClaimedJson[];
+  for (let i = 0; i < tasks.length; i++) {
+    const row = tasks[i]!;
+    const t = row[2] - 1;
+    const own = row.length > 6 ? row[6] : null;
+    const task: ClaimedTask = {
+      slot: r.slot,
+      laneId: r.lane_id,
+      laneSeq: row[0],
+      leaseFrom: r.lease_from,
+      token: r.token,
+      id: row[1],
+      type: r.types[t]!,
+      payload: row[5],
+      queue: r.queue,
+      priority: r.priority,
+      shard: r.shard,
+      attempt: row[3],
+      maxAttempts: own ?? r.type_max_attempts[t]!,
+      dedupeKey: row.length > 6 ? (row[7] ?? null) : null,
+      leaseExpiresAt: r.type_expires_ms[t]!,
+      waitedSeconds: row[4],
+      traceContext: row.length > 6 ? (row[8] ?? null) : null,
+    };
+    if (placed === null) out.push(task);
+    else placed.push({ task, priority: r.priority, rank: i, waited: row[4] });
   }
-  // `ord` numbers every task `chosen` picked: a range another claimer leased first (ON CONFLICT
-  // DO NOTHING) leaves its positions empty.
-  return placed === last ? out : out.filter((t) => t !== undefined);
+  return out;
 }

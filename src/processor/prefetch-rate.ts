@@ -21,7 +21,11 @@ export class PrefetchRate {
     const dt = now - this.rateSampledAt;
     if (dt >= 10) {
       const rate = (this.completedSinceSample * 1000) / dt;
-      this.completionRate = this.completionRate === 0 ? rate : this.completionRate * 0.7 + rate * 0.3;
+      // Up at once, down slowly. The rate seen is bounded by what the last target let the worker
+      // lease, so a smoothed rise took ~10 windows to let a drain of fast tasks claim in
+      // batches of its size (the first ~100 ms of a drain in claims of a few dozen tasks); a
+      // fall is smoothed so a pause between bursts does not shrink the next claim.
+      this.completionRate = rate >= this.completionRate ? rate : this.completionRate * 0.7 + rate * 0.3;
       this.completedSinceSample = 0;
       this.rateSampledAt = now;
     }

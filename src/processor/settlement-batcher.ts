@@ -124,9 +124,10 @@ export class SettlementBatcher {
     batch: { ref: CompletableLease; runMs: number | null; w: Waiter<CompleteResult> }[],
   ): Promise<void> {
     if (batch.length === 0) return;
-    const refs = batch.map((b) => ({ ...b.ref, runMs: b.runMs }));
+    const refs = batch.map((b) => b.ref);
+    const runMs = batch.map((b) => b.runMs);
     const r = await this.withRetry('complete', refs, async (retry) => {
-      const settled = await completeLeases(this.db, this.schema, refs);
+      const settled = await completeLeases(this.db, this.schema, refs, runMs);
       if (retry)
         for (const k of (
           await settledWith(
@@ -184,7 +185,8 @@ export class SettlementBatcher {
     /** `retry` is true after a failed attempt: an earlier attempt may have committed unseen. */
     fn: (retry: boolean) => Promise<T>,
   ): Promise<{ ok: true; value: T } | { ok: false; error: string }> {
-    const until = Math.min(Math.max(...refs.map((r) => r.leaseExpiresAt)), this.giveUpAt);
+    // Read on the first failure only: the batch's last lease expiry.
+    let until = Number.NaN;
     for (let attempt = 1; ; attempt++) {
       const started = performance.now();
       try {
@@ -199,6 +201,7 @@ export class SettlementBatcher {
       } catch (err) {
         const message = (err as Error).message;
         const connection = isConnectionError(err);
+        if (Number.isNaN(until)) until = Math.min(latestExpiry(refs), this.giveUpAt);
         const delay = Math.min(RETRY_BASE_MS * 2 ** (attempt - 1), RETRY_MAX_MS);
         const giveUp = connection
           ? Date.now() + delay >= Math.min(until, this.giveUpAt)
@@ -222,4 +225,10 @@ export class SettlementBatcher {
       }
     }
   }
+}
+
+function latestExpiry(refs: readonly Settleable[]): number {
+  let latest = Number.NEGATIVE_INFINITY;
+  for (const r of refs) if (r.leaseExpiresAt > latest) latest = r.leaseExpiresAt;
+  return latest;
 }

@@ -1,7 +1,8 @@
 import { LeaseLostError } from '../errors.js';
 import { bindSchema, quoteIdent, type Queryable, type Schema, type SchemaRef } from '../sql.js';
-import { type CompletedEntry, completionHistory, completionHistoryValues, perTaskHistory } from './history.js';
+import { completedEntries, completionHistory, perTaskHistory } from './history.js';
 import { leaseKey, type LeaseRef, seqsToMultirange } from './lease.js';
+import { runMsValue } from './history.js';
 import { removeUnleased } from './remove.js';
 
 /**
@@ -14,15 +15,22 @@ import { removeUnleased } from './remove.js';
  */
 
 /**
- * A lease to complete; its task's dedupe key (if any) is freed with it, and the task's identity
- * (id, type, attempt, created) goes to attempt history with it.
+ * A lease to complete; its task's dedupe key (if any) is freed with it, and attempt history
+ * records it with its handler's run time (the rest of the task is read back from `ready`).
  */
-export type CompletableRef = LeaseRef & CompletedEntry & { dedupeKey?: string | null };
+export type CompletableRef = LeaseRef & {
+  /** Whether the task has a dedupe key to free (the statement reads the key itself). */
+  dedupeKey?: string | null;
+  /** The handler's run time, ms; null when not known. */
+  runMs?: number | null;
+};
 
 /**
  * Dequeue, batched: settle leases as completed. Returns the keys that were settled; a lease not
  * returned was refused (token no longer owns it, or another settlement took the entry first).
- * Also frees each completed task's dedupe key.
+ * Also frees each completed task's dedupe key. `runMs[i]` is the handler's run time of
+ * `refs[i]` for attempt history (a parallel array, so the batcher hands in the refs it holds
+ * rather than a copy of each with its time).
  *
  * One row per range lease in the batch (the batch's entries of that lease as one multirange),
  * in one statement per ring segment (almost always one), naming the segment's partitions
@@ -34,62 +42,110 @@ export async function completeLeases(
   write: Queryable,
   schema: SchemaRef,
   refs: readonly CompletableRef[],
+  runMs?: readonly (number | null)[],
 ): Promise<Set<string>> {
   const bound = bindSchema(schema);
-  const bySlot = new Map<number, CompletableRef[]>();
-  for (const r of refs) {
-    let g = bySlot.get(r.slot);
-    if (!g) {
-      g = [];
-      bySlot.set(r.slot, g);
+  const bySlot = new Map<number, LeaseGroup[]>();
+  for (const g of groupByLease(refs, runMs)) {
+    let inSlot = bySlot.get(g.slot);
+    if (!inSlot) {
+      inSlot = [];
+      bySlot.set(g.slot, inSlot);
     }
-    g.push(r);
+    inSlot.push(g);
   }
   const settled = new Set<string>();
-  for (const [slot, group] of bySlot) {
-    for (const key of await completeInSlot(write, bound, slot, group)) settled.add(key);
+  for (const [slot, groups] of bySlot) {
+    for (const key of await completeInSlot(write, bound, slot, groups)) settled.add(key);
   }
   return settled;
 }
 
-/** A batch's entries of one range lease. */
+/** A batch's entries of one range lease, in lane order, with their run times. */
 interface LeaseGroup {
+  slot: number;
   laneId: number;
   leaseFrom: string;
   token: string;
   refs: CompletableRef[];
+  runMs: (number | null)[];
 }
 
-function groupByLease(refs: readonly CompletableRef[]): LeaseGroup[] {
+/**
+ * The batch by lease. Keyed by the token: one lease has one (random) token, and the tasks of a
+ * claim share its string, whose hash V8 keeps (a composite key string per task was 4.6 % of a
+ * drain's worker CPU).
+ */
+function groupByLease(refs: readonly CompletableRef[], runMs: readonly (number | null)[] | undefined): LeaseGroup[] {
   const groups = new Map<string, LeaseGroup>();
-  for (const r of refs) {
-    const k = `${r.laneId}:${r.leaseFrom}:${r.token}`;
-    let g = groups.get(k);
-    if (!g) {
-      g = { laneId: r.laneId, leaseFrom: r.leaseFrom, token: r.token, refs: [] };
-      groups.set(k, g);
+  for (let i = 0; i < refs.length; i++) {
+    const r = refs[i]!;
+    let g = groups.get(r.token);
+    if (g === undefined || g.laneId !== r.laneId || g.leaseFrom !== r.leaseFrom || g.slot !== r.slot) {
+      // A token names one lease; a ref that claims another lease under it (a caller's mistake)
+      // gets a group of its own, which the fence refuses.
+      const k = g === undefined ? r.token : `${r.token}:${r.slot}:${r.laneId}:${r.leaseFrom}`;
+      g = groups.get(k);
+      if (g === undefined) {
+        g = { slot: r.slot, laneId: r.laneId, leaseFrom: r.leaseFrom, token: r.token, refs: [], runMs: [] };
+        groups.set(k, g);
+      }
     }
     g.refs.push(r);
+    g.runMs.push(runMsValue(runMs === undefined ? r.runMs : runMs[i]));
   }
   // Rows in (lane, lease) order on every writer: two inserters whose rows overlap then meet in
-  // the same order, which makes a deadlock between them (40P01, retried) rarer.
-  return [...groups.values()].sort((a, b) => a.laneId - b.laneId || compareSeq(a.leaseFrom, b.leaseFrom));
+  // the same order, which makes a deadlock between them (40P01, retried) rarer. Each group's
+  // entries in lane order, the order the statement numbers them in (their run times).
+  const sorted = [...groups.values()].sort((a, b) => a.laneId - b.laneId || compareSeq(a.leaseFrom, b.leaseFrom));
+  for (const g of sorted) if (!inSeqOrder(g.refs)) sortBySeq(g);
+  return sorted;
+}
+
+function inSeqOrder(refs: readonly CompletableRef[]): boolean {
+  for (let i = 1; i < refs.length; i++) if (compareSeq(refs[i - 1]!.laneSeq, refs[i]!.laneSeq) > 0) return false;
+  return true;
+}
+
+function sortBySeq(g: LeaseGroup): void {
+  const order = g.refs.map((_, i) => i).sort((a, b) => compareSeq(g.refs[a]!.laneSeq, g.refs[b]!.laneSeq));
+  g.refs = order.map((i) => g.refs[i]!);
+  g.runMs = order.map((i) => g.runMs[i]!);
+}
+
+/**
+ * The groups as the completion statements take them: per group its lane, lease, token, entries
+ * (a multirange), count, where its run times start in the one run-time array, and whether it
+ * holds a task with a dedupe key; then that array.
+ */
+function groupValues(groups: readonly LeaseGroup[], withN: boolean): unknown[] {
+  const runFrom: number[] = [];
+  const runMs: (number | null)[] = groups.length === 1 ? groups[0]!.runMs : [];
+  if (groups.length > 1) {
+    for (const g of groups) {
+      runFrom.push(runMs.length + 1);
+      for (const ms of g.runMs) runMs.push(ms);
+    }
+  } else runFrom.push(1);
+  return [
+    groups.map((g) => g.laneId),
+    groups.map((g) => g.leaseFrom),
+    groups.map((g) => g.token),
+    groups.map((g) =>
+      seqsToMultirange(
+        g.refs.map((r) => r.laneSeq),
+        true,
+      ),
+    ),
+    ...(withN ? [groups.map((g) => g.refs.length)] : []),
+    runFrom,
+    groups.map((g) => g.refs.some((r) => r.dedupeKey)),
+    runMs,
+  ];
 }
 
 function compareSeq(a: string, b: string): number {
   return a.length - b.length || (a < b ? -1 : a > b ? 1 : 0);
-}
-
-/**
- * The batch's dedupe keys, each with its task id and lane, and `at(ref)`: the lease the hot
- * statement needs to have won (`leaseFrom`), or the entry the remainder step checks (`laneSeq`).
- */
-function keyedRefs(
-  groups: readonly LeaseGroup[],
-  at: (r: CompletableRef) => string,
-): [string[], string[], number[], string[]] {
-  const keyed = groups.flatMap((g) => g.refs.filter((r) => r.dedupeKey));
-  return [keyed.map((r) => r.dedupeKey ?? ''), keyed.map((r) => r.id), keyed.map((r) => r.laneId), keyed.map(at)];
 }
 
 /**
@@ -109,17 +165,18 @@ async function completeInSlot(
   write: Queryable,
   schema: Schema,
   slot: number,
-  refs: readonly CompletableRef[],
+  groups: readonly LeaseGroup[],
 ): Promise<string[]> {
   const s = schema.q;
   const leases = `${s}.${quoteIdent(`range_leases_${slot}`)}`;
   const settlements = `${s}.${quoteIdent(`range_settlements_${slot}`)}`;
-  const groups = groupByLease(refs);
+  const ready = `${s}.${quoteIdent(`ready_${slot}`)}`;
   const res = await write.query<{ lane_id: number; lease_from: string; token: string }>({
     name: `berth-complete:${schema.name}:${slot}`,
     text: `WITH u AS (
-       SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[], $4::int8multirange[], $5::integer[])
-         WITH ORDINALITY AS u(lane_id, lease_from, token, seqs, n, o)
+       SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[], $4::int8multirange[], $5::integer[],
+                            $6::integer[], $7::boolean[])
+         WITH ORDINALITY AS u(lane_id, lease_from, token, seqs, n, run_from, keyed, o)
      ), won AS (
        INSERT INTO ${settlements} (slot, lane_id, lease_from, seqs, n, outcome)
        SELECT l.slot, l.lane_id, l.from_seq, u.seqs, u.n, 'completed'
@@ -127,25 +184,11 @@ async function completeInSlot(
         ORDER BY u.o
        ON CONFLICT DO NOTHING
        RETURNING lane_id, lease_from
-     ), freed AS (
-       -- By key, and only for tasks that have one: most batches probe nothing here.
-       DELETE FROM ${s}.dedupe d
-        USING unnest($6::text[], $7::bigint[], $8::integer[], $9::bigint[]) AS k(key, id, lane_id, lease_from)
-        WHERE d.dedupe_key = k.key AND d.id = k.id
-          AND EXISTS (SELECT 1 FROM won w WHERE w.lane_id = k.lane_id AND w.lease_from = k.lease_from)
-     ), ${completionHistory(s, leases, 10, false)}
+     ), ${completedEntries(s, ready, leases, 8, false)}, ${completionHistory(s)}
      -- The token too: a batch may hold a wrong-token group for the same range as a right one.
      SELECT w.lane_id, w.lease_from::text AS lease_from, l.token::text AS token
        FROM won w CROSS JOIN LATERAL (${leaseProbe(leases, 'w.lane_id', 'w.lease_from')}) l`,
-    values: [
-      groups.map((g) => g.laneId),
-      groups.map((g) => g.leaseFrom),
-      groups.map((g) => g.token),
-      groups.map((g) => seqsToMultirange(g.refs.map((r) => r.laneSeq))),
-      groups.map((g) => g.refs.length),
-      ...keyedRefs(groups, (r) => r.leaseFrom),
-      ...completionHistoryValues(groups.map((g) => g.refs)),
-    ],
+    values: groupValues(groups, true),
   });
   const won = new Set(res.rows.map((r) => `${r.lane_id}:${r.lease_from}:${r.token}`));
   const out: string[] = [];
@@ -186,8 +229,9 @@ async function completeRemainders(
       rest: boolean;
     }>(
       `WITH u AS (
-         SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[], $4::int8multirange[])
-           WITH ORDINALITY AS u(lane_id, lease_from, token, seqs, o)
+         SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[], $4::int8multirange[], $5::integer[],
+                              $6::boolean[])
+           WITH ORDINALITY AS u(lane_id, lease_from, token, seqs, run_from, keyed, o)
        ), want AS MATERIALIZED (
          SELECT l.slot, l.lane_id, l.from_seq, l.token, u.o,
                 u.seqs - coalesce((SELECT range_agg(x.seqs) FROM ${settlements} x
@@ -201,26 +245,14 @@ async function completeRemainders(
           ORDER BY w.o
          ON CONFLICT DO NOTHING
          RETURNING lane_id, lease_from, seqs
-       ), freed AS (
-         DELETE FROM ${s}.dedupe d
-          USING unnest($5::text[], $6::bigint[], $7::integer[], $8::bigint[]) AS k(key, id, lane_id, lane_seq)
-          WHERE d.dedupe_key = k.key AND d.id = k.id
-            AND EXISTS (SELECT 1 FROM won w WHERE w.lane_id = k.lane_id AND w.seqs @> k.lane_seq)
-       ), ${completionHistory(s, leases, 9, true)}
+       ), ${completedEntries(s, `${s}.${quoteIdent(`ready_${slot}`)}`, leases, 7, true)}, ${completionHistory(s)}
        SELECT w.lane_id, w.from_seq::text AS lease_from, w.token::text AS token,
               (SELECT array_agg(g::text) FROM won x, unnest(x.seqs) m, generate_series(lower(m), upper(m) - 1) g
                 WHERE x.lane_id = w.lane_id AND x.lease_from = w.from_seq) AS won,
               NOT isempty(w.seqs) AND NOT EXISTS (SELECT 1 FROM won x
                                                    WHERE x.lane_id = w.lane_id AND x.lease_from = w.from_seq) AS rest
          FROM want w`,
-      [
-        pending.map((g) => g.laneId),
-        pending.map((g) => g.leaseFrom),
-        pending.map((g) => g.token),
-        pending.map((g) => seqsToMultirange(g.refs.map((r) => r.laneSeq))),
-        ...keyedRefs(pending, (r) => r.laneSeq),
-        ...completionHistoryValues(pending.map((g) => g.refs)),
-      ],
+      groupValues(pending, false),
     );
     const retry: LeaseGroup[] = [];
     for (const row of res.rows) {

@@ -51,65 +51,64 @@ export function perTaskHistory(s: string, from: string): string {
         WHERE ${enabled(s)}`;
 }
 
-/** A completed task as the completion statement's history needs it (the worker already holds all of it). */
-export interface CompletedEntry {
-  laneSeq: string;
-  id: string;
-  type: string;
-  attempt: number;
-  /** When the task was created, epoch ms (from the claim). */
-  createdMs: number;
-  /** The handler's run time, ms; null when not known. */
-  runMs?: number | null;
+/**
+ * The entries a completion settled, read back from `ready` (the worker sends only ranges and run
+ * times), as CTE `done`: one row per entry with its lease's worker and claim time, id, type,
+ * attempt, created_at, dedupe key and run time. For attempt history and for the dedupe keys to
+ * free, so it is read only when history is on or a group has a keyed task (`u.keyed`).
+ *
+ * Needs CTEs `u` (the lease groups: lane_id, lease_from, token, seqs, run_from, keyed, with
+ * ordinality `o`) and `won` (the settlement rows inserted: lane_id, lease_from, and seqs when
+ * `onlyWonSeqs`). `ready` and `leases` are the slot's partitions. The run times come as one
+ * integer array (parameter `$runMs`), each group's entries in lane order from its `run_from`.
+ *
+ * Read per group as one range of the lane's index, the group's own entries picked by its
+ * multirange: sending every entry's id, type, attempt and creation time as arrays cost the
+ * worker ~3 µs a task to build and send and the server as much to parse (docs/benchmarks.md,
+ * "The completion's shape").
+ */
+export function completedEntries(
+  s: string,
+  ready: string,
+  leases: string,
+  runMs: number,
+  onlyWonSeqs: boolean,
+): string {
+  return `done AS MATERIALIZED (
+       SELECT l.lane_id, l.from_seq, l.worker, l.claimed_at, e.id, e.type, e.attempts + 1 AS attempt, e.created_at,
+              e.dedupe_key, ($${runMs}::integer[])[u.run_from + e.k - 1] AS run_ms
+         FROM won w
+         JOIN u ON u.lane_id = w.lane_id AND u.lease_from = w.lease_from
+         CROSS JOIN LATERAL (SELECT l.lane_id, l.from_seq, l.worker, l.claimed_at FROM ${leases} l
+                              WHERE l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.token = u.token
+                              LIMIT 1) l
+         CROSS JOIN LATERAL (
+           SELECT r.lane_seq, r.id, r.type, r.attempts, r.created_at, r.dedupe_key,
+                  row_number() OVER (ORDER BY r.lane_seq ROWS UNBOUNDED PRECEDING) AS k
+             FROM ${ready} r
+            WHERE r.lane_id = u.lane_id AND r.lane_seq >= lower(u.seqs) AND r.lane_seq < upper(u.seqs)
+              AND u.seqs @> r.lane_seq) e
+        WHERE (u.keyed OR ${enabled(s)})${onlyWonSeqs ? ' AND w.seqs @> e.lane_seq' : ''}
+     ), freed AS (
+       DELETE FROM ${s}.dedupe d USING done e
+        WHERE e.dedupe_key IS NOT NULL AND d.dedupe_key = e.dedupe_key AND d.id = e.id
+     )`;
 }
 
 /**
  * The completion statement's history CTE, `hist`: one row per (lease, type, id bucket) of the
- * leases won, the tasks as arrays in lane order. Needs CTEs `u` (the lease groups, with
- * ordinality `o`) and `won` (the settlement rows inserted: lane_id, lease_from, and seqs when
- * `onlyWonSeqs`, which keeps only the entries the row covers). `leases` is the range_leases
- * relation; the entries come as seven arrays from parameter `$p` on (see `completionHistoryValues`).
+ * entries in `done` (completedEntries), the tasks as arrays. The arrays of a row are aligned
+ * (one aggregate node feeds them all in the same order); their order is the input's.
  */
-export function completionHistory(s: string, leases: string, p: number, onlyWonSeqs: boolean): string {
+export function completionHistory(s: string): string {
   return `hist AS (
        INSERT INTO ${s}.attempt_history (${COLUMNS})
-       SELECT ${currentPart(s)}, e.id >> 10, 'success', l.lane_id, e.type, l.worker, l.claimed_at,
-              array_agg(e.id ORDER BY e.k), array_agg(e.attempt ORDER BY e.k),
-              array_agg(to_timestamp(e.created_ms / 1000.0) ORDER BY e.k), array_agg(e.run_ms ORDER BY e.k),
-              NULL, NULL, false
-         FROM won w
-         JOIN ${leases} l ON l.lane_id = w.lane_id AND l.from_seq = w.lease_from
-         JOIN u ON u.lane_id = w.lane_id AND u.lease_from = w.lease_from AND u.token = l.token
-         JOIN unnest($${p}::integer[], $${p + 1}::bigint[], $${p + 2}::bigint[], $${p + 3}::text[],
-                     $${p + 4}::integer[], $${p + 5}::float8[], $${p + 6}::integer[])
-              WITH ORDINALITY AS e(g, lane_seq, id, type, attempt, created_ms, run_ms, k)
-           ON e.g = u.o${onlyWonSeqs ? ' AND w.seqs @> e.lane_seq' : ''}
+       SELECT ${currentPart(s)}, e.id >> 10, 'success', e.lane_id, e.type, e.worker, e.claimed_at,
+              array_agg(e.id), array_agg(e.attempt), array_agg(e.created_at), array_agg(e.run_ms), NULL, NULL, false
+         FROM done e
         WHERE ${enabled(s)}
-        GROUP BY l.lane_id, l.from_seq, l.worker, l.claimed_at, e.type, e.id >> 10
+        GROUP BY e.lane_id, e.from_seq, e.worker, e.claimed_at, e.type, e.id >> 10
      )`;
-}
-
-/** The seven arrays `completionHistory` reads: `groups[i]` is group i + 1's entries. */
-export function completionHistoryValues(groups: readonly (readonly CompletedEntry[])[]): unknown[] {
-  const g: number[] = [];
-  const seq: string[] = [];
-  const id: string[] = [];
-  const type: string[] = [];
-  const attempt: number[] = [];
-  const created: number[] = [];
-  const ms: (number | null)[] = [];
-  groups.forEach((entries, i) => {
-    for (const e of entries) {
-      g.push(i + 1);
-      seq.push(e.laneSeq);
-      id.push(e.id);
-      type.push(e.type);
-      attempt.push(e.attempt);
-      created.push(e.createdMs);
-      ms.push(e.runMs == null ? null : Math.round(e.runMs));
-    }
-  });
-  return [g, seq, id, type, attempt, created, ms];
 }
 
 /** A handler's run time as the history column holds it (whole ms, within int4). */

@@ -20,19 +20,16 @@ export function leaseKey(ref: Pick<LeaseRef, 'laneId' | 'laneSeq'>): string {
  * consecutive entries collapse into one range, so a flush of a whole claimed batch is one range
  * (`{[101,201)}`) however long.
  */
-export function seqsToMultirange(seqs: readonly string[]): string {
+export function seqsToMultirange(seqs: readonly string[], sorted = false): string {
   // Numbers while every seq is exact as one (below 2^53: 15 digits always are; a lane would need
   // a thousand years at a million appends a second to pass it), BigInts past that. BigInt
   // parsing and comparing was 1.4 % of a drain's busy samples (docs/benchmarks.md).
-  if (seqs.every((v) => v.length <= 15))
-    return rangesOf(
-      seqs.map(Number).sort((a, b) => a - b),
-      1,
-    );
-  return rangesOf(
-    seqs.map(BigInt).sort((a, b) => (a < b ? -1 : a > b ? 1 : 0)),
-    1n,
-  );
+  if (seqs.every((v) => v.length <= 15)) {
+    const xs = seqs.map(Number);
+    return rangesOf(sorted ? xs : xs.sort((a, b) => a - b), 1);
+  }
+  const xs = seqs.map(BigInt);
+  return rangesOf(sorted ? xs : xs.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0)), 1n);
 }
 
 /** Sorted values as a multirange literal: runs of consecutive values collapse into one range. */

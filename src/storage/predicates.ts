@@ -124,3 +124,33 @@ export function claimableEntry(s: string, lane: string): string {
                                  WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
                                  OFFSET 0))`;
 }
+
+/**
+ * The claimable entries (see `claimableEntry`) of the lane aliased `lane`, in lane order, at
+ * most `limit` (an SQL expression) of them, with `columns` of `ready` (each `r.<name>`): a FROM
+ * item for discovery and the claim, which read a lane's head in order.
+ *
+ * The tombstone probe runs once above the partitions' Merge Append, not inside each partition's
+ * scan: there (a WHERE clause on `ready` is pushed into every partition) it was a subplan over
+ * the 16 tombstones partitions under each of the 16 ready partitions, 256 index scans in the
+ * plan of every lane read. The executor initialises all of them on every execution, pruned or
+ * not (ExecutorStart, which pg_stat_statements does not time, was ~15 % of a claiming
+ * session's CPU in perf), and the first execution plans them: 19.5 ms to bind discovery on a
+ * new session (docs/benchmarks.md, "The claim's shape"). `OFFSET 0` keeps the ordered read a
+ * subquery of its own, so the probe is not pushed back down, and the LIMIT counts only
+ * claimable entries (the probe's own `OFFSET 0` keeps it a probe per entry, not a hashed
+ * subplan reading every tombstone); its order is the index's (the outer ORDER BY sorts nothing: see the plan
+ * in docs/explain.md).
+ */
+export function claimableEntries(s: string, lane: string, columns: readonly string[], limit: string): string {
+  const inner = [...new Set(['lane_id', 'lane_seq', 'slot', ...columns])];
+  return `(SELECT ${columns.map((c) => `x.${c}`).join(', ')}
+            FROM (SELECT ${inner.map((c) => `r.${c}`).join(', ')} FROM ${s}.ready r
+                   WHERE r.lane_id = ${lane}.lane_id AND r.lane_seq > ${laneCursor(s, `${lane}.lane_id`)}
+                   ORDER BY r.lane_seq OFFSET 0) x
+           WHERE ${lane}.version = 0
+              OR NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+                              WHERE t.lane_id = x.lane_id AND t.lane_seq = x.lane_seq AND t.slot = x.slot
+                              OFFSET 0)
+           ORDER BY x.lane_seq LIMIT ${limit})`;
+}
