@@ -38,6 +38,7 @@ DECLARE
     cardinality(p_attempts), cardinality(p_max_attempts), cardinality(p_dedupe),
     cardinality(p_last_error), cardinality(p_created_at), cardinality(p_run_at)), 0);
   v_base bigint;
+  v_slot smallint;
 BEGIN
   PERFORM pg_advisory_xact_lock(446571594, p_lane);
   IF v_n = 0 THEN RETURN 0; END IF;
@@ -46,18 +47,26 @@ BEGIN
   -- from the lane's sequence, so v_base .. v_base + v_n - 1 are this call's alone.
   v_base := nextval(v_seq);
   IF v_n > 1 THEN PERFORM setval(v_seq, v_base + v_n - 1); END IF;
-  INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
-                          attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
-                          trace_context)
-  SELECT (SELECT current_slot FROM "berth".ring_state), p_lane, v_base + x.ord - 1, x.id, x.type,
-         x.payload, l.queue, l.priority, l.shard, x.attempts, x.max_attempts, x.dedupe_key,
-         x.last_error, x.created_at, x.run_at, x.trace_context
-    FROM unnest(p_ids, p_types, p_payloads, p_attempts, p_max_attempts, p_dedupe, p_last_error,
-                p_created_at, p_run_at, p_trace_context) WITH ORDINALITY
-           AS x(id, type, payload, attempts, max_attempts, dedupe_key, last_error, created_at,
-                run_at, trace_context, ord)
-    CROSS JOIN (SELECT queue, priority, shard FROM "berth".lanes WHERE lane_id = p_lane) l;
-  GET DIAGNOSTICS v_n = ROW_COUNT;
+  WITH appended AS (
+    INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
+                            attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
+                            trace_context)
+    SELECT (SELECT current_slot FROM "berth".ring_state), p_lane, v_base + x.ord - 1, x.id, x.type,
+           x.payload, l.queue, l.priority, l.shard, x.attempts, x.max_attempts, x.dedupe_key,
+           x.last_error, x.created_at, x.run_at, x.trace_context
+      FROM unnest(p_ids, p_types, p_payloads, p_attempts, p_max_attempts, p_dedupe, p_last_error,
+                  p_created_at, p_run_at, p_trace_context) WITH ORDINALITY
+             AS x(id, type, payload, attempts, max_attempts, dedupe_key, last_error, created_at,
+                  run_at, trace_context, ord)
+      CROSS JOIN (SELECT queue, priority, shard FROM "berth".lanes WHERE lane_id = p_lane) l
+    RETURNING slot)
+  SELECT min(a.slot), count(*) INTO v_slot, v_n FROM appended a;
+  -- The ring rotated while this append ran (a new statement, a new snapshot): the entry may sit
+  -- in a segment a claim's window left out. The bump, committed with the entry, makes every
+  -- claim that can see the entry refresh its window (see the header).
+  IF v_n > 0 AND (SELECT current_slot FROM "berth".ring_state) IS DISTINCT FROM v_slot THEN
+    UPDATE "berth".ring_state SET generation = generation + 1;
+  END IF;
   -- The payload names the lane, so a woken worker can claim from it without a discovery
   -- round trip. Identical notifications still collapse: one per lane per transaction.
   IF v_n > 0 THEN PERFORM pg_notify('berth.wake', p_lane::text); END IF;
@@ -646,6 +655,22 @@ BEGIN
                 ELSE 'not_found' END
       FROM unnest(p_ids) AS x(id);
 END $$;
+
+--
+-- Name: ring_window(); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.ring_window() RETURNS TABLE(generation bigint, segments smallint[])
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+  SELECT rs.generation,
+         ARRAY(SELECT s.s::smallint FROM generate_series(0, rs.slot_count - 1) AS s(s)
+                WHERE s.s = rs.current_slot
+                   OR EXISTS (SELECT 1 FROM "berth".ready r WHERE r.slot = s.s)
+                ORDER BY s.s)
+    FROM "berth".ring_state rs
+$$;
 
 --
 -- Name: rotate_history(integer); Type: FUNCTION; Schema: berth; Owner: -
@@ -6239,6 +6264,12 @@ REVOKE ALL ON FUNCTION berth.repair_lane_sequence(p_lane integer) FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION berth.retry_dead(p_ids bigint[]) FROM PUBLIC;
+
+--
+-- Name: FUNCTION ring_window(); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.ring_window() FROM PUBLIC;
 
 --
 -- Name: FUNCTION rotate_history(p_lock_timeout_ms integer); Type: ACL; Schema: berth; Owner: -

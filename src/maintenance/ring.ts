@@ -1,6 +1,6 @@
 import { checkKeys } from '../limits.js';
 import type pg from 'pg';
-import { bindSchema, queryRingRead, quoteIdent, type SchemaRef } from '../sql.js';
+import { bindSchema, queryRingRead, quoteIdent, type Schema, type SchemaRef } from '../sql.js';
 
 /**
  * The ready ring is 16 segments: segment n is partition n of the ring tables (`ready_n`,
@@ -60,10 +60,15 @@ export async function rotateRing(pool: pg.Pool, schema: SchemaRef, minAgeMs: num
   const next = (st.currentSegment + 1) % st.segmentCount;
   const busy = await pool.query(`SELECT 1 FROM ${s}.${quoteIdent(`ready_${next}`)} LIMIT 1`);
   if ((busy.rowCount ?? 0) > 0) return 'next_slot_busy';
+  return rotateFrom(pool, bound, st.currentSegment, next);
+}
+
+/** The rotation's compare-and-set: moves appends from `from` to `to` unless another rotator did first. */
+async function rotateFrom(pool: pg.Pool, schema: Schema, from: number, to: number): Promise<RotateResult> {
   const upd = await pool.query(
-    `UPDATE ${s}.ring_state SET current_slot = $2, generation = generation + 1, rotated_at = now()
+    `UPDATE ${schema.q}.ring_state SET current_slot = $2, generation = generation + 1, rotated_at = now()
       WHERE current_slot = $1`,
-    [st.currentSegment, next],
+    [from, to],
   );
   return upd.rowCount === 1 ? 'rotated' : 'raced';
 }
@@ -106,7 +111,13 @@ type PruneOutcome = 'pruned' | 'blocked' | 'current' | 'empty' | 'claimable' | '
 
 const RING_KEYS: ReadonlySet<string> = new Set(['rotateAfterMs', 'lockTimeoutMs']);
 
-/** Rotate if due, then try to prune every sealed, non-empty segment, oldest first. */
+/**
+ * Rotate if due, then try to prune every sealed, non-empty segment, oldest first. The ring's
+ * state and which segments hold entries come from one statement: probing each segment with
+ * its own `SELECT 1 … LIMIT 1` was 19 statements a second on an idle leader, each a wakeup of
+ * its session that a pickup running at the same moment waited behind (docs/benchmarks.md,
+ * "Ring windows").
+ */
 export async function maintainRing(
   pool: pg.Pool,
   schema: SchemaRef,
@@ -115,14 +126,28 @@ export async function maintainRing(
   checkKeys(opts, RING_KEYS, 'maintainRing');
   const bound = bindSchema(schema);
   const s = bound.q;
-  const st = await readRingState(pool, bound);
+  const r = await pool.query<{ current_slot: number; slot_count: number; age_ms: number; filled: number[] }>({
+    name: `berth-ring-segments:${bound.name}`,
+    text: `SELECT rs.current_slot, rs.slot_count, (extract(epoch FROM now() - rs.rotated_at) * 1000)::float8 AS age_ms,
+                  ARRAY(SELECT g.g FROM generate_series(0, rs.slot_count - 1) AS g(g)
+                         WHERE EXISTS (SELECT 1 FROM ${s}.ready x WHERE x.slot = g.g)) AS filled
+             FROM ${s}.ring_state rs`,
+  });
+  const st = r.rows[0]!;
+  const filled = new Set(st.filled.map(Number));
   const prunes: PruneResult[] = [];
-  for (let i = 1; i < st.segmentCount; i++) {
-    const segment = (st.currentSegment + i) % st.segmentCount;
-    const nonEmpty = await pool.query(`SELECT 1 FROM ${s}.${quoteIdent(`ready_${segment}`)} LIMIT 1`);
-    if ((nonEmpty.rowCount ?? 0) === 0) continue;
-    prunes.push(await pruneSegment(pool, bound, segment, opts.lockTimeoutMs));
+  for (let i = 1; i < st.slot_count; i++) {
+    const segment = (st.current_slot + i) % st.slot_count;
+    if (!filled.has(segment)) continue;
+    const p = await pruneSegment(pool, bound, segment, opts.lockTimeoutMs);
+    if (p.result === 'pruned') filled.delete(segment);
+    prunes.push(p);
   }
-  const rotation = await rotateRing(pool, bound, opts.rotateAfterMs);
+  let rotation: RotateResult;
+  const next = (st.current_slot + 1) % st.slot_count;
+  if (st.age_ms < opts.rotateAfterMs) rotation = 'not_due';
+  else if (!filled.has(st.current_slot)) rotation = 'empty';
+  else if (filled.has(next)) rotation = 'next_slot_busy';
+  else rotation = await rotateFrom(pool, bound, st.current_slot, next);
   return { rotation, prunes };
 }

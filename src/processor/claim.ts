@@ -1,6 +1,7 @@
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import type { LeaseRef } from '../storage/lease.js';
 import { claimableEntries } from '../storage/predicates.js';
+import { type RingWindow, segmentFilter, windowKey } from '../storage/ring-window.js';
 
 /** A lane that discovery saw with claimable entries, in the order they should be served. */
 export interface Candidate {
@@ -45,15 +46,22 @@ export async function discover(
   /** At most this many entries per lane (default: `limit`). The worker asks for 1: it only
    * needs the lanes, and one head per lane spreads its candidates over more lanes. */
   perLane?: number,
+  /**
+   * Read only this ring window's segments (storage/ring-window.ts). Discovery is a hint and may
+   * run on a replica, so it does not check the window's generation: a stale window can only
+   * leave out lanes whose entries are all in newer segments, and the claim that follows checks
+   * (the worker also reads its window again on every poll tick).
+   */
+  window?: RingWindow,
 ): Promise<Candidate[]> {
   const { name, q: s } = bindSchema(schema);
   const res = await read.query<{ lane_id: number; lane_seq: string; id: string }>({
-    name: `berth-discover:${name}`,
+    name: `berth-discover:${name}${windowKey(window)}`,
     text: `SELECT r.lane_id, r.lane_seq::text AS lane_seq, r.id::text AS id
        FROM ${s}.lanes l
        CROSS JOIN LATERAL (
          SELECT r.lane_id, r.lane_seq, r.id, r.priority, r.run_at
-           FROM ${claimableEntries(s, 'l', ['lane_id', 'lane_seq', 'id', 'priority', 'run_at'], 'ALL')} r
+           FROM ${claimableEntries(s, 'l', ['lane_id', 'lane_seq', 'id', 'priority', 'run_at'], 'ALL', window?.segments)} r
           WHERE r.run_at <= now()
           LIMIT $3) r
       WHERE ($1::text[] IS NULL OR l.queue = ANY ($1::text[]))
@@ -94,6 +102,12 @@ export interface ClaimParams {
    * `more` (claimBatch), so nothing waits for the poll.
    */
   perLane?: number;
+  /**
+   * Read only this ring window's segments (storage/ring-window.ts), and lease nothing when the
+   * ring's generation in the claim's snapshot is not the window's: the batch then says `stale`
+   * and the caller reads the window again. Without one the claim reads the whole ring.
+   */
+  window?: RingWindow;
 }
 
 /**
@@ -160,19 +174,24 @@ export interface ClaimBatch {
    * claim with `more` did not drain its lanes.
    */
   more: boolean;
+  /** The claim's window (ClaimParams.window) is out of date: it leased nothing. */
+  stale: boolean;
 }
 
 export async function claimBatch(write: Queryable, p: ClaimParams): Promise<ClaimBatch> {
-  if (p.limit <= 0 || p.laneIds.length === 0) return { tasks: [], more: false };
+  if (p.limit <= 0 || p.laneIds.length === 0) return { tasks: [], more: false, stale: false };
   const { name, q: s } = bindSchema(p.schema);
+  const w = p.window;
+  // The window's generation, checked in the claim's own snapshot (storage/ring-window.ts).
+  const current = w ? `AND (SELECT rs.generation FROM ${s}.ring_state rs) = $14::bigint` : '';
   const types = [...new Set([...p.ceilings.keys(), ...p.maxAttempts.keys()])];
   const res = await write.query<LeaseRow>({
-    name: `berth-claim:${name}`,
+    name: `berth-claim:${name}${windowKey(w)}`,
     text: `WITH locked AS MATERIALIZED (
        SELECT l.lane_id, l.version, l.queue, l.priority, l.shard FROM ${s}.lanes l
         WHERE l.lane_id = ANY ($1::integer[])
           AND ($11::text[] IS NULL OR l.queue = ANY ($11::text[]))
-          AND NOT l.paused
+          AND NOT l.paused ${current}
         ORDER BY array_position($1::integer[], l.lane_id)
         LIMIT $12
         FOR UPDATE SKIP LOCKED
@@ -194,7 +213,7 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
                   row_number() OVER w AS rank_in_lane,
                   bool_and(r.run_at <= now()) OVER w AS due_so_far,
                   first_value(r.slot) OVER w AS lane_slot
-             FROM ${claimableEntries(s, 'k', ['slot', 'lane_seq', 'run_at', 'type'], 'least($2, coalesce($13::integer, $2))')} r
+             FROM ${claimableEntries(s, 'k', ['slot', 'lane_seq', 'run_at', 'type'], 'least($2, coalesce($13::integer, $2))', w?.segments)} r
            WINDOW w AS (ORDER BY r.lane_seq ROWS UNBOUNDED PRECEDING)) r
      ), chosen AS (
        -- The round-robin prefix of every lane, by priority. Sorted only when the lanes gave more
@@ -266,15 +285,26 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
                                        || coalesce(to_json(r.trace_context)::text, 'null') || ']' END,
                       ',' ORDER BY r.lane_seq) || ']'
                FROM (SELECT r.* FROM ${s}.ready r
-                      WHERE r.lane_id = l.lane_id AND r.slot = l.slot AND r.lane_seq BETWEEN l.from_seq AND l.to_seq
+                      WHERE r.lane_id = l.lane_id AND r.slot = l.slot ${segmentFilter('r', w?.segments)}
+                        AND r.lane_seq BETWEEN l.from_seq AND l.to_seq
                       OFFSET 0) r
               WHERE k.version = 0
                  OR NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
                                  WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
+                                   ${segmentFilter('t', w?.segments)}
                                  OFFSET 0)) AS tasks,
-            (SELECT more FROM more) AS more
+            (SELECT more FROM more) AS more, false AS stale
        FROM leased l JOIN current k ON k.lane_id = l.lane_id
-      WHERE (SELECT count(*) FROM resignal) >= 0 AND (SELECT count(*) FROM async_commit) = 1`,
+      WHERE (SELECT count(*) FROM resignal) >= 0 AND (SELECT count(*) FROM async_commit) = 1${
+        w
+          ? `
+     UNION ALL
+     -- The ring moved on since the window was read: nothing was locked or leased (locked's
+     -- generation check); one row says so.
+     SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false, true
+       FROM ${s}.ring_state rs WHERE rs.generation <> $14::bigint`
+          : ''
+      }`,
     values: [
       p.laneIds,
       p.limit,
@@ -289,9 +319,11 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
       p.queues ?? null,
       Math.max(1, Math.min(p.laneIds.length, p.maxLanes ?? p.laneIds.length)),
       p.perLane ?? null,
+      ...(w ? [w.generation] : []),
     ],
   });
-  return { tasks: tasksOf(res.rows), more: res.rows[0]?.more ?? false };
+  if (w && res.rows.some((r) => r.stale)) return { tasks: [], more: false, stale: true };
+  return { tasks: tasksOf(res.rows), more: res.rows[0]?.more ?? false, stale: false };
 }
 
 /**
@@ -317,6 +349,7 @@ interface LeaseRow {
   shard: number;
   tasks: string;
   more: boolean;
+  stale: boolean;
 }
 
 /**

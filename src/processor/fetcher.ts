@@ -1,6 +1,7 @@
 import type { BerthMetrics } from '../metrics.js';
 import type { Queryable } from '../sql.js';
-import { claimBatch, discover, LANE_SHARE, type ClaimedTask } from './claim.js';
+import { readRingWindow, type RingWindow } from '../storage/ring-window.js';
+import { type ClaimBatch, claimBatch, type ClaimParams, discover, LANE_SHARE, type ClaimedTask } from './claim.js';
 import type { TaskRegistry } from './engine-options.js';
 import type { TypeMetrics } from './type-metrics.js';
 
@@ -54,6 +55,11 @@ export class Fetcher {
   private readonly notifiedLanes = new Set<number>();
   /** Work may wait where no known lane points: the next fetch that finds nothing runs discovery. */
   private discoveryOwed = true;
+  /**
+   * The ring segments claims and discovery read (storage/ring-window.ts); null until read, and
+   * again after a claim found it stale or a poll tick (discovery does not check it).
+   */
+  private window: RingWindow | null = null;
 
   constructor(private readonly deps: FetcherDeps) {}
 
@@ -68,9 +74,40 @@ export class Fetcher {
     this.notifiedLanes.add(lane);
   }
 
-  /** A wake that names no lane (the poll, start, a retry after an error): the next fetch discovers. */
+  /**
+   * A wake that names no lane (the poll, start, a retry after an error): the next fetch discovers,
+   * and reads the ring window first (a discovery in an outdated window could miss lanes whose
+   * entries all sit in newer segments, and nothing else would tell: the poll bounds that).
+   */
   oweDiscovery(): void {
     this.discoveryOwed = true;
+    this.window = null;
+  }
+
+  /** The ring window, read when there is none. */
+  private async currentWindow(): Promise<RingWindow> {
+    this.window ??= await readRingWindow(this.deps.write, this.deps.schema);
+    return this.window;
+  }
+
+  /**
+   * A claim in the current window; when the ring moved on since it was read (the claim leased
+   * nothing and says so), read it again and claim once more. Two rotations between a window's
+   * read and the claim after it are not a loop: a second stale answer returns empty, and the
+   * fetch loop's next pass reads it anew.
+   */
+  private async claimInWindow(params: Omit<ClaimParams, 'window'>): Promise<ClaimBatch> {
+    const first = await claimBatch(this.deps.write, { ...params, window: await this.currentWindow() });
+    if (!first.stale) return first;
+    // The candidates may have come from a discovery in the old window: look again after this.
+    this.window = null;
+    this.discoveryOwed = true;
+    const again = await claimBatch(this.deps.write, { ...params, window: await this.currentWindow() });
+    if (again.stale) {
+      this.window = null;
+      this.deps.wakeAgain();
+    }
+    return again;
   }
 
   /** Whether a fetch now could find anything: false when the last claim drained all it knew of. */
@@ -96,7 +133,7 @@ export class Fetcher {
     const known = [...new Set([...this.hotLanes, ...this.notifiedLanes])];
     this.notifiedLanes.clear();
     if (known.length > 0) {
-      const batch = await claimBatch(d.write, {
+      const batch = await this.claimInWindow({
         ...params,
         laneIds: known,
         limit: want,
@@ -112,14 +149,14 @@ export class Fetcher {
     if (got.length === 0 && this.discoveryOwed) {
       // Cleared before the read: a bare wake arriving meanwhile owes the next fetch another.
       this.discoveryOwed = false;
-      const candidates = await discover(d.read, d.schema, d.queues, DISCOVERY_LANES, 1);
+      const candidates = await discover(d.read, d.schema, d.queues, DISCOVERY_LANES, 1, await this.currentWindow());
       const lanes = [...new Set(candidates.map((c) => c.laneId))];
       if (lanes.length > 0) {
         // Every worker's discovery returns the same lanes, so each locks only its share of them
         // (in discovery's priority order): concurrent workers spread instead of all but one
         // finding every lane locked. Known lanes (its own hot lanes, notified ones) are all tried.
         const maxLanes = Math.ceil((want - got.length) / LANE_SHARE);
-        const batch = await claimBatch(d.write, {
+        const batch = await this.claimInWindow({
           ...params,
           laneIds: lanes,
           limit: want - got.length,

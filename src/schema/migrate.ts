@@ -315,7 +315,7 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
 }
 
 /** A function the newest migration creates: its presence means the schema is current. */
-const LATEST_MARKER = 'enqueue(text,smallint,smallint,smallint,text[],jsonb[],timestamptz[],integer[],text[],text)';
+const LATEST_MARKER = 'ring_window()';
 
 /** The schema is missing or older than the code: nothing was run against it. */
 export class SchemaNotMigratedError extends BerthInputError {

@@ -50,6 +50,8 @@ const WORKER_FUNCTIONS = [
   'due_deferred(text, integer, text[], smallint[], smallint[])',
   'cancel_tasks(bigint[], text)',
   'rotate_history(integer)',
+  // The claim's ring window (migration 13): not a definer function, it reads as the worker.
+  'ring_window()',
 ] as const;
 
 const RING_TABLES = ['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements'] as const;

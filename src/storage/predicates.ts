@@ -1,3 +1,5 @@
+import { segmentFilter } from './ring-window.js';
+
 /**
  * Row predicates and row sources shared by more than one statement, so a gauge and the
  * statement that acts on what it counts can never disagree (seed 000: the dead-letter prune
@@ -11,13 +13,16 @@
 
 /**
  * The claim cursor of lane `laneId` (an SQL expression): every entry at or below it is leased,
- * tombstoned or gone with its segment. Ranges of a lane never overlap and are appended in order,
+ * tombstoned or gone with its segment. Within a ring window (`segments`, storage/ring-window.ts)
+ * it is the last range in the window: every entry in the window past it is unleased, since a
+ * range lives in the segment of its entries. Ranges of a lane never overlap and are appended in order,
  * so it is the `to_seq` of the range with the greatest `from_seq`: one backward probe of each
  * partition's primary key under a Merge Append, the shape `max(lane_seq)` had per task.
  */
-export function laneCursor(s: string, laneId: string): string {
+export function laneCursor(s: string, laneId: string, segments?: readonly number[] | null): string {
   return `coalesce((SELECT cur.to_seq FROM ${s}.range_leases cur
-                     WHERE cur.lane_id = ${laneId} ORDER BY cur.from_seq DESC LIMIT 1), 0)`;
+                     WHERE cur.lane_id = ${laneId} ${segmentFilter('cur', segments)}
+                     ORDER BY cur.from_seq DESC LIMIT 1), 0)`;
 }
 
 /**
@@ -140,17 +145,26 @@ export function claimableEntry(s: string, lane: string): string {
  * subquery of its own, so the probe is not pushed back down, and the LIMIT counts only
  * claimable entries (the probe's own `OFFSET 0` keeps it a probe per entry, not a hashed
  * subplan reading every tombstone); its order is the index's (the outer ORDER BY sorts nothing: see the plan
- * in docs/explain.md).
+ * in docs/explain.md). `segments`: read only these ring segments (a worker's ring window,
+ * storage/ring-window.ts), named as constants so the plan holds only their partitions.
  */
-export function claimableEntries(s: string, lane: string, columns: readonly string[], limit: string): string {
+export function claimableEntries(
+  s: string,
+  lane: string,
+  columns: readonly string[],
+  limit: string,
+  segments?: readonly number[] | null,
+): string {
   const inner = [...new Set(['lane_id', 'lane_seq', 'slot', ...columns])];
   return `(SELECT ${columns.map((c) => `x.${c}`).join(', ')}
             FROM (SELECT ${inner.map((c) => `r.${c}`).join(', ')} FROM ${s}.ready r
-                   WHERE r.lane_id = ${lane}.lane_id AND r.lane_seq > ${laneCursor(s, `${lane}.lane_id`)}
+                   WHERE r.lane_id = ${lane}.lane_id ${segmentFilter('r', segments)}
+                     AND r.lane_seq > ${laneCursor(s, `${lane}.lane_id`, segments)}
                    ORDER BY r.lane_seq OFFSET 0) x
            WHERE ${lane}.version = 0
               OR NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
                               WHERE t.lane_id = x.lane_id AND t.lane_seq = x.lane_seq AND t.slot = x.slot
+                                ${segmentFilter('t', segments)}
                               OFFSET 0)
            ORDER BY x.lane_seq LIMIT ${limit})`;
 }

@@ -1,0 +1,57 @@
+import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+
+/**
+ * The ring segments a worker's claims read (migration 13, `ring_window()`): the current one and
+ * every sealed one not yet pruned, with the ring's generation they were read at. Entries outside
+ * it are newer than every entry in it, so a claim that reads only these never passes over an
+ * older entry of a lane; a claim whose snapshot shows a later generation reads nothing and says
+ * it is stale (see the claim), and the worker reads the window again.
+ *
+ * Why: a claim over the whole ring names 16 partitions of each ring table per lane it reads,
+ * and the executor locks and initialises all of them on every execution (docs/benchmarks.md,
+ * "Ring windows": a one-task claim's round trip after 10 ms idle, 1.49 → 0.96 ms).
+ */
+export interface RingWindow {
+  /** `ring_state.generation` in the window's snapshot (int8, as text). */
+  readonly generation: string;
+  /** The segments, ascending; null: every segment (more than MAX_WINDOW_SEGMENTS hold entries). */
+  readonly segments: readonly number[] | null;
+}
+
+/**
+ * A window of more segments is read as the whole ring: each distinct window is a statement a
+ * session prepares and keeps, and a backlog spread over many segments gains little from naming
+ * them. A ring that drains keeps one or two.
+ */
+export const MAX_WINDOW_SEGMENTS = 4;
+
+export async function readRingWindow(db: Queryable, schema: SchemaRef): Promise<RingWindow> {
+  const { name, q: s } = bindSchema(schema);
+  const r = await db.query<{ generation: string; segments: number[] }>({
+    name: `berth-ring-window:${name}`,
+    text: `SELECT w.generation::text AS generation, w.segments FROM ${s}.ring_window() w`,
+  });
+  const row = r.rows[0];
+  if (!row) throw new Error(`berth schema "${name}" has no ring_state row`);
+  const segments = row.segments.map(Number);
+  if (segments.some((x) => !Number.isInteger(x) || x < 0 || x > 32767)) {
+    throw new Error(`ring_window() returned a segment that is not a smallint: ${row.segments.join(',')}`);
+  }
+  return { generation: row.generation, segments: segments.length > MAX_WINDOW_SEGMENTS ? null : segments };
+}
+
+/**
+ * `AND <alias>.slot IN (…)` for a window's segments (nothing for the whole ring). The numbers
+ * come from the database and are checked integers; the statement is planned with them as
+ * constants, so its partitions are pruned when it is planned, not at every execution.
+ */
+export function segmentFilter(alias: string, segments: readonly number[] | null | undefined): string {
+  if (!segments) return '';
+  return `AND ${alias}.slot IN (${segments.map((x) => String(Math.trunc(x))).join(', ')})`;
+}
+
+/** The window as part of a prepared statement's name (one statement per distinct window). */
+export function windowKey(window: RingWindow | undefined): string {
+  if (!window) return '';
+  return window.segments ? `:w${window.segments.join('.')}` : ':wall';
+}

@@ -1,0 +1,195 @@
+/**
+ * Ring windows (migration 13, src/storage/ring-window.ts): a worker's claims read only the ring
+ * segments that may hold entries, and a claim whose snapshot shows a later ring generation than
+ * its window's leases nothing and says it is stale. An appender that raced a rotation bumps the
+ * generation, so the one entry a window could leave out behind the lane's cursor is never
+ * passed over.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { defineTask, enqueueMany, getTask, Worker } from '../src/index.js';
+import { claimBatch, type ClaimParams, discover } from '../src/processor/claim.js';
+import { rotateRing, pruneSegment } from '../src/maintenance/ring.js';
+import { quoteIdent, wakeChannel } from '../src/sql.js';
+import { completeLeases } from '../src/storage/complete.js';
+import { MAX_WINDOW_SEGMENTS, readRingWindow } from '../src/storage/ring-window.js';
+import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor } from './helpers.js';
+
+const { schema, pool } = await freshSchema('ringwin');
+const S = quoteIdent(schema);
+
+function params(laneIds: number[], limit: number, extra: Partial<ClaimParams> = {}): ClaimParams {
+  return {
+    schema,
+    laneIds,
+    limit,
+    ceilings: new Map([['t', 60_000]]),
+    maxAttempts: new Map(),
+    defaultMaxAttempts: 20,
+    defaultCeilingMs: 60_000,
+    marginMs: 0,
+    workerId: 'ring-window-test',
+    wakeChannel: wakeChannel(schema),
+    ...extra,
+  };
+}
+
+async function reset(): Promise<void> {
+  await pool.query(
+    `TRUNCATE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dedupe`,
+  );
+  await pool.query(`UPDATE ${S}.ring_state SET current_slot = 0`);
+}
+
+async function laneOf(shard: number): Promise<number> {
+  return (await pool.query(`SELECT lane_id FROM ${S}.lanes WHERE shard = $1`, [shard])).rows[0].lane_id as number;
+}
+
+async function generation(): Promise<bigint> {
+  return BigInt((await pool.query(`SELECT generation::text AS g FROM ${S}.ring_state`)).rows[0].g);
+}
+
+test('the window is the current segment and every segment holding entries, read with the generation', async () => {
+  await reset();
+  assert.deepEqual((await readRingWindow(pool, schema)).segments, [0], 'an empty ring: the current segment');
+  await enqueueMany(pool, [{ type: 't', payload: { i: 1 }, shard: 1 }], { schema });
+  assert.equal(await rotateRing(pool, schema, 0), 'rotated');
+  await enqueueMany(pool, [{ type: 't', payload: { i: 2 }, shard: 1 }], { schema });
+  assert.equal(await rotateRing(pool, schema, 0), 'rotated');
+  const w = await readRingWindow(pool, schema);
+  assert.deepEqual(w.segments, [0, 1, 2], 'two sealed segments with entries and the (empty) current one');
+  assert.equal(BigInt(w.generation), await generation());
+  // A window wider than MAX_WINDOW_SEGMENTS is the whole ring.
+  for (let i = 0; i < MAX_WINDOW_SEGMENTS; i++) {
+    await enqueueMany(pool, [{ type: 't', payload: { i: 10 + i }, shard: 1 }], { schema });
+    assert.equal(await rotateRing(pool, schema, 0), 'rotated');
+  }
+  assert.equal((await readRingWindow(pool, schema)).segments, null);
+});
+
+test('a claim in a window leases in lane order across its segments; a pruned segment leaves it', async () => {
+  await reset();
+  const specs = (from: number, n: number) =>
+    Array.from({ length: n }, (_, i) => ({ type: 't', payload: { i: from + i }, shard: 2 }));
+  await enqueueMany(pool, specs(0, 3), { schema });
+  assert.equal(await rotateRing(pool, schema, 0), 'rotated');
+  await enqueueMany(pool, specs(3, 3), { schema });
+  const lane = await laneOf(2);
+  const window = await readRingWindow(pool, schema);
+  assert.deepEqual(window.segments, [0, 1]);
+  const first = await claimBatch(pool, params([lane], 10, { window }));
+  assert.equal(first.stale, false);
+  // A range never spans two segments: the first segment's three, then the next segment's.
+  assert.deepEqual(
+    first.tasks.map((t) => (t.payload as { i: number }).i),
+    [0, 1, 2],
+  );
+  assert.equal(first.more, true, 'it stopped at the segment boundary');
+  const second = await claimBatch(pool, params([lane], 10, { window }));
+  assert.deepEqual(
+    second.tasks.map((t) => (t.payload as { i: number }).i),
+    [3, 4, 5],
+  );
+  assert.equal((await discover(pool, schema, null, 20, 1, window)).length, 0, 'nothing left to discover');
+  // Settled, the first segment is pruned; the next window is the current segment alone.
+  assert.equal((await completeLeases(pool, schema, [...first.tasks, ...second.tasks])).size, 6);
+  assert.deepEqual((await pruneSegment(pool, schema, 0, 1000)).result, 'pruned');
+  assert.deepEqual((await readRingWindow(pool, schema)).segments, [1]);
+});
+
+test('a claim whose window the ring moved past leases nothing and says stale; the fresh window claims', async () => {
+  await reset();
+  await enqueueMany(pool, [{ type: 't', payload: { i: 0 }, shard: 3 }], { schema });
+  const lane = await laneOf(3);
+  const old = await readRingWindow(pool, schema);
+  assert.equal(await rotateRing(pool, schema, 0), 'rotated');
+  await enqueueMany(pool, [{ type: 't', payload: { i: 1 }, shard: 3 }], { schema });
+  const stale = await claimBatch(pool, params([lane], 10, { window: old }));
+  assert.deepEqual(stale, { tasks: [], more: false, stale: true });
+  assert.equal(Number((await pool.query(`SELECT count(*) AS n FROM ${S}.range_leases`)).rows[0].n), 0, 'no lease');
+  const fresh = await readRingWindow(pool, schema);
+  const got = await claimBatch(pool, params([lane], 10, { window: fresh }));
+  assert.equal(got.stale, false);
+  assert.deepEqual(
+    got.tasks.map((t) => (t.payload as { i: number }).i),
+    [0],
+  );
+});
+
+test('an append that raced a rotation bumps the generation, so a window that left its segment out goes stale', async () => {
+  await reset();
+  await enqueueMany(pool, [{ type: 't', payload: { i: 0 }, shard: 4 }], { schema });
+  const lane = await laneOf(4);
+  const before = await readRingWindow(pool, schema);
+  const g0 = await generation();
+  // A rotation committed while the append ran (between its read of current_slot and its
+  // second look after the INSERT): simulated by a trigger that moves current_slot inside the
+  // appender's own transaction, after its row is routed.
+  await pool.query(`CREATE FUNCTION ${S}.rotate_during_append() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN UPDATE ${S}.ring_state SET current_slot = (current_slot + 1) % slot_count; RETURN NULL; END $$`);
+  await pool.query(
+    `CREATE TRIGGER rotate_during_append AFTER INSERT ON ${S}.ready_0 FOR EACH ROW EXECUTE FUNCTION ${S}.rotate_during_append()`,
+  );
+  try {
+    await enqueueMany(pool, [{ type: 't', payload: { i: 1 }, shard: 4 }], { schema });
+  } finally {
+    await pool.query(`DROP TRIGGER rotate_during_append ON ${S}.ready_0`);
+    await pool.query(`DROP FUNCTION ${S}.rotate_during_append()`);
+  }
+  assert.equal(await generation(), g0 + 1n, 'the appender bumped the generation');
+  assert.equal((await claimBatch(pool, params([lane], 10, { window: before }))).stale, true);
+  // An append that did not race one leaves the generation alone.
+  await enqueueMany(pool, [{ type: 't', payload: { i: 2 }, shard: 4 }], { schema });
+  assert.equal(await generation(), g0 + 1n);
+  const got = await claimBatch(pool, params([lane], 10, { window: await readRingWindow(pool, schema) }));
+  assert.deepEqual(
+    got.tasks.map((t) => (t.payload as { i: number }).i),
+    [0, 1],
+    'the lane in order: the raced entry first (the next segment is the next claim)',
+  );
+});
+
+test('a worker drains through rotations and prunes: its claims refresh their window and nothing is lost', async () => {
+  await reset();
+  const n = 300;
+  const seen = new Set<number>();
+  const def = defineTask<{ i: number }>({
+    type: 'w',
+    ceilingMs: 60_000,
+    handler: async ({ i }) => void seen.add(i),
+  });
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    slots: 4,
+    pollIntervalMs: 60_000,
+    logger: captureLogger().logger,
+    // Rotate as often as the ring lets it, so claims keep finding their window stale.
+    maintenance: { ...FAST_MAINTENANCE, ringRotateAfterMs: 1, ringIntervalMs: 20 },
+  });
+  await w.start();
+  try {
+    const ids: string[] = [];
+    for (let i = 0; i < n; i += 10) {
+      const r = await enqueueMany(
+        pool,
+        Array.from({ length: 10 }, (_, k) => ({ type: 'w', payload: { i: i + k }, shard: 5 + ((i / 10) % 3) })),
+        { schema },
+      );
+      ids.push(...r.map((x) => x.id!));
+    }
+    await waitFor(() => seen.size === n, 60_000, `all ${n} handled (${seen.size})`);
+    await waitFor(
+      async () => {
+        const states = await Promise.all(ids.map(async (id) => (await getTask(pool, schema, id))?.state));
+        return states.every((s) => s === 'completed' || s === undefined);
+      },
+      60_000,
+      'every completion recorded',
+    );
+    assert.ok((await generation()) > 2n, 'the ring rotated during the drain');
+  } finally {
+    await w.stop();
+  }
+});
