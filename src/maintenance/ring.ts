@@ -1,6 +1,7 @@
 import { checkKeys } from '../limits.js';
 import type pg from 'pg';
 import { bindSchema, queryRingRead, quoteIdent, type Schema, type SchemaRef } from '../sql.js';
+import { readRingFill } from '../storage/ring-window.js';
 
 /**
  * The ready ring is 16 segments: segment n is partition n of the ring tables (`ready_n`,
@@ -112,11 +113,12 @@ type PruneOutcome = 'pruned' | 'blocked' | 'current' | 'empty' | 'claimable' | '
 const RING_KEYS: ReadonlySet<string> = new Set(['rotateAfterMs', 'lockTimeoutMs']);
 
 /**
- * Rotate if due, then try to prune every sealed, non-empty segment, oldest first. The ring's
- * state and which segments hold entries come from one statement: probing each segment with
- * its own `SELECT 1 … LIMIT 1` was 19 statements a second on an idle leader, each a wakeup of
- * its session that a pickup running at the same moment waited behind (docs/benchmarks.md,
- * "Ring windows").
+ * Rotate if due, then try to prune every sealed, non-empty segment, oldest first. Which
+ * segments hold entries comes from one statement (`ring_window()`, beside the ring's state):
+ * probing each segment with its own `SELECT 1 … LIMIT 1` was 19 statements a second on an idle
+ * leader, each a wakeup of its session that a pickup running at the same moment waited behind
+ * (docs/benchmarks.md, "Ring windows"). The current segment in the rotation's compare-and-set
+ * is the window's; another rotator's move since makes it `raced`.
  */
 export async function maintainRing(
   pool: pg.Pool,
@@ -125,29 +127,21 @@ export async function maintainRing(
 ): Promise<{ rotation: RotateResult; prunes: PruneResult[] }> {
   checkKeys(opts, RING_KEYS, 'maintainRing');
   const bound = bindSchema(schema);
-  const s = bound.q;
-  const r = await pool.query<{ current_slot: number; slot_count: number; age_ms: number; filled: number[] }>({
-    name: `berth-ring-segments:${bound.name}`,
-    text: `SELECT rs.current_slot, rs.slot_count, (extract(epoch FROM now() - rs.rotated_at) * 1000)::float8 AS age_ms,
-                  ARRAY(SELECT g.g FROM generate_series(0, rs.slot_count - 1) AS g(g)
-                         WHERE EXISTS (SELECT 1 FROM ${s}.ready x WHERE x.slot = g.g)) AS filled
-             FROM ${s}.ring_state rs`,
-  });
-  const st = r.rows[0]!;
-  const filled = new Set(st.filled.map(Number));
+  const fill = await readRingFill(pool, bound);
+  const filled = new Set(fill.filled);
   const prunes: PruneResult[] = [];
-  for (let i = 1; i < st.slot_count; i++) {
-    const segment = (st.current_slot + i) % st.slot_count;
+  for (let i = 1; i < fill.segmentCount; i++) {
+    const segment = (fill.currentSegment + i) % fill.segmentCount;
     if (!filled.has(segment)) continue;
     const p = await pruneSegment(pool, bound, segment, opts.lockTimeoutMs);
     if (p.result === 'pruned') filled.delete(segment);
     prunes.push(p);
   }
   let rotation: RotateResult;
-  const next = (st.current_slot + 1) % st.slot_count;
-  if (st.age_ms < opts.rotateAfterMs) rotation = 'not_due';
-  else if (!filled.has(st.current_slot)) rotation = 'empty';
+  const next = (fill.currentSegment + 1) % fill.segmentCount;
+  if (fill.ageMs < opts.rotateAfterMs) rotation = 'not_due';
+  else if (!filled.has(fill.currentSegment)) rotation = 'empty';
   else if (filled.has(next)) rotation = 'next_slot_busy';
-  else rotation = await rotateFrom(pool, bound, st.current_slot, next);
+  else rotation = await rotateFrom(pool, bound, fill.currentSegment, next);
   return { rotation, prunes };
 }

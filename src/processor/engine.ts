@@ -181,6 +181,9 @@ export class Engine {
   private checkingCancels = false;
   /** Aborted when the database is seen back (LISTEN reconnected) or on stop(): ends the fetch loop's error backoff early. */
   private retryNow = new AbortController();
+  /** The last fetch's size and whether it got all it asked for (see wanted()). */
+  private lastClaimed = 0;
+  private lastClaimFull = false;
 
   constructor(private readonly deps: EngineDeps) {
     this.o = deps.options;
@@ -370,6 +373,8 @@ export class Engine {
       this.deps.metrics.wakeups.inc({ reason });
       try {
         const tasks = await this.fetcher.fetch(want);
+        this.lastClaimed = tasks.length;
+        this.lastClaimFull = tasks.length === want;
         if (failures > 0) {
           this.deps.logger.info({ failures }, 'claims work again after database errors');
           // The LISTEN session may still be waiting out its own reconnect backoff.
@@ -398,11 +403,22 @@ export class Engine {
     }
   }
 
-  /** How many tasks to claim now: 0 while the buffer is above its low-water mark. */
+  /**
+   * How many tasks to claim now: 0 while the buffer is above its low-water mark.
+   *
+   * Ahead of the idle slots: the rate target (~25 ms of work), or, when the worker ran dry
+   * (every slot idle, nothing buffered) right after a claim that got all it asked for, twice
+   * that claim. The rate is measured over what the worker could lease, so at the start of a
+   * drain of fast tasks it grew from claims of a few tens (the first ~30 ms of a drain in claims
+   * of 10–27 tasks, docs/benchmarks.md); doubling instead reaches the prefetch cap in a few
+   * round trips. Slow tasks never trigger it: their slots are still busy when the next claim is
+   * wanted.
+   */
   private wanted(): number {
     const slots = this.o.slots;
     const idle = slots - this.inflight.size;
-    const ahead = this.rate.target();
+    const dry = this.inflight.size === 0 && this.buffer.size === 0 && this.lastClaimFull;
+    const ahead = Math.max(this.rate.target(), dry ? Math.min(this.o.prefetch, 2 * this.lastClaimed) : 0);
     const want = idle + ahead - this.buffer.size;
     // Claim when the buffer is down to its low-water mark, or a slot idles with nothing local.
     const lowWater = Math.ceil((slots + ahead) / 2);

@@ -25,19 +25,50 @@ export interface RingWindow {
  */
 export const MAX_WINDOW_SEGMENTS = 4;
 
-export async function readRingWindow(db: Queryable, schema: SchemaRef): Promise<RingWindow> {
+/** What `ring_window()` reads: the ring's state and the segments with entries. */
+export interface RingFill {
+  generation: string;
+  currentSegment: number;
+  segmentCount: number;
+  /** Time since the last rotation (database clock). */
+  ageMs: number;
+  /** Segments with at least one row in `ready`, ascending. */
+  filled: number[];
+}
+
+export async function readRingFill(db: Queryable, schema: SchemaRef): Promise<RingFill> {
   const { name, q: s } = bindSchema(schema);
-  const r = await db.query<{ generation: string; segments: number[] }>({
+  const r = await db.query<{
+    generation: string;
+    current_slot: number;
+    slot_count: number;
+    age_ms: number;
+    filled: number[];
+  }>({
     name: `berth-ring-window:${name}`,
-    text: `SELECT w.generation::text AS generation, w.segments FROM ${s}.ring_window() w`,
+    text: `SELECT w.generation::text AS generation, w.current_slot, w.slot_count,
+                  (extract(epoch FROM now() - w.rotated_at) * 1000)::float8 AS age_ms, w.filled
+             FROM ${s}.ring_window() w`,
   });
   const row = r.rows[0];
   if (!row) throw new Error(`berth schema "${name}" has no ring_state row`);
-  const segments = row.segments.map(Number);
-  if (segments.some((x) => !Number.isInteger(x) || x < 0 || x > 32767)) {
-    throw new Error(`ring_window() returned a segment that is not a smallint: ${row.segments.join(',')}`);
+  const filled = row.filled.map(Number);
+  if (filled.some((x) => !Number.isInteger(x) || x < 0 || x > 32767)) {
+    throw new Error(`ring_window() returned a segment that is not a smallint: ${row.filled.join(',')}`);
   }
-  return { generation: row.generation, segments: segments.length > MAX_WINDOW_SEGMENTS ? null : segments };
+  return {
+    generation: row.generation,
+    currentSegment: row.current_slot,
+    segmentCount: row.slot_count,
+    ageMs: row.age_ms,
+    filled,
+  };
+}
+
+export async function readRingWindow(db: Queryable, schema: SchemaRef): Promise<RingWindow> {
+  const fill = await readRingFill(db, schema);
+  const segments = [...new Set([...fill.filled, fill.currentSegment])].sort((a, b) => a - b);
+  return { generation: fill.generation, segments: segments.length > MAX_WINDOW_SEGMENTS ? null : segments };
 }
 
 /**

@@ -73,16 +73,23 @@ BEGIN
   RETURN v_n;
 END $fn$;
 
--- The ring's generation and the segments that may hold entries (the current one, and every one
--- with a row in ready: a sealed segment gains rows only by becoming current again after its
--- prune), in one snapshot. A worker's claims read only these while the generation stands.
-CREATE FUNCTION {{schema}}.ring_window() RETURNS TABLE (generation bigint, segments smallint[])
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
-  SELECT rs.generation,
-         ARRAY(SELECT s.s::smallint FROM generate_series(0, rs.slot_count - 1) AS s(s)
-                WHERE s.s = rs.current_slot
-                   OR EXISTS (SELECT 1 FROM {{schema}}.ready r WHERE r.slot = s.s)
-                ORDER BY s.s)
-    FROM {{schema}}.ring_state rs
-$fn$;
+-- The ring's state (generation, current segment, size, last rotation) and the segments with a
+-- row in ready, in one snapshot: a worker's claims read the filled ones and the current one while the generation
+-- stands (a sealed segment gains rows only by becoming current again after its prune); the
+-- leader's ring branch prunes the filled sealed ones and rotates. Each partition is probed by
+-- name: an EXISTS on the parent with the segment as a parameter prunes at run time, and took
+-- ~1 ms a call warm (8 ms on a new session) against ~0.3 ms for the 16 probes written out.
+DO $do$
+BEGIN
+  EXECUTE format(
+    'CREATE FUNCTION %1$I.ring_window() RETURNS TABLE (generation bigint, current_slot smallint, slot_count smallint, rotated_at timestamptz, filled smallint[]) '
+    'LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$ '
+    'SELECT rs.generation, rs.current_slot, rs.slot_count, rs.rotated_at, '
+    '       ARRAY(SELECT (f.o - 1)::smallint FROM unnest(ARRAY[%2$s]) WITH ORDINALITY AS f(filled, o) '
+    '              WHERE f.filled ORDER BY f.o) '
+    '  FROM %1$I.ring_state rs $fn$',
+    {{schema_literal}},
+    (SELECT string_agg(format('EXISTS (SELECT 1 FROM %I.%I)', {{schema_literal}}, 'ready_' || g), ', ' ORDER BY g)
+       FROM generate_series(0, 15) AS g));
+END $do$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.ring_window() FROM PUBLIC;
