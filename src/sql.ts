@@ -88,10 +88,13 @@ export function bindSchema(schema: SchemaRef): Schema {
  */
 export async function queryRingRead<R extends pg.QueryResultRow = pg.QueryResultRow>(
   db: Queryable,
-  text: string,
+  /** The statement; with a `name`, prepared once per session (see RingReadStatement). */
+  statement: string | RingReadStatement,
   values?: unknown[],
 ): Promise<pg.QueryResult<R>> {
-  if (isPool(db)) return inJitOffTransaction<R>(db, text, values);
+  const { text, name } = typeof statement === 'string' ? { text: statement, name: undefined } : statement;
+  const query = name === undefined ? { text, values } : { name, text, values };
+  if (isPool(db)) return inJitOffTransaction<R>(db, query);
   const prev = await db.query<{ jit: string; bitmap: string; seq: string }>(
     `SELECT current_setting('jit') AS jit, current_setting('enable_bitmapscan') AS bitmap,
             current_setting('enable_seqscan') AS seq,
@@ -100,7 +103,7 @@ export async function queryRingRead<R extends pg.QueryResultRow = pg.QueryResult
   );
   const was = prev.rows[0] ?? { jit: 'off', bitmap: 'on', seq: 'on' };
   try {
-    return await db.query<R>(text, values);
+    return await db.query<R>(query);
   } finally {
     if (was.jit !== 'off' || was.bitmap !== 'on' || was.seq !== 'on')
       await db
@@ -113,10 +116,21 @@ export async function queryRingRead<R extends pg.QueryResultRow = pg.QueryResult
   }
 }
 
+/**
+ * A ring read the leader runs every few seconds, prepared once per session: planned over every
+ * ring partition, rescue took ~21 ms to plan for ~4 ms of work and the gauges ~15 + 11 ms, a burst
+ * of server CPU every 5 s that pickups running at the same moment waited behind (their p99,
+ * docs/benchmarks.md, "Ring windows"). Planned inside the ring read's transaction, so with its
+ * settings; PostgreSQL plans it again when a partition it reads is truncated or analyzed.
+ */
+export interface RingReadStatement {
+  name: string;
+  text: string;
+}
+
 async function inJitOffTransaction<R extends pg.QueryResultRow>(
   pool: pg.Pool,
-  text: string,
-  values?: unknown[],
+  query: { text: string; values?: unknown[]; name?: string },
 ): Promise<pg.QueryResult<R>> {
   let broken = false;
   const onError = () => {
@@ -127,7 +141,7 @@ async function inJitOffTransaction<R extends pg.QueryResultRow>(
     // One round trip for all four (simple protocol, no parameters).
     await client.query('BEGIN; SET LOCAL jit = off; SET LOCAL enable_bitmapscan = on; SET LOCAL enable_seqscan = on');
     try {
-      const res = await client.query<R>(text, values);
+      const res = await client.query<R>(query);
       await client.query('COMMIT');
       return res;
     } catch (err) {
