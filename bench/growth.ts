@@ -20,17 +20,9 @@ import { copyFileSync, mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
 import pg from 'pg';
 import { pino } from 'pino';
-import {
-  BerthMetrics,
-  defineTask,
-  enqueue,
-  enqueueMany,
-  migrate,
-  taskCounts,
-  Worker,
-  type TaskSpec,
-} from '../src/index.js';
+import { BerthMetrics, defineTask, enqueue, enqueueMany, migrate, Worker, type TaskSpec } from '../src/index.js';
 import { intEnv, intListEnv } from './config.js';
+import { berthPending } from './systems/berth-pending.js';
 import { dropSchema, openBenchServer, recreateDatabase } from './db.js';
 import { RunTracker, untilRecorded } from './scenarios.js';
 import { fmtMs, fmtRate, formatCell, median, percentile, type Sample } from './stats.js';
@@ -220,9 +212,7 @@ async function drainOnce(env: Env, cfg: GrowthConfig, n: number, lanes: number |
     });
     await worker.start();
     const started = await waitUntil(() => tracker.distinct >= n, Math.max(0, deadline - performance.now()), 10);
-    const recorded = started
-      ? await untilRecorded(async () => (await taskCounts(probe, SCHEMA)).reduce((s, c) => s + c.pending, 0), deadline)
-      : null;
+    const recorded = started ? await untilRecorded(() => berthPending(probe, SCHEMA), deadline) : null;
     await cleanup('growth worker stop', () => worker!.stop());
     worker = null;
     if (!recorded || recorded.at === null) {

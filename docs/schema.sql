@@ -475,6 +475,7 @@ DECLARE
   v_tables text;
   v_old_timeout text := current_setting('lock_timeout');
   v_any boolean; v_claimable boolean; v_in_flight boolean;
+  v_check text;
 BEGIN
   IF p_slot IS NULL OR p_lock_timeout_ms IS NULL THEN
     RAISE EXCEPTION 'berth: prune_slot arguments must not be null' USING ERRCODE = '22004';
@@ -483,6 +484,42 @@ BEGIN
     RAISE EXCEPTION 'berth: ring slot % does not exist', p_slot USING ERRCODE = '22023';
   END IF;
   IF (SELECT current_slot FROM "berth".ring_state) = p_slot THEN RETURN 'current'; END IF;
+  -- %1$s ready, %2$s range_leases, %3$s range_settlements, %4$s tombstones of the segment.
+  v_check := format(
+    'WITH RECURSIVE tops AS (
+       (SELECT r.lane_id, r.lane_seq FROM %1$s r ORDER BY r.lane_id DESC, r.lane_seq DESC LIMIT 1)
+       UNION ALL
+       SELECT n.lane_id, n.lane_seq FROM tops t
+        CROSS JOIN LATERAL (SELECT r.lane_id, r.lane_seq FROM %1$s r WHERE r.lane_id < t.lane_id
+                             ORDER BY r.lane_id DESC, r.lane_seq DESC LIMIT 1) n
+     ), unleased AS (
+       SELECT t.lane_id, t.lane_seq,
+              EXISTS (SELECT 1 FROM %4$s x WHERE x.lane_id = t.lane_id AND x.lane_seq = t.lane_seq) AS tombstoned
+         FROM tops t
+        WHERE NOT EXISTS (SELECT 1 FROM (SELECT l.to_seq FROM %2$s l
+                                          WHERE l.lane_id = t.lane_id AND l.from_seq <= t.lane_seq
+                                          ORDER BY l.from_seq DESC LIMIT 1) l
+                           WHERE l.to_seq >= t.lane_seq)
+     )
+     SELECT EXISTS (SELECT 1 FROM %1$s),
+            EXISTS (SELECT 1 FROM unleased u
+                     WHERE NOT u.tombstoned
+                        OR EXISTS (SELECT 1 FROM %1$s r
+                                    WHERE r.lane_id = u.lane_id
+                                      AND NOT EXISTS (SELECT 1 FROM (SELECT l.to_seq FROM %2$s l
+                                                                      WHERE l.lane_id = r.lane_id AND l.from_seq <= r.lane_seq
+                                                                      ORDER BY l.from_seq DESC LIMIT 1) l
+                                                       WHERE l.to_seq >= r.lane_seq)
+                                      AND NOT EXISTS (SELECT 1 FROM %4$s x WHERE x.lane_id = r.lane_id AND x.lane_seq = r.lane_seq))),
+            EXISTS (SELECT 1 FROM %2$s l
+                     WHERE l.n > coalesce((SELECT sum(x.n) FROM %3$s x
+                                            WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq), 0))',
+    format('%I.%I', 'berth', 'ready_' || p_slot), format('%I.%I', 'berth', 'range_leases_' || p_slot),
+    format('%I.%I', 'berth', 'range_settlements_' || p_slot), format('%I.%I', 'berth', 'tombstones_' || p_slot));
+  -- Without the lock first: a segment still being drained is claimable, and says so at once.
+  -- Every other answer is decided under the lock, as before.
+  EXECUTE v_check INTO v_any, v_claimable, v_in_flight;
+  IF v_claimable THEN RETURN 'claimable'; END IF;
   SELECT string_agg(format('%I.%I', 'berth', t || '_' || p_slot), ', ')
     INTO v_tables
     FROM unnest(ARRAY['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements']) t;
@@ -495,20 +532,7 @@ BEGIN
   END;
   PERFORM set_config('lock_timeout', v_old_timeout, true);
   IF (SELECT current_slot FROM "berth".ring_state) = p_slot THEN RETURN 'current'; END IF;
-  EXECUTE format(
-    'SELECT EXISTS (SELECT 1 FROM %1$s),
-            EXISTS (SELECT 1 FROM %1$s r
-                     WHERE NOT EXISTS (SELECT 1 FROM (SELECT l.to_seq FROM %2$s l
-                                                       WHERE l.lane_id = r.lane_id AND l.from_seq <= r.lane_seq
-                                                       ORDER BY l.from_seq DESC LIMIT 1) l
-                                        WHERE l.to_seq >= r.lane_seq)
-                       AND NOT EXISTS (SELECT 1 FROM %4$s x WHERE x.lane_id = r.lane_id AND x.lane_seq = r.lane_seq)),
-            EXISTS (SELECT 1 FROM %2$s l
-                     WHERE l.n > coalesce((SELECT sum(x.n) FROM %3$s x
-                                            WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq), 0))',
-    format('%I.%I', 'berth', 'ready_' || p_slot), format('%I.%I', 'berth', 'range_leases_' || p_slot),
-    format('%I.%I', 'berth', 'range_settlements_' || p_slot), format('%I.%I', 'berth', 'tombstones_' || p_slot))
-    INTO v_any, v_claimable, v_in_flight;
+  EXECUTE v_check INTO v_any, v_claimable, v_in_flight;
   IF NOT v_any THEN RETURN 'empty'; END IF;
   IF v_claimable THEN RETURN 'claimable'; END IF;
   IF v_in_flight THEN RETURN 'in_flight'; END IF;

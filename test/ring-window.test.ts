@@ -12,6 +12,7 @@ import { claimBatch, type ClaimParams, discover } from '../src/processor/claim.j
 import { rotateRing, pruneSegment } from '../src/maintenance/ring.js';
 import { quoteIdent, wakeChannel } from '../src/sql.js';
 import { completeLeases } from '../src/storage/complete.js';
+import { removeUnleased } from '../src/storage/remove.js';
 import { MAX_WINDOW_SEGMENTS, readRingWindow } from '../src/storage/ring-window.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor } from './helpers.js';
 
@@ -192,4 +193,45 @@ test('a worker drains through rotations and prunes: its claims refresh their win
   } finally {
     await w.stop();
   }
+});
+
+test("prune's claimable check reads each lane's last entry in the segment, and a tombstoned last entry its whole lane", async () => {
+  await reset();
+  const [a, b, c] = await enqueueMany(
+    pool,
+    [0, 1, 2].map((i) => ({ type: 't', payload: { i }, shard: 8 })),
+    { schema },
+  );
+  await enqueueMany(pool, [{ type: 't', payload: { i: 9 }, shard: 9 }], { schema });
+  assert.equal(await rotateRing(pool, schema, 0), 'rotated');
+  const lane = await laneOf(8);
+  const other = await laneOf(9);
+  const first = await claimBatch(pool, params([lane], 1));
+  assert.deepEqual(
+    first.tasks.map((t) => t.id),
+    [a!.id],
+  );
+  const rest9 = await claimBatch(pool, params([other], 10));
+  assert.equal(rest9.tasks.length, 1, 'lane 9 fully leased');
+  // Lane 8's last entry removed (tombstoned): only its middle entry is unleased, and only a read
+  // of the whole lane finds it.
+  assert.equal(await removeUnleased(pool, schema, c!.id!, 'test'), 'removed');
+  assert.deepEqual(await pruneSegment(pool, schema, 0, 1000), {
+    segment: 0,
+    result: 'skipped',
+    reason: 'claimable',
+  });
+  const rest8 = await claimBatch(pool, params([lane], 10));
+  assert.deepEqual(
+    rest8.tasks.map((t) => t.id),
+    [b!.id],
+  );
+  // Everything leased: in flight until settled, then pruned.
+  assert.deepEqual(await pruneSegment(pool, schema, 0, 1000), {
+    segment: 0,
+    result: 'skipped',
+    reason: 'in_flight',
+  });
+  await completeLeases(pool, schema, [...first.tasks, ...rest9.tasks, ...rest8.tasks]);
+  assert.deepEqual(await pruneSegment(pool, schema, 0, 1000), { segment: 0, result: 'pruned' });
 });

@@ -3,6 +3,7 @@ import pg from 'pg';
 import { pino } from 'pino';
 import type { TaskSpec } from '../../src/index.js';
 import { dropSchema } from '../db.js';
+import { berthPending } from './berth-pending.js';
 import type { AdapterContext, Producer, RunningWorker, SystemAdapter } from './types.js';
 
 /**
@@ -68,20 +69,6 @@ export function berthAdapter(ctx: AdapterContext): SystemAdapter {
       return { stop: () => worker.stop() };
     },
 
-    async pending(db) {
-      // Exact for the drain's tasks, and one cheap, prepared read: every ready entry is pending
-      // until a settlement covers it or a tombstone removes it, and a task that is not ready is
-      // in deferred. The public count (taskCounts, what \`berth stats\` shows) is the same number
-      // but a ~25 ms statement planned on every call, and the instrument's own latency lands in
-      // the measured drain (up to one read late): it made berth's "last start → all recorded"
-      // 23 ms where graphile-worker's count(*) made its 3 ms.
-      const r = await db.query<{ n: string }>({
-        name: 'bench-berth-pending',
-        text: `SELECT ((SELECT count(*) FROM ${SCHEMA}.ready) + (SELECT count(*) FROM ${SCHEMA}.deferred)
-                       - (SELECT coalesce(sum(n), 0) FROM ${SCHEMA}.range_settlements)
-                       - (SELECT count(*) FROM ${SCHEMA}.tombstones))::text AS n`,
-      });
-      return Number(r.rows[0]!.n);
-    },
+    pending: (db) => berthPending(db, SCHEMA),
   };
 }
