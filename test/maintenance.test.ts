@@ -379,3 +379,12 @@ test('a new leader starts promotion, rescue and the ring at once; gauges, retent
     await soon.stop();
   }
 });
+
+test('a branch sleeps out its interval, and a branch with a busy share (the gauges) keeps within it', async () => {
+  const { branchWait } = await import('../src/maintenance/leader.js');
+  assert.equal(branchWait({ intervalMs: 5000 }, 100), 4900);
+  assert.equal(branchWait({ intervalMs: 5000 }, 7000), 0, 'an overrun starts again at once');
+  assert.equal(branchWait({ intervalMs: 5000, busyShare: 0.05 }, 100), 4900, 'a cheap run: the interval');
+  // A 1.4 s count of a 2-million-task backlog: 5 % of the time, the next run 28 s after this one began.
+  assert.equal(branchWait({ intervalMs: 5000, busyShare: 0.05 }, 1400), 26_600);
+});

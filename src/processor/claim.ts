@@ -61,9 +61,7 @@ export async function discover(
        FROM ${s}.lanes l
        CROSS JOIN LATERAL (
          SELECT r.lane_id, r.lane_seq, r.id, r.priority, r.run_at
-           FROM ${claimableEntries(s, 'l', ['lane_id', 'lane_seq', 'id', 'priority', 'run_at'], 'ALL', window?.segments)} r
-          WHERE r.run_at <= now()
-          LIMIT $3) r
+           FROM ${claimableEntries(s, 'l', ['lane_id', 'lane_seq', 'id', 'priority', 'run_at'], '$3', window?.segments, 'r.run_at <= now()')} r) r
       WHERE ($1::text[] IS NULL OR l.queue = ANY ($1::text[]))
         AND NOT l.paused
       ORDER BY r.priority, r.run_at, r.lane_id, r.lane_seq

@@ -1,4 +1,4 @@
-import { segmentFilter } from './ring-window.js';
+import { quoteIdent } from '../sql.js';
 
 /**
  * Row predicates and row sources shared by more than one statement, so a gauge and the
@@ -13,16 +13,13 @@ import { segmentFilter } from './ring-window.js';
 
 /**
  * The claim cursor of lane `laneId` (an SQL expression): every entry at or below it is leased,
- * tombstoned or gone with its segment. Within a ring window (`segments`, storage/ring-window.ts)
- * it is the last range in the window: every entry in the window past it is unleased, since a
- * range lives in the segment of its entries. Ranges of a lane never overlap and are appended in order,
+ * tombstoned or gone with its segment. (Within a ring window, see claimableInWindow.) Ranges of a lane never overlap and are appended in order,
  * so it is the `to_seq` of the range with the greatest `from_seq`: one backward probe of each
  * partition's primary key under a Merge Append, the shape `max(lane_seq)` had per task.
  */
-export function laneCursor(s: string, laneId: string, segments?: readonly number[] | null): string {
+export function laneCursor(s: string, laneId: string): string {
   return `coalesce((SELECT cur.to_seq FROM ${s}.range_leases cur
-                     WHERE cur.lane_id = ${laneId} ${segmentFilter('cur', segments)}
-                     ORDER BY cur.from_seq DESC LIMIT 1), 0)`;
+                     WHERE cur.lane_id = ${laneId} ORDER BY cur.from_seq DESC LIMIT 1), 0)`;
 }
 
 /**
@@ -146,7 +143,7 @@ export function claimableEntry(s: string, lane: string): string {
  * claimable entries (the probe's own `OFFSET 0` keeps it a probe per entry, not a hashed
  * subplan reading every tombstone); its order is the index's (the outer ORDER BY sorts nothing: see the plan
  * in docs/explain.md). `segments`: read only these ring segments (a worker's ring window,
- * storage/ring-window.ts), named as constants so the plan holds only their partitions.
+ * storage/ring-window.ts), each by its partitions' names (claimableInWindow).
  */
 export function claimableEntries(
   s: string,
@@ -154,17 +151,59 @@ export function claimableEntries(
   columns: readonly string[],
   limit: string,
   segments?: readonly number[] | null,
+  /** A condition on the entry (alias `r`) applied before the limit: discovery's `due`. */
+  filter?: string,
 ): string {
   const inner = [...new Set(['lane_id', 'lane_seq', 'slot', ...columns])];
+  const also = filter ? `AND ${filter}` : '';
+  if (segments) return claimableInWindow(s, lane, columns, inner, limit, segments, also);
   return `(SELECT ${columns.map((c) => `x.${c}`).join(', ')}
             FROM (SELECT ${inner.map((c) => `r.${c}`).join(', ')} FROM ${s}.ready r
-                   WHERE r.lane_id = ${lane}.lane_id ${segmentFilter('r', segments)}
-                     AND r.lane_seq > ${laneCursor(s, `${lane}.lane_id`, segments)}
+                   WHERE r.lane_id = ${lane}.lane_id AND r.lane_seq > ${laneCursor(s, `${lane}.lane_id`)} ${also}
                    ORDER BY r.lane_seq OFFSET 0) x
            WHERE ${lane}.version = 0
               OR NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
                               WHERE t.lane_id = x.lane_id AND t.lane_seq = x.lane_seq AND t.slot = x.slot
-                                ${segmentFilter('t', segments)}
                               OFFSET 0)
+           ORDER BY x.lane_seq LIMIT ${limit})`;
+}
+
+/**
+ * claimableEntries in a ring window: each segment's partitions read by name, each for its first
+ * `limit` claimable entries in lane order, and those merged. Over the parent with the window as a
+ * constant list, the planner priced two or three small partitions as cheaper to read whole and
+ * sort than to merge in index order: a claim of 45 entries per lane read each lane's whole
+ * backlog in the segment (12,000 entries) to sort it, 30-70 ms a claim in a 200,000-task drain
+ * (auto_explain; docs/benchmarks.md, "Scaling with work"). Read per segment under a LIMIT, no
+ * plan can read past the share. The cursor is the latest range of the lane in the window: ranges
+ * of later segments start later, so it is the greatest of each segment's last range.
+ */
+function claimableInWindow(
+  s: string,
+  lane: string,
+  columns: readonly string[],
+  inner: readonly string[],
+  limit: string,
+  segments: readonly number[],
+  also: string,
+): string {
+  const part = (table: string, k: number) => `${s}.${quoteIdent(`${table}_${Math.trunc(k)}`)}`;
+  const cursor = `coalesce(greatest(${segments
+    .map(
+      (k) =>
+        `(SELECT cur.to_seq FROM ${part('range_leases', k)} cur
+           WHERE cur.lane_id = ${lane}.lane_id ORDER BY cur.from_seq DESC LIMIT 1)`,
+    )
+    .join(', ')}), 0)`;
+  const bySegment = segments.map(
+    (k) => `(SELECT ${inner.map((c) => `r.${c}`).join(', ')} FROM ${part('ready', k)} r
+              WHERE r.lane_id = ${lane}.lane_id AND r.lane_seq > ${cursor} ${also}
+                AND (${lane}.version = 0
+                     OR NOT EXISTS (SELECT 1 FROM ${part('tombstones', k)} t
+                                     WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq OFFSET 0))
+              ORDER BY r.lane_seq LIMIT ${limit})`,
+  );
+  return `(SELECT ${columns.map((c) => `x.${c}`).join(', ')}
+            FROM (${bySegment.join(' UNION ALL ')}) x
            ORDER BY x.lane_seq LIMIT ${limit})`;
 }
