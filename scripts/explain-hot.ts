@@ -26,6 +26,7 @@ import { rescueLapsedLeases } from '../src/storage/rescue.js';
 import { releaseLease, returnUnstarted } from '../src/storage/return.js';
 import { attemptsOf, listAttempts } from '../src/storage/history.js';
 import { getTask } from '../src/storage/tasks.js';
+import { readRingWindow } from '../src/storage/ring-window.js';
 import { Explainer, readable, summarise } from './explain-capture.js';
 
 const url = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
@@ -103,6 +104,10 @@ const client = new pg.Client({ connectionString: url, options: SESSION_OPTIONS, 
 await client.connect();
 const x = new Explainer(client);
 const lane0 = live.filter((t) => t.laneId === live[0]!.laneId);
+const window = await readRingWindow(client, schema);
+const lanes12 = (
+  await client.query<{ lane_id: number }>(`SELECT lane_id FROM ${S}.lanes ORDER BY lane_id LIMIT 12`)
+).rows.map((r) => r.lane_id);
 const cases: [string, string, () => Promise<unknown>][] = [
   [
     'discover (read pool; the worker asks one head per lane)',
@@ -116,6 +121,21 @@ const cases: [string, string, () => Promise<unknown>][] = [
       x.capture(
         'claimBatch',
         (db) => claimBatch(db, { ...params, laneIds: lanes, limit: 32, maxLanes: 2, perLane: 16 }),
+        { real: false },
+      ),
+  ],
+  [
+    'discover in the ring window (as the worker runs it: the window’s segments by name)',
+    'per lane and segment, the cursor probes and the head probe under a LIMIT',
+    () => x.capture('discover', (db) => discover(db, schema, null, 20, 1, window), { real: true }),
+  ],
+  [
+    'claimBatch in the ring window (as the worker runs it; 540 over 12 lanes, the drain’s shape)',
+    'per lane and segment, an index range scan under the lane’s share; one range_leases row per lane; the ring generation checked',
+    () =>
+      x.capture(
+        'claimBatch',
+        (db) => claimBatch(db, { ...params, laneIds: lanes12, limit: 540, maxLanes: 12, perLane: 45, window }),
         { real: false },
       ),
   ],
