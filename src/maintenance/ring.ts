@@ -1,7 +1,7 @@
 import { checkKeys } from '../limits.js';
 import type pg from 'pg';
-import { bindSchema, queryRingRead, quoteIdent, type Schema, type SchemaRef } from '../sql.js';
-import { readRingFill } from '../storage/ring-window.js';
+import { bindSchema, queryRingRead, type Schema, type SchemaRef } from '../sql.js';
+import { type RingFill, readRingFill } from '../storage/ring-window.js';
 
 /**
  * The ready ring is 16 segments: segment n is partition n of the ring tables (`ready_n`,
@@ -53,15 +53,23 @@ export type RotateResult = 'rotated' | 'not_due' | 'empty' | 'next_slot_busy' | 
  */
 export async function rotateRing(pool: pg.Pool, schema: SchemaRef, minAgeMs: number): Promise<RotateResult> {
   const bound = bindSchema(schema);
-  const s = bound.q;
-  const st = await readRingState(pool, bound);
-  if (st.ageMs < minAgeMs) return 'not_due';
-  const cur = await pool.query(`SELECT 1 FROM ${s}.${quoteIdent(`ready_${st.currentSegment}`)} LIMIT 1`);
-  if (cur.rowCount === 0) return 'empty';
-  const next = (st.currentSegment + 1) % st.segmentCount;
-  const busy = await pool.query(`SELECT 1 FROM ${s}.${quoteIdent(`ready_${next}`)} LIMIT 1`);
-  if ((busy.rowCount ?? 0) > 0) return 'next_slot_busy';
-  return rotateFrom(pool, bound, st.currentSegment, next);
+  const fill = await readRingFill(pool, bound);
+  return rotateIfDue(pool, bound, fill, new Set(fill.filled), minAgeMs);
+}
+
+/** The rotation once the ring's state and fill are known (`filled`: after any prune since). */
+async function rotateIfDue(
+  pool: pg.Pool,
+  schema: Schema,
+  fill: RingFill,
+  filled: ReadonlySet<number>,
+  minAgeMs: number,
+): Promise<RotateResult> {
+  const next = (fill.currentSegment + 1) % fill.segmentCount;
+  if (fill.ageMs < minAgeMs) return 'not_due';
+  if (!filled.has(fill.currentSegment)) return 'empty';
+  if (filled.has(next)) return 'next_slot_busy';
+  return rotateFrom(pool, schema, fill.currentSegment, next);
 }
 
 /** The rotation's compare-and-set: moves appends from `from` to `to` unless another rotator did first. */
@@ -137,11 +145,6 @@ export async function maintainRing(
     if (p.result === 'pruned') filled.delete(segment);
     prunes.push(p);
   }
-  let rotation: RotateResult;
-  const next = (fill.currentSegment + 1) % fill.segmentCount;
-  if (fill.ageMs < opts.rotateAfterMs) rotation = 'not_due';
-  else if (!filled.has(fill.currentSegment)) rotation = 'empty';
-  else if (filled.has(next)) rotation = 'next_slot_busy';
-  else rotation = await rotateFrom(pool, bound, fill.currentSegment, next);
+  const rotation = await rotateIfDue(pool, bound, fill, filled, opts.rotateAfterMs);
   return { rotation, prunes };
 }

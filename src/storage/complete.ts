@@ -1,8 +1,7 @@
 import { LeaseLostError } from '../errors.js';
 import { bindSchema, quoteIdent, type Queryable, type Schema, type SchemaRef } from '../sql.js';
-import { completedEntries, completionHistory, perTaskHistory } from './history.js';
+import { completedEntries, completionHistory, perTaskHistory, runMsValue } from './history.js';
 import { leaseKey, type LeaseRef, seqsToMultirange } from './lease.js';
-import { runMsValue } from './history.js';
 import { removeUnleased } from './remove.js';
 
 /**
