@@ -17,6 +17,11 @@ export function reconnectDelayMs(pollMs: number, failures: number): number {
   return capped * (0.5 + Math.random() / 2);
 }
 
+/** How long a process whose leader session was lost waits before it reconnects: 2–3 polls. */
+export function leaderHoldOffMs(pollMs: number): number {
+  return pollMs * (2 + Math.random());
+}
+
 /**
  * Try the lock and, only if it was granted, rename the session to the leader's name, in one
  * statement: the session is never named like a leader without holding the lock, and the lock is
@@ -137,6 +142,10 @@ export class ElectionSession {
     client.end().catch(() => undefined);
     if (this.closed) return;
     this.backOff();
+    // A leader whose session broke is the likeliest process to be on the wrong side of the fault
+    // (its network, its pauses), so it gives the followers the first tries at the lock: it stays
+    // off for at least two polls, in which every live follower has polled once or more.
+    if (wasLeader) this.nextConnectAt = Math.max(this.nextConnectAt, Date.now() + leaderHoldOffMs(this.opts.pollMs));
     this.opts.logger.warn(
       { err: err.message, how, leader: wasLeader, retryInMs: Math.round(this.nextConnectAt - Date.now()) },
       wasLeader
