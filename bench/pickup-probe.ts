@@ -24,6 +24,9 @@
  *   claim → handler: dispatch to a slot, payload validation, the handler's call.
  * and what the fetch loop was doing when each notification arrived.
  *
+ * `--with-options JSON` adds this checkout again with extra Worker options (an A/B of a default,
+ * e.g. `'{"maintenance":false}'`), in the schema `pickup_probe_c`.
+ *
  * `--graphile` adds graphile-worker at its defaults and with its throughput preset, interleaved
  * with the rest, through the bench's own adapter and pickup scenario (bench/systems/graphile.ts,
  * bench/scenarios.ts), so the target (issue 11: berth's p95 and p99 no worse than
@@ -55,6 +58,7 @@ const { values } = parseArgs({
     compare: { type: 'string' },
     stages: { type: 'boolean', default: false },
     graphile: { type: 'boolean', default: false },
+    'with-options': { type: 'string' },
   },
 });
 const url = values.url ?? process.env.BENCH_DATABASE_URL;
@@ -78,6 +82,8 @@ interface Variant {
   berth: Berth;
   /** Its Fetcher, wrapped when `--stages` is on. */
   fetcher: FetcherModule;
+  /** Extra Worker options (`--with-options`). */
+  options?: Record<string, unknown>;
 }
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -257,6 +263,7 @@ async function run(v: Variant): Promise<Run> {
     tasks: [noop],
     slots,
     logger: pino({ level: 'silent' }),
+    ...v.options,
   });
   const pool = new pg.Pool({ connectionString: url });
   pool.on('error', () => {});
@@ -302,6 +309,15 @@ const variants: Variant[] = [
     fetcher: await import('../src/processor/fetcher.js'),
   },
 ];
+if (values['with-options']) {
+  const options = JSON.parse(values['with-options']) as Record<string, unknown>;
+  variants.push({
+    ...variants[0]!,
+    label: `this checkout + ${values['with-options']}`,
+    schema: 'pickup_probe_c',
+    options,
+  });
+}
 if (values.compare) variants.push({ ...(await loadRevision(values.compare)), schema: 'pickup_probe_b' });
 if (values.stages) instrument(variants.map((v) => v.fetcher));
 
