@@ -115,23 +115,39 @@ interface Run {
   /** With `--stages`: per stage, p50 / p95 / p99 over the pickups; and what each wake found the fetch loop doing. */
   stages?: Record<string, [number, number, number]>;
   wakeFound?: Record<string, number>;
+  /** With `--stages`: the slowest 1 % of pickups, and how many of them each other statement of the worker's sessions overlapped. */
+  tail?: {
+    pickups: number;
+    overlaps: Record<string, number>;
+    busyMs: Record<string, number>;
+    maxMs: Record<string, number>;
+    runMs: number;
+  };
 }
 
 /** `--stages`: a time-ordered log of what the worker's sessions and its fetcher did. */
-type Ev = { t: number; kind: 'send' | 'notify' | 'fetch>' | 'fetch<' | 'q>' | 'q<'; what: string };
+type Ev = { t: number; kind: 'send' | 'notify' | 'fetch>' | 'fetch<' | 'q>' | 'q<'; what: string; id?: number };
 let events: Ev[] | null = null;
-const note = (kind: Ev['kind'], what = ''): void => {
-  events?.push({ t: performance.now(), kind, what });
+const note = (kind: Ev['kind'], what = '', id?: number): void => {
+  events?.push({ t: performance.now(), kind, what, id });
 };
+let queryIds = 0;
 
 /** The statement's name (berth names its hot statements) or its first words, for the worker's own sessions only. */
 function statementLabel(client: pg.Client, config: unknown): string | null {
   const app = (client as unknown as { connectionParameters?: { application_name?: string } }).connectionParameters
     ?.application_name;
   if (!app?.startsWith('berth worker')) return null;
-  if (typeof config === 'string') return config.slice(0, 24);
+  // Without the schema's name, which would fill the label of every unnamed statement.
+  const words = (text: string) =>
+    text
+      .replace(/"[^"]*"\./g, '')
+      .replace(/\s+/g, ' ')
+      .trim()
+      .slice(0, 40);
+  if (typeof config === 'string') return words(config);
   const c = config as { name?: string; text?: string } | null;
-  return c?.name?.split(':')[0] ?? c?.text?.slice(0, 24) ?? '?';
+  return c?.name?.split(':')[0] ?? (c?.text === undefined ? '?' : words(c.text));
 }
 
 function instrument(fetchers: FetcherModule[]): void {
@@ -141,13 +157,14 @@ function instrument(fetchers: FetcherModule[]): void {
   (pg.Client.prototype as unknown as { query: Query }).query = function (this: pg.Client, ...args: unknown[]) {
     const label = statementLabel(this, args[0]);
     if (label === null) return query.apply(this, args);
-    note('q>', label);
+    const id = ++queryIds;
+    note('q>', label, id);
     // The pool passes a callback; a direct call gets a promise.
     const last = args.length - 1;
     const cb = args[last];
     if (typeof cb === 'function') {
       args[last] = (...r: unknown[]) => {
-        note('q<', label);
+        note('q<', label, id);
         return (cb as (...r: unknown[]) => unknown)(...r);
       };
       return query.apply(this, args);
@@ -155,8 +172,8 @@ function instrument(fetchers: FetcherModule[]): void {
     const res = query.apply(this, args);
     if (res instanceof Promise)
       res.then(
-        () => note('q<', label),
-        () => note('q<', label),
+        () => note('q<', label, id),
+        () => note('q<', label, id),
       );
     return res;
   };
@@ -176,6 +193,46 @@ function instrument(fetchers: FetcherModule[]): void {
       }
     };
   }
+}
+
+/**
+ * Which of the worker's other statements (the leader's maintenance, the election, the
+ * heartbeat: anything but the fetch's discovery and claim) were running during each of the
+ * slowest 1 % of pickups: a statement in the tail far more often than its share of the time is
+ * what the tail waits on.
+ */
+function tailOf(evs: readonly Ev[], sent: Float64Array, firstRun: Float64Array): NonNullable<Run['tail']> {
+  const lat = Array.from(firstRun, (t, i) => t - sent[i]!);
+  const threshold = percentile(lat, 99);
+  const open = new Map<number, { what: string; t: number }>();
+  const spans: { what: string; from: number; to: number }[] = [];
+  for (const e of evs) {
+    if (e.id === undefined || e.what === 'berth-claim' || e.what === 'berth-discover') continue;
+    if (e.kind === 'q>') open.set(e.id, { what: e.what, t: e.t });
+    else if (e.kind === 'q<') {
+      const o = open.get(e.id);
+      if (o) spans.push({ what: o.what, from: o.t, to: e.t });
+      open.delete(e.id);
+    }
+  }
+  const overlaps: Record<string, number> = {};
+  const busyMs: Record<string, number> = {};
+  const maxMs: Record<string, number> = {};
+  const runFrom = sent[0]!;
+  const runTo = Math.max(...firstRun);
+  for (const sp of spans) {
+    if (sp.to < runFrom || sp.from > runTo) continue;
+    busyMs[sp.what] = (busyMs[sp.what] ?? 0) + (sp.to - sp.from);
+    maxMs[sp.what] = Math.max(maxMs[sp.what] ?? 0, sp.to - sp.from);
+  }
+  let pickups = 0;
+  for (let i = 0; i < lat.length; i++) {
+    if (!(lat[i]! >= threshold)) continue;
+    pickups++;
+    const seen = new Set(spans.filter((s) => s.from < firstRun[i]! && s.to > sent[i]!).map((s) => s.what));
+    for (const w of seen) overlaps[w] = (overlaps[w] ?? 0) + 1;
+  }
+  return { pickups, overlaps, busyMs, maxMs, runMs: runTo - runFrom };
 }
 
 /** Splits each pickup into its stages, from the event log of one run. */
@@ -297,7 +354,7 @@ async function run(v: Variant): Promise<Run> {
     p95: percentile(lat, 95),
     p99: percentile(lat, 99),
     fetchesPerPickup: fetches / n,
-    ...(events ? stagesOf(events, sent, firstRun) : {}),
+    ...(events ? { ...stagesOf(events, sent, firstRun), tail: tailOf(events, sent, firstRun) } : {}),
   };
 }
 
@@ -388,5 +445,29 @@ if (values.stages) {
       .join(', ');
     const split = median(rs.map((r) => r.stages!['(pickups split)']![0]!));
     console.log(`| ${v.label} | ${cells.join(' | ')} | ${foundCell}; ${split} of ${n} pickups split (median) |`);
+  }
+  console.log("\nThe slowest 1 % of pickups (all runs): how many overlapped each of the worker's other statements\n");
+  for (const [v, rs] of results) {
+    if (rs[0]?.tail === undefined) continue;
+    const pickups = rs.reduce((a, r) => a + r.tail!.pickups, 0);
+    const sum = (pick: (t: NonNullable<Run['tail']>) => Record<string, number>, max = false) => {
+      const out: Record<string, number> = {};
+      for (const r of rs)
+        for (const [k, c] of Object.entries(pick(r.tail!))) out[k] = max ? Math.max(out[k] ?? 0, c) : (out[k] ?? 0) + c;
+      return out;
+    };
+    const overlaps = sum((t) => t.overlaps);
+    const busy = sum((t) => t.busyMs);
+    const longest = sum((t) => t.maxMs, true);
+    const runMs = rs.reduce((a, r) => a + r.tail!.runMs, 0);
+    // In the tail N times, running for x % of the time (the share a random pickup would overlap), longest y ms.
+    const list = Object.entries(overlaps)
+      .sort((a, b) => b[1] - a[1])
+      .map(
+        ([k, c]) =>
+          `${JSON.stringify(k)} ${c} (busy ${((100 * (busy[k] ?? 0)) / runMs).toFixed(1)} %, longest ${(longest[k] ?? 0).toFixed(1)} ms)`,
+      )
+      .join(', ');
+    console.log(`- ${v.label}: ${pickups} pickups; ${list || 'none'}`);
   }
 }

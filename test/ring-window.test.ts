@@ -10,10 +10,12 @@ import assert from 'node:assert/strict';
 import { defineTask, enqueueMany, getTask, Worker } from '../src/index.js';
 import { claimBatch, type ClaimParams, discover } from '../src/processor/claim.js';
 import { rotateRing, pruneSegment } from '../src/maintenance/ring.js';
-import { quoteIdent, wakeChannel } from '../src/sql.js';
+import { readGauges, readGaugesIn } from '../src/maintenance/gauges.js';
+import { bindSchema, quoteIdent, wakeChannel } from '../src/sql.js';
+import { claimableEntry, liveEntries } from '../src/storage/predicates.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { removeUnleased } from '../src/storage/remove.js';
-import { MAX_WINDOW_SEGMENTS, readRingWindow } from '../src/storage/ring-window.js';
+import { MAX_WINDOW_SEGMENTS, overWindow, readRingWindow } from '../src/storage/ring-window.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('ringwin');
@@ -234,4 +236,75 @@ test("prune's claimable check reads each lane's last entry in the segment, and a
   });
   await completeLeases(pool, schema, [...first.tasks, ...rest9.tasks, ...rest8.tasks]);
   assert.deepEqual(await pruneSegment(pool, schema, 0, 1000), { segment: 0, result: 'pruned' });
+});
+
+test('a ring read over a window counts what the whole ring counts, and every ring partition has its parent’s columns in order', async () => {
+  await reset();
+  const specs = (from: number, n: number, type = 't') =>
+    Array.from({ length: n }, (_, i) => ({ type, payload: { i: from + i }, shard: 4 }));
+  await enqueueMany(pool, specs(0, 5), { schema });
+  assert.equal(await rotateRing(pool, schema, 0), 'rotated');
+  await enqueueMany(pool, specs(5, 4, 'u'), { schema });
+  const lane = await laneOf(4);
+  const window = await readRingWindow(pool, schema);
+  assert.deepEqual(window.segments, [0, 1]);
+  // Leased and partly settled in the first segment, one tombstoned in the second.
+  const leased = await claimBatch(pool, params([lane], 3, { window }));
+  assert.equal((await completeLeases(pool, schema, leased.tasks.slice(0, 2))).size, 2);
+  const [, , , , , sixth] = (await pool.query(`SELECT id FROM ${S}.ready ORDER BY lane_seq`)).rows as { id: string }[];
+  assert.equal(await removeUnleased(pool, schema, sixth!.id, 'test'), 'removed');
+
+  const bound = bindSchema(schema);
+  const statements = [
+    `SELECT count(*)::int AS n FROM ${liveEntries(S)} r`,
+    `SELECT count(*)::int AS n FROM ${S}.ready r JOIN ${S}.lanes pl ON pl.lane_id = r.lane_id WHERE ${claimableEntry(S, 'pl')}`,
+    `SELECT (SELECT count(*) FROM ${S}.range_settlements) + (SELECT count(*) FROM ${S}.tombstones) AS n`,
+  ];
+  for (const text of statements) {
+    const whole = (await pool.query(text)).rows[0].n;
+    const windowed = overWindow(text, bound, window.segments);
+    assert.notEqual(windowed, text, 'the window names partitions');
+    for (const parent of ['ready', 'range_leases', 'range_settlements', 'tombstones'])
+      assert.ok(
+        !windowed.replaceAll(`${S}.${parent}_`, '').includes(`${S}.${parent}`) &&
+          windowed.includes(`${S}."${parent}_0"`) === text.includes(`${S}.${parent}`),
+        `${parent} is read as its partitions`,
+      );
+    assert.equal((await pool.query(windowed)).rows[0].n, whole, windowed);
+  }
+  assert.equal(overWindow(statements[0]!, bound, null), statements[0], 'no window: the whole ring');
+  // t: 5 entries, 2 settled, 1 leased (running), 2 unleased; u: 4 entries, 1 tombstoned.
+  const gauges = await readGauges(pool, schema);
+  assert.deepEqual(Object.fromEntries(gauges.pending), { t: 3, u: 3 });
+  assert.deepEqual(Object.fromEntries(gauges.running), { t: 1 });
+
+  // SELECT * from a partition stands for its parent: same columns, same order.
+  const layouts = await pool.query<{ parent: string; n: string }>(
+    `SELECT p.relname AS parent, count(DISTINCT cols.list)::text AS n
+       FROM pg_inherits i
+       JOIN pg_class p ON p.oid = i.inhparent
+       JOIN pg_namespace ns ON ns.oid = p.relnamespace AND ns.nspname = $1
+       CROSS JOIN LATERAL (SELECT string_agg(a.attname || ':' || a.atttypid::regtype, ',' ORDER BY a.attnum) AS list
+                             FROM pg_attribute a
+                            WHERE a.attrelid IN (i.inhrelid, i.inhparent) AND a.attnum > 0 AND NOT a.attisdropped
+                            GROUP BY a.attrelid) cols
+      WHERE p.relname IN ('ready', 'range_leases', 'range_settlements', 'tombstones')
+      GROUP BY p.relname ORDER BY p.relname`,
+    [schema],
+  );
+  assert.deepEqual(
+    layouts.rows,
+    ['range_leases', 'range_settlements', 'ready', 'tombstones'].map((parent) => ({ parent, n: '1' })),
+  );
+});
+
+test('gauges read over a window the ring moved past read the whole ring, so the new segment is counted', async () => {
+  await reset();
+  await enqueueMany(pool, [{ type: 't', payload: { i: 0 }, shard: 5 }], { schema });
+  const old = await readRingWindow(pool, schema);
+  assert.deepEqual(old.segments, [0]);
+  assert.equal(await rotateRing(pool, schema, 0), 'rotated');
+  await enqueueMany(pool, [{ type: 't', payload: { i: 1 }, shard: 5 }], { schema });
+  const snap = await readGaugesIn(pool, bindSchema(schema), old);
+  assert.equal(snap.pending.get('t'), 2, 'the entry in segment 1, outside the old window, is counted');
 });

@@ -1,4 +1,5 @@
-import { bindSchema, type Queryable, queryRingRead, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, queryRingRead, type Schema, type SchemaRef } from '../sql.js';
+import { overWindow, readRingWindow, type RingWindow, windowKey } from '../storage/ring-window.js';
 import type { BerthMetrics } from '../metrics.js';
 import { claimableEntry, deadRowPredicate, liveEntries } from '../storage/predicates.js';
 import { liveWorker, liveWorkerParams } from '../storage/live-workers.js';
@@ -21,42 +22,23 @@ export interface GaugeSnapshot {
  * it is left out of oldest-due: pausing a queue must not page as starvation.
  */
 export async function readGauges(db: Queryable, schema: SchemaRef): Promise<GaugeSnapshot> {
-  const { name, q: s } = bindSchema(schema);
-  // Both prepared once per session (RingReadStatement, src/sql.ts): planned over every ring
-  // partition they cost ~15 and ~11 ms a run, every gauge interval.
-  const res = await queryRingRead<{ type: string; pending: string; running: string; dead: string }>(db, {
-    name: `berth-gauges-pending:${name}`,
-    text: `WITH live AS (
-       SELECT r.type, r.expires_at FROM ${liveEntries(s)} r
-     ), per_type AS (
-       SELECT type, count(*) AS pending, count(*) FILTER (WHERE expires_at > now()) AS running, 0 AS dead
-         FROM live GROUP BY type
-       UNION ALL
-       SELECT type, count(*), 0, 0 FROM ${s}.deferred GROUP BY type
-       UNION ALL
-       SELECT d.type, 0, 0, count(*) FROM ${s}.dead_letters d WHERE ${deadRowPredicate(s)} GROUP BY d.type
-     )
-     SELECT type, sum(pending)::text AS pending, sum(running)::text AS running, sum(dead)::text AS dead
-       FROM per_type GROUP BY type`,
-  });
-  const oldest = await queryRingRead<{ secs: number | null }>(db, {
-    name: `berth-gauges-oldest:${name}`,
-    text: `SELECT extract(epoch FROM now() - min(due))::float8 AS secs FROM (
-       -- Unleased entries only: per unpaused lane, those past its cursor (no lease probe per entry).
-       SELECT min(h.run_at) AS due FROM ${s}.lanes pl
-        CROSS JOIN LATERAL (
-          SELECT min(r.run_at) AS run_at FROM ${s}.ready r
-           WHERE ${claimableEntry(s, 'pl')}) h
-        WHERE NOT pl.paused
-       UNION ALL
-       SELECT min(run_at) FROM ${s}.deferred
-        WHERE run_at <= now() AND queue NOT IN (SELECT q.queue FROM ${s}.queue_pauses q)) x`,
-  });
-  const fleet = await db.query<{ paused: string[]; workers: number }>(
-    `SELECT ARRAY(SELECT queue FROM ${s}.queue_pauses ORDER BY queue) AS paused,
-            (SELECT count(*)::int FROM ${s}.workers w WHERE ${liveWorker('w', '$1', '$2')}) AS workers`,
+  const bound = bindSchema(schema);
+  return readGaugesIn(db, bound, await readRingWindow(db, bound));
+}
+
+/** readGauges over a ring window read before (exported for its test: a window the ring moved past). */
+export async function readGaugesIn(db: Queryable, bound: Schema, window: RingWindow): Promise<GaugeSnapshot> {
+  let counts = await readCounts(db, bound, window.segments);
+  const fleet = await db.query<{ paused: string[]; workers: number; generation: string }>(
+    `SELECT ARRAY(SELECT queue FROM ${bound.q}.queue_pauses ORDER BY queue) AS paused,
+            (SELECT count(*)::int FROM ${bound.q}.workers w WHERE ${liveWorker('w', '$1', '$2')}) AS workers,
+            (SELECT generation::text FROM ${bound.q}.ring_state) AS generation`,
     liveWorkerParams(),
   );
+  // The ring rotated after the window was read: the new current segment was left out. Read the
+  // whole ring instead (once per rotation at most, and only when the two coincide).
+  if (window.segments && fleet.rows[0]!.generation !== window.generation) counts = await readCounts(db, bound, null);
+  const { res, oldest } = counts;
   const snap: GaugeSnapshot = {
     pending: new Map(),
     running: new Map(),
@@ -72,6 +54,53 @@ export async function readGauges(db: Queryable, schema: SchemaRef): Promise<Gaug
   }
   snap.oldestDueSeconds = Math.max(0, oldest.rows[0]?.secs ?? 0);
   return snap;
+}
+
+/**
+ * The per-type counts and the oldest due entry, over the ring window's segments (`segments`, or
+ * the whole ring when null; see overWindow): one prepared statement per window and session,
+ * like the claim's.
+ */
+async function readCounts(db: Queryable, schema: Schema, segments: readonly number[] | null) {
+  const { name, q: s } = schema;
+  const key = windowKey({ generation: '', segments });
+  const res = await queryRingRead<{ type: string; pending: string; running: string; dead: string }>(db, {
+    name: `berth-gauges-pending:${name}${key}`,
+    text: overWindow(
+      `WITH live AS (
+       SELECT r.type, r.expires_at FROM ${liveEntries(s)} r
+     ), per_type AS (
+       SELECT type, count(*) AS pending, count(*) FILTER (WHERE expires_at > now()) AS running, 0 AS dead
+         FROM live GROUP BY type
+       UNION ALL
+       SELECT type, count(*), 0, 0 FROM ${s}.deferred GROUP BY type
+       UNION ALL
+       SELECT d.type, 0, 0, count(*) FROM ${s}.dead_letters d WHERE ${deadRowPredicate(s)} GROUP BY d.type
+     )
+     SELECT type, sum(pending)::text AS pending, sum(running)::text AS running, sum(dead)::text AS dead
+       FROM per_type GROUP BY type`,
+      schema,
+      segments,
+    ),
+  });
+  const oldest = await queryRingRead<{ secs: number | null }>(db, {
+    name: `berth-gauges-oldest:${name}${key}`,
+    text: overWindow(
+      `SELECT extract(epoch FROM now() - min(due))::float8 AS secs FROM (
+       -- Unleased entries only: per unpaused lane, those past its cursor (no lease probe per entry).
+       SELECT min(h.run_at) AS due FROM ${s}.lanes pl
+        CROSS JOIN LATERAL (
+          SELECT min(r.run_at) AS run_at FROM ${s}.ready r
+           WHERE ${claimableEntry(s, 'pl')}) h
+        WHERE NOT pl.paused
+       UNION ALL
+       SELECT min(run_at) FROM ${s}.deferred
+        WHERE run_at <= now() AND queue NOT IN (SELECT q.queue FROM ${s}.queue_pauses q)) x`,
+      schema,
+      segments,
+    ),
+  });
+  return { res, oldest };
 }
 
 /** Stop exporting the queue-wide gauges (this process is no longer the leader). */

@@ -1,4 +1,4 @@
-import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, quoteIdent, type Schema, type SchemaRef } from '../sql.js';
 
 /**
  * The ring segments a worker's claims read (migration 13, `ring_window()`): the current one and
@@ -85,4 +85,65 @@ export function segmentFilter(alias: string, segments: readonly number[] | null 
 export function windowKey(window: RingWindow | undefined): string {
   if (!window) return '';
   return window.segments ? `:w${window.segments.join('.')}` : ':wall';
+}
+
+/** The ring's partitioned parents (each partition of one is `<parent>_<segment>`). */
+const RING_PARENTS = ['ready', 'range_leases', 'range_settlements', 'tombstones'] as const;
+
+/**
+ * A read-only ring statement over a window: each ring parent it names (`<schema>.ready`, …) is
+ * replaced by the union of the window's partitions, which the planner flattens into the same
+ * append of partitions as a pruned parent, with every predicate pushed into each. The whole
+ * ring when `segments` is null. Only for statements that read: a write must name its parent.
+ *
+ * Why: a statement over the parents plans and opens every partition of each (16 of four
+ * tables, ~70 relations with their indexes), and each prune's TRUNCATE of a segment makes it
+ * plan again. The gauges over the whole ring took 70-95 ms on a new session and 22-45 ms after
+ * a prune, every 5 s; over a one- or two-segment window 20-40 and 6-17 ms (.exp measurements
+ * in docs/benchmarks.md, "The leader's reads").
+ */
+export function overWindow(text: string, schema: Schema, segments: readonly number[] | null): string {
+  if (!segments) return text;
+  // The parent, and its alias if one follows (a subquery in FROM needs one: an unaliased parent
+  // keeps its own name as the alias, so `parent.column` still resolves).
+  const parent = new RegExp(
+    `${escapeRegExp(schema.q)}\\.(${RING_PARENTS.join('|')})(?![A-Za-z0-9_$"])` +
+      `(?:\\s+(?:AS\\s+)?(?!(?:${SQL_AFTER_TABLE.join('|')})\\b)([A-Za-z_][A-Za-z0-9_]*))?`,
+    'gi',
+  );
+  return text.replace(parent, (_m, table: string, alias: string | undefined) => {
+    const parts = segments.map((k) => `SELECT * FROM ${schema.q}.${quoteIdent(`${table}_${Math.trunc(k)}`)}`);
+    return `(${parts.join(' UNION ALL ')}) AS ${alias ?? table}`;
+  });
+}
+
+/** Words that may follow a table in FROM and are not its alias. */
+const SQL_AFTER_TABLE = [
+  'WHERE',
+  'JOIN',
+  'ON',
+  'USING',
+  'GROUP',
+  'ORDER',
+  'LIMIT',
+  'OFFSET',
+  'UNION',
+  'EXCEPT',
+  'INTERSECT',
+  'CROSS',
+  'LEFT',
+  'RIGHT',
+  'INNER',
+  'FULL',
+  'NATURAL',
+  'LATERAL',
+  'HAVING',
+  'WINDOW',
+  'FOR',
+  'RETURNING',
+  'TABLESAMPLE',
+];
+
+function escapeRegExp(s: string): string {
+  return s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 }

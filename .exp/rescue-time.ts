@@ -1,0 +1,13 @@
+import pg from 'pg';
+import { rescueLapsedLeases } from '../src/storage/rescue.js';
+import { readGauges } from '../src/maintenance/gauges.js';
+const url = 'postgres://postgres@127.0.0.1:56200/test';
+const pool = new pg.Pool({ connectionString: url, max: 1 });
+const t = async (label: string, f: () => Promise<unknown>) => { const a = performance.now(); await f(); console.log(label, (performance.now() - a).toFixed(1), 'ms'); };
+for (let i = 0; i < 8; i++) await t('rescue ' + i, () => rescueLapsedLeases(pool, 'pickup_probe_a'));
+await pool.query('TRUNCATE pickup_probe_a.ready_3');
+for (let i = 0; i < 3; i++) await t('rescue after truncate ' + i, () => rescueLapsedLeases(pool, 'pickup_probe_a'));
+for (let i = 0; i < 4; i++) await t('gauges ' + i, () => readGauges(pool as never, 'pickup_probe_a' as never));
+await pool.query('TRUNCATE pickup_probe_a.ready_3');
+for (let i = 0; i < 2; i++) await t('gauges after truncate ' + i, () => readGauges(pool as never, 'pickup_probe_a' as never));
+await pool.end();
