@@ -544,6 +544,12 @@ BEGIN
   EXECUTE v_claimable_check INTO v_claimable;
   IF v_claimable THEN RETURN 'claimable'; END IF;
   IF v_in_flight THEN RETURN 'in_flight'; END IF;
+  -- Only the partitions with pages: an empty one (never written since its last TRUNCATE) is
+  -- left as it is, which is what its TRUNCATE would make it. Under the lock nothing can write one.
+  SELECT string_agg(format('%I.%I', 'berth', t || '_' || p_slot), ', ')
+    INTO v_tables
+    FROM unnest(ARRAY['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements']) t
+   WHERE pg_relation_size(format('%I.%I', 'berth', t || '_' || p_slot)::regclass) > 0;
   EXECUTE 'TRUNCATE ' || v_tables;
   RETURN 'pruned';
 END $_$;

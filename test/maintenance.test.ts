@@ -181,6 +181,49 @@ test('ring: rotation seals a segment; prune truncates it only when nothing is cl
   assert.deepEqual(await pruneSegment(pool, schema, 1, 100), { segment: 1, result: 'skipped', reason: 'current' });
 });
 
+test('prune truncates the partitions of the segment with pages, a dead row too, and leaves the never-written ones as they are', async () => {
+  await reset();
+  await enqueueMany(
+    pool,
+    Array.from({ length: 4 }, (_, i) => ({ type: 'm', payload: { i } })),
+    { schema },
+  );
+  // A rolled-back insert leaves a dead row, and a page, in tombstones_0 (no live tombstone).
+  const tx = await pool.connect();
+  await tx.query('BEGIN');
+  await tx.query(`INSERT INTO ${S}.tombstones (slot, lane_id, lane_seq, id, reason)
+                  SELECT slot, lane_id, lane_seq, id, 'test' FROM ${S}.ready_0 LIMIT 1`);
+  await tx.query('ROLLBACK');
+  tx.release();
+  assert.equal(await rotateRing(pool, schema, 0), 'rotated');
+  await completeLeases(pool, schema, await claimAll(4));
+  const partitions = ['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements'];
+  const files = async () => {
+    const r = await pool.query<{ t: string; file: string; size: string }>(
+      `SELECT t, pg_relation_filenode(format('%I.%I', $1::text, t || '_0')::regclass)::text AS file,
+              pg_relation_size(format('%I.%I', $1::text, t || '_0')::regclass)::text AS size
+         FROM unnest($2::text[]) t`,
+      [schema, partitions],
+    );
+    return new Map(r.rows.map((x) => [x.t, x]));
+  };
+  const before = await files();
+  for (const t of ['ready', 'range_leases', 'range_settlements', 'tombstones'])
+    assert.notEqual(before.get(t)!.size, '0', `${t}_0 has a page`);
+  for (const t of ['leases', 'settlements']) assert.equal(before.get(t)!.size, '0', `${t}_0 was never written`);
+  assert.deepEqual(await pruneSegment(pool, schema, 0, 100), { segment: 0, result: 'pruned' });
+  const after = await files();
+  for (const t of partitions) assert.equal(after.get(t)!.size, '0', `${t}_0 holds nothing, live or dead`);
+  for (const t of ['ready', 'range_leases', 'range_settlements', 'tombstones'])
+    assert.notEqual(after.get(t)!.file, before.get(t)!.file, `${t}_0 was truncated`);
+  for (const t of ['leases', 'settlements'])
+    assert.equal(after.get(t)!.file, before.get(t)!.file, `${t}_0, empty, was left as it was`);
+  // The segment takes entries again after the ring comes round, and they are claimed.
+  await pool.query(`UPDATE ${S}.ring_state SET current_slot = 0`);
+  await enqueueMany(pool, [{ type: 'm', payload: { again: true } }], { schema });
+  assert.equal((await claimAll(10)).length, 1);
+});
+
 test('ring wrap: a task enqueued after the claim cursor history was truncated is still claimed', async () => {
   await reset();
   for (let round = 0; round < 20; round++) {
