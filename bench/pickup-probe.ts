@@ -229,6 +229,14 @@ function tailOf(evs: readonly Ev[], sent: Float64Array, firstRun: Float64Array):
   for (let i = 0; i < lat.length; i++) {
     if (!(lat[i]! >= threshold)) continue;
     pickups++;
+    if (process.env.PROBE_TAIL_DEBUG)
+      console.error(
+        `slow pickup at +${(sent[i]! - runFrom).toFixed(0)} ms: ${lat[i]!.toFixed(1)} ms;`,
+        spans
+          .filter((s) => s.from < firstRun[i]! && s.to > sent[i]!)
+          .map((s) => `${s.what.slice(0, 20)} ${(s.from - runFrom).toFixed(0)}+${(s.to - s.from).toFixed(1)}`)
+          .join(', '),
+      );
     const seen = new Set(spans.filter((s) => s.from < firstRun[i]! && s.to > sent[i]!).map((s) => s.what));
     for (const w of seen) overlaps[w] = (overlaps[w] ?? 0) + 1;
   }

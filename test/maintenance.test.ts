@@ -423,6 +423,19 @@ test('a new leader starts promotion, rescue and the ring at once; gauges, retent
   }
 });
 
+test('bookkeeping branches first run an interval into a term, the gauges half an interval out of step with rescue', async () => {
+  const { firstRunAfterMs, GAUGE_PHASE, MAINTENANCE_DEFAULTS: d } = await import('../src/maintenance/leader.js');
+  assert.equal(firstRunAfterMs(5000), 5000);
+  assert.equal(firstRunAfterMs(3600_000), 60_000, 'capped at a minute');
+  // Rescue runs at 0, 5, 10 s …; the gauges (same interval) at 7.5, 12.5 s …: never together.
+  assert.equal(d.rescueIntervalMs, d.gaugeIntervalMs);
+  const gaugesAt = firstRunAfterMs(d.gaugeIntervalMs, GAUGE_PHASE);
+  for (let k = 0; k < 10; k++) {
+    const offset = (gaugesAt + k * d.gaugeIntervalMs) % d.rescueIntervalMs;
+    assert.equal(Math.min(offset, d.rescueIntervalMs - offset), d.rescueIntervalMs / 2);
+  }
+});
+
 test('a branch sleeps out its interval, and a branch with a busy share (the gauges) keeps within it', async () => {
   const { branchWait } = await import('../src/maintenance/leader.js');
   assert.equal(branchWait({ intervalMs: 5000 }, 100), 4900);

@@ -305,6 +305,22 @@ test('gauges read over a window the ring moved past read the whole ring, so the 
   assert.deepEqual(old.segments, [0]);
   assert.equal(await rotateRing(pool, schema, 0), 'rotated');
   await enqueueMany(pool, [{ type: 't', payload: { i: 1 }, shard: 5 }], { schema });
-  const snap = await readGaugesIn(pool, bindSchema(schema), old);
+  const counted: string[] = [];
+  const db = {
+    query: ((config: unknown, values?: unknown[]) => {
+      const name = (config as { name?: string }).name;
+      if (name?.startsWith('berth-gauges-pending')) counted.push(name);
+      return pool.query(config as string, values);
+    }) as typeof pool.query,
+  };
+  const snap = await readGaugesIn(db, bindSchema(schema), old);
   assert.equal(snap.pending.get('t'), 2, 'the entry in segment 1, outside the old window, is counted');
+  assert.equal(counted.length, 2, 'counted again, over the new window');
+  assert.match(counted[1]!, /:w0\.1$/);
+  // A later generation with no new segment (an appender's bump): the counts stand.
+  const now = await readRingWindow(pool, schema);
+  await pool.query(`UPDATE ${S}.ring_state SET generation = generation + 1`);
+  counted.length = 0;
+  assert.equal((await readGaugesIn(db, bindSchema(schema), now)).pending.get('t'), 2);
+  assert.equal(counted.length, 1, 'counted once');
 });

@@ -26,18 +26,30 @@ export async function readGauges(db: Queryable, schema: SchemaRef): Promise<Gaug
   return readGaugesIn(db, bound, await readRingWindow(db, bound));
 }
 
-/** readGauges over a ring window read before (exported for its test: a window the ring moved past). */
+/**
+ * readGauges over a ring window read before (exported for its test: a window the ring moved past).
+ *
+ * The window is read in a statement of its own, so the counts may miss a segment that became
+ * current after it. After the counts the window is read again: when it names no segment the
+ * first one left out, every entry the counts' snapshot could see was in a segment they read (a
+ * segment only gains entries while current, and the current one is in every window). A later
+ * generation alone (an appender that raced a rotation bumps it) changes nothing then. Otherwise
+ * the counts are read again over the new window, and after a second miss over the whole ring.
+ */
 export async function readGaugesIn(db: Queryable, bound: Schema, window: RingWindow): Promise<GaugeSnapshot> {
   let counts = await readCounts(db, bound, window.segments);
-  const fleet = await db.query<{ paused: string[]; workers: number; generation: string }>(
+  for (let attempt = 0; window.segments; attempt++) {
+    const now = await readRingWindow(db, bound);
+    const read = new Set(window.segments);
+    if (now.generation === window.generation || (now.segments?.every((k) => read.has(k)) ?? false)) break;
+    window = attempt === 0 ? now : { generation: now.generation, segments: null };
+    counts = await readCounts(db, bound, window.segments);
+  }
+  const fleet = await db.query<{ paused: string[]; workers: number }>(
     `SELECT ARRAY(SELECT queue FROM ${bound.q}.queue_pauses ORDER BY queue) AS paused,
-            (SELECT count(*)::int FROM ${bound.q}.workers w WHERE ${liveWorker('w', '$1', '$2')}) AS workers,
-            (SELECT generation::text FROM ${bound.q}.ring_state) AS generation`,
+            (SELECT count(*)::int FROM ${bound.q}.workers w WHERE ${liveWorker('w', '$1', '$2')}) AS workers`,
     liveWorkerParams(),
   );
-  // The ring rotated after the window was read: the new current segment was left out. Read the
-  // whole ring instead (once per rotation at most, and only when the two coincide).
-  if (window.segments && fleet.rows[0]!.generation !== window.generation) counts = await readCounts(db, bound, null);
   const { res, oldest } = counts;
   const snap: GaugeSnapshot = {
     pending: new Map(),

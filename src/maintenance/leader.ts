@@ -116,7 +116,8 @@ const MAINTENANCE_DEPS_KEYS: ReadonlySet<string> = new Set([
 /**
  * `startAfterMs`: the branch's first run waits this long after the term begins. The branches
  * that keep tasks moving (promotion, rescue, the ring) start at once; the bookkeeping ones
- * (gauges, retention, history rotation) one interval later, capped at a minute (START_CAP_MS),
+ * (gauges, retention, history rotation) one interval later (the gauges one and a half, see
+ * GAUGE_PHASE), capped at a minute (START_CAP_MS),
  * so a starting fleet's new leader does not spend its first moments on full-ring reads while
  * the workers claim their first batches: at start the three took ~100 ms of server CPU over a
  * 50,000-task backlog (gauges 43 ms, the dead-letter prune 39 ms), inside the first claims of a
@@ -151,6 +152,24 @@ export function branchWait(b: Pick<Branch, 'intervalMs' | 'busyShare'>, took: nu
 
 /** The longest a bookkeeping branch waits for its first run in a term (see Branch). */
 const START_CAP_MS = 60_000;
+
+/**
+ * When a bookkeeping branch first runs in a term: `1 + phase` of its interval in, capped at
+ * START_CAP_MS. Branches keep their phase (a run waits out the rest of its interval, see
+ * branchWait), so a phase set here is kept for the term.
+ */
+export function firstRunAfterMs(intervalMs: number, phase = 0): number {
+  return Math.min(intervalMs * (1 + phase), START_CAP_MS);
+}
+
+/**
+ * The gauges run half an interval out of step with rescue: at their defaults (both 5 s) they
+ * ran at the same moments, and with them the ring's rotation (5 s after the last) and each
+ * rotation's stale windows. In the pickup probe the slowest pickups of a run came at that 5 s
+ * mark, behind rescue, a rotation, two window reads and the gauges at once (bench/pickup-probe.ts
+ * --stages, PROBE_TAIL_DEBUG=1).
+ */
+export const GAUGE_PHASE = 0.5;
 
 /**
  * Exactly one maintenance leader per schema, elected through a session-level advisory lock that
@@ -305,7 +324,7 @@ export class Maintenance {
       {
         name: 'retention',
         intervalMs: o.retentionIntervalMs,
-        startAfterMs: Math.min(o.retentionIntervalMs, START_CAP_MS),
+        startAfterMs: firstRunAfterMs(o.retentionIntervalMs),
         run: async () => {
           const n = await pruneDeadLetters(pool, schema, o.deadRetentionMs, 5000, this.term?.signal);
           metrics.deadPruned.inc(n);
@@ -319,7 +338,7 @@ export class Maintenance {
       {
         name: 'history',
         intervalMs: o.historyIntervalMs,
-        startAfterMs: Math.min(o.historyIntervalMs, START_CAP_MS),
+        startAfterMs: firstRunAfterMs(o.historyIntervalMs),
         run: async () => {
           const r = await rotateHistory(pool, schema, o.ringLockTimeoutMs);
           if (r === 'rotated') this.deps.logger.info('attempt history rotated: its oldest partition truncated');
@@ -330,7 +349,7 @@ export class Maintenance {
       {
         name: 'gauges',
         intervalMs: o.gaugeIntervalMs,
-        startAfterMs: Math.min(o.gaugeIntervalMs, START_CAP_MS),
+        startAfterMs: firstRunAfterMs(o.gaugeIntervalMs, GAUGE_PHASE),
         busyShare: GAUGE_BUSY_SHARE,
         run: async () => {
           const snap = await readGauges(pool, schema);
