@@ -232,6 +232,10 @@ function tailOf(evs: readonly Ev[], sent: Float64Array, firstRun: Float64Array):
     if (process.env.PROBE_TAIL_DEBUG)
       console.error(
         `slow pickup at +${(sent[i]! - runFrom).toFixed(0)} ms: ${lat[i]!.toFixed(1)} ms;`,
+        `[${evs
+          .filter((e) => e.t >= sent[i]! && e.t <= firstRun[i]! && e.kind !== 'send')
+          .map((e) => `${e.kind}${e.what ? ` ${e.what.slice(0, 12)}` : ''} +${(e.t - sent[i]!).toFixed(1)}`)
+          .join(', ')}]`,
         spans
           .filter((s) => s.from < firstRun[i]! && s.to > sent[i]!)
           .map((s) => `${s.what.slice(0, 20)} ${(s.from - runFrom).toFixed(0)}+${(s.to - s.from).toFixed(1)}`)
