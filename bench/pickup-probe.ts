@@ -126,7 +126,12 @@ interface Run {
 }
 
 /** `--stages`: a time-ordered log of what the worker's sessions and its fetcher did. */
-type Ev = { t: number; kind: 'send' | 'notify' | 'fetch>' | 'fetch<' | 'q>' | 'q<'; what: string; id?: number };
+type Ev = {
+  t: number;
+  kind: 'send' | 'enqueued' | 'notify' | 'fetch>' | 'fetch<' | 'q>' | 'q<';
+  what: string;
+  id?: number;
+};
 let events: Ev[] | null = null;
 const note = (kind: Ev['kind'], what = '', id?: number): void => {
   events?.push({ t: performance.now(), kind, what, id });
@@ -233,7 +238,7 @@ function tailOf(evs: readonly Ev[], sent: Float64Array, firstRun: Float64Array):
       console.error(
         `slow pickup at +${(sent[i]! - runFrom).toFixed(0)} ms: ${lat[i]!.toFixed(1)} ms;`,
         `[${evs
-          .filter((e) => e.t >= sent[i]! && e.t <= firstRun[i]! && e.kind !== 'send')
+          .filter((e) => e.t >= sent[i]! && e.t <= firstRun[i]! && (e.kind !== 'send' || e.t > sent[i]!))
           .map((e) => `${e.kind}${e.what ? ` ${e.what.slice(0, 12)}` : ''} +${(e.t - sent[i]!).toFixed(1)}`)
           .join(', ')}]`,
         spans
@@ -351,6 +356,7 @@ async function run(v: Variant): Promise<Run> {
       sent[i] = performance.now();
       note('send');
       await berth.enqueue(pool, 'noop', { i }, { schema });
+      note('enqueued');
     }
     const end = performance.now() + 30_000;
     while (started < n && performance.now() < end) await sleep(2);

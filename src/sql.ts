@@ -138,10 +138,10 @@ async function inJitOffTransaction<R extends pg.QueryResultRow>(
   };
   const client = await checkoutListening(pool, onError);
   try {
-    // One round trip for all four (simple protocol, no parameters).
-    // A prepared ring read is planned generically from its first run: its custom plans (the
-    // first five of a session, with rescue's LIMIT as a constant) planned all ~100 partitions
-    // each run, ~20 ms against the generic plan's one planning per session.
+    // One round trip for all of them (simple protocol, no parameters). A prepared ring read is
+    // planned generically from its first run (worker sessions already are, SESSION_OPTIONS; this
+    // is for other pools): its custom plans (the first five of a session, with rescue's LIMIT as
+    // a constant) planned all ~100 partitions each run, ~20 ms against one generic planning.
     await client.query(
       `BEGIN; SET LOCAL jit = off; SET LOCAL enable_bitmapscan = on; SET LOCAL enable_seqscan = on${
         query.name === undefined ? '' : '; SET LOCAL plan_cache_mode = force_generic_plan'

@@ -224,6 +224,43 @@ test('prune truncates the partitions of the segment with pages, a dead row too, 
   assert.equal((await claimAll(10)).length, 1);
 });
 
+test('ring: a small segment is sealed at ringRotateSmallAfterMs, one of 4 MiB at ringRotateAfterMs', async () => {
+  await reset();
+  const opts = { rotateAfterMs: 5_000, rotateSmallAfterMs: 60_000, lockTimeoutMs: 100 };
+  const ageBy = (ms: number) =>
+    pool.query(`UPDATE ${S}.ring_state SET rotated_at = now() - $1 * interval '1 ms'`, [ms]);
+  await enqueueMany(
+    pool,
+    Array.from({ length: 10 }, (_, i) => ({ type: 'm', payload: { i } })),
+    { schema },
+  );
+  await ageBy(10_000);
+  assert.equal((await maintainRing(pool, schema, opts)).rotation, 'not_due', 'small and younger than a minute');
+  await ageBy(61_000);
+  assert.equal((await maintainRing(pool, schema, opts)).rotation, 'rotated', 'small, but a minute old');
+  // ~1.5 kB entries (below the TOAST threshold, so in the partition itself): 3,000 of them pass 4 MiB.
+  const { SMALL_SEGMENT_BYTES } = await import('../src/maintenance/ring.js');
+  const pad = 'x'.repeat(1_500);
+  for (let k = 0; k < 3; k++)
+    await enqueueMany(
+      pool,
+      Array.from({ length: 1_000 }, (_, i) => ({ type: 'm', payload: { i, pad } })),
+      { schema },
+    );
+  const size = await pool.query(`SELECT pg_relation_size(format('%I.%I', $1::text, 'ready_1')::regclass) AS b`, [
+    schema,
+  ]);
+  assert.ok(Number(size.rows[0].b) >= SMALL_SEGMENT_BYTES, `segment 1 holds ${size.rows[0].b} bytes`);
+  await ageBy(1_000);
+  assert.equal((await maintainRing(pool, schema, opts)).rotation, 'not_due', 'younger than ringRotateAfterMs');
+  await ageBy(6_000);
+  assert.equal((await maintainRing(pool, schema, opts)).rotation, 'rotated', 'full and 5 s old');
+  // Without rotateSmallAfterMs the size does not matter (the API's behaviour before).
+  await enqueueMany(pool, [{ type: 'm', payload: {} }], { schema });
+  await ageBy(6_000);
+  assert.equal((await maintainRing(pool, schema, { rotateAfterMs: 5_000, lockTimeoutMs: 100 })).rotation, 'rotated');
+});
+
 test('ring wrap: a task enqueued after the claim cursor history was truncated is still claimed', async () => {
   await reset();
   for (let round = 0; round < 20; round++) {
@@ -262,7 +299,13 @@ test('prune run aggressively under load never loses a task', async () => {
         slots: 8,
         pollIntervalMs: 50,
         logger,
-        maintenance: { ...FAST_MAINTENANCE, ringIntervalMs: 10, ringRotateAfterMs: 20, ringLockTimeoutMs: 20 },
+        maintenance: {
+          ...FAST_MAINTENANCE,
+          ringIntervalMs: 10,
+          ringRotateAfterMs: 20,
+          ringRotateSmallAfterMs: 20,
+          ringLockTimeoutMs: 20,
+        },
       }),
   );
   await Promise.all(workers.map((w) => w.start()));

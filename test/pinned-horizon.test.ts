@@ -42,7 +42,13 @@ test('with the xmin horizon pinned, 5,000 tasks flow, hot relations stay free of
     tasks: [def],
     slots: 10,
     logger,
-    maintenance: { promoteIntervalMs: 100, ringIntervalMs: 100, ringRotateAfterMs: 300, leaderPollMs: 100 },
+    maintenance: {
+      promoteIntervalMs: 100,
+      ringIntervalMs: 100,
+      ringRotateAfterMs: 300,
+      ringRotateSmallAfterMs: 300,
+      leaderPollMs: 100,
+    },
   });
   await w.start();
   let stopped = false;

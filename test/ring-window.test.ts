@@ -169,7 +169,7 @@ test('a worker drains through rotations and prunes: its claims refresh their win
     pollIntervalMs: 60_000,
     logger: captureLogger().logger,
     // Rotate as often as the ring lets it, so claims keep finding their window stale.
-    maintenance: { ...FAST_MAINTENANCE, ringRotateAfterMs: 1, ringIntervalMs: 20 },
+    maintenance: { ...FAST_MAINTENANCE, ringRotateAfterMs: 1, ringRotateSmallAfterMs: 1, ringIntervalMs: 20 },
   });
   await w.start();
   try {

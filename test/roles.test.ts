@@ -256,7 +256,7 @@ test('B claims, fails, retries, slices and completes through a Worker whose main
     pollIntervalMs: 100,
     logger,
     // Retention's first run waits one interval after the term starts (maintenance/leader.ts).
-    maintenance: { ...FAST_MAINTENANCE, ringRotateAfterMs: 100, retentionIntervalMs: 200 },
+    maintenance: { ...FAST_MAINTENANCE, ringRotateAfterMs: 100, ringRotateSmallAfterMs: 100, retentionIntervalMs: 200 },
   });
   await w.start();
   try {

@@ -54,22 +54,42 @@ export type RotateResult = 'rotated' | 'not_due' | 'empty' | 'next_slot_busy' | 
 export async function rotateRing(pool: pg.Pool, schema: SchemaRef, minAgeMs: number): Promise<RotateResult> {
   const bound = bindSchema(schema);
   const fill = await readRingFill(pool, bound);
-  return rotateIfDue(pool, bound, fill, new Set(fill.filled), minAgeMs);
+  return rotateIfDue(pool, bound, fill, new Set(fill.filled), { minAgeMs, smallAgeMs: minAgeMs });
 }
 
-/** The rotation once the ring's state and fill are known (`filled`: after any prune since). */
+/**
+ * A current segment whose `ready` partition is smaller than this is sealed only at the small
+ * segment's age (`ringRotateSmallAfterMs`): ~30,000 entries of small payloads.
+ */
+export const SMALL_SEGMENT_BYTES = 4 * 1024 * 1024;
+
+/**
+ * The rotation once the ring's state and fill are known (`filled`: after any prune since). Due
+ * at `minAgeMs` once the current segment holds SMALL_SEGMENT_BYTES, else at `smallAgeMs`.
+ */
 async function rotateIfDue(
   pool: pg.Pool,
   schema: Schema,
   fill: RingFill,
   filled: ReadonlySet<number>,
-  minAgeMs: number,
+  age: { minAgeMs: number; smallAgeMs: number },
 ): Promise<RotateResult> {
   const next = (fill.currentSegment + 1) % fill.segmentCount;
-  if (fill.ageMs < minAgeMs) return 'not_due';
+  if (fill.ageMs < age.minAgeMs) return 'not_due';
   if (!filled.has(fill.currentSegment)) return 'empty';
+  if (fill.ageMs < age.smallAgeMs && (await segmentBytes(pool, schema, fill.currentSegment)) < SMALL_SEGMENT_BYTES)
+    return 'not_due';
   if (filled.has(next)) return 'next_slot_busy';
   return rotateFrom(pool, schema, fill.currentSegment, next);
+}
+
+/** The size of a segment's `ready` partition: its file, no scan (`pg_relation_size`). */
+async function segmentBytes(pool: pg.Pool, schema: Schema, segment: number): Promise<number> {
+  const r = await pool.query<{ bytes: string }>(
+    `SELECT pg_relation_size(format('%I.%I', $1::text, 'ready_' || $2::int)::regclass)::text AS bytes`,
+    [schema.name, segment],
+  );
+  return Number(r.rows[0]!.bytes);
 }
 
 /** The rotation's compare-and-set: moves appends from `from` to `to` unless another rotator did first. */
@@ -118,7 +138,7 @@ export async function pruneSegment(
 /** What prune_slot (migration 7) answers. */
 type PruneOutcome = 'pruned' | 'blocked' | 'current' | 'empty' | 'claimable' | 'in_flight';
 
-const RING_KEYS: ReadonlySet<string> = new Set(['rotateAfterMs', 'lockTimeoutMs']);
+const RING_KEYS: ReadonlySet<string> = new Set(['rotateAfterMs', 'rotateSmallAfterMs', 'lockTimeoutMs']);
 
 /**
  * Rotate if due, then try to prune every sealed, non-empty segment, oldest first. Which
@@ -131,7 +151,12 @@ const RING_KEYS: ReadonlySet<string> = new Set(['rotateAfterMs', 'lockTimeoutMs'
 export async function maintainRing(
   pool: pg.Pool,
   schema: SchemaRef,
-  opts: { rotateAfterMs: number; lockTimeoutMs: number },
+  opts: {
+    rotateAfterMs: number;
+    /** When a segment smaller than SMALL_SEGMENT_BYTES is sealed; default `rotateAfterMs` (size ignored). */
+    rotateSmallAfterMs?: number;
+    lockTimeoutMs: number;
+  },
 ): Promise<{ rotation: RotateResult; prunes: PruneResult[] }> {
   checkKeys(opts, RING_KEYS, 'maintainRing');
   const bound = bindSchema(schema);
@@ -145,6 +170,9 @@ export async function maintainRing(
     if (p.result === 'pruned') filled.delete(segment);
     prunes.push(p);
   }
-  const rotation = await rotateIfDue(pool, bound, fill, filled, opts.rotateAfterMs);
+  const rotation = await rotateIfDue(pool, bound, fill, filled, {
+    minAgeMs: opts.rotateAfterMs,
+    smallAgeMs: Math.max(opts.rotateAfterMs, opts.rotateSmallAfterMs ?? opts.rotateAfterMs),
+  });
   return { rotation, prunes };
 }

@@ -5,5 +5,6 @@ export const FAST_MAINTENANCE = {
   rescueIntervalMs: 100,
   ringIntervalMs: 100,
   ringRotateAfterMs: 200,
+  ringRotateSmallAfterMs: 200,
   gaugeIntervalMs: 100,
 };
