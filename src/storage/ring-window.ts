@@ -98,9 +98,9 @@ const RING_PARENTS = ['ready', 'range_leases', 'range_settlements', 'tombstones'
  *
  * Why: a statement over the parents plans and opens every partition of each (16 of four
  * tables, ~70 relations with their indexes), and each prune's TRUNCATE of a segment makes it
- * plan again. The gauges over the whole ring took 70-95 ms on a new session and 22-45 ms after
- * a prune, every 5 s; over a one- or two-segment window 20-40 and 6-17 ms (.exp measurements
- * in docs/benchmarks.md, "The leader's reads").
+ * plan again. The gauges over the whole ring took 35-48 ms on a new session and 14-24 ms after
+ * a prune, every 5 s; over a one-segment window 17-29 and 7-12 ms (`npm run bench:leader-reads`,
+ * docs/benchmarks.md, "The pickup's tail").
  */
 export function overWindow(text: string, schema: Schema, segments: readonly number[] | null): string {
   if (!segments) return text;
