@@ -25,7 +25,9 @@ try {
 // On a terminal the demo's JSON lines would bury the banner: they start at warn there unless
 // BERTH_LOG_LEVEL says otherwise (the banner says how to see them). Piped, they are all there.
 const level = env.logLevel ?? (process.stdout.isTTY ? 'warn' : 'info');
-const log = createLogger({ component: 'demo' }, undefined, level);
+// One logger, so one destination (one pino stream on stdout), for the demo and its worker.
+const rootLog = createLogger({}, undefined, level);
+const log = rootLog.child({ component: 'demo' });
 
 async function database(): Promise<{ url: string; stop: () => Promise<void> }> {
   if (env.databaseUrl) return { url: env.databaseUrl, stop: async () => {} };
@@ -111,7 +113,7 @@ const worker = new Worker({
   schema,
   tasks,
   slots: 4,
-  logger: createLogger({}, undefined, level),
+  logger: rootLog,
   http: {
     port: dashboardPort,
     host: dashboard.host,
