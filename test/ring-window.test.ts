@@ -298,7 +298,7 @@ test('a ring read over a window counts what the whole ring counts, and every rin
   );
 });
 
-test('gauges read over a window the ring moved past read the whole ring, so the new segment is counted', async () => {
+test('gauges read over a window the ring moved past count again over the new one, so the new segment is counted', async () => {
   await reset();
   await enqueueMany(pool, [{ type: 't', payload: { i: 0 }, shard: 5 }], { schema });
   const old = await readRingWindow(pool, schema);
