@@ -38,11 +38,10 @@ export async function readGauges(db: Queryable, schema: SchemaRef): Promise<Gaug
  */
 export async function readGaugesIn(db: Queryable, bound: Schema, window: RingWindow): Promise<GaugeSnapshot> {
   let counts = await readCounts(db, bound, window.segments);
-  for (let attempt = 0; window.segments; attempt++) {
+  for (let misses = 0; window.segments !== null; misses++) {
     const now = await readRingWindow(db, bound);
-    const read = new Set(window.segments);
-    if (now.generation === window.generation || (now.segments?.every((k) => read.has(k)) ?? false)) break;
-    window = attempt === 0 ? now : { generation: now.generation, segments: null };
+    if (covers(window, now)) break;
+    window = misses === 0 ? now : { ...now, segments: null };
     counts = await readCounts(db, bound, window.segments);
   }
   const fleet = await db.query<{ paused: string[]; workers: number }>(
@@ -66,6 +65,13 @@ export async function readGaugesIn(db: Queryable, bound: Schema, window: RingWin
   }
   snap.oldestDueSeconds = Math.max(0, oldest.rows[0]?.secs ?? 0);
   return snap;
+}
+
+/** Whether counts over the window `read` saw every entry that the later window `now` can hold. */
+function covers(read: RingWindow, now: RingWindow): boolean {
+  if (now.generation === read.generation) return true;
+  const segments = new Set(read.segments ?? []);
+  return now.segments?.every((k) => segments.has(k)) ?? false;
 }
 
 /**

@@ -77,19 +77,9 @@ async function rotateIfDue(
   const next = (fill.currentSegment + 1) % fill.segmentCount;
   if (fill.ageMs < age.minAgeMs) return 'not_due';
   if (!filled.has(fill.currentSegment)) return 'empty';
-  if (fill.ageMs < age.smallAgeMs && (await segmentBytes(pool, schema, fill.currentSegment)) < SMALL_SEGMENT_BYTES)
-    return 'not_due';
+  if (fill.ageMs < age.smallAgeMs && fill.currentBytes < SMALL_SEGMENT_BYTES) return 'not_due';
   if (filled.has(next)) return 'next_slot_busy';
   return rotateFrom(pool, schema, fill.currentSegment, next);
-}
-
-/** The size of a segment's `ready` partition: its file, no scan (`pg_relation_size`). */
-async function segmentBytes(pool: pg.Pool, schema: Schema, segment: number): Promise<number> {
-  const r = await pool.query<{ bytes: string }>(
-    `SELECT pg_relation_size(format('%I.%I', $1::text, 'ready_' || $2::int)::regclass)::text AS bytes`,
-    [schema.name, segment],
-  );
-  return Number(r.rows[0]!.bytes);
 }
 
 /** The rotation's compare-and-set: moves appends from `from` to `to` unless another rotator did first. */

@@ -34,6 +34,8 @@ export interface RingFill {
   ageMs: number;
   /** Segments with at least one row in `ready`, ascending. */
   filled: number[];
+  /** The size of the current segment's `ready` partition (`pg_relation_size`: its file, no scan). */
+  currentBytes: number;
 }
 
 export async function readRingFill(db: Queryable, schema: SchemaRef): Promise<RingFill> {
@@ -44,11 +46,15 @@ export async function readRingFill(db: Queryable, schema: SchemaRef): Promise<Ri
     slot_count: number;
     age_ms: number;
     filled: number[];
+    current_bytes: string;
   }>({
     name: `berth-ring-window:${name}`,
     text: `SELECT w.generation::text AS generation, w.current_slot, w.slot_count,
-                  (extract(epoch FROM now() - w.rotated_at) * 1000)::float8 AS age_ms, w.filled
+                  (extract(epoch FROM now() - w.rotated_at) * 1000)::float8 AS age_ms, w.filled,
+                  pg_relation_size(format('%I.%I', $1::text, 'ready_' || w.current_slot)::regclass)::text
+                    AS current_bytes
              FROM ${s}.ring_window() w`,
+    values: [name],
   });
   const row = r.rows[0];
   if (!row) throw new Error(`berth schema "${name}" has no ring_state row`);
@@ -62,6 +68,7 @@ export async function readRingFill(db: Queryable, schema: SchemaRef): Promise<Ri
     segmentCount: row.slot_count,
     ageMs: row.age_ms,
     filled,
+    currentBytes: Number(row.current_bytes),
   };
 }
 
