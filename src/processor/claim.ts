@@ -1,33 +1,25 @@
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
-import type { LeaseRef } from '../storage/lease.js';
 import { claimableEntries } from '../storage/predicates.js';
 import { type RingWindow, segmentFilter, windowKey } from '../storage/ring-window.js';
+import { claimOneLane } from './claim-one-lane.js';
+import {
+  type ClaimBatch,
+  type ClaimedTask,
+  type ClaimParams,
+  claimTermValues,
+  type LeaseRow,
+  NOW_MS_SQL,
+  taskJsonSql,
+  tasksOf,
+} from './claim-shared.js';
+
+export type { ClaimBatch, ClaimedTask, ClaimParams } from './claim-shared.js';
 
 /** A lane that discovery saw with claimable entries, in the order they should be served. */
 export interface Candidate {
   laneId: number;
   laneSeq: string;
   id: string;
-}
-
-export interface ClaimedTask extends LeaseRef {
-  id: string;
-  type: string;
-  payload: unknown;
-  queue: string;
-  priority: number;
-  shard: number;
-  /** This attempt's number (attempts are counted at claim). */
-  attempt: number;
-  /** The limit this attempt runs under: the task's own, else its type's, else 20. */
-  maxAttempts: number;
-  dedupeKey: string | null;
-  /** lease_expires_at as stamped by the database, in epoch ms. */
-  leaseExpiresAt: number;
-  /** How long the task had been due when it was claimed (database clock), in seconds. */
-  waitedSeconds: number;
-  /** The producer's stored trace context (src/tracing.ts), or null when it enqueued untraced. */
-  traceContext: string | null;
 }
 
 /**
@@ -69,43 +61,6 @@ export async function discover(
     values: [queues, limit, perLane ?? limit],
   });
   return res.rows.map((r) => ({ laneId: r.lane_id, laneSeq: r.lane_seq, id: r.id }));
-}
-
-export interface ClaimParams {
-  schema: SchemaRef;
-  /** Candidate lanes, best first. */
-  laneIds: readonly number[];
-  /** How many entries to lease at most (the number of idle slots). */
-  limit: number;
-  /** Per-type ceilings in ms; types not listed get `defaultCeilingMs`. */
-  ceilings: ReadonlyMap<string, number>;
-  /** Per-type attempt limits, used for tasks enqueued without an explicit maxAttempts. */
-  maxAttempts: ReadonlyMap<string, number>;
-  defaultMaxAttempts: number;
-  defaultCeilingMs: number;
-  marginMs: number;
-  workerId: string;
-  /** Channel to re-signal when the claim leased all it asked for (more work is likely). */
-  wakeChannel: string;
-  /** Only lanes of these queues (null: all). Candidates from a notification may be any lane. */
-  queues?: readonly string[] | null;
-  /** Lock at most this many candidate lanes, in candidate order (default: all of them). The
-   * worker passes one per LANE_SHARE tasks it wants. */
-  maxLanes?: number;
-  /**
-   * Read each locked lane for at most this many entries (default: `limit`). The claim takes a
-   * round-robin prefix of its lanes, so with n lanes each gives about limit / n; reading each
-   * for the whole limit only to drop the rest cost 3.5 µs per entry read (a claim of 107 over
-   * 7 lanes: 5.2 ms reading 749 entries, 2.95 ms reading 112). A lane that gives all of it sets
-   * `more` (claimBatch), so nothing waits for the poll.
-   */
-  perLane?: number;
-  /**
-   * Read only this ring window's segments (storage/ring-window.ts), and lease nothing when the
-   * ring's generation in the claim's snapshot is not the window's: the batch then says `stale`
-   * and the caller reads the window again. Without one the claim reads the whole ring.
-   */
-  window?: RingWindow;
 }
 
 /**
@@ -164,25 +119,27 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
   return (await claimBatch(write, p)).tasks;
 }
 
-/** What one claim leased, and whether its lanes may hold more due entries it left. */
-export interface ClaimBatch {
-  tasks: ClaimedTask[];
-  /**
-   * A lane gave all it was read for (`perLane`) or stopped at a ring segment boundary: a short
-   * claim with `more` did not drain its lanes.
-   */
-  more: boolean;
-  /** The claim's window (ClaimParams.window) is out of date: it leased nothing. */
-  stale: boolean;
+/**
+ * The claim, in the statement for the number of lanes it may lock: one (a notified lane, a
+ * discovery share of at most LANE_SHARE tasks: an idle worker's pickup) or several.
+ */
+export function claimBatch(write: Queryable, p: ClaimParams): Promise<ClaimBatch> {
+  if (p.limit <= 0 || p.laneIds.length === 0) return Promise.resolve({ tasks: [], more: false, stale: false });
+  return lanesToLock(p) === 1 ? claimOneLane(write, p) : claimLanes(write, p);
 }
 
-export async function claimBatch(write: Queryable, p: ClaimParams): Promise<ClaimBatch> {
+/** How many candidate lanes a claim may lock: `maxLanes` of them, at least one. */
+export function lanesToLock(p: Pick<ClaimParams, 'laneIds' | 'maxLanes'>): number {
+  return Math.max(1, Math.min(p.laneIds.length, p.maxLanes ?? p.laneIds.length));
+}
+
+/** The claim over several lanes (the statement the comment on claim() describes). */
+export async function claimLanes(write: Queryable, p: ClaimParams): Promise<ClaimBatch> {
   if (p.limit <= 0 || p.laneIds.length === 0) return { tasks: [], more: false, stale: false };
   const { name, q: s } = bindSchema(p.schema);
   const w = p.window;
   // The window's generation, checked in the claim's own snapshot (storage/ring-window.ts).
   const current = w ? `AND (SELECT rs.generation FROM ${s}.ring_state rs) = $14::bigint` : '';
-  const types = [...new Set([...p.ceilings.keys(), ...p.maxAttempts.keys()])];
   const res = await write.query<LeaseRow>({
     name: `berth-claim:${name}${windowKey(w)}`,
     text: `WITH locked AS MATERIALIZED (
@@ -234,11 +191,12 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
          FROM picked p
      ), leases AS (
        -- One lease per lane: its range, and per type (the claiming worker's ceiling and attempt
-       -- limit, else the defaults) the deadline stamped from the database clock.
+       -- limit, else the defaults) the deadline stamped from the database clock. The three arrays
+       -- are aggregated over the same rows in the same order, so they line up; which order the
+       -- types come in does not matter (every reader looks a type up with array_position).
        SELECT c.lane_id, min(c.slot) AS slot, min(c.from_seq) AS from_seq, max(c.to_seq) AS to_seq,
-              sum(c.n)::integer AS n, array_agg(c.type ORDER BY c.type) AS types,
-              array_agg(c.expires_at ORDER BY c.type) AS type_expires,
-              array_agg(c.max_attempts ORDER BY c.type) AS type_max_attempts, min(c.expires_at) AS expires_at
+              sum(c.n)::integer AS n, array_agg(c.type) AS types, array_agg(c.expires_at) AS type_expires,
+              array_agg(c.max_attempts) AS type_max_attempts, min(c.expires_at) AS expires_at
          FROM (SELECT ch.lane_id, ch.type, min(ch.slot) AS slot, min(ch.lane_seq) AS from_seq,
                       max(ch.lane_seq) AS to_seq, count(*) AS n,
                       now() + make_interval(secs => (coalesce(t.ceiling_ms, $5) + $6) / 1000.0) AS expires_at,
@@ -255,7 +213,7 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
               c.types, c.type_expires, c.type_max_attempts, c.expires_at
          FROM leases c
        ON CONFLICT DO NOTHING
-       RETURNING slot, lane_id, from_seq, to_seq, n, token, types, type_expires, type_max_attempts
+       RETURNING slot, lane_id, from_seq, to_seq, n, token, types
      ), resignal AS (
        SELECT pg_notify($8, '') WHERE (SELECT coalesce(sum(n), 0) FROM leased) >= $2
      ), async_commit AS (
@@ -265,27 +223,16 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
      )
      -- One row per range lease, its tasks as one JSON text (see LeaseRow).
      SELECT l.slot, l.lane_id, l.from_seq::text AS lease_from, l.token::text AS token, l.types,
-            (SELECT array_agg((extract(epoch FROM e) * 1000)::float8 ORDER BY o)
-               FROM unnest(l.type_expires) WITH ORDINALITY AS x(e, o)) AS type_expires_ms,
-            l.type_max_attempts, k.queue, k.priority, k.shard,
+            ${NOW_MS_SQL} AS now_ms, k.queue, k.priority, k.shard,
             -- A lease covers every claimable entry from from_seq to to_seq of its lane and slot
             -- (a prefix is contiguous in lane order; the same snapshot, the same tombstone check),
-            -- so its tasks are one range read of the lane's index (the tombstone probe above the
-            -- partitions, as in claimableEntries).
-            (SELECT '[' || string_agg(
-                      '["' || r.lane_seq || '","' || r.id || '",' || array_position(l.types, r.type) || ','
-                          || (r.attempts + 1) || ',' || greatest(date_part('epoch', now() - r.run_at), 0) || ','
-                          || r.payload
-                          || CASE WHEN r.max_attempts IS NULL AND r.dedupe_key IS NULL AND r.trace_context IS NULL
-                                  THEN ']'
-                                  ELSE ',' || coalesce(r.max_attempts::text, 'null') || ','
-                                       || coalesce(to_json(r.dedupe_key)::text, 'null') || ','
-                                       || coalesce(to_json(r.trace_context)::text, 'null') || ']' END,
-                      ',' ORDER BY r.lane_seq) || ']'
+            -- so its tasks are one range read of the lane's index, in its order (the tombstone
+            -- probe above the partitions, as in claimableEntries).
+            (SELECT '[' || string_agg(${taskJsonSql('r', 'l')}, ',') || ']'
                FROM (SELECT r.* FROM ${s}.ready r
                       WHERE r.lane_id = l.lane_id AND r.slot = l.slot ${segmentFilter('r', w?.segments)}
                         AND r.lane_seq BETWEEN l.from_seq AND l.to_seq
-                      OFFSET 0) r
+                      ORDER BY r.lane_seq OFFSET 0) r
               WHERE k.version = 0
                  OR NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
                                  WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
@@ -299,118 +246,20 @@ export async function claimBatch(write: Queryable, p: ClaimParams): Promise<Clai
      UNION ALL
      -- The ring moved on since the window was read: nothing was locked or leased (locked's
      -- generation check); one row says so.
-     SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false, true
+     SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false, true
        FROM ${s}.ring_state rs WHERE rs.generation <> $14::bigint`
           : ''
       }`,
     values: [
       p.laneIds,
       p.limit,
-      types,
-      types.map((t) => p.ceilings.get(t) ?? null),
-      p.defaultCeilingMs,
-      p.marginMs,
-      p.workerId,
-      p.wakeChannel,
-      p.defaultMaxAttempts,
-      types.map((t) => p.maxAttempts.get(t) ?? null),
+      ...claimTermValues(p),
       p.queues ?? null,
-      Math.max(1, Math.min(p.laneIds.length, p.maxLanes ?? p.laneIds.length)),
+      lanesToLock(p),
       p.perLane ?? null,
       ...(w ? [w.generation] : []),
     ],
   });
   if (w && res.rows.some((r) => r.stale)) return { tasks: [], more: false, stale: true };
-  return { tasks: tasksOf(res.rows), more: res.rows[0]?.more ?? false, stale: false };
-}
-
-/**
- * The claim's result: one row per range lease, with what is the lease's once (slot, token, the
- * lane's queue, priority and shard, each type's expiry and attempt limit) and its tasks as one
- * JSON text of ClaimedJson, in lane order. As one row per task with every column, the rows cost
- * the worker 8.8 µs each to parse (bench/row-parse.ts; half of it the per-lease columns
- * repeated) and the server an output row per task; one JSON text per lease is one JSON.parse.
- * Built by concatenation rather than json_agg(json_build_array(…)), which resolves the output
- * of every argument per row: 1.5 µs per task of the claim's server time against ~0.7 µs
- * (docs/benchmarks.md, "The claim's shape").
- */
-interface LeaseRow {
-  slot: number;
-  lane_id: number;
-  lease_from: string;
-  token: string;
-  types: string[];
-  type_expires_ms: number[];
-  type_max_attempts: number[];
-  queue: string;
-  priority: number;
-  shard: number;
-  tasks: string;
-  more: boolean;
-  stale: boolean;
-}
-
-/**
- * One task of a lease, in lane order: lane_seq and id (int8, as JSON strings: exact whatever
- * their size), its type's 1-based position in the lease's `types`, this attempt, seconds it had
- * been due, payload; then, only when one of them is set, its own attempt limit (null: the
- * type's), dedupe key and the producer's trace context.
- */
-type ClaimedJson =
-  | [string, string, number, number, number, unknown]
-  | [string, string, number, number, number, unknown, number | null, string | null, string | null];
-
-/** A key's part as it is ordered (the claim's order: priority, rank in lane, due time, lane). */
-interface Placed {
-  task: ClaimedTask;
-  priority: number;
-  rank: number;
-  waited: number;
-}
-
-/**
- * The leases' tasks in the claim's order: by priority, then round-robin over the lanes (rank in
- * lane), the longest due first within a rank, then by lane. The statement leases each lane's
- * prefix and leaves the order to the worker (a sort of every claimed row there cost more).
- */
-function tasksOf(rows: readonly LeaseRow[]): ClaimedTask[] {
-  if (rows.length === 1) return leaseTasks(rows[0]!, null);
-  const placed: Placed[] = [];
-  for (const r of rows) leaseTasks(r, placed);
-  placed.sort(
-    (a, b) => a.priority - b.priority || a.rank - b.rank || b.waited - a.waited || a.task.laneId - b.task.laneId,
-  );
-  return placed.map((p) => p.task);
-}
-
-function leaseTasks(r: LeaseRow, placed: Placed[] | null): ClaimedTask[] {
-  const out: ClaimedTask[] = [];
-  const tasks = JSON.parse(r.tasks) as ClaimedJson[];
-  for (let i = 0; i < tasks.length; i++) {
-    const row = tasks[i]!;
-    const t = row[2] - 1;
-    const own = row.length > 6 ? row[6] : null;
-    const task: ClaimedTask = {
-      slot: r.slot,
-      laneId: r.lane_id,
-      laneSeq: row[0],
-      leaseFrom: r.lease_from,
-      token: r.token,
-      id: row[1],
-      type: r.types[t]!,
-      payload: row[5],
-      queue: r.queue,
-      priority: r.priority,
-      shard: r.shard,
-      attempt: row[3],
-      maxAttempts: own ?? r.type_max_attempts[t]!,
-      dedupeKey: row.length > 6 ? (row[7] ?? null) : null,
-      leaseExpiresAt: r.type_expires_ms[t]!,
-      waitedSeconds: row[4],
-      traceContext: row.length > 6 ? (row[8] ?? null) : null,
-    };
-    if (placed === null) out.push(task);
-    else placed.push({ task, priority: r.priority, rank: i, waited: row[4] });
-  }
-  return out;
+  return { tasks: tasksOf(res.rows, p), more: res.rows[0]?.more ?? false, stale: false };
 }

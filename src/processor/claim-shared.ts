@@ -1,0 +1,234 @@
+import type { SchemaRef } from '../sql.js';
+import type { LeaseRef } from '../storage/lease.js';
+import type { RingWindow } from '../storage/ring-window.js';
+
+/**
+ * What both claim statements (claim.ts for several lanes, claim-one-lane.ts for one) share: their
+ * parameters, what they return, the SQL that renders a lease's tasks as one JSON text, and its
+ * parsing.
+ */
+
+export interface ClaimParams {
+  schema: SchemaRef;
+  /** Candidate lanes, best first. */
+  laneIds: readonly number[];
+  /** How many entries to lease at most (the number of idle slots). */
+  limit: number;
+  /** Per-type ceilings in ms; types not listed get `defaultCeilingMs`. */
+  ceilings: ReadonlyMap<string, number>;
+  /** Per-type attempt limits, used for tasks enqueued without an explicit maxAttempts. */
+  maxAttempts: ReadonlyMap<string, number>;
+  defaultMaxAttempts: number;
+  defaultCeilingMs: number;
+  marginMs: number;
+  workerId: string;
+  /** Channel to re-signal when the claim leased all it asked for (more work is likely). */
+  wakeChannel: string;
+  /** Only lanes of these queues (null: all). Candidates from a notification may be any lane. */
+  queues?: readonly string[] | null;
+  /** Lock at most this many candidate lanes, in candidate order (default: all of them). The
+   * worker passes one per LANE_SHARE tasks it wants. */
+  maxLanes?: number;
+  /**
+   * Read each locked lane for at most this many entries (default: `limit`). The claim takes a
+   * round-robin prefix of its lanes, so with n lanes each gives about limit / n; reading each
+   * for the whole limit only to drop the rest cost 3.5 µs per entry read (a claim of 107 over
+   * 7 lanes: 5.2 ms reading 749 entries, 2.95 ms reading 112). A lane that gives all of it sets
+   * `more` (ClaimBatch), so nothing waits for the poll.
+   */
+  perLane?: number;
+  /**
+   * Read only this ring window's segments (storage/ring-window.ts), and lease nothing when the
+   * ring's generation in the claim's snapshot is not the window's: the batch then says `stale`
+   * and the caller reads the window again. Without one the claim reads the whole ring.
+   */
+  window?: RingWindow;
+}
+
+/** What one claim leased, and whether its lanes may hold more due entries it left. */
+export interface ClaimBatch {
+  tasks: ClaimedTask[];
+  /**
+   * A lane gave all it was read for (`perLane`) or stopped at a ring segment boundary: a short
+   * claim with `more` did not drain its lanes.
+   */
+  more: boolean;
+  /** The claim's window (ClaimParams.window) is out of date: it leased nothing. */
+  stale: boolean;
+}
+
+/**
+ * Parameters $3 to $10 of both claim statements: the types the worker has a ceiling or attempt
+ * limit for, each once, with those (null: the default), the defaults, the margin, the worker's
+ * id and the wake channel.
+ */
+export function claimTermValues(p: ClaimParams): unknown[] {
+  const types = [...new Set([...p.ceilings.keys(), ...p.maxAttempts.keys()])];
+  return [
+    types,
+    types.map((t) => p.ceilings.get(t) ?? null),
+    p.defaultCeilingMs,
+    p.marginMs,
+    p.workerId,
+    p.wakeChannel,
+    p.defaultMaxAttempts,
+    types.map((t) => p.maxAttempts.get(t) ?? null),
+  ];
+}
+
+export interface ClaimedTask extends LeaseRef {
+  id: string;
+  type: string;
+  payload: unknown;
+  queue: string;
+  priority: number;
+  shard: number;
+  /** This attempt's number (attempts are counted at claim). */
+  attempt: number;
+  /** The limit this attempt runs under: the task's own, else its type's, else 20. */
+  maxAttempts: number;
+  dedupeKey: string | null;
+  /** lease_expires_at as stamped by the database, in epoch ms. */
+  leaseExpiresAt: number;
+  /** How long the task had been due when it was claimed (database clock), in seconds. */
+  waitedSeconds: number;
+  /** The producer's stored trace context (src/tracing.ts), or null when it enqueued untraced. */
+  traceContext: string | null;
+}
+
+/** What a claim stamps per type: the claiming worker's ceiling and attempt limit, else the defaults. */
+export interface TypeTerms {
+  ceilings: ReadonlyMap<string, number>;
+  maxAttempts: ReadonlyMap<string, number>;
+  defaultCeilingMs: number;
+  defaultMaxAttempts: number;
+  marginMs: number;
+}
+
+/**
+ * The claim's result: one row per range lease, with what is the lease's once (slot, token, the
+ * lane's queue, priority and shard, its types) and its tasks as one JSON text of ClaimedJson, in
+ * lane order. As one row per task with every column, the rows cost the worker 8.8 µs each to
+ * parse (bench/row-parse.ts; half of it the per-lease columns repeated) and the server an output
+ * row per task; one JSON text per lease is one JSON.parse. Built by concatenation rather than
+ * json_agg(json_build_array(…)), which resolves the output of every argument per row: 1.5 µs per
+ * task of the claim's server time against ~0.7 µs (docs/benchmarks.md, "The claim's shape").
+ *
+ * Each type's deadline and attempt limit are not returned: the statement stamps them as
+ * `now() + ceiling + margin` and `coalesce(limit, default)` from the worker's own maps, so the
+ * worker derives them from `now_ms` (the claim's now(), exact to the microsecond as numeric, then
+ * ms as float8) with the same maps. Returned, they were an array per lease built by a subplan
+ * over unnest(…): an aggregate the executor set up on every claim, and arrays to parse.
+ */
+export interface LeaseRow {
+  slot: number;
+  lane_id: number;
+  lease_from: string;
+  token: string;
+  types: string[];
+  now_ms: number;
+  queue: string;
+  priority: number;
+  shard: number;
+  tasks: string;
+  more: boolean;
+  stale: boolean;
+}
+
+/** The claim's now() in epoch ms, as LeaseRow.now_ms (numeric until the last step, so exact). */
+export const NOW_MS_SQL = '(extract(epoch FROM now()) * 1000)::float8';
+
+/**
+ * One task of lease `l` (its `types`) from the ready row aliased `r`, as one ClaimedJson text, for
+ * string_agg(…, ','). Its order is the input's: each statement feeds it in lane order, and
+ * leaseTasks checks (an ORDER BY inside the aggregate was a sort the executor set up per claim).
+ */
+export function taskJsonSql(r: string, l: string): string {
+  return `'["' || ${r}.lane_seq || '","' || ${r}.id || '",' || array_position(${l}.types, ${r}.type) || ','
+            || (${r}.attempts + 1) || ',' || greatest(date_part('epoch', now() - ${r}.run_at), 0) || ','
+            || ${r}.payload
+            || CASE WHEN ${r}.max_attempts IS NULL AND ${r}.dedupe_key IS NULL AND ${r}.trace_context IS NULL
+                    THEN ']'
+                    ELSE ',' || coalesce(${r}.max_attempts::text, 'null') || ','
+                         || coalesce(to_json(${r}.dedupe_key)::text, 'null') || ','
+                         || coalesce(to_json(${r}.trace_context)::text, 'null') || ']' END`;
+}
+
+/**
+ * One task of a lease, in lane order: lane_seq and id (int8, as JSON strings: exact whatever
+ * their size), its type's 1-based position in the lease's `types`, this attempt, seconds it had
+ * been due, payload; then, only when one of them is set, its own attempt limit (null: the
+ * type's), dedupe key and the producer's trace context.
+ */
+type ClaimedJson =
+  | [string, string, number, number, number, unknown]
+  | [string, string, number, number, number, unknown, number | null, string | null, string | null];
+
+/** A key's part as it is ordered (the claim's order: priority, rank in lane, due time, lane). */
+interface Placed {
+  task: ClaimedTask;
+  priority: number;
+  rank: number;
+  waited: number;
+}
+
+/**
+ * The leases' tasks in the claim's order: by priority, then round-robin over the lanes (rank in
+ * lane), the longest due first within a rank, then by lane. The statement leases each lane's
+ * prefix and leaves the order to the worker (a sort of every claimed row there cost more).
+ */
+export function tasksOf(rows: readonly LeaseRow[], terms: TypeTerms): ClaimedTask[] {
+  if (rows.length === 1) return leaseTasks(rows[0]!, terms, null);
+  const placed: Placed[] = [];
+  for (const r of rows) leaseTasks(r, terms, placed);
+  placed.sort(
+    (a, b) => a.priority - b.priority || a.rank - b.rank || b.waited - a.waited || a.task.laneId - b.task.laneId,
+  );
+  return placed.map((p) => p.task);
+}
+
+/** Whether lane position `a` (decimal int8 text) precedes `b`. */
+function seqBefore(a: string, b: string): boolean {
+  return a.length !== b.length ? a.length < b.length : a < b;
+}
+
+function leaseTasks(r: LeaseRow, terms: TypeTerms, placed: Placed[] | null): ClaimedTask[] {
+  const out: ClaimedTask[] = [];
+  const tasks = JSON.parse(r.tasks) as ClaimedJson[];
+  for (let i = 1; i < tasks.length; i++) {
+    if (!seqBefore(tasks[i - 1]![0], tasks[i]![0])) {
+      tasks.sort((a, b) => (seqBefore(a[0], b[0]) ? -1 : 1));
+      break;
+    }
+  }
+  // Per type, as the statement stamped them (LeaseRow).
+  const expires = r.types.map((t) => r.now_ms + (terms.ceilings.get(t) ?? terms.defaultCeilingMs) + terms.marginMs);
+  const limits = r.types.map((t) => terms.maxAttempts.get(t) ?? terms.defaultMaxAttempts);
+  for (let i = 0; i < tasks.length; i++) {
+    const row = tasks[i]!;
+    const t = row[2] - 1;
+    const own = row.length > 6 ? row[6] : null;
+    const task: ClaimedTask = {
+      slot: r.slot,
+      laneId: r.lane_id,
+      laneSeq: row[0],
+      leaseFrom: r.lease_from,
+      token: r.token,
+      id: row[1],
+      type: r.types[t]!,
+      payload: row[5],
+      queue: r.queue,
+      priority: r.priority,
+      shard: r.shard,
+      attempt: row[3],
+      maxAttempts: own ?? limits[t]!,
+      dedupeKey: row.length > 6 ? (row[7] ?? null) : null,
+      leaseExpiresAt: expires[t]!,
+      waitedSeconds: row[4],
+      traceContext: row.length > 6 ? (row[8] ?? null) : null,
+    };
+    if (placed === null) out.push(task);
+    else placed.push({ task, priority: r.priority, rank: i, waited: row[4] });
+  }
+  return out;
+}
