@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import type pg from 'pg';
 
 /**
@@ -61,6 +62,29 @@ export interface Schema {
 
 /** A schema as callers may give it: a name (the public API takes one) or an already bound one. */
 export type SchemaRef = string | Schema;
+
+/** The bytes of a prepared statement's name PostgreSQL keeps (NAMEDATALEN − 1). */
+const STATEMENT_NAME_BYTES = 63;
+const shortNames = new Map<string, string>();
+
+/**
+ * A prepared statement's name as the server keeps it whole. The server cuts a name at 63 bytes,
+ * and node-postgres tracks each connection's statements by the whole name, so two names that
+ * share their first 63 bytes (a long schema name plus two ring windows' segments: claim
+ * statements are named per window) met as "prepared statement … already exists" on the second,
+ * and every claim in that window failed. A longer name becomes its kind (the part before the
+ * first colon) and a hash of the whole: still one name per statement text, and distinct.
+ */
+export function statementName(name: string): string {
+  if (name.length <= STATEMENT_NAME_BYTES / 2 || Buffer.byteLength(name) <= STATEMENT_NAME_BYTES) return name;
+  let short = shortNames.get(name);
+  if (short === undefined) {
+    const kind = name.slice(0, Math.min(Math.max(name.indexOf(':'), 0), 30));
+    short = `${kind}:#${createHash('sha256').update(name).digest('base64url').slice(0, 24)}`;
+    shortNames.set(name, short);
+  }
+  return short;
+}
 
 /** Bind a schema name (validated and quoted here, once); a bound schema is returned as it is. */
 export function bindSchema(schema: SchemaRef): Schema {

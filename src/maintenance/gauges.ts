@@ -1,4 +1,4 @@
-import { bindSchema, type Queryable, queryRingRead, type Schema, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, queryRingRead, type Schema, type SchemaRef, statementName } from '../sql.js';
 import { overWindow, readRingWindow, type RingWindow, windowKey } from '../storage/ring-window.js';
 import type { BerthMetrics } from '../metrics.js';
 import { claimableEntry, deadRowPredicate, liveEntries } from '../storage/predicates.js';
@@ -83,7 +83,7 @@ async function readCounts(db: Queryable, schema: Schema, segments: readonly numb
   const { name, q: s } = schema;
   const key = windowKey({ generation: '', segments });
   const res = await queryRingRead<{ type: string; pending: string; running: string; dead: string }>(db, {
-    name: `berth-gauges-pending:${name}${key}`,
+    name: statementName(`berth-gauges-pending:${name}${key}`),
     text: overWindow(
       `WITH live AS (
        SELECT r.type, r.expires_at FROM ${liveEntries(s)} r
@@ -102,7 +102,7 @@ async function readCounts(db: Queryable, schema: Schema, segments: readonly numb
     ),
   });
   const oldest = await queryRingRead<{ secs: number | null }>(db, {
-    name: `berth-gauges-oldest:${name}${key}`,
+    name: statementName(`berth-gauges-oldest:${name}${key}`),
     text: overWindow(
       `SELECT extract(epoch FROM now() - min(due))::float8 AS secs FROM (
        -- Unleased entries only: per unpaused lane, those past its cursor (no lease probe per entry).

@@ -1,4 +1,4 @@
-import { bindSchema, type Queryable } from '../sql.js';
+import { bindSchema, type Queryable, statementName } from '../sql.js';
 import { claimableEntries } from '../storage/predicates.js';
 import { windowKey } from '../storage/ring-window.js';
 import {
@@ -55,7 +55,7 @@ export async function claimOneLane(write: Queryable, p: ClaimParams): Promise<Cl
     'trace_context',
   ];
   const res = await write.query<LeaseRow>({
-    name: `berth-claim-one-lane:${name}${windowKey(w)}`,
+    name: statementName(`berth-claim-one-lane:${name}${windowKey(w)}`),
     text: `WITH locked AS MATERIALIZED (
        SELECT l.lane_id, l.version, l.queue, l.priority, l.shard,
               set_config('synchronous_commit', 'off', true) AS async_commit

@@ -1,4 +1,4 @@
-import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef, statementName } from '../sql.js';
 import { claimableEntries } from '../storage/predicates.js';
 import { type RingWindow, segmentFilter, windowKey } from '../storage/ring-window.js';
 import { claimOneLane } from './claim-one-lane.js';
@@ -48,7 +48,7 @@ export async function discover(
 ): Promise<Candidate[]> {
   const { name, q: s } = bindSchema(schema);
   const res = await read.query<{ lane_id: number; lane_seq: string; id: string }>({
-    name: `berth-discover:${name}${windowKey(window)}`,
+    name: statementName(`berth-discover:${name}${windowKey(window)}`),
     text: `SELECT r.lane_id, r.lane_seq::text AS lane_seq, r.id::text AS id
        FROM ${s}.lanes l
        CROSS JOIN LATERAL (
@@ -141,7 +141,7 @@ export async function claimLanes(write: Queryable, p: ClaimParams): Promise<Clai
   // The window's generation, checked in the claim's own snapshot (storage/ring-window.ts).
   const current = w ? `AND (SELECT rs.generation FROM ${s}.ring_state rs) = $14::bigint` : '';
   const res = await write.query<LeaseRow>({
-    name: `berth-claim:${name}${windowKey(w)}`,
+    name: statementName(`berth-claim:${name}${windowKey(w)}`),
     text: `WITH locked AS MATERIALIZED (
        SELECT l.lane_id, l.version, l.queue, l.priority, l.shard FROM ${s}.lanes l
         WHERE l.lane_id = ANY ($1::integer[])

@@ -1,5 +1,5 @@
 import { BerthInputError } from '../errors.js';
-import { bindSchema, DEFAULT_SCHEMA, type Queryable } from '../sql.js';
+import { bindSchema, DEFAULT_SCHEMA, type Queryable, statementName } from '../sql.js';
 import { validatePayload } from '../task.js';
 import type { TaskPayload, TaskTypeLike, TaskTypeName } from '../task-type.js';
 import { captureTraceContext } from '../tracing.js';
@@ -249,7 +249,7 @@ async function enqueueChunk(
   }
   // Named, so each connection parses and plans it once (it is the producer's hot path).
   const res = await executor.query<{ ids: string[]; states: string }>({
-    name: `berth-enqueue:${schema}`,
+    name: statementName(`berth-enqueue:${schema}`),
     text: `SELECT array_agg(coalesce(e.id, e.duplicate_of)::text ORDER BY e.ord) AS ids,
                   string_agg(left(e.state, 1), '' ORDER BY e.ord) AS states
              FROM ${s}.enqueue($1, $2::smallint, $3::smallint, $4::smallint,

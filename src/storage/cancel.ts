@@ -1,5 +1,5 @@
 import { BerthInputError } from '../errors.js';
-import { bindSchema, READ_COMMITTED_REQUIRED, type Queryable, type SchemaRef } from '../sql.js';
+import { bindSchema, READ_COMMITTED_REQUIRED, type Queryable, type SchemaRef, statementName } from '../sql.js';
 import { leaseKey, type LeaseRef } from './lease.js';
 
 /**
@@ -56,7 +56,7 @@ export async function cancelledAmong(
   if (refs.length === 0) return new Set();
   const { name, q: s } = bindSchema(schema);
   const res = await db.query<{ lane_id: number; lane_seq: string }>({
-    name: `berth-cancelled:${name}`,
+    name: statementName(`berth-cancelled:${name}`),
     text: `SELECT u.lane_id, u.lane_seq::text AS lane_seq
        FROM unnest($1::smallint[], $2::integer[], $3::bigint[], $4::bigint[]) AS u(slot, lane_id, lease_from, lane_seq)
       WHERE EXISTS (SELECT 1 FROM ${s}.range_settlements x

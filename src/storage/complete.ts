@@ -1,5 +1,5 @@
 import { LeaseLostError } from '../errors.js';
-import { bindSchema, quoteIdent, type Queryable, type Schema, type SchemaRef } from '../sql.js';
+import { bindSchema, quoteIdent, type Queryable, type Schema, type SchemaRef, statementName } from '../sql.js';
 import { completedEntries, completionHistory, perTaskHistory, runMsValue } from './history.js';
 import { leaseKey, type LeaseRef, seqsToMultirange } from './lease.js';
 import { removeUnleased } from './remove.js';
@@ -171,7 +171,7 @@ async function completeInSlot(
   const settlements = `${s}.${quoteIdent(`range_settlements_${slot}`)}`;
   const ready = `${s}.${quoteIdent(`ready_${slot}`)}`;
   const res = await write.query<{ lane_id: number; lease_from: string; token: string }>({
-    name: `berth-complete:${schema.name}:${slot}`,
+    name: statementName(`berth-complete:${schema.name}:${slot}`),
     text: `WITH u AS (
        SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[], $4::int8multirange[], $5::integer[],
                             $6::integer[], $7::boolean[])

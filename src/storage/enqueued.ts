@@ -1,6 +1,6 @@
 import { BerthInputError } from '../errors.js';
 import type { Lane } from '../lane.js';
-import { bindSchema, DEFAULT_SCHEMA, type Queryable, type SchemaRef } from '../sql.js';
+import { bindSchema, DEFAULT_SCHEMA, type Queryable, type SchemaRef, statementName } from '../sql.js';
 
 /** A task as its enqueue wrote it: what `enqueuedIn` lists. */
 export interface EnqueuedTask extends Lane {
@@ -41,7 +41,7 @@ export async function enqueuedIn(db: Queryable, schema: SchemaRef = DEFAULT_SCHE
     );
   }
   const res = await db.query<EnqueuedTask>({
-    name: `berth-enqueued-in:${name}`,
+    name: statementName(`berth-enqueued-in:${name}`),
     text: `WITH me AS (
        SELECT x::text::numeric AS top, x::text::numeric % 4294967296 AS top32
          FROM pg_current_xact_id_if_assigned() x

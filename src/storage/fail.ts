@@ -1,4 +1,4 @@
-import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, type SchemaRef, statementName } from '../sql.js';
 import type { ErrorDetail } from '../util/error-detail.js';
 import { perTaskHistory, runMsValue } from './history.js';
 import { leaseKey, type LeaseRef } from './lease.js';
@@ -37,7 +37,7 @@ export async function recordFailures(
   if (items.length === 0) return new Map();
   const { name, q: s } = bindSchema(schema);
   const res = await write.query<{ lane_id: number; lane_seq: string; dead: boolean }>({
-    name: `berth-fail:${name}`,
+    name: statementName(`berth-fail:${name}`),
     text: `WITH u AS (
        SELECT * FROM unnest($1::smallint[], $2::integer[], $3::bigint[], $4::uuid[], $5::text[],
                             $6::float8[], $7::boolean[], $8::bigint[], $9::text[], $10::jsonb[], $11::integer[])

@@ -1,4 +1,4 @@
-import { bindSchema, type Queryable, queryRingRead, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, queryRingRead, type SchemaRef, statementName } from '../sql.js';
 import { perTaskHistory } from './history.js';
 import { unsettledEntriesOf, unsettledRanges } from './predicates.js';
 import { settleAndMove } from './settle-tail.js';
@@ -37,7 +37,7 @@ export async function rescueLapsedLeases(db: Queryable, schema: SchemaRef, limit
     db,
     {
       // Prepared once per session: planning it was ~21 ms a run (RingReadStatement, src/sql.ts).
-      name: `berth-rescue:${name}`,
+      name: statementName(`berth-rescue:${name}`),
       text: `WITH cand AS MATERIALIZED (
        SELECT l.* FROM ${unsettledRanges(s)} l
         WHERE l.expires_at < now()
@@ -119,7 +119,7 @@ export async function rescueLapsedLeases(db: Queryable, schema: SchemaRef, limit
 async function anythingToRescue(db: Queryable, schema: SchemaRef): Promise<boolean> {
   const { name, q: s } = bindSchema(schema);
   const r = await queryRingRead<{ due: boolean }>(db, {
-    name: `berth-rescue-due:${name}`,
+    name: statementName(`berth-rescue-due:${name}`),
     text: `SELECT EXISTS (SELECT 1 FROM ${unsettledRanges(s)} l WHERE l.expires_at < now())
                OR EXISTS (SELECT 1 FROM ${s}.overdue_leases) AS due`,
   });

@@ -1,4 +1,4 @@
-import { bindSchema, type Queryable, quoteIdent, type Schema, type SchemaRef } from '../sql.js';
+import { bindSchema, type Queryable, quoteIdent, type Schema, type SchemaRef, statementName } from '../sql.js';
 
 /**
  * The ring segments a worker's claims read (migration 13, `ring_window()`): the current one and
@@ -48,7 +48,7 @@ export async function readRingFill(db: Queryable, schema: SchemaRef): Promise<Ri
     filled: number[];
     current_bytes: string;
   }>({
-    name: `berth-ring-window:${name}`,
+    name: statementName(`berth-ring-window:${name}`),
     text: `SELECT w.generation::text AS generation, w.current_slot, w.slot_count,
                   (extract(epoch FROM now() - w.rotated_at) * 1000)::float8 AS age_ms, w.filled,
                   pg_relation_size(format('%I.%I', $1::text, 'ready_' || w.current_slot)::regclass)::text
