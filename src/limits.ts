@@ -16,6 +16,17 @@ export const MAX_TYPE_CHARS = 200;
  * 255 leaves the widest key (outcome_counts: 8 + worker id + 255 + 800 + outcome) far below it.
  */
 export const MAX_QUEUE_BYTES = 255;
+/**
+ * An installation schema's name, in UTF-8 bytes: PostgreSQL keeps 63 bytes of a name, and the
+ * schema's wake channel is `<schema>.wake` (src/sql.ts), which past 58 bytes made every enqueue
+ * fail with "channel name too long" (its NOTIFY runs in the enqueue's own transaction).
+ */
+export const MAX_SCHEMA_BYTES = 58;
+
+/** An installation schema's name (see MAX_SCHEMA_BYTES), for migrate() and the worker. */
+export function checkSchemaName(value: unknown, where: string): string {
+  return checkText(value, 'schema', where, { maxBytes: MAX_SCHEMA_BYTES, nonEmpty: true });
+}
 /** A dedupe key, in UTF-8 bytes: the `dedupe` primary key holds it alone (limit 2704). */
 export const MAX_DEDUPE_KEY_BYTES = 1024;
 /** maxAttempts, for definitions, enqueue and the CLI alike (the column is an int4). */

@@ -22,7 +22,7 @@ import { DEFAULT_STUCK_GRACE_MS } from './stuck.js';
 import type { EngineOptions } from './engine-options.js';
 import { resolveUnknownTypeOptions, type UnknownTypeOptions } from './unknown-types.js';
 import { DEFAULT_QUEUE } from '../producer/enqueue.js';
-import { checkText, MAX_QUEUE_BYTES } from '../limits.js';
+import { checkSchemaName, checkText, MAX_QUEUE_BYTES } from '../limits.js';
 
 export interface WorkerOptions {
   connectionString: string;
@@ -241,7 +241,7 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
     slots,
     queues,
     unknownTypes: resolveUnknownTypeOptions(options.unknownTypes),
-    schema: options.schema ?? d.schema,
+    schema: checkSchemaName(options.schema ?? d.schema, 'Worker'),
     leaseMarginMs,
     prefetch,
     pollIntervalMs,

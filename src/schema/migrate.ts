@@ -3,6 +3,7 @@ import { createHash } from 'node:crypto';
 import type pg from 'pg';
 import { openClient, resolveDatabase } from '../db/connections.js';
 import { BerthError, BerthInputError, type BerthErrorCode } from '../errors.js';
+import { checkSchemaName } from '../limits.js';
 import { DEFAULT_SCHEMA, quoteIdent, type Queryable } from '../sql.js';
 import { MIGRATE_LOCK, schemaLockKey } from '../storage/locks.js';
 import { repairLaneSequences, type LaneSequenceRepairReport } from '../storage/lane-sequences.js';
@@ -154,7 +155,7 @@ async function refuseChangedMigrations(client: pg.ClientBase, schema: string): P
  */
 export async function migrate(options: MigrateOptions): Promise<MigrationReport> {
   checkKeys(options, [...CONNECTION_KEYS, 'runtimeRoles', 'producerRoles'], 'migrate');
-  const schema = options.schema ?? DEFAULT_SCHEMA;
+  const schema = checkSchemaName(options.schema ?? DEFAULT_SCHEMA, 'migrate');
   const roles = roleList(options.runtimeRoles, 'runtimeRoles');
   const producers = roleList(options.producerRoles, 'producerRoles');
   const both = roles.filter((r) => producers.includes(r));

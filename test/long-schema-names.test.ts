@@ -1,12 +1,13 @@
 /**
- * Prepared statement names past PostgreSQL's 63 bytes (statementName in src/sql.ts): the server
- * cuts a name there, so two of berth's per-window statement names that shared their first 63
- * bytes collided on one connection under a long schema name.
+ * Long schema names. PostgreSQL keeps 63 bytes of a name: prepared statement names past that
+ * (statementName in src/sql.ts) were cut there, so two of berth's per-window statement names
+ * that shared their first 63 bytes collided on one connection; and the schema's wake channel
+ * (`<schema>.wake`) past it failed every enqueue, so a schema name is at most 58 bytes.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
-import { enqueueMany } from '../src/index.js';
+import { BerthInputError, enqueueMany, migrate, Worker } from '../src/index.js';
 import { claimLanes, discover, type ClaimParams } from '../src/processor/claim.js';
 import { claimOneLane } from '../src/processor/claim-one-lane.js';
 import { SESSION_OPTIONS } from '../src/processor/worker.js';
@@ -32,9 +33,10 @@ test('a name within 63 bytes is kept as it is; a longer one becomes its kind and
 });
 
 test('under a long schema name, claims and discovery in two ring windows run on one connection', async () => {
-  // t_ + 51 + _ + pid: a schema name of 55 bytes or more (at most 63 with a 7-digit pid).
-  const { schema, pool } = await freshSchema(`long_schema_name_${'x'.repeat(34)}`);
-  assert.ok(Buffer.byteLength(schema) >= 55, schema);
+  // t_ + 45 + _ + pid (1 to 7 digits): 49 to 55 bytes, where every per-window name of the claim
+  // and discovery passed 63 bytes, within the 58 a schema name may have.
+  const { schema, pool } = await freshSchema(`long_schema_name_${'x'.repeat(28)}`);
+  assert.ok(Buffer.byteLength(schema) >= 48 && Buffer.byteLength(schema) <= 58, schema);
   await enqueueMany(
     pool,
     Array.from({ length: 6 }, (_, i) => ({ type: 't', payload: { i }, shard: 0 })),
@@ -76,4 +78,29 @@ test('under a long schema name, claims and discovery in two ring windows run on 
   } finally {
     await worker.end();
   }
+});
+
+test('a schema name past 58 bytes is refused by migrate() and the Worker, before anything is written', async () => {
+  const long = `s${'x'.repeat(58)}`;
+  await assert.rejects(migrate({ connectionString: DATABASE_URL, schema: long }), (err: unknown) => {
+    assert.ok(err instanceof BerthInputError);
+    assert.match(err.message, /schema must be a non-empty string of at most 58 UTF-8 bytes \(got 59 bytes\)/);
+    return true;
+  });
+  const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 1 });
+  try {
+    const made = await pool.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [long]);
+    assert.equal(made.rowCount, 0, 'no schema was created');
+  } finally {
+    await pool.end();
+  }
+  assert.throws(
+    () => new Worker({ connectionString: DATABASE_URL, schema: long, tasks: [] }),
+    /at most 58 UTF-8 bytes/,
+  );
+  // 58 bytes of multi-byte characters is the limit too.
+  assert.throws(
+    () => new Worker({ connectionString: DATABASE_URL, schema: 'é'.repeat(30), tasks: [] }),
+    BerthInputError,
+  );
 });
