@@ -30,7 +30,8 @@ import {
  * round trip 1.14 against 1.52 ms (docs/benchmarks.md, "The one-lane claim").
  *
  * - `locked` also switches the transaction to an asynchronous commit (set_config in its target
- *   list: evaluated once it has a lane, so whenever the claim writes anything).
+ *   list, which the plan evaluates for each candidate row before LockRows locks it: so before
+ *   any row lock or lease, the only writes the claim makes).
  * - `picked` carries each entry's task columns: the lane's prefix is at most `perLane` entries
  *   (the pickup's one), so carrying them costs less than reading the range again, and the tasks'
  *   JSON is aggregated in the order the lane was read.
