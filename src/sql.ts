@@ -76,7 +76,8 @@ const shortNames = new Map<string, string>();
  * first colon) and a hash of the whole: still one name per statement text, and distinct.
  */
 export function statementName(name: string): string {
-  if (name.length <= STATEMENT_NAME_BYTES / 2 || Buffer.byteLength(name) <= STATEMENT_NAME_BYTES) return name;
+  // A UTF-16 unit is at most 3 UTF-8 bytes: a name of 21 units or fewer fits without counting.
+  if (name.length * 3 <= STATEMENT_NAME_BYTES || Buffer.byteLength(name) <= STATEMENT_NAME_BYTES) return name;
   let short = shortNames.get(name);
   if (short === undefined) {
     const kind = name.slice(0, Math.min(Math.max(name.indexOf(':'), 0), 30));

@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { enqueueMany, enqueue } from '../src/index.js';
-import { claim, claimLanes, discover, type ClaimParams, type ClaimedTask } from '../src/processor/claim.js';
+import { claim, claimBatch, claimLanes, discover, type ClaimParams, type ClaimedTask } from '../src/processor/claim.js';
 import { claimOneLane } from '../src/processor/claim-one-lane.js';
 import { type Queryable, wakeChannel } from '../src/sql.js';
 import { freshSchema, waitFor } from './helpers.js';
@@ -46,6 +46,33 @@ async function forEachStatement(body: (claim: ClaimFn, label: string) => Promise
     }
   }
 }
+
+test('claimBatch runs the one-lane statement when it may lock one lane, the several-lane one otherwise', async () => {
+  await reset();
+  await enqueueMany(
+    pool,
+    [0, 1].map((shard) => ({ type: 't', payload: { shard }, shard })),
+    { schema },
+  );
+  const lanes = (await pool.query(`SELECT lane_id FROM "${schema}".lanes`)).rows.map((r) => r.lane_id as number);
+  const client = await pool.connect();
+  try {
+    const prepared = async () =>
+      (
+        await client.query<{ name: string }>(
+          `SELECT name FROM pg_prepared_statements WHERE name LIKE 'berth-claim%' ORDER BY name`,
+        )
+      ).rows
+        .map((r) => r.name.split(':')[0]!)
+        .sort();
+    assert.equal((await claimBatch(client, params(lanes, 1, { maxLanes: 1 }))).tasks.length, 1);
+    assert.deepEqual(await prepared(), ['berth-claim-one-lane'], 'maxLanes 1: the one-lane statement');
+    assert.equal((await claimBatch(client, params(lanes, 1))).tasks.length, 1);
+    assert.deepEqual(await prepared(), ['berth-claim', 'berth-claim-one-lane'], 'two lanes: the several-lane one');
+  } finally {
+    client.release(true);
+  }
+});
 
 async function leaseCount(): Promise<number> {
   return Number((await pool.query(`SELECT count(*) AS n FROM "${schema}".leased_entries`)).rows[0].n);

@@ -26,7 +26,11 @@ test('a name within 63 bytes is kept as it is; a longer one becomes its kind and
   }
   assert.notEqual(a, b, 'names that differ past byte 63 stay distinct');
   assert.equal(statementName(long(':w10.11.12.13')), a, 'the same statement gets the same name');
-  // Bytes, not characters: 30 three-byte characters are 90 bytes.
+  // Bytes, not characters: 25 characters, 66 bytes.
+  const short = statementName(`berth-claim:${'水'.repeat(18)}`);
+  assert.ok(Buffer.byteLength(short) <= 63, `${short} fits`);
+  assert.ok(short.startsWith('berth-claim:#'));
+  // 30 three-byte characters are 90 bytes.
   const wide = statementName(`berth-fail:${'é'.repeat(15)}${'水'.repeat(15)}`);
   assert.ok(Buffer.byteLength(wide) <= 63);
   assert.ok(wide.startsWith('berth-fail:#'));

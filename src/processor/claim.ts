@@ -124,7 +124,6 @@ export async function claim(write: Queryable, p: ClaimParams): Promise<ClaimedTa
  * discovery share of at most LANE_SHARE tasks: an idle worker's pickup) or several.
  */
 export function claimBatch(write: Queryable, p: ClaimParams): Promise<ClaimBatch> {
-  if (p.limit <= 0 || p.laneIds.length === 0) return Promise.resolve({ tasks: [], more: false, stale: false });
   return lanesToLock(p) === 1 ? claimOneLane(write, p) : claimLanes(write, p);
 }
 
