@@ -699,9 +699,9 @@ END $$;
 --
 
 CREATE FUNCTION berth.ring_window() RETURNS TABLE(generation bigint, current_slot smallint, slot_count smallint, rotated_at timestamp with time zone, filled smallint[])
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$ SELECT rs.generation, rs.current_slot, rs.slot_count, rs.rotated_at,        ARRAY(SELECT (f.o - 1)::smallint FROM unnest(ARRAY[EXISTS (SELECT 1 FROM berth.ready_0), EXISTS (SELECT 1 FROM berth.ready_1), EXISTS (SELECT 1 FROM berth.ready_2), EXISTS (SELECT 1 FROM berth.ready_3), EXISTS (SELECT 1 FROM berth.ready_4), EXISTS (SELECT 1 FROM berth.ready_5), EXISTS (SELECT 1 FROM berth.ready_6), EXISTS (SELECT 1 FROM berth.ready_7), EXISTS (SELECT 1 FROM berth.ready_8), EXISTS (SELECT 1 FROM berth.ready_9), EXISTS (SELECT 1 FROM berth.ready_10), EXISTS (SELECT 1 FROM berth.ready_11), EXISTS (SELECT 1 FROM berth.ready_12), EXISTS (SELECT 1 FROM berth.ready_13), EXISTS (SELECT 1 FROM berth.ready_14), EXISTS (SELECT 1 FROM berth.ready_15)]) WITH ORDINALITY AS f(filled, o)               WHERE f.filled ORDER BY f.o)   FROM berth.ring_state rs $$;
+    AS $$ BEGIN RETURN QUERY SELECT rs.generation, rs.current_slot, rs.slot_count, rs.rotated_at,        ARRAY(SELECT (f.o - 1)::smallint FROM unnest(ARRAY[EXISTS (SELECT 1 FROM berth.ready_0), EXISTS (SELECT 1 FROM berth.ready_1), EXISTS (SELECT 1 FROM berth.ready_2), EXISTS (SELECT 1 FROM berth.ready_3), EXISTS (SELECT 1 FROM berth.ready_4), EXISTS (SELECT 1 FROM berth.ready_5), EXISTS (SELECT 1 FROM berth.ready_6), EXISTS (SELECT 1 FROM berth.ready_7), EXISTS (SELECT 1 FROM berth.ready_8), EXISTS (SELECT 1 FROM berth.ready_9), EXISTS (SELECT 1 FROM berth.ready_10), EXISTS (SELECT 1 FROM berth.ready_11), EXISTS (SELECT 1 FROM berth.ready_12), EXISTS (SELECT 1 FROM berth.ready_13), EXISTS (SELECT 1 FROM berth.ready_14), EXISTS (SELECT 1 FROM berth.ready_15)]) WITH ORDINALITY AS f(filled, o)               WHERE f.filled ORDER BY f.o)   FROM berth.ring_state rs; END $$;
 
 --
 -- Name: rotate_history(integer); Type: FUNCTION; Schema: berth; Owner: -
