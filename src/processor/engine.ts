@@ -96,9 +96,11 @@ class ClaimBuffer {
 /** What the engine runs on: made by the worker (the composition root) before the engine exists. */
 export interface EngineDeps {
   options: EngineOptions;
-  /** The primary: claims and settlements. */
+  /** The primary: releases, hand-backs, the handlers' writes, the cancel poll, the stuck guard. */
   write: Queryable;
-  /** Discovery reads (the primary unless a replica is configured). */
+  /** The primary, the fetcher's own session: the ring window and the claims. */
+  claims: Queryable;
+  /** Discovery reads (the fetcher's session unless a replica is configured). */
   read: Queryable;
   batcher: SettlementBatcher;
   logger: Logger;
@@ -207,7 +209,7 @@ export class Engine {
       debugEnabled: () => this.deps.logger.isLevelEnabled('debug'),
     };
     this.fetcher = new Fetcher({
-      write: deps.write,
+      write: deps.claims,
       read: deps.read,
       metrics: deps.metrics,
       typeMetrics: this.typeMetrics,
@@ -269,6 +271,14 @@ export class Engine {
     }, this.o.pollIntervalMs);
     this.wakeToDiscover('start');
     this.fetchLoop = this.runFetchLoop();
+  }
+
+  /**
+   * Ahead of start(): the fetcher's session runs its first reads once, so the first fetch finds
+   * them planned (Fetcher.prepare). Never rejects: a failure is the first fetch's to report.
+   */
+  prepare(): Promise<void> {
+    return this.fetcher.prepare().catch(() => undefined);
   }
 
   /** A wake notification arrived (payload: the lane it names, '', or a cancel notice). */

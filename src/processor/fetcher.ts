@@ -6,6 +6,7 @@ import type { TaskRegistry } from './engine-options.js';
 import type { TypeMetrics } from './type-metrics.js';
 
 export interface FetcherDeps {
+  /** The primary: the ring window and the claims (the worker gives the fetcher a session of its own). */
   write: Queryable;
   read: Queryable;
   metrics: BerthMetrics;
@@ -82,6 +83,19 @@ export class Fetcher {
   oweDiscovery(): void {
     this.discoveryOwed = true;
     this.window = null;
+  }
+
+  /**
+   * Run the first fetch's reads once, keeping nothing: a new session plans each statement on
+   * first use (and loads the catalog entries of the ring partitions it names), and the worker
+   * has this done while its LISTEN session connects. The window read here is not kept: the
+   * first fetch reads it again after LISTEN is up, so an append the notification would have
+   * named is never outside both the window and the LISTEN.
+   */
+  async prepare(): Promise<void> {
+    const d = this.deps;
+    const window = await readRingWindow(d.write, d.schema);
+    await discover(d.read, d.schema, d.queues, DISCOVERY_LANES, 1, window);
   }
 
   /** The ring window, read when there is none. */

@@ -67,6 +67,10 @@ export const SESSION_OPTIONS =
 /** Everything start() builds, so stop() takes down exactly what exists. */
 interface Running {
   write: pg.Pool;
+  /** The fetcher's session (discovery too, unless a replica is configured). */
+  claims: pg.Pool;
+  /** The settlement batcher's session. */
+  settlements: pg.Pool;
   read: pg.Pool;
   http: Listening | null;
   listener: WakeListener;
@@ -147,7 +151,7 @@ export class Worker {
 
   private async build(): Promise<void> {
     const o = this.o;
-    const pool = (target: DatabaseTarget, max: number, kind: 'write' | 'read') =>
+    const pool = (target: DatabaseTarget, max: number, kind: 'write' | 'read', idleTimeoutMillis?: number) =>
       createPool(
         target,
         {
@@ -155,18 +159,36 @@ export class Worker {
           statement_timeout: o.statementTimeoutMs,
           options: SESSION_OPTIONS,
           application_name: sessionName(kind === 'write' ? 'worker' : 'read', this.id),
+          ...(idleTimeoutMillis === undefined ? {} : { idleTimeoutMillis }),
         },
         this.logger,
         kind,
       );
+    // The fetcher and the settlement batcher each run one statement at a time, so each has a
+    // session of its own (a pool of one, kept open: 0 = never closed for idleness). In the shared
+    // pool a claim and a flush took whichever connection was free, and every connection of it
+    // prepared (planned, and loaded the catalog entries of) every hot statement: at the start of a
+    // drain four sessions each spent 10-20 ms on their first claim and first completion while the
+    // tasks waited (docs/benchmarks.md, "Worker start"). The shared pool keeps everything else
+    // (the leader, the heartbeat, releases and hand-backs, the handlers' own writes) at its size:
+    // shrunk by these two, releases waited behind a busy leader (events.test.ts saw a task's
+    // second attempt settle before its first). A worker may hold two connections more.
+    const claims = pool(o.database, 1, 'write', 0);
+    const settlements = pool(o.database, 1, 'write', 0);
     const write = pool(o.database, Math.max(4, Math.ceil(o.slots / 2) + 4), 'write');
+    const opened: pg.Pool[] = [claims, settlements, write];
+    const closeAll = async () => {
+      for (const p of opened) await p.end();
+    };
     try {
-      await assertMigrated(write, o.schema);
+      // On the fetcher's session: the connection it opens is the one the first claim runs on.
+      await assertMigrated(claims, o.schema);
     } catch (err) {
-      await write.end();
+      await closeAll();
       throw err;
     }
-    const read = o.readDatabase ? pool(o.readDatabase, 2, 'read') : write;
+    const read = o.readDatabase ? pool(o.readDatabase, 2, 'read') : claims;
+    if (read !== claims) opened.push(read);
     let http: Listening | null = null;
     if (o.http) {
       try {
@@ -179,8 +201,7 @@ export class Worker {
         });
       } catch (err) {
         // Nothing else has started yet: close the pools so the caller can fix the address and retry.
-        if (read !== write) await read.end();
-        await write.end();
+        await closeAll();
         throw err;
       }
     }
@@ -202,8 +223,9 @@ export class Worker {
     const engine = new Engine({
       options: o,
       write,
+      claims,
       read,
-      batcher: new SettlementBatcher(write, o.schema, this.metrics, this.logger),
+      batcher: new SettlementBatcher(settlements, o.schema, this.metrics, this.logger),
       logger: this.logger,
       metrics: this.metrics,
       wakeChannel: this.channel,
@@ -255,17 +277,23 @@ export class Worker {
             tally,
           );
     try {
-      await listener.start();
+      // The fetcher's session prepares its first statements while the LISTEN session connects:
+      // a new session's first ring-window read and discovery plan and load the ring's catalog
+      // entries (~20 ms on the 2-core development machine), which the first claim otherwise waits
+      // for; and the settlement session connects, rather than when the first task is done.
+      // Nothing read here is kept: the first fetch reads the window after LISTEN is up. Neither
+      // step fails start(): a database fault there is the first fetch's or flush's to report.
+      await Promise.all([listener.start(), engine.prepare(), settlements.query('SELECT 1').catch(() => undefined)]);
     } catch (err) {
       await http?.close();
-      if (read !== write) await read.end();
-      await write.end();
+      await closeAll();
       throw err;
     }
-    this.running = { write, read, http, listener, maintenance, heartbeat, engine };
+    this.running = { write, claims, settlements, read, http, listener, maintenance, heartbeat, engine };
+    // The engine first: its first fetch is what a waiting backlog waits for.
+    engine.start();
     maintenance?.start();
     heartbeat?.start();
-    engine.start();
     const types = [...o.tasks.defs.keys()];
     this.logger.info({ slots: o.slots, schema: o.schema, types }, 'worker started');
     this.events.emit('worker:started', { workerId: this.id, slots: o.slots, queues: o.queues, types });
@@ -303,7 +331,9 @@ export class Worker {
     await running.heartbeat?.stop();
     await running.maintenance?.stop();
     await running.listener.stop();
-    if (running.read !== running.write) await running.read.end();
+    if (running.read !== running.claims) await running.read.end();
+    await running.claims.end();
+    await running.settlements.end();
     await running.write.end();
     this.logger.info('worker stopped');
     this.events.emit('worker:stopped', { workerId: this.id });
