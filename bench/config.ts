@@ -28,6 +28,12 @@ export interface BenchConfig {
   reps: number;
   /** Tasks per drain run (BENCH_DRAIN_N). */
   drainN: number;
+  /**
+   * Tasks of the unrecorded warm-up drain each system runs before the repetitions
+   * (BENCH_WARMUP_N; 0 skips it), and how long it may take.
+   */
+  warmupN: number;
+  warmupTimeoutMs: number;
   drainConcurrencies: readonly number[];
   /** Tasks per bulk-enqueue run and tasks per enqueue call. */
   bulkN: number;
@@ -58,6 +64,8 @@ export function loadConfig(adminUrl: string): BenchConfig {
     benchUrl: u.toString(),
     reps: intEnv('BENCH_REPS', 3),
     drainN: intEnv('BENCH_DRAIN_N', 20_000),
+    warmupN: intEnv('BENCH_WARMUP_N', 5_000, 0),
+    warmupTimeoutMs: 15_000,
     drainConcurrencies: [10, 50],
     bulkN: intEnv('BENCH_BULK_N', 20_000),
     bulkBatch: 1_000,

@@ -160,6 +160,26 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
     },
   ];
 
+  // Warm-up, recorded nowhere: each system drains a few thousand tasks once, so every row is
+  // measured with its code compiled. A worker process runs for hours; a fresh Node process runs
+  // its first second or so interpreted, and the first repetition's c10 drain (the run's first
+  // scenario) measured that: berth 27-33k tasks/s in a fresh process against 40-50k from its
+  // second drain on, in the same minutes (docs/benchmarks.md, "Worker start"). Every system
+  // gets the same warm-up; one that cannot finish it in time (pg-boss at its defaults drains
+  // about concurrency / 2 tasks a second) just stops there.
+  if (cfg.warmupN > 0) {
+    log(`warm-up: each system drains ${cfg.warmupN.toLocaleString('en-US')} tasks at c10, unrecorded`);
+    const warm = { ...cfg, drainN: cfg.warmupN, drainTimeoutMs: cfg.warmupTimeoutMs };
+    for (const a of systems) {
+      try {
+        const o = await drain(a, monitor, warm, 10);
+        log(`  ${a.label}: ${o.ok ? `${Math.round(o.value.tasksPerSec)} tasks/s` : `stopped (${o.note})`}`);
+      } catch (err) {
+        log(`  ${a.label}: warm-up failed: ${(err as Error).message.split('\n')[0]!.slice(0, 120)}`);
+      }
+    }
+  }
+
   // A (system, scenario) that timed out is not run again: its cell says "timeout" either way.
   const gaveUp = new Set<string>();
   for (let rep = 0; rep < cfg.reps; rep++) {
@@ -283,6 +303,11 @@ function render(
       `${cfg.pickupTailTimeoutMs / 1000} s after the last enqueue. A scenario that timed out for a system is not repeated ` +
       'for it in later repetitions; the cell shows how far it got.',
     '- Each scenario starts from an empty, freshly installed schema (dropped and reinstalled).',
+    cfg.warmupN > 0
+      ? `- Warm-up: before the repetitions each system drains ${cfg.warmupN.toLocaleString('en-US')} tasks once at ` +
+        `concurrency 10 (at most ${cfg.warmupTimeoutMs / 1000} s), unrecorded, so every row runs compiled code ` +
+        '(`BENCH_WARMUP_N=0` skips it).'
+      : '- No warm-up (`BENCH_WARMUP_N=0`): the first repetition runs each system in a fresh process.',
     '',
     '## Rows',
     '',
