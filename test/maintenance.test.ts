@@ -467,14 +467,24 @@ test('a new leader starts promotion, rescue and the ring at once; gauges, retent
 });
 
 test('bookkeeping branches first run an interval into a term, the gauges half an interval out of step with rescue', async () => {
-  const { firstRunAfterMs, GAUGE_PHASE, MAINTENANCE_DEFAULTS: d } = await import('../src/maintenance/leader.js');
+  const {
+    firstRunAfterMs,
+    settledStartMs,
+    GAUGE_PHASE,
+    MAINTENANCE_DEFAULTS: d,
+  } = await import('../src/maintenance/leader.js');
   assert.equal(firstRunAfterMs(5000), 5000);
   assert.equal(firstRunAfterMs(3600_000), 60_000, 'capped at a minute');
-  // Rescue runs at 0, 5, 10 s …; the gauges (same interval) at 7.5, 12.5 s …: never together.
+  // Rescue and the ring a second into a term (their interval, if shorter), promotion at once.
+  assert.equal(settledStartMs(d.rescueIntervalMs), 1000);
+  assert.equal(settledStartMs(d.ringIntervalMs), 1000);
+  assert.equal(settledStartMs(100), 100, 'a short interval starts within it');
+  // Rescue runs at 1, 6, 11 s …; the gauges (same interval) at 8.5, 13.5 s …: never together.
   assert.equal(d.rescueIntervalMs, d.gaugeIntervalMs);
-  const gaugesAt = firstRunAfterMs(d.gaugeIntervalMs, GAUGE_PHASE);
+  const rescueAt = settledStartMs(d.rescueIntervalMs);
+  const gaugesAt = rescueAt + firstRunAfterMs(d.gaugeIntervalMs, GAUGE_PHASE);
   for (let k = 0; k < 10; k++) {
-    const offset = (gaugesAt + k * d.gaugeIntervalMs) % d.rescueIntervalMs;
+    const offset = (gaugesAt + k * d.gaugeIntervalMs - rescueAt) % d.rescueIntervalMs;
     assert.equal(Math.min(offset, d.rescueIntervalMs - offset), d.rescueIntervalMs / 2);
   }
 });

@@ -122,15 +122,18 @@ const MAINTENANCE_DEPS_KEYS: ReadonlySet<string> = new Set([
 ]);
 
 /**
- * `startAfterMs`: the branch's first run waits this long after the term begins. The branches
- * that keep tasks moving (promotion, rescue, the ring) start at once; the bookkeeping ones
- * (gauges, retention, history rotation) one interval later (the gauges one and a half, see
- * GAUGE_PHASE), capped at a minute (START_CAP_MS),
- * so a starting fleet's new leader does not spend its first moments on full-ring reads while
- * the workers claim their first batches: at start the three took ~100 ms of server CPU over a
- * 50,000-task backlog (gauges 43 ms, the dead-letter prune 39 ms), inside the first claims of a
- * drain (docs/benchmarks.md). None of them is owed sooner: a gauge reading is as old as its
- * interval anyway, and retention and rotation are hourly and per-minute.
+ * `startAfterMs`: the branch's first run waits this long after the term begins. Promotion starts
+ * at once; rescue and the ring a second in (TERM_SETTLE_MS, or their interval if shorter); the
+ * bookkeeping branches (gauges, retention, history rotation) one interval after rescue (the
+ * gauges one and a half, see GAUGE_PHASE), capped at a minute (START_CAP_MS), so a starting
+ * fleet's new leader does not spend its first moments on full-ring reads while the workers claim
+ * their first batches: at start the three took ~100 ms of server CPU over a 50,000-task backlog
+ * (gauges 43 ms, the dead-letter prune 39 ms), inside the first claims of a drain, and on their
+ * new sessions rescue's first run and the ring's first window read took 40-77 and 30-68 ms
+ * beside a 20,000-task drain's first quarter (docs/benchmarks.md, "Worker start"). None of
+ * them is owed sooner: a lease lapses a ceiling and a margin after its claim, a rotation or a
+ * prune is due seconds apart, a gauge reading is as old as its interval anyway, and retention
+ * and rotation are hourly and per-minute.
  */
 type Branch = {
   name: string;
@@ -160,6 +163,14 @@ export function branchWait(b: Pick<Branch, 'intervalMs' | 'busyShare'>, took: nu
 
 /** The longest a bookkeeping branch waits for its first run in a term (see Branch). */
 const START_CAP_MS = 60_000;
+
+/** How far into a term rescue and the ring first run, at most (see Branch). */
+export const TERM_SETTLE_MS = 1000;
+
+/** When rescue or the ring first runs in a term: TERM_SETTLE_MS in, or one interval if that is shorter. */
+export function settledStartMs(intervalMs: number): number {
+  return Math.min(TERM_SETTLE_MS, intervalMs);
+}
 
 /**
  * When a bookkeeping branch first runs in a term: `1 + phase` of its interval in, capped at
@@ -301,6 +312,7 @@ export class Maintenance {
       {
         name: 'rescue',
         intervalMs: o.rescueIntervalMs,
+        startAfterMs: settledStartMs(o.rescueIntervalMs),
         run: async () => {
           const r = await rescueLapsedLeases(pool, schema);
           if (r.retried) metrics.rescued.inc({ result: 'retry' }, r.retried);
@@ -320,6 +332,7 @@ export class Maintenance {
       {
         name: 'ring',
         intervalMs: o.ringIntervalMs,
+        startAfterMs: settledStartMs(o.ringIntervalMs),
         run: async () => {
           const r = await maintainRing(pool, schema, {
             rotateAfterMs: o.ringRotateAfterMs,
@@ -358,7 +371,8 @@ export class Maintenance {
       {
         name: 'gauges',
         intervalMs: o.gaugeIntervalMs,
-        startAfterMs: firstRunAfterMs(o.gaugeIntervalMs, GAUGE_PHASE),
+        // Counted from rescue's first run, so the two stay half an interval apart.
+        startAfterMs: settledStartMs(o.rescueIntervalMs) + firstRunAfterMs(o.gaugeIntervalMs, GAUGE_PHASE),
         busyShare: GAUGE_BUSY_SHARE,
         run: async () => {
           const snap = await readGauges(pool, schema);
