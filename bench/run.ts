@@ -283,7 +283,10 @@ function render(
       "every completion recorded). Once the last handler has started, a separate session runs the system's pending count " +
       '(berth: ready entries + deferred rows − entries covered by a settlement − tombstoned entries, one prepared statement; ' +
       'graphile-worker: rows left in `_private_jobs`; pg-boss: rows not in state `completed`) back to ' +
-      'back until it reads 0; the time is taken when that read returns, so it is late by at most one read. ' +
+      'back (1 ms apart) until it reads 0; the time is taken when that read returns, so it is late by at most the read ' +
+      'in flight when the last completion committed, 1 ms and the read that saw it. The session reads once before the ' +
+      "clock starts, so none of these reads is a new session's first (which loads the tables' catalog entries and plans: " +
+      "28–32 ms for berth's count, 1.5 ms after). " +
       '(all started) = N / (worker start call to the last handler start).',
     `- **Bulk enqueue**: ${cfg.bulkN.toLocaleString('en-US')} tasks, ${cfg.bulkBatch} per call, sequential calls. ` +
       `**Single enqueue**: ${cfg.singleN.toLocaleString('en-US')} one-task calls, sequential, through a pool.`,
