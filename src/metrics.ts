@@ -93,15 +93,39 @@ export interface BoundHistogram {
   observe(value: number): void;
 }
 
+/**
+ * Runs `publish` first whenever prom-client reads `metric` (its `collect` hook, which `get()`,
+ * and so every registry read, calls), before a `collect` the metric was configured with.
+ */
+function onCollect(metric: object, publish: () => void): void {
+  const m = metric as { collect?: (this: unknown) => unknown };
+  const configured = m.collect;
+  m.collect = function (this: unknown) {
+    publish();
+    return configured?.call(this);
+  };
+}
+
+/** The error prom-client raises for a label its metric was not declared with, raised at bind. */
+function checkLabelNames(metric: object, labels: object): void {
+  const declared = (metric as { labelNames?: readonly string[] }).labelNames ?? [];
+  for (const name of Object.keys(labels)) {
+    if (!declared.includes(name))
+      throw new Error(`label "${name}" is not one of this metric's labels: ${declared.join(', ')}`);
+  }
+}
+
 /** A Prometheus counter mirrored on an OpenTelemetry Counter. */
 export class CounterMetric<T extends string = string> {
   private readonly otel: OtelCounter;
+  private readonly bound: PendingCount[] = [];
   constructor(
     readonly prom: Counter<T>,
     meter: Meter,
     { name, help }: Described,
   ) {
     this.otel = shared(meter, name, () => meter.createCounter(name, { description: help }));
+    onCollect(prom, () => this.publish());
   }
 
   inc(value?: number): void;
@@ -114,33 +138,67 @@ export class CounterMetric<T extends string = string> {
     this.otel.add(value, attributes(labels));
   }
 
-  /** `inc(labels, value)` with `labels` bound once. */
+  /**
+   * `inc(labels, value)` with `labels` bound once. The count is kept in the bound object and
+   * added to the prom-client counter when the registry is read (its `collect`), so the per-task
+   * call is an addition: prom-client's own `inc` validates and hashes the labels into a new
+   * string on every call (with the histograms below, ~12 % of a drain's main-thread samples and
+   * 1 KB allocated per task; docs/benchmarks.md, "The worker's metrics"). Every read of the
+   * registry (`metrics()`, `get()`, the OpenTelemetry gauges' callbacks) sees every increment
+   * made before it.
+   */
   bind(labels: LabelValues<T>): BoundCounter {
-    const bound = { ...labels };
-    const attrs = attributes(bound);
+    // Checked now rather than at the first read, where a throw would fail the scrape.
+    checkLabelNames(this.prom, labels);
+    const bound = new PendingCount({ ...labels });
+    this.bound.push(bound);
+    const attrs = attributes(bound.labels);
     return {
       inc: (value = 1) => {
-        this.prom.inc(bound, value);
+        if (!(value >= 0) || !Number.isFinite(value))
+          throw new RangeError(`counter increment must be a finite number >= 0, got ${value}`);
+        bound.pending += value;
         this.otel.add(value, attrs);
       },
     };
   }
 
+  /** Adds what the bound label sets counted since the last read (prom-client's `collect`). */
+  publish(): void {
+    for (const b of this.bound) {
+      if (b.pending === 0) continue;
+      const n = b.pending;
+      b.pending = 0;
+      this.prom.inc(b.labels as LabelValues<T>, n);
+    }
+  }
+
   reset(): void {
     // An OpenTelemetry counter is monotonic: it has no reset. Only the Prometheus side starts over.
+    for (const b of this.bound) b.pending = 0;
     this.prom.reset();
   }
+}
+
+/** A bound label set's increments not yet added to the prom-client counter. */
+class PendingCount {
+  pending = 0;
+  constructor(readonly labels: LabelValues<string>) {}
 }
 
 /** A Prometheus histogram mirrored on an OpenTelemetry Histogram with the same buckets. */
 export class HistogramMetric<T extends string = string> {
   private readonly otel: OtelHistogram;
+  private readonly bound: PendingObservations[] = [];
+  private readonly buckets: readonly number[];
   constructor(
     readonly prom: Histogram<T>,
     meter: Meter,
     { name, help, unit }: Described,
     buckets: number[],
   ) {
+    this.buckets = [...buckets];
+    onCollect(prom, () => this.publish());
     this.otel = shared(meter, name, () =>
       meter.createHistogram(name, {
         description: help,
@@ -162,21 +220,142 @@ export class HistogramMetric<T extends string = string> {
     }
   }
 
-  /** `observe(labels, value)` with `labels` bound once. */
+  /**
+   * `observe(labels, value)` with `labels` bound once. As with a bound counter, the observations
+   * are counted into the bound object's own buckets and added to the prom-client histogram when
+   * the registry is read. prom-client has no call that adds counts to a bucket, so that step
+   * writes its per-label-set entry (`hashMap`), whose shape is checked once per process against
+   * a private histogram ({@link histogramEntriesWritable}); where the check fails (another
+   * prom-client), a bound histogram observes through prom-client on every call, as before.
+   */
   bind(labels: LabelValues<T>): BoundHistogram {
+    checkLabelNames(this.prom, labels);
     const bound = { ...labels };
     const attrs = attributes(bound);
+    if (!histogramEntriesWritable()) {
+      return {
+        observe: (value) => {
+          this.prom.observe(bound, value);
+          this.otel.record(value, attrs);
+        },
+      };
+    }
+    const pending = new PendingObservations(bound, this.buckets.length);
+    this.bound.push(pending);
+    const buckets = this.buckets;
     return {
       observe: (value) => {
-        this.prom.observe(bound, value);
+        if (!Number.isFinite(value)) throw new TypeError(`histogram value must be a finite number, got ${value}`);
+        let i = 0;
+        while (i < buckets.length && value > buckets[i]!) i++;
+        // Past the last bucket: counted in +Inf only (count and sum), as prom-client does.
+        if (i < buckets.length) pending.counts[i]!++;
+        pending.count++;
+        pending.sum += value;
         this.otel.record(value, attrs);
       },
     };
   }
 
+  /** Adds what the bound label sets observed since the last read (prom-client's `collect`). */
+  publish(): void {
+    if (this.bound.length === 0) return;
+    const internals = this.prom as unknown as { hashMap: Record<string, PromHistogramEntry> };
+    for (const b of this.bound) {
+      if (b.count === 0) continue;
+      let entry = findEntry(internals.hashMap, b.labels);
+      if (entry === undefined) {
+        this.prom.zero(b.labels as LabelValues<T>);
+        entry = findEntry(internals.hashMap, b.labels);
+        if (entry === undefined) continue;
+      }
+      for (let i = 0; i < b.counts.length; i++) {
+        const c = b.counts[i]!;
+        if (c === 0) continue;
+        entry.bucketValues[this.buckets[i]!] = (entry.bucketValues[this.buckets[i]!] ?? 0) + c;
+        b.counts[i] = 0;
+      }
+      entry.sum += b.sum;
+      entry.count += b.count;
+      b.sum = 0;
+      b.count = 0;
+    }
+  }
+
   reset(): void {
+    for (const b of this.bound) b.clear();
     this.prom.reset();
   }
+}
+
+/** A bound label set's observations not yet added to the prom-client histogram. */
+class PendingObservations {
+  readonly counts: Float64Array;
+  count = 0;
+  sum = 0;
+  constructor(
+    readonly labels: LabelValues<string>,
+    buckets: number,
+  ) {
+    this.counts = new Float64Array(buckets);
+  }
+
+  clear(): void {
+    this.counts.fill(0);
+    this.count = 0;
+    this.sum = 0;
+  }
+}
+
+/** prom-client's record of one label set of a histogram: per-bucket (not cumulative) counts by upper bound. */
+interface PromHistogramEntry {
+  labels: Record<string, unknown>;
+  bucketValues: Record<number, number>;
+  sum: number;
+  count: number;
+}
+
+function findEntry(
+  hashMap: Record<string, PromHistogramEntry> | undefined,
+  labels: LabelValues<string>,
+): PromHistogramEntry | undefined {
+  if (hashMap === undefined) return undefined;
+  const keys = Object.keys(labels);
+  for (const entry of Object.values(hashMap)) {
+    const l = entry.labels;
+    if (Object.keys(l).length === keys.length && keys.every((k) => String(l[k]) === String(labels[k]))) return entry;
+  }
+  return undefined;
+}
+
+let entriesWritable: boolean | undefined;
+
+/**
+ * Whether this prom-client keeps a histogram's label sets as {@link PromHistogramEntry} in
+ * `hashMap`, as prom-client 11 to 15 do: checked once, on a histogram of its own that no
+ * registry holds, by observing through prom-client and finding the observation where `publish`
+ * would add its counts (the bucket keyed by its upper bound, not cumulative; sum and count).
+ */
+export function histogramEntriesWritable(): boolean {
+  if (entriesWritable === undefined) {
+    try {
+      const h = new Histogram<'k'>({
+        name: 'berth_probe',
+        help: 'p',
+        labelNames: ['k'],
+        buckets: [1, 2],
+        registers: [],
+      });
+      h.zero({ k: 'x' });
+      h.observe({ k: 'x' }, 1.5);
+      const e = findEntry((h as unknown as { hashMap?: Record<string, PromHistogramEntry> }).hashMap, { k: 'x' });
+      entriesWritable =
+        e !== undefined && e.bucketValues[1] === 0 && e.bucketValues[2] === 1 && e.sum === 1.5 && e.count === 1;
+    } catch {
+      entriesWritable = false;
+    }
+  }
+  return entriesWritable;
 }
 
 /**
@@ -199,6 +378,7 @@ interface GaugeSources {
  * label set a reset removed reads 0 on the OpenTelemetry side: see `observeGauges`).
  */
 export class GaugeMetric<T extends string = string> {
+  private readonly samplers = new Set<() => number>();
   constructor(
     readonly prom: Gauge<T>,
     meter: Meter,
@@ -212,6 +392,28 @@ export class GaugeMetric<T extends string = string> {
       return s;
     });
     sources.gauges.add(new WeakRef(prom as unknown as Gauge<string>));
+    onCollect(prom, () => {
+      if (this.samplers.size === 0) return;
+      let sum = 0;
+      for (const read of this.samplers) sum += read();
+      this.prom.set(sum);
+    });
+  }
+
+  /**
+   * Report the (label-free) gauge as `read()` whenever it is read, summed over every reader
+   * registered, instead of `set` on every change: the worker's busy slots and prefetched tasks
+   * change with every task, and each prom-client `set` allocates its entry anew. Returns the
+   * call that removes the reader (the gauge then reads the remaining readers' sum, 0 for none).
+   */
+  sample(read: () => number): () => void {
+    this.samplers.add(read);
+    return () => {
+      if (!this.samplers.delete(read)) return;
+      let sum = 0;
+      for (const r of this.samplers) sum += r();
+      this.prom.set(sum);
+    };
   }
 
   set(value: number): void;

@@ -5,7 +5,14 @@ import type { AddressInfo } from 'node:net';
 import { metrics as otelApi } from '@opentelemetry/api';
 import { DataPointType, MeterProvider, MetricReader, type MetricData } from '@opentelemetry/sdk-metrics';
 import { Gauge, Registry } from 'prom-client';
-import { BerthMetrics, CounterMetric, GaugeMetric, HistogramMetric, otelName } from '../src/metrics.js';
+import {
+  BerthMetrics,
+  CounterMetric,
+  GaugeMetric,
+  HistogramMetric,
+  histogramEntriesWritable,
+  otelName,
+} from '../src/metrics.js';
 import { metricsRequestHandler, startMetricsServer } from '../src/observability/metrics-http.js';
 
 /** A reader the test collects from on demand. */
@@ -146,6 +153,81 @@ test('a gauge reset carries over: the label set it dropped reads 0, the others t
   assert.equal(pending.get('h'), 3);
   assert.equal(after.get('berth_task_oldest_due_seconds')!.dataPoints[0]!.value, 0);
   assert.equal(after.get('berth_task_oldest_due_seconds')!.descriptor.unit, 's');
+});
+
+test('bound counters and histograms export exactly what the same calls through prom-client do', async () => {
+  assert.equal(histogramEntriesWritable(), true, 'this prom-client keeps histogram entries where publish writes them');
+  const { meter, reader } = sdk();
+  const bound = new BerthMetrics({ meter: meter.getMeter('berth') });
+  const direct = new BerthMetrics({ registry: new Registry() });
+  const values = [0, 0.0004, 0.001, 0.0049, 0.005, 0.3, 7, 59.9, 60, 301, 4000, 1e-9];
+  const h = bound.handlerSeconds.bind({ task_type: 'a' });
+  const w = bound.taskWaitSeconds.bind({ task_type: 'a' });
+  const ok = bound.outcomes.bind({ task_type: 'a', outcome: 'success' });
+  const failed = bound.outcomes.bind({ task_type: 'b', outcome: 'failure' });
+  const read = async (m: BerthMetrics) =>
+    (await m.registry.metrics()).split('\n').filter((l) => /^berth_(task_handler|task_wait|task_outcomes)/.test(l));
+  // Twice, with a read between: a read publishes what was pending and nothing twice.
+  for (let round = 0; round < 2; round++) {
+    for (const v of values) {
+      h.observe(v);
+      w.observe(v * 2);
+      direct.handlerSeconds.observe({ task_type: 'a' }, v);
+      direct.taskWaitSeconds.observe({ task_type: 'a' }, v * 2);
+      ok.inc();
+      direct.outcomes.inc({ task_type: 'a', outcome: 'success' });
+    }
+    failed.inc(3);
+    direct.outcomes.inc({ task_type: 'b', outcome: 'failure' }, 3);
+    assert.deepEqual(await read(bound), await read(direct), `round ${round}`);
+    assert.deepEqual(await read(bound), await read(direct), `round ${round}, read again`);
+  }
+  // The OpenTelemetry side still records every call.
+  const otel = await collect(reader);
+  const hp = otel.get('berth_task_handler_seconds')!.dataPoints[0]!.value as { count: number; sum: number };
+  assert.equal(hp.count, 2 * values.length);
+  assert.ok(Math.abs(hp.sum - 2 * values.reduce((a, b) => a + b, 0)) < 1e-6);
+  assert.equal(otel.get('berth_task_outcomes')!.dataPoints.find((p) => p.attributes.outcome === 'success')!.value, 24);
+  // A reset drops what was counted and not yet read, as it drops what was.
+  h.observe(1);
+  ok.inc(5);
+  bound.handlerSeconds.reset();
+  bound.outcomes.reset();
+  const after = await bound.registry.metrics();
+  assert.doesNotMatch(after, /berth_task_handler_seconds_count/);
+  assert.doesNotMatch(after, /berth_task_outcomes_total\{/);
+  h.observe(0.002);
+  assert.match(await bound.registry.metrics(), /^berth_task_handler_seconds_count\{task_type="a"\} 1$/m);
+});
+
+test('a bound instrument refuses an unknown label at bind and a bad value at once', () => {
+  const m = new BerthMetrics({ registry: new Registry() });
+  assert.throws(() => m.outcomes.bind({ task_type: 'a', nope: 'x' } as never), /label/i);
+  assert.throws(() => m.handlerSeconds.bind({ nope: 'x' } as never), /label/i);
+  const h = m.handlerSeconds.bind({ task_type: 'a' });
+  assert.throws(() => h.observe(Number.NaN), TypeError);
+  assert.throws(() => h.observe(Number.POSITIVE_INFINITY), TypeError);
+  const c = m.outcomes.bind({ task_type: 'a', outcome: 'success' });
+  assert.throws(() => c.inc(-1), RangeError);
+});
+
+test('a sampled gauge reads the sum of its readers when read; removing one leaves the rest', async () => {
+  const { meter, reader } = sdk();
+  const m = new BerthMetrics({ meter: meter.getMeter('berth') });
+  let a = 3;
+  let b = 4;
+  const stopA = m.busySlots.sample(() => a);
+  const stopB = m.busySlots.sample(() => b);
+  assert.match(await m.registry.metrics(), /^berth_task_slots_busy 7$/m);
+  a = 1;
+  assert.match(await m.registry.metrics(), /^berth_task_slots_busy 5$/m);
+  assert.equal((await collect(reader)).get('berth_task_slots_busy')!.dataPoints[0]!.value, 5);
+  stopA();
+  stopA();
+  assert.match(await m.registry.metrics(), /^berth_task_slots_busy 4$/m);
+  stopB();
+  b = 9;
+  assert.match(await m.registry.metrics(), /^berth_task_slots_busy 0$/m);
 });
 
 test('several BerthMetrics on one meter: counters add up, slots add up, leader gauges take the largest', async () => {

@@ -175,6 +175,8 @@ export class Engine {
   private wakeReason: string | null = null;
   private wakeResolve: (() => void) | null = null;
   private ticker: NodeJS.Timeout | null = null;
+  /** Stops the busy-slot and prefetched gauges reading this engine (set by start). */
+  private stopSampling: (() => void) | null = null;
   private fetchLoop: Promise<void> = Promise.resolve();
   private stopping = false;
   /** Ends stop()'s grace period early (a second stop, a second signal); set while it waits. */
@@ -258,7 +260,16 @@ export class Engine {
 
   start(): void {
     this.stuckGuard.start();
-    this.deps.metrics.slots.set(this.o.slots);
+    const { metrics } = this.deps;
+    metrics.slots.set(this.o.slots);
+    // Read when the registry is read, not set at every dispatch and freed slot (twice a task).
+    const unsample = [
+      metrics.busySlots.sample(() => this.inflight.size),
+      metrics.bufferedTasks.sample(() => this.buffer.size),
+    ];
+    this.stopSampling = () => {
+      for (const u of unsample.splice(0)) u();
+    };
     // One ticker shared by all slots: each tick releases at most one fetch.
     this.ticker = setInterval(() => {
       // The fallback for a cancel notice this process missed (LISTEN down): also during stop's grace.
@@ -305,7 +316,6 @@ export class Engine {
     }
     const task = this.buffer.remove(key);
     if (task === null) return;
-    this.deps.metrics.bufferedTasks.set(this.buffer.size);
     this.settleDeps.record(task, 'cancelled');
     this.deps.logger.info(
       { task_id: task.id, task_type: task.type },
@@ -452,10 +462,6 @@ export class Engine {
     } finally {
       this.dispatching = false;
     }
-    // Set once here rather than at each start and each freed slot: nothing reads a gauge
-    // between them (this all runs in one turn of the event loop), and each set costs.
-    this.deps.metrics.busySlots.set(this.inflight.size);
-    this.deps.metrics.bufferedTasks.set(this.buffer.size);
   }
 
   private startTask(task: ClaimedTask, receivedAt: number): void {
@@ -479,10 +485,7 @@ export class Engine {
       freed = true;
       this.inflight.delete(key);
       this.rate.completed();
-      if (this.stopping) {
-        this.deps.metrics.busySlots.set(this.inflight.size);
-        return;
-      }
+      if (this.stopping) return;
       this.dispatch();
       // Asked here rather than by waking the fetch loop to ask it (a promise and a turn of the
       // loop per task): it would go straight back to sleep unless a claim is wanted. Not whether
@@ -588,10 +591,9 @@ export class Engine {
     this.retryNow.abort();
     this.wake('stop');
     await this.fetchLoop;
-    const { logger, metrics, write } = this.deps;
+    const { logger, write } = this.deps;
     // Leased but never started: hand them straight back with the claim's attempt refunded.
     const unstarted = this.buffer.takeAll();
-    metrics.bufferedTasks.set(0);
     for (const t of unstarted) {
       this.executing++;
       const done = returnUnstarted(write, this.o.schema, t).then(
@@ -620,6 +622,9 @@ export class Engine {
       new Promise<boolean>((r) => (timer = setTimeout(() => r(true), this.o.stopTimeoutMs))),
     ]);
     clearTimeout(timer);
+    // The gauges follow handlers that outlive the stop until they return.
+    if (timedOut) void all.then(() => this.stopSampling?.());
+    else this.stopSampling?.();
     if (timedOut) {
       logger.error(
         { still_running: this.runningTaskIds() },

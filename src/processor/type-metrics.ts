@@ -24,10 +24,14 @@ export class TypeMetrics {
     if (found === undefined) {
       const m = this.metrics;
       const outcomes = new Map<Outcome, BoundCounter>();
+      // Almost every task ends in success: its counter is found without the map.
+      const success = m.outcomes.bind({ task_type: type, outcome: 'success' });
+      outcomes.set('success', success);
       found = {
         handlerSeconds: m.handlerSeconds.bind({ task_type: type }),
         waitSeconds: m.taskWaitSeconds.bind({ task_type: type }),
         outcome(outcome) {
+          if (outcome === 'success') return success;
           let c = outcomes.get(outcome);
           if (c === undefined) {
             c = m.outcomes.bind({ task_type: type, outcome });
