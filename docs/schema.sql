@@ -47,23 +47,38 @@ BEGIN
   -- from the lane's sequence, so v_base .. v_base + v_n - 1 are this call's alone.
   v_base := nextval(v_seq);
   IF v_n > 1 THEN PERFORM setval(v_seq, v_base + v_n - 1); END IF;
-  WITH appended AS (
-    INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
-                            attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
-                            trace_context)
-    SELECT (SELECT current_slot FROM "berth".ring_state), p_lane, v_base + x.ord - 1, x.id, x.type,
-           x.payload, l.queue, l.priority, l.shard, x.attempts, x.max_attempts, x.dedupe_key,
-           x.last_error, x.created_at, x.run_at, x.trace_context
-      FROM unnest(p_ids, p_types, p_payloads, p_attempts, p_max_attempts, p_dedupe, p_last_error,
-                  p_created_at, p_run_at, p_trace_context) WITH ORDINALITY
-             AS x(id, type, payload, attempts, max_attempts, dedupe_key, last_error, created_at,
-                  run_at, trace_context, ord)
-      CROSS JOIN (SELECT queue, priority, shard FROM "berth".lanes WHERE lane_id = p_lane) l
-    RETURNING slot)
-  SELECT min(a.slot), count(*) INTO v_slot, v_n FROM appended a;
+  IF p_attempts IS NULL AND p_max_attempts IS NULL AND p_dedupe IS NULL AND p_last_error IS NULL
+     AND p_created_at IS NULL AND p_run_at IS NULL AND p_trace_context IS NULL THEN
+    -- New tasks with nothing but a type and a payload (enqueue's fast path): three arrays.
+    WITH appended AS (
+      INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
+                              attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
+                              trace_context)
+      SELECT (SELECT current_slot FROM "berth".ring_state), p_lane, v_base + x.ord - 1, x.id, x.type,
+             x.payload, l.queue, l.priority, l.shard, 0, NULL, NULL, NULL, now(), now(), NULL
+        FROM unnest(p_ids, p_types, p_payloads) WITH ORDINALITY AS x(id, type, payload, ord)
+        CROSS JOIN (SELECT queue, priority, shard FROM "berth".lanes WHERE lane_id = p_lane) l
+      RETURNING slot)
+    SELECT min(a.slot), count(*) INTO v_slot, v_n FROM appended a;
+  ELSE
+    WITH appended AS (
+      INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
+                              attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
+                              trace_context)
+      SELECT (SELECT current_slot FROM "berth".ring_state), p_lane, v_base + x.ord - 1, x.id, x.type,
+             x.payload, l.queue, l.priority, l.shard, coalesce(x.attempts, 0), x.max_attempts, x.dedupe_key,
+             x.last_error, coalesce(x.created_at, now()), coalesce(x.run_at, now()), x.trace_context
+        FROM unnest(p_ids, p_types, p_payloads, p_attempts, p_max_attempts, p_dedupe, p_last_error,
+                    p_created_at, p_run_at, p_trace_context) WITH ORDINALITY
+               AS x(id, type, payload, attempts, max_attempts, dedupe_key, last_error, created_at,
+                    run_at, trace_context, ord)
+        CROSS JOIN (SELECT queue, priority, shard FROM "berth".lanes WHERE lane_id = p_lane) l
+      RETURNING slot)
+    SELECT min(a.slot), count(*) INTO v_slot, v_n FROM appended a;
+  END IF;
   -- The ring rotated while this append ran (a new statement, a new snapshot): the entry may sit
   -- in a segment a claim's window left out. The bump, committed with the entry, makes every
-  -- claim that can see the entry refresh its window (see the header).
+  -- claim that can see the entry refresh its window (migration 13's header).
   IF v_n > 0 AND (SELECT current_slot FROM "berth".ring_state) IS DISTINCT FROM v_slot THEN
     UPDATE "berth".ring_state SET generation = generation + 1;
   END IF;
@@ -213,10 +228,11 @@ BEGIN
     -- No dedupe key and nothing in the future: every task is accepted and ready, in input order.
     -- An untraced call (p_trace_context NULL) passes NULL, which the unnest pads like NULLs.
     IF v_n > 0 THEN
+      -- Attempts, creation and run times as NULL arrays: append_ready takes them as 0, now() and
+      -- now(), and with no other array set it inserts from three.
       PERFORM "berth".append_ready("berth".provision_lane(p_queue, p_priority, v_shard), v_ids,
-        p_types, p_payloads, array_fill(0, ARRAY[v_n]), p_max_attempts, p_dedupe, NULL,
-        array_fill(now(), ARRAY[v_n]),
-        CASE WHEN p_run_at IS NULL THEN array_fill(now(), ARRAY[v_n])
+        p_types, p_payloads, NULL, p_max_attempts, p_dedupe, NULL, NULL,
+        CASE WHEN p_run_at IS NULL THEN NULL
              ELSE ARRAY(SELECT coalesce(u.r, now()) FROM unnest(v_ids, p_run_at) WITH ORDINALITY AS u(i, r, o)
                          ORDER BY u.o) END,
         CASE WHEN p_trace_context IS NULL THEN NULL ELSE array_fill(p_trace_context, ARRAY[v_n]) END);

@@ -237,6 +237,70 @@ for (const { label, schema } of installs) {
     assert.equal(BigInt(again[0]!.lane_seq), BigInt(rows[3]!.lane_seq) + 1n, 'the lane continues');
   });
 
+  test(`${label}: plain tasks (append_ready's three-array insert) and tasks with maxAttempts get attempts 0 and the enqueue's time`, async () => {
+    // Migration 17: enqueue()'s fast path passes NULL attempts, created_at and run_at arrays;
+    // with nothing else set append_ready inserts from three arrays, otherwise it reads those
+    // NULLs as 0, now() and now(). Both, in one transaction (one now()).
+    const c = await pool.connect();
+    try {
+      await c.query('BEGIN');
+      const txNow = (await c.query<{ t: Date }>('SELECT now() AS t')).rows[0]!.t.getTime();
+      const plain = await enqueueMany(
+        c,
+        [0, 1, 2].map((i) => ({ type: 'three', payload: { i }, shard: 11 })),
+        { schema },
+      );
+      const capped = await enqueueMany(
+        c,
+        [3, 4].map((i) => ({ type: 'three', payload: { i }, shard: 11, maxAttempts: 7 })),
+        { schema },
+      );
+      const r = await c.query<{
+        attempts: number;
+        max_attempts: number | null;
+        created_at: Date;
+        run_at: Date;
+        trace_context: string | null;
+      }>(
+        `SELECT attempts, max_attempts, created_at, run_at, trace_context FROM "${schema}".ready
+          WHERE id = ANY($1::bigint[]) ORDER BY lane_seq`,
+        [[...plain, ...capped].map((x) => x.id)],
+      );
+      await c.query('COMMIT');
+      assert.deepEqual(
+        r.rows.map((x) => [x.attempts, x.max_attempts, x.created_at.getTime(), x.run_at.getTime(), x.trace_context]),
+        [0, 0, 0, 7, 7].map((_, i) => [0, i < 3 ? null : 7, txNow, txNow, null]),
+      );
+    } catch (err) {
+      await c.query('ROLLBACK').catch(() => undefined);
+      throw err;
+    } finally {
+      c.release();
+    }
+    // A caller's own arrays still go through the general insert unchanged (as promotion's do).
+    const lane = (
+      await pool.query<{ l: number }>(`SELECT "${schema}".provision_lane('default', 0::smallint, 12::smallint) AS l`)
+    ).rows[0]!.l;
+    const ids = (
+      await pool.query<{ ids: string[] }>(
+        `SELECT ARRAY(SELECT nextval('"${schema}".task_id_seq')::text FROM generate_series(1, 2)) AS ids`,
+      )
+    ).rows[0]!.ids;
+    const at = new Date('2026-01-02T03:04:05Z');
+    await pool.query(
+      `SELECT "${schema}".append_ready($1, $2::bigint[], ARRAY['own','own'], ARRAY['1','2']::jsonb[], ARRAY[2, NULL]::integer[],
+              NULL, NULL, NULL, ARRAY[$3::timestamptz, $3::timestamptz], ARRAY[$3::timestamptz, NULL], ARRAY['tc', NULL])`,
+      [lane, ids, at],
+    );
+    const own = await pool.query<{ attempts: number; created_at: Date; run_at: Date; trace_context: string | null }>(
+      `SELECT attempts, created_at, run_at, trace_context FROM "${schema}".ready WHERE id = ANY($1::bigint[]) ORDER BY lane_seq`,
+      [ids],
+    );
+    assert.deepEqual(own.rows[0], { attempts: 2, created_at: at, run_at: at, trace_context: 'tc' });
+    assert.equal(own.rows[1]!.attempts, 0, 'a NULL element: 0');
+    assert.ok(own.rows[1]!.run_at.getTime() > at.getTime(), 'a NULL run_at element: now()');
+  });
+
   test(`${label}: promotion appends after the lane's entries, in due order, and an empty promotion takes no number`, async () => {
     const lane = { queue: 'promo', shard: 2 };
     const [head] = await enqueueMany(pool, [{ type: 'promo', payload: 'head', ...lane }], { schema });
