@@ -106,6 +106,42 @@ function onCollect(metric: object, publish: () => void): void {
   };
 }
 
+/** A label set as one string (names sorted), to find its pending counts or its prom-client entry. */
+function labelKey(labels: Record<string, unknown>): string {
+  return Object.keys(labels)
+    .sort()
+    .map((k) => `${k}=${String(labels[k])}`)
+    .join('\u0000');
+}
+
+/**
+ * Runs `cleared(key)` whenever prom-client drops counts of `metric` by its own calls: `reset()`
+ * (also `registry.resetMetrics()`) with `key` undefined, `remove(labels)` with that label set's
+ * key, so counts a bound instrument holds unpublished go with them.
+ */
+function onReset(metric: object, cleared: (key: string | undefined) => void): void {
+  const m = metric as {
+    reset: (this: unknown) => unknown;
+    remove: (this: unknown, ...args: unknown[]) => unknown;
+    labelNames?: readonly string[];
+  };
+  const reset = m.reset;
+  m.reset = function (this: unknown) {
+    cleared(undefined);
+    return reset.call(this);
+  };
+  const remove = m.remove;
+  m.remove = function (this: unknown, ...args: unknown[]) {
+    const names = m.labelNames ?? [];
+    const labels =
+      typeof args[0] === 'object' && args[0] !== null
+        ? (args[0] as Record<string, unknown>)
+        : Object.fromEntries(names.map((n, i) => [n, args[i]]));
+    cleared(labelKey(labels));
+    return remove.apply(this, args);
+  };
+}
+
 /** The error prom-client raises for a label its metric was not declared with, raised at bind. */
 function checkLabelNames(metric: object, labels: object): void {
   const declared = (metric as { labelNames?: readonly string[] }).labelNames ?? [];
@@ -118,7 +154,8 @@ function checkLabelNames(metric: object, labels: object): void {
 /** A Prometheus counter mirrored on an OpenTelemetry Counter. */
 export class CounterMetric<T extends string = string> {
   private readonly otel: OtelCounter;
-  private readonly bound: PendingCount[] = [];
+  /** One per label set bound (bounded by the labels' cardinality, however often bind is called). */
+  private readonly bound = new Map<string, PendingCount>();
   constructor(
     readonly prom: Counter<T>,
     meter: Meter,
@@ -126,6 +163,13 @@ export class CounterMetric<T extends string = string> {
   ) {
     this.otel = shared(meter, name, () => meter.createCounter(name, { description: help }));
     onCollect(prom, () => this.publish());
+    onReset(prom, (key) => {
+      if (key === undefined) for (const b of this.bound.values()) b.pending = 0;
+      else {
+        const b = this.bound.get(key);
+        if (b) b.pending = 0;
+      }
+    });
   }
 
   inc(value?: number): void;
@@ -150,14 +194,19 @@ export class CounterMetric<T extends string = string> {
   bind(labels: LabelValues<T>): BoundCounter {
     // Checked now rather than at the first read, where a throw would fail the scrape.
     checkLabelNames(this.prom, labels);
-    const bound = new PendingCount({ ...labels });
-    this.bound.push(bound);
+    const key = labelKey(labels);
+    let bound = this.bound.get(key);
+    if (bound === undefined) {
+      bound = new PendingCount({ ...labels });
+      this.bound.set(key, bound);
+    }
+    const counted = bound;
     const attrs = attributes(bound.labels);
     return {
       inc: (value = 1) => {
         if (!(value >= 0) || !Number.isFinite(value))
           throw new RangeError(`counter increment must be a finite number >= 0, got ${value}`);
-        bound.pending += value;
+        counted.pending += value;
         this.otel.add(value, attrs);
       },
     };
@@ -165,7 +214,7 @@ export class CounterMetric<T extends string = string> {
 
   /** Adds what the bound label sets counted since the last read (prom-client's `collect`). */
   publish(): void {
-    for (const b of this.bound) {
+    for (const b of this.bound.values()) {
       if (b.pending === 0) continue;
       const n = b.pending;
       b.pending = 0;
@@ -174,8 +223,8 @@ export class CounterMetric<T extends string = string> {
   }
 
   reset(): void {
-    // An OpenTelemetry counter is monotonic: it has no reset. Only the Prometheus side starts over.
-    for (const b of this.bound) b.pending = 0;
+    // An OpenTelemetry counter is monotonic: it has no reset. Only the Prometheus side starts over
+    // (prom-client's reset, wrapped above, drops the unpublished counts too).
     this.prom.reset();
   }
 }
@@ -189,7 +238,8 @@ class PendingCount {
 /** A Prometheus histogram mirrored on an OpenTelemetry Histogram with the same buckets. */
 export class HistogramMetric<T extends string = string> {
   private readonly otel: OtelHistogram;
-  private readonly bound: PendingObservations[] = [];
+  /** One per label set bound (bounded by the labels' cardinality, however often bind is called). */
+  private readonly bound = new Map<string, PendingObservations>();
   private readonly buckets: readonly number[];
   constructor(
     readonly prom: Histogram<T>,
@@ -199,6 +249,10 @@ export class HistogramMetric<T extends string = string> {
   ) {
     this.buckets = [...buckets];
     onCollect(prom, () => this.publish());
+    onReset(prom, (key) => {
+      if (key === undefined) for (const b of this.bound.values()) b.clear();
+      else this.bound.get(key)?.clear();
+    });
     this.otel = shared(meter, name, () =>
       meter.createHistogram(name, {
         description: help,
@@ -240,8 +294,13 @@ export class HistogramMetric<T extends string = string> {
         },
       };
     }
-    const pending = new PendingObservations(bound, this.buckets.length);
-    this.bound.push(pending);
+    const key = labelKey(bound);
+    let found = this.bound.get(key);
+    if (found === undefined) {
+      found = new PendingObservations(bound, this.buckets.length);
+      this.bound.set(key, found);
+    }
+    const pending = found;
     const buckets = this.buckets;
     return {
       observe: (value) => {
@@ -259,15 +318,18 @@ export class HistogramMetric<T extends string = string> {
 
   /** Adds what the bound label sets observed since the last read (prom-client's `collect`). */
   publish(): void {
-    if (this.bound.length === 0) return;
+    let entries: Map<string, PromHistogramEntry> | null = null;
     const internals = this.prom as unknown as { hashMap: Record<string, PromHistogramEntry> };
-    for (const b of this.bound) {
+    for (const [key, b] of this.bound) {
       if (b.count === 0) continue;
-      let entry = findEntry(internals.hashMap, b.labels);
+      // prom-client's entries by label set, indexed once per read (one pass over them).
+      entries ??= entriesByLabels(internals.hashMap);
+      let entry = entries.get(key);
       if (entry === undefined) {
         this.prom.zero(b.labels as LabelValues<T>);
         entry = findEntry(internals.hashMap, b.labels);
         if (entry === undefined) continue;
+        entries.set(key, entry);
       }
       for (let i = 0; i < b.counts.length; i++) {
         const c = b.counts[i]!;
@@ -283,7 +345,7 @@ export class HistogramMetric<T extends string = string> {
   }
 
   reset(): void {
-    for (const b of this.bound) b.clear();
+    // prom-client's reset, wrapped above, drops the unpublished counts too.
     this.prom.reset();
   }
 }
@@ -313,6 +375,12 @@ interface PromHistogramEntry {
   bucketValues: Record<number, number>;
   sum: number;
   count: number;
+}
+
+function entriesByLabels(hashMap: Record<string, PromHistogramEntry> | undefined): Map<string, PromHistogramEntry> {
+  const out = new Map<string, PromHistogramEntry>();
+  if (hashMap !== undefined) for (const e of Object.values(hashMap)) out.set(labelKey(e.labels), e);
+  return out;
 }
 
 function findEntry(

@@ -200,6 +200,40 @@ test('bound counters and histograms export exactly what the same calls through p
   assert.match(await bound.registry.metrics(), /^berth_task_handler_seconds_count\{task_type="a"\} 1$/m);
 });
 
+test('binding a label set again shares its counts; prom-client resets and removes drop unread counts', async () => {
+  const m = new BerthMetrics({ registry: new Registry() });
+  // Each worker (and runDueTasks call) on a shared BerthMetrics binds its task types again.
+  for (let i = 0; i < 50; i++) {
+    m.outcomes.bind({ task_type: 'a', outcome: 'success' }).inc();
+    m.handlerSeconds.bind({ task_type: 'a' }).observe(0.002);
+  }
+  const held = (inst: object) => (inst as unknown as { bound: Map<string, unknown> }).bound.size;
+  assert.equal(held(m.outcomes), 1, 'one pending count per label set, not per bind');
+  assert.equal(held(m.handlerSeconds), 1);
+  let text = await m.registry.metrics();
+  assert.match(text, /^berth_task_outcomes_total\{task_type="a",outcome="success"\} 50$/m);
+  assert.match(text, /^berth_task_handler_seconds_count\{task_type="a"\} 50$/m);
+  // Unread counts go with prom-client's own reset (registry.resetMetrics) and remove.
+  const c = m.outcomes.bind({ task_type: 'a', outcome: 'success' });
+  const h = m.handlerSeconds.bind({ task_type: 'a' });
+  const other = m.handlerSeconds.bind({ task_type: 'b' });
+  c.inc(5);
+  h.observe(1);
+  m.registry.resetMetrics();
+  text = await m.registry.metrics();
+  assert.doesNotMatch(text, /berth_task_outcomes_total\{/);
+  assert.doesNotMatch(text, /berth_task_handler_seconds_count/);
+  h.observe(1);
+  other.observe(1);
+  m.handlerSeconds.prom.remove({ task_type: 'a' });
+  text = await m.registry.metrics();
+  assert.doesNotMatch(text, /berth_task_handler_seconds_count\{task_type="a"\}/);
+  assert.match(text, /^berth_task_handler_seconds_count\{task_type="b"\} 1$/m);
+  c.inc(2);
+  m.outcomes.prom.remove('a', 'success');
+  assert.doesNotMatch(await m.registry.metrics(), /berth_task_outcomes_total\{/);
+});
+
 test('a bound instrument refuses an unknown label at bind and a bad value at once', () => {
   const m = new BerthMetrics({ registry: new Registry() });
   assert.throws(() => m.outcomes.bind({ task_type: 'a', nope: 'x' } as never), /label/i);
