@@ -163,13 +163,7 @@ export class CounterMetric<T extends string = string> {
   ) {
     this.otel = shared(meter, name, () => meter.createCounter(name, { description: help }));
     onCollect(prom, () => this.publish());
-    onReset(prom, (key) => {
-      if (key === undefined) for (const b of this.bound.values()) b.pending = 0;
-      else {
-        const b = this.bound.get(key);
-        if (b) b.pending = 0;
-      }
-    });
+    onReset(prom, (key) => clearPending(this.bound, key));
   }
 
   inc(value?: number): void;
@@ -233,6 +227,16 @@ export class CounterMetric<T extends string = string> {
 class PendingCount {
   pending = 0;
   constructor(readonly labels: LabelValues<string>) {}
+
+  clear(): void {
+    this.pending = 0;
+  }
+}
+
+/** Drops unread counts: of every bound label set (`key` undefined), or of one. */
+function clearPending(bound: ReadonlyMap<string, { clear(): void }>, key: string | undefined): void {
+  if (key === undefined) for (const b of bound.values()) b.clear();
+  else bound.get(key)?.clear();
 }
 
 /** A Prometheus histogram mirrored on an OpenTelemetry Histogram with the same buckets. */
@@ -249,10 +253,7 @@ export class HistogramMetric<T extends string = string> {
   ) {
     this.buckets = [...buckets];
     onCollect(prom, () => this.publish());
-    onReset(prom, (key) => {
-      if (key === undefined) for (const b of this.bound.values()) b.clear();
-      else this.bound.get(key)?.clear();
-    });
+    onReset(prom, (key) => clearPending(this.bound, key));
     this.otel = shared(meter, name, () =>
       meter.createHistogram(name, {
         description: help,
@@ -327,7 +328,7 @@ export class HistogramMetric<T extends string = string> {
       let entry = entries.get(key);
       if (entry === undefined) {
         this.prom.zero(b.labels as LabelValues<T>);
-        entry = findEntry(internals.hashMap, b.labels);
+        entry = entriesByLabels(internals.hashMap).get(key);
         if (entry === undefined) continue;
         entries.set(key, entry);
       }
@@ -383,19 +384,6 @@ function entriesByLabels(hashMap: Record<string, PromHistogramEntry> | undefined
   return out;
 }
 
-function findEntry(
-  hashMap: Record<string, PromHistogramEntry> | undefined,
-  labels: LabelValues<string>,
-): PromHistogramEntry | undefined {
-  if (hashMap === undefined) return undefined;
-  const keys = Object.keys(labels);
-  for (const entry of Object.values(hashMap)) {
-    const l = entry.labels;
-    if (Object.keys(l).length === keys.length && keys.every((k) => String(l[k]) === String(labels[k]))) return entry;
-  }
-  return undefined;
-}
-
 let entriesWritable: boolean | undefined;
 
 /**
@@ -416,7 +404,9 @@ export function histogramEntriesWritable(): boolean {
       });
       h.zero({ k: 'x' });
       h.observe({ k: 'x' }, 1.5);
-      const e = findEntry((h as unknown as { hashMap?: Record<string, PromHistogramEntry> }).hashMap, { k: 'x' });
+      const e = entriesByLabels((h as unknown as { hashMap?: Record<string, PromHistogramEntry> }).hashMap).get(
+        labelKey({ k: 'x' }),
+      );
       entriesWritable =
         e !== undefined && e.bucketValues[1] === 0 && e.bucketValues[2] === 1 && e.sum === 1.5 && e.count === 1;
     } catch {
@@ -461,10 +451,7 @@ export class GaugeMetric<T extends string = string> {
     });
     sources.gauges.add(new WeakRef(prom as unknown as Gauge<string>));
     onCollect(prom, () => {
-      if (this.samplers.size === 0) return;
-      let sum = 0;
-      for (const read of this.samplers) sum += read();
-      this.prom.set(sum);
+      if (this.samplers.size > 0) this.prom.set(this.sampled());
     });
   }
 
@@ -477,11 +464,15 @@ export class GaugeMetric<T extends string = string> {
   sample(read: () => number): () => void {
     this.samplers.add(read);
     return () => {
-      if (!this.samplers.delete(read)) return;
-      let sum = 0;
-      for (const r of this.samplers) sum += r();
-      this.prom.set(sum);
+      if (this.samplers.delete(read)) this.prom.set(this.sampled());
     };
+  }
+
+  /** The readers' sum (0 for none). */
+  private sampled(): number {
+    let sum = 0;
+    for (const read of this.samplers) sum += read();
+    return sum;
   }
 
   set(value: number): void;

@@ -418,7 +418,7 @@ test('gauges: pending includes running; running is a live lease; dead; oldest du
   assert.ok(text.includes(`berth_task_oldest_due_seconds ${g.oldestDueSeconds}\n`), text);
 });
 
-test('a new leader starts promotion, rescue and the ring at once; gauges, retention and history rotation one interval later', async () => {
+test('a new leader starts promotion at once and rescue and the ring within a second; gauges, retention and history rotation one interval later', async () => {
   const w = new Worker({
     connectionString: DATABASE_URL,
     schema,

@@ -26,7 +26,6 @@ export class TypeMetrics {
       const outcomes = new Map<Outcome, BoundCounter>();
       // Almost every task ends in success: its counter is found without the map.
       const success = m.outcomes.bind({ task_type: type, outcome: 'success' });
-      outcomes.set('success', success);
       found = {
         handlerSeconds: m.handlerSeconds.bind({ task_type: type }),
         waitSeconds: m.taskWaitSeconds.bind({ task_type: type }),
