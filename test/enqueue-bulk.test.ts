@@ -269,7 +269,7 @@ for (const { label, schema } of installs) {
       await c.query('COMMIT');
       assert.deepEqual(
         r.rows.map((x) => [x.attempts, x.max_attempts, x.created_at.getTime(), x.run_at.getTime(), x.trace_context]),
-        [0, 0, 0, 7, 7].map((_, i) => [0, i < 3 ? null : 7, txNow, txNow, null]),
+        Array.from({ length: 5 }, (_, i) => [0, i < 3 ? null : 7, txNow, txNow, null]),
       );
     } catch (err) {
       await c.query('ROLLBACK').catch(() => undefined);
