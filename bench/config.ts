@@ -67,10 +67,16 @@ export function loadConfig(adminUrl: string): BenchConfig {
     warmupN: intEnv('BENCH_WARMUP_N', 5_000, 0),
     warmupTimeoutMs: 15_000,
     drainConcurrencies: [10, 50],
-    bulkN: intEnv('BENCH_BULK_N', 20_000),
+    // 100 calls of 1,000: every system's first call on a new session takes 32-41 ms against
+    // berth's 7.3 ms and graphile-worker's 15 ms after it, so over 20 calls the row measured
+    // mostly that first call (bench/bulk-calls.ts; docs/benchmarks.md, "Bulk enqueue call by call").
+    bulkN: intEnv('BENCH_BULK_N', 100_000),
     bulkBatch: 1_000,
     singleN: intEnv('BENCH_SINGLE_N', 2_000),
-    pickupN: intEnv('BENCH_PICKUP_N', 500),
+    // 2,000 pickups a repetition (20 s a system): at 500 the p99 was the fifth-slowest pickup,
+    // and three 500-pickup repetitions of one build spread its p99 over 10.5-11.8 ms and its
+    // p95 over 4.3-6.1 ms in one hour (docs/benchmarks.md, "Pickup with 2,000 samples").
+    pickupN: intEnv('BENCH_PICKUP_N', 2_000),
     pickupGapMs: 10,
     pickupConcurrency: 10,
     drainTimeoutMs: timeoutS * 1000,

@@ -13,9 +13,8 @@ import { Monitor, openBenchServer, recreateDatabase, type ServerInfo } from './d
 import { DRAIN_DETAIL_COLUMNS, MAIN_COLUMNS, Results, WAL_DETAIL_COLUMNS, type MetricKey } from './report.js';
 import { drain, enqueueRate, pickup, type Outcome } from './scenarios.js';
 import type { Sample } from './stats.js';
-import { berthAdapter } from './systems/berth.js';
-import { graphileAdapter } from './systems/graphile.js';
-import { pgBossAdapter, pgBossErrors } from './systems/pgboss.js';
+import { benchSystems } from './systems/all.js';
+import { pgBossErrors } from './systems/pgboss.js';
 import type { AdapterContext, SystemAdapter } from './systems/types.js';
 import { berthRevision, leaks, log } from './util.js';
 
@@ -66,16 +65,7 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
   const runStart = await monitor.read();
   const loadStart = loadavg()[0]!;
 
-  let systems: SystemAdapter[] = [
-    berthAdapter(ctx),
-    graphileAdapter(ctx, 'default'),
-    graphileAdapter(ctx, 'throughput'),
-    pgBossAdapter(ctx, 'default'),
-    pgBossAdapter(ctx, 'batched'),
-  ];
-  if (cfg.systemFilter.length > 0) {
-    systems = systems.filter((s) => cfg.systemFilter.some((f) => s.label.toLowerCase().includes(f)));
-  }
+  const systems = benchSystems(ctx, cfg.systemFilter);
   const results = new Results(systems.map((s) => s.label));
   const notes = { duplicates: [] as string[], noisyWindows: 0, drainWindows: 0 };
 
