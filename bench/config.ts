@@ -64,7 +64,11 @@ export function loadConfig(adminUrl: string): BenchConfig {
     benchUrl: u.toString(),
     reps: intEnv('BENCH_REPS', 3),
     drainN: intEnv('BENCH_DRAIN_N', 20_000),
-    warmupN: intEnv('BENCH_WARMUP_N', 5_000, 0),
+    // 100,000: a process drains 20,000-task batches at its plateau only from its third (berth:
+    // worker CPU 765, 460, then 280-300 ms a drain) or fifth (graphile-worker's preset: 22.6k,
+    // 24.0k, 25.0k, 27.6k, then 29-31k tasks/s) batch on; after a 5,000-task warm-up the first
+    // repetition was often the slowest (docs/benchmarks.md, "A process's first 100,000 tasks").
+    warmupN: intEnv('BENCH_WARMUP_N', 100_000, 0),
     warmupTimeoutMs: 15_000,
     drainConcurrencies: [10, 50],
     // 100 calls of 1,000: every system's first call on a new session takes 32-41 ms against

@@ -150,13 +150,13 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
     },
   ];
 
-  // Warm-up, recorded nowhere: each system drains a few thousand tasks once, so every row is
-  // measured with its code compiled. A worker process runs for hours; a fresh Node process runs
-  // its first second or so interpreted, and the first repetition's c10 drain (the run's first
-  // scenario) measured that: berth 27-33k tasks/s in a fresh process against 40-50k from its
-  // second drain on, in the same minutes (docs/benchmarks.md, "Worker start"). Every system
-  // gets the same warm-up; one that cannot finish it in time (pg-boss at its defaults drains
-  // about concurrency / 2 tasks a second) just stops there.
+  // Warm-up, recorded nowhere: each system drains BENCH_WARMUP_N tasks once (100,000), so every
+  // row is measured with its code compiled and its heap grown. A worker process runs for hours; a
+  // fresh Node process runs its first tasks interpreted: berth drained 27-33k tasks/s in a fresh
+  // process against 40-50k from its second drain on (docs/benchmarks.md, "Worker start"), and
+  // both berth and graphile-worker's preset reach their plateau only after 40,000-80,000 tasks
+  // (config.ts). Every system gets the same warm-up; one that cannot finish it in time (pg-boss
+  // at its defaults drains about concurrency / 2 tasks a second) just stops there.
   if (cfg.warmupN > 0) {
     log(`warm-up: each system drains ${cfg.warmupN.toLocaleString('en-US')} tasks at c10, unrecorded`);
     const warm = { ...cfg, drainN: cfg.warmupN, drainTimeoutMs: cfg.warmupTimeoutMs };
