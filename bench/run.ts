@@ -155,8 +155,9 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
   // fresh Node process runs its first tasks interpreted: berth drained 27-33k tasks/s in a fresh
   // process against 40-50k from its second drain on (docs/benchmarks.md, "Worker start"), and
   // both berth and graphile-worker's preset reach their plateau only after 40,000-80,000 tasks
-  // (config.ts). Every system gets the same warm-up; one that cannot finish it in time (pg-boss
-  // at its defaults drains about concurrency / 2 tasks a second) just stops there.
+  // (config.ts). Every system gets the same warm-up; one that cannot finish it in the time allowed
+  // (pg-boss at its defaults, about concurrency / 2 tasks a second; graphile-worker at its
+  // defaults; pg-boss batched) just stops there.
   if (cfg.warmupN > 0) {
     log(`warm-up: each system drains ${cfg.warmupN.toLocaleString('en-US')} tasks at c10, unrecorded`);
     const warm = { ...cfg, drainN: cfg.warmupN, drainTimeoutMs: cfg.warmupTimeoutMs };
