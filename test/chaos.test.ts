@@ -264,14 +264,27 @@ async function unfinished(db: pg.Pool): Promise<unknown[]> {
 }
 
 /** Sessions other than the test's own (the workers', their listeners, the leader's). */
-async function terminateBerthSessions(pool: pg.Pool): Promise<number> {
-  const r = await pool.query<{ n: number }>(
-    `SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity
+const BERTH_SESSIONS = `FROM pg_stat_activity
       WHERE datname = current_database() AND backend_type = 'client backend'
-        AND pid <> pg_backend_pid() AND application_name <> $1`,
-    [TEST_APP],
+        AND pid <> pg_backend_pid() AND application_name <> $1`;
+
+/**
+ * Terminates every berth session and returns their pids once they are gone: with a timeout,
+ * pg_terminate_backend waits for the backend to exit. Without it the call returns at the signal,
+ * and an exiting backend still shows its locks and its row in pg_stat_activity for a moment.
+ */
+async function terminateBerthSessions(pool: pg.Pool): Promise<Set<number>> {
+  const r = await pool.query<{ pid: number }>(
+    `SELECT pid FROM (SELECT pid ${BERTH_SESSIONS}) s WHERE pg_terminate_backend(pid, $2)`,
+    [TEST_APP, 60_000],
   );
-  return r.rows[0]!.n;
+  return new Set(r.rows.map((row) => row.pid));
+}
+
+/** How many berth sessions are open now that are none of `gone`. */
+async function newBerthSessions(pool: pg.Pool, gone: Set<number>): Promise<number> {
+  const r = await pool.query<{ pid: number }>(`SELECT pid ${BERTH_SESSIONS}`, [TEST_APP]);
+  return r.rows.filter((row) => !gone.has(row.pid)).length;
 }
 
 async function runScenario(s: Scenario): Promise<void> {
@@ -458,11 +471,27 @@ const scenarios: Scenario[] = [
     windowExplains: true,
     async inject(ctx) {
       for (let i = 0; i < 2; i++) {
-        const n = await terminateBerthSessions(ctx.pool);
-        assert.ok(n >= WORKERS, `terminated ${n} berth sessions`);
+        const gone = await terminateBerthSessions(ctx.pool);
+        assert.ok(gone.size >= WORKERS, `terminated ${gone.size} berth sessions`);
         if (i === 0) {
-          // Before the second cut, the workers have reconnected: a leader again, and sessions.
-          await waitFor(() => confirmedLeader(ctx), 30_000, 'a leader after the first termination');
+          // Before the second cut, the workers have reconnected: a leader on a new session, and
+          // a new session for every worker. Waiting only for "a leader" once passed at once on a
+          // loaded machine: the old leader's exiting backend still showed its lock, and the
+          // second cut then found no session at all (CI, stop 25).
+          await waitFor(
+            async () => {
+              const leader = await confirmedLeader(ctx);
+              const info = leader ? await leaderInfo(ctx.pool, ctx.schema).catch(() => null) : null;
+              return info?.session && !gone.has(info.session.pid) ? leader : null;
+            },
+            30_000,
+            'a leader on a new session after the first termination',
+          );
+          await waitFor(
+            async () => (await newBerthSessions(ctx.pool, gone)) >= WORKERS || null,
+            30_000,
+            `${WORKERS} new berth sessions after the first termination`,
+          );
         }
       }
     },
