@@ -39,6 +39,8 @@ DECLARE
     cardinality(p_last_error), cardinality(p_created_at), cardinality(p_run_at)), 0);
   v_base bigint;
   v_slot smallint;
+  v_now smallint;
+  v_done integer;
 BEGIN
   PERFORM pg_advisory_xact_lock(446571594, p_lane);
   IF v_n = 0 THEN RETURN 0; END IF;
@@ -47,6 +49,8 @@ BEGIN
   -- from the lane's sequence, so v_base .. v_base + v_n - 1 are this call's alone.
   v_base := nextval(v_seq);
   IF v_n > 1 THEN PERFORM setval(v_seq, v_base + v_n - 1); END IF;
+  -- The segment is the epoch's, read outside the snapshot (see the header), once per INSERT (an
+  -- uncorrelated subquery: one InitPlan, so every row of the call goes to the same segment).
   IF p_attempts IS NULL AND p_max_attempts IS NULL AND p_dedupe IS NULL AND p_last_error IS NULL
      AND p_created_at IS NULL AND p_run_at IS NULL AND p_trace_context IS NULL THEN
     -- New tasks with nothing but a type and a payload (enqueue's fast path): three arrays.
@@ -54,37 +58,58 @@ BEGIN
       INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
                               attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
                               trace_context)
-      SELECT (SELECT current_slot FROM "berth".ring_state), p_lane, v_base + x.ord - 1, x.id, x.type,
-             x.payload, l.queue, l.priority, l.shard, 0, NULL, NULL, NULL, now(), now(), NULL
+      SELECT (SELECT (e.last_value % rs.slot_count)::smallint FROM "berth".ring_epoch e, "berth".ring_state rs),
+             p_lane,
+             v_base + x.ord - 1, x.id, x.type, x.payload, l.queue, l.priority, l.shard, 0, NULL, NULL, NULL,
+             now(), now(), NULL
         FROM unnest(p_ids, p_types, p_payloads) WITH ORDINALITY AS x(id, type, payload, ord)
         CROSS JOIN (SELECT queue, priority, shard FROM "berth".lanes WHERE lane_id = p_lane) l
       RETURNING slot)
-    SELECT min(a.slot), count(*) INTO v_slot, v_n FROM appended a;
+    SELECT min(a.slot), count(*) INTO v_slot, v_done FROM appended a;
   ELSE
     WITH appended AS (
       INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
                               attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
                               trace_context)
-      SELECT (SELECT current_slot FROM "berth".ring_state), p_lane, v_base + x.ord - 1, x.id, x.type,
-             x.payload, l.queue, l.priority, l.shard, coalesce(x.attempts, 0), x.max_attempts, x.dedupe_key,
-             x.last_error, coalesce(x.created_at, now()), coalesce(x.run_at, now()), x.trace_context
+      SELECT (SELECT (e.last_value % rs.slot_count)::smallint FROM "berth".ring_epoch e, "berth".ring_state rs),
+             p_lane,
+             v_base + x.ord - 1, x.id, x.type, x.payload, l.queue, l.priority, l.shard, coalesce(x.attempts, 0),
+             x.max_attempts, x.dedupe_key, x.last_error, coalesce(x.created_at, now()), coalesce(x.run_at, now()),
+             x.trace_context
         FROM unnest(p_ids, p_types, p_payloads, p_attempts, p_max_attempts, p_dedupe, p_last_error,
                     p_created_at, p_run_at, p_trace_context) WITH ORDINALITY
                AS x(id, type, payload, attempts, max_attempts, dedupe_key, last_error, created_at,
                     run_at, trace_context, ord)
         CROSS JOIN (SELECT queue, priority, shard FROM "berth".lanes WHERE lane_id = p_lane) l
       RETURNING slot)
-    SELECT min(a.slot), count(*) INTO v_slot, v_n FROM appended a;
+    SELECT min(a.slot), count(*) INTO v_slot, v_done FROM appended a;
   END IF;
-  -- The ring rotated while this append ran (a new statement, a new snapshot): the entry may sit
-  -- in a segment a claim's window left out. The bump, committed with the entry, makes every
-  -- claim that can see the entry refresh its window (migration 13's header).
-  IF v_n > 0 AND (SELECT current_slot FROM "berth".ring_state) IS DISTINCT FROM v_slot THEN
-    UPDATE "berth".ring_state SET generation = generation + 1;
+  -- Every row or none: the lane's row is always visible here (provision_lane returned it), but a
+  -- task that vanished silently would be a lost one.
+  IF v_done <> v_n THEN
+    RAISE EXCEPTION 'berth: append_ready wrote % of % entries of lane %', v_done, v_n, p_lane
+      USING ERRCODE = '40001', HINT = 'retry the transaction';
   END IF;
+  -- The ring rotated while this append ran: its rows move to the segment that is current now
+  -- (they are this transaction's own, seen by nobody else), until two reads agree.
+  LOOP
+    SELECT (e.last_value % rs.slot_count)::smallint INTO v_now FROM "berth".ring_epoch e, "berth".ring_state rs;
+    EXIT WHEN v_now = v_slot;
+    WITH moved AS (
+      DELETE FROM "berth".ready r
+       WHERE r.slot = v_slot AND r.lane_id = p_lane AND r.lane_seq BETWEEN v_base AND v_base + v_n - 1
+      RETURNING r.*)
+    INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
+                                  attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
+                                  appended_at, trace_context)
+    SELECT v_now, m.lane_id, m.lane_seq, m.id, m.type, m.payload, m.queue, m.priority, m.shard, m.attempts,
+           m.max_attempts, m.dedupe_key, m.last_error, m.created_at, m.run_at, m.appended_at, m.trace_context
+      FROM moved m;
+    v_slot := v_now;
+  END LOOP;
   -- The payload names the lane, so a woken worker can claim from it without a discovery
   -- round trip. Identical notifications still collapse: one per lane per transaction.
-  IF v_n > 0 THEN PERFORM pg_notify('berth.wake', p_lane::text); END IF;
+  PERFORM pg_notify('berth.wake', p_lane::text);
   RETURN v_n;
 END $$;
 
@@ -491,7 +516,11 @@ DECLARE
   v_tables text;
   v_old_timeout text := current_setting('lock_timeout');
   v_any boolean; v_claimable boolean; v_in_flight boolean;
-  v_claimable_check text; v_rest_check text;
+  v_ready text; v_leases text; v_settlements text; v_tombstones text;
+  v_tops_cte text; v_settled_cte text;
+  v_claimable_check text; v_rest_check text; v_exact_check text; v_late_check text; v_recover text;
+  v_unsettled bigint; v_late bigint; v_recovered integer := 0;
+  v_lanes integer[]; v_tops bigint[];
 BEGIN
   IF p_slot IS NULL OR p_lock_timeout_ms IS NULL THEN
     RAISE EXCEPTION 'berth: prune_slot arguments must not be null' USING ERRCODE = '22004';
@@ -499,18 +528,36 @@ BEGIN
   IF p_slot < 0 OR p_slot >= (SELECT slot_count FROM "berth".ring_state) THEN
     RAISE EXCEPTION 'berth: ring slot % does not exist', p_slot USING ERRCODE = '22023';
   END IF;
-  IF (SELECT current_slot FROM "berth".ring_state) = p_slot THEN RETURN 'current'; END IF;
-  -- %1$s ready, %2$s range_leases, %3$s range_settlements, %4$s tombstones of the segment.
-  v_claimable_check := format(
+  IF (SELECT e.last_value % rs.slot_count FROM "berth".ring_epoch e, "berth".ring_state rs) = p_slot THEN
+    RETURN 'current';
+  END IF;
+  v_ready := format('%I.%I', 'berth', 'ready_' || p_slot);
+  v_leases := format('%I.%I', 'berth', 'range_leases_' || p_slot);
+  v_settlements := format('%I.%I', 'berth', 'range_settlements_' || p_slot);
+  v_tombstones := format('%I.%I', 'berth', 'tombstones_' || p_slot);
+  -- Each lane's last entry in the segment: a skip scan down the primary key, one probe a lane.
+  v_tops_cte := format(
     'WITH RECURSIVE tops AS (
        (SELECT r.lane_id, r.lane_seq FROM %1$s r ORDER BY r.lane_id DESC, r.lane_seq DESC LIMIT 1)
        UNION ALL
        SELECT n.lane_id, n.lane_seq FROM tops t
         CROSS JOIN LATERAL (SELECT r.lane_id, r.lane_seq FROM %1$s r WHERE r.lane_id < t.lane_id
                              ORDER BY r.lane_id DESC, r.lane_seq DESC LIMIT 1) n
-     ), unleased AS (
+     )', v_ready);
+  -- Each lane's settled entries, as one multirange.
+  v_settled_cte := format('settled AS (SELECT x.lane_id, range_agg(x.seqs) AS seqs FROM %1$s x GROUP BY x.lane_id)',
+                      v_settlements);
+  -- Claimable: a lane's last entry in the segment that no
+  -- lease of the segment covers, not tombstoned and above the lane's cursor over every segment;
+  -- when the last entry is tombstoned, any such entry of the lane. Below the cursor an unleased
+  -- entry is stranded, not claimable: the entry-by-entry check below takes it.
+  -- %1$s ready, %2$s range_leases, %3$s tombstones of the segment, %4$I the schema.
+  v_claimable_check := v_tops_cte || format(
+    ', unleased AS (
        SELECT t.lane_id, t.lane_seq,
-              EXISTS (SELECT 1 FROM %4$s x WHERE x.lane_id = t.lane_id AND x.lane_seq = t.lane_seq) AS tombstoned
+              EXISTS (SELECT 1 FROM %3$s x WHERE x.lane_id = t.lane_id AND x.lane_seq = t.lane_seq) AS tombstoned,
+              coalesce((SELECT c.to_seq FROM %4$I.range_leases c WHERE c.lane_id = t.lane_id
+                         ORDER BY c.from_seq DESC LIMIT 1), 0) AS cursor
          FROM tops t
         WHERE NOT EXISTS (SELECT 1 FROM (SELECT l.to_seq FROM %2$s l
                                           WHERE l.lane_id = t.lane_id AND l.from_seq <= t.lane_seq
@@ -518,16 +565,16 @@ BEGIN
                            WHERE l.to_seq >= t.lane_seq)
      )
      SELECT EXISTS (SELECT 1 FROM unleased u
-                     WHERE NOT u.tombstoned
-                        OR EXISTS (SELECT 1 FROM %1$s r
-                                    WHERE r.lane_id = u.lane_id
-                                      AND NOT EXISTS (SELECT 1 FROM (SELECT l.to_seq FROM %2$s l
-                                                                      WHERE l.lane_id = r.lane_id AND l.from_seq <= r.lane_seq
-                                                                      ORDER BY l.from_seq DESC LIMIT 1) l
-                                                       WHERE l.to_seq >= r.lane_seq)
-                                      AND NOT EXISTS (SELECT 1 FROM %4$s x WHERE x.lane_id = r.lane_id AND x.lane_seq = r.lane_seq)))',
-    format('%I.%I', 'berth', 'ready_' || p_slot), format('%I.%I', 'berth', 'range_leases_' || p_slot),
-    format('%I.%I', 'berth', 'range_settlements_' || p_slot), format('%I.%I', 'berth', 'tombstones_' || p_slot));
+                     WHERE (NOT u.tombstoned AND u.lane_seq > u.cursor)
+                        OR (u.tombstoned
+                            AND EXISTS (SELECT 1 FROM %1$s r
+                                         WHERE r.lane_id = u.lane_id AND r.lane_seq > u.cursor
+                                           AND NOT EXISTS (SELECT 1 FROM (SELECT l.to_seq FROM %2$s l
+                                                                           WHERE l.lane_id = r.lane_id AND l.from_seq <= r.lane_seq
+                                                                           ORDER BY l.from_seq DESC LIMIT 1) l
+                                                            WHERE l.to_seq >= r.lane_seq)
+                                           AND NOT EXISTS (SELECT 1 FROM %3$s x WHERE x.lane_id = r.lane_id AND x.lane_seq = r.lane_seq))))',
+    v_ready, v_leases, v_tombstones, 'berth');
   -- In flight: a lease with fewer settled entries than it holds. Newest leases first (the
   -- expires_at index, backwards): those are the ones still running, so a segment in use says so
   -- at its first lease instead of after every settled one.
@@ -537,29 +584,88 @@ BEGIN
                        WHERE l.n > coalesce((SELECT sum(x.n) FROM %3$s x
                                               WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq), 0)
                        ORDER BY l.expires_at DESC LIMIT 1), false)',
-    format('%I.%I', 'berth', 'ready_' || p_slot), format('%I.%I', 'berth', 'range_leases_' || p_slot),
-    format('%I.%I', 'berth', 'range_settlements_' || p_slot));
-  -- Without the lock first: a segment still being drained is claimable, and says so at once.
-  -- Every other answer is decided under the lock, as before.
+    v_ready, v_leases, v_settlements);
+  -- Entry by entry: how many are neither covered by a settlement of their lane nor tombstoned,
+  -- and each lane's last entry, from one pass over the segment (in one snapshot).
+  v_exact_check := 'WITH ' || v_settled_cte || format(
+    ', per_lane AS (
+       SELECT r.lane_id, max(r.lane_seq) AS top,
+              count(*) FILTER (WHERE NOT coalesce(s.seqs @> r.lane_seq, false) AND t.lane_id IS NULL) AS unsettled
+         FROM %1$s r
+         LEFT JOIN settled s ON s.lane_id = r.lane_id
+         LEFT JOIN %3$s t ON t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq
+        GROUP BY r.lane_id
+     )
+     SELECT coalesce(sum(p.unsettled), 0), coalesce(array_agg(p.lane_id), ''{}''), coalesce(array_agg(p.top), ''{}'')
+       FROM per_lane p',
+    v_ready, v_settlements, v_tombstones);
+  -- Under the lock: the entries above their lane's last entry of the first pass (a lane new to
+  -- the segment: all of them) that are neither settled nor tombstoned. One index range scan per
+  -- lane whose last entry moved; none in the common case.
+  v_late_check := v_tops_cte || format(
+    ', moved AS (
+       SELECT t.lane_id, coalesce(o.top, -1) AS old_top
+         FROM tops t LEFT JOIN unnest($1::integer[], $2::bigint[]) AS o(lane_id, top) ON o.lane_id = t.lane_id
+        WHERE t.lane_seq > coalesce(o.top, -1)
+     )
+     SELECT count(*) FROM moved m
+      CROSS JOIN LATERAL (SELECT r.lane_seq FROM %1$s r WHERE r.lane_id = m.lane_id AND r.lane_seq > m.old_top) r
+      WHERE NOT EXISTS (SELECT 1 FROM %2$s x WHERE x.lane_id = m.lane_id AND x.seqs @> r.lane_seq)
+        AND NOT EXISTS (SELECT 1 FROM %3$s t WHERE t.lane_id = m.lane_id AND t.lane_seq = r.lane_seq)',
+    v_ready, v_settlements, v_tombstones);
+  -- The stranded entries, copied to deferred (due now, attempts kept; a task already deferred
+  -- keeps its row) in the transaction that truncates them. %4$I the schema.
+  v_recover := 'WITH ' || v_settled_cte || format(
+    ', stranded AS MATERIALIZED (
+       SELECT r.* FROM %1$s r LEFT JOIN settled s ON s.lane_id = r.lane_id
+        WHERE NOT coalesce(s.seqs @> r.lane_seq, false)
+          AND NOT EXISTS (SELECT 1 FROM %3$s t WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq)
+     ), kept AS (
+       INSERT INTO %4$I.deferred (state, run_at, id, type, payload, queue, priority, shard, attempts, max_attempts,
+                                  dedupe_key, last_error, created_at, last_attempted_at, trace_context)
+       SELECT ''retryable'', now(), s.id, s.type, s.payload, s.queue, s.priority, s.shard, s.attempts, s.max_attempts,
+              s.dedupe_key,
+              format(''recovered by the ring prune: entry %%s of lane %%s in segment %%s was neither claimable nor settled'',
+                     s.lane_seq, s.lane_id, s.slot),
+              s.created_at, NULL, s.trace_context
+         FROM stranded s
+       ON CONFLICT (id) DO NOTHING
+     )
+     SELECT count(*)::integer FROM stranded',
+    v_ready, v_settlements, v_tombstones, 'berth');
+  -- Before the lock: a segment still being drained says so at once, and the whole segment is
+  -- read entry by entry without holding anyone up. Every answer is decided again under the lock.
   EXECUTE v_claimable_check INTO v_claimable;
   IF v_claimable THEN RETURN 'claimable'; END IF;
+  EXECUTE v_rest_check INTO v_any, v_in_flight;
+  IF v_in_flight THEN RETURN 'in_flight'; END IF;
+  -- (An empty segment is said so under the lock, as before: nothing to read here.)
+  v_unsettled := 0;
+  IF v_any THEN EXECUTE v_exact_check INTO v_unsettled, v_lanes, v_tops; END IF;
   SELECT string_agg(format('%I.%I', 'berth', t || '_' || p_slot), ', ')
     INTO v_tables
     FROM unnest(ARRAY['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements']) t;
   PERFORM set_config('lock_timeout', greatest(p_lock_timeout_ms, 1) || 'ms', true);
   BEGIN
     EXECUTE 'LOCK TABLE ' || v_tables || ' IN ACCESS EXCLUSIVE MODE';
-  EXCEPTION WHEN lock_not_available THEN
+  EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+    -- deadlock_detected: another prune of this segment holds the same read locks and waits too.
     PERFORM set_config('lock_timeout', v_old_timeout, true);
     RETURN 'blocked';
   END;
   PERFORM set_config('lock_timeout', v_old_timeout, true);
-  IF (SELECT current_slot FROM "berth".ring_state) = p_slot THEN RETURN 'current'; END IF;
+  IF (SELECT e.last_value % rs.slot_count FROM "berth".ring_epoch e, "berth".ring_state rs) = p_slot THEN
+    RETURN 'current';
+  END IF;
   EXECUTE v_rest_check INTO v_any, v_in_flight;
   IF NOT v_any THEN RETURN 'empty'; END IF;
   EXECUTE v_claimable_check INTO v_claimable;
   IF v_claimable THEN RETURN 'claimable'; END IF;
   IF v_in_flight THEN RETURN 'in_flight'; END IF;
+  EXECUTE v_late_check INTO v_late USING v_lanes, v_tops;
+  IF v_unsettled > 0 OR v_late > 0 THEN
+    EXECUTE v_recover INTO v_recovered;
+  END IF;
   -- Only the partitions with pages: an empty one (never written since its last TRUNCATE) is
   -- left as it is, which is what its TRUNCATE would make it. Under the lock nothing can write one.
   SELECT string_agg(format('%I.%I', 'berth', t || '_' || p_slot), ', ')
@@ -567,6 +673,7 @@ BEGIN
     FROM unnest(ARRAY['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements']) t
    WHERE pg_relation_size(format('%I.%I', 'berth', t || '_' || p_slot)::regclass) > 0;
   EXECUTE 'TRUNCATE ' || v_tables;
+  IF v_recovered > 0 THEN RETURN 'recovered:' || v_recovered; END IF;
   RETURN 'pruned';
 END $_$;
 
@@ -656,6 +763,26 @@ BEGIN
 END $$;
 
 --
+-- Name: repair_ring_state(); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.repair_ring_state() RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v_count smallint;
+  v_mirror smallint;
+  v_current smallint;
+BEGIN
+  SELECT rs.slot_count, rs.current_slot INTO v_count, v_mirror FROM "berth".ring_state rs FOR UPDATE;
+  SELECT (e.last_value % v_count)::smallint INTO v_current FROM "berth".ring_epoch e;
+  IF v_mirror = v_current THEN RETURN false; END IF;
+  UPDATE "berth".ring_state SET current_slot = v_current, rotated_at = now();
+  RETURN true;
+END $$;
+
+--
 -- Name: retry_dead(bigint[]); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -711,13 +838,38 @@ BEGIN
 END $$;
 
 --
+-- Name: ring_epoch_follows(); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.ring_epoch_follows() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE v_epoch bigint;
+BEGIN
+  IF NEW.current_slot IS DISTINCT FROM OLD.current_slot THEN
+    IF NEW.current_slot IS NULL OR NEW.current_slot < 0 OR NEW.current_slot >= NEW.slot_count THEN
+      RAISE EXCEPTION 'berth: ring segment % does not exist', NEW.current_slot USING ERRCODE = '22023';
+    END IF;
+    SELECT last_value INTO v_epoch FROM "berth".ring_epoch;
+    IF v_epoch % NEW.slot_count <> NEW.current_slot THEN
+      PERFORM setval('"berth".ring_epoch',
+                     v_epoch + ((NEW.current_slot - v_epoch % NEW.slot_count) + NEW.slot_count) % NEW.slot_count,
+                     true);
+    END IF;
+    IF NEW.generation <= OLD.generation THEN NEW.generation := OLD.generation + 1; END IF;
+  END IF;
+  RETURN NEW;
+END $$;
+
+--
 -- Name: ring_window(); Type: FUNCTION; Schema: berth; Owner: -
 --
 
-CREATE FUNCTION berth.ring_window() RETURNS TABLE(generation bigint, current_slot smallint, slot_count smallint, rotated_at timestamp with time zone, filled smallint[])
-    LANGUAGE plpgsql STABLE
+CREATE FUNCTION berth.ring_window() RETURNS TABLE(generation bigint, current_slot smallint, slot_count smallint, rotated_at timestamp with time zone, filled smallint[], committed_slot smallint)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$ BEGIN RETURN QUERY SELECT rs.generation, rs.current_slot, rs.slot_count, rs.rotated_at,        ARRAY(SELECT (f.o - 1)::smallint FROM unnest(ARRAY[EXISTS (SELECT 1 FROM berth.ready_0), EXISTS (SELECT 1 FROM berth.ready_1), EXISTS (SELECT 1 FROM berth.ready_2), EXISTS (SELECT 1 FROM berth.ready_3), EXISTS (SELECT 1 FROM berth.ready_4), EXISTS (SELECT 1 FROM berth.ready_5), EXISTS (SELECT 1 FROM berth.ready_6), EXISTS (SELECT 1 FROM berth.ready_7), EXISTS (SELECT 1 FROM berth.ready_8), EXISTS (SELECT 1 FROM berth.ready_9), EXISTS (SELECT 1 FROM berth.ready_10), EXISTS (SELECT 1 FROM berth.ready_11), EXISTS (SELECT 1 FROM berth.ready_12), EXISTS (SELECT 1 FROM berth.ready_13), EXISTS (SELECT 1 FROM berth.ready_14), EXISTS (SELECT 1 FROM berth.ready_15)]) WITH ORDINALITY AS f(filled, o)               WHERE f.filled ORDER BY f.o)   FROM berth.ring_state rs; END $$;
+    AS $$ BEGIN RETURN QUERY SELECT rs.generation, (SELECT (e.last_value % rs.slot_count)::smallint FROM berth.ring_epoch e), rs.slot_count,        rs.rotated_at,        ARRAY(SELECT (f.o - 1)::smallint FROM unnest(ARRAY[EXISTS (SELECT 1 FROM berth.ready_0), EXISTS (SELECT 1 FROM berth.ready_1), EXISTS (SELECT 1 FROM berth.ready_2), EXISTS (SELECT 1 FROM berth.ready_3), EXISTS (SELECT 1 FROM berth.ready_4), EXISTS (SELECT 1 FROM berth.ready_5), EXISTS (SELECT 1 FROM berth.ready_6), EXISTS (SELECT 1 FROM berth.ready_7), EXISTS (SELECT 1 FROM berth.ready_8), EXISTS (SELECT 1 FROM berth.ready_9), EXISTS (SELECT 1 FROM berth.ready_10), EXISTS (SELECT 1 FROM berth.ready_11), EXISTS (SELECT 1 FROM berth.ready_12), EXISTS (SELECT 1 FROM berth.ready_13), EXISTS (SELECT 1 FROM berth.ready_14), EXISTS (SELECT 1 FROM berth.ready_15)]) WITH ORDINALITY AS f(filled, o)               WHERE f.filled ORDER BY f.o),        rs.current_slot   FROM berth.ring_state rs; END $$;
 
 --
 -- Name: rotate_history(integer); Type: FUNCTION; Schema: berth; Owner: -
@@ -751,6 +903,37 @@ BEGIN
   EXECUTE format('TRUNCATE %I.%I', 'berth', 'attempt_history_' || v_next);
   UPDATE "berth".history_state
      SET current_part = v_next, generation = generation + 1, rotated_at = now();
+  RETURN 'rotated';
+END $$;
+
+--
+-- Name: rotate_ring(smallint, smallint); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.rotate_ring(p_from smallint, p_to smallint) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v_count smallint;
+  v_current smallint;
+  v_filled boolean;
+BEGIN
+  IF p_from IS NULL OR p_to IS NULL THEN
+    RAISE EXCEPTION 'berth: rotate_ring arguments must not be null' USING ERRCODE = '22004';
+  END IF;
+  SELECT rs.slot_count INTO v_count FROM "berth".ring_state rs FOR UPDATE;
+  IF p_from < 0 OR p_from >= v_count OR p_to <> (p_from + 1) % v_count THEN
+    RAISE EXCEPTION 'berth: cannot rotate the ring from segment % to %', p_from, p_to USING ERRCODE = '22023';
+  END IF;
+  IF "berth".repair_ring_state() THEN RETURN 'raced'; END IF;
+  SELECT (e.last_value % v_count)::smallint INTO v_current FROM "berth".ring_epoch e;
+  IF v_current <> p_from THEN RETURN 'raced'; END IF;
+  EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I.%I)', 'berth', 'ready_' || p_from) INTO v_filled;
+  IF NOT v_filled THEN RETURN 'empty'; END IF;
+  EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I.%I)', 'berth', 'ready_' || p_to) INTO v_filled;
+  IF v_filled THEN RETURN 'next_slot_busy'; END IF;
+  UPDATE "berth".ring_state SET current_slot = p_to, generation = generation + 1, rotated_at = now();
   RETURN 'rotated';
 END $$;
 
@@ -2559,6 +2742,17 @@ CREATE TABLE berth.ready_9 (
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     trace_context text
 );
+
+--
+-- Name: ring_epoch; Type: SEQUENCE; Schema: berth; Owner: -
+--
+
+CREATE SEQUENCE berth.ring_epoch
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
 
 --
 -- Name: ring_state; Type: TABLE; Schema: berth; Owner: -
@@ -6217,6 +6411,12 @@ CREATE TRIGGER forward_legacy_settlement BEFORE INSERT ON berth.settlements FOR 
 CREATE TRIGGER refuse_legacy_lease BEFORE INSERT ON berth.leases FOR EACH ROW EXECUTE FUNCTION berth.refuse_legacy_lease();
 
 --
+-- Name: ring_state ring_epoch_follows; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER ring_epoch_follows BEFORE UPDATE ON berth.ring_state FOR EACH ROW EXECUTE FUNCTION berth.ring_epoch_follows();
+
+--
 -- Name: FUNCTION append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[]); Type: ACL; Schema: berth; Owner: -
 --
 
@@ -6307,10 +6507,22 @@ REVOKE ALL ON FUNCTION berth.remove_unleased(p_id bigint, p_reason text) FROM PU
 REVOKE ALL ON FUNCTION berth.repair_lane_sequence(p_lane integer) FROM PUBLIC;
 
 --
+-- Name: FUNCTION repair_ring_state(); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.repair_ring_state() FROM PUBLIC;
+
+--
 -- Name: FUNCTION retry_dead(p_ids bigint[]); Type: ACL; Schema: berth; Owner: -
 --
 
 REVOKE ALL ON FUNCTION berth.retry_dead(p_ids bigint[]) FROM PUBLIC;
+
+--
+-- Name: FUNCTION ring_epoch_follows(); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.ring_epoch_follows() FROM PUBLIC;
 
 --
 -- Name: FUNCTION ring_window(); Type: ACL; Schema: berth; Owner: -
@@ -6323,6 +6535,12 @@ REVOKE ALL ON FUNCTION berth.ring_window() FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION berth.rotate_history(p_lock_timeout_ms integer) FROM PUBLIC;
+
+--
+-- Name: FUNCTION rotate_ring(p_from smallint, p_to smallint); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.rotate_ring(p_from smallint, p_to smallint) FROM PUBLIC;
 
 --
 -- Name: FUNCTION set_queue_paused(p_queue text, p_paused boolean, p_actor text, p_reason text); Type: ACL; Schema: berth; Owner: -

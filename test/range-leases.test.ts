@@ -9,13 +9,13 @@ import assert from 'node:assert/strict';
 import pg from 'pg';
 import { enqueueMany } from '../src/index.js';
 import { claimBatch, type ClaimedTask, type ClaimParams } from '../src/processor/claim.js';
-import { MIGRATIONS } from '../src/schema/migrations.js';
 import { migrate } from '../src/schema/migrate.js';
 import { queryRingRead, quoteIdent, wakeChannel } from '../src/sql.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { leaseKey, seqsToMultirange } from '../src/storage/lease.js';
 import { rescueLapsedLeases } from '../src/storage/rescue.js';
 import { rotateRing } from '../src/maintenance/ring.js';
+import { schemaAtVersion } from './support/legacy-schema.js';
 import { DATABASE_URL, freshSchema, leaseLapsed } from './helpers.js';
 
 const { schema, pool } = await freshSchema('ranges');
@@ -263,14 +263,7 @@ test('rolling deploy: migration 8 carries per-task leases over; an old claim is 
   const c = new pg.Client({ connectionString: DATABASE_URL, options: '-c jit=off' });
   await c.connect();
   try {
-    await c.query(`DROP SCHEMA IF EXISTS ${L} CASCADE`);
-    await c.query(`CREATE SCHEMA ${L}`);
-    await c.query(`CREATE TABLE ${L}.schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
-                     applied_at timestamptz NOT NULL DEFAULT now(), checksum text)`);
-    for (const m of MIGRATIONS.filter((x) => x.version <= 7)) {
-      await c.query(m.sql(legacySchema));
-      await c.query(`INSERT INTO ${L}.schema_migrations (version, name) VALUES ($1, $2)`, [m.version, m.name]);
-    }
+    await schemaAtVersion(c, legacySchema, 7);
     // What an older worker left: three entries, two leased per task, one of those settled.
     await c.query(
       `INSERT INTO ${L}.ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard, attempts, created_at, run_at)

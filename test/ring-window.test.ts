@@ -1,13 +1,14 @@
 /**
  * Ring windows (migration 13, src/storage/ring-window.ts): a worker's claims read only the ring
  * segments that may hold entries, and a claim whose snapshot shows a later ring generation than
- * its window's leases nothing and says it is stale. An appender that raced a rotation bumps the
- * generation, so the one entry a window could leave out behind the lane's cursor is never
- * passed over.
+ * its window's leases nothing and says it is stale. An appender that raced a rotation moves its
+ * entries to the segment current after it (migration 18), so no window leaves one out behind the
+ * lane's cursor.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { defineTask, enqueueMany, getTask, Worker } from '../src/index.js';
+import pg from 'pg';
+import { defineTask, enqueueMany, getTask, migrate, Worker } from '../src/index.js';
 import { claimBatch, type ClaimParams, discover } from '../src/processor/claim.js';
 import { rotateRing, pruneSegment } from '../src/maintenance/ring.js';
 import { readGauges, readGaugesIn } from '../src/maintenance/gauges.js';
@@ -17,6 +18,7 @@ import { completeLeases } from '../src/storage/complete.js';
 import { removeUnleased } from '../src/storage/remove.js';
 import { MAX_WINDOW_SEGMENTS, overWindow, readRingWindow } from '../src/storage/ring-window.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor } from './helpers.js';
+import { schemaAtVersion } from './support/legacy-schema.js';
 
 const { schema, pool } = await freshSchema('ringwin');
 const S = quoteIdent(schema);
@@ -119,36 +121,43 @@ test('a claim whose window the ring moved past leases nothing and says stale; th
   );
 });
 
-test('an append that raced a rotation bumps the generation, so a window that left its segment out goes stale', async () => {
+test('an append that raced a rotation moves its entries to the segment current after it, so no window leaves them out', async () => {
   await reset();
   await enqueueMany(pool, [{ type: 't', payload: { i: 0 }, shard: 4 }], { schema });
   const lane = await laneOf(4);
-  const before = await readRingWindow(pool, schema);
   const g0 = await generation();
-  // A rotation committed while the append ran (between its read of current_slot and its
-  // second look after the INSERT): simulated by a trigger that moves current_slot inside the
-  // appender's own transaction, after its row is routed.
+  // A rotation committed while the append ran (between its read of the ring epoch and its
+  // second look after the INSERT): simulated by a trigger that rotates inside the appender's own
+  // transaction, after its row is routed to segment 0. (ring_state's own trigger moves the epoch.)
   await pool.query(`CREATE FUNCTION ${S}.rotate_during_append() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN UPDATE ${S}.ring_state SET current_slot = (current_slot + 1) % slot_count; RETURN NULL; END $$`);
   await pool.query(
     `CREATE TRIGGER rotate_during_append AFTER INSERT ON ${S}.ready_0 FOR EACH ROW EXECUTE FUNCTION ${S}.rotate_during_append()`,
   );
+  let raced: string;
   try {
-    await enqueueMany(pool, [{ type: 't', payload: { i: 1 }, shard: 4 }], { schema });
+    raced = (await enqueueMany(pool, [{ type: 't', payload: { i: 1 }, shard: 4 }], { schema }))[0]!.id!;
   } finally {
     await pool.query(`DROP TRIGGER rotate_during_append ON ${S}.ready_0`);
     await pool.query(`DROP FUNCTION ${S}.rotate_during_append()`);
   }
-  assert.equal(await generation(), g0 + 1n, 'the appender bumped the generation');
-  assert.equal((await claimBatch(pool, params([lane], 10, { window: before }))).stale, true);
-  // An append that did not race one leaves the generation alone.
-  await enqueueMany(pool, [{ type: 't', payload: { i: 2 }, shard: 4 }], { schema });
-  assert.equal(await generation(), g0 + 1n);
-  const got = await claimBatch(pool, params([lane], 10, { window: await readRingWindow(pool, schema) }));
+  assert.equal(await generation(), g0 + 1n, 'the rotation bumped the generation (the appender does not)');
+  const rows = await pool.query(`SELECT slot FROM ${S}.ready WHERE id = $1`, [raced]);
   assert.deepEqual(
-    got.tasks.map((t) => (t.payload as { i: number }).i),
-    [0, 1],
-    'the lane in order: the raced entry first (the next segment is the next claim)',
+    rows.rows.map((r) => r.slot),
+    [1],
+    'the raced entry lives in the segment that was current after its append, and only there',
+  );
+  // A later append of the lane goes to the same segment; claims take the lane in order.
+  await enqueueMany(pool, [{ type: 't', payload: { i: 2 }, shard: 4 }], { schema });
+  const window = await readRingWindow(pool, schema);
+  assert.deepEqual(window.segments, [0, 1]);
+  const first = await claimBatch(pool, params([lane], 10, { window }));
+  const second = await claimBatch(pool, params([lane], 10, { window }));
+  assert.deepEqual(
+    [...first.tasks, ...second.tasks].map((t) => (t.payload as { i: number }).i),
+    [0, 1, 2],
+    'the lane in order: segment 0, then the raced entry and the next in segment 1',
   );
 });
 
@@ -323,4 +332,188 @@ test('gauges read over a window the ring moved past count again over the new one
   counted.length = 0;
   assert.equal((await readGaugesIn(db, bindSchema(schema), now)).pending.get('t'), 2);
   assert.equal(counted.length, 1, 'counted once');
+});
+
+test('prune checks every entry: one neither settled nor tombstoned is sent back to deferred, never truncated away', async () => {
+  await reset();
+  const tasks = await enqueueMany(
+    pool,
+    [0, 1, 2].map((i) => ({ type: 't', payload: { i }, shard: 10 })),
+    { schema },
+  );
+  assert.equal(await rotateRing(pool, schema, 0), 'rotated');
+  const lane = await laneOf(10);
+  const seqs = (
+    await pool.query(`SELECT lane_seq::int AS s FROM ${S}.ready WHERE lane_id = $1 ORDER BY lane_seq`, [lane])
+  ).rows.map((r) => r.s as number);
+  // A broken lease, made by hand: it covers the lane's three entries but counts two, and both of
+  // its settlements name the first and the last. Each lane's last entry is leased and no lease
+  // is in flight, so only an entry-by-entry check sees the middle one: nobody would ever claim it.
+  await pool.query(
+    `INSERT INTO ${S}.range_leases (slot, lane_id, from_seq, to_seq, n, token, claimed_at, worker, types,
+                                    type_expires, type_max_attempts, expires_at)
+     VALUES (0, $1, $2, $3, 2, gen_random_uuid(), now(), 'forged', '{t}', ARRAY[now() + interval '1 hour'],
+             '{20}', now() + interval '1 hour')`,
+    [lane, seqs[0], seqs[2]],
+  );
+  await pool.query(
+    `INSERT INTO ${S}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
+     VALUES (0, $1, $2::bigint, int8multirange(int8range($2::bigint, $2::bigint + 1), int8range($3::bigint, $3::bigint + 1)),
+             2, 'completed')`,
+    [lane, seqs[0], seqs[2]],
+  );
+  assert.deepEqual(await pruneSegment(pool, schema, 0, 1000), { segment: 0, result: 'recovered', entries: 1 });
+  const deferred = await pool.query(`SELECT id::text, state, attempts, last_error FROM ${S}.deferred`);
+  assert.deepEqual(
+    deferred.rows.map((r) => [r.id, r.state, r.attempts]),
+    [[tasks[1]!.id, 'retryable', 0]],
+    'the stranded task waits in deferred, due now, its attempts kept',
+  );
+  assert.match(deferred.rows[0].last_error, /recovered by the ring prune/);
+  assert.equal(
+    Number((await pool.query(`SELECT count(*) AS n FROM ${S}.ready_0`)).rows[0].n),
+    0,
+    'the segment was reclaimed in the same transaction',
+  );
+  assert.equal((await getTask(pool, schema, tasks[1]!.id!))?.state, 'retryable');
+});
+
+/** Wait until backend `pid` waits for a lock (it has taken its snapshot and queued behind one). */
+async function waitingForLock(pid: number, what: string): Promise<void> {
+  await waitFor(
+    async () => (await pool.query(`SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted`, [pid])).rowCount === 1,
+    20_000,
+    what,
+  );
+}
+
+test('a window read while a rotation is between its statement and its commit holds both segments: the sealed one’s entry is claimed first', async () => {
+  await reset();
+  const blocker = await pool.connect();
+  const reader = await pool.connect();
+  const rotator = await pool.connect();
+  try {
+    // The window's statement takes its snapshot, then waits behind a lock (a prune's, say).
+    await blocker.query('BEGIN');
+    await blocker.query(`LOCK TABLE ${S}.ready_9 IN ACCESS EXCLUSIVE MODE`);
+    const readerPid = (await reader.query('SELECT pg_backend_pid() AS pid')).rows[0].pid as number;
+    const pending = readRingWindow(reader, schema);
+    await waitingForLock(readerPid, 'the window read to wait for the lock');
+    // Meanwhile X commits in segment 0, and a rotation to 1 runs its statement, not yet committed.
+    const [x] = await enqueueMany(pool, [{ type: 't', payload: { n: 'x' }, shard: 11 }], { schema });
+    await rotator.query('BEGIN');
+    assert.equal((await rotator.query(`SELECT ${S}.rotate_ring(0::smallint, 1::smallint) AS r`)).rows[0].r, 'rotated');
+    await blocker.query('COMMIT');
+    const window = await pending;
+    // Y, the lane's next entry, goes to segment 1 (the epoch's); the rotation is still open, so
+    // a claim with this window is not stale.
+    const [y] = await enqueueMany(pool, [{ type: 't', payload: { n: 'y' }, shard: 11 }], { schema });
+    assert.deepEqual(window.segments, [0, 1], 'the segment being sealed (ring_state’s) and the epoch’s');
+    const lane = await laneOf(11);
+    const first = await claimBatch(pool, params([lane], 10, { window }));
+    assert.equal(first.stale, false);
+    assert.deepEqual(
+      first.tasks.map((t) => t.id),
+      [x!.id],
+      'X first (the segment it is in was sealed after the window’s snapshot), then Y',
+    );
+    await rotator.query('COMMIT');
+    const second = await claimBatch(pool, params([lane], 10, { window: await readRingWindow(pool, schema) }));
+    assert.deepEqual(
+      second.tasks.map((t) => t.id),
+      [y!.id],
+    );
+  } finally {
+    await blocker.query('ROLLBACK').catch(() => undefined);
+    await rotator.query('ROLLBACK').catch(() => undefined);
+    blocker.release();
+    reader.release();
+    rotator.release();
+  }
+});
+
+test('prune recovers an unleased last entry its lane’s cursor passed (a lease in a later segment) instead of calling it claimable for ever', async () => {
+  await reset();
+  const [x, y] = await enqueueMany(
+    pool,
+    ['x', 'y'].map((n) => ({ type: 't', payload: { n }, shard: 12 })),
+    { schema },
+  );
+  assert.equal(await rotateRing(pool, schema, 0), 'rotated');
+  // Y moved to segment 1 and leased and settled there by hand: the lane's cursor is past X,
+  // which is its lane's last entry in segment 0 and unleased.
+  await pool.query(`UPDATE ${S}.ready SET slot = 1 WHERE id = $1`, [y!.id]);
+  const lane = await laneOf(12);
+  const seqY = (await pool.query(`SELECT lane_seq::int AS s FROM ${S}.ready WHERE id = $1`, [y!.id])).rows[0].s;
+  await pool.query(
+    `INSERT INTO ${S}.range_leases (slot, lane_id, from_seq, to_seq, n, token, claimed_at, worker, types,
+                                    type_expires, type_max_attempts, expires_at)
+     VALUES (1, $1, $2, $2, 1, gen_random_uuid(), now(), 'forged', '{t}', ARRAY[now() + interval '1 hour'],
+             '{20}', now() + interval '1 hour')`,
+    [lane, seqY],
+  );
+  await pool.query(
+    `INSERT INTO ${S}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
+     VALUES (1, $1, $2::bigint, int8multirange(int8range($2::bigint, $2::bigint + 1)), 1, 'completed')`,
+    [lane, seqY],
+  );
+  assert.equal(
+    (await claimBatch(pool, params([lane], 10, { window: await readRingWindow(pool, schema) }))).tasks.length,
+    0,
+    'no claim takes X any more',
+  );
+  assert.deepEqual(await pruneSegment(pool, schema, 0, 1000), { segment: 0, result: 'recovered', entries: 1 });
+  assert.equal((await getTask(pool, schema, x!.id!))?.state, 'retryable', 'X waits in deferred, due now');
+});
+
+test('migration 18 under a fleet of migration 17: an older leader’s rotation in flight is waited for, and its plain UPDATE moves the epoch', async () => {
+  const legacy = `t_ringwin_v17_${process.pid}`;
+  const L = quoteIdent(legacy);
+  const c = new pg.Client({ connectionString: DATABASE_URL, options: '-c jit=off' });
+  const oldLeader = new pg.Client({ connectionString: DATABASE_URL, options: '-c jit=off' });
+  await c.connect();
+  await oldLeader.connect();
+  try {
+    await schemaAtVersion(c, legacy, 17);
+    await enqueueMany(c, [{ type: 't', payload: {}, shard: 0 }], { schema: legacy });
+    // An older leader's rotation, its statement run and its transaction still open.
+    await oldLeader.query('BEGIN');
+    await oldLeader.query(
+      `UPDATE ${L}.ring_state SET current_slot = 1, generation = generation + 1, rotated_at = now() WHERE current_slot = 0`,
+    );
+    const migrating = migrate({ connectionString: DATABASE_URL, schema: legacy });
+    await waitFor(
+      async () =>
+        (
+          await pool.query(
+            `SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+              WHERE NOT l.granted AND c.relname = 'ring_state' AND c.relnamespace = $1::regnamespace`,
+            [legacy],
+          )
+        ).rowCount === 1,
+      20_000,
+      'the migration to wait for the rotation',
+    );
+    await oldLeader.query('COMMIT');
+    await migrating;
+    const ring = async () =>
+      (
+        await c.query(
+          `SELECT current_slot, (SELECT last_value % 16 FROM ${L}.ring_epoch)::int AS epoch FROM ${L}.ring_state`,
+        )
+      ).rows[0];
+    assert.deepEqual(await ring(), { current_slot: 1, epoch: 1 }, 'the epoch starts at the committed rotation');
+    // The older leader rotates again with its plain UPDATE: the epoch follows, appends go there.
+    await oldLeader.query(
+      `UPDATE ${L}.ring_state SET current_slot = 2, generation = generation + 1, rotated_at = now() WHERE current_slot = 1`,
+    );
+    assert.deepEqual(await ring(), { current_slot: 2, epoch: 2 });
+    const [t] = await enqueueMany(c, [{ type: 't', payload: {}, shard: 0 }], { schema: legacy });
+    assert.equal((await c.query(`SELECT slot FROM ${L}.ready WHERE id = $1`, [t!.id])).rows[0].slot, 2);
+  } finally {
+    await oldLeader.query('ROLLBACK').catch(() => undefined);
+    await c.query(`DROP SCHEMA IF EXISTS ${L} CASCADE`);
+    await c.end();
+    await oldLeader.end();
+  }
 });

@@ -340,7 +340,15 @@ export class Maintenance {
             lockTimeoutMs: o.ringLockTimeoutMs,
           });
           metrics.ringRotations.inc({ result: r.rotation });
-          for (const p of r.prunes) metrics.ringPrunes.inc({ result: p.result, reason: 'reason' in p ? p.reason : '' });
+          for (const p of r.prunes) {
+            metrics.ringPrunes.inc({ result: p.result, reason: 'reason' in p ? p.reason : '' });
+            if (p.result === 'recovered') {
+              this.deps.logger.error(
+                { segment: p.segment, entries: p.entries },
+                'ring prune found entries no claim would ever lease and sent them back to deferred: a berth bug, please report it',
+              );
+            }
+          }
         },
       },
       {

@@ -13,7 +13,7 @@ import { type RingFill, readRingFill } from '../storage/ring-window.js';
  * migration, so the SQL keeps the old word and this module translates.
  */
 export interface RingState {
-  /** The segment new entries are appended to (`ring_state.current_slot`). */
+  /** The segment new entries are appended to (the ring epoch's; `ring_state.current_slot` follows it). */
   currentSegment: number;
   /** How many segments the ring has (`ring_state.slot_count`). */
   segmentCount: number;
@@ -26,9 +26,11 @@ export interface RingState {
 export async function readRingState(db: pg.Pool | pg.ClientBase, schema: SchemaRef): Promise<RingState> {
   const { q: s } = bindSchema(schema);
   const r = await db.query<{ current_slot: number; slot_count: number; generation: string; age_ms: number }>(
+    // Through ring_window(): its current segment is the ring epoch's (migration 18), the one
+    // appends go to.
     `SELECT current_slot, slot_count, generation::text AS generation,
             (extract(epoch FROM now() - rotated_at) * 1000)::float8 AS age_ms
-       FROM ${s}.ring_state`,
+       FROM ${s}.ring_window()`,
   );
   const row = r.rows[0]!;
   return {
@@ -82,29 +84,42 @@ async function rotateIfDue(
   return rotateFrom(pool, schema, fill.currentSegment, next);
 }
 
-/** The rotation's compare-and-set: moves appends from `from` to `to` unless another rotator did first. */
+/**
+ * The rotation, through the schema's `rotate_ring` definer function: it moves appends from
+ * `from` to `to` under the ring_state row lock that serializes rotators, only if the ring is
+ * still at `from` (else `raced`), `from` holds a committed entry (else `empty`: a segment sealed
+ * empty could take an appender's uncommitted entry out of every claim's window) and `to` holds
+ * none (else `next_slot_busy`). The function moves the ring epoch (migration 18) with it.
+ */
 async function rotateFrom(pool: pg.Pool, schema: Schema, from: number, to: number): Promise<RotateResult> {
-  const upd = await pool.query(
-    `UPDATE ${schema.q}.ring_state SET current_slot = $2, generation = generation + 1, rotated_at = now()
-      WHERE current_slot = $1`,
+  const r = await pool.query<{ result: RotateResult }>(
+    `SELECT ${schema.q}.rotate_ring($1::smallint, $2::smallint) AS result`,
     [from, to],
   );
-  return upd.rowCount === 1 ? 'rotated' : 'raced';
+  return r.rows[0]!.result;
 }
 
 export type PruneResult =
   | { segment: number; result: 'pruned' }
   | { segment: number; result: 'skipped'; reason: 'current' | 'empty' | 'claimable' | 'in_flight' }
-  | { segment: number; result: 'blocked'; reason: 'lock_timeout' };
+  | { segment: number; result: 'blocked'; reason: 'lock_timeout' }
+  /**
+   * Pruned, and the entry-by-entry check found entries neither settled nor tombstoned, which no
+   * claim would ever lease (their lane's cursor had passed them): they were copied to deferred
+   * (due now) in the transaction that truncated the segment. A bug, logged as an error by the
+   * leader.
+   */
+  | { segment: number; result: 'recovered'; entries: number };
 
 /**
  * Reclaim one sealed segment by TRUNCATE, through the schema's `prune_slot` definer function
  * (so a worker role needs no TRUNCATE of its own): under a short lock_timeout it takes ACCESS
- * EXCLUSIVE on the segment's four partitions (so nothing can append, lease or settle in them
- * meanwhile), then truncates only if no entry is still claimable and no lease is still in
- * flight. A segment that any transaction is using (an open producer, a long reader) reports
- * `blocked` instead of waiting. No task can be lost: every entry in a pruned segment was settled
- * or tombstoned. One statement: no client is checked out.
+ * EXCLUSIVE on the segment's partitions (so nothing can append, lease or settle in them
+ * meanwhile), then truncates only if no entry is still claimable, no lease is still in flight,
+ * and every entry is settled or tombstoned (checked entry by entry: `recovered` otherwise). A
+ * segment that any transaction is using (an open producer, a long reader) reports `blocked`
+ * instead of waiting. No task can be lost: every entry in a pruned segment was settled or
+ * tombstoned. One statement: no client is checked out.
  */
 export async function pruneSegment(
   pool: pg.Pool,
@@ -122,11 +137,14 @@ export async function pruneSegment(
   const result = r.rows[0]!.result;
   if (result === 'pruned') return { segment, result };
   if (result === 'blocked') return { segment, result, reason: 'lock_timeout' };
-  return { segment, result: 'skipped', reason: result };
+  if (result === 'current' || result === 'empty' || result === 'claimable' || result === 'in_flight') {
+    return { segment, result: 'skipped', reason: result };
+  }
+  return { segment, result: 'recovered', entries: Number(result.slice('recovered:'.length)) };
 }
 
 /** What prune_slot (migration 7) answers. */
-type PruneOutcome = 'pruned' | 'blocked' | 'current' | 'empty' | 'claimable' | 'in_flight';
+type PruneOutcome = 'pruned' | 'blocked' | 'current' | 'empty' | 'claimable' | 'in_flight' | `recovered:${number}`;
 
 const RING_KEYS: ReadonlySet<string> = new Set(['rotateAfterMs', 'rotateSmallAfterMs', 'lockTimeoutMs']);
 
@@ -151,13 +169,19 @@ export async function maintainRing(
   checkKeys(opts, RING_KEYS, 'maintainRing');
   const bound = bindSchema(schema);
   const fill = await readRingFill(pool, bound);
+  if (fill.committedSegment !== fill.currentSegment) {
+    // A rotation's transaction was lost after its statement moved the epoch (or another rotator
+    // is mid-rotation): bring ring_state level first; the next tick rotates and prunes.
+    await pool.query(`SELECT ${bound.q}.repair_ring_state()`);
+    return { rotation: 'raced', prunes: [] };
+  }
   const filled = new Set(fill.filled);
   const prunes: PruneResult[] = [];
   for (let i = 1; i < fill.segmentCount; i++) {
     const segment = (fill.currentSegment + i) % fill.segmentCount;
     if (!filled.has(segment)) continue;
     const p = await pruneSegment(pool, bound, segment, opts.lockTimeoutMs);
-    if (p.result === 'pruned') filled.delete(segment);
+    if (p.result === 'pruned' || p.result === 'recovered') filled.delete(segment);
     prunes.push(p);
   }
   const rotation = await rotateIfDue(pool, bound, fill, filled, {

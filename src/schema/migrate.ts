@@ -315,8 +315,12 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
     );
 }
 
-/** A function the newest migration creates: its presence means the schema is current. */
-const LATEST_MARKER = 'ring_window()';
+/**
+ * A function the newest migration that this code needs creates: its presence means the schema
+ * is current. Migration 18's trigger function: appends read the ring epoch (a worker of this
+ * version rotates the ring and reads windows expecting it).
+ */
+const LATEST_MARKER = 'ring_epoch_follows()';
 
 /** The schema is missing or older than the code: nothing was run against it. */
 export class SchemaNotMigratedError extends BerthInputError {

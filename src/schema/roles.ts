@@ -50,8 +50,13 @@ const WORKER_FUNCTIONS = [
   'due_deferred(text, integer, text[], smallint[], smallint[])',
   'cancel_tasks(bigint[], text)',
   'rotate_history(integer)',
-  // The claim's ring window (migration 13): not a definer function, it reads as the worker.
+  // The claim's ring window (migration 13; a definer function since migration 18, when it reads
+  // the ring epoch).
   'ring_window()',
+  // The leader's ring rotation (migration 18): every condition checked under the row lock; and
+  // the repair of a rotation whose transaction was lost after its statement moved the epoch.
+  'rotate_ring(smallint, smallint)',
+  'repair_ring_state()',
 ] as const;
 
 const RING_TABLES = ['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements'] as const;
@@ -115,8 +120,12 @@ function workerGrants(s: string): Grant[] {
     { privileges: 'SELECT', on: ringPartitions(s, RING_TABLES) },
     // A batched completion inserts into its ring segment's range_settlements partition directly.
     { privileges: 'INSERT', on: ringPartitions(s, ['range_settlements']) },
-    // UPDATE of the columns rotation's compare-and-set writes. A forged value only changes which
-    // ring segment new entries go to; prune_slot re-checks everything under its lock, so none is lost.
+    // The ring's state, read by the window and the claim (its generation). This version rotates
+    // through rotate_ring, as the owner; UPDATE of the columns a rotation writes stays for the
+    // leaders of migrations 13-17 in a fleet being upgraded (their compare-and-set is a plain
+    // UPDATE, which the ring_epoch_follows trigger turns into a move of the epoch). A forged value
+    // only moves the epoch forward to another segment: appends stay in rotation order, and the
+    // prune still checks every entry under its lock, so none is lost.
     { privileges: 'SELECT, UPDATE (current_slot, generation, rotated_at)', on: `${s}.ring_state` },
     // INSERT: a failure's retry, a release, a cursor advance and a rescue defer the task.
     // Promotion deletes (promote_lane) and locks (due_deferred) as the owner: no UPDATE, no DELETE.

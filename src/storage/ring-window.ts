@@ -1,8 +1,9 @@
 import { bindSchema, type Queryable, quoteIdent, type Schema, type SchemaRef, statementName } from '../sql.js';
 
 /**
- * The ring segments a worker's claims read (migration 13, `ring_window()`): the current one and
- * every sealed one not yet pruned, with the ring's generation they were read at. Entries outside
+ * The ring segments a worker's claims read (migration 13, `ring_window()`): the current one (the
+ * ring epoch's, and the one the last committed rotation left, if another) and every sealed one
+ * not yet pruned, with the ring's generation they were read at. Entries outside
  * it are newer than every entry in it, so a claim that reads only these never passes over an
  * older entry of a lane; a claim whose snapshot shows a later generation reads nothing and says
  * it is stale (see the claim), and the worker reads the window again.
@@ -36,6 +37,13 @@ export interface RingFill {
   filled: number[];
   /** The size of the current segment's `ready` partition (`pg_relation_size`: its file, no scan). */
   currentBytes: number;
+  /**
+   * `ring_state.current_slot` in the window's snapshot: the current segment as the last committed
+   * rotation left it. The epoch's (`currentSegment`) is one ahead while a rotation is between its
+   * statement and its commit, or after a rotation whose transaction was lost (the leader then
+   * calls repair_ring_state). A window holds both (migration 18).
+   */
+  committedSegment: number;
 }
 
 export async function readRingFill(db: Queryable, schema: SchemaRef): Promise<RingFill> {
@@ -47,12 +55,13 @@ export async function readRingFill(db: Queryable, schema: SchemaRef): Promise<Ri
     age_ms: number;
     filled: number[];
     current_bytes: string;
+    committed_slot: number;
   }>({
     name: statementName(`berth-ring-window:${name}`),
     text: `SELECT w.generation::text AS generation, w.current_slot, w.slot_count,
                   (extract(epoch FROM now() - w.rotated_at) * 1000)::float8 AS age_ms, w.filled,
                   pg_relation_size(format('%I.%I', $1::text, 'ready_' || w.current_slot)::regclass)::text
-                    AS current_bytes
+                    AS current_bytes, w.committed_slot
              FROM ${s}.ring_window() w`,
     values: [name],
   });
@@ -69,12 +78,16 @@ export async function readRingFill(db: Queryable, schema: SchemaRef): Promise<Ri
     ageMs: row.age_ms,
     filled,
     currentBytes: Number(row.current_bytes),
+    committedSegment: row.committed_slot,
   };
 }
 
 export async function readRingWindow(db: Queryable, schema: SchemaRef): Promise<RingWindow> {
   const fill = await readRingFill(db, schema);
-  const segments = [...new Set([...fill.filled, fill.currentSegment])].sort((a, b) => a - b);
+  // The epoch's segment and the committed one (the same but for a rotation in between): the one a
+  // rotation in flight is sealing may hold an entry committed after this window's snapshot, which
+  // its filled list does not show.
+  const segments = [...new Set([...fill.filled, fill.currentSegment, fill.committedSegment])].sort((a, b) => a - b);
   return { generation: fill.generation, segments: segments.length > MAX_WINDOW_SEGMENTS ? null : segments };
 }
 

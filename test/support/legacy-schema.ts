@@ -1,0 +1,21 @@
+import type pg from 'pg';
+import { quoteIdent } from '../../src/sql.js';
+import { MIGRATIONS } from '../../src/schema/migrations.js';
+
+/**
+ * Schema `schema`, made afresh and brought to migration `version` only: what an older berth left,
+ * for a test of the next migration under a fleet of that version. The migrations run as
+ * `migrate()` runs them, recorded without checksums (so a later `migrate()` takes the schema as
+ * it is). Drops the schema first.
+ */
+export async function schemaAtVersion(c: pg.ClientBase, schema: string, version: number): Promise<void> {
+  const s = quoteIdent(schema);
+  await c.query(`DROP SCHEMA IF EXISTS ${s} CASCADE`);
+  await c.query(`CREATE SCHEMA ${s}`);
+  await c.query(`CREATE TABLE ${s}.schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
+                   applied_at timestamptz NOT NULL DEFAULT now(), checksum text)`);
+  for (const m of MIGRATIONS.filter((x) => x.version <= version)) {
+    await c.query(m.sql(schema));
+    await c.query(`INSERT INTO ${s}.schema_migrations (version, name) VALUES ($1, $2)`, [m.version, m.name]);
+  }
+}
