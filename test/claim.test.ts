@@ -4,6 +4,7 @@ import { enqueueMany, enqueue } from '../src/index.js';
 import { claim, claimBatch, claimLanes, discover, type ClaimParams, type ClaimedTask } from '../src/processor/claim.js';
 import { claimOneLane } from '../src/processor/claim-one-lane.js';
 import { type Queryable, wakeChannel } from '../src/sql.js';
+import { readRingWindow } from '../src/storage/ring-window.js';
 import { freshSchema, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('claim');
@@ -290,8 +291,8 @@ test('the cursor never passes an unleased entry: a claim that began before an ap
       );
       const entries = await pool.query<{ id: string; lane_seq: string; late: boolean }>(
         // On the current segment only: planning a read of every partition would queue behind the lock too.
-        `SELECT id::text, lane_seq::text, run_at > $2 AS late FROM ${s}.ready
-        WHERE lane_id = $1 AND slot = $3 ORDER BY lane_seq`,
+        `SELECT r.id::text, r.lane_seq::text AS seq, r.run_at > $2 AS late FROM ${s}.ready r
+        WHERE r.lane_id = $1 AND r.slot = $3 ORDER BY r.lane_seq`,
         [lane, claimStart, ring.rows[0]!.current_slot],
       );
       assert.deepEqual(
@@ -402,5 +403,47 @@ test('ids and lane positions past 2^53 come back exact (int8 travels as text in 
       );
     } finally {
       await pool.query(`ALTER SEQUENCE "${schema}".task_id_seq RESTART WITH 1000000`);
+    }
+  }));
+
+test('the segment test stops a lane’s prefix: a lane whose entries read segments B, A, B is leased B, then A, then B', () =>
+  forEachStatement(async (claim, label) => {
+    for (const windowed of [false, true]) {
+      await reset();
+      const tasks = await enqueueMany(
+        pool,
+        [0, 1, 2].map((i) => ({ type: 't', payload: { i }, shard: 9 })),
+        { schema },
+      );
+      // Appends never write this order (migration 18); a bug that did would have the claim lease
+      // B..B as one range and its cursor pass A for good. Made by hand: the first and the last
+      // entry moved to segment 1, the middle one left in segment 0.
+      await pool.query(`UPDATE "${schema}".ready SET slot = 1 WHERE id = ANY ($1::bigint[])`, [
+        [tasks[0]!.id, tasks[2]!.id],
+      ]);
+      const lane = (await pool.query(`SELECT lane_id FROM "${schema}".ready WHERE id = $1`, [tasks[0]!.id])).rows[0]
+        .lane_id;
+      const window = windowed ? await readRingWindow(pool, schema) : undefined;
+      if (window) assert.deepEqual(window.segments, [0, 1]);
+      const order: number[] = [];
+      for (let round = 0; round < 3; round++) {
+        const got = await claim(pool, params([lane], 10, { window }));
+        assert.equal(got.length, 1, `${label}, ${windowed ? 'in a window' : 'whole ring'}: one entry a claim`);
+        order.push((got[0]!.payload as { i: number }).i);
+      }
+      assert.deepEqual(order, [0, 1, 2], 'in lane order, none passed');
+      assert.equal((await claim(pool, params([lane], 10, { window }))).length, 0);
+      const ranges = await pool.query(
+        `SELECT slot, from_seq::int AS f, to_seq::int AS t, n FROM "${schema}".range_leases ORDER BY from_seq`,
+      );
+      assert.deepEqual(
+        ranges.rows.map((r) => [r.slot, r.t - r.f + 1, r.n]),
+        [
+          [1, 1, 1],
+          [0, 1, 1],
+          [1, 1, 1],
+        ],
+        'one range per segment run, none spanning another segment’s entry',
+      );
     }
   }));

@@ -68,13 +68,14 @@ export async function claimOneLane(write: Queryable, p: ClaimParams): Promise<Cl
         LIMIT 1
         FOR UPDATE SKIP LOCKED
      ), picked AS MATERIALIZED (
-       SELECT k.lane_id, r.*, r.slot = r.lane_slot AS in_lane_slot
+       SELECT k.lane_id, r.*, r.lane_slot_lo = r.lane_slot_hi AS in_lane_slot
          FROM locked k
          CROSS JOIN LATERAL (
            SELECT r.*,
                   row_number() OVER w AS rank_in_lane,
                   bool_and(r.run_at <= now()) OVER w AS due_so_far,
-                  first_value(r.slot) OVER w AS lane_slot
+                  min(r.slot) OVER w AS lane_slot_lo,
+                  max(r.slot) OVER w AS lane_slot_hi
              FROM ${claimableEntries(s, 'k', columns, '$2', w?.segments)} r
            WINDOW w AS (ORDER BY r.lane_seq ROWS UNBOUNDED PRECEDING)) r
         WHERE k.version = (SELECT v.version FROM ${s}.lanes v WHERE v.lane_id = k.lane_id)

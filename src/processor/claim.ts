@@ -155,18 +155,23 @@ export async function claimLanes(write: Queryable, p: ClaimParams): Promise<Clai
      ), picked AS MATERIALIZED (
        -- Per lane, in lane order (the index scan's, so the window sorts nothing): rank, and
        -- whether the prefix is still due and still in the lane's first ring segment. Both are
-       -- stops: a lane yields the prefix up to its first entry that is not due or lies in a later
-       -- segment (a later segment never goes back to the first, so \`slot = lane_slot\` is itself
-       -- a prefix). Only the columns the shaping needs: the tasks are read once more, by range,
-       -- for the result (a payload carried through here and the sort cost more than that read).
+       -- stops: a lane yields the prefix up to its first entry that is not due or lies in another
+       -- segment. The segment test is the running min and max of the segment agreeing, a prefix
+       -- by construction: a lane read as B, A, B stops after its first B. Appends keep a lane's
+       -- segments in rotation order (migration 18), so the stop is defence in depth; compared
+       -- with the first segment alone (a filter), that lane was leased as one range B..B and the
+       -- cursor passed A for good. Only the columns the shaping needs: the tasks are read once
+       -- more, by range, for the result (a payload carried through here and the sort cost more
+       -- than that read).
        SELECT k.lane_id, k.priority, r.slot, r.lane_seq, r.run_at, r.type, r.rank_in_lane,
-              r.due_so_far, r.slot = r.lane_slot AS in_lane_slot
+              r.due_so_far, r.lane_slot_lo = r.lane_slot_hi AS in_lane_slot
          FROM current k
          CROSS JOIN LATERAL (
            SELECT r.slot, r.lane_seq, r.run_at, r.type,
                   row_number() OVER w AS rank_in_lane,
                   bool_and(r.run_at <= now()) OVER w AS due_so_far,
-                  first_value(r.slot) OVER w AS lane_slot
+                  min(r.slot) OVER w AS lane_slot_lo,
+                  max(r.slot) OVER w AS lane_slot_hi
              FROM ${claimableEntries(s, 'k', ['slot', 'lane_seq', 'run_at', 'type'], 'least($2, coalesce($13::integer, $2))', w?.segments)} r
            WINDOW w AS (ORDER BY r.lane_seq ROWS UNBOUNDED PRECEDING)) r
      ), chosen AS (
