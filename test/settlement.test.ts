@@ -15,6 +15,7 @@ import { completeLeases } from '../src/storage/complete.js';
 import { recordFailures } from '../src/storage/fail.js';
 import { leaseKey } from '../src/storage/lease.js';
 import { advanceCursor, releaseLease } from '../src/storage/return.js';
+import { removeUnleased } from '../src/storage/remove.js';
 import { wakeChannel } from '../src/sql.js';
 import { freshSchema, leaseLapsed } from './helpers.js';
 
@@ -271,4 +272,113 @@ test('batched completion settles each lease by its own token', async () => {
   const settled = await completeLeases(pool, schema, refs);
   assert.equal(settled.size, 5);
   assert.equal(settled.has(leaseKey(ts[2]!)), false);
+});
+
+async function empty(): Promise<void> {
+  await pool.query(
+    `TRUNCATE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
+  );
+}
+
+/** Claim every due entry of one lane as one lease, with `ceilings` per type (margin 0). */
+async function claimLane(limit: number, ceilings: [string, number][] = [['t', 60_000]]): Promise<ClaimedTask[]> {
+  const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+  return claim(pool, {
+    schema,
+    laneIds: lanes.slice(0, 1),
+    limit,
+    ceilings: new Map(ceilings),
+    maxAttempts: new Map(),
+    defaultMaxAttempts: 20,
+    defaultCeilingMs: 60_000,
+    marginMs: 0,
+    workerId: 'test',
+    wakeChannel: wakeChannel(schema),
+  });
+}
+
+/** The lease's `n` and the sum of its settlements' `n`, for the one lease of the schema. */
+async function leaseCounts(): Promise<{ n: number; settled: number }> {
+  const r = await pool.query(
+    `SELECT l.n, coalesce((SELECT sum(x.n) FROM ${S}.range_settlements x
+                            WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq AND x.slot = l.slot), 0)::int AS settled
+       FROM ${S}.range_leases l`,
+  );
+  assert.equal(r.rows.length, 1, 'one lease');
+  return r.rows[0];
+}
+
+test('a completion counts the entries it settles: a batch naming an entry twice settles it once, and the lease stays unsettled', async () => {
+  await empty();
+  await enqueueMany(
+    pool,
+    [1, 2, 3].map((i) => ({ type: 't', payload: { i }, shard: 0 })),
+    { schema },
+  );
+  const [a, b, c] = await claimLane(10);
+  assert.ok(a && b && c, 'three tasks in one lease');
+  const settled = await completeLeases(pool, schema, [a, a, b]);
+  assert.deepEqual([...settled].sort(), [leaseKey(a), leaseKey(b)].sort());
+  assert.deepEqual(await leaseCounts(), { n: 3, settled: 2 }, 'two entries settled, counted two, not three');
+  assert.equal((await getTask(pool, schema, c.id))?.state, 'running', 'the third is still the holder’s');
+  await completeLeases(pool, schema, [c]);
+  assert.deepEqual(await leaseCounts(), { n: 3, settled: 3 });
+});
+
+test('settlements naming entries outside their lease, or a position that holds no entry of it, are refused', async () => {
+  await empty();
+  const tasks = await enqueueMany(
+    pool,
+    [1, 2, 3].map((i) => ({ type: 't', payload: { i }, shard: 0 })),
+    { schema },
+  );
+  // The middle one removed before the claim: the lease's range spans a tombstoned position.
+  assert.equal(await removeUnleased(pool, schema, tasks[1]!.id!, 'test'), 'removed');
+  const [a, b] = await claimLane(10);
+  assert.ok(a && b, 'two tasks in one lease');
+  assert.equal(BigInt(b.laneSeq) - BigInt(a.laneSeq), 2n, 'the range spans the tombstoned middle entry');
+  const middle = String(BigInt(a.laneSeq) + 1n);
+  const past = String(BigInt(b.laneSeq) + 1n);
+  // Completion: a group naming the tombstoned position or one past the lease is refused whole.
+  assert.equal((await completeLeases(pool, schema, [a, { ...a, laneSeq: middle }])).size, 0);
+  assert.equal((await completeLeases(pool, schema, [b, { ...b, laneSeq: past }])).size, 0);
+  // Failure and release: a single position of the lease that holds no live entry.
+  const failed = await recordFailures(pool, schema, [
+    { ref: { ...a, laneSeq: middle }, error: 'x', delayMs: 0, permanent: false },
+  ]);
+  assert.equal(failed.size, 0);
+  assert.equal((await releaseLease(pool, schema, { ...a, laneSeq: middle }, 'x')).wrote, false);
+  assert.deepEqual(await leaseCounts(), { n: 2, settled: 0 }, 'nothing was written');
+  assert.equal((await completeLeases(pool, schema, [a, b])).size, 2, 'the lease’s own entries settle');
+  assert.deepEqual(await leaseCounts(), { n: 2, settled: 2 });
+});
+
+test('rescue is not starved by lapsed leases it cannot rescue: more of them than its limit, and the real lapse is taken', async () => {
+  await empty();
+  // Five leases, each of an entry of type `short` (1 ms ceiling) and one of type `long` (1 hour):
+  // each lease's earliest expiry passes at once, but once the short entries complete, what is left
+  // of them is not due for rescue for an hour.
+  for (let i = 0; i < 5; i++) {
+    await enqueueMany(
+      pool,
+      [
+        { type: 'short', payload: { i }, shard: 1 + i },
+        { type: 'long', payload: { i }, shard: 1 + i },
+      ],
+      { schema },
+    );
+    const [s, l] = await claimLane(2, [
+      ['short', 1],
+      ['long', 3_600_000],
+    ]);
+    assert.ok(s && l && s.type === 'short' && l.type === 'long');
+    assert.equal((await completeLeases(pool, schema, [s])).size, 1);
+  }
+  // Then one real lapse, with the latest expiry of all.
+  const lapsedId = (await enqueue(pool, 'short', { real: true }, { schema, shard: 10 })).id!;
+  const [t] = await claimLane(1, [['short', 1]]);
+  assert.equal(t?.id, lapsedId);
+  await leaseLapsed(pool, t.leaseExpiresAt);
+  assert.deepEqual(await rescueLapsedLeases(pool, schema, 3), { retried: 1, dead: 0, held: 0 });
+  assert.equal((await getTask(pool, schema, lapsedId))?.state, 'retryable');
 });

@@ -1,6 +1,6 @@
 import { LeaseLostError } from '../errors.js';
 import { bindSchema, quoteIdent, type Queryable, type Schema, type SchemaRef, statementName } from '../sql.js';
-import { completedEntries, completionHistory, perTaskHistory, runMsValue } from './history.js';
+import { completionHistory, perTaskHistory, runMsValue } from './history.js';
 import { leaseKey, type LeaseRef, seqsToMultirange } from './lease.js';
 import { removeUnleased } from './remove.js';
 
@@ -114,10 +114,10 @@ function sortBySeq(g: LeaseGroup): void {
 
 /**
  * The groups as the completion statements take them: per group its lane, lease, token, entries
- * (a multirange), count, where its run times start in the one run-time array, and whether it
- * holds a task with a dedupe key; then that array.
+ * (a multirange) and where its run times start in the one run-time array; then that array. No
+ * count: the statement counts the entries it settles itself.
  */
-function groupValues(groups: readonly LeaseGroup[], withN: boolean): unknown[] {
+function groupValues(groups: readonly LeaseGroup[]): unknown[] {
   const runFrom: number[] = [];
   const runMs: (number | null)[] = groups.length === 1 ? groups[0]!.runMs : [];
   if (groups.length > 1) {
@@ -136,9 +136,7 @@ function groupValues(groups: readonly LeaseGroup[], withN: boolean): unknown[] {
         true,
       ),
     ),
-    ...(withN ? [groups.map((g) => g.refs.length)] : []),
     runFrom,
-    groups.map((g) => g.refs.some((r) => r.dedupeKey)),
     runMs,
   ];
 }
@@ -156,8 +154,61 @@ function compareSeq(a: string, b: string): number {
  * tasks, 0.4 ms of its 1.2 ms; auto_explain during bench/drain-profile.ts, 2026-12-01).
  */
 function leaseProbe(leases: string, laneId: string, from: string, extra = ''): string {
-  return `SELECT l.slot, l.lane_id, l.from_seq, l.token FROM ${leases} l
+  return `SELECT l.slot, l.lane_id, l.from_seq, l.to_seq, l.token, l.worker, l.claimed_at FROM ${leases} l
            WHERE l.lane_id = ${laneId} AND l.from_seq = ${from} ${extra} LIMIT 1`;
+}
+
+/**
+ * The checks a completion group must pass besides its token (alias `u`: its entries `seqs`; `l`:
+ * its lease): every entry it names lies within the lease's range, and none of them is
+ * tombstoned (a range may span a tombstoned entry it never leased). A group that fails is
+ * refused whole: only a caller's mistake names such entries, and counted as settled they would
+ * make a lease look done while an entry of it is not.
+ */
+function groupWithinLease(tombstones: string): string {
+  return `u.seqs <@ int8multirange(int8range(l.from_seq, l.to_seq, '[]'))
+          AND NOT EXISTS (SELECT 1 FROM ${tombstones} t
+                           WHERE t.lane_id = l.lane_id AND t.lane_seq >= lower(u.seqs) AND t.lane_seq < upper(u.seqs)
+                             AND u.seqs @> t.lane_seq)`;
+}
+
+/**
+ * CTE `e`: the entries each fenced group (CTE `g`: o, lane_id, from_seq, worker, claimed_at,
+ * seqs, run_from) names, read from the segment's `ready` partition, one index range scan per
+ * group, with their task fields and run times (`$runMs`, each group's in lane order from its
+ * `run_from`). Their count per group is the settlement's `n`: computed here from the entries that
+ * exist, never taken from the caller, so a lease's settlements add up to its `n` only when every
+ * entry of it is settled (rescue and prune rely on that sum). The same rows feed attempt history
+ * and free the dedupe keys, so they are read once.
+ *
+ * Sending every entry's id, type, attempt and creation time as arrays cost the worker ~3 µs a
+ * task to build and send and the server as much to parse (docs/benchmarks.md, "The completion's
+ * shape"): the worker sends ranges and run times only.
+ */
+function groupEntries(ready: string, runMs: number): string {
+  return `e AS MATERIALIZED (
+       SELECT g.o, g.lane_id, g.from_seq, g.worker, g.claimed_at, x.lane_seq, x.id, x.type,
+              x.attempts + 1 AS attempt, x.created_at, x.dedupe_key, ($${runMs}::integer[])[g.run_from + x.k - 1] AS run_ms
+         FROM g CROSS JOIN LATERAL (
+           SELECT r.lane_seq, r.id, r.type, r.attempts, r.created_at, r.dedupe_key,
+                  row_number() OVER (ORDER BY r.lane_seq ROWS UNBOUNDED PRECEDING) AS k
+             FROM ${ready} r
+            WHERE r.lane_id = g.lane_id AND r.lane_seq >= lower(g.seqs) AND r.lane_seq < upper(g.seqs)
+              AND g.seqs @> r.lane_seq) x
+     )`;
+}
+
+/**
+ * CTEs `done` (the entries of `e` whose settlement row `won`, with `settled` an extra condition
+ * on them) and `freed` (their dedupe keys, deleted), for attempt history (completionHistory).
+ */
+function wonEntries(s: string, settled = 'true'): string {
+  return `done AS MATERIALIZED (
+       SELECT e.* FROM e JOIN won w ON w.lane_id = e.lane_id AND w.lease_from = e.from_seq WHERE ${settled}
+     ), freed AS (
+       DELETE FROM ${s}.dedupe d USING done e
+        WHERE e.dedupe_key IS NOT NULL AND d.dedupe_key = e.dedupe_key AND d.id = e.id
+     )`;
 }
 
 async function completeInSlot(
@@ -170,24 +221,28 @@ async function completeInSlot(
   const leases = `${s}.${quoteIdent(`range_leases_${slot}`)}`;
   const settlements = `${s}.${quoteIdent(`range_settlements_${slot}`)}`;
   const ready = `${s}.${quoteIdent(`ready_${slot}`)}`;
+  const tombstones = `${s}.${quoteIdent(`tombstones_${slot}`)}`;
   const res = await write.query<{ lane_id: number; lease_from: string; token: string }>({
     name: statementName(`berth-complete:${schema.name}:${slot}`),
     text: `WITH u AS (
-       SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[], $4::int8multirange[], $5::integer[],
-                            $6::integer[], $7::boolean[])
-         WITH ORDINALITY AS u(lane_id, lease_from, token, seqs, n, run_from, keyed, o)
-     ), won AS (
-       INSERT INTO ${settlements} (slot, lane_id, lease_from, seqs, n, outcome)
-       SELECT l.slot, l.lane_id, l.from_seq, u.seqs, u.n, 'completed'
+       SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[], $4::int8multirange[], $5::integer[])
+         WITH ORDINALITY AS u(lane_id, lease_from, token, seqs, run_from, o)
+     ), g AS MATERIALIZED (
+       SELECT u.o, u.seqs, u.run_from, u.token, l.slot, l.lane_id, l.from_seq, l.worker, l.claimed_at
          FROM u CROSS JOIN LATERAL (${leaseProbe(leases, 'u.lane_id', 'u.lease_from', 'AND l.token = u.token')}) l
-        ORDER BY u.o
+        WHERE ${groupWithinLease(tombstones)}
+     ), ${groupEntries(ready, 6)}, won AS (
+       INSERT INTO ${settlements} (slot, lane_id, lease_from, seqs, n, outcome)
+       SELECT g.slot, g.lane_id, g.from_seq, g.seqs, c.n, 'completed'
+         FROM g JOIN (SELECT e.o, count(*)::integer AS n FROM e GROUP BY e.o) c ON c.o = g.o
+        ORDER BY g.o
        ON CONFLICT DO NOTHING
        RETURNING lane_id, lease_from
-     ), ${completedEntries(s, ready, leases, 8, false)}, ${completionHistory(s)}
+     ), ${wonEntries(s)}, ${completionHistory(s)}
      -- The token too: a batch may hold a wrong-token group for the same range as a right one.
-     SELECT w.lane_id, w.lease_from::text AS lease_from, l.token::text AS token
-       FROM won w CROSS JOIN LATERAL (${leaseProbe(leases, 'w.lane_id', 'w.lease_from')}) l`,
-    values: groupValues(groups, true),
+     SELECT g.lane_id, g.from_seq::text AS lease_from, g.token::text AS token
+       FROM won w JOIN g ON g.lane_id = w.lane_id AND g.from_seq = w.lease_from`,
+    values: groupValues(groups),
   });
   const won = new Set(res.rows.map((r) => `${r.lane_id}:${r.lease_from}:${r.token}`));
   const out: string[] = [];
@@ -217,6 +272,7 @@ async function completeRemainders(
   const s = schema.q;
   const leases = `${s}.${quoteIdent(`range_leases_${slot}`)}`;
   const settlements = `${s}.${quoteIdent(`range_settlements_${slot}`)}`;
+  const tombstones = `${s}.${quoteIdent(`tombstones_${slot}`)}`;
   const out: string[] = [];
   let pending = [...groups];
   for (let pass = 0; pending.length > 0 && pass < 8; pass++) {
@@ -227,31 +283,33 @@ async function completeRemainders(
       won: string[] | null;
       rest: boolean;
     }>(
+      // \`g.seqs\` is what the group asked for (its entries, numbered for their run times), \`g.want\`
+      // what is left of it once the lease's settlements are taken out; \`e.wanted\` marks its entries.
       `WITH u AS (
-         SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[], $4::int8multirange[], $5::integer[],
-                              $6::boolean[])
-           WITH ORDINALITY AS u(lane_id, lease_from, token, seqs, run_from, keyed, o)
-       ), want AS MATERIALIZED (
-         SELECT l.slot, l.lane_id, l.from_seq, l.token, u.o,
+         SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[], $4::int8multirange[], $5::integer[])
+           WITH ORDINALITY AS u(lane_id, lease_from, token, seqs, run_from, o)
+       ), g AS MATERIALIZED (
+         SELECT u.o, u.seqs, u.run_from, u.token, l.slot, l.lane_id, l.from_seq, l.worker, l.claimed_at,
                 u.seqs - coalesce((SELECT range_agg(x.seqs) FROM ${settlements} x
-                                    WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq), '{}') AS seqs
+                                    WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq), '{}') AS want
            FROM u JOIN ${leases} l ON l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.token = u.token
+          WHERE ${groupWithinLease(tombstones)}
+       ), ${groupEntries(`${s}.${quoteIdent(`ready_${slot}`)}`, 6)}, c AS (
+         SELECT e.o, count(*)::integer AS n FROM e JOIN g ON g.o = e.o WHERE g.want @> e.lane_seq GROUP BY e.o
        ), won AS (
          INSERT INTO ${settlements} (slot, lane_id, lease_from, seqs, n, outcome)
-         SELECT w.slot, w.lane_id, w.from_seq, w.seqs,
-                (SELECT sum(upper(x) - lower(x))::integer FROM unnest(w.seqs) x), 'completed'
-           FROM want w WHERE NOT isempty(w.seqs)
-          ORDER BY w.o
+         SELECT g.slot, g.lane_id, g.from_seq, g.want, c.n, 'completed'
+           FROM g JOIN c ON c.o = g.o
+          ORDER BY g.o
          ON CONFLICT DO NOTHING
-         RETURNING lane_id, lease_from, seqs
-       ), ${completedEntries(s, `${s}.${quoteIdent(`ready_${slot}`)}`, leases, 7, true)}, ${completionHistory(s)}
-       SELECT w.lane_id, w.from_seq::text AS lease_from, w.token::text AS token,
-              (SELECT array_agg(g::text) FROM won x, unnest(x.seqs) m, generate_series(lower(m), upper(m) - 1) g
-                WHERE x.lane_id = w.lane_id AND x.lease_from = w.from_seq) AS won,
-              NOT isempty(w.seqs) AND NOT EXISTS (SELECT 1 FROM won x
-                                                   WHERE x.lane_id = w.lane_id AND x.lease_from = w.from_seq) AS rest
-         FROM want w`,
-      groupValues(pending, false),
+         RETURNING lane_id, lease_from
+       ), ${wonEntries(s, 'EXISTS (SELECT 1 FROM g WHERE g.o = e.o AND g.want @> e.lane_seq)')}, ${completionHistory(s)}
+       SELECT g.lane_id, g.from_seq::text AS lease_from, g.token::text AS token,
+              (SELECT array_agg(d.lane_seq::text) FROM done d WHERE d.o = g.o) AS won,
+              EXISTS (SELECT 1 FROM c WHERE c.o = g.o)
+                AND NOT EXISTS (SELECT 1 FROM won x WHERE x.lane_id = g.lane_id AND x.lease_from = g.from_seq) AS rest
+         FROM g`,
+      groupValues(pending),
     );
     const retry: LeaseGroup[] = [];
     for (const row of res.rows) {

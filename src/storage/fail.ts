@@ -2,7 +2,7 @@ import { bindSchema, type Queryable, type SchemaRef, statementName } from '../sq
 import type { ErrorDetail } from '../util/error-detail.js';
 import { perTaskHistory, runMsValue } from './history.js';
 import { leaseKey, type LeaseRef } from './lease.js';
-import { settleAndMove } from './settle-tail.js';
+import { entryOfLease, settleAndMove } from './settle-tail.js';
 
 export interface FailureInput {
   ref: LeaseRef;
@@ -49,7 +49,7 @@ export async function recordFailures(
                 SELECT l.slot, l.lane_id, l.from_seq, l.to_seq FROM ${s}.range_leases l
                  WHERE l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.slot = u.slot AND l.token = u.token
                  LIMIT 1) l
-        WHERE u.lane_seq BETWEEN l.from_seq AND l.to_seq
+        WHERE u.lane_seq BETWEEN l.from_seq AND l.to_seq AND ${entryOfLease(s, 'l.slot', 'l.lane_id', 'u.lane_seq')}
         ORDER BY u.lane_id, u.lane_seq
        ON CONFLICT DO NOTHING
        RETURNING slot, lane_id, lease_from, lower(seqs) AS lane_seq

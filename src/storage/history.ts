@@ -52,52 +52,9 @@ export function perTaskHistory(s: string, from: string): string {
 }
 
 /**
- * The entries a completion settled, read back from `ready` (the worker sends only ranges and run
- * times), as CTE `done`: one row per entry with its lease's worker and claim time, id, type,
- * attempt, created_at, dedupe key and run time. For attempt history and for the dedupe keys to
- * free, so it is read only when history is on or a group has a keyed task (`u.keyed`).
- *
- * Needs CTEs `u` (the lease groups: lane_id, lease_from, token, seqs, run_from, keyed, with
- * ordinality `o`) and `won` (the settlement rows inserted: lane_id, lease_from, and seqs when
- * `onlyWonSeqs`). `ready` and `leases` are the slot's partitions. The run times come as one
- * integer array (parameter `$runMs`), each group's entries in lane order from its `run_from`.
- *
- * Read per group as one range of the lane's index, the group's own entries picked by its
- * multirange: sending every entry's id, type, attempt and creation time as arrays cost the
- * worker ~3 µs a task to build and send and the server as much to parse (docs/benchmarks.md,
- * "The completion's shape").
- */
-export function completedEntries(
-  s: string,
-  ready: string,
-  leases: string,
-  runMs: number,
-  onlyWonSeqs: boolean,
-): string {
-  return `done AS MATERIALIZED (
-       SELECT l.lane_id, l.from_seq, l.worker, l.claimed_at, e.id, e.type, e.attempts + 1 AS attempt, e.created_at,
-              e.dedupe_key, ($${runMs}::integer[])[u.run_from + e.k - 1] AS run_ms
-         FROM won w
-         JOIN u ON u.lane_id = w.lane_id AND u.lease_from = w.lease_from
-         CROSS JOIN LATERAL (SELECT l.lane_id, l.from_seq, l.worker, l.claimed_at FROM ${leases} l
-                              WHERE l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.token = u.token
-                              LIMIT 1) l
-         CROSS JOIN LATERAL (
-           SELECT r.lane_seq, r.id, r.type, r.attempts, r.created_at, r.dedupe_key,
-                  row_number() OVER (ORDER BY r.lane_seq ROWS UNBOUNDED PRECEDING) AS k
-             FROM ${ready} r
-            WHERE r.lane_id = u.lane_id AND r.lane_seq >= lower(u.seqs) AND r.lane_seq < upper(u.seqs)
-              AND u.seqs @> r.lane_seq) e
-        WHERE (u.keyed OR ${enabled(s)})${onlyWonSeqs ? ' AND w.seqs @> e.lane_seq' : ''}
-     ), freed AS (
-       DELETE FROM ${s}.dedupe d USING done e
-        WHERE e.dedupe_key IS NOT NULL AND d.dedupe_key = e.dedupe_key AND d.id = e.id
-     )`;
-}
-
-/**
  * The completion statement's history CTE, `hist`: one row per (lease, type, id bucket) of the
- * entries in `done` (completedEntries), the tasks as arrays. The arrays of a row are aligned
+ * entries in `done` (the settled entries, with lane_id, from_seq, worker, claimed_at, id, type,
+ * attempt, created_at and run_ms; src/storage/complete.ts), the tasks as arrays. The arrays of a row are aligned
  * (one aggregate node feeds them all in the same order); their order is the input's.
  */
 export function completionHistory(s: string): string {

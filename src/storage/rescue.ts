@@ -39,8 +39,16 @@ export async function rescueLapsedLeases(db: Queryable, schema: SchemaRef, limit
       // Prepared once per session: planning it was ~21 ms a run (RingReadStatement, src/sql.ts).
       name: statementName(`berth-rescue:${name}`),
       text: `WITH cand AS MATERIALIZED (
+       -- Leases with an entry to rescue now, oldest expiry first. The limit counts only those: a
+       -- lease past its earliest expiry whose unsettled entries are of a type with a longer
+       -- ceiling, or whose holder still runs them (a fresh overdue row), is looked at on every
+       -- run until then, and with the limit on every lease past its expiry enough of them would
+       -- keep real lapses out of every run (its EXISTS stops at the first entry it can take).
        SELECT l.* FROM ${unsettledRanges(s)} l
         WHERE l.expires_at < now()
+          AND EXISTS (SELECT 1 FROM (${unsettledEntriesOf(s, 'l')}) e
+                       WHERE l.type_expires[array_position(l.types, e.type)] < now()
+                         AND NOT EXISTS (${heldBy(s, 'e')}))
         ORDER BY l.expires_at
         LIMIT $1
      ), lapsed AS MATERIALIZED (

@@ -46,8 +46,8 @@ export function settleAndMove(s: string, runAt: string): string {
  * The head of a single-entry settlement (release, AdvanceCursor, hand-back, snooze), written
  * once: `won` inserts the settlement of entry `$3` of the lease (`$1` slot, `$2` lane, `leaseFrom`
  * its first entry) fenced on token `$4`, as `outcome` (an SQL expression); `lease` reads the entry
- * it settled with its attempt and limit. Nothing when the fence refuses. The caller's `src`
- * follows.
+ * it settled with its attempt and limit. Nothing when the fence refuses, or when `$3` is not an
+ * entry of the lease. The caller's `src` follows.
  */
 export function settleOneEntry(s: string, outcome: string, leaseFrom: string): string {
   return `won AS (
@@ -55,7 +55,7 @@ export function settleOneEntry(s: string, outcome: string, leaseFrom: string): s
        SELECT l.slot, l.lane_id, l.from_seq, int8multirange(int8range($3::bigint, $3::bigint + 1)), 1, ${outcome}
          FROM ${s}.range_leases l
         WHERE l.slot = $1 AND l.lane_id = $2 AND l.from_seq = ${leaseFrom} AND l.token = $4::uuid
-          AND $3::bigint BETWEEN l.from_seq AND l.to_seq
+          AND $3::bigint BETWEEN l.from_seq AND l.to_seq AND ${entryOfLease(s, '$1', '$2', '$3::bigint')}
        ON CONFLICT DO NOTHING
        RETURNING slot, lane_id, lease_from
      ), lease AS (
@@ -67,4 +67,17 @@ export function settleOneEntry(s: string, outcome: string, leaseFrom: string): s
          JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
          JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = $3::bigint
      )`;
+}
+
+/**
+ * Lane position `seq` of lane `lane` in segment `slot` (SQL expressions) is an entry the lease
+ * holds: it exists and is not tombstoned. A single-entry settlement counts 1 (its `n`): naming a
+ * position within the lease's range that holds no entry (a gap left by a rolled-back append) or a
+ * tombstoned one would count an entry that is not there, and a lease whose settlements add up to
+ * its `n` with one of its entries unsettled is one rescue and prune would take for done.
+ */
+export function entryOfLease(s: string, slot: string, lane: string, seq: string): string {
+  return `EXISTS (SELECT 1 FROM ${s}.ready r WHERE r.slot = ${slot} AND r.lane_id = ${lane} AND r.lane_seq = ${seq})
+          AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+                           WHERE t.slot = ${slot} AND t.lane_id = ${lane} AND t.lane_seq = ${seq})`;
 }
