@@ -1,4 +1,6 @@
 /** berth at its defaults: only `slots` is set (to the scenario's concurrency). */
+import { pathToFileURL } from 'node:url';
+import { resolve } from 'node:path';
 import pg from 'pg';
 import { pino } from 'pino';
 import type { TaskSpec } from '../../src/index.js';
@@ -15,22 +17,39 @@ import type { AdapterContext, Producer, RunningWorker, SystemAdapter } from './t
  */
 const entry = process.env.BENCH_BERTH_SRC ? '../../src/index.js' : '../../dist/index.js';
 export const berthBuild = process.env.BENCH_BERTH_SRC ? 'src/ under tsx' : 'dist/ (tsc build)';
-const { defineTask, enqueue, enqueueMany, migrate, Worker } = (await import(
-  entry
-)) as typeof import('../../src/index.js');
+type Berth = typeof import('../../src/index.js');
+const current = (await import(entry)) as Berth;
 
-const SCHEMA = 'berth_bench';
+/**
+ * A second berth build to compare in the same run (`BENCH_BERTH_BASE`: the `dist/index.js` of
+ * another checkout, built there, e.g. a `git worktree` of the commit before a change): its row,
+ * `berth (base)`, runs every scenario interleaved with the others, in a schema of its own, so a
+ * change to the hot path is measured before and after under the same load and on the same cluster.
+ */
+export const berthBasePath = process.env.BENCH_BERTH_BASE ? resolve(process.env.BENCH_BERTH_BASE) : null;
+const base = berthBasePath ? ((await import(pathToFileURL(berthBasePath).href)) as Berth) : null;
+
 const silent = pino({ level: 'silent' });
 
 export function berthAdapter(ctx: AdapterContext): SystemAdapter {
+  return adapter(ctx, current, 'berth (default)', 'berth_bench', berthBuild);
+}
+
+/** The `berth (base)` row, when BENCH_BERTH_BASE names a build; else null. */
+export function berthBaseAdapter(ctx: AdapterContext): SystemAdapter | null {
+  return base && berthBasePath ? adapter(ctx, base, 'berth (base)', 'berth_bench_base', berthBasePath) : null;
+}
+
+function adapter(ctx: AdapterContext, berth: Berth, label: string, schema: string, build: string): SystemAdapter {
+  const { defineTask, enqueue, enqueueMany, migrate, Worker } = berth;
   const { connectionString } = ctx;
   return {
-    label: 'berth (default)',
-    settings: `Worker({ slots: <concurrency>, logger: silent }), everything else default; schema \`${SCHEMA}\`; ${berthBuild}`,
+    label,
+    settings: `Worker({ slots: <concurrency>, logger: silent }), everything else default; schema \`${schema}\`; ${build}`,
 
     async reset() {
-      await dropSchema(connectionString, SCHEMA);
-      await migrate({ connectionString, schema: SCHEMA });
+      await dropSchema(connectionString, schema);
+      await migrate({ connectionString, schema });
     },
 
     async openProducer(): Promise<Producer> {
@@ -41,10 +60,10 @@ export function berthAdapter(ctx: AdapterContext): SystemAdapter {
         async bulk(start, count) {
           const specs: TaskSpec[] = [];
           for (let i = start; i < start + count; i++) specs.push({ type: 'noop', payload: { i } });
-          await enqueueMany(pool, specs, { schema: SCHEMA });
+          await enqueueMany(pool, specs, { schema });
         },
         async single(i) {
-          await enqueue(pool, 'noop', { i }, { schema: SCHEMA });
+          await enqueue(pool, 'noop', { i }, { schema });
         },
         close: () => pool.end(),
       };
@@ -60,7 +79,7 @@ export function berthAdapter(ctx: AdapterContext): SystemAdapter {
       });
       const worker = new Worker({
         connectionString,
-        schema: SCHEMA,
+        schema,
         tasks: [noop],
         slots: concurrency,
         logger: silent,
@@ -69,6 +88,6 @@ export function berthAdapter(ctx: AdapterContext): SystemAdapter {
       return { stop: () => worker.stop() };
     },
 
-    pending: (db) => berthPending(db, SCHEMA),
+    pending: (db) => berthPending(db, schema),
   };
 }
