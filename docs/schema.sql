@@ -190,6 +190,71 @@ BEGIN
 END $$;
 
 --
+-- Name: count_lost_claim(smallint, integer, bigint, integer, integer, text); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.count_lost_claim(p_slot smallint, p_lane integer, p_seq bigint, p_attempt integer, p_max_attempts integer, p_worker text) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  r record;
+  v_result text;
+  v_dead boolean := false;
+  v_message text;
+BEGIN
+  IF p_slot IS NULL OR p_lane IS NULL OR p_seq IS NULL OR p_attempt IS NULL OR p_max_attempts IS NULL THEN
+    RAISE EXCEPTION 'berth: count_lost_claim arguments must not be null' USING ERRCODE = '22004';
+  END IF;
+  IF current_setting('transaction_isolation') <> 'read committed' THEN RETURN 'isolation'; END IF;
+  SELECT e.* INTO r FROM "berth".ready e
+   WHERE e.slot = p_slot AND e.lane_id = p_lane AND e.lane_seq = p_seq AND e.attempts + 1 = p_attempt
+     AND NOT EXISTS (SELECT 1 FROM "berth".tombstones t
+                      WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.slot = e.slot);
+  IF NOT FOUND THEN RETURN 'gone'; END IF;
+  UPDATE "berth".lanes SET version = version + 1 WHERE lane_id = p_lane;
+  IF EXISTS (SELECT 1 FROM "berth".leased_entries le
+              WHERE le.lane_id = p_lane AND le.lane_seq = p_seq AND le.slot = p_slot AND le.outcome IS NOT NULL) THEN
+    -- Settled under another lease since (it ran again and finished, or was cancelled).
+    RETURN 'gone';
+  ELSIF EXISTS (SELECT 1 FROM "berth".leased_entries le
+                 WHERE le.lane_id = p_lane AND le.lane_seq = p_seq AND le.slot = p_slot) THEN
+    v_result := 'running';
+    v_message := format('its claim (attempt %s by worker %s) was lost in a database crash; it was claimed again and runs again under that attempt',
+                        p_attempt, coalesce(p_worker, 'unknown'));
+  ELSE
+    v_dead := p_attempt >= p_max_attempts;
+    v_result := CASE WHEN v_dead THEN 'dead' ELSE 'counted' END;
+    v_message := format('its claim (attempt %s by worker %s) was lost in a database crash after the handler started',
+                        p_attempt, coalesce(p_worker, 'unknown'));
+    INSERT INTO "berth".tombstones (slot, lane_id, lane_seq, id, reason)
+    VALUES (p_slot, p_lane, p_seq, r.id, 'lost claim') ON CONFLICT DO NOTHING;
+    IF v_dead THEN
+      INSERT INTO "berth".dead_letters (id, type, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
+                                           last_error, created_at, last_attempted_at, trace_context)
+      VALUES (r.id, r.type, r.payload, r.queue, r.priority, r.shard, p_attempt, r.max_attempts, r.dedupe_key,
+              v_message, r.created_at, now(), r.trace_context)
+      ON CONFLICT (id) DO UPDATE SET
+        payload = EXCLUDED.payload, attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error,
+        last_attempted_at = EXCLUDED.last_attempted_at, died_at = now();
+      DELETE FROM "berth".dedupe WHERE id = r.id;
+    ELSE
+      INSERT INTO "berth".deferred (state, run_at, id, type, payload, queue, priority, shard, attempts, max_attempts,
+                                       dedupe_key, last_error, created_at, last_attempted_at, trace_context)
+      VALUES ('retryable', now(), r.id, r.type, r.payload, r.queue, r.priority, r.shard, p_attempt, r.max_attempts,
+              r.dedupe_key, v_message, r.created_at, now(), r.trace_context)
+      ON CONFLICT (id) DO NOTHING;
+    END IF;
+  END IF;
+  INSERT INTO "berth".attempt_history (part, bucket, outcome, lane_id, type, worker, claimed_at, ids, attempts,
+                                          created_at, run_ms, error, cursor, dead)
+  SELECT hs.current_part, r.id >> 10, 'lost', p_lane, r.type, p_worker, now(), ARRAY[r.id], ARRAY[p_attempt],
+         ARRAY[r.created_at], ARRAY[NULL::integer], jsonb_build_object('message', v_message), NULL, v_dead
+    FROM "berth".history_state hs WHERE hs.enabled;
+  RETURN v_result;
+END $$;
+
+--
 -- Name: due_deferred(text, integer, text[], smallint[], smallint[]); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -6427,6 +6492,12 @@ REVOKE ALL ON FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_type
 --
 
 REVOKE ALL ON FUNCTION berth.cancel_tasks(p_ids bigint[], p_actor text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION count_lost_claim(p_slot smallint, p_lane integer, p_seq bigint, p_attempt integer, p_max_attempts integer, p_worker text); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.count_lost_claim(p_slot smallint, p_lane integer, p_seq bigint, p_attempt integer, p_max_attempts integer, p_worker text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION due_deferred(p_state text, p_limit integer, p_skip_queues text[], p_skip_priorities smallint[], p_skip_shards smallint[]); Type: ACL; Schema: berth; Owner: -

@@ -1,6 +1,6 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { defineTask, enqueue, getTask, Worker, type TaskDefinition } from '../src/index.js';
+import { defineTask, enqueue, getTask, pauseQueue, resumeQueue, Worker, type TaskDefinition } from '../src/index.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, outcomes, scaled, waitFor } from './helpers.js';
 import { TcpProxy } from './support/tcp-proxy.js';
 
@@ -170,6 +170,57 @@ test('a handler answer outside the contract (42, "retry", false) is a failure th
     assert.match(errors[0] ?? '', /handler returned number 42/);
     assert.match(errors[1] ?? '', /handler returned "retry"/);
     assert.match(errors[2] ?? '', /handler returned boolean false/);
+  } finally {
+    await w.stop();
+  }
+});
+
+test('a run whose lease a server crash took back (an asynchronous claim not yet on disk) is lost, and its attempt is counted', async () => {
+  const attempts: number[] = [];
+  const def = defineTask<unknown>({
+    type: 'oc_crash_lost_claim',
+    ceilingMs: 60_000,
+    maxAttempts: 5,
+    handler: async (_p, ctx) => {
+      attempts.push(ctx.attempt);
+      if (attempts.length > 1) return;
+      // What a crash before the claim's WAL flush leaves: the entry, and no lease row for it. The
+      // queue is paused too, so no claim takes the entry (claimable again) before this run's
+      // settlement is refused: the attempt is then counted, not run again under the same number.
+      await pool.query(`DELETE FROM "${schema}".range_leases WHERE token = $1`, [ctx.token]);
+      await pauseQueue(pool, schema, def.type, 'test');
+    },
+  });
+  const { w, lines } = worker(def, { maintenance: FAST_MAINTENANCE });
+  await w.start();
+  try {
+    const { id } = await enqueue(pool, def.type, {}, { schema, queue: def.type });
+    await waitFor(
+      () => lines.some((l) => typeof l.msg === 'string' && l.msg.startsWith('the lease of this run was lost')),
+      60_000,
+      'the refused settlement',
+    );
+    await resumeQueue(pool, schema, def.type, 'test');
+    await waitFor(async () => (await getTask(pool, schema, id!))?.state === 'completed', 60_000, 'the task completed');
+    assert.deepEqual(attempts, [1, 2], 'the lost run counted as attempt 1; the task ran again as attempt 2');
+    assert.equal(await outcomes(w.metrics, def.type, 'lost'), 1);
+    assert.equal(await outcomes(w.metrics, def.type, 'success'), 1);
+    const warned = lines.filter((l) => typeof l.msg === 'string' && l.msg.startsWith('the lease of this run was lost'));
+    assert.deepEqual(
+      warned.map((l) => [l.lost_claim, l.task_id]),
+      [['counted', id]],
+    );
+    const history = await pool.query<{ outcome: string; attempts: number[] }>(
+      `SELECT outcome, attempts FROM "${schema}".attempt_history WHERE $1::bigint = ANY (ids) ORDER BY settled_at`,
+      [id],
+    );
+    assert.deepEqual(
+      history.rows.map((r) => [r.outcome, r.attempts]),
+      [
+        ['lost', [1]],
+        ['success', [2]],
+      ],
+    );
   } finally {
     await w.stop();
   }

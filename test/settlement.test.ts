@@ -16,6 +16,7 @@ import { recordFailures } from '../src/storage/fail.js';
 import { leaseKey } from '../src/storage/lease.js';
 import { advanceCursor, releaseLease } from '../src/storage/return.js';
 import { removeUnleased } from '../src/storage/remove.js';
+import { countLostClaim, refusalOf } from '../src/storage/lost-claim.js';
 import { wakeChannel } from '../src/sql.js';
 import { freshSchema, leaseLapsed } from './helpers.js';
 
@@ -381,4 +382,37 @@ test('rescue is not starved by lapsed leases it cannot rescue: more of them than
   await leaseLapsed(pool, t.leaseExpiresAt);
   assert.deepEqual(await rescueLapsedLeases(pool, schema, 3), { retried: 1, dead: 0, held: 0 });
   assert.equal((await getTask(pool, schema, lapsedId))?.state, 'retryable');
+});
+
+test('a run whose lease vanished (a crash took the asynchronous claim back) is counted: back to deferred, buried at its limit, or left to the claim that took it again', async () => {
+  const vanish = (t: ClaimedTask) => pool.query(`DELETE FROM ${S}.range_leases WHERE token = $1`, [t.token]);
+  // Counted: the entry is claimable again and nobody took it yet.
+  const counted = await fresh({}, { maxAttempts: 3 });
+  const t1 = await claimOne();
+  await vanish(t1);
+  assert.equal((await completeLeases(pool, schema, [t1])).size, 0, 'the fence refuses the vanished lease');
+  assert.deepEqual(await refusalOf(pool, schema, t1), { outcome: null, leaseExists: false });
+  assert.equal(await countLostClaim(pool, schema, t1, 'w1'), 'counted');
+  let task = await getTask(pool, schema, counted);
+  assert.equal(task?.state, 'retryable');
+  assert.equal(task?.attempts, 1, 'the lost run counts');
+  await promoteNow();
+  assert.equal((await claimOne()).attempt, 2);
+  // Dead: the lost run was the last attempt.
+  const last = await fresh({}, { maxAttempts: 1 });
+  const t2 = await claimOne();
+  await vanish(t2);
+  assert.equal(await countLostClaim(pool, schema, t2, 'w1'), 'dead');
+  task = await getTask(pool, schema, last);
+  assert.equal(task?.state, 'dead');
+  assert.match(task!.lastError!, /lost in a database crash/);
+  // Running: another claim took the entry first; then, settled by it, gone.
+  await fresh({}, { maxAttempts: 3 });
+  const t3 = await claimOne();
+  await vanish(t3);
+  const again = await claimOne();
+  assert.equal(again.attempt, 1, 'the entry runs again under the same attempt');
+  assert.equal(await countLostClaim(pool, schema, t3, 'w1'), 'running');
+  assert.equal((await completeLeases(pool, schema, [again])).size, 1);
+  assert.equal(await countLostClaim(pool, schema, t3, 'w1'), 'gone');
 });

@@ -109,9 +109,10 @@ export const LANE_SHARE = 16;
  *   commit on the 2-core development machine, and its tail was the pickup's). Nothing durable
  *   is given up: a lease only matters once its task settles, and every settlement commits
  *   synchronously, which flushes the WAL up to and past the lease it is fenced on. A server
- *   crash before that flush loses the lease row: the worker's settlement is then refused by the
- *   token fence and the task runs again, as it would after a worker crash mid-handler
- *   (at-least-once), with the lost attempt uncounted. The claim must therefore run in its own
+ *   crash before that flush loses the lease row: the entry is claimable again and may run a
+ *   second time beside the first run (at-least-once), the worker's settlement is refused by the
+ *   token fence, and its refused path counts the lost run's attempt (count_lost_claim, migration
+ *   19; settle-task.ts) unless the entry was claimed again first. The claim must therefore run in its own
  *   transaction (a pool, autocommit): inside a caller's transaction the setting would make the
  *   caller's commit asynchronous too.
  */

@@ -209,6 +209,7 @@ export class Engine {
         this.deps.tally?.record(task.queue, task.type, outcome);
       },
       debugEnabled: () => this.deps.logger.isLevelEnabled('debug'),
+      workerId: this.o.workerId,
     };
     this.fetcher = new Fetcher({
       write: deps.claims,

@@ -193,6 +193,7 @@ class OnceRunner {
       batcher: this.batcher,
       record: (task, outcome) => typeMetrics.for(task.type).outcome(outcome).inc(),
       debugEnabled: () => o.logger.isLevelEnabled('debug'),
+      workerId: o.workerId,
     };
   }
 

@@ -5,7 +5,7 @@ import type { ClaimedTask } from './claim.js';
 import type { SettleAction, SettleAnswer, Settlement, TaskRun } from './outcome-table.js';
 import type { CompleteResult, SettlementBatcher } from './settlement-batcher.js';
 import { type ReleaseHistory, releaseLease, returnUnstarted } from '../storage/return.js';
-import { settlementOutcome } from '../storage/cancel.js';
+import { countLostClaim, refusalOf } from '../storage/lost-claim.js';
 import { snoozeLease } from '../storage/snooze.js';
 
 export interface SettleDeps {
@@ -16,6 +16,8 @@ export interface SettleDeps {
   record: (task: ClaimedTask, outcome: Outcome) => void;
   /** Whether debug lines are wanted (a pino child per task is not free, so ask the parent). */
   debugEnabled: () => boolean;
+  /** Recorded with the attempt of a run whose lease a server crash took back. */
+  workerId: string;
 }
 
 /**
@@ -33,8 +35,9 @@ export async function settleTask(
 ): Promise<SettleAnswer> {
   let answer = await write(deps, task, run, settlement, log);
   // A refusal is rare: only then ask who won, so a settlement that lost to an operator's cancel
-  // is told apart from a lease taken over (one point read, never on the written path).
-  if (answer.kind === 'refused' && (await lostToCancel(deps, task, log))) answer = LOST_TO_CANCEL;
+  // is told apart from a lease taken over, and a lease a server crash took back is counted (one
+  // point read, never on the written path).
+  if (answer.kind === 'refused' && (await afterRefusal(deps, task, log)) === 'cancelled') answer = LOST_TO_CANCEL;
   describe(task, run, settlement, answer, log, deps.debugEnabled);
   const outcome: Outcome | null = settlement.outcome[answer.kind];
   if (outcome !== null) deps.record(task, outcome);
@@ -88,13 +91,29 @@ const LOST_TO_CANCEL: SettleAnswer = Object.freeze({ kind: 'cancelled' });
 /** The action `none` (a cancel settled the attempt first) writes nothing: the answer is the cancel's. */
 const NOTHING_WRITTEN: SettleAnswer = LOST_TO_CANCEL;
 
-async function lostToCancel(deps: SettleDeps, task: ClaimedTask, log: Logger): Promise<boolean> {
+/**
+ * Who took a refused lease's entry. An operator's cancel: `cancelled`. No lease at all: the
+ * claim committed asynchronously and a server crash lost it before the WAL reached disk
+ * (src/processor/claim.ts, ASYNC_COMMIT), so the entry was claimable again while this run went on
+ * and may have run a second time elsewhere (at-least-once allows it); the attempt is counted
+ * (`countLostClaim`: the task goes back to deferred with it, or is buried at its limit) unless
+ * another claim took the entry first. Anything else (rescue after a lapse): `lost`.
+ */
+async function afterRefusal(deps: SettleDeps, task: ClaimedTask, log: Logger): Promise<'cancelled' | 'lost'> {
   try {
-    return (await settlementOutcome(deps.write, deps.schema, task)) === 'cancelled';
+    const r = await refusalOf(deps.write, deps.schema, task);
+    if (r.outcome === 'cancelled') return 'cancelled';
+    if (!r.leaseExists) {
+      const counted = await countLostClaim(deps.write, deps.schema, task, deps.workerId);
+      log.warn(
+        { lost_claim: counted },
+        'the lease of this run was lost in a database crash (its claim had not reached disk): the task may have run again elsewhere; its attempt is counted unless another claim took it first',
+      );
+    }
   } catch (err) {
     log.warn({ err: (err as Error).message }, 'could not read who settled a refused lease');
-    return false;
   }
+  return 'lost';
 }
 
 async function snoozeIt(

@@ -40,13 +40,23 @@ const RETRY_MAX_MS = 1000;
  *
  * A flush that fails because the database is unreachable is retried until the last lease in it
  * expires: before then the write is still this worker's to make (after it, rescue may already
- * have handed the task on, and the fence would refuse it anyway). So a restart of the server
- * costs no re-run when it is shorter than the lease, and an outage is never reported as a lost
- * lease: `lost` means only that the token was refused.
+ * have handed the task on, and the fence would refuse it anyway). So a clean restart of the
+ * server (or a connection cut) costs no re-run when it is shorter than the lease, and an outage is
+ * never reported as a lost lease: `lost` means only that the token was refused.
  *
- * Safety: a task is only ever settled by its own fenced row. A crash after a handler returned
- * but before its flush leaves the lease unsettled, so it lapses and the task is re-run: a
- * duplicate run, never a loss.
+ * A crash of the server is different. The claim commits asynchronously (src/processor/claim.ts,
+ * ASYNC_COMMIT), so a crash within the WAL writer's delay of a claim (at most three times
+ * `wal_writer_delay`, 600 ms by default) can take its lease row back while the handler runs: the
+ * entry is claimable again, another worker may run the task at the same time (a second
+ * concurrent run, which at-least-once allows), and this flush is refused once the server is back.
+ * The refused path (settle-task.ts) then finds no lease at all and counts the run's attempt
+ * (countLostClaim: the task goes back to deferred with it, or to the dead letters at its limit;
+ * attempt history records it `lost`), unless another claim took the entry first, which then runs
+ * under the same attempt number.
+ *
+ * Safety: a task is only ever settled by its own fenced row. A crash of the worker after a
+ * handler returned but before its flush leaves the lease unsettled, so it lapses and the task is
+ * re-run: a duplicate run, never a loss.
  */
 export class SettlementBatcher {
   private completes: { ref: CompletableLease; runMs: number | null; w: Waiter<CompleteResult> }[] = [];

@@ -316,11 +316,10 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
 }
 
 /**
- * A function the newest migration that this code needs creates: its presence means the schema
- * is current. Migration 18's trigger function: appends read the ring epoch (a worker of this
- * version rotates the ring and reads windows expecting it).
+ * A function the newest migration creates: its presence means the schema is current (migration
+ * 19's count_lost_claim; migration 18's ring epoch comes with it).
  */
-const LATEST_MARKER = 'ring_epoch_follows()';
+const LATEST_MARKER = 'count_lost_claim(smallint, integer, bigint, integer, integer, text)';
 
 /** The schema is missing or older than the code: nothing was run against it. */
 export class SchemaNotMigratedError extends BerthInputError {

@@ -57,6 +57,8 @@ const WORKER_FUNCTIONS = [
   // the repair of a rotation whose transaction was lost after its statement moved the epoch.
   'rotate_ring(smallint, smallint)',
   'repair_ring_state()',
+  // A run whose lease a server crash took back counts its attempt (migration 19).
+  'count_lost_claim(smallint, integer, bigint, integer, integer, text)',
 ] as const;
 
 const RING_TABLES = ['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements'] as const;

@@ -72,18 +72,6 @@ export async function cancelledAmong(
   return new Set(res.rows.map((r) => leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq })));
 }
 
-/** How a lease's entry was settled, if it was (the refused-settlement path: was it a cancel?). */
-export async function settlementOutcome(db: Queryable, schema: SchemaRef, ref: LeaseRef): Promise<string | null> {
-  const { q: s } = bindSchema(schema);
-  const res = await db.query<{ outcome: string }>(
-    `SELECT x.outcome FROM ${s}.range_settlements x
-      WHERE x.lane_id = $1 AND x.lease_from = $2 AND x.slot = $3 AND x.seqs @> $4::bigint
-      LIMIT 1`,
-    [ref.laneId, ref.leaseFrom, ref.slot, ref.laneSeq],
-  );
-  return res.rows[0]?.outcome ?? null;
-}
-
 /** Parse a cancel notice (`cancel:<lane_id>:<lane_seq>`) into the lease key it names, or null. */
 export function parseCancelNotice(payload: string): string | null {
   if (!payload.startsWith(CANCEL_NOTICE_PREFIX)) return null;
