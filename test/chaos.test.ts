@@ -3,8 +3,10 @@
  * (test/support/cluster.ts), so it can stop, crash and restart that server freely.
  *
  * The scenarios run one after another on one schema, with 3 worker processes
- * (test/fixtures/chaos-worker.ts; a killed one is replaced). Each has a producer enqueuing a
- * steady trickle of tasks and one fault once work is flowing, and drains before the next starts.
+ * (test/fixtures/chaos-worker.ts; a killed one is replaced). Each has producers enqueuing a
+ * steady trickle of tasks (plain statements, and transactions at REPEATABLE READ and at
+ * SERIALIZABLE that hold their snapshot before they enqueue) and one fault once work is flowing,
+ * and drains before the next starts.
  * Each asserts, from the processes' run logs (its own tasks only) and what berth records:
  * - no task is lost: every enqueued task has a run that returned, nothing is left pending, and
  *   nothing was dead-lettered;
@@ -86,6 +88,8 @@ await migrate({ connectionString: cluster.url(), schema });
 interface Row {
   scenario: string;
   tasks: number;
+  /** Of them, enqueued at REPEATABLE READ / SERIALIZABLE. */
+  transactional: string;
   lost: number;
   left: number;
   duplicates: number;
@@ -101,6 +105,7 @@ function formatTable(list: readonly Row[]): string {
   const head = [
     'scenario',
     'tasks',
+    'RR/SER',
     'lost',
     'left',
     'dup runs',
@@ -114,6 +119,7 @@ function formatTable(list: readonly Row[]): string {
   const body = list.map((r) => [
     r.scenario,
     String(r.tasks),
+    r.transactional,
     String(r.lost),
     String(r.left),
     String(r.duplicates),
@@ -141,19 +147,27 @@ function debug(line: string): void {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
+type TxLevel = 'REPEATABLE READ' | 'SERIALIZABLE';
+const TX_LEVELS: readonly TxLevel[] = ['REPEATABLE READ', 'SERIALIZABLE'];
+
 /**
- * A steady trickle of tasks (8 every 50 ms, while fewer than MAX_BACKLOG are unfinished, so a
- * slow machine gets fewer tasks rather than a backlog it cannot drain), some delayed if asked.
- * Remembers every id it got back.
+ * A steady trickle of tasks (8 every 50 ms as plain statements, while fewer than MAX_BACKLOG are
+ * unfinished, so a slow machine gets fewer tasks rather than a backlog it cannot drain), some
+ * delayed if asked; and beside it one producer at REPEATABLE READ and one at SERIALIZABLE, each a
+ * transaction after another that takes its snapshot, waits up to 200 ms (the ring may rotate and
+ * prune meanwhile), enqueues 1-3 tasks and commits, retrying on a serialization failure as an
+ * application would. Remembers every id whose COMMIT returned.
  */
 class Producer {
   readonly ids = new Set<string>();
-  /** Enqueues that failed (none expected: the producer pauses while the server is down). */
+  /** Tasks of each transaction producer whose COMMIT returned. */
+  readonly byLevel = new Map<TxLevel, number>(TX_LEVELS.map((l) => [l, 0]));
+  /** Enqueues that failed (none expected: the producers pause while the server is down). */
   errors = 0;
   private paused = false;
   private stopped = false;
-  private current: Promise<unknown> = Promise.resolve();
-  private loop: Promise<void> = Promise.resolve();
+  private readonly inFlight = new Set<Promise<unknown>>();
+  private loops: Promise<void>[] = [];
   private n = 0;
 
   constructor(
@@ -165,38 +179,82 @@ class Producer {
   ) {}
 
   start(): void {
-    this.loop = this.run();
+    this.loops = [this.run(() => this.plain()), ...TX_LEVELS.map((l) => this.run(() => this.transaction(l)))];
   }
 
-  private async run(): Promise<void> {
+  private async run(step: () => Promise<void>): Promise<void> {
     while (!this.stopped) {
       if (!this.paused && this.unfinished() < MAX_BACKLOG) {
-        const specs = Array.from({ length: 8 }, () => ({
-          type: CHAOS_TASK,
-          payload: { n: this.n++ },
-          // Due 0.5-4 s from now: some come due across the fault, so promotion must carry on.
-          ...(this.delayed && Math.random() < 0.5 ? { delay: 500 + Math.floor(Math.random() * 3500) } : {}),
-        }));
-        this.current = enqueueMany(this.pool, specs, { schema: this.schema }).then(
-          (res) => {
-            for (const r of res) if (r.id) this.ids.add(r.id);
-          },
-          // Not counted as enqueued: if it did commit, its task is simply not tracked.
-          (err: Error) => {
-            this.errors++;
-            debug(`enqueue failed: ${err.message}`);
-          },
-        );
-        await this.current;
+        const p = step();
+        this.inFlight.add(p);
+        await p;
+        this.inFlight.delete(p);
       }
       await sleep(50);
     }
   }
 
-  /** Stop enqueuing (for a database fault); resolves once the enqueue in flight has finished. */
+  private spec() {
+    return {
+      type: CHAOS_TASK,
+      payload: { n: this.n++ },
+      // Due 0.5-4 s from now: some come due across the fault, so promotion must carry on.
+      ...(this.delayed && Math.random() < 0.5 ? { delay: 500 + Math.floor(Math.random() * 3500) } : {}),
+    };
+  }
+
+  private async plain(): Promise<void> {
+    const specs = Array.from({ length: 8 }, () => this.spec());
+    await enqueueMany(this.pool, specs, { schema: this.schema }).then(
+      (res) => {
+        for (const r of res) if (r.id) this.ids.add(r.id);
+      },
+      // Not counted as enqueued: if it did commit, its task is simply not tracked.
+      (err: Error) => {
+        this.errors++;
+        debug(`enqueue failed: ${err.message}`);
+      },
+    );
+  }
+
+  private async transaction(level: TxLevel): Promise<void> {
+    let client: pg.PoolClient | undefined;
+    try {
+      client = await this.pool.connect();
+      for (let attempt = 1; ; attempt++) {
+        try {
+          await client.query(`BEGIN ISOLATION LEVEL ${level}`);
+          await client.query('SELECT 1');
+          await sleep(Math.floor(Math.random() * 200));
+          const res = await enqueueMany(
+            client,
+            Array.from({ length: 1 + Math.floor(Math.random() * 3) }, () => this.spec()),
+            { schema: this.schema },
+          );
+          await client.query('COMMIT');
+          for (const r of res) if (r.id) this.ids.add(r.id);
+          this.byLevel.set(level, this.byLevel.get(level)! + res.length);
+          return;
+        } catch (err) {
+          await client.query('ROLLBACK').catch(() => undefined);
+          if ((err as { code?: string }).code !== '40001' || attempt >= 10) throw err;
+        }
+      }
+    } catch (err) {
+      // Not counted as enqueued: if its COMMIT did go through, its tasks are simply not tracked.
+      this.errors++;
+      debug(`${level} enqueue failed: ${(err as Error).message}`);
+      client?.release(err as Error);
+      client = undefined;
+    } finally {
+      client?.release();
+    }
+  }
+
+  /** Stop enqueuing (for a database fault); resolves once the enqueues in flight have finished. */
   async pause(): Promise<void> {
     this.paused = true;
-    await this.current;
+    await Promise.all(this.inFlight);
   }
 
   resume(): void {
@@ -205,7 +263,7 @@ class Producer {
 
   async stop(): Promise<void> {
     this.stopped = true;
-    await this.loop;
+    await Promise.all(this.loops);
   }
 }
 
@@ -370,6 +428,7 @@ async function runScenario(s: Scenario): Promise<void> {
   rows.push({
     scenario: s.name,
     tasks: producer.ids.size,
+    transactional: TX_LEVELS.map((l) => producer.byLevel.get(l)).join('/'),
     lost: lost.length + Math.max(dead, 0),
     left,
     duplicates: dups.repeated,
@@ -388,6 +447,7 @@ async function runScenario(s: Scenario): Promise<void> {
     `${lost.length} task(s) never completed; some of what berth holds unfinished: ${JSON.stringify(leftover)}`,
   );
   assert.equal(dead, 0, 'no task was dead-lettered');
+  for (const l of TX_LEVELS) assert.ok(producer.byLevel.get(l)! > 0, `the ${l} producer committed tasks`);
   assert.equal(
     left,
     0,
