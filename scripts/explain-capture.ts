@@ -46,13 +46,15 @@ export class Explainer {
 
   /**
    * Run `fn` against the explaining Queryable; its statements are recorded under `label`.
-   * `real`: return each statement's real result (reads); otherwise an empty one (writes).
+   * `real`: return each statement's real result (reads); otherwise an empty one (writes). A
+   * function of the statement's text: real for the statements it picks (a function that reads
+   * first and writes only when the read found something, as rescue does).
    * `max`: stop the function after this many statements.
    */
   async capture<T>(
     label: string,
     fn: (db: Queryable) => Promise<T>,
-    opts: { real: boolean; max?: number },
+    opts: { real: boolean | ((text: string) => boolean); max?: number },
   ): Promise<T | undefined> {
     const before = this.captured.length;
     const query = async (q: string | pg.QueryConfig<unknown[]>, values?: unknown[]) => {
@@ -62,7 +64,7 @@ export class Explainer {
       if (opts.max !== undefined && this.captured.length - before >= opts.max) throw new Enough();
       let real: pg.QueryResult | null = null;
       let wallMs: number | null = null;
-      if (opts.real) {
+      if (typeof opts.real === 'function' ? opts.real(text) : opts.real) {
         const started = process.hrtime.bigint();
         real = await this.client.query(text, vals);
         wallMs = Number(process.hrtime.bigint() - started) / 1e6;
