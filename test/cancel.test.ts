@@ -346,3 +346,86 @@ test('exactly one winner: a cancel racing the holder’s completion or failure, 
     await other.end();
   }
 });
+
+test('a forged cancel notice changes nothing: a role with no berth privileges sweeps every plausible lane and position while tasks run, and each completes on its first run', async () => {
+  await reset();
+  const forger = `t_forger_${process.pid}`;
+  await pool.query(`DROP ROLE IF EXISTS "${forger}"`);
+  await pool.query(`CREATE ROLE "${forger}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE`);
+  const runs: { id: string; attempt: number }[] = [];
+  const started = new Set<string>();
+  const def = defineTask({
+    type: 'forged_cancel',
+    ceilingMs: 60_000,
+    maxAttempts: 3,
+    handler: async (_p, ctx: TaskContext<unknown>) => {
+      runs.push({ id: ctx.id, attempt: ctx.attempt });
+      started.add(ctx.id);
+      // Long enough for several sweeps of forged notices to reach the worker while it runs.
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+      ctx.signal.throwIfAborted();
+    },
+  });
+  const { logger, lines } = captureLogger();
+  const w = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    queues: [def.type],
+    slots: 5,
+    logger,
+    maintenance: false,
+  });
+  await w.start();
+  const url = new URL(DATABASE_URL);
+  url.username = forger;
+  const attacker = new pg.Client({ connectionString: url.toString() });
+  await attacker.connect();
+  let sweeping = true;
+  let sweeps = 0;
+  // NOTIFY needs no privilege: every lane 1-8 and position 1-300, one notice each, a sweep at a time.
+  const sweep = (async () => {
+    while (sweeping) {
+      await attacker.query(
+        `SELECT count(pg_notify($1, 'cancel:' || l || ':' || s)) FROM generate_series(1, 8) l, generate_series(1, 300) s`,
+        [wakeChannel(schema)],
+      );
+      sweeps++;
+    }
+  })();
+  try {
+    const tasks = await enqueueMany(
+      pool,
+      Array.from({ length: 5 }, (_, i) => ({ type: def.type, payload: { i }, queue: def.type })),
+      { schema },
+    );
+    const ids = tasks.map((t) => t.id!);
+    await waitFor(
+      async () => {
+        const states = await Promise.all(ids.map(async (id) => (await getTask(pool, schema, id))?.state));
+        return states.every((st) => st === 'completed');
+      },
+      60_000,
+      'every task completed',
+    );
+    assert.ok(sweeps > 1, `the notices kept coming while the tasks ran (${sweeps} sweeps)`);
+    assert.deepEqual(
+      runs.map((r) => r.attempt),
+      [1, 1, 1, 1, 1],
+      'each task ran once, on its first attempt',
+    );
+    assert.equal(await outcomes(w.metrics, def.type, 'success'), 5);
+    assert.equal(await outcomes(w.metrics, def.type, 'cancelled'), 0);
+    assert.deepEqual(
+      lines.filter((l) => typeof l.msg === 'string' && /cancel/.test(l.msg)).map((l) => l.msg),
+      [],
+      'nothing was logged as a cancel',
+    );
+  } finally {
+    sweeping = false;
+    await sweep.catch(() => undefined);
+    await attacker.end();
+    await w.stop();
+    await pool.query(`DROP ROLE IF EXISTS "${forger}"`);
+  }
+});

@@ -10,6 +10,7 @@ import { Fetcher } from './fetcher.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 import type { OutcomeTally } from './heartbeat.js';
 import { settlementFor } from './outcome-table.js';
+import { NotifyThrottle } from './notify-throttle.js';
 import { PrefetchRate } from './prefetch-rate.js';
 import { DeadlineTimer, RunAbort } from './run-abort.js';
 import { runTask, type RunDeps } from './run-task.js';
@@ -26,6 +27,18 @@ import type { TaskObserver } from './task-observer.js';
 
 /** The longest wait between claim attempts while the database fails (see runFetchLoop). */
 const FETCH_RETRY_MAX_MS = 1000;
+/**
+ * Cancel notices are confirmed in batches at most this often (`cancelNoticed`): a real cancel
+ * aborts its handler that much later at most, a flood of forged notices naming this worker's
+ * leases costs at most 20 probes a second.
+ */
+const CANCEL_CONFIRM_SPACING_MS = 50;
+/** Leases awaiting confirmation at most: past it a notice is dropped (the poll still finds a real cancel). */
+const MAX_NOTICED_CANCELS = 4096;
+/** A probe that failed (the database away) is tried this many times in all, then left to the poll. */
+const CANCEL_CONFIRM_TRIES = 3;
+
+const delay = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 interface InFlight {
   task: ClaimedTask;
@@ -65,6 +78,17 @@ class ClaimBuffer {
       this.next = 0;
     }
     return task;
+  }
+
+  /** The buffered task with this lease key, left in place; null if not here. */
+  find(key: string): ClaimedTask | null {
+    for (let b = 0; b < this.batches.length; b++) {
+      const batch = this.batches[b]!;
+      for (let i = b === 0 ? this.next : 0; i < batch.tasks.length; i++) {
+        if (leaseKey(batch.tasks[i]!) === key) return batch.tasks[i]!;
+      }
+    }
+    return null;
   }
 
   /** Take the task with this lease key out of the buffer (an operator cancelled it); null if not here. */
@@ -183,8 +207,17 @@ export class Engine {
   private endGrace: (() => void) | null = null;
   private graceSkipped = false;
   private checkingCancels = false;
+  /** Leases named by cancel notices, to be confirmed by the database (`cancelNoticed`). */
+  private readonly noticed = new Map<string, { task: ClaimedTask; tries: number }>();
+  private confirming: Promise<void> | null = null;
+  private lastCancelProbeAt = 0;
+  /** Set at the end of stop(): no handler or buffered task is left to abort. */
+  private cancelsClosed = false;
+  /** The throttle's sleep before a woken fetch (notify-throttle.ts): cut short by any other wake. */
+  private throttled: AbortController | null = null;
   /** Aborted when the database is seen back (LISTEN reconnected) or on stop(): ends the fetch loop's error backoff early. */
   private retryNow = new AbortController();
+  private readonly notifyThrottle = new NotifyThrottle();
   /** The last fetch's size and whether it got all it asked for (see wanted()). */
   private lastClaimed = 0;
   private lastClaimFull = false;
@@ -297,11 +330,60 @@ export class Engine {
   notify(payload: string): void {
     if (payload.startsWith(CANCEL_NOTICE_PREFIX)) {
       const key = parseCancelNotice(payload);
-      if (key !== null) this.cancelled(key);
+      if (key !== null) this.cancelNoticed(key);
       return;
     }
     this.fetcher.noteLane(payload);
     this.wake('notify');
+  }
+
+  /**
+   * A cancel notice named lease `key`. A notice is a hint, never a verdict: anyone who can connect
+   * may NOTIFY the wake channel (it needs no privilege), and a forged notice that aborted a
+   * handler threw its run away, until rescue re-ran it and, after its last attempt, buried it. So
+   * a notice naming a lease this worker holds (running or prefetched) is confirmed by the
+   * database first: one probe of the settlements for every lease named since the last, never two
+   * at once, at most one every CANCEL_CONFIRM_SPACING_MS. A notice naming anything else costs
+   * nothing. The poll on the ticker (`checkCancelled`) stays the fallback for a notice missed.
+   */
+  private cancelNoticed(key: string): void {
+    if (this.cancelsClosed || this.noticed.has(key) || this.noticed.size >= MAX_NOTICED_CANCELS) return;
+    const task = this.heldTask(key);
+    if (task === null) return;
+    this.noticed.set(key, { task, tries: 0 });
+    this.confirming ??= this.confirmCancels().finally(() => {
+      this.confirming = null;
+    });
+  }
+
+  /** The task of lease `key` if this worker holds it: running (not yet aborted) or prefetched. */
+  private heldTask(key: string): ClaimedTask | null {
+    const running = this.inflight.get(key);
+    return running !== undefined && running.abort.reason === undefined ? running.task : this.buffer.find(key);
+  }
+
+  private async confirmCancels(): Promise<void> {
+    while (this.noticed.size > 0 && !this.cancelsClosed) {
+      // Spaced from the last probe, whichever round made it: a stream of notices naming this
+      // worker's leases costs at most one probe every CANCEL_CONFIRM_SPACING_MS.
+      const wait = this.lastCancelProbeAt + CANCEL_CONFIRM_SPACING_MS - Date.now();
+      if (wait > 0) await delay(wait);
+      if (this.cancelsClosed) break;
+      const named = new Map(this.noticed);
+      this.noticed.clear();
+      this.lastCancelProbeAt = Date.now();
+      try {
+        const tasks = [...named.values()].map((n) => n.task);
+        for (const key of await cancelledAmong(this.deps.write, this.o.schema, tasks)) this.cancelled(key);
+      } catch (err) {
+        this.deps.logger.warn({ err: (err as Error).message }, 'confirming a cancel notice failed; retrying');
+        // Asked again (a few times, while this worker still holds the lease), else left to the poll.
+        for (const [key, n] of named) {
+          if (n.tries < CANCEL_CONFIRM_TRIES - 1 && this.heldTask(key) !== null && !this.noticed.has(key))
+            this.noticed.set(key, { task: n.task, tries: n.tries + 1 });
+        }
+      }
+    }
   }
 
   /**
@@ -358,6 +440,8 @@ export class Engine {
   }
 
   private wake(reason: string): void {
+    // A poll tick, a freed slot or a stop ends the throttle's wait at once: only notifications wait.
+    if (reason !== 'notify') this.throttled?.abort();
     if (this.wakeReason === null) this.wakeReason = reason;
     const r = this.wakeResolve;
     this.wakeResolve = null;
@@ -390,12 +474,27 @@ export class Engine {
         continue;
       }
       const reason = this.wakeReason ?? 'unknown';
+      const woken = reason === 'notify';
+      let wantNow = want;
+      if (woken) {
+        // A flood of notifications (anyone may NOTIFY) costs a bounded number of claims; the
+        // ones that arrive meanwhile are noted and taken by this one fetch (notify-throttle.ts).
+        const wait = this.notifyThrottle.waitMs(Date.now());
+        if (wait > 0) {
+          this.throttled = new AbortController();
+          await abortableSleep(wait, this.throttled.signal);
+          this.throttled = null;
+          if (this.stopping) break;
+          wantNow = Math.max(want, this.wanted());
+        }
+      }
       this.wakeReason = null;
       this.deps.metrics.wakeups.inc({ reason });
       try {
-        const tasks = await this.fetcher.fetch(want);
+        const tasks = await this.fetcher.fetch(wantNow);
+        this.notifyThrottle.fetched(woken, tasks.length > 0, Date.now());
         this.lastClaimed = tasks.length;
-        this.lastClaimFull = tasks.length === want;
+        this.lastClaimFull = tasks.length === wantNow;
         if (failures > 0) {
           this.deps.logger.info({ failures }, 'claims work again after database errors');
           // The LISTEN session may still be waiting out its own reconnect backoff.
@@ -632,6 +731,10 @@ export class Engine {
         'handlers ignored their AbortSignal past the stop timeout; their leases will lapse',
       );
     }
+    // Nothing is left to abort: confirmations in flight end, none starts.
+    this.cancelsClosed = true;
+    this.noticed.clear();
+    await this.confirming;
     // Against an unreachable database a stop does not wait out whole leases: they lapse instead.
     await this.deps.batcher.drain(this.o.stopTimeoutMs);
     // Handlers still running past stop() lose their lease protection within 3 refresh intervals.

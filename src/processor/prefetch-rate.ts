@@ -29,8 +29,11 @@ export class PrefetchRate {
       this.completedSinceSample = 0;
       this.rateSampledAt = now;
     }
-    // No floor: when tasks are slow (or the rate is unknown) nothing is leased ahead, so a task
-    // never waits in this process behind long handlers while other workers sit idle.
-    return Math.min(this.prefetch, Math.ceil(this.completionRate * 0.025));
+    // Rounded down: when tasks are slow (fewer than one per 25 ms, or the rate is unknown)
+    // nothing is leased ahead, so a task never waits in this process behind long handlers while
+    // other workers sit idle. Rounded up, 10 completions a second leased one ahead: in a fleet
+    // sharing 100 ms tasks the busy worker took each new task into its buffer (a review's
+    // pickup p95 of 61-68 ms, against 15 ms without prefetch).
+    return Math.min(this.prefetch, Math.floor(this.completionRate * 0.025));
   }
 }
