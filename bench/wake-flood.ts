@@ -55,7 +55,9 @@ async function measure(
   await sleep(600); // the stats of the moment before settle
   const c0 = await commits(monitor);
   const u0 = process.cpuUsage();
-  const own = during ? await during() : (await sleep(ms), 0);
+  let own = 0;
+  if (during) own = await during();
+  else await sleep(ms);
   const u1 = process.cpuUsage(u0);
   await sleep(600);
   const c1 = await commits(monitor);
