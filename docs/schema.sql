@@ -126,9 +126,14 @@ DECLARE
   v_result text;
   v_n integer;
   e record;
+  v_results jsonb := '{}';
 BEGIN
   IF p_ids IS NULL THEN
     RAISE EXCEPTION 'berth: cancel_tasks ids must not be null' USING ERRCODE = '22004';
+  END IF;
+  PERFORM "berth".check_actor('cancel_tasks', p_actor);
+  IF cardinality(p_ids) > 10000 THEN
+    RAISE EXCEPTION 'berth: cancel_tasks: at most 10000 ids a call (got %)', cardinality(p_ids) USING ERRCODE = '22023';
   END IF;
   FOREACH v_id IN ARRAY p_ids LOOP
     IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -136,7 +141,7 @@ BEGIN
     END IF;
     -- Pending: removed. Leased: remove_unleased has taken the lane's row lock, and this
     -- statement's fresh snapshot sees the lease.
-    v_result := "berth".remove_unleased(v_id, 'cancelled');
+    v_result := "berth".remove_unleased_quietly(v_id, 'cancelled');
     IF v_result <> 'removed' THEN
       SELECT le.slot, le.lane_id, le.lane_seq, le.lease_from INTO e
         FROM "berth".leased_entries le
@@ -186,7 +191,94 @@ BEGIN
       END IF;
     END IF;
     id := v_id; result := v_result; RETURN NEXT;
+    v_results := v_results || jsonb_build_object(v_id::text, v_result);
   END LOOP;
+  -- Every cancel is audited here, whoever calls the function: the session's role, beside the
+  -- actor the caller named (which nothing can check).
+  IF EXISTS (SELECT 1 FROM jsonb_each_text(v_results) x WHERE x.value IN ('removed', 'cancelled')) THEN
+    INSERT INTO "berth".audit_log (actor, action, target, result)
+    VALUES ('db:' || session_user, 'cancel', jsonb_build_object('ids', to_jsonb(p_ids), 'actor', p_actor), v_results);
+  END IF;
+END $$;
+
+--
+-- Name: check_actor(text, text); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.check_actor(p_fn text, p_actor text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+  IF char_length(p_actor) > 200 THEN
+    RAISE EXCEPTION 'berth: %: actor must be at most 200 characters (got %)', p_fn, char_length(p_actor)
+      USING ERRCODE = '22023';
+  END IF;
+END $$;
+
+--
+-- Name: check_queue(text, text); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.check_queue(p_fn text, p_queue text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+  IF p_queue IS NULL THEN
+    RAISE EXCEPTION 'berth: %: queue must not be null', p_fn USING ERRCODE = '22004';
+  END IF;
+  IF octet_length(p_queue) > 255 THEN
+    RAISE EXCEPTION 'berth: %: queue must be at most 255 UTF-8 bytes (got %)', p_fn, octet_length(p_queue)
+      USING ERRCODE = '22023';
+  END IF;
+END $$;
+
+--
+-- Name: check_tasks(text, text[], jsonb[], timestamp with time zone[], integer[], text[], text); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.check_tasks(p_fn text, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v_n integer := coalesce(cardinality(p_types), 0);
+  x record;
+BEGIN
+  IF coalesce(cardinality(p_payloads), 0) <> v_n
+     OR (p_run_at IS NOT NULL AND cardinality(p_run_at) <> v_n)
+     OR (p_max_attempts IS NOT NULL AND cardinality(p_max_attempts) <> v_n)
+     OR (p_dedupe IS NOT NULL AND cardinality(p_dedupe) <> v_n) THEN
+    RAISE EXCEPTION 'berth: %: types, payloads, run_at, max_attempts and dedupe must have one element per task (% types)',
+      p_fn, v_n USING ERRCODE = '22023';
+  END IF;
+  IF char_length(p_trace_context) > 1024 THEN
+    RAISE EXCEPTION 'berth: %: trace_context must be at most 1024 characters (got %)', p_fn, char_length(p_trace_context)
+      USING ERRCODE = '22023';
+  END IF;
+  SELECT u.o, u.t, u.p IS NULL AS no_payload, u.r, u.m, u.k INTO x
+    FROM unnest(p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe) WITH ORDINALITY AS u(t, p, r, m, k, o)
+   WHERE u.t IS NULL OR char_length(u.t) NOT BETWEEN 1 AND 200 OR u.p IS NULL
+      OR u.r < '0001-01-01 00:00:00+00'::timestamptz OR u.r > '9999-12-31 23:59:59.999+00'::timestamptz
+      OR u.m NOT BETWEEN 1 AND 1000000 OR octet_length(u.k) NOT BETWEEN 1 AND 1024
+   ORDER BY u.o LIMIT 1;
+  IF NOT FOUND THEN RETURN; END IF;
+  IF x.t IS NULL OR char_length(x.t) NOT BETWEEN 1 AND 200 THEN
+    RAISE EXCEPTION 'berth: %: task #%: type must be a non-empty string of at most 200 characters (got %)',
+      p_fn, x.o, CASE WHEN x.t IS NULL THEN 'null' ELSE char_length(x.t) || ' characters' END USING ERRCODE = '22023';
+  ELSIF x.no_payload THEN
+    RAISE EXCEPTION 'berth: %: task #%: payload must not be null', p_fn, x.o USING ERRCODE = '22023';
+  ELSIF x.m NOT BETWEEN 1 AND 1000000 THEN
+    RAISE EXCEPTION 'berth: %: task #%: max_attempts must be an integer from 1 to 1000000 (got %)', p_fn, x.o, x.m
+      USING ERRCODE = '22023';
+  ELSIF octet_length(x.k) NOT BETWEEN 1 AND 1024 THEN
+    RAISE EXCEPTION 'berth: %: task #%: dedupe_key must be a non-empty string of at most 1024 UTF-8 bytes (got %)',
+      p_fn, x.o, octet_length(x.k) USING ERRCODE = '22023';
+  ELSE
+    RAISE EXCEPTION 'berth: %: task #%: run_at must be within the years 1 to 9999 (got %)', p_fn, x.o, x.r
+      USING ERRCODE = '22023';
+  END IF;
 END $$;
 
 --
@@ -304,6 +396,15 @@ BEGIN
   IF p_queue IS NULL OR p_priority IS NULL THEN
     RAISE EXCEPTION 'berth: enqueue queue and priority must not be null' USING ERRCODE = '22004';
   END IF;
+  -- What the client checks, checked again here: the function is called directly too.
+  PERFORM "berth".check_queue('enqueue', p_queue);
+  IF p_shard IS NOT NULL AND (p_shard < 0 OR p_shard > 63) THEN
+    RAISE EXCEPTION 'berth: enqueue: shard must be an integer from 0 to 63 (got %)', p_shard USING ERRCODE = '22023';
+  END IF;
+  IF p_shards IS NOT NULL AND (p_shards < 1 OR p_shards > 64) THEN
+    RAISE EXCEPTION 'berth: enqueue: shards must be an integer from 1 to 64 (got %)', p_shards USING ERRCODE = '22023';
+  END IF;
+  PERFORM "berth".check_tasks('enqueue', p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe, p_trace_context);
   v_shard := coalesce(p_shard, (txid_current() % greatest(coalesce(p_shards, 1), 1))::smallint);
   v_ids := ARRAY(SELECT nextval('"berth".task_id_seq'::regclass) FROM generate_series(1, v_n));
   IF EXISTS (SELECT 1 FROM unnest(p_dedupe) k WHERE k IS NOT NULL) THEN
@@ -400,6 +501,7 @@ BEGIN
   IF p_id IS NULL OR p_queue IS NULL OR p_priority IS NULL THEN
     RAISE EXCEPTION 'berth: move_task arguments must not be null' USING ERRCODE = '22004';
   END IF;
+  PERFORM "berth".check_queue('move_task', p_queue);
   UPDATE "berth".deferred SET queue = p_queue, priority = p_priority WHERE id = p_id;
   IF FOUND THEN RETURN 'moved'; END IF;
   SELECT e.* INTO r FROM "berth".ready e
@@ -475,6 +577,7 @@ BEGIN
   IF p_shard < 0 OR p_shard > 63 THEN
     RAISE EXCEPTION 'berth: shard % is outside 0-63', p_shard USING ERRCODE = '22023';
   END IF;
+  PERFORM "berth".check_queue('provision_lane', p_queue);
   SELECT lane_id INTO v_id FROM "berth".lanes
    WHERE queue = p_queue AND priority = p_priority AND shard = p_shard;
   IF FOUND THEN RETURN v_id; END IF;
@@ -760,6 +863,29 @@ END $$;
 --
 
 CREATE FUNCTION berth.remove_unleased(p_id bigint, p_reason text) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE v_result text;
+BEGIN
+  IF p_reason IS NULL OR char_length(p_reason) NOT BETWEEN 1 AND 64 THEN
+    RAISE EXCEPTION 'berth: remove_unleased: reason must be a non-empty string of at most 64 characters'
+      USING ERRCODE = '22023';
+  END IF;
+  v_result := "berth".remove_unleased_quietly(p_id, p_reason);
+  IF v_result = 'removed' THEN
+    INSERT INTO "berth".audit_log (actor, action, target, result)
+    VALUES ('db:' || session_user, 'remove', jsonb_build_object('id', p_id, 'reason', p_reason),
+            jsonb_build_object('result', v_result));
+  END IF;
+  RETURN v_result;
+END $$;
+
+--
+-- Name: remove_unleased_quietly(bigint, text); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.remove_unleased_quietly(p_id bigint, p_reason text) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -6494,6 +6620,24 @@ REVOKE ALL ON FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_type
 REVOKE ALL ON FUNCTION berth.cancel_tasks(p_ids bigint[], p_actor text) FROM PUBLIC;
 
 --
+-- Name: FUNCTION check_actor(p_fn text, p_actor text); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.check_actor(p_fn text, p_actor text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION check_queue(p_fn text, p_queue text); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.check_queue(p_fn text, p_queue text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION check_tasks(p_fn text, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.check_tasks(p_fn text, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text) FROM PUBLIC;
+
+--
 -- Name: FUNCTION count_lost_claim(p_slot smallint, p_lane integer, p_seq bigint, p_attempt integer, p_max_attempts integer, p_worker text); Type: ACL; Schema: berth; Owner: -
 --
 
@@ -6570,6 +6714,12 @@ REVOKE ALL ON FUNCTION berth.refuse_legacy_lease() FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION berth.remove_unleased(p_id bigint, p_reason text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION remove_unleased_quietly(p_id bigint, p_reason text); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.remove_unleased_quietly(p_id bigint, p_reason text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION repair_lane_sequence(p_lane integer); Type: ACL; Schema: berth; Owner: -

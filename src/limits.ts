@@ -29,6 +29,8 @@ export function checkSchemaName(value: unknown, where: string): string {
 }
 /** A dedupe key, in UTF-8 bytes: the `dedupe` primary key holds it alone (limit 2704). */
 export const MAX_DEDUPE_KEY_BYTES = 1024;
+/** An operator's name as a cancel records it (cancel_tasks() refuses a longer one, migration 20). */
+export const MAX_ACTOR_CHARS = 200;
 /** maxAttempts, for definitions, enqueue and the CLI alike (the column is an int4). */
 export const MAX_ATTEMPTS_LIMIT = 1_000_000;
 /**

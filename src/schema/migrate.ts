@@ -317,9 +317,9 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
 
 /**
  * A function the newest migration creates: its presence means the schema is current (migration
- * 19's count_lost_claim; migration 18's ring epoch comes with it).
+ * 20's check_tasks; migration 18's ring epoch and 19's count_lost_claim come before it).
  */
-const LATEST_MARKER = 'count_lost_claim(smallint, integer, bigint, integer, integer, text)';
+const LATEST_MARKER = 'check_tasks(text, text[], jsonb[], timestamptz[], integer[], text[], text)';
 
 /** The schema is missing or older than the code: nothing was run against it. */
 export class SchemaNotMigratedError extends BerthInputError {

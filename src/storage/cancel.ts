@@ -1,4 +1,5 @@
 import { BerthInputError } from '../errors.js';
+import { checkText, MAX_ACTOR_CHARS } from '../limits.js';
 import { bindSchema, READ_COMMITTED_REQUIRED, type Queryable, type SchemaRef, statementName } from '../sql.js';
 import { leaseKey, type LeaseRef } from './lease.js';
 
@@ -30,6 +31,7 @@ export async function cancelTasks(
   ids: readonly string[],
   actor: string | null,
 ): Promise<Map<string, CancelResult>> {
+  if (actor !== null) checkText(actor, 'actor', 'cancel', { maxChars: MAX_ACTOR_CHARS });
   const { q: s } = bindSchema(schema);
   const res = await executor.query<{ id: string; result: CancelResult | 'isolation' }>(
     `SELECT c.id::text AS id, c.result FROM ${s}.cancel_tasks($1::bigint[], $2) c`,
