@@ -105,7 +105,9 @@ export function registerHistoryCommands(program: Command): void {
             page.attempts.map((a) => ({
               ...a,
               ms: Math.round(a.durationMs),
-              error: a.error ? escapeControl(a.error.message.split('\n')[0]!.slice(0, 60)) : '',
+              error:
+                (a.invalid ? '(malformed row) ' : '') +
+                (a.error ? escapeControl(a.error.message.split('\n')[0]!.slice(0, 60)) : ''),
             })),
             ['id', 'attempt', 'outcome', 'type', 'queue', 'worker', 'settledAt', 'ms', 'error'],
           );

@@ -194,6 +194,7 @@ export function registerTaskCommands(program: Command): void {
           say(
             `  #${a.attempt}  ${a.outcome}${a.dead ? ' (dead-lettered)' : ''}  worker ${escapeControl(a.worker ?? '-')}  claimed ${a.claimedAt.toISOString()}  ${Math.round(a.durationMs)} ms${a.runMs !== null ? ` (handler ${a.runMs} ms)` : ''}`,
           );
+          if (a.invalid) say(`    malformed row, shown as far as it reads: ${a.invalid.join('; ')}`);
           if (a.cursor !== null) say(`    cursor ${jsonSafe(JSON.stringify(a.cursor))}`);
           for (
             let e: ErrorDetail | undefined = a.error ?? undefined, prefix = 'error';

@@ -1,4 +1,5 @@
 import { BerthInputError } from '../errors.js';
+import { readErrorDetail } from './attempt-read.js';
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
 import type { ErrorDetail } from '../util/error-detail.js';
 
@@ -96,6 +97,11 @@ export interface AttemptRecord {
   cursor: unknown;
   /** The attempt retired the task to the dead letters. */
   dead: boolean;
+  /**
+   * What was wrong with the row as stored, when anything was (a worker role can write any row):
+   * the record is still given, with those fields made safe.
+   */
+  invalid?: string[];
 }
 
 /** An AttemptRecord as the statement returns it (snake_case times, and the keyset cursor's key). */
@@ -113,7 +119,16 @@ const ATTEMPT_SELECT = `x.id::text AS id, x.attempt, h.outcome, h.type, ln.queue
        (extract(epoch FROM h.settled_at - h.claimed_at) * 1000)::float8 AS duration_ms,
        x.run_ms, x.created_at, h.error, h.cursor, h.dead`;
 
+/**
+ * A row as a reader may use it: every field a worker role could have forged checked (the error
+ * by `readErrorDetail`, the outcome against the known ones, the worker's name bounded), so a bad
+ * row is shown and marked (`invalid`), never a reason for a listing to stop.
+ */
 function toRecord(r: AttemptRow): AttemptRecord {
+  const { error, problems } = readErrorDetail(r.error);
+  if (!(ATTEMPT_OUTCOMES as readonly string[]).includes(r.outcome))
+    problems.push(`its outcome is not one berth writes`);
+  if (r.worker !== null && r.worker.length > 200) problems.push('its worker name is longer than 200 characters');
   return {
     id: r.id,
     attempt: r.attempt,
@@ -122,15 +137,16 @@ function toRecord(r: AttemptRow): AttemptRecord {
     queue: r.queue,
     priority: r.priority,
     shard: r.shard,
-    worker: r.worker,
+    worker: r.worker !== null && r.worker.length > 200 ? `${r.worker.slice(0, 200)}…` : r.worker,
     claimedAt: r.claimed_at,
     settledAt: r.settled_at,
     durationMs: r.duration_ms,
     runMs: r.run_ms,
     createdAt: r.created_at,
-    error: r.error,
+    error,
     cursor: r.cursor,
     dead: r.dead,
+    ...(problems.length > 0 ? { invalid: problems } : {}),
   };
 }
 
