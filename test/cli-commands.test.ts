@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { fileURLToPath } from 'node:url';
 import { main } from '../src/cli.js';
 import { enqueue, getTask, listAudit } from '../src/index.js';
-import { DATABASE_URL, freshSchema } from './helpers.js';
+import { DATABASE_URL, freshSchema, waitFor } from './helpers.js';
 import { runCli } from './support/run-cli.js';
 
 const { schema, pool } = await freshSchema('clicmd');
@@ -374,6 +374,77 @@ test('berth dashboard serves the dashboard until SIGINT; refuses a non-loopback 
   }
 });
 
+test('forged attempt-history rows (wrong types, a 3,000-deep cause chain, an unknown outcome) never stop a listing, and every output stays bounded', async () => {
+  const type = `cli_forged_${process.pid}`;
+  const { id } = await enqueue(pool, type, {}, { schema });
+  const lane = (await pool.query(`SELECT lane_id FROM ${S}.ready WHERE id = $1`, [id])).rows[0].lane_id;
+  let deep: Record<string, unknown> = { message: 'the bottom' };
+  for (let i = 0; i < 3000; i++) deep = { message: `link ${i}`, cause: deep };
+  const forged = [
+    { outcome: 'failure', error: { message: 42, name: { not: 'a string' }, stack: ['a', 'b'], cause: deep } },
+    { outcome: 'bogus', error: 'just a string' },
+    { outcome: 'failure', error: { message: 'x'.repeat(100_000) } },
+  ];
+  // What a worker role can write: attempt_history is INSERT-able by it.
+  for (const f of forged) {
+    await pool.query(
+      `INSERT INTO ${S}.attempt_history (part, bucket, outcome, lane_id, type, worker, claimed_at, ids, attempts,
+                                         created_at, run_ms, error, cursor, dead)
+       SELECT hs.current_part, $1::bigint >> 10, $2, $3, $4, $5, now(), ARRAY[$1::bigint], ARRAY[1], ARRAY[now()],
+              ARRAY[NULL::integer], $6::jsonb, NULL, false
+         FROM ${S}.history_state hs`,
+      [id, f.outcome, lane, type, 'w\u001b[31m'.repeat(100), JSON.stringify(f.error)],
+    );
+  }
+  const list = await berth('history', 'list', '--type', type);
+  assert.equal(list.code, 0, list.err);
+  assert.equal(list.out.match(/\(malformed row\)/g)?.length, 3, list.out);
+  const json = await berth('history', 'list', '--type', type, '--json');
+  assert.equal(json.code, 0, json.err);
+  assert.ok(json.out.length < 100_000, `--json printed ${json.out.length} characters`);
+  const page = JSON.parse(json.out) as { attempts: { invalid?: string[]; error: { message: string } | null }[] };
+  assert.equal(page.attempts.length, 3);
+  assert.ok(page.attempts.every((a) => (a.invalid?.length ?? 0) > 0));
+  assert.ok(
+    page.attempts.some((a) => a.invalid!.some((p) => /cause chain is longer than 4 \(2998 more left out\)/.test(p))),
+  );
+  const show = await berth('tasks', 'show', id!);
+  assert.equal(show.code, 0, show.err);
+  assert.equal(show.out.match(/malformed row, shown as far as it reads/g)?.length, 3);
+  assert.match(show.out, /timeline:/, 'the listing went on to the end');
+  assert.ok(show.out.length < 100_000, `tasks show printed ${show.out.length} characters`);
+});
+
+test('berth dashboard logs what a client sent (a Basic user name) with C1 and bidi controls escaped, as the worker does', async () => {
+  const users = process.env.BERTH_DASHBOARD_USERS;
+  process.env.BERTH_DASHBOARD_USERS = 'alice:a-long-enough-password';
+  const written: string[] = [];
+  const write = process.stdout.write.bind(process.stdout);
+  try {
+    const { match, stop } = await longRunning(['dashboard', '--port', '0'], /berth dashboard: (http:\/\/\S+)/);
+    process.stdout.write = ((chunk: string | Uint8Array, ...rest: unknown[]) => {
+      written.push(String(chunk));
+      return (write as (c: string | Uint8Array, ...r: unknown[]) => boolean)(chunk, ...rest);
+    }) as typeof process.stdout.write;
+    const user = 'ev\u009b31m\u202eil\u200f';
+    const res = await fetch(new URL('api/queues', match[1]), {
+      headers: { authorization: `Basic ${Buffer.from(`${user}:wrong`).toString('base64')}` },
+    });
+    assert.equal(res.status, 401);
+    await waitFor(() => written.some((l) => l.includes('ev')), 10_000, 'the failed authentication logged');
+    process.stdout.write = write;
+    assert.equal(await stop(), 0);
+    const line = written.find((l) => l.includes('ev'))!;
+    assert.doesNotMatch(line, /[\u0080-\u009f\u202a-\u202e\u200e\u200f]/u, 'no raw C1 or bidi control');
+    assert.ok(line.includes('\\u009b') && line.includes('\\u202e') && line.includes('\\u200f'), line);
+    JSON.parse(line);
+  } finally {
+    process.stdout.write = write;
+    if (users === undefined) delete process.env.BERTH_DASHBOARD_USERS;
+    else process.env.BERTH_DASHBOARD_USERS = users;
+  }
+});
+
 test('berth worker --http-port serves /metrics (and the dashboard with --dashboard)', async () => {
   const mod = fileURLToPath(new URL('./fixtures/cli-tasks.ts', import.meta.url));
   const { match, stop } = await longRunning(
@@ -460,13 +531,13 @@ test('nothing from the database reaches the terminal raw: ANSI, OSC, C1 CSI, CR 
   }
 });
 
-test('escapeControl / jsonSafe: every C0 and C1 control, DEL, U+2028/9 and bidi overrides; text and JSON values otherwise unchanged', async () => {
+test('escapeControl / jsonSafe: every C0 and C1 control, DEL, U+2028/9, bidi overrides and direction marks; text and JSON values otherwise unchanged', async () => {
   const { escapeControl, escapeControlKeepLines, jsonSafe } = await import('../src/cli/terminal.js');
   const all =
     Array.from({ length: 0x20 }, (_, i) => String.fromCharCode(i)).join('') +
     '\u007f' +
     Array.from({ length: 0x20 }, (_, i) => String.fromCharCode(0x80 + i)).join('') +
-    '\u2028\u2029\u202a\u202e\u2066\u2069';
+    '\u2028\u2029\u202a\u202e\u2066\u2069\u200e\u200f\u061c';
   const escaped = escapeControl(all);
   assert.doesNotMatch(escaped, /[^\x20-\x7e]/, 'only printable ASCII left');
   assert.ok(escaped.startsWith('\\x00\\x01'));
@@ -474,6 +545,7 @@ test('escapeControl / jsonSafe: every C0 and C1 control, DEL, U+2028/9 and bidi 
   assert.ok(
     escaped.includes('\\x1b') && escaped.includes('\\x7f') && escaped.includes('\\x9b') && escaped.includes('\\u2028'),
   );
+  assert.ok(escaped.endsWith('\\u200e\\u200f\\u061c'), 'the direction marks too');
   assert.equal(escapeControlKeepLines('a\nb\r\n'), 'a\nb\\r\n');
   assert.equal(escapeControl('plain, ünï 漢字 🙂 text'), 'plain, ünï 漢字 🙂 text');
   const value = { s: all, k: 'ok' };

@@ -293,6 +293,13 @@ test('secrets shorter than the documented minimum, and bad authLimits, are refus
       e instanceof BerthInputError && /auth\.users .*"alice" must be at least 12 characters/.test(e.message),
   );
   await assert.rejects(start({ auth: { token: TOKEN, user: {} } as never }), /unknown dashboard auth option "user"/);
+  // The audit log's names for the bearer and for unauthenticated loopback are no Basic user's.
+  for (const reserved of ['token', 'local']) {
+    await assert.rejects(
+      start({ auth: { users: { [reserved]: 'a-long-enough-password' } } }),
+      (e: Error) => e instanceof BerthInputError && new RegExp(`user name "${reserved}" is reserved`).test(e.message),
+    );
+  }
   await assert.rejects(
     start({ auth: { token: TOKEN }, authLimits: { lockoutMs: 0 } }),
     /authLimits\.lockoutMs must be a positive integer/,

@@ -4,7 +4,7 @@ import { dashboardOptionsFromEnv } from '../dashboard/options.js';
 import { createLogger, logLevel } from '../logger.js';
 import { common, database, intOption, type Common } from './common.js';
 import { runUntilSignal } from './signals.js';
-import { say } from './terminal.js';
+import { say, terminalSafeStream } from './terminal.js';
 
 export function registerDashboardCommand(program: Command): void {
   common(program.command('dashboard'), { json: false })
@@ -22,7 +22,13 @@ export function registerDashboardCommand(program: Command): void {
     )
     .action(async (opts: Common & { host?: string; port?: number; readOnly?: boolean }) => {
       const env = dashboardOptionsFromEnv(process.env);
-      const logger = createLogger({ component: 'dashboard' }, undefined, logLevel(process.env.BERTH_LOG_LEVEL));
+      // Log lines carry what clients sent (a Basic user name, a path): nothing in them may act on a
+      // terminal, as in the worker's log.
+      const logger = createLogger(
+        { component: 'dashboard' },
+        terminalSafeStream(process.stdout),
+        logLevel(process.env.BERTH_LOG_LEVEL),
+      );
       const db = database(opts);
       const server = await startDashboard({
         ...env,

@@ -127,7 +127,7 @@ export class Authenticator {
       if (!isLoopbackHost(hostName(req.headers.host))) {
         throw new HttpError(403, 'this dashboard has no authentication and answers requests to localhost only');
       }
-      return this.principal('dashboard:local');
+      return this.principal('local', 'dashboard:local');
     }
     const header = req.headers.authorization;
     if (header !== undefined) return this.fromAuthorization(req, header);
@@ -149,7 +149,7 @@ export class Authenticator {
       const actor = this.guarded(req, 'bearer', TOKEN_KEY, undefined, () =>
         safeEqual(value, token) ? 'dashboard:token' : null,
       );
-      return actor === null ? null : this.principal(actor);
+      return actor === null ? null : this.principal('bearer', actor);
     }
     if (scheme.toLowerCase() === 'basic' && this.acceptsBasic) {
       const decoded = Buffer.from(value, 'base64').toString('utf8');
@@ -166,14 +166,18 @@ export class Authenticator {
         }
         return match === null ? null : `dashboard:${match}`;
       });
-      return actor === null ? null : this.principal(actor);
+      return actor === null ? null : this.principal('basic', actor);
     }
     return null;
   }
 
-  /** Basic, bearer and local principals have no session: their CSRF token is an HMAC of who they are. */
-  private principal(actor: string): Principal {
-    return { actor, csrf: createHmac('sha256', this.secret).update(actor).digest('base64url') };
+  /**
+   * Basic, bearer and local principals have no session: their CSRF token is an HMAC of who they
+   * are, the kind of credential included, so no two kinds ever share one (a Basic user's name
+   * can never make the bearer's token; the names `token` and `local` are refused anyway).
+   */
+  private principal(kind: 'basic' | 'bearer' | 'local', actor: string): Principal {
+    return { actor, csrf: createHmac('sha256', this.secret).update(`${kind}\u0000${actor}`).digest('base64url') };
   }
 
   /** A new session id for a correct token from the login form; null otherwise (429 while limited). */

@@ -267,6 +267,12 @@ export function validateAuth(auth: DashboardAuth | undefined): void {
     for (const [user, password] of Object.entries(auth.users)) {
       if (user.length === 0 || user.includes(':'))
         throw new BerthInputError(`dashboard user name "${user}" must be non-empty and contain no ":"`);
+      // The audit log names the bearer `dashboard:token` and loopback without authentication
+      // `dashboard:local`: a Basic user of either name would be recorded as them.
+      if (RESERVED_USERS.has(user))
+        throw new BerthInputError(
+          `dashboard user name "${user}" is reserved (the audit log's name for the ${user === 'token' ? 'bearer token' : 'unauthenticated loopback user'}): choose another`,
+        );
       if (typeof password !== 'string' || chars(password) < MIN_PASSWORD_LENGTH) {
         throw new BerthInputError(
           `dashboard auth.users (BERTH_DASHBOARD_USERS): the password of "${user}" must be at least ${MIN_PASSWORD_LENGTH} characters`,
@@ -275,6 +281,9 @@ export function validateAuth(auth: DashboardAuth | undefined): void {
     }
   }
 }
+
+/** Basic user names the audit log already gives a meaning to (src/dashboard/auth.ts). */
+const RESERVED_USERS: ReadonlySet<string> = new Set(['token', 'local']);
 
 /**
  * Without authentication the dashboard may only listen on loopback: anyone who can reach it can
