@@ -165,6 +165,50 @@ test('with the defaults a client that retries whenever allowed gets about 60 gue
   assert.ok(guesses >= 40 && guesses <= 60, `${guesses} guesses in an hour`);
 });
 
+test('what a lockout costs an attacker: about one wrong guess a minute keeps the token closed to every address that has not logged in, and a restart forgets the trusted ones', () => {
+  // The attack docs/operations.md describes: someone who does not know the token guesses it from
+  // a fresh address whenever the token's shared key lets a guess through, for a day. The token
+  // is then closed (a 429 for an address that never logged in) nearly all the time; an address
+  // that logged in before is trusted and unaffected; a new limiter (a restarted dashboard)
+  // trusts nobody.
+  let now = 0;
+  const limiter = new AuthLimiter(validateAuthLimits(undefined), new Set(['token']), () => now);
+  const TRUSTED = '192.0.2.10';
+  limiter.succeeded(TRUSTED, 'token');
+  const DAY = 24 * 3600_000;
+  let guesses = 0;
+  let closedSeconds = 0;
+  let trustedRefusals = 0;
+  for (let second = 0; second < DAY / 1000; second++) {
+    now = second * 1000;
+    if (limiter.retryAfterMs(`203.0.${(second >> 8) & 255}.${second & 255}`, 'token') === 0) {
+      guesses++;
+      limiter.failed(`198.51.${(guesses >> 8) & 255}.${guesses & 255}`, 'token');
+    }
+    if (limiter.retryAfterMs('203.0.113.250', 'token') > 0) closedSeconds++;
+    if (second % 60 === 0 && limiter.retryAfterMs(TRUSTED, 'token') > 0) trustedRefusals++;
+  }
+  const perMinute = guesses / (DAY / 60_000);
+  const closed = closedSeconds / (DAY / 1000);
+  assert.ok(perMinute <= 1.2, `${guesses} guesses in a day (${perMinute.toFixed(2)} a minute)`);
+  assert.ok(closed >= 0.99, `closed ${(closed * 100).toFixed(2)} % of the day to a new address`);
+  assert.equal(trustedRefusals, 0, "an address that logged in before is never locked out by the token's key");
+
+  const restarted = new AuthLimiter(validateAuthLimits(undefined), new Set(['token']), () => now);
+  for (let i = 0; i < AUTH_LIMIT_DEFAULTS.sharedLockoutFailures; i++) restarted.failed(`198.18.0.${i}`, 'token');
+  assert.ok(restarted.retryAfterMs(TRUSTED, 'token') > 0, 'after a restart the trusted address waits too');
+});
+
+test('a restart forgets login sessions: the cookie of the dashboard before is refused by the one after', async () => {
+  const first = await dashboard();
+  const login = await call(`${first}login`, { method: 'POST', headers: FORM, body: `token=${TOKEN}` });
+  const cookie = String(login.headers['set-cookie']).split(';')[0];
+  assert.match(cookie, /^berth_session=/);
+  assert.equal((await call(`${first}api/session`, { headers: { cookie } })).status, 200);
+  const second = await dashboard();
+  assert.equal((await call(`${second}api/session`, { headers: { cookie } })).status, 401);
+});
+
 test('429 with Retry-After once a client has failed too often; the secret is not read while it waits; the login form says so', async () => {
   const url = await dashboard({ authLimits: { clientFreeFailures: 2, clientLockoutFailures: 3, lockoutMs: 60_000 } });
   const wrong = { authorization: `Bearer ${'x'.repeat(20)}` };

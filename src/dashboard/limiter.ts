@@ -118,7 +118,7 @@ export class AuthLimiter {
     now: number,
   ): FailureState | undefined {
     const s = map.get(key);
-    if (s && now - s.lastAt > this.limits.forgetAfterMs && now >= s.blockedUntil) {
+    if (s && now - s.lastAt >= this.limits.forgetAfterMs && now >= s.blockedUntil) {
       map.delete(key);
       return undefined;
     }
