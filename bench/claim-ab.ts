@@ -11,7 +11,7 @@
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import pg from 'pg';
-import { SESSION_OPTIONS } from '../src/processor/worker.js';
+import { SESSION_OPTIONS } from '../src/process/worker.js';
 
 const url =
   process.env.BENCH_DATABASE_URL ?? process.env.TEST_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';

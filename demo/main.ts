@@ -6,7 +6,7 @@
 import pg from 'pg';
 import { defineTask, enqueueMany, migrate, runSlices, Worker, createLogger } from '../src/index.js';
 import { DEFAULT_DASHBOARD_PORT } from '../src/dashboard/index.js';
-import { fromEnv } from '../src/env.js';
+import { fromEnv } from '../src/process/env.js';
 import { startEmbeddedPostgres } from './embedded-postgres.js';
 
 /** A startup failure as one line on stderr (no stack trace), then exit 1. */

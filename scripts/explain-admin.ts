@@ -35,7 +35,7 @@ import {
 } from '../src/index.js';
 import { claim, type ClaimParams } from '../src/processor/claim.js';
 import { Heartbeat } from '../src/processor/heartbeat.js';
-import { SESSION_OPTIONS } from '../src/processor/worker.js';
+import { SESSION_OPTIONS } from '../src/process/worker.js';
 import { quoteIdent, wakeChannel } from '../src/sql.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { recordFailures } from '../src/storage/fail.js';

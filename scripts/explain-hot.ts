@@ -18,7 +18,7 @@ import pg from 'pg';
 import { enqueueMany, migrate } from '../src/index.js';
 import { readGauges } from '../src/maintenance/gauges.js';
 import { type ClaimParams, claim, claimBatch, discover } from '../src/processor/claim.js';
-import { SESSION_OPTIONS } from '../src/processor/worker.js';
+import { SESSION_OPTIONS } from '../src/process/worker.js';
 import { quoteIdent, wakeChannel } from '../src/sql.js';
 import { completeLeases, dequeue } from '../src/storage/complete.js';
 import { recordFailures } from '../src/storage/fail.js';

@@ -78,7 +78,7 @@ export { runSlices, DEFAULT_SLICE_MS, type SliceOptions, type SlicePage } from '
 export { dequeue } from './storage/complete.js';
 
 // Worker
-export { Worker, WORKER_DEFAULTS, type WorkerOptions, type StopOptions } from './processor/worker.js';
+export { Worker, WORKER_DEFAULTS, type WorkerOptions, type StopOptions } from './process/worker.js';
 export { UNKNOWN_TYPE_DEFAULTS, type UnknownTypeOptions } from './processor/unknown-types.js';
 export {
   WorkerEvents,
@@ -103,7 +103,7 @@ export {
   type BerthEnvironment,
   type Environment,
   type WorkerEnvOptions,
-} from './env.js';
+} from './process/env.js';
 
 // Admin: reads and actions on tasks, dead letters, queues; stats; the audit log
 export { getTask, type TaskRecord, type TaskState } from './storage/tasks.js';

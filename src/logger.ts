@@ -6,7 +6,7 @@ export type { Logger };
 /**
  * The default structured logger: JSON lines on stdout (or `destination`) at `level` (info). The
  * library never reads the environment: BERTH_LOG_LEVEL reaches it through the CLI or
- * `fromEnv()` (src/env.ts).
+ * `fromEnv()` (src/process/env.ts).
  */
 export function createLogger(
   bindings: Record<string, unknown> = {},

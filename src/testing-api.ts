@@ -8,5 +8,5 @@ export {
   type RunDueTasksOptions,
   type TaskRunReport,
   type TaskRunStatus,
-} from './processor/run-due.js';
+} from './process/run-due.js';
 export { enqueuedIn, type EnqueuedTask } from './storage/enqueued.js';

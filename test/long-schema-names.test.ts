@@ -10,7 +10,7 @@ import pg from 'pg';
 import { BerthInputError, enqueueMany, migrate, Worker } from '../src/index.js';
 import { claimLanes, discover, type ClaimParams } from '../src/processor/claim.js';
 import { claimOneLane } from '../src/processor/claim-one-lane.js';
-import { SESSION_OPTIONS } from '../src/processor/worker.js';
+import { SESSION_OPTIONS } from '../src/process/worker.js';
 import { statementName, wakeChannel } from '../src/sql.js';
 import { readRingWindow } from '../src/storage/ring-window.js';
 import { DATABASE_URL, freshSchema } from './helpers.js';

@@ -173,7 +173,7 @@ test('ceilingMs; ceiling is its deprecated name: accepted with a DeprecationWarn
 });
 
 test('prefetch defaults to 25 per slot, at least 2,000 (the cap the ~25 ms rate target may lease ahead); 0 and explicit values stand', async () => {
-  const { resolveWorkerOptions } = await import('../src/processor/worker-options.js');
+  const { resolveWorkerOptions } = await import('../src/process/worker-options.js');
   const resolved = (o: Record<string, unknown>) =>
     resolveWorkerOptions({ connectionString: 'postgres://x@127.0.0.1/db', tasks: [], ...o }).prefetch;
   assert.equal(resolved({}), 2000);

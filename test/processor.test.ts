@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { z } from 'zod';
 import { defineTask, enqueue, enqueueMany, getTask, runSlices, Worker } from '../src/index.js';
 import type { AnyTaskDefinition } from '../src/task.js';
-import { slotsFromEnv, workerOptionsFromEnv } from '../src/env.js';
+import { slotsFromEnv, workerOptionsFromEnv } from '../src/process/env.js';
 import { logLevel } from '../src/logger.js';
 import { isPermanentError, PermanentError } from '../src/errors.js';
 import {

@@ -9,13 +9,13 @@ import { BerthInputError } from '../errors.js';
 import { MAX_TIMER_MS } from '../limits.js';
 import { createLogger, logLevel } from '../logger.js';
 import { discover } from '../processor/claim.js';
-import { Worker } from '../processor/worker.js';
+import { Worker } from '../process/worker.js';
 import type { TaskDefinition } from '../task.js';
 import { CliFailure, cliPool, collect, common, database, intOption, type Common, durationMs } from './common.js';
 import { progressBar } from './progress.js';
 import { runUntilSignal } from './signals.js';
 import { dashboardOptionsFromEnv } from '../dashboard/options.js';
-import { slotsFromEnv } from '../env.js';
+import { slotsFromEnv } from '../process/env.js';
 import { say, terminalSafeStream } from './terminal.js';
 
 /**

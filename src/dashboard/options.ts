@@ -331,7 +331,7 @@ function envFlag(name: string, value: string): boolean {
 }
 
 /**
- * Dashboard settings from an environment record (`fromEnv()` in src/env.ts passes `process.env`;
+ * Dashboard settings from an environment record (`fromEnv()` in src/process/env.ts passes `process.env`;
  * `berth dashboard` and the demo read these):
  * BERTH_DASHBOARD_TOKEN, BERTH_DASHBOARD_USERS (`user:pass,user2:pass2`; a password cannot contain
  * a comma), BERTH_DASHBOARD_READ_ONLY (1/true/0/false), BERTH_DASHBOARD_HOST, BERTH_DASHBOARD_PORT,

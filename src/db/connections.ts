@@ -57,7 +57,7 @@ export interface ResolveDatabaseOptions {
  * the explicit `connectTimeoutMs` option, the URL's `connect_timeout` (seconds), the
  * PGCONNECT_TIMEOUT environment variable (seconds), then 10 s. URL and variable have libpq's
  * meaning: whole seconds, 0 or less waits indefinitely, 1 means 2 (libpq's minimum). The
- * variable is read here, not in src/env.ts, because it is the driver's setting, read where pg
+ * variable is read here, not in src/process/env.ts, because it is the driver's setting, read where pg
  * itself reads PGHOST, PGUSER and PGPASSWORD: a `new Worker(...)` honours it as psql does.
  * A malformed string or value is a BerthInputError naming the field, never echoing the string
  * (it may hold a password).

@@ -2,7 +2,7 @@ import type { AnyTaskDefinition } from '../task.js';
 import type { ResolvedUnknownTypeOptions } from './unknown-types.js';
 
 /**
- * What the engine reads of the worker's resolved options (src/processor/worker-options.ts
+ * What the engine reads of the worker's resolved options (src/process/worker-options.ts
  * resolves them, in the composition-root layer; the engine sits below it and sees only this).
  */
 /** The task definitions a worker runs, indexed once. */

@@ -6,14 +6,14 @@ import { promoteDue } from '../maintenance/promote.js';
 import type { BerthMetrics, Outcome } from '../metrics.js';
 import { wakeChannel } from '../sql.js';
 import { DEFAULT_BACKOFF, type AnyTaskDefinition } from '../task.js';
-import { claimBatch, discover, type ClaimedTask } from './claim.js';
-import { settlementFor, type SettleAnswer, type Settlement, type TaskRun } from './outcome-table.js';
-import { DeadlineTimer, RunAbort } from './run-abort.js';
-import { runTask, type RunDeps } from './run-task.js';
-import { settleTask, type SettleDeps } from './settle-task.js';
-import { SettlementBatcher } from './settlement-batcher.js';
-import { TypeMetrics } from './type-metrics.js';
-import { UnknownTypes } from './unknown-types.js';
+import { claimBatch, discover, type ClaimedTask } from '../processor/claim.js';
+import { settlementFor, type SettleAnswer, type Settlement, type TaskRun } from '../processor/outcome-table.js';
+import { DeadlineTimer, RunAbort } from '../processor/run-abort.js';
+import { runTask, type RunDeps } from '../processor/run-task.js';
+import { settleTask, type SettleDeps } from '../processor/settle-task.js';
+import { SettlementBatcher } from '../processor/settlement-batcher.js';
+import { TypeMetrics } from '../processor/type-metrics.js';
+import { UnknownTypes } from '../processor/unknown-types.js';
 import { resolveWorkerOptions, type ResolvedWorkerOptions } from './worker-options.js';
 
 export interface RunDueTasksOptions {

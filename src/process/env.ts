@@ -1,7 +1,7 @@
-import { dashboardOptionsFromEnv, type DashboardEnvOptions } from './dashboard/options.js';
-import { BerthInputError } from './errors.js';
-import { createLogger, logLevel } from './logger.js';
-import type { WorkerOptions } from './processor/worker-options.js';
+import { dashboardOptionsFromEnv, type DashboardEnvOptions } from '../dashboard/options.js';
+import { BerthInputError } from '../errors.js';
+import { createLogger, logLevel } from '../logger.js';
+import type { WorkerOptions } from './worker-options.js';
 
 /**
  * The one module of the library that reads the environment. Everything else takes its settings

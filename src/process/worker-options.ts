@@ -18,9 +18,9 @@ import {
   type WorkerHttpOptions,
 } from '../dashboard/worker-http.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
-import { DEFAULT_STUCK_GRACE_MS } from './stuck.js';
-import type { EngineOptions } from './engine-options.js';
-import { resolveUnknownTypeOptions, type UnknownTypeOptions } from './unknown-types.js';
+import { DEFAULT_STUCK_GRACE_MS } from '../processor/stuck.js';
+import type { EngineOptions } from '../processor/engine-options.js';
+import { resolveUnknownTypeOptions, type UnknownTypeOptions } from '../processor/unknown-types.js';
 import { DEFAULT_QUEUE } from '../producer/enqueue.js';
 import { checkSchemaName, checkText, MAX_QUEUE_BYTES } from '../limits.js';
 
@@ -174,7 +174,7 @@ export interface ResolvedWorkerOptions extends EngineOptions {
 /**
  * Defaults filled in, every value checked, once: a bad value (or an unknown key) is a
  * BerthInputError naming the option, thrown by `new Worker(...)` before anything starts. The
- * library never reads the environment here (see `workerOptionsFromEnv` in src/env.ts).
+ * library never reads the environment here (see `workerOptionsFromEnv` in src/process/env.ts).
  */
 export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOptions {
   for (const key of Object.keys(options)) {
