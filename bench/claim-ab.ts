@@ -12,6 +12,7 @@ import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import pg from 'pg';
 import { SESSION_OPTIONS } from '../src/process/worker.js';
+import { claimParams } from '../test/claim-params.js';
 
 const url =
   process.env.BENCH_DATABASE_URL ?? process.env.TEST_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
@@ -36,21 +37,6 @@ await admin.query('VACUUM ANALYZE');
 /** The claim's shape: CLAIM_LIMIT tasks (default 130, the c10 drain's) over CLAIM_LANES lanes (default 4). */
 const LIMIT = Number(process.env.CLAIM_LIMIT ?? 130);
 const LANES = Number(process.env.CLAIM_LANES ?? 4);
-const params = (laneIds: number[]) => ({
-  schema,
-  laneIds: laneIds.slice(0, LANES),
-  limit: LIMIT,
-  perLane: Math.ceil(LIMIT / Math.min(LANES, laneIds.length)),
-  ceilings: new Map([['noop', 60000]]),
-  maxAttempts: new Map(),
-  defaultMaxAttempts: 20,
-  defaultCeilingMs: 60000,
-  marginMs: 30000,
-  workerId: 'w',
-  wakeChannel: 'x',
-  queues: null,
-  maxLanes: 16,
-});
 const clients = new Map<typeof A, pg.PoolClient>([
   [A, await pool.connect()],
   [B, await pool.connect()],
@@ -82,7 +68,18 @@ async function round(impl: typeof A, n: number): Promise<{ cpu: number; wall: nu
       await c.query('BEGIN');
       const t0 = performance.now();
       const u0 = process.cpuUsage();
-      const b = await impl.claimBatch(c, params(lanes));
+      const b = await impl.claimBatch(
+        c,
+        claimParams(schema, lanes.slice(0, LANES), LIMIT, {
+          perLane: Math.ceil(LIMIT / Math.min(LANES, lanes.length)),
+          ceilings: new Map([['noop', 60000]]),
+          marginMs: 30000,
+          workerId: 'w',
+          wakeChannel: 'x',
+          queues: null,
+          maxLanes: 16,
+        }),
+      );
       const u = process.cpuUsage(u0);
       wall += performance.now() - t0;
       cpu += u.user + u.system;

@@ -16,7 +16,7 @@ import pg from 'pg';
 import { pino } from 'pino';
 import { defineTask, enqueue, enqueueMany, migrate, Worker } from '../src/index.js';
 import { claim } from '../src/processor/claim.js';
-import { wakeChannel } from '../src/sql.js';
+import { claimParams } from '../test/claim-params.js';
 import { schemaLockKey } from '../src/storage/locks.js';
 
 const url = process.env.BENCH_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
@@ -131,18 +131,14 @@ async function run(scenario: Scenario, laneLockTimeoutMs: number | null): Promis
       const c = await admin.connect();
       await c.query('BEGIN');
       await enqueue(c, 'orphan', {}, { schema, queue: 'orphans', shard: 0 });
-      await claim(c, {
-        schema,
-        laneIds: [orphanLane],
-        limit: 1,
-        ceilings: new Map([['orphan', 100]]),
-        maxAttempts: new Map(),
-        defaultMaxAttempts: 20,
-        defaultCeilingMs: 100,
-        marginMs: 0,
-        workerId: 'abandoned',
-        wakeChannel: wakeChannel(schema),
-      });
+      await claim(
+        c,
+        claimParams(schema, [orphanLane], 1, {
+          ceilings: new Map([['orphan', 100]]),
+          defaultCeilingMs: 100,
+          workerId: 'abandoned',
+        }),
+      );
       await c.query('COMMIT');
       c.release();
       await sleep(250);

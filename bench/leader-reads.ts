@@ -20,7 +20,7 @@ import { enqueueMany, migrate } from '../src/index.js';
 import { readGauges } from '../src/maintenance/gauges.js';
 import { pruneSegment, rotateRing } from '../src/maintenance/ring.js';
 import { claimBatch } from '../src/processor/claim.js';
-import { wakeChannel } from '../src/sql.js';
+import { claimParams } from '../test/claim-params.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { rescueLapsedLeases } from '../src/storage/rescue.js';
 import { readRingWindow } from '../src/storage/ring-window.js';
@@ -52,19 +52,10 @@ async function drain(): Promise<void> {
   const laneIds = (await admin.query(`SELECT lane_id FROM ${schema}.lanes`)).rows.map((r) => r.lane_id as number);
   const window = await readRingWindow(admin, schema);
   for (;;) {
-    const batch = await claimBatch(admin, {
-      schema,
-      laneIds,
-      limit: 200,
-      ceilings: new Map([['t', 60_000]]),
-      maxAttempts: new Map(),
-      defaultMaxAttempts: 20,
-      defaultCeilingMs: 60_000,
-      marginMs: 0,
-      workerId: 'leader-reads',
-      wakeChannel: wakeChannel(schema),
-      window,
-    });
+    const batch = await claimBatch(
+      admin,
+      claimParams(schema, laneIds, 200, { ceilings: new Map([['t', 60_000]]), workerId: 'leader-reads', window }),
+    );
     if (batch.tasks.length === 0) return;
     await completeLeases(admin, schema, batch.tasks);
   }

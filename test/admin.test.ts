@@ -30,7 +30,7 @@ import {
 } from '../src/index.js';
 import { claim } from '../src/processor/claim.js';
 import { completeLeases } from '../src/storage/complete.js';
-import { wakeChannel } from '../src/sql.js';
+import { claimParams } from './claim-params.js';
 import { counterValue, DATABASE_URL, FAST_MAINTENANCE, freshSchema, testLogger, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('admin');
@@ -44,18 +44,7 @@ async function reset(): Promise<void> {
 
 async function claimAll(limit = 100) {
   const lanes = (await pool.query(`SELECT lane_id FROM ${S}.lanes`)).rows.map((r) => r.lane_id as number);
-  return claim(pool, {
-    schema,
-    laneIds: lanes,
-    limit,
-    ceilings: new Map(),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: 60_000,
-    marginMs: 0,
-    workerId: 'adm',
-    wakeChannel: wakeChannel(schema),
-  });
+  return claim(pool, claimParams(schema, lanes, limit, { workerId: 'adm' }));
 }
 
 /** A dead letter as a worker would leave it: attempts spent, last error recorded. */

@@ -22,6 +22,7 @@ import {
 import { claimBatch, type ClaimedTask } from '../src/processor/claim.js';
 import type { AnyTaskDefinition } from '../src/task.js';
 import { quoteIdent, wakeChannel } from '../src/sql.js';
+import { claimParams } from './claim-params.js';
 import { cancelledAmong, cancelTasks as cancelIds } from '../src/storage/cancel.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { recordFailures } from '../src/storage/fail.js';
@@ -56,18 +57,10 @@ async function claimAll(limit: number, ceilingMs = 60_000): Promise<ClaimedTask[
   );
   const got: ClaimedTask[] = [];
   for (;;) {
-    const b = await claimBatch(pool, {
-      schema,
-      laneIds,
-      limit: limit - got.length,
-      ceilings: new Map(),
-      maxAttempts: new Map(),
-      defaultMaxAttempts: 20,
-      defaultCeilingMs: ceilingMs,
-      marginMs: 0,
-      workerId: 'cancel-test',
-      wakeChannel: wakeChannel(schema),
-    });
+    const b = await claimBatch(
+      pool,
+      claimParams(schema, laneIds, limit - got.length, { defaultCeilingMs: ceilingMs, workerId: 'cancel-test' }),
+    );
     got.push(...b.tasks);
     if (!b.more || got.length >= limit || b.tasks.length === 0) return got;
   }

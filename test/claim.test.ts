@@ -5,25 +5,13 @@ import { claim, claimBatch, claimLanes, discover, type ClaimParams, type Claimed
 import { claimOneLane } from '../src/processor/claim-one-lane.js';
 import { type Queryable, wakeChannel } from '../src/sql.js';
 import { readRingWindow } from '../src/storage/ring-window.js';
+import { claimParams } from './claim-params.js';
 import { freshSchema, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('claim');
 
-function params(laneIds: number[], limit: number, extra: Partial<ClaimParams> = {}): ClaimParams {
-  return {
-    schema,
-    laneIds,
-    limit,
-    ceilings: new Map([['t', 60_000]]),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: 300_000,
-    marginMs: 30_000,
-    workerId: 'test',
-    wakeChannel: wakeChannel(schema),
-    ...extra,
-  };
-}
+/** This file's claims: type 't' for 60 s, any other for 300 s, with a 30 s lease margin. */
+const TERMS: Partial<ClaimParams> = { ceilings: new Map([['t', 60_000]]), defaultCeilingMs: 300_000, marginMs: 30_000 };
 
 type ClaimFn = (db: Queryable, p: ClaimParams) => Promise<ClaimedTask[]>;
 
@@ -66,9 +54,9 @@ test('claimBatch runs the one-lane statement when it may lock one lane, the seve
       ).rows
         .map((r) => r.name.split(':')[0]!)
         .sort();
-    assert.equal((await claimBatch(client, params(lanes, 1, { maxLanes: 1 }))).tasks.length, 1);
+    assert.equal((await claimBatch(client, claimParams(schema, lanes, 1, { ...TERMS, maxLanes: 1 }))).tasks.length, 1);
     assert.deepEqual(await prepared(), ['berth-claim-one-lane'], 'maxLanes 1: the one-lane statement');
-    assert.equal((await claimBatch(client, params(lanes, 1))).tasks.length, 1);
+    assert.equal((await claimBatch(client, claimParams(schema, lanes, 1, TERMS))).tasks.length, 1);
     assert.deepEqual(await prepared(), ['berth-claim', 'berth-claim-one-lane'], 'two lanes: the several-lane one');
   } finally {
     client.release(true);
@@ -100,10 +88,10 @@ test('ClaimLeasesExactlyOneRow: a claim for one slot leases exactly the one entr
     );
     const lanes = (await pool.query(`SELECT lane_id FROM "${schema}".lanes`)).rows.map((r) => r.lane_id as number);
     assert.equal(lanes.length, 2);
-    const got = await claim(pool, params(lanes, 1));
+    const got = await claim(pool, claimParams(schema, lanes, 1, TERMS));
     assert.equal(got.length, 1);
     assert.equal(await leaseCount(), 1);
-    const three = await claim(pool, params(lanes, 3));
+    const three = await claim(pool, claimParams(schema, lanes, 3, TERMS));
     assert.equal(three.length, 3);
     assert.equal(await leaseCount(), 4);
     const leased = await pool.query(`SELECT id::text FROM "${schema}".leased_entries ORDER BY id`);
@@ -125,7 +113,7 @@ test('discovery returns due, unleased entries oldest first, 20 at a time', async
     seqs,
     [...seqs].sort((a, b) => a - b),
   );
-  await claim(pool, params([first[0]!.laneId], 5));
+  await claim(pool, claimParams(schema, [first[0]!.laneId], 5, TERMS));
   const after = await discover(pool, schema, null, 20);
   assert.equal(after.length, 20);
   assert.ok(Number(after[0]!.laneSeq) > Number(first[4]!.laneSeq), 'leased entries are not rediscovered');
@@ -138,7 +126,7 @@ test('priority: a lower number is discovered and claimed first', async () => {
   await enqueue(pool, 't', { p: 5 }, { schema, priority: 5 });
   await enqueue(pool, 't', { p: -1 }, { schema, priority: -1 });
   const cands = await discover(pool, schema, null, 20);
-  const got = await claim(pool, params([...new Set(cands.map((c) => c.laneId))], 1));
+  const got = await claim(pool, claimParams(schema, [...new Set(cands.map((c) => c.laneId))], 1, TERMS));
   assert.deepEqual(got[0]!.payload, { p: -1 });
 });
 
@@ -157,7 +145,7 @@ test('SKIP LOCKED: two claimers handed the same candidates take different entrie
     const holder = await pool.connect();
     await holder.query('BEGIN');
     await holder.query(`SELECT 1 FROM "${schema}".lanes WHERE lane_id = $1 FOR UPDATE`, [lanes[0]]);
-    const got = await claim(pool, params(lanes, 4));
+    const got = await claim(pool, claimParams(schema, lanes, 4, TERMS));
     assert.equal(got.length, 4);
     assert.ok(
       got.every((t) => t.laneId !== lanes[0]),
@@ -177,7 +165,9 @@ test('SKIP LOCKED: two claimers handed the same candidates take different entrie
     const all = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
     const claimed: string[] = [];
     for (let round = 0; round < 20; round++) {
-      const batches = await Promise.all(Array.from({ length: 6 }, () => claim(pool, params(all, 4))));
+      const batches = await Promise.all(
+        Array.from({ length: 6 }, () => claim(pool, claimParams(schema, all, 4, TERMS))),
+      );
       for (const b of batches) claimed.push(...b.map((t) => t.id));
     }
     assert.equal(new Set(claimed).size, claimed.length, 'no entry leased twice');
@@ -191,7 +181,7 @@ test('the claim stamps a random token and expiry = db now() + ceiling + margin',
     await enqueue(pool, 't', {}, { schema, shard: 0 });
     await enqueue(pool, 'unknown_type', {}, { schema, shard: label === STATEMENTS[0]![0] ? 0 : 1 });
     const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
-    const got = await claim(pool, params(lanes, 2));
+    const got = await claim(pool, claimParams(schema, lanes, 2, TERMS));
     assert.equal(got.length, 2);
     const rows = await pool.query(
       `SELECT type, token::text, extract(epoch FROM expires_at - claimed_at)::float8 AS secs, attempt FROM "${schema}".leased_entries ORDER BY type`,
@@ -241,8 +231,12 @@ test('a claim that fills every requested slot re-signals the wake channel; a sho
       ),
     );
     const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
-    assert.equal(await signalledBy(() => claim(pool, params(lanes, 2))), 1, 'full claim re-signals');
-    assert.equal(await signalledBy(() => claim(pool, params(lanes, 5))), 0, 'short claim does not');
+    assert.equal(
+      await signalledBy(() => claim(pool, claimParams(schema, lanes, 2, TERMS))),
+      1,
+      'full claim re-signals',
+    );
+    assert.equal(await signalledBy(() => claim(pool, claimParams(schema, lanes, 5, TERMS))), 0, 'short claim does not');
     await l.end();
   }));
 
@@ -267,7 +261,7 @@ test('the cursor never passes an unleased entry: a claim that began before an ap
       await blocker.query('BEGIN');
       await blocker.query(`LOCK TABLE ${s}."ready_${other}" IN ACCESS EXCLUSIVE MODE`);
       const claimerPid = (await claimer.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
-      const pending = claim(claimer, params([lane], 10));
+      const pending = claim(claimer, claimParams(schema, [lane], 10, TERMS));
       const claimStart = await waitFor(
         async () => {
           const r = await pool.query<{ xact_start: Date }>(
@@ -327,7 +321,7 @@ test('the cursor never passes an unleased entry: a claim that began before an ap
         'the lane stops at X, not due by the now() of the claim: nothing behind it is leased',
       );
       // The lane's next claim (a later now()) takes both, in lane order.
-      const second = await claim(pool, params([lane], 10));
+      const second = await claim(pool, claimParams(schema, [lane], 10, TERMS));
       assert.deepEqual(
         second.map((t) => t.id),
         [x!.id, y!.id],
@@ -349,7 +343,7 @@ test('the claim commits asynchronously, and only its own transaction (synchronou
       // The session's own setting (a test cluster may run with it off server-wide).
       await client.query('SET synchronous_commit = on');
       await client.query('BEGIN');
-      const got = await claim(client, params(lanes, 1));
+      const got = await claim(client, claimParams(schema, lanes, 1, TERMS));
       assert.equal(got.length, 1);
       // Inside the claim's transaction the setting is off, so its commit does not wait for the flush.
       assert.equal((await client.query(`SELECT current_setting('synchronous_commit') AS v`)).rows[0].v, 'off');
@@ -358,7 +352,7 @@ test('the claim commits asynchronously, and only its own transaction (synchronou
       assert.equal((await client.query(`SELECT current_setting('synchronous_commit') AS v`)).rows[0].v, 'on');
       // Autocommit, as the worker runs it: the same, and the lease is there.
       await enqueue(pool, 't', { i: 2 }, { schema, shard: 0 });
-      assert.equal((await claim(client, params(lanes, 1))).length, 1);
+      assert.equal((await claim(client, claimParams(schema, lanes, 1, TERMS))).length, 1);
       assert.equal((await client.query(`SELECT current_setting('synchronous_commit') AS v`)).rows[0].v, 'on');
       assert.equal(await leaseCount(), 2);
     } finally {
@@ -388,7 +382,7 @@ test('ids and lane positions past 2^53 come back exact (int8 travels as text in 
         [3, 4].map((i) => ({ type: 't', payload: { i }, shard: 30 })),
         { schema },
       );
-      const got = await claim(pool, params([lane], 2));
+      const got = await claim(pool, claimParams(schema, [lane], 2, TERMS));
       assert.deepEqual(
         got.map((t) => [t.id, t.laneSeq, t.payload]),
         [
@@ -427,12 +421,12 @@ test('the segment test stops a lane’s prefix: a lane whose entries read segmen
       if (window) assert.deepEqual(window.segments, [0, 1]);
       const order: number[] = [];
       for (let round = 0; round < 3; round++) {
-        const got = await claim(pool, params([lane], 10, { window }));
+        const got = await claim(pool, claimParams(schema, [lane], 10, { ...TERMS, window }));
         assert.equal(got.length, 1, `${label}, ${windowed ? 'in a window' : 'whole ring'}: one entry a claim`);
         order.push((got[0]!.payload as { i: number }).i);
       }
       assert.deepEqual(order, [0, 1, 2], 'in lane order, none passed');
-      assert.equal((await claim(pool, params([lane], 10, { window }))).length, 0);
+      assert.equal((await claim(pool, claimParams(schema, [lane], 10, { ...TERMS, window }))).length, 0);
       const ranges = await pool.query(
         `SELECT slot, from_seq::int AS f, to_seq::int AS t, n FROM "${schema}".range_leases ORDER BY from_seq`,
       );

@@ -3,6 +3,7 @@ import assert from 'node:assert/strict';
 import { fileURLToPath } from 'node:url';
 import { main } from '../src/cli.js';
 import { enqueue, getTask, listAudit } from '../src/index.js';
+import { claimParams } from './claim-params.js';
 import { DATABASE_URL, freshSchema, waitFor } from './helpers.js';
 import { runCli } from './support/run-cli.js';
 
@@ -465,7 +466,6 @@ test('berth worker --http-port serves /metrics (and the dashboard with --dashboa
 
 test('nothing from the database reaches the terminal raw: ANSI, OSC, C1 CSI, CR and friends are escaped; --json stays exact', async () => {
   const { claim } = await import('../src/processor/claim.js');
-  const { wakeChannel } = await import('../src/sql.js');
   // Every control a terminal acts on (DEL, C1 and U+2028 included), in every column printed.
   // biome-ignore lint/suspicious/noControlCharactersInRegex: the test looks for raw control characters
   const RAW = /[\u0000-\u0009\u000b-\u001f\u007f-\u009f\u2028\u2029\u202e]/u;
@@ -479,18 +479,7 @@ test('nothing from the database reaches the terminal raw: ANSI, OSC, C1 CSI, CR 
   await killTask(dead.id!);
   await pool.query(`UPDATE ${S}.dead_letters SET last_error = $2 WHERE id = $1`, [dead.id, lastError]);
   const lane = (await pool.query(`SELECT lane_id FROM ${S}.ready WHERE id = $1`, [ready.id])).rows[0].lane_id as number;
-  const leased = await claim(pool, {
-    schema,
-    laneIds: [lane],
-    limit: 1,
-    ceilings: new Map(),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: 60_000,
-    marginMs: 0,
-    workerId: 'w\u001b[5mblink\u009d',
-    wakeChannel: wakeChannel(schema),
-  });
+  const leased = await claim(pool, claimParams(schema, [lane], 1, { workerId: 'w\u001b[5mblink\u009d' }));
   assert.equal(leased.length, 1);
 
   const runs = {

@@ -98,6 +98,16 @@ const ENQUEUE_REFUSALS: [string, Partial<Record<string, string>>, RegExp][] = [
   ['shard 64', { shard: '64::smallint' }, /enqueue: shard must be an integer from 0 to 63 \(got 64\)/],
   ['shards 0', { shards: '0::smallint' }, /enqueue: shards must be an integer from 1 to 64 \(got 0\)/],
   ['arrays of different lengths', { types: `ARRAY['t', 't']` }, /one element per task/],
+  [
+    'a two-dimensional types array',
+    { types: `ARRAY[['t', 't'], ['t', 't']]`, payloads: `ARRAY['{}'::jsonb, '{}', '{}', '{}']` },
+    /must be one-dimensional arrays/,
+  ],
+  [
+    'a run time before the year 1 by more than a day',
+    { runAt: `ARRAY['0001-01-01 00:00:00+00'::timestamptz - interval '2 days']` },
+    /task #1: run_at must be within the years 1 to 9999/,
+  ],
 ];
 
 for (const [who, db] of [
@@ -135,6 +145,42 @@ for (const [who, db] of [
     assert.equal(ok.rows[0].state, 'ready');
   });
 }
+
+test('the run times the client accepts at its bounds are accepted, give or take the rounding of a delay or a time zone', async () => {
+  // The longest delay the client takes arrives a fraction of a millisecond past 9999-12-31
+  // 23:59:59.999; year 1 can arrive seconds early from a time zone with a local-mean-time offset.
+  for (const at of [`'9999-12-31 23:59:59.999916+00'`, `'0001-12-31 23:59:58+00 BC'`]) {
+    const r = await asProducer.query(enqueueCall({ runAt: `ARRAY[${at}::timestamptz]` }));
+    assert.ok(['ready', 'scheduled'].includes(r.rows[0].state), at);
+  }
+});
+
+test('a lane opened before the queue limit keeps taking back its scheduled and retried tasks', async () => {
+  // A lane of a 300-byte queue, as an older client or SQL before migration 20 could open it, with
+  // a task deferred and due: promotion appends it through provision_lane().
+  const queue = 'L'.repeat(300);
+  const lane = await admin.query(
+    `INSERT INTO ${S}.lanes (queue, priority, shard) VALUES ($1, 0, 0) RETURNING lane_id`,
+    [queue],
+  );
+  await admin.query(`CREATE SEQUENCE ${S}."lane_seq_${lane.rows[0].lane_id}"`);
+  await admin.query(
+    `INSERT INTO ${S}.deferred (id, type, payload, queue, priority, shard, attempts, created_at, state, run_at)
+     VALUES (nextval('${S}.task_id_seq'), 't', '{}', $1, 0, 0, 0, now(), 'scheduled', now())`,
+    [queue],
+  );
+  const again = await asWorker.query(`SELECT ${S}.provision_lane($1, 0::smallint, 0::smallint) AS id`, [queue]);
+  assert.equal(again.rows[0].id, lane.rows[0].lane_id, 'the existing lane is returned, not refused');
+  const { promoteDue } = await import('../src/maintenance-api.js');
+  await promoteDue(admin, schema);
+  const left = await admin.query(`SELECT count(*)::int AS n FROM ${S}.deferred WHERE queue = $1`, [queue]);
+  assert.equal(left.rows[0].n, 0, 'the due task went back to its lane');
+  // A new lane of such a queue is still refused.
+  await assert.rejects(
+    asWorker.query(`SELECT ${S}.provision_lane($1, 1::smallint, 0::smallint)`, [queue]),
+    /provision_lane: queue must be at most 255 UTF-8 bytes/,
+  );
+});
 
 test('as the worker role, provision_lane(), move_task(), remove_unleased() and cancel_tasks() refuse what the client refuses', async () => {
   const before = await footprint();

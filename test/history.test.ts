@@ -22,7 +22,7 @@ import {
 import { rescueLapsedLeases, rotateHistory } from '../src/maintenance-api.js';
 import { claim, discover, type ClaimedTask } from '../src/processor/claim.js';
 import { completeLeases } from '../src/storage/complete.js';
-import { wakeChannel } from '../src/sql.js';
+import { claimParams } from './claim-params.js';
 import { errorDetail, MAX_STACK_CHARS } from '../src/util/error-detail.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, leaseLapsed, waitFor } from './helpers.js';
 
@@ -38,18 +38,15 @@ async function forgetRing(): Promise<void> {
 
 async function claimOne(type: string, ceilingMs = 60_000, marginMs = 0): Promise<ClaimedTask> {
   const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
-  const [t] = await claim(pool, {
-    schema,
-    laneIds: lanes,
-    limit: 1,
-    ceilings: new Map([[type, ceilingMs]]),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: ceilingMs,
-    marginMs,
-    workerId: 'history-test',
-    wakeChannel: wakeChannel(schema),
-  });
+  const [t] = await claim(
+    pool,
+    claimParams(schema, lanes, 1, {
+      ceilings: new Map([[type, ceilingMs]]),
+      defaultCeilingMs: ceilingMs,
+      marginMs,
+      workerId: 'history-test',
+    }),
+  );
   assert.ok(t, 'a task was claimed');
   return t;
 }
@@ -253,18 +250,10 @@ test('a batched completion records each task with its own run time, attempt and 
     );
   }
   const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
-  const got = await claim(pool, {
-    schema,
-    laneIds: lanes,
-    limit: 10,
-    ceilings: new Map([['batch', 60_000]]),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: 60_000,
-    marginMs: 0,
-    workerId: 'history-batch',
-    wakeChannel: wakeChannel(schema),
-  });
+  const got = await claim(
+    pool,
+    claimParams(schema, lanes, 10, { ceilings: new Map([['batch', 60_000]]), workerId: 'history-batch' }),
+  );
   assert.equal(got.length, 10);
   const shuffled = [...got].reverse();
   const runMs = shuffled.map((_, i) => 100 + i * 7);

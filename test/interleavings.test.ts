@@ -30,10 +30,10 @@ import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import pg from 'pg';
 import { enqueueMany } from '../src/index.js';
-import { claimBatch, type ClaimedTask, type ClaimParams } from '../src/processor/claim.js';
+import { claimBatch, type ClaimedTask } from '../src/processor/claim.js';
 import { maintainRing, rotateRing } from '../src/maintenance/ring.js';
 import { promoteDueLanes } from '../src/maintenance/promote.js';
-import { quoteIdent, wakeChannel } from '../src/sql.js';
+import { quoteIdent } from '../src/sql.js';
 import { cancelTasks } from '../src/storage/cancel.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { recordFailures } from '../src/storage/fail.js';
@@ -43,6 +43,7 @@ import { rescueLapsedLeases } from '../src/storage/rescue.js';
 import { releaseLease } from '../src/storage/return.js';
 import { readRingWindow, type RingWindow } from '../src/storage/ring-window.js';
 import { snoozeLease } from '../src/storage/snooze.js';
+import { claimParams } from './claim-params.js';
 import { DATABASE_URL, freshSchema } from './helpers.js';
 
 const { schema, pool } = await freshSchema('interleave');
@@ -80,22 +81,6 @@ interface Model {
 interface Real {
   producers: Map<Level, pg.Client>;
   lanes: number[];
-}
-
-function params(laneIds: number[], limit: number, ceilingMs: number, window?: RingWindow): ClaimParams {
-  return {
-    schema,
-    laneIds,
-    limit,
-    ceilings: new Map([['t', ceilingMs]]),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 1000,
-    defaultCeilingMs: ceilingMs,
-    marginMs: 0,
-    workerId: 'interleavings',
-    wakeChannel: wakeChannel(schema),
-    window,
-  };
 }
 
 function isSerializationFailure(e: unknown): boolean {
@@ -272,13 +257,20 @@ class Claim implements fc.AsyncCommand<Model, Real> {
   ) {}
   check = (m: Readonly<Model>) => !this.windowed || m.window !== undefined;
   async run(m: Model, r: Real): Promise<void> {
+    const ceilingMs = this.lapse ? 1 : LONG_MS;
     const b = await claimBatch(
       pool,
-      params(
+      claimParams(
+        schema,
         this.lanes.map((i) => r.lanes[i]!),
         this.limit,
-        this.lapse ? 1 : LONG_MS,
-        this.windowed ? m.window : undefined,
+        {
+          ceilings: new Map([['t', ceilingMs]]),
+          defaultCeilingMs: ceilingMs,
+          defaultMaxAttempts: 1000,
+          workerId: 'interleavings',
+          window: this.windowed ? m.window : undefined,
+        },
       ),
     );
     recordClaim(m, b.tasks, this.lapse ? m.lapsing : m.held);
@@ -445,7 +437,15 @@ async function drain(m: Model, r: Real): Promise<void> {
     await rescueLapsedLeases(pool, schema);
     await prune(m);
     await rotateRing(pool, schema, 0);
-    const b = await claimBatch(pool, params(r.lanes, 500, LONG_MS));
+    const b = await claimBatch(
+      pool,
+      claimParams(schema, r.lanes, 500, {
+        ceilings: new Map([['t', LONG_MS]]),
+        defaultCeilingMs: LONG_MS,
+        defaultMaxAttempts: 1000,
+        workerId: 'interleavings',
+      }),
+    );
     recordClaim(m, b.tasks, m.held);
     for (const t of b.tasks) m.held.delete(t.id);
     if (b.tasks.length) for (const id of (await completed(b.tasks)).values()) bump(m, id);

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import type { ChildProcess } from 'node:child_process';
 import { enqueueMany, getTask } from '../src/index.js';
 import { claim } from '../src/processor/claim.js';
-import { wakeChannel } from '../src/sql.js';
+import { claimParams } from './claim-params.js';
 import { schemaLockKey } from '../src/storage/locks.js';
 import { freshSchema, waitFor, spawnWorkerProcess } from './helpers.js';
 
@@ -51,18 +51,10 @@ test('three worker processes: the leader is SIGKILLed and promotion and rescue r
     await c.query('BEGIN');
     await enqueueMany(c, [{ type: 'mp_ok', payload: { i: 2 }, queue: 'orphans', shard: 0 }], { schema });
     const lane = (await c.query(`SELECT lane_id FROM ${S}.lanes WHERE queue = 'orphans'`)).rows[0].lane_id;
-    const got = await claim(c, {
-      schema,
-      laneIds: [lane],
-      limit: 1,
-      ceilings: new Map([['mp_ok', 1]]),
-      maxAttempts: new Map(),
-      defaultMaxAttempts: 20,
-      defaultCeilingMs: 1,
-      marginMs: 0,
-      workerId: 'ghost',
-      wakeChannel: wakeChannel(schema),
-    });
+    const got = await claim(
+      c,
+      claimParams(schema, [lane], 1, { ceilings: new Map([['mp_ok', 1]]), defaultCeilingMs: 1, workerId: 'ghost' }),
+    );
     await c.query('COMMIT');
     c.release();
     assert.equal(got.length, 1);

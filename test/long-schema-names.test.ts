@@ -8,11 +8,12 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
 import { BerthInputError, enqueueMany, migrate, Worker } from '../src/index.js';
-import { claimLanes, discover, type ClaimParams } from '../src/processor/claim.js';
+import { claimLanes, discover } from '../src/processor/claim.js';
 import { claimOneLane } from '../src/processor/claim-one-lane.js';
 import { SESSION_OPTIONS } from '../src/process/worker.js';
-import { statementName, wakeChannel } from '../src/sql.js';
+import { statementName } from '../src/sql.js';
 import { readRingWindow } from '../src/storage/ring-window.js';
+import { claimParams } from './claim-params.js';
 import { DATABASE_URL, freshSchema } from './helpers.js';
 
 test('a name within 63 bytes is kept as it is; a longer one becomes its kind and a hash, within 63 bytes', () => {
@@ -56,23 +57,10 @@ test('under a long schema name, claims and discovery in two ring windows run on 
     const wider = { generation: current.generation, segments: [...(current.segments ?? [0]), other].sort() };
     const lanes = [...new Set((await discover(worker, schema, null, 20, 1, current)).map((c) => c.laneId))];
     assert.equal((await discover(worker, schema, null, 20, 1, wider)).length, 1);
-    const params = (window: typeof current): ClaimParams => ({
-      schema,
-      laneIds: lanes,
-      limit: 1,
-      ceilings: new Map(),
-      maxAttempts: new Map(),
-      defaultMaxAttempts: 20,
-      defaultCeilingMs: 60_000,
-      marginMs: 30_000,
-      workerId: 'test',
-      wakeChannel: wakeChannel(schema),
-      window,
-    });
     const got: string[] = [];
     for (const window of [current, wider]) {
       for (const claim of [claimOneLane, claimLanes]) {
-        const batch = await claim(worker, params(window));
+        const batch = await claim(worker, claimParams(schema, lanes, 1, { marginMs: 30_000, window }));
         assert.equal(batch.stale, false);
         got.push(...batch.tasks.map((t) => t.id));
       }

@@ -12,7 +12,7 @@ import {
 } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { completeLeases } from '../src/storage/complete.js';
-import { wakeChannel } from '../src/sql.js';
+import { claimParams } from './claim-params.js';
 import { schemaLockKey } from '../src/storage/locks.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, leaseLapsed, waitFor } from './helpers.js';
 
@@ -28,18 +28,7 @@ async function reset(): Promise<void> {
 
 async function claimAll(limit: number, ceilingMs = 60_000) {
   const lanes = (await pool.query(`SELECT lane_id FROM ${S}.lanes`)).rows.map((r) => r.lane_id as number);
-  return claim(pool, {
-    schema,
-    laneIds: lanes,
-    limit,
-    ceilings: new Map(),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: ceilingMs,
-    marginMs: 0,
-    workerId: 'm',
-    wakeChannel: wakeChannel(schema),
-  });
+  return claim(pool, claimParams(schema, lanes, limit, { defaultCeilingMs: ceilingMs, workerId: 'm' }));
 }
 
 test('promotion run by many processes at once moves every due row exactly once', async () => {

@@ -4,7 +4,7 @@ import { enqueue, enqueueMany, getTask, moveTask } from '../src/index.js';
 import { maintainRing, readRingState, rotateRing, pruneSegment } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { completeLeases } from '../src/storage/complete.js';
-import { wakeChannel } from '../src/sql.js';
+import { claimParams } from './claim-params.js';
 import { freshSchema } from './helpers.js';
 
 const { schema, pool } = await freshSchema('moves');
@@ -20,18 +20,7 @@ async function claimFrom(queues: string[] | null, limit: number) {
   const lanes = (
     await pool.query(`SELECT lane_id FROM ${S}.lanes WHERE $1::text[] IS NULL OR queue = ANY($1)`, [queues])
   ).rows.map((r) => r.lane_id as number);
-  return claim(pool, {
-    schema,
-    laneIds: lanes,
-    limit,
-    ceilings: new Map(),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: 60_000,
-    marginMs: 0,
-    workerId: 'mv',
-    wakeChannel: wakeChannel(schema),
-  });
+  return claim(pool, claimParams(schema, lanes, limit, { workerId: 'mv' }));
 }
 /** Other traffic: enqueue, claim and complete a few tasks on queue 'other', then rotate once. */
 async function churnAndRotate(): Promise<void> {

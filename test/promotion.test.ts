@@ -9,7 +9,7 @@ import { defineTask, enqueueMany, getTask, Worker } from '../src/index.js';
 import { promoteDueLanes } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { waiterLimit } from '../src/maintenance/promoter.js';
-import { wakeChannel } from '../src/sql.js';
+import { claimParams } from './claim-params.js';
 import { schemaLockKey } from '../src/storage/locks.js';
 import {
   captureLogger,
@@ -112,18 +112,7 @@ test('a contended lane stays deferred and in order while another queue is promot
     [5, 4, 3, 2, 1, 0],
     'lane_seq follows due order, not id order',
   );
-  const got = await claim(pool, {
-    schema,
-    laneIds: [hot],
-    limit: 10,
-    ceilings: new Map(),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: 60_000,
-    marginMs: 0,
-    workerId: 't',
-    wakeChannel: wakeChannel(schema),
-  });
+  const got = await claim(pool, claimParams(schema, [hot], 10, { workerId: 't' }));
   assert.equal(got.length, 6);
 });
 
@@ -169,18 +158,14 @@ test('a lane held busy by two sessions taking turns holds back neither another q
       { schema },
     );
     const other = await laneId('other', 3);
-    await claim(pool, {
-      schema,
-      laneIds: [other],
-      limit: 1,
-      ceilings: new Map([['busy', 1]]),
-      maxAttempts: new Map(),
-      defaultMaxAttempts: 20,
-      defaultCeilingMs: 1,
-      marginMs: 0,
-      workerId: 'dead-worker',
-      wakeChannel: wakeChannel(schema),
-    });
+    await claim(
+      pool,
+      claimParams(schema, [other], 1, {
+        ceilings: new Map([['busy', 1]]),
+        defaultCeilingMs: 1,
+        workerId: 'dead-worker',
+      }),
+    );
     // Both happen while the first producer still holds the lane.
     await waitFor(() => done.has('cold'), 20_000, 'the unrelated queue to complete while the lane is held');
     await waitFor(

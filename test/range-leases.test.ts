@@ -10,12 +10,13 @@ import pg from 'pg';
 import { enqueueMany } from '../src/index.js';
 import { claimBatch, type ClaimedTask, type ClaimParams } from '../src/processor/claim.js';
 import { migrate } from '../src/schema/migrate.js';
-import { queryRingRead, quoteIdent, wakeChannel } from '../src/sql.js';
+import { queryRingRead, quoteIdent } from '../src/sql.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { leaseKey, seqsToMultirange } from '../src/storage/lease.js';
 import { rescueLapsedLeases } from '../src/storage/rescue.js';
 import { rotateRing } from '../src/maintenance/ring.js';
 import { schemaAtVersion } from './support/legacy-schema.js';
+import { claimParams } from './claim-params.js';
 import { DATABASE_URL, freshSchema, leaseLapsed } from './helpers.js';
 
 const { schema, pool } = await freshSchema('ranges');
@@ -33,6 +34,9 @@ async function laneOf(shard: number): Promise<number[]> {
   return r.rows.map((x) => x.lane_id);
 }
 
+/** This file's claims: type 't' for 60 s, as worker 'range-test'. */
+const TERMS: Partial<ClaimParams> = { ceilings: new Map([['t', 60_000]]), workerId: 'range-test' };
+
 /** Claim up to `limit` over every lane, again while a claim says it left entries (as the worker does). */
 async function claimAll(
   limit: number,
@@ -42,19 +46,7 @@ async function claimAll(
   const laneIds = await allLanes();
   const got: ClaimedTask[] = [];
   for (;;) {
-    const batch = await claimBatch(pool, {
-      schema,
-      laneIds,
-      limit: limit - got.length,
-      ceilings: new Map([['t', 60_000]]),
-      maxAttempts: new Map(),
-      defaultMaxAttempts: 20,
-      defaultCeilingMs: 60_000,
-      marginMs: 0,
-      workerId: 'range-test',
-      wakeChannel: wakeChannel(schema),
-      ...extra,
-    });
+    const batch = await claimBatch(pool, claimParams(schema, laneIds, limit - got.length, { ...TERMS, ...extra }));
     got.push(...batch.tasks);
     if (once || !batch.more || got.length >= limit) return got;
   }
@@ -374,24 +366,14 @@ test('a claim reads each lane for its share of the limit and says when it left d
     Array.from({ length: 2 }, (_, i) => ({ type: 't', payload: { i }, shard: 21 })),
     { schema },
   );
-  const base = {
-    schema,
-    laneIds: [...(await laneOf(20)), ...(await laneOf(21))],
-    ceilings: new Map([['t', 60_000]]),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: 60_000,
-    marginMs: 0,
-    workerId: 'range-test',
-    wakeChannel: wakeChannel(schema),
-  };
-  const first = await claimBatch(pool, { ...base, limit: 8, perLane: 4 });
+  const ab = [...(await laneOf(20)), ...(await laneOf(21))];
+  const first = await claimBatch(pool, claimParams(schema, ab, 8, { ...TERMS, perLane: 4 }));
   assert.equal(first.tasks.length, 6, 'A gave its share of 4, B its 2');
   assert.equal(first.more, true, 'A gave its whole share: it may hold more');
-  const second = await claimBatch(pool, { ...base, limit: 8, perLane: 4 });
+  const second = await claimBatch(pool, claimParams(schema, ab, 8, { ...TERMS, perLane: 4 }));
   assert.equal(second.tasks.length, 4, 'A again gives its share');
   assert.equal(second.more, true);
-  const third = await claimBatch(pool, { ...base, limit: 8, perLane: 4 });
+  const third = await claimBatch(pool, claimParams(schema, ab, 8, { ...TERMS, perLane: 4 }));
   assert.equal(third.tasks.length, 2, 'the rest of A');
   assert.equal(third.more, false, 'drained');
   // A lane that continues in the next ring segment: the claim stops at the boundary and says so.
@@ -406,13 +388,13 @@ test('a claim reads each lane for its share of the limit and says when it left d
     [3].map((i) => ({ type: 't', payload: { i }, shard: 22 })),
     { schema },
   );
-  const crossed = await claimBatch(pool, { ...base, laneIds: await laneOf(22), limit: 10 });
+  const crossed = await claimBatch(pool, claimParams(schema, await laneOf(22), 10, TERMS));
   assert.deepEqual(
     crossed.tasks.map((t) => (t.payload as { i: number }).i),
     [1, 2],
   );
   assert.equal(crossed.more, true);
-  const rest = await claimBatch(pool, { ...base, laneIds: await laneOf(22), limit: 10 });
+  const rest = await claimBatch(pool, claimParams(schema, await laneOf(22), 10, TERMS));
   assert.deepEqual(
     rest.tasks.map((t) => (t.payload as { i: number }).i),
     [3],

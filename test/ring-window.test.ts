@@ -12,32 +12,20 @@ import { defineTask, enqueueMany, getTask, migrate, Worker } from '../src/index.
 import { claimBatch, type ClaimParams, discover } from '../src/processor/claim.js';
 import { rotateRing, pruneSegment } from '../src/maintenance/ring.js';
 import { readGauges, readGaugesIn } from '../src/maintenance/gauges.js';
-import { bindSchema, quoteIdent, wakeChannel } from '../src/sql.js';
+import { bindSchema, quoteIdent } from '../src/sql.js';
 import { claimableEntry, liveEntries } from '../src/storage/predicates.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { removeUnleased } from '../src/storage/remove.js';
 import { MAX_WINDOW_SEGMENTS, overWindow, readRingWindow } from '../src/storage/ring-window.js';
+import { claimParams } from './claim-params.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor } from './helpers.js';
 import { schemaAtVersion } from './support/legacy-schema.js';
 
 const { schema, pool } = await freshSchema('ringwin');
 const S = quoteIdent(schema);
 
-function params(laneIds: number[], limit: number, extra: Partial<ClaimParams> = {}): ClaimParams {
-  return {
-    schema,
-    laneIds,
-    limit,
-    ceilings: new Map([['t', 60_000]]),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: 60_000,
-    marginMs: 0,
-    workerId: 'ring-window-test',
-    wakeChannel: wakeChannel(schema),
-    ...extra,
-  };
-}
+/** This file's claims: type 't' for 60 s, as worker 'ring-window-test'. */
+const TERMS: Partial<ClaimParams> = { ceilings: new Map([['t', 60_000]]), workerId: 'ring-window-test' };
 
 async function reset(): Promise<void> {
   await pool.query(
@@ -82,7 +70,7 @@ test('a claim in a window leases in lane order across its segments; a pruned seg
   const lane = await laneOf(2);
   const window = await readRingWindow(pool, schema);
   assert.deepEqual(window.segments, [0, 1]);
-  const first = await claimBatch(pool, params([lane], 10, { window }));
+  const first = await claimBatch(pool, claimParams(schema, [lane], 10, { ...TERMS, window }));
   assert.equal(first.stale, false);
   // A range never spans two segments: the first segment's three, then the next segment's.
   assert.deepEqual(
@@ -90,7 +78,7 @@ test('a claim in a window leases in lane order across its segments; a pruned seg
     [0, 1, 2],
   );
   assert.equal(first.more, true, 'it stopped at the segment boundary');
-  const second = await claimBatch(pool, params([lane], 10, { window }));
+  const second = await claimBatch(pool, claimParams(schema, [lane], 10, { ...TERMS, window }));
   assert.deepEqual(
     second.tasks.map((t) => (t.payload as { i: number }).i),
     [3, 4, 5],
@@ -109,11 +97,11 @@ test('a claim whose window the ring moved past leases nothing and says stale; th
   const old = await readRingWindow(pool, schema);
   assert.equal(await rotateRing(pool, schema, 0), 'rotated');
   await enqueueMany(pool, [{ type: 't', payload: { i: 1 }, shard: 3 }], { schema });
-  const stale = await claimBatch(pool, params([lane], 10, { window: old }));
+  const stale = await claimBatch(pool, claimParams(schema, [lane], 10, { ...TERMS, window: old }));
   assert.deepEqual(stale, { tasks: [], more: false, stale: true });
   assert.equal(Number((await pool.query(`SELECT count(*) AS n FROM ${S}.range_leases`)).rows[0].n), 0, 'no lease');
   const fresh = await readRingWindow(pool, schema);
-  const got = await claimBatch(pool, params([lane], 10, { window: fresh }));
+  const got = await claimBatch(pool, claimParams(schema, [lane], 10, { ...TERMS, window: fresh }));
   assert.equal(got.stale, false);
   assert.deepEqual(
     got.tasks.map((t) => (t.payload as { i: number }).i),
@@ -152,8 +140,8 @@ test('an append that raced a rotation moves its entries to the segment current a
   await enqueueMany(pool, [{ type: 't', payload: { i: 2 }, shard: 4 }], { schema });
   const window = await readRingWindow(pool, schema);
   assert.deepEqual(window.segments, [0, 1]);
-  const first = await claimBatch(pool, params([lane], 10, { window }));
-  const second = await claimBatch(pool, params([lane], 10, { window }));
+  const first = await claimBatch(pool, claimParams(schema, [lane], 10, { ...TERMS, window }));
+  const second = await claimBatch(pool, claimParams(schema, [lane], 10, { ...TERMS, window }));
   assert.deepEqual(
     [...first.tasks, ...second.tasks].map((t) => (t.payload as { i: number }).i),
     [0, 1, 2],
@@ -217,12 +205,12 @@ test("prune's claimable check reads each lane's last entry in the segment, and a
   assert.equal(await rotateRing(pool, schema, 0), 'rotated');
   const lane = await laneOf(8);
   const other = await laneOf(9);
-  const first = await claimBatch(pool, params([lane], 1));
+  const first = await claimBatch(pool, claimParams(schema, [lane], 1, TERMS));
   assert.deepEqual(
     first.tasks.map((t) => t.id),
     [a!.id],
   );
-  const rest9 = await claimBatch(pool, params([other], 10));
+  const rest9 = await claimBatch(pool, claimParams(schema, [other], 10, TERMS));
   assert.equal(rest9.tasks.length, 1, 'lane 9 fully leased');
   // Lane 8's last entry removed (tombstoned): only its middle entry is unleased, and only a read
   // of the whole lane finds it.
@@ -232,7 +220,7 @@ test("prune's claimable check reads each lane's last entry in the segment, and a
     result: 'skipped',
     reason: 'claimable',
   });
-  const rest8 = await claimBatch(pool, params([lane], 10));
+  const rest8 = await claimBatch(pool, claimParams(schema, [lane], 10, TERMS));
   assert.deepEqual(
     rest8.tasks.map((t) => t.id),
     [b!.id],
@@ -258,7 +246,7 @@ test('a ring read over a window counts what the whole ring counts, and every rin
   const window = await readRingWindow(pool, schema);
   assert.deepEqual(window.segments, [0, 1]);
   // Leased and partly settled in the first segment, one tombstoned in the second.
-  const leased = await claimBatch(pool, params([lane], 3, { window }));
+  const leased = await claimBatch(pool, claimParams(schema, [lane], 3, { ...TERMS, window }));
   assert.equal((await completeLeases(pool, schema, leased.tasks.slice(0, 2))).size, 2);
   const [, , , , , sixth] = (await pool.query(`SELECT id FROM ${S}.ready ORDER BY lane_seq`)).rows as { id: string }[];
   assert.equal(await removeUnleased(pool, schema, sixth!.id, 'test'), 'removed');
@@ -410,7 +398,7 @@ test('a window read while a rotation is between its statement and its commit hol
     const [y] = await enqueueMany(pool, [{ type: 't', payload: { n: 'y' }, shard: 11 }], { schema });
     assert.deepEqual(window.segments, [0, 1], 'the segment being sealed (ring_state’s) and the epoch’s');
     const lane = await laneOf(11);
-    const first = await claimBatch(pool, params([lane], 10, { window }));
+    const first = await claimBatch(pool, claimParams(schema, [lane], 10, { ...TERMS, window }));
     assert.equal(first.stale, false);
     assert.deepEqual(
       first.tasks.map((t) => t.id),
@@ -418,7 +406,10 @@ test('a window read while a rotation is between its statement and its commit hol
       'X first (the segment it is in was sealed after the window’s snapshot), then Y',
     );
     await rotator.query('COMMIT');
-    const second = await claimBatch(pool, params([lane], 10, { window: await readRingWindow(pool, schema) }));
+    const second = await claimBatch(
+      pool,
+      claimParams(schema, [lane], 10, { ...TERMS, window: await readRingWindow(pool, schema) }),
+    );
     assert.deepEqual(
       second.tasks.map((t) => t.id),
       [y!.id],
@@ -458,7 +449,8 @@ test('prune recovers an unleased last entry its lane’s cursor passed (a lease 
     [lane, seqY],
   );
   assert.equal(
-    (await claimBatch(pool, params([lane], 10, { window: await readRingWindow(pool, schema) }))).tasks.length,
+    (await claimBatch(pool, claimParams(schema, [lane], 10, { ...TERMS, window: await readRingWindow(pool, schema) })))
+      .tasks.length,
     0,
     'no claim takes X any more',
   );

@@ -23,7 +23,7 @@ import {
 } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { MIGRATIONS } from '../src/schema/migrations.js';
-import { wakeChannel } from '../src/sql.js';
+import { claimParams } from './claim-params.js';
 import { LEADER_LOCK, schemaLockKey } from '../src/storage/locks.js';
 import { clearOverdueLease, overdueMarks, protectOverdueLease, refreshOverdueLeases } from '../src/storage/overdue.js';
 import { completeLeases } from '../src/storage/complete.js';
@@ -385,18 +385,7 @@ test('a producer role enqueues and reads task state, and nothing more', async ()
 
   // Claim: the lane lock (FOR UPDATE needs UPDATE on lanes) and the lease insert are refused.
   await assert.rejects(
-    claim(poolP, {
-      schema,
-      laneIds: [lane.lane_id],
-      limit: 1,
-      ceilings: new Map(),
-      maxAttempts: new Map(),
-      defaultMaxAttempts: 20,
-      defaultCeilingMs: 1000,
-      marginMs: 0,
-      workerId: 'p',
-      wakeChannel: wakeChannel(schema),
-    }),
+    claim(poolP, claimParams(schema, [lane.lane_id], 1, { defaultCeilingMs: 1000, workerId: 'p' })),
     (err: { code?: string }) => err.code === '42501',
   );
   await denied(
@@ -678,18 +667,14 @@ test("a stuck handler's lease protection works under the grant: protect, refresh
   const queue = `stuck-${process.pid}`;
   const t = await enqueue(poolA, 'r_stuck', {}, { schema, queue });
   const lanes = [(await laneOf(t.id!)).lane_id];
-  const [lease] = await claim(poolA, {
-    schema,
-    laneIds: lanes,
-    limit: 1,
-    ceilings: new Map([['r_stuck', 3000]]),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: 3000,
-    marginMs: 0,
-    workerId: 'roles',
-    wakeChannel: wakeChannel(schema),
-  });
+  const [lease] = await claim(
+    poolA,
+    claimParams(schema, lanes, 1, {
+      ceilings: new Map([['r_stuck', 3000]]),
+      defaultCeilingMs: 3000,
+      workerId: 'roles',
+    }),
+  );
   assert.ok(lease);
   assert.equal(await protectOverdueLease(poolA, schema, lease, 'roles', 0, 60_000), true);
   await refreshOverdueLeases(poolA, schema, 'roles', [lease]);
@@ -712,18 +697,7 @@ test('cancel and snooze work under the worker grant: cancel_tasks settles a runn
   const a = await enqueue(poolA, 'r_cancel', {}, { schema, queue, shard: 3 });
   const b = await enqueue(poolA, 'r_cancel', {}, { schema, queue, shard: 3 });
   const lanes = [(await laneOf(a.id!)).lane_id];
-  const leases = await claim(poolB, {
-    schema,
-    laneIds: lanes,
-    limit: 2,
-    ceilings: new Map(),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: 60_000,
-    marginMs: 0,
-    workerId: 'roles',
-    wakeChannel: wakeChannel(schema),
-  });
+  const leases = await claim(poolB, claimParams(schema, lanes, 2, { workerId: 'roles' }));
   assert.equal(leases.length, 2);
   const [la, lb] = leases[0]!.id === a.id ? leases : [leases[1]!, leases[0]!];
   assert.equal((await cancelTasks(poolA, schema, [la!.id], 'roles:a')).get(la!.id), 'cancelled');

@@ -6,7 +6,7 @@ import { defineTask, enqueue, enqueueMany, getTask, Worker, BerthMetrics } from 
 import { promoteDueLanes, rescueLapsedLeases } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
 import { Promoter } from '../src/maintenance/promoter.js';
-import { wakeChannel } from '../src/sql.js';
+import { claimParams } from './claim-params.js';
 import {
   captureLogger,
   counterValue,
@@ -33,18 +33,6 @@ async function laneOf(queue: string, shard = 0): Promise<number> {
     .id;
 }
 const holdLane = (lane: number) => holdLaneLock(schema, lane);
-const claimParams = (laneIds: number[], limit: number, ceilingMs = 60_000) => ({
-  schema,
-  laneIds,
-  limit,
-  ceilings: new Map<string, number>(),
-  maxAttempts: new Map<string, number>(),
-  defaultMaxAttempts: 20,
-  defaultCeilingMs: ceilingMs,
-  marginMs: 0,
-  workerId: 'rules',
-  wakeChannel: wakeChannel(schema),
-});
 
 test('the default lease margin is 30 s: lease = ceiling + 30 s, deadline = lease - 30 s', async () => {
   await reset();
@@ -145,7 +133,7 @@ test('rescue never takes the lane lock: a lapsed lease is rescued while its own 
   await reset();
   const lane = await laneOf('held', 2);
   const [t] = await enqueueMany(pool, [{ type: 'x', payload: {}, queue: 'held', shard: 2 }], { schema });
-  const [leased] = await claim(pool, claimParams([lane], 1, 1));
+  const [leased] = await claim(pool, claimParams(schema, [lane], 1, { defaultCeilingMs: 1, workerId: 'rules' }));
   const release = await holdLane(lane);
   try {
     await leaseLapsed(pool, leased!.leaseExpiresAt);
@@ -398,7 +386,10 @@ test("a task enqueued by name takes its attempt limit from the claiming worker's
     ],
     { schema },
   );
-  const got = await claim(pool, { ...claimParams([lane], 3), maxAttempts: new Map([['defined', 7]]) });
+  const got = await claim(
+    pool,
+    claimParams(schema, [lane], 3, { maxAttempts: new Map([['defined', 7]]), workerId: 'rules' }),
+  );
   assert.deepEqual(
     got.map((t) => [t.type, t.maxAttempts]),
     [

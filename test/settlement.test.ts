@@ -17,7 +17,7 @@ import { leaseKey } from '../src/storage/lease.js';
 import { advanceCursor, releaseLease } from '../src/storage/return.js';
 import { removeUnleased } from '../src/storage/remove.js';
 import { countLostClaim, refusalOf } from '../src/storage/lost-claim.js';
-import { wakeChannel } from '../src/sql.js';
+import { claimParams } from './claim-params.js';
 import { freshSchema, leaseLapsed } from './helpers.js';
 
 const { schema, pool } = await freshSchema('settle');
@@ -25,18 +25,10 @@ const S = `"${schema}"`;
 
 async function claimOne(type = 't', ceilingMs = 60_000): Promise<ClaimedTask> {
   const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
-  const [t] = await claim(pool, {
-    schema,
-    laneIds: lanes,
-    limit: 1,
-    ceilings: new Map([[type, ceilingMs]]),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: ceilingMs,
-    marginMs: 0,
-    workerId: 'test',
-    wakeChannel: wakeChannel(schema),
-  });
+  const [t] = await claim(
+    pool,
+    claimParams(schema, lanes, 1, { ceilings: new Map([[type, ceilingMs]]), defaultCeilingMs: ceilingMs }),
+  );
   assert.ok(t, 'a task was claimed');
   return t;
 }
@@ -256,18 +248,7 @@ test('batched completion settles each lease by its own token', async () => {
     { schema },
   );
   const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
-  const ts = await claim(pool, {
-    schema,
-    laneIds: lanes,
-    limit: 6,
-    ceilings: new Map(),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: 60_000,
-    marginMs: 0,
-    workerId: 'x',
-    wakeChannel: wakeChannel(schema),
-  });
+  const ts = await claim(pool, claimParams(schema, lanes, 6, { workerId: 'x' }));
   assert.equal(ts.length, 6);
   const refs = ts.map((t, i) => (i === 2 ? stolen(t) : t));
   const settled = await completeLeases(pool, schema, refs);
@@ -284,18 +265,7 @@ async function empty(): Promise<void> {
 /** Claim every due entry of one lane as one lease, with `ceilings` per type (margin 0). */
 async function claimLane(limit: number, ceilings: [string, number][] = [['t', 60_000]]): Promise<ClaimedTask[]> {
   const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
-  return claim(pool, {
-    schema,
-    laneIds: lanes.slice(0, 1),
-    limit,
-    ceilings: new Map(ceilings),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: 60_000,
-    marginMs: 0,
-    workerId: 'test',
-    wakeChannel: wakeChannel(schema),
-  });
+  return claim(pool, claimParams(schema, lanes.slice(0, 1), limit, { ceilings: new Map(ceilings) }));
 }
 
 /** The lease's `n` and the sum of its settlements' `n`, for the one lease of the schema. */

@@ -16,7 +16,7 @@ import { rescueLapsedLeases } from '../src/maintenance-api.js';
 import { claim, discover, type ClaimedTask } from '../src/processor/claim.js';
 import { overdueMarks, protectOverdueLease } from '../src/storage/overdue.js';
 import { completeLeases } from '../src/storage/complete.js';
-import { wakeChannel } from '../src/sql.js';
+import { claimParams } from './claim-params.js';
 import {
   captureLogger,
   counterValue,
@@ -198,18 +198,14 @@ test('a handler that ignores its signal keeps its lease past expiry: no second r
 
 async function claimOne(type: string, ceilingMs: number): Promise<ClaimedTask> {
   const lanes = [...new Set((await discover(pool, schema, ['sql'], 20)).map((c) => c.laneId))];
-  const [t] = await claim(pool, {
-    schema,
-    laneIds: lanes,
-    limit: 1,
-    ceilings: new Map([[type, ceilingMs]]),
-    maxAttempts: new Map(),
-    defaultMaxAttempts: 20,
-    defaultCeilingMs: ceilingMs,
-    marginMs: 0,
-    workerId: 'sql',
-    wakeChannel: wakeChannel(schema),
-  });
+  const [t] = await claim(
+    pool,
+    claimParams(schema, lanes, 1, {
+      ceilings: new Map([[type, ceilingMs]]),
+      defaultCeilingMs: ceilingMs,
+      workerId: 'sql',
+    }),
+  );
   assert.ok(t, 'a task was claimed');
   return t;
 }

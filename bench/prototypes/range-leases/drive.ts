@@ -16,6 +16,7 @@ import { migrate } from '../../../src/schema/migrate.js';
 import { claim, LANE_SHARE } from '../../../src/processor/claim.js';
 import { completeLeases } from '../../../src/storage/complete.js';
 import { quoteIdent } from '../../../src/sql.js';
+import { claimParams } from '../../../test/claim-params.js';
 import { claimSql, completeGistSql, loadSql, rangeSchemaSql, type Variant } from './schema.js';
 
 const LANES = 16;
@@ -121,19 +122,15 @@ async function main(): Promise<void> {
       let empty = 0;
       while (done < total) {
         if (mode === 'base') {
-          const got = await claim(c, {
-            schema,
-            laneIds: order,
-            limit: k,
-            ceilings: new Map(),
-            maxAttempts: new Map(),
-            defaultMaxAttempts: 20,
-            defaultCeilingMs: 60_000,
-            marginMs: 30_000,
-            workerId: `w${ci}`,
-            wakeChannel: `proto_${ci}`,
-            maxLanes: Math.max(1, Math.ceil(k / LANE_SHARE)),
-          });
+          const got = await claim(
+            c,
+            claimParams(schema, order, k, {
+              marginMs: 30_000,
+              workerId: `w${ci}`,
+              wakeChannel: `proto_${ci}`,
+              maxLanes: Math.max(1, Math.ceil(k / LANE_SHARE)),
+            }),
+          );
           claims++;
           if (got.length === 0) {
             if (++empty > 2) await new Promise((r) => setTimeout(r, 1));

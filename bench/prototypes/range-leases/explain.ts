@@ -15,6 +15,7 @@ import { completeLeases } from '../../../src/storage/complete.js';
 import { rescueLapsedLeases } from '../../../src/storage/rescue.js';
 import type { Queryable } from '../../../src/sql.js';
 import { quoteIdent } from '../../../src/sql.js';
+import { claimParams } from '../../../test/claim-params.js';
 import { connect, multirange, setupBase, setupRange } from './drive.js';
 import { claimSql, completeGistSql, discoverSql, rescueGistSql } from './schema.js';
 
@@ -70,34 +71,16 @@ async function main(): Promise<void> {
     const q = capture();
     await discover(q, schema, null, 20, 1);
     await explain(c, 'base: discovery', q.last.text, q.last.values);
-    await claim(q, {
-      schema,
-      laneIds: lanes,
-      limit: 100,
-      ceilings: new Map(),
-      maxAttempts: new Map(),
-      defaultMaxAttempts: 20,
-      defaultCeilingMs: 60_000,
-      marginMs: 30_000,
-      workerId: 'w',
-      wakeChannel: 'ex',
-      maxLanes: 7,
-    });
+    await claim(
+      q,
+      claimParams(schema, lanes, 100, { marginMs: 30_000, workerId: 'w', wakeChannel: 'ex', maxLanes: 7 }),
+    );
     await explain(c, 'base: claim (k=100, 7 lanes)', q.last.text, q.last.values);
     // A completion of 100 real leases (the next 100 entries of lane 1, leased here and kept).
-    const got = await claim(c, {
-      schema,
-      laneIds: [lanes[0]!],
-      limit: 100,
-      ceilings: new Map(),
-      maxAttempts: new Map(),
-      defaultMaxAttempts: 20,
-      defaultCeilingMs: 60_000,
-      marginMs: 30_000,
-      workerId: 'w',
-      wakeChannel: 'ex',
-      maxLanes: 1,
-    });
+    const got = await claim(
+      c,
+      claimParams(schema, [lanes[0]!], 100, { marginMs: 30_000, workerId: 'w', wakeChannel: 'ex', maxLanes: 1 }),
+    );
     await completeLeases(q, schema, got);
     await explain(c, 'base: complete (100 tasks, one flush)', q.last.text, q.last.values);
     await rescueLapsedLeases(q, schema, 1000);
