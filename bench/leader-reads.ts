@@ -14,6 +14,7 @@
  *   that names the segment's partitions).
  * Median (min–max) over the rounds. The schema `leader_reads` is dropped and recreated.
  */
+import { storageFor } from '../src/storage/storage.js';
 import { parseArgs } from 'node:util';
 import pg from 'pg';
 import { enqueueMany, migrate } from '../src/index.js';
@@ -50,14 +51,14 @@ await migrate({ connectionString: url, schema });
 /** Claim and complete everything queued, as a worker would, through its ring window. */
 async function drain(): Promise<void> {
   const laneIds = (await admin.query(`SELECT lane_id FROM ${schema}.lanes`)).rows.map((r) => r.lane_id as number);
-  const window = await readRingWindow(admin, schema);
+  const window = await readRingWindow(admin, storageFor(schema));
   for (;;) {
     const batch = await claimBatch(
       admin,
       claimParams(schema, laneIds, 200, { ceilings: new Map([['t', 60_000]]), workerId: 'leader-reads', window }),
     );
     if (batch.tasks.length === 0) return;
-    await completeLeases(admin, schema, batch.tasks);
+    await completeLeases(admin, storageFor(schema), batch.tasks);
   }
 }
 

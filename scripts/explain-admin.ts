@@ -12,6 +12,7 @@
  * The "Reading" section of the doc is hand-written: it is kept, between its markers, when the
  * doc is regenerated.
  */
+import { storageFor } from '../src/storage/storage.js';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import pg from 'pg';
 import {
@@ -111,7 +112,7 @@ const lanes = (await pool.query<{ lane_id: number }>(`SELECT lane_id FROM ${S}.l
 );
 const HOUR = 3_600_000;
 const claimParams: ClaimParams = {
-  schema,
+  storage: storageFor(schema),
   laneIds: lanes,
   limit: 500,
   ceilings: new Map(),
@@ -126,14 +127,14 @@ let claimed = 0;
 while (claimed < 100_000) {
   const got = await claim(pool, claimParams);
   if (got.length === 0) throw new Error('nothing left to claim');
-  await completeLeases(pool, schema, got);
+  await completeLeases(pool, storageFor(schema), got);
   claimed += got.length;
 }
 // 1,000 failures with a one-hour backoff: retryable rows in deferred (and their settlements).
 const failing = await claim(pool, { ...claimParams, limit: 1000, workerId: 'worker-04' });
 await recordFailures(
   pool,
-  schema,
+  storageFor(schema),
   failing.map((ref) => ({ ref, error: 'Error: upstream returned 503', delayMs: HOUR, permanent: false })),
 );
 const running = await claim(pool, { ...claimParams, limit: 300, workerId: 'worker-03' });
@@ -255,7 +256,7 @@ const cases: [string, string, (db: Queryable) => Promise<unknown>][] = [
     async (db) => {
       const hb = new Heartbeat(
         db,
-        schema,
+        storageFor(schema),
         {
           workerId: 'worker-01',
           queues: null,

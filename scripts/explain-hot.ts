@@ -13,6 +13,7 @@
  * claim cursor sits mid-lane); 1,000 claimed and failed permanently (dead letters); 200 claimed
  * with a zero ceiling (lapsed, for the rescue); 64 claimed and running; 20,000 deferred (half due).
  */
+import { storageFor } from '../src/storage/storage.js';
 import { writeFileSync } from 'node:fs';
 import pg from 'pg';
 import { enqueueMany, migrate } from '../src/index.js';
@@ -51,7 +52,7 @@ const lanes = (await pool.query<{ lane_id: number }>(`SELECT lane_id FROM ${S}.l
   (r) => r.lane_id,
 );
 const params: ClaimParams = {
-  schema,
+  storage: storageFor(schema),
   laneIds: lanes,
   limit: 500,
   ceilings: new Map([['noop', 60_000]]),
@@ -66,13 +67,13 @@ let claimed = 0;
 while (claimed < 100_000) {
   const got = await claim(pool, params);
   if (got.length === 0) throw new Error('nothing left to claim');
-  await completeLeases(pool, schema, got);
+  await completeLeases(pool, storageFor(schema), got);
   claimed += got.length;
 }
 const failed = await claim(pool, { ...params, limit: 1000 });
 await recordFailures(
   pool,
-  schema,
+  storageFor(schema),
   failed.map((ref) => ({ ref, error: 'Error: permanent', delayMs: 0, permanent: true })),
 );
 // A zero ceiling and margin: these leases lapse at once (the rescue's work).
@@ -104,7 +105,7 @@ const client = new pg.Client({ connectionString: url, options: SESSION_OPTIONS, 
 await client.connect();
 const x = new Explainer(client);
 const lane0 = live.filter((t) => t.laneId === live[0]!.laneId);
-const window = await readRingWindow(client, schema);
+const window = await readRingWindow(client, storageFor(schema));
 const lanes12 = (
   await client.query<{ lane_id: number }>(`SELECT lane_id FROM ${S}.lanes ORDER BY lane_id LIMIT 12`)
 ).rows.map((r) => r.lane_id);
@@ -112,7 +113,7 @@ const cases: [string, string, () => Promise<unknown>][] = [
   [
     'discover (read pool; the worker asks one head per lane)',
     'one backward probe of range_leases per lane for the cursor, one forward probe of ready for the head',
-    () => x.capture('discover', (db) => discover(db, schema, null, 20, 1), { real: true }),
+    () => x.capture('discover', (db) => discover(db, storageFor(schema), null, 20, 1), { real: true }),
   ],
   [
     'claimBatch (32 slots over 2 of the discovered lanes, as the fetcher asks)',
@@ -127,7 +128,7 @@ const cases: [string, string, () => Promise<unknown>][] = [
   [
     'discover in the ring window (as the worker runs it: the window’s segments by name)',
     'per lane and segment, the cursor probes and the head probe under a LIMIT',
-    () => x.capture('discover', (db) => discover(db, schema, null, 20, 1, window), { real: true }),
+    () => x.capture('discover', (db) => discover(db, storageFor(schema), null, 20, 1, window), { real: true }),
   ],
   [
     'claimBatch in the ring window (as the worker runs it; 540 over 12 lanes, the drain’s shape)',
@@ -142,7 +143,7 @@ const cases: [string, string, () => Promise<unknown>][] = [
   [
     `completeLeases (${lane0.length} entries of one range lease: one settlement row)`,
     'one probe of the segment’s range_leases partition, one exclusion-constraint check',
-    () => x.capture('completeLeases', (db) => completeLeases(db, schema, lane0), { real: false, max: 1 }),
+    () => x.capture('completeLeases', (db) => completeLeases(db, storageFor(schema), lane0), { real: false, max: 1 }),
   ],
   [
     'recordFailures (one failure, retried into deferred)',
@@ -150,24 +151,30 @@ const cases: [string, string, () => Promise<unknown>][] = [
     () =>
       x.capture(
         'recordFailures',
-        (db) => recordFailures(db, schema, [{ ref: live[1]!, error: 'Error: boom', delayMs: 1000, permanent: false }]),
+        (db) =>
+          recordFailures(db, storageFor(schema), [
+            { ref: live[1]!, error: 'Error: boom', delayMs: 1000, permanent: false },
+          ]),
         { real: false },
       ),
   ],
   [
     'returnUnstarted (a prefetched task handed back)',
     'fenced settlement row, then the move to deferred',
-    () => x.capture('returnUnstarted', (db) => returnUnstarted(db, schema, live[2]!), { real: false }),
+    () => x.capture('returnUnstarted', (db) => returnUnstarted(db, storageFor(schema), live[2]!), { real: false }),
   ],
   [
     'releaseLease (burnt attempt kept)',
     'same statement as returnUnstarted, another mode',
-    () => x.capture('releaseLease', (db) => releaseLease(db, schema, live[3]!, 'Error: shutdown'), { real: false }),
+    () =>
+      x.capture('releaseLease', (db) => releaseLease(db, storageFor(schema), live[3]!, 'Error: shutdown'), {
+        real: false,
+      }),
   ],
   [
     'dequeue (a handler’s own Dequeue with its lease token)',
     'through leased_entries by id',
-    () => x.capture('dequeue', (db) => dequeue(db, schema, live[4]!.id, live[4]!.token), { real: false }),
+    () => x.capture('dequeue', (db) => dequeue(db, storageFor(schema), live[4]!.id, live[4]!.token), { real: false }),
   ],
   [
     `rescueLapsedLeases (${lapsed.length} lapsed entries)`,

@@ -1,3 +1,4 @@
+import { storageFor } from '../src/storage/storage.js';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
@@ -114,7 +115,7 @@ test('listTasks: filters by state, queue and type; keyset pages cover everything
   );
   assert.equal((await listTasks(pool, schema, { state: 'ready' })).tasks.length, 6);
 
-  await completeLeases(pool, schema, [leased]);
+  await completeLeases(pool, storageFor(schema), [leased]);
   const completed = await listTasks(pool, schema, { state: 'completed' });
   assert.deepEqual(
     completed.tasks.map((t) => t.id),
@@ -317,7 +318,7 @@ test('taskTimeline: created, appended, claimed, then the attempt (from attempt h
   await reset();
   const r = await enqueue(pool, 'tl', {}, { schema });
   const [t] = await claimAll(1);
-  await completeLeases(pool, schema, [t!]);
+  await completeLeases(pool, storageFor(schema), [t!]);
   const timeline = await taskTimeline(pool, schema, r.id!);
   assert.deepEqual(
     timeline.map((e) => e.event),
@@ -328,7 +329,7 @@ test('taskTimeline: created, appended, claimed, then the attempt (from attempt h
   try {
     const off = await enqueue(pool, 'tl', {}, { schema });
     const [u] = await claimAll(1);
-    await completeLeases(pool, schema, [u!]);
+    await completeLeases(pool, storageFor(schema), [u!]);
     const events = (await taskTimeline(pool, schema, off.id!)).map((e) => e.event);
     assert.deepEqual(events, ['created', 'appended', 'claimed', 'settled']);
   } finally {

@@ -26,6 +26,7 @@ const LAYERS: readonly { name: string; paths: readonly string[]; peers?: true }[
       'logger.ts',
       'limits.ts',
       'sql.ts',
+      'statement.ts',
       'db/',
       'metrics.ts',
       'tracing.ts',

@@ -4,6 +4,7 @@
  * against the holder's own settlement; the holder hears of it on the wake channel (or its poll)
  * and aborts the handler with a CancelAbort. Two-process coverage is in multiprocess-cancel.test.ts.
  */
+import { storageFor } from '../src/storage/storage.js';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
@@ -256,13 +257,13 @@ test('pending tasks are removed, finished ones are already_settled, unknown ones
     { schema },
   );
   const [a, b, c] = await claimAll(3);
-  assert.equal((await completeLeases(pool, schema, [a!])).size, 1);
+  assert.equal((await completeLeases(pool, storageFor(schema), [a!])).size, 1);
   assert.equal(await cancelTask(pool, schema, a!.id), 'already_settled');
   assert.equal(await cancelTask(pool, schema, b!.id), 'cancelled');
-  assert.deepEqual([...(await cancelledAmong(pool, schema, [a!, b!, c!]))], [`${b!.laneId}:${b!.laneSeq}`]);
+  assert.deepEqual([...(await cancelledAmong(pool, storageFor(schema), [a!, b!, c!]))], [`${b!.laneId}:${b!.laneSeq}`]);
   // The holder's own writes now lose to the cancel, snooze included.
-  assert.equal((await completeLeases(pool, schema, [b!])).size, 0);
-  assert.equal((await snoozeLease(pool, schema, b!, 10, 5, 'x')).wrote, false);
+  assert.equal((await completeLeases(pool, storageFor(schema), [b!])).size, 0);
+  assert.equal((await snoozeLease(pool, storageFor(schema), b!, 10, 5, 'x')).wrote, false);
   await assert.rejects(cancelTask(pool, schema, 'x'), /task id/);
 });
 
@@ -312,10 +313,10 @@ test('exactly one winner: a cancel racing the holder’s completion or failure, 
       const [t, f] = await claimAll(2);
       assert.ok(t && f, 'two claimed');
       const [done, failed, c1, c2] = await Promise.all([
-        completeLeases(pool, schema, [t]),
-        recordFailures(pool, schema, [{ ref: f, error: 'boom', delayMs: 0, permanent: false }]),
-        cancelIds(other, schema, [t.id], 'test:race'),
-        cancelIds(other, schema, [f.id], 'test:race'),
+        completeLeases(pool, storageFor(schema), [t]),
+        recordFailures(pool, storageFor(schema), [{ ref: f, error: 'boom', delayMs: 0, permanent: false }]),
+        cancelIds(other, storageFor(schema), [t.id], 'test:race'),
+        cancelIds(other, storageFor(schema), [f.id], 'test:race'),
       ]);
       // Completion against cancel: exactly one settlement row for the entry, and each side knows.
       const won = done.size === 1;

@@ -1,5 +1,6 @@
 import type { ClaimParams } from '../src/processor/claim.js';
 import { wakeChannel } from '../src/sql.js';
+import { storageFor } from '../src/storage/storage.js';
 
 /**
  * The parameters of a claim (ClaimParams) as tests and benchmarks write them: the one place that
@@ -15,7 +16,7 @@ export function claimParams(
   extra: Partial<ClaimParams> = {},
 ): ClaimParams {
   return {
-    schema,
+    storage: storageFor(schema),
     laneIds,
     limit,
     ceilings: new Map(),

@@ -1,3 +1,4 @@
+import { storageFor } from '../src/storage/storage.js';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { enqueueMany, enqueue } from '../src/index.js';
@@ -106,7 +107,7 @@ test('discovery returns due, unleased entries oldest first, 20 at a time', async
     { schema },
   );
   await enqueue(pool, 't', { future: true }, { schema, delay: 3600_000, shard: 2 });
-  const first = await discover(pool, schema, null, 20);
+  const first = await discover(pool, storageFor(schema), null, 20);
   assert.equal(first.length, 20);
   const seqs = first.map((c) => Number(c.laneSeq));
   assert.deepEqual(
@@ -114,10 +115,10 @@ test('discovery returns due, unleased entries oldest first, 20 at a time', async
     [...seqs].sort((a, b) => a - b),
   );
   await claim(pool, claimParams(schema, [first[0]!.laneId], 5, TERMS));
-  const after = await discover(pool, schema, null, 20);
+  const after = await discover(pool, storageFor(schema), null, 20);
   assert.equal(after.length, 20);
   assert.ok(Number(after[0]!.laneSeq) > Number(first[4]!.laneSeq), 'leased entries are not rediscovered');
-  const other = await discover(pool, schema, ['nope'], 20);
+  const other = await discover(pool, storageFor(schema), ['nope'], 20);
   assert.equal(other.length, 0, 'queue filter');
 });
 
@@ -125,7 +126,7 @@ test('priority: a lower number is discovered and claimed first', async () => {
   await reset();
   await enqueue(pool, 't', { p: 5 }, { schema, priority: 5 });
   await enqueue(pool, 't', { p: -1 }, { schema, priority: -1 });
-  const cands = await discover(pool, schema, null, 20);
+  const cands = await discover(pool, storageFor(schema), null, 20);
   const got = await claim(pool, claimParams(schema, [...new Set(cands.map((c) => c.laneId))], 1, TERMS));
   assert.deepEqual(got[0]!.payload, { p: -1 });
 });
@@ -140,7 +141,7 @@ test('SKIP LOCKED: two claimers handed the same candidates take different entrie
         { schema },
       );
     }
-    const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+    const lanes = [...new Set((await discover(pool, storageFor(schema), null, 20)).map((c) => c.laneId))];
     // Hold one lane locked as a concurrent claimer would, mid-statement.
     const holder = await pool.connect();
     await holder.query('BEGIN');
@@ -162,7 +163,7 @@ test('SKIP LOCKED: two claimers handed the same candidates take different entrie
         { schema },
       );
     }
-    const all = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+    const all = [...new Set((await discover(pool, storageFor(schema), null, 20)).map((c) => c.laneId))];
     const claimed: string[] = [];
     for (let round = 0; round < 20; round++) {
       const batches = await Promise.all(
@@ -180,7 +181,7 @@ test('the claim stamps a random token and expiry = db now() + ceiling + margin',
     // One lane for the one-lane statement (it leases from one), two for the other (one range each).
     await enqueue(pool, 't', {}, { schema, shard: 0 });
     await enqueue(pool, 'unknown_type', {}, { schema, shard: label === STATEMENTS[0]![0] ? 0 : 1 });
-    const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+    const lanes = [...new Set((await discover(pool, storageFor(schema), null, 20)).map((c) => c.laneId))];
     const got = await claim(pool, claimParams(schema, lanes, 2, TERMS));
     assert.equal(got.length, 2);
     const rows = await pool.query(
@@ -230,7 +231,7 @@ test('a claim that fills every requested slot re-signals the wake channel; a sho
         { schema },
       ),
     );
-    const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+    const lanes = [...new Set((await discover(pool, storageFor(schema), null, 20)).map((c) => c.laneId))];
     assert.equal(
       await signalledBy(() => claim(pool, claimParams(schema, lanes, 2, TERMS))),
       1,
@@ -417,7 +418,7 @@ test('the segment test stops a lane’s prefix: a lane whose entries read segmen
       ]);
       const lane = (await pool.query(`SELECT lane_id FROM "${schema}".ready WHERE id = $1`, [tasks[0]!.id])).rows[0]
         .lane_id;
-      const window = windowed ? await readRingWindow(pool, schema) : undefined;
+      const window = windowed ? await readRingWindow(pool, storageFor(schema)) : undefined;
       if (window) assert.deepEqual(window.segments, [0, 1]);
       const order: number[] = [];
       for (let round = 0; round < 3; round++) {

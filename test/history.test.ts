@@ -2,6 +2,7 @@
  * Attempt history (issue 13, item 1): every attempt recorded by the statement that settles it,
  * kept after the ring forgets the task, rotated by truncating whole partitions, switchable off.
  */
+import { storageFor } from '../src/storage/storage.js';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
@@ -37,7 +38,7 @@ async function forgetRing(): Promise<void> {
 }
 
 async function claimOne(type: string, ceilingMs = 60_000, marginMs = 0): Promise<ClaimedTask> {
-  const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+  const lanes = [...new Set((await discover(pool, storageFor(schema), null, 20)).map((c) => c.laneId))];
   const [t] = await claim(
     pool,
     claimParams(schema, lanes, 1, {
@@ -222,7 +223,7 @@ test('a handler Dequeue and a rescued lease are recorded; a hand-back is not an 
   await pool.query(`TRUNCATE ${S}.attempt_history`);
   const a = (await enqueue(pool, 'manual', {}, { schema })).id!;
   const t = await claimOne('manual');
-  await dequeue(pool, schema, a, t.token);
+  await dequeue(pool, storageFor(schema), a, t.token);
   assert.deepEqual(
     (await attemptsOf(pool, schema, a)).map((x) => [x.outcome, x.worker, x.runMs]),
     [['success', 'history-test', null]],
@@ -249,7 +250,7 @@ test('a batched completion records each task with its own run time, attempt and 
       { schema },
     );
   }
-  const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+  const lanes = [...new Set((await discover(pool, storageFor(schema), null, 20)).map((c) => c.laneId))];
   const got = await claim(
     pool,
     claimParams(schema, lanes, 10, { ceilings: new Map([['batch', 60_000]]), workerId: 'history-batch' }),
@@ -257,7 +258,7 @@ test('a batched completion records each task with its own run time, attempt and 
   assert.equal(got.length, 10);
   const shuffled = [...got].reverse();
   const runMs = shuffled.map((_, i) => 100 + i * 7);
-  const settled = await completeLeases(pool, schema, shuffled, runMs);
+  const settled = await completeLeases(pool, storageFor(schema), shuffled, runMs);
   assert.equal(settled.size, 10);
   const created = new Map(
     (await pool.query<{ id: string; created_at: Date }>(`SELECT id::text, created_at FROM ${S}.ready`)).rows.map(
@@ -282,7 +283,7 @@ test('with history off nothing is written; turning it back on resumes', async ()
   try {
     const id = (await enqueue(pool, 'off', {}, { schema })).id!;
     const t = await claimOne('off');
-    await dequeue(pool, schema, id, t.token);
+    await dequeue(pool, storageFor(schema), id, t.token);
     assert.equal(Number((await pool.query(`SELECT count(*) AS n FROM ${S}.attempt_history`)).rows[0].n), 0);
     assert.equal((await getTask(pool, schema, id))?.state, 'completed', 'the settlement itself is unchanged');
   } finally {
@@ -290,7 +291,7 @@ test('with history off nothing is written; turning it back on resumes', async ()
   }
   const id = (await enqueue(pool, 'on', {}, { schema })).id!;
   const t = await claimOne('on');
-  await dequeue(pool, schema, id, t.token);
+  await dequeue(pool, storageFor(schema), id, t.token);
   assert.equal((await attemptsOf(pool, schema, id)).length, 1);
   await assert.rejects(setHistorySettings(pool, schema, { retentionMs: 10 }), /retentionMs/);
   await assert.rejects(
@@ -312,7 +313,7 @@ test('rotation truncates whole partitions: a row lives at least the retention an
   );
   const id = (await enqueue(pool, 'rot', {}, { schema })).id!;
   const t = await claimOne('rot');
-  await dequeue(pool, schema, id, t.token);
+  await dequeue(pool, storageFor(schema), id, t.token);
   const age = `UPDATE ${S}.history_state SET rotated_at = now() - interval '1 hour'`;
   // Seven rotations: the row's partition is one of the eight, never the one reclaimed.
   for (let i = 0; i < 7; i++) {

@@ -25,6 +25,7 @@
  * each time; BERTH_INTERLEAVINGS_SEED replays one); `npm run soak` runs it far longer
  * (docs/architecture.md, "Invariants", has its last result).
  */
+import { storageFor } from '../src/storage/storage.js';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
@@ -243,7 +244,7 @@ async function prune(m: Model): Promise<void> {
 class ReadWindow implements fc.AsyncCommand<Model, Real> {
   check = () => true;
   async run(m: Model): Promise<void> {
-    m.window = await readRingWindow(pool, schema);
+    m.window = await readRingWindow(pool, storageFor(schema));
   }
   toString = () => 'read window';
 }
@@ -292,7 +293,7 @@ class Settle implements fc.AsyncCommand<Model, Real> {
     const chosen = [...new Set(this.pick.map((i) => all[i % all.length]!))];
     for (const t of chosen) m.held.delete(t.id);
     if (this.how === 'complete') {
-      const won = await completeLeases(pool, schema, chosen);
+      const won = await completeLeases(pool, storageFor(schema), chosen);
       for (const t of chosen) {
         assert.ok(won.has(leaseKey(t)), `our completion of ${t.id} under a live lease was refused`);
         m.completions.set(t.id, (m.completions.get(t.id) ?? 0) + 1);
@@ -300,17 +301,17 @@ class Settle implements fc.AsyncCommand<Model, Real> {
     } else if (this.how === 'fail') {
       await recordFailures(
         pool,
-        schema,
+        storageFor(schema),
         chosen.map((t) => ({ ref: t, error: 'boom', delayMs: 0, permanent: false })),
       );
     } else if (this.how === 'release') {
-      for (const t of chosen) await releaseLease(pool, schema, t, 'released');
+      for (const t of chosen) await releaseLease(pool, storageFor(schema), t, 'released');
     } else if (this.how === 'snooze') {
-      for (const t of chosen) await snoozeLease(pool, schema, t, 0, 100, 'snoozed out');
+      for (const t of chosen) await snoozeLease(pool, storageFor(schema), t, 0, 100, 'snoozed out');
     } else {
       const res = await cancelTasks(
         pool,
-        schema,
+        storageFor(schema),
         chosen.map((t) => t.id),
         'interleavings',
       );
@@ -327,7 +328,7 @@ class CancelCommitted implements fc.AsyncCommand<Model, Real> {
   async run(m: Model): Promise<void> {
     const ids = [...m.committed];
     const id = ids[this.pick % ids.length]!;
-    const res = (await cancelTasks(pool, schema, [id], 'interleavings')).get(id);
+    const res = (await cancelTasks(pool, storageFor(schema), [id], 'interleavings')).get(id);
     if (res === 'removed' || res === 'cancelled') {
       m.cancelled.add(id);
       m.held.delete(id);
@@ -431,7 +432,7 @@ async function drain(m: Model, r: Real): Promise<void> {
   for (const level of [...m.open.keys()]) await endProducer(m, r, level, true);
   const ours = [...m.held.values()];
   m.held.clear();
-  if (ours.length) for (const t of ours) if ((await completeLeases(pool, schema, [t])).size) bump(m, t.id);
+  if (ours.length) for (const t of ours) if ((await completeLeases(pool, storageFor(schema), [t])).size) bump(m, t.id);
   for (let round = 0; round < 200; round++) {
     await promoteDueLanes(pool, schema, null, 1000, null);
     await rescueLapsedLeases(pool, schema);
@@ -461,7 +462,7 @@ async function drain(m: Model, r: Real): Promise<void> {
 }
 
 async function completed(tasks: readonly ClaimedTask[]): Promise<string[]> {
-  const won = await completeLeases(pool, schema, tasks);
+  const won = await completeLeases(pool, storageFor(schema), tasks);
   return tasks.filter((t) => won.has(leaseKey(t))).map((t) => t.id);
 }
 

@@ -4,6 +4,7 @@
  * that shared their first 63 bytes collided on one connection; and the schema's wake channel
  * (`<schema>.wake`) past it failed every enqueue, so a schema name is at most 58 bytes.
  */
+import { storageFor } from '../src/storage/storage.js';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
@@ -50,13 +51,13 @@ test('under a long schema name, claims and discovery in two ring windows run on 
   const worker = new pg.Client({ connectionString: DATABASE_URL, options: SESSION_OPTIONS });
   await worker.connect();
   try {
-    const current = await readRingWindow(worker, schema);
+    const current = await readRingWindow(worker, storageFor(schema));
     const other = (current.segments?.[0] ?? 0) === 0 ? 1 : 0;
     // The same generation with one more (empty) segment: a window the worker could hold after
     // a rotation, and a statement name that differs only in its window's part.
     const wider = { generation: current.generation, segments: [...(current.segments ?? [0]), other].sort() };
-    const lanes = [...new Set((await discover(worker, schema, null, 20, 1, current)).map((c) => c.laneId))];
-    assert.equal((await discover(worker, schema, null, 20, 1, wider)).length, 1);
+    const lanes = [...new Set((await discover(worker, storageFor(schema), null, 20, 1, current)).map((c) => c.laneId))];
+    assert.equal((await discover(worker, storageFor(schema), null, 20, 1, wider)).length, 1);
     const got: string[] = [];
     for (const window of [current, wider]) {
       for (const claim of [claimOneLane, claimLanes]) {

@@ -1,3 +1,4 @@
+import { storageFor } from '../src/storage/storage.js';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { defineTask, enqueueMany, Worker, getTask } from '../src/index.js';
@@ -154,13 +155,13 @@ test('ring: rotation seals a segment; prune truncates it only when nothing is cl
   assert.deepEqual(await pruneSegment(pool, schema, 0, 100), { segment: 0, result: 'skipped', reason: 'claimable' });
   const leased = await claimAll(10);
   assert.deepEqual(await pruneSegment(pool, schema, 0, 100), { segment: 0, result: 'skipped', reason: 'in_flight' });
-  await completeLeases(pool, schema, leased.slice(0, 9));
+  await completeLeases(pool, storageFor(schema), leased.slice(0, 9));
   assert.deepEqual(await pruneSegment(pool, schema, 0, 100), { segment: 0, result: 'skipped', reason: 'in_flight' });
   // A transaction using the segment blocks the prune (reported, not waited on).
   const reader = await pool.connect();
   await reader.query('BEGIN');
   await reader.query(`SELECT count(*) FROM ${S}.ready_0`);
-  await completeLeases(pool, schema, leased.slice(9));
+  await completeLeases(pool, storageFor(schema), leased.slice(9));
   assert.deepEqual(await pruneSegment(pool, schema, 0, 50), { segment: 0, result: 'blocked', reason: 'lock_timeout' });
   await reader.query('COMMIT');
   reader.release();
@@ -185,7 +186,7 @@ test('prune truncates the partitions of the segment with pages, a dead row too, 
   await tx.query('ROLLBACK');
   tx.release();
   assert.equal(await rotateRing(pool, schema, 0), 'rotated');
-  await completeLeases(pool, schema, await claimAll(4));
+  await completeLeases(pool, storageFor(schema), await claimAll(4));
   const partitions = ['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements'];
   const files = async () => {
     const r = await pool.query<{ t: string; file: string; size: string }>(
@@ -260,7 +261,7 @@ test('ring wrap: a task enqueued after the claim cursor history was truncated is
     );
     const got = await claimAll(5);
     assert.equal(got.length, 5, `round ${round}`);
-    await completeLeases(pool, schema, got);
+    await completeLeases(pool, storageFor(schema), got);
     await maintainRing(pool, schema, { rotateAfterMs: 0, lockTimeoutMs: 100 });
   }
   const st = await readRingState(pool, schema);

@@ -1,3 +1,4 @@
+import { storageFor } from '../src/storage/storage.js';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { enqueue, enqueueMany, getTask, moveTask } from '../src/index.js';
@@ -29,7 +30,7 @@ async function churnAndRotate(): Promise<void> {
     Array.from({ length: 3 }, () => ({ type: 'o', payload: {}, queue: 'other' })),
     { schema },
   );
-  await completeLeases(pool, schema, await claimFrom(['other'], 10));
+  await completeLeases(pool, storageFor(schema), await claimFrom(['other'], 10));
   const r = await rotateRing(pool, schema, 0);
   assert.equal(r, 'rotated');
   const st = await readRingState(pool, schema);
@@ -101,7 +102,7 @@ test('moves and empty-token dequeues refuse to run above READ COMMITTED (they co
     await assert.rejects(moveTask(c, schema, r.id!, { priority: 1 }), BerthInputError);
     await c.query('ROLLBACK');
     await c.query('BEGIN ISOLATION LEVEL SERIALIZABLE');
-    await assert.rejects(dequeue(c, schema, r.id!, ''), /READ COMMITTED/);
+    await assert.rejects(dequeue(c, storageFor(schema), r.id!, ''), /READ COMMITTED/);
     await c.query('ROLLBACK');
   } finally {
     c.release();

@@ -4,6 +4,7 @@
  * entry keeps its own type's deadline and limit, and exactly one writer settles each entry when
  * the holder's completion races rescue.
  */
+import { storageFor } from '../src/storage/storage.js';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
@@ -147,7 +148,7 @@ test('a range never spans two ring segments: the claim stops a lane at the segme
     second.map((t) => (t.payload as { i: number }).i),
     [4, 5],
   );
-  assert.notEqual(first[0]!.slot, second[0]!.slot);
+  assert.notEqual(first[0]!.segment, second[0]!.segment);
   const leases = await pool.query(`SELECT slot, n FROM ${S}.range_leases ORDER BY from_seq`);
   assert.deepEqual(
     leases.rows.map((r) => r.n),
@@ -189,7 +190,7 @@ test('per-type deadlines and limits in one range; rescue takes only the lapsed t
     short.map((t) => t.id).sort(),
   );
   // The holder's completion of all six settles exactly the three rescue did not take.
-  const settled = await completeLeases(pool, schema, got);
+  const settled = await completeLeases(pool, storageFor(schema), got);
   assert.deepEqual([...settled].sort(), long.map((t) => leaseKey(t)).sort());
   assert.equal((await rescueLapsedLeases(pool, schema)).retried, 0, 'nothing left to rescue');
 });
@@ -215,7 +216,7 @@ test('exactly one winner: the holder completing parts of a lapsed range while tw
       const parts = Array.from({ length: flushes }, (_, f) => picked.filter((_, i) => i % flushes === f));
       const holder = (async () => {
         const won = new Set<string>();
-        for (const part of parts) for (const k of await completeLeases(other, schema, part)) won.add(k);
+        for (const part of parts) for (const k of await completeLeases(other, storageFor(schema), part)) won.add(k);
         return won;
       })();
       const [holderWon, r1, r2] = await Promise.all([

@@ -5,6 +5,7 @@
  * entries to the segment current after it (migration 18), so no window leaves one out behind the
  * lane's cursor.
  */
+import { storageFor } from '../src/storage/storage.js';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
@@ -44,12 +45,16 @@ async function generation(): Promise<bigint> {
 
 test('the window is the current segment and every segment holding entries, read with the generation', async () => {
   await reset();
-  assert.deepEqual((await readRingWindow(pool, schema)).segments, [0], 'an empty ring: the current segment');
+  assert.deepEqual(
+    (await readRingWindow(pool, storageFor(schema))).segments,
+    [0],
+    'an empty ring: the current segment',
+  );
   await enqueueMany(pool, [{ type: 't', payload: { i: 1 }, shard: 1 }], { schema });
   assert.equal(await rotateRing(pool, schema, 0), 'rotated');
   await enqueueMany(pool, [{ type: 't', payload: { i: 2 }, shard: 1 }], { schema });
   assert.equal(await rotateRing(pool, schema, 0), 'rotated');
-  const w = await readRingWindow(pool, schema);
+  const w = await readRingWindow(pool, storageFor(schema));
   assert.deepEqual(w.segments, [0, 1, 2], 'two sealed segments with entries and the (empty) current one');
   assert.equal(BigInt(w.generation), await generation());
   // A window wider than MAX_WINDOW_SEGMENTS is the whole ring.
@@ -57,7 +62,7 @@ test('the window is the current segment and every segment holding entries, read 
     await enqueueMany(pool, [{ type: 't', payload: { i: 10 + i }, shard: 1 }], { schema });
     assert.equal(await rotateRing(pool, schema, 0), 'rotated');
   }
-  assert.equal((await readRingWindow(pool, schema)).segments, null);
+  assert.equal((await readRingWindow(pool, storageFor(schema))).segments, null);
 });
 
 test('a claim in a window leases in lane order across its segments; a pruned segment leaves it', async () => {
@@ -68,7 +73,7 @@ test('a claim in a window leases in lane order across its segments; a pruned seg
   assert.equal(await rotateRing(pool, schema, 0), 'rotated');
   await enqueueMany(pool, specs(3, 3), { schema });
   const lane = await laneOf(2);
-  const window = await readRingWindow(pool, schema);
+  const window = await readRingWindow(pool, storageFor(schema));
   assert.deepEqual(window.segments, [0, 1]);
   const first = await claimBatch(pool, claimParams(schema, [lane], 10, { ...TERMS, window }));
   assert.equal(first.stale, false);
@@ -83,24 +88,24 @@ test('a claim in a window leases in lane order across its segments; a pruned seg
     second.tasks.map((t) => (t.payload as { i: number }).i),
     [3, 4, 5],
   );
-  assert.equal((await discover(pool, schema, null, 20, 1, window)).length, 0, 'nothing left to discover');
+  assert.equal((await discover(pool, storageFor(schema), null, 20, 1, window)).length, 0, 'nothing left to discover');
   // Settled, the first segment is pruned; the next window is the current segment alone.
-  assert.equal((await completeLeases(pool, schema, [...first.tasks, ...second.tasks])).size, 6);
+  assert.equal((await completeLeases(pool, storageFor(schema), [...first.tasks, ...second.tasks])).size, 6);
   assert.deepEqual((await pruneSegment(pool, schema, 0, 1000)).result, 'pruned');
-  assert.deepEqual((await readRingWindow(pool, schema)).segments, [1]);
+  assert.deepEqual((await readRingWindow(pool, storageFor(schema))).segments, [1]);
 });
 
 test('a claim whose window the ring moved past leases nothing and says stale; the fresh window claims', async () => {
   await reset();
   await enqueueMany(pool, [{ type: 't', payload: { i: 0 }, shard: 3 }], { schema });
   const lane = await laneOf(3);
-  const old = await readRingWindow(pool, schema);
+  const old = await readRingWindow(pool, storageFor(schema));
   assert.equal(await rotateRing(pool, schema, 0), 'rotated');
   await enqueueMany(pool, [{ type: 't', payload: { i: 1 }, shard: 3 }], { schema });
   const stale = await claimBatch(pool, claimParams(schema, [lane], 10, { ...TERMS, window: old }));
   assert.deepEqual(stale, { tasks: [], more: false, stale: true });
   assert.equal(Number((await pool.query(`SELECT count(*) AS n FROM ${S}.range_leases`)).rows[0].n), 0, 'no lease');
-  const fresh = await readRingWindow(pool, schema);
+  const fresh = await readRingWindow(pool, storageFor(schema));
   const got = await claimBatch(pool, claimParams(schema, [lane], 10, { ...TERMS, window: fresh }));
   assert.equal(got.stale, false);
   assert.deepEqual(
@@ -138,7 +143,7 @@ test('an append that raced a rotation moves its entries to the segment current a
   );
   // A later append of the lane goes to the same segment; claims take the lane in order.
   await enqueueMany(pool, [{ type: 't', payload: { i: 2 }, shard: 4 }], { schema });
-  const window = await readRingWindow(pool, schema);
+  const window = await readRingWindow(pool, storageFor(schema));
   assert.deepEqual(window.segments, [0, 1]);
   const first = await claimBatch(pool, claimParams(schema, [lane], 10, { ...TERMS, window }));
   const second = await claimBatch(pool, claimParams(schema, [lane], 10, { ...TERMS, window }));
@@ -214,7 +219,7 @@ test("prune's claimable check reads each lane's last entry in the segment, and a
   assert.equal(rest9.tasks.length, 1, 'lane 9 fully leased');
   // Lane 8's last entry removed (tombstoned): only its middle entry is unleased, and only a read
   // of the whole lane finds it.
-  assert.equal(await removeUnleased(pool, schema, c!.id!, 'test'), 'removed');
+  assert.equal(await removeUnleased(pool, storageFor(schema), c!.id!, 'test'), 'removed');
   assert.deepEqual(await pruneSegment(pool, schema, 0, 1000), {
     segment: 0,
     result: 'skipped',
@@ -231,7 +236,7 @@ test("prune's claimable check reads each lane's last entry in the segment, and a
     result: 'skipped',
     reason: 'in_flight',
   });
-  await completeLeases(pool, schema, [...first.tasks, ...rest9.tasks, ...rest8.tasks]);
+  await completeLeases(pool, storageFor(schema), [...first.tasks, ...rest9.tasks, ...rest8.tasks]);
   assert.deepEqual(await pruneSegment(pool, schema, 0, 1000), { segment: 0, result: 'pruned' });
 });
 
@@ -243,13 +248,13 @@ test('a ring read over a window counts what the whole ring counts, and every rin
   assert.equal(await rotateRing(pool, schema, 0), 'rotated');
   await enqueueMany(pool, specs(5, 4, 'u'), { schema });
   const lane = await laneOf(4);
-  const window = await readRingWindow(pool, schema);
+  const window = await readRingWindow(pool, storageFor(schema));
   assert.deepEqual(window.segments, [0, 1]);
   // Leased and partly settled in the first segment, one tombstoned in the second.
   const leased = await claimBatch(pool, claimParams(schema, [lane], 3, { ...TERMS, window }));
-  assert.equal((await completeLeases(pool, schema, leased.tasks.slice(0, 2))).size, 2);
+  assert.equal((await completeLeases(pool, storageFor(schema), leased.tasks.slice(0, 2))).size, 2);
   const [, , , , , sixth] = (await pool.query(`SELECT id FROM ${S}.ready ORDER BY lane_seq`)).rows as { id: string }[];
-  assert.equal(await removeUnleased(pool, schema, sixth!.id, 'test'), 'removed');
+  assert.equal(await removeUnleased(pool, storageFor(schema), sixth!.id, 'test'), 'removed');
 
   const bound = bindSchema(schema);
   const statements = [
@@ -298,7 +303,7 @@ test('a ring read over a window counts what the whole ring counts, and every rin
 test('gauges read over a window the ring moved past count again over the new one, so the new segment is counted', async () => {
   await reset();
   await enqueueMany(pool, [{ type: 't', payload: { i: 0 }, shard: 5 }], { schema });
-  const old = await readRingWindow(pool, schema);
+  const old = await readRingWindow(pool, storageFor(schema));
   assert.deepEqual(old.segments, [0]);
   assert.equal(await rotateRing(pool, schema, 0), 'rotated');
   await enqueueMany(pool, [{ type: 't', payload: { i: 1 }, shard: 5 }], { schema });
@@ -315,7 +320,7 @@ test('gauges read over a window the ring moved past count again over the new one
   assert.equal(counted.length, 2, 'counted again, over the new window');
   assert.match(counted[1]!, /:w0\.1$/);
   // A later generation with no new segment (an appender's bump): the counts stand.
-  const now = await readRingWindow(pool, schema);
+  const now = await readRingWindow(pool, storageFor(schema));
   await pool.query(`UPDATE ${S}.ring_state SET generation = generation + 1`);
   counted.length = 0;
   assert.equal((await readGaugesIn(db, bindSchema(schema), now)).pending.get('t'), 2);
@@ -385,7 +390,7 @@ test('a window read while a rotation is between its statement and its commit hol
     await blocker.query('BEGIN');
     await blocker.query(`LOCK TABLE ${S}.ready_9 IN ACCESS EXCLUSIVE MODE`);
     const readerPid = (await reader.query('SELECT pg_backend_pid() AS pid')).rows[0].pid as number;
-    const pending = readRingWindow(reader, schema);
+    const pending = readRingWindow(reader, storageFor(schema));
     await waitingForLock(readerPid, 'the window read to wait for the lock');
     // Meanwhile X commits in segment 0, and a rotation to 1 runs its statement, not yet committed.
     const [x] = await enqueueMany(pool, [{ type: 't', payload: { n: 'x' }, shard: 11 }], { schema });
@@ -408,7 +413,7 @@ test('a window read while a rotation is between its statement and its commit hol
     await rotator.query('COMMIT');
     const second = await claimBatch(
       pool,
-      claimParams(schema, [lane], 10, { ...TERMS, window: await readRingWindow(pool, schema) }),
+      claimParams(schema, [lane], 10, { ...TERMS, window: await readRingWindow(pool, storageFor(schema)) }),
     );
     assert.deepEqual(
       second.tasks.map((t) => t.id),
@@ -449,8 +454,12 @@ test('prune recovers an unleased last entry its lane’s cursor passed (a lease 
     [lane, seqY],
   );
   assert.equal(
-    (await claimBatch(pool, claimParams(schema, [lane], 10, { ...TERMS, window: await readRingWindow(pool, schema) })))
-      .tasks.length,
+    (
+      await claimBatch(
+        pool,
+        claimParams(schema, [lane], 10, { ...TERMS, window: await readRingWindow(pool, storageFor(schema)) }),
+      )
+    ).tasks.length,
     0,
     'no claim takes X any more',
   );

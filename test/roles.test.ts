@@ -1,3 +1,4 @@
+import { storageFor } from '../src/storage/storage.js';
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
@@ -362,9 +363,9 @@ test('the rest of the runtime surface works under the grant (read, move, remove,
   const t = await enqueue(poolA, 'r_misc', {}, { schema, queue, shard: 2 });
   assert.equal((await getTask(poolB, schema, t.id!))?.state, 'ready');
   assert.equal(await moveTask(poolB, schema, t.id!, { queue: `${queue}-moved`, priority: 3 }), 'moved');
-  assert.equal(await removeUnleased(poolA, schema, t.id!, 'cancelled'), 'removed');
+  assert.equal(await removeUnleased(poolA, storageFor(schema), t.id!, 'cancelled'), 'removed');
   const d = await enqueue(poolA, 'r_misc', {}, { schema, queue, delay: 60_000, dedupeKey: `k-${process.pid}` });
-  assert.equal(await removeUnleased(poolB, schema, d.id!, 'cancelled'), 'removed');
+  assert.equal(await removeUnleased(poolB, storageFor(schema), d.id!, 'cancelled'), 'removed');
   assert.deepEqual(await rescueLapsedLeases(poolA, schema), { retried: 0, dead: 0, held: 0 });
   assert.ok((await readGauges(poolB, schema)).dead.get('r_dead'));
   assert.equal(await pruneDeadLetters(poolA, schema, 0), 1);
@@ -676,9 +677,9 @@ test("a stuck handler's lease protection works under the grant: protect, refresh
     }),
   );
   assert.ok(lease);
-  assert.equal(await protectOverdueLease(poolA, schema, lease, 'roles', 0, 60_000), true);
-  await refreshOverdueLeases(poolA, schema, 'roles', [lease]);
-  assert.equal((await overdueMarks(poolB, schema, [t.id!])).get(t.id!)?.stuck, true);
+  assert.equal(await protectOverdueLease(poolA, storageFor(schema), lease, 'roles', 0, 60_000), true);
+  await refreshOverdueLeases(poolA, storageFor(schema), 'roles', [lease]);
+  assert.equal((await overdueMarks(poolB, storageFor(schema), [t.id!])).get(t.id!)?.stuck, true);
   await waitFor(
     async () =>
       (await admin.query(`SELECT expires_at < now() AS lapsed FROM ${S}.leased_entries WHERE id = $1`, [t.id])).rows[0]
@@ -687,8 +688,12 @@ test("a stuck handler's lease protection works under the grant: protect, refresh
     'lapsed',
   );
   assert.deepEqual(await rescueLapsedLeases(poolB, schema), { retried: 0, dead: 0, held: 1 });
-  assert.equal((await completeLeases(poolA, schema, [lease])).size, 1, 'the late result settles its own lease');
-  await clearOverdueLease(poolA, schema, lease);
+  assert.equal(
+    (await completeLeases(poolA, storageFor(schema), [lease])).size,
+    1,
+    'the late result settles its own lease',
+  );
+  await clearOverdueLease(poolA, storageFor(schema), lease);
   assert.equal((await admin.query(`SELECT count(*)::int AS n FROM ${S}.overdue_leases`)).rows[0].n, 0);
 });
 
@@ -700,10 +705,10 @@ test('cancel and snooze work under the worker grant: cancel_tasks settles a runn
   const leases = await claim(poolB, claimParams(schema, lanes, 2, { workerId: 'roles' }));
   assert.equal(leases.length, 2);
   const [la, lb] = leases[0]!.id === a.id ? leases : [leases[1]!, leases[0]!];
-  assert.equal((await cancelTasks(poolA, schema, [la!.id], 'roles:a')).get(la!.id), 'cancelled');
-  const snoozed = await snoozeLease(poolB, schema, lb!, 60_000, 5, 'x');
+  assert.equal((await cancelTasks(poolA, storageFor(schema), [la!.id], 'roles:a')).get(la!.id), 'cancelled');
+  const snoozed = await snoozeLease(poolB, storageFor(schema), lb!, 60_000, 5, 'x');
   assert.deepEqual(snoozed, { wrote: true, snoozes: 1, refunded: true, dead: false });
   assert.equal((await getTask(poolB, schema, b.id!))?.state, 'retryable');
-  assert.equal(await pruneSnoozeCounts(poolA, schema), 0, 'a pending task keeps its count');
+  assert.equal(await pruneSnoozeCounts(poolA, storageFor(schema)), 0, 'a pending task keeps its count');
   await denied(poolP, `SELECT ${S}.cancel_tasks(ARRAY[1::bigint], 'x')`);
 });

@@ -1,3 +1,4 @@
+import { storageFor } from '../src/storage/storage.js';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
@@ -24,7 +25,7 @@ const { schema, pool } = await freshSchema('settle');
 const S = `"${schema}"`;
 
 async function claimOne(type = 't', ceilingMs = 60_000): Promise<ClaimedTask> {
-  const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+  const lanes = [...new Set((await discover(pool, storageFor(schema), null, 20)).map((c) => c.laneId))];
   const [t] = await claim(
     pool,
     claimParams(schema, lanes, 1, { ceilings: new Map([[type, ceilingMs]]), defaultCeilingMs: ceilingMs }),
@@ -52,34 +53,36 @@ const stolen = (t: ClaimedTask) => ({ ...t, token: '00000000-0000-0000-0000-0000
 test('Dequeue is fenced on the token: a wrong token is refused with LeaseLostError', async () => {
   const id = await fresh();
   const t = await claimOne();
-  await assert.rejects(dequeue(pool, schema, id, stolen(t).token), LeaseLostError);
+  await assert.rejects(dequeue(pool, storageFor(schema), id, stolen(t).token), LeaseLostError);
   assert.equal((await getTask(pool, schema, id))?.state, 'running');
-  await dequeue(pool, schema, id, t.token);
+  await dequeue(pool, storageFor(schema), id, t.token);
   assert.equal((await getTask(pool, schema, id))?.state, 'completed');
   // A second settlement of the same lease is refused too.
-  await assert.rejects(dequeue(pool, schema, id, t.token), LeaseLostError);
-  const batch = await completeLeases(pool, schema, [t]);
+  await assert.rejects(dequeue(pool, storageFor(schema), id, t.token), LeaseLostError);
+  const batch = await completeLeases(pool, storageFor(schema), [t]);
   assert.equal(batch.size, 0);
 });
 
 test('Dequeue with an empty token removes an unleased task and refuses a leased one', async () => {
   const id = await fresh({}, { dedupeKey: 'inline' });
-  await dequeue(pool, schema, id, '');
+  await dequeue(pool, storageFor(schema), id, '');
   assert.equal(await getTask(pool, schema, id), null, 'the tombstoned entry is never returned');
-  assert.equal((await discover(pool, schema, null, 20)).length, 0, 'and never discovered');
+  assert.equal((await discover(pool, storageFor(schema), null, 20)).length, 0, 'and never discovered');
   const again = await enqueue(pool, 't', {}, { schema, dedupeKey: 'inline' });
   assert.equal(again.state, 'ready', 'its dedupe key is free');
   await claimOne();
-  await assert.rejects(dequeue(pool, schema, again.id!, ''), LeaseLostError);
+  await assert.rejects(dequeue(pool, storageFor(schema), again.id!, ''), LeaseLostError);
   const scheduled = await enqueue(pool, 't', {}, { schema, delay: 3600_000 });
-  await dequeue(pool, schema, scheduled.id!, '');
+  await dequeue(pool, storageFor(schema), scheduled.id!, '');
   assert.equal(await getTask(pool, schema, scheduled.id!), null);
 });
 
 test('RecordFailure is fenced: a wrong token is refused and nothing is written', async () => {
   const id = await fresh();
   const t = await claimOne();
-  const refused = await recordFailures(pool, schema, [{ ref: stolen(t), error: 'x', delayMs: 0, permanent: false }]);
+  const refused = await recordFailures(pool, storageFor(schema), [
+    { ref: stolen(t), error: 'x', delayMs: 0, permanent: false },
+  ]);
   assert.equal(refused.size, 0);
   assert.equal((await getTask(pool, schema, id))?.state, 'running');
 });
@@ -89,7 +92,7 @@ test('failure stores last_error, backs off and clears the lease; attempts are co
   const started = performance.now();
   const t = await claimOne();
   assert.equal(t.attempt, 1);
-  const r = await recordFailures(pool, schema, [
+  const r = await recordFailures(pool, storageFor(schema), [
     { ref: t, error: 'object store said 503', delayMs: 15_000, permanent: false },
   ]);
   assert.equal(r.get(leaseKey(t)), 'retry');
@@ -127,7 +130,9 @@ test('dead letter at max attempts; a dead letter frees its dedupe key', async ()
   for (let i = 1; i <= 2; i++) {
     const t = await claimOne();
     assert.equal(t.attempt, i);
-    const r = await recordFailures(pool, schema, [{ ref: t, error: `boom ${i}`, delayMs: 0, permanent: false }]);
+    const r = await recordFailures(pool, storageFor(schema), [
+      { ref: t, error: `boom ${i}`, delayMs: 0, permanent: false },
+    ]);
     assert.equal(r.get(leaseKey(t)), i < 2 ? 'retry' : 'dead');
     if (i < 2) await promoteNow();
   }
@@ -135,7 +140,7 @@ test('dead letter at max attempts; a dead letter frees its dedupe key', async ()
   assert.equal(dead?.state, 'dead');
   assert.equal(dead?.lastError, 'boom 2');
   assert.deepEqual(dead?.payload, { n: 1 });
-  assert.equal((await discover(pool, schema, null, 20)).length, 0, 'a dead letter is not discovered');
+  assert.equal((await discover(pool, storageFor(schema), null, 20)).length, 0, 'a dead letter is not discovered');
   const again = await enqueue(pool, 't', {}, { schema, dedupeKey: 'dies' });
   assert.equal(again.state, 'ready');
   const g = await readGauges(pool, schema);
@@ -145,18 +150,22 @@ test('dead letter at max attempts; a dead letter frees its dedupe key', async ()
 test('a permanent failure dead-letters at once', async () => {
   const id = await fresh();
   const t = await claimOne();
-  const r = await recordFailures(pool, schema, [{ ref: t, error: 'bad payload', delayMs: 0, permanent: true }]);
+  const r = await recordFailures(pool, storageFor(schema), [
+    { ref: t, error: 'bad payload', delayMs: 0, permanent: true },
+  ]);
   assert.equal(r.get(leaseKey(t)), 'dead');
   assert.equal((await getTask(pool, schema, id))?.state, 'dead');
 });
 
 test('AdvanceCursor rewrites the payload, makes it due now, resets attempts and clears the lease in one statement', async () => {
   const id = await fresh({ cursor: 0 }, { maxAttempts: 5 });
-  await recordFailures(pool, schema, [{ ref: await claimOne(), error: 'first', delayMs: 0, permanent: false }]);
+  await recordFailures(pool, storageFor(schema), [
+    { ref: await claimOne(), error: 'first', delayMs: 0, permanent: false },
+  ]);
   await promoteNow();
   const t = await claimOne();
   assert.equal(t.attempt, 2);
-  assert.equal(await advanceCursor(pool, schema, t, { cursor: 10 }), true);
+  assert.equal(await advanceCursor(pool, storageFor(schema), t, { cursor: 10 }), true);
   const task = await getTask(pool, schema, id);
   assert.equal(task?.state, 'retryable');
   assert.deepEqual(task?.payload, { cursor: 10 });
@@ -166,8 +175,8 @@ test('AdvanceCursor rewrites the payload, makes it due now, resets attempts and 
   const due = await pool.query(`SELECT run_at <= now() AS due FROM ${S}.deferred WHERE id = $1`, [id]);
   assert.equal(due.rows[0].due, true);
   // The lease is gone: a second advance, or a release, reports that it wrote nothing.
-  assert.equal(await advanceCursor(pool, schema, t, { cursor: 20 }), false);
-  assert.deepEqual(await releaseLease(pool, schema, t, 'x'), { wrote: false, dead: false });
+  assert.equal(await advanceCursor(pool, storageFor(schema), t, { cursor: 20 }), false);
+  assert.deepEqual(await releaseLease(pool, storageFor(schema), t, 'x'), { wrote: false, dead: false });
   await promoteNow();
   const next = await claimOne();
   assert.deepEqual(next.payload, { cursor: 10 });
@@ -177,14 +186,20 @@ test('AdvanceCursor rewrites the payload, makes it due now, resets attempts and 
 test('release keeps the burnt attempt; on the final attempt it dead-letters and stamps last_error', async () => {
   const id = await fresh({}, { maxAttempts: 2 });
   const t1 = await claimOne();
-  assert.deepEqual(await releaseLease(pool, schema, t1, 'interrupted on final attempt'), { wrote: true, dead: false });
+  assert.deepEqual(await releaseLease(pool, storageFor(schema), t1, 'interrupted on final attempt'), {
+    wrote: true,
+    dead: false,
+  });
   let task = await getTask(pool, schema, id);
   assert.equal(task?.attempts, 1);
   assert.equal(task?.lastError, null, 'not stamped unless final');
   await promoteNow();
   const t2 = await claimOne();
   assert.equal(t2.attempt, 2);
-  assert.deepEqual(await releaseLease(pool, schema, t2, 'interrupted on final attempt'), { wrote: true, dead: true });
+  assert.deepEqual(await releaseLease(pool, storageFor(schema), t2, 'interrupted on final attempt'), {
+    wrote: true,
+    dead: true,
+  });
   task = await getTask(pool, schema, id);
   assert.equal(task?.state, 'dead');
   assert.equal(task?.lastError, 'interrupted on final attempt');
@@ -196,7 +211,7 @@ test('rescue: a lapsed lease goes back to retryable with the attempt burnt, or d
   await leaseLapsed(pool, t1.leaseExpiresAt);
   assert.deepEqual(await rescueLapsedLeases(pool, schema), { retried: 1, dead: 0, held: 0 });
   assert.equal((await getTask(pool, schema, id))?.state, 'retryable');
-  await assert.rejects(dequeue(pool, schema, id, t1.token), LeaseLostError, 'the old holder is fenced out');
+  await assert.rejects(dequeue(pool, storageFor(schema), id, t1.token), LeaseLostError, 'the old holder is fenced out');
   await promoteNow();
   const t2 = await claimOne('t', 1);
   assert.equal(t2.attempt, 2);
@@ -247,11 +262,11 @@ test('batched completion settles each lease by its own token', async () => {
     Array.from({ length: 5 }, () => ({ type: 't', payload: {} })),
     { schema },
   );
-  const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+  const lanes = [...new Set((await discover(pool, storageFor(schema), null, 20)).map((c) => c.laneId))];
   const ts = await claim(pool, claimParams(schema, lanes, 6, { workerId: 'x' }));
   assert.equal(ts.length, 6);
   const refs = ts.map((t, i) => (i === 2 ? stolen(t) : t));
-  const settled = await completeLeases(pool, schema, refs);
+  const settled = await completeLeases(pool, storageFor(schema), refs);
   assert.equal(settled.size, 5);
   assert.equal(settled.has(leaseKey(ts[2]!)), false);
 });
@@ -264,7 +279,7 @@ async function empty(): Promise<void> {
 
 /** Claim every due entry of one lane as one lease, with `ceilings` per type (margin 0). */
 async function claimLane(limit: number, ceilings: [string, number][] = [['t', 60_000]]): Promise<ClaimedTask[]> {
-  const lanes = [...new Set((await discover(pool, schema, null, 20)).map((c) => c.laneId))];
+  const lanes = [...new Set((await discover(pool, storageFor(schema), null, 20)).map((c) => c.laneId))];
   return claim(pool, claimParams(schema, lanes.slice(0, 1), limit, { ceilings: new Map(ceilings) }));
 }
 
@@ -288,11 +303,11 @@ test('a completion counts the entries it settles: a batch naming an entry twice 
   );
   const [a, b, c] = await claimLane(10);
   assert.ok(a && b && c, 'three tasks in one lease');
-  const settled = await completeLeases(pool, schema, [a, a, b]);
+  const settled = await completeLeases(pool, storageFor(schema), [a, a, b]);
   assert.deepEqual([...settled].sort(), [leaseKey(a), leaseKey(b)].sort());
   assert.deepEqual(await leaseCounts(), { n: 3, settled: 2 }, 'two entries settled, counted two, not three');
   assert.equal((await getTask(pool, schema, c.id))?.state, 'running', 'the third is still the holder’s');
-  await completeLeases(pool, schema, [c]);
+  await completeLeases(pool, storageFor(schema), [c]);
   assert.deepEqual(await leaseCounts(), { n: 3, settled: 3 });
 });
 
@@ -304,23 +319,23 @@ test('settlements naming entries outside their lease, or a position that holds n
     { schema },
   );
   // The middle one removed before the claim: the lease's range spans a tombstoned position.
-  assert.equal(await removeUnleased(pool, schema, tasks[1]!.id!, 'test'), 'removed');
+  assert.equal(await removeUnleased(pool, storageFor(schema), tasks[1]!.id!, 'test'), 'removed');
   const [a, b] = await claimLane(10);
   assert.ok(a && b, 'two tasks in one lease');
   assert.equal(BigInt(b.laneSeq) - BigInt(a.laneSeq), 2n, 'the range spans the tombstoned middle entry');
   const middle = String(BigInt(a.laneSeq) + 1n);
   const past = String(BigInt(b.laneSeq) + 1n);
   // Completion: a group naming the tombstoned position or one past the lease is refused whole.
-  assert.equal((await completeLeases(pool, schema, [a, { ...a, laneSeq: middle }])).size, 0);
-  assert.equal((await completeLeases(pool, schema, [b, { ...b, laneSeq: past }])).size, 0);
+  assert.equal((await completeLeases(pool, storageFor(schema), [a, { ...a, laneSeq: middle }])).size, 0);
+  assert.equal((await completeLeases(pool, storageFor(schema), [b, { ...b, laneSeq: past }])).size, 0);
   // Failure and release: a single position of the lease that holds no live entry.
-  const failed = await recordFailures(pool, schema, [
+  const failed = await recordFailures(pool, storageFor(schema), [
     { ref: { ...a, laneSeq: middle }, error: 'x', delayMs: 0, permanent: false },
   ]);
   assert.equal(failed.size, 0);
-  assert.equal((await releaseLease(pool, schema, { ...a, laneSeq: middle }, 'x')).wrote, false);
+  assert.equal((await releaseLease(pool, storageFor(schema), { ...a, laneSeq: middle }, 'x')).wrote, false);
   assert.deepEqual(await leaseCounts(), { n: 2, settled: 0 }, 'nothing was written');
-  assert.equal((await completeLeases(pool, schema, [a, b])).size, 2, 'the lease’s own entries settle');
+  assert.equal((await completeLeases(pool, storageFor(schema), [a, b])).size, 2, 'the lease’s own entries settle');
   assert.deepEqual(await leaseCounts(), { n: 2, settled: 2 });
 });
 
@@ -343,7 +358,7 @@ test('rescue is not starved by lapsed leases it cannot rescue: more of them than
       ['long', 3_600_000],
     ]);
     assert.ok(s && l && s.type === 'short' && l.type === 'long');
-    assert.equal((await completeLeases(pool, schema, [s])).size, 1);
+    assert.equal((await completeLeases(pool, storageFor(schema), [s])).size, 1);
   }
   // Then one real lapse, with the latest expiry of all.
   const lapsedId = (await enqueue(pool, 'short', { real: true }, { schema, shard: 10 })).id!;
@@ -360,9 +375,9 @@ test('a run whose lease vanished (a crash took the asynchronous claim back) is c
   const counted = await fresh({}, { maxAttempts: 3 });
   const t1 = await claimOne();
   await vanish(t1);
-  assert.equal((await completeLeases(pool, schema, [t1])).size, 0, 'the fence refuses the vanished lease');
-  assert.deepEqual(await refusalOf(pool, schema, t1), { outcome: null, leaseExists: false });
-  assert.equal(await countLostClaim(pool, schema, t1, 'w1'), 'counted');
+  assert.equal((await completeLeases(pool, storageFor(schema), [t1])).size, 0, 'the fence refuses the vanished lease');
+  assert.deepEqual(await refusalOf(pool, storageFor(schema), t1), { outcome: null, leaseExists: false });
+  assert.equal(await countLostClaim(pool, storageFor(schema), t1, 'w1'), 'counted');
   let task = await getTask(pool, schema, counted);
   assert.equal(task?.state, 'retryable');
   assert.equal(task?.attempts, 1, 'the lost run counts');
@@ -372,7 +387,7 @@ test('a run whose lease vanished (a crash took the asynchronous claim back) is c
   const last = await fresh({}, { maxAttempts: 1 });
   const t2 = await claimOne();
   await vanish(t2);
-  assert.equal(await countLostClaim(pool, schema, t2, 'w1'), 'dead');
+  assert.equal(await countLostClaim(pool, storageFor(schema), t2, 'w1'), 'dead');
   task = await getTask(pool, schema, last);
   assert.equal(task?.state, 'dead');
   assert.match(task!.lastError!, /lost in a database crash/);
@@ -382,7 +397,7 @@ test('a run whose lease vanished (a crash took the asynchronous claim back) is c
   await vanish(t3);
   const again = await claimOne();
   assert.equal(again.attempt, 1, 'the entry runs again under the same attempt');
-  assert.equal(await countLostClaim(pool, schema, t3, 'w1'), 'running');
-  assert.equal((await completeLeases(pool, schema, [again])).size, 1);
-  assert.equal(await countLostClaim(pool, schema, t3, 'w1'), 'gone');
+  assert.equal(await countLostClaim(pool, storageFor(schema), t3, 'w1'), 'running');
+  assert.equal((await completeLeases(pool, storageFor(schema), [again])).size, 1);
+  assert.equal(await countLostClaim(pool, storageFor(schema), t3, 'w1'), 'gone');
 });

@@ -4,6 +4,7 @@
  * attempt limit ends a task that only ever snoozes (seed 000: an unbounded refund would make it
  * immortal).
  */
+import { storageFor } from '../src/storage/storage.js';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { BerthInputError, defineTask, enqueue, getTask, snooze, Worker } from '../src/index.js';
@@ -70,7 +71,7 @@ test('a snooze defers the task by its delay without consuming an attempt; the ne
     assert.equal((await getTask(pool, schema, id!))?.state, 'completed');
     // Its count outlives the task only until retention: a finished task's row goes.
     await pool.query(`UPDATE ${S}.snoozes SET last_snoozed_at = now() - interval '2 hours'`);
-    assert.equal(await pruneSnoozeCounts(pool, schema), 1);
+    assert.equal(await pruneSnoozeCounts(pool, storageFor(schema)), 1);
   } finally {
     await w.stop();
   }
@@ -108,7 +109,11 @@ test('bounded: past maxSnoozes a snooze keeps its attempt, so a task that only s
       `INSERT INTO ${S}.snoozes (id, snoozes, last_snoozed_at) VALUES ($1, 7, now() - interval '2 hours')`,
       [keep.id],
     );
-    assert.equal(await pruneSnoozeCounts(pool, schema), 1, 'the dead task’s count, not the scheduled one’s');
+    assert.equal(
+      await pruneSnoozeCounts(pool, storageFor(schema)),
+      1,
+      'the dead task’s count, not the scheduled one’s',
+    );
   } finally {
     await w.stop();
   }

@@ -1,3 +1,4 @@
+import { storageFor } from '../src/storage/storage.js';
 import { test, type TestContext } from 'node:test';
 import assert from 'node:assert/strict';
 import type { ChildProcess } from 'node:child_process';
@@ -146,7 +147,7 @@ test('a handler that ignores its signal keeps its lease past expiry: no second r
   assert.equal(stuckLines[0]!.task_type, 'inproc_hang');
   assert.match(String(stuckLines[0]!.lane), /^hang\/0\/\d+$/);
   assert.equal(stuckLines[0]!.attempt, 1);
-  const mark = (await overdueMarks(pool, schema, [id])).get(id);
+  const mark = (await overdueMarks(pool, storageFor(schema), [id])).get(id);
   assert.ok(mark, 'an overdue mark');
   assert.equal(mark.stuck, true);
   assert.equal(mark.protected, true);
@@ -197,7 +198,7 @@ test('a handler that ignores its signal keeps its lease past expiry: no second r
 });
 
 async function claimOne(type: string, ceilingMs: number): Promise<ClaimedTask> {
-  const lanes = [...new Set((await discover(pool, schema, ['sql'], 20)).map((c) => c.laneId))];
+  const lanes = [...new Set((await discover(pool, storageFor(schema), ['sql'], 20)).map((c) => c.laneId))];
   const [t] = await claim(
     pool,
     claimParams(schema, lanes, 1, {
@@ -215,11 +216,18 @@ test('rescue honours a fresh overdue row only: stale, the lease is rescued and t
   const t = await claimOne('sql_hang', 3000);
   assert.equal(t.id, id);
   assert.equal(
-    await protectOverdueLease(pool, schema, { ...t, token: '00000000-0000-0000-0000-000000000000' }, 'sql', 0, 60_000),
+    await protectOverdueLease(
+      pool,
+      storageFor(schema),
+      { ...t, token: '00000000-0000-0000-0000-000000000000' },
+      'sql',
+      0,
+      60_000,
+    ),
     false,
     'another token protects nothing',
   );
-  assert.equal(await protectOverdueLease(pool, schema, t, 'sql', 0, 60_000), true);
+  assert.equal(await protectOverdueLease(pool, storageFor(schema), t, 'sql', 0, 60_000), true);
   await waitFor(
     async () =>
       (await pool.query(`SELECT expires_at < now() AS lapsed FROM ${S}.leased_entries WHERE id = $1`, [id])).rows[0]
@@ -251,7 +259,7 @@ test('rescue honours a fresh overdue row only: stale, the lease is rescued and t
     20_000,
     'the lease lapses',
   );
-  assert.equal(await protectOverdueLease(pool, schema, t2, 'sql', 0, 60_000), false, 'too late to protect');
+  assert.equal(await protectOverdueLease(pool, storageFor(schema), t2, 'sql', 0, 60_000), false, 'too late to protect');
   await rescueLapsedLeases(pool, schema);
   await pool.query(`DELETE FROM ${S}.deferred WHERE id = $1`, [id2]);
 
@@ -259,8 +267,8 @@ test('rescue honours a fresh overdue row only: stale, the lease is rescued and t
   const id3 = await add('sql_hang', { n: 3 }, 'sql');
   const t3 = await claimOne('sql_hang', 60_000);
   assert.equal(t3.id, id3);
-  assert.equal(await protectOverdueLease(pool, schema, t3, 'sql', 0, 60_000), true);
-  assert.equal((await completeLeases(pool, schema, [t3])).size, 1);
+  assert.equal(await protectOverdueLease(pool, storageFor(schema), t3, 'sql', 0, 60_000), true);
+  assert.equal((await completeLeases(pool, storageFor(schema), [t3])).size, 1);
   await rescueLapsedLeases(pool, schema);
   assert.equal(
     Number((await pool.query(`SELECT count(*) AS n FROM ${S}.overdue_leases`)).rows[0].n),

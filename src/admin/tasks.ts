@@ -3,7 +3,8 @@ import { BerthInputError } from '../errors.js';
 import { bindSchema, type Queryable, queryRingRead, type SchemaRef } from '../sql.js';
 import { laneCursorsJson, unsettledEntriesOf, unsettledRanges } from '../storage/predicates.js';
 import { attemptsOf } from '../storage/history.js';
-import { getTask, type TaskState } from '../storage/tasks.js';
+import { getTaskIn, type TaskState } from '../storage/tasks.js';
+import { storageFor } from '../storage/storage.js';
 import { retryDeadLetters } from './dead.js';
 import { taskId } from './ids.js';
 import { deleteDeadLetter, removeUnleased } from '../storage/remove.js';
@@ -251,7 +252,7 @@ export interface TimelineEvent {
 export async function taskTimeline(db: Queryable, schema: SchemaRef, id: string): Promise<TimelineEvent[]> {
   const bound = bindSchema(schema);
   const s = bound.q;
-  const task = await getTask(db, bound, id);
+  const task = await getTaskIn(db, storageFor(bound), id);
   if (!task) return [];
   const res = await db.query<{
     appended_at: Date;
@@ -357,15 +358,15 @@ export type TaskActionResult =
  * retryable task becomes due now (the leader's promotion appends it within a tick).
  */
 export async function retryTask(db: Queryable, schema: SchemaRef, id: string): Promise<TaskActionResult> {
-  const bound = bindSchema(schema);
-  const task = await getTask(db, bound, id);
+  const storage = storageFor(schema);
+  const task = await getTaskIn(db, storage, id);
   if (!task) return 'not_found';
   if (task.state === 'dead') {
-    const [r] = await retryDeadLetters(db, bound, [id]);
+    const [r] = await retryDeadLetters(db, storage.schema, [id]);
     return r?.result ?? 'not_found';
   }
   if (task.state === 'scheduled' || task.state === 'retryable') {
-    return (await makeDeferredDueNow(db, bound, id)) ? 'retried' : 'not_found';
+    return (await makeDeferredDueNow(db, storage, id)) ? 'retried' : 'not_found';
   }
   return 'not_retryable';
 }
@@ -389,7 +390,7 @@ export async function cancelTask(
   id: string,
   options: CancelOptions = {},
 ): Promise<TaskActionResult> {
-  const r = await cancelTaskIds(db, schema, [taskId(id)], options.actor ?? null);
+  const r = await cancelTaskIds(db, storageFor(schema), [taskId(id)], options.actor ?? null);
   return r.get(id) ?? 'not_found';
 }
 
@@ -423,7 +424,8 @@ export async function cancelTasks(
   filter: CancelFilter,
   options: CancelOptions & { onProgress?: (p: BulkProgress) => void } = {},
 ): Promise<BulkCancelResult> {
-  const bound = bindSchema(schema);
+  const storage = storageFor(schema);
+  const bound = storage.schema;
   const { state, queue, type, all } = filter;
   if (state !== undefined && (parseState(state) === 'dead' || state === ('completed' as TaskState)))
     throw new BerthInputError(`cannot cancel ${state} tasks: only ready, running, scheduled or retryable ones`);
@@ -442,7 +444,7 @@ export async function cancelTasks(
     const ids = page.tasks.filter((t) => t.state !== 'dead' && t.state !== 'completed').map((t) => t.id);
     if (ids.length > 0) {
       out.matched += ids.length;
-      for (const r of (await cancelTaskIds(db, bound, ids, options.actor ?? null)).values()) {
+      for (const r of (await cancelTaskIds(db, storage, ids, options.actor ?? null)).values()) {
         if (r === 'removed') out.removed++;
         else if (r === 'cancelled') out.cancelled++;
         else if (r === 'already_settled') out.alreadySettled++;
@@ -457,9 +459,9 @@ export async function cancelTasks(
 
 /** Remove a task in any state but running: pending ones as cancel does, dead letters deleted (no record kept). */
 export async function deleteTask(db: Queryable, schema: SchemaRef, id: string): Promise<TaskActionResult> {
-  const bound = bindSchema(schema);
-  if (await deleteDeadLetter(db, bound, id)) return 'removed';
-  return removeUnleasedAs(db, bound, id, 'deleted');
+  const storage = storageFor(schema);
+  if (await deleteDeadLetter(db, storage, id)) return 'removed';
+  return removeUnleasedAs(db, storage.schema, id, 'deleted');
 }
 
 async function removeUnleasedAs(
@@ -468,6 +470,6 @@ async function removeUnleasedAs(
   id: string,
   reason: string,
 ): Promise<TaskActionResult> {
-  const result = await removeUnleased(db, schema, taskId(id), reason);
+  const result = await removeUnleased(db, storageFor(schema), taskId(id), reason);
   return result === 'leased' ? 'running' : result;
 }

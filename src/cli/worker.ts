@@ -1,4 +1,5 @@
 import { createRequire } from 'node:module';
+import { storageFor } from '../storage/storage.js';
 import { readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -147,7 +148,7 @@ async function drained(
     const lanes = (await laneStats(pool, schema)).filter((l) => !l.paused && (!queues || queues.includes(l.queue)));
     const remaining = lanes.reduce((n, l) => n + l.depth + l.dueDeferred, 0) + worker.activeSlots;
     onRemaining(remaining);
-    const claimable = await discover(pool, schema, queues, 1);
+    const claimable = await discover(pool, storageFor(schema), queues, 1);
     const due = lanes.some((l) => l.dueDeferred > 0);
     quiet = claimable.length === 0 && !due && worker.activeSlots === 0 ? quiet + 1 : 0;
     if (quiet >= 2) return;

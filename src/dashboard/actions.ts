@@ -1,11 +1,12 @@
 import { audited } from '../admin/audit.js';
+import { storageFor } from '../storage/storage.js';
 import { purgeDead, retryDead, type DeadFilter } from '../admin/dead.js';
 import { pauseQueue, resumeQueue } from '../admin/queues.js';
 import { cancelTask, deleteTask, retryTask, type TaskActionResult } from '../admin/tasks.js';
 import { BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { Queryable, Schema } from '../sql.js';
-import { moveTask } from '../storage/move.js';
+import { moveTaskIn } from '../storage/move.js';
 import {
   MAX_FILTER_TEXT_CHARS,
   optionalBoolean,
@@ -131,7 +132,7 @@ export async function moveAction(c: ActionContext, id: string, body: Body) {
   if (queue === undefined && priority === undefined)
     throw new BerthInputError('a move needs a queue, a priority, or both');
   const to = { ...(queue !== undefined && { queue }), ...(priority !== undefined && { priority }) };
-  const result = await run(c, 'task.move', { id, ...to }, () => moveTask(c.db, c.schema, id, to));
+  const result = await run(c, 'task.move', { id, ...to }, () => moveTaskIn(c.db, storageFor(c.schema), id, to));
   return { result };
 }
 

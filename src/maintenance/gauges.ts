@@ -1,4 +1,5 @@
 import { bindSchema, type Queryable, queryRingRead, type Schema, type SchemaRef, statementName } from '../sql.js';
+import { storageFor } from '../storage/storage.js';
 import { overWindow, readRingWindow, type RingWindow, windowKey } from '../storage/ring-window.js';
 import type { BerthMetrics } from '../metrics.js';
 import { claimableEntry, deadRowPredicate, liveEntries } from '../storage/predicates.js';
@@ -23,7 +24,7 @@ export interface GaugeSnapshot {
  */
 export async function readGauges(db: Queryable, schema: SchemaRef): Promise<GaugeSnapshot> {
   const bound = bindSchema(schema);
-  return readGaugesIn(db, bound, await readRingWindow(db, bound));
+  return readGaugesIn(db, bound, await readRingWindow(db, storageFor(bound)));
 }
 
 /**
@@ -39,7 +40,7 @@ export async function readGauges(db: Queryable, schema: SchemaRef): Promise<Gaug
 export async function readGaugesIn(db: Queryable, bound: Schema, window: RingWindow): Promise<GaugeSnapshot> {
   let counts = await readCounts(db, bound, window.segments);
   for (let misses = 0; window.segments !== null; misses++) {
-    const now = await readRingWindow(db, bound);
+    const now = await readRingWindow(db, storageFor(bound));
     if (covers(window, now)) break;
     window = misses === 0 ? now : { ...now, segments: null };
     counts = await readCounts(db, bound, window.segments);

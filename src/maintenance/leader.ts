@@ -1,4 +1,5 @@
 import { resolveDatabase, type DatabaseTarget } from '../db/connections.js';
+import { storageFor } from '../storage/storage.js';
 import { checkKeys } from '../limits.js';
 import { didYouMean } from '../util/nearest.js';
 import { BerthInputError } from '../errors.js';
@@ -13,7 +14,7 @@ import { DEFAULT_DEAD_RETENTION_MS, pruneDeadLetters, pruneOperatorHistory } fro
 import { rotateHistory } from './history.js';
 import { maintainRing } from './ring.js';
 import { bindSchema, type Schema, type SchemaRef } from '../sql.js';
-import { rescueLapsedLeases } from '../storage/rescue.js';
+import { rescueLapsedLeasesIn } from '../storage/rescue.js';
 import { pruneSnoozeCounts } from '../storage/snooze.js';
 
 export interface MaintenanceOptions {
@@ -314,7 +315,7 @@ export class Maintenance {
         intervalMs: o.rescueIntervalMs,
         startAfterMs: settledStartMs(o.rescueIntervalMs),
         run: async () => {
-          const r = await rescueLapsedLeases(pool, schema);
+          const r = await rescueLapsedLeasesIn(pool, storageFor(schema));
           if (r.retried) metrics.rescued.inc({ result: 'retry' }, r.retried);
           if (r.dead) metrics.rescued.inc({ result: 'dead' }, r.dead);
           metrics.rescueHeld.set(r.held);
@@ -361,7 +362,7 @@ export class Maintenance {
           if (n) this.deps.logger.info({ pruned: n }, 'pruned dead letters past retention');
           const h = await pruneOperatorHistory(pool, schema);
           if (h.outcomeCounts + h.workers > 0) this.deps.logger.info(h, 'pruned operator history past retention');
-          const z = await pruneSnoozeCounts(pool, schema);
+          const z = await pruneSnoozeCounts(pool, storageFor(schema));
           if (z) this.deps.logger.info({ pruned: z }, 'pruned snooze counts of tasks no longer pending');
         },
       },

@@ -1,4 +1,5 @@
 import { checkKeys } from '../limits.js';
+import { storageFor } from '../storage/storage.js';
 import type pg from 'pg';
 import { bindSchema, queryRingRead, type Schema, type SchemaRef } from '../sql.js';
 import { type RingFill, readRingFill } from '../storage/ring-window.js';
@@ -55,7 +56,7 @@ export type RotateResult = 'rotated' | 'not_due' | 'empty' | 'next_slot_busy' | 
  */
 export async function rotateRing(pool: pg.Pool, schema: SchemaRef, minAgeMs: number): Promise<RotateResult> {
   const bound = bindSchema(schema);
-  const fill = await readRingFill(pool, bound);
+  const fill = await readRingFill(pool, storageFor(bound));
   return rotateIfDue(pool, bound, fill, new Set(fill.filled), { minAgeMs, smallAgeMs: minAgeMs });
 }
 
@@ -168,7 +169,7 @@ export async function maintainRing(
 ): Promise<{ rotation: RotateResult; prunes: PruneResult[] }> {
   checkKeys(opts, RING_KEYS, 'maintainRing');
   const bound = bindSchema(schema);
-  const fill = await readRingFill(pool, bound);
+  const fill = await readRingFill(pool, storageFor(bound));
   if (fill.committedSegment !== fill.currentSegment) {
     // A rotation's transaction was lost after its statement moved the epoch (or another rotator
     // is mid-rotation): bring ring_state level first; the next tick rotates and prunes.

@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import { storageFor, type Storage } from '../storage/storage.js';
 import { BerthInputError } from '../errors.js';
 import { checkKeys } from '../limits.js';
 import { createLogger, type Logger } from '../logger.js';
@@ -168,6 +169,7 @@ export async function runDueTasks(
 /** The engine's parts for one task at a time: discovery, claim, run, settle. */
 class OnceRunner {
   private readonly batcher: SettlementBatcher;
+  private readonly storage: Storage;
   private readonly runDeps: RunDeps;
   private readonly settleDeps: SettleDeps;
   private readonly channel: string;
@@ -176,12 +178,14 @@ class OnceRunner {
     private readonly pool: pg.Pool,
     private readonly o: ResolvedWorkerOptions,
   ) {
-    this.batcher = new SettlementBatcher(pool, o.schema, o.metrics, o.logger);
+    const storage = storageFor(o.schema);
+    this.storage = storage;
+    this.batcher = new SettlementBatcher(pool, storage, o.metrics, o.logger);
     this.channel = wakeChannel(o.schema);
     const typeMetrics = new TypeMetrics(o.metrics);
     this.runDeps = {
       write: pool,
-      schema: o.schema,
+      storage,
       workerId: o.workerId,
       deadlines: new DeadlineTimer(),
       observeHandler: (task, seconds) => typeMetrics.for(task.type).handlerSeconds.observe(seconds),
@@ -189,7 +193,7 @@ class OnceRunner {
     };
     this.settleDeps = {
       write: pool,
-      schema: o.schema,
+      storage,
       batcher: this.batcher,
       record: (task, outcome) => typeMetrics.for(task.type).outcome(outcome).inc(),
       debugEnabled: () => o.logger.isLevelEnabled('debug'),
@@ -200,10 +204,10 @@ class OnceRunner {
   /** The oldest due task (priority, then due time), leased to this run; null when none is claimable. */
   async claimNext(): Promise<ClaimedTask | null> {
     const o = this.o;
-    const lanes = [...new Set((await discover(this.pool, o.schema, o.queues, 20, 1)).map((c) => c.laneId))];
+    const lanes = [...new Set((await discover(this.pool, this.storage, o.queues, 20, 1)).map((c) => c.laneId))];
     if (lanes.length === 0) return null;
     const { tasks } = await claimBatch(this.pool, {
-      schema: o.schema,
+      storage: this.storage,
       laneIds: lanes,
       limit: 1,
       ceilings: o.tasks.ceilings,

@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import { storageFor } from '../storage/storage.js';
 import { BerthInputError } from '../errors.js';
 import { checkKeys, checkMs, MAX_TIMER_MS } from '../limits.js';
 import { createPool, sessionName, type DatabaseTarget } from '../db/connections.js';
@@ -225,7 +226,7 @@ export class Worker {
       write,
       claims,
       read,
-      batcher: new SettlementBatcher(settlements, o.schema, this.metrics, this.logger),
+      batcher: new SettlementBatcher(settlements, storageFor(o.schema), this.metrics, this.logger),
       logger: this.logger,
       metrics: this.metrics,
       wakeChannel: this.channel,
@@ -254,7 +255,7 @@ export class Worker {
         ? null
         : new Heartbeat(
             write,
-            o.schema,
+            storageFor(o.schema),
             {
               workerId: this.id,
               queues: o.queues,

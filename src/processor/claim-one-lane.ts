@@ -1,10 +1,13 @@
-import { bindSchema, type Queryable, statementName } from '../sql.js';
+import { type Queryable, type Schema, statementName } from '../sql.js';
+import { type Args, compile, p, sql } from '../statement.js';
 import { claimableEntries } from '../storage/predicates.js';
-import { windowKey } from '../storage/ring-window.js';
+import { type RingWindow, windowKey } from '../storage/ring-window.js';
 import {
   type ClaimBatch,
   type ClaimParams,
-  claimTermValues,
+  claimTermArgs,
+  type TermParams,
+  TYPE_TERMS,
   type LeaseRow,
   NOW_MS_SQL,
   taskJsonSql,
@@ -38,33 +41,54 @@ import {
  * - The version check sits in picked (no `current` step): a lane whose version changed since
  *   the snapshot yields no entries, so nothing is leased or returned.
  */
-export async function claimOneLane(write: Queryable, p: ClaimParams): Promise<ClaimBatch> {
-  if (p.limit <= 0 || p.laneIds.length === 0) return { tasks: [], more: false, stale: false };
-  const { name, q: s } = bindSchema(p.schema);
-  const w = p.window;
-  const current = w ? `AND (SELECT rs.generation FROM ${s}.ring_state rs) = $13::bigint` : '';
-  const columns = [
-    'slot',
-    'lane_seq',
-    'run_at',
-    'type',
-    'id',
-    'attempts',
-    'payload',
-    'max_attempts',
-    'dedupe_key',
-    'trace_context',
-  ];
-  const res = await write.query<LeaseRow>({
-    name: statementName(`berth-claim-one-lane:${name}${windowKey(w)}`),
-    text: `WITH locked AS MATERIALIZED (
+export async function claimOneLane(write: Queryable, c: ClaimParams): Promise<ClaimBatch> {
+  if (c.limit <= 0 || c.laneIds.length === 0) return { tasks: [], more: false, stale: false };
+  const w = c.window;
+  const statement = c.storage.statement(`claim-one-lane${windowKey(w)}`, (schema) => claimOneLaneStatement(schema, w));
+  const res = await write.query<LeaseRow>(
+    statement.query({
+      laneIds: c.laneIds,
+      // The lane is read for at most its share (the only lane: all of the limit, unless told less).
+      share: Math.min(c.limit, c.perLane ?? c.limit),
+      ...claimTermArgs(c),
+      wakeChannel: c.wakeChannel,
+      queues: c.queues ?? null,
+      limit: c.limit,
+      ...(w ? { generation: w.generation } : {}),
+    } as Args<ClaimOneLaneParams>),
+  );
+  if (w && res.rows.some((r) => r.stale)) return { tasks: [], more: false, stale: true };
+  const row = res.rows[0];
+  if (!row) return { tasks: [], more: false, stale: false };
+  return { tasks: tasksOf([row], c), more: row.more, stale: false };
+}
+
+type ClaimOneLaneParams = TermParams | 'laneIds' | 'share' | 'wakeChannel' | 'queues' | 'limit' | 'generation';
+
+const ONE_LANE_COLUMNS = [
+  'slot',
+  'lane_seq',
+  'run_at',
+  'type',
+  'id',
+  'attempts',
+  'payload',
+  'max_attempts',
+  'dedupe_key',
+  'trace_context',
+];
+
+function claimOneLaneStatement({ name, q: s }: Schema, w: RingWindow | undefined) {
+  const current = w ? sql`AND (SELECT rs.generation FROM ${s}.ring_state rs) = ${p('generation')}::bigint` : '';
+  return compile(
+    sql`WITH locked AS MATERIALIZED (
        SELECT l.lane_id, l.version, l.queue, l.priority, l.shard,
               set_config('synchronous_commit', 'off', true) AS async_commit
          FROM ${s}.lanes l
-        WHERE l.lane_id = ANY ($1::integer[])
-          AND ($11::text[] IS NULL OR l.queue = ANY ($11::text[]))
+        WHERE l.lane_id = ANY (${p('laneIds')}::integer[])
+          AND (${p('queues')}::text[] IS NULL OR l.queue = ANY (${p('queues')}::text[]))
           AND NOT l.paused ${current}
-        ORDER BY array_position($1::integer[], l.lane_id)
+        ORDER BY array_position(${p('laneIds')}::integer[], l.lane_id)
         LIMIT 1
         FOR UPDATE SKIP LOCKED
      ), picked AS MATERIALIZED (
@@ -76,7 +100,7 @@ export async function claimOneLane(write: Queryable, p: ClaimParams): Promise<Cl
                   bool_and(r.run_at <= now()) OVER w AS due_so_far,
                   min(r.slot) OVER w AS lane_slot_lo,
                   max(r.slot) OVER w AS lane_slot_hi
-             FROM ${claimableEntries(s, 'k', columns, '$2', w?.segments)} r
+             FROM ${claimableEntries(s, 'k', ONE_LANE_COLUMNS, sql`${p('share')}`, w?.segments)} r
            WINDOW w AS (ORDER BY r.lane_seq ROWS UNBOUNDED PRECEDING)) r
         WHERE k.version = (SELECT v.version FROM ${s}.lanes v WHERE v.lane_id = k.lane_id)
      ), per_type AS (
@@ -84,10 +108,10 @@ export async function claimOneLane(write: Queryable, p: ClaimParams): Promise<Cl
        -- attempt limit, else the defaults, and the deadline stamped from the database clock.
        SELECT p.lane_id, p.type, min(p.slot) AS slot, min(p.lane_seq) AS from_seq, max(p.lane_seq) AS to_seq,
               count(*) AS n,
-              now() + make_interval(secs => (coalesce(t.ceiling_ms, $5) + $6) / 1000.0) AS expires_at,
-              coalesce(t.max_attempts, $9) AS max_attempts
+              ${TYPE_TERMS.expiresAt} AS expires_at,
+              ${TYPE_TERMS.maxAttempts} AS max_attempts
          FROM picked p
-         LEFT JOIN unnest($3::text[], $4::float8[], $10::integer[]) AS t(type, ceiling_ms, max_attempts)
+         ${TYPE_TERMS.join}
            ON t.type = p.type
         WHERE p.due_so_far AND p.in_lane_slot
         GROUP BY p.lane_id, p.type, t.ceiling_ms, t.max_attempts
@@ -97,7 +121,7 @@ export async function claimOneLane(write: Queryable, p: ClaimParams): Promise<Cl
        INSERT INTO ${s}.range_leases (slot, lane_id, from_seq, to_seq, n, token, claimed_at, worker,
                                       types, type_expires, type_max_attempts, expires_at)
        SELECT min(c.slot), min(c.lane_id), min(c.from_seq), max(c.to_seq), sum(c.n)::integer,
-              gen_random_uuid(), now(), $7,
+              gen_random_uuid(), now(), ${p('workerId')},
               array_agg(c.type), array_agg(c.expires_at), array_agg(c.max_attempts), min(c.expires_at)
          FROM per_type c
        HAVING count(*) > 0
@@ -111,31 +135,19 @@ export async function claimOneLane(write: Queryable, p: ClaimParams): Promise<Cl
             -- The lane may hold due entries this claim left: it gave its whole share, or its due
             -- prefix ran into a later ring segment.
             EXISTS (SELECT 1 FROM picked x
-                     WHERE x.due_so_far AND (x.rank_in_lane >= $2 OR NOT x.in_lane_slot)) AS more,
+                     WHERE x.due_so_far AND (x.rank_in_lane >= ${p('share')} OR NOT x.in_lane_slot)) AS more,
             false AS stale,
             -- Full: re-signal (delivered at commit), as the claim over several lanes does.
-            CASE WHEN l.n >= $12 THEN pg_notify($8, '') END IS NULL AS resignalled
+            CASE WHEN l.n >= ${p('limit')} THEN pg_notify(${p('wakeChannel')}, '') END IS NULL AS resignalled
        FROM leased l CROSS JOIN locked k${
          w
-           ? `
+           ? sql`
      UNION ALL
      -- The ring moved on since the window was read: nothing was locked or leased.
      SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false, true, NULL
-       FROM ${s}.ring_state rs WHERE rs.generation <> $13::bigint`
+       FROM ${s}.ring_state rs WHERE rs.generation <> ${p('generation')}::bigint`
            : ''
        }`,
-    values: [
-      p.laneIds,
-      // The lane is read for at most its share (the only lane: all of the limit, unless told less).
-      Math.min(p.limit, p.perLane ?? p.limit),
-      ...claimTermValues(p),
-      p.queues ?? null,
-      p.limit,
-      ...(w ? [w.generation] : []),
-    ],
-  });
-  if (w && res.rows.some((r) => r.stale)) return { tasks: [], more: false, stale: true };
-  const row = res.rows[0];
-  if (!row) return { tasks: [], more: false, stale: false };
-  return { tasks: tasksOf([row], p), more: row.more, stale: false };
+    statementName(`berth-claim-one-lane:${name}${windowKey(w)}`),
+  );
 }

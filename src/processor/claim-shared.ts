@@ -1,4 +1,5 @@
-import type { SchemaRef } from '../sql.js';
+import { p, sql } from '../statement.js';
+import type { Storage } from '../storage/storage.js';
 import type { LeaseRef } from '../storage/lease.js';
 import type { RingWindow } from '../storage/ring-window.js';
 
@@ -9,7 +10,8 @@ import type { RingWindow } from '../storage/ring-window.js';
  */
 
 export interface ClaimParams {
-  schema: SchemaRef;
+  /** The schema's storage (storage/storage.ts): its statements are compiled there once. */
+  storage: Storage;
   /** Candidate lanes, best first. */
   laneIds: readonly number[];
   /** How many entries to lease at most (the number of idle slots). */
@@ -57,24 +59,44 @@ export interface ClaimBatch {
   stale: boolean;
 }
 
+/** The parameters both claim statements bind for the worker's per-type terms (TYPE_TERMS). */
+export type TermParams =
+  | 'types'
+  | 'typeCeilings'
+  | 'typeMaxAttempts'
+  | 'defaultCeilingMs'
+  | 'defaultMaxAttempts'
+  | 'marginMs'
+  | 'workerId';
+
 /**
- * Parameters $3 to $10 of both claim statements: the types the worker has a ceiling or attempt
- * limit for, each once, with those (null: the default), the defaults, the margin, the worker's
- * id and the wake channel.
+ * The values of TermParams: the types the worker has a ceiling or attempt limit for, with
+ * both per type (null: the default), and the defaults.
  */
-export function claimTermValues(p: ClaimParams): unknown[] {
-  const types = [...new Set([...p.ceilings.keys(), ...p.maxAttempts.keys()])];
-  return [
+export function claimTermArgs(c: ClaimParams): { [K in TermParams]: unknown } {
+  const types = [...new Set([...c.ceilings.keys(), ...c.maxAttempts.keys()])];
+  return {
     types,
-    types.map((t) => p.ceilings.get(t) ?? null),
-    p.defaultCeilingMs,
-    p.marginMs,
-    p.workerId,
-    p.wakeChannel,
-    p.defaultMaxAttempts,
-    types.map((t) => p.maxAttempts.get(t) ?? null),
-  ];
+    typeCeilings: types.map((t) => c.ceilings.get(t) ?? null),
+    typeMaxAttempts: types.map((t) => c.maxAttempts.get(t) ?? null),
+    defaultCeilingMs: c.defaultCeilingMs,
+    defaultMaxAttempts: c.defaultMaxAttempts,
+    marginMs: c.marginMs,
+    workerId: c.workerId,
+  };
 }
+
+/**
+ * A claim's per-type terms, for rows `x` with a `type`: joined to `t` (the worker's own terms
+ * for that type, if any), the lease deadline `expires_at` from the database clock (ceiling plus
+ * margin) and the attempt limit `max_attempts` (the task's own is read from its entry).
+ */
+export const TYPE_TERMS = {
+  join: sql`LEFT JOIN unnest(${p('types')}::text[], ${p('typeCeilings')}::float8[], ${p('typeMaxAttempts')}::integer[])
+           AS t(type, ceiling_ms, max_attempts)`,
+  expiresAt: sql`now() + make_interval(secs => (coalesce(t.ceiling_ms, ${p('defaultCeilingMs')}) + ${p('marginMs')}) / 1000.0)`,
+  maxAttempts: sql`coalesce(t.max_attempts, ${p('defaultMaxAttempts')})`,
+};
 
 export interface ClaimedTask extends LeaseRef {
   id: string;
@@ -209,7 +231,7 @@ function leaseTasks(r: LeaseRow, terms: TypeTerms, placed: Placed[] | null): Cla
     const t = row[2] - 1;
     const own = row.length > 6 ? row[6] : null;
     const task: ClaimedTask = {
-      slot: r.slot,
+      segment: r.slot,
       laneId: r.lane_id,
       laneSeq: row[0],
       leaseFrom: r.lease_from,

@@ -1,4 +1,6 @@
-import { bindSchema, type Queryable, type SchemaRef, statementName } from '../sql.js';
+import { type Queryable, type Schema, statementName } from '../sql.js';
+import { type Args, compile, p, sql } from '../statement.js';
+import type { Storage } from '../storage/storage.js';
 import { claimableEntries } from '../storage/predicates.js';
 import { type RingWindow, segmentFilter, windowKey } from '../storage/ring-window.js';
 import { claimOneLane } from './claim-one-lane.js';
@@ -6,7 +8,9 @@ import {
   type ClaimBatch,
   type ClaimedTask,
   type ClaimParams,
-  claimTermValues,
+  claimTermArgs,
+  type TermParams,
+  TYPE_TERMS,
   type LeaseRow,
   NOW_MS_SQL,
   taskJsonSql,
@@ -32,7 +36,7 @@ export interface Candidate {
  */
 export async function discover(
   read: Queryable,
-  schema: SchemaRef,
+  storage: Storage,
   queues: readonly string[] | null,
   limit = 20,
   /** At most this many entries per lane (default: `limit`). The worker asks for 1: it only
@@ -46,20 +50,10 @@ export async function discover(
    */
   window?: RingWindow,
 ): Promise<Candidate[]> {
-  const { name, q: s } = bindSchema(schema);
-  const res = await read.query<{ lane_id: number; lane_seq: string; id: string }>({
-    name: statementName(`berth-discover:${name}${windowKey(window)}`),
-    text: `SELECT r.lane_id, r.lane_seq::text AS lane_seq, r.id::text AS id
-       FROM ${s}.lanes l
-       CROSS JOIN LATERAL (
-         SELECT r.lane_id, r.lane_seq, r.id, r.priority, r.run_at
-           FROM ${claimableEntries(s, 'l', ['lane_id', 'lane_seq', 'id', 'priority', 'run_at'], '$3', window?.segments, 'r.run_at <= now()')} r) r
-      WHERE ($1::text[] IS NULL OR l.queue = ANY ($1::text[]))
-        AND NOT l.paused
-      ORDER BY r.priority, r.run_at, r.lane_id, r.lane_seq
-      LIMIT $2`,
-    values: [queues, limit, perLane ?? limit],
-  });
+  const statement = storage.statement(`discover${windowKey(window)}`, (schema) => discoverStatement(schema, window));
+  const res = await read.query<{ lane_id: number; lane_seq: string; id: string }>(
+    statement.query({ queues, limit, perLane: perLane ?? limit }),
+  );
   return res.rows.map((r) => ({ laneId: r.lane_id, laneSeq: r.lane_seq, id: r.id }));
 }
 
@@ -69,6 +63,21 @@ export async function discover(
  * lanes, so the others found nothing (an empty claim is two round trips) and each batch shrank;
  * with a share per claimer, concurrent workers spread over the lanes instead.
  */
+function discoverStatement({ name, q: s }: Schema, window: RingWindow | undefined) {
+  return compile(
+    sql`SELECT r.lane_id, r.lane_seq::text AS lane_seq, r.id::text AS id
+       FROM ${s}.lanes l
+       CROSS JOIN LATERAL (
+         SELECT r.lane_id, r.lane_seq, r.id, r.priority, r.run_at
+           FROM ${claimableEntries(s, 'l', ['lane_id', 'lane_seq', 'id', 'priority', 'run_at'], sql`${p('perLane')}`, window?.segments, 'r.run_at <= now()')} r) r
+      WHERE (${p('queues')}::text[] IS NULL OR l.queue = ANY (${p('queues')}::text[]))
+        AND NOT l.paused
+      ORDER BY r.priority, r.run_at, r.lane_id, r.lane_seq
+      LIMIT ${p('limit')}`,
+    statementName(`berth-discover:${name}${windowKey(window)}`),
+  );
+}
+
 export const LANE_SHARE = 16;
 
 /**
@@ -134,21 +143,47 @@ export function lanesToLock(p: Pick<ClaimParams, 'laneIds' | 'maxLanes'>): numbe
 }
 
 /** The claim over several lanes (the statement the comment on claim() describes). */
-export async function claimLanes(write: Queryable, p: ClaimParams): Promise<ClaimBatch> {
-  if (p.limit <= 0 || p.laneIds.length === 0) return { tasks: [], more: false, stale: false };
-  const { name, q: s } = bindSchema(p.schema);
-  const w = p.window;
+export async function claimLanes(write: Queryable, c: ClaimParams): Promise<ClaimBatch> {
+  if (c.limit <= 0 || c.laneIds.length === 0) return { tasks: [], more: false, stale: false };
+  const w = c.window;
+  const statement = c.storage.statement(`claim${windowKey(w)}`, (schema) => claimLanesStatement(schema, w));
+  const res = await write.query<LeaseRow>(
+    statement.query({
+      laneIds: c.laneIds,
+      limit: c.limit,
+      ...claimTermArgs(c),
+      wakeChannel: c.wakeChannel,
+      queues: c.queues ?? null,
+      maxLanes: lanesToLock(c),
+      perLane: c.perLane ?? null,
+      ...(w ? { generation: w.generation } : {}),
+    } as Args<ClaimLanesParams>),
+  );
+  if (w && res.rows.some((r) => r.stale)) return { tasks: [], more: false, stale: true };
+  return { tasks: tasksOf(res.rows, c), more: res.rows[0]?.more ?? false, stale: false };
+}
+
+type ClaimLanesParams =
+  | TermParams
+  | 'laneIds'
+  | 'limit'
+  | 'wakeChannel'
+  | 'queues'
+  | 'maxLanes'
+  | 'perLane'
+  | 'generation';
+
+function claimLanesStatement({ name, q: s }: Schema, w: RingWindow | undefined) {
   // The window's generation, checked in the claim's own snapshot (storage/ring-window.ts).
-  const current = w ? `AND (SELECT rs.generation FROM ${s}.ring_state rs) = $14::bigint` : '';
-  const res = await write.query<LeaseRow>({
-    name: statementName(`berth-claim:${name}${windowKey(w)}`),
-    text: `WITH locked AS MATERIALIZED (
+  const current = w ? sql`AND (SELECT rs.generation FROM ${s}.ring_state rs) = ${p('generation')}::bigint` : '';
+  return compile(
+    sql`WITH locked AS MATERIALIZED (
        SELECT l.lane_id, l.version, l.queue, l.priority, l.shard FROM ${s}.lanes l
-        WHERE l.lane_id = ANY ($1::integer[])
-          AND ($11::text[] IS NULL OR l.queue = ANY ($11::text[]))
+        WHERE l.lane_id = ANY (${p('laneIds')}::integer[])
+          AND (${p('queues')}::text[] IS NULL OR l.queue = ANY (${p('queues')}::text[]))
           AND NOT l.paused ${current}
-        ORDER BY array_position($1::integer[], l.lane_id)
-        LIMIT $12
+        ORDER BY array_position(${p('laneIds')}::integer[], l.lane_id)
+        LIMIT ${p('maxLanes')}
         FOR UPDATE SKIP LOCKED
      ), current AS MATERIALIZED (
        SELECT k.* FROM locked k
@@ -173,7 +208,7 @@ export async function claimLanes(write: Queryable, p: ClaimParams): Promise<Clai
                   bool_and(r.run_at <= now()) OVER w AS due_so_far,
                   min(r.slot) OVER w AS lane_slot_lo,
                   max(r.slot) OVER w AS lane_slot_hi
-             FROM ${claimableEntries(s, 'k', ['slot', 'lane_seq', 'run_at', 'type'], 'least($2, coalesce($13::integer, $2))', w?.segments)} r
+             FROM ${claimableEntries(s, 'k', ['slot', 'lane_seq', 'run_at', 'type'], sql`least(${p('limit')}, coalesce(${p('perLane')}::integer, ${p('limit')}))`, w?.segments)} r
            WINDOW w AS (ORDER BY r.lane_seq ROWS UNBOUNDED PRECEDING)) r
      ), chosen AS (
        -- The round-robin prefix of every lane, by priority. Sorted only when the lanes gave more
@@ -181,17 +216,17 @@ export async function claimLanes(write: Queryable, p: ClaimParams): Promise<Clai
        -- one-time filters run one branch.
        SELECT p.lane_id, p.slot, p.lane_seq, p.type FROM picked p
         WHERE p.due_so_far AND p.in_lane_slot
-          AND (SELECT count(*) FROM picked x WHERE x.due_so_far AND x.in_lane_slot) <= $2
+          AND (SELECT count(*) FROM picked x WHERE x.due_so_far AND x.in_lane_slot) <= ${p('limit')}
        UNION ALL
        (SELECT p.lane_id, p.slot, p.lane_seq, p.type FROM picked p
          WHERE p.due_so_far AND p.in_lane_slot
-           AND (SELECT count(*) FROM picked x WHERE x.due_so_far AND x.in_lane_slot) > $2
-         ORDER BY p.priority, p.rank_in_lane, p.run_at, p.lane_id LIMIT $2)
+           AND (SELECT count(*) FROM picked x WHERE x.due_so_far AND x.in_lane_slot) > ${p('limit')}
+         ORDER BY p.priority, p.rank_in_lane, p.run_at, p.lane_id LIMIT ${p('limit')})
      ), more AS (
        -- Whether a lane may hold due entries this claim left: it gave its whole share (its entry
        -- ranked at the share is in the prefix), or its due prefix ran into a later ring segment.
        -- The worker then claims again at once instead of taking a short claim for a drained lane.
-       SELECT coalesce(bool_or(p.due_so_far AND (p.rank_in_lane >= least($2, coalesce($13::integer, $2))
+       SELECT coalesce(bool_or(p.due_so_far AND (p.rank_in_lane >= least(${p('limit')}, coalesce(${p('perLane')}::integer, ${p('limit')}))
                                                  OR NOT p.in_lane_slot)), false) AS more
          FROM picked p
      ), leases AS (
@@ -204,23 +239,23 @@ export async function claimLanes(write: Queryable, p: ClaimParams): Promise<Clai
               array_agg(c.max_attempts) AS type_max_attempts, min(c.expires_at) AS expires_at
          FROM (SELECT ch.lane_id, ch.type, min(ch.slot) AS slot, min(ch.lane_seq) AS from_seq,
                       max(ch.lane_seq) AS to_seq, count(*) AS n,
-                      now() + make_interval(secs => (coalesce(t.ceiling_ms, $5) + $6) / 1000.0) AS expires_at,
-                      coalesce(t.max_attempts, $9) AS max_attempts
+                      ${TYPE_TERMS.expiresAt} AS expires_at,
+                      ${TYPE_TERMS.maxAttempts} AS max_attempts
                  FROM chosen ch
-                 LEFT JOIN unnest($3::text[], $4::float8[], $10::integer[]) AS t(type, ceiling_ms, max_attempts)
+                 ${TYPE_TERMS.join}
                    ON t.type = ch.type
                 GROUP BY ch.lane_id, ch.type, t.ceiling_ms, t.max_attempts) c
         GROUP BY c.lane_id
      ), leased AS (
        INSERT INTO ${s}.range_leases (slot, lane_id, from_seq, to_seq, n, token, claimed_at, worker,
                                       types, type_expires, type_max_attempts, expires_at)
-       SELECT c.slot, c.lane_id, c.from_seq, c.to_seq, c.n, gen_random_uuid(), now(), $7,
+       SELECT c.slot, c.lane_id, c.from_seq, c.to_seq, c.n, gen_random_uuid(), now(), ${p('workerId')},
               c.types, c.type_expires, c.type_max_attempts, c.expires_at
          FROM leases c
        ON CONFLICT DO NOTHING
        RETURNING slot, lane_id, from_seq, to_seq, n, token, types
      ), resignal AS (
-       SELECT pg_notify($8, '') WHERE (SELECT coalesce(sum(n), 0) FROM leased) >= $2
+       SELECT pg_notify(${p('wakeChannel')}, '') WHERE (SELECT coalesce(sum(n), 0) FROM leased) >= ${p('limit')}
      ), async_commit AS (
        -- This statement's transaction commits without waiting for the WAL flush (ASYNC_COMMIT
        -- in the comment on claim()).
@@ -247,24 +282,14 @@ export async function claimLanes(write: Queryable, p: ClaimParams): Promise<Clai
        FROM leased l JOIN current k ON k.lane_id = l.lane_id
       WHERE (SELECT count(*) FROM resignal) >= 0 AND (SELECT count(*) FROM async_commit) = 1${
         w
-          ? `
+          ? sql`
      UNION ALL
      -- The ring moved on since the window was read: nothing was locked or leased (locked's
      -- generation check); one row says so.
      SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false, true
-       FROM ${s}.ring_state rs WHERE rs.generation <> $14::bigint`
+       FROM ${s}.ring_state rs WHERE rs.generation <> ${p('generation')}::bigint`
           : ''
       }`,
-    values: [
-      p.laneIds,
-      p.limit,
-      ...claimTermValues(p),
-      p.queues ?? null,
-      lanesToLock(p),
-      p.perLane ?? null,
-      ...(w ? [w.generation] : []),
-    ],
-  });
-  if (w && res.rows.some((r) => r.stale)) return { tasks: [], more: false, stale: true };
-  return { tasks: tasksOf(res.rows, p), more: res.rows[0]?.more ?? false, stale: false };
+    statementName(`berth-claim:${name}${windowKey(w)}`),
+  );
 }

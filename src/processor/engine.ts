@@ -1,3 +1,4 @@
+import { storageFor, type Storage } from '../storage/storage.js';
 import { CancelAbort, ShutdownAbort } from '../errors.js';
 import { laneLabel } from '../lane.js';
 import { childLogger, type Logger } from '../logger.js';
@@ -218,16 +219,19 @@ export class Engine {
   /** Aborted when the database is seen back (LISTEN reconnected) or on stop(): ends the fetch loop's error backoff early. */
   private retryNow = new AbortController();
   private readonly notifyThrottle = new NotifyThrottle();
+  /** The schema's storage, bound once (storage/storage.ts). */
+  private readonly storage: Storage;
   /** The last fetch's size and whether it got all it asked for (see wanted()). */
   private lastClaimed = 0;
   private lastClaimFull = false;
 
   constructor(private readonly deps: EngineDeps) {
     this.o = deps.options;
+    this.storage = storageFor(this.o.schema);
     this.typeMetrics = new TypeMetrics(deps.metrics);
     this.runDeps = {
       write: deps.write,
-      schema: this.o.schema,
+      storage: this.storage,
       workerId: this.o.workerId,
       deadlines: this.deadlines,
       observeHandler: (task, seconds) => this.typeMetrics.for(task.type).handlerSeconds.observe(seconds),
@@ -235,7 +239,7 @@ export class Engine {
     };
     this.settleDeps = {
       write: deps.write,
-      schema: this.o.schema,
+      storage: this.storage,
       batcher: deps.batcher,
       record: (task, outcome) => {
         this.typeMetrics.for(task.type).outcome(outcome).inc();
@@ -249,7 +253,7 @@ export class Engine {
       read: deps.read,
       metrics: deps.metrics,
       typeMetrics: this.typeMetrics,
-      schema: this.o.schema,
+      storage: this.storage,
       tasks: this.o.tasks,
       defaultCeilingMs: this.o.defaultCeilingMs,
       marginMs: this.o.leaseMarginMs,
@@ -261,7 +265,7 @@ export class Engine {
     this.rate = new PrefetchRate(this.o.prefetch);
     this.stuckGuard = new StuckGuard(
       deps.write,
-      this.o.schema,
+      this.storage,
       deps.metrics,
       deps.logger,
       {
@@ -374,7 +378,7 @@ export class Engine {
       this.lastCancelProbeAt = Date.now();
       try {
         const tasks = [...named.values()].map((n) => n.task);
-        for (const key of await cancelledAmong(this.deps.write, this.o.schema, tasks)) this.cancelled(key);
+        for (const key of await cancelledAmong(this.deps.write, this.storage, tasks)) this.cancelled(key);
       } catch (err) {
         this.deps.logger.warn({ err: (err as Error).message }, 'confirming a cancel notice failed; retrying');
         // Asked again (a few times, while this worker still holds the lease), else left to the poll.
@@ -415,7 +419,7 @@ export class Engine {
     this.checkingCancels = true;
     try {
       const running = [...this.inflight.values()].filter((f) => f.abort.reason === undefined).map((f) => f.task);
-      for (const key of await cancelledAmong(this.deps.write, this.o.schema, running)) this.cancelled(key);
+      for (const key of await cancelledAmong(this.deps.write, this.storage, running)) this.cancelled(key);
     } catch (err) {
       this.deps.logger.warn({ err: (err as Error).message }, 'checking running tasks for cancels failed');
     } finally {
@@ -696,7 +700,7 @@ export class Engine {
     const unstarted = this.buffer.takeAll();
     for (const t of unstarted) {
       this.executing++;
-      const done = returnUnstarted(write, this.o.schema, t).then(
+      const done = returnUnstarted(write, this.storage, t).then(
         (r) => {
           if (!r.wrote)
             logger.warn(

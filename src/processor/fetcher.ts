@@ -1,3 +1,4 @@
+import type { Storage } from '../storage/storage.js';
 import type { BerthMetrics } from '../metrics.js';
 import type { Queryable } from '../sql.js';
 import { readRingWindow, type RingWindow } from '../storage/ring-window.js';
@@ -12,7 +13,7 @@ export interface FetcherDeps {
   metrics: BerthMetrics;
   /** The per-type instruments (the task wait histogram), bound once per type. */
   typeMetrics: TypeMetrics;
-  schema: string;
+  storage: Storage;
   tasks: TaskRegistry;
   defaultCeilingMs: number;
   marginMs: number;
@@ -94,13 +95,13 @@ export class Fetcher {
    */
   async prepare(): Promise<void> {
     const d = this.deps;
-    const window = await readRingWindow(d.write, d.schema);
-    await discover(d.read, d.schema, d.queues, DISCOVERY_LANES, 1, window);
+    const window = await readRingWindow(d.write, d.storage);
+    await discover(d.read, d.storage, d.queues, DISCOVERY_LANES, 1, window);
   }
 
   /** The ring window, read when there is none. */
   private async currentWindow(): Promise<RingWindow> {
-    this.window ??= await readRingWindow(this.deps.write, this.deps.schema);
+    this.window ??= await readRingWindow(this.deps.write, this.deps.storage);
     return this.window;
   }
 
@@ -133,7 +134,7 @@ export class Fetcher {
     const d = this.deps;
     const started = performance.now();
     const params = {
-      schema: d.schema,
+      storage: d.storage,
       ceilings: d.tasks.ceilings,
       maxAttempts: d.tasks.maxAttempts,
       defaultMaxAttempts: d.tasks.defaultMaxAttempts,
@@ -163,7 +164,7 @@ export class Fetcher {
     if (got.length === 0 && this.discoveryOwed) {
       // Cleared before the read: a bare wake arriving meanwhile owes the next fetch another.
       this.discoveryOwed = false;
-      const candidates = await discover(d.read, d.schema, d.queues, DISCOVERY_LANES, 1, await this.currentWindow());
+      const candidates = await discover(d.read, d.storage, d.queues, DISCOVERY_LANES, 1, await this.currentWindow());
       const lanes = [...new Set(candidates.map((c) => c.laneId))];
       if (lanes.length > 0) {
         // Every worker's discovery returns the same lanes, so each locks only its share of them

@@ -1,5 +1,6 @@
+import type { Storage } from '../storage/storage.js';
 import { hostname } from 'node:os';
-import { bindSchema, type Queryable, type Schema, type SchemaRef } from '../sql.js';
+import type { Queryable } from '../sql.js';
 import type { Logger } from '../logger.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 
@@ -86,18 +87,18 @@ export class Heartbeat {
   private timer: NodeJS.Timeout | null = null;
   private inFlight: Promise<void> | null = null;
 
-  private readonly schema: Schema;
+  private readonly storage: Storage;
 
   constructor(
     private readonly db: Queryable,
-    schema: SchemaRef,
+    storage: Storage,
     private readonly source: HeartbeatSource,
     private readonly logger: Logger,
     private readonly intervalMs = DEFAULT_HEARTBEAT_MS,
     /** The outcome counts it flushes (the worker's engine records into it). */
     readonly tally = new OutcomeTally(),
   ) {
-    this.schema = bindSchema(schema);
+    this.storage = storage;
   }
 
   start(): void {
@@ -122,14 +123,14 @@ export class Heartbeat {
     await this.inFlight;
     await this.write();
     try {
-      await this.db.query(`DELETE FROM ${this.schema.q}.workers WHERE worker_id = $1`, [this.source.workerId]);
+      await this.db.query(`DELETE FROM ${this.storage.schema.q}.workers WHERE worker_id = $1`, [this.source.workerId]);
     } catch (err) {
       this.logger.warn({ err: (err as Error).message }, 'could not remove the worker heartbeat row');
     }
   }
 
   private async write(): Promise<void> {
-    const s = this.schema.q;
+    const s = this.storage.schema.q;
     const src = this.source;
     const rows = this.tally.take();
     try {

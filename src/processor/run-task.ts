@@ -1,3 +1,4 @@
+import type { Storage } from '../storage/storage.js';
 import { CancelAbort, DeadlineAbort, isPermanentError, ShutdownAbort } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { Queryable } from '../sql.js';
@@ -14,7 +15,7 @@ import { errorDetail, errorMessage } from '../util/error-detail.js';
 /** What running one task needs from the engine (one value, built once). */
 export interface RunDeps {
   write: Queryable;
-  schema: string;
+  storage: Storage;
   workerId: string;
   /** Aborts a running handler at its deadline. */
   deadlines: DeadlineTimer;
@@ -116,16 +117,16 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     lane: { queue: task.queue, priority: task.priority, shard: task.shard },
     deadline: new Date(deadline),
     logger: log,
-    schema: deps.schema,
+    schema: deps.storage.schema.name,
     token: task.token,
     advanceCursor: async (next: unknown) => {
-      const ok = await advanceCursor(deps.write, deps.schema, task, next);
+      const ok = await advanceCursor(deps.write, deps.storage, task, next);
       if (ok) advanced = true;
       else log.warn('AdvanceCursor refused: lease no longer held');
       return ok;
     },
     dequeue: async (executor: Queryable) => {
-      await dequeue(executor, deps.schema, task.id, task.token);
+      await dequeue(executor, deps.storage, task.id, task.token);
       dequeued = true;
     },
     [RUN_ABORT]: abort,

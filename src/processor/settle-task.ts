@@ -1,3 +1,4 @@
+import type { Storage } from '../storage/storage.js';
 import type { Logger } from '../logger.js';
 import type { Outcome } from '../metrics.js';
 import type { Queryable } from '../sql.js';
@@ -10,7 +11,7 @@ import { snoozeLease } from '../storage/snooze.js';
 
 export interface SettleDeps {
   write: Queryable;
-  schema: string;
+  storage: Storage;
   batcher: SettlementBatcher;
   /** Counts an outcome (metrics and the heartbeat's tally). */
   record: (task: ClaimedTask, outcome: Outcome) => void;
@@ -101,10 +102,10 @@ const NOTHING_WRITTEN: SettleAnswer = LOST_TO_CANCEL;
  */
 async function afterRefusal(deps: SettleDeps, task: ClaimedTask, log: Logger): Promise<'cancelled' | 'lost'> {
   try {
-    const r = await refusalOf(deps.write, deps.schema, task);
+    const r = await refusalOf(deps.write, deps.storage, task);
     if (r.outcome === 'cancelled') return 'cancelled';
     if (!r.leaseExists) {
-      const counted = await countLostClaim(deps.write, deps.schema, task, deps.workerId);
+      const counted = await countLostClaim(deps.write, deps.storage, task, deps.workerId);
       log.warn(
         { lost_claim: counted },
         'the lease of this run was lost in a database crash (its claim had not reached disk): the task may have run again elsewhere; its attempt is counted unless another claim took it first',
@@ -123,7 +124,7 @@ async function snoozeIt(
   log: Logger,
 ): Promise<SettleAnswer> {
   try {
-    const r = await snoozeLease(deps.write, deps.schema, task, action.delayMs, action.maxSnoozes, action.finalError);
+    const r = await snoozeLease(deps.write, deps.storage, task, action.delayMs, action.maxSnoozes, action.finalError);
     if (r.wrote) {
       log.info(
         { snooze_ms: action.delayMs, snoozes: r.snoozes, refunded: r.refunded, dead: r.dead },
@@ -151,7 +152,7 @@ async function release(
   log: Logger,
 ): Promise<SettleAnswer> {
   try {
-    const r = await releaseLease(deps.write, deps.schema, task, finalError, history);
+    const r = await releaseLease(deps.write, deps.storage, task, finalError, history);
     return r.wrote ? { kind: 'written', dead: r.dead } : { kind: 'refused' };
   } catch (err) {
     // Expiry still gets there: the lease lapses and rescue hands the task on.
@@ -166,7 +167,7 @@ async function handBack(
   away: { delayMs: number; note: string } | undefined,
 ): Promise<SettleAnswer> {
   try {
-    const r = await returnUnstarted(deps.write, deps.schema, task, away);
+    const r = await returnUnstarted(deps.write, deps.storage, task, away);
     return r.wrote ? { kind: 'written', dead: false } : { kind: 'refused' };
   } catch (err) {
     return { kind: 'unwritten', error: (err as Error).message };

@@ -1,7 +1,8 @@
+import type { Storage } from '../storage/storage.js';
 import { isConnectionError } from '../db/connections.js';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
-import { bindSchema, type Queryable, type Schema, type SchemaRef } from '../sql.js';
+import type { Queryable } from '../sql.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
 import { type CompletableRef, completeLeases } from '../storage/complete.js';
 import { recordFailures, type FailureInput } from '../storage/fail.js';
@@ -66,15 +67,15 @@ export class SettlementBatcher {
   private giveUpAt = Infinity;
   private readonly stopRetrying = new AbortController();
 
-  private readonly schema: Schema;
+  private readonly storage: Storage;
 
   constructor(
     private readonly db: Queryable,
-    schema: SchemaRef,
+    storage: Storage,
     private readonly metrics: BerthMetrics,
     private readonly logger: Logger,
   ) {
-    this.schema = bindSchema(schema);
+    this.storage = storage;
   }
 
   /** `runMs`: the handler's run time, for attempt history. */
@@ -137,12 +138,12 @@ export class SettlementBatcher {
     const refs = batch.map((b) => b.ref);
     const runMs = batch.map((b) => b.runMs);
     const r = await this.withRetry('complete', refs, async (retry) => {
-      const settled = await completeLeases(this.db, this.schema, refs, runMs);
+      const settled = await completeLeases(this.db, this.storage, refs, runMs);
       if (retry)
         for (const k of (
           await settledWith(
             this.db,
-            this.schema,
+            this.storage,
             refs.filter((x) => !settled.has(leaseKey(x))),
             'completed',
           )
@@ -165,10 +166,10 @@ export class SettlementBatcher {
       'fail',
       inputs.map((i) => i.ref),
       async (retry) => {
-        const recorded = await recordFailures(this.db, this.schema, inputs);
+        const recorded = await recordFailures(this.db, this.storage, inputs);
         if (retry) {
           const missing = inputs.map((i) => i.ref).filter((x) => !recorded.has(leaseKey(x)));
-          for (const [k, v] of await settledWith(this.db, this.schema, missing, 'failed'))
+          for (const [k, v] of await settledWith(this.db, this.storage, missing, 'failed'))
             recorded.set(k, v.dead ? 'dead' : 'retry');
         }
         return recorded;

@@ -1,7 +1,8 @@
+import type { Storage } from '../storage/storage.js';
 import { laneLabel } from '../lane.js';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
-import { bindSchema, type Queryable, type Schema, type SchemaRef } from '../sql.js';
+import type { Queryable } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
 import { STALE_HEARTBEATS } from '../storage/live-workers.js';
 import { clearOverdueLease, protectOverdueLease, refreshOverdueLeases } from '../storage/overdue.js';
@@ -71,18 +72,18 @@ export class StuckGuard {
   private tripped = false;
   private stopped = false;
 
-  private readonly schema: Schema;
+  private readonly storage: Storage;
 
   constructor(
     private readonly db: Queryable,
-    schema: SchemaRef,
+    storage: Storage,
     private readonly metrics: BerthMetrics,
     private readonly logger: Logger,
     private readonly opts: StuckGuardOptions,
     private readonly running: RunningHandlers,
     private readonly onTooManyStuck: (stuck: ClaimedTask[]) => void,
   ) {
-    this.schema = bindSchema(schema);
+    this.storage = storage;
     this.protectAfterMs = Math.min(opts.graceMs, opts.marginMs / 2);
     // A late scan delays protection by at most half the delay: it still lands by deadline +
     // 0.75 × margin, inside the lease.
@@ -156,7 +157,7 @@ export class StuckGuard {
         try {
           return await protectOverdueLease(
             this.db,
-            this.schema,
+            this.storage,
             w.task,
             this.opts.workerId,
             w.stuckAt - Date.now(),
@@ -233,7 +234,7 @@ export class StuckGuard {
     if (!written) return;
     // After the settlement, never before: deleting first would let rescue take a lease whose
     // handler has returned but whose result is not written yet.
-    await clearOverdueLease(this.db, this.schema, w.task).catch((err: Error) =>
+    await clearOverdueLease(this.db, this.storage, w.task).catch((err: Error) =>
       this.logger.warn(
         { ...this.fields(w), err: err.message },
         'could not remove an overdue lease row; it goes stale and rescue removes it',
@@ -251,7 +252,7 @@ export class StuckGuard {
     // Returned but not yet settled counts too: the lease is still this process's to settle.
     const refs = [...this.watched.values()].filter((w) => w.protectedRow).map((w) => w.task);
     try {
-      await refreshOverdueLeases(this.db, this.schema, this.opts.workerId, refs);
+      await refreshOverdueLeases(this.db, this.storage, this.opts.workerId, refs);
     } catch (err) {
       // The row stays fresh for STALE_HEARTBEATS intervals: one missed refresh loses nothing.
       this.logger.warn(

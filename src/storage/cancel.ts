@@ -1,6 +1,8 @@
 import { BerthInputError } from '../errors.js';
 import { checkText, MAX_ACTOR_CHARS } from '../limits.js';
-import { bindSchema, READ_COMMITTED_REQUIRED, type Queryable, type SchemaRef, statementName } from '../sql.js';
+import { READ_COMMITTED_REQUIRED, type Queryable, statementName } from '../sql.js';
+import { positional } from '../statement.js';
+import type { Storage } from './storage.js';
 import { leaseKey, type LeaseRef } from './lease.js';
 
 /**
@@ -27,15 +29,17 @@ export const CANCEL_NOTICE_PREFIX = 'cancel:';
  */
 export async function cancelTasks(
   executor: Queryable,
-  schema: SchemaRef,
+  storage: Storage,
   ids: readonly string[],
   actor: string | null,
 ): Promise<Map<string, CancelResult>> {
   if (actor !== null) checkText(actor, 'actor', 'cancel', { maxChars: MAX_ACTOR_CHARS });
-  const { q: s } = bindSchema(schema);
   const res = await executor.query<{ id: string; result: CancelResult | 'isolation' }>(
-    `SELECT c.id::text AS id, c.result FROM ${s}.cancel_tasks($1::bigint[], $2) c`,
-    [ids, actor],
+    storage
+      .statement('cancel', ({ q: s }) =>
+        positional(`SELECT c.id::text AS id, c.result FROM ${s}.cancel_tasks($1::bigint[], $2) c`, ['ids', 'actor']),
+      )
+      .query({ ids, actor }),
   );
   const out = new Map<string, CancelResult>();
   for (const r of res.rows) {
@@ -50,27 +54,27 @@ export async function cancelTasks(
  * handlers) an operator cancelled. One statement per check, one index probe of
  * `range_settlements` per lease; run by a worker only while it has handlers running.
  */
-export async function cancelledAmong(
-  db: Queryable,
-  schema: SchemaRef,
-  refs: readonly LeaseRef[],
-): Promise<Set<string>> {
+export async function cancelledAmong(db: Queryable, storage: Storage, refs: readonly LeaseRef[]): Promise<Set<string>> {
   if (refs.length === 0) return new Set();
-  const { name, q: s } = bindSchema(schema);
-  const res = await db.query<{ lane_id: number; lane_seq: string }>({
-    name: statementName(`berth-cancelled:${name}`),
-    text: `SELECT u.lane_id, u.lane_seq::text AS lane_seq
+  const statement = storage.statement('cancelled', ({ name, q: s }) =>
+    positional(
+      `SELECT u.lane_id, u.lane_seq::text AS lane_seq
        FROM unnest($1::smallint[], $2::integer[], $3::bigint[], $4::bigint[]) AS u(slot, lane_id, lease_from, lane_seq)
       WHERE EXISTS (SELECT 1 FROM ${s}.range_settlements x
                      WHERE x.lane_id = u.lane_id AND x.lease_from = u.lease_from AND x.slot = u.slot
                        AND x.seqs @> u.lane_seq AND x.outcome = 'cancelled')`,
-    values: [
-      refs.map((r) => r.slot),
-      refs.map((r) => r.laneId),
-      refs.map((r) => r.leaseFrom),
-      refs.map((r) => r.laneSeq),
-    ],
-  });
+      ['segments', 'laneIds', 'leaseFroms', 'laneSeqs'],
+      statementName(`berth-cancelled:${name}`),
+    ),
+  );
+  const res = await db.query<{ lane_id: number; lane_seq: string }>(
+    statement.query({
+      segments: refs.map((r) => r.segment),
+      laneIds: refs.map((r) => r.laneId),
+      leaseFroms: refs.map((r) => r.leaseFrom),
+      laneSeqs: refs.map((r) => r.laneSeq),
+    }),
+  );
   return new Set(res.rows.map((r) => leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq })));
 }
 

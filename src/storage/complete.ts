@@ -1,8 +1,10 @@
 import { LeaseLostError } from '../errors.js';
-import { bindSchema, quoteIdent, type Queryable, type Schema, type SchemaRef, statementName } from '../sql.js';
+import { quoteIdent, type Queryable, type Schema, statementName } from '../sql.js';
+import { compile, p, type Sql, sql } from '../statement.js';
 import { completionHistory, perTaskHistory, runMsValue } from './history.js';
 import { leaseKey, type LeaseRef, seqsToMultirange } from './lease.js';
 import { removeUnleased } from './remove.js';
+import type { Storage } from './storage.js';
 
 /**
  * Completion: the settlement that ends a task. Like every write about a leased task it is
@@ -39,30 +41,29 @@ export type CompletableRef = LeaseRef & {
  */
 export async function completeLeases(
   write: Queryable,
-  schema: SchemaRef,
+  storage: Storage,
   refs: readonly CompletableRef[],
   runMs?: readonly (number | null)[],
 ): Promise<Set<string>> {
-  const bound = bindSchema(schema);
-  const bySlot = new Map<number, LeaseGroup[]>();
+  const bySegment = new Map<number, LeaseGroup[]>();
   for (const g of groupByLease(refs, runMs)) {
-    let inSlot = bySlot.get(g.slot);
-    if (!inSlot) {
-      inSlot = [];
-      bySlot.set(g.slot, inSlot);
+    let inSegment = bySegment.get(g.segment);
+    if (!inSegment) {
+      inSegment = [];
+      bySegment.set(g.segment, inSegment);
     }
-    inSlot.push(g);
+    inSegment.push(g);
   }
   const settled = new Set<string>();
-  for (const [slot, groups] of bySlot) {
-    for (const key of await completeInSlot(write, bound, slot, groups)) settled.add(key);
+  for (const [segment, groups] of bySegment) {
+    for (const key of await completeInSegment(write, storage, segment, groups)) settled.add(key);
   }
   return settled;
 }
 
 /** A batch's entries of one range lease, in lane order, with their run times. */
 interface LeaseGroup {
-  slot: number;
+  segment: number;
   laneId: number;
   leaseFrom: string;
   token: string;
@@ -80,13 +81,13 @@ function groupByLease(refs: readonly CompletableRef[], runMs: readonly (number |
   for (let i = 0; i < refs.length; i++) {
     const r = refs[i]!;
     let g = groups.get(r.token);
-    if (g === undefined || g.laneId !== r.laneId || g.leaseFrom !== r.leaseFrom || g.slot !== r.slot) {
+    if (g === undefined || g.laneId !== r.laneId || g.leaseFrom !== r.leaseFrom || g.segment !== r.segment) {
       // A token names one lease; a ref that claims another lease under it (a caller's mistake)
       // gets a group of its own, which the fence refuses.
-      const k = g === undefined ? r.token : `${r.token}:${r.slot}:${r.laneId}:${r.leaseFrom}`;
+      const k = g === undefined ? r.token : `${r.token}:${r.segment}:${r.laneId}:${r.leaseFrom}`;
       g = groups.get(k);
       if (g === undefined) {
-        g = { slot: r.slot, laneId: r.laneId, leaseFrom: r.leaseFrom, token: r.token, refs: [], runMs: [] };
+        g = { segment: r.segment, laneId: r.laneId, leaseFrom: r.leaseFrom, token: r.token, refs: [], runMs: [] };
         groups.set(k, g);
       }
     }
@@ -117,7 +118,7 @@ function sortBySeq(g: LeaseGroup): void {
  * (a multirange) and where its run times start in the one run-time array; then that array. No
  * count: the statement counts the entries it settles itself.
  */
-function groupValues(groups: readonly LeaseGroup[]): unknown[] {
+function groupValues(groups: readonly LeaseGroup[]): { [K in GroupParams]: unknown } {
   const runFrom: number[] = [];
   const runMs: (number | null)[] = groups.length === 1 ? groups[0]!.runMs : [];
   if (groups.length > 1) {
@@ -126,11 +127,11 @@ function groupValues(groups: readonly LeaseGroup[]): unknown[] {
       for (const ms of g.runMs) runMs.push(ms);
     }
   } else runFrom.push(1);
-  return [
-    groups.map((g) => g.laneId),
-    groups.map((g) => g.leaseFrom),
-    groups.map((g) => g.token),
-    groups.map((g) =>
+  return {
+    laneIds: groups.map((g) => g.laneId),
+    leaseFroms: groups.map((g) => g.leaseFrom),
+    tokens: groups.map((g) => g.token),
+    seqs: groups.map((g) =>
       seqsToMultirange(
         g.refs.map((r) => r.laneSeq),
         true,
@@ -138,8 +139,17 @@ function groupValues(groups: readonly LeaseGroup[]): unknown[] {
     ),
     runFrom,
     runMs,
-  ];
+  };
 }
+
+type GroupParams = 'laneIds' | 'leaseFroms' | 'tokens' | 'seqs' | 'runFrom' | 'runMs';
+
+/** CTE `u`: the batch's groups, numbered `o` in batch order. */
+const GROUPS = sql`u AS (
+       SELECT * FROM unnest(${p('laneIds')}::integer[], ${p('leaseFroms')}::bigint[], ${p('tokens')}::uuid[],
+                            ${p('seqs')}::int8multirange[], ${p('runFrom')}::integer[])
+         WITH ORDINALITY AS u(lane_id, lease_from, token, seqs, run_from, o)
+     )`;
 
 function compareSeq(a: string, b: string): number {
   return a.length - b.length || (a < b ? -1 : a > b ? 1 : 0);
@@ -185,10 +195,10 @@ function groupWithinLease(tombstones: string): string {
  * task to build and send and the server as much to parse (docs/benchmarks.md, "The completion's
  * shape"): the worker sends ranges and run times only.
  */
-function groupEntries(ready: string, runMs: number): string {
-  return `e AS MATERIALIZED (
+function groupEntries(ready: string): Sql<'runMs'> {
+  return sql`e AS MATERIALIZED (
        SELECT g.o, g.lane_id, g.from_seq, g.worker, g.claimed_at, x.lane_seq, x.id, x.type,
-              x.attempts + 1 AS attempt, x.created_at, x.dedupe_key, ($${runMs}::integer[])[g.run_from + x.k - 1] AS run_ms
+              x.attempts + 1 AS attempt, x.created_at, x.dedupe_key, (${p('runMs')}::integer[])[g.run_from + x.k - 1] AS run_ms
          FROM g CROSS JOIN LATERAL (
            SELECT r.lane_seq, r.id, r.type, r.attempts, r.created_at, r.dedupe_key,
                   row_number() OVER (ORDER BY r.lane_seq ROWS UNBOUNDED PRECEDING) AS k
@@ -211,27 +221,26 @@ function wonEntries(s: string, settled = 'true'): string {
      )`;
 }
 
-async function completeInSlot(
-  write: Queryable,
-  schema: Schema,
-  slot: number,
-  groups: readonly LeaseGroup[],
-): Promise<string[]> {
+/** The partitions of ring segment `segment`, named directly (see completeLeases). */
+function segmentTables(s: string, segment: number) {
+  const table = (name: string) => `${s}.${quoteIdent(`${name}_${segment}`)}`;
+  return {
+    leases: table('range_leases'),
+    settlements: table('range_settlements'),
+    ready: table('ready'),
+    tombstones: table('tombstones'),
+  };
+}
+
+function completeStatement(schema: Schema, segment: number) {
   const s = schema.q;
-  const leases = `${s}.${quoteIdent(`range_leases_${slot}`)}`;
-  const settlements = `${s}.${quoteIdent(`range_settlements_${slot}`)}`;
-  const ready = `${s}.${quoteIdent(`ready_${slot}`)}`;
-  const tombstones = `${s}.${quoteIdent(`tombstones_${slot}`)}`;
-  const res = await write.query<{ lane_id: number; lease_from: string; token: string }>({
-    name: statementName(`berth-complete:${schema.name}:${slot}`),
-    text: `WITH u AS (
-       SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[], $4::int8multirange[], $5::integer[])
-         WITH ORDINALITY AS u(lane_id, lease_from, token, seqs, run_from, o)
-     ), g AS MATERIALIZED (
+  const { leases, settlements, ready, tombstones } = segmentTables(s, segment);
+  return compile(
+    sql`WITH ${GROUPS}, g AS MATERIALIZED (
        SELECT u.o, u.seqs, u.run_from, u.token, l.slot, l.lane_id, l.from_seq, l.worker, l.claimed_at
          FROM u CROSS JOIN LATERAL (${leaseProbe(leases, 'u.lane_id', 'u.lease_from', 'AND l.token = u.token')}) l
         WHERE ${groupWithinLease(tombstones)}
-     ), ${groupEntries(ready, 6)}, won AS (
+     ), ${groupEntries(ready)}, won AS (
        INSERT INTO ${settlements} (slot, lane_id, lease_from, seqs, n, outcome)
        SELECT g.slot, g.lane_id, g.from_seq, g.seqs, c.n, 'completed'
          FROM g JOIN (SELECT e.o, count(*)::integer AS n FROM e GROUP BY e.o) c ON c.o = g.o
@@ -242,8 +251,19 @@ async function completeInSlot(
      -- The token too: a batch may hold a wrong-token group for the same range as a right one.
      SELECT g.lane_id, g.from_seq::text AS lease_from, g.token::text AS token
        FROM won w JOIN g ON g.lane_id = w.lane_id AND g.from_seq = w.lease_from`,
-    values: groupValues(groups),
-  });
+    statementName(`berth-complete:${schema.name}:${segment}`),
+  );
+}
+
+async function completeInSegment(
+  write: Queryable,
+  storage: Storage,
+  segment: number,
+  groups: readonly LeaseGroup[],
+): Promise<string[]> {
+  const res = await write.query<{ lane_id: number; lease_from: string; token: string }>(
+    storage.statement(`complete:${segment}`, (schema) => completeStatement(schema, segment)).query(groupValues(groups)),
+  );
   const won = new Set(res.rows.map((r) => `${r.lane_id}:${r.lease_from}:${r.token}`));
   const out: string[] = [];
   const lost: LeaseGroup[] = [];
@@ -251,7 +271,7 @@ async function completeInSlot(
     if (won.has(`${g.laneId}:${g.leaseFrom}:${g.token}`)) for (const r of g.refs) out.push(leaseKey(r));
     else lost.push(g);
   }
-  if (lost.length > 0) out.push(...(await completeRemainders(write, schema, slot, lost)));
+  if (lost.length > 0) out.push(...(await completeRemainders(write, storage, segment, lost)));
   return out;
 }
 
@@ -263,38 +283,19 @@ async function completeInSlot(
  * and by the constraint. Loops while a concurrent writer keeps taking entries (each pass settles
  * or excludes at least one entry of every lease it retries, so it ends).
  */
-async function completeRemainders(
-  write: Queryable,
-  schema: Schema,
-  slot: number,
-  groups: readonly LeaseGroup[],
-): Promise<string[]> {
+function completeRemaindersStatement(schema: Schema, segment: number) {
   const s = schema.q;
-  const leases = `${s}.${quoteIdent(`range_leases_${slot}`)}`;
-  const settlements = `${s}.${quoteIdent(`range_settlements_${slot}`)}`;
-  const tombstones = `${s}.${quoteIdent(`tombstones_${slot}`)}`;
-  const out: string[] = [];
-  let pending = [...groups];
-  for (let pass = 0; pending.length > 0 && pass < 8; pass++) {
-    const res = await write.query<{
-      lane_id: number;
-      lease_from: string;
-      token: string;
-      won: string[] | null;
-      rest: boolean;
-    }>(
-      // \`g.seqs\` is what the group asked for (its entries, numbered for their run times), \`g.want\`
-      // what is left of it once the lease's settlements are taken out; \`e.wanted\` marks its entries.
-      `WITH u AS (
-         SELECT * FROM unnest($1::integer[], $2::bigint[], $3::uuid[], $4::int8multirange[], $5::integer[])
-           WITH ORDINALITY AS u(lane_id, lease_from, token, seqs, run_from, o)
-       ), g AS MATERIALIZED (
+  const { leases, settlements, ready, tombstones } = segmentTables(s, segment);
+  return compile(
+    // `g.seqs` is what the group asked for (its entries, numbered for their run times), `g.want`
+    // what is left of it once the lease's settlements are taken out; `e.wanted` marks its entries.
+    sql`WITH ${GROUPS}, g AS MATERIALIZED (
          SELECT u.o, u.seqs, u.run_from, u.token, l.slot, l.lane_id, l.from_seq, l.worker, l.claimed_at,
                 u.seqs - coalesce((SELECT range_agg(x.seqs) FROM ${settlements} x
                                     WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq), '{}') AS want
            FROM u JOIN ${leases} l ON l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.token = u.token
           WHERE ${groupWithinLease(tombstones)}
-       ), ${groupEntries(`${s}.${quoteIdent(`ready_${slot}`)}`, 6)}, c AS (
+       ), ${groupEntries(ready)}, c AS (
          SELECT e.o, count(*)::integer AS n FROM e JOIN g ON g.o = e.o WHERE g.want @> e.lane_seq GROUP BY e.o
        ), won AS (
          INSERT INTO ${settlements} (slot, lane_id, lease_from, seqs, n, outcome)
@@ -309,8 +310,28 @@ async function completeRemainders(
               EXISTS (SELECT 1 FROM c WHERE c.o = g.o)
                 AND NOT EXISTS (SELECT 1 FROM won x WHERE x.lane_id = g.lane_id AND x.lease_from = g.from_seq) AS rest
          FROM g`,
-      groupValues(pending),
-    );
+  );
+}
+
+async function completeRemainders(
+  write: Queryable,
+  storage: Storage,
+  segment: number,
+  groups: readonly LeaseGroup[],
+): Promise<string[]> {
+  const statement = storage.statement(`complete-remainders:${segment}`, (schema) =>
+    completeRemaindersStatement(schema, segment),
+  );
+  const out: string[] = [];
+  let pending = [...groups];
+  for (let pass = 0; pending.length > 0 && pass < 8; pass++) {
+    const res = await write.query<{
+      lane_id: number;
+      lease_from: string;
+      token: string;
+      won: string[] | null;
+      rest: boolean;
+    }>(statement.query(groupValues(pending)));
     const retry: LeaseGroup[] = [];
     for (const row of res.rows) {
       const g = pending.find(
@@ -333,34 +354,36 @@ async function completeRemainders(
  * remove the task only while it is unleased (the inline-cleanup path: a producer that enqueued
  * and then did the work itself). Runs on the caller's executor.
  */
-export async function dequeue(executor: Queryable, schema: SchemaRef, id: string, token: string): Promise<void> {
-  const bound = bindSchema(schema);
-  const s = bound.q;
+export async function dequeue(executor: Queryable, storage: Storage, id: string, token: string): Promise<void> {
   if (token !== '') {
-    const res = await executor.query(
-      `WITH won AS (
+    const res = await executor.query(storage.statement('dequeue', dequeueStatement).query({ id, token }));
+    if (res.rowCount === 0) throw new LeaseLostError(id, 'Dequeue');
+    return;
+  }
+  const outcome = await removeUnleased(executor, storage, id, 'dequeued');
+  if (outcome !== 'removed') throw new LeaseLostError(id, `Dequeue with an empty token (task is ${outcome})`);
+}
+
+function dequeueStatement({ q: s }: Schema) {
+  const id = p('id');
+  return compile(
+    sql`WITH won AS (
          INSERT INTO ${s}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
          SELECT le.slot, le.lane_id, le.lease_from, int8multirange(int8range(le.lane_seq, le.lane_seq + 1)), 1,
                 'completed'
            FROM ${s}.leased_entries le
-          WHERE le.id = $1 AND le.token = $2::uuid AND le.outcome IS NULL
+          WHERE le.id = ${id} AND le.token = ${p('token')}::uuid AND le.outcome IS NULL
          ON CONFLICT DO NOTHING
          RETURNING slot, lane_id, lease_from, lower(seqs) AS lane_seq
-       ), freed AS (DELETE FROM ${s}.dedupe d WHERE d.id = $1 AND EXISTS (SELECT 1 FROM won))
+       ), freed AS (DELETE FROM ${s}.dedupe d WHERE d.id = ${id} AND EXISTS (SELECT 1 FROM won))
        , hist AS (${perTaskHistory(
          s,
-         `SELECT r.id, 'success' AS outcome, r.lane_id, r.type, l.worker, l.claimed_at, r.attempts + 1 AS attempt,
+         sql`SELECT r.id, 'success' AS outcome, r.lane_id, r.type, l.worker, l.claimed_at, r.attempts + 1 AS attempt,
                  r.created_at, NULL::integer AS run_ms, NULL::jsonb AS error, NULL::jsonb AS cursor, false AS dead
             FROM won w
             JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
             JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq`,
        )})
        SELECT 1 FROM won`,
-      [id, token],
-    );
-    if (res.rowCount === 0) throw new LeaseLostError(id, 'Dequeue');
-    return;
-  }
-  const outcome = await removeUnleased(executor, bound, id, 'dequeued');
-  if (outcome !== 'removed') throw new LeaseLostError(id, `Dequeue with an empty token (task is ${outcome})`);
+  );
 }

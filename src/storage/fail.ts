@@ -1,8 +1,10 @@
-import { bindSchema, type Queryable, type SchemaRef, statementName } from '../sql.js';
+import { type Queryable, type Schema, statementName } from '../sql.js';
+import { compile, p, sql } from '../statement.js';
 import type { ErrorDetail } from '../util/error-detail.js';
 import { perTaskHistory, runMsValue } from './history.js';
 import { leaseKey, type LeaseRef } from './lease.js';
 import { entryOfLease, settleAndMove } from './settle-tail.js';
+import type { Storage } from './storage.js';
 
 export interface FailureInput {
   ref: LeaseRef;
@@ -31,16 +33,37 @@ export interface FailureInput {
  */
 export async function recordFailures(
   write: Queryable,
-  schema: SchemaRef,
+  storage: Storage,
   items: readonly FailureInput[],
 ): Promise<Map<string, 'retry' | 'dead'>> {
   if (items.length === 0) return new Map();
-  const { name, q: s } = bindSchema(schema);
-  const res = await write.query<{ lane_id: number; lane_seq: string; dead: boolean }>({
-    name: statementName(`berth-fail:${name}`),
-    text: `WITH u AS (
-       SELECT * FROM unnest($1::smallint[], $2::integer[], $3::bigint[], $4::uuid[], $5::text[],
-                            $6::float8[], $7::boolean[], $8::bigint[], $9::text[], $10::jsonb[], $11::integer[])
+  const res = await write.query<{ lane_id: number; lane_seq: string; dead: boolean }>(
+    storage.statement('fail', failStatement).query({
+      segments: items.map((i) => i.ref.segment),
+      laneIds: items.map((i) => i.ref.laneId),
+      laneSeqs: items.map((i) => i.ref.laneSeq),
+      tokens: items.map((i) => i.ref.token),
+      errors: items.map((i) => i.error),
+      delayMs: items.map((i) => Math.max(0, i.delayMs)),
+      permanent: items.map((i) => i.permanent),
+      leaseFroms: items.map((i) => i.ref.leaseFrom),
+      outcomes: items.map((i) => i.outcome ?? 'failure'),
+      details: items.map((i) => JSON.stringify(i.detail ?? { message: i.error })),
+      runMs: items.map((i) => runMsValue(i.runMs)),
+    }),
+  );
+  return new Map(
+    res.rows.map((r) => [leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq }), r.dead ? 'dead' : 'retry']),
+  );
+}
+
+function failStatement({ name, q: s }: Schema) {
+  return compile(
+    sql`WITH u AS (
+       SELECT * FROM unnest(${p('segments')}::smallint[], ${p('laneIds')}::integer[], ${p('laneSeqs')}::bigint[],
+                            ${p('tokens')}::uuid[], ${p('errors')}::text[], ${p('delayMs')}::float8[],
+                            ${p('permanent')}::boolean[], ${p('leaseFroms')}::bigint[], ${p('outcomes')}::text[],
+                            ${p('details')}::jsonb[], ${p('runMs')}::integer[])
          AS u(slot, lane_id, lane_seq, token, error, delay_ms, permanent, lease_from, outcome, detail, run_ms)
      ), won AS (
        INSERT INTO ${s}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
@@ -49,7 +72,7 @@ export async function recordFailures(
                 SELECT l.slot, l.lane_id, l.from_seq, l.to_seq FROM ${s}.range_leases l
                  WHERE l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.slot = u.slot AND l.token = u.token
                  LIMIT 1) l
-        WHERE u.lane_seq BETWEEN l.from_seq AND l.to_seq AND ${entryOfLease(s, 'l.slot', 'l.lane_id', 'u.lane_seq')}
+        WHERE u.lane_seq BETWEEN l.from_seq AND l.to_seq AND ${entryOfLease(s, sql`l.slot`, sql`l.lane_id`, sql`u.lane_seq`)}
         ORDER BY u.lane_id, u.lane_seq
        ON CONFLICT DO NOTHING
        RETURNING slot, lane_id, lease_from, lower(seqs) AS lane_seq
@@ -67,27 +90,12 @@ export async function recordFailures(
                  WHERE l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
                  LIMIT 1) l
          JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = w.lane_seq
-     ), ${settleAndMove(s, 'now() + make_interval(secs => delay_ms / 1000.0)')}, hist AS (${perTaskHistory(
+     ), ${settleAndMove(s, sql`now() + make_interval(secs => delay_ms / 1000.0)`)}, hist AS (${perTaskHistory(
        s,
-       `SELECT id, outcome, lane_id, type, worker, last_attempted_at AS claimed_at, attempts AS attempt, created_at,
+       sql`SELECT id, outcome, lane_id, type, worker, last_attempted_at AS claimed_at, attempts AS attempt, created_at,
                run_ms, detail AS error, NULL::jsonb AS cursor, dead FROM src`,
      )})
      SELECT lane_id, lane_seq::text AS lane_seq, dead FROM src`,
-    values: [
-      items.map((i) => i.ref.slot),
-      items.map((i) => i.ref.laneId),
-      items.map((i) => i.ref.laneSeq),
-      items.map((i) => i.ref.token),
-      items.map((i) => i.error),
-      items.map((i) => Math.max(0, i.delayMs)),
-      items.map((i) => i.permanent),
-      items.map((i) => i.ref.leaseFrom),
-      items.map((i) => i.outcome ?? 'failure'),
-      items.map((i) => JSON.stringify(i.detail ?? { message: i.error })),
-      items.map((i) => runMsValue(i.runMs)),
-    ],
-  });
-  return new Map(
-    res.rows.map((r) => [leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq }), r.dead ? 'dead' : 'retry']),
+    statementName(`berth-fail:${name}`),
   );
 }

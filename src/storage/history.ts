@@ -1,6 +1,7 @@
 import { BerthInputError } from '../errors.js';
 import { readErrorDetail } from './attempt-read.js';
 import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import { type Sql, sql } from '../statement.js';
 import type { ErrorDetail } from '../util/error-detail.js';
 
 /**
@@ -44,8 +45,8 @@ function currentPart(s: string): string {
  * with the columns id, outcome, lane_id, type, worker, claimed_at, attempt, created_at, run_ms
  * (integer), error (jsonb), cursor (jsonb), dead (boolean), one row per settlement won.
  */
-export function perTaskHistory(s: string, from: string): string {
-  return `INSERT INTO ${s}.attempt_history (${COLUMNS})
+export function perTaskHistory<N extends string>(s: string, from: Sql<N>): Sql<N> {
+  return sql`INSERT INTO ${s}.attempt_history (${COLUMNS})
        SELECT ${currentPart(s)}, h.id >> 10, h.outcome, h.lane_id, h.type, h.worker, h.claimed_at,
               ARRAY[h.id], ARRAY[h.attempt], ARRAY[h.created_at], ARRAY[h.run_ms], h.error, h.cursor, h.dead
          FROM (${from}) h

@@ -3,7 +3,7 @@
  * covers it (`leaseFrom`: the range's first entry, its key with `laneId` and `slot`).
  */
 export interface LeaseRef {
-  slot: number;
+  segment: number;
   laneId: number;
   laneSeq: string;
   leaseFrom: string;

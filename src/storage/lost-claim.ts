@@ -1,5 +1,7 @@
 import { BerthInputError } from '../errors.js';
-import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import type { Queryable } from '../sql.js';
+import { positional } from '../statement.js';
+import type { Storage } from './storage.js';
 import type { LeaseRef } from './lease.js';
 
 /**
@@ -13,15 +15,25 @@ export interface Refusal {
   leaseExists: boolean;
 }
 
-export async function refusalOf(db: Queryable, schema: SchemaRef, ref: LeaseRef): Promise<Refusal> {
-  const { q: s } = bindSchema(schema);
-  const res = await db.query<{ outcome: string | null; lease_exists: boolean }>(
-    `SELECT (SELECT x.outcome FROM ${s}.range_settlements x
+export async function refusalOf(db: Queryable, storage: Storage, ref: LeaseRef): Promise<Refusal> {
+  const statement = storage.statement('refusal', ({ q: s }) =>
+    positional(
+      `SELECT (SELECT x.outcome FROM ${s}.range_settlements x
               WHERE x.lane_id = $1 AND x.lease_from = $2 AND x.slot = $3 AND x.seqs @> $4::bigint
               LIMIT 1) AS outcome,
             EXISTS (SELECT 1 FROM ${s}.range_leases l
                      WHERE l.lane_id = $1 AND l.from_seq = $2 AND l.slot = $3 AND l.token = $5::uuid) AS lease_exists`,
-    [ref.laneId, ref.leaseFrom, ref.slot, ref.laneSeq, ref.token],
+      ['laneId', 'leaseFrom', 'segment', 'laneSeq', 'token'],
+    ),
+  );
+  const res = await db.query<{ outcome: string | null; lease_exists: boolean }>(
+    statement.query({
+      laneId: ref.laneId,
+      leaseFrom: ref.leaseFrom,
+      segment: ref.segment,
+      laneSeq: ref.laneSeq,
+      token: ref.token,
+    }),
   );
   const row = res.rows[0]!;
   return { outcome: row.outcome, leaseExists: row.lease_exists };
@@ -44,14 +56,25 @@ export type LostClaimResult = 'counted' | 'dead' | 'running' | 'gone';
  */
 export async function countLostClaim(
   db: Queryable,
-  schema: SchemaRef,
+  storage: Storage,
   ref: LeaseRef & { attempt: number; maxAttempts: number },
   worker: string,
 ): Promise<LostClaimResult> {
-  const { q: s } = bindSchema(schema);
+  const statement = storage.statement('count-lost-claim', ({ q: s }) =>
+    positional(
+      `SELECT ${s}.count_lost_claim($1::smallint, $2::integer, $3::bigint, $4::integer, $5::integer, $6::text) AS result`,
+      ['segment', 'laneId', 'laneSeq', 'attempt', 'maxAttempts', 'worker'],
+    ),
+  );
   const res = await db.query<{ result: LostClaimResult | 'isolation' }>(
-    `SELECT ${s}.count_lost_claim($1::smallint, $2::integer, $3::bigint, $4::integer, $5::integer, $6::text) AS result`,
-    [ref.slot, ref.laneId, ref.laneSeq, ref.attempt, ref.maxAttempts, worker],
+    statement.query({
+      segment: ref.segment,
+      laneId: ref.laneId,
+      laneSeq: ref.laneSeq,
+      attempt: ref.attempt,
+      maxAttempts: ref.maxAttempts,
+      worker,
+    }),
   );
   const result = res.rows[0]!.result;
   if (result === 'isolation') throw new BerthInputError('countLostClaim must run at READ COMMITTED');

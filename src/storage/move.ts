@@ -1,7 +1,9 @@
 import { BerthInputError } from '../errors.js';
 import { checkKeys, checkText, MAX_QUEUE_BYTES } from '../limits.js';
-import { bindSchema, READ_COMMITTED_REQUIRED, readCommittedOnly, type Queryable, type SchemaRef } from '../sql.js';
-import { getTask } from './tasks.js';
+import { READ_COMMITTED_REQUIRED, readCommittedOnly, type Queryable } from '../sql.js';
+import { positional } from '../statement.js';
+import { storageFor, type Storage } from './storage.js';
+import { getTaskIn } from './tasks.js';
 
 const MOVE_KEYS: ReadonlySet<string> = new Set(['queue', 'priority']);
 
@@ -14,22 +16,38 @@ export type MoveResult = 'moved' | 'leased' | 'not_found';
  */
 export async function moveTask(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
+  id: string,
+  to: { queue?: string; priority?: number },
+): Promise<MoveResult> {
+  return moveTaskIn(db, storageFor(schema), id, to);
+}
+
+/** moveTask on a bound storage. */
+export async function moveTaskIn(
+  db: Queryable,
+  storage: Storage,
   id: string,
   to: { queue?: string; priority?: number },
 ): Promise<MoveResult> {
   checkKeys(to, MOVE_KEYS, 'moveTask');
   if (to.queue !== undefined) checkText(to.queue, 'queue', '', { maxBytes: MAX_QUEUE_BYTES });
-  const bound = bindSchema(schema);
-  const current = await getTask(db, bound, id);
+  const current = await getTaskIn(db, storage, id);
   if (!current || current.state === 'dead' || current.state === 'completed') return 'not_found';
   const priority = to.priority ?? current.priority;
   if (!Number.isInteger(priority) || priority < -32768 || priority > 32767) {
     throw new BerthInputError('priority must be an integer in the smallint range');
   }
   const r = await db.query<{ result: MoveResult | 'isolation' }>(
-    `SELECT ${readCommittedOnly(`${bound.q}.move_task($1::bigint, $2, $3::smallint)`)} AS result`,
-    [id, to.queue ?? current.queue, priority],
+    storage
+      .statement('move-task', ({ q: s }) =>
+        positional(`SELECT ${readCommittedOnly(`${s}.move_task($1::bigint, $2, $3::smallint)`)} AS result`, [
+          'id',
+          'queue',
+          'priority',
+        ]),
+      )
+      .query({ id, queue: to.queue ?? current.queue, priority }),
   );
   const result = r.rows[0]!.result;
   if (result === 'isolation') throw new BerthInputError(READ_COMMITTED_REQUIRED);
@@ -40,7 +58,13 @@ export async function moveTask(
  * Make a scheduled or retryable task due now (the operator's retry of a deferred task): the
  * leader's promotion appends it within a tick. Returns whether a deferred row was there.
  */
-export async function makeDeferredDueNow(db: Queryable, schema: SchemaRef, id: string): Promise<boolean> {
-  const r = await db.query(`UPDATE ${bindSchema(schema).q}.deferred SET run_at = now() WHERE id = $1`, [id]);
+export async function makeDeferredDueNow(db: Queryable, storage: Storage, id: string): Promise<boolean> {
+  const r = await db.query(
+    storage
+      .statement('deferred-due-now', ({ q: s }) =>
+        positional(`UPDATE ${s}.deferred SET run_at = now() WHERE id = $1`, ['id']),
+      )
+      .query({ id }),
+  );
   return (r.rowCount ?? 0) > 0;
 }

@@ -1,3 +1,4 @@
+import { joinSql, type Sql, sql } from '../statement.js';
 import { quoteIdent } from '../sql.js';
 
 /**
@@ -145,19 +146,20 @@ export function claimableEntry(s: string, lane: string): string {
  * in docs/explain.md). `segments`: read only these ring segments (a worker's ring window,
  * storage/ring-window.ts), each by its partitions' names (claimableInWindow).
  */
-export function claimableEntries(
+export function claimableEntries<N extends string>(
   s: string,
   lane: string,
   columns: readonly string[],
-  limit: string,
+  /** How many entries at most (an SQL expression, usually a parameter). */
+  limit: Sql<N>,
   segments?: readonly number[] | null,
   /** A condition on the entry (alias `r`) applied before the limit: discovery's `due`. */
   filter?: string,
-): string {
+): Sql<N> {
   const inner = [...new Set(['lane_id', 'lane_seq', 'slot', ...columns])];
   const also = filter ? `AND ${filter}` : '';
   if (segments) return claimableInWindow(s, lane, columns, inner, limit, segments, also);
-  return `(SELECT ${columns.map((c) => `x.${c}`).join(', ')}
+  return sql`(SELECT ${columns.map((c) => `x.${c}`).join(', ')}
             FROM (SELECT ${inner.map((c) => `r.${c}`).join(', ')} FROM ${s}.ready r
                    WHERE r.lane_id = ${lane}.lane_id AND r.lane_seq > ${laneCursor(s, `${lane}.lane_id`)} ${also}
                    ORDER BY r.lane_seq OFFSET 0) x
@@ -178,15 +180,15 @@ export function claimableEntries(
  * plan can read past the share. The cursor is the latest range of the lane in the window: ranges
  * of later segments start later, so it is the greatest of each segment's last range.
  */
-function claimableInWindow(
+function claimableInWindow<N extends string>(
   s: string,
   lane: string,
   columns: readonly string[],
   inner: readonly string[],
-  limit: string,
+  limit: Sql<N>,
   segments: readonly number[],
   also: string,
-): string {
+): Sql<N> {
   const part = (table: string, k: number) => `${s}.${quoteIdent(`${table}_${Math.trunc(k)}`)}`;
   const cursor = `coalesce(greatest(${segments
     .map(
@@ -196,14 +198,14 @@ function claimableInWindow(
     )
     .join(', ')}), 0)`;
   const bySegment = segments.map(
-    (k) => `(SELECT ${inner.map((c) => `r.${c}`).join(', ')} FROM ${part('ready', k)} r
+    (k) => sql`(SELECT ${inner.map((c) => `r.${c}`).join(', ')} FROM ${part('ready', k)} r
               WHERE r.lane_id = ${lane}.lane_id AND r.lane_seq > ${cursor} ${also}
                 AND (${lane}.version = 0
                      OR NOT EXISTS (SELECT 1 FROM ${part('tombstones', k)} t
                                      WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq OFFSET 0))
               ORDER BY r.lane_seq LIMIT ${limit})`,
   );
-  return `(SELECT ${columns.map((c) => `x.${c}`).join(', ')}
-            FROM (${bySegment.join(' UNION ALL ')}) x
+  return sql`(SELECT ${columns.map((c) => `x.${c}`).join(', ')}
+            FROM (${joinSql(bySegment, ' UNION ALL ')}) x
            ORDER BY x.lane_seq LIMIT ${limit})`;
 }

@@ -1,5 +1,7 @@
 import { BerthInputError } from '../errors.js';
-import { bindSchema, READ_COMMITTED_REQUIRED, readCommittedOnly, type Queryable, type SchemaRef } from '../sql.js';
+import { READ_COMMITTED_REQUIRED, readCommittedOnly, type Queryable } from '../sql.js';
+import { positional } from '../statement.js';
+import type { Storage } from './storage.js';
 
 /**
  * Remove a task that no worker holds: a deferred row is deleted; a ready entry past its lane's
@@ -9,14 +11,16 @@ import { bindSchema, READ_COMMITTED_REQUIRED, readCommittedOnly, type Queryable,
  */
 export async function removeUnleased(
   executor: Queryable,
-  schema: SchemaRef,
+  storage: Storage,
   id: string,
   reason: string,
 ): Promise<'removed' | 'leased' | 'not_found'> {
-  const { q: s } = bindSchema(schema);
   const res = await executor.query<{ outcome: 'removed' | 'leased' | 'not_found' | 'isolation' }>(
-    `SELECT ${readCommittedOnly(`${s}.remove_unleased($1::bigint, $2)`)} AS outcome`,
-    [id, reason],
+    storage
+      .statement('remove-unleased', ({ q: s }) =>
+        positional(`SELECT ${readCommittedOnly(`${s}.remove_unleased($1::bigint, $2)`)} AS outcome`, ['id', 'reason']),
+      )
+      .query({ id, reason }),
   );
   const outcome = res.rows[0]!.outcome;
   if (outcome === 'isolation') throw new BerthInputError(READ_COMMITTED_REQUIRED);
@@ -24,7 +28,11 @@ export async function removeUnleased(
 }
 
 /** Delete one dead letter (the operator's delete). Returns whether there was one. */
-export async function deleteDeadLetter(db: Queryable, schema: SchemaRef, id: string): Promise<boolean> {
-  const r = await db.query(`DELETE FROM ${bindSchema(schema).q}.dead_letters WHERE id = $1`, [id]);
+export async function deleteDeadLetter(db: Queryable, storage: Storage, id: string): Promise<boolean> {
+  const r = await db.query(
+    storage
+      .statement('delete-dead-letter', ({ q: s }) => positional(`DELETE FROM ${s}.dead_letters WHERE id = $1`, ['id']))
+      .query({ id }),
+  );
   return (r.rowCount ?? 0) > 0;
 }

@@ -1,4 +1,6 @@
-import { bindSchema, type Queryable, queryRingRead, type SchemaRef, statementName } from '../sql.js';
+import { type Queryable, queryRingRead, type Schema, statementName } from '../sql.js';
+import { compile, p, positional, sql } from '../statement.js';
+import { storageFor, type Storage } from './storage.js';
 import { perTaskHistory } from './history.js';
 import { unsettledEntriesOf, unsettledRanges } from './predicates.js';
 import { settleAndMove } from './settle-tail.js';
@@ -30,15 +32,26 @@ export interface RescueOutcome {
  * lease is rescued as any other. Rows of leases rescued here are removed, and so are stale rows
  * whose lease is settled (a holder that could not delete its own).
  */
-export async function rescueLapsedLeases(db: Queryable, schema: SchemaRef, limit = 1000): Promise<RescueOutcome> {
-  const { name, q: s } = bindSchema(schema);
-  if (!(await anythingToRescue(db, schema))) return { retried: 0, dead: 0, held: 0 };
+export function rescueLapsedLeases(db: Queryable, schema: string, limit = 1000): Promise<RescueOutcome> {
+  return rescueLapsedLeasesIn(db, storageFor(schema), limit);
+}
+
+/** rescueLapsedLeases on a bound storage. */
+export async function rescueLapsedLeasesIn(db: Queryable, storage: Storage, limit = 1000): Promise<RescueOutcome> {
+  if (!(await anythingToRescue(db, storage))) return { retried: 0, dead: 0, held: 0 };
+  const statement = storage.statement('rescue', rescueStatement);
   const res = await queryRingRead<{ retried: string; dead: string; held: string }>(
     db,
-    {
-      // Prepared once per session: planning it was ~21 ms a run (RingReadStatement, src/sql.ts).
-      name: statementName(`berth-rescue:${name}`),
-      text: `WITH cand AS MATERIALIZED (
+    statement as { name: string; text: string },
+    statement.values({ limit }),
+  );
+  const row = res.rows[0]!;
+  return { retried: Number(row.retried), dead: Number(row.dead), held: Number(row.held) };
+}
+
+function rescueStatement({ name, q: s }: Schema) {
+  return compile(
+    sql`WITH cand AS MATERIALIZED (
        -- Leases with an entry to rescue now, oldest expiry first. The limit counts only those: a
        -- lease past its earliest expiry whose unsettled entries are of a type with a longer
        -- ceiling, or whose holder still runs them (a fresh overdue row), is looked at on every
@@ -50,7 +63,7 @@ export async function rescueLapsedLeases(db: Queryable, schema: SchemaRef, limit
                        WHERE l.type_expires[array_position(l.types, e.type)] < now()
                          AND NOT EXISTS (${heldBy(s, 'e')}))
         ORDER BY l.expires_at
-        LIMIT $1
+        LIMIT ${p('limit')}
      ), lapsed AS MATERIALIZED (
        -- Per candidate range, one index range scan of ready (OFFSET 0 keeps it one: joined to
        -- ready as a whole, the planner sorted every ready row; docs/design/range-leases.md).
@@ -79,10 +92,10 @@ export async function rescueLapsedLeases(db: Queryable, schema: SchemaRef, limit
          JOIN lapsed x ON x.slot = w.slot AND x.lane_id = w.lane_id AND x.from_seq = w.lease_from
          JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
          JOIN ${s}.ready r ON r.slot = x.slot AND r.lane_id = x.lane_id AND r.lane_seq = x.lane_seq
-     ), ${settleAndMove(s, 'now()')}, hist AS (${perTaskHistory(
+     ), ${settleAndMove(s, sql`now()`)}, hist AS (${perTaskHistory(
        s,
        // The holder never settled it: history records the attempt as lost, with why.
-       `SELECT id, 'lost' AS outcome, lane_id, type, worker, last_attempted_at AS claimed_at, attempts AS attempt,
+       sql`SELECT id, 'lost' AS outcome, lane_id, type, worker, last_attempted_at AS claimed_at, attempts AS attempt,
                created_at, NULL::integer AS run_ms, jsonb_build_object('message', last_error) AS error,
                NULL::jsonb AS cursor, dead FROM src`,
      )}), unmarked AS (
@@ -104,11 +117,9 @@ export async function rescueLapsedLeases(db: Queryable, schema: SchemaRef, limit
               WHERE le.expires_at < now() AND o.seen_at > now() - o.stale_after
                 AND le.outcome IS NULL) AS held
        FROM src`,
-    },
-    [limit],
+    // Prepared once per session: planning it was ~21 ms a run (RingReadStatement, src/sql.ts).
+    statementName(`berth-rescue:${name}`),
   );
-  const row = res.rows[0]!;
-  return { retried: Number(row.retried), dead: Number(row.dead), held: Number(row.held) };
 }
 
 /**
@@ -124,13 +135,16 @@ export async function rescueLapsedLeases(db: Queryable, schema: SchemaRef, limit
  * ~1 ms to plan, ~0.3 ms to run. A lease that lapses after it is rescued on the next run, as
  * one that lapses after the rescue's snapshot always was.
  */
-async function anythingToRescue(db: Queryable, schema: SchemaRef): Promise<boolean> {
-  const { name, q: s } = bindSchema(schema);
-  const r = await queryRingRead<{ due: boolean }>(db, {
-    name: statementName(`berth-rescue-due:${name}`),
-    text: `SELECT EXISTS (SELECT 1 FROM ${unsettledRanges(s)} l WHERE l.expires_at < now())
+async function anythingToRescue(db: Queryable, storage: Storage): Promise<boolean> {
+  const statement = storage.statement('rescue-due', ({ name, q: s }) =>
+    positional(
+      `SELECT EXISTS (SELECT 1 FROM ${unsettledRanges(s)} l WHERE l.expires_at < now())
                OR EXISTS (SELECT 1 FROM ${s}.overdue_leases) AS due`,
-  });
+      [],
+      statementName(`berth-rescue-due:${name}`),
+    ),
+  );
+  const r = await queryRingRead<{ due: boolean }>(db, statement as { name: string; text: string });
   return r.rows[0]?.due === true;
 }
 

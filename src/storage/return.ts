@@ -1,7 +1,9 @@
-import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import type { Queryable, Schema } from '../sql.js';
+import { compile, p, sql } from '../statement.js';
 import { perTaskHistory, runMsValue } from './history.js';
 import type { LeaseRef } from './lease.js';
-import { settleAndMove, settleOneEntry } from './settle-tail.js';
+import { entryArgs, settleAndMove, settleOneEntry } from './settle-tail.js';
+import type { Storage } from './storage.js';
 
 export interface ReturnResult {
   /** False when the fence refused: the lease was already settled or taken over. */
@@ -23,7 +25,7 @@ export interface ReturnResult {
  */
 async function returnLease(
   write: Queryable,
-  schema: SchemaRef,
+  storage: Storage,
   ref: LeaseRef,
   mode: 'advanced' | 'released' | 'unstarted',
   payload: unknown,
@@ -31,59 +33,61 @@ async function returnLease(
   history: ReleaseHistory,
   delayMs = 0,
 ): Promise<ReturnResult> {
-  const { q: s } = bindSchema(schema);
   const res = await write.query<{ wrote: boolean; dead: boolean }>(
-    `WITH ${settleOneEntry(s, '$5', '$8')}, src AS MATERIALIZED (
-       SELECT x.id, x.type,
-              CASE WHEN $5 = 'advanced' THEN $6::jsonb ELSE x.payload END AS payload,
-              x.queue, x.priority, x.shard,
-              CASE WHEN $5 = 'advanced' THEN 0 WHEN $5 = 'unstarted' THEN x.attempt - 1
-                   ELSE x.attempt END AS attempts,
-              x.task_max_attempts AS max_attempts, x.dedupe_key,
-              CASE WHEN $5 = 'advanced' THEN NULL
-                   WHEN $5 = 'unstarted' THEN coalesce($7, x.last_error)
-                   WHEN x.attempt >= x.max_attempts THEN coalesce($7, x.last_error)
-                   ELSE x.last_error END AS last_error,
-              x.created_at, x.claimed_at AS last_attempted_at, x.trace_context,
-              ($5 = 'released' AND x.attempt >= x.max_attempts) AS dead,
-              x.attempt AS attempt_no, x.lane_id, x.worker
-         FROM lease x
-     ), ${settleAndMove(s, 'now() + make_interval(secs => $9::float8 / 1000.0)')}, hist AS (${perTaskHistory(
-       s,
-       // A hand-back of a task that never started is no attempt (its attempt is refunded).
-       `SELECT id, CASE WHEN $5 = 'advanced' THEN 'continued' ELSE $10 END AS outcome, lane_id, type, worker,
-               last_attempted_at AS claimed_at, attempt_no AS attempt, created_at, $11::integer AS run_ms,
-               CASE WHEN dead THEN jsonb_build_object('message', last_error) END AS error,
-               CASE WHEN $5 = 'advanced' THEN $6::jsonb END AS cursor, dead
-          FROM src WHERE $5 <> 'unstarted'`,
-     )})
-     SELECT EXISTS (SELECT 1 FROM src) AS wrote, coalesce((SELECT bool_or(dead) FROM src), false) AS dead`,
-    [
-      ref.slot,
-      ref.laneId,
-      ref.laneSeq,
-      ref.token,
+    storage.statement('return', returnStatement).query({
+      ...entryArgs(ref),
       mode,
-      mode === 'advanced' ? JSON.stringify(payload ?? null) : null,
+      payload: mode === 'advanced' ? JSON.stringify(payload ?? null) : null,
       finalError,
-      ref.leaseFrom,
       delayMs,
-      history.outcome,
-      runMsValue(history.runMs),
-    ],
+      outcome: history.outcome,
+      runMs: runMsValue(history.runMs),
+    }),
   );
   const row = res.rows[0]!;
   return { wrote: row.wrote, dead: row.dead };
 }
 
+function returnStatement({ q: s }: Schema) {
+  const mode = p('mode');
+  const cursor = sql`${p('payload')}::jsonb`;
+  return compile(
+    sql`WITH ${settleOneEntry(s, sql`${mode}`)}, src AS MATERIALIZED (
+       SELECT x.id, x.type,
+              CASE WHEN ${mode} = 'advanced' THEN ${cursor} ELSE x.payload END AS payload,
+              x.queue, x.priority, x.shard,
+              CASE WHEN ${mode} = 'advanced' THEN 0 WHEN ${mode} = 'unstarted' THEN x.attempt - 1
+                   ELSE x.attempt END AS attempts,
+              x.task_max_attempts AS max_attempts, x.dedupe_key,
+              CASE WHEN ${mode} = 'advanced' THEN NULL
+                   WHEN ${mode} = 'unstarted' THEN coalesce(${p('finalError')}, x.last_error)
+                   WHEN x.attempt >= x.max_attempts THEN coalesce(${p('finalError')}, x.last_error)
+                   ELSE x.last_error END AS last_error,
+              x.created_at, x.claimed_at AS last_attempted_at, x.trace_context,
+              (${mode} = 'released' AND x.attempt >= x.max_attempts) AS dead,
+              x.attempt AS attempt_no, x.lane_id, x.worker
+         FROM lease x
+     ), ${settleAndMove(s, sql`now() + make_interval(secs => ${p('delayMs')}::float8 / 1000.0)`)}, hist AS (${perTaskHistory(
+       s,
+       // A hand-back of a task that never started is no attempt (its attempt is refunded).
+       sql`SELECT id, CASE WHEN ${mode} = 'advanced' THEN 'continued' ELSE ${p('outcome')} END AS outcome, lane_id, type, worker,
+               last_attempted_at AS claimed_at, attempt_no AS attempt, created_at, ${p('runMs')}::integer AS run_ms,
+               CASE WHEN dead THEN jsonb_build_object('message', last_error) END AS error,
+               CASE WHEN ${mode} = 'advanced' THEN ${cursor} END AS cursor, dead
+          FROM src WHERE ${mode} <> 'unstarted'`,
+     )})
+     SELECT EXISTS (SELECT 1 FROM src) AS wrote, coalesce((SELECT bool_or(dead) FROM src), false) AS dead`,
+  );
+}
+
 /** AdvanceCursor: commit slice progress. Resolves false when the lease was lost. */
 export async function advanceCursor(
   write: Queryable,
-  schema: SchemaRef,
+  storage: Storage,
   ref: LeaseRef,
   payload: unknown,
 ): Promise<boolean> {
-  return (await returnLease(write, schema, ref, 'advanced', payload, null, NO_HISTORY)).wrote;
+  return (await returnLease(write, storage, ref, 'advanced', payload, null, NO_HISTORY)).wrote;
 }
 
 /**
@@ -94,11 +98,11 @@ export async function advanceCursor(
  */
 export async function returnUnstarted(
   write: Queryable,
-  schema: SchemaRef,
+  storage: Storage,
   ref: LeaseRef,
   away?: { delayMs: number; note: string },
 ): Promise<ReturnResult> {
-  return returnLease(write, schema, ref, 'unstarted', null, away?.note ?? null, NO_HISTORY, away?.delayMs ?? 0);
+  return returnLease(write, storage, ref, 'unstarted', null, away?.note ?? null, NO_HISTORY, away?.delayMs ?? 0);
 }
 
 /**
@@ -108,12 +112,12 @@ export async function returnUnstarted(
  */
 export function releaseLease(
   write: Queryable,
-  schema: SchemaRef,
+  storage: Storage,
   ref: LeaseRef,
   finalError: string,
   history: ReleaseHistory = { outcome: 'continued' },
 ): Promise<ReturnResult> {
-  return returnLease(write, schema, ref, 'released', null, finalError, history);
+  return returnLease(write, storage, ref, 'released', null, finalError, history);
 }
 
 /** What attempt history records for a release. */

@@ -1,4 +1,6 @@
-import { bindSchema, type Queryable, quoteIdent, type Schema, type SchemaRef, statementName } from '../sql.js';
+import { type Queryable, quoteIdent, type Schema, statementName } from '../sql.js';
+import { positional } from '../statement.js';
+import type { Storage } from './storage.js';
 
 /**
  * The ring segments a worker's claims read (migration 13, `ring_window()`): the current one (the
@@ -46,8 +48,19 @@ export interface RingFill {
   committedSegment: number;
 }
 
-export async function readRingFill(db: Queryable, schema: SchemaRef): Promise<RingFill> {
-  const { name, q: s } = bindSchema(schema);
+export async function readRingFill(db: Queryable, storage: Storage): Promise<RingFill> {
+  const { name } = storage.schema;
+  const statement = storage.statement('ring-window', ({ q: s }) =>
+    positional(
+      `SELECT w.generation::text AS generation, w.current_slot, w.slot_count,
+                  (extract(epoch FROM now() - w.rotated_at) * 1000)::float8 AS age_ms, w.filled,
+                  pg_relation_size(format('%I.%I', $1::text, 'ready_' || w.current_slot)::regclass)::text
+                    AS current_bytes, w.committed_slot
+             FROM ${s}.ring_window() w`,
+      ['schema'],
+      statementName(`berth-ring-window:${name}`),
+    ),
+  );
   const r = await db.query<{
     generation: string;
     current_slot: number;
@@ -56,15 +69,7 @@ export async function readRingFill(db: Queryable, schema: SchemaRef): Promise<Ri
     filled: number[];
     current_bytes: string;
     committed_slot: number;
-  }>({
-    name: statementName(`berth-ring-window:${name}`),
-    text: `SELECT w.generation::text AS generation, w.current_slot, w.slot_count,
-                  (extract(epoch FROM now() - w.rotated_at) * 1000)::float8 AS age_ms, w.filled,
-                  pg_relation_size(format('%I.%I', $1::text, 'ready_' || w.current_slot)::regclass)::text
-                    AS current_bytes, w.committed_slot
-             FROM ${s}.ring_window() w`,
-    values: [name],
-  });
+  }>(statement.query({ schema: name }));
   const row = r.rows[0];
   if (!row) throw new Error(`berth schema "${name}" has no ring_state row`);
   const filled = row.filled.map(Number);
@@ -82,8 +87,8 @@ export async function readRingFill(db: Queryable, schema: SchemaRef): Promise<Ri
   };
 }
 
-export async function readRingWindow(db: Queryable, schema: SchemaRef): Promise<RingWindow> {
-  const fill = await readRingFill(db, schema);
+export async function readRingWindow(db: Queryable, storage: Storage): Promise<RingWindow> {
+  const fill = await readRingFill(db, storage);
   // The epoch's segment and the committed one (the same but for a rotation in between): the one a
   // rotation in flight is sealing may hold an entry committed after this window's snapshot, which
   // its filled list does not show.

@@ -1,3 +1,6 @@
+import { p, type Sql, sql } from '../statement.js';
+import type { LeaseRef } from './lease.js';
+
 /**
  * The settle-and-move tail that fail (processor), return (processor: release, AdvanceCursor,
  * hand-back) and rescue (maintenance) end with: once the settlement row has won the fence, the
@@ -25,8 +28,8 @@ export const MOVE_COLUMNS = `id, type, payload, queue, priority, shard, attempts
  *
  * `s` is the quoted schema. The caller's final SELECT reads `src` for its result.
  */
-export function settleAndMove(s: string, runAt: string): string {
-  return `buried AS (
+export function settleAndMove<N extends string>(s: string, runAt: Sql<N>): Sql<N> {
+  return sql`buried AS (
        INSERT INTO ${s}.dead_letters (${MOVE_COLUMNS})
        SELECT ${MOVE_COLUMNS} FROM src WHERE dead
        ON CONFLICT (id) DO UPDATE SET
@@ -42,20 +45,24 @@ export function settleAndMove(s: string, runAt: string): string {
      )`;
 }
 
+/** The parameters that name one entry of a range lease. */
+export type EntryParams = 'segment' | 'laneId' | 'laneSeq' | 'leaseFrom' | 'token';
+
 /**
  * The head of a single-entry settlement (release, AdvanceCursor, hand-back, snooze), written
- * once: `won` inserts the settlement of entry `$3` of the lease (`$1` slot, `$2` lane, `leaseFrom`
- * its first entry) fenced on token `$4`, as `outcome` (an SQL expression); `lease` reads the entry
- * it settled with its attempt and limit. Nothing when the fence refuses, or when `$3` is not an
- * entry of the lease. The caller's `src` follows.
+ * once: `won` inserts the settlement of entry `laneSeq` of the range lease (`segment`, `laneId`,
+ * `leaseFrom` its first entry) fenced on `token`, as `outcome` (an SQL expression); `lease` reads
+ * the entry it settled with its attempt and limit. Nothing when the fence refuses, or when
+ * `laneSeq` is not an entry of the lease. The caller's `src` follows.
  */
-export function settleOneEntry(s: string, outcome: string, leaseFrom: string): string {
-  return `won AS (
+export function settleOneEntry<N extends string>(s: string, outcome: Sql<N>): Sql<N | EntryParams> {
+  return sql`won AS (
        INSERT INTO ${s}.range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
-       SELECT l.slot, l.lane_id, l.from_seq, int8multirange(int8range($3::bigint, $3::bigint + 1)), 1, ${outcome}
+       SELECT l.slot, l.lane_id, l.from_seq, int8multirange(int8range(${p('laneSeq')}::bigint, ${p('laneSeq')}::bigint + 1)), 1, ${outcome}
          FROM ${s}.range_leases l
-        WHERE l.slot = $1 AND l.lane_id = $2 AND l.from_seq = ${leaseFrom} AND l.token = $4::uuid
-          AND $3::bigint BETWEEN l.from_seq AND l.to_seq AND ${entryOfLease(s, '$1', '$2', '$3::bigint')}
+        WHERE l.slot = ${p('segment')} AND l.lane_id = ${p('laneId')} AND l.from_seq = ${p('leaseFrom')} AND l.token = ${p('token')}::uuid
+          AND ${p('laneSeq')}::bigint BETWEEN l.from_seq AND l.to_seq
+          AND ${entryOfLease(s, sql`${p('segment')}`, sql`${p('laneId')}`, sql`${p('laneSeq')}::bigint`)}
        ON CONFLICT DO NOTHING
        RETURNING slot, lane_id, lease_from
      ), lease AS (
@@ -65,19 +72,25 @@ export function settleOneEntry(s: string, outcome: string, leaseFrom: string): s
               r.lane_id, l.worker, r.trace_context
          FROM won w
          JOIN ${s}.range_leases l ON l.slot = w.slot AND l.lane_id = w.lane_id AND l.from_seq = w.lease_from
-         JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = $3::bigint
+         JOIN ${s}.ready r ON r.slot = w.slot AND r.lane_id = w.lane_id AND r.lane_seq = ${p('laneSeq')}::bigint
      )`;
 }
 
+/** The values of EntryParams for one entry of a range lease. */
+export function entryArgs(ref: LeaseRef): { [K in EntryParams]: unknown } {
+  return { segment: ref.segment, laneId: ref.laneId, laneSeq: ref.laneSeq, leaseFrom: ref.leaseFrom, token: ref.token };
+}
+
 /**
- * Lane position `seq` of lane `lane` in segment `slot` (SQL expressions) is an entry the lease
- * holds: it exists and is not tombstoned. A single-entry settlement counts 1 (its `n`): naming a
- * position within the lease's range that holds no entry (a gap left by a rolled-back append) or a
- * tombstoned one would count an entry that is not there, and a lease whose settlements add up to
- * its `n` with one of its entries unsettled is one rescue and prune would take for done.
+ * Lane position `seq` of lane `lane` in ring segment `segment` (SQL expressions) is an entry the
+ * lease holds: it exists and is not tombstoned. A single-entry settlement counts 1 (its `n`):
+ * naming a position within the lease's range that holds no entry (a gap left by a rolled-back
+ * append) or a tombstoned one would count an entry that is not there, and a lease whose
+ * settlements add up to its `n` with one of its entries unsettled is one rescue and prune would
+ * take for done.
  */
-export function entryOfLease(s: string, slot: string, lane: string, seq: string): string {
-  return `EXISTS (SELECT 1 FROM ${s}.ready r WHERE r.slot = ${slot} AND r.lane_id = ${lane} AND r.lane_seq = ${seq})
+export function entryOfLease<N extends string>(s: string, segment: Sql<N>, lane: Sql<N>, seq: Sql<N>): Sql<N> {
+  return sql`EXISTS (SELECT 1 FROM ${s}.ready r WHERE r.slot = ${segment} AND r.lane_id = ${lane} AND r.lane_seq = ${seq})
           AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
-                           WHERE t.slot = ${slot} AND t.lane_id = ${lane} AND t.lane_seq = ${seq})`;
+                           WHERE t.slot = ${segment} AND t.lane_id = ${lane} AND t.lane_seq = ${seq})`;
 }

@@ -1,6 +1,8 @@
-import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import type { Queryable, Schema } from '../sql.js';
+import { compile, p, sql } from '../statement.js';
 import type { LeaseRef } from './lease.js';
-import { settleAndMove, settleOneEntry } from './settle-tail.js';
+import { entryArgs, settleAndMove, settleOneEntry } from './settle-tail.js';
+import type { Storage } from './storage.js';
 
 export interface SnoozeResult {
   /** False when the fence refused: the lease was already settled (a cancel, rescue) or taken over. */
@@ -23,32 +25,19 @@ export interface SnoozeResult {
  */
 export async function snoozeLease(
   write: Queryable,
-  schema: SchemaRef,
+  storage: Storage,
   ref: LeaseRef,
   delayMs: number,
   maxSnoozes: number,
   finalError: string,
 ): Promise<SnoozeResult> {
-  const { q: s } = bindSchema(schema);
   const res = await write.query<{ wrote: boolean; snoozes: number | null; refunded: boolean; dead: boolean }>(
-    `WITH ${settleOneEntry(s, `'snoozed'`, '$5')}, counted AS (
-       INSERT INTO ${s}.snoozes AS z (id, snoozes) SELECT x.id, 1 FROM lease x
-       ON CONFLICT (id) DO UPDATE SET snoozes = z.snoozes + 1, last_snoozed_at = now()
-       RETURNING z.id, z.snoozes
-     ), src AS MATERIALIZED (
-       SELECT x.id, x.type, x.payload, x.queue, x.priority, x.shard,
-              CASE WHEN c.snoozes <= $7 THEN x.attempt - 1 ELSE x.attempt END AS attempts,
-              x.task_max_attempts AS max_attempts, x.dedupe_key,
-              CASE WHEN c.snoozes > $7 AND x.attempt >= x.max_attempts THEN $8 ELSE x.last_error END AS last_error,
-              x.created_at, x.claimed_at AS last_attempted_at, x.trace_context,
-              (c.snoozes > $7 AND x.attempt >= x.max_attempts) AS dead,
-              c.snoozes, c.snoozes <= $7 AS refunded
-         FROM lease x JOIN counted c ON c.id = x.id
-     ), ${settleAndMove(s, `now() + make_interval(secs => $6::float8 / 1000.0)`)}
-     SELECT EXISTS (SELECT 1 FROM won) AS wrote, (SELECT snoozes FROM src) AS snoozes,
-            coalesce((SELECT refunded FROM src), false) AS refunded,
-            coalesce((SELECT dead FROM src), false) AS dead`,
-    [ref.slot, ref.laneId, ref.laneSeq, ref.token, ref.leaseFrom, Math.max(0, delayMs), maxSnoozes, finalError],
+    storage.statement('snooze', snoozeStatement).query({
+      ...entryArgs(ref),
+      delayMs: Math.max(0, delayMs),
+      maxSnoozes,
+      finalError,
+    }),
   );
   const row = res.rows[0]!;
   return { wrote: row.wrote, snoozes: row.snoozes ?? 0, refunded: row.refunded, dead: row.dead };
@@ -60,10 +49,37 @@ export async function snoozeLease(
  * hour of slack keeps a count whose task is between two rows (a promotion or settlement commits
  * both rows at once, so this is slack, not a fence).
  */
-export async function pruneSnoozeCounts(db: Queryable, schema: SchemaRef, limit = 5000): Promise<number> {
-  const { q: s } = bindSchema(schema);
-  const res = await db.query(
-    `DELETE FROM ${s}.snoozes z
+function snoozeStatement({ q: s }: Schema) {
+  const within = sql`c.snoozes <= ${p('maxSnoozes')}`;
+  return compile(
+    sql`WITH ${settleOneEntry(s, sql`'snoozed'`)}, counted AS (
+       INSERT INTO ${s}.snoozes AS z (id, snoozes) SELECT x.id, 1 FROM lease x
+       ON CONFLICT (id) DO UPDATE SET snoozes = z.snoozes + 1, last_snoozed_at = now()
+       RETURNING z.id, z.snoozes
+     ), src AS MATERIALIZED (
+       SELECT x.id, x.type, x.payload, x.queue, x.priority, x.shard,
+              CASE WHEN ${within} THEN x.attempt - 1 ELSE x.attempt END AS attempts,
+              x.task_max_attempts AS max_attempts, x.dedupe_key,
+              CASE WHEN NOT ${within} AND x.attempt >= x.max_attempts THEN ${p('finalError')} ELSE x.last_error END AS last_error,
+              x.created_at, x.claimed_at AS last_attempted_at, x.trace_context,
+              (NOT ${within} AND x.attempt >= x.max_attempts) AS dead,
+              c.snoozes, ${within} AS refunded
+         FROM lease x JOIN counted c ON c.id = x.id
+     ), ${settleAndMove(s, sql`now() + make_interval(secs => ${p('delayMs')}::float8 / 1000.0)`)}
+     SELECT EXISTS (SELECT 1 FROM won) AS wrote, (SELECT snoozes FROM src) AS snoozes,
+            coalesce((SELECT refunded FROM src), false) AS refunded,
+            coalesce((SELECT dead FROM src), false) AS dead`,
+  );
+}
+
+export async function pruneSnoozeCounts(db: Queryable, storage: Storage, limit = 5000): Promise<number> {
+  const res = await db.query(storage.statement('prune-snoozes', pruneSnoozesStatement).query({ limit }));
+  return res.rowCount ?? 0;
+}
+
+function pruneSnoozesStatement({ q: s }: Schema) {
+  return compile(
+    sql`DELETE FROM ${s}.snoozes z
       WHERE z.id IN (
         SELECT y.id FROM ${s}.snoozes y
          WHERE y.last_snoozed_at < now() - interval '1 hour'
@@ -75,8 +91,6 @@ export async function pruneSnoozeCounts(db: Queryable, schema: SchemaRef, limit 
                               AND NOT EXISTS (SELECT 1 FROM ${s}.leased_entries le
                                                WHERE le.id = r.id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq
                                                  AND le.slot = r.slot AND le.outcome IS NOT NULL))
-         LIMIT $1)`,
-    [limit],
+         LIMIT ${p('limit')})`,
   );
-  return res.rowCount ?? 0;
 }

@@ -1,5 +1,7 @@
 import type { Lane } from '../lane.js';
-import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import type { Queryable } from '../sql.js';
+import { positional } from '../statement.js';
+import { storageFor, type Storage } from './storage.js';
 
 export type TaskState = 'ready' | 'running' | 'completed' | 'scheduled' | 'retryable' | 'dead';
 
@@ -33,8 +35,12 @@ export interface TaskRecord extends Lane {
  * it returns only the entry that still stands for the task (never a tombstoned one, never one
  * whose attempt has moved on), so a task that was moved or retried reads as its current row.
  */
-export async function getTask(db: Queryable, schema: SchemaRef, id: string): Promise<TaskRecord | null> {
-  const { q: s } = bindSchema(schema);
+export function getTask(db: Queryable, schema: string, id: string): Promise<TaskRecord | null> {
+  return getTaskIn(db, storageFor(schema), id);
+}
+
+/** getTask on a bound storage. */
+export async function getTaskIn(db: Queryable, storage: Storage, id: string): Promise<TaskRecord | null> {
   const res = await db.query<{
     id: string;
     type: string;
@@ -53,7 +59,10 @@ export async function getTask(db: Queryable, schema: SchemaRef, id: string): Pro
     expires_at: Date | null;
     worker: string | null;
   }>(
-    `SELECT id::text, type, state, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
+    storage
+      .statement('get-task', ({ q: s }) =>
+        positional(
+          `SELECT id::text, type, state, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
             last_error, created_at, run_at, NULL AS token, NULL::timestamptz AS expires_at, NULL AS worker
        FROM ${s}.deferred WHERE id = $1
      UNION ALL
@@ -76,10 +85,13 @@ export async function getTask(db: Queryable, schema: SchemaRef, id: string): Pro
          AND (l.outcome IS NULL OR l.outcome = 'completed')
        ORDER BY r.appended_at DESC
        LIMIT 1)`,
-    [id],
+          ['id'],
+        ),
+      )
+      .query({ id }),
   );
   const row = res.rows[0];
-  if (!row) return fromHistory(db, s, id);
+  if (!row) return fromHistory(db, storage, id);
   return {
     id: row.id,
     type: row.type,
@@ -106,7 +118,7 @@ export async function getTask(db: Queryable, schema: SchemaRef, id: string): Pro
  * success (completed), or an attempt that retired it (dead, the dead letter since purged).
  * One probe of the history's `bucket` index.
  */
-async function fromHistory(db: Queryable, s: string, id: string): Promise<TaskRecord | null> {
+async function fromHistory(db: Queryable, storage: Storage, id: string): Promise<TaskRecord | null> {
   const res = await db.query<{
     type: string;
     outcome: string;
@@ -119,13 +131,19 @@ async function fromHistory(db: Queryable, s: string, id: string): Promise<TaskRe
     settled_at: Date;
     error: { message?: string } | null;
   }>(
-    `SELECT h.type, h.outcome, h.dead, ln.queue, ln.priority, ln.shard, x.attempt, x.created_at, h.settled_at, h.error
+    storage
+      .statement('task-from-history', ({ q: s }) =>
+        positional(
+          `SELECT h.type, h.outcome, h.dead, ln.queue, ln.priority, ln.shard, x.attempt, x.created_at, h.settled_at, h.error
        FROM ${s}.attempt_history h
        JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
       CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at) AS x(id, attempt, created_at)
       WHERE h.bucket = $1::bigint >> 10 AND $1::bigint = ANY (h.ids) AND x.id = $1::bigint
       ORDER BY h.settled_at DESC LIMIT 1`,
-    [id],
+          ['id'],
+        ),
+      )
+      .query({ id }),
   );
   const h = res.rows[0];
   if (!h || (h.outcome !== 'success' && !h.dead)) return null;

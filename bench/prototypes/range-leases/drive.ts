@@ -10,6 +10,7 @@
  * Prints one JSON line: tasks/s, WAL bytes/task (pg_current_wal_lsn difference around the
  * drain, cluster-wide), load average at start and end.
  */
+import { storageFor } from '../../../src/storage/storage.js';
 import os from 'node:os';
 import pg from 'pg';
 import { migrate } from '../../../src/schema/migrate.js';
@@ -137,7 +138,7 @@ async function main(): Promise<void> {
             continue;
           }
           empty = 0;
-          const settled = await completeLeases(c, schema, got);
+          const settled = await completeLeases(c, storageFor(schema), got);
           flushes++;
           done += settled.size;
         } else {

@@ -8,6 +8,7 @@
  *
  *   node --import tsx bench/prototypes/range-leases/explain.ts [--url URL]
  */
+import { storageFor } from '../../../src/storage/storage.js';
 import { writeFileSync } from 'node:fs';
 import type pg from 'pg';
 import { claim, discover } from '../../../src/processor/claim.js';
@@ -69,7 +70,7 @@ async function main(): Promise<void> {
       SELECT slot, lane_id, lane_seq, id, 'completed' FROM ${s}.leases WHERE lane_seq <= ${HIST}`);
     for (const t of ['ready', 'leases', 'settlements']) await c.query(`VACUUM ANALYZE ${s}.${t}`);
     const q = capture();
-    await discover(q, schema, null, 20, 1);
+    await discover(q, storageFor(schema), null, 20, 1);
     await explain(c, 'base: discovery', q.last.text, q.last.values);
     await claim(
       q,
@@ -81,7 +82,7 @@ async function main(): Promise<void> {
       c,
       claimParams(schema, [lanes[0]!], 100, { marginMs: 30_000, workerId: 'w', wakeChannel: 'ex', maxLanes: 1 }),
     );
-    await completeLeases(q, schema, got);
+    await completeLeases(q, storageFor(schema), got);
     await explain(c, 'base: complete (100 tasks, one flush)', q.last.text, q.last.values);
     await rescueLapsedLeases(q, schema, 1000);
     await explain(c, 'base: rescue (1M lapsed settled leases, 16 unsettled)', q.last.text, q.last.values);
