@@ -344,6 +344,11 @@ test('secrets shorter than the documented minimum, and bad authLimits, are refus
       (e: Error) => e instanceof BerthInputError && new RegExp(`user name "${reserved}" is reserved`).test(e.message),
     );
   }
+  // Recorded as dashboard:<user>, which must fit the database's 200-character actor.
+  await assert.rejects(
+    start({ auth: { users: { ['u'.repeat(191)]: 'a-long-enough-password' } } }),
+    (e: Error) => e instanceof BerthInputError && /must be at most 190 characters \(got 191\)/.test(e.message),
+  );
   await assert.rejects(
     start({ auth: { token: TOKEN }, authLimits: { lockoutMs: 0 } }),
     /authLimits\.lockoutMs must be a positive integer/,

@@ -3,6 +3,7 @@ import { type Command, InvalidArgumentError, Option } from 'commander';
 import type pg from 'pg';
 import { createPool, resolveDatabase, type DatabaseTarget } from '../db/connections.js';
 import { BerthError, BerthInputError } from '../errors.js';
+import { checkText, MAX_ACTOR_CHARS } from '../limits.js';
 import { isTaskId } from '../admin/ids.js';
 import { assertMigrated } from '../schema/migrate.js';
 import { escapeControl, jsonSafe, say } from './terminal.js';
@@ -130,7 +131,11 @@ export function common(c: Command, { json = true }: { json?: boolean } = {}): Co
 
 /** Who an operator action is recorded as: $BERTH_ACTOR, else cli:<login name>. */
 export function actor(): string {
-  if (process.env.BERTH_ACTOR) return process.env.BERTH_ACTOR;
+  if (process.env.BERTH_ACTOR) {
+    // Refused here, before any change, rather than by the database after a bulk action began.
+    checkText(process.env.BERTH_ACTOR, 'actor', 'BERTH_ACTOR', { maxChars: MAX_ACTOR_CHARS });
+    return process.env.BERTH_ACTOR;
+  }
   try {
     return `cli:${userInfo().username}`;
   } catch {

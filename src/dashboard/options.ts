@@ -3,6 +3,7 @@ import type pg from 'pg';
 import type { Registry } from 'prom-client';
 import { resolveDatabase, type DatabaseTarget } from '../db/connections.js';
 import { BerthInputError } from '../errors.js';
+import { MAX_ACTOR_CHARS } from '../limits.js';
 import { createLogger, type Logger } from '../logger.js';
 import { DEFAULT_SCHEMA, type Queryable } from '../sql.js';
 import { validateAuthLimits, type AuthLimitOptions, type AuthLimits } from './auth-limits.js';
@@ -273,6 +274,12 @@ export function validateAuth(auth: DashboardAuth | undefined): void {
         throw new BerthInputError(
           `dashboard user name "${user}" is reserved (the audit log's name for the ${user === 'token' ? 'bearer token' : 'unauthenticated loopback user'}): choose another`,
         );
+      // Recorded as `dashboard:<user>`, an actor the database takes up to MAX_ACTOR_CHARS: a longer
+      // name would make every cancel and removal by that user fail.
+      if (user.length > MAX_USER_CHARS)
+        throw new BerthInputError(
+          `dashboard user name "${user.slice(0, 20)}…" must be at most ${MAX_USER_CHARS} characters (got ${user.length}): the audit log records it as dashboard:<user>`,
+        );
       if (typeof password !== 'string' || chars(password) < MIN_PASSWORD_LENGTH) {
         throw new BerthInputError(
           `dashboard auth.users (BERTH_DASHBOARD_USERS): the password of "${user}" must be at least ${MIN_PASSWORD_LENGTH} characters`,
@@ -281,6 +288,9 @@ export function validateAuth(auth: DashboardAuth | undefined): void {
     }
   }
 }
+
+/** The longest Basic user name: `dashboard:<user>` must fit an actor (MAX_ACTOR_CHARS). */
+const MAX_USER_CHARS = MAX_ACTOR_CHARS - 'dashboard:'.length;
 
 /** Basic user names the audit log already gives a meaning to (src/dashboard/auth.ts). */
 const RESERVED_USERS: ReadonlySet<string> = new Set(['token', 'local']);
