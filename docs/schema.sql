@@ -246,6 +246,12 @@ DECLARE
   v_n integer := coalesce(cardinality(p_types), 0);
   x record;
 BEGIN
+  IF coalesce(array_ndims(p_types), 1) > 1 OR coalesce(array_ndims(p_payloads), 1) > 1
+     OR coalesce(array_ndims(p_run_at), 1) > 1 OR coalesce(array_ndims(p_max_attempts), 1) > 1
+     OR coalesce(array_ndims(p_dedupe), 1) > 1 THEN
+    RAISE EXCEPTION 'berth: %: types, payloads, run_at, max_attempts and dedupe must be one-dimensional arrays', p_fn
+      USING ERRCODE = '22023';
+  END IF;
   IF coalesce(cardinality(p_payloads), 0) <> v_n
      OR (p_run_at IS NOT NULL AND cardinality(p_run_at) <> v_n)
      OR (p_max_attempts IS NOT NULL AND cardinality(p_max_attempts) <> v_n)
@@ -260,7 +266,7 @@ BEGIN
   SELECT u.o, u.t, u.p IS NULL AS no_payload, u.r, u.m, u.k INTO x
     FROM unnest(p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe) WITH ORDINALITY AS u(t, p, r, m, k, o)
    WHERE u.t IS NULL OR char_length(u.t) NOT BETWEEN 1 AND 200 OR u.p IS NULL
-      OR u.r < '0001-01-01 00:00:00+00'::timestamptz OR u.r > '9999-12-31 23:59:59.999+00'::timestamptz
+      OR u.r < '0001-01-01 00:00:00+00'::timestamptz - interval '1 day' OR u.r >= '10000-01-01 00:00:00+00'::timestamptz
       OR u.m NOT BETWEEN 1 AND 1000000 OR octet_length(u.k) NOT BETWEEN 1 AND 1024
    ORDER BY u.o LIMIT 1;
   IF NOT FOUND THEN RETURN; END IF;
@@ -577,10 +583,11 @@ BEGIN
   IF p_shard < 0 OR p_shard > 63 THEN
     RAISE EXCEPTION 'berth: shard % is outside 0-63', p_shard USING ERRCODE = '22023';
   END IF;
-  PERFORM "berth".check_queue('provision_lane', p_queue);
   SELECT lane_id INTO v_id FROM "berth".lanes
    WHERE queue = p_queue AND priority = p_priority AND shard = p_shard;
   IF FOUND THEN RETURN v_id; END IF;
+  -- Only a new lane is checked: a lane that exists (one opened before the limit) keeps working.
+  PERFORM "berth".check_queue('provision_lane', p_queue);
   PERFORM pg_advisory_xact_lock(hashtextextended('berth:queue:' || p_queue, 0));
   INSERT INTO "berth".lanes (queue, priority, shard, paused)
   VALUES (p_queue, p_priority, p_shard,
