@@ -315,7 +315,7 @@ test('gauges read over a window the ring moved past count again over the new one
       return pool.query(config as string, values);
     }) as typeof pool.query,
   };
-  const snap = await readGaugesIn(db, bindSchema(schema), old);
+  const snap = await readGaugesIn(db, storageFor(schema), old);
   assert.equal(snap.pending.get('t'), 2, 'the entry in segment 1, outside the old window, is counted');
   assert.equal(counted.length, 2, 'counted again, over the new window');
   assert.match(counted[1]!, /:w0\.1$/);
@@ -323,7 +323,7 @@ test('gauges read over a window the ring moved past count again over the new one
   const now = await readRingWindow(pool, storageFor(schema));
   await pool.query(`UPDATE ${S}.ring_state SET generation = generation + 1`);
   counted.length = 0;
-  assert.equal((await readGaugesIn(db, bindSchema(schema), now)).pending.get('t'), 2);
+  assert.equal((await readGaugesIn(db, storageFor(schema), now)).pending.get('t'), 2);
   assert.equal(counted.length, 1, 'counted once');
 });
 

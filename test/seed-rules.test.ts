@@ -1,4 +1,5 @@
 /** Smaller seed rules, each pinned on its own (docs/seed-coverage.md cites them by name). */
+import { storageFor } from '../src/storage/storage.js';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
@@ -168,7 +169,7 @@ test('promoter: a lane with a waiter is skipped by later ticks; past the waiter 
   // waiter timeout far beyond two ticks here, a short one below for the timed-out count.
   const p = new Promoter(
     pool,
-    schema,
+    storageFor(schema),
     { batchSize: 100, laneLockTimeoutMs: 50, waiterLockTimeoutMs: scaled(60_000), poolSize: 8 },
     metrics,
     logger,
@@ -176,7 +177,7 @@ test('promoter: a lane with a waiter is skipped by later ticks; past the waiter 
   const short = new BerthMetrics();
   const q = new Promoter(
     pool,
-    schema,
+    storageFor(schema),
     { batchSize: 100, laneLockTimeoutMs: 50, waiterLockTimeoutMs: 400, poolSize: 8 },
     short,
     logger,
@@ -548,7 +549,7 @@ test('a lane whose promotion fails (its sequence is gone) does not starve the ot
   const metrics = new BerthMetrics();
   const p = new Promoter(
     pool,
-    schema,
+    storageFor(schema),
     { batchSize: 10, laneLockTimeoutMs: 50, waiterLockTimeoutMs: 1000, poolSize: 8 },
     metrics,
     logger,

@@ -281,7 +281,7 @@ export async function taskTimeline(db: Queryable, schema: SchemaRef, id: string)
     { at: task.createdAt, event: 'created', detail: { queue: task.queue, priority: task.priority } },
   ];
   const recorded = new Set<string>();
-  for (const a of await attemptsOf(db, bound, id)) {
+  for (const a of await attemptsOf(db, bound.name, id)) {
     recorded.add(`${Number(a.claimedAt)}:${a.attempt}`);
     events.push({
       at: a.claimedAt,

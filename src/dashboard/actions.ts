@@ -5,7 +5,7 @@ import { pauseQueue, resumeQueue } from '../admin/queues.js';
 import { cancelTask, deleteTask, retryTask, type TaskActionResult } from '../admin/tasks.js';
 import { BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
-import type { Queryable, Schema } from '../sql.js';
+import type { Queryable } from '../sql.js';
 import { moveTaskIn } from '../storage/move.js';
 import {
   MAX_FILTER_TEXT_CHARS,
@@ -21,7 +21,8 @@ import {
 /** The state-changing side of the JSON API. Every action is audited under the caller's actor. */
 export interface ActionContext {
   db: Queryable;
-  schema: Schema;
+  /** The schema's name, as the admin functions take it. */
+  schema: string;
   logger: Logger;
   actor: string;
 }

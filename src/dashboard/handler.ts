@@ -3,7 +3,6 @@ import type { TLSSocket } from 'node:tls';
 import { BerthInputError } from '../errors.js';
 import { metricsRequestHandler, type MetricsRequestHandler } from '../observability/metrics-http.js';
 import { assertMigrated } from '../schema/migrate.js';
-import { bindSchema } from '../sql.js';
 
 /** PostgreSQL's undefined_table: what every read answers on an unmigrated schema. */
 const UNDEFINED_TABLE = '42P01';
@@ -59,7 +58,7 @@ export function createDashboardHandler(options: DashboardHandlerOptions): Dashbo
 export function dashboardHandler(options: ResolvedDashboardHandlerOptions): DashboardHandler {
   const { basePath: base, logger, readOnly, schema } = options;
   const auth = new Authenticator(options.auth, options.authLimits, logger);
-  const reads = new DashboardReads(options.pool, bindSchema(schema), logger);
+  const reads = new DashboardReads(options.pool, schema, logger);
   const metrics: MetricsRequestHandler | null = options.metricsRegistry
     ? metricsRequestHandler(options.metricsRegistry)
     : null;

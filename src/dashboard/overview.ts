@@ -1,5 +1,6 @@
 import type { Logger } from '../logger.js';
-import type { Queryable, Schema } from '../sql.js';
+import type { Queryable } from '../sql.js';
+import { storageFor, type Storage } from '../storage/storage.js';
 import {
   CachedReader,
   laneActivity,
@@ -27,15 +28,19 @@ export class DashboardReads {
   /** Running and dead per lane: counts rows (leases, dead letters), so cached like `counts`. */
   readonly activity: CachedReader<Map<number, { running: number; dead: number }>>;
 
+  /** The schema's storage, for the storage-layer reads (getTaskIn, overdueMarks). */
+  readonly storage: Storage;
+
   /** `worker\0problem` already logged: each bad row is logged once, not on every refresh. */
   private readonly reported = new Set<string>();
 
   constructor(
     readonly db: Queryable,
-    /** Bound once by the handler; every read is qualified with it. */
-    readonly schema: Schema,
+    /** The schema's name, as the admin functions take it (they bind it at their door). */
+    readonly schema: string,
     private readonly logger?: Logger,
   ) {
+    this.storage = storageFor(schema);
     this.counts = new CachedReader(() => taskCounts(db, schema), COUNTS_TTL_MS);
     this.lanes = new CachedReader(() => laneStats(db, schema), LANES_TTL_MS);
     this.activity = new CachedReader(() => laneActivity(db, schema), COUNTS_TTL_MS);

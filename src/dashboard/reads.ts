@@ -1,5 +1,4 @@
 import { BerthInputError } from '../errors.js';
-import { storageFor } from '../storage/storage.js';
 import { listAudit } from '../admin/audit.js';
 import { countDead, listDead } from '../admin/dead.js';
 import { listQueues } from '../admin/queues.js';
@@ -82,7 +81,7 @@ export async function tasks(reads: DashboardReads, url: URL) {
   // Running tasks whose handler overran its deadline (one index probe per running task shown).
   const marks = await overdueMarks(
     reads.db,
-    storageFor(reads.schema),
+    reads.storage,
     page.tasks.filter((t) => t.state === 'running').map((t) => t.id),
   );
   return { ...page, tasks: page.tasks.map((t) => (marks.has(t.id) ? { ...t, overdue: marks.get(t.id) } : t)) };
@@ -90,7 +89,7 @@ export async function tasks(reads: DashboardReads, url: URL) {
 
 export async function task(reads: DashboardReads, id: string) {
   taskId(id);
-  const record = await getTaskIn(reads.db, storageFor(reads.schema), id);
+  const record = await getTaskIn(reads.db, reads.storage, id);
   if (!record)
     throw new HttpError(
       404,
@@ -100,9 +99,7 @@ export async function task(reads: DashboardReads, id: string) {
   // Every attempt in attempt history, each with its error (stack, cause chain) or cursor.
   const attempts = await attemptsOf(reads.db, reads.schema, id);
   // A handler still running past its deadline: marked on the page (stuck past the grace).
-  const overdue = record.lease
-    ? ((await overdueMarks(reads.db, storageFor(reads.schema), [id])).get(id) ?? null)
-    : null;
+  const overdue = record.lease ? ((await overdueMarks(reads.db, reads.storage, [id])).get(id) ?? null) : null;
   // The lease token is the fence a holder settles with: never shown.
   const { lease, ...rest } = record;
   return {

@@ -1,5 +1,6 @@
-import { bindSchema, type Queryable, queryRingRead, type Schema, type SchemaRef, statementName } from '../sql.js';
-import { storageFor } from '../storage/storage.js';
+import { type Queryable, queryRingRead, statementName } from '../sql.js';
+import { positional } from '../statement.js';
+import { storageFor, type Storage } from '../storage/storage.js';
 import { overWindow, readRingWindow, type RingWindow, windowKey } from '../storage/ring-window.js';
 import type { BerthMetrics } from '../metrics.js';
 import { claimableEntry, deadRowPredicate, liveEntries } from '../storage/predicates.js';
@@ -22,9 +23,9 @@ export interface GaugeSnapshot {
  * the longest-waiting claimable task has been due. A paused queue's work is not claimable, so
  * it is left out of oldest-due: pausing a queue must not page as starvation.
  */
-export async function readGauges(db: Queryable, schema: SchemaRef): Promise<GaugeSnapshot> {
-  const bound = bindSchema(schema);
-  return readGaugesIn(db, bound, await readRingWindow(db, storageFor(bound)));
+export async function readGauges(db: Queryable, schema: string): Promise<GaugeSnapshot> {
+  const storage = storageFor(schema);
+  return readGaugesIn(db, storage, await readRingWindow(db, storage));
 }
 
 /**
@@ -37,18 +38,25 @@ export async function readGauges(db: Queryable, schema: SchemaRef): Promise<Gaug
  * generation alone (an appender that raced a rotation bumps it) changes nothing then. Otherwise
  * the counts are read again over the new window, and after a second miss over the whole ring.
  */
-export async function readGaugesIn(db: Queryable, bound: Schema, window: RingWindow): Promise<GaugeSnapshot> {
-  let counts = await readCounts(db, bound, window.segments);
+export async function readGaugesIn(db: Queryable, storage: Storage, window: RingWindow): Promise<GaugeSnapshot> {
+  let counts = await readCounts(db, storage, window.segments);
   for (let misses = 0; window.segments !== null; misses++) {
-    const now = await readRingWindow(db, storageFor(bound));
+    const now = await readRingWindow(db, storage);
     if (covers(window, now)) break;
     window = misses === 0 ? now : { ...now, segments: null };
-    counts = await readCounts(db, bound, window.segments);
+    counts = await readCounts(db, storage, window.segments);
   }
+  const [staleMs, futureMs] = liveWorkerParams();
   const fleet = await db.query<{ paused: string[]; workers: number }>(
-    `SELECT ARRAY(SELECT queue FROM ${bound.q}.queue_pauses ORDER BY queue) AS paused,
-            (SELECT count(*)::int FROM ${bound.q}.workers w WHERE ${liveWorker('w', '$1', '$2')}) AS workers`,
-    liveWorkerParams(),
+    storage
+      .statement('gauges-fleet', ({ q: s }) =>
+        positional(
+          `SELECT ARRAY(SELECT queue FROM ${s}.queue_pauses ORDER BY queue) AS paused,
+            (SELECT count(*)::int FROM ${s}.workers w WHERE ${liveWorker('w', '$1', '$2')}) AS workers`,
+          ['staleMs', 'futureMs'],
+        ),
+      )
+      .query({ staleMs, futureMs }),
   );
   const { res, oldest } = counts;
   const snap: GaugeSnapshot = {
@@ -80,13 +88,13 @@ function covers(read: RingWindow, now: RingWindow): boolean {
  * the whole ring when null; see overWindow): one prepared statement per window and session,
  * like the claim's.
  */
-async function readCounts(db: Queryable, schema: Schema, segments: readonly number[] | null) {
-  const { name, q: s } = schema;
+async function readCounts(db: Queryable, storage: Storage, segments: readonly number[] | null) {
   const key = windowKey({ generation: '', segments });
-  const res = await queryRingRead<{ type: string; pending: string; running: string; dead: string }>(db, {
-    name: statementName(`berth-gauges-pending:${name}${key}`),
-    text: overWindow(
-      `WITH live AS (
+  const pending = storage.statement(`gauges-pending${key}`, (schema) => {
+    const { name, q: s } = schema;
+    return positional(
+      overWindow(
+        `WITH live AS (
        SELECT r.type, r.expires_at FROM ${liveEntries(s)} r
      ), per_type AS (
        SELECT type, count(*) AS pending, count(*) FILTER (WHERE expires_at > now()) AS running, 0 AS dead
@@ -98,14 +106,22 @@ async function readCounts(db: Queryable, schema: Schema, segments: readonly numb
      )
      SELECT type, sum(pending)::text AS pending, sum(running)::text AS running, sum(dead)::text AS dead
        FROM per_type GROUP BY type`,
-      schema,
-      segments,
-    ),
+        schema,
+        segments,
+      ),
+      [],
+      statementName(`berth-gauges-pending:${name}${key}`),
+    );
   });
-  const oldest = await queryRingRead<{ secs: number | null }>(db, {
-    name: statementName(`berth-gauges-oldest:${name}${key}`),
-    text: overWindow(
-      `SELECT extract(epoch FROM now() - min(due))::float8 AS secs FROM (
+  const res = await queryRingRead<{ type: string; pending: string; running: string; dead: string }>(
+    db,
+    pending as { name: string; text: string },
+  );
+  const oldestDue = storage.statement(`gauges-oldest${key}`, (schema) => {
+    const { name, q: s } = schema;
+    return positional(
+      overWindow(
+        `SELECT extract(epoch FROM now() - min(due))::float8 AS secs FROM (
        -- Unleased entries only: per unpaused lane, those past its cursor (no lease probe per entry).
        SELECT min(h.run_at) AS due FROM ${s}.lanes pl
         CROSS JOIN LATERAL (
@@ -115,10 +131,14 @@ async function readCounts(db: Queryable, schema: Schema, segments: readonly numb
        UNION ALL
        SELECT min(run_at) FROM ${s}.deferred
         WHERE run_at <= now() AND queue NOT IN (SELECT q.queue FROM ${s}.queue_pauses q)) x`,
-      schema,
-      segments,
-    ),
+        schema,
+        segments,
+      ),
+      [],
+      statementName(`berth-gauges-oldest:${name}${key}`),
+    );
   });
+  const oldest = await queryRingRead<{ secs: number | null }>(db, oldestDue as { name: string; text: string });
   return { res, oldest };
 }
 

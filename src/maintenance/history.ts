@@ -1,4 +1,6 @@
-import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import type { Queryable } from '../sql.js';
+import { positional } from '../statement.js';
+import { storageFor } from '../storage/storage.js';
 
 /**
  * `not_due`: the current partition is younger than retention / (partitions - 1). `blocked`: a
@@ -13,10 +15,13 @@ export type HistoryRotation = 'rotated' | 'not_due' | 'blocked';
  * when nothing is due. Writers never insert into the partition being reclaimed, so the task
  * path never waits for it.
  */
-export async function rotateHistory(db: Queryable, schema: SchemaRef, lockTimeoutMs: number): Promise<HistoryRotation> {
-  const { q: s } = bindSchema(schema);
-  const r = await db.query<{ r: HistoryRotation }>(`SELECT ${s}.rotate_history($1::integer) AS r`, [
-    Math.max(1, Math.round(lockTimeoutMs)),
-  ]);
+export async function rotateHistory(db: Queryable, schema: string, lockTimeoutMs: number): Promise<HistoryRotation> {
+  const r = await db.query<{ r: HistoryRotation }>(
+    storageFor(schema)
+      .statement('rotate-history', ({ q: s }) =>
+        positional(`SELECT ${s}.rotate_history($1::integer) AS r`, ['lockTimeoutMs']),
+      )
+      .query({ lockTimeoutMs: Math.max(1, Math.round(lockTimeoutMs)) }),
+  );
   return r.rows[0]!.r;
 }

@@ -1,5 +1,5 @@
 import { resolveDatabase, type DatabaseTarget } from '../db/connections.js';
-import { storageFor } from '../storage/storage.js';
+import { storageFor, type Storage } from '../storage/storage.js';
 import { checkKeys } from '../limits.js';
 import { didYouMean } from '../util/nearest.js';
 import { BerthInputError } from '../errors.js';
@@ -13,7 +13,6 @@ import { ContentionTally, Promoter, type LaneContention } from './promoter.js';
 import { DEFAULT_DEAD_RETENTION_MS, pruneDeadLetters, pruneOperatorHistory } from './retention.js';
 import { rotateHistory } from './history.js';
 import { maintainRing } from './ring.js';
-import { bindSchema, type Schema, type SchemaRef } from '../sql.js';
 import { rescueLapsedLeasesIn } from '../storage/rescue.js';
 import { pruneSnoozeCounts } from '../storage/snooze.js';
 
@@ -201,7 +200,8 @@ export const GAUGE_PHASE = 0.5;
  */
 export class Maintenance {
   private readonly opts: ResolvedMaintenanceOptions;
-  private readonly schema: Schema;
+  /** The schema's storage, bound once (storage/storage.ts). */
+  private readonly storage: Storage;
   private readonly database: DatabaseTarget;
   private stopped = false;
   private election: ElectionSession | null = null;
@@ -221,7 +221,7 @@ export class Maintenance {
       connectionString: string;
       /** How long the election session's connect may take; default as `resolveDatabase` says (10 s). */
       connectTimeoutMs?: number;
-      schema: SchemaRef;
+      schema: string;
       pool: pg.Pool;
       logger: Logger;
       metrics: BerthMetrics;
@@ -235,7 +235,7 @@ export class Maintenance {
     checkKeys(deps, MAINTENANCE_DEPS_KEYS, 'Maintenance');
     // Resolving a resolved value changes nothing: the worker resolves its options up front.
     this.opts = resolveMaintenanceOptions(deps.options);
-    this.schema = bindSchema(deps.schema);
+    this.storage = storageFor(deps.schema);
     this.database = resolveDatabase(deps.connectionString, { connectTimeoutMs: deps.connectTimeoutMs });
   }
 
@@ -261,7 +261,7 @@ export class Maintenance {
   start(): void {
     this.election = new ElectionSession({
       database: this.database,
-      schema: this.schema.name,
+      schema: this.storage.schema.name,
       workerId: this.deps.workerId ?? `pid ${process.pid}`,
       pollMs: this.opts.leaderPollMs,
       logger: this.deps.logger,
@@ -287,10 +287,11 @@ export class Maintenance {
     this.deps.logger.info('became maintenance leader');
     const o = this.opts;
     const { pool, metrics } = this.deps;
-    const schema = this.schema;
+    const storage = this.storage;
+    const schema = storage.schema.name;
     const promoter = new Promoter(
       pool,
-      schema,
+      storage,
       {
         batchSize: o.promoteBatchSize,
         laneLockTimeoutMs: o.laneLockTimeoutMs,
@@ -315,7 +316,7 @@ export class Maintenance {
         intervalMs: o.rescueIntervalMs,
         startAfterMs: settledStartMs(o.rescueIntervalMs),
         run: async () => {
-          const r = await rescueLapsedLeasesIn(pool, storageFor(schema));
+          const r = await rescueLapsedLeasesIn(pool, storage);
           if (r.retried) metrics.rescued.inc({ result: 'retry' }, r.retried);
           if (r.dead) metrics.rescued.inc({ result: 'dead' }, r.dead);
           metrics.rescueHeld.set(r.held);
@@ -362,7 +363,7 @@ export class Maintenance {
           if (n) this.deps.logger.info({ pruned: n }, 'pruned dead letters past retention');
           const h = await pruneOperatorHistory(pool, schema);
           if (h.outcomeCounts + h.workers > 0) this.deps.logger.info(h, 'pruned operator history past retention');
-          const z = await pruneSnoozeCounts(pool, storageFor(schema));
+          const z = await pruneSnoozeCounts(pool, storage);
           if (z) this.deps.logger.info({ pruned: z }, 'pruned snooze counts of tasks no longer pending');
         },
       },

@@ -1,7 +1,8 @@
 import type pg from 'pg';
 import { inPoolTransaction } from '../db/connections.js';
 import { laneKey, type Lane } from '../lane.js';
-import { bindSchema, type SchemaRef } from '../sql.js';
+import { positional } from '../statement.js';
+import { storageFor, type Storage } from '../storage/storage.js';
 
 export type DeferredState = 'scheduled' | 'retryable';
 
@@ -31,22 +32,44 @@ const LOCK_NOT_AVAILABLE = '55P03';
  * SKIP LOCKED matters: rows another transaction holds (a waiter left running by a former
  * leader) would otherwise be reselected by every batch and starve every other lane.
  */
-export async function promoteDueLanes(
+export function promoteDueLanes(
   pool: pg.Pool,
-  schema: SchemaRef,
+  schema: string,
   state: DeferredState | null,
   batchSize: number,
   laneLockTimeoutMs: number | null,
   skip: readonly Lane[] = [],
 ): Promise<PromoteOutcome> {
-  const bound = bindSchema(schema);
-  const s = bound.q;
+  return promoteDueLanesIn(pool, storageFor(schema), state, batchSize, laneLockTimeoutMs, skip);
+}
+
+/** promoteDueLanes on a bound storage. */
+export async function promoteDueLanesIn(
+  pool: pg.Pool,
+  storage: Storage,
+  state: DeferredState | null,
+  batchSize: number,
+  laneLockTimeoutMs: number | null,
+  skip: readonly Lane[] = [],
+): Promise<PromoteOutcome> {
   // Through due_deferred (a definer function): the row locks need UPDATE on deferred, which a
   // worker role does not have.
   const sel = await pool.query<{ id: string; queue: string; priority: number; shard: number }>(
-    `SELECT id::text AS id, queue, priority, shard
+    storage
+      .statement('due-deferred', ({ q: s }) =>
+        positional(
+          `SELECT id::text AS id, queue, priority, shard
        FROM ${s}.due_deferred($1::text, $2::integer, $3::text[], $4::smallint[], $5::smallint[])`,
-    [state, batchSize, skip.map((l) => l.queue), skip.map((l) => l.priority), skip.map((l) => l.shard)],
+          ['state', 'batchSize', 'skipQueues', 'skipPriorities', 'skipShards'],
+        ),
+      )
+      .query({
+        state,
+        batchSize,
+        skipQueues: skip.map((l) => l.queue),
+        skipPriorities: skip.map((l) => l.priority),
+        skipShards: skip.map((l) => l.shard),
+      }),
   );
   const groups = new Map<string, { lane: Lane; ids: string[] }>();
   for (const r of sel.rows) {
@@ -62,7 +85,7 @@ export async function promoteDueLanes(
   const out: PromoteOutcome = { promoted: 0, lanes: 0, contended: [], failed: [], selected: sel.rowCount ?? 0 };
   for (const { lane, ids } of groups.values()) {
     try {
-      const n = await promoteInLaneTransaction(pool, bound, lane, ids.length, laneLockTimeoutMs);
+      const n = await promoteInLaneTransaction(pool, storage, lane, ids.length, laneLockTimeoutMs);
       out.promoted += n;
       out.lanes += 1;
     } catch (err) {
@@ -77,23 +100,26 @@ export async function promoteDueLanes(
  * Promote the oldest due rows of one lane (up to `batchSize`), under an optional lock timeout.
  * Aborting `signal` cancels the statement (its transaction rolls back, the rows stay deferred).
  */
-export async function promoteDueLane(
+export function promoteDueLane(
   pool: pg.Pool,
-  schema: SchemaRef,
+  schema: string,
   lane: Lane,
   batchSize: number,
   laneLockTimeoutMs: number | null,
   signal?: AbortSignal,
 ): Promise<number> {
-  return promoteInLaneTransaction(pool, schema, lane, batchSize, laneLockTimeoutMs, signal);
+  return promoteInLaneTransaction(pool, storageFor(schema), lane, batchSize, laneLockTimeoutMs, signal);
 }
 
+/** promoteDueLane on a bound storage. */
+export const promoteDueLaneIn = promoteInLaneTransaction;
+
 /** Promote everything due, lane by lane, with no lock timeout. Returns rows promoted. */
-export async function promoteDue(pool: pg.Pool, schema: SchemaRef, batchSize = 1000): Promise<number> {
-  const bound = bindSchema(schema);
+export async function promoteDue(pool: pg.Pool, schema: string, batchSize = 1000): Promise<number> {
+  const storage = storageFor(schema);
   let total = 0;
   for (;;) {
-    const r = await promoteDueLanes(pool, bound, null, batchSize, null);
+    const r = await promoteDueLanesIn(pool, storage, null, batchSize, null);
     total += r.promoted;
     if (r.failed.length > 0) throw r.failed[0]!.error;
     if (r.selected < batchSize || r.promoted === 0) return total;
@@ -107,14 +133,21 @@ export function isLockTimeout(err: unknown): boolean {
 
 async function promoteInLaneTransaction(
   pool: pg.Pool,
-  schema: SchemaRef,
+  storage: Storage,
   lane: Lane,
   limit: number,
   laneLockTimeoutMs: number | null,
   signal?: AbortSignal,
 ): Promise<number> {
-  const { q: s } = bindSchema(schema);
   if (signal?.aborted) return 0;
+  const statement = storage.statement('promote-lane', ({ q: s }) =>
+    positional(`SELECT ${s}.promote_lane($1, $2::smallint, $3::smallint, $4) AS n`, [
+      'queue',
+      'priority',
+      'shard',
+      'limit',
+    ]),
+  );
   return inPoolTransaction(
     pool,
     async (c) => {
@@ -129,8 +162,7 @@ async function promoteInLaneTransaction(
       signal?.addEventListener('abort', cancel);
       try {
         const r = await c.client.query<{ n: number }>(
-          `SELECT ${s}.promote_lane($1, $2::smallint, $3::smallint, $4) AS n`,
-          [lane.queue, lane.priority, lane.shard, limit],
+          statement.query({ queue: lane.queue, priority: lane.priority, shard: lane.shard, limit }),
         );
         return r.rows[0]?.n ?? 0;
       } finally {

@@ -2,8 +2,8 @@ import type pg from 'pg';
 import { childLogger, type Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics.js';
 import { laneKey, laneLabel, type Lane } from '../lane.js';
-import { bindSchema, type Schema, type SchemaRef } from '../sql.js';
-import { isLockTimeout, promoteDueLane, promoteDueLanes, type DeferredState } from './promote.js';
+import type { Storage } from '../storage/storage.js';
+import { isLockTimeout, promoteDueLaneIn, promoteDueLanesIn, type DeferredState } from './promote.js';
 
 export interface PromoterOptions {
   batchSize: number;
@@ -112,18 +112,18 @@ export class Promoter {
   private readonly failingUntil = new Map<string, number>();
   private readonly abort = new AbortController();
 
-  private readonly schema: Schema;
+  private readonly storage: Storage;
 
   constructor(
     private readonly pool: pg.Pool,
-    schema: SchemaRef,
+    storage: Storage,
     private readonly opts: PromoterOptions,
     private readonly metrics: BerthMetrics,
     private readonly logger: Logger,
     /** Where contention outcomes are tallied per lane (Maintenance passes one that outlives the term). */
     readonly contention: ContentionTally = new ContentionTally(),
   ) {
-    this.schema = bindSchema(schema);
+    this.storage = storage;
   }
 
   /** Lanes currently handed to a waiter. */
@@ -143,9 +143,9 @@ export class Promoter {
         const failing = [...this.failingLanes.entries()].filter(([k]) => this.failingUntil.has(k)).map(([, l]) => l);
         const skip = [...this.waitingLanes, ...skipThisTick.values(), ...failing];
         const started = performance.now();
-        const r = await promoteDueLanes(
+        const r = await promoteDueLanesIn(
           this.pool,
-          this.schema,
+          this.storage,
           state,
           this.opts.batchSize,
           this.opts.laneLockTimeoutMs,
@@ -212,9 +212,9 @@ export class Promoter {
       for (;;) {
         if (this.abort.signal.aborted) return;
         const started = performance.now();
-        const n = await promoteDueLane(
+        const n = await promoteDueLaneIn(
           this.pool,
-          this.schema,
+          this.storage,
           lane,
           this.opts.batchSize,
           this.opts.waiterLockTimeoutMs,

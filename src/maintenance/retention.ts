@@ -1,4 +1,6 @@
-import { bindSchema, type Queryable, queryRingRead, type SchemaRef } from '../sql.js';
+import { type Queryable, queryRingRead } from '../sql.js';
+import { positional } from '../statement.js';
+import { storageFor } from '../storage/storage.js';
 import { HEARTBEAT_FUTURE_ALLOWANCE_MS } from '../storage/live-workers.js';
 
 export const DEFAULT_DEAD_RETENTION_MS = 7 * 24 * 3600 * 1000;
@@ -11,19 +13,18 @@ export const DEFAULT_DEAD_RETENTION_MS = 7 * 24 * 3600 * 1000;
  */
 export async function pruneDeadLetters(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
   retentionMs = DEFAULT_DEAD_RETENTION_MS,
   batch = 5000,
   signal?: AbortSignal,
 ): Promise<number> {
-  const { q: s } = bindSchema(schema);
+  const statement = storageFor(schema).statement('prune-dead-letters', ({ q: s }) =>
+    positional(`SELECT ${s}.prune_dead_letters($1::float8, $2::integer) AS n`, ['retentionMs', 'batch']),
+  );
   let total = 0;
   for (;;) {
     // A scan of the settled history: with a ring read's planner settings, not a worker session's.
-    const r = await queryRingRead<{ n: number }>(db, `SELECT ${s}.prune_dead_letters($1::float8, $2::integer) AS n`, [
-      retentionMs,
-      batch,
-    ]);
+    const r = await queryRingRead<{ n: number }>(db, statement.text, statement.values({ retentionMs, batch }));
     const n = r.rows[0]?.n ?? 0;
     total += n;
     // Stops between batches when the leader steps down; the rest waits for the next run.
@@ -44,18 +45,28 @@ export const DEAD_WORKER_RETENTION_MS = 3600 * 1000;
  */
 export async function pruneOperatorHistory(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
 ): Promise<{ outcomeCounts: number; workers: number }> {
-  const { q: s } = bindSchema(schema);
+  const storage = storageFor(schema);
   const ago = `now() - make_interval(secs => $1 / 1000.0)`;
   const ahead = `now() + make_interval(secs => $2 / 1000.0)`;
-  const counts = await db.query(`DELETE FROM ${s}.outcome_counts WHERE minute < ${ago} OR minute > ${ahead}`, [
-    OUTCOME_COUNT_RETENTION_MS,
-    HEARTBEAT_FUTURE_ALLOWANCE_MS,
-  ]);
+  const window = ['keepMs', 'aheadMs'] as const;
+  const counts = await db.query(
+    storage
+      .statement('prune-outcome-counts', ({ q: s }) =>
+        positional(`DELETE FROM ${s}.outcome_counts WHERE minute < ${ago} OR minute > ${ahead}`, window),
+      )
+      .query({ keepMs: OUTCOME_COUNT_RETENTION_MS, aheadMs: HEARTBEAT_FUTURE_ALLOWANCE_MS }),
+  );
   const workers = await db.query(
-    `DELETE FROM ${s}.workers WHERE last_seen_at < ${ago} OR last_seen_at > ${ahead} OR NOT isfinite(started_at)`,
-    [DEAD_WORKER_RETENTION_MS, HEARTBEAT_FUTURE_ALLOWANCE_MS],
+    storage
+      .statement('prune-workers', ({ q: s }) =>
+        positional(
+          `DELETE FROM ${s}.workers WHERE last_seen_at < ${ago} OR last_seen_at > ${ahead} OR NOT isfinite(started_at)`,
+          window,
+        ),
+      )
+      .query({ keepMs: DEAD_WORKER_RETENTION_MS, aheadMs: HEARTBEAT_FUTURE_ALLOWANCE_MS }),
   );
   return { outcomeCounts: counts.rowCount ?? 0, workers: workers.rowCount ?? 0 };
 }

@@ -1,7 +1,8 @@
 import { checkKeys } from '../limits.js';
-import { storageFor } from '../storage/storage.js';
+import { storageFor, type Storage } from '../storage/storage.js';
 import type pg from 'pg';
-import { bindSchema, queryRingRead, type Schema, type SchemaRef } from '../sql.js';
+import { queryRingRead } from '../sql.js';
+import { positional } from '../statement.js';
 import { type RingFill, readRingFill } from '../storage/ring-window.js';
 
 /**
@@ -24,14 +25,20 @@ export interface RingState {
   ageMs: number;
 }
 
-export async function readRingState(db: pg.Pool | pg.ClientBase, schema: SchemaRef): Promise<RingState> {
-  const { q: s } = bindSchema(schema);
+export async function readRingState(db: pg.Pool | pg.ClientBase, schema: string): Promise<RingState> {
   const r = await db.query<{ current_slot: number; slot_count: number; generation: string; age_ms: number }>(
-    // Through ring_window(): its current segment is the ring epoch's (migration 18), the one
-    // appends go to.
-    `SELECT current_slot, slot_count, generation::text AS generation,
+    storageFor(schema)
+      .statement('ring-state', ({ q: s }) =>
+        // Through ring_window(): its current segment is the ring epoch's (migration 18), the one
+        // appends go to.
+        positional(
+          `SELECT current_slot, slot_count, generation::text AS generation,
             (extract(epoch FROM now() - rotated_at) * 1000)::float8 AS age_ms
        FROM ${s}.ring_window()`,
+          [],
+        ),
+      )
+      .query({}),
   );
   const row = r.rows[0]!;
   return {
@@ -54,10 +61,10 @@ export type RotateResult = 'rotated' | 'not_due' | 'empty' | 'next_slot_busy' | 
  * is only ever appended to again after TRUNCATE has reclaimed it. Compare-and-set on
  * current_slot, so concurrent rotators move it once.
  */
-export async function rotateRing(pool: pg.Pool, schema: SchemaRef, minAgeMs: number): Promise<RotateResult> {
-  const bound = bindSchema(schema);
-  const fill = await readRingFill(pool, storageFor(bound));
-  return rotateIfDue(pool, bound, fill, new Set(fill.filled), { minAgeMs, smallAgeMs: minAgeMs });
+export async function rotateRing(pool: pg.Pool, schema: string, minAgeMs: number): Promise<RotateResult> {
+  const storage = storageFor(schema);
+  const fill = await readRingFill(pool, storage);
+  return rotateIfDue(pool, storage, fill, new Set(fill.filled), { minAgeMs, smallAgeMs: minAgeMs });
 }
 
 /**
@@ -72,7 +79,7 @@ export const SMALL_SEGMENT_BYTES = 4 * 1024 * 1024;
  */
 async function rotateIfDue(
   pool: pg.Pool,
-  schema: Schema,
+  storage: Storage,
   fill: RingFill,
   filled: ReadonlySet<number>,
   age: { minAgeMs: number; smallAgeMs: number },
@@ -82,7 +89,7 @@ async function rotateIfDue(
   if (!filled.has(fill.currentSegment)) return 'empty';
   if (fill.ageMs < age.smallAgeMs && fill.currentBytes < SMALL_SEGMENT_BYTES) return 'not_due';
   if (filled.has(next)) return 'next_slot_busy';
-  return rotateFrom(pool, schema, fill.currentSegment, next);
+  return rotateFrom(pool, storage, fill.currentSegment, next);
 }
 
 /**
@@ -92,10 +99,13 @@ async function rotateIfDue(
  * empty could take an appender's uncommitted entry out of every claim's window) and `to` holds
  * none (else `next_slot_busy`). The function moves the ring epoch (migration 18) with it.
  */
-async function rotateFrom(pool: pg.Pool, schema: Schema, from: number, to: number): Promise<RotateResult> {
+async function rotateFrom(pool: pg.Pool, storage: Storage, from: number, to: number): Promise<RotateResult> {
   const r = await pool.query<{ result: RotateResult }>(
-    `SELECT ${schema.q}.rotate_ring($1::smallint, $2::smallint) AS result`,
-    [from, to],
+    storage
+      .statement('rotate-ring', ({ q: s }) =>
+        positional(`SELECT ${s}.rotate_ring($1::smallint, $2::smallint) AS result`, ['from', 'to']),
+      )
+      .query({ from, to }),
   );
   return r.rows[0]!.result;
 }
@@ -122,18 +132,30 @@ export type PruneResult =
  * instead of waiting. No task can be lost: every entry in a pruned segment was settled or
  * tombstoned. One statement: no client is checked out.
  */
-export async function pruneSegment(
+export function pruneSegment(
   pool: pg.Pool,
-  schema: SchemaRef,
+  schema: string,
   segment: number,
   lockTimeoutMs: number,
 ): Promise<PruneResult> {
-  // Its in-flight check reads the slot's whole partitions: with the planner settings of a ring
-  // read, not the worker session's (no sequential scans).
+  return pruneSegmentIn(pool, storageFor(schema), segment, lockTimeoutMs);
+}
+
+async function pruneSegmentIn(
+  pool: pg.Pool,
+  storage: Storage,
+  segment: number,
+  lockTimeoutMs: number,
+): Promise<PruneResult> {
+  const statement = storage.statement('prune-segment', ({ q: s }) =>
+    positional(`SELECT ${s}.prune_slot($1::smallint, $2::integer) AS result`, ['segment', 'lockTimeoutMs']),
+  );
+  // Its in-flight check reads the segment's whole partitions: with the planner settings of a
+  // ring read, not the worker session's (no sequential scans).
   const r = await queryRingRead<{ result: PruneOutcome }>(
     pool,
-    `SELECT ${bindSchema(schema).q}.prune_slot($1::smallint, $2::integer) AS result`,
-    [segment, Math.max(1, Math.round(lockTimeoutMs))],
+    statement.text,
+    statement.values({ segment, lockTimeoutMs: Math.max(1, Math.round(lockTimeoutMs)) }),
   );
   const result = r.rows[0]!.result;
   if (result === 'pruned') return { segment, result };
@@ -159,7 +181,7 @@ const RING_KEYS: ReadonlySet<string> = new Set(['rotateAfterMs', 'rotateSmallAft
  */
 export async function maintainRing(
   pool: pg.Pool,
-  schema: SchemaRef,
+  schema: string,
   opts: {
     rotateAfterMs: number;
     /** When a segment smaller than SMALL_SEGMENT_BYTES is sealed; default `rotateAfterMs` (size ignored). */
@@ -168,12 +190,14 @@ export async function maintainRing(
   },
 ): Promise<{ rotation: RotateResult; prunes: PruneResult[] }> {
   checkKeys(opts, RING_KEYS, 'maintainRing');
-  const bound = bindSchema(schema);
-  const fill = await readRingFill(pool, storageFor(bound));
+  const storage = storageFor(schema);
+  const fill = await readRingFill(pool, storage);
   if (fill.committedSegment !== fill.currentSegment) {
     // A rotation's transaction was lost after its statement moved the epoch (or another rotator
     // is mid-rotation): bring ring_state level first; the next tick rotates and prunes.
-    await pool.query(`SELECT ${bound.q}.repair_ring_state()`);
+    await pool.query(
+      storage.statement('repair-ring-state', ({ q: s }) => positional(`SELECT ${s}.repair_ring_state()`, [])).query({}),
+    );
     return { rotation: 'raced', prunes: [] };
   }
   const filled = new Set(fill.filled);
@@ -181,11 +205,11 @@ export async function maintainRing(
   for (let i = 1; i < fill.segmentCount; i++) {
     const segment = (fill.currentSegment + i) % fill.segmentCount;
     if (!filled.has(segment)) continue;
-    const p = await pruneSegment(pool, bound, segment, opts.lockTimeoutMs);
+    const p = await pruneSegmentIn(pool, storage, segment, opts.lockTimeoutMs);
     if (p.result === 'pruned' || p.result === 'recovered') filled.delete(segment);
     prunes.push(p);
   }
-  const rotation = await rotateIfDue(pool, bound, fill, filled, {
+  const rotation = await rotateIfDue(pool, storage, fill, filled, {
     minAgeMs: opts.rotateAfterMs,
     smallAgeMs: Math.max(opts.rotateAfterMs, opts.rotateSmallAfterMs ?? opts.rotateAfterMs),
   });

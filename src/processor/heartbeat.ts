@@ -1,6 +1,7 @@
 import type { Storage } from '../storage/storage.js';
 import { hostname } from 'node:os';
-import type { Queryable } from '../sql.js';
+import type { Queryable, Schema } from '../sql.js';
+import { positional } from '../statement.js';
 import type { Logger } from '../logger.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 
@@ -123,19 +124,51 @@ export class Heartbeat {
     await this.inFlight;
     await this.write();
     try {
-      await this.db.query(`DELETE FROM ${this.storage.schema.q}.workers WHERE worker_id = $1`, [this.source.workerId]);
+      await this.db.query(
+        this.storage
+          .statement('remove-worker', ({ q: s }) =>
+            positional(`DELETE FROM ${s}.workers WHERE worker_id = $1`, ['workerId']),
+          )
+          .query({ workerId: this.source.workerId }),
+      );
     } catch (err) {
       this.logger.warn({ err: (err as Error).message }, 'could not remove the worker heartbeat row');
     }
   }
 
   private async write(): Promise<void> {
-    const s = this.storage.schema.q;
     const src = this.source;
     const rows = this.tally.take();
     try {
       await this.db.query(
-        `WITH beat AS (
+        this.storage.statement('heartbeat', heartbeatStatement).query({
+          workerId: src.workerId,
+          host: hostname(),
+          pid: process.pid,
+          queues: src.queues,
+          slots: src.slots,
+          busy: src.busy(),
+          prefetched: src.prefetched(),
+          leader: src.leader(),
+          maintenance: JSON.stringify(src.maintenance()),
+          startedAt: src.startedAt,
+          minutes: rows.map((r) => r.key.minute),
+          countQueues: rows.map((r) => r.key.queue),
+          types: rows.map((r) => r.key.type),
+          outcomes: rows.map((r) => r.key.outcome),
+          counts: rows.map((r) => r.n),
+        }),
+      );
+    } catch (err) {
+      this.tally.restore(rows);
+      this.logger.warn({ err: (err as Error).message }, 'worker heartbeat failed; retrying at the next beat');
+    }
+  }
+}
+
+function heartbeatStatement({ q: s }: Schema) {
+  return positional(
+    `WITH beat AS (
            INSERT INTO ${s}.workers AS w (worker_id, host, pid, queues, slots, busy, prefetched, leader,
                                           maintenance, started_at, last_seen_at)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now())
@@ -151,27 +184,22 @@ export class Heartbeat {
            RETURNING 1
          )
          SELECT (SELECT count(*) FROM beat) + (SELECT count(*) FROM counted) AS written`,
-        [
-          src.workerId,
-          hostname(),
-          process.pid,
-          src.queues,
-          src.slots,
-          src.busy(),
-          src.prefetched(),
-          src.leader(),
-          JSON.stringify(src.maintenance()),
-          src.startedAt,
-          rows.map((r) => r.key.minute),
-          rows.map((r) => r.key.queue),
-          rows.map((r) => r.key.type),
-          rows.map((r) => r.key.outcome),
-          rows.map((r) => r.n),
-        ],
-      );
-    } catch (err) {
-      this.tally.restore(rows);
-      this.logger.warn({ err: (err as Error).message }, 'worker heartbeat failed; retrying at the next beat');
-    }
-  }
+    [
+      'workerId',
+      'host',
+      'pid',
+      'queues',
+      'slots',
+      'busy',
+      'prefetched',
+      'leader',
+      'maintenance',
+      'startedAt',
+      'minutes',
+      'countQueues',
+      'types',
+      'outcomes',
+      'counts',
+    ],
+  );
 }

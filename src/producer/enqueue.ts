@@ -1,5 +1,7 @@
 import { BerthInputError } from '../errors.js';
-import { bindSchema, DEFAULT_SCHEMA, type Queryable, statementName } from '../sql.js';
+import { DEFAULT_SCHEMA, type Queryable, type Schema, statementName } from '../sql.js';
+import { positional } from '../statement.js';
+import { storageFor, type Storage } from '../storage/storage.js';
 import { validatePayload } from '../task.js';
 import type { TaskPayload, TaskTypeLike, TaskTypeName } from '../task-type.js';
 import { captureTraceContext } from '../tracing.js';
@@ -150,7 +152,7 @@ async function enqueueTasks(
   options: { schema?: string },
 ): Promise<EnqueueResult[]> {
   checkKeys(options, BATCH_OPTION_KEYS, 'enqueueMany options');
-  const { name: schema, q: s } = bindSchema(options.schema ?? ENQUEUE_DEFAULTS.schema);
+  const storage = storageFor(options.schema ?? ENQUEUE_DEFAULTS.schema);
   // The caller's active trace context, taken now (before any await), once for the whole call:
   // null unless a span is active, so an untraced producer stores nothing (src/tracing.ts).
   const trace = captureTraceContext();
@@ -186,7 +188,7 @@ async function enqueueTasks(
   }
   const results: EnqueueResult[] = new Array(tasks.length);
   for (const key of [...groups.keys()].sort()) {
-    for (const chunk of chunks(groups.get(key)!)) await enqueueChunk(executor, schema, s, chunk, trace, results);
+    for (const chunk of chunks(groups.get(key)!)) await enqueueChunk(executor, storage, chunk, trace, results);
   }
   return results;
 }
@@ -233,8 +235,7 @@ function sameLane(a: ResolvedTaskSpec, b: ResolvedTaskSpec): boolean {
  */
 async function enqueueChunk(
   executor: Queryable,
-  schema: string,
-  s: string,
+  storage: Storage,
   chunk: readonly ResolvedTaskSpec[],
   trace: string | null,
   results: EnqueueResult[],
@@ -247,31 +248,21 @@ async function enqueueChunk(
     types[i] = chunk[i]!.type;
     payloads[i] = chunk[i]!.json;
   }
-  // Named, so each connection parses and plans it once (it is the producer's hot path).
-  const res = await executor.query<{ ids: string[]; states: string }>({
-    name: statementName(`berth-enqueue:${schema}`),
-    text: `SELECT array_agg(coalesce(e.id, e.duplicate_of)::text ORDER BY e.ord) AS ids,
-                  string_agg(left(e.state, 1), '' ORDER BY e.ord) AS states
-             FROM ${s}.enqueue($1, $2::smallint, $3::smallint, $4::smallint,
-               ARRAY(SELECT t FROM jsonb_array_elements_text($5::jsonb) WITH ORDINALITY AS a(t, o) ORDER BY o),
-               ARRAY(SELECT p FROM jsonb_array_elements($6::jsonb) WITH ORDINALITY AS a(p, o) ORDER BY o),
-               (SELECT array_agg(CASE WHEN d IS NULL THEN r ELSE now() + make_interval(secs => d / 1000.0) END ORDER BY o)
-                  FROM unnest($7::timestamptz[], $8::float8[]) WITH ORDINALITY AS u(r, d, o)),
-               $9::integer[], $10::text[], $11::text) AS e`,
-    values: [
-      first.queue,
-      first.priority,
-      first.shard,
-      first.shards,
-      JSON.stringify(types),
-      `[${payloads.join(',')}]`,
-      column(chunk, (c) => c.runAt),
-      column(chunk, (c) => c.delay),
-      column(chunk, (c) => c.maxAttempts),
-      column(chunk, (c) => c.dedupeKey),
+  const res = await executor.query<{ ids: string[]; states: string }>(
+    storage.statement('enqueue', enqueueStatement).query({
+      queue: first.queue,
+      priority: first.priority,
+      shard: first.shard,
+      shards: first.shards,
+      types: JSON.stringify(types),
+      payloads: `[${payloads.join(',')}]`,
+      runAt: column(chunk, (c) => c.runAt),
+      delayMs: column(chunk, (c) => c.delay),
+      maxAttempts: column(chunk, (c) => c.maxAttempts),
+      dedupeKeys: column(chunk, (c) => c.dedupeKey),
       trace,
-    ],
-  });
+    }),
+  );
   const { ids, states } = res.rows[0]!;
   for (let i = 0; i < n; i++) {
     // For a duplicate, the id is the live task's that holds the key (duplicate_of).
@@ -282,6 +273,34 @@ async function enqueueChunk(
         ? { id: null, state: 'duplicate', duplicateOf: id ?? undefined }
         : { id, state: state === 'r' ? 'ready' : 'scheduled' };
   }
+}
+
+function enqueueStatement({ name, q: s }: Schema) {
+  return positional(
+    `SELECT array_agg(coalesce(e.id, e.duplicate_of)::text ORDER BY e.ord) AS ids,
+                  string_agg(left(e.state, 1), '' ORDER BY e.ord) AS states
+             FROM ${s}.enqueue($1, $2::smallint, $3::smallint, $4::smallint,
+               ARRAY(SELECT t FROM jsonb_array_elements_text($5::jsonb) WITH ORDINALITY AS a(t, o) ORDER BY o),
+               ARRAY(SELECT p FROM jsonb_array_elements($6::jsonb) WITH ORDINALITY AS a(p, o) ORDER BY o),
+               (SELECT array_agg(CASE WHEN d IS NULL THEN r ELSE now() + make_interval(secs => d / 1000.0) END ORDER BY o)
+                  FROM unnest($7::timestamptz[], $8::float8[]) WITH ORDINALITY AS u(r, d, o)),
+               $9::integer[], $10::text[], $11::text) AS e`,
+    [
+      'queue',
+      'priority',
+      'shard',
+      'shards',
+      'types',
+      'payloads',
+      'runAt',
+      'delayMs',
+      'maxAttempts',
+      'dedupeKeys',
+      'trace',
+    ],
+    // Named, so each connection parses and plans it once (it is the producer's hot path).
+    statementName(`berth-enqueue:${name}`),
+  );
 }
 
 /** One optional column of a chunk, or null when no task of it has a value (sent as NULL). */

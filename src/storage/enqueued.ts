@@ -1,6 +1,8 @@
 import { BerthInputError } from '../errors.js';
 import type { Lane } from '../lane.js';
-import { bindSchema, DEFAULT_SCHEMA, type Queryable, type SchemaRef, statementName } from '../sql.js';
+import { DEFAULT_SCHEMA, type Queryable, statementName } from '../sql.js';
+import { positional } from '../statement.js';
+import { storageFor } from './storage.js';
 
 /** A task as its enqueue wrote it: what `enqueuedIn` lists. */
 export interface EnqueuedTask extends Lane {
@@ -28,8 +30,8 @@ export interface EnqueuedTask extends Lane {
  * that window and are never looked up. A sequential scan of both tables: this is for tests, not
  * for a production path.
  */
-export async function enqueuedIn(db: Queryable, schema: SchemaRef = DEFAULT_SCHEMA): Promise<EnqueuedTask[]> {
-  const { name, q: s } = bindSchema(schema);
+export async function enqueuedIn(db: Queryable, schema: string = DEFAULT_SCHEMA): Promise<EnqueuedTask[]> {
+  const storage = storageFor(schema);
   // Sent without parameters, so over the simple protocol: the statement is then one message,
   // and its statement_timestamp() equals transaction_timestamp() exactly when it is the first
   // command of its transaction (an autocommit statement: a pool, or a client outside BEGIN).
@@ -40,9 +42,9 @@ export async function enqueuedIn(db: Queryable, schema: SchemaRef = DEFAULT_SCHE
       'enqueuedIn: pass the client holding the open transaction that enqueued (after BEGIN, before COMMIT or ROLLBACK); this query ran in a transaction of its own',
     );
   }
-  const res = await db.query<EnqueuedTask>({
-    name: statementName(`berth-enqueued-in:${name}`),
-    text: `WITH me AS (
+  const statement = storage.statement('enqueued-in', ({ name, q: s }) =>
+    positional(
+      `WITH me AS (
        SELECT x::text::numeric AS top, x::text::numeric % 4294967296 AS top32
          FROM pg_current_xact_id_if_assigned() x
      ), mine AS (
@@ -61,6 +63,10 @@ export async function enqueuedIn(db: Queryable, schema: SchemaRef = DEFAULT_SCHE
       WHERE m.after_top < 2147483648
         AND pg_xact_status((me.top + m.after_top)::text::xid8) = 'in progress'
       ORDER BY m.id, m.state`,
-  });
+      [],
+      statementName(`berth-enqueued-in:${name}`),
+    ),
+  );
+  const res = await db.query<EnqueuedTask>(statement.query({}));
   return res.rows;
 }

@@ -1,7 +1,8 @@
 import { BerthInputError } from '../errors.js';
 import { readErrorDetail } from './attempt-read.js';
-import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
-import { type Sql, sql } from '../statement.js';
+import type { Queryable } from '../sql.js';
+import { positional, type Sql, sql } from '../statement.js';
+import { storageFor } from './storage.js';
 import type { ErrorDetail } from '../util/error-detail.js';
 
 /**
@@ -152,17 +153,19 @@ function toRecord(r: AttemptRow): AttemptRecord {
 }
 
 /** Every attempt of one task still in history, oldest first. One btree probe (`bucket`). */
-export async function attemptsOf(db: Queryable, schema: SchemaRef, id: string): Promise<AttemptRecord[]> {
-  const { q: s } = bindSchema(schema);
-  const res = await db.query<AttemptRow>(
-    `SELECT ${ATTEMPT_SELECT}
+export async function attemptsOf(db: Queryable, schema: string, id: string): Promise<AttemptRecord[]> {
+  const statement = storageFor(schema).statement('attempts-of', ({ q: s }) =>
+    positional(
+      `SELECT ${ATTEMPT_SELECT}
        FROM ${s}.attempt_history h
        JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
       CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at, h.run_ms) AS x(id, attempt, created_at, run_ms)
       WHERE h.bucket = $1::bigint >> 10 AND $1::bigint = ANY (h.ids) AND x.id = $1::bigint
       ORDER BY h.settled_at, h.claimed_at`,
-    [id],
+      ['id'],
+    ),
   );
+  const res = await db.query<AttemptRow>(statement.query({ id }));
   return res.rows.map(toRecord);
 }
 
@@ -220,18 +223,18 @@ function parseCursor(after: string | undefined): [string, string] | [null, null]
  */
 export async function listAttempts(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
   filter: AttemptFilter = {},
   page: AttemptPage = {},
 ): Promise<AttemptList> {
-  const { q: s } = bindSchema(schema);
   const limit = page.limit ?? 50;
   if (!Number.isInteger(limit) || limit < 1 || limit > 500)
     throw new BerthInputError('limit must be an integer from 1 to 500');
   if (filter.outcome !== undefined) parseOutcome(filter.outcome);
   const [at, afterId] = parseCursor(page.after);
-  const res = await db.query<AttemptRow>(
-    `SELECT ${ATTEMPT_SELECT}
+  const statement = storageFor(schema).statement('list-attempts', ({ q: s }) =>
+    positional(
+      `SELECT ${ATTEMPT_SELECT}
        FROM ${s}.attempt_history h
        JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
       CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at, h.run_ms) AS x(id, attempt, created_at, run_ms)
@@ -242,16 +245,20 @@ export async function listAttempts(
         AND ($7::timestamptz IS NULL OR h.settled_at >= $7) AND ($8::timestamptz IS NULL OR h.settled_at < $8)
       ORDER BY h.settled_at DESC, x.id DESC
       LIMIT $6`,
-    [
-      filter.type ?? null,
-      filter.queue ?? null,
-      filter.outcome ?? null,
+      ['type', 'queue', 'outcome', 'at', 'afterId', 'limit', 'since', 'before'],
+    ),
+  );
+  const res = await db.query<AttemptRow>(
+    statement.query({
+      type: filter.type ?? null,
+      queue: filter.queue ?? null,
+      outcome: filter.outcome ?? null,
       at,
       afterId,
-      limit + 1,
-      checkTime(filter.since, 'since'),
-      checkTime(filter.before, 'before'),
-    ],
+      limit: limit + 1,
+      since: checkTime(filter.since, 'since'),
+      before: checkTime(filter.before, 'before'),
+    }),
   );
   const rows = res.rows.slice(0, limit);
   const last = rows[rows.length - 1];
@@ -271,8 +278,14 @@ export interface HistorySettings {
   rotatedAt: Date;
 }
 
-export async function readHistorySettings(db: Queryable, schema: SchemaRef): Promise<HistorySettings> {
-  const { q: s } = bindSchema(schema);
+export async function readHistorySettings(db: Queryable, schema: string): Promise<HistorySettings> {
+  const statement = storageFor(schema).statement('history-settings', ({ q: s }) =>
+    positional(
+      `SELECT enabled, retention_ms, part_count, current_part, generation::text AS generation, rotated_at
+        FROM ${s}.history_state`,
+      [],
+    ),
+  );
   const r = await db.query<{
     enabled: boolean;
     retention_ms: number;
@@ -280,8 +293,7 @@ export async function readHistorySettings(db: Queryable, schema: SchemaRef): Pro
     current_part: number;
     generation: string;
     rotated_at: Date;
-  }>(`SELECT enabled, retention_ms, part_count, current_part, generation::text AS generation, rotated_at
-        FROM ${s}.history_state`);
+  }>(statement.query({}));
   const row = r.rows[0]!;
   return {
     enabled: row.enabled,
@@ -303,7 +315,7 @@ export const MIN_HISTORY_RETENTION_MS = 7000;
  */
 export async function setHistorySettings(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
   change: { enabled?: boolean; retentionMs?: number },
 ): Promise<HistorySettings> {
   for (const key of Object.keys(change)) {
@@ -314,11 +326,16 @@ export async function setHistorySettings(
   const ms = change.retentionMs;
   if (ms !== undefined && (typeof ms !== 'number' || !Number.isFinite(ms) || ms < MIN_HISTORY_RETENTION_MS))
     throw new BerthInputError(`history retentionMs must be a number of milliseconds >= ${MIN_HISTORY_RETENTION_MS}`);
-  const bound = bindSchema(schema);
   await db.query(
-    `UPDATE ${bound.q}.history_state
+    storageFor(schema)
+      .statement('set-history-settings', ({ q: s }) =>
+        positional(
+          `UPDATE ${s}.history_state
         SET enabled = coalesce($1::boolean, enabled), retention_ms = coalesce($2::float8, retention_ms)`,
-    [change.enabled ?? null, ms ?? null],
+          ['enabled', 'retentionMs'],
+        ),
+      )
+      .query({ enabled: change.enabled ?? null, retentionMs: ms ?? null }),
   );
-  return readHistorySettings(db, bound);
+  return readHistorySettings(db, schema);
 }

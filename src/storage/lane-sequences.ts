@@ -1,4 +1,6 @@
-import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import type { Queryable } from '../sql.js';
+import { positional } from '../statement.js';
+import { storageFor } from './storage.js';
 
 /**
  * Lane sequences (`lane_seq_<lane_id>`) give each lane its order. berth creates them through
@@ -52,8 +54,14 @@ function errorCode(err: unknown): string | undefined {
 }
 
 /** Every lane sequence that is missing or wrongly owned, in lane order. */
-export async function listLaneSequenceProblems(db: Queryable, schema: SchemaRef): Promise<LaneSequenceProblem[]> {
-  const { name, q: s } = bindSchema(schema);
+export async function listLaneSequenceProblems(db: Queryable, schema: string): Promise<LaneSequenceProblem[]> {
+  const statement = storageFor(schema).statement('lane-sequence-problems', ({ q: s }) =>
+    positional(
+      `SELECT lane_id, sequence_name, problem, current_owner, expected_owner, repair_roles, repair_statement
+         FROM ${s}.lane_sequence_problems ORDER BY lane_id`,
+      [],
+    ),
+  );
   try {
     const res = await db.query<{
       lane_id: number;
@@ -63,10 +71,7 @@ export async function listLaneSequenceProblems(db: Queryable, schema: SchemaRef)
       expected_owner: string;
       repair_roles: string[];
       repair_statement: string;
-    }>(
-      `SELECT lane_id, sequence_name, problem, current_owner, expected_owner, repair_roles, repair_statement
-         FROM ${s}.lane_sequence_problems ORDER BY lane_id`,
-    );
+    }>(statement.query({}));
     return res.rows.map((r) => ({
       laneId: r.lane_id,
       sequence: r.sequence_name,
@@ -78,7 +83,7 @@ export async function listLaneSequenceProblems(db: Queryable, schema: SchemaRef)
     }));
   } catch (err) {
     if (errorCode(err) === UNDEFINED_TABLE) {
-      throw new Error(`schema "${name}" has no lane_sequence_problems view: migrate it first (berth migrate)`, {
+      throw new Error(`schema "${schema}" has no lane_sequence_problems view: migrate it first (berth migrate)`, {
         cause: err,
       });
     }
@@ -93,16 +98,15 @@ export async function listLaneSequenceProblems(db: Queryable, schema: SchemaRef)
  * waits behind it. Each repair waits at most 300 ms for its locks and reports the sequence
  * busy rather than stalling producers. Runs with the caller's rights.
  */
-export async function repairLaneSequences(db: Queryable, schema: SchemaRef): Promise<LaneSequenceRepairReport> {
-  const bound = bindSchema(schema);
-  const s = bound.q;
+export async function repairLaneSequences(db: Queryable, schema: string): Promise<LaneSequenceRepairReport> {
+  const repair = storageFor(schema).statement('repair-lane-sequence', ({ q: s }) =>
+    positional(`SELECT ${s}.repair_lane_sequence($1) AS result`, ['laneId']),
+  );
   const report: LaneSequenceRepairReport = { repaired: [], busy: [], notPermitted: [], failed: [] };
-  for (const problem of await listLaneSequenceProblems(db, bound)) {
+  for (const problem of await listLaneSequenceProblems(db, schema)) {
     let result: string;
     try {
-      const res = await db.query<{ result: string }>(`SELECT ${s}.repair_lane_sequence($1) AS result`, [
-        problem.laneId,
-      ]);
+      const res = await db.query<{ result: string }>(repair.query({ laneId: problem.laneId }));
       result = res.rows[0]!.result;
     } catch (err) {
       const code = errorCode(err);
