@@ -27,7 +27,7 @@ const LAYERS: readonly { name: string; paths: readonly string[]; peers?: true }[
       'limits.ts',
       'sql.ts',
       'db/',
-      'metrics.ts',
+      'metrics/',
       'tracing.ts',
       'task.ts',
       'task-type.ts',

@@ -1,6 +1,6 @@
 import { bindSchema, type Queryable, queryRingRead, type Schema, type SchemaRef, statementName } from '../sql.js';
 import { overWindow, readRingWindow, type RingWindow, windowKey } from '../storage/ring-window.js';
-import type { BerthMetrics } from '../metrics.js';
+import type { BerthMetrics } from '../metrics/catalogue.js';
 import { claimableEntry, deadRowPredicate, liveEntries } from '../storage/predicates.js';
 import { liveWorker, liveWorkerParams } from '../storage/live-workers.js';
 

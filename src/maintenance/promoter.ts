@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import { childLogger, type Logger } from '../logger.js';
-import type { BerthMetrics } from '../metrics.js';
+import type { BerthMetrics } from '../metrics/catalogue.js';
 import { laneKey, laneLabel, type Lane } from '../lane.js';
 import { bindSchema, type Schema, type SchemaRef } from '../sql.js';
 import { isLockTimeout, promoteDueLane, promoteDueLanes, type DeferredState } from './promote.js';

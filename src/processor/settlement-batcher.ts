@@ -1,6 +1,6 @@
 import { isConnectionError } from '../db/connections.js';
 import type { Logger } from '../logger.js';
-import type { BerthMetrics } from '../metrics.js';
+import type { BerthMetrics } from '../metrics/catalogue.js';
 import { bindSchema, type Queryable, type Schema, type SchemaRef } from '../sql.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
 import { type CompletableRef, completeLeases } from '../storage/complete.js';

@@ -1,6 +1,6 @@
 import { laneLabel } from '../lane.js';
 import type { Logger } from '../logger.js';
-import type { BerthMetrics } from '../metrics.js';
+import type { BerthMetrics } from '../metrics/catalogue.js';
 import { bindSchema, type Queryable, type Schema, type SchemaRef } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
 import { STALE_HEARTBEATS } from '../storage/live-workers.js';
