@@ -195,15 +195,8 @@ export {
 } from './dashboard/index.js';
 
 // Metrics
-export {
-  BerthMetrics,
-  OUTCOMES,
-  CounterMetric,
-  HistogramMetric,
-  GaugeMetric,
-  type Outcome,
-  type BerthMetricsOptions,
-} from './metrics.js';
+export { BerthMetrics, OUTCOMES, type Outcome, type BerthMetricsOptions } from './metrics/catalogue.js';
+export { CounterMetric, HistogramMetric, GaugeMetric } from './metrics/instruments.js';
 export {
   metricsRequestHandler,
   startMetricsServer,

@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parse, stringify } from 'yaml';
-import { BerthMetrics } from '../src/metrics.js';
+import { BerthMetrics } from '../src/metrics/catalogue.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const RULES = join(ROOT, 'deploy/prometheus/berth-alerts.yaml');
@@ -227,7 +227,7 @@ test('every metric an alert references is one berth exports', async () => {
     const used = rule.expr.match(/\bberth_[a-z0-9_]+/g) ?? [];
     assert.ok(used.length > 0, `${rule.alert} references no berth metric`);
     for (const name of used)
-      assert.ok(exported.has(name), `${rule.alert} references ${name}, which src/metrics.ts does not export`);
+      assert.ok(exported.has(name), `${rule.alert} references ${name}, which src/metrics/catalogue.ts does not export`);
   }
 });
 
@@ -254,7 +254,7 @@ test('docs/operations.md describes every metric berth exports', async () => {
   for (const m of await new BerthMetrics().registry.getMetricsAsJSON()) {
     assert.ok(
       ops.includes(`\`${m.name}\``),
-      `${m.name} is exported by src/metrics.ts but not described in ${OPERATIONS} (add it to the metrics table)`,
+      `${m.name} is exported by src/metrics/catalogue.ts but not described in ${OPERATIONS} (add it to the metrics table)`,
     );
   }
 });

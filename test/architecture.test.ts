@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { transform } from 'esbuild';
 
 const SRC = fileURLToPath(new URL('../src/', import.meta.url));
 
@@ -28,7 +29,7 @@ const LAYERS: readonly { name: string; paths: readonly string[]; peers?: true }[
       'sql.ts',
       'statement.ts',
       'db/',
-      'metrics.ts',
+      'metrics/',
       'tracing.ts',
       'task.ts',
       'task-type.ts',
@@ -239,6 +240,27 @@ test('no folder imports itself back through another folder', () => {
 test('no file imports itself back through other files', () => {
   const found = cycles(edgesBy(graph, (m) => m, true)).map((c) => c.map((m) => `src/${m}`).join(' → '));
   assert.deepEqual(found, [], `file cycles:\n${found.join('\n')}`);
+});
+
+test('the browser client reaches outside its folder only for wire.ts, which holds types only', async () => {
+  // The client is type-checked without Node (tsconfig.client.json), and the bundles' staleness
+  // check hashes src/dashboard/client alone (client-hash.ts): what it imports from outside must
+  // need no Node and add nothing to the bundle. The API's JSON shapes are the one such module.
+  const outside = new Set(
+    [...graph].flatMap(([from, edges]) =>
+      from.startsWith('dashboard/client/')
+        ? edges.filter((e) => !e.target.startsWith('dashboard/client/')).map((e) => e.target)
+        : [],
+    ),
+  );
+  assert.deepEqual([...outside], ['dashboard/wire.ts']);
+  const wire = readFileSync(join(SRC, 'dashboard', 'wire.ts'), 'utf8');
+  assert.doesNotMatch(wire, /^[ \t]*(?:import|export)\b[^'"`;]*\bfrom\s*['"]/m, 'wire.ts imports nothing');
+  assert.equal(
+    (await transform(wire, { loader: 'ts' })).code,
+    '',
+    'wire.ts declares types only: it compiles to nothing',
+  );
 });
 
 test('the check reads imports and catches what it must', () => {

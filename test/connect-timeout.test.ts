@@ -14,7 +14,7 @@ import { Maintenance } from '../src/maintenance-api.js';
 import { BerthInputError } from '../src/errors.js';
 import { isConnectionError, resolveDatabase } from '../src/db/connections.js';
 import { WakeListener } from '../src/processor/wake.js';
-import { BerthMetrics } from '../src/metrics.js';
+import { BerthMetrics } from '../src/metrics/catalogue.js';
 import { runCli } from './support/run-cli.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor } from './helpers.js';
 

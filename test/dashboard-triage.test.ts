@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { defineTask, enqueue, getTask, Worker } from '../src/index.js';
 import { startDashboard } from '../src/dashboard/index.js';
 import { MAX_BULK_TASK_IDS } from '../src/dashboard/actions.js';
-import type { Attempt } from '../src/dashboard/client/wire.js';
+import type { Attempt } from '../src/dashboard/wire.js';
 import { DATABASE_URL, FAST_MAINTENANCE, freshSchema, testLogger, waitFor } from './helpers.js';
 import { httpCall, type Reply } from './support/http.js';
 

@@ -9,7 +9,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer } from 'node:net';
 import { Maintenance } from '../src/maintenance-api.js';
-import { BerthMetrics } from '../src/metrics.js';
+import { BerthMetrics } from '../src/metrics/catalogue.js';
 import { RECONNECT_MAX_MS, reconnectDelayMs } from '../src/maintenance/election.js';
 import { followerApplicationName, leaderApplicationName, schemaLockKey } from '../src/storage/locks.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, testLogger, waitFor } from './helpers.js';

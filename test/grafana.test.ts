@@ -5,7 +5,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { BerthMetrics } from '../src/metrics.js';
+import { BerthMetrics } from '../src/metrics/catalogue.js';
 
 const DASHBOARD = fileURLToPath(new URL('../deploy/grafana/berth-dashboard.json', import.meta.url));
 
@@ -94,7 +94,7 @@ test('every metric a panel or variable references is one berth exports', async (
     const used = metricNames(expr);
     assert.ok(used.length > 0 || where.startsWith('variable'), `${where}: references no berth metric: ${expr}`);
     for (const name of used)
-      assert.ok(exported.has(name), `${where} references ${name}, which src/metrics.ts does not export`);
+      assert.ok(exported.has(name), `${where} references ${name}, which src/metrics/catalogue.ts does not export`);
   }
 });
 

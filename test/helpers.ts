@@ -1,7 +1,7 @@
 import pg from 'pg';
 import { after } from 'node:test';
 import { migrate } from '../src/index.js';
-import type { BerthMetrics } from '../src/metrics.js';
+import type { BerthMetrics } from '../src/metrics/catalogue.js';
 import { createLogger, logLevel, type Logger } from '../src/logger.js';
 
 export const DATABASE_URL = process.env.TEST_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';

@@ -376,7 +376,7 @@ test('gauges: pending includes running; running is a live lease; dead; oldest du
   await reset();
   const { readGauges } = await import('../src/maintenance-api.js');
   const { publishGauges } = await import('../src/maintenance/gauges.js');
-  const { BerthMetrics } = await import('../src/metrics.js');
+  const { BerthMetrics } = await import('../src/metrics/catalogue.js');
   await enqueueMany(
     pool,
     Array.from({ length: 5 }, () => ({ type: 'g', payload: {} })),

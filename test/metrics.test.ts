@@ -5,14 +5,14 @@ import type { AddressInfo } from 'node:net';
 import { metrics as otelApi } from '@opentelemetry/api';
 import { DataPointType, MeterProvider, MetricReader, type MetricData } from '@opentelemetry/sdk-metrics';
 import { Gauge, Registry } from 'prom-client';
+import { BerthMetrics } from '../src/metrics/catalogue.js';
 import {
-  BerthMetrics,
   CounterMetric,
   GaugeMetric,
   HistogramMetric,
   histogramEntriesWritable,
   otelName,
-} from '../src/metrics.js';
+} from '../src/metrics/instruments.js';
 import { metricsRequestHandler, startMetricsServer } from '../src/observability/metrics-http.js';
 
 /** A reader the test collects from on demand. */

@@ -7,7 +7,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { OUTCOMES } from '../src/metrics.js';
+import { OUTCOMES } from '../src/metrics/catalogue.js';
 import { backoffDelayMs, DEFAULT_BACKOFF } from '../src/task.js';
 import { settlementFor, type HandlerRan, type SettleAnswer, type TaskRun } from '../src/processor/outcome-table.js';
 

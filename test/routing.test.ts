@@ -2,7 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { BerthInputError, defineTask, enqueue, enqueueMany, getTask, Worker } from '../src/index.js';
 import type { AnyTaskDefinition } from '../src/task.js';
-import { BerthMetrics } from '../src/metrics.js';
+import { BerthMetrics } from '../src/metrics/catalogue.js';
 import { resolveUnknownTypeOptions, UnknownTypes } from '../src/processor/unknown-types.js';
 import {
   captureLogger,

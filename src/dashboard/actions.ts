@@ -17,6 +17,7 @@ import {
   queueName,
   taskId,
 } from './params.js';
+import type { BulkTaskAnswer, DeadActionAnswer, MoveAnswer, QueueActionAnswer, TaskActionAnswer } from './wire.js';
 
 /** The state-changing side of the JSON API. Every action is audited under the caller's actor. */
 export interface ActionContext {
@@ -45,7 +46,7 @@ export function isTaskAction(name: string): name is TaskAction {
   return Object.hasOwn(TASK_ACTIONS, name);
 }
 
-export async function taskAction(c: ActionContext, id: string, action: TaskAction) {
+export async function taskAction(c: ActionContext, id: string, action: TaskAction): Promise<TaskActionAnswer> {
   taskId(id);
   const result = await run(c, `task.${action}`, { id }, () => oneTask(c, id, action));
   return { result };
@@ -77,17 +78,6 @@ const CHANGED: Readonly<Record<TaskActionResult, boolean>> = {
 };
 
 export type BulkTaskAction = 'retry' | 'cancel';
-
-export interface BulkTaskAnswer {
-  /** Distinct ids asked for. */
-  requested: number;
-  changed: number;
-  unchanged: number;
-  /** How many ended in each result (`retried`, `removed`, `running`, `not_found`, …). */
-  byResult: Partial<Record<TaskActionResult, number>>;
-  /** Each id's result, in the order asked, and whether it changed the task. */
-  results: { id: string; result: TaskActionResult; changed: boolean }[];
-}
 
 /** `{ ids: [...] }`: 1 to MAX_BULK_TASK_IDS task ids (text or integers), nothing else. */
 function bulkIds(body: Body): string[] {
@@ -126,7 +116,7 @@ export async function bulkTaskAction(c: ActionContext, action: BulkTaskAction, b
   return { requested: ids.length, changed, unchanged: ids.length - changed, byResult, results };
 }
 
-export async function moveAction(c: ActionContext, id: string, body: Body) {
+export async function moveAction(c: ActionContext, id: string, body: Body): Promise<MoveAnswer> {
   taskId(id);
   const queue = optionalQueue(body.queue);
   const priority = optionalInteger(body.priority, 'priority');
@@ -153,7 +143,7 @@ function deadFilter(body: Body): DeadFilter {
   return filter;
 }
 
-export function deadAction(c: ActionContext, action: 'retry' | 'purge', body: Body) {
+export function deadAction(c: ActionContext, action: 'retry' | 'purge', body: Body): Promise<DeadActionAnswer> {
   const filter = deadFilter(body);
   const target = {
     ...filter,
@@ -162,7 +152,12 @@ export function deadAction(c: ActionContext, action: 'retry' | 'purge', body: Bo
   return run(c, `dead.${action}`, target, () => (action === 'retry' ? retryDead : purgeDead)(c.db, c.schema, filter));
 }
 
-export function queueAction(c: ActionContext, queue: string, action: 'pause' | 'resume', body: Body) {
+export function queueAction(
+  c: ActionContext,
+  queue: string,
+  action: 'pause' | 'resume',
+  body: Body,
+): Promise<QueueActionAnswer> {
   queueName(queue);
   if (action === 'pause') {
     const reason = optionalText(body.reason, 'reason', MAX_FILTER_TEXT_CHARS);

@@ -13,6 +13,7 @@ import { checkCsrf, type Principal } from './auth.js';
 import { HttpError, readJsonObject, sendJson } from './http.js';
 import type { DashboardReads } from './overview.js';
 import * as read from './reads.js';
+import type { ActionAnswer, Session } from './wire.js';
 
 export interface ApiContext {
   reads: DashboardReads;
@@ -30,7 +31,7 @@ type Read = (
   session: { principal: Principal; readOnly: boolean },
 ) => Promise<unknown>;
 /** An action: POST with the CSRF header, audited. */
-type Action = (c: ActionContext, params: string[], body: Body) => Promise<unknown>;
+type Action = (c: ActionContext, params: string[], body: Body) => Promise<ActionAnswer>;
 
 interface Route {
   pattern: RegExp;
@@ -45,7 +46,11 @@ const ROUTES: Route[] = [
   // What the page needs to act: who it is acting as, its CSRF token, and whether it may.
   {
     pattern: /^\/api\/session$/,
-    read: async (_r, _u, _p, s) => ({ actor: s.principal.actor, csrf: s.principal.csrf, readOnly: s.readOnly }),
+    read: async (_r, _u, _p, s): Promise<Session> => ({
+      actor: s.principal.actor,
+      csrf: s.principal.csrf,
+      readOnly: s.readOnly,
+    }),
   },
   { pattern: /^\/api\/overview$/, read: (r) => read.overview(r) },
   { pattern: /^\/api\/lanes$/, read: (r) => read.lanes(r) },

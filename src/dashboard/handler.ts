@@ -18,6 +18,7 @@ import {
 } from './options.js';
 import { loginPage, shellPage, unauthorizedPage } from './pages.js';
 import { rejectNul } from './params.js';
+import type { ErrorAnswer } from './wire.js';
 
 /** Serves a request and returns true, or returns false for a path outside the base path. */
 export type DashboardHandler = (req: IncomingMessage, res: ServerResponse) => Promise<boolean>;
@@ -133,7 +134,8 @@ export function dashboardHandler(options: ResolvedDashboardHandlerOptions): Dash
 
   function unauthorized(res: ServerResponse, path: string): void {
     if (path.startsWith('/api/') || path === '/metrics') {
-      sendJson(res, 401, { error: 'authentication required' }, auth.challenge());
+      const answer: ErrorAnswer = { error: 'authentication required' };
+      sendJson(res, 401, answer, auth.challenge());
     } else if (auth.acceptsLogin) {
       // No Basic challenge on a page when the token form is on offer: the browser would show its
       // own prompt before the form. The form links to /basic, which challenges.

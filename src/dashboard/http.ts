@@ -1,6 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { BerthError, type BerthErrorCode } from '../errors.js';
 import { rejectNulDeep } from './params.js';
+import type { ErrorAnswer } from './wire.js';
 
 /** An answer with a status and a message safe to show the client. */
 export class HttpError extends BerthError {
@@ -42,6 +43,38 @@ export function send(
   res.end(body);
 }
 
+/**
+ * What sendJson makes of a value of type T, as a type: a Date (anything with `toJSON`) becomes
+ * what its `toJSON` returns, an ISO string; a bigint becomes text; undefined, a function or a
+ * symbol is left out of an object (null in an array); `unknown` stays unknown. A Map or a Set
+ * would be sent as `{}`, so it has no JSON type (`never`): convert it first. The API's routes
+ * return `Json<...>` of their server types checked against the shapes in wire.ts.
+ */
+export type Json<T> = unknown extends T
+  ? unknown
+  : T extends { toJSON(): infer R }
+    ? Json<R>
+    : T extends bigint
+      ? string
+      : T extends string | number | boolean | null
+        ? T
+        : T extends undefined | symbol | ((...args: never[]) => unknown)
+          ? undefined
+          : T extends ReadonlyMap<unknown, unknown> | ReadonlySet<unknown>
+            ? never
+            : T extends readonly (infer U)[]
+              ? (Exclude<Json<U>, undefined> | (undefined extends Json<U> ? null : never))[]
+              : { [K in keyof T]: Json<T[K]> };
+
+/**
+ * A value as the JSON sendJson will send for it, typed as such: the conversion is sendJson's
+ * (JSON.stringify and its bigint replacer), this only states it in the type, so a route's answer
+ * can be checked against its wire shape (wire.ts) without copying the value.
+ */
+export function json<T>(value: T): Json<T> {
+  return value as unknown as Json<T>;
+}
+
 /** Dates as ISO strings, bigint as text: what JSON.stringify does, plus bigint. */
 export function sendJson(
   res: ServerResponse,
@@ -54,7 +87,8 @@ export function sendJson(
 }
 
 export function sendError(res: ServerResponse, err: HttpError): void {
-  sendJson(res, err.status, { error: err.message }, err.headers);
+  const answer: ErrorAnswer = { error: err.message };
+  sendJson(res, err.status, answer, err.headers);
 }
 
 const MAX_BODY = 64 * 1024;

@@ -14,6 +14,8 @@ import {
   type ThroughputPoint,
   type WorkerInfo,
 } from '../admin/stats.js';
+import { json } from './http.js';
+import type { MinutePoint, Overview, QueueOverview, Totals } from './wire.js';
 
 /** Counts read every unfinished row: shared by every open page for this long. */
 export const COUNTS_TTL_MS = 5000;
@@ -61,46 +63,6 @@ export class DashboardReads {
       );
     }
   }
-}
-
-/**
- * Counts as the pages show them. `pending` keeps seed 000's definition (every unfinished task,
- * running ones included, as berth_tasks_pending counts them); `waiting` is pending minus running,
- * so the overview can show waiting beside running without one task being read twice.
- */
-interface Totals {
-  pending: number;
-  waiting: number;
-  running: number;
-  dead: number;
-}
-
-export interface QueueOverview extends Totals {
-  queue: string;
-  /** Entries past the claim cursors of the queue's lanes (an estimate), plus due deferred rows. */
-  depth: number;
-  oldestDueSeconds: number;
-  paused: boolean;
-}
-
-export interface MinutePoint {
-  minute: string;
-  /** Handler runs that ended `success`. */
-  completed: number;
-  /** `failure`, `timeout` and `lost`. */
-  failed: number;
-  /** `continued` and `cancelled`. */
-  other: number;
-}
-
-export interface Overview {
-  counts: { ageMs: number; total: Totals; byQueueType: TaskCount[]; byType: (Totals & { type: string })[] };
-  queues: QueueOverview[];
-  /** The oldest claimable due work: paused queues left out. */
-  oldestDue: { seconds: number; queue: string | null };
-  workers: { alive: number; total: number; slots: number; busy: number };
-  leader: { workerId: string | null; pid: number; applicationName: string; since: Date } | null;
-  throughput: MinutePoint[];
 }
 
 function add(into: Totals, c: TaskCount): void {
@@ -173,7 +135,7 @@ export async function readOverview(reads: DashboardReads): Promise<Overview> {
       Object.assign(oldestDue, { seconds: l.oldestDueSeconds, queue: l.queue });
   }
   const alive = workers.filter((w) => w.alive);
-  return {
+  return json({
     counts: {
       ageMs: counts.ageMs,
       total,
@@ -197,5 +159,5 @@ export async function readOverview(reads: DashboardReads): Promise<Overview> {
         }
       : null,
     throughput: minuteSeries(points, THROUGHPUT_MINUTES),
-  };
+  });
 }

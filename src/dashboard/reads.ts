@@ -8,7 +8,7 @@ import { laneKey } from '../lane.js';
 import { attemptsOf, listAttempts, parseOutcome } from '../storage/history.js';
 import { getTaskIn } from '../storage/tasks.js';
 import { overdueMarks } from '../storage/overdue.js';
-import { HttpError } from './http.js';
+import { HttpError, json } from './http.js';
 import { readOverview, type DashboardReads } from './overview.js';
 import {
   MAX_FILTER_TEXT_CHARS,
@@ -18,10 +18,24 @@ import {
   queryLimit,
   taskId,
 } from './params.js';
+import type {
+  AttemptList,
+  DeadCount,
+  DeadLetters,
+  Lanes,
+  Maintenance,
+  Overview,
+  Queues,
+  TaskDetail,
+  TaskList,
+} from './wire.js';
 
-/** The GET side of the JSON API: reads only, keyset pages and cached counts. */
+/**
+ * The GET side of the JSON API: reads only, keyset pages and cached counts. Each returns its
+ * answer's wire shape (wire.ts), through `json` where the server's types hold Dates.
+ */
 
-export function overview(reads: DashboardReads) {
+export function overview(reads: DashboardReads): Promise<Overview> {
   return readOverview(reads);
 }
 
@@ -29,7 +43,7 @@ export function overview(reads: DashboardReads) {
  * Lanes: depth and oldest due (index probes), running and dead (cached counts), and the
  * promotion contention and waiters the leader's heartbeat reports (validated: see listWorkers).
  */
-export async function lanes(reads: DashboardReads) {
+export async function lanes(reads: DashboardReads): Promise<Lanes> {
   const [stats, activity, leader] = await Promise.all([
     reads.lanes.get(),
     reads.activity.get(),
@@ -66,7 +80,7 @@ export async function lanes(reads: DashboardReads) {
   };
 }
 
-export async function tasks(reads: DashboardReads, url: URL) {
+export async function tasks(reads: DashboardReads, url: URL): Promise<TaskList> {
   const state = optionalQuery(url, 'state');
   const page = await listTasks(
     reads.db,
@@ -84,10 +98,10 @@ export async function tasks(reads: DashboardReads, url: URL) {
     reads.storage,
     page.tasks.filter((t) => t.state === 'running').map((t) => t.id),
   );
-  return { ...page, tasks: page.tasks.map((t) => (marks.has(t.id) ? { ...t, overdue: marks.get(t.id) } : t)) };
+  return json({ ...page, tasks: page.tasks.map((t) => (marks.has(t.id) ? { ...t, overdue: marks.get(t.id) } : t)) });
 }
 
-export async function task(reads: DashboardReads, id: string) {
+export async function task(reads: DashboardReads, id: string): Promise<TaskDetail> {
   taskId(id);
   const record = await getTaskIn(reads.db, reads.storage, id);
   if (!record)
@@ -102,14 +116,14 @@ export async function task(reads: DashboardReads, id: string) {
   const overdue = record.lease ? ((await overdueMarks(reads.db, reads.storage, [id])).get(id) ?? null) : null;
   // The lease token is the fence a holder settles with: never shown.
   const { lease, ...rest } = record;
-  return {
+  return json({
     task: {
       ...rest,
       lease: lease && { expiresAt: lease.expiresAt, worker: lease.worker, attempt: lease.attempt, overdue },
     },
     attempts,
     timeline,
-  };
+  });
 }
 
 /** A time in the query (ISO 8601, e.g. 2026-12-01T06:00Z), or undefined when absent. */
@@ -122,10 +136,10 @@ function timeQuery(url: URL, name: string): Date | undefined {
 }
 
 /** Attempts newest first by type, queue, outcome and time (attempt history), keyset-paginated. */
-export function attempts(reads: DashboardReads, url: URL) {
+export async function attempts(reads: DashboardReads, url: URL): Promise<AttemptList> {
   const outcome = optionalQuery(url, 'outcome');
   const after = optionalQuery(url, 'after', 40);
-  return listAttempts(
+  const page = await listAttempts(
     reads.db,
     reads.schema,
     {
@@ -137,6 +151,7 @@ export function attempts(reads: DashboardReads, url: URL) {
     },
     { after, limit: queryLimit(url) },
   );
+  return json(page);
 }
 
 function deadFilter(url: URL) {
@@ -147,20 +162,22 @@ function deadFilter(url: URL) {
   };
 }
 
-export function dead(reads: DashboardReads, url: URL) {
-  return listDead(reads.db, reads.schema, deadFilter(url), { after: optionalCursor(url), limit: queryLimit(url) });
+export async function dead(reads: DashboardReads, url: URL): Promise<DeadLetters> {
+  return json(
+    await listDead(reads.db, reads.schema, deadFilter(url), { after: optionalCursor(url), limit: queryLimit(url) }),
+  );
 }
 
 /** What a bulk action on the filter would touch: read once, when the operator asks. */
-export async function deadCount(reads: DashboardReads, url: URL) {
+export async function deadCount(reads: DashboardReads, url: URL): Promise<DeadCount> {
   return { count: await countDead(reads.db, reads.schema, deadFilter(url)) };
 }
 
-export async function queues(reads: DashboardReads) {
-  return { queues: await listQueues(reads.db, reads.schema) };
+export async function queues(reads: DashboardReads): Promise<Queues> {
+  return json({ queues: await listQueues(reads.db, reads.schema) });
 }
 
-export async function maintenance(reads: DashboardReads) {
+export async function maintenance(reads: DashboardReads): Promise<Maintenance> {
   const [leader, workers, audit] = await Promise.all([
     leaderInfo(reads.db, reads.schema),
     listWorkers(reads.db, reads.schema),
@@ -168,9 +185,9 @@ export async function maintenance(reads: DashboardReads) {
   ]);
   reads.noteInvalid(workers);
   const now = Date.now();
-  return {
+  return json({
     leader,
     workers: workers.map((w) => ({ ...w, heartbeatAgeSeconds: Math.max(0, (now - w.lastSeenAt.getTime()) / 1000) })),
     audit,
-  };
+  });
 }

@@ -2,7 +2,7 @@ import { type Queryable, queryRingRead, statementName } from '../sql.js';
 import { positional } from '../statement.js';
 import { storageFor, type Storage } from '../storage/storage.js';
 import { overWindow, readRingWindow, type RingWindow, windowKey } from '../storage/ring-window.js';
-import type { BerthMetrics } from '../metrics.js';
+import type { BerthMetrics } from '../metrics/catalogue.js';
 import { claimableEntry, deadRowPredicate, liveEntries } from '../storage/predicates.js';
 import { liveWorker, liveWorkerParams } from '../storage/live-workers.js';
 

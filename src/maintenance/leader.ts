@@ -6,7 +6,7 @@ import { BerthInputError } from '../errors.js';
 import type pg from 'pg';
 import type { Lane } from '../lane.js';
 import { childLogger, type Logger } from '../logger.js';
-import type { BerthMetrics } from '../metrics.js';
+import type { BerthMetrics } from '../metrics/catalogue.js';
 import { ElectionSession } from './election.js';
 import { publishGauges, readGauges, resetGauges } from './gauges.js';
 import { ContentionTally, Promoter, type LaneContention } from './promoter.js';

@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import { childLogger, type Logger } from '../logger.js';
-import type { BerthMetrics } from '../metrics.js';
+import type { BerthMetrics } from '../metrics/catalogue.js';
 import { laneKey, laneLabel, type Lane } from '../lane.js';
 import type { Storage } from '../storage/storage.js';
 import { isLockTimeout, promoteDueLaneIn, promoteDueLanesIn, type DeferredState } from './promote.js';

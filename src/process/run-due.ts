@@ -4,7 +4,7 @@ import { BerthInputError } from '../errors.js';
 import { checkKeys } from '../limits.js';
 import { createLogger, type Logger } from '../logger.js';
 import { promoteDue } from '../maintenance/promote.js';
-import type { BerthMetrics, Outcome } from '../metrics.js';
+import type { BerthMetrics, Outcome } from '../metrics/catalogue.js';
 import { wakeChannel } from '../sql.js';
 import { DEFAULT_BACKOFF, type AnyTaskDefinition } from '../task.js';
 import { claimBatch, discover, type ClaimedTask } from '../processor/claim.js';

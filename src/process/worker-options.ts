@@ -9,7 +9,7 @@ import {
   type MaintenanceOptions,
   type ResolvedMaintenanceOptions,
 } from '../maintenance/leader.js';
-import { BerthMetrics } from '../metrics.js';
+import { BerthMetrics } from '../metrics/catalogue.js';
 import { DEFAULT_SCHEMA } from '../sql.js';
 import { DEFAULT_MAX_ATTEMPTS, type AnyTaskDefinition } from '../task.js';
 import {

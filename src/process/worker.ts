@@ -6,7 +6,7 @@ import { createPool, sessionName, type DatabaseTarget } from '../db/connections.
 import { childLogger, type Logger } from '../logger.js';
 import { laneLabel } from '../lane.js';
 import { Maintenance } from '../maintenance/leader.js';
-import type { BerthMetrics } from '../metrics.js';
+import type { BerthMetrics } from '../metrics/catalogue.js';
 import { wakeChannel } from '../sql.js';
 import { assertMigrated } from '../schema/migrate.js';
 import { startWorkerHttp } from '../dashboard/worker-http.js';

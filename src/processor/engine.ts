@@ -2,7 +2,7 @@ import { storageFor, type Storage } from '../storage/storage.js';
 import { CancelAbort, ShutdownAbort } from '../errors.js';
 import { laneLabel } from '../lane.js';
 import { childLogger, type Logger } from '../logger.js';
-import type { BerthMetrics } from '../metrics.js';
+import type { BerthMetrics } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
 import { DEFAULT_BACKOFF } from '../task.js';
 import { abortableSleep } from '../util/abortable-sleep.js';

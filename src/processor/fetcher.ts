@@ -1,5 +1,5 @@
 import type { Storage } from '../storage/storage.js';
-import type { BerthMetrics } from '../metrics.js';
+import type { BerthMetrics } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
 import { readRingWindow, type RingWindow } from '../storage/ring-window.js';
 import { type ClaimBatch, claimBatch, type ClaimParams, discover, LANE_SHARE, type ClaimedTask } from './claim.js';

@@ -1,4 +1,4 @@
-import type { Outcome } from '../metrics.js';
+import type { Outcome } from '../metrics/catalogue.js';
 import { backoffDelayMs, type BackoffPolicy, DEFAULT_MAX_SNOOZES } from '../task.js';
 import type { ErrorDetail } from '../util/error-detail.js';
 

@@ -1,6 +1,6 @@
 import type { Storage } from '../storage/storage.js';
 import type { Logger } from '../logger.js';
-import type { Outcome } from '../metrics.js';
+import type { Outcome } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
 import type { SettleAction, SettleAnswer, Settlement, TaskRun } from './outcome-table.js';

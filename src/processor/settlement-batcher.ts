@@ -1,7 +1,7 @@
 import type { Storage } from '../storage/storage.js';
 import { isConnectionError } from '../db/connections.js';
 import type { Logger } from '../logger.js';
-import type { BerthMetrics } from '../metrics.js';
+import type { BerthMetrics } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
 import { type CompletableRef, completeLeases } from '../storage/complete.js';

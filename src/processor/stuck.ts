@@ -1,7 +1,7 @@
 import type { Storage } from '../storage/storage.js';
 import { laneLabel } from '../lane.js';
 import type { Logger } from '../logger.js';
-import type { BerthMetrics } from '../metrics.js';
+import type { BerthMetrics } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
 import { STALE_HEARTBEATS } from '../storage/live-workers.js';

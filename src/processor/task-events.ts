@@ -1,6 +1,6 @@
 import { BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
-import type { Outcome } from '../metrics.js';
+import type { Outcome } from '../metrics/catalogue.js';
 
 /** The task an event is about: one attempt of it on this worker. */
 export interface TaskEventTask {

@@ -9,7 +9,7 @@ import {
   SpanStatusCode,
   trace,
 } from '@opentelemetry/api';
-import type { Outcome } from '../metrics.js';
+import type { Outcome } from '../metrics/catalogue.js';
 import { berthTracer, restoreTraceContext, tracingEnabled } from '../tracing.js';
 import type { ClaimedTask } from './claim.js';
 import type { SettleAnswer, Settlement, TaskRun } from './outcome-table.js';

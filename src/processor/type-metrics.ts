@@ -1,4 +1,5 @@
-import type { BerthMetrics, BoundCounter, BoundHistogram, Outcome } from '../metrics.js';
+import type { BerthMetrics, Outcome } from '../metrics/catalogue.js';
+import type { BoundCounter, BoundHistogram } from '../metrics/instruments.js';
 
 /** The instruments of one task type that the worker updates for every task. */
 export interface TypeInstruments {

@@ -1,7 +1,8 @@
 import { BerthInputError } from '../errors.js';
 import { checkKeys, checkMs, MAX_TIMER_MS } from '../limits.js';
 import type { Logger } from '../logger.js';
-import type { BerthMetrics, BoundCounter } from '../metrics.js';
+import type { BerthMetrics } from '../metrics/catalogue.js';
+import type { BoundCounter } from '../metrics/instruments.js';
 import type { ClaimedTask } from './claim.js';
 
 /**

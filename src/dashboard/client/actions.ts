@@ -4,7 +4,7 @@ import { confirmDialog, toast } from './feedback.js';
 import { json, num } from './format.js';
 import { refresh } from './live.js';
 import { READ_ONLY } from './shell.js';
-import type { ActionAnswer } from './wire.js';
+import type { ActionAnswer } from '../wire.js';
 
 /** An action's answer in words: "retried", "3 matched, 3 changed", "2 lane(s) changed". */
 function describe(answer: ActionAnswer | null): string {

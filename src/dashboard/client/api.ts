@@ -1,5 +1,5 @@
 import { BASE, CSRF } from './shell.js';
-import type { ActionAnswer } from './wire.js';
+import type { ActionAnswer } from '../wire.js';
 
 /** An API answer that was not 2xx: its status and the server's `error` text. */
 class ApiError extends Error {
@@ -19,7 +19,7 @@ function errorText(body: unknown): string | null {
 /**
  * A request to the dashboard's JSON API. A 401 (the session expired or was logged out) reloads
  * the page, which then shows the login form. The answer is taken to have the shape `T` the
- * server's route returns (see wire.ts): this is where the client trusts its own server.
+ * server's route returns (see src/dashboard/wire.ts): this is where the client trusts its own server.
  */
 export async function api<T>(path: string, init: RequestInit = {}): Promise<T> {
   init.credentials = 'same-origin';

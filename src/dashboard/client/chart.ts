@@ -1,6 +1,6 @@
 import { h, s } from './dom.js';
 import { num, time } from './format.js';
-import type { MinutePoint } from './wire.js';
+import type { MinutePoint } from '../wire.js';
 
 /** A chart of inline SVG bars, one per minute, oldest on the left. */
 export function barChart(

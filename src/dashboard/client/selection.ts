@@ -5,7 +5,7 @@ import { num } from './format.js';
 import { refresh } from './live.js';
 import { READ_ONLY } from './shell.js';
 import { taskLink } from './widgets.js';
-import type { BulkTaskAnswer } from './wire.js';
+import type { BulkTaskAnswer } from '../wire.js';
 
 /** What selected tasks can be asked to do (POST /api/tasks/bulk/<action>). */
 export type BulkAction = 'retry' | 'cancel';

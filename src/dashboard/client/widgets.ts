@@ -1,6 +1,6 @@
 import { type Attrs, type Child, h } from './dom.js';
 import { ago, time } from './format.js';
-import type { OverdueMark } from './wire.js';
+import type { OverdueMark } from '../wire.js';
 
 /** A coloured label; its class is `kind`, or the text itself ("paused", "dead", "running"). */
 export function badge(text: string, kind?: string): HTMLSpanElement {

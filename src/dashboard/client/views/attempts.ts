@@ -5,7 +5,7 @@ import { filterForm, Pager } from '../filters.js';
 import { go } from '../live.js';
 import type { View } from '../view.js';
 import { badge, table, taskLink, when } from '../widgets.js';
-import type { AttemptList } from '../wire.js';
+import type { AttemptList } from '../../wire.js';
 
 const OUTCOMES = ['success', 'failure', 'timeout', 'continued', 'cancelled', 'lost'];
 

@@ -8,7 +8,7 @@ import { bulkResultBox, Selection } from '../selection.js';
 import { READ_ONLY } from '../shell.js';
 import type { Route, View } from '../view.js';
 import { table, taskLink, when } from '../widgets.js';
-import type { DeadLetters } from '../wire.js';
+import type { DeadCount, DeadLetters } from '../../wire.js';
 
 /** A fresh pager and selection each time the page is mounted (a new filter starts at page 1, nothing ticked). */
 let pager = new Pager();
@@ -27,7 +27,7 @@ function bulkActions(r: Route): HTMLDivElement {
     actionButton(
       label + (scoped ? ' all matching' : ' all'),
       () => {
-        api<{ count: number }>(`/api/dead/count${query(filter)}`).then(
+        api<DeadCount>(`/api/dead/count${query(filter)}`).then(
           (c) =>
             act(
               label,

@@ -3,7 +3,7 @@ import { append, type Child, clear, h } from '../dom.js';
 import { age, num } from '../format.js';
 import type { View } from '../view.js';
 import { badge, table, when } from '../widgets.js';
-import type { Contention, Lanes } from '../wire.js';
+import type { Contention, Lanes } from '../../wire.js';
 
 type Lane = Lanes['lanes'][number];
 type Count = 'handedOff' | 'waiterLimit' | 'waiterTimedOut' | 'failed';

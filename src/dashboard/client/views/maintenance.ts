@@ -3,7 +3,7 @@ import { append, clear, h } from '../dom.js';
 import { age, clip, json, num, time } from '../format.js';
 import type { View } from '../view.js';
 import { badge, table, when } from '../widgets.js';
-import type { Maintenance } from '../wire.js';
+import type { Maintenance } from '../../wire.js';
 
 export const maintenance: View<Maintenance> = {
   title: 'Maintenance',

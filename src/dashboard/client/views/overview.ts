@@ -4,7 +4,7 @@ import { append, clear, h } from '../dom.js';
 import { age, num, time } from '../format.js';
 import type { View } from '../view.js';
 import { badge, card, table } from '../widgets.js';
-import type { Overview } from '../wire.js';
+import type { Overview } from '../../wire.js';
 
 /** A waiting count, with the pending total (waiting + running) it is part of on hover. */
 function pendingPart(waiting: number, pending: number): HTMLSpanElement {

@@ -4,7 +4,7 @@ import { append, clear, h } from '../dom.js';
 import { READ_ONLY } from '../shell.js';
 import type { View } from '../view.js';
 import { badge, table, when } from '../widgets.js';
-import type { Queues } from '../wire.js';
+import type { Queues } from '../../wire.js';
 
 export const queues: View<Queues> = {
   title: 'Queues',

@@ -5,7 +5,7 @@ import { duration, json } from '../format.js';
 import { READ_ONLY } from '../shell.js';
 import type { View } from '../view.js';
 import { stateBadges, when } from '../widgets.js';
-import type { Attempt, ErrorDetail, TaskDetail, TaskState } from '../wire.js';
+import type { Attempt, ErrorDetail, TaskDetail, TaskState } from '../../wire.js';
 import { outcomeBadge } from './attempts.js';
 
 type TaskAction = 'retry' | 'cancel' | 'move' | 'delete';

@@ -7,7 +7,7 @@ import { bulkResultBox, Selection } from '../selection.js';
 import { READ_ONLY } from '../shell.js';
 import type { View } from '../view.js';
 import { stateBadges, table, taskLink, when } from '../widgets.js';
-import type { TaskList } from '../wire.js';
+import type { TaskList } from '../../wire.js';
 
 const STATES = ['ready', 'running', 'scheduled', 'retryable', 'dead', 'completed'];
 
