@@ -29,7 +29,7 @@ export interface ActionContext {
 type Body = Record<string, unknown>;
 
 function run<T>(c: ActionContext, action: string, target: Record<string, unknown>, fn: () => Promise<T>): Promise<T> {
-  return audited(c.db, c.schema, c.logger, c.actor, action, target, fn);
+  return audited(c.db, c.schema.name, c.logger, c.actor, action, target, fn);
 }
 
 const TASK_ACTIONS = {
@@ -53,8 +53,8 @@ export async function taskAction(c: ActionContext, id: string, action: TaskActio
 /** One task's action; a cancel records the caller's actor on a running task's settlement. */
 function oneTask(c: ActionContext, id: string, action: TaskAction) {
   return action === 'cancel'
-    ? cancelTask(c.db, c.schema, id, { actor: c.actor })
-    : TASK_ACTIONS[action](c.db, c.schema, id);
+    ? cancelTask(c.db, c.schema.name, id, { actor: c.actor })
+    : TASK_ACTIONS[action](c.db, c.schema.name, id);
 }
 
 /** Most task ids one bulk retry or cancel may name: a page of the task list at its largest. */
@@ -158,7 +158,9 @@ export function deadAction(c: ActionContext, action: 'retry' | 'purge', body: Bo
     ...filter,
     ...(filter.ids && { ids: filter.ids.length <= 20 ? filter.ids : `${filter.ids.length} ids` }),
   };
-  return run(c, `dead.${action}`, target, () => (action === 'retry' ? retryDead : purgeDead)(c.db, c.schema, filter));
+  return run(c, `dead.${action}`, target, () =>
+    (action === 'retry' ? retryDead : purgeDead)(c.db, c.schema.name, filter),
+  );
 }
 
 export function queueAction(c: ActionContext, queue: string, action: 'pause' | 'resume', body: Body) {
@@ -166,8 +168,8 @@ export function queueAction(c: ActionContext, queue: string, action: 'pause' | '
   if (action === 'pause') {
     const reason = optionalText(body.reason, 'reason', MAX_FILTER_TEXT_CHARS);
     return run(c, 'queue.pause', { queue, ...(reason !== undefined && { reason }) }, () =>
-      pauseQueue(c.db, c.schema, queue, c.actor, reason),
+      pauseQueue(c.db, c.schema.name, queue, c.actor, reason),
     );
   }
-  return run(c, 'queue.resume', { queue }, () => resumeQueue(c.db, c.schema, queue, c.actor));
+  return run(c, 'queue.resume', { queue }, () => resumeQueue(c.db, c.schema.name, queue, c.actor));
 }

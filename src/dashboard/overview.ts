@@ -36,9 +36,9 @@ export class DashboardReads {
     readonly schema: Schema,
     private readonly logger?: Logger,
   ) {
-    this.counts = new CachedReader(() => taskCounts(db, schema), COUNTS_TTL_MS);
-    this.lanes = new CachedReader(() => laneStats(db, schema), LANES_TTL_MS);
-    this.activity = new CachedReader(() => laneActivity(db, schema), COUNTS_TTL_MS);
+    this.counts = new CachedReader(() => taskCounts(db, schema.name), COUNTS_TTL_MS);
+    this.lanes = new CachedReader(() => laneStats(db, schema.name), LANES_TTL_MS);
+    this.activity = new CachedReader(() => laneActivity(db, schema.name), COUNTS_TTL_MS);
   }
 
   /** Log each worker row that could not be read as written, once (rows are shown without the bad parts). */
@@ -130,9 +130,9 @@ export async function readOverview(reads: DashboardReads): Promise<Overview> {
   const [counts, lanes, workers, leader, points] = await Promise.all([
     reads.counts.get(),
     reads.lanes.get(),
-    listWorkers(db, schema),
-    leaderInfo(db, schema),
-    throughput(db, schema, THROUGHPUT_MINUTES),
+    listWorkers(db, schema.name),
+    leaderInfo(db, schema.name),
+    throughput(db, schema.name, THROUGHPUT_MINUTES),
   ]);
   reads.noteInvalid(workers);
   const total: Totals = { pending: 0, waiting: 0, running: 0, dead: 0 };

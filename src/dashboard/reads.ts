@@ -34,7 +34,7 @@ export async function lanes(reads: DashboardReads) {
   const [stats, activity, leader] = await Promise.all([
     reads.lanes.get(),
     reads.activity.get(),
-    leaderInfo(reads.db, reads.schema),
+    leaderInfo(reads.db, reads.schema.name),
   ]);
   if (leader.worker) reads.noteInvalid([leader.worker]);
   const waitingLanes = leader.worker?.maintenance.waitingLanes ?? [];
@@ -71,7 +71,7 @@ export async function tasks(reads: DashboardReads, url: URL) {
   const state = optionalQuery(url, 'state');
   const page = await listTasks(
     reads.db,
-    reads.schema,
+    reads.schema.name,
     {
       state: state === undefined ? undefined : parseState(state),
       queue: optionalQueueQuery(url),
@@ -96,7 +96,7 @@ export async function task(reads: DashboardReads, id: string) {
       404,
       `task ${id} not found (never existed, removed, or finished before attempt history's retention)`,
     );
-  const timeline = await taskTimeline(reads.db, reads.schema, id);
+  const timeline = await taskTimeline(reads.db, reads.schema.name, id);
   // Every attempt in attempt history, each with its error (stack, cause chain) or cursor.
   const attempts = await attemptsOf(reads.db, reads.schema, id);
   // A handler still running past its deadline: marked on the page (stuck past the grace).
@@ -151,23 +151,23 @@ function deadFilter(url: URL) {
 }
 
 export function dead(reads: DashboardReads, url: URL) {
-  return listDead(reads.db, reads.schema, deadFilter(url), { after: optionalCursor(url), limit: queryLimit(url) });
+  return listDead(reads.db, reads.schema.name, deadFilter(url), { after: optionalCursor(url), limit: queryLimit(url) });
 }
 
 /** What a bulk action on the filter would touch: read once, when the operator asks. */
 export async function deadCount(reads: DashboardReads, url: URL) {
-  return { count: await countDead(reads.db, reads.schema, deadFilter(url)) };
+  return { count: await countDead(reads.db, reads.schema.name, deadFilter(url)) };
 }
 
 export async function queues(reads: DashboardReads) {
-  return { queues: await listQueues(reads.db, reads.schema) };
+  return { queues: await listQueues(reads.db, reads.schema.name) };
 }
 
 export async function maintenance(reads: DashboardReads) {
   const [leader, workers, audit] = await Promise.all([
-    leaderInfo(reads.db, reads.schema),
-    listWorkers(reads.db, reads.schema),
-    listAudit(reads.db, reads.schema, { limit: 50 }),
+    leaderInfo(reads.db, reads.schema.name),
+    listWorkers(reads.db, reads.schema.name),
+    listAudit(reads.db, reads.schema.name, { limit: 50 }),
   ]);
   reads.noteInvalid(workers);
   const now = Date.now();
