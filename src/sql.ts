@@ -51,17 +51,14 @@ export function wakeChannel(schema: string): string {
 
 /**
  * A schema bound once: its name (for statement names, the wake channel and lock keys) and its
- * identifier quoted for SQL text. Components that run statements bind their schema when they
- * are built and hand the bound value down, so no statement re-quotes it.
+ * identifier quoted for SQL text. Each schema's Storage (src/storage/storage.ts) holds one,
+ * bound when the Storage is made, so no statement re-quotes it.
  */
 export interface Schema {
   readonly name: string;
   /** `quoteIdent(name)`: what statements write before `.table`. */
   readonly q: string;
 }
-
-/** A schema as callers may give it: a name (the public API takes one) or an already bound one. */
-export type SchemaRef = string | Schema;
 
 /** The bytes of a prepared statement's name PostgreSQL keeps (NAMEDATALEN − 1). */
 const STATEMENT_NAME_BYTES = 63;
@@ -87,9 +84,8 @@ export function statementName(name: string): string {
   return short;
 }
 
-/** Bind a schema name (validated and quoted here, once); a bound schema is returned as it is. */
-export function bindSchema(schema: SchemaRef): Schema {
-  if (typeof schema !== 'string') return schema;
+/** Bind a schema name: validated and quoted here, once (storageFor in src/storage/storage.ts). */
+export function bindSchema(schema: string): Schema {
   return Object.freeze({ name: schema, q: quoteIdent(schema) });
 }
 

@@ -1,7 +1,9 @@
 import { checkKeys } from '../limits.js';
 import { BerthInputError } from '../errors.js';
-import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import type { Queryable } from '../sql.js';
+import { type Args, compile, p, positional, sql } from '../statement.js';
 import { deadRowPredicate } from '../storage/predicates.js';
+import { storageFor, type Storage } from '../storage/storage.js';
 import { taskId } from './ids.js';
 
 /**
@@ -82,25 +84,37 @@ function assertBulkScope(f: DeadFilter): void {
   for (const id of f.ids ?? []) taskId(id);
 }
 
-/** The WHERE clause for a filter, over alias `d`, with parameters starting at $1. */
-function where(f: DeadFilter): { sql: string; values: unknown[] } {
+/**
+ * The WHERE clause for a filter, over alias `d`: one text for every filter, an absent field a
+ * NULL parameter (see `filterArgs`).
+ */
+const WHERE = sql`(${p('queue')}::text IS NULL OR d.queue = ${p('queue')}) AND (${p('type')}::text IS NULL OR d.type = ${p('type')})
+          AND (${p('errorContains')}::text IS NULL OR strpos(lower(d.last_error), lower(${p('errorContains')})) > 0)
+          AND (${p('diedBefore')}::timestamptz IS NULL OR d.died_at < ${p('diedBefore')})
+          AND (${p('ids')}::bigint[] IS NULL OR d.id = ANY (${p('ids')}::bigint[]))`;
+
+type FilterParams = 'queue' | 'type' | 'errorContains' | 'diedBefore' | 'ids';
+
+/** The values of WHERE's parameters for a filter. */
+function filterArgs(f: DeadFilter): Args<FilterParams> {
   checkKeys(f, FILTER_KEYS, 'dead-letter filter');
   return {
-    sql: `($1::text IS NULL OR d.queue = $1) AND ($2::text IS NULL OR d.type = $2)
-          AND ($3::text IS NULL OR strpos(lower(d.last_error), lower($3)) > 0)
-          AND ($4::timestamptz IS NULL OR d.died_at < $4)
-          AND ($5::bigint[] IS NULL OR d.id = ANY ($5::bigint[]))`,
-    values: [f.queue ?? null, f.type ?? null, f.errorContains ?? null, f.diedBefore ?? null, f.ids ? [...f.ids] : null],
+    queue: f.queue ?? null,
+    type: f.type ?? null,
+    errorContains: f.errorContains ?? null,
+    diedBefore: f.diedBefore ?? null,
+    ids: f.ids ? [...f.ids] : null,
   };
 }
 
 /** Newest first, keyset-paginated by id (`after`: the last id of the previous page). */
 export async function listDead(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
   filter: Omit<DeadFilter, 'all'> = {},
   page: { limit?: number; after?: string } = {},
 ): Promise<{ deadLetters: DeadLetter[]; next: string | null }> {
+  const storage = storageFor(schema);
   // `all` is a bulk action's scope; a list ignores it (the CLI builds one filter for both).
   checkKeys(filter, FILTER_KEYS, 'listDead filter');
   checkKeys(page, PAGE_KEYS, 'listDead page');
@@ -108,7 +122,15 @@ export async function listDead(
   if (!Number.isInteger(limit) || limit < 1 || limit > 500)
     throw new BerthInputError('limit must be an integer from 1 to 500');
   if (page.after !== undefined) taskId(page.after, 'page cursor');
-  const w = where(filter);
+  const args = filterArgs(filter);
+  const statement = storage.statement('admin-dead-list', ({ q: s }) =>
+    compile(
+      sql`SELECT d.id::text, d.type, d.queue, d.priority, d.attempts, d.last_error, d.payload, d.created_at, d.died_at
+       FROM ${s}.dead_letters d
+      WHERE ${WHERE} AND (${p('after')}::bigint IS NULL OR d.id < ${p('after')})
+      ORDER BY d.id DESC LIMIT ${p('limit')}`,
+    ),
+  );
   const res = await db.query<{
     id: string;
     type: string;
@@ -119,13 +141,7 @@ export async function listDead(
     payload: unknown;
     created_at: Date;
     died_at: Date;
-  }>(
-    `SELECT d.id::text, d.type, d.queue, d.priority, d.attempts, d.last_error, d.payload, d.created_at, d.died_at
-       FROM ${bindSchema(schema).q}.dead_letters d
-      WHERE ${w.sql} AND ($6::bigint IS NULL OR d.id < $6)
-      ORDER BY d.id DESC LIMIT $7`,
-    [...w.values, page.after ?? null, limit + 1],
-  );
+  }>(statement.query({ ...args, after: page.after ?? null, limit: limit + 1 }));
   const rows = res.rows.slice(0, limit);
   return {
     deadLetters: rows.map((r) => ({
@@ -144,26 +160,45 @@ export async function listDead(
 }
 
 /** How many dead letters a filter matches (what a bulk action will touch). */
-export async function countDead(db: Queryable, schema: SchemaRef, filter: DeadFilter): Promise<number> {
-  const w = where(filter);
+export function countDead(db: Queryable, schema: string, filter: DeadFilter): Promise<number> {
+  return countDeadIn(db, storageFor(schema), filter);
+}
+
+async function countDeadIn(db: Queryable, storage: Storage, filter: DeadFilter): Promise<number> {
+  const args = filterArgs(filter);
   const r = await db.query<{ n: string }>(
-    `SELECT count(*)::text AS n FROM ${bindSchema(schema).q}.dead_letters d WHERE ${w.sql}`,
-    w.values,
+    storage
+      .statement('admin-dead-count', ({ q: s }) =>
+        compile(sql`SELECT count(*)::text AS n FROM ${s}.dead_letters d WHERE ${WHERE}`),
+      )
+      .query(args),
   );
   return Number(r.rows[0]!.n);
 }
 
 /** Retry these dead letters (see `retry_dead` in migration 5), in one statement. */
-export async function retryDeadLetters(
+export function retryDeadLetters(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
+  ids: readonly string[],
+): Promise<{ id: string; result: 'retried' | 'duplicate' | 'not_found' }[]> {
+  return retryDeadLettersIn(db, storageFor(schema), ids);
+}
+
+/** retryDeadLetters on a bound storage. */
+export async function retryDeadLettersIn(
+  db: Queryable,
+  storage: Storage,
   ids: readonly string[],
 ): Promise<{ id: string; result: 'retried' | 'duplicate' | 'not_found' }[]> {
   for (const id of ids) taskId(id);
   if (ids.length === 0) return [];
   const r = await db.query<{ id: string; result: 'retried' | 'duplicate' | 'not_found' }>(
-    `SELECT id::text, result FROM ${bindSchema(schema).q}.retry_dead($1::bigint[])`,
-    [[...ids]],
+    storage
+      .statement('admin-dead-retry', ({ q: s }) =>
+        positional(`SELECT id::text, result FROM ${s}.retry_dead($1::bigint[])`, ['ids']),
+      )
+      .query({ ids: [...ids] }),
   );
   return r.rows;
 }
@@ -171,11 +206,10 @@ export async function retryDeadLetters(
 const BULK_BATCH = 1000;
 
 /** What every bulk action does first: refuse an unscoped filter, count what it will touch. */
-async function startBulk(db: Queryable, schema: SchemaRef, filter: DeadFilter) {
+async function startBulk(db: Queryable, storage: Storage, filter: DeadFilter) {
   assertBulkScope(filter);
-  const bound = bindSchema(schema);
-  const total = await countDead(db, bound, filter);
-  return { bound, total, w: where(filter), out: { matched: total, changed: 0, duplicates: 0 } as BulkResult };
+  const total = await countDeadIn(db, storage, filter);
+  return { total, args: filterArgs(filter), out: { matched: total, changed: 0, duplicates: 0 } as BulkResult };
 }
 
 /**
@@ -185,23 +219,26 @@ async function startBulk(db: Queryable, schema: SchemaRef, filter: DeadFilter) {
  */
 export async function retryDead(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
   filter: DeadFilter,
   onProgress?: (p: BulkProgress) => void,
 ): Promise<BulkResult> {
-  const { bound, total, w, out } = await startBulk(db, schema, filter);
+  const storage = storageFor(schema);
+  const { total, args, out } = await startBulk(db, storage, filter);
+  const statement = storage.statement('admin-dead-retry-batch', ({ q: s }) =>
+    compile(
+      sql`SELECT d.id::text FROM ${s}.dead_letters d
+        WHERE ${WHERE} AND d.id > ${p('after')} ORDER BY d.id LIMIT ${p('limit')}`,
+    ),
+  );
   let after = '0';
   let done = 0;
   for (;;) {
-    const batch = await db.query<{ id: string }>(
-      `SELECT d.id::text FROM ${bound.q}.dead_letters d
-        WHERE ${w.sql} AND d.id > $6 ORDER BY d.id LIMIT $7`,
-      [...w.values, after, BULK_BATCH],
-    );
+    const batch = await db.query<{ id: string }>(statement.query({ ...args, after, limit: BULK_BATCH }));
     if (batch.rows.length === 0) break;
     const ids = batch.rows.map((r) => r.id);
     after = ids[ids.length - 1]!;
-    for (const r of await retryDeadLetters(db, bound, ids)) {
+    for (const r of await retryDeadLettersIn(db, storage, ids)) {
       if (r.result === 'retried') out.changed++;
       else if (r.result === 'duplicate') out.duplicates++;
     }
@@ -217,18 +254,20 @@ export async function retryDead(
  */
 export async function purgeDead(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
   filter: DeadFilter,
   onProgress?: (p: BulkProgress) => void,
 ): Promise<BulkResult> {
-  const { bound, total, w, out } = await startBulk(db, schema, filter);
-  const s = bound.q;
+  const storage = storageFor(schema);
+  const { total, args, out } = await startBulk(db, storage, filter);
+  const statement = storage.statement('admin-dead-purge-batch', ({ q: s }) =>
+    compile(
+      sql`DELETE FROM ${s}.dead_letters WHERE id IN (
+         SELECT d.id FROM ${s}.dead_letters d WHERE ${WHERE} AND ${deadRowPredicate(s)} LIMIT ${p('limit')})`,
+    ),
+  );
   for (;;) {
-    const r = await db.query(
-      `DELETE FROM ${s}.dead_letters WHERE id IN (
-         SELECT d.id FROM ${s}.dead_letters d WHERE ${w.sql} AND ${deadRowPredicate(s)} LIMIT $6)`,
-      [...w.values, 5000],
-    );
+    const r = await db.query(statement.query({ ...args, limit: 5000 }));
     const n = r.rowCount ?? 0;
     out.changed += n;
     onProgress?.({ done: out.changed, total: Math.max(total, out.changed) });

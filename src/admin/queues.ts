@@ -1,5 +1,7 @@
 import { checkText, MAX_QUEUE_BYTES } from '../limits.js';
-import { bindSchema, type Queryable, type SchemaRef } from '../sql.js';
+import type { Queryable } from '../sql.js';
+import { positional } from '../statement.js';
+import { storageFor } from '../storage/storage.js';
 
 export interface QueueInfo {
   queue: string;
@@ -15,16 +17,10 @@ export interface QueueInfo {
  * work is all in the future has no lane yet), by name. The deferred queues are found with a
  * skip scan over the (queue, ...) index: one probe per distinct queue, not a scan of the rows.
  */
-export async function listQueues(db: Queryable, schema: SchemaRef): Promise<QueueInfo[]> {
-  const { q: s } = bindSchema(schema);
-  const r = await db.query<{
-    queue: string;
-    lanes: number;
-    paused_at: Date | null;
-    paused_by: string | null;
-    reason: string | null;
-  }>(
-    `WITH RECURSIVE deferred_queues(queue) AS (
+export async function listQueues(db: Queryable, schema: string): Promise<QueueInfo[]> {
+  const statement = storageFor(schema).statement('admin-queues-list', ({ q: s }) =>
+    positional(
+      `WITH RECURSIVE deferred_queues(queue) AS (
        (SELECT queue FROM ${s}.deferred ORDER BY queue LIMIT 1)
        UNION ALL
        SELECT (SELECT d.queue FROM ${s}.deferred d WHERE d.queue > dq.queue ORDER BY d.queue LIMIT 1)
@@ -37,7 +33,16 @@ export async function listQueues(db: Queryable, schema: SchemaRef): Promise<Queu
        LEFT JOIN ${s}.queue_pauses p USING (queue)
       WHERE q.queue IS NOT NULL
       ORDER BY q.queue`,
+      [],
+    ),
   );
+  const r = await db.query<{
+    queue: string;
+    lanes: number;
+    paused_at: Date | null;
+    paused_by: string | null;
+    reason: string | null;
+  }>(statement.query({}));
   return r.rows.map((x) => ({
     queue: x.queue,
     lanes: x.lanes,
@@ -61,29 +66,28 @@ function queueName(queue: string): string {
  */
 export async function pauseQueue(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
   queue: string,
   actor: string,
   reason?: string,
 ): Promise<{ lanes: number }> {
-  const r = await db.query<{ n: number }>(`SELECT ${bindSchema(schema).q}.set_queue_paused($1, true, $2, $3) AS n`, [
-    queueName(queue),
-    actor,
-    reason ?? null,
-  ]);
+  const statement = storageFor(schema).statement('admin-queue-pause', ({ q: s }) =>
+    positional(`SELECT ${s}.set_queue_paused($1, true, $2, $3) AS n`, ['queue', 'actor', 'reason']),
+  );
+  const r = await db.query<{ n: number }>(statement.query({ queue: queueName(queue), actor, reason: reason ?? null }));
   return { lanes: r.rows[0]!.n };
 }
 
 /** Let workers claim from the queue again, and wake them. */
 export async function resumeQueue(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
   queue: string,
   actor: string,
 ): Promise<{ lanes: number }> {
-  const r = await db.query<{ n: number }>(`SELECT ${bindSchema(schema).q}.set_queue_paused($1, false, $2, NULL) AS n`, [
-    queueName(queue),
-    actor,
-  ]);
+  const statement = storageFor(schema).statement('admin-queue-resume', ({ q: s }) =>
+    positional(`SELECT ${s}.set_queue_paused($1, false, $2, NULL) AS n`, ['queue', 'actor']),
+  );
+  const r = await db.query<{ n: number }>(statement.query({ queue: queueName(queue), actor }));
   return { lanes: r.rows[0]!.n };
 }

@@ -1,5 +1,7 @@
 import type { Lane } from '../lane.js';
-import { bindSchema, type Queryable, queryRingRead, type SchemaRef } from '../sql.js';
+import { type Queryable, queryRingRead } from '../sql.js';
+import { positional } from '../statement.js';
+import { storageFor, type Storage } from '../storage/storage.js';
 import { LEADER_LOCK, leaderApplicationName, schemaLockKey } from '../storage/locks.js';
 import {
   DEFAULT_HEARTBEAT_MS,
@@ -36,19 +38,10 @@ export interface LaneStat extends Lane {
  * oldest due deferred row. Cost grows with the
  * number of lanes, not the number of tasks, so it is safe on every dashboard refresh.
  */
-export async function laneStats(db: Queryable, schema: SchemaRef): Promise<LaneStat[]> {
-  const { q: s } = bindSchema(schema);
-  const r = await db.query<{
-    lane_id: number;
-    queue: string;
-    priority: number;
-    shard: number;
-    paused: boolean;
-    depth: string;
-    due_deferred: string;
-    oldest_secs: number | null;
-  }>(
-    `SELECT l.lane_id, l.queue, l.priority, l.shard, l.paused,
+export async function laneStats(db: Queryable, schema: string): Promise<LaneStat[]> {
+  const statement = storageFor(schema).statement('admin-lane-stats', ({ q: s }) =>
+    positional(
+      `SELECT l.lane_id, l.queue, l.priority, l.shard, l.paused,
             greatest(coalesce(h.seq, 0) - coalesce(c.seq, 0)
                      - (SELECT count(*) FROM ${s}.tombstones t
                          WHERE t.lane_id = l.lane_id AND t.lane_seq > coalesce(c.seq, 0)), 0)::text AS depth,
@@ -71,7 +64,19 @@ export async function laneStats(db: Queryable, schema: SchemaRef): Promise<LaneS
           WHERE d.queue = l.queue AND d.priority = l.priority AND d.shard = l.shard AND d.run_at <= now()
           ORDER BY d.run_at LIMIT 1) dd ON true
       ORDER BY l.queue, l.priority, l.shard`,
+      [],
+    ),
   );
+  const r = await db.query<{
+    lane_id: number;
+    queue: string;
+    priority: number;
+    shard: number;
+    paused: boolean;
+    depth: string;
+    due_deferred: string;
+    oldest_secs: number | null;
+  }>(statement.query({}));
   return r.rows.map((x) => ({
     laneId: x.lane_id,
     queue: x.queue,
@@ -91,12 +96,11 @@ export async function laneStats(db: Queryable, schema: SchemaRef): Promise<LaneS
  */
 export async function laneActivity(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
 ): Promise<Map<number, { running: number; dead: number }>> {
-  const { q: s } = bindSchema(schema);
-  const r = await queryRingRead<{ lane_id: number; running: string; dead: string }>(
-    db,
-    `SELECT lane_id, sum(running)::text AS running, sum(dead)::text AS dead FROM (
+  const statement = storageFor(schema).statement('admin-lane-activity', ({ q: s }) =>
+    positional(
+      `SELECT lane_id, sum(running)::text AS running, sum(dead)::text AS dead FROM (
        SELECT le.lane_id, count(*) AS running, 0 AS dead
          FROM ${unsettledRanges(s)} le
         CROSS JOIN LATERAL (${unsettledEntriesOf(s, 'le')}) e
@@ -108,7 +112,12 @@ export async function laneActivity(
         WHERE ${deadRowPredicate(s)}
         GROUP BY l.lane_id) x
      GROUP BY lane_id`,
+      [],
+    ),
   );
+  // The text alone, not prepared: a named ring read is planned generically (RingReadStatement),
+  // and this one has not been measured that way.
+  const r = await queryRingRead<{ lane_id: number; running: string; dead: string }>(db, statement.text);
   return new Map(r.rows.map((x) => [x.lane_id, { running: Number(x.running), dead: Number(x.dead) }]));
 }
 
@@ -125,11 +134,10 @@ export interface TaskCount {
  * Counts by queue and task type, with the gauges' predicates. This one reads every unfinished
  * row, so callers that refresh (the dashboard) cache it; see `CachedReader`.
  */
-export async function taskCounts(db: Queryable, schema: SchemaRef): Promise<TaskCount[]> {
-  const { q: s } = bindSchema(schema);
-  const r = await queryRingRead<{ queue: string; type: string; pending: string; running: string; dead: string }>(
-    db,
-    `WITH live AS (
+export async function taskCounts(db: Queryable, schema: string): Promise<TaskCount[]> {
+  const statement = storageFor(schema).statement('admin-task-counts', ({ q: s }) =>
+    positional(
+      `WITH live AS (
        SELECT r.queue, r.type, r.expires_at FROM ${liveEntries(s)} r
      ), per AS (
        SELECT queue, type, count(*) AS pending, count(*) FILTER (WHERE expires_at > now()) AS running, 0 AS dead
@@ -141,6 +149,13 @@ export async function taskCounts(db: Queryable, schema: SchemaRef): Promise<Task
      )
      SELECT queue, type, sum(pending)::text AS pending, sum(running)::text AS running, sum(dead)::text AS dead
        FROM per GROUP BY queue, type ORDER BY queue, type`,
+      [],
+    ),
+  );
+  // The text alone, not prepared, as laneActivity.
+  const r = await queryRingRead<{ queue: string; type: string; pending: string; running: string; dead: string }>(
+    db,
+    statement.text,
   );
   return r.rows.map((x) => ({
     queue: x.queue,
@@ -160,15 +175,23 @@ export interface ThroughputPoint {
 }
 
 /** Handler outcomes per minute over the last `minutes` (from the workers' heartbeats). */
-export async function throughput(db: Queryable, schema: SchemaRef, minutes = 60): Promise<ThroughputPoint[]> {
-  const r = await db.query<{ minute: Date; queue: string; type: string; outcome: string; count: string }>(
-    // Heartbeats write this minute's counts: a later (or infinite) minute or a negative count was
-    // written by something else, and is left out rather than bending every chart.
-    `SELECT minute, queue, type, outcome, sum(count)::text AS count FROM ${bindSchema(schema).q}.outcome_counts
+export async function throughput(db: Queryable, schema: string, minutes = 60): Promise<ThroughputPoint[]> {
+  const statement = storageFor(schema).statement('admin-throughput', ({ q: s }) =>
+    positional(
+      // Heartbeats write this minute's counts: a later (or infinite) minute or a negative count was
+      // written by something else, and is left out rather than bending every chart.
+      `SELECT minute, queue, type, outcome, sum(count)::text AS count FROM ${s}.outcome_counts
       WHERE minute >= date_trunc('minute', now()) - make_interval(mins => $1)
         AND minute <= now() + make_interval(secs => $2 / 1000.0) AND count >= 0
       GROUP BY minute, queue, type, outcome ORDER BY minute`,
-    [Math.min(Math.max(Math.trunc(minutes), 1), 7 * 24 * 60), HEARTBEAT_FUTURE_ALLOWANCE_MS],
+      ['minutes', 'futureMs'],
+    ),
+  );
+  const r = await db.query<{ minute: Date; queue: string; type: string; outcome: string; count: string }>(
+    statement.query({
+      minutes: Math.min(Math.max(Math.trunc(minutes), 1), 7 * 24 * 60),
+      futureMs: HEARTBEAT_FUTURE_ALLOWANCE_MS,
+    }),
   );
   return r.rows.map((x) => ({
     minute: x.minute,
@@ -204,13 +227,19 @@ export type { BranchRecord } from './worker-report.js';
 type LeaderSession = NonNullable<LeaderInfo['session']>;
 
 /** The session holding the schema's leader advisory lock, or null when nobody leads. */
-async function leaderSession(db: Queryable, schema: SchemaRef): Promise<LeaderSession | null> {
-  const r = await db.query<{ pid: number; application_name: string; client_addr: string | null; since: Date }>(
-    `SELECT a.pid, a.application_name, a.client_addr::text AS client_addr, a.backend_start AS since
+async function leaderSession(db: Queryable, storage: Storage): Promise<LeaderSession | null> {
+  // The text names no schema: the schema is in the lock key, a value.
+  const statement = storage.statement('admin-leader-session', () =>
+    positional(
+      `SELECT a.pid, a.application_name, a.client_addr::text AS client_addr, a.backend_start AS since
        FROM pg_catalog.pg_locks k JOIN pg_catalog.pg_stat_activity a ON a.pid = k.pid
       WHERE k.locktype = 'advisory' AND k.granted AND k.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
         AND k.classid = ($1::bigint & 4294967295)::oid AND k.objid = ($2::bigint & 4294967295)::oid AND k.objsubid = 2`,
-    [schemaLockKey(bindSchema(schema).name), LEADER_LOCK],
+      ['schemaKey', 'leaderLock'],
+    ),
+  );
+  const r = await db.query<{ pid: number; application_name: string; client_addr: string | null; since: Date }>(
+    statement.query({ schemaKey: schemaLockKey(storage.schema.name), leaderLock: LEADER_LOCK }),
   );
   const row = r.rows[0];
   return row
@@ -237,10 +266,23 @@ function holdsLeaderLock(workerId: string, session: LeaderSession | null): boole
 
 async function readWorkers(
   db: Queryable,
-  schema: SchemaRef,
+  storage: Storage,
   heartbeatMs: number,
   session: LeaderSession | null,
 ): Promise<WorkerInfo[]> {
+  const statement = storage.statement('admin-workers-list', ({ q: s }) =>
+    positional(
+      // Infinite times are no heartbeat's (it writes now()): such a row is left out, and pruned.
+      `SELECT w.worker_id, w.host, w.pid, w.queues, w.slots, w.busy, w.prefetched, w.leader, w.started_at, w.last_seen_at, w.maintenance,
+            ${liveWorker('w', '$1', '$2')} AS alive,
+            w.last_seen_at > now() + make_interval(secs => $2 / 1000.0) AS future
+       FROM ${s}.workers w
+      WHERE isfinite(w.started_at) AND isfinite(w.last_seen_at)
+      ORDER BY w.started_at DESC`,
+      ['staleMs', 'futureMs'],
+    ),
+  );
+  const [staleMs, futureMs] = liveWorkerParams(heartbeatMs);
   const r = await db.query<{
     worker_id: string;
     host: string;
@@ -255,16 +297,7 @@ async function readWorkers(
     alive: boolean;
     future: boolean;
     maintenance: unknown;
-  }>(
-    // Infinite times are no heartbeat's (it writes now()): such a row is left out, and pruned.
-    `SELECT w.worker_id, w.host, w.pid, w.queues, w.slots, w.busy, w.prefetched, w.leader, w.started_at, w.last_seen_at, w.maintenance,
-            ${liveWorker('w', '$1', '$2')} AS alive,
-            w.last_seen_at > now() + make_interval(secs => $2 / 1000.0) AS future
-       FROM ${bindSchema(schema).q}.workers w
-      WHERE isfinite(w.started_at) AND isfinite(w.last_seen_at)
-      ORDER BY w.started_at DESC`,
-    liveWorkerParams(heartbeatMs),
-  );
+  }>(statement.query({ staleMs, futureMs }));
   return r.rows.map((w) => {
     const { report, invalid } = readMaintenanceReport(w.maintenance);
     const problems = [w.future ? 'its heartbeat is dated in the future' : null, invalid].filter((p) => p !== null);
@@ -294,11 +327,11 @@ async function readWorkers(
  */
 export async function listWorkers(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
   heartbeatMs = DEFAULT_HEARTBEAT_MS,
 ): Promise<WorkerInfo[]> {
-  const bound = bindSchema(schema);
-  return readWorkers(db, bound, heartbeatMs, await leaderSession(db, bound));
+  const storage = storageFor(schema);
+  return readWorkers(db, storage, heartbeatMs, await leaderSession(db, storage));
 }
 
 export interface LeaderInfo {
@@ -315,12 +348,12 @@ export interface LeaderInfo {
  */
 export async function leaderInfo(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
   heartbeatMs = DEFAULT_HEARTBEAT_MS,
 ): Promise<LeaderInfo> {
-  const bound = bindSchema(schema);
-  const session = await leaderSession(db, bound);
-  const workers = await readWorkers(db, bound, heartbeatMs, session);
+  const storage = storageFor(schema);
+  const session = await leaderSession(db, storage);
+  const workers = await readWorkers(db, storage, heartbeatMs, session);
   return { session, worker: workers.find((w) => w.leader && w.alive) ?? null };
 }
 

@@ -1,11 +1,12 @@
 import { checkKeys } from '../limits.js';
 import { BerthInputError } from '../errors.js';
-import { bindSchema, type Queryable, queryRingRead, type SchemaRef } from '../sql.js';
+import { type Queryable, queryRingRead } from '../sql.js';
+import { compile, p, positional, type Sql, sql } from '../statement.js';
 import { laneCursorsJson, unsettledEntriesOf, unsettledRanges } from '../storage/predicates.js';
 import { attemptsOf } from '../storage/history.js';
 import { getTaskIn, type TaskState } from '../storage/tasks.js';
-import { storageFor } from '../storage/storage.js';
-import { retryDeadLetters } from './dead.js';
+import { storageFor, type Storage } from '../storage/storage.js';
+import { retryDeadLettersIn } from './dead.js';
 import { taskId } from './ids.js';
 import { deleteDeadLetter, removeUnleased } from '../storage/remove.js';
 import { cancelTasks as cancelTaskIds } from '../storage/cancel.js';
@@ -83,17 +84,57 @@ function cursorId(after: string | undefined): string | null {
  * stops, except `running` and `completed`, which avoid the walk (see `ringPart`);
  * docs/explain-admin.md has the measured plans.
  */
-export async function listTasks(
+export function listTasks(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
+  filter: TaskFilter = {},
+  page: TaskPage = {},
+): Promise<TaskList> {
+  return listTasksIn(db, storageFor(schema), filter, page);
+}
+
+async function listTasksIn(
+  db: Queryable,
+  storage: Storage,
   filter: TaskFilter = {},
   page: TaskPage = {},
 ): Promise<TaskList> {
   checkKeys(filter, TASK_FILTER_KEYS, 'listTasks filter');
   checkKeys(page, PAGE_KEYS, 'listTasks page');
-  const { q: s } = bindSchema(schema);
   const limit = pageLimit(page.limit);
   if (filter.state) parseState(filter.state);
+  const shape = listShape(filter.state);
+  const statement = storage.statement(`admin-list-tasks:${shape}`, ({ q: s }) =>
+    compile(
+      sql`SELECT DISTINCT ON (id) * FROM (
+       (SELECT d.id, d.type, d.state, d.queue, d.priority, d.attempts, d.max_attempts,
+               left(d.last_error, 300) AS last_error, d.created_at, d.run_at,
+               NULL::timestamptz AS finished_at, NULL::timestamptz AS lease_expires_at, NULL::text AS worker,
+               0 AS pref
+          FROM ${s}.deferred d
+         WHERE (${STATE}::text IS NULL OR ${STATE} IN ('scheduled', 'retryable'))
+           AND (${STATE}::text IS NULL OR d.state = ${STATE}) AND (${QUEUE}::text IS NULL OR d.queue = ${QUEUE})
+           AND (${TYPE}::text IS NULL OR d.type = ${TYPE}) AND (${AFTER}::bigint IS NULL OR d.id < ${AFTER})
+         ORDER BY d.id DESC LIMIT ${LIMIT})
+       UNION ALL
+       (SELECT d.id, d.type, 'dead', d.queue, d.priority, d.attempts, d.max_attempts,
+               left(d.last_error, 300), d.created_at, NULL, d.died_at, NULL, NULL, 0
+          FROM ${s}.dead_letters d
+         WHERE (${STATE}::text IS NULL OR ${STATE} = 'dead') AND (${QUEUE}::text IS NULL OR d.queue = ${QUEUE})
+           AND (${TYPE}::text IS NULL OR d.type = ${TYPE}) AND (${AFTER}::bigint IS NULL OR d.id < ${AFTER})
+         ORDER BY d.id DESC LIMIT ${LIMIT})
+       UNION ALL
+       (${ringPart(s, shape)})
+${
+  // Only where completed tasks can match: the history part opens all 8 partitions (~2 ms
+  // of executor start-up even when its one-time filter is false; docs/explain-admin.md).
+  shape === 'all' || shape === 'completed' ? sql`UNION ALL (${historyPart(s)})` : ''
+}
+     ) x ORDER BY id DESC, pref LIMIT ${LIMIT}`,
+    ),
+  );
+  // The text alone, not prepared: a named ring read is planned generically (RingReadStatement),
+  // and only a plan made for the values folds the optional filters (`$n IS NULL OR …`).
   const res = await queryRingRead<{
     id: string;
     type: string;
@@ -110,32 +151,14 @@ export async function listTasks(
     worker: string | null;
   }>(
     db,
-    `SELECT DISTINCT ON (id) * FROM (
-       (SELECT d.id, d.type, d.state, d.queue, d.priority, d.attempts, d.max_attempts,
-               left(d.last_error, 300) AS last_error, d.created_at, d.run_at,
-               NULL::timestamptz AS finished_at, NULL::timestamptz AS lease_expires_at, NULL::text AS worker,
-               0 AS pref
-          FROM ${s}.deferred d
-         WHERE ($1::text IS NULL OR $1 IN ('scheduled', 'retryable'))
-           AND ($1::text IS NULL OR d.state = $1) AND ($2::text IS NULL OR d.queue = $2)
-           AND ($3::text IS NULL OR d.type = $3) AND ($4::bigint IS NULL OR d.id < $4)
-         ORDER BY d.id DESC LIMIT $5)
-       UNION ALL
-       (SELECT d.id, d.type, 'dead', d.queue, d.priority, d.attempts, d.max_attempts,
-               left(d.last_error, 300), d.created_at, NULL, d.died_at, NULL, NULL, 0
-          FROM ${s}.dead_letters d
-         WHERE ($1::text IS NULL OR $1 = 'dead') AND ($2::text IS NULL OR d.queue = $2)
-           AND ($3::text IS NULL OR d.type = $3) AND ($4::bigint IS NULL OR d.id < $4)
-         ORDER BY d.id DESC LIMIT $5)
-       UNION ALL
-       (${ringPart(s, filter.state)})
-${
-  // Only where completed tasks can match: the history part opens all 8 partitions (~2 ms
-  // of executor start-up even when its one-time filter is false; docs/explain-admin.md).
-  filter.state === undefined || filter.state === 'completed' ? `UNION ALL (${historyPart(s)})` : ''
-}
-     ) x ORDER BY id DESC, pref LIMIT $5`,
-    [filter.state ?? null, filter.queue ?? null, filter.type ?? null, cursorId(page.after), limit + 1],
+    statement.text,
+    statement.values({
+      state: filter.state ?? null,
+      queue: filter.queue ?? null,
+      type: filter.type ?? null,
+      after: cursorId(page.after),
+      limit: limit + 1,
+    }),
   );
   const rows = res.rows.slice(0, limit);
   return {
@@ -159,8 +182,29 @@ ${
 }
 
 /**
- * The ready-ring part of a `listTasks` page (parameters as there: $1 state, $2 queue, $3 type,
- * $4 cursor, $5 limit). In general it walks the ring newest first by id, probing each entry's
+ * What a `listTasks` statement's text depends on, its state filter, as the statement's key: a
+ * state with a ring route of its own (see `ringPart`), no filter (`all`, the only other shape
+ * that reads history), or any other state (`other`: the general walk).
+ */
+type ListShape = 'running' | 'ready' | 'completed' | 'all' | 'other';
+
+function listShape(state: TaskState | undefined): ListShape {
+  if (state === undefined) return 'all';
+  return state === 'running' || state === 'ready' || state === 'completed' ? state : 'other';
+}
+
+/** A `listTasks` page's parameters, by name, for its parts. */
+const STATE = p('state');
+const QUEUE = p('queue');
+const TYPE = p('type');
+/** The keyset cursor: only ids below it. */
+const AFTER = p('after');
+const LIMIT = p('limit');
+type ListParams = 'state' | 'queue' | 'type' | 'after' | 'limit';
+
+/**
+ * The ready-ring part of a `listTasks` page (its parameters: state, queue, type, the cursor
+ * `after`, limit). In general it walks the ring newest first by id, probing each entry's
  * lease and settlement for its state, until `limit` entries match. A state filter makes the walk
  * probe every entry newer than the page (at 100,000 pending tasks, over a second for `running`
  * or `completed`) and, when fewer than a page match, the whole ring, so each state has an exact
@@ -175,14 +219,14 @@ ${
  * - `ready` (past its lane's cursor) probes the cursor only. Still a walk: on a drained queue (fewer ready
  *   entries than a page) it reads the whole ring, a third of what the general walk costs.
  */
-function ringPart(s: string, state: TaskState | undefined): string {
-  const where = `NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+function ringPart(s: string, state: ListShape): Sql<ListParams> {
+  const where = sql`NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
                             WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
-           AND ($2::text IS NULL OR r.queue = $2)
-           AND ($3::text IS NULL OR r.type = $3) AND ($4::bigint IS NULL OR r.id < $4)
-         ORDER BY r.id DESC LIMIT $5`;
+           AND (${QUEUE}::text IS NULL OR r.queue = ${QUEUE})
+           AND (${TYPE}::text IS NULL OR r.type = ${TYPE}) AND (${AFTER}::bigint IS NULL OR r.id < ${AFTER})
+         ORDER BY r.id DESC LIMIT ${LIMIT}`;
   if (state === 'running') {
-    return `SELECT r.id, r.type, 'running', r.queue, r.priority, r.attempts + 1,
+    return sql`SELECT r.id, r.type, 'running', r.queue, r.priority, r.attempts + 1,
                coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]),
                left(r.last_error, 300), r.created_at, r.run_at, NULL,
                l.type_expires[array_position(l.types, r.type)], l.worker, 0
@@ -191,7 +235,7 @@ function ringPart(s: string, state: TaskState | undefined): string {
          WHERE ${where}`;
   }
   if (state === 'ready') {
-    return `SELECT r.id, r.type, 'ready', r.queue, r.priority, r.attempts, r.max_attempts,
+    return sql`SELECT r.id, r.type, 'ready', r.queue, r.priority, r.attempts, r.max_attempts,
                left(r.last_error, 300), r.created_at, r.run_at, NULL, NULL, NULL, 0
           FROM ${s}.ready r
          WHERE r.lane_seq > coalesce((${laneCursorsJson(s)} ->> r.lane_id::text)::bigint, 0)
@@ -203,7 +247,7 @@ function ringPart(s: string, state: TaskState | undefined): string {
       ? ''
       : `
            AND r.lane_seq <= coalesce((${laneCursorsJson(s)} ->> r.lane_id::text)::bigint, 9223372036854775807)`;
-  return `SELECT r.id, r.type, e.state, r.queue, r.priority, coalesce(l.attempt, r.attempts),
+  return sql`SELECT r.id, r.type, e.state, r.queue, r.priority, coalesce(l.attempt, r.attempts),
                coalesce(l.max_attempts, r.max_attempts), left(r.last_error, 300), r.created_at,
                r.run_at, CASE WHEN e.state = 'completed' THEN l.settled_at END, l.expires_at, l.worker, 0
           FROM ${s}.ready r
@@ -213,9 +257,9 @@ function ringPart(s: string, state: TaskState | undefined): string {
           CROSS JOIN LATERAL (SELECT CASE WHEN l.outcome = 'completed' THEN 'completed'
                                           WHEN l.lane_seq IS NOT NULL THEN 'running'
                                           ELSE 'ready' END AS state) e
-         WHERE ($1::text IS NULL OR $1 IN ('ready', 'running', 'completed'))
+         WHERE (${STATE}::text IS NULL OR ${STATE} IN ('ready', 'running', 'completed'))
            AND (l.outcome IS NULL OR l.outcome = 'completed')${pastCursor}
-           AND ($1::text IS NULL OR e.state = $1) AND ${where}`;
+           AND (${STATE}::text IS NULL OR e.state = ${STATE}) AND ${where}`;
 }
 
 /**
@@ -224,16 +268,16 @@ function ringPart(s: string, state: TaskState | undefined): string {
  * bucket's ids (an incremental sort), and stops at the page. A task still in the ring shows
  * once: the outer DISTINCT ON prefers the ring's row (`pref` 0).
  */
-function historyPart(s: string): string {
-  return `SELECT x.id, h.type, 'completed', ln.queue, ln.priority, x.attempt, NULL::integer, NULL::text,
+function historyPart(s: string): Sql<ListParams> {
+  return sql`SELECT x.id, h.type, 'completed', ln.queue, ln.priority, x.attempt, NULL::integer, NULL::text,
                x.created_at, NULL::timestamptz, h.settled_at, NULL::timestamptz, h.worker, 1
           FROM ${s}.attempt_history h
           JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
          CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at) AS x(id, attempt, created_at)
-         WHERE ($1::text IS NULL OR $1 = 'completed') AND h.outcome = 'success'
-           AND ($2::text IS NULL OR ln.queue = $2) AND ($3::text IS NULL OR h.type = $3)
-           AND ($4::bigint IS NULL OR (h.bucket <= $4::bigint >> 10 AND x.id < $4))
-         ORDER BY h.bucket DESC, x.id DESC LIMIT $5`;
+         WHERE (${STATE}::text IS NULL OR ${STATE} = 'completed') AND h.outcome = 'success'
+           AND (${QUEUE}::text IS NULL OR ln.queue = ${QUEUE}) AND (${TYPE}::text IS NULL OR h.type = ${TYPE})
+           AND (${AFTER}::bigint IS NULL OR (h.bucket <= ${AFTER}::bigint >> 10 AND x.id < ${AFTER}))
+         ORDER BY h.bucket DESC, x.id DESC LIMIT ${LIMIT}`;
 }
 
 export interface TimelineEvent {
@@ -249,11 +293,23 @@ export interface TimelineEvent {
  * ring segment is retained, and its deferred or dead-letter row. A ring claim and settlement
  * that history also holds are shown once, from history.
  */
-export async function taskTimeline(db: Queryable, schema: SchemaRef, id: string): Promise<TimelineEvent[]> {
-  const bound = bindSchema(schema);
-  const s = bound.q;
-  const task = await getTaskIn(db, storageFor(bound), id);
+export async function taskTimeline(db: Queryable, schema: string, id: string): Promise<TimelineEvent[]> {
+  const storage = storageFor(schema);
+  const task = await getTaskIn(db, storage, id);
   if (!task) return [];
+  const ring = storage.statement('admin-timeline-ring', ({ q: s }) =>
+    positional(
+      `SELECT r.appended_at, r.queue, r.priority, l.attempt, l.claimed_at, l.expires_at, l.worker,
+            l.outcome, l.settled_at, t.reason, t.created_at AS removed_at
+       FROM ${s}.ready r
+       LEFT JOIN LATERAL (SELECT * FROM ${s}.leased_entries le
+                           WHERE le.id = r.id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq
+                             AND le.slot = r.slot) l ON true
+       LEFT JOIN ${s}.tombstones t ON t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
+      WHERE r.id = $1`,
+      ['id'],
+    ),
+  );
   const res = await db.query<{
     appended_at: Date;
     queue: string;
@@ -266,22 +322,12 @@ export async function taskTimeline(db: Queryable, schema: SchemaRef, id: string)
     settled_at: Date | null;
     reason: string | null;
     removed_at: Date | null;
-  }>(
-    `SELECT r.appended_at, r.queue, r.priority, l.attempt, l.claimed_at, l.expires_at, l.worker,
-            l.outcome, l.settled_at, t.reason, t.created_at AS removed_at
-       FROM ${s}.ready r
-       LEFT JOIN LATERAL (SELECT * FROM ${s}.leased_entries le
-                           WHERE le.id = r.id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq
-                             AND le.slot = r.slot) l ON true
-       LEFT JOIN ${s}.tombstones t ON t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
-      WHERE r.id = $1`,
-    [id],
-  );
+  }>(ring.query({ id }));
   const events: TimelineEvent[] = [
     { at: task.createdAt, event: 'created', detail: { queue: task.queue, priority: task.priority } },
   ];
   const recorded = new Set<string>();
-  for (const a of await attemptsOf(db, bound.name, id)) {
+  for (const a of await attemptsOf(db, storage.schema.name, id)) {
     recorded.add(`${Number(a.claimedAt)}:${a.attempt}`);
     events.push({
       at: a.claimedAt,
@@ -324,7 +370,13 @@ export async function taskTimeline(db: Queryable, schema: SchemaRef, id: string)
     events.push({ at: task.runAt, event: 'scheduled', detail: { state: task.state, runAt: task.runAt } });
   }
   if (task.state === 'dead') {
-    const d = await db.query<{ died_at: Date }>(`SELECT died_at FROM ${s}.dead_letters WHERE id = $1`, [id]);
+    const d = await db.query<{ died_at: Date }>(
+      storage
+        .statement('admin-timeline-dead', ({ q: s }) =>
+          positional(`SELECT died_at FROM ${s}.dead_letters WHERE id = $1`, ['id']),
+        )
+        .query({ id }),
+    );
     if (d.rows[0])
       events.push({
         at: d.rows[0].died_at,
@@ -357,12 +409,12 @@ export type TaskActionResult =
  * Run a task now: a dead letter is retried with a fresh attempt budget; a scheduled or
  * retryable task becomes due now (the leader's promotion appends it within a tick).
  */
-export async function retryTask(db: Queryable, schema: SchemaRef, id: string): Promise<TaskActionResult> {
+export async function retryTask(db: Queryable, schema: string, id: string): Promise<TaskActionResult> {
   const storage = storageFor(schema);
   const task = await getTaskIn(db, storage, id);
   if (!task) return 'not_found';
   if (task.state === 'dead') {
-    const [r] = await retryDeadLetters(db, storage.schema, [id]);
+    const [r] = await retryDeadLettersIn(db, storage, [id]);
     return r?.result ?? 'not_found';
   }
   if (task.state === 'scheduled' || task.state === 'retryable') {
@@ -386,7 +438,7 @@ export interface CancelOptions {
  */
 export async function cancelTask(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
   id: string,
   options: CancelOptions = {},
 ): Promise<TaskActionResult> {
@@ -420,12 +472,11 @@ const CANCEL_BATCH = 500;
  */
 export async function cancelTasks(
   db: Queryable,
-  schema: SchemaRef,
+  schema: string,
   filter: CancelFilter,
   options: CancelOptions & { onProgress?: (p: BulkProgress) => void } = {},
 ): Promise<BulkCancelResult> {
   const storage = storageFor(schema);
-  const bound = storage.schema;
   const { state, queue, type, all } = filter;
   if (state !== undefined && (parseState(state) === 'dead' || state === ('completed' as TaskState)))
     throw new BerthInputError(`cannot cancel ${state} tasks: only ready, running, scheduled or retryable ones`);
@@ -440,7 +491,7 @@ export async function cancelTasks(
   const out: BulkCancelResult = { matched: 0, removed: 0, cancelled: 0, alreadySettled: 0 };
   let after: string | undefined;
   for (;;) {
-    const page = await listTasks(db, bound, { state, queue, type }, { limit: CANCEL_BATCH, after });
+    const page = await listTasksIn(db, storage, { state, queue, type }, { limit: CANCEL_BATCH, after });
     const ids = page.tasks.filter((t) => t.state !== 'dead' && t.state !== 'completed').map((t) => t.id);
     if (ids.length > 0) {
       out.matched += ids.length;
@@ -458,18 +509,18 @@ export async function cancelTasks(
 }
 
 /** Remove a task in any state but running: pending ones as cancel does, dead letters deleted (no record kept). */
-export async function deleteTask(db: Queryable, schema: SchemaRef, id: string): Promise<TaskActionResult> {
+export async function deleteTask(db: Queryable, schema: string, id: string): Promise<TaskActionResult> {
   const storage = storageFor(schema);
   if (await deleteDeadLetter(db, storage, id)) return 'removed';
-  return removeUnleasedAs(db, storage.schema, id, 'deleted');
+  return removeUnleasedAs(db, storage, id, 'deleted');
 }
 
 async function removeUnleasedAs(
   db: Queryable,
-  schema: SchemaRef,
+  storage: Storage,
   id: string,
   reason: string,
 ): Promise<TaskActionResult> {
-  const result = await removeUnleased(db, storageFor(schema), taskId(id), reason);
+  const result = await removeUnleased(db, storage, taskId(id), reason);
   return result === 'leased' ? 'running' : result;
 }

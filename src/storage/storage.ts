@@ -49,10 +49,9 @@ const bySchema = new Map<string, Storage>();
 
 /**
  * The storage of a schema, made once per name and process: the door where a public function's
- * schema name (or a schema bound by a caller that has not moved to Storage yet) is bound.
+ * schema name is bound.
  */
-export function storageFor(schema: string | Schema): Storage {
-  if (typeof schema !== 'string') return storageFor(schema.name);
+export function storageFor(schema: string): Storage {
   let storage = bySchema.get(schema);
   if (storage === undefined) {
     storage = new Storage(bindSchema(schema));
