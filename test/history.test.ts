@@ -57,10 +57,10 @@ async function claimOne(type: string, ceilingMs = 60_000, marginMs = 0): Promise
 test('a worker records every attempt: success, errors with stack and cause, non-Error throws as JSON, the cursor of continued', async () => {
   let flaky = 0;
   const tasks = [
-    defineTask<{ n: number }>({ type: 'ok', ceiling: 10_000, handler: async () => undefined }),
+    defineTask<{ n: number }>({ type: 'ok', ceilingMs: 10_000, handler: async () => undefined }),
     defineTask({
       type: 'flaky',
-      ceiling: 10_000,
+      ceilingMs: 10_000,
       backoff: { baseMs: 1, maxMs: 1 },
       handler: async () => {
         flaky++;
@@ -70,7 +70,7 @@ test('a worker records every attempt: success, errors with stack and cause, non-
     }),
     defineTask({
       type: 'object-throw',
-      ceiling: 10_000,
+      ceilingMs: 10_000,
       maxAttempts: 2,
       backoff: { baseMs: 1, maxMs: 1 },
       handler: async () => {
@@ -79,14 +79,14 @@ test('a worker records every attempt: success, errors with stack and cause, non-
     }),
     defineTask({
       type: 'fatal',
-      ceiling: 10_000,
+      ceilingMs: 10_000,
       handler: async () => {
         throw new PermanentError('never works');
       },
     }),
     defineTask<{ page: number }>({
       type: 'sliced',
-      ceiling: 10_000,
+      ceilingMs: 10_000,
       handler: async (p, ctx) => {
         if (p.page < 2) {
           await ctx.advanceCursor({ page: p.page + 1 });
