@@ -31,9 +31,7 @@ const S = `"${schema}"`;
 
 /** Reclaim every ring segment as the leader's prune would once they are settled (as the owner). */
 async function forgetRing(): Promise<void> {
-  await pool.query(
-    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones`,
-  );
+  await pool.query(`TRUNCATE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones`);
 }
 
 async function claimOne(type: string, ceilingMs = 60_000, marginMs = 0): Promise<ClaimedTask> {

@@ -316,8 +316,11 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
 }
 
 /**
- * A function the newest migration creates: its presence means the schema is current (migration
- * 20's check_tasks; migration 18's ring epoch and 19's count_lost_claim come before it).
+ * A function the newest migration this code needs creates: its presence means the schema is
+ * current enough (migration 20's check_tasks; migration 18's ring epoch and 19's count_lost_claim
+ * come before it). Migration 21 only retires what nothing runs (the per-task lease tables'
+ * triggers, their grants, two tables in prune_slot's lists), so this code runs on a schema of 20
+ * too, with the same statements as the version before it.
  */
 const LATEST_MARKER = 'check_tasks(text, text[], jsonb[], timestamptz[], integer[], text[], text)';
 
