@@ -474,27 +474,6 @@ BEGIN
 END $$;
 
 --
--- Name: forward_legacy_settlement(); Type: FUNCTION; Schema: berth; Owner: -
---
-
-CREATE FUNCTION berth.forward_legacy_settlement() RETURNS trigger
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-DECLARE v_n integer;
-BEGIN
-  INSERT INTO "berth".range_settlements (slot, lane_id, lease_from, seqs, n, outcome)
-  SELECT NEW.slot, NEW.lane_id, l.from_seq, int8multirange(int8range(NEW.lane_seq, NEW.lane_seq + 1)), 1,
-         NEW.outcome
-    FROM "berth".range_leases l
-   WHERE l.lane_id = NEW.lane_id AND l.slot = NEW.slot AND l.from_seq = NEW.lane_seq
-  ON CONFLICT DO NOTHING;
-  GET DIAGNOSTICS v_n = ROW_COUNT;
-  IF v_n = 0 THEN RETURN NULL; END IF;
-  RETURN NEW;
-END $$;
-
---
 -- Name: move_task(bigint, text, smallint); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -819,7 +798,7 @@ BEGIN
   IF v_any THEN EXECUTE v_exact_check INTO v_unsettled, v_lanes, v_tops; END IF;
   SELECT string_agg(format('%I.%I', 'berth', t || '_' || p_slot), ', ')
     INTO v_tables
-    FROM unnest(ARRAY['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements']) t;
+    FROM unnest(ARRAY['ready', 'range_leases', 'range_settlements', 'tombstones']) t;
   PERFORM set_config('lock_timeout', greatest(p_lock_timeout_ms, 1) || 'ms', true);
   BEGIN
     EXECUTE 'LOCK TABLE ' || v_tables || ' IN ACCESS EXCLUSIVE MODE';
@@ -845,25 +824,12 @@ BEGIN
   -- left as it is, which is what its TRUNCATE would make it. Under the lock nothing can write one.
   SELECT string_agg(format('%I.%I', 'berth', t || '_' || p_slot), ', ')
     INTO v_tables
-    FROM unnest(ARRAY['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements']) t
+    FROM unnest(ARRAY['ready', 'range_leases', 'range_settlements', 'tombstones']) t
    WHERE pg_relation_size(format('%I.%I', 'berth', t || '_' || p_slot)::regclass) > 0;
   EXECUTE 'TRUNCATE ' || v_tables;
   IF v_recovered > 0 THEN RETURN 'recovered:' || v_recovered; END IF;
   RETURN 'pruned';
 END $_$;
-
---
--- Name: refuse_legacy_lease(); Type: FUNCTION; Schema: berth; Owner: -
---
-
-CREATE FUNCTION berth.refuse_legacy_lease() RETURNS trigger
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-BEGIN
-  RAISE EXCEPTION 'berth: this schema leases ranges since migration 8; upgrade the worker'
-    USING ERRCODE = '55000';
-END $$;
 
 --
 -- Name: remove_unleased(bigint, text); Type: FUNCTION; Schema: berth; Owner: -
@@ -1682,6 +1648,12 @@ CREATE TABLE berth.leases (
     worker text
 )
 PARTITION BY LIST (slot);
+
+--
+-- Name: TABLE leases; Type: COMMENT; Schema: berth; Owner: -
+--
+
+COMMENT ON TABLE berth.leases IS 'berth: unused since migration 8, untouched since migration 22 (no trigger, no grant, not pruned); a later migration drops it';
 
 --
 -- Name: leases_0; Type: TABLE; Schema: berth; Owner: -
@@ -2989,6 +2961,12 @@ CREATE TABLE berth.settlements (
     settled_at timestamp with time zone DEFAULT now() NOT NULL
 )
 PARTITION BY LIST (slot);
+
+--
+-- Name: TABLE settlements; Type: COMMENT; Schema: berth; Owner: -
+--
+
+COMMENT ON TABLE berth.settlements IS 'berth: unused since migration 8, untouched since migration 22 (no trigger, no grant, not pruned); a later migration drops it';
 
 --
 -- Name: settlements_0; Type: TABLE; Schema: berth; Owner: -
@@ -6597,18 +6575,6 @@ ALTER INDEX berth.tombstones_id_idx ATTACH PARTITION berth.tombstones_9_id_idx;
 ALTER INDEX berth.tombstones_pkey ATTACH PARTITION berth.tombstones_9_pkey;
 
 --
--- Name: settlements forward_legacy_settlement; Type: TRIGGER; Schema: berth; Owner: -
---
-
-CREATE TRIGGER forward_legacy_settlement BEFORE INSERT ON berth.settlements FOR EACH ROW EXECUTE FUNCTION berth.forward_legacy_settlement();
-
---
--- Name: leases refuse_legacy_lease; Type: TRIGGER; Schema: berth; Owner: -
---
-
-CREATE TRIGGER refuse_legacy_lease BEFORE INSERT ON berth.leases FOR EACH ROW EXECUTE FUNCTION berth.refuse_legacy_lease();
-
---
 -- Name: ring_state ring_epoch_follows; Type: TRIGGER; Schema: berth; Owner: -
 --
 
@@ -6669,12 +6635,6 @@ REVOKE ALL ON FUNCTION berth.enqueue(p_queue text, p_priority smallint, p_shard 
 REVOKE ALL ON FUNCTION berth.enqueue(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text) FROM PUBLIC;
 
 --
--- Name: FUNCTION forward_legacy_settlement(); Type: ACL; Schema: berth; Owner: -
---
-
-REVOKE ALL ON FUNCTION berth.forward_legacy_settlement() FROM PUBLIC;
-
---
 -- Name: FUNCTION move_task(p_id bigint, p_queue text, p_priority smallint); Type: ACL; Schema: berth; Owner: -
 --
 
@@ -6709,12 +6669,6 @@ REVOKE ALL ON FUNCTION berth.prune_dead_letters(p_retention_ms double precision,
 --
 
 REVOKE ALL ON FUNCTION berth.prune_slot(p_slot smallint, p_lock_timeout_ms integer) FROM PUBLIC;
-
---
--- Name: FUNCTION refuse_legacy_lease(); Type: ACL; Schema: berth; Owner: -
---
-
-REVOKE ALL ON FUNCTION berth.refuse_legacy_lease() FROM PUBLIC;
 
 --
 -- Name: FUNCTION remove_unleased(p_id bigint, p_reason text); Type: ACL; Schema: berth; Owner: -

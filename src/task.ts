@@ -138,25 +138,16 @@ export interface TaskDefinitionFields<P> {
 }
 
 /**
- * A task definition: its fields and its ceiling, `ceilingMs`. `ceiling` is the same number under
- * its name before 0.2 (deprecated: accepted with a DeprecationWarning; both at once is an error).
+ * A task definition: its fields and its ceiling, `ceilingMs`. The ceiling's name before 0.2,
+ * `ceiling`, is an unknown option now ("did you mean ceilingMs?").
  */
-export type TaskDefinitionInput<P> = TaskDefinitionFields<P> &
-  (
-    | {
-        /**
-         * The handler's maximum run time in ms, about ten times its expected worst case. The
-         * lease is `ceilingMs + leaseMarginMs`, which is also the crash-recovery wait for the type.
-         */
-        ceilingMs: number;
-        ceiling?: undefined;
-      }
-    | {
-        /** @deprecated renamed `ceilingMs` (every duration option ends in its unit). */
-        ceiling: number;
-        ceilingMs?: undefined;
-      }
-  );
+export type TaskDefinitionInput<P> = TaskDefinitionFields<P> & {
+  /**
+   * The handler's maximum run time in ms, about ten times its expected worst case. The lease is
+   * `ceilingMs + leaseMarginMs`, which is also the crash-recovery wait for the type.
+   */
+  ceilingMs: number;
+};
 
 export interface TaskDefinition<P = unknown> {
   readonly type: string;
@@ -192,7 +183,6 @@ const DEFINITION_KEYS: ReadonlySet<string> = new Set([
   'backoff',
   'schema',
   'queue',
-  'ceiling',
 ]);
 const BACKOFF_KEYS: ReadonlySet<string> = new Set(['baseMs', 'maxMs']);
 /** What other queues call the backoff's two numbers (pg-boss, BullMQ, graphile-worker's docs). */
@@ -214,7 +204,8 @@ export function defineTask<P>(input: TaskDefinitionInput<P>): TaskDefinition<P> 
   const type = checkText(input.type, 'task type', '', { maxChars: MAX_TYPE_CHARS, nonEmpty: true });
   const where = `task "${type}"`;
   checkKeys(input, DEFINITION_KEYS, where);
-  const ceilingMs = resolveCeiling(input, where);
+  // The handler's deadline is a Node timer: past 2^31 - 1 ms it would fire at once.
+  const ceilingMs = checkMs(input.ceilingMs, 'ceilingMs', where, 1, MAX_TIMER_MS, " (Node's timer limit, 24.8 days)");
   // Any name is a queue, the empty one included, as at enqueue (src/producer/enqueue.ts).
   const queue =
     input.queue === undefined ? undefined : checkText(input.queue, 'queue', where, { maxBytes: MAX_QUEUE_BYTES });
@@ -247,36 +238,6 @@ export function defineTask<P>(input: TaskDefinitionInput<P>): TaskDefinition<P> 
     schema: input.schema,
     queue,
   });
-}
-
-let ceilingWarned = false;
-
-/**
- * `ceilingMs`, or the deprecated `ceiling` (a DeprecationWarning, once per process: a definition
- * list is built at start-up, and one warning says all there is to say). Both is an error: which
- * one was meant cannot be known.
- */
-function resolveCeiling(input: { ceilingMs?: unknown; ceiling?: unknown }, where: string): number {
-  const legacy = input.ceiling !== undefined;
-  if (legacy && input.ceilingMs !== undefined) {
-    throw new BerthInputError(`${where}: give ceilingMs only (ceiling is its deprecated name), not both`);
-  }
-  if (legacy && !ceilingWarned) {
-    ceilingWarned = true;
-    process.emitWarning(`${where}: defineTask's "ceiling" is deprecated; call it "ceilingMs"`, {
-      type: 'DeprecationWarning',
-      code: 'BERTH_DEP_CEILING',
-    });
-  }
-  // The handler's deadline is a Node timer: past 2^31 - 1 ms it would fire at once.
-  return checkMs(
-    legacy ? input.ceiling : input.ceilingMs,
-    legacy ? 'ceiling' : 'ceilingMs',
-    where,
-    1,
-    MAX_TIMER_MS,
-    " (Node's timer limit, 24.8 days)",
-  );
 }
 
 /** Capped exponential backoff: base doubling per failed attempt, never above the cap. */

@@ -38,7 +38,7 @@ const { schema, pool } = await freshSchema('admin');
 const S = `"${schema}"`;
 
 async function reset(): Promise<void> {
-  await pool.query(`TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters,
+  await pool.query(`TRUNCATE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters,
                     ${S}.dedupe, ${S}.queue_pauses, ${S}.workers, ${S}.outcome_counts, ${S}.audit_log`);
   await pool.query(`UPDATE ${S}.lanes SET paused = false`);
 }

@@ -70,7 +70,7 @@ async function leaseCount(): Promise<number> {
 
 async function reset(): Promise<void> {
   await pool.query(
-    `TRUNCATE "${schema}".ready, "${schema}".leases, "${schema}".settlements, "${schema}".range_leases, "${schema}".range_settlements, "${schema}".tombstones, "${schema}".deferred`,
+    `TRUNCATE "${schema}".ready, "${schema}".range_leases, "${schema}".range_settlements, "${schema}".tombstones, "${schema}".deferred`,
   );
 }
 

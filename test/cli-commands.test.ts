@@ -228,7 +228,7 @@ test('queues pause / list / resume; stats; leader exits 1 with no leader', async
 
 test("worker --tasks <module> --drain runs the module's handlers until no due work is left", async () => {
   await pool.query(
-    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dedupe`,
+    `TRUNCATE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dedupe`,
   );
   for (let i = 0; i < 20; i++) await enqueue(pool, 'cli_ok', { n: i }, { schema });
   await enqueue(pool, 'cli_fail', {}, { schema });
@@ -247,9 +247,7 @@ test("worker --tasks <module> --drain runs the module's handlers until no due wo
 
 test('completed tasks and every attempt error stay visible after the ring forgets them: tasks show/list, history list/show/set', async () => {
   // After the drain above: reclaim the ring as the leader's prune would.
-  await pool.query(
-    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones`,
-  );
+  await pool.query(`TRUNCATE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones`);
   const completed = await berthJson<TaskPageJson>('tasks', 'list', '--state', 'completed', '--json', '--limit', '500');
   assert.equal(completed.tasks.length, 20);
   const okId = completed.tasks[0]!.id;

@@ -358,7 +358,7 @@ test('/metrics is served (behind the same auth) when a registry is given, and no
 
 test('/api/tasks pages by keyset; a task reads with its payload and timeline; overview counts by queue and type', async () => {
   await pool.query(
-    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
+    `TRUNCATE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
   );
   const ids: string[] = [];
   for (let i = 0; i < 7; i++)

@@ -66,7 +66,7 @@ after(async () => {
 });
 
 test('a success: task:started, then task:settled and task:completed with the task, the outcome and the duration', async () => {
-  const def = defineTask<{ n: number }>({ type: 'ev_ok', ceiling: 10_000, handler: async () => {} });
+  const def = defineTask<{ n: number }>({ type: 'ev_ok', ceilingMs: 10_000, handler: async () => {} });
   const { w } = worker([def]);
   stopped.push(w);
   const seen = record(w);
@@ -102,7 +102,7 @@ test('a failure with attempts left: task:failed and task:retrying (with the back
   const boom = new Error('boom');
   const def = defineTask<unknown>({
     type: 'ev_fail',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     maxAttempts: 2,
     backoff: { baseMs: 10, maxMs: 10 },
     handler: async () => {
@@ -148,7 +148,7 @@ test('a handler interrupted by stop(): task:cancelled; a continue: task:continue
   let started = false;
   const slow = defineTask<unknown>({
     type: 'ev_cancel',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     handler: (_p, ctx) =>
       new Promise<void>((_resolve, reject) => {
         started = true;
@@ -157,7 +157,7 @@ test('a handler interrupted by stop(): task:cancelled; a continue: task:continue
   });
   const cont = defineTask<{ cursor: number }>({
     type: 'ev_continue',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     handler: async (p, ctx) => {
       if (p.cursor === 0) {
         await ctx.advanceCursor({ cursor: 1 });
@@ -167,7 +167,7 @@ test('a handler interrupted by stop(): task:cancelled; a continue: task:continue
   });
   const lost = defineTask<unknown>({
     type: 'ev_lost',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     handler: async (_p, ctx) => {
       // Another party settles this lease first (as rescue would after a lapse): the completion is refused.
       await takeLeaseOver(pool, schema, ctx.id);
@@ -209,7 +209,7 @@ test('a handler interrupted by stop(): task:cancelled; a continue: task:continue
 test('a task that never starts its handler (bad payload) settles with no task:started and a null duration', async () => {
   const def = defineTask<{ n: number }>({
     type: 'ev_invalid',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     schema: {
       '~standard': {
         version: 1,
@@ -242,7 +242,7 @@ test('a throwing or rejecting listener is logged and changes nothing; a listener
   let ran = 0;
   const def = defineTask<unknown>({
     type: 'ev_isolated',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     handler: async () => {
       ran++;
     },
@@ -277,7 +277,7 @@ test('a throwing or rejecting listener is logged and changes nothing; a listener
 });
 
 test('on / once / off; an unknown event name or a non-function listener is refused', () => {
-  const def = defineTask<unknown>({ type: 'ev_api', ceiling: 10_000, handler: async () => {} });
+  const def = defineTask<unknown>({ type: 'ev_api', ceilingMs: 10_000, handler: async () => {} });
   const { w } = worker([def]);
   const got: string[] = [];
   const off = w.events.on('worker:stopped', () => void got.push('on'));

@@ -32,9 +32,7 @@ const S = `"${schema}"`;
 
 /** Reclaim every ring segment as the leader's prune would once they are settled (as the owner). */
 async function forgetRing(): Promise<void> {
-  await pool.query(
-    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones`,
-  );
+  await pool.query(`TRUNCATE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones`);
 }
 
 async function claimOne(type: string, ceilingMs = 60_000, marginMs = 0): Promise<ClaimedTask> {
@@ -55,10 +53,10 @@ async function claimOne(type: string, ceilingMs = 60_000, marginMs = 0): Promise
 test('a worker records every attempt: success, errors with stack and cause, non-Error throws as JSON, the cursor of continued', async () => {
   let flaky = 0;
   const tasks = [
-    defineTask<{ n: number }>({ type: 'ok', ceiling: 10_000, handler: async () => undefined }),
+    defineTask<{ n: number }>({ type: 'ok', ceilingMs: 10_000, handler: async () => undefined }),
     defineTask({
       type: 'flaky',
-      ceiling: 10_000,
+      ceilingMs: 10_000,
       backoff: { baseMs: 1, maxMs: 1 },
       handler: async () => {
         flaky++;
@@ -68,7 +66,7 @@ test('a worker records every attempt: success, errors with stack and cause, non-
     }),
     defineTask({
       type: 'object-throw',
-      ceiling: 10_000,
+      ceilingMs: 10_000,
       maxAttempts: 2,
       backoff: { baseMs: 1, maxMs: 1 },
       handler: async () => {
@@ -77,14 +75,14 @@ test('a worker records every attempt: success, errors with stack and cause, non-
     }),
     defineTask({
       type: 'fatal',
-      ceiling: 10_000,
+      ceilingMs: 10_000,
       handler: async () => {
         throw new PermanentError('never works');
       },
     }),
     defineTask<{ page: number }>({
       type: 'sliced',
-      ceiling: 10_000,
+      ceilingMs: 10_000,
       handler: async (p, ctx) => {
         if (p.page < 2) {
           await ctx.advanceCursor({ page: p.page + 1 });

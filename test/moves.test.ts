@@ -13,7 +13,7 @@ const S = `"${schema}"`;
 
 async function reset(): Promise<void> {
   await pool.query(
-    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
+    `TRUNCATE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
   );
   await pool.query(`UPDATE ${S}.ring_state SET current_slot = 0, rotated_at = now()`);
 }

@@ -155,21 +155,23 @@ test('migrations, roles, admin reads and actions, metrics, slices and maintenanc
   );
 });
 
-test('ceilingMs; ceiling is its deprecated name: accepted with a DeprecationWarning, both at once refused', async () => {
-  const warned = new Promise<Error>((resolve) => process.once('warning', resolve));
-  const legacy = defineTask({ type: 'legacy', ceiling: 1234, handler });
-  assert.equal(legacy.ceilingMs, 1234);
-  assert.equal('ceiling' in legacy, false, 'the definition has one name for it');
-  const warning = await warned;
-  assert.equal(warning.name, 'DeprecationWarning');
-  assert.equal((warning as Error & { code?: string }).code, 'BERTH_DEP_CEILING');
-  assert.match(warning.message, /"ceiling" is deprecated; call it "ceilingMs"/);
-  assert.equal(defineTask({ type: 'new', ceilingMs: 99, handler }).ceilingMs, 99);
-  assert.throws(
-    () => defineTask({ type: 'both', ceiling: 1, ceilingMs: 1, handler } as never),
-    /task "both": give ceilingMs only \(ceiling is its deprecated name\), not both/,
-  );
-  assert.throws(() => defineTask({ type: 'none', handler } as never), /task "none": ceilingMs must be a number/);
+test('ceilingMs is the ceiling; ceiling, its name before 0.2, is an unknown option that points to ceilingMs, and warns nothing', () => {
+  const warnings: Error[] = [];
+  const onWarning = (w: Error) => warnings.push(w);
+  process.on('warning', onWarning);
+  try {
+    refuses(() => defineTask({ type: 'legacy', ceiling: 1234, handler } as never), 'ceiling', 'ceilingMs');
+    assert.throws(
+      () => defineTask({ type: 'legacy', ceiling: 1234, handler } as never),
+      /^BerthInputError: task "legacy": unknown option "ceiling"; did you mean "ceilingMs"\? \(expected /,
+    );
+    refuses(() => defineTask({ type: 'both', ceiling: 1, ceilingMs: 1, handler } as never), 'ceiling', 'ceilingMs');
+    assert.equal(defineTask({ type: 'new', ceilingMs: 99, handler }).ceilingMs, 99);
+    assert.throws(() => defineTask({ type: 'none', handler } as never), /task "none": ceilingMs must be a number/);
+  } finally {
+    process.off('warning', onWarning);
+  }
+  assert.deepEqual(warnings, [], 'no DeprecationWarning: the alias is gone, not deprecated');
 });
 
 test('prefetch defaults to 25 per slot, at least 2,000 (the cap the ~25 ms rate target may lease ahead); 0 and explicit values stand', async () => {

@@ -16,7 +16,7 @@ import { completeLeases } from '../src/storage/complete.js';
 import { leaseKey, seqsToMultirange } from '../src/storage/lease.js';
 import { rescueLapsedLeases } from '../src/storage/rescue.js';
 import { rotateRing } from '../src/maintenance/ring.js';
-import { schemaAtVersion } from './support/legacy-schema.js';
+import { migrateSchemaTo, schemaAtVersion } from './support/legacy-schema.js';
 import { claimParams } from './claim-params.js';
 import { DATABASE_URL, freshSchema, leaseLapsed } from './helpers.js';
 
@@ -250,7 +250,7 @@ test('exactly one winner: the holder completing parts of a lapsed range while tw
   }
 });
 
-test('rolling deploy: migration 8 carries per-task leases over; an old claim is refused, an old settlement is forwarded and fenced', async () => {
+test('rolling deploy: migration 8 carries per-task leases over; an old claim is refused, an old settlement is forwarded and fenced (until migration 22 retires both triggers)', async () => {
   const legacySchema = `t_ranges_legacy_${process.pid}`;
   const L = quoteIdent(legacySchema);
   const c = new pg.Client({ connectionString: DATABASE_URL, options: '-c jit=off' });
@@ -270,7 +270,8 @@ test('rolling deploy: migration 8 carries per-task leases over; an old claim is 
     await c.query(
       `INSERT INTO ${L}.settlements (slot, lane_id, lane_seq, id, outcome) VALUES (0, 7, 1, 101, 'completed')`,
     );
-    await migrate({ client: c, schema: legacySchema });
+    // Through migration 21, the last with the triggers of migration 8.
+    await migrateSchemaTo(c, legacySchema, 21);
     const leased = await c.query(
       `SELECT id::text, attempt, max_attempts, worker, outcome FROM ${L}.leased_entries ORDER BY id`,
     );
@@ -304,6 +305,19 @@ test('rolling deploy: migration 8 carries per-task leases over; an old claim is 
     assert.equal(again.rowCount, 0, 'the second writer is told it lost');
     const out = await c.query(`SELECT outcome FROM ${L}.leased_entries WHERE id = 102`);
     assert.equal(out.rows[0].outcome, 'completed');
+    // Migration 22 drops both triggers: what the range tables hold stands, and the per-task
+    // tables, kept for a later migration, are written through by nothing.
+    await migrate({ client: c, schema: legacySchema });
+    const triggers = await c.query(
+      `SELECT count(*)::int AS n FROM pg_trigger t JOIN pg_class k ON k.oid = t.tgrelid
+        WHERE k.relnamespace = $1::regnamespace AND t.tgname IN ('refuse_legacy_lease', 'forward_legacy_settlement')`,
+      [legacySchema],
+    );
+    assert.equal(triggers.rows[0].n, 0);
+    assert.deepEqual((await c.query(`SELECT id::text, outcome FROM ${L}.leased_entries ORDER BY id`)).rows, [
+      { id: '101', outcome: 'completed' },
+      { id: '102', outcome: 'completed' },
+    ]);
   } finally {
     await c.query(`DROP SCHEMA IF EXISTS ${L} CASCADE`);
     await c.end();

@@ -433,7 +433,7 @@ test('a producer role enqueues and reads task state, and nothing more', async ()
 });
 
 test('a worker role cannot truncate, delete, drop or forge what it does not own', async () => {
-  for (const t of ['ready', 'leases', 'settlements', 'tombstones']) {
+  for (const t of ['ready', 'range_leases', 'range_settlements', 'tombstones']) {
     await denied(poolB, `TRUNCATE ${S}.${t}`);
     await denied(poolB, `TRUNCATE ${S}."${t}_3"`);
     const c = await poolB.connect();
@@ -598,6 +598,21 @@ test('grantRuntimeRole: kind producer or worker; regranting converges; options a
   assert.ok(printed.includes(`granted producer privileges to "${producer}"`), printed.join('\n'));
   assert.deepEqual(await priv(producerQ), { lease_insert: true, promote: true, enqueue: true, read: true });
   assert.deepEqual(await priv(producer), { lease_insert: false, promote: false, enqueue: true, read: true });
+});
+
+test('no runtime role may read the per-task leases and settlements of berth before migration 8 (kept by migration 22 until a later one drops them)', async () => {
+  for (const r of [roleA, roleB, producer]) {
+    for (const t of ['leases', 'settlements', 'leases_3', 'settlements_3']) {
+      const p = await admin.query(
+        `SELECT has_table_privilege($1, $2, 'SELECT') OR has_table_privilege($1, $2, 'INSERT')
+                OR has_table_privilege($1, $2, 'TRUNCATE') AS any`,
+        [r, `${S}."${t}"`],
+      );
+      assert.equal(p.rows[0].any, false, `${r} on ${t}`);
+    }
+  }
+  await denied(poolB, `SELECT count(*) FROM ${S}.leases`);
+  await denied(poolP, `SELECT count(*) FROM ${S}.settlements`);
 });
 
 test('migration 7 turns a runtime role of the old single grant into a worker role', async () => {

@@ -26,7 +26,7 @@ const { logger } = captureLogger();
 
 async function reset(): Promise<void> {
   await pool.query(
-    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
+    `TRUNCATE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
   );
 }
 async function laneOf(queue: string, shard = 0): Promise<number> {

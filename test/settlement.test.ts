@@ -36,7 +36,7 @@ async function claimOne(type = 't', ceilingMs = 60_000): Promise<ClaimedTask> {
 
 async function fresh(payload: unknown = {}, opts: { maxAttempts?: number; dedupeKey?: string } = {}): Promise<string> {
   await pool.query(
-    `TRUNCATE ${S}.ready, ${S}.leases, ${S}.settlements, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
+    `TRUNCATE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe`,
   );
   const r = await enqueue(pool, 't', payload, { schema, ...opts });
   return r.id!;

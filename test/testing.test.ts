@@ -39,14 +39,14 @@ describe('runDueTasks', () => {
     const seen: unknown[] = [];
     const ok = defineTask<{ n: number }>({
       type: 'rd_ok',
-      ceiling: 30_000,
+      ceilingMs: 30_000,
       handler: async (p, ctx) => {
         seen.push({ p, attempt: ctx.attempt, max: ctx.maxAttempts });
       },
     });
     const flaky = defineTask<{ n: number }>({
       type: 'rd_flaky',
-      ceiling: 30_000,
+      ceilingMs: 30_000,
       maxAttempts: 4,
       backoff: { baseMs: 60_000, maxMs: 600_000 },
       handler: async () => {
@@ -55,7 +55,7 @@ describe('runDueTasks', () => {
     });
     const doomed = defineTask<{ n: number }>({
       type: 'rd_doomed',
-      ceiling: 30_000,
+      ceilingMs: 30_000,
       handler: async () => {
         throw new PermanentError('no such customer');
       },
@@ -99,10 +99,10 @@ describe('runDueTasks', () => {
   });
 
   test('follow-up tasks and retries that are due again run within the same call', async () => {
-    const child = defineTask<{ parent: string }>({ type: 'rd_child', ceiling: 30_000, handler: async () => {} });
+    const child = defineTask<{ parent: string }>({ type: 'rd_child', ceilingMs: 30_000, handler: async () => {} });
     const parent = defineTask<Record<string, never>>({
       type: 'rd_parent',
-      ceiling: 30_000,
+      ceilingMs: 30_000,
       handler: async (_p, ctx) => {
         await enqueue(pool, child, { parent: ctx.id }, { schema });
       },
@@ -110,7 +110,7 @@ describe('runDueTasks', () => {
     let tries = 0;
     const stubborn = defineTask<Record<string, never>>({
       type: 'rd_stubborn',
-      ceiling: 30_000,
+      ceilingMs: 30_000,
       maxAttempts: 3,
       backoff: { baseMs: 0, maxMs: 0 },
       handler: async () => {
@@ -136,7 +136,7 @@ describe('runDueTasks', () => {
     const walked: number[] = [];
     const walk = defineTask<{ page: number | null }>({
       type: 'rd_walk',
-      ceiling: 30_000,
+      ceilingMs: 30_000,
       handler: (payload, ctx) =>
         runSlices(payload, ctx, {
           cursorOf: (p) => p.page,
@@ -166,7 +166,7 @@ describe('runDueTasks', () => {
   test('a settlement the fence refuses is reported as lost, and the rescued task runs again', async () => {
     const slow = defineTask<Record<string, never>>({
       type: 'rd_slow',
-      ceiling: 500,
+      ceilingMs: 500,
       maxAttempts: 5,
       handler: async (_p, ctx) => {
         if (ctx.attempt > 1) return;
@@ -189,7 +189,7 @@ describe('runDueTasks', () => {
   test('stops at maxRuns, handing the claimed task back', async () => {
     const again = defineTask<{ n: number }>({
       type: 'rd_again',
-      ceiling: 30_000,
+      ceilingMs: 30_000,
       handler: async ({ n }) => {
         await enqueue(pool, again, { n: n + 1 }, { schema });
       },
@@ -209,12 +209,12 @@ describe('runDueTasks', () => {
       },
     );
     // Handed back due now, its attempt refunded; drained here for the other tests.
-    const stop = defineTask<{ n: number }>({ type: 'rd_again', ceiling: 30_000, handler: async () => {} });
+    const stop = defineTask<{ n: number }>({ type: 'rd_again', ceilingMs: 30_000, handler: async () => {} });
     assert.equal((await runDueTasks(pool, [stop], { schema })).length, 1);
   });
 
   test('counts outcomes on the metrics it is given, and checks its options', async () => {
-    const ok = defineTask<Record<string, never>>({ type: 'rd_counted', ceiling: 30_000, handler: async () => {} });
+    const ok = defineTask<Record<string, never>>({ type: 'rd_counted', ceilingMs: 30_000, handler: async () => {} });
     await enqueue(pool, ok, {}, { schema });
     const metrics = new BerthMetrics();
     await runDueTasks(pool, [ok], { schema, metrics });
@@ -232,7 +232,7 @@ describe('runDueTasks', () => {
 });
 
 describe('enqueuedIn', () => {
-  const email = defineTask<{ to: string }>({ type: 'ei_email', ceiling: 30_000, handler: async () => {} });
+  const email = defineTask<{ to: string }>({ type: 'ei_email', ceilingMs: 30_000, handler: async () => {} });
 
   test('lists what the open transaction enqueued, and only that; a rollback leaves nothing', async () => {
     const before = await enqueue(pool, email, { to: 'committed-before@example.com' }, { schema });

@@ -98,7 +98,7 @@ test('one trace from enqueue to handler: the attempt is a CONSUMER span, child o
   let handlerSpan: { traceId: string; spanId: string } | undefined;
   const def = defineTask<{ n: number }>({
     type: 'tr_one',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     handler: async () => {
       // Spans the handler makes nest under the attempt's span.
       await tracer().startActiveSpan('handler work', async (s) => {
@@ -154,7 +154,7 @@ test('failures are recorded on the span; the context survives deferred storage, 
   let runs = 0;
   const def = defineTask<unknown>({
     type: 'tr_fail',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     maxAttempts: 2,
     backoff: { baseMs: 10, maxMs: 10 },
     handler: async () => {
@@ -197,7 +197,7 @@ test('failures are recorded on the span; the context survives deferred storage, 
 test('a lease lost at settlement is an error on the span', async () => {
   const def = defineTask<unknown>({
     type: 'tr_lost',
-    ceiling: 10_000,
+    ceilingMs: 10_000,
     handler: async (_p, ctx) => {
       await takeLeaseOver(pool, schema, ctx.id);
     },
@@ -217,7 +217,7 @@ test('a lease lost at settlement is an error on the span', async () => {
 });
 
 test('an untraced producer stores nothing, and its attempt starts a trace of its own', async () => {
-  const def = defineTask<unknown>({ type: 'tr_root', ceiling: 10_000, handler: async () => {} });
+  const def = defineTask<unknown>({ type: 'tr_root', ceilingMs: 10_000, handler: async () => {} });
   // Inside a span that is active for the worker's start, not for the enqueue: the attempt must not nest under it.
   const { id } = await enqueue(pool, def, {}, { schema, queue: def.type });
   assert.equal(await storedContext('ready', id!), null);
@@ -234,7 +234,7 @@ test('an untraced producer stores nothing, and its attempt starts a trace of its
 });
 
 test('scheduled tasks keep the context through promotion; a moved task keeps it; one context per enqueueMany', async () => {
-  const def = defineTask<unknown>({ type: 'tr_later', ceiling: 10_000, handler: async () => {} });
+  const def = defineTask<unknown>({ type: 'tr_later', ceilingMs: 10_000, handler: async () => {} });
   const { result, sc: producer } = await inSpan('producer', () =>
     enqueueMany(
       pool,
@@ -313,7 +313,7 @@ test('the registered propagator is used both ways; the stored context is bounded
 });
 
 test("an attempt's span does not leak into the next task's dispatch or the settled events", async () => {
-  const def = defineTask<unknown>({ type: 'tr_leak', ceiling: 10_000, handler: async () => {} });
+  const def = defineTask<unknown>({ type: 'tr_leak', ceilingMs: 10_000, handler: async () => {} });
   const w = worker([def], { slots: 1 });
   const activeAtSettled: (string | undefined)[] = [];
   w.events.on('task:settled', () => void activeAtSettled.push(trace.getActiveSpan()?.spanContext().spanId));

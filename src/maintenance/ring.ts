@@ -6,11 +6,12 @@ import { positional } from '../statement.js';
 import { type RingFill, readRingFill } from '../storage/ring-window.js';
 
 /**
- * The ready ring is 16 segments: segment n is partition n of the ring tables (`ready_n`,
- * `range_leases_n`, `range_settlements_n`, `tombstones_n`, and until a later migration drops
- * them the per-task `leases_n` / `settlements_n` of berth before migration 8), appended to while
- * current, then sealed, then reclaimed by one TRUNCATE of all of them. "Segment" keeps it apart from a worker's slots (its
- * concurrency). The database still calls it `slot` (the partition key column, `ring_state`'s
+ * The ready ring is 16 segments: segment n is partition n of the four ring tables (`ready_n`,
+ * `range_leases_n`, `range_settlements_n`, `tombstones_n`), appended to while current, then
+ * sealed, then reclaimed by one TRUNCATE of all of them. (The per-task `leases_n` /
+ * `settlements_n` of berth before migration 8 were locked and truncated with them until
+ * migration 22; a later migration drops them.) "Segment" keeps it apart from a worker's slots
+ * (its concurrency). The database still calls it `slot` (the partition key column, `ring_state`'s
  * `current_slot` and `slot_count`, the `prune_slot` function): renaming those would need a
  * migration, so the SQL keeps the old word and this module translates.
  */

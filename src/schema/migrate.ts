@@ -316,8 +316,11 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
 }
 
 /**
- * A function the newest migration creates: its presence means the schema is current (migration
- * 20's check_tasks; migration 18's ring epoch and 19's count_lost_claim come before it).
+ * A function the newest migration this code needs creates: its presence means the schema is
+ * current enough (migration 20's check_tasks; migration 18's ring epoch and 19's count_lost_claim
+ * come before it). Migrations 21 (the database's limits corrected) and 22 (the per-task lease
+ * tables' triggers, their grants and two tables in prune_slot's lists retired) change nothing
+ * this code calls, so it runs on a schema of 20 or 21 too, with the same statements.
  */
 const LATEST_MARKER = 'check_tasks(text, text[], jsonb[], timestamptz[], integer[], text[], text)';
 

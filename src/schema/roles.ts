@@ -61,7 +61,14 @@ const WORKER_FUNCTIONS = [
   'count_lost_claim(smallint, integer, bigint, integer, integer, text)',
 ] as const;
 
-const RING_TABLES = ['ready', 'range_leases', 'range_settlements', 'tombstones', 'leases', 'settlements'] as const;
+const RING_TABLES = ['ready', 'range_leases', 'range_settlements', 'tombstones'] as const;
+/**
+ * The per-task lease tables of berth before migration 8: no statement reads them, migration 22
+ * revoked every grant on them, and a later migration drops them (migration 22's header says why
+ * not there). That migration takes them out of the retired grants below too: a REVOKE naming a
+ * missing table fails.
+ */
+const RETIRED_RING_TABLES = ['leases', 'settlements'] as const;
 
 function ringPartitions(s: string, tables: readonly string[]): string {
   return tables
@@ -80,8 +87,6 @@ function producerGrants(s: string): Grant[] {
         'deferred',
         'dead_letters',
         'ready',
-        'leases',
-        'settlements',
         'tombstones',
         'range_leases',
         'range_settlements',
@@ -110,9 +115,9 @@ function workerGrants(s: string): Grant[] {
     // Appended by append_ready and tombstoned by remove_unleased / move_task, as the owner.
     { privileges: 'SELECT', on: `${s}.ready, ${s}.tombstones` },
     // The claim inserts range leases; complete, fail, release, advance and rescue insert range
-    // settlements. The per-task tables (before migration 8) are read only by what drains them.
+    // settlements.
     { privileges: 'SELECT, INSERT', on: `${s}.range_leases, ${s}.range_settlements` },
-    { privileges: 'SELECT', on: `${s}.leases, ${s}.settlements, ${s}.leased_entries` },
+    { privileges: 'SELECT', on: `${s}.leased_entries` },
     // UPDATE (version): the claim's `FOR UPDATE SKIP LOCKED` on lanes needs UPDATE on at least one
     // column. version is the column the lane lock protects; a forged bump only makes a claim
     // with an older snapshot skip the lane once.
@@ -171,8 +176,12 @@ function workerGrants(s: string): Grant[] {
 function retiredGrants(s: string): Grant[] {
   return [
     { privileges: 'TRUNCATE', on: ringPartitions(s, RING_TABLES) },
-    // Per-task leases and settlements, written before migration 8.
-    { privileges: 'INSERT', on: `${s}.leases, ${s}.settlements, ${ringPartitions(s, ['settlements'])}` },
+    // Per-task leases and settlements, written before migration 8 and read by no statement since;
+    // SELECT was granted until migration 22.
+    {
+      privileges: 'SELECT, INSERT, TRUNCATE',
+      on: `${s}.leases, ${s}.settlements, ${ringPartitions(s, RETIRED_RING_TABLES)}`,
+    },
     { privileges: 'DELETE', on: `${s}.dead_letters` },
     { privileges: 'UPDATE (run_at)', on: `${s}.deferred` },
   ];
