@@ -52,7 +52,7 @@ export interface TaskContext<P> {
   dequeue(executor: Queryable): Promise<void>;
   /**
    * Commit slice progress: rewrites the payload, makes the task due now with attempts reset and
-   * its lease cleared, in one fenced statement. Resolves `false` when the lease was lost (the
+   * this attempt settled, in one fenced statement. Resolves `false` when the lease was lost (the
    * handler must then throw, never return `'continue'`).
    */
   advanceCursor(next: P): Promise<boolean>;

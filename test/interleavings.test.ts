@@ -38,7 +38,7 @@ import { quoteIdent } from '../src/sql.js';
 import { cancelTasks } from '../src/storage/cancel.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { recordFailures } from '../src/storage/fail.js';
-import { leaseKey } from '../src/storage/lease.js';
+import { entryKey } from '../src/storage/attempt.js';
 import { laneCursor } from '../src/storage/predicates.js';
 import { rescueLapsedLeases } from '../src/storage/rescue.js';
 import { releaseLease } from '../src/storage/return.js';
@@ -295,7 +295,7 @@ class Settle implements fc.AsyncCommand<Model, Real> {
     if (this.how === 'complete') {
       const won = await completeLeases(pool, storageFor(schema), chosen);
       for (const t of chosen) {
-        assert.ok(won.has(leaseKey(t)), `our completion of ${t.id} under a live lease was refused`);
+        assert.ok(won.has(entryKey(t)), `our completion of ${t.id} under a live lease was refused`);
         m.completions.set(t.id, (m.completions.get(t.id) ?? 0) + 1);
       }
     } else if (this.how === 'fail') {
@@ -463,7 +463,7 @@ async function drain(m: Model, r: Real): Promise<void> {
 
 async function completed(tasks: readonly ClaimedTask[]): Promise<string[]> {
   const won = await completeLeases(pool, storageFor(schema), tasks);
-  return tasks.filter((t) => won.has(leaseKey(t))).map((t) => t.id);
+  return tasks.filter((t) => won.has(entryKey(t))).map((t) => t.id);
 }
 
 function bump(m: Model, id: string): void {

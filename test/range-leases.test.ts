@@ -13,7 +13,7 @@ import { claimBatch, type ClaimedTask, type ClaimParams } from '../src/processor
 import { migrate } from '../src/schema/migrate.js';
 import { queryRingRead, quoteIdent } from '../src/sql.js';
 import { completeLeases } from '../src/storage/complete.js';
-import { leaseKey, seqsToMultirange } from '../src/storage/lease.js';
+import { entryKey, seqsToMultirange } from '../src/storage/attempt.js';
 import { rescueLapsedLeases } from '../src/storage/rescue.js';
 import { rotateRing } from '../src/maintenance/ring.js';
 import { migrateSchemaTo, schemaAtVersion } from './support/legacy-schema.js';
@@ -191,7 +191,7 @@ test('per-type deadlines and limits in one range; rescue takes only the lapsed t
   );
   // The holder's completion of all six settles exactly the three rescue did not take.
   const settled = await completeLeases(pool, storageFor(schema), got);
-  assert.deepEqual([...settled].sort(), long.map((t) => leaseKey(t)).sort());
+  assert.deepEqual([...settled].sort(), long.map((t) => entryKey(t)).sort());
   assert.equal((await rescueLapsedLeases(pool, schema)).retried, 0, 'nothing left to rescue');
 });
 
@@ -242,7 +242,7 @@ test('exactly one winner: the holder completing parts of a lapsed range while tw
         (await pool.query<{ id: string }>(`SELECT id::text FROM ${S}.deferred`)).rows.map((r) => r.id),
       );
       for (const t of got) {
-        if (holderWon.has(leaseKey(t))) assert.ok(!deferredIds.has(t.id), `round ${round}: completed and rescued`);
+        if (holderWon.has(entryKey(t))) assert.ok(!deferredIds.has(t.id), `round ${round}: completed and rescued`);
       }
     }
   } finally {

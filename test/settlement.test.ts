@@ -14,7 +14,7 @@ import { pruneDeadLetters, rescueLapsedLeases, promoteDue, readGauges } from '..
 import { claim, discover, type ClaimedTask } from '../src/processor/claim.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { recordFailures } from '../src/storage/fail.js';
-import { leaseKey } from '../src/storage/lease.js';
+import { entryKey } from '../src/storage/attempt.js';
 import { advanceCursor, releaseLease } from '../src/storage/return.js';
 import { removeUnleased } from '../src/storage/remove.js';
 import { countLostClaim, refusalOf } from '../src/storage/lost-claim.js';
@@ -95,7 +95,7 @@ test('failure stores last_error, backs off and clears the lease; attempts are co
   const r = await recordFailures(pool, storageFor(schema), [
     { ref: t, error: 'object store said 503', delayMs: 15_000, permanent: false },
   ]);
-  assert.equal(r.get(leaseKey(t)), 'retry');
+  assert.equal(r.get(entryKey(t)), 'retry');
   const task = await getTask(pool, schema, id);
   assert.equal(task?.state, 'retryable');
   assert.equal(task?.lastError, 'object store said 503');
@@ -133,7 +133,7 @@ test('dead letter at max attempts; a dead letter frees its dedupe key', async ()
     const r = await recordFailures(pool, storageFor(schema), [
       { ref: t, error: `boom ${i}`, delayMs: 0, permanent: false },
     ]);
-    assert.equal(r.get(leaseKey(t)), i < 2 ? 'retry' : 'dead');
+    assert.equal(r.get(entryKey(t)), i < 2 ? 'retry' : 'dead');
     if (i < 2) await promoteNow();
   }
   const dead = await getTask(pool, schema, id);
@@ -153,7 +153,7 @@ test('a permanent failure dead-letters at once', async () => {
   const r = await recordFailures(pool, storageFor(schema), [
     { ref: t, error: 'bad payload', delayMs: 0, permanent: true },
   ]);
-  assert.equal(r.get(leaseKey(t)), 'dead');
+  assert.equal(r.get(entryKey(t)), 'dead');
   assert.equal((await getTask(pool, schema, id))?.state, 'dead');
 });
 
@@ -268,7 +268,7 @@ test('batched completion settles each lease by its own token', async () => {
   const refs = ts.map((t, i) => (i === 2 ? stolen(t) : t));
   const settled = await completeLeases(pool, storageFor(schema), refs);
   assert.equal(settled.size, 5);
-  assert.equal(settled.has(leaseKey(ts[2]!)), false);
+  assert.equal(settled.has(entryKey(ts[2]!)), false);
 });
 
 async function empty(): Promise<void> {
@@ -304,7 +304,7 @@ test('a completion counts the entries it settles: a batch naming an entry twice 
   const [a, b, c] = await claimLane(10);
   assert.ok(a && b && c, 'three tasks in one lease');
   const settled = await completeLeases(pool, storageFor(schema), [a, a, b]);
-  assert.deepEqual([...settled].sort(), [leaseKey(a), leaseKey(b)].sort());
+  assert.deepEqual([...settled].sort(), [entryKey(a), entryKey(b)].sort());
   assert.deepEqual(await leaseCounts(), { n: 3, settled: 2 }, 'two entries settled, counted two, not three');
   assert.equal((await getTask(pool, schema, c.id))?.state, 'running', 'the third is still the holder’s');
   await completeLeases(pool, storageFor(schema), [c]);

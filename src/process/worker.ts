@@ -53,9 +53,9 @@ function stopGraceMs(options: StopOptions): number {
  * takes: 0.2 ms per lane (EXPLAIN ANALYZE, docs/benchmarks.md "Range leases").
  *
  * And without sequential scans: the claim and the completion are named statements whose generic
- * plan each session keeps, made when a ring slot's lease partition was nearly empty (a page).
+ * plan each session keeps, made when a ring segment's lease partition was nearly empty (a page).
  * That plan read the lane cursor (the lane's highest lease) with a sequential scan of every
- * lease in the slot, once per lane, and the completion joined its batch against the same: both
+ * lease in the segment, once per lane, and the completion joined its batch against the same: both
  * grew with the slot, to ~1,900 leases read per lane per claim at 50k tasks (3.2 ms of a 7.2 ms
  * claim, auto_explain during bench/drain-profile.ts). With them off the same cached plans probe
  * the primary keys; the PostgreSQL backends' CPU per task went from 47–56 µs to 32–37 µs, and

@@ -1,6 +1,6 @@
 import { p, sql } from '../statement.js';
 import type { Storage } from '../storage/storage.js';
-import type { LeaseRef } from '../storage/lease.js';
+import type { AttemptRef } from '../storage/attempt.js';
 import type { RingWindow } from '../storage/ring-window.js';
 
 /**
@@ -98,7 +98,7 @@ export const TYPE_TERMS = {
   maxAttempts: sql`coalesce(t.max_attempts, ${p('defaultMaxAttempts')})`,
 };
 
-export interface ClaimedTask extends LeaseRef {
+export interface ClaimedTask extends AttemptRef {
   id: string;
   type: string;
   payload: unknown;

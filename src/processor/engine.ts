@@ -17,7 +17,7 @@ import { DeadlineTimer, RunAbort } from './run-abort.js';
 import { runTask, type RunDeps } from './run-task.js';
 import { settleTask, type SettleDeps } from './settle-task.js';
 import type { SettlementBatcher } from './settlement-batcher.js';
-import { leaseKey } from '../storage/lease.js';
+import { entryKey } from '../storage/attempt.js';
 import { returnUnstarted } from '../storage/return.js';
 import { cancelledAmong, CANCEL_NOTICE_PREFIX, parseCancelNotice } from '../storage/cancel.js';
 import { StuckGuard } from './stuck.js';
@@ -86,7 +86,7 @@ class ClaimBuffer {
     for (let b = 0; b < this.batches.length; b++) {
       const batch = this.batches[b]!;
       for (let i = b === 0 ? this.next : 0; i < batch.tasks.length; i++) {
-        if (leaseKey(batch.tasks[i]!) === key) return batch.tasks[i]!;
+        if (entryKey(batch.tasks[i]!) === key) return batch.tasks[i]!;
       }
     }
     return null;
@@ -97,7 +97,7 @@ class ClaimBuffer {
     for (let b = 0; b < this.batches.length; b++) {
       const batch = this.batches[b]!;
       for (let i = b === 0 ? this.next : 0; i < batch.tasks.length; i++) {
-        if (leaseKey(batch.tasks[i]!) !== key) continue;
+        if (entryKey(batch.tasks[i]!) !== key) continue;
         const [task] = batch.tasks.splice(i, 1);
         this.count--;
         if (b === 0 ? this.next >= batch.tasks.length : batch.tasks.length === 0) {
@@ -570,7 +570,7 @@ export class Engine {
 
   private startTask(task: ClaimedTask, receivedAt: number): void {
     const abort = new RunAbort(task.leaseExpiresAt - this.o.leaseMarginMs);
-    const key = leaseKey(task);
+    const key = entryKey(task);
     this.inflight.set(key, { task, abort });
     this.executing++;
     void this.runOne(task, key, abort, receivedAt);

@@ -32,7 +32,7 @@ export type TaskRun =
 export interface HandlerRan {
   /** How long the handler ran, in milliseconds (attempt history). */
   ms: number;
-  /** An AdvanceCursor of this run was written (its progress is saved, its lease already cleared). */
+  /** An AdvanceCursor of this run was written (its progress is saved, this attempt already settled). */
   advanced: boolean;
   /** stop() aborted the handler (a rollout), as opposed to its deadline or nothing. */
   shutdown: boolean;
@@ -216,7 +216,7 @@ function byHandlerResult(run: Extract<TaskRun, HandlerRan>, task: TaskAttempt): 
         outcome: fenced(counted),
       };
     case 'continue': {
-      // AdvanceCursor already cleared the lease; this release is the safety net. Matching a row
+      // AdvanceCursor already settled this attempt; this release is the safety net. Matching a row
       // means the slice advanced nothing and its next attempt repeats this one. A continue at
       // the deadline is a timeout (a property of the deadline, not of intent).
       const continued: Outcome = run.pastDeadline ? 'timeout' : 'continued';

@@ -6,7 +6,7 @@ import type { Queryable } from '../sql.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
 import { type CompletableRef, completeLeases } from '../storage/complete.js';
 import { recordFailures, type FailureInput } from '../storage/fail.js';
-import { leaseKey, type LeaseRef } from '../storage/lease.js';
+import { entryKey, type AttemptRef } from '../storage/attempt.js';
 import { settledWith } from '../storage/settled.js';
 
 /**
@@ -24,7 +24,7 @@ export type FailResult =
 
 type Waiter<T> = { resolve: (v: T) => void };
 /** A lease to settle; `expiresAt` (epoch ms, the database's stamp) bounds how long a write is retried. */
-type Settleable = LeaseRef & { leaseExpiresAt: number };
+type Settleable = AttemptRef & { leaseExpiresAt: number };
 /** A lease to complete; its dedupe key (if any) is released with it, its identity goes to attempt history. */
 type CompletableLease = Settleable & CompletableRef;
 
@@ -144,7 +144,7 @@ export class SettlementBatcher {
           await settledWith(
             this.db,
             this.storage,
-            refs.filter((x) => !settled.has(leaseKey(x))),
+            refs.filter((x) => !settled.has(entryKey(x))),
             'completed',
           )
         ).keys())
@@ -153,7 +153,7 @@ export class SettlementBatcher {
     });
     for (const b of batch) {
       if (!r.ok) b.w.resolve({ kind: 'unwritten', error: r.error });
-      else b.w.resolve(r.value.has(leaseKey(b.ref)) ? { kind: 'settled' } : { kind: 'refused' });
+      else b.w.resolve(r.value.has(entryKey(b.ref)) ? { kind: 'settled' } : { kind: 'refused' });
     }
   }
 
@@ -168,7 +168,7 @@ export class SettlementBatcher {
       async (retry) => {
         const recorded = await recordFailures(this.db, this.storage, inputs);
         if (retry) {
-          const missing = inputs.map((i) => i.ref).filter((x) => !recorded.has(leaseKey(x)));
+          const missing = inputs.map((i) => i.ref).filter((x) => !recorded.has(entryKey(x)));
           for (const [k, v] of await settledWith(this.db, this.storage, missing, 'failed'))
             recorded.set(k, v.dead ? 'dead' : 'retry');
         }
@@ -180,7 +180,7 @@ export class SettlementBatcher {
         b.w.resolve({ kind: 'unwritten', error: r.error });
         continue;
       }
-      const got = r.value.get(leaseKey(b.input.ref));
+      const got = r.value.get(entryKey(b.input.ref));
       b.w.resolve(got === undefined ? { kind: 'refused' } : { kind: 'settled', dead: got === 'dead' });
     }
   }

@@ -3,7 +3,7 @@ import { checkText, MAX_ACTOR_CHARS } from '../limits.js';
 import { READ_COMMITTED_REQUIRED, type Queryable, statementName } from '../sql.js';
 import { positional } from '../statement.js';
 import type { Storage } from './storage.js';
-import { leaseKey, type LeaseRef } from './lease.js';
+import { entryKey, type AttemptRef } from './attempt.js';
 
 /**
  * What a cancel did to one task:
@@ -54,7 +54,11 @@ export async function cancelTasks(
  * handlers) an operator cancelled. One statement per check, one index probe of
  * `range_settlements` per lease; run by a worker only while it has handlers running.
  */
-export async function cancelledAmong(db: Queryable, storage: Storage, refs: readonly LeaseRef[]): Promise<Set<string>> {
+export async function cancelledAmong(
+  db: Queryable,
+  storage: Storage,
+  refs: readonly AttemptRef[],
+): Promise<Set<string>> {
   if (refs.length === 0) return new Set();
   const statement = storage.statement('cancelled', ({ name, q: s }) =>
     positional(
@@ -75,7 +79,7 @@ export async function cancelledAmong(db: Queryable, storage: Storage, refs: read
       laneSeqs: refs.map((r) => r.laneSeq),
     }),
   );
-  return new Set(res.rows.map((r) => leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq })));
+  return new Set(res.rows.map((r) => entryKey({ laneId: r.lane_id, laneSeq: r.lane_seq })));
 }
 
 /** Parse a cancel notice (`cancel:<lane_id>:<lane_seq>`) into the lease key it names, or null. */
@@ -83,5 +87,5 @@ export function parseCancelNotice(payload: string): string | null {
   if (!payload.startsWith(CANCEL_NOTICE_PREFIX)) return null;
   const m = /^(\d+):(\d+)$/.exec(payload.slice(CANCEL_NOTICE_PREFIX.length));
   if (!m) return null;
-  return leaseKey({ laneId: Number(m[1]), laneSeq: m[2]! });
+  return entryKey({ laneId: Number(m[1]), laneSeq: m[2]! });
 }

@@ -2,7 +2,7 @@ import { LeaseLostError } from '../errors.js';
 import { quoteIdent, type Queryable, type Schema, statementName } from '../sql.js';
 import { compile, p, type Sql, sql } from '../statement.js';
 import { completionHistory, perTaskHistory, runMsValue } from './history.js';
-import { leaseKey, type LeaseRef, seqsToMultirange } from './lease.js';
+import { entryKey, type AttemptRef, seqsToMultirange } from './attempt.js';
 import { removeUnleased } from './remove.js';
 import type { Storage } from './storage.js';
 
@@ -19,7 +19,7 @@ import type { Storage } from './storage.js';
  * A lease to complete; its task's dedupe key (if any) is freed with it, and attempt history
  * records it with its handler's run time (the rest of the task is read back from `ready`).
  */
-export type CompletableRef = LeaseRef & {
+export type CompletableRef = AttemptRef & {
   /** Whether the task has a dedupe key to free (the statement reads the key itself). */
   dedupeKey?: string | null;
   /** The handler's run time, ms; null when not known. */
@@ -27,7 +27,7 @@ export type CompletableRef = LeaseRef & {
 };
 
 /**
- * Dequeue, batched: settle leases as completed. Returns the keys that were settled; a lease not
+ * Completion, batched: settle attempts as completed. Returns the keys that were settled; a lease not
  * returned was refused (token no longer owns it, or another settlement took the entry first).
  * Also frees each completed task's dedupe key. `runMs[i]` is the handler's run time of
  * `refs[i]` for attempt history (a parallel array, so the batcher hands in the refs it holds
@@ -158,9 +158,9 @@ function compareSeq(a: string, b: string): number {
 /**
  * One lease looked up by its key, as a LATERAL subquery the planner cannot flatten into a join
  * (the LIMIT keeps it a parameterised index probe per batch row). As a plain join, the plan the
- * session caches (generic, named statement) was made while the slot's partition was nearly empty:
- * a hash join over a seq scan of every lease in the slot, or a merge join reading the primary key
- * from its start, both growing with the slot's leases (1,848 rows read per completion at 50k
+ * session caches (generic, named statement) was made while the segment's partition was nearly empty:
+ * a hash join over a seq scan of every lease in the segment, or a merge join reading the primary key
+ * from its start, both growing with the segment's leases (1,848 rows read per completion at 50k
  * tasks, 0.4 ms of its 1.2 ms; auto_explain during bench/drain-profile.ts, 2026-12-01).
  */
 function leaseProbe(leases: string, laneId: string, from: string, extra = ''): string {
@@ -268,7 +268,7 @@ async function completeInSegment(
   const out: string[] = [];
   const lost: LeaseGroup[] = [];
   for (const g of groups) {
-    if (won.has(`${g.laneId}:${g.leaseFrom}:${g.token}`)) for (const r of g.refs) out.push(leaseKey(r));
+    if (won.has(`${g.laneId}:${g.leaseFrom}:${g.token}`)) for (const r of g.refs) out.push(entryKey(r));
     else lost.push(g);
   }
   if (lost.length > 0) out.push(...(await completeRemainders(write, storage, segment, lost)));
@@ -339,7 +339,7 @@ async function completeRemainders(
       );
       if (!g) continue;
       const won = new Set(row.won ?? []);
-      for (const r of g.refs) if (won.has(r.laneSeq)) out.push(leaseKey(r));
+      for (const r of g.refs) if (won.has(r.laneSeq)) out.push(entryKey(r));
       // Dropped again by a writer that took part of the remainder meanwhile: go round.
       if (row.rest) retry.push(g);
     }
@@ -349,7 +349,7 @@ async function completeRemainders(
 }
 
 /**
- * Dequeue one task by id. With a lease token: complete that lease, raising LeaseLostError when
+ * Complete one task by id (the handler's `ctx.dequeue`, seed 000's Dequeue). With a lease token: complete that lease, raising LeaseLostError when
  * the token no longer owns it (so the caller's transaction rolls back). With an empty token:
  * remove the task only while it is unleased (the inline-cleanup path: a producer that enqueued
  * and then did the work itself). Runs on the caller's executor.

@@ -2,12 +2,12 @@ import { type Queryable, type Schema, statementName } from '../sql.js';
 import { compile, p, sql } from '../statement.js';
 import type { ErrorDetail } from '../util/error-detail.js';
 import { perTaskHistory, runMsValue } from './history.js';
-import { leaseKey, type LeaseRef } from './lease.js';
+import { entryKey, type AttemptRef } from './attempt.js';
 import { entryOfLease, settleAndMove } from './settle-tail.js';
 import type { Storage } from './storage.js';
 
 export interface FailureInput {
-  ref: LeaseRef;
+  ref: AttemptRef;
   error: string;
   /** Backoff before the retry, applied on the database clock. */
   delayMs: number;
@@ -24,11 +24,11 @@ export interface FailureInput {
 /**
  * RecordFailure, batched: settle as failed (fenced on each token: the range_settlements
  * exclusion constraint is the arbiter, see complete.ts; one single-entry row per failure), store last_error, and move the task to deferred storage
- * (retryable at now() + backoff, lease cleared) or, out of attempts, to the dead letters.
+ * (retryable at now() + backoff) or, out of attempts, to the dead letters.
  * Returns key -> 'retry' | 'dead'; a missing key was refused. One statement per batch.
  *
  * Each lease is looked up in a `LATERAL … LIMIT 1` probe, as the completion does (complete.ts,
- * `leaseProbe`): as a join, the session's cached generic plan read the slot's lease index from
+ * `leaseProbe`): as a join, the session's cached generic plan read the segment's lease index from
  * its start to the match (203 rows for one failure in docs/explain.md; ~1 after).
  */
 export async function recordFailures(
@@ -53,7 +53,7 @@ export async function recordFailures(
     }),
   );
   return new Map(
-    res.rows.map((r) => [leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq }), r.dead ? 'dead' : 'retry']),
+    res.rows.map((r) => [entryKey({ laneId: r.lane_id, laneSeq: r.lane_seq }), r.dead ? 'dead' : 'retry']),
   );
 }
 

@@ -2,7 +2,7 @@ import { BerthInputError } from '../errors.js';
 import type { Queryable } from '../sql.js';
 import { positional } from '../statement.js';
 import type { Storage } from './storage.js';
-import type { LeaseRef } from './lease.js';
+import type { AttemptRef } from './attempt.js';
 
 /**
  * Who took a refused settlement's entry: the outcome of the settlement that covers it (null when
@@ -15,7 +15,7 @@ export interface Refusal {
   leaseExists: boolean;
 }
 
-export async function refusalOf(db: Queryable, storage: Storage, ref: LeaseRef): Promise<Refusal> {
+export async function refusalOf(db: Queryable, storage: Storage, ref: AttemptRef): Promise<Refusal> {
   const statement = storage.statement('refusal', ({ q: s }) =>
     positional(
       `SELECT (SELECT x.outcome FROM ${s}.range_settlements x
@@ -57,7 +57,7 @@ export type LostClaimResult = 'counted' | 'dead' | 'running' | 'gone';
 export async function countLostClaim(
   db: Queryable,
   storage: Storage,
-  ref: LeaseRef & { attempt: number; maxAttempts: number },
+  ref: AttemptRef & { attempt: number; maxAttempts: number },
   worker: string,
 ): Promise<LostClaimResult> {
   const statement = storage.statement('count-lost-claim', ({ q: s }) =>

@@ -1,7 +1,7 @@
 import type { Queryable } from '../sql.js';
 import { positional } from '../statement.js';
 import type { Storage } from './storage.js';
-import type { LeaseRef } from './lease.js';
+import type { AttemptRef } from './attempt.js';
 
 /**
  * The `overdue_leases` rows a worker writes for a handler still running past its deadline
@@ -19,7 +19,7 @@ import type { LeaseRef } from './lease.js';
 export async function protectOverdueLease(
   db: Queryable,
   storage: Storage,
-  task: LeaseRef,
+  task: AttemptRef,
   workerId: string,
   stuckInMs: number,
   staleAfterMs: number,
@@ -58,7 +58,7 @@ export async function refreshOverdueLeases(
   db: Queryable,
   storage: Storage,
   workerId: string,
-  refs: readonly LeaseRef[],
+  refs: readonly AttemptRef[],
 ): Promise<void> {
   if (refs.length === 0) return;
   const statement = storage.statement('refresh-overdue', ({ q: s }) =>
@@ -80,7 +80,7 @@ export async function refreshOverdueLeases(
 }
 
 /** The handler returned and its settlement was written (or refused): the row has done its job. */
-export async function clearOverdueLease(db: Queryable, storage: Storage, ref: LeaseRef): Promise<void> {
+export async function clearOverdueLease(db: Queryable, storage: Storage, ref: AttemptRef): Promise<void> {
   await db.query(
     storage
       .statement('clear-overdue', ({ q: s }) =>

@@ -1,7 +1,7 @@
 import type { Queryable, Schema } from '../sql.js';
 import { compile, p, sql } from '../statement.js';
 import { perTaskHistory, runMsValue } from './history.js';
-import type { LeaseRef } from './lease.js';
+import type { AttemptRef } from './attempt.js';
 import { entryArgs, settleAndMove, settleOneEntry } from './settle-tail.js';
 import type { Storage } from './storage.js';
 
@@ -14,8 +14,8 @@ export interface ReturnResult {
 
 /**
  * Hand a leased task back, due now, without a failure: either a cursor advance (new payload,
- * attempts reset, last_error cleared) or a release (payload and burnt attempt kept). Both clear
- * the lease in the same statement, fenced on the token like every settlement (see complete.ts).
+ * attempts reset, last_error cleared) or a release (payload and burnt attempt kept). Both settle
+ * the attempt in the same statement, fenced on the token like every settlement (see complete.ts).
  * A release on the final attempt retires the task to the dead letters and stamps `finalError`,
  * the only explanation it will carry. Zero-row matches are reported, not raised: a lapsed lease
  * needs no releasing.
@@ -26,7 +26,7 @@ export interface ReturnResult {
 async function returnLease(
   write: Queryable,
   storage: Storage,
-  ref: LeaseRef,
+  ref: AttemptRef,
   mode: 'advanced' | 'released' | 'unstarted',
   payload: unknown,
   finalError: string | null,
@@ -84,7 +84,7 @@ function returnStatement({ q: s }: Schema) {
 export async function advanceCursor(
   write: Queryable,
   storage: Storage,
-  ref: LeaseRef,
+  ref: AttemptRef,
   payload: unknown,
 ): Promise<boolean> {
   return (await returnLease(write, storage, ref, 'advanced', payload, null, NO_HISTORY)).wrote;
@@ -99,7 +99,7 @@ export async function advanceCursor(
 export async function returnUnstarted(
   write: Queryable,
   storage: Storage,
-  ref: LeaseRef,
+  ref: AttemptRef,
   away?: { delayMs: number; note: string },
 ): Promise<ReturnResult> {
   return returnLease(write, storage, ref, 'unstarted', null, away?.note ?? null, NO_HISTORY, away?.delayMs ?? 0);
@@ -113,7 +113,7 @@ export async function returnUnstarted(
 export function releaseLease(
   write: Queryable,
   storage: Storage,
-  ref: LeaseRef,
+  ref: AttemptRef,
   finalError: string,
   history: ReleaseHistory = { outcome: 'continued' },
 ): Promise<ReturnResult> {

@@ -1,5 +1,5 @@
 import { p, type Sql, sql } from '../statement.js';
-import type { LeaseRef } from './lease.js';
+import type { AttemptRef } from './attempt.js';
 
 /**
  * The settle-and-move tail that fail (processor), return (processor: release, AdvanceCursor,
@@ -77,7 +77,7 @@ export function settleOneEntry<N extends string>(s: string, outcome: Sql<N>): Sq
 }
 
 /** The values of EntryParams for one entry of a range lease. */
-export function entryArgs(ref: LeaseRef): { [K in EntryParams]: unknown } {
+export function entryArgs(ref: AttemptRef): { [K in EntryParams]: unknown } {
   return { segment: ref.segment, laneId: ref.laneId, laneSeq: ref.laneSeq, leaseFrom: ref.leaseFrom, token: ref.token };
 }
 

@@ -1,7 +1,7 @@
 import type { Queryable } from '../sql.js';
 import { positional } from '../statement.js';
 import type { Storage } from './storage.js';
-import { leaseKey, type LeaseRef } from './lease.js';
+import { entryKey, type AttemptRef } from './attempt.js';
 
 /**
  * Which of these leases already carry a settlement with `outcome`. Only the token's holder
@@ -12,7 +12,7 @@ import { leaseKey, type LeaseRef } from './lease.js';
 export async function settledWith(
   write: Queryable,
   storage: Storage,
-  refs: readonly LeaseRef[],
+  refs: readonly AttemptRef[],
   outcome: 'completed' | 'failed',
 ): Promise<Map<string, { dead: boolean }>> {
   if (refs.length === 0) return new Map();
@@ -35,5 +35,5 @@ export async function settledWith(
       outcome,
     }),
   );
-  return new Map(res.rows.map((r) => [leaseKey({ laneId: r.lane_id, laneSeq: r.lane_seq }), { dead: r.dead }]));
+  return new Map(res.rows.map((r) => [entryKey({ laneId: r.lane_id, laneSeq: r.lane_seq }), { dead: r.dead }]));
 }

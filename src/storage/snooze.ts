@@ -1,6 +1,6 @@
 import type { Queryable, Schema } from '../sql.js';
 import { compile, p, sql } from '../statement.js';
-import type { LeaseRef } from './lease.js';
+import type { AttemptRef } from './attempt.js';
 import { entryArgs, settleAndMove, settleOneEntry } from './settle-tail.js';
 import type { Storage } from './storage.js';
 
@@ -26,7 +26,7 @@ export interface SnoozeResult {
 export async function snoozeLease(
   write: Queryable,
   storage: Storage,
-  ref: LeaseRef,
+  ref: AttemptRef,
   delayMs: number,
   maxSnoozes: number,
   finalError: string,

@@ -1,8 +1,9 @@
 /**
- * Identifies one lease of one task (one attempt): the ready entry, and the range lease that
- * covers it (`leaseFrom`: the range's first entry, its key with `laneId` and `slot`).
+ * One attempt of one task: the ready entry (its ring segment, lane and place in the lane), and
+ * the range lease that covers it (`leaseFrom`: the range's first entry, its key with `laneId` and
+ * the segment; `token`: the range lease's fence).
  */
-export interface LeaseRef {
+export interface AttemptRef {
   segment: number;
   laneId: number;
   laneSeq: string;
@@ -11,7 +12,7 @@ export interface LeaseRef {
 }
 
 /** A lease's key in the maps that carry per-lease results back to their callers. */
-export function leaseKey(ref: Pick<LeaseRef, 'laneId' | 'laneSeq'>): string {
+export function entryKey(ref: Pick<AttemptRef, 'laneId' | 'laneSeq'>): string {
   return `${ref.laneId}:${ref.laneSeq}`;
 }
 
