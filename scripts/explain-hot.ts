@@ -174,7 +174,7 @@ const cases: [string, string, () => Promise<unknown>][] = [
   [
     'dequeue (a handler’s own Dequeue with its lease token)',
     'through leased_entries by id',
-    () => x.capture('dequeue', (db) => dequeue(db, storageFor(schema), live[4]!.id, live[4]!.token), { real: false }),
+    () => x.capture('dequeue', (db) => dequeue(db, schema, live[4]!.id, live[4]!.token), { real: false }),
   ],
   [
     `rescueLapsedLeases (${lapsed.length} lapsed entries)`,

@@ -78,7 +78,13 @@ export { runSlices, DEFAULT_SLICE_MS, type SliceOptions, type SlicePage } from '
 export { dequeue } from './storage/complete.js';
 
 // Worker
-export { Worker, WORKER_DEFAULTS, type WorkerOptions, type StopOptions } from './process/worker.js';
+export {
+  Worker,
+  WORKER_DEFAULTS,
+  type WorkerOptions,
+  type StopOptions,
+  type StopOnSignalsOptions,
+} from './process/worker.js';
 export { UNKNOWN_TYPE_DEFAULTS, type UnknownTypeOptions } from './processor/unknown-types.js';
 export {
   WorkerEvents,

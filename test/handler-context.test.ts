@@ -1,4 +1,3 @@
-import { storageFor } from '../src/storage/storage.js';
 import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
 import { test } from 'node:test';
@@ -211,5 +210,5 @@ test('ctx.dequeue in a transaction that rolls back leaves the task to the worker
     return s === undefined || s === 'completed';
   });
   // The run's lease is settled: its token no longer owns anything.
-  await assert.rejects(dequeue(pool, storageFor(schema), id!, token), LeaseLostError);
+  await assert.rejects(dequeue(pool, schema, id!, token), LeaseLostError);
 });

@@ -221,7 +221,7 @@ test('a handler Dequeue and a rescued lease are recorded; a hand-back is not an 
   await pool.query(`TRUNCATE ${S}.attempt_history`);
   const a = (await enqueue(pool, 'manual', {}, { schema })).id!;
   const t = await claimOne('manual');
-  await dequeue(pool, storageFor(schema), a, t.token);
+  await dequeue(pool, schema, a, t.token);
   assert.deepEqual(
     (await attemptsOf(pool, schema, a)).map((x) => [x.outcome, x.worker, x.runMs]),
     [['success', 'history-test', null]],
@@ -281,7 +281,7 @@ test('with history off nothing is written; turning it back on resumes', async ()
   try {
     const id = (await enqueue(pool, 'off', {}, { schema })).id!;
     const t = await claimOne('off');
-    await dequeue(pool, storageFor(schema), id, t.token);
+    await dequeue(pool, schema, id, t.token);
     assert.equal(Number((await pool.query(`SELECT count(*) AS n FROM ${S}.attempt_history`)).rows[0].n), 0);
     assert.equal((await getTask(pool, schema, id))?.state, 'completed', 'the settlement itself is unchanged');
   } finally {
@@ -289,7 +289,7 @@ test('with history off nothing is written; turning it back on resumes', async ()
   }
   const id = (await enqueue(pool, 'on', {}, { schema })).id!;
   const t = await claimOne('on');
-  await dequeue(pool, storageFor(schema), id, t.token);
+  await dequeue(pool, schema, id, t.token);
   assert.equal((await attemptsOf(pool, schema, id)).length, 1);
   await assert.rejects(setHistorySettings(pool, schema, { retentionMs: 10 }), /retentionMs/);
   await assert.rejects(
@@ -311,7 +311,7 @@ test('rotation truncates whole partitions: a row lives at least the retention an
   );
   const id = (await enqueue(pool, 'rot', {}, { schema })).id!;
   const t = await claimOne('rot');
-  await dequeue(pool, storageFor(schema), id, t.token);
+  await dequeue(pool, schema, id, t.token);
   const age = `UPDATE ${S}.history_state SET rotated_at = now() - interval '1 hour'`;
   // Seven rotations: the row's partition is one of the eight, never the one reclaimed.
   for (let i = 0; i < 7; i++) {

@@ -102,7 +102,7 @@ test('moves and empty-token dequeues refuse to run above READ COMMITTED (they co
     await assert.rejects(moveTask(c, schema, r.id!, { priority: 1 }), BerthInputError);
     await c.query('ROLLBACK');
     await c.query('BEGIN ISOLATION LEVEL SERIALIZABLE');
-    await assert.rejects(dequeue(c, storageFor(schema), r.id!, ''), /READ COMMITTED/);
+    await assert.rejects(dequeue(c, schema, r.id!, ''), /READ COMMITTED/);
     await c.query('ROLLBACK');
   } finally {
     c.release();

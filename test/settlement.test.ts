@@ -53,27 +53,27 @@ const stolen = (t: ClaimedTask) => ({ ...t, token: '00000000-0000-0000-0000-0000
 test('Dequeue is fenced on the token: a wrong token is refused with LeaseLostError', async () => {
   const id = await fresh();
   const t = await claimOne();
-  await assert.rejects(dequeue(pool, storageFor(schema), id, stolen(t).token), LeaseLostError);
+  await assert.rejects(dequeue(pool, schema, id, stolen(t).token), LeaseLostError);
   assert.equal((await getTask(pool, schema, id))?.state, 'running');
-  await dequeue(pool, storageFor(schema), id, t.token);
+  await dequeue(pool, schema, id, t.token);
   assert.equal((await getTask(pool, schema, id))?.state, 'completed');
   // A second settlement of the same lease is refused too.
-  await assert.rejects(dequeue(pool, storageFor(schema), id, t.token), LeaseLostError);
+  await assert.rejects(dequeue(pool, schema, id, t.token), LeaseLostError);
   const batch = await completeLeases(pool, storageFor(schema), [t]);
   assert.equal(batch.size, 0);
 });
 
 test('Dequeue with an empty token removes an unleased task and refuses a leased one', async () => {
   const id = await fresh({}, { dedupeKey: 'inline' });
-  await dequeue(pool, storageFor(schema), id, '');
+  await dequeue(pool, schema, id, '');
   assert.equal(await getTask(pool, schema, id), null, 'the tombstoned entry is never returned');
   assert.equal((await discover(pool, storageFor(schema), null, 20)).length, 0, 'and never discovered');
   const again = await enqueue(pool, 't', {}, { schema, dedupeKey: 'inline' });
   assert.equal(again.state, 'ready', 'its dedupe key is free');
   await claimOne();
-  await assert.rejects(dequeue(pool, storageFor(schema), again.id!, ''), LeaseLostError);
+  await assert.rejects(dequeue(pool, schema, again.id!, ''), LeaseLostError);
   const scheduled = await enqueue(pool, 't', {}, { schema, delay: 3600_000 });
-  await dequeue(pool, storageFor(schema), scheduled.id!, '');
+  await dequeue(pool, schema, scheduled.id!, '');
   assert.equal(await getTask(pool, schema, scheduled.id!), null);
 });
 
@@ -211,7 +211,7 @@ test('rescue: a lapsed lease goes back to retryable with the attempt burnt, or d
   await leaseLapsed(pool, t1.leaseExpiresAt);
   assert.deepEqual(await rescueLapsedLeases(pool, schema), { retried: 1, dead: 0, held: 0 });
   assert.equal((await getTask(pool, schema, id))?.state, 'retryable');
-  await assert.rejects(dequeue(pool, storageFor(schema), id, t1.token), LeaseLostError, 'the old holder is fenced out');
+  await assert.rejects(dequeue(pool, schema, id, t1.token), LeaseLostError, 'the old holder is fenced out');
   await promoteNow();
   const t2 = await claimOne('t', 1);
   assert.equal(t2.attempt, 2);

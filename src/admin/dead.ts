@@ -160,7 +160,7 @@ export async function listDead(
 }
 
 /** How many dead letters a filter matches (what a bulk action will touch). */
-export function countDead(db: Queryable, schema: string, filter: DeadFilter): Promise<number> {
+export async function countDead(db: Queryable, schema: string, filter: DeadFilter): Promise<number> {
   return countDeadIn(db, storageFor(schema), filter);
 }
 
@@ -177,7 +177,7 @@ async function countDeadIn(db: Queryable, storage: Storage, filter: DeadFilter):
 }
 
 /** Retry these dead letters (see `retry_dead` in migration 5), in one statement. */
-export function retryDeadLetters(
+export async function retryDeadLetters(
   db: Queryable,
   schema: string,
   ids: readonly string[],

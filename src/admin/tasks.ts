@@ -84,7 +84,7 @@ function cursorId(after: string | undefined): string | null {
  * stops, except `running` and `completed`, which avoid the walk (see `ringPart`);
  * docs/explain-admin.md has the measured plans.
  */
-export function listTasks(
+export async function listTasks(
   db: Queryable,
   schema: string,
   filter: TaskFilter = {},

@@ -21,11 +21,12 @@ import { say, terminalSafeStream } from './terminal.js';
 
 /**
  * The grace period running handlers get on SIGTERM/SIGINT before they are aborted and their
- * leases released. 15 s, so that the grace plus the abort wait (`stopTimeoutMs`, 10 s) stays
- * under Kubernetes' default `terminationGracePeriodSeconds` (30 s) with 5 s to spare for the
- * releases and closing the pools (docs/operations.md, "Graceful stop").
+ * leases released: the one `worker.stopOnSignals()` uses (src/process/signals.ts), 15 s, so that
+ * the grace plus the abort wait (`stopTimeoutMs`, 10 s) stays under Kubernetes' default
+ * `terminationGracePeriodSeconds` (30 s) with 5 s to spare (docs/operations.md, "Graceful stop").
  */
-export const DEFAULT_SIGNAL_GRACE_MS = 15_000;
+export { DEFAULT_SIGNAL_GRACE_MS } from '../process/signals.js';
+import { DEFAULT_SIGNAL_GRACE_MS } from '../process/signals.js';
 
 type AnyDefinition = TaskDefinition<unknown>;
 

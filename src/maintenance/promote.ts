@@ -32,7 +32,7 @@ const LOCK_NOT_AVAILABLE = '55P03';
  * SKIP LOCKED matters: rows another transaction holds (a waiter left running by a former
  * leader) would otherwise be reselected by every batch and starve every other lane.
  */
-export function promoteDueLanes(
+export async function promoteDueLanes(
   pool: pg.Pool,
   schema: string,
   state: DeferredState | null,
@@ -100,7 +100,7 @@ export async function promoteDueLanesIn(
  * Promote the oldest due rows of one lane (up to `batchSize`), under an optional lock timeout.
  * Aborting `signal` cancels the statement (its transaction rolls back, the rows stay deferred).
  */
-export function promoteDueLane(
+export async function promoteDueLane(
   pool: pg.Pool,
   schema: string,
   lane: Lane,

@@ -133,7 +133,7 @@ export type PruneResult =
  * instead of waiting. No task can be lost: every entry in a pruned segment was settled or
  * tombstoned. One statement: no client is checked out.
  */
-export function pruneSegment(
+export async function pruneSegment(
   pool: pg.Pool,
   schema: string,
   segment: number,

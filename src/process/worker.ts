@@ -20,8 +20,10 @@ import { WorkerEvents } from '../processor/task-events.js';
 import { TaskObserver } from '../processor/task-observer.js';
 import { WakeListener } from '../processor/wake.js';
 import { resolveWorkerOptions, type ResolvedWorkerOptions, type WorkerOptions } from './worker-options.js';
+import { onStopSignals, resolveSignalOptions, type StopOnSignalsOptions } from './signals.js';
 
 export { WORKER_DEFAULTS, type WorkerOptions } from './worker-options.js';
+export type { StopOnSignalsOptions } from './signals.js';
 
 /** `worker.stop(options)`. */
 export interface StopOptions {
@@ -298,6 +300,29 @@ export class Worker {
     const types = [...o.tasks.defs.keys()];
     this.logger.info({ slots: o.slots, schema: o.schema, types }, 'worker started');
     this.events.emit('worker:started', { workerId: this.id, slots: o.slots, queues: o.queues, types });
+  }
+
+  /**
+   * Stop on SIGTERM and SIGINT, as `berth worker` does: the first signal stops the worker with
+   * `graceMs` (default 15 s) for running handlers; a second one skips what is left of the grace
+   * (handlers aborted now, their leases released, so their tasks run again at once elsewhere); a
+   * third exits the process at once (code 130). A signal within a second of the previous one is
+   * the same request relayed by npm, tsx or the terminal, and is ignored. Resolves when the worker
+   * has stopped after a signal (close your own pools then); it stops listening once the worker
+   * stops, however it was stopped, so the process can exit.
+   */
+  stopOnSignals(options: StopOnSignalsOptions = {}): Promise<void> {
+    const { graceMs, signals } = resolveSignalOptions(options);
+    const { stopped, dispose } = onStopSignals(
+      signals,
+      () => this.stop({ graceMs }),
+      () => {
+        this.logger.warn('second signal: aborting running handlers now (a third exits at once)');
+        void this.stop();
+      },
+    );
+    this.events.once('worker:stopped', dispose);
+    return stopped;
   }
 
   /** For tests: the LISTEN session's backend pid. */

@@ -8,7 +8,7 @@ import { describeHandlerResult, isContractResult } from './handler-result.js';
 import type { TaskRun } from './outcome-table.js';
 import type { DeadlineTimer, RunAbort } from './run-abort.js';
 import { advanceCursor } from '../storage/return.js';
-import { dequeue } from '../storage/complete.js';
+import { dequeueIn } from '../storage/complete.js';
 import type { UnknownTypes } from './unknown-types.js';
 import { errorDetail, errorMessage } from '../util/error-detail.js';
 
@@ -126,7 +126,7 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
       return ok;
     },
     dequeue: async (executor: Queryable) => {
-      await dequeue(executor, deps.storage, task.id, task.token);
+      await dequeueIn(executor, deps.storage, task.id, task.token);
       dequeued = true;
     },
     [RUN_ABORT]: abort,

@@ -4,7 +4,7 @@ import { compile, p, type Sql, sql } from '../statement.js';
 import { completionHistory, perTaskHistory, runMsValue } from './history.js';
 import { entryKey, type AttemptRef, seqsToMultirange } from './attempt.js';
 import { removeUnleased } from './remove.js';
-import type { Storage } from './storage.js';
+import { storageFor, type Storage } from './storage.js';
 
 /**
  * Completion: the settlement that ends a task. Like every write about a leased task it is
@@ -354,7 +354,12 @@ async function completeRemainders(
  * remove the task only while it is unleased (the inline-cleanup path: a producer that enqueued
  * and then did the work itself). Runs on the caller's executor.
  */
-export async function dequeue(executor: Queryable, storage: Storage, id: string, token: string): Promise<void> {
+export async function dequeue(executor: Queryable, schema: string, id: string, token: string): Promise<void> {
+  return dequeueIn(executor, storageFor(schema), id, token);
+}
+
+/** dequeue on a bound storage (the handler's `ctx.dequeue`). */
+export async function dequeueIn(executor: Queryable, storage: Storage, id: string, token: string): Promise<void> {
   if (token !== '') {
     const res = await executor.query(storage.statement('dequeue', dequeueStatement).query({ id, token }));
     if (res.rowCount === 0) throw new LeaseLostError(id, 'Dequeue');

@@ -32,7 +32,7 @@ export interface RescueOutcome {
  * lease is rescued as any other. Rows of leases rescued here are removed, and so are stale rows
  * whose lease is settled (a holder that could not delete its own).
  */
-export function rescueLapsedLeases(db: Queryable, schema: string, limit = 1000): Promise<RescueOutcome> {
+export async function rescueLapsedLeases(db: Queryable, schema: string, limit = 1000): Promise<RescueOutcome> {
   return rescueLapsedLeasesIn(db, storageFor(schema), limit);
 }
 

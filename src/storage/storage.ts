@@ -29,13 +29,26 @@ export class Storage {
     let st = this.statements.get(key) as Statement<N> | undefined;
     if (st === undefined) {
       st = build(this.schema);
-      if (this.statements.size >= STATEMENTS_KEPT) {
-        const oldest = this.statements.keys().next();
-        if (!oldest.done) this.statements.delete(oldest.value);
-      }
+      if (this.statements.size >= STATEMENTS_KEPT) this.forgetOne();
       this.statements.set(key, st);
     }
     return st;
+  }
+
+  /**
+   * Make room: the oldest statement of a ring window (its key holds the window, `:w…`), which a
+   * rotation retired, else the oldest of all. The per-schema statements (enqueue, completion,
+   * settlements) were compiled first and would otherwise be the first forgotten.
+   */
+  private forgetOne(): void {
+    for (const key of this.statements.keys()) {
+      if (key.includes(':w')) {
+        this.statements.delete(key);
+        return;
+      }
+    }
+    const oldest = this.statements.keys().next();
+    if (!oldest.done) this.statements.delete(oldest.value);
   }
 }
 

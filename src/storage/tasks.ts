@@ -35,7 +35,7 @@ export interface TaskRecord extends Lane {
  * it returns only the entry that still stands for the task (never a tombstoned one, never one
  * whose attempt has moved on), so a task that was moved or retried reads as its current row.
  */
-export function getTask(db: Queryable, schema: string, id: string): Promise<TaskRecord | null> {
+export async function getTask(db: Queryable, schema: string, id: string): Promise<TaskRecord | null> {
   return getTaskIn(db, storageFor(schema), id);
 }
 
