@@ -40,6 +40,41 @@ export class BerthInputError extends BerthError {
   }
 }
 
+/** The schema is missing or older than the code: nothing was run against it. */
+export class SchemaNotMigratedError extends BerthInputError {
+  override readonly code: BerthErrorCode = 'SCHEMA_NOT_MIGRATED';
+
+  constructor(
+    readonly schema: string,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'SchemaNotMigratedError';
+  }
+}
+
+/**
+ * PostgreSQL's answers when a schema, a table or a function of it is not there: 3F000
+ * invalid_schema_name, 42P01 undefined_table, 42883 undefined_function.
+ */
+const NOT_MIGRATED_CODES: ReadonlySet<string> = new Set(['3F000', '42P01', '42883']);
+
+/**
+ * `err` as a SchemaNotMigratedError when PostgreSQL said the schema, a table or a function of
+ * it does not exist (the call ran against a schema nobody migrated), else `err` itself. For the
+ * producer's and the operator's calls, which would otherwise surface a bare SQLSTATE.
+ */
+export function notMigrated(err: unknown, schema: string): unknown {
+  const code = (err as { code?: unknown } | null)?.code;
+  if (typeof code !== 'string' || !NOT_MIGRATED_CODES.has(code)) return err;
+  const e = new SchemaNotMigratedError(
+    schema,
+    `berth schema "${schema}" is not migrated (${(err as Error).message}): run \`berth migrate --schema ${schema}\` or migrate()`,
+  );
+  (e as Error & { cause?: unknown }).cause = err;
+  return e;
+}
+
 /**
  * A fenced write matched nothing: the lease token no longer owns the task. Dequeue and
  * RecordFailure raise it so the caller rolls back; the processor records the run as `lost`.

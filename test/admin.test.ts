@@ -384,7 +384,7 @@ test('a worker, or any admin entry point, refuses an unmigrated schema with the 
   );
   await assert.rejects(assertMigrated(pool, 'no_such_schema'), SchemaNotMigratedError);
   await assertMigrated(pool, schema);
-  const ids = await import('../src/admin/ids.js');
+  const ids = await import('../src/storage/ids.js');
   assert.equal(ids.isTaskId('9223372036854775807'), true);
   assert.equal(ids.isTaskId('9223372036854775808'), false);
   assert.equal(ids.isTaskId('0'), false);

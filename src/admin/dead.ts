@@ -4,7 +4,7 @@ import type { Queryable } from '../sql.js';
 import { type Args, compile, p, positional, sql } from '../statement.js';
 import { deadRowPredicate } from '../storage/predicates.js';
 import { storageFor, type Storage } from '../storage/storage.js';
-import { taskId } from './ids.js';
+import { taskId } from '../storage/ids.js';
 
 /**
  * Which dead letters a bulk action applies to. A bulk action needs at least one filter or an

@@ -7,7 +7,7 @@ import { attemptsOf } from '../storage/history.js';
 import { getTaskIn, type TaskState } from '../storage/tasks.js';
 import { storageFor, type Storage } from '../storage/storage.js';
 import { retryDeadLettersIn } from './dead.js';
-import { taskId } from './ids.js';
+import { taskId } from '../storage/ids.js';
 import { deleteDeadLetter, removeUnleased } from '../storage/remove.js';
 import { cancelTasks as cancelTaskIds } from '../storage/cancel.js';
 import type { BulkProgress } from './dead.js';

@@ -4,7 +4,7 @@ import type pg from 'pg';
 import { createPool, resolveDatabase, type DatabaseTarget } from '../db/connections.js';
 import { BerthError, BerthInputError } from '../errors.js';
 import { checkText, MAX_ACTOR_CHARS } from '../limits.js';
-import { isTaskId } from '../admin/ids.js';
+import { isTaskId } from '../storage/ids.js';
 import { assertMigrated } from '../schema/migrate.js';
 import { escapeControl, jsonSafe, say } from './terminal.js';
 

@@ -19,7 +19,7 @@ import { attemptsOf } from '../storage/history.js';
 import type { ErrorDetail } from '../util/error-detail.js';
 import { getTask } from '../storage/tasks.js';
 import { moveTask } from '../storage/move.js';
-import { taskId } from '../admin/ids.js';
+import { taskId } from '../storage/ids.js';
 import {
   actor,
   CliFailure,

@@ -1,4 +1,4 @@
-import { taskId as checkTaskId } from '../admin/ids.js';
+import { taskId as checkTaskId } from '../storage/ids.js';
 import { BerthInputError } from '../errors.js';
 import { MAX_QUEUE_BYTES, MAX_TYPE_CHARS, unstorable } from '../limits.js';
 

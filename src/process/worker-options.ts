@@ -182,6 +182,10 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
       throw new BerthInputError(`unknown worker option "${key}"${didYouMean(key, WORKER_OPTION_KEYS)}`);
   }
   if (!options.connectionString) throw new BerthInputError('Worker needs a connectionString');
+  if (!Array.isArray(options.tasks))
+    throw new BerthInputError(
+      'Worker needs tasks: the definitions it runs, an array of defineTask(…) values (tasks: [sendReceipt])',
+    );
   const database = resolveDatabase(options.connectionString, { connectTimeoutMs: options.connectTimeoutMs });
   const readDatabase = options.readConnectionString
     ? resolveDatabase(options.readConnectionString, {

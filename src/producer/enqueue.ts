@@ -1,4 +1,4 @@
-import { BerthInputError } from '../errors.js';
+import { BerthInputError, notMigrated } from '../errors.js';
 import { DEFAULT_SCHEMA, type Queryable, type Schema, statementName } from '../sql.js';
 import { positional } from '../statement.js';
 import { storageFor, type Storage } from '../storage/storage.js';
@@ -152,7 +152,20 @@ async function enqueueTasks(
   options: { schema?: string },
 ): Promise<EnqueueResult[]> {
   checkKeys(options, BATCH_OPTION_KEYS, 'enqueueMany options');
-  const storage = storageFor(options.schema ?? ENQUEUE_DEFAULTS.schema);
+  const schema = options.schema ?? ENQUEUE_DEFAULTS.schema;
+  try {
+    return await enqueueInSchema(executor, tasks, schema);
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
+}
+
+async function enqueueInSchema(
+  executor: Queryable,
+  tasks: readonly AnyTaskSpec[],
+  schema: string,
+): Promise<EnqueueResult[]> {
+  const storage = storageFor(schema);
   // The caller's active trace context, taken now (before any await), once for the whole call:
   // null unless a span is active, so an untraced producer stores nothing (src/tracing.ts).
   const trace = captureTraceContext();

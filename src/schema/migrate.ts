@@ -2,7 +2,7 @@ import { didYouMean } from '../util/nearest.js';
 import { createHash } from 'node:crypto';
 import type pg from 'pg';
 import { openClient, resolveDatabase } from '../db/connections.js';
-import { BerthError, BerthInputError, type BerthErrorCode } from '../errors.js';
+import { BerthError, BerthInputError, SchemaNotMigratedError } from '../errors.js';
 import { checkSchemaName } from '../limits.js';
 import { DEFAULT_SCHEMA, quoteIdent, type Queryable } from '../sql.js';
 import { MIGRATE_LOCK, schemaLockKey } from '../storage/locks.js';
@@ -324,18 +324,7 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
  */
 const LATEST_MARKER = 'check_tasks(text, text[], jsonb[], timestamptz[], integer[], text[], text)';
 
-/** The schema is missing or older than the code: nothing was run against it. */
-export class SchemaNotMigratedError extends BerthInputError {
-  override readonly code: BerthErrorCode = 'SCHEMA_NOT_MIGRATED';
-
-  constructor(
-    readonly schema: string,
-    message: string,
-  ) {
-    super(message);
-    this.name = 'SchemaNotMigratedError';
-  }
-}
+export { SchemaNotMigratedError } from '../errors.js';
 
 /** The applied version, or null when the schema has no schema_migrations table. */
 async function schemaVersion(client: pg.ClientBase, schema: string): Promise<number | null> {

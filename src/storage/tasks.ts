@@ -2,6 +2,8 @@ import type { Lane } from '../lane.js';
 import type { Queryable } from '../sql.js';
 import { positional } from '../statement.js';
 import { storageFor, type Storage } from './storage.js';
+import { taskId } from './ids.js';
+import { notMigrated } from '../errors.js';
 
 export type TaskState = 'ready' | 'running' | 'completed' | 'scheduled' | 'retryable' | 'dead';
 
@@ -36,7 +38,11 @@ export interface TaskRecord extends Lane {
  * whose attempt has moved on), so a task that was moved or retried reads as its current row.
  */
 export async function getTask(db: Queryable, schema: string, id: string): Promise<TaskRecord | null> {
-  return getTaskIn(db, storageFor(schema), id);
+  const storage = storageFor(schema);
+  taskId(id);
+  return getTaskIn(db, storage, id).catch((err: unknown) => {
+    throw notMigrated(err, schema);
+  });
 }
 
 /** getTask on a bound storage. */

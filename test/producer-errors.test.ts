@@ -1,0 +1,52 @@
+/**
+ * What a producer or an operator sees when something is set up wrong: a berth error naming the
+ * fix, never a bare PostgreSQL code or a TypeError.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import pg from 'pg';
+import { BerthInputError, enqueue, enqueueMany, getTask, SchemaNotMigratedError, Worker } from '../src/index.js';
+import { DATABASE_URL, freshSchema } from './helpers.js';
+
+const { schema, pool } = await freshSchema('producer_errors');
+
+test('enqueue into a schema nobody migrated is a SchemaNotMigratedError naming the fix, inside a transaction too', async () => {
+  const missing = `never_migrated_${process.pid}`;
+  await assert.rejects(enqueue(pool, 'x', {}, { schema: missing }), (e: Error) => {
+    assert.ok(e instanceof SchemaNotMigratedError, `${e.name}: ${e.message}`);
+    assert.match(e.message, new RegExp(`berth schema "${missing}" is not migrated.*berth migrate --schema ${missing}`));
+    assert.equal((e as SchemaNotMigratedError).code, 'SCHEMA_NOT_MIGRATED');
+    return true;
+  });
+  const client = new pg.Client(DATABASE_URL);
+  await client.connect();
+  try {
+    await client.query('BEGIN');
+    await assert.rejects(
+      enqueueMany(client, [{ type: 'x', payload: {} }], { schema: missing }),
+      SchemaNotMigratedError,
+    );
+    await client.query('ROLLBACK');
+  } finally {
+    await client.end();
+  }
+});
+
+test('getTask of a schema nobody migrated, and of a malformed id, are berth errors', async () => {
+  await assert.rejects(getTask(pool, `never_migrated_${process.pid}`, '1'), SchemaNotMigratedError);
+  for (const bad of ['abc', '-1', '0', '99999999999999999999', '1.5', '']) {
+    await assert.rejects(getTask(pool, schema, bad), (e: Error) => {
+      assert.ok(e instanceof BerthInputError, `${bad}: ${e.name}: ${e.message}`);
+      assert.match(e.message, /bad task id/);
+      return true;
+    });
+  }
+  assert.equal(await getTask(pool, schema, '12345'), null, 'a well-formed id nobody has is null');
+});
+
+test('new Worker without tasks is a BerthInputError that says what tasks are', () => {
+  assert.throws(
+    () => new Worker({ connectionString: DATABASE_URL, schema } as never),
+    (e: Error) => e instanceof BerthInputError && /Worker needs tasks/.test(e.message),
+  );
+});
