@@ -19,7 +19,18 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { cpSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  cpSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { isBuiltin } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join, relative, sep } from 'node:path';
@@ -442,4 +453,10 @@ describe('the npm package', { concurrency: true }, () => {
       }),
     );
   });
+});
+
+test('a build leaves the bin executable in the clone, so npx berth runs without a reinstall', () => {
+  const cli = fileURLToPath(new URL('../dist/cli.js', import.meta.url));
+  assert.ok(existsSync(cli), 'dist/cli.js is built (npm test builds first)');
+  assert.equal(statSync(cli).mode & 0o111, 0o111, 'dist/cli.js is executable by everyone');
 });
