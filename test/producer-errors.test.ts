@@ -50,3 +50,30 @@ test('new Worker without tasks is a BerthInputError that says what tasks are', (
     (e: Error) => e instanceof BerthInputError && /Worker needs tasks/.test(e.message),
   );
 });
+
+test('the operator reads against a schema nobody migrated are SchemaNotMigratedErrors too', async () => {
+  const api = await import('../src/index.js');
+  const missing = `never_migrated_${process.pid}`;
+  const reads: [string, () => Promise<unknown>][] = [
+    ['listTasks', () => api.listTasks(pool, missing)],
+    ['taskTimeline', () => api.taskTimeline(pool, missing, '1')],
+    ['listDead', () => api.listDead(pool, missing)],
+    ['countDead', () => api.countDead(pool, missing, { all: true })],
+    ['listQueues', () => api.listQueues(pool, missing)],
+    ['laneStats', () => api.laneStats(pool, missing)],
+    ['taskCounts', () => api.taskCounts(pool, missing)],
+    ['throughput', () => api.throughput(pool, missing)],
+    ['listWorkers', () => api.listWorkers(pool, missing)],
+    ['leaderInfo', () => api.leaderInfo(pool, missing)],
+    ['listAudit', () => api.listAudit(pool, missing)],
+    ['attemptsOf', () => api.attemptsOf(pool, missing, '1')],
+    ['listAttempts', () => api.listAttempts(pool, missing)],
+    ['readHistorySettings', () => api.readHistorySettings(pool, missing)],
+  ];
+  for (const [name, read] of reads) {
+    await assert.rejects(read(), (e: Error) => {
+      assert.ok(e instanceof SchemaNotMigratedError, `${name}: ${e.name}: ${e.message}`);
+      return true;
+    });
+  }
+});

@@ -1,3 +1,4 @@
+import { notMigrated } from '../errors.js';
 import { checkKeys } from '../limits.js';
 import type { Queryable } from '../sql.js';
 import type { Logger } from '../logger.js';
@@ -88,18 +89,27 @@ export async function listAudit(
   schema: string,
   page: { limit?: number; before?: string } = {},
 ): Promise<AuditEntry[]> {
-  const storage = storageFor(schema);
-  checkKeys(page, AUDIT_PAGE_KEYS, 'listAudit page');
-  const statement = storage.statement('admin-audit-list', ({ q: s }) =>
-    positional(
-      // a.id, not the text output column: the page is in numeric order and the PK serves it.
-      `SELECT a.id::text AS id, a.at, a.actor, a.action, a.target, a.result FROM ${s}.audit_log a
-      WHERE ($1::bigint IS NULL OR a.id < $1) ORDER BY a.id DESC LIMIT $2`,
-      ['before', 'limit'],
-    ),
-  );
-  const res = await db.query<{ id: string; at: Date; actor: string; action: string; target: unknown; result: unknown }>(
-    statement.query({ before: page.before ?? null, limit: Math.min(Math.max(page.limit ?? 50, 1), 500) }),
-  );
-  return res.rows;
+  try {
+    const storage = storageFor(schema);
+    checkKeys(page, AUDIT_PAGE_KEYS, 'listAudit page');
+    const statement = storage.statement('admin-audit-list', ({ q: s }) =>
+      positional(
+        // a.id, not the text output column: the page is in numeric order and the PK serves it.
+        `SELECT a.id::text AS id, a.at, a.actor, a.action, a.target, a.result FROM ${s}.audit_log a
+        WHERE ($1::bigint IS NULL OR a.id < $1) ORDER BY a.id DESC LIMIT $2`,
+        ['before', 'limit'],
+      ),
+    );
+    const res = await db.query<{
+      id: string;
+      at: Date;
+      actor: string;
+      action: string;
+      target: unknown;
+      result: unknown;
+    }>(statement.query({ before: page.before ?? null, limit: Math.min(Math.max(page.limit ?? 50, 1), 500) }));
+    return res.rows;
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
 }

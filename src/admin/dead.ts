@@ -1,5 +1,5 @@
 import { checkKeys } from '../limits.js';
-import { BerthInputError } from '../errors.js';
+import { BerthInputError, notMigrated } from '../errors.js';
 import type { Queryable } from '../sql.js';
 import { type Args, compile, p, positional, sql } from '../statement.js';
 import { deadRowPredicate } from '../storage/predicates.js';
@@ -114,54 +114,62 @@ export async function listDead(
   filter: Omit<DeadFilter, 'all'> = {},
   page: { limit?: number; after?: string } = {},
 ): Promise<{ deadLetters: DeadLetter[]; next: string | null }> {
-  const storage = storageFor(schema);
-  // `all` is a bulk action's scope; a list ignores it (the CLI builds one filter for both).
-  checkKeys(filter, FILTER_KEYS, 'listDead filter');
-  checkKeys(page, PAGE_KEYS, 'listDead page');
-  const limit = page.limit ?? 50;
-  if (!Number.isInteger(limit) || limit < 1 || limit > 500)
-    throw new BerthInputError('limit must be an integer from 1 to 500');
-  if (page.after !== undefined) taskId(page.after, 'page cursor');
-  const args = filterArgs(filter);
-  const statement = storage.statement('admin-dead-list', ({ q: s }) =>
-    compile(
-      sql`SELECT d.id::text, d.type, d.queue, d.priority, d.attempts, d.last_error, d.payload, d.created_at, d.died_at
-       FROM ${s}.dead_letters d
-      WHERE ${WHERE} AND (${p('after')}::bigint IS NULL OR d.id < ${p('after')})
-      ORDER BY d.id DESC LIMIT ${p('limit')}`,
-    ),
-  );
-  const res = await db.query<{
-    id: string;
-    type: string;
-    queue: string;
-    priority: number;
-    attempts: number;
-    last_error: string | null;
-    payload: unknown;
-    created_at: Date;
-    died_at: Date;
-  }>(statement.query({ ...args, after: page.after ?? null, limit: limit + 1 }));
-  const rows = res.rows.slice(0, limit);
-  return {
-    deadLetters: rows.map((r) => ({
-      id: r.id,
-      type: r.type,
-      queue: r.queue,
-      priority: r.priority,
-      attempts: r.attempts,
-      lastError: r.last_error,
-      payload: r.payload,
-      createdAt: r.created_at,
-      diedAt: r.died_at,
-    })),
-    next: res.rows.length > limit ? rows[rows.length - 1]!.id : null,
-  };
+  try {
+    const storage = storageFor(schema);
+    // `all` is a bulk action's scope; a list ignores it (the CLI builds one filter for both).
+    checkKeys(filter, FILTER_KEYS, 'listDead filter');
+    checkKeys(page, PAGE_KEYS, 'listDead page');
+    const limit = page.limit ?? 50;
+    if (!Number.isInteger(limit) || limit < 1 || limit > 500)
+      throw new BerthInputError('limit must be an integer from 1 to 500');
+    if (page.after !== undefined) taskId(page.after, 'page cursor');
+    const args = filterArgs(filter);
+    const statement = storage.statement('admin-dead-list', ({ q: s }) =>
+      compile(
+        sql`SELECT d.id::text, d.type, d.queue, d.priority, d.attempts, d.last_error, d.payload, d.created_at, d.died_at
+         FROM ${s}.dead_letters d
+        WHERE ${WHERE} AND (${p('after')}::bigint IS NULL OR d.id < ${p('after')})
+        ORDER BY d.id DESC LIMIT ${p('limit')}`,
+      ),
+    );
+    const res = await db.query<{
+      id: string;
+      type: string;
+      queue: string;
+      priority: number;
+      attempts: number;
+      last_error: string | null;
+      payload: unknown;
+      created_at: Date;
+      died_at: Date;
+    }>(statement.query({ ...args, after: page.after ?? null, limit: limit + 1 }));
+    const rows = res.rows.slice(0, limit);
+    return {
+      deadLetters: rows.map((r) => ({
+        id: r.id,
+        type: r.type,
+        queue: r.queue,
+        priority: r.priority,
+        attempts: r.attempts,
+        lastError: r.last_error,
+        payload: r.payload,
+        createdAt: r.created_at,
+        diedAt: r.died_at,
+      })),
+      next: res.rows.length > limit ? rows[rows.length - 1]!.id : null,
+    };
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
 }
 
 /** How many dead letters a filter matches (what a bulk action will touch). */
 export async function countDead(db: Queryable, schema: string, filter: DeadFilter): Promise<number> {
-  return countDeadIn(db, storageFor(schema), filter);
+  try {
+    return await countDeadIn(db, storageFor(schema), filter);
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
 }
 
 async function countDeadIn(db: Queryable, storage: Storage, filter: DeadFilter): Promise<number> {

@@ -1,3 +1,4 @@
+import { notMigrated } from '../errors.js';
 import { checkText, MAX_QUEUE_BYTES } from '../limits.js';
 import type { Queryable } from '../sql.js';
 import { positional } from '../statement.js';
@@ -18,39 +19,43 @@ export interface QueueInfo {
  * skip scan over the (queue, ...) index: one probe per distinct queue, not a scan of the rows.
  */
 export async function listQueues(db: Queryable, schema: string): Promise<QueueInfo[]> {
-  const statement = storageFor(schema).statement('admin-queues-list', ({ q: s }) =>
-    positional(
-      `WITH RECURSIVE deferred_queues(queue) AS (
-       (SELECT queue FROM ${s}.deferred ORDER BY queue LIMIT 1)
-       UNION ALL
-       SELECT (SELECT d.queue FROM ${s}.deferred d WHERE d.queue > dq.queue ORDER BY d.queue LIMIT 1)
-         FROM deferred_queues dq WHERE dq.queue IS NOT NULL
-     )
-     SELECT q.queue, coalesce(l.lanes, 0)::int AS lanes, p.paused_at, p.paused_by, p.reason
-       FROM (SELECT queue FROM ${s}.lanes UNION SELECT queue FROM ${s}.queue_pauses
-             UNION SELECT queue FROM deferred_queues) q
-       LEFT JOIN (SELECT queue, count(*) AS lanes FROM ${s}.lanes GROUP BY queue) l USING (queue)
-       LEFT JOIN ${s}.queue_pauses p USING (queue)
-      WHERE q.queue IS NOT NULL
-      ORDER BY q.queue`,
-      [],
-    ),
-  );
-  const r = await db.query<{
-    queue: string;
-    lanes: number;
-    paused_at: Date | null;
-    paused_by: string | null;
-    reason: string | null;
-  }>(statement.query({}));
-  return r.rows.map((x) => ({
-    queue: x.queue,
-    lanes: x.lanes,
-    paused: x.paused_at !== null,
-    pausedAt: x.paused_at,
-    pausedBy: x.paused_by,
-    reason: x.reason,
-  }));
+  try {
+    const statement = storageFor(schema).statement('admin-queues-list', ({ q: s }) =>
+      positional(
+        `WITH RECURSIVE deferred_queues(queue) AS (
+         (SELECT queue FROM ${s}.deferred ORDER BY queue LIMIT 1)
+         UNION ALL
+         SELECT (SELECT d.queue FROM ${s}.deferred d WHERE d.queue > dq.queue ORDER BY d.queue LIMIT 1)
+           FROM deferred_queues dq WHERE dq.queue IS NOT NULL
+       )
+       SELECT q.queue, coalesce(l.lanes, 0)::int AS lanes, p.paused_at, p.paused_by, p.reason
+         FROM (SELECT queue FROM ${s}.lanes UNION SELECT queue FROM ${s}.queue_pauses
+               UNION SELECT queue FROM deferred_queues) q
+         LEFT JOIN (SELECT queue, count(*) AS lanes FROM ${s}.lanes GROUP BY queue) l USING (queue)
+         LEFT JOIN ${s}.queue_pauses p USING (queue)
+        WHERE q.queue IS NOT NULL
+        ORDER BY q.queue`,
+        [],
+      ),
+    );
+    const r = await db.query<{
+      queue: string;
+      lanes: number;
+      paused_at: Date | null;
+      paused_by: string | null;
+      reason: string | null;
+    }>(statement.query({}));
+    return r.rows.map((x) => ({
+      queue: x.queue,
+      lanes: x.lanes,
+      paused: x.paused_at !== null,
+      pausedAt: x.paused_at,
+      pausedBy: x.paused_by,
+      reason: x.reason,
+    }));
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
 }
 
 /** Any string names a queue, the empty one included (seed 003), so it can be paused too. */

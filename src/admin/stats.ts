@@ -1,3 +1,4 @@
+import { notMigrated } from '../errors.js';
 import type { Lane } from '../lane.js';
 import { type Queryable, queryRingRead } from '../sql.js';
 import { positional } from '../statement.js';
@@ -39,54 +40,58 @@ export interface LaneStat extends Lane {
  * number of lanes, not the number of tasks, so it is safe on every dashboard refresh.
  */
 export async function laneStats(db: Queryable, schema: string): Promise<LaneStat[]> {
-  const statement = storageFor(schema).statement('admin-lane-stats', ({ q: s }) =>
-    positional(
-      `SELECT l.lane_id, l.queue, l.priority, l.shard, l.paused,
-            greatest(coalesce(h.seq, 0) - coalesce(c.seq, 0)
-                     - (SELECT count(*) FROM ${s}.tombstones t
-                         WHERE t.lane_id = l.lane_id AND t.lane_seq > coalesce(c.seq, 0)), 0)::text AS depth,
-            (SELECT count(*) FROM (SELECT 1 FROM ${s}.deferred d
-                                    WHERE d.queue = l.queue AND d.priority = l.priority AND d.shard = l.shard
-                                      AND d.run_at <= now() LIMIT ${DUE_COUNT_CAP}) x)::text AS due_deferred,
-            -- An infinite run_at (no enqueue writes one; the runtime role could) has no age: 0, not an error.
-            CASE WHEN isfinite(least(hd.run_at, dd.run_at)) THEN extract(epoch FROM now() - least(hd.run_at, dd.run_at)) END::float8 AS oldest_secs
-       FROM ${s}.lanes l
-       LEFT JOIN LATERAL (SELECT max(r.lane_seq) AS seq FROM ${s}.ready r WHERE r.lane_id = l.lane_id) h ON true
-       LEFT JOIN LATERAL (SELECT ${laneCursor(s, 'l.lane_id')} AS seq) c ON true
-       LEFT JOIN LATERAL (
-         SELECT r.run_at FROM ${s}.ready r
-          WHERE r.lane_id = l.lane_id AND r.lane_seq > coalesce(c.seq, 0)
-            AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
-                             WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
-          ORDER BY r.lane_seq LIMIT 1) hd ON true
-       LEFT JOIN LATERAL (
-         SELECT d.run_at FROM ${s}.deferred d
-          WHERE d.queue = l.queue AND d.priority = l.priority AND d.shard = l.shard AND d.run_at <= now()
-          ORDER BY d.run_at LIMIT 1) dd ON true
-      ORDER BY l.queue, l.priority, l.shard`,
-      [],
-    ),
-  );
-  const r = await db.query<{
-    lane_id: number;
-    queue: string;
-    priority: number;
-    shard: number;
-    paused: boolean;
-    depth: string;
-    due_deferred: string;
-    oldest_secs: number | null;
-  }>(statement.query({}));
-  return r.rows.map((x) => ({
-    laneId: x.lane_id,
-    queue: x.queue,
-    priority: x.priority,
-    shard: x.shard,
-    paused: x.paused,
-    depth: Number(x.depth),
-    dueDeferred: Number(x.due_deferred),
-    oldestDueSeconds: Math.max(0, x.oldest_secs ?? 0),
-  }));
+  try {
+    const statement = storageFor(schema).statement('admin-lane-stats', ({ q: s }) =>
+      positional(
+        `SELECT l.lane_id, l.queue, l.priority, l.shard, l.paused,
+              greatest(coalesce(h.seq, 0) - coalesce(c.seq, 0)
+                       - (SELECT count(*) FROM ${s}.tombstones t
+                           WHERE t.lane_id = l.lane_id AND t.lane_seq > coalesce(c.seq, 0)), 0)::text AS depth,
+              (SELECT count(*) FROM (SELECT 1 FROM ${s}.deferred d
+                                      WHERE d.queue = l.queue AND d.priority = l.priority AND d.shard = l.shard
+                                        AND d.run_at <= now() LIMIT ${DUE_COUNT_CAP}) x)::text AS due_deferred,
+              -- An infinite run_at (no enqueue writes one; the runtime role could) has no age: 0, not an error.
+              CASE WHEN isfinite(least(hd.run_at, dd.run_at)) THEN extract(epoch FROM now() - least(hd.run_at, dd.run_at)) END::float8 AS oldest_secs
+         FROM ${s}.lanes l
+         LEFT JOIN LATERAL (SELECT max(r.lane_seq) AS seq FROM ${s}.ready r WHERE r.lane_id = l.lane_id) h ON true
+         LEFT JOIN LATERAL (SELECT ${laneCursor(s, 'l.lane_id')} AS seq) c ON true
+         LEFT JOIN LATERAL (
+           SELECT r.run_at FROM ${s}.ready r
+            WHERE r.lane_id = l.lane_id AND r.lane_seq > coalesce(c.seq, 0)
+              AND NOT EXISTS (SELECT 1 FROM ${s}.tombstones t
+                               WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
+            ORDER BY r.lane_seq LIMIT 1) hd ON true
+         LEFT JOIN LATERAL (
+           SELECT d.run_at FROM ${s}.deferred d
+            WHERE d.queue = l.queue AND d.priority = l.priority AND d.shard = l.shard AND d.run_at <= now()
+            ORDER BY d.run_at LIMIT 1) dd ON true
+        ORDER BY l.queue, l.priority, l.shard`,
+        [],
+      ),
+    );
+    const r = await db.query<{
+      lane_id: number;
+      queue: string;
+      priority: number;
+      shard: number;
+      paused: boolean;
+      depth: string;
+      due_deferred: string;
+      oldest_secs: number | null;
+    }>(statement.query({}));
+    return r.rows.map((x) => ({
+      laneId: x.lane_id,
+      queue: x.queue,
+      priority: x.priority,
+      shard: x.shard,
+      paused: x.paused,
+      depth: Number(x.depth),
+      dueDeferred: Number(x.due_deferred),
+      oldestDueSeconds: Math.max(0, x.oldest_secs ?? 0),
+    }));
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
 }
 
 /**
@@ -98,27 +103,31 @@ export async function laneActivity(
   db: Queryable,
   schema: string,
 ): Promise<Map<number, { running: number; dead: number }>> {
-  const statement = storageFor(schema).statement('admin-lane-activity', ({ q: s }) =>
-    positional(
-      `SELECT lane_id, sum(running)::text AS running, sum(dead)::text AS dead FROM (
-       SELECT le.lane_id, count(*) AS running, 0 AS dead
-         FROM ${unsettledRanges(s)} le
-        CROSS JOIN LATERAL (${unsettledEntriesOf(s, 'le')}) e
-        WHERE le.type_expires[array_position(le.types, e.type)] > now()
-        GROUP BY le.lane_id
-       UNION ALL
-       SELECT l.lane_id, 0, count(*) FROM ${s}.dead_letters d
-         JOIN ${s}.lanes l ON l.queue = d.queue AND l.priority = d.priority AND l.shard = d.shard
-        WHERE ${deadRowPredicate(s)}
-        GROUP BY l.lane_id) x
-     GROUP BY lane_id`,
-      [],
-    ),
-  );
-  // The text alone, not prepared: a named ring read is planned generically (RingReadStatement),
-  // and this one has not been measured that way.
-  const r = await queryRingRead<{ lane_id: number; running: string; dead: string }>(db, statement.text);
-  return new Map(r.rows.map((x) => [x.lane_id, { running: Number(x.running), dead: Number(x.dead) }]));
+  try {
+    const statement = storageFor(schema).statement('admin-lane-activity', ({ q: s }) =>
+      positional(
+        `SELECT lane_id, sum(running)::text AS running, sum(dead)::text AS dead FROM (
+         SELECT le.lane_id, count(*) AS running, 0 AS dead
+           FROM ${unsettledRanges(s)} le
+          CROSS JOIN LATERAL (${unsettledEntriesOf(s, 'le')}) e
+          WHERE le.type_expires[array_position(le.types, e.type)] > now()
+          GROUP BY le.lane_id
+         UNION ALL
+         SELECT l.lane_id, 0, count(*) FROM ${s}.dead_letters d
+           JOIN ${s}.lanes l ON l.queue = d.queue AND l.priority = d.priority AND l.shard = d.shard
+          WHERE ${deadRowPredicate(s)}
+          GROUP BY l.lane_id) x
+       GROUP BY lane_id`,
+        [],
+      ),
+    );
+    // The text alone, not prepared: a named ring read is planned generically (RingReadStatement),
+    // and this one has not been measured that way.
+    const r = await queryRingRead<{ lane_id: number; running: string; dead: string }>(db, statement.text);
+    return new Map(r.rows.map((x) => [x.lane_id, { running: Number(x.running), dead: Number(x.dead) }]));
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
 }
 
 export interface TaskCount {
@@ -135,35 +144,39 @@ export interface TaskCount {
  * row, so callers that refresh (the dashboard) cache it; see `CachedReader`.
  */
 export async function taskCounts(db: Queryable, schema: string): Promise<TaskCount[]> {
-  const statement = storageFor(schema).statement('admin-task-counts', ({ q: s }) =>
-    positional(
-      `WITH live AS (
-       SELECT r.queue, r.type, r.expires_at FROM ${liveEntries(s)} r
-     ), per AS (
-       SELECT queue, type, count(*) AS pending, count(*) FILTER (WHERE expires_at > now()) AS running, 0 AS dead
-         FROM live GROUP BY queue, type
-       UNION ALL
-       SELECT queue, type, count(*), 0, 0 FROM ${s}.deferred GROUP BY queue, type
-       UNION ALL
-       SELECT d.queue, d.type, 0, 0, count(*) FROM ${s}.dead_letters d WHERE ${deadRowPredicate(s)} GROUP BY d.queue, d.type
-     )
-     SELECT queue, type, sum(pending)::text AS pending, sum(running)::text AS running, sum(dead)::text AS dead
-       FROM per GROUP BY queue, type ORDER BY queue, type`,
-      [],
-    ),
-  );
-  // The text alone, not prepared, as laneActivity.
-  const r = await queryRingRead<{ queue: string; type: string; pending: string; running: string; dead: string }>(
-    db,
-    statement.text,
-  );
-  return r.rows.map((x) => ({
-    queue: x.queue,
-    type: x.type,
-    pending: Number(x.pending),
-    running: Number(x.running),
-    dead: Number(x.dead),
-  }));
+  try {
+    const statement = storageFor(schema).statement('admin-task-counts', ({ q: s }) =>
+      positional(
+        `WITH live AS (
+         SELECT r.queue, r.type, r.expires_at FROM ${liveEntries(s)} r
+       ), per AS (
+         SELECT queue, type, count(*) AS pending, count(*) FILTER (WHERE expires_at > now()) AS running, 0 AS dead
+           FROM live GROUP BY queue, type
+         UNION ALL
+         SELECT queue, type, count(*), 0, 0 FROM ${s}.deferred GROUP BY queue, type
+         UNION ALL
+         SELECT d.queue, d.type, 0, 0, count(*) FROM ${s}.dead_letters d WHERE ${deadRowPredicate(s)} GROUP BY d.queue, d.type
+       )
+       SELECT queue, type, sum(pending)::text AS pending, sum(running)::text AS running, sum(dead)::text AS dead
+         FROM per GROUP BY queue, type ORDER BY queue, type`,
+        [],
+      ),
+    );
+    // The text alone, not prepared, as laneActivity.
+    const r = await queryRingRead<{ queue: string; type: string; pending: string; running: string; dead: string }>(
+      db,
+      statement.text,
+    );
+    return r.rows.map((x) => ({
+      queue: x.queue,
+      type: x.type,
+      pending: Number(x.pending),
+      running: Number(x.running),
+      dead: Number(x.dead),
+    }));
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
 }
 
 export interface ThroughputPoint {
@@ -176,30 +189,34 @@ export interface ThroughputPoint {
 
 /** Handler outcomes per minute over the last `minutes` (from the workers' heartbeats). */
 export async function throughput(db: Queryable, schema: string, minutes = 60): Promise<ThroughputPoint[]> {
-  const statement = storageFor(schema).statement('admin-throughput', ({ q: s }) =>
-    positional(
-      // Heartbeats write this minute's counts: a later (or infinite) minute or a negative count was
-      // written by something else, and is left out rather than bending every chart.
-      `SELECT minute, queue, type, outcome, sum(count)::text AS count FROM ${s}.outcome_counts
-      WHERE minute >= date_trunc('minute', now()) - make_interval(mins => $1)
-        AND minute <= now() + make_interval(secs => $2 / 1000.0) AND count >= 0
-      GROUP BY minute, queue, type, outcome ORDER BY minute`,
-      ['minutes', 'futureMs'],
-    ),
-  );
-  const r = await db.query<{ minute: Date; queue: string; type: string; outcome: string; count: string }>(
-    statement.query({
-      minutes: Math.min(Math.max(Math.trunc(minutes), 1), 7 * 24 * 60),
-      futureMs: HEARTBEAT_FUTURE_ALLOWANCE_MS,
-    }),
-  );
-  return r.rows.map((x) => ({
-    minute: x.minute,
-    queue: x.queue,
-    type: x.type,
-    outcome: x.outcome,
-    count: Number(x.count),
-  }));
+  try {
+    const statement = storageFor(schema).statement('admin-throughput', ({ q: s }) =>
+      positional(
+        // Heartbeats write this minute's counts: a later (or infinite) minute or a negative count was
+        // written by something else, and is left out rather than bending every chart.
+        `SELECT minute, queue, type, outcome, sum(count)::text AS count FROM ${s}.outcome_counts
+        WHERE minute >= date_trunc('minute', now()) - make_interval(mins => $1)
+          AND minute <= now() + make_interval(secs => $2 / 1000.0) AND count >= 0
+        GROUP BY minute, queue, type, outcome ORDER BY minute`,
+        ['minutes', 'futureMs'],
+      ),
+    );
+    const r = await db.query<{ minute: Date; queue: string; type: string; outcome: string; count: string }>(
+      statement.query({
+        minutes: Math.min(Math.max(Math.trunc(minutes), 1), 7 * 24 * 60),
+        futureMs: HEARTBEAT_FUTURE_ALLOWANCE_MS,
+      }),
+    );
+    return r.rows.map((x) => ({
+      minute: x.minute,
+      queue: x.queue,
+      type: x.type,
+      outcome: x.outcome,
+      count: Number(x.count),
+    }));
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
 }
 
 export interface WorkerInfo {
@@ -330,8 +347,12 @@ export async function listWorkers(
   schema: string,
   heartbeatMs = DEFAULT_HEARTBEAT_MS,
 ): Promise<WorkerInfo[]> {
-  const storage = storageFor(schema);
-  return readWorkers(db, storage, heartbeatMs, await leaderSession(db, storage));
+  try {
+    const storage = storageFor(schema);
+    return await readWorkers(db, storage, heartbeatMs, await leaderSession(db, storage));
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
 }
 
 export interface LeaderInfo {
@@ -351,10 +372,14 @@ export async function leaderInfo(
   schema: string,
   heartbeatMs = DEFAULT_HEARTBEAT_MS,
 ): Promise<LeaderInfo> {
-  const storage = storageFor(schema);
-  const session = await leaderSession(db, storage);
-  const workers = await readWorkers(db, storage, heartbeatMs, session);
-  return { session, worker: workers.find((w) => w.leader && w.alive) ?? null };
+  try {
+    const storage = storageFor(schema);
+    const session = await leaderSession(db, storage);
+    const workers = await readWorkers(db, storage, heartbeatMs, session);
+    return { session, worker: workers.find((w) => w.leader && w.alive) ?? null };
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
 }
 
 /**

@@ -1,5 +1,5 @@
 import { checkKeys } from '../limits.js';
-import { BerthInputError } from '../errors.js';
+import { BerthInputError, notMigrated } from '../errors.js';
 import { type Queryable, queryRingRead } from '../sql.js';
 import { compile, p, positional, type Sql, sql } from '../statement.js';
 import { laneCursorsJson, unsettledEntriesOf, unsettledRanges } from '../storage/predicates.js';
@@ -90,7 +90,11 @@ export async function listTasks(
   filter: TaskFilter = {},
   page: TaskPage = {},
 ): Promise<TaskList> {
-  return listTasksIn(db, storageFor(schema), filter, page);
+  try {
+    return await listTasksIn(db, storageFor(schema), filter, page);
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
 }
 
 async function listTasksIn(
@@ -294,104 +298,108 @@ export interface TimelineEvent {
  * that history also holds are shown once, from history.
  */
 export async function taskTimeline(db: Queryable, schema: string, id: string): Promise<TimelineEvent[]> {
-  const storage = storageFor(schema);
-  const task = await getTaskIn(db, storage, id);
-  if (!task) return [];
-  const ring = storage.statement('admin-timeline-ring', ({ q: s }) =>
-    positional(
-      `SELECT r.appended_at, r.queue, r.priority, l.attempt, l.claimed_at, l.expires_at, l.worker,
-            l.outcome, l.settled_at, t.reason, t.created_at AS removed_at
-       FROM ${s}.ready r
-       LEFT JOIN LATERAL (SELECT * FROM ${s}.leased_entries le
-                           WHERE le.id = r.id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq
-                             AND le.slot = r.slot) l ON true
-       LEFT JOIN ${s}.tombstones t ON t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
-      WHERE r.id = $1`,
-      ['id'],
-    ),
-  );
-  const res = await db.query<{
-    appended_at: Date;
-    queue: string;
-    priority: number;
-    attempt: number | null;
-    claimed_at: Date | null;
-    expires_at: Date | null;
-    worker: string | null;
-    outcome: string | null;
-    settled_at: Date | null;
-    reason: string | null;
-    removed_at: Date | null;
-  }>(ring.query({ id }));
-  const events: TimelineEvent[] = [
-    { at: task.createdAt, event: 'created', detail: { queue: task.queue, priority: task.priority } },
-  ];
-  const recorded = new Set<string>();
-  for (const a of await attemptsOf(db, storage.schema.name, id)) {
-    recorded.add(`${Number(a.claimedAt)}:${a.attempt}`);
-    events.push({
-      at: a.claimedAt,
-      event: 'claimed',
-      detail: { attempt: a.attempt, worker: a.worker, queue: a.queue, priority: a.priority },
-    });
-    events.push({
-      at: a.settledAt,
-      event: 'attempt',
-      detail: {
-        attempt: a.attempt,
-        outcome: a.outcome,
-        worker: a.worker,
-        durationMs: a.durationMs,
-        runMs: a.runMs,
-        error: a.error,
-        ...(a.cursor !== null ? { cursor: a.cursor } : {}),
-        dead: a.dead,
-      },
-    });
-  }
-  for (const r of res.rows) {
-    events.push({ at: r.appended_at, event: 'appended', detail: { queue: r.queue, priority: r.priority } });
-    // Already shown from attempt history, with more detail.
-    if (r.claimed_at && recorded.has(`${Number(r.claimed_at)}:${r.attempt}`)) {
-      if (r.removed_at) events.push({ at: r.removed_at, event: 'removed', detail: { reason: r.reason } });
-      continue;
-    }
-    if (r.claimed_at)
-      events.push({
-        at: r.claimed_at,
-        event: 'claimed',
-        detail: { attempt: r.attempt, worker: r.worker, leaseExpiresAt: r.expires_at },
-      });
-    if (r.settled_at)
-      events.push({ at: r.settled_at, event: 'settled', detail: { outcome: r.outcome, attempt: r.attempt } });
-    if (r.removed_at) events.push({ at: r.removed_at, event: 'removed', detail: { reason: r.reason } });
-  }
-  if ((task.state === 'scheduled' || task.state === 'retryable') && task.runAt) {
-    events.push({ at: task.runAt, event: 'scheduled', detail: { state: task.state, runAt: task.runAt } });
-  }
-  if (task.state === 'dead') {
-    const d = await db.query<{ died_at: Date }>(
-      storage
-        .statement('admin-timeline-dead', ({ q: s }) =>
-          positional(`SELECT died_at FROM ${s}.dead_letters WHERE id = $1`, ['id']),
-        )
-        .query({ id }),
+  try {
+    const storage = storageFor(schema);
+    const task = await getTaskIn(db, storage, id);
+    if (!task) return [];
+    const ring = storage.statement('admin-timeline-ring', ({ q: s }) =>
+      positional(
+        `SELECT r.appended_at, r.queue, r.priority, l.attempt, l.claimed_at, l.expires_at, l.worker,
+              l.outcome, l.settled_at, t.reason, t.created_at AS removed_at
+         FROM ${s}.ready r
+         LEFT JOIN LATERAL (SELECT * FROM ${s}.leased_entries le
+                             WHERE le.id = r.id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq
+                               AND le.slot = r.slot) l ON true
+         LEFT JOIN ${s}.tombstones t ON t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
+        WHERE r.id = $1`,
+        ['id'],
+      ),
     );
-    if (d.rows[0])
+    const res = await db.query<{
+      appended_at: Date;
+      queue: string;
+      priority: number;
+      attempt: number | null;
+      claimed_at: Date | null;
+      expires_at: Date | null;
+      worker: string | null;
+      outcome: string | null;
+      settled_at: Date | null;
+      reason: string | null;
+      removed_at: Date | null;
+    }>(ring.query({ id }));
+    const events: TimelineEvent[] = [
+      { at: task.createdAt, event: 'created', detail: { queue: task.queue, priority: task.priority } },
+    ];
+    const recorded = new Set<string>();
+    for (const a of await attemptsOf(db, storage.schema.name, id)) {
+      recorded.add(`${Number(a.claimedAt)}:${a.attempt}`);
       events.push({
-        at: d.rows[0].died_at,
-        event: 'dead',
-        detail: { attempts: task.attempts, lastError: task.lastError },
+        at: a.claimedAt,
+        event: 'claimed',
+        detail: { attempt: a.attempt, worker: a.worker, queue: a.queue, priority: a.priority },
       });
+      events.push({
+        at: a.settledAt,
+        event: 'attempt',
+        detail: {
+          attempt: a.attempt,
+          outcome: a.outcome,
+          worker: a.worker,
+          durationMs: a.durationMs,
+          runMs: a.runMs,
+          error: a.error,
+          ...(a.cursor !== null ? { cursor: a.cursor } : {}),
+          dead: a.dead,
+        },
+      });
+    }
+    for (const r of res.rows) {
+      events.push({ at: r.appended_at, event: 'appended', detail: { queue: r.queue, priority: r.priority } });
+      // Already shown from attempt history, with more detail.
+      if (r.claimed_at && recorded.has(`${Number(r.claimed_at)}:${r.attempt}`)) {
+        if (r.removed_at) events.push({ at: r.removed_at, event: 'removed', detail: { reason: r.reason } });
+        continue;
+      }
+      if (r.claimed_at)
+        events.push({
+          at: r.claimed_at,
+          event: 'claimed',
+          detail: { attempt: r.attempt, worker: r.worker, leaseExpiresAt: r.expires_at },
+        });
+      if (r.settled_at)
+        events.push({ at: r.settled_at, event: 'settled', detail: { outcome: r.outcome, attempt: r.attempt } });
+      if (r.removed_at) events.push({ at: r.removed_at, event: 'removed', detail: { reason: r.reason } });
+    }
+    if ((task.state === 'scheduled' || task.state === 'retryable') && task.runAt) {
+      events.push({ at: task.runAt, event: 'scheduled', detail: { state: task.state, runAt: task.runAt } });
+    }
+    if (task.state === 'dead') {
+      const d = await db.query<{ died_at: Date }>(
+        storage
+          .statement('admin-timeline-dead', ({ q: s }) =>
+            positional(`SELECT died_at FROM ${s}.dead_letters WHERE id = $1`, ['id']),
+          )
+          .query({ id }),
+      );
+      if (d.rows[0])
+        events.push({
+          at: d.rows[0].died_at,
+          event: 'dead',
+          detail: { attempts: task.attempts, lastError: task.lastError },
+        });
+    }
+    // A task created and appended in one statement shares the timestamp: keep insertion order.
+    // Number(), not getTime(): an infinite timestamp (which the runtime role can write) comes back
+    // from pg as the number Infinity, not a Date.
+    const at = (e: TimelineEvent) => Number(e.at);
+    return events
+      .map((e, i) => ({ e, i }))
+      .sort((a, b) => at(a.e) - at(b.e) || a.i - b.i)
+      .map((x) => x.e);
+  } catch (err) {
+    throw notMigrated(err, schema);
   }
-  // A task created and appended in one statement shares the timestamp: keep insertion order.
-  // Number(), not getTime(): an infinite timestamp (which the runtime role can write) comes back
-  // from pg as the number Infinity, not a Date.
-  const at = (e: TimelineEvent) => Number(e.at);
-  return events
-    .map((e, i) => ({ e, i }))
-    .sort((a, b) => at(a.e) - at(b.e) || a.i - b.i)
-    .map((x) => x.e);
 }
 
 /** What an operator action on one task did. */

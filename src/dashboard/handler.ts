@@ -1,6 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { TLSSocket } from 'node:tls';
-import { BerthInputError } from '../errors.js';
+import { BerthInputError, SchemaNotMigratedError } from '../errors.js';
 import { metricsRequestHandler, type MetricsRequestHandler } from '../observability/metrics-http.js';
 import { assertMigrated } from '../schema/migrate.js';
 
@@ -196,6 +196,10 @@ export function dashboardHandler(options: ResolvedDashboardHandlerOptions): Dash
         res.destroy();
       } else if (err instanceof HttpError) {
         sendError(res, err);
+      } else if (err instanceof SchemaNotMigratedError) {
+        // The schema was dropped or never migrated under a handler mounted elsewhere: say so.
+        logger.error({ err: err.message, method: req.method, path }, 'dashboard request failed');
+        sendError(res, new HttpError(503, err.message));
       } else if (err instanceof BerthInputError) {
         sendError(res, new HttpError(400, err.message));
       } else if ((err as { code?: unknown })?.code === UNDEFINED_TABLE) {

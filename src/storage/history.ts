@@ -1,4 +1,4 @@
-import { BerthInputError } from '../errors.js';
+import { BerthInputError, notMigrated } from '../errors.js';
 import { readErrorDetail } from './attempt-read.js';
 import type { Queryable } from '../sql.js';
 import { positional, type Sql, sql } from '../statement.js';
@@ -154,19 +154,23 @@ function toRecord(r: AttemptRow): AttemptRecord {
 
 /** Every attempt of one task still in history, oldest first. One btree probe (`bucket`). */
 export async function attemptsOf(db: Queryable, schema: string, id: string): Promise<AttemptRecord[]> {
-  const statement = storageFor(schema).statement('attempts-of', ({ q: s }) =>
-    positional(
-      `SELECT ${ATTEMPT_SELECT}
-       FROM ${s}.attempt_history h
-       JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
-      CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at, h.run_ms) AS x(id, attempt, created_at, run_ms)
-      WHERE h.bucket = $1::bigint >> 10 AND $1::bigint = ANY (h.ids) AND x.id = $1::bigint
-      ORDER BY h.settled_at, h.claimed_at`,
-      ['id'],
-    ),
-  );
-  const res = await db.query<AttemptRow>(statement.query({ id }));
-  return res.rows.map(toRecord);
+  try {
+    const statement = storageFor(schema).statement('attempts-of', ({ q: s }) =>
+      positional(
+        `SELECT ${ATTEMPT_SELECT}
+         FROM ${s}.attempt_history h
+         JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
+        CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at, h.run_ms) AS x(id, attempt, created_at, run_ms)
+        WHERE h.bucket = $1::bigint >> 10 AND $1::bigint = ANY (h.ids) AND x.id = $1::bigint
+        ORDER BY h.settled_at, h.claimed_at`,
+        ['id'],
+      ),
+    );
+    const res = await db.query<AttemptRow>(statement.query({ id }));
+    return res.rows.map(toRecord);
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
 }
 
 export interface AttemptFilter {
@@ -227,45 +231,49 @@ export async function listAttempts(
   filter: AttemptFilter = {},
   page: AttemptPage = {},
 ): Promise<AttemptList> {
-  const limit = page.limit ?? 50;
-  if (!Number.isInteger(limit) || limit < 1 || limit > 500)
-    throw new BerthInputError('limit must be an integer from 1 to 500');
-  if (filter.outcome !== undefined) parseOutcome(filter.outcome);
-  const [at, afterId] = parseCursor(page.after);
-  const statement = storageFor(schema).statement('list-attempts', ({ q: s }) =>
-    positional(
-      `SELECT ${ATTEMPT_SELECT}
-       FROM ${s}.attempt_history h
-       JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
-      CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at, h.run_ms) AS x(id, attempt, created_at, run_ms)
-      WHERE ($1::text IS NULL OR h.type = $1) AND ($2::text IS NULL OR ln.queue = $2)
-        AND ($3::text IS NULL OR h.outcome = $3)
-        AND ($4::bigint IS NULL OR h.settled_at <= ${AT})
-        AND ($4::bigint IS NULL OR (h.settled_at, x.id) < (${AT}, $5::bigint))
-        AND ($7::timestamptz IS NULL OR h.settled_at >= $7) AND ($8::timestamptz IS NULL OR h.settled_at < $8)
-      ORDER BY h.settled_at DESC, x.id DESC
-      LIMIT $6`,
-      ['type', 'queue', 'outcome', 'at', 'afterId', 'limit', 'since', 'before'],
-    ),
-  );
-  const res = await db.query<AttemptRow>(
-    statement.query({
-      type: filter.type ?? null,
-      queue: filter.queue ?? null,
-      outcome: filter.outcome ?? null,
-      at,
-      afterId,
-      limit: limit + 1,
-      since: checkTime(filter.since, 'since'),
-      before: checkTime(filter.before, 'before'),
-    }),
-  );
-  const rows = res.rows.slice(0, limit);
-  const last = rows[rows.length - 1];
-  return {
-    attempts: rows.map(toRecord),
-    next: res.rows.length > limit && last ? `${last.settled_key}:${last.id}` : null,
-  };
+  try {
+    const limit = page.limit ?? 50;
+    if (!Number.isInteger(limit) || limit < 1 || limit > 500)
+      throw new BerthInputError('limit must be an integer from 1 to 500');
+    if (filter.outcome !== undefined) parseOutcome(filter.outcome);
+    const [at, afterId] = parseCursor(page.after);
+    const statement = storageFor(schema).statement('list-attempts', ({ q: s }) =>
+      positional(
+        `SELECT ${ATTEMPT_SELECT}
+         FROM ${s}.attempt_history h
+         JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
+        CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at, h.run_ms) AS x(id, attempt, created_at, run_ms)
+        WHERE ($1::text IS NULL OR h.type = $1) AND ($2::text IS NULL OR ln.queue = $2)
+          AND ($3::text IS NULL OR h.outcome = $3)
+          AND ($4::bigint IS NULL OR h.settled_at <= ${AT})
+          AND ($4::bigint IS NULL OR (h.settled_at, x.id) < (${AT}, $5::bigint))
+          AND ($7::timestamptz IS NULL OR h.settled_at >= $7) AND ($8::timestamptz IS NULL OR h.settled_at < $8)
+        ORDER BY h.settled_at DESC, x.id DESC
+        LIMIT $6`,
+        ['type', 'queue', 'outcome', 'at', 'afterId', 'limit', 'since', 'before'],
+      ),
+    );
+    const res = await db.query<AttemptRow>(
+      statement.query({
+        type: filter.type ?? null,
+        queue: filter.queue ?? null,
+        outcome: filter.outcome ?? null,
+        at,
+        afterId,
+        limit: limit + 1,
+        since: checkTime(filter.since, 'since'),
+        before: checkTime(filter.before, 'before'),
+      }),
+    );
+    const rows = res.rows.slice(0, limit);
+    const last = rows[rows.length - 1];
+    return {
+      attempts: rows.map(toRecord),
+      next: res.rows.length > limit && last ? `${last.settled_key}:${last.id}` : null,
+    };
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
 }
 
 /** The schema-wide history setting. */
@@ -279,30 +287,34 @@ export interface HistorySettings {
 }
 
 export async function readHistorySettings(db: Queryable, schema: string): Promise<HistorySettings> {
-  const statement = storageFor(schema).statement('history-settings', ({ q: s }) =>
-    positional(
-      `SELECT enabled, retention_ms, part_count, current_part, generation::text AS generation, rotated_at
-        FROM ${s}.history_state`,
-      [],
-    ),
-  );
-  const r = await db.query<{
-    enabled: boolean;
-    retention_ms: number;
-    part_count: number;
-    current_part: number;
-    generation: string;
-    rotated_at: Date;
-  }>(statement.query({}));
-  const row = r.rows[0]!;
-  return {
-    enabled: row.enabled,
-    retentionMs: row.retention_ms,
-    partitions: row.part_count,
-    currentPartition: row.current_part,
-    generation: Number(row.generation),
-    rotatedAt: row.rotated_at,
-  };
+  try {
+    const statement = storageFor(schema).statement('history-settings', ({ q: s }) =>
+      positional(
+        `SELECT enabled, retention_ms, part_count, current_part, generation::text AS generation, rotated_at
+          FROM ${s}.history_state`,
+        [],
+      ),
+    );
+    const r = await db.query<{
+      enabled: boolean;
+      retention_ms: number;
+      part_count: number;
+      current_part: number;
+      generation: string;
+      rotated_at: Date;
+    }>(statement.query({}));
+    const row = r.rows[0]!;
+    return {
+      enabled: row.enabled,
+      retentionMs: row.retention_ms,
+      partitions: row.part_count,
+      currentPartition: row.current_part,
+      generation: Number(row.generation),
+      rotatedAt: row.rotated_at,
+    };
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
 }
 
 /** The shortest retention: rotation runs every retention / 7, on the leader's history branch. */
