@@ -100,14 +100,9 @@ export async function listAudit(
         ['before', 'limit'],
       ),
     );
-    const res = await db.query<{
-      id: string;
-      at: Date;
-      actor: string;
-      action: string;
-      target: unknown;
-      result: unknown;
-    }>(statement.query({ before: page.before ?? null, limit: Math.min(Math.max(page.limit ?? 50, 1), 500) }));
+    const res = await db.query<AuditEntry>(
+      statement.query({ before: page.before ?? null, limit: Math.min(Math.max(page.limit ?? 50, 1), 500) }),
+    );
     return res.rows;
   } catch (err) {
     throw notMigrated(err, schema);
