@@ -77,3 +77,18 @@ test('the operator reads against a schema nobody migrated are SchemaNotMigratedE
     });
   }
 });
+
+test("a peer's option name points at berth's: concurrency is slots, taskList is tasks", () => {
+  for (const [key, hint] of [
+    ['concurrency', 'slots'],
+    ['localConcurrency', 'slots'],
+    ['taskList', 'tasks'],
+  ] as const) {
+    assert.throws(
+      () => new Worker({ connectionString: DATABASE_URL, schema, tasks: [], [key]: 4 } as never),
+      (e: Error) =>
+        e instanceof BerthInputError &&
+        new RegExp(`unknown worker option "${key}"; did you mean "${hint}"`).test(e.message),
+    );
+  }
+});

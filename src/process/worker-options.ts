@@ -176,10 +176,22 @@ export interface ResolvedWorkerOptions extends EngineOptions {
  * BerthInputError naming the option, thrown by `new Worker(...)` before anything starts. The
  * library never reads the environment here (see `workerOptionsFromEnv` in src/process/env.ts).
  */
+/**
+ * What other queues call an option berth names differently, for the "did you mean" of a key
+ * spelt no closer (graphile-worker's and pg-boss's `concurrency` is berth's `slots`).
+ */
+const PEER_OPTION_NAMES: Readonly<Record<string, string>> = {
+  concurrency: '; did you mean "slots"? (the number of handlers a worker runs at once)',
+  localConcurrency: '; did you mean "slots"? (the number of handlers a worker runs at once)',
+  taskList: '; did you mean "tasks"? (an array of defineTask(…) values)',
+};
+
 export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOptions {
   for (const key of Object.keys(options)) {
     if (!WORKER_OPTION_KEYS.has(key))
-      throw new BerthInputError(`unknown worker option "${key}"${didYouMean(key, WORKER_OPTION_KEYS)}`);
+      throw new BerthInputError(
+        `unknown worker option "${key}"${PEER_OPTION_NAMES[key] ?? didYouMean(key, WORKER_OPTION_KEYS)}`,
+      );
   }
   if (!options.connectionString) throw new BerthInputError('Worker needs a connectionString');
   if (!Array.isArray(options.tasks))
