@@ -46,11 +46,29 @@ export function resolveSignalOptions(options: StopOnSignalsOptions): {
 }
 
 /**
+ * Listen for stop signals and call `onSignal` once per request. A signal within a second of the
+ * previous one is the same request relayed (npm, tsx and a terminal's process group each pass one
+ * Ctrl-C on), not an impatient operator, and is ignored. Returns `dispose`, which ends listening.
+ * The worker's `stopOnSignals` and the CLI's commands both count signals through this.
+ */
+export function listenForStopSignals(signals: readonly NodeJS.Signals[], onSignal: () => void): () => void {
+  let lastAt = Number.NEGATIVE_INFINITY;
+  function on(): void {
+    const now = Date.now();
+    if (now - lastAt <= 1000) return;
+    lastAt = now;
+    onSignal();
+  }
+  for (const s of signals) process.on(s, on);
+  return () => {
+    for (const s of signals) process.off(s, on);
+  };
+}
+
+/**
  * What each signal does once a stop began: the first stops (`stop`), a second skips the grace
- * (`hurry`), a third exits at once (130). A signal within a second of the previous one is the same
- * request relayed (npm, tsx and a terminal's process group each pass one Ctrl-C on), not an
- * impatient operator, and is ignored. Listening ends when the stop has finished (`dispose`, also
- * called when the worker is stopped another way), so a stopped process exits by itself.
+ * (`hurry`), a third exits at once (130). Listening ends when the stop has finished (`dispose`,
+ * also called when the worker is stopped another way), so a stopped process exits by itself.
  */
 export function onStopSignals(
   signals: readonly NodeJS.Signals[],
@@ -58,18 +76,11 @@ export function onStopSignals(
   hurry: () => void,
 ): { stopped: Promise<void>; dispose: () => void } {
   let count = 0;
-  let lastAt = 0;
   let settle: { resolve: () => void; reject: (err: unknown) => void } | null = null;
   const stopped = new Promise<void>((resolve, reject) => {
     settle = { resolve, reject };
   });
-  const dispose = () => {
-    for (const s of signals) process.off(s, on);
-  };
-  function on(): void {
-    const now = Date.now();
-    if (count > 0 && now - lastAt <= 1000) return;
-    lastAt = now;
+  const dispose = listenForStopSignals(signals, () => {
     count++;
     if (count === 1) {
       stop().then(
@@ -84,7 +95,6 @@ export function onStopSignals(
       );
     } else if (count === 2) hurry();
     else process.exit(130);
-  }
-  for (const s of signals) process.on(s, on);
+  });
   return { stopped, dispose };
 }
