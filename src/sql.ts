@@ -145,8 +145,9 @@ export async function queryRingRead<R extends pg.QueryResultRow = pg.QueryResult
  * settings; PostgreSQL plans it again when a partition it reads is truncated or analyzed.
  */
 export interface RingReadStatement {
-  name: string;
-  text: string;
+  /** Without a name (a `Statement` compiled unnamed), the text is sent unprepared. */
+  readonly name?: string | undefined;
+  readonly text: string;
 }
 
 async function inJitOffTransaction<R extends pg.QueryResultRow>(

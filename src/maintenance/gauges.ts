@@ -113,10 +113,7 @@ async function readCounts(db: Queryable, storage: Storage, segments: readonly nu
       statementName(`berth-gauges-pending:${name}${key}`),
     );
   });
-  const res = await queryRingRead<{ type: string; pending: string; running: string; dead: string }>(
-    db,
-    pending as { name: string; text: string },
-  );
+  const res = await queryRingRead<{ type: string; pending: string; running: string; dead: string }>(db, pending);
   const oldestDue = storage.statement(`gauges-oldest${key}`, (schema) => {
     const { name, q: s } = schema;
     return positional(
@@ -138,7 +135,7 @@ async function readCounts(db: Queryable, storage: Storage, segments: readonly nu
       statementName(`berth-gauges-oldest:${name}${key}`),
     );
   });
-  const oldest = await queryRingRead<{ secs: number | null }>(db, oldestDue as { name: string; text: string });
+  const oldest = await queryRingRead<{ secs: number | null }>(db, oldestDue);
   return { res, oldest };
 }
 

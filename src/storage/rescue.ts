@@ -42,7 +42,7 @@ export async function rescueLapsedLeasesIn(db: Queryable, storage: Storage, limi
   const statement = storage.statement('rescue', rescueStatement);
   const res = await queryRingRead<{ retried: string; dead: string; held: string }>(
     db,
-    statement as { name: string; text: string },
+    statement,
     statement.values({ limit }),
   );
   const row = res.rows[0]!;
@@ -144,7 +144,7 @@ async function anythingToRescue(db: Queryable, storage: Storage): Promise<boolea
       statementName(`berth-rescue-due:${name}`),
     ),
   );
-  const r = await queryRingRead<{ due: boolean }>(db, statement as { name: string; text: string });
+  const r = await queryRingRead<{ due: boolean }>(db, statement);
   return r.rows[0]?.due === true;
 }
 
