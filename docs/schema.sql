@@ -3198,6 +3198,17 @@ CREATE SEQUENCE berth.task_id_seq
     CACHE 1;
 
 --
+-- Name: task_results; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.task_results (
+    id bigint NOT NULL,
+    attempt integer NOT NULL,
+    result jsonb NOT NULL,
+    stored_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
 -- Name: tombstones_0; Type: TABLE; Schema: berth; Owner: -
 --
 
@@ -4727,6 +4738,13 @@ ALTER TABLE ONLY berth.snoozes
     ADD CONSTRAINT snoozes_pkey PRIMARY KEY (id);
 
 --
+-- Name: task_results task_results_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.task_results
+    ADD CONSTRAINT task_results_pkey PRIMARY KEY (id);
+
+--
 -- Name: tombstones tombstones_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
 --
 
@@ -5415,6 +5433,12 @@ CREATE INDEX ready_8_id_idx ON berth.ready_8 USING btree (id);
 --
 
 CREATE INDEX ready_9_id_idx ON berth.ready_9 USING btree (id);
+
+--
+-- Name: task_results_stored_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX task_results_stored_at_idx ON berth.task_results USING btree (stored_at);
 
 --
 -- Name: tombstones_id_idx; Type: INDEX; Schema: berth; Owner: -

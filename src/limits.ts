@@ -163,17 +163,27 @@ export function unknownOption(
  * name the path of the offending value or key.
  */
 export function checkPayloadJson(json: string, where: string, type: string): void {
-  // Most payloads have no `\u` escape at all: one native scan (~15 ns for a small payload).
-  if (json.indexOf('\\u') === -1) return;
+  const found = unstorableInJson(json, 'payload');
+  if (found !== undefined) throw new BerthInputError(`${where} (${type}): ${found}`);
+}
+
+/**
+ * What in a JSON text (JSON.stringify's) jsonb refuses, named by its path under `root`;
+ * undefined when nothing (a handler's result is checked with it too).
+ */
+export function unstorableInJson(json: string, root: string): string | undefined {
+  // Most values have no `\u` escape at all: one native scan (~15 ns for a small payload).
+  if (json.indexOf('\\u') === -1) return undefined;
   UNSTORABLE_IN_JSON.lastIndex = 0;
   for (let m = UNSTORABLE_IN_JSON.exec(json); m; m = UNSTORABLE_IN_JSON.exec(json)) {
     if (isEscapeAt(json, m.index)) {
-      const found = findUnstorable(JSON.parse(json) as unknown, 'payload');
-      throw new BerthInputError(
-        `${where} (${type}): ${found ?? `payload contains ${unstorable(JSON.parse(`"${m[0]}"`) as string)}`}`,
+      return (
+        findUnstorable(JSON.parse(json) as unknown, root) ??
+        `${root} contains ${unstorable(JSON.parse(`"${m[0]}"`) as string)}`
       );
     }
   }
+  return undefined;
 }
 
 /** Whether the backslash at `i` starts an escape: an even number of backslashes precede it. */

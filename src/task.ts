@@ -84,13 +84,28 @@ export function isSnooze(value: unknown): value is Snooze {
 }
 
 /**
- * `'done'` (or nothing) finished the task; `'continue'` means a slice committed its cursor;
- * `snooze(ms)` asks to run again later.
+ * berth's answers: `'done'` (or nothing) finished the task; `'continue'` means a slice committed
+ * its cursor; `snooze(ms)` asks to run again later.
  */
 // biome-ignore lint/suspicious/noConfusingVoidType: handlers typed `(...) => Promise<void>` must stay assignable; `undefined` would refuse them
 export type HandlerResult = 'done' | 'continue' | Snooze | void;
 
-export type TaskHandler<P> = (payload: P, ctx: TaskContext<P>) => Promise<HandlerResult>;
+/**
+ * What a handler may return besides berth's answers: a value stored as the task's result, as
+ * JSON (a BigInt, a function or a cycle fails the attempt at run time: TypeScript cannot tell a
+ * serialisable object from another).
+ */
+export type TaskResult = string | number | boolean | null | object;
+
+/**
+ * A handler: it gives one of berth's answers (`HandlerResult`), or returns another value, `R`,
+ * which completes the task and is stored as its result (JSON, within the worker's
+ * `resultMaxBytes`; docs/api.md, "Task results").
+ */
+export type TaskHandler<P, R extends TaskResult = TaskResult> = (
+  payload: P,
+  ctx: TaskContext<P>,
+) => Promise<HandlerResult | R>;
 
 /** A Standard Schema (zod 3.24+/4, valibot, arktype...) used to validate payloads. */
 export interface StandardSchemaLike<P> {

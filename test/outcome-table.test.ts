@@ -151,7 +151,7 @@ test('shutdown: "In-flight handlers are cancelled and their leases explicitly re
   for (const run of [
     { kind: 'error', error: 'aborted', permanent: false, ...plain, shutdown: true },
     { kind: 'continue', ...plain, shutdown: true },
-    { kind: 'contract_violation', error: 'returned 42', ...plain, shutdown: true },
+    { kind: 'unstorable_result', error: 'returned a BigInt', ...plain, shutdown: true },
   ] as const) {
     const s = settlementFor(run, task);
     assert.deepEqual(
@@ -222,23 +222,25 @@ test('outage: a settlement the database never took is counted unsettled, never l
   assert.equal(counted({ kind: 'continue', ...plain }, unwritten), 'unsettled');
 });
 
-test('"Three states, and nothing else": a handler that returns anything else fails loudly (backoff, counted failure), never a success', () => {
-  const s = settlementFor(
-    {
-      kind: 'contract_violation',
-      error: "handler returned 42; a handler must return 'done', 'continue' or nothing",
-      ...plain,
-    },
-    task,
-  );
+test('a handler that returns a value completes the task and the completion carries the result; returning nothing carries none', () => {
+  const s = settlementFor({ kind: 'done', result: '{"sent":true}', ...plain }, task);
+  assert.deepEqual(s.action, { kind: 'complete', result: '{"sent":true}' });
+  assert.equal(s.outcome.written, 'success');
+  assert.equal(s.outcome.refused, 'lost');
+  assert.deepEqual(settlementFor({ kind: 'done', ...plain }, task).action, { kind: 'complete' });
+});
+
+test('a result berth cannot store fails loudly (backoff, counted failure), never a success', () => {
+  const error = "handler returned a result of 70000 bytes as JSON, over the worker's resultMaxBytes cap of 65536 bytes";
+  const s = settlementFor({ kind: 'unstorable_result', error, ...plain }, task);
   assert.deepEqual(s.action, {
     kind: 'fail',
-    error: "handler returned 42; a handler must return 'done', 'continue' or nothing",
+    error,
     delayMs: backoffDelayMs(DEFAULT_BACKOFF, 3),
     permanent: false,
   });
   assert.equal(s.outcome.written, 'failure');
-  assert.equal(counted({ kind: 'contract_violation', error: 'x', ...plain, pastDeadline: true }, written), 'timeout');
+  assert.equal(counted({ kind: 'unstorable_result', error: 'x', ...plain, pastDeadline: true }, written), 'timeout');
 });
 
 test('unknown type: handed back unstarted, the attempt refunded, kept away for its delay, nothing counted', () => {
@@ -277,7 +279,7 @@ test('every outcome the table counts is one of the eight the metrics export', ()
             { kind: 'continue', ...ran },
             { kind: 'snooze', delayMs: 1000, ...ran },
             { kind: 'error', error: 'x', permanent: false, ...ran },
-            { kind: 'contract_violation', error: 'x', ...ran },
+            { kind: 'unstorable_result', error: 'x', ...ran },
           );
         }
       }

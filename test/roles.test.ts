@@ -31,6 +31,8 @@ import { completeLeases } from '../src/storage/complete.js';
 import { removeUnleased } from '../src/storage/remove.js';
 import { cancelTasks } from '../src/storage/cancel.js';
 import { pruneSnoozeCounts, snoozeLease } from '../src/storage/snooze.js';
+import { pruneResults } from '../src/storage/results.js';
+import { runDueTasks } from '../src/testing-api.js';
 import {
   captureLogger,
   counterValue,
@@ -726,4 +728,22 @@ test('cancel and snooze work under the worker grant: cancel_tasks settles a runn
   assert.equal((await getTask(poolB, schema, b.id!))?.state, 'retryable');
   assert.equal(await pruneSnoozeCounts(poolA, storageFor(schema)), 0, 'a pending task keeps its count');
   await denied(poolP, `SELECT ${S}.cancel_tasks(ARRAY[1::bigint], 'x')`);
+});
+
+test('task results work under the grants: a worker role stores results with its completions and prunes them, a producer role reads them with getTask', async () => {
+  const def = defineTask<{ n: number }>({
+    type: 'r_result',
+    ceilingMs: 5000,
+    handler: async (p) => ({ twice: p.n * 2 }),
+  });
+  const queue = `results-${process.pid}`;
+  const t = await enqueue(poolP, def.type, { n: 21 }, { schema, queue });
+  const [report] = await runDueTasks(poolB, [def], { schema, queues: [queue] });
+  assert.equal(report?.status, 'completed', report?.error ?? '');
+  assert.deepEqual((await getTask(poolP, schema, t.id!))?.result, { twice: 42 });
+  await admin.query(`UPDATE ${S}.task_results SET stored_at = now() - interval '1 day' WHERE id = $1`, [t.id]);
+  assert.equal(await pruneResults(poolA, storageFor(schema), 3600_000), 1);
+  assert.equal((await getTask(poolP, schema, t.id!))?.result, null);
+  await denied(poolP, `DELETE FROM ${S}.task_results`);
+  await denied(poolP, `INSERT INTO ${S}.task_results (id, attempt, result) VALUES (1, 1, '1')`);
 });

@@ -188,6 +188,7 @@ export function registerTaskCommands(program: Command): void {
           say('payload: not kept (the task has left the queue; this is its record in attempt history)');
         else say(`payload:\n${jsonSafe(JSON.stringify(task.payload, null, 2))}`);
         if (task.lastError) say(`last error:\n${task.lastError}`);
+        if (task.result !== null) say(`result:\n${jsonSafe(JSON.stringify(task.result, null, 2))}`);
         const attempts = await attemptsOf(pool, opts.schema, id);
         if (attempts.length > 0) say('attempts:');
         for (const a of attempts) {

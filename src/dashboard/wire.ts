@@ -234,6 +234,8 @@ export interface TaskDetail {
     source: 'queue' | 'history';
     /** When it completed or died, when that is known. */
     finishedAt?: string;
+    /** What the handler of its completed attempt returned (JSON); null when it stored none. */
+    result: unknown;
   };
   attempts: Attempt[];
   timeline: TimelineEvent[];

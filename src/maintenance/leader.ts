@@ -15,6 +15,7 @@ import { rotateHistory } from './history.js';
 import { maintainRing } from './ring.js';
 import { rescueLapsedLeasesIn } from '../storage/rescue.js';
 import { pruneSnoozeCounts } from '../storage/snooze.js';
+import { DEFAULT_RESULT_RETENTION_MS, pruneResults } from '../storage/results.js';
 
 export interface MaintenanceOptions {
   /** How often a follower tries to take leadership, and the leader checks its session. */
@@ -43,6 +44,12 @@ export interface MaintenanceOptions {
   ringLockTimeoutMs?: number;
   retentionIntervalMs?: number;
   deadRetentionMs?: number;
+  /**
+   * Task results (a handler's returned value) are deleted this long after they were stored
+   * (7 days), by the retention branch. Their own setting, not attempt history's: a result is
+   * what a dependent task reads of its parent, so it must outlive the history of the attempt.
+   */
+  resultRetentionMs?: number;
   /**
    * How often the leader checks whether attempt history is due a rotation (60 s). The retention
    * itself is the schema's setting (`berth history`), so every process agrees on it.
@@ -78,6 +85,7 @@ export const MAINTENANCE_DEFAULTS: ResolvedMaintenanceOptions = {
   ringLockTimeoutMs: 100,
   retentionIntervalMs: 3600_000,
   deadRetentionMs: DEFAULT_DEAD_RETENTION_MS,
+  resultRetentionMs: DEFAULT_RESULT_RETENTION_MS,
   historyIntervalMs: 60_000,
   gaugeIntervalMs: 5000,
 };
@@ -365,6 +373,8 @@ export class Maintenance {
           if (h.outcomeCounts + h.workers > 0) this.deps.logger.info(h, 'pruned operator history past retention');
           const z = await pruneSnoozeCounts(pool, storage);
           if (z) this.deps.logger.info({ pruned: z }, 'pruned snooze counts of tasks no longer pending');
+          const results = await pruneResults(pool, storage, o.resultRetentionMs, 5000, this.term?.signal);
+          if (results) this.deps.logger.info({ pruned: results }, 'pruned task results past retention');
         },
       },
       {

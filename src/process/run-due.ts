@@ -37,6 +37,8 @@ export interface RunDueTasksOptions {
    * continues forever, would otherwise never let the call return. 1000.
    */
   maxRuns?: number;
+  /** The cap on a handler's result, as the worker option. 64 KiB. */
+  resultMaxBytes?: number;
 }
 
 const OPTION_KEYS: ReadonlySet<string> = new Set<keyof RunDueTasksOptions>([
@@ -48,6 +50,7 @@ const OPTION_KEYS: ReadonlySet<string> = new Set<keyof RunDueTasksOptions>([
   'logger',
   'metrics',
   'maxRuns',
+  'resultMaxBytes',
 ]);
 
 export const DEFAULT_MAX_RUNS = 1000;
@@ -97,6 +100,8 @@ export interface TaskRunReport {
   error: string | null;
   /** For `retry`: the backoff before it is due again. */
   retryDelayMs: number | null;
+  /** For `completed`: what the handler returned, as stored (its JSON parsed); null when it stored none. */
+  result: unknown;
 }
 
 /**
@@ -138,6 +143,7 @@ export async function runDueTasks(
     defaultCeilingMs: options.defaultCeilingMs,
     workerId: options.workerId,
     logger: options.logger ?? createLogger({}, undefined, 'silent'),
+    resultMaxBytes: options.resultMaxBytes,
     metrics: options.metrics,
     maintenance: false,
     heartbeatIntervalMs: false,
@@ -190,6 +196,7 @@ class OnceRunner {
       deadlines: new DeadlineTimer(),
       observeHandler: (task, seconds) => typeMetrics.for(task.type).handlerSeconds.observe(seconds),
       unknownTypes: new UnknownTypes(o.unknownTypes, o.metrics, o.logger, o.workerId),
+      resultMaxBytes: o.resultMaxBytes,
     };
     this.settleDeps = {
       write: pool,
@@ -282,5 +289,9 @@ function report(task: ClaimedTask, run: TaskRun, settlement: Settlement, answer:
     outcome: settlement.outcome[answer.kind],
     error,
     retryDelayMs: status === 'retry' && action.kind === 'fail' ? action.delayMs : null,
+    result:
+      status === 'completed' && action.kind === 'complete' && action.result !== undefined
+        ? JSON.parse(action.result)
+        : null,
   };
 }

@@ -19,6 +19,7 @@ import {
 } from '../dashboard/worker-http.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 import { DEFAULT_STUCK_GRACE_MS } from '../processor/stuck.js';
+import { DEFAULT_RESULT_MAX_BYTES, MAX_RESULT_MAX_BYTES } from '../processor/handler-result.js';
 import type { EngineOptions } from '../processor/engine-options.js';
 import { resolveUnknownTypeOptions, type UnknownTypeOptions } from '../processor/unknown-types.js';
 import { DEFAULT_QUEUE } from '../producer/enqueue.js';
@@ -101,6 +102,12 @@ export interface WorkerOptions {
    * restart. The stuck leases are rescued once the process is gone. Default: never.
    */
   exitOnStuckSlots?: number;
+  /**
+   * The largest result a handler may return, as JSON in UTF-8 bytes (64 KiB, at most 16 MiB).
+   * A larger one fails its attempt, retried with the task's backoff, and the error names its
+   * size and this cap.
+   */
+  resultMaxBytes?: number;
 }
 
 /**
@@ -126,6 +133,7 @@ export const WORKER_DEFAULTS = Object.freeze({
   listenReconnectBaseMs: 500,
   maintenance: true as boolean,
   schema: DEFAULT_SCHEMA,
+  resultMaxBytes: DEFAULT_RESULT_MAX_BYTES,
 });
 
 /** Every key WorkerOptions has: anything else is a typo, refused rather than ignored. */
@@ -153,6 +161,7 @@ const WORKER_OPTION_KEYS: ReadonlySet<string> = new Set<keyof WorkerOptions>([
   'http',
   'stuckGraceMs',
   'exitOnStuckSlots',
+  'resultMaxBytes',
 ]);
 
 /** WorkerOptions with every default filled in and every value checked: what the worker runs on. */
@@ -239,6 +248,12 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
       `exitOnStuckSlots must be an integer from 1 to slots (${slots}), got ${JSON.stringify(exitOn)}`,
     );
   }
+  const resultMaxBytes = options.resultMaxBytes ?? d.resultMaxBytes;
+  if (!Number.isInteger(resultMaxBytes) || resultMaxBytes < 1 || resultMaxBytes > MAX_RESULT_MAX_BYTES) {
+    throw new BerthInputError(
+      `resultMaxBytes must be an integer from 1 to ${MAX_RESULT_MAX_BYTES} (16 MiB), got ${JSON.stringify(options.resultMaxBytes)}`,
+    );
+  }
   const defs = new Map<string, AnyTaskDefinition>();
   const ceilings = new Map<string, number>();
   const maxAttempts = new Map<string, number>();
@@ -273,6 +288,7 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
     http,
     stuckGraceMs,
     exitOnStuckSlots: exitOn ?? null,
+    resultMaxBytes,
   };
 }
 

@@ -34,4 +34,6 @@ export interface EngineOptions {
   readonly heartbeatIntervalMs: number | false;
   readonly stuckGraceMs: number;
   readonly exitOnStuckSlots: number | null;
+  /** The cap on a handler's result, as JSON in UTF-8 bytes. */
+  readonly resultMaxBytes: number;
 }

@@ -236,6 +236,7 @@ export class Engine {
       deadlines: this.deadlines,
       observeHandler: (task, seconds) => this.typeMetrics.for(task.type).handlerSeconds.observe(seconds),
       unknownTypes: new UnknownTypes(this.o.unknownTypes, deps.metrics, deps.logger, this.o.workerId),
+      resultMaxBytes: this.o.resultMaxBytes,
     };
     this.settleDeps = {
       write: deps.write,

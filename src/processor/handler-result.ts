@@ -1,15 +1,77 @@
+import { unstorableInJson } from '../limits.js';
+import type { ResultJson } from '../storage/results.js';
 import { isSnooze } from '../task.js';
 
+/** The default cap on a handler's result, as JSON in UTF-8 bytes (the worker's `resultMaxBytes`). */
+export const DEFAULT_RESULT_MAX_BYTES = 64 * 1024;
 /**
- * Seed 000's handler contract has three answers: done (`'done'` or nothing), continue
- * (`'continue'`), or an error (a throw). Anything else a handler returns (42, 'retry', false,
- * an object) is outside it, and is recorded as a failure that names what came back.
+ * The largest `resultMaxBytes` a worker accepts (16 MiB). A completion flush writes every result
+ * of its batch in one statement, so a cap far above this would let one flush carry gigabytes.
  */
-export function isContractResult(value: unknown): boolean {
+export const MAX_RESULT_MAX_BYTES = 16 * 1024 * 1024;
+
+/**
+ * berth's own answers: done (`'done'` or nothing), continue (`'continue'`), a snooze. Anything
+ * else a handler returns is not an answer but its result: the task succeeds and the value is
+ * stored with the completion (docs/architecture.md, "Where the seeds disagree").
+ */
+export function isBerthAnswer(value: unknown): boolean {
   return value === undefined || value === 'done' || value === 'continue' || isSnooze(value);
 }
 
-/** A short, bounded rendering of an unexpected return value for the error message. */
+/**
+ * A handler's result as it is stored: its JSON text (`json`: null when there is nothing to
+ * store), or why it cannot be stored (`error`, the attempt's failure).
+ */
+export type EncodedResult = { ok: true; json: ResultJson | null } | { ok: false; error: string };
+
+const NOTHING: EncodedResult = Object.freeze({ ok: true, json: null });
+
+/**
+ * Encode a value a handler returned that is not one of berth's answers. `null` (and a value whose
+ * JSON is `null`, such as an invalid Date) stores nothing: getTask's `result` is null either way,
+ * so storing it would tell a reader nothing. Otherwise the value is JSON.stringify's rendering
+ * (`toJSON` honoured; undefined and functions inside objects dropped, as JSON does), refused
+ * when it has none (a function, a symbol), when JSON.stringify throws (a BigInt, a cycle), when
+ * it holds what PostgreSQL cannot store (a NUL, a lone surrogate), or when it is over `maxBytes`
+ * bytes of UTF-8: each a failure of the attempt, retried like a throw, never a success whose
+ * result is lost, and never a completion that fails its whole flush.
+ */
+export function encodeResult(value: unknown, maxBytes: number): EncodedResult {
+  if (value === null) return NOTHING;
+  let json: string | undefined;
+  try {
+    json = JSON.stringify(value);
+  } catch (err) {
+    return {
+      ok: false,
+      error: `handler returned ${describeHandlerResult(value)}, which is not JSON-serialisable (${(err as Error)?.message ?? String(err)}); a result must be a JSON value`,
+    };
+  }
+  if (json === undefined) {
+    return {
+      ok: false,
+      error: `handler returned ${describeHandlerResult(value)}, which has no JSON form; a result must be a JSON value`,
+    };
+  }
+  if (json === 'null') return NOTHING;
+  // Three bytes of UTF-8 at most per UTF-16 unit: most results are under the cap without counting.
+  if (json.length * 3 > maxBytes) {
+    const bytes = Buffer.byteLength(json, 'utf8');
+    if (bytes > maxBytes) {
+      return {
+        ok: false,
+        error: `handler returned a result of ${bytes} bytes as JSON, over the worker's resultMaxBytes cap of ${maxBytes} bytes`,
+      };
+    }
+  }
+  const unstorable = unstorableInJson(json, 'result');
+  if (unstorable !== undefined)
+    return { ok: false, error: `handler returned a result PostgreSQL cannot store: ${unstorable}` };
+  return { ok: true, json };
+}
+
+/** A short, bounded rendering of a returned value for an error message. */
 export function describeHandlerResult(value: unknown): string {
   if (value === null) return 'null';
   if (typeof value === 'string') return JSON.stringify(value.length > 60 ? `${value.slice(0, 60)}…` : value);
@@ -17,5 +79,7 @@ export function describeHandlerResult(value: unknown): string {
     const name = (value as object).constructor?.name ?? 'Object';
     return `an object (${name})`;
   }
+  if (typeof value === 'function') return 'a function';
+  if (typeof value === 'symbol') return 'a symbol';
   return `${typeof value} ${String(value)}`;
 }

@@ -1,11 +1,12 @@
 import type { Outcome } from '../metrics/catalogue.js';
+import type { ResultJson } from '../storage/results.js';
 import { backoffDelayMs, type BackoffPolicy, DEFAULT_MAX_SNOOZES } from '../task.js';
 import type { ErrorDetail } from '../util/error-detail.js';
 
 /**
  * What happened when the engine took a leased task (processor/run-task.ts): either it never
- * started the handler, or the handler ran and gave one of seed 000's three answers (or broke
- * the contract). Nothing here has been written yet: settling is the next, separate step.
+ * started the handler, or the handler ran and gave one of its answers (or returned a result
+ * berth cannot store). Nothing here has been written yet: settling is the next, separate step.
  */
 export type TaskRun =
   /**
@@ -19,14 +20,18 @@ export type TaskRun =
   | { kind: 'late_claim'; error: string }
   /** The payload failed its definition's schema: it can never succeed, so it is a permanent failure. */
   | { kind: 'invalid_payload'; error: string }
-  | ({ kind: 'done' } & HandlerRan)
+  /** `result`: the JSON of what the handler returned besides berth's answers, stored with the completion. */
+  | ({ kind: 'done'; result?: ResultJson } & HandlerRan)
   | ({ kind: 'continue' } & HandlerRan)
   /** The handler returned `snooze(delayMs)`: run again after the delay. */
   | ({ kind: 'snooze'; delayMs: number } & HandlerRan)
   /** `thrown`: what the handler threw, as it was (events and spans report it; the table ignores it). */
   | ({ kind: 'error'; error: string; detail?: ErrorDetail; permanent: boolean; thrown?: unknown } & HandlerRan)
-  /** The handler returned something outside done/continue/nothing (42, 'retry', false). */
-  | ({ kind: 'contract_violation'; error: string; detail?: ErrorDetail; thrown?: unknown } & HandlerRan);
+  /**
+   * The handler returned a result berth cannot store (not JSON, over `resultMaxBytes`,
+   * characters PostgreSQL refuses): a failure naming why (processor/handler-result.ts).
+   */
+  | ({ kind: 'unstorable_result'; error: string; detail?: ErrorDetail; thrown?: unknown } & HandlerRan);
 
 /** What the engine saw around a handler that ran. */
 export interface HandlerRan {
@@ -61,8 +66,8 @@ export interface TaskAttempt {
 
 /** The one fenced write that settles a run. */
 export type SettleAction =
-  /** Dequeue: settled as completed (the batcher's completion). */
-  | { kind: 'complete' }
+  /** Dequeue: settled as completed (the batcher's completion), storing `result` when there is one. */
+  | { kind: 'complete'; result?: ResultJson }
   /** RecordFailure: backoff, last_error, retry or (out of attempts, or permanent) dead letter. */
   | { kind: 'fail'; error: string; delayMs: number; permanent: boolean }
   /**
@@ -210,7 +215,7 @@ function byHandlerResult(run: Extract<TaskRun, HandlerRan>, task: TaskAttempt): 
         action: failWithBackoff(run.error, task, run.permanent),
         outcome: fenced(counted),
       };
-    case 'contract_violation':
+    case 'unstorable_result':
       return {
         action: failWithBackoff(run.error, task, false),
         outcome: fenced(counted),
@@ -226,6 +231,8 @@ function byHandlerResult(run: Extract<TaskRun, HandlerRan>, task: TaskAttempt): 
     }
     case 'done':
       // Done after the deadline is still a success: indistinguishable from one that finished.
-      return COMPLETE;
+      return run.result === undefined
+        ? COMPLETE
+        : { action: { kind: 'complete', result: run.result }, outcome: COMPLETE.outcome };
   }
 }

@@ -4,7 +4,8 @@ import type { Logger } from '../logger.js';
 import type { Queryable } from '../sql.js';
 import { checkPayload, isSnooze, type TaskContext, type AnyTaskDefinition, type PayloadCheck } from '../task.js';
 import type { ClaimedTask } from './claim.js';
-import { describeHandlerResult, isContractResult } from './handler-result.js';
+import { encodeResult, isBerthAnswer } from './handler-result.js';
+import type { ResultJson } from '../storage/results.js';
 import type { TaskRun } from './outcome-table.js';
 import type { DeadlineTimer, RunAbort } from './run-abort.js';
 import { advanceCursor } from '../storage/return.js';
@@ -23,6 +24,8 @@ export interface RunDeps {
   observeHandler: (task: ClaimedTask, seconds: number) => void;
   /** Types this worker has no definition for: their delay, metric and log line. */
   unknownTypes: UnknownTypes;
+  /** The cap on a handler's result, as JSON in UTF-8 bytes (the worker's `resultMaxBytes`). */
+  resultMaxBytes: number;
 }
 
 export interface RunInput {
@@ -135,17 +138,21 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
   input.hooks?.handlerStarted();
   const started = performance.now();
   let result: unknown;
+  let stored: ResultJson | null = null;
   let error: unknown = null;
-  let violation = false;
+  let unstorable = false;
   try {
     result = await def.handler(parsed.value, ctx);
-    // Seed 000's contract has three answers; anything else (42, 'retry', false) is a bug in
-    // the handler, so it fails loudly instead of counting as a success.
-    if (!isContractResult(result)) {
-      violation = true;
-      error = new Error(
-        `handler returned ${describeHandlerResult(result)}; a handler must return 'done', 'continue' or nothing`,
-      );
+    // A value other than berth's answers is the task's result (`handler: (p) => mailer.send(p)`
+    // succeeds): encoded here, on the handler's side of the settlement, so a value the
+    // completion could not write fails this attempt alone and never the flush it would join.
+    if (!isBerthAnswer(result)) {
+      const encoded = encodeResult(result, deps.resultMaxBytes);
+      if (encoded.ok) stored = encoded.json;
+      else {
+        unstorable = true;
+        error = new Error(encoded.error);
+      }
     }
   } catch (err) {
     error = err ?? new Error('handler threw a nullish value');
@@ -168,9 +175,10 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     // A thrown non-Error is kept as JSON (`{"code":42}`), never `[object Object]`.
     const message = errorMessage(error);
     const detail = errorDetail(error);
-    if (violation) return { kind: 'contract_violation', error: message, detail, thrown: error, ...ran };
+    if (unstorable) return { kind: 'unstorable_result', error: message, detail, thrown: error, ...ran };
     return { kind: 'error', error: message, detail, permanent: isPermanentError(error), thrown: error, ...ran };
   }
   if (isSnooze(result)) return { kind: 'snooze', delayMs: result.delayMs, ...ran };
-  return result === 'continue' ? { kind: 'continue', ...ran } : { kind: 'done', ...ran };
+  if (result === 'continue') return { kind: 'continue', ...ran };
+  return stored === null ? { kind: 'done', ...ran } : { kind: 'done', result: stored, ...ran };
 }

@@ -61,7 +61,7 @@ function write(
   const runMs = 'ms' in run ? run.ms : null;
   switch (action.kind) {
     case 'complete':
-      return deps.batcher.complete(task, runMs).then(completeAnswer);
+      return deps.batcher.complete(task, runMs, action.result ?? null).then(completeAnswer);
     case 'fail':
       return deps.batcher
         .fail({
@@ -188,7 +188,7 @@ function describe(
     run.kind === 'done' ||
     run.kind === 'continue' ||
     run.kind === 'error' ||
-    run.kind === 'contract_violation' ||
+    run.kind === 'unstorable_result' ||
     run.kind === 'snooze'
       ? run
       : null;

@@ -5,6 +5,7 @@ import type { BerthMetrics } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
 import { type CompletableRef, completeLeases } from '../storage/complete.js';
+import type { ResultJson } from '../storage/results.js';
 import { recordFailures, type FailureInput } from '../storage/fail.js';
 import { entryKey, type AttemptRef } from '../storage/attempt.js';
 import { settledWith } from '../storage/settled.js';
@@ -27,6 +28,14 @@ type Waiter<T> = { resolve: (v: T) => void };
 type Settleable = AttemptRef & { leaseExpiresAt: number };
 /** A lease to complete; its dedupe key (if any) is released with it, its identity goes to attempt history. */
 type CompletableLease = Settleable & CompletableRef;
+
+/** A completion waiting for its flush. */
+interface PendingComplete {
+  ref: CompletableLease;
+  runMs: number | null;
+  result: ResultJson | null;
+  w: Waiter<CompleteResult>;
+}
 
 /** Retries of a statement that failed for a reason other than the connection (a bug, a bad row). */
 const OTHER_ERROR_ATTEMPTS = 4;
@@ -60,7 +69,7 @@ const RETRY_MAX_MS = 1000;
  * re-run: a duplicate run, never a loss.
  */
 export class SettlementBatcher {
-  private completes: { ref: CompletableLease; runMs: number | null; w: Waiter<CompleteResult> }[] = [];
+  private completes: PendingComplete[] = [];
   private failures: { input: FailureInput & { ref: Settleable }; w: Waiter<FailResult> }[] = [];
   private flushing: Promise<void> | null = null;
   /** Set by `drain(giveUpAfterMs)`: retries stop at this time (epoch ms) whatever the leases say. */
@@ -78,10 +87,17 @@ export class SettlementBatcher {
     this.storage = storage;
   }
 
-  /** `runMs`: the handler's run time, for attempt history. */
-  complete(ref: CompletableLease, runMs: number | null = null): Promise<CompleteResult> {
+  /**
+   * `runMs`: the handler's run time, for attempt history; `result`: the handler's result (JSON,
+   * checked), stored by the completion only if it wins the fence.
+   */
+  complete(
+    ref: CompletableLease,
+    runMs: number | null = null,
+    result: ResultJson | null = null,
+  ): Promise<CompleteResult> {
     return new Promise((resolve) => {
-      this.completes.push({ ref, runMs, w: { resolve } });
+      this.completes.push({ ref, runMs, result, w: { resolve } });
       this.kick();
     });
   }
@@ -131,14 +147,14 @@ export class SettlementBatcher {
     await Promise.all([this.flushCompletes(completes), this.flushFailures(failures)]);
   }
 
-  private async flushCompletes(
-    batch: { ref: CompletableLease; runMs: number | null; w: Waiter<CompleteResult> }[],
-  ): Promise<void> {
+  private async flushCompletes(batch: PendingComplete[]): Promise<void> {
     if (batch.length === 0) return;
     const refs = batch.map((b) => b.ref);
     const runMs = batch.map((b) => b.runMs);
+    // Only a batch that carries a result sends the completion that stores them.
+    const results = batch.some((b) => b.result !== null) ? batch.map((b) => b.result) : undefined;
     const r = await this.withRetry('complete', refs, async (retry) => {
-      const settled = await completeLeases(this.db, this.storage, refs, runMs);
+      const settled = await completeLeases(this.db, this.storage, refs, runMs, results);
       if (retry)
         for (const k of (
           await settledWith(

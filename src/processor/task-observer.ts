@@ -124,7 +124,7 @@ export class Attempt implements HandlerHooks {
     const outcome = settlement.outcome[answer.kind];
     const action = settlement.action;
     const failed = outcome === 'failure' || outcome === 'timeout';
-    const thrown = run.kind === 'error' || run.kind === 'contract_violation' ? run.thrown : null;
+    const thrown = run.kind === 'error' || run.kind === 'unstorable_result' ? run.thrown : null;
     const message = 'error' in run ? run.error : null;
     const dead = answer.kind === 'written' && answer.dead;
     const retryInMs = action.kind === 'fail' && answer.kind === 'written' && !dead ? action.delayMs : null;

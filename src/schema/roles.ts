@@ -95,6 +95,8 @@ function producerGrants(s: string): Grant[] {
         'attempt_history',
         'history_state',
         'lanes',
+        // A completed task's result (migration 24).
+        'task_results',
       ]
         .map((t) => `${s}.${t}`)
         .join(', '),
@@ -164,6 +166,11 @@ function workerGrants(s: string): Grant[] {
     // as the owner): no UPDATE, no DELETE.
     { privileges: 'SELECT, INSERT', on: `${s}.attempt_history` },
     { privileges: 'SELECT', on: `${s}.history_state` },
+    // A completion that carries a handler's result stores it in the same statement (INSERT … ON
+    // CONFLICT (id) DO UPDATE of exactly these columns); the leader's retention deletes results
+    // past resultRetentionMs; getTask reads them. A forged row only changes what a reader is told
+    // a task returned, never a task's state.
+    { privileges: 'SELECT, INSERT, UPDATE (attempt, result, stored_at), DELETE', on: `${s}.task_results` },
     // The leader's oldest-due gauge leaves paused queues out. Pausing is set_queue_paused's (operators).
     { privileges: 'SELECT', on: `${s}.queue_pauses` },
   ];

@@ -4,6 +4,7 @@ import { compile, p, type Sql, sql } from '../statement.js';
 import { completionHistory, perTaskHistory, runMsValue } from './history.js';
 import { entryKey, type AttemptRef, seqsToMultirange } from './attempt.js';
 import { removeUnleased } from './remove.js';
+import { type ResultJson, resultValues, storedResults } from './results.js';
 import { storageFor, type Storage } from './storage.js';
 
 /**
@@ -44,6 +45,7 @@ export async function completeLeases(
   storage: Storage,
   refs: readonly CompletableRef[],
   runMs?: readonly (number | null)[],
+  results?: readonly (ResultJson | null)[],
 ): Promise<Set<string>> {
   const bySegment = new Map<number, LeaseGroup[]>();
   for (const g of groupByLease(refs, runMs)) {
@@ -54,11 +56,42 @@ export async function completeLeases(
     }
     inSegment.push(g);
   }
+  const withResults = results === undefined ? null : resultsBySegment(refs, results);
   const settled = new Set<string>();
   for (const [segment, groups] of bySegment) {
-    for (const key of await completeInSegment(write, storage, segment, groups)) settled.add(key);
+    const kept = withResults?.get(segment) ?? NO_RESULTS;
+    for (const key of await completeInSegment(write, storage, segment, groups, kept)) settled.add(key);
   }
   return settled;
+}
+
+/** An entry of a completion batch that carries its handler's result. */
+interface ResultEntry {
+  laneId: number;
+  laneSeq: string;
+  result: ResultJson;
+}
+
+const NO_RESULTS: readonly ResultEntry[] = Object.freeze([]);
+
+/** `results[i]` (the result of `refs[i]`, null: none) by ring segment; segments without one absent. */
+function resultsBySegment(
+  refs: readonly CompletableRef[],
+  results: readonly (ResultJson | null)[],
+): Map<number, ResultEntry[]> {
+  const out = new Map<number, ResultEntry[]>();
+  for (let i = 0; i < refs.length; i++) {
+    const result = results[i];
+    if (result == null) continue;
+    const r = refs[i]!;
+    let inSegment = out.get(r.segment);
+    if (!inSegment) {
+      inSegment = [];
+      out.set(r.segment, inSegment);
+    }
+    inSegment.push({ laneId: r.laneId, laneSeq: r.laneSeq, result });
+  }
+  return out;
 }
 
 /** A batch's entries of one range lease, in lane order, with their run times. */
@@ -232,11 +265,15 @@ function segmentTables(s: string, segment: number) {
   };
 }
 
-function completeStatement(schema: Schema, segment: number) {
+/**
+ * The completion of one segment's groups; `extra`: further CTEs after attempt history's (the
+ * results', for a batch that carries results). Without them the text is the completion's as it
+ * always was: a batch with no result sends the same statement, under the same name and plan.
+ */
+function completeSql<N extends string>(schema: Schema, segment: number, extra: Sql<N>) {
   const s = schema.q;
   const { leases, settlements, ready, tombstones } = segmentTables(s, segment);
-  return compile(
-    sql`WITH ${GROUPS}, g AS MATERIALIZED (
+  return sql`WITH ${GROUPS}, g AS MATERIALIZED (
        SELECT u.o, u.seqs, u.run_from, u.token, l.slot, l.lane_id, l.from_seq, l.worker, l.claimed_at
          FROM u CROSS JOIN LATERAL (${leaseProbe(leases, 'u.lane_id', 'u.lease_from', 'AND l.token = u.token')}) l
         WHERE ${groupWithinLease(tombstones)}
@@ -247,11 +284,23 @@ function completeStatement(schema: Schema, segment: number) {
         ORDER BY g.o
        ON CONFLICT DO NOTHING
        RETURNING lane_id, lease_from
-     ), ${wonEntries(s)}, ${completionHistory(s)}
+     ), ${wonEntries(s)}, ${completionHistory(s)}${extra}
      -- The token too: a batch may hold a wrong-token group for the same range as a right one.
      SELECT g.lane_id, g.from_seq::text AS lease_from, g.token::text AS token
-       FROM won w JOIN g ON g.lane_id = w.lane_id AND g.from_seq = w.lease_from`,
-    statementName(`berth-complete:${schema.name}:${segment}`),
+       FROM won w JOIN g ON g.lane_id = w.lane_id AND g.from_seq = w.lease_from`;
+}
+
+const NO_EXTRA = sql``;
+
+function completeStatement(schema: Schema, segment: number) {
+  return compile(completeSql(schema, segment, NO_EXTRA), statementName(`berth-complete:${schema.name}:${segment}`));
+}
+
+/** The completion that also stores results (results.ts): only a batch carrying one sends it. */
+function completeWithResultsStatement(schema: Schema, segment: number) {
+  return compile(
+    completeSql(schema, segment, sql`, ${storedResults(schema.q)}`),
+    statementName(`berth-complete-results:${schema.name}:${segment}`),
   );
 }
 
@@ -260,10 +309,17 @@ async function completeInSegment(
   storage: Storage,
   segment: number,
   groups: readonly LeaseGroup[],
+  results: readonly ResultEntry[],
 ): Promise<string[]> {
-  const res = await write.query<{ lane_id: number; lease_from: string; token: string }>(
-    storage.statement(`complete:${segment}`, (schema) => completeStatement(schema, segment)).query(groupValues(groups)),
-  );
+  const query =
+    results.length === 0
+      ? storage
+          .statement(`complete:${segment}`, (schema) => completeStatement(schema, segment))
+          .query(groupValues(groups))
+      : storage
+          .statement(`complete-results:${segment}`, (schema) => completeWithResultsStatement(schema, segment))
+          .query({ ...groupValues(groups), ...resultValues(results) });
+  const res = await write.query<{ lane_id: number; lease_from: string; token: string }>(query);
   const won = new Set(res.rows.map((r) => `${r.lane_id}:${r.lease_from}:${r.token}`));
   const out: string[] = [];
   const lost: LeaseGroup[] = [];
@@ -271,7 +327,7 @@ async function completeInSegment(
     if (won.has(`${g.laneId}:${g.leaseFrom}:${g.token}`)) for (const r of g.refs) out.push(entryKey(r));
     else lost.push(g);
   }
-  if (lost.length > 0) out.push(...(await completeRemainders(write, storage, segment, lost)));
+  if (lost.length > 0) out.push(...(await completeRemainders(write, storage, segment, lost, results)));
   return out;
 }
 
@@ -283,10 +339,10 @@ async function completeInSegment(
  * and by the constraint. Loops while a concurrent writer keeps taking entries (each pass settles
  * or excludes at least one entry of every lease it retries, so it ends).
  */
-function completeRemaindersStatement(schema: Schema, segment: number) {
+function completeRemaindersSql<N extends string>(schema: Schema, segment: number, extra: Sql<N>) {
   const s = schema.q;
   const { leases, settlements, ready, tombstones } = segmentTables(s, segment);
-  return compile(
+  return (
     // `g.seqs` is what the group asked for (its entries, numbered for their run times), `g.want`
     // what is left of it once the lease's settlements are taken out; `e.wanted` marks its entries.
     sql`WITH ${GROUPS}, g AS MATERIALIZED (
@@ -304,24 +360,45 @@ function completeRemaindersStatement(schema: Schema, segment: number) {
           ORDER BY g.o
          ON CONFLICT DO NOTHING
          RETURNING lane_id, lease_from
-       ), ${wonEntries(s, 'EXISTS (SELECT 1 FROM g WHERE g.o = e.o AND g.want @> e.lane_seq)')}, ${completionHistory(s)}
+       ), ${wonEntries(s, 'EXISTS (SELECT 1 FROM g WHERE g.o = e.o AND g.want @> e.lane_seq)')}, ${completionHistory(s)}${extra}
        SELECT g.lane_id, g.from_seq::text AS lease_from, g.token::text AS token,
               (SELECT array_agg(d.lane_seq::text) FROM done d WHERE d.o = g.o) AS won,
               EXISTS (SELECT 1 FROM c WHERE c.o = g.o)
                 AND NOT EXISTS (SELECT 1 FROM won x WHERE x.lane_id = g.lane_id AND x.lease_from = g.from_seq) AS rest
-         FROM g`,
+         FROM g`
   );
 }
 
+function completeRemaindersStatement(schema: Schema, segment: number) {
+  return compile(completeRemaindersSql(schema, segment, NO_EXTRA));
+}
+
+function completeRemaindersWithResultsStatement(schema: Schema, segment: number) {
+  return compile(completeRemaindersSql(schema, segment, sql`, ${storedResults(schema.q)}`));
+}
+
+/**
+ * `results`: the segment's entries that carry a result (all of them: the result CTE joins only
+ * the entries a pass settles, so an entry of a group not retried here stores nothing twice).
+ */
 async function completeRemainders(
   write: Queryable,
   storage: Storage,
   segment: number,
   groups: readonly LeaseGroup[],
+  results: readonly ResultEntry[],
 ): Promise<string[]> {
-  const statement = storage.statement(`complete-remainders:${segment}`, (schema) =>
-    completeRemaindersStatement(schema, segment),
-  );
+  const kept = results.length === 0 ? null : resultValues(results);
+  const query = (pending: readonly LeaseGroup[]) =>
+    kept === null
+      ? storage
+          .statement(`complete-remainders:${segment}`, (schema) => completeRemaindersStatement(schema, segment))
+          .query(groupValues(pending))
+      : storage
+          .statement(`complete-remainders-results:${segment}`, (schema) =>
+            completeRemaindersWithResultsStatement(schema, segment),
+          )
+          .query({ ...groupValues(pending), ...kept });
   const out: string[] = [];
   let pending = [...groups];
   for (let pass = 0; pending.length > 0 && pass < 8; pass++) {
@@ -331,7 +408,7 @@ async function completeRemainders(
       token: string;
       won: string[] | null;
       rest: boolean;
-    }>(statement.query(groupValues(pending)));
+    }>(query(pending));
     const retry: LeaseGroup[] = [];
     for (const row of res.rows) {
       const g = pending.find(

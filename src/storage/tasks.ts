@@ -4,6 +4,7 @@ import { positional } from '../statement.js';
 import { storageFor, type Storage } from './storage.js';
 import { taskId } from './ids.js';
 import { notMigrated } from '../errors.js';
+import { resultOf } from './results.js';
 
 export type TaskState = 'ready' | 'running' | 'completed' | 'scheduled' | 'retryable' | 'dead';
 
@@ -30,6 +31,12 @@ export interface TaskRecord extends Lane {
   source: 'queue' | 'history';
   /** When it completed or died, when that is known. */
   finishedAt?: Date;
+  /**
+   * What the handler of its completed attempt returned (a JSON value), or null: the task has not
+   * completed, its handler returned nothing (or null, or one of berth's answers), or the result
+   * was older than the leader's `resultRetentionMs`.
+   */
+  result: unknown;
 }
 
 /**
@@ -116,7 +123,15 @@ export async function getTaskIn(db: Queryable, storage: Storage, id: string): Pr
       ? { token: row.token, expiresAt: row.expires_at!, worker: row.worker, attempt: row.attempts }
       : null,
     source: 'queue',
+    // A second point read, only for a completed task: the statement above stays as it was.
+    result: row.state === 'completed' ? await storedResult(db, storage, id) : null,
   };
+}
+
+/** A stored result, or null when none is. */
+async function storedResult(db: Queryable, storage: Storage, id: string): Promise<unknown> {
+  const result = await resultOf(db, storage, id);
+  return result === undefined ? null : result;
 }
 
 /**
@@ -170,5 +185,6 @@ async function fromHistory(db: Queryable, storage: Storage, id: string): Promise
     lease: null,
     source: 'history',
     finishedAt: h.settled_at,
+    result: h.outcome === 'success' ? await storedResult(db, storage, id) : null,
   };
 }

@@ -143,6 +143,10 @@ export const task: View<TaskDetail> = {
             'Not kept: the task has left the queue; this is its attempt history.',
           )
         : h('pre', { id: 'payload' }, json(t.payload, 2)),
+      // What the handler returned: only a completed task that stored one has it.
+      t.result !== null && t.result !== undefined
+        ? [h('h3', {}, 'Result'), h('pre', { id: 'result' }, json(t.result, 2))]
+        : null,
       h('h3', {}, 'Attempts'),
       d.attempts.length === 0
         ? h('p', { class: 'muted', id: 'attempts' }, 'No attempt recorded (none ended yet, or attempt history is off).')
