@@ -38,6 +38,8 @@ export interface DeadLetter {
   queue: string;
   priority: number;
   attempts: number;
+  /** The task's own attempt limit; null: its type's. */
+  maxAttempts: number | null;
   lastError: string | null;
   payload: unknown;
   createdAt: Date;
@@ -126,7 +128,7 @@ export async function listDead(
     const args = filterArgs(filter);
     const statement = storage.statement('admin-dead-list', ({ q: s }) =>
       compile(
-        sql`SELECT d.id::text, d.type, d.queue, d.priority, d.attempts, d.last_error, d.payload, d.created_at, d.died_at
+        sql`SELECT d.id::text, d.type, d.queue, d.priority, d.attempts, d.max_attempts, d.last_error, d.payload, d.created_at, d.died_at
          FROM ${s}.dead_letters d
         WHERE ${WHERE} AND (${p('after')}::bigint IS NULL OR d.id < ${p('after')})
         ORDER BY d.id DESC LIMIT ${p('limit')}`,
@@ -138,6 +140,7 @@ export async function listDead(
       queue: string;
       priority: number;
       attempts: number;
+      max_attempts: number | null;
       last_error: string | null;
       payload: unknown;
       created_at: Date;
@@ -151,6 +154,7 @@ export async function listDead(
         queue: r.queue,
         priority: r.priority,
         attempts: r.attempts,
+        maxAttempts: r.max_attempts,
         lastError: r.last_error,
         payload: r.payload,
         createdAt: r.created_at,
