@@ -7,7 +7,7 @@ import type { ErrorDetail } from '../util/error-detail.js';
 
 /**
  * Attempt history (migration 10): what every attempt was, written by the statement that settles
- * it (complete, Dequeue, fail, release, AdvanceCursor, rescue) as one more data-modifying CTE, so
+ * it (complete, Dequeue, fail, release, AdvanceCursor, snooze, rescue) as one more data-modifying CTE, so
  * it costs no round trip and is written exactly when the settlement wins its fence. Append-only
  * in a ring of partitions the leader truncates by age (`rotate_history`, maintenance/history.ts).
  * The schema's `history_state` says whether it is written and for how long it is kept; each
@@ -17,8 +17,11 @@ import type { ErrorDetail } from '../util/error-detail.js';
  * tasks as arrays. Everything else is one row per task, with its error or its cursor.
  */
 
-/** The outcome an attempt ended with: seed 000's six (`lost`: its lease lapsed and was rescued). */
-export type AttemptOutcome = 'success' | 'failure' | 'timeout' | 'continued' | 'cancelled' | 'lost';
+/**
+ * The outcome an attempt ended with: seed 000's six (`lost`: its lease lapsed and was rescued),
+ * and `snoozed` (the handler returned `snooze(ms)`).
+ */
+export type AttemptOutcome = 'success' | 'failure' | 'timeout' | 'continued' | 'cancelled' | 'lost' | 'snoozed';
 
 export const ATTEMPT_OUTCOMES: readonly AttemptOutcome[] = [
   'success',
@@ -27,6 +30,7 @@ export const ATTEMPT_OUTCOMES: readonly AttemptOutcome[] = [
   'continued',
   'cancelled',
   'lost',
+  'snoozed',
 ];
 
 const COLUMNS =
