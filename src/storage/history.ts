@@ -1,4 +1,4 @@
-import { BerthInputError, notMigrated } from '../errors.js';
+import { BerthInputError, notMigrated, orNotMigrated } from '../errors.js';
 import { readErrorDetail } from './attempt-read.js';
 import type { Queryable } from '../sql.js';
 import { positional, type Sql, sql } from '../statement.js';
@@ -342,16 +342,18 @@ export async function setHistorySettings(
   const ms = change.retentionMs;
   if (ms !== undefined && (typeof ms !== 'number' || !Number.isFinite(ms) || ms < MIN_HISTORY_RETENTION_MS))
     throw new BerthInputError(`history retentionMs must be a number of milliseconds >= ${MIN_HISTORY_RETENTION_MS}`);
-  await db.query(
-    storageFor(schema)
-      .statement('set-history-settings', ({ q: s }) =>
-        positional(
-          `UPDATE ${s}.history_state
+  await orNotMigrated(schema, () =>
+    db.query(
+      storageFor(schema)
+        .statement('set-history-settings', ({ q: s }) =>
+          positional(
+            `UPDATE ${s}.history_state
         SET enabled = coalesce($1::boolean, enabled), retention_ms = coalesce($2::float8, retention_ms)`,
-          ['enabled', 'retentionMs'],
-        ),
-      )
-      .query({ enabled: change.enabled ?? null, retentionMs: ms ?? null }),
+            ['enabled', 'retentionMs'],
+          ),
+        )
+        .query({ enabled: change.enabled ?? null, retentionMs: ms ?? null }),
+    ),
   );
   return readHistorySettings(db, schema);
 }
