@@ -75,6 +75,15 @@ export function notMigrated(err: unknown, schema: string): unknown {
   return e;
 }
 
+/** `run()`, its rejection passed through notMigrated: an operator action's door. */
+export async function orNotMigrated<T>(schema: string, run: () => Promise<T>): Promise<T> {
+  try {
+    return await run();
+  } catch (err) {
+    throw notMigrated(err, schema);
+  }
+}
+
 /**
  * A fenced write matched nothing: the lease token no longer owns the task. Dequeue and
  * RecordFailure raise it so the caller rolls back; the processor records the run as `lost`.

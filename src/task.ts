@@ -25,6 +25,12 @@ export interface TaskContext<P> {
   readonly attempt: number;
   /** The attempt after which a failure dead-letters the task. */
   readonly maxAttempts: number;
+  /**
+   * How many times this task has snoozed before this run (`return snooze(ms)`), 0 when never.
+   * Kept while the task is pending; a task retried out of the dead letters after its count was
+   * dropped starts from 0 again.
+   */
+  readonly snoozes: number;
   /** Where the task lives: its lane. */
   readonly lane: Lane;
   readonly signal: AbortSignal;

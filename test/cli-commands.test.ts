@@ -3,6 +3,7 @@ import assert from 'node:assert/strict';
 import { fileURLToPath } from 'node:url';
 import { main } from '../src/cli.js';
 import { enqueue, getTask, listAudit } from '../src/index.js';
+import { errorDetail } from '../src/util/error-detail.js';
 import { claimParams } from './claim-params.js';
 import { DATABASE_URL, freshSchema, waitFor } from './helpers.js';
 import { runCli } from './support/run-cli.js';
@@ -259,7 +260,11 @@ test('completed tasks and every attempt error stay visible after the ring forget
   const failed = (await pool.query(`SELECT id::text FROM ${S}.dead_letters WHERE type = 'cli_fail'`)).rows[0].id;
   const failShown = await berth('tasks', 'show', failed);
   assert.match(failShown.out, /#1 {2}failure \(dead-lettered\)/);
-  assert.match(failShown.out, /error: cli fixture failure\n\s+Error: cli fixture failure\n\s+at /);
+  assert.match(
+    failShown.out,
+    /error: cli fixture failure\n\s+at /,
+    'the stack follows without repeating the error line',
+  );
   const attempts = await berthJson<{ attempts: { id: string; outcome: string }[] }>(
     'history',
     'list',
@@ -371,6 +376,67 @@ test('berth dashboard serves the dashboard until SIGINT; refuses a non-loopback 
     if (badEnv === undefined) delete process.env.BERTH_DASHBOARD_PORT;
     else process.env.BERTH_DASHBOARD_PORT = badEnv;
   }
+});
+
+test('tasks show prints each stack once: a repeated failure names the attempt that printed it, a cause inside its error is not printed again', async () => {
+  const type = `cli_stacks_${process.pid}`;
+  const { id } = await enqueue(pool, type, {}, { schema, maxAttempts: 5 });
+  const lane = (await pool.query(`SELECT lane_id FROM ${S}.ready WHERE id = $1`, [id])).rows[0].lane_id;
+  const cause = new Error('socket closed');
+  // An error class that appends its cause's stack to its own, as many libraries do.
+  const wrapped = new TypeError('upstream failed', { cause });
+  wrapped.stack = `${wrapped.stack}\ncaused by: ${cause.stack}`;
+  const other = new RangeError('out of range');
+  for (const [attempt, err] of [
+    [1, wrapped],
+    [2, wrapped],
+    [3, other],
+  ] as const) {
+    await pool.query(
+      `INSERT INTO ${S}.attempt_history (part, bucket, outcome, lane_id, type, worker, claimed_at, ids, attempts,
+                                         created_at, run_ms, error, cursor, dead)
+       SELECT hs.current_part, $1::bigint >> 10, 'failure', $2, $3, 'w1', now() - (10 - $4) * interval '1 ms',
+              ARRAY[$1::bigint], ARRAY[$4::integer], ARRAY[now()], ARRAY[5], $5::jsonb, NULL, false
+         FROM ${S}.history_state hs`,
+      [id, lane, type, attempt, JSON.stringify(errorDetail(err))],
+    );
+  }
+  const show = await berth('tasks', 'show', id!);
+  assert.equal(show.code, 0, show.err);
+  const frame = cause.stack!.split('\n')[1]!.trim();
+  const count = (text: string) => show.out.split(text).length - 1;
+  assert.equal(count(frame), 1, `the cause's first frame is printed once, in the wrapped stack:\n${show.out}`);
+  assert.equal(
+    count('at '),
+    other.stack!.split('\n').length - 1 + wrapped.stack!.split('\n').filter((l) => /^\s+at /.test(l)).length,
+  );
+  assert.match(show.out, /#1 {2}failure[^\n]*\n {4}error: TypeError: upstream failed\n {6}\s+at /);
+  assert.match(show.out, /caused by: socket closed\n {6}\(stack: within the one above\)/);
+  assert.match(
+    show.out,
+    /#2 {2}failure[^\n]*\n {4}error: TypeError: upstream failed\n {6}\(stack: as in attempt #1 above\)\n {4}caused by: socket closed\n {6}\(stack: as in attempt #1 above\)/,
+  );
+  assert.match(show.out, /#3 {2}failure[^\n]*\n {4}error: RangeError: out of range\n {6}\s+at /);
+  assert.doesNotMatch(show.out, /^\s+(TypeError|RangeError): /m, 'no stack repeats its error line');
+});
+
+test('the attempts column reads attempts/limit in every list: tasks list, tasks show, dead list, history list', async () => {
+  const type = `cli_attempts_${process.pid}`;
+  const own = await enqueue(pool, type, {}, { schema, maxAttempts: 7, delay: 3_600_000 });
+  const typed = await enqueue(pool, type, {}, { schema, delay: 3_600_000 });
+  await pool.query(`UPDATE ${S}.deferred SET attempts = 2 WHERE id = $1`, [own.id]);
+  const list = await berth('tasks', 'list', '--type', type);
+  assert.match(list.out, new RegExp(`^${own.id} .* 2/7 `, 'm'), list.out);
+  assert.match(list.out, new RegExp(`^${typed.id} .* 0/- `, 'm'), list.out);
+  assert.match((await berth('tasks', 'show', own.id!)).out, / attempts 2\/7$/m);
+  assert.match((await berth('tasks', 'show', typed.id!)).out, / attempts 0\/-$/m);
+  await killTask(own.id!);
+  const dead = await berth('dead', 'list', '--type', type);
+  assert.match(dead.out, /^ID +TYPE +QUEUE +ATTEMPTS +DIEDAT/m);
+  assert.match(dead.out, new RegExp(`^${own.id} .* 1/1 `, 'm'), dead.out);
+  const history = await berth('history', 'list', '--limit', '1');
+  assert.match(history.out, /^ID +ATTEMPTS +OUTCOME/m);
+  assert.match(history.out, /^\d+ +\d+\/- +\w+ /m, history.out);
 });
 
 test('forged attempt-history rows (wrong types, a 3,000-deep cause chain, an unknown outcome) never stop a listing, and every output stays bounded', async () => {

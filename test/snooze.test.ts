@@ -7,9 +7,10 @@
 import { storageFor } from '../src/storage/storage.js';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { BerthInputError, defineTask, enqueue, getTask, snooze, Worker } from '../src/index.js';
+import { BerthInputError, defineTask, enqueue, getTask, listAttempts, snooze, Worker } from '../src/index.js';
 import { quoteIdent } from '../src/sql.js';
 import { pruneSnoozeCounts } from '../src/storage/snooze.js';
+import { runCli } from './support/run-cli.js';
 import {
   DATABASE_URL,
   expectOutcome,
@@ -102,6 +103,17 @@ test('bounded: past maxSnoozes a snooze keeps its attempt, so a task that only s
     assert.equal(runs, 5, '2 free snoozes, then 3 that each burnt an attempt');
     await expectOutcome(w.metrics, 's_forever', 'snoozed', 5);
     assert.deepEqual((await pool.query(`SELECT snoozes FROM ${S}.snoozes WHERE id = $1`, [id])).rows, [{ snoozes: 5 }]);
+    const history = (await listAttempts(pool, schema, { type: 's_forever' })).attempts.reverse();
+    assert.deepEqual(
+      history.map((a) => [a.outcome, a.attempt, a.dead, a.error?.message ?? null]),
+      [
+        ['snoozed', 1, false, null],
+        ['snoozed', 1, false, null],
+        ['snoozed', 1, false, null],
+        ['snoozed', 2, false, null],
+        ['snoozed', 3, true, 'snoozed past maxSnoozes on its final attempt'],
+      ],
+    );
     // A pending task keeps its count whatever its age.
     await pool.query(`UPDATE ${S}.snoozes SET last_snoozed_at = now() - interval '2 hours'`);
     const keep = await enqueue(pool, 's_keep', {}, { schema, delay: 3_600_000 });
@@ -114,6 +126,63 @@ test('bounded: past maxSnoozes a snooze keeps its attempt, so a task that only s
       1,
       'the dead task’s count, not the scheduled one’s',
     );
+  } finally {
+    await w.stop();
+  }
+});
+
+test('ctx.snoozes counts the snoozes before this run, and each snoozed run is in attempt history (berth history list)', async () => {
+  const seen = new Map<string, number[]>();
+  const def = defineTask<Record<string, never>>({
+    type: 's_count',
+    ceilingMs: 60_000,
+    handler: async (_p, ctx) => {
+      const runs = seen.get(ctx.id) ?? [];
+      runs.push(ctx.snoozes);
+      seen.set(ctx.id, runs);
+      return runs.length < 3 ? snooze(0) : 'done';
+    },
+  });
+  const w = worker([def]);
+  await w.start();
+  try {
+    // Both shapes of a claimed task: without and with the fields that are sent only when set.
+    const plain = await enqueue(pool, 's_count', {}, { schema });
+    const keyed = await enqueue(pool, 's_count', {}, { schema, dedupeKey: 's_count-keyed', maxAttempts: 4 });
+    await waitFor(
+      async () =>
+        (await getTask(pool, schema, keyed.id!))?.state === 'completed' &&
+        (await getTask(pool, schema, plain.id!))?.state === 'completed',
+      30_000,
+      'both tasks completed',
+    );
+    assert.deepEqual(seen.get(plain.id!), [0, 1, 2]);
+    assert.deepEqual(seen.get(keyed.id!), [0, 1, 2]);
+
+    const snoozed = await listAttempts(pool, schema, { type: 's_count', outcome: 'snoozed' });
+    assert.deepEqual(
+      snoozed.attempts.filter((a) => a.id === plain.id).map((a) => [a.outcome, a.attempt, a.dead, a.error]),
+      [
+        ['snoozed', 1, false, null],
+        ['snoozed', 1, false, null],
+      ],
+    );
+    assert.ok(snoozed.attempts.every((a) => a.runMs !== null && a.worker !== null));
+    const list = await runCli([
+      'history',
+      'list',
+      '--type',
+      's_count',
+      '--outcome',
+      'snoozed',
+      '--schema',
+      schema,
+      '--database-url',
+      DATABASE_URL,
+    ]);
+    assert.equal(list.code, 0, list.err);
+    assert.equal(list.out.match(/ snoozed /g)?.length, 4, list.out);
+    assert.match(list.out, new RegExp(`${plain.id} +1/- +snoozed`));
   } finally {
     await w.stop();
   }

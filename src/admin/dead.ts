@@ -1,5 +1,5 @@
-import { checkKeys } from '../limits.js';
-import { BerthInputError, notMigrated } from '../errors.js';
+import { checkKeys, checkNameFilter, checkText } from '../limits.js';
+import { BerthInputError, notMigrated, orNotMigrated } from '../errors.js';
 import type { Queryable } from '../sql.js';
 import { type Args, compile, p, positional, sql } from '../statement.js';
 import { deadRowPredicate } from '../storage/predicates.js';
@@ -38,6 +38,8 @@ export interface DeadLetter {
   queue: string;
   priority: number;
   attempts: number;
+  /** The task's own attempt limit; null: its type's. */
+  maxAttempts: number | null;
   lastError: string | null;
   payload: unknown;
   createdAt: Date;
@@ -98,6 +100,10 @@ type FilterParams = 'queue' | 'type' | 'errorContains' | 'diedBefore' | 'ids';
 /** The values of WHERE's parameters for a filter. */
 function filterArgs(f: DeadFilter): Args<FilterParams> {
   checkKeys(f, FILTER_KEYS, 'dead-letter filter');
+  checkNameFilter(f, 'dead-letter filter');
+  // Any length is a fair substring to look for; NUL or a lone surrogate is not text PostgreSQL takes.
+  if (f.errorContains !== undefined)
+    checkText(f.errorContains, 'errorContains', 'dead-letter filter', { maxChars: Number.MAX_SAFE_INTEGER });
   return {
     queue: f.queue ?? null,
     type: f.type ?? null,
@@ -126,7 +132,7 @@ export async function listDead(
     const args = filterArgs(filter);
     const statement = storage.statement('admin-dead-list', ({ q: s }) =>
       compile(
-        sql`SELECT d.id::text, d.type, d.queue, d.priority, d.attempts, d.last_error, d.payload, d.created_at, d.died_at
+        sql`SELECT d.id::text, d.type, d.queue, d.priority, d.attempts, d.max_attempts, d.last_error, d.payload, d.created_at, d.died_at
          FROM ${s}.dead_letters d
         WHERE ${WHERE} AND (${p('after')}::bigint IS NULL OR d.id < ${p('after')})
         ORDER BY d.id DESC LIMIT ${p('limit')}`,
@@ -138,6 +144,7 @@ export async function listDead(
       queue: string;
       priority: number;
       attempts: number;
+      max_attempts: number | null;
       last_error: string | null;
       payload: unknown;
       created_at: Date;
@@ -151,6 +158,7 @@ export async function listDead(
         queue: r.queue,
         priority: r.priority,
         attempts: r.attempts,
+        maxAttempts: r.max_attempts,
         lastError: r.last_error,
         payload: r.payload,
         createdAt: r.created_at,
@@ -190,7 +198,8 @@ export async function retryDeadLetters(
   schema: string,
   ids: readonly string[],
 ): Promise<{ id: string; result: 'retried' | 'duplicate' | 'not_found' }[]> {
-  return retryDeadLettersIn(db, storageFor(schema), ids);
+  for (const id of ids) taskId(id);
+  return orNotMigrated(schema, () => retryDeadLettersIn(db, storageFor(schema), ids));
 }
 
 /** retryDeadLetters on a bound storage. */
@@ -213,6 +222,25 @@ export async function retryDeadLettersIn(
 
 const BULK_BATCH = 1000;
 
+type BulkRun = (
+  db: Queryable,
+  storage: Storage,
+  filter: DeadFilter,
+  onProgress?: (p: BulkProgress) => void,
+) => Promise<BulkResult>;
+
+/** A bulk action's public door: its filter checked first, a schema nobody migrated named as such. */
+function bulkDoor(
+  db: Queryable,
+  schema: string,
+  filter: DeadFilter,
+  onProgress: ((p: BulkProgress) => void) | undefined,
+  run: BulkRun,
+): Promise<BulkResult> {
+  assertBulkScope(filter);
+  return orNotMigrated(schema, () => run(db, storageFor(schema), filter, onProgress));
+}
+
 /** What every bulk action does first: refuse an unscoped filter, count what it will touch. */
 async function startBulk(db: Queryable, storage: Storage, filter: DeadFilter) {
   assertBulkScope(filter);
@@ -231,7 +259,10 @@ export async function retryDead(
   filter: DeadFilter,
   onProgress?: (p: BulkProgress) => void,
 ): Promise<BulkResult> {
-  const storage = storageFor(schema);
+  return bulkDoor(db, schema, filter, onProgress, retryMatching);
+}
+
+const retryMatching: BulkRun = async (db, storage, filter, onProgress) => {
   const { total, args, out } = await startBulk(db, storage, filter);
   const statement = storage.statement('admin-dead-retry-batch', ({ q: s }) =>
     compile(
@@ -254,7 +285,7 @@ export async function retryDead(
     onProgress?.({ done, total: Math.max(total, done) });
   }
   return out;
-}
+};
 
 /**
  * Delete every dead letter a filter matches, in batches of 5,000, with the predicate the dead
@@ -266,7 +297,10 @@ export async function purgeDead(
   filter: DeadFilter,
   onProgress?: (p: BulkProgress) => void,
 ): Promise<BulkResult> {
-  const storage = storageFor(schema);
+  return bulkDoor(db, schema, filter, onProgress, purgeMatching);
+}
+
+const purgeMatching: BulkRun = async (db, storage, filter, onProgress) => {
   const { total, args, out } = await startBulk(db, storage, filter);
   const statement = storage.statement('admin-dead-purge-batch', ({ q: s }) =>
     compile(
@@ -281,4 +315,4 @@ export async function purgeDead(
     onProgress?.({ done: out.changed, total: Math.max(total, out.changed) });
     if (n < 5000) return out;
   }
-}
+};

@@ -1,5 +1,5 @@
-import { notMigrated } from '../errors.js';
-import { checkText, MAX_QUEUE_BYTES } from '../limits.js';
+import { notMigrated, orNotMigrated } from '../errors.js';
+import { checkText, MAX_ACTOR_CHARS, MAX_QUEUE_BYTES } from '../limits.js';
 import type { Queryable } from '../sql.js';
 import { positional } from '../statement.js';
 import { storageFor } from '../storage/storage.js';
@@ -63,6 +63,13 @@ function queueName(queue: string): string {
   return checkText(queue, 'queue', '', { maxBytes: MAX_QUEUE_BYTES });
 }
 
+function actorName(actor: string): string {
+  return checkText(actor, 'actor', '', { maxChars: MAX_ACTOR_CHARS });
+}
+
+/** A pause's reason is shown to operators: a paragraph, not a document. */
+const MAX_REASON_CHARS = 2000;
+
 /**
  * Stop claims from a queue. Once this returns no worker leases a new task from it (the lanes'
  * version bump fences claims already in flight); tasks already running finish. Enqueue and
@@ -76,10 +83,12 @@ export async function pauseQueue(
   actor: string,
   reason?: string,
 ): Promise<{ lanes: number }> {
+  const args = { queue: queueName(queue), actor: actorName(actor), reason: reason ?? null };
+  if (reason !== undefined) checkText(reason, 'reason', 'pauseQueue', { maxChars: MAX_REASON_CHARS });
   const statement = storageFor(schema).statement('admin-queue-pause', ({ q: s }) =>
     positional(`SELECT ${s}.set_queue_paused($1, true, $2, $3) AS n`, ['queue', 'actor', 'reason']),
   );
-  const r = await db.query<{ n: number }>(statement.query({ queue: queueName(queue), actor, reason: reason ?? null }));
+  const r = await orNotMigrated(schema, () => db.query<{ n: number }>(statement.query(args)));
   return { lanes: r.rows[0]!.n };
 }
 
@@ -90,9 +99,10 @@ export async function resumeQueue(
   queue: string,
   actor: string,
 ): Promise<{ lanes: number }> {
+  const args = { queue: queueName(queue), actor: actorName(actor) };
   const statement = storageFor(schema).statement('admin-queue-resume', ({ q: s }) =>
     positional(`SELECT ${s}.set_queue_paused($1, false, $2, NULL) AS n`, ['queue', 'actor']),
   );
-  const r = await db.query<{ n: number }>(statement.query({ queue: queueName(queue), actor }));
+  const r = await orNotMigrated(schema, () => db.query<{ n: number }>(statement.query(args)));
   return { lanes: r.rows[0]!.n };
 }

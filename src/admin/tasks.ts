@@ -1,5 +1,5 @@
-import { checkKeys } from '../limits.js';
-import { BerthInputError, notMigrated } from '../errors.js';
+import { checkKeys, checkNameFilter } from '../limits.js';
+import { BerthInputError, notMigrated, orNotMigrated } from '../errors.js';
 import { type Queryable, queryRingRead } from '../sql.js';
 import { compile, p, positional, type Sql, sql } from '../statement.js';
 import { laneCursorsJson, unsettledEntriesOf, unsettledRanges } from '../storage/predicates.js';
@@ -105,6 +105,7 @@ async function listTasksIn(
 ): Promise<TaskList> {
   checkKeys(filter, TASK_FILTER_KEYS, 'listTasks filter');
   checkKeys(page, PAGE_KEYS, 'listTasks page');
+  checkNameFilter(filter, 'listTasks filter');
   const limit = pageLimit(page.limit);
   if (filter.state) parseState(filter.state);
   const shape = listShape(filter.state);
@@ -418,17 +419,20 @@ export type TaskActionResult =
  * retryable task becomes due now (the leader's promotion appends it within a tick).
  */
 export async function retryTask(db: Queryable, schema: string, id: string): Promise<TaskActionResult> {
-  const storage = storageFor(schema);
-  const task = await getTaskIn(db, storage, id);
-  if (!task) return 'not_found';
-  if (task.state === 'dead') {
-    const [r] = await retryDeadLettersIn(db, storage, [id]);
-    return r?.result ?? 'not_found';
-  }
-  if (task.state === 'scheduled' || task.state === 'retryable') {
-    return (await makeDeferredDueNow(db, storage, id)) ? 'retried' : 'not_found';
-  }
-  return 'not_retryable';
+  taskId(id);
+  return orNotMigrated(schema, async () => {
+    const storage = storageFor(schema);
+    const task = await getTaskIn(db, storage, id);
+    if (!task) return 'not_found';
+    if (task.state === 'dead') {
+      const [r] = await retryDeadLettersIn(db, storage, [id]);
+      return r?.result ?? 'not_found';
+    }
+    if (task.state === 'scheduled' || task.state === 'retryable') {
+      return (await makeDeferredDueNow(db, storage, id)) ? 'retried' : 'not_found';
+    }
+    return 'not_retryable';
+  });
 }
 
 /** Who cancels: recorded on the cancelled settlement (and by `audited()` in the audit log). */
@@ -450,7 +454,8 @@ export async function cancelTask(
   id: string,
   options: CancelOptions = {},
 ): Promise<TaskActionResult> {
-  const r = await cancelTaskIds(db, storageFor(schema), [taskId(id)], options.actor ?? null);
+  taskId(id);
+  const r = await orNotMigrated(schema, () => cancelTaskIds(db, storageFor(schema), [id], options.actor ?? null));
   return r.get(id) ?? 'not_found';
 }
 
@@ -494,8 +499,18 @@ export async function cancelTasks(
   ] as const) {
     if (v !== undefined && v === '') throw new BerthInputError(`${name} must not be empty`);
   }
+  checkNameFilter(filter, 'cancelTasks filter');
   if (state === undefined && queue === undefined && type === undefined && all !== true)
     throw new BerthInputError('a bulk cancel needs a filter (state, queue, type) or all');
+  return orNotMigrated(schema, () => cancelMatching(db, storage, filter, options));
+}
+
+async function cancelMatching(
+  db: Queryable,
+  storage: Storage,
+  { state, queue, type }: CancelFilter,
+  options: CancelOptions & { onProgress?: (p: BulkProgress) => void },
+): Promise<BulkCancelResult> {
   const out: BulkCancelResult = { matched: 0, removed: 0, cancelled: 0, alreadySettled: 0 };
   let after: string | undefined;
   for (;;) {
@@ -518,9 +533,12 @@ export async function cancelTasks(
 
 /** Remove a task in any state but running: pending ones as cancel does, dead letters deleted (no record kept). */
 export async function deleteTask(db: Queryable, schema: string, id: string): Promise<TaskActionResult> {
-  const storage = storageFor(schema);
-  if (await deleteDeadLetter(db, storage, id)) return 'removed';
-  return removeUnleasedAs(db, storage, id, 'deleted');
+  taskId(id);
+  return orNotMigrated(schema, async () => {
+    const storage = storageFor(schema);
+    if (await deleteDeadLetter(db, storage, id)) return 'removed';
+    return removeUnleasedAs(db, storage, id, 'deleted');
+  });
 }
 
 async function removeUnleasedAs(

@@ -181,6 +181,16 @@ export function printTable(rows: readonly Record<string, unknown>[], columns: re
   for (const r of rows) say(line(columns.map((c) => cell(r[c]))));
 }
 
+/**
+ * The attempts column, one format in every command: attempts made (or, for one attempt in
+ * history, its number), a slash, and the attempt limit, `3/20`. The limit is `-` when the row
+ * does not know it: a task without a limit of its own runs under its type's, which only the
+ * workers' definitions hold, and attempt history keeps no limit.
+ */
+export function attemptsCell(attempts: number, limit: number | null | undefined): string {
+  return `${attempts}/${limit ?? '-'}`;
+}
+
 /** Seconds as a short human duration: 42s, 3m05s, 2h10m. */
 export function duration(seconds: number): string {
   const s = Math.round(seconds);

@@ -3,6 +3,7 @@ import { audited } from '../admin/audit.js';
 import { listDead, purgeDead, retryDead, type BulkResult, type DeadFilter } from '../admin/dead.js';
 import {
   actor,
+  attemptsCell,
   CliFailure,
   collect,
   common,
@@ -93,7 +94,11 @@ export function registerDeadCommands(program: Command): void {
         });
         if (opts.json) return printJson(page);
         printTable(
-          page.deadLetters.map((d) => ({ ...d, lastError: d.lastError?.split('\n')[0]?.slice(0, 70) })),
+          page.deadLetters.map((d) => ({
+            ...d,
+            attempts: attemptsCell(d.attempts, d.maxAttempts),
+            lastError: d.lastError?.split('\n')[0]?.slice(0, 70),
+          })),
           ['id', 'type', 'queue', 'attempts', 'diedAt', 'lastError'],
         );
         if (page.next) {

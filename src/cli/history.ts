@@ -10,7 +10,17 @@ import {
   type AttemptOutcome,
   type HistorySettings,
 } from '../storage/history.js';
-import { actor, common, type Common, intOption, nextPageCommand, printJson, printTable, withPool } from './common.js';
+import {
+  actor,
+  attemptsCell,
+  common,
+  type Common,
+  intOption,
+  nextPageCommand,
+  printJson,
+  printTable,
+  withPool,
+} from './common.js';
 import { escapeControl, say } from './terminal.js';
 
 const UNITS: Record<string, number> = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 };
@@ -76,7 +86,7 @@ export function registerHistoryCommands(program: Command): void {
     .description('attempts newest first, completed and failed alike; --after <cursor> for the next page')
     .option('--type <type>', 'only this task type')
     .option('--queue <name>', 'only this queue')
-    .option('--outcome <outcome>', 'success, failure, timeout, continued, cancelled or lost', parseOutcome)
+    .option('--outcome <outcome>', 'success, failure, timeout, continued, cancelled, lost or snoozed', parseOutcome)
     .option('--since <time>', 'settled at or after this time (ISO 8601)', timeArg)
     .option('--before <time>', 'settled before this time (ISO 8601)', timeArg)
     .option('--limit <n>', 'page size', intOption(1, 500), 50)
@@ -104,12 +114,14 @@ export function registerHistoryCommands(program: Command): void {
           printTable(
             page.attempts.map((a) => ({
               ...a,
+              // Attempt history keeps no limit: the column reads `3/-`, as the other lists do for a type's.
+              attempts: attemptsCell(a.attempt, null),
               ms: Math.round(a.durationMs),
               error:
                 (a.invalid ? '(malformed row) ' : '') +
                 (a.error ? escapeControl(a.error.message.split('\n')[0]!.slice(0, 60)) : ''),
             })),
-            ['id', 'attempt', 'outcome', 'type', 'queue', 'worker', 'settledAt', 'ms', 'error'],
+            ['id', 'attempts', 'outcome', 'type', 'queue', 'worker', 'settledAt', 'ms', 'error'],
           );
           if (page.next)
             say(

@@ -16,12 +16,12 @@ import { BerthInputError } from '../errors.js';
 import { enqueueUnchecked } from '../producer/enqueue.js';
 import { MAX_ATTEMPTS_LIMIT } from '../limits.js';
 import { attemptsOf } from '../storage/history.js';
-import type { ErrorDetail } from '../util/error-detail.js';
 import { getTask } from '../storage/tasks.js';
 import { moveTask } from '../storage/move.js';
 import { taskId } from '../storage/ids.js';
 import {
   actor,
+  attemptsCell,
   CliFailure,
   common,
   durationMs,
@@ -36,6 +36,7 @@ import {
 } from './common.js';
 import { escapeControl, jsonSafe, say } from './terminal.js';
 import { progressBar } from './progress.js';
+import { ErrorPrinter, timelineDetail } from './error-lines.js';
 
 function jsonPayload(text: string): unknown {
   try {
@@ -152,7 +153,7 @@ export function registerTaskCommands(program: Command): void {
           printTable(
             page.tasks.map((t) => ({
               ...t,
-              attempts: `${t.attempts}/${t.maxAttempts ?? '-'}`,
+              attempts: attemptsCell(t.attempts, t.maxAttempts),
               lastError: t.lastError?.split('\n')[0]?.slice(0, 60),
             })),
             ['id', 'type', 'state', 'queue', 'priority', 'attempts', 'runAt', 'lastError'],
@@ -176,7 +177,7 @@ export function registerTaskCommands(program: Command): void {
         if (opts.json) return printJson({ task, timeline });
         say(`task ${task.id}  ${escapeControl(task.type)}  ${task.state}`);
         say(
-          `queue ${escapeControl(task.queue)}  priority ${task.priority}  shard ${task.shard}  attempts ${task.attempts}/${task.maxAttempts ?? '(type default)'}`,
+          `queue ${escapeControl(task.queue)}  priority ${task.priority}  shard ${task.shard}  attempts ${attemptsCell(task.attempts, task.maxAttempts)}`,
         );
         if (task.dedupeKey) say(`dedupe key ${escapeControl(task.dedupeKey)}`);
         if (task.runAt) say(`due ${task.runAt.toISOString()}`);
@@ -191,24 +192,18 @@ export function registerTaskCommands(program: Command): void {
         if (task.result !== null) say(`result:\n${jsonSafe(JSON.stringify(task.result, null, 2))}`);
         const attempts = await attemptsOf(pool, opts.schema, id);
         if (attempts.length > 0) say('attempts:');
+        const errors = new ErrorPrinter();
         for (const a of attempts) {
           say(
             `  #${a.attempt}  ${a.outcome}${a.dead ? ' (dead-lettered)' : ''}  worker ${escapeControl(a.worker ?? '-')}  claimed ${a.claimedAt.toISOString()}  ${Math.round(a.durationMs)} ms${a.runMs !== null ? ` (handler ${a.runMs} ms)` : ''}`,
           );
           if (a.invalid) say(`    malformed row, shown as far as it reads: ${a.invalid.join('; ')}`);
           if (a.cursor !== null) say(`    cursor ${jsonSafe(JSON.stringify(a.cursor))}`);
-          for (
-            let e: ErrorDetail | undefined = a.error ?? undefined, prefix = 'error';
-            e;
-            e = e.cause, prefix = 'caused by'
-          ) {
-            say(`    ${prefix}: ${e.name ? `${e.name}: ` : ''}${e.message}`);
-            if (e.data) say(`    data: ${jsonSafe(e.data)}`);
-            if (e.stack) say(e.stack.replace(/^/gm, '      '));
-          }
+          for (const line of errors.lines(a.attempt, a.error)) say(line);
         }
         say('timeline:');
-        for (const e of timeline) say(`  ${e.at.toISOString()}  ${e.event}  ${jsonSafe(JSON.stringify(e.detail))}`);
+        for (const e of timeline)
+          say(`  ${e.at.toISOString()}  ${e.event}  ${jsonSafe(JSON.stringify(timelineDetail(e.detail)))}`);
       });
     });
 

@@ -184,7 +184,7 @@ export interface TaskList {
 /**
  * One attempt in attempt history (src/storage/history.ts `AttemptRecord`). Rows are read
  * defensively: what was wrong with one is named in `invalid`, so `outcome` is whatever the row
- * holds (berth writes success, failure, timeout, continued, cancelled, lost).
+ * holds (berth writes success, failure, timeout, continued, cancelled, lost, snoozed).
  */
 export interface Attempt {
   id: string;

@@ -130,7 +130,7 @@ function claimOneLaneStatement({ name, q: s }: Schema, w: RingWindow | undefined
      )
      SELECT l.slot, l.lane_id, l.from_seq::text AS lease_from, l.token::text AS token, l.types,
             ${NOW_MS_SQL} AS now_ms, k.queue, k.priority, k.shard,
-            (SELECT '[' || string_agg(${taskJsonSql('r', 'l')}, ',') || ']'
+            (SELECT '[' || string_agg(${taskJsonSql(s, 'r', 'l')}, ',') || ']'
                FROM picked r WHERE r.due_so_far AND r.in_lane_slot) AS tasks,
             -- The lane may hold due entries this claim left: it gave its whole share, or its due
             -- prefix ran into a later ring segment.

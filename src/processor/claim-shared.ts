@@ -116,6 +116,8 @@ export interface ClaimedTask extends AttemptRef {
   waitedSeconds: number;
   /** The producer's stored trace context (src/tracing.ts), or null when it enqueued untraced. */
   traceContext: string | null;
+  /** How many times the task has snoozed so far (its row in `snoozes`; 0 when none). */
+  snoozes: number;
 }
 
 /** What a claim stamps per type: the claiming worker's ceiling and attempt limit, else the defaults. */
@@ -164,27 +166,39 @@ export const NOW_MS_SQL = '(extract(epoch FROM now()) * 1000)::float8';
  * One task of lease `l` (its `types`) from the ready row aliased `r`, as one ClaimedJson text, for
  * string_agg(…, ','). Its order is the input's: each statement feeds it in lane order, and
  * leaseTasks checks (an ORDER BY inside the aggregate was a sort the executor set up per claim).
+ * `s` is the quoted schema.
+ *
+ * The task's snooze count (`ctx.snoozes`) is the one field not on the ready row: it lives in
+ * `snoozes`, one row per task that snoozed, which the leader's retention empties once those
+ * tasks are done. So it is read by a primary-key probe only when that table has a row at all: the
+ * EXISTS is uncorrelated, an InitPlan the executor runs once per claim, and with no snoozing task
+ * in the schema each task costs one test of its result. A count of 0 is not written.
  */
-export function taskJsonSql(r: string, l: string): string {
+export function taskJsonSql(s: string, r: string, l: string): string {
+  const snoozes = `CASE WHEN (SELECT EXISTS (SELECT 1 FROM ${s}.snoozes))
+                        THEN (SELECT z.snoozes FROM ${s}.snoozes z WHERE z.id = ${r}.id) END`;
   return `'["' || ${r}.lane_seq || '","' || ${r}.id || '",' || array_position(${l}.types, ${r}.type) || ','
             || (${r}.attempts + 1) || ',' || greatest(date_part('epoch', now() - ${r}.run_at), 0) || ','
             || ${r}.payload
             || CASE WHEN ${r}.max_attempts IS NULL AND ${r}.dedupe_key IS NULL AND ${r}.trace_context IS NULL
-                    THEN ']'
+                    THEN coalesce(',null,null,null,' || (${snoozes}), '') || ']'
                     ELSE ',' || coalesce(${r}.max_attempts::text, 'null') || ','
                          || coalesce(to_json(${r}.dedupe_key)::text, 'null') || ','
-                         || coalesce(to_json(${r}.trace_context)::text, 'null') || ']' END`;
+                         || coalesce(to_json(${r}.trace_context)::text, 'null')
+                         || coalesce(',' || (${snoozes}), '') || ']' END`;
 }
 
 /**
  * One task of a lease, in lane order: lane_seq and id (int8, as JSON strings: exact whatever
  * their size), its type's 1-based position in the lease's `types`, this attempt, seconds it had
  * been due, payload; then, only when one of them is set, its own attempt limit (null: the
- * type's), dedupe key and the producer's trace context.
+ * type's), dedupe key and the producer's trace context; then, only when the task has snoozed,
+ * its snooze count.
  */
 type ClaimedJson =
   | [string, string, number, number, number, unknown]
-  | [string, string, number, number, number, unknown, number | null, string | null, string | null];
+  | [string, string, number, number, number, unknown, number | null, string | null, string | null]
+  | [string, string, number, number, number, unknown, number | null, string | null, string | null, number];
 
 /** A key's part as it is ordered (the claim's order: priority, rank in lane, due time, lane). */
 interface Placed {
@@ -248,6 +262,7 @@ function leaseTasks(r: LeaseRow, terms: TypeTerms, placed: Placed[] | null): Cla
       leaseExpiresAt: expires[t]!,
       waitedSeconds: row[4],
       traceContext: row.length > 6 ? (row[8] ?? null) : null,
+      snoozes: row.length > 9 ? (row[9] ?? 0) : 0,
     };
     if (placed === null) out.push(task);
     else placed.push({ task, priority: r.priority, rank: i, waited: row[4] });

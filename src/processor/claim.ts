@@ -268,7 +268,7 @@ function claimLanesStatement({ name, q: s }: Schema, w: RingWindow | undefined) 
             -- (a prefix is contiguous in lane order; the same snapshot, the same tombstone check),
             -- so its tasks are one range read of the lane's index, in its order (the tombstone
             -- probe above the partitions, as in claimableEntries).
-            (SELECT '[' || string_agg(${taskJsonSql('r', 'l')}, ',') || ']'
+            (SELECT '[' || string_agg(${taskJsonSql(s, 'r', 'l')}, ',') || ']'
                FROM (SELECT r.* FROM ${s}.ready r
                       WHERE r.lane_id = l.lane_id AND r.slot = l.slot ${segmentFilter('r', w?.segments)}
                         AND r.lane_seq BETWEEN l.from_seq AND l.to_seq

@@ -117,6 +117,7 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     type: task.type,
     attempt: task.attempt,
     maxAttempts: task.maxAttempts,
+    snoozes: task.snoozes,
     lane: { queue: task.queue, priority: task.priority, shard: task.shard },
     deadline: new Date(deadline),
     logger: log,

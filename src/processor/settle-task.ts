@@ -82,7 +82,7 @@ function write(
     case 'return_unstarted':
       return handBack(deps, task, action.away);
     case 'snooze':
-      return snoozeIt(deps, task, action, log);
+      return snoozeIt(deps, task, action, runMs, log);
     case 'none':
       return Promise.resolve(NOTHING_WRITTEN);
   }
@@ -121,10 +121,19 @@ async function snoozeIt(
   deps: SettleDeps,
   task: ClaimedTask,
   action: Extract<SettleAction, { kind: 'snooze' }>,
+  runMs: number | null,
   log: Logger,
 ): Promise<SettleAnswer> {
   try {
-    const r = await snoozeLease(deps.write, deps.storage, task, action.delayMs, action.maxSnoozes, action.finalError);
+    const r = await snoozeLease(
+      deps.write,
+      deps.storage,
+      task,
+      action.delayMs,
+      action.maxSnoozes,
+      action.finalError,
+      runMs,
+    );
     if (r.wrote) {
       log.info(
         { snooze_ms: action.delayMs, snoozes: r.snoozes, refunded: r.refunded, dead: r.dead },

@@ -1,4 +1,4 @@
-import { BerthInputError, notMigrated } from '../errors.js';
+import { BerthInputError, notMigrated, orNotMigrated } from '../errors.js';
 import { readErrorDetail } from './attempt-read.js';
 import type { Queryable } from '../sql.js';
 import { positional, type Sql, sql } from '../statement.js';
@@ -7,7 +7,7 @@ import type { ErrorDetail } from '../util/error-detail.js';
 
 /**
  * Attempt history (migration 10): what every attempt was, written by the statement that settles
- * it (complete, Dequeue, fail, release, AdvanceCursor, rescue) as one more data-modifying CTE, so
+ * it (complete, Dequeue, fail, release, AdvanceCursor, snooze, rescue) as one more data-modifying CTE, so
  * it costs no round trip and is written exactly when the settlement wins its fence. Append-only
  * in a ring of partitions the leader truncates by age (`rotate_history`, maintenance/history.ts).
  * The schema's `history_state` says whether it is written and for how long it is kept; each
@@ -17,8 +17,11 @@ import type { ErrorDetail } from '../util/error-detail.js';
  * tasks as arrays. Everything else is one row per task, with its error or its cursor.
  */
 
-/** The outcome an attempt ended with: seed 000's six (`lost`: its lease lapsed and was rescued). */
-export type AttemptOutcome = 'success' | 'failure' | 'timeout' | 'continued' | 'cancelled' | 'lost';
+/**
+ * The outcome an attempt ended with: seed 000's six (`lost`: its lease lapsed and was rescued),
+ * and `snoozed` (the handler returned `snooze(ms)`).
+ */
+export type AttemptOutcome = 'success' | 'failure' | 'timeout' | 'continued' | 'cancelled' | 'lost' | 'snoozed';
 
 export const ATTEMPT_OUTCOMES: readonly AttemptOutcome[] = [
   'success',
@@ -27,6 +30,7 @@ export const ATTEMPT_OUTCOMES: readonly AttemptOutcome[] = [
   'continued',
   'cancelled',
   'lost',
+  'snoozed',
 ];
 
 const COLUMNS =
@@ -338,16 +342,18 @@ export async function setHistorySettings(
   const ms = change.retentionMs;
   if (ms !== undefined && (typeof ms !== 'number' || !Number.isFinite(ms) || ms < MIN_HISTORY_RETENTION_MS))
     throw new BerthInputError(`history retentionMs must be a number of milliseconds >= ${MIN_HISTORY_RETENTION_MS}`);
-  await db.query(
-    storageFor(schema)
-      .statement('set-history-settings', ({ q: s }) =>
-        positional(
-          `UPDATE ${s}.history_state
+  await orNotMigrated(schema, () =>
+    db.query(
+      storageFor(schema)
+        .statement('set-history-settings', ({ q: s }) =>
+          positional(
+            `UPDATE ${s}.history_state
         SET enabled = coalesce($1::boolean, enabled), retention_ms = coalesce($2::float8, retention_ms)`,
-          ['enabled', 'retentionMs'],
-        ),
-      )
-      .query({ enabled: change.enabled ?? null, retentionMs: ms ?? null }),
+            ['enabled', 'retentionMs'],
+          ),
+        )
+        .query({ enabled: change.enabled ?? null, retentionMs: ms ?? null }),
+    ),
   );
   return readHistorySettings(db, schema);
 }

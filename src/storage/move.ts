@@ -1,9 +1,10 @@
-import { BerthInputError } from '../errors.js';
+import { BerthInputError, orNotMigrated } from '../errors.js';
 import { checkKeys, checkText, MAX_QUEUE_BYTES } from '../limits.js';
 import { READ_COMMITTED_REQUIRED, readCommittedOnly, type Queryable } from '../sql.js';
 import { positional } from '../statement.js';
 import { storageFor, type Storage } from './storage.js';
 import { getTaskIn } from './tasks.js';
+import { taskId } from './ids.js';
 
 const MOVE_KEYS: ReadonlySet<string> = new Set(['queue', 'priority']);
 
@@ -20,7 +21,8 @@ export async function moveTask(
   id: string,
   to: { queue?: string; priority?: number },
 ): Promise<MoveResult> {
-  return moveTaskIn(db, storageFor(schema), id, to);
+  taskId(id);
+  return orNotMigrated(schema, () => moveTaskIn(db, storageFor(schema), id, to));
 }
 
 /** moveTask on a bound storage. */

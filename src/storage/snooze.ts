@@ -1,6 +1,7 @@
 import type { Queryable, Schema } from '../sql.js';
 import { compile, p, sql } from '../statement.js';
 import type { AttemptRef } from './attempt.js';
+import { perTaskHistory, runMsValue } from './history.js';
 import { entryArgs, settleAndMove, settleOneEntry } from './settle-tail.js';
 import type { Storage } from './storage.js';
 
@@ -22,6 +23,8 @@ export interface SnoozeResult {
  * attempt the claim burnt is given back (the snooze does not consume an attempt); past it the
  * attempt is kept, so the attempt limit bounds the task again and it dead-letters on its final
  * attempt with `finalError` (seed 000: a refund without a bound would make a task immortal).
+ * Attempt history gets the run as outcome `snoozed` (its handler's `runMs`), in the same
+ * statement, as every other settlement writes its own.
  */
 export async function snoozeLease(
   write: Queryable,
@@ -30,6 +33,7 @@ export async function snoozeLease(
   delayMs: number,
   maxSnoozes: number,
   finalError: string,
+  runMs: number | null = null,
 ): Promise<SnoozeResult> {
   const res = await write.query<{ wrote: boolean; snoozes: number | null; refunded: boolean; dead: boolean }>(
     storage.statement('snooze', snoozeStatement).query({
@@ -37,6 +41,7 @@ export async function snoozeLease(
       delayMs: Math.max(0, delayMs),
       maxSnoozes,
       finalError,
+      runMs: runMsValue(runMs),
     }),
   );
   const row = res.rows[0]!;
@@ -63,9 +68,16 @@ function snoozeStatement({ q: s }: Schema) {
               CASE WHEN NOT ${within} AND x.attempt >= x.max_attempts THEN ${p('finalError')} ELSE x.last_error END AS last_error,
               x.created_at, x.claimed_at AS last_attempted_at, x.trace_context,
               (NOT ${within} AND x.attempt >= x.max_attempts) AS dead,
-              c.snoozes, ${within} AS refunded
+              c.snoozes, ${within} AS refunded, x.attempt AS attempt_no, x.lane_id, x.worker
          FROM lease x JOIN counted c ON c.id = x.id
-     ), ${settleAndMove(s, sql`now() + make_interval(secs => ${p('delayMs')}::float8 / 1000.0)`)}
+     ), ${settleAndMove(s, sql`now() + make_interval(secs => ${p('delayMs')}::float8 / 1000.0)`)}, hist AS (${perTaskHistory(
+       s,
+       // The attempt number the run had, refunded or not: history shows the run as it was.
+       sql`SELECT id, 'snoozed' AS outcome, lane_id, type, worker, last_attempted_at AS claimed_at,
+               attempt_no AS attempt, created_at, ${p('runMs')}::integer AS run_ms,
+               CASE WHEN dead THEN jsonb_build_object('message', last_error) END AS error, NULL::jsonb AS cursor, dead
+          FROM src`,
+     )})
      SELECT EXISTS (SELECT 1 FROM won) AS wrote, (SELECT snoozes FROM src) AS snoozes,
             coalesce((SELECT refunded FROM src), false) AS refunded,
             coalesce((SELECT dead FROM src), false) AS dead`,

@@ -7,11 +7,16 @@ import type { View } from '../view.js';
 import { badge, table, taskLink, when } from '../widgets.js';
 import type { AttemptList } from '../../wire.js';
 
-const OUTCOMES = ['success', 'failure', 'timeout', 'continued', 'cancelled', 'lost'];
+const OUTCOMES = ['success', 'failure', 'timeout', 'continued', 'cancelled', 'lost', 'snoozed'];
 
 /** How an outcome is drawn: failures stand out, successes do not. */
 export function outcomeBadge(outcome: string, dead: boolean): HTMLSpanElement {
-  const kind = outcome === 'success' ? 'ok' : outcome === 'continued' || outcome === 'cancelled' ? 'waiting' : 'dead';
+  const kind =
+    outcome === 'success'
+      ? 'ok'
+      : outcome === 'continued' || outcome === 'cancelled' || outcome === 'snoozed'
+        ? 'waiting'
+        : 'dead';
   return badge(dead ? `${outcome} · dead` : outcome, kind);
 }
 
