@@ -8,7 +8,8 @@ import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import pg from 'pg';
-import { defineTask, enqueue, grantRuntimeRole } from '../src/index.js';
+import { defineTask, enqueue, grantRuntimeRole, migrate } from '../src/index.js';
+import { MIGRATIONS } from '../src/schema/migrations.js';
 import { runDueTasks } from '../src/testing-api.js';
 import { wakeChannel } from '../src/sql.js';
 import { DATABASE_URL, freshSchema, urlAs, waitFor } from './helpers.js';
@@ -366,3 +367,40 @@ for (const level of ['READ COMMITTED', 'REPEATABLE READ', 'SERIALIZABLE']) {
     );
   });
 }
+
+test('migration 23 gives add_task and add_tasks to every role that could run enqueue() before it', async (t) => {
+  const role = `berth_sqlenq_old_${process.pid}`;
+  const old = `t_sql_enqueue_pre23_${process.pid}`;
+  const O = `"${old}"`;
+  await pool.query(`DROP SCHEMA IF EXISTS ${O} CASCADE`);
+  await pool.query(`DROP ROLE IF EXISTS "${role}"`);
+  await pool.query(`CREATE ROLE "${role}" LOGIN`);
+  t.after(async () => {
+    await pool.query(`DROP SCHEMA IF EXISTS ${O} CASCADE`);
+    await pool.query(`DROP OWNED BY "${role}"`).catch(() => undefined);
+    await pool.query(`DROP ROLE IF EXISTS "${role}"`);
+  });
+  // The schema as migration 22 left it, with a producer's grant of that version.
+  await pool.query(`CREATE SCHEMA ${O}`);
+  await pool.query(`CREATE TABLE ${O}.schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
+                      applied_at timestamptz NOT NULL DEFAULT now(), checksum text)`);
+  for (const m of MIGRATIONS.filter((x) => x.version <= 22)) {
+    await pool.query(m.sql(old));
+    await pool.query(`INSERT INTO ${O}.schema_migrations (version, name) VALUES ($1, $2)`, [m.version, m.name]);
+  }
+  await pool.query(`GRANT USAGE ON SCHEMA ${O} TO "${role}"`);
+  await pool.query(
+    `GRANT EXECUTE ON FUNCTION ${O}.enqueue(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[],
+       integer[], text[], text) TO "${role}"`,
+  );
+  await migrate({ connectionString: DATABASE_URL, schema: old });
+  const p = new pg.Pool({ connectionString: urlAs(role), max: 1 });
+  try {
+    const id = await p.query(`SELECT ${O}.add_task('old_role') AS id`);
+    assert.match(String(id.rows[0].id), /^\d+$/);
+    const rows = await p.query(`SELECT state FROM ${O}.add_tasks('[{"type":"old_role"}]')`);
+    assert.deepEqual(rows.rows, [{ state: 'ready' }]);
+  } finally {
+    await p.end();
+  }
+});
