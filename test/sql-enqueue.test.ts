@@ -9,10 +9,9 @@ import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import pg from 'pg';
 import { defineTask, enqueue, grantRuntimeRole, migrate } from '../src/index.js';
-import { MIGRATIONS } from '../src/schema/migrations.js';
 import { runDueTasks } from '../src/testing-api.js';
 import { wakeChannel } from '../src/sql.js';
-import { DATABASE_URL, freshSchema, urlAs, waitFor } from './helpers.js';
+import { DATABASE_URL, freshSchema, migrateUpTo, urlAs, waitFor } from './helpers.js';
 
 const run = promisify(execFile);
 const { schema, pool } = await freshSchema('sql_enqueue');
@@ -382,12 +381,7 @@ test('migration 23 gives add_task and add_tasks to every role that could run enq
   });
   // The schema as migration 22 left it, with a producer's grant of that version.
   await pool.query(`CREATE SCHEMA ${O}`);
-  await pool.query(`CREATE TABLE ${O}.schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
-                      applied_at timestamptz NOT NULL DEFAULT now(), checksum text)`);
-  for (const m of MIGRATIONS.filter((x) => x.version <= 22)) {
-    await pool.query(m.sql(old));
-    await pool.query(`INSERT INTO ${O}.schema_migrations (version, name) VALUES ($1, $2)`, [m.version, m.name]);
-  }
+  await migrateUpTo(pool, old, 22);
   await pool.query(`GRANT USAGE ON SCHEMA ${O} TO "${role}"`);
   await pool.query(
     `GRANT EXECUTE ON FUNCTION ${O}.enqueue(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[],
