@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
 # Test prerequisites that npm does not install: promtool (Debian package `prometheus`; the alert
 # rule tests run `promtool check rules` / `promtool test rules`), chromium (the dashboard's
-# browser tests) and pg_dump (Debian package `postgresql-client`, or $PG_DUMP; the schema dump
-# test). Does nothing when all are there. As root with apt-get, installs what is
-# missing; otherwise prints what to install and exits 1. `apt-get update` runs only when the
-# install fails without it (a machine whose package lists are fresh enough skips it).
+# browser tests), pg_dump (Debian package `postgresql-client`, or $PG_DUMP; the schema dump
+# test) and Python's psycopg (Debian package `python3-psycopg`, for $PYTHON, /usr/bin/python3 or
+# python3; the SQL enqueue test calls add_task from Python). Does nothing when all are there. As
+# root with apt-get, installs what is missing; otherwise prints what to install and exits 1.
+# `apt-get update` runs only when the install fails without it (a machine whose package lists are
+# fresh enough skips it).
 set -euo pipefail
 
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v "${PG_DUMP:-pg_dump}" >/dev/null 2>&1 || missing+=(postgresql-client)
+# The Debian package serves the system Python, which may not be the first python3 on PATH.
+has_psycopg() {
+  local py
+  for py in "${PYTHON:-}" /usr/bin/python3 python3; do
+    [ -n "$py" ] && "$py" -c 'import psycopg' >/dev/null 2>&1 && return 0
+  done
+  return 1
+}
+has_psycopg || missing+=(python3-psycopg)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
@@ -39,3 +50,7 @@ for tool in promtool chromium "${PG_DUMP:-pg_dump}"; do
     exit 1
   fi
 done
+if ! has_psycopg; then
+  echo "test-prereqs: no python3 can import psycopg after the install" >&2
+  exit 1
+fi

@@ -42,6 +42,7 @@ export {
   type CheckedTaskSpec,
   type CheckedTaskSpecs,
 } from './producer/enqueue.js';
+export { enqueueSql, type SqlCall } from './producer/enqueue-sql.js';
 export {
   defineTaskType,
   implement,

@@ -1,6 +1,7 @@
 import pg from 'pg';
 import { after } from 'node:test';
 import { migrate } from '../src/index.js';
+import { MIGRATIONS } from '../src/schema/migrations.js';
 import type { BerthMetrics } from '../src/metrics/catalogue.js';
 import { createLogger, logLevel, type Logger } from '../src/logger.js';
 
@@ -178,4 +179,18 @@ export async function holdLaneLock(schema: string, lane: number): Promise<() => 
     await c.query('COMMIT');
     await c.end();
   };
+}
+
+/**
+ * A schema as an older berth left it, for upgrade tests: `schema_migrations` and the migrations up
+ * to `version`, run as they are (no checksum recorded, as before checksums). The schema exists.
+ */
+export async function migrateUpTo(db: pg.ClientBase | pg.Pool, schema: string, version: number): Promise<void> {
+  const s = quoteIdent(schema);
+  await db.query(`CREATE TABLE ${s}.schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
+                    applied_at timestamptz NOT NULL DEFAULT now(), checksum text)`);
+  for (const m of MIGRATIONS.filter((x) => x.version <= version)) {
+    await db.query(m.sql(schema));
+    await db.query(`INSERT INTO ${s}.schema_migrations (version, name) VALUES ($1, $2)`, [m.version, m.name]);
+  }
 }

@@ -23,7 +23,6 @@ import {
   rotateRing,
 } from '../src/maintenance-api.js';
 import { claim } from '../src/processor/claim.js';
-import { MIGRATIONS } from '../src/schema/migrations.js';
 import { claimParams } from './claim-params.js';
 import { LEADER_LOCK, schemaLockKey } from '../src/storage/locks.js';
 import { clearOverdueLease, overdueMarks, protectOverdueLease, refreshOverdueLeases } from '../src/storage/overdue.js';
@@ -39,6 +38,7 @@ import {
   DATABASE_URL,
   expectOutcome,
   FAST_MAINTENANCE,
+  migrateUpTo,
   waitFor,
   urlAs,
 } from './helpers.js';
@@ -629,12 +629,7 @@ test('migration 7 turns a runtime role of the old single grant into a worker rol
   try {
     await admin.query(`CREATE SCHEMA ${L} AUTHORIZATION "${owner}"`);
     // The schema as berth left it before the split (migrations up to 5), with the old grant.
-    await o.query(`CREATE TABLE ${L}.schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
-                     applied_at timestamptz NOT NULL DEFAULT now(), checksum text)`);
-    for (const m of MIGRATIONS.filter((x) => x.version <= 5)) {
-      await o.query(m.sql(legacySchema));
-      await o.query(`INSERT INTO ${L}.schema_migrations (version, name) VALUES ($1, $2)`, [m.version, m.name]);
-    }
+    await migrateUpTo(o, legacySchema, 5);
     await o.query(`GRANT USAGE ON SCHEMA ${L} TO "${legacy}"`);
     await o.query(`GRANT EXECUTE ON FUNCTION ${L}.promote_lane(text, smallint, smallint, integer) TO "${legacy}"`);
     await o.query(`GRANT SELECT, TRUNCATE ON ${L}."ready_0", ${L}."leases_15", ${L}."tombstones_7" TO "${legacy}"`);

@@ -132,6 +132,23 @@ export async function enqueueUnchecked(
 }
 
 /**
+ * One task checked and resolved as `enqueue` checks it (its options, its payload against the
+ * definition's schema, every limit), without a database: `enqueueSql` binds what this returns.
+ * `what` names the caller in an unknown-option error.
+ */
+export async function resolveEnqueue(
+  type: string | TaskTypeLike<unknown>,
+  payload: unknown,
+  options: EnqueueOptions,
+  what: string,
+): Promise<{ spec: ResolvedTaskSpec; schema: string }> {
+  checkKeys(options, OPTION_KEYS, what);
+  const { schema, ...rest } = options;
+  const [spec] = await resolveTaskSpecs([{ ...rest, type, payload }]);
+  return { spec: spec!, schema: schema ?? ENQUEUE_DEFAULTS.schema };
+}
+
+/**
  * Enqueue a batch: one statement per lane (and per 5 000 rows or 16 M characters of payload
  * JSON), results in input order.
  */
@@ -329,7 +346,7 @@ function column<T>(chunk: readonly ResolvedTaskSpec[], pick: (c: ResolvedTaskSpe
 }
 
 /** A TaskSpec with every default filled in and every value checked: what the statement binds. */
-interface ResolvedTaskSpec {
+export interface ResolvedTaskSpec {
   index: number;
   type: string;
   json: string;

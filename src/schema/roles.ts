@@ -4,7 +4,7 @@ import { RING_SLOTS } from './migrations.js';
 /**
  * What a runtime role may do, by kind:
  *
- * - `producer`: enqueue (the `enqueue` definer function) and read task state (`getTask`'s
+ * - `producer`: enqueue (the `enqueue` definer function, and `add_task` / `add_tasks`) and read task state (`getTask`'s
  *   SELECTs). Nothing else: no claim, no settlement, no ring or lane writes, no heartbeats.
  * - `worker`: everything a Worker and the maintenance leader run (claim, settle, heartbeat,
  *   promotion, rescue, ring rotation and prune, retention, gauges), plus what a producer may do.
@@ -32,6 +32,14 @@ const ENQUEUE = 'enqueue(text, smallint, smallint, smallint, text[], jsonb[], ti
 /** The enqueue before migration 12 (no trace context), kept for producers of the previous version during a deploy. */
 const ENQUEUE_BEFORE_13 =
   'enqueue(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[], integer[], text[])';
+/**
+ * The documented SQL doors to enqueue (migration 23): users call them from triggers, psql, other
+ * languages and ORMs, under either role. They go through `enqueue()` as the owner.
+ */
+const ADD_TASK = [
+  'add_task(text, jsonb, text, timestamptz, integer, text, integer, interval, integer, integer)',
+  'add_tasks(jsonb)',
+] as const;
 
 /**
  * The definer functions a worker calls. Not granted to anyone: `append_ready` (only ever called
@@ -42,6 +50,7 @@ const WORKER_FUNCTIONS = [
   'provision_lane(text, smallint, smallint)',
   ENQUEUE,
   ENQUEUE_BEFORE_13,
+  ...ADD_TASK,
   'promote_lane(text, smallint, smallint, integer)',
   'remove_unleased(bigint, text)',
   'move_task(bigint, text, smallint)',
@@ -80,7 +89,10 @@ function ringPartitions(s: string, tables: readonly string[]): string {
 function producerGrants(s: string): Grant[] {
   return [
     { privileges: 'USAGE', on: `SCHEMA ${s}` },
-    { privileges: 'EXECUTE', on: `FUNCTION ${s}.${ENQUEUE}, ${s}.${ENQUEUE_BEFORE_13}` },
+    {
+      privileges: 'EXECUTE',
+      on: `FUNCTION ${[ENQUEUE, ENQUEUE_BEFORE_13, ...ADD_TASK].map((f) => `${s}.${f}`).join(', ')}`,
+    },
     {
       privileges: 'SELECT',
       on: [

@@ -1,0 +1,44 @@
+import { checkSchemaName } from '../limits.js';
+import { addTaskStatement } from '../storage/add-task.js';
+import { storageFor } from '../storage/storage.js';
+import type { TaskPayload, TaskTypeLike, TaskTypeName } from '../task-type.js';
+import { ENQUEUE_DEFAULTS, type EnqueueOptions, resolveEnqueue, type TaskTypeRef } from './enqueue.js';
+
+/** A parameterised statement (`$1` … `$n`) and its values, for any PostgreSQL executor. */
+export interface SqlCall {
+  text: string;
+  values: (string | number | null)[];
+}
+
+/**
+ * The SQL call of `add_task()` that enqueues this task, checked as `enqueue` checks it (the
+ * payload against the definition's schema, every option and limit; an unknown option is an
+ * error), for executors berth does not know: postgres.js `sql.unsafe(text, values)`, Prisma
+ * `$queryRawUnsafe(text, ...values)`, Kysely's and Drizzle's raw SQL. Running it returns one row
+ * with `id`: the new task's id, or null when the dedupe key is held by a live task. The task is
+ * not traced (`enqueue` stores the caller's trace context; this call carries none).
+ */
+export function enqueueSql<P>(type: TaskTypeLike<P>, payload: NoInfer<P>, options?: EnqueueOptions): Promise<SqlCall>;
+export function enqueueSql<T extends TaskTypeName>(
+  type: T,
+  payload: TaskPayload<T>,
+  options?: EnqueueOptions,
+): Promise<SqlCall>;
+export async function enqueueSql(type: TaskTypeRef, payload: unknown, options: EnqueueOptions = {}): Promise<SqlCall> {
+  const { spec, schema } = await resolveEnqueue(type, payload, options, 'enqueueSql options');
+  const statement = storageFor(checkSchemaName(schema, 'enqueueSql')).statement('add-task', addTaskStatement);
+  const { text, values } = statement.query({
+    type: spec.type,
+    payload: spec.json,
+    queue: spec.queue,
+    runAt: spec.runAt === null ? null : spec.runAt.toISOString(),
+    priority: spec.priority,
+    dedupeKey: spec.dedupeKey,
+    maxAttempts: spec.maxAttempts,
+    delayMs: spec.delay,
+    shard: spec.shard,
+    // NULL is add_task's default (the client's): only a shard count that differs is sent.
+    shards: spec.shards === ENQUEUE_DEFAULTS.shards ? null : spec.shards,
+  });
+  return { text, values: values as SqlCall['values'] };
+}
