@@ -35,6 +35,13 @@ export type TaskTypeName = [keyof TaskRegistry] extends [never] ? string : Extra
 export type TaskPayload<T extends string> = T extends keyof TaskRegistry ? TaskRegistry[T] : unknown;
 
 /**
+ * The payload type of a task type given either way: a name (the registry's entry, see
+ * TaskPayload) or a definition (its payload type). What `enqueue` and `enqueueMany` compute the
+ * payload parameter from.
+ */
+export type PayloadOf<T> = T extends string ? TaskPayload<T> : T extends TaskTypeLike<infer P> ? P : never;
+
+/**
  * What `enqueue` reads of a definition: its name, the schema its payload is checked against,
  * the queue it routes to and the attempts it stamps. A TaskType and a TaskDefinition are both one.
  */

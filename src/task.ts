@@ -18,7 +18,7 @@ import {
  * logger, and the two queue writes a handler may make (`advanceCursor`, `dequeue`). `signal`
  * aborts at the lease's database-stamped expiry minus the margin (or when the worker stops).
  */
-export interface TaskContext<P> {
+export interface TaskContext<P = unknown> {
   readonly id: string;
   readonly type: string;
   /** This run's attempt, from 1. */

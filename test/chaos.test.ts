@@ -355,7 +355,14 @@ async function runScenario(s: Scenario): Promise<void> {
   const present = fleet.alive;
   // This scenario's runs: of the tasks it enqueued.
   const runs = () => runLog.read(fleet.runLogs).filter((r) => producer.ids.has(r.id));
-  const producer = new Producer(pool, schema, s.delayed ?? false, () => uncompleted(runs(), producer.ids).length);
+  // Typed: its last argument reads it, which TypeScript 5.x (and 7, depending on the order its
+  // parallel checkers reach it) cannot infer through.
+  const producer: Producer = new Producer(
+    pool,
+    schema,
+    s.delayed ?? false,
+    () => uncompleted(runs(), producer.ids).length,
+  );
   producer.start();
   let window: FaultWindow | null = null;
   let recovery: number | null = null;

@@ -40,7 +40,9 @@ import { DATABASE_URL } from './helpers.js';
 import { quoteIdent } from '../src/sql.js';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
-const tsc = join(root, 'node_modules', '.bin', 'tsc');
+// The TypeScript 7 compiler by its package's path: node_modules/.bin/tsc can be 5.9's, whose
+// npm alias (typescript5) has a bin of the same name (docs/architecture.md, "Code style").
+const tsc = join(root, 'node_modules', 'typescript', 'bin', 'tsc');
 const own = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { name: string; version: string };
 const tmp = mkdtempSync(join(tmpdir(), 'berth-package-'));
 const consumer = join(tmp, 'consumer');
@@ -449,7 +451,7 @@ describe('the npm package', { concurrency: true }, () => {
             files: [file],
           }),
         );
-        await run(tsc, ['-p', config], consumer);
+        await run(process.execPath, [tsc, '-p', config], consumer);
       }),
     );
   });

@@ -24,7 +24,9 @@ import { DATABASE_URL, scaled } from './helpers.js';
 import { quoteIdent } from '../src/sql.js';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
-const tsc = join(root, 'node_modules', '.bin', 'tsc');
+// The TypeScript 7 compiler by its package's path: node_modules/.bin/tsc can be 5.9's, whose
+// npm alias (typescript5) has a bin of the same name (docs/architecture.md, "Code style").
+const tsc = join(root, 'node_modules', 'typescript', 'bin', 'tsc');
 const DOCS = ['README.md', 'docs/testing.md', 'docs/configuration.md', 'docs/operations.md'];
 /** Liveness bound for one step on a loaded machine; never a timing assertion. */
 const STEP_MS = scaled(240_000);
@@ -131,7 +133,7 @@ describe('the examples in README.md and the docs', () => {
 
   test('every example type-checks', async () => {
     const out = await new Promise<string>((resolve) => {
-      execFile(tsc, ['-p', 'tsconfig.json'], { cwd: tmp, timeout: STEP_MS }, (err, stdout, stderr) =>
+      execFile(process.execPath, [tsc, '-p', 'tsconfig.json'], { cwd: tmp, timeout: STEP_MS }, (err, stdout, stderr) =>
         resolve(err ? `${stdout}${stderr}` || err.message : ''),
       );
     });

@@ -3,7 +3,7 @@ import { DEFAULT_SCHEMA, type Queryable, type Schema, statementName } from '../s
 import { positional } from '../statement.js';
 import { storageFor, type Storage } from '../storage/storage.js';
 import { validatePayload } from '../task.js';
-import type { TaskPayload, TaskTypeLike, TaskTypeName } from '../task-type.js';
+import type { PayloadOf, TaskTypeLike, TaskTypeName } from '../task-type.js';
 import { captureTraceContext } from '../tracing.js';
 import {
   checkInteger,
@@ -40,11 +40,29 @@ export interface EnqueueOptions {
   schema?: string;
 }
 
-export interface EnqueueResult {
-  /** The new task's id, or null when suppressed as a duplicate. */
-  id: string | null;
-  state: 'ready' | 'scheduled' | 'duplicate';
-  /** For a duplicate: the live task that holds the dedupe key. */
+/**
+ * What `enqueue` answers for one task, discriminated by `state`: a task written (`ready`: due
+ * now, in its lane; `scheduled`: due later) has its new id; one suppressed by its `dedupeKey`
+ * has none, and names the live task that holds the key.
+ */
+export type EnqueueResult = EnqueuedResult | DuplicateResult;
+
+/** A task written: its id. */
+export interface EnqueuedResult {
+  /** The new task's id. */
+  id: string;
+  state: 'ready' | 'scheduled';
+  duplicateOf?: undefined;
+}
+
+/** A task not written: a live task already holds its `dedupeKey`. */
+export interface DuplicateResult {
+  id: null;
+  state: 'duplicate';
+  /**
+   * The id of the live task that holds the dedupe key; undefined when that task finished between
+   * the refused insert and the lookup (the key is then free again).
+   */
   duplicateOf?: string;
 }
 
@@ -60,21 +78,17 @@ export interface TaskSpec<P = unknown> extends Omit<EnqueueOptions, 'schema'> {
 }
 
 /**
- * One entry of an `enqueueMany` batch as the compiler checks it: a definition's payload is the
- * definition's payload type; a name must be a registered one (any string while the registry is
- * empty), its payload the registry's. An entry typed only as a TaskSpec (a batch built in a
- * loop) is taken as it is.
+ * One entry of an `enqueueMany` batch whose task type is T, as the compiler checks it: its
+ * payload is T's (PayloadOf: a definition's payload type, or a registered name's), its options
+ * those of `enqueue` but `schema`.
  */
-export type CheckedTaskSpec<S> = S extends { type: infer T }
-  ? [T] extends [string]
-    ? Omit<EnqueueOptions, 'schema'> & { type: T & TaskTypeName; payload: TaskPayload<T> }
-    : [T] extends [TaskTypeLike<infer P>]
-      ? Omit<EnqueueOptions, 'schema'> & { type: T; payload: P }
-      : S
-  : never;
+export type CheckedTaskSpec<T> = Omit<EnqueueOptions, 'schema'> & { type: T; payload: NoInfer<PayloadOf<T>> };
 
-/** A batch checked entry by entry (see CheckedTaskSpec). */
-export type CheckedTaskSpecs<S extends readonly unknown[]> = readonly CheckedTaskSpec<S[number]>[];
+/**
+ * A batch checked entry by entry: T is the tuple of the entries' task types, inferred from their
+ * `type` fields, so each entry is checked against its own type (and an error points into it).
+ */
+export type CheckedTaskSpecs<T extends readonly unknown[]> = { readonly [K in keyof T]: CheckedTaskSpec<T[K]> };
 
 /** Every enqueue default in one place (docs/configuration.md); `maxAttempts` is resolved at claim. */
 export const ENQUEUE_DEFAULTS = Object.freeze({
@@ -93,23 +107,15 @@ export const CHUNK_JSON_CHARS = 16 * 1024 * 1024;
 /**
  * Enqueue one task with the caller's executor. Pass a client inside your transaction and the
  * task commits or rolls back with your business write; the wake NOTIFY fires only on commit.
+ *
+ * One signature, not an overload per kind of `type` (docs/architecture.md, "Typed enqueue"):
+ * the payload's type is computed from the first argument, so a wrong payload field or a
+ * misspelt option is reported at that field by TypeScript 7 as by 5.x.
  */
-export function enqueue<P>(
-  executor: Queryable,
-  type: TaskTypeLike<P>,
-  payload: NoInfer<P>,
-  options?: EnqueueOptions,
-): Promise<EnqueueResult>;
-export function enqueue<T extends TaskTypeName>(
+export function enqueue<T extends TaskTypeName | TaskTypeLike<unknown>>(
   executor: Queryable,
   type: T,
-  payload: TaskPayload<T>,
-  options?: EnqueueOptions,
-): Promise<EnqueueResult>;
-export function enqueue(
-  executor: Queryable,
-  type: TaskTypeRef,
-  payload: unknown,
+  payload: NoInfer<PayloadOf<T>>,
   options?: EnqueueOptions,
 ): Promise<EnqueueResult> {
   return enqueueUnchecked(executor, type, payload, options);
@@ -152,9 +158,9 @@ export async function resolveEnqueue(
  * Enqueue a batch: one statement per lane (and per 5 000 rows or 16 M characters of payload
  * JSON), results in input order.
  */
-export function enqueueMany<S extends readonly TaskSpec[]>(
+export function enqueueMany<T extends readonly (TaskTypeName | TaskTypeLike<unknown>)[] | []>(
   executor: Queryable,
-  tasks: S & CheckedTaskSpecs<S>,
+  tasks: CheckedTaskSpecs<T>,
   options: { schema?: string } = {},
 ): Promise<EnqueueResult[]> {
   return enqueueTasks(executor, tasks, options);
@@ -295,13 +301,14 @@ async function enqueueChunk(
   );
   const { ids, states } = res.rows[0]!;
   for (let i = 0; i < n; i++) {
-    // For a duplicate, the id is the live task's that holds the key (duplicate_of).
+    // A written task's id is its own; a duplicate's is the live task's that holds the key
+    // (duplicate_of), null when that task finished in between.
     const id = ids[i] ?? null;
     const state = states[i];
     results[chunk[i]!.index] =
       state === 'd'
         ? { id: null, state: 'duplicate', duplicateOf: id ?? undefined }
-        : { id, state: state === 'r' ? 'ready' : 'scheduled' };
+        : { id: id!, state: state === 'r' ? 'ready' : 'scheduled' };
   }
 }
 
