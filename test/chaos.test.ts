@@ -17,7 +17,7 @@
  *   deadline (a starved process on a loaded machine) is explained too, but counted apart (`late`);
  * - throughput recovers: runs that started after the fault complete (the seconds until the first
  *   RECOVERY_RUNS of them are reported, never asserted).
- * It prints one row per scenario (docs/operations.md, "Chaos suite", keeps a copy).
+ * It prints one row per scenario (docs/architecture.md, "Chaos suite", keeps a copy).
  *
  *   node --import tsx --test test/chaos.test.ts
  */

@@ -375,3 +375,59 @@ test('secrets shorter than the documented minimum, and bad authLimits, are refus
     /backoffMs/,
   );
 });
+
+test('a script with the bearer token acts without a CSRF token, audited as the token; a cookie session without one is refused', async () => {
+  const url = await dashboard();
+  const bearer = { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/json' };
+  // What a script sends: no Origin, no Referer, no x-berth-csrf.
+  const ok = await call(`${url}api/queues/bearer-q/pause`, {
+    method: 'POST',
+    headers: bearer,
+    body: '{"reason":"deploy"}',
+  });
+  assert.equal(ok.status, 200, ok.body);
+  const audit = await pool.query(
+    `SELECT actor, action FROM ${schema}.audit_log WHERE action = 'queue.pause' AND target->>'queue' = 'bearer-q'`,
+  );
+  assert.deepEqual(audit.rows, [{ actor: 'dashboard:token', action: 'queue.pause' }]);
+  // A browser page that sends the bearer header itself is still held to this origin.
+  const foreign = await call(`${url}api/queues/bearer-q/resume`, {
+    method: 'POST',
+    headers: { ...bearer, origin: 'https://evil.example' },
+    body: '{}',
+  });
+  assert.equal(foreign.status, 403);
+  assert.match(JSON.parse(foreign.body).error, /cross-origin/);
+  const same = await call(`${url}api/queues/bearer-q/resume`, {
+    method: 'POST',
+    headers: { ...bearer, origin: new URL(url).origin },
+    body: '{}',
+  });
+  assert.equal(same.status, 200, same.body);
+
+  // A login session is a cookie, which a browser sends by itself: it still needs the token.
+  const login = await call(`${url}login`, { method: 'POST', headers: FORM, body: `token=${TOKEN}` });
+  const cookie = String(login.headers['set-cookie']).split(';')[0] ?? '';
+  const json = { cookie, 'content-type': 'application/json' };
+  const refused = await call(`${url}api/queues/cookie-q/pause`, { method: 'POST', headers: json, body: '{}' });
+  assert.equal(refused.status, 403);
+  assert.match(JSON.parse(refused.body).error, /x-berth-csrf/);
+  // Basic credentials are remembered and resent by a browser too: they keep the CSRF check.
+  const viaBasic = await call(`${url}api/queues/cookie-q/pause`, {
+    method: 'POST',
+    headers: { authorization: basic('alice', USERS.alice), 'content-type': 'application/json' },
+    body: '{}',
+  });
+  assert.equal(viaBasic.status, 403);
+  const paused = await pool.query(
+    `SELECT count(*)::int AS n FROM ${schema}.audit_log WHERE target->>'queue' = 'cookie-q'`,
+  );
+  assert.equal(paused.rows[0].n, 0, 'nothing was done for the refused requests');
+  const csrf = JSON.parse((await call(`${url}api/session`, { headers: { cookie } })).body).csrf as string;
+  const withToken = await call(`${url}api/queues/cookie-q/pause`, {
+    method: 'POST',
+    headers: { ...json, 'x-berth-csrf': csrf },
+    body: '{}',
+  });
+  assert.equal(withToken.status, 200, withToken.body);
+});

@@ -35,6 +35,7 @@ const PAGES = [
   'docs/api.md',
   'docs/configuration.md',
   'docs/testing.md',
+  'docs/dashboard-api.md',
   'README.md',
 ];
 
@@ -66,6 +67,11 @@ const NOT_IN_REPOSITORY: ReadonlyMap<string, string> = new Map([
   // The files the README's program and testing.md's example test tell the reader to save.
   ['main.mts', "the reader's program"],
   ['receipts.test.mts', "the reader's test file"],
+  // The files of the README's "In your own project" (definitions.ts imported as definitions.js).
+  ['definitions.ts', "the reader's task definitions"],
+  ['definitions.js', "the reader's task definitions, as imported"],
+  ['checkout.ts', "the reader's producer"],
+  ['send-receipt.test.ts', "the reader's test file"],
 ]);
 
 /** What separates words in Markdown prose, tables and code spans. */

@@ -1,7 +1,10 @@
 /**
  * The published package, as a user gets it: `npm pack` from a copy of the project with no dist/
- * (so the tarball's dist/ proves `prepare` builds it), `npm install` of the tarball into a
+ * (so the tarball's dist/ proves `prepack` builds it), `npm install` of the tarball into a
  * fresh project, then
+ * - the packed package.json has no scripts (no `prepare` or `test`: npm asks the installing
+ *   project to review a dependency's `prepare`), no devDependencies and no `allowScripts`, the
+ *   install prints no warning about scripts, and the copy's own package.json is restored;
  * - the tarball holds dist/ (tsc's output and the dashboard's built client), README, LICENSE and
  *   package.json only, no source maps, and its dependencies are exactly the packages its code
  *   imports (nothing only the demo or tests use);
@@ -198,6 +201,9 @@ async function dropSchemas(): Promise<void> {
   for (const s of Object.values(schemas)) await admin.query(`DROP SCHEMA IF EXISTS ${quoteIdent(s)} CASCADE`);
 }
 
+/** What `npm install` of the tarball printed, warnings included. */
+let installOutput = '';
+
 describe('the npm package', { concurrency: true }, () => {
   before(async () => {
     await dropSchemas();
@@ -212,7 +218,11 @@ describe('the npm package', { concurrency: true }, () => {
       },
     });
     symlinkSync(join(root, 'node_modules'), join(project, 'node_modules'), 'dir');
+    const before = readFileSync(join(project, 'package.json'), 'utf8');
     await run('npm', ['pack', '--pack-destination', tmp, '--loglevel', 'warn'], project);
+    // prepack writes the published package.json and postpack puts the clone's back.
+    assert.equal(readFileSync(join(project, 'package.json'), 'utf8'), before, "the clone's package.json is restored");
+    assert.equal(existsSync(join(project, '.package.json.clone')), false);
     const tarball = readdirSync(tmp).find((f) => f.endsWith('.tgz'));
     assert.equal(tarball, `${own.name}-${own.version}.tgz`);
 
@@ -223,7 +233,7 @@ describe('the npm package', { concurrency: true }, () => {
       dependencies: Record<string, string>;
       devDependencies: Record<string, string>;
     };
-    await run(
+    const install = await run(
       'npm',
       [
         'install',
@@ -234,10 +244,11 @@ describe('the npm package', { concurrency: true }, () => {
         '--no-audit',
         '--no-fund',
         '--loglevel',
-        'error',
+        'warn',
       ],
       consumer,
     );
+    installOutput = `${install.stdout}${install.stderr}`;
   });
 
   after(async () => {
@@ -246,7 +257,7 @@ describe('the npm package', { concurrency: true }, () => {
     rmSync(tmp, { recursive: true, force: true });
   });
 
-  test('the tarball holds dist/, README, LICENSE and package.json only; no maps; its dependencies are what its code imports', () => {
+  test('the tarball holds dist/, README, LICENSE and package.json only; no maps, no scripts; its dependencies are what its code imports', () => {
     const files = filesUnder(installed);
     // The build is tsc's output, the migrations' .sql files (scripts/copy-sql.mjs) and the
     // dashboard's client (scripts/build-client.mjs): two bundles and a stylesheet.
@@ -308,6 +319,9 @@ describe('the npm package', { concurrency: true }, () => {
         assert.ok(files.includes(target.slice(2)), `${target} is shipped`);
     }
     assert.equal(manifest.license, 'MIT');
+    for (const field of ['scripts', 'devDependencies', 'allowScripts'])
+      assert.equal(field in manifest, false, `the packed package.json has no ${field} (only a clone uses them)`);
+    assert.doesNotMatch(installOutput, /script/i, 'installing the tarball prints no warning about scripts');
     assert.match(manifest.repository.url, /github\.com/);
     assert.match(manifest.homepage, /github\.com/);
 

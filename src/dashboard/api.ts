@@ -30,7 +30,7 @@ type Read = (
   params: string[],
   session: { principal: Principal; readOnly: boolean },
 ) => Promise<unknown>;
-/** An action: POST with the CSRF header, audited. */
+/** An action: POST (with the CSRF header when the credential is ambient: cookie, Basic, loopback), audited. */
 type Action = (c: ActionContext, params: string[], body: Body) => Promise<ActionAnswer>;
 
 interface Route {

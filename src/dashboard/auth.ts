@@ -13,8 +13,16 @@ import { hasAuth, isLoopbackHost, type DashboardAuth } from './options.js';
 export interface Principal {
   /** `dashboard:<basic user>`, `dashboard:token` or `dashboard:local`. */
   actor: string;
-  /** What a state-changing request must send as `x-berth-csrf`. */
+  /** What a state-changing request must send as `x-berth-csrf` (when `ambient`). */
   csrf: string;
+  /**
+   * Whether a browser sends this credential by itself, on a request another site's page makes
+   * (a session cookie, remembered Basic credentials, a loopback address): then a state-changing
+   * request must prove it comes from the dashboard's own page with the CSRF token. An
+   * `Authorization: Bearer` header is never ambient: only code that holds the token can send it,
+   * and a cross-origin page cannot even try without a CORS preflight the dashboard never grants.
+   */
+  ambient: boolean;
   /** Set when the request came with a login session cookie. */
   sessionId?: string;
 }
@@ -139,7 +147,7 @@ export class Authenticator {
       this.sessions.delete(sid);
       return null;
     }
-    return { actor: 'dashboard:token', csrf: session.csrf, sessionId: sid };
+    return { actor: 'dashboard:token', csrf: session.csrf, ambient: true, sessionId: sid };
   }
 
   private fromAuthorization(req: IncomingMessage, header: string): Principal | null {
@@ -177,7 +185,11 @@ export class Authenticator {
    * can never make the bearer's token; the names `token` and `local` are refused anyway).
    */
   private principal(kind: 'basic' | 'bearer' | 'local', actor: string): Principal {
-    return { actor, csrf: createHmac('sha256', this.secret).update(`${kind}\u0000${actor}`).digest('base64url') };
+    return {
+      actor,
+      csrf: createHmac('sha256', this.secret).update(`${kind}\u0000${actor}`).digest('base64url'),
+      ambient: kind !== 'bearer',
+    };
   }
 
   /** A new session id for a correct token from the login form; null otherwise (429 while limited). */
@@ -230,12 +242,15 @@ export function hostName(host: string | undefined): string {
 }
 
 /**
- * A state-changing request must carry the principal's CSRF token in `x-berth-csrf`, and its
- * Origin (or, without one, its Referer) must name this host when the browser sent one.
+ * A state-changing request with an ambient credential must carry the principal's CSRF token in
+ * `x-berth-csrf`; any state-changing request's Origin (or, without one, its Referer) must name
+ * this host when one was sent. A script calling with a bearer token sends neither header and
+ * needs no CSRF token; a browser page that sent the bearer header itself is still held to its
+ * origin.
  */
 export function checkCsrf(req: IncomingMessage, principal: Principal): void {
   const sent = req.headers['x-berth-csrf'];
-  if (typeof sent !== 'string' || !safeEqual(sent, principal.csrf)) {
+  if (principal.ambient && (typeof sent !== 'string' || !safeEqual(sent, principal.csrf))) {
     throw new HttpError(403, 'missing or wrong x-berth-csrf header (reload the page)');
   }
   checkSameOrigin(req);
