@@ -741,4 +741,7 @@ test('task results work under the grants: a worker role stores results with its 
   assert.equal((await getTask(poolP, schema, t.id!))?.result, null);
   await denied(poolP, `DELETE FROM ${S}.task_results`);
   await denied(poolP, `INSERT INTO ${S}.task_results (id, attempt, result) VALUES (1, 1, '1')`);
+  await denied(poolP, `UPDATE ${S}.task_results SET result = '2'`);
+  // The worker may update only what a completion's ON CONFLICT sets, never a row's task id.
+  await denied(poolB, `UPDATE ${S}.task_results SET id = id + 1`);
 });

@@ -1,6 +1,7 @@
 import { unstorableInJson } from '../limits.js';
 import type { ResultJson } from '../storage/results.js';
 import { isSnooze } from '../task.js';
+import { errorMessage } from '../util/error-detail.js';
 
 /** The default cap on a handler's result, as JSON in UTF-8 bytes (the worker's `resultMaxBytes`). */
 export const DEFAULT_RESULT_MAX_BYTES = 64 * 1024;
@@ -11,12 +12,50 @@ export const DEFAULT_RESULT_MAX_BYTES = 64 * 1024;
 export const MAX_RESULT_MAX_BYTES = 16 * 1024 * 1024;
 
 /**
- * berth's own answers: done (`'done'` or nothing), continue (`'continue'`), a snooze. Anything
- * else a handler returns is not an answer but its result: the task succeeds and the value is
- * stored with the completion (docs/architecture.md, "Where the seeds disagree").
+ * What a handler's returned value comes to. berth's own answers: done (`'done'` or nothing),
+ * `'continue'`, a snooze. Anything else is not an answer but the task's result: the task succeeds
+ * and the value is stored with the completion (docs/architecture.md, "Where the seeds
+ * disagree"), as `result` (its JSON; absent when there is nothing to store), or it cannot be
+ * stored (`error`, the attempt's failure).
  */
-export function isBerthAnswer(value: unknown): boolean {
-  return value === undefined || value === 'done' || value === 'continue' || isSnooze(value);
+export type HandlerReturn =
+  | { kind: 'done'; result?: ResultJson }
+  | { kind: 'continue' }
+  | { kind: 'snooze'; delayMs: number }
+  | { kind: 'unstorable'; error: string };
+
+const DONE: HandlerReturn = Object.freeze({ kind: 'done' });
+const CONTINUE: HandlerReturn = Object.freeze({ kind: 'continue' });
+
+/**
+ * Read a returned value once, and never throw: a Proxy whose traps throw (or throw only when read
+ * again), a revoked Proxy or a throwing getter is a failure of the attempt that says so, never a
+ * run that rejects (which would leave the settlement unwritten until rescue) or a second reading
+ * that disagrees with the first.
+ */
+export function readHandlerReturn(value: unknown, maxBytes: number): HandlerReturn {
+  if (value === undefined || value === 'done') return DONE;
+  if (value === 'continue') return CONTINUE;
+  try {
+    if (isSnooze(value)) return { kind: 'snooze', delayMs: value.delayMs };
+    const encoded = encodeResult(value, maxBytes);
+    if (!encoded.ok) return { kind: 'unstorable', error: encoded.error };
+    return encoded.json === null ? DONE : { kind: 'done', result: encoded.json };
+  } catch (err) {
+    return {
+      kind: 'unstorable',
+      error: `handler returned a value that could not be read (${reasonOf(err)}); a result must be a JSON value`,
+    };
+  }
+}
+
+/** What a thrown value says, even when reading it throws again. */
+function reasonOf(err: unknown): string {
+  try {
+    return errorMessage(err);
+  } catch {
+    return 'an error that could not be read';
+  }
 }
 
 /**
@@ -45,7 +84,7 @@ export function encodeResult(value: unknown, maxBytes: number): EncodedResult {
   } catch (err) {
     return {
       ok: false,
-      error: `handler returned ${describeHandlerResult(value)}, which is not JSON-serialisable (${(err as Error)?.message ?? String(err)}); a result must be a JSON value`,
+      error: `handler returned ${describeHandlerResult(value)}, which is not JSON-serialisable (${reasonOf(err)}); a result must be a JSON value`,
     };
   }
   if (json === undefined) {
@@ -76,8 +115,14 @@ export function describeHandlerResult(value: unknown): string {
   if (value === null) return 'null';
   if (typeof value === 'string') return JSON.stringify(value.length > 60 ? `${value.slice(0, 60)}…` : value);
   if (typeof value === 'object') {
-    const name = (value as object).constructor?.name ?? 'Object';
-    return `an object (${name})`;
+    // A Proxy's trap or a getter may throw, or hand back anything as the name.
+    let name: unknown;
+    try {
+      name = (value as object).constructor?.name;
+    } catch {
+      name = undefined;
+    }
+    return `an object (${typeof name === 'string' ? name : 'Object'})`;
   }
   if (typeof value === 'function') return 'a function';
   if (typeof value === 'symbol') return 'a symbol';

@@ -2,10 +2,9 @@ import type { Storage } from '../storage/storage.js';
 import { CancelAbort, DeadlineAbort, isPermanentError, ShutdownAbort } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { Queryable } from '../sql.js';
-import { checkPayload, isSnooze, type TaskContext, type AnyTaskDefinition, type PayloadCheck } from '../task.js';
+import { checkPayload, type TaskContext, type AnyTaskDefinition, type PayloadCheck } from '../task.js';
 import type { ClaimedTask } from './claim.js';
-import { encodeResult, isBerthAnswer } from './handler-result.js';
-import type { ResultJson } from '../storage/results.js';
+import { type HandlerReturn, readHandlerReturn } from './handler-result.js';
 import type { TaskRun } from './outcome-table.js';
 import type { DeadlineTimer, RunAbort } from './run-abort.js';
 import { advanceCursor } from '../storage/return.js';
@@ -138,22 +137,17 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
   const ctx = Object.defineProperty(fields, 'signal', SIGNAL) as typeof fields & TaskContext<unknown>;
   input.hooks?.handlerStarted();
   const started = performance.now();
-  let result: unknown;
-  let stored: ResultJson | null = null;
+  let returned: HandlerReturn | null = null;
   let error: unknown = null;
   let unstorable = false;
   try {
-    result = await def.handler(parsed.value, ctx);
     // A value other than berth's answers is the task's result (`handler: (p) => mailer.send(p)`
-    // succeeds): encoded here, on the handler's side of the settlement, so a value the
-    // completion could not write fails this attempt alone and never the flush it would join.
-    if (!isBerthAnswer(result)) {
-      const encoded = encodeResult(result, deps.resultMaxBytes);
-      if (encoded.ok) stored = encoded.json;
-      else {
-        unstorable = true;
-        error = new Error(encoded.error);
-      }
+    // succeeds): read once and encoded here, on the handler's side of the settlement, so a value
+    // the completion could not write fails this attempt alone and never the flush it would join.
+    returned = readHandlerReturn(await def.handler(parsed.value, ctx), deps.resultMaxBytes);
+    if (returned.kind === 'unstorable') {
+      unstorable = true;
+      error = new Error(returned.error);
     }
   } catch (err) {
     error = err ?? new Error('handler threw a nullish value');
@@ -179,7 +173,9 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     if (unstorable) return { kind: 'unstorable_result', error: message, detail, thrown: error, ...ran };
     return { kind: 'error', error: message, detail, permanent: isPermanentError(error), thrown: error, ...ran };
   }
-  if (isSnooze(result)) return { kind: 'snooze', delayMs: result.delayMs, ...ran };
-  if (result === 'continue') return { kind: 'continue', ...ran };
-  return stored === null ? { kind: 'done', ...ran } : { kind: 'done', result: stored, ...ran };
+  // Not null, not unstorable: the handler returned and no error was recorded.
+  const r = returned as Exclude<HandlerReturn, { kind: 'unstorable' }>;
+  if (r.kind === 'snooze') return { kind: 'snooze', delayMs: r.delayMs, ...ran };
+  if (r.kind === 'continue') return { kind: 'continue', ...ran };
+  return r.result === undefined ? { kind: 'done', ...ran } : { kind: 'done', result: r.result, ...ran };
 }

@@ -74,16 +74,25 @@ interface ResultEntry {
 
 const NO_RESULTS: readonly ResultEntry[] = Object.freeze([]);
 
-/** `results[i]` (the result of `refs[i]`, null: none) by ring segment; segments without one absent. */
+/**
+ * `results[i]` (the result of `refs[i]`, null: none) by ring segment; segments without one absent.
+ * An entry named twice keeps its first result: the completion settles it once, and two rows for
+ * one task id would make the result CTE's ON CONFLICT DO UPDATE touch a row twice, which fails
+ * the whole statement (21000) and every batch-mate's completion with it.
+ */
 function resultsBySegment(
   refs: readonly CompletableRef[],
   results: readonly (ResultJson | null)[],
 ): Map<number, ResultEntry[]> {
   const out = new Map<number, ResultEntry[]>();
+  const seen = new Set<string>();
   for (let i = 0; i < refs.length; i++) {
     const result = results[i];
     if (result == null) continue;
     const r = refs[i]!;
+    const key = `${r.segment}:${entryKey(r)}`;
+    if (seen.has(key)) continue;
+    seen.add(key);
     let inSegment = out.get(r.segment);
     if (!inSegment) {
       inSegment = [];
