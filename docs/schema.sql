@@ -4919,13 +4919,13 @@ CREATE INDEX attempt_history_0_bucket_idx ON berth.attempt_history_0 USING btree
 -- Name: attempt_history_cancelled_idx; Type: INDEX; Schema: berth; Owner: -
 --
 
-CREATE INDEX attempt_history_cancelled_idx ON ONLY berth.attempt_history USING btree (bucket) WHERE (outcome = 'cancelled'::text);
+CREATE INDEX attempt_history_cancelled_idx ON ONLY berth.attempt_history USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
 
 --
 -- Name: attempt_history_0_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
 --
 
-CREATE INDEX attempt_history_0_bucket_idx1 ON berth.attempt_history_0 USING btree (bucket) WHERE (outcome = 'cancelled'::text);
+CREATE INDEX attempt_history_0_bucket_idx1 ON berth.attempt_history_0 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
 
 --
 -- Name: attempt_history_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
@@ -4949,7 +4949,7 @@ CREATE INDEX attempt_history_1_bucket_idx ON berth.attempt_history_1 USING btree
 -- Name: attempt_history_1_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
 --
 
-CREATE INDEX attempt_history_1_bucket_idx1 ON berth.attempt_history_1 USING btree (bucket) WHERE (outcome = 'cancelled'::text);
+CREATE INDEX attempt_history_1_bucket_idx1 ON berth.attempt_history_1 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
 
 --
 -- Name: attempt_history_1_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
@@ -4967,7 +4967,7 @@ CREATE INDEX attempt_history_2_bucket_idx ON berth.attempt_history_2 USING btree
 -- Name: attempt_history_2_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
 --
 
-CREATE INDEX attempt_history_2_bucket_idx1 ON berth.attempt_history_2 USING btree (bucket) WHERE (outcome = 'cancelled'::text);
+CREATE INDEX attempt_history_2_bucket_idx1 ON berth.attempt_history_2 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
 
 --
 -- Name: attempt_history_2_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
@@ -4985,7 +4985,7 @@ CREATE INDEX attempt_history_3_bucket_idx ON berth.attempt_history_3 USING btree
 -- Name: attempt_history_3_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
 --
 
-CREATE INDEX attempt_history_3_bucket_idx1 ON berth.attempt_history_3 USING btree (bucket) WHERE (outcome = 'cancelled'::text);
+CREATE INDEX attempt_history_3_bucket_idx1 ON berth.attempt_history_3 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
 
 --
 -- Name: attempt_history_3_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
@@ -5003,7 +5003,7 @@ CREATE INDEX attempt_history_4_bucket_idx ON berth.attempt_history_4 USING btree
 -- Name: attempt_history_4_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
 --
 
-CREATE INDEX attempt_history_4_bucket_idx1 ON berth.attempt_history_4 USING btree (bucket) WHERE (outcome = 'cancelled'::text);
+CREATE INDEX attempt_history_4_bucket_idx1 ON berth.attempt_history_4 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
 
 --
 -- Name: attempt_history_4_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
@@ -5021,7 +5021,7 @@ CREATE INDEX attempt_history_5_bucket_idx ON berth.attempt_history_5 USING btree
 -- Name: attempt_history_5_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
 --
 
-CREATE INDEX attempt_history_5_bucket_idx1 ON berth.attempt_history_5 USING btree (bucket) WHERE (outcome = 'cancelled'::text);
+CREATE INDEX attempt_history_5_bucket_idx1 ON berth.attempt_history_5 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
 
 --
 -- Name: attempt_history_5_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
@@ -5039,7 +5039,7 @@ CREATE INDEX attempt_history_6_bucket_idx ON berth.attempt_history_6 USING btree
 -- Name: attempt_history_6_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
 --
 
-CREATE INDEX attempt_history_6_bucket_idx1 ON berth.attempt_history_6 USING btree (bucket) WHERE (outcome = 'cancelled'::text);
+CREATE INDEX attempt_history_6_bucket_idx1 ON berth.attempt_history_6 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
 
 --
 -- Name: attempt_history_6_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
@@ -5057,7 +5057,7 @@ CREATE INDEX attempt_history_7_bucket_idx ON berth.attempt_history_7 USING btree
 -- Name: attempt_history_7_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
 --
 
-CREATE INDEX attempt_history_7_bucket_idx1 ON berth.attempt_history_7 USING btree (bucket) WHERE (outcome = 'cancelled'::text);
+CREATE INDEX attempt_history_7_bucket_idx1 ON berth.attempt_history_7 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
 
 --
 -- Name: attempt_history_7_settled_at_idx; Type: INDEX; Schema: berth; Owner: -

@@ -17,9 +17,11 @@ import {
   enqueue,
   getTask,
   listTasks,
+  retryTask,
   setHistorySettings,
   type TaskContext,
   Worker,
+  type WorkerOptions,
 } from '../src/index.js';
 import { rotateHistory } from '../src/maintenance-api.js';
 import { runDueTasks } from '../src/testing-api.js';
@@ -174,34 +176,46 @@ test('a retryable task cancelled: cancelled, its one failed attempt counted, the
   );
 });
 
-test('a running task cancelled: its handler aborted, cancelled with its actor and the attempt that ran', async () => {
-  const started: string[] = [];
-  let aborted = false;
-  const blocking = defineTask({
-    type: 'cs_running',
+/** A worker of one slot whose handler of `type` runs until its signal fires; counts starts and aborts. */
+function blockingWorker(type: string, maintenance: WorkerOptions['maintenance'] = false) {
+  const runs = { started: 0, aborted: 0 };
+  const def = defineTask({
+    type,
     ceilingMs: scaled(30_000),
     handler: async (_p: unknown, ctx: TaskContext<unknown>) => {
-      started.push(ctx.id);
+      runs.started++;
       await new Promise<void>((resolve) => ctx.signal.addEventListener('abort', () => resolve(), { once: true }));
-      aborted = true;
+      runs.aborted++;
       throw ctx.signal.reason;
     },
   });
-  const w = new Worker({
+  const worker = new Worker({
     connectionString: DATABASE_URL,
     schema,
-    tasks: [blocking],
+    tasks: [def],
     logger: testLogger,
     slots: 1,
-    maintenance: { ...FAST_MAINTENANCE, ringRotateAfterMs: 3_600_000 },
+    maintenance,
+  });
+  return { def, worker, runs };
+}
+
+test('a running task cancelled: its handler aborted, cancelled with its actor and the attempt that ran', async () => {
+  const {
+    def: blocking,
+    worker: w,
+    runs,
+  } = blockingWorker('cs_running', {
+    ...FAST_MAINTENANCE,
+    ringRotateAfterMs: 3_600_000,
   });
   await w.start();
   try {
     const { id } = await enqueue(pool, blocking, {}, { schema });
-    await waitFor(() => started.length === 1, scaled(20_000), 'the handler to start');
+    await waitFor(() => runs.started === 1, scaled(20_000), 'the handler to start');
     assert.equal((await getTask(pool, schema, id!))?.state, 'running');
     assert.equal(await cancelTask(pool, schema, id!, { actor: 'dashboard:ops@example.com' }), 'cancelled');
-    await waitFor(() => aborted, scaled(20_000), 'the handler to be aborted');
+    await waitFor(() => runs.aborted === 1, scaled(20_000), 'the handler to be aborted');
     await expectCancelled(id!, { actor: 'dashboard:ops@example.com', attempts: 1, type: 'cs_running' });
     assert.deepEqual(
       (await attemptsOf(pool, schema, id!)).map((a) => [a.attempt, a.outcome, a.worker !== null]),
@@ -289,4 +303,35 @@ test("once attempt history's retention has rotated its cancel row away, a cancel
   assert.equal(await getTask(pool, schema, id!), null);
   assert.ok(!(await listTasks(pool, schema, { state: 'cancelled' }, { limit: 500 })).tasks.some((t) => t.id === id));
   assert.equal((await httpCall(`${await dashboard()}api/tasks/${id}`)).status, 404);
+});
+
+test("a run its worker's stop interrupted is recorded `cancelled` but is no cancel: the task runs again and never reads as cancelled", async () => {
+  const { def: interrupted, worker: w, runs } = blockingWorker('cs_interrupted');
+  await w.start();
+  const { id } = await enqueue(pool, interrupted, {}, { schema });
+  try {
+    await waitFor(() => runs.started === 1, scaled(20_000), 'the handler to start');
+  } finally {
+    await w.stop();
+  }
+  assert.deepEqual(
+    (await attemptsOf(pool, schema, id!)).map((a) => a.outcome),
+    ['cancelled'],
+  );
+  // Handed back due now (deferred, promoted by the leader), not cancelled.
+  assert.equal((await getTask(pool, schema, id!))?.state, 'retryable');
+  assert.ok(!(await listTasks(pool, schema, { state: 'cancelled' }, { limit: 500 })).tasks.some((t) => t.id === id));
+  // It runs again and completes; with its ring entries gone (as after the segments are
+  // reclaimed), attempt history says completed, not cancelled.
+  const done = defineTask({ type: 'cs_interrupted', ceilingMs: 30_000, handler: async () => undefined });
+  assert.equal(await retryTask(pool, schema, id!), 'retried');
+  const reports = await runDueTasks(pool, [done], { schema });
+  assert.equal(reports.find((r) => r.id === id)?.status, 'completed', JSON.stringify(reports));
+  await pool.query(`TRUNCATE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones`);
+  const t = await getTask(pool, schema, id!);
+  assert.equal(t?.state, 'completed', 'getTask');
+  assert.equal(t?.source, 'history');
+  assert.ok(!(await listTasks(pool, schema, { state: 'cancelled' }, { limit: 500 })).tasks.some((x) => x.id === id));
+  const all = await listTasks(pool, schema, {}, { limit: 500 });
+  assert.equal(all.tasks.find((x) => x.id === id)?.state, 'completed', JSON.stringify(all.tasks.slice(0, 3)));
 });

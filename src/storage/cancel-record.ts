@@ -32,3 +32,12 @@ export function cancelDetail(data: unknown): CancelDetail {
   const state = typeof o.state === 'string' && CANCELLED_WHILE.has(o.state) ? (o.state as CancelDetail['state']) : null;
   return { actor, state };
 }
+
+/**
+ * An operator's cancel row in attempt history (SQL, over the alias `h`): `cancel_tasks()` names
+ * its error `Cancel`. A worker records `cancelled` too, for a run its own stop interrupted and
+ * released (the task runs again), which is no cancel of the task. Written as migration 25's
+ * partial index `attempt_history_cancelled_idx` is, so a walk by bucket can use that index. Null
+ * when the row has no error (a stop's release may have none): say `IS TRUE` outside a WHERE.
+ */
+export const OPERATOR_CANCEL_ROW = `(h.outcome = 'cancelled' AND (h.error ->> 'name') = 'Cancel')`;

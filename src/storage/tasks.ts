@@ -4,7 +4,7 @@ import { positional } from '../statement.js';
 import { storageFor, type Storage } from './storage.js';
 import { taskId } from './ids.js';
 import { notMigrated } from '../errors.js';
-import { cancelDetail } from './cancel-record.js';
+import { cancelDetail, OPERATOR_CANCEL_ROW } from './cancel-record.js';
 
 export type TaskState = 'ready' | 'running' | 'completed' | 'scheduled' | 'retryable' | 'dead' | 'cancelled';
 
@@ -126,7 +126,8 @@ export async function getTaskIn(db: Queryable, storage: Storage, id: string): Pr
  * A task the queue's storage no longer holds, from its last attempt in attempt history: a
  * success (completed), an attempt that retired it (dead, the dead letter since purged), or a
  * cancel (cancelled, whether it was running or pending: `cancel_tasks()` records both). A task
- * removed any other way (deleted, or its last attempt a failure) is not found. A cancel row is
+ * removed any other way (deleted, or its last attempt a failure or a run its worker's stop
+ * interrupted, recorded `cancelled` but no cancel) is not found. An operator's cancel row is
  * preferred whatever its time: a cancelled task never runs again, so it is the last word even
  * when a failure it waited for carries a later transaction time. One probe of the history's
  * `bucket` index.
@@ -135,6 +136,7 @@ async function fromHistory(db: Queryable, storage: Storage, id: string): Promise
   const res = await db.query<{
     type: string;
     outcome: string;
+    cancel: boolean;
     dead: boolean;
     queue: string;
     priority: number;
@@ -147,12 +149,12 @@ async function fromHistory(db: Queryable, storage: Storage, id: string): Promise
     storage
       .statement('task-from-history', ({ q: s }) =>
         positional(
-          `SELECT h.type, h.outcome, h.dead, ln.queue, ln.priority, ln.shard, x.attempt, x.created_at, h.settled_at, h.error
+          `SELECT h.type, h.outcome, ${OPERATOR_CANCEL_ROW} IS TRUE AS cancel, h.dead, ln.queue, ln.priority, ln.shard, x.attempt, x.created_at, h.settled_at, h.error
        FROM ${s}.attempt_history h
        JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
       CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at) AS x(id, attempt, created_at)
       WHERE h.bucket = $1::bigint >> 10 AND $1::bigint = ANY (h.ids) AND x.id = $1::bigint
-      ORDER BY h.outcome = 'cancelled' DESC, h.settled_at DESC LIMIT 1`,
+      ORDER BY ${OPERATOR_CANCEL_ROW} IS TRUE DESC, h.settled_at DESC LIMIT 1`,
           ['id'],
         ),
       )
@@ -160,8 +162,7 @@ async function fromHistory(db: Queryable, storage: Storage, id: string): Promise
   );
   const h = res.rows[0];
   if (!h) return null;
-  const state =
-    h.outcome === 'success' ? 'completed' : h.outcome === 'cancelled' ? 'cancelled' : h.dead ? 'dead' : null;
+  const state = h.outcome === 'success' ? 'completed' : h.cancel ? 'cancelled' : h.dead ? 'dead' : null;
   if (state === null) return null;
   return {
     id,

@@ -22,14 +22,17 @@
 -- Which of a cancel and the holder's own settlement is written is unchanged: the running path
 -- is migration 20's, word for word but for the data's `state`.
 --
--- `attempt_history (bucket) WHERE outcome = 'cancelled'`: `listTasks({ state: 'cancelled' })`
--- walks cancels newest first by id and stops at its page; without it, the walk read every
--- history row past the page when few are cancels. Only cancel rows are in it, so the hot
--- settlements' inserts only test the predicate. Building it reads each history partition once
+-- An operator's cancel row is `outcome = 'cancelled' AND error ->> 'name' = 'Cancel'`: a worker
+-- records `cancelled` too, for a run that its own stop interrupted and released (migration 10;
+-- the task runs again), with the abort's error. `attempt_history (bucket) WHERE <that>`:
+-- `listTasks({ state: 'cancelled' })` reads cancels only (docs/explain-admin.md); without it, the
+-- walk read every history row past the page when few are cancels. Only cancel rows are in it,
+-- so the hot settlements' inserts only test the predicate. Building it reads each history partition once
 -- (an index build holds inserts into the partition it reads, i.e. settlements, for that long:
 -- measured at about 30 ms per 100,000 history rows).
 
-CREATE INDEX attempt_history_cancelled_idx ON {{schema}}.attempt_history (bucket) WHERE outcome = 'cancelled';
+CREATE INDEX attempt_history_cancelled_idx ON {{schema}}.attempt_history (bucket)
+  WHERE outcome = 'cancelled' AND (error ->> 'name') = 'Cancel';
 
 CREATE OR REPLACE FUNCTION {{schema}}.cancel_tasks(p_ids bigint[], p_actor text)
 RETURNS TABLE (id bigint, result text)
