@@ -304,6 +304,17 @@ DECLARE
   v_n integer;
   e record;
   v_results jsonb := '{}';
+  -- What a removal took out, for its history row.
+  v_deferred boolean;
+  v_state text;
+  v_type text;
+  v_queue text;
+  v_priority smallint;
+  v_shard smallint;
+  v_lane integer;
+  v_attempts integer;
+  v_created timestamptz;
+  v_at timestamptz;
 BEGIN
   IF p_ids IS NULL THEN
     RAISE EXCEPTION 'berth: cancel_tasks ids must not be null' USING ERRCODE = '22004';
@@ -316,10 +327,26 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
       id := v_id; result := 'isolation'; RETURN NEXT; CONTINUE;
     END IF;
+    v_lane := NULL;
+    v_type := NULL;
+    -- Locked before the removal, so promotion (FOR UPDATE SKIP LOCKED) cannot take it in between
+    -- and what is recorded is what the removal deletes.
+    SELECT x.state, x.type, x.queue, x.priority, x.shard, x.attempts, x.created_at
+      INTO v_state, v_type, v_queue, v_priority, v_shard, v_attempts, v_created
+      FROM "berth".deferred x WHERE x.id = v_id FOR UPDATE;
+    v_deferred := FOUND;
     -- Pending: removed. Leased: remove_unleased has taken the lane's row lock, and this
     -- statement's fresh snapshot sees the lease.
     v_result := "berth".remove_unleased_quietly(v_id, 'cancelled');
-    IF v_result <> 'removed' THEN
+    IF v_result = 'removed' AND NOT v_deferred THEN
+      -- The ready entry the removal tombstoned (the ready index on id, then the tombstone's key).
+      SELECT r.lane_id, r.type, r.attempts, r.created_at INTO v_lane, v_type, v_attempts, v_created
+        FROM "berth".ready r
+        JOIN "berth".tombstones t ON t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot
+       WHERE r.id = v_id AND t.reason = 'cancelled'
+       ORDER BY r.appended_at DESC LIMIT 1;
+      v_state := 'ready';
+    ELSIF v_result <> 'removed' THEN
       SELECT le.slot, le.lane_id, le.lane_seq, le.lease_from INTO e
         FROM "berth".leased_entries le
        WHERE le.id = v_id AND le.outcome IS NULL
@@ -345,7 +372,7 @@ BEGIN
                ARRAY[v_id], ARRAY[r.attempts + 1], ARRAY[r.created_at], ARRAY[NULL::integer],
                jsonb_build_object('message', 'cancelled by ' || coalesce(p_actor, 'an operator'),
                                   'name', 'Cancel',
-                                  'data', jsonb_build_object('cancelledBy', p_actor)::text),
+                                  'data', jsonb_build_object('cancelledBy', p_actor, 'state', 'running')::text),
                NULL, false
           FROM "berth".history_state hs, "berth".ready r, "berth".range_leases l
          WHERE hs.enabled
@@ -355,9 +382,12 @@ BEGIN
       ELSE
         -- Lost the race (the insert waited for the holder's settlement and was dropped), or no
         -- lease is open: a failure, release or rescue that won may have deferred the task.
-        DELETE FROM "berth".deferred d WHERE d.id = v_id;
+        DELETE FROM "berth".deferred d WHERE d.id = v_id
+          RETURNING d.state, d.type, d.queue, d.priority, d.shard, d.attempts, d.created_at
+          INTO v_state, v_type, v_queue, v_priority, v_shard, v_attempts, v_created;
         IF FOUND THEN
           DELETE FROM "berth".dedupe d WHERE d.id = v_id;
+          v_deferred := true;
           v_result := 'removed';
         ELSIF v_n = 0 OR EXISTS (SELECT 1 FROM "berth".leased_entries le
                                   WHERE le.id = v_id AND le.outcome IS NOT NULL) THEN
@@ -366,6 +396,27 @@ BEGIN
           v_result := 'not_found';
         END IF;
       END IF;
+    END IF;
+    -- A pending task's cancel: no attempt ran, so no worker, a claim time of now and the
+    -- attempts it had had. A deferred task's lane may not exist yet (a scheduled task's lane is
+    -- opened when it is first appended): provision_lane opens it as promotion would have.
+    IF v_result = 'removed' AND v_type IS NOT NULL
+       AND (SELECT hs.enabled FROM "berth".history_state hs) THEN
+      IF v_deferred THEN
+        v_lane := "berth".provision_lane(v_queue, v_priority, v_shard);
+      END IF;
+      -- The clock, not the transaction's start: a cancel that waited for the holder's failure and
+      -- then took the retry out of deferred storage comes after that failure's row.
+      v_at := clock_timestamp();
+      INSERT INTO "berth".attempt_history (part, bucket, settled_at, outcome, lane_id, type, worker, claimed_at,
+                                              ids, attempts, created_at, run_ms, error, cursor, dead)
+      SELECT hs.current_part, v_id >> 10, v_at, 'cancelled', v_lane, v_type, NULL, v_at,
+             ARRAY[v_id], ARRAY[v_attempts], ARRAY[v_created], ARRAY[NULL::integer],
+             jsonb_build_object('message', 'cancelled by ' || coalesce(p_actor, 'an operator') || ' while ' || v_state,
+                                'name', 'Cancel',
+                                'data', jsonb_build_object('cancelledBy', p_actor, 'state', v_state)::text),
+             NULL, false
+        FROM "berth".history_state hs;
     END IF;
     id := v_id; result := v_result; RETURN NEXT;
     v_results := v_results || jsonb_build_object(v_id::text, v_result);
@@ -5060,6 +5111,18 @@ CREATE INDEX attempt_history_bucket_idx ON ONLY berth.attempt_history USING btre
 CREATE INDEX attempt_history_0_bucket_idx ON berth.attempt_history_0 USING btree (bucket);
 
 --
+-- Name: attempt_history_cancelled_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_cancelled_idx ON ONLY berth.attempt_history USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
+
+--
+-- Name: attempt_history_0_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_0_bucket_idx1 ON berth.attempt_history_0 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
+
+--
 -- Name: attempt_history_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
 --
 
@@ -5078,6 +5141,12 @@ CREATE INDEX attempt_history_0_settled_at_idx ON berth.attempt_history_0 USING b
 CREATE INDEX attempt_history_1_bucket_idx ON berth.attempt_history_1 USING btree (bucket);
 
 --
+-- Name: attempt_history_1_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_1_bucket_idx1 ON berth.attempt_history_1 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
+
+--
 -- Name: attempt_history_1_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
 --
 
@@ -5088,6 +5157,12 @@ CREATE INDEX attempt_history_1_settled_at_idx ON berth.attempt_history_1 USING b
 --
 
 CREATE INDEX attempt_history_2_bucket_idx ON berth.attempt_history_2 USING btree (bucket);
+
+--
+-- Name: attempt_history_2_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_2_bucket_idx1 ON berth.attempt_history_2 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
 
 --
 -- Name: attempt_history_2_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
@@ -5102,6 +5177,12 @@ CREATE INDEX attempt_history_2_settled_at_idx ON berth.attempt_history_2 USING b
 CREATE INDEX attempt_history_3_bucket_idx ON berth.attempt_history_3 USING btree (bucket);
 
 --
+-- Name: attempt_history_3_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_3_bucket_idx1 ON berth.attempt_history_3 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
+
+--
 -- Name: attempt_history_3_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
 --
 
@@ -5112,6 +5193,12 @@ CREATE INDEX attempt_history_3_settled_at_idx ON berth.attempt_history_3 USING b
 --
 
 CREATE INDEX attempt_history_4_bucket_idx ON berth.attempt_history_4 USING btree (bucket);
+
+--
+-- Name: attempt_history_4_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_4_bucket_idx1 ON berth.attempt_history_4 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
 
 --
 -- Name: attempt_history_4_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
@@ -5126,6 +5213,12 @@ CREATE INDEX attempt_history_4_settled_at_idx ON berth.attempt_history_4 USING b
 CREATE INDEX attempt_history_5_bucket_idx ON berth.attempt_history_5 USING btree (bucket);
 
 --
+-- Name: attempt_history_5_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_5_bucket_idx1 ON berth.attempt_history_5 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
+
+--
 -- Name: attempt_history_5_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
 --
 
@@ -5138,6 +5231,12 @@ CREATE INDEX attempt_history_5_settled_at_idx ON berth.attempt_history_5 USING b
 CREATE INDEX attempt_history_6_bucket_idx ON berth.attempt_history_6 USING btree (bucket);
 
 --
+-- Name: attempt_history_6_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_6_bucket_idx1 ON berth.attempt_history_6 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
+
+--
 -- Name: attempt_history_6_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
 --
 
@@ -5148,6 +5247,12 @@ CREATE INDEX attempt_history_6_settled_at_idx ON berth.attempt_history_6 USING b
 --
 
 CREATE INDEX attempt_history_7_bucket_idx ON berth.attempt_history_7 USING btree (bucket);
+
+--
+-- Name: attempt_history_7_bucket_idx1; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX attempt_history_7_bucket_idx1 ON berth.attempt_history_7 USING btree (bucket) WHERE ((outcome = 'cancelled'::text) AND ((error ->> 'name'::text) = 'Cancel'::text));
 
 --
 -- Name: attempt_history_7_settled_at_idx; Type: INDEX; Schema: berth; Owner: -
@@ -5726,6 +5831,12 @@ CREATE INDEX tombstones_9_id_idx ON berth.tombstones_9 USING btree (id);
 ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_0_bucket_idx;
 
 --
+-- Name: attempt_history_0_bucket_idx1; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_cancelled_idx ATTACH PARTITION berth.attempt_history_0_bucket_idx1;
+
+--
 -- Name: attempt_history_0_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
 --
 
@@ -5736,6 +5847,12 @@ ALTER INDEX berth.attempt_history_settled_at_idx ATTACH PARTITION berth.attempt_
 --
 
 ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_1_bucket_idx;
+
+--
+-- Name: attempt_history_1_bucket_idx1; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_cancelled_idx ATTACH PARTITION berth.attempt_history_1_bucket_idx1;
 
 --
 -- Name: attempt_history_1_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
@@ -5750,6 +5867,12 @@ ALTER INDEX berth.attempt_history_settled_at_idx ATTACH PARTITION berth.attempt_
 ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_2_bucket_idx;
 
 --
+-- Name: attempt_history_2_bucket_idx1; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_cancelled_idx ATTACH PARTITION berth.attempt_history_2_bucket_idx1;
+
+--
 -- Name: attempt_history_2_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
 --
 
@@ -5760,6 +5883,12 @@ ALTER INDEX berth.attempt_history_settled_at_idx ATTACH PARTITION berth.attempt_
 --
 
 ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_3_bucket_idx;
+
+--
+-- Name: attempt_history_3_bucket_idx1; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_cancelled_idx ATTACH PARTITION berth.attempt_history_3_bucket_idx1;
 
 --
 -- Name: attempt_history_3_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
@@ -5774,6 +5903,12 @@ ALTER INDEX berth.attempt_history_settled_at_idx ATTACH PARTITION berth.attempt_
 ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_4_bucket_idx;
 
 --
+-- Name: attempt_history_4_bucket_idx1; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_cancelled_idx ATTACH PARTITION berth.attempt_history_4_bucket_idx1;
+
+--
 -- Name: attempt_history_4_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
 --
 
@@ -5784,6 +5919,12 @@ ALTER INDEX berth.attempt_history_settled_at_idx ATTACH PARTITION berth.attempt_
 --
 
 ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_5_bucket_idx;
+
+--
+-- Name: attempt_history_5_bucket_idx1; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_cancelled_idx ATTACH PARTITION berth.attempt_history_5_bucket_idx1;
 
 --
 -- Name: attempt_history_5_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
@@ -5798,6 +5939,12 @@ ALTER INDEX berth.attempt_history_settled_at_idx ATTACH PARTITION berth.attempt_
 ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_6_bucket_idx;
 
 --
+-- Name: attempt_history_6_bucket_idx1; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_cancelled_idx ATTACH PARTITION berth.attempt_history_6_bucket_idx1;
+
+--
 -- Name: attempt_history_6_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
 --
 
@@ -5808,6 +5955,12 @@ ALTER INDEX berth.attempt_history_settled_at_idx ATTACH PARTITION berth.attempt_
 --
 
 ALTER INDEX berth.attempt_history_bucket_idx ATTACH PARTITION berth.attempt_history_7_bucket_idx;
+
+--
+-- Name: attempt_history_7_bucket_idx1; Type: INDEX ATTACH; Schema: berth; Owner: -
+--
+
+ALTER INDEX berth.attempt_history_cancelled_idx ATTACH PARTITION berth.attempt_history_7_bucket_idx1;
 
 --
 -- Name: attempt_history_7_settled_at_idx; Type: INDEX ATTACH; Schema: berth; Owner: -

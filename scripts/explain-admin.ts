@@ -40,6 +40,7 @@ import { SESSION_OPTIONS } from '../src/process/worker.js';
 import { quoteIdent, wakeChannel } from '../src/sql.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { recordFailures } from '../src/storage/fail.js';
+import { cancelTasks } from '../src/storage/cancel.js';
 import { LEADER_LOCK, schemaLockKey } from '../src/storage/locks.js';
 import { getTask } from '../src/storage/tasks.js';
 import { Explainer, readable, summarise } from './explain-capture.js';
@@ -62,6 +63,7 @@ const DEFERRED_PER_BATCH = 100; // 20,000 deferred, half due
 const DEAD_PER_BATCH = 500; // 100,000 dead letters, ids interleaved with the tasks'
 const RARE_TYPE = 'export-ledger'; // 20 tasks: 10 in the oldest batch, 10 in the middle one
 const COMMON_TYPE = 'send-email';
+const CANCELS = 1000; // ready tasks cancelled, recorded in attempt history
 /** Half the tasks are send-email, then resize-image, sync-account, build-report. */
 function typeOf(i: number): string {
   const k = i % 20;
@@ -140,6 +142,30 @@ await recordFailures(
 const running = await claim(pool, { ...claimParams, limit: 300, workerId: 'worker-03' });
 log(`claimed and completed ${claimed}; ${failing.length} failed to retry; ${running.length} running`);
 
+// Attempt history of ~100,000 rows: an earlier failed attempt of each completed task, written as
+// fail() writes one (one row per task), then 1,000 cancels of ready tasks through cancel_tasks()
+// (one `cancelled` row each), every 200th ready task from the oldest, so cancels are rare among
+// the history rows and spread over its id buckets.
+await pool.query(
+  `INSERT INTO ${S}.attempt_history (part, bucket, settled_at, outcome, lane_id, type, worker, claimed_at, ids, attempts,
+                                     created_at, run_ms, error, cursor, dead)
+   SELECT 0, r.id >> 10, r.appended_at, 'failure', r.lane_id, r.type, 'worker-05', r.appended_at, ARRAY[r.id], ARRAY[1],
+          ARRAY[r.created_at], ARRAY[12], '{"message":"Error: upstream returned 503"}'::jsonb, NULL, false
+     FROM ${S}.ready r
+    WHERE EXISTS (SELECT 1 FROM ${S}.leased_entries le
+                   WHERE le.id = r.id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq AND le.slot = r.slot
+                     AND le.outcome = 'completed')`,
+);
+const toCancel = (
+  await pool.query<{ id: string }>(
+    `SELECT id::text AS id FROM (SELECT r.id, row_number() OVER (ORDER BY r.id) AS n FROM ${S}.ready r
+       WHERE NOT EXISTS (SELECT 1 FROM ${S}.leased_entries le WHERE le.id = r.id)) x
+      WHERE x.n % 50 = 0 ORDER BY id LIMIT ${CANCELS}`,
+  )
+).rows.map((r) => r.id);
+await cancelTasks(pool, storageFor(schema), toCancel, 'cli:alice');
+log(`cancelled ${toCancel.length} ready tasks`);
+
 // 7 days of per-minute outcome counts: 10 workers x 5 types x 3 outcomes.
 await pool.query(
   `INSERT INTO ${S}.outcome_counts (minute, worker_id, queue, type, outcome, count)
@@ -164,7 +190,7 @@ await pool.query(
           jsonb_build_object('queue', 'mail'), jsonb_build_object('items', g)
      FROM generate_series(1, 1000) g`,
 );
-await pool.query(`ANALYZE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters,
+await pool.query(`ANALYZE ${S}.attempt_history, ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters,
                   ${S}.lanes, ${S}.outcome_counts, ${S}.workers, ${S}.audit_log, ${S}.dedupe`);
 const setupSeconds = Math.round((Date.now() - t0) / 1000);
 log(`built in ${setupSeconds} s`);
@@ -191,6 +217,11 @@ const sample = (
 let after: string | undefined;
 for (let p = 1; p < 50; p++) after = (await listTasks(pool, schema, {}, { after })).next ?? undefined;
 
+/** Page 10 of the cancelled tasks. */
+let cancelledAfter: string | undefined;
+for (let p = 1; p < 10; p++)
+  cancelledAfter = (await listTasks(pool, schema, { state: 'cancelled' }, { after: cancelledAfter })).next ?? undefined;
+
 /** Past the oldest ready task: every older entry is leased, so no ready row is left below (a drained queue). */
 const oldestReady = (
   await pool.query<{ id: string }>(
@@ -205,9 +236,11 @@ await leaderClient.connect();
 await leaderClient.query('SELECT pg_advisory_lock($1, $2)', [schemaLockKey(schema), LEADER_LOCK]);
 
 const BOUNDED = 'bounded';
+const CANCELS_KEPT = 'operator cancels in attempt history (partial index)';
 const cases: [string, string, (db: Queryable) => Promise<unknown>][] = [
   ['getTask: one completed task', BOUNDED, (db) => getTask(db, schema, sample)],
   ['getTask: one running task', BOUNDED, (db) => getTask(db, schema, running[0]!.id)],
+  ['getTask: one cancelled task (read from attempt history)', BOUNDED, (db) => getTask(db, schema, toCancel[500]!)],
   ['listTasks: first page, no filter', BOUNDED, (db) => listTasks(db, schema)],
   ['listTasks: page 50 (keyset `after`)', BOUNDED, (db) => listTasks(db, schema, {}, { after })],
   [
@@ -227,6 +260,12 @@ const cases: [string, string, (db: Queryable) => Promise<unknown>][] = [
     'listTasks: state = completed',
     'unclaimed entries newer than the page (one comparison each)',
     (db) => listTasks(db, schema, { state: 'completed' }),
+  ],
+  ['listTasks: state = cancelled', CANCELS_KEPT, (db) => listTasks(db, schema, { state: 'cancelled' })],
+  [
+    'listTasks: state = cancelled, page 10 (keyset `after`)',
+    CANCELS_KEPT,
+    (db) => listTasks(db, schema, { state: 'cancelled' }, { after: cancelledAfter }),
   ],
   ['listTasks: state = scheduled', BOUNDED, (db) => listTasks(db, schema, { state: 'scheduled' })],
   ['listTasks: state = retryable', BOUNDED, (db) => listTasks(db, schema, { state: 'retryable' })],
@@ -307,6 +346,14 @@ const run = results.get('listTasks: state = running') as { tasks: unknown[] };
 const drained = results.get('listTasks: state = ready, past the oldest ready task (as on a drained queue)') as {
   tasks: unknown[];
 };
+const cancelled = results.get('listTasks: state = cancelled') as { tasks: { state: string }[] };
+const cancelledOne = results.get('getTask: one cancelled task (read from attempt history)') as { state: string } | null;
+if (
+  cancelled.tasks.length !== 50 ||
+  cancelled.tasks.some((t) => t.state !== 'cancelled') ||
+  cancelledOne?.state !== 'cancelled'
+)
+  throw new Error(`unexpected cancelled reads: ${cancelled.tasks.length}, ${cancelledOne?.state}`);
 if (first.tasks.length !== 50 || rare.tasks.length !== 20 || run.tasks.length !== 50 || drained.tasks.length !== 0) {
   throw new Error(
     `unexpected result sizes: ${first.tasks.length}, ${rare.tasks.length}, ${run.tasks.length}, ${drained.tasks.length}`,
@@ -330,6 +377,8 @@ const TABLE_ORDER = [
   'outcome_counts',
   'workers',
   'audit_log',
+  'attempt_history',
+  'attempt_history (cancelled)',
 ];
 const counts = (
   await pool.query<{ t: string; n: string }>(
@@ -339,7 +388,9 @@ const counts = (
    UNION ALL SELECT 'deferred (due)', count(*)::text FROM ${S}.deferred WHERE run_at <= now()
    UNION ALL SELECT 'dead_letters', count(*)::text FROM ${S}.dead_letters UNION ALL SELECT 'outcome_counts', count(*)::text FROM ${S}.outcome_counts
    UNION ALL SELECT 'lanes', count(*)::text FROM ${S}.lanes UNION ALL SELECT 'workers', count(*)::text FROM ${S}.workers
-   UNION ALL SELECT 'audit_log', count(*)::text FROM ${S}.audit_log`,
+   UNION ALL SELECT 'audit_log', count(*)::text FROM ${S}.audit_log
+   UNION ALL SELECT 'attempt_history', count(*)::text FROM ${S}.attempt_history
+   UNION ALL SELECT 'attempt_history (cancelled)', count(*)::text FROM ${S}.attempt_history WHERE outcome = 'cancelled'`,
   )
 ).rows.sort((a, b) => TABLE_ORDER.indexOf(a.t) - TABLE_ORDER.indexOf(b.t));
 
@@ -363,6 +414,8 @@ let out =
   `kinds interleave by id as they would in a live system; 1 in 1,000 has a "quota" error). Then \`claim\` + \`completeLeases\` ` +
   `lease and complete 100,000 (the older half of every lane) into \`range_leases\`/\`range_settlements\`, \`claim\` + ` +
   `\`recordFailures\` fail ${failing.length} with a one-hour backoff (retryable), and one more \`claim\` leaves ${running.length} running. ` +
+  `Attempt history gets one \`failure\` row per completed task (an earlier attempt, as \`recordFailures\` writes it), and ` +
+  `\`cancel_tasks()\` cancels ${toCancel.length} ready tasks (every 50th unclaimed one by id; one \`cancelled\` row each). ` +
   `7 days of \`outcome_counts\` (10 workers x 5 types x 3 outcomes per minute), 10 \`workers\` rows (worker-01 leads and a ` +
   `session holds the leader lock), 1,000 \`audit_log\` rows, then ANALYZE.\n\n` +
   `| table | rows |\n| --- | ---: |\n${counts.map((c) => `| ${c.t} | ${fmt(Number(c.n))} |`).join('\n')}\n\n` +

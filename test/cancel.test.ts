@@ -123,8 +123,11 @@ test('cancel a running task: the holder hears the notification and aborts the ha
       history.map((a) => [a.attempt, a.outcome, a.error?.message]),
       [[1, 'cancelled', 'cancelled by test:alice']],
     );
-    // Gone: not pending anywhere, its dedupe key free, and a second cancel is told it lost.
-    assert.equal(await getTask(pool, schema, id!), null);
+    // Not pending anywhere (it reads as cancelled, by its actor), its dedupe key free, and a
+    // second cancel is told it lost.
+    const read = await getTask(pool, schema, id!);
+    assert.equal(read?.state, 'cancelled');
+    assert.equal(read?.cancelled?.actor, 'test:alice');
     assert.equal((await pool.query(`SELECT count(*)::int AS n FROM ${S}.deferred`)).rows[0].n, 0);
     assert.equal((await pool.query(`SELECT count(*)::int AS n FROM ${S}.dedupe`)).rows[0].n, 0);
     assert.equal(await cancelTask(pool, schema, id!), 'already_settled');
@@ -325,12 +328,16 @@ test('exactly one winner: a cancel racing the holder’s completion or failure, 
         await pool.query(`SELECT outcome FROM ${S}.leased_entries WHERE id = $1 AND outcome IS NOT NULL`, [t.id])
       ).rows;
       assert.deepEqual(outcomes, [{ outcome: won ? 'completed' : 'cancelled' }], `round ${round}`);
+      // A cancel that lost marks nothing: the task reads as what won.
+      assert.equal((await getTask(pool, schema, t.id))?.state, won ? 'completed' : 'cancelled', `round ${round}`);
       if (won) tally.completed++;
       else tally.cancelled++;
       // Failure against cancel: whichever settles first, the task never runs again.
       const failWon = failed.size === 1;
       assert.equal(c2.get(f.id), failWon ? 'removed' : 'cancelled', `round ${round}`);
-      assert.equal(await getTask(pool, schema, f.id), null, `round ${round}: the failed-or-cancelled task is gone`);
+      // Either way the task never runs again, and reads as cancelled: the cancel removed it from
+      // deferred storage after its failure, or settled its attempt.
+      assert.equal((await getTask(pool, schema, f.id))?.state, 'cancelled', `round ${round}`);
       if (failWon) tally.failedFirst++;
       else tally.cancelledFirst++;
     }

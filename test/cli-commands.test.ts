@@ -130,16 +130,22 @@ test('tasks list / show / retry / cancel / delete / move, with keyset pages and 
   assert.equal((await getTask(pool, schema, ids[1]!))?.queue, 'elsewhere');
   assert.equal((await berth('tasks', 'move', ids[1]!)).code, 2, 'move needs a target');
   assert.equal((await berth('tasks', 'cancel', ids[2]!)).code, 0);
-  assert.equal(await getTask(pool, schema, ids[2]!), null);
+  // It stays visible as cancelled, by the CLI's actor; a second cancel says so and changes nothing.
+  const cancelled = await getTask(pool, schema, ids[2]!);
+  assert.equal(cancelled?.state, 'cancelled');
+  assert.equal(cancelled?.cancelled?.actor, 'cli:tester');
+  const listedCancelled = await berth('tasks', 'list', '--state', 'cancelled');
+  assert.equal(listedCancelled.code, 0, listedCancelled.err);
+  assert.match(listedCancelled.out, new RegExp(`^${ids[2]}\\s.*cancelled.*cancelled by cli:tester`, 'm'));
   const gone = await berth('tasks', 'cancel', ids[2]!);
   assert.equal(gone.code, 1);
-  assert.match(gone.err, /not found/);
+  assert.match(gone.err, new RegExp(`task ${ids[2]} was already cancelled, by cli:tester at `));
   assert.equal(gone.out, '', 'a failure is reported once, on stderr');
   const goneJson = await berth('tasks', 'cancel', ids[2]!, '--json');
   assert.equal(goneJson.code, 1);
   assert.deepEqual(
     JSON.parse(goneJson.out),
-    { id: ids[2], result: 'not_found' },
+    { id: ids[2], result: 'already_settled' },
     '--json prints the result even when it fails',
   );
   const notRetryable = await berth('tasks', 'retry', ids[3]!);

@@ -5,6 +5,7 @@ import { compile, p, positional, type Sql, sql } from '../statement.js';
 import { laneCursorsJson, unsettledEntriesOf, unsettledRanges } from '../storage/predicates.js';
 import { attemptsOf } from '../storage/history.js';
 import { getTaskIn, type TaskState } from '../storage/tasks.js';
+import { cancelDetail, OPERATOR_CANCEL_ROW } from '../storage/cancel-record.js';
 import { storageFor, type Storage } from '../storage/storage.js';
 import { retryDeadLettersIn } from './dead.js';
 import { taskId } from '../storage/ids.js';
@@ -13,7 +14,15 @@ import { cancelTasks as cancelTaskIds } from '../storage/cancel.js';
 import type { BulkProgress } from './dead.js';
 import { makeDeferredDueNow } from '../storage/move.js';
 
-export const TASK_STATES: readonly TaskState[] = ['ready', 'running', 'scheduled', 'retryable', 'dead', 'completed'];
+export const TASK_STATES: readonly TaskState[] = [
+  'ready',
+  'running',
+  'scheduled',
+  'retryable',
+  'dead',
+  'completed',
+  'cancelled',
+];
 
 export interface TaskFilter {
   state?: TaskState;
@@ -45,10 +54,12 @@ export interface TaskSummary {
   createdAt: Date;
   /** When it is (or was) due; null for dead letters. */
   runAt: Date | null;
-  /** Completion or death time, when it has one. */
+  /** Completion, death or cancel time, when it has one. */
   finishedAt: Date | null;
   leaseExpiresAt: Date | null;
   worker: string | null;
+  /** State `cancelled` only: who cancelled it (null when the cancel named nobody). */
+  cancelledBy?: string | null;
 }
 
 export interface TaskList {
@@ -80,9 +91,11 @@ function cursorId(after: string | undefined): string | null {
  * Tasks newest first (by id), with keyset pagination: each page is three index scans by id
  * (deferred, dead letters, the ready ring) that stop after `limit` matches, merged. No count:
  * a page costs the same at 100 tasks as at 10 million. Completed tasks are listed from the ring
- * while their segment is retained and from attempt history for its retention. A filter that few tasks match makes a scan walk further before it
- * stops, except `running` and `completed`, which avoid the walk (see `ringPart`);
- * docs/explain-admin.md has the measured plans.
+ * while their segment is retained and from attempt history for its retention; cancelled tasks
+ * from attempt history only (their ring entries are settled `cancelled` or tombstoned). A filter
+ * that few tasks match makes a scan walk further before it stops, except `running`, `completed`
+ * and `cancelled`, which avoid the walk (see `ringPart`, `historyPart`); docs/explain-admin.md
+ * has the measured plans.
  */
 export async function listTasks(
   db: Queryable,
@@ -115,7 +128,7 @@ async function listTasksIn(
        (SELECT d.id, d.type, d.state, d.queue, d.priority, d.attempts, d.max_attempts,
                left(d.last_error, 300) AS last_error, d.created_at, d.run_at,
                NULL::timestamptz AS finished_at, NULL::timestamptz AS lease_expires_at, NULL::text AS worker,
-               0 AS pref
+               0 AS pref, NULL::text AS cancel_data
           FROM ${s}.deferred d
          WHERE (${STATE}::text IS NULL OR ${STATE} IN ('scheduled', 'retryable'))
            AND (${STATE}::text IS NULL OR d.state = ${STATE}) AND (${QUEUE}::text IS NULL OR d.queue = ${QUEUE})
@@ -123,7 +136,7 @@ async function listTasksIn(
          ORDER BY d.id DESC LIMIT ${LIMIT})
        UNION ALL
        (SELECT d.id, d.type, 'dead', d.queue, d.priority, d.attempts, d.max_attempts,
-               left(d.last_error, 300), d.created_at, NULL, d.died_at, NULL, NULL, 0
+               left(d.last_error, 300), d.created_at, NULL, d.died_at, NULL, NULL, 0, NULL
           FROM ${s}.dead_letters d
          WHERE (${STATE}::text IS NULL OR ${STATE} = 'dead') AND (${QUEUE}::text IS NULL OR d.queue = ${QUEUE})
            AND (${TYPE}::text IS NULL OR d.type = ${TYPE}) AND (${AFTER}::bigint IS NULL OR d.id < ${AFTER})
@@ -131,9 +144,9 @@ async function listTasksIn(
        UNION ALL
        (${ringPart(s, shape)})
 ${
-  // Only where completed tasks can match: the history part opens all 8 partitions (~2 ms
-  // of executor start-up even when its one-time filter is false; docs/explain-admin.md).
-  shape === 'all' || shape === 'completed' ? sql`UNION ALL (${historyPart(s)})` : ''
+  // Only where completed or cancelled tasks can match: the history part opens all 8 partitions
+  // (~2 ms of executor start-up even when its one-time filter is false; docs/explain-admin.md).
+  shape === 'all' || shape === 'completed' || shape === 'cancelled' ? sql`UNION ALL (${historyPart(s, shape)})` : ''
 }
      ) x ORDER BY id DESC, pref LIMIT ${LIMIT}`,
     ),
@@ -154,6 +167,7 @@ ${
     finished_at: Date | null;
     lease_expires_at: Date | null;
     worker: string | null;
+    cancel_data: string | null;
   }>(
     db,
     statement.text,
@@ -181,6 +195,7 @@ ${
       finishedAt: r.finished_at,
       leaseExpiresAt: r.lease_expires_at,
       worker: r.worker,
+      ...(r.state === 'cancelled' ? { cancelledBy: cancelDetail(r.cancel_data).actor } : {}),
     })),
     next: res.rows.length > limit ? String(rows[rows.length - 1]!.id) : null,
   };
@@ -188,14 +203,15 @@ ${
 
 /**
  * What a `listTasks` statement's text depends on, its state filter, as the statement's key: a
- * state with a ring route of its own (see `ringPart`), no filter (`all`, the only other shape
- * that reads history), or any other state (`other`: the general walk).
+ * state with a ring route of its own (see `ringPart`), `cancelled` (history only, through its
+ * own index), no filter (`all`, which reads history too), or any other state (`other`: the
+ * general walk).
  */
-type ListShape = 'running' | 'ready' | 'completed' | 'all' | 'other';
+type ListShape = 'running' | 'ready' | 'completed' | 'cancelled' | 'all' | 'other';
 
 function listShape(state: TaskState | undefined): ListShape {
   if (state === undefined) return 'all';
-  return state === 'running' || state === 'ready' || state === 'completed' ? state : 'other';
+  return state === 'running' || state === 'ready' || state === 'completed' || state === 'cancelled' ? state : 'other';
 }
 
 /** A `listTasks` page's parameters, by name, for its parts. */
@@ -234,14 +250,14 @@ function ringPart(s: string, state: ListShape): Sql<ListParams> {
     return sql`SELECT r.id, r.type, 'running', r.queue, r.priority, r.attempts + 1,
                coalesce(r.max_attempts, l.type_max_attempts[array_position(l.types, r.type)]),
                left(r.last_error, 300), r.created_at, r.run_at, NULL,
-               l.type_expires[array_position(l.types, r.type)], l.worker, 0
+               l.type_expires[array_position(l.types, r.type)], l.worker, 0, NULL
           FROM ${unsettledRanges(s)} l
           CROSS JOIN LATERAL (${unsettledEntriesOf(s, 'l')}) r
          WHERE ${where}`;
   }
   if (state === 'ready') {
     return sql`SELECT r.id, r.type, 'ready', r.queue, r.priority, r.attempts, r.max_attempts,
-               left(r.last_error, 300), r.created_at, r.run_at, NULL, NULL, NULL, 0
+               left(r.last_error, 300), r.created_at, r.run_at, NULL, NULL, NULL, 0, NULL
           FROM ${s}.ready r
          WHERE r.lane_seq > coalesce((${laneCursorsJson(s)} ->> r.lane_id::text)::bigint, 0)
            AND ${where}`;
@@ -254,7 +270,7 @@ function ringPart(s: string, state: ListShape): Sql<ListParams> {
            AND r.lane_seq <= coalesce((${laneCursorsJson(s)} ->> r.lane_id::text)::bigint, 9223372036854775807)`;
   return sql`SELECT r.id, r.type, e.state, r.queue, r.priority, coalesce(l.attempt, r.attempts),
                coalesce(l.max_attempts, r.max_attempts), left(r.last_error, 300), r.created_at,
-               r.run_at, CASE WHEN e.state = 'completed' THEN l.settled_at END, l.expires_at, l.worker, 0
+               r.run_at, CASE WHEN e.state = 'completed' THEN l.settled_at END, l.expires_at, l.worker, 0, NULL
           FROM ${s}.ready r
           LEFT JOIN LATERAL (SELECT * FROM ${s}.leased_entries le
                               WHERE le.id = r.id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq
@@ -268,18 +284,32 @@ function ringPart(s: string, state: ListShape): Sql<ListParams> {
 }
 
 /**
- * Completed tasks in attempt history (their ring entries may be gone), for a `listTasks` page
- * (parameters as there). Walks the history's `bucket` index (id >> 10) backwards, sorting each
- * bucket's ids (an incremental sort), and stops at the page. A task still in the ring shows
- * once: the outer DISTINCT ON prefers the ring's row (`pref` 0).
+ * Completed and cancelled tasks in attempt history (a completed task's ring entry may be gone; a
+ * cancelled task's never stands for it), for a `listTasks` page (parameters as there). Walks the
+ * history's `bucket` index (id >> 10) backwards, sorting each bucket's ids (an incremental sort),
+ * and stops at the page; `cancelled` reads the partial index of operator cancels (migration 25)
+ * instead, so it never reads the successes, nor a worker's `cancelled` release (a run its own
+ * stop interrupted: no cancel of the task, which runs again): its cost follows the cancels kept
+ * in history (docs/explain-admin.md: 1,000 cancels among 106,000 rows, 54 buffers). A task still in the ring shows once: the outer
+ * DISTINCT ON prefers the ring's row (`pref` 0). Only a cancel row is a task's last word (a
+ * cancelled task never runs again), and only a success row says completed, so the two never
+ * both hold one id.
  */
-function historyPart(s: string): Sql<ListParams> {
-  return sql`SELECT x.id, h.type, 'completed', ln.queue, ln.priority, x.attempt, NULL::integer, NULL::text,
-               x.created_at, NULL::timestamptz, h.settled_at, NULL::timestamptz, h.worker, 1
+function historyPart(s: string, shape: 'completed' | 'cancelled' | 'all'): Sql<ListParams> {
+  const outcome =
+    shape === 'completed'
+      ? `h.outcome = 'success'`
+      : shape === 'cancelled'
+        ? OPERATOR_CANCEL_ROW
+        : `(h.outcome = 'success' OR ${OPERATOR_CANCEL_ROW})`;
+  return sql`SELECT x.id, h.type, CASE WHEN h.outcome = 'success' THEN 'completed' ELSE 'cancelled' END,
+               ln.queue, ln.priority, x.attempt, NULL::integer, NULL::text,
+               x.created_at, NULL::timestamptz, h.settled_at, NULL::timestamptz, h.worker, 1,
+               CASE WHEN h.outcome = 'cancelled' THEN h.error ->> 'data' END
           FROM ${s}.attempt_history h
           JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
          CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at) AS x(id, attempt, created_at)
-         WHERE (${STATE}::text IS NULL OR ${STATE} = 'completed') AND h.outcome = 'success'
+         WHERE (${STATE}::text IS NULL OR ${STATE} IN ('completed', 'cancelled')) AND ${outcome}
            AND (${QUEUE}::text IS NULL OR ln.queue = ${QUEUE}) AND (${TYPE}::text IS NULL OR h.type = ${TYPE})
            AND (${AFTER}::bigint IS NULL OR (h.bucket <= ${AFTER}::bigint >> 10 AND x.id < ${AFTER}))
          ORDER BY h.bucket DESC, x.id DESC LIMIT ${LIMIT}`;
@@ -335,11 +365,14 @@ export async function taskTimeline(db: Queryable, schema: string, id: string): P
     const recorded = new Set<string>();
     for (const a of await attemptsOf(db, storage.schema.name, id)) {
       recorded.add(`${Number(a.claimedAt)}:${a.attempt}`);
-      events.push({
-        at: a.claimedAt,
-        event: 'claimed',
-        detail: { attempt: a.attempt, worker: a.worker, queue: a.queue, priority: a.priority },
-      });
+      // The cancel of a pending task is recorded as an attempt that no worker claimed.
+      const unclaimed = a.outcome === 'cancelled' && a.worker === null && cancelDetail(a.error).state !== 'running';
+      if (!unclaimed)
+        events.push({
+          at: a.claimedAt,
+          event: 'claimed',
+          detail: { attempt: a.attempt, worker: a.worker, queue: a.queue, priority: a.priority },
+        });
       events.push({
         at: a.settledAt,
         event: 'attempt',
@@ -462,7 +495,7 @@ export async function cancelTask(
 /** Which tasks a bulk cancel takes: at least one of the fields, or `all`. */
 export interface CancelFilter {
   /** Pending states only: ready, running, scheduled, retryable. */
-  state?: Exclude<TaskState, 'dead' | 'completed'>;
+  state?: Exclude<TaskState, 'dead' | 'completed' | 'cancelled'>;
   queue?: string;
   type?: string;
   all?: boolean;
@@ -479,6 +512,9 @@ export interface BulkCancelResult {
 
 const CANCEL_BATCH = 500;
 
+/** States a cancel has nothing to do to (a dead letter is deleted or retried instead). */
+const FINISHED: ReadonlySet<TaskState> = new Set<TaskState>(['dead', 'completed', 'cancelled']);
+
 /**
  * Cancel every pending or running task a filter matches, newest first, a page of 500 at a time
  * (one `cancel_tasks` statement per page). Refuses an empty filter (pass `all: true`).
@@ -491,7 +527,7 @@ export async function cancelTasks(
 ): Promise<BulkCancelResult> {
   const storage = storageFor(schema);
   const { state, queue, type, all } = filter;
-  if (state !== undefined && (parseState(state) === 'dead' || state === ('completed' as TaskState)))
+  if (state !== undefined && FINISHED.has(parseState(state)))
     throw new BerthInputError(`cannot cancel ${state} tasks: only ready, running, scheduled or retryable ones`);
   for (const [name, v] of [
     ['queue', queue],
@@ -515,7 +551,7 @@ async function cancelMatching(
   let after: string | undefined;
   for (;;) {
     const page = await listTasksIn(db, storage, { state, queue, type }, { limit: CANCEL_BATCH, after });
-    const ids = page.tasks.filter((t) => t.state !== 'dead' && t.state !== 'completed').map((t) => t.id);
+    const ids = page.tasks.filter((t) => !FINISHED.has(t.state)).map((t) => t.id);
     if (ids.length > 0) {
       out.matched += ids.length;
       for (const r of (await cancelTaskIds(db, storage, ids, options.actor ?? null)).values()) {

@@ -57,6 +57,11 @@ const ACTION_MESSAGES: Record<TaskActionResult, string> = {
   not_found: 'not found',
 };
 
+/** Who cancelled a task and when, for a line of output. */
+function cancelledLine(c: { actor: string | null; at: Date }): string {
+  return `by ${escapeControl(c.actor ?? 'an operator (no actor given)')} at ${c.at.toISOString()}`;
+}
+
 async function taskAction(
   opts: Common,
   id: string,
@@ -65,10 +70,16 @@ async function taskAction(
 ): Promise<void> {
   taskId(id);
   await withPool(opts, async (pool) => {
-    // Cancel means "remove pending work": say what a dead letter needs instead of "not found".
-    if (action === 'cancel' && (await getTask(pool, opts.schema, id))?.state === 'dead') {
+    // Cancel means "remove pending work": say what a dead letter needs instead of "not found",
+    // and who cancelled one already.
+    const before = action === 'cancel' ? await getTask(pool, opts.schema, id) : null;
+    if (before?.state === 'dead') {
       if (opts.json) printJson({ id, result: 'dead' });
       throw new CliFailure(`task ${id} is a dead letter, not pending: retry or delete it`);
+    }
+    if (before?.cancelled) {
+      if (opts.json) printJson({ id, result: 'already_settled' });
+      throw new CliFailure(`task ${id} was already cancelled, ${cancelledLine(before.cancelled)}`);
     }
     const who = actor();
     const result = await audited(pool, opts.schema, null, who, `task.${action}`, { id }, () =>
@@ -127,7 +138,7 @@ export function registerTaskCommands(program: Command): void {
   const tasks = program.command('tasks').description('list, inspect and act on tasks');
   common(tasks.command('list'))
     .description('tasks newest first; --after <id> for the next page')
-    .option('--state <state>', 'ready, running, scheduled, retryable, dead or completed', parseState)
+    .option('--state <state>', 'ready, running, scheduled, retryable, dead, completed or cancelled', parseState)
     .option('--queue <name>', 'only this queue')
     .option('--type <type>', 'only this task type')
     .option('--limit <n>', 'page size', intOption(1, 500), 50)
@@ -154,7 +165,10 @@ export function registerTaskCommands(program: Command): void {
             page.tasks.map((t) => ({
               ...t,
               attempts: attemptsCell(t.attempts, t.maxAttempts),
-              lastError: t.lastError?.split('\n')[0]?.slice(0, 60),
+              lastError:
+                t.state === 'cancelled'
+                  ? `cancelled by ${t.cancelledBy ?? 'an operator'}`.slice(0, 60)
+                  : t.lastError?.split('\n')[0]?.slice(0, 60),
             })),
             ['id', 'type', 'state', 'queue', 'priority', 'attempts', 'runAt', 'lastError'],
           );
@@ -185,6 +199,7 @@ export function registerTaskCommands(program: Command): void {
           say(
             `lease: worker ${escapeControl(task.lease.worker ?? '-')}, expires ${task.lease.expiresAt.toISOString()}`,
           );
+        if (task.cancelled) say(`cancelled ${cancelledLine(task.cancelled)}`);
         if (task.source === 'history')
           say('payload: not kept (the task has left the queue; this is its record in attempt history)');
         else say(`payload:\n${jsonSafe(JSON.stringify(task.payload, null, 2))}`);

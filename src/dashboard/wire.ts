@@ -13,7 +13,7 @@
 // ---------------------------------------------------------------------------------------------
 // Shared pieces
 
-export type TaskState = 'ready' | 'running' | 'scheduled' | 'retryable' | 'dead' | 'completed';
+export type TaskState = 'ready' | 'running' | 'scheduled' | 'retryable' | 'dead' | 'completed' | 'cancelled';
 
 /** A lane: the unit of order and of the claim's row lock (src/lane.ts). */
 export interface LaneKey {
@@ -167,10 +167,12 @@ export interface TaskSummary {
   createdAt: string;
   /** When it is (or was) due; null for dead letters. */
   runAt: string | null;
-  /** Completion or death time, when it has one. */
+  /** Completion, death or cancel time, when it has one. */
   finishedAt: string | null;
   leaseExpiresAt: string | null;
   worker: string | null;
+  /** State `cancelled` only: who cancelled it (null when the cancel named nobody). */
+  cancelledBy?: string | null;
   /** Only on a running task whose handler overran its deadline. */
   overdue?: OverdueMark;
 }
@@ -232,10 +234,12 @@ export interface TaskDetail {
     lease: { expiresAt: string; worker: string | null; attempt: number; overdue: OverdueMark | null } | null;
     /** `history`: the task has left the queue; read from attempt history (no payload kept). */
     source: 'queue' | 'history';
-    /** When it completed or died, when that is known. */
+    /** When it completed, died or was cancelled, when that is known. */
     finishedAt?: string;
     /** What the handler of its completed attempt returned (JSON); null when it stored none. */
     result: unknown;
+    /** State `cancelled` only: who cancelled it (null when the cancel named nobody) and when. */
+    cancelled?: { actor: string | null; at: string };
   };
   attempts: Attempt[];
   timeline: TimelineEvent[];

@@ -5,8 +5,9 @@ import { storageFor, type Storage } from './storage.js';
 import { taskId } from './ids.js';
 import { notMigrated } from '../errors.js';
 import { resultOf } from './results.js';
+import { cancelDetail, OPERATOR_CANCEL_ROW } from './cancel-record.js';
 
-export type TaskState = 'ready' | 'running' | 'completed' | 'scheduled' | 'retryable' | 'dead';
+export type TaskState = 'ready' | 'running' | 'completed' | 'scheduled' | 'retryable' | 'dead' | 'cancelled';
 
 /** A task as storage holds it now; its lane fields say where it lives. */
 export interface TaskRecord extends Lane {
@@ -24,12 +25,12 @@ export interface TaskRecord extends Lane {
   lease: { token: string; expiresAt: Date; worker: string | null; attempt: number } | null;
   /**
    * `queue`: read from the queue's own storage. `history`: the task is gone from it (a completed
-   * task whose ring segment was reclaimed, a purged dead letter) and this is its last attempt in
-   * attempt history, which keeps no payload (`payload` is null, `maxAttempts` and `dedupeKey`
-   * unknown).
+   * task whose ring segment was reclaimed, a purged dead letter, a cancelled task) and this is its
+   * last attempt in attempt history, which keeps no payload (`payload` is null, `maxAttempts` and
+   * `dedupeKey` unknown).
    */
   source: 'queue' | 'history';
-  /** When it completed or died, when that is known. */
+  /** When it completed, died or was cancelled, when that is known. */
   finishedAt?: Date;
   /**
    * What the handler of its completed attempt returned (a JSON value), or null: the task has not
@@ -37,6 +38,8 @@ export interface TaskRecord extends Lane {
    * was older than the leader's `resultRetentionMs`.
    */
   result: unknown;
+  /** State `cancelled` only: who cancelled it (null when the cancel named nobody) and when. */
+  cancelled?: { actor: string | null; at: Date };
 }
 
 /**
@@ -136,13 +139,19 @@ async function storedResult(db: Queryable, storage: Storage, id: string): Promis
 
 /**
  * A task the queue's storage no longer holds, from its last attempt in attempt history: a
- * success (completed), or an attempt that retired it (dead, the dead letter since purged).
- * One probe of the history's `bucket` index.
+ * success (completed), an attempt that retired it (dead, the dead letter since purged), or a
+ * cancel (cancelled, whether it was running or pending: `cancel_tasks()` records both). A task
+ * removed any other way (deleted, or its last attempt a failure or a run its worker's stop
+ * interrupted, recorded `cancelled` but no cancel) is not found. An operator's cancel row is
+ * preferred whatever its time: a cancelled task never runs again, so it is the last word even
+ * when a failure it waited for carries a later transaction time. One probe of the history's
+ * `bucket` index.
  */
 async function fromHistory(db: Queryable, storage: Storage, id: string): Promise<TaskRecord | null> {
   const res = await db.query<{
     type: string;
     outcome: string;
+    cancel: boolean;
     dead: boolean;
     queue: string;
     priority: number;
@@ -155,23 +164,25 @@ async function fromHistory(db: Queryable, storage: Storage, id: string): Promise
     storage
       .statement('task-from-history', ({ q: s }) =>
         positional(
-          `SELECT h.type, h.outcome, h.dead, ln.queue, ln.priority, ln.shard, x.attempt, x.created_at, h.settled_at, h.error
+          `SELECT h.type, h.outcome, ${OPERATOR_CANCEL_ROW} IS TRUE AS cancel, h.dead, ln.queue, ln.priority, ln.shard, x.attempt, x.created_at, h.settled_at, h.error
        FROM ${s}.attempt_history h
        JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
       CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at) AS x(id, attempt, created_at)
       WHERE h.bucket = $1::bigint >> 10 AND $1::bigint = ANY (h.ids) AND x.id = $1::bigint
-      ORDER BY h.settled_at DESC LIMIT 1`,
+      ORDER BY ${OPERATOR_CANCEL_ROW} IS TRUE DESC, h.settled_at DESC LIMIT 1`,
           ['id'],
         ),
       )
       .query({ id }),
   );
   const h = res.rows[0];
-  if (!h || (h.outcome !== 'success' && !h.dead)) return null;
+  if (!h) return null;
+  const state = h.outcome === 'success' ? 'completed' : h.cancel ? 'cancelled' : h.dead ? 'dead' : null;
+  if (state === null) return null;
   return {
     id,
     type: h.type,
-    state: h.outcome === 'success' ? 'completed' : 'dead',
+    state,
     payload: null,
     queue: h.queue,
     priority: h.priority,
@@ -179,12 +190,13 @@ async function fromHistory(db: Queryable, storage: Storage, id: string): Promise
     attempts: h.attempt,
     maxAttempts: null,
     dedupeKey: null,
-    lastError: h.outcome === 'success' ? null : (h.error?.message ?? null),
+    lastError: state === 'dead' ? (h.error?.message ?? null) : null,
     createdAt: h.created_at,
     runAt: null,
     lease: null,
     source: 'history',
     finishedAt: h.settled_at,
     result: h.outcome === 'success' ? await storedResult(db, storage, id) : null,
+    ...(state === 'cancelled' ? { cancelled: { actor: cancelDetail(h.error).actor, at: h.settled_at } } : {}),
   };
 }

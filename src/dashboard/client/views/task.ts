@@ -18,6 +18,7 @@ const TASK_ACTIONS: Readonly<Record<TaskState, readonly TaskAction[]>> = {
   retryable: ['retry', 'cancel', 'move', 'delete'],
   running: ['cancel'],
   completed: [],
+  cancelled: [],
 };
 
 function taskActions(t: TaskDetail['task']): HTMLDivElement | null {
@@ -117,6 +118,9 @@ export const task: View<TaskDetail> = {
       ['Dedupe key', t.dedupeKey || '—'],
       ['Created', when(t.createdAt)],
       ['Due', t.runAt ? when(t.runAt) : '—'],
+      ...(t.cancelled
+        ? ([['Cancelled', [`by ${t.cancelled.actor ?? 'an operator'}, `, when(t.cancelled.at)]]] as [string, Child][])
+        : []),
       [
         'Lease',
         t.lease

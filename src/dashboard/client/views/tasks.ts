@@ -9,7 +9,7 @@ import type { View } from '../view.js';
 import { stateBadges, table, taskLink, when } from '../widgets.js';
 import type { TaskList } from '../../wire.js';
 
-const STATES = ['ready', 'running', 'scheduled', 'retryable', 'dead', 'completed'];
+const STATES = ['ready', 'running', 'scheduled', 'retryable', 'dead', 'completed', 'cancelled'];
 
 /** A fresh pager and selection each time the page is mounted (a new filter starts at page 1, nothing ticked). */
 let pager = new Pager();
@@ -63,7 +63,9 @@ export const tasks: View<TaskList> = {
             `${t.attempts}${t.maxAttempts ? ` / ${t.maxAttempts}` : ''}`,
             when(t.createdAt),
             when(t.finishedAt || t.runAt),
-            h('span', { class: 'error-text' }, clip(t.lastError, 80)),
+            t.state === 'cancelled'
+              ? h('span', { class: 'muted' }, `cancelled by ${clip(t.cancelledBy ?? 'an operator', 80)}`)
+              : h('span', { class: 'error-text' }, clip(t.lastError, 80)),
           ].filter((c) => c !== null),
         })),
         'No tasks match.',
