@@ -203,7 +203,9 @@ test('an operator cancel mid-run stores no result; a dead letter retried stores 
   const [r1] = await runDueTasks(pool, [def], { schema });
   assert.equal(r1?.status, 'cancelled');
   assert.equal(r1?.result, null);
-  assert.equal(await getTask(pool, schema, cancelled.id!), null, 'a cancelled task is gone');
+  const read = await getTask(pool, schema, cancelled.id!);
+  assert.equal(read?.state, 'cancelled', 'a cancelled task stays visible');
+  assert.equal(read?.result, null, 'and carries no result');
   assert.equal((await stored()).size, 0);
 
   const dying = await enqueue(pool, def, { mode: 'die' }, { schema });
