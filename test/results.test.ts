@@ -20,6 +20,7 @@ import { DashboardReads } from '../src/dashboard/overview.js';
 import { task as dashboardTask } from '../src/dashboard/reads.js';
 import { DEFAULT_BACKOFF, backoffDelayMs } from '../src/task.js';
 import { encodeResult } from '../src/processor/handler-result.js';
+import { byResultBytes } from '../src/processor/settlement-batcher.js';
 import { captureLogger, DATABASE_URL, freshSchema, takeLeaseOver, testLogger, waitFor } from './helpers.js';
 import { runCli } from './support/run-cli.js';
 
@@ -219,4 +220,32 @@ test('resultMaxBytes and resultRetentionMs are checked like every option', () =>
   assert.equal(resolveMaintenanceOptions(undefined).resultRetentionMs, 7 * 24 * 3600_000);
   assert.throws(() => resolveMaintenanceOptions({ resultRetentionMs: 0 }), BerthInputError);
   assert.throws(() => resolveMaintenanceOptions({ resultRetentionMS: 1 } as never), /did you mean "resultRetentionMs"/);
+});
+
+test("a completion flush is split so that one statement carries at most the flush's share of result text, a lease's entries together", () => {
+  const entry = (laneId: number, leaseFrom: string, chars: number | null) => ({
+    ref: { laneId, leaseFrom },
+    result: chars === null ? null : 'x'.repeat(chars),
+  });
+  const small = [entry(1, '1', 10), entry(1, '1', null), entry(2, '5', 10)];
+  assert.deepEqual(byResultBytes(small, 100), [small], 'within the bound: one statement');
+  const a1 = entry(1, '1', 60);
+  const b = entry(2, '5', 60);
+  const a2 = entry(1, '1', 30);
+  const c = entry(3, '9', null);
+  const parts = byResultBytes([a1, b, a2, c], 100);
+  assert.deepEqual(
+    parts,
+    [
+      [a1, a2],
+      [b, c],
+    ],
+    "lane 1's lease stays whole; the next lease starts a new part",
+  );
+  const alone = entry(4, '2', 500);
+  assert.deepEqual(
+    byResultBytes([alone, entry(4, '2', 1)], 100).length,
+    1,
+    'one lease over the bound is still one part',
+  );
 });

@@ -37,6 +37,55 @@ interface PendingComplete {
   w: Waiter<CompleteResult>;
 }
 
+/**
+ * The most result JSON (UTF-16 code units, about bytes) one completion statement carries. Results
+ * are capped per task (`resultMaxBytes`, at most 16 MiB), but a flush holds one completion per
+ * slot: without a bound on the flush, many slots returning large results would make one
+ * statement of gigabytes, past what PostgreSQL (1 GB a value) or Node (a string's length) takes,
+ * and every task in it would fail.
+ */
+const FLUSH_RESULT_CHARS = 32 * 1024 * 1024;
+
+/**
+ * A completion batch in parts whose results together stay within FLUSH_RESULT_CHARS (the batch
+ * itself when they do, always for a batch without results). The entries of one range lease stay
+ * in one part, so each lease's completion stays one statement's; a part may pass the bound when
+ * one lease alone does.
+ */
+export function byResultBytes<T extends { ref: { laneId: number; leaseFrom: string }; result: string | null }>(
+  batch: T[],
+  limit = FLUSH_RESULT_CHARS,
+): T[][] {
+  let total = 0;
+  for (const b of batch) total += b.result?.length ?? 0;
+  if (total <= limit) return [batch];
+  const leases = new Map<string, { entries: T[]; chars: number }>();
+  for (const b of batch) {
+    const key = `${b.ref.laneId}:${b.ref.leaseFrom}`;
+    let lease = leases.get(key);
+    if (!lease) {
+      lease = { entries: [], chars: 0 };
+      leases.set(key, lease);
+    }
+    lease.entries.push(b);
+    lease.chars += b.result?.length ?? 0;
+  }
+  const parts: T[][] = [];
+  let part: T[] = [];
+  let chars = 0;
+  for (const lease of leases.values()) {
+    if (part.length > 0 && chars + lease.chars > limit) {
+      parts.push(part);
+      part = [];
+      chars = 0;
+    }
+    part.push(...lease.entries);
+    chars += lease.chars;
+  }
+  if (part.length > 0) parts.push(part);
+  return parts;
+}
+
 /** Retries of a statement that failed for a reason other than the connection (a bug, a bad row). */
 const OTHER_ERROR_ATTEMPTS = 4;
 /** Backoff between retries: doubling from this, capped so a recovered database is seen within about a second. */
@@ -149,6 +198,10 @@ export class SettlementBatcher {
 
   private async flushCompletes(batch: PendingComplete[]): Promise<void> {
     if (batch.length === 0) return;
+    for (const part of byResultBytes(batch)) await this.flushCompletePart(part);
+  }
+
+  private async flushCompletePart(batch: PendingComplete[]): Promise<void> {
     const refs = batch.map((b) => b.ref);
     const runMs = batch.map((b) => b.runMs);
     // Only a batch that carries a result sends the completion that stores them.
