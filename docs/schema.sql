@@ -53,10 +53,9 @@ DECLARE
   v_priorities integer[];
   v_shard integer[];
   v_run_at timestamptz[];
-  v_ords integer[] := '{}';
-  v_ids bigint[] := '{}';
-  v_states text[] := '{}';
-  v_dups bigint[] := '{}';
+  v_ids bigint[];
+  v_states text[];
+  v_dups bigint[];
 BEGIN
   -- What enqueue() takes as smallint, and the delay, checked before any cast could fail with a
   -- raw 22003 or 22008. NULL is the default.
@@ -91,38 +90,59 @@ BEGIN
   -- Checked here too (enqueue() checks again per lane) so a bad task is named by its place in
   -- the whole call, not in its lane's share of it.
   PERFORM "berth".check_tasks(p_fn, p_types, p_payloads, v_run_at, p_max_attempts, p_dedupe, NULL);
+  -- A type's 200 characters are JavaScript's: UTF-16 code units, as enqueue and defineTask count
+  -- them, so a character above U+FFFF counts twice. check_tasks counts code points, and passed a
+  -- type of 150 emoji that no worker could define: the task would wait for ever.
+  SELECT u.o, char_length(u.t) + char_length(regexp_replace(u.t, '[^\U00010000-\U0010FFFF]', '', 'g')) AS n INTO x
+    FROM unnest(p_types) WITH ORDINALITY AS u(t, o)
+   WHERE octet_length(u.t) > 200
+     AND char_length(u.t) + char_length(regexp_replace(u.t, '[^\U00010000-\U0010FFFF]', '', 'g')) > 200
+   ORDER BY u.o LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'berth: %: task #%: type must be a non-empty string of at most 200 characters, counted as UTF-16 code units as JavaScript counts them (got %)',
+      p_fn, x.o, x.n USING ERRCODE = '22023';
+  END IF;
   -- The client's default shard: the transaction id modulo the shard count, one lane per
   -- transaction and queue/priority.
   v_shard := ARRAY(SELECT coalesce(u.sh, (txid_current() % coalesce(u.shs, 16))::integer)
                      FROM unnest(p_shard, p_shards) WITH ORDINALITY AS u(sh, shs, o) ORDER BY u.o);
   -- One enqueue() per lane, in the client's lock order (src/producer/enqueue.ts, `groupKey`:
-  -- JSON.stringify([queue, priority, shard, 0]) sorted; to_json escapes as JSON.stringify does,
-  -- and "C" orders by code point, as JavaScript does but for astral against U+E000-U+FFFF).
+  -- JSON.stringify([queue, priority, shard, 0]) sorted; to_json escapes as JSON.stringify does).
+  -- JavaScript sorts strings by UTF-16 code unit, so the key is compared as its code units: by
+  -- code point (COLLATE "C") a queue with a character above U+FFFF sorts after one with a
+  -- character in U+E000-U+FFFF, by code unit before it, and a SQL batch and a client batch over
+  -- two such lanes deadlocked (40P01).
+  -- Each lane's columns are aggregated in the one pass that groups them: taking them out of the
+  -- whole call's arrays by subscript walked a text or jsonb array from its start for every task,
+  -- which made a call quadratic (80,000 tasks took 38 s, 20,000 took 2.4 s).
   FOR g IN
-    SELECT u.q, u.pr, u.sh, array_agg(u.o::integer ORDER BY u.o) AS ords
-      FROM unnest(v_queues, v_priorities, v_shard) WITH ORDINALITY AS u(q, pr, sh, o)
+    SELECT u.q, u.pr, u.sh, array_agg(u.o::integer ORDER BY u.o) AS ords, array_agg(u.t ORDER BY u.o) AS types,
+           array_agg(u.p ORDER BY u.o) AS payloads, array_agg(u.r ORDER BY u.o) AS run_at,
+           array_agg(u.m ORDER BY u.o) AS max_attempts, array_agg(u.k ORDER BY u.o) AS dedupe
+      FROM unnest(v_queues, v_priorities, v_shard, p_types, p_payloads, v_run_at, p_max_attempts, p_dedupe)
+           WITH ORDINALITY AS u(q, pr, sh, t, p, r, m, k, o)
      GROUP BY u.q, u.pr, u.sh
-     ORDER BY ('[' || to_json(u.q)::text || ',' || u.pr || ',' || u.sh || ',0]') COLLATE "C"
+     ORDER BY ARRAY(SELECT w.unit
+                      FROM regexp_split_to_table('[' || to_json(u.q)::text || ',' || u.pr || ',' || u.sh || ',0]', '')
+                           WITH ORDINALITY AS c(ch, i),
+                           unnest(CASE WHEN ascii(c.ch) > 65535
+                                       THEN ARRAY[55296 + ((ascii(c.ch) - 65536) >> 10), 56320 + ((ascii(c.ch) - 65536) & 1023)]
+                                       ELSE ARRAY[ascii(c.ch)] END) WITH ORDINALITY AS w(unit, j)
+                     ORDER BY c.i, w.j)
   LOOP
-    SELECT v_ords || g.ords, v_ids || array_agg(e.id ORDER BY e.ord), v_states || array_agg(e.state ORDER BY e.ord),
-           v_dups || array_agg(e.duplicate_of ORDER BY e.ord)
-      INTO v_ords, v_ids, v_states, v_dups
-      FROM "berth".enqueue(g.q, g.pr::smallint, g.sh::smallint, NULL,
-             ARRAY(SELECT p_types[a.k] FROM unnest(g.ords) WITH ORDINALITY AS a(k, o) ORDER BY a.o),
-             ARRAY(SELECT p_payloads[a.k] FROM unnest(g.ords) WITH ORDINALITY AS a(k, o) ORDER BY a.o),
-             ARRAY(SELECT v_run_at[a.k] FROM unnest(g.ords) WITH ORDINALITY AS a(k, o) ORDER BY a.o),
-             ARRAY(SELECT p_max_attempts[a.k] FROM unnest(g.ords) WITH ORDINALITY AS a(k, o) ORDER BY a.o),
-             ARRAY(SELECT p_dedupe[a.k] FROM unnest(g.ords) WITH ORDINALITY AS a(k, o) ORDER BY a.o),
-             NULL) AS e;
+    SELECT array_agg(e.id ORDER BY e.ord), array_agg(e.state ORDER BY e.ord), array_agg(e.duplicate_of ORDER BY e.ord)
+      INTO v_ids, v_states, v_dups
+      FROM "berth".enqueue(g.q, g.pr::smallint, g.sh::smallint, NULL, g.types, g.payloads, g.run_at,
+                              g.max_attempts, g.dedupe, NULL) AS e;
+    -- A duplicate of a key taken earlier in the same enqueue() call has no duplicate_of there (its
+    -- dedupe row was written by the same statement); it is visible now. The rows go out lane by
+    -- lane: the callers put them in input order.
+    RETURN QUERY
+    SELECT u.o, u.i, u.s,
+           coalesce(u.d, CASE WHEN u.s = 'duplicate'
+                              THEN (SELECT dd.id FROM "berth".dedupe dd WHERE dd.dedupe_key = u.k) END)
+      FROM unnest(g.ords, v_ids, v_states, v_dups, g.dedupe) AS u(o, i, s, d, k);
   END LOOP;
-  -- A duplicate of a key taken earlier in the same enqueue() call has no duplicate_of there (its
-  -- dedupe row was written by the same statement); it is visible now.
-  RETURN QUERY
-  SELECT u.o, u.i, u.s,
-         coalesce(u.d, CASE WHEN u.s = 'duplicate'
-                            THEN (SELECT dd.id FROM "berth".dedupe dd WHERE dd.dedupe_key = p_dedupe[u.o]) END)
-    FROM unnest(v_ords, v_ids, v_states, v_dups) AS u(o, i, s, d)
-   ORDER BY u.o;
 END $$;
 
 --
@@ -197,7 +217,8 @@ BEGIN
            ARRAY(SELECT (e.t ->> 'max_attempts')::numeric::integer FROM jsonb_array_elements($1) WITH ORDINALITY AS e(t, o) ORDER BY e.o),
            coalesce(v_delays, '{}'),
            ARRAY(SELECT (e.t ->> 'shard')::numeric::integer FROM jsonb_array_elements($1) WITH ORDINALITY AS e(t, o) ORDER BY e.o),
-           ARRAY(SELECT (e.t ->> 'shards')::numeric::integer FROM jsonb_array_elements($1) WITH ORDINALITY AS e(t, o) ORDER BY e.o)) AS r;
+           ARRAY(SELECT (e.t ->> 'shards')::numeric::integer FROM jsonb_array_elements($1) WITH ORDINALITY AS e(t, o) ORDER BY e.o)) AS r
+   ORDER BY r.ord;
 END $_$;
 
 --
