@@ -109,7 +109,6 @@ function textError(
   );
 }
 
-/** An integer in [min, max], else an error naming the field and the range. */
 /**
  * The queue and type of an operator's filter, checked as enqueue checks them: a name no task can
  * have (NUL, a lone surrogate, too long) is refused with its reason instead of reaching
@@ -120,6 +119,7 @@ export function checkNameFilter(filter: { queue?: unknown; type?: unknown }, whe
   if (filter.type !== undefined) checkText(filter.type, 'type', where, { maxChars: MAX_TYPE_CHARS });
 }
 
+/** An integer in [min, max], else an error naming the field and the range. */
 export function checkInteger(value: unknown, field: string, where: string, min: number, max: number): number {
   if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
     throw new BerthInputError(

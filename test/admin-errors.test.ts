@@ -7,10 +7,13 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import {
+  attemptsOf,
   BerthInputError,
   cancelTask,
   cancelTasks,
   deleteTask,
+  dequeue,
+  listAttempts,
   moveTask,
   pauseQueue,
   purgeDead,
@@ -20,6 +23,7 @@ import {
   retryTask,
   SchemaNotMigratedError,
   setHistorySettings,
+  taskTimeline,
 } from '../src/index.js';
 import { quoteIdent } from '../src/sql.js';
 import { DATABASE_URL, freshSchema } from './helpers.js';
@@ -33,7 +37,21 @@ await pool.query(`DROP SCHEMA IF EXISTS ${quoteIdent(empty)} CASCADE`);
 await pool.query(`CREATE SCHEMA ${quoteIdent(empty)}`);
 process.env.BERTH_ACTOR = 'cli:tester';
 
-const BAD_IDS = ['abc', '-1', '99999999999999999999', '0', '1.5', ''];
+const BAD_IDS = [
+  'abc',
+  '-1',
+  '99999999999999999999',
+  '9223372036854775808',
+  '0',
+  '1.5',
+  '',
+  ' 1',
+  '+1',
+  '\u0663',
+  '\uff11',
+  '1\u0000',
+  '9'.repeat(10_240),
+];
 const BAD_QUEUES = ['q\u0000nul', 'q'.repeat(256), 'lone \ud800 surrogate'];
 const BAD_TYPES = ['t\u0000nul', 't'.repeat(201)];
 const RAW_CODE = /\b(22P02|22021|22P05|3F000|42P01|42883)\b|syntax for type|does not exist|invalid byte sequence/;
@@ -47,6 +65,9 @@ const BY_ID: Record<string, (s: string, id: string) => Promise<unknown>> = {
   retryDeadLetters: (s, id) => retryDeadLetters(pool, s, [id]),
   'retryDead ids': (s, id) => retryDead(pool, s, { ids: [id] }),
   'purgeDead ids': (s, id) => purgeDead(pool, s, { ids: [id] }),
+  taskTimeline: (s, id) => taskTimeline(pool, s, id),
+  attemptsOf: (s, id) => attemptsOf(pool, s, id),
+  'dequeue unleased': (s, id) => dequeue(pool, s, id, ''),
 };
 
 /** One action of each kind on a queue name. */
@@ -57,12 +78,14 @@ const BY_QUEUE: Record<string, (s: string, queue: string) => Promise<unknown>> =
   'cancelTasks queue': (s, q) => cancelTasks(pool, s, { queue: q }),
   'retryDead queue': (s, q) => retryDead(pool, s, { queue: q }),
   'purgeDead queue': (s, q) => purgeDead(pool, s, { queue: q }),
+  'listAttempts queue': (s, q) => listAttempts(pool, s, { queue: q }),
 };
 
 const BY_TYPE: Record<string, (s: string, type: string) => Promise<unknown>> = {
   'cancelTasks type': (s, t) => cancelTasks(pool, s, { type: t }),
   'retryDead type': (s, t) => retryDead(pool, s, { type: t }),
   'purgeDead type': (s, t) => purgeDead(pool, s, { type: t }),
+  'listAttempts type': (s, t) => listAttempts(pool, s, { type: t }),
 };
 
 async function refused(
@@ -82,8 +105,15 @@ async function refused(
 
 test('library: a malformed task id is a BerthInputError for every action on a task, before any statement', async () => {
   for (const [name, run] of Object.entries(BY_ID)) {
-    for (const id of BAD_IDS) await refused(`${name}(${JSON.stringify(id)})`, () => run(schema, id), BerthInputError);
+    for (const id of BAD_IDS)
+      await refused(`${name}(${JSON.stringify(id.slice(0, 24))})`, () => run(schema, id), BerthInputError);
   }
+  await refused('dequeue token', () => dequeue(pool, schema, '1', 'not-a-uuid'), BerthInputError);
+  // The largest id is valid: it reaches the database and finds nothing.
+  const max = '9223372036854775807';
+  assert.deepEqual(await taskTimeline(pool, schema, max), []);
+  assert.deepEqual(await attemptsOf(pool, schema, max), []);
+  assert.equal(await retryTask(pool, schema, max), 'not_found');
 });
 
 test('library: a queue or type name no task can have (NUL, a lone surrogate, too long) is a BerthInputError', async () => {

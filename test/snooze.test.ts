@@ -7,9 +7,25 @@
 import { storageFor } from '../src/storage/storage.js';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { BerthInputError, defineTask, enqueue, getTask, listAttempts, snooze, Worker } from '../src/index.js';
+import type pg from 'pg';
+import {
+  attemptsOf,
+  BerthInputError,
+  defineTask,
+  enqueue,
+  enqueueMany,
+  getTask,
+  listAttempts,
+  moveTask,
+  snooze,
+  Worker,
+} from '../src/index.js';
+import { promoteDue } from '../src/maintenance/promote.js';
+import { type ClaimParams, claim, claimLanes } from '../src/processor/claim.js';
+import { claimOneLane } from '../src/processor/claim-one-lane.js';
 import { quoteIdent } from '../src/sql.js';
-import { pruneSnoozeCounts } from '../src/storage/snooze.js';
+import { pruneSnoozeCounts, snoozeLease } from '../src/storage/snooze.js';
+import { claimParams } from './claim-params.js';
 import { runCli } from './support/run-cli.js';
 import {
   DATABASE_URL,
@@ -17,6 +33,7 @@ import {
   FAST_MAINTENANCE,
   freshSchema,
   outcomes,
+  takeLeaseOver,
   testLogger,
   waitFor,
 } from './helpers.js';
@@ -201,4 +218,88 @@ test('snooze() and maxSnoozes are checked: a bad delay fails the run (a BerthInp
   );
   assert.equal(defineTask({ type: 'x', ceilingMs: 1000, handler: async () => undefined }).maxSnoozes, 100);
   assert.equal(defineTask({ type: 'x', ceilingMs: 1000, handler: async () => undefined, maxSnoozes: 0 }).maxSnoozes, 0);
+});
+
+/** Index and sequential scans of `snoozes` this transaction has started so far. */
+async function snoozeScans(db: pg.ClientBase): Promise<number> {
+  const r = await db.query<{ n: string }>(
+    `SELECT (coalesce(seq_scan, 0) + coalesce(idx_scan, 0))::text AS n
+       FROM pg_stat_xact_user_tables WHERE schemaname = $1 AND relname = 'snoozes'`,
+    [schema],
+  );
+  return Number(r.rows[0]?.n ?? 0);
+}
+
+test('the claim reads snoozes only for a task back from deferred storage: fresh tasks cost no read of it, even with dead counts in the table (both claim statements)', async () => {
+  const queue = 's_probe';
+  // A count of another task, and 2,000 dead ones ahead of it in the index (pruned, no vacuum yet):
+  // an EXISTS over the table would walk them all on every claim.
+  await pool.query(
+    `INSERT INTO ${S}.snoozes (id, snoozes) SELECT 8000000000000000000 + g, 1 FROM generate_series(1, 2000) g`,
+  );
+  await pool.query(`INSERT INTO ${S}.snoozes (id, snoozes) VALUES (9000000000000000000, 3)`);
+  await pool.query(`DELETE FROM ${S}.snoozes WHERE id BETWEEN 8000000000000000001 AND 8000000000000002000`);
+  const snoozed = await enqueue(pool, 's_probe_t', { n: 0 }, { schema, queue });
+  const lanes = (
+    await pool.query<{ lane_id: number }>(`SELECT lane_id FROM ${S}.lanes WHERE queue = $1`, [queue])
+  ).rows.map((r) => r.lane_id);
+  const [first] = await claim(pool, claimParams(schema, lanes, 1));
+  assert.equal(first?.id, snoozed.id);
+  assert.equal(first?.snoozes, 0);
+  assert.equal((await snoozeLease(pool, storageFor(schema), first!, 0, 100, 'x')).wrote, true);
+  assert.ok((await promoteDue(pool, schema)) >= 1);
+  // Moved to another priority (a new lane of the queue): it keeps its count.
+  assert.equal(await moveTask(pool, schema, snoozed.id!, { priority: 1 }), 'moved');
+  const fresh = await enqueueMany(
+    pool,
+    [1, 2].map((n) => ({ type: 's_probe_t', payload: { n }, queue })),
+    { schema },
+  );
+  const allLanes = (
+    await pool.query<{ lane_id: number }>(`SELECT lane_id FROM ${S}.lanes WHERE queue = $1 ORDER BY lane_id`, [queue])
+  ).rows.map((r) => r.lane_id);
+  const client = await pool.connect();
+  try {
+    for (const [label, run] of [
+      ['the one-lane statement', (p: ClaimParams) => claimOneLane(client, p)],
+      ['the several-lane statement', (p: ClaimParams) => claimLanes(client, p)],
+    ] as const) {
+      // Every lane of the queue (its tasks may be spread over shards), in one transaction rolled
+      // back, so the next statement claims the same tasks.
+      await client.query('BEGIN');
+      try {
+        const before = await snoozeScans(client);
+        const counts = new Map<string, number>();
+        for (const lane of allLanes) {
+          for (const t of (await run(claimParams(schema, [lane], 10))).tasks) counts.set(t.id, t.snoozes);
+        }
+        const probes = (await snoozeScans(client)) - before;
+        assert.deepEqual(counts, new Map([[snoozed.id!, 1], ...fresh.map((f) => [f.id!, 0] as const)]), label);
+        assert.equal(probes, 1, `${label}: one probe of snoozes, the snoozed task's; none for fresh tasks`);
+      } finally {
+        await client.query('ROLLBACK');
+      }
+    }
+  } finally {
+    client.release();
+  }
+});
+
+test('a snooze whose lease was taken over writes nothing: no count, no deferred row, no attempt-history row', async () => {
+  const queue = 's_fenced';
+  const { id } = await enqueue(pool, 's_fenced_t', {}, { schema, queue });
+  const lanes = (
+    await pool.query<{ lane_id: number }>(`SELECT lane_id FROM ${S}.lanes WHERE queue = $1`, [queue])
+  ).rows.map((r) => r.lane_id);
+  const [task] = await claim(pool, claimParams(schema, lanes, 1));
+  assert.equal(task?.id, id);
+  await takeLeaseOver(pool, schema, id!);
+  const r = await snoozeLease(pool, storageFor(schema), task!, 0, 100, 'x');
+  assert.deepEqual(r, { wrote: false, snoozes: 0, refunded: false, dead: false });
+  assert.deepEqual((await pool.query(`SELECT 1 FROM ${S}.snoozes WHERE id = $1`, [id])).rows, []);
+  assert.deepEqual((await pool.query(`SELECT 1 FROM ${S}.deferred WHERE id = $1`, [id])).rows, []);
+  assert.deepEqual(
+    (await attemptsOf(pool, schema, id!)).map((a) => a.outcome),
+    [],
+  );
 });

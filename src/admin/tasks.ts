@@ -329,6 +329,7 @@ export interface TimelineEvent {
  * that history also holds are shown once, from history.
  */
 export async function taskTimeline(db: Queryable, schema: string, id: string): Promise<TimelineEvent[]> {
+  taskId(id);
   try {
     const storage = storageFor(schema);
     const task = await getTaskIn(db, storage, id);

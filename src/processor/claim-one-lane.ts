@@ -76,6 +76,8 @@ const ONE_LANE_COLUMNS = [
   'max_attempts',
   'dedupe_key',
   'trace_context',
+  // Read with run_at by taskJsonSql: is the task worth a probe of `snoozes`.
+  'created_at',
 ];
 
 function claimOneLaneStatement({ name, q: s }: Schema, w: RingWindow | undefined) {

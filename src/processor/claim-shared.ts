@@ -169,13 +169,17 @@ export const NOW_MS_SQL = '(extract(epoch FROM now()) * 1000)::float8';
  * `s` is the quoted schema.
  *
  * The task's snooze count (`ctx.snoozes`) is the one field not on the ready row: it lives in
- * `snoozes`, one row per task that snoozed, which the leader's retention empties once those
- * tasks are done. So it is read by a primary-key probe only when that table has a row at all: the
- * EXISTS is uncorrelated, an InitPlan the executor runs once per claim, and with no snoozing task
- * in the schema each task costs one test of its result. A count of 0 is not written.
+ * `snoozes`, one row per task that snoozed. A snooze always sends its task through deferred
+ * storage, whose `run_at` (the snooze's `now()` plus its delay) then differs from the
+ * `created_at` it keeps; a task enqueued due now is appended with both set to the enqueue's
+ * `now()`. So only a ready row whose two differ (a snoozed, retried or delayed task) is
+ * probed, by primary key; the claim of tasks that never left the ring reads nothing of
+ * `snoozes`. Not an uncorrelated EXISTS over the table: that scans every dead row at the head
+ * of the table's index until a vacuum, on every claim, once counts were pruned. A count of 0 is
+ * not written.
  */
 export function taskJsonSql(s: string, r: string, l: string): string {
-  const snoozes = `CASE WHEN (SELECT EXISTS (SELECT 1 FROM ${s}.snoozes))
+  const snoozes = `CASE WHEN ${r}.run_at <> ${r}.created_at
                         THEN (SELECT z.snoozes FROM ${s}.snoozes z WHERE z.id = ${r}.id) END`;
   return `'["' || ${r}.lane_seq || '","' || ${r}.id || '",' || array_position(${l}.types, ${r}.type) || ','
             || (${r}.attempts + 1) || ',' || greatest(date_part('epoch', now() - ${r}.run_at), 0) || ','

@@ -1,4 +1,5 @@
-import { LeaseLostError } from '../errors.js';
+import { BerthInputError, LeaseLostError, orNotMigrated } from '../errors.js';
+import { taskId } from './ids.js';
 import { quoteIdent, type Queryable, type Schema, statementName } from '../sql.js';
 import { compile, p, type Sql, sql } from '../statement.js';
 import { completionHistory, perTaskHistory, runMsValue } from './history.js';
@@ -441,8 +442,14 @@ async function completeRemainders(
  * and then did the work itself). Runs on the caller's executor.
  */
 export async function dequeue(executor: Queryable, schema: string, id: string, token: string): Promise<void> {
-  return dequeueIn(executor, storageFor(schema), id, token);
+  taskId(id);
+  // A token is a lease's uuid (ctx.dequeue passes its own); anything else could own nothing.
+  if (token !== '' && !UUID.test(token))
+    throw new BerthInputError("bad lease token: expected a uuid, or '' for an unleased task");
+  return orNotMigrated(schema, () => dequeueIn(executor, storageFor(schema), id, token));
 }
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 /** dequeue on a bound storage (the handler's `ctx.dequeue`). */
 export async function dequeueIn(executor: Queryable, storage: Storage, id: string, token: string): Promise<void> {

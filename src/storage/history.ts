@@ -1,4 +1,6 @@
 import { BerthInputError, notMigrated, orNotMigrated } from '../errors.js';
+import { checkNameFilter } from '../limits.js';
+import { taskId } from './ids.js';
 import { readErrorDetail } from './attempt-read.js';
 import type { Queryable } from '../sql.js';
 import { positional, type Sql, sql } from '../statement.js';
@@ -158,6 +160,7 @@ function toRecord(r: AttemptRow): AttemptRecord {
 
 /** Every attempt of one task still in history, oldest first. One btree probe (`bucket`). */
 export async function attemptsOf(db: Queryable, schema: string, id: string): Promise<AttemptRecord[]> {
+  taskId(id);
   try {
     const statement = storageFor(schema).statement('attempts-of', ({ q: s }) =>
       positional(
@@ -240,6 +243,7 @@ export async function listAttempts(
     if (!Number.isInteger(limit) || limit < 1 || limit > 500)
       throw new BerthInputError('limit must be an integer from 1 to 500');
     if (filter.outcome !== undefined) parseOutcome(filter.outcome);
+    checkNameFilter(filter, 'listAttempts filter');
     const [at, afterId] = parseCursor(page.after);
     const statement = storageFor(schema).statement('list-attempts', ({ q: s }) =>
       positional(
