@@ -5,17 +5,11 @@
  * empty and unused, for a later migration (its header says why: a prune already running the
  * migration-18 body when 22 commits still locks them by name; the second test runs one).
  *
- * The previous version here is migration 21 and the code this branch had before 22. By default
- * the first test runs the Worker, defineTask and enqueueMany of the code under test: migration 22
- * changed no statement a worker, its leader or a producer runs (the TypeScript it changed is the
- * grant lists, used only by migrate and grantRuntimeRole, and defineTask's option check), and the
- * code runs on a schema of 21 (assertMigrated's marker is migration 20's). To run the previous
- * version's own build instead, point BERTH_PREVIOUS_DIST at its dist/:
+ * The previous version here is migration 21 and the code berth had before 22: its own build,
+ * compiled from git history by test/support/previous-build.ts (the code under test no longer runs
+ * on a schema of 21), with its own grant lists. Any other build can stand in for it:
  *
- *   git worktree add --detach /tmp/berth-prev <commit> && (cd /tmp/berth-prev && npm ci && npm run build)
  *   BERTH_PREVIOUS_DIST=/tmp/berth-prev/dist node --import tsx --test test/migration-22.test.ts
- *
- * Its grants then come from its own src/schema/roles.ts, too.
  */
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -23,26 +17,27 @@ import { pathToFileURL } from 'node:url';
 import pg from 'pg';
 import * as current from '../src/index.js';
 import { rotateRing } from '../src/maintenance/ring.js';
-import { type RoleKind, runtimeGrantStatements } from '../src/schema/roles.js';
+import type { runtimeGrantStatements } from '../src/schema/roles.js';
+import { previousBuild } from './support/previous-build.js';
 import { quoteIdent } from '../src/sql.js';
 import { runDueTasks } from '../src/testing-api.js';
 import { captureLogger, counterValue, DATABASE_URL, FAST_MAINTENANCE, urlAs, waitFor } from './helpers.js';
 import { schemaAtVersion } from './support/legacy-schema.js';
+import { MIGRATIONS } from '../src/schema/migrations.js';
 
-const previousDist = process.env.BERTH_PREVIOUS_DIST;
-const previous: typeof current = previousDist ? await import(pathToFileURL(`${previousDist}/index.js`).href) : current;
+/** What migrate applies to a schema at 21: 22 and every migration after it (the fleet of 21 runs through them all). */
+const FROM_22 = MIGRATIONS.map((m) => m.version).filter((v) => v >= 22);
 
-/**
- * The statements the previous version's grant ran: its own, from its build; else today's plus
- * the one thing today's no longer grants, SELECT on the per-task tables (the parents for both
- * kinds, the partitions for a worker).
- */
-const previousGrants: typeof runtimeGrantStatements = previousDist
-  ? (await import(pathToFileURL(`${previousDist}/schema/roles.js`).href)).runtimeGrantStatements
-  : (schema: string, role: string, kind: RoleKind = 'worker') => [
-      ...runtimeGrantStatements(schema, role, kind),
-      `GRANT SELECT ON ${perTaskTables(schema, kind === 'worker').join(', ')} TO ${quoteIdent(role)}`,
-    ];
+// The code under test no longer runs on a schema of 21 (it writes migration 24's task results),
+// so the fleet of 21 is the build from just before migration 22, unless one is given.
+const previousDist =
+  process.env.BERTH_PREVIOUS_DIST ?? previousBuild('src/schema/migrations/0022_retire_per_task_leases.sql');
+const previous: typeof current = await import(pathToFileURL(`${previousDist}/index.js`).href);
+
+/** The statements the previous version's grant ran: its own, from its build. */
+const previousGrants: typeof runtimeGrantStatements = (
+  await import(pathToFileURL(`${previousDist}/schema/roles.js`).href)
+).runtimeGrantStatements;
 
 function perTaskTables(schema: string, partitions = true): string[] {
   const s = quoteIdent(schema);
@@ -154,7 +149,7 @@ test('migration 22 under a fleet of migration 21: two workers, their leader and 
     const report = await current.migrate({ connectionString: DATABASE_URL, schema });
     assert.deepEqual(
       report.applied.map((m) => m.version),
-      [22],
+      FROM_22,
     );
     migrated = { pruned: await pruned(), rotated: await rotated(), handled: runs.size };
     // Two more of each: at least one rotation and one prune that began after 22 committed (one of
@@ -210,7 +205,7 @@ test('migration 22 under a fleet of migration 21: two workers, their leader and 
     );
   assert.equal(await total('berth_maintenance_errors_total', {}), 0);
   console.log(
-    `migration-22 fleet (${previousDist ? `previous build ${previousDist}` : 'code under test at schema 21'}): ` +
+    `migration-22 fleet (previous build ${previousDist}): ` +
       `${enqueued} tasks, each run once; at the migration ${migrated!.handled} run, ${migrated!.rotated} rotations, ` +
       `${migrated!.pruned} prunes; in all ${await rotated()} rotations, ${await pruned()} prunes, 0 errors`,
   );
@@ -277,7 +272,7 @@ test('a prune that began before migration 22 committed runs migration 18’s bod
     const report = await current.migrate({ connectionString: DATABASE_URL, schema });
     assert.deepEqual(
       report.applied.map((m) => m.version),
-      [22],
+      FROM_22,
     );
     // A reader of leases_0 now: the old body's LOCK will wait for it, 22's never asks.
     await reader.query('BEGIN');
