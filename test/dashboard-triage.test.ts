@@ -130,7 +130,10 @@ test('bulk cancel: one request, each id through the admin cancel, a per-id resul
   ]);
   assert.deepEqual([a.changed, a.unchanged], [3, 1]);
   assert.deepEqual(a.byResult, { removed: 2, cancelled: 1, not_found: 1 });
-  assert.deepEqual([await stateOf(ready), await stateOf(scheduled), await stateOf(doomed)], ['gone', 'gone', 'gone']);
+  assert.deepEqual(
+    [await stateOf(ready), await stateOf(scheduled), await stateOf(doomed)],
+    ['cancelled', 'cancelled', 'cancelled'],
+  );
   const audit = await pool.query(
     `SELECT actor, target, result FROM ${S}.audit_log WHERE action = 'task.cancel' ORDER BY id`,
   );
