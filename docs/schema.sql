@@ -350,15 +350,21 @@ BEGIN
     END IF;
     v_lane := NULL;
     v_type := NULL;
-    -- Locked before the removal, so promotion (FOR UPDATE SKIP LOCKED) cannot take it in between
-    -- and what is recorded is what the removal deletes.
-    SELECT x.state, x.type, x.queue, x.priority, x.shard, x.attempts, x.created_at
-      INTO v_state, v_type, v_queue, v_priority, v_shard, v_attempts, v_created
-      FROM "berth".deferred x WHERE x.id = v_id FOR UPDATE;
+    -- Deferred: removed and read by one statement, so what is recorded is what was deleted
+    -- (promotion skips the row this holds; a cancel that waits for promotion finds it gone).
+    DELETE FROM "berth".deferred x WHERE x.id = v_id
+      RETURNING x.state, x.type, x.queue, x.priority, x.shard, x.attempts, x.created_at
+      INTO v_state, v_type, v_queue, v_priority, v_shard, v_attempts, v_created;
     v_deferred := FOUND;
-    -- Pending: removed. Leased: remove_unleased has taken the lane's row lock, and this
-    -- statement's fresh snapshot sees the lease.
-    v_result := "berth".remove_unleased_quietly(v_id, 'cancelled');
+    IF v_deferred THEN
+      DELETE FROM "berth".dedupe d WHERE d.id = v_id;
+      v_result := 'removed';
+    ELSE
+      -- Ready: tombstoned. Leased: tombstone_unleased has taken the lane's row lock, and this
+      -- statement's fresh snapshot sees the lease. Never remove_unleased_quietly here: its own
+      -- look in deferred storage could delete a retry committed since the DELETE above, unread.
+      v_result := "berth".tombstone_unleased(v_id, 'cancelled');
+    END IF;
     IF v_result = 'removed' AND NOT v_deferred THEN
       -- The ready entry the removal tombstoned (the ready index on id, then the tombstone's key).
       SELECT r.lane_id, r.type, r.attempts, r.created_at INTO v_lane, v_type, v_attempts, v_created
@@ -1111,33 +1117,13 @@ CREATE FUNCTION berth.remove_unleased_quietly(p_id bigint, p_reason text) RETURN
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-DECLARE r record;
 BEGIN
   DELETE FROM "berth".deferred WHERE id = p_id;
   IF FOUND THEN
     DELETE FROM "berth".dedupe WHERE id = p_id;
     RETURN 'removed';
   END IF;
-  SELECT e.slot, e.lane_id, e.lane_seq INTO r FROM "berth".ready e
-   WHERE e.id = p_id
-     AND NOT EXISTS (SELECT 1 FROM "berth".tombstones t
-                      WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.slot = e.slot)
-     AND NOT EXISTS (SELECT 1 FROM "berth".leased_entries le
-                      WHERE le.id = p_id AND le.lane_id = e.lane_id AND le.lane_seq = e.lane_seq
-                        AND le.slot = e.slot AND le.outcome IS NOT NULL)
-   ORDER BY e.appended_at DESC LIMIT 1;
-  IF NOT FOUND THEN RETURN 'not_found'; END IF;
-  -- Row-locks the lane (claims skip it meanwhile) and bumps its version, so a claim whose
-  -- snapshot predates this tombstone sees the version change and leaves the lane alone.
-  UPDATE "berth".lanes SET version = version + 1 WHERE lane_id = r.lane_id;
-  IF EXISTS (SELECT 1 FROM "berth".leased_entries le
-              WHERE le.id = p_id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq AND le.slot = r.slot) THEN
-    RETURN 'leased';
-  END IF;
-  INSERT INTO "berth".tombstones (slot, lane_id, lane_seq, id, reason)
-  VALUES (r.slot, r.lane_id, r.lane_seq, p_id, p_reason) ON CONFLICT DO NOTHING;
-  DELETE FROM "berth".dedupe WHERE id = p_id;
-  RETURN 'removed';
+  RETURN "berth".tombstone_unleased(p_id, p_reason);
 END $$;
 
 --
@@ -1379,6 +1365,38 @@ BEGIN
     END LOOP;
   END IF;
   RETURN v_n;
+END $$;
+
+--
+-- Name: tombstone_unleased(bigint, text); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.tombstone_unleased(p_id bigint, p_reason text) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE r record;
+BEGIN
+  SELECT e.slot, e.lane_id, e.lane_seq INTO r FROM "berth".ready e
+   WHERE e.id = p_id
+     AND NOT EXISTS (SELECT 1 FROM "berth".tombstones t
+                      WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.slot = e.slot)
+     AND NOT EXISTS (SELECT 1 FROM "berth".leased_entries le
+                      WHERE le.id = p_id AND le.lane_id = e.lane_id AND le.lane_seq = e.lane_seq
+                        AND le.slot = e.slot AND le.outcome IS NOT NULL)
+   ORDER BY e.appended_at DESC LIMIT 1;
+  IF NOT FOUND THEN RETURN 'not_found'; END IF;
+  -- Row-locks the lane (claims skip it meanwhile) and bumps its version, so a claim whose
+  -- snapshot predates this tombstone sees the version change and leaves the lane alone.
+  UPDATE "berth".lanes SET version = version + 1 WHERE lane_id = r.lane_id;
+  IF EXISTS (SELECT 1 FROM "berth".leased_entries le
+              WHERE le.id = p_id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq AND le.slot = r.slot) THEN
+    RETURN 'leased';
+  END IF;
+  INSERT INTO "berth".tombstones (slot, lane_id, lane_seq, id, reason)
+  VALUES (r.slot, r.lane_id, r.lane_seq, p_id, p_reason) ON CONFLICT DO NOTHING;
+  DELETE FROM "berth".dedupe WHERE id = p_id;
+  RETURN 'removed';
 END $$;
 
 SET default_tablespace = '';
@@ -7122,6 +7140,12 @@ REVOKE ALL ON FUNCTION berth.rotate_ring(p_from smallint, p_to smallint) FROM PU
 --
 
 REVOKE ALL ON FUNCTION berth.set_queue_paused(p_queue text, p_paused boolean, p_actor text, p_reason text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION tombstone_unleased(p_id bigint, p_reason text); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.tombstone_unleased(p_id bigint, p_reason text) FROM PUBLIC;
 
 --
 -- PostgreSQL database dump complete

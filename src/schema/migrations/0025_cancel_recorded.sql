@@ -14,9 +14,15 @@
 -- attempts the task had had (0 for one that never ran: the cancel is not an attempt, so the
 -- count stays what it was), the error `{message: "cancelled by <actor> while <state>", name:
 -- "Cancel", data: {"cancelledBy": <actor>, "state": <state>}}`. A running task's cancel row is
--- migration 20's, its data now also saying `"state": "running"`. What a cancel removes is read
--- before it is removed: a deferred row is locked first (promotion skips a locked row, so the row
--- recorded is the row deleted), a ready entry is the one the removal tombstoned. Nothing is
+-- migration 20's, its data now also saying `"state": "running"`. What a cancel removes is what it
+-- records: a deferred row is deleted by one statement that returns it (promotion skips a row a
+-- cancel holds, and a cancel that waited for promotion finds the row gone and the task in the
+-- ring), a ready entry is the one the removal tombstoned. The removal of a ready entry is
+-- `tombstone_unleased()`, remove_unleased_quietly()'s second half made a function of its own, so
+-- that a cancel never deletes a deferred row it did not read: a first version looked in deferred
+-- storage and then called remove_unleased_quietly(), whose own DELETE (a later snapshot) could
+-- take a retry the holder's failure committed in between, answer `removed` and record nothing
+-- (the task then read as not found; cancel-races.test.ts forces that interleaving). Nothing is
 -- recorded while attempt history is turned off, as for every other attempt.
 --
 -- Which of a cancel and the holder's own settlement is written is unchanged: the running path
@@ -33,6 +39,47 @@
 
 CREATE INDEX attempt_history_cancelled_idx ON {{schema}}.attempt_history (bucket)
   WHERE outcome = 'cancelled' AND (error ->> 'name') = 'Cancel';
+
+-- The unleased ready entry of a task tombstoned (`removed`), or `leased` (a lease holds it;
+-- the lane's row is locked and its version bumped either way), or `not_found`: what
+-- remove_unleased_quietly() did after looking in deferred storage, now callable without that
+-- look, by cancel_tasks(), which reads the deferred row it removes.
+CREATE FUNCTION {{schema}}.tombstone_unleased(p_id bigint, p_reason text)
+RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE r record;
+BEGIN
+  SELECT e.slot, e.lane_id, e.lane_seq INTO r FROM {{schema}}.ready e
+   WHERE e.id = p_id
+     AND NOT EXISTS (SELECT 1 FROM {{schema}}.tombstones t
+                      WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.slot = e.slot)
+     AND NOT EXISTS (SELECT 1 FROM {{schema}}.leased_entries le
+                      WHERE le.id = p_id AND le.lane_id = e.lane_id AND le.lane_seq = e.lane_seq
+                        AND le.slot = e.slot AND le.outcome IS NOT NULL)
+   ORDER BY e.appended_at DESC LIMIT 1;
+  IF NOT FOUND THEN RETURN 'not_found'; END IF;
+  -- Row-locks the lane (claims skip it meanwhile) and bumps its version, so a claim whose
+  -- snapshot predates this tombstone sees the version change and leaves the lane alone.
+  UPDATE {{schema}}.lanes SET version = version + 1 WHERE lane_id = r.lane_id;
+  IF EXISTS (SELECT 1 FROM {{schema}}.leased_entries le
+              WHERE le.id = p_id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq AND le.slot = r.slot) THEN
+    RETURN 'leased';
+  END IF;
+  INSERT INTO {{schema}}.tombstones (slot, lane_id, lane_seq, id, reason)
+  VALUES (r.slot, r.lane_id, r.lane_seq, p_id, p_reason) ON CONFLICT DO NOTHING;
+  DELETE FROM {{schema}}.dedupe WHERE id = p_id;
+  RETURN 'removed';
+END $fn$;
+
+CREATE OR REPLACE FUNCTION {{schema}}.remove_unleased_quietly(p_id bigint, p_reason text)
+RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  DELETE FROM {{schema}}.deferred WHERE id = p_id;
+  IF FOUND THEN
+    DELETE FROM {{schema}}.dedupe WHERE id = p_id;
+    RETURN 'removed';
+  END IF;
+  RETURN {{schema}}.tombstone_unleased(p_id, p_reason);
+END $fn$;
 
 CREATE OR REPLACE FUNCTION {{schema}}.cancel_tasks(p_ids bigint[], p_actor text)
 RETURNS TABLE (id bigint, result text)
@@ -68,15 +115,21 @@ BEGIN
     END IF;
     v_lane := NULL;
     v_type := NULL;
-    -- Locked before the removal, so promotion (FOR UPDATE SKIP LOCKED) cannot take it in between
-    -- and what is recorded is what the removal deletes.
-    SELECT x.state, x.type, x.queue, x.priority, x.shard, x.attempts, x.created_at
-      INTO v_state, v_type, v_queue, v_priority, v_shard, v_attempts, v_created
-      FROM {{schema}}.deferred x WHERE x.id = v_id FOR UPDATE;
+    -- Deferred: removed and read by one statement, so what is recorded is what was deleted
+    -- (promotion skips the row this holds; a cancel that waits for promotion finds it gone).
+    DELETE FROM {{schema}}.deferred x WHERE x.id = v_id
+      RETURNING x.state, x.type, x.queue, x.priority, x.shard, x.attempts, x.created_at
+      INTO v_state, v_type, v_queue, v_priority, v_shard, v_attempts, v_created;
     v_deferred := FOUND;
-    -- Pending: removed. Leased: remove_unleased has taken the lane's row lock, and this
-    -- statement's fresh snapshot sees the lease.
-    v_result := {{schema}}.remove_unleased_quietly(v_id, 'cancelled');
+    IF v_deferred THEN
+      DELETE FROM {{schema}}.dedupe d WHERE d.id = v_id;
+      v_result := 'removed';
+    ELSE
+      -- Ready: tombstoned. Leased: tombstone_unleased has taken the lane's row lock, and this
+      -- statement's fresh snapshot sees the lease. Never remove_unleased_quietly here: its own
+      -- look in deferred storage could delete a retry committed since the DELETE above, unread.
+      v_result := {{schema}}.tombstone_unleased(v_id, 'cancelled');
+    END IF;
     IF v_result = 'removed' AND NOT v_deferred THEN
       -- The ready entry the removal tombstoned (the ready index on id, then the tombstone's key).
       SELECT r.lane_id, r.type, r.attempts, r.created_at INTO v_lane, v_type, v_attempts, v_created
@@ -168,5 +221,7 @@ BEGIN
   END IF;
 END $fn$;
 
--- Kept by CREATE OR REPLACE; said again so it is never executable by PUBLIC.
-REVOKE EXECUTE ON FUNCTION {{schema}}.cancel_tasks(bigint[], text) FROM PUBLIC;
+-- Kept by CREATE OR REPLACE; said again so none is ever executable by PUBLIC. tombstone_unleased
+-- is new: only the definer functions call it.
+REVOKE EXECUTE ON FUNCTION {{schema}}.cancel_tasks(bigint[], text), {{schema}}.remove_unleased_quietly(bigint, text),
+  {{schema}}.tombstone_unleased(bigint, text) FROM PUBLIC;
