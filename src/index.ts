@@ -73,7 +73,18 @@ export {
   type HandlerResult,
   type BackoffPolicy,
   type StandardSchemaLike,
+  type ScheduleFire,
 } from './task.js';
+export {
+  defineSchedule,
+  SCHEDULE_DEFAULTS,
+  MISFIRE_POLICIES,
+  type MisfirePolicy,
+  type ScheduleDefinition,
+  type ScheduleFields,
+  type ScheduleInput,
+  type NamedScheduleInput,
+} from './schedule.js';
 export { runSlices, DEFAULT_SLICE_MS, type SliceOptions, type SlicePage } from './processor/slices.js';
 export { dequeue } from './storage/complete.js';
 

@@ -15,6 +15,8 @@ import { rotateHistory } from './history.js';
 import { maintainRing } from './ring.js';
 import { rescueLapsedLeasesIn } from '../storage/rescue.js';
 import { pruneSnoozeCounts } from '../storage/snooze.js';
+import { pruneScheduleFires } from '../storage/schedules.js';
+import { CronCache, fireDueSchedules, markStale, type ScheduleClock } from './scheduler.js';
 
 export interface MaintenanceOptions {
   /** How often a follower tries to take leadership, and the leader checks its session. */
@@ -49,6 +51,13 @@ export interface MaintenanceOptions {
    */
   historyIntervalMs?: number;
   gaugeIntervalMs?: number;
+  /**
+   * How often the leader fires due schedule instants (1 s): a fire is late by at most this plus
+   * the time to claim its task, on a quiet fleet.
+   */
+  scheduleTickMs?: number;
+  /** How often the leader marks stale the schedules no live worker declares (5 s). */
+  scheduleStaleIntervalMs?: number;
 }
 
 /** What `Maintenance.stats()` reports per branch. */
@@ -80,6 +89,8 @@ export const MAINTENANCE_DEFAULTS: ResolvedMaintenanceOptions = {
   deadRetentionMs: DEFAULT_DEAD_RETENTION_MS,
   historyIntervalMs: 60_000,
   gaugeIntervalMs: 5000,
+  scheduleTickMs: 1000,
+  scheduleStaleIntervalMs: 5000,
 };
 
 /**
@@ -119,6 +130,7 @@ const MAINTENANCE_DEPS_KEYS: ReadonlySet<string> = new Set([
   'metrics',
   'options',
   'workerId',
+  'scheduleClock',
 ]);
 
 /**
@@ -148,6 +160,9 @@ type Branch = {
   busyShare?: number;
   run: () => Promise<void>;
 };
+
+/** How long a schedule's fire records are kept (what `berth schedules show` and attempt history read). */
+const SCHEDULE_FIRE_RETENTION_MS = 7 * 24 * 3600_000;
 
 /** The gauges' busy share: at most 5 % of the time reading the backlog. */
 const GAUGE_BUSY_SHARE = 0.05;
@@ -215,6 +230,8 @@ export class Maintenance {
   private loop: Promise<void> | null = null;
   /** Held leases at the last rescue run (logged on change). */
   private lastHeld = 0;
+  /** Parsed cron expressions, kept across terms. */
+  private readonly crons = new CronCache();
 
   constructor(
     private readonly deps: {
@@ -230,6 +247,8 @@ export class Maintenance {
       workerId?: string;
       /** Told after this process became leader (true) or stepped down (false): `worker.events`. */
       onLeadership?: (leader: boolean) => void;
+      /** The time schedules are fired by; default the database's clock (tests set their own). */
+      scheduleClock?: ScheduleClock;
     },
   ) {
     checkKeys(deps, MAINTENANCE_DEPS_KEYS, 'Maintenance');
@@ -354,6 +373,26 @@ export class Maintenance {
         },
       },
       {
+        name: 'schedules',
+        intervalMs: o.scheduleTickMs,
+        run: async () => {
+          await fireDueSchedules(pool, storage, {
+            metrics,
+            logger: childLogger(this.deps.logger, { branch: 'schedules' }),
+            clock: this.deps.scheduleClock,
+            crons: this.crons,
+          });
+        },
+      },
+      {
+        name: 'schedule-stale',
+        intervalMs: o.scheduleStaleIntervalMs,
+        startAfterMs: settledStartMs(o.scheduleStaleIntervalMs),
+        run: async () => {
+          await markStale(pool, storage, this.deps.logger);
+        },
+      },
+      {
         name: 'retention',
         intervalMs: o.retentionIntervalMs,
         startAfterMs: firstRunAfterMs(o.retentionIntervalMs),
@@ -363,6 +402,8 @@ export class Maintenance {
           if (n) this.deps.logger.info({ pruned: n }, 'pruned dead letters past retention');
           const h = await pruneOperatorHistory(pool, schema);
           if (h.outcomeCounts + h.workers > 0) this.deps.logger.info(h, 'pruned operator history past retention');
+          const f = await pruneScheduleFires(pool, storage, SCHEDULE_FIRE_RETENTION_MS);
+          if (f) this.deps.logger.info({ pruned: f }, 'pruned schedule fire records past retention');
           const z = await pruneSnoozeCounts(pool, storage);
           if (z) this.deps.logger.info({ pruned: z }, 'pruned snooze counts of tasks no longer pending');
         },
