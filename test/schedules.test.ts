@@ -15,7 +15,16 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
 import { z } from 'zod';
-import { BerthInputError, BerthMetrics, defineSchedule, defineTask, Worker, type ScheduleFire } from '../src/index.js';
+import {
+  attemptsOf,
+  BerthInputError,
+  BerthMetrics,
+  defineSchedule,
+  defineTask,
+  listAttempts,
+  Worker,
+  type ScheduleFire,
+} from '../src/index.js';
 import { runDueTasks } from '../src/testing-api.js';
 import { fireDueSchedules, markStale } from '../src/maintenance/scheduler.js';
 import { fireInstant } from '../src/storage/schedules.js';

@@ -189,6 +189,8 @@ export function registerTaskCommands(program: Command): void {
         else say(`payload:\n${jsonSafe(JSON.stringify(task.payload, null, 2))}`);
         if (task.lastError) say(`last error:\n${task.lastError}`);
         const attempts = await attemptsOf(pool, opts.schema, id);
+        const schedule = attempts.find((a) => a.schedule !== null)?.schedule;
+        if (schedule) say(`fired by schedule ${escapeControl(schedule)}`);
         if (attempts.length > 0) say('attempts:');
         for (const a of attempts) {
           say(

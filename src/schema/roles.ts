@@ -118,6 +118,8 @@ function producerGrants(s: string): Grant[] {
         'attempt_history',
         'history_state',
         'lanes',
+        // The schedule that fired a task, shown with its attempts (migration 26).
+        'schedule_fires',
       ]
         .map((t) => `${s}.${t}`)
         .join(', '),
