@@ -157,6 +157,14 @@ describe('firing', () => {
     assert.deepEqual(fired, [
       { name: 'rd-minutely', instant: '2030-01-01T00:01:00.000Z', payload: { kind: 'minutely' } },
     ]);
+    // An ordinary task: its attempt history names the schedule.
+    const attempts = await attemptsOf(pool, schema, reports[0]!.id);
+    assert.deepEqual(
+      attempts.map((a) => [a.outcome, a.schedule]),
+      [['success', 'rd-minutely']],
+    );
+    const listed = await listAttempts(pool, schema, { type: 'sched_report' });
+    assert.ok(listed.attempts.some((a) => a.id === reports[0]!.id && a.schedule === 'rd-minutely'));
     // The task completed and freed its dedupe key; the watermark still refuses the instant.
     const again = await runDueTasks(pool, [report], {
       schema,
