@@ -30,6 +30,8 @@ import { fireDueSchedules, markStale } from '../src/maintenance/scheduler.js';
 import { fireInstant } from '../src/storage/schedules.js';
 import { storageFor } from '../src/storage/storage.js';
 import { DATABASE_URL, freshSchema, testLogger, waitFor } from './helpers.js';
+import { runCli } from './support/run-cli.js';
+import { listAudit } from '../src/admin/audit.js';
 
 const { schema, pool } = await freshSchema('schedules');
 const storage = storageFor(schema);
@@ -376,5 +378,74 @@ describe('a running worker', () => {
     const instants = fired.filter((f) => f.name === 'live-second').map((f) => f.instant);
     assert.equal(new Set(instants).size, instants.length, 'no instant ran twice');
     for (const i of instants) assert.ok(i.endsWith(':00.000Z') || /\.000Z$/.test(i));
+  });
+});
+
+describe('berth schedules', () => {
+  const berth = (...args: string[]) => runCli([...args, '--schema', schema, '--database-url', DATABASE_URL]);
+
+  test('list, show, pause, resume and trigger, audited; the pause survives a redeclaration', async () => {
+    const s = defineSchedule({
+      name: 'ops',
+      cron: '0 4 * * *',
+      timeZone: 'Europe/Berlin',
+      task: report,
+      payload: { kind: 'ops' },
+    });
+    await declare(s);
+    const listed = await berth('schedules', 'list');
+    assert.equal(listed.code, 0, listed.err);
+    assert.match(listed.out, /ops\s+0 4 \* \* \*\s+Europe\/Berlin\s+sched_report\s+active\s+\d{4}-/);
+    const json = JSON.parse((await berth('schedules', 'show', 'ops', '--json')).out);
+    assert.equal(json.name, 'ops');
+    assert.equal(json.paused, false);
+    assert.ok(new Date(json.nextFireAt).getTime() > Date.now());
+
+    const paused = await berth('schedules', 'pause', 'ops');
+    assert.equal(paused.code, 0, paused.err);
+    assert.match(paused.out, /schedule "ops" paused/);
+    // A worker starting with the same declaration leaves the operator's pause alone.
+    await declare(s);
+    const shown = await berth('schedules', 'show', 'ops');
+    assert.match(shown.out, /schedule ops: paused/);
+    assert.match(shown.out, /next fire: -/);
+    // Paused: the leader does not fire it.
+    await setWatermark('ops', new Date('2030-04-01T00:00:00Z'));
+    await tick(new Date('2030-04-01T02:00:30Z'));
+    assert.deepEqual(await firesOf('ops'), []);
+
+    const triggered = await berth('schedules', 'trigger', 'ops', '--json');
+    assert.equal(triggered.code, 0, triggered.err);
+    const { taskId } = JSON.parse(triggered.out);
+    fired.length = 0;
+    const ran = await runDueTasks(pool, [report], { schema });
+    assert.deepEqual(
+      ran.map((r) => [r.id, r.status]),
+      [[taskId, 'completed']],
+    );
+    assert.equal(fired[0]?.name, 'ops');
+    // The trigger did not move the schedule.
+    const after = JSON.parse((await berth('schedules', 'show', 'ops', '--json')).out);
+    assert.equal(after.lastInstant, null);
+    assert.equal(after.firedThrough, '2030-04-01T00:00:00.000Z');
+
+    const resumed = await berth('schedules', 'resume', 'ops');
+    assert.match(resumed.out, /schedule "ops" resumed/);
+    const active = JSON.parse((await berth('schedules', 'show', 'ops', '--json')).out);
+    assert.equal(active.paused, false);
+    // Resumed: the instants that passed while it was paused are not owed.
+    assert.ok(new Date(active.firedThrough).getTime() >= Date.now() - 60_000);
+
+    const audit = await listAudit(pool, schema);
+    assert.deepEqual(
+      audit
+        .filter((a) => a.action.startsWith('schedule.'))
+        .map((a) => a.action)
+        .reverse(),
+      ['schedule.pause', 'schedule.trigger', 'schedule.resume'],
+    );
+    const missing = await berth('schedules', 'pause', 'nope');
+    assert.notEqual(missing.code, 0);
+    assert.match(missing.err, /no schedule named "nope"/);
   });
 });
