@@ -29,7 +29,7 @@ import { runDueTasks } from '../src/testing-api.js';
 import { fireDueSchedules, markStale } from '../src/maintenance/scheduler.js';
 import { fireInstant } from '../src/storage/schedules.js';
 import { storageFor } from '../src/storage/storage.js';
-import { DATABASE_URL, freshSchema, testLogger, waitFor } from './helpers.js';
+import { counterValue, DATABASE_URL, freshSchema, testLogger, waitFor } from './helpers.js';
 import { runCli } from './support/run-cli.js';
 import { listAudit } from '../src/admin/audit.js';
 
@@ -245,6 +245,9 @@ describe('misfire policies', () => {
     const r = await tick(new Date(min(10).getTime() + 500));
     assert.deepEqual(await firesOf('mf-skip'), [min(10).toISOString()]);
     assert.equal(r.misses['mf-skip'], 9);
+    assert.equal(await counterValue(metrics, 'berth_schedule_misses_total', { schedule: 'mf-skip' }), 9);
+    assert.equal(await counterValue(metrics, 'berth_schedule_fires_total', { schedule: 'mf-skip', kind: 'cron' }), 1);
+    assert.equal(await counterValue(metrics, 'berth_schedule_lateness_seconds_count', { schedule: 'mf-skip' }), 1);
   });
 
   test('once: one task for all missed instants, standing for the latest', async () => {
