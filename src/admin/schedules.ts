@@ -1,4 +1,3 @@
-import type pg from 'pg';
 import { BerthInputError, notMigrated } from '../errors.js';
 import { checkText, MAX_ACTOR_CHARS } from '../limits.js';
 import { cronOf } from '../schedule.js';
@@ -183,22 +182,19 @@ export async function setSchedulePaused(
 
 /**
  * Enqueue one run of a schedule now, as it declares its task, without moving it: its next
- * instant still fires. The task's `ctx.schedule` says it was triggered.
+ * instant still fires. The task's `ctx.schedule` says it was triggered, at this host's time.
  */
 export async function triggerSchedule(
-  pool: pg.Pool,
+  db: Queryable,
   schema: string,
   name: string,
 ): Promise<{ name: string; taskId: string; instant: Date }> {
-  const client = await pool.connect();
+  const instant = new Date();
   try {
-    const r = await triggerFire(client, storageFor(schema), checkName(name));
+    const r = await triggerFire(db, storageFor(schema), checkName(name), instant);
     if (r === null) throw new BerthInputError(`no schedule named "${name}"`);
-    if (r.kind !== 'fired') throw new Error(`schedule "${name}" could not be triggered`);
-    return { name, taskId: r.taskId, instant: r.instant };
+    return { name, taskId: r.taskId, instant };
   } catch (err) {
     throw notMigrated(err, schema);
-  } finally {
-    client.release();
   }
 }

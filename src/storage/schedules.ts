@@ -153,24 +153,23 @@ export async function fireInstant(
 ): Promise<FireResult> {
   await client.query('BEGIN');
   try {
-    const advanced = await client.query<TaskRow>(
+    const advanced = await client.query(
       storage
         .statement('schedules-advance-fire', ({ q: s }) =>
           positional(
             `UPDATE ${s}.schedules SET fired_through = $3, last_instant = $2, last_fired_at = now()
-              WHERE name = $1 AND fired_through < $2 AND NOT paused AND NOT stale
-              RETURNING task_type, payload::text AS payload, queue, priority, max_attempts`,
+              WHERE name = $1 AND fired_through < $2 AND NOT paused AND NOT stale`,
             ['name', 'instant', 'through'],
           ),
         )
         .query({ name: fire.name, instant: fire.instant, through: fire.through }),
     );
-    const task = advanced.rows[0];
-    if (task === undefined) {
+    const result =
+      advanced.rowCount === 1 ? await enqueueFire(client, storage, fire.name, fire.instant, false, fire.lateMs) : null;
+    if (result === null) {
       await client.query('ROLLBACK');
       return { kind: 'refused' };
     }
-    const result = await enqueueFire(client, storage, fire.name, fire.instant, false, task, fire.lateMs);
     await client.query('COMMIT');
     return result;
   } catch (err) {
@@ -200,107 +199,64 @@ export async function skipThrough(db: Queryable, storage: Storage, name: string,
 
 /**
  * An operator's trigger: one task now, as the schedule declares it, without moving the
- * watermark (the next instant still fires). Fires a paused or stale schedule too: it was asked
- * for by name. Null when there is no such schedule.
+ * watermark (the next instant still fires). One statement. Fires a paused or stale schedule
+ * too: it was asked for by name. Null when there is no such schedule.
  */
 export async function triggerFire(
-  client: pg.ClientBase,
+  db: Queryable,
   storage: Storage,
   name: string,
-): Promise<(FireResult & { instant: Date }) | null> {
-  await client.query('BEGIN');
-  try {
-    const found = await client.query<TaskRow & { now: Date }>(
-      storage
-        .statement('schedules-trigger-read', ({ q: s }) =>
-          positional(
-            `SELECT task_type, payload::text AS payload, queue, priority, max_attempts, clock_timestamp() AS now
-               FROM ${s}.schedules WHERE name = $1 FOR UPDATE`,
-            ['name'],
-          ),
-        )
-        .query({ name }),
-    );
-    const task = found.rows[0];
-    if (task === undefined) {
-      await client.query('ROLLBACK');
-      return null;
-    }
-    const result = await enqueueFire(client, storage, name, task.now, true, task, null);
-    await client.query('COMMIT');
-    return { ...result, instant: task.now };
-  } catch (err) {
-    await client.query('ROLLBACK').catch(() => undefined);
-    throw err;
-  }
+  at: Date,
+): Promise<Extract<FireResult, { kind: 'fired' }> | null> {
+  return enqueueFire(db, storage, name, at, true, null);
 }
 
-interface TaskRow {
-  task_type: string;
-  payload: string;
-  queue: string;
-  priority: number;
-  max_attempts: number | null;
-}
-
-/** The fire's task through enqueue() (dedupe, lanes, wake-up as any task), and its record. */
+/**
+ * The fire's task through enqueue() (dedupe, lanes, wake-up as any task), as the schedule's row
+ * declares it, and its record; null when there is no such schedule.
+ */
 async function enqueueFire(
-  client: pg.ClientBase,
+  db: Queryable,
   storage: Storage,
   name: string,
   instant: Date,
   triggered: boolean,
-  task: TaskRow,
   lateMs: number | null,
-): Promise<FireResult> {
-  const res = await client.query<{ task_id: string; duplicate: boolean }>(
+): Promise<Extract<FireResult, { kind: 'fired' }> | null> {
+  const res = await db.query<{ task_id: string; duplicate: boolean }>(
     storage
       .statement('schedules-enqueue', ({ q: s }) =>
         positional(
           `WITH e AS (
              SELECT coalesce(e.id, e.duplicate_of) AS id, e.state = 'duplicate' AS duplicate
-               FROM ${s}.enqueue($1, $2::smallint, NULL::smallint, $3::smallint, ARRAY[$4::text], ARRAY[$5::jsonb],
-                                 NULL::timestamptz[], ARRAY[$6::integer], ARRAY[$7::text], NULL::text) AS e
+               FROM ${s}.schedules sc,
+                    LATERAL ${s}.enqueue(sc.queue, sc.priority, NULL::smallint, $2::smallint, ARRAY[sc.task_type],
+                                         ARRAY[sc.payload], NULL::timestamptz[], ARRAY[sc.max_attempts], ARRAY[$3::text],
+                                         NULL::text) AS e
+              WHERE sc.name = $1
            ), fired AS (
              INSERT INTO ${s}.schedule_fires (schedule, instant, kind, task_id, late_ms)
-             SELECT $8, $9, CASE WHEN $10::boolean THEN 'trigger' ELSE 'cron' END, e.id, $11 FROM e
+             SELECT $1, $4, CASE WHEN $5::boolean THEN 'trigger' ELSE 'cron' END, e.id, $6 FROM e
              RETURNING task_id
            ), last AS (
-             UPDATE ${s}.schedules SET last_task_id = (SELECT id FROM e) WHERE name = $8 AND NOT $10::boolean
+             UPDATE ${s}.schedules SET last_task_id = (SELECT id FROM e) WHERE name = $1 AND NOT $5::boolean
              RETURNING 1
            )
            SELECT e.id::text AS task_id, e.duplicate FROM e, (SELECT count(*) FROM fired) f, (SELECT count(*) FROM last) l`,
-          [
-            'queue',
-            'priority',
-            'shards',
-            'type',
-            'payload',
-            'maxAttempts',
-            'dedupeKey',
-            'name',
-            'instant',
-            'triggered',
-            'lateMs',
-          ],
+          ['name', 'shards', 'dedupeKey', 'instant', 'triggered', 'lateMs'],
         ),
       )
       .query({
-        queue: task.queue,
-        priority: task.priority,
-        shards: FIRE_SHARDS,
-        type: task.task_type,
-        payload: task.payload,
-        maxAttempts: task.max_attempts,
-        dedupeKey: fireDedupeKey(name, instant, triggered),
         name,
+        shards: FIRE_SHARDS,
+        dedupeKey: fireDedupeKey(name, instant, triggered),
         instant,
         triggered,
         lateMs,
       }),
   );
-  const row = res.rows[0]!;
-  return { kind: 'fired', taskId: row.task_id, duplicate: row.duplicate };
+  const row = res.rows[0];
+  return row === undefined ? null : { kind: 'fired', taskId: row.task_id, duplicate: row.duplicate };
 }
 
 /**
