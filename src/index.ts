@@ -173,6 +173,13 @@ export {
 } from './admin/dead.js';
 export { listQueues, pauseQueue, resumeQueue, type QueueInfo } from './admin/queues.js';
 export {
+  listSchedules,
+  getSchedule,
+  setSchedulePaused,
+  triggerSchedule,
+  type ScheduleInfo,
+} from './admin/schedules.js';
+export {
   laneStats,
   laneActivity,
   taskCounts,
