@@ -158,8 +158,21 @@ type Branch = {
    * the drain (auto_explain; docs/benchmarks.md, "Scaling with work").
    */
   busyShare?: number;
+  /**
+   * When the branch's work next falls due, if sooner than its interval (ms from the end of its
+   * last run): the schedules branch wakes for the next instant instead of up to a tick after it.
+   */
+  dueInMs?: () => number | null;
   run: () => Promise<void>;
 };
+
+/**
+ * Woken for a schedule instant this long after it (a timer may fire a little early; an instant
+ * not yet due is found at the next wake), and never sooner than MIN_DUE_WAIT_MS after the last
+ * run (a test's clock that stands still would otherwise spin the branch).
+ */
+const DUE_MARGIN_MS = 2;
+const MIN_DUE_WAIT_MS = 5;
 
 /** How long a schedule's fire records are kept (what `berth schedules show` and attempt history read). */
 const SCHEDULE_FIRE_RETENTION_MS = 7 * 24 * 3600_000;
@@ -322,6 +335,7 @@ export class Maintenance {
       this.contentionTally,
     );
     this.promoter = promoter;
+    let nextInstantInMs: number | null = null;
     const branches: Branch[] = [
       {
         name: 'promote',
@@ -375,13 +389,16 @@ export class Maintenance {
       {
         name: 'schedules',
         intervalMs: o.scheduleTickMs,
+        dueInMs: () => nextInstantInMs,
         run: async () => {
-          await fireDueSchedules(pool, storage, {
+          nextInstantInMs = null;
+          const r = await fireDueSchedules(pool, storage, {
             metrics,
             logger: childLogger(this.deps.logger, { branch: 'schedules' }),
             clock: this.deps.scheduleClock,
             crons: this.crons,
           });
+          nextInstantInMs = r.nextInMs;
         },
       },
       {
@@ -470,7 +487,11 @@ export class Maintenance {
       // Errors back off (bounded) so a broken database is not hammered; success never does,
       // and promotion never does (its interval is already its floor).
       const errorBackoff = failures && b.name !== 'promote' ? Math.min(250 * 2 ** failures, 30_000) : 0;
-      const wait = branchWait(b, took) + errorBackoff;
+      const due = failures ? null : (b.dueInMs?.() ?? null);
+      const wait =
+        due === null
+          ? branchWait(b, took) + errorBackoff
+          : Math.min(branchWait(b, took), Math.max(MIN_DUE_WAIT_MS, due + DUE_MARGIN_MS));
       await sleepUnlessAborted(wait, signal);
     }
   }

@@ -31,6 +31,8 @@ export interface TickReport {
   fires: FireReport[];
   /** Instants skipped by their schedule's misfire policy, by schedule. */
   misses: Record<string, number>;
+  /** How long after this tick the next instant of any active schedule comes (ms); null when none does. */
+  nextInMs: number | null;
 }
 
 /**
@@ -81,7 +83,8 @@ export async function fireDueSchedules(
   const offset = dbNow.getTime() - Date.now();
   const clock = deps.clock ?? (() => new Date(Date.now() + offset));
   const crons = deps.crons ?? new CronCache();
-  const report: TickReport = { fires: [], misses: {} };
+  const report: TickReport = { fires: [], misses: {}, nextInMs: null };
+  let next = Number.POSITIVE_INFINITY;
   deps.metrics.scheduleLastFire.reset();
   deps.metrics.scheduleInterval.reset();
   for (const row of schedules) {
@@ -105,7 +108,9 @@ export async function fireDueSchedules(
     const last = report.fires.filter((f) => f.schedule === row.name && f.taskId !== null).at(-1);
     const lastFire = last ? Math.max(last.instant.getTime(), row.lastFiredAt.getTime()) : row.lastFiredAt.getTime();
     deps.metrics.scheduleLastFire.set({ schedule: row.name }, lastFire / 1000);
+    next = Math.min(next, job.nextRun(clock())?.getTime() ?? next);
   }
+  if (Number.isFinite(next)) report.nextInMs = Math.max(0, next - clock().getTime());
   return report;
 }
 
