@@ -227,6 +227,11 @@ describe('firing', () => {
       await firesOf('jumpy'),
       [1, 2, 3, 4, 5].map((n) => at(n).toISOString()),
     );
+    // The leader's gauges: the interval, and the last fire (the last tick fired nothing: the
+    // row's last commit, on the database's clock).
+    assert.equal(await counterValue(metrics, 'berth_schedule_interval_seconds', { schedule: 'jumpy' }), 1);
+    const lastFire = await counterValue(metrics, 'berth_schedule_last_fire_timestamp_seconds', { schedule: 'jumpy' });
+    assert.ok(Math.abs(lastFire - Date.now() / 1000) < 600, `last fire ${lastFire}`);
     const tasks = await pool.query(
       `SELECT count(*)::int AS n FROM "${schema}".ready WHERE dedupe_key LIKE 'berth-schedule:jumpy@%'`,
     );

@@ -85,10 +85,10 @@ export async function fireDueSchedules(
   const crons = deps.crons ?? new CronCache();
   const report: TickReport = { fires: [], misses: {}, nextInMs: null };
   let next = Number.POSITIVE_INFINITY;
-  deps.metrics.scheduleLastFire.reset();
-  deps.metrics.scheduleInterval.reset();
+  // Published together at the end, with no await between the reset and the sets: a scrape during
+  // the tick sees the previous tick's values, never a schedule missing.
+  const gauges: { name: string; lastFire: number; interval: number }[] = [];
   for (const row of schedules) {
-    deps.metrics.scheduleInterval.set({ schedule: row.name }, row.intervalMs / 1000);
     let job: Cron;
     try {
       job = crons.of(row.cron, row.timeZone);
@@ -106,9 +106,16 @@ export async function fireDueSchedules(
       );
     }
     const last = report.fires.filter((f) => f.schedule === row.name && f.taskId !== null).at(-1);
-    const lastFire = last ? Math.max(last.instant.getTime(), row.lastFiredAt.getTime()) : row.lastFiredAt.getTime();
-    deps.metrics.scheduleLastFire.set({ schedule: row.name }, lastFire / 1000);
+    // When it last fired: this tick's last fire (on the tick's clock), else the row's last commit.
+    const lastFire = last ? last.instant.getTime() + last.lateMs : row.lastFiredAt.getTime();
+    gauges.push({ name: row.name, lastFire: lastFire / 1000, interval: row.intervalMs / 1000 });
     next = Math.min(next, job.nextRun(clock())?.getTime() ?? next);
+  }
+  deps.metrics.scheduleLastFire.reset();
+  deps.metrics.scheduleInterval.reset();
+  for (const g of gauges) {
+    deps.metrics.scheduleLastFire.set({ schedule: g.name }, g.lastFire);
+    deps.metrics.scheduleInterval.set({ schedule: g.name }, g.interval);
   }
   if (Number.isFinite(next)) report.nextInMs = Math.max(0, next - clock().getTime());
   return report;

@@ -299,8 +299,8 @@ async function requireRoles(client: pg.ClientBase, roles: readonly string[]): Pr
 export async function assertMigrated(db: Queryable, schema: string): Promise<void> {
   const s = quoteIdent(schema);
   const r = await db.query<{ core: boolean; latest: boolean }>(
-    'SELECT to_regclass($1) IS NOT NULL AS core, to_regprocedure($2) IS NOT NULL AS latest',
-    [`${s}.lanes`, `${s}.${LATEST_MARKER}`],
+    'SELECT to_regclass($1) IS NOT NULL AS core, to_regprocedure($2) IS NOT NULL AND to_regclass($3) IS NOT NULL AS latest',
+    [`${s}.lanes`, `${s}.${LATEST_MARKER}`, `${s}.${LATEST_TABLE}`],
   );
   const row = r.rows[0]!;
   if (!row.core)
@@ -323,6 +323,12 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
  * this code calls, so it runs on a schema of 20 or 21 too, with the same statements.
  */
 const LATEST_MARKER = 'check_tasks(text, text[], jsonb[], timestamptz[], integer[], text[], text)';
+/**
+ * A table the newest migration this code needs creates: migration 26's `schedule_fires` (with it
+ * come `schedules` and `workers.schedules`, which every worker's heartbeat writes and its leader
+ * reads), so this code refuses a schema older than 26.
+ */
+const LATEST_TABLE = 'schedule_fires';
 
 export { SchemaNotMigratedError } from '../errors.js';
 
