@@ -18,6 +18,7 @@ import { z } from 'zod';
 import {
   attemptsOf,
   BerthInputError,
+  grantRuntimeRole,
   BerthMetrics,
   defineSchedule,
   defineTask,
@@ -29,7 +30,7 @@ import { runDueTasks } from '../src/testing-api.js';
 import { fireDueSchedules, markStale } from '../src/maintenance/scheduler.js';
 import { fireInstant } from '../src/storage/schedules.js';
 import { storageFor } from '../src/storage/storage.js';
-import { counterValue, DATABASE_URL, freshSchema, testLogger, waitFor } from './helpers.js';
+import { counterValue, DATABASE_URL, freshSchema, testLogger, urlAs, waitFor } from './helpers.js';
 import { runCli } from './support/run-cli.js';
 import { listAudit } from '../src/admin/audit.js';
 
@@ -453,5 +454,40 @@ describe('berth schedules', () => {
     const missing = await berth('schedules', 'pause', 'nope');
     assert.notEqual(missing.code, 0);
     assert.match(missing.err, /no schedule named "nope"/);
+  });
+});
+
+describe('a worker role', () => {
+  test('declares, fires, marks stale and reads attempts with the worker grants alone; it may not pause', async () => {
+    const role = `berth_sched_w_${process.pid}`;
+    await pool.query(`DROP ROLE IF EXISTS ${role}`);
+    await pool.query(`CREATE ROLE ${role} LOGIN NOSUPERUSER`);
+    const asWorker = new pg.Pool({ connectionString: urlAs(role), max: 3 });
+    try {
+      await grantRuntimeRole({ connectionString: DATABASE_URL, schema, role });
+      const s = defineSchedule({ name: 'as-worker', cron: '* * * * *', task: report, payload: { kind: 'w' } });
+      await runDueTasks(asWorker, [report], { schema, schedules: [s], now: new Date('2000-01-01T00:00:00Z') });
+      await setWatermark('as-worker', new Date('2030-05-01T00:00:30Z'));
+      const runs = await runDueTasks(asWorker, [report], {
+        schema,
+        schedules: [s],
+        now: new Date('2030-05-01T00:01:01Z'),
+      });
+      const mine = runs.filter((r) => (r.payload as { kind?: string }).kind === 'w');
+      assert.deepEqual(
+        mine.map((r) => r.status),
+        ['completed'],
+      );
+      assert.equal((await attemptsOf(asWorker, schema, mine[0]!.id))[0]?.schedule, 'as-worker');
+      await markStale(asWorker, storageFor(schema), testLogger);
+      await assert.rejects(
+        asWorker.query(`UPDATE "${schema}".schedules SET paused = true WHERE name = 'as-worker'`),
+        /permission denied/,
+      );
+    } finally {
+      await asWorker.end();
+      await pool.query(`DROP OWNED BY ${role}`).catch(() => undefined);
+      await pool.query(`DROP ROLE IF EXISTS ${role}`);
+    }
   });
 });
