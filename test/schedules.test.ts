@@ -33,6 +33,7 @@ import { storageFor } from '../src/storage/storage.js';
 import { counterValue, DATABASE_URL, freshSchema, testLogger, urlAs, waitFor } from './helpers.js';
 import { runCli } from './support/run-cli.js';
 import { listAudit } from '../src/admin/audit.js';
+import { loadWorkerModule } from '../src/cli/worker.js';
 
 const { schema, pool } = await freshSchema('schedules');
 const storage = storageFor(schema);
@@ -391,6 +392,18 @@ describe('a running worker', () => {
 });
 
 describe('berth schedules', () => {
+  test("berth worker --tasks takes the module's schedules export with its tasks", async () => {
+    const m = await loadWorkerModule(new URL('./fixtures/schedule-tasks.ts', import.meta.url).pathname);
+    assert.deepEqual(
+      m.tasks.map((t) => t.type),
+      ['fixture_cleanup'],
+    );
+    assert.deepEqual(
+      m.schedules.map((x) => (x as { name: string }).name),
+      ['fixture-nightly'],
+    );
+  });
+
   const berth = (...args: string[]) => runCli([...args, '--schema', schema, '--database-url', DATABASE_URL]);
 
   test('list, show, pause, resume and trigger, audited; the pause survives a redeclaration', async () => {
