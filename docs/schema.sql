@@ -3483,7 +3483,8 @@ CREATE TABLE berth.workers (
     maintenance jsonb DEFAULT '{}'::jsonb NOT NULL,
     started_at timestamp with time zone NOT NULL,
     last_seen_at timestamp with time zone NOT NULL,
-    schedules text[]
+    schedules text[],
+    heartbeat_ms integer
 );
 
 --

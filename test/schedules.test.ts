@@ -353,6 +353,28 @@ describe('stale schedules', () => {
     assert.equal(back.rows[0].stale, false);
   });
 
+  test('a worker is live for three of its own heartbeat intervals: one beating every minute keeps its schedules', async () => {
+    const s = defineSchedule({ name: 'slow-beat', cron: '0 0 1 1 *', task: report, payload: { kind: 'slow' } });
+    await declare(s);
+    await pool.query(
+      `UPDATE "${schema}".schedules SET declared_at = now() - interval '1 hour' WHERE name = 'slow-beat'`,
+    );
+    const beat = (ago: string) =>
+      pool.query(
+        `INSERT INTO "${schema}".workers (worker_id, host, pid, queues, slots, busy, prefetched, leader, started_at,
+                                         last_seen_at, schedules, heartbeat_ms)
+         VALUES ('slow-worker', 'h', 1, NULL, 1, 0, 0, false, now() - interval '1 hour', now() - $1::interval,
+                 ARRAY['slow-beat'], 60000)
+         ON CONFLICT (worker_id) DO UPDATE SET last_seen_at = excluded.last_seen_at`,
+        [ago],
+      );
+    await beat('45 seconds');
+    assert.ok(!(await markStale(pool, storage, testLogger)).marked.includes('slow-beat'), 'live: 45 s < 3 × 60 s');
+    await beat('4 minutes');
+    assert.ok((await markStale(pool, storage, testLogger)).marked.includes('slow-beat'), 'gone: 4 min > 3 × 60 s');
+    await pool.query(`DELETE FROM "${schema}".workers WHERE worker_id = 'slow-worker'`);
+  });
+
   test('a running worker that declares a schedule keeps it from being marked', async () => {
     const s = defineSchedule({ name: 'kept', cron: '0 0 1 1 *', task: report, payload: { kind: 'kept' } });
     const w = worker([s], { maintenance: false, slots: 1 });

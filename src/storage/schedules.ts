@@ -2,7 +2,7 @@ import type pg from 'pg';
 import type { Queryable } from '../sql.js';
 import { positional } from '../statement.js';
 import { fireDedupeKey, type MisfirePolicy, type ScheduleDefinition } from '../schedule.js';
-import { liveWorker } from './live-workers.js';
+import { liveWorker, STALE_HEARTBEATS } from './live-workers.js';
 import type { Storage } from './storage.js';
 
 /**
@@ -262,7 +262,10 @@ async function enqueueFire(
 /**
  * Mark stale the schedules no live worker declares (and whose last declaration is older than
  * `graceMs`, so a worker that just upserted is not marked before its first heartbeat), and
- * clear the mark of those one does again. Returns the names marked and cleared.
+ * clear the mark of those one does again. Live here is the live-worker rule with each worker's
+ * own heartbeat interval (`workers.heartbeat_ms`; the default for a row without one): a worker
+ * beating every minute declares its schedules for three minutes. Returns the names marked and
+ * cleared.
  */
 export async function markStaleSchedules(
   db: Queryable,
@@ -272,7 +275,8 @@ export async function markStaleSchedules(
   const statement = storage.statement('schedules-stale', ({ q: s }) =>
     positional(
       `WITH declared AS (
-         SELECT DISTINCT unnest(w.schedules) AS name FROM ${s}.workers w WHERE ${liveWorker('w', '$1', '$2')}
+         SELECT DISTINCT unnest(w.schedules) AS name FROM ${s}.workers w
+          WHERE ${liveWorker('w', `greatest($1, ${STALE_HEARTBEATS} * coalesce(w.heartbeat_ms, 0))`, '$2')}
        ), marked AS (
          UPDATE ${s}.schedules sc SET stale = true, stale_since = now()
           WHERE NOT sc.stale AND sc.declared_at < now() - make_interval(secs => $3 / 1000.0)

@@ -20,9 +20,10 @@
 -- (schedule, instant) for cron fires is a second refusal of a duplicate instant. The leader's
 -- retention branch prunes it after 7 days.
 --
--- `workers.schedules`: the schedule names each worker declares, written with its heartbeat. The
--- leader marks stale (and stops firing) a schedule no live worker declares, and unmarks it when
--- one does again. Pausing is an operator's (`paused`, `paused_at`, `paused_by`): no runtime role
+-- `workers.schedules`: the schedule names each worker declares, written with its heartbeat, and
+-- `workers.heartbeat_ms`, its heartbeat interval. The leader marks stale (and stops firing) a
+-- schedule no live worker declares (live: seen within three of its own intervals, so a worker
+-- beating every minute is not taken for gone between beats), and unmarks it when one does again. Pausing is an operator's (`paused`, `paused_at`, `paused_by`): no runtime role
 -- may write those columns.
 
 CREATE TABLE {{schema}}.schedules (
@@ -67,4 +68,4 @@ CREATE UNIQUE INDEX schedule_fires_instant ON {{schema}}.schedule_fires (schedul
 CREATE INDEX schedule_fires_task ON {{schema}}.schedule_fires (task_id);
 CREATE INDEX schedule_fires_fired_at ON {{schema}}.schedule_fires (fired_at);
 
-ALTER TABLE {{schema}}.workers ADD COLUMN schedules text[];
+ALTER TABLE {{schema}}.workers ADD COLUMN schedules text[], ADD COLUMN heartbeat_ms integer;
