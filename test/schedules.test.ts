@@ -397,6 +397,29 @@ describe('stale schedules', () => {
 });
 
 describe('a running worker', () => {
+  test('its leader fires by the scheduleClock it is given (here a clock running 120 times fast)', async () => {
+    fired.length = 0;
+    const start = Date.now();
+    const clock = () => new Date(start + (Date.now() - start) * 120);
+    const s = defineSchedule({
+      name: 'fast-clock',
+      cron: '* * * * *',
+      task: report,
+      payload: { kind: 'fast' },
+      misfireGraceMs: 3600_000,
+    });
+    const w = worker([s], { slots: 2, scheduleClock: clock, maintenance: { scheduleTickMs: 100 } });
+    await w.start();
+    try {
+      await waitFor(() => fired.filter((f) => f.name === 'fast-clock').length >= 3, 30_000, 'three minutely fires');
+    } finally {
+      await w.stop();
+    }
+    const instants = fired.filter((f) => f.name === 'fast-clock').map((f) => f.instant);
+    assert.equal(new Set(instants).size, instants.length, 'no instant ran twice');
+    for (const i of instants) assert.match(i, /:00\.000Z$/, 'whole minutes, on the given clock');
+  });
+
   test('its leader fires an every-second schedule and its tasks run, once per instant', async () => {
     fired.length = 0;
     const s = defineSchedule({ name: 'live-second', cron: '* * * * * *', task: report, payload: { kind: 'live' } });
