@@ -3205,6 +3205,68 @@ CREATE TABLE berth.ring_state (
 );
 
 --
+-- Name: schedule_fires; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.schedule_fires (
+    fire_id bigint NOT NULL,
+    schedule text NOT NULL,
+    instant timestamp with time zone NOT NULL,
+    kind text NOT NULL,
+    task_id bigint,
+    fired_at timestamp with time zone DEFAULT now() NOT NULL,
+    late_ms double precision,
+    CONSTRAINT schedule_fires_kind_check CHECK ((kind = ANY (ARRAY['cron'::text, 'trigger'::text])))
+);
+
+--
+-- Name: schedule_fires_fire_id_seq; Type: SEQUENCE; Schema: berth; Owner: -
+--
+
+ALTER TABLE berth.schedule_fires ALTER COLUMN fire_id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME berth.schedule_fires_fire_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: schedules; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.schedules (
+    name text NOT NULL,
+    cron text NOT NULL,
+    time_zone text NOT NULL,
+    task_type text NOT NULL,
+    payload jsonb NOT NULL,
+    queue text NOT NULL,
+    priority smallint NOT NULL,
+    max_attempts integer,
+    misfire text NOT NULL,
+    misfire_cap integer NOT NULL,
+    misfire_grace_ms integer NOT NULL,
+    interval_ms double precision NOT NULL,
+    declared_by text,
+    declared_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    fired_through timestamp with time zone DEFAULT now() NOT NULL,
+    last_instant timestamp with time zone,
+    last_fired_at timestamp with time zone,
+    last_task_id bigint,
+    stale boolean DEFAULT false NOT NULL,
+    stale_since timestamp with time zone,
+    paused boolean DEFAULT false NOT NULL,
+    paused_at timestamp with time zone,
+    paused_by text,
+    CONSTRAINT schedules_misfire_cap_check CHECK ((misfire_cap >= 1)),
+    CONSTRAINT schedules_misfire_check CHECK ((misfire = ANY (ARRAY['skip'::text, 'once'::text, 'all'::text]))),
+    CONSTRAINT schedules_misfire_grace_ms_check CHECK ((misfire_grace_ms >= 0))
+);
+
+--
 -- Name: schema_migrations; Type: TABLE; Schema: berth; Owner: -
 --
 
@@ -3698,7 +3760,9 @@ CREATE TABLE berth.workers (
     leader boolean NOT NULL,
     maintenance jsonb DEFAULT '{}'::jsonb NOT NULL,
     started_at timestamp with time zone NOT NULL,
-    last_seen_at timestamp with time zone NOT NULL
+    last_seen_at timestamp with time zone NOT NULL,
+    schedules text[],
+    heartbeat_ms integer
 );
 
 --
@@ -4872,6 +4936,20 @@ ALTER TABLE ONLY berth.ring_state
     ADD CONSTRAINT ring_state_pkey PRIMARY KEY (singleton);
 
 --
+-- Name: schedule_fires schedule_fires_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.schedule_fires
+    ADD CONSTRAINT schedule_fires_pkey PRIMARY KEY (fire_id);
+
+--
+-- Name: schedules schedules_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.schedules
+    ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
+
+--
 -- Name: schema_migrations schema_migrations_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
 --
 
@@ -5754,6 +5832,24 @@ CREATE INDEX ready_8_id_idx ON berth.ready_8 USING btree (id);
 --
 
 CREATE INDEX ready_9_id_idx ON berth.ready_9 USING btree (id);
+
+--
+-- Name: schedule_fires_fired_at; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX schedule_fires_fired_at ON berth.schedule_fires USING btree (fired_at);
+
+--
+-- Name: schedule_fires_instant; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE UNIQUE INDEX schedule_fires_instant ON berth.schedule_fires USING btree (schedule, instant) WHERE (kind = 'cron'::text);
+
+--
+-- Name: schedule_fires_task; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX schedule_fires_task ON berth.schedule_fires USING btree (task_id);
 
 --
 -- Name: task_results_stored_at_idx; Type: INDEX; Schema: berth; Owner: -

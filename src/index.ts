@@ -77,7 +77,18 @@ export {
   type HandlerResult,
   type BackoffPolicy,
   type StandardSchemaLike,
+  type ScheduleFire,
 } from './task.js';
+export {
+  defineSchedule,
+  SCHEDULE_DEFAULTS,
+  MISFIRE_POLICIES,
+  type MisfirePolicy,
+  type ScheduleDefinition,
+  type ScheduleFields,
+  type ScheduleInput,
+  type NamedScheduleInput,
+} from './schedule.js';
 export { runSlices, DEFAULT_SLICE_MS, type SliceOptions, type SlicePage } from './processor/slices.js';
 export { dequeue } from './storage/complete.js';
 
@@ -165,6 +176,13 @@ export {
   type BulkResult,
 } from './admin/dead.js';
 export { listQueues, pauseQueue, resumeQueue, type QueueInfo } from './admin/queues.js';
+export {
+  listSchedules,
+  getSchedule,
+  setSchedulePaused,
+  triggerSchedule,
+  type ScheduleInfo,
+} from './admin/schedules.js';
 export {
   laneStats,
   laneActivity,

@@ -62,6 +62,24 @@ export interface TaskContext<P = unknown> {
    * handler must then throw, never return `'continue'`).
    */
   advanceCursor(next: P): Promise<boolean>;
+  /**
+   * The schedule instant this task stands for, when a schedule fired it (`defineSchedule`);
+   * null for any other task. Kept across its retries.
+   */
+  readonly schedule: ScheduleFire | null;
+}
+
+/** What a task fired by a schedule knows of its schedule (`ctx.schedule`). */
+export interface ScheduleFire {
+  /** The schedule's name. */
+  readonly name: string;
+  /**
+   * The instant this task stands for: of the expression, or for a task the misfire policy `once`
+   * runs, the latest missed one; for a trigger, the moment it was triggered.
+   */
+  readonly instant: Date;
+  /** An operator's trigger (`berth schedules trigger`), not an instant of the expression. */
+  readonly triggered: boolean;
 }
 
 const SNOOZE = Symbol.for('berth.Snooze');

@@ -195,6 +195,13 @@ const MUTATIONS: { alert: string; what: string; from: string; to: string; failin
     to: 'berth_task_stuck_handlers',
     failing: "stuck handlers / stuck for 5m fires once per type with the fleet's count",
   },
+  {
+    alert: 'BerthScheduleNotFiring',
+    what: 'without the 30 s floor an every-second schedule pages on one slow tick',
+    from: 'clamp_min(2 * berth_schedule_interval_seconds, 30)',
+    to: '2 * berth_schedule_interval_seconds',
+    failing: 'schedule / an every-second schedule a few seconds behind at the scrape does not fire',
+  },
 ];
 
 test('each clause matters: without it, the promtool case that shows why fails', { concurrency: 2 }, async (t) => {

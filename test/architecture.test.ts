@@ -33,6 +33,7 @@ const LAYERS: readonly { name: string; paths: readonly string[]; peers?: true }[
       'tracing.ts',
       'task.ts',
       'task-type.ts',
+      'schedule.ts',
       'lane.ts',
     ],
   },

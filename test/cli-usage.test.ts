@@ -52,10 +52,10 @@ const plainNode = (args: string[], cwd = root) =>
 const oneLine = (text: string) => text.trim().split('\n').length === 1;
 
 test('an unknown command is an error with exit 2, --help or not, at any level; help itself exits 0', () => {
-  for (const args of [['schedules', '--help'], ['schedules'], ['tasks', 'frob', '--help'], ['dead', 'frob']]) {
+  for (const args of [['crontab', '--help'], ['crontab'], ['tasks', 'frob', '--help'], ['dead', 'frob']]) {
     const r = plainNode(args);
     assert.equal(r.status, 2, `berth ${args.join(' ')}`);
-    assert.match(r.stderr, new RegExp(`^berth: unknown command "${args[0] === 'schedules' ? 'schedules' : 'frob'}"`));
+    assert.match(r.stderr, new RegExp(`^berth: unknown command "${args[0] === 'crontab' ? 'crontab' : 'frob'}"`));
     assert.ok(oneLine(r.stderr), r.stderr);
     assert.equal(r.stdout, '', 'no help on stdout');
   }

@@ -5,7 +5,16 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium, type Browser, type Page } from 'playwright-core';
-import { attemptsOf, defineTask, enqueue, getTask, pauseQueue, resumeQueue, Worker } from '../src/index.js';
+import {
+  attemptsOf,
+  defineSchedule,
+  defineTask,
+  enqueue,
+  getTask,
+  pauseQueue,
+  resumeQueue,
+  Worker,
+} from '../src/index.js';
 import { startDashboard } from '../src/dashboard/index.js';
 import { DATABASE_URL, freshSchema, scaled, testLogger, waitFor } from './helpers.js';
 
@@ -72,6 +81,17 @@ const worker = new Worker({
   maintenance: { leaderPollMs: 100, promoteIntervalMs: 50, gaugeIntervalMs: 500, ringRotateAfterMs: 3_600_000 },
   logger: testLogger,
   http: { port: 0, dashboard: true },
+  // Yearly: it never fires on its own during the file; the Schedules page test triggers it.
+  schedules: [
+    defineSchedule({
+      name: 'yearly-report',
+      cron: '0 6 1 1 *',
+      timeZone: 'Europe/Berlin',
+      task: tasks[2]!,
+      payload: { year: true },
+      queue: 'reports',
+    }),
+  ],
 });
 await worker.start();
 const base = worker.httpUrl!;
@@ -302,6 +322,51 @@ test('a queue paused from the Queues page is not claimed while others run; resum
     await waitFor(() => ran.get(held.id!) === 1, WAIT, 'the held task to run after resume');
     await page.goto(`${base}/#/tasks/${held.id}`);
     await textOf(page, 'dd[data-field="state"]', /^completed$/);
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+  }
+});
+
+test('the Schedules page shows a schedule, pauses and resumes it, and triggers one run (audited)', async () => {
+  const { page, errors, close } = await open('schedules');
+  try {
+    const row = 'tr[data-schedule="yearly-report"]';
+    // Next fire: 1 January, 06:00 in Berlin (05:00 UTC).
+    await textOf(page, row, /yearly-report.*0 6 1 1 \* \(Europe\/Berlin\).*report\.build on reports.*active/);
+    const next = await page.getAttribute(`${row} td:nth-child(5) time`, 'datetime');
+    assert.match(next ?? '', /-01-01T05:00:00\.000Z$/);
+    await page.click(`${row} button:has-text("Pause")`);
+    await textOf(page, row, /paused by dashboard:local/);
+    const paused = await pool.query(`SELECT paused, paused_by FROM ${S}.schedules WHERE name = 'yearly-report'`);
+    assert.deepEqual(paused.rows[0], { paused: true, paused_by: 'dashboard:local' });
+    await page.click(`${row} button:has-text("Resume")`);
+    await textOf(page, row, /active/);
+
+    await page.click(`${row} button:has-text("Trigger")`);
+    await textOf(page, '#confirm-text', /Enqueue one run of yearly-report now\?/);
+    await page.click('#confirm-ok');
+    const fire = await waitFor(
+      async () =>
+        (
+          await pool.query(
+            `SELECT task_id::text AS id FROM ${S}.schedule_fires WHERE schedule = 'yearly-report' AND kind = 'trigger'`,
+          )
+        ).rows[0]?.id as string | undefined,
+      WAIT,
+      'the triggered task',
+    );
+    await waitFor(() => ran.get(fire) === 1, WAIT, 'the triggered task to run');
+    const actions = await pool.query(
+      `SELECT action FROM ${S}.audit_log WHERE target->>'schedule' = 'yearly-report' ORDER BY id`,
+    );
+    assert.deepEqual(
+      actions.rows.map((r) => r.action),
+      ['schedule.pause', 'schedule.resume', 'schedule.trigger'],
+    );
+    // A trigger does not move the schedule: still no last fire.
+    const after = await pool.query(`SELECT last_instant FROM ${S}.schedules WHERE name = 'yearly-report'`);
+    assert.equal(after.rows[0].last_instant, null);
     assert.deepEqual(errors, []);
   } finally {
     await close();

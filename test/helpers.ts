@@ -194,3 +194,14 @@ export async function migrateUpTo(db: pg.ClientBase | pg.Pool, schema: string, v
     await db.query(`INSERT INTO ${s}.schema_migrations (version, name) VALUES ($1, $2)`, [m.version, m.name]);
   }
 }
+
+/** The worker id of the session holding `schema`'s leader lock, from pg_locks + application_name. */
+export async function leaderWorkerId(pool: pg.Pool, schema: string): Promise<string | null> {
+  const r = await pool.query(
+    `SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+      WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::oid AND l.objid = $2::oid AND l.objsubid = 2`,
+    [schemaLockKey(schema) >>> 0, -1 >>> 0],
+  );
+  const name: string | undefined = r.rows[0]?.application_name;
+  return name?.startsWith('berth leader ') ? name.slice('berth leader '.length) : null;
+}

@@ -4,24 +4,14 @@ import type { ChildProcess } from 'node:child_process';
 import { enqueueMany, getTask } from '../src/index.js';
 import { claim } from '../src/processor/claim.js';
 import { claimParams } from './claim-params.js';
-import { schemaLockKey } from '../src/storage/locks.js';
-import { freshSchema, waitFor, spawnWorkerProcess } from './helpers.js';
+import { freshSchema, leaderWorkerId, waitFor, spawnWorkerProcess } from './helpers.js';
 
 const { schema, pool } = await freshSchema('failover');
 const S = `"${schema}"`;
 
 const spawnWorker = (id: string) => spawnWorkerProcess(schema, id);
 
-/** The worker id of the session holding the leader lock, from pg_locks + application_name. */
-async function leaderId(): Promise<string | null> {
-  const r = await pool.query(
-    `SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-      WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::oid AND l.objid = $2::oid AND l.objsubid = 2`,
-    [schemaLockKey(schema) >>> 0, -1 >>> 0],
-  );
-  const name: string | undefined = r.rows[0]?.application_name;
-  return name?.startsWith('berth leader ') ? name.slice('berth leader '.length) : null;
-}
+const leaderId = () => leaderWorkerId(pool, schema);
 
 test('three worker processes: the leader is SIGKILLed and promotion and rescue resume on another', async () => {
   await pool.query(

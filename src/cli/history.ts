@@ -121,7 +121,7 @@ export function registerHistoryCommands(program: Command): void {
                 (a.invalid ? '(malformed row) ' : '') +
                 (a.error ? escapeControl(a.error.message.split('\n')[0]!.slice(0, 60)) : ''),
             })),
-            ['id', 'attempts', 'outcome', 'type', 'queue', 'worker', 'settledAt', 'ms', 'error'],
+            ['id', 'attempts', 'outcome', 'type', 'queue', 'schedule', 'worker', 'settledAt', 'ms', 'error'],
           );
           if (page.next)
             say(

@@ -206,6 +206,8 @@ export function registerTaskCommands(program: Command): void {
         if (task.lastError) say(`last error:\n${task.lastError}`);
         if (task.result !== null) say(`result:\n${jsonSafe(JSON.stringify(task.result, null, 2))}`);
         const attempts = await attemptsOf(pool, opts.schema, id);
+        const schedule = attempts.find((a) => a.schedule !== null)?.schedule;
+        if (schedule) say(`fired by schedule ${escapeControl(schedule)}`);
         if (attempts.length > 0) say('attempts:');
         const errors = new ErrorPrinter();
         for (const a of attempts) {

@@ -12,6 +12,7 @@ import { createLogger, logLevel } from '../logger.js';
 import { discover } from '../processor/claim.js';
 import { Worker } from '../process/worker.js';
 import type { TaskDefinition } from '../task.js';
+import type { ScheduleDefinition } from '../schedule.js';
 import { CliFailure, cliPool, collect, common, database, intOption, type Common, durationMs } from './common.js';
 import { progressBar } from './progress.js';
 import { runUntilSignal } from './signals.js';
@@ -44,6 +45,15 @@ function isDefinition(x: unknown): x is AnyDefinition {
  * an object with `tasks`). Each must be what defineTask returns.
  */
 export async function loadTaskModule(path: string): Promise<AnyDefinition[]> {
+  return (await loadWorkerModule(path)).tasks;
+}
+
+/**
+ * A worker module: its task definitions (as `loadTaskModule`) and its `schedules` export, if
+ * any (a named export, or the default export's `schedules`): `defineSchedule(...)` results,
+ * checked by the Worker.
+ */
+export async function loadWorkerModule(path: string): Promise<{ tasks: AnyDefinition[]; schedules: unknown[] }> {
   const abs = resolve(path);
   let mod: Record<string, unknown>;
   try {
@@ -66,7 +76,10 @@ export async function loadTaskModule(path: string): Promise<AnyDefinition[]> {
     if (!isDefinition(d))
       throw new BerthInputError(`task module ${abs}: tasks[${i}] is not a task definition (use defineTask)`);
   });
-  return list as AnyDefinition[];
+  const schedules = mod.schedules ?? (def as { schedules?: unknown } | undefined)?.schedules ?? [];
+  if (!Array.isArray(schedules))
+    throw new BerthInputError(`task module ${abs}: \`schedules\` must be an array of defineSchedule(...) results`);
+  return { tasks: list as AnyDefinition[], schedules };
 }
 
 const TYPESCRIPT = /\.(?:ts|mts|cts|tsx)$/;
@@ -162,7 +175,10 @@ export function registerWorkerCommands(program: Command): void {
     .description(
       'run a worker (and, unless --no-maintenance, a candidate maintenance leader) for the task types a module defines',
     )
-    .requiredOption('--tasks <module>', 'module exporting `tasks`: an array of defineTask(...) results')
+    .requiredOption(
+      '--tasks <module>',
+      'module exporting `tasks`: an array of defineTask(...) results (and optionally `schedules`: defineSchedule(...) results)',
+    )
     .option('--slots <n>', 'concurrent handlers (default: $BERTH_TASK_PROCESSOR_CONCURRENCY or 4)', intOption(1, 1000))
     .option(
       '--queue <names>',
@@ -213,7 +229,7 @@ export function registerWorkerCommands(program: Command): void {
       ) => {
         if (opts.grace > MAX_TIMER_MS) throw new BerthInputError('--grace must be at most 596h (24.8 days)');
         const db = database(opts);
-        const tasks = await loadTaskModule(opts.tasks);
+        const { tasks, schedules } = await loadWorkerModule(opts.tasks);
         const named = splitQueues(opts.queue);
         if (named && opts.allQueues) throw new BerthInputError('--queue and --all-queues exclude each other');
         const queues = opts.allQueues ? 'all' : named;
@@ -238,6 +254,7 @@ export function registerWorkerCommands(program: Command): void {
           connectTimeoutMs: db.connectTimeoutMs,
           schema: opts.schema,
           tasks,
+          schedules: schedules as ScheduleDefinition[],
           queues,
           // The flag wins; the library never reads the environment, so the CLI does.
           slots: opts.slots ?? slotsFromEnv(process.env.BERTH_TASK_PROCESSOR_CONCURRENCY),

@@ -2,6 +2,7 @@ import { audited } from '../admin/audit.js';
 import { storageFor } from '../storage/storage.js';
 import { purgeDead, retryDead, type DeadFilter } from '../admin/dead.js';
 import { pauseQueue, resumeQueue } from '../admin/queues.js';
+import { setSchedulePaused, triggerSchedule } from '../admin/schedules.js';
 import { cancelTask, deleteTask, retryTask, type TaskActionResult } from '../admin/tasks.js';
 import { BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
@@ -17,7 +18,14 @@ import {
   queueName,
   taskId,
 } from './params.js';
-import type { BulkTaskAnswer, DeadActionAnswer, MoveAnswer, QueueActionAnswer, TaskActionAnswer } from './wire.js';
+import type {
+  BulkTaskAnswer,
+  DeadActionAnswer,
+  MoveAnswer,
+  QueueActionAnswer,
+  ScheduleActionAnswer,
+  TaskActionAnswer,
+} from './wire.js';
 
 /** The state-changing side of the JSON API. Every action is audited under the caller's actor. */
 export interface ActionContext {
@@ -166,4 +174,20 @@ export function queueAction(
     );
   }
   return run(c, 'queue.resume', { queue }, () => resumeQueue(c.db, c.schema, queue, c.actor));
+}
+
+/** A schedule paused, resumed or triggered (`berth schedules` does the same), audited. */
+export async function scheduleAction(
+  c: ActionContext,
+  name: string,
+  action: 'pause' | 'resume' | 'trigger',
+): Promise<ScheduleActionAnswer> {
+  if (action === 'trigger') {
+    const r = await run(c, 'schedule.trigger', { schedule: name }, () => triggerSchedule(c.db, c.schema, name));
+    return { name, taskId: r.taskId };
+  }
+  const r = await run(c, `schedule.${action}`, { schedule: name }, () =>
+    setSchedulePaused(c.db, c.schema, name, c.actor, action === 'pause'),
+  );
+  return { name, changed: r.changed };
 }

@@ -6,6 +6,7 @@ import {
   isTaskAction,
   moveAction,
   queueAction,
+  scheduleAction,
   taskAction,
   type ActionContext,
 } from './actions.js';
@@ -77,6 +78,11 @@ const ROUTES: Route[] = [
   {
     pattern: new RegExp(`^/api/queues/${SEGMENT}/(pause|resume)$`),
     action: (c, [queue, name], body) => queueAction(c, queue!, name === 'pause' ? 'pause' : 'resume', body),
+  },
+  { pattern: /^\/api\/schedules$/, read: (r) => read.schedules(r) },
+  {
+    pattern: new RegExp(`^/api/schedules/${SEGMENT}/(pause|resume|trigger)$`),
+    action: (c, [name, verb]) => scheduleAction(c, name!, verb as 'pause' | 'resume' | 'trigger'),
   },
   { pattern: /^\/api\/maintenance$/, read: (r) => read.maintenance(r) },
 ];

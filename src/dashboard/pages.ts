@@ -11,6 +11,7 @@ export const NAV: readonly (readonly [string, string])[] = [
   ['attempts', 'Attempts'],
   ['dead', 'Dead letters'],
   ['queues', 'Queues'],
+  ['schedules', 'Schedules'],
   ['maintenance', 'Maintenance'],
 ];
 

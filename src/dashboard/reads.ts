@@ -2,6 +2,7 @@ import { BerthInputError } from '../errors.js';
 import { listAudit } from '../admin/audit.js';
 import { countDead, listDead } from '../admin/dead.js';
 import { listQueues } from '../admin/queues.js';
+import { listSchedules } from '../admin/schedules.js';
 import { leaderInfo, listWorkers } from '../admin/stats.js';
 import { listTasks, parseState, taskTimeline } from '../admin/tasks.js';
 import { laneKey } from '../lane.js';
@@ -26,6 +27,7 @@ import type {
   Maintenance,
   Overview,
   Queues,
+  Schedules,
   TaskDetail,
   TaskList,
 } from './wire.js';
@@ -175,6 +177,10 @@ export async function deadCount(reads: DashboardReads, url: URL): Promise<DeadCo
 
 export async function queues(reads: DashboardReads): Promise<Queues> {
   return json({ queues: await listQueues(reads.db, reads.schema) });
+}
+
+export async function schedules(reads: DashboardReads): Promise<Schedules> {
+  return json({ schedules: await listSchedules(reads.db, reads.schema) });
 }
 
 export async function maintenance(reads: DashboardReads): Promise<Maintenance> {

@@ -295,6 +295,33 @@ export interface Queues {
 }
 
 // ---------------------------------------------------------------------------------------------
+// GET /api/schedules
+
+/** One schedule as `berth schedules list` shows it (src/admin/schedules.ts, ScheduleInfo). */
+export interface ScheduleRow {
+  name: string;
+  cron: string;
+  timeZone: string;
+  taskType: string;
+  queue: string;
+  misfire: string;
+  nextFireAt: string | null;
+  lastInstant: string | null;
+  lastFiredAt: string | null;
+  lastTaskId: string | null;
+  lastTaskState: string | null;
+  stale: boolean;
+  staleSince: string | null;
+  paused: boolean;
+  pausedAt: string | null;
+  pausedBy: string | null;
+}
+
+export interface Schedules {
+  schedules: ScheduleRow[];
+}
+
+// ---------------------------------------------------------------------------------------------
 // GET /api/maintenance
 
 /** One maintenance branch's statistics in the leader's heartbeat (src/admin/worker-report.ts). */
@@ -412,5 +439,20 @@ export interface QueueActionAnswer {
   lanes: number;
 }
 
-/** What an action answers: a task action's result, a bulk count, or a queue's lanes. */
-export type ActionAnswer = TaskActionAnswer | MoveAnswer | BulkTaskAnswer | DeadActionAnswer | QueueActionAnswer;
+/** POST /api/schedules/:name/(pause|resume|trigger). */
+export interface ScheduleActionAnswer {
+  name: string;
+  /** pause, resume: whether the mark changed. */
+  changed?: boolean;
+  /** trigger: the task enqueued. */
+  taskId?: string;
+}
+
+/** What an action answers: a task action's result, a bulk count, a queue's lanes, a schedule's. */
+export type ActionAnswer =
+  | TaskActionAnswer
+  | MoveAnswer
+  | BulkTaskAnswer
+  | DeadActionAnswer
+  | QueueActionAnswer
+  | ScheduleActionAnswer;

@@ -148,6 +148,8 @@ export function resetGauges(metrics: BerthMetrics): void {
   metrics.queuePaused.reset();
   metrics.workers.reset();
   metrics.rescueHeld.reset();
+  metrics.scheduleLastFire.reset();
+  metrics.scheduleInterval.reset();
 }
 
 /**

@@ -16,6 +16,8 @@ import { maintainRing } from './ring.js';
 import { rescueLapsedLeasesIn } from '../storage/rescue.js';
 import { pruneSnoozeCounts } from '../storage/snooze.js';
 import { DEFAULT_RESULT_RETENTION_MS, pruneResults } from '../storage/results.js';
+import { pruneScheduleFires } from '../storage/schedules.js';
+import { CronCache, fireDueSchedules, markStale, type ScheduleClock } from './scheduler.js';
 
 export interface MaintenanceOptions {
   /** How often a follower tries to take leadership, and the leader checks its session. */
@@ -56,6 +58,13 @@ export interface MaintenanceOptions {
    */
   historyIntervalMs?: number;
   gaugeIntervalMs?: number;
+  /**
+   * How often the leader fires due schedule instants (1 s): a fire is late by at most this plus
+   * the time to claim its task, on a quiet fleet.
+   */
+  scheduleTickMs?: number;
+  /** How often the leader marks stale the schedules no live worker declares (5 s). */
+  scheduleStaleIntervalMs?: number;
 }
 
 /** What `Maintenance.stats()` reports per branch. */
@@ -88,6 +97,8 @@ export const MAINTENANCE_DEFAULTS: ResolvedMaintenanceOptions = {
   resultRetentionMs: DEFAULT_RESULT_RETENTION_MS,
   historyIntervalMs: 60_000,
   gaugeIntervalMs: 5000,
+  scheduleTickMs: 1000,
+  scheduleStaleIntervalMs: 5000,
 };
 
 /**
@@ -127,6 +138,7 @@ const MAINTENANCE_DEPS_KEYS: ReadonlySet<string> = new Set([
   'metrics',
   'options',
   'workerId',
+  'scheduleClock',
 ]);
 
 /**
@@ -154,8 +166,24 @@ type Branch = {
    * the drain (auto_explain; docs/benchmarks.md, "Scaling with work").
    */
   busyShare?: number;
+  /**
+   * When the branch's work next falls due, if sooner than its interval (ms from the end of its
+   * last run): the schedules branch wakes for the next instant instead of up to a tick after it.
+   */
+  dueInMs?: () => number | null;
   run: () => Promise<void>;
 };
+
+/**
+ * Woken for a schedule instant this long after it (a timer may fire a little early; an instant
+ * not yet due is found at the next wake), and never sooner than MIN_DUE_WAIT_MS after the last
+ * run (a test's clock that stands still would otherwise spin the branch).
+ */
+const DUE_MARGIN_MS = 2;
+const MIN_DUE_WAIT_MS = 5;
+
+/** How long a schedule's fire records are kept (what `berth schedules show` and attempt history read). */
+const SCHEDULE_FIRE_RETENTION_MS = 7 * 24 * 3600_000;
 
 /** The gauges' busy share: at most 5 % of the time reading the backlog. */
 const GAUGE_BUSY_SHARE = 0.05;
@@ -223,6 +251,8 @@ export class Maintenance {
   private loop: Promise<void> | null = null;
   /** Held leases at the last rescue run (logged on change). */
   private lastHeld = 0;
+  /** Parsed cron expressions, kept across terms. */
+  private readonly crons = new CronCache();
 
   constructor(
     private readonly deps: {
@@ -238,6 +268,8 @@ export class Maintenance {
       workerId?: string;
       /** Told after this process became leader (true) or stepped down (false): `worker.events`. */
       onLeadership?: (leader: boolean) => void;
+      /** The time schedules are fired by; default the database's clock (tests set their own). */
+      scheduleClock?: ScheduleClock;
     },
   ) {
     checkKeys(deps, MAINTENANCE_DEPS_KEYS, 'Maintenance');
@@ -311,6 +343,7 @@ export class Maintenance {
       this.contentionTally,
     );
     this.promoter = promoter;
+    let nextInstantInMs: number | null = null;
     const branches: Branch[] = [
       {
         name: 'promote',
@@ -362,6 +395,29 @@ export class Maintenance {
         },
       },
       {
+        name: 'schedules',
+        intervalMs: o.scheduleTickMs,
+        dueInMs: () => nextInstantInMs,
+        run: async () => {
+          nextInstantInMs = null;
+          const r = await fireDueSchedules(pool, storage, {
+            metrics,
+            logger: childLogger(this.deps.logger, { branch: 'schedules' }),
+            clock: this.deps.scheduleClock,
+            crons: this.crons,
+          });
+          nextInstantInMs = r.nextInMs;
+        },
+      },
+      {
+        name: 'schedule-stale',
+        intervalMs: o.scheduleStaleIntervalMs,
+        startAfterMs: settledStartMs(o.scheduleStaleIntervalMs),
+        run: async () => {
+          await markStale(pool, storage, this.deps.logger);
+        },
+      },
+      {
         name: 'retention',
         intervalMs: o.retentionIntervalMs,
         startAfterMs: firstRunAfterMs(o.retentionIntervalMs),
@@ -371,6 +427,8 @@ export class Maintenance {
           if (n) this.deps.logger.info({ pruned: n }, 'pruned dead letters past retention');
           const h = await pruneOperatorHistory(pool, schema);
           if (h.outcomeCounts + h.workers > 0) this.deps.logger.info(h, 'pruned operator history past retention');
+          const f = await pruneScheduleFires(pool, storage, SCHEDULE_FIRE_RETENTION_MS);
+          if (f) this.deps.logger.info({ pruned: f }, 'pruned schedule fire records past retention');
           const z = await pruneSnoozeCounts(pool, storage);
           if (z) this.deps.logger.info({ pruned: z }, 'pruned snooze counts of tasks no longer pending');
           const results = await pruneResults(pool, storage, o.resultRetentionMs, 5000, this.term?.signal);
@@ -439,7 +497,11 @@ export class Maintenance {
       // Errors back off (bounded) so a broken database is not hammered; success never does,
       // and promotion never does (its interval is already its floor).
       const errorBackoff = failures && b.name !== 'promote' ? Math.min(250 * 2 ** failures, 30_000) : 0;
-      const wait = branchWait(b, took) + errorBackoff;
+      const due = failures ? null : (b.dueInMs?.() ?? null);
+      const wait =
+        due === null
+          ? branchWait(b, took) + errorBackoff
+          : Math.min(branchWait(b, took), Math.max(MIN_DUE_WAIT_MS, due + DUE_MARGIN_MS));
       await sleepUnlessAborted(wait, signal);
     }
   }

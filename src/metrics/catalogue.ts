@@ -99,6 +99,11 @@ export class BerthMetrics {
   readonly ringRotations: CounterMetric<'result'>;
   readonly deadPruned: CounterMetric;
   readonly isLeader: GaugeMetric;
+  readonly scheduleFires: CounterMetric<'schedule' | 'kind'>;
+  readonly scheduleMisses: CounterMetric<'schedule'>;
+  readonly scheduleLatenessSeconds: HistogramMetric<'schedule'>;
+  readonly scheduleLastFire: GaugeMetric<'schedule'>;
+  readonly scheduleInterval: GaugeMetric<'schedule'>;
   readonly queuePaused: GaugeMetric<'queue'>;
   readonly workers: GaugeMetric;
 
@@ -264,6 +269,34 @@ export class BerthMetrics {
       'berth_workers',
       'Worker processes with a fresh heartbeat; exported by the maintenance leader',
       'max',
+    );
+    this.scheduleFires = counter(
+      'berth_schedule_fires_total',
+      'Tasks enqueued by schedules, by schedule and kind (cron: an instant of its expression, missed: a missed instant its misfire policy runs, trigger: an operator)',
+      ['schedule', 'kind'],
+    );
+    this.scheduleMisses = counter(
+      'berth_schedule_misses_total',
+      'Instants of a schedule its misfire policy did not run (missed while no leader could fire them)',
+      ['schedule'],
+    );
+    this.scheduleLatenessSeconds = histogram(
+      'berth_schedule_lateness_seconds',
+      'How late each fire of a schedule committed after its instant (database clock)',
+      [0.01, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 5, 15, 60, 300],
+      ['schedule'],
+    );
+    this.scheduleLastFire = gauge(
+      'berth_schedule_last_fire_timestamp_seconds',
+      'When an active (neither paused nor stale) schedule last fired, else when it was created, in Unix seconds; exported by the maintenance leader',
+      'max',
+      ['schedule'],
+    );
+    this.scheduleInterval = gauge(
+      'berth_schedule_interval_seconds',
+      'The longest gap between consecutive instants of an active schedule; exported by the maintenance leader',
+      'max',
+      ['schedule'],
     );
   }
 }

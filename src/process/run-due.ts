@@ -16,6 +16,9 @@ import { SettlementBatcher } from '../processor/settlement-batcher.js';
 import { TypeMetrics } from '../processor/type-metrics.js';
 import { UnknownTypes } from '../processor/unknown-types.js';
 import { resolveWorkerOptions, type ResolvedWorkerOptions } from './worker-options.js';
+import { resolveSchedules, type ScheduleDefinition } from '../schedule.js';
+import { fireDueSchedules } from '../maintenance/scheduler.js';
+import { declareSchedules } from './declare-schedules.js';
 
 export interface RunDueTasksOptions {
   /** The installation schema. `berth`. */
@@ -39,6 +42,14 @@ export interface RunDueTasksOptions {
   maxRuns?: number;
   /** The cap on a handler's result, as the worker option. 64 KiB. */
   resultMaxBytes?: number;
+  /**
+   * Schedules (`defineSchedule`) to declare, as a Worker holding them does at start, and fire
+   * before the run: each instant due by `now` fires as the maintenance leader fires it (the
+   * watermark, the misfire policy), and its task runs in this call.
+   */
+  schedules?: readonly ScheduleDefinition[];
+  /** The time schedules are fired by (default: the database's clock). */
+  now?: Date;
 }
 
 const OPTION_KEYS: ReadonlySet<string> = new Set<keyof RunDueTasksOptions>([
@@ -51,6 +62,8 @@ const OPTION_KEYS: ReadonlySet<string> = new Set<keyof RunDueTasksOptions>([
   'metrics',
   'maxRuns',
   'resultMaxBytes',
+  'schedules',
+  'now',
 ]);
 
 export const DEFAULT_MAX_RUNS = 1000;
@@ -148,6 +161,18 @@ export async function runDueTasks(
     maintenance: false,
     heartbeatIntervalMs: false,
   });
+  const schedules = resolveSchedules(options.schedules, o.tasks.defs);
+  const now = options.now;
+  if (now !== undefined && !(now instanceof Date && !Number.isNaN(now.getTime())))
+    throw new BerthInputError('runDueTasks: now must be a valid Date');
+  if (schedules.length > 0) {
+    await declareSchedules(pool, o.schema, schedules, o.tasks.defs, o.workerId, o.logger);
+    await fireDueSchedules(pool, storageFor(o.schema), {
+      metrics: o.metrics,
+      logger: o.logger,
+      clock: now === undefined ? undefined : () => now,
+    });
+  }
   const runner = new OnceRunner(pool, o);
   const reports: TaskRunReport[] = [];
   try {

@@ -24,12 +24,26 @@ import type { EngineOptions } from '../processor/engine-options.js';
 import { resolveUnknownTypeOptions, type UnknownTypeOptions } from '../processor/unknown-types.js';
 import { DEFAULT_QUEUE } from '../producer/enqueue.js';
 import { checkSchemaName, checkText, MAX_QUEUE_BYTES } from '../limits.js';
+import { resolveSchedules, type ScheduleDefinition } from '../schedule.js';
+import type { ScheduleClock } from '../maintenance/scheduler.js';
 
 export interface WorkerOptions {
   connectionString: string;
   /** Discovery reads go here (a replica); claims and settlements always go to the primary. */
   readConnectionString?: string;
   tasks: readonly AnyTaskDefinition[];
+  /**
+   * Recurring tasks (`defineSchedule(…)`), each of a type in `tasks`. Upserted in the database
+   * when the worker starts; fired by the elected maintenance leader, exactly once per instant,
+   * whichever worker leads. A schedule no running worker declares any more is marked stale and
+   * no longer fired. Needs the heartbeat (it says which schedules a live worker declares).
+   */
+  schedules?: readonly ScheduleDefinition[];
+  /**
+   * For tests: the time the maintenance leader fires schedules by (default: the database's
+   * clock). A function returning a Date.
+   */
+  scheduleClock?: ScheduleClock;
   /** Worker slots (concurrent handlers). 4; `workerOptionsFromEnv` reads BERTH_TASK_PROCESSOR_CONCURRENCY. */
   slots?: number;
   /**
@@ -141,6 +155,8 @@ const WORKER_OPTION_KEYS: ReadonlySet<string> = new Set<keyof WorkerOptions>([
   'connectionString',
   'readConnectionString',
   'tasks',
+  'schedules',
+  'scheduleClock',
   'slots',
   'queues',
   'unknownTypes',
@@ -178,6 +194,9 @@ export interface ResolvedWorkerOptions extends EngineOptions {
   readonly metrics: BerthMetrics;
   readonly listenReconnectBaseMs: number;
   readonly http: ResolvedWorkerHttpOptions | null;
+  /** The worker's schedules, checked against its task definitions. */
+  readonly schedules: readonly ScheduleDefinition[];
+  readonly scheduleClock: ScheduleClock | null;
 }
 
 /**
@@ -263,6 +282,13 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
     ceilings.set(def.type, def.ceilingMs);
     maxAttempts.set(def.type, def.maxAttempts);
   }
+  const schedules = resolveSchedules(options.schedules, defs);
+  if (schedules.length > 0 && heartbeatIntervalMs === false)
+    throw new BerthInputError(
+      'schedules need the heartbeat (heartbeatIntervalMs: false turns it off): it tells the leader which schedules a running worker declares',
+    );
+  if (options.scheduleClock !== undefined && typeof options.scheduleClock !== 'function')
+    throw new BerthInputError('scheduleClock must be a function returning a Date');
   const queues = resolveQueues(options.queues, options.tasks);
   const workerId = options.workerId ?? `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`;
   return {
@@ -289,6 +315,8 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
     stuckGraceMs,
     exitOnStuckSlots: exitOn ?? null,
     resultMaxBytes,
+    schedules,
+    scheduleClock: options.scheduleClock ?? null,
   };
 }
 

@@ -21,6 +21,7 @@ import { TaskObserver } from '../processor/task-observer.js';
 import { WakeListener } from '../processor/wake.js';
 import { resolveWorkerOptions, type ResolvedWorkerOptions, type WorkerOptions } from './worker-options.js';
 import { onStopSignals, resolveSignalOptions, type StopOnSignalsOptions } from './signals.js';
+import { declareSchedules } from './declare-schedules.js';
 
 export { WORKER_DEFAULTS, type WorkerOptions } from './worker-options.js';
 export type { StopOnSignalsOptions } from './signals.js';
@@ -190,6 +191,13 @@ export class Worker {
       await closeAll();
       throw err;
     }
+    try {
+      // Before anything runs: a schedule the database refuses fails start, as a bad option would.
+      await declareSchedules(write, o.schema, o.schedules, o.tasks.defs, this.id, this.logger);
+    } catch (err) {
+      await closeAll();
+      throw err;
+    }
     const read = o.readDatabase ? pool(o.readDatabase, 2, 'read') : claims;
     if (read !== claims) opened.push(read);
     let http: Listening | null = null;
@@ -251,6 +259,7 @@ export class Worker {
             options: o.maintenance,
             workerId: this.id,
             onLeadership: (leader) => this.events.emit(leader ? 'leader:gained' : 'leader:lost', { workerId: this.id }),
+            ...(o.scheduleClock === null ? {} : { scheduleClock: o.scheduleClock }),
           });
     const heartbeat =
       tally === null || o.heartbeatIntervalMs === false
@@ -261,6 +270,7 @@ export class Worker {
             {
               workerId: this.id,
               queues: o.queues,
+              schedules: o.schedules.map((d) => d.name),
               slots: o.slots,
               startedAt: this.startedAt,
               busy: () => engine.activeSlots,

@@ -9,6 +9,8 @@ import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 export interface HeartbeatSource {
   workerId: string;
   queues: readonly string[] | null;
+  /** The names of the schedules this worker declares (the leader marks the others stale). */
+  schedules?: readonly string[];
   slots: number;
   startedAt: Date;
   busy(): number;
@@ -157,6 +159,8 @@ export class Heartbeat {
           types: rows.map((r) => r.key.type),
           outcomes: rows.map((r) => r.key.outcome),
           counts: rows.map((r) => r.n),
+          schedules: src.schedules ?? [],
+          heartbeatMs: Math.min(Math.round(this.intervalMs), 2_147_483_647),
         }),
       );
     } catch (err) {
@@ -170,11 +174,12 @@ function heartbeatStatement({ q: s }: Schema) {
   return positional(
     `WITH beat AS (
            INSERT INTO ${s}.workers AS w (worker_id, host, pid, queues, slots, busy, prefetched, leader,
-                                          maintenance, started_at, last_seen_at)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now())
+                                          maintenance, started_at, last_seen_at, schedules, heartbeat_ms)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now(), $16, $17)
            ON CONFLICT (worker_id) DO UPDATE
              SET busy = excluded.busy, prefetched = excluded.prefetched, leader = excluded.leader,
-                 maintenance = excluded.maintenance, last_seen_at = excluded.last_seen_at
+                 maintenance = excluded.maintenance, last_seen_at = excluded.last_seen_at,
+                 schedules = excluded.schedules, heartbeat_ms = excluded.heartbeat_ms
            RETURNING 1
          ), counted AS (
            INSERT INTO ${s}.outcome_counts AS c (minute, worker_id, queue, type, outcome, count)
@@ -200,6 +205,8 @@ function heartbeatStatement({ q: s }: Schema) {
       'types',
       'outcomes',
       'counts',
+      'schedules',
+      'heartbeatMs',
     ],
   );
 }

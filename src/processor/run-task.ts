@@ -2,6 +2,7 @@ import type { Storage } from '../storage/storage.js';
 import { CancelAbort, DeadlineAbort, isPermanentError, ShutdownAbort } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { Queryable } from '../sql.js';
+import { fireOfDedupeKey } from '../schedule.js';
 import { checkPayload, type TaskContext, type AnyTaskDefinition, type PayloadCheck } from '../task.js';
 import type { ClaimedTask } from './claim.js';
 import { type HandlerReturn, readHandlerReturn } from './handler-result.js';
@@ -122,6 +123,7 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     logger: log,
     schema: deps.storage.schema.name,
     token: task.token,
+    schedule: fireOfDedupeKey(task.dedupeKey),
     advanceCursor: async (next: unknown) => {
       const ok = await advanceCursor(deps.write, deps.storage, task, next);
       if (ok) advanced = true;

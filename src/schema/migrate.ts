@@ -324,10 +324,12 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
  */
 const LATEST_MARKER = 'check_tasks(text, text[], jsonb[], timestamptz[], integer[], text[], text)';
 /**
- * The newest table this code writes: migration 24's task results (a completion that carries a
- * result stores it there, so a schema of 22 would fail such a completion on every flush).
+ * A table the newest migration this code needs creates: migration 26's `schedule_fires` (with it
+ * come `schedules` and `workers.schedules`, which every worker's heartbeat writes and its leader
+ * reads; migration 24's `task_results`, where a completion that carries a result stores it,
+ * comes before it), so this code refuses a schema older than 26.
  */
-const LATEST_TABLE = 'task_results';
+const LATEST_TABLE = 'schedule_fires';
 
 export { SchemaNotMigratedError } from '../errors.js';
 

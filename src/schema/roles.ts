@@ -70,6 +70,29 @@ const WORKER_FUNCTIONS = [
   'count_lost_claim(smallint, integer, bigint, integer, integer, text)',
 ] as const;
 
+/** The columns of `schedules` a worker writes: everything but the operator's pause. */
+const SCHEDULE_WORKER_COLUMNS = [
+  'cron',
+  'time_zone',
+  'task_type',
+  'payload',
+  'queue',
+  'priority',
+  'max_attempts',
+  'misfire',
+  'misfire_cap',
+  'misfire_grace_ms',
+  'interval_ms',
+  'declared_by',
+  'declared_at',
+  'fired_through',
+  'last_instant',
+  'last_fired_at',
+  'last_task_id',
+  'stale',
+  'stale_since',
+] as const;
+
 const RING_TABLES = ['ready', 'range_leases', 'range_settlements', 'tombstones'] as const;
 /**
  * The per-task lease tables of berth before migration 8: no statement reads them, migration 22
@@ -109,6 +132,8 @@ function producerGrants(s: string): Grant[] {
         'lanes',
         // A completed task's result (migration 24).
         'task_results',
+        // The schedule that fired a task, shown with its attempts (migration 26).
+        'schedule_fires',
       ]
         .map((t) => `${s}.${t}`)
         .join(', '),
@@ -185,6 +210,18 @@ function workerGrants(s: string): Grant[] {
     { privileges: 'SELECT, INSERT, UPDATE (attempt, result, stored_at), DELETE', on: `${s}.task_results` },
     // The leader's oldest-due gauge leaves paused queues out. Pausing is set_queue_paused's (operators).
     { privileges: 'SELECT', on: `${s}.queue_pauses` },
+    // Schedules (migration 26): a worker upserts the ones it declares at start (INSERT … ON
+    // CONFLICT DO UPDATE of the declaration); the leader moves the watermark and the last fire in
+    // each fire's transaction, and marks schedules stale or not. Pausing is an operator's: no
+    // runtime role writes paused, paused_at or paused_by. A forged row can fire a task of a type
+    // the worker already runs, as enqueue can; it cannot fire an instant twice (the watermark
+    // only moves forward under the row lock).
+    {
+      privileges: `SELECT, INSERT, UPDATE (${SCHEDULE_WORKER_COLUMNS.join(', ')})`,
+      on: `${s}.schedules`,
+    },
+    // Each fire records itself; the leader's retention deletes fires older than 7 days.
+    { privileges: 'SELECT, INSERT, DELETE', on: `${s}.schedule_fires` },
   ];
 }
 

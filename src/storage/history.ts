@@ -105,6 +105,8 @@ export interface AttemptRecord {
   cursor: unknown;
   /** The attempt retired the task to the dead letters. */
   dead: boolean;
+  /** The schedule that fired the task (`defineSchedule`), while its fire record is kept (7 days); else null. */
+  schedule: string | null;
   /**
    * What was wrong with the row as stored, when anything was (a worker role can write any row):
    * the record is still given, with those fields made safe.
@@ -125,7 +127,12 @@ type AttemptRow = Omit<AttemptRecord, 'claimedAt' | 'settledAt' | 'durationMs' |
 const ATTEMPT_SELECT = `x.id::text AS id, x.attempt, h.outcome, h.type, ln.queue, ln.priority, ln.shard, h.worker,
        h.claimed_at, h.settled_at, (extract(epoch FROM h.settled_at) * 1000000)::bigint::text AS settled_key,
        (extract(epoch FROM h.settled_at - h.claimed_at) * 1000)::float8 AS duration_ms,
-       x.run_ms, x.created_at, h.error, h.cursor, h.dead`;
+       x.run_ms, x.created_at, h.error, h.cursor, h.dead, sf.schedule`;
+
+/** The schedule that fired an attempt's task (migration 26): one probe of the fires' task index. */
+function scheduleOf(s: string): string {
+  return `LEFT JOIN LATERAL (SELECT f.schedule FROM ${s}.schedule_fires f WHERE f.task_id = x.id LIMIT 1) sf ON true`;
+}
 
 /**
  * A row as a reader may use it: every field a worker role could have forged checked (the error
@@ -154,6 +161,7 @@ function toRecord(r: AttemptRow): AttemptRecord {
     error,
     cursor: r.cursor,
     dead: r.dead,
+    schedule: r.schedule ?? null,
     ...(problems.length > 0 ? { invalid: problems } : {}),
   };
 }
@@ -168,6 +176,7 @@ export async function attemptsOf(db: Queryable, schema: string, id: string): Pro
          FROM ${s}.attempt_history h
          JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
         CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at, h.run_ms) AS x(id, attempt, created_at, run_ms)
+        ${scheduleOf(s)}
         WHERE h.bucket = $1::bigint >> 10 AND $1::bigint = ANY (h.ids) AND x.id = $1::bigint
         ORDER BY h.settled_at, h.claimed_at`,
         ['id'],
@@ -251,6 +260,7 @@ export async function listAttempts(
          FROM ${s}.attempt_history h
          JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
         CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at, h.run_ms) AS x(id, attempt, created_at, run_ms)
+        ${scheduleOf(s)}
         WHERE ($1::text IS NULL OR h.type = $1) AND ($2::text IS NULL OR ln.queue = $2)
           AND ($3::text IS NULL OR h.outcome = $3)
           AND ($4::bigint IS NULL OR h.settled_at <= ${AT})

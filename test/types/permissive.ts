@@ -3,7 +3,7 @@
  * and its payload is unknown; definitions still type their payloads. Checked by
  * `tsc -p tsconfig.test.json` (npm run typecheck); `@ts-expect-error` lines must fail to compile.
  */
-import { defineTask, defineTaskType, enqueue, enqueueMany, type Queryable } from '../../src/index.js';
+import { defineSchedule, defineTask, defineTaskType, enqueue, enqueueMany, type Queryable } from '../../src/index.js';
 
 declare const db: Queryable;
 
@@ -21,3 +21,10 @@ const def = defineTask({ type: 'd', ceilingMs: 1, handler: async (p: { tags: str
 await enqueueMany(db, [{ type: def, payload: { tags: ['a'] } }]);
 // @ts-expect-error a definition's payload in a batch
 await enqueueMany(db, [{ type: def, payload: { tags: 'a' } }]);
+
+// Schedules type their payload by the definition, as enqueue does.
+defineSchedule({ name: 'tags', cron: '* * * * *', task: def, payload: { tags: ['a'] } });
+// @ts-expect-error a schedule's payload is the definition's
+defineSchedule({ name: 'tags', cron: '* * * * *', task: def, payload: { tags: 'a' } });
+// An empty registry: a name takes any payload.
+defineSchedule({ name: 'named', cron: '* * * * *', task: 'anything', payload: 42 });

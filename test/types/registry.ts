@@ -6,6 +6,7 @@
  */
 import { z } from 'zod';
 import {
+  defineSchedule,
   defineTask,
   defineTaskType,
   enqueue,
@@ -106,3 +107,10 @@ await enqueueMany(db, [
 // A batch built elsewhere, typed as TaskSpec, is taken as it is (the runtime checks each entry).
 const built: TaskSpec[] = [{ type: 'send_email', payload: { orderId: 'c' } }];
 await enqueueMany(db, built);
+
+// Schedules of registered names: the name checked, its payload the registry's.
+defineSchedule({ name: 'mail', cron: '0 * * * *', task: 'send_email', payload: { orderId: 'one' } });
+// @ts-expect-error a schedule of a misspelt name
+defineSchedule({ name: 'mail', cron: '0 * * * *', task: 'send_emial', payload: { orderId: 'one' } });
+// @ts-expect-error a schedule's payload is the registry's
+defineSchedule({ name: 'mail', cron: '0 * * * *', task: 'send_email', payload: { orderId: 1 } });

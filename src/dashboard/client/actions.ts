@@ -14,6 +14,8 @@ function describe(answer: ActionAnswer | null): string {
     return `${num(answer.matched)} matched, ${num(answer.changed)} changed${answer.duplicates ? `, ${num(answer.duplicates)} left (duplicate key)` : ''}`;
   }
   if ('lanes' in answer && typeof answer.lanes === 'number') return `${num(answer.lanes)} lane(s) changed`;
+  if ('taskId' in answer && typeof answer.taskId === 'string') return `task ${answer.taskId} enqueued`;
+  if ('changed' in answer && typeof answer.changed === 'boolean') return answer.changed ? 'done' : 'no change';
   return json(answer);
 }
 

@@ -5,6 +5,7 @@ import { lanes } from './lanes.js';
 import { maintenance } from './maintenance.js';
 import { overview } from './overview.js';
 import { queues } from './queues.js';
+import { schedules } from './schedules.js';
 import { task } from './task.js';
 import { tasks } from './tasks.js';
 
@@ -17,5 +18,6 @@ export const PAGES: ReadonlyMap<string, Page> = new Map([
   ['attempts', page(attempts)],
   ['dead', page(dead)],
   ['queues', page(queues)],
+  ['schedules', page(schedules)],
   ['maintenance', page(maintenance)],
 ]);
