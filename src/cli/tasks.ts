@@ -181,7 +181,9 @@ export function registerTaskCommands(program: Command): void {
     );
 
   common(tasks.command('show <id>'))
-    .description('one task: payload, attempts (each with its error, stack and cause), last error, lease, timeline')
+    .description(
+      'one task: payload, result, attempts (each with its error, stack and cause), last error, lease (while it runs), timeline',
+    )
     .action(async (id: string, opts: Common) => {
       taskId(id);
       await withPool(opts, async (pool) => {
