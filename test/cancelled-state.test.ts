@@ -139,6 +139,10 @@ test('a ready task cancelled: cancelled, by its actor, with no attempt made, in 
   const show = await cli(['tasks', 'show', id!, '--json']);
   const events = (JSON.parse(show.out) as { timeline: { event: string }[] }).timeline.map((e) => e.event);
   assert.ok(events.includes('attempt') && !events.includes('claimed'), events.join(','));
+  // And its text: the cancel row has a time, no worker, no claim and no duration.
+  const text = (await cli(['tasks', 'show', id!])).out;
+  assert.match(text, /^ {2}#0 {2}cancelled {2}at \d{4}-\d\d-\d\dT[\d:.]+Z$/m);
+  assert.doesNotMatch(text, /claimed/);
   // Its dedupe key is free: a new task with it is a different id, and nothing special.
   const again = await enqueue(pool, 'cs_ready', {}, { schema, dedupeKey: 'cs-ready' });
   assert.equal(again.state, 'ready');

@@ -52,6 +52,8 @@ test('a handler that returns an object completes its task, and getTask, the CLI,
   assert.equal(show.code, 0, show.err);
   // jsonb keeps an object's keys in its own order (shorter keys first).
   assert.match(show.out, /\nresult:\n\{\n {2}"accepted": \[\n {4}"ann"\n {2}\],\n {2}"messageId": "m-ann"\n\}\n/);
+  // The completed attempt's lease ended with it: no expiry that would read as still held.
+  assert.doesNotMatch(show.out, /^lease:/m);
   const json = await runCli(['tasks', 'show', id!, '--json', '--schema', schema, '--database-url', DATABASE_URL]);
   assert.deepEqual(JSON.parse(json.out).task.result, { messageId: 'm-ann', accepted: ['ann'] });
 

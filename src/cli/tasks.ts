@@ -181,7 +181,9 @@ export function registerTaskCommands(program: Command): void {
     );
 
   common(tasks.command('show <id>'))
-    .description('one task: payload, attempts (each with its error, stack and cause), last error, lease, timeline')
+    .description(
+      'one task: payload, result, attempts (each with its error, stack and cause), last error, lease (while it runs), timeline',
+    )
     .action(async (id: string, opts: Common) => {
       taskId(id);
       await withPool(opts, async (pool) => {
@@ -195,7 +197,8 @@ export function registerTaskCommands(program: Command): void {
         );
         if (task.dedupeKey) say(`dedupe key ${escapeControl(task.dedupeKey)}`);
         if (task.runAt) say(`due ${task.runAt.toISOString()}`);
-        if (task.lease)
+        // A completed task's lease ended with its settlement: its expiry would read as still held.
+        if (task.lease && task.state === 'running')
           say(
             `lease: worker ${escapeControl(task.lease.worker ?? '-')}, expires ${task.lease.expiresAt.toISOString()}`,
           );
@@ -211,9 +214,13 @@ export function registerTaskCommands(program: Command): void {
         if (attempts.length > 0) say('attempts:');
         const errors = new ErrorPrinter();
         for (const a of attempts) {
-          say(
-            `  #${a.attempt}  ${a.outcome}${a.dead ? ' (dead-lettered)' : ''}  worker ${escapeControl(a.worker ?? '-')}  claimed ${a.claimedAt.toISOString()}  ${Math.round(a.durationMs)} ms${a.runMs !== null ? ` (handler ${a.runMs} ms)` : ''}`,
-          );
+          // No worker: a row no claim wrote (an operator's cancel of a pending task), so it has a
+          // time but no claim and no duration.
+          const run =
+            a.worker === null
+              ? `at ${a.claimedAt.toISOString()}`
+              : `worker ${escapeControl(a.worker)}  claimed ${a.claimedAt.toISOString()}  ${Math.round(a.durationMs)} ms${a.runMs !== null ? ` (handler ${a.runMs} ms)` : ''}`;
+          say(`  #${a.attempt}  ${a.outcome}${a.dead ? ' (dead-lettered)' : ''}  ${run}`);
           if (a.invalid) say(`    malformed row, shown as far as it reads: ${a.invalid.join('; ')}`);
           if (a.cursor !== null) say(`    cursor ${jsonSafe(JSON.stringify(a.cursor))}`);
           for (const line of errors.lines(a.attempt, a.error)) say(line);
