@@ -147,7 +147,7 @@ async function fireSchedule(
   if (row.firedThrough.getTime() < graceEdge.getTime()) {
     const lastMissed = latestInstant(job, graceEdge);
     if (lastMissed !== null && lastMissed.getTime() > row.firedThrough.getTime()) {
-      const count = instantsBetween(job, row.firedThrough, lastMissed, MAX_COUNTED_MISSES).length;
+      const count = await countInstants(job, row.firedThrough, lastMissed);
       if (row.misfire === 'skip') {
         missed = count;
         if (await skipThrough(pool, storage, row.name, lastMissed)) recordMisses(row.name, missed, deps, report);
@@ -226,6 +226,28 @@ function warnIfAhead(
     { schedule: row.name, fired_through: row.firedThrough.toISOString(), ahead_ms: Math.round(aheadMs) },
     "schedule's watermark is ahead of the clock (the clock went back): no instant fires until the clock passes it",
   );
+}
+
+/** Instants counted between two yields to the event loop (croner takes ~50-130 µs an instant). */
+const COUNT_SLICE = 500;
+
+/**
+ * The missed instants in (after, until], counted up to MAX_COUNTED_MISSES. Counted in slices
+ * with a yield between them: an every-second schedule after hours of downtime walks 10,000
+ * instants, which in one go stalled the leader's process (its engine, heartbeat and election
+ * checks) for about half a second (test/schedule-review.test.ts, "a week down").
+ */
+async function countInstants(job: Cron, after: Date, until: Date): Promise<number> {
+  let count = 0;
+  let from = after;
+  while (count < MAX_COUNTED_MISSES) {
+    const slice = instantsBetween(job, from, until, Math.min(COUNT_SLICE, MAX_COUNTED_MISSES - count));
+    count += slice.length;
+    if (slice.length < COUNT_SLICE) break;
+    from = slice.at(-1)!;
+    await new Promise<void>((resolve) => setImmediate(resolve));
+  }
+  return count;
 }
 
 function recordMisses(
