@@ -303,6 +303,16 @@ export function fireDedupeKey(name: string, instant: Date, triggered = false): s
   return `${triggered ? TRIGGER_PREFIX : FIRE_PREFIX}${name}@${instant.toISOString()}`;
 }
 
+/**
+ * Whether a dedupe key is one a schedule's fire (or trigger) uses. Producers may not enqueue with
+ * one: a task holding a fire's key would stand in for that fire (the leader's enqueue finds it
+ * and records it as the instant's task, so the schedule's own task never runs) and would carry a
+ * forged `ctx.schedule`.
+ */
+export function isScheduleKey(key: string): boolean {
+  return key.startsWith(FIRE_PREFIX) || key.startsWith(TRIGGER_PREFIX);
+}
+
 /** The fire a dedupe key names, or null for any other key. */
 export function fireOfDedupeKey(key: string | null): ScheduleFire | null {
   if (key === null) return null;

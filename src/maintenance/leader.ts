@@ -102,6 +102,28 @@ export const MAINTENANCE_DEFAULTS: ResolvedMaintenanceOptions = {
 };
 
 /**
+ * The options that become a timer's delay (or a session's lock_timeout): Node fires a timer of
+ * more than 2^31 - 1 ms (24.8 days) after 1 ms instead, so a branch given a longer interval
+ * would run in a loop; PostgreSQL's lock_timeout has the same bound. Retention ages are not
+ * timers and may be longer.
+ */
+const TIMER_KEYS: ReadonlySet<string> = new Set([
+  'leaderPollMs',
+  'promoteIntervalMs',
+  'laneLockTimeoutMs',
+  'waiterLockTimeoutMs',
+  'rescueIntervalMs',
+  'ringIntervalMs',
+  'ringLockTimeoutMs',
+  'retentionIntervalMs',
+  'historyIntervalMs',
+  'gaugeIntervalMs',
+  'scheduleTickMs',
+  'scheduleStaleIntervalMs',
+]);
+const MAX_TIMER_MS = 2_147_483_647;
+
+/**
  * Defaults filled in, every value checked: a bad interval (0, negative, NaN, a string from a
  * config file) is refused with a clear error before anything starts, not discovered as a busy
  * loop or a branch that never runs.
@@ -122,6 +144,11 @@ export function resolveMaintenanceOptions(options: MaintenanceOptions | undefine
     if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || (integer && !Number.isInteger(value))) {
       throw new BerthInputError(
         `maintenance option ${key} must be a positive ${integer ? 'integer' : 'number'}, got ${JSON.stringify(value)}`,
+      );
+    }
+    if (TIMER_KEYS.has(key) && value > MAX_TIMER_MS) {
+      throw new BerthInputError(
+        `maintenance option ${key} must be at most ${MAX_TIMER_MS} ms (24.8 days, the longest timer Node keeps), got ${value}`,
       );
     }
   }
@@ -253,6 +280,8 @@ export class Maintenance {
   private lastHeld = 0;
   /** Parsed cron expressions, kept across terms. */
   private readonly crons = new CronCache();
+  /** Schedules logged as having a watermark ahead of the clock, kept across terms (one line each). */
+  private readonly aheadLogged = new Map<string, number>();
 
   constructor(
     private readonly deps: {
@@ -405,6 +434,7 @@ export class Maintenance {
             logger: childLogger(this.deps.logger, { branch: 'schedules' }),
             clock: this.deps.scheduleClock,
             crons: this.crons,
+            aheadLogged: this.aheadLogged,
           });
           nextInstantInMs = r.nextInMs;
         },

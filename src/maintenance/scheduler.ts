@@ -76,7 +76,14 @@ export class CronCache {
 export async function fireDueSchedules(
   pool: pg.Pool,
   storage: Storage,
-  deps: { metrics: BerthMetrics; logger: Logger; clock?: ScheduleClock | undefined; crons?: CronCache },
+  deps: {
+    metrics: BerthMetrics;
+    logger: Logger;
+    clock?: ScheduleClock | undefined;
+    crons?: CronCache;
+    /** The watermark each schedule was last logged as ahead of the clock at (one line per watermark, not per tick). */
+    aheadLogged?: Map<string, number>;
+  },
 ): Promise<TickReport> {
   const { now: dbNow, schedules } = await activeSchedules(pool, storage);
   // Lateness is measured on the same clock as due-ness, moved on by the time this tick takes.
@@ -89,6 +96,7 @@ export async function fireDueSchedules(
   // the tick sees the previous tick's values, never a schedule missing.
   const gauges: { name: string; lastFire: number; interval: number }[] = [];
   for (const row of schedules) {
+    warnIfAhead(row, clock(), deps);
     let job: Cron;
     try {
       job = crons.of(row.cron, row.timeZone);
@@ -139,7 +147,7 @@ async function fireSchedule(
   if (row.firedThrough.getTime() < graceEdge.getTime()) {
     const lastMissed = latestInstant(job, graceEdge);
     if (lastMissed !== null && lastMissed.getTime() > row.firedThrough.getTime()) {
-      const count = instantsBetween(job, row.firedThrough, lastMissed, MAX_COUNTED_MISSES).length;
+      const count = await countInstants(job, row.firedThrough, lastMissed);
       if (row.misfire === 'skip') {
         missed = count;
         if (await skipThrough(pool, storage, row.name, lastMissed)) recordMisses(row.name, missed, deps, report);
@@ -195,6 +203,51 @@ async function fireSchedule(
       lateMs,
     });
   }
+}
+
+/**
+ * A watermark ahead of the clock by more than this is logged: the clock went back (a database
+ * server's clock corrected after running ahead, a test's clock), and the schedule fires nothing
+ * until the clock passes the watermark again, which would otherwise look like a schedule that
+ * silently stopped. A changed declaration or a resume never moves it back (invariant 13).
+ */
+const AHEAD_LOG_MS = 5000;
+
+function warnIfAhead(
+  row: ScheduleTickRow,
+  now: Date,
+  deps: { logger: Logger; aheadLogged?: Map<string, number> },
+): void {
+  const aheadMs = row.firedThrough.getTime() - now.getTime();
+  if (aheadMs <= AHEAD_LOG_MS || deps.aheadLogged?.get(row.name) === row.firedThrough.getTime()) return;
+  deps.aheadLogged?.set(row.name, row.firedThrough.getTime());
+  if (deps.aheadLogged !== undefined && deps.aheadLogged.size > 10_000) deps.aheadLogged.clear();
+  deps.logger.warn(
+    { schedule: row.name, fired_through: row.firedThrough.toISOString(), ahead_ms: Math.round(aheadMs) },
+    "schedule's watermark is ahead of the clock (the clock went back): no instant fires until the clock passes it",
+  );
+}
+
+/** Instants counted between two yields to the event loop (croner takes ~50-130 µs an instant). */
+const COUNT_SLICE = 500;
+
+/**
+ * The missed instants in (after, until], counted up to MAX_COUNTED_MISSES. Counted in slices
+ * with a yield between them: an every-second schedule after hours of downtime walks 10,000
+ * instants, which in one go stalled the leader's process (its engine, heartbeat and election
+ * checks) for about half a second (test/schedule-review.test.ts, "a week down").
+ */
+async function countInstants(job: Cron, after: Date, until: Date): Promise<number> {
+  let count = 0;
+  let from = after;
+  while (count < MAX_COUNTED_MISSES) {
+    const slice = instantsBetween(job, from, until, Math.min(COUNT_SLICE, MAX_COUNTED_MISSES - count));
+    count += slice.length;
+    if (slice.length < COUNT_SLICE) break;
+    from = slice.at(-1)!;
+    await new Promise<void>((resolve) => setImmediate(resolve));
+  }
+  return count;
 }
 
 function recordMisses(

@@ -2,6 +2,7 @@ import { BerthInputError, notMigrated } from '../errors.js';
 import { DEFAULT_SCHEMA, type Queryable, type Schema, statementName } from '../sql.js';
 import { positional } from '../statement.js';
 import { storageFor, type Storage } from '../storage/storage.js';
+import { isScheduleKey } from '../schedule.js';
 import { validatePayload } from '../task.js';
 import type { PayloadOf, TaskTypeLike, TaskTypeName } from '../task-type.js';
 import { captureTraceContext } from '../tracing.js';
@@ -470,6 +471,10 @@ function resolveTaskSpec(t: AnyTaskSpec, index: number, count: number, payload: 
     t.dedupeKey === undefined
       ? null
       : checkText(t.dedupeKey, 'dedupeKey', where, { maxBytes: MAX_DEDUPE_KEY_BYTES, nonEmpty: true });
+  if (dedupeKey !== null && isScheduleKey(dedupeKey))
+    throw new BerthInputError(
+      `${where}: dedupeKey "${dedupeKey.slice(0, 60)}" starts with "berth-schedule", reserved for schedules' fires`,
+    );
   return {
     index,
     type,
