@@ -214,8 +214,9 @@ function workerGrants(s: string): Grant[] {
     // CONFLICT DO UPDATE of the declaration); the leader moves the watermark and the last fire in
     // each fire's transaction, and marks schedules stale or not. Pausing is an operator's: no
     // runtime role writes paused, paused_at or paused_by. A forged row can fire a task of a type
-    // the worker already runs, as enqueue can; it cannot fire an instant twice (the watermark
-    // only moves forward under the row lock).
+    // the worker already runs, as enqueue can. berth's own statements only move the watermark
+    // forward, under the row lock, so they never fire an instant twice; a session of this role
+    // writing the column by hand could move it back (the grant is by column, not by direction).
     {
       privileges: `SELECT, INSERT, UPDATE (${SCHEDULE_WORKER_COLUMNS.join(', ')})`,
       on: `${s}.schedules`,
