@@ -129,9 +129,16 @@ const ATTEMPT_SELECT = `x.id::text AS id, x.attempt, h.outcome, h.type, ln.queue
        (extract(epoch FROM h.settled_at - h.claimed_at) * 1000)::float8 AS duration_ms,
        x.run_ms, x.created_at, h.error, h.cursor, h.dead, sf.schedule`;
 
-/** The schedule that fired an attempt's task (migration 26): one probe of the fires' task index. */
-function scheduleOf(s: string): string {
-  return `LEFT JOIN LATERAL (SELECT f.schedule FROM ${s}.schedule_fires f WHERE f.task_id = x.id LIMIT 1) sf ON true`;
+/**
+ * What both attempt reads select from: each history row's tasks (one row per task of the
+ * settlement), its lane, and the schedule that fired the task (migration 26: one probe of the
+ * fires' task index).
+ */
+function attemptRows(s: string): string {
+  return `${s}.attempt_history h
+         JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
+        CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at, h.run_ms) AS x(id, attempt, created_at, run_ms)
+        LEFT JOIN LATERAL (SELECT f.schedule FROM ${s}.schedule_fires f WHERE f.task_id = x.id LIMIT 1) sf ON true`;
 }
 
 /**
@@ -173,10 +180,7 @@ export async function attemptsOf(db: Queryable, schema: string, id: string): Pro
     const statement = storageFor(schema).statement('attempts-of', ({ q: s }) =>
       positional(
         `SELECT ${ATTEMPT_SELECT}
-         FROM ${s}.attempt_history h
-         JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
-        CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at, h.run_ms) AS x(id, attempt, created_at, run_ms)
-        ${scheduleOf(s)}
+         FROM ${attemptRows(s)}
         WHERE h.bucket = $1::bigint >> 10 AND $1::bigint = ANY (h.ids) AND x.id = $1::bigint
         ORDER BY h.settled_at, h.claimed_at`,
         ['id'],
@@ -257,10 +261,7 @@ export async function listAttempts(
     const statement = storageFor(schema).statement('list-attempts', ({ q: s }) =>
       positional(
         `SELECT ${ATTEMPT_SELECT}
-         FROM ${s}.attempt_history h
-         JOIN ${s}.lanes ln ON ln.lane_id = h.lane_id
-        CROSS JOIN LATERAL unnest(h.ids, h.attempts, h.created_at, h.run_ms) AS x(id, attempt, created_at, run_ms)
-        ${scheduleOf(s)}
+         FROM ${attemptRows(s)}
         WHERE ($1::text IS NULL OR h.type = $1) AND ($2::text IS NULL OR ln.queue = $2)
           AND ($3::text IS NULL OR h.outcome = $3)
           AND ($4::bigint IS NULL OR h.settled_at <= ${AT})
