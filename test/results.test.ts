@@ -224,30 +224,19 @@ test('resultMaxBytes and resultRetentionMs are checked like every option', () =>
   assert.throws(() => resolveMaintenanceOptions({ resultRetentionMS: 1 } as never), /did you mean "resultRetentionMs"/);
 });
 
-test("a completion flush is split so that one statement carries at most the flush's share of result text, a lease's entries together", () => {
-  const entry = (laneId: number, leaseFrom: string, chars: number | null) => ({
-    ref: { laneId, leaseFrom },
-    result: chars === null ? null : 'x'.repeat(chars),
-  });
-  const small = [entry(1, '1', 10), entry(1, '1', null), entry(2, '5', 10)];
+test("a completion flush is split so that one statement carries at most the flush's share of result text", () => {
+  const entry = (chars: number | null) => ({ result: chars === null ? null : 'x'.repeat(chars) });
+  const small = [entry(10), entry(null), entry(10)];
   assert.deepEqual(byResultBytes(small, 100), [small], 'within the bound: one statement');
-  const a1 = entry(1, '1', 60);
-  const b = entry(2, '5', 60);
-  const a2 = entry(1, '1', 30);
-  const c = entry(3, '9', null);
-  const parts = byResultBytes([a1, b, a2, c], 100);
+  const [a, b, c, d] = [entry(60), entry(30), entry(60), entry(null)];
   assert.deepEqual(
-    parts,
+    byResultBytes([a, b, c, d], 100),
     [
-      [a1, a2],
-      [b, c],
+      [a, b],
+      [c, d],
     ],
-    "lane 1's lease stays whole; the next lease starts a new part",
+    'parts in batch order, each within the bound',
   );
-  const alone = entry(4, '2', 500);
-  assert.deepEqual(
-    byResultBytes([alone, entry(4, '2', 1)], 100).length,
-    1,
-    'one lease over the bound is still one part',
-  );
+  const big = entry(500);
+  assert.deepEqual(byResultBytes([entry(1), big, entry(1)], 100).length, 3, 'a result over the bound goes alone');
 });

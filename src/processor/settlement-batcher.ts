@@ -48,39 +48,27 @@ const FLUSH_RESULT_CHARS = 32 * 1024 * 1024;
 
 /**
  * A completion batch in parts whose results together stay within FLUSH_RESULT_CHARS (the batch
- * itself when they do, always for a batch without results). The entries of one range lease stay
- * in one part, so each lease's completion stays one statement's; a part may pass the bound when
- * one lease alone does.
+ * itself when they do, always for a batch without results), in batch order. A part may pass the
+ * bound only when one result alone does. One range lease's entries may land in two parts: each
+ * statement settles the entries it names with a settlement row of its own, as a cancel of one
+ * entry beside its lease-mates' completion does (the exclusion constraint fences each entry).
  */
-export function byResultBytes<T extends { ref: { laneId: number; leaseFrom: string }; result: string | null }>(
-  batch: T[],
-  limit = FLUSH_RESULT_CHARS,
-): T[][] {
+export function byResultBytes<T extends { result: string | null }>(batch: T[], limit = FLUSH_RESULT_CHARS): T[][] {
   let total = 0;
   for (const b of batch) total += b.result?.length ?? 0;
   if (total <= limit) return [batch];
-  const leases = new Map<string, { entries: T[]; chars: number }>();
-  for (const b of batch) {
-    const key = `${b.ref.laneId}:${b.ref.leaseFrom}`;
-    let lease = leases.get(key);
-    if (!lease) {
-      lease = { entries: [], chars: 0 };
-      leases.set(key, lease);
-    }
-    lease.entries.push(b);
-    lease.chars += b.result?.length ?? 0;
-  }
   const parts: T[][] = [];
   let part: T[] = [];
   let chars = 0;
-  for (const lease of leases.values()) {
-    if (part.length > 0 && chars + lease.chars > limit) {
+  for (const b of batch) {
+    const n = b.result?.length ?? 0;
+    if (part.length > 0 && chars + n > limit) {
       parts.push(part);
       part = [];
       chars = 0;
     }
-    part.push(...lease.entries);
-    chars += lease.chars;
+    part.push(b);
+    chars += n;
   }
   if (part.length > 0) parts.push(part);
   return parts;
