@@ -729,6 +729,139 @@ BEGIN
 END $$;
 
 --
+-- Name: hold_leases(text, smallint[], integer[], bigint[]); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.hold_leases(p_queue text, p_slots smallint[], p_lanes integer[], p_froms bigint[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v "berth".queue_limits;
+  v_n integer;
+BEGIN
+  SELECT * INTO v FROM "berth".queue_limits WHERE queue = p_queue;
+  IF NOT FOUND THEN RETURN 0; END IF;
+  INSERT INTO "berth".limit_holders (queue, slot, lane_id, lease_from, n)
+  SELECT p_queue, l.slot, l.lane_id, l.from_seq, l.n
+    FROM unnest(p_slots, p_lanes, p_froms) AS u(slot, lane_id, lease_from)
+    JOIN "berth".range_leases l ON l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.slot = u.slot
+    JOIN "berth".lanes ln ON ln.lane_id = l.lane_id AND ln.queue = p_queue
+  ON CONFLICT DO NOTHING;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  IF v.rate_limit IS NOT NULL THEN
+    INSERT INTO "berth".limit_starts (queue, started_at, n)
+    SELECT p_queue, clock_timestamp(), sum(l.n)
+      FROM unnest(p_slots, p_lanes, p_froms) AS u(slot, lane_id, lease_from)
+      JOIN "berth".range_leases l ON l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.slot = u.slot
+    HAVING sum(l.n) > 0;
+  END IF;
+  RETURN v_n;
+END $$;
+
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: limit_holders; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.limit_holders (
+    queue text NOT NULL,
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
+    n integer NOT NULL,
+    held_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: holder_running(berth.limit_holders); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.holder_running(h berth.limit_holders) RETURNS integer
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+  SELECT coalesce((SELECT l.n - coalesce((SELECT sum(x.n) FROM "berth".range_settlements x
+                                           WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq
+                                             AND x.slot = l.slot), 0)::integer
+                     FROM "berth".range_leases l
+                    WHERE l.lane_id = h.lane_id AND l.from_seq = h.lease_from AND l.slot = h.slot), 0)
+$$;
+
+--
+-- Name: limit_capacity(text, integer); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.limit_capacity(p_queue text, p_want integer, OUT free integer, OUT retry_ms integer) RETURNS record
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v "berth".queue_limits;
+  v_running integer;
+  v_started integer;
+  v_oldest timestamptz;
+  v_window interval;
+BEGIN
+  IF p_queue IS NULL THEN
+    RAISE EXCEPTION 'berth: limit_capacity: queue must not be null' USING ERRCODE = '22004';
+  END IF;
+  free := greatest(coalesce(p_want, 0), 0);
+  SELECT * INTO v FROM "berth".queue_limits WHERE queue = p_queue FOR UPDATE;
+  -- No limit (cleared since the caller looked): nothing is started by this path; the lanes are
+  -- ordinary again and the ordinary claim takes them.
+  IF NOT FOUND THEN free := 0; RETURN; END IF;
+  IF v.max_running IS NOT NULL THEN
+    DELETE FROM "berth".limit_holders h WHERE h.queue = p_queue AND "berth".holder_running(h) <= 0;
+    SELECT coalesce(sum("berth".holder_running(h)), 0) INTO v_running
+      FROM "berth".limit_holders h WHERE h.queue = p_queue;
+    free := least(free, v.max_running - v_running);
+  END IF;
+  IF v.rate_limit IS NOT NULL THEN
+    -- A start is recorded when its claim takes it; its handler starts after the claim commits
+    -- and returns, a few ms later, or tens of ms on a busy host, and not by the same delay for
+    -- every claim. So a start stays in the window for the interval plus a guard (a tenth of the
+    -- interval, at most 250 ms): a window measured at the handlers' own starts then holds no
+    -- more than the limit unless one claim's handlers start a guard later than another's. The
+    -- price is a steady rate up to a tenth below the limit for intervals under 2.5 s.
+    v_window := make_interval(secs => (v.rate_interval_ms + least(v.rate_interval_ms / 10.0, 250)) / 1000.0);
+    DELETE FROM "berth".limit_starts s WHERE s.queue = p_queue AND s.started_at <= clock_timestamp() - v_window;
+    SELECT coalesce(sum(s.n), 0), min(s.started_at) INTO v_started, v_oldest
+      FROM "berth".limit_starts s WHERE s.queue = p_queue;
+    IF v.rate_limit - v_started < free THEN
+      free := v.rate_limit - v_started;
+      -- When the oldest start in the window leaves it, the rate frees: the caller may come back
+      -- then rather than at its next poll (nothing else tells it).
+      retry_ms := greatest(1, ceil(extract(epoch FROM v_oldest + v_window - clock_timestamp()) * 1000))::integer;
+    END IF;
+  END IF;
+  free := greatest(free, 0);
+END $$;
+
+--
+-- Name: limit_usage(); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.limit_usage() RETURNS TABLE(queue text, max_running integer, running integer, rate_limit integer, rate_interval_ms integer, started integer, updated_at timestamp with time zone, updated_by text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+  SELECT q.queue, q.max_running,
+         (SELECT coalesce(sum("berth".holder_running(h)), 0)::integer
+            FROM "berth".limit_holders h WHERE h.queue = q.queue),
+         q.rate_limit, q.rate_interval_ms,
+         (SELECT coalesce(sum(s.n), 0)::integer FROM "berth".limit_starts s
+           WHERE s.queue = q.queue AND q.rate_limit IS NOT NULL
+             AND s.started_at > clock_timestamp() - make_interval(secs => q.rate_interval_ms / 1000.0)),
+         q.updated_at, q.updated_by
+    FROM "berth".queue_limits q
+   ORDER BY q.queue
+$$;
+
+--
 -- Name: move_task(bigint, text, smallint); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -823,9 +956,10 @@ BEGIN
   -- Only a new lane is checked: a lane that exists (one opened before the limit) keeps working.
   PERFORM "berth".check_queue('provision_lane', p_queue);
   PERFORM pg_advisory_xact_lock(hashtextextended('berth:queue:' || p_queue, 0));
-  INSERT INTO "berth".lanes (queue, priority, shard, paused)
+  INSERT INTO "berth".lanes (queue, priority, shard, paused, limited)
   VALUES (p_queue, p_priority, p_shard,
-          EXISTS (SELECT 1 FROM "berth".queue_pauses q WHERE q.queue = p_queue))
+          EXISTS (SELECT 1 FROM "berth".queue_pauses q WHERE q.queue = p_queue),
+          EXISTS (SELECT 1 FROM "berth".queue_limits q WHERE q.queue = p_queue))
   ON CONFLICT DO NOTHING RETURNING lane_id INTO v_id;
   IF v_id IS NULL THEN
     SELECT lane_id INTO v_id FROM "berth".lanes
@@ -1337,6 +1471,64 @@ BEGIN
 END $$;
 
 --
+-- Name: set_queue_limit(text, integer, integer, integer, text); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.set_queue_limit(p_queue text, p_max_running integer, p_rate_limit integer, p_rate_interval_ms integer, p_actor text) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v_limited boolean := p_max_running IS NOT NULL OR p_rate_limit IS NOT NULL;
+  v_n integer;
+  v_lane integer;
+BEGIN
+  IF p_queue IS NULL OR p_actor IS NULL THEN
+    RAISE EXCEPTION 'berth: set_queue_limit: queue and actor must not be null' USING ERRCODE = '22004';
+  END IF;
+  IF (p_rate_limit IS NULL) <> (p_rate_interval_ms IS NULL) THEN
+    RAISE EXCEPTION 'berth: set_queue_limit: a rate limit needs both a count and an interval' USING ERRCODE = '22023';
+  END IF;
+  PERFORM pg_advisory_xact_lock(hashtextextended('berth:queue:' || p_queue, 0));
+  IF v_limited AND NOT EXISTS (SELECT 1 FROM "berth".lanes WHERE queue = p_queue)
+     AND NOT EXISTS (SELECT 1 FROM "berth".queue_pauses WHERE queue = p_queue) THEN
+    RAISE EXCEPTION 'berth: set_queue_limit: queue "%" does not exist (no task was ever enqueued to it)', p_queue
+      USING ERRCODE = '22023';
+  END IF;
+  IF v_limited THEN
+    INSERT INTO "berth".queue_limits (queue, max_running, rate_limit, rate_interval_ms, updated_at, updated_by)
+    VALUES (p_queue, p_max_running, p_rate_limit, p_rate_interval_ms, now(), p_actor)
+    ON CONFLICT (queue) DO UPDATE
+      SET max_running = EXCLUDED.max_running, rate_limit = EXCLUDED.rate_limit,
+          rate_interval_ms = EXCLUDED.rate_interval_ms, updated_at = EXCLUDED.updated_at,
+          updated_by = EXCLUDED.updated_by;
+    -- The queue's tasks running now count against the new limit.
+    INSERT INTO "berth".limit_holders (queue, slot, lane_id, lease_from, n)
+    SELECT p_queue, l.slot, l.lane_id, l.from_seq, l.n
+      FROM "berth".lanes ln
+      JOIN "berth".range_leases l ON l.lane_id = ln.lane_id
+     WHERE ln.queue = p_queue
+       AND l.n > coalesce((SELECT sum(x.n) FROM "berth".range_settlements x
+                            WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq AND x.slot = l.slot), 0)
+    ON CONFLICT DO NOTHING;
+  ELSE
+    DELETE FROM "berth".queue_limits WHERE queue = p_queue;
+    DELETE FROM "berth".limit_holders WHERE queue = p_queue;
+    DELETE FROM "berth".limit_starts WHERE queue = p_queue;
+  END IF;
+  UPDATE "berth".lanes SET limited = v_limited, version = version + 1
+   WHERE queue = p_queue AND limited IS DISTINCT FROM v_limited;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  -- Workers learn which queues are limited from this notice (and on every poll); each lane is
+  -- named too, so its waiting tasks are claimed by whichever path now owns it.
+  PERFORM pg_notify('berth.wake', 'limits');
+  FOR v_lane IN SELECT lane_id FROM "berth".lanes WHERE queue = p_queue LOOP
+    PERFORM pg_notify('berth.wake', v_lane::text);
+  END LOOP;
+  RETURN v_n;
+END $$;
+
+--
 -- Name: set_queue_paused(text, boolean, text, text); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -1399,8 +1591,6 @@ BEGIN
   RETURN 'removed';
 END $$;
 
-SET default_tablespace = '';
-
 --
 -- Name: attempt_history; Type: TABLE; Schema: berth; Owner: -
 --
@@ -1423,8 +1613,6 @@ CREATE TABLE berth.attempt_history (
     dead boolean DEFAULT false NOT NULL
 )
 PARTITION BY LIST (part);
-
-SET default_table_access_method = heap;
 
 --
 -- Name: attempt_history_0; Type: TABLE; Schema: berth; Owner: -
@@ -1710,6 +1898,7 @@ CREATE TABLE berth.lanes (
     version bigint DEFAULT 0 NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     paused boolean DEFAULT false NOT NULL,
+    limited boolean DEFAULT false NOT NULL,
     CONSTRAINT lanes_shard_check CHECK (((shard >= 0) AND (shard <= 63)))
 );
 
@@ -2211,6 +2400,16 @@ CREATE TABLE berth.leases_9 (
 );
 
 --
+-- Name: limit_starts; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.limit_starts (
+    queue text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    n integer NOT NULL
+);
+
+--
 -- Name: outcome_counts; Type: TABLE; Schema: berth; Owner: -
 --
 
@@ -2239,6 +2438,24 @@ CREATE TABLE berth.overdue_leases (
     stuck_at timestamp with time zone NOT NULL,
     seen_at timestamp with time zone DEFAULT now() NOT NULL,
     stale_after interval NOT NULL
+);
+
+--
+-- Name: queue_limits; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.queue_limits (
+    queue text NOT NULL,
+    max_running integer,
+    rate_limit integer,
+    rate_interval_ms integer,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_by text NOT NULL,
+    CONSTRAINT queue_limits_check CHECK (((rate_limit IS NULL) = (rate_interval_ms IS NULL))),
+    CONSTRAINT queue_limits_check1 CHECK (((max_running IS NOT NULL) OR (rate_limit IS NOT NULL))),
+    CONSTRAINT queue_limits_max_running_check CHECK (((max_running >= 1) AND (max_running <= 1000000))),
+    CONSTRAINT queue_limits_rate_interval_ms_check CHECK (((rate_interval_ms >= 1) AND (rate_interval_ms <= 86400000))),
+    CONSTRAINT queue_limits_rate_limit_check CHECK (((rate_limit >= 1) AND (rate_limit <= 1000000)))
 );
 
 --
@@ -4558,6 +4775,13 @@ ALTER TABLE ONLY berth.leases_9
     ADD CONSTRAINT leases_9_pkey PRIMARY KEY (lane_id, lane_seq, slot);
 
 --
+-- Name: limit_holders limit_holders_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.limit_holders
+    ADD CONSTRAINT limit_holders_pkey PRIMARY KEY (queue, lane_id, lease_from, slot);
+
+--
 -- Name: outcome_counts outcome_counts_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
 --
 
@@ -4570,6 +4794,13 @@ ALTER TABLE ONLY berth.outcome_counts
 
 ALTER TABLE ONLY berth.overdue_leases
     ADD CONSTRAINT overdue_leases_pkey PRIMARY KEY (lane_id, lane_seq, slot);
+
+--
+-- Name: queue_limits queue_limits_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.queue_limits
+    ADD CONSTRAINT queue_limits_pkey PRIMARY KEY (queue);
 
 --
 -- Name: queue_pauses queue_pauses_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
@@ -5520,6 +5751,12 @@ CREATE INDEX leases_8_expires_at_idx ON berth.leases_8 USING btree (expires_at);
 --
 
 CREATE INDEX leases_9_expires_at_idx ON berth.leases_9 USING btree (expires_at);
+
+--
+-- Name: limit_starts_queue_started_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX limit_starts_queue_started_at_idx ON berth.limit_starts USING btree (queue, started_at);
 
 --
 -- Name: overdue_leases_id_idx; Type: INDEX; Schema: berth; Owner: -
@@ -7142,6 +7379,30 @@ REVOKE ALL ON FUNCTION berth.enqueue(p_queue text, p_priority smallint, p_shard 
 REVOKE ALL ON FUNCTION berth.enqueue(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text) FROM PUBLIC;
 
 --
+-- Name: FUNCTION hold_leases(p_queue text, p_slots smallint[], p_lanes integer[], p_froms bigint[]); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.hold_leases(p_queue text, p_slots smallint[], p_lanes integer[], p_froms bigint[]) FROM PUBLIC;
+
+--
+-- Name: FUNCTION holder_running(h berth.limit_holders); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.holder_running(h berth.limit_holders) FROM PUBLIC;
+
+--
+-- Name: FUNCTION limit_capacity(p_queue text, p_want integer, OUT free integer, OUT retry_ms integer); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.limit_capacity(p_queue text, p_want integer, OUT free integer, OUT retry_ms integer) FROM PUBLIC;
+
+--
+-- Name: FUNCTION limit_usage(); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.limit_usage() FROM PUBLIC;
+
+--
 -- Name: FUNCTION move_task(p_id bigint, p_queue text, p_priority smallint); Type: ACL; Schema: berth; Owner: -
 --
 
@@ -7230,6 +7491,12 @@ REVOKE ALL ON FUNCTION berth.rotate_history(p_lock_timeout_ms integer) FROM PUBL
 --
 
 REVOKE ALL ON FUNCTION berth.rotate_ring(p_from smallint, p_to smallint) FROM PUBLIC;
+
+--
+-- Name: FUNCTION set_queue_limit(p_queue text, p_max_running integer, p_rate_limit integer, p_rate_interval_ms integer, p_actor text); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.set_queue_limit(p_queue text, p_max_running integer, p_rate_limit integer, p_rate_interval_ms integer, p_actor text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION set_queue_paused(p_queue text, p_paused boolean, p_actor text, p_reason text); Type: ACL; Schema: berth; Owner: -

@@ -177,6 +177,14 @@ export {
 } from './admin/dead.js';
 export { listQueues, pauseQueue, resumeQueue, type QueueInfo } from './admin/queues.js';
 export {
+  clearQueueLimit,
+  listQueueLimits,
+  setQueueLimit,
+  type QueueLimitChange,
+  type QueueLimitUsage,
+  type RateLimit,
+} from './admin/limits.js';
+export {
   listSchedules,
   getSchedule,
   setSchedulePaused,

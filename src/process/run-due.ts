@@ -7,6 +7,8 @@ import { promoteDue } from '../maintenance/promote.js';
 import type { BerthMetrics, Outcome } from '../metrics/catalogue.js';
 import { wakeChannel } from '../sql.js';
 import { DEFAULT_BACKOFF, type AnyTaskDefinition } from '../task.js';
+import { claimLimitedQueue } from '../processor/claim-limited.js';
+import { limitedQueues } from '../storage/limits.js';
 import { claimBatch, discover, type ClaimedTask } from '../processor/claim.js';
 import { settlementFor, type SettleAnswer, type Settlement, type TaskRun } from '../processor/outcome-table.js';
 import { DeadlineTimer, RunAbort } from '../processor/run-abort.js';
@@ -233,15 +235,15 @@ class OnceRunner {
     };
   }
 
-  /** The oldest due task (priority, then due time), leased to this run; null when none is claimable. */
+  /**
+   * The oldest due task (priority, then due time), leased to this run; null when none is
+   * claimable. A limited queue's tasks are claimed through its limited claim, after the others,
+   * and only while its limits leave room (a rate limit's window is not waited out).
+   */
   async claimNext(): Promise<ClaimedTask | null> {
     const o = this.o;
-    const lanes = [...new Set((await discover(this.pool, this.storage, o.queues, 20, 1)).map((c) => c.laneId))];
-    if (lanes.length === 0) return null;
-    const { tasks } = await claimBatch(this.pool, {
+    const terms = {
       storage: this.storage,
-      laneIds: lanes,
-      limit: 1,
       ceilings: o.tasks.ceilings,
       maxAttempts: o.tasks.maxAttempts,
       defaultMaxAttempts: o.tasks.defaultMaxAttempts,
@@ -249,10 +251,19 @@ class OnceRunner {
       marginMs: o.leaseMarginMs,
       workerId: o.workerId,
       wakeChannel: this.channel,
-      queues: o.queues,
-    });
-    // Empty although discovery saw due lanes: another claimer holds them (a running worker).
-    return tasks[0] ?? null;
+    };
+    const lanes = [...new Set((await discover(this.pool, this.storage, o.queues, 20, 1)).map((c) => c.laneId))];
+    if (lanes.length > 0) {
+      const { tasks } = await claimBatch(this.pool, { ...terms, laneIds: lanes, limit: 1, queues: o.queues });
+      // Empty although discovery saw due lanes: another claimer holds them (a running worker).
+      if (tasks[0] !== undefined) return tasks[0];
+    }
+    for (const queue of await limitedQueues(this.pool, this.storage)) {
+      if (o.queues !== null && !o.queues.includes(queue)) continue;
+      const { tasks } = await claimLimitedQueue(this.pool, terms, queue, 1);
+      if (tasks[0] !== undefined) return tasks[0];
+    }
+    return null;
   }
 
   async run(task: ClaimedTask): Promise<TaskRunReport> {

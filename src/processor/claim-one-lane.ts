@@ -9,6 +9,7 @@ import {
   type TermParams,
   TYPE_TERMS,
   type LeaseRow,
+  limitedTerm,
   NOW_MS_SQL,
   taskJsonSql,
   tasksOf,
@@ -44,7 +45,9 @@ import {
 export async function claimOneLane(write: Queryable, c: ClaimParams): Promise<ClaimBatch> {
   if (c.limit <= 0 || c.laneIds.length === 0) return { tasks: [], more: false, stale: false };
   const w = c.window;
-  const statement = c.storage.statement(`claim-one-lane${windowKey(w)}`, (schema) => claimOneLaneStatement(schema, w));
+  const limited = c.limited === true;
+  const key = `claim-one-lane${windowKey(w)}${limited ? ':limited' : ''}`;
+  const statement = c.storage.statement(key, (schema) => claimOneLaneStatement(schema, w, limited));
   const res = await write.query<LeaseRow>(
     statement.query({
       laneIds: c.laneIds,
@@ -80,7 +83,7 @@ const ONE_LANE_COLUMNS = [
   'created_at',
 ];
 
-function claimOneLaneStatement({ name, q: s }: Schema, w: RingWindow | undefined) {
+function claimOneLaneStatement({ name, q: s }: Schema, w: RingWindow | undefined, limited: boolean) {
   const current = w ? sql`AND (SELECT rs.generation FROM ${s}.ring_state rs) = ${p('generation')}::bigint` : '';
   return compile(
     sql`WITH locked AS MATERIALIZED (
@@ -89,7 +92,7 @@ function claimOneLaneStatement({ name, q: s }: Schema, w: RingWindow | undefined
          FROM ${s}.lanes l
         WHERE l.lane_id = ANY (${p('laneIds')}::integer[])
           AND (${p('queues')}::text[] IS NULL OR l.queue = ANY (${p('queues')}::text[]))
-          AND NOT l.paused ${current}
+          AND NOT l.paused AND ${limitedTerm(limited)} ${current}
         ORDER BY array_position(${p('laneIds')}::integer[], l.lane_id)
         LIMIT 1
         FOR UPDATE SKIP LOCKED
@@ -150,6 +153,6 @@ function claimOneLaneStatement({ name, q: s }: Schema, w: RingWindow | undefined
        FROM ${s}.ring_state rs WHERE rs.generation <> ${p('generation')}::bigint`
            : ''
        }`,
-    statementName(`berth-claim-one-lane:${name}${windowKey(w)}`),
+    statementName(`berth-claim-one-lane:${name}${windowKey(w)}${limited ? ':limited' : ''}`),
   );
 }

@@ -45,6 +45,21 @@ export interface ClaimParams {
    * and the caller reads the window again. Without one the claim reads the whole ring.
    */
   window?: RingWindow;
+  /**
+   * Claim the lanes of limited queues (only inside the limited claim's transaction, which
+   * bounds `limit` by the queue's free capacity: processor/claim-limited.ts) instead of the
+   * others. Default false: the ordinary claim never takes a lane of a limited queue.
+   */
+  limited?: boolean;
+}
+
+/**
+ * The claim's lane filter on the locked (latest) row: a lane of a limited queue is claimed only
+ * by the limited claim, whose transaction holds the queue's capacity. A constant in each of the
+ * two statement texts (not a parameter), so the ordinary claim's plan is what it was.
+ */
+export function limitedTerm(limited: boolean): string {
+  return limited ? 'l.limited' : 'NOT l.limited';
 }
 
 /** What one claim leased, and whether its lanes may hold more due entries it left. */

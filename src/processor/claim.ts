@@ -12,6 +12,7 @@ import {
   type TermParams,
   TYPE_TERMS,
   type LeaseRow,
+  limitedTerm,
   NOW_MS_SQL,
   taskJsonSql,
   tasksOf,
@@ -49,8 +50,15 @@ export async function discover(
    * (the worker also reads its window again on every poll tick).
    */
   window?: RingWindow,
+  /**
+   * Read the lanes of limited queues instead of the others (the limited claim's discovery,
+   * processor/claim-limited.ts). Each path sees only its own lanes, so a limited queue at its
+   * limit never fills the other path's page of candidates.
+   */
+  limited = false,
 ): Promise<Candidate[]> {
-  const statement = storage.statement(`discover${windowKey(window)}`, (schema) => discoverStatement(schema, window));
+  const key = `discover${windowKey(window)}${limited ? ':limited' : ''}`;
+  const statement = storage.statement(key, (schema) => discoverStatement(schema, window, limited));
   const res = await read.query<{ lane_id: number; lane_seq: string; id: string }>(
     statement.query({ queues, limit, perLane: perLane ?? limit }),
   );
@@ -63,7 +71,7 @@ export async function discover(
  * lanes, so the others found nothing (an empty claim is two round trips) and each batch shrank;
  * with a share per claimer, concurrent workers spread over the lanes instead.
  */
-function discoverStatement({ name, q: s }: Schema, window: RingWindow | undefined) {
+function discoverStatement({ name, q: s }: Schema, window: RingWindow | undefined, limited: boolean) {
   return compile(
     sql`SELECT r.lane_id, r.lane_seq::text AS lane_seq, r.id::text AS id
        FROM ${s}.lanes l
@@ -71,10 +79,10 @@ function discoverStatement({ name, q: s }: Schema, window: RingWindow | undefine
          SELECT r.lane_id, r.lane_seq, r.id, r.priority, r.run_at
            FROM ${claimableEntries(s, 'l', ['lane_id', 'lane_seq', 'id', 'priority', 'run_at'], sql`${p('perLane')}`, window?.segments, 'r.run_at <= now()')} r) r
       WHERE (${p('queues')}::text[] IS NULL OR l.queue = ANY (${p('queues')}::text[]))
-        AND NOT l.paused
+        AND NOT l.paused AND ${limited ? '' : 'NOT '}l.limited
       ORDER BY r.priority, r.run_at, r.lane_id, r.lane_seq
       LIMIT ${p('limit')}`,
-    statementName(`berth-discover:${name}${windowKey(window)}`),
+    statementName(`berth-discover:${name}${windowKey(window)}${limited ? ':limited' : ''}`),
   );
 }
 
@@ -146,7 +154,9 @@ export function lanesToLock(p: Pick<ClaimParams, 'laneIds' | 'maxLanes'>): numbe
 export async function claimLanes(write: Queryable, c: ClaimParams): Promise<ClaimBatch> {
   if (c.limit <= 0 || c.laneIds.length === 0) return { tasks: [], more: false, stale: false };
   const w = c.window;
-  const statement = c.storage.statement(`claim${windowKey(w)}`, (schema) => claimLanesStatement(schema, w));
+  const limited = c.limited === true;
+  const key = `claim${windowKey(w)}${limited ? ':limited' : ''}`;
+  const statement = c.storage.statement(key, (schema) => claimLanesStatement(schema, w, limited));
   const res = await write.query<LeaseRow>(
     statement.query({
       laneIds: c.laneIds,
@@ -173,7 +183,7 @@ type ClaimLanesParams =
   | 'perLane'
   | 'generation';
 
-function claimLanesStatement({ name, q: s }: Schema, w: RingWindow | undefined) {
+function claimLanesStatement({ name, q: s }: Schema, w: RingWindow | undefined, limited: boolean) {
   // The window's generation, checked in the claim's own snapshot (storage/ring-window.ts).
   const current = w ? sql`AND (SELECT rs.generation FROM ${s}.ring_state rs) = ${p('generation')}::bigint` : '';
   return compile(
@@ -181,7 +191,7 @@ function claimLanesStatement({ name, q: s }: Schema, w: RingWindow | undefined) 
        SELECT l.lane_id, l.version, l.queue, l.priority, l.shard FROM ${s}.lanes l
         WHERE l.lane_id = ANY (${p('laneIds')}::integer[])
           AND (${p('queues')}::text[] IS NULL OR l.queue = ANY (${p('queues')}::text[]))
-          AND NOT l.paused ${current}
+          AND NOT l.paused AND ${limitedTerm(limited)} ${current}
         ORDER BY array_position(${p('laneIds')}::integer[], l.lane_id)
         LIMIT ${p('maxLanes')}
         FOR UPDATE SKIP LOCKED
@@ -290,6 +300,6 @@ function claimLanesStatement({ name, q: s }: Schema, w: RingWindow | undefined) 
        FROM ${s}.ring_state rs WHERE rs.generation <> ${p('generation')}::bigint`
           : ''
       }`,
-    statementName(`berth-claim:${name}${windowKey(w)}`),
+    statementName(`berth-claim:${name}${windowKey(w)}${limited ? ':limited' : ''}`),
   );
 }

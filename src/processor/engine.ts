@@ -496,7 +496,8 @@ export class Engine {
       this.wakeReason = null;
       this.deps.metrics.wakeups.inc({ reason });
       try {
-        const tasks = await this.fetcher.fetch(wantNow);
+        const idle = Math.max(0, this.o.slots - this.inflight.size - this.buffer.size);
+        const tasks = await this.fetcher.fetch(wantNow, idle);
         this.notifyThrottle.fetched(woken, tasks.length > 0, Date.now());
         this.lastClaimed = tasks.length;
         this.lastClaimFull = tasks.length === wantNow;
@@ -621,6 +622,10 @@ export class Engine {
         this.deps.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed');
         attempt?.crashed(err);
       }
+      // A limited queue's capacity freed when the settlement committed (not when the slot did:
+      // a claim between the two would find the queue still full): claim it again. Otherwise
+      // one boolean read.
+      if (this.fetcher.hasLimits && this.fetcher.noteFreed(task.queue) && !this.stopping) this.wake('limit_freed');
       // Stuck-handler containment (processor/stuck.ts): after the settlement is written, an
       // overdue lease row, if this run overran its deadline, has done its job.
       const overdue = this.stuckGuard.settled(key);

@@ -3,6 +3,8 @@ import type { BerthMetrics } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
 import { readRingWindow, type RingWindow } from '../storage/ring-window.js';
 import { type ClaimBatch, claimBatch, type ClaimParams, discover, LANE_SHARE, type ClaimedTask } from './claim.js';
+import { claimLimitedQueue } from './claim-limited.js';
+import { limitedQueues } from '../storage/limits.js';
 import type { TaskRegistry } from './engine-options.js';
 import type { TypeMetrics } from './type-metrics.js';
 
@@ -63,11 +65,54 @@ export class Fetcher {
    */
   private window: RingWindow | null = null;
 
+  /**
+   * The limited queues this worker claims (docs/architecture.md, "Queue limits"), each with
+   * whether a limited claim of it is owed: its capacity may have freed or work arrived. Read
+   * from `queue_limits` when `limitsStale` (at start, every poll, and on a `limits` notice);
+   * empty for a fleet without limits, which then never runs a limited claim.
+   */
+  private readonly limited = new Map<string, { owed: boolean }>();
+  private limitsStale = true;
+  /** Lanes of limited queues this worker has claimed from: a notice naming one owes its queue a claim. */
+  private readonly limitedLanes = new Map<number, string>();
+  /** A wake per rate-limited queue, set for when its rate frees (retryLimitedAt). */
+  private readonly rateTimers = new Map<string, NodeJS.Timeout>();
+
   constructor(private readonly deps: FetcherDeps) {}
+
+  /** Whether any queue this worker claims is limited (the engine's per-task check is this one read). */
+  get hasLimits(): boolean {
+    return this.limited.size > 0;
+  }
+
+  /**
+   * A task of `queue` settled here: if the queue is limited, its capacity may be free, and a
+   * limited claim of it is owed. Answers whether the queue is limited.
+   */
+  noteFreed(queue: string): boolean {
+    const q = this.limited.get(queue);
+    if (q === undefined) return false;
+    q.owed = true;
+    return true;
+  }
 
   /** A wake notification's payload: producers and promotion name the lane they appended to. */
   noteLane(payload: string): void {
+    if (payload === 'limits') {
+      // A limit was set or cleared (set_queue_limit): read them again, and look everywhere.
+      this.limitsStale = true;
+      this.discoveryOwed = true;
+      return;
+    }
     const lane = Number(payload);
+    const limitedQueue = this.limitedLanes.get(lane);
+    if (limitedQueue !== undefined) {
+      const q = this.limited.get(limitedQueue);
+      if (q !== undefined) {
+        q.owed = true;
+        return;
+      }
+    }
     if (payload === '' || !Number.isInteger(lane) || lane <= 0 || this.notifiedLanes.size >= MAX_NOTIFIED_LANES) {
       // A bare wake names no lane, and a lane past the cap is not remembered: discovery finds them.
       this.discoveryOwed = true;
@@ -84,6 +129,7 @@ export class Fetcher {
   oweDiscovery(): void {
     this.discoveryOwed = true;
     this.window = null;
+    this.limitsStale = true;
   }
 
   /**
@@ -125,12 +171,90 @@ export class Fetcher {
     return again;
   }
 
-  /** Whether a fetch now could find anything: false when the last claim drained all it knew of. */
-  get hasLeads(): boolean {
-    return this.discoveryOwed || this.hotLanes.length > 0 || this.notifiedLanes.size > 0;
+  /** Read which of this worker's queues are limited (a read of `queue_limits` on the read pool). */
+  private async readLimits(): Promise<void> {
+    const d = this.deps;
+    const queues = await limitedQueues(d.read, d.storage);
+    this.limitsStale = false;
+    const mine = d.queues === null ? queues : queues.filter((q) => d.queues!.includes(q));
+    const keep = new Set(mine);
+    for (const q of [...this.limited.keys()]) if (!keep.has(q)) this.limited.delete(q);
+    for (const [lane, q] of [...this.limitedLanes]) if (!keep.has(q)) this.limitedLanes.delete(lane);
+    // A queue newly limited is owed a claim at once; one still limited keeps its state.
+    for (const q of mine) if (!this.limited.has(q)) this.limited.set(q, { owed: true });
   }
 
-  async fetch(want: number): Promise<ClaimedTask[]> {
+  /**
+   * Limited claims for the owed limited queues (every one when `everywhere`: a poll, a start, a
+   * bare wake), at most `idle` tasks in all. A queue whose capacity was 0 is not owed again until
+   * a task of it stops running here, a notice names one of its lanes, or the next poll: the
+   * limit's capacity is the database's, and another worker's completion frees it without
+   * telling this one (the poll bounds that wait).
+   */
+  private async fetchLimited(
+    params: Omit<ClaimParams, 'window' | 'laneIds' | 'limit'>,
+    idle: number,
+    everywhere: boolean,
+  ): Promise<ClaimedTask[]> {
+    let got: ClaimedTask[] = [];
+    for (const [queue, state] of this.limited) {
+      if (!(state.owed || everywhere)) continue;
+      if (got.length >= idle) break;
+      state.owed = false;
+      let batch = await claimLimitedQueue(
+        this.deps.write,
+        { ...params, window: await this.currentWindow() },
+        queue,
+        idle - got.length,
+      );
+      if (batch.stale) {
+        this.window = null;
+        batch = await claimLimitedQueue(
+          this.deps.write,
+          { ...params, window: await this.currentWindow() },
+          queue,
+          idle - got.length,
+        );
+      }
+      for (const t of batch.tasks) this.limitedLanes.set(t.laneId, queue);
+      if (batch.retryMs !== null) this.retryLimitedAt(queue, batch.retryMs);
+      // Capacity left and the queue may hold more than this claim took: claim it again soon.
+      if (batch.stale || (batch.more && batch.tasks.length === batch.capacity && batch.tasks.length > 0))
+        state.owed = true;
+      got = got.concat(batch.tasks);
+    }
+    return got;
+  }
+
+  /**
+   * A rate limit bounded a claim of `queue`: it frees in `ms`, and nothing else would tell this
+   * worker (no settlement frees a rate). One timer per queue, not kept past the worker's stop.
+   */
+  private retryLimitedAt(queue: string, ms: number): void {
+    if (this.rateTimers.has(queue)) return;
+    const timer = setTimeout(() => {
+      this.rateTimers.delete(queue);
+      const q = this.limited.get(queue);
+      if (q === undefined) return;
+      q.owed = true;
+      this.deps.wakeAgain();
+    }, ms);
+    timer.unref();
+    this.rateTimers.set(queue, timer);
+  }
+
+  /** Whether a fetch now could find anything: false when the last claim drained all it knew of. */
+  get hasLeads(): boolean {
+    if (this.discoveryOwed || this.hotLanes.length > 0 || this.notifiedLanes.size > 0) return true;
+    for (const q of this.limited.values()) if (q.owed) return true;
+    return false;
+  }
+
+  /**
+   * `want` tasks at most, of which at most `idle` (the worker's free slots) from limited queues:
+   * their tasks are not prefetched (claim-limited.ts).
+   */
+  async fetch(want: number, idle = want): Promise<ClaimedTask[]> {
     const d = this.deps;
     const started = performance.now();
     const params = {
@@ -145,23 +269,28 @@ export class Fetcher {
       queues: d.queues,
     };
     let got: ClaimedTask[] = [];
+    // Limited queues first: their claims are bounded by their limits, so they cannot crowd out
+    // the other queues, while the other way round a deep ordinary backlog would fill every fetch.
+    if (this.limitsStale) await this.readLimits();
+    if (this.limited.size > 0) got = await this.fetchLimited(params, Math.min(idle, want), this.discoveryOwed);
+    const fromLimited = got.length;
     const known = [...new Set([...this.hotLanes, ...this.notifiedLanes])];
     this.notifiedLanes.clear();
-    if (known.length > 0) {
+    if (known.length > 0 && got.length < want) {
       const batch = await this.claimInWindow({
         ...params,
         laneIds: known,
-        limit: want,
-        perLane: Math.ceil(want / known.length),
+        limit: want - got.length,
+        perLane: Math.ceil((want - got.length) / known.length),
       });
-      got = batch.tasks;
+      got = got.concat(batch.tasks);
       if (got.length < want && (batch.more || !gaveFromEach(got, known))) this.discoveryOwed = true;
       if (got.length > 0 && got.length < want && this.discoveryOwed) {
         // Start these now; discovery for the rest runs on the next pass of the loop.
         d.wakeAgain();
       }
     }
-    if (got.length === 0 && this.discoveryOwed) {
+    if (got.length === fromLimited && got.length < want && this.discoveryOwed) {
       // Cleared before the read: a bare wake arriving meanwhile owes the next fetch another.
       this.discoveryOwed = false;
       const candidates = await discover(d.read, d.storage, d.queues, DISCOVERY_LANES, 1, await this.currentWindow());
@@ -188,7 +317,9 @@ export class Fetcher {
       }
     }
     if (got.length === want) {
-      this.hotLanes = [...new Set(got.map((t) => t.laneId))];
+      // A limited queue's lanes are not hot lanes: only the limited claim takes them.
+      const hot = fromLimited === 0 ? got : got.filter((t) => !this.limitedLanes.has(t.laneId));
+      this.hotLanes = [...new Set(hot.map((t) => t.laneId))];
       // A full claim may have left work anywhere (the claim re-signals other processes for it).
       this.discoveryOwed = true;
     } else {

@@ -68,6 +68,11 @@ const WORKER_FUNCTIONS = [
   'repair_ring_state()',
   // A run whose lease a server crash took back counts its attempt (migration 19).
   'count_lost_claim(smallint, integer, bigint, integer, integer, text)',
+  // The limited claim (migration 28): a queue's free capacity under its limit row's lock, and
+  // the leases it took recorded as holders; the limits and how full they are (gauges).
+  'limit_capacity(text, integer)',
+  'hold_leases(text, smallint[], integer[], bigint[])',
+  'limit_usage()',
 ] as const;
 
 /** The columns of `schedules` a worker writes: everything but the operator's pause. */
@@ -210,6 +215,10 @@ function workerGrants(s: string): Grant[] {
     { privileges: 'SELECT, INSERT, UPDATE (attempt, result, stored_at), DELETE', on: `${s}.task_results` },
     // The leader's oldest-due gauge leaves paused queues out. Pausing is set_queue_paused's (operators).
     { privileges: 'SELECT', on: `${s}.queue_pauses` },
+    // Which queues are limited (the fetcher claims them through the limited claim). Setting a
+    // limit is set_queue_limit's (operators); holders and starts are written by the definer
+    // functions above, as the owner.
+    { privileges: 'SELECT', on: `${s}.queue_limits` },
     // Schedules (migration 26): a worker upserts the ones it declares at start (INSERT … ON
     // CONFLICT DO UPDATE of the declaration); the leader moves the watermark and the last fire in
     // each fire's transaction, and marks schedules stale or not. Pausing is an operator's: no

@@ -1,0 +1,123 @@
+import pg from 'pg';
+import { BerthInputError, orNotMigrated } from '../errors.js';
+import { checkInteger, checkKeys, checkText, MAX_ACTOR_CHARS, MAX_QUEUE_BYTES } from '../limits.js';
+import type { Queryable } from '../sql.js';
+import { limitUsage, type QueueLimitUsage, setQueueLimitRow } from '../storage/limits.js';
+import { storageFor } from '../storage/storage.js';
+
+export type { QueueLimitUsage } from '../storage/limits.js';
+
+/** The most tasks a running limit or a rate limit may name. */
+export const MAX_LIMIT = 1_000_000;
+/** The longest rate interval: a day. */
+export const MAX_RATE_INTERVAL_MS = 86_400_000;
+
+/** A rate limit: at most `limit` task starts in any `intervalMs` window, across the fleet. */
+export interface RateLimit {
+  limit: number;
+  intervalMs: number;
+}
+
+/**
+ * What `setQueueLimit` changes. A field left out keeps its current value; `null` removes that
+ * limit. A queue with neither limit left is no longer limited.
+ */
+export interface QueueLimitChange {
+  /** At most this many of the queue's tasks running at once, across every worker. */
+  maxRunning?: number | null;
+  /** At most `limit` starts per `intervalMs`, across every worker. */
+  rate?: RateLimit | null;
+}
+
+const CHANGE_KEYS: ReadonlySet<string> = new Set(['maxRunning', 'rate']);
+const CHANGE_HINTS: Readonly<Record<string, string>> = {
+  concurrency: 'maxRunning',
+  maxConcurrency: 'maxRunning',
+  limit: 'maxRunning',
+  max: 'maxRunning',
+  rateLimit: 'rate',
+};
+const RATE_KEYS: ReadonlySet<string> = new Set(['limit', 'intervalMs']);
+const RATE_HINTS: Readonly<Record<string, string>> = {
+  count: 'limit',
+  max: 'limit',
+  interval: 'intervalMs',
+  duration: 'intervalMs',
+  per: 'intervalMs',
+  perMs: 'intervalMs',
+};
+
+/**
+ * Set or change a queue's fleet-wide limits, as `actor`. Takes effect at once: the next claim
+ * of the queue on any worker counts it, and tasks of the queue already running count against
+ * it. The queue must exist (a task was enqueued to it, or it is paused). Needs the schema owner
+ * or an operator role. Returns the limits now in force.
+ */
+export async function setQueueLimit(
+  db: Queryable,
+  schema: string,
+  queue: string,
+  change: QueueLimitChange,
+  actor: string,
+): Promise<QueueLimitUsage | null> {
+  const name = checkText(queue, 'queue', 'setQueueLimit', { maxBytes: MAX_QUEUE_BYTES });
+  const who = checkText(actor, 'actor', 'setQueueLimit', { maxChars: MAX_ACTOR_CHARS });
+  if (typeof change !== 'object' || change === null || Array.isArray(change))
+    throw new BerthInputError('setQueueLimit: the change must be an object ({ maxRunning, rate })');
+  checkKeys(change, CHANGE_KEYS, 'setQueueLimit', CHANGE_HINTS);
+  const maxRunning =
+    change.maxRunning === undefined || change.maxRunning === null
+      ? change.maxRunning
+      : checkInteger(change.maxRunning, 'maxRunning', 'setQueueLimit', 1, MAX_LIMIT);
+  const rate = change.rate === undefined || change.rate === null ? change.rate : checkRate(change.rate);
+  const storage = storageFor(schema);
+  const current = (await orNotMigrated(schema, () => limitUsage(db, storage))).find((l) => l.queue === name);
+  const next = {
+    queue: name,
+    maxRunning: maxRunning === undefined ? (current?.maxRunning ?? null) : maxRunning,
+    rateLimit: rate === undefined ? (current?.rateLimit ?? null) : (rate?.limit ?? null),
+    rateIntervalMs: rate === undefined ? (current?.rateIntervalMs ?? null) : (rate?.intervalMs ?? null),
+  };
+  try {
+    await orNotMigrated(schema, () => setQueueLimitRow(db, storage, next, who));
+  } catch (err) {
+    // The database's own refusal (a queue that does not exist): the caller's input, not a fault.
+    if (err instanceof pg.DatabaseError && err.code === '22023' && err.message.startsWith('berth: set_queue_limit'))
+      throw new BerthInputError(err.message.replace(/^berth: set_queue_limit: /, 'setQueueLimit: '));
+    throw err;
+  }
+  return (await limitUsage(db, storage)).find((l) => l.queue === name) ?? null;
+}
+
+/** Remove every limit of a queue, as `actor`. Returns whether the queue had one. */
+export async function clearQueueLimit(
+  db: Queryable,
+  schema: string,
+  queue: string,
+  actor: string,
+): Promise<{ cleared: boolean }> {
+  const name = checkText(queue, 'queue', 'clearQueueLimit', { maxBytes: MAX_QUEUE_BYTES });
+  const who = checkText(actor, 'actor', 'clearQueueLimit', { maxChars: MAX_ACTOR_CHARS });
+  const storage = storageFor(schema);
+  const had = (await orNotMigrated(schema, () => limitUsage(db, storage))).some((l) => l.queue === name);
+  await orNotMigrated(schema, () =>
+    setQueueLimitRow(db, storage, { queue: name, maxRunning: null, rateLimit: null, rateIntervalMs: null }, who),
+  );
+  return { cleared: had };
+}
+
+/** Every queue limit, with how many tasks it counts as running and the starts in its interval. */
+export async function listQueueLimits(db: Queryable, schema: string): Promise<QueueLimitUsage[]> {
+  return orNotMigrated(schema, () => limitUsage(db, storageFor(schema)));
+}
+
+function checkRate(value: unknown): RateLimit {
+  if (typeof value !== 'object' || value === null || Array.isArray(value))
+    throw new BerthInputError('setQueueLimit: rate must be an object { limit, intervalMs } or null');
+  checkKeys(value, RATE_KEYS, 'setQueueLimit: rate', RATE_HINTS);
+  const r = value as Record<string, unknown>;
+  return {
+    limit: checkInteger(r.limit, 'rate.limit', 'setQueueLimit', 1, MAX_LIMIT),
+    intervalMs: checkInteger(r.intervalMs, 'rate.intervalMs', 'setQueueLimit', 1, MAX_RATE_INTERVAL_MS),
+  };
+}

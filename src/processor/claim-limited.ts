@@ -1,0 +1,86 @@
+import pg from 'pg';
+import { inPoolTransaction } from '../db/connections.js';
+import type { Queryable } from '../sql.js';
+import { holdLeases, limitCapacity } from '../storage/limits.js';
+import { type ClaimBatch, claimBatch, type ClaimParams, discover, LANE_SHARE } from './claim.js';
+
+/**
+ * The limited claim: the claim of one limited queue (a queue with a row in `queue_limits`),
+ * one transaction of four statements on the primary:
+ *
+ * 1. `limit_capacity(queue, want)` locks the queue's limit row (claims of this queue wait for
+ *    each other here; claims of other queues never do) and answers how many tasks may start:
+ *    `want`, less what the queue's running limit and rate limit leave. 0 ends the transaction.
+ * 2. discovery of the queue's limited lanes, in the same transaction (a snapshot taken after the
+ *    row lock, on the primary: a replica's candidates could be older than the capacity count);
+ * 3. the ordinary claim statement over those lanes (`limited: true`), for at most the capacity;
+ * 4. `hold_leases()` records the leases taken, so the next claim of the queue counts them.
+ *
+ * The claim's own asynchronous commit (ASYNC_COMMIT in claim.ts) covers the whole transaction:
+ * a server crash that loses the lease loses its holder with it, never one without the other.
+ * No prefetch: `want` is the worker's idle slots, since a task waiting in a worker's buffer
+ * would hold a share of a fleet-wide limit that another worker could be running.
+ */
+export interface LimitedClaim extends ClaimBatch {
+  /** What limit_capacity answered: 0 when the queue is at a limit (or no longer limited). */
+  capacity: number;
+  /** A rate limit bounded the capacity: it frees again in this many ms. */
+  retryMs: number | null;
+}
+
+export async function claimLimitedQueue(
+  db: Queryable,
+  params: Omit<ClaimParams, 'laneIds' | 'limit' | 'limited' | 'queues' | 'maxLanes' | 'perLane'>,
+  queue: string,
+  want: number,
+): Promise<LimitedClaim> {
+  if (want <= 0) return { tasks: [], more: false, stale: false, capacity: 0, retryMs: null };
+  return inTransaction(db, async (tx) => {
+    const { free: capacity, retryMs } = await limitCapacity(tx, params.storage, queue, want);
+    if (capacity <= 0) return { tasks: [], more: false, stale: false, capacity: 0, retryMs };
+    const candidates = await discover(tx, params.storage, [queue], 20, 1, params.window, true);
+    const laneIds = [...new Set(candidates.map((c) => c.laneId))];
+    if (laneIds.length === 0) return { tasks: [], more: false, stale: false, capacity, retryMs: null };
+    const maxLanes = Math.ceil(capacity / LANE_SHARE);
+    const batch = await claimBatch(tx, {
+      ...params,
+      laneIds,
+      limit: capacity,
+      limited: true,
+      queues: [queue],
+      maxLanes,
+      perLane: Math.ceil(capacity / Math.min(maxLanes, laneIds.length)),
+    });
+    if (batch.tasks.length > 0) await holdLeases(tx, params.storage, queue, leasesOf(batch));
+    // Lanes beyond the ones locked, or a full page of them: the queue may hold more than it gave.
+    const more = batch.more || candidates.length >= 20 || laneIds.length > maxLanes;
+    return { ...batch, more, capacity, retryMs };
+  });
+}
+
+/** One entry per range lease of the batch (its tasks share the lease's key). */
+function leasesOf(batch: ClaimBatch) {
+  const seen = new Map<string, { segment: number; laneId: number; leaseFrom: string }>();
+  for (const t of batch.tasks) {
+    const key = `${t.laneId}:${t.leaseFrom}:${t.segment}`;
+    if (!seen.has(key)) seen.set(key, { segment: t.segment, laneId: t.laneId, leaseFrom: t.leaseFrom });
+  }
+  return [...seen.values()];
+}
+
+/**
+ * Run `fn` in a transaction of its own on `db`: a pool's checked-out client, or a client that is
+ * not inside a transaction already (the testing helpers' and the tests' claims).
+ */
+async function inTransaction<T>(db: Queryable, fn: (tx: Queryable) => Promise<T>): Promise<T> {
+  if (db instanceof pg.Pool) return inPoolTransaction(db, (c) => fn(c.client));
+  await db.query('BEGIN');
+  try {
+    const result = await fn(db);
+    await db.query('COMMIT');
+    return result;
+  } catch (err) {
+    await db.query('ROLLBACK').catch(() => undefined);
+    throw err;
+  }
+}

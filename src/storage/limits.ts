@@ -1,0 +1,150 @@
+import type { Queryable } from '../sql.js';
+import { compile, p, sql } from '../statement.js';
+import type { Storage } from './storage.js';
+
+/**
+ * Fleet-wide queue limits (`queue_limits`, migration 28): at most `max_running` tasks of a queue
+ * running across every worker, and at most `rate_limit` starts per `rate_interval_ms`. The
+ * database keeps them: the limited claim (processor/claim-limited.ts) asks `limit_capacity()`
+ * how many may start, under the queue's row lock, and records what it took with
+ * `hold_leases()` in the same transaction. docs/architecture.md, "Queue limits".
+ */
+
+/** A queue's limits as stored; null where a limit is not set. */
+export interface QueueLimitRow {
+  queue: string;
+  maxRunning: number | null;
+  rateLimit: number | null;
+  rateIntervalMs: number | null;
+}
+
+/** A limit and how full it is now. */
+export interface QueueLimitUsage extends QueueLimitRow {
+  /** Tasks of the queue running now (leased and not settled), counted by the limit. */
+  running: number;
+  /** Starts within the last rate interval (0 when no rate limit is set). */
+  started: number;
+  updatedAt: Date;
+  updatedBy: string;
+}
+
+/** What `limit_capacity()` answers. */
+export interface Capacity {
+  /** How many tasks may start now (at most the `want` asked for). */
+  free: number;
+  /** Under a rate limit that bounds `free`: when (ms from now) its oldest start leaves the window. */
+  retryMs: number | null;
+}
+
+/**
+ * How many tasks of `queue` may start now, at most `want`: locks the queue's limit row until the
+ * caller's transaction ends, so it must run inside the limited claim's transaction. 0 when the
+ * queue is at a limit, or has none any more.
+ */
+export async function limitCapacity(db: Queryable, storage: Storage, queue: string, want: number): Promise<Capacity> {
+  const statement = storage.statement('limit-capacity', ({ q: s }) =>
+    compile(sql`SELECT free, retry_ms FROM ${s}.limit_capacity(${p('queue')}::text, ${p('want')}::integer)`),
+  );
+  const res = await db.query<{ free: number; retry_ms: number | null }>(statement.query({ queue, want }));
+  const row = res.rows[0];
+  return { free: row?.free ?? 0, retryMs: row?.retry_ms ?? null };
+}
+
+/** The range leases a limited claim took (one per lane), by their keys. */
+export interface HeldLease {
+  segment: number;
+  laneId: number;
+  leaseFrom: string;
+}
+
+/** Record `leases` as holders of `queue`'s capacity (and as starts, under a rate limit). */
+export async function holdLeases(
+  db: Queryable,
+  storage: Storage,
+  queue: string,
+  leases: readonly HeldLease[],
+): Promise<void> {
+  if (leases.length === 0) return;
+  const statement = storage.statement('limit-hold', ({ q: s }) =>
+    compile(
+      sql`SELECT ${s}.hold_leases(${p('queue')}::text, ${p('slots')}::smallint[], ${p('lanes')}::integer[],
+                                 ${p('froms')}::bigint[]) AS held`,
+    ),
+  );
+  await db.query(
+    statement.query({
+      queue,
+      slots: leases.map((l) => l.segment),
+      lanes: leases.map((l) => l.laneId),
+      froms: leases.map((l) => l.leaseFrom),
+    }),
+  );
+}
+
+/** The queues that have a limit (the worker's fetcher claims them through the limited claim). */
+export async function limitedQueues(db: Queryable, storage: Storage): Promise<string[]> {
+  const statement = storage.statement('limited-queues', ({ q: s }) =>
+    compile(sql`SELECT queue FROM ${s}.queue_limits ORDER BY queue`),
+  );
+  const res = await db.query<{ queue: string }>(statement.query({}));
+  return res.rows.map((r) => r.queue);
+}
+
+/** Every limit, with how many tasks it counts as running and its starts in the current interval. */
+export async function limitUsage(db: Queryable, storage: Storage): Promise<QueueLimitUsage[]> {
+  const statement = storage.statement('limit-usage', ({ q: s }) =>
+    compile(
+      sql`SELECT queue, max_running, running, rate_limit, rate_interval_ms, started, updated_at, updated_by
+            FROM ${s}.limit_usage()`,
+    ),
+  );
+  const res = await db.query<{
+    queue: string;
+    max_running: number | null;
+    running: number;
+    rate_limit: number | null;
+    rate_interval_ms: number | null;
+    started: number;
+    updated_at: Date;
+    updated_by: string;
+  }>(statement.query({}));
+  return res.rows.map((r) => ({
+    queue: r.queue,
+    maxRunning: r.max_running,
+    running: r.running,
+    rateLimit: r.rate_limit,
+    rateIntervalMs: r.rate_interval_ms,
+    started: r.started,
+    updatedAt: r.updated_at,
+    updatedBy: r.updated_by,
+  }));
+}
+
+/**
+ * Set a queue's limits (any of them non-null) or clear them (all null), as `actor`: an
+ * operator's statement (the schema owner or an operator role; no runtime role may call it).
+ * Answers how many of the queue's lanes changed between limited and not.
+ */
+export async function setQueueLimitRow(
+  db: Queryable,
+  storage: Storage,
+  limit: QueueLimitRow,
+  actor: string,
+): Promise<number> {
+  const statement = storage.statement('limit-set', ({ q: s }) =>
+    compile(
+      sql`SELECT ${s}.set_queue_limit(${p('queue')}::text, ${p('maxRunning')}::integer, ${p('rateLimit')}::integer,
+                                      ${p('rateIntervalMs')}::integer, ${p('actor')}::text) AS lanes`,
+    ),
+  );
+  const res = await db.query<{ lanes: number }>(
+    statement.query({
+      queue: limit.queue,
+      maxRunning: limit.maxRunning,
+      rateLimit: limit.rateLimit,
+      rateIntervalMs: limit.rateIntervalMs,
+      actor,
+    }),
+  );
+  return res.rows[0]?.lanes ?? 0;
+}
