@@ -729,6 +729,60 @@ BEGIN
 END $$;
 
 --
+-- Name: enqueue_keyed(text, smallint, smallint, smallint, text[], jsonb[], timestamp with time zone[], integer[], text[], text, text[]); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.enqueue_keyed(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text, p_keys text[]) RETURNS TABLE(ord integer, id bigint, state text, duplicate_of bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v_n integer := coalesce(cardinality(p_types), 0);
+  v_ords integer[];
+  v_ids bigint[];
+  v_states text[];
+  v_dups bigint[];
+BEGIN
+  IF coalesce(cardinality(p_keys), -1) <> v_n OR coalesce(array_ndims(p_keys), 1) > 1 THEN
+    RAISE EXCEPTION 'berth: enqueue_keyed: keys must be a one-dimensional array with one element per task (% types)', v_n
+      USING ERRCODE = '22023';
+  END IF;
+  IF EXISTS (SELECT 1 FROM unnest(p_keys) k WHERE k IS NULL OR octet_length(k) NOT BETWEEN 1 AND 1024) THEN
+    RAISE EXCEPTION 'berth: enqueue_keyed: every concurrency key must be a non-empty string of at most 1024 UTF-8 bytes'
+      USING ERRCODE = '22023';
+  END IF;
+  -- The run times as given are checked here; enqueue() checks the rest.
+  PERFORM "berth".check_tasks('enqueue_keyed', p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe, p_trace_context);
+  -- Separate statements: each one after enqueue() sees the rows it wrote (one statement's CTEs
+  -- share a snapshot taken before the function ran).
+  SELECT array_agg(x.ord ORDER BY x.ord), array_agg(x.id ORDER BY x.ord), array_agg(x.state ORDER BY x.ord),
+         array_agg(x.duplicate_of ORDER BY x.ord)
+    INTO v_ords, v_ids, v_states, v_dups
+    FROM "berth".enqueue(p_queue, p_priority, p_shard, p_shards, p_types, p_payloads,
+                            array_fill('9999-12-31 00:00:00+00'::timestamptz, ARRAY[v_n]),
+                            p_max_attempts, p_dedupe, p_trace_context) x;
+  INSERT INTO "berth".task_keys (id, key)
+  SELECT u.id, u.k FROM unnest(v_ids, p_keys) AS u(id, k) WHERE u.id IS NOT NULL;
+  UPDATE "berth".deferred d
+     SET state = CASE WHEN u.run_at <= now() THEN 'held' ELSE 'scheduled' END,
+         run_at = CASE WHEN u.run_at <= now() THEN 'infinity'::timestamptz ELSE u.run_at END
+    FROM (SELECT v.id, coalesce(v.r, now()) AS run_at
+            FROM unnest(v_ids, coalesce(p_run_at, array_fill(NULL::timestamptz, ARRAY[v_n]))) AS v(id, r)) u
+   WHERE d.id = u.id AND u.id IS NOT NULL;
+  INSERT INTO "berth".held_keys (key)
+  SELECT DISTINCT u.k FROM unnest(v_ids, p_keys) AS u(id, k)
+    JOIN "berth".deferred d ON d.id = u.id AND d.state = 'held'
+  ON CONFLICT DO NOTHING;
+  RETURN QUERY
+  SELECT u.o, u.i,
+         CASE WHEN u.i IS NULL THEN u.s ELSE (SELECT d.state FROM "berth".deferred d WHERE d.id = u.i) END,
+         u.dup
+    FROM unnest(v_ords, v_ids, v_states, v_dups) AS u(o, i, s, dup)
+   ORDER BY u.o;
+  PERFORM pg_notify('berth.wake', 'keys');
+END $$;
+
+--
 -- Name: hold_leases(text, smallint[], integer[], bigint[]); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -792,10 +846,32 @@ CREATE FUNCTION berth.holder_running(h berth.limit_holders) RETURNS integer
 $$;
 
 --
+-- Name: key_entry_live(bigint); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.key_entry_live(p_id bigint) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+  SELECT EXISTS (
+    SELECT 1 FROM "berth".ready r
+     WHERE r.id = p_id
+       AND NOT EXISTS (SELECT 1 FROM "berth".tombstones t
+                        WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
+       AND NOT EXISTS (SELECT 1
+                         FROM (SELECT l.from_seq, l.to_seq FROM "berth".range_leases l
+                                WHERE l.lane_id = r.lane_id AND l.slot = r.slot AND l.from_seq <= r.lane_seq
+                                ORDER BY l.from_seq DESC LIMIT 1) l
+                         JOIN "berth".range_settlements x
+                           ON x.lane_id = r.lane_id AND x.lease_from = l.from_seq AND x.slot = r.slot
+                        WHERE l.to_seq >= r.lane_seq AND x.seqs @> r.lane_seq))
+$$;
+
+--
 -- Name: limit_capacity(text, integer); Type: FUNCTION; Schema: berth; Owner: -
 --
 
-CREATE FUNCTION berth.limit_capacity(p_queue text, p_want integer, OUT free integer, OUT retry_ms integer) RETURNS record
+CREATE FUNCTION berth.limit_capacity(p_queue text, p_want integer, OUT free integer, OUT retry_ms integer, OUT guard_ms integer) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -821,13 +897,16 @@ BEGIN
     free := least(free, v.max_running - v_running);
   END IF;
   IF v.rate_limit IS NOT NULL THEN
-    -- A start is recorded when its claim takes it; its handler starts after the claim commits
-    -- and returns, a few ms later, or tens of ms on a busy host, and not by the same delay for
-    -- every claim. So a start stays in the window for the interval plus a guard (a tenth of the
-    -- interval, at most 250 ms): a window measured at the handlers' own starts then holds no
-    -- more than the limit unless one claim's handlers start a guard later than another's. The
-    -- price is a steady rate up to a tenth below the limit for intervals under 2.5 s.
-    v_window := make_interval(secs => (v.rate_interval_ms + least(v.rate_interval_ms / 10.0, 250)) / 1000.0);
+    -- A start is recorded when its claim takes it (hold_leases); its handler starts after the
+    -- claim commits and returns, a few ms later, or hundreds on a busy host, and not by the same
+    -- delay for every claim. So a start stays in the window for the interval plus a guard (a
+    -- tenth of the interval, at most 250 ms), and the worker hands back, unstarted, a task it
+    -- could not start within the guard of sending the hold (ClaimedTask.startBy): every handler
+    -- then starts within the guard after its recorded start, and any window of the interval
+    -- measured at the handlers' own starts holds at most the limit. The price is a steady rate
+    -- up to a tenth below the limit for intervals under 2.5 s.
+    guard_ms := least(v.rate_interval_ms / 10, 250);
+    v_window := make_interval(secs => (v.rate_interval_ms + guard_ms) / 1000.0);
     DELETE FROM "berth".limit_starts s WHERE s.queue = p_queue AND s.started_at <= clock_timestamp() - v_window;
     SELECT coalesce(sum(s.n), 0), min(s.started_at) INTO v_started, v_oldest
       FROM "berth".limit_starts s WHERE s.queue = p_queue;
@@ -901,6 +980,62 @@ BEGIN
 END $$;
 
 --
+-- Name: promote_held(text[]); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.promote_held(p_keys text[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v_key text;
+  v_live integer;
+  v_k integer;
+  v_total integer := 0;
+  r record;
+BEGIN
+  FOR v_key IN
+    SELECT hk.key FROM "berth".held_keys hk
+     WHERE p_keys IS NULL OR hk.key = ANY (p_keys)
+     ORDER BY hk.since, hk.key LIMIT 1000
+  LOOP
+    CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended('berth' || ':key:' || v_key, 0));
+    BEGIN
+      -- Statements after the lock: each sees every admission committed before it was granted.
+      DELETE FROM "berth".key_holders h WHERE h.key = v_key AND NOT "berth".key_entry_live(h.id);
+      SELECT count(*) INTO v_live FROM "berth".key_holders h WHERE h.key = v_key;
+      LOOP
+        SELECT d.* INTO r FROM "berth".task_keys tk JOIN "berth".deferred d ON d.id = tk.id
+         WHERE tk.key = v_key AND d.state = 'held'
+         ORDER BY d.priority, d.id LIMIT 1
+         FOR UPDATE OF d SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        v_k := coalesce((SELECT kl.per_key FROM "berth".key_limits kl WHERE kl.scope = 'type' AND kl.name = r.type),
+                        (SELECT kl.per_key FROM "berth".key_limits kl WHERE kl.scope = 'queue' AND kl.name = r.queue),
+                        1);
+        EXIT WHEN v_live >= v_k;
+        DELETE FROM "berth".deferred d WHERE d.id = r.id;
+        PERFORM "berth".append_ready("berth".provision_lane(r.queue, r.priority, r.shard), ARRAY[r.id],
+                  ARRAY[r.type], ARRAY[r.payload], ARRAY[r.attempts], ARRAY[r.max_attempts], ARRAY[r.dedupe_key],
+                  ARRAY[r.last_error], ARRAY[r.created_at], ARRAY[now()], ARRAY[r.trace_context]);
+        INSERT INTO "berth".key_holders (key, id, queue) VALUES (v_key, r.id, r.queue) ON CONFLICT DO NOTHING;
+        v_live := v_live + 1;
+        v_total := v_total + 1;
+      END LOOP;
+      IF NOT EXISTS (SELECT 1 FROM "berth".task_keys tk JOIN "berth".deferred d ON d.id = tk.id
+                      WHERE tk.key = v_key AND d.state = 'held') THEN
+        DELETE FROM "berth".held_keys WHERE key = v_key;
+      END IF;
+    EXCEPTION WHEN lock_not_available THEN
+      -- A producer holds one of the lanes past lock_timeout: this key's admissions roll back
+      -- (the subtransaction), and the next call admits them.
+      NULL;
+    END;
+  END LOOP;
+  RETURN v_total;
+END $$;
+
+--
 -- Name: promote_lane(text, smallint, smallint, integer); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -908,19 +1043,31 @@ CREATE FUNCTION berth.promote_lane(p_queue text, p_priority smallint, p_shard sm
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-DECLARE v_lane integer; v_n integer;
+DECLARE v_lane integer; v_n integer; v_held integer;
 BEGIN
   v_lane := "berth".provision_lane(p_queue, p_priority, p_shard);
   PERFORM pg_advisory_xact_lock(446571594, v_lane);
   -- Locked first so a busy lane times out before any row is taken; append_ready re-takes it.
-  WITH moved AS (
+  WITH picked AS MATERIALIZED (
+    SELECT x.id, EXISTS (SELECT 1 FROM "berth".task_keys k WHERE k.id = x.id) AS keyed
+      FROM "berth".deferred x
+     WHERE x.queue = p_queue AND x.priority = p_priority AND x.shard = p_shard
+       AND x.run_at <= now()
+     ORDER BY x.run_at, x.priority, x.id
+     LIMIT p_limit
+     FOR UPDATE SKIP LOCKED
+  ), held AS (
+    UPDATE "berth".deferred d SET state = 'held', run_at = 'infinity'
+      FROM picked p WHERE d.id = p.id AND p.keyed
+    RETURNING d.id
+  ), held_key AS (
+    INSERT INTO "berth".held_keys (key)
+    SELECT DISTINCT k.key FROM held h JOIN "berth".task_keys k ON k.id = h.id
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+  ), moved AS (
     DELETE FROM "berth".deferred d
-     WHERE d.id IN (SELECT x.id FROM "berth".deferred x
-                     WHERE x.queue = p_queue AND x.priority = p_priority AND x.shard = p_shard
-                       AND x.run_at <= now()
-                     ORDER BY x.run_at, x.priority, x.id
-                     LIMIT p_limit
-                     FOR UPDATE SKIP LOCKED)
+     WHERE d.id IN (SELECT p.id FROM picked p WHERE NOT p.keyed)
     RETURNING d.*
   )
   SELECT "berth".append_ready(v_lane,
@@ -928,10 +1075,12 @@ BEGIN
            array_agg(m.payload ORDER BY m.run_at, m.id), array_agg(m.attempts ORDER BY m.run_at, m.id),
            array_agg(m.max_attempts ORDER BY m.run_at, m.id), array_agg(m.dedupe_key ORDER BY m.run_at, m.id),
            array_agg(m.last_error ORDER BY m.run_at, m.id), array_agg(m.created_at ORDER BY m.run_at, m.id),
-           array_agg(m.run_at ORDER BY m.run_at, m.id), array_agg(m.trace_context ORDER BY m.run_at, m.id))
-    INTO v_n
+           array_agg(m.run_at ORDER BY m.run_at, m.id), array_agg(m.trace_context ORDER BY m.run_at, m.id)),
+         (SELECT count(*) FROM held)
+    INTO v_n, v_held
     FROM moved m;
-  RETURN coalesce(v_n, 0);
+  IF v_held > 0 THEN PERFORM pg_notify('berth.wake', 'keys'); END IF;
+  RETURN coalesce(v_n, 0) + coalesce(v_held, 0);
 END $$;
 
 --
@@ -1221,6 +1370,43 @@ BEGIN
 END $_$;
 
 --
+-- Name: prune_task_keys(integer); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.prune_task_keys(p_limit integer) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE v_n integer;
+BEGIN
+  WITH gone AS (
+    SELECT tk.id FROM "berth".task_keys tk
+     WHERE tk.created_at < now() - interval '1 minute'
+       AND NOT EXISTS (SELECT 1 FROM "berth".deferred d WHERE d.id = tk.id)
+       AND NOT EXISTS (SELECT 1 FROM "berth".dead_letters d WHERE d.id = tk.id)
+       AND NOT "berth".key_entry_live(tk.id)
+     ORDER BY tk.id LIMIT p_limit
+  )
+  DELETE FROM "berth".task_keys tk USING gone WHERE tk.id = gone.id;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  DELETE FROM "berth".key_holders h
+   WHERE NOT EXISTS (SELECT 1 FROM "berth".task_keys tk WHERE tk.id = h.id);
+  RETURN v_n;
+END $$;
+
+--
+-- Name: release_keys(bigint[]); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.release_keys(p_ids bigint[]) RETURNS integer
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+  SELECT "berth".promote_held(ARRAY(SELECT DISTINCT tk.key FROM "berth".task_keys tk WHERE tk.id = ANY (p_ids)))
+   WHERE EXISTS (SELECT 1 FROM "berth".task_keys tk WHERE tk.id = ANY (p_ids))
+$$;
+
+--
 -- Name: remove_unleased(bigint, text); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -1323,7 +1509,7 @@ CREATE FUNCTION berth.retry_dead(p_ids bigint[]) RETURNS TABLE(id bigint, result
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-DECLARE v_lane record; v_done bigint[] := '{}'; v_part bigint[];
+DECLARE v_lane record; v_done bigint[] := '{}'; v_part bigint[]; v_held bigint[];
 BEGIN
   FOR v_lane IN
     SELECT DISTINCT d.queue, d.priority, d.shard FROM "berth".dead_letters d WHERE d.id = ANY (p_ids)
@@ -1343,10 +1529,22 @@ BEGIN
               OR NOT EXISTS (SELECT 1 FROM "berth".dedupe k WHERE k.dedupe_key = d.dedupe_key))
        ORDER BY coalesce(d.dedupe_key, d.id::text), d.id DESC
     ), gone AS (
-      DELETE FROM "berth".dead_letters d USING cand WHERE d.id = cand.id RETURNING d.*
+      DELETE FROM "berth".dead_letters d USING cand WHERE d.id = cand.id
+      RETURNING d.*, EXISTS (SELECT 1 FROM "berth".task_keys tk WHERE tk.id = d.id) AS keyed
     ), keys AS (
       INSERT INTO "berth".dedupe (dedupe_key, id)
       SELECT g.dedupe_key, g.id FROM gone g WHERE g.dedupe_key IS NOT NULL
+      ON CONFLICT DO NOTHING RETURNING 1
+    ), held AS (
+      INSERT INTO "berth".deferred (id, state, run_at, type, payload, queue, priority, shard, attempts,
+                                       max_attempts, dedupe_key, last_error, created_at, trace_context)
+      SELECT g.id, 'held', 'infinity', g.type, g.payload, g.queue, g.priority, g.shard, 0, g.max_attempts,
+             g.dedupe_key, g.last_error, g.created_at, g.trace_context
+        FROM gone g WHERE g.keyed
+      RETURNING deferred.id
+    ), held_key AS (
+      INSERT INTO "berth".held_keys (key)
+      SELECT DISTINCT tk.key FROM held h JOIN "berth".task_keys tk ON tk.id = h.id
       ON CONFLICT DO NOTHING RETURNING 1
     ), appended AS (
       SELECT "berth".append_ready("berth".provision_lane(v_lane.queue, v_lane.priority, v_lane.shard),
@@ -1356,12 +1554,16 @@ BEGIN
                array_agg(g.last_error ORDER BY g.id), array_agg(g.created_at ORDER BY g.id),
                array_agg(now() ORDER BY g.id), array_agg(g.trace_context ORDER BY g.id)) AS n,
              array_agg(g.id) AS ids
-        FROM gone g
+        FROM gone g WHERE NOT g.keyed
       HAVING count(*) > 0
     )
-    SELECT a.ids INTO v_part FROM appended a WHERE (SELECT count(*) FROM keys) >= 0;
-    v_done := v_done || coalesce(v_part, '{}');
+    SELECT (SELECT a.ids FROM appended a), ARRAY(SELECT h.id FROM held h) INTO v_part, v_held
+     WHERE (SELECT count(*) FROM keys) >= 0 AND (SELECT count(*) FROM held_key) >= 0;
+    v_done := v_done || coalesce(v_part, '{}') || coalesce(v_held, '{}');
   END LOOP;
+  IF EXISTS (SELECT 1 FROM "berth".task_keys tk WHERE tk.id = ANY (v_done)) THEN
+    PERFORM pg_notify('berth.wake', 'keys');
+  END IF;
   RETURN QUERY
     SELECT x.id,
            CASE WHEN x.id = ANY (v_done) THEN 'retried'
@@ -1468,6 +1670,30 @@ BEGIN
   IF v_filled THEN RETURN 'next_slot_busy'; END IF;
   UPDATE "berth".ring_state SET current_slot = p_to, generation = generation + 1, rotated_at = now();
   RETURN 'rotated';
+END $$;
+
+--
+-- Name: set_key_limit(text, text, integer, text); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.set_key_limit(p_scope text, p_name text, p_per_key integer, p_actor text) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+  IF p_scope IS NULL OR p_name IS NULL OR p_actor IS NULL THEN
+    RAISE EXCEPTION 'berth: set_key_limit: scope, name and actor must not be null' USING ERRCODE = '22004';
+  END IF;
+  IF p_per_key IS NULL THEN
+    DELETE FROM "berth".key_limits WHERE scope = p_scope AND name = p_name;
+  ELSE
+    INSERT INTO "berth".key_limits (scope, name, per_key, updated_at, updated_by)
+    VALUES (p_scope, p_name, p_per_key, now(), p_actor)
+    ON CONFLICT (scope, name) DO UPDATE
+      SET per_key = EXCLUDED.per_key, updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by;
+  END IF;
+  -- A raised limit may admit held tasks at once.
+  PERFORM pg_notify('berth.wake', 'keys');
 END $$;
 
 --
@@ -1866,7 +2092,16 @@ CREATE TABLE berth.deferred (
     last_attempted_at timestamp with time zone,
     run_at timestamp with time zone NOT NULL,
     trace_context text,
-    CONSTRAINT deferred_state_check CHECK ((state = ANY (ARRAY['scheduled'::text, 'retryable'::text])))
+    CONSTRAINT deferred_state_check CHECK ((state = ANY (ARRAY['scheduled'::text, 'retryable'::text, 'held'::text])))
+);
+
+--
+-- Name: held_keys; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.held_keys (
+    key text NOT NULL,
+    since timestamp with time zone DEFAULT now() NOT NULL
 );
 
 --
@@ -1884,6 +2119,31 @@ CREATE TABLE berth.history_state (
     CONSTRAINT history_state_part_count_check CHECK ((part_count >= 3)),
     CONSTRAINT history_state_retention_ms_check CHECK ((retention_ms >= (1000)::double precision)),
     CONSTRAINT history_state_singleton_check CHECK (singleton)
+);
+
+--
+-- Name: key_holders; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.key_holders (
+    key text NOT NULL,
+    id bigint NOT NULL,
+    queue text NOT NULL,
+    admitted_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: key_limits; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.key_limits (
+    scope text NOT NULL,
+    name text NOT NULL,
+    per_key integer NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_by text NOT NULL,
+    CONSTRAINT key_limits_per_key_check CHECK (((per_key >= 1) AND (per_key <= 1000000))),
+    CONSTRAINT key_limits_scope_check CHECK ((scope = ANY (ARRAY['queue'::text, 'type'::text])))
 );
 
 --
@@ -3744,6 +4004,17 @@ CREATE SEQUENCE berth.task_id_seq
     CACHE 1;
 
 --
+-- Name: task_keys; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.task_keys (
+    id bigint NOT NULL,
+    key text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT task_keys_key_check CHECK (((octet_length(key) >= 1) AND (octet_length(key) <= 1024)))
+);
+
+--
 -- Name: task_results; Type: TABLE; Schema: berth; Owner: -
 --
 
@@ -4635,11 +4906,32 @@ ALTER TABLE ONLY berth.deferred
     ADD CONSTRAINT deferred_pkey PRIMARY KEY (id);
 
 --
+-- Name: held_keys held_keys_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.held_keys
+    ADD CONSTRAINT held_keys_pkey PRIMARY KEY (key);
+
+--
 -- Name: history_state history_state_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
 --
 
 ALTER TABLE ONLY berth.history_state
     ADD CONSTRAINT history_state_pkey PRIMARY KEY (singleton);
+
+--
+-- Name: key_holders key_holders_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.key_holders
+    ADD CONSTRAINT key_holders_pkey PRIMARY KEY (key, id);
+
+--
+-- Name: key_limits key_limits_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.key_limits
+    ADD CONSTRAINT key_limits_pkey PRIMARY KEY (scope, name);
 
 --
 -- Name: lanes lanes_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
@@ -5312,6 +5604,13 @@ ALTER TABLE ONLY berth.settlements_9
 
 ALTER TABLE ONLY berth.snoozes
     ADD CONSTRAINT snoozes_pkey PRIMARY KEY (id);
+
+--
+-- Name: task_keys task_keys_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.task_keys
+    ADD CONSTRAINT task_keys_pkey PRIMARY KEY (id);
 
 --
 -- Name: task_results task_results_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
@@ -6087,6 +6386,12 @@ CREATE UNIQUE INDEX schedule_fires_instant ON berth.schedule_fires USING btree (
 --
 
 CREATE INDEX schedule_fires_task ON berth.schedule_fires USING btree (task_id);
+
+--
+-- Name: task_keys_key_id_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX task_keys_key_id_idx ON berth.task_keys USING btree (key, id);
 
 --
 -- Name: task_results_stored_at_idx; Type: INDEX; Schema: berth; Owner: -
@@ -7379,6 +7684,12 @@ REVOKE ALL ON FUNCTION berth.enqueue(p_queue text, p_priority smallint, p_shard 
 REVOKE ALL ON FUNCTION berth.enqueue(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text) FROM PUBLIC;
 
 --
+-- Name: FUNCTION enqueue_keyed(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text, p_keys text[]); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.enqueue_keyed(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text, p_keys text[]) FROM PUBLIC;
+
+--
 -- Name: FUNCTION hold_leases(p_queue text, p_slots smallint[], p_lanes integer[], p_froms bigint[]); Type: ACL; Schema: berth; Owner: -
 --
 
@@ -7391,10 +7702,16 @@ REVOKE ALL ON FUNCTION berth.hold_leases(p_queue text, p_slots smallint[], p_lan
 REVOKE ALL ON FUNCTION berth.holder_running(h berth.limit_holders) FROM PUBLIC;
 
 --
--- Name: FUNCTION limit_capacity(p_queue text, p_want integer, OUT free integer, OUT retry_ms integer); Type: ACL; Schema: berth; Owner: -
+-- Name: FUNCTION key_entry_live(p_id bigint); Type: ACL; Schema: berth; Owner: -
 --
 
-REVOKE ALL ON FUNCTION berth.limit_capacity(p_queue text, p_want integer, OUT free integer, OUT retry_ms integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION berth.key_entry_live(p_id bigint) FROM PUBLIC;
+
+--
+-- Name: FUNCTION limit_capacity(p_queue text, p_want integer, OUT free integer, OUT retry_ms integer, OUT guard_ms integer); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.limit_capacity(p_queue text, p_want integer, OUT free integer, OUT retry_ms integer, OUT guard_ms integer) FROM PUBLIC;
 
 --
 -- Name: FUNCTION limit_usage(); Type: ACL; Schema: berth; Owner: -
@@ -7407,6 +7724,12 @@ REVOKE ALL ON FUNCTION berth.limit_usage() FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION berth.move_task(p_id bigint, p_queue text, p_priority smallint) FROM PUBLIC;
+
+--
+-- Name: FUNCTION promote_held(p_keys text[]); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.promote_held(p_keys text[]) FROM PUBLIC;
 
 --
 -- Name: FUNCTION promote_lane(p_queue text, p_priority smallint, p_shard smallint, p_limit integer); Type: ACL; Schema: berth; Owner: -
@@ -7437,6 +7760,18 @@ REVOKE ALL ON FUNCTION berth.prune_dead_letters(p_retention_ms double precision,
 --
 
 REVOKE ALL ON FUNCTION berth.prune_slot(p_slot smallint, p_lock_timeout_ms integer) FROM PUBLIC;
+
+--
+-- Name: FUNCTION prune_task_keys(p_limit integer); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.prune_task_keys(p_limit integer) FROM PUBLIC;
+
+--
+-- Name: FUNCTION release_keys(p_ids bigint[]); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.release_keys(p_ids bigint[]) FROM PUBLIC;
 
 --
 -- Name: FUNCTION remove_unleased(p_id bigint, p_reason text); Type: ACL; Schema: berth; Owner: -
@@ -7491,6 +7826,12 @@ REVOKE ALL ON FUNCTION berth.rotate_history(p_lock_timeout_ms integer) FROM PUBL
 --
 
 REVOKE ALL ON FUNCTION berth.rotate_ring(p_from smallint, p_to smallint) FROM PUBLIC;
+
+--
+-- Name: FUNCTION set_key_limit(p_scope text, p_name text, p_per_key integer, p_actor text); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.set_key_limit(p_scope text, p_name text, p_per_key integer, p_actor text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION set_queue_limit(p_queue text, p_max_running integer, p_rate_limit integer, p_rate_interval_ms integer, p_actor text); Type: ACL; Schema: berth; Owner: -

@@ -178,8 +178,14 @@ export {
 export { listQueues, pauseQueue, resumeQueue, type QueueInfo } from './admin/queues.js';
 export {
   clearQueueLimit,
+  listHeldKeys,
+  listKeyLimits,
   listQueueLimits,
+  setKeyLimit,
   setQueueLimit,
+  type HeldKey,
+  type KeyLimitRow,
+  type KeyLimitTarget,
   type QueueLimitChange,
   type QueueLimitUsage,
   type RateLimit,

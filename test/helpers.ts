@@ -169,6 +169,20 @@ export function spawnWorkerProcess(
   });
 }
 
+/** SIGTERM each child (a worker process stops gracefully on it) and wait until all have exited. */
+export async function stopProcesses(children: Iterable<ChildProcess>): Promise<void> {
+  await Promise.all(
+    [...children].map(
+      (c) =>
+        new Promise((resolve) => {
+          if (c.exitCode !== null || c.signalCode !== null) return resolve(null);
+          c.once('exit', resolve);
+          c.kill('SIGTERM');
+        }),
+    ),
+  );
+}
+
 /** Hold a lane's producer lock the way an open enqueue transaction does; call the result to commit. */
 export async function holdLaneLock(schema: string, lane: number): Promise<() => Promise<void>> {
   const c = new pg.Client({ connectionString: DATABASE_URL });

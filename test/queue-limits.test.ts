@@ -6,14 +6,14 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { ChildProcess } from 'node:child_process';
 import { BerthInputError, clearQueueLimit, enqueueMany, listQueueLimits, setQueueLimit } from '../src/index.js';
-import { freshSchema, scaled, spawnWorkerProcess, waitFor } from './helpers.js';
+import { freshSchema, scaled, spawnWorkerProcess, stopProcesses, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('qlimits');
 const S = `"${schema}"`;
 
 await pool.query(
   `CREATE TABLE ${S}.limit_runs (run bigserial PRIMARY KEY, i integer NOT NULL, task_id bigint NOT NULL,
-     worker text NOT NULL, queue text NOT NULL, started_at timestamptz NOT NULL, ended_at timestamptz)`,
+     worker text NOT NULL, queue text NOT NULL, key text, started_at timestamptz NOT NULL, ended_at timestamptz)`,
 );
 
 async function enqueueWork(n: number, from = 0): Promise<void> {
@@ -33,19 +33,6 @@ async function maxOverlap(): Promise<number> {
                UNION ALL SELECT ended_at, -1 FROM ${S}.limit_runs WHERE ended_at IS NOT NULL) e) x`,
   );
   return r.rows[0]!.peak;
-}
-
-async function stopAll(children: ChildProcess[]): Promise<void> {
-  await Promise.all(
-    children.map(
-      (c) =>
-        new Promise((r) => {
-          if (c.exitCode !== null || c.signalCode !== null) return r(null);
-          c.once('exit', r);
-          c.kill('SIGTERM');
-        }),
-    ),
-  );
 }
 
 test('bad input: a clear error naming the field, and nothing changes', async () => {
@@ -97,7 +84,7 @@ test('a running limit of 5 across 3 processes x 8 slots: never more than 5 at on
       'the limited queue to drain',
     );
   } finally {
-    await stopAll(children);
+    await stopProcesses(children);
   }
   const peak = await maxOverlap();
   assert.ok(peak <= 5, `at most 5 handlers ran at once (peak ${peak})`);
@@ -136,7 +123,7 @@ test('a rate limit of 20 starts per second across 3 processes for 10 s: no secon
       '10 seconds of starts',
     );
   } finally {
-    await stopAll(children);
+    await stopProcesses(children);
   }
   // Every window of one second that starts at a start (the densest windows start at one).
   const windows = await pool.query<{ peak: number }>(

@@ -1,11 +1,13 @@
 import pg from 'pg';
 import { BerthInputError, orNotMigrated } from '../errors.js';
-import { checkInteger, checkKeys, checkText, MAX_ACTOR_CHARS, MAX_QUEUE_BYTES } from '../limits.js';
+import { checkInteger, checkKeys, checkText, MAX_ACTOR_CHARS, MAX_QUEUE_BYTES, MAX_TYPE_CHARS } from '../limits.js';
+import { type HeldKey, heldKeys, type KeyLimitRow, keyLimits, setKeyLimitRow } from '../storage/keys.js';
 import type { Queryable } from '../sql.js';
 import { limitUsage, type QueueLimitUsage, setQueueLimitRow } from '../storage/limits.js';
 import { storageFor } from '../storage/storage.js';
 
 export type { QueueLimitUsage } from '../storage/limits.js';
+export type { HeldKey, KeyLimitRow } from '../storage/keys.js';
 
 /** The most tasks a running limit or a rate limit may name. */
 export const MAX_LIMIT = 1_000_000;
@@ -120,4 +122,48 @@ function checkRate(value: unknown): RateLimit {
     limit: checkInteger(r.limit, 'rate.limit', 'setQueueLimit', 1, MAX_LIMIT),
     intervalMs: checkInteger(r.intervalMs, 'rate.intervalMs', 'setQueueLimit', 1, MAX_RATE_INTERVAL_MS),
   };
+}
+
+/** Whose key limit: a queue's tasks, or a task type's (a type's limit wins over its queue's). */
+export type KeyLimitTarget = { queue: string; type?: undefined } | { type: string; queue?: undefined };
+
+const TARGET_KEYS: ReadonlySet<string> = new Set(['queue', 'type']);
+
+/**
+ * Set (`perKey`, 1 to 1,000,000) or clear (null) how many tasks with the same concurrency key may
+ * run at once: for the tasks of a queue, or of a task type (which wins). A key with no limit set
+ * runs one task at a time. Takes effect at once: a raised limit admits held tasks within the
+ * leader's next promotion tick. Needs the schema owner or an operator role.
+ */
+export async function setKeyLimit(
+  db: Queryable,
+  schema: string,
+  target: KeyLimitTarget,
+  perKey: number | null,
+  actor: string,
+): Promise<void> {
+  if (typeof target !== 'object' || target === null || Array.isArray(target))
+    throw new BerthInputError('setKeyLimit: the target must be { queue } or { type }');
+  checkKeys(target, TARGET_KEYS, 'setKeyLimit', { task: 'type', taskType: 'type' });
+  const hasQueue = target.queue !== undefined;
+  if (hasQueue === (target.type !== undefined))
+    throw new BerthInputError('setKeyLimit: the target names exactly one of queue or type');
+  const scope = hasQueue ? 'queue' : 'type';
+  const name = hasQueue
+    ? checkText(target.queue, 'queue', 'setKeyLimit', { maxBytes: MAX_QUEUE_BYTES })
+    : checkText(target.type, 'type', 'setKeyLimit', { maxChars: MAX_TYPE_CHARS, nonEmpty: true });
+  const value = perKey === null ? null : checkInteger(perKey, 'perKey', 'setKeyLimit', 1, MAX_LIMIT);
+  const who = checkText(actor, 'actor', 'setKeyLimit', { maxChars: MAX_ACTOR_CHARS });
+  await orNotMigrated(schema, () => setKeyLimitRow(db, storageFor(schema), scope, name, value, who));
+}
+
+/** Every key limit set, by scope and name. */
+export async function listKeyLimits(db: Queryable, schema: string): Promise<KeyLimitRow[]> {
+  return orNotMigrated(schema, () => keyLimits(db, storageFor(schema)));
+}
+
+/** The keys that have tasks waiting for them, oldest wait first, at most `limit` (default 100). */
+export async function listHeldKeys(db: Queryable, schema: string, limit = 100): Promise<HeldKey[]> {
+  const n = checkInteger(limit, 'limit', 'listHeldKeys', 1, 10_000);
+  return orNotMigrated(schema, () => heldKeys(db, storageFor(schema), n));
 }

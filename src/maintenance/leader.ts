@@ -17,6 +17,8 @@ import { rescueLapsedLeasesIn } from '../storage/rescue.js';
 import { pruneSnoozeCounts } from '../storage/snooze.js';
 import { DEFAULT_RESULT_RETENTION_MS, pruneResults } from '../storage/results.js';
 import { pruneScheduleFires } from '../storage/schedules.js';
+import { promoteHeld, pruneTaskKeys } from '../storage/keys.js';
+import { inPoolTransaction } from '../db/connections.js';
 import { CronCache, fireDueSchedules, markStale, type ScheduleClock } from './scheduler.js';
 
 export interface MaintenanceOptions {
@@ -198,8 +200,45 @@ type Branch = {
    * last run): the schedules branch wakes for the next instant instead of up to a tick after it.
    */
   dueInMs?: () => number | null;
+  /** Ends the branch's wait early (the keys branch, on a keyed enqueue's `keys` notice). */
+  waker?: BranchWaker;
   run: () => Promise<void>;
 };
+
+/**
+ * A branch's early wake-up: `wake()` ends the current (or the next) wait of the branch. A wake
+ * during a run makes the branch run again as soon as it ends, so an admission asked for while the
+ * branch ran is not left for its next interval.
+ */
+export class BranchWaker {
+  private woken = false;
+  private release: (() => void) | null = null;
+
+  wake(): void {
+    this.woken = true;
+    this.release?.();
+  }
+
+  /** Sleep `ms`, or until woken or `signal` aborts. */
+  sleep(ms: number, signal: AbortSignal): Promise<void> {
+    if (this.woken || signal.aborted) {
+      this.woken = false;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(t);
+        signal.removeEventListener('abort', done);
+        this.release = null;
+        this.woken = false;
+        resolve();
+      };
+      const t = setTimeout(done, ms);
+      this.release = done;
+      signal.addEventListener('abort', done);
+    });
+  }
+}
 
 /**
  * Woken for a schedule instant this long after it (a timer may fire a little early; an instant
@@ -274,6 +313,8 @@ export class Maintenance {
   private readonly branchStats = new Map<string, BranchStats>();
   /** Per-lane promotion contention, kept across leadership terms of this process. */
   private readonly contentionTally = new ContentionTally();
+  /** Wakes the keys branch (a keyed enqueue's or a raised key limit's `keys` notice). */
+  private readonly keysWaker = new BranchWaker();
   private readonly stopSignal = new AbortController();
   private loop: Promise<void> | null = null;
   /** Held leases at the last rescue run (logged on change). */
@@ -306,6 +347,14 @@ export class Maintenance {
     this.opts = resolveMaintenanceOptions(deps.options);
     this.storage = storageFor(deps.schema);
     this.database = resolveDatabase(deps.connectionString, { connectTimeoutMs: deps.connectTimeoutMs });
+  }
+
+  /**
+   * A `keys` notice arrived (a keyed enqueue, a raised key limit, held tasks): if this process
+   * leads, admit held tasks now rather than at the next promotion tick.
+   */
+  noteKeys(): void {
+    this.keysWaker.wake();
   }
 
   get isLeader(): boolean {
@@ -379,6 +428,18 @@ export class Maintenance {
         intervalMs: o.promoteIntervalMs,
         run: async () => {
           await promoter.tick();
+        },
+      },
+      {
+        // Concurrency keys: admit held tasks whose keys have room (the workers that settle keyed
+        // tasks do it at once for their keys; this catches the rest: a keyed enqueue, a crashed
+        // worker's tasks settled by rescue, a failed release, a raised limit).
+        name: 'keys',
+        intervalMs: o.promoteIntervalMs,
+        waker: this.keysWaker,
+        run: async () => {
+          const n = await promoteHeldWithin(pool, storage, o.laneLockTimeoutMs);
+          if (n > 0) metrics.keysAdmitted.inc(n);
         },
       },
       {
@@ -463,6 +524,8 @@ export class Maintenance {
           if (z) this.deps.logger.info({ pruned: z }, 'pruned snooze counts of tasks no longer pending');
           const results = await pruneResults(pool, storage, o.resultRetentionMs, 5000, this.term?.signal);
           if (results) this.deps.logger.info({ pruned: results }, 'pruned task results past retention');
+          const keys = await pruneTaskKeys(pool, storage, 5000);
+          if (keys) this.deps.logger.info({ pruned: keys }, 'pruned the concurrency keys of tasks that are gone');
         },
       },
       {
@@ -532,7 +595,7 @@ export class Maintenance {
         due === null
           ? branchWait(b, took) + errorBackoff
           : Math.min(branchWait(b, took), Math.max(MIN_DUE_WAIT_MS, due + DUE_MARGIN_MS));
-      await sleepUnlessAborted(wait, signal);
+      await (b.waker ? b.waker.sleep(wait, signal) : sleepUnlessAborted(wait, signal));
     }
   }
 
@@ -563,6 +626,14 @@ export class Maintenance {
     await this.election?.close();
     await this.loop?.catch(() => undefined);
   }
+}
+
+/**
+ * Admit held keyed tasks in a transaction whose lock_timeout bounds the wait for a lane a
+ * producer holds (promote_held skips that key for this run).
+ */
+function promoteHeldWithin(pool: pg.Pool, storage: Storage, lockTimeoutMs: number | null): Promise<number> {
+  return inPoolTransaction(pool, (c) => promoteHeld(c.client, storage, null), { lockTimeoutMs });
 }
 
 function sleepUnlessAborted(ms: number, signal: AbortSignal): Promise<void> {

@@ -95,6 +95,7 @@ export class BerthMetrics {
   readonly promoteSeconds: HistogramMetric;
   readonly laneContention: CounterMetric<'state' | 'queue' | 'outcome'>;
   readonly rescued: CounterMetric<'result'>;
+  readonly keysAdmitted: CounterMetric;
   readonly ringPrunes: CounterMetric<'result' | 'reason'>;
   readonly ringRotations: CounterMetric<'result'>;
   readonly deadPruned: CounterMetric;
@@ -248,6 +249,11 @@ export class BerthMetrics {
       'berth_rescued_total',
       'Lapsed leases rescued (retry: back to retryable, dead: out of attempts)',
       ['result'],
+    );
+    this.keysAdmitted = counter(
+      'berth_keys_admitted_total',
+      'Held keyed tasks admitted into their lanes by the maintenance leader (the settling workers admit most of them)',
+      [],
     );
     this.ringPrunes = counter(
       'berth_ring_prune_total',

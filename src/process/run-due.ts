@@ -9,6 +9,7 @@ import { wakeChannel } from '../sql.js';
 import { DEFAULT_BACKOFF, type AnyTaskDefinition } from '../task.js';
 import { claimLimitedQueue } from '../processor/claim-limited.js';
 import { limitedQueues } from '../storage/limits.js';
+import { promoteHeld } from '../storage/keys.js';
 import { claimBatch, discover, type ClaimedTask } from '../processor/claim.js';
 import { settlementFor, type SettleAnswer, type Settlement, type TaskRun } from '../processor/outcome-table.js';
 import { DeadlineTimer, RunAbort } from '../processor/run-abort.js';
@@ -183,6 +184,9 @@ export async function runDueTasks(
       if (task === null) {
         // Nothing claimable: what became due in deferred storage meanwhile is the last source.
         if ((await promoteDue(pool, o.schema)) > 0) continue;
+        // Then keyed tasks held for their keys: each run settled before the next claim, so a
+        // key's next task is admitted here as the leader would admit it.
+        if ((await promoteHeld(pool, storageFor(o.schema), null)) > 0) continue;
         return reports;
       }
       if (reports.length >= maxRuns) {

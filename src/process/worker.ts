@@ -222,7 +222,10 @@ export class Worker {
       channel: this.channel,
       logger: this.logger,
       // Producers and promotion name the lane they appended to: the engine claims there first.
-      onNotify: (payload) => engine.notify(payload),
+      onNotify: (payload) => {
+        if (payload === 'keys') maintenance?.noteKeys();
+        else engine.notify(payload);
+      },
       onReconnect: () => {
         this.metrics.listenReconnects.inc();
         // The database is back: a fetch loop sleeping out its error backoff retries now.

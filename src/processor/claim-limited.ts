@@ -36,7 +36,7 @@ export async function claimLimitedQueue(
 ): Promise<LimitedClaim> {
   if (want <= 0) return { tasks: [], more: false, stale: false, capacity: 0, retryMs: null };
   return inTransaction(db, async (tx) => {
-    const { free: capacity, retryMs } = await limitCapacity(tx, params.storage, queue, want);
+    const { free: capacity, retryMs, guardMs } = await limitCapacity(tx, params.storage, queue, want);
     if (capacity <= 0) return { tasks: [], more: false, stale: false, capacity: 0, retryMs };
     const candidates = await discover(tx, params.storage, [queue], 20, 1, params.window, true);
     const laneIds = [...new Set(candidates.map((c) => c.laneId))];
@@ -51,7 +51,12 @@ export async function claimLimitedQueue(
       maxLanes,
       perLane: Math.ceil(capacity / Math.min(maxLanes, laneIds.length)),
     });
-    if (batch.tasks.length > 0) await holdLeases(tx, params.storage, queue, leasesOf(batch));
+    if (batch.tasks.length > 0) {
+      // The recorded start of these tasks happens inside the next statement, so after now.
+      const sent = Date.now();
+      await holdLeases(tx, params.storage, queue, leasesOf(batch));
+      if (guardMs !== null) for (const t of batch.tasks) t.startBy = sent + guardMs;
+    }
     // Lanes beyond the ones locked, or a full page of them: the queue may hold more than it gave.
     const more = batch.more || candidates.length >= 20 || laneIds.length > maxLanes;
     return { ...batch, more, capacity, retryMs };

@@ -133,6 +133,12 @@ export interface ClaimedTask extends AttemptRef {
   traceContext: string | null;
   /** How many times the task has snoozed so far (its row in `snoozes`; 0 when none). */
   snoozes: number;
+  /**
+   * Set only on a task of a rate-limited queue (claim-limited.ts): the local time (epoch ms) by
+   * which its handler must start, else it is handed back unstarted, so no handler starts later
+   * than the rate limit's guard after the start the database counted.
+   */
+  startBy?: number;
 }
 
 /** What a claim stamps per type: the claiming worker's ceiling and attempt limit, else the defaults. */

@@ -8,6 +8,7 @@ import { DEFAULT_BACKOFF } from '../task.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
 import type { ClaimedTask } from './claim.js';
 import { Fetcher } from './fetcher.js';
+import { KeyReleaser } from './key-releaser.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 import type { OutcomeTally } from './heartbeat.js';
 import { settlementFor } from './outcome-table.js';
@@ -182,6 +183,8 @@ class LazyChild implements ProxyHandler<Logger> {
 export class Engine {
   private readonly o: EngineOptions;
   private readonly fetcher: Fetcher;
+  /** Frees the concurrency keys of settled keyed tasks (processor/key-releaser.ts). */
+  private readonly keyReleaser: KeyReleaser;
   private readonly rate: PrefetchRate;
   private readonly stuckGuard: StuckGuard;
   /** Leased tasks waiting for a slot (at most `prefetch` beyond the idle slots). */
@@ -249,6 +252,7 @@ export class Engine {
       debugEnabled: () => this.deps.logger.isLevelEnabled('debug'),
       workerId: this.o.workerId,
     };
+    this.keyReleaser = new KeyReleaser(deps.write, this.storage, deps.logger);
     this.fetcher = new Fetcher({
       write: deps.claims,
       read: deps.read,
@@ -625,7 +629,10 @@ export class Engine {
       // A limited queue's capacity freed when the settlement committed (not when the slot did:
       // a claim between the two would find the queue still full): claim it again. Otherwise
       // one boolean read.
-      if (this.fetcher.hasLimits && this.fetcher.noteFreed(task.queue) && !this.stopping) this.wake('limit_freed');
+      if (this.fetcher.hasLimits) {
+        if (this.fetcher.isKeyed(task.queue)) this.keyReleaser.settled(task.id);
+        if (this.fetcher.noteFreed(task.queue) && !this.stopping) this.wake('limit_freed');
+      }
       // Stuck-handler containment (processor/stuck.ts): after the settlement is written, an
       // overdue lease row, if this run overran its deadline, has done its job.
       const overdue = this.stuckGuard.settled(key);
@@ -747,6 +754,7 @@ export class Engine {
     await this.confirming;
     // Against an unreachable database a stop does not wait out whole leases: they lapse instead.
     await this.deps.batcher.drain(this.o.stopTimeoutMs);
+    await this.keyReleaser.drain();
     // Handlers still running past stop() lose their lease protection within 3 refresh intervals.
     this.stuckGuard.stop();
   }

@@ -4,7 +4,7 @@ import type { Queryable } from '../sql.js';
 import { readRingWindow, type RingWindow } from '../storage/ring-window.js';
 import { type ClaimBatch, claimBatch, type ClaimParams, discover, LANE_SHARE, type ClaimedTask } from './claim.js';
 import { claimLimitedQueue } from './claim-limited.js';
-import { limitedQueues } from '../storage/limits.js';
+import { queueFlags } from '../storage/keys.js';
 import type { TaskRegistry } from './engine-options.js';
 import type { TypeMetrics } from './type-metrics.js';
 
@@ -80,9 +80,20 @@ export class Fetcher {
 
   constructor(private readonly deps: FetcherDeps) {}
 
-  /** Whether any queue this worker claims is limited (the engine's per-task check is this one read). */
+  /**
+   * Queues that hold admitted keyed tasks (read with the limits): a task of one that settles here
+   * frees its key (the engine's KeyReleaser).
+   */
+  private keyed: ReadonlySet<string> = new Set();
+
+  /** Whether any queue this worker claims is limited or keyed (the engine's per-task check is this one read). */
   get hasLimits(): boolean {
-    return this.limited.size > 0;
+    return this.limited.size > 0 || this.keyed.size > 0;
+  }
+
+  /** Whether `queue` holds keyed tasks: a settled task of it may free its key. */
+  isKeyed(queue: string): boolean {
+    return this.keyed.has(queue);
   }
 
   /**
@@ -98,6 +109,8 @@ export class Fetcher {
 
   /** A wake notification's payload: producers and promotion name the lane they appended to. */
   noteLane(payload: string): void {
+    // A keyed enqueue's notice is the leader's (it admits held tasks): nothing to claim yet.
+    if (payload === 'keys') return;
     if (payload === 'limits') {
       // A limit was set or cleared (set_queue_limit): read them again, and look everywhere.
       this.limitsStale = true;
@@ -171,10 +184,12 @@ export class Fetcher {
     return again;
   }
 
-  /** Read which of this worker's queues are limited (a read of `queue_limits` on the read pool). */
+  /** Read which of this worker's queues are limited or keyed (one read of two small tables, on the read pool). */
   private async readLimits(): Promise<void> {
     const d = this.deps;
-    const queues = await limitedQueues(d.read, d.storage);
+    const flags = await queueFlags(d.read, d.storage);
+    const queues = flags.limited;
+    this.keyed = new Set(flags.keyed);
     this.limitsStale = false;
     const mine = d.queues === null ? queues : queues.filter((q) => d.queues!.includes(q));
     const keep = new Set(mine);

@@ -85,6 +85,13 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     freeSlot();
     return { kind: 'expired_in_buffer' };
   }
+  if (task.startBy !== undefined && now > task.startBy) {
+    // A rate-limited task that could not start within its limit's guard (a slow claim, a busy
+    // process): started now, it could push a window of the limit over. Handed back with the
+    // attempt refunded, as a task that waited too long in the buffer.
+    freeSlot();
+    return { kind: 'expired_in_buffer' };
+  }
   if (deadline <= now) {
     freeSlot();
     // The claim outlasted the whole ceiling: running now would outlive the lease.

@@ -1,3 +1,4 @@
+import { BerthInputError } from '../errors.js';
 import { checkSchemaName } from '../limits.js';
 import { addTaskStatement } from '../storage/add-task.js';
 import { storageFor } from '../storage/storage.js';
@@ -26,6 +27,10 @@ export function enqueueSql<T extends TaskTypeName>(
 ): Promise<SqlCall>;
 export async function enqueueSql(type: TaskTypeRef, payload: unknown, options: EnqueueOptions = {}): Promise<SqlCall> {
   const { spec, schema } = await resolveEnqueue(type, payload, options, 'enqueueSql options');
+  if (spec.concurrencyKey !== null)
+    throw new BerthInputError(
+      'enqueueSql options: concurrencyKey is not supported by the SQL door (add_task); enqueue a keyed task with enqueue()',
+    );
   const statement = storageFor(checkSchemaName(schema, 'enqueueSql')).statement('add-task', addTaskStatement);
   const { text, values } = statement.query({
     type: spec.type,

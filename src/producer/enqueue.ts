@@ -31,6 +31,12 @@ export interface EnqueueOptions {
   queue?: string;
   /** At most one live (not dead, not finished) task per key. */
   dedupeKey?: string;
+  /**
+   * At most K tasks with the same concurrency key run at once across the fleet (K: the task
+   * type's key limit, else its queue's, else 1; `setKeyLimit`). The others wait, holding no slot
+   * and no attempt, and never hold up other keys of their lane. At most 1024 UTF-8 bytes.
+   */
+  concurrencyKey?: string;
   /** Default: the definition's (passed here, or the worker's at claim), else 20. */
   maxAttempts?: number;
   /** Pin a lane shard (0-63). Default: chosen per transaction among `shards`. */
@@ -43,8 +49,9 @@ export interface EnqueueOptions {
 
 /**
  * What `enqueue` answers for one task, discriminated by `state`: a task written (`ready`: due
- * now, in its lane; `scheduled`: due later) has its new id; one suppressed by its `dedupeKey`
- * has none, and names the live task that holds the key.
+ * now, in its lane; `scheduled`: due later; `held`: due, waiting for its concurrency key) has
+ * its new id; one suppressed by its `dedupeKey` has none, and names the live task that holds
+ * the key.
  */
 export type EnqueueResult = EnqueuedResult | DuplicateResult;
 
@@ -52,7 +59,7 @@ export type EnqueueResult = EnqueuedResult | DuplicateResult;
 export interface EnqueuedResult {
   /** The new task's id. */
   id: string;
-  state: 'ready' | 'scheduled';
+  state: 'ready' | 'scheduled' | 'held';
   duplicateOf?: undefined;
 }
 
@@ -276,7 +283,16 @@ async function enqueueChunk(
   chunk: readonly ResolvedTaskSpec[],
   trace: string | null,
   results: EnqueueResult[],
+  keyed = false,
 ): Promise<void> {
+  // Tasks with a concurrency key go through enqueue_keyed (held in deferred storage until their
+  // key admits them); a chunk without one sends the statement it always did.
+  if (!keyed && chunk.some((c) => c.concurrencyKey !== null)) {
+    const plain = chunk.filter((c) => c.concurrencyKey === null);
+    if (plain.length > 0) await enqueueChunk(executor, storage, plain, trace, results);
+    const withKeys = chunk.filter((c) => c.concurrencyKey !== null);
+    return enqueueChunk(executor, storage, withKeys, trace, results, true);
+  }
   const first = chunk[0]!;
   const n = chunk.length;
   const types = new Array<string>(n);
@@ -285,22 +301,37 @@ async function enqueueChunk(
     types[i] = chunk[i]!.type;
     payloads[i] = chunk[i]!.json;
   }
-  const res = await executor.query<{ ids: string[]; states: string }>(
-    storage.statement('enqueue', enqueueStatement).query({
-      queue: first.queue,
-      priority: first.priority,
-      shard: first.shard,
-      shards: first.shards,
-      types: JSON.stringify(types),
-      payloads: `[${payloads.join(',')}]`,
-      runAt: column(chunk, (c) => c.runAt),
-      delayMs: column(chunk, (c) => c.delay),
-      maxAttempts: column(chunk, (c) => c.maxAttempts),
-      dedupeKeys: column(chunk, (c) => c.dedupeKey),
-      trace,
-    }),
-  );
-  const { ids, states } = res.rows[0]!;
+  const args = {
+    queue: first.queue,
+    priority: first.priority,
+    shard: first.shard,
+    shards: first.shards,
+    types: JSON.stringify(types),
+    payloads: `[${payloads.join(',')}]`,
+    runAt: column(chunk, (c) => c.runAt),
+    delayMs: column(chunk, (c) => c.delay),
+    maxAttempts: column(chunk, (c) => c.maxAttempts),
+    dedupeKeys: column(chunk, (c) => c.dedupeKey),
+    trace,
+  };
+  // The keyed call (enqueue_keyed): the same arguments and answers, and the tasks' keys.
+  const query = keyed
+    ? storage
+        .statement('enqueue-keyed', enqueueKeyedStatement)
+        .query({ ...args, keys: chunk.map((c) => c.concurrencyKey!) })
+    : storage.statement('enqueue', enqueueStatement).query(args);
+  const res = await executor.query<{ ids: string[]; states: string }>(query);
+  readResults(chunk, res.rows[0]!, results);
+}
+
+/** A chunk's answers (one id and one state letter per task, in order) into `results`. */
+function readResults(
+  chunk: readonly ResolvedTaskSpec[],
+  row: { ids: string[]; states: string },
+  results: EnqueueResult[],
+): void {
+  const { ids, states } = row;
+  const n = chunk.length;
   for (let i = 0; i < n; i++) {
     // A written task's id is its own; a duplicate's is the live task's that holds the key
     // (duplicate_of), null when that task finished in between.
@@ -309,20 +340,29 @@ async function enqueueChunk(
     results[chunk[i]!.index] =
       state === 'd'
         ? { id: null, state: 'duplicate', duplicateOf: id ?? undefined }
-        : { id: id!, state: state === 'r' ? 'ready' : 'scheduled' };
+        : { id: id!, state: state === 'r' ? 'ready' : state === 'h' ? 'held' : 'scheduled' };
   }
 }
 
-function enqueueStatement({ name, q: s }: Schema) {
+function enqueueStatement(schema: Schema) {
+  return enqueueCall(schema, 'enqueue', '');
+}
+
+function enqueueKeyedStatement(schema: Schema) {
+  return enqueueCall(schema, 'enqueue_keyed', ', $12::text[]');
+}
+
+/** The call of `fn` (enqueue, or enqueue_keyed with its keys as a 12th argument), its answers as one row. */
+function enqueueCall({ name, q: s }: Schema, fn: 'enqueue' | 'enqueue_keyed', keys: string) {
   return positional(
     `SELECT array_agg(coalesce(e.id, e.duplicate_of)::text ORDER BY e.ord) AS ids,
                   string_agg(left(e.state, 1), '' ORDER BY e.ord) AS states
-             FROM ${s}.enqueue($1, $2::smallint, $3::smallint, $4::smallint,
+             FROM ${s}.${fn}($1, $2::smallint, $3::smallint, $4::smallint,
                ARRAY(SELECT t FROM jsonb_array_elements_text($5::jsonb) WITH ORDINALITY AS a(t, o) ORDER BY o),
                ARRAY(SELECT p FROM jsonb_array_elements($6::jsonb) WITH ORDINALITY AS a(p, o) ORDER BY o),
                (SELECT array_agg(CASE WHEN d IS NULL THEN r ELSE now() + make_interval(secs => d / 1000.0) END ORDER BY o)
                   FROM unnest($7::timestamptz[], $8::float8[]) WITH ORDINALITY AS u(r, d, o)),
-               $9::integer[], $10::text[], $11::text) AS e`,
+               $9::integer[], $10::text[], $11::text${keys}) AS e`,
     [
       'queue',
       'priority',
@@ -335,9 +375,10 @@ function enqueueStatement({ name, q: s }: Schema) {
       'maxAttempts',
       'dedupeKeys',
       'trace',
+      ...(keys ? ['keys'] : []),
     ],
     // Named, so each connection parses and plans it once (it is the producer's hot path).
-    statementName(`berth-enqueue:${name}`),
+    statementName(`berth-${fn === 'enqueue' ? 'enqueue' : 'enqueue-keyed'}:${name}`),
   );
 }
 
@@ -366,6 +407,7 @@ export interface ResolvedTaskSpec {
   delay: number | null;
   maxAttempts: number | null;
   dedupeKey: string | null;
+  concurrencyKey: string | null;
 }
 
 const SPEC_KEYS: ReadonlySet<string> = new Set([
@@ -376,6 +418,7 @@ const SPEC_KEYS: ReadonlySet<string> = new Set([
   'priority',
   'queue',
   'dedupeKey',
+  'concurrencyKey',
   'maxAttempts',
   'shard',
   'shards',
@@ -471,6 +514,10 @@ function resolveTaskSpec(t: AnyTaskSpec, index: number, count: number, payload: 
     t.dedupeKey === undefined
       ? null
       : checkText(t.dedupeKey, 'dedupeKey', where, { maxBytes: MAX_DEDUPE_KEY_BYTES, nonEmpty: true });
+  const concurrencyKey =
+    t.concurrencyKey === undefined
+      ? null
+      : checkText(t.concurrencyKey, 'concurrencyKey', where, { maxBytes: MAX_DEDUPE_KEY_BYTES, nonEmpty: true });
   if (dedupeKey !== null && isScheduleKey(dedupeKey))
     throw new BerthInputError(
       `${where}: dedupeKey "${dedupeKey.slice(0, 60)}" starts with "berth-schedule", reserved for schedules' fires`,
@@ -487,5 +534,6 @@ function resolveTaskSpec(t: AnyTaskSpec, index: number, count: number, payload: 
     delay: t.runAt === undefined ? (t.delay ?? null) : null,
     maxAttempts,
     dedupeKey,
+    concurrencyKey,
   };
 }

@@ -36,6 +36,9 @@ const ENQUEUE_BEFORE_13 =
  * The documented SQL doors to enqueue (migration 23): users call them from triggers, psql, other
  * languages and ORMs, under either role. They go through `enqueue()` as the owner.
  */
+/** A keyed enqueue (migration 29): enqueue() with each task held for its concurrency key. */
+const ENQUEUE_KEYED =
+  'enqueue_keyed(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[], integer[], text[], text, text[])';
 const ADD_TASK = [
   'add_task(text, jsonb, text, timestamptz, integer, text, integer, interval, integer, integer)',
   'add_tasks(jsonb)',
@@ -50,6 +53,7 @@ const WORKER_FUNCTIONS = [
   'provision_lane(text, smallint, smallint)',
   ENQUEUE,
   ENQUEUE_BEFORE_13,
+  ENQUEUE_KEYED,
   ...ADD_TASK,
   'promote_lane(text, smallint, smallint, integer)',
   'remove_unleased(bigint, text)',
@@ -73,6 +77,12 @@ const WORKER_FUNCTIONS = [
   'limit_capacity(text, integer)',
   'hold_leases(text, smallint[], integer[], bigint[])',
   'limit_usage()',
+  // Concurrency keys (migration 29): admitting held tasks (the leader's tick, and the worker that
+  // settled a keyed task), and the retention of keys of tasks that are gone.
+  'promote_held(text[])',
+  'key_entry_live(bigint)',
+  'release_keys(bigint[])',
+  'prune_task_keys(integer)',
 ] as const;
 
 /** The columns of `schedules` a worker writes: everything but the operator's pause. */
@@ -119,7 +129,7 @@ function producerGrants(s: string): Grant[] {
     { privileges: 'USAGE', on: `SCHEMA ${s}` },
     {
       privileges: 'EXECUTE',
-      on: `FUNCTION ${[ENQUEUE, ENQUEUE_BEFORE_13, ...ADD_TASK].map((f) => `${s}.${f}`).join(', ')}`,
+      on: `FUNCTION ${[ENQUEUE, ENQUEUE_BEFORE_13, ENQUEUE_KEYED, ...ADD_TASK].map((f) => `${s}.${f}`).join(', ')}`,
     },
     {
       privileges: 'SELECT',
@@ -139,6 +149,8 @@ function producerGrants(s: string): Grant[] {
         'task_results',
         // The schedule that fired a task, shown with its attempts (migration 26).
         'schedule_fires',
+        // A task's concurrency key (migration 29).
+        'task_keys',
       ]
         .map((t) => `${s}.${t}`)
         .join(', '),
@@ -219,6 +231,10 @@ function workerGrants(s: string): Grant[] {
     // limit is set_queue_limit's (operators); holders and starts are written by the definer
     // functions above, as the owner.
     { privileges: 'SELECT', on: `${s}.queue_limits` },
+    // Concurrency keys (migration 29): read by the gauges and the worker (which queues hold keyed
+    // tasks); written only by the definer functions, as the owner. Key limits are set_key_limit's
+    // (operators).
+    { privileges: 'SELECT', on: `${s}.task_keys, ${s}.held_keys, ${s}.key_holders, ${s}.key_limits` },
     // Schedules (migration 26): a worker upserts the ones it declares at start (INSERT … ON
     // CONFLICT DO UPDATE of the declaration); the leader moves the watermark and the last fire in
     // each fire's transaction, and marks schedules stale or not. Pausing is an operator's: no

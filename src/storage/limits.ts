@@ -34,6 +34,8 @@ export interface Capacity {
   free: number;
   /** Under a rate limit that bounds `free`: when (ms from now) its oldest start leaves the window. */
   retryMs: number | null;
+  /** Under a rate limit: how long after its start is recorded a task's handler may still start. */
+  guardMs: number | null;
 }
 
 /**
@@ -43,11 +45,13 @@ export interface Capacity {
  */
 export async function limitCapacity(db: Queryable, storage: Storage, queue: string, want: number): Promise<Capacity> {
   const statement = storage.statement('limit-capacity', ({ q: s }) =>
-    compile(sql`SELECT free, retry_ms FROM ${s}.limit_capacity(${p('queue')}::text, ${p('want')}::integer)`),
+    compile(sql`SELECT free, retry_ms, guard_ms FROM ${s}.limit_capacity(${p('queue')}::text, ${p('want')}::integer)`),
   );
-  const res = await db.query<{ free: number; retry_ms: number | null }>(statement.query({ queue, want }));
+  const res = await db.query<{ free: number; retry_ms: number | null; guard_ms: number | null }>(
+    statement.query({ queue, want }),
+  );
   const row = res.rows[0];
-  return { free: row?.free ?? 0, retryMs: row?.retry_ms ?? null };
+  return { free: row?.free ?? 0, retryMs: row?.retry_ms ?? null, guardMs: row?.guard_ms ?? null };
 }
 
 /** The range leases a limited claim took (one per lane), by their keys. */

@@ -7,7 +7,8 @@ import { notMigrated } from '../errors.js';
 import { resultOf } from './results.js';
 import { cancelDetail, OPERATOR_CANCEL_ROW } from './cancel-record.js';
 
-export type TaskState = 'ready' | 'running' | 'completed' | 'scheduled' | 'retryable' | 'dead' | 'cancelled';
+/** `held`: due, waiting in deferred storage until its concurrency key admits it. */
+export type TaskState = 'ready' | 'running' | 'completed' | 'scheduled' | 'retryable' | 'held' | 'dead' | 'cancelled';
 
 /** A task as storage holds it now; its lane fields say where it lives. */
 export interface TaskRecord extends Lane {
@@ -79,7 +80,10 @@ export async function getTaskIn(db: Queryable, storage: Storage, id: string): Pr
       .statement('get-task', ({ q: s }) =>
         positional(
           `SELECT id::text, type, state, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
-            last_error, created_at, run_at, NULL AS token, NULL::timestamptz AS expires_at, NULL AS worker
+            last_error, created_at,
+            -- A held task waits for its key, not for a time (its run_at is 'infinity').
+            CASE WHEN state = 'held' THEN NULL ELSE run_at END AS run_at,
+            NULL AS token, NULL::timestamptz AS expires_at, NULL AS worker
        FROM ${s}.deferred WHERE id = $1
      UNION ALL
      SELECT id::text, type, 'dead', payload, queue, priority, shard, attempts, max_attempts, dedupe_key,

@@ -70,7 +70,8 @@ RETURNS integer LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn
                     WHERE l.lane_id = h.lane_id AND l.from_seq = h.lease_from AND l.slot = h.slot), 0)
 $fn$;
 
-CREATE FUNCTION {{schema}}.limit_capacity(p_queue text, p_want integer, OUT free integer, OUT retry_ms integer)
+CREATE FUNCTION {{schema}}.limit_capacity(p_queue text, p_want integer, OUT free integer, OUT retry_ms integer,
+                                          OUT guard_ms integer)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   v {{schema}}.queue_limits;
@@ -94,13 +95,16 @@ BEGIN
     free := least(free, v.max_running - v_running);
   END IF;
   IF v.rate_limit IS NOT NULL THEN
-    -- A start is recorded when its claim takes it; its handler starts after the claim commits
-    -- and returns, a few ms later, or tens of ms on a busy host, and not by the same delay for
-    -- every claim. So a start stays in the window for the interval plus a guard (a tenth of the
-    -- interval, at most 250 ms): a window measured at the handlers' own starts then holds no
-    -- more than the limit unless one claim's handlers start a guard later than another's. The
-    -- price is a steady rate up to a tenth below the limit for intervals under 2.5 s.
-    v_window := make_interval(secs => (v.rate_interval_ms + least(v.rate_interval_ms / 10.0, 250)) / 1000.0);
+    -- A start is recorded when its claim takes it (hold_leases); its handler starts after the
+    -- claim commits and returns, a few ms later, or hundreds on a busy host, and not by the same
+    -- delay for every claim. So a start stays in the window for the interval plus a guard (a
+    -- tenth of the interval, at most 250 ms), and the worker hands back, unstarted, a task it
+    -- could not start within the guard of sending the hold (ClaimedTask.startBy): every handler
+    -- then starts within the guard after its recorded start, and any window of the interval
+    -- measured at the handlers' own starts holds at most the limit. The price is a steady rate
+    -- up to a tenth below the limit for intervals under 2.5 s.
+    guard_ms := least(v.rate_interval_ms / 10, 250);
+    v_window := make_interval(secs => (v.rate_interval_ms + guard_ms) / 1000.0);
     DELETE FROM {{schema}}.limit_starts s WHERE s.queue = p_queue AND s.started_at <= clock_timestamp() - v_window;
     SELECT coalesce(sum(s.n), 0), min(s.started_at) INTO v_started, v_oldest
       FROM {{schema}}.limit_starts s WHERE s.queue = p_queue;

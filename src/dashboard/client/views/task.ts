@@ -16,6 +16,7 @@ const TASK_ACTIONS: Readonly<Record<TaskState, readonly TaskAction[]>> = {
   ready: ['cancel', 'move', 'delete'],
   scheduled: ['retry', 'cancel', 'move', 'delete'],
   retryable: ['retry', 'cancel', 'move', 'delete'],
+  held: ['cancel', 'move', 'delete'],
   running: ['cancel'],
   completed: [],
   cancelled: [],

@@ -1,0 +1,362 @@
+-- name: concurrency keys: at most K running tasks per key across the fleet, the rest held in deferred storage
+--
+-- A task may carry a concurrency key (a tenant, an account, a document). At most K tasks with
+-- the same key are in the ready ring or running at once, across every queue and worker; K is the
+-- task type's key limit, else its queue's, else 1 (`key_limits`, set by operators).
+--
+-- The decision (docs/architecture.md, "Concurrency keys", has the alternatives rejected): a keyed
+-- task waits for its key in deferred storage, never in a lane. A lane is FIFO and a range lease
+-- takes a contiguous prefix, so a busy key's task at a lane's head could not be skipped without
+-- breaking the claim cursor; kept out of the lanes, a busy key's backlog costs the lane nothing,
+-- and the claim, the settlements and the rescue are unchanged. So:
+--
+-- * `task_keys (id, key)`: a task's key, by id, for the task's whole life: every move between
+--   ready, deferred and dead letters keeps the id, so no statement that moves a task changes.
+-- * A keyed task that is due and not yet admitted waits in `deferred` as state `held`, with
+--   run_at 'infinity' (so promotion's due scan never reads it: a backlog of held tasks costs the
+--   promoter nothing). A delayed keyed task waits as `scheduled` until it is due, like any
+--   other; when promote_lane() finds a due keyed row (a delayed one, a retry, a snooze, a
+--   release), it holds it instead of appending it.
+-- * `key_holders (key, id)`: the tasks admitted under a key, each counted while its ring entry
+--   stands (not settled, not tombstoned, its segment not pruned), so the count needs nothing of
+--   the settlement paths: a task stops counting when whatever settles it commits.
+-- * promote_held(keys) admits held tasks of each key up to its K, under the key's advisory lock
+--   (try-lock: a key being admitted elsewhere is skipped, and the leader's next tick gets it),
+--   oldest first by priority then id, into their own lanes through append_ready. Called by the
+--   leader every promotion tick and when a keyed enqueue's NOTIFY (`keys`) wakes it, and by the
+--   worker that settles a keyed task (release_keys), so the next task of a key starts at once.
+-- * `held_keys (key)`: the keys that have held tasks, so the leader's tick reads only those.
+
+ALTER TABLE {{schema}}.deferred DROP CONSTRAINT deferred_state_check;
+ALTER TABLE {{schema}}.deferred ADD CONSTRAINT deferred_state_check
+  CHECK (state IN ('scheduled', 'retryable', 'held')) NOT VALID;
+ALTER TABLE {{schema}}.deferred VALIDATE CONSTRAINT deferred_state_check;
+
+CREATE TABLE {{schema}}.task_keys (
+  id bigint PRIMARY KEY,
+  key text NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 1024),
+  created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX ON {{schema}}.task_keys (key, id);
+
+CREATE TABLE {{schema}}.held_keys (
+  key text PRIMARY KEY,
+  since timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE {{schema}}.key_holders (
+  key text NOT NULL,
+  id bigint NOT NULL,
+  -- The task's queue when it was admitted: which queues hold keyed tasks (workers free the keys
+  -- of the tasks they settle in those queues).
+  queue text NOT NULL,
+  admitted_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (key, id)
+);
+
+CREATE TABLE {{schema}}.key_limits (
+  scope text NOT NULL CHECK (scope IN ('queue', 'type')),
+  name text NOT NULL,
+  per_key integer NOT NULL CHECK (per_key BETWEEN 1 AND 1000000),
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  updated_by text NOT NULL,
+  PRIMARY KEY (scope, name)
+);
+
+-- Whether task p_id has a ring entry that still stands: not tombstoned, not settled (an entry
+-- past its lane's cursor is unleased, so unsettled), its segment not pruned (a segment is
+-- truncated only once every entry in it is settled).
+CREATE FUNCTION {{schema}}.key_entry_live(p_id bigint)
+RETURNS boolean LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT EXISTS (
+    SELECT 1 FROM {{schema}}.ready r
+     WHERE r.id = p_id
+       AND NOT EXISTS (SELECT 1 FROM {{schema}}.tombstones t
+                        WHERE t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq AND t.slot = r.slot)
+       AND NOT EXISTS (SELECT 1
+                         FROM (SELECT l.from_seq, l.to_seq FROM {{schema}}.range_leases l
+                                WHERE l.lane_id = r.lane_id AND l.slot = r.slot AND l.from_seq <= r.lane_seq
+                                ORDER BY l.from_seq DESC LIMIT 1) l
+                         JOIN {{schema}}.range_settlements x
+                           ON x.lane_id = r.lane_id AND x.lease_from = l.from_seq AND x.slot = r.slot
+                        WHERE l.to_seq >= r.lane_seq AND x.seqs @> r.lane_seq))
+$fn$;
+
+-- Admit held tasks of each key (NULL: every key with held tasks, oldest held first, at most
+-- 1000) up to its limit. A key whose lock another session holds is skipped; a lane whose lock a
+-- producer holds past the caller's lock_timeout skips that key for this call. Returns how many
+-- tasks were admitted.
+CREATE FUNCTION {{schema}}.promote_held(p_keys text[])
+RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  v_key text;
+  v_live integer;
+  v_k integer;
+  v_total integer := 0;
+  r record;
+BEGIN
+  FOR v_key IN
+    SELECT hk.key FROM {{schema}}.held_keys hk
+     WHERE p_keys IS NULL OR hk.key = ANY (p_keys)
+     ORDER BY hk.since, hk.key LIMIT 1000
+  LOOP
+    CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended({{schema_literal}} || ':key:' || v_key, 0));
+    BEGIN
+      -- Statements after the lock: each sees every admission committed before it was granted.
+      DELETE FROM {{schema}}.key_holders h WHERE h.key = v_key AND NOT {{schema}}.key_entry_live(h.id);
+      SELECT count(*) INTO v_live FROM {{schema}}.key_holders h WHERE h.key = v_key;
+      LOOP
+        SELECT d.* INTO r FROM {{schema}}.task_keys tk JOIN {{schema}}.deferred d ON d.id = tk.id
+         WHERE tk.key = v_key AND d.state = 'held'
+         ORDER BY d.priority, d.id LIMIT 1
+         FOR UPDATE OF d SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        v_k := coalesce((SELECT kl.per_key FROM {{schema}}.key_limits kl WHERE kl.scope = 'type' AND kl.name = r.type),
+                        (SELECT kl.per_key FROM {{schema}}.key_limits kl WHERE kl.scope = 'queue' AND kl.name = r.queue),
+                        1);
+        EXIT WHEN v_live >= v_k;
+        DELETE FROM {{schema}}.deferred d WHERE d.id = r.id;
+        PERFORM {{schema}}.append_ready({{schema}}.provision_lane(r.queue, r.priority, r.shard), ARRAY[r.id],
+                  ARRAY[r.type], ARRAY[r.payload], ARRAY[r.attempts], ARRAY[r.max_attempts], ARRAY[r.dedupe_key],
+                  ARRAY[r.last_error], ARRAY[r.created_at], ARRAY[now()], ARRAY[r.trace_context]);
+        INSERT INTO {{schema}}.key_holders (key, id, queue) VALUES (v_key, r.id, r.queue) ON CONFLICT DO NOTHING;
+        v_live := v_live + 1;
+        v_total := v_total + 1;
+      END LOOP;
+      IF NOT EXISTS (SELECT 1 FROM {{schema}}.task_keys tk JOIN {{schema}}.deferred d ON d.id = tk.id
+                      WHERE tk.key = v_key AND d.state = 'held') THEN
+        DELETE FROM {{schema}}.held_keys WHERE key = v_key;
+      END IF;
+    EXCEPTION WHEN lock_not_available THEN
+      -- A producer holds one of the lanes past lock_timeout: this key's admissions roll back
+      -- (the subtransaction), and the next call admits them.
+      NULL;
+    END;
+  END LOOP;
+  RETURN v_total;
+END $fn$;
+
+-- The worker that settled keyed tasks frees their keys: admit the next held tasks of the keys of
+-- p_ids (ids that carry no key are ignored).
+CREATE FUNCTION {{schema}}.release_keys(p_ids bigint[])
+RETURNS integer LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT {{schema}}.promote_held(ARRAY(SELECT DISTINCT tk.key FROM {{schema}}.task_keys tk WHERE tk.id = ANY (p_ids)))
+   WHERE EXISTS (SELECT 1 FROM {{schema}}.task_keys tk WHERE tk.id = ANY (p_ids))
+$fn$;
+
+-- A keyed enqueue: enqueue() itself (its checks, ids, dedupe), told every task is due at the
+-- end of time so each lands in deferred storage and none in a lane; then each accepted task gets
+-- its key, a due one is held (a later one stays scheduled at its own time), and the leader is
+-- woken (`keys`) to admit what its key allows. Admitting here, under the producer's transaction,
+-- would take key locks and lane locks in the producer's own order and hold them to its commit.
+CREATE FUNCTION {{schema}}.enqueue_keyed(
+  p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[],
+  p_payloads jsonb[], p_run_at timestamptz[], p_max_attempts integer[], p_dedupe text[],
+  p_trace_context text, p_keys text[])
+RETURNS TABLE (ord integer, id bigint, state text, duplicate_of bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  v_n integer := coalesce(cardinality(p_types), 0);
+  v_ords integer[];
+  v_ids bigint[];
+  v_states text[];
+  v_dups bigint[];
+BEGIN
+  IF coalesce(cardinality(p_keys), -1) <> v_n OR coalesce(array_ndims(p_keys), 1) > 1 THEN
+    RAISE EXCEPTION 'berth: enqueue_keyed: keys must be a one-dimensional array with one element per task (% types)', v_n
+      USING ERRCODE = '22023';
+  END IF;
+  IF EXISTS (SELECT 1 FROM unnest(p_keys) k WHERE k IS NULL OR octet_length(k) NOT BETWEEN 1 AND 1024) THEN
+    RAISE EXCEPTION 'berth: enqueue_keyed: every concurrency key must be a non-empty string of at most 1024 UTF-8 bytes'
+      USING ERRCODE = '22023';
+  END IF;
+  -- The run times as given are checked here; enqueue() checks the rest.
+  PERFORM {{schema}}.check_tasks('enqueue_keyed', p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe, p_trace_context);
+  -- Separate statements: each one after enqueue() sees the rows it wrote (one statement's CTEs
+  -- share a snapshot taken before the function ran).
+  SELECT array_agg(x.ord ORDER BY x.ord), array_agg(x.id ORDER BY x.ord), array_agg(x.state ORDER BY x.ord),
+         array_agg(x.duplicate_of ORDER BY x.ord)
+    INTO v_ords, v_ids, v_states, v_dups
+    FROM {{schema}}.enqueue(p_queue, p_priority, p_shard, p_shards, p_types, p_payloads,
+                            array_fill('9999-12-31 00:00:00+00'::timestamptz, ARRAY[v_n]),
+                            p_max_attempts, p_dedupe, p_trace_context) x;
+  INSERT INTO {{schema}}.task_keys (id, key)
+  SELECT u.id, u.k FROM unnest(v_ids, p_keys) AS u(id, k) WHERE u.id IS NOT NULL;
+  UPDATE {{schema}}.deferred d
+     SET state = CASE WHEN u.run_at <= now() THEN 'held' ELSE 'scheduled' END,
+         run_at = CASE WHEN u.run_at <= now() THEN 'infinity'::timestamptz ELSE u.run_at END
+    FROM (SELECT v.id, coalesce(v.r, now()) AS run_at
+            FROM unnest(v_ids, coalesce(p_run_at, array_fill(NULL::timestamptz, ARRAY[v_n]))) AS v(id, r)) u
+   WHERE d.id = u.id AND u.id IS NOT NULL;
+  INSERT INTO {{schema}}.held_keys (key)
+  SELECT DISTINCT u.k FROM unnest(v_ids, p_keys) AS u(id, k)
+    JOIN {{schema}}.deferred d ON d.id = u.id AND d.state = 'held'
+  ON CONFLICT DO NOTHING;
+  RETURN QUERY
+  SELECT u.o, u.i,
+         CASE WHEN u.i IS NULL THEN u.s ELSE (SELECT d.state FROM {{schema}}.deferred d WHERE d.id = u.i) END,
+         u.dup
+    FROM unnest(v_ords, v_ids, v_states, v_dups) AS u(o, i, s, dup)
+   ORDER BY u.o;
+  PERFORM pg_notify({{wake_channel_literal}}, 'keys');
+END $fn$;
+
+-- promote_lane as in migration 12, except that a due keyed row is held (state `held`, run_at
+-- 'infinity', its key in held_keys) instead of appended: only promote_held admits a keyed task.
+-- One primary-key probe of task_keys per promoted row.
+CREATE OR REPLACE FUNCTION {{schema}}.promote_lane(p_queue text, p_priority smallint, p_shard smallint,
+                                  p_limit integer)
+RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE v_lane integer; v_n integer; v_held integer;
+BEGIN
+  v_lane := {{schema}}.provision_lane(p_queue, p_priority, p_shard);
+  PERFORM pg_advisory_xact_lock({{schema_lock_key}}, v_lane);
+  -- Locked first so a busy lane times out before any row is taken; append_ready re-takes it.
+  WITH picked AS MATERIALIZED (
+    SELECT x.id, EXISTS (SELECT 1 FROM {{schema}}.task_keys k WHERE k.id = x.id) AS keyed
+      FROM {{schema}}.deferred x
+     WHERE x.queue = p_queue AND x.priority = p_priority AND x.shard = p_shard
+       AND x.run_at <= now()
+     ORDER BY x.run_at, x.priority, x.id
+     LIMIT p_limit
+     FOR UPDATE SKIP LOCKED
+  ), held AS (
+    UPDATE {{schema}}.deferred d SET state = 'held', run_at = 'infinity'
+      FROM picked p WHERE d.id = p.id AND p.keyed
+    RETURNING d.id
+  ), held_key AS (
+    INSERT INTO {{schema}}.held_keys (key)
+    SELECT DISTINCT k.key FROM held h JOIN {{schema}}.task_keys k ON k.id = h.id
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+  ), moved AS (
+    DELETE FROM {{schema}}.deferred d
+     WHERE d.id IN (SELECT p.id FROM picked p WHERE NOT p.keyed)
+    RETURNING d.*
+  )
+  SELECT {{schema}}.append_ready(v_lane,
+           array_agg(m.id ORDER BY m.run_at, m.id), array_agg(m.type ORDER BY m.run_at, m.id),
+           array_agg(m.payload ORDER BY m.run_at, m.id), array_agg(m.attempts ORDER BY m.run_at, m.id),
+           array_agg(m.max_attempts ORDER BY m.run_at, m.id), array_agg(m.dedupe_key ORDER BY m.run_at, m.id),
+           array_agg(m.last_error ORDER BY m.run_at, m.id), array_agg(m.created_at ORDER BY m.run_at, m.id),
+           array_agg(m.run_at ORDER BY m.run_at, m.id), array_agg(m.trace_context ORDER BY m.run_at, m.id)),
+         (SELECT count(*) FROM held)
+    INTO v_n, v_held
+    FROM moved m;
+  IF v_held > 0 THEN PERFORM pg_notify({{wake_channel_literal}}, 'keys'); END IF;
+  RETURN coalesce(v_n, 0) + coalesce(v_held, 0);
+END $fn$;
+
+-- retry_dead as in migration 12, except that a keyed dead letter goes back to deferred storage,
+-- held for its key, rather than straight into its lane.
+CREATE OR REPLACE FUNCTION {{schema}}.retry_dead(p_ids bigint[])
+RETURNS TABLE (id bigint, result text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE v_lane record; v_done bigint[] := '{}'; v_part bigint[]; v_held bigint[];
+BEGIN
+  FOR v_lane IN
+    SELECT DISTINCT d.queue, d.priority, d.shard FROM {{schema}}.dead_letters d WHERE d.id = ANY (p_ids)
+  LOOP
+    -- Lock first (DISTINCT ON cannot be combined with FOR UPDATE): a concurrent retry of the
+    -- same rows waits here, then finds them gone.
+    PERFORM 1 FROM {{schema}}.dead_letters d
+      WHERE d.id = ANY (p_ids) AND d.queue = v_lane.queue AND d.priority = v_lane.priority
+        AND d.shard = v_lane.shard
+      ORDER BY d.id FOR UPDATE;
+    WITH cand AS (
+      SELECT DISTINCT ON (coalesce(d.dedupe_key, d.id::text)) d.id
+        FROM {{schema}}.dead_letters d
+       WHERE d.id = ANY (p_ids) AND d.queue = v_lane.queue AND d.priority = v_lane.priority
+         AND d.shard = v_lane.shard
+         AND (d.dedupe_key IS NULL
+              OR NOT EXISTS (SELECT 1 FROM {{schema}}.dedupe k WHERE k.dedupe_key = d.dedupe_key))
+       ORDER BY coalesce(d.dedupe_key, d.id::text), d.id DESC
+    ), gone AS (
+      DELETE FROM {{schema}}.dead_letters d USING cand WHERE d.id = cand.id
+      RETURNING d.*, EXISTS (SELECT 1 FROM {{schema}}.task_keys tk WHERE tk.id = d.id) AS keyed
+    ), keys AS (
+      INSERT INTO {{schema}}.dedupe (dedupe_key, id)
+      SELECT g.dedupe_key, g.id FROM gone g WHERE g.dedupe_key IS NOT NULL
+      ON CONFLICT DO NOTHING RETURNING 1
+    ), held AS (
+      INSERT INTO {{schema}}.deferred (id, state, run_at, type, payload, queue, priority, shard, attempts,
+                                       max_attempts, dedupe_key, last_error, created_at, trace_context)
+      SELECT g.id, 'held', 'infinity', g.type, g.payload, g.queue, g.priority, g.shard, 0, g.max_attempts,
+             g.dedupe_key, g.last_error, g.created_at, g.trace_context
+        FROM gone g WHERE g.keyed
+      RETURNING deferred.id
+    ), held_key AS (
+      INSERT INTO {{schema}}.held_keys (key)
+      SELECT DISTINCT tk.key FROM held h JOIN {{schema}}.task_keys tk ON tk.id = h.id
+      ON CONFLICT DO NOTHING RETURNING 1
+    ), appended AS (
+      SELECT {{schema}}.append_ready({{schema}}.provision_lane(v_lane.queue, v_lane.priority, v_lane.shard),
+               array_agg(g.id ORDER BY g.id), array_agg(g.type ORDER BY g.id),
+               array_agg(g.payload ORDER BY g.id), array_agg(0 ORDER BY g.id),
+               array_agg(g.max_attempts ORDER BY g.id), array_agg(g.dedupe_key ORDER BY g.id),
+               array_agg(g.last_error ORDER BY g.id), array_agg(g.created_at ORDER BY g.id),
+               array_agg(now() ORDER BY g.id), array_agg(g.trace_context ORDER BY g.id)) AS n,
+             array_agg(g.id) AS ids
+        FROM gone g WHERE NOT g.keyed
+      HAVING count(*) > 0
+    )
+    SELECT (SELECT a.ids FROM appended a), ARRAY(SELECT h.id FROM held h) INTO v_part, v_held
+     WHERE (SELECT count(*) FROM keys) >= 0 AND (SELECT count(*) FROM held_key) >= 0;
+    v_done := v_done || coalesce(v_part, '{}') || coalesce(v_held, '{}');
+  END LOOP;
+  IF EXISTS (SELECT 1 FROM {{schema}}.task_keys tk WHERE tk.id = ANY (v_done)) THEN
+    PERFORM pg_notify({{wake_channel_literal}}, 'keys');
+  END IF;
+  RETURN QUERY
+    SELECT x.id,
+           CASE WHEN x.id = ANY (v_done) THEN 'retried'
+                WHEN EXISTS (SELECT 1 FROM {{schema}}.dead_letters d WHERE d.id = x.id) THEN 'duplicate'
+                ELSE 'not_found' END
+      FROM unnest(p_ids) AS x(id);
+END $fn$;
+
+-- Keys of tasks that are gone (completed, cancelled, deleted, pruned from the dead letters),
+-- at most p_limit a call: the leader's retention branch.
+CREATE FUNCTION {{schema}}.prune_task_keys(p_limit integer)
+RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE v_n integer;
+BEGIN
+  WITH gone AS (
+    SELECT tk.id FROM {{schema}}.task_keys tk
+     WHERE tk.created_at < now() - interval '1 minute'
+       AND NOT EXISTS (SELECT 1 FROM {{schema}}.deferred d WHERE d.id = tk.id)
+       AND NOT EXISTS (SELECT 1 FROM {{schema}}.dead_letters d WHERE d.id = tk.id)
+       AND NOT {{schema}}.key_entry_live(tk.id)
+     ORDER BY tk.id LIMIT p_limit
+  )
+  DELETE FROM {{schema}}.task_keys tk USING gone WHERE tk.id = gone.id;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  DELETE FROM {{schema}}.key_holders h
+   WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.task_keys tk WHERE tk.id = h.id);
+  RETURN v_n;
+END $fn$;
+
+-- Set (p_per_key) or clear (NULL) the key limit of a queue or a task type: an operator's.
+CREATE FUNCTION {{schema}}.set_key_limit(p_scope text, p_name text, p_per_key integer, p_actor text)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  IF p_scope IS NULL OR p_name IS NULL OR p_actor IS NULL THEN
+    RAISE EXCEPTION 'berth: set_key_limit: scope, name and actor must not be null' USING ERRCODE = '22004';
+  END IF;
+  IF p_per_key IS NULL THEN
+    DELETE FROM {{schema}}.key_limits WHERE scope = p_scope AND name = p_name;
+  ELSE
+    INSERT INTO {{schema}}.key_limits (scope, name, per_key, updated_at, updated_by)
+    VALUES (p_scope, p_name, p_per_key, now(), p_actor)
+    ON CONFLICT (scope, name) DO UPDATE
+      SET per_key = EXCLUDED.per_key, updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by;
+  END IF;
+  -- A raised limit may admit held tasks at once.
+  PERFORM pg_notify({{wake_channel_literal}}, 'keys');
+END $fn$;
+
+REVOKE EXECUTE ON FUNCTION {{schema}}.key_entry_live(bigint), {{schema}}.promote_held(text[]),
+  {{schema}}.release_keys(bigint[]),
+  {{schema}}.enqueue_keyed(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[], integer[], text[], text, text[]),
+  {{schema}}.promote_lane(text, smallint, smallint, integer), {{schema}}.retry_dead(bigint[]),
+  {{schema}}.prune_task_keys(integer), {{schema}}.set_key_limit(text, text, integer, text) FROM PUBLIC;

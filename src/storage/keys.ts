@@ -1,0 +1,126 @@
+import type { Queryable } from '../sql.js';
+import { compile, p, sql } from '../statement.js';
+import type { Storage } from './storage.js';
+
+/**
+ * Concurrency keys (migration 29): at most K tasks with the same key in the ring or running,
+ * across the fleet. A keyed task waits in deferred storage (`held`) until promote_held admits it
+ * into its lane; the database counts each admitted task while its ring entry stands.
+ * docs/architecture.md, "Concurrency keys".
+ */
+
+/**
+ * Admit held tasks of `keys` (null: every key with held tasks) up to their limits, in the
+ * caller's transaction or its own statement. Returns how many were admitted.
+ */
+export async function promoteHeld(db: Queryable, storage: Storage, keys: readonly string[] | null): Promise<number> {
+  const statement = storage.statement('keys-promote', ({ q: s }) =>
+    compile(sql`SELECT ${s}.promote_held(${p('keys')}::text[]) AS n`),
+  );
+  const res = await db.query<{ n: number }>(statement.query({ keys }));
+  return res.rows[0]?.n ?? 0;
+}
+
+/** The worker's step after settling keyed tasks: admit the next held tasks of their keys. */
+export async function releaseKeys(db: Queryable, storage: Storage, ids: readonly string[]): Promise<number> {
+  if (ids.length === 0) return 0;
+  const statement = storage.statement('keys-release', ({ q: s }) =>
+    compile(sql`SELECT coalesce(${s}.release_keys(${p('ids')}::bigint[]), 0) AS n`),
+  );
+  const res = await db.query<{ n: number }>(statement.query({ ids }));
+  return res.rows[0]?.n ?? 0;
+}
+
+/** The retention of keys of tasks that are gone: at most `limit` a call. */
+export async function pruneTaskKeys(db: Queryable, storage: Storage, limit: number): Promise<number> {
+  const statement = storage.statement('keys-prune', ({ q: s }) =>
+    compile(sql`SELECT ${s}.prune_task_keys(${p('limit')}::integer) AS n`),
+  );
+  const res = await db.query<{ n: number }>(statement.query({ limit }));
+  return res.rows[0]?.n ?? 0;
+}
+
+/**
+ * Which queues are limited and which hold admitted keyed tasks: what a worker's fetcher needs to
+ * route its claims and free keys. One read of two small tables.
+ */
+export async function queueFlags(db: Queryable, storage: Storage): Promise<{ limited: string[]; keyed: string[] }> {
+  const statement = storage.statement('queue-flags', ({ q: s }) =>
+    compile(
+      sql`SELECT ARRAY(SELECT queue FROM ${s}.queue_limits ORDER BY queue) AS limited,
+                 ARRAY(SELECT DISTINCT queue FROM ${s}.key_holders ORDER BY queue) AS keyed`,
+    ),
+  );
+  const res = await db.query<{ limited: string[]; keyed: string[] }>(statement.query({}));
+  return { limited: res.rows[0]?.limited ?? [], keyed: res.rows[0]?.keyed ?? [] };
+}
+
+/** A key limit: K for the tasks of a queue or of a task type. */
+export interface KeyLimitRow {
+  scope: 'queue' | 'type';
+  name: string;
+  perKey: number;
+  updatedAt: Date;
+  updatedBy: string;
+}
+
+export async function keyLimits(db: Queryable, storage: Storage): Promise<KeyLimitRow[]> {
+  const statement = storage.statement('key-limits', ({ q: s }) =>
+    compile(sql`SELECT scope, name, per_key, updated_at, updated_by FROM ${s}.key_limits ORDER BY scope, name`),
+  );
+  const res = await db.query<{
+    scope: 'queue' | 'type';
+    name: string;
+    per_key: number;
+    updated_at: Date;
+    updated_by: string;
+  }>(statement.query({}));
+  return res.rows.map((r) => ({
+    scope: r.scope,
+    name: r.name,
+    perKey: r.per_key,
+    updatedAt: r.updated_at,
+    updatedBy: r.updated_by,
+  }));
+}
+
+/** Set (a number) or clear (null) a key limit, as `actor`: an operator's statement. */
+export async function setKeyLimitRow(
+  db: Queryable,
+  storage: Storage,
+  scope: 'queue' | 'type',
+  name: string,
+  perKey: number | null,
+  actor: string,
+): Promise<void> {
+  const statement = storage.statement('key-limit-set', ({ q: s }) =>
+    compile(
+      sql`SELECT ${s}.set_key_limit(${p('scope')}::text, ${p('name')}::text, ${p('perKey')}::integer, ${p('actor')}::text)`,
+    ),
+  );
+  await db.query(statement.query({ scope, name, perKey, actor }));
+}
+
+/** Held tasks per key (the most held first): what waits for its key. */
+export interface HeldKey {
+  key: string;
+  held: number;
+  running: number;
+  since: Date;
+}
+
+export async function heldKeys(db: Queryable, storage: Storage, limit: number): Promise<HeldKey[]> {
+  const statement = storage.statement('keys-held', ({ q: s }) =>
+    compile(
+      sql`SELECT hk.key, hk.since,
+                 (SELECT count(*) FROM ${s}.task_keys tk JOIN ${s}.deferred d ON d.id = tk.id
+                   WHERE tk.key = hk.key AND d.state = 'held')::integer AS held,
+                 (SELECT count(*) FROM ${s}.key_holders h
+                   WHERE h.key = hk.key AND ${s}.key_entry_live(h.id))::integer AS running
+            FROM ${s}.held_keys hk
+           ORDER BY hk.since LIMIT ${p('limit')}`,
+    ),
+  );
+  const res = await db.query<{ key: string; since: Date; held: number; running: number }>(statement.query({ limit }));
+  return res.rows.map((r) => ({ key: r.key, held: r.held, running: r.running, since: r.since }));
+}
