@@ -346,7 +346,11 @@ test('migration 25 on a schema with attempt history: the index is built and vali
     const ids: string[] = [];
     for (let i = 0; i < 3; i++) ids.push((await enqueue(c, 'legacy', { i }, { schema: legacy })).id!);
     const lanes = (await c.query<{ lane_id: number }>(`SELECT lane_id FROM ${L}.lanes`)).rows.map((r) => r.lane_id);
+    // This version's claim reads lanes.limited (migration 28), which a version-24 schema has not:
+    // the column is lent for the claim and taken back before the migration adds it.
+    await c.query(`ALTER TABLE ${L}.lanes ADD COLUMN limited boolean NOT NULL DEFAULT false`);
     const { tasks } = await claimBatch(c, claimParams(legacy, lanes, 3, { workerId: 'v24' }));
+    await c.query(`ALTER TABLE ${L}.lanes DROP COLUMN limited`);
     assert.equal(tasks.length, 3);
     const [cancelled, stopped, ready] = tasks as [ClaimedTask, ClaimedTask, ClaimedTask];
     // Version 24's cancel of a running task; a stop's release (outcome `cancelled`, no cancel).

@@ -15,6 +15,7 @@ import {
   getTask,
   listHeldKeys,
   listKeyLimits,
+  listTasks,
   retryDeadLetters,
   setKeyLimit,
 } from '../src/index.js';
@@ -253,6 +254,13 @@ test('runDueTasks admits held keyed tasks; a retry and a dead letter retried wai
     r.map((x) => x.state),
     ['held', 'held', 'held'],
   );
+  // Shown as held, with no run time (it waits for its key, not for a time).
+  const listed = await listTasks(pool, schema, { state: 'held', queue: 'keyed-due' });
+  assert.equal(listed.tasks.length, 3);
+  assert.ok(listed.tasks.every((t) => t.state === 'held' && t.runAt === null));
+  const one = await getTask(pool, schema, r[1]!.id!);
+  assert.equal(one?.state, 'held');
+  assert.equal(one?.runAt, null);
   const reports = await runDueTasks(pool, [def], { schema, queues: ['keyed-due'] });
   assert.deepEqual(
     reports.map((x) => x.status),

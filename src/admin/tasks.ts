@@ -19,6 +19,7 @@ export const TASK_STATES: readonly TaskState[] = [
   'running',
   'scheduled',
   'retryable',
+  'held',
   'dead',
   'completed',
   'cancelled',
@@ -126,11 +127,13 @@ async function listTasksIn(
     compile(
       sql`SELECT DISTINCT ON (id) * FROM (
        (SELECT d.id, d.type, d.state, d.queue, d.priority, d.attempts, d.max_attempts,
-               left(d.last_error, 300) AS last_error, d.created_at, d.run_at,
+               left(d.last_error, 300) AS last_error, d.created_at,
+               -- A held task waits for its concurrency key, not for a time (run_at 'infinity').
+               CASE WHEN d.state = 'held' THEN NULL ELSE d.run_at END AS run_at,
                NULL::timestamptz AS finished_at, NULL::timestamptz AS lease_expires_at, NULL::text AS worker,
                0 AS pref, NULL::text AS cancel_data
           FROM ${s}.deferred d
-         WHERE (${STATE}::text IS NULL OR ${STATE} IN ('scheduled', 'retryable'))
+         WHERE (${STATE}::text IS NULL OR ${STATE} IN ('scheduled', 'retryable', 'held'))
            AND (${STATE}::text IS NULL OR d.state = ${STATE}) AND (${QUEUE}::text IS NULL OR d.queue = ${QUEUE})
            AND (${TYPE}::text IS NULL OR d.type = ${TYPE}) AND (${AFTER}::bigint IS NULL OR d.id < ${AFTER})
          ORDER BY d.id DESC LIMIT ${LIMIT})
