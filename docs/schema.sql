@@ -3738,6 +3738,8 @@ CREATE TABLE berth.schedules (
     paused boolean DEFAULT false NOT NULL,
     paused_at timestamp with time zone,
     paused_by text,
+    ceiling_ms integer,
+    CONSTRAINT schedules_ceiling_ms_check CHECK ((ceiling_ms >= 1)),
     CONSTRAINT schedules_misfire_cap_check CHECK ((misfire_cap >= 1)),
     CONSTRAINT schedules_misfire_check CHECK ((misfire = ANY (ARRAY['skip'::text, 'once'::text, 'all'::text]))),
     CONSTRAINT schedules_misfire_grace_ms_check CHECK ((misfire_grace_ms >= 0))

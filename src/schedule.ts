@@ -8,6 +8,7 @@ import {
   checkText,
   MAX_ATTEMPTS_LIMIT,
   MAX_QUEUE_BYTES,
+  MAX_TIMER_MS,
 } from './limits.js';
 import { checkPayload, type AnyTaskDefinition, type ScheduleFire } from './task.js';
 import type { TaskPayload, TaskTypeLike, TaskTypeName } from './task-type.js';
@@ -47,6 +48,12 @@ export interface ScheduleFields {
    * outage does not drop a fire. Default 60 s.
    */
   misfireGraceMs?: number;
+  /**
+   * The handler's ceiling for the tasks this schedule fires, in ms: at most the task
+   * definition's `ceilingMs`, which it may only shorten (the lease, and so the wait after a
+   * crash, is still the type's). Default: the definition's.
+   */
+  ceilingMs?: number;
 }
 
 /** A schedule of a task definition: its payload typed by the definition, checked by its schema. */
@@ -70,6 +77,8 @@ export interface ScheduleDefinition {
   readonly misfire: MisfirePolicy;
   readonly misfireCap: number;
   readonly misfireGraceMs: number;
+  /** The handler's ceiling for its tasks (ms, at most the type's); null: the task definition's. */
+  readonly ceilingMs: number | null;
 }
 
 export const SCHEDULE_DEFAULTS = Object.freeze({
@@ -94,6 +103,7 @@ const KEYS: ReadonlySet<string> = new Set([
   'misfire',
   'misfireCap',
   'misfireGraceMs',
+  'ceilingMs',
 ]);
 /** What other crontabs call a field berth names differently. */
 const HINTS: Readonly<Record<string, string>> = {
@@ -106,6 +116,8 @@ const HINTS: Readonly<Record<string, string>> = {
   type: 'task',
   args: 'payload',
   backfillPeriod: 'misfire',
+  timeout: 'ceilingMs',
+  ceiling: 'ceilingMs',
 };
 
 /**
@@ -179,6 +191,12 @@ export function resolveSchedule(input: unknown): ScheduleDefinition {
     raw.misfireGraceMs === undefined
       ? SCHEDULE_DEFAULTS.misfireGraceMs
       : checkMs(raw.misfireGraceMs, 'misfireGraceMs', where, 0, 24 * 3600_000);
+  // Bounded as a definition's ceilingMs (a Node timer), and whole milliseconds for the column:
+  // rounded down, so a schedule's ceiling never comes out longer than the value it was given.
+  const ceilingMs =
+    raw.ceilingMs === undefined
+      ? null
+      : Math.floor(checkMs(raw.ceilingMs, 'ceilingMs', where, 1, MAX_TIMER_MS, " (Node's timer limit, 24.8 days)"));
   const definition: ScheduleDefinition = Object.freeze({
     name,
     cron,
@@ -192,6 +210,7 @@ export function resolveSchedule(input: unknown): ScheduleDefinition {
     misfire: misfire as MisfirePolicy,
     misfireCap,
     misfireGraceMs: Math.round(misfireGraceMs),
+    ceilingMs,
   });
   DEFINED.add(definition);
   return definition;
@@ -218,6 +237,11 @@ export function resolveSchedules(
     if (def === undefined) {
       throw new BerthInputError(
         `${where}: task "${d.taskType}" is not one of this worker's task definitions (${[...defs.keys()].join(', ') || 'none'})`,
+      );
+    }
+    if (d.ceilingMs !== null && d.ceilingMs > def.ceilingMs) {
+      throw new BerthInputError(
+        `${where}: ceilingMs ${d.ceilingMs} is above task "${d.taskType}"'s ceilingMs ${def.ceilingMs}: a schedule may only shorten its task's ceiling, since the lease (and the wait after a crash) is derived from the type's ceiling at claim`,
       );
     }
     const check = checkPayload(def, d.payload);

@@ -34,7 +34,10 @@ export interface TaskContext<P = unknown> {
   /** Where the task lives: its lane. */
   readonly lane: Lane;
   readonly signal: AbortSignal;
-  /** When the handler must have stopped (lease expiry minus the margin). */
+  /**
+   * When the handler must have stopped: lease expiry minus the margin, or earlier by the
+   * difference of the two ceilings for a task of a schedule with a shorter `ceilingMs`.
+   */
   readonly deadline: Date;
   /**
    * The worker's logger with this task's fields bound: `task_id`, `task_type`, `lane`

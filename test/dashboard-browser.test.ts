@@ -90,6 +90,7 @@ const worker = new Worker({
       task: tasks[2]!,
       payload: { year: true },
       queue: 'reports',
+      ceilingMs: 5_000,
     }),
   ],
 });
@@ -333,7 +334,11 @@ test('the Schedules page shows a schedule, pauses and resumes it, and triggers o
   try {
     const row = 'tr[data-schedule="yearly-report"]';
     // Next fire: 1 January, 06:00 in Berlin (05:00 UTC).
-    await textOf(page, row, /yearly-report.*0 6 1 1 \* \(Europe\/Berlin\).*report\.build on reports.*active/);
+    await textOf(
+      page,
+      row,
+      /yearly-report.*0 6 1 1 \* \(Europe\/Berlin\).*report\.build on reports, ceiling 5\.0 s.*active/,
+    );
     const next = await page.getAttribute(`${row} td:nth-child(5) time`, 'datetime');
     assert.match(next ?? '', /-01-01T05:00:00\.000Z$/);
     await page.click(`${row} button:has-text("Pause")`);

@@ -462,7 +462,7 @@ describe('berth schedules', () => {
     await declare(s);
     const listed = await berth('schedules', 'list');
     assert.equal(listed.code, 0, listed.err);
-    assert.match(listed.out, /ops\s+0 4 \* \* \*\s+Europe\/Berlin\s+sched_report\s+active\s+\d{4}-/);
+    assert.match(listed.out, /ops\s+0 4 \* \* \*\s+Europe\/Berlin\s+sched_report\s+-\s+active\s+\d{4}-/);
     const json = JSON.parse((await berth('schedules', 'show', 'ops', '--json')).out);
     assert.equal(json.name, 'ops');
     assert.equal(json.paused, false);

@@ -20,6 +20,8 @@ export interface ScheduleInfo {
   misfire: string;
   misfireCap: number;
   misfireGraceMs: number;
+  /** The handler's ceiling for its tasks (ms, at most the type's); null: the task type's own. */
+  ceilingMs: number | null;
   /** When it fires next (null while paused or stale: it does not fire then). */
   nextFireAt: Date | null;
   /** The instant it last fired, and when that fire committed. */
@@ -52,6 +54,7 @@ interface Row {
   misfire: string;
   misfire_cap: number;
   misfire_grace_ms: number;
+  ceiling_ms: number | null;
   last_instant: Date | null;
   last_fired_at: Date | null;
   last_task_id: string | null;
@@ -75,7 +78,7 @@ async function readSchedules(db: Queryable, schema: string, name: string | null)
         .statement('admin-schedules-list', ({ q: s }) =>
           positional(
             `SELECT name, cron, time_zone, task_type, payload, queue, priority, max_attempts, misfire, misfire_cap,
-                    misfire_grace_ms, last_instant, last_fired_at, last_task_id::text AS last_task_id, stale,
+                    misfire_grace_ms, ceiling_ms, last_instant, last_fired_at, last_task_id::text AS last_task_id, stale,
                     stale_since, paused, paused_at, paused_by, declared_by, declared_at, fired_through,
                     clock_timestamp() AS now
                FROM ${s}.schedules WHERE $1::text IS NULL OR name = $1 ORDER BY name`,
@@ -99,6 +102,7 @@ async function readSchedules(db: Queryable, schema: string, name: string | null)
         misfire: r.misfire,
         misfireCap: r.misfire_cap,
         misfireGraceMs: r.misfire_grace_ms,
+        ceilingMs: r.ceiling_ms,
         nextFireAt: r.paused || r.stale ? null : nextFire(r),
         lastInstant: r.last_instant,
         lastFiredAt: r.last_fired_at,

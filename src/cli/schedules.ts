@@ -20,7 +20,7 @@ function status(s: ScheduleInfo): string {
 export function registerScheduleCommands(program: Command): void {
   const schedules = program.command('schedules').description('recurring tasks: list, show, pause, resume, trigger');
   common(schedules.command('list'))
-    .description('every schedule: next and last fire, the last task, paused and stale marks')
+    .description('every schedule: its task and ceiling, next and last fire, the last task, paused and stale marks')
     .action(async (opts: Common) => {
       await withPool(opts, async (pool) => {
         const all = await listSchedules(pool, opts.schema);
@@ -31,7 +31,7 @@ export function registerScheduleCommands(program: Command): void {
             status: status(s),
             lastTask: s.lastTaskId ? `${s.lastTaskId} ${s.lastTaskState ?? '?'}` : null,
           })),
-          ['name', 'cron', 'timeZone', 'taskType', 'status', 'nextFireAt', 'lastInstant', 'lastTask'],
+          ['name', 'cron', 'timeZone', 'taskType', 'ceilingMs', 'status', 'nextFireAt', 'lastInstant', 'lastTask'],
         );
       });
     });
@@ -48,6 +48,7 @@ export function registerScheduleCommands(program: Command): void {
           `task: ${escapeControl(s.taskType)} on queue ${escapeControl(s.queue)}, priority ${s.priority}${s.maxAttempts === null ? '' : `, max attempts ${s.maxAttempts}`}`,
         );
         say(`payload: ${jsonSafe(JSON.stringify(s.payload))}`);
+        say(`ceiling: ${s.ceilingMs === null ? "the task type's" : `${s.ceilingMs} ms`}`);
         say(
           `misfire: ${s.misfire}${s.misfire === 'all' ? ` (cap ${s.misfireCap})` : ''}, grace ${s.misfireGraceMs} ms`,
         );

@@ -305,6 +305,8 @@ export interface ScheduleRow {
   taskType: string;
   queue: string;
   misfire: string;
+  /** The handler's ceiling for its tasks in ms; null: the task type's. */
+  ceilingMs: number | null;
   nextFireAt: string | null;
   lastInstant: string | null;
   lastFiredAt: string | null;

@@ -14,6 +14,7 @@ import { claimBatch, discover, type ClaimedTask } from '../processor/claim.js';
 import { settlementFor, type SettleAnswer, type Settlement, type TaskRun } from '../processor/outcome-table.js';
 import { DeadlineTimer, RunAbort } from '../processor/run-abort.js';
 import { runTask, type RunDeps } from '../processor/run-task.js';
+import { ScheduleCeilings } from '../processor/schedule-ceilings.js';
 import { settleTask, type SettleDeps } from '../processor/settle-task.js';
 import { SettlementBatcher } from '../processor/settlement-batcher.js';
 import { TypeMetrics } from '../processor/type-metrics.js';
@@ -228,6 +229,9 @@ class OnceRunner {
       observeHandler: (task, seconds) => typeMetrics.for(task.type).handlerSeconds.observe(seconds),
       unknownTypes: new UnknownTypes(o.unknownTypes, o.metrics, o.logger, o.workerId),
       resultMaxBytes: o.resultMaxBytes,
+      ceilings: o.tasks.ceilings,
+      defaultCeilingMs: o.defaultCeilingMs,
+      scheduleCeilings: new ScheduleCeilings(pool, storage),
     };
     this.settleDeps = {
       write: pool,

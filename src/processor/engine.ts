@@ -16,6 +16,7 @@ import { NotifyThrottle } from './notify-throttle.js';
 import { PrefetchRate } from './prefetch-rate.js';
 import { DeadlineTimer, RunAbort } from './run-abort.js';
 import { runTask, type RunDeps } from './run-task.js';
+import { ScheduleCeilings } from './schedule-ceilings.js';
 import { settleTask, type SettleDeps } from './settle-task.js';
 import type { SettlementBatcher } from './settlement-batcher.js';
 import { entryKey } from '../storage/attempt.js';
@@ -240,6 +241,9 @@ export class Engine {
       observeHandler: (task, seconds) => this.typeMetrics.for(task.type).handlerSeconds.observe(seconds),
       unknownTypes: new UnknownTypes(this.o.unknownTypes, deps.metrics, deps.logger, this.o.workerId),
       resultMaxBytes: this.o.resultMaxBytes,
+      ceilings: this.o.tasks.ceilings,
+      defaultCeilingMs: this.o.defaultCeilingMs,
+      scheduleCeilings: new ScheduleCeilings(deps.write, this.storage),
     };
     this.settleDeps = {
       write: deps.write,

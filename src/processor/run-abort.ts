@@ -14,9 +14,26 @@ const MAX_TIMER_MS = 2 ** 31 - 1;
 export class RunAbort {
   private controller: AbortController | null = null;
   private why: Error | undefined = undefined;
+  private at: number;
 
-  /** The handler's deadline: the lease's own expiry stamp minus the margin (epoch ms). */
-  constructor(readonly deadline: number) {}
+  /** `deadline`: the lease's own expiry stamp minus the margin (epoch ms). */
+  constructor(deadline: number) {
+    this.at = deadline;
+  }
+
+  /** The handler's deadline (epoch ms): the lease's, or earlier once shortened. */
+  get deadline(): number {
+    return this.at;
+  }
+
+  /**
+   * Bring the deadline forward to `at` (never back: the lease bounds it), before the run is armed
+   * (DeadlineTimer.arm reads it once, to set its timer). A schedule's shorter ceiling does this
+   * (run-task.ts); a plain task's run never calls it.
+   */
+  shortenTo(at: number): void {
+    if (at < this.at) this.at = at;
+  }
 
   /** The handler's signal: the same object on every read. */
   get signal(): AbortSignal {

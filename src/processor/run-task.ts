@@ -3,7 +3,13 @@ import { CancelAbort, DeadlineAbort, isPermanentError, ShutdownAbort } from '../
 import type { Logger } from '../logger.js';
 import type { Queryable } from '../sql.js';
 import { fireOfDedupeKey } from '../schedule.js';
-import { checkPayload, type TaskContext, type AnyTaskDefinition, type PayloadCheck } from '../task.js';
+import {
+  checkPayload,
+  type TaskContext,
+  type AnyTaskDefinition,
+  type PayloadCheck,
+  type ScheduleFire,
+} from '../task.js';
 import type { ClaimedTask } from './claim.js';
 import { type HandlerReturn, readHandlerReturn } from './handler-result.js';
 import type { TaskRun } from './outcome-table.js';
@@ -11,6 +17,8 @@ import type { DeadlineTimer, RunAbort } from './run-abort.js';
 import { advanceCursor } from '../storage/return.js';
 import { dequeueIn } from '../storage/complete.js';
 import type { UnknownTypes } from './unknown-types.js';
+import type { ScheduleCeilings } from './schedule-ceilings.js';
+import type { ScheduleCeilingRow } from '../storage/schedules.js';
 import { errorDetail, errorMessage } from '../util/error-detail.js';
 
 /** What running one task needs from the engine (one value, built once). */
@@ -26,6 +34,11 @@ export interface RunDeps {
   unknownTypes: UnknownTypes;
   /** The cap on a handler's result, as JSON in UTF-8 bytes (the worker's `resultMaxBytes`). */
   resultMaxBytes: number;
+  /** The ceilings this worker's claims stamp leases with, per type, and for a type it does not define. */
+  ceilings: ReadonlyMap<string, number>;
+  defaultCeilingMs: number;
+  /** The stored ceilings of schedules, read for a schedule's task only (schedule-ceilings.ts). */
+  scheduleCeilings: ScheduleCeilings;
 }
 
 export interface RunInput {
@@ -71,15 +84,19 @@ const SIGNAL: PropertyDescriptor & ThisType<{ [RUN_ABORT]: RunAbort }> = {
  */
 export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> {
   const { task, def, abort, log, freeSlot } = input;
-  const deadline = abort.deadline;
+  // The lease's deadline: the claim's stamp for the type's ceiling, minus the margin.
+  const leaseDeadline = abort.deadline;
   if (!def) {
     freeSlot();
     // Logged once per type per interval by unknownTypes, not per task.
     const delayMs = deps.unknownTypes.handBack(task);
     return { kind: 'unknown_type', error: deps.unknownTypes.note(task.type), delayMs };
   }
+  // Null at once for a task without a dedupe key: a plain task pays no read and no await.
+  const schedule = fireOfDedupeKey(task.dedupeKey);
+  const deadline = schedule === null ? leaseDeadline : await scheduleDeadline(deps, task, schedule, abort, log);
   const now = Date.now();
-  if (deadline <= now && input.receivedAt < deadline) {
+  if (leaseDeadline <= now && input.receivedAt < leaseDeadline) {
     // It waited in the prefetch buffer past its deadline: it never ran, so hand it back with
     // the attempt refunded rather than charge it a failure.
     freeSlot();
@@ -94,8 +111,14 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
   }
   if (deadline <= now) {
     freeSlot();
-    // The claim outlasted the whole ceiling: running now would outlive the lease.
-    const error = `claim returned after the handler deadline (${new Date(deadline).toISOString()}); not started`;
+    // The claim outlasted the whole ceiling: running now would outlive the lease. Or the lease
+    // is good but the shorter ceiling of the task's schedule is spent (a slow claim, a wait in
+    // the buffer): failed with backoff as well, not refunded, since a refund would hand a task
+    // with a short ceiling back to the same busy buffer again and again.
+    const error =
+      leaseDeadline <= now
+        ? `claim returned after the handler deadline (${new Date(leaseDeadline).toISOString()}); not started`
+        : `schedule "${schedule?.name}"'s ceiling was spent before the handler started (deadline ${new Date(deadline).toISOString()}); not started`;
     log.warn(error);
     return { kind: 'late_claim', error };
   }
@@ -130,7 +153,7 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     logger: log,
     schema: deps.storage.schema.name,
     token: task.token,
-    schedule: fireOfDedupeKey(task.dedupeKey),
+    schedule,
     advanceCursor: async (next: unknown) => {
       const ok = await advanceCursor(deps.write, deps.storage, task, next);
       if (ok) advanced = true;
@@ -187,4 +210,36 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
   if (r.kind === 'snooze') return { kind: 'snooze', delayMs: r.delayMs, ...ran };
   if (r.kind === 'continue') return { kind: 'continue', ...ran };
   return r.result === undefined ? { kind: 'done', ...ran } : { kind: 'done', result: r.result, ...ran };
+}
+
+/**
+ * The deadline of a schedule's task: its schedule's stored ceiling, when shorter than the one
+ * this worker's claim stamped the lease with, brings the lease's deadline forward by the
+ * difference. Still derived from the database's own stamp (the lease's expiry), never budgeted
+ * from the local clock; the lease itself, and so the wait after a crash, stays the type's. The
+ * row counts only while it names this task's type (a schedule redeclared for another type says
+ * nothing of this one). A failed read is logged and the task runs under its type's deadline:
+ * never a crash, never a lost task. Shortens `abort` before it is armed.
+ */
+async function scheduleDeadline(
+  deps: RunDeps,
+  task: ClaimedTask,
+  schedule: ScheduleFire,
+  abort: RunAbort,
+  log: Logger,
+): Promise<number> {
+  let stored: ScheduleCeilingRow | null;
+  try {
+    stored = await deps.scheduleCeilings.of(schedule.name);
+  } catch (err) {
+    log.warn(
+      { schedule: schedule.name, err: errorMessage(err) },
+      "could not read the schedule's ceiling: the task runs under its type's deadline",
+    );
+    return abort.deadline;
+  }
+  if (stored === null || stored.ceilingMs === null || stored.taskType !== task.type) return abort.deadline;
+  const typeCeilingMs = deps.ceilings.get(task.type) ?? deps.defaultCeilingMs;
+  if (stored.ceilingMs < typeCeilingMs) abort.shortenTo(abort.deadline - (typeCeilingMs - stored.ceilingMs));
+  return abort.deadline;
 }

@@ -299,8 +299,11 @@ async function requireRoles(client: pg.ClientBase, roles: readonly string[]): Pr
 export async function assertMigrated(db: Queryable, schema: string): Promise<void> {
   const s = quoteIdent(schema);
   const r = await db.query<{ core: boolean; latest: boolean }>(
-    'SELECT to_regclass($1) IS NOT NULL AS core, to_regprocedure($2) IS NOT NULL AND to_regclass($3) IS NOT NULL AS latest',
-    [`${s}.lanes`, `${s}.${LATEST_MARKER}`, `${s}.${LATEST_TABLE}`],
+    `SELECT to_regclass($1) IS NOT NULL AS core,
+            to_regprocedure($2) IS NOT NULL
+              AND EXISTS (SELECT 1 FROM pg_attribute
+                           WHERE attrelid = to_regclass($3) AND attname = $4 AND NOT attisdropped) AS latest`,
+    [`${s}.lanes`, `${s}.${LATEST_MARKER}`, `${s}.${LATEST_TABLE}`, LATEST_COLUMN],
   );
   const row = r.rows[0]!;
   if (!row.core)
@@ -324,12 +327,15 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
  */
 const LATEST_MARKER = 'check_tasks(text, text[], jsonb[], timestamptz[], integer[], text[], text)';
 /**
- * A table the newest migration this code needs creates: migration 26's `schedule_fires` (with it
- * come `schedules` and `workers.schedules`, which every worker's heartbeat writes and its leader
- * reads; migration 24's `task_results`, where a completion that carries a result stores it,
- * comes before it), so this code refuses a schema older than 26.
+ * The column the newest migration this code needs adds, and its table: migration 27's
+ * `schedules.ceiling_ms`, which a worker's declaration writes and the run of a schedule's task
+ * reads (migration 26's `schedules`, `schedule_fires` and `workers.schedules`, which every
+ * worker's heartbeat writes and its leader reads, and migration 24's `task_results` come before
+ * it), so this code refuses a schema older than 27. Read from `pg_attribute`, which, like
+ * `to_regclass`, needs no privilege on the table.
  */
-const LATEST_TABLE = 'schedule_fires';
+const LATEST_TABLE = 'schedules';
+const LATEST_COLUMN = 'ceiling_ms';
 
 export { SchemaNotMigratedError } from '../errors.js';
 

@@ -97,6 +97,7 @@ const SCHEDULE_WORKER_COLUMNS = [
   'misfire',
   'misfire_cap',
   'misfire_grace_ms',
+  'ceiling_ms',
   'interval_ms',
   'declared_by',
   'declared_at',

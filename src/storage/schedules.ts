@@ -43,8 +43,9 @@ export interface UpsertResult {
 /**
  * Upsert a worker's schedules, one statement. A new schedule's watermark is now (it does not
  * run the instants before it was declared); a changed expression or time zone moves it to now
- * too (the new expression's past is not owed). Declaring a schedule clears its stale mark; its
- * pause (an operator's) is left as it is.
+ * too (the new expression's past is not owed); any other change (the task, its options, the
+ * ceiling) leaves it where it is. Declaring a schedule clears its stale mark; its pause (an
+ * operator's) is left as it is.
  */
 export async function upsertSchedules(
   db: Queryable,
@@ -66,6 +67,7 @@ export async function upsertSchedules(
     misfire: d.misfire,
     misfire_cap: d.misfireCap,
     misfire_grace_ms: d.misfireGraceMs,
+    ceiling_ms: d.ceilingMs,
     interval_ms: intervals[i],
   }));
   const statement = storage.statement('schedules-upsert', ({ q: s }) =>
@@ -73,19 +75,20 @@ export async function upsertSchedules(
       `WITH given AS (
          SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(name text, cron text, time_zone text, task_type text,
            payload jsonb, queue text, priority smallint, max_attempts integer, misfire text, misfire_cap integer,
-           misfire_grace_ms integer, interval_ms double precision)
+           misfire_grace_ms integer, ceiling_ms integer, interval_ms double precision)
        ), old AS (
          SELECT o.* FROM ${s}.schedules o WHERE o.name IN (SELECT name FROM given)
        ), up AS (
          INSERT INTO ${s}.schedules AS sc (name, cron, time_zone, task_type, payload, queue, priority, max_attempts,
-                                           misfire, misfire_cap, misfire_grace_ms, interval_ms, declared_by)
+                                           misfire, misfire_cap, misfire_grace_ms, ceiling_ms, interval_ms, declared_by)
          SELECT g.name, g.cron, g.time_zone, g.task_type, g.payload, g.queue, g.priority, g.max_attempts,
-                g.misfire, g.misfire_cap, g.misfire_grace_ms, g.interval_ms, $2 FROM given g
+                g.misfire, g.misfire_cap, g.misfire_grace_ms, g.ceiling_ms, g.interval_ms, $2 FROM given g
          ON CONFLICT (name) DO UPDATE
            SET cron = excluded.cron, time_zone = excluded.time_zone, task_type = excluded.task_type,
                payload = excluded.payload, queue = excluded.queue, priority = excluded.priority,
                max_attempts = excluded.max_attempts, misfire = excluded.misfire, misfire_cap = excluded.misfire_cap,
-               misfire_grace_ms = excluded.misfire_grace_ms, interval_ms = excluded.interval_ms,
+               misfire_grace_ms = excluded.misfire_grace_ms, ceiling_ms = excluded.ceiling_ms,
+               interval_ms = excluded.interval_ms,
                declared_by = excluded.declared_by, declared_at = now(), stale = false, stale_since = NULL,
                fired_through = CASE WHEN (sc.cron, sc.time_zone) IS DISTINCT FROM (excluded.cron, excluded.time_zone)
                                     THEN greatest(sc.fired_through, now()) ELSE sc.fired_through END
@@ -93,9 +96,9 @@ export async function upsertSchedules(
        )
        SELECT up.name, o.name IS NULL AS created,
               o.name IS NOT NULL AND (o.cron, o.time_zone, o.task_type, o.payload, o.queue, o.priority, o.max_attempts,
-                o.misfire, o.misfire_cap, o.misfire_grace_ms)
+                o.misfire, o.misfire_cap, o.misfire_grace_ms, o.ceiling_ms)
                 IS DISTINCT FROM (g.cron, g.time_zone, g.task_type, g.payload, g.queue, g.priority, g.max_attempts,
-                g.misfire, g.misfire_cap, g.misfire_grace_ms) AS changed
+                g.misfire, g.misfire_cap, g.misfire_grace_ms, g.ceiling_ms) AS changed
          FROM up JOIN given g USING (name) LEFT JOIN old o USING (name)
         ORDER BY up.name`,
       ['rows', 'workerId'],
@@ -103,6 +106,34 @@ export async function upsertSchedules(
   );
   const res = await db.query<UpsertResult>(statement.query({ rows: JSON.stringify(rows), workerId }));
   return res.rows;
+}
+
+/** What the run of a schedule's task reads of its schedule: the ceiling stored, and for which type. */
+export interface ScheduleCeilingRow {
+  /** The schedule's ceiling in ms; null: its task type's. */
+  ceilingMs: number | null;
+  taskType: string;
+}
+
+/**
+ * A schedule's stored ceiling, by name (a primary-key probe); null when there is no such schedule.
+ * The row is the authority, not the running worker's code: the last worker to start declared it,
+ * and the worker running one of its tasks may not declare it at all.
+ */
+export async function scheduleCeilingOf(
+  db: Queryable,
+  storage: Storage,
+  name: string,
+): Promise<ScheduleCeilingRow | null> {
+  const res = await db.query<{ ceiling_ms: number | null; task_type: string }>(
+    storage
+      .statement('schedules-ceiling', ({ q: s }) =>
+        positional(`SELECT ceiling_ms, task_type FROM ${s}.schedules WHERE name = $1`, ['name']),
+      )
+      .query({ name }),
+  );
+  const row = res.rows[0];
+  return row === undefined ? null : { ceilingMs: row.ceiling_ms, taskType: row.task_type };
 }
 
 /** The schedules the leader may fire (neither paused nor stale), with the database's clock. */

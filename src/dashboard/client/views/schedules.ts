@@ -1,6 +1,7 @@
 import { act, actionButton } from '../actions.js';
 import { api } from '../api.js';
 import { append, clear, h } from '../dom.js';
+import { duration } from '../format.js';
 import { READ_ONLY } from '../shell.js';
 import type { View } from '../view.js';
 import { badge, table, taskLink, when } from '../widgets.js';
@@ -32,7 +33,7 @@ export const schedules: View<Schedules> = {
             cells: [
               s.name,
               `${s.cron} (${s.timeZone})`,
-              `${s.taskType} on ${s.queue}`,
+              `${s.taskType} on ${s.queue}${s.ceilingMs === null ? '' : `, ceiling ${duration(s.ceilingMs)}`}`,
               [state(s), s.paused && s.pausedBy ? h('span', { class: 'muted' }, ` by ${s.pausedBy}`) : ''],
               when(s.nextFireAt, true),
               when(s.lastInstant, true),
