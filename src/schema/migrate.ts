@@ -327,15 +327,15 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
  */
 const LATEST_MARKER = 'check_tasks(text, text[], jsonb[], timestamptz[], integer[], text[], text)';
 /**
- * The column the newest migration this code needs adds, and its table: migration 27's
- * `schedules.ceiling_ms`, which a worker's declaration writes and the run of a schedule's task
- * reads (migration 26's `schedules`, `schedule_fires` and `workers.schedules`, which every
- * worker's heartbeat writes and its leader reads, and migration 24's `task_results` come before
- * it), so this code refuses a schema older than 27. Read from `pg_attribute`, which, like
- * `to_regclass`, needs no privilege on the table.
+ * A column the newest migration this code needs adds, and its table: migration 29's
+ * `key_holders.queue`, which every worker's fetcher reads once a poll (migration 28's
+ * `lanes.limited`, which both claims filter on, migration 27's `schedules.ceiling_ms`, migration
+ * 26's `schedules` and `workers.schedules`, and migration 24's `task_results` come before it), so
+ * this code refuses a schema older than 29. Read from `pg_attribute`, which, like `to_regclass`,
+ * needs no privilege on the table.
  */
-const LATEST_TABLE = 'schedules';
-const LATEST_COLUMN = 'ceiling_ms';
+const LATEST_TABLE = 'key_holders';
+const LATEST_COLUMN = 'queue';
 
 export { SchemaNotMigratedError } from '../errors.js';
 
