@@ -181,6 +181,7 @@ export {
   listQueueLimits,
   setQueueLimit,
   type QueueLimitChange,
+  type QueueLimitStatus,
   type QueueLimitUsage,
   type RateLimit,
 } from './admin/limits.js';
