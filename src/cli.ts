@@ -16,6 +16,7 @@ import { registerTaskCommands } from './cli/tasks.js';
 import { registerHistoryCommands } from './cli/history.js';
 import { registerDeadCommands } from './cli/dead.js';
 import { registerQueueCommands } from './cli/queues.js';
+import { registerLimitCommands } from './cli/limits.js';
 import { registerScheduleCommands } from './cli/schedules.js';
 import { registerStatsCommands } from './cli/stats.js';
 import { registerWorkerCommands } from './cli/worker.js';
@@ -173,6 +174,7 @@ export function buildProgram(): Command {
   registerHistoryCommands(program);
   registerDeadCommands(program);
   registerQueueCommands(program);
+  registerLimitCommands(program);
   registerScheduleCommands(program);
   registerStatsCommands(program);
   registerDashboardCommand(program);

@@ -187,6 +187,7 @@ export {
   type KeyLimitRow,
   type KeyLimitTarget,
   type QueueLimitChange,
+  type QueueLimitStatus,
   type QueueLimitUsage,
   type RateLimit,
 } from './admin/limits.js';

@@ -6,23 +6,14 @@ import { enqueue, getTask, listAudit } from '../src/index.js';
 import { errorDetail } from '../src/util/error-detail.js';
 import { claimParams } from './claim-params.js';
 import { DATABASE_URL, freshSchema, waitFor } from './helpers.js';
-import { runCli } from './support/run-cli.js';
+import { cliOn } from './support/run-cli.js';
 
 const { schema, pool } = await freshSchema('clicmd');
 const S = `"${schema}"`;
 process.env.BERTH_ACTOR = 'cli:tester';
 
-/** Run the CLI in this process on this file's schema; returns its exit code and what it printed. */
-function berth(...args: string[]): Promise<{ code: number; out: string; err: string }> {
-  return runCli([...args, '--schema', schema, '--database-url', DATABASE_URL]);
-}
-
-/** Run the CLI for its JSON output; a failure shows what it printed to stderr (not a JSON parse error). */
-async function berthJson<T>(...args: string[]): Promise<T> {
-  const r = await berth(...args);
-  assert.equal(r.code, 0, `berth ${args.join(' ')}: exit ${r.code}: ${r.err}`);
-  return JSON.parse(r.out) as T;
-}
+/** The CLI in this process on this file's schema: its exit code and what it printed. */
+const { berth, berthJson } = cliOn(schema, DATABASE_URL);
 
 /** The parts of the CLI's JSON output these tests read. */
 interface TaskPageJson {

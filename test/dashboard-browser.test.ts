@@ -10,7 +10,9 @@ import {
   defineSchedule,
   defineTask,
   enqueue,
+  enqueueMany,
   getTask,
+  listQueueLimits,
   pauseQueue,
   resumeQueue,
   Worker,
@@ -374,6 +376,74 @@ test('the Schedules page shows a schedule, pauses and resumes it, and triggers o
     assert.equal(after.rows[0].last_instant, null);
     assert.deepEqual(errors, []);
   } finally {
+    await close();
+  }
+});
+
+test('the Queues page limits a queue: set from its form, held at the limit (running and held shown), raised, refused with the field named, cleared (audited)', async () => {
+  hold.arm();
+  // The queue needs a lane to be limited: one task that runs now.
+  const first = await enqueue(pool, 'email.send', {}, { schema, queue: 'throttled' });
+  await waitFor(() => ran.get(first.id!) === 1, WAIT, 'the first throttled task');
+  const { page, errors, close } = await open('queues');
+  const row = 'tr[data-limit="throttled"]';
+  try {
+    await textOf(page, '#limits', /No queue is limited\./);
+    await page.fill('#limit-new input[list="limit-queues"]', 'throttled');
+    await page.fill('#limit-new input[data-field="maxRunning"]', '1');
+    await page.click('#limit-new button:has-text("Set limit")');
+    await textOf(page, '#toast', /Limit throttled: max 1 running/);
+    await textOf(page, row, /^throttled1\d.*dashboard:local/);
+
+    const jobs = await enqueueMany(
+      pool,
+      [1, 2, 3].map((i) => ({ type: 'slow.job', payload: { i }, queue: 'throttled' })),
+      { schema },
+    );
+    // One runs; the other two wait for the limit, and the page says so.
+    await textOf(page, `${row} td:nth-child(6)`, /^2 at limit$/);
+    await textOf(page, `${row} td:nth-child(3)`, /^1$/);
+    await textOf(page, 'tr[data-queue="throttled"]', /max 1 running at limit/);
+    const states = await Promise.all(jobs.map(async (j) => (await getTask(pool, schema, j.id!))?.state));
+    assert.deepEqual(states.sort(), ['ready', 'ready', 'running']);
+
+    // Raised to 3 from its row: the held two start (3 of 3 running is at the limit, holding none).
+    await page.fill(`${row} input[data-field="maxRunning"]`, '3');
+    await page.click(`${row} button:has-text("Save")`);
+    await textOf(page, `${row} td:nth-child(3)`, /^3$/);
+    await textOf(page, `${row} td:nth-child(6)`, /^0 at limit$/);
+    assert.equal((await listQueueLimits(pool, schema)).find((l) => l.queue === 'throttled')?.maxRunning, 3);
+
+    // A rate the server cannot read is refused, naming the field; the limit stays as it was.
+    await page.fill(`${row} input[data-field="rate"]`, '20 per second');
+    await page.click(`${row} button:has-text("Save")`);
+    await textOf(page, '#toast', /Limit throttled failed: rate must be a count and an interval/);
+    assert.equal((await listQueueLimits(pool, schema)).find((l) => l.queue === 'throttled')?.rateLimit, null);
+
+    await page.click(`${row} button:has-text("Clear")`);
+    await textOf(page, '#confirm-text', /Remove every limit of throttled\?/);
+    await page.click('#confirm-ok');
+    await textOf(page, '#limits', /No queue is limited\./);
+    hold.release();
+    await waitFor(() => jobs.every((j) => ran.get(j.id!) === 1), WAIT, 'the throttled jobs to finish');
+    const actions = await pool.query(
+      `SELECT actor, action, target FROM ${S}.audit_log WHERE target->>'queue' = 'throttled' ORDER BY id`,
+    );
+    assert.deepEqual(
+      actions.rows.map((r) => [r.actor, r.action, r.target.maxRunning ?? null]),
+      [
+        ['dashboard:local', 'queue.limit', 1],
+        ['dashboard:local', 'queue.limit', 3],
+        ['dashboard:local', 'queue.unlimit', null],
+      ],
+    );
+    // The refused save answered 400, which the browser logs as a failed resource load.
+    assert.deepEqual(
+      errors.filter((e) => !/status of 400/.test(e)),
+      [],
+    );
+  } finally {
+    hold.release();
     await close();
   }
 });

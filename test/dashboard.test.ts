@@ -5,12 +5,18 @@ import {
   BerthInputError,
   defineTask,
   enqueue,
+  enqueueMany,
   getTask,
+  listQueueLimits,
   listQueues,
   pauseQueue,
   resumeQueue,
+  setQueueLimit,
   Worker,
 } from '../src/index.js';
+import { promoteDue } from '../src/maintenance-api.js';
+import { claim } from '../src/processor/claim.js';
+import { claimParams } from './claim-params.js';
 import {
   createDashboardHandler,
   dashboardOptionsFromEnv,
@@ -331,6 +337,92 @@ test('bad input answers 400 with the reason; unknown routes 404; no stack traces
   assert.equal(badJson.status, 400);
 });
 
+test('queue limits through the API: set (the rate as an object or as 20/1s), listed with /api/queues, cleared, audited; bad input answers 400 naming the field', async () => {
+  const url = await dashboard();
+  const csrf = { 'x-berth-csrf': await csrfFor(url) };
+  await enqueue(pool, 'dash_limit', {}, { schema, queue: 'api-limited' });
+  const base = `${url}api/queues/api-limited/limits`;
+  const set = await post(base, csrf, { maxRunning: 2, rate: '20/1s' });
+  assert.equal(set.status, 200, set.body);
+  assert.deepEqual(set.json(), { queue: 'api-limited', limit: { maxRunning: 2, rate: '20/1s' } });
+  const changed = await post(base, csrf, { rate: { limit: 5, intervalMs: 60_000 } });
+  assert.deepEqual(changed.json(), { queue: 'api-limited', limit: { maxRunning: 2, rate: '5/1m' } });
+  const listed = (await call(`${url}api/queues`)).json().limits as Record<string, unknown>[];
+  assert.deepEqual(
+    listed.map(({ updatedAt, ...l }) => ({ ...l, updatedAt: typeof updatedAt })),
+    [
+      {
+        queue: 'api-limited',
+        maxRunning: 2,
+        running: 0,
+        rateLimit: 5,
+        rateIntervalMs: 60_000,
+        rate: '5/1m',
+        started: 0,
+        atLimit: false,
+        heldTasks: 0,
+        updatedBy: 'dashboard:local',
+        updatedAt: 'string',
+      },
+    ],
+  );
+
+  const bad: [string, unknown, RegExp][] = [
+    [base, {}, /a limit needs maxRunning, rate, or both/],
+    [base, { maxRunning: 0 }, /maxRunning must be an integer from 1 to 1000000 \(got 0\)/],
+    [base, { maxRunning: -1 }, /maxRunning must be an integer from 1/],
+    [base, { maxRunning: 2.5 }, /maxRunning must be an integer/],
+    [base, { maxRunning: 'many' }, /maxRunning must be an integer from 1 to 1000000 \(got "many"\)/],
+    [base, { rate: '20' }, /rate must be a count and an interval with its unit, such as 20\/1s/],
+    [base, { rate: '0/1s' }, /rate's count must be an integer from 1/],
+    [base, { rate: '5/2d' }, /rate must be a count and an interval.*expected a duration/],
+    [base, { rate: { limit: 5 } }, /rate\.intervalMs must be an integer/],
+    [base, { rate: 5 }, /rate must be an object \{ limit, intervalMs \} or null/],
+    [base, { concurrency: 3 }, /unknown option "concurrency"; did you mean "maxRunning"\?/],
+    [`${url}api/queues/no-such-queue/limits`, { maxRunning: 1 }, /queue "no-such-queue" does not exist/],
+    [`${url}api/queues/${'q'.repeat(300)}/limits`, { maxRunning: 1 }, /queue must be a name of at most 255 bytes/],
+    [`${url}api/queues/a%00b/limits`, { maxRunning: 1 }, /the path contains a NUL byte/],
+    [`${base}/clear`, { force: true }, /unknown field "force" in a limit clear/],
+  ];
+  for (const [path, body, message] of bad) {
+    const r = await post(path, csrf, body);
+    assert.equal(r.status, 400, `${JSON.stringify(body)}: ${r.body}`);
+    assert.match(String(r.json().error), message, JSON.stringify(body));
+  }
+  const [kept] = await listQueueLimits(pool, schema);
+  assert.deepEqual([kept?.maxRunning, kept?.rateLimit, kept?.rateIntervalMs], [2, 5, 60_000]);
+
+  const cleared = await post(`${base}/clear`, csrf);
+  assert.deepEqual(cleared.json(), { queue: 'api-limited', cleared: true });
+  assert.deepEqual((await post(`${base}/clear`, csrf)).json(), { queue: 'api-limited', cleared: false });
+  assert.deepEqual((await call(`${url}api/queues`)).json().limits, []);
+  const audit = await pool.query(
+    `SELECT actor, action, target FROM ${S}.audit_log
+      WHERE target->>'queue' = 'api-limited' AND NOT result ? 'error' ORDER BY id`,
+  );
+  assert.deepEqual(audit.rows, [
+    {
+      actor: 'dashboard:local',
+      action: 'queue.limit',
+      target: { queue: 'api-limited', maxRunning: 2, rate: { limit: 20, intervalMs: 1000 } },
+    },
+    {
+      actor: 'dashboard:local',
+      action: 'queue.limit',
+      target: { queue: 'api-limited', rate: { limit: 5, intervalMs: 60_000 } },
+    },
+    { actor: 'dashboard:local', action: 'queue.unlimit', target: { queue: 'api-limited' } },
+    { actor: 'dashboard:local', action: 'queue.unlimit', target: { queue: 'api-limited' } },
+  ]);
+  const readOnly = await dashboard({ readOnly: true });
+  const refused = await post(
+    `${readOnly}api/queues/api-limited/limits`,
+    { 'x-berth-csrf': await csrfFor(readOnly) },
+    { maxRunning: 1 },
+  );
+  assert.equal(refused.status, 403);
+});
+
 test('security headers: a CSP without inline script, no framing, no sniffing', async () => {
   const url = await dashboard();
   for (const path of ['', 'api/overview']) {
@@ -648,6 +740,40 @@ test("the overview's oldest due leaves paused queues out (as the metric does); t
       async () => ((await call(`${d.url}api/overview`)).json() as typeof o).oldestDue.queue === 'held',
       5000,
       'held is the headline once resumed',
+    );
+  } finally {
+    await d.close();
+  }
+});
+
+test("the overview's oldest due leaves out a queue at its limit (as the metric does), and counts it below its limit", async () => {
+  const own = await freshSchema('dashboard_limited');
+  const minutesAgo = (m: number) => new Date(Date.now() - m * 60_000);
+  await enqueueMany(
+    own.pool,
+    [0, 1].map((i) => ({ type: 'held.task', payload: { i }, queue: 'held', runAt: minutesAgo(30) })),
+    { schema: own.schema },
+  );
+  await enqueue(own.pool, 'live.task', {}, { schema: own.schema, queue: 'live', runAt: minutesAgo(2) });
+  await promoteDue(own.pool, own.schema);
+  const lane = (await own.pool.query(`SELECT lane_id FROM "${own.schema}".lanes WHERE queue = 'held'`)).rows[0].lane_id;
+  assert.equal((await claim(own.pool, claimParams(own.schema, [lane], 1))).length, 1);
+  await setQueueLimit(own.pool, own.schema, 'held', { maxRunning: 1 }, 'cli:test');
+  const d = await startDashboard({ connectionString: DATABASE_URL, schema: own.schema, port: 0, logger: testLogger });
+  try {
+    const overview = async () =>
+      (await call(`${d.url}api/overview`)).json() as {
+        oldestDue: { seconds: number; queue: string | null };
+        queues: { queue: string; oldestDueSeconds: number }[];
+      };
+    const o = await overview();
+    assert.equal(o.oldestDue.queue, 'live');
+    assert.ok(o.queues.find((q) => q.queue === 'held')!.oldestDueSeconds > 25 * 60, 'its row keeps the age');
+    await setQueueLimit(own.pool, own.schema, 'held', { maxRunning: 2 }, 'cli:test');
+    await waitFor(
+      async () => (await overview()).oldestDue.queue === 'held',
+      5000,
+      'held is the headline below its limit',
     );
   } finally {
     await d.close();

@@ -1,12 +1,21 @@
 import pg from 'pg';
 import { BerthInputError, orNotMigrated } from '../errors.js';
 import { checkInteger, checkKeys, checkText, MAX_ACTOR_CHARS, MAX_QUEUE_BYTES, MAX_TYPE_CHARS } from '../limits.js';
+import type { Logger } from '../logger.js';
 import { type HeldKey, heldKeys, type KeyLimitRow, keyLimits, setKeyLimitRow } from '../storage/keys.js';
 import type { Queryable } from '../sql.js';
-import { limitUsage, type QueueLimitUsage, setQueueLimitRow } from '../storage/limits.js';
+import {
+  limitStatus,
+  limitUsage,
+  type QueueLimitStatus,
+  type QueueLimitUsage,
+  setQueueLimitRow,
+} from '../storage/limits.js';
 import { storageFor } from '../storage/storage.js';
+import { durationText, parseDuration } from '../util/duration.js';
+import { audited } from './audit.js';
 
-export type { QueueLimitUsage } from '../storage/limits.js';
+export type { QueueLimitStatus, QueueLimitUsage } from '../storage/limits.js';
 export type { HeldKey, KeyLimitRow } from '../storage/keys.js';
 
 /** The most tasks a running limit or a rate limit may name. */
@@ -108,9 +117,65 @@ export async function clearQueueLimit(
   return { cleared: had };
 }
 
-/** Every queue limit, with how many tasks it counts as running and the starts in its interval. */
-export async function listQueueLimits(db: Queryable, schema: string): Promise<QueueLimitUsage[]> {
-  return orNotMigrated(schema, () => limitUsage(db, storageFor(schema)));
+/**
+ * Every queue limit, with how many tasks it counts as running, the starts in its interval,
+ * whether the queue is at a limit now and how many due tasks that holds back.
+ */
+export async function listQueueLimits(db: Queryable, schema: string): Promise<QueueLimitStatus[]> {
+  return orNotMigrated(schema, () => limitStatus(db, storageFor(schema)));
+}
+
+/**
+ * setQueueLimit as an operator action, audited (`queue.limit`) under `actor`: what the CLI and
+ * the dashboard run.
+ */
+export function setQueueLimitAudited(
+  db: Queryable,
+  schema: string,
+  logger: Logger | null,
+  actor: string,
+  queue: string,
+  change: QueueLimitChange,
+): Promise<QueueLimitUsage | null> {
+  return audited(db, schema, logger, actor, 'queue.limit', { queue, ...change }, () =>
+    setQueueLimit(db, schema, queue, change, actor),
+  );
+}
+
+/** clearQueueLimit as an operator action, audited (`queue.unlimit`) under `actor`. */
+export function clearQueueLimitAudited(
+  db: Queryable,
+  schema: string,
+  logger: Logger | null,
+  actor: string,
+  queue: string,
+): Promise<{ cleared: boolean }> {
+  return audited(db, schema, logger, actor, 'queue.unlimit', { queue }, () =>
+    clearQueueLimit(db, schema, queue, actor),
+  );
+}
+
+/**
+ * A rate limit as operators write it, `<count>/<interval>` with the interval's unit: `20/1s`,
+ * `100/1m`, `500/250ms`, `1000/1h` (the CLI's `--rate`, the dashboard's form). `field` names it
+ * in the error.
+ */
+export function parseRate(text: string, field = 'rate'): RateLimit {
+  const m = /^\s*(\d+)\s*\/\s*(\S+)\s*$/.exec(text);
+  const interval = m ? parseDuration(m[2]!) : null;
+  if (!m || !interval || 'error' in interval)
+    throw new BerthInputError(
+      `${field} must be a count and an interval with its unit, such as 20/1s or 100/1m (got ${JSON.stringify(text.slice(0, 40))})${interval && 'error' in interval ? `: ${interval.error}` : ''}`,
+    );
+  return {
+    limit: checkInteger(Number(m[1]), `${field}'s count`, '', 1, MAX_LIMIT),
+    intervalMs: checkInteger(interval.ms, `${field}'s interval (ms)`, '', 1, MAX_RATE_INTERVAL_MS),
+  };
+}
+
+/** A rate limit as parseRate reads it: `20/1s`; null when there is none. */
+export function rateText(limit: number | null, intervalMs: number | null): string | null {
+  return limit === null || intervalMs === null ? null : `${limit}/${durationText(intervalMs)}`;
 }
 
 function checkRate(value: unknown): RateLimit {

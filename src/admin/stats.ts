@@ -13,14 +13,15 @@ import {
 import { readMaintenanceReport, type MaintenanceReport } from './worker-report.js';
 import {
   deadRowPredicate,
-  laneCursor,
+  laneBacklogJoins,
+  laneDepth,
+  laneDueDeferred,
   liveEntries,
   unsettledEntriesOf,
   unsettledRanges,
 } from '../storage/predicates.js';
 
-/** Due deferred rows are counted up to this many per lane; more reads as "10000+". */
-export const DUE_COUNT_CAP = 10_000;
+export { DUE_COUNT_CAP } from '../storage/predicates.js';
 
 export interface LaneStat extends Lane {
   laneId: number;
@@ -44,17 +45,12 @@ export async function laneStats(db: Queryable, schema: string): Promise<LaneStat
     const statement = storageFor(schema).statement('admin-lane-stats', ({ q: s }) =>
       positional(
         `SELECT l.lane_id, l.queue, l.priority, l.shard, l.paused,
-              greatest(coalesce(h.seq, 0) - coalesce(c.seq, 0)
-                       - (SELECT count(*) FROM ${s}.tombstones t
-                           WHERE t.lane_id = l.lane_id AND t.lane_seq > coalesce(c.seq, 0)), 0)::text AS depth,
-              (SELECT count(*) FROM (SELECT 1 FROM ${s}.deferred d
-                                      WHERE d.queue = l.queue AND d.priority = l.priority AND d.shard = l.shard
-                                        AND d.run_at <= now() LIMIT ${DUE_COUNT_CAP}) x)::text AS due_deferred,
+              ${laneDepth(s, 'l')}::text AS depth,
+              ${laneDueDeferred(s, 'l')}::text AS due_deferred,
               -- An infinite run_at (no enqueue writes one; the runtime role could) has no age: 0, not an error.
               CASE WHEN isfinite(least(hd.run_at, dd.run_at)) THEN extract(epoch FROM now() - least(hd.run_at, dd.run_at)) END::float8 AS oldest_secs
          FROM ${s}.lanes l
-         LEFT JOIN LATERAL (SELECT max(r.lane_seq) AS seq FROM ${s}.ready r WHERE r.lane_id = l.lane_id) h ON true
-         LEFT JOIN LATERAL (SELECT ${laneCursor(s, 'l.lane_id')} AS seq) c ON true
+         ${laneBacklogJoins(s, 'l')}
          LEFT JOIN LATERAL (
            SELECT r.run_at FROM ${s}.ready r
             WHERE r.lane_id = l.lane_id AND r.lane_seq > coalesce(c.seq, 0)

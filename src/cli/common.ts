@@ -5,6 +5,7 @@ import { createPool, resolveDatabase, type DatabaseTarget } from '../db/connecti
 import { BerthError, BerthInputError } from '../errors.js';
 import { checkText, MAX_ACTOR_CHARS } from '../limits.js';
 import { isTaskId } from '../storage/ids.js';
+import { parseDuration } from '../util/duration.js';
 import { assertMigrated } from '../schema/migrate.js';
 import { escapeControl, jsonSafe, say } from './terminal.js';
 
@@ -68,23 +69,11 @@ export function isoDate(value: string): Date {
   return d;
 }
 
-/**
- * A duration with its unit: 500ms, 30s, 15m, 2h. A bare number is refused: `--delay 30` could
- * mean 30 ms or 30 s, and reading it either way silently is how a task runs a thousand times
- * too early.
- */
+/** A duration with its unit: 500ms, 30s, 15m, 2h (src/util/duration.ts says why a unit is required). */
 export function durationMs(value: string): number {
-  const m = /^(\d+)(ms|s|m|h)$/.exec(value.trim());
-  if (!m) {
-    const bare = /^\d+$/.test(value.trim());
-    throw new InvalidArgumentError(
-      bare
-        ? `"${value}" has no unit: write ${value}ms, ${value}s, ${value}m or ${value}h`
-        : `expected a duration such as 500ms, 30s, 15m or 2h, got "${value}"`,
-    );
-  }
-  const n = Number(m[1]);
-  return n * ({ ms: 1, s: 1000, m: 60_000, h: 3600_000 }[m[2]!] ?? 1);
+  const d = parseDuration(value);
+  if ('error' in d) throw new InvalidArgumentError(d.error);
+  return d.ms;
 }
 
 export function schemaName(value: string): string {
@@ -141,6 +130,27 @@ export function actor(): string {
   } catch {
     return 'cli:unknown';
   }
+}
+
+/**
+ * A group's `list` command: `read` once, printed as JSON with --json, else as `print` lays it
+ * out (a table).
+ */
+export function listCommand<T>(
+  group: Command,
+  description: string,
+  read: (pool: pg.Pool, schema: string) => Promise<T>,
+  print: (data: T) => void,
+): void {
+  common(group.command('list'))
+    .description(description)
+    .action(async (opts: Common) => {
+      await withPool(opts, async (pool) => {
+        const data = await read(pool, opts.schema);
+        if (opts.json) printJson(data);
+        else print(data);
+      });
+    });
 }
 
 /** A short-lived pool for one command, closed afterwards whatever happens. */

@@ -1,23 +1,17 @@
 import type { Command } from 'commander';
 import { audited } from '../admin/audit.js';
 import { listQueues, pauseQueue, resumeQueue } from '../admin/queues.js';
-import { actor, CliFailure, common, printJson, printTable, withPool, type Common } from './common.js';
+import { actor, CliFailure, common, listCommand, printJson, printTable, withPool, type Common } from './common.js';
 import { say } from './terminal.js';
 
 export function registerQueueCommands(program: Command): void {
   const queues = program.command('queues').description('list, pause and resume queues');
-  common(queues.command('list'))
-    .description('every queue with its lanes and pause state')
-    .action(async (opts: Common) => {
-      await withPool(opts, async (pool) => {
-        const qs = await listQueues(pool, opts.schema);
-        if (opts.json) return printJson(qs);
-        printTable(
-          qs.map((q) => ({ ...q, paused: q.paused ? 'yes' : 'no' })),
-          ['queue', 'lanes', 'paused', 'pausedBy', 'pausedAt', 'reason'],
-        );
-      });
-    });
+  listCommand(queues, 'every queue with its lanes and pause state', listQueues, (qs) =>
+    printTable(
+      qs.map((q) => ({ ...q, paused: q.paused ? 'yes' : 'no' })),
+      ['queue', 'lanes', 'paused', 'pausedBy', 'pausedAt', 'reason'],
+    ),
+  );
   common(queues.command('pause <queue>'))
     .description('stop workers claiming from a queue (running tasks finish; enqueue goes on)')
     .option('--reason <text>', 'why, shown by queues list and the dashboard')

@@ -7,7 +7,7 @@ import {
   triggerSchedule,
   type ScheduleInfo,
 } from '../admin/schedules.js';
-import { actor, common, printJson, printTable, withPool, type Common } from './common.js';
+import { actor, common, listCommand, printJson, printTable, withPool, type Common } from './common.js';
 import { escapeControl, jsonSafe, say } from './terminal.js';
 
 /** What a schedule's state is, in one word: paused and stale are the marks an operator acts on. */
@@ -19,22 +19,20 @@ function status(s: ScheduleInfo): string {
 
 export function registerScheduleCommands(program: Command): void {
   const schedules = program.command('schedules').description('recurring tasks: list, show, pause, resume, trigger');
-  common(schedules.command('list'))
-    .description('every schedule: its task and ceiling, next and last fire, the last task, paused and stale marks')
-    .action(async (opts: Common) => {
-      await withPool(opts, async (pool) => {
-        const all = await listSchedules(pool, opts.schema);
-        if (opts.json) return printJson(all);
-        printTable(
-          all.map((s) => ({
-            ...s,
-            status: status(s),
-            lastTask: s.lastTaskId ? `${s.lastTaskId} ${s.lastTaskState ?? '?'}` : null,
-          })),
-          ['name', 'cron', 'timeZone', 'taskType', 'ceilingMs', 'status', 'nextFireAt', 'lastInstant', 'lastTask'],
-        );
-      });
-    });
+  listCommand(
+    schedules,
+    'every schedule: its task and ceiling, next and last fire, the last task, paused and stale marks',
+    listSchedules,
+    (all) =>
+      printTable(
+        all.map((s) => ({
+          ...s,
+          status: status(s),
+          lastTask: s.lastTaskId ? `${s.lastTaskId} ${s.lastTaskState ?? '?'}` : null,
+        })),
+        ['name', 'cron', 'timeZone', 'taskType', 'ceilingMs', 'status', 'nextFireAt', 'lastInstant', 'lastTask'],
+      ),
+  );
   common(schedules.command('show <name>'))
     .description('one schedule in full')
     .action(async (name: string, opts: Common) => {

@@ -8,25 +8,28 @@ import {
   throughput,
   DUE_COUNT_CAP,
 } from '../admin/stats.js';
+import { listQueueLimits } from '../admin/limits.js';
 import { laneLabel } from '../lane.js';
 import { CliFailure, common, duration, printJson, printTable, withPool, type Common } from './common.js';
+import { LIMIT_COLUMNS, limitRows } from './limits.js';
 import { escapeControl, say } from './terminal.js';
 
 export function registerStatsCommands(program: Command): void {
   common(program.command('stats'))
-    .description('queues (pending, running, dead, rates) and lanes (depth, oldest due, paused)')
+    .description('queues (pending, running, dead, rates), lanes (depth, oldest due, paused) and queue limits')
     .addHelpText(
       'after',
       '\nRates are handler outcomes per minute over the last 5 minutes, per queue (from worker heartbeats).',
     )
     .action(async (opts: Common) => {
       await withPool(opts, async (pool) => {
-        const [counts, laneRows, activity, points, workers] = await Promise.all([
+        const [counts, laneRows, activity, points, workers, limits] = await Promise.all([
           taskCounts(pool, opts.schema),
           laneStats(pool, opts.schema),
           laneActivity(pool, opts.schema),
           throughput(pool, opts.schema, 5),
           listWorkers(pool, opts.schema),
+          listQueueLimits(pool, opts.schema),
         ]);
         const lanes = laneRows.map((l) => ({
           ...l,
@@ -84,6 +87,7 @@ export function registerStatsCommands(program: Command): void {
           return printJson({
             queues: rows,
             lanes,
+            limits,
             workers: alive.length,
             slots: alive.reduce((n, w) => n + w.slots, 0),
           });
@@ -107,6 +111,11 @@ export function registerStatsCommands(program: Command): void {
           })),
           ['laneId', 'queue', 'priority', 'shard', 'depth', 'dueDeferred', 'oldestDue', 'running', 'dead', 'paused'],
         );
+        if (limits.length > 0) {
+          say('');
+          // Compact: who set a limit and when is in `berth limits list`.
+          printTable(limitRows(limits), LIMIT_COLUMNS.slice(0, 6));
+        }
         say(
           `\n${alive.length} worker(s) alive, ${alive.reduce((n, w) => n + w.busy, 0)}/${alive.reduce((n, w) => n + w.slots, 0)} slots busy`,
         );

@@ -2,6 +2,13 @@ import { audited } from '../admin/audit.js';
 import { storageFor } from '../storage/storage.js';
 import { purgeDead, retryDead, type DeadFilter } from '../admin/dead.js';
 import { pauseQueue, resumeQueue } from '../admin/queues.js';
+import {
+  clearQueueLimitAudited,
+  parseRate,
+  type QueueLimitChange,
+  rateText,
+  setQueueLimitAudited,
+} from '../admin/limits.js';
 import { setSchedulePaused, triggerSchedule } from '../admin/schedules.js';
 import { cancelTask, deleteTask, retryTask, type TaskActionResult } from '../admin/tasks.js';
 import { BerthInputError } from '../errors.js';
@@ -21,6 +28,8 @@ import {
 import type {
   BulkTaskAnswer,
   DeadActionAnswer,
+  LimitClearAnswer,
+  LimitSetAnswer,
   MoveAnswer,
   QueueActionAnswer,
   ScheduleActionAnswer,
@@ -174,6 +183,30 @@ export function queueAction(
     );
   }
   return run(c, 'queue.resume', { queue }, () => resumeQueue(c.db, c.schema, queue, c.actor));
+}
+
+/**
+ * Set or change a queue's limits (`berth limits set` does the same), audited. The body is
+ * setQueueLimit's change: `maxRunning` and `rate`, each left out to keep it or null to remove
+ * it; `rate` also as the CLI writes it (`"20/1s"`). setQueueLimit refuses the rest, naming the
+ * field (400).
+ */
+export async function setLimitAction(c: ActionContext, queue: string, body: Body): Promise<LimitSetAnswer> {
+  queueName(queue);
+  if (Object.keys(body).length === 0)
+    throw new BerthInputError('a limit needs maxRunning, rate, or both (null removes one)');
+  const change = (typeof body.rate === 'string' ? { ...body, rate: parseRate(body.rate) } : body) as QueueLimitChange;
+  const now = await setQueueLimitAudited(c.db, c.schema, c.logger, c.actor, queue, change);
+  return { queue, limit: now && { maxRunning: now.maxRunning, rate: rateText(now.rateLimit, now.rateIntervalMs) } };
+}
+
+/** Remove every limit of a queue (`berth limits clear`), audited. */
+export async function clearLimitAction(c: ActionContext, queue: string, body: Body): Promise<LimitClearAnswer> {
+  queueName(queue);
+  const extra = Object.keys(body)[0];
+  if (extra !== undefined)
+    throw new BerthInputError(`unknown field "${extra.slice(0, 40)}" in a limit clear (it takes none)`);
+  return { queue, ...(await clearQueueLimitAudited(c.db, c.schema, c.logger, c.actor, queue)) };
 }
 
 /** A schedule paused, resumed or triggered (`berth schedules` does the same), audited. */

@@ -2,11 +2,13 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from '../logger.js';
 import {
   bulkTaskAction,
+  clearLimitAction,
   deadAction,
   isTaskAction,
   moveAction,
   queueAction,
   scheduleAction,
+  setLimitAction,
   taskAction,
   type ActionContext,
 } from './actions.js';
@@ -79,6 +81,11 @@ const ROUTES: Route[] = [
     pattern: new RegExp(`^/api/queues/${SEGMENT}/(pause|resume)$`),
     action: (c, [queue, name], body) => queueAction(c, queue!, name === 'pause' ? 'pause' : 'resume', body),
   },
+  {
+    pattern: new RegExp(`^/api/queues/${SEGMENT}/limits(/clear)?$`),
+    action: (c, [queue, clear], body) =>
+      clear === undefined ? setLimitAction(c, queue!, body) : clearLimitAction(c, queue!, body),
+  },
   { pattern: /^\/api\/schedules$/, read: (r) => read.schedules(r) },
   {
     pattern: new RegExp(`^/api/schedules/${SEGMENT}/(pause|resume|trigger)$`),
@@ -114,7 +121,8 @@ export async function serveApi(
   for (const route of ROUTES) {
     const m = route.pattern.exec(path);
     if (!m) continue;
-    const params = m.slice(1).map(decode);
+    // An optional group that did not match stays undefined (not the text "undefined").
+    const params = m.slice(1).map((p) => (p === undefined ? p : decode(p)));
     if (route.read) {
       if (req.method !== 'GET' && req.method !== 'HEAD') throw new HttpError(405, 'use GET', { allow: 'GET, HEAD' });
       sendJson(res, 200, await route.read(ctx.reads, url, params, { principal, readOnly: ctx.readOnly }));

@@ -14,6 +14,7 @@ import {
   type ThroughputPoint,
   type WorkerInfo,
 } from '../admin/stats.js';
+import { listQueueLimits, type QueueLimitStatus } from '../admin/limits.js';
 import { json } from './http.js';
 import type { MinutePoint, Overview, QueueOverview, Totals } from './wire.js';
 
@@ -29,6 +30,8 @@ export class DashboardReads {
   readonly lanes: CachedReader<LaneStat[]>;
   /** Running and dead per lane: counts rows (leases, dead letters), so cached like `counts`. */
   readonly activity: CachedReader<Map<number, { running: number; dead: number }>>;
+  /** Queue limits and what they hold back: index probes per lane of a limited queue, like `lanes`. */
+  readonly limits: CachedReader<QueueLimitStatus[]>;
 
   /** The schema's storage, for the storage-layer reads (getTaskIn, overdueMarks). */
   readonly storage: Storage;
@@ -46,6 +49,7 @@ export class DashboardReads {
     this.counts = new CachedReader(() => taskCounts(db, schema), COUNTS_TTL_MS);
     this.lanes = new CachedReader(() => laneStats(db, schema), LANES_TTL_MS);
     this.activity = new CachedReader(() => laneActivity(db, schema), COUNTS_TTL_MS);
+    this.limits = new CachedReader(() => listQueueLimits(db, schema), LANES_TTL_MS);
   }
 
   /** Log each worker row that could not be read as written, once (rows are shown without the bad parts). */
@@ -94,9 +98,10 @@ export function minuteSeries(points: ThroughputPoint[], minutes: number, now = D
 
 export async function readOverview(reads: DashboardReads): Promise<Overview> {
   const { db, schema } = reads;
-  const [counts, lanes, workers, leader, points] = await Promise.all([
+  const [counts, lanes, limits, workers, leader, points] = await Promise.all([
     reads.counts.get(),
     reads.lanes.get(),
+    reads.limits.get(),
     listWorkers(db, schema),
     leaderInfo(db, schema),
     throughput(db, schema, THROUGHPUT_MINUTES),
@@ -124,14 +129,15 @@ export async function readOverview(reads: DashboardReads): Promise<Overview> {
     add(t, c);
   }
   const oldestDue = { seconds: 0, queue: null as string | null };
+  const held = new Set(limits.data.filter((l) => l.atLimit).map((l) => l.queue));
   for (const l of lanes.data) {
     const q = queue(l.queue);
     q.depth += l.depth + l.dueDeferred;
     q.oldestDueSeconds = Math.max(q.oldestDueSeconds, l.oldestDueSeconds);
     q.paused ||= l.paused;
-    // As berth_task_oldest_due_seconds: a paused lane is not claimable, so its age is not starvation
-    // (its queue's row keeps the age, next to the paused badge).
-    if (!l.paused && l.oldestDueSeconds > oldestDue.seconds)
+    // As berth_task_oldest_due_seconds: a paused lane is not claimable, and a queue at its limit
+    // waits for the limit, so neither age is starvation (the queue's row keeps the age).
+    if (!l.paused && !held.has(l.queue) && l.oldestDueSeconds > oldestDue.seconds)
       Object.assign(oldestDue, { seconds: l.oldestDueSeconds, queue: l.queue });
   }
   const alive = workers.filter((w) => w.alive);

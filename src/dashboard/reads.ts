@@ -1,6 +1,7 @@
 import { BerthInputError } from '../errors.js';
 import { listAudit } from '../admin/audit.js';
 import { countDead, listDead } from '../admin/dead.js';
+import { listQueueLimits, rateText } from '../admin/limits.js';
 import { listQueues } from '../admin/queues.js';
 import { listSchedules } from '../admin/schedules.js';
 import { leaderInfo, listWorkers } from '../admin/stats.js';
@@ -175,8 +176,14 @@ export async function deadCount(reads: DashboardReads, url: URL): Promise<DeadCo
   return { count: await countDead(reads.db, reads.schema, deadFilter(url)) };
 }
 
+/** Every queue and its pause; every queue limit, how full it is and what it holds back. */
 export async function queues(reads: DashboardReads): Promise<Queues> {
-  return json({ queues: await listQueues(reads.db, reads.schema) });
+  // Not the overview's cached read: an action on this page is shown by the refresh right after it.
+  const [queues, limits] = await Promise.all([
+    listQueues(reads.db, reads.schema),
+    listQueueLimits(reads.db, reads.schema),
+  ]);
+  return json({ queues, limits: limits.map((l) => ({ ...l, rate: rateText(l.rateLimit, l.rateIntervalMs) })) });
 }
 
 export async function schedules(reads: DashboardReads): Promise<Schedules> {

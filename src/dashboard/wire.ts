@@ -290,8 +290,29 @@ export interface QueueRow {
   reason: string | null;
 }
 
+/** A queue's limits and how full they are (src/storage/limits.ts, QueueLimitStatus). */
+export interface LimitRow {
+  queue: string;
+  maxRunning: number | null;
+  /** Tasks of the queue running now, as the limit counts them. */
+  running: number;
+  rateLimit: number | null;
+  rateIntervalMs: number | null;
+  /** The rate limit as it is written (`20/1s`), or null. */
+  rate: string | null;
+  /** Starts within the current rate interval. */
+  started: number;
+  /** At a limit now: running at its max, or the interval's starts used up. */
+  atLimit: boolean;
+  /** Due tasks waiting while the queue is at a limit (0 below its limits). */
+  heldTasks: number;
+  updatedAt: string;
+  updatedBy: string;
+}
+
 export interface Queues {
   queues: QueueRow[];
+  limits: LimitRow[];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -441,6 +462,18 @@ export interface QueueActionAnswer {
   lanes: number;
 }
 
+/** POST /api/queues/:queue/limits: the limits now in force (null: none left). */
+export interface LimitSetAnswer {
+  queue: string;
+  limit: { maxRunning: number | null; rate: string | null } | null;
+}
+
+/** POST /api/queues/:queue/limits/clear: whether the queue had a limit. */
+export interface LimitClearAnswer {
+  queue: string;
+  cleared: boolean;
+}
+
 /** POST /api/schedules/:name/(pause|resume|trigger). */
 export interface ScheduleActionAnswer {
   name: string;
@@ -450,11 +483,13 @@ export interface ScheduleActionAnswer {
   taskId?: string;
 }
 
-/** What an action answers: a task action's result, a bulk count, a queue's lanes, a schedule's. */
+/** What an action answers: a task action's result, a bulk count, a queue's lanes or limits, a schedule's. */
 export type ActionAnswer =
   | TaskActionAnswer
   | MoveAnswer
   | BulkTaskAnswer
   | DeadActionAnswer
   | QueueActionAnswer
+  | LimitSetAnswer
+  | LimitClearAnswer
   | ScheduleActionAnswer;

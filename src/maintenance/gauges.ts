@@ -5,6 +5,7 @@ import { overWindow, readRingWindow, type RingWindow, windowKey } from '../stora
 import type { BerthMetrics } from '../metrics/catalogue.js';
 import { claimableEntry, deadRowPredicate, liveEntries } from '../storage/predicates.js';
 import { liveWorker, liveWorkerParams } from '../storage/live-workers.js';
+import { limitStatus, type QueueLimitStatus } from '../storage/limits.js';
 
 export interface GaugeSnapshot {
   pending: Map<string, number>;
@@ -13,6 +14,8 @@ export interface GaugeSnapshot {
   oldestDueSeconds: number;
   /** Queues paused now. */
   pausedQueues: string[];
+  /** Every queue limit: how full it is, and the due tasks it holds back (its queue is at a limit). */
+  limits: QueueLimitStatus[];
   /** Worker processes whose heartbeat is fresh. */
   workers: number;
 }
@@ -21,7 +24,10 @@ export interface GaugeSnapshot {
  * Read the queue-wide gauges (seed 000's four questions): pending (unfinished; includes
  * running), running (under a live lease), dead (same predicate as retention), and how long
  * the longest-waiting claimable task has been due. A paused queue's work is not claimable, so
- * it is left out of oldest-due: pausing a queue must not page as starvation.
+ * it is left out of oldest-due: pausing a queue must not page as starvation. Nor is the work of
+ * a queue at its limit now (running at its max, or its rate's starts used up): it waits for the
+ * limit, which is what the limit is for (it shows as berth_queue_limit_held_tasks). A limited
+ * queue below its limits is counted: work waiting there with the limit free is starvation.
  */
 export async function readGauges(db: Queryable, schema: string): Promise<GaugeSnapshot> {
   const storage = storageFor(schema);
@@ -39,12 +45,14 @@ export async function readGauges(db: Queryable, schema: string): Promise<GaugeSn
  * the counts are read again over the new window, and after a second miss over the whole ring.
  */
 export async function readGaugesIn(db: Queryable, storage: Storage, window: RingWindow): Promise<GaugeSnapshot> {
-  let counts = await readCounts(db, storage, window.segments);
+  const limits = await limitStatus(db, storage);
+  const held = limits.filter((l) => l.atLimit).map((l) => l.queue);
+  let counts = await readCounts(db, storage, window.segments, held);
   for (let misses = 0; window.segments !== null; misses++) {
     const now = await readRingWindow(db, storage);
     if (covers(window, now)) break;
     window = misses === 0 ? now : { ...now, segments: null };
-    counts = await readCounts(db, storage, window.segments);
+    counts = await readCounts(db, storage, window.segments, held);
   }
   const [staleMs, futureMs] = liveWorkerParams();
   const fleet = await db.query<{ paused: string[]; workers: number }>(
@@ -65,6 +73,7 @@ export async function readGaugesIn(db: Queryable, storage: Storage, window: Ring
     dead: new Map(),
     oldestDueSeconds: 0,
     pausedQueues: fleet.rows[0]!.paused,
+    limits,
     workers: fleet.rows[0]!.workers,
   };
   for (const r of res.rows) {
@@ -86,9 +95,9 @@ function covers(read: RingWindow, now: RingWindow): boolean {
 /**
  * The per-type counts and the oldest due entry, over the ring window's segments (`segments`, or
  * the whole ring when null; see overWindow): one prepared statement per window and session,
- * like the claim's.
+ * like the claim's. The oldest due leaves out paused queues and the queues `held` (at a limit).
  */
-async function readCounts(db: Queryable, storage: Storage, segments: readonly number[] | null) {
+async function readCounts(db: Queryable, storage: Storage, segments: readonly number[] | null, held: string[]) {
   const key = windowKey({ generation: '', segments });
   const pending = storage.statement(`gauges-pending${key}`, (schema) => {
     const { name, q: s } = schema;
@@ -124,18 +133,19 @@ async function readCounts(db: Queryable, storage: Storage, segments: readonly nu
         CROSS JOIN LATERAL (
           SELECT min(r.run_at) AS run_at FROM ${s}.ready r
            WHERE ${claimableEntry(s, 'pl')}) h
-        WHERE NOT pl.paused
+        WHERE NOT pl.paused AND pl.queue <> ALL ($1::text[])
        UNION ALL
        SELECT min(run_at) FROM ${s}.deferred
-        WHERE run_at <= now() AND queue NOT IN (SELECT q.queue FROM ${s}.queue_pauses q)) x`,
+        WHERE run_at <= now() AND queue NOT IN (SELECT q.queue FROM ${s}.queue_pauses q)
+          AND queue <> ALL ($1::text[])) x`,
         schema,
         segments,
       ),
-      [],
+      ['held'],
       statementName(`berth-gauges-oldest:${name}${key}`),
     );
   });
-  const oldest = await queryRingRead<{ secs: number | null }>(db, oldestDue);
+  const oldest = await queryRingRead<{ secs: number | null }>(db, oldestDue, oldestDue.values({ held }));
   return { res, oldest };
 }
 
@@ -146,6 +156,7 @@ export function resetGauges(metrics: BerthMetrics): void {
   metrics.dead.reset();
   metrics.oldestDueSeconds.reset();
   metrics.queuePaused.reset();
+  for (const g of limitGauges(metrics)) g.reset();
   metrics.workers.reset();
   metrics.rescueHeld.reset();
   metrics.scheduleLastFire.reset();
@@ -166,5 +177,30 @@ export function publishGauges(metrics: BerthMetrics, snap: GaugeSnapshot): void 
   metrics.oldestDueSeconds.set(snap.oldestDueSeconds);
   metrics.queuePaused.reset();
   for (const q of snap.pausedQueues) metrics.queuePaused.set({ queue: q }, 1);
+  // Reset, then set: a queue whose limit was cleared since the last run loses its series.
+  for (const g of limitGauges(metrics)) g.reset();
+  for (const l of snap.limits) {
+    const queue = { queue: l.queue };
+    metrics.limitRunning.set(queue, l.running);
+    metrics.limitHeldTasks.set(queue, l.heldTasks);
+    if (l.maxRunning !== null) metrics.limitMaxRunning.set(queue, l.maxRunning);
+    if (l.rateLimit !== null && l.rateIntervalMs !== null) {
+      metrics.limitRate.set(queue, l.rateLimit);
+      metrics.limitRateIntervalSeconds.set(queue, l.rateIntervalMs / 1000);
+      metrics.limitRateStarts.set(queue, l.started);
+    }
+  }
   metrics.workers.set(snap.workers);
+}
+
+/** The per-queue limit gauges, reset together. */
+function limitGauges(metrics: BerthMetrics) {
+  return [
+    metrics.limitMaxRunning,
+    metrics.limitRunning,
+    metrics.limitRate,
+    metrics.limitRateIntervalSeconds,
+    metrics.limitRateStarts,
+    metrics.limitHeldTasks,
+  ];
 }

@@ -106,6 +106,12 @@ export class BerthMetrics {
   readonly scheduleLastFire: GaugeMetric<'schedule'>;
   readonly scheduleInterval: GaugeMetric<'schedule'>;
   readonly queuePaused: GaugeMetric<'queue'>;
+  readonly limitMaxRunning: GaugeMetric<'queue'>;
+  readonly limitRunning: GaugeMetric<'queue'>;
+  readonly limitRate: GaugeMetric<'queue'>;
+  readonly limitRateIntervalSeconds: GaugeMetric<'queue'>;
+  readonly limitRateStarts: GaugeMetric<'queue'>;
+  readonly limitHeldTasks: GaugeMetric<'queue'>;
   readonly workers: GaugeMetric;
 
   /** `new BerthMetrics()`, `new BerthMetrics(registry)` or `new BerthMetrics({ registry, meter })`. */
@@ -170,7 +176,7 @@ export class BerthMetrics {
     this.dead = gauge('berth_tasks_dead', 'Dead letters by type', 'max', ['task_type']);
     this.oldestDueSeconds = gauge(
       'berth_task_oldest_due_seconds',
-      'How long the longest-waiting claimable task has been due',
+      'How long the longest-waiting claimable task has been due; paused queues and queues at a limit are left out',
       'max',
     );
     this.slots = gauge('berth_task_slots', 'Worker slots in this process', 'sum');
@@ -270,6 +276,34 @@ export class BerthMetrics {
       '1 while the queue is paused; exported by the maintenance leader',
       'max',
       ['queue'],
+    );
+    // A queue's limits (setQueueLimit, `berth limits`), one series per limited queue; a cleared
+    // limit's series go with the next gauge run (publishGauges resets them).
+    const limitGauge = (name: string, help: string) =>
+      gauge(name, `${help}; exported by the maintenance leader`, 'max', ['queue']);
+    this.limitMaxRunning = limitGauge(
+      'berth_queue_limit_max_running',
+      "The queue's running limit: at most this many of its tasks run at once across the fleet",
+    );
+    this.limitRunning = limitGauge(
+      'berth_queue_limit_running',
+      'Tasks of a limited queue running now, as its limit counts them (leased and not settled)',
+    );
+    this.limitRate = limitGauge(
+      'berth_queue_limit_rate',
+      "The queue's rate limit: at most this many starts per berth_queue_limit_rate_interval_seconds",
+    );
+    this.limitRateIntervalSeconds = limitGauge(
+      'berth_queue_limit_rate_interval_seconds',
+      "The interval of the queue's rate limit, in seconds",
+    );
+    this.limitRateStarts = limitGauge(
+      'berth_queue_limit_rate_starts',
+      'Starts of a rate-limited queue within the current interval',
+    );
+    this.limitHeldTasks = limitGauge(
+      'berth_queue_limit_held_tasks',
+      'Due tasks of a limited queue waiting while it is at a limit (0 below its limits); left out of berth_task_oldest_due_seconds',
     );
     this.workers = gauge(
       'berth_workers',

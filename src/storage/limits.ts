@@ -1,5 +1,6 @@
 import type { Queryable } from '../sql.js';
 import { compile, p, sql } from '../statement.js';
+import { laneBacklogJoins, laneDepth, laneDueDeferred } from './predicates.js';
 import type { Storage } from './storage.js';
 
 /**
@@ -102,17 +103,68 @@ export async function limitUsage(db: Queryable, storage: Storage): Promise<Queue
             FROM ${s}.limit_usage()`,
     ),
   );
-  const res = await db.query<{
-    queue: string;
-    max_running: number | null;
-    running: number;
-    rate_limit: number | null;
-    rate_interval_ms: number | null;
-    started: number;
-    updated_at: Date;
-    updated_by: string;
-  }>(statement.query({}));
-  return res.rows.map((r) => ({
+  const res = await db.query<UsageRow>(statement.query({}));
+  return res.rows.map(usageOf);
+}
+
+/** A limit, how full it is, and what it holds back now. */
+export interface QueueLimitStatus extends QueueLimitUsage {
+  /**
+   * The queue is at a limit now: running >= maxRunning, or starts in the interval >= the rate
+   * limit. Its due tasks then wait for the limit, not for a worker: they are held, not starved.
+   */
+  atLimit: boolean;
+  /**
+   * Due tasks of the queue waiting while it is at a limit (ready entries nobody leased, and due
+   * deferred rows not yet promoted, these counted up to DUE_COUNT_CAP per lane); 0 below its limits.
+   */
+  heldTasks: number;
+}
+
+/**
+ * Every limit with its usage (limit_usage()) and the queue's due tasks waiting, from index
+ * probes per lane of the limited queues only (the lane stats' own expressions). The CLI's
+ * `limits list` and `stats`, the dashboard and the leader's gauges all read it, so they agree
+ * on which queue is held and by how much.
+ */
+export async function limitStatus(db: Queryable, storage: Storage): Promise<QueueLimitStatus[]> {
+  const statement = storage.statement('limit-status', ({ q: s }) =>
+    compile(
+      sql`SELECT u.queue, u.max_running, u.running, u.rate_limit, u.rate_interval_ms, u.started, u.updated_at,
+                 u.updated_by, coalesce(w.waiting, 0)::text AS waiting
+            FROM ${s}.limit_usage() u
+            LEFT JOIN LATERAL (
+              SELECT sum(${laneDepth(s, 'l')} + ${laneDueDeferred(s, 'l')}) AS waiting
+                FROM ${s}.lanes l
+                ${laneBacklogJoins(s, 'l')}
+               WHERE l.queue = u.queue) w ON true
+           ORDER BY u.queue`,
+    ),
+  );
+  const res = await db.query<UsageRow & { waiting: string }>(statement.query({}));
+  return res.rows.map((r) => {
+    const usage = usageOf(r);
+    const atLimit =
+      (usage.maxRunning !== null && usage.running >= usage.maxRunning) ||
+      (usage.rateLimit !== null && usage.started >= usage.rateLimit);
+    return { ...usage, atLimit, heldTasks: atLimit ? Number(r.waiting) : 0 };
+  });
+}
+
+/** A row of limit_usage(). */
+interface UsageRow {
+  queue: string;
+  max_running: number | null;
+  running: number;
+  rate_limit: number | null;
+  rate_interval_ms: number | null;
+  started: number;
+  updated_at: Date;
+  updated_by: string;
+}
+
+function usageOf(r: UsageRow): QueueLimitUsage {
+  return {
     queue: r.queue,
     maxRunning: r.max_running,
     running: r.running,
@@ -121,7 +173,7 @@ export async function limitUsage(db: Queryable, storage: Storage): Promise<Queue
     started: r.started,
     updatedAt: r.updated_at,
     updatedBy: r.updated_by,
-  }));
+  };
 }
 
 /**

@@ -209,3 +209,30 @@ function claimableInWindow<N extends string>(
             FROM (${joinSql(bySegment, ' UNION ALL ')}) x
            ORDER BY x.lane_seq LIMIT ${limit})`;
 }
+
+/** Due deferred rows are counted up to this many per lane; more reads as "10000+". */
+export const DUE_COUNT_CAP = 10_000;
+
+/**
+ * What a lane (alias `lane`) has waiting, from index probes only (cost per lane, not per task),
+ * for `berth stats`, the dashboard and the queue-limit reads: `laneBacklogJoins` adds the two
+ * LATERALs (`h.seq`, the ready head; `c.seq`, the claim cursor) that `laneDepth` reads.
+ */
+export function laneBacklogJoins(s: string, lane: string): string {
+  return `LEFT JOIN LATERAL (SELECT max(r.lane_seq) AS seq FROM ${s}.ready r WHERE r.lane_id = ${lane}.lane_id) h ON true
+         LEFT JOIN LATERAL (SELECT ${laneCursor(s, `${lane}.lane_id`)} AS seq) c ON true`;
+}
+
+/** Entries appended past the lane's claim cursor, less the removed (tombstoned) ones (see laneBacklogJoins). */
+export function laneDepth(s: string, lane: string): string {
+  return `greatest(coalesce(h.seq, 0) - coalesce(c.seq, 0)
+                       - (SELECT count(*) FROM ${s}.tombstones t
+                           WHERE t.lane_id = ${lane}.lane_id AND t.lane_seq > coalesce(c.seq, 0)), 0)`;
+}
+
+/** The lane's due deferred rows waiting for promotion, counted up to DUE_COUNT_CAP. */
+export function laneDueDeferred(s: string, lane: string): string {
+  return `(SELECT count(*) FROM (SELECT 1 FROM ${s}.deferred d
+                                      WHERE d.queue = ${lane}.queue AND d.priority = ${lane}.priority AND d.shard = ${lane}.shard
+                                        AND d.run_at <= now() LIMIT ${DUE_COUNT_CAP}) x)`;
+}

@@ -1,3 +1,4 @@
+import assert from 'node:assert/strict';
 import { main } from '../../src/cli.js';
 
 /**
@@ -35,4 +36,19 @@ export async function runCli(
       else process.env[k] = v;
     }
   }
+}
+
+/**
+ * `runCli` on one test file's schema and the test database (`berth`), and the same for a
+ * command's `--json` output (`berthJson`: a non-zero exit fails with what it printed to stderr,
+ * not with a JSON parse error).
+ */
+export function cliOn(schema: string, databaseUrl: string) {
+  const berth = (...args: string[]) => runCli([...args, '--schema', schema, '--database-url', databaseUrl]);
+  const berthJson = async <T>(...args: string[]): Promise<T> => {
+    const r = await berth(...args);
+    assert.equal(r.code, 0, `berth ${args.join(' ')}: exit ${r.code}: ${r.err}`);
+    return JSON.parse(r.out) as T;
+  };
+  return { berth, berthJson };
 }

@@ -1,7 +1,7 @@
 import { messageOf, post } from './api.js';
 import { h } from './dom.js';
 import { confirmDialog, toast } from './feedback.js';
-import { json, num } from './format.js';
+import { json, limitText, num } from './format.js';
 import { refresh } from './live.js';
 import { READ_ONLY } from './shell.js';
 import type { ActionAnswer } from '../wire.js';
@@ -14,6 +14,8 @@ function describe(answer: ActionAnswer | null): string {
     return `${num(answer.matched)} matched, ${num(answer.changed)} changed${answer.duplicates ? `, ${num(answer.duplicates)} left (duplicate key)` : ''}`;
   }
   if ('lanes' in answer && typeof answer.lanes === 'number') return `${num(answer.lanes)} lane(s) changed`;
+  if ('limit' in answer) return answer.limit ? limitText(answer.limit) : 'no limits left';
+  if ('cleared' in answer) return answer.cleared ? 'limits cleared' : 'it had no limits';
   if ('taskId' in answer && typeof answer.taskId === 'string') return `task ${answer.taskId} enqueued`;
   if ('changed' in answer && typeof answer.changed === 'boolean') return answer.changed ? 'done' : 'no change';
   return json(answer);

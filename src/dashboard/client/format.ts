@@ -68,3 +68,8 @@ export function clip(text: string | null | undefined, n: number): string {
   if (!text) return '';
   return text.length > n ? `${text.slice(0, n)}…` : text;
 }
+
+/** A queue's limits in a few words: "max 5 running, 20/1s" (the rate as the CLI writes it). */
+export function limitText(l: { maxRunning: number | null; rate: string | null }): string {
+  return [l.maxRunning === null ? null : `max ${num(l.maxRunning)} running`, l.rate].filter(Boolean).join(', ');
+}

@@ -1,15 +1,134 @@
 import { act, actionButton } from '../actions.js';
 import { api } from '../api.js';
 import { append, clear, h } from '../dom.js';
+import { limitText, num } from '../format.js';
 import { READ_ONLY } from '../shell.js';
 import type { View } from '../view.js';
 import { badge, table, when } from '../widgets.js';
-import type { Queues } from '../../wire.js';
+import type { LimitRow, Queues } from '../../wire.js';
+
+/** The at-limit mark: the queue's due work waits for its limit, not for a worker. */
+function heldCell(l: LimitRow) {
+  return l.atLimit ? [num(l.heldTasks), ' ', badge('at limit', 'paused')] : num(l.heldTasks);
+}
+
+/**
+ * The fields that set a queue's limits (`key` keeps what is typed across refreshes), and what
+ * they post: an empty field removes that limit; the rate is written as the CLI takes it (20/1s).
+ * A max that is not a number is sent as typed, for the server to refuse naming the field.
+ */
+function limitFields(key: string, current: LimitRow | undefined) {
+  // `field` is the body field the input sets (and its data-field, for tests and styles).
+  const input = (field: string, placeholder: string, value: string | number | null | undefined, size: number) =>
+    h('input', {
+      type: 'text',
+      placeholder,
+      'data-keep': `limit-${field}:${key}`,
+      'data-field': field,
+      value: value ?? '',
+      size,
+    });
+  const max = input('maxRunning', 'max running', current?.maxRunning, 8);
+  const rate = input('rate', 'rate, e.g. 20/1s', current?.rate, 12);
+  const body = () => {
+    const m = max.value.trim();
+    const n = Number(m);
+    return { maxRunning: m === '' ? null : Number.isInteger(n) ? n : m, rate: rate.value.trim() || null };
+  };
+  return { inputs: [max, ' ', rate], body };
+}
+
+/** The limits panel: each limit with how full it is, and the forms that set, change and clear them. */
+function limitsPanel(d: Queues) {
+  const limited = new Set(d.limits.map((l) => l.queue));
+  const rows = d.limits.map((l) => {
+    const base = `/api/queues/${encodeURIComponent(l.queue)}/limits`;
+    const fields = limitFields(l.queue, l);
+    return {
+      attrs: { 'data-limit': l.queue },
+      cells: [
+        l.queue,
+        l.maxRunning === null ? '' : num(l.maxRunning),
+        num(l.running),
+        l.rate ?? '',
+        l.rate === null ? '' : num(l.started),
+        heldCell(l),
+        l.updatedBy,
+        when(l.updatedAt),
+        READ_ONLY
+          ? ''
+          : h('span', { class: 'row-actions' }, [
+              fields.inputs,
+              ' ',
+              actionButton('Save', () => act(`Limit ${l.queue}`, base, fields.body())),
+              ' ',
+              actionButton(
+                'Clear',
+                () => act(`Clear limits of ${l.queue}`, `${base}/clear`, {}, `Remove every limit of ${l.queue}?`),
+                'danger',
+              ),
+            ]),
+      ],
+    };
+  });
+  const free = d.queues.filter((q) => !limited.has(q.queue)).map((q) => q.queue);
+  const queue = h('input', {
+    type: 'text',
+    list: 'limit-queues',
+    placeholder: 'queue',
+    'data-keep': 'limit-queue:new',
+    size: 16,
+  });
+  const fields = limitFields('new', undefined);
+  const add = () => {
+    const name = queue.value;
+    return act(`Limit ${name}`, `/api/queues/${encodeURIComponent(name)}/limits`, fields.body());
+  };
+  return h('section', { id: 'limits' }, [
+    h('h2', {}, 'Limits'),
+    h(
+      'p',
+      { class: 'muted' },
+      'At most N tasks of a queue running at once, and at most N starts per interval, across every worker. Tasks already running count against a new limit. Held: due tasks waiting while the queue is at its limit. An empty field removes that limit.',
+    ),
+    table(
+      [
+        'Queue',
+        'Max running',
+        'Running',
+        'Rate',
+        'Starts in interval',
+        'Held',
+        'Set by',
+        'Since',
+        READ_ONLY ? '' : 'Change',
+      ],
+      rows,
+      'No queue is limited.',
+    ),
+    READ_ONLY
+      ? ''
+      : h('p', { class: 'row-actions', id: 'limit-new' }, [
+          h(
+            'datalist',
+            { id: 'limit-queues' },
+            free.map((q) => h('option', { value: q })),
+          ),
+          'Limit a queue: ',
+          queue,
+          ' ',
+          fields.inputs,
+          ' ',
+          actionButton('Set limit', add),
+        ]),
+  ]);
+}
 
 export const queues: View<Queues> = {
   title: 'Queues',
   load: () => api<Queues>('/api/queues'),
   render: (el, d) => {
+    const limits = new Map(d.limits.map((l) => [l.queue, l]));
     append(clear(el), [
       h(
         'p',
@@ -17,7 +136,7 @@ export const queues: View<Queues> = {
         'A paused queue keeps accepting tasks; workers stop claiming from it until it is resumed. Running tasks finish.',
       ),
       table(
-        ['Queue', 'Lanes', 'State', 'Paused by', 'Since', 'Reason', READ_ONLY ? '' : 'Action'],
+        ['Queue', 'Lanes', 'State', 'Paused by', 'Since', 'Reason', 'Limits', READ_ONLY ? '' : 'Action'],
         d.queues.map((q) => {
           const reason = h('input', {
             type: 'text',
@@ -28,6 +147,7 @@ export const queues: View<Queues> = {
           const base = `/api/queues/${encodeURIComponent(q.queue)}`;
           const pause = () =>
             act(`Pause ${q.queue}`, `${base}/pause`, reason.value.trim() ? { reason: reason.value.trim() } : {});
+          const limit = limits.get(q.queue);
           return {
             attrs: { 'data-queue': q.queue },
             cells: [
@@ -37,6 +157,7 @@ export const queues: View<Queues> = {
               q.pausedBy || '',
               q.pausedAt ? when(q.pausedAt) : '',
               q.reason || '',
+              limit ? [limitText(limit), limit.atLimit ? [' ', badge('at limit', 'paused')] : ''] : '',
               READ_ONLY
                 ? ''
                 : q.paused
@@ -47,6 +168,7 @@ export const queues: View<Queues> = {
         }),
         'No queues yet.',
       ),
+      limitsPanel(d),
     ]);
   },
 };
