@@ -281,3 +281,20 @@ test('runDueTasks admits held keyed tasks; a retry and a dead letter retried wai
     ['completed'],
   );
 });
+
+test('this code refuses a schema of migration 28, which has no concurrency keys, naming the fix', async () => {
+  const { assertMigrated, SchemaNotMigratedError } = await import('../src/index.js');
+  const { migrateUpTo } = await import('./helpers.js');
+  const old = `${schema}_v28`;
+  await pool.query(`DROP SCHEMA IF EXISTS "${old}" CASCADE`);
+  await pool.query(`CREATE SCHEMA "${old}"`);
+  try {
+    await migrateUpTo(pool, old, 28);
+    await assert.rejects(
+      assertMigrated(pool, old),
+      (err: Error) => err instanceof SchemaNotMigratedError && /older than this code .*berth migrate --schema/.test(err.message),
+    );
+  } finally {
+    await pool.query(`DROP SCHEMA IF EXISTS "${old}" CASCADE`);
+  }
+});

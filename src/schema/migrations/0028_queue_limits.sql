@@ -129,12 +129,16 @@ DECLARE
 BEGIN
   SELECT * INTO v FROM {{schema}}.queue_limits WHERE queue = p_queue;
   IF NOT FOUND THEN RETURN 0; END IF;
-  INSERT INTO {{schema}}.limit_holders (queue, slot, lane_id, lease_from, n)
-  SELECT p_queue, l.slot, l.lane_id, l.from_seq, l.n
-    FROM unnest(p_slots, p_lanes, p_froms) AS u(slot, lane_id, lease_from)
-    JOIN {{schema}}.range_leases l ON l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.slot = u.slot
-    JOIN {{schema}}.lanes ln ON ln.lane_id = l.lane_id AND ln.queue = p_queue
-  ON CONFLICT DO NOTHING;
+  -- Holders only under a running limit: a rate-only queue's leases would pile up unread (a
+  -- running limit set later counts the leases then running itself, set_queue_limit()).
+  IF v.max_running IS NOT NULL THEN
+    INSERT INTO {{schema}}.limit_holders (queue, slot, lane_id, lease_from, n)
+    SELECT p_queue, l.slot, l.lane_id, l.from_seq, l.n
+      FROM unnest(p_slots, p_lanes, p_froms) AS u(slot, lane_id, lease_from)
+      JOIN {{schema}}.range_leases l ON l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.slot = u.slot
+      JOIN {{schema}}.lanes ln ON ln.lane_id = l.lane_id AND ln.queue = p_queue
+    ON CONFLICT DO NOTHING;
+  END IF;
   GET DIAGNOSTICS v_n = ROW_COUNT;
   IF v.rate_limit IS NOT NULL THEN
     INSERT INTO {{schema}}.limit_starts (queue, started_at, n)
@@ -212,9 +216,12 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $f
          (SELECT coalesce(sum({{schema}}.holder_running(h)), 0)::integer
             FROM {{schema}}.limit_holders h WHERE h.queue = q.queue),
          q.rate_limit, q.rate_interval_ms,
+         -- Over the window the claim counts (the interval plus its guard: limit_capacity), so a
+         -- queue reads as at its rate exactly when a claim would find no room.
          (SELECT coalesce(sum(s.n), 0)::integer FROM {{schema}}.limit_starts s
            WHERE s.queue = q.queue AND q.rate_limit IS NOT NULL
-             AND s.started_at > clock_timestamp() - make_interval(secs => q.rate_interval_ms / 1000.0)),
+             AND s.started_at > clock_timestamp()
+                                - make_interval(secs => (q.rate_interval_ms + least(q.rate_interval_ms / 10, 250)) / 1000.0)),
          q.updated_at, q.updated_by
     FROM {{schema}}.queue_limits q
    ORDER BY q.queue
