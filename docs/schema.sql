@@ -792,7 +792,7 @@ CREATE FUNCTION berth.hold_leases(p_queue text, p_slots smallint[], p_lanes inte
     AS $$
 DECLARE
   v "berth".queue_limits;
-  v_n integer;
+  v_n integer := 0;
 BEGIN
   SELECT * INTO v FROM "berth".queue_limits WHERE queue = p_queue;
   IF NOT FOUND THEN RETURN 0; END IF;
@@ -805,14 +805,16 @@ BEGIN
       JOIN "berth".range_leases l ON l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.slot = u.slot
       JOIN "berth".lanes ln ON ln.lane_id = l.lane_id AND ln.queue = p_queue
     ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
   END IF;
-  GET DIAGNOSTICS v_n = ROW_COUNT;
+  -- Starts: only of leases of this queue's lanes, once per lease.
   IF v.rate_limit IS NOT NULL THEN
-    INSERT INTO "berth".limit_starts (queue, started_at, n)
-    SELECT p_queue, clock_timestamp(), sum(l.n)
+    INSERT INTO "berth".limit_starts (queue, slot, lane_id, lease_from, started_at, n)
+    SELECT p_queue, l.slot, l.lane_id, l.from_seq, clock_timestamp(), l.n
       FROM unnest(p_slots, p_lanes, p_froms) AS u(slot, lane_id, lease_from)
       JOIN "berth".range_leases l ON l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.slot = u.slot
-    HAVING sum(l.n) > 0;
+      JOIN "berth".lanes ln ON ln.lane_id = l.lane_id AND ln.queue = p_queue
+    ON CONFLICT DO NOTHING;
   END IF;
   RETURN v_n;
 END $$;
@@ -890,14 +892,35 @@ BEGIN
     RAISE EXCEPTION 'berth: limit_capacity: queue must not be null' USING ERRCODE = '22004';
   END IF;
   free := greatest(coalesce(p_want, 0), 0);
-  SELECT * INTO v FROM "berth".queue_limits WHERE queue = p_queue FOR UPDATE;
-  -- No limit (cleared since the caller looked): nothing is started by this path; the lanes are
-  -- ordinary again and the ordinary claim takes them.
-  IF NOT FOUND THEN free := 0; RETURN; END IF;
+  -- SKIP LOCKED: a claimer that holds the row (another worker mid-claim, paused by a GC or the
+  -- network) must not hold up this one's fetch, which claims the other queues on the same
+  -- session. A locked row answers "no room now, look again shortly".
+  SELECT * INTO v FROM "berth".queue_limits WHERE queue = p_queue FOR UPDATE SKIP LOCKED;
+  IF NOT FOUND THEN
+    free := 0;
+    -- Cleared since the caller looked: nothing is started by this path (the lanes are ordinary
+    -- again and the ordinary claim takes them). Locked: retry soon.
+    IF EXISTS (SELECT 1 FROM "berth".queue_limits WHERE queue = p_queue) THEN retry_ms := 50; END IF;
+    RETURN;
+  END IF;
   IF v.max_running IS NOT NULL THEN
-    DELETE FROM "berth".limit_holders h WHERE h.queue = p_queue AND "berth".holder_running(h) <= 0;
-    SELECT coalesce(sum("berth".holder_running(h)), 0) INTO v_running
-      FROM "berth".limit_holders h WHERE h.queue = p_queue;
+    -- One statement over the queue's holders: each lease's entries less its settled ones (0 when
+    -- the lease is gone with its segment); the empty ones are forgotten, the rest summed.
+    WITH h AS MATERIALIZED (
+      SELECT h.lane_id, h.lease_from, h.slot,
+             coalesce(l.n - coalesce((SELECT sum(x.n) FROM "berth".range_settlements x
+                                       WHERE x.lane_id = h.lane_id AND x.lease_from = h.lease_from
+                                         AND x.slot = h.slot), 0), 0)::integer AS running
+        FROM "berth".limit_holders h
+        LEFT JOIN "berth".range_leases l
+          ON l.lane_id = h.lane_id AND l.from_seq = h.lease_from AND l.slot = h.slot
+       WHERE h.queue = p_queue
+    ), gone AS (
+      DELETE FROM "berth".limit_holders d USING h
+       WHERE d.queue = p_queue AND d.lane_id = h.lane_id AND d.lease_from = h.lease_from AND d.slot = h.slot
+         AND h.running <= 0
+    )
+    SELECT coalesce(sum(h.running) FILTER (WHERE h.running > 0), 0) INTO v_running FROM h;
     free := least(free, v.max_running - v_running);
   END IF;
   IF v.rate_limit IS NOT NULL THEN
@@ -918,7 +941,9 @@ BEGIN
       free := v.rate_limit - v_started;
       -- When the oldest start in the window leaves it, the rate frees: the caller may come back
       -- then rather than at its next poll (nothing else tells it).
-      retry_ms := greatest(1, ceil(extract(epoch FROM v_oldest + v_window - clock_timestamp()) * 1000))::integer;
+      IF v_oldest IS NOT NULL THEN
+        retry_ms := greatest(1, ceil(extract(epoch FROM v_oldest + v_window - clock_timestamp()) * 1000))::integer;
+      END IF;
     END IF;
   END IF;
   free := greatest(free, 0);
@@ -961,6 +986,10 @@ BEGIN
     RAISE EXCEPTION 'berth: move_task arguments must not be null' USING ERRCODE = '22004';
   END IF;
   PERFORM "berth".check_queue('move_task', p_queue);
+  -- The destination queue's lock first, before any lane row: provision_lane takes it for a new
+  -- lane, and set_queue_paused / set_queue_limit take it and then update the queue's lanes, so
+  -- taking it after locking a lane row (the version bump below) deadlocked against them.
+  PERFORM pg_advisory_xact_lock(hashtextextended('berth:queue:' || p_queue, 0));
   UPDATE "berth".deferred SET queue = p_queue, priority = p_priority WHERE id = p_id;
   IF FOUND THEN RETURN 'moved'; END IF;
   SELECT e.* INTO r FROM "berth".ready e
@@ -1704,30 +1733,50 @@ BEGIN
 END $$;
 
 --
--- Name: set_queue_limit(text, integer, integer, integer, text); Type: FUNCTION; Schema: berth; Owner: -
+-- Name: set_queue_limit(text, integer, integer, integer, text, boolean, boolean); Type: FUNCTION; Schema: berth; Owner: -
 --
 
-CREATE FUNCTION berth.set_queue_limit(p_queue text, p_max_running integer, p_rate_limit integer, p_rate_interval_ms integer, p_actor text) RETURNS integer
+CREATE FUNCTION berth.set_queue_limit(p_queue text, p_max_running integer, p_rate_limit integer, p_rate_interval_ms integer, p_actor text, p_keep_max boolean, p_keep_rate boolean) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-  v_limited boolean := p_max_running IS NOT NULL OR p_rate_limit IS NOT NULL;
+  v_limited boolean;
+  v_cur "berth".queue_limits;
   v_n integer;
   v_lane integer;
 BEGIN
   IF p_queue IS NULL OR p_actor IS NULL THEN
     RAISE EXCEPTION 'berth: set_queue_limit: queue and actor must not be null' USING ERRCODE = '22004';
   END IF;
+  -- An operator's change waits at most this long for a claim holding the queue's limit row
+  -- (a claim holds it for milliseconds; a session holding it longer is broken or hostile).
+  PERFORM set_config('lock_timeout', '2s', true);
+  PERFORM pg_advisory_xact_lock(hashtextextended('berth:queue:' || p_queue, 0));
+  IF coalesce(p_keep_max, false) OR coalesce(p_keep_rate, false) THEN
+    SELECT * INTO v_cur FROM "berth".queue_limits WHERE queue = p_queue;
+    IF coalesce(p_keep_max, false) THEN p_max_running := v_cur.max_running; END IF;
+    IF coalesce(p_keep_rate, false) THEN
+      p_rate_limit := v_cur.rate_limit;
+      p_rate_interval_ms := v_cur.rate_interval_ms;
+    END IF;
+  END IF;
   IF (p_rate_limit IS NULL) <> (p_rate_interval_ms IS NULL) THEN
     RAISE EXCEPTION 'berth: set_queue_limit: a rate limit needs both a count and an interval' USING ERRCODE = '22023';
   END IF;
-  PERFORM pg_advisory_xact_lock(hashtextextended('berth:queue:' || p_queue, 0));
+  v_limited := p_max_running IS NOT NULL OR p_rate_limit IS NOT NULL;
   IF v_limited AND NOT EXISTS (SELECT 1 FROM "berth".lanes WHERE queue = p_queue)
-     AND NOT EXISTS (SELECT 1 FROM "berth".queue_pauses WHERE queue = p_queue) THEN
+     AND NOT EXISTS (SELECT 1 FROM "berth".queue_pauses WHERE queue = p_queue)
+     AND NOT EXISTS (SELECT 1 FROM "berth".deferred WHERE queue = p_queue) THEN
     RAISE EXCEPTION 'berth: set_queue_limit: queue "%" does not exist (no task was ever enqueued to it)', p_queue
       USING ERRCODE = '22023';
   END IF;
+  -- The lanes first: the UPDATE waits for an ordinary claim holding a lane, so every lease it
+  -- commits is visible to the holders' read below (a later statement, a later snapshot), and
+  -- every claim after it sees the lane limited.
+  UPDATE "berth".lanes SET limited = v_limited, version = version + 1
+   WHERE queue = p_queue AND limited IS DISTINCT FROM v_limited;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
   IF v_limited THEN
     INSERT INTO "berth".queue_limits (queue, max_running, rate_limit, rate_interval_ms, updated_at, updated_by)
     VALUES (p_queue, p_max_running, p_rate_limit, p_rate_interval_ms, now(), p_actor)
@@ -1735,23 +1784,25 @@ BEGIN
       SET max_running = EXCLUDED.max_running, rate_limit = EXCLUDED.rate_limit,
           rate_interval_ms = EXCLUDED.rate_interval_ms, updated_at = EXCLUDED.updated_at,
           updated_by = EXCLUDED.updated_by;
-    -- The queue's tasks running now count against the new limit.
-    INSERT INTO "berth".limit_holders (queue, slot, lane_id, lease_from, n)
-    SELECT p_queue, l.slot, l.lane_id, l.from_seq, l.n
-      FROM "berth".lanes ln
-      JOIN "berth".range_leases l ON l.lane_id = ln.lane_id
-     WHERE ln.queue = p_queue
-       AND l.n > coalesce((SELECT sum(x.n) FROM "berth".range_settlements x
-                            WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq AND x.slot = l.slot), 0)
-    ON CONFLICT DO NOTHING;
+    IF p_max_running IS NOT NULL THEN
+      -- The queue's tasks running now count against the limit.
+      INSERT INTO "berth".limit_holders (queue, slot, lane_id, lease_from, n)
+      SELECT p_queue, l.slot, l.lane_id, l.from_seq, l.n
+        FROM "berth".lanes ln
+        JOIN "berth".range_leases l ON l.lane_id = ln.lane_id
+       WHERE ln.queue = p_queue
+         AND l.n > coalesce((SELECT sum(x.n) FROM "berth".range_settlements x
+                              WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq AND x.slot = l.slot), 0)
+      ON CONFLICT DO NOTHING;
+    ELSE
+      DELETE FROM "berth".limit_holders WHERE queue = p_queue;
+    END IF;
+    IF p_rate_limit IS NULL THEN DELETE FROM "berth".limit_starts WHERE queue = p_queue; END IF;
   ELSE
     DELETE FROM "berth".queue_limits WHERE queue = p_queue;
     DELETE FROM "berth".limit_holders WHERE queue = p_queue;
     DELETE FROM "berth".limit_starts WHERE queue = p_queue;
   END IF;
-  UPDATE "berth".lanes SET limited = v_limited, version = version + 1
-   WHERE queue = p_queue AND limited IS DISTINCT FROM v_limited;
-  GET DIAGNOSTICS v_n = ROW_COUNT;
   -- Workers learn which queues are limited from this notice (and on every poll); each lane is
   -- named too, so its waiting tasks are claimed by whichever path now owns it.
   PERFORM pg_notify('berth.wake', 'limits');
@@ -2672,6 +2723,9 @@ CREATE TABLE berth.leases_9 (
 
 CREATE TABLE berth.limit_starts (
     queue text NOT NULL,
+    slot smallint NOT NULL,
+    lane_id integer NOT NULL,
+    lease_from bigint NOT NULL,
     started_at timestamp with time zone NOT NULL,
     n integer NOT NULL
 );
@@ -5081,6 +5135,13 @@ ALTER TABLE ONLY berth.leases_9
 
 ALTER TABLE ONLY berth.limit_holders
     ADD CONSTRAINT limit_holders_pkey PRIMARY KEY (queue, lane_id, lease_from, slot);
+
+--
+-- Name: limit_starts limit_starts_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.limit_starts
+    ADD CONSTRAINT limit_starts_pkey PRIMARY KEY (queue, lane_id, lease_from, slot);
 
 --
 -- Name: outcome_counts outcome_counts_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
@@ -7843,10 +7904,10 @@ REVOKE ALL ON FUNCTION berth.rotate_ring(p_from smallint, p_to smallint) FROM PU
 REVOKE ALL ON FUNCTION berth.set_key_limit(p_scope text, p_name text, p_per_key integer, p_actor text) FROM PUBLIC;
 
 --
--- Name: FUNCTION set_queue_limit(p_queue text, p_max_running integer, p_rate_limit integer, p_rate_interval_ms integer, p_actor text); Type: ACL; Schema: berth; Owner: -
+-- Name: FUNCTION set_queue_limit(p_queue text, p_max_running integer, p_rate_limit integer, p_rate_interval_ms integer, p_actor text, p_keep_max boolean, p_keep_rate boolean); Type: ACL; Schema: berth; Owner: -
 --
 
-REVOKE ALL ON FUNCTION berth.set_queue_limit(p_queue text, p_max_running integer, p_rate_limit integer, p_rate_interval_ms integer, p_actor text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION berth.set_queue_limit(p_queue text, p_max_running integer, p_rate_limit integer, p_rate_interval_ms integer, p_actor text, p_keep_max boolean, p_keep_rate boolean) FROM PUBLIC;
 
 --
 -- Name: FUNCTION set_queue_paused(p_queue text, p_paused boolean, p_actor text, p_reason text); Type: ACL; Schema: berth; Owner: -

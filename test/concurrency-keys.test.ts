@@ -292,7 +292,8 @@ test('this code refuses a schema of migration 28, which has no concurrency keys,
     await migrateUpTo(pool, old, 28);
     await assert.rejects(
       assertMigrated(pool, old),
-      (err: Error) => err instanceof SchemaNotMigratedError && /older than this code .*berth migrate --schema/.test(err.message),
+      (err: Error) =>
+        err instanceof SchemaNotMigratedError && /older than this code .*berth migrate --schema/.test(err.message),
     );
   } finally {
     await pool.query(`DROP SCHEMA IF EXISTS "${old}" CASCADE`);

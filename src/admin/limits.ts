@@ -82,20 +82,21 @@ export async function setQueueLimit(
       : checkInteger(change.maxRunning, 'maxRunning', 'setQueueLimit', 1, MAX_LIMIT);
   const rate = change.rate === undefined || change.rate === null ? change.rate : checkRate(change.rate);
   const storage = storageFor(schema);
-  const current = (await orNotMigrated(schema, () => limitUsage(db, storage))).find((l) => l.queue === name);
   const next = {
     queue: name,
-    maxRunning: maxRunning === undefined ? (current?.maxRunning ?? null) : maxRunning,
-    rateLimit: rate === undefined ? (current?.rateLimit ?? null) : (rate?.limit ?? null),
-    rateIntervalMs: rate === undefined ? (current?.rateIntervalMs ?? null) : (rate?.intervalMs ?? null),
+    maxRunning: maxRunning ?? null,
+    rateLimit: rate?.limit ?? null,
+    rateIntervalMs: rate?.intervalMs ?? null,
   };
+  // A field left out is kept as stored: merged by the database under the queue's lock.
+  const keep = { maxRunning: maxRunning === undefined, rate: rate === undefined };
   try {
-    await orNotMigrated(schema, () => setQueueLimitRow(db, storage, next, who));
+    await orNotMigrated(schema, () => setQueueLimitRow(db, storage, next, who, keep));
   } catch (err) {
     // The database's own refusal (a queue that does not exist): the caller's input, not a fault.
     if (err instanceof pg.DatabaseError && err.code === '22023' && err.message.startsWith('berth: set_queue_limit'))
       throw new BerthInputError(err.message.replace(/^berth: set_queue_limit: /, 'setQueueLimit: '));
-    throw err;
+    throw limitBusy(err, name);
   }
   return (await limitUsage(db, storage)).find((l) => l.queue === name) ?? null;
 }
@@ -113,7 +114,9 @@ export async function clearQueueLimit(
   const had = (await orNotMigrated(schema, () => limitUsage(db, storage))).some((l) => l.queue === name);
   await orNotMigrated(schema, () =>
     setQueueLimitRow(db, storage, { queue: name, maxRunning: null, rateLimit: null, rateIntervalMs: null }, who),
-  );
+  ).catch((err: unknown) => {
+    throw limitBusy(err, name);
+  });
   return { cleared: had };
 }
 
@@ -176,6 +179,19 @@ export function parseRate(text: string, field = 'rate'): RateLimit {
 /** A rate limit as parseRate reads it: `20/1s`; null when there is none. */
 export function rateText(limit: number | null, intervalMs: number | null): string | null {
   return limit === null || intervalMs === null ? null : `${limit}/${durationText(intervalMs)}`;
+}
+
+/**
+ * set_queue_limit waits at most 2 s for the queue's limit row (a claim holds it for
+ * milliseconds): past that, a clear error rather than PostgreSQL's lock timeout.
+ */
+function limitBusy(err: unknown, queue: string): unknown {
+  if (err instanceof pg.DatabaseError && err.code === '55P03')
+    return new Error(
+      `the limits of queue "${queue}" are held by a claim that has not finished for 2 s (a stalled worker session?); nothing changed, try again`,
+      { cause: err },
+    );
+  return err;
 }
 
 function checkRate(value: unknown): RateLimit {

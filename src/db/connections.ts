@@ -1,7 +1,7 @@
 import pg from 'pg';
 import { BerthError, BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
-import { checkoutListening } from '../sql.js';
+import { checkoutListening, type Queryable } from '../sql.js';
 
 /**
  * Every connection berth opens goes through this module, so that no database fault can crash
@@ -363,6 +363,29 @@ export async function inPoolTransaction<T>(
       throw err;
     }
   });
+}
+
+/** A pg.Pool, by its shape (an application may load a second copy of pg, whose Pool is another class). */
+function isPool(db: Queryable): db is pg.Pool {
+  const x = db as Partial<pg.Pool>;
+  return typeof x.connect === 'function' && typeof x.totalCount === 'number';
+}
+
+/**
+ * Run `fn` in a transaction of its own on `db`: a pool's checked-out client (inPoolTransaction),
+ * or a client that is not inside a transaction already (the testing helpers' and the tests').
+ */
+export async function inTransactionOn<T>(db: Queryable, fn: (tx: Queryable) => Promise<T>): Promise<T> {
+  if (isPool(db)) return inPoolTransaction(db, (c) => fn(c.client));
+  await db.query('BEGIN');
+  try {
+    const result = await fn(db);
+    await db.query('COMMIT');
+    return result;
+  } catch (err) {
+    await db.query('ROLLBACK').catch(() => undefined);
+    throw err;
+  }
 }
 
 /**

@@ -1,8 +1,7 @@
-import pg from 'pg';
-import { inPoolTransaction } from '../db/connections.js';
+import { inTransactionOn } from '../db/connections.js';
 import type { Queryable } from '../sql.js';
 import { holdLeases, limitCapacity } from '../storage/limits.js';
-import { type ClaimBatch, claimBatch, type ClaimParams, discover, LANE_SHARE } from './claim.js';
+import { type ClaimBatch, claimBatch, type ClaimParams, discover } from './claim.js';
 
 /**
  * The limited claim: the claim of one limited queue (a queue with a row in `queue_limits`),
@@ -35,13 +34,16 @@ export async function claimLimitedQueue(
   want: number,
 ): Promise<LimitedClaim> {
   if (want <= 0) return { tasks: [], more: false, stale: false, capacity: 0, retryMs: null };
-  return inTransaction(db, async (tx) => {
+  return inTransactionOn(db, async (tx) => {
     const { free: capacity, retryMs, guardMs } = await limitCapacity(tx, params.storage, queue, want);
     if (capacity <= 0) return { tasks: [], more: false, stale: false, capacity: 0, retryMs };
     const candidates = await discover(tx, params.storage, [queue], 20, 1, params.window, true);
     const laneIds = [...new Set(candidates.map((c) => c.laneId))];
     if (laneIds.length === 0) return { tasks: [], more: false, stale: false, capacity, retryMs: null };
-    const maxLanes = Math.ceil(capacity / LANE_SHARE);
+    // Every candidate lane, not a share of them (LANE_SHARE, the ordinary claim's): claims of
+    // this queue wait for each other on its limit row, so there is no competing claimer to
+    // spread over, and a queue whose tasks sit one in each lane would give one task a claim.
+    const maxLanes = laneIds.length;
     const batch = await claimBatch(tx, {
       ...params,
       laneIds,
@@ -49,7 +51,7 @@ export async function claimLimitedQueue(
       limited: true,
       queues: [queue],
       maxLanes,
-      perLane: Math.ceil(capacity / Math.min(maxLanes, laneIds.length)),
+      perLane: capacity,
     });
     if (batch.tasks.length > 0) {
       // The recorded start of these tasks happens inside the next statement, so after now.
@@ -58,7 +60,7 @@ export async function claimLimitedQueue(
       if (guardMs !== null) for (const t of batch.tasks) t.startBy = sent + guardMs;
     }
     // Lanes beyond the ones locked, or a full page of them: the queue may hold more than it gave.
-    const more = batch.more || candidates.length >= 20 || laneIds.length > maxLanes;
+    const more = batch.more || candidates.length >= 20;
     return { ...batch, more, capacity, retryMs };
   });
 }
@@ -71,21 +73,4 @@ function leasesOf(batch: ClaimBatch) {
     if (!seen.has(key)) seen.set(key, { segment: t.segment, laneId: t.laneId, leaseFrom: t.leaseFrom });
   }
   return [...seen.values()];
-}
-
-/**
- * Run `fn` in a transaction of its own on `db`: a pool's checked-out client, or a client that is
- * not inside a transaction already (the testing helpers' and the tests' claims).
- */
-async function inTransaction<T>(db: Queryable, fn: (tx: Queryable) => Promise<T>): Promise<T> {
-  if (db instanceof pg.Pool) return inPoolTransaction(db, (c) => fn(c.client));
-  await db.query('BEGIN');
-  try {
-    const result = await fn(db);
-    await db.query('COMMIT');
-    return result;
-  } catch (err) {
-    await db.query('ROLLBACK').catch(() => undefined);
-    throw err;
-  }
 }

@@ -70,6 +70,21 @@ class ClaimBuffer {
     this.count += tasks.length;
   }
 
+  /**
+   * Ahead of everything buffered: a limited queue's tasks, leased only for free slots and
+   * counted against a fleet-wide limit while they wait (processor/claim-limited.ts).
+   */
+  addFirst(tasks: ClaimedTask[], at: number): void {
+    if (tasks.length === 0) return;
+    const first = this.batches[0];
+    if (first !== undefined && this.next > 0) {
+      this.batches[0] = { tasks: first.tasks.slice(this.next), at: first.at };
+      this.next = 0;
+    }
+    this.batches.unshift({ tasks, at });
+    this.count += tasks.length;
+  }
+
   take(): ClaimedTask | undefined {
     const batch = this.batches[0];
     if (batch === undefined) return undefined;
@@ -504,8 +519,7 @@ export class Engine {
       this.wakeReason = null;
       this.deps.metrics.wakeups.inc({ reason });
       try {
-        const idle = Math.max(0, this.o.slots - this.inflight.size - this.buffer.size);
-        const tasks = await this.fetcher.fetch(wantNow, idle);
+        const tasks = await this.fetcher.fetch(wantNow, this.o.slots);
         this.notifyThrottle.fetched(woken, tasks.length > 0, Date.now());
         this.lastClaimed = tasks.length;
         this.lastClaimFull = tasks.length === wantNow;
@@ -515,7 +529,11 @@ export class Engine {
           this.deps.onClaimsRecovered();
         }
         failures = 0;
-        this.buffer.add(tasks, Date.now());
+        const limited = this.fetcher.lastLimited;
+        if (limited > 0) {
+          this.buffer.addFirst(tasks.slice(0, limited), Date.now());
+          this.buffer.add(tasks.slice(limited), Date.now());
+        } else this.buffer.add(tasks, Date.now());
         this.dispatch();
       } catch (err) {
         failures++;
@@ -759,6 +777,7 @@ export class Engine {
     // Against an unreachable database a stop does not wait out whole leases: they lapse instead.
     await this.deps.batcher.drain(this.o.stopTimeoutMs);
     await this.keyReleaser.drain();
+    this.fetcher.close();
     // Handlers still running past stop() lose their lease protection within 3 refresh intervals.
     this.stuckGuard.stop();
   }

@@ -77,6 +77,8 @@ export class Fetcher {
   private readonly limitedLanes = new Map<number, string>();
   /** A wake per rate-limited queue, set for when its rate frees (retryLimitedAt). */
   private readonly rateTimers = new Map<string, NodeJS.Timeout>();
+  /** How many of the last fetch's tasks (its first ones) came from limited queues. */
+  lastLimited = 0;
 
   constructor(private readonly deps: FetcherDeps) {}
 
@@ -201,7 +203,7 @@ export class Fetcher {
 
   /**
    * Limited claims for the owed limited queues (every one when `everywhere`: a poll, a start, a
-   * bare wake), at most `idle` tasks in all. A queue whose capacity was 0 is not owed again until
+   * bare wake), at most `idle` tasks in all (the caller's share for them). A queue whose capacity was 0 is not owed again until
    * a task of it stops running here, a notice names one of its lanes, or the next poll: the
    * limit's capacity is the database's, and another worker's completion frees it without
    * telling this one (the poll bounds that wait).
@@ -241,6 +243,12 @@ export class Fetcher {
     return got;
   }
 
+  /** Stop the rate-limit wakes (the engine's stop). */
+  close(): void {
+    for (const t of this.rateTimers.values()) clearTimeout(t);
+    this.rateTimers.clear();
+  }
+
   /**
    * A rate limit bounded a claim of `queue`: it frees in `ms`, and nothing else would tell this
    * worker (no settlement frees a rate). One timer per queue, not kept past the worker's stop.
@@ -266,10 +274,13 @@ export class Fetcher {
   }
 
   /**
-   * `want` tasks at most, of which at most `idle` (the worker's free slots) from limited queues:
-   * their tasks are not prefetched (claim-limited.ts).
+   * `want` tasks at most (the worker's free slots and its prefetch). Limited queues' tasks come
+   * first; the engine buffers them ahead of the ordinary ones, so they start at the next free
+   * slot: a deep ordinary backlog, always prefetched, cannot keep a limited queue from claiming.
+   * While the ordinary queues have work this worker knows of, limited queues take at most half
+   * of `slots`: one whose limit exceeds the worker's slots would otherwise take them all.
    */
-  async fetch(want: number, idle = want): Promise<ClaimedTask[]> {
+  async fetch(want: number, slots = want): Promise<ClaimedTask[]> {
     const d = this.deps;
     const started = performance.now();
     const params = {
@@ -284,11 +295,18 @@ export class Fetcher {
       queues: d.queues,
     };
     let got: ClaimedTask[] = [];
-    // Limited queues first: their claims are bounded by their limits, so they cannot crowd out
-    // the other queues, while the other way round a deep ordinary backlog would fill every fetch.
     if (this.limitsStale) await this.readLimits();
-    if (this.limited.size > 0) got = await this.fetchLimited(params, Math.min(idle, want), this.discoveryOwed);
+    if (this.limited.size > 0) {
+      // Ordinary work known (hot or notified lanes) or not yet looked for (discovery owed).
+      const ordinaryWork = this.hotLanes.length > 0 || this.notifiedLanes.size > 0 || this.discoveryOwed;
+      const share = ordinaryWork ? Math.ceil(slots / 2) : want;
+      // A notice for a lane this worker does not know as limited may be a limited queue's
+      // (a new lane, a resumed or moved task): the ordinary claim skips it, so look there too.
+      const everywhere = this.discoveryOwed || [...this.notifiedLanes].some((l) => !this.limitedLanes.has(l));
+      got = await this.fetchLimited(params, Math.min(share, want), everywhere);
+    }
     const fromLimited = got.length;
+    this.lastLimited = fromLimited;
     const known = [...new Set([...this.hotLanes, ...this.notifiedLanes])];
     this.notifiedLanes.clear();
     if (known.length > 0 && got.length < want) {

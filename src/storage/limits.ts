@@ -179,18 +179,22 @@ function usageOf(r: UsageRow): QueueLimitUsage {
 /**
  * Set a queue's limits (any of them non-null) or clear them (all null), as `actor`: an
  * operator's statement (the schema owner or an operator role; no runtime role may call it).
- * Answers how many of the queue's lanes changed between limited and not.
+ * `keep`: leave the running limit or the rate as stored (merged under the queue's lock, so two
+ * changes of different limits at once both hold). Answers how many of the queue's lanes changed
+ * between limited and not.
  */
 export async function setQueueLimitRow(
   db: Queryable,
   storage: Storage,
   limit: QueueLimitRow,
   actor: string,
+  keep: { maxRunning: boolean; rate: boolean } = { maxRunning: false, rate: false },
 ): Promise<number> {
   const statement = storage.statement('limit-set', ({ q: s }) =>
     compile(
       sql`SELECT ${s}.set_queue_limit(${p('queue')}::text, ${p('maxRunning')}::integer, ${p('rateLimit')}::integer,
-                                      ${p('rateIntervalMs')}::integer, ${p('actor')}::text) AS lanes`,
+                                      ${p('rateIntervalMs')}::integer, ${p('actor')}::text,
+                                      ${p('keepMax')}::boolean, ${p('keepRate')}::boolean) AS lanes`,
     ),
   );
   const res = await db.query<{ lanes: number }>(
@@ -200,6 +204,8 @@ export async function setQueueLimitRow(
       rateLimit: limit.rateLimit,
       rateIntervalMs: limit.rateIntervalMs,
       actor,
+      keepMax: keep.maxRunning,
+      keepRate: keep.rate,
     }),
   );
   return res.rows[0]?.lanes ?? 0;

@@ -6,8 +6,10 @@
 -- bumps the lanes' version too, so a claim whose snapshot predates it drops the lane). A limited
 -- queue is claimed only through the limited claim, one transaction of three statements:
 --
---   1. limit_capacity(queue, want): locks the queue's `queue_limits` row (claims of one limited
---      queue are serialised; claims of other queues are not touched), forgets the holders that
+--   1. limit_capacity(queue, want): locks the queue's `queue_limits` row, SKIP LOCKED (claims of
+--      one limited queue are serialised; a claimer finding it locked looks again in 50 ms rather
+--      than wait, so one stalled session cannot hold up a worker's fetch of every other queue;
+--      claims of other queues are not touched), forgets the holders that
 --      hold nothing any more, and answers how many tasks may start now: the least of `want`,
 --      max_running minus the tasks still running, and rate_limit minus the starts within the
 --      last rate_interval_ms. Each of those reads runs in its own statement of this VOLATILE
@@ -52,10 +54,16 @@ CREATE TABLE {{schema}}.limit_holders (
   PRIMARY KEY (queue, lane_id, lease_from, slot)
 );
 
+-- One row per lease a rate-limited queue's claim took: a hold repeated for the same lease counts
+-- its starts once.
 CREATE TABLE {{schema}}.limit_starts (
   queue text NOT NULL,
+  slot smallint NOT NULL,
+  lane_id integer NOT NULL,
+  lease_from bigint NOT NULL,
   started_at timestamptz NOT NULL,
-  n integer NOT NULL
+  n integer NOT NULL,
+  PRIMARY KEY (queue, lane_id, lease_from, slot)
 );
 CREATE INDEX ON {{schema}}.limit_starts (queue, started_at);
 
@@ -84,14 +92,35 @@ BEGIN
     RAISE EXCEPTION 'berth: limit_capacity: queue must not be null' USING ERRCODE = '22004';
   END IF;
   free := greatest(coalesce(p_want, 0), 0);
-  SELECT * INTO v FROM {{schema}}.queue_limits WHERE queue = p_queue FOR UPDATE;
-  -- No limit (cleared since the caller looked): nothing is started by this path; the lanes are
-  -- ordinary again and the ordinary claim takes them.
-  IF NOT FOUND THEN free := 0; RETURN; END IF;
+  -- SKIP LOCKED: a claimer that holds the row (another worker mid-claim, paused by a GC or the
+  -- network) must not hold up this one's fetch, which claims the other queues on the same
+  -- session. A locked row answers "no room now, look again shortly".
+  SELECT * INTO v FROM {{schema}}.queue_limits WHERE queue = p_queue FOR UPDATE SKIP LOCKED;
+  IF NOT FOUND THEN
+    free := 0;
+    -- Cleared since the caller looked: nothing is started by this path (the lanes are ordinary
+    -- again and the ordinary claim takes them). Locked: retry soon.
+    IF EXISTS (SELECT 1 FROM {{schema}}.queue_limits WHERE queue = p_queue) THEN retry_ms := 50; END IF;
+    RETURN;
+  END IF;
   IF v.max_running IS NOT NULL THEN
-    DELETE FROM {{schema}}.limit_holders h WHERE h.queue = p_queue AND {{schema}}.holder_running(h) <= 0;
-    SELECT coalesce(sum({{schema}}.holder_running(h)), 0) INTO v_running
-      FROM {{schema}}.limit_holders h WHERE h.queue = p_queue;
+    -- One statement over the queue's holders: each lease's entries less its settled ones (0 when
+    -- the lease is gone with its segment); the empty ones are forgotten, the rest summed.
+    WITH h AS MATERIALIZED (
+      SELECT h.lane_id, h.lease_from, h.slot,
+             coalesce(l.n - coalesce((SELECT sum(x.n) FROM {{schema}}.range_settlements x
+                                       WHERE x.lane_id = h.lane_id AND x.lease_from = h.lease_from
+                                         AND x.slot = h.slot), 0), 0)::integer AS running
+        FROM {{schema}}.limit_holders h
+        LEFT JOIN {{schema}}.range_leases l
+          ON l.lane_id = h.lane_id AND l.from_seq = h.lease_from AND l.slot = h.slot
+       WHERE h.queue = p_queue
+    ), gone AS (
+      DELETE FROM {{schema}}.limit_holders d USING h
+       WHERE d.queue = p_queue AND d.lane_id = h.lane_id AND d.lease_from = h.lease_from AND d.slot = h.slot
+         AND h.running <= 0
+    )
+    SELECT coalesce(sum(h.running) FILTER (WHERE h.running > 0), 0) INTO v_running FROM h;
     free := least(free, v.max_running - v_running);
   END IF;
   IF v.rate_limit IS NOT NULL THEN
@@ -112,7 +141,9 @@ BEGIN
       free := v.rate_limit - v_started;
       -- When the oldest start in the window leaves it, the rate frees: the caller may come back
       -- then rather than at its next poll (nothing else tells it).
-      retry_ms := greatest(1, ceil(extract(epoch FROM v_oldest + v_window - clock_timestamp()) * 1000))::integer;
+      IF v_oldest IS NOT NULL THEN
+        retry_ms := greatest(1, ceil(extract(epoch FROM v_oldest + v_window - clock_timestamp()) * 1000))::integer;
+      END IF;
     END IF;
   END IF;
   free := greatest(free, 0);
@@ -125,7 +156,7 @@ CREATE FUNCTION {{schema}}.hold_leases(p_queue text, p_slots smallint[], p_lanes
 RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   v {{schema}}.queue_limits;
-  v_n integer;
+  v_n integer := 0;
 BEGIN
   SELECT * INTO v FROM {{schema}}.queue_limits WHERE queue = p_queue;
   IF NOT FOUND THEN RETURN 0; END IF;
@@ -138,42 +169,67 @@ BEGIN
       JOIN {{schema}}.range_leases l ON l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.slot = u.slot
       JOIN {{schema}}.lanes ln ON ln.lane_id = l.lane_id AND ln.queue = p_queue
     ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
   END IF;
-  GET DIAGNOSTICS v_n = ROW_COUNT;
+  -- Starts: only of leases of this queue's lanes, once per lease.
   IF v.rate_limit IS NOT NULL THEN
-    INSERT INTO {{schema}}.limit_starts (queue, started_at, n)
-    SELECT p_queue, clock_timestamp(), sum(l.n)
+    INSERT INTO {{schema}}.limit_starts (queue, slot, lane_id, lease_from, started_at, n)
+    SELECT p_queue, l.slot, l.lane_id, l.from_seq, clock_timestamp(), l.n
       FROM unnest(p_slots, p_lanes, p_froms) AS u(slot, lane_id, lease_from)
       JOIN {{schema}}.range_leases l ON l.lane_id = u.lane_id AND l.from_seq = u.lease_from AND l.slot = u.slot
-    HAVING sum(l.n) > 0;
+      JOIN {{schema}}.lanes ln ON ln.lane_id = l.lane_id AND ln.queue = p_queue
+    ON CONFLICT DO NOTHING;
   END IF;
   RETURN v_n;
 END $fn$;
 
--- Set (any of the three values given) or clear (all null) a queue's limits. Holds the queue's
--- lock (the key provision_lane and set_queue_paused take), so a lane opened while a limit
--- commits cannot come out unlimited. A new limit counts the queue's tasks already running:
--- their leases become holders in the same transaction.
+-- Set (any of the three values given) or clear (all null) a queue's limits; p_keep_max and
+-- p_keep_rate keep the running limit or the rate as they are (read under the queue lock, so two
+-- changes of different limits at once both hold). Holds the queue's lock (the key provision_lane
+-- and set_queue_paused take), so a lane opened while a limit commits cannot come out unlimited.
+-- A new running limit counts the queue's tasks already running: their leases become holders in
+-- the same transaction.
 CREATE FUNCTION {{schema}}.set_queue_limit(
-  p_queue text, p_max_running integer, p_rate_limit integer, p_rate_interval_ms integer, p_actor text)
+  p_queue text, p_max_running integer, p_rate_limit integer, p_rate_interval_ms integer, p_actor text,
+  p_keep_max boolean, p_keep_rate boolean)
 RETURNS integer LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-  v_limited boolean := p_max_running IS NOT NULL OR p_rate_limit IS NOT NULL;
+  v_limited boolean;
+  v_cur {{schema}}.queue_limits;
   v_n integer;
   v_lane integer;
 BEGIN
   IF p_queue IS NULL OR p_actor IS NULL THEN
     RAISE EXCEPTION 'berth: set_queue_limit: queue and actor must not be null' USING ERRCODE = '22004';
   END IF;
+  -- An operator's change waits at most this long for a claim holding the queue's limit row
+  -- (a claim holds it for milliseconds; a session holding it longer is broken or hostile).
+  PERFORM set_config('lock_timeout', '2s', true);
+  PERFORM pg_advisory_xact_lock(hashtextextended({{queue_lock_prefix_literal}} || p_queue, 0));
+  IF coalesce(p_keep_max, false) OR coalesce(p_keep_rate, false) THEN
+    SELECT * INTO v_cur FROM {{schema}}.queue_limits WHERE queue = p_queue;
+    IF coalesce(p_keep_max, false) THEN p_max_running := v_cur.max_running; END IF;
+    IF coalesce(p_keep_rate, false) THEN
+      p_rate_limit := v_cur.rate_limit;
+      p_rate_interval_ms := v_cur.rate_interval_ms;
+    END IF;
+  END IF;
   IF (p_rate_limit IS NULL) <> (p_rate_interval_ms IS NULL) THEN
     RAISE EXCEPTION 'berth: set_queue_limit: a rate limit needs both a count and an interval' USING ERRCODE = '22023';
   END IF;
-  PERFORM pg_advisory_xact_lock(hashtextextended({{queue_lock_prefix_literal}} || p_queue, 0));
+  v_limited := p_max_running IS NOT NULL OR p_rate_limit IS NOT NULL;
   IF v_limited AND NOT EXISTS (SELECT 1 FROM {{schema}}.lanes WHERE queue = p_queue)
-     AND NOT EXISTS (SELECT 1 FROM {{schema}}.queue_pauses WHERE queue = p_queue) THEN
+     AND NOT EXISTS (SELECT 1 FROM {{schema}}.queue_pauses WHERE queue = p_queue)
+     AND NOT EXISTS (SELECT 1 FROM {{schema}}.deferred WHERE queue = p_queue) THEN
     RAISE EXCEPTION 'berth: set_queue_limit: queue "%" does not exist (no task was ever enqueued to it)', p_queue
       USING ERRCODE = '22023';
   END IF;
+  -- The lanes first: the UPDATE waits for an ordinary claim holding a lane, so every lease it
+  -- commits is visible to the holders' read below (a later statement, a later snapshot), and
+  -- every claim after it sees the lane limited.
+  UPDATE {{schema}}.lanes SET limited = v_limited, version = version + 1
+   WHERE queue = p_queue AND limited IS DISTINCT FROM v_limited;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
   IF v_limited THEN
     INSERT INTO {{schema}}.queue_limits (queue, max_running, rate_limit, rate_interval_ms, updated_at, updated_by)
     VALUES (p_queue, p_max_running, p_rate_limit, p_rate_interval_ms, now(), p_actor)
@@ -181,23 +237,25 @@ BEGIN
       SET max_running = EXCLUDED.max_running, rate_limit = EXCLUDED.rate_limit,
           rate_interval_ms = EXCLUDED.rate_interval_ms, updated_at = EXCLUDED.updated_at,
           updated_by = EXCLUDED.updated_by;
-    -- The queue's tasks running now count against the new limit.
-    INSERT INTO {{schema}}.limit_holders (queue, slot, lane_id, lease_from, n)
-    SELECT p_queue, l.slot, l.lane_id, l.from_seq, l.n
-      FROM {{schema}}.lanes ln
-      JOIN {{schema}}.range_leases l ON l.lane_id = ln.lane_id
-     WHERE ln.queue = p_queue
-       AND l.n > coalesce((SELECT sum(x.n) FROM {{schema}}.range_settlements x
-                            WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq AND x.slot = l.slot), 0)
-    ON CONFLICT DO NOTHING;
+    IF p_max_running IS NOT NULL THEN
+      -- The queue's tasks running now count against the limit.
+      INSERT INTO {{schema}}.limit_holders (queue, slot, lane_id, lease_from, n)
+      SELECT p_queue, l.slot, l.lane_id, l.from_seq, l.n
+        FROM {{schema}}.lanes ln
+        JOIN {{schema}}.range_leases l ON l.lane_id = ln.lane_id
+       WHERE ln.queue = p_queue
+         AND l.n > coalesce((SELECT sum(x.n) FROM {{schema}}.range_settlements x
+                              WHERE x.lane_id = l.lane_id AND x.lease_from = l.from_seq AND x.slot = l.slot), 0)
+      ON CONFLICT DO NOTHING;
+    ELSE
+      DELETE FROM {{schema}}.limit_holders WHERE queue = p_queue;
+    END IF;
+    IF p_rate_limit IS NULL THEN DELETE FROM {{schema}}.limit_starts WHERE queue = p_queue; END IF;
   ELSE
     DELETE FROM {{schema}}.queue_limits WHERE queue = p_queue;
     DELETE FROM {{schema}}.limit_holders WHERE queue = p_queue;
     DELETE FROM {{schema}}.limit_starts WHERE queue = p_queue;
   END IF;
-  UPDATE {{schema}}.lanes SET limited = v_limited, version = version + 1
-   WHERE queue = p_queue AND limited IS DISTINCT FROM v_limited;
-  GET DIAGNOSTICS v_n = ROW_COUNT;
   -- Workers learn which queues are limited from this notice (and on every poll); each lane is
   -- named too, so its waiting tasks are claimed by whichever path now owns it.
   PERFORM pg_notify({{wake_channel_literal}}, 'limits');
@@ -261,5 +319,5 @@ END $fn$;
 
 REVOKE EXECUTE ON FUNCTION {{schema}}.holder_running({{schema}}.limit_holders),
   {{schema}}.limit_capacity(text, integer), {{schema}}.hold_leases(text, smallint[], integer[], bigint[]),
-  {{schema}}.set_queue_limit(text, integer, integer, integer, text), {{schema}}.limit_usage(),
+  {{schema}}.set_queue_limit(text, integer, integer, integer, text, boolean, boolean), {{schema}}.limit_usage(),
   {{schema}}.provision_lane(text, smallint, smallint) FROM PUBLIC;

@@ -315,6 +315,44 @@ BEGIN
       FROM unnest(p_ids) AS x(id);
 END $fn$;
 
+-- move_task as in migration 20, taking the destination queue's lock before any lane row lock.
+CREATE OR REPLACE FUNCTION {{schema}}.move_task(p_id bigint, p_queue text, p_priority smallint)
+RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE r record;
+BEGIN
+  IF p_id IS NULL OR p_queue IS NULL OR p_priority IS NULL THEN
+    RAISE EXCEPTION 'berth: move_task arguments must not be null' USING ERRCODE = '22004';
+  END IF;
+  PERFORM {{schema}}.check_queue('move_task', p_queue);
+  -- The destination queue's lock first, before any lane row: provision_lane takes it for a new
+  -- lane, and set_queue_paused / set_queue_limit take it and then update the queue's lanes, so
+  -- taking it after locking a lane row (the version bump below) deadlocked against them.
+  PERFORM pg_advisory_xact_lock(hashtextextended({{queue_lock_prefix_literal}} || p_queue, 0));
+  UPDATE {{schema}}.deferred SET queue = p_queue, priority = p_priority WHERE id = p_id;
+  IF FOUND THEN RETURN 'moved'; END IF;
+  SELECT e.* INTO r FROM {{schema}}.ready e
+   WHERE e.id = p_id
+     AND NOT EXISTS (SELECT 1 FROM {{schema}}.tombstones t
+                      WHERE t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.slot = e.slot)
+     AND NOT EXISTS (SELECT 1 FROM {{schema}}.leased_entries le
+                      WHERE le.id = p_id AND le.lane_id = e.lane_id AND le.lane_seq = e.lane_seq
+                        AND le.slot = e.slot AND le.outcome IS NOT NULL)
+   ORDER BY e.appended_at DESC LIMIT 1;
+  IF NOT FOUND THEN RETURN 'not_found'; END IF;
+  UPDATE {{schema}}.lanes SET version = version + 1 WHERE lane_id = r.lane_id;
+  IF EXISTS (SELECT 1 FROM {{schema}}.leased_entries le
+              WHERE le.id = p_id AND le.lane_id = r.lane_id AND le.lane_seq = r.lane_seq AND le.slot = r.slot) THEN
+    RETURN 'leased';
+  END IF;
+  INSERT INTO {{schema}}.tombstones (slot, lane_id, lane_seq, id, reason)
+  VALUES (r.slot, r.lane_id, r.lane_seq, p_id, 'moved') ON CONFLICT DO NOTHING;
+  PERFORM {{schema}}.append_ready({{schema}}.provision_lane(p_queue, p_priority, r.shard), ARRAY[r.id],
+            ARRAY[r.type], ARRAY[r.payload], ARRAY[r.attempts], ARRAY[r.max_attempts],
+            ARRAY[r.dedupe_key], ARRAY[r.last_error], ARRAY[r.created_at], ARRAY[r.run_at],
+            ARRAY[r.trace_context]);
+  RETURN 'moved';
+END $fn$;
+
 -- Keys of tasks that are gone (completed, cancelled, deleted, pruned from the dead letters),
 -- at most p_limit a call: the leader's retention branch.
 CREATE FUNCTION {{schema}}.prune_task_keys(p_limit integer)
@@ -359,4 +397,5 @@ REVOKE EXECUTE ON FUNCTION {{schema}}.key_entry_live(bigint), {{schema}}.promote
   {{schema}}.release_keys(bigint[]),
   {{schema}}.enqueue_keyed(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[], integer[], text[], text, text[]),
   {{schema}}.promote_lane(text, smallint, smallint, integer), {{schema}}.retry_dead(bigint[]),
-  {{schema}}.prune_task_keys(integer), {{schema}}.set_key_limit(text, text, integer, text) FROM PUBLIC;
+  {{schema}}.prune_task_keys(integer), {{schema}}.set_key_limit(text, text, integer, text),
+  {{schema}}.move_task(bigint, text, smallint) FROM PUBLIC;
