@@ -4,8 +4,7 @@
  * demonstrates a finding (the review report lists them); a test that passes is an attack that
  * held.
  *
- *   TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/lrev_db \
- *     node --import tsx --import ./test/placeholder-guard.ts --test test/limits-review-roles.test.ts
+ *   node --import tsx --import ./test/placeholder-guard.ts --test test/limits-review-roles.test.ts
  */
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -62,7 +61,7 @@ test('held: neither runtime role sets a limit or writes the limit tables; a prod
   await denied(asProducer, `SELECT ${S}.hold_leases('guarded', '{}', '{}', '{}')`);
 });
 
-test("FINDING 9: a worker role's hold_leases with another queue's lease (or one lease again and again) uses up a rate-limited queue's starts", async () => {
+test("regression (review 9): a worker role's hold_leases with another queue's lease (or one lease again and again) uses up a rate-limited queue's starts", async () => {
   await enqueueTo('rated', 1);
   await setQueueLimit(pool, schema, 'rated', { rate: { limit: 5, intervalMs: 3_600_000 } }, 'review');
   // A lease of another, ordinary queue: 5 tasks.
@@ -89,7 +88,7 @@ test("FINDING 9: a worker role's hold_leases with another queue's lease (or one 
   }
 });
 
-test("FINDING 8b: a worker role holding limit_capacity in an open transaction blocks the operator's clearQueueLimit (no lock timeout)", async () => {
+test("regression (review 8b): a worker role holding limit_capacity in an open transaction blocks the operator's clearQueueLimit (no lock timeout)", async () => {
   await enqueueTo('stuck', 1);
   await setQueueLimit(pool, schema, 'stuck', { maxRunning: 2 }, 'review');
   const holder = await asWorker.connect();

@@ -1,11 +1,10 @@
 /**
  * Review of the limited claim (commit 700b9a2, migration 28), at the SQL level: each test is a
- * doubt about the fleet-wide queue limits and its repro against the real database. A test that
- * fails here demonstrates a finding (the review report lists them); a test that passes is an
- * attack that held.
+ * doubt about the fleet-wide queue limits and its repro against the real database. A `regression
+ * (review N)` test names a finding of that review, fixed since, and fails if it comes back; a
+ * `held` test is an attack that held.
  *
- *   TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/lrev_db \
- *     node --import tsx --import ./test/placeholder-guard.ts --test test/limits-review-sql.test.ts
+ *   node --import tsx --import ./test/placeholder-guard.ts --test test/limits-review-sql.test.ts
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -65,7 +64,7 @@ async function waitingOnLock(fragment: string): Promise<boolean> {
   return r.rows[0]!.n > 0;
 }
 
-test('FINDING 1: set_queue_limit racing an ordinary claim in flight: the claimed tasks must count against the new limit', async () => {
+test('regression (review 1): set_queue_limit racing an ordinary claim in flight: the claimed tasks must count against the new limit', async () => {
   await enqueueTo('race', 3);
   const lanes = await lanesOf('race');
   // An ordinary claim, its transaction still open (as every claim is between its statement and
@@ -145,7 +144,7 @@ test('held: 12 concurrent limited claims of one queue never start more than its 
   }
 });
 
-test("FINDING 2: a limited claim with room for 8 takes one task when the queue's tasks sit in different lanes", async () => {
+test("regression (review 2): a limited claim with room for 8 takes one task when the queue's tasks sit in different lanes", async () => {
   // Tasks enqueued one transaction each land on different shards (txid % 16): different lanes.
   await enqueueTo('spread', 10, false);
   assert.ok((await lanesOf('spread')).length >= 5, 'the tasks are spread over several lanes');
@@ -160,7 +159,7 @@ test("FINDING 2: a limited claim with room for 8 takes one task when the queue's
   );
 });
 
-test('FINDING 3 (cosmetic): limit_capacity answers retry_ms = 1 when the want exceeds an empty rate window', async () => {
+test('regression (review 3): limit_capacity answers retry_ms = 1 when the want exceeds an empty rate window', async () => {
   await enqueueTo('rate', 5);
   await setQueueLimit(pool, schema, 'rate', { rate: { limit: 2, intervalMs: 60_000 } }, 'review');
   const c = await pool.connect();
@@ -182,7 +181,7 @@ test('FINDING 3 (cosmetic): limit_capacity answers retry_ms = 1 when the want ex
   }
 });
 
-test('FINDING 4 (pre-existing with pause): move_task into a new lane of the same queue vs set_queue_limit deadlock', async () => {
+test('regression (review 4): move_task into a new lane of the same queue vs set_queue_limit deadlock', async () => {
   const ids = await enqueueTo('mv', 2);
   const mover = await pool.connect();
   let outcome = 'none';
@@ -230,7 +229,7 @@ test('held: a lane opened while set_queue_limit commits comes out limited', asyn
   assert.equal(r.rows[0].n, 0);
 });
 
-test('FINDING 10 (cosmetic): two setQueueLimit calls changing different fields at once lose one change', async () => {
+test('regression (review 10): two setQueueLimit calls changing different fields at once lose one change', async () => {
   await enqueueTo('lu', 1);
   // An open set_queue_limit holds the queue's lock, so both calls below read the limit before
   // either writes (as two operators' calls overlapping by a few ms would).
@@ -262,7 +261,7 @@ test('FINDING 10 (cosmetic): two setQueueLimit calls changing different fields a
   );
 });
 
-test('FINDING 12: under a rate limit alone, every limited claim adds a holder that nothing ever removes', async () => {
+test('regression (review 12): under a rate limit alone, every limited claim adds a holder that nothing ever removes', async () => {
   await enqueueTo('rateonly', 30, false);
   await setQueueLimit(pool, schema, 'rateonly', { rate: { limit: 1000, intervalMs: 1000 } }, 'review');
   // Thirty limited claims (one task each, as pickups are), every task then settled.
@@ -280,7 +279,7 @@ test('FINDING 12: under a rate limit alone, every limited claim adds a holder th
   assert.ok(holders.rows[0]!.n < 30, `${holders.rows[0]!.n} holders kept for 0 running tasks`);
 });
 
-test('FINDING 13 (cosmetic): a queue whose tasks are all scheduled for later cannot be limited ("no task was ever enqueued to it")', async () => {
+test('regression (review 13): a queue whose tasks are all scheduled for later cannot be limited ("no task was ever enqueued to it")', async () => {
   await enqueueMany(
     pool,
     [{ type: 'rev_work', payload: { i: 0 }, queue: 'later', runAt: new Date(Date.now() + 3_600_000) }],

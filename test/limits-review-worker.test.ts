@@ -1,12 +1,12 @@
 /**
  * Review of the limited claim (commit 700b9a2, migration 28), at the worker level: liveness of
- * limited and ordinary queues on a running Worker. A test that fails here demonstrates a finding
- * (the review report lists them); a test that passes is an attack that held. Every wait is a
+ * limited and ordinary queues on a running Worker. A `regression (review N)`
+ * test names a finding of that review, fixed since, and fails if it comes back; a `held` test is
+ * an attack that held. Every wait is a
  * liveness bound many times what the work takes, never a timing assertion: a stalled queue
  * here waits for a poll interval set far beyond the bound, or for ever.
  *
- *   TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/lrev_db \
- *     node --import tsx --import ./test/placeholder-guard.ts --test test/limits-review-worker.test.ts
+ *   node --import tsx --import ./test/placeholder-guard.ts --test test/limits-review-worker.test.ts
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -118,7 +118,7 @@ async function drainedOf(queue: string): Promise<boolean> {
   return r.rows[0]!.n === 0;
 }
 
-test('FINDING 5: a task enqueued to a limited queue, in a lane this worker never claimed from, waits for the poll', async () => {
+test('regression (review 5): a task enqueued to a limited queue, in a lane this worker never claimed from, waits for the poll', async () => {
   events.length = 0;
   sleepMs = 0;
   const lim = taskOf('rw_new', 'newlane');
@@ -146,7 +146,7 @@ test('FINDING 5: a task enqueued to a limited queue, in a lane this worker never
   });
 });
 
-test('FINDING 5b: resuming a paused limited queue: its tasks wait for the poll', async () => {
+test('regression (review 5b): resuming a paused limited queue: its tasks wait for the poll', async () => {
   events.length = 0;
   sleepMs = 0;
   const lim = taskOf('rw_paused', 'pausedlim');
@@ -166,7 +166,7 @@ test('FINDING 5b: resuming a paused limited queue: its tasks wait for the poll',
   });
 });
 
-test('FINDING 2 (worker): a limit of 8 on a worker of 8 slots runs one task at a time when the tasks sit in different lanes', async () => {
+test('regression (review 2): a limit of 8 on a worker of 8 slots runs one task at a time when the tasks sit in different lanes', async () => {
   events.length = 0;
   sleepMs = 1000;
   const lim = taskOf('rw_spread', 'spread');
@@ -180,7 +180,7 @@ test('FINDING 2 (worker): a limit of 8 on a worker of 8 slots runs one task at a
   assert.ok(peak('spread') >= 4, `at most ${peak('spread')} of the 8 allowed ran at once on a worker with 8 slots`);
 });
 
-test('FINDING 6: a limited queue starves while an ordinary backlog keeps the prefetch buffer non-empty', async () => {
+test('regression (review 6): a limited queue starves while an ordinary backlog keeps the prefetch buffer non-empty', async () => {
   events.length = 0;
   sleepMs = 2;
   const lim = taskOf('rw_starve_l', 'starve-limited');
@@ -206,7 +206,7 @@ test('FINDING 6: a limited queue starves while an ordinary backlog keeps the pre
   });
 });
 
-test('FINDING 7: an ordinary task enqueued first waits for a limited backlog whose limit exceeds the slots', async () => {
+test('regression (review 7): an ordinary task enqueued first waits for a limited backlog whose limit exceeds the slots', async () => {
   events.length = 0;
   sleepMs = 250;
   const lim = taskOf('rw_big_l', 'big-limited');
@@ -225,7 +225,7 @@ test('FINDING 7: an ordinary task enqueued first waits for a limited backlog who
   assert.ok(limitedBefore < 12, `the oldest task, in an ordinary queue, started after ${limitedBefore} limited ones`);
 });
 
-test("FINDING 8: a limited queue's limit row held by one open transaction stops the worker claiming anything", async () => {
+test("regression (review 8): a limited queue's limit row held by one open transaction stops the worker claiming anything", async () => {
   events.length = 0;
   sleepMs = 0;
   const ord = taskOf('rw_held_o', 'held-ordinary');
@@ -279,7 +279,7 @@ test('held: a rate limit frees on its timer, not the poll', async () => {
   });
 });
 
-test("FINDING 11 (cosmetic): a rate timer outlives the worker's stop", async () => {
+test("regression (review 11): a rate timer outlives the worker's stop", async () => {
   events.length = 0;
   sleepMs = 0;
   const lim = taskOf('rw_timer', 'timerq');
