@@ -753,6 +753,11 @@ BEGIN
   END IF;
   -- The run times as given are checked here; enqueue() checks the rest.
   PERFORM "berth".check_tasks('enqueue_keyed', p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe, p_trace_context);
+  -- Each key's shared lock, in key order, held to commit: promote_held deletes a key's held_keys
+  -- row only under the exclusive lock, so it cannot drop the row of a key this call holds a task
+  -- of before the call commits.
+  PERFORM pg_advisory_xact_lock_shared(hashtextextended('berth' || ':key:' || k, 0))
+     FROM (SELECT DISTINCT k FROM unnest(p_keys) AS u(k) ORDER BY k) x;
   -- Separate statements: each one after enqueue() sees the rows it wrote (one statement's CTEs
   -- share a snapshot taken before the function ran).
   SELECT array_agg(x.ord ORDER BY x.ord), array_agg(x.id ORDER BY x.ord), array_agg(x.state ORDER BY x.ord),
@@ -769,9 +774,11 @@ BEGIN
     FROM (SELECT v.id, coalesce(v.r, now()) AS run_at
             FROM unnest(v_ids, coalesce(p_run_at, array_fill(NULL::timestamptz, ARRAY[v_n]))) AS v(id, r)) u
    WHERE d.id = u.id AND u.id IS NOT NULL;
+  -- In key order (two calls holding new keys wait for each other's uncommitted rows in one order).
   INSERT INTO "berth".held_keys (key)
-  SELECT DISTINCT u.k FROM unnest(v_ids, p_keys) AS u(id, k)
-    JOIN "berth".deferred d ON d.id = u.id AND d.state = 'held'
+  SELECT x.k FROM (SELECT DISTINCT u.k FROM unnest(v_ids, p_keys) AS u(id, k)
+                      JOIN "berth".deferred d ON d.id = u.id AND d.state = 'held') x
+   ORDER BY x.k
   ON CONFLICT DO NOTHING;
   RETURN QUERY
   SELECT u.o, u.i,
@@ -857,8 +864,9 @@ $$;
 
 CREATE FUNCTION berth.key_entry_live(p_id bigint) RETURNS boolean
     LANGUAGE sql STABLE
-    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+  -- No SET clause: a plain SQL function is inlined into the statement that calls it (planned once
+  -- there), where one with SET would be planned anew, over every ring partition, per call.
   SELECT EXISTS (
     SELECT 1 FROM "berth".ready r
      WHERE r.id = p_id
@@ -890,6 +898,10 @@ DECLARE
 BEGIN
   IF p_queue IS NULL THEN
     RAISE EXCEPTION 'berth: limit_capacity: queue must not be null' USING ERRCODE = '22004';
+  END IF;
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'berth: limit_capacity must run at READ COMMITTED (a snapshot older than the limit row lock would miss a competing claim)'
+      USING ERRCODE = '25000';
   END IF;
   free := greatest(coalesce(p_want, 0), 0);
   -- SKIP LOCKED: a claimer that holds the row (another worker mid-claim, paused by a GC or the
@@ -1016,10 +1028,10 @@ BEGIN
 END $$;
 
 --
--- Name: promote_held(text[]); Type: FUNCTION; Schema: berth; Owner: -
+-- Name: promote_held(text[], text); Type: FUNCTION; Schema: berth; Owner: -
 --
 
-CREATE FUNCTION berth.promote_held(p_keys text[]) RETURNS integer
+CREATE FUNCTION berth.promote_held(p_keys text[], p_after text, OUT admitted integer, OUT last_key text) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -1027,48 +1039,54 @@ DECLARE
   v_key text;
   v_live integer;
   v_k integer;
-  v_total integer := 0;
+  v_lane integer;
   r record;
 BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'berth: promote_held must run at READ COMMITTED (a snapshot older than the key lock would miss admissions)'
+      USING ERRCODE = '25000';
+  END IF;
+  admitted := 0;
   FOR v_key IN
     SELECT hk.key FROM "berth".held_keys hk
-     WHERE p_keys IS NULL OR hk.key = ANY (p_keys)
-     ORDER BY hk.since, hk.key LIMIT 1000
+     WHERE (p_keys IS NULL OR hk.key = ANY (p_keys)) AND (p_after IS NULL OR hk.key > p_after)
+     ORDER BY hk.key LIMIT 1000
   LOOP
+    last_key := v_key;
     CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended('berth' || ':key:' || v_key, 0));
-    BEGIN
-      -- Statements after the lock: each sees every admission committed before it was granted.
-      DELETE FROM "berth".key_holders h WHERE h.key = v_key AND NOT "berth".key_entry_live(h.id);
-      SELECT count(*) INTO v_live FROM "berth".key_holders h WHERE h.key = v_key;
-      LOOP
-        SELECT d.* INTO r FROM "berth".task_keys tk JOIN "berth".deferred d ON d.id = tk.id
-         WHERE tk.key = v_key AND d.state = 'held'
-         ORDER BY d.priority, d.id LIMIT 1
-         FOR UPDATE OF d SKIP LOCKED;
-        EXIT WHEN NOT FOUND;
-        v_k := coalesce((SELECT kl.per_key FROM "berth".key_limits kl WHERE kl.scope = 'type' AND kl.name = r.type),
-                        (SELECT kl.per_key FROM "berth".key_limits kl WHERE kl.scope = 'queue' AND kl.name = r.queue),
-                        1);
-        EXIT WHEN v_live >= v_k;
-        DELETE FROM "berth".deferred d WHERE d.id = r.id;
-        PERFORM "berth".append_ready("berth".provision_lane(r.queue, r.priority, r.shard), ARRAY[r.id],
-                  ARRAY[r.type], ARRAY[r.payload], ARRAY[r.attempts], ARRAY[r.max_attempts], ARRAY[r.dedupe_key],
-                  ARRAY[r.last_error], ARRAY[r.created_at], ARRAY[now()], ARRAY[r.trace_context]);
-        INSERT INTO "berth".key_holders (key, id, queue) VALUES (v_key, r.id, r.queue) ON CONFLICT DO NOTHING;
-        v_live := v_live + 1;
-        v_total := v_total + 1;
-      END LOOP;
-      IF NOT EXISTS (SELECT 1 FROM "berth".task_keys tk JOIN "berth".deferred d ON d.id = tk.id
-                      WHERE tk.key = v_key AND d.state = 'held') THEN
-        DELETE FROM "berth".held_keys WHERE key = v_key;
-      END IF;
-    EXCEPTION WHEN lock_not_available THEN
-      -- A producer holds one of the lanes past lock_timeout: this key's admissions roll back
-      -- (the subtransaction), and the next call admits them.
-      NULL;
-    END;
+    -- Statements after the lock: each sees every admission committed before it was granted.
+    DELETE FROM "berth".key_holders h WHERE h.key = v_key AND NOT "berth".key_entry_live(h.id);
+    SELECT count(*) INTO v_live FROM "berth".key_holders h WHERE h.key = v_key;
+    LOOP
+      -- The key's next held task, by priority then id, in a queue not paused (a paused queue's
+      -- task admitted would hold its key until the resume).
+      SELECT d.* INTO r FROM "berth".task_keys tk JOIN "berth".deferred d ON d.id = tk.id
+       WHERE tk.key = v_key AND d.state = 'held'
+         AND NOT EXISTS (SELECT 1 FROM "berth".queue_pauses qp WHERE qp.queue = d.queue)
+       ORDER BY d.priority, d.id LIMIT 1
+       FOR UPDATE OF d SKIP LOCKED;
+      EXIT WHEN NOT FOUND;
+      -- K applies at admission: the task being admitted says which (its type's, else its queue's).
+      v_k := coalesce((SELECT kl.per_key FROM "berth".key_limits kl WHERE kl.scope = 'type' AND kl.name = r.type),
+                      (SELECT kl.per_key FROM "berth".key_limits kl WHERE kl.scope = 'queue' AND kl.name = r.queue),
+                      1);
+      EXIT WHEN v_live >= v_k;
+      v_lane := "berth".provision_lane(r.queue, r.priority, r.shard);
+      EXIT WHEN NOT pg_try_advisory_xact_lock(446571594, v_lane);
+      DELETE FROM "berth".deferred d WHERE d.id = r.id;
+      PERFORM "berth".append_ready(v_lane, ARRAY[r.id],
+                ARRAY[r.type], ARRAY[r.payload], ARRAY[r.attempts], ARRAY[r.max_attempts], ARRAY[r.dedupe_key],
+                ARRAY[r.last_error], ARRAY[r.created_at], ARRAY[now()], ARRAY[r.trace_context]);
+      INSERT INTO "berth".key_holders (key, id, queue) VALUES (v_key, r.id, r.queue) ON CONFLICT DO NOTHING;
+      INSERT INTO "berth".keyed_queues (queue) VALUES (r.queue) ON CONFLICT DO NOTHING;
+      v_live := v_live + 1;
+      admitted := admitted + 1;
+    END LOOP;
+    DELETE FROM "berth".held_keys hk
+     WHERE hk.key = v_key AND hk.since < now() - interval '1 minute'
+       AND NOT EXISTS (SELECT 1 FROM "berth".task_keys tk JOIN "berth".deferred d ON d.id = tk.id
+                        WHERE tk.key = v_key AND d.state = 'held');
   END LOOP;
-  RETURN v_total;
 END $$;
 
 --
@@ -1079,44 +1097,57 @@ CREATE FUNCTION berth.promote_lane(p_queue text, p_priority smallint, p_shard sm
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-DECLARE v_lane integer; v_n integer; v_held integer;
+DECLARE
+  v_lane integer;
+  v_n integer;
+  v_ids bigint[];
+  v_keys text[];
+  v_plain bigint[];
+  v_hold bigint[] := '{}';
+  v_held integer := 0;
+  i integer;
 BEGIN
   v_lane := "berth".provision_lane(p_queue, p_priority, p_shard);
   PERFORM pg_advisory_xact_lock(446571594, v_lane);
   -- Locked first so a busy lane times out before any row is taken; append_ready re-takes it.
-  WITH picked AS MATERIALIZED (
-    SELECT x.id, EXISTS (SELECT 1 FROM "berth".task_keys k WHERE k.id = x.id) AS keyed
-      FROM "berth".deferred x
-     WHERE x.queue = p_queue AND x.priority = p_priority AND x.shard = p_shard
-       AND x.run_at <= now()
-     ORDER BY x.run_at, x.priority, x.id
-     LIMIT p_limit
-     FOR UPDATE SKIP LOCKED
-  ), held AS (
-    UPDATE "berth".deferred d SET state = 'held', run_at = 'infinity'
-      FROM picked p WHERE d.id = p.id AND p.keyed
-    RETURNING d.id
-  ), held_key AS (
+  SELECT array_agg(x.id ORDER BY x.run_at, x.id), array_agg(k.key ORDER BY x.run_at, x.id)
+    INTO v_ids, v_keys
+    FROM (SELECT d.id, d.run_at FROM "berth".deferred d
+           WHERE d.queue = p_queue AND d.priority = p_priority AND d.shard = p_shard
+             AND d.run_at <= now()
+           ORDER BY d.run_at, d.priority, d.id
+           LIMIT p_limit
+           FOR UPDATE SKIP LOCKED) x
+    LEFT JOIN LATERAL (SELECT tk.key FROM "berth".task_keys tk WHERE tk.id = x.id LIMIT 1) k ON true;
+  IF v_ids IS NULL THEN RETURN 0; END IF;
+  v_plain := ARRAY(SELECT u.id FROM unnest(v_ids, v_keys) AS u(id, k) WHERE u.k IS NULL);
+  IF cardinality(v_plain) < cardinality(v_ids) THEN
+    FOR i IN 1 .. cardinality(v_ids) LOOP
+      IF v_keys[i] IS NOT NULL
+         AND pg_try_advisory_xact_lock_shared(hashtextextended('berth' || ':key:' || v_keys[i], 0)) THEN
+        v_hold := v_hold || v_ids[i];
+      END IF;
+    END LOOP;
+    UPDATE "berth".deferred d SET state = 'held', run_at = 'infinity' WHERE d.id = ANY (v_hold);
+    GET DIAGNOSTICS v_held = ROW_COUNT;
     INSERT INTO "berth".held_keys (key)
-    SELECT DISTINCT k.key FROM held h JOIN "berth".task_keys k ON k.id = h.id
-    ON CONFLICT DO NOTHING
-    RETURNING 1
-  ), moved AS (
-    DELETE FROM "berth".deferred d
-     WHERE d.id IN (SELECT p.id FROM picked p WHERE NOT p.keyed)
-    RETURNING d.*
+    SELECT x.key FROM (SELECT DISTINCT tk.key FROM "berth".task_keys tk WHERE tk.id = ANY (v_hold)) x
+     ORDER BY x.key
+    ON CONFLICT DO NOTHING;
+    IF v_held > 0 THEN PERFORM pg_notify('berth.wake', 'keys'); END IF;
+  END IF;
+  WITH moved AS (
+    DELETE FROM "berth".deferred d WHERE d.id = ANY (v_plain) RETURNING d.*
   )
   SELECT "berth".append_ready(v_lane,
            array_agg(m.id ORDER BY m.run_at, m.id), array_agg(m.type ORDER BY m.run_at, m.id),
            array_agg(m.payload ORDER BY m.run_at, m.id), array_agg(m.attempts ORDER BY m.run_at, m.id),
            array_agg(m.max_attempts ORDER BY m.run_at, m.id), array_agg(m.dedupe_key ORDER BY m.run_at, m.id),
            array_agg(m.last_error ORDER BY m.run_at, m.id), array_agg(m.created_at ORDER BY m.run_at, m.id),
-           array_agg(m.run_at ORDER BY m.run_at, m.id), array_agg(m.trace_context ORDER BY m.run_at, m.id)),
-         (SELECT count(*) FROM held)
-    INTO v_n, v_held
+           array_agg(m.run_at ORDER BY m.run_at, m.id), array_agg(m.trace_context ORDER BY m.run_at, m.id))
+    INTO v_n
     FROM moved m;
-  IF v_held > 0 THEN PERFORM pg_notify('berth.wake', 'keys'); END IF;
-  RETURN coalesce(v_n, 0) + coalesce(v_held, 0);
+  RETURN coalesce(v_n, 0) + v_held;
 END $$;
 
 --
@@ -1427,6 +1458,8 @@ BEGIN
   GET DIAGNOSTICS v_n = ROW_COUNT;
   DELETE FROM "berth".key_holders h
    WHERE NOT EXISTS (SELECT 1 FROM "berth".task_keys tk WHERE tk.id = h.id);
+  DELETE FROM "berth".keyed_queues q
+   WHERE NOT EXISTS (SELECT 1 FROM "berth".key_holders h WHERE h.queue = q.queue);
   RETURN v_n;
 END $$;
 
@@ -1438,7 +1471,8 @@ CREATE FUNCTION berth.release_keys(p_ids bigint[]) RETURNS integer
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-  SELECT "berth".promote_held(ARRAY(SELECT DISTINCT tk.key FROM "berth".task_keys tk WHERE tk.id = ANY (p_ids)))
+  SELECT (SELECT p.admitted FROM "berth".promote_held(
+            ARRAY(SELECT DISTINCT tk.key FROM "berth".task_keys tk WHERE tk.id = ANY (p_ids)), NULL) p)
    WHERE EXISTS (SELECT 1 FROM "berth".task_keys tk WHERE tk.id = ANY (p_ids))
 $$;
 
@@ -1547,6 +1581,9 @@ CREATE FUNCTION berth.retry_dead(p_ids bigint[]) RETURNS TABLE(id bigint, result
     AS $$
 DECLARE v_lane record; v_done bigint[] := '{}'; v_part bigint[]; v_held bigint[];
 BEGIN
+  -- The shared lock of each key a retried task holds, in key order, as enqueue_keyed takes them.
+  PERFORM pg_advisory_xact_lock_shared(hashtextextended('berth' || ':key:' || x.key, 0))
+     FROM (SELECT DISTINCT tk.key FROM "berth".task_keys tk WHERE tk.id = ANY (p_ids) ORDER BY tk.key) x;
   FOR v_lane IN
     SELECT DISTINCT d.queue, d.priority, d.shard FROM "berth".dead_letters d WHERE d.id = ANY (p_ids)
   LOOP
@@ -1580,7 +1617,8 @@ BEGIN
       RETURNING deferred.id
     ), held_key AS (
       INSERT INTO "berth".held_keys (key)
-      SELECT DISTINCT tk.key FROM held h JOIN "berth".task_keys tk ON tk.id = h.id
+      SELECT x.key FROM (SELECT DISTINCT tk.key FROM held h JOIN "berth".task_keys tk ON tk.id = h.id) x
+       ORDER BY x.key
       ON CONFLICT DO NOTHING RETURNING 1
     ), appended AS (
       SELECT "berth".append_ready("berth".provision_lane(v_lane.queue, v_lane.priority, v_lane.shard),
@@ -2202,6 +2240,14 @@ CREATE TABLE berth.key_limits (
     updated_by text NOT NULL,
     CONSTRAINT key_limits_per_key_check CHECK (((per_key >= 1) AND (per_key <= 1000000))),
     CONSTRAINT key_limits_scope_check CHECK ((scope = ANY (ARRAY['queue'::text, 'type'::text])))
+);
+
+--
+-- Name: keyed_queues; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.keyed_queues (
+    queue text NOT NULL
 );
 
 --
@@ -4995,6 +5041,13 @@ ALTER TABLE ONLY berth.key_holders
 
 ALTER TABLE ONLY berth.key_limits
     ADD CONSTRAINT key_limits_pkey PRIMARY KEY (scope, name);
+
+--
+-- Name: keyed_queues keyed_queues_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.keyed_queues
+    ADD CONSTRAINT keyed_queues_pkey PRIMARY KEY (queue);
 
 --
 -- Name: lanes lanes_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
@@ -7796,10 +7849,10 @@ REVOKE ALL ON FUNCTION berth.limit_usage() FROM PUBLIC;
 REVOKE ALL ON FUNCTION berth.move_task(p_id bigint, p_queue text, p_priority smallint) FROM PUBLIC;
 
 --
--- Name: FUNCTION promote_held(p_keys text[]); Type: ACL; Schema: berth; Owner: -
+-- Name: FUNCTION promote_held(p_keys text[], p_after text, OUT admitted integer, OUT last_key text); Type: ACL; Schema: berth; Owner: -
 --
 
-REVOKE ALL ON FUNCTION berth.promote_held(p_keys text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION berth.promote_held(p_keys text[], p_after text, OUT admitted integer, OUT last_key text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION promote_lane(p_queue text, p_priority smallint, p_shard smallint, p_limit integer); Type: ACL; Schema: berth; Owner: -

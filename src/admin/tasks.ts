@@ -498,7 +498,7 @@ export async function cancelTask(
 
 /** Which tasks a bulk cancel takes: at least one of the fields, or `all`. */
 export interface CancelFilter {
-  /** Pending states only: ready, running, scheduled, retryable. */
+  /** Pending states only: ready, running, scheduled, retryable, held. */
   state?: Exclude<TaskState, 'dead' | 'completed' | 'cancelled'>;
   queue?: string;
   type?: string;
@@ -532,7 +532,7 @@ export async function cancelTasks(
   const storage = storageFor(schema);
   const { state, queue, type, all } = filter;
   if (state !== undefined && FINISHED.has(parseState(state)))
-    throw new BerthInputError(`cannot cancel ${state} tasks: only ready, running, scheduled or retryable ones`);
+    throw new BerthInputError(`cannot cancel ${state} tasks: only ready, running, scheduled, retryable or held ones`);
   for (const [name, v] of [
     ['queue', queue],
     ['type', type],

@@ -315,6 +315,8 @@ export class Maintenance {
   private readonly contentionTally = new ContentionTally();
   /** Wakes the keys branch (a keyed enqueue's or a raised key limit's `keys` notice). */
   private readonly keysWaker = new BranchWaker();
+  /** The last key the keys branch visited (it goes on from there; null: from the first). */
+  private keysCursor: string | null = null;
   private readonly stopSignal = new AbortController();
   private loop: Promise<void> | null = null;
   /** Held leases at the last rescue run (logged on change). */
@@ -438,8 +440,11 @@ export class Maintenance {
         intervalMs: o.promoteIntervalMs,
         waker: this.keysWaker,
         run: async () => {
-          const n = await promoteHeldWithin(pool, storage, o.laneLockTimeoutMs);
-          if (n > 0) metrics.keysAdmitted.inc(n);
+          // Round-robin over the keys with held tasks, a thousand a run, so none waits behind
+          // the first thousand: the run goes on from the last key it visited.
+          const r = await promoteHeldWithin(pool, storage, this.keysCursor);
+          this.keysCursor = r.lastKey;
+          if (r.admitted > 0) metrics.keysAdmitted.inc(r.admitted);
         },
       },
       {
@@ -524,7 +529,10 @@ export class Maintenance {
           if (z) this.deps.logger.info({ pruned: z }, 'pruned snooze counts of tasks no longer pending');
           const results = await pruneResults(pool, storage, o.resultRetentionMs, 5000, this.term?.signal);
           if (results) this.deps.logger.info({ pruned: results }, 'pruned task results past retention');
-          const keys = await pruneTaskKeys(pool, storage, 5000);
+          // In batches until a short one, as results are (a backlog of finished keyed tasks
+          // larger than one batch would otherwise grow an hour at a time).
+          let keys = 0;
+          for (let n = 5000; n === 5000 && !this.term?.signal.aborted; keys += n) n = await pruneTaskKeys(pool, storage, 5000);
           if (keys) this.deps.logger.info({ pruned: keys }, 'pruned the concurrency keys of tasks that are gone');
         },
       },
@@ -629,11 +637,15 @@ export class Maintenance {
 }
 
 /**
- * Admit held keyed tasks in a transaction whose lock_timeout bounds the wait for a lane a
- * producer holds (promote_held skips that key for this run).
+ * Admit held keyed tasks of the keys after `after` (promote_held tries every lock it takes, so
+ * it never waits while holding others), in a transaction of its own.
  */
-function promoteHeldWithin(pool: pg.Pool, storage: Storage, lockTimeoutMs: number | null): Promise<number> {
-  return inPoolTransaction(pool, (c) => promoteHeld(c.client, storage, null), { lockTimeoutMs });
+function promoteHeldWithin(
+  pool: pg.Pool,
+  storage: Storage,
+  after: string | null,
+): Promise<{ admitted: number; lastKey: string | null }> {
+  return inPoolTransaction(pool, (c) => promoteHeld(c.client, storage, null, after));
 }
 
 function sleepUnlessAborted(ms: number, signal: AbortSignal): Promise<void> {

@@ -187,7 +187,7 @@ export async function runDueTasks(
         if ((await promoteDue(pool, o.schema)) > 0) continue;
         // Then keyed tasks held for their keys: each run settled before the next claim, so a
         // key's next task is admitted here as the leader would admit it.
-        if ((await promoteHeld(pool, storageFor(o.schema), null)) > 0) continue;
+        if ((await promoteHeld(pool, storageFor(o.schema), null)).admitted > 0) continue;
         return reports;
       }
       if (reports.length >= maxRuns) {

@@ -66,7 +66,13 @@ function stopGraceMs(options: StopOptions): number {
  * on purpose (rescue, gauges, prune) turn both back on for themselves (`queryRingRead`).
  */
 export const SESSION_OPTIONS =
-  '-c jit=off -c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off';
+  '-c jit=off -c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off' +
+  // READ COMMITTED whatever the database's or the role's default: the limited claim's capacity
+  // and a key's admission read, after taking their lock, what was committed before it was
+  // granted (a statement's own snapshot); at REPEATABLE READ the transaction's first snapshot,
+  // older than the lock, would miss a competing claim or admission (limit_capacity and
+  // promote_held refuse to run at another level).
+  ' -c default_transaction_isolation=read\\ committed';
 
 /** Everything start() builds, so stop() takes down exactly what exists. */
 interface Running {

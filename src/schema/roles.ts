@@ -32,13 +32,13 @@ const ENQUEUE = 'enqueue(text, smallint, smallint, smallint, text[], jsonb[], ti
 /** The enqueue before migration 12 (no trace context), kept for producers of the previous version during a deploy. */
 const ENQUEUE_BEFORE_13 =
   'enqueue(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[], integer[], text[])';
+/** A keyed enqueue (migration 29): enqueue() with each task held for its concurrency key. */
+const ENQUEUE_KEYED =
+  'enqueue_keyed(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[], integer[], text[], text, text[])';
 /**
  * The documented SQL doors to enqueue (migration 23): users call them from triggers, psql, other
  * languages and ORMs, under either role. They go through `enqueue()` as the owner.
  */
-/** A keyed enqueue (migration 29): enqueue() with each task held for its concurrency key. */
-const ENQUEUE_KEYED =
-  'enqueue_keyed(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[], integer[], text[], text, text[])';
 const ADD_TASK = [
   'add_task(text, jsonb, text, timestamptz, integer, text, integer, interval, integer, integer)',
   'add_tasks(jsonb)',
@@ -79,7 +79,7 @@ const WORKER_FUNCTIONS = [
   'limit_usage()',
   // Concurrency keys (migration 29): admitting held tasks (the leader's tick, and the worker that
   // settled a keyed task), and the retention of keys of tasks that are gone.
-  'promote_held(text[])',
+  'promote_held(text[], text)',
   'key_entry_live(bigint)',
   'release_keys(bigint[])',
   'prune_task_keys(integer)',
@@ -235,7 +235,7 @@ function workerGrants(s: string): Grant[] {
     // Concurrency keys (migration 29): read by the gauges and the worker (which queues hold keyed
     // tasks); written only by the definer functions, as the owner. Key limits are set_key_limit's
     // (operators).
-    { privileges: 'SELECT', on: `${s}.task_keys, ${s}.held_keys, ${s}.key_holders, ${s}.key_limits` },
+    { privileges: 'SELECT', on: `${s}.task_keys, ${s}.held_keys, ${s}.key_holders, ${s}.key_limits, ${s}.keyed_queues` },
     // Schedules (migration 26): a worker upserts the ones it declares at start (INSERT … ON
     // CONFLICT DO UPDATE of the declaration); the leader moves the watermark and the last fire in
     // each fire's transaction, and marks schedules stale or not. Pausing is an operator's: no

@@ -11,10 +11,10 @@ export interface CancelDetail {
   /** `cli:alice`, `dashboard:ops@example.com`; null when the cancel named nobody. */
   actor: string | null;
   /** What the task was when cancelled: `running`, or a pending state; null on a row older than migration 25. */
-  state: 'running' | 'ready' | 'scheduled' | 'retryable' | null;
+  state: 'running' | 'ready' | 'scheduled' | 'retryable' | 'held' | null;
 }
 
-const CANCELLED_WHILE: ReadonlySet<string> = new Set(['running', 'ready', 'scheduled', 'retryable']);
+const CANCELLED_WHILE: ReadonlySet<string> = new Set(['running', 'ready', 'scheduled', 'retryable', 'held']);
 
 /** The cancel detail in a `cancelled` row's error data (the `data` text, or the whole error object). */
 export function cancelDetail(data: unknown): CancelDetail {

@@ -10,15 +10,21 @@ import type { Storage } from './storage.js';
  */
 
 /**
- * Admit held tasks of `keys` (null: every key with held tasks) up to their limits, in the
- * caller's transaction or its own statement. Returns how many were admitted.
+ * Admit held tasks of `keys` (null: the keys with held tasks after `after`, in key order, at most
+ * 1000 a call) up to their limits. Returns how many were admitted and the last key visited (null
+ * when none was: the caller starts again from the first key).
  */
-export async function promoteHeld(db: Queryable, storage: Storage, keys: readonly string[] | null): Promise<number> {
+export async function promoteHeld(
+  db: Queryable,
+  storage: Storage,
+  keys: readonly string[] | null,
+  after: string | null = null,
+): Promise<{ admitted: number; lastKey: string | null }> {
   const statement = storage.statement('keys-promote', ({ q: s }) =>
-    compile(sql`SELECT ${s}.promote_held(${p('keys')}::text[]) AS n`),
+    compile(sql`SELECT admitted, last_key FROM ${s}.promote_held(${p('keys')}::text[], ${p('after')}::text)`),
   );
-  const res = await db.query<{ n: number }>(statement.query({ keys }));
-  return res.rows[0]?.n ?? 0;
+  const res = await db.query<{ admitted: number; last_key: string | null }>(statement.query({ keys, after }));
+  return { admitted: res.rows[0]?.admitted ?? 0, lastKey: res.rows[0]?.last_key ?? null };
 }
 
 /** The worker's step after settling keyed tasks: admit the next held tasks of their keys. */
@@ -48,7 +54,7 @@ export async function queueFlags(db: Queryable, storage: Storage): Promise<{ lim
   const statement = storage.statement('queue-flags', ({ q: s }) =>
     compile(
       sql`SELECT ARRAY(SELECT queue FROM ${s}.queue_limits ORDER BY queue) AS limited,
-                 ARRAY(SELECT DISTINCT queue FROM ${s}.key_holders ORDER BY queue) AS keyed`,
+                 ARRAY(SELECT queue FROM ${s}.keyed_queues ORDER BY queue) AS keyed`,
     ),
   );
   const res = await db.query<{ limited: string[]; keyed: string[] }>(statement.query({}));

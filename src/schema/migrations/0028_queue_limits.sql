@@ -91,6 +91,10 @@ BEGIN
   IF p_queue IS NULL THEN
     RAISE EXCEPTION 'berth: limit_capacity: queue must not be null' USING ERRCODE = '22004';
   END IF;
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'berth: limit_capacity must run at READ COMMITTED (a snapshot older than the limit row lock would miss a competing claim)'
+      USING ERRCODE = '25000';
+  END IF;
   free := greatest(coalesce(p_want, 0), 0);
   -- SKIP LOCKED: a claimer that holds the row (another worker mid-claim, paused by a GC or the
   -- network) must not hold up this one's fetch, which claims the other queues on the same

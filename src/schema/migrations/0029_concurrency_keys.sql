@@ -54,6 +54,13 @@ CREATE TABLE {{schema}}.key_holders (
   PRIMARY KEY (key, id)
 );
 
+-- Queues that have had keyed tasks admitted (written by promote_held, the leader and the
+-- releasing workers only): what a worker reads once per poll to know whose settled tasks may
+-- free a key. Never read per task.
+CREATE TABLE {{schema}}.keyed_queues (
+  queue text PRIMARY KEY
+);
+
 CREATE TABLE {{schema}}.key_limits (
   scope text NOT NULL CHECK (scope IN ('queue', 'type')),
   name text NOT NULL,
@@ -67,7 +74,9 @@ CREATE TABLE {{schema}}.key_limits (
 -- past its lane's cursor is unleased, so unsettled), its segment not pruned (a segment is
 -- truncated only once every entry in it is settled).
 CREATE FUNCTION {{schema}}.key_entry_live(p_id bigint)
-RETURNS boolean LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+RETURNS boolean LANGUAGE sql STABLE AS $fn$
+  -- No SET clause: a plain SQL function is inlined into the statement that calls it (planned once
+  -- there), where one with SET would be planned anew, over every ring partition, per call.
   SELECT EXISTS (
     SELECT 1 FROM {{schema}}.ready r
      WHERE r.id = p_id
@@ -82,65 +91,78 @@ RETURNS boolean LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn
                         WHERE l.to_seq >= r.lane_seq AND x.seqs @> r.lane_seq))
 $fn$;
 
--- Admit held tasks of each key (NULL: every key with held tasks, oldest held first, at most
--- 1000) up to its limit. A key whose lock another session holds is skipped; a lane whose lock a
--- producer holds past the caller's lock_timeout skips that key for this call. Returns how many
--- tasks were admitted.
-CREATE FUNCTION {{schema}}.promote_held(p_keys text[])
-RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+-- Admit held tasks of each key (NULL: the keys with held tasks after p_after in key order, at
+-- most 1000: the leader walks them round-robin, so no key waits behind the first thousand) up
+-- to its limit. Returns how many tasks were admitted and the last key visited.
+--
+-- Locks: the key's advisory lock, exclusive and tried (a key being admitted elsewhere, or held
+-- by a producer's shared lock in flight, is skipped: the next call visits it); each lane's lock
+-- tried too (a lane a producer holds skips that key for this call), so a call never waits for a
+-- lock while holding others. A key's held_keys row is deleted only under its exclusive lock, once
+-- it has had no held task for a minute: every path that holds a task takes the key's shared lock
+-- first, so none can commit a held task whose key this deletion misses.
+CREATE FUNCTION {{schema}}.promote_held(p_keys text[], p_after text, OUT admitted integer, OUT last_key text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
   v_key text;
   v_live integer;
   v_k integer;
-  v_total integer := 0;
+  v_lane integer;
   r record;
 BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'berth: promote_held must run at READ COMMITTED (a snapshot older than the key lock would miss admissions)'
+      USING ERRCODE = '25000';
+  END IF;
+  admitted := 0;
   FOR v_key IN
     SELECT hk.key FROM {{schema}}.held_keys hk
-     WHERE p_keys IS NULL OR hk.key = ANY (p_keys)
-     ORDER BY hk.since, hk.key LIMIT 1000
+     WHERE (p_keys IS NULL OR hk.key = ANY (p_keys)) AND (p_after IS NULL OR hk.key > p_after)
+     ORDER BY hk.key LIMIT 1000
   LOOP
+    last_key := v_key;
     CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended({{schema_literal}} || ':key:' || v_key, 0));
-    BEGIN
-      -- Statements after the lock: each sees every admission committed before it was granted.
-      DELETE FROM {{schema}}.key_holders h WHERE h.key = v_key AND NOT {{schema}}.key_entry_live(h.id);
-      SELECT count(*) INTO v_live FROM {{schema}}.key_holders h WHERE h.key = v_key;
-      LOOP
-        SELECT d.* INTO r FROM {{schema}}.task_keys tk JOIN {{schema}}.deferred d ON d.id = tk.id
-         WHERE tk.key = v_key AND d.state = 'held'
-         ORDER BY d.priority, d.id LIMIT 1
-         FOR UPDATE OF d SKIP LOCKED;
-        EXIT WHEN NOT FOUND;
-        v_k := coalesce((SELECT kl.per_key FROM {{schema}}.key_limits kl WHERE kl.scope = 'type' AND kl.name = r.type),
-                        (SELECT kl.per_key FROM {{schema}}.key_limits kl WHERE kl.scope = 'queue' AND kl.name = r.queue),
-                        1);
-        EXIT WHEN v_live >= v_k;
-        DELETE FROM {{schema}}.deferred d WHERE d.id = r.id;
-        PERFORM {{schema}}.append_ready({{schema}}.provision_lane(r.queue, r.priority, r.shard), ARRAY[r.id],
-                  ARRAY[r.type], ARRAY[r.payload], ARRAY[r.attempts], ARRAY[r.max_attempts], ARRAY[r.dedupe_key],
-                  ARRAY[r.last_error], ARRAY[r.created_at], ARRAY[now()], ARRAY[r.trace_context]);
-        INSERT INTO {{schema}}.key_holders (key, id, queue) VALUES (v_key, r.id, r.queue) ON CONFLICT DO NOTHING;
-        v_live := v_live + 1;
-        v_total := v_total + 1;
-      END LOOP;
-      IF NOT EXISTS (SELECT 1 FROM {{schema}}.task_keys tk JOIN {{schema}}.deferred d ON d.id = tk.id
-                      WHERE tk.key = v_key AND d.state = 'held') THEN
-        DELETE FROM {{schema}}.held_keys WHERE key = v_key;
-      END IF;
-    EXCEPTION WHEN lock_not_available THEN
-      -- A producer holds one of the lanes past lock_timeout: this key's admissions roll back
-      -- (the subtransaction), and the next call admits them.
-      NULL;
-    END;
+    -- Statements after the lock: each sees every admission committed before it was granted.
+    DELETE FROM {{schema}}.key_holders h WHERE h.key = v_key AND NOT {{schema}}.key_entry_live(h.id);
+    SELECT count(*) INTO v_live FROM {{schema}}.key_holders h WHERE h.key = v_key;
+    LOOP
+      -- The key's next held task, by priority then id, in a queue not paused (a paused queue's
+      -- task admitted would hold its key until the resume).
+      SELECT d.* INTO r FROM {{schema}}.task_keys tk JOIN {{schema}}.deferred d ON d.id = tk.id
+       WHERE tk.key = v_key AND d.state = 'held'
+         AND NOT EXISTS (SELECT 1 FROM {{schema}}.queue_pauses qp WHERE qp.queue = d.queue)
+       ORDER BY d.priority, d.id LIMIT 1
+       FOR UPDATE OF d SKIP LOCKED;
+      EXIT WHEN NOT FOUND;
+      -- K applies at admission: the task being admitted says which (its type's, else its queue's).
+      v_k := coalesce((SELECT kl.per_key FROM {{schema}}.key_limits kl WHERE kl.scope = 'type' AND kl.name = r.type),
+                      (SELECT kl.per_key FROM {{schema}}.key_limits kl WHERE kl.scope = 'queue' AND kl.name = r.queue),
+                      1);
+      EXIT WHEN v_live >= v_k;
+      v_lane := {{schema}}.provision_lane(r.queue, r.priority, r.shard);
+      EXIT WHEN NOT pg_try_advisory_xact_lock({{schema_lock_key}}, v_lane);
+      DELETE FROM {{schema}}.deferred d WHERE d.id = r.id;
+      PERFORM {{schema}}.append_ready(v_lane, ARRAY[r.id],
+                ARRAY[r.type], ARRAY[r.payload], ARRAY[r.attempts], ARRAY[r.max_attempts], ARRAY[r.dedupe_key],
+                ARRAY[r.last_error], ARRAY[r.created_at], ARRAY[now()], ARRAY[r.trace_context]);
+      INSERT INTO {{schema}}.key_holders (key, id, queue) VALUES (v_key, r.id, r.queue) ON CONFLICT DO NOTHING;
+      INSERT INTO {{schema}}.keyed_queues (queue) VALUES (r.queue) ON CONFLICT DO NOTHING;
+      v_live := v_live + 1;
+      admitted := admitted + 1;
+    END LOOP;
+    DELETE FROM {{schema}}.held_keys hk
+     WHERE hk.key = v_key AND hk.since < now() - interval '1 minute'
+       AND NOT EXISTS (SELECT 1 FROM {{schema}}.task_keys tk JOIN {{schema}}.deferred d ON d.id = tk.id
+                        WHERE tk.key = v_key AND d.state = 'held');
   END LOOP;
-  RETURN v_total;
 END $fn$;
 
 -- The worker that settled keyed tasks frees their keys: admit the next held tasks of the keys of
 -- p_ids (ids that carry no key are ignored).
 CREATE FUNCTION {{schema}}.release_keys(p_ids bigint[])
 RETURNS integer LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-  SELECT {{schema}}.promote_held(ARRAY(SELECT DISTINCT tk.key FROM {{schema}}.task_keys tk WHERE tk.id = ANY (p_ids)))
+  SELECT (SELECT p.admitted FROM {{schema}}.promote_held(
+            ARRAY(SELECT DISTINCT tk.key FROM {{schema}}.task_keys tk WHERE tk.id = ANY (p_ids)), NULL) p)
    WHERE EXISTS (SELECT 1 FROM {{schema}}.task_keys tk WHERE tk.id = ANY (p_ids))
 $fn$;
 
@@ -172,6 +194,11 @@ BEGIN
   END IF;
   -- The run times as given are checked here; enqueue() checks the rest.
   PERFORM {{schema}}.check_tasks('enqueue_keyed', p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe, p_trace_context);
+  -- Each key's shared lock, in key order, held to commit: promote_held deletes a key's held_keys
+  -- row only under the exclusive lock, so it cannot drop the row of a key this call holds a task
+  -- of before the call commits.
+  PERFORM pg_advisory_xact_lock_shared(hashtextextended({{schema_literal}} || ':key:' || k, 0))
+     FROM (SELECT DISTINCT k FROM unnest(p_keys) AS u(k) ORDER BY k) x;
   -- Separate statements: each one after enqueue() sees the rows it wrote (one statement's CTEs
   -- share a snapshot taken before the function ran).
   SELECT array_agg(x.ord ORDER BY x.ord), array_agg(x.id ORDER BY x.ord), array_agg(x.state ORDER BY x.ord),
@@ -188,9 +215,11 @@ BEGIN
     FROM (SELECT v.id, coalesce(v.r, now()) AS run_at
             FROM unnest(v_ids, coalesce(p_run_at, array_fill(NULL::timestamptz, ARRAY[v_n]))) AS v(id, r)) u
    WHERE d.id = u.id AND u.id IS NOT NULL;
+  -- In key order (two calls holding new keys wait for each other's uncommitted rows in one order).
   INSERT INTO {{schema}}.held_keys (key)
-  SELECT DISTINCT u.k FROM unnest(v_ids, p_keys) AS u(id, k)
-    JOIN {{schema}}.deferred d ON d.id = u.id AND d.state = 'held'
+  SELECT x.k FROM (SELECT DISTINCT u.k FROM unnest(v_ids, p_keys) AS u(id, k)
+                      JOIN {{schema}}.deferred d ON d.id = u.id AND d.state = 'held') x
+   ORDER BY x.k
   ON CONFLICT DO NOTHING;
   RETURN QUERY
   SELECT u.o, u.i,
@@ -203,48 +232,63 @@ END $fn$;
 
 -- promote_lane as in migration 12, except that a due keyed row is held (state `held`, run_at
 -- 'infinity', its key in held_keys) instead of appended: only promote_held admits a keyed task.
--- One primary-key probe of task_keys per promoted row.
+-- A keyed row whose key's shared lock is not free now (promote_held is deleting the key's
+-- held_keys row) stays due for the next tick. The key of each row is one primary-key probe of
+-- task_keys (LATERAL … LIMIT 1: a generic plan must not turn it into a hashed read of the table).
 CREATE OR REPLACE FUNCTION {{schema}}.promote_lane(p_queue text, p_priority smallint, p_shard smallint,
                                   p_limit integer)
 RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE v_lane integer; v_n integer; v_held integer;
+DECLARE
+  v_lane integer;
+  v_n integer;
+  v_ids bigint[];
+  v_keys text[];
+  v_plain bigint[];
+  v_hold bigint[] := '{}';
+  v_held integer := 0;
+  i integer;
 BEGIN
   v_lane := {{schema}}.provision_lane(p_queue, p_priority, p_shard);
   PERFORM pg_advisory_xact_lock({{schema_lock_key}}, v_lane);
   -- Locked first so a busy lane times out before any row is taken; append_ready re-takes it.
-  WITH picked AS MATERIALIZED (
-    SELECT x.id, EXISTS (SELECT 1 FROM {{schema}}.task_keys k WHERE k.id = x.id) AS keyed
-      FROM {{schema}}.deferred x
-     WHERE x.queue = p_queue AND x.priority = p_priority AND x.shard = p_shard
-       AND x.run_at <= now()
-     ORDER BY x.run_at, x.priority, x.id
-     LIMIT p_limit
-     FOR UPDATE SKIP LOCKED
-  ), held AS (
-    UPDATE {{schema}}.deferred d SET state = 'held', run_at = 'infinity'
-      FROM picked p WHERE d.id = p.id AND p.keyed
-    RETURNING d.id
-  ), held_key AS (
+  SELECT array_agg(x.id ORDER BY x.run_at, x.id), array_agg(k.key ORDER BY x.run_at, x.id)
+    INTO v_ids, v_keys
+    FROM (SELECT d.id, d.run_at FROM {{schema}}.deferred d
+           WHERE d.queue = p_queue AND d.priority = p_priority AND d.shard = p_shard
+             AND d.run_at <= now()
+           ORDER BY d.run_at, d.priority, d.id
+           LIMIT p_limit
+           FOR UPDATE SKIP LOCKED) x
+    LEFT JOIN LATERAL (SELECT tk.key FROM {{schema}}.task_keys tk WHERE tk.id = x.id LIMIT 1) k ON true;
+  IF v_ids IS NULL THEN RETURN 0; END IF;
+  v_plain := ARRAY(SELECT u.id FROM unnest(v_ids, v_keys) AS u(id, k) WHERE u.k IS NULL);
+  IF cardinality(v_plain) < cardinality(v_ids) THEN
+    FOR i IN 1 .. cardinality(v_ids) LOOP
+      IF v_keys[i] IS NOT NULL
+         AND pg_try_advisory_xact_lock_shared(hashtextextended({{schema_literal}} || ':key:' || v_keys[i], 0)) THEN
+        v_hold := v_hold || v_ids[i];
+      END IF;
+    END LOOP;
+    UPDATE {{schema}}.deferred d SET state = 'held', run_at = 'infinity' WHERE d.id = ANY (v_hold);
+    GET DIAGNOSTICS v_held = ROW_COUNT;
     INSERT INTO {{schema}}.held_keys (key)
-    SELECT DISTINCT k.key FROM held h JOIN {{schema}}.task_keys k ON k.id = h.id
-    ON CONFLICT DO NOTHING
-    RETURNING 1
-  ), moved AS (
-    DELETE FROM {{schema}}.deferred d
-     WHERE d.id IN (SELECT p.id FROM picked p WHERE NOT p.keyed)
-    RETURNING d.*
+    SELECT x.key FROM (SELECT DISTINCT tk.key FROM {{schema}}.task_keys tk WHERE tk.id = ANY (v_hold)) x
+     ORDER BY x.key
+    ON CONFLICT DO NOTHING;
+    IF v_held > 0 THEN PERFORM pg_notify({{wake_channel_literal}}, 'keys'); END IF;
+  END IF;
+  WITH moved AS (
+    DELETE FROM {{schema}}.deferred d WHERE d.id = ANY (v_plain) RETURNING d.*
   )
   SELECT {{schema}}.append_ready(v_lane,
            array_agg(m.id ORDER BY m.run_at, m.id), array_agg(m.type ORDER BY m.run_at, m.id),
            array_agg(m.payload ORDER BY m.run_at, m.id), array_agg(m.attempts ORDER BY m.run_at, m.id),
            array_agg(m.max_attempts ORDER BY m.run_at, m.id), array_agg(m.dedupe_key ORDER BY m.run_at, m.id),
            array_agg(m.last_error ORDER BY m.run_at, m.id), array_agg(m.created_at ORDER BY m.run_at, m.id),
-           array_agg(m.run_at ORDER BY m.run_at, m.id), array_agg(m.trace_context ORDER BY m.run_at, m.id)),
-         (SELECT count(*) FROM held)
-    INTO v_n, v_held
+           array_agg(m.run_at ORDER BY m.run_at, m.id), array_agg(m.trace_context ORDER BY m.run_at, m.id))
+    INTO v_n
     FROM moved m;
-  IF v_held > 0 THEN PERFORM pg_notify({{wake_channel_literal}}, 'keys'); END IF;
-  RETURN coalesce(v_n, 0) + coalesce(v_held, 0);
+  RETURN coalesce(v_n, 0) + v_held;
 END $fn$;
 
 -- retry_dead as in migration 12, except that a keyed dead letter goes back to deferred storage,
@@ -254,6 +298,9 @@ RETURNS TABLE (id bigint, result text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE v_lane record; v_done bigint[] := '{}'; v_part bigint[]; v_held bigint[];
 BEGIN
+  -- The shared lock of each key a retried task holds, in key order, as enqueue_keyed takes them.
+  PERFORM pg_advisory_xact_lock_shared(hashtextextended({{schema_literal}} || ':key:' || x.key, 0))
+     FROM (SELECT DISTINCT tk.key FROM {{schema}}.task_keys tk WHERE tk.id = ANY (p_ids) ORDER BY tk.key) x;
   FOR v_lane IN
     SELECT DISTINCT d.queue, d.priority, d.shard FROM {{schema}}.dead_letters d WHERE d.id = ANY (p_ids)
   LOOP
@@ -287,7 +334,8 @@ BEGIN
       RETURNING deferred.id
     ), held_key AS (
       INSERT INTO {{schema}}.held_keys (key)
-      SELECT DISTINCT tk.key FROM held h JOIN {{schema}}.task_keys tk ON tk.id = h.id
+      SELECT x.key FROM (SELECT DISTINCT tk.key FROM held h JOIN {{schema}}.task_keys tk ON tk.id = h.id) x
+       ORDER BY x.key
       ON CONFLICT DO NOTHING RETURNING 1
     ), appended AS (
       SELECT {{schema}}.append_ready({{schema}}.provision_lane(v_lane.queue, v_lane.priority, v_lane.shard),
@@ -371,6 +419,8 @@ BEGIN
   GET DIAGNOSTICS v_n = ROW_COUNT;
   DELETE FROM {{schema}}.key_holders h
    WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.task_keys tk WHERE tk.id = h.id);
+  DELETE FROM {{schema}}.keyed_queues q
+   WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.key_holders h WHERE h.queue = q.queue);
   RETURN v_n;
 END $fn$;
 
@@ -393,7 +443,7 @@ BEGIN
   PERFORM pg_notify({{wake_channel_literal}}, 'keys');
 END $fn$;
 
-REVOKE EXECUTE ON FUNCTION {{schema}}.key_entry_live(bigint), {{schema}}.promote_held(text[]),
+REVOKE EXECUTE ON FUNCTION {{schema}}.key_entry_live(bigint), {{schema}}.promote_held(text[], text),
   {{schema}}.release_keys(bigint[]),
   {{schema}}.enqueue_keyed(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[], integer[], text[], text, text[]),
   {{schema}}.promote_lane(text, smallint, smallint, integer), {{schema}}.retry_dead(bigint[]),
