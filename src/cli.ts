@@ -17,6 +17,7 @@ import { registerHistoryCommands } from './cli/history.js';
 import { registerDeadCommands } from './cli/dead.js';
 import { registerQueueCommands } from './cli/queues.js';
 import { registerLimitCommands } from './cli/limits.js';
+import { registerKeyCommands } from './cli/keys.js';
 import { registerScheduleCommands } from './cli/schedules.js';
 import { registerStatsCommands } from './cli/stats.js';
 import { registerWorkerCommands } from './cli/worker.js';
@@ -175,6 +176,7 @@ export function buildProgram(): Command {
   registerDeadCommands(program);
   registerQueueCommands(program);
   registerLimitCommands(program);
+  registerKeyCommands(program);
   registerScheduleCommands(program);
   registerStatsCommands(program);
   registerDashboardCommand(program);

@@ -12,6 +12,7 @@ import {
   enqueue,
   enqueueMany,
   getTask,
+  listKeyLimits,
   listQueueLimits,
   pauseQueue,
   resumeQueue,
@@ -438,6 +439,78 @@ test('the Queues page limits a queue: set from its form, held at the limit (runn
       ],
     );
     // The refused save answered 400, which the browser logs as a failed resource load.
+    assert.deepEqual(
+      errors.filter((e) => !/status of 400/.test(e)),
+      [],
+    );
+  } finally {
+    hold.release();
+    await close();
+  }
+});
+
+test('the Queues page sets a key limit from its form (the held tasks of a key start), refuses a bad one naming the field, lists the held keys, and clears it (audited)', async () => {
+  hold.arm();
+  const { page, errors, close } = await open('queues');
+  try {
+    await textOf(page, '#keys', /No key limits set/);
+    await textOf(page, '#keys', /No tasks are held for their keys\./);
+    const jobs = await enqueueMany(
+      pool,
+      [1, 2, 3].map((i) => ({ type: 'slow.job', payload: { i }, queue: 'keyed', concurrencyKey: 'tenant-x' })),
+      { schema },
+    );
+    // One key, no limit: one runs, two are held; the page lists the key.
+    const held = 'tr[data-held-key="tenant-x"]';
+    await textOf(page, `${held} td:nth-child(2)`, /^2$/);
+    await textOf(page, `${held} td:nth-child(3)`, /^1$/);
+
+    // A per-key value the server cannot read is refused, naming the field; nothing is set.
+    await page.selectOption('#key-limit-new select[data-field="scope"]', 'queue');
+    await page.fill('#key-limit-new input[data-field="name"]', 'keyed');
+    await page.fill('#key-limit-new input[data-field="perKey"]', 'many');
+    await page.click('#key-limit-new button:has-text("Set key limit")');
+    await textOf(page, '#toast', /Key limit of queue keyed failed: .*perKey must be an integer/);
+    assert.deepEqual(await listKeyLimits(pool, schema), []);
+
+    // Three per key: the held two start.
+    await page.fill('#key-limit-new input[data-field="perKey"]', '3');
+    await page.click('#key-limit-new button:has-text("Set key limit")');
+    await textOf(page, '#toast', /Key limit of queue keyed: at most 3 per key/);
+    const row = 'tr[data-key-limit="queue:keyed"]';
+    await textOf(page, row, /^queuekeyed3dashboard:local/);
+    await textOf(page, '#keys', /No tasks are held for their keys\./);
+    await waitFor(
+      async () => {
+        const states = await Promise.all(jobs.map(async (j) => (await getTask(pool, schema, j.id!))?.state));
+        return states.every((s) => s === 'running');
+      },
+      WAIT,
+      'the three keyed jobs running at once',
+    );
+
+    // Changed from its row, then cleared with a confirmation.
+    await page.fill(`${row} input[data-field="perKey"]`, '2');
+    await page.click(`${row} button:has-text("Save")`);
+    await textOf(page, `${row} td:nth-child(3)`, /^2$/);
+    await page.click(`${row} button:has-text("Clear")`);
+    await textOf(page, '#confirm-text', /Remove the key limit of queue keyed\?/);
+    await page.click('#confirm-ok');
+    await textOf(page, '#keys', /No key limits set/);
+    hold.release();
+    await waitFor(() => jobs.every((j) => ran.get(j.id!) === 1), WAIT, 'the keyed jobs to finish');
+    const actions = await pool.query(
+      `SELECT actor, action, target FROM ${S}.audit_log WHERE action LIKE 'key.%' AND NOT result ? 'error' ORDER BY id`,
+    );
+    assert.deepEqual(
+      actions.rows.map((r) => [r.actor, r.action, r.target.perKey ?? null]),
+      [
+        ['dashboard:local', 'key.limit', 3],
+        ['dashboard:local', 'key.limit', 2],
+        ['dashboard:local', 'key.unlimit', null],
+      ],
+    );
+    // The refused set answered 400, which the browser logs as a failed resource load.
     assert.deepEqual(
       errors.filter((e) => !/status of 400/.test(e)),
       [],

@@ -7,6 +7,7 @@ import {
   enqueue,
   enqueueMany,
   getTask,
+  listKeyLimits,
   listQueueLimits,
   listQueues,
   pauseQueue,
@@ -421,6 +422,85 @@ test('queue limits through the API: set (the rate as an object or as 20/1s), lis
     { maxRunning: 1 },
   );
   assert.equal(refused.status, 403);
+});
+
+test('key limits through the API: set, changed and cleared (audited), listed with the held keys by /api/queues; bad input answers 400 naming the field; CSRF and read-only as every action', async () => {
+  const url = await dashboard();
+  const csrf = { 'x-berth-csrf': await csrfFor(url) };
+  await enqueueMany(
+    pool,
+    [1, 2, 3].map((i) => ({ type: 'dash_key', payload: { i }, queue: 'api-keyed', concurrencyKey: 'tenant-a' })),
+    { schema },
+  );
+  const base = `${url}api/keys/limits`;
+  const set = await post(base, csrf, { queue: 'api-keyed', perKey: 2 });
+  assert.equal(set.status, 200, set.body);
+  assert.deepEqual(set.json(), { keyLimit: { scope: 'queue', name: 'api-keyed', perKey: 2 } });
+  const byType = await post(base, csrf, { type: 'dash_key', perKey: 3 });
+  assert.deepEqual(byType.json(), { keyLimit: { scope: 'type', name: 'dash_key', perKey: 3 } });
+  const queues = (await call(`${url}api/queues`)).json() as {
+    keyLimits: Record<string, unknown>[];
+    heldKeys: Record<string, unknown>[];
+  };
+  assert.deepEqual(
+    queues.keyLimits.map(({ updatedAt, ...l }) => ({ ...l, updatedAt: typeof updatedAt })),
+    [
+      { scope: 'queue', name: 'api-keyed', perKey: 2, updatedBy: 'dashboard:local', updatedAt: 'string' },
+      { scope: 'type', name: 'dash_key', perKey: 3, updatedBy: 'dashboard:local', updatedAt: 'string' },
+    ],
+  );
+  const held = queues.heldKeys.find((k) => k.key === 'tenant-a');
+  assert.deepEqual([held?.held, held?.running, typeof held?.since], [3, 0, 'string']);
+
+  const bad: [string, unknown, RegExp][] = [
+    [base, { queue: 'api-keyed' }, /a key limit needs perKey/],
+    [base, { queue: 'api-keyed', perKey: 0 }, /perKey must be an integer from 1 to 1000000 \(got 0\)/],
+    [base, { queue: 'api-keyed', perKey: 2.5 }, /perKey must be an integer/],
+    [base, { queue: 'api-keyed', perKey: 'many' }, /perKey must be an integer from 1 to 1000000 \(got "many"\)/],
+    [base, { perKey: 2 }, /the target names exactly one of queue or type/],
+    [base, { queue: 'a', type: 'b', perKey: 2 }, /exactly one of queue or type/],
+    [base, { taskType: 'x', perKey: 2 }, /unknown option "taskType"; did you mean "type"\?/],
+    [base, { queue: 'q'.repeat(300), perKey: 2 }, /queue must be a string of at most 255 UTF-8 bytes/],
+    [`${base}/clear`, {}, /clearKeyLimit: the target names exactly one of queue or type/],
+    [`${base}/clear`, { queue: 'api-keyed', force: true }, /unknown option "force"/],
+  ];
+  for (const [path, body, message] of bad) {
+    const r = await post(path, csrf, body);
+    assert.equal(r.status, 400, `${JSON.stringify(body)}: ${r.body}`);
+    assert.match(String(r.json().error), message, JSON.stringify(body));
+  }
+  assert.deepEqual(
+    (await listKeyLimits(pool, schema)).map((l) => [l.scope, l.name, l.perKey]),
+    [
+      ['queue', 'api-keyed', 2],
+      ['type', 'dash_key', 3],
+    ],
+  );
+  const noCsrf = await post(base, {}, { queue: 'api-keyed', perKey: 9 });
+  assert.equal(noCsrf.status, 403);
+
+  assert.deepEqual((await post(`${base}/clear`, csrf, { queue: 'api-keyed' })).json(), { keyLimitCleared: true });
+  assert.deepEqual((await post(`${base}/clear`, csrf, { queue: 'api-keyed' })).json(), { keyLimitCleared: false });
+  assert.deepEqual((await post(`${base}/clear`, csrf, { type: 'dash_key' })).json(), { keyLimitCleared: true });
+  assert.deepEqual((await call(`${url}api/queues`)).json().keyLimits, []);
+  const audit = await pool.query(
+    `SELECT actor, action, target FROM ${S}.audit_log
+      WHERE action LIKE 'key.%' AND NOT result ? 'error' ORDER BY id`,
+  );
+  assert.deepEqual(
+    audit.rows.map((r) => [r.actor, r.action, r.target]),
+    [
+      ['dashboard:local', 'key.limit', { queue: 'api-keyed', perKey: 2 }],
+      ['dashboard:local', 'key.limit', { type: 'dash_key', perKey: 3 }],
+      ['dashboard:local', 'key.unlimit', { queue: 'api-keyed' }],
+      ['dashboard:local', 'key.unlimit', { queue: 'api-keyed' }],
+      ['dashboard:local', 'key.unlimit', { type: 'dash_key' }],
+    ],
+  );
+  const readOnly = await dashboard({ readOnly: true });
+  const refused = await post(base, { 'x-berth-csrf': await csrfFor(readOnly) }, { queue: 'api-keyed', perKey: 1 });
+  assert.equal(refused.status, 403);
+  assert.deepEqual(await listKeyLimits(pool, schema), []);
 });
 
 test('security headers: a CSP without inline script, no framing, no sniffing', async () => {

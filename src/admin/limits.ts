@@ -2,7 +2,15 @@ import pg from 'pg';
 import { BerthInputError, orNotMigrated } from '../errors.js';
 import { checkInteger, checkKeys, checkText, MAX_ACTOR_CHARS, MAX_QUEUE_BYTES, MAX_TYPE_CHARS } from '../limits.js';
 import type { Logger } from '../logger.js';
-import { type HeldKey, heldKeys, type KeyLimitRow, keyLimits, setKeyLimitRow } from '../storage/keys.js';
+import {
+  type HeldKey,
+  heldKeys,
+  heldSummary,
+  type KeyLimitRow,
+  keyLimits,
+  setKeyLimitRow,
+  topHeldKeys,
+} from '../storage/keys.js';
 import type { Queryable } from '../sql.js';
 import {
   limitStatus,
@@ -223,19 +231,61 @@ export async function setKeyLimit(
   perKey: number | null,
   actor: string,
 ): Promise<void> {
-  if (typeof target !== 'object' || target === null || Array.isArray(target))
-    throw new BerthInputError('setKeyLimit: the target must be { queue } or { type }');
-  checkKeys(target, TARGET_KEYS, 'setKeyLimit', { task: 'type', taskType: 'type' });
-  const hasQueue = target.queue !== undefined;
-  if (hasQueue === (target.type !== undefined))
-    throw new BerthInputError('setKeyLimit: the target names exactly one of queue or type');
-  const scope = hasQueue ? 'queue' : 'type';
-  const name = hasQueue
-    ? checkText(target.queue, 'queue', 'setKeyLimit', { maxBytes: MAX_QUEUE_BYTES })
-    : checkText(target.type, 'type', 'setKeyLimit', { maxChars: MAX_TYPE_CHARS, nonEmpty: true });
+  const { scope, name } = keyTarget(target, 'setKeyLimit');
   const value = perKey === null ? null : checkInteger(perKey, 'perKey', 'setKeyLimit', 1, MAX_LIMIT);
   const who = checkText(actor, 'actor', 'setKeyLimit', { maxChars: MAX_ACTOR_CHARS });
   await orNotMigrated(schema, () => setKeyLimitRow(db, storageFor(schema), scope, name, value, who));
+}
+
+/** A key limit's target checked: exactly one of a queue or a task type, each within its bounds. */
+function keyTarget(target: KeyLimitTarget, fn: string): { scope: 'queue' | 'type'; name: string } {
+  if (typeof target !== 'object' || target === null || Array.isArray(target))
+    throw new BerthInputError(`${fn}: the target must be { queue } or { type }`);
+  checkKeys(target, TARGET_KEYS, fn, { task: 'type', taskType: 'type' });
+  const hasQueue = target.queue !== undefined;
+  if (hasQueue === (target.type !== undefined))
+    throw new BerthInputError(`${fn}: the target names exactly one of queue or type`);
+  return hasQueue
+    ? { scope: 'queue', name: checkText(target.queue, 'queue', fn, { maxBytes: MAX_QUEUE_BYTES }) }
+    : { scope: 'type', name: checkText(target.type, 'type', fn, { maxChars: MAX_TYPE_CHARS, nonEmpty: true }) };
+}
+
+/**
+ * setKeyLimit as an operator action, audited (`key.limit`) under `actor`: what the CLI and the
+ * dashboard run. Returns the limit now in force.
+ */
+export function setKeyLimitAudited(
+  db: Queryable,
+  schema: string,
+  logger: Logger | null,
+  actor: string,
+  target: KeyLimitTarget,
+  perKey: number,
+): Promise<KeyLimitRow | null> {
+  return audited(db, schema, logger, actor, 'key.limit', { ...target, perKey }, async () => {
+    await setKeyLimit(db, schema, target, perKey, actor);
+    const { scope, name } = keyTarget(target, 'setKeyLimit');
+    return (await listKeyLimits(db, schema)).find((l) => l.scope === scope && l.name === name) ?? null;
+  });
+}
+
+/**
+ * Clear a key limit (its keys run one task at a time again, unless a type's or queue's other
+ * limit applies), audited (`key.unlimit`) under `actor`. Returns whether there was one.
+ */
+export function clearKeyLimitAudited(
+  db: Queryable,
+  schema: string,
+  logger: Logger | null,
+  actor: string,
+  target: KeyLimitTarget,
+): Promise<{ cleared: boolean }> {
+  return audited(db, schema, logger, actor, 'key.unlimit', { ...target }, async () => {
+    const { scope, name } = keyTarget(target, 'clearKeyLimit');
+    const had = (await listKeyLimits(db, schema)).some((l) => l.scope === scope && l.name === name);
+    await setKeyLimit(db, schema, target, null, actor);
+    return { cleared: had };
+  });
 }
 
 /** Every key limit set, by scope and name. */
@@ -247,4 +297,36 @@ export async function listKeyLimits(db: Queryable, schema: string): Promise<KeyL
 export async function listHeldKeys(db: Queryable, schema: string, limit = 100): Promise<HeldKey[]> {
   const n = checkInteger(limit, 'limit', 'listHeldKeys', 1, 10_000);
   return orNotMigrated(schema, () => heldKeys(db, storageFor(schema), n));
+}
+
+/** The keys at a glance: `berth stats`'s keys section. */
+export interface KeysSummary {
+  /** Tasks held for their keys, in all. */
+  heldTasks: number;
+  /** Held tasks per queue. */
+  heldByQueue: Record<string, number>;
+  /** Keys with tasks held for them. */
+  keysWaiting: number;
+  /** Every key limit set. */
+  limits: KeyLimitRow[];
+  /** The keys with the most held tasks, at most `top` (default 5). */
+  top: HeldKey[];
+}
+
+export async function keysSummary(db: Queryable, schema: string, top = 5): Promise<KeysSummary> {
+  const n = checkInteger(top, 'top', 'keysSummary', 1, 1000);
+  return orNotMigrated(schema, async () => {
+    const storage = storageFor(schema);
+    const [summary, limits] = await Promise.all([heldSummary(db, storage), keyLimits(db, storage)]);
+    const heldByQueue = Object.fromEntries([...summary.heldByQueue].sort(([a], [b]) => a.localeCompare(b)));
+    const heldTasks = Object.values(heldByQueue).reduce((a, b) => a + b, 0);
+    return {
+      heldTasks,
+      heldByQueue,
+      keysWaiting: summary.keysWaiting,
+      limits,
+      // Nothing held: the per-key read is skipped.
+      top: heldTasks === 0 ? [] : await topHeldKeys(db, storage, n),
+    };
+  });
 }

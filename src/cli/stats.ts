@@ -8,28 +8,32 @@ import {
   throughput,
   DUE_COUNT_CAP,
 } from '../admin/stats.js';
-import { listQueueLimits } from '../admin/limits.js';
+import { keysSummary, listQueueLimits } from '../admin/limits.js';
 import { laneLabel } from '../lane.js';
 import { CliFailure, common, duration, printJson, printTable, withPool, type Common } from './common.js';
+import { HELD_KEY_COLUMNS, heldKeyRows } from './keys.js';
 import { LIMIT_COLUMNS, limitRows } from './limits.js';
 import { escapeControl, say } from './terminal.js';
 
 export function registerStatsCommands(program: Command): void {
   common(program.command('stats'))
-    .description('queues (pending, running, dead, rates), lanes (depth, oldest due, paused) and queue limits')
+    .description(
+      'queues (pending, running, dead, rates), lanes (depth, oldest due, paused), queue limits and concurrency keys',
+    )
     .addHelpText(
       'after',
       '\nRates are handler outcomes per minute over the last 5 minutes, per queue (from worker heartbeats).',
     )
     .action(async (opts: Common) => {
       await withPool(opts, async (pool) => {
-        const [counts, laneRows, activity, points, workers, limits] = await Promise.all([
+        const [counts, laneRows, activity, points, workers, limits, keys] = await Promise.all([
           taskCounts(pool, opts.schema),
           laneStats(pool, opts.schema),
           laneActivity(pool, opts.schema),
           throughput(pool, opts.schema, 5),
           listWorkers(pool, opts.schema),
           listQueueLimits(pool, opts.schema),
+          keysSummary(pool, opts.schema),
         ]);
         const lanes = laneRows.map((l) => ({
           ...l,
@@ -88,6 +92,7 @@ export function registerStatsCommands(program: Command): void {
             queues: rows,
             lanes,
             limits,
+            keys,
             workers: alive.length,
             slots: alive.reduce((n, w) => n + w.slots, 0),
           });
@@ -115,6 +120,13 @@ export function registerStatsCommands(program: Command): void {
           say('');
           // Compact: who set a limit and when is in `berth limits list`.
           printTable(limitRows(limits), LIMIT_COLUMNS.slice(0, 6));
+        }
+        if (keys.heldTasks > 0 || keys.limits.length > 0) {
+          // Compact: the limits themselves and every waiting key are in `berth keys list`.
+          say(
+            `\nconcurrency keys: ${keys.heldTasks} task(s) held, ${keys.keysWaiting} key(s) waiting, ${keys.limits.length} key limit(s) set`,
+          );
+          if (keys.top.length > 0) printTable(heldKeyRows(keys.top), HELD_KEY_COLUMNS);
         }
         say(
           `\n${alive.length} worker(s) alive, ${alive.reduce((n, w) => n + w.busy, 0)}/${alive.reduce((n, w) => n + w.slots, 0)} slots busy`,

@@ -3,10 +3,13 @@ import { storageFor } from '../storage/storage.js';
 import { purgeDead, retryDead, type DeadFilter } from '../admin/dead.js';
 import { pauseQueue, resumeQueue } from '../admin/queues.js';
 import {
+  clearKeyLimitAudited,
   clearQueueLimitAudited,
+  type KeyLimitTarget,
   parseRate,
   type QueueLimitChange,
   rateText,
+  setKeyLimitAudited,
   setQueueLimitAudited,
 } from '../admin/limits.js';
 import { setSchedulePaused, triggerSchedule } from '../admin/schedules.js';
@@ -28,6 +31,8 @@ import {
 import type {
   BulkTaskAnswer,
   DeadActionAnswer,
+  KeyLimitClearAnswer,
+  KeyLimitSetAnswer,
   LimitClearAnswer,
   LimitSetAnswer,
   MoveAnswer,
@@ -207,6 +212,25 @@ export async function clearLimitAction(c: ActionContext, queue: string, body: Bo
   if (extra !== undefined)
     throw new BerthInputError(`unknown field "${extra.slice(0, 40)}" in a limit clear (it takes none)`);
   return { queue, ...(await clearQueueLimitAudited(c.db, c.schema, c.logger, c.actor, queue)) };
+}
+
+/**
+ * Set or change a key limit (`berth keys set` does the same), audited (`key.limit`). The body is
+ * the target, `queue` or `type`, and `perKey`; setKeyLimit refuses the rest, naming the field (400).
+ */
+export async function setKeyLimitAction(c: ActionContext, body: Body): Promise<KeyLimitSetAnswer> {
+  const { perKey, ...target } = body;
+  if (perKey === undefined || perKey === null)
+    throw new BerthInputError('a key limit needs perKey (an integer from 1; clear removes a limit)');
+  // A perKey that is not an integer reaches setKeyLimit as sent, which refuses it naming the field.
+  const now = await setKeyLimitAudited(c.db, c.schema, c.logger, c.actor, target as KeyLimitTarget, perKey as number);
+  return { keyLimit: now && { scope: now.scope, name: now.name, perKey: now.perKey } };
+}
+
+/** Clear a key limit (`berth keys clear`), audited (`key.unlimit`). The body is the target alone. */
+export async function clearKeyLimitAction(c: ActionContext, body: Body): Promise<KeyLimitClearAnswer> {
+  const r = await clearKeyLimitAudited(c.db, c.schema, c.logger, c.actor, body as KeyLimitTarget);
+  return { keyLimitCleared: r.cleared };
 }
 
 /** A schedule paused, resumed or triggered (`berth schedules` does the same), audited. */

@@ -9,6 +9,8 @@ import {
   queueAction,
   scheduleAction,
   setLimitAction,
+  setKeyLimitAction,
+  clearKeyLimitAction,
   taskAction,
   type ActionContext,
 } from './actions.js';
@@ -85,6 +87,10 @@ const ROUTES: Route[] = [
     pattern: new RegExp(`^/api/queues/${SEGMENT}/limits(/clear)?$`),
     action: (c, [queue, clear], body) =>
       clear === undefined ? setLimitAction(c, queue!, body) : clearLimitAction(c, queue!, body),
+  },
+  {
+    pattern: /^\/api\/keys\/limits(\/clear)?$/,
+    action: (c, [clear], body) => (clear === undefined ? setKeyLimitAction(c, body) : clearKeyLimitAction(c, body)),
   },
   { pattern: /^\/api\/schedules$/, read: (r) => read.schedules(r) },
   {

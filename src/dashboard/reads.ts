@@ -1,7 +1,7 @@
 import { BerthInputError } from '../errors.js';
 import { listAudit } from '../admin/audit.js';
 import { countDead, listDead } from '../admin/dead.js';
-import { listQueueLimits, rateText } from '../admin/limits.js';
+import { listHeldKeys, listKeyLimits, listQueueLimits, rateText } from '../admin/limits.js';
 import { listQueues } from '../admin/queues.js';
 import { listSchedules } from '../admin/schedules.js';
 import { leaderInfo, listWorkers } from '../admin/stats.js';
@@ -176,14 +176,24 @@ export async function deadCount(reads: DashboardReads, url: URL): Promise<DeadCo
   return { count: await countDead(reads.db, reads.schema, deadFilter(url)) };
 }
 
-/** Every queue and its pause; every queue limit, how full it is and what it holds back. */
+/**
+ * Every queue and its pause; every queue limit, how full it is and what it holds back; every key
+ * limit, and the keys with held tasks (the 100 longest waiting).
+ */
 export async function queues(reads: DashboardReads): Promise<Queues> {
   // Not the overview's cached read: an action on this page is shown by the refresh right after it.
-  const [queues, limits] = await Promise.all([
+  const [queues, limits, keyLimits, heldKeys] = await Promise.all([
     listQueues(reads.db, reads.schema),
     listQueueLimits(reads.db, reads.schema),
+    listKeyLimits(reads.db, reads.schema),
+    listHeldKeys(reads.db, reads.schema, 100),
   ]);
-  return json({ queues, limits: limits.map((l) => ({ ...l, rate: rateText(l.rateLimit, l.rateIntervalMs) })) });
+  return json({
+    queues,
+    limits: limits.map((l) => ({ ...l, rate: rateText(l.rateLimit, l.rateIntervalMs) })),
+    keyLimits,
+    heldKeys,
+  });
 }
 
 export async function schedules(reads: DashboardReads): Promise<Schedules> {

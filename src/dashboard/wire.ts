@@ -310,9 +310,33 @@ export interface LimitRow {
   updatedBy: string;
 }
 
+/** A key limit (src/storage/keys.ts, KeyLimitRow): at most perKey tasks per key, for a queue or a type. */
+export interface KeyLimitWire {
+  scope: 'queue' | 'type';
+  name: string;
+  perKey: number;
+  updatedAt: string;
+  updatedBy: string;
+}
+
+/** A key with tasks held for it (src/storage/keys.ts, HeldKey). */
+export interface HeldKeyWire {
+  key: string;
+  /** Tasks held, waiting for the key. */
+  held: number;
+  /** Tasks of the key admitted and not yet settled. */
+  running: number;
+  /** When the key's wait began. */
+  since: string;
+}
+
 export interface Queues {
   queues: QueueRow[];
   limits: LimitRow[];
+  /** Every key limit set. */
+  keyLimits: KeyLimitWire[];
+  /** The keys with held tasks, the longest waiting first, at most 100. */
+  heldKeys: HeldKeyWire[];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -474,6 +498,16 @@ export interface LimitClearAnswer {
   cleared: boolean;
 }
 
+/** POST /api/keys/limits: the key limit now in force. */
+export interface KeyLimitSetAnswer {
+  keyLimit: { scope: 'queue' | 'type'; name: string; perKey: number } | null;
+}
+
+/** POST /api/keys/limits/clear: whether there was a key limit to clear. */
+export interface KeyLimitClearAnswer {
+  keyLimitCleared: boolean;
+}
+
 /** POST /api/schedules/:name/(pause|resume|trigger). */
 export interface ScheduleActionAnswer {
   name: string;
@@ -492,4 +526,6 @@ export type ActionAnswer =
   | QueueActionAnswer
   | LimitSetAnswer
   | LimitClearAnswer
+  | KeyLimitSetAnswer
+  | KeyLimitClearAnswer
   | ScheduleActionAnswer;

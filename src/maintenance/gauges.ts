@@ -6,6 +6,7 @@ import type { BerthMetrics } from '../metrics/catalogue.js';
 import { claimableEntry, deadRowPredicate, liveEntries } from '../storage/predicates.js';
 import { liveWorker, liveWorkerParams } from '../storage/live-workers.js';
 import { limitStatus, type QueueLimitStatus } from '../storage/limits.js';
+import { heldSummary, type KeyLimitRow, keyLimits } from '../storage/keys.js';
 
 export interface GaugeSnapshot {
   pending: Map<string, number>;
@@ -16,6 +17,12 @@ export interface GaugeSnapshot {
   pausedQueues: string[];
   /** Every queue limit: how full it is, and the due tasks it holds back (its queue is at a limit). */
   limits: QueueLimitStatus[];
+  /** Tasks held for their concurrency key, by queue (queues with none left out). */
+  keyHeldTasks: Map<string, number>;
+  /** Concurrency keys with tasks held for them. */
+  keysWaiting: number;
+  /** Every key limit set. */
+  keyLimits: KeyLimitRow[];
   /** Worker processes whose heartbeat is fresh. */
   workers: number;
 }
@@ -67,6 +74,7 @@ export async function readGaugesIn(db: Queryable, storage: Storage, window: Ring
       .query({ staleMs, futureMs }),
   );
   const { res, oldest } = counts;
+  const [keyed, keyLimitRows] = await Promise.all([heldSummary(db, storage), keyLimits(db, storage)]);
   const snap: GaugeSnapshot = {
     pending: new Map(),
     running: new Map(),
@@ -74,6 +82,9 @@ export async function readGaugesIn(db: Queryable, storage: Storage, window: Ring
     oldestDueSeconds: 0,
     pausedQueues: fleet.rows[0]!.paused,
     limits,
+    keyHeldTasks: keyed.heldByQueue,
+    keysWaiting: keyed.keysWaiting,
+    keyLimits: keyLimitRows,
     workers: fleet.rows[0]!.workers,
   };
   for (const r of res.rows) {
@@ -157,6 +168,9 @@ export function resetGauges(metrics: BerthMetrics): void {
   metrics.oldestDueSeconds.reset();
   metrics.queuePaused.reset();
   for (const g of limitGauges(metrics)) g.reset();
+  metrics.keyHeldTasks.reset();
+  metrics.keysWaiting.reset();
+  metrics.keyLimit.reset();
   metrics.workers.reset();
   metrics.rescueHeld.reset();
   metrics.scheduleLastFire.reset();
@@ -190,6 +204,12 @@ export function publishGauges(metrics: BerthMetrics, snap: GaugeSnapshot): void 
       metrics.limitRateStarts.set(queue, l.started);
     }
   }
+  // Reset, then set, as the limits: a queue with nothing held, a cleared key limit, lose their series.
+  metrics.keyHeldTasks.reset();
+  for (const [queue, n] of snap.keyHeldTasks) metrics.keyHeldTasks.set({ queue }, n);
+  metrics.keysWaiting.set(snap.keysWaiting);
+  metrics.keyLimit.reset();
+  for (const l of snap.keyLimits) metrics.keyLimit.set({ scope: l.scope, name: l.name }, l.perKey);
   metrics.workers.set(snap.workers);
 }
 

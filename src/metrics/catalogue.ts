@@ -112,6 +112,9 @@ export class BerthMetrics {
   readonly limitRateIntervalSeconds: GaugeMetric<'queue'>;
   readonly limitRateStarts: GaugeMetric<'queue'>;
   readonly limitHeldTasks: GaugeMetric<'queue'>;
+  readonly keyHeldTasks: GaugeMetric<'queue'>;
+  readonly keysWaiting: GaugeMetric;
+  readonly keyLimit: GaugeMetric<'scope' | 'name'>;
   readonly workers: GaugeMetric;
 
   /** `new BerthMetrics()`, `new BerthMetrics(registry)` or `new BerthMetrics({ registry, meter })`. */
@@ -304,6 +307,25 @@ export class BerthMetrics {
     this.limitHeldTasks = limitGauge(
       'berth_queue_limit_held_tasks',
       'Due tasks of a limited queue waiting while it is at a limit (0 below its limits); left out of berth_task_oldest_due_seconds',
+    );
+    // Concurrency keys (setKeyLimit, `berth keys`): reset each gauge run like the queue limits,
+    // so a queue with nothing held and a cleared key limit lose their series.
+    this.keyHeldTasks = gauge(
+      'berth_key_held_tasks',
+      'Tasks held for their concurrency key (due, waiting for the key to admit them), by queue; exported by the maintenance leader',
+      'max',
+      ['queue'],
+    );
+    this.keysWaiting = gauge(
+      'berth_keys_waiting',
+      'Concurrency keys with tasks held for them; exported by the maintenance leader',
+      'max',
+    );
+    this.keyLimit = gauge(
+      'berth_key_limit',
+      'A key limit: at most this many tasks per concurrency key run at once, for a queue or a task type (scope); exported by the maintenance leader',
+      'max',
+      ['scope', 'name'],
     );
     this.workers = gauge(
       'berth_workers',

@@ -130,3 +130,60 @@ export async function heldKeys(db: Queryable, storage: Storage, limit: number): 
   const res = await db.query<{ key: string; since: Date; held: number; running: number }>(statement.query({ limit }));
   return res.rows.map((r) => ({ key: r.key, held: r.held, running: r.running, since: r.since }));
 }
+
+/**
+ * A held row's run_at is 'infinity' (every statement that holds a task writes both), so the
+ * deferred (run_at, priority, id) index finds the held rows alone: a backlog of scheduled tasks
+ * is never read. The state test is kept for a row the runtime role wrote with an infinite run_at.
+ */
+const HELD_ROWS = `d.run_at = 'infinity'::timestamptz AND d.state = 'held'`;
+
+/** Held tasks per queue, and the keys waiting (rows of held_keys): the leader's key gauges. */
+export interface HeldSummary {
+  heldByQueue: Map<string, number>;
+  keysWaiting: number;
+}
+
+export async function heldSummary(db: Queryable, storage: Storage): Promise<HeldSummary> {
+  const statement = storage.statement('keys-held-summary', ({ q: s }) =>
+    compile(
+      sql`SELECT d.queue, count(*)::integer AS held, NULL::integer AS keys
+            FROM ${s}.deferred d WHERE ${HELD_ROWS} GROUP BY d.queue
+          UNION ALL
+          SELECT NULL, NULL, count(*)::integer FROM ${s}.held_keys`,
+    ),
+  );
+  const res = await db.query<{ queue: string | null; held: number | null; keys: number | null }>(statement.query({}));
+  const summary: HeldSummary = { heldByQueue: new Map(), keysWaiting: 0 };
+  for (const r of res.rows) {
+    if (r.queue === null) summary.keysWaiting = r.keys ?? 0;
+    else summary.heldByQueue.set(r.queue, r.held ?? 0);
+  }
+  return summary;
+}
+
+/**
+ * The `top` keys with the most held tasks (ties: the longest waiting first): `berth stats`'s
+ * keys section. Reads every held row's key once; a command's read, not a gauge's.
+ */
+export async function topHeldKeys(db: Queryable, storage: Storage, top: number): Promise<HeldKey[]> {
+  const statement = storage.statement('keys-top-held', ({ q: s }) =>
+    compile(
+      sql`SELECT t.key, t.held, hk.since,
+                 (SELECT count(*) FROM ${s}.key_holders h
+                   WHERE h.key = t.key AND ${s}.key_entry_live(h.id))::integer AS running
+            FROM (SELECT tk.key, count(*)::integer AS held
+                    FROM ${s}.deferred d JOIN ${s}.task_keys tk ON tk.id = d.id
+                   WHERE ${HELD_ROWS}
+                   GROUP BY tk.key) t
+            LEFT JOIN ${s}.held_keys hk ON hk.key = t.key
+           ORDER BY t.held DESC, hk.since NULLS LAST, t.key
+           LIMIT ${p('top')}`,
+    ),
+  );
+  const res = await db.query<{ key: string; held: number; running: number; since: Date | null }>(
+    statement.query({ top }),
+  );
+  // A held row whose key is not (yet) in held_keys is an enqueue's in flight: its wait starts now.
+  return res.rows.map((r) => ({ key: r.key, held: r.held, running: r.running, since: r.since ?? new Date() }));
+}

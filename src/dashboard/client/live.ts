@@ -28,16 +28,17 @@ export function show(shown: Shown): void {
   refresh(true);
 }
 
-/** Keep what the operator is typing (and where) across a re-render. */
+/** Keep what the operator is typing or has chosen (and where) across a re-render. */
 function keepInputs(el: HTMLElement, draw: () => void): void {
   const kept = new Map<string, string>();
   const focused = document.activeElement?.getAttribute('data-keep');
   for (const input of el.querySelectorAll('[data-keep]')) {
-    if (input instanceof HTMLInputElement) kept.set(input.getAttribute('data-keep') ?? '', input.value);
+    if (input instanceof HTMLInputElement || input instanceof HTMLSelectElement)
+      kept.set(input.getAttribute('data-keep') ?? '', input.value);
   }
   draw();
   for (const input of el.querySelectorAll('[data-keep]')) {
-    if (!(input instanceof HTMLInputElement)) continue;
+    if (!(input instanceof HTMLInputElement || input instanceof HTMLSelectElement)) continue;
     const k = input.getAttribute('data-keep') ?? '';
     const value = kept.get(k);
     if (value) input.value = value;

@@ -5,7 +5,7 @@ import { limitText, num } from '../format.js';
 import { READ_ONLY } from '../shell.js';
 import type { View } from '../view.js';
 import { badge, table, when } from '../widgets.js';
-import type { LimitRow, Queues } from '../../wire.js';
+import type { KeyLimitWire, LimitRow, Queues } from '../../wire.js';
 
 /** The at-limit mark: the queue's due work waits for its limit, not for a worker. */
 function heldCell(l: LimitRow) {
@@ -124,6 +124,128 @@ function limitsPanel(d: Queues) {
   ]);
 }
 
+/** A per-key field: a number is sent as one, anything else as typed for the server to refuse. */
+function perKeyInput(key: string, current: number | undefined) {
+  const input = h('input', {
+    type: 'text',
+    placeholder: 'per key',
+    'data-keep': `key-perKey:${key}`,
+    'data-field': 'perKey',
+    value: current ?? '',
+    size: 6,
+  });
+  const value = () => {
+    const t = input.value.trim();
+    const n = Number(t);
+    return t !== '' && Number.isInteger(n) ? n : t;
+  };
+  return { input, value };
+}
+
+/** A key limit's target as the API takes it: `{ queue }` or `{ type }`. */
+function keyTarget(l: Pick<KeyLimitWire, 'scope' | 'name'>): Record<string, string> {
+  return { [l.scope]: l.name };
+}
+
+/**
+ * The concurrency keys panel: each key limit (set, change, clear), and the keys with tasks held
+ * for them, the longest waiting first.
+ */
+function keysPanel(d: Queues) {
+  const rows = d.keyLimits.map((l) => {
+    const perKey = perKeyInput(`${l.scope}:${l.name}`, l.perKey);
+    const label = `${l.scope} ${l.name}`;
+    return {
+      attrs: { 'data-key-limit': `${l.scope}:${l.name}` },
+      cells: [
+        l.scope,
+        l.name,
+        num(l.perKey),
+        l.updatedBy,
+        when(l.updatedAt),
+        READ_ONLY
+          ? ''
+          : h('span', { class: 'row-actions' }, [
+              perKey.input,
+              ' ',
+              actionButton('Save', () =>
+                act(`Key limit of ${label}`, '/api/keys/limits', { ...keyTarget(l), perKey: perKey.value() }),
+              ),
+              ' ',
+              actionButton(
+                'Clear',
+                () =>
+                  act(
+                    `Clear key limit of ${label}`,
+                    '/api/keys/limits/clear',
+                    keyTarget(l),
+                    `Remove the key limit of ${label}? Its keys run one task at a time again.`,
+                  ),
+                'danger',
+              ),
+            ]),
+      ],
+    };
+  });
+  const scope = h('select', { 'data-keep': 'key-scope:new', 'data-field': 'scope' }, [
+    h('option', { value: 'queue' }, 'queue'),
+    h('option', { value: 'type' }, 'task type'),
+  ]);
+  const name = h('input', {
+    type: 'text',
+    list: 'key-queues',
+    placeholder: 'queue or task type',
+    'data-keep': 'key-name:new',
+    'data-field': 'name',
+    size: 16,
+  });
+  const perKey = perKeyInput('new', undefined);
+  const add = () =>
+    act(`Key limit of ${scope.value} ${name.value}`, '/api/keys/limits', {
+      [scope.value]: name.value,
+      perKey: perKey.value(),
+    });
+  return h('section', { id: 'keys' }, [
+    h('h2', {}, 'Concurrency keys'),
+    h(
+      'p',
+      { class: 'muted' },
+      "At most N tasks with the same concurrency key run at once, across every worker: a task type's limit, else its queue's, else one. The rest wait, held, until their key admits them.",
+    ),
+    table(
+      ['Scope', 'Name', 'Per key', 'Set by', 'Since', READ_ONLY ? '' : 'Change'],
+      rows,
+      'No key limits set: every key runs one task at a time.',
+    ),
+    READ_ONLY
+      ? ''
+      : h('p', { class: 'row-actions', id: 'key-limit-new' }, [
+          h(
+            'datalist',
+            { id: 'key-queues' },
+            d.queues.map((q) => h('option', { value: q.queue })),
+          ),
+          'Set a key limit: ',
+          scope,
+          ' ',
+          name,
+          ' ',
+          perKey.input,
+          ' ',
+          actionButton('Set key limit', add),
+        ]),
+    h('h3', {}, 'Keys with held tasks'),
+    table(
+      ['Key', 'Held', 'Running', 'Waiting since'],
+      d.heldKeys.map((k) => ({
+        attrs: { 'data-held-key': k.key },
+        cells: [k.key, num(k.held), num(k.running), when(k.since)],
+      })),
+      'No tasks are held for their keys.',
+    ),
+  ]);
+}
+
 export const queues: View<Queues> = {
   title: 'Queues',
   load: () => api<Queues>('/api/queues'),
@@ -169,6 +291,7 @@ export const queues: View<Queues> = {
         'No queues yet.',
       ),
       limitsPanel(d),
+      keysPanel(d),
     ]);
   },
 };
