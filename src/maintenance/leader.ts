@@ -532,7 +532,8 @@ export class Maintenance {
           // In batches until a short one, as results are (a backlog of finished keyed tasks
           // larger than one batch would otherwise grow an hour at a time).
           let keys = 0;
-          for (let n = 5000; n === 5000 && !this.term?.signal.aborted; keys += n) n = await pruneTaskKeys(pool, storage, 5000);
+          for (let n = 5000; n === 5000 && !this.term?.signal.aborted; keys += n)
+            n = await pruneTaskKeys(pool, storage, 5000);
           if (keys) this.deps.logger.info({ pruned: keys }, 'pruned the concurrency keys of tasks that are gone');
         },
       },

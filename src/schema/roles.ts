@@ -235,7 +235,10 @@ function workerGrants(s: string): Grant[] {
     // Concurrency keys (migration 29): read by the gauges and the worker (which queues hold keyed
     // tasks); written only by the definer functions, as the owner. Key limits are set_key_limit's
     // (operators).
-    { privileges: 'SELECT', on: `${s}.task_keys, ${s}.held_keys, ${s}.key_holders, ${s}.key_limits, ${s}.keyed_queues` },
+    {
+      privileges: 'SELECT',
+      on: `${s}.task_keys, ${s}.held_keys, ${s}.key_holders, ${s}.key_limits, ${s}.keyed_queues, ${s}.key_arrivals`,
+    },
     // Schedules (migration 26): a worker upserts the ones it declares at start (INSERT … ON
     // CONFLICT DO UPDATE of the declaration); the leader moves the watermark and the last fire in
     // each fire's transaction, and marks schedules stale or not. Pausing is an operator's: no

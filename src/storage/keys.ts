@@ -118,12 +118,16 @@ export interface HeldKey {
 export async function heldKeys(db: Queryable, storage: Storage, limit: number): Promise<HeldKey[]> {
   const statement = storage.statement('keys-held', ({ q: s }) =>
     compile(
+      // The keys the leader lists (held_keys) and those held since its last tick (key_arrivals).
       sql`SELECT hk.key, hk.since,
                  (SELECT count(*) FROM ${s}.task_keys tk JOIN ${s}.deferred d ON d.id = tk.id
                    WHERE tk.key = hk.key AND d.state = 'held')::integer AS held,
                  (SELECT count(*) FROM ${s}.key_holders h
                    WHERE h.key = hk.key AND ${s}.key_entry_live(h.id))::integer AS running
-            FROM ${s}.held_keys hk
+            FROM (SELECT key, min(since) AS since
+                    FROM (SELECT key, since FROM ${s}.held_keys
+                          UNION ALL SELECT key, at FROM ${s}.key_arrivals) k
+                   GROUP BY key) hk
            ORDER BY hk.since LIMIT ${p('limit')}`,
     ),
   );

@@ -26,6 +26,11 @@
 --   leader every promotion tick and when a keyed enqueue's NOTIFY (`keys`) wakes it, and by the
 --   worker that settles a keyed task (release_keys), so the next task of a key starts at once.
 -- * `held_keys (key)`: the keys that have held tasks, so the leader's tick reads only those.
+--   Written only by promote_held, from `key_arrivals`: the paths that hold a task (a producer's
+--   enqueue_keyed, promote_lane, retry_dead) append the key there, a table with no unique key, so
+--   two producers of a new key never wait for each other's uncommitted row (a conflict on a
+--   unique key would: an open transaction would hold up every producer of its key, and two
+--   producers adding two new keys in opposite orders deadlocked).
 
 ALTER TABLE {{schema}}.deferred DROP CONSTRAINT deferred_state_check;
 ALTER TABLE {{schema}}.deferred ADD CONSTRAINT deferred_state_check
@@ -42,6 +47,11 @@ CREATE INDEX ON {{schema}}.task_keys (key, id);
 CREATE TABLE {{schema}}.held_keys (
   key text PRIMARY KEY,
   since timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE {{schema}}.key_arrivals (
+  key text NOT NULL,
+  at timestamptz NOT NULL DEFAULT now()
 );
 
 CREATE TABLE {{schema}}.key_holders (
@@ -95,12 +105,11 @@ $fn$;
 -- most 1000: the leader walks them round-robin, so no key waits behind the first thousand) up
 -- to its limit. Returns how many tasks were admitted and the last key visited.
 --
--- Locks: the key's advisory lock, exclusive and tried (a key being admitted elsewhere, or held
--- by a producer's shared lock in flight, is skipped: the next call visits it); each lane's lock
--- tried too (a lane a producer holds skips that key for this call), so a call never waits for a
--- lock while holding others. A key's held_keys row is deleted only under its exclusive lock, once
--- it has had no held task for a minute: every path that holds a task takes the key's shared lock
--- first, so none can commit a held task whose key this deletion misses.
+-- Locks: the key's advisory lock, tried (a key being admitted elsewhere is skipped: the next call
+-- visits it); each lane's lock tried too (a lane a producer holds skips that key for this call),
+-- so a call never waits for a lock while holding others. A key's held_keys row is deleted (by the
+-- leader) once it has had no held task for a minute; a task held meanwhile by a transaction not
+-- yet committed is not lost by that: its key_arrivals row lists the key again on the next call.
 CREATE FUNCTION {{schema}}.promote_held(p_keys text[], p_after text, OUT admitted integer, OUT last_key text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -115,10 +124,22 @@ BEGIN
       USING ERRCODE = '25000';
   END IF;
   admitted := 0;
+  IF p_keys IS NULL THEN
+    -- The leader's walk. Keys held since its last call: into held_keys (the arrivals of
+    -- transactions not yet committed are not seen, and stay for the next call). Only the leader
+    -- writes held_keys, so nothing else waits on its rows.
+    WITH arrived AS (DELETE FROM {{schema}}.key_arrivals RETURNING key)
+    INSERT INTO {{schema}}.held_keys (key)
+    SELECT DISTINCT a.key FROM arrived a ORDER BY a.key
+    ON CONFLICT DO NOTHING;
+  END IF;
   FOR v_key IN
-    SELECT hk.key FROM {{schema}}.held_keys hk
-     WHERE (p_keys IS NULL OR hk.key = ANY (p_keys)) AND (p_after IS NULL OR hk.key > p_after)
-     ORDER BY hk.key LIMIT 1000
+    (SELECT hk.key FROM {{schema}}.held_keys hk
+      WHERE p_keys IS NULL AND (p_after IS NULL OR hk.key > p_after)
+      ORDER BY hk.key LIMIT 1000)
+    UNION ALL
+    -- A releasing worker's keys, whether or not the leader has listed them yet.
+    (SELECT DISTINCT u.k FROM unnest(p_keys) AS u(k) WHERE p_keys IS NOT NULL)
   LOOP
     last_key := v_key;
     CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended({{schema_literal}} || ':key:' || v_key, 0));
@@ -151,7 +172,7 @@ BEGIN
       admitted := admitted + 1;
     END LOOP;
     DELETE FROM {{schema}}.held_keys hk
-     WHERE hk.key = v_key AND hk.since < now() - interval '1 minute'
+     WHERE p_keys IS NULL AND hk.key = v_key AND hk.since < now() - interval '1 minute'
        AND NOT EXISTS (SELECT 1 FROM {{schema}}.task_keys tk JOIN {{schema}}.deferred d ON d.id = tk.id
                         WHERE tk.key = v_key AND d.state = 'held');
   END LOOP;
@@ -194,11 +215,6 @@ BEGIN
   END IF;
   -- The run times as given are checked here; enqueue() checks the rest.
   PERFORM {{schema}}.check_tasks('enqueue_keyed', p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe, p_trace_context);
-  -- Each key's shared lock, in key order, held to commit: promote_held deletes a key's held_keys
-  -- row only under the exclusive lock, so it cannot drop the row of a key this call holds a task
-  -- of before the call commits.
-  PERFORM pg_advisory_xact_lock_shared(hashtextextended({{schema_literal}} || ':key:' || k, 0))
-     FROM (SELECT DISTINCT k FROM unnest(p_keys) AS u(k) ORDER BY k) x;
   -- Separate statements: each one after enqueue() sees the rows it wrote (one statement's CTEs
   -- share a snapshot taken before the function ran).
   SELECT array_agg(x.ord ORDER BY x.ord), array_agg(x.id ORDER BY x.ord), array_agg(x.state ORDER BY x.ord),
@@ -215,12 +231,9 @@ BEGIN
     FROM (SELECT v.id, coalesce(v.r, now()) AS run_at
             FROM unnest(v_ids, coalesce(p_run_at, array_fill(NULL::timestamptz, ARRAY[v_n]))) AS v(id, r)) u
    WHERE d.id = u.id AND u.id IS NOT NULL;
-  -- In key order (two calls holding new keys wait for each other's uncommitted rows in one order).
-  INSERT INTO {{schema}}.held_keys (key)
-  SELECT x.k FROM (SELECT DISTINCT u.k FROM unnest(v_ids, p_keys) AS u(id, k)
-                      JOIN {{schema}}.deferred d ON d.id = u.id AND d.state = 'held') x
-   ORDER BY x.k
-  ON CONFLICT DO NOTHING;
+  INSERT INTO {{schema}}.key_arrivals (key)
+  SELECT DISTINCT u.k FROM unnest(v_ids, p_keys) AS u(id, k)
+    JOIN {{schema}}.deferred d ON d.id = u.id AND d.state = 'held';
   RETURN QUERY
   SELECT u.o, u.i,
          CASE WHEN u.i IS NULL THEN u.s ELSE (SELECT d.state FROM {{schema}}.deferred d WHERE d.id = u.i) END,
@@ -232,8 +245,7 @@ END $fn$;
 
 -- promote_lane as in migration 12, except that a due keyed row is held (state `held`, run_at
 -- 'infinity', its key in held_keys) instead of appended: only promote_held admits a keyed task.
--- A keyed row whose key's shared lock is not free now (promote_held is deleting the key's
--- held_keys row) stays due for the next tick. The key of each row is one primary-key probe of
+-- The key of each row is one primary-key probe of
 -- task_keys (LATERAL … LIMIT 1: a generic plan must not turn it into a hashed read of the table).
 CREATE OR REPLACE FUNCTION {{schema}}.promote_lane(p_queue text, p_priority smallint, p_shard smallint,
                                   p_limit integer)
@@ -246,7 +258,6 @@ DECLARE
   v_plain bigint[];
   v_hold bigint[] := '{}';
   v_held integer := 0;
-  i integer;
 BEGIN
   v_lane := {{schema}}.provision_lane(p_queue, p_priority, p_shard);
   PERFORM pg_advisory_xact_lock({{schema_lock_key}}, v_lane);
@@ -263,18 +274,11 @@ BEGIN
   IF v_ids IS NULL THEN RETURN 0; END IF;
   v_plain := ARRAY(SELECT u.id FROM unnest(v_ids, v_keys) AS u(id, k) WHERE u.k IS NULL);
   IF cardinality(v_plain) < cardinality(v_ids) THEN
-    FOR i IN 1 .. cardinality(v_ids) LOOP
-      IF v_keys[i] IS NOT NULL
-         AND pg_try_advisory_xact_lock_shared(hashtextextended({{schema_literal}} || ':key:' || v_keys[i], 0)) THEN
-        v_hold := v_hold || v_ids[i];
-      END IF;
-    END LOOP;
+    v_hold := ARRAY(SELECT u.id FROM unnest(v_ids, v_keys) AS u(id, k) WHERE u.k IS NOT NULL);
     UPDATE {{schema}}.deferred d SET state = 'held', run_at = 'infinity' WHERE d.id = ANY (v_hold);
     GET DIAGNOSTICS v_held = ROW_COUNT;
-    INSERT INTO {{schema}}.held_keys (key)
-    SELECT x.key FROM (SELECT DISTINCT tk.key FROM {{schema}}.task_keys tk WHERE tk.id = ANY (v_hold)) x
-     ORDER BY x.key
-    ON CONFLICT DO NOTHING;
+    INSERT INTO {{schema}}.key_arrivals (key)
+    SELECT DISTINCT tk.key FROM {{schema}}.task_keys tk WHERE tk.id = ANY (v_hold);
     IF v_held > 0 THEN PERFORM pg_notify({{wake_channel_literal}}, 'keys'); END IF;
   END IF;
   WITH moved AS (
@@ -298,9 +302,6 @@ RETURNS TABLE (id bigint, result text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE v_lane record; v_done bigint[] := '{}'; v_part bigint[]; v_held bigint[];
 BEGIN
-  -- The shared lock of each key a retried task holds, in key order, as enqueue_keyed takes them.
-  PERFORM pg_advisory_xact_lock_shared(hashtextextended({{schema_literal}} || ':key:' || x.key, 0))
-     FROM (SELECT DISTINCT tk.key FROM {{schema}}.task_keys tk WHERE tk.id = ANY (p_ids) ORDER BY tk.key) x;
   FOR v_lane IN
     SELECT DISTINCT d.queue, d.priority, d.shard FROM {{schema}}.dead_letters d WHERE d.id = ANY (p_ids)
   LOOP
@@ -333,10 +334,9 @@ BEGIN
         FROM gone g WHERE g.keyed
       RETURNING deferred.id
     ), held_key AS (
-      INSERT INTO {{schema}}.held_keys (key)
-      SELECT x.key FROM (SELECT DISTINCT tk.key FROM held h JOIN {{schema}}.task_keys tk ON tk.id = h.id) x
-       ORDER BY x.key
-      ON CONFLICT DO NOTHING RETURNING 1
+      INSERT INTO {{schema}}.key_arrivals (key)
+      SELECT DISTINCT tk.key FROM held h JOIN {{schema}}.task_keys tk ON tk.id = h.id
+      RETURNING 1
     ), appended AS (
       SELECT {{schema}}.append_ready({{schema}}.provision_lane(v_lane.queue, v_lane.priority, v_lane.shard),
                array_agg(g.id ORDER BY g.id), array_agg(g.type ORDER BY g.id),
