@@ -45,7 +45,7 @@ test('set, list, change and clear key limits; held keys listed; audited as the C
   await keyed('mail', 'beta', 1);
   await keyed('reports', 'acme', 2);
   // One of acme's tasks admitted (in its lane): it counts as running under its key.
-  await pool.query(`SELECT ${S}.promote_held(ARRAY['acme'])`);
+  await pool.query(`SELECT * FROM ${S}.promote_held(ARRAY['acme'], NULL)`);
 
   const set = await berth('keys', 'set', '--queue', 'mail', '--per-key', '3');
   assert.equal(set.code, 0, set.err);

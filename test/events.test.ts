@@ -181,7 +181,15 @@ test('a handler interrupted by stop(): task:cancelled; a continue: task:continue
   await w.start();
   const c = await enqueue(pool, cont, { cursor: 0 }, { schema, queue: cont.type });
   const l = await enqueue(pool, lost, {}, { schema, queue: lost.type });
-  await waitFor(() => ofTask(seen, c.id!).some((s) => s.name === 'task:completed'), 30_000, 'the continued task done');
+  // Both runs reported: the second run's completion can be reported before the first run's
+  // settlement (its handback came first), so wait for both, not only the completion.
+  await waitFor(
+    () =>
+      ofTask(seen, c.id!).some((s) => s.name === 'task:completed') &&
+      ofTask(seen, c.id!).some((s) => s.name === 'task:continued'),
+    30_000,
+    'the continued task done, both runs reported',
+  );
   // Each run in order. The second may start before the first's settlement is reported: its
   // AdvanceCursor already handed the task back, due at once, while the first run's own (refused)
   // settlement was still being written.

@@ -53,7 +53,7 @@ test('held tasks per queue, keys waiting and key limits exported; cleared and dr
 
   // Admit every held task (the type's limit of 4 covers them all): nothing held, series gone.
   await setKeyLimit(pool, schema, { queue: 'mail' }, null, 'test');
-  await pool.query(`SELECT ${S}.promote_held(NULL)`);
+  await pool.query(`SELECT * FROM ${S}.promote_held(NULL, NULL)`);
   text = await exported(m);
   assert.doesNotMatch(text, /berth_key_held_tasks\{/);
   assert.match(text, /^berth_keys_waiting 0$/m);

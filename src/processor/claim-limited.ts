@@ -37,7 +37,10 @@ export async function claimLimitedQueue(
   return inTransactionOn(db, async (tx) => {
     const { free: capacity, retryMs, guardMs } = await limitCapacity(tx, params.storage, queue, want);
     if (capacity <= 0) return { tasks: [], more: false, stale: false, capacity: 0, retryMs };
-    const candidates = await discover(tx, params.storage, [queue], 20, 1, params.window, true);
+    // Over the whole ring, not the worker's window: a window read before the ring rotated
+    // leaves out a lane whose entries are all in the newer segment, and with no candidate no
+    // claim runs to find the window stale (the claim below still checks it).
+    const candidates = await discover(tx, params.storage, [queue], 20, 1, undefined, true);
     const laneIds = [...new Set(candidates.map((c) => c.laneId))];
     if (laneIds.length === 0) return { tasks: [], more: false, stale: false, capacity, retryMs: null };
     // Every candidate lane, not a share of them (LANE_SHARE, the ordinary claim's): claims of

@@ -295,20 +295,22 @@ export class Fetcher {
       queues: d.queues,
     };
     let got: ClaimedTask[] = [];
+    // The lanes known now: a notice arriving during this fetch's claims stays for the next one.
+    const notified = [...this.notifiedLanes];
+    const known = [...new Set([...this.hotLanes, ...notified])];
+    this.notifiedLanes.clear();
     if (this.limitsStale) await this.readLimits();
     if (this.limited.size > 0) {
       // Ordinary work known (hot or notified lanes) or not yet looked for (discovery owed).
-      const ordinaryWork = this.hotLanes.length > 0 || this.notifiedLanes.size > 0 || this.discoveryOwed;
+      const ordinaryWork = known.length > 0 || this.discoveryOwed;
       const share = ordinaryWork ? Math.ceil(slots / 2) : want;
       // A notice for a lane this worker does not know as limited may be a limited queue's
       // (a new lane, a resumed or moved task): the ordinary claim skips it, so look there too.
-      const everywhere = this.discoveryOwed || [...this.notifiedLanes].some((l) => !this.limitedLanes.has(l));
+      const everywhere = this.discoveryOwed || notified.some((l) => !this.limitedLanes.has(l));
       got = await this.fetchLimited(params, Math.min(share, want), everywhere);
     }
     const fromLimited = got.length;
     this.lastLimited = fromLimited;
-    const known = [...new Set([...this.hotLanes, ...this.notifiedLanes])];
-    this.notifiedLanes.clear();
     if (known.length > 0 && got.length < want) {
       const batch = await this.claimInWindow({
         ...params,

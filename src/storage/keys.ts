@@ -142,7 +142,7 @@ export async function heldKeys(db: Queryable, storage: Storage, limit: number): 
  */
 const HELD_ROWS = `d.run_at = 'infinity'::timestamptz AND d.state = 'held'`;
 
-/** Held tasks per queue, and the keys waiting (rows of held_keys): the leader's key gauges. */
+/** Held tasks per queue, and the keys they wait for: the leader's key gauges. */
 export interface HeldSummary {
   heldByQueue: Map<string, number>;
   keysWaiting: number;
@@ -154,7 +154,9 @@ export async function heldSummary(db: Queryable, storage: Storage): Promise<Held
       sql`SELECT d.queue, count(*)::integer AS held, NULL::integer AS keys
             FROM ${s}.deferred d WHERE ${HELD_ROWS} GROUP BY d.queue
           UNION ALL
-          SELECT NULL, NULL, count(*)::integer FROM ${s}.held_keys`,
+          -- The keys of the held rows (the same rows as above, their keys by primary key).
+          SELECT NULL, NULL, count(DISTINCT tk.key)::integer
+            FROM ${s}.deferred d JOIN ${s}.task_keys tk ON tk.id = d.id WHERE ${HELD_ROWS}`,
     ),
   );
   const res = await db.query<{ queue: string | null; held: number | null; keys: number | null }>(statement.query({}));
