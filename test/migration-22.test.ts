@@ -20,7 +20,6 @@ import { rotateRing } from '../src/maintenance/ring.js';
 import type { runtimeGrantStatements } from '../src/schema/roles.js';
 import { previousBuild } from './support/previous-build.js';
 import { quoteIdent } from '../src/sql.js';
-import { runDueTasks } from '../src/testing-api.js';
 import { captureLogger, counterValue, DATABASE_URL, FAST_MAINTENANCE, urlAs, waitFor } from './helpers.js';
 import { schemaAtVersion } from './support/legacy-schema.js';
 import { MIGRATIONS } from '../src/schema/migrations.js';
@@ -33,6 +32,11 @@ const FROM_22 = MIGRATIONS.map((m) => m.version).filter((v) => v >= 22);
 const previousDist =
   process.env.BERTH_PREVIOUS_DIST ?? previousBuild('src/schema/migrations/0022_retire_per_task_leases.sql');
 const previous: typeof current = await import(pathToFileURL(`${previousDist}/index.js`).href);
+
+/** The previous version's testing helpers: this version's claim reads columns a schema of 21 has not. */
+const previousTesting: typeof import('../src/testing-api.js') = await import(
+  pathToFileURL(`${previousDist}/testing-api.js`).href
+);
 
 /** The statements the previous version's grant ran: its own, from its build. */
 const previousGrants: typeof runtimeGrantStatements = (
@@ -247,8 +251,9 @@ test('a prune that began before migration 22 committed runs migration 18’s bod
     ],
     { schema },
   );
-  const def = current.defineTask({ type: 'p', ceilingMs: 60_000, handler: async () => {} });
-  assert.equal((await runDueTasks(admin, [def], { schema })).length, 2);
+  // Run by the fleet of 21 (this version's claim reads lanes.limited, which 21 has not).
+  const def = previous.defineTask({ type: 'p', ceilingMs: 60_000, handler: async () => {} });
+  assert.equal((await previousTesting.runDueTasks(admin, [def], { schema })).length, 2);
   assert.equal(await rotateRing(admin, schema, 0), 'rotated', 'segment 0 is sealed, every entry in it settled');
   const [holder, pruner, reader] = [0, 1, 2].map(
     () => new pg.Client({ connectionString: DATABASE_URL, options: '-c jit=off' }),
