@@ -1874,6 +1874,113 @@ BEGIN
 END $$;
 
 --
+-- Name: set_type_limit(text, integer, integer, text); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.set_type_limit(p_type text, p_rate_limit integer, p_rate_interval_ms integer, p_actor text) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE v_had boolean;
+BEGIN
+  IF p_type IS NULL OR p_actor IS NULL THEN
+    RAISE EXCEPTION 'berth: set_type_limit: type and actor must not be null' USING ERRCODE = '22004';
+  END IF;
+  IF (p_rate_limit IS NULL) <> (p_rate_interval_ms IS NULL) THEN
+    RAISE EXCEPTION 'berth: set_type_limit: a rate limit needs both a count and an interval' USING ERRCODE = '22023';
+  END IF;
+  -- A start being granted holds the row for one statement; an operator's change waits at most this long.
+  PERFORM set_config('lock_timeout', '2s', true);
+  PERFORM 1 FROM "berth".type_limits WHERE type = p_type FOR UPDATE;
+  v_had := FOUND;
+  IF p_rate_limit IS NULL THEN
+    DELETE FROM "berth".type_limits WHERE type = p_type;
+    DELETE FROM "berth".type_starts WHERE type = p_type;
+  ELSE
+    -- The starts already in the window count against a changed limit; the pacing starts afresh.
+    INSERT INTO "berth".type_limits (type, rate_limit, rate_interval_ms, updated_at, updated_by)
+    VALUES (p_type, p_rate_limit, p_rate_interval_ms, now(), p_actor)
+    ON CONFLICT (type) DO UPDATE
+      SET rate_limit = EXCLUDED.rate_limit, rate_interval_ms = EXCLUDED.rate_interval_ms,
+          paced_until = '-infinity', updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by;
+  END IF;
+  -- Only a task still waiting where the limit sent it: handed back (`retryable`), not yet due, of
+  -- this type, and due about when the limit said (a paced row outlives a task that was cancelled,
+  -- or that failed since and waits out its backoff).
+  UPDATE "berth".deferred d SET run_at = now()
+    FROM "berth".type_paced t
+   WHERE t.type = p_type AND d.id = t.id AND d.type = p_type AND d.state = 'retryable' AND d.run_at > now()
+     AND d.run_at <= t.until + interval '5 seconds';  -- the worker's delay, taken a round trip later
+  DELETE FROM "berth".type_paced WHERE type = p_type;
+  PERFORM pg_notify('berth.wake', 'limits');
+  RETURN v_had;
+END $$;
+
+--
+-- Name: take_type_starts(text, bigint[]); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.take_type_starts(p_type text, p_ids bigint[], OUT granted integer, OUT guard_ms integer, OUT retry_ms integer, OUT step_ms integer) RETURNS record
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v "berth".type_limits;
+  v_n integer := coalesce(cardinality(p_ids), 0);
+  v_started integer;
+  v_oldest timestamptz;
+  v_window interval;
+  v_now timestamptz;
+  v_first timestamptz;
+  v_refused integer;
+BEGIN
+  IF p_type IS NULL OR p_ids IS NULL THEN
+    RAISE EXCEPTION 'berth: take_type_starts: type and ids must not be null' USING ERRCODE = '22004';
+  END IF;
+  IF v_n < 1 OR v_n > 10000 THEN
+    RAISE EXCEPTION 'berth: take_type_starts: from 1 to 10000 ids a call (got %)', v_n USING ERRCODE = '22023';
+  END IF;
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'berth: take_type_starts must run at READ COMMITTED (a snapshot older than the limit row lock would miss a competing start)'
+      USING ERRCODE = '25000';
+  END IF;
+  granted := v_n;
+  -- Waits for another caller of this type (each holds the row for one statement). Under READ
+  -- COMMITTED each statement below takes a snapshot after the lock was granted, so it sees every
+  -- start a competing call committed before releasing it.
+  SELECT * INTO v FROM "berth".type_limits WHERE type = p_type FOR UPDATE;
+  IF NOT FOUND THEN RETURN; END IF;  -- no limit (cleared since the caller looked): start freely
+  guard_ms := least(v.rate_interval_ms / 10, 250);
+  v_window := make_interval(secs => (v.rate_interval_ms + guard_ms) / 1000.0);
+  v_now := clock_timestamp();
+  DELETE FROM "berth".type_starts s WHERE s.type = p_type AND s.started_at <= v_now - v_window;
+  SELECT coalesce(sum(s.n), 0), min(s.started_at) INTO v_started, v_oldest
+    FROM "berth".type_starts s WHERE s.type = p_type;
+  granted := greatest(0, least(v_n, v.rate_limit - v_started));
+  IF granted > 0 THEN
+    INSERT INTO "berth".type_starts (type, started_at, n) VALUES (p_type, v_now, granted);
+    DELETE FROM "berth".type_paced t WHERE t.id = ANY (p_ids[1:granted]) AND t.type = p_type;
+  END IF;
+  v_refused := v_n - granted;
+  IF v_refused > 0 THEN
+    step_ms := greatest(1, ceil(v.rate_interval_ms::numeric / v.rate_limit))::integer;
+    -- The window has room again when its oldest start leaves it (the start just granted, when it
+    -- was empty before); no earlier than the horizon of the tasks refused before these.
+    v_first := greatest(coalesce(v_oldest, v_now) + v_window, v.paced_until);
+    retry_ms := greatest(1, ceil(extract(epoch FROM v_first - v_now) * 1000))::integer;
+    INSERT INTO "berth".type_paced AS t (id, type, until)
+    SELECT u.id, p_type, v_first + make_interval(secs => (u.o - 1) * step_ms / 1000.0)
+      FROM unnest(p_ids[granted + 1:v_n]) WITH ORDINALITY AS u(id, o)
+    ON CONFLICT (id) DO UPDATE SET type = EXCLUDED.type, until = EXCLUDED.until;
+    UPDATE "berth".type_limits
+       SET paced_until = v_first + make_interval(secs => v_refused * step_ms / 1000.0),
+           refused = refused + v_refused
+     WHERE type = p_type;
+    DELETE FROM "berth".type_paced t WHERE t.type = p_type AND t.until < v_now - interval '1 hour';
+  END IF;
+END $$;
+
+--
 -- Name: tombstone_unleased(bigint, text); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -1904,6 +2011,26 @@ BEGIN
   DELETE FROM "berth".dedupe WHERE id = p_id;
   RETURN 'removed';
 END $$;
+
+--
+-- Name: type_limit_usage(); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.type_limit_usage() RETURNS TABLE(type text, rate_limit integer, rate_interval_ms integer, started integer, refused bigint, paced integer, updated_at timestamp with time zone, updated_by text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+  SELECT t.type, t.rate_limit, t.rate_interval_ms,
+         (SELECT coalesce(sum(s.n), 0)::integer FROM "berth".type_starts s
+           WHERE s.type = t.type
+             AND s.started_at > clock_timestamp()
+                                - make_interval(secs => (t.rate_interval_ms + least(t.rate_interval_ms / 10, 250)) / 1000.0)),
+         t.refused,
+         (SELECT count(*)::integer FROM "berth".type_paced p WHERE p.type = t.type AND p.until > clock_timestamp()),
+         t.updated_at, t.updated_by
+    FROM "berth".type_limits t
+   ORDER BY t.type
+$$;
 
 --
 -- Name: attempt_history; Type: TABLE; Schema: berth; Owner: -
@@ -4344,6 +4471,43 @@ CREATE TABLE berth.tombstones_9 (
 );
 
 --
+-- Name: type_limits; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.type_limits (
+    type text NOT NULL,
+    rate_limit integer NOT NULL,
+    rate_interval_ms integer NOT NULL,
+    paced_until timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    refused bigint DEFAULT 0 NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_by text NOT NULL,
+    CONSTRAINT type_limits_rate_interval_ms_check CHECK (((rate_interval_ms >= 1) AND (rate_interval_ms <= 86400000))),
+    CONSTRAINT type_limits_rate_limit_check CHECK (((rate_limit >= 1) AND (rate_limit <= 1000000)))
+);
+
+--
+-- Name: type_paced; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.type_paced (
+    id bigint NOT NULL,
+    type text NOT NULL,
+    until timestamp with time zone NOT NULL
+);
+
+--
+-- Name: type_starts; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.type_starts (
+    type text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    n integer NOT NULL,
+    CONSTRAINT type_starts_n_check CHECK ((n > 0))
+);
+
+--
 -- Name: workers; Type: TABLE; Schema: berth; Owner: -
 --
 
@@ -5863,6 +6027,20 @@ ALTER TABLE ONLY berth.tombstones_9
     ADD CONSTRAINT tombstones_9_pkey PRIMARY KEY (lane_id, lane_seq, slot);
 
 --
+-- Name: type_limits type_limits_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.type_limits
+    ADD CONSTRAINT type_limits_pkey PRIMARY KEY (type);
+
+--
+-- Name: type_paced type_paced_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.type_paced
+    ADD CONSTRAINT type_paced_pkey PRIMARY KEY (id);
+
+--
 -- Name: workers workers_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
 --
 
@@ -6624,6 +6802,18 @@ CREATE INDEX tombstones_8_id_idx ON berth.tombstones_8 USING btree (id);
 --
 
 CREATE INDEX tombstones_9_id_idx ON berth.tombstones_9 USING btree (id);
+
+--
+-- Name: type_paced_type_until_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX type_paced_type_until_idx ON berth.type_paced USING btree (type, until);
+
+--
+-- Name: type_starts_type_started_at_idx; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX type_starts_type_started_at_idx ON berth.type_starts USING btree (type, started_at);
 
 --
 -- Name: attempt_history_0_bucket_idx; Type: INDEX ATTACH; Schema: berth; Owner: -
@@ -7970,10 +8160,28 @@ REVOKE ALL ON FUNCTION berth.set_queue_limit(p_queue text, p_max_running integer
 REVOKE ALL ON FUNCTION berth.set_queue_paused(p_queue text, p_paused boolean, p_actor text, p_reason text) FROM PUBLIC;
 
 --
+-- Name: FUNCTION set_type_limit(p_type text, p_rate_limit integer, p_rate_interval_ms integer, p_actor text); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.set_type_limit(p_type text, p_rate_limit integer, p_rate_interval_ms integer, p_actor text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION take_type_starts(p_type text, p_ids bigint[], OUT granted integer, OUT guard_ms integer, OUT retry_ms integer, OUT step_ms integer); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.take_type_starts(p_type text, p_ids bigint[], OUT granted integer, OUT guard_ms integer, OUT retry_ms integer, OUT step_ms integer) FROM PUBLIC;
+
+--
 -- Name: FUNCTION tombstone_unleased(p_id bigint, p_reason text); Type: ACL; Schema: berth; Owner: -
 --
 
 REVOKE ALL ON FUNCTION berth.tombstone_unleased(p_id bigint, p_reason text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION type_limit_usage(); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.type_limit_usage() FROM PUBLIC;
 
 --
 -- PostgreSQL database dump complete

@@ -192,6 +192,14 @@ export {
   type RateLimit,
 } from './admin/limits.js';
 export {
+  setTypeLimit,
+  clearTypeLimit,
+  listTypeLimits,
+  setTypeLimitAudited,
+  clearTypeLimitAudited,
+  type TypeLimitUsage,
+} from './admin/type-limits.js';
+export {
   listSchedules,
   getSchedule,
   setSchedulePaused,

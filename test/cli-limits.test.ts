@@ -152,7 +152,7 @@ test('bad input: one line naming the field, exit 2, and no limit set', async () 
   assert.match(long.err, /queue must be a string of at most 255 UTF-8 bytes \(got 300 bytes\)/);
   const unknownVerb = await berth('limits', 'raise', 'reports');
   assert.equal(unknownVerb.code, 2);
-  assert.match(unknownVerb.err, /unknown command "raise" \(commands here: list, set, clear\)/);
+  assert.match(unknownVerb.err, /unknown command "raise" \(commands here: list, set, clear, type\)/);
   assert.deepEqual(await listQueueLimits(pool, schema), []);
 });
 
@@ -168,4 +168,61 @@ test('limits list escapes control characters in a queue name; its JSON keeps the
   const json = await berthJson<QueueLimitStatus[]>('limits', 'list', '--json');
   assert.equal(json.find((l) => l.rateLimit === 5)?.queue, queue);
   assert.equal((await berth('limits', 'clear', queue)).code, 0);
+});
+
+test('limits type set | list | clear: a task type rate limit, audited; bad input is one line naming the field', async () => {
+  const set = await berth('limits', 'type', 'set', 'partner_call', '--rate', '20/1s');
+  assert.equal(set.code, 0, set.err);
+  assert.match(set.out, /task type "partner_call" limited: 20\/1s/);
+  const [limit] = await berthJson<Array<{ type: string; rateLimit: number; rateIntervalMs: number; started: number }>>(
+    'limits',
+    'type',
+    'list',
+    '--json',
+  );
+  assert.deepEqual(
+    { type: limit?.type, rateLimit: limit?.rateLimit, rateIntervalMs: limit?.rateIntervalMs, started: limit?.started },
+    { type: 'partner_call', rateLimit: 20, rateIntervalMs: 1000, started: 0 },
+  );
+  const list = await berth('limits', 'type', 'list');
+  assert.match(list.out, /partner_call\s+20\/1s\s+0\s+0\s+0\s+cli:tester/);
+  const stats = await berth('stats');
+  assert.match(stats.out, /TYPE\s+RATE\s+STARTED\s+PACED\s+REFUSED/);
+  const statsJson = await berthJson<{ typeLimits: Array<{ type: string }> }>('stats', '--json');
+  assert.deepEqual(
+    statsJson.typeLimits.map((l) => l.type),
+    ['partner_call'],
+  );
+  for (const [flags, message] of [
+    [['--rate', '0/1s'], /rate's count must be an integer from 1 to 1000000 \(got 0\)/],
+    [['--rate', '20'], /rate must be a count and an interval/],
+    [[], /required option '--rate <count\/interval>' not specified/],
+  ] as [string[], RegExp][]) {
+    const r = await berth('limits', 'type', 'set', 'partner_call', ...flags);
+    assert.equal(r.code, 2, `${flags.join(' ')}: ${r.err}`);
+    assert.ok(oneLine(r.err), r.err);
+    assert.match(r.err, message);
+  }
+  const long = await berth('limits', 'type', 'set', 't'.repeat(201), '--rate', '1/1s');
+  assert.equal(long.code, 2);
+  assert.ok(oneLine(long.err), long.err);
+  assert.match(long.err, /type must be a string of at most 200 characters/);
+  const cleared = await berth('limits', 'type', 'clear', 'partner_call');
+  assert.equal(cleared.code, 0, cleared.err);
+  assert.match(cleared.out, /task type "partner_call": rate limit cleared/);
+  const again = await berth('limits', 'type', 'clear', 'partner_call');
+  assert.equal(again.code, 1);
+  assert.match(again.err, /task type "partner_call" has no rate limit/);
+  const audit = await listAudit(pool, schema);
+  assert.deepEqual(
+    audit
+      .filter((a) => a.action.startsWith('type.'))
+      .map((a) => [a.actor, a.action, a.target])
+      .reverse(),
+    [
+      ['cli:tester', 'type.limit', { type: 'partner_call', rate: { limit: 20, intervalMs: 1000 } }],
+      ['cli:tester', 'type.unlimit', { type: 'partner_call' }],
+      ['cli:tester', 'type.unlimit', { type: 'partner_call' }],
+    ],
+  );
 });

@@ -202,14 +202,15 @@ function limitBusy(err: unknown, queue: string): unknown {
   return err;
 }
 
-function checkRate(value: unknown): RateLimit {
+/** A rate limit `{ limit, intervalMs }` checked for `fn` (setQueueLimit, setTypeLimit). */
+export function checkRate(value: unknown, fn = 'setQueueLimit'): RateLimit {
   if (typeof value !== 'object' || value === null || Array.isArray(value))
-    throw new BerthInputError('setQueueLimit: rate must be an object { limit, intervalMs } or null');
-  checkKeys(value, RATE_KEYS, 'setQueueLimit: rate', RATE_HINTS);
+    throw new BerthInputError(`${fn}: rate must be an object { limit, intervalMs } or null`);
+  checkKeys(value, RATE_KEYS, `${fn}: rate`, RATE_HINTS);
   const r = value as Record<string, unknown>;
   return {
-    limit: checkInteger(r.limit, 'rate.limit', 'setQueueLimit', 1, MAX_LIMIT),
-    intervalMs: checkInteger(r.intervalMs, 'rate.intervalMs', 'setQueueLimit', 1, MAX_RATE_INTERVAL_MS),
+    limit: checkInteger(r.limit, 'rate.limit', fn, 1, MAX_LIMIT),
+    intervalMs: checkInteger(r.intervalMs, 'rate.intervalMs', fn, 1, MAX_RATE_INTERVAL_MS),
   };
 }
 

@@ -10,6 +10,12 @@ import {
   rateText,
   setQueueLimitAudited,
 } from '../admin/limits.js';
+import {
+  clearTypeLimitAudited,
+  listTypeLimits,
+  setTypeLimitAudited,
+  type TypeLimitUsage,
+} from '../admin/type-limits.js';
 import { BerthInputError } from '../errors.js';
 import {
   actor,
@@ -55,6 +61,18 @@ export function limitRows(limits: readonly QueueLimitStatus[]): Record<string, u
   }));
 }
 
+/** The columns `limits type list` prints; `berth stats` prints the first five. */
+export const TYPE_LIMIT_COLUMNS = ['type', 'rate', 'started', 'paced', 'refused', 'updatedBy', 'updatedAt'] as const;
+
+/** One printed row per type limit: the rate as it is written, started with its mark. */
+export function typeLimitRows(limits: readonly TypeLimitUsage[]): Record<string, unknown>[] {
+  return limits.map((l) => ({
+    ...l,
+    rate: rateText(l.rateLimit, l.rateIntervalMs),
+    started: l.atLimit ? `${l.started} (at limit)` : l.started,
+  }));
+}
+
 /** A limit in words: `max 5 running, 20/1s`. */
 function describeLimit(l: { maxRunning: number | null; rateLimit: number | null; rateIntervalMs: number | null }) {
   const parts = [l.maxRunning === null ? null : `max ${l.maxRunning} running`, rateText(l.rateLimit, l.rateIntervalMs)];
@@ -67,7 +85,7 @@ export function registerLimitCommands(program: Command): void {
     .description('fleet-wide queue limits: at most N running, at most N starts per interval');
   listCommand(
     limits,
-    'every limit: how many run now, starts in the current interval, due tasks it holds back',
+    'every queue limit: how many run now, starts in the current interval, due tasks it holds back (task type limits: limits type list)',
     listQueueLimits,
     (all) => printTable(limitRows(all), LIMIT_COLUMNS),
   );
@@ -113,6 +131,48 @@ export function registerLimitCommands(program: Command): void {
         if (opts.json) printJson({ queue, ...r });
         if (!r.cleared) throw new CliFailure(`queue "${escapeControl(queue)}" has no limits`);
         if (!opts.json) say(`queue "${escapeControl(queue)}": limits cleared`);
+      });
+    });
+  registerTypeLimitCommands(limits);
+}
+
+/** `berth limits type list|set|clear`: a task type's rate limit, across every queue its tasks are in. */
+function registerTypeLimitCommands(limits: Command): void {
+  const type = limits
+    .command('type')
+    .description("task type rate limits: at most N starts of a type per interval, whatever its tasks' queue");
+  listCommand(
+    type,
+    'every task type limit: starts in the current interval, tasks it refused that are not due again yet (paced), starts refused so far',
+    listTypeLimits,
+    (all) => printTable(typeLimitRows(all), TYPE_LIMIT_COLUMNS),
+  );
+  common(type.command('set <type>'))
+    .description("set or change a task type's rate limit")
+    .requiredOption(
+      '--rate <count/interval>',
+      'at most count starts per interval, across every worker: 20/1s, 100/1m',
+      rateOption,
+    )
+    .addHelpText(
+      'after',
+      '\nThe interval takes a unit: ms, s, m or h (at most 24h). A task that would start past the limit is handed back\nunstarted (no attempt spent) and comes back when the limit has room; other types are not held up.',
+    )
+    .action(async (name: string, opts: Common & { rate: RateLimit }) => {
+      await withPool(opts, async (pool) => {
+        const now = await setTypeLimitAudited(pool, opts.schema, null, actor(), name, opts.rate);
+        if (opts.json) return printJson({ type: name, limit: now });
+        say(`task type "${escapeControl(name)}" limited: ${rateText(now.rateLimit, now.rateIntervalMs)}`);
+      });
+    });
+  common(type.command('clear <type>'))
+    .description("remove a task type's rate limit: the tasks it paced are due again at once")
+    .action(async (name: string, opts: Common) => {
+      await withPool(opts, async (pool) => {
+        const r = await clearTypeLimitAudited(pool, opts.schema, null, actor(), name);
+        if (opts.json) printJson({ type: name, ...r });
+        if (!r.cleared) throw new CliFailure(`task type "${escapeControl(name)}" has no rate limit`);
+        if (!opts.json) say(`task type "${escapeControl(name)}": rate limit cleared`);
       });
     });
 }

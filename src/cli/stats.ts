@@ -12,13 +12,14 @@ import { keysSummary, listQueueLimits } from '../admin/limits.js';
 import { laneLabel } from '../lane.js';
 import { CliFailure, common, duration, printJson, printTable, withPool, type Common } from './common.js';
 import { HELD_KEY_COLUMNS, heldKeyRows } from './keys.js';
-import { LIMIT_COLUMNS, limitRows } from './limits.js';
+import { LIMIT_COLUMNS, limitRows, TYPE_LIMIT_COLUMNS, typeLimitRows } from './limits.js';
+import { listTypeLimits } from '../admin/type-limits.js';
 import { escapeControl, say } from './terminal.js';
 
 export function registerStatsCommands(program: Command): void {
   common(program.command('stats'))
     .description(
-      'queues (pending, running, dead, rates), lanes (depth, oldest due, paused), queue limits and concurrency keys',
+      'queues (pending, running, dead, rates), lanes (depth, oldest due, paused), queue and task type limits, concurrency keys',
     )
     .addHelpText(
       'after',
@@ -26,7 +27,7 @@ export function registerStatsCommands(program: Command): void {
     )
     .action(async (opts: Common) => {
       await withPool(opts, async (pool) => {
-        const [counts, laneRows, activity, points, workers, limits, keys] = await Promise.all([
+        const [counts, laneRows, activity, points, workers, limits, keys, typeLimits] = await Promise.all([
           taskCounts(pool, opts.schema),
           laneStats(pool, opts.schema),
           laneActivity(pool, opts.schema),
@@ -34,6 +35,7 @@ export function registerStatsCommands(program: Command): void {
           listWorkers(pool, opts.schema),
           listQueueLimits(pool, opts.schema),
           keysSummary(pool, opts.schema),
+          listTypeLimits(pool, opts.schema),
         ]);
         const lanes = laneRows.map((l) => ({
           ...l,
@@ -92,6 +94,7 @@ export function registerStatsCommands(program: Command): void {
             queues: rows,
             lanes,
             limits,
+            typeLimits,
             keys,
             workers: alive.length,
             slots: alive.reduce((n, w) => n + w.slots, 0),
@@ -120,6 +123,11 @@ export function registerStatsCommands(program: Command): void {
           say('');
           // Compact: who set a limit and when is in `berth limits list`.
           printTable(limitRows(limits), LIMIT_COLUMNS.slice(0, 6));
+        }
+        if (typeLimits.length > 0) {
+          say('');
+          // Compact: who set a limit and when is in `berth limits type list`.
+          printTable(typeLimitRows(typeLimits), TYPE_LIMIT_COLUMNS.slice(0, 5));
         }
         if (keys.heldTasks > 0 || keys.limits.length > 0) {
           // Compact: the limits themselves and every waiting key are in `berth keys list`.

@@ -7,6 +7,7 @@ import { claimableEntry, deadRowPredicate, liveEntries } from '../storage/predic
 import { liveWorker, liveWorkerParams } from '../storage/live-workers.js';
 import { limitStatus, type QueueLimitStatus } from '../storage/limits.js';
 import { heldSummary, type KeyLimitRow, keyLimits } from '../storage/keys.js';
+import { type TypeLimitUsage, typeLimitUsage } from '../storage/type-limits.js';
 
 export interface GaugeSnapshot {
   pending: Map<string, number>;
@@ -23,6 +24,8 @@ export interface GaugeSnapshot {
   keysWaiting: number;
   /** Every key limit set. */
   keyLimits: KeyLimitRow[];
+  /** Every task type rate limit: how full it is, and the tasks it paced. */
+  typeLimits: TypeLimitUsage[];
   /** Worker processes whose heartbeat is fresh. */
   workers: number;
 }
@@ -74,7 +77,11 @@ export async function readGaugesIn(db: Queryable, storage: Storage, window: Ring
       .query({ staleMs, futureMs }),
   );
   const { res, oldest } = counts;
-  const [keyed, keyLimitRows] = await Promise.all([heldSummary(db, storage), keyLimits(db, storage)]);
+  const [keyed, keyLimitRows, typeLimits] = await Promise.all([
+    heldSummary(db, storage),
+    keyLimits(db, storage),
+    typeLimitUsage(db, storage),
+  ]);
   const snap: GaugeSnapshot = {
     pending: new Map(),
     running: new Map(),
@@ -85,6 +92,7 @@ export async function readGaugesIn(db: Queryable, storage: Storage, window: Ring
     keyHeldTasks: keyed.heldByQueue,
     keysWaiting: keyed.keysWaiting,
     keyLimits: keyLimitRows,
+    typeLimits,
     workers: fleet.rows[0]!.workers,
   };
   for (const r of res.rows) {
@@ -171,6 +179,7 @@ export function resetGauges(metrics: BerthMetrics): void {
   metrics.keyHeldTasks.reset();
   metrics.keysWaiting.reset();
   metrics.keyLimit.reset();
+  for (const g of typeLimitGauges(metrics)) g.reset();
   metrics.workers.reset();
   metrics.rescueHeld.reset();
   metrics.scheduleLastFire.reset();
@@ -210,7 +219,25 @@ export function publishGauges(metrics: BerthMetrics, snap: GaugeSnapshot): void 
   metrics.keysWaiting.set(snap.keysWaiting);
   metrics.keyLimit.reset();
   for (const l of snap.keyLimits) metrics.keyLimit.set({ scope: l.scope, name: l.name }, l.perKey);
+  for (const g of typeLimitGauges(metrics)) g.reset();
+  for (const l of snap.typeLimits) {
+    const type = { task_type: l.type };
+    metrics.typeLimitRate.set(type, l.rateLimit);
+    metrics.typeLimitRateIntervalSeconds.set(type, l.rateIntervalMs / 1000);
+    metrics.typeLimitRateStarts.set(type, l.started);
+    metrics.typeLimitPacedTasks.set(type, l.paced);
+  }
   metrics.workers.set(snap.workers);
+}
+
+/** The per-type rate limit gauges, reset together. */
+function typeLimitGauges(metrics: BerthMetrics) {
+  return [
+    metrics.typeLimitRate,
+    metrics.typeLimitRateIntervalSeconds,
+    metrics.typeLimitRateStarts,
+    metrics.typeLimitPacedTasks,
+  ];
 }
 
 /** The per-queue limit gauges, reset together. */

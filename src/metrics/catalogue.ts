@@ -69,6 +69,7 @@ export class BerthMetrics {
   readonly meter: Meter;
   readonly outcomes: CounterMetric<'task_type' | 'outcome'>;
   readonly unknownTypes: CounterMetric<'task_type'>;
+  readonly typeRateRefused: CounterMetric<'task_type'>;
   readonly handlerSeconds: HistogramMetric<'task_type'>;
   readonly pending: GaugeMetric<'task_type'>;
   readonly running: GaugeMetric<'task_type'>;
@@ -115,6 +116,10 @@ export class BerthMetrics {
   readonly keyHeldTasks: GaugeMetric<'queue'>;
   readonly keysWaiting: GaugeMetric;
   readonly keyLimit: GaugeMetric<'scope' | 'name'>;
+  readonly typeLimitRate: GaugeMetric<'task_type'>;
+  readonly typeLimitRateIntervalSeconds: GaugeMetric<'task_type'>;
+  readonly typeLimitRateStarts: GaugeMetric<'task_type'>;
+  readonly typeLimitPacedTasks: GaugeMetric<'task_type'>;
   readonly workers: GaugeMetric;
 
   /** `new BerthMetrics()`, `new BerthMetrics(registry)` or `new BerthMetrics({ registry, meter })`. */
@@ -161,6 +166,11 @@ export class BerthMetrics {
     this.unknownTypes = counter(
       'berth_tasks_unknown_type_total',
       'Claimed tasks of a type this worker has no definition for, handed back without charging an attempt, by task type',
+      ['task_type'],
+    );
+    this.typeRateRefused = counter(
+      'berth_type_rate_refused_total',
+      "Starts this worker was refused by a task type's rate limit (each task handed back unstarted, its attempt refunded), by task type",
       ['task_type'],
     );
     this.handlerSeconds = histogram(
@@ -326,6 +336,26 @@ export class BerthMetrics {
       'A key limit: at most this many tasks per concurrency key run at once, for a queue or a task type (scope); exported by the maintenance leader',
       'max',
       ['scope', 'name'],
+    );
+    // Task type rate limits (setTypeLimit, `berth limits`): reset each gauge run like the queue
+    // limits, so a cleared limit loses its series.
+    const typeLimitGauge = (name: string, help: string) =>
+      gauge(name, `${help}; exported by the maintenance leader`, 'max', ['task_type']);
+    this.typeLimitRate = typeLimitGauge(
+      'berth_type_limit_rate',
+      "A task type's rate limit: at most this many starts per berth_type_limit_rate_interval_seconds, across the fleet",
+    );
+    this.typeLimitRateIntervalSeconds = typeLimitGauge(
+      'berth_type_limit_rate_interval_seconds',
+      "The interval of the task type's rate limit, in seconds",
+    );
+    this.typeLimitRateStarts = typeLimitGauge(
+      'berth_type_limit_rate_starts',
+      'Starts of a rate-limited task type within the current interval',
+    );
+    this.typeLimitPacedTasks = typeLimitGauge(
+      'berth_type_limit_paced_tasks',
+      "Tasks a type's rate limit refused and handed back that are not due again yet (left out of berth_task_oldest_due_seconds until due)",
     );
     this.workers = gauge(
       'berth_workers',

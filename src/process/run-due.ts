@@ -8,7 +8,7 @@ import type { BerthMetrics, Outcome } from '../metrics/catalogue.js';
 import { wakeChannel } from '../sql.js';
 import { DEFAULT_BACKOFF, type AnyTaskDefinition } from '../task.js';
 import { claimLimitedQueue } from '../processor/claim-limited.js';
-import { limitedQueues } from '../storage/limits.js';
+import { queueFlags } from '../storage/keys.js';
 import { promoteHeld } from '../storage/keys.js';
 import { claimBatch, discover, type ClaimedTask } from '../processor/claim.js';
 import { settlementFor, type SettleAnswer, type Settlement, type TaskRun } from '../processor/outcome-table.js';
@@ -23,6 +23,7 @@ import { resolveWorkerOptions, type ResolvedWorkerOptions } from './worker-optio
 import { resolveSchedules, type ScheduleDefinition } from '../schedule.js';
 import { fireDueSchedules } from '../maintenance/scheduler.js';
 import { declareSchedules } from './declare-schedules.js';
+import { TypeRateGate } from '../processor/type-rate-gate.js';
 
 export interface RunDueTasksOptions {
   /** The installation schema. `berth`. */
@@ -232,6 +233,8 @@ class OnceRunner {
       ceilings: o.tasks.ceilings,
       defaultCeilingMs: o.defaultCeilingMs,
       scheduleCeilings: new ScheduleCeilings(pool, storage),
+      // The rate-limited types are read with the limited queues, at every claimNext.
+      typeRates: new TypeRateGate(pool, storage, o.logger, o.metrics),
     };
     this.settleDeps = {
       write: pool,
@@ -246,7 +249,8 @@ class OnceRunner {
   /**
    * The oldest due task (priority, then due time), leased to this run; null when none is
    * claimable. A limited queue's tasks are claimed through its limited claim, after the others,
-   * and only while its limits leave room (a rate limit's window is not waited out).
+   * and only while its limits leave room (a rate limit's window is not waited out). A task of a
+   * rate-limited type asks for its start as a worker's does (runTask), and is handed back when refused.
    */
   async claimNext(): Promise<ClaimedTask | null> {
     const o = this.o;
@@ -260,13 +264,15 @@ class OnceRunner {
       workerId: o.workerId,
       wakeChannel: this.channel,
     };
+    const flags = await queueFlags(this.pool, this.storage);
+    this.runDeps.typeRates.setTypes(flags.rateTypes);
     const lanes = [...new Set((await discover(this.pool, this.storage, o.queues, 20, 1)).map((c) => c.laneId))];
     if (lanes.length > 0) {
       const { tasks } = await claimBatch(this.pool, { ...terms, laneIds: lanes, limit: 1, queues: o.queues });
       // Empty although discovery saw due lanes: another claimer holds them (a running worker).
       if (tasks[0] !== undefined) return tasks[0];
     }
-    for (const queue of await limitedQueues(this.pool, this.storage)) {
+    for (const queue of flags.limited) {
       if (o.queues !== null && !o.queues.includes(queue)) continue;
       const { tasks } = await claimLimitedQueue(this.pool, terms, queue, 1);
       if (tasks[0] !== undefined) return tasks[0];
@@ -319,7 +325,7 @@ function report(task: ClaimedTask, run: TaskRun, settlement: Settlement, answer:
   else if (action.kind === 'release' && action.reason === 'continue') status = 'continued';
   else if (action.kind === 'snooze') status = 'snoozed';
   else status = 'returned';
-  let error: string | null = 'error' in run ? run.error : null;
+  let error: string | null = 'error' in run ? run.error : run.kind === 'rate_limited' ? run.note : null;
   if (status === 'dead' && action.kind === 'release') error = action.finalError;
   return {
     id: task.id,

@@ -9,6 +9,7 @@ import { abortableSleep } from '../util/abortable-sleep.js';
 import type { ClaimedTask } from './claim.js';
 import { Fetcher } from './fetcher.js';
 import { KeyReleaser } from './key-releaser.js';
+import { TypeRateGate } from './type-rate-gate.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 import type { OutcomeTally } from './heartbeat.js';
 import { settlementFor } from './outcome-table.js';
@@ -259,6 +260,7 @@ export class Engine {
       ceilings: this.o.tasks.ceilings,
       defaultCeilingMs: this.o.defaultCeilingMs,
       scheduleCeilings: new ScheduleCeilings(deps.write, this.storage),
+      typeRates: new TypeRateGate(deps.write, this.storage, deps.logger, deps.metrics),
     };
     this.settleDeps = {
       write: deps.write,
@@ -285,6 +287,7 @@ export class Engine {
       wakeChannel: deps.wakeChannel,
       queues: this.o.queues,
       wakeAgain: () => this.wake('more'),
+      typeRates: this.runDeps.typeRates,
     });
     this.rate = new PrefetchRate(this.o.prefetch);
     this.stuckGuard = new StuckGuard(

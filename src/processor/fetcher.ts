@@ -5,6 +5,7 @@ import { readRingWindow, type RingWindow } from '../storage/ring-window.js';
 import { type ClaimBatch, claimBatch, type ClaimParams, discover, LANE_SHARE, type ClaimedTask } from './claim.js';
 import { claimLimitedQueue } from './claim-limited.js';
 import { queueFlags } from '../storage/keys.js';
+import type { TypeRateGate } from './type-rate-gate.js';
 import type { TaskRegistry } from './engine-options.js';
 import type { TypeMetrics } from './type-metrics.js';
 
@@ -24,6 +25,8 @@ export interface FetcherDeps {
   queues: readonly string[] | null;
   /** Asks the fetch loop for another pass at once (a known-lane claim came back short). */
   wakeAgain: () => void;
+  /** Told which task types are rate-limited, each time the limits are read. */
+  typeRates: TypeRateGate;
 }
 
 /** How many lanes discovery returns (one head each). */
@@ -192,6 +195,7 @@ export class Fetcher {
     const flags = await queueFlags(d.read, d.storage);
     const queues = flags.limited;
     this.keyed = new Set(flags.keyed);
+    d.typeRates.setTypes(flags.rateTypes);
     this.limitsStale = false;
     const mine = d.queues === null ? queues : queues.filter((q) => d.queues!.includes(q));
     const keep = new Set(mine);

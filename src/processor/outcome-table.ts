@@ -14,6 +14,11 @@ export type TaskRun =
    * back without charging an attempt, kept away `delayMs` (processor/unknown-types.ts).
    */
   | { kind: 'unknown_type'; error: string; delayMs: number }
+  /**
+   * Its type's fleet-wide rate limit refused the start (processor/type-rate-gate.ts): handed back
+   * unstarted, attempt refunded, due again in `delayMs`.
+   */
+  | { kind: 'rate_limited'; note: string; delayMs: number }
   /** It waited in the prefetch buffer past its deadline: it never ran. */
   | { kind: 'expired_in_buffer' }
   /** The claim itself returned after the handler deadline (seed 000: not started, recorded as timeout). */
@@ -77,9 +82,9 @@ export type SettleAction =
   | { kind: 'release'; reason: 'shutdown' | 'continue'; finalError: string }
   /**
    * Hand back a never-started task with the claim's attempt refunded: due now, or (`away`) after
-   * a delay, with a note as its last_error.
+   * a delay, with a note as its last_error (a null note keeps the last error as it was).
    */
-  | { kind: 'return_unstarted'; away?: { delayMs: number; note: string } }
+  | { kind: 'return_unstarted'; away?: { delayMs: number; note: string | null } }
   /**
    * Snooze: defer to now() + delayMs; the attempt is given back within `maxSnoozes` snoozes of
    * the task, kept past it (`finalError` stamped when that retires it on its final attempt).
@@ -159,6 +164,13 @@ export function settlementFor(run: TaskRun, task: TaskAttempt): Settlement {
       // never started cannot be one (docs/architecture.md, "Routing").
       return {
         action: { kind: 'return_unstarted', away: { delayMs: run.delayMs, note: run.error } },
+        outcome: NOT_COUNTED,
+      };
+    case 'rate_limited':
+      // Nothing ran: the limit, not the task, held it back, so the attempt is refunded. No note:
+      // the task's last error (of an earlier attempt) stays what it was.
+      return {
+        action: { kind: 'return_unstarted', away: { delayMs: run.delayMs, note: null } },
         outcome: NOT_COUNTED,
       };
     case 'expired_in_buffer':

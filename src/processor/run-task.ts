@@ -18,6 +18,7 @@ import { advanceCursor } from '../storage/return.js';
 import { dequeueIn } from '../storage/complete.js';
 import type { UnknownTypes } from './unknown-types.js';
 import type { ScheduleCeilings } from './schedule-ceilings.js';
+import type { TypeRateGate } from './type-rate-gate.js';
 import type { ScheduleCeilingRow } from '../storage/schedules.js';
 import { errorDetail, errorMessage } from '../util/error-detail.js';
 
@@ -39,6 +40,8 @@ export interface RunDeps {
   defaultCeilingMs: number;
   /** The stored ceilings of schedules, read for a schedule's task only (schedule-ceilings.ts). */
   scheduleCeilings: ScheduleCeilings;
+  /** Fleet-wide rate limits of task types: a start of a limited type is asked for first. */
+  typeRates: TypeRateGate;
 }
 
 export interface RunInput {
@@ -139,6 +142,21 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     return { kind: 'invalid_payload', error: parsed.message };
   }
 
+  if (deps.typeRates.limits(task.type)) {
+    // Asked last, right before the handler starts: a start granted is counted at once, so
+    // nothing that may still stop the task (its payload, its deadline) comes between.
+    const start = await deps.typeRates.take(task.type, task.id);
+    if (!start.granted) {
+      freeSlot();
+      return { kind: 'rate_limited', note: start.note, delayMs: start.delayMs };
+    }
+    if (start.startBy !== null && Date.now() > start.startBy) {
+      // The answer came back later than the limit's guard: starting now could push a window of
+      // the type's starts over (as a queue's rate, above). Its start is spent.
+      freeSlot();
+      return { kind: 'expired_in_buffer' };
+    }
+  }
   deps.deadlines.arm(abort);
   let advanced = false;
   let dequeued = false;

@@ -173,7 +173,7 @@ async function release(
 async function handBack(
   deps: SettleDeps,
   task: ClaimedTask,
-  away: { delayMs: number; note: string } | undefined,
+  away: { delayMs: number; note: string | null } | undefined,
 ): Promise<SettleAnswer> {
   try {
     const r = await returnUnstarted(deps.write, deps.storage, task, away);
@@ -228,6 +228,16 @@ function describe(
         if (answer.kind !== 'written') {
           log.warn({ handed_back: false, answer: answer.kind }, 'a task of an unknown type could not be handed back');
         }
+        return;
+      }
+      if (run.kind === 'rate_limited') {
+        // The limit at work, not a fault: told at debug (the type's gauges count the refusals).
+        if (answer.kind !== 'written') {
+          log.warn(
+            { handed_back: false, answer: answer.kind },
+            "a task refused by its type's rate limit could not be handed back",
+          );
+        } else if (debugEnabled()) log.debug({ delay_ms: run.delayMs }, run.note);
         return;
       }
       log.warn(

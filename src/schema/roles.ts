@@ -83,6 +83,10 @@ const WORKER_FUNCTIONS = [
   'key_entry_live(bigint)',
   'release_keys(bigint[])',
   'prune_task_keys(integer)',
+  // Type rate limits (migration 30): a start of a rate-limited type granted or refused, and the
+  // limits and how full they are (gauges).
+  'take_type_starts(text, bigint[])',
+  'type_limit_usage()',
 ] as const;
 
 /** The columns of `schedules` a worker writes: everything but the operator's pause. */
@@ -239,6 +243,9 @@ function workerGrants(s: string): Grant[] {
       privileges: 'SELECT',
       on: `${s}.task_keys, ${s}.held_keys, ${s}.key_holders, ${s}.key_limits, ${s}.keyed_queues, ${s}.key_arrivals`,
     },
+    // Which task types are rate-limited (the worker asks for their starts). Setting a limit is
+    // set_type_limit's (operators); starts are written by take_type_starts, as the owner.
+    { privileges: 'SELECT', on: `${s}.type_limits, ${s}.type_starts, ${s}.type_paced` },
     // Schedules (migration 26): a worker upserts the ones it declares at start (INSERT … ON
     // CONFLICT DO UPDATE of the declaration); the leader moves the watermark and the last fire in
     // each fire's transaction, and marks schedules stale or not. Pausing is an operator's: no

@@ -46,19 +46,32 @@ export async function pruneTaskKeys(db: Queryable, storage: Storage, limit: numb
   return res.rows[0]?.n ?? 0;
 }
 
+/** What a worker's fetcher reads once a poll (queueFlags). */
+export interface QueueFlags {
+  /** Queues with a limit: claimed through the limited claim. */
+  limited: string[];
+  /** Queues holding admitted keyed tasks: a settled task of one frees its key. */
+  keyed: string[];
+  /** Task types with a rate limit: a start of one is asked for (type-rate-gate.ts). */
+  rateTypes: string[];
+}
+
 /**
- * Which queues are limited and which hold admitted keyed tasks: what a worker's fetcher needs to
- * route its claims and free keys. One read of two small tables.
+ * Which queues are limited, which hold admitted keyed tasks and which task types are
+ * rate-limited: what a worker's fetcher needs to route its claims, free keys and ask for starts.
+ * One read of three small tables.
  */
-export async function queueFlags(db: Queryable, storage: Storage): Promise<{ limited: string[]; keyed: string[] }> {
+export async function queueFlags(db: Queryable, storage: Storage): Promise<QueueFlags> {
   const statement = storage.statement('queue-flags', ({ q: s }) =>
     compile(
       sql`SELECT ARRAY(SELECT queue FROM ${s}.queue_limits ORDER BY queue) AS limited,
-                 ARRAY(SELECT queue FROM ${s}.keyed_queues ORDER BY queue) AS keyed`,
+                 ARRAY(SELECT queue FROM ${s}.keyed_queues ORDER BY queue) AS keyed,
+                 ARRAY(SELECT type FROM ${s}.type_limits ORDER BY type) AS rate_types`,
     ),
   );
-  const res = await db.query<{ limited: string[]; keyed: string[] }>(statement.query({}));
-  return { limited: res.rows[0]?.limited ?? [], keyed: res.rows[0]?.keyed ?? [] };
+  const res = await db.query<{ limited: string[]; keyed: string[]; rate_types: string[] }>(statement.query({}));
+  const row = res.rows[0];
+  return { limited: row?.limited ?? [], keyed: row?.keyed ?? [], rateTypes: row?.rate_types ?? [] };
 }
 
 /** A key limit: K for the tasks of a queue or of a task type. */

@@ -86,15 +86,6 @@ export async function holdLeases(
   );
 }
 
-/** The queues that have a limit (the worker's fetcher claims them through the limited claim). */
-export async function limitedQueues(db: Queryable, storage: Storage): Promise<string[]> {
-  const statement = storage.statement('limited-queues', ({ q: s }) =>
-    compile(sql`SELECT queue FROM ${s}.queue_limits ORDER BY queue`),
-  );
-  const res = await db.query<{ queue: string }>(statement.query({}));
-  return res.rows.map((r) => r.queue);
-}
-
 /** Every limit, with how many tasks it counts as running and its starts in the current interval. */
 export async function limitUsage(db: Queryable, storage: Storage): Promise<QueueLimitUsage[]> {
   const statement = storage.statement('limit-usage', ({ q: s }) =>

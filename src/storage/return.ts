@@ -100,7 +100,7 @@ export async function returnUnstarted(
   write: Queryable,
   storage: Storage,
   ref: AttemptRef,
-  away?: { delayMs: number; note: string },
+  away?: { delayMs: number; note: string | null },
 ): Promise<ReturnResult> {
   return returnLease(write, storage, ref, 'unstarted', null, away?.note ?? null, NO_HISTORY, away?.delayMs ?? 0);
 }
