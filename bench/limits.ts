@@ -1,9 +1,9 @@
 /**
- * What queue limits and concurrency keys cost (`npm run bench:limits`): the drain of no-op tasks
+ * What queue limits, concurrency keys and task type rate limits cost (`npm run bench:limits`): the drain of no-op tasks
  * with and without them, the build before them against this one, and the leader's promotion of a
  * large batch of due deferred rows before and after (promote_lane's per-row task_keys probe).
  *
- *   npm run bench:limits -- [--n 20000] [--reps 5] [--warmup 50000] [--variants a,b,c,d,e]
+ *   npm run bench:limits -- [--n 20000] [--reps 5] [--warmup 50000] [--variants a,b,c,d,e,f]
  *                           [--promote-n 100000] [--promote-reps 3] [--keys 1000]
  *
  * Runs on a throwaway cluster of its own with stock settings (bench/cluster.ts), never on the
@@ -16,7 +16,9 @@
  * - b: this build, no limits;
  * - c: this build, the queue under a running limit it never reaches (maxRunning 10,000);
  * - d: this build, every task keyed, `--keys` keys (task i has key i mod keys), K = 1;
- * - e: this build, the queue under a rate limit it never reaches (1,000,000 starts a second).
+ * - e: this build, the queue under a rate limit it never reaches (1,000,000 starts a second);
+ * - f: this build, the drained task type under a type rate limit it never reaches (1,000,000
+ *   starts a second): every start asks the database first (take_type_starts, one a turn).
  * A drain is bench/scenarios.ts's, as `npm run bench` runs it: N tasks enqueued in bulk first,
  * then a worker at its defaults (only `slots` set) is started, and tasks/s = N / (worker start →
  * a read of the database showing every completion recorded). The claim's time is each value the
@@ -56,7 +58,7 @@ const { values } = parseArgs({
     n: { type: 'string', default: '20000' },
     reps: { type: 'string', default: '5' },
     warmup: { type: 'string', default: '50000' },
-    variants: { type: 'string', default: 'a,b,c,d,e' },
+    variants: { type: 'string', default: 'a,b,c,d,e,f' },
     keys: { type: 'string', default: '1000' },
     'promote-n': { type: 'string', default: '100000' },
     'promote-reps': { type: 'string', default: '3' },
@@ -136,9 +138,17 @@ const allVariants: Variant[] = [
     schema: 'lim_e',
     setup: (db, s) => limitQueue(db, s, { rate: RATE }),
   },
+  {
+    id: 'f',
+    label: `f: type rate ${RATE.limit.toLocaleString('en-US')}/s (never reached)`,
+    berth: current,
+    schema: 'lim_f',
+    // The drained type itself: every start asks take_type_starts (one statement a turn).
+    setup: (db, s) => current.setTypeLimit(db, s, 'noop', RATE, ACTOR),
+  },
 ];
 const variants = allVariants.filter((v) => wanted.has(v.id));
-if (variants.length === 0) throw new Error(`--variants names none of a,b,c,d,e: "${values.variants}"`);
+if (variants.length === 0) throw new Error(`--variants names none of a,b,c,d,e,f: "${values.variants}"`);
 
 /** What one drain's worker saw, beyond what scenarios.drain returns. */
 interface Seen {

@@ -16,7 +16,7 @@
 --   starts a granted task within the guard or hands it back). The starts granted are recorded
 --   (one row per call, with its count). The tasks refused are paced: the first is told to come
 --   back when the oldest start leaves the window, or at the type's pacing horizon when that is
---   later, and each next one a step (interval / limit) after it; the horizon moves past them. So
+--   later, and each next one a step ((interval + guard) / limit) after it; the horizon moves past them. So
 --   a backlog handed back returns at about the limit's rate instead of all at once. Each refused
 --   task is listed in `type_paced` until a start is granted to it, so a change or a clear of the
 --   limit can make the tasks it paced due again at once (set_type_limit), and the gauges can
@@ -96,7 +96,9 @@ BEGIN
   END IF;
   v_refused := v_n - granted;
   IF v_refused > 0 THEN
-    step_ms := greatest(1, ceil(v.rate_interval_ms::numeric / v.rate_limit))::integer;
+    -- The window's own pace: `limit` starts per interval plus guard. A step of interval / limit
+    -- would send them back faster than the window frees, and the surplus would be refused again.
+    step_ms := greatest(1, ceil((v.rate_interval_ms + guard_ms)::numeric / v.rate_limit))::integer;
     -- The window has room again when its oldest start leaves it (the start just granted, when it
     -- was empty before); no earlier than the horizon of the tasks refused before these.
     v_first := greatest(coalesce(v_oldest, v_now) + v_window, v.paced_until);
