@@ -17,6 +17,9 @@ import {
   setTypeLimitAudited,
 } from '../src/index.js';
 import { runDueTasks } from '../src/testing-api.js';
+import { BerthMetrics } from '../src/index.js';
+import { readGauges } from '../src/maintenance-api.js';
+import { publishGauges } from '../src/maintenance/gauges.js';
 import { freshSchema, scaled, spawnWorkerProcess, stopProcesses, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('tlimits');
@@ -243,4 +246,25 @@ test("runDueTasks asks for a rate-limited type's starts, and hands a refused tas
     1,
   );
   await clearTypeLimit(pool, schema, 'due_rated', 'test');
+});
+
+test('the leader exports each type limit, its starts and its paced tasks; a cleared limit loses its series', async () => {
+  const m = new BerthMetrics();
+  const exported = async () => {
+    publishGauges(m, await readGauges(pool, schema));
+    return (await m.registry.metrics())
+      .split('\n')
+      .filter((l) => l.startsWith('berth_type_limit_'))
+      .join('\n');
+  };
+  assert.doesNotMatch(await exported(), /berth_type_limit_rate\{/);
+  await setTypeLimit(pool, schema, 'gauged', { limit: 2, intervalMs: 60_000 }, 'test');
+  await pool.query(`SELECT * FROM ${S}.take_type_starts('gauged', ARRAY[101, 102, 103]::bigint[])`);
+  const text = await exported();
+  assert.match(text, /^berth_type_limit_rate\{task_type="gauged"\} 2$/m);
+  assert.match(text, /^berth_type_limit_rate_interval_seconds\{task_type="gauged"\} 60$/m);
+  assert.match(text, /^berth_type_limit_rate_starts\{task_type="gauged"\} 2$/m);
+  assert.match(text, /^berth_type_limit_paced_tasks\{task_type="gauged"\} 1$/m);
+  await clearTypeLimit(pool, schema, 'gauged', 'test');
+  assert.doesNotMatch(await exported(), /task_type="gauged"/);
 });
