@@ -14,8 +14,10 @@ import {
   getTask,
   listKeyLimits,
   listQueueLimits,
+  listTypeLimits,
   pauseQueue,
   resumeQueue,
+  setTypeLimitAudited,
   Worker,
 } from '../src/index.js';
 import { startDashboard } from '../src/dashboard/index.js';
@@ -445,6 +447,75 @@ test('the Queues page limits a queue: set from its form, held at the limit (runn
     );
   } finally {
     hold.release();
+    await close();
+  }
+});
+
+test('the Queues page shows a task type rate limit set through the API (started at the limit, paced, refused), sets one from its form, refuses a bad rate naming the field, and clears them (audited)', async () => {
+  // One start an hour for report.build, set as the CLI would; then two tasks of it, due in a
+  // second (by then the worker has read the new limit, at the latest at its next poll).
+  await setTypeLimitAudited(pool, schema, null, 'ops:alice', 'report.build', { limit: 1, intervalMs: 3_600_000 });
+  const jobs = await enqueueMany(
+    pool,
+    [1, 2].map((i) => ({ type: 'report.build', payload: { i }, queue: 'rated', delay: 1000 })),
+    { schema },
+  );
+  const { page, errors, close } = await open('queues');
+  const row = 'tr[data-type-limit="report.build"]';
+  try {
+    // One starts; the other is handed back unstarted and paced an hour ahead, and the page says so.
+    await textOf(page, `${row} td:nth-child(3)`, /^1 at limit$/);
+    await textOf(page, `${row} td:nth-child(4)`, /^1$/);
+    await textOf(page, row, /^report\.build1\/1h1 at limit11ops:alice/);
+    await waitFor(() => jobs.some((j) => ran.get(j.id!) === 1), WAIT, 'the report the limit let start');
+    assert.equal(jobs.filter((j) => ran.has(j.id!)).length, 1);
+
+    // Set from the form, for a type with no task yet; a rate the server cannot read is refused
+    // first, naming the field, and nothing is set.
+    await page.fill('#type-limit-new input[data-field="type"]', 'partner.call');
+    await page.fill('#type-limit-new input[data-field="rate"]', '20 per second');
+    await page.click('#type-limit-new button:has-text("Set rate limit")');
+    await textOf(page, '#toast', /Rate limit of type partner\.call failed: rate must be a count and an interval/);
+    assert.deepEqual(
+      (await listTypeLimits(pool, schema)).map((l) => l.type),
+      ['report.build'],
+    );
+    await page.fill('#type-limit-new input[data-field="rate"]', '20/1s');
+    await page.click('#type-limit-new button:has-text("Set rate limit")');
+    await textOf(page, '#toast', /Rate limit of type partner\.call: at most 20\/1s/);
+    await textOf(page, 'tr[data-type-limit="partner.call"]', /^partner\.call20\/1s000dashboard:local/);
+
+    // Cleared with a confirmation: the paced task is due again at once and runs.
+    await page.click(`${row} button:has-text("Clear")`);
+    await textOf(
+      page,
+      '#confirm-text',
+      /Remove the rate limit of type report\.build\? The tasks it paced are due again/,
+    );
+    await page.click('#confirm-ok');
+    await textOf(page, '#toast', /Clear rate limit of type report\.build: rate limit cleared/);
+    await waitFor(() => jobs.every((j) => ran.get(j.id!) === 1), WAIT, 'the paced report to run once cleared');
+    await page.click('tr[data-type-limit="partner.call"] button:has-text("Clear")');
+    await page.click('#confirm-ok');
+    await textOf(page, '#type-limits', /No task type is rate limited\./);
+    const actions = await pool.query(
+      `SELECT actor, action, target FROM ${S}.audit_log WHERE action LIKE 'type.%' ORDER BY id`,
+    );
+    assert.deepEqual(
+      actions.rows.map((r) => [r.actor, r.action, r.target.type, r.target.rate ?? null]),
+      [
+        ['ops:alice', 'type.limit', 'report.build', { limit: 1, intervalMs: 3_600_000 }],
+        ['dashboard:local', 'type.limit', 'partner.call', { limit: 20, intervalMs: 1000 }],
+        ['dashboard:local', 'type.unlimit', 'report.build', null],
+        ['dashboard:local', 'type.unlimit', 'partner.call', null],
+      ],
+    );
+    // The refused set answered 400, which the browser logs as a failed resource load.
+    assert.deepEqual(
+      errors.filter((e) => !/status of 400/.test(e)),
+      [],
+    );
+  } finally {
     await close();
   }
 });

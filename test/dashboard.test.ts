@@ -10,6 +10,7 @@ import {
   listKeyLimits,
   listQueueLimits,
   listQueues,
+  listTypeLimits,
   pauseQueue,
   resumeQueue,
   setQueueLimit,
@@ -68,6 +69,12 @@ function post(url: string, headers: Record<string, string>, body: unknown = {}):
     headers: { 'content-type': 'application/json', ...headers },
     body: JSON.stringify(body),
   });
+}
+
+/** A list /api/queues answers (`limits`, `typeLimits`, `keyLimits`), each row's updatedAt replaced by its type. */
+async function queuesList(url: string, list: string): Promise<Record<string, unknown>[]> {
+  const rows = (await call(`${url}api/queues`)).json()[list] as Record<string, unknown>[];
+  return rows.map(({ updatedAt, ...l }) => ({ ...l, updatedAt: typeof updatedAt }));
 }
 
 const AUTH = { token: 'tok-0123456789abcdef', users: { alice: 'wonderland-42', bob: 'builder-bob-7' } };
@@ -348,25 +355,21 @@ test('queue limits through the API: set (the rate as an object or as 20/1s), lis
   assert.deepEqual(set.json(), { queue: 'api-limited', limit: { maxRunning: 2, rate: '20/1s' } });
   const changed = await post(base, csrf, { rate: { limit: 5, intervalMs: 60_000 } });
   assert.deepEqual(changed.json(), { queue: 'api-limited', limit: { maxRunning: 2, rate: '5/1m' } });
-  const listed = (await call(`${url}api/queues`)).json().limits as Record<string, unknown>[];
-  assert.deepEqual(
-    listed.map(({ updatedAt, ...l }) => ({ ...l, updatedAt: typeof updatedAt })),
-    [
-      {
-        queue: 'api-limited',
-        maxRunning: 2,
-        running: 0,
-        rateLimit: 5,
-        rateIntervalMs: 60_000,
-        rate: '5/1m',
-        started: 0,
-        atLimit: false,
-        heldTasks: 0,
-        updatedBy: 'dashboard:local',
-        updatedAt: 'string',
-      },
-    ],
-  );
+  assert.deepEqual(await queuesList(url, 'limits'), [
+    {
+      queue: 'api-limited',
+      maxRunning: 2,
+      running: 0,
+      rateLimit: 5,
+      rateIntervalMs: 60_000,
+      rate: '5/1m',
+      started: 0,
+      atLimit: false,
+      heldTasks: 0,
+      updatedBy: 'dashboard:local',
+      updatedAt: 'string',
+    },
+  ]);
 
   const bad: [string, unknown, RegExp][] = [
     [base, {}, /a limit needs maxRunning, rate, or both/],
@@ -501,6 +504,87 @@ test('key limits through the API: set, changed and cleared (audited), listed wit
   const refused = await post(base, { 'x-berth-csrf': await csrfFor(readOnly) }, { queue: 'api-keyed', perKey: 1 });
   assert.equal(refused.status, 403);
   assert.deepEqual(await listKeyLimits(pool, schema), []);
+});
+
+test('task type rate limits through the API: set (the rate as 20/1s or as an object), listed with /api/queues, cleared, audited; bad input answers 400 naming the field and changes nothing', async () => {
+  const url = await dashboard();
+  const csrf = { 'x-berth-csrf': await csrfFor(url) };
+  // A type needs no task yet: a limit can be set before the type is deployed.
+  const base = `${url}api/types/dash_rated/limits`;
+  const set = await post(base, csrf, { rate: '20/1s' });
+  assert.equal(set.status, 200, set.body);
+  assert.deepEqual(set.json(), { type: 'dash_rated', limit: { rate: '20/1s' } });
+  const changed = await post(base, csrf, { rate: { limit: 5, intervalMs: 60_000 } });
+  assert.deepEqual(changed.json(), { type: 'dash_rated', limit: { rate: '5/1m' } });
+  assert.deepEqual(await queuesList(url, 'typeLimits'), [
+    {
+      type: 'dash_rated',
+      rateLimit: 5,
+      rateIntervalMs: 60_000,
+      rate: '5/1m',
+      started: 0,
+      refused: 0,
+      paced: 0,
+      atLimit: false,
+      updatedBy: 'dashboard:local',
+      updatedAt: 'string',
+    },
+  ]);
+
+  const bad: [string, unknown, RegExp][] = [
+    [base, {}, /a type limit needs rate, such as 20\/1s/],
+    [base, { rate: null }, /a type limit needs rate/],
+    [base, { rate: '' }, /rate must be a count and an interval with its unit, such as 20\/1s/],
+    [base, { rate: '20' }, /rate must be a count and an interval with its unit, such as 20\/1s/],
+    [base, { rate: '0/1s' }, /rate's count must be an integer from 1/],
+    [base, { rate: '5/2d' }, /rate must be a count and an interval.*expected a duration/],
+    [base, { rate: { limit: 5 } }, /rate\.intervalMs must be an integer/],
+    [base, { rate: 5 }, /rate must be an object \{ limit, intervalMs \} or null/],
+    [base, { rate: '5/1s', maxRunning: 2 }, /unknown field "maxRunning" in a type limit \(only rate\)/],
+    [
+      `${url}api/types/${'t'.repeat(201)}/limits`,
+      { rate: '5/1s' },
+      /type must be a task type of at most 200 characters, got 201/,
+    ],
+    [`${url}api/types/${'t'.repeat(201)}/limits/clear`, {}, /type must be a task type of at most 200 characters/],
+    [`${url}api/types/a%00b/limits`, { rate: '5/1s' }, /the path contains a NUL byte/],
+    [`${base}/clear`, { force: true }, /unknown field "force" in a type limit clear \(it takes none\)/],
+  ];
+  for (const [path, body, message] of bad) {
+    const r = await post(path, csrf, body);
+    assert.equal(r.status, 400, `${JSON.stringify(body)}: ${r.body}`);
+    assert.match(String(r.json().error), message, JSON.stringify(body));
+  }
+  const noCsrf = await post(base, {}, { rate: '9/1s' });
+  assert.equal(noCsrf.status, 403);
+  const readOnly = await dashboard({ readOnly: true });
+  const refused = await post(
+    `${readOnly}api/types/dash_rated/limits`,
+    { 'x-berth-csrf': await csrfFor(readOnly) },
+    { rate: '9/1s' },
+  );
+  assert.equal(refused.status, 403);
+  assert.deepEqual(
+    (await listTypeLimits(pool, schema)).map((l) => [l.type, l.rateLimit, l.rateIntervalMs]),
+    [['dash_rated', 5, 60_000]],
+  );
+
+  assert.deepEqual((await post(`${base}/clear`, csrf)).json(), { type: 'dash_rated', cleared: true });
+  assert.deepEqual((await post(`${base}/clear`, csrf)).json(), { type: 'dash_rated', cleared: false });
+  assert.deepEqual((await call(`${url}api/queues`)).json().typeLimits, []);
+  // Refused input was refused before the action ran: no audit row for it, error or not.
+  const audit = await pool.query(
+    `SELECT actor, action, target FROM ${S}.audit_log WHERE action LIKE 'type.%' ORDER BY id`,
+  );
+  assert.deepEqual(
+    audit.rows.map((r) => [r.actor, r.action, r.target]),
+    [
+      ['dashboard:local', 'type.limit', { type: 'dash_rated', rate: { limit: 20, intervalMs: 1000 } }],
+      ['dashboard:local', 'type.limit', { type: 'dash_rated', rate: { limit: 5, intervalMs: 60_000 } }],
+      ['dashboard:local', 'type.unlimit', { type: 'dash_rated' }],
+      ['dashboard:local', 'type.unlimit', { type: 'dash_rated' }],
+    ],
+  );
 });
 
 test('security headers: a CSP without inline script, no framing, no sniffing', async () => {

@@ -3,6 +3,7 @@ import { storageFor } from '../storage/storage.js';
 import { purgeDead, retryDead, type DeadFilter } from '../admin/dead.js';
 import { pauseQueue, resumeQueue } from '../admin/queues.js';
 import {
+  checkRate,
   clearKeyLimitAudited,
   clearQueueLimitAudited,
   type KeyLimitTarget,
@@ -13,6 +14,7 @@ import {
   setQueueLimitAudited,
 } from '../admin/limits.js';
 import { setSchedulePaused, triggerSchedule } from '../admin/schedules.js';
+import { clearTypeLimitAudited, setTypeLimitAudited } from '../admin/type-limits.js';
 import { cancelTask, deleteTask, retryTask, type TaskActionResult } from '../admin/tasks.js';
 import { BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
@@ -27,6 +29,7 @@ import {
   optionalText,
   queueName,
   taskId,
+  taskType,
 } from './params.js';
 import type {
   BulkTaskAnswer,
@@ -39,6 +42,8 @@ import type {
   QueueActionAnswer,
   ScheduleActionAnswer,
   TaskActionAnswer,
+  TypeLimitClearAnswer,
+  TypeLimitSetAnswer,
 } from './wire.js';
 
 /** The state-changing side of the JSON API. Every action is audited under the caller's actor. */
@@ -205,13 +210,43 @@ export async function setLimitAction(c: ActionContext, queue: string, body: Body
   return { queue, limit: now && { maxRunning: now.maxRunning, rate: rateText(now.rateLimit, now.rateIntervalMs) } };
 }
 
+/** A body that must be empty (a clear takes no fields): the first field it has is a 400 naming it. */
+function noFields(body: Body, what: string): void {
+  const extra = Object.keys(body)[0];
+  if (extra !== undefined)
+    throw new BerthInputError(`unknown field "${extra.slice(0, 40)}" in ${what} (it takes none)`);
+}
+
 /** Remove every limit of a queue (`berth limits clear`), audited. */
 export async function clearLimitAction(c: ActionContext, queue: string, body: Body): Promise<LimitClearAnswer> {
   queueName(queue);
-  const extra = Object.keys(body)[0];
-  if (extra !== undefined)
-    throw new BerthInputError(`unknown field "${extra.slice(0, 40)}" in a limit clear (it takes none)`);
+  noFields(body, 'a limit clear');
   return { queue, ...(await clearQueueLimitAudited(c.db, c.schema, c.logger, c.actor, queue)) };
+}
+
+/**
+ * Set or change a task type's rate limit (`berth limits type set` does the same), audited
+ * (`type.limit`). The body is `rate`, as the CLI writes it (`"20/1s"`) or as setTypeLimit takes
+ * it (`{ limit, intervalMs }`). Anything else is refused naming the field (400) before anything
+ * is written or audited.
+ */
+export async function setTypeLimitAction(c: ActionContext, type: string, body: Body): Promise<TypeLimitSetAnswer> {
+  taskType(type);
+  for (const key of Object.keys(body)) {
+    if (key !== 'rate') throw new BerthInputError(`unknown field "${key.slice(0, 40)}" in a type limit (only rate)`);
+  }
+  if (body.rate === undefined || body.rate === null)
+    throw new BerthInputError('a type limit needs rate, such as 20/1s (clear removes a limit)');
+  const rate = typeof body.rate === 'string' ? parseRate(body.rate) : checkRate(body.rate, 'setTypeLimit');
+  const now = await setTypeLimitAudited(c.db, c.schema, c.logger, c.actor, type, rate);
+  return { type, limit: { rate: rateText(now.rateLimit, now.rateIntervalMs)! } };
+}
+
+/** Remove a task type's rate limit (`berth limits type clear`), audited (`type.unlimit`). */
+export async function clearTypeLimitAction(c: ActionContext, type: string, body: Body): Promise<TypeLimitClearAnswer> {
+  taskType(type);
+  noFields(body, 'a type limit clear');
+  return { type, ...(await clearTypeLimitAudited(c.db, c.schema, c.logger, c.actor, type)) };
 }
 
 /**

@@ -11,6 +11,8 @@ import {
   setLimitAction,
   setKeyLimitAction,
   clearKeyLimitAction,
+  setTypeLimitAction,
+  clearTypeLimitAction,
   taskAction,
   type ActionContext,
 } from './actions.js';
@@ -87,6 +89,11 @@ const ROUTES: Route[] = [
     pattern: new RegExp(`^/api/queues/${SEGMENT}/limits(/clear)?$`),
     action: (c, [queue, clear], body) =>
       clear === undefined ? setLimitAction(c, queue!, body) : clearLimitAction(c, queue!, body),
+  },
+  {
+    pattern: new RegExp(`^/api/types/${SEGMENT}/limits(/clear)?$`),
+    action: (c, [type, clear], body) =>
+      clear === undefined ? setTypeLimitAction(c, type!, body) : clearTypeLimitAction(c, type!, body),
   },
   {
     pattern: /^\/api\/keys\/limits(\/clear)?$/,

@@ -47,6 +47,16 @@ export function queueName(value: string, name = 'queue'): string {
   return value;
 }
 
+/** A task type (path segment): at most MAX_TASK_TYPE_CHARS characters (as `defineTask` takes it), no NUL. */
+export function taskType(value: string, name = 'type'): string {
+  rejectNul(value, name);
+  if (value.length > MAX_TASK_TYPE_CHARS)
+    throw new BerthInputError(
+      `${name} must be a task type of at most ${MAX_TASK_TYPE_CHARS} characters, got ${value.length}`,
+    );
+  return value;
+}
+
 export function optionalQueue(value: unknown, name = 'queue'): string | undefined {
   if (value === undefined || value === null || value === '') return undefined;
   if (typeof value !== 'string') throw new BerthInputError(`${name} must be a queue name (text)`);

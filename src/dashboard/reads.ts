@@ -3,6 +3,7 @@ import { listAudit } from '../admin/audit.js';
 import { countDead, listDead } from '../admin/dead.js';
 import { listHeldKeys, listKeyLimits, listQueueLimits, rateText } from '../admin/limits.js';
 import { listQueues } from '../admin/queues.js';
+import { listTypeLimits } from '../admin/type-limits.js';
 import { listSchedules } from '../admin/schedules.js';
 import { leaderInfo, listWorkers } from '../admin/stats.js';
 import { listTasks, parseState, taskTimeline } from '../admin/tasks.js';
@@ -177,20 +178,23 @@ export async function deadCount(reads: DashboardReads, url: URL): Promise<DeadCo
 }
 
 /**
- * Every queue and its pause; every queue limit, how full it is and what it holds back; every key
- * limit, and the keys with held tasks (the 100 longest waiting).
+ * Every queue and its pause; every queue limit, how full it is and what it holds back; every task
+ * type rate limit and how full it is; every key limit, and the keys with held tasks (the 100
+ * longest waiting).
  */
 export async function queues(reads: DashboardReads): Promise<Queues> {
   // Not the overview's cached read: an action on this page is shown by the refresh right after it.
-  const [queues, limits, keyLimits, heldKeys] = await Promise.all([
+  const [queues, limits, typeLimits, keyLimits, heldKeys] = await Promise.all([
     listQueues(reads.db, reads.schema),
     listQueueLimits(reads.db, reads.schema),
+    listTypeLimits(reads.db, reads.schema),
     listKeyLimits(reads.db, reads.schema),
     listHeldKeys(reads.db, reads.schema, 100),
   ]);
   return json({
     queues,
     limits: limits.map((l) => ({ ...l, rate: rateText(l.rateLimit, l.rateIntervalMs) })),
+    typeLimits: typeLimits.map((l) => ({ ...l, rate: rateText(l.rateLimit, l.rateIntervalMs)! })),
     keyLimits,
     heldKeys,
   });

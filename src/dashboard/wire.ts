@@ -310,6 +310,25 @@ export interface LimitRow {
   updatedBy: string;
 }
 
+/** A task type's rate limit and how full it is (src/storage/type-limits.ts, TypeLimitUsage). */
+export interface TypeLimitRow {
+  type: string;
+  rateLimit: number;
+  rateIntervalMs: number;
+  /** The rate limit as it is written (`20/1s`). */
+  rate: string;
+  /** Starts within the window a start is counted over (the interval plus its guard). */
+  started: number;
+  /** Starts refused since the limit was set (each a task handed back unstarted). */
+  refused: number;
+  /** Tasks the limit refused and handed back that are not due again yet. */
+  paced: number;
+  /** The window is full: the next task of the type to start is handed back. */
+  atLimit: boolean;
+  updatedAt: string;
+  updatedBy: string;
+}
+
 /** A key limit (src/storage/keys.ts, KeyLimitRow): at most perKey tasks per key, for a queue or a type. */
 export interface KeyLimitWire {
   scope: 'queue' | 'type';
@@ -333,6 +352,8 @@ export interface HeldKeyWire {
 export interface Queues {
   queues: QueueRow[];
   limits: LimitRow[];
+  /** Every task type rate limit. */
+  typeLimits: TypeLimitRow[];
   /** Every key limit set. */
   keyLimits: KeyLimitWire[];
   /** The keys with held tasks, the longest waiting first, at most 100. */
@@ -498,6 +519,18 @@ export interface LimitClearAnswer {
   cleared: boolean;
 }
 
+/** POST /api/types/:type/limits: the rate limit now in force (as `20/1s`). */
+export interface TypeLimitSetAnswer {
+  type: string;
+  limit: { rate: string };
+}
+
+/** POST /api/types/:type/limits/clear: whether the type had a rate limit. */
+export interface TypeLimitClearAnswer {
+  type: string;
+  cleared: boolean;
+}
+
 /** POST /api/keys/limits: the key limit now in force. */
 export interface KeyLimitSetAnswer {
   keyLimit: { scope: 'queue' | 'type'; name: string; perKey: number } | null;
@@ -526,6 +559,8 @@ export type ActionAnswer =
   | QueueActionAnswer
   | LimitSetAnswer
   | LimitClearAnswer
+  | TypeLimitSetAnswer
+  | TypeLimitClearAnswer
   | KeyLimitSetAnswer
   | KeyLimitClearAnswer
   | ScheduleActionAnswer;

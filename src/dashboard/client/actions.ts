@@ -16,6 +16,10 @@ function describe(answer: ActionAnswer | null): string {
   if ('lanes' in answer && typeof answer.lanes === 'number') return `${num(answer.lanes)} lane(s) changed`;
   if ('keyLimit' in answer) return answer.keyLimit ? `at most ${num(answer.keyLimit.perKey)} per key` : 'done';
   if ('keyLimitCleared' in answer) return answer.keyLimitCleared ? 'key limit cleared' : 'it had no key limit';
+  if ('type' in answer) {
+    if ('limit' in answer) return `at most ${answer.limit.rate}`;
+    return answer.cleared ? 'rate limit cleared' : 'it had no rate limit';
+  }
   if ('limit' in answer) return answer.limit ? limitText(answer.limit) : 'no limits left';
   if ('cleared' in answer) return answer.cleared ? 'limits cleared' : 'it had no limits';
   if ('taskId' in answer && typeof answer.taskId === 'string') return `task ${answer.taskId} enqueued`;

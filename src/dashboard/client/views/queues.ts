@@ -1,15 +1,28 @@
 import { act, actionButton } from '../actions.js';
 import { api } from '../api.js';
-import { append, clear, h } from '../dom.js';
+import { append, type Child, clear, h } from '../dom.js';
 import { limitText, num } from '../format.js';
 import { READ_ONLY } from '../shell.js';
 import type { View } from '../view.js';
 import { badge, table, when } from '../widgets.js';
-import type { KeyLimitWire, LimitRow, Queues } from '../../wire.js';
+import type { KeyLimitWire, LimitRow, Queues, TypeLimitRow } from '../../wire.js';
 
 /** The at-limit mark: the queue's due work waits for its limit, not for a worker. */
 function heldCell(l: LimitRow) {
   return l.atLimit ? [num(l.heldTasks), ' ', badge('at limit', 'paused')] : num(l.heldTasks);
+}
+
+/** A panel of the page: its heading, a line on what it is about, then its tables and forms. */
+function panel(id: string, title: string, about: string, children: Child): HTMLElement {
+  return h('section', { id }, [h('h2', {}, title), h('p', { class: 'muted' }, about), children]);
+}
+
+/**
+ * A text field of a form: `keep` keeps what is typed across refreshes; `field` is the body field
+ * it sets (and its data-field, for tests and styles).
+ */
+function textField(keep: string, field: string, placeholder: string, size: number, value?: string | number | null) {
+  return h('input', { type: 'text', placeholder, 'data-keep': keep, 'data-field': field, value: value ?? '', size });
 }
 
 /**
@@ -18,18 +31,8 @@ function heldCell(l: LimitRow) {
  * A max that is not a number is sent as typed, for the server to refuse naming the field.
  */
 function limitFields(key: string, current: LimitRow | undefined) {
-  // `field` is the body field the input sets (and its data-field, for tests and styles).
-  const input = (field: string, placeholder: string, value: string | number | null | undefined, size: number) =>
-    h('input', {
-      type: 'text',
-      placeholder,
-      'data-keep': `limit-${field}:${key}`,
-      'data-field': field,
-      value: value ?? '',
-      size,
-    });
-  const max = input('maxRunning', 'max running', current?.maxRunning, 8);
-  const rate = input('rate', 'rate, e.g. 20/1s', current?.rate, 12);
+  const max = textField(`limit-maxRunning:${key}`, 'maxRunning', 'max running', 8, current?.maxRunning);
+  const rate = textField(`limit-rate:${key}`, 'rate', 'rate, e.g. 20/1s', 12, current?.rate);
   const body = () => {
     const m = max.value.trim();
     const n = Number(m);
@@ -84,44 +87,110 @@ function limitsPanel(d: Queues) {
     const name = queue.value;
     return act(`Limit ${name}`, `/api/queues/${encodeURIComponent(name)}/limits`, fields.body());
   };
-  return h('section', { id: 'limits' }, [
-    h('h2', {}, 'Limits'),
-    h(
-      'p',
-      { class: 'muted' },
-      'At most N tasks of a queue running at once, and at most N starts per interval, across every worker. Tasks already running count against a new limit. Held: due tasks waiting while the queue is at its limit. An empty field removes that limit.',
-    ),
-    table(
-      [
-        'Queue',
-        'Max running',
-        'Running',
-        'Rate',
-        'Starts in interval',
-        'Held',
-        'Set by',
-        'Since',
-        READ_ONLY ? '' : 'Change',
-      ],
-      rows,
-      'No queue is limited.',
-    ),
-    READ_ONLY
-      ? ''
-      : h('p', { class: 'row-actions', id: 'limit-new' }, [
-          h(
-            'datalist',
-            { id: 'limit-queues' },
-            free.map((q) => h('option', { value: q })),
+  return panel(
+    'limits',
+    'Limits',
+    'At most N tasks of a queue running at once, and at most N starts per interval, across every worker. Tasks already running count against a new limit. Held: due tasks waiting while the queue is at its limit. An empty field removes that limit.',
+    [
+      table(
+        [
+          'Queue',
+          'Max running',
+          'Running',
+          'Rate',
+          'Starts in interval',
+          'Held',
+          'Set by',
+          'Since',
+          READ_ONLY ? '' : 'Change',
+        ],
+        rows,
+        'No queue is limited.',
+      ),
+      READ_ONLY
+        ? ''
+        : h('p', { class: 'row-actions', id: 'limit-new' }, [
+            h(
+              'datalist',
+              { id: 'limit-queues' },
+              free.map((q) => h('option', { value: q })),
+            ),
+            'Limit a queue: ',
+            queue,
+            ' ',
+            fields.inputs,
+            ' ',
+            actionButton('Set limit', add),
+          ]),
+    ],
+  );
+}
+
+/** Starts in the type's window, with the at-limit mark: its next task to start is handed back. */
+function startedCell(l: TypeLimitRow) {
+  return l.atLimit ? [num(l.started), ' ', badge('at limit', 'paused')] : num(l.started);
+}
+
+/**
+ * The task type rate limits panel: each limit with how full it is and what it paced and refused,
+ * a clear per row, and the form that sets or changes a type's rate (as the CLI writes it, 20/1s).
+ */
+function typeLimitsPanel(d: Queues) {
+  const rows = d.typeLimits.map((l) => ({
+    attrs: { 'data-type-limit': l.type },
+    cells: [
+      l.type,
+      l.rate,
+      startedCell(l),
+      num(l.paced),
+      num(l.refused),
+      l.updatedBy,
+      when(l.updatedAt),
+      READ_ONLY
+        ? ''
+        : actionButton(
+            'Clear',
+            () =>
+              act(
+                `Clear rate limit of type ${l.type}`,
+                `/api/types/${encodeURIComponent(l.type)}/limits/clear`,
+                {},
+                `Remove the rate limit of type ${l.type}? The tasks it paced are due again at once.`,
+              ),
+            'danger',
           ),
-          'Limit a queue: ',
-          queue,
-          ' ',
-          fields.inputs,
-          ' ',
-          actionButton('Set limit', add),
-        ]),
-  ]);
+    ],
+  }));
+  const type = textField('type-limit-type:new', 'type', 'task type', 16);
+  const rate = textField('type-limit-rate:new', 'rate', 'rate, e.g. 20/1s', 12);
+  const add = () => {
+    const name = type.value;
+    return act(`Rate limit of type ${name}`, `/api/types/${encodeURIComponent(name)}/limits`, {
+      rate: rate.value.trim(),
+    });
+  };
+  return panel(
+    'type-limits',
+    'Task type rate limits',
+    'At most N starts of a task type per interval, across every worker and every queue its tasks are in. A task that would start past the limit is handed back unstarted (no attempt spent) and comes back when the limit has room; other types are not held up. Paced: tasks handed back that are not due again yet. Refused: starts refused since the limit was set.',
+    [
+      table(
+        ['Type', 'Rate', 'Starts in interval', 'Paced', 'Refused', 'Set by', 'Since', READ_ONLY ? '' : 'Change'],
+        rows,
+        'No task type is rate limited.',
+      ),
+      READ_ONLY
+        ? ''
+        : h('p', { class: 'row-actions', id: 'type-limit-new' }, [
+            'Limit a task type: ',
+            type,
+            ' ',
+            rate,
+            ' ',
+            actionButton('Set rate limit', add),
+          ]),
+    ],
+  );
 }
 
 /** A per-key field: a number is sent as one, anything else as typed for the server to refuse. */
@@ -205,45 +274,44 @@ function keysPanel(d: Queues) {
       [scope.value]: name.value,
       perKey: perKey.value(),
     });
-  return h('section', { id: 'keys' }, [
-    h('h2', {}, 'Concurrency keys'),
-    h(
-      'p',
-      { class: 'muted' },
-      "At most N tasks with the same concurrency key run at once, across every worker: a task type's limit, else its queue's, else one. The rest wait, held, until their key admits them.",
-    ),
-    table(
-      ['Scope', 'Name', 'Per key', 'Set by', 'Since', READ_ONLY ? '' : 'Change'],
-      rows,
-      'No key limits set: every key runs one task at a time.',
-    ),
-    READ_ONLY
-      ? ''
-      : h('p', { class: 'row-actions', id: 'key-limit-new' }, [
-          h(
-            'datalist',
-            { id: 'key-queues' },
-            d.queues.map((q) => h('option', { value: q.queue })),
-          ),
-          'Set a key limit: ',
-          scope,
-          ' ',
-          name,
-          ' ',
-          perKey.input,
-          ' ',
-          actionButton('Set key limit', add),
-        ]),
-    h('h3', {}, 'Keys with held tasks'),
-    table(
-      ['Key', 'Held', 'Running', 'Waiting since'],
-      d.heldKeys.map((k) => ({
-        attrs: { 'data-held-key': k.key },
-        cells: [k.key, num(k.held), num(k.running), when(k.since)],
-      })),
-      'No tasks are held for their keys.',
-    ),
-  ]);
+  return panel(
+    'keys',
+    'Concurrency keys',
+    "At most N tasks with the same concurrency key run at once, across every worker: a task type's limit, else its queue's, else one. The rest wait, held, until their key admits them.",
+    [
+      table(
+        ['Scope', 'Name', 'Per key', 'Set by', 'Since', READ_ONLY ? '' : 'Change'],
+        rows,
+        'No key limits set: every key runs one task at a time.',
+      ),
+      READ_ONLY
+        ? ''
+        : h('p', { class: 'row-actions', id: 'key-limit-new' }, [
+            h(
+              'datalist',
+              { id: 'key-queues' },
+              d.queues.map((q) => h('option', { value: q.queue })),
+            ),
+            'Set a key limit: ',
+            scope,
+            ' ',
+            name,
+            ' ',
+            perKey.input,
+            ' ',
+            actionButton('Set key limit', add),
+          ]),
+      h('h3', {}, 'Keys with held tasks'),
+      table(
+        ['Key', 'Held', 'Running', 'Waiting since'],
+        d.heldKeys.map((k) => ({
+          attrs: { 'data-held-key': k.key },
+          cells: [k.key, num(k.held), num(k.running), when(k.since)],
+        })),
+        'No tasks are held for their keys.',
+      ),
+    ],
+  );
 }
 
 export const queues: View<Queues> = {
@@ -291,6 +359,7 @@ export const queues: View<Queues> = {
         'No queues yet.',
       ),
       limitsPanel(d),
+      typeLimitsPanel(d),
       keysPanel(d),
     ]);
   },
