@@ -18,6 +18,7 @@ import { pruneSnoozeCounts } from '../storage/snooze.js';
 import { DEFAULT_RESULT_RETENTION_MS, pruneResults } from '../storage/results.js';
 import { pruneScheduleFires } from '../storage/schedules.js';
 import { promoteHeld, pruneTaskKeys } from '../storage/keys.js';
+import { releasePaced } from '../storage/type-limits.js';
 import { inPoolTransaction } from '../db/connections.js';
 import { CronCache, fireDueSchedules, markStale, type ScheduleClock } from './scheduler.js';
 
@@ -465,6 +466,11 @@ export class Maintenance {
           }
           this.lastHeld = r.held;
           if (r.retried || r.dead) this.deps.logger.warn({ retried: r.retried, dead: r.dead }, 'rescued lapsed leases');
+          // Tasks a task type's rate limit handed back that no limit holds any more (cleared or
+          // changed while their hand-back was on its way): due now. A probe of an empty table
+          // when no type is limited.
+          const released = await releasePaced(pool, storage, null);
+          if (released > 0) this.deps.logger.info({ released }, "tasks paced by a type's former rate limit made due");
         },
       },
       {

@@ -328,14 +328,14 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
 const LATEST_MARKER = 'check_tasks(text, text[], jsonb[], timestamptz[], integer[], text[], text)';
 /**
  * A column the newest migration this code needs adds, and its table: migration 30's
- * `type_limits.paced_until`, whose table every worker's fetcher reads once a poll (migration 29's
+ * `type_paced.refused_at` (its `type_limits` every worker's fetcher reads once a poll; migration 29's
  * `key_holders`, migration 28's `lanes.limited`, which both claims filter on, migration 27's
  * `schedules.ceiling_ms`, migration 26's `schedules` and `workers.schedules`, and migration 24's
  * `task_results` come before it), so this code refuses a schema older than 30. Read from
  * `pg_attribute`, which, like `to_regclass`, needs no privilege on the table.
  */
-const LATEST_TABLE = 'type_limits';
-const LATEST_COLUMN = 'paced_until';
+const LATEST_TABLE = 'type_paced';
+const LATEST_COLUMN = 'refused_at';
 
 export { SchemaNotMigratedError } from '../errors.js';
 

@@ -86,6 +86,7 @@ const WORKER_FUNCTIONS = [
   // Type rate limits (migration 30): a start of a rate-limited type granted or refused, and the
   // limits and how full they are (gauges).
   'take_type_starts(text, bigint[])',
+  'release_paced(text)',
   'type_limit_usage()',
 ] as const;
 

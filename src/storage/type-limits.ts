@@ -117,3 +117,16 @@ export async function setTypeLimitRow(
   );
   return res.rows[0]?.had ?? false;
 }
+
+/**
+ * Make due the tasks a limit refused that no limit holds any more (a type whose limit was cleared
+ * or changed after their refusal); every type when `type` is null (the leader's rescue branch).
+ * Returns how many were made due.
+ */
+export async function releasePaced(db: Queryable, storage: Storage, type: string | null): Promise<number> {
+  const statement = storage.statement('type-paced-release', ({ q: s }) =>
+    compile(sql`SELECT ${s}.release_paced(${p('type')}::text) AS n`),
+  );
+  const res = await db.query<{ n: number }>(statement.query({ type }));
+  return res.rows[0]?.n ?? 0;
+}

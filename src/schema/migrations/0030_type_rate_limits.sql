@@ -15,11 +15,12 @@
 --   interval plus a guard (as a queue's rate: a tenth of the interval, at most 250 ms; the worker
 --   starts a granted task within the guard or hands it back). The starts granted are recorded
 --   (one row per call, with its count). The tasks refused are paced: the first is told to come
---   back when the oldest start leaves the window, or at the type's pacing horizon when that is
---   later, and each next one a step ((interval + guard) / limit) after it; the horizon moves past them. So
---   a backlog handed back returns at about the limit's rate instead of all at once. Each refused
---   task is listed in `type_paced` until a start is granted to it, so a change or a clear of the
---   limit can make the tasks it paced due again at once (set_type_limit), and the gauges can
+--   back when the oldest start leaves the window, or a step after the type's pacing horizon (the
+--   latest time a task still waiting was told) when that is later, and each next one a step
+--   ((interval + guard) / limit) after it. So a backlog handed back returns at about the limit's
+--   rate instead of all at once. Each refused task is listed in `type_paced` until a start is
+--   granted to it, so a change or a clear of the limit can make the tasks it paced due again at
+--   once (release_paced, from set_type_limit and the leader's rescue branch), and the gauges can
 --   count what the limit holds back.
 --
 -- A start counts when it is granted: a granted task that is then handed back (it could not start
@@ -30,8 +31,6 @@ CREATE TABLE {{schema}}.type_limits (
   type text PRIMARY KEY,
   rate_limit integer NOT NULL CHECK (rate_limit BETWEEN 1 AND 1000000),
   rate_interval_ms integer NOT NULL CHECK (rate_interval_ms BETWEEN 1 AND 86400000),
-  -- Where the next refused start is told to come back, at the earliest (see above).
-  paced_until timestamptz NOT NULL DEFAULT '-infinity',
   -- Starts refused since the limit was set: the gauges' counter.
   refused bigint NOT NULL DEFAULT 0,
   updated_at timestamptz NOT NULL DEFAULT now(),
@@ -45,12 +44,18 @@ CREATE TABLE {{schema}}.type_starts (
 );
 CREATE INDEX ON {{schema}}.type_starts (type, started_at);
 
--- The tasks a type's limit refused and told to come back at `until`. A row outlives its task when
--- the task is cancelled or deleted meanwhile: take_type_starts forgets rows an hour past their time.
+-- The tasks a type's limit refused and told to come back at `until`, refused at `refused_at`. The
+-- latest `until` of a task still waiting is the type's pacing horizon. A row outlives its task
+-- when the task is cancelled or deleted meanwhile; such rows are skipped (and deleted) when the
+-- horizon is read, and forgotten an hour past their time. A refused task's hand-back commits a
+-- round trip after its refusal: when the horizon is read, a row younger than 2 s with no deferred
+-- row yet is taken as on its way, not as gone (a slower hand-back only lets a later refusal be
+-- told an earlier time, refused again if the window is still full); release_paced waits 10 s.
 CREATE TABLE {{schema}}.type_paced (
   id bigint PRIMARY KEY,
   type text NOT NULL,
-  until timestamptz NOT NULL
+  until timestamptz NOT NULL,
+  refused_at timestamptz NOT NULL
 );
 CREATE INDEX ON {{schema}}.type_paced (type, until);
 
@@ -65,6 +70,7 @@ DECLARE
   v_window interval;
   v_now timestamptz;
   v_first timestamptz;
+  v_last timestamptz;
   v_refused integer;
 BEGIN
   IF p_type IS NULL OR p_ids IS NULL THEN
@@ -101,24 +107,69 @@ BEGIN
     step_ms := greatest(1, ceil((v.rate_interval_ms + guard_ms)::numeric / v.rate_limit))::integer;
     -- The window has room again when its oldest start leaves it (the start just granted, when it
     -- was empty before); no earlier than the horizon of the tasks refused before these.
-    v_first := greatest(coalesce(v_oldest, v_now) + v_window, v.paced_until);
+    -- The horizon: the latest time a task still waiting was told, read from the top of the
+    -- (type, until) index down to the first row whose task waits (or whose hand-back may be on
+    -- its way: refused in the last 2 s). Rows above it are of tasks cancelled or deleted meanwhile: deleted, so they are read
+    -- once. Refused again, a task's own row is replaced below.
+    SELECT t.until INTO v_last FROM {{schema}}.type_paced t
+     WHERE t.type = p_type AND t.until > v_now
+       AND (t.refused_at > v_now - interval '2 seconds'
+            OR EXISTS (SELECT 1 FROM {{schema}}.deferred d WHERE d.id = t.id))
+     ORDER BY t.until DESC LIMIT 1;
+    IF EXISTS (SELECT 1 FROM {{schema}}.type_paced t
+                WHERE t.type = p_type AND t.until > coalesce(v_last, v_now)) THEN
+      DELETE FROM {{schema}}.type_paced t
+       WHERE t.type = p_type AND t.until > coalesce(v_last, v_now) AND t.refused_at <= v_now - interval '2 seconds'
+         AND NOT EXISTS (SELECT 1 FROM {{schema}}.deferred d WHERE d.id = t.id);
+    END IF;
+    v_first := greatest(coalesce(v_oldest, v_now) + v_window,
+                        v_last + make_interval(secs => step_ms / 1000.0));
     retry_ms := greatest(1, ceil(extract(epoch FROM v_first - v_now) * 1000))::integer;
-    INSERT INTO {{schema}}.type_paced AS t (id, type, until)
-    SELECT u.id, p_type, v_first + make_interval(secs => (u.o - 1) * step_ms / 1000.0)
+    INSERT INTO {{schema}}.type_paced AS t (id, type, until, refused_at)
+    SELECT u.id, p_type, v_first + make_interval(secs => (u.o - 1) * step_ms / 1000.0), v_now
       FROM unnest(p_ids[granted + 1:v_n]) WITH ORDINALITY AS u(id, o)
-    ON CONFLICT (id) DO UPDATE SET type = EXCLUDED.type, until = EXCLUDED.until;
-    UPDATE {{schema}}.type_limits
-       SET paced_until = v_first + make_interval(secs => v_refused * step_ms / 1000.0),
-           refused = refused + v_refused
-     WHERE type = p_type;
+    ON CONFLICT (id) DO UPDATE SET type = EXCLUDED.type, until = EXCLUDED.until, refused_at = EXCLUDED.refused_at;
+    UPDATE {{schema}}.type_limits SET refused = refused + v_refused WHERE type = p_type;
     DELETE FROM {{schema}}.type_paced t WHERE t.type = p_type AND t.until < v_now - interval '1 hour';
   END IF;
 END $fn$;
 
+-- Make due at once the tasks a limit refused that no limit holds any more: of a type with no limit
+-- now, or refused before the type's limit was last set (a changed limit paces them afresh as they
+-- come back). Only a task still waiting where its refusal sent it: handed back (`retryable`), not
+-- yet due, of that type, due about when it was told (a row outlives a task that failed since and
+-- waits out its backoff). Rows of tasks whose hand-back is still on its way stay, so the
+-- maintenance leader's rescue branch, which calls this for every type (p_type NULL), brings them
+-- back once it lands. Returns the tasks made due.
+CREATE FUNCTION {{schema}}.release_paced(p_type text)
+RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE v_n integer;
+BEGIN
+  WITH stale AS MATERIALIZED (
+    SELECT t.id, t.type, t.until, t.refused_at FROM {{schema}}.type_paced t
+      LEFT JOIN {{schema}}.type_limits l ON l.type = t.type
+     WHERE (p_type IS NULL OR t.type = p_type)
+       AND (l.type IS NULL OR t.refused_at < l.updated_at)
+  ), due AS (
+    UPDATE {{schema}}.deferred d SET run_at = now()
+      FROM stale t
+     WHERE d.id = t.id AND d.type = t.type AND d.state = 'retryable' AND d.run_at > now()
+       AND d.run_at <= t.until + interval '5 seconds'  -- the worker's delay, taken a round trip later
+    RETURNING d.id
+  ), gone AS (
+    DELETE FROM {{schema}}.type_paced p USING stale t
+     WHERE p.id = t.id AND p.refused_at = t.refused_at
+       AND (t.refused_at <= now() - interval '10 seconds'
+            OR EXISTS (SELECT 1 FROM {{schema}}.deferred d WHERE d.id = t.id))
+  )
+  SELECT count(*)::integer INTO v_n FROM due;
+  RETURN v_n;
+END $fn$;
+
 -- Set (a count and an interval) or clear (both null) a task type's rate limit, as p_actor.
 -- Returns whether a limit was there before. The tasks the old limit paced and handed back are
--- due again at once (the new limit paces them afresh as they come back), so a raised or cleared
--- limit takes effect on the backlog too. Workers learn of the change from the `limits` notice
+-- due again at once (release_paced; the new limit paces them afresh as they come back), so a
+-- raised or cleared limit takes effect on the backlog too. Workers learn of the change from the `limits` notice
 -- (and on every poll).
 CREATE FUNCTION {{schema}}.set_type_limit(p_type text, p_rate_limit integer, p_rate_interval_ms integer, p_actor text)
 RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -143,19 +194,13 @@ BEGIN
     VALUES (p_type, p_rate_limit, p_rate_interval_ms, now(), p_actor)
     ON CONFLICT (type) DO UPDATE
       SET rate_limit = EXCLUDED.rate_limit, rate_interval_ms = EXCLUDED.rate_interval_ms,
-          paced_until = '-infinity', updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by;
+          updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by;
   END IF;
-  -- Only a task still waiting where the limit sent it: handed back (`retryable`), not yet due, of
-  -- this type, and due about when the limit said (a paced row outlives a task that was cancelled,
-  -- or that failed since and waits out its backoff).
-  UPDATE {{schema}}.deferred d SET run_at = now()
-    FROM {{schema}}.type_paced t
-   WHERE t.type = p_type AND d.id = t.id AND d.type = p_type AND d.state = 'retryable' AND d.run_at > now()
-     AND d.run_at <= t.until + interval '5 seconds';  -- the worker's delay, taken a round trip later
-  DELETE FROM {{schema}}.type_paced WHERE type = p_type;
+  PERFORM {{schema}}.release_paced(p_type);
   PERFORM pg_notify({{wake_channel_literal}}, 'limits');
   RETURN v_had;
 END $fn$;
+
 
 -- What each type limit is and how full it is: the starts in the window a start is counted over
 -- (the interval plus its guard, as take_type_starts), the starts refused so far, and the tasks
@@ -170,11 +215,14 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $f
              AND s.started_at > clock_timestamp()
                                 - make_interval(secs => (t.rate_interval_ms + least(t.rate_interval_ms / 10, 250)) / 1000.0)),
          t.refused,
-         (SELECT count(*)::integer FROM {{schema}}.type_paced p WHERE p.type = t.type AND p.until > clock_timestamp()),
+         (SELECT count(*)::integer FROM {{schema}}.type_paced p
+           WHERE p.type = t.type AND p.until > clock_timestamp()
+             AND (p.refused_at > clock_timestamp() - interval '10 seconds'
+                  OR EXISTS (SELECT 1 FROM {{schema}}.deferred d WHERE d.id = p.id))),
          t.updated_at, t.updated_by
     FROM {{schema}}.type_limits t
    ORDER BY t.type
 $fn$;
 
-REVOKE EXECUTE ON FUNCTION {{schema}}.take_type_starts(text, bigint[]),
+REVOKE EXECUTE ON FUNCTION {{schema}}.take_type_starts(text, bigint[]), {{schema}}.release_paced(text),
   {{schema}}.set_type_limit(text, integer, integer, text), {{schema}}.type_limit_usage() FROM PUBLIC;
