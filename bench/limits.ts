@@ -144,7 +144,9 @@ const allVariants: Variant[] = [
     berth: current,
     schema: 'lim_f',
     // The drained type itself: every start asks take_type_starts (one statement a turn).
-    setup: (db, s) => current.setTypeLimit(db, s, 'noop', RATE, ACTOR),
+    setup: async (db, s) => {
+      await current.setTypeLimit(db, s, 'noop', RATE, ACTOR);
+    },
   },
 ];
 const variants = allVariants.filter((v) => wanted.has(v.id));
