@@ -150,9 +150,17 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
       freeSlot();
       return { kind: 'rate_limited', note: start.note, delayMs: start.delayMs };
     }
-    if (start.startBy !== null && Date.now() > start.startBy) {
-      // The answer came back later than the limit's guard: starting now could push a window of
-      // the type's starts over (as a queue's rate, above). Its start is spent.
+    const now = Date.now();
+    if (
+      (start.startBy !== null && now > start.startBy) ||
+      (task.startBy !== undefined && now > task.startBy) ||
+      abort.reason instanceof ShutdownAbort
+    ) {
+      // The answer came back later than the limit's guard, or later than the guard of its
+      // queue's rate (checked above, before this wait): starting now could push a window of the
+      // type's or the queue's starts over. Or a stop aborted the run while it waited: started
+      // now, it would run with its signal aborted and be released on its attempt (buried on its
+      // last one). Handed back unstarted, its start spent.
       freeSlot();
       return { kind: 'expired_in_buffer' };
     }
