@@ -11,9 +11,10 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
-import { cancelTasks, clearTypeLimit, defineTask, enqueueMany, setTypeLimit, Worker } from '../src/index.js';
+import { cancelTasks, clearTypeLimit, defineTask, enqueueMany, setTypeLimit } from '../src/index.js';
 import { runDueTasks } from '../src/testing-api.js';
-import { DATABASE_URL, FAST_MAINTENANCE, freshSchema, testLogger, waitFor } from './helpers.js';
+import { DATABASE_URL, freshSchema, waitFor } from './helpers.js';
+import { reviewWorker } from './type-limits-review-support.js';
 
 const { schema, pool } = await freshSchema('tlrvpace');
 const S = `"${schema}"`;
@@ -46,15 +47,7 @@ test('a limit cleared while a refused task is on its way back: the task is due a
      VALUES ($1, 'retryable', $2, '{}', 'rv-inflight', 0, 0, 0, now(), now())`,
     [id, type],
   );
-  const w = new Worker({
-    connectionString: DATABASE_URL,
-    schema,
-    tasks: [def],
-    slots: 4,
-    pollIntervalMs: 200,
-    logger: testLogger,
-    maintenance: { ...FAST_MAINTENANCE, ringIntervalMs: 600_000 },
-  });
+  const w = reviewWorker(schema, [def], 4);
   await w.start();
   try {
     await waitFor(

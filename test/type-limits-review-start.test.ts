@@ -9,10 +9,9 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import pg from 'pg';
-import { defineTask, enqueueMany, getTask, setQueueLimit, setTypeLimit, Worker } from '../src/index.js';
-import type { AnyTaskDefinition } from '../src/task.js';
-import { DATABASE_URL, FAST_MAINTENANCE, freshSchema, testLogger, waitFor } from './helpers.js';
+import { cancelTask, defineTask, enqueueMany, getTask, setQueueLimit, setTypeLimit } from '../src/index.js';
+import { freshSchema, waitFor } from './helpers.js';
+import { askWaiting, holdTypeRow, reviewWorker } from './type-limits-review-support.js';
 
 const { schema, pool } = await freshSchema('tlrvstart');
 const S = `"${schema}"`;
@@ -20,42 +19,6 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** Handlers' starts (this process's clock; the database shares the host's). */
 const starts: { type: string; i: number; t: number }[] = [];
-
-function newWorker(tasks: AnyTaskDefinition[], slots = 8): Worker {
-  return new Worker({
-    connectionString: DATABASE_URL,
-    schema,
-    tasks,
-    slots,
-    pollIntervalMs: 200,
-    logger: testLogger,
-    maintenance: { ...FAST_MAINTENANCE, ringIntervalMs: 600_000 },
-  });
-}
-
-/** A session holding `type`'s type_limits row, so every take_type_starts of the type waits. */
-async function holdTypeRow(type: string): Promise<pg.Client> {
-  const c = new pg.Client({ connectionString: DATABASE_URL });
-  await c.connect();
-  await c.query('BEGIN');
-  await c.query(`SELECT 1 FROM ${S}.type_limits WHERE type = $1 FOR UPDATE`, [type]);
-  return c;
-}
-
-/** Wait until a worker's take_type_starts waits on a lock. */
-async function askWaiting(): Promise<void> {
-  await waitFor(
-    async () =>
-      (
-        await pool.query<{ n: number }>(
-          `SELECT count(*)::int AS n FROM pg_stat_activity
-            WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%take_type_starts%'`,
-        )
-      ).rows[0]!.n > 0,
-    20_000,
-    'a take_type_starts waiting on the type row',
-  );
-}
 
 /** The most handler starts of `type` in any window of `ms`. */
 function peakIn(type: string, ms: number): number {
@@ -90,8 +53,8 @@ test("a queue's rate guard still holds after the type's ask: a task of a rate-li
   );
   await setQueueLimit(pool, schema, 'rv-qrate', { rate: { limit: 5, intervalMs: 1000 } }, 'review');
   await setTypeLimit(pool, schema, type, { limit: 1000, intervalMs: 5000 }, 'review');
-  const held = await holdTypeRow(type);
-  const w = newWorker([def]);
+  const held = await holdTypeRow(S, type);
+  const w = reviewWorker(schema, [def]);
   await w.start();
   let first = 0;
   try {
@@ -108,7 +71,7 @@ test("a queue's rate guard still holds after the type's ask: a task of a rate-li
       20_000,
       "the queue's first starts",
     );
-    await askWaiting();
+    await askWaiting(pool);
     await sleep(Math.max(0, t0.getTime() + 180 - Date.now()));
     await held.query('COMMIT');
     first = t0.getTime();
@@ -146,14 +109,14 @@ test('a stop that aborts a task while it waits for its start: the task is handed
     },
   });
   await setTypeLimit(pool, schema, type, { limit: 100, intervalMs: 5000 }, 'review');
-  const held = await holdTypeRow(type);
-  const w = newWorker([def]);
+  const held = await holdTypeRow(S, type);
+  const w = reviewWorker(schema, [def]);
   await w.start();
   let stopping: Promise<void> | null = null;
   let id = '';
   try {
     id = (await enqueueMany(pool, [{ type, payload: { i: 0 }, queue: 'rv-stop' }], { schema }))[0]!.id!;
-    await askWaiting();
+    await askWaiting(pool);
     // Stopped with no grace while the ask waits: the task is aborted before its handler starts.
     stopping = w.stop();
     await sleep(120);
@@ -170,4 +133,40 @@ test('a stop that aborts a task while it waits for its start: the task is handed
   const t = await getTask(pool, schema, id);
   assert.ok(t?.state === 'ready' || t?.state === 'retryable', `pending again (${t?.state})`);
   assert.equal(t.attempts, 0, 'handed back unstarted, its attempt refunded');
+});
+
+test("a cancel that lands while a task waits for its start: the handler never starts, and the cancel is the attempt's outcome", async () => {
+  const type = 'rv_cancel';
+  let started = 0;
+  const def = defineTask<{ i: number }>({
+    type,
+    queue: 'rv-cancel',
+    ceilingMs: 60_000,
+    handler: async () => {
+      started++;
+    },
+  });
+  await setTypeLimit(pool, schema, type, { limit: 100, intervalMs: 5000 }, 'review');
+  const held = await holdTypeRow(S, type);
+  const w = reviewWorker(schema, [def]);
+  let cancelled = 0;
+  w.events.on('task:cancelled', () => {
+    cancelled++;
+  });
+  await w.start();
+  try {
+    const id = (await enqueueMany(pool, [{ type, payload: { i: 0 }, queue: 'rv-cancel' }], { schema }))[0]!.id!;
+    await askWaiting(pool);
+    assert.equal(await cancelTask(pool, schema, id, { actor: 'review' }), 'cancelled');
+    // The cancel notice reaches the worker (it aborts the run) well within the type's guard.
+    await sleep(100);
+    await held.query('COMMIT');
+    await waitFor(() => cancelled > 0, 20_000, "the cancel counted as the attempt's outcome");
+    const t = await getTask(pool, schema, id);
+    assert.equal(t?.state, 'cancelled');
+  } finally {
+    await held.end().catch(() => undefined);
+    await w.stop();
+  }
+  assert.equal(started, 0, 'the handler of a cancelled task never started');
 });
