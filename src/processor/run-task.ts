@@ -67,6 +67,20 @@ export interface HandlerHooks {
 const RUN_ABORT = Symbol('berth.runAbort');
 
 /**
+ * A run an operator's cancel reached before its handler started: settled as a cancelled run is
+ * (outcome-table.ts: nothing written, counted cancelled), no handler time.
+ */
+const CANCELLED_UNSTARTED: TaskRun = Object.freeze({
+  kind: 'done',
+  ms: 0,
+  advanced: false,
+  dequeued: false,
+  shutdown: false,
+  pastDeadline: false,
+  cancelled: true,
+});
+
+/**
  * `ctx.signal`: an own, enumerable property (a handler may spread its context), read through a
  * getter so the signal is made only when the handler reads it (run-abort.ts). One descriptor for
  * every context: a getter written in the object literal, or a descriptor per context, cost
@@ -149,6 +163,12 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     if (!start.granted) {
       freeSlot();
       return { kind: 'rate_limited', note: start.note, delayMs: start.delayMs };
+    }
+    if (abort.reason instanceof CancelAbort) {
+      // An operator's cancel, committed while it waited: the cancel's settlement is the
+      // attempt's (nothing to write, counted cancelled), and its handler must not start.
+      freeSlot();
+      return CANCELLED_UNSTARTED;
     }
     const now = Date.now();
     if (
