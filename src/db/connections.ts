@@ -372,6 +372,25 @@ function isPool(db: Queryable): db is pg.Pool {
 }
 
 /**
+ * Run `fn` on one connection of `db`: a pool's checked-out client (withPoolClient), so what `fn`
+ * times starts once the connection is in hand, not while waiting for one; else `db` itself. A
+ * client whose statement failed is discarded, as `pool.query` does: a backend terminated
+ * mid-statement rejects the statement without an `'error'` event, and handed to the next caller
+ * it would fail that caller's statement too.
+ */
+export function onConnectionOf<T>(db: Queryable, fn: (c: Queryable) => Promise<T>): Promise<T> {
+  if (!isPool(db)) return fn(db);
+  return withPoolClient(db, async (c) => {
+    try {
+      return await fn(c.client);
+    } catch (err) {
+      c.discard();
+      throw err;
+    }
+  });
+}
+
+/**
  * Run `fn` in a transaction of its own on `db`: a pool's checked-out client (inPoolTransaction),
  * or a client that is not inside a transaction already (the testing helpers' and the tests').
  */

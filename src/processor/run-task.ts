@@ -67,6 +67,20 @@ export interface HandlerHooks {
 const RUN_ABORT = Symbol('berth.runAbort');
 
 /**
+ * A run an operator's cancel reached before its handler started: settled as a cancelled run is
+ * (outcome-table.ts: nothing written, counted cancelled), no handler time.
+ */
+const CANCELLED_UNSTARTED: TaskRun = Object.freeze({
+  kind: 'done',
+  ms: 0,
+  advanced: false,
+  dequeued: false,
+  shutdown: false,
+  pastDeadline: false,
+  cancelled: true,
+});
+
+/**
  * `ctx.signal`: an own, enumerable property (a handler may spread its context), read through a
  * getter so the signal is made only when the handler reads it (run-abort.ts). One descriptor for
  * every context: a getter written in the object literal, or a descriptor per context, cost
@@ -150,9 +164,23 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
       freeSlot();
       return { kind: 'rate_limited', note: start.note, delayMs: start.delayMs };
     }
-    if (start.startBy !== null && Date.now() > start.startBy) {
-      // The answer came back later than the limit's guard: starting now could push a window of
-      // the type's starts over (as a queue's rate, above). Its start is spent.
+    if (abort.reason instanceof CancelAbort) {
+      // An operator's cancel, committed while it waited: the cancel's settlement is the
+      // attempt's (nothing to write, counted cancelled), and its handler must not start.
+      freeSlot();
+      return CANCELLED_UNSTARTED;
+    }
+    const now = Date.now();
+    if (
+      (start.startBy !== null && now > start.startBy) ||
+      (task.startBy !== undefined && now > task.startBy) ||
+      abort.reason instanceof ShutdownAbort
+    ) {
+      // The answer came back later than the limit's guard, or later than the guard of its
+      // queue's rate (checked above, before this wait): starting now could push a window of the
+      // type's or the queue's starts over. Or a stop aborted the run while it waited: started
+      // now, it would run with its signal aborted and be released on its attempt (buried on its
+      // last one). Handed back unstarted, its start spent.
       freeSlot();
       return { kind: 'expired_in_buffer' };
     }
