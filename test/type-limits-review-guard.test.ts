@@ -44,5 +44,6 @@ test('a short interval (5 starts per 50 ms, 100 a second): a backlog makes progr
     await w.stop();
   }
   const [usage] = await listTypeLimits(pool, schema);
+  assert.ok(usage!.started <= 5, `the window holds at most the limit (${usage!.started})`);
   console.log(`short interval: ${started} started, ${usage!.refused} refused`);
 });
