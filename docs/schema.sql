@@ -1473,6 +1473,37 @@ CREATE FUNCTION berth.release_keys(p_ids bigint[]) RETURNS integer
 $$;
 
 --
+-- Name: release_paced(text); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.release_paced(p_type text) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE v_n integer;
+BEGIN
+  WITH stale AS MATERIALIZED (
+    SELECT t.id, t.type, t.until, t.refused_at FROM "berth".type_paced t
+      LEFT JOIN "berth".type_limits l ON l.type = t.type
+     WHERE (p_type IS NULL OR t.type = p_type)
+       AND (l.type IS NULL OR t.refused_at < l.updated_at)
+  ), due AS (
+    UPDATE "berth".deferred d SET run_at = now()
+      FROM stale t
+     WHERE d.id = t.id AND d.type = t.type AND d.state = 'retryable' AND d.run_at > now()
+       AND d.run_at <= t.until + interval '5 seconds'  -- the worker's delay, taken a round trip later
+    RETURNING d.id
+  ), gone AS (
+    DELETE FROM "berth".type_paced p USING stale t
+     WHERE p.id = t.id AND p.refused_at = t.refused_at
+       AND (t.refused_at <= now() - interval '10 seconds'
+            OR EXISTS (SELECT 1 FROM "berth".deferred d WHERE d.id = t.id))
+  )
+  SELECT count(*)::integer INTO v_n FROM due;
+  RETURN v_n;
+END $$;
+
+--
 -- Name: remove_unleased(bigint, text); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -1897,21 +1928,15 @@ BEGIN
     DELETE FROM "berth".type_limits WHERE type = p_type;
     DELETE FROM "berth".type_starts WHERE type = p_type;
   ELSE
-    -- The starts already in the window count against a changed limit; the pacing starts afresh.
+    -- The starts kept from the old window count against a changed limit (a longer interval does
+    -- not bring back starts older than the old window); the pacing starts afresh.
     INSERT INTO "berth".type_limits (type, rate_limit, rate_interval_ms, updated_at, updated_by)
     VALUES (p_type, p_rate_limit, p_rate_interval_ms, now(), p_actor)
     ON CONFLICT (type) DO UPDATE
       SET rate_limit = EXCLUDED.rate_limit, rate_interval_ms = EXCLUDED.rate_interval_ms,
-          paced_until = '-infinity', updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by;
+          updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by;
   END IF;
-  -- Only a task still waiting where the limit sent it: handed back (`retryable`), not yet due, of
-  -- this type, and due about when the limit said (a paced row outlives a task that was cancelled,
-  -- or that failed since and waits out its backoff).
-  UPDATE "berth".deferred d SET run_at = now()
-    FROM "berth".type_paced t
-   WHERE t.type = p_type AND d.id = t.id AND d.type = p_type AND d.state = 'retryable' AND d.run_at > now()
-     AND d.run_at <= t.until + interval '5 seconds';  -- the worker's delay, taken a round trip later
-  DELETE FROM "berth".type_paced WHERE type = p_type;
+  PERFORM "berth".release_paced(p_type);
   PERFORM pg_notify('berth.wake', 'limits');
   RETURN v_had;
 END $$;
@@ -1932,6 +1957,7 @@ DECLARE
   v_window interval;
   v_now timestamptz;
   v_first timestamptz;
+  v_last timestamptz;
   v_refused integer;
 BEGIN
   IF p_type IS NULL OR p_ids IS NULL THEN
@@ -1950,7 +1976,11 @@ BEGIN
   -- start a competing call committed before releasing it.
   SELECT * INTO v FROM "berth".type_limits WHERE type = p_type FOR UPDATE;
   IF NOT FOUND THEN RETURN; END IF;  -- no limit (cleared since the caller looked): start freely
-  guard_ms := least(v.rate_interval_ms / 10, 250);
+  -- A tenth of the interval, at least 20 ms and at most 250: the ask's own round trip (1.7 ms
+  -- p50, 4 ms p99 bare, more on a worker busy handing tasks back) spent every grant of a 5 ms
+  -- guard (5 starts per 50 ms: none started in 5 s, found by review). The floor only lowers a
+  -- short interval's steady rate (5 per 50 ms runs at most 5 per 70 ms).
+  guard_ms := least(greatest(v.rate_interval_ms / 10, 20), 250);
   v_window := make_interval(secs => (v.rate_interval_ms + guard_ms) / 1000.0);
   v_now := clock_timestamp();
   DELETE FROM "berth".type_starts s WHERE s.type = p_type AND s.started_at <= v_now - v_window;
@@ -1963,19 +1993,34 @@ BEGIN
   END IF;
   v_refused := v_n - granted;
   IF v_refused > 0 THEN
-    step_ms := greatest(1, ceil(v.rate_interval_ms::numeric / v.rate_limit))::integer;
+    -- The window's own pace: `limit` starts per interval plus guard. A step of interval / limit
+    -- would send them back faster than the window frees, and the surplus would be refused again.
+    step_ms := greatest(1, ceil((v.rate_interval_ms + guard_ms)::numeric / v.rate_limit))::integer;
     -- The window has room again when its oldest start leaves it (the start just granted, when it
     -- was empty before); no earlier than the horizon of the tasks refused before these.
-    v_first := greatest(coalesce(v_oldest, v_now) + v_window, v.paced_until);
+    -- The horizon: the latest time a task still waiting was told, read from the top of the
+    -- (type, until) index down to the first row whose task waits (or whose hand-back may be on
+    -- its way: refused in the last 2 s). Rows above it are of tasks cancelled or deleted meanwhile: deleted, so they are read
+    -- once. Refused again, a task's own row is replaced below.
+    SELECT t.until INTO v_last FROM "berth".type_paced t
+     WHERE t.type = p_type AND t.until > v_now
+       AND (t.refused_at > v_now - interval '2 seconds'
+            OR EXISTS (SELECT 1 FROM "berth".deferred d WHERE d.id = t.id))
+     ORDER BY t.until DESC LIMIT 1;
+    IF EXISTS (SELECT 1 FROM "berth".type_paced t
+                WHERE t.type = p_type AND t.until > coalesce(v_last, v_now)) THEN
+      DELETE FROM "berth".type_paced t
+       WHERE t.type = p_type AND t.until > coalesce(v_last, v_now) AND t.refused_at <= v_now - interval '2 seconds'
+         AND NOT EXISTS (SELECT 1 FROM "berth".deferred d WHERE d.id = t.id);
+    END IF;
+    v_first := greatest(coalesce(v_oldest, v_now) + v_window,
+                        v_last + make_interval(secs => step_ms / 1000.0));
     retry_ms := greatest(1, ceil(extract(epoch FROM v_first - v_now) * 1000))::integer;
-    INSERT INTO "berth".type_paced AS t (id, type, until)
-    SELECT u.id, p_type, v_first + make_interval(secs => (u.o - 1) * step_ms / 1000.0)
+    INSERT INTO "berth".type_paced AS t (id, type, until, refused_at)
+    SELECT u.id, p_type, v_first + make_interval(secs => (u.o - 1) * step_ms / 1000.0), v_now
       FROM unnest(p_ids[granted + 1:v_n]) WITH ORDINALITY AS u(id, o)
-    ON CONFLICT (id) DO UPDATE SET type = EXCLUDED.type, until = EXCLUDED.until;
-    UPDATE "berth".type_limits
-       SET paced_until = v_first + make_interval(secs => v_refused * step_ms / 1000.0),
-           refused = refused + v_refused
-     WHERE type = p_type;
+    ON CONFLICT (id) DO UPDATE SET type = EXCLUDED.type, until = EXCLUDED.until, refused_at = EXCLUDED.refused_at;
+    UPDATE "berth".type_limits SET refused = refused + v_refused WHERE type = p_type;
     DELETE FROM "berth".type_paced t WHERE t.type = p_type AND t.until < v_now - interval '1 hour';
   END IF;
 END $$;
@@ -2024,9 +2069,12 @@ CREATE FUNCTION berth.type_limit_usage() RETURNS TABLE(type text, rate_limit int
          (SELECT coalesce(sum(s.n), 0)::integer FROM "berth".type_starts s
            WHERE s.type = t.type
              AND s.started_at > clock_timestamp()
-                                - make_interval(secs => (t.rate_interval_ms + least(t.rate_interval_ms / 10, 250)) / 1000.0)),
+                                - make_interval(secs => (t.rate_interval_ms + least(greatest(t.rate_interval_ms / 10, 20), 250)) / 1000.0)),
          t.refused,
-         (SELECT count(*)::integer FROM "berth".type_paced p WHERE p.type = t.type AND p.until > clock_timestamp()),
+         (SELECT count(*)::integer FROM "berth".type_paced p
+           WHERE p.type = t.type AND p.until > clock_timestamp()
+             AND (p.refused_at > clock_timestamp() - interval '10 seconds'
+                  OR EXISTS (SELECT 1 FROM "berth".deferred d WHERE d.id = p.id))),
          t.updated_at, t.updated_by
     FROM "berth".type_limits t
    ORDER BY t.type
@@ -4478,7 +4526,6 @@ CREATE TABLE berth.type_limits (
     type text NOT NULL,
     rate_limit integer NOT NULL,
     rate_interval_ms integer NOT NULL,
-    paced_until timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
     refused bigint DEFAULT 0 NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_by text NOT NULL,
@@ -4493,7 +4540,8 @@ CREATE TABLE berth.type_limits (
 CREATE TABLE berth.type_paced (
     id bigint NOT NULL,
     type text NOT NULL,
-    until timestamp with time zone NOT NULL
+    until timestamp with time zone NOT NULL,
+    refused_at timestamp with time zone NOT NULL
 );
 
 --
@@ -8086,6 +8134,12 @@ REVOKE ALL ON FUNCTION berth.prune_task_keys(p_limit integer) FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION berth.release_keys(p_ids bigint[]) FROM PUBLIC;
+
+--
+-- Name: FUNCTION release_paced(p_type text); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.release_paced(p_type text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION remove_unleased(p_id bigint, p_reason text); Type: ACL; Schema: berth; Owner: -

@@ -194,7 +194,8 @@ BEGIN
     DELETE FROM {{schema}}.type_limits WHERE type = p_type;
     DELETE FROM {{schema}}.type_starts WHERE type = p_type;
   ELSE
-    -- The starts already in the window count against a changed limit; the pacing starts afresh.
+    -- The starts kept from the old window count against a changed limit (a longer interval does
+    -- not bring back starts older than the old window); the pacing starts afresh.
     INSERT INTO {{schema}}.type_limits (type, rate_limit, rate_interval_ms, updated_at, updated_by)
     VALUES (p_type, p_rate_limit, p_rate_interval_ms, now(), p_actor)
     ON CONFLICT (type) DO UPDATE
