@@ -457,20 +457,23 @@ test('discovery runs on the read pool; an idle poll issues no claim on the prima
       10_000,
       'polls',
     );
-    const sessions = await pool.query(
-      `SELECT application_name, query FROM pg_stat_activity WHERE application_name IN ($1, $2)`,
-      [`berth_read_${process.pid}`, `berth_write_${process.pid}`],
-    );
-    const read = sessions.rows.filter((r) => r.application_name.startsWith('berth_read'));
-    const write = sessions.rows.filter((r) => r.application_name.startsWith('berth_write'));
-    assert.ok(
-      read.some((r) => /CROSS JOIN LATERAL/.test(r.query)),
-      'discovery ran on the read pool',
-    );
-    assert.ok(
-      write.every((r) => !/WITH locked/.test(r.query) && !/CROSS JOIN LATERAL/.test(r.query)),
-      'the primary saw neither discovery nor a claim',
-    );
+    // pg_stat_activity shows each session's last statement. A poll reads the limit flags on the
+    // read pool too, just before its discovery, so one sample can land between the two: look
+    // until a read session shows discovery, and check every write session at each look.
+    const sample = async () => {
+      const sessions = await pool.query(
+        `SELECT application_name, query FROM pg_stat_activity WHERE application_name IN ($1, $2)`,
+        [`berth_read_${process.pid}`, `berth_write_${process.pid}`],
+      );
+      const write = sessions.rows.filter((r) => r.application_name.startsWith('berth_write'));
+      assert.ok(
+        write.every((r) => !/WITH locked/.test(r.query) && !/CROSS JOIN LATERAL/.test(r.query)),
+        'the primary saw neither discovery nor a claim',
+      );
+      const read = sessions.rows.filter((r) => r.application_name.startsWith('berth_read'));
+      return read.some((r) => /CROSS JOIN LATERAL/.test(r.query));
+    };
+    await waitFor(sample, 10_000, 'discovery seen on the read pool');
   } finally {
     await w.stop();
   }
