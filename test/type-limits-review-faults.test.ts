@@ -8,7 +8,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import type pg from 'pg';
-import { defineTask, enqueueMany, grantRuntimeRole, setTypeLimit } from '../src/index.js';
+import { defineTask, enqueueMany, getTask, grantRuntimeRole, setTypeLimit } from '../src/index.js';
 import { DATABASE_URL, freshSchema, waitFor } from './helpers.js';
 import { askWaiting, holdTypeRow, reviewWorker } from './type-limits-review-support.js';
 
@@ -43,7 +43,8 @@ test('held: the ask for a start killed (its backend terminated): the worker carr
     );
     await held.query('COMMIT');
     await waitFor(() => ran.length > 0, 20_000, 'the task run once the database answers');
-    await new Promise((r) => setTimeout(r, 500));
+    // Its completion recorded, nothing can run it again: it ran once.
+    await waitFor(async () => (await getTask(pool, schema, id))?.state === 'completed', 20_000, 'the completion');
     assert.deepEqual(ran, [id], 'run once');
     // The worker carries on: a second task runs too.
     const next = (await enqueueMany(pool, [{ type, payload: { i: 1 }, queue: 'rv-fault' }], { schema }))[0]!.id!;

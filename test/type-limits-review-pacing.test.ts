@@ -11,13 +11,20 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
-import { cancelTasks, clearTypeLimit, defineTask, enqueueMany, setTypeLimit, Worker } from '../src/index.js';
+import {
+  cancelTasks,
+  clearTypeLimit,
+  defineTask,
+  enqueueMany,
+  listTypeLimits,
+  setTypeLimit,
+  Worker,
+} from '../src/index.js';
 import { runDueTasks } from '../src/testing-api.js';
 import { DATABASE_URL, FAST_MAINTENANCE, freshSchema, testLogger, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('tlrvpace');
 const S = `"${schema}"`;
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 test('a limit cleared while a refused task is on its way back: the task is due at once, not where the cleared limit sent it', async () => {
   const type = 'rv_inflight';
@@ -107,7 +114,11 @@ test('a paced backlog cancelled: the next refused task of the type is paced from
   const cancelled = await cancelTasks(pool, schema, { type }, { actor: 'review' });
   assert.equal(cancelled.removed, 58);
   // Once the window (3.25 s) is empty again, three new tasks: two start, the third is refused.
-  await sleep(3_500);
+  await waitFor(
+    async () => (await listTypeLimits(pool, schema)).find((l) => l.type === type)?.started === 0,
+    20_000,
+    "the type's window empty",
+  );
   await enqueueMany(
     pool,
     Array.from({ length: 3 }, (_, i) => ({ type, payload: { i }, queue: 'rv-cancelled' })),
