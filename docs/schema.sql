@@ -222,10 +222,58 @@ BEGIN
 END $_$;
 
 --
--- Name: append_ready(integer, bigint[], text[], jsonb[], integer[], integer[], text[], text[], timestamp with time zone[], timestamp with time zone[], text[]); Type: FUNCTION; Schema: berth; Owner: -
+-- Name: append_from_deferred(bigint[], boolean); Type: FUNCTION; Schema: berth; Owner: -
 --
 
-CREATE FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[] DEFAULT NULL::text[]) RETURNS integer
+CREATE FUNCTION berth.append_from_deferred(p_ids bigint[], p_try boolean) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v_lane integer;
+  v_appended integer;
+  v_n integer := 0;
+  g record;
+BEGIN
+  FOR g IN
+    SELECT DISTINCT d.queue, d.priority, d.shard FROM "berth".deferred d
+     WHERE d.id = ANY (p_ids) AND d.state = 'scheduled' AND d.run_at <= now()
+     ORDER BY d.queue, d.priority, d.shard
+  LOOP
+    v_lane := "berth".provision_lane(g.queue, g.priority, g.shard);
+    IF p_try THEN
+      CONTINUE WHEN NOT pg_try_advisory_xact_lock(446571594, v_lane);
+    ELSE
+      PERFORM pg_advisory_xact_lock(446571594, v_lane);
+    END IF;
+    WITH pick AS (
+      SELECT d.id FROM "berth".deferred d
+       WHERE d.id = ANY (p_ids) AND d.queue = g.queue AND d.priority = g.priority AND d.shard = g.shard
+         AND d.state = 'scheduled' AND d.run_at <= now()
+       ORDER BY d.id FOR UPDATE SKIP LOCKED
+    ), moved AS (
+      DELETE FROM "berth".deferred d USING pick WHERE d.id = pick.id RETURNING d.*
+    )
+    SELECT "berth".append_ready(v_lane,
+             array_agg(m.id ORDER BY m.id), array_agg(m.type ORDER BY m.id), array_agg(m.payload ORDER BY m.id),
+             array_agg(m.attempts ORDER BY m.id), array_agg(m.max_attempts ORDER BY m.id),
+             array_agg(m.dedupe_key ORDER BY m.id), array_agg(m.last_error ORDER BY m.id),
+             array_agg(m.created_at ORDER BY m.id), array_agg(now() ORDER BY m.id),
+             array_agg(m.trace_context ORDER BY m.id),
+             array_agg(EXISTS (SELECT 1 FROM "berth".task_deps td
+                                WHERE td.parent_id = m.id AND td.satisfied_at IS NULL) ORDER BY m.id))
+      INTO v_appended
+      FROM moved m HAVING count(*) > 0;
+    v_n := v_n + coalesce(v_appended, 0);
+  END LOOP;
+  RETURN v_n;
+END $$;
+
+--
+-- Name: append_ready(integer, bigint[], text[], jsonb[], integer[], integer[], text[], text[], timestamp with time zone[], timestamp with time zone[], text[], boolean[]); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[] DEFAULT NULL::text[], p_has_dependents boolean[] DEFAULT NULL::boolean[]) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -250,7 +298,8 @@ BEGIN
   -- The segment is the epoch's, read outside the snapshot (see the header), once per INSERT (an
   -- uncorrelated subquery: one InitPlan, so every row of the call goes to the same segment).
   IF p_attempts IS NULL AND p_max_attempts IS NULL AND p_dedupe IS NULL AND p_last_error IS NULL
-     AND p_created_at IS NULL AND p_run_at IS NULL AND p_trace_context IS NULL THEN
+     AND p_created_at IS NULL AND p_run_at IS NULL AND p_trace_context IS NULL
+     AND p_has_dependents IS NULL THEN
     -- New tasks with nothing but a type and a payload (enqueue's fast path): three arrays.
     WITH appended AS (
       INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
@@ -268,16 +317,16 @@ BEGIN
     WITH appended AS (
       INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
                               attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
-                              trace_context)
+                              trace_context, has_dependents)
       SELECT (SELECT (e.last_value % rs.slot_count)::smallint FROM "berth".ring_epoch e, "berth".ring_state rs),
              p_lane,
              v_base + x.ord - 1, x.id, x.type, x.payload, l.queue, l.priority, l.shard, coalesce(x.attempts, 0),
              x.max_attempts, x.dedupe_key, x.last_error, coalesce(x.created_at, now()), coalesce(x.run_at, now()),
-             x.trace_context
+             x.trace_context, CASE WHEN x.has_dependents THEN true END
         FROM unnest(p_ids, p_types, p_payloads, p_attempts, p_max_attempts, p_dedupe, p_last_error,
-                    p_created_at, p_run_at, p_trace_context) WITH ORDINALITY
+                    p_created_at, p_run_at, p_trace_context, p_has_dependents) WITH ORDINALITY
                AS x(id, type, payload, attempts, max_attempts, dedupe_key, last_error, created_at,
-                    run_at, trace_context, ord)
+                    run_at, trace_context, has_dependents, ord)
         CROSS JOIN (SELECT queue, priority, shard FROM "berth".lanes WHERE lane_id = p_lane) l
       RETURNING slot)
     SELECT min(a.slot), count(*) INTO v_slot, v_done FROM appended a;
@@ -299,9 +348,10 @@ BEGIN
       RETURNING r.*)
     INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
                                   attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
-                                  appended_at, trace_context)
+                                  appended_at, trace_context, has_dependents)
     SELECT v_now, m.lane_id, m.lane_seq, m.id, m.type, m.payload, m.queue, m.priority, m.shard, m.attempts,
-           m.max_attempts, m.dedupe_key, m.last_error, m.created_at, m.run_at, m.appended_at, m.trace_context
+           m.max_attempts, m.dedupe_key, m.last_error, m.created_at, m.run_at, m.appended_at, m.trace_context,
+           m.has_dependents
       FROM moved m;
     v_slot := v_now;
   END LOOP;
@@ -608,6 +658,77 @@ BEGIN
 END $$;
 
 --
+-- Name: dependency_usage(); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.dependency_usage() RETURNS TABLE(queue text, waiting bigint, blocked bigint)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+  SELECT w.queue, count(*),
+         count(*) FILTER (WHERE EXISTS (SELECT 1 FROM "berth".task_deps d
+                                          JOIN "berth".dead_letters x ON x.id = d.parent_id
+                                         WHERE d.child_id = w.id AND d.satisfied_at IS NULL))
+    FROM "berth".task_waits w
+   GROUP BY w.queue ORDER BY w.queue
+$$;
+
+--
+-- Name: deps_tick(boolean, bigint, integer); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.deps_tick(p_all boolean, p_after bigint, p_limit integer, OUT released integer, OUT cancelled integer, OUT last_parent bigint) RETURNS record
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v_parents bigint[];
+  v_done bigint[] := '{}';
+  v_dead bigint[] := '{}';
+  v_gone bigint[] := '{}';
+  v_cancel bigint[];
+  v_id bigint;
+  v_fate text;
+BEGIN
+  released := 0;
+  cancelled := 0;
+  IF p_all THEN
+    v_parents := ARRAY(SELECT DISTINCT d.parent_id FROM "berth".task_deps d
+                        WHERE d.satisfied_at IS NULL AND d.parent_id > coalesce(p_after, -1)
+                        ORDER BY d.parent_id LIMIT p_limit);
+  ELSE
+    v_parents := ARRAY(SELECT DISTINCT d.parent_id FROM "berth".task_deps d
+                        WHERE d.watched AND d.satisfied_at IS NULL AND d.parent_id > coalesce(p_after, -1)
+                        ORDER BY d.parent_id LIMIT p_limit);
+  END IF;
+  last_parent := CASE WHEN cardinality(v_parents) >= p_limit THEN v_parents[cardinality(v_parents)] END;
+  FOREACH v_id IN ARRAY v_parents LOOP
+    v_fate := "berth".task_fate(v_id);
+    IF v_fate = 'completed' THEN v_done := v_done || v_id;
+    ELSIF v_fate = 'dead' THEN v_dead := v_dead || v_id;
+    ELSIF v_fate <> 'pending' THEN v_gone := v_gone || v_id;
+    END IF;
+  END LOOP;
+  released := "berth".release_completed(v_done);
+  IF cardinality(v_dead) + cardinality(v_gone) = 0 THEN RETURN; END IF;
+  -- A failed parent's edges stay watched: a dead one may be retried, then complete.
+  UPDATE "berth".task_deps d SET watched = true
+   WHERE d.parent_id = ANY (v_dead || v_gone) AND d.satisfied_at IS NULL AND NOT d.watched;
+  v_cancel := ARRAY(
+    SELECT DISTINCT w.id FROM "berth".task_deps d JOIN "berth".task_waits w ON w.id = d.child_id
+     WHERE d.satisfied_at IS NULL
+       AND (d.parent_id = ANY (v_gone) OR (d.parent_id = ANY (v_dead) AND w.on_parent_failure = 'cancel'))
+     ORDER BY w.id LIMIT 10000);
+  IF cardinality(v_cancel) = 0 THEN RETURN; END IF;
+  SELECT count(*) FILTER (WHERE c.result = 'removed') INTO cancelled
+    FROM "berth".cancel_tasks(v_cancel, 'berth:dependency') c;
+  DELETE FROM "berth".task_waits w WHERE w.id = ANY (v_cancel)
+     AND NOT EXISTS (SELECT 1 FROM "berth".deferred d WHERE d.id = w.id);
+  UPDATE "berth".task_deps d SET watched = true
+   WHERE d.parent_id = ANY (v_cancel) AND d.satisfied_at IS NULL AND NOT d.watched;
+END $$;
+
+--
 -- Name: due_deferred(text, integer, text[], smallint[], smallint[]); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -729,6 +850,199 @@ BEGIN
 END $$;
 
 --
+-- Name: enqueue_graph(jsonb); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.enqueue_graph(p_graph jsonb) RETURNS TABLE(ord integer, id bigint, state text, duplicate_of bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+DECLARE
+  v_tasks jsonb := p_graph -> 'tasks';
+  v_edges jsonb := coalesce(p_graph -> 'edges', '[]'::jsonb);
+  v_trace text := p_graph ->> 'trace';
+  v_far timestamptz := '9999-12-31 00:00:00+00';
+  v_n integer;
+  v_ids bigint[];
+  v_dups bigint[];
+  v_e_child bigint[];
+  v_e_parent bigint[];
+  v_e_sure boolean[];
+  v_e_type text[];
+  v_e_name text[];
+  v_fates jsonb := '{}';
+  v_types jsonb := '{}';
+  v_fate text;
+  v_due bigint[];
+  g record;
+  r record;
+BEGIN
+  IF jsonb_typeof(v_tasks) IS DISTINCT FROM 'array' OR jsonb_typeof(v_edges) <> 'array' THEN
+    RAISE EXCEPTION 'berth: enqueue_graph: tasks and edges must be JSON arrays' USING ERRCODE = '22023';
+  END IF;
+  v_n := jsonb_array_length(v_tasks);
+  IF v_n = 0 THEN RETURN; END IF;
+  IF v_n > 100000 OR jsonb_array_length(v_edges) > 1000000 THEN
+    RAISE EXCEPTION 'berth: enqueue_graph: at most 100000 tasks and 1000000 dependencies a call (got % and %)',
+      v_n, jsonb_array_length(v_edges) USING ERRCODE = '22023';
+  END IF;
+  -- Every edge names a task of the call and either an earlier task of the call or an id.
+  SELECT a.o INTO r FROM jsonb_array_elements(v_edges) WITH ORDINALITY AS a(e, o)
+   WHERE jsonb_typeof(a.e) IS DISTINCT FROM 'array'
+      OR jsonb_typeof(a.e -> 0) IS DISTINCT FROM 'number'
+      OR (a.e ->> 0)::integer < 0 OR (a.e ->> 0)::integer >= v_n
+      OR ((a.e -> 1) IS NULL OR jsonb_typeof(a.e -> 1) = 'null') = ((a.e -> 2) IS NULL OR jsonb_typeof(a.e -> 2) = 'null')
+      OR (jsonb_typeof(a.e -> 1) = 'number'
+          AND ((a.e ->> 1)::integer < 0 OR (a.e ->> 1)::integer >= (a.e ->> 0)::integer))
+      OR (jsonb_typeof(a.e -> 2) = 'string' AND (a.e ->> 2) !~ '^[0-9]{1,19}$')
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'berth: enqueue_graph: dependency % is not [child position, earlier position or null, task id or null] (a task of the call may only depend on one sent before it)', r.o
+      USING ERRCODE = '22023';
+  END IF;
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(v_tasks) t
+              WHERE coalesce(t ->> 'policy', 'cancel') NOT IN ('cancel', 'wait')) THEN
+    RAISE EXCEPTION 'berth: enqueue_graph: a policy is ''cancel'' or ''wait''' USING ERRCODE = '22023';
+  END IF;
+
+  v_ids := array_fill(NULL::bigint, ARRAY[v_n]);
+  v_dups := array_fill(NULL::bigint, ARRAY[v_n]);
+  -- Every task into deferred storage, one enqueue() a lane, lanes in one order.
+  FOR g IN
+    SELECT t ->> 'queue' AS queue, (t ->> 'priority')::smallint AS priority, (t ->> 'shard')::smallint AS shard,
+           (t ->> 'shards')::smallint AS shards, (t ->> 'key') IS NOT NULL AS keyed,
+           array_agg(o::integer ORDER BY o) AS poss, array_agg(t ->> 'type' ORDER BY o) AS types,
+           array_agg(t -> 'payload' ORDER BY o) AS payloads,
+           array_agg((t ->> 'maxAttempts')::integer ORDER BY o) AS max_attempts,
+           array_agg(t ->> 'dedupeKey' ORDER BY o) AS dedupe, array_agg(t ->> 'key' ORDER BY o) AS keys
+      FROM jsonb_array_elements(v_tasks) WITH ORDINALITY AS a(t, o)
+     GROUP BY 1, 2, 3, 4, 5
+     ORDER BY 1, 2, 3 NULLS FIRST, 4, 5
+  LOOP
+    IF g.keyed THEN
+      FOR r IN
+        SELECT e.ord, e.id, e.duplicate_of FROM "berth".enqueue_keyed(g.queue, g.priority, g.shard, g.shards, g.types,
+                 g.payloads, array_fill(v_far, ARRAY[cardinality(g.poss)]), g.max_attempts, g.dedupe, v_trace, g.keys) e
+      LOOP
+        v_ids[g.poss[r.ord]] := r.id;
+        v_dups[g.poss[r.ord]] := r.duplicate_of;
+      END LOOP;
+    ELSE
+      FOR r IN
+        SELECT e.ord, e.id, e.duplicate_of FROM "berth".enqueue(g.queue, g.priority, g.shard, g.shards, g.types,
+                 g.payloads, array_fill(v_far, ARRAY[cardinality(g.poss)]), g.max_attempts, g.dedupe, v_trace) e
+      LOOP
+        v_ids[g.poss[r.ord]] := r.id;
+        v_dups[g.poss[r.ord]] := r.duplicate_of;
+      END LOOP;
+    END IF;
+  END LOOP;
+
+  -- The edges by ids: a parent of the call, or the live holder of a duplicate's key, or an id.
+  SELECT array_agg(x.child), array_agg(x.parent), array_agg(x.sure), array_agg(x.ptype), array_agg(x.name)
+    INTO v_e_child, v_e_parent, v_e_sure, v_e_type, v_e_name
+    FROM (SELECT DISTINCT ON (c.child, c.parent) c.* FROM (
+            SELECT v_ids[(a.e ->> 0)::integer + 1] AS child,
+                   CASE WHEN jsonb_typeof(a.e -> 1) = 'number'
+                        THEN coalesce(v_ids[(a.e ->> 1)::integer + 1], v_dups[(a.e ->> 1)::integer + 1])
+                        ELSE (a.e ->> 2)::bigint END AS parent,
+                   -- Sure: a parent of the call, written now, unkeyed (promote_held appends
+                   -- without the mark), so its every entry carries the mark.
+                   (jsonb_typeof(a.e -> 1) = 'number' AND v_ids[(a.e ->> 1)::integer + 1] IS NOT NULL
+                    AND (v_tasks -> (a.e ->> 1)::integer ->> 'key') IS NULL) AS sure,
+                   CASE WHEN jsonb_typeof(a.e -> 1) = 'number' AND v_ids[(a.e ->> 1)::integer + 1] IS NOT NULL
+                        THEN v_tasks -> (a.e ->> 1)::integer ->> 'type' END AS ptype,
+                   v_tasks -> (a.e ->> 0)::integer ->> 'name' AS name,
+                   (jsonb_typeof(a.e -> 1) = 'number' AND v_ids[(a.e ->> 1)::integer + 1] IS NOT NULL) AS in_call
+              FROM jsonb_array_elements(v_edges) AS a(e)) c
+           WHERE c.child IS NOT NULL AND c.parent IS NOT NULL
+           ORDER BY c.child, c.parent, c.in_call DESC) x;
+
+  -- Parents enqueued before this call: locked where they stand, then looked up.
+  FOR r IN
+    SELECT DISTINCT u.p, min(u.nm) AS name FROM unnest(v_e_parent, v_e_type, v_e_name) AS u(p, t, nm)
+     WHERE u.t IS NULL GROUP BY u.p ORDER BY u.p
+  LOOP
+    PERFORM 1 FROM "berth".deferred d WHERE d.id = r.p FOR KEY SHARE;
+    IF NOT FOUND THEN
+      PERFORM 1 FROM "berth".ready e WHERE e.id = r.p FOR KEY SHARE;
+    END IF;
+    v_fate := "berth".task_fate(r.p);
+    IF v_fate NOT IN ('pending', 'completed') THEN
+      RAISE EXCEPTION 'berth: enqueue: % depends on task %, which %', r.name, r.p,
+        CASE v_fate WHEN 'dead' THEN 'is dead (a dead letter): retry it first'
+                    WHEN 'cancelled' THEN 'was cancelled'
+                    WHEN 'deleted' THEN 'was deleted'
+                    ELSE 'does not exist (or finished longer ago than attempt history and results keep)' END
+        USING ERRCODE = '22023';
+    END IF;
+    v_fates := v_fates || jsonb_build_object(r.p::text, v_fate);
+    v_types := v_types || jsonb_build_object(r.p::text, coalesce("berth".task_type_of(r.p), ''));
+  END LOOP;
+
+  INSERT INTO "berth".task_deps (parent_id, child_id, parent_type, satisfied_at, watched)
+  SELECT u.p, u.c, coalesce(u.t, v_types ->> u.p::text, ''),
+         CASE WHEN u.t IS NULL AND v_fates ->> u.p::text = 'completed' THEN now() END,
+         NOT u.sure AND NOT (u.t IS NULL AND v_fates ->> u.p::text = 'completed')
+    FROM unnest(v_e_child, v_e_parent, v_e_sure, v_e_type) AS u(c, p, sure, t);
+
+  -- Tasks with a parent not yet completed wait, with their own run time kept for the release.
+  INSERT INTO "berth".task_waits (id, pending, on_parent_failure, run_at, queue)
+  SELECT c.child_id, c.pending, coalesce(v_tasks -> (x.o::integer - 1) ->> 'policy', 'cancel'),
+         CASE WHEN v_tasks -> (x.o::integer - 1) ->> 'runAt' IS NOT NULL
+              THEN (v_tasks -> (x.o::integer - 1) ->> 'runAt')::timestamptz
+              WHEN v_tasks -> (x.o::integer - 1) ->> 'delayMs' IS NOT NULL
+              THEN now() + make_interval(secs => (v_tasks -> (x.o::integer - 1) ->> 'delayMs')::float8 / 1000.0) END,
+         v_tasks -> (x.o::integer - 1) ->> 'queue'
+    FROM (SELECT d.child_id, count(*)::integer AS pending FROM "berth".task_deps d
+           WHERE d.child_id = ANY (v_ids) AND d.satisfied_at IS NULL GROUP BY d.child_id) c
+    JOIN unnest(v_ids) WITH ORDINALITY AS x(id, o) ON x.id = c.child_id;
+  UPDATE "berth".deferred d SET state = 'waiting', run_at = 'infinity'
+    FROM "berth".task_waits w WHERE w.id = d.id AND d.id = ANY (v_ids);
+
+  -- The others where they would have gone: later ones scheduled at their time, due keyed ones
+  -- held for their key, due ones appended to their lanes (marked when they have dependents).
+  WITH t AS (
+    SELECT x.id,
+           CASE WHEN v_tasks -> (x.o::integer - 1) ->> 'runAt' IS NOT NULL
+                THEN (v_tasks -> (x.o::integer - 1) ->> 'runAt')::timestamptz
+                WHEN v_tasks -> (x.o::integer - 1) ->> 'delayMs' IS NOT NULL
+                THEN now() + make_interval(secs => (v_tasks -> (x.o::integer - 1) ->> 'delayMs')::float8 / 1000.0)
+                ELSE now() END AS run_at,
+           (v_tasks -> (x.o::integer - 1) ->> 'key') IS NOT NULL AS keyed
+      FROM unnest(v_ids) WITH ORDINALITY AS x(id, o)
+     WHERE x.id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM "berth".task_waits w WHERE w.id = x.id)
+  )
+  UPDATE "berth".deferred d
+     SET state = CASE WHEN t.keyed AND t.run_at <= now() THEN 'held' ELSE 'scheduled' END,
+         run_at = CASE WHEN t.keyed AND t.run_at <= now() THEN 'infinity'::timestamptz ELSE t.run_at END
+    FROM t WHERE d.id = t.id;
+  IF EXISTS (SELECT 1 FROM "berth".deferred d WHERE d.id = ANY (v_ids) AND d.state = 'held') THEN
+    INSERT INTO "berth".key_arrivals (key)
+    SELECT DISTINCT tk.key FROM "berth".task_keys tk
+      JOIN "berth".deferred d ON d.id = tk.id AND d.state = 'held'
+     WHERE tk.id = ANY (v_ids);
+    PERFORM pg_notify('berth.wake', 'keys');
+  END IF;
+  v_due := ARRAY(SELECT d.id FROM "berth".deferred d
+                  WHERE d.id = ANY (v_ids) AND d.state = 'scheduled' AND d.run_at <= now());
+  PERFORM "berth".append_from_deferred(v_due, false);
+  IF EXISTS (SELECT 1 FROM unnest(v_e_child, v_e_parent) AS u(c, p)
+               JOIN "berth".task_deps d ON d.parent_id = u.p AND d.child_id = u.c AND d.watched) THEN
+    PERFORM pg_notify('berth.wake', 'deps');
+  END IF;
+
+  RETURN QUERY
+  SELECT x.o::integer - 1, x.id,
+         CASE WHEN x.id IS NULL THEN 'duplicate'
+              WHEN EXISTS (SELECT 1 FROM "berth".deferred d WHERE d.id = x.id AND d.state = 'waiting') THEN 'waiting'
+              ELSE coalesce((SELECT d.state FROM "berth".deferred d WHERE d.id = x.id), 'ready') END,
+         v_dups[x.o]
+    FROM unnest(v_ids) WITH ORDINALITY AS x(id, o)
+   ORDER BY x.o;
+END $_$;
+
+--
 -- Name: enqueue_keyed(text, smallint, smallint, smallint, text[], jsonb[], timestamp with time zone[], integer[], text[], text, text[]); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -779,6 +1093,45 @@ BEGIN
     FROM unnest(v_ords, v_ids, v_states, v_dups) AS u(o, i, s, dup)
    ORDER BY u.o;
   PERFORM pg_notify('berth.wake', 'keys');
+END $$;
+
+--
+-- Name: free_waiting(bigint[]); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.free_waiting(p_ids bigint[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v_freed bigint[];
+  v_n integer := 0;
+BEGIN
+  IF coalesce(cardinality(p_ids), 0) = 0 THEN RETURN 0; END IF;
+  WITH freed AS (
+    DELETE FROM "berth".task_waits w WHERE w.id = ANY (p_ids) AND w.pending = 0 RETURNING w.id, w.run_at
+  ), upd AS (
+    UPDATE "berth".deferred d
+       SET state = CASE WHEN k.keyed AND coalesce(f.run_at, now()) <= now() THEN 'held' ELSE 'scheduled' END,
+           run_at = CASE WHEN k.keyed AND coalesce(f.run_at, now()) <= now() THEN 'infinity'::timestamptz
+                         ELSE coalesce(f.run_at, now()) END
+      FROM freed f
+      LEFT JOIN LATERAL (SELECT true AS keyed FROM "berth".task_keys tk WHERE tk.id = f.id LIMIT 1) k ON true
+     WHERE d.id = f.id AND d.state = 'waiting'
+    RETURNING d.id, d.state
+  )
+  SELECT coalesce(array_agg(u.id), '{}') INTO v_freed FROM upd u;
+  v_n := cardinality(v_freed);
+  IF v_n = 0 THEN RETURN 0; END IF;
+  IF EXISTS (SELECT 1 FROM "berth".deferred d WHERE d.id = ANY (v_freed) AND d.state = 'held') THEN
+    INSERT INTO "berth".key_arrivals (key)
+    SELECT DISTINCT tk.key FROM "berth".task_keys tk
+      JOIN "berth".deferred d ON d.id = tk.id AND d.state = 'held'
+     WHERE tk.id = ANY (v_freed);
+    PERFORM pg_notify('berth.wake', 'keys');
+  END IF;
+  PERFORM "berth".append_from_deferred(v_freed, true);
+  RETURN v_n;
 END $$;
 
 --
@@ -1108,20 +1461,25 @@ DECLARE
   v_keys text[];
   v_plain bigint[];
   v_hold bigint[] := '{}';
+  v_marks boolean[];
+  v_marked bigint[];
   v_held integer := 0;
 BEGIN
   v_lane := "berth".provision_lane(p_queue, p_priority, p_shard);
   PERFORM pg_advisory_xact_lock(446571594, v_lane);
   -- Locked first so a busy lane times out before any row is taken; append_ready re-takes it.
-  SELECT array_agg(x.id ORDER BY x.run_at, x.id), array_agg(k.key ORDER BY x.run_at, x.id)
-    INTO v_ids, v_keys
+  SELECT array_agg(x.id ORDER BY x.run_at, x.id), array_agg(k.key ORDER BY x.run_at, x.id),
+         array_agg(dp.marked ORDER BY x.run_at, x.id)
+    INTO v_ids, v_keys, v_marks
     FROM (SELECT d.id, d.run_at FROM "berth".deferred d
            WHERE d.queue = p_queue AND d.priority = p_priority AND d.shard = p_shard
              AND d.run_at <= now()
            ORDER BY d.run_at, d.priority, d.id
            LIMIT p_limit
            FOR UPDATE SKIP LOCKED) x
-    LEFT JOIN LATERAL (SELECT tk.key FROM "berth".task_keys tk WHERE tk.id = x.id LIMIT 1) k ON true;
+    LEFT JOIN LATERAL (SELECT tk.key FROM "berth".task_keys tk WHERE tk.id = x.id LIMIT 1) k ON true
+    LEFT JOIN LATERAL (SELECT true AS marked FROM "berth".task_deps td
+                        WHERE td.parent_id = x.id AND td.satisfied_at IS NULL LIMIT 1) dp ON true;
   IF v_ids IS NULL THEN RETURN 0; END IF;
   v_plain := ARRAY(SELECT u.id FROM unnest(v_ids, v_keys) AS u(id, k) WHERE u.k IS NULL);
   IF cardinality(v_plain) < cardinality(v_ids) THEN
@@ -1132,6 +1490,7 @@ BEGIN
     SELECT DISTINCT tk.key FROM "berth".task_keys tk WHERE tk.id = ANY (v_hold);
     IF v_held > 0 THEN PERFORM pg_notify('berth.wake', 'keys'); END IF;
   END IF;
+  v_marked := ARRAY(SELECT u.id FROM unnest(v_ids, v_marks) AS u(id, m) WHERE u.m);
   WITH moved AS (
     DELETE FROM "berth".deferred d WHERE d.id = ANY (v_plain) RETURNING d.*
   )
@@ -1140,7 +1499,9 @@ BEGIN
            array_agg(m.payload ORDER BY m.run_at, m.id), array_agg(m.attempts ORDER BY m.run_at, m.id),
            array_agg(m.max_attempts ORDER BY m.run_at, m.id), array_agg(m.dedupe_key ORDER BY m.run_at, m.id),
            array_agg(m.last_error ORDER BY m.run_at, m.id), array_agg(m.created_at ORDER BY m.run_at, m.id),
-           array_agg(m.run_at ORDER BY m.run_at, m.id), array_agg(m.trace_context ORDER BY m.run_at, m.id))
+           array_agg(m.run_at ORDER BY m.run_at, m.id), array_agg(m.trace_context ORDER BY m.run_at, m.id),
+           CASE WHEN cardinality(v_marked) > 0
+                THEN array_agg(m.id = ANY (v_marked) ORDER BY m.run_at, m.id) END)
     INTO v_n
     FROM moved m;
   RETURN coalesce(v_n, 0) + v_held;
@@ -1256,6 +1617,32 @@ BEGIN
     VALUES ('maintenance:' || session_user, 'dead.retention',
             jsonb_build_object('retentionMs', p_retention_ms), jsonb_build_object('pruned', v_n));
   END IF;
+  RETURN v_n;
+END $$;
+
+--
+-- Name: prune_dep_edges(integer); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.prune_dep_edges(p_limit integer) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE v_n integer;
+BEGIN
+  WITH gone AS (
+    SELECT DISTINCT d.child_id FROM "berth".task_deps d
+     WHERE d.created_at < now() - interval '1 minute'
+       AND NOT EXISTS (SELECT 1 FROM "berth".deferred x WHERE x.id = d.child_id)
+       AND NOT EXISTS (SELECT 1 FROM "berth".dead_letters x WHERE x.id = d.child_id)
+       AND NOT "berth".key_entry_live(d.child_id)
+     LIMIT p_limit
+  )
+  DELETE FROM "berth".task_deps d USING gone WHERE d.child_id = gone.child_id;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  DELETE FROM "berth".task_waits w
+   WHERE w.created_at < now() - interval '1 minute'
+     AND NOT EXISTS (SELECT 1 FROM "berth".deferred x WHERE x.id = w.id AND x.state = 'waiting');
   RETURN v_n;
 END $$;
 
@@ -1457,6 +1844,62 @@ BEGIN
   DELETE FROM "berth".keyed_queues q
    WHERE NOT EXISTS (SELECT 1 FROM "berth".key_holders h WHERE h.queue = q.queue);
   RETURN v_n;
+END $$;
+
+--
+-- Name: release_before_prune(); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.release_before_prune() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+BEGIN
+  IF EXISTS (SELECT 1 FROM "berth".task_deps d WHERE d.satisfied_at IS NULL) THEN
+    EXECUTE format('SELECT %1$I.release_completed(ARRAY(SELECT DISTINCT d.parent_id FROM %1$I.task_deps d
+                      JOIN %2$I.%3$I r ON r.id = d.parent_id WHERE d.satisfied_at IS NULL))',
+                   'berth', TG_TABLE_SCHEMA, TG_TABLE_NAME);
+  END IF;
+  RETURN NULL;
+END $_$;
+
+--
+-- Name: release_completed(bigint[]); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.release_completed(p_parents bigint[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v_done bigint[];
+  v_freed bigint[];
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'berth: release_completed must run at READ COMMITTED (it counts under row locks)'
+      USING ERRCODE = '25000';
+  END IF;
+  v_done := ARRAY(SELECT DISTINCT p.id FROM unnest(p_parents) AS p(id)
+                   WHERE EXISTS (SELECT 1 FROM "berth".task_deps d WHERE d.parent_id = p.id AND d.satisfied_at IS NULL)
+                     AND "berth".task_fate(p.id) = 'completed');
+  IF cardinality(v_done) = 0 THEN RETURN 0; END IF;
+  PERFORM 1 FROM "berth".task_waits w
+   WHERE w.id IN (SELECT d.child_id FROM "berth".task_deps d
+                   WHERE d.parent_id = ANY (v_done) AND d.satisfied_at IS NULL)
+   ORDER BY w.id FOR UPDATE;
+  WITH sat AS (
+    UPDATE "berth".task_deps d SET satisfied_at = now(), watched = false
+     WHERE d.parent_id = ANY (v_done) AND d.satisfied_at IS NULL
+    RETURNING d.child_id
+  ), per AS (
+    SELECT s.child_id, count(*)::integer AS n FROM sat s GROUP BY s.child_id
+  ), dec AS (
+    UPDATE "berth".task_waits w SET pending = w.pending - per.n FROM per
+     WHERE w.id = per.child_id
+    RETURNING w.id, w.pending
+  )
+  SELECT coalesce(array_agg(dec.id ORDER BY dec.id) FILTER (WHERE dec.pending = 0), '{}') INTO v_freed FROM dec;
+  RETURN "berth".free_waiting(v_freed);
 END $$;
 
 --
@@ -2026,6 +2469,96 @@ BEGIN
 END $$;
 
 --
+-- Name: task_dependents(bigint, integer); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.task_dependents(p_id bigint, p_limit integer) RETURNS TABLE(id bigint, fate text, waiting boolean, on_parent_failure text, satisfied_at timestamp with time zone, total bigint)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+  SELECT d.child_id, "berth".task_fate(d.child_id),
+         EXISTS (SELECT 1 FROM "berth".task_waits w WHERE w.id = d.child_id),
+         (SELECT w.on_parent_failure FROM "berth".task_waits w WHERE w.id = d.child_id),
+         d.satisfied_at,
+         (SELECT count(*) FROM "berth".task_deps x WHERE x.parent_id = p_id)
+    FROM "berth".task_deps d
+   WHERE d.parent_id = p_id
+   ORDER BY d.child_id LIMIT p_limit
+$$;
+
+--
+-- Name: task_fate(bigint); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.task_fate(p_id bigint) RETURNS text
+    LANGUAGE sql STABLE
+    AS $$
+  SELECT CASE
+    WHEN EXISTS (SELECT 1 FROM "berth".deferred d WHERE d.id = p_id) THEN 'pending'
+    WHEN EXISTS (SELECT 1 FROM "berth".dead_letters d WHERE d.id = p_id) THEN 'dead'
+    ELSE coalesce(
+      (SELECT CASE WHEN t.reason = 'dequeued' THEN 'completed'
+                   WHEN t.reason = 'cancelled' THEN 'cancelled'
+                   WHEN t.reason = 'moved' THEN 'pending'
+                   WHEN t.reason IS NOT NULL THEN 'deleted'
+                   WHEN s.outcome = 'completed' THEN 'completed'
+                   WHEN s.outcome = 'cancelled' AND s.actor IS NOT NULL THEN 'cancelled'
+                   ELSE 'pending' END
+         FROM "berth".ready e
+         LEFT JOIN "berth".tombstones t ON t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.slot = e.slot
+         LEFT JOIN LATERAL (
+           SELECT x.outcome, x.actor
+             FROM (SELECT l.from_seq, l.to_seq FROM "berth".range_leases l
+                    WHERE l.lane_id = e.lane_id AND l.slot = e.slot AND l.from_seq <= e.lane_seq
+                    ORDER BY l.from_seq DESC LIMIT 1) l
+             JOIN "berth".range_settlements x
+               ON x.lane_id = e.lane_id AND x.lease_from = l.from_seq AND x.slot = e.slot
+            WHERE l.to_seq >= e.lane_seq AND x.seqs @> e.lane_seq
+            LIMIT 1) s ON true
+        WHERE e.id = p_id
+        ORDER BY e.appended_at DESC LIMIT 1),
+      (SELECT CASE WHEN h.outcome = 'success' THEN 'completed' ELSE 'cancelled' END
+         FROM "berth".attempt_history h
+        WHERE h.bucket = p_id >> 10 AND p_id = ANY (h.ids)
+          AND (h.outcome = 'success' OR (h.outcome = 'cancelled' AND (h.error ->> 'name') = 'Cancel'))
+        ORDER BY (h.outcome = 'cancelled') DESC, h.settled_at DESC LIMIT 1),
+      (SELECT 'completed' FROM "berth".task_results r WHERE r.id = p_id),
+      'unknown')
+  END
+$$;
+
+--
+-- Name: task_parents(bigint); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.task_parents(p_id bigint) RETURNS TABLE(id bigint, type text, fate text, satisfied_at timestamp with time zone, result jsonb, has_result boolean)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+  SELECT d.parent_id, d.parent_type,
+         CASE WHEN d.satisfied_at IS NOT NULL THEN 'completed' ELSE "berth".task_fate(d.parent_id) END,
+         d.satisfied_at, r.result, r.id IS NOT NULL
+    FROM "berth".task_deps d LEFT JOIN "berth".task_results r ON r.id = d.parent_id
+   WHERE d.child_id = p_id
+   ORDER BY d.parent_id
+$$;
+
+--
+-- Name: task_type_of(bigint); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.task_type_of(p_id bigint) RETURNS text
+    LANGUAGE sql STABLE
+    AS $$
+  SELECT coalesce(
+    (SELECT d.type FROM "berth".deferred d WHERE d.id = p_id),
+    (SELECT e.type FROM "berth".ready e WHERE e.id = p_id ORDER BY e.appended_at DESC LIMIT 1),
+    (SELECT d.type FROM "berth".dead_letters d WHERE d.id = p_id),
+    (SELECT h.type FROM "berth".attempt_history h WHERE h.bucket = p_id >> 10 AND p_id = ANY (h.ids)
+      ORDER BY h.settled_at DESC LIMIT 1))
+$$;
+
+--
 -- Name: tombstone_unleased(bigint, text); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -2079,6 +2612,40 @@ CREATE FUNCTION berth.type_limit_usage() RETURNS TABLE(type text, rate_limit int
     FROM "berth".type_limits t
    ORDER BY t.type
 $$;
+
+--
+-- Name: watch_dead_parents(); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.watch_dead_parents() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+  IF EXISTS (SELECT 1 FROM "berth".task_deps d JOIN changed b ON b.id = d.parent_id WHERE d.satisfied_at IS NULL) THEN
+    UPDATE "berth".task_deps d SET watched = true FROM changed b
+     WHERE d.parent_id = b.id AND d.satisfied_at IS NULL AND NOT d.watched;
+    PERFORM pg_notify('berth.wake', 'deps');
+  END IF;
+  RETURN NULL;
+END $$;
+
+--
+-- Name: watch_parents(bigint[]); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.watch_parents(p_ids bigint[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE v_n integer;
+BEGIN
+  UPDATE "berth".task_deps d SET watched = true
+   WHERE d.parent_id = ANY (p_ids) AND d.satisfied_at IS NULL AND NOT d.watched;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  IF v_n > 0 THEN PERFORM pg_notify('berth.wake', 'deps'); END IF;
+  RETURN v_n;
+END $$;
 
 --
 -- Name: attempt_history; Type: TABLE; Schema: berth; Owner: -
@@ -2355,7 +2922,7 @@ CREATE TABLE berth.deferred (
     last_attempted_at timestamp with time zone,
     run_at timestamp with time zone NOT NULL,
     trace_context text,
-    CONSTRAINT deferred_state_check CHECK ((state = ANY (ARRAY['scheduled'::text, 'retryable'::text, 'held'::text])))
+    CONSTRAINT deferred_state_check CHECK ((state = ANY (ARRAY['scheduled'::text, 'retryable'::text, 'held'::text, 'waiting'::text])))
 );
 
 --
@@ -2563,7 +3130,8 @@ CREATE TABLE berth.ready (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 )
 PARTITION BY LIST (slot);
 
@@ -3577,7 +4145,8 @@ CREATE TABLE berth.ready_0 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -3601,7 +4170,8 @@ CREATE TABLE berth.ready_1 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -3625,7 +4195,8 @@ CREATE TABLE berth.ready_10 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -3649,7 +4220,8 @@ CREATE TABLE berth.ready_11 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -3673,7 +4245,8 @@ CREATE TABLE berth.ready_12 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -3697,7 +4270,8 @@ CREATE TABLE berth.ready_13 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -3721,7 +4295,8 @@ CREATE TABLE berth.ready_14 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -3745,7 +4320,8 @@ CREATE TABLE berth.ready_15 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -3769,7 +4345,8 @@ CREATE TABLE berth.ready_2 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -3793,7 +4370,8 @@ CREATE TABLE berth.ready_3 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -3817,7 +4395,8 @@ CREATE TABLE berth.ready_4 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -3841,7 +4420,8 @@ CREATE TABLE berth.ready_5 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -3865,7 +4445,8 @@ CREATE TABLE berth.ready_6 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -3889,7 +4470,8 @@ CREATE TABLE berth.ready_7 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -3913,7 +4495,8 @@ CREATE TABLE berth.ready_8 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -3937,7 +4520,8 @@ CREATE TABLE berth.ready_9 (
     created_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     appended_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    trace_context text
+    trace_context text,
+    has_dependents boolean
 );
 
 --
@@ -4278,6 +4862,19 @@ CREATE TABLE berth.snoozes (
 );
 
 --
+-- Name: task_deps; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.task_deps (
+    parent_id bigint NOT NULL,
+    child_id bigint NOT NULL,
+    parent_type text NOT NULL,
+    satisfied_at timestamp with time zone,
+    watched boolean DEFAULT false NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
 -- Name: task_id_seq; Type: SEQUENCE; Schema: berth; Owner: -
 --
 
@@ -4308,6 +4905,21 @@ CREATE TABLE berth.task_results (
     attempt integer NOT NULL,
     result jsonb NOT NULL,
     stored_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: task_waits; Type: TABLE; Schema: berth; Owner: -
+--
+
+CREATE TABLE berth.task_waits (
+    id bigint NOT NULL,
+    pending integer NOT NULL,
+    on_parent_failure text NOT NULL,
+    run_at timestamp with time zone,
+    queue text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT task_waits_on_parent_failure_check CHECK ((on_parent_failure = ANY (ARRAY['cancel'::text, 'wait'::text]))),
+    CONSTRAINT task_waits_pending_check CHECK ((pending >= 0))
 );
 
 --
@@ -5942,6 +6554,13 @@ ALTER TABLE ONLY berth.snoozes
     ADD CONSTRAINT snoozes_pkey PRIMARY KEY (id);
 
 --
+-- Name: task_deps task_deps_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.task_deps
+    ADD CONSTRAINT task_deps_pkey PRIMARY KEY (parent_id, child_id);
+
+--
 -- Name: task_keys task_keys_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
 --
 
@@ -5954,6 +6573,13 @@ ALTER TABLE ONLY berth.task_keys
 
 ALTER TABLE ONLY berth.task_results
     ADD CONSTRAINT task_results_pkey PRIMARY KEY (id);
+
+--
+-- Name: task_waits task_waits_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
+--
+
+ALTER TABLE ONLY berth.task_waits
+    ADD CONSTRAINT task_waits_pkey PRIMARY KEY (id);
 
 --
 -- Name: tombstones tombstones_pkey; Type: CONSTRAINT; Schema: berth; Owner: -
@@ -6738,6 +7364,18 @@ CREATE UNIQUE INDEX schedule_fires_instant ON berth.schedule_fires USING btree (
 CREATE INDEX schedule_fires_task ON berth.schedule_fires USING btree (task_id);
 
 --
+-- Name: task_deps_child; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX task_deps_child ON berth.task_deps USING btree (child_id, parent_id);
+
+--
+-- Name: task_deps_watched; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX task_deps_watched ON berth.task_deps USING btree (parent_id) WHERE (watched AND (satisfied_at IS NULL));
+
+--
 -- Name: task_keys_key_id_idx; Type: INDEX; Schema: berth; Owner: -
 --
 
@@ -6748,6 +7386,12 @@ CREATE INDEX task_keys_key_id_idx ON berth.task_keys USING btree (key, id);
 --
 
 CREATE INDEX task_results_stored_at_idx ON berth.task_results USING btree (stored_at);
+
+--
+-- Name: task_waits_queue; Type: INDEX; Schema: berth; Owner: -
+--
+
+CREATE INDEX task_waits_queue ON berth.task_waits USING btree (queue);
 
 --
 -- Name: tombstones_id_idx; Type: INDEX; Schema: berth; Owner: -
@@ -7968,10 +8612,118 @@ ALTER INDEX berth.tombstones_id_idx ATTACH PARTITION berth.tombstones_9_id_idx;
 ALTER INDEX berth.tombstones_pkey ATTACH PARTITION berth.tombstones_9_pkey;
 
 --
+-- Name: ready_0 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_0 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
+-- Name: ready_1 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_1 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
+-- Name: ready_10 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_10 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
+-- Name: ready_11 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_11 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
+-- Name: ready_12 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_12 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
+-- Name: ready_13 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_13 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
+-- Name: ready_14 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_14 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
+-- Name: ready_15 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_15 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
+-- Name: ready_2 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_2 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
+-- Name: ready_3 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_3 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
+-- Name: ready_4 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_4 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
+-- Name: ready_5 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_5 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
+-- Name: ready_6 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_6 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
+-- Name: ready_7 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_7 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
+-- Name: ready_8 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_8 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
+-- Name: ready_9 release_before_prune; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER release_before_prune BEFORE TRUNCATE ON berth.ready_9 FOR EACH STATEMENT EXECUTE FUNCTION berth.release_before_prune();
+
+--
 -- Name: ring_state ring_epoch_follows; Type: TRIGGER; Schema: berth; Owner: -
 --
 
 CREATE TRIGGER ring_epoch_follows BEFORE UPDATE ON berth.ring_state FOR EACH ROW EXECUTE FUNCTION berth.ring_epoch_follows();
+
+--
+-- Name: dead_letters watch_dead_parents; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER watch_dead_parents AFTER INSERT ON berth.dead_letters REFERENCING NEW TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION berth.watch_dead_parents();
+
+--
+-- Name: dead_letters watch_removed_dead_parents; Type: TRIGGER; Schema: berth; Owner: -
+--
+
+CREATE TRIGGER watch_removed_dead_parents AFTER DELETE ON berth.dead_letters REFERENCING OLD TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION berth.watch_dead_parents();
 
 --
 -- Name: FUNCTION add_task(type text, payload jsonb, queue text, run_at timestamp with time zone, priority integer, dedupe_key text, max_attempts integer, delay interval, shard integer, shards integer); Type: ACL; Schema: berth; Owner: -
@@ -7992,10 +8744,16 @@ REVOKE ALL ON FUNCTION berth.add_task_rows(p_fn text, p_types text[], p_payloads
 REVOKE ALL ON FUNCTION berth.add_tasks(tasks jsonb) FROM PUBLIC;
 
 --
--- Name: FUNCTION append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[]); Type: ACL; Schema: berth; Owner: -
+-- Name: FUNCTION append_from_deferred(p_ids bigint[], p_try boolean); Type: ACL; Schema: berth; Owner: -
 --
 
-REVOKE ALL ON FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION berth.append_from_deferred(p_ids bigint[], p_try boolean) FROM PUBLIC;
+
+--
+-- Name: FUNCTION append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[], p_has_dependents boolean[]); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[], p_has_dependents boolean[]) FROM PUBLIC;
 
 --
 -- Name: FUNCTION cancel_tasks(p_ids bigint[], p_actor text); Type: ACL; Schema: berth; Owner: -
@@ -8028,6 +8786,18 @@ REVOKE ALL ON FUNCTION berth.check_tasks(p_fn text, p_types text[], p_payloads j
 REVOKE ALL ON FUNCTION berth.count_lost_claim(p_slot smallint, p_lane integer, p_seq bigint, p_attempt integer, p_max_attempts integer, p_worker text) FROM PUBLIC;
 
 --
+-- Name: FUNCTION dependency_usage(); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.dependency_usage() FROM PUBLIC;
+
+--
+-- Name: FUNCTION deps_tick(p_all boolean, p_after bigint, p_limit integer, OUT released integer, OUT cancelled integer, OUT last_parent bigint); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.deps_tick(p_all boolean, p_after bigint, p_limit integer, OUT released integer, OUT cancelled integer, OUT last_parent bigint) FROM PUBLIC;
+
+--
 -- Name: FUNCTION due_deferred(p_state text, p_limit integer, p_skip_queues text[], p_skip_priorities smallint[], p_skip_shards smallint[]); Type: ACL; Schema: berth; Owner: -
 --
 
@@ -8046,10 +8816,22 @@ REVOKE ALL ON FUNCTION berth.enqueue(p_queue text, p_priority smallint, p_shard 
 REVOKE ALL ON FUNCTION berth.enqueue(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text) FROM PUBLIC;
 
 --
+-- Name: FUNCTION enqueue_graph(p_graph jsonb); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.enqueue_graph(p_graph jsonb) FROM PUBLIC;
+
+--
 -- Name: FUNCTION enqueue_keyed(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text, p_keys text[]); Type: ACL; Schema: berth; Owner: -
 --
 
 REVOKE ALL ON FUNCTION berth.enqueue_keyed(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text, p_keys text[]) FROM PUBLIC;
+
+--
+-- Name: FUNCTION free_waiting(p_ids bigint[]); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.free_waiting(p_ids bigint[]) FROM PUBLIC;
 
 --
 -- Name: FUNCTION hold_leases(p_queue text, p_slots smallint[], p_lanes integer[], p_froms bigint[]); Type: ACL; Schema: berth; Owner: -
@@ -8118,6 +8900,12 @@ REVOKE ALL ON FUNCTION berth.provision_lane_sequence(p_lane integer) FROM PUBLIC
 REVOKE ALL ON FUNCTION berth.prune_dead_letters(p_retention_ms double precision, p_limit integer) FROM PUBLIC;
 
 --
+-- Name: FUNCTION prune_dep_edges(p_limit integer); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.prune_dep_edges(p_limit integer) FROM PUBLIC;
+
+--
 -- Name: FUNCTION prune_slot(p_slot smallint, p_lock_timeout_ms integer); Type: ACL; Schema: berth; Owner: -
 --
 
@@ -8128,6 +8916,18 @@ REVOKE ALL ON FUNCTION berth.prune_slot(p_slot smallint, p_lock_timeout_ms integ
 --
 
 REVOKE ALL ON FUNCTION berth.prune_task_keys(p_limit integer) FROM PUBLIC;
+
+--
+-- Name: FUNCTION release_before_prune(); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.release_before_prune() FROM PUBLIC;
+
+--
+-- Name: FUNCTION release_completed(p_parents bigint[]); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.release_completed(p_parents bigint[]) FROM PUBLIC;
 
 --
 -- Name: FUNCTION release_keys(p_ids bigint[]); Type: ACL; Schema: berth; Owner: -
@@ -8226,6 +9026,30 @@ REVOKE ALL ON FUNCTION berth.set_type_limit(p_type text, p_rate_limit integer, p
 REVOKE ALL ON FUNCTION berth.take_type_starts(p_type text, p_ids bigint[], OUT granted integer, OUT guard_ms integer, OUT retry_ms integer, OUT step_ms integer) FROM PUBLIC;
 
 --
+-- Name: FUNCTION task_dependents(p_id bigint, p_limit integer); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.task_dependents(p_id bigint, p_limit integer) FROM PUBLIC;
+
+--
+-- Name: FUNCTION task_fate(p_id bigint); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.task_fate(p_id bigint) FROM PUBLIC;
+
+--
+-- Name: FUNCTION task_parents(p_id bigint); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.task_parents(p_id bigint) FROM PUBLIC;
+
+--
+-- Name: FUNCTION task_type_of(p_id bigint); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.task_type_of(p_id bigint) FROM PUBLIC;
+
+--
 -- Name: FUNCTION tombstone_unleased(p_id bigint, p_reason text); Type: ACL; Schema: berth; Owner: -
 --
 
@@ -8236,6 +9060,18 @@ REVOKE ALL ON FUNCTION berth.tombstone_unleased(p_id bigint, p_reason text) FROM
 --
 
 REVOKE ALL ON FUNCTION berth.type_limit_usage() FROM PUBLIC;
+
+--
+-- Name: FUNCTION watch_dead_parents(); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.watch_dead_parents() FROM PUBLIC;
+
+--
+-- Name: FUNCTION watch_parents(p_ids bigint[]); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.watch_parents(p_ids bigint[]) FROM PUBLIC;
 
 --
 -- PostgreSQL database dump complete

@@ -70,6 +70,20 @@ export interface TaskContext<P = unknown> {
    * null for any other task. Kept across its retries.
    */
   readonly schedule: ScheduleFire | null;
+  /**
+   * The tasks this one depends on (`dependsOn`), by id, each with its type and the result its
+   * handler returned (undefined when it returned none). An empty map for a task without
+   * dependencies. One query, on the first call (a handler that never calls it pays nothing).
+   * A parent's result is kept for as long as this task may run, whatever `resultRetentionMs` is.
+   */
+  parents(): Promise<ReadonlyMap<string, ParentResult>>;
+}
+
+/** A parent of a dependent task, as its handler reads it (`ctx.parents()`). */
+export interface ParentResult {
+  readonly type: string;
+  /** What the parent's handler returned; undefined when it returned nothing. */
+  readonly result: unknown;
 }
 
 /** What a task fired by a schedule knows of its schedule (`ctx.schedule`). */

@@ -13,7 +13,16 @@
 // ---------------------------------------------------------------------------------------------
 // Shared pieces
 
-export type TaskState = 'ready' | 'running' | 'scheduled' | 'retryable' | 'held' | 'dead' | 'completed' | 'cancelled';
+export type TaskState =
+  | 'ready'
+  | 'running'
+  | 'scheduled'
+  | 'retryable'
+  | 'held'
+  | 'waiting'
+  | 'dead'
+  | 'completed'
+  | 'cancelled';
 
 /** A lane: the unit of order and of the claim's row lock (src/lane.ts). */
 export interface LaneKey {

@@ -8,6 +8,7 @@ import { liveWorker, liveWorkerParams } from '../storage/live-workers.js';
 import { limitStatus, type QueueLimitStatus } from '../storage/limits.js';
 import { heldSummary, type KeyLimitRow, keyLimits } from '../storage/keys.js';
 import { type TypeLimitUsage, typeLimitUsage } from '../storage/type-limits.js';
+import { type DependencyUsageRow, dependencyUsage } from '../storage/deps.js';
 
 export interface GaugeSnapshot {
   pending: Map<string, number>;
@@ -26,6 +27,8 @@ export interface GaugeSnapshot {
   keyLimits: KeyLimitRow[];
   /** Every task type rate limit: how full it is, and the tasks it paced. */
   typeLimits: TypeLimitUsage[];
+  /** Tasks waiting on dependencies, and those blocked by a dead parent, by queue (queues with none left out). */
+  dependencies: DependencyUsageRow[];
   /** Worker processes whose heartbeat is fresh. */
   workers: number;
 }
@@ -77,10 +80,11 @@ export async function readGaugesIn(db: Queryable, storage: Storage, window: Ring
       .query({ staleMs, futureMs }),
   );
   const { res, oldest } = counts;
-  const [keyed, keyLimitRows, typeLimits] = await Promise.all([
+  const [keyed, keyLimitRows, typeLimits, dependencies] = await Promise.all([
     heldSummary(db, storage),
     keyLimits(db, storage),
     typeLimitUsage(db, storage),
+    dependencyUsage(db, storage),
   ]);
   const snap: GaugeSnapshot = {
     pending: new Map(),
@@ -93,6 +97,7 @@ export async function readGaugesIn(db: Queryable, storage: Storage, window: Ring
     keysWaiting: keyed.keysWaiting,
     keyLimits: keyLimitRows,
     typeLimits,
+    dependencies,
     workers: fleet.rows[0]!.workers,
   };
   for (const r of res.rows) {
@@ -180,6 +185,8 @@ export function resetGauges(metrics: BerthMetrics): void {
   metrics.keysWaiting.reset();
   metrics.keyLimit.reset();
   for (const g of typeLimitGauges(metrics)) g.reset();
+  metrics.tasksWaiting.reset();
+  metrics.tasksBlocked.reset();
   metrics.workers.reset();
   metrics.rescueHeld.reset();
   metrics.scheduleLastFire.reset();
@@ -226,6 +233,12 @@ export function publishGauges(metrics: BerthMetrics, snap: GaugeSnapshot): void 
     metrics.typeLimitRateIntervalSeconds.set(type, l.rateIntervalMs / 1000);
     metrics.typeLimitRateStarts.set(type, l.started);
     metrics.typeLimitPacedTasks.set(type, l.paced);
+  }
+  metrics.tasksWaiting.reset();
+  metrics.tasksBlocked.reset();
+  for (const d of snap.dependencies) {
+    metrics.tasksWaiting.set({ queue: d.queue }, d.waiting);
+    metrics.tasksBlocked.set({ queue: d.queue }, d.blocked);
   }
   metrics.workers.set(snap.workers);
 }

@@ -18,6 +18,7 @@ import { pruneSnoozeCounts } from '../storage/snooze.js';
 import { DEFAULT_RESULT_RETENTION_MS, pruneResults } from '../storage/results.js';
 import { pruneScheduleFires } from '../storage/schedules.js';
 import { promoteHeld, pruneTaskKeys } from '../storage/keys.js';
+import { depsTick, pruneDepEdges } from '../storage/deps.js';
 import { releasePaced } from '../storage/type-limits.js';
 import { inPoolTransaction } from '../db/connections.js';
 import { CronCache, fireDueSchedules, markStale, type ScheduleClock } from './scheduler.js';
@@ -84,6 +85,11 @@ export interface BranchStats {
 export type ResolvedMaintenanceOptions = Required<MaintenanceOptions>;
 
 /** Every maintenance default in one place (docs/configuration.md lists them). */
+/** Parents the deps branch looks at in one statement (it goes on from the last at once). */
+const DEPS_TICK_PARENTS = 2000;
+/** How often the deps branch sweeps every parent with a waiting dependent, not only watched ones. */
+const DEPS_SWEEP_INTERVAL_MS = 30_000;
+
 export const MAINTENANCE_DEFAULTS: ResolvedMaintenanceOptions = {
   leaderPollMs: 1000,
   promoteIntervalMs: 250,
@@ -316,6 +322,12 @@ export class Maintenance {
   private readonly contentionTally = new ContentionTally();
   /** Wakes the keys branch (a keyed enqueue's or a raised key limit's `keys` notice). */
   private readonly keysWaker = new BranchWaker();
+  /** Wakes the deps branch (a `deps` notice: an edge to watch, a parent that died or was removed). */
+  private readonly depsWaker = new BranchWaker();
+  /** Where the deps branch's watch and sweep go on from (null: from the first parent). */
+  private depsCursor: string | null = null;
+  private sweepCursor: string | null = null;
+  private lastSweepAt = 0;
   /** The last key the keys branch visited (it goes on from there; null: from the first). */
   private keysCursor: string | null = null;
   private readonly stopSignal = new AbortController();
@@ -358,6 +370,14 @@ export class Maintenance {
    */
   noteKeys(): void {
     this.keysWaker.wake();
+  }
+
+  /**
+   * A `deps` notice arrived (an enqueue whose parents may already be running, a parent that died
+   * or was removed): if this process leads, look at the watched parents now.
+   */
+  noteDeps(): void {
+    this.depsWaker.wake();
   }
 
   get isLeader(): boolean {
@@ -446,6 +466,37 @@ export class Maintenance {
           const r = await promoteHeldWithin(pool, storage, this.keysCursor);
           this.keysCursor = r.lastKey;
           if (r.admitted > 0) metrics.keysAdmitted.inc(r.admitted);
+        },
+      },
+      {
+        // Task dependencies: the parents whose completion cannot be sure to release their
+        // dependents (enqueued before them, keyed, failed, removed) are looked at every tick;
+        // every parent with a dependent still waiting, every 30 s (the sweep: a backstop for a
+        // hook that could not run). Completed → released; dead, cancelled, deleted → policies.
+        name: 'deps',
+        intervalMs: o.promoteIntervalMs,
+        waker: this.depsWaker,
+        run: async () => {
+          const sweep = Date.now() - this.lastSweepAt >= DEPS_SWEEP_INTERVAL_MS;
+          const r = await depsTick(pool, storage, {
+            all: sweep,
+            after: sweep ? this.sweepCursor : this.depsCursor,
+            limit: DEPS_TICK_PARENTS,
+          });
+          if (sweep) {
+            this.sweepCursor = r.lastParent;
+            if (r.lastParent === null) this.lastSweepAt = Date.now();
+          } else this.depsCursor = r.lastParent;
+          if (r.released > 0) metrics.dependencyReleases.inc({ path: 'leader' }, r.released);
+          if (r.cancelled > 0) {
+            metrics.dependencyCancels.inc(r.cancelled);
+            this.deps.logger.info(
+              { cancelled: r.cancelled },
+              'cancelled tasks waiting on a task that died, was cancelled or deleted',
+            );
+          }
+          // More to look at (a cursor, or a cascade of cancels a level deeper): again at once.
+          if (r.lastParent !== null || r.cancelled > 0) this.depsWaker.wake();
         },
       },
       {
@@ -541,6 +592,10 @@ export class Maintenance {
           for (let n = 5000; n === 5000 && !this.term?.signal.aborted; keys += n)
             n = await pruneTaskKeys(pool, storage, 5000);
           if (keys) this.deps.logger.info({ pruned: keys }, 'pruned the concurrency keys of tasks that are gone');
+          let edges = 0;
+          for (let n = 5000; n >= 5000 && !this.term?.signal.aborted; edges += n)
+            n = await pruneDepEdges(pool, storage, 5000);
+          if (edges) this.deps.logger.info({ pruned: edges }, 'pruned the dependency edges of tasks that are gone');
         },
       },
       {

@@ -97,6 +97,8 @@ export class BerthMetrics {
   readonly laneContention: CounterMetric<'state' | 'queue' | 'outcome'>;
   readonly rescued: CounterMetric<'result'>;
   readonly keysAdmitted: CounterMetric;
+  readonly dependencyReleases: CounterMetric<'path'>;
+  readonly dependencyCancels: CounterMetric;
   readonly ringPrunes: CounterMetric<'result' | 'reason'>;
   readonly ringRotations: CounterMetric<'result'>;
   readonly deadPruned: CounterMetric;
@@ -120,6 +122,8 @@ export class BerthMetrics {
   readonly typeLimitRateIntervalSeconds: GaugeMetric<'task_type'>;
   readonly typeLimitRateStarts: GaugeMetric<'task_type'>;
   readonly typeLimitPacedTasks: GaugeMetric<'task_type'>;
+  readonly tasksWaiting: GaugeMetric<'queue'>;
+  readonly tasksBlocked: GaugeMetric<'queue'>;
   readonly workers: GaugeMetric;
 
   /** `new BerthMetrics()`, `new BerthMetrics(registry)` or `new BerthMetrics({ registry, meter })`. */
@@ -274,6 +278,16 @@ export class BerthMetrics {
       'Held keyed tasks admitted into their lanes by the maintenance leader (the settling workers admit most of them)',
       [],
     );
+    this.dependencyReleases = counter(
+      'berth_dependency_releases_total',
+      'Tasks freed because the last task they depended on completed, by path (completion: in the completing transaction; leader: its watch of parents that were not marked)',
+      ['path'],
+    );
+    this.dependencyCancels = counter(
+      'berth_dependency_cancels_total',
+      'Waiting tasks cancelled by the maintenance leader because a task they depended on died, was cancelled or deleted',
+      [],
+    );
     this.ringPrunes = counter(
       'berth_ring_prune_total',
       'Ring segment prune attempts by result (pruned, skipped, blocked) and reason',
@@ -356,6 +370,18 @@ export class BerthMetrics {
     this.typeLimitPacedTasks = typeLimitGauge(
       'berth_type_limit_paced_tasks',
       "Tasks a type's rate limit refused and handed back that are not due again yet (left out of berth_task_oldest_due_seconds until due)",
+    );
+    this.tasksWaiting = gauge(
+      'berth_tasks_waiting',
+      'Tasks waiting for the tasks they depend on to complete, by queue; exported by the maintenance leader',
+      'max',
+      ['queue'],
+    );
+    this.tasksBlocked = gauge(
+      'berth_tasks_blocked',
+      'Waiting tasks (onParentFailure: wait) whose parent is dead: retry the parent or cancel them; exported by the maintenance leader',
+      'max',
+      ['queue'],
     );
     this.workers = gauge(
       'berth_workers',

@@ -230,6 +230,7 @@ export class Worker {
       // Producers and promotion name the lane they appended to: the engine claims there first.
       onNotify: (payload) => {
         if (payload === 'keys') maintenance?.noteKeys();
+        else if (payload === 'deps') maintenance?.noteDeps();
         else engine.notify(payload);
       },
       onReconnect: () => {

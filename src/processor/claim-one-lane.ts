@@ -81,6 +81,8 @@ const ONE_LANE_COLUMNS = [
   'trace_context',
   // Read with run_at by taskJsonSql: is the task worth a probe of `snoozes`.
   'created_at',
+  // The mark of a task with dependents (migration 31): its completion releases them.
+  'has_dependents',
 ];
 
 function claimOneLaneStatement({ name, q: s }: Schema, w: RingWindow | undefined, limited: boolean) {

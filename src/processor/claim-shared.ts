@@ -139,6 +139,11 @@ export interface ClaimedTask extends AttemptRef {
    * than the rate limit's guard after the start the database counted.
    */
   startBy?: number;
+  /**
+   * Set only on a task whose entry is marked as having dependents waiting for it: its
+   * completion releases them in the same transaction (settlement-batcher.ts).
+   */
+  hasDependents?: boolean;
 }
 
 /** What a claim stamps per type: the claiming worker's ceiling and attempt limit, else the defaults. */
@@ -206,11 +211,13 @@ export function taskJsonSql(s: string, r: string, l: string): string {
             || (${r}.attempts + 1) || ',' || greatest(date_part('epoch', now() - ${r}.run_at), 0) || ','
             || ${r}.payload
             || CASE WHEN ${r}.max_attempts IS NULL AND ${r}.dedupe_key IS NULL AND ${r}.trace_context IS NULL
+                          AND ${r}.has_dependents IS NULL
                     THEN coalesce(',null,null,null,' || (${snoozes}), '') || ']'
                     ELSE ',' || coalesce(${r}.max_attempts::text, 'null') || ','
                          || coalesce(to_json(${r}.dedupe_key)::text, 'null') || ','
                          || coalesce(to_json(${r}.trace_context)::text, 'null')
-                         || coalesce(',' || (${snoozes}), '') || ']' END`;
+                         || CASE WHEN ${r}.has_dependents THEN ',' || coalesce((${snoozes}), 0) || ',1'
+                                 ELSE coalesce(',' || (${snoozes}), '') END || ']' END`;
 }
 
 /**
@@ -218,12 +225,14 @@ export function taskJsonSql(s: string, r: string, l: string): string {
  * their size), its type's 1-based position in the lease's `types`, this attempt, seconds it had
  * been due, payload; then, only when one of them is set, its own attempt limit (null: the
  * type's), dedupe key and the producer's trace context; then, only when the task has snoozed,
- * its snooze count.
+ * its snooze count; then, only when the entry is marked as having dependents (migration 31),
+ * its snooze count (0 when none) and a 1: the mark, read from a column the claim reads anyway.
  */
 type ClaimedJson =
   | [string, string, number, number, number, unknown]
   | [string, string, number, number, number, unknown, number | null, string | null, string | null]
-  | [string, string, number, number, number, unknown, number | null, string | null, string | null, number];
+  | [string, string, number, number, number, unknown, number | null, string | null, string | null, number]
+  | [string, string, number, number, number, unknown, number | null, string | null, string | null, number, 1];
 
 /** A key's part as it is ordered (the claim's order: priority, rank in lane, due time, lane). */
 interface Placed {
@@ -288,6 +297,7 @@ function leaseTasks(r: LeaseRow, terms: TypeTerms, placed: Placed[] | null): Cla
       waitedSeconds: row[4],
       traceContext: row.length > 6 ? (row[8] ?? null) : null,
       snoozes: row.length > 9 ? (row[9] ?? 0) : 0,
+      ...(row.length > 10 ? { hasDependents: true } : {}),
     };
     if (placed === null) out.push(task);
     else placed.push({ task, priority: r.priority, rank: i, waited: row[4] });

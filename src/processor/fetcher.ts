@@ -115,7 +115,7 @@ export class Fetcher {
   /** A wake notification's payload: producers and promotion name the lane they appended to. */
   noteLane(payload: string): void {
     // A keyed enqueue's notice is the leader's (it admits held tasks): nothing to claim yet.
-    if (payload === 'keys') return;
+    if (payload === 'keys' || payload === 'deps') return;
     if (payload === 'limits') {
       // A limit was set or cleared (set_queue_limit): read them again, and look everywhere.
       this.limitsStale = true;

@@ -9,6 +9,7 @@ import {
   type AnyTaskDefinition,
   type PayloadCheck,
   type ScheduleFire,
+  type ParentResult,
 } from '../task.js';
 import type { ClaimedTask } from './claim.js';
 import { type HandlerReturn, readHandlerReturn } from './handler-result.js';
@@ -16,6 +17,7 @@ import type { TaskRun } from './outcome-table.js';
 import type { DeadlineTimer, RunAbort } from './run-abort.js';
 import { advanceCursor } from '../storage/return.js';
 import { dequeueIn } from '../storage/complete.js';
+import { parentsOf, watchParents } from '../storage/deps.js';
 import type { UnknownTypes } from './unknown-types.js';
 import type { ScheduleCeilings } from './schedule-ceilings.js';
 import type { TypeRateGate } from './type-rate-gate.js';
@@ -188,6 +190,7 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
   deps.deadlines.arm(abort);
   let advanced = false;
   let dequeued = false;
+  let parents: Promise<ReadonlyMap<string, ParentResult>> | undefined;
   const fields = {
     id: task.id,
     type: task.type,
@@ -208,8 +211,12 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     },
     dequeue: async (executor: Queryable) => {
       await dequeueIn(executor, deps.storage, task.id, task.token);
+      // Completed in the caller's transaction (any isolation level): its dependents are the
+      // leader's to release, within a tick of that commit.
+      if (task.hasDependents) await watchParents(executor, deps.storage, [task.id]);
       dequeued = true;
     },
+    parents: () => (parents ??= readParents(deps.write, deps.storage, task.id)),
     [RUN_ABORT]: abort,
   };
   const ctx = Object.defineProperty(fields, 'signal', SIGNAL) as typeof fields & TaskContext<unknown>;
@@ -288,4 +295,11 @@ async function scheduleDeadline(
   const typeCeilingMs = deps.ceilings.get(task.type) ?? deps.defaultCeilingMs;
   if (stored.ceilingMs < typeCeilingMs) abort.shortenTo(abort.deadline - (typeCeilingMs - stored.ceilingMs));
   return abort.deadline;
+}
+
+/** A dependent's parents as its handler reads them (`ctx.parents()`): one query, by id. */
+async function readParents(db: Queryable, storage: Storage, id: string): Promise<ReadonlyMap<string, ParentResult>> {
+  const out = new Map<string, ParentResult>();
+  for (const p of await parentsOf(db, storage, id)) out.set(p.id, { type: p.type, result: p.result });
+  return out;
 }

@@ -9,6 +9,8 @@ import type { ResultJson } from '../storage/results.js';
 import { recordFailures, type FailureInput } from '../storage/fail.js';
 import { entryKey, type AttemptRef } from '../storage/attempt.js';
 import { settledWith } from '../storage/settled.js';
+import { releaseCompleted } from '../storage/deps.js';
+import { inTransactionOn } from '../db/connections.js';
 
 /**
  * What became of one settlement handed to the batcher:
@@ -26,8 +28,11 @@ export type FailResult =
 type Waiter<T> = { resolve: (v: T) => void };
 /** A lease to settle; `expiresAt` (epoch ms, the database's stamp) bounds how long a write is retried. */
 type Settleable = AttemptRef & { leaseExpiresAt: number };
-/** A lease to complete; its dedupe key (if any) is released with it, its identity goes to attempt history. */
-type CompletableLease = Settleable & CompletableRef;
+/**
+ * A lease to complete; its dedupe key (if any) is released with it, its identity goes to attempt
+ * history; `hasDependents` (the claim's mark) makes its completion release the tasks waiting on it.
+ */
+type CompletableLease = Settleable & CompletableRef & { id?: string; hasDependents?: boolean };
 
 /** A completion waiting for its flush. */
 interface PendingComplete {
@@ -194,8 +199,24 @@ export class SettlementBatcher {
     const runMs = batch.map((b) => b.runMs);
     // Only a batch that carries a result sends the completion that stores them.
     const results = batch.some((b) => b.result !== null) ? batch.map((b) => b.result) : undefined;
+    // A task with dependents waiting on it: the completion and their release are one transaction,
+    // so a dependent is freed exactly when its parent's completion commits (never before, and
+    // never lost to a crash between the two). A flush without one sends what it always did.
+    const parents = refs.filter((x) => x.hasDependents === true && x.id !== undefined);
     const r = await this.withRetry('complete', refs, async (retry) => {
-      const settled = await completeLeases(this.db, this.storage, refs, runMs, results);
+      const settled =
+        parents.length === 0
+          ? await completeLeases(this.db, this.storage, refs, runMs, results)
+          : await inTransactionOn(this.db, async (tx) => {
+              const won = await completeLeases(tx, this.storage, refs, runMs, results);
+              const freed = await releaseCompleted(
+                tx,
+                this.storage,
+                parents.filter((x) => won.has(entryKey(x))).map((x) => x.id!),
+              );
+              if (freed > 0) this.metrics.dependencyReleases.inc({ path: 'completion' }, freed);
+              return won;
+            });
       if (retry)
         for (const k of (
           await settledWith(

@@ -31,6 +31,10 @@ export async function enqueueSql(type: TaskTypeRef, payload: unknown, options: E
     throw new BerthInputError(
       'enqueueSql options: concurrencyKey is not supported by the SQL door (add_task); enqueue a keyed task with enqueue()',
     );
+  if (spec.dependsOn !== null || spec.onParentFailure !== null)
+    throw new BerthInputError(
+      'enqueueSql options: dependsOn and onParentFailure are not supported by the SQL door (add_task); enqueue a dependent task with enqueue()',
+    );
   const statement = storageFor(checkSchemaName(schema, 'enqueueSql')).statement('add-task', addTaskStatement);
   const { text, values } = statement.query({
     type: spec.type,

@@ -7,6 +7,13 @@ import { validatePayload } from '../task.js';
 import type { PayloadOf, TaskTypeLike, TaskTypeName } from '../task-type.js';
 import { captureTraceContext } from '../tracing.js';
 import {
+  checkDependencyOptions,
+  type DependencyRef,
+  enqueueGraph,
+  type GraphEntry,
+  type ParentFailurePolicy,
+} from './enqueue-graph.js';
+import {
   checkInteger,
   checkKeys,
   checkMs,
@@ -39,6 +46,19 @@ export interface EnqueueOptions {
   concurrencyKey?: string;
   /** Default: the definition's (passed here, or the worker's at claim), else 20. */
   maxAttempts?: number;
+  /**
+   * Run only after these tasks have completed: ids of tasks enqueued earlier, or, in an
+   * `enqueueMany` call, `{ ref }` naming another entry of the same call (its `ref`), so a whole
+   * graph is written in one transaction. The task waits (state `waiting`) until the last of them
+   * completes, and is refused if one is dead, cancelled or unknown.
+   */
+  dependsOn?: readonly DependencyRef[];
+  /**
+   * What happens to this task if a task it depends on dies (dead letter): `cancel` (the default)
+   * cancels it; `wait` keeps it waiting until that task is retried from the dead letters and
+   * completes. A parent that is cancelled or deleted cancels it either way.
+   */
+  onParentFailure?: ParentFailurePolicy;
   /** Pin a lane shard (0-63). Default: chosen per transaction among `shards`. */
   shard?: number;
   /** How many shards the default shard is chosen among (default 16). */
@@ -59,7 +79,8 @@ export type EnqueueResult = EnqueuedResult | DuplicateResult;
 export interface EnqueuedResult {
   /** The new task's id. */
   id: string;
-  state: 'ready' | 'scheduled' | 'held';
+  /** `waiting`: it depends on tasks that have not completed yet (`dependsOn`). */
+  state: 'ready' | 'scheduled' | 'held' | 'waiting';
   duplicateOf?: undefined;
 }
 
@@ -83,6 +104,8 @@ export type TaskTypeRef<P = unknown> = TaskTypeName | TaskTypeLike<P>;
 export interface TaskSpec<P = unknown> extends Omit<EnqueueOptions, 'schema'> {
   type: TaskTypeRef<P>;
   payload: P;
+  /** A name for this entry, unique in the call, that other entries' `dependsOn` can use: `{ ref }`. */
+  ref?: string;
 }
 
 /**
@@ -90,7 +113,12 @@ export interface TaskSpec<P = unknown> extends Omit<EnqueueOptions, 'schema'> {
  * payload is T's (PayloadOf: a definition's payload type, or a registered name's), its options
  * those of `enqueue` but `schema`.
  */
-export type CheckedTaskSpec<T> = Omit<EnqueueOptions, 'schema'> & { type: T; payload: NoInfer<PayloadOf<T>> };
+export type CheckedTaskSpec<T> = Omit<EnqueueOptions, 'schema'> & {
+  type: T;
+  payload: NoInfer<PayloadOf<T>>;
+  /** A name for this entry, unique in the call, that other entries' `dependsOn` can use: `{ ref }`. */
+  ref?: string;
+};
 
 /**
  * A batch checked entry by entry: T is the tuple of the entries' task types, inferred from their
@@ -201,6 +229,15 @@ async function enqueueInSchema(
   // null unless a span is active, so an untraced producer stores nothing (src/tracing.ts).
   const trace = captureTraceContext();
   const prepared = await resolveTaskSpecs(tasks);
+  // A call with dependencies is one statement (enqueue-graph.ts); every other call keeps its path.
+  if (prepared.some((p) => p.dependsOn !== null)) {
+    const answers = await enqueueGraph(executor, storage, prepared, trace);
+    return answers.map((a) =>
+      a.state === 'duplicate'
+        ? { id: null, state: 'duplicate', duplicateOf: a.id ?? undefined }
+        : { id: a.id!, state: a.state },
+    );
+  }
   // One group per lane, visited in one global order (queue, priority, shard) so two
   // transactions never take lane locks in opposite orders. A default shard is chosen from the
   // transaction id; when a batch spans several lanes, resolve it here first (one extra round
@@ -394,21 +431,11 @@ function column<T>(chunk: readonly ResolvedTaskSpec[], pick: (c: ResolvedTaskSpe
   return values;
 }
 
-/** A TaskSpec with every default filled in and every value checked: what the statement binds. */
-export interface ResolvedTaskSpec {
-  index: number;
-  type: string;
-  json: string;
-  queue: string;
-  priority: number;
-  shard: number | null;
-  shards: number;
-  runAt: Date | null;
-  delay: number | null;
-  maxAttempts: number | null;
-  dedupeKey: string | null;
-  concurrencyKey: string | null;
-}
+/**
+ * A TaskSpec with every default filled in and every value checked: what the statement binds
+ * (a call with dependencies binds the same, enqueue-graph.ts's GraphEntry).
+ */
+export type ResolvedTaskSpec = GraphEntry;
 
 const SPEC_KEYS: ReadonlySet<string> = new Set([
   'type',
@@ -422,9 +449,12 @@ const SPEC_KEYS: ReadonlySet<string> = new Set([
   'maxAttempts',
   'shard',
   'shards',
+  'dependsOn',
+  'onParentFailure',
+  'ref',
 ]);
 const OPTION_KEYS: ReadonlySet<string> = new Set(
-  [...SPEC_KEYS, 'schema'].filter((k) => k !== 'type' && k !== 'payload'),
+  [...SPEC_KEYS, 'schema'].filter((k) => k !== 'type' && k !== 'payload' && k !== 'ref'),
 );
 const BATCH_OPTION_KEYS: ReadonlySet<string> = new Set(['schema']);
 /** Why delay is bounded: the run time it gives must be a storable runAt. */
@@ -522,7 +552,9 @@ function resolveTaskSpec(t: AnyTaskSpec, index: number, count: number, payload: 
     throw new BerthInputError(
       `${where}: dedupeKey "${dedupeKey.slice(0, 60)}" starts with "berth-schedule", reserved for schedules' fires`,
     );
+  const deps = checkDependencyOptions(t, index, count, false);
   return {
+    ...deps,
     index,
     type,
     json,

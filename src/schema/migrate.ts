@@ -327,15 +327,16 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
  */
 const LATEST_MARKER = 'check_tasks(text, text[], jsonb[], timestamptz[], integer[], text[], text)';
 /**
- * A column the newest migration this code needs adds, and its table: migration 30's
- * `type_paced.refused_at` (its `type_limits` every worker's fetcher reads once a poll; migration 29's
+ * A column the newest migration this code needs adds, and its table: migration 31's
+ * `task_waits.on_parent_failure` (its `ready.has_dependents` every claim reads; migration 30's
+ * `type_paced.refused_at`, its `type_limits` every worker's fetcher reads once a poll; migration 29's
  * `key_holders`, migration 28's `lanes.limited`, which both claims filter on, migration 27's
  * `schedules.ceiling_ms`, migration 26's `schedules` and `workers.schedules`, and migration 24's
- * `task_results` come before it), so this code refuses a schema older than 30. Read from
+ * `task_results` come before it), so this code refuses a schema older than 31. Read from
  * `pg_attribute`, which, like `to_regclass`, needs no privilege on the table.
  */
-const LATEST_TABLE = 'type_paced';
-const LATEST_COLUMN = 'refused_at';
+const LATEST_TABLE = 'task_waits';
+const LATEST_COLUMN = 'on_parent_failure';
 
 export { SchemaNotMigratedError } from '../errors.js';
 

@@ -44,6 +44,11 @@ const ADD_TASK = [
   'add_tasks(jsonb)',
 ] as const;
 
+/** An enqueue with dependencies (migration 31): the whole call in one statement. */
+const ENQUEUE_GRAPH = 'enqueue_graph(jsonb)';
+/** A task's parents and dependents with their states (getTask's readers, ctx.parents()). */
+const DEPENDENCY_READS = ['task_parents(bigint)', 'task_dependents(bigint, integer)'] as const;
+
 /**
  * The definer functions a worker calls. Not granted to anyone: `append_ready` (only ever called
  * from inside these, as the owner; calling it directly would bypass dedupe) and the
@@ -88,6 +93,15 @@ const WORKER_FUNCTIONS = [
   'take_type_starts(text, bigint[])',
   'release_paced(text)',
   'type_limit_usage()',
+  // Task dependencies (migration 31): a completion's release of the dependents it frees, the
+  // leader's watch and retention, the hooks of a removal, and the reads of `tasks show` and gauges.
+  'release_completed(bigint[])',
+  'deps_tick(boolean, bigint, integer)',
+  'watch_parents(bigint[])',
+  'prune_dep_edges(integer)',
+  'dependency_usage()',
+  ...DEPENDENCY_READS,
+  ENQUEUE_GRAPH,
 ] as const;
 
 /** The columns of `schedules` a worker writes: everything but the operator's pause. */
@@ -135,7 +149,7 @@ function producerGrants(s: string): Grant[] {
     { privileges: 'USAGE', on: `SCHEMA ${s}` },
     {
       privileges: 'EXECUTE',
-      on: `FUNCTION ${[ENQUEUE, ENQUEUE_BEFORE_13, ENQUEUE_KEYED, ...ADD_TASK].map((f) => `${s}.${f}`).join(', ')}`,
+      on: `FUNCTION ${[ENQUEUE, ENQUEUE_BEFORE_13, ENQUEUE_KEYED, ENQUEUE_GRAPH, ...ADD_TASK, ...DEPENDENCY_READS].map((f) => `${s}.${f}`).join(', ')}`,
     },
     {
       privileges: 'SELECT',
@@ -157,6 +171,9 @@ function producerGrants(s: string): Grant[] {
         'schedule_fires',
         // A task's concurrency key (migration 29).
         'task_keys',
+        // A task's dependencies and what it waits for (migration 31).
+        'task_deps',
+        'task_waits',
       ]
         .map((t) => `${s}.${t}`)
         .join(', '),
@@ -247,6 +264,9 @@ function workerGrants(s: string): Grant[] {
     // Which task types are rate-limited (the worker asks for their starts). Setting a limit is
     // set_type_limit's (operators); starts are written by take_type_starts, as the owner.
     { privileges: 'SELECT', on: `${s}.type_limits, ${s}.type_starts, ${s}.type_paced` },
+    // Task dependencies (migration 31): read by result retention (a parent's result is kept
+    // while an edge names it) and the gauges; written only by the definer functions, as the owner.
+    { privileges: 'SELECT', on: `${s}.task_deps, ${s}.task_waits` },
     // Schedules (migration 26): a worker upserts the ones it declares at start (INSERT … ON
     // CONFLICT DO UPDATE of the declaration); the leader moves the watermark and the last fire in
     // each fire's transaction, and marks schedules stale or not. Pausing is an operator's: no

@@ -4,6 +4,7 @@ import { READ_COMMITTED_REQUIRED, type Queryable, statementName } from '../sql.j
 import { positional } from '../statement.js';
 import type { Storage } from './storage.js';
 import { entryKey, type AttemptRef } from './attempt.js';
+import { watchParents } from './deps.js';
 
 /**
  * What a cancel did to one task:
@@ -46,6 +47,12 @@ export async function cancelTasks(
     if (r.result === 'isolation') throw new BerthInputError(READ_COMMITTED_REQUIRED);
     out.set(r.id, r.result);
   }
+  // A cancelled task's dependents: the leader reads its fate and cancels them.
+  await watchParents(
+    executor,
+    storage,
+    [...out].filter(([, r]) => r === 'removed' || r === 'cancelled').map(([id]) => id),
+  );
   return out;
 }
 

@@ -5,6 +5,7 @@ import { positional } from '../statement.js';
 import { storageFor, type Storage } from './storage.js';
 import { getTaskIn } from './tasks.js';
 import { taskId } from './ids.js';
+import { watchParents } from './deps.js';
 
 const MOVE_KEYS: ReadonlySet<string> = new Set(['queue', 'priority']);
 
@@ -53,6 +54,8 @@ export async function moveTaskIn(
   );
   const result = r.rows[0]!.result;
   if (result === 'isolation') throw new BerthInputError(READ_COMMITTED_REQUIRED);
+  // A moved entry is appended again without its dependents' mark: the leader watches it instead.
+  if (result === 'moved') await watchParents(db, storage, [id]);
   return result;
 }
 
@@ -64,7 +67,8 @@ export async function makeDeferredDueNow(db: Queryable, storage: Storage, id: st
   const r = await db.query(
     storage
       .statement('deferred-due-now', ({ q: s }) =>
-        positional(`UPDATE ${s}.deferred SET run_at = now() WHERE id = $1`, ['id']),
+        // Not a task waiting on dependencies: only its last parent's completion makes it due.
+        positional(`UPDATE ${s}.deferred SET run_at = now() WHERE id = $1 AND state <> 'waiting'`, ['id']),
       )
       .query({ id }),
   );

@@ -91,6 +91,8 @@ function pruneStatement({ q: s }: Schema) {
     sql`DELETE FROM ${s}.task_results
          WHERE id = ANY (ARRAY(SELECT id FROM ${s}.task_results
                                 WHERE stored_at < now() - make_interval(secs => ${p('retentionMs')}::float8 / 1000.0)
+                                  -- A parent's result stays while an edge names it: its dependents read it.
+                                  AND NOT EXISTS (SELECT 1 FROM ${s}.task_deps d WHERE d.parent_id = task_results.id)
                                 ORDER BY stored_at
                                 LIMIT ${p('batch')}::integer))`,
   );

@@ -8,7 +8,16 @@ import { resultOf } from './results.js';
 import { cancelDetail, OPERATOR_CANCEL_ROW } from './cancel-record.js';
 
 /** `held`: due, waiting in deferred storage until its concurrency key admits it. */
-export type TaskState = 'ready' | 'running' | 'completed' | 'scheduled' | 'retryable' | 'held' | 'dead' | 'cancelled';
+export type TaskState =
+  | 'ready'
+  | 'running'
+  | 'completed'
+  | 'scheduled'
+  | 'retryable'
+  | 'held'
+  | 'waiting'
+  | 'dead'
+  | 'cancelled';
 
 /** A task as storage holds it now; its lane fields say where it lives. */
 export interface TaskRecord extends Lane {

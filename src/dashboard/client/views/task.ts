@@ -17,6 +17,8 @@ const TASK_ACTIONS: Readonly<Record<TaskState, readonly TaskAction[]>> = {
   scheduled: ['retry', 'cancel', 'move', 'delete'],
   retryable: ['retry', 'cancel', 'move', 'delete'],
   held: ['cancel', 'move', 'delete'],
+  // Waiting on its dependencies: only the last parent's completion makes it due.
+  waiting: ['cancel', 'delete'],
   running: ['cancel'],
   completed: [],
   cancelled: [],
