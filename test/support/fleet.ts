@@ -1,5 +1,6 @@
 /**
- * The chaos suite's worker processes (test/fixtures/chaos-worker.ts): started, killed and
+ * The chaos suite's worker processes (test/fixtures/chaos-worker.ts, or another fixture that
+ * speaks the same protocol: test/support/fleet-worker.ts): started, killed and
  * stopped by the test, each with its own run log and output file. The fleet remembers which
  * processes the test killed and when, and every exit it did not cause (a berth process that
  * crashed), with the tail of that process's output (its stack).
@@ -13,7 +14,10 @@ import { closeSync, existsSync, openSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-const FIXTURE = fileURLToPath(new URL('../fixtures/chaos-worker.ts', import.meta.url));
+/** A fixture of test/fixtures/ by file name. */
+export function fixturePath(name: string): string {
+  return fileURLToPath(new URL(`../fixtures/${name}`, import.meta.url));
+}
 
 export interface FleetProcess {
   /** Also its berth worker id. */
@@ -66,6 +70,8 @@ export class Fleet {
     private readonly dir: string,
     /** Spares kept loaded. */
     private readonly spareCount = 1,
+    /** The worker script every process runs. */
+    private readonly fixture = fixturePath('chaos-worker.ts'),
   ) {}
 
   /** Workers running or starting, not killed. */
@@ -161,7 +167,7 @@ export class Fleet {
     const env: NodeJS.ProcessEnv = { ...process.env, WORKER_ID: id, RUN_LOG: runLog };
     // The child is not a test file: it must not report to the test runner.
     delete env.NODE_TEST_CONTEXT;
-    const child = fork(FIXTURE, [], { execArgv: ['--import', 'tsx'], env, stdio: ['ignore', out, out, 'ipc'] });
+    const child = fork(this.fixture, [], { execArgv: ['--import', 'tsx'], env, stdio: ['ignore', out, out, 'ipc'] });
     closeSync(out);
     const p: FleetProcess = {
       id,
