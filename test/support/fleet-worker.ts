@@ -11,8 +11,10 @@
  * Its handlers record their runs with `recordRun` in the process's own JSONL run log (RUN_LOG,
  * read by test/support/run-log.ts).
  */
-import type { TaskContext, Worker } from '../../src/index.js';
-import { appendRun, type RunRecord } from './run-log.js';
+import { pino } from 'pino';
+import type { TaskContext, Worker, WorkerOptions } from '../../src/index.js';
+import { appendRun, CHAOS_MARGIN_MS, type RunRecord } from './run-log.js';
+import { FAST_MAINTENANCE } from './settings.js';
 
 /** Where a start tells the process to connect. */
 export interface FleetTarget {
@@ -23,6 +25,27 @@ export interface FleetTarget {
 const runLog = process.env.RUN_LOG!;
 /** The process's berth worker id (the fleet's name for it). */
 export const fleetWorkerId = process.env.WORKER_ID!;
+
+/**
+ * A fleet worker's settings but its tasks: short on purpose, so a lease is its type's ceiling +
+ * a 1 s margin (what a killed worker held comes back within seconds), and maintenance runs on the
+ * test cadence.
+ */
+export function fleetWorkerOptions(target: FleetTarget): Omit<WorkerOptions, 'tasks'> {
+  return {
+    connectionString: target.databaseUrl,
+    schema: target.schema,
+    slots: 4,
+    leaseMarginMs: CHAOS_MARGIN_MS,
+    pollIntervalMs: 250,
+    heartbeatIntervalMs: 1000,
+    listenReconnectBaseMs: 100,
+    stopTimeoutMs: 5000,
+    workerId: fleetWorkerId,
+    logger: pino({ level: process.env.BERTH_LOG_LEVEL ?? 'info' }),
+    maintenance: FAST_MAINTENANCE,
+  };
+}
 
 /**
  * Append one event of a handler run to the run log (synchronously: a SIGKILL right after loses

@@ -9,6 +9,7 @@
  * wall time measured at load averages of 45-80 on 2 cores), so the fleet keeps spares: processes
  * that have loaded and wait, with no database session, until a start makes them workers.
  */
+import assert from 'node:assert/strict';
 import { fork, type ChildProcess } from 'node:child_process';
 import { closeSync, existsSync, openSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -212,4 +213,13 @@ export class Fleet {
       p.child.once('exit', () => resolve());
     });
   }
+}
+
+/** Fails, with each process's output, when a fleet process exited that the test did not kill. */
+export function assertNoCrashes(crashes: readonly Crash[]): void {
+  assert.deepEqual(
+    crashes.map((c) => `${c.id} (pid ${c.pid}) exited ${c.code ?? c.signal}:\n${c.output}`),
+    [],
+    'a berth process exited that the test did not kill (or it did not stop cleanly)',
+  );
 }
