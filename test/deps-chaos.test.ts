@@ -37,7 +37,7 @@ import { quoteIdent } from '../src/sql.js';
 import { waitFor } from './helpers.js';
 import { PG_BIN, TestCluster } from './support/cluster.js';
 import { DEPS_CHAOS_TASK, type DepsChaosPayload } from './support/deps-graph.js';
-import { type Crash, Fleet, fixturePath } from './support/fleet.js';
+import { assertNoCrashes, Fleet, fixturePath } from './support/fleet.js';
 import { explainDuplicates, type FaultWindow, type Run, RunLog } from './support/run-log.js';
 
 const WORKERS = 2;
@@ -48,6 +48,7 @@ const STARTED_BEFORE_FAULT = 5;
 const START_TIMEOUT_MS = 30_000;
 const DRAIN_TIMEOUT_MS = 45_000;
 const TEST_APP = 'berth deps chaos test';
+const loaded = Date.now();
 
 const missing = ['initdb', 'pg_ctl'].filter((b) => !existsSync(join(PG_BIN, b)));
 const skip =
@@ -61,6 +62,10 @@ const S = quoteIdent(schema);
 /** The cluster, the fleet and the test's pool: set up only when the binaries are there. */
 const env = skip ? null : await setUp();
 
+/** Progress on stderr with CHAOS_DEBUG=1 (where the time goes on a busy machine). */
+function debug(line: string): void {
+  if (process.env.CHAOS_DEBUG) console.error(`[deps chaos] ${line} at ${((Date.now() - loaded) / 1000).toFixed(1)} s`);
+}
 async function setUp() {
   const dir = mkdtempSync(join(tmpdir(), 'berth-deps-chaos-'));
   const fleet = new Fleet(dir, 1, fixturePath('deps-chaos-worker.ts'));
@@ -68,6 +73,7 @@ async function setUp() {
   fleet.warm(WORKERS + 1);
   const cluster = await TestCluster.create();
   fleet.target = { databaseUrl: cluster.url(), schema };
+  debug('cluster running');
   const pool = new pg.Pool({ connectionString: cluster.url(), max: 4, application_name: TEST_APP });
   // The test's own idle sessions die with the server; the pool drops them and reconnects.
   pool.on('error', () => undefined);
@@ -80,6 +86,7 @@ async function setUp() {
     rmSync(dir, { recursive: true, force: true });
   });
   await migrate({ connectionString: cluster.url(), schema });
+  debug('schema migrated');
   return { fleet, cluster, pool, runLog: new RunLog() };
 }
 
@@ -120,6 +127,8 @@ async function enqueueGraph(pool: pg.Pool): Promise<Graph> {
 /** One ring entry of a graph task, with what berth recorded of it (times in µs, database clock). */
 interface EntryEvidence {
   id: string;
+  /** When it was appended to the ring. */
+  appendedUs: bigint;
   /** Outcomes of the settlements that cover the entry. */
   outcomes: string[];
   /** When its completing settlement was written, if it has one. */
@@ -137,11 +146,12 @@ async function evidence(pool: pg.Pool, ids: readonly string[]): Promise<EntryEvi
   const us = (col: string) => `(extract(epoch FROM ${col}) * 1000000)::bigint::text`;
   const r = await pool.query<{
     id: string;
+    appended_us: string;
     outcomes: string[] | null;
     completed_us: string | null;
     claims_us: string[] | null;
   }>(
-    `SELECT e.id::text AS id,
+    `SELECT e.id::text AS id, ${us('e.appended_at')} AS appended_us,
             (SELECT array_agg(x.outcome ORDER BY x.settled_at) FROM ${S}.range_settlements x
               WHERE x.slot = e.slot AND x.lane_id = e.lane_id AND x.seqs @> e.lane_seq) AS outcomes,
             (SELECT ${us('max(x.settled_at)')} FROM ${S}.range_settlements x
@@ -155,6 +165,7 @@ async function evidence(pool: pg.Pool, ids: readonly string[]): Promise<EntryEvi
   );
   return r.rows.map((x) => ({
     id: x.id,
+    appendedUs: BigInt(x.appended_us),
     outcomes: x.outcomes ?? [],
     completedUs: x.completed_us === null ? null : BigInt(x.completed_us),
     claimsUs: (x.claims_us ?? []).map((c) => BigInt(c)),
@@ -213,8 +224,8 @@ interface Row {
   late: number;
   unexplained: number;
   joinRuns: number;
-  /** From the last child's completing settlement to the join's claim, database clock. */
-  releaseMs: number | null;
+  /** From the last child's completing settlement to the join's append and to its claim (database clock). */
+  release: { appendMs: number; claimMs: number } | null;
   seconds: number;
 }
 const rows: Row[] = [];
@@ -229,7 +240,7 @@ function table(list: readonly Row[]): string {
     'late',
     'unexplained',
     'join runs',
-    'release ms',
+    'join appended / claimed, ms after the last child completed',
     'took s',
   ];
   const body = list.map((r) => [
@@ -241,7 +252,7 @@ function table(list: readonly Row[]): string {
     String(r.late),
     String(r.unexplained),
     String(r.joinRuns),
-    r.releaseMs === null ? '-' : r.releaseMs.toFixed(1),
+    r.release === null ? '-' : `${r.release.appendMs.toFixed(1)} / ${r.release.claimMs.toFixed(1)}`,
     r.seconds.toFixed(0),
   ]);
   const line = (cells: string[]) => `| ${cells.join(' | ')} |`;
@@ -261,6 +272,7 @@ async function runScenario(s: Scenario): Promise<void> {
   const began = Date.now();
   const crashesBefore = fleet.crashes.length;
   await Promise.all(Array.from({ length: Math.max(0, WORKERS - fleet.alive.length) }, () => fleet.spawn()));
+  debug(`${s.name}: workers running`);
   const graph = await enqueueGraph(pool);
   const all = new Set([graph.root, ...graph.children, graph.join]);
   const children = new Set(graph.children);
@@ -280,6 +292,7 @@ async function runScenario(s: Scenario): Promise<void> {
   const start = Date.now();
   const fault = await s.inject(busy);
   const window: FaultWindow = { start, end: Date.now() };
+  debug(`${s.name}: fault over (${fault})`);
 
   // Drained: the join returned, and berth counts every task of the graph completed.
   await waitFor(
@@ -297,6 +310,7 @@ async function runScenario(s: Scenario): Promise<void> {
     'the join returned and every task of the graph completed',
   );
   await fleet.ready();
+  debug(`${s.name}: drained`);
 
   const finalRuns = runs();
   const joinRuns = finalRuns.filter((r) => r.id === graph.join);
@@ -308,6 +322,7 @@ async function runScenario(s: Scenario): Promise<void> {
   // bigint µs (Math.max takes numbers only).
   let lastChildDone = rootDone;
   for (const t of childDone) if (t > lastChildDone) lastChildDone = t;
+  const joinEntries = entries.filter((e) => e.id === graph.join);
   const joinClaims = claimsOf(entries, new Set([graph.join]));
   rows.push({
     scenario: s.name,
@@ -318,14 +333,20 @@ async function runScenario(s: Scenario): Promise<void> {
     late: dups.late,
     unexplained: dups.unexplained.length,
     joinRuns: joinRuns.length,
-    releaseMs: joinClaims.length === 1 ? Number(joinClaims[0]! - lastChildDone) / 1000 : null,
+    release:
+      joinClaims.length === 1 && joinEntries.length === 1
+        ? {
+            appendMs: Number(joinEntries[0]!.appendedUs - lastChildDone) / 1000,
+            claimMs: Number(joinClaims[0]! - lastChildDone) / 1000,
+          }
+        : null,
     seconds: (Date.now() - began) / 1000,
   });
 
   assertNoCrashes(fleet.crashes.slice(crashesBefore));
   // The join: once, on one entry, under one lease, claimed after every child's completion.
   assert.equal(joinRuns.length, 1, `the join ran exactly once: ${JSON.stringify(joinRuns)}`);
-  assert.equal(entries.filter((e) => e.id === graph.join).length, 1, 'the join was appended to the ring once');
+  assert.equal(joinEntries.length, 1, 'the join was appended to the ring once');
   completedOnce(entries, graph.join, 'the join');
   assert.equal(joinClaims.length, 1, 'the join was claimed once');
   assert.ok(
@@ -364,14 +385,6 @@ async function runScenario(s: Scenario): Promise<void> {
     dups.unexplained.slice(0, 5).map((u) => ({ task: u.id, earlier: u.run, next: u.next, window })),
     [],
     `${dups.unexplained.length} repeated run(s) not explained by the kill or the fault (kills: ${JSON.stringify(Object.fromEntries(fleet.kills))})`,
-  );
-}
-
-function assertNoCrashes(crashes: readonly Crash[]): void {
-  assert.deepEqual(
-    crashes.map((c) => `${c.id} (pid ${c.pid}) exited ${c.code ?? c.signal}:\n${c.output}`),
-    [],
-    'a berth process exited that the test did not kill (or it did not stop cleanly)',
   );
 }
 
