@@ -71,7 +71,12 @@ async function setUp() {
   const fleet = new Fleet(dir, 1, fixturePath('deps-chaos-worker.ts'));
   // The workers load while initdb runs; one spare stays loaded for the replacement.
   fleet.warm(WORKERS + 1);
-  const cluster = await TestCluster.create();
+  const cluster = await TestCluster.create().catch(async (err: unknown) => {
+    // It removed itself; the spares and their files go too.
+    await fleet.stopAll();
+    rmSync(dir, { recursive: true, force: true });
+    throw err;
+  });
   fleet.target = { databaseUrl: cluster.url(), schema };
   debug('cluster running');
   const pool = new pg.Pool({ connectionString: cluster.url(), max: 4, application_name: TEST_APP });
