@@ -34,7 +34,7 @@ import { quoteIdent } from '../src/sql.js';
 import { laneCursor, liveEntries } from '../src/storage/predicates.js';
 import { waitFor } from './helpers.js';
 import { TestCluster } from './support/cluster.js';
-import { Fleet, type Crash, type FleetProcess } from './support/fleet.js';
+import { assertNoCrashes, Fleet, type FleetProcess } from './support/fleet.js';
 import {
   CHAOS_TASK,
   explainDuplicates,
@@ -470,14 +470,6 @@ async function runScenario(s: Scenario): Promise<void> {
   assert.ok(
     recovery !== null,
     `throughput did not recover: fewer than ${RECOVERY_RUNS} runs completed after the fault`,
-  );
-}
-
-function assertNoCrashes(crashes: readonly Crash[]): void {
-  assert.deepEqual(
-    crashes.map((c) => `${c.id} (pid ${c.pid}) exited ${c.code ?? c.signal}:\n${c.output}`),
-    [],
-    'a berth process exited that the test did not kill (or it did not stop cleanly)',
   );
 }
 

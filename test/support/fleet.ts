@@ -1,5 +1,6 @@
 /**
- * The chaos suite's worker processes (test/fixtures/chaos-worker.ts): started, killed and
+ * The chaos suite's worker processes (test/fixtures/chaos-worker.ts, or another fixture that
+ * speaks the same protocol: test/support/fleet-worker.ts): started, killed and
  * stopped by the test, each with its own run log and output file. The fleet remembers which
  * processes the test killed and when, and every exit it did not cause (a berth process that
  * crashed), with the tail of that process's output (its stack).
@@ -8,12 +9,16 @@
  * wall time measured at load averages of 45-80 on 2 cores), so the fleet keeps spares: processes
  * that have loaded and wait, with no database session, until a start makes them workers.
  */
+import assert from 'node:assert/strict';
 import { fork, type ChildProcess } from 'node:child_process';
 import { closeSync, existsSync, openSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-const FIXTURE = fileURLToPath(new URL('../fixtures/chaos-worker.ts', import.meta.url));
+/** A fixture of test/fixtures/ by file name. */
+export function fixturePath(name: string): string {
+  return fileURLToPath(new URL(`../fixtures/${name}`, import.meta.url));
+}
 
 export interface FleetProcess {
   /** Also its berth worker id. */
@@ -66,6 +71,8 @@ export class Fleet {
     private readonly dir: string,
     /** Spares kept loaded. */
     private readonly spareCount = 1,
+    /** The worker script every process runs. */
+    private readonly fixture = fixturePath('chaos-worker.ts'),
   ) {}
 
   /** Workers running or starting, not killed. */
@@ -161,7 +168,7 @@ export class Fleet {
     const env: NodeJS.ProcessEnv = { ...process.env, WORKER_ID: id, RUN_LOG: runLog };
     // The child is not a test file: it must not report to the test runner.
     delete env.NODE_TEST_CONTEXT;
-    const child = fork(FIXTURE, [], { execArgv: ['--import', 'tsx'], env, stdio: ['ignore', out, out, 'ipc'] });
+    const child = fork(this.fixture, [], { execArgv: ['--import', 'tsx'], env, stdio: ['ignore', out, out, 'ipc'] });
     closeSync(out);
     const p: FleetProcess = {
       id,
@@ -206,4 +213,13 @@ export class Fleet {
       p.child.once('exit', () => resolve());
     });
   }
+}
+
+/** Fails, with each process's output, when a fleet process exited that the test did not kill. */
+export function assertNoCrashes(crashes: readonly Crash[]): void {
+  assert.deepEqual(
+    crashes.map((c) => `${c.id} (pid ${c.pid}) exited ${c.code ?? c.signal}:\n${c.output}`),
+    [],
+    'a berth process exited that the test did not kill (or it did not stop cleanly)',
+  );
 }
