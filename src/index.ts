@@ -128,6 +128,15 @@ export {
 
 // Admin: reads and actions on tasks, dead letters, queues; stats; the audit log
 export { getTask, type TaskRecord, type TaskState } from './storage/tasks.js';
+export {
+  DEPENDENCY_LIST_LIMIT,
+  type TaskDependencies,
+  type ParentLink,
+  type DependentLink,
+  type WaitingOn,
+  type LinkState,
+} from './storage/dependency-view.js';
+export { dependencyStats, type DependencyUsageRow } from './admin/dependencies.js';
 export { moveTask, type MoveResult } from './storage/move.js';
 export {
   attemptsOf,

@@ -196,6 +196,13 @@ const MUTATIONS: { alert: string; what: string; from: string; to: string; failin
     failing: "stuck handlers / stuck for 5m fires once per type with the fleet's count",
   },
   {
+    alert: 'BerthTasksBlocked',
+    what: 'summing instead of max by (queue) doubles the count over a leadership hand-over',
+    from: 'max by (queue) (berth_tasks_blocked)',
+    to: 'sum by (queue) (berth_tasks_blocked)',
+    failing: 'blocked / a leadership hand-over exporting the same count twice is not doubled',
+  },
+  {
     alert: 'BerthScheduleNotFiring',
     what: 'without the 30 s floor an every-second schedule pages on one slow tick',
     from: 'clamp_min(2 * berth_schedule_interval_seconds, 30)',

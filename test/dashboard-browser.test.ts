@@ -302,6 +302,41 @@ test("a task's page offers only the actions that apply to its state", async () =
   }
 });
 
+test("a waiting task's page says what it waits on and lists its parents; the parent's page lists its dependents", async () => {
+  // The parent is due in an hour: its dependent waits for the whole test.
+  const [parent, child] = await enqueueMany(
+    pool,
+    [
+      { type: 'email.send', payload: { to: 'parent@example.com' }, queue: 'pipeline', ref: 'p', runAt: later() },
+      { type: 'email.send', payload: { to: 'child@example.com' }, queue: 'pipeline', dependsOn: [{ ref: 'p' }] },
+    ],
+    { schema },
+  );
+  const { page, errors, close } = await open(`tasks/${child!.id}`);
+  try {
+    await textOf(page, 'dd[data-field="state"]', /^waiting$/);
+    await textOf(page, 'dd[data-field="due"]', /^when its parents complete$/);
+    await textOf(page, '#waiting-on', new RegExp(`^Waiting on 1 of 1 parent: ${parent!.id} \\(scheduled\\)\\. `));
+    await textOf(page, `#parents tr[data-parent="${parent!.id}"] td:nth-child(3)`, /^scheduled$/);
+    assert.deepEqual(await page.locator('main .actions button').evaluateAll((els) => els.map((e) => e.textContent)), [
+      'Cancel',
+      'Delete',
+    ]);
+    // Each parent is a link to its own page, which lists the waiting dependent.
+    await page.click(`#parents tr[data-parent="${parent!.id}"] a`);
+    await page.waitForFunction((id) => location.hash === `#/tasks/${id}`, parent!.id);
+    await textOf(page, `#dependents tr[data-dependent="${child!.id}"] td:nth-child(2)`, /^waiting$/);
+    await textOf(page, `#dependents tr[data-dependent="${child!.id}"] td:nth-child(3)`, /^yes$/);
+    assert.equal(await page.locator('#waiting-on').count(), 0, 'the parent waits on nothing');
+    // The tasks list filters on the state.
+    await page.goto(`${base}/#/tasks?state=waiting&queue=pipeline`);
+    await textOf(page, `tr[data-task="${child!.id}"] td:nth-child(4)`, /^waiting$/);
+    assert.deepEqual(errors, []);
+  } finally {
+    await close();
+  }
+});
+
 test('a queue paused from the Queues page is not claimed while others run; resuming runs it', async () => {
   // The queue needs a lane to be listed: one task that runs now.
   const first = await enqueue(pool, 'report.build', {}, { schema, queue: 'exports' });

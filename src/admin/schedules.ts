@@ -5,7 +5,7 @@ import type { Queryable } from '../sql.js';
 import { positional } from '../statement.js';
 import { triggerFire } from '../storage/schedules.js';
 import { storageFor } from '../storage/storage.js';
-import { getTaskIn, type TaskState } from '../storage/tasks.js';
+import { readTaskIn, type TaskState } from '../storage/tasks.js';
 
 /** A schedule as operators see it (`berth schedules`, the dashboard). */
 export interface ScheduleInfo {
@@ -89,7 +89,7 @@ async function readSchedules(db: Queryable, schema: string, name: string | null)
     );
     const out: ScheduleInfo[] = [];
     for (const r of res.rows) {
-      const task = r.last_task_id === null ? null : await getTaskIn(db, storage, r.last_task_id);
+      const task = r.last_task_id === null ? null : await readTaskIn(db, storage, r.last_task_id);
       out.push({
         name: r.name,
         cron: r.cron,

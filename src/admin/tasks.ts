@@ -4,7 +4,7 @@ import { type Queryable, queryRingRead } from '../sql.js';
 import { compile, p, positional, type Sql, sql } from '../statement.js';
 import { laneCursorsJson, unsettledEntriesOf, unsettledRanges } from '../storage/predicates.js';
 import { attemptsOf } from '../storage/history.js';
-import { getTaskIn, type TaskState } from '../storage/tasks.js';
+import { readTaskIn, type TaskState } from '../storage/tasks.js';
 import { cancelDetail, OPERATOR_CANCEL_ROW } from '../storage/cancel-record.js';
 import { storageFor, type Storage } from '../storage/storage.js';
 import { retryDeadLettersIn } from './dead.js';
@@ -20,6 +20,7 @@ export const TASK_STATES: readonly TaskState[] = [
   'scheduled',
   'retryable',
   'held',
+  'waiting',
   'dead',
   'completed',
   'cancelled',
@@ -128,12 +129,13 @@ async function listTasksIn(
       sql`SELECT DISTINCT ON (id) * FROM (
        (SELECT d.id, d.type, d.state, d.queue, d.priority, d.attempts, d.max_attempts,
                left(d.last_error, 300) AS last_error, d.created_at,
-               -- A held task waits for its concurrency key, not for a time (run_at 'infinity').
-               CASE WHEN d.state = 'held' THEN NULL ELSE d.run_at END AS run_at,
+               -- A held task waits for its concurrency key, a waiting one for its parents, not
+               -- for a time (run_at 'infinity').
+               CASE WHEN d.state IN ('held', 'waiting') THEN NULL ELSE d.run_at END AS run_at,
                NULL::timestamptz AS finished_at, NULL::timestamptz AS lease_expires_at, NULL::text AS worker,
                0 AS pref, NULL::text AS cancel_data
           FROM ${s}.deferred d
-         WHERE (${STATE}::text IS NULL OR ${STATE} IN ('scheduled', 'retryable', 'held'))
+         WHERE (${STATE}::text IS NULL OR ${STATE} IN ('scheduled', 'retryable', 'held', 'waiting'))
            AND (${STATE}::text IS NULL OR d.state = ${STATE}) AND (${QUEUE}::text IS NULL OR d.queue = ${QUEUE})
            AND (${TYPE}::text IS NULL OR d.type = ${TYPE}) AND (${AFTER}::bigint IS NULL OR d.id < ${AFTER})
          ORDER BY d.id DESC LIMIT ${LIMIT})
@@ -335,7 +337,7 @@ export async function taskTimeline(db: Queryable, schema: string, id: string): P
   taskId(id);
   try {
     const storage = storageFor(schema);
-    const task = await getTaskIn(db, storage, id);
+    const task = await readTaskIn(db, storage, id);
     if (!task) return [];
     const ring = storage.statement('admin-timeline-ring', ({ q: s }) =>
       positional(
@@ -447,24 +449,28 @@ export type TaskActionResult =
   | 'cancelled' // it was running: its attempt is settled as cancelled and its handler aborted
   | 'already_settled' // cancel only: its attempt was settled first (it completed, died, was cancelled): nothing changed
   | 'running' // delete only: under a lease, not changed (cancel it first)
-  | 'not_retryable' // already ready, running or completed
+  | 'not_retryable' // already ready, running or completed, or held for its concurrency key
+  | 'waiting_on_parents' // retry only: it waits for the tasks it depends on; the last one's completion makes it due
   | 'duplicate' // a dead letter whose dedupe key a live task holds
   | 'not_found';
 
 /**
  * Run a task now: a dead letter is retried with a fresh attempt budget; a scheduled or
- * retryable task becomes due now (the leader's promotion appends it within a tick).
+ * retryable task becomes due now (the leader's promotion appends it within a tick). A task
+ * waiting on its dependencies answers `waiting_on_parents`: only its last parent's completion
+ * makes it due (retry a dead parent instead, or cancel it).
  */
 export async function retryTask(db: Queryable, schema: string, id: string): Promise<TaskActionResult> {
   taskId(id);
   return orNotMigrated(schema, async () => {
     const storage = storageFor(schema);
-    const task = await getTaskIn(db, storage, id);
+    const task = await readTaskIn(db, storage, id);
     if (!task) return 'not_found';
     if (task.state === 'dead') {
       const [r] = await retryDeadLettersIn(db, storage, [id]);
       return r?.result ?? 'not_found';
     }
+    if (task.state === 'waiting') return 'waiting_on_parents';
     if (task.state === 'scheduled' || task.state === 'retryable') {
       return (await makeDeferredDueNow(db, storage, id)) ? 'retried' : 'not_found';
     }
@@ -498,7 +504,7 @@ export async function cancelTask(
 
 /** Which tasks a bulk cancel takes: at least one of the fields, or `all`. */
 export interface CancelFilter {
-  /** Pending states only: ready, running, scheduled, retryable, held. */
+  /** Pending states only: ready, running, scheduled, retryable, held, waiting. */
   state?: Exclude<TaskState, 'dead' | 'completed' | 'cancelled'>;
   queue?: string;
   type?: string;
@@ -532,7 +538,9 @@ export async function cancelTasks(
   const storage = storageFor(schema);
   const { state, queue, type, all } = filter;
   if (state !== undefined && FINISHED.has(parseState(state)))
-    throw new BerthInputError(`cannot cancel ${state} tasks: only ready, running, scheduled, retryable or held ones`);
+    throw new BerthInputError(
+      `cannot cancel ${state} tasks: only ready, running, scheduled, retryable, held or waiting ones`,
+    );
   for (const [name, v] of [
     ['queue', queue],
     ['type', type],

@@ -14,12 +14,13 @@ import { CliFailure, common, duration, printJson, printTable, withPool, type Com
 import { HELD_KEY_COLUMNS, heldKeyRows } from './keys.js';
 import { LIMIT_COLUMNS, limitRows, TYPE_LIMIT_COLUMNS, typeLimitRows } from './limits.js';
 import { listTypeLimits } from '../admin/type-limits.js';
+import { dependencyStats } from '../admin/dependencies.js';
 import { escapeControl, say } from './terminal.js';
 
 export function registerStatsCommands(program: Command): void {
   common(program.command('stats'))
     .description(
-      'queues (pending, running, dead, rates), lanes (depth, oldest due, paused), queue and task type limits, concurrency keys',
+      'queues (pending, running, dead, rates), lanes (depth, oldest due, paused), queue and task type limits, concurrency keys, tasks waiting on their dependencies',
     )
     .addHelpText(
       'after',
@@ -27,7 +28,7 @@ export function registerStatsCommands(program: Command): void {
     )
     .action(async (opts: Common) => {
       await withPool(opts, async (pool) => {
-        const [counts, laneRows, activity, points, workers, limits, keys, typeLimits] = await Promise.all([
+        const [counts, laneRows, activity, points, workers, limits, keys, typeLimits, deps] = await Promise.all([
           taskCounts(pool, opts.schema),
           laneStats(pool, opts.schema),
           laneActivity(pool, opts.schema),
@@ -36,6 +37,7 @@ export function registerStatsCommands(program: Command): void {
           listQueueLimits(pool, opts.schema),
           keysSummary(pool, opts.schema),
           listTypeLimits(pool, opts.schema),
+          dependencyStats(pool, opts.schema),
         ]);
         const lanes = laneRows.map((l) => ({
           ...l,
@@ -96,6 +98,7 @@ export function registerStatsCommands(program: Command): void {
             limits,
             typeLimits,
             keys,
+            dependencies: deps,
             workers: alive.length,
             slots: alive.reduce((n, w) => n + w.slots, 0),
           });
@@ -135,6 +138,18 @@ export function registerStatsCommands(program: Command): void {
             `\nconcurrency keys: ${keys.heldTasks} task(s) held, ${keys.keysWaiting} key(s) waiting, ${keys.limits.length} key limit(s) set`,
           );
           if (keys.top.length > 0) printTable(heldKeyRows(keys.top), HELD_KEY_COLUMNS);
+        }
+        if (deps.length > 0) {
+          const waiting = deps.reduce((n, d) => n + d.waiting, 0);
+          const blocked = deps.reduce((n, d) => n + d.blocked, 0);
+          say(
+            `\ntask dependencies: ${waiting} task(s) waiting on their parents, ${blocked} blocked by a dead parent` +
+              (blocked > 0 ? ' (retry the parent, or cancel the task: berth tasks list --state waiting)' : ''),
+          );
+          printTable(
+            deps.map((d) => ({ ...d })),
+            ['queue', 'waiting', 'blocked'],
+          );
         }
         say(
           `\n${alive.length} worker(s) alive, ${alive.reduce((n, w) => n + w.busy, 0)}/${alive.reduce((n, w) => n + w.slots, 0)} slots busy`,

@@ -37,6 +37,7 @@ import {
 import { escapeControl, jsonSafe, say } from './terminal.js';
 import { progressBar } from './progress.js';
 import { ErrorPrinter, timelineDetail } from './error-lines.js';
+import { dependencyLines, waitingLine } from './dependencies.js';
 
 function jsonPayload(text: string): unknown {
   try {
@@ -52,7 +53,9 @@ const ACTION_MESSAGES: Record<TaskActionResult, string> = {
   cancelled: 'cancelled while running: its attempt is settled as cancelled and its worker aborts the handler',
   already_settled: 'was settled before the cancel (it completed, died or was cancelled already): nothing changed',
   running: 'is running under a lease and was not changed (cancel it first)',
-  not_retryable: 'is already ready, running or completed: nothing to retry',
+  not_retryable: 'is already ready, running or completed (or held for its concurrency key): nothing to retry',
+  waiting_on_parents:
+    'waits on the tasks it depends on and runs when the last one completes: retry a dead parent, or cancel this task',
   duplicate: 'was not retried: a live task holds its dedupe key',
   not_found: 'not found',
 };
@@ -86,6 +89,12 @@ async function taskAction(
       action === 'cancel' ? cancelTask(pool, opts.schema, id, { actor: who }) : run(pool, opts.schema, id),
     );
     if (opts.json) printJson({ id, result });
+    if (result === 'waiting_on_parents') {
+      // Which parents: the operator's next step is one of them (or this task's cancel).
+      const deps = (await getTask(pool, opts.schema, id))?.dependencies;
+      const line = deps ? waitingLine(deps) : null;
+      throw new CliFailure(`task ${id} ${ACTION_MESSAGES[result]}${line ? `\n${line}` : ''}`);
+    }
     if (result !== 'retried' && result !== 'removed' && result !== 'cancelled')
       throw new CliFailure(`task ${id} ${ACTION_MESSAGES[result]}`);
     if (!opts.json) say(`task ${id}: ${ACTION_MESSAGES[result]}`);
@@ -138,7 +147,11 @@ export function registerTaskCommands(program: Command): void {
   const tasks = program.command('tasks').description('list, inspect and act on tasks');
   common(tasks.command('list'))
     .description('tasks newest first; --after <id> for the next page')
-    .option('--state <state>', 'ready, running, scheduled, retryable, dead, completed or cancelled', parseState)
+    .option(
+      '--state <state>',
+      'ready, running, scheduled, retryable, held, waiting (on the tasks it depends on), dead, completed or cancelled',
+      parseState,
+    )
     .option('--queue <name>', 'only this queue')
     .option('--type <type>', 'only this task type')
     .option('--limit <n>', 'page size', intOption(1, 500), 50)
@@ -182,7 +195,7 @@ export function registerTaskCommands(program: Command): void {
 
   common(tasks.command('show <id>'))
     .description(
-      'one task: payload, result, attempts (each with its error, stack and cause), last error, lease (while it runs), timeline',
+      'one task: payload, result, parents and dependents (what a waiting task waits for), attempts (each with its error, stack and cause), last error, lease (while it runs), timeline',
     )
     .action(async (id: string, opts: Common) => {
       taskId(id);
@@ -197,6 +210,7 @@ export function registerTaskCommands(program: Command): void {
         );
         if (task.dedupeKey) say(`dedupe key ${escapeControl(task.dedupeKey)}`);
         if (task.runAt) say(`due ${task.runAt.toISOString()}`);
+        for (const line of dependencyLines(task.dependencies)) say(line);
         // A completed task's lease ended with its settlement: its expiry would read as still held.
         if (task.lease && task.state === 'running')
           say(
@@ -232,13 +246,15 @@ export function registerTaskCommands(program: Command): void {
     });
 
   common(tasks.command('retry <id>'))
-    .description('run now: a dead letter gets a fresh attempt budget; a scheduled or retryable task becomes due')
+    .description(
+      'run now: a dead letter gets a fresh attempt budget; a scheduled or retryable task becomes due (a task waiting on its parents is refused: retry the parent)',
+    )
     .action((id: string, opts: Common) => taskAction(opts, id, 'retry', retryTask));
   common(tasks.command('cancel [id]'))
     .description(
       'cancel a task so it never runs again: a pending one is removed, a running one is settled as cancelled and its handler aborted; without <id>, every task a filter matches',
     )
-    .option('--state <state>', 'bulk: only ready, running, scheduled or retryable tasks', parseState)
+    .option('--state <state>', 'bulk: only ready, running, scheduled, retryable, held or waiting tasks', parseState)
     .option('--queue <name>', 'bulk: only this queue')
     .option('--type <type>', 'bulk: only this task type')
     .option('--all', 'bulk: every pending and running task')

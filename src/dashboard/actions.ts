@@ -100,6 +100,7 @@ const CHANGED: Readonly<Record<TaskActionResult, boolean>> = {
   already_settled: false,
   running: false,
   not_retryable: false,
+  waiting_on_parents: false,
   duplicate: false,
   not_found: false,
 };

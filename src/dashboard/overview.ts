@@ -15,6 +15,7 @@ import {
   type WorkerInfo,
 } from '../admin/stats.js';
 import { listQueueLimits, type QueueLimitStatus } from '../admin/limits.js';
+import { dependencyStats, type DependencyUsageRow } from '../admin/dependencies.js';
 import { json } from './http.js';
 import type { MinutePoint, Overview, QueueOverview, Totals } from './wire.js';
 
@@ -32,6 +33,8 @@ export class DashboardReads {
   readonly activity: CachedReader<Map<number, { running: number; dead: number }>>;
   /** Queue limits and what they hold back: index probes per lane of a limited queue, like `lanes`. */
   readonly limits: CachedReader<QueueLimitStatus[]>;
+  /** Tasks waiting on their parents, per queue: reads every waiting task, so cached like `counts`. */
+  readonly dependencies: CachedReader<DependencyUsageRow[]>;
 
   /** The schema's storage, for the storage-layer reads (getTaskIn, overdueMarks). */
   readonly storage: Storage;
@@ -50,6 +53,7 @@ export class DashboardReads {
     this.lanes = new CachedReader(() => laneStats(db, schema), LANES_TTL_MS);
     this.activity = new CachedReader(() => laneActivity(db, schema), COUNTS_TTL_MS);
     this.limits = new CachedReader(() => listQueueLimits(db, schema), LANES_TTL_MS);
+    this.dependencies = new CachedReader(() => dependencyStats(db, schema), COUNTS_TTL_MS);
   }
 
   /** Log each worker row that could not be read as written, once (rows are shown without the bad parts). */
@@ -98,10 +102,11 @@ export function minuteSeries(points: ThroughputPoint[], minutes: number, now = D
 
 export async function readOverview(reads: DashboardReads): Promise<Overview> {
   const { db, schema } = reads;
-  const [counts, lanes, limits, workers, leader, points] = await Promise.all([
+  const [counts, lanes, limits, deps, workers, leader, points] = await Promise.all([
     reads.counts.get(),
     reads.lanes.get(),
     reads.limits.get(),
+    reads.dependencies.get(),
     listWorkers(db, schema),
     leaderInfo(db, schema),
     throughput(db, schema, THROUGHPUT_MINUTES),
@@ -113,7 +118,17 @@ export async function readOverview(reads: DashboardReads): Promise<Overview> {
   const queue = (name: string): QueueOverview => {
     let q = byQueue.get(name);
     if (!q) {
-      q = { queue: name, pending: 0, waiting: 0, running: 0, dead: 0, depth: 0, oldestDueSeconds: 0, paused: false };
+      q = {
+        queue: name,
+        pending: 0,
+        waiting: 0,
+        running: 0,
+        dead: 0,
+        dependencies: { waiting: 0, blocked: 0 },
+        depth: 0,
+        oldestDueSeconds: 0,
+        paused: false,
+      };
       byQueue.set(name, q);
     }
     return q;
@@ -140,6 +155,12 @@ export async function readOverview(reads: DashboardReads): Promise<Overview> {
     if (!l.paused && !held.has(l.queue) && l.oldestDueSeconds > oldestDue.seconds)
       Object.assign(oldestDue, { seconds: l.oldestDueSeconds, queue: l.queue });
   }
+  const dependencies = { waiting: 0, blocked: 0 };
+  for (const d of deps.data) {
+    queue(d.queue).dependencies = { waiting: d.waiting, blocked: d.blocked };
+    dependencies.waiting += d.waiting;
+    dependencies.blocked += d.blocked;
+  }
   const alive = workers.filter((w) => w.alive);
   return json({
     counts: {
@@ -149,6 +170,7 @@ export async function readOverview(reads: DashboardReads): Promise<Overview> {
       byType: [...byType.values()].sort((a, b) => a.type.localeCompare(b.type)),
     },
     queues: [...byQueue.values()].sort((a, b) => a.queue.localeCompare(b.queue)),
+    dependencies,
     oldestDue,
     workers: {
       alive: alive.length,

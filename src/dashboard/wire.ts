@@ -93,8 +93,16 @@ export interface TaskCount {
   dead: number;
 }
 
+/** Tasks waiting on the tasks they depend on, and those of them blocked by a dead parent. */
+export interface DependencyCounts {
+  waiting: number;
+  blocked: number;
+}
+
 export interface QueueOverview extends Totals {
   queue: string;
+  /** Of its pending tasks, those waiting on their parents (state `waiting`), and the blocked ones. */
+  dependencies: DependencyCounts;
   /** Entries past the claim cursors of the queue's lanes (an estimate), plus due deferred rows. */
   depth: number;
   oldestDueSeconds: number;
@@ -114,6 +122,8 @@ export interface MinutePoint {
 export interface Overview {
   counts: { ageMs: number; total: Totals; byQueueType: TaskCount[]; byType: (Totals & { type: string })[] };
   queues: QueueOverview[];
+  /** Every queue's tasks waiting on their parents, and the blocked ones (cached like `counts`). */
+  dependencies: DependencyCounts;
   /** The oldest claimable due work: paused queues left out. */
   oldestDue: { seconds: number; queue: string | null };
   workers: { alive: number; total: number; slots: number; busy: number };
@@ -227,6 +237,46 @@ export interface TimelineEvent {
   detail: Record<string, unknown>;
 }
 
+/**
+ * Where a parent or dependent stands: a task state, or `deleted` (removed before it ran) or
+ * `unknown` (never enqueued, or gone longer than attempt history keeps).
+ */
+export type LinkState = TaskState | 'deleted' | 'unknown';
+
+/** A task's dependencies (src/storage/dependency-view.ts `TaskDependencies`). */
+export interface TaskDependencies {
+  /** At most 20: the ones not yet counted first, then by id. */
+  parents: {
+    id: string;
+    type: string;
+    state: LinkState;
+    /** When its completion was counted for this task; null: not yet. */
+    satisfiedAt: string | null;
+  }[];
+  parentsTotal: number;
+  /** The first 20 by id. */
+  dependents: {
+    id: string;
+    state: LinkState;
+    /** Still waiting on at least one of its parents. */
+    waiting: boolean;
+    /** What it does if a parent dies while it waits; null once it no longer waits. */
+    onParentFailure: 'cancel' | 'wait' | null;
+    /** When this task's completion was counted for it; null: not yet. */
+    satisfiedAt: string | null;
+  }[];
+  dependentsTotal: number;
+  /** While the task is `waiting`: how many parents it still waits for, of how many, how many are dead. */
+  waitingOn: {
+    pending: number;
+    total: number;
+    dead: number;
+    onParentFailure: 'cancel' | 'wait';
+    /** Its own run time once released; null: at once. */
+    runAt: string | null;
+  } | null;
+}
+
 export interface TaskDetail {
   task: LaneKey & {
     id: string;
@@ -249,6 +299,8 @@ export interface TaskDetail {
     result: unknown;
     /** State `cancelled` only: who cancelled it (null when the cancel named nobody) and when. */
     cancelled?: { actor: string | null; at: string };
+    /** Its parents and dependents, and what it waits for; null: no dependencies either way. */
+    dependencies: TaskDependencies | null;
   };
   attempts: Attempt[];
   timeline: TimelineEvent[];
@@ -477,6 +529,7 @@ export type TaskActionResult =
   | 'already_settled'
   | 'running'
   | 'not_retryable'
+  | 'waiting_on_parents'
   | 'duplicate'
   | 'not_found';
 

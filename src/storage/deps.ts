@@ -110,6 +110,24 @@ export async function parentsOf(db: Queryable, storage: Storage, id: string): Pr
   }));
 }
 
+/** One parent of a task as an operator reads it: a `ParentRow` without the result. */
+export type ParentState = Omit<ParentRow, 'result' | 'hasResult'>;
+
+/**
+ * The parents of task `id` without their results (`berth tasks show`, the dashboard): the same
+ * function as `parentsOf`, but a join of 10,000 parents does not carry 10,000 results over the
+ * wire to print their states.
+ */
+export async function parentStatesOf(db: Queryable, storage: Storage, id: string): Promise<ParentState[]> {
+  const statement = storage.statement('deps-parent-states', ({ q: s }) =>
+    compile(sql`SELECT id::text AS id, type, fate, satisfied_at FROM ${s}.task_parents(${p('id')}::bigint)`),
+  );
+  const res = await db.query<{ id: string; type: string; fate: TaskFate; satisfied_at: Date | null }>(
+    statement.query({ id }),
+  );
+  return res.rows.map((r) => ({ id: r.id, type: r.type, fate: r.fate, satisfiedAt: r.satisfied_at }));
+}
+
 /** One dependent of a task. */
 export interface DependentRow {
   id: string;

@@ -3,7 +3,7 @@ import { checkKeys, checkText, MAX_QUEUE_BYTES } from '../limits.js';
 import { READ_COMMITTED_REQUIRED, readCommittedOnly, type Queryable } from '../sql.js';
 import { positional } from '../statement.js';
 import { storageFor, type Storage } from './storage.js';
-import { getTaskIn } from './tasks.js';
+import { readTaskIn } from './tasks.js';
 import { taskId } from './ids.js';
 import { watchParents } from './deps.js';
 
@@ -35,7 +35,7 @@ export async function moveTaskIn(
 ): Promise<MoveResult> {
   checkKeys(to, MOVE_KEYS, 'moveTask');
   if (to.queue !== undefined) checkText(to.queue, 'queue', '', { maxBytes: MAX_QUEUE_BYTES });
-  const current = await getTaskIn(db, storage, id);
+  const current = await readTaskIn(db, storage, id);
   if (!current || current.state === 'dead' || current.state === 'completed') return 'not_found';
   const priority = to.priority ?? current.priority;
   if (!Number.isInteger(priority) || priority < -32768 || priority > 32767) {

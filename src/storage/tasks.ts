@@ -6,18 +6,10 @@ import { taskId } from './ids.js';
 import { notMigrated } from '../errors.js';
 import { resultOf } from './results.js';
 import { cancelDetail, OPERATOR_CANCEL_ROW } from './cancel-record.js';
+import { dependenciesIn, type TaskDependencies } from './dependency-view.js';
+import type { TaskState } from './task-state.js';
 
-/** `held`: due, waiting in deferred storage until its concurrency key admits it. */
-export type TaskState =
-  | 'ready'
-  | 'running'
-  | 'completed'
-  | 'scheduled'
-  | 'retryable'
-  | 'held'
-  | 'waiting'
-  | 'dead'
-  | 'cancelled';
+export type { TaskState } from './task-state.js';
 
 /** A task as storage holds it now; its lane fields say where it lives. */
 export interface TaskRecord extends Lane {
@@ -50,7 +42,15 @@ export interface TaskRecord extends Lane {
   result: unknown;
   /** State `cancelled` only: who cancelled it (null when the cancel named nobody) and when. */
   cancelled?: { actor: string | null; at: Date };
+  /**
+   * Its parents (the tasks it depends on) and dependents, with their states, and what it waits
+   * for while `waiting`; null for a task enqueued without `dependsOn` that nothing depends on.
+   */
+  dependencies: TaskDependencies | null;
 }
+
+/** A task's record without its dependencies: what the reads that only need its state take. */
+export type TaskCore = Omit<TaskRecord, 'dependencies'>;
 
 /**
  * Point read by id. Looks in deferred storage, the dead letters and the ready ring; in the ring
@@ -67,6 +67,14 @@ export async function getTask(db: Queryable, schema: string, id: string): Promis
 
 /** getTask on a bound storage. */
 export async function getTaskIn(db: Queryable, storage: Storage, id: string): Promise<TaskRecord | null> {
+  const task = await readTaskIn(db, storage, id);
+  if (!task) return null;
+  const stateOf = async (other: string) => (await readTaskIn(db, storage, other))?.state ?? null;
+  return { ...task, dependencies: await dependenciesIn(db, storage, id, task.state, stateOf) };
+}
+
+/** A task's record without its dependencies (one statement less): for reads that only need its state. */
+export async function readTaskIn(db: Queryable, storage: Storage, id: string): Promise<TaskCore | null> {
   const res = await db.query<{
     id: string;
     type: string;
@@ -90,8 +98,9 @@ export async function getTaskIn(db: Queryable, storage: Storage, id: string): Pr
         positional(
           `SELECT id::text, type, state, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
             last_error, created_at,
-            -- A held task waits for its key, not for a time (its run_at is 'infinity').
-            CASE WHEN state = 'held' THEN NULL ELSE run_at END AS run_at,
+            -- A held task waits for its key, a waiting one for its parents, not for a time (their
+            -- run_at is 'infinity').
+            CASE WHEN state IN ('held', 'waiting') THEN NULL ELSE run_at END AS run_at,
             NULL AS token, NULL::timestamptz AS expires_at, NULL AS worker
        FROM ${s}.deferred WHERE id = $1
      UNION ALL
@@ -160,7 +169,7 @@ async function storedResult(db: Queryable, storage: Storage, id: string): Promis
  * when a failure it waited for carries a later transaction time. One probe of the history's
  * `bucket` index.
  */
-async function fromHistory(db: Queryable, storage: Storage, id: string): Promise<TaskRecord | null> {
+async function fromHistory(db: Queryable, storage: Storage, id: string): Promise<TaskCore | null> {
   const res = await db.query<{
     type: string;
     outcome: string;

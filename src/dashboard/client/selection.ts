@@ -16,6 +16,7 @@ const LABELS: Readonly<Record<BulkAction, string>> = { retry: 'Retry', cancel: '
 const REASONS: Readonly<Record<string, string>> = {
   running: 'running under a lease',
   not_retryable: 'not retryable (ready, running or completed)',
+  waiting_on_parents: 'waiting on its parents (retry a dead parent instead)',
   duplicate: 'a live task holds its dedupe key',
   not_found: 'not found (finished and reclaimed, or removed)',
 };

@@ -4,7 +4,7 @@ import { append, clear, h } from '../dom.js';
 import { age, num, time } from '../format.js';
 import type { View } from '../view.js';
 import { badge, card, table } from '../widgets.js';
-import type { Overview } from '../../wire.js';
+import type { DependencyCounts, Overview } from '../../wire.js';
 
 /** A waiting count, with the pending total (waiting + running) it is part of on hover. */
 function pendingPart(waiting: number, pending: number): HTMLSpanElement {
@@ -13,6 +13,15 @@ function pendingPart(waiting: number, pending: number): HTMLSpanElement {
     { title: `${num(pending)} pending = ${num(waiting)} waiting + ${num(pending - waiting)} running` },
     num(waiting),
   );
+}
+
+/** A queue's tasks waiting on their parents (and blocked by a dead one), linking to their list; nothing when none. */
+function dependencyBadges(queue: string, d: DependencyCounts): HTMLElement[] {
+  if (d.waiting === 0) return [];
+  const link = h('a', { href: `#/tasks${query({ state: 'waiting', queue })}`, class: 'on-parents' }, [
+    badge(`${num(d.waiting)} on parents`, 'waiting'),
+  ]);
+  return d.blocked > 0 ? [link, h('span', {}, ' '), badge(`${num(d.blocked)} blocked`, 'dead')] : [link];
 }
 
 export const overview: View<Overview> = {
@@ -39,6 +48,17 @@ export const overview: View<Overview> = {
         d.leader ? `since ${time(d.leader.since)}` : 'no maintenance leader',
         d.leader ? 'leader' : 'dead',
       ),
+      // Only where task dependencies are used: waiting tasks are part of the pending count.
+      d.dependencies.waiting > 0
+        ? card(
+            'On parents',
+            num(d.dependencies.waiting),
+            d.dependencies.blocked > 0
+              ? `${num(d.dependencies.blocked)} blocked by a dead parent`
+              : 'waiting for the tasks they depend on',
+            d.dependencies.blocked > 0 ? 'dead' : 'pending',
+          )
+        : null,
     ]);
     const charts = h('div', { class: 'charts' }, [
       barChart('Completed per minute', d.throughput, 'completed', 'ok'),
@@ -55,7 +75,11 @@ export const overview: View<Overview> = {
           q.dead > 0 ? h('a', { href: `#/dead${query({ queue: q.queue })}`, class: 'dead-count' }, num(q.dead)) : '0',
           num(q.depth),
           q.oldestDueSeconds > 0 ? age(q.oldestDueSeconds) : '—',
-          q.paused ? badge('paused') : '',
+          [
+            q.paused ? badge('paused') : '',
+            q.paused && q.dependencies.waiting > 0 ? ' ' : '',
+            ...dependencyBadges(q.queue, q.dependencies),
+          ],
         ],
       })),
       'No queues yet.',

@@ -7,6 +7,7 @@ import type { View } from '../view.js';
 import { stateBadges, when } from '../widgets.js';
 import type { Attempt, ErrorDetail, TaskDetail, TaskState } from '../../wire.js';
 import { outcomeBadge } from './attempts.js';
+import { dependencyPanels } from './dependencies.js';
 
 type TaskAction = 'retry' | 'cancel' | 'move' | 'delete';
 
@@ -120,7 +121,8 @@ export const task: View<TaskDetail> = {
       ['Attempts', `${t.attempts}${t.maxAttempts ? ` of ${t.maxAttempts}` : ' (type default)'}`],
       ['Dedupe key', t.dedupeKey || '—'],
       ['Created', when(t.createdAt)],
-      ['Due', t.runAt ? when(t.runAt) : '—'],
+      // A waiting task has no run time of its own: its last parent's completion makes it due.
+      ['Due', t.runAt ? when(t.runAt) : t.state === 'waiting' ? 'when its parents complete' : '—'],
       ...(t.cancelled
         ? ([['Cancelled', [`by ${t.cancelled.actor ?? 'an operator'}, `, when(t.cancelled.at)]]] as [string, Child][])
         : []),
@@ -139,6 +141,7 @@ export const task: View<TaskDetail> = {
         { class: 'fields' },
         fields.map(([name, value]) => [h('dt', {}, name), h('dd', { 'data-field': name.toLowerCase() }, value)]),
       ),
+      dependencyPanels(t.dependencies),
       t.lastError
         ? [h('h3', {}, 'Last error'), h('pre', { class: 'error-text', id: 'last-error' }, t.lastError)]
         : null,

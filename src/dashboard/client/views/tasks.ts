@@ -9,7 +9,7 @@ import type { View } from '../view.js';
 import { stateBadges, table, taskLink, when } from '../widgets.js';
 import type { TaskList } from '../../wire.js';
 
-const STATES = ['ready', 'running', 'scheduled', 'retryable', 'held', 'dead', 'completed', 'cancelled'];
+const STATES = ['ready', 'running', 'scheduled', 'retryable', 'held', 'waiting', 'dead', 'completed', 'cancelled'];
 
 /** A fresh pager and selection each time the page is mounted (a new filter starts at page 1, nothing ticked). */
 let pager = new Pager();
