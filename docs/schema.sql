@@ -665,12 +665,14 @@ CREATE FUNCTION berth.dependency_usage() RETURNS TABLE(queue text, waiting bigin
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-  SELECT w.queue, count(*),
+  -- The queue is the deferred row's (a move of a waiting task changes it there).
+  SELECT q.queue, count(*),
          count(*) FILTER (WHERE EXISTS (SELECT 1 FROM "berth".task_deps d
                                           JOIN "berth".dead_letters x ON x.id = d.parent_id
                                          WHERE d.child_id = w.id AND d.satisfied_at IS NULL))
     FROM "berth".task_waits w
-   GROUP BY w.queue ORDER BY w.queue
+    JOIN "berth".deferred q ON q.id = w.id
+   GROUP BY q.queue ORDER BY q.queue
 $$;
 
 --
@@ -987,13 +989,12 @@ BEGIN
     FROM unnest(v_e_child, v_e_parent, v_e_sure, v_e_type) AS u(c, p, sure, t);
 
   -- Tasks with a parent not yet completed wait, with their own run time kept for the release.
-  INSERT INTO "berth".task_waits (id, pending, on_parent_failure, run_at, queue)
+  INSERT INTO "berth".task_waits (id, pending, on_parent_failure, run_at)
   SELECT c.child_id, c.pending, coalesce(v_tasks -> (x.o::integer - 1) ->> 'policy', 'cancel'),
          CASE WHEN v_tasks -> (x.o::integer - 1) ->> 'runAt' IS NOT NULL
               THEN (v_tasks -> (x.o::integer - 1) ->> 'runAt')::timestamptz
               WHEN v_tasks -> (x.o::integer - 1) ->> 'delayMs' IS NOT NULL
-              THEN now() + make_interval(secs => (v_tasks -> (x.o::integer - 1) ->> 'delayMs')::float8 / 1000.0) END,
-         v_tasks -> (x.o::integer - 1) ->> 'queue'
+              THEN now() + make_interval(secs => (v_tasks -> (x.o::integer - 1) ->> 'delayMs')::float8 / 1000.0) END
     FROM (SELECT d.child_id, count(*)::integer AS pending FROM "berth".task_deps d
            WHERE d.child_id = ANY (v_ids) AND d.satisfied_at IS NULL GROUP BY d.child_id) c
     JOIN unnest(v_ids) WITH ORDINALITY AS x(id, o) ON x.id = c.child_id;
@@ -2503,7 +2504,12 @@ CREATE FUNCTION berth.task_fate(p_id bigint) RETURNS text
                    WHEN t.reason IS NOT NULL THEN 'deleted'
                    WHEN s.outcome = 'completed' THEN 'completed'
                    WHEN s.outcome = 'cancelled' AND s.actor IS NOT NULL THEN 'cancelled'
-                   ELSE 'pending' END
+                   WHEN s.outcome IS NULL THEN 'pending'
+                   -- Settled otherwise (failed, released, rescued, snoozed): the statement that
+                   -- settled it moved the task to deferred storage or the dead letters, where this
+                   -- snapshot would have found it. Found in neither, it was deleted since (a dead
+                   -- letter deleted, purged or pruned).
+                   ELSE 'deleted' END
          FROM "berth".ready e
          LEFT JOIN "berth".tombstones t ON t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.slot = e.slot
          LEFT JOIN LATERAL (
@@ -4916,7 +4922,6 @@ CREATE TABLE berth.task_waits (
     pending integer NOT NULL,
     on_parent_failure text NOT NULL,
     run_at timestamp with time zone,
-    queue text NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT task_waits_on_parent_failure_check CHECK ((on_parent_failure = ANY (ARRAY['cancel'::text, 'wait'::text]))),
     CONSTRAINT task_waits_pending_check CHECK ((pending >= 0))
@@ -7386,12 +7391,6 @@ CREATE INDEX task_keys_key_id_idx ON berth.task_keys USING btree (key, id);
 --
 
 CREATE INDEX task_results_stored_at_idx ON berth.task_results USING btree (stored_at);
-
---
--- Name: task_waits_queue; Type: INDEX; Schema: berth; Owner: -
---
-
-CREATE INDEX task_waits_queue ON berth.task_waits USING btree (queue);
 
 --
 -- Name: tombstones_id_idx; Type: INDEX; Schema: berth; Owner: -

@@ -5,7 +5,19 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { BerthInputError, defineTask, enqueue, enqueueMany, getTask, Worker, cancelTask } from '../src/index.js';
+import {
+  BerthInputError,
+  cancelTask,
+  defineTask,
+  deleteTask,
+  enqueue,
+  enqueueMany,
+  getTask,
+  moveTask,
+  Worker,
+} from '../src/index.js';
+import { dependencyUsage } from '../src/storage/deps.js';
+import { storageFor } from '../src/storage/storage.js';
 import { DATABASE_URL, freshSchema, testLogger, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('deps');
@@ -240,4 +252,49 @@ test('a cancelled parent cancels its dependents whatever their policy', async ()
   } finally {
     await w.stop();
   }
+});
+
+test('a dead parent whose dead letter is deleted cancels its waiting dependents within a tick', async () => {
+  const [parent, kid] = await enqueueMany(
+    pool,
+    [
+      { type: step, payload: { name: 'i-parent', fail: true }, ref: 'p' },
+      { type: step, payload: { name: 'i-kid' }, dependsOn: [{ ref: 'p' }], onParentFailure: 'wait' },
+    ],
+    { schema },
+  );
+  const w = startWorker();
+  await w.start();
+  try {
+    await waitFor(async () => (await getTask(pool, schema, parent!.id!))?.state === 'dead', 30_000, 'parent dead');
+    assert.equal((await getTask(pool, schema, kid!.id!))?.state, 'waiting');
+    assert.equal(await deleteTask(pool, schema, parent!.id!), 'removed');
+    // The leader reads the deleted parent's fate at its next tick (not when the ring is pruned).
+    await waitFor(async () => (await getTask(pool, schema, kid!.id!))?.state === 'cancelled', 10_000, 'kid cancelled');
+    assert.equal((await runsOf('i-kid')).length, 0);
+  } finally {
+    await w.stop();
+  }
+});
+
+test('a waiting task moved to another queue is counted in its new queue', async () => {
+  const [, kid] = await enqueueMany(
+    pool,
+    [
+      { type: step, payload: { name: 'j-parent' }, ref: 'p', delay: 600_000 },
+      { type: step, payload: { name: 'j-kid' }, dependsOn: [{ ref: 'p' }], queue: 'j-old' },
+    ],
+    { schema },
+  );
+  const storage = storageFor(schema);
+  assert.deepEqual(
+    (await dependencyUsage(pool, storage)).filter((u) => u.queue.startsWith('j-')),
+    [{ queue: 'j-old', waiting: 1, blocked: 0 }],
+  );
+  assert.equal(await moveTask(pool, schema, kid!.id!, { queue: 'j-new' }), 'moved');
+  assert.deepEqual(
+    (await dependencyUsage(pool, storage)).filter((u) => u.queue.startsWith('j-')),
+    [{ queue: 'j-new', waiting: 1, blocked: 0 }],
+  );
+  assert.equal((await getTask(pool, schema, kid!.id!))?.state, 'waiting', 'a move does not free it');
 });

@@ -59,10 +59,8 @@ CREATE TABLE {{schema}}.task_waits (
   on_parent_failure text NOT NULL CHECK (on_parent_failure IN ('cancel', 'wait')),
   -- Its own runAt or delay (the run time it will have once released), NULL: due at release.
   run_at timestamptz,
-  queue text NOT NULL,
   created_at timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX task_waits_queue ON {{schema}}.task_waits (queue);
 
 
 -- append_ready as in migration 18, with a 12th argument: which entries have dependents
@@ -238,7 +236,12 @@ RETURNS text LANGUAGE sql STABLE AS $fn$
                    WHEN t.reason IS NOT NULL THEN 'deleted'
                    WHEN s.outcome = 'completed' THEN 'completed'
                    WHEN s.outcome = 'cancelled' AND s.actor IS NOT NULL THEN 'cancelled'
-                   ELSE 'pending' END
+                   WHEN s.outcome IS NULL THEN 'pending'
+                   -- Settled otherwise (failed, released, rescued, snoozed): the statement that
+                   -- settled it moved the task to deferred storage or the dead letters, where this
+                   -- snapshot would have found it. Found in neither, it was deleted since (a dead
+                   -- letter deleted, purged or pruned).
+                   ELSE 'deleted' END
          FROM {{schema}}.ready e
          LEFT JOIN {{schema}}.tombstones t ON t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.slot = e.slot
          LEFT JOIN LATERAL (
@@ -542,12 +545,14 @@ $fn$;
 CREATE FUNCTION {{schema}}.dependency_usage()
 RETURNS TABLE (queue text, waiting bigint, blocked bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-  SELECT w.queue, count(*),
+  -- The queue is the deferred row's (a move of a waiting task changes it there).
+  SELECT q.queue, count(*),
          count(*) FILTER (WHERE EXISTS (SELECT 1 FROM {{schema}}.task_deps d
                                           JOIN {{schema}}.dead_letters x ON x.id = d.parent_id
                                          WHERE d.child_id = w.id AND d.satisfied_at IS NULL))
     FROM {{schema}}.task_waits w
-   GROUP BY w.queue ORDER BY w.queue
+    JOIN {{schema}}.deferred q ON q.id = w.id
+   GROUP BY q.queue ORDER BY q.queue
 $fn$;
 
 -- Retention: edges and counters of dependents that are gone (completed, cancelled, deleted: no
@@ -724,13 +729,12 @@ BEGIN
     FROM unnest(v_e_child, v_e_parent, v_e_sure, v_e_type) AS u(c, p, sure, t);
 
   -- Tasks with a parent not yet completed wait, with their own run time kept for the release.
-  INSERT INTO {{schema}}.task_waits (id, pending, on_parent_failure, run_at, queue)
+  INSERT INTO {{schema}}.task_waits (id, pending, on_parent_failure, run_at)
   SELECT c.child_id, c.pending, coalesce(v_tasks -> (x.o::integer - 1) ->> 'policy', 'cancel'),
          CASE WHEN v_tasks -> (x.o::integer - 1) ->> 'runAt' IS NOT NULL
               THEN (v_tasks -> (x.o::integer - 1) ->> 'runAt')::timestamptz
               WHEN v_tasks -> (x.o::integer - 1) ->> 'delayMs' IS NOT NULL
-              THEN now() + make_interval(secs => (v_tasks -> (x.o::integer - 1) ->> 'delayMs')::float8 / 1000.0) END,
-         v_tasks -> (x.o::integer - 1) ->> 'queue'
+              THEN now() + make_interval(secs => (v_tasks -> (x.o::integer - 1) ->> 'delayMs')::float8 / 1000.0) END
     FROM (SELECT d.child_id, count(*)::integer AS pending FROM {{schema}}.task_deps d
            WHERE d.child_id = ANY (v_ids) AND d.satisfied_at IS NULL GROUP BY d.child_id) c
     JOIN unnest(v_ids) WITH ORDINALITY AS x(id, o) ON x.id = c.child_id;
