@@ -167,36 +167,38 @@ export async function migrate(options: MigrateOptions): Promise<MigrationReport>
   return withClient(options, 'migrate', async (client) => {
     const s = quoteIdent(schema);
     await requireRoles(client, [...roles, ...producers]);
-    const { from, applied } = await inTransaction(client, async () => {
-      await client.query('SELECT pg_advisory_xact_lock($1, $2)', [schemaLockKey(schema), MIGRATE_LOCK]);
-      const exists = await client.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [schema]);
-      if (exists.rowCount === 0) await client.query(`CREATE SCHEMA ${s}`);
-      await client.query(
-        `CREATE TABLE IF NOT EXISTS ${s}.schema_migrations (
+    const { from, applied } = await retryLockConflicts(() =>
+      inTransaction(client, async () => {
+        await client.query('SELECT pg_advisory_xact_lock($1, $2)', [schemaLockKey(schema), MIGRATE_LOCK]);
+        const exists = await client.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [schema]);
+        if (exists.rowCount === 0) await client.query(`CREATE SCHEMA ${s}`);
+        await client.query(
+          `CREATE TABLE IF NOT EXISTS ${s}.schema_migrations (
            version integer PRIMARY KEY,
            name text NOT NULL,
            applied_at timestamptz NOT NULL DEFAULT now(),
            checksum text)`,
-      );
-      const from = (await schemaVersion(client, schema)) ?? 0;
-      if (from > LATEST_SCHEMA_VERSION) throw new SchemaTooNewError(schema, from, LATEST_SCHEMA_VERSION);
-      await refuseChangedMigrations(client, schema);
-      const applied: MigrationReport['applied'] = [];
-      for (const m of [...MIGRATIONS].sort((a, b) => a.version - b.version)) {
-        if (m.version <= from) continue;
-        const sql = m.sql(schema);
-        await client.query(sql);
-        await client.query(`INSERT INTO ${s}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)`, [
-          m.version,
-          m.name,
-          checksum(sql),
-        ]);
-        applied.push({ version: m.version, name: m.name });
-      }
-      for (const role of roles) await applyGrants(client, schema, role, 'worker');
-      for (const role of producers) await applyGrants(client, schema, role, 'producer');
-      return { from, applied };
-    });
+        );
+        const from = (await schemaVersion(client, schema)) ?? 0;
+        if (from > LATEST_SCHEMA_VERSION) throw new SchemaTooNewError(schema, from, LATEST_SCHEMA_VERSION);
+        await refuseChangedMigrations(client, schema);
+        const applied: MigrationReport['applied'] = [];
+        for (const m of [...MIGRATIONS].sort((a, b) => a.version - b.version)) {
+          if (m.version <= from) continue;
+          const sql = m.sql(schema);
+          await client.query(sql);
+          await client.query(`INSERT INTO ${s}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)`, [
+            m.version,
+            m.name,
+            checksum(sql),
+          ]);
+          applied.push({ version: m.version, name: m.name });
+        }
+        for (const role of roles) await applyGrants(client, schema, role, 'worker');
+        for (const role of producers) await applyGrants(client, schema, role, 'producer');
+        return { from, applied };
+      }),
+    );
     const to = Math.max(from, LATEST_SCHEMA_VERSION);
     let laneSequences: LaneSequenceRepairReport;
     try {
@@ -373,6 +375,35 @@ export async function withClient<T>(
     return await fn(client);
   } finally {
     await client.end().catch(() => undefined);
+  }
+}
+
+/** How long migrate() keeps trying to take the locks a migration needs from a busy fleet. */
+const LOCK_RETRY_MS = 120_000;
+
+/**
+ * Run `attempt` (one migrating transaction) again when it lost a deadlock with the live fleet
+ * (40P01: a migration that alters several tables of the hot path takes their locks one after
+ * another, and a worker may hold one of them while it waits for another), or gave up a lock
+ * (55P03), with a growing pause, for up to LOCK_RETRY_MS; then the error says what happened.
+ */
+async function retryLockConflicts<T>(attempt: () => Promise<T>): Promise<T> {
+  const giveUpAt = Date.now() + LOCK_RETRY_MS;
+  for (let n = 0; ; n++) {
+    try {
+      return await attempt();
+    } catch (err) {
+      const code = (err as { code?: string }).code;
+      if ((code !== '55P03' && code !== '40P01') || Date.now() > giveUpAt) {
+        if (code === '55P03' || code === '40P01')
+          throw new Error(
+            `migrate could not take the locks it needs for ${LOCK_RETRY_MS / 1000} s: the tables stayed busy (${(err as Error).message}); run it again, at a quieter moment if this repeats`,
+            { cause: err },
+          );
+        throw err;
+      }
+      await new Promise((r) => setTimeout(r, Math.min(50 * 2 ** n, 2000) * (0.5 + Math.random())));
+    }
   }
 }
 
