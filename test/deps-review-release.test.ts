@@ -136,7 +136,7 @@ function flaky(c: pg.Client, failOn: 'commit-after' | 'release-before'): Queryab
     failed: 0,
     query: async (...args: unknown[]) => {
       const first = args[0];
-      const text = typeof first === 'string' ? first : (first as { text?: string }).text ?? '';
+      const text = typeof first === 'string' ? first : ((first as { text?: string }).text ?? '');
       const lost = () => {
         q.failed++;
         return Object.assign(new Error('Connection terminated unexpectedly'), { code: 'ECONNRESET' });

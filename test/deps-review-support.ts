@@ -15,7 +15,10 @@ import { claimParams } from './claim-params.js';
 import { DATABASE_URL, waitFor } from './helpers.js';
 
 /** A session of its own (a transaction the test holds open, a role's login). */
-export async function session(url = DATABASE_URL, options = '-c jit=off -c statement_timeout=120000'): Promise<pg.Client> {
+export async function session(
+  url = DATABASE_URL,
+  options = '-c jit=off -c statement_timeout=120000',
+): Promise<pg.Client> {
   const c = new pg.Client({ connectionString: url, options });
   c.on('error', () => undefined);
   await c.connect();
@@ -84,7 +87,12 @@ export async function claimQueue(
 }
 
 /** Claim until `ids` are all held (a lane holds one lease at a time: claim more than once). */
-export async function claimIds(db: Queryable, schema: string, ids: readonly string[], queue = 'dq'): Promise<ClaimedTask[]> {
+export async function claimIds(
+  db: Queryable,
+  schema: string,
+  ids: readonly string[],
+  queue = 'dq',
+): Promise<ClaimedTask[]> {
   const got = new Map<string, ClaimedTask>();
   await waitFor(
     async () => {
@@ -115,7 +123,11 @@ export async function completeAndRelease(
 }
 
 /** The plain completion (an older worker's: no release), autocommit. */
-export async function completePlain(db: Queryable, schema: string, tasks: readonly ClaimedTask[]): Promise<Set<string>> {
+export async function completePlain(
+  db: Queryable,
+  schema: string,
+  tasks: readonly ClaimedTask[],
+): Promise<Set<string>> {
   return completeLeases(db, storageFor(schema), tasks);
 }
 
@@ -152,8 +164,10 @@ export async function edgesOf(
 
 /** The waiting counter of `id` (null: no row). */
 export async function pendingOf(db: Queryable, schema: string, id: string): Promise<number | null> {
-  return (await db.query<{ pending: number }>(`SELECT pending FROM "${schema}".task_waits WHERE id = $1`, [id]))
-    .rows[0]?.pending ?? null;
+  return (
+    (await db.query<{ pending: number }>(`SELECT pending FROM "${schema}".task_waits WHERE id = $1`, [id])).rows[0]
+      ?.pending ?? null
+  );
 }
 
 /** Rows of every table an enqueue writes, summed: unchanged means nothing was written. */
