@@ -665,12 +665,15 @@ CREATE FUNCTION berth.dependency_usage() RETURNS TABLE(queue text, waiting bigin
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-  SELECT w.queue, count(*),
+  -- The deferred row's state and queue, not the counter row's: a cancelled or deleted dependent
+  -- leaves its counter until prune_dep_edges, and a moved one changes queue.
+  SELECT x.queue, count(*),
          count(*) FILTER (WHERE EXISTS (SELECT 1 FROM "berth".task_deps d
-                                          JOIN "berth".dead_letters x ON x.id = d.parent_id
+                                          JOIN "berth".dead_letters y ON y.id = d.parent_id
                                          WHERE d.child_id = w.id AND d.satisfied_at IS NULL))
     FROM "berth".task_waits w
-   GROUP BY w.queue ORDER BY w.queue
+    JOIN "berth".deferred x ON x.id = w.id AND x.state = 'waiting'
+   GROUP BY x.queue ORDER BY x.queue
 $$;
 
 --
@@ -2476,9 +2479,13 @@ CREATE FUNCTION berth.task_dependents(p_id bigint, p_limit integer) RETURNS TABL
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+  -- Waiting: its deferred row says so (a cancelled dependent's counter row stays until
+  -- prune_dep_edges; it waits for nothing).
   SELECT d.child_id, "berth".task_fate(d.child_id),
-         EXISTS (SELECT 1 FROM "berth".task_waits w WHERE w.id = d.child_id),
-         (SELECT w.on_parent_failure FROM "berth".task_waits w WHERE w.id = d.child_id),
+         EXISTS (SELECT 1 FROM "berth".deferred x WHERE x.id = d.child_id AND x.state = 'waiting'),
+         (SELECT w.on_parent_failure FROM "berth".task_waits w
+            JOIN "berth".deferred x ON x.id = w.id AND x.state = 'waiting'
+           WHERE w.id = d.child_id),
          d.satisfied_at,
          (SELECT count(*) FROM "berth".task_deps x WHERE x.parent_id = p_id)
     FROM "berth".task_deps d
@@ -2502,7 +2509,13 @@ CREATE FUNCTION berth.task_fate(p_id bigint) RETURNS text
                    WHEN t.reason = 'moved' THEN 'pending'
                    WHEN t.reason IS NOT NULL THEN 'deleted'
                    WHEN s.outcome = 'completed' THEN 'completed'
-                   WHEN s.outcome = 'cancelled' AND s.actor IS NOT NULL THEN 'cancelled'
+                   -- Only cancel_tasks writes this outcome, with or without an actor.
+                   WHEN s.outcome = 'cancelled' THEN 'cancelled'
+                   -- Settled otherwise (failed, rescued, snoozed, released), yet neither deferred
+                   -- nor a dead letter in this snapshot (every such settlement moves its task in
+                   -- its own statement): its dead letter was deleted, purged or pruned, or its
+                   -- retry was cancelled. Attempt history says which, else `unknown`.
+                   WHEN s.outcome IS NOT NULL THEN NULL
                    ELSE 'pending' END
          FROM "berth".ready e
          LEFT JOIN "berth".tombstones t ON t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.slot = e.slot

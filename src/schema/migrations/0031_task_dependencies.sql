@@ -225,7 +225,8 @@ END $fn$;
 -- or a ring entry not settled), `completed` (its latest entry settled completed, or tombstoned by
 -- a dequeue: the producer did the work; or, its segment reclaimed, a success in attempt history
 -- or a stored result), `dead` (a dead letter), `cancelled` (an operator's cancel), `deleted` (a
--- pending task deleted), `unknown` (nowhere: never enqueued, or gone without a trace).
+-- pending task deleted), `unknown` (nowhere: never enqueued, a dead letter deleted, or gone
+-- without a trace).
 CREATE FUNCTION {{schema}}.task_fate(p_id bigint)
 RETURNS text LANGUAGE sql STABLE AS $fn$
   SELECT CASE
@@ -237,7 +238,13 @@ RETURNS text LANGUAGE sql STABLE AS $fn$
                    WHEN t.reason = 'moved' THEN 'pending'
                    WHEN t.reason IS NOT NULL THEN 'deleted'
                    WHEN s.outcome = 'completed' THEN 'completed'
-                   WHEN s.outcome = 'cancelled' AND s.actor IS NOT NULL THEN 'cancelled'
+                   -- Only cancel_tasks writes this outcome, with or without an actor.
+                   WHEN s.outcome = 'cancelled' THEN 'cancelled'
+                   -- Settled otherwise (failed, rescued, snoozed, released), yet neither deferred
+                   -- nor a dead letter in this snapshot (every such settlement moves its task in
+                   -- its own statement): its dead letter was deleted, purged or pruned, or its
+                   -- retry was cancelled. Attempt history says which, else `unknown`.
+                   WHEN s.outcome IS NOT NULL THEN NULL
                    ELSE 'pending' END
          FROM {{schema}}.ready e
          LEFT JOIN {{schema}}.tombstones t ON t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.slot = e.slot
@@ -527,9 +534,13 @@ $fn$;
 CREATE FUNCTION {{schema}}.task_dependents(p_id bigint, p_limit integer)
 RETURNS TABLE (id bigint, fate text, waiting boolean, on_parent_failure text, satisfied_at timestamptz, total bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+  -- Waiting: its deferred row says so (a cancelled dependent's counter row stays until
+  -- prune_dep_edges; it waits for nothing).
   SELECT d.child_id, {{schema}}.task_fate(d.child_id),
-         EXISTS (SELECT 1 FROM {{schema}}.task_waits w WHERE w.id = d.child_id),
-         (SELECT w.on_parent_failure FROM {{schema}}.task_waits w WHERE w.id = d.child_id),
+         EXISTS (SELECT 1 FROM {{schema}}.deferred x WHERE x.id = d.child_id AND x.state = 'waiting'),
+         (SELECT w.on_parent_failure FROM {{schema}}.task_waits w
+            JOIN {{schema}}.deferred x ON x.id = w.id AND x.state = 'waiting'
+           WHERE w.id = d.child_id),
          d.satisfied_at,
          (SELECT count(*) FROM {{schema}}.task_deps x WHERE x.parent_id = p_id)
     FROM {{schema}}.task_deps d
@@ -542,12 +553,15 @@ $fn$;
 CREATE FUNCTION {{schema}}.dependency_usage()
 RETURNS TABLE (queue text, waiting bigint, blocked bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-  SELECT w.queue, count(*),
+  -- The deferred row's state and queue, not the counter row's: a cancelled or deleted dependent
+  -- leaves its counter until prune_dep_edges, and a moved one changes queue.
+  SELECT x.queue, count(*),
          count(*) FILTER (WHERE EXISTS (SELECT 1 FROM {{schema}}.task_deps d
-                                          JOIN {{schema}}.dead_letters x ON x.id = d.parent_id
+                                          JOIN {{schema}}.dead_letters y ON y.id = d.parent_id
                                          WHERE d.child_id = w.id AND d.satisfied_at IS NULL))
     FROM {{schema}}.task_waits w
-   GROUP BY w.queue ORDER BY w.queue
+    JOIN {{schema}}.deferred x ON x.id = w.id AND x.state = 'waiting'
+   GROUP BY x.queue ORDER BY x.queue
 $fn$;
 
 -- Retention: edges and counters of dependents that are gone (completed, cancelled, deleted: no
