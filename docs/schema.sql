@@ -961,6 +961,21 @@ BEGIN
            WHERE c.child IS NOT NULL AND c.parent IS NOT NULL
            ORDER BY c.child, c.parent, c.in_call DESC) x;
 
+  -- An edge to a task of this call points backwards in the sent order, however it was named: by
+  -- position (checked above), by the id the call drew for it (a caller can guess the sequence's
+  -- next value), or through a duplicate whose key another entry of the call holds. Else a task
+  -- would wait on itself, or on a cycle, and nothing would ever release it.
+  SELECT u.nm, u.p INTO r
+    FROM unnest(v_e_child, v_e_parent, v_e_name) AS u(c, p, nm)
+    JOIN unnest(v_ids) WITH ORDINALITY AS pc(id, o) ON pc.id = u.p
+    JOIN unnest(v_ids) WITH ORDINALITY AS cc(id, o) ON cc.id = u.c
+   WHERE pc.o >= cc.o
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'berth: enqueue: % depends on task %, which this same call enqueues (itself, or an entry it depends on in turn): name an earlier entry with { ref }', r.nm, r.p
+      USING ERRCODE = '22023';
+  END IF;
+
   -- Parents enqueued before this call: locked where they stand, then looked up.
   FOR r IN
     SELECT DISTINCT u.p, min(u.nm) AS name FROM unnest(v_e_parent, v_e_type, v_e_name) AS u(p, t, nm)
@@ -2634,10 +2649,12 @@ CREATE FUNCTION berth.watch_dead_parents() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE
+  v_id bigint := CASE WHEN TG_OP = 'DELETE' THEN OLD.id ELSE NEW.id END;
 BEGIN
-  IF EXISTS (SELECT 1 FROM "berth".task_deps d JOIN changed b ON b.id = d.parent_id WHERE d.satisfied_at IS NULL) THEN
-    UPDATE "berth".task_deps d SET watched = true FROM changed b
-     WHERE d.parent_id = b.id AND d.satisfied_at IS NULL AND NOT d.watched;
+  IF EXISTS (SELECT 1 FROM "berth".task_deps d WHERE d.parent_id = v_id AND d.satisfied_at IS NULL) THEN
+    UPDATE "berth".task_deps d SET watched = true
+     WHERE d.parent_id = v_id AND d.satisfied_at IS NULL AND NOT d.watched;
     PERFORM pg_notify('berth.wake', 'deps');
   END IF;
   RETURN NULL;
@@ -8730,13 +8747,13 @@ CREATE TRIGGER ring_epoch_follows BEFORE UPDATE ON berth.ring_state FOR EACH ROW
 -- Name: dead_letters watch_dead_parents; Type: TRIGGER; Schema: berth; Owner: -
 --
 
-CREATE TRIGGER watch_dead_parents AFTER INSERT ON berth.dead_letters REFERENCING NEW TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION berth.watch_dead_parents();
+CREATE TRIGGER watch_dead_parents AFTER INSERT ON berth.dead_letters FOR EACH ROW EXECUTE FUNCTION berth.watch_dead_parents();
 
 --
 -- Name: dead_letters watch_removed_dead_parents; Type: TRIGGER; Schema: berth; Owner: -
 --
 
-CREATE TRIGGER watch_removed_dead_parents AFTER DELETE ON berth.dead_letters REFERENCING OLD TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION berth.watch_dead_parents();
+CREATE TRIGGER watch_removed_dead_parents AFTER DELETE ON berth.dead_letters FOR EACH ROW EXECUTE FUNCTION berth.watch_dead_parents();
 
 --
 -- Name: FUNCTION add_task(type text, payload jsonb, queue text, run_at timestamp with time zone, priority integer, dedupe_key text, max_attempts integer, delay interval, shard integer, shards integer); Type: ACL; Schema: berth; Owner: -

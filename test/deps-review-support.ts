@@ -86,23 +86,34 @@ export async function claimQueue(
   return tasks;
 }
 
-/** Claim until `ids` are all held (a lane holds one lease at a time: claim more than once). */
+/** Tasks a claim took beside the ones asked for, kept for the call that asks for them (by schema, id). */
+const held = new Map<string, ClaimedTask>();
+
+/**
+ * Claim until `ids` are all held (a lane holds one lease at a time: claim more than once). A claim
+ * takes whatever is claimable in the queue: the others are kept here for a later call.
+ */
 export async function claimIds(
   db: Queryable,
   schema: string,
   ids: readonly string[],
   queue = 'dq',
 ): Promise<ClaimedTask[]> {
-  const got = new Map<string, ClaimedTask>();
+  const key = (id: string) => `${schema}:${id}`;
   await waitFor(
     async () => {
-      for (const t of await claimQueue(db, schema, queue, 50)) got.set(t.id, t);
-      return ids.every((id) => got.has(id));
+      if (ids.every((id) => held.has(key(id)))) return true;
+      for (const t of await claimQueue(db, schema, queue, 50)) held.set(key(t.id), t);
+      return ids.every((id) => held.has(key(id)));
     },
     30_000,
     `tasks ${ids.join(', ')} claimed`,
   );
-  return ids.map((id) => got.get(id)!);
+  return ids.map((id) => {
+    const t = held.get(key(id))!;
+    held.delete(key(id));
+    return t;
+  });
 }
 
 /**

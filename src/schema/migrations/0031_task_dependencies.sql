@@ -478,22 +478,27 @@ END $fn$;
 -- claim, whatever process version wrote it) inserts into dead_letters, and every path that takes
 -- a dead letter away (a retry, an operator's delete or purge, retention) deletes from it: the
 -- dependents of those tasks are watched, so the leader reads what became of them (dead: their
--- policy; retried: pending; gone: they are cancelled). Statement triggers: one probe of task_deps
--- per row a statement changed, nothing on any other table.
+-- policy; retried: pending; gone: they are cancelled). Row triggers: one probe of task_deps per
+-- row inserted or deleted, nothing at all for a statement that changes no row. Every failure,
+-- release, hand-back, AdvanceCursor and rescue statement inserts into dead_letters (its settle-
+-- and-move tail), almost always no row: a statement trigger with a transition table ran for each
+-- of them, plain tasks included (deps-review-enqueue.test.ts).
 CREATE FUNCTION {{schema}}.watch_dead_parents()
 RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  v_id bigint := CASE WHEN TG_OP = 'DELETE' THEN OLD.id ELSE NEW.id END;
 BEGIN
-  IF EXISTS (SELECT 1 FROM {{schema}}.task_deps d JOIN changed b ON b.id = d.parent_id WHERE d.satisfied_at IS NULL) THEN
-    UPDATE {{schema}}.task_deps d SET watched = true FROM changed b
-     WHERE d.parent_id = b.id AND d.satisfied_at IS NULL AND NOT d.watched;
+  IF EXISTS (SELECT 1 FROM {{schema}}.task_deps d WHERE d.parent_id = v_id AND d.satisfied_at IS NULL) THEN
+    UPDATE {{schema}}.task_deps d SET watched = true
+     WHERE d.parent_id = v_id AND d.satisfied_at IS NULL AND NOT d.watched;
     PERFORM pg_notify({{wake_channel_literal}}, 'deps');
   END IF;
   RETURN NULL;
 END $fn$;
 CREATE TRIGGER watch_dead_parents AFTER INSERT ON {{schema}}.dead_letters
-  REFERENCING NEW TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.watch_dead_parents();
+  FOR EACH ROW EXECUTE FUNCTION {{schema}}.watch_dead_parents();
 CREATE TRIGGER watch_removed_dead_parents AFTER DELETE ON {{schema}}.dead_letters
-  REFERENCING OLD TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.watch_dead_parents();
+  FOR EACH ROW EXECUTE FUNCTION {{schema}}.watch_dead_parents();
 
 -- The backstop: before the prune truncates a segment, the completed parents in it whose edges are
 -- still unsatisfied are released in the prune's transaction (an older worker's completion; a
@@ -708,6 +713,21 @@ BEGIN
               FROM jsonb_array_elements(v_edges) AS a(e)) c
            WHERE c.child IS NOT NULL AND c.parent IS NOT NULL
            ORDER BY c.child, c.parent, c.in_call DESC) x;
+
+  -- An edge to a task of this call points backwards in the sent order, however it was named: by
+  -- position (checked above), by the id the call drew for it (a caller can guess the sequence's
+  -- next value), or through a duplicate whose key another entry of the call holds. Else a task
+  -- would wait on itself, or on a cycle, and nothing would ever release it.
+  SELECT u.nm, u.p INTO r
+    FROM unnest(v_e_child, v_e_parent, v_e_name) AS u(c, p, nm)
+    JOIN unnest(v_ids) WITH ORDINALITY AS pc(id, o) ON pc.id = u.p
+    JOIN unnest(v_ids) WITH ORDINALITY AS cc(id, o) ON cc.id = u.c
+   WHERE pc.o >= cc.o
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'berth: enqueue: % depends on task %, which this same call enqueues (itself, or an entry it depends on in turn): name an earlier entry with { ref }', r.nm, r.p
+      USING ERRCODE = '22023';
+  END IF;
 
   -- Parents enqueued before this call: locked where they stand, then looked up.
   FOR r IN
