@@ -236,9 +236,10 @@ DECLARE
   g record;
 BEGIN
   FOR g IN
-    SELECT DISTINCT d.queue, d.priority, d.shard FROM "berth".deferred d
-     WHERE d.id = ANY (p_ids) AND d.state = 'scheduled' AND d.run_at <= now()
-     ORDER BY d.queue, d.priority, d.shard
+    SELECT l.queue, l.priority, l.shard
+      FROM (SELECT DISTINCT d.queue, d.priority, d.shard FROM "berth".deferred d
+             WHERE d.id = ANY (p_ids) AND d.state = 'scheduled' AND d.run_at <= now()) l
+     ORDER BY "berth".lane_lock_key(l.queue, l.priority, l.shard)
   LOOP
     v_lane := "berth".provision_lane(g.queue, g.priority, g.shard);
     IF p_try THEN
@@ -722,6 +723,21 @@ BEGIN
      WHERE d.satisfied_at IS NULL
        AND (d.parent_id = ANY (v_gone) OR (d.parent_id = ANY (v_dead) AND w.on_parent_failure = 'cancel'))
      ORDER BY w.id LIMIT 10000);
+  IF cardinality(v_cancel) = 0 THEN RETURN; END IF;
+  -- The release's lock order: the dependents' counters (id order) before their deferred rows,
+  -- which cancel_tasks deletes (the other order deadlocked with a release of the same dependent,
+  -- deps-review-locks.test.ts). Under those locks the fates are read again: a parent read dead
+  -- above may have been retried and completed since, its release committed (the counter is gone)
+  -- or waiting for these locks.
+  PERFORM 1 FROM "berth".task_waits w WHERE w.id = ANY (v_cancel) ORDER BY w.id FOR UPDATE;
+  v_cancel := ARRAY(
+    SELECT DISTINCT w.id FROM "berth".task_deps d JOIN "berth".task_waits w ON w.id = d.child_id
+     WHERE w.id = ANY (v_cancel) AND d.satisfied_at IS NULL AND d.parent_id = ANY (v_dead || v_gone)
+       AND CASE "berth".task_fate(d.parent_id)
+             WHEN 'pending' THEN false WHEN 'completed' THEN false
+             WHEN 'dead' THEN w.on_parent_failure = 'cancel'
+             ELSE true END
+     ORDER BY w.id);
   IF cardinality(v_cancel) = 0 THEN RETURN; END IF;
   SELECT count(*) FILTER (WHERE c.result = 'removed') INTO cancelled
     FROM "berth".cancel_tasks(v_cancel, 'berth:dependency') c;
@@ -1242,6 +1258,23 @@ CREATE FUNCTION berth.key_entry_live(p_id bigint) RETURNS boolean
                          JOIN "berth".range_settlements x
                            ON x.lane_id = r.lane_id AND x.lease_from = l.from_seq AND x.slot = r.slot
                         WHERE l.to_seq >= r.lane_seq AND x.seqs @> r.lane_seq))
+$$;
+
+--
+-- Name: lane_lock_key(text, integer, integer); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.lane_lock_key(p_queue text, p_priority integer, p_shard integer) RETURNS integer[]
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+  SELECT ARRAY(SELECT w.unit
+                 FROM regexp_split_to_table('[' || to_json(p_queue)::text || ',' || p_priority || ',' || p_shard || ',0]', '')
+                      WITH ORDINALITY AS c(ch, i),
+                      unnest(CASE WHEN ascii(c.ch) > 65535
+                                  THEN ARRAY[55296 + ((ascii(c.ch) - 65536) >> 10), 56320 + ((ascii(c.ch) - 65536) & 1023)]
+                                  ELSE ARRAY[ascii(c.ch)] END) WITH ORDINALITY AS w(unit, j)
+                ORDER BY c.i, w.j)
 $$;
 
 --
@@ -8880,6 +8913,12 @@ REVOKE ALL ON FUNCTION berth.holder_running(h berth.limit_holders) FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION berth.key_entry_live(p_id bigint) FROM PUBLIC;
+
+--
+-- Name: FUNCTION lane_lock_key(p_queue text, p_priority integer, p_shard integer); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.lane_lock_key(p_queue text, p_priority integer, p_shard integer) FROM PUBLIC;
 
 --
 -- Name: FUNCTION limit_capacity(p_queue text, p_want integer, OUT free integer, OUT retry_ms integer, OUT guard_ms integer); Type: ACL; Schema: berth; Owner: -

@@ -280,8 +280,24 @@ RETURNS text LANGUAGE sql STABLE AS $fn$
       ORDER BY h.settled_at DESC LIMIT 1))
 $fn$;
 
+-- The lane lock order every producer shares: the client's (src/producer/enqueue.ts, `groupKey`:
+-- JSON.stringify([queue, priority, shard, 0]) sorted as JavaScript sorts strings, by UTF-16 code
+-- unit), as add_task_rows() computes it. Not (queue, priority, shard): shard 10 sorts before shard
+-- 2 as text, and a graph enqueue that took two lanes in the other order than a plain multi-lane
+-- enqueueMany deadlocked with it (40P01, deps-review-locks.test.ts).
+CREATE FUNCTION {{schema}}.lane_lock_key(p_queue text, p_priority integer, p_shard integer)
+RETURNS integer[] LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT ARRAY(SELECT w.unit
+                 FROM regexp_split_to_table('[' || to_json(p_queue)::text || ',' || p_priority || ',' || p_shard || ',0]', '')
+                      WITH ORDINALITY AS c(ch, i),
+                      unnest(CASE WHEN ascii(c.ch) > 65535
+                                  THEN ARRAY[55296 + ((ascii(c.ch) - 65536) >> 10), 56320 + ((ascii(c.ch) - 65536) & 1023)]
+                                  ELSE ARRAY[ascii(c.ch)] END) WITH ORDINALITY AS w(unit, j)
+                ORDER BY c.i, w.j)
+$fn$;
+
 -- Move due deferred rows among p_ids (state `scheduled`) into their lanes, a lane at a time in
--- lane order, each entry marked when it has a dependent still waiting for it (one probe of
+-- the producers' lane order, each entry marked when it has a dependent still waiting for it (one probe of
 -- task_deps per row). p_try: the lane's lock is tried, and a lane held by someone else is left
 -- for the leader's promotion (the release from a completion never waits on a producer); else it
 -- is waited for, as every producer's append does. Returns how many were appended.
@@ -294,9 +310,10 @@ DECLARE
   g record;
 BEGIN
   FOR g IN
-    SELECT DISTINCT d.queue, d.priority, d.shard FROM {{schema}}.deferred d
-     WHERE d.id = ANY (p_ids) AND d.state = 'scheduled' AND d.run_at <= now()
-     ORDER BY d.queue, d.priority, d.shard
+    SELECT l.queue, l.priority, l.shard
+      FROM (SELECT DISTINCT d.queue, d.priority, d.shard FROM {{schema}}.deferred d
+             WHERE d.id = ANY (p_ids) AND d.state = 'scheduled' AND d.run_at <= now()) l
+     ORDER BY {{schema}}.lane_lock_key(l.queue, l.priority, l.shard)
   LOOP
     v_lane := {{schema}}.provision_lane(g.queue, g.priority, g.shard);
     IF p_try THEN
@@ -451,6 +468,21 @@ BEGIN
      WHERE d.satisfied_at IS NULL
        AND (d.parent_id = ANY (v_gone) OR (d.parent_id = ANY (v_dead) AND w.on_parent_failure = 'cancel'))
      ORDER BY w.id LIMIT 10000);
+  IF cardinality(v_cancel) = 0 THEN RETURN; END IF;
+  -- The release's lock order: the dependents' counters (id order) before their deferred rows,
+  -- which cancel_tasks deletes (the other order deadlocked with a release of the same dependent,
+  -- deps-review-locks.test.ts). Under those locks the fates are read again: a parent read dead
+  -- above may have been retried and completed since, its release committed (the counter is gone)
+  -- or waiting for these locks.
+  PERFORM 1 FROM {{schema}}.task_waits w WHERE w.id = ANY (v_cancel) ORDER BY w.id FOR UPDATE;
+  v_cancel := ARRAY(
+    SELECT DISTINCT w.id FROM {{schema}}.task_deps d JOIN {{schema}}.task_waits w ON w.id = d.child_id
+     WHERE w.id = ANY (v_cancel) AND d.satisfied_at IS NULL AND d.parent_id = ANY (v_dead || v_gone)
+       AND CASE {{schema}}.task_fate(d.parent_id)
+             WHEN 'pending' THEN false WHEN 'completed' THEN false
+             WHEN 'dead' THEN w.on_parent_failure = 'cancel'
+             ELSE true END
+     ORDER BY w.id);
   IF cardinality(v_cancel) = 0 THEN RETURN; END IF;
   SELECT count(*) FILTER (WHERE c.result = 'removed') INTO cancelled
     FROM {{schema}}.cancel_tasks(v_cancel, 'berth:dependency') c;
@@ -814,7 +846,7 @@ BEGIN
 END $fn$;
 
 REVOKE EXECUTE ON FUNCTION {{schema}}.append_ready(integer, bigint[], text[], jsonb[], integer[], integer[], text[],
-  text[], timestamptz[], timestamptz[], text[], boolean[]),
+  text[], timestamptz[], timestamptz[], text[], boolean[]), {{schema}}.lane_lock_key(text, integer, integer),
   {{schema}}.task_fate(bigint), {{schema}}.task_type_of(bigint), {{schema}}.free_waiting(bigint[]),
   {{schema}}.append_from_deferred(bigint[], boolean),
   {{schema}}.release_completed(bigint[]), {{schema}}.deps_tick(boolean, bigint, integer),
