@@ -94,6 +94,7 @@ test('REPEATABLE READ: a parent that completed and was pruned after the producer
     await b.query('ROLLBACK');
     // The old snapshot sees the segment empty (TRUNCATE) and not the completion's history row.
     assert.ok(e instanceof BerthInputError, `refused as an input error: ${(e as Error).message}`);
+    assert.match((e as Error).message, /as this transaction's snapshot sees it: if it completed since the transaction began, retry/);
     assert.equal(await footprint(pool, schema), before, 'nothing written');
   }
   if (id !== null) {

@@ -777,6 +777,11 @@ BEGIN
                     WHEN 'cancelled' THEN 'was cancelled'
                     WHEN 'deleted' THEN 'was deleted'
                     ELSE 'does not exist (or finished longer ago than attempt history and results keep)' END
+          -- An older snapshot than the statement's (REPEATABLE READ, SERIALIZABLE) sees a ring
+          -- segment pruned since as empty, and not the completion that let it go.
+          || CASE WHEN current_setting('transaction_isolation') <> 'read committed'
+                  THEN ', as this transaction''s snapshot sees it: if it completed since the transaction began, retry the transaction'
+                  ELSE '' END
         USING ERRCODE = '22023';
     END IF;
     v_fates := v_fates || jsonb_build_object(r.p::text, v_fate);
