@@ -8,7 +8,7 @@
  */
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
-import pg from 'pg';
+import type pg from 'pg';
 import { BerthInputError, enqueue, enqueueMany } from '../src/index.js';
 import { promoteDue } from '../src/maintenance/promote.js';
 import { BerthMetrics } from '../src/metrics/catalogue.js';

@@ -9,7 +9,7 @@
  */
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
-import pg from 'pg';
+import type pg from 'pg';
 import { cancelTask, enqueueMany } from '../src/index.js';
 import { promoteDue } from '../src/maintenance/promote.js';
 import type { Queryable } from '../src/sql.js';

@@ -88,13 +88,16 @@ test('REPEATABLE READ: a parent that completed and was pruned after the producer
   const before = await footprint(pool, schema);
   let id: string | null = null;
   try {
-    [id] = await graph(b, schema, [{ name: 'c', queue: q, dependsOn: [p!] }]);
+    id = (await graph(b, schema, [{ name: 'c', queue: q, dependsOn: [p!] }]))[0] ?? null;
     await b.query('COMMIT');
   } catch (e) {
     await b.query('ROLLBACK');
     // The old snapshot sees the segment empty (TRUNCATE) and not the completion's history row.
     assert.ok(e instanceof BerthInputError, `refused as an input error: ${(e as Error).message}`);
-    assert.match((e as Error).message, /as this transaction's snapshot sees it: if it completed since the transaction began, retry/);
+    assert.match(
+      (e as Error).message,
+      /as this transaction's snapshot sees it: if it completed since the transaction began, retry/,
+    );
     assert.equal(await footprint(pool, schema), before, 'nothing written');
   }
   if (id !== null) {

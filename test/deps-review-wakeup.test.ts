@@ -10,7 +10,7 @@
  */
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
-import pg from 'pg';
+import type pg from 'pg';
 import { BerthInputError, defineTask, moveTask } from '../src/index.js';
 import { promoteDue } from '../src/maintenance/promote.js';
 import type { ClaimedTask } from '../src/processor/claim.js';
