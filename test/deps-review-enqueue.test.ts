@@ -19,11 +19,14 @@ import { releaseLease, returnUnstarted } from '../src/storage/return.js';
 import { storageFor } from '../src/storage/storage.js';
 import { freshSchema, testLogger } from './helpers.js';
 import {
+  bury,
   claimIds,
   completeAndRelease,
   edgesOf,
+  enqueueGraphSql,
   footprint,
   graph,
+  graphTask,
   session,
   stateOf,
   tick,
@@ -54,13 +57,7 @@ function recording(c: pg.Client): Queryable & { sent: string[] } {
 
 test('a refused call writes nothing: a dead parent named by the last entry, in autocommit and in a transaction (with a savepoint, the rest commits)', async () => {
   const [dead] = await graph(pool, schema, [{ name: 'dead', queue: 'e-dead', delay: 3_600_000 }]);
-  await pool.query(
-    `WITH d AS (DELETE FROM ${S}.deferred WHERE id = $1 RETURNING *)
-     INSERT INTO ${S}.dead_letters (id, type, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
-                                    last_error, created_at, last_attempted_at)
-     SELECT id, type, payload, queue, priority, shard, 1, max_attempts, dedupe_key, 'boom', created_at, now() FROM d`,
-    [dead],
-  );
+  await bury(pool, schema, dead!);
   // Entries on several lanes (queues a, m, z), the refused one last in every order.
   const call = (db: Queryable) =>
     graph(db, schema, [
@@ -91,22 +88,8 @@ test('a refused call writes nothing: a dead parent named by the last entry, in a
 });
 
 test('a hand-built enqueue_graph JSON: an edge forwards, at itself, or with a bad payload in the last lane is refused whole', async () => {
-  const task = (name: string, queue: string, type = 'dr') => ({
-    name,
-    type,
-    payload: {},
-    queue,
-    priority: 0,
-    shard: null,
-    shards: 16,
-    runAt: null,
-    delayMs: null,
-    maxAttempts: null,
-    dedupeKey: null,
-    key: null,
-    policy: 'cancel',
-  });
-  const cases: [string, unknown][] = [
+  const task = (name: string, queue: string, type = 'dr') => graphTask(name, queue, { type, shard: null });
+  const cases: [string, { tasks: Record<string, unknown>[]; edges: unknown[] }][] = [
     ['forwards', { tasks: [task('a', 'g-a'), task('b', 'g-b')], edges: [[0, 1, null]] }],
     ['itself', { tasks: [task('a', 'g-a')], edges: [[0, 0, null]] }],
     ['both', { tasks: [task('a', 'g-a')], edges: [[0, 0, '1']] }],
@@ -117,7 +100,7 @@ test('a hand-built enqueue_graph JSON: an edge forwards, at itself, or with a ba
   const before = await footprint(pool, schema);
   for (const [name, g] of cases) {
     await assert.rejects(
-      pool.query(`SELECT * FROM ${S}.enqueue_graph($1::jsonb)`, [JSON.stringify(g)]),
+      enqueueGraphSql(pool, schema, g.tasks, g.edges),
       (e: { code?: string }) => e.code === '22023',
       name,
     );
@@ -143,31 +126,17 @@ test('regression (review): a dependency on the id its own call draws, or on a du
   assert.ok(self instanceof BerthInputError, `refused as an input error: ${self.message}`);
   // A cycle of two through ids, hand-built.
   const n2 = BigInt((await pool.query(`SELECT last_value AS n FROM ${S}.task_id_seq`)).rows[0].n as string);
-  const t = (name: string) => ({
-    name,
-    type: 'dr',
-    payload: {},
-    queue: 'e-cycle',
-    priority: 0,
-    shard: 0,
-    shards: 16,
-    runAt: null,
-    delayMs: null,
-    maxAttempts: null,
-    dedupeKey: null,
-    key: null,
-    policy: 'cancel',
-  });
+  const t = (name: string) => graphTask(name, 'e-cycle');
   await assert.rejects(
-    pool.query(`SELECT * FROM ${S}.enqueue_graph($1::jsonb)`, [
-      JSON.stringify({
-        tasks: [t('a'), t('b')],
-        edges: [
-          [1, 0, null],
-          [0, null, String(n2 + 2n)],
-        ],
-      }),
-    ]),
+    enqueueGraphSql(
+      pool,
+      schema,
+      [t('a'), t('b')],
+      [
+        [1, 0, null],
+        [0, null, String(n2 + 2n)],
+      ],
+    ),
     (e: { code?: string }) => e.code === '22023',
   );
   // Through a duplicate: the parent (sent first) is a duplicate of its own child, whose lane

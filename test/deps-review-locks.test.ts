@@ -48,6 +48,17 @@ function outcome(p: Promise<unknown>): Promise<string> {
   );
 }
 
+/** A parent (dead: its only attempt failed for good) and its dependent of the `cancel` policy, in `queue`. */
+async function deadParentOf(queue: string): Promise<[string, string]> {
+  const [p, c] = await graph(pool, schema, [
+    { name: 'p', queue, ref: 'p' },
+    { name: 'c', queue, dependsOn: [{ ref: 'p' }] },
+  ]);
+  const [t] = await claimIds(pool, schema, [p!], queue);
+  await recordFailures(pool, storage, [{ ref: t!, error: 'boom', delayMs: 0, permanent: true }]);
+  return [p!, c!];
+}
+
 test('release vs an operator cancel of the last waiting dependent, both orders: no deadlock, it is cancelled and never runs', async () => {
   for (const first of ['release', 'cancel'] as const) {
     const q = `l-cancel-${first}`;
@@ -84,12 +95,7 @@ test('release vs an operator cancel of the last waiting dependent, both orders: 
 
 test('regression (review): the leader cancels a dependent on a parent it read as dead while the parent is retried and a second deps pass releases it: no deadlock', async () => {
   const q = 'l-stale-dead';
-  const [p, c] = await graph(pool, schema, [
-    { name: 'p', queue: q, ref: 'p' },
-    { name: 'c', queue: q, dependsOn: [{ ref: 'p' }] },
-  ]);
-  const [t] = await claimIds(pool, schema, [p!], q);
-  await recordFailures(pool, storage, [{ ref: t!, error: 'boom', delayMs: 0, permanent: true }]);
+  const [p, c] = await deadParentOf(q);
   // Something holds the dependent's row a moment (a producer's FOR UPDATE stands in for any).
   await x.query('BEGIN');
   await x.query(`SELECT 1 FROM ${S}.deferred WHERE id = $1 FOR UPDATE`, [c]);
@@ -117,12 +123,7 @@ test('regression (review): the leader cancels a dependent on a parent it read as
 
 test('regression (review): the leader reads a parent dead; before it cancels, the parent is retried and completes: the dependent is released, not cancelled', async () => {
   const q = 'l-retried';
-  const [p, c] = await graph(pool, schema, [
-    { name: 'p', queue: q, ref: 'p' },
-    { name: 'c', queue: q, dependsOn: [{ ref: 'p' }] },
-  ]);
-  const [t] = await claimIds(pool, schema, [p!], q);
-  await recordFailures(pool, storage, [{ ref: t!, error: 'boom', delayMs: 0, permanent: true }]);
+  const [p, c] = await deadParentOf(q);
   // Something holds the dependent's counter a moment (a release of another of its parents).
   await x.query('BEGIN');
   await x.query(`SELECT 1 FROM ${S}.task_waits WHERE id = $1 FOR UPDATE`, [c]);

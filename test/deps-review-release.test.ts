@@ -16,6 +16,7 @@ import { storageFor } from '../src/storage/storage.js';
 import { DATABASE_URL, freshSchema, takeLeaseOver, testLogger, urlAs } from './helpers.js';
 import {
   blockedOnLock,
+  bury,
   claimIds,
   completeAndRelease,
   edgesOf,
@@ -193,13 +194,7 @@ test('release_completed called by a worker role with ids that did not complete f
       { name: 'w-cancel-c', dependsOn: [{ ref: 'x' }] },
     ]);
     await claimIds(pool, schema, [running!]);
-    await pool.query(
-      `WITH d AS (DELETE FROM ${S}.deferred WHERE id = $1 RETURNING *)
-       INSERT INTO ${S}.dead_letters (id, type, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
-                                      last_error, created_at, last_attempted_at)
-       SELECT id, type, payload, queue, priority, shard, 1, max_attempts, dedupe_key, 'boom', created_at, now() FROM d`,
-      [dead],
-    );
+    await bury(pool, schema, dead!);
     await pool.query(`SELECT * FROM ${S}.cancel_tasks(ARRAY[$1::bigint], 'review')`, [cancelled]);
     const before = (await pool.query(`SELECT count(*)::int AS n FROM ${S}.task_deps WHERE satisfied_at IS NOT NULL`))
       .rows[0].n;

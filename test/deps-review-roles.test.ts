@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import pg from 'pg';
 import { enqueueMany, grantRuntimeRole } from '../src/index.js';
 import { DATABASE_URL, freshSchema, urlAs } from './helpers.js';
-import { graph, stateOf } from './deps-review-support.js';
+import { enqueueGraphSql, graph, graphTask, stateOf } from './deps-review-support.js';
 
 const { schema, pool } = await freshSchema('drev_roles');
 const S = `"${schema}"`;
@@ -71,25 +71,9 @@ test('a producer role enqueues a graph and reads its edges, but releases nothing
     await assert.rejects(asProducer.query(sql), denied, sql);
   }
   // Called directly with an edge that points forwards: refused, nothing written.
-  const task = {
-    name: 'x',
-    type: 'dr',
-    payload: {},
-    queue: 'r-q',
-    priority: 0,
-    shard: 0,
-    shards: 16,
-    runAt: null,
-    delayMs: null,
-    maxAttempts: null,
-    dedupeKey: null,
-    key: null,
-    policy: 'cancel',
-  };
+  const task = graphTask('x', 'r-q');
   await assert.rejects(
-    asProducer.query(`SELECT * FROM ${S}.enqueue_graph($1::jsonb)`, [
-      JSON.stringify({ tasks: [task, task], edges: [[0, 1, null]] }),
-    ]),
+    enqueueGraphSql(asProducer, schema, [task, task], [[0, 1, null]]),
     (e: { code?: string }) => e.code === '22023',
   );
   assert.equal(await stateOf(pool, schema, child), 'waiting');

@@ -13,6 +13,7 @@ import { depsTick, releaseCompleted } from '../src/storage/deps.js';
 import { storageFor } from '../src/storage/storage.js';
 import { claimParams } from './claim-params.js';
 import { DATABASE_URL, waitFor } from './helpers.js';
+import { bury as buryIn } from './keys-review-support.js';
 
 /** A session of its own (a transaction the test holds open, a role's login). */
 export async function session(
@@ -193,14 +194,37 @@ export async function footprint(db: Queryable, schema: string): Promise<number> 
   ).rows[0]!.n;
 }
 
-/** Move a deferred task to the dead letters, as a worker's final failure leaves it. */
-export async function bury(db: Queryable, schema: string, id: string): Promise<void> {
-  const s = `"${schema}"`;
-  await db.query(
-    `WITH d AS (DELETE FROM ${s}.deferred WHERE id = $1 RETURNING *)
-     INSERT INTO ${s}.dead_letters (id, type, payload, queue, priority, shard, attempts, max_attempts, dedupe_key,
-                                    last_error, created_at, last_attempted_at)
-     SELECT id, type, payload, queue, priority, shard, 1, max_attempts, dedupe_key, 'boom', created_at, now() FROM d`,
-    [id],
-  );
+/** Move a deferred task to the dead letters, as a worker's final failure leaves it (keys-review-support's bury). */
+export function bury(db: pg.ClientBase | pg.Pool, schema: string, id: string): Promise<void> {
+  return buryIn(db, `"${schema}"`, id);
+}
+
+/** One task of a hand-built `enqueue_graph` JSON (every field the client sends), `over` replacing any. */
+export function graphTask(name: string, queue: string, over: Record<string, unknown> = {}): Record<string, unknown> {
+  return {
+    name,
+    type: 'dr',
+    payload: {},
+    queue,
+    priority: 0,
+    shard: 0,
+    shards: 16,
+    runAt: null,
+    delayMs: null,
+    maxAttempts: null,
+    dedupeKey: null,
+    key: null,
+    policy: 'cancel',
+    ...over,
+  };
+}
+
+/** `enqueue_graph(jsonb)` called directly with a hand-built graph, as any role allowed to may. */
+export function enqueueGraphSql(
+  db: Queryable,
+  schema: string,
+  tasks: readonly Record<string, unknown>[],
+  edges: readonly unknown[],
+): Promise<unknown> {
+  return db.query(`SELECT * FROM "${schema}".enqueue_graph($1::jsonb)`, [JSON.stringify({ tasks, edges })]);
 }
