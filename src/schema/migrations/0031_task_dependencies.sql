@@ -476,9 +476,15 @@ BEGIN
   -- or waiting for these locks.
   PERFORM 1 FROM {{schema}}.task_waits w WHERE w.id = ANY (v_cancel) ORDER BY w.id FOR UPDATE;
   v_cancel := ARRAY(
-    SELECT DISTINCT w.id FROM {{schema}}.task_deps d JOIN {{schema}}.task_waits w ON w.id = d.child_id
-     WHERE w.id = ANY (v_cancel) AND d.satisfied_at IS NULL AND d.parent_id = ANY (v_dead || v_gone)
-       AND CASE {{schema}}.task_fate(d.parent_id)
+    WITH f AS MATERIALIZED (
+      -- Each failed parent's fate once (a fan-out of 10,000 dependents has one parent).
+      SELECT u.p, {{schema}}.task_fate(u.p) AS fate FROM unnest(v_dead || v_gone) AS u(p)
+    )
+    SELECT DISTINCT w.id FROM {{schema}}.task_deps d
+      JOIN {{schema}}.task_waits w ON w.id = d.child_id
+      JOIN f ON f.p = d.parent_id
+     WHERE w.id = ANY (v_cancel) AND d.satisfied_at IS NULL
+       AND CASE f.fate
              WHEN 'pending' THEN false WHEN 'completed' THEN false
              WHEN 'dead' THEN w.on_parent_failure = 'cancel'
              ELSE true END
