@@ -594,6 +594,37 @@ BEGIN
 END $$;
 
 --
+-- Name: count_completions(bigint[]); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.count_completions(p_done bigint[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v_freed bigint[];
+BEGIN
+  IF coalesce(cardinality(p_done), 0) = 0 THEN RETURN 0; END IF;
+  PERFORM 1 FROM "berth".task_waits w
+   WHERE w.id IN (SELECT d.child_id FROM "berth".task_deps d
+                   WHERE d.parent_id = ANY (p_done) AND d.satisfied_at IS NULL)
+   ORDER BY w.id FOR UPDATE;
+  WITH sat AS (
+    UPDATE "berth".task_deps d SET satisfied_at = now(), watched = false
+     WHERE d.parent_id = ANY (p_done) AND d.satisfied_at IS NULL
+    RETURNING d.child_id
+  ), per AS (
+    SELECT s.child_id, count(*)::integer AS n FROM sat s GROUP BY s.child_id
+  ), dec AS (
+    UPDATE "berth".task_waits w SET pending = w.pending - per.n FROM per
+     WHERE w.id = per.child_id
+    RETURNING w.id, w.pending
+  )
+  SELECT coalesce(array_agg(dec.id ORDER BY dec.id) FILTER (WHERE dec.pending = 0), '{}') INTO v_freed FROM dec;
+  RETURN "berth".free_waiting(v_freed);
+END $$;
+
+--
 -- Name: count_lost_claim(smallint, integer, bigint, integer, integer, text); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -1933,35 +1964,15 @@ CREATE FUNCTION berth.release_completed(p_parents bigint[]) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-DECLARE
-  v_done bigint[];
-  v_freed bigint[];
 BEGIN
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'berth: release_completed must run at READ COMMITTED (it counts under row locks)'
       USING ERRCODE = '25000';
   END IF;
-  v_done := ARRAY(SELECT DISTINCT p.id FROM unnest(p_parents) AS p(id)
-                   WHERE EXISTS (SELECT 1 FROM "berth".task_deps d WHERE d.parent_id = p.id AND d.satisfied_at IS NULL)
-                     AND "berth".task_fate(p.id) = 'completed');
-  IF cardinality(v_done) = 0 THEN RETURN 0; END IF;
-  PERFORM 1 FROM "berth".task_waits w
-   WHERE w.id IN (SELECT d.child_id FROM "berth".task_deps d
-                   WHERE d.parent_id = ANY (v_done) AND d.satisfied_at IS NULL)
-   ORDER BY w.id FOR UPDATE;
-  WITH sat AS (
-    UPDATE "berth".task_deps d SET satisfied_at = now(), watched = false
-     WHERE d.parent_id = ANY (v_done) AND d.satisfied_at IS NULL
-    RETURNING d.child_id
-  ), per AS (
-    SELECT s.child_id, count(*)::integer AS n FROM sat s GROUP BY s.child_id
-  ), dec AS (
-    UPDATE "berth".task_waits w SET pending = w.pending - per.n FROM per
-     WHERE w.id = per.child_id
-    RETURNING w.id, w.pending
-  )
-  SELECT coalesce(array_agg(dec.id ORDER BY dec.id) FILTER (WHERE dec.pending = 0), '{}') INTO v_freed FROM dec;
-  RETURN "berth".free_waiting(v_freed);
+  RETURN "berth".count_completions(ARRAY(
+    SELECT DISTINCT p.id FROM unnest(p_parents) AS p(id)
+     WHERE EXISTS (SELECT 1 FROM "berth".task_deps d WHERE d.parent_id = p.id AND d.satisfied_at IS NULL)
+       AND "berth".task_fate(p.id) = 'completed'));
 END $$;
 
 --
@@ -2043,6 +2054,7 @@ BEGIN
   DELETE FROM "berth".deferred WHERE id = p_id;
   IF FOUND THEN
     DELETE FROM "berth".dedupe WHERE id = p_id;
+    IF p_reason = 'dequeued' THEN PERFORM "berth".count_completions(ARRAY[p_id]); END IF;
     RETURN 'removed';
   END IF;
   RETURN "berth".tombstone_unleased(p_id, p_reason);
@@ -8852,6 +8864,12 @@ REVOKE ALL ON FUNCTION berth.check_queue(p_fn text, p_queue text) FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION berth.check_tasks(p_fn text, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION count_completions(p_done bigint[]); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.count_completions(p_done bigint[]) FROM PUBLIC;
 
 --
 -- Name: FUNCTION count_lost_claim(p_slot smallint, p_lane integer, p_seq bigint, p_attempt integer, p_max_attempts integer, p_worker text); Type: ACL; Schema: berth; Owner: -

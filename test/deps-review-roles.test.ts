@@ -62,6 +62,7 @@ test('a producer role enqueues a graph and reads its edges, but releases nothing
     `SELECT ${S}.append_from_deferred(ARRAY[${child}]::bigint[], false)`,
     `SELECT ${S}.prune_dep_edges(10)`,
     `SELECT ${S}.task_fate(1)`,
+    `SELECT ${S}.count_completions(ARRAY[1]::bigint[])`,
     `SELECT ${S}.lane_lock_key('q', 0, 0)`,
     `INSERT INTO ${S}.task_deps (parent_id, child_id, parent_type) VALUES (1, ${child}, 'x')`,
     `UPDATE ${S}.task_deps SET satisfied_at = now() WHERE child_id = ${child}`,
@@ -95,6 +96,7 @@ test('a worker role writes no edge or counter itself; the definer functions it i
     `SELECT ${S}.free_waiting(ARRAY[${c}]::bigint[])`,
     `SELECT ${S}.append_from_deferred(ARRAY[${c}]::bigint[], true)`,
     `SELECT ${S}.task_fate(${p})`,
+    `SELECT ${S}.count_completions(ARRAY[${p}]::bigint[])`,
   ]) {
     await assert.rejects(asWorker.query(sql), denied, sql);
   }

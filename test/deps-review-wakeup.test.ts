@@ -250,9 +250,7 @@ test('a parent moved to another queue, keyed, or dequeued by its handler: the le
   await assertFreedOnce(ic!, 'parent dequeued inline');
 });
 
-test('dequeue(…, "") of a scheduled parent (the producer did the work itself) counts as a completion, as for a ready one', {
-  todo: 'review finding: open (remove_unleased deletes a deferred parent without a trace; task_fate reads unknown)',
-}, async () => {
+test('regression (review): dequeue(…, "") of a scheduled parent (the producer did the work itself) counts as a completion, as for a ready one', async () => {
   const [sp, sc] = await graph(pool, schema, [
     { name: 'inline-sched-p', queue: 'w-inline-s', ref: 'p', delay: 3_600_000 },
     { name: 'inline-sched-c', queue: 'w-inline-s', dependsOn: [{ ref: 'p' }] },

@@ -382,32 +382,24 @@ BEGIN
   RETURN v_n;
 END $fn$;
 
--- Count the completion of each parent in p_parents that has completed (verified here, in the
--- caller's snapshot: a worker's completion calls this in its own transaction, after the fenced
--- settlement, so a settlement the fence refused releases nothing) towards its dependents, once
--- per edge (`satisfied_at` is the once-token), and free the dependents whose last parent it was.
--- Locks: the dependents' counters in id order, then their edges; every caller takes them so.
-CREATE FUNCTION {{schema}}.release_completed(p_parents bigint[])
+-- Count the completion of each parent in p_done (every caller has verified that it completed)
+-- towards its dependents, once per edge (`satisfied_at` is the once-token), and free the
+-- dependents whose last parent it was. Locks: the dependents' counters in id order, then their
+-- edges; every caller takes them so. Not granted to anyone: release_completed checks what a worker
+-- hands it, and remove_unleased_quietly counts the deferred task it has just dequeued.
+CREATE FUNCTION {{schema}}.count_completions(p_done bigint[])
 RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-  v_done bigint[];
   v_freed bigint[];
 BEGIN
-  IF current_setting('transaction_isolation') <> 'read committed' THEN
-    RAISE EXCEPTION 'berth: release_completed must run at READ COMMITTED (it counts under row locks)'
-      USING ERRCODE = '25000';
-  END IF;
-  v_done := ARRAY(SELECT DISTINCT p.id FROM unnest(p_parents) AS p(id)
-                   WHERE EXISTS (SELECT 1 FROM {{schema}}.task_deps d WHERE d.parent_id = p.id AND d.satisfied_at IS NULL)
-                     AND {{schema}}.task_fate(p.id) = 'completed');
-  IF cardinality(v_done) = 0 THEN RETURN 0; END IF;
+  IF coalesce(cardinality(p_done), 0) = 0 THEN RETURN 0; END IF;
   PERFORM 1 FROM {{schema}}.task_waits w
    WHERE w.id IN (SELECT d.child_id FROM {{schema}}.task_deps d
-                   WHERE d.parent_id = ANY (v_done) AND d.satisfied_at IS NULL)
+                   WHERE d.parent_id = ANY (p_done) AND d.satisfied_at IS NULL)
    ORDER BY w.id FOR UPDATE;
   WITH sat AS (
     UPDATE {{schema}}.task_deps d SET satisfied_at = now(), watched = false
-     WHERE d.parent_id = ANY (v_done) AND d.satisfied_at IS NULL
+     WHERE d.parent_id = ANY (p_done) AND d.satisfied_at IS NULL
     RETURNING d.child_id
   ), per AS (
     SELECT s.child_id, count(*)::integer AS n FROM sat s GROUP BY s.child_id
@@ -418,6 +410,39 @@ BEGIN
   )
   SELECT coalesce(array_agg(dec.id ORDER BY dec.id) FILTER (WHERE dec.pending = 0), '{}') INTO v_freed FROM dec;
   RETURN {{schema}}.free_waiting(v_freed);
+END $fn$;
+
+-- Count the completion of each parent in p_parents that has completed (verified here, in the
+-- caller's snapshot: a worker's completion calls this in its own transaction, after the fenced
+-- settlement, so a settlement the fence refused releases nothing) towards its dependents.
+CREATE FUNCTION {{schema}}.release_completed(p_parents bigint[])
+RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'berth: release_completed must run at READ COMMITTED (it counts under row locks)'
+      USING ERRCODE = '25000';
+  END IF;
+  RETURN {{schema}}.count_completions(ARRAY(
+    SELECT DISTINCT p.id FROM unnest(p_parents) AS p(id)
+     WHERE EXISTS (SELECT 1 FROM {{schema}}.task_deps d WHERE d.parent_id = p.id AND d.satisfied_at IS NULL)
+       AND {{schema}}.task_fate(p.id) = 'completed'));
+END $fn$;
+
+-- remove_unleased_quietly as in migration 20, and a deferred task removed by a dequeue (the
+-- caller did its work: `dequeue(executor, schema, id, '')`) counted as completed for its
+-- dependents, as a dequeued ring entry is (its tombstone says so, and task_fate reads it): the
+-- deleted row leaves no trace task_fate could read, so its dependents were cancelled as if it
+-- had been deleted (deps-review-wakeup.test.ts).
+CREATE OR REPLACE FUNCTION {{schema}}.remove_unleased_quietly(p_id bigint, p_reason text)
+RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  DELETE FROM {{schema}}.deferred WHERE id = p_id;
+  IF FOUND THEN
+    DELETE FROM {{schema}}.dedupe WHERE id = p_id;
+    IF p_reason = 'dequeued' THEN PERFORM {{schema}}.count_completions(ARRAY[p_id]); END IF;
+    RETURN 'removed';
+  END IF;
+  RETURN {{schema}}.tombstone_unleased(p_id, p_reason);
 END $fn$;
 
 -- The leader's look at watched edges (or, with p_all, at every unsatisfied edge: its slow sweep),
@@ -860,7 +885,7 @@ REVOKE EXECUTE ON FUNCTION {{schema}}.append_ready(integer, bigint[], text[], js
   text[], timestamptz[], timestamptz[], text[], boolean[]), {{schema}}.lane_lock_key(text, integer, integer),
   {{schema}}.task_fate(bigint), {{schema}}.task_type_of(bigint), {{schema}}.free_waiting(bigint[]),
   {{schema}}.append_from_deferred(bigint[], boolean),
-  {{schema}}.release_completed(bigint[]), {{schema}}.deps_tick(boolean, bigint, integer),
+  {{schema}}.count_completions(bigint[]), {{schema}}.release_completed(bigint[]), {{schema}}.deps_tick(boolean, bigint, integer),
   {{schema}}.watch_parents(bigint[]), {{schema}}.watch_dead_parents(), {{schema}}.release_before_prune(),
   {{schema}}.task_parents(bigint), {{schema}}.task_dependents(bigint, integer), {{schema}}.dependency_usage(),
   {{schema}}.prune_dep_edges(integer), {{schema}}.enqueue_graph(jsonb),
