@@ -2050,14 +2050,18 @@ CREATE FUNCTION berth.remove_unleased_quietly(p_id bigint, p_reason text) RETURN
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE v_result text;
 BEGIN
   DELETE FROM "berth".deferred WHERE id = p_id;
   IF FOUND THEN
     DELETE FROM "berth".dedupe WHERE id = p_id;
     IF p_reason = 'dequeued' THEN PERFORM "berth".count_completions(ARRAY[p_id]); END IF;
-    RETURN 'removed';
+    v_result := 'removed';
+  ELSE
+    v_result := "berth".tombstone_unleased(p_id, p_reason);
   END IF;
-  RETURN "berth".tombstone_unleased(p_id, p_reason);
+  IF v_result = 'removed' THEN PERFORM "berth".watch_parents(ARRAY[p_id]); END IF;
+  RETURN v_result;
 END $$;
 
 --

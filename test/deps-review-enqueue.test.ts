@@ -9,7 +9,7 @@
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import type pg from 'pg';
-import { BerthInputError, enqueue, enqueueMany } from '../src/index.js';
+import { BerthInputError, dequeue, enqueue, enqueueMany } from '../src/index.js';
 import { promoteDue } from '../src/maintenance/promote.js';
 import { BerthMetrics } from '../src/metrics/catalogue.js';
 import { SettlementBatcher } from '../src/processor/settlement-batcher.js';
@@ -222,6 +222,12 @@ test('plain tasks: the batcher sends the completion it always did; a marked one 
     db.sent.every((x) => !/enqueue_graph|task_deps|task_waits/.test(x)),
     JSON.stringify(db.sent.map((x) => x.slice(0, 60))),
   );
+  // A producer's inline dequeue of a plain task (it did the work itself): one statement.
+  const [inline] = await graph(pool, schema, [{ name: 'inline', queue: 'e-plain-3' }]);
+  const before = db.sent.length;
+  await dequeue(db, schema, inline!, '');
+  assert.equal(db.sent.length - before, 1, JSON.stringify(db.sent.slice(before).map((x) => x.slice(0, 60))));
+  assert.match(db.sent[before]!, /remove_unleased/);
 });
 
 test('plain tasks carry no mark wherever they are appended from (enqueue, promotion, a retry, a graph entry without dependents)', async () => {

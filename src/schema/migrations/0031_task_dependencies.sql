@@ -428,21 +428,27 @@ BEGIN
        AND {{schema}}.task_fate(p.id) = 'completed'));
 END $fn$;
 
--- remove_unleased_quietly as in migration 20, and a deferred task removed by a dequeue (the
--- caller did its work: `dequeue(executor, schema, id, '')`) counted as completed for its
--- dependents, as a dequeued ring entry is (its tombstone says so, and task_fate reads it): the
--- deleted row leaves no trace task_fate could read, so its dependents were cancelled as if it
--- had been deleted (deps-review-wakeup.test.ts).
+-- remove_unleased_quietly as in migration 20, with the removed task's dependents: a deferred task
+-- removed by a dequeue (the caller did its work: `dequeue(executor, schema, id, '')`) counts as
+-- completed for them, as a dequeued ring entry does (its tombstone says so, and task_fate reads
+-- it; the deleted row leaves no trace task_fate could read, so they were cancelled as if it had
+-- been deleted: deps-review-wakeup.test.ts); any other removal has their edges watched, so the
+-- leader reads its fate. Here rather than in a statement of the client's own: a producer's inline
+-- dequeue of a plain task costs an index probe, not a round trip.
 CREATE OR REPLACE FUNCTION {{schema}}.remove_unleased_quietly(p_id bigint, p_reason text)
 RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE v_result text;
 BEGIN
   DELETE FROM {{schema}}.deferred WHERE id = p_id;
   IF FOUND THEN
     DELETE FROM {{schema}}.dedupe WHERE id = p_id;
     IF p_reason = 'dequeued' THEN PERFORM {{schema}}.count_completions(ARRAY[p_id]); END IF;
-    RETURN 'removed';
+    v_result := 'removed';
+  ELSE
+    v_result := {{schema}}.tombstone_unleased(p_id, p_reason);
   END IF;
-  RETURN {{schema}}.tombstone_unleased(p_id, p_reason);
+  IF v_result = 'removed' THEN PERFORM {{schema}}.watch_parents(ARRAY[p_id]); END IF;
+  RETURN v_result;
 END $fn$;
 
 -- The leader's look at watched edges (or, with p_all, at every unsatisfied edge: its slow sweep),
