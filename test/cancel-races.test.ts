@@ -346,19 +346,27 @@ test('migration 25 on a schema with attempt history: the index is built and vali
     const ids: string[] = [];
     for (let i = 0; i < 3; i++) ids.push((await enqueue(c, 'legacy', { i }, { schema: legacy })).id!);
     const lanes = (await c.query<{ lane_id: number }>(`SELECT lane_id FROM ${L}.lanes`)).rows.map((r) => r.lane_id);
-    // This version's claim reads lanes.limited (migration 28), which a version-24 schema has not:
-    // the column is lent for the claim and taken back before the migration adds it.
+    // This version's claim reads lanes.limited (migration 28) and ready.has_dependents (migration
+    // 31), which a version-24 schema has not: the columns are lent for the claim and taken back
+    // before the migrations add them.
     await c.query(`ALTER TABLE ${L}.lanes ADD COLUMN limited boolean NOT NULL DEFAULT false`);
+    await c.query(`ALTER TABLE ${L}.ready ADD COLUMN has_dependents boolean`);
     const { tasks } = await claimBatch(c, claimParams(legacy, lanes, 3, { workerId: 'v24' }));
     await c.query(`ALTER TABLE ${L}.lanes DROP COLUMN limited`);
+    await c.query(`ALTER TABLE ${L}.ready DROP COLUMN has_dependents`);
     assert.equal(tasks.length, 3);
     const [cancelled, stopped, ready] = tasks as [ClaimedTask, ClaimedTask, ClaimedTask];
-    // Version 24's cancel of a running task; a stop's release (outcome `cancelled`, no cancel).
-    assert.equal((await cancelTasks(c, legacyStorage, [cancelled.id], 'cli:old')).get(cancelled.id), 'cancelled');
+    // Version 24's cancel (its cancel_tasks(), called as its client called it: this version's
+    // client also watches the task's dependents, migration 31) of a running task; a stop's
+    // release (outcome `cancelled`, no cancel).
+    const cancelV24 = async (id: string) =>
+      (await c.query<{ result: string }>(`SELECT result FROM ${L}.cancel_tasks(ARRAY[$1::bigint], 'cli:old')`, [id]))
+        .rows[0]?.result;
+    assert.equal(await cancelV24(cancelled.id), 'cancelled');
     assert.equal((await releaseLease(c, legacyStorage, stopped, 'stopped', { outcome: 'cancelled' })).wrote, true);
     // Version 24's cancel of a pending task records nothing: it reads as not found, before and after.
     assert.equal((await releaseLease(c, legacyStorage, ready, 'stopped', { outcome: 'continued' })).wrote, true);
-    assert.equal((await cancelTasks(c, legacyStorage, [ready.id], 'cli:old')).get(ready.id), 'removed');
+    assert.equal(await cancelV24(ready.id), 'removed');
     await migrate({ client: c, schema: legacy });
     const index = await c.query<{ valid: boolean }>(
       `SELECT bool_and(i.indisvalid) AS valid FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid
