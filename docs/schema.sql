@@ -241,10 +241,18 @@ BEGIN
              WHERE d.id = ANY (p_ids) AND d.state = 'scheduled' AND d.run_at <= now()) l
      ORDER BY "berth".lane_lock_key(l.queue, l.priority, l.shard)
   LOOP
-    v_lane := "berth".provision_lane(g.queue, g.priority, g.shard);
     IF p_try THEN
-      CONTINUE WHEN NOT pg_try_advisory_xact_lock(446571594, v_lane);
+      -- A lane not provisioned yet: provision_lane waits for the queue's lock, which a producer
+      -- that opened another lane of the queue holds to its commit, so that lock is tried first
+      -- (re-taken inside); held by someone else, the row is left to promotion too.
+      SELECT l.lane_id INTO v_lane FROM "berth".lanes l
+       WHERE l.queue = g.queue AND l.priority = g.priority AND l.shard = g.shard;
+      IF v_lane IS NULL AND pg_try_advisory_xact_lock(hashtextextended('berth:queue:' || g.queue, 0)) THEN
+        v_lane := "berth".provision_lane(g.queue, g.priority, g.shard);
+      END IF;
+      CONTINUE WHEN v_lane IS NULL OR NOT pg_try_advisory_xact_lock(446571594, v_lane);
     ELSE
+      v_lane := "berth".provision_lane(g.queue, g.priority, g.shard);
       PERFORM pg_advisory_xact_lock(446571594, v_lane);
     END IF;
     WITH pick AS (

@@ -204,3 +204,45 @@ test('regression (review): a graph enqueue and a plain multi-lane enqueueMany ov
   if (got[0] !== 'ok') await a.query('ROLLBACK');
   assert.deepEqual(got, ['ok', 'ok'], 'both commit (40P01: the two calls took the lanes in opposite orders)');
 });
+
+test('regression (review): a release into a lane that does not exist yet never waits for a producer holding its queue (a new lane of the queue, open)', async () => {
+  // The dependent's lane (queue l-newlane, shard 7) is never provisioned until its first append.
+  const [p, c] = await graph(pool, schema, [
+    { name: 'p', queue: 'l-newlane-parent', ref: 'p' },
+    { name: 'c', queue: 'l-newlane', shard: 7, dependsOn: [{ ref: 'p' }] },
+  ]);
+  const [t] = await claimIds(pool, schema, [p!], 'l-newlane-parent');
+  // A producer's open transaction provisioned another new lane of the same queue: it holds the
+  // queue's lock (provision_lane) until it commits.
+  await b.query('BEGIN');
+  await enqueueMany(b, [{ type: 'dr', payload: {}, queue: 'l-newlane', shard: 5 }], { schema });
+  try {
+    await a.query('BEGIN');
+    const done = completeAndRelease(a, schema, [t!]).then(async (r) => {
+      await a.query('COMMIT');
+      return r;
+    });
+    const waited = await Promise.race([
+      done.then(() => false),
+      blockedOnLock(pool, pidOf(a), 'the queue lock').then(() => true),
+    ]);
+    if (waited) await b.query('COMMIT');
+    assert.equal(waited, false, "the completion waited for a producer's transaction");
+    assert.equal((await done).freed, 1, 'freed (left due for promotion)');
+  } finally {
+    await b.query('COMMIT').catch(() => undefined);
+  }
+  await promoteDue(pool, schema);
+  assert.equal(await stateOf(pool, schema, c!), 'ready');
+  assert.equal(await entries(pool, schema, c!), 1);
+});
+
+test('a release into a lane that does not exist yet, its queue free: provisioned and appended at once', async () => {
+  const [p, c] = await graph(pool, schema, [
+    { name: 'p', queue: 'l-newlane2-parent', ref: 'p' },
+    { name: 'c', queue: 'l-newlane2', shard: 9, dependsOn: [{ ref: 'p' }] },
+  ]);
+  const [t] = await claimIds(pool, schema, [p!], 'l-newlane2-parent');
+  assert.equal((await completeAndRelease(pool, schema, [t!])).freed, 1);
+  assert.equal(await stateOf(pool, schema, c!), 'ready', 'no promotion needed');
+});

@@ -298,9 +298,10 @@ $fn$;
 
 -- Move due deferred rows among p_ids (state `scheduled`) into their lanes, a lane at a time in
 -- the producers' lane order, each entry marked when it has a dependent still waiting for it (one probe of
--- task_deps per row). p_try: the lane's lock is tried, and a lane held by someone else is left
--- for the leader's promotion (the release from a completion never waits on a producer); else it
--- is waited for, as every producer's append does. Returns how many were appended.
+-- task_deps per row). p_try: the lane's lock is tried, and a lane held by someone else (or not
+-- provisioned yet) is left for the leader's promotion (the release from a completion never waits
+-- on a producer); else it is waited for, as every producer's append does. Returns how many were
+-- appended.
 CREATE FUNCTION {{schema}}.append_from_deferred(p_ids bigint[], p_try boolean)
 RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -315,10 +316,18 @@ BEGIN
              WHERE d.id = ANY (p_ids) AND d.state = 'scheduled' AND d.run_at <= now()) l
      ORDER BY {{schema}}.lane_lock_key(l.queue, l.priority, l.shard)
   LOOP
-    v_lane := {{schema}}.provision_lane(g.queue, g.priority, g.shard);
     IF p_try THEN
-      CONTINUE WHEN NOT pg_try_advisory_xact_lock({{schema_lock_key}}, v_lane);
+      -- A lane not provisioned yet: provision_lane waits for the queue's lock, which a producer
+      -- that opened another lane of the queue holds to its commit, so that lock is tried first
+      -- (re-taken inside); held by someone else, the row is left to promotion too.
+      SELECT l.lane_id INTO v_lane FROM {{schema}}.lanes l
+       WHERE l.queue = g.queue AND l.priority = g.priority AND l.shard = g.shard;
+      IF v_lane IS NULL AND pg_try_advisory_xact_lock(hashtextextended({{queue_lock_prefix_literal}} || g.queue, 0)) THEN
+        v_lane := {{schema}}.provision_lane(g.queue, g.priority, g.shard);
+      END IF;
+      CONTINUE WHEN v_lane IS NULL OR NOT pg_try_advisory_xact_lock({{schema_lock_key}}, v_lane);
     ELSE
+      v_lane := {{schema}}.provision_lane(g.queue, g.priority, g.shard);
       PERFORM pg_advisory_xact_lock({{schema_lock_key}}, v_lane);
     END IF;
     WITH pick AS (
