@@ -236,14 +236,23 @@ DECLARE
   g record;
 BEGIN
   FOR g IN
-    SELECT DISTINCT d.queue, d.priority, d.shard FROM "berth".deferred d
-     WHERE d.id = ANY (p_ids) AND d.state = 'scheduled' AND d.run_at <= now()
-     ORDER BY d.queue, d.priority, d.shard
+    SELECT l.queue, l.priority, l.shard
+      FROM (SELECT DISTINCT d.queue, d.priority, d.shard FROM "berth".deferred d
+             WHERE d.id = ANY (p_ids) AND d.state = 'scheduled' AND d.run_at <= now()) l
+     ORDER BY "berth".lane_lock_key(l.queue, l.priority, l.shard)
   LOOP
-    v_lane := "berth".provision_lane(g.queue, g.priority, g.shard);
     IF p_try THEN
-      CONTINUE WHEN NOT pg_try_advisory_xact_lock(446571594, v_lane);
+      -- A lane not provisioned yet: provision_lane waits for the queue's lock, which a producer
+      -- that opened another lane of the queue holds to its commit, so that lock is tried first
+      -- (re-taken inside); held by someone else, the row is left to promotion too.
+      SELECT l.lane_id INTO v_lane FROM "berth".lanes l
+       WHERE l.queue = g.queue AND l.priority = g.priority AND l.shard = g.shard;
+      IF v_lane IS NULL AND pg_try_advisory_xact_lock(hashtextextended('berth:queue:' || g.queue, 0)) THEN
+        v_lane := "berth".provision_lane(g.queue, g.priority, g.shard);
+      END IF;
+      CONTINUE WHEN v_lane IS NULL OR NOT pg_try_advisory_xact_lock(446571594, v_lane);
     ELSE
+      v_lane := "berth".provision_lane(g.queue, g.priority, g.shard);
       PERFORM pg_advisory_xact_lock(446571594, v_lane);
     END IF;
     WITH pick AS (
@@ -593,6 +602,37 @@ BEGIN
 END $$;
 
 --
+-- Name: count_completions(bigint[]); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.count_completions(p_done bigint[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v_freed bigint[];
+BEGIN
+  IF coalesce(cardinality(p_done), 0) = 0 THEN RETURN 0; END IF;
+  PERFORM 1 FROM "berth".task_waits w
+   WHERE w.id IN (SELECT d.child_id FROM "berth".task_deps d
+                   WHERE d.parent_id = ANY (p_done) AND d.satisfied_at IS NULL)
+   ORDER BY w.id FOR UPDATE;
+  WITH sat AS (
+    UPDATE "berth".task_deps d SET satisfied_at = now(), watched = false
+     WHERE d.parent_id = ANY (p_done) AND d.satisfied_at IS NULL
+    RETURNING d.child_id
+  ), per AS (
+    SELECT s.child_id, count(*)::integer AS n FROM sat s GROUP BY s.child_id
+  ), dec AS (
+    UPDATE "berth".task_waits w SET pending = w.pending - per.n FROM per
+     WHERE w.id = per.child_id
+    RETURNING w.id, w.pending
+  )
+  SELECT coalesce(array_agg(dec.id ORDER BY dec.id) FILTER (WHERE dec.pending = 0), '{}') INTO v_freed FROM dec;
+  RETURN "berth".free_waiting(v_freed);
+END $$;
+
+--
 -- Name: count_lost_claim(smallint, integer, bigint, integer, integer, text); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -665,14 +705,15 @@ CREATE FUNCTION berth.dependency_usage() RETURNS TABLE(queue text, waiting bigin
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-  -- The queue is the deferred row's (a move of a waiting task changes it there).
-  SELECT q.queue, count(*),
+  -- The deferred row's state and queue, not the counter row's: a cancelled or deleted dependent
+  -- leaves its counter until prune_dep_edges, and a moved one changes queue.
+  SELECT x.queue, count(*),
          count(*) FILTER (WHERE EXISTS (SELECT 1 FROM "berth".task_deps d
-                                          JOIN "berth".dead_letters x ON x.id = d.parent_id
+                                          JOIN "berth".dead_letters y ON y.id = d.parent_id
                                          WHERE d.child_id = w.id AND d.satisfied_at IS NULL))
     FROM "berth".task_waits w
-    JOIN "berth".deferred q ON q.id = w.id
-   GROUP BY q.queue ORDER BY q.queue
+    JOIN "berth".deferred x ON x.id = w.id AND x.state = 'waiting'
+   GROUP BY x.queue ORDER BY x.queue
 $$;
 
 --
@@ -721,6 +762,27 @@ BEGIN
      WHERE d.satisfied_at IS NULL
        AND (d.parent_id = ANY (v_gone) OR (d.parent_id = ANY (v_dead) AND w.on_parent_failure = 'cancel'))
      ORDER BY w.id LIMIT 10000);
+  IF cardinality(v_cancel) = 0 THEN RETURN; END IF;
+  -- The release's lock order: the dependents' counters (id order) before their deferred rows,
+  -- which cancel_tasks deletes (the other order deadlocked with a release of the same dependent,
+  -- deps-review-locks.test.ts). Under those locks the fates are read again: a parent read dead
+  -- above may have been retried and completed since, its release committed (the counter is gone)
+  -- or waiting for these locks.
+  PERFORM 1 FROM "berth".task_waits w WHERE w.id = ANY (v_cancel) ORDER BY w.id FOR UPDATE;
+  v_cancel := ARRAY(
+    WITH f AS MATERIALIZED (
+      -- Each failed parent's fate once (a fan-out of 10,000 dependents has one parent).
+      SELECT u.p, "berth".task_fate(u.p) AS fate FROM unnest(v_dead || v_gone) AS u(p)
+    )
+    SELECT DISTINCT w.id FROM "berth".task_deps d
+      JOIN "berth".task_waits w ON w.id = d.child_id
+      JOIN f ON f.p = d.parent_id
+     WHERE w.id = ANY (v_cancel) AND d.satisfied_at IS NULL
+       AND CASE f.fate
+             WHEN 'pending' THEN false WHEN 'completed' THEN false
+             WHEN 'dead' THEN w.on_parent_failure = 'cancel'
+             ELSE true END
+     ORDER BY w.id);
   IF cardinality(v_cancel) = 0 THEN RETURN; END IF;
   SELECT count(*) FILTER (WHERE c.result = 'removed') INTO cancelled
     FROM "berth".cancel_tasks(v_cancel, 'berth:dependency') c;
@@ -960,6 +1022,21 @@ BEGIN
            WHERE c.child IS NOT NULL AND c.parent IS NOT NULL
            ORDER BY c.child, c.parent, c.in_call DESC) x;
 
+  -- An edge to a task of this call points backwards in the sent order, however it was named: by
+  -- position (checked above), by the id the call drew for it (a caller can guess the sequence's
+  -- next value), or through a duplicate whose key another entry of the call holds. Else a task
+  -- would wait on itself, or on a cycle, and nothing would ever release it.
+  SELECT u.nm, u.p INTO r
+    FROM unnest(v_e_child, v_e_parent, v_e_name) AS u(c, p, nm)
+    JOIN unnest(v_ids) WITH ORDINALITY AS pc(id, o) ON pc.id = u.p
+    JOIN unnest(v_ids) WITH ORDINALITY AS cc(id, o) ON cc.id = u.c
+   WHERE pc.o >= cc.o
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'berth: enqueue: % depends on task %, which this same call enqueues (itself, or an entry it depends on in turn): name an earlier entry with { ref }', r.nm, r.p
+      USING ERRCODE = '22023';
+  END IF;
+
   -- Parents enqueued before this call: locked where they stand, then looked up.
   FOR r IN
     SELECT DISTINCT u.p, min(u.nm) AS name FROM unnest(v_e_parent, v_e_type, v_e_name) AS u(p, t, nm)
@@ -976,6 +1053,11 @@ BEGIN
                     WHEN 'cancelled' THEN 'was cancelled'
                     WHEN 'deleted' THEN 'was deleted'
                     ELSE 'does not exist (or finished longer ago than attempt history and results keep)' END
+          -- An older snapshot than the statement's (REPEATABLE READ, SERIALIZABLE) sees a ring
+          -- segment pruned since as empty, and not the completion that let it go.
+          || CASE WHEN current_setting('transaction_isolation') <> 'read committed'
+                  THEN ', as this transaction''s snapshot sees it: if it completed since the transaction began, retry the transaction'
+                  ELSE '' END
         USING ERRCODE = '22023';
     END IF;
     v_fates := v_fates || jsonb_build_object(r.p::text, v_fate);
@@ -1225,6 +1307,23 @@ CREATE FUNCTION berth.key_entry_live(p_id bigint) RETURNS boolean
                          JOIN "berth".range_settlements x
                            ON x.lane_id = r.lane_id AND x.lease_from = l.from_seq AND x.slot = r.slot
                         WHERE l.to_seq >= r.lane_seq AND x.seqs @> r.lane_seq))
+$$;
+
+--
+-- Name: lane_lock_key(text, integer, integer); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.lane_lock_key(p_queue text, p_priority integer, p_shard integer) RETURNS integer[]
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+  SELECT ARRAY(SELECT w.unit
+                 FROM regexp_split_to_table('[' || to_json(p_queue)::text || ',' || p_priority || ',' || p_shard || ',0]', '')
+                      WITH ORDINALITY AS c(ch, i),
+                      unnest(CASE WHEN ascii(c.ch) > 65535
+                                  THEN ARRAY[55296 + ((ascii(c.ch) - 65536) >> 10), 56320 + ((ascii(c.ch) - 65536) & 1023)]
+                                  ELSE ARRAY[ascii(c.ch)] END) WITH ORDINALITY AS w(unit, j)
+                ORDER BY c.i, w.j)
 $$;
 
 --
@@ -1872,35 +1971,15 @@ CREATE FUNCTION berth.release_completed(p_parents bigint[]) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-DECLARE
-  v_done bigint[];
-  v_freed bigint[];
 BEGIN
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'berth: release_completed must run at READ COMMITTED (it counts under row locks)'
       USING ERRCODE = '25000';
   END IF;
-  v_done := ARRAY(SELECT DISTINCT p.id FROM unnest(p_parents) AS p(id)
-                   WHERE EXISTS (SELECT 1 FROM "berth".task_deps d WHERE d.parent_id = p.id AND d.satisfied_at IS NULL)
-                     AND "berth".task_fate(p.id) = 'completed');
-  IF cardinality(v_done) = 0 THEN RETURN 0; END IF;
-  PERFORM 1 FROM "berth".task_waits w
-   WHERE w.id IN (SELECT d.child_id FROM "berth".task_deps d
-                   WHERE d.parent_id = ANY (v_done) AND d.satisfied_at IS NULL)
-   ORDER BY w.id FOR UPDATE;
-  WITH sat AS (
-    UPDATE "berth".task_deps d SET satisfied_at = now(), watched = false
-     WHERE d.parent_id = ANY (v_done) AND d.satisfied_at IS NULL
-    RETURNING d.child_id
-  ), per AS (
-    SELECT s.child_id, count(*)::integer AS n FROM sat s GROUP BY s.child_id
-  ), dec AS (
-    UPDATE "berth".task_waits w SET pending = w.pending - per.n FROM per
-     WHERE w.id = per.child_id
-    RETURNING w.id, w.pending
-  )
-  SELECT coalesce(array_agg(dec.id ORDER BY dec.id) FILTER (WHERE dec.pending = 0), '{}') INTO v_freed FROM dec;
-  RETURN "berth".free_waiting(v_freed);
+  RETURN "berth".count_completions(ARRAY(
+    SELECT DISTINCT p.id FROM unnest(p_parents) AS p(id)
+     WHERE EXISTS (SELECT 1 FROM "berth".task_deps d WHERE d.parent_id = p.id AND d.satisfied_at IS NULL)
+       AND "berth".task_fate(p.id) = 'completed'));
 END $$;
 
 --
@@ -1978,13 +2057,18 @@ CREATE FUNCTION berth.remove_unleased_quietly(p_id bigint, p_reason text) RETURN
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE v_result text;
 BEGIN
   DELETE FROM "berth".deferred WHERE id = p_id;
   IF FOUND THEN
     DELETE FROM "berth".dedupe WHERE id = p_id;
-    RETURN 'removed';
+    IF p_reason = 'dequeued' THEN PERFORM "berth".count_completions(ARRAY[p_id]); END IF;
+    v_result := 'removed';
+  ELSE
+    v_result := "berth".tombstone_unleased(p_id, p_reason);
   END IF;
-  RETURN "berth".tombstone_unleased(p_id, p_reason);
+  IF v_result = 'removed' THEN PERFORM "berth".watch_parents(ARRAY[p_id]); END IF;
+  RETURN v_result;
 END $$;
 
 --
@@ -2477,9 +2561,13 @@ CREATE FUNCTION berth.task_dependents(p_id bigint, p_limit integer) RETURNS TABL
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+  -- Waiting: its deferred row says so (a cancelled dependent's counter row stays until
+  -- prune_dep_edges; it waits for nothing).
   SELECT d.child_id, "berth".task_fate(d.child_id),
-         EXISTS (SELECT 1 FROM "berth".task_waits w WHERE w.id = d.child_id),
-         (SELECT w.on_parent_failure FROM "berth".task_waits w WHERE w.id = d.child_id),
+         EXISTS (SELECT 1 FROM "berth".deferred x WHERE x.id = d.child_id AND x.state = 'waiting'),
+         (SELECT w.on_parent_failure FROM "berth".task_waits w
+            JOIN "berth".deferred x ON x.id = w.id AND x.state = 'waiting'
+           WHERE w.id = d.child_id),
          d.satisfied_at,
          (SELECT count(*) FROM "berth".task_deps x WHERE x.parent_id = p_id)
     FROM "berth".task_deps d
@@ -2503,13 +2591,14 @@ CREATE FUNCTION berth.task_fate(p_id bigint) RETURNS text
                    WHEN t.reason = 'moved' THEN 'pending'
                    WHEN t.reason IS NOT NULL THEN 'deleted'
                    WHEN s.outcome = 'completed' THEN 'completed'
-                   WHEN s.outcome = 'cancelled' AND s.actor IS NOT NULL THEN 'cancelled'
-                   WHEN s.outcome IS NULL THEN 'pending'
-                   -- Settled otherwise (failed, released, rescued, snoozed): the statement that
-                   -- settled it moved the task to deferred storage or the dead letters, where this
-                   -- snapshot would have found it. Found in neither, it was deleted since (a dead
-                   -- letter deleted, purged or pruned).
-                   ELSE 'deleted' END
+                   -- Only cancel_tasks writes this outcome, with or without an actor.
+                   WHEN s.outcome = 'cancelled' THEN 'cancelled'
+                   -- Settled otherwise (failed, rescued, snoozed, released), yet neither deferred
+                   -- nor a dead letter in this snapshot (every such settlement moves its task in
+                   -- its own statement): its dead letter was deleted, purged or pruned, or its
+                   -- retry was cancelled. Attempt history says which, else `unknown`.
+                   WHEN s.outcome IS NOT NULL THEN NULL
+                   ELSE 'pending' END
          FROM "berth".ready e
          LEFT JOIN "berth".tombstones t ON t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.slot = e.slot
          LEFT JOIN LATERAL (
@@ -2627,10 +2716,12 @@ CREATE FUNCTION berth.watch_dead_parents() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE
+  v_id bigint := CASE WHEN TG_OP = 'DELETE' THEN OLD.id ELSE NEW.id END;
 BEGIN
-  IF EXISTS (SELECT 1 FROM "berth".task_deps d JOIN changed b ON b.id = d.parent_id WHERE d.satisfied_at IS NULL) THEN
-    UPDATE "berth".task_deps d SET watched = true FROM changed b
-     WHERE d.parent_id = b.id AND d.satisfied_at IS NULL AND NOT d.watched;
+  IF EXISTS (SELECT 1 FROM "berth".task_deps d WHERE d.parent_id = v_id AND d.satisfied_at IS NULL) THEN
+    UPDATE "berth".task_deps d SET watched = true
+     WHERE d.parent_id = v_id AND d.satisfied_at IS NULL AND NOT d.watched;
     PERFORM pg_notify('berth.wake', 'deps');
   END IF;
   RETURN NULL;
@@ -8716,13 +8807,13 @@ CREATE TRIGGER ring_epoch_follows BEFORE UPDATE ON berth.ring_state FOR EACH ROW
 -- Name: dead_letters watch_dead_parents; Type: TRIGGER; Schema: berth; Owner: -
 --
 
-CREATE TRIGGER watch_dead_parents AFTER INSERT ON berth.dead_letters REFERENCING NEW TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION berth.watch_dead_parents();
+CREATE TRIGGER watch_dead_parents AFTER INSERT ON berth.dead_letters FOR EACH ROW EXECUTE FUNCTION berth.watch_dead_parents();
 
 --
 -- Name: dead_letters watch_removed_dead_parents; Type: TRIGGER; Schema: berth; Owner: -
 --
 
-CREATE TRIGGER watch_removed_dead_parents AFTER DELETE ON berth.dead_letters REFERENCING OLD TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION berth.watch_dead_parents();
+CREATE TRIGGER watch_removed_dead_parents AFTER DELETE ON berth.dead_letters FOR EACH ROW EXECUTE FUNCTION berth.watch_dead_parents();
 
 --
 -- Name: FUNCTION add_task(type text, payload jsonb, queue text, run_at timestamp with time zone, priority integer, dedupe_key text, max_attempts integer, delay interval, shard integer, shards integer); Type: ACL; Schema: berth; Owner: -
@@ -8777,6 +8868,12 @@ REVOKE ALL ON FUNCTION berth.check_queue(p_fn text, p_queue text) FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION berth.check_tasks(p_fn text, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION count_completions(p_done bigint[]); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.count_completions(p_done bigint[]) FROM PUBLIC;
 
 --
 -- Name: FUNCTION count_lost_claim(p_slot smallint, p_lane integer, p_seq bigint, p_attempt integer, p_max_attempts integer, p_worker text); Type: ACL; Schema: berth; Owner: -
@@ -8849,6 +8946,12 @@ REVOKE ALL ON FUNCTION berth.holder_running(h berth.limit_holders) FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION berth.key_entry_live(p_id bigint) FROM PUBLIC;
+
+--
+-- Name: FUNCTION lane_lock_key(p_queue text, p_priority integer, p_shard integer); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.lane_lock_key(p_queue text, p_priority integer, p_shard integer) FROM PUBLIC;
 
 --
 -- Name: FUNCTION limit_capacity(p_queue text, p_want integer, OUT free integer, OUT retry_ms integer, OUT guard_ms integer); Type: ACL; Schema: berth; Owner: -

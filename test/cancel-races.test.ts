@@ -354,25 +354,19 @@ test('migration 25 on a schema with attempt history: the index is built and vali
     const { tasks } = await claimBatch(c, claimParams(legacy, lanes, 3, { workerId: 'v24' }));
     await c.query(`ALTER TABLE ${L}.lanes DROP COLUMN limited`);
     await c.query(`ALTER TABLE ${L}.ready DROP COLUMN has_dependents`);
-    // Version 24's cancel: its statement alone (this version's cancelTasks also tells the tasks'
-    // dependents, through a function of migration 31).
-    const cancelV24 = async (ids: string[], actor: string) =>
-      new Map(
-        (
-          await c.query<{ id: string; result: string }>(
-            `SELECT x.id::text AS id, x.result FROM ${L}.cancel_tasks($1::bigint[], $2) x`,
-            [ids, actor],
-          )
-        ).rows.map((r) => [r.id, r.result]),
-      );
     assert.equal(tasks.length, 3);
     const [cancelled, stopped, ready] = tasks as [ClaimedTask, ClaimedTask, ClaimedTask];
-    // Version 24's cancel of a running task; a stop's release (outcome `cancelled`, no cancel).
-    assert.equal((await cancelV24([cancelled.id], 'cli:old')).get(cancelled.id), 'cancelled');
+    // Version 24's cancel (its cancel_tasks(), called as its client called it: this version's
+    // client also watches the task's dependents, migration 31) of a running task; a stop's
+    // release (outcome `cancelled`, no cancel).
+    const cancelV24 = async (id: string) =>
+      (await c.query<{ result: string }>(`SELECT result FROM ${L}.cancel_tasks(ARRAY[$1::bigint], 'cli:old')`, [id]))
+        .rows[0]?.result;
+    assert.equal(await cancelV24(cancelled.id), 'cancelled');
     assert.equal((await releaseLease(c, legacyStorage, stopped, 'stopped', { outcome: 'cancelled' })).wrote, true);
     // Version 24's cancel of a pending task records nothing: it reads as not found, before and after.
     assert.equal((await releaseLease(c, legacyStorage, ready, 'stopped', { outcome: 'continued' })).wrote, true);
-    assert.equal((await cancelV24([ready.id], 'cli:old')).get(ready.id), 'removed');
+    assert.equal(await cancelV24(ready.id), 'removed');
     await migrate({ client: c, schema: legacy });
     const index = await c.query<{ valid: boolean }>(
       `SELECT bool_and(i.indisvalid) AS valid FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid

@@ -10,6 +10,7 @@ import { DEFAULT_BACKOFF, type AnyTaskDefinition } from '../task.js';
 import { claimLimitedQueue } from '../processor/claim-limited.js';
 import { queueFlags } from '../storage/keys.js';
 import { promoteHeld } from '../storage/keys.js';
+import { depsTick } from '../storage/deps.js';
 import { claimBatch, discover, type ClaimedTask } from '../processor/claim.js';
 import { settlementFor, type SettleAnswer, type Settlement, type TaskRun } from '../processor/outcome-table.js';
 import { DeadlineTimer, RunAbort } from '../processor/run-abort.js';
@@ -189,6 +190,10 @@ export async function runDueTasks(
         // Then keyed tasks held for their keys: each run settled before the next claim, so a
         // key's next task is admitted here as the leader would admit it.
         if ((await promoteHeld(pool, storageFor(o.schema), null)).admitted > 0) continue;
+        // Then dependents whose parents' fate only the leader's deps branch reads (a parent of an
+        // earlier call, keyed, moved, dequeued, dead or cancelled): released or cancelled here,
+        // as the leader would within a tick.
+        if ((await resolveWatchedDependencies(pool, storageFor(o.schema))) > 0) continue;
         return reports;
       }
       if (reports.length >= maxRuns) {
@@ -203,6 +208,18 @@ export async function runDueTasks(
   } finally {
     await runner.drain();
   }
+}
+
+/** One pass of the leader's deps branch over every watched edge: how many dependents it released or cancelled. */
+async function resolveWatchedDependencies(pool: pg.Pool, storage: Storage): Promise<number> {
+  let changed = 0;
+  let after: string | null = null;
+  do {
+    const r = await depsTick(pool, storage, { all: false, after, limit: 2000 });
+    changed += r.released + r.cancelled;
+    after = r.lastParent;
+  } while (after !== null);
+  return changed;
 }
 
 /** The engine's parts for one task at a time: discovery, claim, run, settle. */

@@ -2,7 +2,6 @@ import { BerthInputError } from '../errors.js';
 import { READ_COMMITTED_REQUIRED, readCommittedOnly, type Queryable } from '../sql.js';
 import { positional } from '../statement.js';
 import type { Storage } from './storage.js';
-import { watchParents } from './deps.js';
 
 /**
  * Remove a task that no worker holds: a deferred row is deleted; a ready entry past its lane's
@@ -25,8 +24,8 @@ export async function removeUnleased(
   );
   const outcome = res.rows[0]!.outcome;
   if (outcome === 'isolation') throw new BerthInputError(READ_COMMITTED_REQUIRED);
-  // A removed task's dependents: the leader reads its fate (deleted, or completed by a dequeue).
-  if (outcome === 'removed') await watchParents(executor, storage, [id]);
+  // A removed task's dependents are the function's (remove_unleased_quietly, migration 31): no
+  // second statement here.
   return outcome;
 }
 

@@ -223,7 +223,8 @@ END $fn$;
 -- or a ring entry not settled), `completed` (its latest entry settled completed, or tombstoned by
 -- a dequeue: the producer did the work; or, its segment reclaimed, a success in attempt history
 -- or a stored result), `dead` (a dead letter), `cancelled` (an operator's cancel), `deleted` (a
--- pending task deleted), `unknown` (nowhere: never enqueued, or gone without a trace).
+-- pending task deleted), `unknown` (nowhere: never enqueued, a dead letter deleted, or gone
+-- without a trace).
 CREATE FUNCTION {{schema}}.task_fate(p_id bigint)
 RETURNS text LANGUAGE sql STABLE AS $fn$
   SELECT CASE
@@ -235,13 +236,14 @@ RETURNS text LANGUAGE sql STABLE AS $fn$
                    WHEN t.reason = 'moved' THEN 'pending'
                    WHEN t.reason IS NOT NULL THEN 'deleted'
                    WHEN s.outcome = 'completed' THEN 'completed'
-                   WHEN s.outcome = 'cancelled' AND s.actor IS NOT NULL THEN 'cancelled'
-                   WHEN s.outcome IS NULL THEN 'pending'
-                   -- Settled otherwise (failed, released, rescued, snoozed): the statement that
-                   -- settled it moved the task to deferred storage or the dead letters, where this
-                   -- snapshot would have found it. Found in neither, it was deleted since (a dead
-                   -- letter deleted, purged or pruned).
-                   ELSE 'deleted' END
+                   -- Only cancel_tasks writes this outcome, with or without an actor.
+                   WHEN s.outcome = 'cancelled' THEN 'cancelled'
+                   -- Settled otherwise (failed, rescued, snoozed, released), yet neither deferred
+                   -- nor a dead letter in this snapshot (every such settlement moves its task in
+                   -- its own statement): its dead letter was deleted, purged or pruned, or its
+                   -- retry was cancelled. Attempt history says which, else `unknown`.
+                   WHEN s.outcome IS NOT NULL THEN NULL
+                   ELSE 'pending' END
          FROM {{schema}}.ready e
          LEFT JOIN {{schema}}.tombstones t ON t.lane_id = e.lane_id AND t.lane_seq = e.lane_seq AND t.slot = e.slot
          LEFT JOIN LATERAL (
@@ -276,11 +278,28 @@ RETURNS text LANGUAGE sql STABLE AS $fn$
       ORDER BY h.settled_at DESC LIMIT 1))
 $fn$;
 
+-- The lane lock order every producer shares: the client's (src/producer/enqueue.ts, `groupKey`:
+-- JSON.stringify([queue, priority, shard, 0]) sorted as JavaScript sorts strings, by UTF-16 code
+-- unit), as add_task_rows() computes it. Not (queue, priority, shard): shard 10 sorts before shard
+-- 2 as text, and a graph enqueue that took two lanes in the other order than a plain multi-lane
+-- enqueueMany deadlocked with it (40P01, deps-review-locks.test.ts).
+CREATE FUNCTION {{schema}}.lane_lock_key(p_queue text, p_priority integer, p_shard integer)
+RETURNS integer[] LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT ARRAY(SELECT w.unit
+                 FROM regexp_split_to_table('[' || to_json(p_queue)::text || ',' || p_priority || ',' || p_shard || ',0]', '')
+                      WITH ORDINALITY AS c(ch, i),
+                      unnest(CASE WHEN ascii(c.ch) > 65535
+                                  THEN ARRAY[55296 + ((ascii(c.ch) - 65536) >> 10), 56320 + ((ascii(c.ch) - 65536) & 1023)]
+                                  ELSE ARRAY[ascii(c.ch)] END) WITH ORDINALITY AS w(unit, j)
+                ORDER BY c.i, w.j)
+$fn$;
+
 -- Move due deferred rows among p_ids (state `scheduled`) into their lanes, a lane at a time in
--- lane order, each entry marked when it has a dependent still waiting for it (one probe of
--- task_deps per row). p_try: the lane's lock is tried, and a lane held by someone else is left
--- for the leader's promotion (the release from a completion never waits on a producer); else it
--- is waited for, as every producer's append does. Returns how many were appended.
+-- the producers' lane order, each entry marked when it has a dependent still waiting for it (one probe of
+-- task_deps per row). p_try: the lane's lock is tried, and a lane held by someone else (or not
+-- provisioned yet) is left for the leader's promotion (the release from a completion never waits
+-- on a producer); else it is waited for, as every producer's append does. Returns how many were
+-- appended.
 CREATE FUNCTION {{schema}}.append_from_deferred(p_ids bigint[], p_try boolean)
 RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -290,14 +309,23 @@ DECLARE
   g record;
 BEGIN
   FOR g IN
-    SELECT DISTINCT d.queue, d.priority, d.shard FROM {{schema}}.deferred d
-     WHERE d.id = ANY (p_ids) AND d.state = 'scheduled' AND d.run_at <= now()
-     ORDER BY d.queue, d.priority, d.shard
+    SELECT l.queue, l.priority, l.shard
+      FROM (SELECT DISTINCT d.queue, d.priority, d.shard FROM {{schema}}.deferred d
+             WHERE d.id = ANY (p_ids) AND d.state = 'scheduled' AND d.run_at <= now()) l
+     ORDER BY {{schema}}.lane_lock_key(l.queue, l.priority, l.shard)
   LOOP
-    v_lane := {{schema}}.provision_lane(g.queue, g.priority, g.shard);
     IF p_try THEN
-      CONTINUE WHEN NOT pg_try_advisory_xact_lock({{schema_lock_key}}, v_lane);
+      -- A lane not provisioned yet: provision_lane waits for the queue's lock, which a producer
+      -- that opened another lane of the queue holds to its commit, so that lock is tried first
+      -- (re-taken inside); held by someone else, the row is left to promotion too.
+      SELECT l.lane_id INTO v_lane FROM {{schema}}.lanes l
+       WHERE l.queue = g.queue AND l.priority = g.priority AND l.shard = g.shard;
+      IF v_lane IS NULL AND pg_try_advisory_xact_lock(hashtextextended({{queue_lock_prefix_literal}} || g.queue, 0)) THEN
+        v_lane := {{schema}}.provision_lane(g.queue, g.priority, g.shard);
+      END IF;
+      CONTINUE WHEN v_lane IS NULL OR NOT pg_try_advisory_xact_lock({{schema_lock_key}}, v_lane);
     ELSE
+      v_lane := {{schema}}.provision_lane(g.queue, g.priority, g.shard);
       PERFORM pg_advisory_xact_lock({{schema_lock_key}}, v_lane);
     END IF;
     WITH pick AS (
@@ -361,32 +389,24 @@ BEGIN
   RETURN v_n;
 END $fn$;
 
--- Count the completion of each parent in p_parents that has completed (verified here, in the
--- caller's snapshot: a worker's completion calls this in its own transaction, after the fenced
--- settlement, so a settlement the fence refused releases nothing) towards its dependents, once
--- per edge (`satisfied_at` is the once-token), and free the dependents whose last parent it was.
--- Locks: the dependents' counters in id order, then their edges; every caller takes them so.
-CREATE FUNCTION {{schema}}.release_completed(p_parents bigint[])
+-- Count the completion of each parent in p_done (every caller has verified that it completed)
+-- towards its dependents, once per edge (`satisfied_at` is the once-token), and free the
+-- dependents whose last parent it was. Locks: the dependents' counters in id order, then their
+-- edges; every caller takes them so. Not granted to anyone: release_completed checks what a worker
+-- hands it, and remove_unleased_quietly counts the deferred task it has just dequeued.
+CREATE FUNCTION {{schema}}.count_completions(p_done bigint[])
 RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-  v_done bigint[];
   v_freed bigint[];
 BEGIN
-  IF current_setting('transaction_isolation') <> 'read committed' THEN
-    RAISE EXCEPTION 'berth: release_completed must run at READ COMMITTED (it counts under row locks)'
-      USING ERRCODE = '25000';
-  END IF;
-  v_done := ARRAY(SELECT DISTINCT p.id FROM unnest(p_parents) AS p(id)
-                   WHERE EXISTS (SELECT 1 FROM {{schema}}.task_deps d WHERE d.parent_id = p.id AND d.satisfied_at IS NULL)
-                     AND {{schema}}.task_fate(p.id) = 'completed');
-  IF cardinality(v_done) = 0 THEN RETURN 0; END IF;
+  IF coalesce(cardinality(p_done), 0) = 0 THEN RETURN 0; END IF;
   PERFORM 1 FROM {{schema}}.task_waits w
    WHERE w.id IN (SELECT d.child_id FROM {{schema}}.task_deps d
-                   WHERE d.parent_id = ANY (v_done) AND d.satisfied_at IS NULL)
+                   WHERE d.parent_id = ANY (p_done) AND d.satisfied_at IS NULL)
    ORDER BY w.id FOR UPDATE;
   WITH sat AS (
     UPDATE {{schema}}.task_deps d SET satisfied_at = now(), watched = false
-     WHERE d.parent_id = ANY (v_done) AND d.satisfied_at IS NULL
+     WHERE d.parent_id = ANY (p_done) AND d.satisfied_at IS NULL
     RETURNING d.child_id
   ), per AS (
     SELECT s.child_id, count(*)::integer AS n FROM sat s GROUP BY s.child_id
@@ -397,6 +417,45 @@ BEGIN
   )
   SELECT coalesce(array_agg(dec.id ORDER BY dec.id) FILTER (WHERE dec.pending = 0), '{}') INTO v_freed FROM dec;
   RETURN {{schema}}.free_waiting(v_freed);
+END $fn$;
+
+-- Count the completion of each parent in p_parents that has completed (verified here, in the
+-- caller's snapshot: a worker's completion calls this in its own transaction, after the fenced
+-- settlement, so a settlement the fence refused releases nothing) towards its dependents.
+CREATE FUNCTION {{schema}}.release_completed(p_parents bigint[])
+RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION 'berth: release_completed must run at READ COMMITTED (it counts under row locks)'
+      USING ERRCODE = '25000';
+  END IF;
+  RETURN {{schema}}.count_completions(ARRAY(
+    SELECT DISTINCT p.id FROM unnest(p_parents) AS p(id)
+     WHERE EXISTS (SELECT 1 FROM {{schema}}.task_deps d WHERE d.parent_id = p.id AND d.satisfied_at IS NULL)
+       AND {{schema}}.task_fate(p.id) = 'completed'));
+END $fn$;
+
+-- remove_unleased_quietly as in migration 20, with the removed task's dependents: a deferred task
+-- removed by a dequeue (the caller did its work: `dequeue(executor, schema, id, '')`) counts as
+-- completed for them, as a dequeued ring entry does (its tombstone says so, and task_fate reads
+-- it; the deleted row leaves no trace task_fate could read, so they were cancelled as if it had
+-- been deleted: deps-review-wakeup.test.ts); any other removal has their edges watched, so the
+-- leader reads its fate. Here rather than in a statement of the client's own: a producer's inline
+-- dequeue of a plain task costs an index probe, not a round trip.
+CREATE OR REPLACE FUNCTION {{schema}}.remove_unleased_quietly(p_id bigint, p_reason text)
+RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE v_result text;
+BEGIN
+  DELETE FROM {{schema}}.deferred WHERE id = p_id;
+  IF FOUND THEN
+    DELETE FROM {{schema}}.dedupe WHERE id = p_id;
+    IF p_reason = 'dequeued' THEN PERFORM {{schema}}.count_completions(ARRAY[p_id]); END IF;
+    v_result := 'removed';
+  ELSE
+    v_result := {{schema}}.tombstone_unleased(p_id, p_reason);
+  END IF;
+  IF v_result = 'removed' THEN PERFORM {{schema}}.watch_parents(ARRAY[p_id]); END IF;
+  RETURN v_result;
 END $fn$;
 
 -- The leader's look at watched edges (or, with p_all, at every unsatisfied edge: its slow sweep),
@@ -448,6 +507,27 @@ BEGIN
        AND (d.parent_id = ANY (v_gone) OR (d.parent_id = ANY (v_dead) AND w.on_parent_failure = 'cancel'))
      ORDER BY w.id LIMIT 10000);
   IF cardinality(v_cancel) = 0 THEN RETURN; END IF;
+  -- The release's lock order: the dependents' counters (id order) before their deferred rows,
+  -- which cancel_tasks deletes (the other order deadlocked with a release of the same dependent,
+  -- deps-review-locks.test.ts). Under those locks the fates are read again: a parent read dead
+  -- above may have been retried and completed since, its release committed (the counter is gone)
+  -- or waiting for these locks.
+  PERFORM 1 FROM {{schema}}.task_waits w WHERE w.id = ANY (v_cancel) ORDER BY w.id FOR UPDATE;
+  v_cancel := ARRAY(
+    WITH f AS MATERIALIZED (
+      -- Each failed parent's fate once (a fan-out of 10,000 dependents has one parent).
+      SELECT u.p, {{schema}}.task_fate(u.p) AS fate FROM unnest(v_dead || v_gone) AS u(p)
+    )
+    SELECT DISTINCT w.id FROM {{schema}}.task_deps d
+      JOIN {{schema}}.task_waits w ON w.id = d.child_id
+      JOIN f ON f.p = d.parent_id
+     WHERE w.id = ANY (v_cancel) AND d.satisfied_at IS NULL
+       AND CASE f.fate
+             WHEN 'pending' THEN false WHEN 'completed' THEN false
+             WHEN 'dead' THEN w.on_parent_failure = 'cancel'
+             ELSE true END
+     ORDER BY w.id);
+  IF cardinality(v_cancel) = 0 THEN RETURN; END IF;
   SELECT count(*) FILTER (WHERE c.result = 'removed') INTO cancelled
     FROM {{schema}}.cancel_tasks(v_cancel, 'berth:dependency') c;
   DELETE FROM {{schema}}.task_waits w WHERE w.id = ANY (v_cancel)
@@ -474,22 +554,27 @@ END $fn$;
 -- claim, whatever process version wrote it) inserts into dead_letters, and every path that takes
 -- a dead letter away (a retry, an operator's delete or purge, retention) deletes from it: the
 -- dependents of those tasks are watched, so the leader reads what became of them (dead: their
--- policy; retried: pending; gone: they are cancelled). Statement triggers: one probe of task_deps
--- per row a statement changed, nothing on any other table.
+-- policy; retried: pending; gone: they are cancelled). Row triggers: one probe of task_deps per
+-- row inserted or deleted, nothing at all for a statement that changes no row. Every failure,
+-- release, hand-back, AdvanceCursor and rescue statement inserts into dead_letters (its settle-
+-- and-move tail), almost always no row: a statement trigger with a transition table ran for each
+-- of them, plain tasks included (deps-review-enqueue.test.ts).
 CREATE FUNCTION {{schema}}.watch_dead_parents()
 RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  v_id bigint := CASE WHEN TG_OP = 'DELETE' THEN OLD.id ELSE NEW.id END;
 BEGIN
-  IF EXISTS (SELECT 1 FROM {{schema}}.task_deps d JOIN changed b ON b.id = d.parent_id WHERE d.satisfied_at IS NULL) THEN
-    UPDATE {{schema}}.task_deps d SET watched = true FROM changed b
-     WHERE d.parent_id = b.id AND d.satisfied_at IS NULL AND NOT d.watched;
+  IF EXISTS (SELECT 1 FROM {{schema}}.task_deps d WHERE d.parent_id = v_id AND d.satisfied_at IS NULL) THEN
+    UPDATE {{schema}}.task_deps d SET watched = true
+     WHERE d.parent_id = v_id AND d.satisfied_at IS NULL AND NOT d.watched;
     PERFORM pg_notify({{wake_channel_literal}}, 'deps');
   END IF;
   RETURN NULL;
 END $fn$;
 CREATE TRIGGER watch_dead_parents AFTER INSERT ON {{schema}}.dead_letters
-  REFERENCING NEW TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.watch_dead_parents();
+  FOR EACH ROW EXECUTE FUNCTION {{schema}}.watch_dead_parents();
 CREATE TRIGGER watch_removed_dead_parents AFTER DELETE ON {{schema}}.dead_letters
-  REFERENCING OLD TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.watch_dead_parents();
+  FOR EACH ROW EXECUTE FUNCTION {{schema}}.watch_dead_parents();
 
 -- The backstop: before the prune truncates a segment, the completed parents in it whose edges are
 -- still unsatisfied are released in the prune's transaction (an older worker's completion; a
@@ -530,9 +615,13 @@ $fn$;
 CREATE FUNCTION {{schema}}.task_dependents(p_id bigint, p_limit integer)
 RETURNS TABLE (id bigint, fate text, waiting boolean, on_parent_failure text, satisfied_at timestamptz, total bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+  -- Waiting: its deferred row says so (a cancelled dependent's counter row stays until
+  -- prune_dep_edges; it waits for nothing).
   SELECT d.child_id, {{schema}}.task_fate(d.child_id),
-         EXISTS (SELECT 1 FROM {{schema}}.task_waits w WHERE w.id = d.child_id),
-         (SELECT w.on_parent_failure FROM {{schema}}.task_waits w WHERE w.id = d.child_id),
+         EXISTS (SELECT 1 FROM {{schema}}.deferred x WHERE x.id = d.child_id AND x.state = 'waiting'),
+         (SELECT w.on_parent_failure FROM {{schema}}.task_waits w
+            JOIN {{schema}}.deferred x ON x.id = w.id AND x.state = 'waiting'
+           WHERE w.id = d.child_id),
          d.satisfied_at,
          (SELECT count(*) FROM {{schema}}.task_deps x WHERE x.parent_id = p_id)
     FROM {{schema}}.task_deps d
@@ -545,14 +634,15 @@ $fn$;
 CREATE FUNCTION {{schema}}.dependency_usage()
 RETURNS TABLE (queue text, waiting bigint, blocked bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-  -- The queue is the deferred row's (a move of a waiting task changes it there).
-  SELECT q.queue, count(*),
+  -- The deferred row's state and queue, not the counter row's: a cancelled or deleted dependent
+  -- leaves its counter until prune_dep_edges, and a moved one changes queue.
+  SELECT x.queue, count(*),
          count(*) FILTER (WHERE EXISTS (SELECT 1 FROM {{schema}}.task_deps d
-                                          JOIN {{schema}}.dead_letters x ON x.id = d.parent_id
+                                          JOIN {{schema}}.dead_letters y ON y.id = d.parent_id
                                          WHERE d.child_id = w.id AND d.satisfied_at IS NULL))
     FROM {{schema}}.task_waits w
-    JOIN {{schema}}.deferred q ON q.id = w.id
-   GROUP BY q.queue ORDER BY q.queue
+    JOIN {{schema}}.deferred x ON x.id = w.id AND x.state = 'waiting'
+   GROUP BY x.queue ORDER BY x.queue
 $fn$;
 
 -- Retention: edges and counters of dependents that are gone (completed, cancelled, deleted: no
@@ -700,6 +790,21 @@ BEGIN
            WHERE c.child IS NOT NULL AND c.parent IS NOT NULL
            ORDER BY c.child, c.parent, c.in_call DESC) x;
 
+  -- An edge to a task of this call points backwards in the sent order, however it was named: by
+  -- position (checked above), by the id the call drew for it (a caller can guess the sequence's
+  -- next value), or through a duplicate whose key another entry of the call holds. Else a task
+  -- would wait on itself, or on a cycle, and nothing would ever release it.
+  SELECT u.nm, u.p INTO r
+    FROM unnest(v_e_child, v_e_parent, v_e_name) AS u(c, p, nm)
+    JOIN unnest(v_ids) WITH ORDINALITY AS pc(id, o) ON pc.id = u.p
+    JOIN unnest(v_ids) WITH ORDINALITY AS cc(id, o) ON cc.id = u.c
+   WHERE pc.o >= cc.o
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'berth: enqueue: % depends on task %, which this same call enqueues (itself, or an entry it depends on in turn): name an earlier entry with { ref }', r.nm, r.p
+      USING ERRCODE = '22023';
+  END IF;
+
   -- Parents enqueued before this call: locked where they stand, then looked up.
   FOR r IN
     SELECT DISTINCT u.p, min(u.nm) AS name FROM unnest(v_e_parent, v_e_type, v_e_name) AS u(p, t, nm)
@@ -716,6 +821,11 @@ BEGIN
                     WHEN 'cancelled' THEN 'was cancelled'
                     WHEN 'deleted' THEN 'was deleted'
                     ELSE 'does not exist (or finished longer ago than attempt history and results keep)' END
+          -- An older snapshot than the statement's (REPEATABLE READ, SERIALIZABLE) sees a ring
+          -- segment pruned since as empty, and not the completion that let it go.
+          || CASE WHEN current_setting('transaction_isolation') <> 'read committed'
+                  THEN ', as this transaction''s snapshot sees it: if it completed since the transaction began, retry the transaction'
+                  ELSE '' END
         USING ERRCODE = '22023';
     END IF;
     v_fates := v_fates || jsonb_build_object(r.p::text, v_fate);
@@ -784,10 +894,10 @@ BEGIN
 END $fn$;
 
 REVOKE EXECUTE ON FUNCTION {{schema}}.append_ready(integer, bigint[], text[], jsonb[], integer[], integer[], text[],
-  text[], timestamptz[], timestamptz[], text[], boolean[]),
+  text[], timestamptz[], timestamptz[], text[], boolean[]), {{schema}}.lane_lock_key(text, integer, integer),
   {{schema}}.task_fate(bigint), {{schema}}.task_type_of(bigint), {{schema}}.free_waiting(bigint[]),
   {{schema}}.append_from_deferred(bigint[], boolean),
-  {{schema}}.release_completed(bigint[]), {{schema}}.deps_tick(boolean, bigint, integer),
+  {{schema}}.count_completions(bigint[]), {{schema}}.release_completed(bigint[]), {{schema}}.deps_tick(boolean, bigint, integer),
   {{schema}}.watch_parents(bigint[]), {{schema}}.watch_dead_parents(), {{schema}}.release_before_prune(),
   {{schema}}.task_parents(bigint), {{schema}}.task_dependents(bigint, integer), {{schema}}.dependency_usage(),
   {{schema}}.prune_dep_edges(integer), {{schema}}.enqueue_graph(jsonb),
