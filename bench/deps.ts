@@ -56,7 +56,7 @@ import { analyse, type Measured } from './deps/analysis.js';
 import { berthSystem } from './deps/berth.js';
 import { pgBossSystem } from './deps/pgboss.js';
 import { type CallMode, dependents, type ShapeName, shapesAt } from './deps/shapes.js';
-import type { DepsSystem, ReleaseCounts } from './deps/system.js';
+import type { CrossCheck, DepsSystem, ReleaseCounts } from './deps/system.js';
 import { loadConfig } from './config.js';
 import { Monitor, openBenchServer, recreateDatabase } from './db.js';
 import { fmtMs, median } from './stats.js';
@@ -142,7 +142,7 @@ const cellOf = (row: Row, system: string): Cell => {
   return c;
 };
 const problems: string[] = [];
-const crossChecks: string[] = [];
+const crossChecks: CrossCheck[] = [];
 const workerErrors: string[] = [];
 
 const loads: number[] = [];
@@ -202,7 +202,9 @@ async function runOnce(row: Row, sys: DepsSystem, rep: number): Promise<void> {
     });
     const rel = await sys.releases();
     const check = await sys.crossCheck(e, timings);
-    if (check !== null) crossChecks.push(`${what}: ${check}`);
+    if (check !== null) crossChecks.push(check);
+    if (check !== null && check.differ > 0)
+      problems.push(`${what}: attempt history's times differ from the ring's for ${check.differ} tasks`);
     cell.runs.push(m);
     cell.enqueueMs.push(e.wallMs);
     if (rel) cell.releases.push(rel);
@@ -223,8 +225,10 @@ async function runOnce(row: Row, sys: DepsSystem, rep: number): Promise<void> {
         (rel
           ? `released ${int(m.readyAtEnqueue)} at enqueue / ${int(rel.completion)} completion / ${int(rel.leader)} leader, ${int(rel.promoted)} promoted; `
           : '') +
-        (m.perLinkMs !== null ? `${m.perLinkMs.toFixed(2)} ms a link; ` : '') +
-        (check ?? '') +
+        (m.perLinkMs !== null ? `${fmtMs(m.perLinkMs)} ms a link; ` : '') +
+        (check
+          ? `${int(check.inRing)} of ${int(check.tasks)} tasks still in the ring, history's times differ for ${int(check.differ)}`
+          : '') +
         (m.problems.length ? `; PROBLEMS: ${m.problems.join('; ')}` : ''),
     );
   } catch (err) {
@@ -318,7 +322,7 @@ for (const row of rows) {
           int,
         )} | ${delayCell} | ${releasedCell} | ${med(
           runs.flatMap((m) => (m.perLinkMs === null ? [] : [m.perLinkMs])),
-          (x) => x.toFixed(2),
+          fmtMs,
         )} |`,
     );
   }
@@ -359,10 +363,13 @@ lines.push(
   '',
   "Where the times come from: berth, attempt history (per task its lease's `claimed_at` and its completing " +
     "settlement's `settled_at`, the values `range_leases` and `range_settlements` hold, kept after the leader prunes " +
-    'a drained ring segment); pg-boss, its job rows (`started_on`, `completed_on`). The check against the ring ' +
-    '(tasks whose segment was not pruned yet): ' +
-    (crossChecks.length ? '' : 'not run.'),
-  ...crossChecks.map((c) => `- ${c}`),
+    'a drained ring segment); pg-boss, its job rows (`started_on`, `completed_on`). ' +
+    (crossChecks.length === 0
+      ? ''
+      : `Checked against the ring's own rows at the end of each berth run (ready(id) → its lease's [from_seq, to_seq] ` +
+        `and the settlement holding its lane_seq), for the tasks whose segment was not pruned yet: ` +
+        `${int(crossChecks.reduce((a, c) => a + c.inRing, 0))} of ${int(crossChecks.reduce((a, c) => a + c.tasks, 0))} ` +
+        `tasks over ${crossChecks.length} runs, times differing for ${int(crossChecks.reduce((a, c) => a + c.differ, 0))}.`),
   '',
   problems.length === 0
     ? 'Checks: every task completed exactly once in one attempt; no dependent started before its last parent completed.'

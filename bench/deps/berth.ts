@@ -221,7 +221,7 @@ export function berthSystem(url: string, slots: number): DepsSystem {
         const t = timings[i]!;
         if (t.startedMs !== row.claimed || t.completedMs !== row.settled) differ++;
       }
-      return `${inRing} of ${e.ids.length} tasks still in the ring; history's times differ from the ring's for ${differ}`;
+      return { inRing, tasks: e.ids.length, differ };
     },
 
     async finish() {

@@ -26,6 +26,15 @@ export interface ReleaseCounts {
   promoted: number;
 }
 
+/** berth: the timings read from attempt history against the ring's own rows, where they remain. */
+export interface CrossCheck {
+  /** Tasks of the run whose lease and settlement were still in the ring. */
+  inRing: number;
+  tasks: number;
+  /** Of those, tasks whose start or completion time differed between the two. */
+  differ: number;
+}
+
 export interface DepsSystem {
   readonly name: string;
   /** How the worker and the producer are configured, for the report. */
@@ -43,8 +52,8 @@ export interface DepsSystem {
   timings(e: Enqueued): Promise<TaskTiming[]>;
   /** How the dependents were released (berth's counters over the run); null when the system has none. */
   releases(): Promise<ReleaseCounts | null>;
-  /** A check of the timings' source, for the log; null when there is none. */
-  crossCheck(e: Enqueued, timings: readonly TaskTiming[]): Promise<string | null>;
+  /** A check of the timings against a second source; null when the system has none. */
+  crossCheck(e: Enqueued, timings: readonly TaskTiming[]): Promise<CrossCheck | null>;
   /** Stop the worker process, drop the installation. */
   finish(): Promise<void>;
   /** Errors the worker reported during the run (pg-boss emits them), cleared by prepare. */
