@@ -127,7 +127,7 @@ test("regression (review): an operator's retry of a waiting task is refused; mov
     { name: 'p', queue: 'f-op', ref: 'p', delay: 3_600_000 },
     { name: 'c', queue: 'f-op', dependsOn: [{ ref: 'p' }] },
   ]);
-  assert.equal(await retryTask(pool, schema, c!), 'not_retryable');
+  assert.equal(await retryTask(pool, schema, c!), 'waiting_on_parents');
   assert.equal(
     (await pool.query(`SELECT result FROM ${S}.retry_dead(ARRAY[$1::bigint])`, [c])).rows[0].result,
     'not_found',

@@ -91,7 +91,7 @@ test('a worker role writes no edge or counter itself; the definer functions it i
     `DELETE FROM ${S}.task_deps WHERE child_id = ${c}`,
     `UPDATE ${S}.task_waits SET pending = 0 WHERE id = ${c}`,
     `DELETE FROM ${S}.task_waits WHERE id = ${c}`,
-    `INSERT INTO ${S}.task_waits (id, pending, on_parent_failure, queue) VALUES (1, 0, 'cancel', 'q')`,
+    `INSERT INTO ${S}.task_waits (id, pending, on_parent_failure) VALUES (1, 0, 'cancel')`,
     `UPDATE ${S}.deferred SET state = 'scheduled', run_at = now() WHERE id = ${c}`,
     `SELECT ${S}.free_waiting(ARRAY[${c}]::bigint[])`,
     `SELECT ${S}.append_from_deferred(ARRAY[${c}]::bigint[], true)`,
