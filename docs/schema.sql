@@ -263,7 +263,7 @@ BEGIN
     ), moved AS (
       DELETE FROM "berth".deferred d USING pick WHERE d.id = pick.id RETURNING d.*
     )
-    SELECT "berth".append_ready(v_lane,
+    SELECT "berth".append_ready_marked(v_lane,
              array_agg(m.id ORDER BY m.id), array_agg(m.type ORDER BY m.id), array_agg(m.payload ORDER BY m.id),
              array_agg(m.attempts ORDER BY m.id), array_agg(m.max_attempts ORDER BY m.id),
              array_agg(m.dedupe_key ORDER BY m.id), array_agg(m.last_error ORDER BY m.id),
@@ -279,10 +279,100 @@ BEGIN
 END $$;
 
 --
--- Name: append_ready(integer, bigint[], text[], jsonb[], integer[], integer[], text[], text[], timestamp with time zone[], timestamp with time zone[], text[], boolean[]); Type: FUNCTION; Schema: berth; Owner: -
+-- Name: append_ready(integer, bigint[], text[], jsonb[], integer[], integer[], text[], text[], timestamp with time zone[], timestamp with time zone[], text[]); Type: FUNCTION; Schema: berth; Owner: -
 --
 
-CREATE FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[] DEFAULT NULL::text[], p_has_dependents boolean[] DEFAULT NULL::boolean[]) RETURNS integer
+CREATE FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[] DEFAULT NULL::text[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v_seq regclass;
+  -- The rows the unnest below makes: as many as the longest array (callers pass equal lengths).
+  v_n integer := coalesce(greatest(cardinality(p_ids), cardinality(p_types), cardinality(p_payloads),
+    cardinality(p_attempts), cardinality(p_max_attempts), cardinality(p_dedupe),
+    cardinality(p_last_error), cardinality(p_created_at), cardinality(p_run_at)), 0);
+  v_base bigint;
+  v_slot smallint;
+  v_now smallint;
+  v_done integer;
+BEGIN
+  PERFORM pg_advisory_xact_lock(446571594, p_lane);
+  IF v_n = 0 THEN RETURN 0; END IF;
+  v_seq := format('%I.%I', 'berth', 'lane_seq_' || p_lane)::regclass;
+  -- Every appender to the lane holds the lane lock (taken above, held to commit) while it draws
+  -- from the lane's sequence, so v_base .. v_base + v_n - 1 are this call's alone.
+  v_base := nextval(v_seq);
+  IF v_n > 1 THEN PERFORM setval(v_seq, v_base + v_n - 1); END IF;
+  -- The segment is the epoch's, read outside the snapshot (see the header), once per INSERT (an
+  -- uncorrelated subquery: one InitPlan, so every row of the call goes to the same segment).
+  IF p_attempts IS NULL AND p_max_attempts IS NULL AND p_dedupe IS NULL AND p_last_error IS NULL
+     AND p_created_at IS NULL AND p_run_at IS NULL AND p_trace_context IS NULL THEN
+    -- New tasks with nothing but a type and a payload (enqueue's fast path): three arrays.
+    WITH appended AS (
+      INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
+                              attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
+                              trace_context)
+      SELECT (SELECT (e.last_value % rs.slot_count)::smallint FROM "berth".ring_epoch e, "berth".ring_state rs),
+             p_lane,
+             v_base + x.ord - 1, x.id, x.type, x.payload, l.queue, l.priority, l.shard, 0, NULL, NULL, NULL,
+             now(), now(), NULL
+        FROM unnest(p_ids, p_types, p_payloads) WITH ORDINALITY AS x(id, type, payload, ord)
+        CROSS JOIN (SELECT queue, priority, shard FROM "berth".lanes WHERE lane_id = p_lane) l
+      RETURNING slot)
+    SELECT min(a.slot), count(*) INTO v_slot, v_done FROM appended a;
+  ELSE
+    WITH appended AS (
+      INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
+                              attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
+                              trace_context)
+      SELECT (SELECT (e.last_value % rs.slot_count)::smallint FROM "berth".ring_epoch e, "berth".ring_state rs),
+             p_lane,
+             v_base + x.ord - 1, x.id, x.type, x.payload, l.queue, l.priority, l.shard, coalesce(x.attempts, 0),
+             x.max_attempts, x.dedupe_key, x.last_error, coalesce(x.created_at, now()), coalesce(x.run_at, now()),
+             x.trace_context
+        FROM unnest(p_ids, p_types, p_payloads, p_attempts, p_max_attempts, p_dedupe, p_last_error,
+                    p_created_at, p_run_at, p_trace_context) WITH ORDINALITY
+               AS x(id, type, payload, attempts, max_attempts, dedupe_key, last_error, created_at,
+                    run_at, trace_context, ord)
+        CROSS JOIN (SELECT queue, priority, shard FROM "berth".lanes WHERE lane_id = p_lane) l
+      RETURNING slot)
+    SELECT min(a.slot), count(*) INTO v_slot, v_done FROM appended a;
+  END IF;
+  -- Every row or none: the lane's row is always visible here (provision_lane returned it), but a
+  -- task that vanished silently would be a lost one.
+  IF v_done <> v_n THEN
+    RAISE EXCEPTION 'berth: append_ready wrote % of % entries of lane %', v_done, v_n, p_lane
+      USING ERRCODE = '40001', HINT = 'retry the transaction';
+  END IF;
+  -- The ring rotated while this append ran: its rows move to the segment that is current now
+  -- (they are this transaction's own, seen by nobody else), until two reads agree.
+  LOOP
+    SELECT (e.last_value % rs.slot_count)::smallint INTO v_now FROM "berth".ring_epoch e, "berth".ring_state rs;
+    EXIT WHEN v_now = v_slot;
+    WITH moved AS (
+      DELETE FROM "berth".ready r
+       WHERE r.slot = v_slot AND r.lane_id = p_lane AND r.lane_seq BETWEEN v_base AND v_base + v_n - 1
+      RETURNING r.*)
+    INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
+                                  attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
+                                  appended_at, trace_context)
+    SELECT v_now, m.lane_id, m.lane_seq, m.id, m.type, m.payload, m.queue, m.priority, m.shard, m.attempts,
+           m.max_attempts, m.dedupe_key, m.last_error, m.created_at, m.run_at, m.appended_at, m.trace_context
+      FROM moved m;
+    v_slot := v_now;
+  END LOOP;
+  -- The payload names the lane, so a woken worker can claim from it without a discovery
+  -- round trip. Identical notifications still collapse: one per lane per transaction.
+  PERFORM pg_notify('berth.wake', p_lane::text);
+  RETURN v_n;
+END $$;
+
+--
+-- Name: append_ready_marked(integer, bigint[], text[], jsonb[], integer[], integer[], text[], text[], timestamp with time zone[], timestamp with time zone[], text[], boolean[]); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.append_ready_marked(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[] DEFAULT NULL::text[], p_has_dependents boolean[] DEFAULT NULL::boolean[]) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -1594,7 +1684,7 @@ BEGIN
   WITH moved AS (
     DELETE FROM "berth".deferred d WHERE d.id = ANY (v_plain) RETURNING d.*
   )
-  SELECT "berth".append_ready(v_lane,
+  SELECT "berth".append_ready_marked(v_lane,
            array_agg(m.id ORDER BY m.run_at, m.id), array_agg(m.type ORDER BY m.run_at, m.id),
            array_agg(m.payload ORDER BY m.run_at, m.id), array_agg(m.attempts ORDER BY m.run_at, m.id),
            array_agg(m.max_attempts ORDER BY m.run_at, m.id), array_agg(m.dedupe_key ORDER BY m.run_at, m.id),
@@ -8840,10 +8930,16 @@ REVOKE ALL ON FUNCTION berth.add_tasks(tasks jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION berth.append_from_deferred(p_ids bigint[], p_try boolean) FROM PUBLIC;
 
 --
--- Name: FUNCTION append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[], p_has_dependents boolean[]); Type: ACL; Schema: berth; Owner: -
+-- Name: FUNCTION append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[]); Type: ACL; Schema: berth; Owner: -
 --
 
-REVOKE ALL ON FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[], p_has_dependents boolean[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION berth.append_ready(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[]) FROM PUBLIC;
+
+--
+-- Name: FUNCTION append_ready_marked(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[], p_has_dependents boolean[]); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.append_ready_marked(p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[], p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamp with time zone[], p_run_at timestamp with time zone[], p_trace_context text[], p_has_dependents boolean[]) FROM PUBLIC;
 
 --
 -- Name: FUNCTION cancel_tasks(p_ids bigint[], p_actor text); Type: ACL; Schema: berth; Owner: -

@@ -150,7 +150,9 @@ test('migration 22 under a fleet of migration 21: two workers, their leader and 
           break;
         } catch (err) {
           await c.query('ROLLBACK').catch(() => undefined);
-          if ((err as { code?: string }).code !== '40P01' || attempt >= 5) throw err;
+          // Every retry pauses a little: the migration (which retries itself too) gets its locks.
+          if ((err as { code?: string }).code !== '40P01' || attempt >= 50) throw err;
+          await new Promise((r) => setTimeout(r, 20 * attempt));
           deadlocks++;
         } finally {
           c.release();
@@ -184,7 +186,12 @@ test('migration 22 under a fleet of migration 21: two workers, their leader and 
         (await pruned()) >= since.pruned + 2,
       60_000,
       'the fleet to drain, rotate and prune on migration 22',
-    );
+    ).catch(async (err: Error) => {
+      // Say which part stalled: the producer (its error), the runs, the rotations or the prunes.
+      throw new Error(
+        `${err.message}: runs ${runs.size}/${since.handled + 200}, rotated ${await rotated()}/${since.rotated + 2}, pruned ${await pruned()}/${since.pruned + 2}, producer errors ${producerErrors.map((e) => String(e)).join('; ') || 'none'}`,
+      );
+    });
     producing = false;
     await produce;
     assert.deepEqual(producerErrors, [], `the producer of 21 enqueued throughout (${deadlocks} batches retried)`);

@@ -129,7 +129,7 @@ test('runtime roles have no CREATE on the schema, and PUBLIC can execute no bert
   assert.deepEqual(open.rows, [], 'no berth function is executable by PUBLIC');
   const internal = await admin.query(`SELECT has_function_privilege($1, $2, 'EXECUTE') AS x`, [
     roleA,
-    `${S}.append_ready(integer,bigint[],text[],jsonb[],integer[],integer[],text[],text[],timestamptz[],timestamptz[],text[],boolean[])`,
+    `${S}.append_ready(integer,bigint[],text[],jsonb[],integer[],integer[],text[],text[],timestamptz[],timestamptz[],text[])`,
   ]);
   assert.equal(internal.rows[0].x, false, 'append_ready is only called from inside the definer functions');
   const repair = await admin.query(

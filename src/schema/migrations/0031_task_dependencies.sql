@@ -63,13 +63,13 @@ CREATE TABLE {{schema}}.task_waits (
 );
 
 
--- append_ready as in migration 18, with a 12th argument: which entries have dependents
--- (`ready.has_dependents`). NULL (every caller but enqueue_graph, promote_lane and the release)
--- keeps the three-array fast path and writes NULL. A new argument, so the function is made again;
--- the definer functions that call it with 10 or 11 arguments resolve to this one when they run.
-DROP FUNCTION {{schema}}.append_ready(integer, bigint[], text[], jsonb[], integer[], integer[], text[], text[],
-  timestamptz[], timestamptz[], text[]);
-CREATE FUNCTION {{schema}}.append_ready(
+-- append_ready_marked: append_ready as in migration 18, with a 12th argument: which entries have
+-- dependents (`ready.has_dependents`); called by promote_lane, enqueue_graph and the release.
+-- A function of its own, not append_ready with a new argument: dropping append_ready to add one
+-- broke every live session of the previous version (its cached plans of enqueue() and the rest
+-- named the dropped function: "cache lookup failed for function", migration-22.test.ts's fleet).
+-- append_ready stays as migration 18 made it, for every caller that marks nothing.
+CREATE FUNCTION {{schema}}.append_ready_marked(
   p_lane integer, p_ids bigint[], p_types text[], p_payloads jsonb[], p_attempts integer[],
   p_max_attempts integer[], p_dedupe text[], p_last_error text[], p_created_at timestamptz[],
   p_run_at timestamptz[], p_trace_context text[] DEFAULT NULL, p_has_dependents boolean[] DEFAULT NULL)
@@ -205,7 +205,7 @@ BEGIN
   WITH moved AS (
     DELETE FROM {{schema}}.deferred d WHERE d.id = ANY (v_plain) RETURNING d.*
   )
-  SELECT {{schema}}.append_ready(v_lane,
+  SELECT {{schema}}.append_ready_marked(v_lane,
            array_agg(m.id ORDER BY m.run_at, m.id), array_agg(m.type ORDER BY m.run_at, m.id),
            array_agg(m.payload ORDER BY m.run_at, m.id), array_agg(m.attempts ORDER BY m.run_at, m.id),
            array_agg(m.max_attempts ORDER BY m.run_at, m.id), array_agg(m.dedupe_key ORDER BY m.run_at, m.id),
@@ -336,7 +336,7 @@ BEGIN
     ), moved AS (
       DELETE FROM {{schema}}.deferred d USING pick WHERE d.id = pick.id RETURNING d.*
     )
-    SELECT {{schema}}.append_ready(v_lane,
+    SELECT {{schema}}.append_ready_marked(v_lane,
              array_agg(m.id ORDER BY m.id), array_agg(m.type ORDER BY m.id), array_agg(m.payload ORDER BY m.id),
              array_agg(m.attempts ORDER BY m.id), array_agg(m.max_attempts ORDER BY m.id),
              array_agg(m.dedupe_key ORDER BY m.id), array_agg(m.last_error ORDER BY m.id),
@@ -893,7 +893,7 @@ BEGIN
    ORDER BY x.o;
 END $fn$;
 
-REVOKE EXECUTE ON FUNCTION {{schema}}.append_ready(integer, bigint[], text[], jsonb[], integer[], integer[], text[],
+REVOKE EXECUTE ON FUNCTION {{schema}}.append_ready_marked(integer, bigint[], text[], jsonb[], integer[], integer[], text[],
   text[], timestamptz[], timestamptz[], text[], boolean[]), {{schema}}.lane_lock_key(text, integer, integer),
   {{schema}}.task_fate(bigint), {{schema}}.task_type_of(bigint), {{schema}}.free_waiting(bigint[]),
   {{schema}}.append_from_deferred(bigint[], boolean),
