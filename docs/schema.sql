@@ -396,40 +396,23 @@ BEGIN
   IF v_n > 1 THEN PERFORM setval(v_seq, v_base + v_n - 1); END IF;
   -- The segment is the epoch's, read outside the snapshot (see the header), once per INSERT (an
   -- uncorrelated subquery: one InitPlan, so every row of the call goes to the same segment).
-  IF p_attempts IS NULL AND p_max_attempts IS NULL AND p_dedupe IS NULL AND p_last_error IS NULL
-     AND p_created_at IS NULL AND p_run_at IS NULL AND p_trace_context IS NULL
-     AND p_has_dependents IS NULL THEN
-    -- New tasks with nothing but a type and a payload (enqueue's fast path): three arrays.
-    WITH appended AS (
-      INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
-                              attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
-                              trace_context)
-      SELECT (SELECT (e.last_value % rs.slot_count)::smallint FROM "berth".ring_epoch e, "berth".ring_state rs),
-             p_lane,
-             v_base + x.ord - 1, x.id, x.type, x.payload, l.queue, l.priority, l.shard, 0, NULL, NULL, NULL,
-             now(), now(), NULL
-        FROM unnest(p_ids, p_types, p_payloads) WITH ORDINALITY AS x(id, type, payload, ord)
-        CROSS JOIN (SELECT queue, priority, shard FROM "berth".lanes WHERE lane_id = p_lane) l
-      RETURNING slot)
-    SELECT min(a.slot), count(*) INTO v_slot, v_done FROM appended a;
-  ELSE
-    WITH appended AS (
-      INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
-                              attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
-                              trace_context, has_dependents)
-      SELECT (SELECT (e.last_value % rs.slot_count)::smallint FROM "berth".ring_epoch e, "berth".ring_state rs),
-             p_lane,
-             v_base + x.ord - 1, x.id, x.type, x.payload, l.queue, l.priority, l.shard, coalesce(x.attempts, 0),
-             x.max_attempts, x.dedupe_key, x.last_error, coalesce(x.created_at, now()), coalesce(x.run_at, now()),
-             x.trace_context, CASE WHEN x.has_dependents THEN true END
-        FROM unnest(p_ids, p_types, p_payloads, p_attempts, p_max_attempts, p_dedupe, p_last_error,
-                    p_created_at, p_run_at, p_trace_context, p_has_dependents) WITH ORDINALITY
-               AS x(id, type, payload, attempts, max_attempts, dedupe_key, last_error, created_at,
-                    run_at, trace_context, has_dependents, ord)
-        CROSS JOIN (SELECT queue, priority, shard FROM "berth".lanes WHERE lane_id = p_lane) l
-      RETURNING slot)
-    SELECT min(a.slot), count(*) INTO v_slot, v_done FROM appended a;
-  END IF;
+  -- Every caller passes whole rows (promotion, the release, enqueue_graph): no three-array path.
+  WITH appended AS (
+    INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
+                            attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
+                            trace_context, has_dependents)
+    SELECT (SELECT (e.last_value % rs.slot_count)::smallint FROM "berth".ring_epoch e, "berth".ring_state rs),
+           p_lane,
+           v_base + x.ord - 1, x.id, x.type, x.payload, l.queue, l.priority, l.shard, coalesce(x.attempts, 0),
+           x.max_attempts, x.dedupe_key, x.last_error, coalesce(x.created_at, now()), coalesce(x.run_at, now()),
+           x.trace_context, CASE WHEN x.has_dependents THEN true END
+      FROM unnest(p_ids, p_types, p_payloads, p_attempts, p_max_attempts, p_dedupe, p_last_error,
+                  p_created_at, p_run_at, p_trace_context, p_has_dependents) WITH ORDINALITY
+             AS x(id, type, payload, attempts, max_attempts, dedupe_key, last_error, created_at,
+                  run_at, trace_context, has_dependents, ord)
+      CROSS JOIN (SELECT queue, priority, shard FROM "berth".lanes WHERE lane_id = p_lane) l
+    RETURNING slot)
+  SELECT min(a.slot), count(*) INTO v_slot, v_done FROM appended a;
   -- Every row or none: the lane's row is always visible here (provision_lane returned it), but a
   -- task that vanished silently would be a lost one.
   IF v_done <> v_n THEN
