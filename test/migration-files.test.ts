@@ -111,3 +111,33 @@ test('a malformed migration file is refused, naming the file', () => {
     /0009_x\.sql: unknown placeholder\(s\) \{\{shema\}\}/,
   );
 });
+
+test('each migration names the tables it locks, with the strongest mode its statements take (migrate takes them first)', () => {
+  const locks = (v: number) => MIGRATIONS.find((m) => m.version === v)!.locks;
+  assert.deepEqual(locks(31), [
+    { table: 'deferred', mode: 'ACCESS EXCLUSIVE' },
+    { table: 'ready', mode: 'ACCESS EXCLUSIVE' },
+    { table: 'task_deps', mode: 'SHARE' },
+    { table: 'dead_letters', mode: 'SHARE ROW EXCLUSIVE' },
+  ]);
+  assert.deepEqual(locks(25), [{ table: 'attempt_history', mode: 'SHARE' }]);
+  assert.deepEqual(locks(23), [], 'functions only');
+  const parsed = parseMigration(
+    '0099_x.sql',
+    [
+      '-- name: x',
+      '',
+      'CREATE INDEX a_i ON {{schema}}.a (id);',
+      'ALTER TABLE {{schema}}.a ADD COLUMN b int;',
+      'CREATE TRIGGER t AFTER INSERT ON {{schema}}.c',
+      '  FOR EACH ROW EXECUTE FUNCTION {{schema}}.f();',
+      '  ALTER TABLE {{schema}}.inside_a_body ADD COLUMN x int;',
+      'LOCK TABLE {{schema}}.d IN SHARE MODE;',
+    ].join('\n'),
+  );
+  assert.deepEqual(parsed.locks, [
+    { table: 'a', mode: 'ACCESS EXCLUSIVE' },
+    { table: 'c', mode: 'SHARE ROW EXCLUSIVE' },
+    { table: 'd', mode: 'ACCESS EXCLUSIVE' },
+  ]);
+});

@@ -7,7 +7,7 @@ import { checkSchemaName } from '../limits.js';
 import { DEFAULT_SCHEMA, quoteIdent, type Queryable } from '../sql.js';
 import { MIGRATE_LOCK, schemaLockKey } from '../storage/locks.js';
 import { repairLaneSequences, type LaneSequenceRepairReport } from '../storage/lane-sequences.js';
-import { MIGRATIONS } from './migrations.js';
+import { LOCK_MODES, MIGRATIONS, type LockMode } from './migrations.js';
 import { ROLE_KINDS, runtimeGrantStatements, type RoleKind } from './roles.js';
 
 /** How to reach the database: a connection string, or a connected client not inside a transaction. */
@@ -182,6 +182,7 @@ export async function migrate(options: MigrateOptions): Promise<MigrationReport>
         const from = (await schemaVersion(client, schema)) ?? 0;
         if (from > LATEST_SCHEMA_VERSION) throw new SchemaTooNewError(schema, from, LATEST_SCHEMA_VERSION);
         await refuseChangedMigrations(client, schema);
+        if (from > 0) await lockAltered(client, schema, from);
         const applied: MigrationReport['applied'] = [];
         for (const m of [...MIGRATIONS].sort((a, b) => a.version - b.version)) {
           if (m.version <= from) continue;
@@ -382,6 +383,53 @@ export async function withClient<T>(
 const LOCK_RETRY_MS = 120_000;
 
 /**
+ * How long the up-front LOCK waits for one table before the attempt gives up, rolls back and
+ * tries again: shorter than deadlock_timeout (1 s by default), so that a worker transaction
+ * which holds a later table and waits for an earlier one is freed by the migration stepping
+ * back, not by a deadlock error in either.
+ */
+const LOCK_WAIT_MS = 250;
+
+/**
+ * The order the fleet's transactions take the hot tables in (a producer: lanes, then ready;
+ * promotion: lanes, deferred, ready; a settlement: ready, then its records), so that the
+ * migration's LOCK, which takes them one after another, meets them in the same order. Tables
+ * not named here come after, by name.
+ */
+const FLEET_LOCK_ORDER = ['lanes', 'deferred', 'ready', 'attempt_history', 'dead_letters', 'workers'];
+
+/**
+ * Lock every existing table the pending migrations alter, one after another before any of
+ * them runs. Without it a migration held the first table it altered while it ran on, and a
+ * worker that held a later one and waited for the first deadlocked with it; under a steady load
+ * that happened at every attempt. A wait longer than LOCK_WAIT_MS is 55P03, which
+ * retryLockConflicts answers by trying again.
+ */
+async function lockAltered(client: pg.ClientBase, schema: string, from: number): Promise<void> {
+  const wanted = new Map<string, LockMode>();
+  for (const { table, mode } of MIGRATIONS.filter((m) => m.version > from).flatMap((m) => m.locks)) {
+    const had = wanted.get(table);
+    if (had === undefined || LOCK_MODES.indexOf(mode) > LOCK_MODES.indexOf(had)) wanted.set(table, mode);
+  }
+  if (wanted.size === 0) return;
+  const existing = await client.query<{ name: string }>(
+    `SELECT t AS name FROM unnest($2::text[]) t WHERE to_regclass(format('%I.%I', $1::text, t)) IS NOT NULL`,
+    [schema, [...wanted.keys()]],
+  );
+  const rank = (t: string) => {
+    const i = FLEET_LOCK_ORDER.indexOf(t);
+    return i === -1 ? FLEET_LOCK_ORDER.length : i;
+  };
+  const tables = existing.rows.map((r) => r.name).sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
+  if (tables.length === 0) return;
+  const s = quoteIdent(schema);
+  const before = await client.query<{ v: string }>(`SELECT current_setting('lock_timeout') AS v`);
+  await client.query(`SELECT set_config('lock_timeout', $1, true)`, [`${LOCK_WAIT_MS}ms`]);
+  for (const t of tables) await client.query(`LOCK TABLE ${s}.${quoteIdent(t)} IN ${wanted.get(t)!} MODE`);
+  await client.query(`SELECT set_config('lock_timeout', $1, true)`, [before.rows[0]!.v]);
+}
+
+/**
  * Run `attempt` (one migrating transaction) again when it lost a deadlock with the live fleet
  * (40P01: a migration that alters several tables of the hot path takes their locks one after
  * another, and a worker may hold one of them while it waits for another), or gave up a lock
@@ -402,7 +450,7 @@ async function retryLockConflicts<T>(attempt: () => Promise<T>): Promise<T> {
           );
         throw err;
       }
-      await new Promise((r) => setTimeout(r, Math.min(50 * 2 ** n, 2000) * (0.5 + Math.random())));
+      await new Promise((r) => setTimeout(r, Math.min(50 * 2 ** n, 1000) * (0.5 + Math.random())));
     }
   }
 }

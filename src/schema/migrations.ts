@@ -17,6 +17,49 @@ export interface Migration {
   version: number;
   name: string;
   sql(schema: string): string;
+  /**
+   * The tables of the schema its DDL alters, indexes, triggers, drops, locks or truncates (read
+   * from the file's top-level statements), each with the strongest lock those statements take.
+   * migrate() takes those locks on the tables that exist before it runs anything, all at once,
+   * so that it never holds one while it waits for another that a worker holds while waiting for
+   * the first (a deadlock with the live fleet).
+   */
+  locks: readonly TableLock[];
+}
+
+/** PostgreSQL's table lock modes that DDL takes, weakest first. */
+export const LOCK_MODES = ['SHARE', 'SHARE ROW EXCLUSIVE', 'ACCESS EXCLUSIVE'] as const;
+export type LockMode = (typeof LOCK_MODES)[number];
+export interface TableLock {
+  table: string;
+  mode: LockMode;
+}
+
+/**
+ * A top-level statement (at the start of a line) that takes a lock on an existing table of the
+ * schema: its kind and the table it names. CREATE INDEX takes SHARE, CREATE TRIGGER SHARE ROW
+ * EXCLUSIVE, the others ACCESS EXCLUSIVE (a LOCK TABLE in these files takes that mode, and
+ * ALTER TABLE is counted at its strongest).
+ */
+const LOCKING_STATEMENT =
+  /^(ALTER TABLE(?: IF EXISTS)?(?: ONLY)?|DROP TABLE(?: IF EXISTS)?|LOCK TABLE(?: ONLY)?|TRUNCATE(?: TABLE)?(?: ONLY)?|CREATE (?:UNIQUE )?INDEX[^;]*?\sON(?: ONLY)?|CREATE (?:OR REPLACE )?TRIGGER[^;]*?\sON)\s+\{\{schema\}\}\.([a-z_][a-z0-9_]*)/gm;
+
+function statementMode(statement: string): LockMode {
+  if (statement.startsWith('CREATE TRIGGER') || statement.startsWith('CREATE OR REPLACE TRIGGER'))
+    return 'SHARE ROW EXCLUSIVE';
+  if (/^CREATE (UNIQUE )?INDEX/.test(statement)) return 'SHARE';
+  return 'ACCESS EXCLUSIVE';
+}
+
+/** The tables a migration's top-level statements lock, each once with its strongest mode, in the order they appear. */
+export function lockedTables(template: string): TableLock[] {
+  const locks = new Map<string, LockMode>();
+  for (const m of template.matchAll(LOCKING_STATEMENT)) {
+    const mode = statementMode(m[1]!);
+    const had = locks.get(m[2]!);
+    if (had === undefined || LOCK_MODES.indexOf(mode) > LOCK_MODES.indexOf(had)) locks.set(m[2]!, mode);
+  }
+  return [...locks].map(([table, mode]) => ({ table, mode }));
 }
 
 /** Ring partitions of the ready storage. Fixed per installation at migration 1 (its slots 0–15). */
@@ -53,7 +96,12 @@ export function parseMigration(fileName: string, text: string): Migration {
   const unknown = unknownPlaceholders(template);
   if (unknown.length > 0)
     throw new Error(`migration file ${fileName}: unknown placeholder(s) ${unknown.map((u) => `{{${u}}}`).join(', ')}`);
-  return { version: Number(version), name, sql: (schema) => renderPlaceholders(template, schema) };
+  return {
+    version: Number(version),
+    name,
+    sql: (schema) => renderPlaceholders(template, schema),
+    locks: lockedTables(template),
+  };
 }
 
 /** Every migration in `directory`, by version; throws when two share a version. */
