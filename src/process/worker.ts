@@ -74,6 +74,53 @@ export const SESSION_OPTIONS =
   // promote_held refuse to run at another level).
   ' -c default_transaction_isolation=read\\ committed';
 
+/** What SESSION_OPTIONS sets, as `current_setting` reports it once applied. */
+const EXPECTED_SETTINGS: Readonly<Record<string, string>> = {
+  jit: 'off',
+  plan_cache_mode: 'force_generic_plan',
+  enable_bitmapscan: 'off',
+  enable_seqscan: 'off',
+  default_transaction_isolation: 'read committed',
+};
+
+/**
+ * A pooler that drops berth's startup parameters (PgBouncer with them in
+ * `ignore_startup_parameters`; every transaction-mode pooler, whose server sessions are opened
+ * by the pooler) leaves the worker's sessions with the role's settings: the claim may then be
+ * JIT-compiled (~1 s a statement), and a runaway statement is never cancelled. Nothing fails,
+ * so say so once at start, with the settings to put on the role instead. Never fails start:
+ * a database fault here is the first claim's to report.
+ */
+async function warnOnDroppedSettings(pool: pg.Pool, statementTimeoutMs: number, logger: Logger): Promise<void> {
+  // pg sends statement_timeout as a whole number of ms; pg_settings reports it in ms too.
+  const expected: Record<string, string> = {
+    ...EXPECTED_SETTINGS,
+    statement_timeout: String(Number.parseInt(String(statementTimeoutMs), 10)),
+  };
+  let rows: { name: string; setting: string }[];
+  try {
+    rows = (
+      await pool.query<{ name: string; setting: string }>(
+        'SELECT name, setting FROM pg_catalog.pg_settings WHERE name = ANY($1::text[])',
+        [Object.keys(expected)],
+      )
+    ).rows;
+  } catch {
+    return;
+  }
+  const actual = new Map(rows.map((r) => [r.name, r.setting]));
+  const differ = Object.entries(expected).filter(([name, want]) => actual.get(name) !== want);
+  if (differ.length === 0) return;
+  logger.warn(
+    {
+      expected: Object.fromEntries(differ),
+      actual: Object.fromEntries(differ.map(([name]) => [name, actual.get(name) ?? null])),
+      fix: differ.map(([name, want]) => `ALTER ROLE current_user SET ${name} = '${want}'`),
+    },
+    'the worker\'s session settings did not take effect (a connection pooler dropped its startup parameters?): set them on the worker\'s role (docs/operations.md, "Connection poolers")',
+  );
+}
+
 /** Everything start() builds, so stop() takes down exactly what exists. */
 interface Running {
   write: pg.Pool;
@@ -82,8 +129,11 @@ interface Running {
   /** The settlement batcher's session. */
   settlements: pg.Pool;
   read: pg.Pool;
+  /** The maintenance leader's pool on `sessionConnectionString`, when that is given. */
+  leaderPool: pg.Pool | null;
   http: Listening | null;
-  listener: WakeListener;
+  /** null: poll-only (`sessionConnectionString: false`). */
+  listener: WakeListener | null;
   maintenance: Maintenance | null;
   heartbeat: Heartbeat | null;
   engine: Engine;
@@ -223,24 +273,38 @@ export class Worker {
       }
     }
     const tally = o.heartbeatIntervalMs === false ? null : new OutcomeTally();
-    const listener = new WakeListener({
-      database: o.database,
-      channel: this.channel,
-      logger: this.logger,
-      // Producers and promotion name the lane they appended to: the engine claims there first.
-      onNotify: (payload) => {
-        if (payload === 'keys') maintenance?.noteKeys();
-        else if (payload === 'deps') maintenance?.noteDeps();
-        else engine.notify(payload);
-      },
-      onReconnect: () => {
-        this.metrics.listenReconnects.inc();
-        // The database is back: a fetch loop sleeping out its error backoff retries now.
-        engine.databaseBack();
-      },
-      applicationName: sessionName('listen', this.id),
-      reconnectBaseMs: o.listenReconnectBaseMs,
-    });
+    const session = o.sessionDatabase;
+    // With a sessionConnectionString of its own (a direct connection beside a pooler), the
+    // leader's work runs there too, not only its election: behind a pooler its promotion waiter
+    // could not cancel its statement (the pid a pooler reports is not the server's), and its
+    // ring reads keep their prepared statements. Opened only while leading (pg pools connect on
+    // demand and close idle connections after 10 s).
+    const leaderPool =
+      session !== null && session !== o.database && o.maintenance !== false
+        ? pool(session, Math.max(4, Math.ceil(o.slots / 2) + 4), 'write')
+        : null;
+    if (leaderPool !== null) opened.push(leaderPool);
+    const listener =
+      session === null
+        ? null
+        : new WakeListener({
+            database: session,
+            channel: this.channel,
+            logger: this.logger,
+            // Producers and promotion name the lane they appended to: the engine claims there first.
+            onNotify: (payload) => {
+              if (payload === 'keys') maintenance?.noteKeys();
+              else if (payload === 'deps') maintenance?.noteDeps();
+              else engine.notify(payload);
+            },
+            onReconnect: () => {
+              this.metrics.listenReconnects.inc();
+              // The database is back: a fetch loop sleeping out its error backoff retries now.
+              engine.databaseBack();
+            },
+            applicationName: sessionName('listen', this.id),
+            reconnectBaseMs: o.listenReconnectBaseMs,
+          });
     const engine = new Engine({
       options: o,
       write,
@@ -251,19 +315,20 @@ export class Worker {
       metrics: this.metrics,
       wakeChannel: this.channel,
       tally,
-      onClaimsRecovered: () => listener.reconnectNow(),
+      onClaimsRecovered: () => listener?.reconnectNow(),
       onTooManyStuck: (stuck) => void this.exitForStuckSlots(stuck),
       observer: new TaskObserver(this.events, this.id),
     });
     const maintenance =
-      o.maintenance === false
+      o.maintenance === false || session === null
         ? null
         : new Maintenance({
-            connectionString: o.database.connectionString,
+            // The election session: its lock is session-level (sessionConnectionString).
+            connectionString: session.connectionString,
             // Resolved already (option, URL, PGCONNECT_TIMEOUT or the default): passed as is.
-            connectTimeoutMs: o.database.connectTimeoutMs,
+            connectTimeoutMs: session.connectTimeoutMs,
             schema: o.schema,
-            pool: write,
+            pool: leaderPool ?? write,
             logger: childLogger(this.logger, { component: 'maintenance' }),
             metrics: this.metrics,
             options: o.maintenance,
@@ -306,13 +371,18 @@ export class Worker {
       // for; and the settlement session connects, rather than when the first task is done.
       // Nothing read here is kept: the first fetch reads the window after LISTEN is up. Neither
       // step fails start(): a database fault there is the first fetch's or flush's to report.
-      await Promise.all([listener.start(), engine.prepare(), settlements.query('SELECT 1').catch(() => undefined)]);
+      await Promise.all([
+        listener?.start(),
+        engine.prepare(),
+        settlements.query('SELECT 1').catch(() => undefined),
+        warnOnDroppedSettings(write, o.statementTimeoutMs, this.logger),
+      ]);
     } catch (err) {
       await http?.close();
       await closeAll();
       throw err;
     }
-    this.running = { write, claims, settlements, read, http, listener, maintenance, heartbeat, engine };
+    this.running = { write, claims, settlements, read, leaderPool, http, listener, maintenance, heartbeat, engine };
     // The engine first: its first fetch is what a waiting backlog waits for.
     engine.start();
     maintenance?.start();
@@ -347,7 +417,7 @@ export class Worker {
 
   /** For tests: the LISTEN session's backend pid. */
   listenerBackendPid(): Promise<number | null> {
-    return this.running?.listener.backendPid() ?? Promise.resolve(null);
+    return this.running?.listener?.backendPid() ?? Promise.resolve(null);
   }
 
   /**
@@ -376,7 +446,8 @@ export class Worker {
     await running.http?.close();
     await running.heartbeat?.stop();
     await running.maintenance?.stop();
-    await running.listener.stop();
+    await running.leaderPool?.end();
+    await running.listener?.stop();
     if (running.read !== running.claims) await running.read.end();
     await running.claims.end();
     await running.settlements.end();
