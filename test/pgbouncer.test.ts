@@ -18,6 +18,8 @@ import { Worker, withoutPreparedStatements, type WorkerOptions } from '../src/in
 import { BerthInputError, defineTask, enqueue, enqueueMany, enqueueSql, getTask } from '../src/index.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor } from './helpers.js';
 import { pgbouncerBinary, TestPgBouncer } from './support/pgbouncer.js';
+import { runCli } from './support/run-cli.js';
+import { fileURLToPath } from 'node:url';
 
 const binary = pgbouncerBinary();
 const skip = binary === null ? 'pgbouncer is not installed (scripts/test-prereqs.sh installs it)' : false;
@@ -274,4 +276,27 @@ test('session mode, every default: producers, LISTEN and the leader through the 
   } finally {
     await worker.stop();
   }
+});
+
+test('berth worker --poll-only --no-prepared-statements drains through the transaction pooler', { skip }, async () => {
+  const module = fileURLToPath(new URL('./fixtures/cli-tasks.ts', import.meta.url));
+  const base = ['worker', '--tasks', module, '--schema', schema, '--database-url', bouncer!.url('txn')];
+  const env = { BERTH_LOG_LEVEL: 'silent' };
+  const refused = await runCli([...base, '--poll-only'], env);
+  assert.equal(refused.code, 2, 'poll-only with maintenance is a usage error');
+  assert.match(refused.err, /--no-maintenance/);
+  const r = await enqueueMany(
+    direct,
+    Array.from({ length: 10 }, (_, n) => ({ type: 'cli_ok', payload: { n } })),
+    { schema },
+  );
+  const run = await runCli([...base, '--poll-only', '--no-maintenance', '--no-prepared-statements', '--drain'], env);
+  assert.equal(run.code, 0, run.err);
+  assert.ok(
+    await allCompleted(
+      direct,
+      r.map((x) => x.id!),
+    ),
+    'every task the CLI worker claimed is completed',
+  );
 });
