@@ -79,7 +79,7 @@ function settingsWarned(lines: Record<string, unknown>[]): boolean {
   return lines.some((l) => l.level === 40 && /session settings did not take effect/.test(String(l.msg)));
 }
 
-test('options: checked, unknown and mistyped values refused', { skip }, async () => {
+test('options: checked, unknown and mistyped values refused (no pooler needed)', async () => {
   const base = { connectionString: DATABASE_URL, schema, tasks };
   assert.throws(
     () => new Worker({ ...base, sessionConnectionString: false }),

@@ -354,7 +354,8 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
 
 /**
  * The session target: `sessionConnectionString` if given (a string), the primary when absent,
- * null for `false` (poll-only). The LISTEN and election sessions send no named statements.
+ * null for `false` (poll-only). A given one keeps named statements whatever
+ * `preparedStatements` says: it is a direct or session-pooled connection, where they last.
  */
 function resolveSessionDatabase(options: WorkerOptions, database: DatabaseTarget): DatabaseTarget | null {
   const session = options.sessionConnectionString;

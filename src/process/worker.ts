@@ -74,7 +74,7 @@ export const SESSION_OPTIONS =
   // promote_held refuse to run at another level).
   ' -c default_transaction_isolation=read\\ committed';
 
-/** What SESSION_OPTIONS sets, as `current_setting` reports it once applied. */
+/** What SESSION_OPTIONS sets, as `pg_settings` reports it once applied. */
 const EXPECTED_SETTINGS: Readonly<Record<string, string>> = {
   jit: 'off',
   plan_cache_mode: 'force_generic_plan',
@@ -371,6 +371,7 @@ export class Worker {
       // for; and the settlement session connects, rather than when the first task is done.
       // Nothing read here is kept: the first fetch reads the window after LISTEN is up. Neither
       // step fails start(): a database fault there is the first fetch's or flush's to report.
+      // Meanwhile the shared pool checks that the session settings took effect (a pooler).
       await Promise.all([
         listener?.start(),
         engine.prepare(),
