@@ -207,6 +207,8 @@ test('transaction mode, no session connection: poll-only, no leader, the worker 
     tasks,
     logger,
     pollIntervalMs: 200,
+    // The worker's own dashboard reads through the pooler with the worker's options.
+    http: { port: 0, dashboard: true },
   });
   await worker.start();
   try {
@@ -219,6 +221,10 @@ test('transaction mode, no session connection: poll-only, no leader, the worker 
     const ids = r.map((x) => x.id!);
     await waitFor(() => allCompleted(producers, ids), 30_000, 'the poll-only worker to drain');
     assert.equal(worker.isLeader, false);
+    for (const path of ['api/overview', 'api/lanes', 'api/maintenance', `api/tasks/${ids[0]}`]) {
+      const res = await fetch(new URL(path, worker.httpUrl!));
+      assert.equal(res.status, 200, `${path}: ${await res.text()}`);
+    }
   } finally {
     await worker.stop();
   }
