@@ -2,7 +2,7 @@ import pg from 'pg';
 import { BerthError, BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import { checkoutListening, type Queryable } from '../sql.js';
-import { explainPreparedStatementError, unnamedArgs } from './prepared.js';
+import { explainPreparedStatementError, type StatementNaming, unnamedArgs } from './prepared.js';
 
 /**
  * Every connection berth opens goes through this module, so that no database fault can crash
@@ -45,6 +45,11 @@ export interface DatabaseTarget {
    * once per session.
    */
   readonly preparedStatements?: boolean;
+  /**
+   * A worker's detection (src/db/prepared.ts): statements named until the server shows it does
+   * not keep them, unnamed from then on. Ignored when `preparedStatements` is false.
+   */
+  readonly naming?: StatementNaming;
 }
 
 /** Where berth reads the one environment variable of the connection layer (`process.env` by default). */
@@ -205,21 +210,26 @@ function clientClass(target: DatabaseTarget): new (config?: pg.ClientConfig) => 
       // Set per instance, not as an override: pg's query() has a dozen overloads to restate.
       // pg-pool's own `pool.query` comes through here too (it calls the client's).
       const query = this.query.bind(this) as (...args: unknown[]) => unknown;
-      const unnamed = target.preparedStatements === false;
+      const { naming } = target;
+      const failed = (err: unknown) => {
+        naming?.saw(err);
+        return explainPreparedStatementError(err);
+      };
       (this as { query: unknown }).query = (...args: unknown[]) => {
+        const unnamed = target.preparedStatements === false || naming?.named === false;
         const sent = unnamed ? unnamedArgs(args) : args;
         const last = sent[sent.length - 1];
         if (typeof last === 'function') {
           // Callback form (pg-pool's pool.query): the callback gets the explained error.
           const callback = last as (err: unknown, ...rest: unknown[]) => void;
           return query(...sent.slice(0, -1), (err: unknown, ...rest: unknown[]) =>
-            callback(err ? explainPreparedStatementError(err) : err, ...rest),
+            callback(err ? failed(err) : err, ...rest),
           );
         }
         const result = query(...sent);
         return result instanceof Promise
           ? result.catch((err: unknown) => {
-              throw explainPreparedStatementError(err);
+              throw failed(err);
             })
           : result;
       };

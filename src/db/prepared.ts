@@ -23,18 +23,54 @@ const PREPARED_STATEMENT_CODES: ReadonlySet<string> = new Set(['26000', '42P05']
 const HINT =
   ' (berth: a transaction-mode pooler, such as PgBouncer before 1.21, does not keep prepared statements from one transaction to the next; pass preparedStatements: false, or use a direct or session-pooled connection; docs/operations.md, "Connection poolers")';
 
+/** Whether `err` is a named statement's error that means the server session was not the one it was prepared on. */
+export function isPreparedStatementError(err: unknown): boolean {
+  if (typeof err !== 'object' || err === null) return false;
+  const e = err as { code?: unknown; message?: unknown };
+  return (
+    typeof e.code === 'string' &&
+    PREPARED_STATEMENT_CODES.has(e.code) &&
+    typeof e.message === 'string' &&
+    e.message.includes('prepared statement')
+  );
+}
+
+/**
+ * A worker's detection, shared by every client of its pools: statements are named until one of
+ * them fails as only a transaction-mode pooler makes them fail (26000 or 42P05, above), then
+ * unnamed for good, and `onUnkept` is told once. Detection, not a probe at start: a probe would
+ * need two server connections behind the pooler to see anything, and a pooler with few
+ * connections can hand the same one back every time. The statement that failed is not retried
+ * here: it fails as any database fault does, and its caller's own retry (the fetcher's backoff,
+ * the settlement batcher's retry, a handler's next attempt) runs unnamed.
+ */
+export class StatementNaming {
+  private kept = true;
+
+  constructor(private readonly onUnkept: (err: Error) => void) {}
+
+  /** False once the server has shown that prepared statements are not kept. */
+  get named(): boolean {
+    return this.kept;
+  }
+
+  /** Look at a failed statement's error: the first that shows a pooler turns names off. */
+  saw(err: unknown): void {
+    if (!this.kept || !isPreparedStatementError(err)) return;
+    this.kept = false;
+    this.onUnkept(err as Error);
+  }
+}
+
 /**
  * A named statement's error that says "this connection is a transaction-mode pooler": its
  * message gets a hint naming the option. Returned as it was otherwise. The error object is
  * kept (its `code`, its fields), only its message is extended, once.
  */
 export function explainPreparedStatementError<E>(err: E): E {
-  if (typeof err !== 'object' || err === null) return err;
-  const e = err as { code?: unknown; message?: unknown };
-  if (typeof e.code !== 'string' || !PREPARED_STATEMENT_CODES.has(e.code)) return err;
-  if (typeof e.message !== 'string' || !e.message.includes('prepared statement') || e.message.endsWith(HINT))
-    return err;
-  e.message += HINT;
+  if (!isPreparedStatementError(err)) return err;
+  const e = err as { message: string };
+  if (!e.message.endsWith(HINT)) e.message += HINT;
   return err;
 }
 

@@ -42,8 +42,9 @@ export interface WorkerOptions {
   sessionConnectionString?: string | false;
   /**
    * false: the worker's statements are sent unnamed instead of prepared once per session, for a
-   * transaction-mode pooler without prepared-statement support (PgBouncer before 1.21). Default
-   * true.
+   * transaction-mode pooler without prepared-statement support (PgBouncer before 1.21). true:
+   * always named. Default: named until a statement fails as only such a pooler makes it fail
+   * (26000 or 42P05), then unnamed for good, with one warning.
    */
   preparedStatements?: boolean;
   tasks: readonly AnyTaskDefinition[];
@@ -203,6 +204,8 @@ export interface ResolvedWorkerOptions extends EngineOptions {
   readonly database: DatabaseTarget;
   /** `readConnectionString`'s target, or null. */
   readonly readDatabase: DatabaseTarget | null;
+  /** `preparedStatements`: `detect` when not given (named until a pooler shows they are not kept). */
+  readonly preparedStatements: boolean | 'detect';
   /** Where LISTEN and the election session connect (`sessionConnectionString`, else the primary); null: poll-only. */
   readonly sessionDatabase: DatabaseTarget | null;
   readonly statementTimeoutMs: number;
@@ -325,6 +328,7 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
   return {
     database,
     readDatabase,
+    preparedStatements: preparedStatements ?? 'detect',
     sessionDatabase,
     tasks: { defs, ceilings, maxAttempts, defaultMaxAttempts: DEFAULT_MAX_ATTEMPTS },
     slots,

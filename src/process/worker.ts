@@ -8,6 +8,7 @@ import { laneLabel } from '../lane.js';
 import { Maintenance } from '../maintenance/leader.js';
 import type { BerthMetrics } from '../metrics/catalogue.js';
 import { wakeChannel } from '../sql.js';
+import { StatementNaming } from '../db/prepared.js';
 import { assertMigrated } from '../schema/migrate.js';
 import { startWorkerHttp } from '../dashboard/worker-http.js';
 import type { Listening } from '../http/listen.js';
@@ -211,6 +212,19 @@ export class Worker {
 
   private async build(): Promise<void> {
     const o = this.o;
+    // Unless told, the worker finds out whether its server keeps prepared statements: every
+    // client of its pools (not LISTEN's and the election's, which name none) shares one answer.
+    const naming =
+      o.preparedStatements === 'detect'
+        ? new StatementNaming((err) =>
+            this.logger.warn(
+              { err: err.message },
+              'the server does not keep prepared statements from one transaction to the next (a transaction-mode pooler?): this worker sends its statements unnamed from now on; set preparedStatements: false to start that way (docs/operations.md, "Connection poolers")',
+            ),
+          )
+        : undefined;
+    const primary: DatabaseTarget = naming ? { ...o.database, naming } : o.database;
+    const replica: DatabaseTarget | null = naming && o.readDatabase ? { ...o.readDatabase, naming } : o.readDatabase;
     const pool = (target: DatabaseTarget, max: number, kind: 'write' | 'read', idleTimeoutMillis?: number) =>
       createPool(
         target,
@@ -233,9 +247,9 @@ export class Worker {
     // (the leader, the heartbeat, releases and hand-backs, the handlers' own writes) at its size:
     // shrunk by these two, releases waited behind a busy leader (events.test.ts saw a task's
     // second attempt settle before its first). A worker may hold two connections more.
-    const claims = pool(o.database, 1, 'write', 0);
-    const settlements = pool(o.database, 1, 'write', 0);
-    const write = pool(o.database, Math.max(4, Math.ceil(o.slots / 2) + 4), 'write');
+    const claims = pool(primary, 1, 'write', 0);
+    const settlements = pool(primary, 1, 'write', 0);
+    const write = pool(primary, Math.max(4, Math.ceil(o.slots / 2) + 4), 'write');
     const opened: pg.Pool[] = [claims, settlements, write];
     const closeAll = async () => {
       for (const p of opened) await p.end();
@@ -254,13 +268,13 @@ export class Worker {
       await closeAll();
       throw err;
     }
-    const read = o.readDatabase ? pool(o.readDatabase, 2, 'read') : claims;
+    const read = replica ? pool(replica, 2, 'read') : claims;
     if (read !== claims) opened.push(read);
     let http: Listening | null = null;
     if (o.http) {
       try {
         http = await startWorkerHttp(o.http, {
-          database: o.database,
+          database: primary,
           schema: o.schema,
           registry: this.metrics.registry,
           logger: childLogger(this.logger, { component: 'http' }),
