@@ -2,8 +2,9 @@
 # Test prerequisites that npm does not install: promtool (Debian package `prometheus`; the alert
 # rule tests run `promtool check rules` / `promtool test rules`), chromium (the dashboard's
 # browser tests), pg_dump (Debian package `postgresql-client`, or $PG_DUMP; the schema dump
-# test) and Python's psycopg (Debian package `python3-psycopg`, for $PYTHON, /usr/bin/python3 or
-# python3; the SQL enqueue test calls add_task from Python). Does nothing when all are there. As
+# test), Python's psycopg (Debian package `python3-psycopg`, for $PYTHON, /usr/bin/python3 or
+# python3; the SQL enqueue test calls add_task from Python) and pgbouncer (test/pgbouncer.test.ts
+# runs berth through it; Debian puts it in /usr/sbin). Does nothing when all are there. As
 # root with apt-get, installs what is missing; otherwise prints what to install and exits 1.
 # `apt-get update` runs only when the install fails without it (a machine whose package lists are
 # fresh enough skips it).
@@ -22,6 +23,8 @@ has_psycopg() {
   return 1
 }
 has_psycopg || missing+=(python3-psycopg)
+has_pgbouncer() { command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; }
+has_pgbouncer || missing+=(pgbouncer)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
@@ -52,5 +55,9 @@ for tool in promtool chromium "${PG_DUMP:-pg_dump}"; do
 done
 if ! has_psycopg; then
   echo "test-prereqs: no python3 can import psycopg after the install" >&2
+  exit 1
+fi
+if ! has_pgbouncer; then
+  echo "test-prereqs: pgbouncer is still missing after the install" >&2
   exit 1
 fi

@@ -27,6 +27,7 @@ export {
   type LaneSequenceRepairReport,
 } from './storage/lane-sequences.js';
 export { DEFAULT_SCHEMA, type Queryable } from './sql.js';
+export { withoutPreparedStatements } from './db/prepared.js';
 
 // Producer
 export {
@@ -36,6 +37,7 @@ export {
   DEFAULT_SHARDS,
   ENQUEUE_DEFAULTS,
   type EnqueueOptions,
+  type EnqueueManyOptions,
   type EnqueueResult,
   type EnqueuedResult,
   type DuplicateResult,
@@ -44,7 +46,7 @@ export {
   type CheckedTaskSpec,
   type CheckedTaskSpecs,
 } from './producer/enqueue.js';
-export { enqueueSql, type SqlCall } from './producer/enqueue-sql.js';
+export { enqueueSql, type SqlCall, type SqlEnqueueOptions } from './producer/enqueue-sql.js';
 export {
   defineTaskType,
   implement,
@@ -127,7 +129,7 @@ export {
 } from './process/env.js';
 
 // Admin: reads and actions on tasks, dead letters, queues; stats; the audit log
-export { getTask, type TaskRecord, type TaskState } from './storage/tasks.js';
+export { getTask, type GetTaskOptions, type TaskRecord, type TaskState } from './storage/tasks.js';
 export {
   DEPENDENCY_LIST_LIMIT,
   type TaskDependencies,

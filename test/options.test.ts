@@ -8,6 +8,7 @@ import {
   defineTask,
   enqueue,
   enqueueMany,
+  getTask,
   grantRuntimeRole,
   listAudit,
   listDead,
@@ -96,6 +97,7 @@ test('Worker: its maintenance, http and http.dashboard options', () => {
   refuses(worker({ http: { port: 0, dashboard: { readonly: true } } }), 'readonly', 'readOnly');
   refuses(worker({ http: { port: 0, dashboard: { authLimits: { trustProxys: true } } } }), 'trustProxys', 'trustProxy');
   refuses(worker({ pollInterval: 10 }), 'pollInterval', 'pollIntervalMs');
+  refuses(worker({ sessionConnection: false }), 'sessionConnection', 'sessionConnectionString');
 });
 
 test('enqueue, enqueueMany and their task specs', async () => {
@@ -103,6 +105,16 @@ test('enqueue, enqueueMany and their task specs', async () => {
   await rejects(() => enqueue(db, 't', {}, { dedupKey: 'k' } as never), 'dedupKey', 'dedupeKey');
   await rejects(() => enqueueMany(db, [{ type: 't', payload: {}, prority: 1 } as never]), 'prority', 'priority');
   await rejects(() => enqueueMany(db, [], { shema: 'x' } as never), 'shema', 'schema');
+  await rejects(
+    () => enqueue(db, 't', {}, { preparedStatement: false } as never),
+    'preparedStatement',
+    'preparedStatements',
+  );
+  await rejects(
+    () => getTask(db, 's', '1', { preparedStatement: false } as never),
+    'preparedStatement',
+    'preparedStatements',
+  );
 });
 
 test('dashboard options (server and handler), auth and auth limits', async () => {

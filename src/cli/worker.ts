@@ -188,6 +188,18 @@ export function registerWorkerCommands(program: Command): void {
     )
     .option('--all-queues', 'claim from every queue (tasks of types the module does not define are handed back)')
     .option('--no-maintenance', 'never lead maintenance in this process')
+    .option(
+      '--session-database-url <url>',
+      'a direct (or session-pooled) connection for LISTEN and the leader, when --database-url is a transaction-mode pooler (default: $BERTH_SESSION_DATABASE_URL, else --database-url)',
+    )
+    .option(
+      '--poll-only',
+      'no LISTEN and no leader session (behind a transaction-mode pooler without a direct connection; needs --no-maintenance)',
+    )
+    .option(
+      '--no-prepared-statements',
+      'send statements unnamed (a transaction-mode pooler without prepared-statement support)',
+    )
     .option('--drain', 'exit once no due work is left (progress bar on a terminal)')
     .option('--http-port <n>', 'serve GET /metrics (Prometheus) on this port (0 = any free port)', intOption(0, 65535))
     .option('--http-host <address>', 'address for --http-port (default 127.0.0.1)')
@@ -219,6 +231,9 @@ export function registerWorkerCommands(program: Command): void {
           queue: string[];
           allQueues?: boolean;
           maintenance: boolean;
+          sessionDatabaseUrl?: string;
+          pollOnly?: boolean;
+          preparedStatements: boolean;
           drain?: boolean;
           httpPort?: number;
           httpHost?: string;
@@ -228,7 +243,18 @@ export function registerWorkerCommands(program: Command): void {
         },
       ) => {
         if (opts.grace > MAX_TIMER_MS) throw new BerthInputError('--grace must be at most 596h (24.8 days)');
-        const db = database(opts);
+        const resolved = database(opts);
+        // The drain's own reads go through --database-url too: unnamed when the worker's are.
+        const db = opts.preparedStatements ? resolved : { ...resolved, preparedStatements: false };
+        const session = opts.sessionDatabaseUrl ?? (process.env.BERTH_SESSION_DATABASE_URL || undefined);
+        if (opts.pollOnly && session !== undefined)
+          throw new BerthInputError(
+            '--poll-only and --session-database-url (or $BERTH_SESSION_DATABASE_URL) exclude each other',
+          );
+        if (opts.pollOnly && opts.maintenance)
+          throw new BerthInputError(
+            '--poll-only needs --no-maintenance: the leader holds a session lock (run one with a direct connection elsewhere)',
+          );
         const { tasks, schedules } = await loadWorkerModule(opts.tasks);
         const named = splitQueues(opts.queue);
         if (named && opts.allQueues) throw new BerthInputError('--queue and --all-queues exclude each other');
@@ -259,6 +285,9 @@ export function registerWorkerCommands(program: Command): void {
           // The flag wins; the library never reads the environment, so the CLI does.
           slots: opts.slots ?? slotsFromEnv(process.env.BERTH_TASK_PROCESSOR_CONCURRENCY),
           maintenance: opts.maintenance,
+          ...(opts.pollOnly ? { sessionConnectionString: false as const } : {}),
+          ...(session === undefined ? {} : { sessionConnectionString: session }),
+          preparedStatements: opts.preparedStatements,
           logger,
           http,
           exitOnStuckSlots: opts.exitOnStuckSlots,

@@ -2,6 +2,7 @@ import pg from 'pg';
 import { BerthError, BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import { checkoutListening, type Queryable } from '../sql.js';
+import { explainPreparedStatementError, type StatementNaming, unnamedArgs } from './prepared.js';
 
 /**
  * Every connection berth opens goes through this module, so that no database fault can crash
@@ -38,6 +39,17 @@ export interface DatabaseTarget {
   readonly connectTimeoutMs: number;
   /** `host:port, database "name"` for messages: never the user's password. */
   readonly where: string;
+  /**
+   * false: statements are sent unnamed (src/db/prepared.ts), for a transaction-mode pooler
+   * without prepared-statement support. Absent or true: berth's hot statements are prepared
+   * once per session.
+   */
+  readonly preparedStatements?: boolean;
+  /**
+   * A worker's detection (src/db/prepared.ts): statements named until the server shows it does
+   * not keep them, unnamed from then on. Ignored when `preparedStatements` is false.
+   */
+  readonly naming?: StatementNaming;
 }
 
 /** Where berth reads the one environment variable of the connection layer (`process.env` by default). */
@@ -50,6 +62,8 @@ export interface ResolveDatabaseOptions {
   connectTimeoutMs?: unknown;
   /** Default `process.env`: only PGCONNECT_TIMEOUT is read. */
   env?: ConnectionEnvironment;
+  /** false: every client made for the target sends its statements unnamed (see DatabaseTarget). */
+  preparedStatements?: boolean;
 }
 
 /**
@@ -86,7 +100,12 @@ export function resolveDatabase(connectionString: unknown, options: ResolveDatab
           ? libpqSeconds(fromEnv, 'PGCONNECT_TIMEOUT')
           : DEFAULT_CONNECT_TIMEOUT_MS;
   }
-  return { connectionString, connectTimeoutMs, where };
+  const prepared = options.preparedStatements;
+  if (prepared !== undefined && typeof prepared !== 'boolean')
+    throw new BerthInputError(`preparedStatements must be true or false, got ${JSON.stringify(prepared)}`);
+  return prepared === false
+    ? { connectionString, connectTimeoutMs, where, preparedStatements: false }
+    : { connectionString, connectTimeoutMs, where };
 }
 
 /** libpq's connect_timeout: an integer of seconds; <= 0 is no timeout; 1 is raised to 2. */
@@ -188,6 +207,32 @@ function clientClass(target: DatabaseTarget): new (config?: pg.ClientConfig) => 
   return class BerthClient extends pg.Client {
     constructor(config: pg.ClientConfig = {}) {
       super({ ...config, connectionString: target.connectionString, connectionTimeoutMillis: target.connectTimeoutMs });
+      // Set per instance, not as an override: pg's query() has a dozen overloads to restate.
+      // pg-pool's own `pool.query` comes through here too (it calls the client's).
+      const query = this.query.bind(this) as (...args: unknown[]) => unknown;
+      const { naming } = target;
+      const failed = (err: unknown) => {
+        naming?.saw(err);
+        return explainPreparedStatementError(err);
+      };
+      (this as { query: unknown }).query = (...args: unknown[]) => {
+        const unnamed = target.preparedStatements === false || naming?.named === false;
+        const sent = unnamed ? unnamedArgs(args) : args;
+        const last = sent[sent.length - 1];
+        if (typeof last === 'function') {
+          // Callback form (pg-pool's pool.query): the callback gets the explained error.
+          const callback = last as (err: unknown, ...rest: unknown[]) => void;
+          return query(...sent.slice(0, -1), (err: unknown, ...rest: unknown[]) =>
+            callback(err ? failed(err) : err, ...rest),
+          );
+        }
+        const result = query(...sent);
+        return result instanceof Promise
+          ? result.catch((err: unknown) => {
+              throw failed(err);
+            })
+          : result;
+      };
     }
 
     override connect(): Promise<pg.Client>;

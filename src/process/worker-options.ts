@@ -31,6 +31,22 @@ export interface WorkerOptions {
   connectionString: string;
   /** Discovery reads go here (a replica); claims and settlements always go to the primary. */
   readConnectionString?: string;
+  /**
+   * Where the sessions that must stay on one server connection go: the LISTEN session (wake-ups)
+   * and the maintenance election (the leader's session advisory lock). Default: `connectionString`.
+   * Set it to a direct (or session-pooled) connection when `connectionString` goes through a
+   * transaction-mode pooler. `false`: there is no such connection; the worker runs poll-only
+   * (no LISTEN: tasks are picked up within `pollIntervalMs`) and must not lead maintenance
+   * (`maintenance: false`; run a leader in a process with a direct connection).
+   */
+  sessionConnectionString?: string | false;
+  /**
+   * false: the worker's statements are sent unnamed instead of prepared once per session, for a
+   * transaction-mode pooler without prepared-statement support (PgBouncer before 1.21). true:
+   * always named. Default: named until a statement fails as only such a pooler makes it fail
+   * (26000 or 42P05), then unnamed for good, with one warning.
+   */
+  preparedStatements?: boolean;
   tasks: readonly AnyTaskDefinition[];
   /**
    * Recurring tasks (`defineSchedule(…)`), each of a type in `tasks`. Upserted in the database
@@ -154,6 +170,8 @@ export const WORKER_DEFAULTS = Object.freeze({
 const WORKER_OPTION_KEYS: ReadonlySet<string> = new Set<keyof WorkerOptions>([
   'connectionString',
   'readConnectionString',
+  'sessionConnectionString',
+  'preparedStatements',
   'tasks',
   'schedules',
   'scheduleClock',
@@ -186,6 +204,10 @@ export interface ResolvedWorkerOptions extends EngineOptions {
   readonly database: DatabaseTarget;
   /** `readConnectionString`'s target, or null. */
   readonly readDatabase: DatabaseTarget | null;
+  /** `preparedStatements`: `detect` when not given (named until a pooler shows they are not kept). */
+  readonly preparedStatements: boolean | 'detect';
+  /** Where LISTEN and the election session connect (`sessionConnectionString`, else the primary); null: poll-only. */
+  readonly sessionDatabase: DatabaseTarget | null;
   readonly statementTimeoutMs: number;
   /** false: this process never leads maintenance. */
   readonly maintenance: ResolvedMaintenanceOptions | false;
@@ -226,13 +248,21 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
     throw new BerthInputError(
       'Worker needs tasks: the definitions it runs, an array of defineTask(…) values (tasks: [sendReceipt])',
     );
-  const database = resolveDatabase(options.connectionString, { connectTimeoutMs: options.connectTimeoutMs });
+  const preparedStatements = options.preparedStatements;
+  if (preparedStatements !== undefined && typeof preparedStatements !== 'boolean')
+    throw new BerthInputError(`preparedStatements must be true or false, got ${JSON.stringify(preparedStatements)}`);
+  const database = resolveDatabase(options.connectionString, {
+    connectTimeoutMs: options.connectTimeoutMs,
+    preparedStatements,
+  });
   const readDatabase = options.readConnectionString
     ? resolveDatabase(options.readConnectionString, {
         field: 'readConnectionString',
         connectTimeoutMs: options.connectTimeoutMs,
+        preparedStatements,
       })
     : null;
+  const sessionDatabase = resolveSessionDatabase(options, database);
   const d = WORKER_DEFAULTS;
   const slots = options.slots ?? d.slots;
   if (!Number.isInteger(slots) || slots < 1) throw new BerthInputError('slots must be an integer >= 1');
@@ -291,9 +321,15 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
     throw new BerthInputError('scheduleClock must be a function returning a Date');
   const queues = resolveQueues(options.queues, options.tasks);
   const workerId = options.workerId ?? `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`;
+  if (sessionDatabase === null && maintenance !== false)
+    throw new BerthInputError(
+      'sessionConnectionString: false needs maintenance: false: the maintenance leader holds a session lock, which a transaction-mode pooler cannot keep; run the leader in a process with a direct connection (docs/operations.md, "Connection poolers")',
+    );
   return {
     database,
     readDatabase,
+    preparedStatements: preparedStatements ?? 'detect',
+    sessionDatabase,
     tasks: { defs, ceilings, maxAttempts, defaultMaxAttempts: DEFAULT_MAX_ATTEMPTS },
     slots,
     queues,
@@ -318,6 +354,22 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
     schedules,
     scheduleClock: options.scheduleClock ?? null,
   };
+}
+
+/**
+ * The session target: `sessionConnectionString` if given (a string), the primary when absent,
+ * null for `false` (poll-only). A given one keeps named statements whatever
+ * `preparedStatements` says: it is a direct or session-pooled connection, where they last.
+ */
+function resolveSessionDatabase(options: WorkerOptions, database: DatabaseTarget): DatabaseTarget | null {
+  const session = options.sessionConnectionString;
+  if (session === undefined) return database;
+  if (session === false) return null;
+  if (typeof session !== 'string')
+    throw new BerthInputError(
+      `sessionConnectionString must be a connection string or false, got ${JSON.stringify(session)}`,
+    );
+  return resolveDatabase(session, { field: 'sessionConnectionString', connectTimeoutMs: options.connectTimeoutMs });
 }
 
 /**

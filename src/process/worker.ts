@@ -8,6 +8,7 @@ import { laneLabel } from '../lane.js';
 import { Maintenance } from '../maintenance/leader.js';
 import type { BerthMetrics } from '../metrics/catalogue.js';
 import { wakeChannel } from '../sql.js';
+import { StatementNaming } from '../db/prepared.js';
 import { assertMigrated } from '../schema/migrate.js';
 import { startWorkerHttp } from '../dashboard/worker-http.js';
 import type { Listening } from '../http/listen.js';
@@ -74,6 +75,53 @@ export const SESSION_OPTIONS =
   // promote_held refuse to run at another level).
   ' -c default_transaction_isolation=read\\ committed';
 
+/** What SESSION_OPTIONS sets, as `pg_settings` reports it once applied. */
+const EXPECTED_SETTINGS: Readonly<Record<string, string>> = {
+  jit: 'off',
+  plan_cache_mode: 'force_generic_plan',
+  enable_bitmapscan: 'off',
+  enable_seqscan: 'off',
+  default_transaction_isolation: 'read committed',
+};
+
+/**
+ * A pooler that drops berth's startup parameters (PgBouncer with them in
+ * `ignore_startup_parameters`; every transaction-mode pooler, whose server sessions are opened
+ * by the pooler) leaves the worker's sessions with the role's settings: the claim may then be
+ * JIT-compiled (~1 s a statement), and a runaway statement is never cancelled. Nothing fails,
+ * so say so once at start, with the settings to put on the role instead. Never fails start:
+ * a database fault here is the first claim's to report.
+ */
+async function warnOnDroppedSettings(pool: pg.Pool, statementTimeoutMs: number, logger: Logger): Promise<void> {
+  // pg sends statement_timeout as a whole number of ms; pg_settings reports it in ms too.
+  const expected: Record<string, string> = {
+    ...EXPECTED_SETTINGS,
+    statement_timeout: String(Number.parseInt(String(statementTimeoutMs), 10)),
+  };
+  let rows: { name: string; setting: string }[];
+  try {
+    rows = (
+      await pool.query<{ name: string; setting: string }>(
+        'SELECT name, setting FROM pg_catalog.pg_settings WHERE name = ANY($1::text[])',
+        [Object.keys(expected)],
+      )
+    ).rows;
+  } catch {
+    return;
+  }
+  const actual = new Map(rows.map((r) => [r.name, r.setting]));
+  const differ = Object.entries(expected).filter(([name, want]) => actual.get(name) !== want);
+  if (differ.length === 0) return;
+  logger.warn(
+    {
+      expected: Object.fromEntries(differ),
+      actual: Object.fromEntries(differ.map(([name]) => [name, actual.get(name) ?? null])),
+      fix: differ.map(([name, want]) => `ALTER ROLE current_user SET ${name} = '${want}'`),
+    },
+    'the worker\'s session settings did not take effect (a connection pooler dropped its startup parameters?): set them on the worker\'s role (docs/operations.md, "Connection poolers")',
+  );
+}
+
 /** Everything start() builds, so stop() takes down exactly what exists. */
 interface Running {
   write: pg.Pool;
@@ -82,8 +130,11 @@ interface Running {
   /** The settlement batcher's session. */
   settlements: pg.Pool;
   read: pg.Pool;
+  /** The maintenance leader's pool on `sessionConnectionString`, when that is given. */
+  leaderPool: pg.Pool | null;
   http: Listening | null;
-  listener: WakeListener;
+  /** null: poll-only (`sessionConnectionString: false`). */
+  listener: WakeListener | null;
   maintenance: Maintenance | null;
   heartbeat: Heartbeat | null;
   engine: Engine;
@@ -161,6 +212,19 @@ export class Worker {
 
   private async build(): Promise<void> {
     const o = this.o;
+    // Unless told, the worker finds out whether its server keeps prepared statements: every
+    // client of its pools (not LISTEN's and the election's, which name none) shares one answer.
+    const naming =
+      o.preparedStatements === 'detect'
+        ? new StatementNaming((err) =>
+            this.logger.warn(
+              { err: err.message },
+              'the server does not keep prepared statements from one transaction to the next (a transaction-mode pooler?): this worker sends its statements unnamed from now on; set preparedStatements: false to start that way (docs/operations.md, "Connection poolers")',
+            ),
+          )
+        : undefined;
+    const primary: DatabaseTarget = naming ? { ...o.database, naming } : o.database;
+    const replica: DatabaseTarget | null = naming && o.readDatabase ? { ...o.readDatabase, naming } : o.readDatabase;
     const pool = (target: DatabaseTarget, max: number, kind: 'write' | 'read', idleTimeoutMillis?: number) =>
       createPool(
         target,
@@ -183,9 +247,9 @@ export class Worker {
     // (the leader, the heartbeat, releases and hand-backs, the handlers' own writes) at its size:
     // shrunk by these two, releases waited behind a busy leader (events.test.ts saw a task's
     // second attempt settle before its first). A worker may hold two connections more.
-    const claims = pool(o.database, 1, 'write', 0);
-    const settlements = pool(o.database, 1, 'write', 0);
-    const write = pool(o.database, Math.max(4, Math.ceil(o.slots / 2) + 4), 'write');
+    const claims = pool(primary, 1, 'write', 0);
+    const settlements = pool(primary, 1, 'write', 0);
+    const write = pool(primary, Math.max(4, Math.ceil(o.slots / 2) + 4), 'write');
     const opened: pg.Pool[] = [claims, settlements, write];
     const closeAll = async () => {
       for (const p of opened) await p.end();
@@ -204,13 +268,13 @@ export class Worker {
       await closeAll();
       throw err;
     }
-    const read = o.readDatabase ? pool(o.readDatabase, 2, 'read') : claims;
+    const read = replica ? pool(replica, 2, 'read') : claims;
     if (read !== claims) opened.push(read);
     let http: Listening | null = null;
     if (o.http) {
       try {
         http = await startWorkerHttp(o.http, {
-          database: o.database,
+          database: primary,
           schema: o.schema,
           registry: this.metrics.registry,
           logger: childLogger(this.logger, { component: 'http' }),
@@ -223,24 +287,38 @@ export class Worker {
       }
     }
     const tally = o.heartbeatIntervalMs === false ? null : new OutcomeTally();
-    const listener = new WakeListener({
-      database: o.database,
-      channel: this.channel,
-      logger: this.logger,
-      // Producers and promotion name the lane they appended to: the engine claims there first.
-      onNotify: (payload) => {
-        if (payload === 'keys') maintenance?.noteKeys();
-        else if (payload === 'deps') maintenance?.noteDeps();
-        else engine.notify(payload);
-      },
-      onReconnect: () => {
-        this.metrics.listenReconnects.inc();
-        // The database is back: a fetch loop sleeping out its error backoff retries now.
-        engine.databaseBack();
-      },
-      applicationName: sessionName('listen', this.id),
-      reconnectBaseMs: o.listenReconnectBaseMs,
-    });
+    const session = o.sessionDatabase;
+    // With a sessionConnectionString of its own (a direct connection beside a pooler), the
+    // leader's work runs there too, not only its election: behind a pooler its promotion waiter
+    // could not cancel its statement (the pid a pooler reports is not the server's), and its
+    // ring reads keep their prepared statements. Opened only while leading (pg pools connect on
+    // demand and close idle connections after 10 s).
+    const leaderPool =
+      session !== null && session !== o.database && o.maintenance !== false
+        ? pool(session, Math.max(4, Math.ceil(o.slots / 2) + 4), 'write')
+        : null;
+    if (leaderPool !== null) opened.push(leaderPool);
+    const listener =
+      session === null
+        ? null
+        : new WakeListener({
+            database: session,
+            channel: this.channel,
+            logger: this.logger,
+            // Producers and promotion name the lane they appended to: the engine claims there first.
+            onNotify: (payload) => {
+              if (payload === 'keys') maintenance?.noteKeys();
+              else if (payload === 'deps') maintenance?.noteDeps();
+              else engine.notify(payload);
+            },
+            onReconnect: () => {
+              this.metrics.listenReconnects.inc();
+              // The database is back: a fetch loop sleeping out its error backoff retries now.
+              engine.databaseBack();
+            },
+            applicationName: sessionName('listen', this.id),
+            reconnectBaseMs: o.listenReconnectBaseMs,
+          });
     const engine = new Engine({
       options: o,
       write,
@@ -251,19 +329,20 @@ export class Worker {
       metrics: this.metrics,
       wakeChannel: this.channel,
       tally,
-      onClaimsRecovered: () => listener.reconnectNow(),
+      onClaimsRecovered: () => listener?.reconnectNow(),
       onTooManyStuck: (stuck) => void this.exitForStuckSlots(stuck),
       observer: new TaskObserver(this.events, this.id),
     });
     const maintenance =
-      o.maintenance === false
+      o.maintenance === false || session === null
         ? null
         : new Maintenance({
-            connectionString: o.database.connectionString,
+            // The election session: its lock is session-level (sessionConnectionString).
+            connectionString: session.connectionString,
             // Resolved already (option, URL, PGCONNECT_TIMEOUT or the default): passed as is.
-            connectTimeoutMs: o.database.connectTimeoutMs,
+            connectTimeoutMs: session.connectTimeoutMs,
             schema: o.schema,
-            pool: write,
+            pool: leaderPool ?? write,
             logger: childLogger(this.logger, { component: 'maintenance' }),
             metrics: this.metrics,
             options: o.maintenance,
@@ -306,13 +385,19 @@ export class Worker {
       // for; and the settlement session connects, rather than when the first task is done.
       // Nothing read here is kept: the first fetch reads the window after LISTEN is up. Neither
       // step fails start(): a database fault there is the first fetch's or flush's to report.
-      await Promise.all([listener.start(), engine.prepare(), settlements.query('SELECT 1').catch(() => undefined)]);
+      // Meanwhile the shared pool checks that the session settings took effect (a pooler).
+      await Promise.all([
+        listener?.start(),
+        engine.prepare(),
+        settlements.query('SELECT 1').catch(() => undefined),
+        warnOnDroppedSettings(write, o.statementTimeoutMs, this.logger),
+      ]);
     } catch (err) {
       await http?.close();
       await closeAll();
       throw err;
     }
-    this.running = { write, claims, settlements, read, http, listener, maintenance, heartbeat, engine };
+    this.running = { write, claims, settlements, read, leaderPool, http, listener, maintenance, heartbeat, engine };
     // The engine first: its first fetch is what a waiting backlog waits for.
     engine.start();
     maintenance?.start();
@@ -347,7 +432,7 @@ export class Worker {
 
   /** For tests: the LISTEN session's backend pid. */
   listenerBackendPid(): Promise<number | null> {
-    return this.running?.listener.backendPid() ?? Promise.resolve(null);
+    return this.running?.listener?.backendPid() ?? Promise.resolve(null);
   }
 
   /**
@@ -376,7 +461,8 @@ export class Worker {
     await running.http?.close();
     await running.heartbeat?.stop();
     await running.maintenance?.stop();
-    await running.listener.stop();
+    await running.leaderPool?.end();
+    await running.listener?.stop();
     if (running.read !== running.claims) await running.read.end();
     await running.claims.end();
     await running.settlements.end();

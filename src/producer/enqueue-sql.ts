@@ -5,6 +5,9 @@ import { storageFor } from '../storage/storage.js';
 import type { TaskPayload, TaskTypeLike, TaskTypeName } from '../task-type.js';
 import { ENQUEUE_DEFAULTS, type EnqueueOptions, resolveEnqueue, type TaskTypeRef } from './enqueue.js';
 
+/** `enqueue`'s options but `preparedStatements` (the SQL call is run by the caller's executor). */
+export type SqlEnqueueOptions = Omit<EnqueueOptions, 'preparedStatements'>;
+
 /** A parameterised statement (`$1` … `$n`) and its values, for any PostgreSQL executor. */
 export interface SqlCall {
   text: string;
@@ -19,13 +22,21 @@ export interface SqlCall {
  * with `id`: the new task's id, or null when the dedupe key is held by a live task. The task is
  * not traced (`enqueue` stores the caller's trace context; this call carries none).
  */
-export function enqueueSql<P>(type: TaskTypeLike<P>, payload: NoInfer<P>, options?: EnqueueOptions): Promise<SqlCall>;
+export function enqueueSql<P>(
+  type: TaskTypeLike<P>,
+  payload: NoInfer<P>,
+  options?: SqlEnqueueOptions,
+): Promise<SqlCall>;
 export function enqueueSql<T extends TaskTypeName>(
   type: T,
   payload: TaskPayload<T>,
-  options?: EnqueueOptions,
+  options?: SqlEnqueueOptions,
 ): Promise<SqlCall>;
-export async function enqueueSql(type: TaskTypeRef, payload: unknown, options: EnqueueOptions = {}): Promise<SqlCall> {
+export async function enqueueSql(
+  type: TaskTypeRef,
+  payload: unknown,
+  options: SqlEnqueueOptions = {},
+): Promise<SqlCall> {
   const { spec, schema } = await resolveEnqueue(type, payload, options, 'enqueueSql options');
   if (spec.concurrencyKey !== null)
     throw new BerthInputError(

@@ -6,6 +6,7 @@ import { isScheduleKey } from '../schedule.js';
 import { validatePayload } from '../task.js';
 import type { PayloadOf, TaskTypeLike, TaskTypeName } from '../task-type.js';
 import { captureTraceContext } from '../tracing.js';
+import { executorFor, explainPreparedStatementError, isPreparedStatementsOption } from '../db/prepared.js';
 import {
   checkDependencyOptions,
   type DependencyRef,
@@ -65,6 +66,12 @@ export interface EnqueueOptions {
   shards?: number;
   /** Installation schema (default `berth`). */
   schema?: string;
+  /**
+   * false: this call sends its statements unnamed instead of prepared once per connection, for a
+   * transaction-mode pooler without prepared-statement support (PgBouncer before 1.21).
+   * Default true. `withoutPreparedStatements(pool)` does the same for every call on that pool.
+   */
+  preparedStatements?: boolean;
 }
 
 /**
@@ -101,7 +108,7 @@ export interface DuplicateResult {
  */
 export type TaskTypeRef<P = unknown> = TaskTypeName | TaskTypeLike<P>;
 
-export interface TaskSpec<P = unknown> extends Omit<EnqueueOptions, 'schema'> {
+export interface TaskSpec<P = unknown> extends Omit<EnqueueOptions, 'schema' | 'preparedStatements'> {
   type: TaskTypeRef<P>;
   payload: P;
   /** A name for this entry, unique in the call, that other entries' `dependsOn` can use: `{ ref }`. */
@@ -113,7 +120,7 @@ export interface TaskSpec<P = unknown> extends Omit<EnqueueOptions, 'schema'> {
  * payload is T's (PayloadOf: a definition's payload type, or a registered name's), its options
  * those of `enqueue` but `schema`.
  */
-export type CheckedTaskSpec<T> = Omit<EnqueueOptions, 'schema'> & {
+export type CheckedTaskSpec<T> = Omit<EnqueueOptions, 'schema' | 'preparedStatements'> & {
   type: T;
   payload: NoInfer<PayloadOf<T>>;
   /** A name for this entry, unique in the call, that other entries' `dependsOn` can use: `{ ref }`. */
@@ -168,8 +175,12 @@ export async function enqueueUnchecked(
   options: EnqueueOptions = {},
 ): Promise<EnqueueResult> {
   checkKeys(options, OPTION_KEYS, 'enqueue options');
-  const { schema, ...rest } = options;
-  const [result] = await enqueueTasks(executor, [{ ...rest, type, payload }], { schema });
+  const { schema, preparedStatements, ...rest } = options;
+  const [result] = await enqueueTasks(
+    executor,
+    [{ ...rest, type, payload }],
+    preparedStatements === undefined ? { schema } : { schema, preparedStatements },
+  );
   return result!;
 }
 
@@ -181,10 +192,11 @@ export async function enqueueUnchecked(
 export async function resolveEnqueue(
   type: string | TaskTypeLike<unknown>,
   payload: unknown,
-  options: EnqueueOptions,
+  options: Omit<EnqueueOptions, 'preparedStatements'>,
   what: string,
 ): Promise<{ spec: ResolvedTaskSpec; schema: string }> {
-  checkKeys(options, OPTION_KEYS, what);
+  // The SQL door sends nothing itself: a statement name would mean nothing there.
+  checkKeys(options, SQL_OPTION_KEYS, what);
   const { schema, ...rest } = options;
   const [spec] = await resolveTaskSpecs([{ ...rest, type, payload }]);
   return { spec: spec!, schema: schema ?? ENQUEUE_DEFAULTS.schema };
@@ -197,9 +209,17 @@ export async function resolveEnqueue(
 export function enqueueMany<T extends readonly (TaskTypeName | TaskTypeLike<unknown>)[] | []>(
   executor: Queryable,
   tasks: CheckedTaskSpecs<T>,
-  options: { schema?: string } = {},
+  options: EnqueueManyOptions = {},
 ): Promise<EnqueueResult[]> {
   return enqueueTasks(executor, tasks, options);
+}
+
+/** `enqueueMany`'s options (each task's own are in its entry). */
+export interface EnqueueManyOptions {
+  /** Installation schema (default `berth`). */
+  schema?: string;
+  /** false: statements sent unnamed, for a transaction-mode pooler (see EnqueueOptions). */
+  preparedStatements?: boolean;
 }
 
 /** A task spec as the run-time checks take it: a name is any string here. */
@@ -208,14 +228,18 @@ type AnyTaskSpec = Omit<TaskSpec, 'type'> & { type: string | TaskTypeLike<unknow
 async function enqueueTasks(
   executor: Queryable,
   tasks: readonly AnyTaskSpec[],
-  options: { schema?: string },
+  options: EnqueueManyOptions,
 ): Promise<EnqueueResult[]> {
   checkKeys(options, BATCH_OPTION_KEYS, 'enqueueMany options');
   const schema = options.schema ?? ENQUEUE_DEFAULTS.schema;
+  if (!isPreparedStatementsOption(options.preparedStatements))
+    throw new BerthInputError(
+      `preparedStatements must be true or false, got ${JSON.stringify(options.preparedStatements)}`,
+    );
   try {
-    return await enqueueInSchema(executor, tasks, schema);
+    return await enqueueInSchema(executorFor(executor, options.preparedStatements), tasks, schema);
   } catch (err) {
-    throw notMigrated(err, schema);
+    throw explainPreparedStatementError(notMigrated(err, schema));
   }
 }
 
@@ -454,9 +478,10 @@ const SPEC_KEYS: ReadonlySet<string> = new Set([
   'ref',
 ]);
 const OPTION_KEYS: ReadonlySet<string> = new Set(
-  [...SPEC_KEYS, 'schema'].filter((k) => k !== 'type' && k !== 'payload' && k !== 'ref'),
+  [...SPEC_KEYS, 'schema', 'preparedStatements'].filter((k) => k !== 'type' && k !== 'payload' && k !== 'ref'),
 );
-const BATCH_OPTION_KEYS: ReadonlySet<string> = new Set(['schema']);
+const SQL_OPTION_KEYS: ReadonlySet<string> = new Set([...OPTION_KEYS].filter((k) => k !== 'preparedStatements'));
+const BATCH_OPTION_KEYS: ReadonlySet<string> = new Set(['schema', 'preparedStatements']);
 /** Why delay is bounded: the run time it gives must be a storable runAt. */
 const DELAY_WHY = ' (the run time must fall before year 10000)';
 

@@ -3,7 +3,9 @@ import type { Queryable } from '../sql.js';
 import { positional } from '../statement.js';
 import { storageFor, type Storage } from './storage.js';
 import { taskId } from './ids.js';
-import { notMigrated } from '../errors.js';
+import { BerthInputError, notMigrated } from '../errors.js';
+import { checkKeys } from '../limits.js';
+import { executorFor, explainPreparedStatementError, isPreparedStatementsOption } from '../db/prepared.js';
 import { resultOf } from './results.js';
 import { cancelDetail, OPERATOR_CANCEL_ROW } from './cancel-record.js';
 import { dependenciesIn, type TaskDependencies } from './dependency-view.js';
@@ -57,13 +59,35 @@ export type TaskCore = Omit<TaskRecord, 'dependencies'>;
  * it returns only the entry that still stands for the task (never a tombstoned one, never one
  * whose attempt has moved on), so a task that was moved or retried reads as its current row.
  */
-export async function getTask(db: Queryable, schema: string, id: string): Promise<TaskRecord | null> {
+export async function getTask(
+  db: Queryable,
+  schema: string,
+  id: string,
+  options: GetTaskOptions = {},
+): Promise<TaskRecord | null> {
   const storage = storageFor(schema);
   taskId(id);
-  return getTaskIn(db, storage, id).catch((err: unknown) => {
-    throw notMigrated(err, schema);
+  if (typeof options !== 'object' || options === null) throw new BerthInputError('getTask options must be an object');
+  checkKeys(options, GET_TASK_OPTION_KEYS, 'getTask options');
+  if (!isPreparedStatementsOption(options.preparedStatements))
+    throw new BerthInputError(
+      `preparedStatements must be true or false, got ${JSON.stringify(options.preparedStatements)}`,
+    );
+  return getTaskIn(executorFor(db, options.preparedStatements), storage, id).catch((err: unknown) => {
+    throw explainPreparedStatementError(notMigrated(err, schema));
   });
 }
+
+/** `getTask`'s options. */
+export interface GetTaskOptions {
+  /**
+   * false: the read sends its statements unnamed, for a transaction-mode pooler without
+   * prepared-statement support (see `enqueue`'s option of the same name). Default true.
+   */
+  preparedStatements?: boolean;
+}
+
+const GET_TASK_OPTION_KEYS: ReadonlySet<string> = new Set<keyof GetTaskOptions>(['preparedStatements']);
 
 /** getTask on a bound storage. */
 export async function getTaskIn(db: Queryable, storage: Storage, id: string): Promise<TaskRecord | null> {
