@@ -44,7 +44,13 @@ interface Servers {
 
 async function setUp(): Promise<Servers> {
   const primary = await TestCluster.create({
-    settings: { shared_preload_libraries: "'pg_stat_statements'", 'pg_stat_statements.max': 1000 },
+    // wal_keep_size: the standby stopped by the last test catches up from the primary's WAL
+    // (there is no replication slot to keep it).
+    settings: {
+      shared_preload_libraries: "'pg_stat_statements'",
+      'pg_stat_statements.max': 1000,
+      wal_keep_size: "'256MB'",
+    },
   });
   let standby: TestCluster | null = null;
   try {
