@@ -37,9 +37,9 @@ const LAG_LOG_EVERY_MS = 60_000;
  *
  * - A replica that fails (a connect error or timeout, a terminated session, any error of the
  *   read) is left for the primary at once: that discovery runs again on the primary, one warn
- *   line says so, and `berth_discovery_on_primary` reads 1. Until then an unreachable replica
- *   failed every fetch, and with it every claim of the worker: the limit flags were read there
- *   first. It is retried (one probe statement, in the background: a fetch never waits for a dead
+ *   line says so, and `berth_discovery_on_primary` reads 1. (Before this fallback an unreachable
+ *   replica failed every fetch, and with it every claim of the worker: the limit flags were read
+ *   there first.) It is retried (one probe statement, in the background: a fetch never waits for a dead
  *   replica again) at most once per poll interval, and at least a second apart; the probe that
  *   answers switches discovery back, with one info line.
  * - A replica that lags does not see the tasks committed since it last replayed, and no poll
