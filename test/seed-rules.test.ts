@@ -457,9 +457,10 @@ test('discovery runs on the read pool; an idle poll issues no claim on the prima
       10_000,
       'polls',
     );
-    // pg_stat_activity shows each session's last statement. A poll reads the limit flags on the
-    // read pool too, just before its discovery, so one sample can land between the two: look
-    // until a read session shows discovery, and check every write session at each look.
+    // pg_stat_activity shows each session's last statement. A discovery on the read pool follows
+    // its check that the read target has replayed the primary (here it is the primary: it has),
+    // so one sample can land between the two: look until a read session shows discovery, and
+    // check every write session at each look.
     const sample = async () => {
       const sessions = await pool.query(
         `SELECT application_name, query FROM pg_stat_activity WHERE application_name IN ($1, $2)`,

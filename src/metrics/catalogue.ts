@@ -86,6 +86,8 @@ export class BerthMetrics {
   readonly taskWaitSeconds: HistogramMetric<'task_type'>;
   readonly wakeups: CounterMetric<'reason'>;
   readonly listenReconnects: CounterMetric;
+  readonly discoveryOnPrimary: GaugeMetric;
+  readonly discoveryFallbacks: CounterMetric<'reason'>;
   readonly settlementFlushSeconds: HistogramMetric<'kind'>;
   readonly maintenanceSeconds: HistogramMetric<'branch'>;
   readonly maintenanceErrors: CounterMetric<'branch'>;
@@ -227,6 +229,16 @@ export class BerthMetrics {
     this.listenReconnects = counter(
       'berth_listen_reconnects_total',
       'Times the LISTEN connection was lost and re-established',
+    );
+    this.discoveryOnPrimary = gauge(
+      'berth_discovery_on_primary',
+      'Whether discovery reads the primary because the read replica (readConnectionString) failed: 1 until a retry finds it answering again',
+      'sum',
+    );
+    this.discoveryFallbacks = counter(
+      'berth_discovery_fallbacks_total',
+      'Discoveries run on the primary instead of the read replica, by reason (unavailable: it failed or awaits a retry; lagging: it had not replayed what the primary wrote half a poll interval earlier)',
+      ['reason'],
     );
     this.settlementFlushSeconds = histogram(
       'berth_settlement_flush_seconds',

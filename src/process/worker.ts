@@ -129,7 +129,8 @@ interface Running {
   claims: pg.Pool;
   /** The settlement batcher's session. */
   settlements: pg.Pool;
-  read: pg.Pool;
+  /** The read replica's pool (`readConnectionString`), or null. */
+  read: pg.Pool | null;
   /** The maintenance leader's pool on `sessionConnectionString`, when that is given. */
   leaderPool: pg.Pool | null;
   http: Listening | null;
@@ -231,6 +232,10 @@ export class Worker {
         {
           max,
           statement_timeout: o.statementTimeoutMs,
+          // The replica's statements are bounded on this side too: statement_timeout is the
+          // server's, and a replica cut off by the network (no reset, no answer) would hold the
+          // fetch until TCP gave up, where this fails it and discovery reads the primary.
+          ...(kind === 'read' ? { query_timeout: o.statementTimeoutMs } : {}),
           options: SESSION_OPTIONS,
           application_name: sessionName(kind === 'write' ? 'worker' : 'read', this.id),
           ...(idleTimeoutMillis === undefined ? {} : { idleTimeoutMillis }),
@@ -268,8 +273,9 @@ export class Worker {
       await closeAll();
       throw err;
     }
-    const read = replica ? pool(replica, 2, 'read') : claims;
-    if (read !== claims) opened.push(read);
+    // Opened lazily by the first discovery: a replica that is down does not fail start().
+    const read = replica ? pool(replica, 2, 'read') : null;
+    if (read !== null) opened.push(read);
     let http: Listening | null = null;
     if (o.http) {
       try {
@@ -323,7 +329,7 @@ export class Worker {
       options: o,
       write,
       claims,
-      read,
+      replica: read === null || o.readDatabase === null ? null : { pool: read, where: o.readDatabase.where },
       batcher: new SettlementBatcher(settlements, storageFor(o.schema), this.metrics, this.logger),
       logger: this.logger,
       metrics: this.metrics,
@@ -463,7 +469,7 @@ export class Worker {
     await running.maintenance?.stop();
     await running.leaderPool?.end();
     await running.listener?.stop();
-    if (running.read !== running.claims) await running.read.end();
+    await running.read?.end();
     await running.claims.end();
     await running.settlements.end();
     await running.write.end();

@@ -8,6 +8,7 @@ import { DEFAULT_BACKOFF } from '../task.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
 import type { ClaimedTask } from './claim.js';
 import { Fetcher } from './fetcher.js';
+import { DiscoveryReads } from './discovery-reads.js';
 import { KeyReleaser } from './key-releaser.js';
 import { TypeRateGate } from './type-rate-gate.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
@@ -143,8 +144,12 @@ export interface EngineDeps {
   write: Queryable;
   /** The primary, the fetcher's own session: the ring window and the claims. */
   claims: Queryable;
-  /** Discovery reads (the fetcher's session unless a replica is configured). */
-  read: Queryable;
+  /**
+   * The read replica discovery reads (`readConnectionString`: its pool and where it points), or
+   * null: discovery reads the fetcher's session. A replica that fails or lags is left for the
+   * primary (discovery-reads.ts).
+   */
+  replica: { pool: Queryable; where: string } | null;
   batcher: SettlementBatcher;
   logger: Logger;
   metrics: BerthMetrics;
@@ -276,7 +281,14 @@ export class Engine {
     this.keyReleaser = new KeyReleaser(deps.write, this.storage, deps.logger);
     this.fetcher = new Fetcher({
       write: deps.claims,
-      read: deps.read,
+      reads: new DiscoveryReads({
+        replica: deps.replica,
+        primary: deps.claims,
+        storage: this.storage,
+        metrics: deps.metrics,
+        logger: deps.logger,
+        pollIntervalMs: this.o.pollIntervalMs,
+      }),
       metrics: deps.metrics,
       typeMetrics: this.typeMetrics,
       storage: this.storage,

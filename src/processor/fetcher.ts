@@ -8,11 +8,16 @@ import { queueFlags } from '../storage/keys.js';
 import type { TypeRateGate } from './type-rate-gate.js';
 import type { TaskRegistry } from './engine-options.js';
 import type { TypeMetrics } from './type-metrics.js';
+import type { DiscoveryReads } from './discovery-reads.js';
 
 export interface FetcherDeps {
-  /** The primary: the ring window and the claims (the worker gives the fetcher a session of its own). */
+  /**
+   * The primary: the ring window, the limit flags and the claims (the worker gives the fetcher a
+   * session of its own).
+   */
   write: Queryable;
-  read: Queryable;
+  /** Where discovery reads: the read replica, or the primary when there is none or it fails or lags. */
+  reads: DiscoveryReads;
   metrics: BerthMetrics;
   /** The per-type instruments (the task wait histogram), bound once per type. */
   typeMetrics: TypeMetrics;
@@ -160,7 +165,7 @@ export class Fetcher {
   async prepare(): Promise<void> {
     const d = this.deps;
     const window = await readRingWindow(d.write, d.storage);
-    await discover(d.read, d.storage, d.queues, DISCOVERY_LANES, 1, window);
+    await d.reads.run((db) => discover(db, d.storage, d.queues, DISCOVERY_LANES, 1, window));
   }
 
   /** The ring window, read when there is none. */
@@ -189,10 +194,15 @@ export class Fetcher {
     return again;
   }
 
-  /** Read which of this worker's queues are limited or keyed (one read of two small tables, on the read pool). */
+  /**
+   * Read which of this worker's queues are limited or keyed and which types are rate-limited (one
+   * read of three small tables). On the primary, not the read replica: a replica behind a
+   * `set_type_limit` would leave its type ungated here (its starts never asked for) until it
+   * caught up, and a replica that failed would fail every fetch before its claims.
+   */
   private async readLimits(): Promise<void> {
     const d = this.deps;
-    const flags = await queueFlags(d.read, d.storage);
+    const flags = await queueFlags(d.write, d.storage);
     const queues = flags.limited;
     this.keyed = new Set(flags.keyed);
     d.typeRates.setTypes(flags.rateTypes);
@@ -332,7 +342,8 @@ export class Fetcher {
     if (got.length === fromLimited && got.length < want && this.discoveryOwed) {
       // Cleared before the read: a bare wake arriving meanwhile owes the next fetch another.
       this.discoveryOwed = false;
-      const candidates = await discover(d.read, d.storage, d.queues, DISCOVERY_LANES, 1, await this.currentWindow());
+      const window = await this.currentWindow();
+      const candidates = await d.reads.run((db) => discover(db, d.storage, d.queues, DISCOVERY_LANES, 1, window));
       const lanes = [...new Set(candidates.map((c) => c.laneId))];
       if (lanes.length > 0) {
         // Every worker's discovery returns the same lanes, so each locks only its share of them

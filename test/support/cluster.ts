@@ -67,13 +67,8 @@ export class TestCluster {
   }
 
   /** initdb a new cluster and start it. Call destroy() when done (in an after() hook). */
-  static async create(options: { settings?: Record<string, string | number> } = {}): Promise<TestCluster> {
-    const identity = serverIdentity();
-    const dir = mkdtempSync(join(tmpdir(), 'berth-cluster-'));
-    const cluster = new TestCluster(dir, await freePort(), identity);
-    try {
-      mkdirSync(cluster.socketDir);
-      if (identity) for (const p of [dir, cluster.socketDir]) chownSync(p, identity.uid, identity.gid);
+  static create(options: { settings?: Record<string, string | number> } = {}): Promise<TestCluster> {
+    return TestCluster.build('berth-cluster-', async (cluster) => {
       // --no-sync: nothing here needs to survive an OS crash, and syncing the catalog costs seconds.
       await cluster.run('initdb', ['-D', cluster.dataDir, '-U', 'postgres', '--auth=trust', '-E', 'UTF8', '--no-sync']);
       const settings: Record<string, string | number> = {
@@ -97,6 +92,51 @@ export class TestCluster {
           .map(([k, v]) => `${k} = ${v}\n`)
           .join(''),
       );
+    });
+  }
+
+  /**
+   * A streaming standby of `primary` (a cluster of this class, running): `pg_basebackup -R` (the
+   * standby.signal and primary_conninfo it writes) into a new temporary directory, started on a
+   * free port. The primary's settings come along (shared_preload_libraries too); the socket
+   * directory is the standby's own. initdb's default pg_hba.conf trusts replication from
+   * 127.0.0.1, and PostgreSQL 15's defaults (wal_level replica, 10 WAL senders) suffice.
+   */
+  static standbyOf(primary: TestCluster): Promise<TestCluster> {
+    return TestCluster.build('berth-standby-', async (cluster) => {
+      // -c fast: an immediate checkpoint instead of waiting for the primary's next one.
+      await cluster.run('pg_basebackup', [
+        '-D',
+        cluster.dataDir,
+        '-h',
+        '127.0.0.1',
+        '-p',
+        String(primary.port),
+        '-U',
+        'postgres',
+        '-R',
+        '-X',
+        'stream',
+        '-c',
+        'fast',
+        '--no-sync',
+      ]);
+      appendFileSync(join(cluster.dataDir, 'postgresql.conf'), `unix_socket_directories = '${cluster.socketDir}'\n`);
+    });
+  }
+
+  /**
+   * A cluster in a new temporary directory (its socket directory made, both owned by the server's
+   * user), its data directory made by `init`, then started. Destroyed if any step fails.
+   */
+  private static async build(prefix: string, init: (cluster: TestCluster) => Promise<void>): Promise<TestCluster> {
+    const identity = serverIdentity();
+    const dir = mkdtempSync(join(tmpdir(), prefix));
+    const cluster = new TestCluster(dir, await freePort(), identity);
+    try {
+      mkdirSync(cluster.socketDir);
+      if (identity) for (const p of [dir, cluster.socketDir]) chownSync(p, identity.uid, identity.gid);
+      await init(cluster);
       process.on('exit', cluster.exitGuard);
       await cluster.start();
       return cluster;
