@@ -44,7 +44,7 @@ for (let r = 0; r < ROUNDS; r++) {
     for (let i = 0; i < QUERIES; i++) await pool.query(statement);
     const dt = performance.now() - t0;
     const dc = process.cpuUsage(c0);
-    cpu[label]!.push(((dc.user + dc.system) / QUERIES) * 1000);
+    cpu[label]!.push((dc.user + dc.system) / QUERIES);
     wall[label]!.push((dt / QUERIES) * 1000);
   }
 }
