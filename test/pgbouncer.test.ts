@@ -13,39 +13,27 @@
  * - session mode, every default: everything works, LISTEN and the leader included.
  * Workers that connect through the pooler warn that their session settings were dropped.
  */
-import { test, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
 import { Worker, withoutPreparedStatements, type WorkerOptions } from '../src/index.js';
 import { BerthInputError, defineTask, enqueue, enqueueMany, enqueueSql, getTask } from '../src/index.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor } from './helpers.js';
-import { pgbouncerBinary, TestPgBouncer } from './support/pgbouncer.js';
+import { fileBouncer } from './support/pgbouncer.js';
 import { runCli } from './support/run-cli.js';
 import { fileURLToPath } from 'node:url';
 
-const binary = pgbouncerBinary();
-const skip = binary === null ? 'pgbouncer is not installed (scripts/test-prereqs.sh installs it)' : false;
-
 const { schema, pool: direct } = await freshSchema('pgbouncer');
-const bouncer =
-  binary === null
-    ? null
-    : await TestPgBouncer.start(DATABASE_URL, {
-        txn: { mode: 'transaction', size: 4 },
-        // One server connection: a second client always meets the first one's statements.
-        txn1: { mode: 'transaction', size: 1 },
-        sess: { mode: 'session', size: 30 },
-      });
-const pools: pg.Pool[] = [];
-after(async () => {
-  for (const p of pools) await p.end().catch(() => undefined);
-  await bouncer?.stop();
+const { bouncer, skip, closeAtEnd } = await fileBouncer(DATABASE_URL, {
+  txn: { mode: 'transaction', size: 4 },
+  // One server connection: a second client always meets the first one's statements.
+  txn1: { mode: 'transaction', size: 1 },
+  sess: { mode: 'session', size: 30 },
 });
 
 function pooled(alias: string, max = 4): pg.Pool {
-  const p = new pg.Pool({ connectionString: bouncer!.url(alias), max });
+  const p = closeAtEnd(new pg.Pool({ connectionString: bouncer!.url(alias), max }));
   p.on('error', () => undefined);
-  pools.push(p);
   return p;
 }
 

@@ -217,12 +217,20 @@ export class Worker {
     // client of its pools (not LISTEN's and the election's, which name none) shares one answer.
     const naming =
       o.preparedStatements === 'detect'
-        ? new StatementNaming((err) =>
+        ? new StatementNaming((err) => {
             this.logger.warn(
               { err: err.message },
               'the server does not keep prepared statements from one transaction to the next (a transaction-mode pooler?): this worker sends its statements unnamed from now on; set preparedStatements: false to start that way (docs/operations.md, "Connection poolers")',
-            ),
-          )
+            );
+            // The same evidence says more when LISTEN and the election share that connection:
+            // their session state does not survive either (wake-ups lost, two leaders), and
+            // unnamed statements do not fix that. Said once, with the detection.
+            if (o.sessionDatabase === o.database)
+              this.logger.error(
+                { listen: true, maintenance: o.maintenance !== false },
+                'this worker\'s LISTEN session and maintenance election run through the same connection, which does not keep session state: wake-ups can be lost and two workers can both lead; set sessionConnectionString to a direct connection, or false with maintenance: false (docs/operations.md, "Connection poolers")',
+              );
+          })
         : undefined;
     const primary: DatabaseTarget = naming ? { ...o.database, naming } : o.database;
     const replica: DatabaseTarget | null = naming && o.readDatabase ? { ...o.readDatabase, naming } : o.readDatabase;

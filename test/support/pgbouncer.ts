@@ -7,6 +7,7 @@
  * PgBouncer refuses to run as root: as root (the CI container) it runs as the `postgres` OS user,
  * as the clusters of cluster.ts do, and its directory is chowned to that user.
  */
+import { after } from 'node:test';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { chownSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { connect } from 'node:net';
@@ -143,4 +144,33 @@ function accepts(port: number): Promise<boolean> {
     });
     s.once('error', () => resolve(false));
   });
+}
+
+/** What a test file opens through its PgBouncer: ended before it stops. */
+interface Closable {
+  end(): Promise<unknown>;
+}
+
+/**
+ * A test file's PgBouncer in front of `upstream`, stopped when the file ends (after whatever
+ * was passed to `closeAtEnd`), with `skip`: the reason its tests skip when PgBouncer is not
+ * installed (then `bouncer` is null), else false.
+ */
+export async function fileBouncer(
+  upstream: string,
+  pools: Record<string, PoolSpec>,
+): Promise<{ bouncer: TestPgBouncer | null; skip: string | false; closeAtEnd: <C extends Closable>(c: C) => C }> {
+  const opened: Closable[] = [];
+  const closeAtEnd = <C extends Closable>(c: C): C => {
+    opened.push(c);
+    return c;
+  };
+  if (pgbouncerBinary() === null)
+    return { bouncer: null, skip: 'pgbouncer is not installed (scripts/test-prereqs.sh installs it)', closeAtEnd };
+  const bouncer = await TestPgBouncer.start(upstream, pools);
+  after(async () => {
+    for (const c of opened) await c.end().catch(() => undefined);
+    await bouncer.stop();
+  });
+  return { bouncer, skip: false, closeAtEnd };
 }
