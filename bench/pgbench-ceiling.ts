@@ -13,7 +13,7 @@ import { execFile } from 'node:child_process';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
-import { busyCores, machineCpu } from './machine-cpu.js';
+import { busyCores, machineCpu, treeCpuSeconds } from './machine-cpu.js';
 import { quoteIdent, recreateDatabase } from './db.js';
 
 const run = promisify(execFile);
@@ -26,6 +26,8 @@ export interface PgbenchOptions {
   threads: number;
   /** Database created for the run and dropped afterwards. */
   database: string;
+  /** The cluster's postmaster, for the server's CPU; null when the server is not ours. */
+  serverPid: number | null;
 }
 
 export interface PgbenchCeiling {
@@ -35,6 +37,8 @@ export interface PgbenchCeiling {
   writeXactPerSec: number;
   /** Whole-machine busy cores over the run. */
   machineCores: number | null;
+  /** Cores the server's processes used over the run (sampled while pgbench's backends lived). */
+  serverCores: number | null;
   command: string;
 }
 
@@ -61,10 +65,24 @@ export async function pgbenchCeiling(adminUrl: string, o: PgbenchOptions): Promi
     const x0 = await nextXid(mon);
     const m0 = machineCpu();
     const t0 = performance.now();
-    const { stdout } = await run(bin, args, { env });
+    const s0 = o.serverPid === null ? null : treeCpuSeconds(o.serverPid);
+    // pgbench's backends exit with it and take their CPU counts along: read the server's CPU
+    // while they live, and keep the last reading.
+    let last: { at: number; cpu: number } | null = null;
+    const sampler = setInterval(() => {
+      const cpu = o.serverPid === null ? null : treeCpuSeconds(o.serverPid);
+      if (cpu !== null) last = { at: performance.now(), cpu };
+    }, 250);
+    let stdout: string;
+    try {
+      ({ stdout } = await run(bin, args, { env }));
+    } finally {
+      clearInterval(sampler);
+    }
     const seconds = (performance.now() - t0) / 1000;
     const m1 = machineCpu();
     const x1 = await nextXid(mon);
+    const end = last as { at: number; cpu: number } | null;
     const tps = /tps = ([\d.]+) \(without initial connection time\)/.exec(stdout);
     if (!tps) throw new Error(`pgbench printed no tps:\n${stdout}`);
     return {
@@ -73,6 +91,7 @@ export async function pgbenchCeiling(adminUrl: string, o: PgbenchOptions): Promi
       // process's wall time includes connecting and that vacuum, so divide by -T, not by it.
       writeXactPerSec: (x1 - x0) / Math.min(seconds, o.seconds),
       machineCores: busyCores(m0, m1),
+      serverCores: s0 !== null && end !== null ? (end.cpu - s0) / ((end.at - t0) / 1000) : null,
       command: `pgbench -i -s 1; pgbench ${['-N', '-c', o.clients, '-j', o.threads, '-T', o.seconds].join(' ')}`,
     };
   } finally {

@@ -44,7 +44,7 @@ import { pino } from 'pino';
 import { defineTask, enqueueMany, migrate, Worker, type TaskSpec } from '../src/index.js';
 import { readGauges } from '../src/maintenance-api.js';
 import { openBenchServer, quoteIdent, recreateDatabase } from './db.js';
-import { busyCores, machineCpu } from './machine-cpu.js';
+import { busyCores, machineCpu, postmasterPid, treeCpuSeconds } from './machine-cpu.js';
 import { nextXid, pgbenchCeiling, type PgbenchCeiling } from './pgbench-ceiling.js';
 import { ConnectionSampler, ROLES, type Role } from './scale-connections.js';
 import { berthRevision } from './util.js';
@@ -241,6 +241,8 @@ interface RunResult {
   workerCores: number | null;
   /** Whole-machine busy CPU in the window, in cores (every process: PostgreSQL, workers, anything else). */
   machineCores: number | null;
+  /** CPU of the server's processes (postmaster and backends) in the window, in cores; null on BENCH_DATABASE_URL. */
+  serverCores: number | null;
   /** Committed transactions in the database from just before the enqueue to the fleet's exit, per task. */
   xactPerTask: number;
   /** The most sessions one process held at once, and per role. */
@@ -253,6 +255,8 @@ interface RunResult {
 interface Watch {
   xid: pg.Client;
   sampler: ConnectionSampler;
+  /** The dedicated cluster's postmaster, whose process tree is the server's CPU; null when external. */
+  serverPid: number | null;
 }
 
 async function runOnce(url: string, watch: Watch, w: Workload, processes: number): Promise<RunResult> {
@@ -291,6 +295,7 @@ async function runOnce(url: string, watch: Watch, w: Workload, processes: number
     const cpu = () => f.latest.reduce((a, p) => a + p.cpuMs, 0);
     let cpu0: number;
     let m0: ReturnType<typeof machineCpu>;
+    let s0: number | null = null;
     let xid0: number;
     try {
       await c.query('BEGIN');
@@ -299,6 +304,7 @@ async function runOnce(url: string, watch: Watch, w: Workload, processes: number
       xid0 = await nextXid(watch.xid);
       cpu0 = cpu();
       m0 = machineCpu();
+      if (watch.serverPid !== null) s0 = treeCpuSeconds(watch.serverPid);
       t0 = wallNow();
       await c.query('COMMIT');
     } finally {
@@ -310,6 +316,7 @@ async function runOnce(url: string, watch: Watch, w: Workload, processes: number
     const perProcess = f.latest.map((p) => p.done);
     let workerCores: number | null = null;
     let machineCores: number | null = null;
+    let serverCores: number | null = null;
     if (total() >= w.n) {
       const xid1 = await nextXid(watch.xid);
       const readAt = wallNow();
@@ -320,6 +327,8 @@ async function runOnce(url: string, watch: Watch, w: Workload, processes: number
       // Progress arrives every 20 ms, so the CPU figure covers roughly the same window.
       workerCores = (cpu() - cpu0) / (wallNow() - t0);
       machineCores = busyCores(m0, machineCpu());
+      const s1 = watch.serverPid === null ? null : treeCpuSeconds(watch.serverPid);
+      if (s0 !== null && s1 !== null) serverCores = (s1 - s0) / ((wallNow() - t0) / 1000);
     } else {
       note += `timeout: ${total()}/${w.n} in 120 s; `;
     }
@@ -344,6 +353,7 @@ async function runOnce(url: string, watch: Watch, w: Workload, processes: number
       writeCommitsPerSec,
       workerCores,
       machineCores,
+      serverCores,
       xactPerTask,
       connections: { perProcess: perProcessPeak, byRole: peaks.byRole, fleet: peaks.fleet },
       note: note.replace(/; $/, ''),
@@ -403,7 +413,15 @@ async function driver(): Promise<void> {
   const revision = berthRevision();
   const server = await openBenchServer();
   try {
-    await measure(server.adminUrl, server.description, { reps, fleets, workloads, pgbenchSeconds, started, revision });
+    await measure(server.adminUrl, server.description, {
+      reps,
+      fleets,
+      workloads,
+      pgbenchSeconds,
+      started,
+      revision,
+      serverPid: postmasterPid(server.dataDir),
+    });
   } finally {
     await server.stop();
   }
@@ -416,9 +434,10 @@ interface Plan {
   pgbenchSeconds: number;
   started: number;
   revision: string;
+  serverPid: number | null;
 }
 
-async function ceiling(adminUrl: string, seconds: number): Promise<PgbenchCeiling | null> {
+async function ceiling(adminUrl: string, seconds: number, serverPid: number | null): Promise<PgbenchCeiling | null> {
   if (seconds === 0) return null;
   log(`pgbench write ceiling (${seconds} s)`);
   const r = await pgbenchCeiling(adminUrl, {
@@ -427,9 +446,10 @@ async function ceiling(adminUrl: string, seconds: number): Promise<PgbenchCeilin
     clients: 8,
     threads: 2,
     database: 'berth_scale_pgbench',
+    serverPid,
   });
   log(
-    `pgbench: ${int(r.tps)} tps, ${int(r.writeXactPerSec)} write commits/s, machine ${r.machineCores?.toFixed(2) ?? '?'} cores`,
+    `pgbench: ${int(r.tps)} tps, ${int(r.writeXactPerSec)} write commits/s, machine ${r.machineCores?.toFixed(2) ?? '?'} cores, server ${r.serverCores?.toFixed(2) ?? '?'}`,
   );
   return r;
 }
@@ -444,7 +464,11 @@ async function measure(adminUrl: string, serverDescription: string, plan: Plan):
   const sampleClient = new pg.Client({ connectionString: adminUrl, application_name: 'bench-scale-sampler' });
   await watchClient.connect();
   await sampleClient.connect();
-  const watch: Watch = { xid: watchClient, sampler: new ConnectionSampler(sampleClient, DATABASE) };
+  const watch: Watch = {
+    xid: watchClient,
+    sampler: new ConnectionSampler(sampleClient, DATABASE),
+    serverPid: plan.serverPid,
+  };
   const setting = async (name: string) =>
     (await watchClient.query<{ v: string }>('SELECT current_setting($1) AS v', [name])).rows[0]!.v;
   const pgVersion = await setting('server_version');
@@ -452,11 +476,12 @@ async function measure(adminUrl: string, serverDescription: string, plan: Plan):
   const syncCommit = await setting('synchronous_commit');
   const load0 = loadavg()[0]!;
 
-  const before = await ceiling(adminUrl, plan.pgbenchSeconds);
+  const before = await ceiling(adminUrl, plan.pgbenchSeconds, plan.serverPid);
   const rate = new Series();
   const commitRate = new Series();
   const cores = new Series();
   const machine = new Series();
+  const server = new Series();
   const xact = new Series();
   const perProcessConns = new Series();
   const fleetConns = new Series();
@@ -472,6 +497,7 @@ async function measure(adminUrl: string, serverDescription: string, plan: Plan):
         commitRate.add(key, r.writeCommitsPerSec);
         cores.add(key, r.workerCores);
         machine.add(key, r.machineCores);
+        server.add(key, r.serverCores);
         xact.add(key, r.xactPerTask);
         perProcessConns.add(`${n}`, r.connections.perProcess);
         fleetConns.add(`${n}`, r.connections.fleet);
@@ -480,14 +506,14 @@ async function measure(adminUrl: string, serverDescription: string, plan: Plan):
         log(
           `rep ${rep + 1}/${reps} ${w.name} N=${n}: ${r.tasksPerSec === null ? 'no result' : `${int(r.tasksPerSec)} tasks/s`}` +
             `, ${r.writeCommitsPerSec === null ? '?' : int(r.writeCommitsPerSec)} write commits/s` +
-            ` (per process ${r.perProcess.join('/')}; worker CPU ${r.workerCores?.toFixed(2) ?? '?'} / machine ${r.machineCores?.toFixed(2) ?? '?'} cores; ` +
+            ` (per process ${r.perProcess.join('/')}; worker CPU ${r.workerCores?.toFixed(2) ?? '?'} / server ${r.serverCores?.toFixed(2) ?? '?'} / machine ${r.machineCores?.toFixed(2) ?? '?'} cores; ` +
             `${r.xactPerTask.toFixed(3)} xact/task; sessions ${r.connections.perProcess}/process, ${r.connections.fleet} fleet; load ${loadavg()[0]!.toFixed(2)})` +
             `${r.note ? `; ${r.note}` : ''}`,
         );
       }
     }
   }
-  const after = await ceiling(adminUrl, plan.pgbenchSeconds);
+  const after = await ceiling(adminUrl, plan.pgbenchSeconds, plan.serverPid);
   await watchClient.end();
   await sampleClient.end();
 
@@ -507,7 +533,7 @@ async function measure(adminUrl: string, serverDescription: string, plan: Plan):
       const med = (s: Series, digits: number) => (s.get(key).length ? median(s.get(key)).toFixed(digits) : '–');
       rows.push(
         `| ${n} | ${w.name} (${w.n.toLocaleString('en-US')} tasks) | ${range(xs)} | ${c === null ? '–' : `${int(c)}${ofCeiling}`} | ${ratio} | ` +
-          `${wc.length ? int(median(wc)) : '–'}${ofPgbench} | ${med(xact, 3)} | ${med(cores, 2)} | ${med(machine, 2)} |`,
+          `${wc.length ? int(median(wc)) : '–'}${ofPgbench} | ${med(xact, 3)} | ${med(cores, 2)} | ${med(server, 2)} | ${med(machine, 2)} |`,
       );
     }
   }
@@ -524,7 +550,7 @@ async function measure(adminUrl: string, serverDescription: string, plan: Plan):
     r === null
       ? []
       : [
-          `- ${label}: ${int(r.tps)} tps (pgbench), ${int(r.writeXactPerSec)} write commits/s on the server, machine ${r.machineCores?.toFixed(2) ?? '?'} of ${cpus().length} cores busy`,
+          `- ${label}: ${int(r.tps)} tps (pgbench), ${int(r.writeXactPerSec)} write commits/s on the server, PostgreSQL ${r.serverCores?.toFixed(2) ?? '?'} and the machine ${r.machineCores?.toFixed(2) ?? '?'} of ${cpus().length} cores busy`,
         ];
   const seconds = Math.round((Date.now() - plan.started) / 1000);
   const env = [
@@ -546,8 +572,8 @@ async function measure(adminUrl: string, serverDescription: string, plan: Plan):
     `Node ${process.version}, ${cpus().length} CPUs · PostgreSQL ${pgVersion} (${serverDescription}; max_connections ${maxConnections}, synchronous_commit ${syncCommit}) · ` +
       `berth ${plan.revision} · database \`${DATABASE}\` · ${SLOTS} slots per process, maintenance on · cells: median (min–max) tasks/s`,
     '',
-    '| worker processes (N) | workload | tasks/s | expected ceiling (N × 4 / 0.05 s) | ratio to N=1 | write commits/s (of pgbench) | transactions/task | worker CPU (cores) | machine CPU busy (cores) |',
-    '| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
+    '| worker processes (N) | workload | tasks/s | expected ceiling (N × 4 / 0.05 s) | ratio to N=1 | write commits/s (of pgbench) | transactions/task | worker CPU (cores) | PostgreSQL CPU (cores) | machine CPU busy (cores) |',
+    '| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
     ...rows,
     '',
     ...(pgbenchCeil === null
@@ -568,7 +594,7 @@ async function measure(adminUrl: string, serverDescription: string, plan: Plan):
     'write commits/s: transaction ids the server consumed from just before the enqueue COMMIT to the last handler return, ' +
       'per second (every write transaction commits or aborts; aborts are rare here). transactions/task: `xact_commit` of the ' +
       'bench database from just before the enqueue until the fleet has exited (read-only transactions included), per task. ' +
-      `Worker CPU: user + system CPU of all worker processes over the drain window; machine CPU busy: /proc/stat, out of ${cpus().length} cores.`,
+      `Worker CPU: user + system CPU of all worker processes over the drain window; PostgreSQL CPU: the postmaster and its backends (/proc/<pid>/stat), over the same window; machine CPU busy: /proc/stat, out of ${cpus().length} cores.`,
     '',
     `1-min load average ${load0.toFixed(2)} at start, ${loadavg()[0]!.toFixed(2)} at end.`,
     ...(notes.length ? ['', 'Notes:', ...notes.map((n) => `- ${n}`)] : []),
