@@ -8,6 +8,8 @@ export interface BenchServer {
   adminUrl: string;
   /** For the report header: which server this was. */
   description: string;
+  /** The dedicated cluster's data directory (its postmaster.pid names the server); null for BENCH_DATABASE_URL. */
+  dataDir: string | null;
   stop(): Promise<void>;
 }
 
@@ -19,7 +21,12 @@ export interface BenchServer {
 export async function openBenchServer(settings: Record<string, string | number | boolean> = {}): Promise<BenchServer> {
   const external = process.env.BENCH_DATABASE_URL;
   if (external)
-    return { adminUrl: external, description: 'existing server (BENCH_DATABASE_URL)', stop: async () => {} };
+    return {
+      adminUrl: external,
+      description: 'existing server (BENCH_DATABASE_URL)',
+      dataDir: null,
+      stop: async () => {},
+    };
   log('starting a dedicated PostgreSQL cluster (initdb, stock settings)');
   const t0 = performance.now();
   const cluster = await startCluster({ settings });
@@ -33,6 +40,7 @@ export async function openBenchServer(settings: Record<string, string | number |
   return {
     adminUrl: cluster.url,
     description: `dedicated cluster (initdb, stock settings${extra}; removed afterwards)`,
+    dataDir: cluster.dataDir,
     stop: () => cluster.stop(),
   };
 }

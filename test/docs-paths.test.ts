@@ -36,6 +36,7 @@ const PAGES = [
   'docs/configuration.md',
   'docs/testing.md',
   'docs/dashboard-api.md',
+  'docs/scaling.md',
   'README.md',
 ];
 
@@ -72,6 +73,9 @@ const NOT_IN_REPOSITORY: ReadonlyMap<string, string> = new Map([
   ['definitions.js', "the reader's task definitions, as imported"],
   ['checkout.ts', "the reader's producer"],
   ['send-receipt.test.ts', "the reader's test file"],
+  // The routing table docs/scaling.md has producers and workers share.
+  ['routing.ts', "the reader's routing table"],
+  ['routing.js', "the reader's routing table, as imported"],
 ]);
 
 /** What separates words in Markdown prose, tables and code spans. */

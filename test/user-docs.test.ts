@@ -20,6 +20,7 @@ export const USER_DOCS = [
   'docs/operations.md',
   'docs/testing.md',
   'docs/dashboard-api.md',
+  'docs/scaling.md',
 ];
 
 /** What a user doc must not say, each with what it is. */
