@@ -41,7 +41,7 @@ export function freePort(): Promise<number> {
 }
 
 /** uid/gid the server runs as: the `postgres` OS user when we are root, else ourselves. */
-function serverIdentity(): { uid: number; gid: number } | null {
+export function serverIdentity(): { uid: number; gid: number } | null {
   if (process.getuid?.() !== 0) return null;
   const uid = Number(execFileSync('id', ['-u', 'postgres']).toString().trim());
   const gid = Number(execFileSync('id', ['-g', 'postgres']).toString().trim());
