@@ -40,10 +40,14 @@ const WARMUP_RUNS = 100;
 const AFTER_RUNS = 100;
 const MAX_BACKLOG = 200;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+/** Progress on stderr with FAILOVER_DEBUG=1. */
+function debug(line: string): void {
+  if (process.env.FAILOVER_DEBUG) console.error(`[failover] ${new Date().toISOString()} ${line}`);
+}
 
-/** Enqueues 4 tasks every 50 ms while fewer than MAX_BACKLOG are unfinished; remembers when each call returned. */
+/** Enqueues 4 tasks every 50 ms while fewer than MAX_BACKLOG are unfinished; remembers when each call began and returned. */
 class Producer {
-  readonly returned = new Map<string, number>();
+  readonly returned = new Map<string, { start: number; end: number }>();
   errors = 0;
   private stopped = false;
   private loop: Promise<void> | null = null;
@@ -67,10 +71,11 @@ class Producer {
     while (!this.stopped) {
       if (this.unfinished() < MAX_BACKLOG) {
         const specs = Array.from({ length: 4 }, () => ({ type: CHAOS_TASK, payload: { n: this.n++ } }));
+        const start = Date.now();
         try {
           const res = await enqueueMany(this.pool, specs, { schema });
-          const at = Date.now();
-          for (const r of res) if (r.id) this.returned.set(r.id, at);
+          const end = Date.now();
+          for (const r of res) if (r.id) this.returned.set(r.id, { start, end });
         } catch {
           // Not counted as enqueued: if it did commit, its task is simply not tracked.
           this.errors++;
@@ -117,6 +122,7 @@ async function scenario(synchronous: boolean): Promise<Outcome> {
   let producer: Producer | null = null;
   try {
     formation = await Formation.create({ synchronous });
+    debug('formation running');
     const url = await formation.uri();
     assert.match(url, /,.*target_session_attrs=read-write/, 'the monitor lists both nodes');
     await migrate({ connectionString: url, schema });
@@ -134,20 +140,23 @@ async function scenario(synchronous: boolean): Promise<Outcome> {
     const before = await formation.primary();
     assert.equal(before?.name, 'node1');
 
+    debug('warm; crashing node1');
     const crashAt = Date.now();
     formation.crash('node1');
     const f = formation;
     await waitFor(async () => (await f.primary().catch(() => undefined))?.name === 'node2', 90_000, 'node2 promoted');
     const promotedAt = Date.now();
-    // The first enqueue that returned after the crash: the fleet writes to the new primary.
-    await waitFor(() => [...prod.returned.values()].some((t) => t > crashAt), 60_000, 'an enqueue after the crash');
-    const firstWrite = Math.min(...[...prod.returned.values()].filter((t) => t > crashAt));
-    const writeAt = firstWrite;
+    debug('node2 promoted');
+    // The first enqueue begun after the crash that returned: the new primary takes writes.
+    const after = () => [...prod.returned.values()].filter((t) => t.start > crashAt).map((t) => t.end);
+    await waitFor(() => after().length > 0, 60_000, 'an enqueue after the crash');
+    const writeAt = Math.min(...after());
     await waitFor(
       () => runs().filter((r) => r.end !== null && r.start > writeAt).length >= AFTER_RUNS,
       60_000,
       `${AFTER_RUNS} runs after the promotion`,
     );
+    debug('runs after the promotion');
     await prod.stop();
     await waitFor(
       async () => (await leaderWorkerId(db, schema).catch(() => null))?.startsWith('w') === true,
@@ -164,6 +173,7 @@ async function scenario(synchronous: boolean): Promise<Outcome> {
       90_000,
       'every task settled',
     );
+    debug('drained');
     const all = runs();
     const lost = uncompleted(all, prod.returned.keys());
     const window = { start: crashAt, end: writeAt };
@@ -189,9 +199,9 @@ async function scenario(synchronous: boolean): Promise<Outcome> {
       assert.deepEqual(lost.slice(0, 10), [], `${lost.length} task(s) whose enqueue returned never completed`);
     else
       assert.deepEqual(
-        lost.filter((id) => (prod.returned.get(id) ?? 0) > crashAt),
+        lost.filter((id) => (prod.returned.get(id)?.start ?? 0) > crashAt),
         [],
-        'only enqueues that returned before the crash can be lost',
+        'only enqueues begun before the crash can be lost',
       );
     return outcome;
   } catch (err) {

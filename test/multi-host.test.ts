@@ -8,11 +8,12 @@
  */
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import type pg from 'pg';
+import pg from 'pg';
 import { ConnectError, defineTask, enqueue, migrate, openPool, Worker } from '../src/index.js';
 import { BerthInputError } from '../src/errors.js';
 import { isConnectionError, resolveDatabase } from '../src/db/connections.js';
 import { parseHosts } from '../src/db/hosts.js';
+import { sessionKind } from '../src/db/host-selector.js';
 import { TcpProxy } from './support/tcp-proxy.js';
 import { freePort, TestCluster } from './support/cluster.js';
 import { DATABASE_URL, FAST_MAINTENANCE, freshSchema, leaderWorkerId, testLogger, waitFor } from './helpers.js';
@@ -247,4 +248,26 @@ test('target_session_attrs against a read-only server (a demoted primary) and a 
   await admin.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, [DB]);
   await eventually(() => port(p), 'a query after the demotion');
   assert.equal(await port(p), sharedPort);
+});
+
+test('without the startup report (a server before 14, a pooler that drops it) the session is asked', async () => {
+  for (const [options, readOnly] of [
+    ['-c default_transaction_read_only=on', true],
+    ['', false],
+  ] as const) {
+    const client = new pg.Client({ connectionString: DATABASE_URL, options });
+    await client.connect();
+    try {
+      assert.deepEqual(await sessionKind(client, new Map()), { standby: false, readOnly });
+    } finally {
+      await client.end();
+    }
+  }
+  // With a read-only default on every host, read-write finds none and read-only takes the first.
+  const ro = `${listUrl([`127.0.0.1:${await freePort()}`, SHARED])}?options=-c%20default_transaction_read_only%3Don`;
+  await assert.rejects(
+    pool(`${ro}&target_session_attrs=read-write`).query('SELECT 1'),
+    /the session is read-only \(target_session_attrs=read-write\)/,
+  );
+  assert.equal(await port(pool(`${ro}&target_session_attrs=read-only`)), Number(shared.port || 5432));
 });

@@ -58,6 +58,12 @@ const MONITOR_SETTINGS: Record<string, string> = {
   'pgautofailover.startup_grace_period': '1000',
 };
 
+const NODE_SETTINGS = [
+  'ALTER SYSTEM SET checkpoint_completion_target = 0',
+  'ALTER SYSTEM SET fsync = off',
+  'ALTER SYSTEM SET full_page_writes = off',
+];
+
 export class Formation {
   /** The database the nodes serve. */
   static readonly DATABASE = 'berth';
@@ -100,7 +106,6 @@ export class Formation {
         '127.0.0.1',
         '--auth',
         'trust',
-        '--skip-pg-hba',
         '--no-ssl',
         '--run',
       ]);
@@ -120,6 +125,18 @@ export class Formation {
       await f.until('node1 to run alone as primary', async () =>
         (await f.states()).some((s) => s.name === 'node1' && s.reported === 'single'),
       );
+      // Before the standby's base backup: pg_basebackup waits for a spread checkpoint (95 s
+      // measured at the defaults); fsync off as in test/support/cluster.ts (a server crash loses
+      // nothing acknowledged; only an OS crash would). The standby copies both settings.
+      const node1 = new pg.Client({ connectionString: `postgres://postgres@127.0.0.1:${f.port('node1')}/postgres` });
+      node1.on('error', () => undefined);
+      await node1.connect();
+      try {
+        for (const sql of NODE_SETTINGS) await node1.query(sql);
+        await node1.query('SELECT pg_reload_conf()');
+      } finally {
+        await node1.end().catch(() => undefined);
+      }
       await f.addNode('node2', quorum);
       await f.until('node1 primary and node2 secondary', async () => {
         const s = await f.states();
@@ -153,9 +170,15 @@ export class Formation {
     return r.rows;
   }
 
-  /** The node the monitor has as primary (reported and assigned), if one is. */
+  /**
+   * The node the monitor has as primary, if one is: assigned and reporting primary (or
+   * wait_primary, a primary without a standby). A crashed node's last report stays what it was,
+   * so the assignment decides.
+   */
   async primary(): Promise<NodeState | undefined> {
-    return (await this.states()).find((s) => s.reported === 'primary' || s.reported === 'wait_primary');
+    return (await this.states()).find(
+      (s) => (s.goal === 'primary' || s.goal === 'wait_primary') && s.reported === s.goal,
+    );
   }
 
   /**
@@ -227,7 +250,6 @@ export class Formation {
       Formation.DATABASE,
       '--auth',
       'trust',
-      '--skip-pg-hba',
       '--no-ssl',
       '--monitor',
       `postgres://autoctl_node@127.0.0.1:${this.port('monitor')}/pg_auto_failover?sslmode=disable`,
