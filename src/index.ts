@@ -282,3 +282,4 @@ export {
 export { SchemaNotMigratedError, SchemaTooNewError, MigrationChangedError } from './schema/migrate.js';
 export { SliceLeaseLostError } from './processor/slices.js';
 export { ConnectError, DEFAULT_CONNECT_TIMEOUT_MS } from './db/connections.js';
+export { openPool, type OpenPoolOptions } from './db/pool.js';

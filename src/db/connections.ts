@@ -3,6 +3,15 @@ import { BerthError, BerthInputError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import { checkoutListening, type Queryable } from '../sql.js';
 import { explainPreparedStatementError, type StatementNaming, unnamedArgs } from './prepared.js';
+import {
+  accepts,
+  describeMismatch,
+  HostSelector,
+  type SessionWant,
+  sessionKind,
+  WrongSessionError,
+} from './host-selector.js';
+import { parseHosts, type SessionAttrs } from './hosts.js';
 
 /**
  * Every connection berth opens goes through this module, so that no database fault can crash
@@ -35,9 +44,9 @@ export const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
  */
 export interface DatabaseTarget {
   readonly connectionString: string;
-  /** How long one connect may take before it fails; 0 waits as long as the network does. */
+  /** How long one connect may take before it fails (each host of a list); 0 waits as long as the network does. */
   readonly connectTimeoutMs: number;
-  /** `host:port, database "name"` for messages: never the user's password. */
+  /** `host:port, database "name"` for messages (every host of a list): never the user's password. */
   readonly where: string;
   /**
    * false: statements are sent unnamed (src/db/prepared.ts), for a transaction-mode pooler
@@ -50,6 +59,29 @@ export interface DatabaseTarget {
    * not keep them, unnamed from then on. Ignored when `preparedStatements` is false.
    */
   readonly naming?: StatementNaming;
+  /**
+   * The hosts of a multi-host string and the session they must give (src/db/hosts.ts); absent
+   * on a target built by hand, which is one host, any session.
+   */
+  readonly hosts?: HostList;
+}
+
+/** One host of a target: pg's reading of it. */
+interface HostTarget {
+  readonly connectionString: string;
+  readonly host: string;
+  readonly port: number;
+  /** `host:port` (`[v6]:port`, `socket /dir:port`). */
+  readonly label: string;
+  readonly database: string;
+  /** `host:port, database "name"`. */
+  readonly where: string;
+}
+
+/** A target's hosts with the selector every pool and client of the target shares. */
+interface HostList {
+  readonly hosts: readonly HostTarget[];
+  readonly selector: HostSelector;
 }
 
 /** Where berth reads the one environment variable of the connection layer (`process.env` by default). */
@@ -80,7 +112,9 @@ export function resolveDatabase(connectionString: unknown, options: ResolveDatab
   const field = options.field ?? 'connectionString';
   if (typeof connectionString !== 'string' || connectionString.trim() === '')
     throw new BerthInputError(`${field} must be a non-empty PostgreSQL connection string`);
-  const where = describeTarget(connectionString, field);
+  const parsed = parseHosts(connectionString, field);
+  const hosts = parsed.hosts.map((one) => describeTarget(one, field));
+  const where = `${hosts.map((h) => h.label).join(',')}, database "${hosts[0]?.database ?? ''}"`;
   const explicit = options.connectTimeoutMs;
   let connectTimeoutMs: number;
   if (explicit !== undefined) {
@@ -90,7 +124,8 @@ export function resolveDatabase(connectionString: unknown, options: ResolveDatab
       );
     connectTimeoutMs = explicit;
   } else {
-    const fromUrl = urlParameter(connectionString, 'connect_timeout');
+    // Every host of a list shares the query string.
+    const fromUrl = urlParameter(parsed.hosts[0] ?? connectionString, 'connect_timeout');
     const env = options.env ?? process.env;
     const fromEnv = env.PGCONNECT_TIMEOUT?.trim() || undefined;
     connectTimeoutMs =
@@ -103,9 +138,15 @@ export function resolveDatabase(connectionString: unknown, options: ResolveDatab
   const prepared = options.preparedStatements;
   if (prepared !== undefined && typeof prepared !== 'boolean')
     throw new BerthInputError(`preparedStatements must be true or false, got ${JSON.stringify(prepared)}`);
-  return prepared === false
-    ? { connectionString, connectTimeoutMs, where, preparedStatements: false }
-    : { connectionString, connectTimeoutMs, where };
+  const base: DatabaseTarget =
+    prepared === false
+      ? { connectionString, connectTimeoutMs, where, preparedStatements: false }
+      : { connectionString, connectTimeoutMs, where };
+  // A plain single-host string connects exactly as before: no selector, no session check.
+  if (hosts.length === 1 && parsed.sessionAttrs === 'any' && hosts[0]?.connectionString === connectionString)
+    return base;
+  const target: DatabaseTarget = { ...base, hosts: { hosts, selector: newSelector(hosts, parsed.sessionAttrs, base) } };
+  return target;
 }
 
 /** libpq's connect_timeout: an integer of seconds; <= 0 is no timeout; 1 is raised to 2. */
@@ -132,7 +173,7 @@ function urlParameter(connectionString: string, name: string): string | undefine
  * postgresql:// URL or a socket path is refused: pg would read `localhost/db` (a missing scheme)
  * as the database name on a host called "base".
  */
-function describeTarget(connectionString: string, field: string): string {
+function describeTarget(connectionString: string, field: string): HostTarget {
   const malformed = (why: string) =>
     new BerthInputError(
       `${field} is not a valid PostgreSQL connection string (${why}); expected postgres://user:password@host:port/database`,
@@ -158,7 +199,16 @@ function describeTarget(connectionString: string, field: string): string {
     : probe.host.includes(':')
       ? `[${probe.host}]`
       : probe.host;
-  return `${host}:${probe.port}, database "${probe.database ?? probe.user ?? ''}"`;
+  const label = `${host}:${probe.port}`;
+  const database = probe.database ?? probe.user ?? '';
+  return {
+    connectionString,
+    host: probe.host,
+    port: probe.port,
+    label,
+    database,
+    where: `${label}, database "${database}"`,
+  };
 }
 
 /**
@@ -169,18 +219,24 @@ function describeTarget(connectionString: string, field: string): string {
 export class ConnectError extends BerthError {
   override readonly code = 'CONNECT';
 
+  /** Why, without the `could not connect to ...` prefix (each host's reason for a host list). */
+  readonly reason: string;
+
   constructor(
     readonly where: string,
     readonly timedOut: boolean,
-    options: { cause: unknown; timeoutMs: number },
+    options: { cause: unknown; timeoutMs: number; reason?: string },
   ) {
-    const reason = timedOut
-      ? `no answer within ${formatMs(options.timeoutMs)} (the connect timeout: connectTimeoutMs, the URL's connect_timeout or PGCONNECT_TIMEOUT)`
-      : options.cause instanceof Error
-        ? options.cause.message
-        : String(options.cause);
+    const reason =
+      options.reason ??
+      (timedOut
+        ? `no answer within ${formatMs(options.timeoutMs)} (the connect timeout: connectTimeoutMs, the URL's connect_timeout or PGCONNECT_TIMEOUT)`
+        : options.cause instanceof Error
+          ? options.cause.message
+          : String(options.cause));
     super(`could not connect to PostgreSQL at ${where}: ${reason}`, { cause: options.cause });
     this.name = 'ConnectError';
+    this.reason = reason;
   }
 }
 
@@ -188,25 +244,121 @@ function formatMs(ms: number): string {
   return ms % 1000 === 0 ? `${ms / 1000} s` : `${ms} ms`;
 }
 
-function connectError(err: unknown, target: DatabaseTarget): ConnectError {
+function connectError(err: unknown, where: string, timeoutMs: number): ConnectError {
   if (err instanceof ConnectError) return err;
   // pg's wording when its connect timer destroys the socket (client.js `_connect`).
-  const timedOut = target.connectTimeoutMs > 0 && err instanceof Error && /timeout expired/i.test(err.message);
-  return new ConnectError(target.where, timedOut, { cause: err, timeoutMs: target.connectTimeoutMs });
+  const timedOut = timeoutMs > 0 && err instanceof Error && /timeout expired/i.test(err.message);
+  return new ConnectError(where, timedOut, { cause: err, timeoutMs });
 }
 
 type ConnectCallback = (err: Error | null, client?: pg.Client) => void;
+
+/** The parameters the server reported at startup, as pg's connection emits them. */
+interface ParameterStatus {
+  parameterName: string;
+  parameterValue: string;
+}
+
+/** The failure of a search that found no host: each host's reason, a connection fault if any host's was. */
+function noHostError(target: DatabaseTarget, hosts: readonly HostTarget[], failures: readonly unknown[]): Error {
+  const reasons = failures.map((f, i) => {
+    const label = hosts[i % hosts.length]?.label ?? '';
+    const why = f instanceof ConnectError ? f.reason : f instanceof Error ? f.message : String(f);
+    return `${label}: ${why}`;
+  });
+  // A host that refused or gave the wrong session may be fine later: retry. Only when every host
+  // refused us for good (a wrong password everywhere) is it not a connection fault.
+  const cause = failures.find((f) => isConnectionError(f)) ?? failures[0];
+  const timedOut = failures.length > 0 && failures.every((f) => f instanceof ConnectError && f.timedOut);
+  return new ConnectError(target.where, timedOut, {
+    cause,
+    timeoutMs: target.connectTimeoutMs,
+    reason: reasons.join('; '),
+  });
+}
+
+/** Point a constructed, unconnected client at one host of its target (pg reads these in connect()). */
+function aim(client: pg.Client, host: HostTarget): void {
+  client.host = host.host;
+  client.port = host.port;
+  const params = (client as unknown as { connectionParameters: { host: string; port: number } }).connectionParameters;
+  params.host = host.host;
+  params.port = host.port;
+}
+
+/** Collect what the server reports at startup (in_hot_standby, default_transaction_read_only). */
+function recordReported(client: pg.Client): Map<string, string> {
+  const reported = new Map<string, string>();
+  (client.connection as unknown as NodeJS.EventEmitter).on('parameterStatus', (msg: ParameterStatus) => {
+    reported.set(msg.parameterName, msg.parameterValue);
+  });
+  return reported;
+}
+
+/** Connect `client` to `host` and check its session against `want`; a refused session ends the client. */
+async function connectChecked(
+  client: pg.Client,
+  connect: () => Promise<unknown>,
+  host: HostTarget,
+  want: SessionWant,
+  reported: ReadonlyMap<string, string>,
+  timeoutMs: number,
+): Promise<void> {
+  aim(client, host);
+  try {
+    await connect();
+  } catch (err) {
+    throw connectError(err, host.where, timeoutMs);
+  }
+  if (want === 'any') return;
+  let kind: Awaited<ReturnType<typeof sessionKind>>;
+  try {
+    kind = await sessionKind(client, reported);
+  } catch (err) {
+    await client.end().catch(() => undefined);
+    throw connectError(err, host.where, timeoutMs);
+  }
+  if (!accepts(want, kind)) {
+    await client.end().catch(() => undefined);
+    const cause = new WrongSessionError(describeMismatch(want, kind));
+    throw new ConnectError(host.where, false, { cause, timeoutMs });
+  }
+}
+
+/** The selector of a multi-host target: its probes are plain clients, ended once they answered. */
+function newSelector(hosts: readonly HostTarget[], attrs: SessionAttrs, target: DatabaseTarget): HostSelector {
+  const probe = async (index: number, want: SessionWant) => {
+    const host = hosts[index];
+    if (!host) throw new Error(`no host ${index}`);
+    const client = new pg.Client({
+      connectionString: host.connectionString,
+      connectionTimeoutMillis: target.connectTimeoutMs,
+    });
+    client.on('error', () => undefined);
+    const reported = recordReported(client);
+    await connectChecked(client, () => client.connect(), host, want, reported, target.connectTimeoutMs);
+    await client.end().catch(() => undefined);
+  };
+  return new HostSelector(hosts.length, attrs, probe, (failures) => noHostError(target, hosts, failures));
+}
 
 /**
  * The client class of a target: pg's Client with the target's connect timeout, whose connect
  * failures are ConnectErrors. The timeout is set on the client, not as the pool's
  * `connectionTimeoutMillis`: pg-pool applies that one also to a checkout waiting for a busy pool,
  * and a worker's claim or settlement waiting its turn for a connection must not fail for it.
+ * A multi-host target's client asks the target's selector which host to connect to, and checks
+ * its own session (the role may have changed since the selector last looked).
  */
 function clientClass(target: DatabaseTarget): new (config?: pg.ClientConfig) => pg.Client {
+  const list = target.hosts;
+  const first = list?.hosts[0]?.connectionString ?? target.connectionString;
   return class BerthClient extends pg.Client {
+    private readonly reported: Map<string, string> | null;
+
     constructor(config: pg.ClientConfig = {}) {
-      super({ ...config, connectionString: target.connectionString, connectionTimeoutMillis: target.connectTimeoutMs });
+      super({ ...config, connectionString: first, connectionTimeoutMillis: target.connectTimeoutMs });
+      this.reported = list ? recordReported(this) : null;
       // Set per instance, not as an override: pg's query() has a dozen overloads to restate.
       // pg-pool's own `pool.query` comes through here too (it calls the client's).
       const query = this.query.bind(this) as (...args: unknown[]) => unknown;
@@ -238,16 +390,46 @@ function clientClass(target: DatabaseTarget): new (config?: pg.ClientConfig) => 
     override connect(): Promise<pg.Client>;
     override connect(callback: ConnectCallback): void;
     override connect(callback?: ConnectCallback): Promise<pg.Client> | undefined {
-      if (callback) {
-        super.connect((err: Error | null) => (err ? callback(connectError(err, target)) : callback(null, this)));
-        return undefined;
-      }
+      const connecting = list ? this.connectToList(list) : this.connectPlain();
+      if (!callback) return connecting;
+      connecting.then(
+        () => callback(null, this),
+        (err: Error) => callback(err),
+      );
+      return undefined;
+    }
+
+    private connectPlain(): Promise<pg.Client> {
       return super.connect().then(
         () => this,
         (err: unknown) => {
-          throw connectError(err, target);
+          throw connectError(err, target.where, target.connectTimeoutMs);
         },
       );
+    }
+
+    private async connectToList(hosts: HostList): Promise<pg.Client> {
+      const index = await hosts.selector.choose();
+      const host = hosts.hosts[index];
+      if (!host) throw new Error(`no host ${index}`);
+      const attrs = hosts.selector.sessionAttrs;
+      // prefer-standby takes a primary when the search found no standby.
+      const want: SessionWant = attrs === 'prefer-standby' ? 'any' : attrs;
+      try {
+        await connectChecked(
+          this,
+          () => super.connect(),
+          host,
+          want,
+          this.reported ?? new Map(),
+          target.connectTimeoutMs,
+        );
+      } catch (err) {
+        hosts.selector.forget(index);
+        throw err;
+      }
+      hosts.selector.confirm(index);
+      return this;
     }
   };
 }
@@ -266,6 +448,8 @@ export function isConnectionError(err: unknown): boolean {
   if (typeof err !== 'object' || err === null) return false;
   // A failed connect says why in its cause: a refused socket is one, a wrong password is not.
   if (err instanceof ConnectError) return err.timedOut || isConnectionError(err.cause);
+  // A host that gave the wrong kind of session (a standby not yet promoted) may give the right one later.
+  if (err instanceof WrongSessionError) return true;
   const e = err as { code?: unknown; message?: unknown };
   const code = typeof e.code === 'string' ? e.code : '';
   // Class 08: connection exception. 57P01-03: admin shutdown, crash shutdown, cannot connect now
@@ -304,7 +488,7 @@ export function createPool(
 ): pg.Pool {
   const pool = new pg.Pool({
     ...config,
-    connectionString: target.connectionString,
+    connectionString: target.hosts?.hosts[0]?.connectionString ?? target.connectionString,
     // The typings say a Client takes no arguments; pg-pool passes it the pool's options.
     Client: clientClass(target) as new () => pg.Client,
   });
