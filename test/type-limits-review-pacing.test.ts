@@ -108,11 +108,14 @@ test('a paced backlog cancelled: the next refused task of the type is paced from
     { schema },
   );
   const first = await runDueTasks(pool, [def], { schema, queues: ['rv-cancelled'] });
-  assert.equal(first.filter((r) => r.status === 'completed').length, 2);
-  assert.equal(first.filter((r) => r.status === 'returned').length, 58);
+  // Two start; on a loaded machine the run can outlast the window (3.25 s), and two more start.
+  const done = first.filter((r) => r.status === 'completed').length;
+  const refused = first.filter((r) => r.status === 'returned').length;
+  assert.ok(done >= 2 && done % 2 === 0, `${done} started`);
+  assert.equal(done + refused, 60);
   // The backlog is cancelled (it was a mistake).
   const cancelled = await cancelTasks(pool, schema, { type }, { actor: 'review' });
-  assert.equal(cancelled.removed, 58);
+  assert.equal(cancelled.removed, refused);
   // Once the window (3.25 s) is empty again, three new tasks: two start, the third is refused.
   await waitFor(
     async () => (await listTypeLimits(pool, schema)).find((l) => l.type === type)?.started === 0,

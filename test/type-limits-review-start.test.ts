@@ -158,8 +158,11 @@ test("a cancel that lands while a task waits for its start: the handler never st
     const id = (await enqueueMany(pool, [{ type, payload: { i: 0 }, queue: 'rv-cancel' }], { schema }))[0]!.id!;
     await askWaiting(pool);
     assert.equal(await cancelTask(pool, schema, id, { actor: 'review' }), 'cancelled');
-    // The cancel notice reaches the worker (it aborts the run) well within the type's guard.
-    await sleep(100);
+    // The cancel notice reaches the worker (it aborts the run) while the held row keeps the ask
+    // waiting. Nothing outside the worker shows the abort until the ask answers, so this pause
+    // sets the interleaving up: 2 s, not 100 ms, since a loaded CI machine once took longer than
+    // 100 ms to deliver and confirm the notice, and the handler then started.
+    await sleep(2_000);
     await held.query('COMMIT');
     await waitFor(() => cancelled > 0, 20_000, "the cancel counted as the attempt's outcome");
     const t = await getTask(pool, schema, id);
