@@ -7,7 +7,7 @@ import { checkSchemaName } from '../limits.js';
 import { DEFAULT_SCHEMA, quoteIdent, type Queryable } from '../sql.js';
 import { MIGRATE_LOCK, schemaLockKey } from '../storage/locks.js';
 import { repairLaneSequences, type LaneSequenceRepairReport } from '../storage/lane-sequences.js';
-import { LOCK_MODES, MIGRATIONS, type LockMode } from './migrations.js';
+import { MIGRATIONS, strongestLocks } from './migrations.js';
 import { ROLE_KINDS, runtimeGrantStatements, type RoleKind } from './roles.js';
 
 /** How to reach the database: a connection string, or a connected client not inside a transaction. */
@@ -406,11 +406,7 @@ const FLEET_LOCK_ORDER = ['lanes', 'deferred', 'ready', 'attempt_history', 'dead
  * retryLockConflicts answers by trying again.
  */
 async function lockAltered(client: pg.ClientBase, schema: string, from: number): Promise<void> {
-  const wanted = new Map<string, LockMode>();
-  for (const { table, mode } of MIGRATIONS.filter((m) => m.version > from).flatMap((m) => m.locks)) {
-    const had = wanted.get(table);
-    if (had === undefined || LOCK_MODES.indexOf(mode) > LOCK_MODES.indexOf(had)) wanted.set(table, mode);
-  }
+  const wanted = strongestLocks(MIGRATIONS.filter((m) => m.version > from).flatMap((m) => m.locks));
   if (wanted.size === 0) return;
   const existing = await client.query<{ name: string }>(
     `SELECT t AS name FROM unnest($2::text[]) t WHERE to_regclass(format('%I.%I', $1::text, t)) IS NOT NULL`,

@@ -51,15 +51,20 @@ function statementMode(statement: string): LockMode {
   return 'ACCESS EXCLUSIVE';
 }
 
+/** Each table once, with the strongest of the modes `locks` name for it, in first-seen order. */
+export function strongestLocks(locks: Iterable<TableLock>): Map<string, LockMode> {
+  const out = new Map<string, LockMode>();
+  for (const { table, mode } of locks) {
+    const had = out.get(table);
+    if (had === undefined || LOCK_MODES.indexOf(mode) > LOCK_MODES.indexOf(had)) out.set(table, mode);
+  }
+  return out;
+}
+
 /** The tables a migration's top-level statements lock, each once with its strongest mode, in the order they appear. */
 export function lockedTables(template: string): TableLock[] {
-  const locks = new Map<string, LockMode>();
-  for (const m of template.matchAll(LOCKING_STATEMENT)) {
-    const mode = statementMode(m[1]!);
-    const had = locks.get(m[2]!);
-    if (had === undefined || LOCK_MODES.indexOf(mode) > LOCK_MODES.indexOf(had)) locks.set(m[2]!, mode);
-  }
-  return [...locks].map(([table, mode]) => ({ table, mode }));
+  const seen = [...template.matchAll(LOCKING_STATEMENT)].map((m) => ({ table: m[2]!, mode: statementMode(m[1]!) }));
+  return [...strongestLocks(seen)].map(([table, mode]) => ({ table, mode }));
 }
 
 /** Ring partitions of the ready storage. Fixed per installation at migration 1 (its slots 0–15). */
