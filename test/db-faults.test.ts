@@ -4,6 +4,8 @@ import pg from 'pg';
 import { defineTask, enqueue, enqueueMany, Worker } from '../src/index.js';
 import { promoteDueLane } from '../src/maintenance/promote.js';
 import { pruneSegment } from '../src/maintenance-api.js';
+import { createPool, isConnectionError, resolveDatabase } from '../src/db/connections.js';
+import { ReadyThenFatalProxy } from './support/tcp-proxy.js';
 import { DATABASE_URL, FAST_MAINTENANCE, freshSchema, holdLaneLock, outcomes, testLogger, waitFor } from './helpers.js';
 
 /**
@@ -90,6 +92,36 @@ test('a prune whose backend is terminated while it waits for the ring segment lo
   } finally {
     await holder.end();
     await p.end();
+  }
+});
+
+test('a pooled session terminated in the packet that says it is ready fails its connect as a connection fault; the process does not crash', async () => {
+  const server = new URL(DATABASE_URL);
+  const proxy = new ReadyThenFatalProxy({ host: server.hostname, port: Number(server.port || 5432) }, async (pid) => {
+    await pool.query('SELECT pg_terminate_backend($1)', [pid]);
+  });
+  await proxy.start();
+  // A plain target, and a host list whose connect also checks the session it got.
+  const plain = proxy.url(DATABASE_URL);
+  const checked = `${plain}${plain.includes('?') ? '&' : '?'}target_session_attrs=read-write`;
+  try {
+    for (const url of [plain, checked]) {
+      const coalesced = createPool(resolveDatabase(url), { max: 2 }, null, 'coalesced');
+      try {
+        for (let i = 0; i < 3; i++) {
+          const err: unknown = await coalesced.query('SELECT 1').then(
+            () => null,
+            (e: unknown) => e,
+          );
+          assert.ok(err !== null && isConnectionError(err), `a connection fault, got ${String(err)}`);
+        }
+      } finally {
+        await coalesced.end();
+      }
+    }
+    assert.deepEqual(uncaught, []);
+  } finally {
+    await proxy.close();
   }
 });
 

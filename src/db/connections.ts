@@ -390,7 +390,30 @@ function clientClass(target: DatabaseTarget): new (config?: pg.ClientConfig) => 
     override connect(): Promise<pg.Client>;
     override connect(callback: ConnectCallback): void;
     override connect(callback?: ConnectCallback): Promise<pg.Client> | undefined {
-      const connecting = list ? this.connectToList(list) : this.connectPlain();
+      // pg calls a connect callback in the very tick the server says it is ready, and pg-pool
+      // attaches its idle listener in that callback. Ours comes a few microtasks later (and after
+      // the session check of a host list), and the bytes of one read are parsed synchronously:
+      // a backend terminated right after its start-up sends ReadyForQuery and the FATAL in one
+      // packet, and the FATAL's 'error' would be emitted with nobody listening, which crashes
+      // the process. Heard here until the caller has the client: such a connect fails as a
+      // connection fault instead (test/db-faults.test.ts, the coalesced-packet test).
+      let early: Error | null = null;
+      const onEarly = (err: Error) => {
+        early ??= err;
+      };
+      this.on('error', onEarly);
+      const connecting = (list ? this.connectToList(list) : this.connectPlain()).then(
+        (client) => {
+          this.removeListener('error', onEarly);
+          if (early === null) return client;
+          this.end().catch(() => undefined);
+          throw connectError(early, target.where, target.connectTimeoutMs);
+        },
+        (err: unknown) => {
+          this.removeListener('error', onEarly);
+          throw err;
+        },
+      );
       if (!callback) return connecting;
       connecting.then(
         () => callback(null, this),

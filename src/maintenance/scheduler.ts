@@ -1,5 +1,6 @@
 import type { Cron } from 'croner';
 import type pg from 'pg';
+import { onConnectionOf } from '../db/connections.js';
 import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics/catalogue.js';
 import { cronOf, instantsBetween, latestInstant } from '../schedule.js';
@@ -169,18 +170,16 @@ async function fireSchedule(
   for (const instant of instantsBetween(job, onTimeFrom, now, MAX_ON_TIME)) toFire.push({ instant, kind: 'cron' });
   let first = true;
   for (const { instant, kind } of toFire) {
-    const client = await pool.connect();
-    let result: Awaited<ReturnType<typeof fireInstant>>;
-    try {
-      result = await fireInstant(client, storage, {
+    // One connection for the fire's transaction, heard for faults while held and discarded if
+    // the fire failed (its session may be gone).
+    const result = await onConnectionOf(pool, (client) =>
+      fireInstant(client, storage, {
         name: row.name,
         instant,
         through: instant,
         lateMs: Math.max(0, clock().getTime() - instant.getTime()),
-      });
-    } finally {
-      client.release();
-    }
+      }),
+    );
     // Counted after the commit: a fire is late by the time its task became claimable.
     const lateMs = Math.max(0, clock().getTime() - instant.getTime());
     if (result.kind === 'fired') {

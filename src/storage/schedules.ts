@@ -1,4 +1,3 @@
-import type pg from 'pg';
 import type { Queryable } from '../sql.js';
 import { positional } from '../statement.js';
 import { fireDedupeKey, type MisfirePolicy, type ScheduleDefinition } from '../schedule.js';
@@ -178,7 +177,7 @@ export type FireResult =
  * nothing written, when the watermark is already there. `lateMs`: how late the fire is.
  */
 export async function fireInstant(
-  client: pg.ClientBase,
+  client: Queryable,
   storage: Storage,
   fire: { name: string; instant: Date; through: Date; lateMs: number },
 ): Promise<FireResult> {
