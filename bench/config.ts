@@ -41,6 +41,10 @@ export interface BenchConfig {
   /** Sequential single-task enqueues per run. */
   singleN: number;
   pickupN: number;
+  /** Run the cold rows (BENCH_COLD=0 skips them). */
+  cold: boolean;
+  /** Pickups of the cold row, in a new process (BENCH_COLD_PICKUP_N). */
+  coldPickupN: number;
   pickupGapMs: number;
   pickupConcurrency: number;
   /** Drain: time allowed from worker start to the last handler (BENCH_TIMEOUT_S). */
@@ -81,6 +85,9 @@ export function loadConfig(adminUrl: string): BenchConfig {
     // and three 500-pickup repetitions of one build spread its p99 over 10.5-11.8 ms and its
     // p95 over 4.3-6.1 ms in one hour (docs/benchmarks.md, "Pickup with 2,000 samples").
     pickupN: intEnv('BENCH_PICKUP_N', 2_000),
+    // 500 pickups 10 ms apart: the first five seconds of a new process, where its tail is.
+    cold: process.env.BENCH_COLD !== '0',
+    coldPickupN: intEnv('BENCH_COLD_PICKUP_N', 500),
     pickupGapMs: 10,
     pickupConcurrency: 10,
     drainTimeoutMs: timeoutS * 1000,

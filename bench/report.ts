@@ -9,6 +9,15 @@ export type MetricKey =
   | 'p50'
   | 'p95'
   | 'p99'
+  | 'max'
+  | 'cold10'
+  | 'cold50'
+  | 'coldP50'
+  | 'coldP95'
+  | 'coldP99'
+  | 'coldMax'
+  | 'firstEnqueue'
+  | 'laterEnqueue'
   | 'wal10'
   | 'wal50'
   | 'commits10'
@@ -36,10 +45,23 @@ export const MAIN_COLUMNS: readonly Column[] = [
   { key: 'p50', title: 'pickup p50 ms', fmt: fmtMs },
   { key: 'p95', title: 'pickup p95 ms', fmt: fmtMs },
   { key: 'p99', title: 'pickup p99 ms', fmt: fmtMs },
+  { key: 'max', title: 'pickup max ms', fmt: fmtMs },
   { key: 'wal10', title: 'WAL bytes/task c10', fmt: fmtBytes },
   { key: 'wal50', title: 'WAL bytes/task c50', fmt: fmtBytes },
   { key: 'commits10', title: 'commits/task c10', fmt: fmtRatio },
   { key: 'commits50', title: 'commits/task c50', fmt: fmtRatio },
+];
+
+/** The same scenarios in a process that has run nothing before (bench/cold.ts). */
+export const COLD_COLUMNS: readonly Column[] = [
+  { key: 'cold10', title: 'cold drain c10 tasks/s (completed)', fmt: fmtRate },
+  { key: 'cold50', title: 'cold drain c50 tasks/s (completed)', fmt: fmtRate },
+  { key: 'coldP50', title: 'cold pickup p50 ms', fmt: fmtMs },
+  { key: 'coldP95', title: 'cold pickup p95 ms', fmt: fmtMs },
+  { key: 'coldP99', title: 'cold pickup p99 ms', fmt: fmtMs },
+  { key: 'coldMax', title: 'cold pickup max ms', fmt: fmtMs },
+  { key: 'firstEnqueue', title: "a new process's first enqueue ms", fmt: fmtMs },
+  { key: 'laterEnqueue', title: 'the enqueues after it ms (median)', fmt: fmtMs },
 ];
 
 /** When the last handler started, and how long after it every completion was recorded. */

@@ -10,8 +10,16 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
 import { loadConfig, type BenchConfig } from './config.js';
 import { Monitor, openBenchServer, recreateDatabase, type ServerInfo } from './db.js';
-import { DRAIN_DETAIL_COLUMNS, MAIN_COLUMNS, Results, WAL_DETAIL_COLUMNS, type MetricKey } from './report.js';
-import { drain, enqueueRate, pickup, type Outcome } from './scenarios.js';
+import { coldDrain, coldFirstEnqueue, coldPickup } from './cold.js';
+import {
+  COLD_COLUMNS,
+  DRAIN_DETAIL_COLUMNS,
+  MAIN_COLUMNS,
+  Results,
+  WAL_DETAIL_COLUMNS,
+  type MetricKey,
+} from './report.js';
+import { drain, enqueueRate, pickup, type Outcome, type PickupResult } from './scenarios.js';
 import type { Sample } from './stats.js';
 import { benchSystems } from './systems/all.js';
 import { pgBossErrors } from './systems/pgboss.js';
@@ -68,6 +76,32 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
   const systems = benchSystems(ctx, cfg.systemFilter);
   const results = new Results(systems.map((s) => s.label));
   const notes = { duplicates: [] as string[], noisyWindows: 0, drainWindows: 0 };
+
+  /** A pickup scenario (warm or cold) recording p50 / p95 / p99 / max under `keys`, in that order. */
+  const pickupScenario = (
+    name: string,
+    keys: readonly [MetricKey, MetricKey, MetricKey, MetricKey],
+    measure: (a: SystemAdapter) => Promise<Outcome<PickupResult>>,
+  ): Scenario => ({
+    name,
+    keys,
+    async run(a) {
+      const o = await measure(a);
+      if (o.ok) {
+        const { p50, p95, p99, max } = o.value;
+        [p50, p95, p99, max].forEach((value, i) => results.add(a.label, keys[i]!, { kind: 'ok', value }));
+        if (o.value.duplicates > 0) notes.duplicates.push(`${a.label} ${name}: ${o.value.duplicates} handler re-runs`);
+        log(
+          `  ${a.label} ${name}: p50 ${p50.toFixed(1)} / p95 ${p95.toFixed(1)} / p99 ${p99.toFixed(1)} / max ${max.toFixed(1)} ms`,
+        );
+      } else {
+        results.add(a.label, keys[0], failure(o));
+        for (const k of keys.slice(1)) results.add(a.label, k, { kind: 'skipped' });
+        log(`  ${a.label} ${name}: ${o.note}`);
+      }
+      return o;
+    },
+  });
 
   const scenarios: Scenario[] = [
     ...cfg.drainConcurrencies.map((c): Scenario => {
@@ -129,25 +163,56 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
         },
       }),
     ),
-    {
-      name: 'pickup latency',
-      keys: ['p50', 'p95', 'p99'],
-      async run(a) {
-        const o = await pickup(a, cfg);
-        if (o.ok) {
-          for (const k of ['p50', 'p95', 'p99'] as const) results.add(a.label, k, { kind: 'ok', value: o.value[k] });
-          if (o.value.duplicates > 0) notes.duplicates.push(`${a.label} pickup: ${o.value.duplicates} handler re-runs`);
-          log(
-            `  ${a.label} pickup: p50 ${o.value.p50.toFixed(1)} / p95 ${o.value.p95.toFixed(1)} / p99 ${o.value.p99.toFixed(1)} ms`,
-          );
-        } else {
-          results.add(a.label, 'p50', failure(o));
-          for (const k of ['p95', 'p99'] as const) results.add(a.label, k, { kind: 'skipped' });
-          log(`  ${a.label} pickup: ${o.note}`);
-        }
-        return o;
-      },
-    },
+    pickupScenario('pickup latency', ['p50', 'p95', 'p99', 'max'], (a) => pickup(a, cfg)),
+    ...(cfg.cold
+      ? [
+          ...cfg.drainConcurrencies.map(
+            (c): Scenario => ({
+              name: `cold drain c${c}`,
+              keys: [`cold${c}` as MetricKey],
+              async run(a) {
+                const o = await coldDrain(a, cfg, c);
+                const key = `cold${c}` as MetricKey;
+                if (o.ok) {
+                  results.add(a.label, key, { kind: 'ok', value: o.value.tasksPerSec });
+                  if (o.value.duplicates > 0)
+                    notes.duplicates.push(`${a.label} cold drain c${c}: ${o.value.duplicates} handler re-runs`);
+                  log(
+                    `  ${a.label} cold drain c${c}: ${Math.round(o.value.tasksPerSec)} tasks/s completed ` +
+                      `(${Math.round(o.value.startedPerSec)} started, tail ${Math.round(o.value.tailMs)} ms)`,
+                  );
+                } else {
+                  results.add(a.label, key, failure(o));
+                  log(`  ${a.label} cold drain c${c}: ${o.timeout ? 'timeout' : 'error'} ${o.note}`);
+                }
+                return o;
+              },
+            }),
+          ),
+          pickupScenario('cold pickup latency', ['coldP50', 'coldP95', 'coldP99', 'coldMax'], (a) =>
+            coldPickup(a, cfg),
+          ),
+          {
+            name: 'cold first enqueue',
+            keys: ['firstEnqueue', 'laterEnqueue'],
+            async run(a) {
+              const o = await coldFirstEnqueue(a, cfg);
+              if (o.ok) {
+                results.add(a.label, 'firstEnqueue', { kind: 'ok', value: o.value.firstMs });
+                results.add(a.label, 'laterEnqueue', { kind: 'ok', value: o.value.laterMs });
+                log(
+                  `  ${a.label} first enqueue in a new process: ${o.value.firstMs.toFixed(1)} ms (then ${o.value.laterMs.toFixed(1)} ms)`,
+                );
+              } else {
+                results.add(a.label, 'firstEnqueue', failure(o));
+                results.add(a.label, 'laterEnqueue', { kind: 'skipped' });
+                log(`  ${a.label} first enqueue: ${o.note}`);
+              }
+              return o;
+            },
+          } satisfies Scenario,
+        ]
+      : []),
   ];
 
   // Warm-up, recorded nowhere: each system drains BENCH_WARMUP_N tasks once (100,000), so every
@@ -258,6 +323,14 @@ function render(
     '',
     results.table(MAIN_COLUMNS),
     '',
+    ...(cfg.cold
+      ? [
+          'Cold: the same in a process that has run nothing before (a child process per measurement, see Method):',
+          '',
+          results.table(COLD_COLUMNS),
+          '',
+        ]
+      : []),
     'Drain detail: the rate counted at the last handler start, and how long after it the database showed every ' +
       'completion recorded (the main table counts the latter):',
     '',
@@ -279,6 +352,17 @@ function render(
       "clock starts, so none of these reads is a new session's first (which loads the tables' catalog entries and plans: " +
       "28–32 ms for berth's count, 1.5 ms after). " +
       '(all started) = N / (worker start call to the last handler start).',
+    ...(cfg.cold
+      ? [
+          '- **Cold rows**: each measurement runs in a new child process (bench/cold-child.ts) that has loaded the ' +
+            "systems' modules and run nothing else; this process enqueues, probes and keeps the clock (epoch " +
+            'milliseconds from `performance.timeOrigin`, one clock for both). **Cold drain**: as the drain above, ' +
+            `the child starts the worker on ${cfg.drainN.toLocaleString('en-US')} queued tasks, counted at completion. ` +
+            `**Cold pickup**: the child starts the worker; after 1 s idle, ${cfg.coldPickupN} tasks ${cfg.pickupGapMs} ms ` +
+            "apart from this process's warm producer. **First enqueue**: the child opens a producer (its session) and " +
+            'times its first single-task enqueue, then 20 more (their median).',
+        ]
+      : []),
     `- **Bulk enqueue**: ${cfg.bulkN.toLocaleString('en-US')} tasks, ${cfg.bulkBatch} per call, sequential calls. ` +
       `**Single enqueue**: ${cfg.singleN.toLocaleString('en-US')} one-task calls, sequential, through a pool.`,
     `- **Pickup**: worker running and idle (concurrency ${cfg.pickupConcurrency}); ${cfg.pickupN} tasks enqueued one at a time ` +

@@ -199,7 +199,18 @@ export interface PickupResult {
   p50: number;
   p95: number;
   p99: number;
+  max: number;
   duplicates: number;
+}
+
+/** Nearest-rank percentiles and the maximum of pickup latencies, ms. */
+export function latencyPercentiles(lat: readonly number[]): Omit<PickupResult, 'duplicates'> {
+  return {
+    p50: percentile(lat, 50),
+    p95: percentile(lat, 95),
+    p99: percentile(lat, 99),
+    max: Math.max(...lat),
+  };
 }
 
 /**
@@ -242,11 +253,6 @@ export async function pickup(adapter: SystemAdapter, cfg: BenchConfig): Promise<
   for (let i = 0; i < n; i++) lat.push(tracker.firstRun[i]! - sent[i]!);
   return {
     ok: true,
-    value: {
-      p50: percentile(lat, 50),
-      p95: percentile(lat, 95),
-      p99: percentile(lat, 99),
-      duplicates: tracker.duplicates,
-    },
+    value: { ...latencyPercentiles(lat), duplicates: tracker.duplicates },
   };
 }

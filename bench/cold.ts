@@ -1,0 +1,221 @@
+/**
+ * The cold rows of `npm run bench`: what a system does in a process that has run nothing before,
+ * as a fleet that deploys or autoscales starts. Each measurement is a child process of its own
+ * (bench/cold-child.ts) that has loaded the systems' modules and nothing more; this process
+ * enqueues, probes the database and keeps the clock, with the same counting as the warm rows:
+ * a drained task counts once the database shows its completion recorded.
+ */
+import { fork, type ChildProcess } from 'node:child_process';
+import pg from 'pg';
+import type { BenchConfig } from './config.js';
+import type { ChildMessage, ColdJob, ParentMessage } from './cold-child.js';
+import { type Outcome, type PickupResult, latencyPercentiles, untilRecorded } from './scenarios.js';
+import type { SystemAdapter } from './systems/types.js';
+import { cleanup, sleep } from './util.js';
+
+const epoch = (): number => performance.timeOrigin + performance.now();
+
+/** Loading the systems' modules in a new process: a few seconds on a loaded machine. */
+const READY_TIMEOUT_MS = 60_000;
+
+/** A child process running one cold job, and the messages it sent. */
+class ColdChild {
+  private readonly child: ChildProcess;
+  private readonly inbox: ChildMessage[] = [];
+  private readonly waiters: (() => void)[] = [];
+  private exited = false;
+
+  constructor(job: ColdJob) {
+    this.child = fork(new URL('./cold-child.ts', import.meta.url), [JSON.stringify(job)], {
+      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    });
+    this.child.on('message', (msg: ChildMessage) => {
+      this.inbox.push(msg);
+      this.wake();
+    });
+    this.child.on('error', () => undefined);
+    this.child.on('exit', () => {
+      this.exited = true;
+      this.wake();
+    });
+  }
+
+  private wake(): void {
+    for (const w of this.waiters.splice(0)) w();
+  }
+
+  /** Every message received so far of this type. */
+  received<T extends ChildMessage['type']>(type: T): Extract<ChildMessage, { type: T }>[] {
+    return this.inbox.filter((m): m is Extract<ChildMessage, { type: T }> => m.type === type);
+  }
+
+  /** The first message of `type`, or a failure note (the child failed, exited or ran out of time). */
+  async wait<T extends ChildMessage['type']>(
+    type: T,
+    timeoutMs: number,
+  ): Promise<Extract<ChildMessage, { type: T }> | string> {
+    const deadline = performance.now() + timeoutMs;
+    for (;;) {
+      const found = this.received(type)[0];
+      if (found) return found;
+      const failed = this.received('failed')[0];
+      if (failed) return failed.note;
+      if (this.exited) return `the child exited before '${type}'`;
+      const left = deadline - performance.now();
+      if (left <= 0) return `no '${type}' within ${Math.round(timeoutMs / 1000)} s`;
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, left);
+        this.waiters.push(() => {
+          clearTimeout(timer);
+          resolve();
+        });
+      });
+    }
+  }
+
+  tell(msg: ParentMessage): void {
+    // A child that has just finished may be gone by now: its error is the callback's, not a crash.
+    if (!this.exited && this.child.connected) this.child.send(msg, () => undefined);
+  }
+
+  /** Ask the worker to stop and wait for the process to exit; killed if it does not. */
+  async end(): Promise<void> {
+    this.tell({ type: 'stop' });
+    await cleanup('cold child exit', async () => {
+      const deadline = performance.now() + 30_000;
+      while (!this.exited && performance.now() < deadline) await sleep(20);
+      if (!this.exited) {
+        this.child.kill('SIGKILL');
+        throw new Error('the cold child did not exit; killed');
+      }
+    });
+  }
+}
+
+export interface ColdDrainResult {
+  tasksPerSec: number;
+  startedPerSec: number;
+  tailMs: number;
+  duplicates: number;
+}
+
+/** Enqueue `n` tasks with this process's producer; the child only runs the worker. */
+async function enqueueAll(adapter: SystemAdapter, cfg: BenchConfig, n: number): Promise<void> {
+  const producer = await adapter.openProducer();
+  try {
+    for (let start = 0; start < n; start += cfg.bulkBatch)
+      await producer.bulk(start, Math.min(cfg.bulkBatch, n - start));
+  } finally {
+    await producer.close();
+  }
+}
+
+/** A cold drain: `cfg.drainN` tasks queued, then a new process starts the worker. */
+export async function coldDrain(
+  adapter: SystemAdapter,
+  cfg: BenchConfig,
+  concurrency: number,
+): Promise<Outcome<ColdDrainResult>> {
+  const n = cfg.drainN;
+  await adapter.reset();
+  await enqueueAll(adapter, cfg, n);
+  const probe = new pg.Client({ connectionString: cfg.benchUrl, application_name: 'bench-probe' });
+  await probe.connect();
+  const child = new ColdChild({ kind: 'drain', label: adapter.label, url: cfg.benchUrl, concurrency, n });
+  try {
+    await adapter.pending(probe); // the probe's first read (catalog, plan) before the clock
+    const ready = await child.wait('ready', READY_TIMEOUT_MS);
+    if (typeof ready === 'string') return { ok: false, timeout: false, note: ready };
+    child.tell({ type: 'go' });
+    const started = await child.wait('started', cfg.drainTimeoutMs);
+    if (typeof started === 'string') return { ok: false, timeout: true, note: started };
+    const recorded = await untilRecorded(() => adapter.pending(probe), performance.now() + cfg.drainTimeoutMs);
+    if (recorded.at === null)
+      return { ok: false, timeout: true, note: `${recorded.left} not recorded as completed in time` };
+    const recordedAt = performance.timeOrigin + recorded.at;
+    return {
+      ok: true,
+      value: {
+        tasksPerSec: n / ((recordedAt - started.t0) / 1000),
+        startedPerSec: n / ((started.lastFirstRun - started.t0) / 1000),
+        tailMs: recordedAt - started.lastFirstRun,
+        duplicates: started.duplicates,
+      },
+    };
+  } finally {
+    await child.end();
+    await cleanup('probe close', () => probe.end());
+  }
+}
+
+/**
+ * Pickup in a new process: the worker starts in the child, idles a second, then this process
+ * enqueues `cfg.coldPickupN` tasks one at a time `cfg.pickupGapMs` apart.
+ */
+export async function coldPickup(adapter: SystemAdapter, cfg: BenchConfig): Promise<Outcome<PickupResult>> {
+  const n = cfg.coldPickupN;
+  await adapter.reset();
+  const child = new ColdChild({
+    kind: 'pickup',
+    label: adapter.label,
+    url: cfg.benchUrl,
+    concurrency: cfg.pickupConcurrency,
+  });
+  const producer = await adapter.openProducer();
+  try {
+    await producer.single(-1); // this process's producer is warm: the worker is what is measured
+    const ready = await child.wait('ready', READY_TIMEOUT_MS);
+    if (typeof ready === 'string') return { ok: false, timeout: false, note: ready };
+    child.tell({ type: 'go' });
+    const up = await child.wait('workerStarted', cfg.drainTimeoutMs);
+    if (typeof up === 'string') return { ok: false, timeout: true, note: up };
+    await sleep(1_000); // idle, as the warm pickup lets its worker go idle
+    const sent = new Float64Array(n).fill(Number.NaN);
+    const base = performance.now();
+    for (let i = 0; i < n; i++) {
+      const wait = base + i * cfg.pickupGapMs - performance.now();
+      if (wait > 0) await sleep(wait);
+      sent[i] = epoch();
+      await producer.single(i);
+    }
+    const deadline = performance.now() + cfg.pickupTailTimeoutMs;
+    const picked = () => child.received('run').filter((m) => m.i >= 0 && m.i < n).length;
+    while (picked() < n && performance.now() < deadline) await sleep(5);
+    if (picked() < n)
+      return {
+        ok: false,
+        timeout: true,
+        note: `${picked()}/${n} picked up ${cfg.pickupTailTimeoutMs / 1000} s after the last enqueue`,
+      };
+    const lat = new Float64Array(n);
+    for (const m of child.received('run')) if (m.i >= 0 && m.i < n) lat[m.i] = m.at - sent[m.i]!;
+    return { ok: true, value: { ...latencyPercentiles([...lat]), duplicates: 0 } };
+  } finally {
+    await child.end();
+    await cleanup('producer close', () => producer.close());
+  }
+}
+
+export interface FirstEnqueueResult {
+  /** The first single-task enqueue of a new process, on a new session, ms. */
+  firstMs: number;
+  /** The median of the calls after it, ms. */
+  laterMs: number;
+}
+
+/** A new process opens a producer (its session) and enqueues: the first call, then `calls` more. */
+export async function coldFirstEnqueue(adapter: SystemAdapter, cfg: BenchConfig): Promise<Outcome<FirstEnqueueResult>> {
+  await adapter.reset();
+  const child = new ColdChild({ kind: 'enqueue', label: adapter.label, url: cfg.benchUrl, calls: 20 });
+  try {
+    const ready = await child.wait('ready', READY_TIMEOUT_MS);
+    if (typeof ready === 'string') return { ok: false, timeout: false, note: ready };
+    child.tell({ type: 'go' });
+    const done = await child.wait('enqueued', cfg.enqueueTimeoutMs);
+    if (typeof done === 'string') return { ok: false, timeout: true, note: done };
+    const later = [...done.laterMs].sort((a, b) => a - b);
+    return { ok: true, value: { firstMs: done.firstMs, laterMs: later[Math.floor(later.length / 2)] ?? Number.NaN } };
+  } finally {
+    await child.end();
+  }
+}
