@@ -89,7 +89,8 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
       const o = await measure(a);
       if (o.ok) {
         const { p50, p95, p99, max } = o.value;
-        [p50, p95, p99, max].forEach((value, i) => results.add(a.label, keys[i]!, { kind: 'ok', value }));
+        const values = [p50, p95, p99, max];
+        for (let i = 0; i < keys.length; i++) results.add(a.label, keys[i]!, { kind: 'ok', value: values[i]! });
         if (o.value.duplicates > 0) notes.duplicates.push(`${a.label} ${name}: ${o.value.duplicates} handler re-runs`);
         log(
           `  ${a.label} ${name}: p50 ${p50.toFixed(1)} / p95 ${p95.toFixed(1)} / p99 ${p99.toFixed(1)} / max ${max.toFixed(1)} ms`,
