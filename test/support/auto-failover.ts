@@ -10,7 +10,17 @@
  * every group and every postmaster left.
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
-import { chownSync, closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs';
+import {
+  chownSync,
+  closeSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
@@ -187,10 +197,18 @@ export class Formation {
    * restarted in place by its keeper, and nothing fails over.
    */
   crash(name: string): void {
+    // The node's every PostgreSQL process, as a machine crash stops them: a backend outlives a
+    // SIGKILLed postmaster until it next checks for it, and went on answering (a claim, an
+    // enqueue acknowledged by the standby) for a few hundred ms after the crash, which the
+    // test's fault window did not cover.
+    const pid = this.postmasterPid(name);
+    // Stopped first, so that it starts no backend between the listing and the kill.
+    if (pid !== null) signalPid(pid, 'SIGSTOP');
+    const backends = pid === null ? [] : childrenOf(pid);
     const child = this.processes.get(name);
     if (child?.pid) signalGroup(child.pid, 'SIGKILL');
-    const pid = this.postmasterPid(name);
     if (pid !== null) signalPid(pid, 'SIGKILL');
+    for (const b of backends) signalPid(b, 'SIGKILL');
   }
 
   /** Port of a node or the monitor. */
@@ -313,6 +331,23 @@ export class Formation {
       if (pid !== null) signalPid(pid, 'SIGKILL');
     }
   }
+}
+
+/** The processes whose parent is `pid` (Linux: /proc/<pid>/stat's fourth field). */
+function childrenOf(pid: number): number[] {
+  const found: number[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
+      // The command name (second field) is in parentheses and may hold spaces.
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      if (ppid === pid) found.push(Number(entry));
+    } catch {
+      // Gone meanwhile.
+    }
+  }
+  return found;
 }
 
 function signalGroup(pid: number, signal: NodeJS.Signals): void {
