@@ -243,26 +243,28 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
   input.hooks?.handlerEnded();
   const ms = performance.now() - started;
   deps.observeHandler(task, ms / 1000);
-  const ran = {
-    ms,
-    advanced,
-    dequeued,
-    shutdown: abort.reason instanceof ShutdownAbort,
-    pastDeadline: abort.reason instanceof DeadlineAbort || Date.now() >= deadline,
-    cancelled: abort.reason instanceof CancelAbort,
-  };
+  const shutdown = abort.reason instanceof ShutdownAbort;
+  const pastDeadline = abort.reason instanceof DeadlineAbort || Date.now() >= deadline;
+  const cancelled = abort.reason instanceof CancelAbort;
   if (error !== null) {
     // A thrown non-Error is kept as JSON (`{"code":42}`), never `[object Object]`.
     const message = errorMessage(error);
     const detail = errorDetail(error);
+    const ran = { ms, advanced, dequeued, shutdown, pastDeadline, cancelled };
     if (unstorable) return { kind: 'unstorable_result', error: message, detail, thrown: error, ...ran };
     return { kind: 'error', error: message, detail, permanent: isPermanentError(error), thrown: error, ...ran };
   }
+  // A run that returned is written out as one literal, not a shared part spread into it: the
+  // spread was an object more per task and a copy (docs/benchmarks-journal.md, issue 35).
   // Not null, not unstorable: the handler returned and no error was recorded.
   const r = returned as Exclude<HandlerReturn, { kind: 'unstorable' }>;
-  if (r.kind === 'snooze') return { kind: 'snooze', delayMs: r.delayMs, ...ran };
-  if (r.kind === 'continue') return { kind: 'continue', ...ran };
-  return r.result === undefined ? { kind: 'done', ...ran } : { kind: 'done', result: r.result, ...ran };
+  if (r.kind === 'snooze') {
+    return { kind: 'snooze', delayMs: r.delayMs, ms, advanced, dequeued, shutdown, pastDeadline, cancelled };
+  }
+  if (r.kind === 'continue') return { kind: 'continue', ms, advanced, dequeued, shutdown, pastDeadline, cancelled };
+  return r.result === undefined
+    ? { kind: 'done', ms, advanced, dequeued, shutdown, pastDeadline, cancelled }
+    : { kind: 'done', result: r.result, ms, advanced, dequeued, shutdown, pastDeadline, cancelled };
 }
 
 /**

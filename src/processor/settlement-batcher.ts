@@ -20,6 +20,9 @@ import { inTransactionOn } from '../db/connections.js';
  *   lease's own expiry, or kept failing). The lease lapses and rescue runs the task again.
  */
 export type CompleteResult = { kind: 'settled' } | { kind: 'refused' } | { kind: 'unwritten'; error: string };
+/** A completion's answers without a detail: one frozen object each, not one per task. */
+const SETTLED: CompleteResult = Object.freeze({ kind: 'settled' });
+const REFUSED: CompleteResult = Object.freeze({ kind: 'refused' });
 export type FailResult =
   | { kind: 'settled'; dead: boolean }
   | { kind: 'refused' }
@@ -231,7 +234,7 @@ export class SettlementBatcher {
     });
     for (const b of batch) {
       if (!r.ok) b.w.resolve({ kind: 'unwritten', error: r.error });
-      else b.w.resolve(r.value.has(entryKey(b.ref)) ? { kind: 'settled' } : { kind: 'refused' });
+      else b.w.resolve(r.value.has(entryKey(b.ref)) ? SETTLED : REFUSED);
     }
   }
 
