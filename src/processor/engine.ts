@@ -19,7 +19,7 @@ import { PrefetchRate } from './prefetch-rate.js';
 import { DeadlineTimer, RunAbort } from './run-abort.js';
 import { runTask, type RunDeps } from './run-task.js';
 import { ScheduleCeilings } from './schedule-ceilings.js';
-import { settleTask, type SettleDeps } from './settle-task.js';
+import { afterRefused, type SettleDeps, settled, writeSettlement } from './settle-task.js';
 import type { SettlementBatcher } from './settlement-batcher.js';
 import { entryKey } from '../storage/attempt.js';
 import { returnUnstarted } from '../storage/return.js';
@@ -657,7 +657,10 @@ export class Engine {
           backoff: def?.backoff ?? DEFAULT_BACKOFF,
           maxSnoozes: def?.maxSnoozes,
         });
-        const answer = await settleTask(this.settleDeps, task, run, settlement, log);
+        // settleTask's steps in this frame (settle-task.ts): no async layer of its own per task.
+        let answer = await writeSettlement(this.settleDeps, task, run, settlement, log);
+        if (answer.kind === 'refused') answer = await afterRefused(this.settleDeps, task, answer, log);
+        settled(this.settleDeps, task, run, settlement, answer, log);
         attempt?.settled(run, settlement, answer);
       } catch (err) {
         this.deps.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed');
