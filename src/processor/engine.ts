@@ -13,13 +13,20 @@ import { KeyReleaser } from './key-releaser.js';
 import { TypeRateGate } from './type-rate-gate.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 import type { OutcomeTally } from './heartbeat.js';
-import { settlementFor, type TaskRun } from './outcome-table.js';
+import { type SettleAnswer, settlementFor, type TaskRun } from './outcome-table.js';
 import { NotifyThrottle } from './notify-throttle.js';
 import { PrefetchRate } from './prefetch-rate.js';
 import { DeadlineTimer, RunAbort } from './run-abort.js';
 import { HandlerRun, runTask, type RunDeps, startRun } from './run-task.js';
 import { ScheduleCeilings } from './schedule-ceilings.js';
-import { afterRefused, type SettleDeps, settled, writeSettlement } from './settle-task.js';
+import {
+  afterRefused,
+  completedAnswer,
+  type SettleDeps,
+  settled,
+  startCompletion,
+  writeSettlement,
+} from './settle-task.js';
 import type { SettlementBatcher } from './settlement-batcher.js';
 import { entryKey } from '../storage/attempt.js';
 import { returnUnstarted } from '../storage/return.js';
@@ -670,7 +677,13 @@ export class Engine {
           maxSnoozes: def?.maxSnoozes,
         });
         // settleTask's steps in this frame (settle-task.ts): no async layer of its own per task.
-        let answer = await writeSettlement(this.settleDeps, task, run, settlement, log);
+        // A completion awaits its flush's one promise, not a promise of its own (settlement-batcher.ts).
+        const completion = startCompletion(this.settleDeps, task, run, settlement);
+        let answer: SettleAnswer;
+        if (completion !== null) {
+          await completion.flushed;
+          answer = completedAnswer(completion);
+        } else answer = await writeSettlement(this.settleDeps, task, run, settlement, log);
         if (answer.kind === 'refused') answer = await afterRefused(this.settleDeps, task, answer, log);
         settled(this.settleDeps, task, run, settlement, answer, log);
         attempt?.settled(run, settlement, answer);

@@ -4,7 +4,7 @@ import type { Outcome } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
 import type { SettleAction, SettleAnswer, Settlement, TaskRun } from './outcome-table.js';
-import type { CompleteResult, SettlementBatcher } from './settlement-batcher.js';
+import type { CompleteResult, Completion, SettlementBatcher } from './settlement-batcher.js';
 import { type ReleaseHistory, releaseLease, returnUnstarted } from '../storage/return.js';
 import { countLostClaim, refusalOf } from '../storage/lost-claim.js';
 import { snoozeLease } from '../storage/snooze.js';
@@ -175,6 +175,27 @@ async function snoozeIt(
 }
 
 const WRITTEN: SettleAnswer = Object.freeze({ kind: 'written', dead: false });
+
+/**
+ * writeSettlement's completion for a caller that awaits it in its own frame (the engine, per
+ * task): the batcher's Completion, whose `flushed` it awaits before `completedAnswer`; null for
+ * any other action (writeSettlement's).
+ */
+export function startCompletion(
+  deps: SettleDeps,
+  task: ClaimedTask,
+  run: TaskRun,
+  settlement: Settlement,
+): Completion | null {
+  const action = settlement.action;
+  if (action.kind !== 'complete') return null;
+  return deps.batcher.completion(task, 'ms' in run ? run.ms : null, action.result ?? null);
+}
+
+/** The answer of a Completion once its `flushed` resolved. */
+export function completedAnswer(c: Completion): SettleAnswer {
+  return completeAnswer(c.answer as CompleteResult);
+}
 
 function completeAnswer(r: CompleteResult): SettleAnswer {
   return r.kind === 'settled' ? WRITTEN : r;
