@@ -19,6 +19,11 @@
  * `bench/results/drain-c<slots>.cpuprofile`, and a sampling heap profile of the same run (every
  * allocation, collected or not) as `drain-c<slots>.heapprofile` (open them in Chrome DevTools, or
  * summarise them with `npx tsx bench/cpuprofile-summary.ts FILE`). Profiled runs are slower and are not in the medians.
+ * `--cold` measures the first drain of the process instead (no warm-up, no other runs; the first
+ * `--slots` value only, as the second drain of a process is no longer cold): V8's compiling and
+ * its first, unoptimised runs of the hot path, which a long-lived worker pays once. With
+ * `--profile` that drain is the profiled one, written as `drain-c<slots>-cold.cpuprofile` and
+ * `.heapprofile`.
  * `--dist` runs the built package (dist/, after `npm run build`) instead of src/ under tsx;
  * `--entry FILE` imports berth from another checkout's `src/index.ts`, for an A/B against an older
  * commit (`mkdir /tmp/base && git archive main src | tar -x -C /tmp/base`, then
@@ -54,6 +59,7 @@ const { values: args } = parseArgs({
     runs: { type: 'string', default: '3' },
     warmup: { type: 'string', default: '10000' },
     profile: { type: 'boolean', default: false },
+    cold: { type: 'boolean', default: false },
     'schema-check': { type: 'boolean', default: false },
     dist: { type: 'boolean', default: false },
     entry: { type: 'string' },
@@ -258,44 +264,52 @@ admin.on('error', () => {});
 try {
   const load0 = loadavg()[0]!;
   const results: RunResult[] = [];
-  // The first drain in a process runs colder (module loading, JIT): measured runs start warm.
-  if (WARMUP > 0) await drain(admin, SLOTS[0]!, null, WARMUP);
-  for (let r = 0; r < RUNS; r++) {
+  if (args.cold) {
+    const file = `bench/results/drain-c${SLOTS[0]}-cold.cpuprofile`;
+    const res = await drain(admin, SLOTS[0]!, args.profile ? file : null);
+    console.log(
+      `cold (first drain of the process) c${SLOTS[0]}, ${N} tasks (${args.entry ?? (args.dist ? 'dist/' : 'src/ under tsx')})${args.profile ? ', profiled' : ''}: ${Math.round(res.tasksPerSec)} tasks/s, ${fmt(res.cpuUsPerTask)} µs CPU/task (main thread ${fmt(res.mainUsPerTask)}), ${Math.round(res.allocatedPerTask)} B allocated/task; node ${process.version}; load ${load0.toFixed(1)}${args.profile ? `; wrote ${file}` : ''}`,
+    );
+  } else {
+    // The first drain in a process runs colder (module loading, JIT): measured runs start warm.
+    if (WARMUP > 0) await drain(admin, SLOTS[0]!, null, WARMUP);
+    for (let r = 0; r < RUNS; r++) {
+      for (const slots of SLOTS) {
+        const res = await drain(admin, slots, null);
+        results.push(res);
+        console.error(
+          `run ${r + 1} c${slots}: ${Math.round(res.tasksPerSec)} tasks/s, ${fmt(res.cpuUsPerTask)} µs CPU/task (worker; ${fmt(res.sysUsPerTask)} system; main thread ${fmt(res.mainUsPerTask)}), ${Math.round(res.allocatedPerTask)} B allocated/task, ${fmt(res.serverUsPerTask)} µs/task (its backends); ${res.claimsPerTask.toFixed(4)} claims and ${res.flushesPerTask.toFixed(4)} flushes per task`,
+        );
+      }
+    }
+    console.log(
+      `\ndrain of ${N} no-op tasks (${args.entry ?? (args.dist ? 'dist/' : 'src/ under tsx')})${args['schema-check'] ? ' (Zod payload schema)' : ''}${OBSERVE === 'none' ? '' : ` (observed: ${OBSERVE})`}, ${RUNS} runs; node ${process.version}; load ${load0.toFixed(1)} → ${loadavg()[0]!.toFixed(1)}\n`,
+    );
+    console.log('Medians over the runs.\n');
+    console.log(
+      '| slots | tasks/s (median, min–max) | worker CPU µs/task (median, min–max) | main thread µs/task | B allocated/task | its backends, CPU µs/task | claims / flushes per task |',
+    );
+    console.log('| ---: | ---: | ---: | ---: | ---: | ---: | ---: |');
     for (const slots of SLOTS) {
-      const res = await drain(admin, slots, null);
-      results.push(res);
-      console.error(
-        `run ${r + 1} c${slots}: ${Math.round(res.tasksPerSec)} tasks/s, ${fmt(res.cpuUsPerTask)} µs CPU/task (worker; ${fmt(res.sysUsPerTask)} system; main thread ${fmt(res.mainUsPerTask)}), ${Math.round(res.allocatedPerTask)} B allocated/task, ${fmt(res.serverUsPerTask)} µs/task (its backends); ${res.claimsPerTask.toFixed(4)} claims and ${res.flushesPerTask.toFixed(4)} flushes per task`,
+      const rs = results.filter((x) => x.slots === slots);
+      const tps = rs.map((x) => x.tasksPerSec);
+      const cpu = rs.map((x) => x.cpuUsPerTask);
+      const srv = rs.map((x) => x.serverUsPerTask);
+      const srvMedian = srv.every((x) => x !== null) ? median(srv as number[]) : null;
+      const main = rs.map((x) => x.mainUsPerTask);
+      const mainMedian = main.every((x) => x !== null) ? median(main as number[]) : null;
+      console.log(
+        `| ${slots} | ${Math.round(median(tps))} (${Math.round(Math.min(...tps))}–${Math.round(Math.max(...tps))}) | ${fmt(median(cpu))} (${fmt(Math.min(...cpu))}–${fmt(Math.max(...cpu))}) | ${fmt(mainMedian)} | ${Math.round(median(rs.map((x) => x.allocatedPerTask)))} | ${fmt(srvMedian)} | ${median(rs.map((x) => x.claimsPerTask)).toFixed(4)} / ${median(rs.map((x) => x.flushesPerTask)).toFixed(4)} |`,
       );
     }
-  }
-  console.log(
-    `\ndrain of ${N} no-op tasks (${args.entry ?? (args.dist ? 'dist/' : 'src/ under tsx')})${args['schema-check'] ? ' (Zod payload schema)' : ''}${OBSERVE === 'none' ? '' : ` (observed: ${OBSERVE})`}, ${RUNS} runs; node ${process.version}; load ${load0.toFixed(1)} → ${loadavg()[0]!.toFixed(1)}\n`,
-  );
-  console.log('Medians over the runs.\n');
-  console.log(
-    '| slots | tasks/s (median, min–max) | worker CPU µs/task (median, min–max) | main thread µs/task | B allocated/task | its backends, CPU µs/task | claims / flushes per task |',
-  );
-  console.log('| ---: | ---: | ---: | ---: | ---: | ---: | ---: |');
-  for (const slots of SLOTS) {
-    const rs = results.filter((x) => x.slots === slots);
-    const tps = rs.map((x) => x.tasksPerSec);
-    const cpu = rs.map((x) => x.cpuUsPerTask);
-    const srv = rs.map((x) => x.serverUsPerTask);
-    const srvMedian = srv.every((x) => x !== null) ? median(srv as number[]) : null;
-    const main = rs.map((x) => x.mainUsPerTask);
-    const mainMedian = main.every((x) => x !== null) ? median(main as number[]) : null;
-    console.log(
-      `| ${slots} | ${Math.round(median(tps))} (${Math.round(Math.min(...tps))}–${Math.round(Math.max(...tps))}) | ${fmt(median(cpu))} (${fmt(Math.min(...cpu))}–${fmt(Math.max(...cpu))}) | ${fmt(mainMedian)} | ${Math.round(median(rs.map((x) => x.allocatedPerTask)))} | ${fmt(srvMedian)} | ${median(rs.map((x) => x.claimsPerTask)).toFixed(4)} / ${median(rs.map((x) => x.flushesPerTask)).toFixed(4)} |`,
-    );
-  }
-  if (args.profile) {
-    for (const slots of SLOTS) {
-      const file = `bench/results/drain-c${slots}.cpuprofile`;
-      const res = await drain(admin, slots, file);
-      console.log(
-        `\nprofiled c${slots}: ${Math.round(res.tasksPerSec)} tasks/s, ${fmt(res.cpuUsPerTask)} µs CPU/task; wrote ${file}`,
-      );
+    if (args.profile) {
+      for (const slots of SLOTS) {
+        const file = `bench/results/drain-c${slots}.cpuprofile`;
+        const res = await drain(admin, slots, file);
+        console.log(
+          `\nprofiled c${slots}: ${Math.round(res.tasksPerSec)} tasks/s, ${fmt(res.cpuUsPerTask)} µs CPU/task; wrote ${file}`,
+        );
+      }
     }
   }
 } finally {

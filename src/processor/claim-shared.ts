@@ -297,8 +297,9 @@ function leaseTasks(r: LeaseRow, terms: TypeTerms, placed: Placed[] | null): Cla
       waitedSeconds: row[4],
       traceContext: row.length > 6 ? (row[8] ?? null) : null,
       snoozes: row.length > 9 ? (row[9] ?? 0) : 0,
-      ...(row.length > 10 ? { hasDependents: true } : {}),
     };
+    // Set only when marked (not spread in from an object made per task, empty for almost all).
+    if (row.length > 10) task.hasDependents = true;
     if (placed === null) out.push(task);
     else placed.push({ task, priority: r.priority, rank: i, waited: row[4] });
   }

@@ -13,13 +13,20 @@ import { KeyReleaser } from './key-releaser.js';
 import { TypeRateGate } from './type-rate-gate.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 import type { OutcomeTally } from './heartbeat.js';
-import { settlementFor } from './outcome-table.js';
+import { type SettleAnswer, settlementFor, type TaskRun } from './outcome-table.js';
 import { NotifyThrottle } from './notify-throttle.js';
 import { PrefetchRate } from './prefetch-rate.js';
 import { DeadlineTimer, RunAbort } from './run-abort.js';
-import { runTask, type RunDeps } from './run-task.js';
+import { HandlerRun, runTask, type RunDeps, startRun } from './run-task.js';
 import { ScheduleCeilings } from './schedule-ceilings.js';
-import { settleTask, type SettleDeps } from './settle-task.js';
+import {
+  afterRefused,
+  completedAnswer,
+  type SettleDeps,
+  settled,
+  startCompletion,
+  writeSettlement,
+} from './settle-task.js';
 import type { SettlementBatcher } from './settlement-batcher.js';
 import { entryKey } from '../storage/attempt.js';
 import { returnUnstarted } from '../storage/return.js';
@@ -649,15 +656,36 @@ export class Engine {
         const log = lazyChild(this.deps.logger, task);
         const input = { task, def, receivedAt, abort, log, freeSlot, hooks: attempt };
         if (attempt !== null) input.freeSlot = attempt.detached(freeSlot);
-        const run = await (attempt === null
-          ? runTask(this.runDeps, input)
-          : attempt.run(() => runTask(this.runDeps, input)));
+        let run: TaskRun;
+        if (attempt === null) {
+          // runTask's steps in this frame (run-task.ts): no async layer of its own per task.
+          const start = startRun(this.runDeps, input);
+          const started = start instanceof Promise ? await start : start;
+          if (started instanceof HandlerRun) {
+            started.begin();
+            try {
+              started.returned(await started.call());
+            } catch (err) {
+              started.threw(err);
+            }
+            run = started.end();
+          } else run = started;
+        } else run = await attempt.run(() => runTask(this.runDeps, input));
         const settlement = settlementFor(run, {
           attempt: task.attempt,
           backoff: def?.backoff ?? DEFAULT_BACKOFF,
           maxSnoozes: def?.maxSnoozes,
         });
-        const answer = await settleTask(this.settleDeps, task, run, settlement, log);
+        // settleTask's steps in this frame (settle-task.ts): no async layer of its own per task.
+        // A completion awaits its flush's one promise, not a promise of its own (settlement-batcher.ts).
+        const completion = startCompletion(this.settleDeps, task, run, settlement);
+        let answer: SettleAnswer;
+        if (completion !== null) {
+          await completion.flushed;
+          answer = completedAnswer(completion);
+        } else answer = await writeSettlement(this.settleDeps, task, run, settlement, log);
+        if (answer.kind === 'refused') answer = await afterRefused(this.settleDeps, task, answer, log);
+        settled(this.settleDeps, task, run, settlement, answer, log);
         attempt?.settled(run, settlement, answer);
       } catch (err) {
         this.deps.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed');

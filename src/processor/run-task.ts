@@ -100,20 +100,72 @@ const SIGNAL: PropertyDescriptor & ThisType<{ [RUN_ABORT]: RunAbort }> = {
  * Take a leased task: decide whether it may start, run its handler under its deadline, and say
  * what happened. Writes nothing but the handler's own AdvanceCursor calls; the settlement is
  * the caller's next step (outcome-table.ts, settle-task.ts).
+ *
+ * Its steps, for a caller that runs them in its own async frame (the engine, per task: an async
+ * layer and its await were ~0.4 KB allocated per task on Node 20, docs/benchmarks-journal.md):
+ * `startRun`, then for a HandlerRun `begin()`, the handler's call awaited (its answer to
+ * `returned`, a throw to `threw`) and `end()`.
  */
 export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> {
-  const { task, def, abort, log, freeSlot } = input;
-  // The lease's deadline: the claim's stamp for the type's ceiling, minus the margin.
-  const leaseDeadline = abort.deadline;
+  const start = startRun(deps, input);
+  const run = start instanceof Promise ? await start : start;
+  if (!(run instanceof HandlerRun)) return run;
+  run.begin();
+  try {
+    run.returned(await run.call());
+  } catch (err) {
+    run.threw(err);
+  }
+  return run.end();
+}
+
+/**
+ * Decide whether a leased task may start: the run that ended before its handler, or the
+ * HandlerRun to call (its deadline armed). Synchronous for a plain task; a promise only when a
+ * step has to wait (a schedule's ceiling read, an asynchronous payload schema, a rate-limited
+ * type's start).
+ */
+export function startRun(deps: RunDeps, input: RunInput): Startable | Promise<Startable> {
+  const { task, def } = input;
+  // The lease's deadline: the claim's stamp for the type's ceiling, minus the margin (read before
+  // a schedule's shorter ceiling brings the run's deadline forward).
+  const leaseDeadline = input.abort.deadline;
   if (!def) {
-    freeSlot();
+    input.freeSlot();
     // Logged once per type per interval by unknownTypes, not per task.
     const delayMs = deps.unknownTypes.handBack(task);
     return { kind: 'unknown_type', error: deps.unknownTypes.note(task.type), delayMs };
   }
   // Null at once for a task without a dedupe key: a plain task pays no read and no await.
   const schedule = fireOfDedupeKey(task.dedupeKey);
-  const deadline = schedule === null ? leaseDeadline : await scheduleDeadline(deps, task, schedule, abort, log);
+  if (schedule !== null) return scheduledStart(deps, input, def, schedule, leaseDeadline);
+  return startBy(deps, input, def, null, leaseDeadline, leaseDeadline);
+}
+
+/** What startRun answers: the run ended before its handler, or the handler to call. */
+export type Startable = TaskRun | HandlerRun;
+
+async function scheduledStart(
+  deps: RunDeps,
+  input: RunInput,
+  def: AnyTaskDefinition,
+  schedule: ScheduleFire,
+  leaseDeadline: number,
+): Promise<Startable> {
+  const deadline = await scheduleDeadline(deps, input.task, schedule, input.abort, input.log);
+  return startBy(deps, input, def, schedule, leaseDeadline, deadline);
+}
+
+/** The run's checks once its deadline is known: the clock, then its payload. */
+function startBy(
+  deps: RunDeps,
+  input: RunInput,
+  def: AnyTaskDefinition,
+  schedule: ScheduleFire | null,
+  leaseDeadline: number,
+  deadline: number,
+): Startable | Promise<Startable> {
+  const { task, log, freeSlot } = input;
   const now = Date.now();
   if (leaseDeadline <= now && input.receivedAt < leaseDeadline) {
     // It waited in the prefetch buffer past its deadline: it never ran, so hand it back with
@@ -141,128 +193,203 @@ export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> 
     log.warn(error);
     return { kind: 'late_claim', error };
   }
-  let parsed: PayloadCheck<unknown>;
+  let checked: PayloadCheck<unknown> | Promise<PayloadCheck<unknown>>;
   try {
-    const checked = checkPayload(def, task.payload);
-    parsed = checked instanceof Promise ? await checked : checked;
+    checked = checkPayload(def, task.payload);
   } catch (err) {
-    // A validator that throws (instead of returning issues) is a bad payload too.
-    parsed = {
-      ok: false,
-      message: `payload validation for task type "${task.type}" threw: ${(err as Error)?.message ?? String(err)}`,
-    };
+    checked = validatorThrew(task, err);
   }
+  if (checked instanceof Promise) {
+    return checked.then(
+      (parsed) => startChecked(deps, input, def, schedule, deadline, parsed),
+      (err: unknown) => startChecked(deps, input, def, schedule, deadline, validatorThrew(task, err)),
+    );
+  }
+  return startChecked(deps, input, def, schedule, deadline, checked);
+}
+
+/** A validator that throws (instead of returning issues) is a bad payload too. */
+function validatorThrew(task: ClaimedTask, err: unknown): PayloadCheck<unknown> {
+  return {
+    ok: false,
+    message: `payload validation for task type "${task.type}" threw: ${(err as Error)?.message ?? String(err)}`,
+  };
+}
+
+function startChecked(
+  deps: RunDeps,
+  input: RunInput,
+  def: AnyTaskDefinition,
+  schedule: ScheduleFire | null,
+  deadline: number,
+  parsed: PayloadCheck<unknown>,
+): Startable | Promise<Startable> {
   if (!parsed.ok) {
-    freeSlot();
-    log.error(parsed.message);
+    input.freeSlot();
+    input.log.error(parsed.message);
     return { kind: 'invalid_payload', error: parsed.message };
   }
+  if (deps.typeRates.limits(input.task.type))
+    return rateLimitedStart(deps, input, def, schedule, deadline, parsed.value);
+  return new HandlerRun(deps, input, def, schedule, deadline, parsed.value);
+}
 
-  if (deps.typeRates.limits(task.type)) {
-    // Asked last, right before the handler starts: a start granted is counted at once, so
-    // nothing that may still stop the task (its payload, its deadline) comes between.
-    const start = await deps.typeRates.take(task.type, task.id);
-    if (!start.granted) {
-      freeSlot();
-      return { kind: 'rate_limited', note: start.note, delayMs: start.delayMs };
-    }
-    if (abort.reason instanceof CancelAbort) {
-      // An operator's cancel, committed while it waited: the cancel's settlement is the
-      // attempt's (nothing to write, counted cancelled), and its handler must not start.
-      freeSlot();
-      return CANCELLED_UNSTARTED;
-    }
-    const now = Date.now();
-    if (
-      (start.startBy !== null && now > start.startBy) ||
-      (task.startBy !== undefined && now > task.startBy) ||
-      abort.reason instanceof ShutdownAbort
-    ) {
-      // The answer came back later than the limit's guard, or later than the guard of its
-      // queue's rate (checked above, before this wait): starting now could push a window of the
-      // type's or the queue's starts over. Or a stop aborted the run while it waited: started
-      // now, it would run with its signal aborted and be released on its attempt (buried on its
-      // last one). Handed back unstarted, its start spent.
-      freeSlot();
-      return { kind: 'expired_in_buffer' };
-    }
+async function rateLimitedStart(
+  deps: RunDeps,
+  input: RunInput,
+  def: AnyTaskDefinition,
+  schedule: ScheduleFire | null,
+  deadline: number,
+  value: unknown,
+): Promise<Startable> {
+  const { task, abort, freeSlot } = input;
+  // Asked last, right before the handler starts: a start granted is counted at once, so
+  // nothing that may still stop the task (its payload, its deadline) comes between.
+  const start = await deps.typeRates.take(task.type, task.id);
+  if (!start.granted) {
+    freeSlot();
+    return { kind: 'rate_limited', note: start.note, delayMs: start.delayMs };
   }
-  deps.deadlines.arm(abort);
-  let advanced = false;
-  let dequeued = false;
-  let parents: Promise<ReadonlyMap<string, ParentResult>> | undefined;
-  const fields = {
-    id: task.id,
-    type: task.type,
-    attempt: task.attempt,
-    maxAttempts: task.maxAttempts,
-    snoozes: task.snoozes,
-    lane: { queue: task.queue, priority: task.priority, shard: task.shard },
-    deadline: new Date(deadline),
-    logger: log,
-    schema: deps.storage.schema.name,
-    token: task.token,
-    schedule,
-    advanceCursor: async (next: unknown) => {
-      const ok = await advanceCursor(deps.write, deps.storage, task, next);
-      if (ok) advanced = true;
-      else log.warn('AdvanceCursor refused: lease no longer held');
-      return ok;
-    },
-    dequeue: async (executor: Queryable) => {
-      await dequeueIn(executor, deps.storage, task.id, task.token);
-      // Completed in the caller's transaction (any isolation level): its dependents are the
-      // leader's to release, within a tick of that commit.
-      if (task.hasDependents) await watchParents(executor, deps.storage, [task.id]);
-      dequeued = true;
-    },
-    parents: () => (parents ??= readParents(deps.write, deps.storage, task.id)),
-    [RUN_ABORT]: abort,
-  };
-  const ctx = Object.defineProperty(fields, 'signal', SIGNAL) as typeof fields & TaskContext<unknown>;
-  input.hooks?.handlerStarted();
-  const started = performance.now();
-  let returned: HandlerReturn | null = null;
-  let error: unknown = null;
-  let unstorable = false;
-  try {
-    // A value other than berth's answers is the task's result (`handler: (p) => mailer.send(p)`
-    // succeeds): read once and encoded here, on the handler's side of the settlement, so a value
-    // the completion could not write fails this attempt alone and never the flush it would join.
-    returned = readHandlerReturn(await def.handler(parsed.value, ctx), deps.resultMaxBytes);
+  if (abort.reason instanceof CancelAbort) {
+    // An operator's cancel, committed while it waited: the cancel's settlement is the
+    // attempt's (nothing to write, counted cancelled), and its handler must not start.
+    freeSlot();
+    return CANCELLED_UNSTARTED;
+  }
+  const now = Date.now();
+  if (
+    (start.startBy !== null && now > start.startBy) ||
+    (task.startBy !== undefined && now > task.startBy) ||
+    abort.reason instanceof ShutdownAbort
+  ) {
+    // The answer came back later than the limit's guard, or later than the guard of its
+    // queue's rate (checked above, before this wait): starting now could push a window of the
+    // type's or the queue's starts over. Or a stop aborted the run while it waited: started
+    // now, it would run with its signal aborted and be released on its attempt (buried on its
+    // last one). Handed back unstarted, its start spent.
+    freeSlot();
+    return { kind: 'expired_in_buffer' };
+  }
+  return new HandlerRun(deps, input, def, schedule, deadline, value);
+}
+
+/**
+ * A run whose handler may start, its deadline armed: its context, and what its handler did.
+ * `begin()`, then `call()` awaited by the caller (its answer to `returned`, a throw to `threw`),
+ * then `end()` says what happened.
+ */
+export class HandlerRun {
+  private readonly ctx: TaskContext<unknown>;
+  private advanced = false;
+  private dequeued = false;
+  private started = 0;
+  private returnedValue: HandlerReturn | null = null;
+  private error: unknown = null;
+  private unstorable = false;
+
+  constructor(
+    private readonly deps: RunDeps,
+    private readonly input: RunInput,
+    private readonly def: AnyTaskDefinition,
+    schedule: ScheduleFire | null,
+    private readonly deadline: number,
+    private readonly value: unknown,
+  ) {
+    const { task, abort, log } = input;
+    deps.deadlines.arm(abort);
+    let parents: Promise<ReadonlyMap<string, ParentResult>> | undefined;
+    const fields = {
+      id: task.id,
+      type: task.type,
+      attempt: task.attempt,
+      maxAttempts: task.maxAttempts,
+      snoozes: task.snoozes,
+      lane: { queue: task.queue, priority: task.priority, shard: task.shard },
+      deadline: new Date(deadline),
+      logger: log,
+      schema: deps.storage.schema.name,
+      token: task.token,
+      schedule,
+      advanceCursor: async (next: unknown) => {
+        const ok = await advanceCursor(deps.write, deps.storage, task, next);
+        if (ok) this.advanced = true;
+        else log.warn('AdvanceCursor refused: lease no longer held');
+        return ok;
+      },
+      dequeue: async (executor: Queryable) => {
+        await dequeueIn(executor, deps.storage, task.id, task.token);
+        // Completed in the caller's transaction (any isolation level): its dependents are the
+        // leader's to release, within a tick of that commit.
+        if (task.hasDependents) await watchParents(executor, deps.storage, [task.id]);
+        this.dequeued = true;
+      },
+      parents: () => (parents ??= readParents(deps.write, deps.storage, task.id)),
+      [RUN_ABORT]: abort,
+    };
+    this.ctx = Object.defineProperty(fields, 'signal', SIGNAL) as typeof fields & TaskContext<unknown>;
+  }
+
+  /** The handler starts: its observer is told, its time counts from here. */
+  begin(): void {
+    this.input.hooks?.handlerStarted();
+    this.started = performance.now();
+  }
+
+  /** Call the handler (awaited by the caller, which hands its answer to `returned` or its throw to `threw`). */
+  call(): unknown {
+    return this.def.handler(this.value, this.ctx);
+  }
+
+  /**
+   * A value other than berth's answers is the task's result (`handler: (p) => mailer.send(p)`
+   * succeeds): read once and encoded here, on the handler's side of the settlement, so a value
+   * the completion could not write fails this attempt alone and never the flush it would join.
+   */
+  returned(value: unknown): void {
+    const returned = readHandlerReturn(value, this.deps.resultMaxBytes);
+    this.returnedValue = returned;
     if (returned.kind === 'unstorable') {
-      unstorable = true;
-      error = new Error(returned.error);
+      this.unstorable = true;
+      this.error = new Error(returned.error);
     }
-  } catch (err) {
-    error = err ?? new Error('handler threw a nullish value');
-  } finally {
+  }
+
+  threw(err: unknown): void {
+    this.error = err ?? new Error('handler threw a nullish value');
+  }
+
+  /** The handler is over: its deadline disarmed, its slot freed, and what happened. */
+  end(): TaskRun {
+    const { deps, input, deadline, advanced, dequeued, error } = this;
+    const abort = input.abort;
     deps.deadlines.disarm(abort);
+    input.freeSlot();
+    input.hooks?.handlerEnded();
+    const ms = performance.now() - this.started;
+    deps.observeHandler(input.task, ms / 1000);
+    const shutdown = abort.reason instanceof ShutdownAbort;
+    const pastDeadline = abort.reason instanceof DeadlineAbort || Date.now() >= deadline;
+    const cancelled = abort.reason instanceof CancelAbort;
+    if (error !== null) {
+      // A thrown non-Error is kept as JSON (`{"code":42}`), never `[object Object]`.
+      const message = errorMessage(error);
+      const detail = errorDetail(error);
+      const ran = { ms, advanced, dequeued, shutdown, pastDeadline, cancelled };
+      if (this.unstorable) return { kind: 'unstorable_result', error: message, detail, thrown: error, ...ran };
+      return { kind: 'error', error: message, detail, permanent: isPermanentError(error), thrown: error, ...ran };
+    }
+    // A run that returned is written out as one literal, not a shared part spread into it: the
+    // spread was an object more per task and a copy (docs/benchmarks-journal.md, issue 35).
+    // Not null, not unstorable: the handler returned and no error was recorded.
+    const r = this.returnedValue as Exclude<HandlerReturn, { kind: 'unstorable' }>;
+    if (r.kind === 'snooze') {
+      return { kind: 'snooze', delayMs: r.delayMs, ms, advanced, dequeued, shutdown, pastDeadline, cancelled };
+    }
+    if (r.kind === 'continue') return { kind: 'continue', ms, advanced, dequeued, shutdown, pastDeadline, cancelled };
+    return r.result === undefined
+      ? { kind: 'done', ms, advanced, dequeued, shutdown, pastDeadline, cancelled }
+      : { kind: 'done', result: r.result, ms, advanced, dequeued, shutdown, pastDeadline, cancelled };
   }
-  freeSlot();
-  input.hooks?.handlerEnded();
-  const ms = performance.now() - started;
-  deps.observeHandler(task, ms / 1000);
-  const ran = {
-    ms,
-    advanced,
-    dequeued,
-    shutdown: abort.reason instanceof ShutdownAbort,
-    pastDeadline: abort.reason instanceof DeadlineAbort || Date.now() >= deadline,
-    cancelled: abort.reason instanceof CancelAbort,
-  };
-  if (error !== null) {
-    // A thrown non-Error is kept as JSON (`{"code":42}`), never `[object Object]`.
-    const message = errorMessage(error);
-    const detail = errorDetail(error);
-    if (unstorable) return { kind: 'unstorable_result', error: message, detail, thrown: error, ...ran };
-    return { kind: 'error', error: message, detail, permanent: isPermanentError(error), thrown: error, ...ran };
-  }
-  // Not null, not unstorable: the handler returned and no error was recorded.
-  const r = returned as Exclude<HandlerReturn, { kind: 'unstorable' }>;
-  if (r.kind === 'snooze') return { kind: 'snooze', delayMs: r.delayMs, ...ran };
-  if (r.kind === 'continue') return { kind: 'continue', ...ran };
-  return r.result === undefined ? { kind: 'done', ...ran } : { kind: 'done', result: r.result, ...ran };
 }
 
 /**

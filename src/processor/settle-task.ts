@@ -4,7 +4,7 @@ import type { Outcome } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
 import type { SettleAction, SettleAnswer, Settlement, TaskRun } from './outcome-table.js';
-import type { CompleteResult, SettlementBatcher } from './settlement-batcher.js';
+import type { CompleteResult, Completion, SettlementBatcher } from './settlement-batcher.js';
 import { type ReleaseHistory, releaseLease, returnUnstarted } from '../storage/return.js';
 import { countLostClaim, refusalOf } from '../storage/lost-claim.js';
 import { snoozeLease } from '../storage/snooze.js';
@@ -34,11 +34,34 @@ export async function settleTask(
   settlement: Settlement,
   log: Logger,
 ): Promise<SettleAnswer> {
-  let answer = await write(deps, task, run, settlement, log);
-  // A refusal is rare: only then ask who won, so a settlement that lost to an operator's cancel
-  // is told apart from a lease taken over, and a lease a server crash took back is counted (one
-  // point read, never on the written path).
-  if (answer.kind === 'refused' && (await afterRefusal(deps, task, log)) === 'cancelled') answer = LOST_TO_CANCEL;
+  let answer = await writeSettlement(deps, task, run, settlement, log);
+  if (answer.kind === 'refused') answer = await afterRefused(deps, task, answer, log);
+  return settled(deps, task, run, settlement, answer, log);
+}
+
+/**
+ * A refusal is rare: only then ask who won, so a settlement that lost to an operator's cancel is
+ * told apart from a lease taken over, and a lease a server crash took back is counted (one point
+ * read, never on the written path).
+ */
+export async function afterRefused(
+  deps: SettleDeps,
+  task: ClaimedTask,
+  refused: SettleAnswer,
+  log: Logger,
+): Promise<SettleAnswer> {
+  return (await afterRefusal(deps, task, log)) === 'cancelled' ? LOST_TO_CANCEL : refused;
+}
+
+/** Log what became of the settlement and count the outcome the table gives for the fence's answer. */
+export function settled(
+  deps: SettleDeps,
+  task: ClaimedTask,
+  run: TaskRun,
+  settlement: Settlement,
+  answer: SettleAnswer,
+  log: Logger,
+): SettleAnswer {
   describe(task, run, settlement, answer, log, deps.debugEnabled);
   const outcome: Outcome | null = settlement.outcome[answer.kind];
   if (outcome !== null) deps.record(task, outcome);
@@ -48,8 +71,12 @@ export async function settleTask(
 /**
  * The fenced write. Not an async function: the batcher's answer is mapped with one `then`, not
  * awaited by a frame of its own (each async layer and await allocates, for every task).
+ *
+ * With `afterRefused` (only for a refusal) and then `settled`, settleTask's steps, for a caller
+ * that runs them in its own async frame: the engine, per task (an async layer and its await were
+ * ~0.4 KB allocated per task on Node 20, docs/benchmarks-journal.md).
  */
-function write(
+export function writeSettlement(
   deps: SettleDeps,
   task: ClaimedTask,
   run: TaskRun,
@@ -148,6 +175,27 @@ async function snoozeIt(
 }
 
 const WRITTEN: SettleAnswer = Object.freeze({ kind: 'written', dead: false });
+
+/**
+ * writeSettlement's completion for a caller that awaits it in its own frame (the engine, per
+ * task): the batcher's Completion, whose `flushed` it awaits before `completedAnswer`; null for
+ * any other action (writeSettlement's).
+ */
+export function startCompletion(
+  deps: SettleDeps,
+  task: ClaimedTask,
+  run: TaskRun,
+  settlement: Settlement,
+): Completion | null {
+  const action = settlement.action;
+  if (action.kind !== 'complete') return null;
+  return deps.batcher.completion(task, 'ms' in run ? run.ms : null, action.result ?? null);
+}
+
+/** The answer of a Completion once its `flushed` resolved. */
+export function completedAnswer(c: Completion): SettleAnswer {
+  return completeAnswer(c.answer as CompleteResult);
+}
 
 function completeAnswer(r: CompleteResult): SettleAnswer {
   return r.kind === 'settled' ? WRITTEN : r;

@@ -20,6 +20,9 @@ import { inTransactionOn } from '../db/connections.js';
  *   lease's own expiry, or kept failing). The lease lapses and rescue runs the task again.
  */
 export type CompleteResult = { kind: 'settled' } | { kind: 'refused' } | { kind: 'unwritten'; error: string };
+/** A completion's answers without a detail: one frozen object each, not one per task. */
+const SETTLED: CompleteResult = Object.freeze({ kind: 'settled' });
+const REFUSED: CompleteResult = Object.freeze({ kind: 'refused' });
 export type FailResult =
   | { kind: 'settled'; dead: boolean }
   | { kind: 'refused' }
@@ -34,12 +37,33 @@ type Settleable = AttemptRef & { leaseExpiresAt: number };
  */
 type CompletableLease = Settleable & CompletableRef & { id?: string; hasDependents?: boolean };
 
+/**
+ * A completion handed in (`completion()`): its `answer` is set once its flush is over, when
+ * `flushed` (shared by every completion of that flush) resolves.
+ */
+export interface Completion {
+  readonly flushed: Promise<void>;
+  /** Set before `flushed` resolves. */
+  answer: CompleteResult | undefined;
+}
+
 /** A completion waiting for its flush. */
-interface PendingComplete {
+interface PendingComplete extends Completion {
   ref: CompletableLease;
   runMs: number | null;
   result: ResultJson | null;
-  w: Waiter<CompleteResult>;
+}
+
+/** The completions one flush takes: one promise for all of them, not one per task. */
+class Round {
+  readonly flushed: Promise<void>;
+  resolve: () => void = () => {};
+
+  constructor() {
+    this.flushed = new Promise((resolve) => {
+      this.resolve = resolve;
+    });
+  }
 }
 
 /**
@@ -112,6 +136,8 @@ const RETRY_MAX_MS = 1000;
  */
 export class SettlementBatcher {
   private completes: PendingComplete[] = [];
+  /** The round `completes` will be flushed in (null while `completes` is empty). */
+  private round: Round | null = null;
   private failures: { input: FailureInput & { ref: Settleable }; w: Waiter<FailResult> }[] = [];
   private flushing: Promise<void> | null = null;
   /** Set by `drain(giveUpAfterMs)`: retries stop at this time (epoch ms) whatever the leases say. */
@@ -138,10 +164,20 @@ export class SettlementBatcher {
     runMs: number | null = null,
     result: ResultJson | null = null,
   ): Promise<CompleteResult> {
-    return new Promise((resolve) => {
-      this.completes.push({ ref, runMs, result, w: { resolve } });
-      this.kick();
-    });
+    const c = this.completion(ref, runMs, result);
+    return c.flushed.then(() => c.answer as CompleteResult);
+  }
+
+  /**
+   * `complete` for a caller that awaits `flushed` itself and then reads `answer` (the engine, per
+   * task): no promise, resolving functions and executor of its own per task.
+   */
+  completion(ref: CompletableLease, runMs: number | null = null, result: ResultJson | null = null): Completion {
+    this.round ??= new Round();
+    const c: PendingComplete = { ref, runMs, result, flushed: this.round.flushed, answer: undefined };
+    this.completes.push(c);
+    this.kick();
+    return c;
   }
 
   fail(input: FailureInput & { ref: Settleable }): Promise<FailResult> {
@@ -183,15 +219,20 @@ export class SettlementBatcher {
 
   private async flush(): Promise<void> {
     const completes = this.completes;
+    const round = this.round;
+    this.round = null;
     const failures = this.failures;
     this.completes = [];
     this.failures = [];
-    await Promise.all([this.flushCompletes(completes), this.flushFailures(failures)]);
+    await Promise.all([this.flushCompletes(completes, round), this.flushFailures(failures)]);
   }
 
-  private async flushCompletes(batch: PendingComplete[]): Promise<void> {
+  private async flushCompletes(batch: PendingComplete[], round: Round | null): Promise<void> {
     if (batch.length === 0) return;
     for (const part of byResultBytes(batch)) await this.flushCompletePart(part);
+    // Every answer is set: the batch's callers read them now (a batch in parts, over 32 MiB of
+    // results, answers once its last part is written).
+    round?.resolve();
   }
 
   private async flushCompletePart(batch: PendingComplete[]): Promise<void> {
@@ -230,8 +271,8 @@ export class SettlementBatcher {
       return settled;
     });
     for (const b of batch) {
-      if (!r.ok) b.w.resolve({ kind: 'unwritten', error: r.error });
-      else b.w.resolve(r.value.has(entryKey(b.ref)) ? { kind: 'settled' } : { kind: 'refused' });
+      if (!r.ok) b.answer = { kind: 'unwritten', error: r.error };
+      else b.answer = r.value.has(entryKey(b.ref)) ? SETTLED : REFUSED;
     }
   }
 

@@ -181,8 +181,18 @@ function groupValues(groups: readonly LeaseGroup[]): { [K in GroupParams]: unkno
       ),
     ),
     runFrom,
-    runMs,
+    runMs: intArrayLiteral(runMs),
   };
+}
+
+/**
+ * Integers or nulls (runMsValue's) as an `integer[]` literal, written here in one string: pg's own
+ * array encoding quotes and escapes each element, a few strings per task of a completion batch
+ * (~0.25 KB a task of a drain's allocation, docs/benchmarks-journal.md). Nothing in these values
+ * needs quoting; the server reads the same array either way.
+ */
+function intArrayLiteral(xs: readonly (number | null)[]): string {
+  return `{${xs.map((x) => (x === null ? 'NULL' : x)).join(',')}}`;
 }
 
 type GroupParams = 'laneIds' | 'leaseFroms' | 'tokens' | 'seqs' | 'runFrom' | 'runMs';
