@@ -274,6 +274,27 @@ async function rateLimitedStart(
 }
 
 /**
+ * What a thrown value says, read once and never throwing: a revoked Proxy, or one whose traps
+ * throw (`instanceof Error` alone throws on it), fails its attempt like any error, never a run
+ * that crashes and leaves its lease to lapse unsettled and uncounted (as handler-result.ts does
+ * for a returned value).
+ */
+function readThrown(error: unknown): { message: string; detail: ReturnType<typeof errorDetail>; permanent: boolean } {
+  try {
+    return { message: errorMessage(error), detail: errorDetail(error), permanent: isPermanentError(error) };
+  } catch (err) {
+    let reason: string;
+    try {
+      reason = errorMessage(err);
+    } catch {
+      reason = 'an error that could not be read';
+    }
+    const message = `handler threw a value that could not be read (${reason})`;
+    return { message, detail: { message }, permanent: false };
+  }
+}
+
+/**
  * A run whose handler may start, its deadline armed: its context, and what its handler did.
  * `begin()`, then `call()` awaited by the caller (its answer to `returned`, a throw to `threw`),
  * then `end()` says what happened.
@@ -372,11 +393,10 @@ export class HandlerRun {
     const cancelled = abort.reason instanceof CancelAbort;
     if (error !== null) {
       // A thrown non-Error is kept as JSON (`{"code":42}`), never `[object Object]`.
-      const message = errorMessage(error);
-      const detail = errorDetail(error);
+      const { message, detail, permanent } = readThrown(error);
       const ran = { ms, advanced, dequeued, shutdown, pastDeadline, cancelled };
       if (this.unstorable) return { kind: 'unstorable_result', error: message, detail, thrown: error, ...ran };
-      return { kind: 'error', error: message, detail, permanent: isPermanentError(error), thrown: error, ...ran };
+      return { kind: 'error', error: message, detail, permanent, thrown: error, ...ran };
     }
     // A run that returned is written out as one literal, not a shared part spread into it: the
     // spread was an object more per task and a copy (docs/benchmarks-journal.md, issue 35).
