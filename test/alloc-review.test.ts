@@ -438,3 +438,35 @@ test("the engine's own frame: a completion that loses to an operator's cancel co
     await w.stop();
   }
 });
+
+test('a fault outside the retries (a logger that throws) still answers every completion unwritten; no flush hangs, nothing is left unhandled', async () => {
+  const ts = await claimed(3, ['q1', 'q2']);
+  const db = faulty(async () => {
+    throw statementError();
+  });
+  const thrower = () => {
+    throw new Error('the logger itself failed');
+  };
+  const hostileLogger = { ...testLogger, warn: thrower, error: thrower, info: thrower } as typeof testLogger;
+  const unhandled: unknown[] = [];
+  const onUnhandled = (err: unknown) => unhandled.push(err);
+  process.on('unhandledRejection', onUnhandled);
+  try {
+    const batcher = new SettlementBatcher(db, storage, new BerthMetrics(), hostileLogger);
+    const cs = ts.slice(0, 2).map((t) => batcher.completion(t, 5, null));
+    const viaComplete = batcher.complete(ts[2]!, 5, null);
+    for (const c of cs) {
+      const a = await within(answerOf(c), 20_000, 'an answer');
+      assert.equal(a.kind, 'unwritten');
+      assert.match((a as { error: string }).error, /the logger itself failed/);
+    }
+    assert.equal((await within(viaComplete, 20_000, 'complete()')).kind, 'unwritten');
+    await within(batcher.drain(), 5_000, 'drain');
+    // A tick for any rejection left behind to be reported.
+    await new Promise((r) => setImmediate(r));
+    assert.deepEqual(unhandled, []);
+    for (const t of ts) assert.equal((await getTask(pool, schema, t.id))?.state, 'running', 'nothing written');
+  } finally {
+    process.off('unhandledRejection', onUnhandled);
+  }
+});

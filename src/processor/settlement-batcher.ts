@@ -47,6 +47,9 @@ export interface Completion {
   answer: CompleteResult | undefined;
 }
 
+/** A write withRetry made, or gave up on. */
+type Retried<T> = { ok: true; value: T } | { ok: false; error: string };
+
 /** A completion waiting for its flush. */
 interface PendingComplete extends Completion {
   ref: CompletableLease;
@@ -211,10 +214,14 @@ export class SettlementBatcher {
   private kick(): void {
     if (this.flushing !== null) return;
     if (this.pending === 0) return;
-    this.flushing = this.flush().finally(() => {
-      this.flushing = null;
-      this.kick();
-    });
+    // flush() answers every caller itself, even on a fault (flushCompletes, flushFailures): a
+    // rejection left here has no one to tell, and must not become an unhandled rejection.
+    this.flushing = this.flush()
+      .catch(() => undefined)
+      .finally(() => {
+        this.flushing = null;
+        this.kick();
+      });
   }
 
   private async flush(): Promise<void> {
@@ -229,10 +236,19 @@ export class SettlementBatcher {
 
   private async flushCompletes(batch: PendingComplete[], round: Round | null): Promise<void> {
     if (batch.length === 0) return;
-    for (const part of byResultBytes(batch)) await this.flushCompletePart(part);
-    // Every answer is set: the batch's callers read them now (a batch in parts, over 32 MiB of
-    // results, answers once its last part is written).
-    round?.resolve();
+    try {
+      for (const part of byResultBytes(batch)) await this.flushCompletePart(part);
+    } catch (err) {
+      // Only a fault outside withRetry's reach gets here (a logger whose call throws): every
+      // caller is still answered, none waits forever; an unwritten completion's lease lapses and
+      // rescue runs the task again.
+      const error = `settlement flush failed: ${(err as Error)?.message ?? String(err)}`;
+      for (const b of batch) b.answer ??= { kind: 'unwritten', error };
+    } finally {
+      // Every answer is set: the batch's callers read them now (a batch in parts, over 32 MiB of
+      // results, answers once its last part is written).
+      round?.resolve();
+    }
   }
 
   private async flushCompletePart(batch: PendingComplete[]): Promise<void> {
@@ -281,19 +297,25 @@ export class SettlementBatcher {
   ): Promise<void> {
     if (batch.length === 0) return;
     const inputs = batch.map((b) => b.input);
-    const r = await this.withRetry(
-      'fail',
-      inputs.map((i) => i.ref),
-      async (retry) => {
-        const recorded = await recordFailures(this.db, this.storage, inputs);
-        if (retry) {
-          const missing = inputs.map((i) => i.ref).filter((x) => !recorded.has(entryKey(x)));
-          for (const [k, v] of await settledWith(this.db, this.storage, missing, 'failed'))
-            recorded.set(k, v.dead ? 'dead' : 'retry');
-        }
-        return recorded;
-      },
-    );
+    let r: Retried<Map<string, 'dead' | 'retry'>>;
+    try {
+      r = await this.withRetry(
+        'fail',
+        inputs.map((i) => i.ref),
+        async (retry) => {
+          const recorded = await recordFailures(this.db, this.storage, inputs);
+          if (retry) {
+            const missing = inputs.map((i) => i.ref).filter((x) => !recorded.has(entryKey(x)));
+            for (const [k, v] of await settledWith(this.db, this.storage, missing, 'failed'))
+              recorded.set(k, v.dead ? 'dead' : 'retry');
+          }
+          return recorded;
+        },
+      );
+    } catch (err) {
+      // As for completions: a fault outside withRetry's reach still answers every caller.
+      r = { ok: false, error: `settlement flush failed: ${(err as Error)?.message ?? String(err)}` };
+    }
     for (const b of batch) {
       if (!r.ok) {
         b.w.resolve({ kind: 'unwritten', error: r.error });
@@ -314,7 +336,7 @@ export class SettlementBatcher {
     refs: readonly Settleable[],
     /** `retry` is true after a failed attempt: an earlier attempt may have committed unseen. */
     fn: (retry: boolean) => Promise<T>,
-  ): Promise<{ ok: true; value: T } | { ok: false; error: string }> {
+  ): Promise<Retried<T>> {
     // Read on the first failure only: the batch's last lease expiry.
     let until = Number.NaN;
     for (let attempt = 1; ; attempt++) {
