@@ -71,19 +71,19 @@ export function loadConfig(adminUrl: string): BenchConfig {
     // 100,000: a process drains 20,000-task batches at its plateau only from its third (berth:
     // worker CPU 765, 460, then 280-300 ms a drain) or fifth (graphile-worker's preset: 22.6k,
     // 24.0k, 25.0k, 27.6k, then 29-31k tasks/s) batch on; after a 5,000-task warm-up the first
-    // repetition was often the slowest (docs/benchmarks.md, "A process's first 100,000 tasks").
+    // repetition was often the slowest (docs/benchmarks-journal.md, "A process's first 100,000 tasks").
     warmupN: intEnv('BENCH_WARMUP_N', 100_000, 0),
     warmupTimeoutMs: 15_000,
     drainConcurrencies: [10, 50],
     // 100 calls of 1,000: every system's first call on a new session takes 32-41 ms against
     // berth's 7.3 ms and graphile-worker's 15 ms after it, so over 20 calls the row measured
-    // mostly that first call (bench/bulk-calls.ts; docs/benchmarks.md, "Bulk enqueue call by call").
+    // mostly that first call (bench/bulk-calls.ts; docs/benchmarks-journal.md, "Bulk enqueue call by call").
     bulkN: intEnv('BENCH_BULK_N', 100_000),
     bulkBatch: 1_000,
     singleN: intEnv('BENCH_SINGLE_N', 2_000),
     // 2,000 pickups a repetition (20 s a system): at 500 the p99 was the fifth-slowest pickup,
     // and three 500-pickup repetitions of one build spread its p99 over 10.5-11.8 ms and its
-    // p95 over 4.3-6.1 ms in one hour (docs/benchmarks.md, "Pickup with 2,000 samples").
+    // p95 over 4.3-6.1 ms in one hour (docs/benchmarks-journal.md, "Pickup with 2,000 samples").
     pickupN: intEnv('BENCH_PICKUP_N', 2_000),
     // 500 pickups 10 ms apart: the first five seconds of a new process, where its tail is.
     cold: process.env.BENCH_COLD !== '0',

@@ -33,7 +33,7 @@
  * `--observe events` adds a listener to `task:started` and `task:settled` (each counts);
  * `--observe trace` registers an OpenTelemetry SDK first (BasicTracerProvider, always sampled,
  * spans dropped by a NoopSpanProcessor, and the AsyncLocalStorage context manager), so every
- * attempt makes its span; `--observe both` does both (docs/benchmarks.md, "Events and traces").
+ * attempt makes its span; `--observe both` does both (docs/benchmarks-journal.md, "Events and traces").
  *
  * Database: BENCH_DATABASE_URL, else TEST_DATABASE_URL. Schema `berth_drain_profile`, dropped at
  * the end. The machine's load is printed with the results: other processes on the same cores

@@ -11,7 +11,7 @@
  * synchronous_commit on: every call pays one WAL flush); with it, it runs against that server.
  * BULK_BASELINE names another berth checkout (its `src/index.ts` is imported): both builds run
  * in every repetition, order alternating, so a shared machine's load hits both alike. Prints
- * tasks/s median (min–max) per build. (The "proposed migration" rows in docs/benchmarks.md ran
+ * tasks/s median (min–max) per build. (The "proposed migration" rows in docs/benchmarks-journal.md ran
  * what is now migration 9 as an extra build after migrate().) Knobs: BULK_REPS
  * (default 5), BULK_N (20000), BULK_BATCH (1000).
  */

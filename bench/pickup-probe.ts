@@ -15,7 +15,7 @@
  * schema. It also reports the worker's fetches per pickup (`berth_claims_total`). Run it both
  * ways round (from a checkout of the other revision too): a build measured 0.2–0.3 ms slower in
  * the claim stage as this checkout than as the `--compare` copy, for reasons not yet found
- * (docs/benchmarks.md, "Worker start and the drain's phases").
+ * (docs/benchmarks-journal.md, "Worker start and the drain's phases").
  *
  * `--stages` also times each pickup's stages, by wrapping node-postgres's `Client.prototype.query`
  * and `emit` and the fetcher's `fetch` in this process (berth's code is not changed):

@@ -219,7 +219,7 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
   // Warm-up, recorded nowhere: each system drains BENCH_WARMUP_N tasks once (100,000), so every
   // row is measured with its code compiled and its heap grown. A worker process runs for hours; a
   // fresh Node process runs its first tasks interpreted: berth drained 27-33k tasks/s in a fresh
-  // process against 40-50k from its second drain on (docs/benchmarks.md, "Worker start"), and
+  // process against 40-50k from its second drain on (docs/benchmarks-journal.md, "Worker start"), and
   // both berth and graphile-worker's preset reach their plateau only after 40,000-80,000 tasks
   // (config.ts). Every system gets the same warm-up; one that cannot finish it in the time allowed
   // (pg-boss at its defaults, about concurrency / 2 tasks a second; graphile-worker at its

@@ -1,5 +1,5 @@
 /**
- * A small line chart as SVG text, for the benchmark curves in docs/benchmarks.md: axes with
+ * A small line chart as SVG text, for the benchmark curves in docs/benchmarks-journal.md: axes with
  * ticks, one polyline per series with its points marked, a legend. No plotting dependency.
  */
 

@@ -141,7 +141,7 @@ export async function queryRingRead<R extends pg.QueryResultRow = pg.QueryResult
  * A ring read the leader runs every few seconds, prepared once per session: planned over every
  * ring partition, rescue took ~21 ms to plan for ~4 ms of work and the gauges ~15 + 11 ms, a burst
  * of server CPU every 5 s that pickups running at the same moment waited behind (their p99,
- * docs/benchmarks.md, "Ring windows"). Planned inside the ring read's transaction, so with its
+ * docs/benchmarks-journal.md, "Ring windows"). Planned inside the ring read's transaction, so with its
  * settings; PostgreSQL plans it again when a partition it reads is truncated or analyzed.
  */
 export interface RingReadStatement {

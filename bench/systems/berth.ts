@@ -11,7 +11,7 @@ import type { AdapterContext, Producer, RunningWorker, SystemAdapter } from './t
 /**
  * berth as users run it: tsc's build in dist/ (`npm run bench` builds it first), as the peers run
  * their published, compiled packages. src/ under tsx costs more per task (tsx's `keepNames`
- * renames every closure through a helper: 8.7 % of a profile's busy samples, docs/benchmarks.md
+ * renames every closure through a helper: 8.7 % of a profile's busy samples, docs/benchmarks-journal.md
  * "Worker CPU per task"). BENCH_BERTH_SRC=1 runs src/ instead. The path is a variable so that
  * typechecking never needs dist/.
  */

@@ -46,7 +46,7 @@ export interface ElectionOptions {
  * lock on it every poll; the session that wins is the leader's session (advisory locks belong to
  * the session), and the leader's liveness check runs on it. Before issue 8 every poll of every
  * follower opened a connection of its own: 10 idle workers made 394–497 backends a minute, now 6,
- * none of them the election's (docs/benchmarks.md). A broken session is closed and replaced after a bounded, jittered
+ * none of them the election's (docs/benchmarks-journal.md). A broken session is closed and replaced after a bounded, jittered
  * backoff, never reconnected on every poll, so an outage does not become a reconnect storm.
  */
 export class ElectionSession {

@@ -186,7 +186,7 @@ const MAINTENANCE_DEPS_KEYS: ReadonlySet<string> = new Set([
  * their first batches: at start the three took ~100 ms of server CPU over a 50,000-task backlog
  * (gauges 43 ms, the dead-letter prune 39 ms), inside the first claims of a drain, and on their
  * new sessions rescue's first run and the ring's first window read took 40-77 and 30-68 ms
- * beside a 20,000-task drain's first quarter (docs/benchmarks.md, "Worker start"). None of
+ * beside a 20,000-task drain's first quarter (docs/benchmarks-journal.md, "Worker start"). None of
  * them is owed sooner: a lease lapses a ceiling and a margin after its claim, a rotation or a
  * prune is due seconds apart, a gauge reading is as old as its interval anyway, and retention
  * and rotation are hourly and per-minute.
@@ -199,7 +199,7 @@ type Branch = {
    * The most of the leader's time this branch may keep a session busy: after a run of `took` ms
    * it waits at least took / busyShare - took. The gauges count the whole backlog (pending per
    * type): 1.0-1.4 s a run at 2 million queued tasks, every 5 s, a quarter of a core taken from
-   * the drain (auto_explain; docs/benchmarks.md, "Scaling with work").
+   * the drain (auto_explain; docs/benchmarks-journal.md, "Scaling with work").
    */
   busyShare?: number;
   /**

@@ -177,7 +177,7 @@ const RING_KEYS: ReadonlySet<string> = new Set(['rotateAfterMs', 'rotateSmallAft
  * segments hold entries comes from one statement (`ring_window()`, beside the ring's state):
  * probing each segment with its own `SELECT 1 … LIMIT 1` was 19 statements a second on an idle
  * leader, each a wakeup of its session that a pickup running at the same moment waited behind
- * (docs/benchmarks.md, "Ring windows"). The current segment in the rotation's compare-and-set
+ * (docs/benchmarks-journal.md, "Ring windows"). The current segment in the rotation's compare-and-set
  * is the window's; another rotator's move since makes it `raced`.
  */
 export async function maintainRing(

@@ -150,7 +150,7 @@ export class CounterMetric<T extends string = string> {
    * added to the prom-client counter when the registry is read (its `collect`), so the per-task
    * call is an addition: prom-client's own `inc` validates and hashes the labels into a new
    * string on every call (with the histograms below, ~12 % of a drain's main-thread samples and
-   * 1 KB allocated per task; docs/benchmarks.md, "The worker's metrics"). Every read of the
+   * 1 KB allocated per task; docs/benchmarks-journal.md, "The worker's metrics"). Every read of the
    * registry (`metrics()`, `get()`, the OpenTelemetry gauges' callbacks) sees every increment
    * made before it.
    */

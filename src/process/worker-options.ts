@@ -146,7 +146,7 @@ export interface WorkerOptions {
  * `prefetchPerSlot` × slots, at least `prefetchMin`: the cap on what the ~25 ms rate target may
  * lease ahead. Fast tasks are claimed in batches of that size: a drain of no-op tasks with 10
  * slots ran at 35–43k tasks/s under the old 250 (one claim in flight, the buffer empty before
- * the next claim returned) and at 74–115k under 2,000 (docs/benchmarks.md); slow tasks never
+ * the next claim returned) and at 74–115k under 2,000 (docs/benchmarks-journal.md); slow tasks never
  * reach it (25 ms of their work is a few tasks).
  */
 export const WORKER_DEFAULTS = Object.freeze({

@@ -54,7 +54,7 @@ function stopGraceMs(options: StopOptions): number {
  * bitmap scan (unordered) to sort it and keep the first entries: 5.3 ms per claim at 1,700
  * entries per lane (20k queued), growing with the backlog. Without it the plan is a Merge
  * Append of the partitions' primary keys under the LIMIT, which stops after the entries it
- * takes: 0.2 ms per lane (EXPLAIN ANALYZE, docs/benchmarks.md "Range leases").
+ * takes: 0.2 ms per lane (EXPLAIN ANALYZE, docs/benchmarks-journal.md "Range leases").
  *
  * And without sequential scans: the claim and the completion are named statements whose generic
  * plan each session keeps, made when a ring segment's lease partition was nearly empty (a page).
@@ -256,7 +256,7 @@ export class Worker {
     // pool a claim and a flush took whichever connection was free, and every connection of it
     // prepared (planned, and loaded the catalog entries of) every hot statement: at the start of a
     // drain four sessions each spent 10-20 ms on their first claim and first completion while the
-    // tasks waited (docs/benchmarks.md, "Worker start"). The shared pool keeps everything else
+    // tasks waited (docs/benchmarks-journal.md, "Worker start"). The shared pool keeps everything else
     // (the leader, the heartbeat, releases and hand-backs, the handlers' own writes) at its size:
     // shrunk by these two, releases waited behind a busy leader (events.test.ts saw a task's
     // second attempt settle before its first). A worker may hold two connections more.

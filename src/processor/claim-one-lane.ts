@@ -31,7 +31,7 @@ import {
  * has 65 nodes, 11 of them aggregates; this one 34 and 4), and none of it in
  * pg_stat_statements' time. `CLAIM_LANES=1 CLAIM_LIMIT=1 npx tsx bench/claim-ab.ts <base>` against
  * the several-lane statement alone: 0.86 against 1.28 ms of backend CPU per one-task claim, its
- * round trip 1.14 against 1.52 ms (docs/benchmarks.md, "The one-lane claim").
+ * round trip 1.14 against 1.52 ms (docs/benchmarks-journal.md, "The one-lane claim").
  *
  * - `locked` also switches the transaction to an asynchronous commit (set_config in its target
  *   list, which the plan evaluates for each candidate row before LockRows locks it: so before

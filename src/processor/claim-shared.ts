@@ -162,7 +162,7 @@ export interface TypeTerms {
  * parse (bench/row-parse.ts; half of it the per-lease columns repeated) and the server an output
  * row per task; one JSON text per lease is one JSON.parse. Built by concatenation rather than
  * json_agg(json_build_array(…)), which resolves the output of every argument per row: 1.5 µs per
- * task of the claim's server time against ~0.7 µs (docs/benchmarks.md, "The claim's shape").
+ * task of the claim's server time against ~0.7 µs (docs/benchmarks-journal.md, "The claim's shape").
  *
  * Each type's deadline and attempt limit are not returned: the statement stamps them as
  * `now() + ceiling + margin` and `coalesce(limit, default)` from the worker's own maps, so the

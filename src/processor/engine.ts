@@ -584,7 +584,7 @@ export class Engine {
    * (every slot idle, nothing buffered) right after a claim that got all it asked for, twice
    * that claim. The rate is measured over what the worker could lease, so at the start of a
    * drain of fast tasks it grew from claims of a few tens (the first ~30 ms of a drain in claims
-   * of 10–27 tasks, docs/benchmarks.md); doubling instead reaches the prefetch cap in a few
+   * of 10–27 tasks, docs/benchmarks-journal.md); doubling instead reaches the prefetch cap in a few
    * round trips. Slow tasks never trigger it: their slots are still busy when the next claim is
    * wanted.
    */

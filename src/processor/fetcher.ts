@@ -58,7 +58,7 @@ const MAX_NOTIFIED_LANES = 64;
  * their NOTIFYs for its next pass. Until issue
  * 11 every short claim and every freed slot ran a discovery: an idle worker picking up one task
  * ran two discoveries per task, and a notification arriving during one waited for it (the pickup
- * p99; docs/benchmarks.md, "Where pickup time goes").
+ * p99; docs/benchmarks-journal.md, "Where pickup time goes").
  */
 export class Fetcher {
   /** Lanes the last claim filled every slot from: tried first next time, skipping discovery. */

@@ -331,7 +331,7 @@ function sameLane(a: ResolvedTaskSpec, b: ResolvedTaskSpec): boolean {
 
 /**
  * One lane's chunk: one statement. What it binds and returns is shaped for the bulk path
- * (docs/benchmarks.md, "Bulk enqueue"): types and payloads travel as one JSON array each
+ * (docs/benchmarks-journal.md, "Bulk enqueue"): types and payloads travel as one JSON array each
  * (`jsonb_array_elements` splits them on the server) instead of PostgreSQL array literals that
  * pg escapes element by element and the server parses element by element; a column with no
  * value in the whole chunk (runAt, delay, maxAttempts, dedupe key: the common case) is sent as

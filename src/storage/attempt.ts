@@ -24,7 +24,7 @@ export function entryKey(ref: Pick<AttemptRef, 'laneId' | 'laneSeq'>): string {
 export function seqsToMultirange(seqs: readonly string[], sorted = false): string {
   // Numbers while every seq is exact as one (below 2^53: 15 digits always are; a lane would need
   // a thousand years at a million appends a second to pass it), BigInts past that. BigInt
-  // parsing and comparing was 1.4 % of a drain's busy samples (docs/benchmarks.md).
+  // parsing and comparing was 1.4 % of a drain's busy samples (docs/benchmarks-journal.md).
   if (seqs.every((v) => v.length <= 15)) {
     const xs = seqs.map(Number);
     return rangesOf(sorted ? xs : xs.sort((a, b) => a - b), 1);

@@ -245,7 +245,7 @@ function groupWithinLease(tombstones: string): string {
  * and free the dedupe keys, so they are read once.
  *
  * Sending every entry's id, type, attempt and creation time as arrays cost the worker ~3 µs a
- * task to build and send and the server as much to parse (docs/benchmarks.md, "The completion's
+ * task to build and send and the server as much to parse (docs/benchmarks-journal.md, "The completion's
  * shape"): the worker sends ranges and run times only.
  */
 function groupEntries(ready: string): Sql<'runMs'> {

@@ -115,7 +115,7 @@ export function unsettledEntriesOf(s: string, l: string): string {
  * The tombstone check is skipped for a lane whose `version` is 0: every tombstone bumps its
  * lane's version in the same transaction (remove_unleased, move_task), so such a lane never had
  * one. It was a probe of all 16 tombstones partitions per entry looked at: 750 entries per
- * claim at 7 lanes, most of the claim's 7.6 ms (pg_stat_statements, docs/benchmarks.md).
+ * claim at 7 lanes, most of the claim's 7.6 ms (pg_stat_statements, docs/benchmarks-journal.md).
  * Where it runs, the `OFFSET 0` keeps it a per-row probe inside the ordered index scan; as a
  * hash anti-join it read the whole lane to sort it (docs/architecture.md, "Performance notes").
  */
@@ -139,7 +139,7 @@ export function claimableEntry(s: string, lane: string): string {
  * plan of every lane read. The executor initialises all of them on every execution, pruned or
  * not (ExecutorStart, which pg_stat_statements does not time, was ~15 % of a claiming
  * session's CPU in perf), and the first execution plans them: 19.5 ms to bind discovery on a
- * new session (docs/benchmarks.md, "The claim's shape"). `OFFSET 0` keeps the ordered read a
+ * new session (docs/benchmarks-journal.md, "The claim's shape"). `OFFSET 0` keeps the ordered read a
  * subquery of its own, so the probe is not pushed back down, and the LIMIT counts only
  * claimable entries (the probe's own `OFFSET 0` keeps it a probe per entry, not a hashed
  * subplan reading every tombstone); its order is the index's (the outer ORDER BY sorts nothing: see the plan
@@ -176,7 +176,7 @@ export function claimableEntries<N extends string>(
  * constant list, the planner priced two or three small partitions as cheaper to read whole and
  * sort than to merge in index order: a claim of 45 entries per lane read each lane's whole
  * backlog in the segment (12,000 entries) to sort it, 30-70 ms a claim in a 200,000-task drain
- * (auto_explain; docs/benchmarks.md, "Scaling with work"). Read per segment under a LIMIT, no
+ * (auto_explain; docs/benchmarks-journal.md, "Scaling with work"). Read per segment under a LIMIT, no
  * plan can read past the share. The cursor is the latest range of the lane in the window: ranges
  * of later segments start later, so it is the greatest of each segment's last range.
  */

@@ -11,7 +11,7 @@ import type { Storage } from './storage.js';
  * it is stale (see the claim), and the worker reads the window again.
  *
  * Why: a claim over the whole ring names 16 partitions of each ring table per lane it reads,
- * and the executor locks and initialises all of them on every execution (docs/benchmarks.md,
+ * and the executor locks and initialises all of them on every execution (docs/benchmarks-journal.md,
  * "Ring windows": a one-task claim's round trip after 10 ms idle, 1.49 → 0.96 ms).
  */
 export interface RingWindow {
@@ -125,7 +125,7 @@ const RING_PARENTS = ['ready', 'range_leases', 'range_settlements', 'tombstones'
  * tables, ~70 relations with their indexes), and each prune's TRUNCATE of a segment makes it
  * plan again. The gauges over the whole ring took 35-48 ms on a new session and 14-24 ms after
  * a prune, every 5 s; over a one-segment window 17-29 and 7-12 ms (`npm run bench:leader-reads`,
- * docs/benchmarks.md, "The pickup's tail").
+ * docs/benchmarks-journal.md, "The pickup's tail").
  */
 export function overWindow(text: string, schema: Schema, segments: readonly number[] | null): string {
   if (!segments) return text;
