@@ -87,12 +87,8 @@ async function run(job: ColdJob): Promise<void> {
       if (++distinct === job.n) send({ type: 'started', t0, lastFirstRun: epoch(), duplicates });
     });
   } else {
-    const seen = new Set<number>();
-    worker = await adapter.startWorker(job.concurrency, (i) => {
-      if (seen.has(i)) return;
-      seen.add(i);
-      send({ type: 'run', i, at: epoch() });
-    });
+    // Every handler start, repeats included: the parent takes each task's first and counts the rest.
+    worker = await adapter.startWorker(job.concurrency, (i) => send({ type: 'run', i, at: epoch() }));
     send({ type: 'workerStarted' });
   }
   await stop;

@@ -9,7 +9,7 @@ import { fork, type ChildProcess } from 'node:child_process';
 import pg from 'pg';
 import type { BenchConfig } from './config.js';
 import type { ChildMessage, ColdJob, ParentMessage } from './cold-child.js';
-import { type Outcome, type PickupResult, latencyPercentiles, untilRecorded } from './scenarios.js';
+import { enqueueAll, type Outcome, type PickupResult, latencyPercentiles, untilRecorded } from './scenarios.js';
 import type { SystemAdapter } from './systems/types.js';
 import { cleanup, sleep } from './util.js';
 
@@ -99,17 +99,6 @@ export interface ColdDrainResult {
   duplicates: number;
 }
 
-/** Enqueue `n` tasks with this process's producer; the child only runs the worker. */
-async function enqueueAll(adapter: SystemAdapter, cfg: BenchConfig, n: number): Promise<void> {
-  const producer = await adapter.openProducer();
-  try {
-    for (let start = 0; start < n; start += cfg.bulkBatch)
-      await producer.bulk(start, Math.min(cfg.bulkBatch, n - start));
-  } finally {
-    await producer.close();
-  }
-}
-
 /** A cold drain: `cfg.drainN` tasks queued, then a new process starts the worker. */
 export async function coldDrain(
   adapter: SystemAdapter,
@@ -179,7 +168,13 @@ export async function coldPickup(adapter: SystemAdapter, cfg: BenchConfig): Prom
       await producer.single(i);
     }
     const deadline = performance.now() + cfg.pickupTailTimeoutMs;
-    const picked = () => child.received('run').filter((m) => m.i >= 0 && m.i < n).length;
+    const picked = () =>
+      new Set(
+        child
+          .received('run')
+          .filter((m) => m.i >= 0 && m.i < n)
+          .map((m) => m.i),
+      ).size;
     while (picked() < n && performance.now() < deadline) await sleep(5);
     if (picked() < n)
       return {
@@ -187,9 +182,14 @@ export async function coldPickup(adapter: SystemAdapter, cfg: BenchConfig): Prom
         timeout: true,
         note: `${picked()}/${n} picked up ${cfg.pickupTailTimeoutMs / 1000} s after the last enqueue`,
       };
-    const lat = new Float64Array(n);
-    for (const m of child.received('run')) if (m.i >= 0 && m.i < n) lat[m.i] = m.at - sent[m.i]!;
-    return { ok: true, value: { ...latencyPercentiles([...lat]), duplicates: 0 } };
+    const lat = new Float64Array(n).fill(Number.NaN);
+    let duplicates = 0;
+    for (const m of child.received('run')) {
+      if (!(m.i >= 0 && m.i < n)) continue;
+      if (Number.isNaN(lat[m.i]!)) lat[m.i] = m.at - sent[m.i]!;
+      else duplicates++;
+    }
+    return { ok: true, value: { ...latencyPercentiles([...lat]), duplicates } };
   } finally {
     await child.end();
     await cleanup('producer close', () => producer.close());

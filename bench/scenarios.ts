@@ -42,6 +42,17 @@ async function closeProducer(adapter: SystemAdapter, producer: Producer | null):
   if (producer) await cleanup(`${adapter.label} producer close`, () => producer.close());
 }
 
+/** Enqueue tasks 0..n-1 in bulk calls of `cfg.bulkBatch` on a producer of its own. */
+export async function enqueueAll(adapter: SystemAdapter, cfg: BenchConfig, n: number): Promise<void> {
+  const producer = await adapter.openProducer();
+  try {
+    for (let start = 0; start < n; start += cfg.bulkBatch)
+      await producer.bulk(start, Math.min(cfg.bulkBatch, n - start));
+  } finally {
+    await closeProducer(adapter, producer);
+  }
+}
+
 export interface DrainResult {
   /** N / (worker start → the instant the database showed every completion recorded). */
   tasksPerSec: number;
@@ -90,13 +101,7 @@ export async function drain(
   const n = cfg.drainN;
   await adapter.reset();
   await monitor.checkpoint();
-  const producer = await adapter.openProducer();
-  try {
-    for (let start = 0; start < n; start += cfg.bulkBatch)
-      await producer.bulk(start, Math.min(cfg.bulkBatch, n - start));
-  } finally {
-    await closeProducer(adapter, producer);
-  }
+  await enqueueAll(adapter, cfg, n);
   // Polled only once every handler has started, so the probe adds nothing during the drain.
   const probe = new pg.Client({ connectionString: cfg.benchUrl, application_name: 'bench-probe' });
   await probe.connect();
