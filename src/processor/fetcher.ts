@@ -172,7 +172,8 @@ export class Fetcher {
     // The pickup's claim (one lane), on a lane that cannot exist: planned on this session, and
     // nothing locked or leased. A new process's first pickups waited for that plan (parse and
     // bind 10-12 ms on the quiet development machine, beside the leader's first runs).
-    await claimBatch(d.write, { ...this.claimParams(), laneIds: [NO_LANE], limit: 1, window });
+    // No queue either (the same statement, named alike): a lane -1 made by hand is not read.
+    await claimBatch(d.write, { ...this.claimParams(), laneIds: [NO_LANE], queues: [], limit: 1, window });
   }
 
   /** The ring window, read when there is none. */
