@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import { storageFor } from '../storage/storage.js';
+import { prepareSettlement } from '../processor/prepare-settlement.js';
 import { BerthInputError } from '../errors.js';
 import { checkKeys, checkMs, MAX_TIMER_MS } from '../limits.js';
 import { createPool, sessionName, type DatabaseTarget } from '../db/connections.js';
@@ -396,14 +397,16 @@ export class Worker {
       // The fetcher's session prepares its first statements while the LISTEN session connects:
       // a new session's first ring-window read and discovery plan and load the ring's catalog
       // entries (~20 ms on the 2-core development machine), which the first claim otherwise waits
-      // for; and the settlement session connects, rather than when the first task is done.
-      // Nothing read here is kept: the first fetch reads the window after LISTEN is up. Neither
-      // step fails start(): a database fault there is the first fetch's or flush's to report.
+      // for, and plan the pickup's claim; the settlement session connects and plans the
+      // completion, rather than when the first task is done (both on leases that cannot exist:
+      // nothing is claimed or written). Nothing read here is kept: the first fetch reads the
+      // window after LISTEN is up. Neither step fails start(): a database fault there is the
+      // first fetch's or flush's to report.
       // Meanwhile the shared pool checks that the session settings took effect (a pooler).
       await Promise.all([
         listener?.start(),
         engine.prepare(),
-        settlements.query('SELECT 1').catch(() => undefined),
+        prepareSettlement(settlements, storageFor(o.schema)),
         warnOnDroppedSettings(write, o.statementTimeoutMs, this.logger),
       ]);
     } catch (err) {

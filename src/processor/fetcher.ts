@@ -39,6 +39,9 @@ const DISCOVERY_LANES = 20;
 /** Lanes remembered from notifications between two fetches; past this, discovery finds the rest. */
 const MAX_NOTIFIED_LANES = 64;
 
+/** A lane id no lane has (lanes are numbered from 1 by their sequence): prepare()'s claim finds nothing there. */
+const NO_LANE = -1;
+
 /**
  * One fetch: claim on the lanes this process already knows (its hot lanes, lanes named by wake
  * notifications) and, when that finds nothing and work may wait where no notification points,
@@ -166,6 +169,11 @@ export class Fetcher {
     const d = this.deps;
     const window = await readRingWindow(d.write, d.storage);
     await d.reads.run((db) => discover(db, d.storage, d.queues, DISCOVERY_LANES, 1, window));
+    // The pickup's claim (one lane), on a lane that cannot exist: planned on this session, and
+    // nothing locked or leased. A new process's first pickups waited for that plan (parse and
+    // bind 10-12 ms on the quiet development machine, beside the leader's first runs).
+    // No queue either (the same statement, named alike): a lane -1 made by hand is not read.
+    await claimBatch(d.write, { ...this.claimParams(), laneIds: [NO_LANE], queues: [], limit: 1, window });
   }
 
   /** The ring window, read when there is none. */
@@ -280,6 +288,22 @@ export class Fetcher {
     this.rateTimers.set(queue, timer);
   }
 
+  /** What every claim of this worker passes, whatever its lanes and limit. */
+  private claimParams(): Omit<ClaimParams, 'window' | 'laneIds' | 'limit'> {
+    const d = this.deps;
+    return {
+      storage: d.storage,
+      ceilings: d.tasks.ceilings,
+      maxAttempts: d.tasks.maxAttempts,
+      defaultMaxAttempts: d.tasks.defaultMaxAttempts,
+      defaultCeilingMs: d.defaultCeilingMs,
+      marginMs: d.marginMs,
+      workerId: d.workerId,
+      wakeChannel: d.wakeChannel,
+      queues: d.queues,
+    };
+  }
+
   /** Whether a fetch now could find anything: false when the last claim drained all it knew of. */
   get hasLeads(): boolean {
     if (this.discoveryOwed || this.hotLanes.length > 0 || this.notifiedLanes.size > 0) return true;
@@ -297,17 +321,7 @@ export class Fetcher {
   async fetch(want: number, slots = want): Promise<ClaimedTask[]> {
     const d = this.deps;
     const started = performance.now();
-    const params = {
-      storage: d.storage,
-      ceilings: d.tasks.ceilings,
-      maxAttempts: d.tasks.maxAttempts,
-      defaultMaxAttempts: d.tasks.defaultMaxAttempts,
-      defaultCeilingMs: d.defaultCeilingMs,
-      marginMs: d.marginMs,
-      workerId: d.workerId,
-      wakeChannel: d.wakeChannel,
-      queues: d.queues,
-    };
+    const params = this.claimParams();
     let got: ClaimedTask[] = [];
     // The lanes known now: a notice arriving during this fetch's claims stays for the next one.
     const notified = [...this.notifiedLanes];

@@ -172,3 +172,21 @@ const SQL_AFTER_TABLE = [
 function escapeRegExp(s: string): string {
   return s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 }
+
+/**
+ * The ring's current segment as committed (`ring_state.current_slot`): where new entries go, so
+ * where the next leases and their completions will be. A statement of its own, not the window's
+ * read: behind a transaction pooler that shares one server session, two client sessions
+ * preparing one name collide (42P05), and this is read on the settlement session, which reads
+ * nothing else of the ring.
+ */
+export async function readCurrentSegment(db: Queryable, storage: Storage): Promise<number> {
+  const { name, q: s } = storage.schema;
+  const statement = storage.statement('current-segment', () =>
+    positional(`SELECT current_slot FROM ${s}.ring_state`, [], statementName(`berth-current-segment:${name}`)),
+  );
+  const r = await db.query<{ current_slot: number }>(statement.query({}));
+  const row = r.rows[0];
+  if (!row) throw new Error(`berth schema "${name}" has no ring_state row`);
+  return row.current_slot;
+}
