@@ -35,7 +35,7 @@
  * spans dropped by a NoopSpanProcessor, and the AsyncLocalStorage context manager), so every
  * attempt makes its span; `--observe both` does both (docs/benchmarks-journal.md, "Events and traces").
  *
- * Database: BENCH_DATABASE_URL, else TEST_DATABASE_URL. Schema `berth_drain_profile`, dropped at
+ * Database: BENCH_DATABASE_URL, else TEST_DATABASE_URL. Schema `berth_drain_profile_<pid>`, dropped at
  * the end. The machine's load is printed with the results: other processes on the same cores
  * move every number here.
  */
@@ -101,7 +101,8 @@ if (!url) {
   console.error('set BENCH_DATABASE_URL or TEST_DATABASE_URL');
   process.exit(2);
 }
-const SCHEMA = 'berth_drain_profile';
+// The process id in the name: two sessions profiling on one server do not drain each other's tasks.
+const SCHEMA = `berth_drain_profile_${process.pid}`;
 const silent = pino({ level: 'silent' });
 /** Linux clock ticks per second (`getconf CLK_TCK`), the unit of /proc/<pid>/stat's CPU times. */
 const CLK_TCK = 100;
