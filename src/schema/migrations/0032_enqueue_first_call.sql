@@ -11,7 +11,8 @@
 -- enqueue() keeps its signature and its answers; its common path now runs in itself:
 --
 -- * The checks: every check on the arguments as a whole is one expression, and the per-task
---   checks ride on the statement that draws the ids (one scan of the arrays, not two). Only
+--   checks ride on the statement that draws the ids (one scan of the arrays, not two; for one
+--   task, an expression on its elements and the id drawn by another). Only
 --   when one of them fails are check_queue() and check_tasks() called, in the order they were
 --   called before, and they raise the error they always raised (same message, same SQLSTATE;
 --   the messages stay defined once, in them). The condition tested here is check_tasks()'s,
@@ -76,16 +77,31 @@ BEGIN
     END IF;
     PERFORM {{schema}}.check_tasks('enqueue', p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe, p_trace_context);
   END IF;
-  -- The ids, in input order, and check_tasks()'s per-task condition (its WHERE, word for word)
-  -- in the same scan.
-  SELECT coalesce(array_agg(nextval({{qualified_literal:task_id_seq}}::regclass) ORDER BY u.o), '{}'),
-         coalesce(bool_or(u.t IS NULL OR char_length(u.t) NOT BETWEEN 1 AND 200 OR u.p IS NULL
-           OR u.r < '0001-01-01 00:00:00+00'::timestamptz - interval '1 day' OR u.r >= '10000-01-01 00:00:00+00'::timestamptz
-           OR u.m NOT BETWEEN 1 AND 1000000 OR octet_length(u.k) NOT BETWEEN 1 AND 1024), false)
-    INTO v_ids, v_bad
-    FROM unnest(p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe) WITH ORDINALITY AS u(t, p, r, m, k, o);
-  IF v_bad THEN
-    PERFORM {{schema}}.check_tasks('enqueue', p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe, p_trace_context);
+  IF v_n = 1 THEN
+    -- One task (the usual call): check_tasks()'s per-task condition on its elements, and its
+    -- id, as two expressions, no query to plan. An array whose subscripts do not start at 1 is
+    -- sent to check_tasks() (which reads its element by unnest) rather than read here.
+    IF array_lower(p_types, 1) <> 1 OR array_lower(p_payloads, 1) <> 1 OR array_lower(p_run_at, 1) <> 1
+       OR array_lower(p_max_attempts, 1) <> 1 OR array_lower(p_dedupe, 1) <> 1
+       OR p_types[1] IS NULL OR char_length(p_types[1]) NOT BETWEEN 1 AND 200 OR p_payloads[1] IS NULL
+       OR p_run_at[1] < '0001-01-01 00:00:00+00'::timestamptz - interval '1 day'
+       OR p_run_at[1] >= '10000-01-01 00:00:00+00'::timestamptz
+       OR p_max_attempts[1] NOT BETWEEN 1 AND 1000000 OR octet_length(p_dedupe[1]) NOT BETWEEN 1 AND 1024 THEN
+      PERFORM {{schema}}.check_tasks('enqueue', p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe, p_trace_context);
+    END IF;
+    v_ids := ARRAY[nextval({{qualified_literal:task_id_seq}}::regclass)];
+  ELSE
+    -- The ids, in input order, and check_tasks()'s per-task condition (its WHERE, word for word)
+    -- in the same scan.
+    SELECT coalesce(array_agg(nextval({{qualified_literal:task_id_seq}}::regclass) ORDER BY u.o), '{}'),
+           coalesce(bool_or(u.t IS NULL OR char_length(u.t) NOT BETWEEN 1 AND 200 OR u.p IS NULL
+             OR u.r < '0001-01-01 00:00:00+00'::timestamptz - interval '1 day' OR u.r >= '10000-01-01 00:00:00+00'::timestamptz
+             OR u.m NOT BETWEEN 1 AND 1000000 OR octet_length(u.k) NOT BETWEEN 1 AND 1024), false)
+      INTO v_ids, v_bad
+      FROM unnest(p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe) WITH ORDINALITY AS u(t, p, r, m, k, o);
+    IF v_bad THEN
+      PERFORM {{schema}}.check_tasks('enqueue', p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe, p_trace_context);
+    END IF;
   END IF;
   v_shard := coalesce(p_shard, (txid_current() % greatest(coalesce(p_shards, 1), 1))::smallint);
   IF cardinality(array_remove(p_dedupe, NULL)) > 0 THEN
