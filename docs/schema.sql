@@ -909,7 +909,6 @@ DECLARE
   v_lane integer;
   v_shard smallint;
   v_ids bigint[];
-  v_bad boolean;
   v_won bigint[] := '{}';
   v_n integer := coalesce(cardinality(p_types), 0);
   v_seq regclass;
@@ -953,17 +952,17 @@ BEGIN
     END IF;
     v_ids := ARRAY[nextval('"berth".task_id_seq'::regclass)];
   ELSE
-    -- The ids, in input order, and check_tasks()'s per-task condition (its WHERE, word for word)
-    -- in the same scan.
-    SELECT coalesce(array_agg(nextval('"berth".task_id_seq'::regclass) ORDER BY u.o), '{}'),
-           coalesce(bool_or(u.t IS NULL OR char_length(u.t) NOT BETWEEN 1 AND 200 OR u.p IS NULL
-             OR u.r < '0001-01-01 00:00:00+00'::timestamptz - interval '1 day' OR u.r >= '10000-01-01 00:00:00+00'::timestamptz
-             OR u.m NOT BETWEEN 1 AND 1000000 OR octet_length(u.k) NOT BETWEEN 1 AND 1024), false)
-      INTO v_ids, v_bad
-      FROM unnest(p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe) WITH ORDINALITY AS u(t, p, r, m, k, o);
-    IF v_bad THEN
+    -- check_tasks()'s per-task condition (its WHERE, word for word) as one EXISTS, then the ids
+    -- as before. (The two in one statement, array_agg(nextval(…) ORDER BY o) with bool_or of the
+    -- condition, cost a 1,000-task call 10.75 ms of backend CPU against 10.0-10.5: /proc CPU of
+    -- 40 calls in a DO block, 6 rounds.)
+    IF EXISTS (SELECT 1 FROM unnest(p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe) AS u(t, p, r, m, k)
+                WHERE u.t IS NULL OR char_length(u.t) NOT BETWEEN 1 AND 200 OR u.p IS NULL
+                   OR u.r < '0001-01-01 00:00:00+00'::timestamptz - interval '1 day' OR u.r >= '10000-01-01 00:00:00+00'::timestamptz
+                   OR u.m NOT BETWEEN 1 AND 1000000 OR octet_length(u.k) NOT BETWEEN 1 AND 1024) THEN
       PERFORM "berth".check_tasks('enqueue', p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe, p_trace_context);
     END IF;
+    v_ids := ARRAY(SELECT nextval('"berth".task_id_seq'::regclass) FROM generate_series(1, v_n));
   END IF;
   v_shard := coalesce(p_shard, (txid_current() % greatest(coalesce(p_shards, 1), 1))::smallint);
   IF cardinality(array_remove(p_dedupe, NULL)) > 0 THEN

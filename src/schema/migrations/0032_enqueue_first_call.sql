@@ -10,14 +10,14 @@
 --
 -- enqueue() keeps its signature and its answers; its common path now runs in itself:
 --
--- * The checks: every check on the arguments as a whole is one expression, and the per-task
---   checks ride on the statement that draws the ids (one scan of the arrays, not two; for one
---   task, an expression on its elements and the id drawn by another). Only
---   when one of them fails are check_queue() and check_tasks() called, in the order they were
---   called before, and they raise the error they always raised (same message, same SQLSTATE;
---   the messages stay defined once, in them). The condition tested here is check_tasks()'s,
---   word for word, so it is true whenever check_tasks() raises. A bad batch draws its ids
---   before it is refused (sequence values are never rolled back; nothing reads the gaps).
+-- * The checks: every check on the arguments as a whole is one expression, the per-task checks
+--   one EXISTS (for one task, an expression on its elements: no query to plan). Only when one
+--   of them fails are check_queue() and check_tasks() called, in the order they were called
+--   before, and they raise the error they always raised (same message, same SQLSTATE; the
+--   messages stay defined once, in them). The conditions tested here are theirs, word for word
+--   (or, for one task, wider: an array not subscripted from 1 goes to check_tasks()), so they
+--   are true whenever check_queue() or check_tasks() would raise; when they are true and the
+--   two raise nothing, the call goes on as before.
 -- * The lane: looked up by (queue, priority, shard) here, as provision_lane() looked it up
 --   first; provision_lane() is called only for a lane that does not exist yet.
 -- * The append of tasks with nothing but a type, a payload and at most a trace context (the
@@ -47,7 +47,6 @@ DECLARE
   v_lane integer;
   v_shard smallint;
   v_ids bigint[];
-  v_bad boolean;
   v_won bigint[] := '{}';
   v_n integer := coalesce(cardinality(p_types), 0);
   v_seq regclass;
@@ -91,17 +90,17 @@ BEGIN
     END IF;
     v_ids := ARRAY[nextval({{qualified_literal:task_id_seq}}::regclass)];
   ELSE
-    -- The ids, in input order, and check_tasks()'s per-task condition (its WHERE, word for word)
-    -- in the same scan.
-    SELECT coalesce(array_agg(nextval({{qualified_literal:task_id_seq}}::regclass) ORDER BY u.o), '{}'),
-           coalesce(bool_or(u.t IS NULL OR char_length(u.t) NOT BETWEEN 1 AND 200 OR u.p IS NULL
-             OR u.r < '0001-01-01 00:00:00+00'::timestamptz - interval '1 day' OR u.r >= '10000-01-01 00:00:00+00'::timestamptz
-             OR u.m NOT BETWEEN 1 AND 1000000 OR octet_length(u.k) NOT BETWEEN 1 AND 1024), false)
-      INTO v_ids, v_bad
-      FROM unnest(p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe) WITH ORDINALITY AS u(t, p, r, m, k, o);
-    IF v_bad THEN
+    -- check_tasks()'s per-task condition (its WHERE, word for word) as one EXISTS, then the ids
+    -- as before. (The two in one statement, array_agg(nextval(…) ORDER BY o) with bool_or of the
+    -- condition, cost a 1,000-task call 10.75 ms of backend CPU against 10.0-10.5: /proc CPU of
+    -- 40 calls in a DO block, 6 rounds.)
+    IF EXISTS (SELECT 1 FROM unnest(p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe) AS u(t, p, r, m, k)
+                WHERE u.t IS NULL OR char_length(u.t) NOT BETWEEN 1 AND 200 OR u.p IS NULL
+                   OR u.r < '0001-01-01 00:00:00+00'::timestamptz - interval '1 day' OR u.r >= '10000-01-01 00:00:00+00'::timestamptz
+                   OR u.m NOT BETWEEN 1 AND 1000000 OR octet_length(u.k) NOT BETWEEN 1 AND 1024) THEN
       PERFORM {{schema}}.check_tasks('enqueue', p_types, p_payloads, p_run_at, p_max_attempts, p_dedupe, p_trace_context);
     END IF;
+    v_ids := ARRAY(SELECT nextval({{qualified_literal:task_id_seq}}::regclass) FROM generate_series(1, v_n));
   END IF;
   v_shard := coalesce(p_shard, (txid_current() % greatest(coalesce(p_shards, 1), 1))::smallint);
   IF cardinality(array_remove(p_dedupe, NULL)) > 0 THEN
