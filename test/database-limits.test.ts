@@ -108,6 +108,32 @@ const ENQUEUE_REFUSALS: [string, Partial<Record<string, string>>, RegExp][] = [
     { runAt: `ARRAY['0001-01-01 00:00:00+00'::timestamptz - interval '2 days']` },
     /task #1: run_at must be within the years 1 to 9999/,
   ],
+  // Migration 32 reads one task's elements by subscript 1: arrays subscripted otherwise are
+  // still checked (by check_tasks, which reads them by unnest).
+  [
+    'a run time of infinity in an array subscripted from 0',
+    { runAt: `'[0:0]={infinity}'::timestamptz[]` },
+    /task #1: run_at must be within the years 1 to 9999/,
+  ],
+  ['max_attempts 0 subscripted from 0', { maxAttempts: `'[0:0]={0}'::integer[]` }, /task #1: max_attempts/],
+  ['an empty dedupe key subscripted from 2', { dedupe: `'[2:2]={""}'::text[]` }, /task #1: dedupe_key/],
+  ['a null payload subscripted from 0', { payloads: `'[0:0]={null}'::jsonb[]` }, /task #1: payload must not be null/],
+  ['an empty type subscripted from 5', { types: `'[5:5]={""}'::text[]` }, /task #1: type must be a non-empty/],
+  // A batch's elements (one EXISTS over the arrays, then check_tasks for the message).
+  [
+    "a batch's second run time in the year 10000",
+    {
+      types: `ARRAY['t', 't']`,
+      payloads: `ARRAY['{}'::jsonb, '{}']`,
+      runAt: `ARRAY[now(), '10000-01-01'::timestamptz]`,
+    },
+    /task #2: run_at must be within the years 1 to 9999/,
+  ],
+  [
+    "a batch's second payload null",
+    { types: `ARRAY['t', 't']`, payloads: `ARRAY['{}'::jsonb, NULL]` },
+    /task #2: payload must not be null/,
+  ],
 ];
 
 for (const [who, db] of [

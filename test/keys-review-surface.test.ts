@@ -69,12 +69,22 @@ test('held: the ordinary enqueue statement is the one sent before keys (text, na
       return { rows: [{ ids: ['1'], states: 'r' }], rowCount: 1 };
     },
   };
-  await enqueue(executor as never, 't', { a: 1 }, { schema: 'berth' });
+  await enqueueMany(executor as never, [
+    { type: 't', payload: { a: 1 } },
+    { type: 't', payload: { a: 2 } },
+  ]);
   assert.equal(seen.length, 1);
   assert.equal(seen[0]!.name, 'berth-enqueue:berth');
   assert.equal(seen[0]!.values.length, 11);
   assert.match(seen[0]!.text, /FROM "berth"\.enqueue\(\$1,/);
   assert.match(seen[0]!.text, /\$11::text\) AS e$/);
+  // One plain task (since issue 35): the same function, its arrays built in the statement.
+  await enqueue(executor as never, 't', { a: 1 }, { schema: 'berth' });
+  assert.equal(seen.length, 2);
+  assert.equal(seen[1]!.name, 'berth-enqueue-one:berth');
+  assert.equal(seen[1]!.values.length, 7);
+  assert.match(seen[1]!.text, /FROM "berth"\.enqueue\(\$1,/);
+  assert.match(seen[1]!.text, /\$7::text\) AS e$/);
   // The same comparison against the file as of 6e95eab^ (git show 6e95eab^:src/producer/enqueue.ts,
   // loaded beside the new one) gave identical text, name and values for a one-lane and a
   // two-lane call: see the review report.
