@@ -4,7 +4,7 @@ import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
-import { type CompletableRef, completeLeases } from '../storage/complete.js';
+import { type CompletableRef, completeBatch } from '../storage/complete.js';
 import type { ResultJson } from '../storage/results.js';
 import { recordFailures, type FailureInput } from '../storage/fail.js';
 import { entryKey, type AttemptRef } from '../storage/attempt.js';
@@ -261,34 +261,28 @@ export class SettlementBatcher {
     // never lost to a crash between the two). A flush without one sends what it always did.
     const parents = refs.filter((x) => x.hasDependents === true && x.id !== undefined);
     const r = await this.withRetry('complete', refs, async (retry) => {
-      const settled =
+      // By position (won[i] for refs[i]): no key string per task to build and look up.
+      const won =
         parents.length === 0
-          ? await completeLeases(this.db, this.storage, refs, runMs, results)
+          ? await completeBatch(this.db, this.storage, refs, runMs, results)
           : await inTransactionOn(this.db, async (tx) => {
-              const won = await completeLeases(tx, this.storage, refs, runMs, results);
-              const freed = await releaseCompleted(
-                tx,
-                this.storage,
-                parents.filter((x) => won.has(entryKey(x))).map((x) => x.id!),
-              );
+              const won = await completeBatch(tx, this.storage, refs, runMs, results);
+              const freed = await releaseCompleted(tx, this.storage, wonParents(refs, won));
               if (freed > 0) this.metrics.dependencyReleases.inc({ path: 'completion' }, freed);
               return won;
             });
-      if (retry)
-        for (const k of (
-          await settledWith(
-            this.db,
-            this.storage,
-            refs.filter((x) => !settled.has(entryKey(x))),
-            'completed',
-          )
-        ).keys())
-          settled.add(k);
-      return settled;
+      if (retry) {
+        // An earlier attempt may have committed unseen: its entries are settled by now.
+        const unseen = refs.filter((_, i) => !won[i]);
+        const settled = await settledWith(this.db, this.storage, unseen, 'completed');
+        for (let i = 0; i < refs.length; i++) if (!won[i] && settled.has(entryKey(refs[i]!))) won[i] = true;
+      }
+      return won;
     });
-    for (const b of batch) {
+    for (let i = 0; i < batch.length; i++) {
+      const b = batch[i]!;
       if (!r.ok) b.answer = { kind: 'unwritten', error: r.error };
-      else b.answer = r.value.has(entryKey(b.ref)) ? SETTLED : REFUSED;
+      else b.answer = r.value[i] ? SETTLED : REFUSED;
     }
   }
 
@@ -377,6 +371,16 @@ export class SettlementBatcher {
       }
     }
   }
+}
+
+/** The ids of the batch's tasks with dependents whose completion won. */
+function wonParents(refs: readonly CompletableLease[], won: readonly boolean[]): string[] {
+  const ids: string[] = [];
+  for (let i = 0; i < refs.length; i++) {
+    const x = refs[i]!;
+    if (won[i] && x.hasDependents === true && x.id !== undefined) ids.push(x.id);
+  }
+  return ids;
 }
 
 function latestExpiry(refs: readonly Settleable[]): number {
