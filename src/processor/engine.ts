@@ -4,7 +4,7 @@ import { laneLabel } from '../lane.js';
 import { childLogger, type Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
-import { DEFAULT_BACKOFF } from '../task.js';
+import { type AnyTaskDefinition, type BackoffPolicy, DEFAULT_BACKOFF } from '../task.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
 import type { ClaimedTask } from './claim.js';
 import { Fetcher } from './fetcher.js';
@@ -13,11 +13,11 @@ import { KeyReleaser } from './key-releaser.js';
 import { TypeRateGate } from './type-rate-gate.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 import type { OutcomeTally } from './heartbeat.js';
-import { type SettleAnswer, settlementFor, type TaskRun } from './outcome-table.js';
+import { type SettleAnswer, settlementFor, type TaskAttempt, type TaskRun } from './outcome-table.js';
 import { NotifyThrottle } from './notify-throttle.js';
 import { PrefetchRate } from './prefetch-rate.js';
 import { DeadlineTimer, RunAbort } from './run-abort.js';
-import { HandlerRun, runTask, type RunDeps, startRun } from './run-task.js';
+import { HandlerRun, type RunInput, runTask, type RunDeps, startRun } from './run-task.js';
 import { ScheduleCeilings } from './schedule-ceilings.js';
 import {
   afterRefused,
@@ -35,7 +35,7 @@ import { StuckGuard } from './stuck.js';
 import type { EngineOptions } from './engine-options.js';
 import { TypeMetrics } from './type-metrics.js';
 import { UnknownTypes } from './unknown-types.js';
-import type { TaskObserver } from './task-observer.js';
+import type { Attempt, TaskObserver } from './task-observer.js';
 
 /** The longest wait between claim attempts while the database fails (see runFetchLoop). */
 const FETCH_RETRY_MAX_MS = 1000;
@@ -51,11 +51,6 @@ const MAX_NOTICED_CANCELS = 4096;
 const CANCEL_CONFIRM_TRIES = 3;
 
 const delay = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
-
-interface InFlight {
-  task: ClaimedTask;
-  abort: RunAbort;
-}
 
 /**
  * Leased tasks waiting for a slot, oldest claim first: each claim's batch as it came, with the
@@ -172,21 +167,70 @@ export interface EngineDeps {
 }
 
 /**
- * A task's logger: a child of the worker's with the task's fields, made on first use (most runs
- * log nothing, and a pino child per task is not free).
+ * One execution of a leased task, from its start on a slot to its written settlement: the run's
+ * input (run-task.ts's RunInput), the engine's in-flight entry, the handler of the task's lazy
+ * logger and the outcome table's TaskAttempt, as one object. They were an input object, a
+ * `freeSlot` closure and its context, an in-flight entry, a proxy handler and the table's
+ * argument per task (~0.2 KB of a drain's allocation per task, docs/benchmarks-journal.md).
+ *
+ * The task's logger (`log`) is a child of the worker's with the task's fields, made on first use
+ * (most runs log nothing, and a pino child per task is not free): a Proxy whose handler is this
+ * object (`get` is its only trap; no other trap's name is a member here).
  */
-function lazyChild(parent: Logger, task: ClaimedTask): Logger {
-  return new Proxy(parent, new LazyChild(parent, task));
-}
-
-class LazyChild implements ProxyHandler<Logger> {
-  private child: Logger | undefined;
+class Execution implements RunInput, ProxyHandler<Logger>, TaskAttempt {
+  readonly key: string;
+  readonly abort: RunAbort;
+  readonly def: AnyTaskDefinition | undefined;
+  readonly log: Logger;
+  /** Null unless someone listens to task events or a TracerProvider is registered. */
+  readonly hooks: Attempt | null;
+  private freed = false;
+  private child: Logger | undefined = undefined;
 
   constructor(
+    private readonly engine: Engine,
+    readonly task: ClaimedTask,
+    /** When the claim handed this task to the process (epoch ms). */
+    readonly receivedAt: number,
+    o: EngineOptions,
     private readonly parent: Logger,
-    private readonly task: ClaimedTask,
-  ) {}
+    observer: TaskObserver,
+  ) {
+    this.key = entryKey(task);
+    this.abort = new RunAbort(task.leaseExpiresAt - o.leaseMarginMs);
+    this.def = o.tasks.defs.get(task.type);
+    this.log = new Proxy(parent, this);
+    this.hooks = observer.begin(task);
+  }
 
+  /** RunInput's: the handler is over (or never starts); observed runs free it outside their span. */
+  freeSlot(): void {
+    if (this.freed) return;
+    if (this.hooks === null) this.release();
+    else this.hooks.detached(() => this.release())();
+  }
+
+  /** Give the slot back, once (the execution's end frees it too, if nothing did before). */
+  release(): void {
+    if (this.freed) return;
+    this.freed = true;
+    this.engine.slotFreed(this.key);
+  }
+
+  /** The outcome table's TaskAttempt. */
+  get attempt(): number {
+    return this.task.attempt;
+  }
+
+  get backoff(): BackoffPolicy {
+    return this.def?.backoff ?? DEFAULT_BACKOFF;
+  }
+
+  get maxSnoozes(): number | undefined {
+    return this.def?.maxSnoozes;
+  }
+
+  /** The lazy logger's trap. */
   get(_target: Logger, prop: string | symbol): unknown {
     const t = this.task;
     this.child ??= childLogger(this.parent, {
@@ -219,7 +263,7 @@ export class Engine {
   /** Leased tasks waiting for a slot (at most `prefetch` beyond the idle slots). */
   private readonly buffer = new ClaimBuffer();
   /** Tasks whose handler is running: each holds a slot. */
-  private readonly inflight = new Map<string, InFlight>();
+  private readonly inflight = new Map<string, Execution>();
   /** Executions not yet fully settled (a handler may already have returned), and stop()'s wait for none. */
   private executing = 0;
   private dispatching = false;
@@ -619,47 +663,43 @@ export class Engine {
   }
 
   private startTask(task: ClaimedTask, receivedAt: number): void {
-    const abort = new RunAbort(task.leaseExpiresAt - this.o.leaseMarginMs);
-    const key = entryKey(task);
-    this.inflight.set(key, { task, abort });
+    const x = new Execution(this, task, receivedAt, this.o, this.deps.logger, this.deps.observer);
+    this.inflight.set(x.key, x);
     this.executing++;
-    void this.runOne(task, key, abort, receivedAt);
+    void this.runOne(x);
+  }
+
+  /**
+   * An execution's slot came free: as soon as its handler returned (or never started); its
+   * settlement is written by the batcher meanwhile (stop() waits for it). Execution.release's, once
+   * per execution.
+   */
+  slotFreed(key: string): void {
+    this.inflight.delete(key);
+    this.rate.completed();
+    if (this.stopping) return;
+    this.dispatch();
+    // Asked here rather than by waking the fetch loop to ask it (a promise and a turn of the
+    // loop per task): it would go straight back to sleep unless a claim is wanted. Not whether
+    // the fetcher has leads: a fetch in flight may not have set them yet, and the wake is what
+    // makes the loop look again once it returns.
+    if (this.wanted() > 0) this.wake('slot_freed');
   }
 
   /**
    * One execution, from the handler to its written settlement. One async function rather than a
-   * promise chain (catch, then, finally: three more promises and closures per task) or two.
+   * promise chain (catch, then, finally: three more promises and closures per task) or two. Its
+   * values live on the Execution, not in this frame (an async function's frame is kept, every
+   * register of it, across each await).
    */
-  private async runOne(task: ClaimedTask, key: string, abort: RunAbort, receivedAt: number): Promise<void> {
-    // The slot comes free as soon as the handler returns; its settlement is written by the
-    // batcher meanwhile (stop() waits for it).
-    let freed = false;
-    const freeSlot = () => {
-      if (freed) return;
-      freed = true;
-      this.inflight.delete(key);
-      this.rate.completed();
-      if (this.stopping) return;
-      this.dispatch();
-      // Asked here rather than by waking the fetch loop to ask it (a promise and a turn of the
-      // loop per task): it would go straight back to sleep unless a claim is wanted. Not whether
-      // the fetcher has leads: a fetch in flight may not have set them yet, and the wake is what
-      // makes the loop look again once it returns.
-      if (this.wanted() > 0) this.wake('slot_freed');
-    };
-    // Null unless someone listens to task events or a TracerProvider is registered.
-    const attempt = this.deps.observer.begin(task);
+  private async runOne(x: Execution): Promise<void> {
     try {
       try {
         // Run the task, then settle what happened: two steps, the table between them.
-        const def = this.o.tasks.defs.get(task.type);
-        const log = lazyChild(this.deps.logger, task);
-        const input = { task, def, receivedAt, abort, log, freeSlot, hooks: attempt };
-        if (attempt !== null) input.freeSlot = attempt.detached(freeSlot);
         let run: TaskRun;
-        if (attempt === null) {
+        if (x.hooks === null) {
           // runTask's steps in this frame (run-task.ts): no async layer of its own per task.
-          const start = startRun(this.runDeps, input);
+          const start = startRun(this.runDeps, x);
           const started = start instanceof Promise ? await start : start;
           if (started instanceof HandlerRun) {
             started.begin();
@@ -670,42 +710,44 @@ export class Engine {
             }
             run = started.end();
           } else run = started;
-        } else run = await attempt.run(() => runTask(this.runDeps, input));
-        const settlement = settlementFor(run, {
-          attempt: task.attempt,
-          backoff: def?.backoff ?? DEFAULT_BACKOFF,
-          maxSnoozes: def?.maxSnoozes,
-        });
+        } else run = await x.hooks.run(() => runTask(this.runDeps, x));
+        const settlement = settlementFor(run, x);
         // settleTask's steps in this frame (settle-task.ts): no async layer of its own per task.
         // A completion awaits its flush's one promise, not a promise of its own (settlement-batcher.ts).
-        const completion = startCompletion(this.settleDeps, task, run, settlement);
+        const completion = startCompletion(this.settleDeps, x.task, run, settlement);
         let answer: SettleAnswer;
         if (completion !== null) {
           await completion.flushed;
           answer = completedAnswer(completion);
-        } else answer = await writeSettlement(this.settleDeps, task, run, settlement, log);
-        if (answer.kind === 'refused') answer = await afterRefused(this.settleDeps, task, answer, log);
-        settled(this.settleDeps, task, run, settlement, answer, log);
-        attempt?.settled(run, settlement, answer);
+        } else answer = await writeSettlement(this.settleDeps, x.task, run, settlement, x.log);
+        if (answer.kind === 'refused') answer = await afterRefused(this.settleDeps, x.task, answer, x.log);
+        settled(this.settleDeps, x.task, run, settlement, answer, x.log);
+        x.hooks?.settled(run, settlement, answer);
       } catch (err) {
-        this.deps.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed');
-        attempt?.crashed(err);
+        this.deps.logger.error({ err: (err as Error).message, task_id: x.task.id }, 'task execution crashed');
+        x.hooks?.crashed(err);
       }
-      // A limited queue's capacity freed when the settlement committed (not when the slot did:
-      // a claim between the two would find the queue still full): claim it again. Otherwise
-      // one boolean read.
-      if (this.fetcher.hasLimits) {
-        if (this.fetcher.isKeyed(task.queue)) this.keyReleaser.settled(task.id);
-        if (this.fetcher.noteFreed(task.queue) && !this.stopping) this.wake('limit_freed');
-      }
-      // Stuck-handler containment (processor/stuck.ts): after the settlement is written, an
-      // overdue lease row, if this run overran its deadline, has done its job.
-      const overdue = this.stuckGuard.settled(key);
+      const overdue = this.afterSettled(x);
       if (overdue !== undefined) await overdue;
     } finally {
-      freeSlot();
+      x.release();
       this.executionEnded();
     }
+  }
+
+  /** What follows an execution's settlement; the stuck guard's overdue row to wait for, if any. */
+  private afterSettled(x: Execution): Promise<void> | undefined {
+    const task = x.task;
+    // A limited queue's capacity freed when the settlement committed (not when the slot did:
+    // a claim between the two would find the queue still full): claim it again. Otherwise
+    // one boolean read.
+    if (this.fetcher.hasLimits) {
+      if (this.fetcher.isKeyed(task.queue)) this.keyReleaser.settled(task.id);
+      if (this.fetcher.noteFreed(task.queue) && !this.stopping) this.wake('limit_freed');
+    }
+    // Stuck-handler containment (processor/stuck.ts): after the settlement is written, an
+    // overdue lease row, if this run overran its deadline, has done its job.
+    return this.stuckGuard.settled(x.key);
   }
 
   /** Wait up to `graceMs` for the running handlers to finish on their own (ended early by skipGrace). */
