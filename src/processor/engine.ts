@@ -13,22 +13,16 @@ import { KeyReleaser } from './key-releaser.js';
 import { TypeRateGate } from './type-rate-gate.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 import type { OutcomeTally } from './heartbeat.js';
-import { type SettleAnswer, settlementFor, type TaskAttempt, type TaskRun } from './outcome-table.js';
+import { type SettleAnswer, type Settlement, settlementFor, type TaskAttempt, type TaskRun } from './outcome-table.js';
 import { NotifyThrottle } from './notify-throttle.js';
 import { PrefetchRate } from './prefetch-rate.js';
 import { DeadlineTimer, RunAbort } from './run-abort.js';
 import { HandlerRun, type RunInput, runTask, type RunDeps, startRun } from './run-task.js';
 import { ScheduleCeilings } from './schedule-ceilings.js';
-import {
-  afterRefused,
-  completedAnswer,
-  type SettleDeps,
-  settled,
-  startCompletion,
-  writeSettlement,
-} from './settle-task.js';
-import type { SettlementBatcher } from './settlement-batcher.js';
+import { afterRefused, completedAnswer, type SettleDeps, settled, writeSettlement } from './settle-task.js';
+import type { CompleteResult, CompletionOwner, SettlementBatcher } from './settlement-batcher.js';
 import { entryKey } from '../storage/attempt.js';
+import type { ResultJson } from '../storage/results.js';
 import { returnUnstarted } from '../storage/return.js';
 import { cancelledAmong, CANCEL_NOTICE_PREFIX, parseCancelNotice } from '../storage/cancel.js';
 import { StuckGuard } from './stuck.js';
@@ -177,7 +171,7 @@ export interface EngineDeps {
  * (most runs log nothing, and a pino child per task is not free): a Proxy whose handler is this
  * object (`get` is its only trap; no other trap's name is a member here).
  */
-class Execution implements RunInput, ProxyHandler<Logger>, TaskAttempt {
+class Execution implements RunInput, ProxyHandler<Logger>, TaskAttempt, CompletionOwner {
   readonly key: string;
   readonly abort: RunAbort;
   readonly def: AnyTaskDefinition | undefined;
@@ -186,6 +180,13 @@ class Execution implements RunInput, ProxyHandler<Logger>, TaskAttempt {
   readonly hooks: Attempt | null;
   private freed = false;
   private child: Logger | undefined = undefined;
+  /** What happened, and the settlement the outcome table chose for it (`settleAs`). */
+  run: TaskRun | null = null;
+  settlement: Settlement | null = null;
+  /** A completion's entry in the batcher (CompletionOwner): its run time, result and answer. */
+  runMs: number | null = null;
+  result: ResultJson | null = null;
+  answer: CompleteResult | undefined = undefined;
 
   constructor(
     private readonly engine: Engine,
@@ -215,6 +216,32 @@ class Execution implements RunInput, ProxyHandler<Logger>, TaskAttempt {
     if (this.freed) return;
     this.freed = true;
     this.engine.slotFreed(this.key);
+  }
+
+  /**
+   * Note what happened and its settlement. A completion (almost every run) is handed to the
+   * batcher, which calls `flushed` once it is written: true. Any other settlement is the
+   * caller's to write: false.
+   */
+  settleAs(run: TaskRun, settlement: Settlement, batcher: SettlementBatcher): boolean {
+    this.run = run;
+    this.settlement = settlement;
+    const action = settlement.action;
+    if (action.kind !== 'complete') return false;
+    this.runMs = 'ms' in run ? run.ms : null;
+    this.result = action.result ?? null;
+    batcher.enlist(this);
+    return true;
+  }
+
+  /** CompletionOwner's: the lease to complete. */
+  get ref(): ClaimedTask {
+    return this.task;
+  }
+
+  /** CompletionOwner's: the completion's answer is set. */
+  flushed(): void {
+    this.engine.completed(this);
   }
 
   /** The outcome table's TaskAttempt. */
@@ -693,39 +720,75 @@ export class Engine {
    * register of it, across each await).
    */
   private async runOne(x: Execution): Promise<void> {
+    let answer: SettleAnswer | null = null;
     try {
-      try {
-        // Run the task, then settle what happened: two steps, the table between them.
-        let run: TaskRun;
-        if (x.hooks === null) {
-          // runTask's steps in this frame (run-task.ts): no async layer of its own per task.
-          const start = startRun(this.runDeps, x);
-          const started = start instanceof Promise ? await start : start;
-          if (started instanceof HandlerRun) {
-            started.begin();
-            try {
-              started.returned(await started.call());
-            } catch (err) {
-              started.threw(err);
-            }
-            run = started.end();
-          } else run = started;
-        } else run = await x.hooks.run(() => runTask(this.runDeps, x));
-        const settlement = settlementFor(run, x);
-        // settleTask's steps in this frame (settle-task.ts): no async layer of its own per task.
-        // A completion awaits its flush's one promise, not a promise of its own (settlement-batcher.ts).
-        const completion = startCompletion(this.settleDeps, x.task, run, settlement);
-        let answer: SettleAnswer;
-        if (completion !== null) {
-          await completion.flushed;
-          answer = completedAnswer(completion);
-        } else answer = await writeSettlement(this.settleDeps, x.task, run, settlement, x.log);
-        if (answer.kind === 'refused') answer = await afterRefused(this.settleDeps, x.task, answer, x.log);
-        settled(this.settleDeps, x.task, run, settlement, answer, x.log);
-        x.hooks?.settled(run, settlement, answer);
-      } catch (err) {
-        this.deps.logger.error({ err: (err as Error).message, task_id: x.task.id }, 'task execution crashed');
-        x.hooks?.crashed(err);
+      // Run the task, then settle what happened: two steps, the table between them.
+      let run: TaskRun;
+      if (x.hooks === null) {
+        // runTask's steps in this frame (run-task.ts): no async layer of its own per task.
+        const start = startRun(this.runDeps, x);
+        const started = start instanceof Promise ? await start : start;
+        if (started instanceof HandlerRun) {
+          started.begin();
+          try {
+            started.returned(await started.call());
+          } catch (err) {
+            started.threw(err);
+          }
+          run = started.end();
+        } else run = started;
+      } else run = await x.hooks.run(() => runTask(this.runDeps, x));
+      // A completion is handed to the batcher, which tells `completed` once its flush is over:
+      // no await of the flush per task (~0.25 KB of a drain's allocation per task,
+      // docs/benchmarks-journal.md). Other settlements are written here, as settleTask does.
+      if (x.settleAs(run, settlementFor(run, x), this.deps.batcher)) return;
+      answer = await writeSettlement(this.settleDeps, x.task, run, x.settlement!, x.log);
+    } catch (err) {
+      this.crashed(x, err);
+    }
+    return this.finish(x, answer);
+  }
+
+  /**
+   * An execution's completion was answered (the batcher told its Execution): the steps after the
+   * write, in this turn, unless a refusal's probe or an overdue lease row must be waited for.
+   */
+  completed(x: Execution): void {
+    const answer = completedAnswer(x);
+    if (answer.kind === 'refused') {
+      void this.finish(x, answer);
+      return;
+    }
+    try {
+      this.settledAs(x, answer);
+    } catch (err) {
+      this.crashed(x, err);
+    }
+    let overdue: Promise<void> | undefined;
+    try {
+      overdue = this.afterSettled(x);
+    } finally {
+      if (overdue === undefined) {
+        x.release();
+        this.executionEnded();
+      }
+    }
+    if (overdue !== undefined) void this.afterOverdue(x, overdue);
+  }
+
+  /**
+   * The steps after a settlement's first answer (null: the execution crashed before it had one):
+   * who won a refusal, the log lines and counts, what follows a settlement, the execution's end.
+   */
+  private async finish(x: Execution, first: SettleAnswer | null): Promise<void> {
+    try {
+      if (first !== null) {
+        try {
+          const answer = first.kind === 'refused' ? await afterRefused(this.settleDeps, x.task, first, x.log) : first;
+          this.settledAs(x, answer);
+        } catch (err) {
+          this.crashed(x, err);
+        }
       }
       const overdue = this.afterSettled(x);
       if (overdue !== undefined) await overdue;
@@ -733,6 +796,28 @@ export class Engine {
       x.release();
       this.executionEnded();
     }
+  }
+
+  private async afterOverdue(x: Execution, overdue: Promise<void>): Promise<void> {
+    try {
+      await overdue;
+    } finally {
+      x.release();
+      this.executionEnded();
+    }
+  }
+
+  /** Log what became of the execution's settlement, count its outcome and tell its observer. */
+  private settledAs(x: Execution, answer: SettleAnswer): void {
+    const run = x.run as TaskRun;
+    const settlement = x.settlement as Settlement;
+    settled(this.settleDeps, x.task, run, settlement, answer, x.log);
+    x.hooks?.settled(run, settlement, answer);
+  }
+
+  private crashed(x: Execution, err: unknown): void {
+    this.deps.logger.error({ err: (err as Error).message, task_id: x.task.id }, 'task execution crashed');
+    x.hooks?.crashed(err);
   }
 
   /** What follows an execution's settlement; the stuck guard's overdue row to wait for, if any. */

@@ -50,17 +50,41 @@ export interface Completion {
 /** A write withRetry made, or gave up on. */
 type Retried<T> = { ok: true; value: T } | { ok: false; error: string };
 
+/**
+ * A completion handed in by a caller that is told when its flush is over (`enlist`: the engine,
+ * per task), rather than one that awaits it: the caller's own object is the batch's entry, so a
+ * task costs no promise, no await and no entry object of its own.
+ */
+export interface CompletionOwner {
+  readonly ref: CompletableLease;
+  /** The handler's run time, for attempt history. */
+  readonly runMs: number | null;
+  /** The handler's result (JSON, checked), stored only if the completion wins the fence. */
+  readonly result: ResultJson | null;
+  /** Set by the batcher before `flushed()` is called. */
+  answer: CompleteResult | undefined;
+  /**
+   * The flush is over and `answer` set: called once, for every owner of the flush, in one
+   * microtask after it (where an `await` of the flush would have resumed). A throw is logged,
+   * and the flush's other owners are still told.
+   */
+  flushed(): void;
+}
+
 /** A completion waiting for its flush. */
-interface PendingComplete extends Completion {
+interface PendingComplete {
   ref: CompletableLease;
   runMs: number | null;
   result: ResultJson | null;
+  answer: CompleteResult | undefined;
 }
 
 /** The completions one flush takes: one promise for all of them, not one per task. */
 class Round {
   readonly flushed: Promise<void>;
   resolve: () => void = () => {};
+  /** The round's enlisted completions, told once it is over; null while none. */
+  owners: CompletionOwner[] | null = null;
 
   constructor() {
     this.flushed = new Promise((resolve) => {
@@ -177,10 +201,22 @@ export class SettlementBatcher {
    */
   completion(ref: CompletableLease, runMs: number | null = null, result: ResultJson | null = null): Completion {
     this.round ??= new Round();
-    const c: PendingComplete = { ref, runMs, result, flushed: this.round.flushed, answer: undefined };
+    const c: PendingComplete & Completion = { ref, runMs, result, flushed: this.round.flushed, answer: undefined };
     this.completes.push(c);
     this.kick();
     return c;
+  }
+
+  /**
+   * A completion whose owner is told (`owner.flushed()`) once its flush is over, its `answer`
+   * set: always, whatever became of the flush (settled, refused or unwritten).
+   */
+  enlist(owner: CompletionOwner): void {
+    this.round ??= new Round();
+    if (this.round.owners === null) this.round.owners = [owner];
+    else this.round.owners.push(owner);
+    this.completes.push(owner);
+    this.kick();
   }
 
   fail(input: FailureInput & { ref: Settleable }): Promise<FailResult> {
@@ -248,6 +284,19 @@ export class SettlementBatcher {
       // Every answer is set: the batch's callers read them now (a batch in parts, over 32 MiB of
       // results, answers once its last part is written).
       round?.resolve();
+      const owners = round?.owners;
+      if (owners) void round.flushed.then(() => this.tell(owners));
+    }
+  }
+
+  /** Tell a round's enlisted completions that their answers are set; one throwing stops none of the rest. */
+  private tell(owners: readonly CompletionOwner[]): void {
+    for (const o of owners) {
+      try {
+        o.flushed();
+      } catch (err) {
+        this.logger.error({ err: (err as Error)?.message ?? String(err) }, 'a completion owner threw when told');
+      }
     }
   }
 
