@@ -17,7 +17,7 @@ import { type SettleAnswer, type Settlement, settlementFor, type TaskAttempt, ty
 import { NotifyThrottle } from './notify-throttle.js';
 import { PrefetchRate } from './prefetch-rate.js';
 import { DeadlineTimer, RunAbort } from './run-abort.js';
-import { HandlerRun, type RunInput, runTask, type RunDeps, startRun } from './run-task.js';
+import { HandlerRun, type RunInput, runHandler, runTask, type RunDeps, type Startable, startRun } from './run-task.js';
 import { ScheduleCeilings } from './schedule-ceilings.js';
 import { afterRefused, completedAnswer, type SettleDeps, settled, writeSettlement } from './settle-task.js';
 import type { CompleteResult, CompletionOwner, SettlementBatcher } from './settlement-batcher.js';
@@ -45,6 +45,8 @@ const MAX_NOTICED_CANCELS = 4096;
 const CANCEL_CONFIRM_TRIES = 3;
 
 const delay = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+/** Promise.prototype.then as the module found it (callHandler). */
+const promiseThen = Promise.prototype.then;
 
 /**
  * Leased tasks waiting for a slot, oldest claim first: each claim's batch as it came, with the
@@ -693,7 +695,7 @@ export class Engine {
     const x = new Execution(this, task, receivedAt, this.o, this.deps.logger, this.deps.observer);
     this.inflight.set(x.key, x);
     this.executing++;
-    void this.runOne(x);
+    this.runOne(x);
   }
 
   /**
@@ -714,39 +716,97 @@ export class Engine {
   }
 
   /**
-   * One execution, from the handler to its written settlement. One async function rather than a
-   * promise chain (catch, then, finally: three more promises and closures per task) or two. Its
-   * values live on the Execution, not in this frame (an async function's frame is kept, every
-   * register of it, across each await).
+   * One execution, from the handler to its settlement handed off. No async function of its own
+   * for a plain task: its handler's answer is followed by one `then` (the steps `await` took:
+   * `Promise.resolve` of the answer, a thenable's adoption included, then its reaction), and a
+   * completion is told by the batcher (`completed`). An async frame per task, kept with all its
+   * registers across the handler's await, was ~0.3 KB of a drain's allocation per task
+   * (docs/benchmarks-journal.md). A start that waits (a schedule's ceiling, an asynchronous
+   * payload schema, a rate-limited type) and an observed execution run in `runLater`.
    */
-  private async runOne(x: Execution): Promise<void> {
-    let answer: SettleAnswer | null = null;
+  private runOne(x: Execution): void {
     try {
-      // Run the task, then settle what happened: two steps, the table between them.
-      let run: TaskRun;
-      if (x.hooks === null) {
-        // runTask's steps in this frame (run-task.ts): no async layer of its own per task.
-        const start = startRun(this.runDeps, x);
-        const started = start instanceof Promise ? await start : start;
-        if (started instanceof HandlerRun) {
-          started.begin();
-          try {
-            started.returned(await started.call());
-          } catch (err) {
-            started.threw(err);
-          }
-          run = started.end();
-        } else run = started;
-      } else run = await x.hooks.run(() => runTask(this.runDeps, x));
-      // A completion is handed to the batcher, which tells `completed` once its flush is over:
-      // no await of the flush per task (~0.25 KB of a drain's allocation per task,
-      // docs/benchmarks-journal.md). Other settlements are written here, as settleTask does.
-      if (x.settleAs(run, settlementFor(run, x), this.deps.batcher)) return;
-      answer = await writeSettlement(this.settleDeps, x.task, run, x.settlement!, x.log);
+      const start = x.hooks === null ? startRun(this.runDeps, x) : null;
+      if (start === null || start instanceof Promise) void this.runLater(x, start);
+      else if (start instanceof HandlerRun) this.callHandler(x, start);
+      else this.ran(x, start);
     } catch (err) {
       this.crashed(x, err);
     }
-    return this.finish(x, answer);
+  }
+
+  /** Call the handler (its run begun) and follow its answer. */
+  private callHandler(x: Execution, h: HandlerRun): void {
+    h.begin();
+    let answered: Promise<unknown>;
+    try {
+      answered = Promise.resolve(h.call());
+    } catch (err) {
+      // Thrown at once (or its answer's `constructor` threw, as `await` would have): no turn waited.
+      this.handlerAnswered(x, h, err, true);
+      return;
+    }
+    // The intrinsic `then`, as `await` uses: a handler's promise with a `then` of its own is not asked.
+    promiseThen.call(
+      answered,
+      (value) => this.handlerAnswered(x, h, value, false),
+      (err: unknown) => this.handlerAnswered(x, h, err, true),
+    );
+  }
+
+  /**
+   * The handler answered (`threw`: it threw, or its promise rejected): end its run and settle it.
+   * Throws only what the worker's logger throws (as runOne's async frame did).
+   */
+  private handlerAnswered(x: Execution, h: HandlerRun, value: unknown, threw: boolean): void {
+    let run: TaskRun;
+    try {
+      if (threw) h.threw(value);
+      else {
+        try {
+          h.returned(value);
+        } catch (err) {
+          h.threw(err);
+        }
+      }
+      run = h.end();
+    } catch (err) {
+      this.crashed(x, err);
+      return;
+    }
+    this.ran(x, run);
+  }
+
+  /** An execution's start waits, or it is observed (events, a span): as runTask, in a frame of its own. */
+  private async runLater(x: Execution, start: Promise<Startable> | null): Promise<void> {
+    let run: TaskRun;
+    try {
+      if (start === null) run = await (x.hooks as Attempt).run(() => runTask(this.runDeps, x));
+      else {
+        const started = await start;
+        run = started instanceof HandlerRun ? await runHandler(started) : started;
+      }
+    } catch (err) {
+      this.crashed(x, err);
+      return;
+    }
+    this.ran(x, run);
+  }
+
+  /**
+   * What happened, settled: a completion (almost every run) handed to the batcher, which tells
+   * `completed` once its flush is over; any other settlement written here, as settleTask does.
+   */
+  private ran(x: Execution, run: TaskRun): void {
+    let written: Promise<SettleAnswer>;
+    try {
+      if (x.settleAs(run, settlementFor(run, x), this.deps.batcher)) return;
+      written = writeSettlement(this.settleDeps, x.task, run, x.settlement as Settlement, x.log);
+    } catch (err) {
+      this.crashed(x, err);
+      return;
+    }
+    void this.finish(x, written);
   }
 
   /**
@@ -762,7 +822,7 @@ export class Engine {
     try {
       this.settledAs(x, answer);
     } catch (err) {
-      this.crashed(x, err);
+      this.logCrash(x, err);
     }
     let overdue: Promise<void> | undefined;
     try {
@@ -780,14 +840,15 @@ export class Engine {
    * The steps after a settlement's first answer (null: the execution crashed before it had one):
    * who won a refusal, the log lines and counts, what follows a settlement, the execution's end.
    */
-  private async finish(x: Execution, first: SettleAnswer | null): Promise<void> {
+  private async finish(x: Execution, first: SettleAnswer | Promise<SettleAnswer> | null): Promise<void> {
     try {
       if (first !== null) {
         try {
-          const answer = first.kind === 'refused' ? await afterRefused(this.settleDeps, x.task, first, x.log) : first;
+          let answer = first instanceof Promise ? await first : first;
+          if (answer.kind === 'refused') answer = await afterRefused(this.settleDeps, x.task, answer, x.log);
           this.settledAs(x, answer);
         } catch (err) {
-          this.crashed(x, err);
+          this.logCrash(x, err);
         }
       }
       const overdue = this.afterSettled(x);
@@ -815,7 +876,16 @@ export class Engine {
     x.hooks?.settled(run, settlement, answer);
   }
 
+  /** An execution failed outside its handler (a bug, a logger or an observer that threw): logged, and ended. */
   private crashed(x: Execution, err: unknown): void {
+    try {
+      this.logCrash(x, err);
+    } finally {
+      void this.finish(x, null);
+    }
+  }
+
+  private logCrash(x: Execution, err: unknown): void {
     this.deps.logger.error({ err: (err as Error).message, task_id: x.task.id }, 'task execution crashed');
     x.hooks?.crashed(err);
   }

@@ -112,7 +112,11 @@ const SIGNAL: PropertyDescriptor & ThisType<{ [RUN_ABORT]: RunAbort }> = {
 export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> {
   const start = startRun(deps, input);
   const run = start instanceof Promise ? await start : start;
-  if (!(run instanceof HandlerRun)) return run;
+  return run instanceof HandlerRun ? runHandler(run) : run;
+}
+
+/** A HandlerRun's steps: begin, its handler's call awaited, what it returned or threw, end. */
+export async function runHandler(run: HandlerRun): Promise<TaskRun> {
   run.begin();
   try {
     run.returned(await run.call());
