@@ -819,15 +819,16 @@ export class Engine {
       void this.finish(x, answer);
       return;
     }
-    try {
-      this.settledAs(x, answer);
-    } catch (err) {
-      this.logCrash(x, err);
-    }
     let overdue: Promise<void> | undefined;
     try {
+      try {
+        this.settledAs(x, answer);
+      } catch (err) {
+        this.logCrash(x, err);
+      }
       overdue = this.afterSettled(x);
     } finally {
+      // Ended whatever threw (a logger that throws while telling of a crash): as runOne's finally did.
       if (overdue === undefined) {
         x.release();
         this.executionEnded();

@@ -295,7 +295,11 @@ export class SettlementBatcher {
       try {
         o.flushed();
       } catch (err) {
-        this.logger.error({ err: (err as Error)?.message ?? String(err) }, 'a completion owner threw when told');
+        try {
+          this.logger.error({ err: (err as Error)?.message ?? String(err) }, 'a completion owner threw when told');
+        } catch {
+          // A logger that throws too: the round's other owners are told all the same.
+        }
       }
     }
   }
