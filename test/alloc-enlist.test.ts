@@ -6,32 +6,19 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { enqueueMany } from '../src/index.js';
-import { claim, discover, type ClaimedTask } from '../src/processor/claim.js';
+import type { ClaimedTask } from '../src/processor/claim.js';
 import { type CompleteResult, type CompletionOwner, SettlementBatcher } from '../src/processor/settlement-batcher.js';
 import { storageFor } from '../src/storage/storage.js';
 import { BerthMetrics } from '../src/metrics/catalogue.js';
 import type { Logger } from '../src/logger.js';
 import type { Queryable } from '../src/sql.js';
-import { claimParams } from './claim-params.js';
+import { claimedTasks } from './claimed-tasks.js';
 import { freshSchema, testLogger, within } from './helpers.js';
 
 const { schema, pool } = await freshSchema('alloc_enlist');
 const storage = storageFor(schema);
 
-/** `n` fresh tasks claimed, one lane per queue given. */
-async function claimed(n: number, queues: string[]): Promise<ClaimedTask[]> {
-  await pool.query(`TRUNCATE "${schema}".ready, "${schema}".range_leases, "${schema}".range_settlements`);
-  await enqueueMany(
-    pool,
-    Array.from({ length: n }, (_, i) => ({ type: 't', payload: { i }, shard: 0, queue: queues[i % queues.length] })),
-    { schema },
-  );
-  const lanes = [...new Set((await discover(pool, storage, null, 50)).map((c) => c.laneId))];
-  const got = await claim(pool, claimParams(schema, lanes, n));
-  assert.equal(got.length, n);
-  return got.sort((a, b) => a.queue.localeCompare(b.queue));
-}
+const claimed = (n: number, queues: string[]): Promise<ClaimedTask[]> => claimedTasks(pool, schema, n, queues);
 
 type TestOwner = CompletionOwner & { told: Promise<CompleteResult>; calls: number };
 
