@@ -756,7 +756,7 @@ export class Engine {
 
   /**
    * The handler answered (`threw`: it threw, or its promise rejected): end its run and settle it.
-   * Throws only what the worker's logger throws (as runOne's async frame did).
+   * Never throws (crashed does not).
    */
   private handlerAnswered(x: Execution, h: HandlerRun, value: unknown, threw: boolean): void {
     let run: TaskRun;
@@ -877,10 +877,19 @@ export class Engine {
     x.hooks?.settled(run, settlement, answer);
   }
 
-  /** An execution failed outside its handler (a bug, a logger or an observer that threw): logged, and ended. */
+  /**
+   * An execution failed outside its handler (a bug, a logger or an observer that threw): logged,
+   * and ended. Never throws: it runs in the frame of whatever started or ended the execution (a
+   * dispatch from the fetch loop, another task's freed slot), where a throw (a logger that throws
+   * while the crash is logged) would stop that dispatch and reach the other task, whose own
+   * settlement it would drop, or the fetch loop, which would take it for a failed claim. At b831b4d
+   * each execution had a frame of its own, whose rejection reached no other task.
+   */
   private crashed(x: Execution, err: unknown): void {
     try {
       this.logCrash(x, err);
+    } catch {
+      // A logger or an observer that throws while the crash is told: the execution ends all the same.
     } finally {
       void this.finish(x, null);
     }
