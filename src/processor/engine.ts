@@ -45,8 +45,14 @@ const MAX_NOTICED_CANCELS = 4096;
 const CANCEL_CONFIRM_TRIES = 3;
 
 const delay = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
-/** Promise.prototype.then as the module found it (callHandler). */
-const promiseThen = Promise.prototype.then;
+/**
+ * The intrinsic Promise (what `await` uses), whatever the global `Promise` is: a library that
+ * installs its own as the global (bluebird, zone.js) gives promises the intrinsic `then` refuses
+ * as receivers ("incompatible receiver"), and every plain task would crash where `await` works.
+ */
+const IntrinsicPromise = (async () => {})().constructor as PromiseConstructor;
+/** Its `then`, as the module found it (callHandler). */
+const promiseThen = IntrinsicPromise.prototype.then;
 
 /**
  * Leased tasks waiting for a slot, oldest claim first: each claim's batch as it came, with the
@@ -740,7 +746,7 @@ export class Engine {
     h.begin();
     let answered: Promise<unknown>;
     try {
-      answered = Promise.resolve(h.call());
+      answered = IntrinsicPromise.resolve(h.call());
     } catch (err) {
       // Thrown at once (or its answer's `constructor` threw, as `await` would have): no turn waited.
       this.handlerAnswered(x, h, err, true);
