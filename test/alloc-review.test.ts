@@ -9,14 +9,14 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { cancelTask, defineTask, enqueue, enqueueMany, getTask, snooze, Worker } from '../src/index.js';
-import { claim, discover, type ClaimedTask } from '../src/processor/claim.js';
+import type { ClaimedTask } from '../src/processor/claim.js';
 import { type CompleteResult, type Completion, SettlementBatcher } from '../src/processor/settlement-batcher.js';
 import { completeLeases } from '../src/storage/complete.js';
 import { entryKey } from '../src/storage/attempt.js';
 import { storageFor } from '../src/storage/storage.js';
 import { BerthMetrics } from '../src/metrics/catalogue.js';
 import type { Queryable } from '../src/sql.js';
-import { claimParams } from './claim-params.js';
+import { claimedTasks } from './claimed-tasks.js';
 import {
   captureLogger,
   DATABASE_URL,
@@ -33,25 +33,8 @@ const { schema, pool } = await freshSchema('alloc_review');
 const S = `"${schema}"`;
 const storage = storageFor(schema);
 
-async function empty(): Promise<void> {
-  await pool.query(
-    `TRUNCATE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred, ${S}.dead_letters, ${S}.dedupe, ${S}.task_results, ${S}.attempt_history`,
-  );
-}
-
 /** `n` fresh tasks claimed (one lane per queue given), in lane order. */
-async function claimed(n: number, queues: string[] = ['q']): Promise<ClaimedTask[]> {
-  await empty();
-  await enqueueMany(
-    pool,
-    Array.from({ length: n }, (_, i) => ({ type: 't', payload: { i }, shard: 0, queue: queues[i % queues.length] })),
-    { schema },
-  );
-  const lanes = [...new Set((await discover(pool, storage, null, 50)).map((c) => c.laneId))];
-  const got = await claim(pool, claimParams(schema, lanes, n));
-  assert.equal(got.length, n);
-  return got.sort((a, b) => a.laneId - b.laneId || Number(BigInt(a.laneSeq) - BigInt(b.laneSeq)));
-}
+const claimed = (n: number, queues: string[] = ['q']): Promise<ClaimedTask[]> => claimedTasks(pool, schema, n, queues);
 
 const stolen = (t: ClaimedTask) => ({ ...t, token: '00000000-0000-0000-0000-000000000000' });
 

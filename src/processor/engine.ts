@@ -4,7 +4,7 @@ import { laneLabel } from '../lane.js';
 import { childLogger, type Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
-import { DEFAULT_BACKOFF } from '../task.js';
+import { type AnyTaskDefinition, type BackoffPolicy, DEFAULT_BACKOFF } from '../task.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
 import type { ClaimedTask } from './claim.js';
 import { Fetcher } from './fetcher.js';
@@ -13,29 +13,23 @@ import { KeyReleaser } from './key-releaser.js';
 import { TypeRateGate } from './type-rate-gate.js';
 import { DEFAULT_HEARTBEAT_MS } from '../storage/live-workers.js';
 import type { OutcomeTally } from './heartbeat.js';
-import { type SettleAnswer, settlementFor, type TaskRun } from './outcome-table.js';
+import { type SettleAnswer, type Settlement, settlementFor, type TaskAttempt, type TaskRun } from './outcome-table.js';
 import { NotifyThrottle } from './notify-throttle.js';
 import { PrefetchRate } from './prefetch-rate.js';
 import { DeadlineTimer, RunAbort } from './run-abort.js';
-import { HandlerRun, runTask, type RunDeps, startRun } from './run-task.js';
+import { HandlerRun, type RunInput, runHandler, runTask, type RunDeps, type Startable, startRun } from './run-task.js';
 import { ScheduleCeilings } from './schedule-ceilings.js';
-import {
-  afterRefused,
-  completedAnswer,
-  type SettleDeps,
-  settled,
-  startCompletion,
-  writeSettlement,
-} from './settle-task.js';
-import type { SettlementBatcher } from './settlement-batcher.js';
+import { afterRefused, completedAnswer, type SettleDeps, settled, writeSettlement } from './settle-task.js';
+import type { CompleteResult, CompletionOwner, SettlementBatcher } from './settlement-batcher.js';
 import { entryKey } from '../storage/attempt.js';
+import type { ResultJson } from '../storage/results.js';
 import { returnUnstarted } from '../storage/return.js';
 import { cancelledAmong, CANCEL_NOTICE_PREFIX, parseCancelNotice } from '../storage/cancel.js';
 import { StuckGuard } from './stuck.js';
 import type { EngineOptions } from './engine-options.js';
 import { TypeMetrics } from './type-metrics.js';
 import { UnknownTypes } from './unknown-types.js';
-import type { TaskObserver } from './task-observer.js';
+import type { Attempt, TaskObserver } from './task-observer.js';
 
 /** The longest wait between claim attempts while the database fails (see runFetchLoop). */
 const FETCH_RETRY_MAX_MS = 1000;
@@ -51,11 +45,14 @@ const MAX_NOTICED_CANCELS = 4096;
 const CANCEL_CONFIRM_TRIES = 3;
 
 const delay = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
-
-interface InFlight {
-  task: ClaimedTask;
-  abort: RunAbort;
-}
+/**
+ * The intrinsic Promise (what `await` uses), whatever the global `Promise` is: a library that
+ * installs its own as the global (bluebird, zone.js) gives promises the intrinsic `then` refuses
+ * as receivers ("incompatible receiver"), and every plain task would crash where `await` works.
+ */
+const IntrinsicPromise = (async () => {})().constructor as PromiseConstructor;
+/** Its `then`, as the module found it (callHandler). */
+const promiseThen = IntrinsicPromise.prototype.then;
 
 /**
  * Leased tasks waiting for a slot, oldest claim first: each claim's batch as it came, with the
@@ -172,21 +169,103 @@ export interface EngineDeps {
 }
 
 /**
- * A task's logger: a child of the worker's with the task's fields, made on first use (most runs
- * log nothing, and a pino child per task is not free).
+ * One execution of a leased task, from its start on a slot to its written settlement: the run's
+ * input (run-task.ts's RunInput), the engine's in-flight entry, the handler of the task's lazy
+ * logger and the outcome table's TaskAttempt, as one object. They were an input object, a
+ * `freeSlot` closure and its context, an in-flight entry, a proxy handler and the table's
+ * argument per task (~0.2 KB of a drain's allocation per task, docs/benchmarks-journal.md).
+ *
+ * The task's logger (`log`) is a child of the worker's with the task's fields, made on first use
+ * (most runs log nothing, and a pino child per task is not free): a Proxy whose handler is this
+ * object (`get` is its only trap; no other trap's name is a member here).
  */
-function lazyChild(parent: Logger, task: ClaimedTask): Logger {
-  return new Proxy(parent, new LazyChild(parent, task));
-}
-
-class LazyChild implements ProxyHandler<Logger> {
-  private child: Logger | undefined;
+class Execution implements RunInput, ProxyHandler<Logger>, TaskAttempt, CompletionOwner {
+  readonly key: string;
+  readonly abort: RunAbort;
+  readonly def: AnyTaskDefinition | undefined;
+  readonly log: Logger;
+  /** Null unless someone listens to task events or a TracerProvider is registered. */
+  readonly hooks: Attempt | null;
+  private freed = false;
+  private child: Logger | undefined = undefined;
+  /** What happened, and the settlement the outcome table chose for it (`settleAs`). */
+  run: TaskRun | null = null;
+  settlement: Settlement | null = null;
+  /** A completion's entry in the batcher (CompletionOwner): its run time, result and answer. */
+  runMs: number | null = null;
+  result: ResultJson | null = null;
+  answer: CompleteResult | undefined = undefined;
 
   constructor(
+    private readonly engine: Engine,
+    readonly task: ClaimedTask,
+    /** When the claim handed this task to the process (epoch ms). */
+    readonly receivedAt: number,
+    o: EngineOptions,
     private readonly parent: Logger,
-    private readonly task: ClaimedTask,
-  ) {}
+    observer: TaskObserver,
+  ) {
+    this.key = entryKey(task);
+    this.abort = new RunAbort(task.leaseExpiresAt - o.leaseMarginMs);
+    this.def = o.tasks.defs.get(task.type);
+    this.log = new Proxy(parent, this);
+    this.hooks = observer.begin(task);
+  }
 
+  /** RunInput's: the handler is over (or never starts); observed runs free it outside their span. */
+  freeSlot(): void {
+    if (this.freed) return;
+    if (this.hooks === null) this.release();
+    else this.hooks.detached(() => this.release())();
+  }
+
+  /** Give the slot back, once (the execution's end frees it too, if nothing did before). */
+  release(): void {
+    if (this.freed) return;
+    this.freed = true;
+    this.engine.slotFreed(this.key);
+  }
+
+  /**
+   * Note what happened and its settlement. A completion (almost every run) is handed to the
+   * batcher, which calls `flushed` once it is written: true. Any other settlement is the
+   * caller's to write: false.
+   */
+  settleAs(run: TaskRun, settlement: Settlement, batcher: SettlementBatcher): boolean {
+    this.run = run;
+    this.settlement = settlement;
+    const action = settlement.action;
+    if (action.kind !== 'complete') return false;
+    this.runMs = 'ms' in run ? run.ms : null;
+    this.result = action.result ?? null;
+    batcher.enlist(this);
+    return true;
+  }
+
+  /** CompletionOwner's: the lease to complete. */
+  get ref(): ClaimedTask {
+    return this.task;
+  }
+
+  /** CompletionOwner's: the completion's answer is set. */
+  flushed(): void {
+    this.engine.completed(this);
+  }
+
+  /** The outcome table's TaskAttempt. */
+  get attempt(): number {
+    return this.task.attempt;
+  }
+
+  get backoff(): BackoffPolicy {
+    return this.def?.backoff ?? DEFAULT_BACKOFF;
+  }
+
+  get maxSnoozes(): number | undefined {
+    return this.def?.maxSnoozes;
+  }
+
+  /** The lazy logger's trap. */
   get(_target: Logger, prop: string | symbol): unknown {
     const t = this.task;
     this.child ??= childLogger(this.parent, {
@@ -219,7 +298,7 @@ export class Engine {
   /** Leased tasks waiting for a slot (at most `prefetch` beyond the idle slots). */
   private readonly buffer = new ClaimBuffer();
   /** Tasks whose handler is running: each holds a slot. */
-  private readonly inflight = new Map<string, InFlight>();
+  private readonly inflight = new Map<string, Execution>();
   /** Executions not yet fully settled (a handler may already have returned), and stop()'s wait for none. */
   private executing = 0;
   private dispatching = false;
@@ -619,93 +698,227 @@ export class Engine {
   }
 
   private startTask(task: ClaimedTask, receivedAt: number): void {
-    const abort = new RunAbort(task.leaseExpiresAt - this.o.leaseMarginMs);
-    const key = entryKey(task);
-    this.inflight.set(key, { task, abort });
+    const x = new Execution(this, task, receivedAt, this.o, this.deps.logger, this.deps.observer);
+    this.inflight.set(x.key, x);
     this.executing++;
-    void this.runOne(task, key, abort, receivedAt);
+    this.runOne(x);
   }
 
   /**
-   * One execution, from the handler to its written settlement. One async function rather than a
-   * promise chain (catch, then, finally: three more promises and closures per task) or two.
+   * An execution's slot came free: as soon as its handler returned (or never started); its
+   * settlement is written by the batcher meanwhile (stop() waits for it). Execution.release's, once
+   * per execution.
    */
-  private async runOne(task: ClaimedTask, key: string, abort: RunAbort, receivedAt: number): Promise<void> {
-    // The slot comes free as soon as the handler returns; its settlement is written by the
-    // batcher meanwhile (stop() waits for it).
-    let freed = false;
-    const freeSlot = () => {
-      if (freed) return;
-      freed = true;
-      this.inflight.delete(key);
-      this.rate.completed();
-      if (this.stopping) return;
-      this.dispatch();
-      // Asked here rather than by waking the fetch loop to ask it (a promise and a turn of the
-      // loop per task): it would go straight back to sleep unless a claim is wanted. Not whether
-      // the fetcher has leads: a fetch in flight may not have set them yet, and the wake is what
-      // makes the loop look again once it returns.
-      if (this.wanted() > 0) this.wake('slot_freed');
-    };
-    // Null unless someone listens to task events or a TracerProvider is registered.
-    const attempt = this.deps.observer.begin(task);
+  slotFreed(key: string): void {
+    this.inflight.delete(key);
+    this.rate.completed();
+    if (this.stopping) return;
+    this.dispatch();
+    // Asked here rather than by waking the fetch loop to ask it (a promise and a turn of the
+    // loop per task): it would go straight back to sleep unless a claim is wanted. Not whether
+    // the fetcher has leads: a fetch in flight may not have set them yet, and the wake is what
+    // makes the loop look again once it returns.
+    if (this.wanted() > 0) this.wake('slot_freed');
+  }
+
+  /**
+   * One execution, from the handler to its settlement handed off. No async function of its own
+   * for a plain task: its handler's answer is followed by one `then` (the steps `await` took:
+   * `Promise.resolve` of the answer, a thenable's adoption included, then its reaction), and a
+   * completion is told by the batcher (`completed`). An async frame per task, kept with all its
+   * registers across the handler's await, was ~0.3 KB of a drain's allocation per task
+   * (docs/benchmarks-journal.md). A start that waits (a schedule's ceiling, an asynchronous
+   * payload schema, a rate-limited type) and an observed execution run in `runLater`.
+   */
+  private runOne(x: Execution): void {
+    try {
+      const start = x.hooks === null ? startRun(this.runDeps, x) : null;
+      if (start === null || start instanceof Promise) void this.runLater(x, start);
+      else if (start instanceof HandlerRun) this.callHandler(x, start);
+      else this.ran(x, start);
+    } catch (err) {
+      this.crashed(x, err);
+    }
+  }
+
+  /** Call the handler (its run begun) and follow its answer. */
+  private callHandler(x: Execution, h: HandlerRun): void {
+    h.begin();
+    let answered: Promise<unknown>;
+    try {
+      answered = IntrinsicPromise.resolve(h.call());
+    } catch (err) {
+      // Thrown at once (or its answer's `constructor` threw, as `await` would have): no turn waited.
+      this.handlerAnswered(x, h, err, true);
+      return;
+    }
+    // The intrinsic `then`, as `await` uses: a handler's promise with a `then` of its own is not asked.
+    promiseThen.call(
+      answered,
+      (value) => this.handlerAnswered(x, h, value, false),
+      (err: unknown) => this.handlerAnswered(x, h, err, true),
+    );
+  }
+
+  /**
+   * The handler answered (`threw`: it threw, or its promise rejected): end its run and settle it.
+   * Never throws (crashed does not).
+   */
+  private handlerAnswered(x: Execution, h: HandlerRun, value: unknown, threw: boolean): void {
+    let run: TaskRun;
+    try {
+      if (threw) h.threw(value);
+      else {
+        try {
+          h.returned(value);
+        } catch (err) {
+          h.threw(err);
+        }
+      }
+      run = h.end();
+    } catch (err) {
+      this.crashed(x, err);
+      return;
+    }
+    this.ran(x, run);
+  }
+
+  /** An execution's start waits, or it is observed (events, a span): as runTask, in a frame of its own. */
+  private async runLater(x: Execution, start: Promise<Startable> | null): Promise<void> {
+    let run: TaskRun;
+    try {
+      if (start === null) run = await (x.hooks as Attempt).run(() => runTask(this.runDeps, x));
+      else {
+        const started = await start;
+        run = started instanceof HandlerRun ? await runHandler(started) : started;
+      }
+    } catch (err) {
+      this.crashed(x, err);
+      return;
+    }
+    this.ran(x, run);
+  }
+
+  /**
+   * What happened, settled: a completion (almost every run) handed to the batcher, which tells
+   * `completed` once its flush is over; any other settlement written here, as settleTask does.
+   */
+  private ran(x: Execution, run: TaskRun): void {
+    let written: Promise<SettleAnswer>;
+    try {
+      if (x.settleAs(run, settlementFor(run, x), this.deps.batcher)) return;
+      written = writeSettlement(this.settleDeps, x.task, run, x.settlement as Settlement, x.log);
+    } catch (err) {
+      this.crashed(x, err);
+      return;
+    }
+    void this.finish(x, written);
+  }
+
+  /**
+   * An execution's completion was answered (the batcher told its Execution): the steps after the
+   * write, in this turn, unless a refusal's probe or an overdue lease row must be waited for.
+   */
+  completed(x: Execution): void {
+    const answer = completedAnswer(x);
+    if (answer.kind === 'refused') {
+      void this.finish(x, answer);
+      return;
+    }
+    let overdue: Promise<void> | undefined;
     try {
       try {
-        // Run the task, then settle what happened: two steps, the table between them.
-        const def = this.o.tasks.defs.get(task.type);
-        const log = lazyChild(this.deps.logger, task);
-        const input = { task, def, receivedAt, abort, log, freeSlot, hooks: attempt };
-        if (attempt !== null) input.freeSlot = attempt.detached(freeSlot);
-        let run: TaskRun;
-        if (attempt === null) {
-          // runTask's steps in this frame (run-task.ts): no async layer of its own per task.
-          const start = startRun(this.runDeps, input);
-          const started = start instanceof Promise ? await start : start;
-          if (started instanceof HandlerRun) {
-            started.begin();
-            try {
-              started.returned(await started.call());
-            } catch (err) {
-              started.threw(err);
-            }
-            run = started.end();
-          } else run = started;
-        } else run = await attempt.run(() => runTask(this.runDeps, input));
-        const settlement = settlementFor(run, {
-          attempt: task.attempt,
-          backoff: def?.backoff ?? DEFAULT_BACKOFF,
-          maxSnoozes: def?.maxSnoozes,
-        });
-        // settleTask's steps in this frame (settle-task.ts): no async layer of its own per task.
-        // A completion awaits its flush's one promise, not a promise of its own (settlement-batcher.ts).
-        const completion = startCompletion(this.settleDeps, task, run, settlement);
-        let answer: SettleAnswer;
-        if (completion !== null) {
-          await completion.flushed;
-          answer = completedAnswer(completion);
-        } else answer = await writeSettlement(this.settleDeps, task, run, settlement, log);
-        if (answer.kind === 'refused') answer = await afterRefused(this.settleDeps, task, answer, log);
-        settled(this.settleDeps, task, run, settlement, answer, log);
-        attempt?.settled(run, settlement, answer);
+        this.settledAs(x, answer);
       } catch (err) {
-        this.deps.logger.error({ err: (err as Error).message, task_id: task.id }, 'task execution crashed');
-        attempt?.crashed(err);
+        this.logCrash(x, err);
       }
-      // A limited queue's capacity freed when the settlement committed (not when the slot did:
-      // a claim between the two would find the queue still full): claim it again. Otherwise
-      // one boolean read.
-      if (this.fetcher.hasLimits) {
-        if (this.fetcher.isKeyed(task.queue)) this.keyReleaser.settled(task.id);
-        if (this.fetcher.noteFreed(task.queue) && !this.stopping) this.wake('limit_freed');
+      overdue = this.afterSettled(x);
+    } finally {
+      // Ended whatever threw (a logger that throws while telling of a crash): as runOne's finally did.
+      if (overdue === undefined) {
+        x.release();
+        this.executionEnded();
       }
-      // Stuck-handler containment (processor/stuck.ts): after the settlement is written, an
-      // overdue lease row, if this run overran its deadline, has done its job.
-      const overdue = this.stuckGuard.settled(key);
+    }
+    if (overdue !== undefined) void this.afterOverdue(x, overdue);
+  }
+
+  /**
+   * The steps after a settlement's first answer (null: the execution crashed before it had one):
+   * who won a refusal, the log lines and counts, what follows a settlement, the execution's end.
+   */
+  private async finish(x: Execution, first: SettleAnswer | Promise<SettleAnswer> | null): Promise<void> {
+    try {
+      if (first !== null) {
+        try {
+          let answer = first instanceof Promise ? await first : first;
+          if (answer.kind === 'refused') answer = await afterRefused(this.settleDeps, x.task, answer, x.log);
+          this.settledAs(x, answer);
+        } catch (err) {
+          this.logCrash(x, err);
+        }
+      }
+      const overdue = this.afterSettled(x);
       if (overdue !== undefined) await overdue;
     } finally {
-      freeSlot();
+      x.release();
       this.executionEnded();
     }
+  }
+
+  private async afterOverdue(x: Execution, overdue: Promise<void>): Promise<void> {
+    try {
+      await overdue;
+    } finally {
+      x.release();
+      this.executionEnded();
+    }
+  }
+
+  /** Log what became of the execution's settlement, count its outcome and tell its observer. */
+  private settledAs(x: Execution, answer: SettleAnswer): void {
+    const run = x.run as TaskRun;
+    const settlement = x.settlement as Settlement;
+    settled(this.settleDeps, x.task, run, settlement, answer, x.log);
+    x.hooks?.settled(run, settlement, answer);
+  }
+
+  /**
+   * An execution failed outside its handler (a bug, a logger or an observer that threw): logged,
+   * and ended. Never throws: it runs in the frame of whatever started or ended the execution (a
+   * dispatch from the fetch loop, another task's freed slot), where a throw (a logger that throws
+   * while the crash is logged) would stop that dispatch and reach the other task, whose own
+   * settlement it would drop, or the fetch loop, which would take it for a failed claim. At b831b4d
+   * each execution had a frame of its own, whose rejection reached no other task.
+   */
+  private crashed(x: Execution, err: unknown): void {
+    try {
+      this.logCrash(x, err);
+    } catch {
+      // A logger or an observer that throws while the crash is told: the execution ends all the same.
+    } finally {
+      void this.finish(x, null);
+    }
+  }
+
+  private logCrash(x: Execution, err: unknown): void {
+    this.deps.logger.error({ err: (err as Error).message, task_id: x.task.id }, 'task execution crashed');
+    x.hooks?.crashed(err);
+  }
+
+  /** What follows an execution's settlement; the stuck guard's overdue row to wait for, if any. */
+  private afterSettled(x: Execution): Promise<void> | undefined {
+    const task = x.task;
+    // A limited queue's capacity freed when the settlement committed (not when the slot did:
+    // a claim between the two would find the queue still full): claim it again. Otherwise
+    // one boolean read.
+    if (this.fetcher.hasLimits) {
+      if (this.fetcher.isKeyed(task.queue)) this.keyReleaser.settled(task.id);
+      if (this.fetcher.noteFreed(task.queue) && !this.stopping) this.wake('limit_freed');
+    }
+    // Stuck-handler containment (processor/stuck.ts): after the settlement is written, an
+    // overdue lease row, if this run overran its deadline, has done its job.
+    return this.stuckGuard.settled(x.key);
   }
 
   /** Wait up to `graceMs` for the running handlers to finish on their own (ended early by skipGrace). */

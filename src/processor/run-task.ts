@@ -54,8 +54,11 @@ export interface RunInput {
   /** The run's deadline (the lease's own expiry stamp minus the margin) and its abort. */
   abort: RunAbort;
   log: Logger;
-  /** Gives the slot back: called as soon as no handler runs for this task any more. */
-  freeSlot: () => void;
+  /**
+   * Gives the slot back: called as soon as no handler runs for this task any more. A method (the
+   * engine's input is an object of a class): always called on the input, never detached from it.
+   */
+  freeSlot(): void;
   /** Told when the handler starts and returns (events, the span: processor/task-observer.ts); null: nobody asks. */
   hooks: HandlerHooks | null;
 }
@@ -109,7 +112,11 @@ const SIGNAL: PropertyDescriptor & ThisType<{ [RUN_ABORT]: RunAbort }> = {
 export async function runTask(deps: RunDeps, input: RunInput): Promise<TaskRun> {
   const start = startRun(deps, input);
   const run = start instanceof Promise ? await start : start;
-  if (!(run instanceof HandlerRun)) return run;
+  return run instanceof HandlerRun ? runHandler(run) : run;
+}
+
+/** A HandlerRun's steps: begin, its handler's call awaited, what it returned or threw, end. */
+export async function runHandler(run: HandlerRun): Promise<TaskRun> {
   run.begin();
   try {
     run.returned(await run.call());
@@ -165,23 +172,23 @@ function startBy(
   leaseDeadline: number,
   deadline: number,
 ): Startable | Promise<Startable> {
-  const { task, log, freeSlot } = input;
+  const { task, log } = input;
   const now = Date.now();
   if (leaseDeadline <= now && input.receivedAt < leaseDeadline) {
     // It waited in the prefetch buffer past its deadline: it never ran, so hand it back with
     // the attempt refunded rather than charge it a failure.
-    freeSlot();
+    input.freeSlot();
     return { kind: 'expired_in_buffer' };
   }
   if (task.startBy !== undefined && now > task.startBy) {
     // A rate-limited task that could not start within its limit's guard (a slow claim, a busy
     // process): started now, it could push a window of the limit over. Handed back with the
     // attempt refunded, as a task that waited too long in the buffer.
-    freeSlot();
+    input.freeSlot();
     return { kind: 'expired_in_buffer' };
   }
   if (deadline <= now) {
-    freeSlot();
+    input.freeSlot();
     // The claim outlasted the whole ceiling: running now would outlive the lease. Or the lease
     // is good but the shorter ceiling of the task's schedule is spent (a slow claim, a wait in
     // the buffer): failed with backoff as well, not refunded, since a refund would hand a task
@@ -242,18 +249,18 @@ async function rateLimitedStart(
   deadline: number,
   value: unknown,
 ): Promise<Startable> {
-  const { task, abort, freeSlot } = input;
+  const { task, abort } = input;
   // Asked last, right before the handler starts: a start granted is counted at once, so
   // nothing that may still stop the task (its payload, its deadline) comes between.
   const start = await deps.typeRates.take(task.type, task.id);
   if (!start.granted) {
-    freeSlot();
+    input.freeSlot();
     return { kind: 'rate_limited', note: start.note, delayMs: start.delayMs };
   }
   if (abort.reason instanceof CancelAbort) {
     // An operator's cancel, committed while it waited: the cancel's settlement is the
     // attempt's (nothing to write, counted cancelled), and its handler must not start.
-    freeSlot();
+    input.freeSlot();
     return CANCELLED_UNSTARTED;
   }
   const now = Date.now();
@@ -267,7 +274,7 @@ async function rateLimitedStart(
     // type's or the queue's starts over. Or a stop aborted the run while it waited: started
     // now, it would run with its signal aborted and be released on its attempt (buried on its
     // last one). Handed back unstarted, its start spent.
-    freeSlot();
+    input.freeSlot();
     return { kind: 'expired_in_buffer' };
   }
   return new HandlerRun(deps, input, def, schedule, deadline, value);

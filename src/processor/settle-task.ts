@@ -177,23 +177,10 @@ async function snoozeIt(
 const WRITTEN: SettleAnswer = Object.freeze({ kind: 'written', dead: false });
 
 /**
- * writeSettlement's completion for a caller that awaits it in its own frame (the engine, per
- * task): the batcher's Completion, whose `flushed` it awaits before `completedAnswer`; null for
- * any other action (writeSettlement's).
+ * The answer of a completion handed to the batcher (a Completion once its `flushed` resolved, or
+ * an owner `enlist`ed once it is told): writeSettlement's for the action `complete`.
  */
-export function startCompletion(
-  deps: SettleDeps,
-  task: ClaimedTask,
-  run: TaskRun,
-  settlement: Settlement,
-): Completion | null {
-  const action = settlement.action;
-  if (action.kind !== 'complete') return null;
-  return deps.batcher.completion(task, 'ms' in run ? run.ms : null, action.result ?? null);
-}
-
-/** The answer of a Completion once its `flushed` resolved. */
-export function completedAnswer(c: Completion): SettleAnswer {
+export function completedAnswer(c: Pick<Completion, 'answer'>): SettleAnswer {
   return completeAnswer(c.answer as CompleteResult);
 }
 

@@ -4,7 +4,7 @@ import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
-import { type CompletableRef, completeLeases } from '../storage/complete.js';
+import { type CompletableRef, completeBatch } from '../storage/complete.js';
 import type { ResultJson } from '../storage/results.js';
 import { recordFailures, type FailureInput } from '../storage/fail.js';
 import { entryKey, type AttemptRef } from '../storage/attempt.js';
@@ -50,17 +50,41 @@ export interface Completion {
 /** A write withRetry made, or gave up on. */
 type Retried<T> = { ok: true; value: T } | { ok: false; error: string };
 
+/**
+ * A completion handed in by a caller that is told when its flush is over (`enlist`: the engine,
+ * per task), rather than one that awaits it: the caller's own object is the batch's entry, so a
+ * task costs no promise, no await and no entry object of its own.
+ */
+export interface CompletionOwner {
+  readonly ref: CompletableLease;
+  /** The handler's run time, for attempt history. */
+  readonly runMs: number | null;
+  /** The handler's result (JSON, checked), stored only if the completion wins the fence. */
+  readonly result: ResultJson | null;
+  /** Set by the batcher before `flushed()` is called. */
+  answer: CompleteResult | undefined;
+  /**
+   * The flush is over and `answer` set: called once, for every owner of the flush, in one
+   * microtask after it (where an `await` of the flush would have resumed). A throw is logged,
+   * and the flush's other owners are still told.
+   */
+  flushed(): void;
+}
+
 /** A completion waiting for its flush. */
-interface PendingComplete extends Completion {
+interface PendingComplete {
   ref: CompletableLease;
   runMs: number | null;
   result: ResultJson | null;
+  answer: CompleteResult | undefined;
 }
 
 /** The completions one flush takes: one promise for all of them, not one per task. */
 class Round {
   readonly flushed: Promise<void>;
   resolve: () => void = () => {};
+  /** The round's enlisted completions, told once it is over; null while none. */
+  owners: CompletionOwner[] | null = null;
 
   constructor() {
     this.flushed = new Promise((resolve) => {
@@ -177,10 +201,22 @@ export class SettlementBatcher {
    */
   completion(ref: CompletableLease, runMs: number | null = null, result: ResultJson | null = null): Completion {
     this.round ??= new Round();
-    const c: PendingComplete = { ref, runMs, result, flushed: this.round.flushed, answer: undefined };
+    const c: PendingComplete & Completion = { ref, runMs, result, flushed: this.round.flushed, answer: undefined };
     this.completes.push(c);
     this.kick();
     return c;
+  }
+
+  /**
+   * A completion whose owner is told (`owner.flushed()`) once its flush is over, its `answer`
+   * set: always, whatever became of the flush (settled, refused or unwritten).
+   */
+  enlist(owner: CompletionOwner): void {
+    this.round ??= new Round();
+    if (this.round.owners === null) this.round.owners = [owner];
+    else this.round.owners.push(owner);
+    this.completes.push(owner);
+    this.kick();
   }
 
   fail(input: FailureInput & { ref: Settleable }): Promise<FailResult> {
@@ -248,6 +284,23 @@ export class SettlementBatcher {
       // Every answer is set: the batch's callers read them now (a batch in parts, over 32 MiB of
       // results, answers once its last part is written).
       round?.resolve();
+      const owners = round?.owners;
+      if (owners) void round.flushed.then(() => this.tell(owners));
+    }
+  }
+
+  /** Tell a round's enlisted completions that their answers are set; one throwing stops none of the rest. */
+  private tell(owners: readonly CompletionOwner[]): void {
+    for (const o of owners) {
+      try {
+        o.flushed();
+      } catch (err) {
+        try {
+          this.logger.error({ err: (err as Error)?.message ?? String(err) }, 'a completion owner threw when told');
+        } catch {
+          // A logger that throws too: the round's other owners are told all the same.
+        }
+      }
     }
   }
 
@@ -261,34 +314,28 @@ export class SettlementBatcher {
     // never lost to a crash between the two). A flush without one sends what it always did.
     const parents = refs.filter((x) => x.hasDependents === true && x.id !== undefined);
     const r = await this.withRetry('complete', refs, async (retry) => {
-      const settled =
+      // By position (won[i] for refs[i]): no key string per task to build and look up.
+      const won =
         parents.length === 0
-          ? await completeLeases(this.db, this.storage, refs, runMs, results)
+          ? await completeBatch(this.db, this.storage, refs, runMs, results)
           : await inTransactionOn(this.db, async (tx) => {
-              const won = await completeLeases(tx, this.storage, refs, runMs, results);
-              const freed = await releaseCompleted(
-                tx,
-                this.storage,
-                parents.filter((x) => won.has(entryKey(x))).map((x) => x.id!),
-              );
+              const won = await completeBatch(tx, this.storage, refs, runMs, results);
+              const freed = await releaseCompleted(tx, this.storage, wonParents(refs, won));
               if (freed > 0) this.metrics.dependencyReleases.inc({ path: 'completion' }, freed);
               return won;
             });
-      if (retry)
-        for (const k of (
-          await settledWith(
-            this.db,
-            this.storage,
-            refs.filter((x) => !settled.has(entryKey(x))),
-            'completed',
-          )
-        ).keys())
-          settled.add(k);
-      return settled;
+      if (retry) {
+        // An earlier attempt may have committed unseen: its entries are settled by now.
+        const unseen = refs.filter((_, i) => !won[i]);
+        const settled = await settledWith(this.db, this.storage, unseen, 'completed');
+        for (let i = 0; i < refs.length; i++) if (!won[i] && settled.has(entryKey(refs[i]!))) won[i] = true;
+      }
+      return won;
     });
-    for (const b of batch) {
+    for (let i = 0; i < batch.length; i++) {
+      const b = batch[i]!;
       if (!r.ok) b.answer = { kind: 'unwritten', error: r.error };
-      else b.answer = r.value.has(entryKey(b.ref)) ? SETTLED : REFUSED;
+      else b.answer = r.value[i] ? SETTLED : REFUSED;
     }
   }
 
@@ -377,6 +424,16 @@ export class SettlementBatcher {
       }
     }
   }
+}
+
+/** The ids of the batch's tasks with dependents whose completion won. */
+function wonParents(refs: readonly CompletableLease[], won: readonly boolean[]): string[] {
+  const ids: string[] = [];
+  for (let i = 0; i < refs.length; i++) {
+    const x = refs[i]!;
+    if (won[i] && x.hasDependents === true && x.id !== undefined) ids.push(x.id);
+  }
+  return ids;
 }
 
 function latestExpiry(refs: readonly Settleable[]): number {

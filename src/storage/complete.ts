@@ -31,15 +31,8 @@ export type CompletableRef = AttemptRef & {
 /**
  * Completion, batched: settle attempts as completed. Returns the keys that were settled; a lease not
  * returned was refused (token no longer owns it, or another settlement took the entry first).
- * Also frees each completed task's dedupe key. `runMs[i]` is the handler's run time of
- * `refs[i]` for attempt history (a parallel array, so the batcher hands in the refs it holds
- * rather than a copy of each with its time).
- *
- * One row per range lease in the batch (the batch's entries of that lease as one multirange),
- * in one statement per ring segment (almost always one), naming the segment's partitions
- * directly: measured ~30 % cheaper per row than going through the partitioned parents (no tuple
- * routing, no run-time pruning per probe). A row that overlaps an existing settlement is dropped
- * whole by the constraint; only then does `completeRemainders` run, for those leases alone.
+ * completeBatch's answer as a set of entry keys (`entryKey`), for callers that look leases up by
+ * key.
  */
 export async function completeLeases(
   write: Queryable,
@@ -48,6 +41,36 @@ export async function completeLeases(
   runMs?: readonly (number | null)[],
   results?: readonly (ResultJson | null)[],
 ): Promise<Set<string>> {
+  const won = await completeBatch(write, storage, refs, runMs, results);
+  const settled = new Set<string>();
+  for (let i = 0; i < refs.length; i++) if (won[i]) settled.add(entryKey(refs[i]!));
+  return settled;
+}
+
+/**
+ * Completion, batched: settle attempts as completed. Answers by position: `won[i]` says whether
+ * `refs[i]` was settled; one not settled was refused (token no longer owns it, or another
+ * settlement took the entry first). Also frees each completed task's dedupe key. `runMs[i]` is
+ * the handler's run time of `refs[i]` for attempt history (a parallel array, so the batcher hands
+ * in the refs it holds rather than a copy of each with its time).
+ *
+ * Answered per lease, by position, not as a set of entry keys: a `laneId:laneSeq` string per
+ * task built here, another built by the caller to look it up, and the set's entries were ~0.3 KB
+ * of a drain's allocation per task (docs/benchmarks-journal.md, issue 35).
+ *
+ * One row per range lease in the batch (the batch's entries of that lease as one multirange),
+ * in one statement per ring segment (almost always one), naming the segment's partitions
+ * directly: measured ~30 % cheaper per row than going through the partitioned parents (no tuple
+ * routing, no run-time pruning per probe). A row that overlaps an existing settlement is dropped
+ * whole by the constraint; only then does `completeRemainders` run, for those leases alone.
+ */
+export async function completeBatch(
+  write: Queryable,
+  storage: Storage,
+  refs: readonly CompletableRef[],
+  runMs?: readonly (number | null)[],
+  results?: readonly (ResultJson | null)[],
+): Promise<boolean[]> {
   const bySegment = new Map<number, LeaseGroup[]>();
   for (const g of groupByLease(refs, runMs)) {
     let inSegment = bySegment.get(g.segment);
@@ -58,12 +81,12 @@ export async function completeLeases(
     inSegment.push(g);
   }
   const withResults = results === undefined ? null : resultsBySegment(refs, results);
-  const settled = new Set<string>();
+  const won = new Array<boolean>(refs.length).fill(false);
   for (const [segment, groups] of bySegment) {
     const kept = withResults?.get(segment) ?? NO_RESULTS;
-    for (const key of await completeInSegment(write, storage, segment, groups, kept)) settled.add(key);
+    await completeInSegment(write, storage, segment, groups, kept, won);
   }
-  return settled;
+  return won;
 }
 
 /** An entry of a completion batch that carries its handler's result. */
@@ -104,7 +127,7 @@ function resultsBySegment(
   return out;
 }
 
-/** A batch's entries of one range lease, in lane order, with their run times. */
+/** A batch's entries of one range lease, in lane order, with their run times and places in the batch. */
 interface LeaseGroup {
   segment: number;
   laneId: number;
@@ -112,6 +135,8 @@ interface LeaseGroup {
   token: string;
   refs: CompletableRef[];
   runMs: (number | null)[];
+  /** `at[j]`: the index of `refs[j]` in the batch (the caller's answer is by position). */
+  at: number[];
 }
 
 /**
@@ -130,12 +155,21 @@ function groupByLease(refs: readonly CompletableRef[], runMs: readonly (number |
       const k = g === undefined ? r.token : `${r.token}:${r.segment}:${r.laneId}:${r.leaseFrom}`;
       g = groups.get(k);
       if (g === undefined) {
-        g = { segment: r.segment, laneId: r.laneId, leaseFrom: r.leaseFrom, token: r.token, refs: [], runMs: [] };
+        g = {
+          segment: r.segment,
+          laneId: r.laneId,
+          leaseFrom: r.leaseFrom,
+          token: r.token,
+          refs: [],
+          runMs: [],
+          at: [],
+        };
         groups.set(k, g);
       }
     }
     g.refs.push(r);
     g.runMs.push(runMsValue(runMs === undefined ? r.runMs : runMs[i]));
+    g.at.push(i);
   }
   // Rows in (lane, lease) order on every writer: two inserters whose rows overlap then meet in
   // the same order, which makes a deadlock between them (40P01, retried) rarer. Each group's
@@ -154,6 +188,7 @@ function sortBySeq(g: LeaseGroup): void {
   const order = g.refs.map((_, i) => i).sort((a, b) => compareSeq(g.refs[a]!.laneSeq, g.refs[b]!.laneSeq));
   g.refs = order.map((i) => g.refs[i]!);
   g.runMs = order.map((i) => g.runMs[i]!);
+  g.at = order.map((i) => g.at[i]!);
 }
 
 /**
@@ -330,7 +365,9 @@ async function completeInSegment(
   segment: number,
   groups: readonly LeaseGroup[],
   results: readonly ResultEntry[],
-): Promise<string[]> {
+  /** Set true at the batch index of each entry settled. */
+  won: boolean[],
+): Promise<void> {
   const query =
     results.length === 0
       ? storage
@@ -340,15 +377,14 @@ async function completeInSegment(
           .statement(`complete-results:${segment}`, (schema) => completeWithResultsStatement(schema, segment))
           .query({ ...groupValues(groups), ...resultValues(results) });
   const res = await write.query<{ lane_id: number; lease_from: string; token: string }>(query);
-  const won = new Set(res.rows.map((r) => `${r.lane_id}:${r.lease_from}:${r.token}`));
-  const out: string[] = [];
+  // Keys per lease, not per task (a claim's tasks share one lease).
+  const rows = new Set(res.rows.map((r) => `${r.lane_id}:${r.lease_from}:${r.token}`));
   const lost: LeaseGroup[] = [];
   for (const g of groups) {
-    if (won.has(`${g.laneId}:${g.leaseFrom}:${g.token}`)) for (const r of g.refs) out.push(entryKey(r));
+    if (rows.has(`${g.laneId}:${g.leaseFrom}:${g.token}`)) for (const i of g.at) won[i] = true;
     else lost.push(g);
   }
-  if (lost.length > 0) out.push(...(await completeRemainders(write, storage, segment, lost, results)));
-  return out;
+  if (lost.length > 0) await completeRemainders(write, storage, segment, lost, results, won);
 }
 
 /**
@@ -407,7 +443,8 @@ async function completeRemainders(
   segment: number,
   groups: readonly LeaseGroup[],
   results: readonly ResultEntry[],
-): Promise<string[]> {
+  won: boolean[],
+): Promise<void> {
   const kept = results.length === 0 ? null : resultValues(results);
   const query = (pending: readonly LeaseGroup[]) =>
     kept === null
@@ -419,7 +456,6 @@ async function completeRemainders(
             completeRemaindersWithResultsStatement(schema, segment),
           )
           .query({ ...groupValues(pending), ...kept });
-  const out: string[] = [];
   let pending = [...groups];
   for (let pass = 0; pending.length > 0 && pass < 8; pass++) {
     const res = await write.query<{
@@ -435,14 +471,13 @@ async function completeRemainders(
         (x) => x.laneId === row.lane_id && x.leaseFrom === row.lease_from && x.token === row.token,
       );
       if (!g) continue;
-      const won = new Set(row.won ?? []);
-      for (const r of g.refs) if (won.has(r.laneSeq)) out.push(entryKey(r));
+      const seqs = new Set(row.won ?? []);
+      for (let j = 0; j < g.refs.length; j++) if (seqs.has(g.refs[j]!.laneSeq)) won[g.at[j]!] = true;
       // Dropped again by a writer that took part of the remainder meanwhile: go round.
       if (row.rest) retry.push(g);
     }
     pending = retry;
   }
-  return out;
 }
 
 /**
