@@ -52,7 +52,8 @@ const UNSTORABLE = /[\u0000\ud800-\udfff]/u;
 const UNSTORABLE_IN_JSON = /\\u(?:0000|d[89a-f][0-9a-f]{2})/g;
 
 /** What in `s` PostgreSQL cannot store as text, described; undefined when nothing. */
-export function unstorable(s: string): string | undefined {
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+export const unstorable = (function unstorable(s: string): string | undefined {
   // A plain loop first: ~10 ns for a short key, against ~50 ns for the regex.
   let suspect = false;
   for (let i = 0; i < s.length; i++) {
@@ -68,7 +69,7 @@ export function unstorable(s: string): string | undefined {
   return c === 0
     ? 'a NUL character (\\u0000), which PostgreSQL cannot store'
     : `a lone surrogate (\\u${c.toString(16)}), which is not valid Unicode text`;
-}
+});
 
 /**
  * A text field: a string, within `maxBytes` UTF-8 bytes (or `maxChars` characters), without a
@@ -76,7 +77,8 @@ export function unstorable(s: string): string | undefined {
  * keys could collide). `where` names the task ("task #3"). Messages are built only on failure:
  * this runs for every task of a bulk enqueue.
  */
-export function checkText(
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+export const checkText = (function checkText(
   value: unknown,
   field: string,
   where: string,
@@ -95,7 +97,7 @@ export function checkText(
   const bad = unstorable(value);
   if (bad) throw new BerthInputError(`${where ? `${where}: ` : ''}${field} contains ${bad}`);
   return value;
-}
+});
 
 function textError(
   field: string,
@@ -145,7 +147,8 @@ export function checkMs(value: unknown, field: string, where: string, min: numbe
  * `hints` maps names other libraries use to ours, where spelling alone would not find it
  * (`backoff.initial` → `baseMs`).
  */
-export function checkKeys(
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+export const checkKeys = (function checkKeys(
   value: object,
   known: ReadonlySet<string>,
   what: string,
@@ -154,7 +157,7 @@ export function checkKeys(
   for (const key in value) {
     if (!known.has(key)) throw unknownOption(key, known, what, hints);
   }
-}
+});
 
 /** The error for an unknown option key: the key, the nearest known one, and the full list. */
 export function unknownOption(
@@ -172,16 +175,18 @@ export function unknownOption(
  * A payload's JSON, scanned once for what jsonb refuses. Only on a hit is the payload walked, to
  * name the path of the offending value or key.
  */
-export function checkPayloadJson(json: string, where: string, type: string): void {
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+export const checkPayloadJson = (function checkPayloadJson(json: string, where: string, type: string): void {
   const found = unstorableInJson(json, 'payload');
   if (found !== undefined) throw new BerthInputError(`${where} (${type}): ${found}`);
-}
+});
 
 /**
  * What in a JSON text (JSON.stringify's) jsonb refuses, named by its path under `root`;
  * undefined when nothing (a handler's result is checked with it too).
  */
-export function unstorableInJson(json: string, root: string): string | undefined {
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+export const unstorableInJson = (function unstorableInJson(json: string, root: string): string | undefined {
   // Most values have no `\u` escape at all: one native scan (~15 ns for a small payload).
   if (json.indexOf('\\u') === -1) return undefined;
   UNSTORABLE_IN_JSON.lastIndex = 0;
@@ -194,7 +199,7 @@ export function unstorableInJson(json: string, root: string): string | undefined
     }
   }
   return undefined;
-}
+});
 
 /** Whether the backslash at `i` starts an escape: an even number of backslashes precede it. */
 function isEscapeAt(json: string, i: number): boolean {

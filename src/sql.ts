@@ -16,11 +16,12 @@ export interface Queryable {
  * The one place an identifier (schema, partition, sequence, channel name) becomes SQL text.
  * Everything a user passes as a value travels as a bind parameter instead.
  */
-export function quoteIdent(name: string): string {
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+export const quoteIdent = (function quoteIdent(name: string): string {
   if (name.length === 0) throw new Error('identifier must not be empty');
   if (name.includes('\u0000')) throw new Error('identifier must not contain NUL');
   return `"${name.replaceAll('"', '""')}"`;
-}
+});
 
 /** A SQL string literal, for the few DDL places (function bodies) that cannot take a bind. */
 export function quoteLiteral(value: string): string {
@@ -72,7 +73,8 @@ const shortNames = new Map<string, string>();
  * and every claim in that window failed. A longer name becomes its kind (the part before the
  * first colon) and a hash of the whole: still one name per statement text, and distinct.
  */
-export function statementName(name: string): string {
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+export const statementName = (function statementName(name: string): string {
   // A UTF-16 unit is at most 3 UTF-8 bytes: a name of 21 units or fewer fits without counting.
   if (name.length * 3 <= STATEMENT_NAME_BYTES || Buffer.byteLength(name) <= STATEMENT_NAME_BYTES) return name;
   let short = shortNames.get(name);
@@ -82,12 +84,13 @@ export function statementName(name: string): string {
     shortNames.set(name, short);
   }
   return short;
-}
+});
 
 /** Bind a schema name: validated and quoted here, once (storageFor in src/storage/storage.ts). */
-export function bindSchema(schema: string): Schema {
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+export const bindSchema = (function bindSchema(schema: string): Schema {
   return Object.freeze({ name: schema, q: quoteIdent(schema) });
-}
+});
 
 /**
  * Run one statement that walks the ring (rescue, the gauges, task counts and listings) with the

@@ -38,9 +38,10 @@ const NOOP_PROVIDER: TracerProvider = new ProxyTracerProvider().getDelegate();
 const API_GLOBAL = Symbol.for('opentelemetry.js.api.1');
 
 /** Nothing of OpenTelemetry's is registered in this process: no provider, no context manager. */
-function nothingRegistered(): boolean {
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+const nothingRegistered = (function nothingRegistered(): boolean {
   return (globalThis as Record<symbol, unknown>)[API_GLOBAL] === undefined;
-}
+});
 
 /**
  * Whether a TracerProvider other than the no-op one is registered globally. Asked per task, so it
@@ -84,7 +85,8 @@ export function parseTraceparent(value: string): SpanContext | undefined {
  * none, e.g. none is registered). Null when no valid span is active, so an untraced producer
  * stores nothing.
  */
-export function captureTraceContext(ctx?: Context): string | null {
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+export const captureTraceContext = (function captureTraceContext(ctx?: Context): string | null {
   // No context manager registered: the active context is the root, which holds no span.
   if (ctx === undefined && nothingRegistered()) return null;
   const sc = trace.getSpanContext(ctx ?? context.active());
@@ -97,7 +99,7 @@ export function captureTraceContext(ctx?: Context): string | null {
   const small: Record<string, string> = { traceparent: carrier.traceparent };
   if (carrier.tracestate !== undefined && carrier.tracestate.length <= 512) small.tracestate = carrier.tracestate;
   return JSON.stringify(small);
-}
+});
 
 /**
  * A stored trace context back as a context whose span context is the producer's (remote), or

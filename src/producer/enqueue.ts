@@ -225,7 +225,8 @@ export interface EnqueueManyOptions {
 /** A task spec as the run-time checks take it: a name is any string here. */
 type AnyTaskSpec = Omit<TaskSpec, 'type'> & { type: string | TaskTypeLike<unknown> };
 
-async function enqueueTasks(
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+const enqueueTasks = (async function enqueueTasks(
   executor: Queryable,
   tasks: readonly AnyTaskSpec[],
   options: EnqueueManyOptions,
@@ -241,9 +242,10 @@ async function enqueueTasks(
   } catch (err) {
     throw explainPreparedStatementError(notMigrated(err, schema));
   }
-}
+});
 
-async function enqueueInSchema(
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+const enqueueInSchema = (async function enqueueInSchema(
   executor: Queryable,
   tasks: readonly AnyTaskSpec[],
   schema: string,
@@ -296,7 +298,7 @@ async function enqueueInSchema(
     for (const chunk of chunks(groups.get(key)!)) await enqueueChunk(executor, storage, chunk, trace, results);
   }
   return results;
-}
+});
 
 /**
  * A lane's tasks in statements of at most CHUNK tasks and CHUNK_JSON_CHARS of payload JSON (a
@@ -320,14 +322,15 @@ function* chunks(group: ResolvedTaskSpec[]): Generator<ResolvedTaskSpec[]> {
 }
 
 /** Same queue, priority, shard (or default shard among as many): one lane, one group. */
-function sameLane(a: ResolvedTaskSpec, b: ResolvedTaskSpec): boolean {
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+const sameLane = (function sameLane(a: ResolvedTaskSpec, b: ResolvedTaskSpec): boolean {
   return (
     a.queue === b.queue &&
     a.priority === b.priority &&
     a.shard === b.shard &&
     (a.shard !== null || a.shards === b.shards)
   );
-}
+});
 
 /**
  * One lane's chunk: one statement. What it binds and returns is shaped for the bulk path
@@ -338,7 +341,8 @@ function sameLane(a: ResolvedTaskSpec, b: ResolvedTaskSpec): boolean {
  * NULL, which `enqueue()`'s multi-argument unnest pads like an array of NULLs; and the results
  * come back as one row of arrays instead of a row per task. Measured on 1,000-task calls.
  */
-async function enqueueChunk(
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+const enqueueChunk = (async function enqueueChunk(
   executor: Queryable,
   storage: Storage,
   chunk: readonly ResolvedTaskSpec[],
@@ -399,10 +403,11 @@ async function enqueueChunk(
     : storage.statement('enqueue', enqueueStatement).query(args);
   const res = await executor.query<{ ids: string[]; states: string }>(query);
   readResults(chunk, res.rows[0]!, results);
-}
+});
 
 /** A chunk's answers (one id and one state letter per task, in order) into `results`. */
-function readResults(
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+const readResults = (function readResults(
   chunk: readonly ResolvedTaskSpec[],
   row: { ids: string[]; states: string },
   results: EnqueueResult[],
@@ -419,18 +424,19 @@ function readResults(
         ? { id: null, state: 'duplicate', duplicateOf: id ?? undefined }
         : { id: id!, state: state === 'r' ? 'ready' : state === 'h' ? 'held' : 'scheduled' };
   }
-}
+});
 
 function enqueueStatement(schema: Schema) {
   return enqueueCall(schema, 'enqueue', '');
 }
 
 /** A task with nothing but a type, a payload and its lane: no run time, delay, attempts, dedupe or concurrency key. */
-function isPlain(t: ResolvedTaskSpec): boolean {
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+const isPlain = (function isPlain(t: ResolvedTaskSpec): boolean {
   return (
     t.runAt === null && t.delay === null && t.maxAttempts === null && t.dedupeKey === null && t.concurrencyKey === null
   );
-}
+});
 
 /**
  * `enqueue()` called for one plain task: its type and payload as one-element arrays, the
@@ -438,7 +444,8 @@ function isPlain(t: ResolvedTaskSpec): boolean {
  * 0.8-1.0 ms and binds it in 0.15-0.2 ms, the bulk statement in 2.4 and 0.5 (server log, 2-core
  * development machine).
  */
-function enqueueOneStatement({ name, q: s }: Schema) {
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+const enqueueOneStatement = (function enqueueOneStatement({ name, q: s }: Schema) {
   return positional(
     `SELECT ARRAY[e.id::text] AS ids, left(e.state, 1) AS states
        FROM ${s}.enqueue($1, $2::smallint, $3::smallint, $4::smallint, ARRAY[$5::text], ARRAY[$6::jsonb],
@@ -447,7 +454,7 @@ function enqueueOneStatement({ name, q: s }: Schema) {
     // Named, so each connection parses and plans it once, as the bulk statement.
     statementName(`berth-enqueue-one:${name}`),
   );
-}
+});
 
 function enqueueKeyedStatement(schema: Schema) {
   return enqueueCall(schema, 'enqueue_keyed', ', $12::text[]');
@@ -531,7 +538,8 @@ const DELAY_WHY = ' (the run time must fall before year 10000)';
  * (asynchronously, all of them at once); every other task is resolved synchronously, so a bulk
  * call of plain tasks makes no promise per task.
  */
-async function resolveTaskSpecs(tasks: readonly AnyTaskSpec[]): Promise<ResolvedTaskSpec[]> {
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+const resolveTaskSpecs = (async function resolveTaskSpecs(tasks: readonly AnyTaskSpec[]): Promise<ResolvedTaskSpec[]> {
   const n = tasks.length;
   const resolved = new Array<ResolvedTaskSpec>(n);
   const validations: Promise<void>[] = [];
@@ -557,12 +565,13 @@ async function resolveTaskSpecs(tasks: readonly AnyTaskSpec[]): Promise<Resolved
   }
   await Promise.all(validations);
   return resolved;
-}
+});
 
 /** How errors name a task: "task", or "task #3" in a batch. */
-function whereOf(index: number, count: number): string {
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+const whereOf = (function whereOf(index: number, count: number): string {
   return count === 1 ? 'task' : `task #${index}`;
-}
+});
 
 /**
  * One task checked and resolved (its payload already validated against its definition's
@@ -572,7 +581,8 @@ function whereOf(index: number, count: number): string {
 /** What a task enqueued without `dependsOn`, `ref` or `onParentFailure` carries. */
 const NO_DEPENDENCIES = { ref: null, dependsOn: null, onParentFailure: null } as const;
 
-function resolveTaskSpec(t: AnyTaskSpec, index: number, count: number, payload: unknown): ResolvedTaskSpec {
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+const resolveTaskSpec = (function resolveTaskSpec(t: AnyTaskSpec, index: number, count: number, payload: unknown): ResolvedTaskSpec {
   const where = whereOf(index, count);
   checkKeys(t, SPEC_KEYS, where);
   const def = typeof t.type === 'string' ? undefined : t.type;
@@ -644,4 +654,4 @@ function resolveTaskSpec(t: AnyTaskSpec, index: number, count: number, payload: 
     dedupeKey,
     concurrencyKey,
   };
-}
+});
