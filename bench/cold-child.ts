@@ -16,7 +16,14 @@ import type { RunningWorker } from './systems/types.js';
 export type ColdJob =
   | { kind: 'drain'; label: string; url: string; concurrency: number; n: number }
   | { kind: 'pickup'; label: string; url: string; concurrency: number }
-  | { kind: 'enqueue'; label: string; url: string; calls: number };
+  | {
+      kind: 'enqueue';
+      label: string;
+      url: string;
+      calls: number;
+      /** Run the system's migrate() on the producer's session before the first enqueue (Producer.migrate). */
+      migrateFirst: boolean;
+    };
 
 export type ChildMessage =
   | { type: 'ready' }
@@ -55,6 +62,10 @@ async function run(job: ColdJob): Promise<void> {
   if (job.kind === 'enqueue') {
     const producer = await adapter.openProducer();
     try {
+      if (job.migrateFirst) {
+        if (!producer.migrate) throw new Error(`${job.label} has no migrate step of its own`);
+        await producer.migrate();
+      }
       let at = performance.now();
       await producer.single(0);
       const firstMs = performance.now() - at;

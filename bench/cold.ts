@@ -203,10 +203,17 @@ export interface FirstEnqueueResult {
   laterMs: number;
 }
 
-/** A new process opens a producer (its session) and enqueues: the first call, then `calls` more. */
-export async function coldFirstEnqueue(adapter: SystemAdapter, cfg: BenchConfig): Promise<Outcome<FirstEnqueueResult>> {
+/**
+ * A new process opens a producer (its session: `SELECT 1`) and enqueues: the first call, then
+ * `calls` more. `migrateFirst`: the system's own migrate() runs on that session before the first call.
+ */
+export async function coldFirstEnqueue(
+  adapter: SystemAdapter,
+  cfg: BenchConfig,
+  migrateFirst = false,
+): Promise<Outcome<FirstEnqueueResult>> {
   await adapter.reset();
-  const child = new ColdChild({ kind: 'enqueue', label: adapter.label, url: cfg.benchUrl, calls: 20 });
+  const child = new ColdChild({ kind: 'enqueue', label: adapter.label, url: cfg.benchUrl, calls: 20, migrateFirst });
   try {
     const ready = await child.wait('ready', READY_TIMEOUT_MS);
     if (typeof ready === 'string') return { ok: false, timeout: false, note: ready };

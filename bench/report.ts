@@ -18,6 +18,7 @@ export type MetricKey =
   | 'coldMax'
   | 'firstEnqueue'
   | 'laterEnqueue'
+  | 'firstEnqueueMigrated'
   | 'wal10'
   | 'wal50'
   | 'commits10'
@@ -62,6 +63,7 @@ export const COLD_COLUMNS: readonly Column[] = [
   { key: 'coldMax', title: 'cold pickup max ms', fmt: fmtMs },
   { key: 'firstEnqueue', title: "a new process's first enqueue ms", fmt: fmtMs },
   { key: 'laterEnqueue', title: 'the enqueues after it ms (median)', fmt: fmtMs },
+  { key: 'firstEnqueueMigrated', title: "first enqueue after the system's migrate() on that session ms", fmt: fmtMs },
 ];
 
 /** When the last handler started, and how long after it every completion was recorded. */

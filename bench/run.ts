@@ -212,6 +212,25 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
               return o;
             },
           } satisfies Scenario,
+          {
+            name: 'cold first enqueue after migrate',
+            keys: ['firstEnqueueMigrated'],
+            async run(a) {
+              if (!a.producerMigrates) {
+                results.add(a.label, 'firstEnqueueMigrated', { kind: 'skipped' });
+                return { ok: true, value: null };
+              }
+              const o = await coldFirstEnqueue(a, cfg, true);
+              if (o.ok) {
+                results.add(a.label, 'firstEnqueueMigrated', { kind: 'ok', value: o.value.firstMs });
+                log(`  ${a.label} first enqueue after its migrate(): ${o.value.firstMs.toFixed(1)} ms`);
+              } else {
+                results.add(a.label, 'firstEnqueueMigrated', failure(o));
+                log(`  ${a.label} first enqueue after its migrate(): ${o.note}`);
+              }
+              return o;
+            },
+          } satisfies Scenario,
         ]
       : []),
   ];
@@ -360,8 +379,10 @@ function render(
             'milliseconds from `performance.timeOrigin`, one clock for both). **Cold drain**: as the drain above, ' +
             `the child starts the worker on ${cfg.drainN.toLocaleString('en-US')} queued tasks, counted at completion. ` +
             `**Cold pickup**: the child starts the worker; after 1 s idle, ${cfg.coldPickupN} tasks ${cfg.pickupGapMs} ms ` +
-            "apart from this process's warm producer. **First enqueue**: the child opens a producer (its session) and " +
-            'times its first single-task enqueue, then 20 more (their median).',
+            "apart from this process's warm producer. **First enqueue**: the child opens a producer (its session, " +
+            'which runs `SELECT 1`) and times its first single-task enqueue, then 20 more (their median); pg-boss ' +
+            "opens with `start()`, which it needs. **After migrate()**: the same, with the system's own migrate() " +
+            "run on that session first (berth's `migrate({ client })`, graphile-worker's `utils.migrate()`).",
         ]
       : []),
     `- **Bulk enqueue**: ${cfg.bulkN.toLocaleString('en-US')} tasks, ${cfg.bulkBatch} per call, sequential calls. ` +

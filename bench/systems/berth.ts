@@ -45,6 +45,7 @@ function adapter(ctx: AdapterContext, berth: Berth, label: string, schema: strin
   const { connectionString } = ctx;
   return {
     label,
+    producerMigrates: true,
     settings: `Worker({ slots: <concurrency>, logger: silent }), everything else default; schema \`${schema}\`; ${build}`,
 
     async reset() {
@@ -64,6 +65,15 @@ function adapter(ctx: AdapterContext, berth: Berth, label: string, schema: strin
         },
         async single(i) {
           await enqueue(pool, 'noop', { i }, { schema });
+        },
+        async migrate() {
+          // On the pool's one session (the one `SELECT 1` opened), as graphile-worker's `migrate()` runs on its.
+          const client = await pool.connect();
+          try {
+            await migrate({ client, schema });
+          } finally {
+            client.release();
+          }
         },
         close: () => pool.end(),
       };

@@ -10,6 +10,12 @@ export interface Producer {
   bulk(start: number, count: number): Promise<void>;
   /** Enqueue one task with a single-task call. */
   single(i: number): Promise<void>;
+  /**
+   * The system's own schema migration (its check that the schema is current), run on the
+   * producer's session as a service that migrates at start would; absent for a system whose
+   * producer cannot be opened without it (pg-boss's `start()`).
+   */
+  migrate?(): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -26,6 +32,8 @@ export interface SystemAdapter {
   /** Drop and reinstall this system's schema so the scenario starts empty. */
   reset(): Promise<void>;
   openProducer(): Promise<Producer>;
+  /** Its producer has a `migrate()` of its own (Producer.migrate). */
+  readonly producerMigrates?: boolean;
   /** Start processing `noop` tasks with `concurrency` handlers; resolves once started. */
   startWorker(concurrency: number, onRun: (i: number) => void): Promise<RunningWorker>;
   /**
