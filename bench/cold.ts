@@ -204,6 +204,26 @@ export interface FirstEnqueueResult {
 }
 
 /**
+ * A new process enqueues into an installation in use, not one made a moment ago: this process
+ * enqueues USED_TASKS tasks first, one call each. A schema just installed has none of what its
+ * first enqueues create once in an installation's life (berth makes a lane, with its sequence, the
+ * first time a queue, priority and shard is used: 16 lanes for the default queue's 16 shards, and
+ * a new lane cost the first call ~10 ms more of server time: docs/benchmarks-journal.md, "A new
+ * process's first enqueue, client and server"); a deploy or an autoscaled process enqueues into
+ * an installation that has them.
+ */
+const USED_TASKS = 64;
+
+async function useInstallation(adapter: SystemAdapter): Promise<void> {
+  const producer = await adapter.openProducer();
+  try {
+    for (let i = 0; i < USED_TASKS; i++) await producer.single(1_000_000 + i);
+  } finally {
+    await producer.close();
+  }
+}
+
+/**
  * A new process opens a producer (its session: `SELECT 1`) and enqueues: the first call, then
  * `calls` more. `migrateFirst`: the system's own migrate() runs on that session before the first call.
  */
@@ -213,6 +233,7 @@ export async function coldFirstEnqueue(
   migrateFirst = false,
 ): Promise<Outcome<FirstEnqueueResult>> {
   await adapter.reset();
+  await useInstallation(adapter);
   const child = new ColdChild({ kind: 'enqueue', label: adapter.label, url: cfg.benchUrl, calls: 20, migrateFirst });
   try {
     const ready = await child.wait('ready', READY_TIMEOUT_MS);

@@ -12,6 +12,8 @@
  *   rows first run graphile-worker's `migrate()` check query (one read of its migrations table:
  *   what its `utils.migrate()` sends when the schema is current), which warms the session's
  *   generic catalog caches, the same for every system.
+ * `a new lane`: berth's first call into a queue never used before, which makes the lane. The
+ * default queue's 16 lanes are made before the runs (64 enqueues), as in an installation in use.
  * berth's call is `enqueue()` on a pg.Client; graphile-worker's is `addJob` through WorkerUtils on
  * a pool of one session. Medians and ranges over the repetitions, interleaved.
  *
@@ -49,7 +51,7 @@ const MIGRATE_CHECK = `select current_setting('server_version_num') as server_ve
 
 type Job =
   | { kind: 'client'; dir: string }
-  | { kind: 'server'; system: 'berth' | 'graphile'; dir: string; warm: boolean };
+  | { kind: 'server'; system: 'berth' | 'graphile'; dir: string; warm: boolean; newLane?: boolean };
 type Answer = { first: number; second: number; cpu?: number };
 
 async function measure(job: Job): Promise<Answer> {
@@ -76,9 +78,11 @@ async function measure(job: Job): Promise<Answer> {
     try {
       const pid = (await client.query<{ p: number }>('SELECT pg_backend_pid() AS p')).rows[0]!.p;
       if (job.warm) await client.query(MIGRATE_CHECK);
+      // A queue never used before: the call makes its lane (and the lane's sequence).
+      const queue = job.newLane ? `new-${process.pid}-${Date.now()}` : undefined;
       const c0 = backendCpuMs(pid);
       let at = performance.now();
-      await berth!.enqueue(client, 'noop', { i: 0 }, { schema: SCHEMA });
+      await berth!.enqueue(client, 'noop', { i: 0 }, { schema: SCHEMA, ...(queue ? { queue } : {}) });
       const first = performance.now() - at;
       const cpu = backendCpuMs(pid) - c0;
       at = performance.now();
@@ -115,17 +119,24 @@ if (values.child) {
   process.stdout.write(JSON.stringify(answer));
 } else {
   const dirs = { A: resolve(values.a ?? dist), B: resolve(values.b ?? dist) };
-  const { migrate } = (await import(
+  const { migrate, enqueue } = (await import(
     pathToFileURL(resolve(dirs.B, 'index.js')).href
   )) as typeof import('../src/index.js');
   await migrate({ connectionString: url, schema: SCHEMA });
   await runMigrations({ connectionString: url, logger: undefined });
+  // An installation in use: every lane of the default queue made (16 shards; one call each).
+  const pg = (await import('pg')).default;
+  const setup = new pg.Client({ connectionString: url });
+  await setup.connect();
+  for (let i = 0; i < 64; i++) await enqueue(setup, 'noop', { i }, { schema: SCHEMA });
+  await setup.end();
   const jobs: Record<string, Job> = {
     'client A': { kind: 'client', dir: dirs.A },
     'client B': { kind: 'client', dir: dirs.B },
     'server berth A': { kind: 'server', system: 'berth', dir: dirs.A, warm: false },
     'server berth B': { kind: 'server', system: 'berth', dir: dirs.B, warm: false },
     'server graphile': { kind: 'server', system: 'graphile', dir: dirs.B, warm: false },
+    'server berth B, a new lane': { kind: 'server', system: 'berth', dir: dirs.B, warm: false, newLane: true },
     'server berth B +warm': { kind: 'server', system: 'berth', dir: dirs.B, warm: true },
     'server graphile +warm': { kind: 'server', system: 'graphile', dir: dirs.B, warm: true },
   };

@@ -380,7 +380,8 @@ function render(
             `the child starts the worker on ${cfg.drainN.toLocaleString('en-US')} queued tasks, counted at completion. ` +
             `**Cold pickup**: the child starts the worker; after 1 s idle, ${cfg.coldPickupN} tasks ${cfg.pickupGapMs} ms ` +
             "apart from this process's warm producer. **First enqueue**: the child opens a producer (its session, " +
-            'which runs `SELECT 1`) and times its first single-task enqueue, then 20 more (their median); pg-boss ' +
+            'which runs `SELECT 1`) and times its first single-task enqueue into an installation in use (this process ' +
+            'enqueued 64 tasks there first, one call each), then 20 more (their median); pg-boss ' +
             "opens with `start()`, which it needs. **After migrate()**: the same, with the system's own migrate() " +
             "run on that session first (berth's `migrate({ client })`, graphile-worker's `utils.migrate()`).",
         ]
