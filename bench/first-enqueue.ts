@@ -8,10 +8,12 @@
  * - **client**: berth's first `enqueue` on a stub executor that answers at once, so only berth's
  *   own code runs (checks, statement, V8 compiling it on first use); then the second call.
  * - **server**: backend CPU (from `/proc/<pid>/schedstat`, the nanoseconds the backend ran) and
- *   wall time of the first call on a new session that has run `SELECT pg_backend_pid()`; `+warm`
- *   rows first run graphile-worker's `migrate()` check query (one read of its migrations table:
- *   what its `utils.migrate()` sends when the schema is current), which warms the session's
- *   generic catalog caches, the same for every system.
+ *   wall time of the first call on a new session. berth's session has run `SELECT pg_backend_pid()`;
+ *   graphile-worker's has also run its migrate check, which `makeWorkerUtils()` runs on the pool's
+ *   session before it returns (one read of its migrations table). That query warms the session's
+ *   generic catalog caches for any next statement, so the like-for-like pair is `server berth B
+ *   +warm` (berth's call after the same query) against `server graphile`; `server graphile +warm`
+ *   has run it twice.
  * `a new lane`: berth's first call into a queue never used before, which makes the lane. The
  * default queue's 16 lanes are made before the runs (64 enqueues), as in an installation in use.
  * berth's call is `enqueue()` on a pg.Client; graphile-worker's is `addJob` through WorkerUtils on
@@ -94,6 +96,7 @@ async function measure(job: Job): Promise<Answer> {
   }
   const pool = new pg.Pool({ connectionString: url, max: 1 });
   pool.on('error', () => {});
+  pool.on('connect', (client) => client.on('error', () => {}));
   const utils = await makeWorkerUtils({ pgPool: pool });
   try {
     const pid = await utils.withPgClient(

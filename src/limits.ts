@@ -53,7 +53,7 @@ const UNSTORABLE_IN_JSON = /\\u(?:0000|d[89a-f][0-9a-f]{2})/g;
 
 /** What in `s` PostgreSQL cannot store as text, described; undefined when nothing. */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-export const unstorable = (function unstorable(s: string): string | undefined {
+export const unstorable = (function (s: string): string | undefined {
   // A plain loop first: ~10 ns for a short key, against ~50 ns for the regex.
   let suspect = false;
   for (let i = 0; i < s.length; i++) {
@@ -78,7 +78,7 @@ export const unstorable = (function unstorable(s: string): string | undefined {
  * this runs for every task of a bulk enqueue.
  */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-export const checkText = (function checkText(
+export const checkText = (function (
   value: unknown,
   field: string,
   where: string,
@@ -148,7 +148,7 @@ export function checkMs(value: unknown, field: string, where: string, min: numbe
  * (`backoff.initial` → `baseMs`).
  */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-export const checkKeys = (function checkKeys(
+export const checkKeys = (function (
   value: object,
   known: ReadonlySet<string>,
   what: string,
@@ -176,7 +176,7 @@ export function unknownOption(
  * name the path of the offending value or key.
  */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-export const checkPayloadJson = (function checkPayloadJson(json: string, where: string, type: string): void {
+export const checkPayloadJson = (function (json: string, where: string, type: string): void {
   const found = unstorableInJson(json, 'payload');
   if (found !== undefined) throw new BerthInputError(`${where} (${type}): ${found}`);
 });
@@ -186,7 +186,7 @@ export const checkPayloadJson = (function checkPayloadJson(json: string, where: 
  * undefined when nothing (a handler's result is checked with it too).
  */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-export const unstorableInJson = (function unstorableInJson(json: string, root: string): string | undefined {
+export const unstorableInJson = (function (json: string, root: string): string | undefined {
   // Most values have no `\u` escape at all: one native scan (~15 ns for a small payload).
   if (json.indexOf('\\u') === -1) return undefined;
   UNSTORABLE_IN_JSON.lastIndex = 0;

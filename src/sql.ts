@@ -17,7 +17,7 @@ export interface Queryable {
  * Everything a user passes as a value travels as a bind parameter instead.
  */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-export const quoteIdent = (function quoteIdent(name: string): string {
+export const quoteIdent = (function (name: string): string {
   if (name.length === 0) throw new Error('identifier must not be empty');
   if (name.includes('\u0000')) throw new Error('identifier must not contain NUL');
   return `"${name.replaceAll('"', '""')}"`;
@@ -74,7 +74,7 @@ const shortNames = new Map<string, string>();
  * first colon) and a hash of the whole: still one name per statement text, and distinct.
  */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-export const statementName = (function statementName(name: string): string {
+export const statementName = (function (name: string): string {
   // A UTF-16 unit is at most 3 UTF-8 bytes: a name of 21 units or fewer fits without counting.
   if (name.length * 3 <= STATEMENT_NAME_BYTES || Buffer.byteLength(name) <= STATEMENT_NAME_BYTES) return name;
   let short = shortNames.get(name);
@@ -88,7 +88,7 @@ export const statementName = (function statementName(name: string): string {
 
 /** Bind a schema name: validated and quoted here, once (storageFor in src/storage/storage.ts). */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-export const bindSchema = (function bindSchema(schema: string): Schema {
+export const bindSchema = (function (schema: string): Schema {
   return Object.freeze({ name: schema, q: quoteIdent(schema) });
 });
 

@@ -160,7 +160,7 @@ export function compile<N extends string>(fragment: Sql<N>, name?: string): Stat
  * text's placeholders are not exactly `$1` … `$n` for n names.
  */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-export const positional = (function positional<const N extends string>(text: string, names: readonly N[], name?: string): Statement<N> {
+export const positional = (function <const N extends string>(text: string, names: readonly N[], name?: string): Statement<N> {
   return new Statement({ text, names }, name);
 });
 
@@ -169,7 +169,7 @@ export const positional = (function positional<const N extends string>(text: str
  * quoted identifiers and comments. For the check that values and placeholders agree.
  */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-export const placeholdersOf = (function placeholdersOf(text: string): Set<number> {
+export const placeholdersOf = (function (text: string): Set<number> {
   const out = new Set<number>();
   const stripped = text
     .replace(/--[^\n]*/g, ' ')

@@ -39,7 +39,7 @@ const API_GLOBAL = Symbol.for('opentelemetry.js.api.1');
 
 /** Nothing of OpenTelemetry's is registered in this process: no provider, no context manager. */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-const nothingRegistered = (function nothingRegistered(): boolean {
+const nothingRegistered = (function (): boolean {
   return (globalThis as Record<symbol, unknown>)[API_GLOBAL] === undefined;
 });
 
@@ -86,7 +86,7 @@ export function parseTraceparent(value: string): SpanContext | undefined {
  * stores nothing.
  */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-export const captureTraceContext = (function captureTraceContext(ctx?: Context): string | null {
+export const captureTraceContext = (function (ctx?: Context): string | null {
   // No context manager registered: the active context is the root, which holds no span.
   if (ctx === undefined && nothingRegistered()) return null;
   const sc = trace.getSpanContext(ctx ?? context.active());

@@ -36,9 +36,10 @@ export function graphileAdapter(ctx: AdapterContext, mode: 'default' | 'throughp
     },
 
     async openProducer(): Promise<Producer> {
-      // The schema is installed by reset(); the producer opens its session with `SELECT 1`, as
-      // berth's does, so a new session's first addJob is measured on a session that has run nothing
-      // of the system's (`migrate()` below is the bench's other first-enqueue measurement).
+      // makeWorkerUtils() runs graphile-worker's migrate() on the pool's session before it returns
+      // (its lib.js, "// Migrate"), as it does for every user: that session has read its
+      // migrations table before the first addJob. Then `SELECT 1`, as berth's producer runs.
+      // `migrate()` below runs it again for the "after migrate()" row, where berth runs its own.
       const utils = await makeWorkerUtils({ connectionString, logger: silent });
       await utils.withPgClient((client) => client.query('SELECT 1'));
       return {

@@ -124,12 +124,12 @@ export function withoutPreparedStatements<Q extends Queryable>(db: Q): Q {
 
 /** `withoutPreparedStatements(db)` when `preparedStatements` is false, else `db` itself. */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-export const executorFor = (function executorFor<Q extends Queryable>(db: Q, preparedStatements: boolean | undefined): Q {
+export const executorFor = (function <Q extends Queryable>(db: Q, preparedStatements: boolean | undefined): Q {
   return preparedStatements === false ? withoutPreparedStatements(db) : db;
 });
 
 /** `preparedStatements` as an option: absent or a boolean, anything else refused by the caller. */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-export const isPreparedStatementsOption = (function isPreparedStatementsOption(value: unknown): value is boolean | undefined {
+export const isPreparedStatementsOption = (function (value: unknown): value is boolean | undefined {
   return value === undefined || typeof value === 'boolean';
 });

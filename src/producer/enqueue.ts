@@ -226,7 +226,7 @@ export interface EnqueueManyOptions {
 type AnyTaskSpec = Omit<TaskSpec, 'type'> & { type: string | TaskTypeLike<unknown> };
 
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-const enqueueTasks = (async function enqueueTasks(
+const enqueueTasks = (async function (
   executor: Queryable,
   tasks: readonly AnyTaskSpec[],
   options: EnqueueManyOptions,
@@ -245,7 +245,7 @@ const enqueueTasks = (async function enqueueTasks(
 });
 
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-const enqueueInSchema = (async function enqueueInSchema(
+const enqueueInSchema = (async function (
   executor: Queryable,
   tasks: readonly AnyTaskSpec[],
   schema: string,
@@ -323,7 +323,7 @@ function* chunks(group: ResolvedTaskSpec[]): Generator<ResolvedTaskSpec[]> {
 
 /** Same queue, priority, shard (or default shard among as many): one lane, one group. */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-const sameLane = (function sameLane(a: ResolvedTaskSpec, b: ResolvedTaskSpec): boolean {
+const sameLane = (function (a: ResolvedTaskSpec, b: ResolvedTaskSpec): boolean {
   return (
     a.queue === b.queue &&
     a.priority === b.priority &&
@@ -342,7 +342,7 @@ const sameLane = (function sameLane(a: ResolvedTaskSpec, b: ResolvedTaskSpec): b
  * come back as one row of arrays instead of a row per task. Measured on 1,000-task calls.
  */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-const enqueueChunk = (async function enqueueChunk(
+const enqueueChunk = (async function (
   executor: Queryable,
   storage: Storage,
   chunk: readonly ResolvedTaskSpec[],
@@ -407,7 +407,7 @@ const enqueueChunk = (async function enqueueChunk(
 
 /** A chunk's answers (one id and one state letter per task, in order) into `results`. */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-const readResults = (function readResults(
+const readResults = (function (
   chunk: readonly ResolvedTaskSpec[],
   row: { ids: string[]; states: string },
   results: EnqueueResult[],
@@ -432,7 +432,7 @@ function enqueueStatement(schema: Schema) {
 
 /** A task with nothing but a type, a payload and its lane: no run time, delay, attempts, dedupe or concurrency key. */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-const isPlain = (function isPlain(t: ResolvedTaskSpec): boolean {
+const isPlain = (function (t: ResolvedTaskSpec): boolean {
   return (
     t.runAt === null && t.delay === null && t.maxAttempts === null && t.dedupeKey === null && t.concurrencyKey === null
   );
@@ -445,7 +445,7 @@ const isPlain = (function isPlain(t: ResolvedTaskSpec): boolean {
  * development machine).
  */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-const enqueueOneStatement = (function enqueueOneStatement({ name, q: s }: Schema) {
+const enqueueOneStatement = (function ({ name, q: s }: Schema) {
   return positional(
     `SELECT ARRAY[e.id::text] AS ids, left(e.state, 1) AS states
        FROM ${s}.enqueue($1, $2::smallint, $3::smallint, $4::smallint, ARRAY[$5::text], ARRAY[$6::jsonb],
@@ -539,7 +539,7 @@ const DELAY_WHY = ' (the run time must fall before year 10000)';
  * call of plain tasks makes no promise per task.
  */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-const resolveTaskSpecs = (async function resolveTaskSpecs(tasks: readonly AnyTaskSpec[]): Promise<ResolvedTaskSpec[]> {
+const resolveTaskSpecs = (async function (tasks: readonly AnyTaskSpec[]): Promise<ResolvedTaskSpec[]> {
   const n = tasks.length;
   const resolved = new Array<ResolvedTaskSpec>(n);
   const validations: Promise<void>[] = [];
@@ -569,7 +569,7 @@ const resolveTaskSpecs = (async function resolveTaskSpecs(tasks: readonly AnyTas
 
 /** How errors name a task: "task", or "task #3" in a batch. */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-const whereOf = (function whereOf(index: number, count: number): string {
+const whereOf = (function (index: number, count: number): string {
   return count === 1 ? 'task' : `task #${index}`;
 });
 
@@ -582,7 +582,7 @@ const whereOf = (function whereOf(index: number, count: number): string {
 const NO_DEPENDENCIES = { ref: null, dependsOn: null, onParentFailure: null } as const;
 
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-const resolveTaskSpec = (function resolveTaskSpec(t: AnyTaskSpec, index: number, count: number, payload: unknown): ResolvedTaskSpec {
+const resolveTaskSpec = (function (t: AnyTaskSpec, index: number, count: number, payload: unknown): ResolvedTaskSpec {
   const where = whereOf(index, count);
   checkKeys(t, SPEC_KEYS, where);
   const def = typeof t.type === 'string' ? undefined : t.type;

@@ -65,7 +65,7 @@ const bySchema = new Map<string, Storage>();
  * schema name is bound.
  */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
-export const storageFor = (function storageFor(schema: string): Storage {
+export const storageFor = (function (schema: string): Storage {
   let storage = bySchema.get(schema);
   if (storage === undefined) {
     storage = new Storage(bindSchema(schema));
