@@ -281,6 +281,25 @@ class Execution implements RunInput, ProxyHandler<Logger>, TaskAttempt, Completi
 }
 
 /**
+ * The pair of reactions a handler's answer is followed by (callHandler's `then`), made once and
+ * reused rather than two closures and their context per task (~170 B of a warm drain's
+ * allocation per task, docs/benchmarks-journal.md). A pair is given to one promise at a time:
+ * a promise settles once, so one of the two runs once, and only then is the pair free again
+ * (Engine.reacted). A handler that never answers keeps its pair, as it kept its closures.
+ */
+class Reactions {
+  x: Execution | null = null;
+  h: HandlerRun | null = null;
+  readonly fulfilled: (value: unknown) => void;
+  readonly rejected: (err: unknown) => void;
+
+  constructor(engine: Engine) {
+    this.fulfilled = (value) => engine.reacted(this, value, false);
+    this.rejected = (err: unknown) => engine.reacted(this, err, true);
+  }
+}
+
+/**
  * Runs tasks. N slots share one fetcher: a wake (NOTIFY, the shared poll tick, or a slot coming
  * free) runs one fetch that leases entries for every idle slot: a claim on the lanes it knows
  * (notified, hot), else discovery on the read pool and a claim on the primary (fetcher.ts says
@@ -299,6 +318,8 @@ export class Engine {
   private readonly buffer = new ClaimBuffer();
   /** Tasks whose handler is running: each holds a slot. */
   private readonly inflight = new Map<string, Execution>();
+  /** Reaction pairs no handler's answer is waiting on (callHandler, Reactions). */
+  private readonly idleReactions: Reactions[] = [];
   /** Executions not yet fully settled (a handler may already have returned), and stop()'s wait for none. */
   private executing = 0;
   private dispatching = false;
@@ -753,11 +774,23 @@ export class Engine {
       return;
     }
     // The intrinsic `then`, as `await` uses: a handler's promise with a `then` of its own is not asked.
-    promiseThen.call(
-      answered,
-      (value) => this.handlerAnswered(x, h, value, false),
-      (err: unknown) => this.handlerAnswered(x, h, err, true),
-    );
+    const r = this.idleReactions.pop() ?? new Reactions(this);
+    r.x = x;
+    r.h = h;
+    promiseThen.call(answered, r.fulfilled, r.rejected);
+  }
+
+  /**
+   * One of a Reactions' pair ran (its promise settled, so neither runs again): the pair is free
+   * for another handler's answer, kept while fewer than `slots` are.
+   */
+  reacted(r: Reactions, value: unknown, threw: boolean): void {
+    const x = r.x as Execution;
+    const h = r.h as HandlerRun;
+    r.x = null;
+    r.h = null;
+    if (this.idleReactions.length < this.o.slots) this.idleReactions.push(r);
+    this.handlerAnswered(x, h, value, threw);
   }
 
   /**
