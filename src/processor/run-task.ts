@@ -436,10 +436,13 @@ export class HandlerRun {
   private readonly ctx: TaskContext<unknown>;
   private advanced = false;
   private dequeued = false;
-  private started = 0;
+  /**
+   * When the handler started (performance.now()): null until then, so the field holds the
+   * number's own box rather than a second one per run that a number-only field is given.
+   */
+  private started: number | null = null;
   private returnedValue: HandlerReturn | null = null;
   private error: unknown = null;
-  private unstorable = false;
   /** The context's parts made on their first read (its accessors), null until one is. */
   private made: MadeParts | null = null;
 
@@ -541,7 +544,6 @@ export class HandlerRun {
     const returned = readHandlerReturn(value, this.deps.resultMaxBytes);
     this.returnedValue = returned;
     if (returned.kind === 'unstorable') {
-      this.unstorable = true;
       this.error = new Error(returned.error);
     }
   }
@@ -558,7 +560,7 @@ export class HandlerRun {
     deps.deadlines.disarm(abort);
     input.freeSlot();
     input.hooks?.handlerEnded();
-    const ms = performance.now() - this.started;
+    const ms = performance.now() - (this.started as number);
     deps.observeHandler(input.task, ms / 1000);
     const shutdown = abort.reason instanceof ShutdownAbort;
     const pastDeadline = abort.reason instanceof DeadlineAbort || Date.now() >= deadline;
@@ -567,7 +569,8 @@ export class HandlerRun {
       // A thrown non-Error is kept as JSON (`{"code":42}`), never `[object Object]`.
       const { message, detail, permanent } = readThrown(error);
       const ran = { ms, advanced, dequeued, shutdown, pastDeadline, cancelled };
-      if (this.unstorable) return { kind: 'unstorable_result', error: message, detail, thrown: error, ...ran };
+      if (this.returnedValue?.kind === 'unstorable')
+        return { kind: 'unstorable_result', error: message, detail, thrown: error, ...ran };
       return { kind: 'error', error: message, detail, permanent, thrown: error, ...ran };
     }
     // A run that returned is written out as one literal, not a shared part spread into it: the
