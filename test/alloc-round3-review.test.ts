@@ -11,6 +11,7 @@ import { cancelTask, defineTask, enqueue, getTask, type TaskContext, Worker } fr
 import { DeadlineAbort } from '../src/errors.js';
 import type { AnyTaskDefinition } from '../src/task.js';
 import { quoteIdent } from '../src/sql.js';
+import { rescueLapsedLeases } from '../src/storage/rescue.js';
 import {
   DATABASE_URL,
   expectOutcome,
@@ -40,9 +41,8 @@ function worker(tasks: AnyTaskDefinition[], queues: string[], extra: Record<stri
 
 const later = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
-test('reaction pairs reused: 400 tasks on 16 slots, answers of every kind settling in any order (thenables answering twice, late, synchronously, after the task settled): each task’s own result stored, each counted once', async () => {
-  const type = 'r3_react';
-  const N = 400;
+async function reactionsRound(slots: number, N: number): Promise<void> {
+  const type = `r3_react_${slots}`;
   const lateCalls: (() => void)[] = [];
   const def = defineTask<{ n: number }>({
     type,
@@ -103,7 +103,7 @@ test('reaction pairs reused: 400 tasks on 16 slots, answers of every kind settli
       }
     }) as never,
   });
-  const w = worker([def], [type], { slots: 16, prefetch: 16 });
+  const w = worker([def], [type], { slots, prefetch: slots });
   const ids = new Map<string, number>();
   for (let n = 0; n < N; n++) {
     const { id } = await enqueue(pool, def, { n }, { schema, queue: type, maxAttempts: 1 });
@@ -120,7 +120,10 @@ test('reaction pairs reused: 400 tasks on 16 slots, answers of every kind settli
   } finally {
     await w.stop();
   }
-  const rows = await pool.query<{ id: string; result: { n: number } }>(`SELECT id, result FROM ${S}.task_results`);
+  const rows = await pool.query<{ id: string; result: { n: number } }>(
+    `SELECT id, result FROM ${S}.task_results WHERE id = ANY($1::bigint[])`,
+    [[...ids.keys()]],
+  );
   const wrong: string[] = [];
   for (const r of rows.rows) {
     const n = ids.get(r.id);
@@ -133,6 +136,11 @@ test('reaction pairs reused: 400 tasks on 16 slots, answers of every kind settli
     assert.equal(t?.state, [4, 5, 7].includes(n % 8) ? 'dead' : 'completed', `task ${n}`);
   }
   assert.equal(await outcomes(w.metrics, type, 'lost'), 0);
+}
+
+test('reaction pairs reused: 400 tasks on 16 slots and 80 on one (a pair reused by every next task), answers of every kind settling in any order (thenables answering twice, late, synchronously, after the task settled): each task’s own result stored, each counted once', async () => {
+  await reactionsRound(16, 400);
+  await reactionsRound(1, 80);
 });
 
 test('a cancel among running tasks at the same lane position in other lanes (other queues and priorities): only the named one aborted, in any order of the running list', async () => {
@@ -261,5 +269,63 @@ test('ctx.lane: one frozen object for tasks of one lane, its own for another lan
       'signal',
     ]);
     assert.equal(j.deadline, new Date(s.deadline).toISOString());
+  }
+});
+
+test('one task running twice in this worker (a stuck first attempt whose protection was lost, rescued and claimed here again): a cancel reaches the second run', async () => {
+  const type = 'r3_dup';
+  let releaseFirst: () => void = () => {};
+  const firstDone = new Promise<void>((r) => {
+    releaseFirst = r;
+  });
+  const runs: { attempt: number; aborted: string | null }[] = [];
+  const def = defineTask<Record<string, never>>({
+    type,
+    ceilingMs: 8_000,
+    handler: async (_p, ctx) => {
+      const run = { attempt: ctx.attempt, aborted: null as string | null };
+      runs.push(run);
+      if (ctx.attempt === 1) {
+        // Ignores its signal: runs on past its deadline until the test lets it go.
+        await firstDone;
+        return;
+      }
+      await new Promise<void>((resolve) => {
+        if (ctx.signal.aborted) return resolve();
+        ctx.signal.addEventListener('abort', () => resolve(), { once: true });
+      });
+      run.aborted = (ctx.signal.reason as { code?: string }).code ?? 'unknown';
+      throw ctx.signal.reason;
+    },
+  });
+  const w = worker([def], [type], { slots: 2, leaseMarginMs: 500 });
+  const { id } = await enqueue(pool, def, {}, { schema, queue: type, maxAttempts: 3 });
+  await w.start();
+  try {
+    await waitFor(() => runs.length === 1, 20_000, 'the first attempt to start');
+    // The stuck guard's overdue row, deleted as it is written: rescue takes the lease once it lapses.
+    await waitFor(
+      async () => {
+        await pool.query(`DELETE FROM ${S}.overdue_leases`);
+        await rescueLapsedLeases(pool, schema);
+        return runs.length >= 2;
+      },
+      60_000,
+      'the second attempt to start here while the first still runs',
+    );
+    assert.equal(runs[1]!.attempt, 2);
+    assert.equal(runs[0]!.aborted, null);
+    // What this found: the retry is a new lane position (a lease of its own, another entry key),
+    // so the running list never holds one key twice; a cancel names the second run's.
+    const held = await pool.query<{ n: number }>(
+      `SELECT count(DISTINCT (lane_id, from_seq))::int AS n FROM ${S}.range_leases`,
+    );
+    assert.equal(held.rows[0]!.n, 2);
+    assert.equal(await cancelTask(pool, schema, id!, { actor: 'review' }), 'cancelled');
+    await waitFor(() => runs[1]!.aborted, 30_000, 'the second run to be aborted');
+    assert.equal(runs[1]!.aborted, 'CANCEL_ABORT');
+  } finally {
+    releaseFirst();
+    await w.stop();
   }
 });
