@@ -318,7 +318,8 @@ test('one task running twice in this worker (a stuck first attempt whose protect
     // What this found: the retry is a new lane position (a lease of its own, another entry key),
     // so the running list never holds one key twice; a cancel names the second run's.
     const held = await pool.query<{ n: number }>(
-      `SELECT count(DISTINCT (lane_id, from_seq))::int AS n FROM ${S}.range_leases`,
+      `SELECT count(DISTINCT (lane_id, from_seq))::int AS n FROM ${S}.range_leases WHERE $1 = ANY (types)`,
+      [type],
     );
     assert.equal(held.rows[0]!.n, 2);
     assert.equal(await cancelTask(pool, schema, id!, { actor: 'review' }), 'cancelled');
