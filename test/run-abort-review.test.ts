@@ -187,3 +187,13 @@ test('the context’s accessors: read through a prototype child and a Proxy, ass
   assert.equal(ctx.advanceCursor, mine);
   assert.equal(Object.getOwnPropertyDescriptor(ctx, 'advanceCursor')?.value, mine);
 });
+
+test('docs/api.md: “signal, deadline, advanceCursor, dequeue and parents are own accessor properties … an assignment replaces one, as for a data property”: ctx.signal too', () => {
+  const { ctx } = contextOf(fakeTask(5, 'q5'));
+  const mine = new AbortController().signal;
+  // Strict code (an ES module): a getter without a setter throws on assignment.
+  assert.doesNotThrow(() => {
+    (ctx as { signal: AbortSignal }).signal = mine;
+  });
+  assert.equal(ctx.signal, mine);
+});
