@@ -120,6 +120,9 @@ export class DeadlineTimer {
       run.abort(new DeadlineAbort(run.deadline));
     }
     // Timers may fire a little early by the wall clock: a run not yet due gets a timer of its own.
-    if (next !== Number.POSITIVE_INFINITY) this.schedule(next, now);
+    // A run armed by an abort's listener above has set firesAt (arm()); the earlier of the two
+    // wins (test/run-abort-review.test.ts: armed while the timer fires).
+    const at = Math.min(next, this.firesAt);
+    if (at !== Number.POSITIVE_INFINITY) this.schedule(at, Date.now());
   }
 }

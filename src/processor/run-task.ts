@@ -466,6 +466,15 @@ export class HandlerRun {
     return this.made;
   }
 
+  /**
+   * What `util.inspect(ctx)` shows under the context's run key (an own enumerable symbol, so a
+   * spread context keeps working): not the worker's pools, options and engine this run reaches,
+   * which at depth printed the connection string (test/handler-context-review.test.ts).
+   */
+  [Symbol.for('nodejs.util.inspect.custom')](): string {
+    return `[berth run of task ${this.input.task.id}]`;
+  }
+
   /** `ctx.signal`. */
   signal(): AbortSignal {
     return this.input.abort.signal;
