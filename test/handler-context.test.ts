@@ -212,3 +212,98 @@ test('ctx.dequeue in a transaction that rolls back leaves the task to the worker
   // The run's lease is settled: its token no longer owns anything.
   await assert.rejects(dequeue(pool, schema, id!, token), LeaseLostError);
 });
+
+test('the context’s shape: its keys in order, a spread copy, and advanceCursor, dequeue and parents destructured work without it', async () => {
+  const KEYS = [
+    'id',
+    'type',
+    'attempt',
+    'maxAttempts',
+    'snoozes',
+    'lane',
+    'deadline',
+    'logger',
+    'schema',
+    'token',
+    'schedule',
+    'advanceCursor',
+    'dequeue',
+    'parents',
+    'signal',
+  ];
+  const seen: { step: number; problems: string[] }[] = [];
+  const def = defineTask<{ step: number }>({
+    type: 'ctx_shape',
+    ceilingMs: 60_000,
+    handler: async (p, ctx) => {
+      const problems: string[] = [];
+      const check = (ok: boolean, what: string) => {
+        if (!ok) problems.push(what);
+      };
+      seen.push({ step: p.step, problems });
+      check(JSON.stringify(Object.keys(ctx)) === JSON.stringify(KEYS), `keys ${Object.keys(ctx).join(',')}`);
+      check(Object.getPrototypeOf(ctx) === Object.prototype, 'a plain object');
+      check(Object.isFrozen(ctx.lane), 'lane frozen');
+      // Each read again: an accessor's second read is the first one's value.
+      const again = (k: 'deadline' | 'dequeue' | 'parents') => {
+        const first: unknown = Reflect.get(ctx, k);
+        return first === Reflect.get(ctx, k);
+      };
+      check(ctx.deadline instanceof Date && again('deadline'), 'deadline: one Date');
+      check(again('dequeue') && again('parents'), 'one function per method');
+      const spread = { ...ctx };
+      check(
+        JSON.stringify(Object.keys(spread)) === JSON.stringify(KEYS),
+        `spread keys ${Object.keys(spread).join(',')}`,
+      );
+      for (const k of KEYS) check(spread[k as keyof typeof spread] !== undefined, `spread ${k} defined`);
+      check(spread.deadline === ctx.deadline && spread.signal === ctx.signal, 'spread deadline and signal');
+      check(spread.signal instanceof AbortSignal && !spread.signal.aborted, 'spread signal');
+      check(spread.advanceCursor === ctx.advanceCursor && spread.dequeue === ctx.dequeue, 'spread methods');
+      const { advanceCursor, dequeue: dequeueIt, parents } = ctx;
+      check(advanceCursor.name === 'advanceCursor', `name ${advanceCursor.name}`);
+      check(dequeueIt.name === 'dequeue' && parents.name === 'parents', 'names');
+      const read = parents();
+      check((await read).size === 0 && parents() === read, 'parents: an empty map, read once');
+      if (p.step === 1) {
+        check((await advanceCursor({ step: 2 })) === true, 'advanceCursor destructured');
+        return 'continue';
+      }
+      const c = await pool.connect();
+      try {
+        await c.query('BEGIN');
+        await dequeueIt(c);
+        await c.query('COMMIT');
+      } finally {
+        c.release();
+      }
+      // An assigned method is the context's from then on, as the data property it was.
+      const mine = async () => {};
+      ctx.dequeue = mine;
+      check(ctx.dequeue === mine && Object.keys(ctx).join() === KEYS.join(), 'assigned dequeue');
+    },
+  });
+  const { id } = await enqueue(pool, def, { step: 1 }, { schema });
+  const { logger, lines } = rawLogger();
+  await withWorker(
+    [def],
+    async (metrics) => {
+      await expectOutcome(metrics, 'ctx_shape', 'success', 1);
+    },
+    logger,
+  );
+  assert.deepEqual(
+    seen.map((s) => s.step),
+    [1, 2],
+  );
+  assert.deepEqual(
+    seen.flatMap((s) => s.problems),
+    [],
+  );
+  assert.ok(
+    lines.some((l) => l.includes('task dequeued by its handler')),
+    lines.join('\n'),
+  );
+  const state = (await getTask(pool, schema, id!))?.state;
+  assert.ok(state === undefined || state === 'completed', `completed, got ${state}`);
+});

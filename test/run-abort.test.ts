@@ -51,3 +51,29 @@ test('one timer aborts each armed run at its deadline, earliest first, and never
   assert.ok(Date.now() >= late.deadline);
   assert.equal(disarmed.reason, undefined);
 });
+
+test('the timer’s list: runs disarmed anywhere in it (first, middle, last, twice, never armed) are never aborted, the rest all are', async () => {
+  const timer = new DeadlineTimer();
+  const now = Date.now();
+  const runs = Array.from({ length: 12 }, (_, i) => new RunAbort(now + 20 + (i % 4) * 15));
+  for (const r of runs) timer.arm(r);
+  // Armed twice: still one entry (disarmed once below, it stays disarmed).
+  timer.arm(runs[5]!);
+  const disarmed = [runs[0]!, runs[5]!, runs[6]!, runs[11]!];
+  for (const r of disarmed) timer.disarm(r);
+  timer.disarm(runs[6]!);
+  timer.disarm(new RunAbort(now + 10));
+  const kept = runs.filter((r) => !disarmed.includes(r));
+  // Later than every other deadline: once it is aborted, every disarmed run's deadline has passed.
+  const sentinel = new RunAbort(now + 150);
+  timer.arm(sentinel);
+  await waitFor(() => sentinel.reason, 10_000, 'the last deadline to pass');
+  for (const r of kept) {
+    assert.ok(r.reason instanceof DeadlineAbort);
+    assert.ok(Date.now() >= r.deadline);
+  }
+  for (const r of disarmed) assert.equal(r.reason, undefined);
+  // Re-armed after its deadline: aborted at once by the timer.
+  timer.arm(runs[0]!);
+  await waitFor(() => runs[0]!.reason, 10_000, 'the re-armed run to be aborted');
+});

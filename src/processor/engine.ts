@@ -25,7 +25,7 @@ import { entryKey } from '../storage/attempt.js';
 import type { ResultJson } from '../storage/results.js';
 import { returnUnstarted } from '../storage/return.js';
 import { cancelledAmong, CANCEL_NOTICE_PREFIX, parseCancelNotice } from '../storage/cancel.js';
-import { StuckGuard } from './stuck.js';
+import { type RunningHandlers, StuckGuard } from './stuck.js';
 import type { EngineOptions } from './engine-options.js';
 import { TypeMetrics } from './type-metrics.js';
 import { UnknownTypes } from './unknown-types.js';
@@ -180,8 +180,9 @@ export interface EngineDeps {
  * object (`get` is its only trap; no other trap's name is a member here).
  */
 class Execution implements RunInput, ProxyHandler<Logger>, TaskAttempt, CompletionOwner {
-  readonly key: string;
   readonly abort: RunAbort;
+  /** Its place in the engine's running list while its handler holds a slot (Running), else -1. */
+  slot = -1;
   readonly def: AnyTaskDefinition | undefined;
   readonly log: Logger;
   /** Null unless someone listens to task events or a TracerProvider is registered. */
@@ -191,9 +192,7 @@ class Execution implements RunInput, ProxyHandler<Logger>, TaskAttempt, Completi
   /** What happened, and the settlement the outcome table chose for it (`settleAs`). */
   run: TaskRun | null = null;
   settlement: Settlement | null = null;
-  /** A completion's entry in the batcher (CompletionOwner): its run time, result and answer. */
-  runMs: number | null = null;
-  result: ResultJson | null = null;
+  /** A completion's answer in the batcher (CompletionOwner's; its run time and result are read from `run`). */
   answer: CompleteResult | undefined = undefined;
 
   constructor(
@@ -202,14 +201,19 @@ class Execution implements RunInput, ProxyHandler<Logger>, TaskAttempt, Completi
     /** When the claim handed this task to the process (epoch ms). */
     readonly receivedAt: number,
     o: EngineOptions,
-    private readonly parent: Logger,
+    /** The worker's logger: the lazy logger's target (`get`'s), not kept again here. */
+    parent: Logger,
     observer: TaskObserver,
   ) {
-    this.key = entryKey(task);
     this.abort = new RunAbort(task.leaseExpiresAt - o.leaseMarginMs);
     this.def = o.tasks.defs.get(task.type);
     this.log = new Proxy(parent, this);
     this.hooks = observer.begin(task);
+  }
+
+  /** Its lease's key (a cancel's, the stuck guard's): made when asked, not kept per task. */
+  get key(): string {
+    return entryKey(this.task);
   }
 
   /** RunInput's: the handler is over (or never starts); observed runs free it outside their span. */
@@ -223,7 +227,7 @@ class Execution implements RunInput, ProxyHandler<Logger>, TaskAttempt, Completi
   release(): void {
     if (this.freed) return;
     this.freed = true;
-    this.engine.slotFreed(this.key);
+    this.engine.slotFreed(this);
   }
 
   /**
@@ -236,10 +240,20 @@ class Execution implements RunInput, ProxyHandler<Logger>, TaskAttempt, Completi
     this.settlement = settlement;
     const action = settlement.action;
     if (action.kind !== 'complete') return false;
-    this.runMs = 'ms' in run ? run.ms : null;
-    this.result = action.result ?? null;
     batcher.enlist(this);
     return true;
+  }
+
+  /** CompletionOwner's: the handler's run time (read from the run, not kept again per task). */
+  get runMs(): number | null {
+    const run = this.run;
+    return run !== null && 'ms' in run ? run.ms : null;
+  }
+
+  /** CompletionOwner's: the handler's result, as its completion's settlement carries it. */
+  get result(): ResultJson | null {
+    const action = this.settlement?.action;
+    return action?.kind === 'complete' ? (action.result ?? null) : null;
   }
 
   /** CompletionOwner's: the lease to complete. */
@@ -266,9 +280,9 @@ class Execution implements RunInput, ProxyHandler<Logger>, TaskAttempt, Completi
   }
 
   /** The lazy logger's trap. */
-  get(_target: Logger, prop: string | symbol): unknown {
+  get(parent: Logger, prop: string | symbol): unknown {
     const t = this.task;
-    this.child ??= childLogger(this.parent, {
+    this.child ??= childLogger(parent, {
       task_id: t.id,
       task_type: t.type,
       lane: laneLabel(t),
@@ -277,6 +291,75 @@ class Execution implements RunInput, ProxyHandler<Logger>, TaskAttempt, Completi
     const child = this.child;
     const value: unknown = Reflect.get(child, prop, child);
     return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(child) : value;
+  }
+}
+
+/**
+ * The executions whose handler holds a slot: an array, each execution knowing its place in it.
+ * A Map by lease key cost a key string per task (~50 B) and its table's regrowth as entries came
+ * and went (~40 B a task; docs/benchmarks-journal.md). Looked up by key only for a cancel and by
+ * the stuck guard's scan of overdue handlers: a walk of at most `slots` entries.
+ */
+class Running implements RunningHandlers {
+  private readonly list: Execution[] = [];
+
+  get size(): number {
+    return this.list.length;
+  }
+
+  add(x: Execution): void {
+    x.slot = this.list.length;
+    this.list.push(x);
+  }
+
+  delete(x: Execution): void {
+    const i = x.slot;
+    if (i < 0 || this.list[i] !== x) return;
+    const last = this.list.pop() as Execution;
+    if (last !== x) {
+      this.list[i] = last;
+      last.slot = i;
+    }
+    x.slot = -1;
+  }
+
+  get(key: string): Execution | undefined {
+    // Its lane position first (a string compare, no key built per entry: a flood of cancel
+    // notices costs a walk each), then the whole key.
+    const seq = key.slice(key.indexOf(':') + 1);
+    return this.list.find((x) => x.task.laneSeq === seq && entryKey(x.task) === key);
+  }
+
+  has(key: string): boolean {
+    return this.get(key) !== undefined;
+  }
+
+  /** A copy: what its caller does with each (an abort) may end an execution meanwhile. */
+  values(): Execution[] {
+    return [...this.list];
+  }
+
+  [Symbol.iterator](): Iterator<Execution> {
+    return this.values()[Symbol.iterator]();
+  }
+}
+
+/**
+ * The pair of reactions a handler's answer is followed by (callHandler's `then`), made once and
+ * reused rather than two closures and their context per task (~170 B of a warm drain's
+ * allocation per task, docs/benchmarks-journal.md). A pair is given to one promise at a time:
+ * a promise settles once, so one of the two runs once, and only then is the pair free again
+ * (Engine.reacted). A handler that never answers keeps its pair, as it kept its closures.
+ */
+class Reactions {
+  x: Execution | null = null;
+  h: HandlerRun | null = null;
+  readonly fulfilled: (value: unknown) => void;
+  readonly rejected: (err: unknown) => void;
+
+  constructor(engine: Engine) {
+    this.fulfilled = (value) => engine.reacted(this, value, false);
+    this.rejected = (err: unknown) => engine.reacted(this, err, true);
   }
 }
 
@@ -298,7 +381,9 @@ export class Engine {
   /** Leased tasks waiting for a slot (at most `prefetch` beyond the idle slots). */
   private readonly buffer = new ClaimBuffer();
   /** Tasks whose handler is running: each holds a slot. */
-  private readonly inflight = new Map<string, Execution>();
+  private readonly inflight = new Running();
+  /** Reaction pairs no handler's answer is waiting on (callHandler, Reactions). */
+  private readonly idleReactions: Reactions[] = [];
   /** Executions not yet fully settled (a handler may already have returned), and stop()'s wait for none. */
   private executing = 0;
   private dispatching = false;
@@ -418,7 +503,7 @@ export class Engine {
 
   /** Ids of the tasks whose handlers run now. */
   runningTaskIds(): string[] {
-    return [...this.inflight.values()].map((f) => f.task.id);
+    return this.inflight.values().map((f) => f.task.id);
   }
 
   start(): void {
@@ -543,7 +628,10 @@ export class Engine {
     if (this.checkingCancels || this.inflight.size === 0) return;
     this.checkingCancels = true;
     try {
-      const running = [...this.inflight.values()].filter((f) => f.abort.reason === undefined).map((f) => f.task);
+      const running = this.inflight
+        .values()
+        .filter((f) => f.abort.reason === undefined)
+        .map((f) => f.task);
       for (const key of await cancelledAmong(this.deps.write, this.storage, running)) this.cancelled(key);
     } catch (err) {
       this.deps.logger.warn({ err: (err as Error).message }, 'checking running tasks for cancels failed');
@@ -699,7 +787,7 @@ export class Engine {
 
   private startTask(task: ClaimedTask, receivedAt: number): void {
     const x = new Execution(this, task, receivedAt, this.o, this.deps.logger, this.deps.observer);
-    this.inflight.set(x.key, x);
+    this.inflight.add(x);
     this.executing++;
     this.runOne(x);
   }
@@ -709,8 +797,8 @@ export class Engine {
    * settlement is written by the batcher meanwhile (stop() waits for it). Execution.release's, once
    * per execution.
    */
-  slotFreed(key: string): void {
-    this.inflight.delete(key);
+  slotFreed(x: Execution): void {
+    this.inflight.delete(x);
     this.rate.completed();
     if (this.stopping) return;
     this.dispatch();
@@ -753,11 +841,23 @@ export class Engine {
       return;
     }
     // The intrinsic `then`, as `await` uses: a handler's promise with a `then` of its own is not asked.
-    promiseThen.call(
-      answered,
-      (value) => this.handlerAnswered(x, h, value, false),
-      (err: unknown) => this.handlerAnswered(x, h, err, true),
-    );
+    const r = this.idleReactions.pop() ?? new Reactions(this);
+    r.x = x;
+    r.h = h;
+    promiseThen.call(answered, r.fulfilled, r.rejected);
+  }
+
+  /**
+   * One of a Reactions' pair ran (its promise settled, so neither runs again): the pair is free
+   * for another handler's answer, kept while fewer than `slots` are.
+   */
+  reacted(r: Reactions, value: unknown, threw: boolean): void {
+    const x = r.x as Execution;
+    const h = r.h as HandlerRun;
+    r.x = null;
+    r.h = null;
+    if (this.idleReactions.length < this.o.slots) this.idleReactions.push(r);
+    this.handlerAnswered(x, h, value, threw);
   }
 
   /**
@@ -918,7 +1018,7 @@ export class Engine {
     }
     // Stuck-handler containment (processor/stuck.ts): after the settlement is written, an
     // overdue lease row, if this run overran its deadline, has done its job.
-    return this.stuckGuard.settled(x.key);
+    return this.stuckGuard.settled(task);
   }
 
   /** Wait up to `graceMs` for the running handlers to finish on their own (ended early by skipGrace). */

@@ -15,6 +15,8 @@ export class RunAbort {
   private controller: AbortController | null = null;
   private why: Error | undefined = undefined;
   private at: number;
+  /** Its place in the DeadlineTimer's list while armed, else -1 (DeadlineTimer's only). */
+  armedAt = -1;
 
   /** `deadline`: the lease's own expiry stamp minus the margin (epoch ms). */
   constructor(deadline: number) {
@@ -60,23 +62,35 @@ export class RunAbort {
  * Aborts each armed run with a DeadlineAbort once its deadline passes, on one timer for all of
  * them: set for the earliest armed deadline, and moved only when a run with an earlier one is
  * armed. A timer per run (set before the handler, cleared after) cost a Timeout and a timer-list
- * insert and removal per task; here a run costs a Set add and delete, and a drain of same-type
- * tasks (increasing deadlines) sets the timer about once per ceiling. A run disarmed before its
- * deadline is simply gone when the timer fires, which re-arms for the earliest one left.
+ * insert and removal per task; here a run costs a push and a swap-remove in an array (each run
+ * knowing its place: a Set's table, regrown as entries came and went, was ~30 B a task of a warm
+ * drain, docs/benchmarks-journal.md), and a drain of same-type tasks (increasing deadlines) sets
+ * the timer about once per ceiling. A run disarmed before its deadline is simply gone when the
+ * timer fires, which re-arms for the earliest one left. A run is armed on one timer at a time.
  */
 export class DeadlineTimer {
-  private readonly armed = new Set<RunAbort>();
+  private readonly armed: RunAbort[] = [];
   private timer: NodeJS.Timeout | null = null;
   private firesAt = Number.POSITIVE_INFINITY;
 
   /** Abort `run` with a DeadlineAbort at its deadline, unless disarmed first. */
   arm(run: RunAbort): void {
-    this.armed.add(run);
+    if (run.armedAt < 0) {
+      run.armedAt = this.armed.length;
+      this.armed.push(run);
+    }
     if (run.deadline < this.firesAt) this.schedule(run.deadline, Date.now());
   }
 
   disarm(run: RunAbort): void {
-    this.armed.delete(run);
+    const i = run.armedAt;
+    if (i < 0 || this.armed[i] !== run) return;
+    const last = this.armed.pop() as RunAbort;
+    if (last !== run) {
+      this.armed[i] = last;
+      last.armedAt = i;
+    }
+    run.armedAt = -1;
   }
 
   private schedule(at: number, now: number): void {
@@ -92,13 +106,23 @@ export class DeadlineTimer {
     this.firesAt = Number.POSITIVE_INFINITY;
     const now = Date.now();
     let next = Number.POSITIVE_INFINITY;
-    for (const run of this.armed) {
+    // The due runs taken out first, then aborted: an abort runs the signal's listeners at once.
+    const due: RunAbort[] = [];
+    for (let i = this.armed.length - 1; i >= 0; i--) {
+      const run = this.armed[i] as RunAbort;
       if (run.deadline <= now) {
-        this.armed.delete(run);
-        run.abort(new DeadlineAbort(run.deadline));
+        due.push(run);
+        this.disarm(run);
       } else if (run.deadline < next) next = run.deadline;
     }
+    for (let i = due.length - 1; i >= 0; i--) {
+      const run = due[i] as RunAbort;
+      run.abort(new DeadlineAbort(run.deadline));
+    }
     // Timers may fire a little early by the wall clock: a run not yet due gets a timer of its own.
-    if (next !== Number.POSITIVE_INFINITY) this.schedule(next, now);
+    // A run armed by an abort's listener above has set firesAt (arm()); the earlier of the two
+    // wins (test/run-abort-review.test.ts: armed while the timer fires).
+    const at = Math.min(next, this.firesAt);
+    if (at !== Number.POSITIVE_INFINITY) this.schedule(at, Date.now());
   }
 }

@@ -13,9 +13,10 @@ import {
 } from '../task.js';
 import type { ClaimedTask } from './claim.js';
 import { type HandlerReturn, readHandlerReturn } from './handler-result.js';
+import type { Lane } from '../lane.js';
 import type { TaskRun } from './outcome-table.js';
 import type { DeadlineTimer, RunAbort } from './run-abort.js';
-import { advanceCursor } from '../storage/return.js';
+import { advanceCursor as advanceCursorIn } from '../storage/return.js';
 import { dequeueIn } from '../storage/complete.js';
 import { parentsOf, watchParents } from '../storage/deps.js';
 import type { UnknownTypes } from './unknown-types.js';
@@ -69,7 +70,8 @@ export interface HandlerHooks {
   handlerEnded(): void;
 }
 
-const RUN_ABORT = Symbol('berth.runAbort');
+/** A context's run (its HandlerRun), for the context's accessors: a symbol, so no key a handler sees. */
+const RUN = Symbol('berth.handlerRun');
 
 /**
  * A run an operator's cancel reached before its handler started: settled as a cancelled run is
@@ -85,19 +87,135 @@ const CANCELLED_UNSTARTED: TaskRun = Object.freeze({
   cancelled: true,
 });
 
+type WithRun = { [RUN]: HandlerRun };
+
 /**
  * `ctx.signal`: an own, enumerable property (a handler may spread its context), read through a
  * getter so the signal is made only when the handler reads it (run-abort.ts). One descriptor for
  * every context: a getter written in the object literal, or a descriptor per context, cost
  * ~0.6 µs a task against ~0.17 µs for this (measured on Node 20, a million contexts).
  */
-const SIGNAL: PropertyDescriptor & ThisType<{ [RUN_ABORT]: RunAbort }> = {
+const SIGNAL: PropertyDescriptor & ThisType<WithRun> = {
   get() {
-    return this[RUN_ABORT].signal;
+    return this[RUN].signal();
   },
   enumerable: true,
   configurable: true,
 };
+
+/**
+ * The context's other lazy parts, as `signal` is: `deadline` (its Date) and the three methods
+ * (`advanceCursor`, `dequeue`, `parents`), each made on its first read and the same value on every
+ * read after it; most handlers read none of them. Own enumerable accessors, so a spread context
+ * (`{ ...ctx }`) and a destructured one (`const { dequeue } = ctx`) get working values, and
+ * `Object.keys(ctx)` is what it was. Made eagerly, the Date, the three closures and their
+ * context were ~360 B of the ~2.85 KB a warm drain allocated per task (docs/benchmarks-journal.md).
+ * A setter makes an assigned value a plain data property of that context, as the data property
+ * it was (a method's type is not readonly, so `ctx.dequeue = …` type-checks).
+ */
+function lazy<K extends 'deadline' | 'advanceCursor' | 'dequeue' | 'parents'>(
+  key: K,
+  make: (run: HandlerRun) => unknown,
+): PropertyDescriptor & ThisType<WithRun> {
+  return {
+    get() {
+      return make(this[RUN]);
+    },
+    set(value: unknown) {
+      Object.defineProperty(this, key, { value, writable: true, enumerable: true, configurable: true });
+    },
+    enumerable: true,
+    configurable: true,
+  };
+}
+const DEADLINE = lazy('deadline', (run) => run.deadlineDate());
+const ADVANCE_CURSOR = lazy('advanceCursor', (run) => run.advanceCursorFn());
+const DEQUEUE = lazy('dequeue', (run) => run.dequeueFn());
+const PARENTS = lazy('parents', (run) => run.parentsFn());
+
+/** What a context made on first read (HandlerRun.made), one object for all of them. */
+interface MadeParts {
+  deadline?: Date;
+  advanceCursor?: (next: unknown) => Promise<boolean>;
+  dequeue?: (executor: Queryable) => Promise<void>;
+  parents?: () => Promise<ReadonlyMap<string, ParentResult>>;
+  parentsRead?: Promise<ReadonlyMap<string, ParentResult>>;
+}
+
+/**
+ * `ctx.lane`, one frozen object per lane rather than one per task (~50 B a task): by lane id,
+ * checked against the task's own queue, priority and shard (ids are per schema, and a process
+ * may serve several). Bounded: emptied when it reaches LANES_MAX lanes.
+ */
+const lanes = new Map<number, Lane>();
+const LANES_MAX = 4096;
+
+function laneOf(task: ClaimedTask): Lane {
+  const known = lanes.get(task.laneId);
+  if (
+    known !== undefined &&
+    known.queue === task.queue &&
+    known.priority === task.priority &&
+    known.shard === task.shard
+  )
+    return known;
+  if (lanes.size >= LANES_MAX) lanes.clear();
+  const lane: Lane = Object.freeze({ queue: task.queue, priority: task.priority, shard: task.shard });
+  lanes.set(task.laneId, lane);
+  return lane;
+}
+
+/**
+ * A handler's context: a constructor rather than an object literal, so its accessors are defined
+ * in the context's own key order (`Object.keys(ctx)`: id, type, attempt, maxAttempts, snoozes,
+ * lane, deadline, logger, schema, token, schedule, advanceCursor, dequeue, parents, signal) with
+ * every property in the object (a literal followed by the rest would keep them in a second
+ * array, ~60 B more). Its prototype is Object.prototype: to a handler, a plain object as before.
+ */
+interface HandlerContext extends WithRun {
+  id: string;
+  type: string;
+  attempt: number;
+  maxAttempts: number;
+  snoozes: number;
+  lane: Lane;
+  logger: Logger;
+  schema: string;
+  token: string;
+  schedule: ScheduleFire | null;
+}
+const HandlerContext = function (
+  this: HandlerContext,
+  run: HandlerRun,
+  task: ClaimedTask,
+  log: Logger,
+  schema: string,
+  schedule: ScheduleFire | null,
+) {
+  this.id = task.id;
+  this.type = task.type;
+  this.attempt = task.attempt;
+  this.maxAttempts = task.maxAttempts;
+  this.snoozes = task.snoozes;
+  this.lane = laneOf(task);
+  Object.defineProperty(this, 'deadline', DEADLINE);
+  this.logger = log;
+  this.schema = schema;
+  this.token = task.token;
+  this.schedule = schedule;
+  Object.defineProperty(this, 'advanceCursor', ADVANCE_CURSOR);
+  Object.defineProperty(this, 'dequeue', DEQUEUE);
+  Object.defineProperty(this, 'parents', PARENTS);
+  this[RUN] = run;
+  Object.defineProperty(this, 'signal', SIGNAL);
+} as unknown as new (
+  run: HandlerRun,
+  task: ClaimedTask,
+  log: Logger,
+  schema: string,
+  schedule: ScheduleFire | null,
+) => HandlerContext & TaskContext<unknown>;
+HandlerContext.prototype = Object.prototype;
 
 /**
  * Take a leased task: decide whether it may start, run its handler under its deadline, and say
@@ -200,6 +318,9 @@ function startBy(
     log.warn(error);
     return { kind: 'late_claim', error };
   }
+  // No schema: the payload is the handler's value, as checkPayload would say, without its
+  // answer's object per task (~40 B of a warm drain's allocation).
+  if (!def.schema) return startValid(deps, input, schedule, task.payload);
   let checked: PayloadCheck<unknown> | Promise<PayloadCheck<unknown>>;
   try {
     checked = checkPayload(def, task.payload);
@@ -208,11 +329,11 @@ function startBy(
   }
   if (checked instanceof Promise) {
     return checked.then(
-      (parsed) => startChecked(deps, input, def, schedule, deadline, parsed),
-      (err: unknown) => startChecked(deps, input, def, schedule, deadline, validatorThrew(task, err)),
+      (parsed) => startChecked(deps, input, schedule, parsed),
+      (err: unknown) => startChecked(deps, input, schedule, validatorThrew(task, err)),
     );
   }
-  return startChecked(deps, input, def, schedule, deadline, checked);
+  return startChecked(deps, input, schedule, checked);
 }
 
 /** A validator that throws (instead of returning issues) is a bad payload too. */
@@ -226,9 +347,7 @@ function validatorThrew(task: ClaimedTask, err: unknown): PayloadCheck<unknown> 
 function startChecked(
   deps: RunDeps,
   input: RunInput,
-  def: AnyTaskDefinition,
   schedule: ScheduleFire | null,
-  deadline: number,
   parsed: PayloadCheck<unknown>,
 ): Startable | Promise<Startable> {
   if (!parsed.ok) {
@@ -236,17 +355,24 @@ function startChecked(
     input.log.error(parsed.message);
     return { kind: 'invalid_payload', error: parsed.message };
   }
-  if (deps.typeRates.limits(input.task.type))
-    return rateLimitedStart(deps, input, def, schedule, deadline, parsed.value);
-  return new HandlerRun(deps, input, def, schedule, deadline, parsed.value);
+  return startValid(deps, input, schedule, parsed.value);
+}
+
+/** Its payload is good (`value`, the handler's): a rate-limited type's start asked for, else the run. */
+function startValid(
+  deps: RunDeps,
+  input: RunInput,
+  schedule: ScheduleFire | null,
+  value: unknown,
+): Startable | Promise<Startable> {
+  if (deps.typeRates.limits(input.task.type)) return rateLimitedStart(deps, input, schedule, value);
+  return new HandlerRun(deps, input, schedule, value);
 }
 
 async function rateLimitedStart(
   deps: RunDeps,
   input: RunInput,
-  def: AnyTaskDefinition,
   schedule: ScheduleFire | null,
-  deadline: number,
   value: unknown,
 ): Promise<Startable> {
   const { task, abort } = input;
@@ -277,7 +403,7 @@ async function rateLimitedStart(
     input.freeSlot();
     return { kind: 'expired_in_buffer' };
   }
-  return new HandlerRun(deps, input, def, schedule, deadline, value);
+  return new HandlerRun(deps, input, schedule, value);
 }
 
 /**
@@ -310,51 +436,101 @@ export class HandlerRun {
   private readonly ctx: TaskContext<unknown>;
   private advanced = false;
   private dequeued = false;
-  private started = 0;
+  /**
+   * When the handler started (performance.now()): null until then, so the field holds the
+   * number's own box rather than a second one per run that a number-only field is given.
+   */
+  private started: number | null = null;
   private returnedValue: HandlerReturn | null = null;
   private error: unknown = null;
-  private unstorable = false;
+  /** The context's parts made on their first read (its accessors), null until one is. */
+  private made: MadeParts | null = null;
 
+  /**
+   * Its definition is `input.def` and its deadline `input.abort.deadline` (startRun's checks read
+   * them from there, and a schedule's shorter ceiling is applied before the run is armed here):
+   * not kept again, as 24 B a task more (a number field is a box of its own).
+   */
   constructor(
     private readonly deps: RunDeps,
     private readonly input: RunInput,
-    private readonly def: AnyTaskDefinition,
     schedule: ScheduleFire | null,
-    private readonly deadline: number,
     private readonly value: unknown,
   ) {
-    const { task, abort, log } = input;
-    deps.deadlines.arm(abort);
-    let parents: Promise<ReadonlyMap<string, ParentResult>> | undefined;
-    const fields = {
-      id: task.id,
-      type: task.type,
-      attempt: task.attempt,
-      maxAttempts: task.maxAttempts,
-      snoozes: task.snoozes,
-      lane: { queue: task.queue, priority: task.priority, shard: task.shard },
-      deadline: new Date(deadline),
-      logger: log,
-      schema: deps.storage.schema.name,
-      token: task.token,
-      schedule,
-      advanceCursor: async (next: unknown) => {
-        const ok = await advanceCursor(deps.write, deps.storage, task, next);
+    deps.deadlines.arm(input.abort);
+    this.ctx = new HandlerContext(this, input.task, input.log, deps.storage.schema.name, schedule);
+  }
+
+  private madeParts(): MadeParts {
+    if (this.made === null) this.made = {};
+    return this.made;
+  }
+
+  /**
+   * What `util.inspect(ctx)` shows under the context's run key (an own enumerable symbol, so a
+   * spread context keeps working): not the worker's pools, options and engine this run reaches,
+   * which at depth printed the connection string (test/handler-context-review.test.ts).
+   */
+  [Symbol.for('nodejs.util.inspect.custom')](): string {
+    return `[berth run of task ${this.input.task.id}]`;
+  }
+
+  /** `ctx.signal`. */
+  signal(): AbortSignal {
+    return this.input.abort.signal;
+  }
+
+  /** `ctx.deadline`: the same Date on every read. */
+  deadlineDate(): Date {
+    const made = this.madeParts();
+    made.deadline ??= new Date(this.input.abort.deadline);
+    return made.deadline;
+  }
+
+  /** `ctx.advanceCursor`: the same function on every read, called with or without its context. */
+  advanceCursorFn(): (next: unknown) => Promise<boolean> {
+    const made = this.madeParts();
+    if (made.advanceCursor === undefined) {
+      const { deps, input } = this;
+      // Named as the context's key (a function's `name`, as the arrow in a literal had).
+      const advanceCursor = async (next: unknown) => {
+        const ok = await advanceCursorIn(deps.write, deps.storage, input.task, next);
         if (ok) this.advanced = true;
-        else log.warn('AdvanceCursor refused: lease no longer held');
+        else input.log.warn('AdvanceCursor refused: lease no longer held');
         return ok;
-      },
-      dequeue: async (executor: Queryable) => {
+      };
+      made.advanceCursor = advanceCursor;
+    }
+    return made.advanceCursor;
+  }
+
+  /** `ctx.dequeue`, as advanceCursorFn. */
+  dequeueFn(): (executor: Queryable) => Promise<void> {
+    const made = this.madeParts();
+    if (made.dequeue === undefined) {
+      const { deps, input } = this;
+      const dequeue = async (executor: Queryable) => {
+        const task = input.task;
         await dequeueIn(executor, deps.storage, task.id, task.token);
         // Completed in the caller's transaction (any isolation level): its dependents are the
         // leader's to release, within a tick of that commit.
         if (task.hasDependents) await watchParents(executor, deps.storage, [task.id]);
         this.dequeued = true;
-      },
-      parents: () => (parents ??= readParents(deps.write, deps.storage, task.id)),
-      [RUN_ABORT]: abort,
-    };
-    this.ctx = Object.defineProperty(fields, 'signal', SIGNAL) as typeof fields & TaskContext<unknown>;
+      };
+      made.dequeue = dequeue;
+    }
+    return made.dequeue;
+  }
+
+  /** `ctx.parents`, as advanceCursorFn: one query, on its first call. */
+  parentsFn(): () => Promise<ReadonlyMap<string, ParentResult>> {
+    const made = this.madeParts();
+    if (made.parents === undefined) {
+      const { deps, input } = this;
+      const parents = () => (made.parentsRead ??= readParents(deps.write, deps.storage, input.task.id));
+      made.parents = parents;
+    }
+    return made.parents;
   }
 
   /** The handler starts: its observer is told, its time counts from here. */
@@ -365,7 +541,7 @@ export class HandlerRun {
 
   /** Call the handler (awaited by the caller, which hands its answer to `returned` or its throw to `threw`). */
   call(): unknown {
-    return this.def.handler(this.value, this.ctx);
+    return (this.input.def as AnyTaskDefinition).handler(this.value, this.ctx);
   }
 
   /**
@@ -377,7 +553,6 @@ export class HandlerRun {
     const returned = readHandlerReturn(value, this.deps.resultMaxBytes);
     this.returnedValue = returned;
     if (returned.kind === 'unstorable') {
-      this.unstorable = true;
       this.error = new Error(returned.error);
     }
   }
@@ -388,12 +563,13 @@ export class HandlerRun {
 
   /** The handler is over: its deadline disarmed, its slot freed, and what happened. */
   end(): TaskRun {
-    const { deps, input, deadline, advanced, dequeued, error } = this;
+    const { deps, input, advanced, dequeued, error } = this;
     const abort = input.abort;
+    const deadline = abort.deadline;
     deps.deadlines.disarm(abort);
     input.freeSlot();
     input.hooks?.handlerEnded();
-    const ms = performance.now() - this.started;
+    const ms = performance.now() - (this.started as number);
     deps.observeHandler(input.task, ms / 1000);
     const shutdown = abort.reason instanceof ShutdownAbort;
     const pastDeadline = abort.reason instanceof DeadlineAbort || Date.now() >= deadline;
@@ -402,7 +578,8 @@ export class HandlerRun {
       // A thrown non-Error is kept as JSON (`{"code":42}`), never `[object Object]`.
       const { message, detail, permanent } = readThrown(error);
       const ran = { ms, advanced, dequeued, shutdown, pastDeadline, cancelled };
-      if (this.unstorable) return { kind: 'unstorable_result', error: message, detail, thrown: error, ...ran };
+      if (this.returnedValue?.kind === 'unstorable')
+        return { kind: 'unstorable_result', error: message, detail, thrown: error, ...ran };
       return { kind: 'error', error: message, detail, permanent, thrown: error, ...ran };
     }
     // A run that returned is written out as one literal, not a shared part spread into it: the

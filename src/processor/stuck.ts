@@ -4,6 +4,7 @@ import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
+import { entryKey } from '../storage/attempt.js';
 import { STALE_HEARTBEATS } from '../storage/live-workers.js';
 import { clearOverdueLease, protectOverdueLease, refreshOverdueLeases } from '../storage/overdue.js';
 
@@ -40,8 +41,10 @@ interface Watched {
   protectedRow: boolean;
 }
 
-/** The worker's handlers running now, by lease key (its own in-flight map). */
-export type RunningHandlers = ReadonlyMap<string, { task: ClaimedTask }>;
+/** The worker's handlers running now (its own in-flight list): each one's task, and whether a lease key's runs. */
+export interface RunningHandlers extends Iterable<{ task: ClaimedTask }> {
+  has(key: string): boolean;
+}
 
 /**
  * Detects and contains handlers that ignore their AbortSignal (seed 000 leaves this case open:
@@ -106,8 +109,10 @@ export class StuckGuard {
    * A run's settlement is written (or refused): drop its overdue row, if it has one. Called for
    * every run; only a map lookup unless the run overran.
    */
-  settled(key: string): Promise<void> | undefined {
-    const w = this.watched.get(key);
+  settled(task: ClaimedTask): Promise<void> | undefined {
+    // Its key made only when a handler overran (the engine keeps none per task).
+    if (this.watched.size === 0) return undefined;
+    const w = this.watched.get(entryKey(task));
     return w && this.release(w);
   }
 
@@ -117,9 +122,11 @@ export class StuckGuard {
       if (w.running && !this.running.has(w.key)) this.returned(w);
       else if (w.running && !w.stuck && now >= w.stuckAt) this.report(w);
     }
-    for (const [key, { task }] of this.running) {
+    for (const { task } of this.running) {
       const deadline = task.leaseExpiresAt - this.opts.marginMs;
-      if (now < deadline + this.protectAfterMs || this.watched.has(key)) continue;
+      if (now < deadline + this.protectAfterMs) continue;
+      const key = entryKey(task);
+      if (this.watched.has(key)) continue;
       const w: Watched = {
         key,
         task,
