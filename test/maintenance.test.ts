@@ -506,6 +506,38 @@ test('bookkeeping branches first run an interval into a term, the gauges half an
   }
 });
 
+test("the settled branches' first runs come half a promotion tick after the term settles, one at a time", async () => {
+  const {
+    settledStartMs,
+    settlePhaseMs,
+    FirstTurns,
+    MAINTENANCE_DEFAULTS: d,
+  } = await import('../src/maintenance/leader.js');
+  // Promotion, keys and deps tick at 0, 250, 500 … ms of a term, the schedules at 0, 1000 …:
+  // rescue, the ring and the stale mark start at 1125 ms, between two ticks.
+  const at = settledStartMs(d.rescueIntervalMs) + settlePhaseMs(d.promoteIntervalMs);
+  assert.equal(at, 1125);
+  assert.equal(at % d.promoteIntervalMs, d.promoteIntervalMs / 2);
+  // Each turn begins once the one before it is released, in the order they were taken.
+  const turns = new FirstTurns();
+  const order: string[] = [];
+  const first = await turns.take();
+  const second = turns.take().then((release) => {
+    order.push('second');
+    release();
+  });
+  const third = turns.take().then((release) => {
+    order.push('third');
+    release();
+  });
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(order.length, 0, 'no turn while the first is held');
+  order.push('first');
+  first();
+  await Promise.all([second, third]);
+  assert.deepEqual(order, ['first', 'second', 'third']);
+});
+
 test('a branch sleeps out its interval, and a branch with a busy share (the gauges) keeps within it', async () => {
   const { branchWait } = await import('../src/maintenance/leader.js');
   assert.equal(branchWait({ intervalMs: 5000 }, 100), 4900);

@@ -209,6 +209,8 @@ type Branch = {
   dueInMs?: () => number | null;
   /** Ends the branch's wait early (the keys branch, on a keyed enqueue's `keys` notice). */
   waker?: BranchWaker;
+  /** The branch's first run of the term waits its turn here (the settled branches, see settlePhaseMs). */
+  firstTurn?: FirstTurns;
   run: () => Promise<void>;
 };
 
@@ -282,6 +284,37 @@ export function settledStartMs(intervalMs: number): number {
 }
 
 /**
+ * The settled branches (rescue, the ring, the stale-schedule mark) make their first runs of a
+ * term half a promotion tick after settledStartMs, and one at a time (FirstTurns), so they find
+ * idle the sessions the term's first ticks opened instead of opening sessions of their own. At
+ * TERM_SETTLE_MS itself the promotion, keys, deps and schedules branches tick too (every 250 ms
+ * and every second from the term's start), and the seven runs at once opened one to three new
+ * sessions of the shared pool (a backend's fork, its catalog loading and first plans: rescue's
+ * first bind took 28.7 ms and the ring's first window read 29 ms on such sessions) a second after
+ * a new worker started: in bench/cold-pickup-probe.ts the slowest pickups of a new process came
+ * in the first 100-150 ms of enqueues, as those sessions opened; now none opens then
+ * (docs/benchmarks-journal.md, "A new process's pickup tail and the leader's first runs").
+ */
+export function settlePhaseMs(promoteIntervalMs: number): number {
+  return promoteIntervalMs / 2;
+}
+
+/** One at a time: each `take()` resolves once the turn before it is released. */
+export class FirstTurns {
+  private tail: Promise<void> = Promise.resolve();
+
+  take(): Promise<() => void> {
+    let release!: () => void;
+    const mine = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    const before = this.tail;
+    this.tail = before.then(() => mine);
+    return before.then(() => release);
+  }
+}
+
+/**
  * When a bookkeeping branch first runs in a term: `1 + phase` of its interval in, capped at
  * START_CAP_MS. Branches keep their phase (a run waits out the rest of its interval, see
  * branchWait), so a phase set here is kept for the term.
@@ -304,8 +337,10 @@ export const GAUGE_PHASE = 0.5;
  * each process tries on one election session of its own, kept open across polls
  * (`ElectionSession`): when the leader dies or its connection drops, PostgreSQL releases the
  * lock and a follower takes it on its next poll. Each branch runs on its own loop, timed and
- * counted, so a slow branch (or a busy lane in promotion) never delays the others. Cooldowns
- * are wall-clock: a branch that overran its interval starts again at once, never backed off.
+ * counted, so a slow branch (or a busy lane in promotion) never delays the others (only the first
+ * runs of rescue, the ring and the stale-schedule mark in a term take turns, see settlePhaseMs).
+ * Cooldowns are wall-clock: a branch that overran its interval starts again at once, never backed
+ * off.
  */
 export class Maintenance {
   private readonly opts: ResolvedMaintenanceOptions;
@@ -445,6 +480,8 @@ export class Maintenance {
     );
     this.promoter = promoter;
     let nextInstantInMs: number | null = null;
+    const settled = new FirstTurns();
+    const settleAt = (intervalMs: number) => settledStartMs(intervalMs) + settlePhaseMs(o.promoteIntervalMs);
     const branches: Branch[] = [
       {
         name: 'promote',
@@ -502,7 +539,8 @@ export class Maintenance {
       {
         name: 'rescue',
         intervalMs: o.rescueIntervalMs,
-        startAfterMs: settledStartMs(o.rescueIntervalMs),
+        startAfterMs: settleAt(o.rescueIntervalMs),
+        firstTurn: settled,
         run: async () => {
           const r = await rescueLapsedLeasesIn(pool, storage);
           if (r.retried) metrics.rescued.inc({ result: 'retry' }, r.retried);
@@ -527,7 +565,8 @@ export class Maintenance {
       {
         name: 'ring',
         intervalMs: o.ringIntervalMs,
-        startAfterMs: settledStartMs(o.ringIntervalMs),
+        startAfterMs: settleAt(o.ringIntervalMs),
+        firstTurn: settled,
         run: async () => {
           const r = await maintainRing(pool, schema, {
             rotateAfterMs: o.ringRotateAfterMs,
@@ -565,7 +604,8 @@ export class Maintenance {
       {
         name: 'schedule-stale',
         intervalMs: o.scheduleStaleIntervalMs,
-        startAfterMs: settledStartMs(o.scheduleStaleIntervalMs),
+        startAfterMs: settleAt(o.scheduleStaleIntervalMs),
+        firstTurn: settled,
         run: async () => {
           await markStale(pool, storage, this.deps.logger);
         },
@@ -613,7 +653,7 @@ export class Maintenance {
         name: 'gauges',
         intervalMs: o.gaugeIntervalMs,
         // Counted from rescue's first run, so the two stay half an interval apart.
-        startAfterMs: settledStartMs(o.rescueIntervalMs) + firstRunAfterMs(o.gaugeIntervalMs, GAUGE_PHASE),
+        startAfterMs: settleAt(o.rescueIntervalMs) + firstRunAfterMs(o.gaugeIntervalMs, GAUGE_PHASE),
         busyShare: GAUGE_BUSY_SHARE,
         run: async () => {
           const snap = await readGauges(pool, schema);
@@ -629,7 +669,14 @@ export class Maintenance {
   private async runBranch(b: Branch, signal: AbortSignal): Promise<void> {
     let failures = 0;
     if (b.startAfterMs) await sleepUnlessAborted(b.startAfterMs, signal);
+    let turn = b.firstTurn;
     while (!signal.aborted) {
+      const release = turn ? await turn.take() : null;
+      turn = undefined;
+      if (signal.aborted) {
+        release?.();
+        break;
+      }
       const started = performance.now();
       try {
         await b.run();
@@ -638,6 +685,8 @@ export class Maintenance {
         failures++;
         this.deps.metrics.maintenanceErrors.inc({ branch: b.name });
         this.deps.logger.error({ err: (err as Error).message, branch: b.name }, 'maintenance branch failed');
+      } finally {
+        release?.();
       }
       const took = performance.now() - started;
       this.deps.metrics.maintenanceSeconds.observe({ branch: b.name }, took / 1000);
