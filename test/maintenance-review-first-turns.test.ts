@@ -241,3 +241,33 @@ test("a new term (leader session lost and regained) takes fresh turns: the old t
     await w.stop();
   }
 });
+
+test('(not this change) the end of a term that outlives the hold-off does not step the next term down: no leader:lost while leading', async () => {
+  // stepDown() of the lost term awaits its branches (here its blocked rescue) and then sets
+  // branchLoops = [], promoter = null, resets the gauges and emits leader:lost, whatever term
+  // has started meanwhile.
+  const lock = await blockRescue();
+  const { w } = worker({ workerId: 'ft-lateend' });
+  const events: string[] = [];
+  w.events.on('leader:gained', () => events.push('gained'));
+  w.events.on('leader:lost', () => events.push('lost'));
+  await w.start();
+  try {
+    await waitFor(async () => (await waitingRescues()).length === 1, 20_000, "the first term's rescue blocked");
+    const leader = await pool.query<{ pid: number }>('SELECT pid FROM pg_stat_activity WHERE application_name = $1', [
+      leaderApplicationName('ft-lateend'),
+    ]);
+    await pool.query('SELECT pg_terminate_backend($1)', [leader.rows[0]!.pid]);
+    await waitFor(async () => (await waitingRescues()).length === 2, 30_000, 'a new term, its rescue blocked too');
+    // End the old term's rescue only: the old stepDown completes now, inside the new term.
+    const [old] = await waitingRescues();
+    await pool.query('SELECT pg_terminate_backend($1)', [old!.pid]);
+    await waitFor(async () => (await waitingRescues()).length === 1, 30_000, "the old term's rescue ended");
+    await waitFor(() => events.filter((e) => e === 'lost').length >= 1, 30_000, "the old term's leader:lost");
+    assert.ok(w.isLeader, 'the new term leads');
+    assert.equal(events.at(-1), 'gained', `leader:lost came after the new term's leader:gained: ${events.join(', ')}`);
+  } finally {
+    await lock.release();
+    await w.stop();
+  }
+});
