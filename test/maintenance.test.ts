@@ -435,7 +435,7 @@ test('gauges: pending includes running; running is a live lease; dead; oldest du
   assert.ok(text.includes(`berth_task_oldest_due_seconds ${g.oldestDueSeconds}\n`), text);
 });
 
-test('a new leader starts promotion at once and rescue and the ring within a second; gauges, retention and history rotation one interval later', async () => {
+test('a new leader starts promotion at once and rescue and the ring a second and half a promotion tick in; gauges, retention and history rotation one interval later', async () => {
   const w = new Worker({
     connectionString: DATABASE_URL,
     schema,
@@ -510,6 +510,7 @@ test("the settled branches' first runs come half a promotion tick after the term
   const {
     settledStartMs,
     settlePhaseMs,
+    SETTLE_PHASE_MAX_MS,
     FirstTurns,
     MAINTENANCE_DEFAULTS: d,
   } = await import('../src/maintenance/leader.js');
@@ -519,14 +520,17 @@ test("the settled branches' first runs come half a promotion tick after the term
   assert.equal(at, 1125);
   assert.equal(at % d.promoteIntervalMs, d.promoteIntervalMs / 2);
   // Each turn begins once the one before it is released, in the order they were taken.
+  // Capped: a long promotion tick does not postpone them by half of it.
+  assert.equal(settlePhaseMs(600_000), SETTLE_PHASE_MAX_MS);
   const turns = new FirstTurns();
   const order: string[] = [];
-  const first = await turns.take();
-  const second = turns.take().then((release) => {
+  const long = 600_000; // a wait that never runs out in this test
+  const first = await turns.take(long);
+  const second = turns.take(long).then((release) => {
     order.push('second');
     release();
   });
-  const third = turns.take().then((release) => {
+  const third = turns.take(long).then((release) => {
     order.push('third');
     release();
   });
@@ -536,6 +540,11 @@ test("the settled branches' first runs come half a promotion tick after the term
   first();
   await Promise.all([second, third]);
   assert.deepEqual(order, ['first', 'second', 'third']);
+  // A turn held past the wait's limit is no longer waited for: the next runs beside it.
+  const held = await turns.take(long);
+  const next = await turns.take(20);
+  next();
+  held();
 });
 
 test('a branch sleeps out its interval, and a branch with a busy share (the gauges) keeps within it', async () => {

@@ -296,21 +296,44 @@ export function settledStartMs(intervalMs: number): number {
  * (docs/benchmarks-journal.md, "A new process's pickup tail and the leader's first runs").
  */
 export function settlePhaseMs(promoteIntervalMs: number): number {
-  return promoteIntervalMs / 2;
+  // Capped: a long promotion tick (validation allows days) must not postpone a new term's first
+  // rescue and ring runs by half of it (test/maintenance-review-first-turns.test.ts).
+  return Math.min(promoteIntervalMs / 2, SETTLE_PHASE_MAX_MS);
 }
 
-/** One at a time: each `take()` resolves once the turn before it is released. */
+/** settlePhaseMs's cap: twice the default promotion tick's half. */
+export const SETTLE_PHASE_MAX_MS = 250;
+
+/**
+ * How long a first run waits for the one before it (FirstTurns): a first run on an idle session
+ * takes milliseconds to tens of them; one blocked on a lock or a slow statement must not hold back
+ * the others' first runs for up to its statement timeout (or for ever behind a pooler that drops
+ * it), so after this long the next one runs beside it, as every branch did before.
+ */
+export const FIRST_TURN_WAIT_MAX_MS = 1000;
+
+/**
+ * One at a time: each `take()` resolves once the turn before it is released, or after `maxWaitMs`
+ * (the turn before it still running: they then run side by side).
+ */
 export class FirstTurns {
   private tail: Promise<void> = Promise.resolve();
 
-  take(): Promise<() => void> {
+  take(maxWaitMs: number): Promise<() => void> {
     let release!: () => void;
     const mine = new Promise<void>((resolve) => {
       release = resolve;
     });
     const before = this.tail;
     this.tail = before.then(() => mine);
-    return before.then(() => release);
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => resolve(release), maxWaitMs);
+      timer.unref();
+      void before.then(() => {
+        clearTimeout(timer);
+        resolve(release);
+      });
+    });
   }
 }
 
@@ -351,6 +374,10 @@ export class Maintenance {
   private election: ElectionSession | null = null;
   private term: AbortController | null = null;
   private branchLoops: Promise<void>[] = [];
+  /** The last term's step-down while its branches are still ending (its leader:lost not yet sent). */
+  private steppingDown: Promise<void> | null = null;
+  /** Terms whose leader:gained was sent, so their leader:lost is sent too. */
+  private readonly announced = new WeakSet<AbortController>();
   private promoter: Promoter | null = null;
   private readonly branchStats = new Map<string, BranchStats>();
   /** Per-lane promotion contention, kept across leadership terms of this process. */
@@ -661,9 +688,22 @@ export class Maintenance {
         },
       },
     ];
-    const signal = this.term.signal;
+    const term = this.term;
+    const signal = term.signal;
     this.branchLoops = branches.map((b) => this.runBranch(b, signal));
-    this.deps.onLeadership?.(true);
+    // leader:gained after the last term's leader:lost: that term's branches may still be ending.
+    const announce = () => {
+      this.announced.add(term);
+      this.deps.onLeadership?.(true);
+    };
+    const before = this.steppingDown;
+    if (before === null) announce();
+    else {
+      const after = () => {
+        if (this.term === term) announce();
+      };
+      void before.then(after, after);
+    }
   }
 
   private async runBranch(b: Branch, signal: AbortSignal): Promise<void> {
@@ -671,7 +711,7 @@ export class Maintenance {
     if (b.startAfterMs) await sleepUnlessAborted(b.startAfterMs, signal);
     let turn = b.firstTurn;
     while (!signal.aborted) {
-      const release = turn ? await turn.take() : null;
+      const release = turn ? await turn.take(FIRST_TURN_WAIT_MAX_MS) : null;
       turn = undefined;
       if (signal.aborted) {
         release?.();
@@ -718,21 +758,34 @@ export class Maintenance {
     }
   }
 
-  private async stepDown(): Promise<void> {
+  private stepDown(): Promise<void> {
     const term = this.term;
+    if (!term) return this.steppingDown ?? Promise.resolve();
     this.term = null;
-    if (term) {
-      term.abort();
-      this.deps.metrics.isLeader.set(0);
-      this.deps.logger.info('stepped down as maintenance leader');
-      await Promise.allSettled([...this.branchLoops, this.promoter?.stop()]);
-      this.branchLoops = [];
-      this.promoter = null;
+    term.abort();
+    this.deps.metrics.isLeader.set(0);
+    this.deps.logger.info('stepped down as maintenance leader');
+    // This term's own loops and promoter: a new term may begin before they end (the election
+    // session came back while one of this term's runs was still blocked), and its own are not
+    // this term's to clear (test/maintenance-review-first-turns.test.ts, "the end of a term…").
+    const loops = this.branchLoops;
+    const promoter = this.promoter;
+    // After any earlier term's step-down, so leader:lost events come in the terms' order and the
+    // last step-down covers every earlier one (stop() awaits it).
+    const earlier = this.steppingDown;
+    const done = Promise.allSettled([...loops, promoter?.stop(), earlier]).then(() => {
+      if (this.branchLoops === loops) this.branchLoops = [];
+      if (this.promoter === promoter) this.promoter = null;
       // Only the leader exports the queue-wide gauges; a former leader must not keep stale ones.
-      // Reset after every branch has ended, so a gauge read in flight cannot republish them.
-      resetGauges(this.deps.metrics);
-      this.deps.onLeadership?.(false);
-    }
+      // Reset after every branch has ended, so a gauge read in flight cannot republish them; not
+      // when a new term leads already (its gauges are its own).
+      if (this.term === null) resetGauges(this.deps.metrics);
+      if (this.steppingDown === done) this.steppingDown = null;
+      // A term that ended before its leader:gained was sent (see becomeLeader) sends neither.
+      if (this.announced.delete(term)) this.deps.onLeadership?.(false);
+    });
+    this.steppingDown = done;
+    return done;
   }
 
   /** Stop: end every branch this leader started, then release leadership (end the election session). */
@@ -740,6 +793,8 @@ export class Maintenance {
     this.stopped = true;
     this.stopSignal.abort();
     await this.stepDown();
+    // An earlier term still ending while no term leads (stepDown() above then had none to end).
+    await this.steppingDown;
     // After the branches have ended (stepDown awaits them), so no other leader's branches can
     // overlap ours; before awaiting the loop, so a poll in flight is cut short, not waited out.
     await this.election?.close();
