@@ -137,11 +137,25 @@ export async function coldDrain(
   }
 }
 
+/** What bench/cold-pickup-probe.ts reads of one cold pickup run, before the child stops. */
+export interface ColdPickupDetail {
+  /** Epoch ms at which the child said its worker had started (its `start()` resolved). */
+  workerStartedAt: number;
+  /** Per task, epoch ms just before its enqueue call, and its latency (ms). */
+  sent: Float64Array;
+  latencies: Float64Array;
+}
+
 /**
  * Pickup in a new process: the worker starts in the child, idles a second, then this process
- * enqueues `cfg.coldPickupN` tasks one at a time `cfg.pickupGapMs` apart.
+ * enqueues `cfg.coldPickupN` tasks one at a time `cfg.pickupGapMs` apart. `detail`, if given, is
+ * called with the per-task numbers while the child's worker still runs (its sessions still open).
  */
-export async function coldPickup(adapter: SystemAdapter, cfg: BenchConfig): Promise<Outcome<PickupResult>> {
+export async function coldPickup(
+  adapter: SystemAdapter,
+  cfg: BenchConfig,
+  detail?: (d: ColdPickupDetail) => Promise<void>,
+): Promise<Outcome<PickupResult>> {
   const n = cfg.coldPickupN;
   await adapter.reset();
   const child = new ColdChild({
@@ -158,6 +172,7 @@ export async function coldPickup(adapter: SystemAdapter, cfg: BenchConfig): Prom
     child.tell({ type: 'go' });
     const up = await child.wait('workerStarted', cfg.drainTimeoutMs);
     if (typeof up === 'string') return { ok: false, timeout: true, note: up };
+    const workerStartedAt = epoch();
     await sleep(1_000); // idle, as the warm pickup lets its worker go idle
     const sent = new Float64Array(n).fill(Number.NaN);
     const base = performance.now();
@@ -189,6 +204,7 @@ export async function coldPickup(adapter: SystemAdapter, cfg: BenchConfig): Prom
       if (Number.isNaN(lat[m.i]!)) lat[m.i] = m.at - sent[m.i]!;
       else duplicates++;
     }
+    await detail?.({ workerStartedAt, sent, latencies: lat });
     return { ok: true, value: { ...latencyPercentiles([...lat]), duplicates } };
   } finally {
     await child.end();

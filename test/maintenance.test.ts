@@ -435,7 +435,7 @@ test('gauges: pending includes running; running is a live lease; dead; oldest du
   assert.ok(text.includes(`berth_task_oldest_due_seconds ${g.oldestDueSeconds}\n`), text);
 });
 
-test('a new leader starts promotion at once and rescue and the ring within a second; gauges, retention and history rotation one interval later', async () => {
+test('a new leader starts promotion at once and rescue and the ring a second and half a promotion tick in; gauges, retention and history rotation one interval later', async () => {
   const w = new Worker({
     connectionString: DATABASE_URL,
     schema,
@@ -504,6 +504,47 @@ test('bookkeeping branches first run an interval into a term, the gauges half an
     const offset = (gaugesAt + k * d.gaugeIntervalMs - rescueAt) % d.rescueIntervalMs;
     assert.equal(Math.min(offset, d.rescueIntervalMs - offset), d.rescueIntervalMs / 2);
   }
+});
+
+test("the settled branches' first runs come half a promotion tick after the term settles, one at a time", async () => {
+  const {
+    settledStartMs,
+    settlePhaseMs,
+    SETTLE_PHASE_MAX_MS,
+    FirstTurns,
+    MAINTENANCE_DEFAULTS: d,
+  } = await import('../src/maintenance/leader.js');
+  // Promotion, keys and deps tick at 0, 250, 500 … ms of a term, the schedules at 0, 1000 …:
+  // rescue, the ring and the stale mark start at 1125 ms, between two ticks.
+  const at = settledStartMs(d.rescueIntervalMs) + settlePhaseMs(d.promoteIntervalMs);
+  assert.equal(at, 1125);
+  assert.equal(at % d.promoteIntervalMs, d.promoteIntervalMs / 2);
+  // Each turn begins once the one before it is released, in the order they were taken.
+  // Capped: a long promotion tick does not postpone them by half of it.
+  assert.equal(settlePhaseMs(600_000), SETTLE_PHASE_MAX_MS);
+  const turns = new FirstTurns();
+  const order: string[] = [];
+  const long = 600_000; // a wait that never runs out in this test
+  const first = await turns.take(long);
+  const second = turns.take(long).then((release) => {
+    order.push('second');
+    release();
+  });
+  const third = turns.take(long).then((release) => {
+    order.push('third');
+    release();
+  });
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(order.length, 0, 'no turn while the first is held');
+  order.push('first');
+  first();
+  await Promise.all([second, third]);
+  assert.deepEqual(order, ['first', 'second', 'third']);
+  // A turn held past the wait's limit is no longer waited for: the next runs beside it.
+  const held = await turns.take(long);
+  const next = await turns.take(20);
+  next();
+  held();
 });
 
 test('a branch sleeps out its interval, and a branch with a busy share (the gauges) keeps within it', async () => {

@@ -209,6 +209,8 @@ type Branch = {
   dueInMs?: () => number | null;
   /** Ends the branch's wait early (the keys branch, on a keyed enqueue's `keys` notice). */
   waker?: BranchWaker;
+  /** The branch's first run of the term waits its turn here (the settled branches, see settlePhaseMs). */
+  firstTurn?: FirstTurns;
   run: () => Promise<void>;
 };
 
@@ -282,6 +284,63 @@ export function settledStartMs(intervalMs: number): number {
 }
 
 /**
+ * The settled branches (rescue, the ring, the stale-schedule mark) make their first runs of a
+ * term half a promotion tick after settledStartMs, and one at a time (FirstTurns), so they find
+ * idle the sessions the term's first ticks opened instead of opening sessions of their own. At
+ * TERM_SETTLE_MS itself the promotion, keys, deps and schedules branches tick too (every 250 ms
+ * and every second from the term's start), and the seven runs at once opened one to three new
+ * sessions of the shared pool (a backend's fork, its catalog loading and first plans: rescue's
+ * first bind took 28.7 ms and the ring's first window read 29 ms on such sessions) a second after
+ * a new worker started: in bench/cold-pickup-probe.ts the slowest pickups of a new process came
+ * in the first 100-150 ms of enqueues, as those sessions opened; now none opens then
+ * (docs/benchmarks-journal.md, "A new process's pickup tail and the leader's first runs").
+ */
+export function settlePhaseMs(promoteIntervalMs: number): number {
+  // Capped: a long promotion tick (validation allows days) must not postpone a new term's first
+  // rescue and ring runs by half of it (test/maintenance-review-first-turns.test.ts).
+  return Math.min(promoteIntervalMs / 2, SETTLE_PHASE_MAX_MS);
+}
+
+/** settlePhaseMs's cap: twice the default promotion tick's half. */
+export const SETTLE_PHASE_MAX_MS = 250;
+
+/**
+ * How long a first run waits for the one before it (FirstTurns): a first run on an idle session
+ * takes milliseconds to tens of them; one blocked on a lock or a slow statement must not hold back
+ * the others' first runs for up to its statement timeout (or for ever behind a pooler that drops
+ * it), so after this long the next one runs beside it, as every branch did before.
+ */
+export const FIRST_TURN_WAIT_MAX_MS = 1000;
+
+/**
+ * One at a time: each `take()` resolves once the turn before it is released, or after `maxWaitMs`
+ * (the turn before it still running: they then run side by side).
+ */
+export class FirstTurns {
+  private tail: Promise<void> = Promise.resolve();
+
+  take(maxWaitMs: number): Promise<() => void> {
+    let release!: () => void;
+    const mine = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    const before = this.tail;
+    const granted = new Promise<() => void>((resolve) => {
+      const timer = setTimeout(() => resolve(release), maxWaitMs);
+      timer.unref();
+      void before.then(() => {
+        clearTimeout(timer);
+        resolve(release);
+      });
+    });
+    // The next turn waits for this one's start and end, not for the turns before it: after one
+    // that was waited out, the rest still go one at a time (test/maintenance-review-leader-events.test.ts).
+    this.tail = granted.then(() => mine);
+    return granted;
+  }
+}
+
+/**
  * When a bookkeeping branch first runs in a term: `1 + phase` of its interval in, capped at
  * START_CAP_MS. Branches keep their phase (a run waits out the rest of its interval, see
  * branchWait), so a phase set here is kept for the term.
@@ -304,8 +363,10 @@ export const GAUGE_PHASE = 0.5;
  * each process tries on one election session of its own, kept open across polls
  * (`ElectionSession`): when the leader dies or its connection drops, PostgreSQL releases the
  * lock and a follower takes it on its next poll. Each branch runs on its own loop, timed and
- * counted, so a slow branch (or a busy lane in promotion) never delays the others. Cooldowns
- * are wall-clock: a branch that overran its interval starts again at once, never backed off.
+ * counted, so a slow branch (or a busy lane in promotion) never delays the others (only the first
+ * runs of rescue, the ring and the stale-schedule mark in a term take turns, see settlePhaseMs).
+ * Cooldowns are wall-clock: a branch that overran its interval starts again at once, never backed
+ * off.
  */
 export class Maintenance {
   private readonly opts: ResolvedMaintenanceOptions;
@@ -316,6 +377,10 @@ export class Maintenance {
   private election: ElectionSession | null = null;
   private term: AbortController | null = null;
   private branchLoops: Promise<void>[] = [];
+  /** The last term's step-down while its branches are still ending (its leader:lost not yet sent). */
+  private steppingDown: Promise<void> | null = null;
+  /** Terms whose leader:gained was sent, so their leader:lost is sent too. */
+  private readonly announced = new WeakSet<AbortController>();
   private promoter: Promoter | null = null;
   private readonly branchStats = new Map<string, BranchStats>();
   /** Per-lane promotion contention, kept across leadership terms of this process. */
@@ -445,6 +510,8 @@ export class Maintenance {
     );
     this.promoter = promoter;
     let nextInstantInMs: number | null = null;
+    const settled = new FirstTurns();
+    const settleAt = (intervalMs: number) => settledStartMs(intervalMs) + settlePhaseMs(o.promoteIntervalMs);
     const branches: Branch[] = [
       {
         name: 'promote',
@@ -502,7 +569,8 @@ export class Maintenance {
       {
         name: 'rescue',
         intervalMs: o.rescueIntervalMs,
-        startAfterMs: settledStartMs(o.rescueIntervalMs),
+        startAfterMs: settleAt(o.rescueIntervalMs),
+        firstTurn: settled,
         run: async () => {
           const r = await rescueLapsedLeasesIn(pool, storage);
           if (r.retried) metrics.rescued.inc({ result: 'retry' }, r.retried);
@@ -527,7 +595,8 @@ export class Maintenance {
       {
         name: 'ring',
         intervalMs: o.ringIntervalMs,
-        startAfterMs: settledStartMs(o.ringIntervalMs),
+        startAfterMs: settleAt(o.ringIntervalMs),
+        firstTurn: settled,
         run: async () => {
           const r = await maintainRing(pool, schema, {
             rotateAfterMs: o.ringRotateAfterMs,
@@ -565,7 +634,8 @@ export class Maintenance {
       {
         name: 'schedule-stale',
         intervalMs: o.scheduleStaleIntervalMs,
-        startAfterMs: settledStartMs(o.scheduleStaleIntervalMs),
+        startAfterMs: settleAt(o.scheduleStaleIntervalMs),
+        firstTurn: settled,
         run: async () => {
           await markStale(pool, storage, this.deps.logger);
         },
@@ -613,7 +683,7 @@ export class Maintenance {
         name: 'gauges',
         intervalMs: o.gaugeIntervalMs,
         // Counted from rescue's first run, so the two stay half an interval apart.
-        startAfterMs: settledStartMs(o.rescueIntervalMs) + firstRunAfterMs(o.gaugeIntervalMs, GAUGE_PHASE),
+        startAfterMs: settleAt(o.rescueIntervalMs) + firstRunAfterMs(o.gaugeIntervalMs, GAUGE_PHASE),
         busyShare: GAUGE_BUSY_SHARE,
         run: async () => {
           const snap = await readGauges(pool, schema);
@@ -621,15 +691,35 @@ export class Maintenance {
         },
       },
     ];
-    const signal = this.term.signal;
+    const term = this.term;
+    const signal = term.signal;
     this.branchLoops = branches.map((b) => this.runBranch(b, signal));
-    this.deps.onLeadership?.(true);
+    // leader:gained after the last term's leader:lost: that term's branches may still be ending.
+    const announce = () => {
+      this.announced.add(term);
+      this.deps.onLeadership?.(true);
+    };
+    const before = this.steppingDown;
+    if (before === null) announce();
+    else {
+      const after = () => {
+        if (this.term === term) announce();
+      };
+      void before.then(after, after);
+    }
   }
 
   private async runBranch(b: Branch, signal: AbortSignal): Promise<void> {
     let failures = 0;
     if (b.startAfterMs) await sleepUnlessAborted(b.startAfterMs, signal);
+    let turn = b.firstTurn;
     while (!signal.aborted) {
+      const release = turn ? await turn.take(FIRST_TURN_WAIT_MAX_MS) : null;
+      turn = undefined;
+      if (signal.aborted) {
+        release?.();
+        break;
+      }
       const started = performance.now();
       try {
         await b.run();
@@ -638,6 +728,8 @@ export class Maintenance {
         failures++;
         this.deps.metrics.maintenanceErrors.inc({ branch: b.name });
         this.deps.logger.error({ err: (err as Error).message, branch: b.name }, 'maintenance branch failed');
+      } finally {
+        release?.();
       }
       const took = performance.now() - started;
       this.deps.metrics.maintenanceSeconds.observe({ branch: b.name }, took / 1000);
@@ -669,21 +761,34 @@ export class Maintenance {
     }
   }
 
-  private async stepDown(): Promise<void> {
+  private stepDown(): Promise<void> {
     const term = this.term;
+    if (!term) return this.steppingDown ?? Promise.resolve();
     this.term = null;
-    if (term) {
-      term.abort();
-      this.deps.metrics.isLeader.set(0);
-      this.deps.logger.info('stepped down as maintenance leader');
-      await Promise.allSettled([...this.branchLoops, this.promoter?.stop()]);
-      this.branchLoops = [];
-      this.promoter = null;
+    term.abort();
+    this.deps.metrics.isLeader.set(0);
+    this.deps.logger.info('stepped down as maintenance leader');
+    // This term's own loops and promoter: a new term may begin before they end (the election
+    // session came back while one of this term's runs was still blocked), and its own are not
+    // this term's to clear (test/maintenance-review-first-turns.test.ts, "the end of a term…").
+    const loops = this.branchLoops;
+    const promoter = this.promoter;
+    // After any earlier term's step-down, so leader:lost events come in the terms' order and the
+    // last step-down covers every earlier one (stop() awaits it).
+    const earlier = this.steppingDown;
+    const done = Promise.allSettled([...loops, promoter?.stop(), earlier]).then(() => {
+      if (this.branchLoops === loops) this.branchLoops = [];
+      if (this.promoter === promoter) this.promoter = null;
       // Only the leader exports the queue-wide gauges; a former leader must not keep stale ones.
-      // Reset after every branch has ended, so a gauge read in flight cannot republish them.
-      resetGauges(this.deps.metrics);
-      this.deps.onLeadership?.(false);
-    }
+      // Reset after every branch has ended, so a gauge read in flight cannot republish them; not
+      // when a new term leads already (its gauges are its own).
+      if (this.term === null) resetGauges(this.deps.metrics);
+      if (this.steppingDown === done) this.steppingDown = null;
+      // A term that ended before its leader:gained was sent (see becomeLeader) sends neither.
+      if (this.announced.delete(term)) this.deps.onLeadership?.(false);
+    });
+    this.steppingDown = done;
+    return done;
   }
 
   /** Stop: end every branch this leader started, then release leadership (end the election session). */
@@ -691,6 +796,8 @@ export class Maintenance {
     this.stopped = true;
     this.stopSignal.abort();
     await this.stepDown();
+    // An earlier term still ending while no term leads (stepDown() above then had none to end).
+    await this.steppingDown;
     // After the branches have ended (stepDown awaits them), so no other leader's branches can
     // overlap ours; before awaiting the loop, so a poll in flight is cut short, not waited out.
     await this.election?.close();
