@@ -108,10 +108,15 @@ test('a paced backlog cancelled: the next refused task of the type is paced from
     { schema },
   );
   const first = await runDueTasks(pool, [def], { schema, queues: ['rv-cancelled'] });
-  // Two start; on a loaded machine the run can outlast the window (3.25 s), and two more start.
-  const done = first.filter((r) => r.status === 'completed').length;
-  const refused = first.filter((r) => r.status === 'returned').length;
-  assert.ok(done >= 2 && done % 2 === 0, `${done} started`);
+  // Two start; on a loaded machine the run can outlast the window (3.25 s), and two more start,
+  // and a refused task whose pace came due within the run is refused (or started) again: counted
+  // by task, not by report.
+  const doneIds = new Set(first.filter((r) => r.status === 'completed').map((r) => r.id));
+  const refusedIds = new Set(first.filter((r) => r.status === 'returned').map((r) => r.id));
+  for (const id of doneIds) refusedIds.delete(id);
+  const done = doneIds.size;
+  const refused = refusedIds.size;
+  assert.ok(done >= 2, `${done} started`);
   assert.equal(done + refused, 60);
   // The backlog is cancelled (it was a mistake).
   const cancelled = await cancelTasks(pool, schema, { type }, { actor: 'review' });
