@@ -11,6 +11,9 @@
  * handler start; for an enqueue `enqueued`; `stopped` once the worker has stopped.
  */
 import { benchSystems } from './systems/all.js';
+import { traceQueries } from './query-trace.js';
+
+if (process.env.BENCH_TRACE) traceQueries();
 import type { RunningWorker } from './systems/types.js';
 
 export type ColdJob =
@@ -27,7 +30,15 @@ export type ColdJob =
 
 export type ChildMessage =
   | { type: 'ready' }
-  | { type: 'started'; t0: number; lastFirstRun: number; duplicates: number }
+  | {
+      type: 'started';
+      t0: number;
+      /** When the worker's start() resolved, and when the first handler ran (epoch ms). */
+      up: number;
+      firstRun: number;
+      lastFirstRun: number;
+      duplicates: number;
+    }
   | { type: 'workerStarted' }
   | { type: 'run'; i: number; at: number }
   | { type: 'enqueued'; firstMs: number; laterMs: number[] }
@@ -83,11 +94,14 @@ async function run(job: ColdJob): Promise<void> {
   }
   const stop = nextMessage('stop');
   let worker: RunningWorker;
+  let up = Number.NaN;
   if (job.kind === 'drain') {
     const seen = new Uint8Array(job.n);
     let distinct = 0;
     let duplicates = 0;
+    let firstRun = Number.NaN;
     const t0 = epoch();
+    if (process.env.BENCH_TRACE) process.stderr.write(`T t0 ${t0.toFixed(1)}\n`);
     worker = await adapter.startWorker(job.concurrency, (i) => {
       if (!(i >= 0 && i < job.n)) return;
       if (seen[i]) {
@@ -95,8 +109,10 @@ async function run(job: ColdJob): Promise<void> {
         return;
       }
       seen[i] = 1;
-      if (++distinct === job.n) send({ type: 'started', t0, lastFirstRun: epoch(), duplicates });
+      if (distinct === 0) firstRun = epoch();
+      if (++distinct === job.n) send({ type: 'started', t0, up, firstRun, lastFirstRun: epoch(), duplicates });
     });
+    up = epoch();
   } else {
     // Every handler start, repeats included: the parent takes each task's first and counts the rest.
     worker = await adapter.startWorker(job.concurrency, (i) => send({ type: 'run', i, at: epoch() }));

@@ -96,6 +96,9 @@ export interface ColdDrainResult {
   tasksPerSec: number;
   startedPerSec: number;
   tailMs: number;
+  /** From the clock's start (just before the worker is made) to its start() resolving, and to its first handler run. */
+  startMs: number;
+  firstRunMs: number;
   duplicates: number;
 }
 
@@ -128,6 +131,8 @@ export async function coldDrain(
         tasksPerSec: n / ((recordedAt - started.t0) / 1000),
         startedPerSec: n / ((started.lastFirstRun - started.t0) / 1000),
         tailMs: recordedAt - started.lastFirstRun,
+        startMs: started.up - started.t0,
+        firstRunMs: started.firstRun - started.t0,
         duplicates: started.duplicates,
       },
     };
