@@ -183,6 +183,29 @@ export async function stopProcesses(children: Iterable<ChildProcess>): Promise<v
   );
 }
 
+/**
+ * Hold `table` (schema-qualified, quoted) in ACCESS EXCLUSIVE mode in an open transaction on a
+ * session of `pool`: every statement that reads it waits. `release()` rolls back (idempotent).
+ */
+export async function holdTableLock(
+  pool: pg.Pool,
+  table: string,
+): Promise<{ client: pg.PoolClient; release: () => Promise<void> }> {
+  const client = await pool.connect();
+  await client.query('BEGIN');
+  await client.query(`LOCK TABLE ${table} IN ACCESS EXCLUSIVE MODE`);
+  let done = false;
+  return {
+    client,
+    release: async () => {
+      if (done) return;
+      done = true;
+      await client.query('ROLLBACK').catch(() => undefined);
+      client.release();
+    },
+  };
+}
+
 /** Hold a lane's producer lock the way an open enqueue transaction does; call the result to commit. */
 export async function holdLaneLock(schema: string, lane: number): Promise<() => Promise<void>> {
   const c = new pg.Client({ connectionString: DATABASE_URL });

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import type pg from 'pg';
 import { Worker } from '../src/index.js';
 import { leaderApplicationName } from '../src/storage/locks.js';
-import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor } from './helpers.js';
+import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, holdTableLock, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('firstturns');
 const S = `"${schema}"`;
@@ -19,20 +19,8 @@ const QUIET = { gaugeIntervalMs: 600_000, retentionIntervalMs: 600_000, historyI
  * Hold overdue_leases in ACCESS EXCLUSIVE mode: rescue's first statement (anythingToRescue reads
  * it) waits on the lock; nothing the ring, the stale mark or promotion runs reads it.
  */
-async function blockRescue(): Promise<{ client: pg.PoolClient; release: () => Promise<void> }> {
-  const client = await pool.connect();
-  await client.query('BEGIN');
-  await client.query(`LOCK TABLE ${S}.overdue_leases IN ACCESS EXCLUSIVE MODE`);
-  let done = false;
-  return {
-    client,
-    release: async () => {
-      if (done) return;
-      done = true;
-      await client.query('ROLLBACK').catch(() => undefined);
-      client.release();
-    },
-  };
+function blockRescue(): Promise<{ client: pg.PoolClient; release: () => Promise<void> }> {
+  return holdTableLock(pool, `${S}.overdue_leases`);
 }
 
 /** The backend of a rescue statement waiting on that lock, with how long it has waited (ms). */

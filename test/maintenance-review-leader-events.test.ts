@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { Worker } from '../src/index.js';
 import { FirstTurns } from '../src/maintenance/leader.js';
 import { leaderApplicationName } from '../src/storage/locks.js';
-import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor } from './helpers.js';
+import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, holdTableLock, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('leaderevents');
 const S = `"${schema}"`;
@@ -18,19 +18,8 @@ const S = `"${schema}"`;
 const QUIET = { retentionIntervalMs: 600_000, historyIntervalMs: 600_000 };
 
 /** Hold overdue_leases: rescue's first statement waits on it (as in maintenance-review-first-turns). */
-async function blockRescue(): Promise<{ release: () => Promise<void> }> {
-  const client = await pool.connect();
-  await client.query('BEGIN');
-  await client.query(`LOCK TABLE ${S}.overdue_leases IN ACCESS EXCLUSIVE MODE`);
-  let done = false;
-  return {
-    release: async () => {
-      if (done) return;
-      done = true;
-      await client.query('ROLLBACK').catch(() => undefined);
-      client.release();
-    },
-  };
+function blockRescue(): Promise<{ release: () => Promise<void> }> {
+  return holdTableLock(pool, `${S}.overdue_leases`);
 }
 
 async function waitingRescues(): Promise<number[]> {
