@@ -12,9 +12,10 @@
  */
 import { benchSystems } from './systems/all.js';
 import { traceQueries } from './query-trace.js';
-
-if (process.env.BENCH_TRACE) traceQueries();
 import type { RunningWorker } from './systems/types.js';
+
+// bench/cold-drain-probe.ts --trace: this process's connects and queries as a timeline on stderr.
+if (process.env.BENCH_TRACE) traceQueries();
 
 export type ColdJob =
   | { kind: 'drain'; label: string; url: string; concurrency: number; n: number }

@@ -41,6 +41,8 @@ try {
   const cfg = loadConfig(server.adminUrl);
   await recreateDatabase(cfg.adminUrl, cfg.benchDbName);
   const filter = values.systems.split(',').map((s) => s.trim().toLowerCase());
+  // The peers' default rows are left out (graphile-worker's and pg-boss's defaults drain ~2,000
+  // and ~5 tasks/s: minutes a run); berth's default row is berth.
   const systems = benchSystems({ connectionString: cfg.benchUrl }, filter).filter(
     (s) => !s.label.includes('default') || s.label.startsWith('berth'),
   );

@@ -1,6 +1,7 @@
 /**
  * For bench/cold-drain-probe.ts --trace: every pg client's connects and queries of this process
- * written to stderr as they start and end (`T <event> <epoch ms> <first words>`), so a new
+ * written to stderr as they start, and as they end when the call returns a promise (a query
+ * made with a callback or a submittable shows its start only): `T <event> <epoch ms> <first words>`, so a new
  * process's start can be read as a timeline (which session opened when, which statement waited).
  * A bench aid only: it wraps pg.Client's prototype methods of this process.
  */
