@@ -391,6 +391,9 @@ test('the Schedules page shows a schedule, pauses and resumes it, and triggers o
     await page.click(`${row} button:has-text("Trigger")`);
     await textOf(page, '#confirm-text', /Enqueue one run of yearly-report now\?/);
     await page.click('#confirm-ok');
+    // The audit row is written after the trigger commits, before the answer: the toast, not the
+    // task's run (which can come first), says it is there.
+    await textOf(page, '#toast', /Trigger yearly-report: /);
     const fire = await waitFor(
       async () =>
         (
