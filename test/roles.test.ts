@@ -263,6 +263,14 @@ test('B claims, fails, retries, slices and completes through a Worker whose main
   });
   await w.start();
   try {
+    // The tests above left entries in the first segment that no worker here claims, so that
+    // segment is never pruned. The first rotation seals it; this test's entries go after it,
+    // into segments that hold only entries it settles.
+    await waitFor(
+      async () => (await counterValue(w.metrics, 'berth_ring_rotations_total', { result: 'rotated' })) > 0,
+      10_000,
+      'the first rotation',
+    );
     await enqueue(poolA, done, {}, { schema, queue, shard: 1 });
     await enqueue(poolB, done, {}, { schema, queue, shard: 1 });
     await enqueue(poolA, flaky, {}, { schema, queue, shard: 1 });
