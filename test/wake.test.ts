@@ -191,13 +191,6 @@ test('wakes that arrive during a claim are not lost: same lane and another lane,
   const blocker = await pool.connect();
   try {
     await waitFor(async () => (await counterValue(w.metrics, 'berth_claims_total', {})) >= 1, 10_000, 'start fetch');
-    // The settlement session plans its statement after start() (it would wait on the lock below
-    // too): the first heartbeat follows that plan, so its row says the claim is the only waiter.
-    await waitFor(
-      async () => (await pool.query(`SELECT 1 FROM "${schema}".workers WHERE worker_id = $1`, [w.id])).rowCount === 1,
-      10_000,
-      'the first heartbeat',
-    );
     // Hold the claim's INSERT into range_leases: the claim woken by task 0 waits while the others commit.
     await blocker.query('BEGIN');
     await blocker.query(`LOCK TABLE "${schema}".range_leases IN SHARE MODE`);

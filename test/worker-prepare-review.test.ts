@@ -91,21 +91,12 @@ test('start plans the claim on the fetcher session and the completion on the set
     // Nothing to claim in its queue: nothing but start prepared these sessions' statements.
     const { claims, settlements } = sessions(worker);
     const onClaims = await preparedNames(claims);
+    const onSettlements = await preparedNames(settlements);
     assert.ok(
       onClaims.some((n) => n.startsWith('berth-claim-one-lane:')),
       `the one-lane claim planned on the fetcher session: ${onClaims.join(', ')}`,
     );
     const segment = await currentSegment();
-    // The settlement session plans after start() resolved (the engine starts first).
-    let onSettlements: string[] = [];
-    await waitFor(
-      async () => {
-        onSettlements = await preparedNames(settlements);
-        return onSettlements.includes(statementName(`berth-complete:${schema}:${segment}`));
-      },
-      30_000,
-      'the completion planned on the settlement session',
-    );
     assert.ok(
       onSettlements.includes(statementName(`berth-complete:${schema}:${segment}`)),
       `the completion planned on the settlement session: ${onSettlements.join(', ')}`,

@@ -209,7 +209,7 @@ type Branch = {
   dueInMs?: () => number | null;
   /** Ends the branch's wait early (the keys branch, on a keyed enqueue's `keys` notice). */
   waker?: BranchWaker;
-  /** The branch's first run of the term waits its turn here (the settled branches, see settlePhaseMs; the opening ones, see becomeLeader). */
+  /** The branch's first run of the term waits its turn here (the settled branches, see settlePhaseMs). */
   firstTurn?: FirstTurns;
   run: () => Promise<void>;
 };
@@ -511,19 +511,11 @@ export class Maintenance {
     this.promoter = promoter;
     let nextInstantInMs: number | null = null;
     const settled = new FirstTurns();
-    // The branches that tick from the term's start (promotion, keys, deps, schedules) make their
-    // first runs one at a time too: at once, they took three new sessions of the shared pool in
-    // a new worker's first claims, and a new server session costs ~17 ms of the 2-core development
-    // machine, made one after the other (pgbench -C; docs/benchmarks-journal.md, "A new process's
-    // start"). Each keeps the phase its turn gave it (branchWait), so their later ticks, a
-    // millisecond or two each, fall apart too and share a session.
-    const opening = new FirstTurns();
     const settleAt = (intervalMs: number) => settledStartMs(intervalMs) + settlePhaseMs(o.promoteIntervalMs);
     const branches: Branch[] = [
       {
         name: 'promote',
         intervalMs: o.promoteIntervalMs,
-        firstTurn: opening,
         run: async () => {
           await promoter.tick();
         },
@@ -534,7 +526,6 @@ export class Maintenance {
         // worker's tasks settled by rescue, a failed release, a raised limit).
         name: 'keys',
         intervalMs: o.promoteIntervalMs,
-        firstTurn: opening,
         waker: this.keysWaker,
         run: async () => {
           // Round-robin over the keys with held tasks, a thousand a run, so none waits behind
@@ -551,7 +542,6 @@ export class Maintenance {
         // hook that could not run). Completed → released; dead, cancelled, deleted → policies.
         name: 'deps',
         intervalMs: o.promoteIntervalMs,
-        firstTurn: opening,
         waker: this.depsWaker,
         run: async () => {
           const sweep = Date.now() - this.lastSweepAt >= DEPS_SWEEP_INTERVAL_MS;
@@ -628,7 +618,6 @@ export class Maintenance {
       {
         name: 'schedules',
         intervalMs: o.scheduleTickMs,
-        firstTurn: opening,
         dueInMs: () => nextInstantInMs,
         run: async () => {
           nextInstantInMs = null;

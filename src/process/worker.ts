@@ -24,7 +24,6 @@ import { WakeListener } from '../processor/wake.js';
 import { resolveWorkerOptions, type ResolvedWorkerOptions, type WorkerOptions } from './worker-options.js';
 import { onStopSignals, resolveSignalOptions, type StopOnSignalsOptions } from './signals.js';
 import { declareSchedules } from './declare-schedules.js';
-import { errorMessage } from '../util/error-detail.js';
 
 export { WORKER_DEFAULTS, type WorkerOptions } from './worker-options.js';
 export type { StopOnSignalsOptions } from './signals.js';
@@ -166,8 +165,6 @@ export class Worker {
   private readonly channel: string;
   private readonly startedAt = new Date();
   private starting: Promise<void> | null = null;
-  /** start()'s last steps, which run after it resolved (see build()); stopAll() waits for them. */
-  private finishing: Promise<void> | null = null;
   private running: Running | null = null;
   private stopping: Promise<void> | null = null;
 
@@ -396,45 +393,32 @@ export class Worker {
             o.heartbeatIntervalMs,
             tally,
           );
-    // The fetcher's session prepares its first statements while the LISTEN session connects:
-    // a new session's first ring-window read and discovery plan and load the ring's catalog
-    // entries (~20 ms on the 2-core development machine), which the first claim otherwise waits
-    // for, and plan the pickup's claim (on a lane that cannot exist: nothing is claimed). Nothing
-    // read here is kept: the first fetch reads the window after LISTEN is up. Neither step fails
-    // start(): a database fault there is the first fetch's to report.
     try {
-      await Promise.all([listener?.start(), engine.prepare()]);
+      // The fetcher's session prepares its first statements while the LISTEN session connects:
+      // a new session's first ring-window read and discovery plan and load the ring's catalog
+      // entries (~20 ms on the 2-core development machine), which the first claim otherwise waits
+      // for, and plan the pickup's claim; the settlement session connects and plans the
+      // completion, rather than when the first task is done (both on leases that cannot exist:
+      // nothing is claimed or written). Nothing read here is kept: the first fetch reads the
+      // window after LISTEN is up. Neither step fails start(): a database fault there is the
+      // first fetch's or flush's to report.
+      // Meanwhile the shared pool checks that the session settings took effect (a pooler).
+      await Promise.all([
+        listener?.start(),
+        engine.prepare(),
+        prepareSettlement(settlements, storageFor(o.schema)),
+        warnOnDroppedSettings(write, o.statementTimeoutMs, this.logger),
+      ]);
     } catch (err) {
-      // Not expected: close what exists and fail start().
-      await listener?.stop();
       await http?.close();
       await closeAll();
       throw err;
     }
     this.running = { write, claims, settlements, read, leaderPool, http, listener, maintenance, heartbeat, engine };
-    // The engine first: its first fetch is what a waiting backlog waits for. Only then do the
-    // settlement session and the shared pool's first session connect: a new server session cost
-    // ~17 ms of the development machine, made one after another (pgbench -C), and the first
-    // claim had waited for four (docs/benchmarks-journal.md, "A new process's start"). The
-    // settlement session plans the completion on a lease that cannot exist (nothing written),
-    // and the shared pool checks that the session settings took effect (a pooler); neither
-    // fails. Then, unless a stop() came first (stopAll() waits for this), the leader's election
-    // and the first heartbeat, not during the first claims. start() does not wait for these:
-    // it resolves with the engine's start, so no task runs before it has (a caller installs its
-    // signal handlers after it: test/multiprocess-cancel.test.ts).
+    // The engine first: its first fetch is what a waiting backlog waits for.
     engine.start();
-    this.finishing = Promise.all([
-      prepareSettlement(settlements, storageFor(o.schema)),
-      warnOnDroppedSettings(write, o.statementTimeoutMs, this.logger),
-    ])
-      .then(() => {
-        if (this.stopping !== null) return;
-        maintenance?.start();
-        heartbeat?.start();
-      })
-      .catch((err: unknown) => {
-        this.logger.error({ err: errorMessage(err) }, 'the worker could not start its maintenance and heartbeat');
-      });
+    maintenance?.start();
+    heartbeat?.start();
     const types = [...o.tasks.defs.keys()];
     this.logger.info({ slots: o.slots, schema: o.schema, types }, 'worker started');
     this.events.emit('worker:started', { workerId: this.id, slots: o.slots, queues: o.queues, types });
@@ -491,8 +475,6 @@ export class Worker {
 
   private async stopAll(running: Running, graceMs: number): Promise<void> {
     await running.engine.stop(graceMs);
-    // Before maintenance and the heartbeat are stopped: they may still be about to start.
-    await this.finishing;
     await running.http?.close();
     await running.heartbeat?.stop();
     await running.maintenance?.stop();
