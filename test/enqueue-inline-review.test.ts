@@ -215,7 +215,11 @@ async function outcome(c: pg.ClientBase, fn: string, a: Args): Promise<unknown> 
               r.shard = coalesce(${a.shard}, (txid_current() % greatest(coalesce(${a.shards}, 1), 1))::smallint) AS shard_ok,
               r.lane_seq - min(r.lane_seq) OVER () AS seq, r.slot = (SELECT (e.last_value % rs.slot_count)::smallint
                 FROM ${S}.ring_epoch e, ${S}.ring_state rs) AS slot_now,
-              l.queue = r.queue AND l.priority = r.priority AND l.shard = r.shard AS lane_matches, l.paused, l.limited,
+              l.queue = r.queue AND l.priority = r.priority AND l.shard = r.shard AS lane_matches, l.paused,
+              -- limold's lane at shard 0 was opened before its limit (not limited); its other lanes open
+              -- limited. A shard from the transaction id lands on it in one call of the two, 1 in 64.
+              CASE WHEN ${a.shard} IS NULL AND coalesce(${a.shards}, 1) > 1 AND r.queue = 'limold' THEN NULL
+                   ELSE l.limited END AS limited,
               -- Lanes of the queue, unless the shard came from the transaction id (differs between the two calls).
               CASE WHEN ${a.shard} IS NULL AND coalesce(${a.shards}, 1) > 1 THEN NULL
                    ELSE (SELECT count(*) FROM ${S}.lanes x WHERE x.queue = r.queue) END AS lanes_of_queue
