@@ -116,7 +116,11 @@ async function run(job: ColdJob): Promise<void> {
     up = epoch();
   } else {
     // Every handler start, repeats included: the parent takes each task's first and counts the rest.
-    worker = await adapter.startWorker(job.concurrency, (i) => send({ type: 'run', i, at: epoch() }));
+    worker = await adapter.startWorker(job.concurrency, (i) => {
+      const at = epoch();
+      if (process.env.BENCH_TRACE) process.stderr.write(`T run ${at.toFixed(1)} ${i}\n`);
+      send({ type: 'run', i, at });
+    });
     send({ type: 'workerStarted' });
   }
   await stop;

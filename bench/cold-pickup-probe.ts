@@ -1,21 +1,34 @@
 /**
- * The new-process pickup row of `npm run bench` alone, two berth builds interleaved, with where
- * in the run the slow pickups fall and when the worker's sessions opened.
+ * The new-process pickup row of `npm run bench` alone, two berth builds interleaved (or any
+ * systems), with where in the run the slow pickups fall and when the worker's sessions opened.
  *
  *   BENCH_BERTH_BASE=/path/to/other/dist/index.js npx tsx bench/cold-pickup-probe.ts [--reps 8]
+ *     [--systems berth] [--sessions] [--trace]
  *
  * The scenario is bench/cold.ts's `coldPickup` as the bench runs it (a child process that has
  * loaded the systems' modules starts a worker at its defaults with slots 10; after 1 s idle the
  * parent enqueues 500 tasks 10 ms apart; latency = handler start − the instant before the
  * enqueue call), on a dedicated stock cluster (bench/cluster.ts; BENCH_DATABASE_URL targets an
- * existing server instead). Each repetition runs `berth (default)` (this checkout's dist/) and
- * `berth (base)` (BENCH_BERTH_BASE), the order swapped every repetition.
+ * existing server instead). By default each repetition runs `berth (default)` (this checkout's
+ * dist/) and `berth (base)` (BENCH_BERTH_BASE), the order swapped every repetition; `--systems`
+ * takes bench/systems/all.ts's filters instead (`--systems "berth (base),throughput,graphile-worker
+ * (default)"`), in that order, rotated the same way.
  *
- * Per build it prints: each run's p50 / p95 / p99 / max and their medians; the latency by
- * half-second of the run (median of the runs' per-bucket p99 and max), so a tail that belongs
- * to one moment of a new worker shows as one bucket; and, per run, the worker's sessions
+ * Per build it prints: each run's p50 / p95 / p99 / max and their medians; the enqueue call's
+ * own time (the producer's call in this process, commit included) and the rest of each latency
+ * (notification, claim, handler start in the child); the latency by half-second of the run
+ * (median of the runs' per-bucket p99 and max), so a tail that belongs to one moment of a new
+ * worker shows as one bucket; with `--sessions`, per run, the worker's sessions
  * (`pg_stat_activity` read while the child still runs: role, when each backend started relative
  * to the first enqueue, and its last statement's first words).
+ *
+ * `--trace`: each child writes its timeline to stderr (bench/query-trace.ts: its queries,
+ * notifications, garbage collections with their pauses, and handler starts as `T run <epoch ms>
+ * <i>`), and this process writes each run's six slowest pickups there as `S <label> <i> <sent
+ * epoch ms> <latency ms> <enqueue call ms>`, so each can be laid beside what the child did
+ * meanwhile (docs/benchmarks-journal.md, "Issue 35's sixth round"). `BENCH_CHILD_NODE_OPTIONS`
+ * passes V8 flags to the children only (`--trace-gc --trace-gc-nvp`: each collection's promoted
+ * bytes, on stdout).
  */
 import { loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
@@ -32,11 +45,17 @@ const { values } = parseArgs({
     reps: { type: 'string', default: '8' },
     bucket: { type: 'string', default: '500' },
     sessions: { type: 'boolean', default: false },
+    trace: { type: 'boolean', default: false },
+    systems: { type: 'string', default: 'berth' },
   },
 });
 const reps = Number(values.reps);
+// --trace: the children write their timelines to stderr (bench/query-trace.ts), and this process
+// writes each run's slowest pickups there as `S <label> <i> <sent epoch ms> <latency ms> <enqueue call ms>`.
+if (values.trace) process.env.BENCH_TRACE = '1';
 const bucketMs = Number(values.bucket);
-if (!process.env.BENCH_BERTH_BASE) throw new Error('BENCH_BERTH_BASE must name the other build (its dist/index.js)');
+if (values.systems === 'berth' && !process.env.BENCH_BERTH_BASE)
+  throw new Error('BENCH_BERTH_BASE must name the other build (its dist/index.js)');
 
 interface RunDetail {
   p50: number;
@@ -53,8 +72,9 @@ const server = await openBenchServer();
 try {
   const cfg = loadConfig(server.adminUrl);
   await recreateDatabase(cfg.adminUrl, cfg.benchDbName);
-  const systems = benchSystems({ connectionString: cfg.benchUrl }, ['berth']);
-  if (systems.length !== 2) throw new Error(`expected two berth builds, got ${systems.map((s) => s.label).join(', ')}`);
+  const systems = benchSystems({ connectionString: cfg.benchUrl }, values.systems.split(','));
+  if (values.systems === 'berth' && systems.length !== 2)
+    throw new Error(`expected two berth builds, got ${systems.map((s) => s.label).join(', ')}`);
   const monitor = new pg.Client({ connectionString: cfg.benchUrl, application_name: 'cold-pickup-probe' });
   await monitor.connect();
   const results = new Map<string, RunDetail[]>(systems.map((s) => [s.label, []]));
@@ -81,7 +101,7 @@ try {
         log(`${system.label} rep ${rep + 1}: failed: ${out.ok ? 'no detail' : out.note}`);
         continue;
       }
-      const { sent, latencies } = d as ColdPickupDetail;
+      const { sent, latencies, enqueued } = d as ColdPickupDetail;
       const first = sent[0]!;
       const buckets: number[][] = [];
       for (let i = 0; i < sent.length; i++) {
@@ -94,6 +114,11 @@ try {
         .sort((a, b) => latencies[b]! - latencies[a]!)
         .slice(0, 6)
         .map((i) => `${latencies[i]!.toFixed(1)}@${(sent[i]! - first).toFixed(0)}`);
+      if (values.trace)
+        for (const i of [...latencies.keys()].sort((a, b) => latencies[b]! - latencies[a]!).slice(0, 6))
+          process.stderr.write(
+            `S ${system.label.replace(/\W+/g, '_')} ${i} ${sent[i]!.toFixed(1)} ${latencies[i]!.toFixed(1)} ${(enqueued[i]! - sent[i]!).toFixed(1)}\n`,
+          );
       const detail: RunDetail = {
         ...out.value,
         buckets: buckets.map((xs) => [percentile(xs ?? [], 99), Math.max(...(xs ?? [Number.NaN]))]),
@@ -101,6 +126,11 @@ try {
         sessions,
       };
       results.get(system.label)!.push(detail);
+      const enq = [...enqueued].map((e, i) => e - sent[i]!);
+      const inChild = [...latencies].map((l, i) => l - enq[i]!);
+      log(
+        `${system.label} rep ${rep + 1}: enqueue call p50 ${percentile(enq, 50).toFixed(1)} p99 ${percentile(enq, 99).toFixed(1)}; after it p50 ${percentile(inChild, 50).toFixed(1)} p99 ${percentile(inChild, 99).toFixed(1)} max ${Math.max(...inChild).toFixed(1)}`,
+      );
       log(
         `${system.label} rep ${rep + 1}: p50 ${detail.p50.toFixed(1)} p95 ${detail.p95.toFixed(1)} p99 ${detail.p99.toFixed(1)} max ${detail.max.toFixed(1)}; slowest (ms@ms into the run) ${detail.slowest}; load ${loadavg()[0]!.toFixed(2)}`,
       );

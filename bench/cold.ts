@@ -28,6 +28,8 @@ class ColdChild {
   constructor(job: ColdJob) {
     this.child = fork(new URL('./cold-child.ts', import.meta.url), [JSON.stringify(job)], {
       stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+      // BENCH_CHILD_NODE_OPTIONS: V8 flags for the child only (a probe's --trace-gc, say).
+      execArgv: [...process.execArgv, ...(process.env.BENCH_CHILD_NODE_OPTIONS?.split(' ').filter(Boolean) ?? [])],
     });
     this.child.on('message', (msg: ChildMessage) => {
       this.inbox.push(msg);
@@ -149,6 +151,8 @@ export interface ColdPickupDetail {
   /** Per task, epoch ms just before its enqueue call, and its latency (ms). */
   sent: Float64Array;
   latencies: Float64Array;
+  /** Per task, epoch ms at which its enqueue call returned. */
+  enqueued: Float64Array;
 }
 
 /**
@@ -180,12 +184,14 @@ export async function coldPickup(
     const workerStartedAt = epoch();
     await sleep(1_000); // idle, as the warm pickup lets its worker go idle
     const sent = new Float64Array(n).fill(Number.NaN);
+    const enqueued = new Float64Array(n).fill(Number.NaN);
     const base = performance.now();
     for (let i = 0; i < n; i++) {
       const wait = base + i * cfg.pickupGapMs - performance.now();
       if (wait > 0) await sleep(wait);
       sent[i] = epoch();
       await producer.single(i);
+      enqueued[i] = epoch();
     }
     const deadline = performance.now() + cfg.pickupTailTimeoutMs;
     const picked = () =>
@@ -209,7 +215,7 @@ export async function coldPickup(
       if (Number.isNaN(lat[m.i]!)) lat[m.i] = m.at - sent[m.i]!;
       else duplicates++;
     }
-    await detail?.({ workerStartedAt, sent, latencies: lat });
+    await detail?.({ workerStartedAt, sent, latencies: lat, enqueued });
     return { ok: true, value: { ...latencyPercentiles([...lat]), duplicates } };
   } finally {
     await child.end();

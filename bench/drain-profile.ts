@@ -44,11 +44,11 @@ import { Session } from 'node:inspector/promises';
 import { loadavg } from 'node:os';
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { GCProfiler, getHeapStatistics } from 'node:v8';
 import pg from 'pg';
 import { pino } from 'pino';
 import { z } from 'zod';
 import type { TaskSpec, Worker } from '../src/index.js';
+import { AllocationMeter } from './allocation.js';
 import { dropSchema } from './db.js';
 import { median } from './stats.js';
 
@@ -200,9 +200,7 @@ async function drain(admin: pg.Pool, slots: number, profile: string | null, n = 
     });
   }
   const mainStat = `/proc/self/task/${process.pid}/stat`;
-  const gc = new GCProfiler();
-  gc.start();
-  const heap0 = getHeapStatistics().used_heap_size;
+  const allocation = new AllocationMeter();
   const main0 = procCpuSeconds(mainStat);
   const cpu0 = process.cpuUsage();
   const t0 = performance.now();
@@ -213,16 +211,7 @@ async function drain(admin: pg.Pool, slots: number, profile: string | null, n = 
   const secs = (performance.now() - t0) / 1000;
   const cpu = process.cpuUsage(cpu0);
   const main1 = procCpuSeconds(mainStat);
-  // Allocated = what each collection found in use, less what the one before left, plus what is
-  // in use now beyond the last one's leftovers.
-  const gcs = gc.stop().statistics;
-  let allocated = 0;
-  let floor = heap0;
-  for (const g of gcs) {
-    allocated += Math.max(0, g.beforeGC.heapStatistics.usedHeapSize - floor);
-    floor = g.afterGC.heapStatistics.usedHeapSize;
-  }
-  allocated += Math.max(0, getHeapStatistics().used_heap_size - floor);
+  const allocated = allocation.stop();
   const made = await statements(worker);
   if (session) {
     const { profile: p } = await session.post('Profiler.stop');
