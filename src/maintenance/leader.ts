@@ -209,7 +209,7 @@ type Branch = {
   dueInMs?: () => number | null;
   /** Ends the branch's wait early (the keys branch, on a keyed enqueue's `keys` notice). */
   waker?: BranchWaker;
-  /** The branch's first run of the term waits its turn here (the settled branches, see settlePhaseMs). */
+  /** The branch's first run of the term waits its turn here (the settled branches, see settlePhaseMs; the opening ones, see becomeLeader). */
   firstTurn?: FirstTurns;
   run: () => Promise<void>;
 };
@@ -308,34 +308,44 @@ export const SETTLE_PHASE_MAX_MS = 250;
  * How long a first run waits for the one before it (FirstTurns): a first run on an idle session
  * takes milliseconds to tens of them; one blocked on a lock or a slow statement must not hold back
  * the others' first runs for up to its statement timeout (or for ever behind a pooler that drops
- * it), so after this long the next one runs beside it, as every branch did before.
+ * it), so this long after its start the next one runs beside it, as every branch did before.
  */
 export const FIRST_TURN_WAIT_MAX_MS = 1000;
 
 /**
- * One at a time: each `take()` resolves once the turn before it is released, or after `maxWaitMs`
- * (the turn before it still running: they then run side by side).
+ * One at a time: each `take()` resolves once the turn before it is released, or `maxWaitMs` after
+ * that turn was granted (it still running: the two then run side by side). A chain of first runs
+ * each blocked waits that long per turn: the fourth of a term's opening turns at most 3 s.
  */
 export class FirstTurns {
-  private tail: Promise<void> = Promise.resolve();
+  /** When the last turn taken was granted, and when it ended. */
+  private lastGranted: Promise<unknown> = Promise.resolve();
+  private lastEnded: Promise<void> = Promise.resolve();
 
   take(maxWaitMs: number): Promise<() => void> {
     let release!: () => void;
     const mine = new Promise<void>((resolve) => {
       release = resolve;
     });
-    const before = this.tail;
-    const granted = new Promise<() => void>((resolve) => {
-      const timer = setTimeout(() => resolve(release), maxWaitMs);
-      timer.unref();
-      void before.then(() => {
-        clearTimeout(timer);
-        resolve(release);
-      });
-    });
-    // The next turn waits for this one's start and end, not for the turns before it: after one
-    // that was waited out, the rest still go one at a time (test/maintenance-review-leader-events.test.ts).
-    this.tail = granted.then(() => mine);
+    const before = this.lastEnded;
+    // A turn waits for the one before it to end, or `maxWaitMs` from that one's start: counted
+    // from the call, the turns a term takes together would all be granted at the same moment
+    // once the first was waited out (test/review-opening-turns.test.ts). A turn never waits for
+    // the ones before the one before it: after one that was waited out, the rest still go one
+    // at a time (test/maintenance-review-leader-events.test.ts).
+    const granted = this.lastGranted.then(
+      () =>
+        new Promise<() => void>((resolve) => {
+          const timer = setTimeout(() => resolve(release), maxWaitMs);
+          timer.unref();
+          void before.then(() => {
+            clearTimeout(timer);
+            resolve(release);
+          });
+        }),
+    );
+    this.lastGranted = granted;
+    this.lastEnded = mine;
     return granted;
   }
 }
@@ -511,11 +521,19 @@ export class Maintenance {
     this.promoter = promoter;
     let nextInstantInMs: number | null = null;
     const settled = new FirstTurns();
+    // The branches that tick from the term's start (promotion, keys, deps, schedules) make their
+    // first runs one at a time too: at once, they took three new sessions of the shared pool in
+    // a new worker's first claims, and a new server session costs ~17 ms of the 2-core development
+    // machine, made one after the other (pgbench -C; docs/benchmarks-journal.md, "A new process's
+    // start"). Each keeps the phase its turn gave it (branchWait), so their later ticks, a
+    // millisecond or two each, fall apart too and share a session.
+    const opening = new FirstTurns();
     const settleAt = (intervalMs: number) => settledStartMs(intervalMs) + settlePhaseMs(o.promoteIntervalMs);
     const branches: Branch[] = [
       {
         name: 'promote',
         intervalMs: o.promoteIntervalMs,
+        firstTurn: opening,
         run: async () => {
           await promoter.tick();
         },
@@ -526,6 +544,7 @@ export class Maintenance {
         // worker's tasks settled by rescue, a failed release, a raised limit).
         name: 'keys',
         intervalMs: o.promoteIntervalMs,
+        firstTurn: opening,
         waker: this.keysWaker,
         run: async () => {
           // Round-robin over the keys with held tasks, a thousand a run, so none waits behind
@@ -542,6 +561,7 @@ export class Maintenance {
         // hook that could not run). Completed → released; dead, cancelled, deleted → policies.
         name: 'deps',
         intervalMs: o.promoteIntervalMs,
+        firstTurn: opening,
         waker: this.depsWaker,
         run: async () => {
           const sweep = Date.now() - this.lastSweepAt >= DEPS_SWEEP_INTERVAL_MS;
@@ -618,6 +638,7 @@ export class Maintenance {
       {
         name: 'schedules',
         intervalMs: o.scheduleTickMs,
+        firstTurn: opening,
         dueInMs: () => nextInstantInMs,
         run: async () => {
           nextInstantInMs = null;
