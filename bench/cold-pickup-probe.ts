@@ -110,12 +110,10 @@ try {
         xs.push(latencies[i]!);
         buckets[b] = xs;
       }
-      const slow = [...latencies.keys()]
-        .sort((a, b) => latencies[b]! - latencies[a]!)
-        .slice(0, 6)
-        .map((i) => `${latencies[i]!.toFixed(1)}@${(sent[i]! - first).toFixed(0)}`);
+      const slowest = [...latencies.keys()].sort((a, b) => latencies[b]! - latencies[a]!).slice(0, 6);
+      const slow = slowest.map((i) => `${latencies[i]!.toFixed(1)}@${(sent[i]! - first).toFixed(0)}`);
       if (values.trace)
-        for (const i of [...latencies.keys()].sort((a, b) => latencies[b]! - latencies[a]!).slice(0, 6))
+        for (const i of slowest)
           process.stderr.write(
             `S ${system.label.replace(/\W+/g, '_')} ${i} ${sent[i]!.toFixed(1)} ${latencies[i]!.toFixed(1)} ${(enqueued[i]! - sent[i]!).toFixed(1)}\n`,
           );

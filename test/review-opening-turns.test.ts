@@ -117,16 +117,15 @@ test('a new term: promotion, keys, deps and schedules make their first runs one 
 });
 
 /**
- * Promotion's first run behaves as `tick` makes it (then `origTick` again); the other three
- * opening branches must still make their first runs, one at a time. `check` sees the rest.
+ * With promotion's first run made to fail or hang by the caller (Promoter.prototype.tick, put
+ * back here), the other three opening branches must still make their first runs, one at a time.
+ * `check` sees the rest; `end` unblocks what the caller blocked.
  */
 async function othersOneAtATime(
   id: string,
-  tick: (this: Promoter) => Promise<number>,
   check: (m: Maintenance, lines: Record<string, unknown>[]) => void,
   end: () => void = () => undefined,
 ): Promise<void> {
-  Promoter.prototype.tick = tick;
   const pool = slowPool(20);
   const { m, lines } = start(pool, id);
   try {
@@ -145,21 +144,19 @@ async function othersOneAtATime(
 
 test("promotion's first run throws: the failure is logged and the others still make their first runs, one at a time", async () => {
   let calls = 0;
-  await othersOneAtATime(
-    'throws',
-    async function (this: Promoter) {
-      if (calls++ === 0) throw new Error('first tick fails');
-      return origTick.call(this);
-    },
-    (_m, lines) => assert.ok(lines.some((l) => l.msg === 'maintenance branch failed' && l.branch === 'promote')),
+  Promoter.prototype.tick = async function (this: Promoter) {
+    if (calls++ === 0) throw new Error('first tick fails');
+    return origTick.call(this);
+  };
+  await othersOneAtATime('throws', (_m, lines) =>
+    assert.ok(lines.some((l) => l.msg === 'maintenance branch failed' && l.branch === 'promote')),
   );
 });
 
 test("promotion's first run hangs past the bound: keys, deps and schedules still go one at a time", async () => {
   // With the bound counted from each take(), all three were granted together at the bound.
   const { unblock } = hungFirstTick();
-  const hung = Promoter.prototype.tick;
-  await othersOneAtATime('hang', hung, (m) => assert.equal(runs(m, 'promote'), 0, 'promotion still hung'), unblock);
+  await othersOneAtATime('hang', (m) => assert.equal(runs(m, 'promote'), 0, 'promotion still hung'), unblock);
 });
 
 test('a keys and a deps notice while their first runs wait for their turn are not lost: each runs again after its first run', async () => {
@@ -183,14 +180,7 @@ test('a keys and a deps notice while their first runs wait for their turn are no
 });
 
 test('stop() while the others wait behind a hung promotion: the term ends, stop() resolves once the run ends, events balanced', async () => {
-  let unblock!: () => void;
-  const hang = new Promise<void>((r) => {
-    unblock = r;
-  });
-  Promoter.prototype.tick = async () => {
-    await hang;
-    return 0;
-  };
+  const { unblock } = hungFirstTick();
   const pool = slowPool(20);
   const { m, leadership } = start(pool, 'stop');
   try {
