@@ -10,7 +10,7 @@ import {
   liveWorker,
   liveWorkerParams,
 } from '../storage/live-workers.js';
-import { readMaintenanceReport, type MaintenanceReport } from './worker-report.js';
+import type { MaintenanceReport } from './worker-report.js';
 import {
   deadRowPredicate,
   laneBacklogJoins,
@@ -311,6 +311,9 @@ async function readWorkers(
     future: boolean;
     maintenance: unknown;
   }>(statement.query({ staleMs, futureMs }));
+  // Loaded here, not at the top: the report is read with zod, which costs a process ~90 ms and
+  // ~4 MB of heap to load; only the dashboard and the CLI read reports, and a worker never does.
+  const { readMaintenanceReport } = await import('./worker-report.js');
   return r.rows.map((w) => {
     const { report, invalid } = readMaintenanceReport(w.maintenance);
     const problems = [w.future ? 'its heartbeat is dated in the future' : null, invalid].filter((p) => p !== null);
