@@ -86,6 +86,21 @@ export const statementName = (function (name: string): string {
   return short;
 });
 
+/**
+ * The name a statement is prepared under: `name` (its kind, schema and window) and a hash of its
+ * text, within the 63 bytes the server keeps (statementName). Behind a transaction pooler the
+ * server's connections, and the statements prepared on them, are shared by every client: a name
+ * alone would let a process of one berth version bind a statement another version prepared on
+ * that connection under the same name with other text (a rolling upgrade, before the worker
+ * detects that the pooler does not keep statements), and run the other version's SQL with its
+ * own parameters. With the text's hash in the name, two texts never share a name, and the same
+ * text, from any process of any version, shares one. Computed once per compiled statement.
+ */
+// biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
+export const preparedName = (function (name: string, text: string): string {
+  return statementName(`${name}@${createHash('sha256').update(text).digest('base64url').slice(0, 10)}`);
+});
+
 /** Bind a schema name: validated and quoted here, once (storageFor in src/storage/storage.ts). */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
 export const bindSchema = (function (schema: string): Schema {

@@ -1,3 +1,5 @@
+import { preparedName } from './sql.js';
+
 /**
  * Statements with named parameters. A fragment names what it binds (`${p('laneId')}`), never a
  * position: positions are given when a whole statement is compiled, in the order its names first
@@ -80,11 +82,17 @@ export class Statement<N extends string = string> {
   readonly text: string;
   /** Parameter names by position: `names[0]` is `$1`. */
   readonly names: readonly N[];
-  /** A server-side prepared statement's name (see `statementName` in src/sql.ts), if any. */
+  /**
+   * A server-side prepared statement's name, if any: the name it was compiled with and a hash of
+   * its text (`preparedName` in src/sql.ts), so no other text is ever prepared under it.
+   */
   readonly name: string | undefined;
+  /** The name it was compiled with, for errors (its prepared name adds the hash). */
+  private readonly given: string | undefined;
 
+  /** `name`: the statement's kind, schema and window (`berth-claim:<schema>:w0.1`), if it is prepared. */
   constructor(fragment: Sql<N> | { text: string; names: readonly N[] }, name?: string) {
-    this.name = name;
+    this.given = name;
     if (!(fragment instanceof Sql)) {
       // A whole statement written in one place with `$n` placeholders, and their names in order.
       const found = placeholdersOf(fragment.text);
@@ -95,6 +103,7 @@ export class Statement<N extends string = string> {
         );
       this.text = fragment.text;
       this.names = fragment.names;
+      this.name = name === undefined ? undefined : preparedName(name, this.text);
       return;
     }
     const positions = new Map<string, number>();
@@ -113,6 +122,7 @@ export class Statement<N extends string = string> {
     }
     this.text = text;
     this.names = [...positions.keys()] as N[];
+    this.name = name === undefined ? undefined : preparedName(name, this.text);
   }
 
   /**
@@ -145,7 +155,7 @@ export class Statement<N extends string = string> {
   }
 
   private label(): string {
-    return this.name ?? this.text.trim().slice(0, 40).replace(/\s+/g, ' ');
+    return this.given ?? this.text.trim().slice(0, 40).replace(/\s+/g, ' ');
   }
 }
 

@@ -1,4 +1,4 @@
-import { type Queryable, queryRingRead, statementName } from '../sql.js';
+import { type Queryable, queryRingRead } from '../sql.js';
 import { positional } from '../statement.js';
 import { storageFor, type Storage } from '../storage/storage.js';
 import { overWindow, readRingWindow, type RingWindow, windowKey } from '../storage/ring-window.js';
@@ -143,7 +143,7 @@ async function readCounts(db: Queryable, storage: Storage, segments: readonly nu
         segments,
       ),
       [],
-      statementName(`berth-gauges-pending:${name}${key}`),
+      `berth-gauges-pending:${name}${key}`,
     );
   });
   const res = await queryRingRead<{ type: string; pending: string; running: string; dead: string }>(db, pending);
@@ -166,7 +166,7 @@ async function readCounts(db: Queryable, storage: Storage, segments: readonly nu
         segments,
       ),
       ['held'],
-      statementName(`berth-gauges-oldest:${name}${key}`),
+      `berth-gauges-oldest:${name}${key}`,
     );
   });
   const oldest = await queryRingRead<{ secs: number | null }>(db, oldestDue, oldestDue.values({ held }));

@@ -1,4 +1,4 @@
-import { type Queryable, type Schema, statementName } from '../sql.js';
+import type { Queryable, Schema } from '../sql.js';
 import { type Args, compile, p, sql } from '../statement.js';
 import { claimableEntries } from '../storage/predicates.js';
 import { type RingWindow, windowKey } from '../storage/ring-window.js';
@@ -155,6 +155,6 @@ function claimOneLaneStatement({ name, q: s }: Schema, w: RingWindow | undefined
        FROM ${s}.ring_state rs WHERE rs.generation <> ${p('generation')}::bigint`
            : ''
        }`,
-    statementName(`berth-claim-one-lane:${name}${windowKey(w)}${limited ? ':limited' : ''}`),
+    `berth-claim-one-lane:${name}${windowKey(w)}${limited ? ':limited' : ''}`,
   );
 }

@@ -1,4 +1,4 @@
-import { type Queryable, type Schema, statementName } from '../sql.js';
+import type { Queryable, Schema } from '../sql.js';
 import { type Args, compile, p, sql } from '../statement.js';
 import type { Storage } from '../storage/storage.js';
 import { claimableEntries } from '../storage/predicates.js';
@@ -82,7 +82,7 @@ function discoverStatement({ name, q: s }: Schema, window: RingWindow | undefine
         AND NOT l.paused AND ${limited ? '' : 'NOT '}l.limited
       ORDER BY r.priority, r.run_at, r.lane_id, r.lane_seq
       LIMIT ${p('limit')}`,
-    statementName(`berth-discover:${name}${windowKey(window)}${limited ? ':limited' : ''}`),
+    `berth-discover:${name}${windowKey(window)}${limited ? ':limited' : ''}`,
   );
 }
 
@@ -300,6 +300,6 @@ function claimLanesStatement({ name, q: s }: Schema, w: RingWindow | undefined, 
        FROM ${s}.ring_state rs WHERE rs.generation <> ${p('generation')}::bigint`
           : ''
       }`,
-    statementName(`berth-claim:${name}${windowKey(w)}${limited ? ':limited' : ''}`),
+    `berth-claim:${name}${windowKey(w)}${limited ? ':limited' : ''}`,
   );
 }

@@ -1,5 +1,5 @@
 import { BerthInputError } from '../errors.js';
-import { type Queryable, statementName } from '../sql.js';
+import type { Queryable } from '../sql.js';
 import { positional } from '../statement.js';
 import { isTaskId } from '../storage/ids.js';
 import type { Storage } from '../storage/storage.js';
@@ -242,7 +242,7 @@ export async function enqueueGraph(
               array_agg(e.state ORDER BY e.ord) AS states
          FROM ${s}.enqueue_graph($1::jsonb) e`,
       ['graph'],
-      statementName(`berth-enqueue-graph:${name}`),
+      `berth-enqueue-graph:${name}`,
     ),
   );
   let row: { ids: (string | null)[]; states: GraphAnswer['state'][] };

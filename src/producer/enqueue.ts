@@ -1,5 +1,5 @@
 import { BerthInputError, notMigrated } from '../errors.js';
-import { DEFAULT_SCHEMA, type Queryable, type Schema, statementName } from '../sql.js';
+import { DEFAULT_SCHEMA, type Queryable, type Schema } from '../sql.js';
 import { positional } from '../statement.js';
 import { storageFor, type Storage } from '../storage/storage.js';
 import { isScheduleKey } from '../schedule.js';
@@ -452,7 +452,7 @@ const enqueueOneStatement = (function ({ name, q: s }: Schema) {
          NULL, NULL, NULL, $7::text) AS e`,
     ['queue', 'priority', 'shard', 'shards', 'type', 'payload', 'trace'],
     // Named, so each connection parses and plans it once, as the bulk statement.
-    statementName(`berth-enqueue-one:${name}`),
+    `berth-enqueue-one:${name}`,
   );
 });
 
@@ -486,7 +486,7 @@ function enqueueCall({ name, q: s }: Schema, fn: 'enqueue' | 'enqueue_keyed', ke
       ...(keys ? ['keys'] : []),
     ],
     // Named, so each connection parses and plans it once (it is the producer's hot path).
-    statementName(`berth-${fn === 'enqueue' ? 'enqueue' : 'enqueue-keyed'}:${name}`),
+    `berth-${fn === 'enqueue' ? 'enqueue' : 'enqueue-keyed'}:${name}`,
   );
 }
 

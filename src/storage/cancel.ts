@@ -1,6 +1,6 @@
 import { BerthInputError } from '../errors.js';
 import { checkText, MAX_ACTOR_CHARS } from '../limits.js';
-import { READ_COMMITTED_REQUIRED, type Queryable, statementName } from '../sql.js';
+import { READ_COMMITTED_REQUIRED, type Queryable } from '../sql.js';
 import { positional } from '../statement.js';
 import type { Storage } from './storage.js';
 import { entryKey, type AttemptRef } from './attempt.js';
@@ -75,7 +75,7 @@ export async function cancelledAmong(
                      WHERE x.lane_id = u.lane_id AND x.lease_from = u.lease_from AND x.slot = u.slot
                        AND x.seqs @> u.lane_seq AND x.outcome = 'cancelled')`,
       ['segments', 'laneIds', 'leaseFroms', 'laneSeqs'],
-      statementName(`berth-cancelled:${name}`),
+      `berth-cancelled:${name}`,
     ),
   );
   const res = await db.query<{ lane_id: number; lane_seq: string }>(

@@ -1,6 +1,6 @@
 import { BerthInputError, LeaseLostError, orNotMigrated } from '../errors.js';
 import { taskId } from './ids.js';
-import { quoteIdent, type Queryable, type Schema, statementName } from '../sql.js';
+import { quoteIdent, type Queryable, type Schema } from '../sql.js';
 import { compile, p, type Sql, sql } from '../statement.js';
 import { completionHistory, perTaskHistory, runMsValue } from './history.js';
 import { entryKey, type AttemptRef, seqsToMultirange } from './attempt.js';
@@ -348,14 +348,14 @@ function completeSql<N extends string>(schema: Schema, segment: number, extra: S
 const NO_EXTRA = sql``;
 
 function completeStatement(schema: Schema, segment: number) {
-  return compile(completeSql(schema, segment, NO_EXTRA), statementName(`berth-complete:${schema.name}:${segment}`));
+  return compile(completeSql(schema, segment, NO_EXTRA), `berth-complete:${schema.name}:${segment}`);
 }
 
 /** The completion that also stores results (results.ts): only a batch carrying one sends it. */
 function completeWithResultsStatement(schema: Schema, segment: number) {
   return compile(
     completeSql(schema, segment, sql`, ${storedResults(schema.q)}`),
-    statementName(`berth-complete-results:${schema.name}:${segment}`),
+    `berth-complete-results:${schema.name}:${segment}`,
   );
 }
 

@@ -1,6 +1,6 @@
 import { BerthInputError } from '../errors.js';
 import type { Lane } from '../lane.js';
-import { DEFAULT_SCHEMA, type Queryable, statementName } from '../sql.js';
+import { DEFAULT_SCHEMA, type Queryable } from '../sql.js';
 import { positional } from '../statement.js';
 import { storageFor } from './storage.js';
 
@@ -64,7 +64,7 @@ export async function enqueuedIn(db: Queryable, schema: string = DEFAULT_SCHEMA)
         AND pg_xact_status((me.top + m.after_top)::text::xid8) = 'in progress'
       ORDER BY m.id, m.state`,
       [],
-      statementName(`berth-enqueued-in:${name}`),
+      `berth-enqueued-in:${name}`,
     ),
   );
   const res = await db.query<EnqueuedTask>(statement.query({}));

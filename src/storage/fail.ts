@@ -1,4 +1,4 @@
-import { type Queryable, type Schema, statementName } from '../sql.js';
+import type { Queryable, Schema } from '../sql.js';
 import { compile, p, sql } from '../statement.js';
 import type { ErrorDetail } from '../util/error-detail.js';
 import { perTaskHistory, runMsValue } from './history.js';
@@ -96,6 +96,6 @@ function failStatement({ name, q: s }: Schema) {
                run_ms, detail AS error, NULL::jsonb AS cursor, dead FROM src`,
      )})
      SELECT lane_id, lane_seq::text AS lane_seq, dead FROM src`,
-    statementName(`berth-fail:${name}`),
+    `berth-fail:${name}`,
   );
 }

@@ -1,4 +1,4 @@
-import { type Queryable, queryRingRead, type Schema, statementName } from '../sql.js';
+import { type Queryable, queryRingRead, type Schema } from '../sql.js';
 import { compile, p, positional, sql } from '../statement.js';
 import { storageFor, type Storage } from './storage.js';
 import { perTaskHistory } from './history.js';
@@ -118,7 +118,7 @@ function rescueStatement({ name, q: s }: Schema) {
                 AND le.outcome IS NULL) AS held
        FROM src`,
     // Prepared once per session: planning it was ~21 ms a run (RingReadStatement, src/sql.ts).
-    statementName(`berth-rescue:${name}`),
+    `berth-rescue:${name}`,
   );
 }
 
@@ -141,7 +141,7 @@ async function anythingToRescue(db: Queryable, storage: Storage): Promise<boolea
       `SELECT EXISTS (SELECT 1 FROM ${unsettledRanges(s)} l WHERE l.expires_at < now())
                OR EXISTS (SELECT 1 FROM ${s}.overdue_leases) AS due`,
       [],
-      statementName(`berth-rescue-due:${name}`),
+      `berth-rescue-due:${name}`,
     ),
   );
   const r = await queryRingRead<{ due: boolean }>(db, statement);

@@ -1,4 +1,4 @@
-import { type Queryable, quoteIdent, type Schema, statementName } from '../sql.js';
+import { type Queryable, quoteIdent, type Schema } from '../sql.js';
 import { positional } from '../statement.js';
 import type { Storage } from './storage.js';
 
@@ -58,7 +58,7 @@ export async function readRingFill(db: Queryable, storage: Storage): Promise<Rin
                     AS current_bytes, w.committed_slot
              FROM ${s}.ring_window() w`,
       ['schema'],
-      statementName(`berth-ring-window:${name}`),
+      `berth-ring-window:${name}`,
     ),
   );
   const r = await db.query<{
@@ -183,7 +183,7 @@ function escapeRegExp(s: string): string {
 export async function readCurrentSegment(db: Queryable, storage: Storage): Promise<number> {
   const { name, q: s } = storage.schema;
   const statement = storage.statement('current-segment', () =>
-    positional(`SELECT current_slot FROM ${s}.ring_state`, [], statementName(`berth-current-segment:${name}`)),
+    positional(`SELECT current_slot FROM ${s}.ring_state`, [], `berth-current-segment:${name}`),
   );
   const r = await db.query<{ current_slot: number }>(statement.query({}));
   const row = r.rows[0];
