@@ -35,7 +35,7 @@ const CONVERTED: Record<string, readonly string[]> = {
     'resolveTaskSpec',
   ],
   'limits.ts': ['unstorable', 'checkText', 'checkKeys', 'checkPayloadJson', 'unstorableInJson'],
-  'sql.ts': ['quoteIdent', 'statementName', 'bindSchema'],
+  'sql.ts': ['quoteIdent', 'statementName', 'preparedName', 'textHash', 'bindSchema'],
   'statement.ts': ['positional', 'placeholdersOf'],
   'storage/storage.ts': ['storageFor'],
   'tracing.ts': ['nothingRegistered', 'captureTraceContext'],
