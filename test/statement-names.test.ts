@@ -40,6 +40,13 @@ test('a name is its kind, schema and window with a hash of its text, within 63 b
   );
   for (const st of [older, newer]) assert.match(st.name!, /^berth-probe:s@[\w-]{10}$/);
   assert.equal(positional('SELECT 1', []).name, undefined, 'an unnamed statement stays unnamed');
+  // Texts that differ in one place (a constant, a character, a window's segment list) and in length.
+  const names = new Set<string>();
+  const texts: string[] = [];
+  for (let i = 0; i < 20_000; i++)
+    texts.push(`${older.text} AND x.slot IN (${i % 16}, ${i >> 4}) -- ${'é水'.repeat(i % 7)}`);
+  for (const text of texts) names.add(positional(text, ['x'], 'berth-probe:s').name!);
+  assert.equal(names.size, texts.length, 'no two of 20,000 texts share a name');
   const long = positional('SELECT 1', [], `berth-claim-one-lane:${'s'.repeat(50)}:w1.2`);
   assert.ok(Buffer.byteLength(long.name!) <= 63, long.name);
   assert.ok(long.name!.startsWith('berth-claim-one-lane:#'), long.name);
