@@ -27,7 +27,10 @@ export function previousBuild(migrationFile: string): string {
   const dir = join(tmpdir(), `berth-previous-${commit.slice(0, 12)}`);
   const dist = join(dir, 'dist');
   // The last step's output: a build interrupted before it is built again.
-  if (existsSync(join(dist, 'schema', 'migrations'))) return dist;
+  if (existsSync(join(dist, 'schema', 'migrations'))) {
+    linkPackages(dir);
+    return dist;
+  }
   rmSync(dir, { recursive: true, force: true });
   mkdirSync(dir, { recursive: true });
   execFileSync('sh', [
@@ -38,10 +41,27 @@ export function previousBuild(migrationFile: string): string {
     commit,
     dir,
   ]);
-  symlinkSync(join(root, 'node_modules'), join(dir, 'node_modules'), 'dir');
+  linkPackages(dir);
   execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', 'tsconfig.json'], {
     cwd: dir,
   });
   execFileSync(process.execPath, [join(dir, 'scripts', 'copy-sql.mjs')], { cwd: dir });
   return dist;
+}
+
+/**
+ * The build's packages: a link to this checkout's node_modules. A cached build keeps the link of
+ * the checkout that built it, which may since have been deleted (a clone in the temporary
+ * directory): then its imports of pg or pino fail, so a dangling link is made again here. Two
+ * test files may do this at once; the one that loses the race finds the other's link.
+ */
+function linkPackages(dir: string): void {
+  const link = join(dir, 'node_modules');
+  if (existsSync(link)) return;
+  rmSync(link, { force: true });
+  try {
+    symlinkSync(join(root, 'node_modules'), link, 'dir');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+  }
 }
