@@ -55,6 +55,20 @@ export interface BenchConfig {
   pickupTailTimeoutMs: number;
   /** Only run rows whose label contains one of these (BENCH_SYSTEMS, comma separated). */
   systemFilter: readonly string[];
+  /**
+   * Only run scenarios whose name is one of these (BENCH_SCENARIOS, comma separated, e.g.
+   * `drain c10,pickup latency`); empty runs every scenario. For finding what one scenario does
+   * to the next; a published run runs them all.
+   */
+  scenarioFilter: readonly string[];
+}
+
+/** A comma-separated list, trimmed and lower-cased; unset or empty is []. */
+function listEnv(name: string): string[] {
+  return (process.env[name] ?? '')
+    .split(',')
+    .map((s) => s.trim().toLowerCase())
+    .filter(Boolean);
 }
 
 export function loadConfig(adminUrl: string): BenchConfig {
@@ -93,9 +107,7 @@ export function loadConfig(adminUrl: string): BenchConfig {
     drainTimeoutMs: timeoutS * 1000,
     enqueueTimeoutMs: timeoutS * 1000,
     pickupTailTimeoutMs: Math.min(30, timeoutS) * 1000,
-    systemFilter: (process.env.BENCH_SYSTEMS ?? '')
-      .split(',')
-      .map((s) => s.trim().toLowerCase())
-      .filter(Boolean),
+    systemFilter: listEnv('BENCH_SYSTEMS'),
+    scenarioFilter: listEnv('BENCH_SCENARIOS'),
   };
 }

@@ -104,7 +104,7 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
     },
   });
 
-  const scenarios: Scenario[] = [
+  const allScenarios: Scenario[] = [
     ...cfg.drainConcurrencies.map((c): Scenario => {
       const rateKey = `drain${c}` as MetricKey;
       const costKeys = [
@@ -234,6 +234,11 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
         ]
       : []),
   ];
+
+  const scenarios =
+    cfg.scenarioFilter.length === 0 ? allScenarios : allScenarios.filter((sc) => cfg.scenarioFilter.includes(sc.name));
+  if (scenarios.length === 0)
+    throw new Error(`BENCH_SCENARIOS names no scenario; they are: ${allScenarios.map((sc) => sc.name).join(', ')}`);
 
   // Warm-up, recorded nowhere: each system drains BENCH_WARMUP_N tasks once (100,000), so every
   // row is measured with its code compiled and its heap grown. A worker process runs for hours; a
