@@ -141,7 +141,8 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
                 `tail ${Math.round(tailMs)} ms); WAL/task ${Math.round(ownWal / n)} B own, ` +
                 `${Math.round(cost.walBytes / n)} B cluster; commits/task ${(cost.commits / n).toFixed(2)} ` +
                 `(write ${cost.ownWriteCommits === null ? '?' : (cost.ownWriteCommits / n).toFixed(2)})` +
-                `${cost.otherCommits > 0 ? `; other dbs committed ${cost.otherCommits}` : ''}`,
+                `${cost.otherCommits > 0 ? `; other dbs committed ${cost.otherCommits}` : ''}; ` +
+                `this process's CPU ${Math.round(o.value.processCpuMs)} ms, ${o.value.gcs.count} GCs (${Math.round(o.value.gcs.ms)} ms)`,
             );
           } else {
             results.add(a.label, rateKey, failure(o));

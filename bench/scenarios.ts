@@ -2,6 +2,7 @@
 import pg from 'pg';
 import type { BenchConfig } from './config.js';
 import type { CounterDelta, Monitor } from './db.js';
+import { cpuMs, GcTally } from './gc-tally.js';
 import { percentile } from './stats.js';
 import type { Producer, RunningWorker, SystemAdapter } from './systems/types.js';
 import { cleanup, sleep, TimeoutError, waitUntil, withTimeout } from './util.js';
@@ -63,6 +64,14 @@ export interface DrainResult {
   /** WAL and commits; the probe's own read-only commits are already taken out. */
   cost: CounterDelta;
   duplicates: number;
+  /**
+   * This process's CPU over the same window (every thread: the handlers' and the worker's code,
+   * the probe's reads, and V8's background compiler), and its garbage collections. For telling a
+   * slow drain's cause apart: a drain that re-optimizes its code uses two to three times the CPU
+   * of one that runs compiled code (docs/benchmarks-journal.md, "Issue 35's eighth round").
+   */
+  processCpuMs: number;
+  gcs: { count: number; ms: number };
 }
 
 /**
@@ -115,17 +124,25 @@ export async function drain(
   const before = await monitor.read();
 
   const tracker = new RunTracker(n);
+  const gcs = new GcTally();
+  let processCpuMs = 0;
   let worker: RunningWorker | null = null;
   let t0 = 0;
   let recorded: Awaited<ReturnType<typeof untilRecorded>> | null = null;
   let started = false;
   try {
+    gcs.start();
+    const cpuBefore = process.cpuUsage();
     t0 = performance.now();
     const deadline = t0 + cfg.drainTimeoutMs;
     worker = await adapter.startWorker(concurrency, tracker.onRun);
     started = await waitUntil(() => tracker.distinct >= n, Math.max(0, deadline - performance.now()));
     if (started) recorded = await untilRecorded(() => adapter.pending(probe), deadline);
+    processCpuMs = cpuMs(process.cpuUsage(cpuBefore));
+    // The last gc entries are delivered a tick after the collection.
+    await sleep(0);
   } finally {
+    gcs.stop();
     await stopWorker(adapter, worker);
     await cleanup('probe close', () => probe.end());
   }
@@ -151,6 +168,8 @@ export async function drain(
       tailMs: recorded.at - tracker.lastFirstRun,
       cost,
       duplicates: tracker.duplicates,
+      processCpuMs,
+      gcs: { count: gcs.count, ms: gcs.ms },
     },
   };
 }
