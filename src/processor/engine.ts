@@ -417,6 +417,24 @@ export class Engine {
   private readonly notifyThrottle = new NotifyThrottle();
   /** The schema's storage, bound once (storage/storage.ts). */
   private readonly storage: Storage;
+  /**
+   * The last started handler run and the last completed execution (two tasks' objects, or one),
+   * kept while the engine runs so that one object of each stays alive between tasks; stop()
+   * drops them as it begins, and nothing sets them once it has. V8 keeps an object shape (a
+   * "map") only while some object has it, and optimized code checks shapes: a full garbage
+   * collection while the worker idled found no Execution or HandlerRun alive, dropped their
+   * shapes and the shapes of what they hold (the claimed task, its run and settlement, the
+   * handler's context and abort), and marked the engine's and the run's compiled code for
+   * deoptimization ("weak objects" in `node --trace-deopt`); the next burst ran interpreted while
+   * V8 compiled it again. One worker, 20,000 tasks a burst, after one forced full GC: 187-242 ms
+   * and 178-197 ms of the process's CPU, against 157-182 ms and 84-116 ms after a burst; with
+   * these two kept, 145-175 ms and 79-104 ms after a GC (docs/benchmarks-journal.md, "Issue 35's
+   * eighth round"). What they hold (a payload, a result, a thrown error) lives until a later
+   * handler run, or a later completion, replaces it. An observed run's handler run (task events,
+   * tracing) starts inside runTask and is not kept; its execution is. A new worker in the same
+   * process starts without them: the shapes of the last one's objects may be gone.
+   */
+  private readonly kept: { execution: Execution | null; run: HandlerRun | null } = { execution: null, run: null };
   /** The last fetch's size and whether it got all it asked for (see wanted()). */
   private lastClaimed = 0;
   private lastClaimFull = false;
@@ -831,6 +849,7 @@ export class Engine {
 
   /** Call the handler (its run begun) and follow its answer. */
   private callHandler(x: Execution, h: HandlerRun): void {
+    if (!this.stopping) this.kept.run = h;
     h.begin();
     let answered: Promise<unknown>;
     try {
@@ -890,7 +909,10 @@ export class Engine {
       if (start === null) run = await (x.hooks as Attempt).run(() => runTask(this.runDeps, x));
       else {
         const started = await start;
-        run = started instanceof HandlerRun ? await runHandler(started) : started;
+        if (started instanceof HandlerRun) {
+          if (!this.stopping) this.kept.run = started;
+          run = await runHandler(started);
+        } else run = started;
       }
     } catch (err) {
       this.crashed(x, err);
@@ -940,6 +962,7 @@ export class Engine {
         this.executionEnded();
       }
     }
+    if (!this.stopping) this.kept.execution = x;
     if (overdue !== undefined) void this.afterOverdue(x, overdue);
   }
 
@@ -1083,6 +1106,9 @@ export class Engine {
    */
   async stop(graceMs = 0): Promise<void> {
     this.stopping = true;
+    // Nothing sets these once stopping: a stopped engine keeps no task's objects.
+    this.kept.execution = null;
+    this.kept.run = null;
     this.retryNow.abort();
     this.wake('stop');
     await this.fetchLoop;
