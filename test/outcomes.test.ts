@@ -189,10 +189,12 @@ test('a run whose lease a server crash took back (an asynchronous claim not yet 
       attempts.push(ctx.attempt);
       if (attempts.length > 1) return;
       // What a crash before the claim's WAL flush leaves: the entry, and no lease row for it. The
-      // queue is paused too, so no claim takes the entry (claimable again) before this run's
-      // settlement is refused: the attempt is then counted, not run again under the same number.
-      await pool.query(`DELETE FROM "${schema}".range_leases WHERE token = $1`, [ctx.token]);
+      // queue is paused first, so no claim takes the entry (claimable again once its lease row is
+      // gone) before this run's settlement is refused: the attempt is then counted, not run again
+      // under the same number. (Paused after the delete, a fetch in between took the entry under
+      // stress-ng and ran it again as attempt 1.)
       await pauseQueue(pool, schema, def.type, 'test');
+      await pool.query(`DELETE FROM "${schema}".range_leases WHERE token = $1`, [ctx.token]);
     },
   });
   const { w, lines } = worker(def, { maintenance: FAST_MAINTENANCE });
