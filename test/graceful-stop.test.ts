@@ -6,7 +6,16 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { BerthInputError, defineTask, enqueue, getTask, type TaskContext, Worker } from '../src/index.js';
+import {
+  BerthInputError,
+  defineTask,
+  enqueue,
+  getTask,
+  type TaskContext,
+  Worker,
+  type WorkerOptions,
+} from '../src/index.js';
+import type { AnyTaskDefinition } from '../src/task.js';
 import { quoteIdent } from '../src/sql.js';
 import { DATABASE_URL, expectOutcome, freshSchema, outcomes, testLogger, waitFor, within } from './helpers.js';
 
@@ -38,7 +47,7 @@ function controlled(type: string, opts: { advance?: boolean } = {}) {
   return { def, state };
 }
 
-function worker(defs: ReturnType<typeof defineTask<{ step?: number }>>[]) {
+function worker(defs: AnyTaskDefinition[], options: Partial<WorkerOptions> = {}) {
   return new Worker({
     connectionString: DATABASE_URL,
     schema,
@@ -48,6 +57,7 @@ function worker(defs: ReturnType<typeof defineTask<{ step?: number }>>[]) {
     pollIntervalMs: 100,
     logger: testLogger,
     maintenance: false,
+    ...options,
   });
 }
 
@@ -144,4 +154,64 @@ test('stop options are checked: an unknown key or a bad grace is a BerthInputErr
   } finally {
     await w.stop();
   }
+});
+
+/** A type whose payload schema answers only when the test resolves it (an asynchronous validator). */
+function slowSchema(type: string) {
+  const state = { validating: 0, started: 0, answer: (): void => {} };
+  const def = defineTask<{ n: number }>({
+    type,
+    ceilingMs: 60_000,
+    schema: {
+      '~standard': {
+        version: 1,
+        vendor: 'test',
+        validate: (v: unknown) => {
+          state.validating++;
+          return new Promise<{ value: { n: number } }>((resolve) => {
+            state.answer = () => resolve({ value: v as { n: number } });
+          });
+        },
+      },
+    },
+    handler: async () => {
+      state.started++;
+    },
+  });
+  return { def, state };
+}
+
+test('a stop while a payload schema is still answering: the handler never starts, the task is handed back with its attempt refunded', async () => {
+  const { def, state } = slowSchema('g_validating');
+  // Aborted by the stop in the same pass as the validating run: once it has heard, so has that run.
+  const companion = controlled('g_companion');
+  const w = worker([def, companion.def]);
+  await w.start();
+  const { id } = await enqueue(pool, def.type, { n: 1 }, { schema });
+  await enqueue(pool, companion.def.type, {}, { schema });
+  await waitFor(() => state.validating === 1 && companion.state.started === 1, 20_000, 'both tasks to start');
+  const stopped = w.stop({ graceMs: 100 });
+  await waitFor(() => companion.state.reason !== null, 20_000, 'the grace to end');
+  // Past the grace, its run's signal aborted, the schema answers: a good payload.
+  state.answer();
+  await within(stopped, 20_000, 'stop');
+  assert.equal(state.started, 0, 'the handler never started');
+  const t = await getTask(pool, schema, id!);
+  assert.ok(t?.state === 'ready' || t?.state === 'retryable', t?.state);
+  assert.equal(t?.attempts, 0, 'handed back unstarted: the attempt refunded');
+  await expectOutcome(w.metrics, companion.def.type, 'cancelled', 1);
+});
+
+test('a payload schema that answers after stop() returned: the handler never starts and nothing throws', async () => {
+  const { def, state } = slowSchema('g_validating_late');
+  const w = worker([def], { slots: 1, stopTimeoutMs: 50 });
+  await w.start();
+  await enqueue(pool, def.type, { n: 1 }, { schema });
+  await waitFor(() => state.validating === 1, 20_000, 'the validator to be asked');
+  // Its run outlives the stop timeout, as a handler that ignores its signal does.
+  await within(w.stop({ graceMs: 0 }), 20_000, 'stop');
+  state.answer();
+  // The answer's reactions (the start, the hand-back the closed pools refuse) run within turns.
+  for (let i = 0; i < 20; i++) await new Promise((r) => setImmediate(r));
+  assert.equal(state.started, 0, 'the handler never started after stop() returned');
 });

@@ -365,8 +365,34 @@ function startValid(
   schedule: ScheduleFire | null,
   value: unknown,
 ): Startable | Promise<Startable> {
+  // A plain task reaches this in the turn it was taken from the buffer, where nothing has aborted
+  // it; one whose start waited (an asynchronous schema, a schedule's ceiling read) may have been
+  // stopped or cancelled meanwhile, and its handler must not start then.
+  const unstarted = abortedBeforeStart(input);
+  if (unstarted !== null) return unstarted;
   if (deps.typeRates.limits(input.task.type)) return rateLimitedStart(deps, input, schedule, value);
   return new HandlerRun(deps, input, schedule, value);
+}
+
+/**
+ * The run of a task aborted while its start waited, or null when nothing aborted it. An
+ * operator's cancel: the cancel's settlement is the attempt's (nothing to write, counted
+ * cancelled). A stop: handed back unstarted with the attempt refunded, as a task still in the
+ * buffer at stop is (started, it would run with its signal aborted, past a stop() that may have
+ * returned already, and be released on its attempt).
+ */
+function abortedBeforeStart(input: RunInput): TaskRun | null {
+  const why = input.abort.reason;
+  if (why === undefined) return null;
+  if (why instanceof CancelAbort) {
+    input.freeSlot();
+    return CANCELLED_UNSTARTED;
+  }
+  if (why instanceof ShutdownAbort) {
+    input.freeSlot();
+    return { kind: 'expired_in_buffer' };
+  }
+  return null;
 }
 
 async function rateLimitedStart(
@@ -375,7 +401,7 @@ async function rateLimitedStart(
   schedule: ScheduleFire | null,
   value: unknown,
 ): Promise<Startable> {
-  const { task, abort } = input;
+  const { task } = input;
   // Asked last, right before the handler starts: a start granted is counted at once, so
   // nothing that may still stop the task (its payload, its deadline) comes between.
   const start = await deps.typeRates.take(task.type, task.id);
@@ -383,23 +409,14 @@ async function rateLimitedStart(
     input.freeSlot();
     return { kind: 'rate_limited', note: start.note, delayMs: start.delayMs };
   }
-  if (abort.reason instanceof CancelAbort) {
-    // An operator's cancel, committed while it waited: the cancel's settlement is the
-    // attempt's (nothing to write, counted cancelled), and its handler must not start.
-    input.freeSlot();
-    return CANCELLED_UNSTARTED;
-  }
+  // An operator's cancel or a stop, while it waited: its start is spent either way.
+  const unstarted = abortedBeforeStart(input);
+  if (unstarted !== null) return unstarted;
   const now = Date.now();
-  if (
-    (start.startBy !== null && now > start.startBy) ||
-    (task.startBy !== undefined && now > task.startBy) ||
-    abort.reason instanceof ShutdownAbort
-  ) {
+  if ((start.startBy !== null && now > start.startBy) || (task.startBy !== undefined && now > task.startBy)) {
     // The answer came back later than the limit's guard, or later than the guard of its
     // queue's rate (checked above, before this wait): starting now could push a window of the
-    // type's or the queue's starts over. Or a stop aborted the run while it waited: started
-    // now, it would run with its signal aborted and be released on its attempt (buried on its
-    // last one). Handed back unstarted, its start spent.
+    // type's or the queue's starts over. Handed back unstarted, its start spent.
     input.freeSlot();
     return { kind: 'expired_in_buffer' };
   }
