@@ -17,7 +17,16 @@ import {
 } from '../src/index.js';
 import type { AnyTaskDefinition } from '../src/task.js';
 import { quoteIdent } from '../src/sql.js';
-import { DATABASE_URL, expectOutcome, freshSchema, outcomes, testLogger, waitFor, within } from './helpers.js';
+import {
+  captureLogger,
+  DATABASE_URL,
+  expectOutcome,
+  freshSchema,
+  outcomes,
+  testLogger,
+  waitFor,
+  within,
+} from './helpers.js';
 
 const { schema, pool } = await freshSchema('grace');
 const S = quoteIdent(schema);
@@ -185,7 +194,8 @@ test('a stop while a payload schema is still answering: the handler never starts
   const { def, state } = slowSchema('g_validating');
   // Aborted by the stop in the same pass as the validating run: once it has heard, so has that run.
   const companion = controlled('g_companion');
-  const w = worker([def, companion.def]);
+  const { logger, lines } = captureLogger();
+  const w = worker([def, companion.def], { logger });
   await w.start();
   const { id } = await enqueue(pool, def.type, { n: 1 }, { schema });
   await enqueue(pool, companion.def.type, {}, { schema });
@@ -200,6 +210,15 @@ test('a stop while a payload schema is still answering: the handler never starts
   assert.ok(t?.state === 'ready' || t?.state === 'retryable', t?.state);
   assert.equal(t?.attempts, 0, 'handed back unstarted: the attempt refunded');
   await expectOutcome(w.metrics, companion.def.type, 'cancelled', 1);
+  // Told as the stop's doing, with the task's fields, not as a prefetched task's deadline.
+  const told = lines.filter((l) => l.task_id === id);
+  assert.ok(
+    told.some(
+      (l) => l.msg === 'the worker stopped before the handler started; task handed back unstarted' && l.handed_back,
+    ),
+    JSON.stringify(told),
+  );
+  assert.ok(!told.some((l) => /deadline before a slot freed/.test(String(l.msg))), JSON.stringify(told));
 });
 
 test('a payload schema that answers after stop() returned: the handler never starts and nothing throws', async () => {

@@ -216,6 +216,14 @@ test('refund: a prefetched task that waited past its deadline never ran: handed 
   });
 });
 
+test('refund: a run a stop aborted before its handler started: handed back with the attempt refunded, counted nowhere', () => {
+  const s = settlementFor({ kind: 'stopped_before_start' }, task);
+  assert.deepEqual(s, {
+    action: { kind: 'return_unstarted' },
+    outcome: { written: null, refused: null, cancelled: null, unwritten: null },
+  });
+});
+
 test('outage: a settlement the database never took is counted unsettled, never lost ("lost" means only that the token was refused)', () => {
   assert.equal(counted({ kind: 'done', ...plain }, unwritten), 'unsettled');
   assert.equal(counted({ kind: 'error', error: 'x', permanent: false, ...plain }, unwritten), 'unsettled');
@@ -266,6 +274,7 @@ test('every outcome the table counts is one of the eight the metrics export', ()
   const runs: TaskRun[] = [
     { kind: 'unknown_type', error: 'x', delayMs: 0 },
     { kind: 'expired_in_buffer' },
+    { kind: 'stopped_before_start' },
     { kind: 'late_claim', error: 'x' },
     { kind: 'invalid_payload', error: 'x' },
   ];

@@ -21,6 +21,11 @@ export type TaskRun =
   | { kind: 'rate_limited'; note: string; delayMs: number }
   /** It waited in the prefetch buffer past its deadline: it never ran. */
   | { kind: 'expired_in_buffer' }
+  /**
+   * A stop aborted its run while its start waited (an asynchronous payload schema, a schedule's
+   * ceiling read, a rate-limited type's ask): it never ran.
+   */
+  | { kind: 'stopped_before_start' }
   /** The claim itself returned after the handler deadline (seed 000: not started, recorded as timeout). */
   | { kind: 'late_claim'; error: string }
   /** The payload failed its definition's schema: it can never succeed, so it is a permanent failure. */
@@ -174,6 +179,7 @@ export function settlementFor(run: TaskRun, task: TaskAttempt): Settlement {
         outcome: NOT_COUNTED,
       };
     case 'expired_in_buffer':
+    case 'stopped_before_start':
       // Nothing ran, so nothing is counted; the refund keeps a slow process from burning attempts.
       return { action: { kind: 'return_unstarted' }, outcome: NOT_COUNTED };
     case 'late_claim':

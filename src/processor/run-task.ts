@@ -87,6 +87,9 @@ const CANCELLED_UNSTARTED: TaskRun = Object.freeze({
   cancelled: true,
 });
 
+/** A run a stop aborted before its handler started: handed back unstarted (outcome-table.ts). */
+const STOPPED_BEFORE_START: TaskRun = Object.freeze({ kind: 'stopped_before_start' });
+
 type WithRun = { [RUN]: HandlerRun };
 
 /**
@@ -390,7 +393,7 @@ function abortedBeforeStart(input: RunInput): TaskRun | null {
   }
   if (why instanceof ShutdownAbort) {
     input.freeSlot();
-    return { kind: 'expired_in_buffer' };
+    return STOPPED_BEFORE_START;
   }
   return null;
 }

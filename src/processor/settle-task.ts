@@ -246,7 +246,7 @@ function describe(
     log.warn(
       { settlement: action.kind, aborted: ran?.cancelled ?? false },
       action.kind === 'none'
-        ? 'task cancelled by an operator while it ran; handler aborted'
+        ? 'task cancelled by an operator; its handler aborted, or never started'
         : 'task settlement lost to a cancel: an operator cancelled it first',
     );
     return;
@@ -273,6 +273,15 @@ function describe(
             "a task refused by its type's rate limit could not be handed back",
           );
         } else if (debugEnabled()) log.debug({ delay_ms: run.delayMs }, run.note);
+        return;
+      }
+      if (run.kind === 'stopped_before_start') {
+        // The stop's own doing: said at info when it landed, as a prefetched task's hand-back is.
+        (answer.kind === 'written' ? log.info : log.warn).call(
+          log,
+          { handed_back: answer.kind === 'written' },
+          'the worker stopped before the handler started; task handed back unstarted',
+        );
         return;
       }
       log.warn(
