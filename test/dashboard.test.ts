@@ -1,4 +1,4 @@
-import { test, after } from 'node:test';
+import { afterEach, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Registry, Counter } from 'prom-client';
 import {
@@ -43,9 +43,11 @@ const S = `"${schema}"`;
 
 const call = httpCall;
 
+// Each test's dashboards close when it ends: left open to the file's end, their pools (up to four
+// sessions each, a test or two apiece) held over fifty of the shared server's connections at once.
 const servers: { close(): Promise<void> }[] = [];
-after(async () => {
-  for (const s of servers) await s.close();
+afterEach(async () => {
+  for (let s = servers.pop(); s !== undefined; s = servers.pop()) await s.close();
 });
 
 async function dashboard(opts: Partial<DashboardOptions> = {}): Promise<string> {
