@@ -8,20 +8,24 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
   BerthInputError,
+  defineSchedule,
   defineTask,
   enqueue,
   getTask,
   type TaskContext,
+  triggerSchedule,
   Worker,
   type WorkerOptions,
 } from '../src/index.js';
 import type { AnyTaskDefinition } from '../src/task.js';
+import { runDueTasks } from '../src/testing-api.js';
 import { quoteIdent } from '../src/sql.js';
 import {
   captureLogger,
   DATABASE_URL,
   expectOutcome,
   freshSchema,
+  holdTableLock,
   outcomes,
   testLogger,
   waitFor,
@@ -233,4 +237,53 @@ test('a payload schema that answers after stop() returned: the handler never sta
   // The answer's reactions (the start, the hand-back the closed pools refuse) run within turns.
   for (let i = 0; i < 20; i++) await new Promise((r) => setImmediate(r));
   assert.equal(state.started, 0, 'the handler never started after stop() returned');
+});
+
+test("a stop while a scheduled task's ceiling is still being read: the handler never starts, the task is handed back with its attempt refunded", async () => {
+  const ran: string[] = [];
+  const def = defineTask<{ n: number }>({
+    type: 'g_scheduled',
+    ceilingMs: 60_000,
+    handler: async (_p, ctx) => {
+      ran.push(ctx.id);
+    },
+  });
+  const schedule = defineSchedule({
+    name: 'g-yearly',
+    cron: '0 0 1 1 *',
+    task: def,
+    payload: { n: 1 },
+    ceilingMs: 30_000,
+  });
+  // Declared (its row is what the worker reads for the ceiling), then fired by hand.
+  await runDueTasks(pool, [def], { schema, schedules: [schedule], now: new Date('2000-01-01T00:00:00Z') });
+  const { taskId } = await triggerSchedule(pool, schema, 'g-yearly');
+  // Aborted by the stop in the same pass as the waiting run: once it has heard, so has that run.
+  const companion = controlled('g_sched_companion');
+  // The worker's read of the schedule's ceiling waits behind this lock until the test lets it go.
+  const lock = await holdTableLock(pool, `${S}.schedules`);
+  const w = worker([def, companion.def]);
+  try {
+    await w.start();
+    await enqueue(pool, companion.def.type, {}, { schema });
+    const readWaits = async () =>
+      (
+        await pool.query(
+          `SELECT count(*)::int AS n FROM pg_stat_activity
+            WHERE query LIKE '%ceiling_ms, task_type FROM ${S}.schedules%' AND wait_event_type = 'Lock'`,
+        )
+      ).rows[0].n > 0;
+    await waitFor(readWaits, 20_000, 'the ceiling read to wait on the lock');
+    await waitFor(() => companion.state.started === 1, 20_000, 'the companion to start');
+    const stopped = w.stop({ graceMs: 0 });
+    await waitFor(() => companion.state.reason !== null, 20_000, 'the stop to abort the runs');
+    await lock.release();
+    await within(stopped, 20_000, 'stop');
+  } finally {
+    await lock.release();
+  }
+  assert.deepEqual(ran, [], 'the handler never started');
+  const t = await getTask(pool, schema, taskId);
+  assert.ok(t?.state === 'ready' || t?.state === 'retryable', t?.state);
+  assert.equal(t?.attempts, 0, 'handed back unstarted: the attempt refunded');
 });
