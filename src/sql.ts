@@ -98,9 +98,10 @@ export const preparedName = (function (name: string, text: string): string {
 
 /**
  * 60 bits of a statement's text as 10 base64url characters: two 32-bit hashes over its UTF-16
- * units, FNV-1a and an FNV-1a with another offset whose state folds its high bits down each step. Not a cryptographic hash: it tells berth's own texts
- * apart. A new process's first `createHash('sha256')` cost its first enqueue 0.4-0.5 ms (loading
- * the digest), about half of berth's own time in that call; this, not yet compiled, ~0.1 ms.
+ * units, FNV-1a and an FNV-1a with another offset whose state folds its high bits down each
+ * step. Not a cryptographic hash: it tells berth's own texts apart. A new process's first
+ * `createHash('sha256')` cost its first enqueue 0.4-0.5 ms (loading the digest), about half of
+ * berth's own time in that call; this, not yet compiled, ~0.1 ms.
  */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
 const textHash = (function (text: string): string {
