@@ -46,13 +46,13 @@ test("a running worker keeps its last task's objects through a full GC; a stoppe
     );
     // Kept since its handler started (the last handler run): it survives full collections while
     // the worker idles, where without the engine's reference the first collection after the
-    // task's settlement took it (40 collections over about a second).
+    // task's settlement took it (40 collections, the event loop turning between them).
     assert.ok(payloadRef !== null, 'the handler ran');
     const ref = payloadRef as WeakRef<object>;
     for (let i = 0; i < 40; i++) {
       fullGc();
       assert.notEqual(ref.deref(), undefined, `the running worker keeps its last task's payload (collection ${i + 1})`);
-      await new Promise((r) => setTimeout(r, 25));
+      await new Promise((r) => setImmediate(r));
     }
 
     await worker.stop();
