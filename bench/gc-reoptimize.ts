@@ -4,7 +4,7 @@
  * new Worker drains again. Prints each drain's wall time and this process's CPU (every thread,
  * V8's background compiler included), medians by what came before it.
  *
- *   npx tsx bench/gc-reoptimize.ts --url postgres://…/db [--n 20000] [--slots 10] [--rounds 6] [--handler per-drain|shared]
+ *   npx tsx bench/gc-reoptimize.ts --url postgres://…/db [--n 20000] [--slots 10] [--rounds 6] [--handler per-drain|shared] [--gap-ms 0]
  *
  * Why: in `npm run bench` berth's warm drain used 100-140 ms of this process's CPU when the drain
  * before it in the process was berth's, and 230-330 ms when graphile-worker's drains and the
@@ -12,6 +12,8 @@
  * With `--trace-deopt`, the full GC marks the optimized code of the engine's hot methods and of
  * pg's message parsing "for deoptimization, reason: weak objects" (objects that code embedded had
  * died with the previous worker), and the next drain compiles them again while it runs.
+ * `--gap-ms` pauses that long after each stop before the next step, so the stopped worker's own
+ * timers have ended and nothing of it is left for the collection to find alive.
  * `--handler shared` gives every drain the same handler function (as an application's task
  * definitions are), `per-drain` a new closure each time (as the bench's adapters make).
  *
@@ -36,6 +38,7 @@ const { values } = parseArgs({
     slots: { type: 'string', default: '10' },
     rounds: { type: 'string', default: '6' },
     handler: { type: 'string', default: 'per-drain' },
+    'gap-ms': { type: 'string', default: '0' },
   },
 });
 const url = values.url ?? process.env.BENCH_DATABASE_URL;
@@ -48,6 +51,11 @@ const whole = (k: 'n' | 'slots' | 'rounds'): number => {
 const n = whole('n');
 const slots = whole('slots');
 const rounds = whole('rounds');
+const gapMs = Number(values['gap-ms']);
+if (!Number.isInteger(gapMs) || gapMs < 0)
+  throw new Error(`--gap-ms must be a whole number of ms, got ${values['gap-ms']}`);
+/** The pause between a drain's stop and the next step: long enough for the stopped worker's timers to end. */
+const gap = (): Promise<void> => new Promise((resolve) => setTimeout(resolve, gapMs));
 if (values.handler !== 'per-drain' && values.handler !== 'shared')
   throw new Error(`--handler must be per-drain or shared, got ${values.handler}`);
 
@@ -104,7 +112,9 @@ try {
     'a full GC': [],
   };
   for (let r = 0; r < rounds; r++) {
+    await gap();
     after['a drain'].push(await drainOnce());
+    await gap();
     fullGc();
     after['a full GC'].push(await drainOnce());
   }

@@ -6,7 +6,9 @@ import type { BerthMetrics } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
 import { type AnyTaskDefinition, type BackoffPolicy, DEFAULT_BACKOFF } from '../task.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
+import { anchorShape } from '../util/shape-anchor.js';
 import type { ClaimedTask } from './claim.js';
+import { type LeaseRow, tasksOf, type TypeTerms } from './claim-shared.js';
 import { Fetcher } from './fetcher.js';
 import { DiscoveryReads } from './discovery-reads.js';
 import { KeyReleaser } from './key-releaser.js';
@@ -29,7 +31,8 @@ import { type RunningHandlers, StuckGuard } from './stuck.js';
 import type { EngineOptions } from './engine-options.js';
 import { TypeMetrics } from './type-metrics.js';
 import { UnknownTypes } from './unknown-types.js';
-import type { Attempt, TaskObserver } from './task-observer.js';
+import { Attempt, type TaskObserver } from './task-observer.js';
+import type { WorkerEvents } from './task-events.js';
 
 /** The longest wait between claim attempts while the database fails (see runFetchLoop). */
 const FETCH_RETRY_MAX_MS = 1000;
@@ -364,6 +367,57 @@ class Reactions {
 }
 
 /**
+ * Donors of the per-task shapes (util/shape-anchor.ts): the execution of a task no claim leased,
+ * with its abort, its handler run and context, and a reaction pair, held by no engine. Made by
+ * the classes' own constructors from a lease row as the claim returns one (`tasksOf`), with the
+ * same kinds of values: a deadline and a receipt time in epoch ms (fractional and large), a slot
+ * index. Its engine, options, logger and observer are stand-ins no method of a donor reaches.
+ */
+function anchorTaskShapes(): void {
+  const now = Date.now() + 0.5;
+  const lease: LeaseRow = {
+    slot: 0,
+    lane_id: 0,
+    lease_from: '0',
+    token: '0',
+    types: [''],
+    now_ms: now,
+    queue: '',
+    priority: 0,
+    shard: 0,
+    tasks: '[["1","1",1,1,0.5,null]]',
+    more: false,
+    stale: false,
+  };
+  const terms: TypeTerms = {
+    ceilings: new Map(),
+    maxAttempts: new Map(),
+    defaultCeilingMs: 1000,
+    defaultMaxAttempts: 1,
+    marginMs: 0,
+  };
+  const task = tasksOf([lease], terms)[0]!;
+  // A task that others depend on carries one more field (`hasDependents`): a shape of its own.
+  anchorShape(tasksOf([{ ...lease, tasks: '[["1","1",1,1,0.5,null,null,null,null,0,1]]' }], terms)[0]!);
+  const noEngine = null as unknown as Engine;
+  const options = { leaseMarginMs: 0, tasks: { defs: new Map() } } as unknown as EngineOptions;
+  const observer = { begin: () => null } as unknown as TaskObserver;
+  const x = new Execution(noEngine, task, now, options, {} as Logger, observer);
+  const runDeps = { deadlines: { arm: () => {} }, storage: { schema: { name: '' } } } as unknown as RunDeps;
+  const run = new HandlerRun(runDeps, x, null, undefined);
+  // An observed attempt's (task events, tracing), its handler's start and end stored as they are.
+  const attempt = new Attempt({ wantsTaskEvents: false } as WorkerEvents, '', task, false);
+  attempt.handlerStarted();
+  attempt.handlerEnded();
+  anchorShape(attempt);
+  const reactions = new Reactions(noEngine);
+  reactions.x = x;
+  reactions.h = run;
+  anchorShape(reactions);
+}
+anchorTaskShapes();
+
+/**
  * Runs tasks. N slots share one fetcher: a wake (NOTIFY, the shared poll tick, or a slot coming
  * free) runs one fetch that leases entries for every idle slot: a claim on the lanes it knows
  * (notified, hot), else discovery on the read pool and a claim on the primary (fetcher.ts says
@@ -417,24 +471,6 @@ export class Engine {
   private readonly notifyThrottle = new NotifyThrottle();
   /** The schema's storage, bound once (storage/storage.ts). */
   private readonly storage: Storage;
-  /**
-   * The last started handler run and the last completed execution (two tasks' objects, or one),
-   * kept while the engine runs so that one object of each stays alive between tasks; stop()
-   * drops them as it begins, and nothing sets them once it has. V8 keeps an object shape (a
-   * "map") only while some object has it, and optimized code checks shapes: a full garbage
-   * collection while the worker idled found no Execution or HandlerRun alive, dropped their
-   * shapes and the shapes of what they hold (the claimed task, its run and settlement, the
-   * handler's context and abort), and marked the engine's and the run's compiled code for
-   * deoptimization ("weak objects" in `node --trace-deopt`); the next burst ran interpreted while
-   * V8 compiled it again. One worker, 20,000 tasks a burst, after one forced full GC: 187-242 ms
-   * and 178-197 ms of the process's CPU, against 157-182 ms and 84-116 ms after a burst; with
-   * these two kept, 145-175 ms and 79-104 ms after a GC (docs/benchmarks-journal.md, "Issue 35's
-   * eighth round"). What they hold (a payload, a result, a thrown error) lives until a later
-   * handler run, or a later completion, replaces it. An observed run's handler run (task events,
-   * tracing) starts inside runTask and is not kept; its execution is. A new worker in the same
-   * process starts without them: the shapes of the last one's objects may be gone.
-   */
-  private readonly kept: { execution: Execution | null; run: HandlerRun | null } = { execution: null, run: null };
   /** The last fetch's size and whether it got all it asked for (see wanted()). */
   private lastClaimed = 0;
   private lastClaimFull = false;
@@ -849,7 +885,6 @@ export class Engine {
 
   /** Call the handler (its run begun) and follow its answer. */
   private callHandler(x: Execution, h: HandlerRun): void {
-    if (!this.stopping) this.kept.run = h;
     h.begin();
     let answered: Promise<unknown>;
     try {
@@ -910,7 +945,6 @@ export class Engine {
       else {
         const started = await start;
         if (started instanceof HandlerRun) {
-          if (!this.stopping) this.kept.run = started;
           run = await runHandler(started);
         } else run = started;
       }
@@ -962,7 +996,6 @@ export class Engine {
         this.executionEnded();
       }
     }
-    if (!this.stopping) this.kept.execution = x;
     if (overdue !== undefined) void this.afterOverdue(x, overdue);
   }
 
@@ -1106,9 +1139,6 @@ export class Engine {
    */
   async stop(graceMs = 0): Promise<void> {
     this.stopping = true;
-    // Nothing sets these once stopping: a stopped engine keeps no task's objects.
-    this.kept.execution = null;
-    this.kept.run = null;
     this.retryNow.abort();
     this.wake('stop');
     await this.fetchLoop;

@@ -4,6 +4,7 @@ import type { Logger } from '../logger.js';
 import type { BerthMetrics } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
 import { abortableSleep } from '../util/abortable-sleep.js';
+import { anchorShape } from '../util/shape-anchor.js';
 import { type CompletableRef, completeBatch } from '../storage/complete.js';
 import type { ResultJson } from '../storage/results.js';
 import { recordFailures, type FailureInput } from '../storage/fail.js';
@@ -92,6 +93,8 @@ class Round {
     });
   }
 }
+/** A round's shape outlives every batcher (util/shape-anchor.ts). */
+anchorShape(new Round());
 
 /**
  * The most result JSON (UTF-16 code units, about bytes) one completion statement carries. Results

@@ -1,0 +1,227 @@
+/**
+ * The per-task shape donors (src/util/shape-anchor.ts, made in processor/engine.ts and
+ * processor/settlement-batcher.ts) keep V8's instance shapes of a worker's per-task objects
+ * alive for the life of the process, so that a full garbage collection with no task running, or
+ * a new worker in the same process, does not throw away the hot path's compiled code
+ * (docs/architecture.md, "Compiled code that survives a full collection").
+ *
+ * What can break it: a donor whose shape is not the one the engine's objects get (a field added
+ * after construction, in a method the donor never ran; a field that starts as a small integer and
+ * later holds a fractional number, which V8 gives a new shape). So this file compares, with V8's
+ * own %HaveSameMap, each donor with the engine's object of a real drain: for a first worker, for
+ * a new worker after every object of the first one's tasks was collected, for an observed worker
+ * (task events) and for a task that others depend on. And what the donors must not do: keep a
+ * task's payload, while the worker runs or after it stopped.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import v8 from 'node:v8';
+import { runInNewContext } from 'node:vm';
+import { defineTask, enqueueMany, type TaskContext, Worker } from '../src/index.js';
+import { anchoredShapes } from '../src/util/shape-anchor.js';
+import { DATABASE_URL, freshSchema, testLogger, waitFor } from './helpers.js';
+
+const { schema, pool } = await freshSchema('shape_anchor');
+
+v8.setFlagsFromString('--expose-gc');
+v8.setFlagsFromString('--allow-natives-syntax');
+const fullGc = runInNewContext('gc') as () => void;
+// Compiled after the flag: V8's intrinsic, which compares two objects' hidden classes.
+const haveSameMap = new Function('a', 'b', 'return %HaveSameMap(a, b)') as (a: unknown, b: unknown) => boolean;
+
+type Bag = Record<string | symbol, unknown>;
+/** The engine's per-task objects of one run, as a handler's context and the worker reach them. */
+interface Parts {
+  context: Bag;
+  run: Bag;
+  execution: Bag;
+  abort: Bag;
+  task: Bag;
+  attempt: Bag | null;
+  /** A settlement round that was gathering completions while a handler ran. */
+  round: Bag;
+  /** A reaction pair from the engine's idle pool, after the drain; null for an observed worker, whose runs await their handler in a frame of their own. */
+  reactions: Bag | null;
+}
+
+/** A worker's engine: not public, reached as the engine's own tests of internals do. */
+function engineOf(worker: Worker): Bag {
+  return (worker as unknown as { running: { engine: Bag } }).running.engine;
+}
+
+function runParts(ctx: object): Omit<Parts, 'round' | 'reactions'> {
+  const key = Object.getOwnPropertySymbols(ctx).find((s) => s.description === 'berth.handlerRun');
+  assert.ok(key !== undefined, "the context holds its run under the run's symbol");
+  const run = (ctx as Bag)[key] as Bag;
+  const execution = run.input as Bag;
+  return {
+    context: ctx as Bag,
+    run,
+    execution,
+    abort: execution.abort as Bag,
+    task: execution.task as Bag,
+    attempt: (execution.hooks as Bag | null) ?? null,
+  };
+}
+
+/**
+ * Compare each donor with the engine's object of the same kind. A donor is compared before any of
+ * its properties is read: a property read moves an object off a shape V8 has replaced onto the
+ * new one, which would hide exactly the mismatch looked for. Donors are found by their
+ * prototype's class name (a read of the prototype, not of the donor), in whatever order their
+ * modules were loaded; the claimed tasks (plain objects) by the one field that tells them apart.
+ */
+function assertSameShapes(real: Parts, when: string): void {
+  const all = anchoredShapes() as Bag[];
+  const donor = (name: string): Bag => {
+    const found = all.find(
+      (o) => (Object.getPrototypeOf(o) as { constructor?: { name?: string } }).constructor?.name === name,
+    );
+    assert.ok(found !== undefined, `a donor of ${name} is kept`);
+    return found;
+  };
+  const same = (d: Bag, r: Bag, kind: string): void => {
+    assert.ok(haveSameMap(d, r), `${when}: the ${kind} donor has the shape of the engine's ${kind}`);
+  };
+  same(donor('Round'), real.round, 'settlement round');
+  if (real.attempt !== null) same(donor('Attempt'), real.attempt, 'attempt');
+  const reactions = donor('Reactions');
+  if (real.reactions !== null) same(reactions, real.reactions, 'reaction pair');
+  const execution = reactions.x as Bag;
+  same(execution, real.execution, 'execution');
+  const run = reactions.h as Bag;
+  same(run, real.run, 'handler run');
+  const abort = execution.abort as Bag;
+  same(abort, real.abort, 'abort');
+  const context = run.ctx as Bag;
+  same(context, real.context, 'context');
+  if (Object.hasOwn(real.task, 'hasDependents')) {
+    const withDependents = all.find((o) => Object.getPrototypeOf(o) === Object.prototype);
+    assert.ok(withDependents !== undefined, 'a donor of a task others depend on is kept');
+    same(withDependents, real.task, 'claimed task with dependents');
+  } else same(execution.task as Bag, real.task, 'claimed task');
+}
+
+/** The worker whose tasks are running, for its handlers to reach its settlement batcher. */
+let current: Worker | null = null;
+/** The last run's context and payload, and a round seen gathering; emptied by drain(). */
+let captured: { ctx: TaskContext<unknown>; payload: object } | null = null;
+let capturedRound: Bag | null = null;
+let drains = 0;
+
+/**
+ * Runs `n` tasks on a new worker (a type of its own each time, so nothing of one drain is left
+ * for the next) and stops it, unless `keepRunning`; `dependents` enqueues each task with one
+ * that depends on it.
+ * Answers the parts of the last run of a task the predicate picks, and a weak ref to its payload.
+ */
+async function drain(
+  n: number,
+  opts: { observed?: boolean; dependents?: boolean; keepRunning?: boolean } = {},
+): Promise<{ parts: Parts; payload: WeakRef<object>; worker: Worker }> {
+  let done = 0;
+  const type = `shape_${++drains}`;
+  const def = defineTask<{ i: number; blob: string }>({
+    type,
+    ceilingMs: 60_000,
+    handler: async (payload, ctx) => {
+      const wanted = !opts.dependents || Object.hasOwn(runParts(ctx).task, 'hasDependents');
+      if (wanted) captured = { ctx, payload };
+      const batcher = current === null ? undefined : ((engineOf(current).deps as Bag).batcher as Bag);
+      if (batcher?.round) capturedRound = batcher.round as Bag;
+      // Only the tasks others depend on are counted: their dependents (`blob: 'y'`) become
+      // claimable as they complete, and may still be running when the drain ends.
+      if (payload.blob !== 'y') done++;
+    },
+  });
+  const worker = new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    slots: 4,
+    pollIntervalMs: 100,
+    logger: testLogger,
+    maintenance: false,
+  });
+  if (opts.observed) worker.events.on('task:settled', () => {});
+  if (opts.dependents) {
+    // In one call, so the parents' entries carry the mark the claim returns (a parent enqueued
+    // earlier is watched by maintenance instead).
+    const specs = [];
+    for (let i = 0; i < n; i++) {
+      specs.push({ type, payload: { i, blob: 'x'.repeat(64) }, ref: `p${i}` });
+      specs.push({ type, payload: { i, blob: 'y' }, dependsOn: [{ ref: `p${i}` }] });
+    }
+    await enqueueMany(pool, specs, { schema });
+  } else {
+    const specs = Array.from({ length: n }, (_, i) => ({ type, payload: { i, blob: 'x'.repeat(64) } }));
+    await enqueueMany(pool, specs, { schema });
+  }
+  current = worker;
+  capturedRound = null;
+  try {
+    await worker.start();
+    await waitFor(() => done >= n, 60_000, `${n} ${type} tasks to run`);
+    const got = captured as unknown as { ctx: TaskContext<unknown>; payload: object };
+    assert.ok(got !== null, 'a run of the kind looked for was seen');
+    // Held from here only by what this answers (the handler's closure outlives the drain).
+    captured = null;
+    const round = capturedRound as Bag | null;
+    capturedRound = null;
+    assert.ok(round !== null, 'a handler saw a settlement round gathering completions');
+    // A pair goes back to the engine's idle pool once its handler's answer is followed (an
+    // observed run awaits its handler in an async frame instead, and takes no pair).
+    const idle = engineOf(worker).idleReactions as Bag[];
+    if (!opts.observed) await waitFor(() => idle.length > 0, 60_000, 'a reaction pair back in the idle pool');
+    const parts = { ...runParts(got.ctx), round, reactions: opts.observed ? null : idle[0]! };
+    return { parts, payload: new WeakRef(got.payload), worker };
+  } finally {
+    current = null;
+    if (!opts.keepRunning) await worker.stop();
+  }
+}
+
+test("every per-task object a worker makes has its donor's shape, after the first worker's objects are gone too", async () => {
+  let first: { parts: Parts | null; payload: WeakRef<object> } | null = await drain(200);
+  assertSameShapes(first.parts!, 'the first worker');
+  const firstPayload = first.payload;
+  // Nothing of the first worker's tasks is referenced from here on.
+  first = null;
+  await waitFor(
+    () => {
+      fullGc();
+      return firstPayload.deref() === undefined;
+    },
+    60_000,
+    "the stopped worker's last payload to be collected",
+  );
+
+  assertSameShapes((await drain(200)).parts, 'a new worker after the first one was collected');
+
+  const observed = await drain(200, { observed: true });
+  assert.ok(observed.parts.attempt !== null, 'a worker with a task event listener observes its attempts');
+  assertSameShapes(observed.parts, 'an observed worker');
+
+  const dependents = await drain(20, { dependents: true });
+  assert.equal(dependents.parts.task.hasDependents, true, 'the captured task is one others depend on');
+  assertSameShapes(dependents.parts, 'a task others depend on');
+});
+
+test("a running worker keeps no task's payload once the task is settled", async () => {
+  const { parts, payload, worker } = await drain(20, { keepRunning: true });
+  try {
+    // The test's own references to the last run go; only the worker or a donor could keep the
+    // payload now.
+    for (const k of Object.keys(parts)) (parts as unknown as Record<string, unknown>)[k] = null;
+    await waitFor(
+      () => {
+        fullGc();
+        return payload.deref() === undefined;
+      },
+      60_000,
+      "the running worker's last payload to be collected",
+    );
+  } finally {
+    await worker.stop();
+  }
+});
