@@ -102,6 +102,18 @@ function assertSameShapes(real: Parts, when: string): void {
   } else same(execution.task as Bag, real.task, 'claimed task');
 }
 
+/** Waits (a full collection each try) until nothing keeps `ref`'s object alive. */
+async function collected(ref: WeakRef<object>, what: string): Promise<void> {
+  await waitFor(
+    () => {
+      fullGc();
+      return ref.deref() === undefined;
+    },
+    60_000,
+    `${what} to be collected`,
+  );
+}
+
 /** The worker whose tasks are running, for its handlers to reach its settlement batcher. */
 let current: Worker | null = null;
 /** The last run's context and payload, and a round seen gathering; emptied by drain(). */
@@ -187,14 +199,7 @@ test("every per-task object a worker makes has its donor's shape, after the firs
   const firstPayload = first.payload;
   // Nothing of the first worker's tasks is referenced from here on.
   first = null;
-  await waitFor(
-    () => {
-      fullGc();
-      return firstPayload.deref() === undefined;
-    },
-    60_000,
-    "the stopped worker's last payload to be collected",
-  );
+  await collected(firstPayload, "the stopped worker's last payload");
 
   assertSameShapes((await drain(200)).parts, 'a new worker after the first one was collected');
 
@@ -213,14 +218,7 @@ test("a running worker keeps no task's payload once the task is settled", async 
     // The test's own references to the last run go; only the worker or a donor could keep the
     // payload now.
     for (const k of Object.keys(parts)) (parts as unknown as Record<string, unknown>)[k] = null;
-    await waitFor(
-      () => {
-        fullGc();
-        return payload.deref() === undefined;
-      },
-      60_000,
-      "the running worker's last payload to be collected",
-    );
+    await collected(payload, "the running worker's last payload");
   } finally {
     await worker.stop();
   }

@@ -367,11 +367,12 @@ class Reactions {
 }
 
 /**
- * Donors of the per-task shapes (util/shape-anchor.ts): the execution of a task no claim leased,
- * with its abort, its handler run and context, and a reaction pair, held by no engine. Made by
- * the classes' own constructors from a lease row as the claim returns one (`tasksOf`), with the
- * same kinds of values: a deadline and a receipt time in epoch ms (fractional and large), a slot
- * index. Its engine, options, logger and observer are stand-ins no method of a donor reaches.
+ * Donors of the per-task shapes (util/shape-anchor.ts): a claimed task from a lease row as the
+ * claim returns one (`tasksOf`), and one that others depend on; the execution of that task, with
+ * its abort, handler run and context; a reaction pair; an observed attempt, its handler's start
+ * and end set (its start field begins as 0 and then holds a fractional time, a shape of its own).
+ * Held by no engine: its engine, options, logger and observer are stand-ins no method of a donor
+ * reaches.
  */
 function anchorTaskShapes(): void {
   const now = Date.now() + 0.5;

@@ -11,10 +11,12 @@
  * tenth round"). One object of each such class, made here once and holding no worker and no
  * task, keeps its shape for good.
  *
- * Each donor must be made by its class's own constructor with values of the same kinds as a
- * real instance's (a small integer where they hold one, a fractional number where they do):
- * a field that changed kind would give later instances a shape the donor does not hold
- * (test/shape-anchor.test.ts checks the engine's objects share the donors' shapes).
+ * Each donor must have exactly the shape real instances end up with, or it keeps the wrong one.
+ * Two things change an instance's shape after its constructor: a field added later, in a method
+ * the donor never ran, and a field that starts as a small integer and later holds a fractional
+ * number. So a donor is made by its class's own constructor and then taken through those steps
+ * as a real instance is (test/shape-anchor.test.ts compares every donor with the engine's
+ * objects of a real drain).
  */
 const anchors: object[] = [];
 
