@@ -4,7 +4,7 @@
  * new Worker drains again. Prints each drain's wall time and this process's CPU (every thread,
  * V8's background compiler included), medians by what came before it.
  *
- *   npx tsx bench/gc-reoptimize.ts --url postgres://…/db [--n 20000] [--slots 10] [--rounds 6] [--handler per-drain|shared] [--gap-ms 0]
+ *   npx tsx bench/gc-reoptimize.ts --url postgres://…/db [--n 20000] [--slots 10] [--rounds 6] [--handler per-drain|shared] [--gap-ms 0] [--gcs 1]
  *
  * Why: in `npm run bench` berth's warm drain used 100-140 ms of this process's CPU when the drain
  * before it in the process was berth's, and 230-330 ms when graphile-worker's drains and the
@@ -14,6 +14,8 @@
  * died with the previous worker), and the next drain compiles them again while it runs.
  * `--gap-ms` pauses that long after each stop before the next step, so the stopped worker's own
  * timers have ended and nothing of it is left for the collection to find alive.
+ * `--gcs` runs that many full collections instead of one (V8 ages an unused shape out over
+ * several).
  * `--handler shared` gives every drain the same handler function (as an application's task
  * definitions are), `per-drain` a new closure each time (as the bench's adapters make).
  *
@@ -39,11 +41,12 @@ const { values } = parseArgs({
     rounds: { type: 'string', default: '6' },
     handler: { type: 'string', default: 'per-drain' },
     'gap-ms': { type: 'string', default: '0' },
+    gcs: { type: 'string', default: '1' },
   },
 });
 const url = values.url ?? process.env.BENCH_DATABASE_URL;
 if (!url) throw new Error('--url (or BENCH_DATABASE_URL) is required: the runs drop and recreate a schema there');
-const whole = (k: 'n' | 'slots' | 'rounds'): number => {
+const whole = (k: 'n' | 'slots' | 'rounds' | 'gcs'): number => {
   const v = Number(values[k]);
   if (!Number.isInteger(v) || v <= 0) throw new Error(`--${k} must be a positive integer, got ${values[k]}`);
   return v;
@@ -51,6 +54,7 @@ const whole = (k: 'n' | 'slots' | 'rounds'): number => {
 const n = whole('n');
 const slots = whole('slots');
 const rounds = whole('rounds');
+const gcs = whole('gcs');
 const gapMs = Number(values['gap-ms']);
 if (!Number.isInteger(gapMs) || gapMs < 0)
   throw new Error(`--gap-ms must be a whole number of ms, got ${values['gap-ms']}`);
@@ -107,16 +111,21 @@ async function drainOnce(): Promise<{ wallMs: number; cpuMs: number }> {
 
 try {
   for (let i = 0; i < 6; i++) await drainOnce(); // compiled and warm
-  const after: Record<'a drain' | 'a full GC', { wallMs: number; cpuMs: number }[]> = {
+  const after: Record<'a drain' | 'full GCs', { wallMs: number; cpuMs: number }[]> = {
     'a drain': [],
-    'a full GC': [],
+    'full GCs': [],
   };
   for (let r = 0; r < rounds; r++) {
     await gap();
     after['a drain'].push(await drainOnce());
     await gap();
-    fullGc();
-    after['a full GC'].push(await drainOnce());
+    // V8 keeps an unused shape through a few full collections (it ages them out), so one
+    // collection can leave alive what the bench's many collections between drains do not.
+    for (let g = 0; g < gcs; g++) {
+      fullGc();
+      await new Promise<void>((resolve) => setImmediate(resolve));
+    }
+    after['full GCs'].push(await drainOnce());
   }
   console.log(`${n} no-op tasks, ${slots} slots, handler ${values.handler}, ${rounds} rounds; medians (each run)`);
   console.log('');

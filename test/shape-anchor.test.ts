@@ -18,7 +18,8 @@ import assert from 'node:assert/strict';
 import v8 from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import { defineTask, enqueueMany, type TaskContext, Worker } from '../src/index.js';
-import { anchoredShapes } from '../src/util/shape-anchor.js';
+import { type CompletableRef, groupByLease, groupValues } from '../src/storage/complete.js';
+import { anchoredShapes, anchorRow } from '../src/util/shape-anchor.js';
 import { DATABASE_URL, freshSchema, testLogger, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('shape_anchor');
@@ -42,6 +43,10 @@ interface Parts {
   round: Bag;
   /** A reaction pair from the engine's idle pool, after the drain; null for an observed worker, whose runs await their handler in a frame of their own. */
   reactions: Bag | null;
+  /** The engine's own parts, after its drain: its claim buffer, running list and deadline timer. */
+  buffer: Bag;
+  running: Bag;
+  deadlines: Bag;
 }
 
 /** A worker's engine: not public, reached as the engine's own tests of internals do. */
@@ -49,7 +54,7 @@ function engineOf(worker: Worker): Bag {
   return (worker as unknown as { running: { engine: Bag } }).running.engine;
 }
 
-function runParts(ctx: object): Omit<Parts, 'round' | 'reactions'> {
+function runParts(ctx: object): Omit<Parts, 'round' | 'reactions' | 'buffer' | 'running' | 'deadlines'> {
   const key = Object.getOwnPropertySymbols(ctx).find((s) => s.description === 'berth.handlerRun');
   assert.ok(key !== undefined, "the context holds its run under the run's symbol");
   const run = (ctx as Bag)[key] as Bag;
@@ -67,23 +72,22 @@ function runParts(ctx: object): Omit<Parts, 'round' | 'reactions'> {
 /**
  * Compare each donor with the engine's object of the same kind. A donor is compared before any of
  * its properties is read: a property read moves an object off a shape V8 has replaced onto the
- * new one, which would hide exactly the mismatch looked for. Donors are found by their
- * prototype's class name (a read of the prototype, not of the donor), in whatever order their
- * modules were loaded; the claimed tasks (plain objects) by the one field that tells them apart.
+ * new one, which would hide exactly the mismatch looked for. Donors are found by the name each
+ * was kept under (not by any of its properties).
  */
 function assertSameShapes(real: Parts, when: string): void {
-  const all = anchoredShapes() as Bag[];
   const donor = (name: string): Bag => {
-    const found = all.find(
-      (o) => (Object.getPrototypeOf(o) as { constructor?: { name?: string } }).constructor?.name === name,
-    );
+    const found = anchoredShapes().get(name);
     assert.ok(found !== undefined, `a donor of ${name} is kept`);
-    return found;
+    return found as Bag;
   };
   const same = (d: Bag, r: Bag, kind: string): void => {
     assert.ok(haveSameMap(d, r), `${when}: the ${kind} donor has the shape of the engine's ${kind}`);
   };
   same(donor('Round'), real.round, 'settlement round');
+  same(donor('ClaimBuffer'), real.buffer, 'claim buffer');
+  same(donor('Running'), real.running, 'running list');
+  same(donor('DeadlineTimer'), real.deadlines, 'deadline timer');
   if (real.attempt !== null) same(donor('Attempt'), real.attempt, 'attempt');
   const reactions = donor('Reactions');
   if (real.reactions !== null) same(reactions, real.reactions, 'reaction pair');
@@ -96,9 +100,7 @@ function assertSameShapes(real: Parts, when: string): void {
   const context = run.ctx as Bag;
   same(context, real.context, 'context');
   if (Object.hasOwn(real.task, 'hasDependents')) {
-    const withDependents = all.find((o) => Object.getPrototypeOf(o) === Object.prototype);
-    assert.ok(withDependents !== undefined, 'a donor of a task others depend on is kept');
-    same(withDependents, real.task, 'claimed task with dependents');
+    same(donor('claimed task with dependents'), real.task, 'claimed task with dependents');
   } else same(execution.task as Bag, real.task, 'claimed task');
 }
 
@@ -185,7 +187,15 @@ async function drain(
     // observed run awaits its handler in an async frame instead, and takes no pair).
     const idle = engineOf(worker).idleReactions as Bag[];
     if (!opts.observed) await waitFor(() => idle.length > 0, 60_000, 'a reaction pair back in the idle pool');
-    const parts = { ...runParts(got.ctx), round, reactions: opts.observed ? null : idle[0]! };
+    const engine = engineOf(worker);
+    const parts = {
+      ...runParts(got.ctx),
+      round,
+      reactions: opts.observed ? null : idle[0]!,
+      buffer: engine.buffer as Bag,
+      running: engine.inflight as Bag,
+      deadlines: engine.deadlines as Bag,
+    };
     return { parts, payload: new WeakRef(got.payload), worker };
   } finally {
     current = null;
@@ -222,4 +232,49 @@ test("a running worker keeps no task's payload once the task is settled", async 
   } finally {
     await worker.stop();
   }
+});
+
+test("a completion batch's groups and their statement values have their donors' shapes", async () => {
+  const { parts, worker } = await drain(20, { keepRunning: true });
+  try {
+    // The engine's own tasks, as the batcher hands them in, with fractional run times.
+    const task = parts.task as unknown as CompletableRef;
+    const refs = [task, { ...task }];
+    let groups = groupByLease(refs, [0.25, 1.75]);
+    for (let i = 0; i < 200; i++) groups = groupByLease(refs, [i + 0.5, i + 1.5]);
+    const values = groupValues(groups);
+    const shapes = anchoredShapes();
+    assert.ok(haveSameMap(shapes.get('lease group'), groups[0]), 'the lease group donor has the shape of a real group');
+    assert.ok(haveSameMap(shapes.get('lease group values'), values), 'the group values donor has their shape');
+  } finally {
+    await worker.stop();
+  }
+});
+
+test("a statement's row is kept with its shape and none of its data, and rows that are not pg's are left alone", async () => {
+  const probe = () =>
+    pool.query<{ n: number; t: string; a: string[]; b: boolean; x: null }>(
+      `SELECT 7 AS n, 'payload text' AS t, ARRAY['a', 'b'] AS a, true AS b, NULL AS x`,
+    );
+  // Rows are taken as the statement's results come, until their shape has settled.
+  for (let i = 0; i < 70; i++) anchorRow('shape-probe', (await probe()).rows[0]);
+  const kept = anchoredShapes().get('row:shape-probe');
+  const later = (await probe()).rows[0]!;
+  assert.ok(haveSameMap(kept, later), "the kept row has the shape of the statement's later rows");
+  assert.deepEqual(kept, { n: 7, t: '', a: [], b: true, x: null }, 'its text and arrays are emptied');
+  assert.equal(later.t, 'payload text', 'a row not taken is left as it was');
+  // A frozen row, or one with a prototype of its own, is not pg's: it is neither kept nor written.
+  const frozen = Object.freeze({ t: 'payload text' });
+  anchorRow('frozen-probe', frozen);
+  const classy = new (class Row {
+    t = 'payload text';
+  })();
+  anchorRow('class-probe', classy);
+  assert.equal(anchoredShapes().has('row:frozen-probe') || anchoredShapes().has('row:class-probe'), false);
+  assert.equal(classy.t, 'payload text');
+  // The worker's own statements: their rows were kept by the drains above, emptied.
+  const claim = anchoredShapes().get('row:claim-one-lane') ?? anchoredShapes().get('row:claim-lanes');
+  assert.ok(claim !== undefined, "a claim's row is kept");
+  assert.equal((claim as { tasks: string }).tasks, '', "the kept claim row holds no task's data");
+  assert.ok(anchoredShapes().has('row:complete'), "a completion's row is kept");
 });

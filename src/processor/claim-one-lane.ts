@@ -1,3 +1,4 @@
+import { anchorRow } from '../util/shape-anchor.js';
 import type { Queryable, Schema } from '../sql.js';
 import { type Args, compile, p, sql } from '../statement.js';
 import { claimableEntries } from '../storage/predicates.js';
@@ -63,7 +64,9 @@ export async function claimOneLane(write: Queryable, c: ClaimParams): Promise<Cl
   if (w && res.rows.some((r) => r.stale)) return { tasks: [], more: false, stale: true };
   const row = res.rows[0];
   if (!row) return { tasks: [], more: false, stale: false };
-  return { tasks: tasksOf([row], c), more: row.more, stale: false };
+  const batch = { tasks: tasksOf([row], c), more: row.more, stale: false };
+  anchorRow('claim-one-lane', row);
+  return batch;
 }
 
 type ClaimOneLaneParams = TermParams | 'laneIds' | 'share' | 'wakeChannel' | 'queues' | 'limit' | 'generation';

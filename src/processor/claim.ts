@@ -1,3 +1,4 @@
+import { anchorRow } from '../util/shape-anchor.js';
 import type { Queryable, Schema } from '../sql.js';
 import { type Args, compile, p, sql } from '../statement.js';
 import type { Storage } from '../storage/storage.js';
@@ -170,7 +171,9 @@ export async function claimLanes(write: Queryable, c: ClaimParams): Promise<Clai
     } as Args<ClaimLanesParams>),
   );
   if (w && res.rows.some((r) => r.stale)) return { tasks: [], more: false, stale: true };
-  return { tasks: tasksOf(res.rows, c), more: res.rows[0]?.more ?? false, stale: false };
+  const batch = { tasks: tasksOf(res.rows, c), more: res.rows[0]?.more ?? false, stale: false };
+  anchorRow('claim-lanes', res.rows[0]);
+  return batch;
 }
 
 type ClaimLanesParams =

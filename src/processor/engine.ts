@@ -399,7 +399,10 @@ function anchorTaskShapes(): void {
   };
   const task = tasksOf([lease], terms)[0]!;
   // A task that others depend on carries one more field (`hasDependents`): a shape of its own.
-  anchorShape(tasksOf([{ ...lease, tasks: '[["1","1",1,1,0.5,null,null,null,null,0,1]]' }], terms)[0]!);
+  anchorShape(
+    'claimed task with dependents',
+    tasksOf([{ ...lease, tasks: '[["1","1",1,1,0.5,null,null,null,null,0,1]]' }], terms)[0]!,
+  );
   const noEngine = null as unknown as Engine;
   const options = { leaseMarginMs: 0, tasks: { defs: new Map() } } as unknown as EngineOptions;
   const observer = { begin: () => null } as unknown as TaskObserver;
@@ -410,11 +413,23 @@ function anchorTaskShapes(): void {
   const attempt = new Attempt({ wantsTaskEvents: false } as WorkerEvents, '', task, false);
   attempt.handlerStarted();
   attempt.handlerEnded();
-  anchorShape(attempt);
+  anchorShape('Attempt', attempt);
   const reactions = new Reactions(noEngine);
   reactions.x = x;
   reactions.h = run;
-  anchorShape(reactions);
+  anchorShape('Reactions', reactions);
+  // The engine's own parts live as long as its worker, so a new worker after a full collection
+  // finds their shapes gone too. Each is taken through what changes its shape: the buffer's
+  // arrival time becomes fractional at its first take, the running list holds an execution.
+  const buffer = new ClaimBuffer();
+  buffer.add([task], now + 0.5);
+  buffer.take();
+  anchorShape('ClaimBuffer', buffer);
+  const running = new Running();
+  running.add(x);
+  running.delete(x);
+  anchorShape('Running', running);
+  anchorShape('DeadlineTimer', new DeadlineTimer());
 }
 anchorTaskShapes();
 

@@ -94,7 +94,7 @@ class Round {
   }
 }
 /** A round's shape outlives every batcher (util/shape-anchor.ts). */
-anchorShape(new Round());
+anchorShape('Round', new Round());
 
 /**
  * The most result JSON (UTF-16 code units, about bytes) one completion statement carries. Results

@@ -1,3 +1,4 @@
+import { anchorRow, anchorShape } from '../util/shape-anchor.js';
 import { BerthInputError, LeaseLostError, orNotMigrated } from '../errors.js';
 import { taskId } from './ids.js';
 import { quoteIdent, type Queryable, type Schema } from '../sql.js';
@@ -140,11 +141,14 @@ interface LeaseGroup {
 }
 
 /**
- * The batch by lease. Keyed by the token: one lease has one (random) token, and the tasks of a
+ * The batch by lease (exported for the shape test, test/shape-anchor.test.ts). Keyed by the token: one lease has one (random) token, and the tasks of a
  * claim share its string, whose hash V8 keeps (a composite key string per task was 4.6 % of a
  * drain's worker CPU).
  */
-function groupByLease(refs: readonly CompletableRef[], runMs: readonly (number | null)[] | undefined): LeaseGroup[] {
+export function groupByLease(
+  refs: readonly CompletableRef[],
+  runMs: readonly (number | null)[] | undefined,
+): LeaseGroup[] {
   const groups = new Map<string, LeaseGroup>();
   for (let i = 0; i < refs.length; i++) {
     const r = refs[i]!;
@@ -192,11 +196,11 @@ function sortBySeq(g: LeaseGroup): void {
 }
 
 /**
- * The groups as the completion statements take them: per group its lane, lease, token, entries
+ * The groups as the completion statements take them (exported for the shape test): per group its lane, lease, token, entries
  * (a multirange) and where its run times start in the one run-time array; then that array. No
  * count: the statement counts the entries it settles itself.
  */
-function groupValues(groups: readonly LeaseGroup[]): { [K in GroupParams]: unknown } {
+export function groupValues(groups: readonly LeaseGroup[]): { [K in GroupParams]: unknown } {
   const runFrom: number[] = [];
   const runMs: (number | null)[] = groups.length === 1 ? groups[0]!.runMs : [];
   if (groups.length > 1) {
@@ -379,6 +383,7 @@ async function completeInSegment(
   const res = await write.query<{ lane_id: number; lease_from: string; token: string }>(query);
   // Keys per lease, not per task (a claim's tasks share one lease).
   const rows = new Set(res.rows.map((r) => `${r.lane_id}:${r.lease_from}:${r.token}`));
+  anchorRow('complete', res.rows[0]);
   const lost: LeaseGroup[] = [];
   for (const g of groups) {
     if (rows.has(`${g.laneId}:${g.leaseFrom}:${g.token}`)) for (const i of g.at) won[i] = true;
@@ -530,3 +535,18 @@ function dequeueStatement({ q: s }: Schema) {
        SELECT 1 FROM won`,
   );
 }
+
+/**
+ * A batch's groups and their statement values live only while a flush does, and their shapes
+ * died with them at a full collection between two drains (util/shape-anchor.ts): one of each,
+ * made by the functions that make them, kept for the process's life.
+ */
+function anchorGroupShapes(): void {
+  const groups = groupByLease(
+    [{ segment: 0, laneId: 0, laneSeq: '1', leaseFrom: '1', token: '0', runMs: 0.5 }],
+    undefined,
+  );
+  anchorShape('lease group', groups[0]!);
+  anchorShape('lease group values', groupValues(groups));
+}
+anchorGroupShapes();
