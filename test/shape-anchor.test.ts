@@ -1,9 +1,11 @@
 /**
- * The per-task shape donors (src/util/shape-anchor.ts, made in processor/engine.ts and
- * processor/settlement-batcher.ts) keep V8's instance shapes of a worker's per-task objects
- * alive for the life of the process, so that a full garbage collection with no task running, or
- * a new worker in the same process, does not throw away the hot path's compiled code
- * (docs/architecture.md, "Compiled code that survives a full collection").
+ * The shape donors (src/util/shape-anchor.ts, made in processor/engine.ts,
+ * processor/settlement-batcher.ts and storage/complete.ts) keep V8's shapes of a worker's
+ * per-task objects, of its engine's buffer, running list and deadline timer, of a completion
+ * batch's groups, and of the rows its claims and completion return, alive for the life of the
+ * process, so that a full garbage collection with no task running, or a new worker in the same
+ * process, does not throw away the hot path's compiled code (docs/architecture.md, "Compiled code
+ * that survives a full collection").
  *
  * What can break it: a donor whose shape is not the one the engine's objects get (a field added
  * after construction, in a method the donor never ran; a field that starts as a small integer and
@@ -11,15 +13,17 @@
  * own %HaveSameMap, each donor with the engine's object of a real drain: for a first worker, for
  * a new worker after every object of the first one's tasks was collected, for an observed worker
  * (task events) and for a task that others depend on. And what the donors must not do: keep a
- * task's payload, while the worker runs or after it stopped.
+ * task's payload, while the worker runs or after it stopped; take a row from a pool berth did not
+ * open, or one that is not a plain row of writable values.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import v8 from 'node:v8';
+import pg from 'pg';
 import { runInNewContext } from 'node:vm';
 import { defineTask, enqueueMany, type TaskContext, Worker } from '../src/index.js';
 import { type CompletableRef, groupByLease, groupValues } from '../src/storage/complete.js';
-import { anchoredShapes, anchorRow } from '../src/util/shape-anchor.js';
+import { anchoredShapes, anchorRow, keepRowShapesOf } from '../src/util/shape-anchor.js';
 import { DATABASE_URL, freshSchema, testLogger, waitFor } from './helpers.js';
 
 const { schema, pool } = await freshSchema('shape_anchor');
@@ -251,28 +255,65 @@ test("a completion batch's groups and their statement values have their donors' 
   }
 });
 
-test("a statement's row is kept with its shape and none of its data, and rows that are not pg's are left alone", async () => {
-  const probe = () =>
-    pool.query<{ n: number; t: string; a: string[]; b: boolean; x: null }>(
+test("a statement's row is kept with its shape and none of its data, from berth's own sessions only", async () => {
+  const probe = (db: pg.Pool) =>
+    db.query<{ n: number; t: string; a: string[]; b: boolean; x: null }>(
       `SELECT 7 AS n, 'payload text' AS t, ARRAY['a', 'b'] AS a, true AS b, NULL AS x`,
     );
-  // Rows are taken as the statement's results come, until their shape has settled.
-  for (let i = 0; i < 70; i++) anchorRow('shape-probe', (await probe()).rows[0]);
-  const kept = anchoredShapes().get('row:shape-probe');
-  const later = (await probe()).rows[0]!;
-  assert.ok(haveSameMap(kept, later), "the kept row has the shape of the statement's later rows");
-  assert.deepEqual(kept, { n: 7, t: '', a: [], b: true, x: null }, 'its text and arrays are emptied');
-  assert.equal(later.t, 'payload text', 'a row not taken is left as it was');
-  // A frozen row, or one with a prototype of its own, is not pg's: it is neither kept nor written.
-  const frozen = Object.freeze({ t: 'payload text' });
-  anchorRow('frozen-probe', frozen);
+  const own = new pg.Pool({ connectionString: DATABASE_URL, max: 1 });
+  keepRowShapesOf(own);
+  try {
+    // Rows are taken as the statement's results come, until their shape has settled.
+    for (let i = 0; i < 70; i++) anchorRow('shape-probe', own, (await probe(own)).rows[0]);
+    const kept = anchoredShapes().get('row:shape-probe');
+    const later = (await probe(own)).rows[0]!;
+    assert.ok(haveSameMap(kept, later), "the kept row has the shape of the statement's later rows");
+    assert.deepEqual(kept, { n: 7, t: '', a: [], b: true, x: null }, 'its text and arrays are emptied');
+    assert.equal(later.t, 'payload text', 'a row not taken is left as it was');
+  } finally {
+    await own.end();
+  }
+  // A pool berth did not open (a caller's): its rows are never taken.
+  const callers = [];
+  for (let i = 0; i < 3; i++) {
+    const row = (await probe(pool)).rows[0]!;
+    anchorRow('caller-probe', pool, row);
+    callers.push(row);
+  }
+  assert.equal(anchoredShapes().has('row:caller-probe'), false);
+  for (const row of callers) assert.equal(row.t, 'payload text', "a caller's row is left as it was");
+});
+
+test('a row that is not a plain row of writable values is left alone, and taking one never throws', () => {
+  const own = {};
+  keepRowShapesOf(own);
+  const getter = Object.defineProperty({ t: 'a' }, 'token', { get: () => 'tok', enumerable: true });
+  const readOnly = Object.defineProperty({ t: 'a' }, 'token', { value: 'tok', enumerable: true, writable: false });
+  const hidden = Object.defineProperty({ t: 'a' }, 'token', { value: 'tok', enumerable: false, writable: true });
+  const refusing = new Proxy({ t: 'a', token: 'tok' }, { set: () => false });
+  const parsed = { t: 'a', payload: { secret: 'x' } };
+  const frozen = Object.freeze({ t: 'a' });
   const classy = new (class Row {
-    t = 'payload text';
+    t = 'a';
   })();
-  anchorRow('class-probe', classy);
-  assert.equal(anchoredShapes().has('row:frozen-probe') || anchoredShapes().has('row:class-probe'), false);
-  assert.equal(classy.t, 'payload text');
-  // The worker's own statements: their rows were kept by the drains above, emptied.
+  const rows: [string, object][] = [
+    ['getter', getter],
+    ['read-only', readOnly],
+    ['hidden', hidden],
+    ['proxy', refusing],
+    ['parsed', parsed],
+    ['frozen', frozen],
+    ['class', classy],
+  ];
+  for (const [name, row] of rows) {
+    assert.doesNotThrow(() => anchorRow(`odd-${name}`, own, row), name);
+    assert.equal(anchoredShapes().has(`row:odd-${name}`), false, `a ${name} row is not kept`);
+    assert.equal((row as { t: string }).t, 'a', `a ${name} row is not written`);
+  }
+});
+
+test("the worker keeps its claims' and completion's rows, emptied", () => {
+  // Kept by the drains above, on the worker's own claim and settlement sessions.
   const claim = anchoredShapes().get('row:claim-one-lane') ?? anchoredShapes().get('row:claim-lanes');
   assert.ok(claim !== undefined, "a claim's row is kept");
   assert.equal((claim as { tasks: string }).tasks, '', "the kept claim row holds no task's data");

@@ -24,6 +24,7 @@ import { WakeListener } from '../processor/wake.js';
 import { resolveWorkerOptions, type ResolvedWorkerOptions, type WorkerOptions } from './worker-options.js';
 import { onStopSignals, resolveSignalOptions, type StopOnSignalsOptions } from './signals.js';
 import { declareSchedules } from './declare-schedules.js';
+import { keepRowShapesOf } from '../util/shape-anchor.js';
 
 export { WORKER_DEFAULTS, type WorkerOptions } from './worker-options.js';
 export type { StopOnSignalsOptions } from './signals.js';
@@ -264,6 +265,10 @@ export class Worker {
     const claims = pool(primary, 1, 'write', 0);
     const settlements = pool(primary, 1, 'write', 0);
     const write = pool(primary, Math.max(4, Math.ceil(o.slots / 2) + 4), 'write');
+    // Their results are berth's alone: the claims' and the completion's rows may be kept for
+    // their V8 shape (util/shape-anchor.ts).
+    keepRowShapesOf(claims);
+    keepRowShapesOf(settlements);
     const opened: pg.Pool[] = [claims, settlements, write];
     const closeAll = async () => {
       for (const p of opened) await p.end();

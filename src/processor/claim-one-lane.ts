@@ -65,7 +65,7 @@ export async function claimOneLane(write: Queryable, c: ClaimParams): Promise<Cl
   const row = res.rows[0];
   if (!row) return { tasks: [], more: false, stale: false };
   const batch = { tasks: tasksOf([row], c), more: row.more, stale: false };
-  anchorRow('claim-one-lane', row);
+  anchorRow('claim-one-lane', write, row);
   return batch;
 }
 

@@ -172,7 +172,7 @@ export async function claimLanes(write: Queryable, c: ClaimParams): Promise<Clai
   );
   if (w && res.rows.some((r) => r.stale)) return { tasks: [], more: false, stale: true };
   const batch = { tasks: tasksOf(res.rows, c), more: res.rows[0]?.more ?? false, stale: false };
-  anchorRow('claim-lanes', res.rows[0]);
+  anchorRow('claim-lanes', write, res.rows[0]);
   return batch;
 }
 

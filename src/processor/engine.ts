@@ -419,16 +419,13 @@ function anchorTaskShapes(): void {
   reactions.h = run;
   anchorShape('Reactions', reactions);
   // The engine's own parts live as long as its worker, so a new worker after a full collection
-  // finds their shapes gone too. Each is taken through what changes its shape: the buffer's
-  // arrival time becomes fractional at its first take, the running list holds an execution.
+  // finds their shapes gone too. The buffer is taken through a take: its arrival time starts
+  // as 0, a small integer, and then holds an epoch time, too large for one (a shape of its own).
   const buffer = new ClaimBuffer();
-  buffer.add([task], now + 0.5);
+  buffer.add([task], now);
   buffer.take();
   anchorShape('ClaimBuffer', buffer);
-  const running = new Running();
-  running.add(x);
-  running.delete(x);
-  anchorShape('Running', running);
+  anchorShape('Running', new Running());
   anchorShape('DeadlineTimer', new DeadlineTimer());
 }
 anchorTaskShapes();

@@ -383,7 +383,7 @@ async function completeInSegment(
   const res = await write.query<{ lane_id: number; lease_from: string; token: string }>(query);
   // Keys per lease, not per task (a claim's tasks share one lease).
   const rows = new Set(res.rows.map((r) => `${r.lane_id}:${r.lease_from}:${r.token}`));
-  anchorRow('complete', res.rows[0]);
+  anchorRow('complete', write, res.rows[0]);
   const lost: LeaseGroup[] = [];
   for (const g of groups) {
     if (rows.has(`${g.laneId}:${g.leaseFrom}:${g.token}`)) for (const i of g.at) won[i] = true;

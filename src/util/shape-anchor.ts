@@ -34,36 +34,57 @@ export function anchoredShapes(): ReadonlyMap<string, object> {
 const rowsSeen = new Map<string, number>();
 /** Results after which anchorRow no longer looks: the rows' shape has settled long before. */
 const ROWS_WATCHED = 64;
+/** Berth's own sessions (a worker's claim and settlement pools): the only ones whose rows are kept. */
+const ownSessions = new WeakSet<object>();
+
+/** Let anchorRow keep rows that `db` returns: a pool berth opened, whose results no one else sees. */
+export function keepRowShapesOf(db: object): void {
+  ownSessions.add(db);
+}
 
 /**
- * Keep the shape of the rows `statement` returns. pg makes every row of a result as a copy of
- * one object holding the result's column names, so the rows of every result with the same
- * columns share a shape, and that shape dies like a class's once no row is alive: the claim's
- * row parser and the completion's reader were thrown away with it at every
- * full collection between two drains (docs/benchmarks-journal.md, "Issue 35's eleventh round").
+ * Keep the shape of the rows `statement` returns on `db`. pg makes every row of a result as a
+ * copy of one object holding the result's column names, so the rows of every result with the
+ * same columns share a shape, and that shape dies like a class's once no row is alive: the
+ * claim's row parser and the completion's reader were thrown away with it at every full
+ * collection between two drains (docs/benchmarks-journal.md, "Issue 35's eleventh round").
  *
  * So a row itself is kept: a copy would not do (`{ ...row }` gets a shape of its own). The shape
  * settles only after a statement's first few results (V8 moves a new shape's fields to their final
  * form as it sees them filled: the rows of a probe's first three results had a shape the later
  * ones did not), so a row is taken at a statement's 1st, 2nd, 4th … 64th result, each replacing the
  * one before. The row is taken from its caller: call this once the row is read. Its text is emptied
- * and its arrays replaced by empty ones, which keeps its shape and no task's data (the statements
- * given here, the claims' and the completion's, return no parsed JSON). Only berth's own
- * statements on the worker's sessions: a row a producer's query returns is the application's
- * executor's, and is left alone.
+ * and its arrays replaced by empty ones, which keeps its shape and no task's data (the claims and
+ * the completion return no parsed JSON).
+ *
+ * Only rows of berth's own sessions (`keepRowShapesOf`): a pool a caller passed in (runDueTasks',
+ * a producer's executor) may hand its results to code of its own, which must not find them
+ * emptied. And only a plain object whose fields are all plain writable values, as pg's are: any
+ * other row is left alone, and nothing here throws.
  */
-export function anchorRow(statement: string, row: object | undefined): void {
-  // pg's rows only (a plain object it can still write to), whatever a Queryable returns.
-  if (row === undefined || Object.getPrototypeOf(row) !== Object.prototype || !Object.isExtensible(row)) return;
+export function anchorRow(statement: string, db: object, row: object | undefined): void {
+  if (row === undefined || !ownSessions.has(db)) return;
   const seen = (rowsSeen.get(statement) ?? 0) + 1;
   if (seen > ROWS_WATCHED) return;
   rowsSeen.set(statement, seen);
   if ((seen & (seen - 1)) !== 0) return;
+  if (Object.getPrototypeOf(row) !== Object.prototype || !Object.isExtensible(row)) return;
+  const fields = Object.getOwnPropertyDescriptors(row);
+  for (const k of Reflect.ownKeys(fields)) {
+    const f = (fields as Record<string | symbol, PropertyDescriptor>)[k]!;
+    if (typeof k !== 'string' || !f.writable || !f.enumerable || f.get !== undefined || f.set !== undefined) return;
+    // An object other than an array (parsed JSON, a Date): data this would keep.
+    if (typeof f.value === 'object' && f.value !== null && !Array.isArray(f.value)) return;
+  }
   const kept = row as Record<string, unknown>;
-  for (const k of Object.keys(kept)) {
-    const v = kept[k];
-    if (typeof v === 'string') kept[k] = '';
-    else if (Array.isArray(v)) kept[k] = v.slice(0, 0);
+  try {
+    for (const k of Object.keys(kept)) {
+      const v = kept[k];
+      if (typeof v === 'string') kept[k] = '';
+      else if (Array.isArray(v)) kept[k] = v.slice(0, 0);
+    }
+  } catch {
+    return;
   }
   anchors.set(`row:${statement}`, kept);
 }
