@@ -22,6 +22,8 @@ import v8 from 'node:v8';
 import pg from 'pg';
 import { runInNewContext } from 'node:vm';
 import { defineTask, enqueueMany, type TaskContext, Worker } from '../src/index.js';
+import type { AnyTaskDefinition } from '../src/task.js';
+import { runDueTasks } from '../src/testing-api.js';
 import { type CompletableRef, groupByLease, groupValues } from '../src/storage/complete.js';
 import { anchoredShapes, anchorRow, keepRowShapesOf } from '../src/util/shape-anchor.js';
 import { DATABASE_URL, freshSchema, testLogger, waitFor } from './helpers.js';
@@ -120,6 +122,19 @@ async function collected(ref: WeakRef<object>, what: string): Promise<void> {
   );
 }
 
+/** A worker of this file's schema running `def` alone, four at once, without maintenance. */
+function testWorker(def: AnyTaskDefinition): Worker {
+  return new Worker({
+    connectionString: DATABASE_URL,
+    schema,
+    tasks: [def],
+    slots: 4,
+    pollIntervalMs: 100,
+    logger: testLogger,
+    maintenance: false,
+  });
+}
+
 /** The worker whose tasks are running, for its handlers to reach its settlement batcher. */
 let current: Worker | null = null;
 /** The last run's context and payload, and a round seen gathering; emptied by drain(). */
@@ -152,15 +167,7 @@ async function drain(
       if (payload.blob !== 'y') done++;
     },
   });
-  const worker = new Worker({
-    connectionString: DATABASE_URL,
-    schema,
-    tasks: [def],
-    slots: 4,
-    pollIntervalMs: 100,
-    logger: testLogger,
-    maintenance: false,
-  });
+  const worker = testWorker(def);
   if (opts.observed) worker.events.on('task:settled', () => {});
   if (opts.dependents) {
     // In one call, so the parents' entries carry the mark the claim returns (a parent enqueued
@@ -312,10 +319,100 @@ test('a row that is not a plain row of writable values is left alone, and taking
   }
 });
 
-test("the worker keeps its claims' and completion's rows, emptied", () => {
-  // Kept by the drains above, on the worker's own claim and settlement sessions.
-  const claim = anchoredShapes().get('row:claim-one-lane') ?? anchoredShapes().get('row:claim-lanes');
-  assert.ok(claim !== undefined, "a claim's row is kept");
-  assert.equal((claim as { tasks: string }).tasks, '', "the kept claim row holds no task's data");
-  assert.ok(anchoredShapes().has('row:complete'), "a completion's row is kept");
+test("the worker keeps its claims' and completion's rows, emptied, with the shape of its later rows", async () => {
+  let done = 0;
+  const def = defineTask<{ i: number }>({
+    type: 'shape_rows',
+    ceilingMs: 60_000,
+    handler: async () => {
+      done++;
+    },
+  });
+  const worker = testWorker(def);
+  await worker.start();
+  try {
+    // The last row each of the worker's two own sessions returned (its claims, its completions).
+    const running = (worker as unknown as { running: { claims: pg.Pool; settlements: pg.Pool } }).running;
+    const last: { claim: object | null; complete: object | null } = { claim: null, complete: null };
+    const record = (session: pg.Pool, into: 'claim' | 'complete', column: string): void => {
+      const query = session.query.bind(session) as (...args: unknown[]) => unknown;
+      (session as unknown as { query: unknown }).query = (...args: unknown[]) => {
+        const answer = query(...args);
+        if (answer instanceof Promise) {
+          void answer.then(
+            (res: pg.QueryResult) => {
+              const row = res.rows[0] as object | undefined;
+              if (row !== undefined && Object.hasOwn(row, column)) last[into] = row;
+            },
+            () => {},
+          );
+        }
+        return answer;
+      };
+    };
+    record(running.claims, 'claim', 'tasks');
+    record(running.settlements, 'complete', 'lease_from');
+    // Many small rounds: many claims and completions, so the row kept (the 2nd, 4th, … result)
+    // is another object than the last one.
+    for (let round = 0; round < 20; round++) {
+      await enqueueMany(
+        pool,
+        Array.from({ length: 5 }, (_, i) => ({ type: 'shape_rows', payload: { i } })),
+        { schema },
+      );
+      await waitFor(() => done >= (round + 1) * 5, 60_000, `round ${round} of shape_rows to run`);
+    }
+    await waitFor(() => last.claim !== null && last.complete !== null, 60_000, 'a claim and a completion row');
+    const shapes = anchoredShapes();
+    const claim = shapes.get('row:claim-one-lane') ?? shapes.get('row:claim-lanes');
+    const complete = shapes.get('row:complete');
+    assert.ok(claim !== undefined && complete !== undefined, "a claim's and a completion's row are kept");
+    assert.ok(haveSameMap(claim, last.claim), "the kept claim row has the shape of the worker's last claim row");
+    assert.ok(haveSameMap(complete, last.complete), 'the kept completion row has the shape of its last one');
+    assert.notEqual(claim, last.claim, 'the kept claim row is an earlier one');
+    assert.equal((claim as { tasks: string }).tasks, '', "the kept claim row holds no task's data");
+  } finally {
+    await worker.stop();
+  }
+});
+
+test('runDueTasks on a pool whose rows cannot be written runs and settles its task', async () => {
+  /** A caller's pool that returns each row with read-only fields (an immutable-rows wrapper). */
+  class ReadOnlyRows extends pg.Pool {
+    override query(...args: unknown[]): never {
+      const answer = (super.query as (...a: unknown[]) => unknown)(...args);
+      if (!(answer instanceof Promise)) return answer as never;
+      return answer.then((res: pg.QueryResult) => {
+        res.rows = res.rows.map((r: Record<string, unknown>) => {
+          const o = {};
+          for (const k of Object.keys(r))
+            Object.defineProperty(o, k, { value: r[k], enumerable: true, writable: false });
+          return o;
+        });
+        return res;
+      }) as never;
+    }
+  }
+  // A schema of its own: the drains above leave dependents of other types unrun.
+  const own = await freshSchema('shape_anchor_read_only');
+  const callers = new ReadOnlyRows({ connectionString: DATABASE_URL, max: 2 });
+  let ran = 0;
+  const def = defineTask<{ n: number }>({
+    type: 'shape_read_only',
+    ceilingMs: 60_000,
+    handler: async () => {
+      ran++;
+    },
+  });
+  try {
+    await enqueueMany(own.pool, [{ type: 'shape_read_only', payload: { n: 1 } }], { schema: own.schema });
+    const reports = await runDueTasks(callers, [def], { schema: own.schema });
+    assert.deepEqual(
+      reports.map((r) => r.status),
+      ['completed'],
+    );
+    assert.equal(ran, 1);
+  } finally {
+    await callers.end();
+  }
 });

@@ -13,8 +13,9 @@
  *
  * Each donor must have exactly the shape real instances end up with, or it keeps the wrong one.
  * Two things change an instance's shape after its constructor: a field added later, in a method
- * the donor never ran, and a field that starts as a small integer and later holds a fractional
- * number. So a donor is made by its class's own constructor and then taken through those steps
+ * the donor never ran, and a field that starts as a small integer and later holds a number that
+ * is not one (a fraction, or an epoch time, too large for V8's small integers). So a donor is
+ * made by its class's own constructor and then taken through those steps
  * as a real instance is (test/shape-anchor.test.ts compares every donor with the engine's
  * objects of a real drain).
  */
@@ -59,8 +60,8 @@ export function keepRowShapesOf(db: object): void {
  *
  * Only rows of berth's own sessions (`keepRowShapesOf`): a pool a caller passed in (runDueTasks',
  * a producer's executor) may hand its results to code of its own, which must not find them
- * emptied. And only a plain object whose fields are all plain writable values, as pg's are: any
- * other row is left alone, and nothing here throws.
+ * emptied. And only a plain object whose fields are all plain writable values, as pg's rows are:
+ * any other row is not kept. Nothing here throws: it runs after a claim has leased its tasks.
  */
 export function anchorRow(statement: string, db: object, row: object | undefined): void {
   if (row === undefined || !ownSessions.has(db)) return;
@@ -68,23 +69,23 @@ export function anchorRow(statement: string, db: object, row: object | undefined
   if (seen > ROWS_WATCHED) return;
   rowsSeen.set(statement, seen);
   if ((seen & (seen - 1)) !== 0) return;
-  if (Object.getPrototypeOf(row) !== Object.prototype || !Object.isExtensible(row)) return;
-  const fields = Object.getOwnPropertyDescriptors(row);
-  for (const k of Reflect.ownKeys(fields)) {
-    const f = (fields as Record<string | symbol, PropertyDescriptor>)[k]!;
-    if (typeof k !== 'string' || !f.writable || !f.enumerable || f.get !== undefined || f.set !== undefined) return;
-    // An object other than an array (parsed JSON, a Date): data this would keep.
-    if (typeof f.value === 'object' && f.value !== null && !Array.isArray(f.value)) return;
-  }
-  const kept = row as Record<string, unknown>;
   try {
+    if (Object.getPrototypeOf(row) !== Object.prototype || !Object.isExtensible(row)) return;
+    const fields = Object.getOwnPropertyDescriptors(row);
+    for (const k of Reflect.ownKeys(fields)) {
+      const f = (fields as Record<string | symbol, PropertyDescriptor>)[k]!;
+      if (typeof k !== 'string' || !f.writable || !f.enumerable || f.get !== undefined || f.set !== undefined) return;
+      // An object other than an array (parsed JSON, a Date): data this would keep.
+      if (typeof f.value === 'object' && f.value !== null && !Array.isArray(f.value)) return;
+    }
+    const kept = row as Record<string, unknown>;
     for (const k of Object.keys(kept)) {
       const v = kept[k];
       if (typeof v === 'string') kept[k] = '';
       else if (Array.isArray(v)) kept[k] = v.slice(0, 0);
     }
+    anchors.set(`row:${statement}`, kept);
   } catch {
-    return;
+    // Only an object that is not pg's row (a proxy, an array subclass) gets here; not kept.
   }
-  anchors.set(`row:${statement}`, kept);
 }
