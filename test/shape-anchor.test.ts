@@ -135,6 +135,19 @@ function testWorker(def: AnyTaskDefinition): Worker {
   });
 }
 
+/** A task type whose handler only counts its runs. */
+function countingTask(type: string): { def: AnyTaskDefinition; runs: () => number } {
+  let n = 0;
+  const def = defineTask<{ i: number }>({
+    type,
+    ceilingMs: 60_000,
+    handler: async () => {
+      n++;
+    },
+  });
+  return { def, runs: () => n };
+}
+
 /** The worker whose tasks are running, for its handlers to reach its settlement batcher. */
 let current: Worker | null = null;
 /** The last run's context and payload, and a round seen gathering; emptied by drain(). */
@@ -320,14 +333,7 @@ test('a row that is not a plain row of writable values is left alone, and taking
 });
 
 test("the worker keeps its claims' and completion's rows, emptied, with the shape of its later rows", async () => {
-  let done = 0;
-  const def = defineTask<{ i: number }>({
-    type: 'shape_rows',
-    ceilingMs: 60_000,
-    handler: async () => {
-      done++;
-    },
-  });
+  const { def, runs } = countingTask('shape_rows');
   const worker = testWorker(def);
   await worker.start();
   try {
@@ -360,7 +366,7 @@ test("the worker keeps its claims' and completion's rows, emptied, with the shap
         Array.from({ length: 5 }, (_, i) => ({ type: 'shape_rows', payload: { i } })),
         { schema },
       );
-      await waitFor(() => done >= (round + 1) * 5, 60_000, `round ${round} of shape_rows to run`);
+      await waitFor(() => runs() >= (round + 1) * 5, 60_000, `round ${round} of shape_rows to run`);
     }
     await waitFor(() => last.claim !== null && last.complete !== null, 60_000, 'a claim and a completion row');
     const shapes = anchoredShapes();
@@ -396,22 +402,15 @@ test('runDueTasks on a pool whose rows cannot be written runs and settles its ta
   // A schema of its own: the drains above leave dependents of other types unrun.
   const own = await freshSchema('shape_anchor_read_only');
   const callers = new ReadOnlyRows({ connectionString: DATABASE_URL, max: 2 });
-  let ran = 0;
-  const def = defineTask<{ n: number }>({
-    type: 'shape_read_only',
-    ceilingMs: 60_000,
-    handler: async () => {
-      ran++;
-    },
-  });
+  const { def, runs } = countingTask('shape_read_only');
   try {
-    await enqueueMany(own.pool, [{ type: 'shape_read_only', payload: { n: 1 } }], { schema: own.schema });
+    await enqueueMany(own.pool, [{ type: 'shape_read_only', payload: { i: 1 } }], { schema: own.schema });
     const reports = await runDueTasks(callers, [def], { schema: own.schema });
     assert.deepEqual(
       reports.map((r) => r.status),
       ['completed'],
     );
-    assert.equal(ran, 1);
+    assert.equal(runs(), 1);
   } finally {
     await callers.end();
   }

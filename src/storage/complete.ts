@@ -141,9 +141,9 @@ interface LeaseGroup {
 }
 
 /**
- * The batch by lease (exported for the shape test, test/shape-anchor.test.ts). Keyed by the token: one lease has one (random) token, and the tasks of a
+ * The batch by lease. Keyed by the token: one lease has one (random) token, and the tasks of a
  * claim share its string, whose hash V8 keeps (a composite key string per task was 4.6 % of a
- * drain's worker CPU).
+ * drain's worker CPU). Exported for the shape test (test/shape-anchor.test.ts).
  */
 export function groupByLease(
   refs: readonly CompletableRef[],
@@ -196,9 +196,9 @@ function sortBySeq(g: LeaseGroup): void {
 }
 
 /**
- * The groups as the completion statements take them (exported for the shape test): per group its lane, lease, token, entries
+ * The groups as the completion statements take them: per group its lane, lease, token, entries
  * (a multirange) and where its run times start in the one run-time array; then that array. No
- * count: the statement counts the entries it settles itself.
+ * count: the statement counts the entries it settles itself. Exported for the shape test.
  */
 export function groupValues(groups: readonly LeaseGroup[]): { [K in GroupParams]: unknown } {
   const runFrom: number[] = [];

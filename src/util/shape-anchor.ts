@@ -15,9 +15,8 @@
  * Two things change an instance's shape after its constructor: a field added later, in a method
  * the donor never ran, and a field that starts as a small integer and later holds a number that
  * is not one (a fraction, or an epoch time, too large for V8's small integers). So a donor is
- * made by its class's own constructor and then taken through those steps
- * as a real instance is (test/shape-anchor.test.ts compares every donor with the engine's
- * objects of a real drain).
+ * made by its class's own constructor and then taken through those steps as a real instance is
+ * (test/shape-anchor.test.ts compares every donor with the engine's objects of a real drain).
  */
 const anchors = new Map<string, object>();
 
