@@ -65,7 +65,8 @@ async function measure(job: Job): Promise<Answer> {
       ? ((await import(pathToFileURL(resolve(job.dir, 'index.js')).href)) as Berth)
       : null;
   if (job.kind === 'client') {
-    const stub = { query: async () => ({ rows: [{ ids: ['1'], states: 'r' }] }) } as never;
+    // Answers both the one-task statement (id) and the array form (ids, states), so either build runs on it.
+    const stub = { query: async () => ({ rows: [{ id: '1', ids: ['1'], states: 'r' }] }) } as never;
     let at = performance.now();
     await berth!.enqueue(stub, 'noop', { i: 0 }, { schema: SCHEMA });
     const first = performance.now() - at;

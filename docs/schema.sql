@@ -1330,6 +1330,74 @@ BEGIN
 END $$;
 
 --
+-- Name: enqueue_one(text, smallint, smallint, smallint, text, jsonb, text); Type: FUNCTION; Schema: berth; Owner: -
+--
+
+CREATE FUNCTION berth.enqueue_one(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_type text, p_payload jsonb, p_trace_context text) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+  v_id bigint;
+  v_shard smallint;
+  v_lane integer;
+  v_base bigint;
+  v_slot smallint;
+  v_now smallint;
+BEGIN
+  -- enqueue()'s checks on these values, as one expression (a NULL comparison is not a
+  -- failure); only when one fails, the checks that raise, in enqueue()'s order.
+  IF p_queue IS NULL OR p_priority IS NULL OR octet_length(p_queue) > 255
+     OR p_shard < 0 OR p_shard > 63 OR p_shards < 1 OR p_shards > 64
+     OR char_length(p_trace_context) > 1024
+     OR p_type IS NULL OR char_length(p_type) NOT BETWEEN 1 AND 200 OR p_payload IS NULL THEN
+    IF p_queue IS NULL OR p_priority IS NULL THEN
+      RAISE EXCEPTION 'berth: enqueue queue and priority must not be null' USING ERRCODE = '22004';
+    END IF;
+    PERFORM "berth".check_queue('enqueue', p_queue);
+    IF p_shard IS NOT NULL AND (p_shard < 0 OR p_shard > 63) THEN
+      RAISE EXCEPTION 'berth: enqueue: shard must be an integer from 0 to 63 (got %)', p_shard USING ERRCODE = '22023';
+    END IF;
+    IF p_shards IS NOT NULL AND (p_shards < 1 OR p_shards > 64) THEN
+      RAISE EXCEPTION 'berth: enqueue: shards must be an integer from 1 to 64 (got %)', p_shards USING ERRCODE = '22023';
+    END IF;
+    PERFORM "berth".check_tasks('enqueue', ARRAY[p_type], ARRAY[p_payload], NULL, NULL, NULL, p_trace_context);
+  END IF;
+  v_id := nextval('"berth".task_id_seq'::regclass);
+  v_shard := coalesce(p_shard, (txid_current() % greatest(coalesce(p_shards, 1), 1))::smallint);
+  SELECT l.lane_id INTO v_lane FROM "berth".lanes l
+   WHERE l.queue = p_queue AND l.priority = p_priority AND l.shard = v_shard;
+  IF NOT FOUND THEN v_lane := "berth".provision_lane(p_queue, p_priority, v_shard); END IF;
+  -- append_ready()'s rules, as enqueue()'s inline append keeps them (migration 32).
+  PERFORM pg_advisory_xact_lock(446571594, v_lane);
+  v_base := nextval(('"berth".lane_seq_' || v_lane)::regclass);
+  INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
+                                attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
+                                trace_context)
+  VALUES ((SELECT (e.last_value % rs.slot_count)::smallint FROM "berth".ring_epoch e, "berth".ring_state rs),
+          v_lane, v_base, v_id, p_type, p_payload, p_queue, p_priority, v_shard, 0, NULL, NULL,
+          NULL, now(), now(), p_trace_context)
+  RETURNING slot INTO v_slot;
+  LOOP
+    SELECT (e.last_value % rs.slot_count)::smallint INTO v_now FROM "berth".ring_epoch e, "berth".ring_state rs;
+    EXIT WHEN v_now = v_slot;
+    WITH moved AS (
+      DELETE FROM "berth".ready r
+       WHERE r.slot = v_slot AND r.lane_id = v_lane AND r.lane_seq = v_base
+      RETURNING r.*)
+    INSERT INTO "berth".ready (slot, lane_id, lane_seq, id, type, payload, queue, priority, shard,
+                                  attempts, max_attempts, dedupe_key, last_error, created_at, run_at,
+                                  appended_at, trace_context)
+    SELECT v_now, m.lane_id, m.lane_seq, m.id, m.type, m.payload, m.queue, m.priority, m.shard, m.attempts,
+           m.max_attempts, m.dedupe_key, m.last_error, m.created_at, m.run_at, m.appended_at, m.trace_context
+      FROM moved m;
+    v_slot := v_now;
+  END LOOP;
+  PERFORM pg_notify('berth.wake', v_lane::text);
+  RETURN v_id;
+END $$;
+
+--
 -- Name: free_waiting(bigint[]); Type: FUNCTION; Schema: berth; Owner: -
 --
 
@@ -9079,6 +9147,12 @@ REVOKE ALL ON FUNCTION berth.enqueue_graph(p_graph jsonb) FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION berth.enqueue_keyed(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_types text[], p_payloads jsonb[], p_run_at timestamp with time zone[], p_max_attempts integer[], p_dedupe text[], p_trace_context text, p_keys text[]) FROM PUBLIC;
+
+--
+-- Name: FUNCTION enqueue_one(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_type text, p_payload jsonb, p_trace_context text); Type: ACL; Schema: berth; Owner: -
+--
+
+REVOKE ALL ON FUNCTION berth.enqueue_one(p_queue text, p_priority smallint, p_shard smallint, p_shards smallint, p_type text, p_payload jsonb, p_trace_context text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION free_waiting(p_ids bigint[]); Type: ACL; Schema: berth; Owner: -

@@ -14,7 +14,14 @@ import pg from 'pg';
 import { enqueue, enqueueMany, grantRuntimeRole } from '../src/index.js';
 import { renderPlaceholders } from '../src/schema/placeholders.js';
 import { quoteIdent } from '../src/sql.js';
-import { DATABASE_URL, freshSchema, urlAs, waitFor } from './helpers.js';
+import { DATABASE_URL, freshSchema, urlAs } from './helpers.js';
+import {
+  assertLaneLockOrder,
+  LANE_ARGUMENT_MUTATIONS,
+  newLaneRace,
+  wakesOf,
+  withRotatingInserts,
+} from './support/lane-append.js';
 import { schemaAtVersion } from './support/legacy-schema.js';
 
 const { schema, pool } = await freshSchema('enqrev');
@@ -78,29 +85,13 @@ function base(n: number): Args {
   };
 }
 
-type Mutation = [field: keyof Args, expr: string];
+type Mutation = readonly [field: keyof Args, expr: string];
 
 /** Every doubt of the brief about malformed (and well-formed) direct calls, for a call of n tasks. */
 function mutations(n: number): Mutation[] {
   const m: Mutation[] = [
-    ['queue', 'NULL'],
-    ['queue', `repeat('q', 256)`],
-    ['queue', `repeat('é', 128)`],
-    ['queue', `repeat('é', 127) || 'q'`],
-    ['queue', `'newq'`],
-    ['queue', `'pausedq'`],
-    ['queue', `'limitedq'`],
+    ...LANE_ARGUMENT_MUTATIONS,
     ['queue', `'limold'`],
-    ['priority', 'NULL::smallint'],
-    ['priority', '(-32768)::smallint'],
-    ['shard', '(-1)::smallint'],
-    ['shard', '64::smallint'],
-    ['shard', '63::smallint'],
-    ['shard', '0::smallint'],
-    ['shards', '0::smallint'],
-    ['shards', '65::smallint'],
-    ['shards', '64::smallint'],
-    ['shards', '1::smallint'],
     ['types', 'NULL::text[]'],
     ['types', `'{}'::text[]`],
     ['types', `ARRAY[['t']]::text[]`],
@@ -113,9 +104,6 @@ function mutations(n: number): Mutation[] {
     ['maxAttempts', `ARRAY[[1]]::integer[]`],
     ['dedupe', `'{}'::text[]`],
     ['dedupe', `ARRAY[['k']]::text[]`],
-    ['trace', `repeat('x', 1025)`],
-    ['trace', `repeat('x', 1024)`],
-    ['trace', `''`],
   ];
   if (n === 0) return m;
   const ts = (e: string) => arr(n, e, 'NULL', 'timestamptz');
@@ -336,16 +324,6 @@ test('every direct call, one or two things wrong at once: same error (SQLSTATE, 
   assert.deepEqual(diffs.slice(0, 20), [], `${diffs.length} of ${cases} calls differ`);
 });
 
-/** The backend pid of `c`. */
-async function pidOf(c: pg.ClientBase): Promise<number> {
-  return (await c.query<{ p: number }>('SELECT pg_backend_pid() AS p')).rows[0]!.p;
-}
-
-async function waitingOnLock(pid: number): Promise<boolean> {
-  const r = await pool.query(`SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'`, [pid]);
-  return r.rowCount === 1;
-}
-
 const plainOne = (fn: string, queue: string, shard = 0) =>
   `SELECT id::text, state FROM ${S}.${fn}('${queue}', 0::smallint, ${shard}::smallint, NULL, ARRAY['t'],
      ARRAY['{}'::jsonb], NULL, NULL, NULL, NULL)`;
@@ -355,43 +333,11 @@ for (const level of ['READ COMMITTED', 'REPEATABLE READ', 'SERIALIZABLE']) {
     ['enqueue', 'enqueue'],
     ['enqueue', 'enqueue_ref'],
     ['enqueue_ref', 'enqueue'],
-  ]) {
+  ] as const) {
     test(`invariant 1 at ${level}: ${first} holds the lane lock to commit; ${second} on the same lane waits and lands behind it`, async () => {
       const lane = `lock_${level.replace(' ', '_')}_${first}_${second}`.toLowerCase();
       await pool.query(`SELECT ${S}.provision_lane($1, 0::smallint, 0::smallint)`, [lane]);
-      const a = await pool.connect();
-      const b = await pool.connect();
-      try {
-        await a.query(`BEGIN ISOLATION LEVEL ${level}`);
-        await b.query(`BEGIN ISOLATION LEVEL ${level}`);
-        // b's snapshot is taken before a appends (the REPEATABLE READ / SERIALIZABLE case of invariant 2).
-        await b.query('SELECT 1');
-        const idA = (await a.query(plainOne(first!, lane))).rows[0]!.id as string;
-        const pidB = await pidOf(b);
-        let done = false;
-        const pb = b.query(plainOne(second!, lane)).then((r) => {
-          done = true;
-          return r.rows[0]!.id as string;
-        });
-        await waitFor(() => waitingOnLock(pidB), 30_000, `${second} waiting on the lane lock`);
-        assert.equal(done, false);
-        await a.query('COMMIT');
-        const idB = await pb;
-        await b.query('COMMIT');
-        const seqs = await pool.query<{ id: string; lane_seq: string }>(
-          `SELECT id::text, lane_seq::text FROM ${S}.ready WHERE id IN ($1, $2) ORDER BY lane_seq`,
-          [idA, idB],
-        );
-        assert.deepEqual(
-          seqs.rows.map((r) => r.id),
-          [idA, idB],
-        );
-      } finally {
-        await a.query('ROLLBACK').catch(() => undefined);
-        await b.query('ROLLBACK').catch(() => undefined);
-        a.release();
-        b.release();
-      }
+      await assertLaneLockOrder(pool, schema, level, plainOne(first, lane), plainOne(second, lane));
     });
   }
 }
@@ -401,65 +347,21 @@ for (const level of ['READ COMMITTED', 'REPEATABLE READ']) {
     const results: Record<string, unknown> = {};
     for (const fn of ['enqueue', 'enqueue_ref']) {
       const lane = `race_${fn}_${level.replace(' ', '_')}`.toLowerCase();
-      const a = await pool.connect();
-      const b = await pool.connect();
-      try {
-        await a.query(`BEGIN ISOLATION LEVEL ${level}`);
-        await b.query(`BEGIN ISOLATION LEVEL ${level}`);
-        await b.query('SELECT 1');
-        const idA = (await a.query(plainOne(fn, lane, 5))).rows[0]!.id as string;
-        const pidB = await pidOf(b);
-        const pb = b.query(plainOne(fn, lane, 5)).then(
-          (r) => ({ id: r.rows[0]!.id as string }),
-          (err: { code?: string; message: string }) => ({ error: err.code, message: err.message }),
-        );
-        await waitFor(() => waitingOnLock(pidB), 30_000, 'the second producer waiting');
-        await a.query('COMMIT');
-        const rb = await pb;
-        await b.query(rb && 'id' in rb ? 'COMMIT' : 'ROLLBACK');
-        const lanes = await pool.query(`SELECT count(*)::int AS n FROM ${S}.lanes WHERE queue = $1`, [lane]);
-        const order = await pool.query<{ id: string }>(
-          `SELECT r.id::text FROM ${S}.ready r JOIN ${S}.lanes l USING (lane_id) WHERE l.queue = $1 ORDER BY r.lane_seq`,
-          [lane],
-        );
-        results[fn] = {
-          b: 'id' in rb ? 'ok' : rb,
-          lanes: lanes.rows[0]!.n,
-          order: order.rows.map((r) => (r.id === idA ? 'a' : 'b')),
-        };
-      } finally {
-        await a.query('ROLLBACK').catch(() => undefined);
-        await b.query('ROLLBACK').catch(() => undefined);
-        a.release();
-        b.release();
-      }
+      results[fn] = await newLaneRace(pool, schema, level, lane, plainOne(fn, lane, 5));
     }
     assert.deepEqual(results.enqueue, results.enqueue_ref);
   });
 }
 
 test('invariant 2: the ring rotates between the INSERT and the second read: the inline append moves its rows as append_ready does', async () => {
-  // A test-only trigger advances the epoch once, after the first INSERT into ready of the
-  // transaction (set berth_review.rotate to arm it), as a rotation committing in between would.
-  await pool.query(`CREATE FUNCTION ${S}.review_rotate() RETURNS trigger LANGUAGE plpgsql AS $f$
-    BEGIN
-      IF current_setting('berth_review.rotate', true) = 'on' THEN
-        PERFORM set_config('berth_review.rotate', 'off', true);
-        PERFORM nextval('${schema}.ring_epoch');
-      END IF;
-      RETURN NULL;
-    END $f$`);
-  await pool.query(`CREATE TRIGGER review_rotate AFTER INSERT ON ${S}.ready FOR EACH STATEMENT
-                    EXECUTE FUNCTION ${S}.review_rotate()`);
-  const epoch0 = (await pool.query(`SELECT last_value::text AS v FROM ${S}.ring_epoch`)).rows[0]!.v as string;
-  try {
+  await withRotatingInserts(pool, schema, async () => {
     const seen: Record<string, unknown> = {};
     for (const fn of ['enqueue', 'enqueue_ref']) {
       for (const n of [1, 3]) {
         const c = await pool.connect();
         try {
           await c.query('BEGIN');
-          await c.query(`SELECT set_config('berth_review.rotate', 'on', true)`);
+          await c.query(`SELECT set_config('berth_test.rotations', '1', true)`);
           const before = (
             await c.query(`SELECT (e.last_value % rs.slot_count)::int AS s FROM ${S}.ring_epoch e, ${S}.ring_state rs`)
           ).rows[0]!.s as number;
@@ -496,10 +398,7 @@ test('invariant 2: the ring rotates between the INSERT and the second read: the 
       }
     }
     assert.deepEqual(Object.keys(seen).length, 4);
-  } finally {
-    await pool.query(`DROP TRIGGER review_rotate ON ${S}.ready`);
-    await pool.query(`SELECT setval('${schema}.ring_epoch', $1::bigint)`, [epoch0]);
-  }
+  });
 });
 
 test('one wake per lane per transaction: three inline appends and one through append_ready on one lane, one on another', async () => {
@@ -509,30 +408,15 @@ test('one wake per lane per transaction: three inline appends and one through ap
               ${S}.provision_lane('wake2', 0::smallint, 0::smallint)::text AS b`,
     )
   ).rows[0] as { a: string; b: string };
-  const listener = new pg.Client({ connectionString: DATABASE_URL });
-  await listener.connect();
-  const got: string[] = [];
-  listener.on('notification', (m) => got.push(m.payload ?? ''));
-  try {
-    await listener.query(`LISTEN ${quoteIdent(`${schema}.wake`)}`);
-    const c = await pool.connect();
-    try {
-      await c.query('BEGIN');
-      for (let i = 0; i < 3; i++) await c.query(plainOne('enqueue', 'wake1'));
-      await c.query(`SELECT * FROM ${S}.enqueue('wake1', 0::smallint, 0::smallint, NULL, ARRAY['t'], ARRAY['{}'::jsonb],
-                       ARRAY[now() - interval '1 minute'], NULL, NULL, NULL)`);
-      await c.query(plainOne('enqueue', 'wake2'));
-      await c.query('COMMIT');
-      // A marker committed after: everything before it has been delivered when it arrives.
-      await c.query(`SELECT pg_notify($1, 'marker')`, [`${schema}.wake`]);
-    } finally {
-      c.release();
-    }
-    await waitFor(() => got.includes('marker'), 30_000, 'the marker notification');
-    assert.deepEqual(got.sort(), [lanes.a, lanes.b, 'marker'].sort());
-  } finally {
-    await listener.end();
-  }
+  const got = await wakesOf(pool, schema, async (c) => {
+    await c.query('BEGIN');
+    for (let i = 0; i < 3; i++) await c.query(plainOne('enqueue', 'wake1'));
+    await c.query(`SELECT * FROM ${S}.enqueue('wake1', 0::smallint, 0::smallint, NULL, ARRAY['t'], ARRAY['{}'::jsonb],
+                     ARRAY[now() - interval '1 minute'], NULL, NULL, NULL)`);
+    await c.query(plainOne('enqueue', 'wake2'));
+    await c.query('COMMIT');
+  });
+  assert.deepEqual(got.sort(), [lanes.a, lanes.b].sort());
 });
 
 test('mixed versions: the one-task statement against a schema at migration 31, and the previous bulk statement for one task against 32', async () => {
@@ -546,14 +430,21 @@ test('mixed versions: the one-task statement against a schema at migration 31, a
   after(async () => {
     await pool.query(`DROP SCHEMA IF EXISTS ${quoteIdent(old)} CASCADE`).catch(() => undefined);
   });
+  // The one-task statement this change brought (the client's until migration 33 gave it enqueue_one()).
+  const oneTask = (target: string) =>
+    `SELECT ARRAY[e.id::text] AS ids, left(e.state, 1) AS states
+       FROM ${quoteIdent(target)}.enqueue($1, $2::smallint, $3::smallint, $4::smallint, ARRAY[$5::text], ARRAY[$6::jsonb],
+         NULL, NULL, NULL, $7::text) AS e`;
   for (const target of [old, schema]) {
-    const one = await enqueue(pool, 'mixed', { v: target }, { schema: target, queue: 'mixedq' });
-    assert.equal(one.state, 'ready');
+    const one = (
+      await pool.query(oneTask(target), ['mixedq', 0, null, 16, 'mixed', JSON.stringify({ v: target }), null])
+    ).rows[0] as { ids: string[]; states: string };
+    assert.equal(one.states, 'r');
     const row = (
       await pool.query(
         `SELECT type, payload, queue, attempts, max_attempts, dedupe_key, run_at = created_at AS due, trace_context
            FROM ${quoteIdent(target)}.ready WHERE id = $1`,
-        [one.id],
+        [one.ids[0]],
       )
     ).rows;
     assert.deepEqual(row, [

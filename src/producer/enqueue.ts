@@ -361,8 +361,9 @@ const enqueueChunk = (async function (
   const first = chunk[0]!;
   const n = chunk.length;
   if (n === 1 && !keyed && isPlain(first)) {
-    // One plain task (the usual single enqueue): a statement with no sub-select to parse and
-    // plan, the same answer's shape (docs/benchmarks-journal.md, "A new session's first enqueue").
+    // One plain task (the usual single enqueue): enqueue_one() takes it as scalars and returns
+    // its id (docs/benchmarks-journal.md, "Issue 35's twelfth round"). It is always accepted
+    // and ready: nothing in it can make it a duplicate, scheduled or held.
     const query = storage.statement('enqueue-one', enqueueOneStatement).query({
       queue: first.queue,
       priority: first.priority,
@@ -372,8 +373,8 @@ const enqueueChunk = (async function (
       payload: first.json,
       trace,
     });
-    const res = await executor.query<{ ids: string[]; states: string }>(query);
-    readResults(chunk, res.rows[0]!, results);
+    const res = await executor.query<{ id: string }>(query);
+    results[first.index] = { id: res.rows[0]!.id, state: 'ready' };
     return;
   }
   const types = new Array<string>(n);
@@ -439,17 +440,14 @@ const isPlain = (function (t: ResolvedTaskSpec): boolean {
 });
 
 /**
- * `enqueue()` called for one plain task: its type and payload as one-element arrays, the
- * optional columns NULL, its answer in the bulk statement's shape. A new session parses this in
- * 0.8-1.0 ms and binds it in 0.15-0.2 ms, the bulk statement in 2.4 and 0.5 (server log, 2-core
- * development machine).
+ * `enqueue_one()`: one plain task as scalars, its id as text (text whatever type parser the
+ * caller's pg has for bigint). A new session resolves and plans it, and the function's few
+ * checks, in less server time than enqueue()'s array form (migration 33's header).
  */
 // biome-ignore format: parenthesised, V8 compiles it as the module loads (architecture.md, "Eager compilation")
 const enqueueOneStatement = (function ({ name, q: s }: Schema) {
   return positional(
-    `SELECT ARRAY[e.id::text] AS ids, left(e.state, 1) AS states
-       FROM ${s}.enqueue($1, $2::smallint, $3::smallint, $4::smallint, ARRAY[$5::text], ARRAY[$6::jsonb],
-         NULL, NULL, NULL, $7::text) AS e`,
+    `SELECT ${s}.enqueue_one($1, $2, $3, $4, $5, $6, $7)::text AS id`,
     ['queue', 'priority', 'shard', 'shards', 'type', 'payload', 'trace'],
     // Named, so each connection parses and plans it once, as the bulk statement.
     `berth-enqueue-one:${name}`,

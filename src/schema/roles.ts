@@ -4,7 +4,7 @@ import { RING_SLOTS } from './migrations.js';
 /**
  * What a runtime role may do, by kind:
  *
- * - `producer`: enqueue (the `enqueue` definer function, and `add_task` / `add_tasks`) and read task state (`getTask`'s
+ * - `producer`: enqueue (the `enqueue` and `enqueue_one` definer functions, and `add_task` / `add_tasks`) and read task state (`getTask`'s
  *   SELECTs). Nothing else: no claim, no settlement, no ring or lane writes, no heartbeats.
  * - `worker`: everything a Worker and the maintenance leader run (claim, settle, heartbeat,
  *   promotion, rescue, ring rotation and prune, retention, gauges), plus what a producer may do.
@@ -29,6 +29,8 @@ interface Grant {
 }
 
 const ENQUEUE = 'enqueue(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[], integer[], text[], text)';
+/** The client's single plain enqueue (migration 33): enqueue()'s fast path for one task, in scalars. */
+const ENQUEUE_ONE = 'enqueue_one(text, smallint, smallint, smallint, text, jsonb, text)';
 /** The enqueue before migration 12 (no trace context), kept for producers of the previous version during a deploy. */
 const ENQUEUE_BEFORE_13 =
   'enqueue(text, smallint, smallint, smallint, text[], jsonb[], timestamptz[], integer[], text[])';
@@ -57,6 +59,7 @@ const DEPENDENCY_READS = ['task_parents(bigint)', 'task_dependents(bigint, integ
 const WORKER_FUNCTIONS = [
   'provision_lane(text, smallint, smallint)',
   ENQUEUE,
+  ENQUEUE_ONE,
   ENQUEUE_BEFORE_13,
   ENQUEUE_KEYED,
   ...ADD_TASK,
@@ -149,7 +152,7 @@ function producerGrants(s: string): Grant[] {
     { privileges: 'USAGE', on: `SCHEMA ${s}` },
     {
       privileges: 'EXECUTE',
-      on: `FUNCTION ${[ENQUEUE, ENQUEUE_BEFORE_13, ENQUEUE_KEYED, ENQUEUE_GRAPH, ...ADD_TASK, ...DEPENDENCY_READS].map((f) => `${s}.${f}`).join(', ')}`,
+      on: `FUNCTION ${[ENQUEUE, ENQUEUE_ONE, ENQUEUE_BEFORE_13, ENQUEUE_KEYED, ENQUEUE_GRAPH, ...ADD_TASK, ...DEPENDENCY_READS].map((f) => `${s}.${f}`).join(', ')}`,
     },
     {
       privileges: 'SELECT',
