@@ -69,7 +69,7 @@ export function notMigrated(err: unknown, schema: string): unknown {
   if (typeof code !== 'string' || !NOT_MIGRATED_CODES.has(code)) return err;
   const e = new SchemaNotMigratedError(
     schema,
-    `berth schema "${schema}" is not migrated (${(err as Error).message}): run \`berth migrate --schema ${schema}\` or migrate()`,
+    `berth schema "${schema}" is not migrated, or older than this code (${(err as Error).message}): run \`berth migrate --schema ${schema}\` or migrate()`,
   );
   (e as Error & { cause?: unknown }).cause = err;
   return e;

@@ -28,7 +28,7 @@ import { releaseLease } from '../src/storage/return.js';
 import { storageFor } from '../src/storage/storage.js';
 import { claimParams } from './claim-params.js';
 import { DATABASE_URL, freshSchema, leaseLapsed, waitFor } from './helpers.js';
-import { schemaAtVersion } from './support/legacy-schema.js';
+import { enqueueOnLegacy, schemaAtVersion } from './support/legacy-schema.js';
 
 const { schema, pool } = await freshSchema('cancel_races');
 const S = quoteIdent(schema);
@@ -344,7 +344,7 @@ test('migration 25 on a schema with attempt history: the index is built and vali
     await schemaAtVersion(c, legacy, 24);
     const legacyStorage = storageFor(legacy);
     const ids: string[] = [];
-    for (let i = 0; i < 3; i++) ids.push((await enqueue(c, 'legacy', { i }, { schema: legacy })).id!);
+    for (let i = 0; i < 3; i++) ids.push(await enqueueOnLegacy(c, legacy, 'legacy', { i }));
     const lanes = (await c.query<{ lane_id: number }>(`SELECT lane_id FROM ${L}.lanes`)).rows.map((r) => r.lane_id);
     // This version's claim reads lanes.limited (migration 28) and ready.has_dependents (migration
     // 31), which a version-24 schema has not: the columns are lent for the claim and taken back

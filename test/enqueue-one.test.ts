@@ -9,7 +9,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
-import { enqueue, grantRuntimeRole } from '../src/index.js';
+import { assertMigrated, enqueue, grantRuntimeRole, SchemaNotMigratedError } from '../src/index.js';
 import { quoteIdent } from '../src/sql.js';
 import { DATABASE_URL, freshSchema, urlAs } from './helpers.js';
 import {
@@ -276,7 +276,7 @@ test('the client sends one plain task through enqueue_one, with its id as text w
   }
 });
 
-test('a schema before migration 33: the client names the migration it needs; the previous statements still run on 33', async () => {
+test("a schema at migration 32: refused at start and by the producer, naming the fix; the previous version's statement still runs on 33", async () => {
   const old = `${schema}_m32`;
   const c = await pool.connect();
   try {
@@ -285,9 +285,18 @@ test('a schema before migration 33: the client names the migration it needs; the
     c.release();
   }
   try {
+    // What a Worker, the CLI and the dashboard check at start: refused, with the fix.
+    await assert.rejects(
+      assertMigrated(pool, old),
+      (err: Error) =>
+        err instanceof SchemaNotMigratedError && /older than this code .*berth migrate --schema/.test(err.message),
+    );
+    // A producer does not check first: its call names the fix.
     await assert.rejects(
       enqueue(pool, 'old', {}, { schema: old }),
-      (err: Error) => /is not migrated/.test(err.message) && /berth migrate --schema/.test(err.message),
+      (err: Error) =>
+        err instanceof SchemaNotMigratedError &&
+        /not migrated, or older than this code \(.*enqueue_one.*\): run `berth migrate --schema/.test(err.message),
     );
     // The statement the previous version's client sends for one plain task, against this schema.
     const previous = await pool.query(

@@ -20,7 +20,7 @@ import { removeUnleased } from '../src/storage/remove.js';
 import { MAX_WINDOW_SEGMENTS, overWindow, readRingWindow } from '../src/storage/ring-window.js';
 import { claimParams } from './claim-params.js';
 import { captureLogger, DATABASE_URL, FAST_MAINTENANCE, freshSchema, waitFor } from './helpers.js';
-import { schemaAtVersion } from './support/legacy-schema.js';
+import { enqueueOnLegacy, schemaAtVersion } from './support/legacy-schema.js';
 
 const { schema, pool } = await freshSchema('ringwin');
 const S = quoteIdent(schema);
@@ -476,7 +476,7 @@ test('migration 18 under a fleet of migration 17: an older leader’s rotation i
   await oldLeader.connect();
   try {
     await schemaAtVersion(c, legacy, 17);
-    await enqueueMany(c, [{ type: 't', payload: {}, shard: 0 }], { schema: legacy });
+    await enqueueOnLegacy(c, legacy, 't', {}, 0);
     // An older leader's rotation, its statement run and its transaction still open.
     await oldLeader.query('BEGIN');
     await oldLeader.query(

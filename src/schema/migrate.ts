@@ -323,19 +323,19 @@ export async function assertMigrated(db: Queryable, schema: string): Promise<voi
 
 /**
  * A function the newest migration this code needs creates: its presence means the schema is
- * current enough (migration 20's check_tasks; migration 18's ring epoch and 19's count_lost_claim
- * come before it). Migrations 21 (the database's limits corrected) and 22 (the per-task lease
- * tables' triggers, their grants and two tables in prune_slot's lists retired) change nothing
- * this code calls, so it runs on a schema of 20 or 21 too, with the same statements.
+ * current enough. Migration 33's `enqueue_one`, which the client's single plain enqueue calls
+ * (migration 20's `check_tasks`, 18's ring epoch and 19's `count_lost_claim` come before it).
+ * Migrations 21 and 22 changed nothing this code calls; 32 changed `enqueue()`'s body, not what
+ * it takes or answers.
  */
-const LATEST_MARKER = 'check_tasks(text, text[], jsonb[], timestamptz[], integer[], text[], text)';
+const LATEST_MARKER = 'enqueue_one(text, smallint, smallint, smallint, text, jsonb, text)';
 /**
  * A column the newest migration this code needs adds, and its table: migration 31's
  * `task_waits.on_parent_failure` (its `ready.has_dependents` every claim reads; migration 30's
  * `type_paced.refused_at`, its `type_limits` every worker's fetcher reads once a poll; migration 29's
  * `key_holders`, migration 28's `lanes.limited`, which both claims filter on, migration 27's
  * `schedules.ceiling_ms`, migration 26's `schedules` and `workers.schedules`, and migration 24's
- * `task_results` come before it), so this code refuses a schema older than 31. Read from
+ * `task_results` come before it). With the function above, this code refuses a schema older than 33. Read from
  * `pg_attribute`, which, like `to_regclass`, needs no privilege on the table.
  */
 const LATEST_TABLE = 'task_waits';

@@ -31,3 +31,23 @@ export async function migrateSchemaTo(c: pg.ClientBase, schema: string, version:
     await c.query(`INSERT INTO ${s}.schema_migrations (version, name) VALUES ($1, $2)`, [m.version, m.name]);
   }
 }
+
+/**
+ * One plain task enqueued on a schema made by `schemaAtVersion` (version 12 or later), through
+ * its own `enqueue()` as the client of that version called it: this version's client sends a
+ * single task to `enqueue_one()`, which such a schema has not (migration 33). Its id.
+ */
+export async function enqueueOnLegacy(
+  c: pg.ClientBase,
+  schema: string,
+  type: string,
+  payload: unknown,
+  shard: number | null = null,
+): Promise<string> {
+  const r = await c.query<{ id: string }>(
+    `SELECT id::text FROM ${quoteIdent(schema)}.enqueue('default', 0::smallint, $1::smallint, 16::smallint,
+       ARRAY[$2::text], ARRAY[$3::jsonb], NULL, NULL, NULL, NULL)`,
+    [shard, type, JSON.stringify(payload)],
+  );
+  return r.rows[0]!.id;
+}
