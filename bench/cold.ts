@@ -241,12 +241,34 @@ export interface FirstEnqueueResult {
  */
 const USED_TASKS = 64;
 
-async function useInstallation(adapter: SystemAdapter): Promise<void> {
+async function useInstallation(adapter: SystemAdapter, cfg: BenchConfig): Promise<void> {
   const producer = await adapter.openProducer();
   try {
     for (let i = 0; i < USED_TASKS; i++) await producer.single(1_000_000 + i);
   } finally {
     await producer.close();
+  }
+  await vacuumAsInUse(cfg.benchUrl);
+}
+
+/**
+ * An installation in use has had its catalogs vacuumed since it was made; one the bench has
+ * just dropped and reinstalled has not. The dead catalog rows of the schema it dropped (a
+ * function, table and index row for each object of the previous install, under the same names)
+ * sit in the catalog indexes a new session's first statements search, until autovacuum reaches
+ * them. berth's schema has more objects than graphile-worker's (16 ring partitions, each with
+ * its indexes), so it paid more for them: a new session's first enqueue cost the server 14.9 ms
+ * of CPU right after a reinstall and 12.9 after a VACUUM, graphile-worker's first `addJob` 13.5
+ * and 13.6 (docs/benchmarks-journal.md, "Issue 35's twelfth round"). So the database is
+ * vacuumed, as autovacuum leaves it, before every system's measurement alike.
+ */
+async function vacuumAsInUse(url: string): Promise<void> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    await client.query('VACUUM');
+  } finally {
+    await client.end();
   }
 }
 
@@ -260,7 +282,7 @@ export async function coldFirstEnqueue(
   migrateFirst = false,
 ): Promise<Outcome<FirstEnqueueResult>> {
   await adapter.reset();
-  await useInstallation(adapter);
+  await useInstallation(adapter, cfg);
   const child = new ColdChild({ kind: 'enqueue', label: adapter.label, url: cfg.benchUrl, calls: 20, migrateFirst });
   try {
     const ready = await child.wait('ready', READY_TIMEOUT_MS);

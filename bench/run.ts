@@ -387,7 +387,9 @@ function render(
             `**Cold pickup**: the child starts the worker; after 1 s idle, ${cfg.coldPickupN} tasks ${cfg.pickupGapMs} ms ` +
             "apart from this process's warm producer. **First enqueue**: the child opens a producer (its session, " +
             'which runs `SELECT 1`) and times its first single-task enqueue into an installation in use (this process ' +
-            "enqueued 64 tasks there first, one call each), then 20 more (their median). graphile-worker's " +
+            'enqueued 64 tasks there first, one call each, then ran `VACUUM`, as autovacuum leaves an installation ' +
+            'in use: without it the dead catalog rows of the schema the bench dropped to reinstall are searched too), ' +
+            "then 20 more (their median). graphile-worker's " +
             '`makeWorkerUtils()` runs its migrate() on that session itself before the `SELECT 1`, as for every user; ' +
             "pg-boss opens with `start()`, which it needs. **After migrate()**: the same, with the system's own " +
             "migrate() run on that session before the first call (berth's `migrate({ client })`; graphile-worker's " +
