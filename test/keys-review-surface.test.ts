@@ -66,7 +66,7 @@ test('held: the ordinary enqueue statement is the one sent before keys (text, na
   const executor = {
     query: async (q: { name?: string; text: string; values: unknown[] }) => {
       seen.push(q);
-      return { rows: [{ ids: ['1'], states: 'r' }], rowCount: 1 };
+      return { rows: [{ ids: ['1'], states: 'r', id: '1' }], rowCount: 1 };
     },
   };
   await enqueueMany(executor as never, [
@@ -78,13 +78,12 @@ test('held: the ordinary enqueue statement is the one sent before keys (text, na
   assert.equal(seen[0]!.values.length, 11);
   assert.match(seen[0]!.text, /FROM "berth"\.enqueue\(\$1,/);
   assert.match(seen[0]!.text, /\$11::text\) AS e$/);
-  // One plain task (since issue 35): the same function, its arrays built in the statement.
+  // One plain task (since migration 33): enqueue_one(), the task as scalars, its id as text.
   await enqueue(executor as never, 't', { a: 1 }, { schema: 'berth' });
   assert.equal(seen.length, 2);
   assert.match(seen[1]!.name ?? '', /^berth-enqueue-one:berth@/);
   assert.equal(seen[1]!.values.length, 7);
-  assert.match(seen[1]!.text, /FROM "berth"\.enqueue\(\$1,/);
-  assert.match(seen[1]!.text, /\$7::text\) AS e$/);
+  assert.equal(seen[1]!.text, 'SELECT "berth".enqueue_one($1, $2, $3, $4, $5, $6, $7)::text AS id');
   // The same comparison against the file as of 6e95eab^ (git show 6e95eab^:src/producer/enqueue.ts,
   // loaded beside the new one) gave identical text, name and values for a one-lane and a
   // two-lane call: see the review report.
