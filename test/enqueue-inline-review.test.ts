@@ -18,6 +18,7 @@ import { DATABASE_URL, freshSchema, urlAs } from './helpers.js';
 import {
   assertLaneLockOrder,
   LANE_ARGUMENT_MUTATIONS,
+  mutationSets,
   newLaneRace,
   wakesOf,
   withRotatingInserts,
@@ -249,13 +250,8 @@ test('every direct call, one or two things wrong at once: same error (SQLSTATE, 
   try {
     for (const n of [0, 1, 2, 3]) {
       const ms = mutations(n);
-      const sets: Mutation[][] = [[]];
-      for (const x of ms) sets.push([x]);
-      // Pairs on different fields (the order in which two errors are reported), for one and two tasks.
-      if (n === 1 || n === 2)
-        for (let i = 0; i < ms.length; i++)
-          for (let j = i + 1; j < ms.length; j++) if (ms[i]![0] !== ms[j]![0]) sets.push([ms[i]!, ms[j]!]);
-      for (const set of sets) {
+      // Pairs for one and two tasks.
+      for (const set of mutationSets(ms, n === 1 || n === 2)) {
         const a = base(n);
         for (const [f, e] of set) a[f] = e;
         const got = await outcome(c, 'enqueue', a);

@@ -15,6 +15,7 @@ import { DATABASE_URL, freshSchema, urlAs } from './helpers.js';
 import {
   assertLaneLockOrder,
   LANE_ARGUMENT_MUTATIONS,
+  mutationSets,
   newLaneRace,
   wakesOf,
   withRotatingInserts,
@@ -115,12 +116,7 @@ test('every direct call, one or two things wrong at once: the same error (SQLSTA
   let successes = 0;
   const diffs: string[] = [];
   try {
-    const sets: (readonly [keyof Args, string])[][] = [[]];
-    for (const m of MUTATIONS) sets.push([m]);
-    for (let i = 0; i < MUTATIONS.length; i++)
-      for (let j = i + 1; j < MUTATIONS.length; j++)
-        if (MUTATIONS[i]![0] !== MUTATIONS[j]![0]) sets.push([MUTATIONS[i]!, MUTATIONS[j]!]);
-    for (const set of sets) {
+    for (const set of mutationSets(MUTATIONS)) {
       const a = { ...BASE };
       for (const [f, e] of set) a[f] = e;
       const got = await outcome(c, callOne(a), a);

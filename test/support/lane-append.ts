@@ -43,6 +43,19 @@ export const LANE_ARGUMENT_MUTATIONS: readonly (readonly [
   ['trace', `''`],
 ];
 
+/**
+ * No mutation, each mutation alone, and (`pairs`) each two on different fields: the order in
+ * which a call reports two errors at once.
+ */
+export function mutationSets<M extends readonly [string, string]>(ms: readonly M[], pairs = true): M[][] {
+  const sets: M[][] = [[]];
+  for (const m of ms) sets.push([m]);
+  if (pairs)
+    for (let i = 0; i < ms.length; i++)
+      for (let j = i + 1; j < ms.length; j++) if (ms[i]![0] !== ms[j]![0]) sets.push([ms[i]!, ms[j]!]);
+  return sets;
+}
+
 /** The backend pid of `c`. */
 export async function pidOf(c: pg.ClientBase): Promise<number> {
   return (await c.query<{ p: number }>('SELECT pg_backend_pid() AS p')).rows[0]!.p;

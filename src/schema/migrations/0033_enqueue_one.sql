@@ -20,9 +20,10 @@
 -- delay, max_attempts, dedupe key or concurrency key), with enqueue()'s rules kept exactly:
 --
 -- * The checks: the same conditions as enqueue() on the same values. When one fails,
---   check_queue() and check_tasks() (and enqueue()'s own shard and null checks) raise the error
---   enqueue() raises for that task, in enqueue()'s order (same message, same SQLSTATE); the
---   messages stay defined once, in them.
+--   check_queue() and check_tasks() raise the error enqueue() raises for that task, in
+--   enqueue()'s order (same message, same SQLSTATE); the null, shard and shards refusals are
+--   enqueue()'s own RAISEs, repeated word for word (test/enqueue-one.test.ts compares every
+--   refusal with enqueue()'s).
 -- * The shard: the caller's, or the transaction id modulo the shard count, as enqueue().
 -- * The lane: looked up by (queue, priority, shard); provision_lane() only for a new one.
 -- * The append (docs/architecture.md, "Invariants" 1 and 2): the lane's advisory lock taken
