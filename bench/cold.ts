@@ -8,10 +8,11 @@
 import { fork, type ChildProcess } from 'node:child_process';
 import pg from 'pg';
 import type { BenchConfig } from './config.js';
+import { dropDatabase, recreateDatabase } from './db.js';
 import type { ChildMessage, ColdJob, ParentMessage } from './cold-child.js';
 import { enqueueAll, type Outcome, type PickupResult, latencyPercentiles, untilRecorded } from './scenarios.js';
 import type { SystemAdapter } from './systems/types.js';
-import { cleanup, sleep } from './util.js';
+import { cleanup, log, sleep } from './util.js';
 
 const epoch = (): number => performance.timeOrigin + performance.now();
 
@@ -241,49 +242,97 @@ export interface FirstEnqueueResult {
  */
 const USED_TASKS = 64;
 
-async function useInstallation(adapter: SystemAdapter, cfg: BenchConfig): Promise<void> {
+async function useInstallation(adapter: SystemAdapter, url: string): Promise<void> {
   const producer = await adapter.openProducer();
   try {
     for (let i = 0; i < USED_TASKS; i++) await producer.single(1_000_000 + i);
   } finally {
     await producer.close();
   }
-  await vacuumAsInUse(cfg.benchUrl);
+  await vacuumAsInUse(url);
 }
 
 /**
- * An installation in use has had its catalogs vacuumed since it was made; one the bench has
- * just dropped and reinstalled has not. The dead catalog rows of the schema it dropped (a
- * function, table and index row for each object of the previous install, under the same names)
- * sit in the catalog indexes a new session's first statements search, until autovacuum reaches
- * them. berth's schema has more objects than graphile-worker's (16 ring partitions, each with
- * its indexes), so it paid more for them: a new session's first enqueue cost the server 14.9 ms
- * of CPU right after a reinstall and 12.9 after a VACUUM, graphile-worker's first `addJob` 13.5
- * and 13.6 (docs/benchmarks-journal.md, "Issue 35's twelfth round"). So the database is
- * vacuumed, as autovacuum leaves it, before every system's measurement alike.
+ * An installation in use has had its catalogs vacuumed and analyzed since it was made:
+ * autovacuum has removed the dead catalog rows its migrations left (every `CREATE OR REPLACE
+ * FUNCTION` of a later migration leaves the earlier row) and analyzed the catalogs they grew. So
+ * the database is vacuumed and analyzed before every system's measurement alike; otherwise
+ * autovacuum does it at a moment of its own, possibly while the measured call runs.
+ *
+ * Then the measurement waits (at most AUTOVACUUM_WAIT_MS) until no autovacuum worker runs in
+ * the cluster: after the drains before this scenario autovacuum may work through the bench
+ * database, and a worker running beside the measured 15 ms call would take one of the
+ * machine's two cores. A guard, not a measured cause: the run logs each wait, and the
+ * scenario runs of 2026-12-07 09:35 had none.
  */
 async function vacuumAsInUse(url: string): Promise<void> {
   const client = new pg.Client({ connectionString: url });
   await client.connect();
   try {
-    await client.query('VACUUM');
+    await client.query('VACUUM ANALYZE');
+    const from = performance.now();
+    for (let polls = 0; ; polls++) {
+      const { rows } = await client.query<{ n: number }>(
+        "SELECT count(*)::int AS n FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'",
+      );
+      const waited = performance.now() - from;
+      if (rows[0]?.n === 0) {
+        if (polls > 0) log(`  (waited ${Math.round(waited)} ms for autovacuum to finish)`);
+        break;
+      }
+      if (waited > AUTOVACUUM_WAIT_MS) {
+        log(`  (autovacuum still running after ${AUTOVACUUM_WAIT_MS / 1000} s; measuring anyway)`);
+        break;
+      }
+      await sleep(50);
+    }
   } finally {
     await client.end();
   }
 }
 
+const AUTOVACUUM_WAIT_MS = 20_000;
+
+/**
+ * Each first-enqueue measurement runs in a database made for it, then dropped, as a user's
+ * installation lives in a database that has not seen the schema dropped and made again.
+ *
+ * The bench's own database has: every scenario drops and reinstalls each system's schema, dozens
+ * of times in a run, and each reinstall leaves the previous one's catalog rows (a row in
+ * pg_class, pg_attribute, pg_proc, pg_depend … for every object, under the same names) in the
+ * catalog indexes that a new session's first statements search. `VACUUM` removes the rows but
+ * does not shrink those indexes. The cost falls on the system with more objects: in the bench's
+ * database a new session's first berth enqueue cost the server 14.9 ms of CPU right after a
+ * reinstall and 12.9 after a `VACUUM`, graphile-worker's first `addJob` 13.5 and 13.6
+ * (docs/benchmarks-journal.md, "Issue 35's twelfth round"); on a schema installed once, long
+ * before, berth's first call took 14.7 ms of wall time against graphile-worker's 16.0. Every
+ * system is measured the same way, in a database of its own.
+ */
+const FIRST_ENQUEUE_DB = 'berth_bench_first_enqueue';
+
 /**
  * A new process opens a producer (its session: `SELECT 1`) and enqueues: the first call, then
- * `calls` more. `migrateFirst`: the system's own migrate() runs on that session before the first call.
+ * `calls` more, in a database of its own with the system installed and used there.
+ * `migrateFirst`: the system's own migrate() runs on that session before the first call.
  */
 export async function coldFirstEnqueue(
-  adapter: SystemAdapter,
+  adapterAt: (url: string) => SystemAdapter,
   cfg: BenchConfig,
   migrateFirst = false,
 ): Promise<Outcome<FirstEnqueueResult>> {
+  const url = new URL(cfg.benchUrl);
+  url.pathname = `/${FIRST_ENQUEUE_DB}`;
+  await recreateDatabase(cfg.adminUrl, FIRST_ENQUEUE_DB);
+  const adapter = adapterAt(url.toString());
   await adapter.reset();
-  await useInstallation(adapter, cfg);
-  const child = new ColdChild({ kind: 'enqueue', label: adapter.label, url: cfg.benchUrl, calls: 20, migrateFirst });
+  await useInstallation(adapter, url.toString());
+  const child = new ColdChild({
+    kind: 'enqueue',
+    label: adapter.label,
+    url: url.toString(),
+    calls: 20,
+    migrateFirst,
+  });
   try {
     const ready = await child.wait('ready', READY_TIMEOUT_MS);
     if (typeof ready === 'string') return { ok: false, timeout: false, note: ready };
@@ -294,5 +343,6 @@ export async function coldFirstEnqueue(
     return { ok: true, value: { firstMs: done.firstMs, laterMs: later[Math.floor(later.length / 2)] ?? Number.NaN } };
   } finally {
     await child.end();
+    await cleanup('first-enqueue database', () => dropDatabase(cfg.adminUrl, FIRST_ENQUEUE_DB));
   }
 }

@@ -61,6 +61,17 @@ export async function recreateDatabase(adminUrl: string, name: string): Promise<
   }
 }
 
+/** Drop a database the bench made (terminating its sessions). */
+export async function dropDatabase(adminUrl: string, name: string): Promise<void> {
+  const admin = new pg.Client({ connectionString: adminUrl });
+  await admin.connect();
+  try {
+    await admin.query(`DROP DATABASE IF EXISTS ${quoteIdent(name)} WITH (FORCE)`);
+  } finally {
+    await admin.end();
+  }
+}
+
 export async function dropSchema(connectionString: string, schema: string): Promise<void> {
   const c = new pg.Client({ connectionString });
   await c.connect();

@@ -74,6 +74,14 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
   const loadStart = loadavg()[0]!;
 
   const systems = benchSystems(ctx, cfg.systemFilter);
+  /** The same system on another database (the first-enqueue rows' own, bench/cold.ts). */
+  const sameSystemAt =
+    (a: SystemAdapter) =>
+    (url: string): SystemAdapter => {
+      const found = benchSystems({ connectionString: url }, []).find((s) => s.label === a.label);
+      if (!found) throw new Error(`no system labelled ${a.label}`);
+      return found;
+    };
   const results = new Results(systems.map((s) => s.label));
   const notes = { duplicates: [] as string[], noisyWindows: 0, drainWindows: 0 };
 
@@ -198,7 +206,7 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
             name: 'cold first enqueue',
             keys: ['firstEnqueue', 'laterEnqueue'],
             async run(a) {
-              const o = await coldFirstEnqueue(a, cfg);
+              const o = await coldFirstEnqueue(sameSystemAt(a), cfg);
               if (o.ok) {
                 results.add(a.label, 'firstEnqueue', { kind: 'ok', value: o.value.firstMs });
                 results.add(a.label, 'laterEnqueue', { kind: 'ok', value: o.value.laterMs });
@@ -221,7 +229,7 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
                 results.add(a.label, 'firstEnqueueMigrated', { kind: 'skipped' });
                 return { ok: true, value: null };
               }
-              const o = await coldFirstEnqueue(a, cfg, true);
+              const o = await coldFirstEnqueue(sameSystemAt(a), cfg, true);
               if (o.ok) {
                 results.add(a.label, 'firstEnqueueMigrated', { kind: 'ok', value: o.value.firstMs });
                 log(`  ${a.label} first enqueue after its migrate(): ${o.value.firstMs.toFixed(1)} ms`);
@@ -386,9 +394,10 @@ function render(
             `the child starts the worker on ${cfg.drainN.toLocaleString('en-US')} queued tasks, counted at completion. ` +
             `**Cold pickup**: the child starts the worker; after 1 s idle, ${cfg.coldPickupN} tasks ${cfg.pickupGapMs} ms ` +
             "apart from this process's warm producer. **First enqueue**: the child opens a producer (its session, " +
-            'which runs `SELECT 1`) and times its first single-task enqueue into an installation in use (this process ' +
-            'enqueued 64 tasks there first, one call each, then ran `VACUUM`, as autovacuum leaves an installation ' +
-            'in use: without it the dead catalog rows of the schema the bench dropped to reinstall are searched too), ' +
+            'which runs `SELECT 1`) and times its first single-task enqueue into an installation in use, in a database ' +
+            'made for that measurement (the bench database has seen every schema dropped and reinstalled dozens of ' +
+            "times, which leaves catalog indexes no user's database has); this process installed the system there, " +
+            'enqueued 64 tasks, one call each, and ran `VACUUM`, as autovacuum leaves an installation in use; ' +
             "then 20 more (their median). graphile-worker's " +
             '`makeWorkerUtils()` runs its migrate() on that session itself before the `SELECT 1`, as for every user; ' +
             "pg-boss opens with `start()`, which it needs. **After migrate()**: the same, with the system's own " +
