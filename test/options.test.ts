@@ -90,6 +90,30 @@ test("the issue's examples: defineTask's maxAttemps and backoff.initial, Worker'
   refuses(() => defineTask({ type: 't', ceilingMs: 1000, handler, retries: 3 } as never), 'retries');
 });
 
+test("Worker: a timer option past Node's timer limit (2^31 - 1 ms) is refused, not fired after 1 ms", () => {
+  const worker = (extra: object) => () => new Worker({ connectionString: 'postgres://h/d', tasks: [], ...extra });
+  for (const field of [
+    'stopTimeoutMs',
+    'pollIntervalMs',
+    'heartbeatIntervalMs',
+    'statementTimeoutMs',
+    'leaseMarginMs',
+  ]) {
+    for (const value of [2 ** 31, Number.POSITIVE_INFINITY]) {
+      assert.throws(
+        worker({ [field]: value }),
+        (err: unknown) =>
+          err instanceof BerthInputError &&
+          err.message === `${field} must be at most 2147483647 ms (Node's timer limit), got ${value}`,
+        `${field}: ${value}`,
+      );
+    }
+    // The limit itself is a valid delay.
+    assert.doesNotThrow(worker({ [field]: 2 ** 31 - 1 }), field);
+  }
+  assert.doesNotThrow(worker({ heartbeatIntervalMs: false }));
+});
+
 test('Worker: its maintenance, http and http.dashboard options', () => {
   const worker = (extra: object) => () => new Worker({ connectionString: 'postgres://h/d', tasks: [], ...extra });
   refuses(worker({ maintenance: { rescueInterval: 5 } }), 'rescueInterval', 'rescueIntervalMs');

@@ -6,14 +6,16 @@
  *
  * The settlement batcher's give-up timer once did: armed for `stopTimeoutMs` by every stop and
  * never cleared, it held the batcher and through it the stopped worker's engine and metrics for
- * that long (about 180 KB a worker). `stopTimeoutMs` is set far beyond the test's deadline here,
- * so a timer of that kind cannot expire in time to hide.
+ * that long (about 180 KB a worker). `stopTimeoutMs` is set to the largest delay Node takes
+ * (about 24.8 days), beyond any scaled deadline here, so a timer of that kind cannot expire in
+ * time to hide.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import { defineTask, enqueue, Worker } from '../src/index.js';
+import { MAX_TIMER_MS } from '../src/limits.js';
 import { DATABASE_URL, freshSchema, testLogger, waitFor } from './helpers.js';
 
 setFlagsFromString('--expose-gc');
@@ -58,9 +60,11 @@ async function runAndStop(
     slots: 4,
     logger: testLogger,
     maintenance,
-    stopTimeoutMs: 600_000,
+    stopTimeoutMs: MAX_TIMER_MS,
   });
   await w.start();
+  // The maintenance case is only a case if this worker leads (its schema is this file's own).
+  if (maintenance) await waitFor(() => w.isLeader, 60_000, 'leadership');
   await waitFor(() => done === n && failed === n, 30_000, `${n} tasks of each type settled`);
   await w.stop();
   return { worker: new WeakRef(w), metrics: new WeakRef(w.metrics) };

@@ -23,7 +23,7 @@ import { DEFAULT_RESULT_MAX_BYTES, MAX_RESULT_MAX_BYTES } from '../processor/han
 import type { EngineOptions } from '../processor/engine-options.js';
 import { resolveUnknownTypeOptions, type UnknownTypeOptions } from '../processor/unknown-types.js';
 import { DEFAULT_QUEUE } from '../producer/enqueue.js';
-import { checkSchemaName, checkText, MAX_QUEUE_BYTES } from '../limits.js';
+import { checkSchemaName, checkText, MAX_QUEUE_BYTES, MAX_TIMER_MS } from '../limits.js';
 import { resolveSchedules, type ScheduleDefinition } from '../schedule.js';
 import type { ScheduleClock } from '../maintenance/scheduler.js';
 
@@ -286,6 +286,19 @@ export function resolveWorkerOptions(options: WorkerOptions): ResolvedWorkerOpti
   const heartbeatIntervalMs = options.heartbeatIntervalMs ?? d.heartbeatIntervalMs;
   if (heartbeatIntervalMs !== false && !(heartbeatIntervalMs > 0))
     throw new BerthInputError('heartbeatIntervalMs must be > 0 or false');
+  // Each of these arms a Node timer (or, statement_timeout, a server setting of the same
+  // limit): Node fires a delay past 2^31 - 1 ms after 1 ms instead, so a stop would not wait
+  // for its handlers and a poll would spin. Refused, as stop()'s graceMs is.
+  for (const [field, ms] of [
+    ['leaseMarginMs', leaseMarginMs],
+    ['pollIntervalMs', pollIntervalMs],
+    ['stopTimeoutMs', stopTimeoutMs],
+    ['statementTimeoutMs', statementTimeoutMs],
+    ['heartbeatIntervalMs', heartbeatIntervalMs === false ? 0 : heartbeatIntervalMs],
+  ] as const) {
+    if (ms > MAX_TIMER_MS)
+      throw new BerthInputError(`${field} must be at most ${MAX_TIMER_MS} ms (Node's timer limit), got ${ms}`);
+  }
   const http = options.http === undefined ? null : resolveWorkerHttpOptions(options.http);
   const stuckGraceMs = options.stuckGraceMs ?? d.stuckGraceMs;
   if (typeof stuckGraceMs !== 'number' || !Number.isFinite(stuckGraceMs) || stuckGraceMs < 0) {
