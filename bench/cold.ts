@@ -252,6 +252,9 @@ async function useInstallation(adapter: SystemAdapter, url: string): Promise<voi
   await vacuumAsInUse(url);
 }
 
+/** How long a first-enqueue measurement waits for autovacuum workers to finish (vacuumAsInUse). */
+const AUTOVACUUM_WAIT_MS = 20_000;
+
 /**
  * An installation in use has had its catalogs vacuumed and analyzed since it was made:
  * autovacuum has removed the dead catalog rows its migrations left (every `CREATE OR REPLACE
@@ -291,8 +294,6 @@ async function vacuumAsInUse(url: string): Promise<void> {
   }
 }
 
-const AUTOVACUUM_WAIT_MS = 20_000;
-
 /**
  * Each first-enqueue measurement runs in a database made for it, then dropped, as a user's
  * installation lives in a database that has not seen the schema dropped and made again.
@@ -320,20 +321,16 @@ export async function coldFirstEnqueue(
   cfg: BenchConfig,
   migrateFirst = false,
 ): Promise<Outcome<FirstEnqueueResult>> {
-  const url = new URL(cfg.benchUrl);
-  url.pathname = `/${FIRST_ENQUEUE_DB}`;
-  await recreateDatabase(cfg.adminUrl, FIRST_ENQUEUE_DB);
-  const adapter = adapterAt(url.toString());
-  await adapter.reset();
-  await useInstallation(adapter, url.toString());
-  const child = new ColdChild({
-    kind: 'enqueue',
-    label: adapter.label,
-    url: url.toString(),
-    calls: 20,
-    migrateFirst,
-  });
+  const at = new URL(cfg.benchUrl);
+  at.pathname = `/${FIRST_ENQUEUE_DB}`;
+  const url = at.toString();
+  let child: ColdChild | null = null;
   try {
+    await recreateDatabase(cfg.adminUrl, FIRST_ENQUEUE_DB);
+    const adapter = adapterAt(url);
+    await adapter.reset();
+    await useInstallation(adapter, url);
+    child = new ColdChild({ kind: 'enqueue', label: adapter.label, url, calls: 20, migrateFirst });
     const ready = await child.wait('ready', READY_TIMEOUT_MS);
     if (typeof ready === 'string') return { ok: false, timeout: false, note: ready };
     child.tell({ type: 'go' });
@@ -342,7 +339,7 @@ export async function coldFirstEnqueue(
     const later = [...done.laterMs].sort((a, b) => a - b);
     return { ok: true, value: { firstMs: done.firstMs, laterMs: later[Math.floor(later.length / 2)] ?? Number.NaN } };
   } finally {
-    await child.end();
+    await child?.end();
     await cleanup('first-enqueue database', () => dropDatabase(cfg.adminUrl, FIRST_ENQUEUE_DB));
   }
 }

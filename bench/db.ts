@@ -49,27 +49,28 @@ export function quoteIdent(name: string): string {
   return `"${name.replace(/"/g, '""')}"`;
 }
 
-/** Drop and recreate the dedicated bench database (terminating leftover sessions). */
-export async function recreateDatabase(adminUrl: string, name: string): Promise<void> {
+/** Run `statements` one after another on a session of the server's admin database. */
+async function onAdmin(adminUrl: string, statements: string[]): Promise<void> {
   const admin = new pg.Client({ connectionString: adminUrl });
   await admin.connect();
   try {
-    await admin.query(`DROP DATABASE IF EXISTS ${quoteIdent(name)} WITH (FORCE)`);
-    await admin.query(`CREATE DATABASE ${quoteIdent(name)}`);
+    for (const sql of statements) await admin.query(sql);
   } finally {
     await admin.end();
   }
 }
 
+/** Drop and recreate the dedicated bench database (terminating leftover sessions). */
+export async function recreateDatabase(adminUrl: string, name: string): Promise<void> {
+  await onAdmin(adminUrl, [
+    `DROP DATABASE IF EXISTS ${quoteIdent(name)} WITH (FORCE)`,
+    `CREATE DATABASE ${quoteIdent(name)}`,
+  ]);
+}
+
 /** Drop a database the bench made (terminating its sessions). */
 export async function dropDatabase(adminUrl: string, name: string): Promise<void> {
-  const admin = new pg.Client({ connectionString: adminUrl });
-  await admin.connect();
-  try {
-    await admin.query(`DROP DATABASE IF EXISTS ${quoteIdent(name)} WITH (FORCE)`);
-  } finally {
-    await admin.end();
-  }
+  await onAdmin(adminUrl, [`DROP DATABASE IF EXISTS ${quoteIdent(name)} WITH (FORCE)`]);
 }
 
 export async function dropSchema(connectionString: string, schema: string): Promise<void> {

@@ -397,7 +397,8 @@ function render(
             'which runs `SELECT 1`) and times its first single-task enqueue into an installation in use, in a database ' +
             'made for that measurement (the bench database has seen every schema dropped and reinstalled dozens of ' +
             "times, which leaves catalog indexes no user's database has); this process installed the system there, " +
-            'enqueued 64 tasks, one call each, and ran `VACUUM`, as autovacuum leaves an installation in use; ' +
+            'enqueued 64 tasks, one call each, ran `VACUUM ANALYZE`, as autovacuum leaves an installation in use, ' +
+            'and waited until no autovacuum worker ran (each wait is logged); ' +
             "then 20 more (their median). graphile-worker's " +
             '`makeWorkerUtils()` runs its migrate() on that session itself before the `SELECT 1`, as for every user; ' +
             "pg-boss opens with `start()`, which it needs. **After migrate()**: the same, with the system's own " +
