@@ -20,7 +20,7 @@ import { DashboardReads } from '../src/dashboard/overview.js';
 import { task as dashboardTask } from '../src/dashboard/reads.js';
 import { DEFAULT_BACKOFF, backoffDelayMs } from '../src/task.js';
 import { encodeResult } from '../src/processor/handler-result.js';
-import { byResultBytes } from '../src/processor/settlement-batcher.js';
+import { FLUSH_MAX_COMPLETIONS, flushParts } from '../src/processor/settlement-batcher.js';
 import { captureLogger, DATABASE_URL, freshSchema, takeLeaseOver, testLogger, waitFor } from './helpers.js';
 import { runCli } from './support/run-cli.js';
 
@@ -237,10 +237,10 @@ test('resultMaxBytes and resultRetentionMs are checked like every option', () =>
 test("a completion flush is split so that one statement carries at most the flush's share of result text", () => {
   const entry = (chars: number | null) => ({ result: chars === null ? null : 'x'.repeat(chars) });
   const small = [entry(10), entry(null), entry(10)];
-  assert.deepEqual(byResultBytes(small, 100), [small], 'within the bound: one statement');
+  assert.deepEqual(flushParts(small, 100), [small], 'within the bound: one statement');
   const [a, b, c, d] = [entry(60), entry(30), entry(60), entry(null)];
   assert.deepEqual(
-    byResultBytes([a, b, c, d], 100),
+    flushParts([a, b, c, d], 100),
     [
       [a, b],
       [c, d],
@@ -248,5 +248,25 @@ test("a completion flush is split so that one statement carries at most the flus
     'parts in batch order, each within the bound',
   );
   const big = entry(500);
-  assert.deepEqual(byResultBytes([entry(1), big, entry(1)], 100).length, 3, 'a result over the bound goes alone');
+  assert.deepEqual(flushParts([entry(1), big, entry(1)], 100).length, 3, 'a result over the bound goes alone');
+});
+
+test('a completion flush is split so that one statement carries at most FLUSH_MAX_COMPLETIONS completions', () => {
+  const many = Array.from({ length: 2 * FLUSH_MAX_COMPLETIONS + 1 }, (_, i) => ({ result: null, i }));
+  const parts = flushParts(many);
+  assert.deepEqual(
+    parts.map((p) => p.length),
+    [FLUSH_MAX_COMPLETIONS, FLUSH_MAX_COMPLETIONS, 1],
+    'full parts, the rest last',
+  );
+  assert.deepEqual(parts.flat(), many, 'every completion once, in batch order');
+  const exactly = many.slice(0, FLUSH_MAX_COMPLETIONS);
+  assert.deepEqual(flushParts(exactly), [exactly], 'at the bound: one statement');
+  const r = (chars: number | null) => ({ result: chars === null ? null : 'x'.repeat(chars) });
+  const mixed = [r(60), r(null), r(null), r(60)];
+  assert.deepEqual(
+    flushParts(mixed, 100, 2).map((p) => p.length),
+    [2, 2],
+    'both bounds at once: whichever is reached first ends a part',
+  );
 });

@@ -223,9 +223,11 @@ export class BerthMetrics {
       [0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 60, 300, 1800, 3600],
       ['task_type'],
     );
-    this.wakeups = counter('berth_wakeups_total', 'Fetcher wake-ups by reason (notify, poll, slot_freed, start)', [
-      'reason',
-    ]);
+    this.wakeups = counter(
+      'berth_wakeups_total',
+      'Fetcher wake-ups by reason (notify, poll, slot_freed, more, settled, retry, start, stop)',
+      ['reason'],
+    );
     this.listenReconnects = counter(
       'berth_listen_reconnects_total',
       'Times the LISTEN connection was lost and re-established',

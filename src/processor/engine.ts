@@ -36,6 +36,19 @@ import type { WorkerEvents } from './task-events.js';
 
 /** The longest wait between claim attempts while the database fails (see runFetchLoop). */
 const FETCH_RETRY_MAX_MS = 1000;
+
+/**
+ * The most settlements the batcher may hold unwritten (besides the flush in flight) before this
+ * worker stops claiming. Handlers free their slots before their settlements are written, so a
+ * worker whose tasks finish faster than the database takes their settlements would otherwise go
+ * on claiming and running while the unwritten ones pile up: in `npm run bench:growth` (two million
+ * no-op tasks queued, the server also busy with the bench's counts) a worker held over a million,
+ * its leases lapsed behind them, and rescue handed the tasks out again (docs/benchmarks-journal.md,
+ * "Issue 35's fourteenth round"). Held here, the worker claims again once a flush has taken the
+ * backlog below the bound (`executionEnded`), so it runs at the rate its settlements are written.
+ * A normal drain flushes a few hundred at a time and never reaches it.
+ */
+export const SETTLEMENT_BACKLOG_MAX = 10_000;
 /**
  * Cancel notices are confirmed in batches at most this often (`cancelNoticed`): a real cancel
  * aborts its handler that much later at most, a flood of forged notices naming this worker's
@@ -487,6 +500,8 @@ export class Engine {
   /** The last fetch's size and whether it got all it asked for (see wanted()). */
   private lastClaimed = 0;
   private lastClaimFull = false;
+  /** wanted() found the batcher's backlog at SETTLEMENT_BACKLOG_MAX: the next execution to end below it wakes the fetch loop. */
+  private heldBySettlements = false;
 
   constructor(private readonly deps: EngineDeps) {
     this.o = deps.options;
@@ -812,7 +827,8 @@ export class Engine {
   }
 
   /**
-   * How many tasks to claim now: 0 while the buffer is above its low-water mark.
+   * How many tasks to claim now: 0 while the buffer is above its low-water mark, or while the
+   * batcher holds SETTLEMENT_BACKLOG_MAX unwritten settlements.
    *
    * Ahead of the idle slots: the rate target (~25 ms of work), or, when the worker ran dry
    * (every slot idle, nothing buffered) right after a claim that got all it asked for, twice
@@ -823,6 +839,10 @@ export class Engine {
    * wanted.
    */
   private wanted(): number {
+    if (this.deps.batcher.pending >= SETTLEMENT_BACKLOG_MAX) {
+      this.heldBySettlements = true;
+      return 0;
+    }
     const slots = this.o.slots;
     const idle = slots - this.inflight.size;
     const dry = this.inflight.size === 0 && this.buffer.size === 0 && this.lastClaimFull;
@@ -1118,6 +1138,10 @@ export class Engine {
 
   private executionEnded(): void {
     this.executing--;
+    if (this.heldBySettlements && this.deps.batcher.pending < SETTLEMENT_BACKLOG_MAX) {
+      this.heldBySettlements = false;
+      if (!this.stopping && this.wanted() > 0) this.wake('settled');
+    }
     if (this.executing === 0 && this.noneExecuting !== null) {
       const resolve = this.noneExecuting;
       this.noneExecuting = null;

@@ -106,22 +106,39 @@ anchorShape('Round', new Round());
 const FLUSH_RESULT_CHARS = 32 * 1024 * 1024;
 
 /**
- * A completion batch in parts whose results together stay within FLUSH_RESULT_CHARS (the batch
- * itself when they do, always for a batch without results), in batch order. A part may pass the
- * bound only when one result alone does. One range lease's entries may land in two parts: each
- * statement settles the entries it names with a settlement row of its own, as a cancel of one
- * entry beside its lease-mates' completion does (the exclusion constraint fences each entry).
+ * The most completions one completion statement carries. A statement's time grows with its
+ * entries (about 4 µs of server time each, docs/benchmarks-journal.md), and a flush takes every
+ * completion handed in while the one before it ran: at 5,000 a statement stays within tens of
+ * milliseconds, far from `statementTimeoutMs`, whatever the backlog. Without the bound, a worker
+ * draining two million queued no-op tasks against a busy server built one flush of over a
+ * million completions, which the statement timeout cancelled on every retry while the leases
+ * behind it lapsed (`npm run bench:growth`, "Issue 35's fourteenth round"). Normal drains flush
+ * a few hundred at a time and never reach it.
  */
-export function byResultBytes<T extends { result: string | null }>(batch: T[], limit = FLUSH_RESULT_CHARS): T[][] {
+export const FLUSH_MAX_COMPLETIONS = 5_000;
+
+/**
+ * A completion batch in parts of at most `maxCount` completions whose results together stay
+ * within FLUSH_RESULT_CHARS (the batch itself when it is within both, always when it is small and
+ * carries no results), in batch order. A part may pass the result bound only when one result alone
+ * does. One range lease's entries may land in two parts: each statement settles the entries it
+ * names with a settlement row of its own, as a cancel of one entry beside its lease-mates'
+ * completion does (the exclusion constraint fences each entry).
+ */
+export function flushParts<T extends { result: string | null }>(
+  batch: T[],
+  limit = FLUSH_RESULT_CHARS,
+  maxCount = FLUSH_MAX_COMPLETIONS,
+): T[][] {
   let total = 0;
   for (const b of batch) total += b.result?.length ?? 0;
-  if (total <= limit) return [batch];
+  if (total <= limit && batch.length <= maxCount) return [batch];
   const parts: T[][] = [];
   let part: T[] = [];
   let chars = 0;
   for (const b of batch) {
     const n = b.result?.length ?? 0;
-    if (part.length > 0 && chars + n > limit) {
+    if (part.length > 0 && (chars + n > limit || part.length >= maxCount)) {
       parts.push(part);
       part = [];
       chars = 0;
@@ -133,11 +150,17 @@ export function byResultBytes<T extends { result: string | null }>(batch: T[], l
   return parts;
 }
 
+/** Why a part of a flush was not written: the stop's give-up time came first (stoppedRetrying). */
+const STOP_GAVE_UP = 'the worker stopped before it could be written';
+
 /** Retries of a statement that failed for a reason other than the connection (a bug, a bad row). */
 const OTHER_ERROR_ATTEMPTS = 4;
 /** Backoff between retries: doubling from this, capped so a recovered database is seen within about a second. */
 const RETRY_BASE_MS = 100;
 const RETRY_MAX_MS = 1000;
+
+/** A failure handed in (`fail`), waiting for its flush. */
+type PendingFailure = { input: FailureInput & { ref: Settleable }; w: Waiter<FailResult> };
 
 /**
  * Coalesces settlements: while one flush is in flight, every completion and failure handed in
@@ -168,7 +191,7 @@ export class SettlementBatcher {
   private completes: PendingComplete[] = [];
   /** The round `completes` will be flushed in (null while `completes` is empty). */
   private round: Round | null = null;
-  private failures: { input: FailureInput & { ref: Settleable }; w: Waiter<FailResult> }[] = [];
+  private failures: PendingFailure[] = [];
   private flushing: Promise<void> | null = null;
   /** Set by `drain(giveUpAfterMs)`: retries stop at this time (epoch ms) whatever the leases say. */
   private giveUpAt = Infinity;
@@ -284,7 +307,13 @@ export class SettlementBatcher {
   private async flushCompletes(batch: PendingComplete[], round: Round | null): Promise<void> {
     if (batch.length === 0) return;
     try {
-      for (const part of byResultBytes(batch)) await this.flushCompletePart(part);
+      const parts = flushParts(batch);
+      for (let i = 0; i < parts.length; i++) {
+        const part = parts[i]!;
+        if (i > 0 && this.stoppedRetrying('complete', part.length)) {
+          for (const b of part) b.answer = { kind: 'unwritten', error: STOP_GAVE_UP };
+        } else await this.flushCompletePart(part);
+      }
     } catch (err) {
       // Only a fault outside withRetry's reach gets here (a logger whose call throws): every
       // caller is still answered, none waits forever; an unwritten completion's lease lapses and
@@ -350,9 +379,29 @@ export class SettlementBatcher {
     }
   }
 
-  private async flushFailures(
-    batch: { input: FailureInput & { ref: Settleable }; w: Waiter<FailResult> }[],
-  ): Promise<void> {
+  /** The failures in statements of at most FLUSH_MAX_COMPLETIONS each (see there), one after another. */
+  private async flushFailures(batch: PendingFailure[]): Promise<void> {
+    for (let i = 0; i < batch.length; i += FLUSH_MAX_COMPLETIONS) {
+      const part = batch.length <= FLUSH_MAX_COMPLETIONS ? batch : batch.slice(i, i + FLUSH_MAX_COMPLETIONS);
+      if (i > 0 && this.stoppedRetrying('fail', part.length)) {
+        for (const b of part) b.w.resolve({ kind: 'unwritten', error: STOP_GAVE_UP });
+      } else await this.flushFailurePart(part);
+    }
+  }
+
+  /**
+   * Whether a stop's give-up time has passed (`drain(giveUpAfterMs)`): a flush in parts then writes
+   * no part after the one in flight, which would each wait out the statement timeout against a
+   * database that is not answering (a stopping worker does not wait out whole leases). Their
+   * leases lapse and rescue runs those tasks again.
+   */
+  private stoppedRetrying(kind: string, tasks: number): boolean {
+    if (!this.stopRetrying.signal.aborted) return false;
+    this.logger.error({ kind, tasks }, `settlement not written: ${STOP_GAVE_UP}; rescue will run the tasks again`);
+    return true;
+  }
+
+  private async flushFailurePart(batch: PendingFailure[]): Promise<void> {
     if (batch.length === 0) return;
     const inputs = batch.map((b) => b.input);
     let r: Retried<Map<string, 'dead' | 'retry'>>;
