@@ -225,7 +225,7 @@ export class BerthMetrics {
     );
     this.wakeups = counter(
       'berth_wakeups_total',
-      'Fetcher wake-ups by reason (notify, poll, slot_freed, more, settled, retry, start, stop)',
+      'Fetcher wake-ups by reason (notify, poll, slot_freed, more, limit_freed, settled, retry, start, stop)',
       ['reason'],
     );
     this.listenReconnects = counter(
