@@ -127,6 +127,9 @@ export class Monitor {
 
   static async open(connectionString: string): Promise<Monitor> {
     const client = new pg.Client({ connectionString, application_name: 'bench-monitor' });
+    // A run that fails stops its cluster under this session: the run's own error is the one to
+    // report, not this client's 'terminating connection' (unhandled, it ended the process first).
+    client.on('error', () => {});
     await client.connect();
     const oid = await client.query<{ oid: string }>(
       'SELECT oid::text AS oid FROM pg_database WHERE datname = current_database()',

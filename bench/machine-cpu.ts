@@ -79,3 +79,42 @@ export function postmasterPid(dataDir: string | null): number | null {
     return null;
   }
 }
+
+/**
+ * CPU ticks used so far by this process's main thread and by its other threads together (V8's
+ * compiler and garbage-collector helpers, libuv's pool), from /proc/self/task; null where /proc
+ * is missing. process.cpuUsage() counts them together; this tells JavaScript running slower
+ * (the main thread) from V8 compiling or marking the heap beside it (the rest).
+ */
+export function threadTicks(): { main: number; helpers: number } | null {
+  try {
+    let main = 0;
+    let helpers = 0;
+    for (const tid of readdirSync('/proc/self/task')) {
+      let stat: string;
+      try {
+        stat = readFileSync(`/proc/self/task/${tid}/stat`, 'utf8');
+      } catch {
+        continue; // a helper thread that exited while we looked
+      }
+      const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      const t = Number(f[11]) + Number(f[12]);
+      if (Number(tid) === process.pid) main += t;
+      else helpers += t;
+    }
+    return { main, helpers };
+  } catch {
+    return null;
+  }
+}
+
+/** Milliseconds of the main thread and of the helpers between two threadTicks() marks. */
+export function threadMs(
+  from: ReturnType<typeof threadTicks>,
+  to: ReturnType<typeof threadTicks>,
+): { main: number; helpers: number } | null {
+  if (!from || !to) return null;
+  ticksPerSecond ??= Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100;
+  const ms = 1000 / ticksPerSecond;
+  return { main: (to.main - from.main) * ms, helpers: (to.helpers - from.helpers) * ms };
+}

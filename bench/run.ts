@@ -42,6 +42,14 @@ function packageVersion(name: string): string {
   }
 }
 
+function threadsText(t: { main: number; helpers: number } | null): string {
+  return t === null ? '' : ` (main thread ${Math.round(t.main)}, helper threads ${Math.round(t.helpers)})`;
+}
+
+function busyText(cores: number | null): string {
+  return cores === null ? '?' : cores.toFixed(2);
+}
+
 function failure(o: Outcome<unknown>): Sample {
   if (o.ok) throw new Error('not a failure');
   return o.timeout ? { kind: 'timeout', note: o.note } : { kind: 'error', note: o.note };
@@ -150,7 +158,8 @@ async function bench(adminUrl: string, serverDescription: string, started: numbe
                 `${Math.round(cost.walBytes / n)} B cluster; commits/task ${(cost.commits / n).toFixed(2)} ` +
                 `(write ${cost.ownWriteCommits === null ? '?' : (cost.ownWriteCommits / n).toFixed(2)})` +
                 `${cost.otherCommits > 0 ? `; other dbs committed ${cost.otherCommits}` : ''}; ` +
-                `this process's CPU ${Math.round(o.value.processCpuMs)} ms, ${o.value.gcs.count} GCs (${Math.round(o.value.gcs.ms)} ms)`,
+                `this process's CPU ${Math.round(o.value.processCpuMs)} ms${threadsText(o.value.threads)}, ${o.value.gcs.count} GCs (${Math.round(o.value.gcs.ms)} ms); ` +
+                `machine busy cores ${busyText(o.value.machineBusy.before)} before the start, ${busyText(o.value.machineBusy.during)} during`,
             );
           } else {
             results.add(a.label, rateKey, failure(o));

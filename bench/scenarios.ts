@@ -3,6 +3,7 @@ import pg from 'pg';
 import type { BenchConfig } from './config.js';
 import type { CounterDelta, Monitor } from './db.js';
 import { cpuMs, GcTally } from './gc-tally.js';
+import { busyCores, machineCpu, threadMs, threadTicks } from './machine-cpu.js';
 import { percentile } from './stats.js';
 import type { Producer, RunningWorker, SystemAdapter } from './systems/types.js';
 import { cleanup, sleep, TimeoutError, waitUntil, withTimeout } from './util.js';
@@ -72,6 +73,14 @@ export interface DrainResult {
    */
   processCpuMs: number;
   gcs: { count: number; ms: number };
+  /**
+   * The whole machine's busy cores (every process: the server, other runs' leftovers) over the
+   * STATS_SETTLE_MS pause just before the worker starts, and over the drain; null without
+   * /proc/stat. A busy machine before the start means something outside the drain competes with it.
+   */
+  machineBusy: { before: number | null; during: number | null };
+  /** processCpuMs split: the main thread's and the other threads' (V8's compiler and GC helpers), ms; null without /proc. */
+  threads: { main: number; helpers: number } | null;
 }
 
 /**
@@ -120,7 +129,9 @@ export async function drain(
   // ran at the last handler's start, so it landed in every berth drain's "all recorded" time.
   // The same for every system; it commits before `before` is read, so no count includes it.
   await adapter.pending(probe);
+  const quietFrom = machineCpu();
   await sleep(STATS_SETTLE_MS);
+  const busyBefore = busyCores(quietFrom, machineCpu());
   const before = await monitor.read();
 
   const tracker = new RunTracker(n);
@@ -130,15 +141,21 @@ export async function drain(
   let t0 = 0;
   let recorded: Awaited<ReturnType<typeof untilRecorded>> | null = null;
   let started = false;
+  let busyDuring: number | null = null;
+  let threads: ReturnType<typeof threadMs> = null;
   try {
     gcs.start();
     const cpuBefore = process.cpuUsage();
+    const machineFrom = machineCpu();
+    const threadsFrom = threadTicks();
     t0 = performance.now();
     const deadline = t0 + cfg.drainTimeoutMs;
     worker = await adapter.startWorker(concurrency, tracker.onRun);
     started = await waitUntil(() => tracker.distinct >= n, Math.max(0, deadline - performance.now()));
     if (started) recorded = await untilRecorded(() => adapter.pending(probe), deadline);
     processCpuMs = cpuMs(process.cpuUsage(cpuBefore));
+    busyDuring = busyCores(machineFrom, machineCpu());
+    threads = threadMs(threadsFrom, threadTicks());
     // The last gc entries are delivered a tick after the collection.
     await sleep(0);
   } finally {
@@ -170,6 +187,8 @@ export async function drain(
       duplicates: tracker.duplicates,
       processCpuMs,
       gcs: { count: gcs.count, ms: gcs.ms },
+      machineBusy: { before: busyBefore, during: busyDuring },
+      threads,
     },
   };
 }
