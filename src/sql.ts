@@ -132,7 +132,7 @@ export const bindSchema = (function (schema: string): Schema {
  *   analyzed (every freshly truncated ring segment) their estimates pass `jit_above_cost`, and
  *   compiling such a plan took 10–28 s for a statement that runs in milliseconds.
  * - Bitmap scans on: worker sessions turn them off for the claim (see SESSION_OPTIONS in
- *   src/process/worker.ts), and without them the gauges read each lane's backlog with a
+ *   src/process/worker-pools.ts), and without them the gauges read each lane's backlog with a
  *   sequential scan of the ring partition per lane (553 ms against 177 ms at 200k entries,
  *   docs/explain.md).
  * - Sequential scans on: worker sessions turn them off too (SESSION_OPTIONS), and these reads

@@ -17,7 +17,7 @@ if (!process.env.BERTH_LOG_LEVEL) testLogger.level = 'silent';
  */
 export async function freshSchema(name: string): Promise<{ schema: string; pool: pg.Pool }> {
   const schema = `t_${name}_${process.pid}`;
-  // jit off as on every session berth opens itself (SESSION_OPTIONS in src/process/worker.ts):
+  // jit off as on every session berth opens itself (SESSION_OPTIONS in src/process/worker-pools.ts):
   // maintenance and admin statements plan over every ring partition, and on never-analyzed
   // partitions their estimates pass jit_above_cost, where compiling them takes seconds.
   const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 10, options: '-c jit=off' });

@@ -6,7 +6,7 @@
 import pg from 'pg';
 import { DATABASE_URL } from './helpers.js';
 
-/** A worker session's settings (src/process/worker.ts SESSION_OPTIONS): the plans the fleet gets. */
+/** A worker session's settings (src/process/worker-pools.ts SESSION_OPTIONS): the plans the fleet gets. */
 export const WORKER_SESSION =
   '-c jit=off -c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off';
 

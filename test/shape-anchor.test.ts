@@ -1,11 +1,10 @@
 /**
  * The shape donors (src/util/shape-anchor.ts, made in processor/engine.ts,
- * processor/settlement-batcher.ts and storage/complete.ts) keep V8's shapes of a worker's
- * per-task objects, of its engine's buffer, running list and deadline timer, of a completion
- * batch's groups, and of the rows its claims and completion return, alive for the life of the
- * process, so that a full garbage collection with no task running, or a new worker in the same
- * process, does not throw away the hot path's compiled code (docs/architecture.md, "Compiled code
- * that survives a full collection").
+ * processor/settlement-batcher.ts) keep V8's shapes of a worker's per-task objects, of its
+ * engine's buffer, running list and deadline timer, of a completion batch's groups, and of the
+ * rows its claims and completion return, alive for the life of the process, so that a full garbage
+ * collection with no task running, or a new worker in the same process, does not throw away the
+ * hot path's compiled code (docs/architecture.md, "Compiled code that survives a full collection").
  *
  * What can break it: a donor whose shape is not the one the engine's objects get (a field added
  * after construction, in a method the donor never ran; a field that starts as a small integer and
@@ -25,6 +24,7 @@ import { defineTask, enqueueMany, type TaskContext, Worker } from '../src/index.
 import type { AnyTaskDefinition } from '../src/task.js';
 import { runDueTasks } from '../src/testing-api.js';
 import { type CompletableRef, groupByLease, groupValues } from '../src/storage/complete.js';
+import { probeTask } from '../src/processor/prepare-settlement.js';
 import { anchoredShapes, anchorRow, keepRowShapesOf } from '../src/util/shape-anchor.js';
 import { DATABASE_URL, freshSchema, testLogger, waitFor } from './helpers.js';
 
@@ -261,6 +261,9 @@ test("a running worker keeps no task's payload once the task is settled", async 
 test("a completion batch's groups and their statement values have their donors' shapes", async () => {
   const { parts, worker } = await drain(20, { keepRunning: true });
   try {
+    // The completion a worker sends at its start to plan the statement hands in a task of the
+    // claim's shape, so the completion's code sees the one shape of task a drain gives it.
+    assert.ok(haveSameMap(probeTask(3), parts.task), "the start's probe task has a claimed task's shape");
     // The engine's own tasks, as the batcher hands them in, with fractional run times.
     const task = parts.task as unknown as CompletableRef;
     const refs = [task, { ...task }];
@@ -413,5 +416,47 @@ test('runDueTasks on a pool whose rows cannot be written runs and settles its ta
     assert.equal(runs(), 1);
   } finally {
     await callers.end();
+  }
+});
+
+// Last in the file: its drains move the claim statements' result counts, at which the row
+// tests above expect rows to be kept.
+test("a worker's engine and every object it is made with have the donor engine's shapes", async () => {
+  // A worker that stops makes the donor (once per process), then one that runs is compared.
+  await drain(20);
+  const { parts, worker } = await drain(200, { keepRunning: true });
+  try {
+    const donor = anchoredShapes().get('Engine');
+    assert.ok(donor !== undefined, 'a donor engine is kept once a worker has stopped');
+    // Three levels down from the engine (its fetcher, batcher, pools, rate, throttle, the run's
+    // and the settlement's dependencies and what they hold), each pair compared before either's
+    // properties are read (see assertSameShapes). Arrays, maps and sets take their shapes from
+    // V8's built-in ones, which never die; loggers are the application's (a pino child has a
+    // shape of its own, whatever berth does).
+    const differ: string[] = [];
+    const seen = new Set<unknown>();
+    const walk = (d: unknown, r: unknown, path: string, depth: number): void => {
+      if (typeof r !== 'object' || r === null || typeof d !== 'object' || d === null || seen.has(r)) return;
+      seen.add(r);
+      if (Array.isArray(r) || r instanceof Map || r instanceof Set) return;
+      if (!haveSameMap(d, r)) differ.push(`${path} (${(r as object).constructor?.name})`);
+      if (depth === 0) return;
+      for (const k of Object.keys(r as Bag)) {
+        if (k === 'logger' || k === 'log') continue;
+        walk((d as Bag)[k], (r as Bag)[k], `${path}.${k}`, depth - 1);
+      }
+    };
+    const engine = engineOf(worker);
+    walk(donor, engine, 'engine', 3);
+    // A task type's bound instruments, made at its first task (kept in a Map, which the walk
+    // does not enter): the drained type's against the donor's.
+    type Instruments = { for(type: string): Bag };
+    const own = (engine.typeMetrics as Instruments).for(String(parts.task.type));
+    const donated = ((donor as Bag).typeMetrics as Instruments).for('');
+    walk(donated, own, 'typeMetrics.for(type)', 2);
+    assert.deepEqual(differ, [], "the running engine's objects have the donor's shapes");
+    assert.ok(seen.size > 40, `the walk reached the engine's parts (${seen.size} objects)`);
+  } finally {
+    await worker.stop();
   }
 });

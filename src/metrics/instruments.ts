@@ -51,7 +51,8 @@ export interface Described {
 /**
  * One label set of an instrument, bound once: what the worker updates per task (per task type).
  * It counts exactly as the instrument's own call with those labels; it only saves building the
- * labels object and its OpenTelemetry attributes on every call.
+ * labels object and its OpenTelemetry attributes on every call. Call `inc` (and a bound
+ * histogram's `observe`) on the bound object: they are methods, not functions to take off it.
  */
 export interface BoundCounter {
   inc(value?: number): void;
@@ -163,16 +164,7 @@ export class CounterMetric<T extends string = string> {
       bound = new PendingCount({ ...labels });
       this.bound.set(key, bound);
     }
-    const counted = bound;
-    const attrs = attributes(bound.labels);
-    return {
-      inc: (value = 1) => {
-        if (!(value >= 0) || !Number.isFinite(value))
-          throw new RangeError(`counter increment must be a finite number >= 0, got ${value}`);
-        counted.pending += value;
-        this.otel.add(value, attrs);
-      },
-    };
+    return new BoundCount(bound, this.otel, attributes(bound.labels));
   }
 
   /** Adds what the bound label sets counted since the last read (prom-client's `collect`). */
@@ -189,6 +181,26 @@ export class CounterMetric<T extends string = string> {
     // An OpenTelemetry counter is monotonic: it has no reset. Only the Prometheus side starts over
     // (prom-client's reset, wrapped above, drops the unpublished counts too).
     this.prom.reset();
+  }
+}
+
+/**
+ * A counter's bound label set. An object of a class, not a closure per binding: each worker binds
+ * its own, and code compiled around the last worker's closure (inlined into the settlement's
+ * count) was thrown away with it once that worker was collected; a method outlives every worker.
+ */
+class BoundCount implements BoundCounter {
+  constructor(
+    private readonly counted: PendingCount,
+    private readonly otel: OtelCounter,
+    private readonly attrs: Attributes,
+  ) {}
+
+  inc(value = 1): void {
+    if (!(value >= 0) || !Number.isFinite(value))
+      throw new RangeError(`counter increment must be a finite number >= 0, got ${value}`);
+    this.counted.pending += value;
+    this.otel.add(value, this.attrs);
   }
 }
 
@@ -256,34 +268,14 @@ export class HistogramMetric<T extends string = string> {
     checkLabelNames(this.prom, labels);
     const bound = { ...labels };
     const attrs = attributes(bound);
-    if (!histogramEntriesWritable()) {
-      return {
-        observe: (value) => {
-          this.prom.observe(bound, value);
-          this.otel.record(value, attrs);
-        },
-      };
-    }
+    if (!histogramEntriesWritable()) return new BoundPromHistogram(this.prom, bound, this.otel, attrs);
     const key = labelKey(bound);
     let found = this.bound.get(key);
     if (found === undefined) {
       found = new PendingObservations(bound, this.buckets.length);
       this.bound.set(key, found);
     }
-    const pending = found;
-    const buckets = this.buckets;
-    return {
-      observe: (value) => {
-        if (!Number.isFinite(value)) throw new TypeError(`histogram value must be a finite number, got ${value}`);
-        let i = 0;
-        while (i < buckets.length && value > buckets[i]!) i++;
-        // Past the last bucket: counted in +Inf only (count and sum), as prom-client does.
-        if (i < buckets.length) pending.counts[i]!++;
-        pending.count++;
-        pending.sum += value;
-        this.otel.record(value, attrs);
-      },
-    };
+    return new BoundPendingHistogram(found, this.buckets, this.otel, attrs);
   }
 
   /** Adds what the bound label sets observed since the last read (prom-client's `collect`). */
@@ -317,6 +309,44 @@ export class HistogramMetric<T extends string = string> {
   reset(): void {
     // prom-client's reset, wrapped above, drops the unpublished counts too.
     this.prom.reset();
+  }
+}
+
+/** A histogram's bound label set, counting in itself (an object of a class: see BoundCount). */
+class BoundPendingHistogram implements BoundHistogram {
+  constructor(
+    private readonly pending: PendingObservations,
+    private readonly buckets: readonly number[],
+    private readonly otel: OtelHistogram,
+    private readonly attrs: Attributes,
+  ) {}
+
+  observe(value: number): void {
+    if (!Number.isFinite(value)) throw new TypeError(`histogram value must be a finite number, got ${value}`);
+    const buckets = this.buckets;
+    const pending = this.pending;
+    let i = 0;
+    while (i < buckets.length && value > buckets[i]!) i++;
+    // Past the last bucket: counted in +Inf only (count and sum), as prom-client does.
+    if (i < buckets.length) pending.counts[i]!++;
+    pending.count++;
+    pending.sum += value;
+    this.otel.record(value, this.attrs);
+  }
+}
+
+/** A histogram's bound label set where prom-client's entries are not writable: observed through prom-client every time. */
+class BoundPromHistogram implements BoundHistogram {
+  constructor(
+    private readonly prom: Histogram<string>,
+    private readonly labels: LabelValues<string>,
+    private readonly otel: OtelHistogram,
+    private readonly attrs: Attributes,
+  ) {}
+
+  observe(value: number): void {
+    this.prom.observe(this.labels, value);
+    this.otel.record(value, this.attrs);
   }
 }
 

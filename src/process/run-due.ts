@@ -19,6 +19,7 @@ import { ScheduleCeilings } from '../processor/schedule-ceilings.js';
 import { settleTask, type SettleDeps } from '../processor/settle-task.js';
 import { SettlementBatcher } from '../processor/settlement-batcher.js';
 import { TypeMetrics } from '../processor/type-metrics.js';
+import { TaskReports } from '../processor/task-reports.js';
 import { UnknownTypes } from '../processor/unknown-types.js';
 import { resolveWorkerOptions, type ResolvedWorkerOptions } from './worker-options.js';
 import { resolveSchedules, type ScheduleDefinition } from '../schedule.js';
@@ -238,13 +239,13 @@ class OnceRunner {
     this.storage = storage;
     this.batcher = new SettlementBatcher(pool, storage, o.metrics, o.logger);
     this.channel = wakeChannel(o.schema);
-    const typeMetrics = new TypeMetrics(o.metrics);
+    const reports = new TaskReports(new TypeMetrics(o.metrics), null, o.logger);
     this.runDeps = {
       write: pool,
       storage,
       workerId: o.workerId,
       deadlines: new DeadlineTimer(),
-      observeHandler: (task, seconds) => typeMetrics.for(task.type).handlerSeconds.observe(seconds),
+      reports,
       unknownTypes: new UnknownTypes(o.unknownTypes, o.metrics, o.logger, o.workerId),
       resultMaxBytes: o.resultMaxBytes,
       ceilings: o.tasks.ceilings,
@@ -257,8 +258,7 @@ class OnceRunner {
       write: pool,
       storage,
       batcher: this.batcher,
-      record: (task, outcome) => typeMetrics.for(task.type).outcome(outcome).inc(),
-      debugEnabled: () => o.logger.isLevelEnabled('debug'),
+      reports,
       workerId: o.workerId,
     };
   }

@@ -3,7 +3,7 @@ import { storageFor } from '../storage/storage.js';
 import { prepareSettlement } from '../processor/prepare-settlement.js';
 import { BerthInputError } from '../errors.js';
 import { checkKeys, checkMs, MAX_TIMER_MS } from '../limits.js';
-import { createPool, sessionName, type DatabaseTarget } from '../db/connections.js';
+import { sessionName, type DatabaseTarget } from '../db/connections.js';
 import { childLogger, type Logger } from '../logger.js';
 import { laneLabel } from '../lane.js';
 import { Maintenance } from '../maintenance/leader.js';
@@ -25,8 +25,11 @@ import { resolveWorkerOptions, type ResolvedWorkerOptions, type WorkerOptions } 
 import { onStopSignals, resolveSignalOptions, type StopOnSignalsOptions } from './signals.js';
 import { declareSchedules } from './declare-schedules.js';
 import { keepRowShapesOf } from '../util/shape-anchor.js';
+import { anchorEngineShapes } from './engine-donor.js';
+import { workerPool } from './worker-pools.js';
 
 export { WORKER_DEFAULTS, type WorkerOptions } from './worker-options.js';
+export { SESSION_OPTIONS } from './worker-pools.js';
 export type { StopOnSignalsOptions } from './signals.js';
 
 /** `worker.stop(options)`. */
@@ -46,36 +49,6 @@ function stopGraceMs(options: StopOptions): number {
   checkKeys(options, STOP_KEYS, 'stop options');
   return checkMs(options.graceMs ?? 0, 'graceMs', 'stop options', 0, MAX_TIMER_MS, " (Node's timer limit)");
 }
-
-/**
- * Worker sessions run without JIT: the claim's plan over every ring partition is costed high
- * enough to trigger JIT compilation, which took ~1 s per statement for a sub-millisecond query.
- *
- * And without bitmap scans: ring partitions are truncated all the time and so are almost never
- * analyzed, and on such estimates the claim read a lane's whole backlog past its cursor with a
- * bitmap scan (unordered) to sort it and keep the first entries: 5.3 ms per claim at 1,700
- * entries per lane (20k queued), growing with the backlog. Without it the plan is a Merge
- * Append of the partitions' primary keys under the LIMIT, which stops after the entries it
- * takes: 0.2 ms per lane (EXPLAIN ANALYZE, docs/benchmarks-journal.md "Range leases").
- *
- * And without sequential scans: the claim and the completion are named statements whose generic
- * plan each session keeps, made when a ring segment's lease partition was nearly empty (a page).
- * That plan read the lane cursor (the lane's highest lease) with a sequential scan of every
- * lease in the segment, once per lane, and the completion joined its batch against the same: both
- * grew with the slot, to ~1,900 leases read per lane per claim at 50k tasks (3.2 ms of a 7.2 ms
- * claim, auto_explain during bench/drain-profile.ts). With them off the same cached plans probe
- * the primary keys; the PostgreSQL backends' CPU per task went from 47–56 µs to 32–37 µs, and
- * the drain from 16–20k to 23–25k tasks/s (c10, 2026-12-01). Reads that walk whole partitions
- * on purpose (rescue, gauges, prune) turn both back on for themselves (`queryRingRead`).
- */
-export const SESSION_OPTIONS =
-  '-c jit=off -c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off' +
-  // READ COMMITTED whatever the database's or the role's default: the limited claim's capacity
-  // and a key's admission read, after taking their lock, what was committed before it was
-  // granted (a statement's own snapshot); at REPEATABLE READ the transaction's first snapshot,
-  // older than the lock, would miss a competing claim or admission (limit_capacity and
-  // promote_held refuse to run at another level).
-  ' -c default_transaction_isolation=read\\ committed';
 
 /** What SESSION_OPTIONS sets, as `pg_settings` reports it once applied. */
 const EXPECTED_SETTINGS: Readonly<Record<string, string>> = {
@@ -237,22 +210,7 @@ export class Worker {
     const primary: DatabaseTarget = naming ? { ...o.database, naming } : o.database;
     const replica: DatabaseTarget | null = naming && o.readDatabase ? { ...o.readDatabase, naming } : o.readDatabase;
     const pool = (target: DatabaseTarget, max: number, kind: 'write' | 'read', idleTimeoutMillis?: number) =>
-      createPool(
-        target,
-        {
-          max,
-          statement_timeout: o.statementTimeoutMs,
-          // The replica's statements are bounded on this side too: statement_timeout is the
-          // server's, and a replica cut off by the network (no reset, no answer) would hold the
-          // fetch until TCP gave up, where this fails it and discovery reads the primary.
-          ...(kind === 'read' ? { query_timeout: o.statementTimeoutMs } : {}),
-          options: SESSION_OPTIONS,
-          application_name: sessionName(kind === 'write' ? 'worker' : 'read', this.id),
-          ...(idleTimeoutMillis === undefined ? {} : { idleTimeoutMillis }),
-        },
-        this.logger,
-        kind,
-      );
+      workerPool(o, this.id, this.logger, target, max, kind, idleTimeoutMillis);
     // The fetcher and the settlement batcher each run one statement at a time, so each has a
     // session of its own (a pool of one, kept open: 0 = never closed for idleness). In the shared
     // pool a claim and a flush took whichever connection was free, and every connection of it
@@ -489,6 +447,10 @@ export class Worker {
     await running.claims.end();
     await running.settlements.end();
     await running.write.end();
+    // Once per process, while this worker's objects are still alive: the shapes of an engine's
+    // own objects then outlive it, for the next worker in this process (engine-donor.ts). Not on
+    // start's path: a new process's first drain would wait for it.
+    anchorEngineShapes();
     this.logger.info('worker stopped');
     this.events.emit('worker:stopped', { workerId: this.id });
   }

@@ -185,6 +185,38 @@ export interface LeaseRow {
   stale: boolean;
 }
 
+/**
+ * A lease row no claim returned, for code that needs a claimed task of the claim's own shape
+ * without a claim (the per-task shape donors in engine.ts, the settlement session's start-time
+ * probe in prepare-settlement.ts): one task of type '' at lane position 1, each field of the
+ * representation a claim's row gives it (a fractional now and wait).
+ */
+export function standInLease(laneId: number, token: string): LeaseRow {
+  return {
+    slot: 0,
+    lane_id: laneId,
+    lease_from: '1',
+    token,
+    types: [''],
+    now_ms: Date.now() + 0.5,
+    queue: '',
+    priority: 0,
+    shard: 0,
+    tasks: '[["1","1",1,1,0.5,null]]',
+    more: false,
+    stale: false,
+  };
+}
+
+/** The terms a stand-in lease is read with: no type of its own, one attempt. */
+export const STAND_IN_TERMS: TypeTerms = {
+  ceilings: new Map(),
+  maxAttempts: new Map(),
+  defaultCeilingMs: 1000,
+  defaultMaxAttempts: 1,
+  marginMs: 0,
+};
+
 /** The claim's now() in epoch ms, as LeaseRow.now_ms (numeric until the last step, so exact). */
 export const NOW_MS_SQL = '(extract(epoch FROM now()) * 1000)::float8';
 

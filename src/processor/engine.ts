@@ -8,8 +8,8 @@ import { type AnyTaskDefinition, type BackoffPolicy, DEFAULT_BACKOFF } from '../
 import { abortableSleep } from '../util/abortable-sleep.js';
 import { anchorShape } from '../util/shape-anchor.js';
 import type { ClaimedTask } from './claim.js';
-import { type LeaseRow, tasksOf, type TypeTerms } from './claim-shared.js';
-import { Fetcher } from './fetcher.js';
+import { STAND_IN_TERMS, standInLease, tasksOf } from './claim-shared.js';
+import { type FetchLoop, Fetcher } from './fetcher.js';
 import { DiscoveryReads } from './discovery-reads.js';
 import { KeyReleaser } from './key-releaser.js';
 import { TypeRateGate } from './type-rate-gate.js';
@@ -24,12 +24,14 @@ import { ScheduleCeilings } from './schedule-ceilings.js';
 import { afterRefused, completedAnswer, type SettleDeps, settled, writeSettlement } from './settle-task.js';
 import type { CompleteResult, CompletionOwner, SettlementBatcher } from './settlement-batcher.js';
 import { entryKey } from '../storage/attempt.js';
+import { groupByLease, groupValues } from '../storage/complete.js';
 import type { ResultJson } from '../storage/results.js';
 import { returnUnstarted } from '../storage/return.js';
 import { cancelledAmong, CANCEL_NOTICE_PREFIX, parseCancelNotice } from '../storage/cancel.js';
 import { type RunningHandlers, StuckGuard } from './stuck.js';
 import type { EngineOptions } from './engine-options.js';
 import { TypeMetrics } from './type-metrics.js';
+import { TaskReports } from './task-reports.js';
 import { UnknownTypes } from './unknown-types.js';
 import { Attempt, type TaskObserver } from './task-observer.js';
 import type { WorkerEvents } from './task-events.js';
@@ -389,27 +391,8 @@ class Reactions {
  */
 function anchorTaskShapes(): void {
   const now = Date.now() + 0.5;
-  const lease: LeaseRow = {
-    slot: 0,
-    lane_id: 0,
-    lease_from: '0',
-    token: '0',
-    types: [''],
-    now_ms: now,
-    queue: '',
-    priority: 0,
-    shard: 0,
-    tasks: '[["1","1",1,1,0.5,null]]',
-    more: false,
-    stale: false,
-  };
-  const terms: TypeTerms = {
-    ceilings: new Map(),
-    maxAttempts: new Map(),
-    defaultCeilingMs: 1000,
-    defaultMaxAttempts: 1,
-    marginMs: 0,
-  };
+  const lease = standInLease(0, '0');
+  const terms = STAND_IN_TERMS;
   const task = tasksOf([lease], terms)[0]!;
   // A task that others depend on carries one more field (`hasDependents`): a shape of its own.
   anchorShape(
@@ -427,6 +410,12 @@ function anchorTaskShapes(): void {
   attempt.handlerStarted();
   attempt.handlerEnded();
   anchorShape('Attempt', attempt);
+  // A completion batch's groups and their statement values live only while a flush does: made
+  // from a claimed task, as every flush makes them, so the completion's code sees one shape of
+  // task (a literal ref made here once was a second shape for all of it).
+  const groups = groupByLease([task], [0.5]);
+  anchorShape('lease group', groups[0]!);
+  anchorShape('lease group values', groupValues(groups));
   const reactions = new Reactions(noEngine);
   reactions.x = x;
   reactions.h = run;
@@ -451,7 +440,7 @@ anchorTaskShapes();
  * under its own token and deadline (run-task.ts), and what happened is settled by its own fenced
  * row, as the outcome table says (outcome-table.ts, settle-task.ts).
  */
-export class Engine {
+export class Engine implements FetchLoop {
   private readonly o: EngineOptions;
   private readonly fetcher: Fetcher;
   /** Frees the concurrency keys of settled keyed tasks (processor/key-releaser.ts). */
@@ -469,6 +458,8 @@ export class Engine {
   private dispatching = false;
   private noneExecuting: (() => void) | null = null;
   private readonly typeMetrics: TypeMetrics;
+  /** A run's and a settlement's per-task reports (metrics, tally, the debug-level check). */
+  private readonly reports: TaskReports;
   private readonly deadlines = new DeadlineTimer();
   /** What runTask and settleTask need, built once rather than per task. */
   private readonly runDeps: RunDeps;
@@ -507,12 +498,13 @@ export class Engine {
     this.o = deps.options;
     this.storage = storageFor(this.o.schema);
     this.typeMetrics = new TypeMetrics(deps.metrics);
+    this.reports = new TaskReports(this.typeMetrics, deps.tally, deps.logger);
     this.runDeps = {
       write: deps.write,
       storage: this.storage,
       workerId: this.o.workerId,
       deadlines: this.deadlines,
-      observeHandler: (task, seconds) => this.typeMetrics.for(task.type).handlerSeconds.observe(seconds),
+      reports: this.reports,
       unknownTypes: new UnknownTypes(this.o.unknownTypes, deps.metrics, deps.logger, this.o.workerId),
       resultMaxBytes: this.o.resultMaxBytes,
       ceilings: this.o.tasks.ceilings,
@@ -524,11 +516,7 @@ export class Engine {
       write: deps.write,
       storage: this.storage,
       batcher: deps.batcher,
-      record: (task, outcome) => {
-        this.typeMetrics.for(task.type).outcome(outcome).inc();
-        this.deps.tally?.record(task.queue, task.type, outcome);
-      },
-      debugEnabled: () => this.deps.logger.isLevelEnabled('debug'),
+      reports: this.reports,
       workerId: this.o.workerId,
     };
     this.keyReleaser = new KeyReleaser(deps.write, this.storage, deps.logger);
@@ -551,7 +539,7 @@ export class Engine {
       workerId: this.o.workerId,
       wakeChannel: deps.wakeChannel,
       queues: this.o.queues,
-      wakeAgain: () => this.wake('more'),
+      loop: this,
       typeRates: this.runDeps.typeRates,
     });
     this.rate = new PrefetchRate(this.o.prefetch);
@@ -571,6 +559,30 @@ export class Engine {
       this.inflight,
       deps.onTooManyStuck,
     );
+  }
+
+  /**
+   * Takes a never-started engine (the process's shape donor, process/engine-donor.ts) through the
+   * steps after which a running engine's objects have their final shapes: a field that starts as a
+   * small integer and later holds another number gets a new shape (util/shape-anchor.ts).
+   */
+  static ripenDonor(donor: Engine): void {
+    // The completion rate starts at 0 and holds a fraction after the first sample.
+    donor.rate.completed();
+    donor.rate.target(performance.now() + 10.3);
+    // The throttle's last refill time starts at 0, its tokens at a whole number; both hold
+    // fractions once notifications have been throttled.
+    const t = Math.floor(performance.now()) + 0.5;
+    donor.notifyThrottle.waitMs(t);
+    donor.notifyThrottle.fetched(true, false, t + 0.5);
+    donor.notifyThrottle.waitMs(t + 1.5);
+    // A task type's bound instruments (made at a type's first task): a histogram's sum holds a
+    // fraction once it has observed one. The donor's meter records nothing (engine-donor.ts).
+    const instruments = donor.typeMetrics.for('');
+    instruments.handlerSeconds.observe(0.5);
+    instruments.waitSeconds.observe(0.5);
+    instruments.outcome('success').inc();
+    instruments.outcome('failure').inc();
   }
 
   /** Handlers running now. */
@@ -695,7 +707,7 @@ export class Engine {
     }
     const task = this.buffer.remove(key);
     if (task === null) return;
-    this.settleDeps.record(task, 'cancelled');
+    this.reports.record(task, 'cancelled');
     this.deps.logger.info(
       { task_id: task.id, task_type: task.type },
       'prefetched task cancelled by an operator; dropped',
@@ -736,6 +748,11 @@ export class Engine {
   private wakeToDiscover(reason: string): void {
     this.fetcher.oweDiscovery();
     this.wake(reason);
+  }
+
+  /** The fetcher's ask for another pass at once (FetchLoop). */
+  wakeForMore(): void {
+    this.wake('more');
   }
 
   private wake(reason: string): void {

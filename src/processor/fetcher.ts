@@ -10,6 +10,14 @@ import type { TaskRegistry } from './engine-options.js';
 import type { TypeMetrics } from './type-metrics.js';
 import type { DiscoveryReads } from './discovery-reads.js';
 
+/**
+ * What the fetcher asks of the engine's fetch loop: an object's method rather than a closure made
+ * per engine, whose inlined copy in `fetch` was thrown away with each stopped worker.
+ */
+export interface FetchLoop {
+  wakeForMore(): void;
+}
+
 export interface FetcherDeps {
   /**
    * The primary: the ring window, the limit flags and the claims (the worker gives the fetcher a
@@ -28,8 +36,8 @@ export interface FetcherDeps {
   workerId: string;
   wakeChannel: string;
   queues: readonly string[] | null;
-  /** Asks the fetch loop for another pass at once (a known-lane claim came back short). */
-  wakeAgain: () => void;
+  /** The engine's fetch loop, asked for another pass at once (a known-lane claim came back short). */
+  loop: FetchLoop;
   /** Told which task types are rate-limited, each time the limits are read. */
   typeRates: TypeRateGate;
 }
@@ -197,7 +205,7 @@ export class Fetcher {
     const again = await claimBatch(this.deps.write, { ...params, window: await this.currentWindow() });
     if (again.stale) {
       this.window = null;
-      this.deps.wakeAgain();
+      this.deps.loop.wakeForMore();
     }
     return again;
   }
@@ -282,7 +290,7 @@ export class Fetcher {
       const q = this.limited.get(queue);
       if (q === undefined) return;
       q.owed = true;
-      this.deps.wakeAgain();
+      this.deps.loop.wakeForMore();
     }, ms);
     timer.unref();
     this.rateTimers.set(queue, timer);
@@ -350,7 +358,7 @@ export class Fetcher {
       if (got.length < want && (batch.more || !gaveFromEach(got, known))) this.discoveryOwed = true;
       if (got.length > 0 && got.length < want && this.discoveryOwed) {
         // Start these now; discovery for the rest runs on the next pass of the loop.
-        d.wakeAgain();
+        d.loop.wakeForMore();
       }
     }
     if (got.length === fromLimited && got.length < want && this.discoveryOwed) {
@@ -377,7 +385,7 @@ export class Fetcher {
         // gave its whole share or stopped at a ring segment boundary: more may wait.
         if (candidates.length >= DISCOVERY_LANES || batch.more || !gaveFromEach(got, lanes)) this.discoveryOwed = true;
         // Entries left in lanes this claim read: claim again on the next pass, not after a slot frees.
-        if (batch.more && got.length > 0 && got.length < want) d.wakeAgain();
+        if (batch.more && got.length > 0 && got.length < want) d.loop.wakeForMore();
       }
     }
     if (got.length === want) {

@@ -15,9 +15,9 @@ export class PrefetchRate {
     this.completedSinceSample++;
   }
 
-  target(): number {
+  /** `now` is given only by the engine's shape donor, to take a rate through a sample (Engine.ripenDonor). */
+  target(now = performance.now()): number {
     if (this.prefetch === 0) return 0;
-    const now = performance.now();
     const dt = now - this.rateSampledAt;
     if (dt >= 10) {
       const rate = (this.completedSinceSample * 1000) / dt;

@@ -15,6 +15,7 @@ import type { ClaimedTask } from './claim.js';
 import { type HandlerReturn, readHandlerReturn } from './handler-result.js';
 import type { Lane } from '../lane.js';
 import type { TaskRun } from './outcome-table.js';
+import type { TaskReports } from './task-reports.js';
 import type { DeadlineTimer, RunAbort } from './run-abort.js';
 import { advanceCursor as advanceCursorIn } from '../storage/return.js';
 import { dequeueIn } from '../storage/complete.js';
@@ -33,7 +34,7 @@ export interface RunDeps {
   /** Aborts a running handler at its deadline. */
   deadlines: DeadlineTimer;
   /** Records a started handler's run time (the engine's per-type histogram). */
-  observeHandler: (task: ClaimedTask, seconds: number) => void;
+  reports: TaskReports;
   /** Types this worker has no definition for: their delay, metric and log line. */
   unknownTypes: UnknownTypes;
   /** The cap on a handler's result, as JSON in UTF-8 bytes (the worker's `resultMaxBytes`). */
@@ -590,7 +591,7 @@ export class HandlerRun {
     input.freeSlot();
     input.hooks?.handlerEnded();
     const ms = performance.now() - (this.started as number);
-    deps.observeHandler(input.task, ms / 1000);
+    deps.reports.handlerRan(input.task, ms / 1000);
     const shutdown = abort.reason instanceof ShutdownAbort;
     const pastDeadline = abort.reason instanceof DeadlineAbort || Date.now() >= deadline;
     const cancelled = abort.reason instanceof CancelAbort;

@@ -4,6 +4,7 @@ import type { Outcome } from '../metrics/catalogue.js';
 import type { Queryable } from '../sql.js';
 import type { ClaimedTask } from './claim.js';
 import type { SettleAction, SettleAnswer, Settlement, TaskRun } from './outcome-table.js';
+import type { TaskReports } from './task-reports.js';
 import type { CompleteResult, Completion, SettlementBatcher } from './settlement-batcher.js';
 import { type ReleaseHistory, releaseLease, returnUnstarted } from '../storage/return.js';
 import { countLostClaim, refusalOf } from '../storage/lost-claim.js';
@@ -13,10 +14,8 @@ export interface SettleDeps {
   write: Queryable;
   storage: Storage;
   batcher: SettlementBatcher;
-  /** Counts an outcome (metrics and the heartbeat's tally). */
-  record: (task: ClaimedTask, outcome: Outcome) => void;
-  /** Whether debug lines are wanted (a pino child per task is not free, so ask the parent). */
-  debugEnabled: () => boolean;
+  /** Counts an outcome (metrics and the heartbeat's tally) and says whether debug lines are wanted. */
+  reports: TaskReports;
   /** Recorded with the attempt of a run whose lease a server crash took back. */
   workerId: string;
 }
@@ -62,9 +61,9 @@ export function settled(
   answer: SettleAnswer,
   log: Logger,
 ): SettleAnswer {
-  describe(task, run, settlement, answer, log, deps.debugEnabled);
+  describe(task, run, settlement, answer, log, deps.reports);
   const outcome: Outcome | null = settlement.outcome[answer.kind];
-  if (outcome !== null) deps.record(task, outcome);
+  if (outcome !== null) deps.reports.record(task, outcome);
   return answer;
 }
 
@@ -225,7 +224,7 @@ function describe(
   settlement: Settlement,
   answer: SettleAnswer,
   log: Logger,
-  debugEnabled: () => boolean,
+  reports: TaskReports,
 ): void {
   const action = settlement.action;
   const ran =
@@ -238,7 +237,7 @@ function describe(
       : null;
   if (answer.kind === 'refused' && ran?.dequeued) {
     // Not a lost lease: the handler's own ctx.dequeue committed first.
-    if (debugEnabled()) log.debug('task dequeued by its handler');
+    if (reports.debugEnabled()) log.debug('task dequeued by its handler');
     return;
   }
   if (answer.kind === 'cancelled') {
@@ -272,7 +271,7 @@ function describe(
             { handed_back: false, answer: answer.kind },
             "a task refused by its type's rate limit could not be handed back",
           );
-        } else if (debugEnabled()) log.debug({ delay_ms: run.delayMs }, run.note);
+        } else if (reports.debugEnabled()) log.debug({ delay_ms: run.delayMs }, run.note);
         return;
       }
       if (run.kind === 'stopped_before_start') {
@@ -332,7 +331,7 @@ function describe(
         );
       } else {
         if (ran?.pastDeadline) log.warn('task reported done after its deadline');
-        if (debugEnabled()) log.debug('task done');
+        if (reports.debugEnabled()) log.debug('task done');
       }
   }
 }

@@ -23,25 +23,41 @@ export class TypeMetrics {
   for(type: string): TypeInstruments {
     let found = this.byType.get(type);
     if (found === undefined) {
-      const m = this.metrics;
-      const outcomes = new Map<Outcome, BoundCounter>();
-      // Almost every task ends in success: its counter is found without the map.
-      const success = m.outcomes.bind({ task_type: type, outcome: 'success' });
-      found = {
-        handlerSeconds: m.handlerSeconds.bind({ task_type: type }),
-        waitSeconds: m.taskWaitSeconds.bind({ task_type: type }),
-        outcome(outcome) {
-          if (outcome === 'success') return success;
-          let c = outcomes.get(outcome);
-          if (c === undefined) {
-            c = m.outcomes.bind({ task_type: type, outcome });
-            outcomes.set(outcome, c);
-          }
-          return c;
-        },
-      };
+      found = new TypeInstrumentsBound(this.metrics, type);
       this.byType.set(type, found);
     }
     return found;
+  }
+}
+
+/**
+ * One task type's instruments. An object of a class rather than a literal with an `outcome`
+ * closure: each worker binds its own, and code compiled around the last worker's closure was
+ * thrown away with it once that worker was collected (instruments.ts, BoundCount).
+ */
+class TypeInstrumentsBound implements TypeInstruments {
+  readonly handlerSeconds: BoundHistogram;
+  readonly waitSeconds: BoundHistogram;
+  /** Almost every task ends in success: its counter is found without the map. */
+  private readonly success: BoundCounter;
+  private readonly others = new Map<Outcome, BoundCounter>();
+
+  constructor(
+    private readonly metrics: BerthMetrics,
+    private readonly type: string,
+  ) {
+    this.handlerSeconds = metrics.handlerSeconds.bind({ task_type: type });
+    this.waitSeconds = metrics.taskWaitSeconds.bind({ task_type: type });
+    this.success = metrics.outcomes.bind({ task_type: type, outcome: 'success' });
+  }
+
+  outcome(outcome: Outcome): BoundCounter {
+    if (outcome === 'success') return this.success;
+    let c = this.others.get(outcome);
+    if (c === undefined) {
+      c = this.metrics.outcomes.bind({ task_type: this.type, outcome });
+      this.others.set(outcome, c);
+    }
+    return c;
   }
 }

@@ -1,4 +1,4 @@
-import { anchorRow, anchorShape } from '../util/shape-anchor.js';
+import { anchorRow } from '../util/shape-anchor.js';
 import { BerthInputError, LeaseLostError, orNotMigrated } from '../errors.js';
 import { taskId } from './ids.js';
 import { quoteIdent, type Queryable, type Schema } from '../sql.js';
@@ -535,18 +535,3 @@ function dequeueStatement({ q: s }: Schema) {
        SELECT 1 FROM won`,
   );
 }
-
-/**
- * A batch's groups and their statement values live only while a flush does, and their shapes
- * died with them at a full collection between two drains (util/shape-anchor.ts): one of each,
- * made by the functions that make them, kept for the process's life.
- */
-function anchorGroupShapes(): void {
-  const groups = groupByLease(
-    [{ segment: 0, laneId: 0, laneSeq: '1', leaseFrom: '1', token: '0', runMs: 0.5 }],
-    undefined,
-  );
-  anchorShape('lease group', groups[0]!);
-  anchorShape('lease group values', groupValues(groups));
-}
-anchorGroupShapes();
