@@ -51,9 +51,10 @@ function anchorDonor(): void {
     // through an observation (Engine.ripenDonor), which must reach no exporter of the process.
     metrics: new BerthMetrics({ meter: createNoopMeter() }),
   });
+  // The worker's three pools, as its start() makes them (a pool's size does not change its shape).
   const claims = workerPool(o, o.workerId, o.logger, o.database, 1, 'write', 0);
   const settlements = workerPool(o, o.workerId, o.logger, o.database, 1, 'write', 0);
-  const write = workerPool(o, o.workerId, o.logger, o.database, Math.max(4, Math.ceil(o.slots / 2) + 4), 'write');
+  const write = workerPool(o, o.workerId, o.logger, o.database, 1, 'write');
   const events = new WorkerEvents(o.logger);
   const engine = new Engine({
     options: o,

@@ -392,12 +392,11 @@ class Reactions {
 function anchorTaskShapes(): void {
   const now = Date.now() + 0.5;
   const lease = standInLease(0, '0');
-  const terms = STAND_IN_TERMS;
-  const task = tasksOf([lease], terms)[0]!;
+  const task = tasksOf([lease], STAND_IN_TERMS)[0]!;
   // A task that others depend on carries one more field (`hasDependents`): a shape of its own.
   anchorShape(
     'claimed task with dependents',
-    tasksOf([{ ...lease, tasks: '[["1","1",1,1,0.5,null,null,null,null,0,1]]' }], terms)[0]!,
+    tasksOf([{ ...lease, tasks: '[["1","1",1,1,0.5,null,null,null,null,0,1]]' }], STAND_IN_TERMS)[0]!,
   );
   const noEngine = null as unknown as Engine;
   const options = { leaseMarginMs: 0, tasks: { defs: new Map() } } as unknown as EngineOptions;

@@ -10,10 +10,10 @@ import { type ClaimedTask, type LeaseRow, STAND_IN_TERMS, standInLease, tasksOf 
  * lease that does not exist (no lane has id -1, under a token of this process's own), in the
  * ring's current segment, whose statement is named per segment. The fence finds no lease, so
  * nothing is written; the session has planned the completion (and its rare-path remainder) and
- * loaded the segment's catalog entries. A new process's first completion took 15-35 ms of server time for
- * that (parse and bind, beside the leader's first runs on the 2-core development machine), and
- * its first pickups competed with it for the CPU. Never rejects: a database fault here is the
- * first flush's to meet.
+ * loaded the segment's catalog entries. A new process's first completion took 15-35 ms of server
+ * time for that (parse and bind, beside the leader's first runs on the 2-core development
+ * machine), and its first pickups competed with it for the CPU. Never rejects: a database fault
+ * here is the first flush's to meet.
  */
 export async function prepareSettlement(db: Queryable, storage: Storage): Promise<void> {
   try {
