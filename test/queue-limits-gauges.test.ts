@@ -120,3 +120,62 @@ test("a queue whose rate's starts are used up is held; the rate series are expor
   assert.doesNotMatch(await m.registry.metrics(), /^berth_queue_limit_\w+\{/m);
   await clearQueueLimit(pool, schema, 'metered', 'test');
 });
+
+/** A Queryable over the pool that records each statement's text and the most it ever ran at once. */
+function recording(): { db: Pick<typeof pool, 'query'>; texts: string[]; mostAtOnce: () => number } {
+  const texts: string[] = [];
+  let inFlight = 0;
+  let most = 0;
+  const db = {
+    query: (async (config: unknown, values?: unknown[]) => {
+      texts.push(typeof config === 'string' ? config : (config as { text: string }).text);
+      most = Math.max(most, ++inFlight);
+      try {
+        return await pool.query(config as string, values);
+      } finally {
+        inFlight--;
+      }
+    }) as typeof pool.query,
+  };
+  return { db, texts, mostAtOnce: () => most };
+}
+
+test("the gauges read one statement at a time, and count a limited queue's waiting tasks only while it is at its limit", async () => {
+  await dueWork('capped', 2);
+  await dueWork('roomy', 2);
+  const laneOf = async (queue: string): Promise<number> =>
+    (await pool.query(`SELECT lane_id FROM ${S}.lanes WHERE queue = $1`, [queue])).rows[0].lane_id;
+  assert.equal((await claim(pool, claimParams(schema, [await laneOf('capped')], 1))).length, 1);
+  await setQueueLimit(pool, schema, 'capped', { maxRunning: 1 }, 'test');
+  await setQueueLimit(pool, schema, 'roomy', { maxRunning: 5 }, 'test');
+  const countsWaiting = (t: string) => /\bsum\(/.test(t) && /\blanes l\b/.test(t);
+
+  const both = recording();
+  const g = await readGauges(both.db as typeof pool, schema);
+  assert.deepEqual(
+    g.limits.map((l) => [l.queue, l.atLimit, l.running, l.heldTasks]),
+    [
+      ['capped', true, 1, 1],
+      ['roomy', false, 0, 0],
+    ],
+  );
+  assert.equal(both.texts.filter(countsWaiting).length, 1, 'one waiting count, for the queue at its limit');
+  assert.equal(both.mostAtOnce(), 1, 'never two statements at once (each would take a session of its own)');
+
+  // No queue at a limit: the waiting count, planned over every ring partition, is not run.
+  await setQueueLimit(pool, schema, 'capped', { maxRunning: 3 }, 'test');
+  const none = recording();
+  const below = await readGauges(none.db as typeof pool, schema);
+  assert.deepEqual(
+    below.limits.map((l) => [l.queue, l.atLimit, l.heldTasks]),
+    [
+      ['capped', false, 0],
+      ['roomy', false, 0],
+    ],
+  );
+  assert.equal(none.texts.filter(countsWaiting).length, 0);
+  assert.equal(none.mostAtOnce(), 1);
+  await clearQueueLimit(pool, schema, 'capped', 'test');
+  await clearQueueLimit(pool, schema, 'roomy', 'test');
+  await pool.query(`TRUNCATE ${S}.ready, ${S}.range_leases, ${S}.range_settlements, ${S}.tombstones, ${S}.deferred`);
+});

@@ -80,12 +80,16 @@ export async function readGaugesIn(db: Queryable, storage: Storage, window: Ring
       .query({ staleMs, futureMs }),
   );
   const { res, oldest } = counts;
-  const [keyed, keyLimitRows, typeLimits, dependencies] = await Promise.all([
-    heldSummary(db, storage),
-    keyLimits(db, storage),
-    typeLimitUsage(db, storage),
-    dependencyUsage(db, storage),
-  ]);
+  // One after another, not at once: at once on the leader's pool they took four sessions, each
+  // planning its statement there for the first time (5-17 ms each, over the functions' own
+  // statements), a burst on every core every 5 s that the pickups of the moment waited behind
+  // (docs/benchmarks-journal.md, "Issue 35's sixteenth round"). One after another, each gets the
+  // session the last one released (pg-pool hands out its most recently released first), where
+  // it is planned already.
+  const keyed = await heldSummary(db, storage);
+  const keyLimitRows = await keyLimits(db, storage);
+  const typeLimits = await typeLimitUsage(db, storage);
+  const dependencies = await dependencyUsage(db, storage);
   const snap: GaugeSnapshot = {
     pending: new Map(),
     running: new Map(),

@@ -91,7 +91,8 @@ export async function limitUsage(db: Queryable, storage: Storage): Promise<Queue
   const statement = storage.statement('limit-usage', ({ q: s }) =>
     compile(
       sql`SELECT queue, max_running, running, rate_limit, rate_interval_ms, started, updated_at, updated_by
-            FROM ${s}.limit_usage()`,
+            FROM ${s}.limit_usage()
+           ORDER BY queue`,
     ),
   );
   const res = await db.query<UsageRow>(statement.query({}));
@@ -113,33 +114,42 @@ export interface QueueLimitStatus extends QueueLimitUsage {
 }
 
 /**
- * Every limit with its usage (limit_usage()) and the queue's due tasks waiting, from index
- * probes per lane of the limited queues only (the lane stats' own expressions). The CLI's
- * `limits list` and `stats`, the dashboard and the leader's gauges all read it, so they agree
- * on which queue is held and by how much.
+ * Every limit with its usage (limit_usage()) and, for the queues at a limit now, their due tasks
+ * waiting, from index probes per lane (the lane stats' own expressions). The CLI's `limits list`
+ * and `stats`, the dashboard and the leader's gauges all read it, so they agree on which queue is
+ * held and by how much.
+ *
+ * Two statements, the second only when a queue is at a limit: the waiting count joins every ring
+ * partition, and as one statement with the usage it was planned on every read, limits or none. On
+ * an idle schema without limits that plan took ~10 ms of server CPU each gauge run on a session
+ * that had not planned it before (30 ms in three runs, pg_stat_statements over a 20 s pickup
+ * run), in a burst with the other gauge reads that the pickups running then waited behind
+ * (docs/benchmarks-journal.md, "Issue 35's sixteenth round"). A queue's usage and its waiting
+ * count are now read a moment apart; a gauge is a reading of a moment either way.
  */
 export async function limitStatus(db: Queryable, storage: Storage): Promise<QueueLimitStatus[]> {
-  const statement = storage.statement('limit-status', ({ q: s }) =>
-    compile(
-      sql`SELECT u.queue, u.max_running, u.running, u.rate_limit, u.rate_interval_ms, u.started, u.updated_at,
-                 u.updated_by, coalesce(w.waiting, 0)::text AS waiting
-            FROM ${s}.limit_usage() u
-            LEFT JOIN LATERAL (
-              SELECT sum(${laneDepth(s, 'l')} + ${laneDueDeferred(s, 'l')}) AS waiting
-                FROM ${s}.lanes l
-                ${laneBacklogJoins(s, 'l')}
-               WHERE l.queue = u.queue) w ON true
-           ORDER BY u.queue`,
-    ),
-  );
-  const res = await db.query<UsageRow & { waiting: string }>(statement.query({}));
-  return res.rows.map((r) => {
-    const usage = usageOf(r);
+  const status = (await limitUsage(db, storage)).map((usage) => {
     const atLimit =
       (usage.maxRunning !== null && usage.running >= usage.maxRunning) ||
       (usage.rateLimit !== null && usage.started >= usage.rateLimit);
-    return { ...usage, atLimit, heldTasks: atLimit ? Number(r.waiting) : 0 };
+    return { ...usage, atLimit, heldTasks: 0 };
   });
+  const held = status.filter((l) => l.atLimit).map((l) => l.queue);
+  if (held.length === 0) return status;
+  const waiting = storage.statement('limit-waiting', ({ name, q: s }) =>
+    compile(
+      sql`SELECT l.queue, sum(${laneDepth(s, 'l')} + ${laneDueDeferred(s, 'l')})::text AS waiting
+            FROM ${s}.lanes l
+            ${laneBacklogJoins(s, 'l')}
+           WHERE l.queue = ANY(${p('queues')}::text[])
+           GROUP BY l.queue`,
+      `berth-limit-waiting:${name}`,
+    ),
+  );
+  const res = await db.query<{ queue: string; waiting: string }>(waiting.query({ queues: held }));
+  const byQueue = new Map(res.rows.map((r) => [r.queue, Number(r.waiting)]));
+  for (const l of status) if (l.atLimit) l.heldTasks = byQueue.get(l.queue) ?? 0;
+  return status;
 }
 
 /** A row of limit_usage(). */
