@@ -209,15 +209,16 @@ export async function coldPickup(
         timeout: true,
         note: `${picked()}/${n} picked up ${cfg.pickupTailTimeoutMs / 1000} s after the last enqueue`,
       };
-    const lat = new Float64Array(n).fill(Number.NaN);
+    const ran = new Float64Array(n).fill(Number.NaN);
     let duplicates = 0;
     for (const m of child.received('run')) {
       if (!(m.i >= 0 && m.i < n)) continue;
-      if (Number.isNaN(lat[m.i]!)) lat[m.i] = m.at - sent[m.i]!;
+      if (Number.isNaN(ran[m.i]!)) ran[m.i] = m.at;
       else duplicates++;
     }
+    const lat = ran.map((at, i) => at - sent[i]!);
     await detail?.({ workerStartedAt, sent, latencies: lat, enqueued });
-    return { ok: true, value: { ...latencyPercentiles([...lat]), duplicates } };
+    return { ok: true, value: { ...latencyPercentiles(sent, enqueued, ran), duplicates } };
   } finally {
     await child.end();
     await cleanup('producer close', () => producer.close());

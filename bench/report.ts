@@ -10,6 +10,10 @@ export type MetricKey =
   | 'p95'
   | 'p99'
   | 'max'
+  | 'callP99'
+  | 'afterP99'
+  | 'coldCallP99'
+  | 'coldAfterP99'
   | 'cold10'
   | 'cold50'
   | 'coldP50'
@@ -72,6 +76,18 @@ export const DRAIN_DETAIL_COLUMNS: readonly Column[] = [
   { key: 'started50', title: 'drain c50 tasks/s (all started)', fmt: fmtRate },
   { key: 'tail10', title: 'last start → all recorded c10 ms', fmt: fmtMs },
   { key: 'tail50', title: 'last start → all recorded c50 ms', fmt: fmtMs },
+];
+
+/**
+ * A pickup's p99 in two parts: the enqueue call (the producer's statement and its commit) and the
+ * time from its return to the handler's start (the worker's part). Each is a p99 of its own, so
+ * the two need not add up to the pickup's.
+ */
+export const PICKUP_DETAIL_COLUMNS: readonly Column[] = [
+  { key: 'callP99', title: 'enqueue call p99 ms', fmt: fmtMs },
+  { key: 'afterP99', title: 'call returned → handler start p99 ms', fmt: fmtMs },
+  { key: 'coldCallP99', title: 'cold: enqueue call p99 ms', fmt: fmtMs },
+  { key: 'coldAfterP99', title: 'cold: call returned → handler start p99 ms', fmt: fmtMs },
 ];
 
 export const WAL_DETAIL_COLUMNS: readonly Column[] = [

@@ -243,16 +243,40 @@ export interface PickupResult {
   p95: number;
   p99: number;
   max: number;
+  /**
+   * The p99 of the enqueue call alone (the producer's statement and its commit, whose WAL flush
+   * the worker cannot see past: PostgreSQL delivers the notification and shows the row only after
+   * it), and of the rest: the call's return to the handler's start (the worker's part).
+   */
+  callP99: number;
+  afterP99: number;
   duplicates: number;
 }
 
-/** Nearest-rank percentiles and the maximum of pickup latencies, ms. */
-export function latencyPercentiles(lat: readonly number[]): Omit<PickupResult, 'duplicates'> {
+/**
+ * Nearest-rank percentiles and the maximum of pickup latencies, ms, from the instants before each
+ * enqueue call (`sent`), after it returned (`enqueued`) and the handler's start (`ran`).
+ */
+export function latencyPercentiles(
+  sent: ArrayLike<number>,
+  enqueued: ArrayLike<number>,
+  ran: ArrayLike<number>,
+): Omit<PickupResult, 'duplicates'> {
+  const lat: number[] = [];
+  const calls: number[] = [];
+  const after: number[] = [];
+  for (let i = 0; i < sent.length; i++) {
+    lat.push(ran[i]! - sent[i]!);
+    calls.push(enqueued[i]! - sent[i]!);
+    after.push(ran[i]! - enqueued[i]!);
+  }
   return {
     p50: percentile(lat, 50),
     p95: percentile(lat, 95),
     p99: percentile(lat, 99),
     max: Math.max(...lat),
+    callP99: percentile(calls, 99),
+    afterP99: percentile(after, 99),
   };
 }
 
@@ -265,6 +289,7 @@ export async function pickup(adapter: SystemAdapter, cfg: BenchConfig): Promise<
   await adapter.reset();
   const tracker = new RunTracker(n);
   const sent = new Float64Array(n).fill(NaN);
+  const enqueued = new Float64Array(n).fill(NaN);
   let worker: RunningWorker | null = null;
   let producer: Producer | null = null;
   let finished = false;
@@ -279,6 +304,7 @@ export async function pickup(adapter: SystemAdapter, cfg: BenchConfig): Promise<
       if (wait > 0) await sleep(wait);
       sent[i] = performance.now();
       await producer.single(i);
+      enqueued[i] = performance.now();
     }
     finished = await waitUntil(() => tracker.distinct >= n, cfg.pickupTailTimeoutMs, 2);
   } finally {
@@ -292,10 +318,8 @@ export async function pickup(adapter: SystemAdapter, cfg: BenchConfig): Promise<
       note: `${tracker.distinct}/${n} picked up ${cfg.pickupTailTimeoutMs / 1000} s after the last enqueue`,
     };
   }
-  const lat: number[] = [];
-  for (let i = 0; i < n; i++) lat.push(tracker.firstRun[i]! - sent[i]!);
   return {
     ok: true,
-    value: { ...latencyPercentiles(lat), duplicates: tracker.duplicates },
+    value: { ...latencyPercentiles(sent, enqueued, tracker.firstRun), duplicates: tracker.duplicates },
   };
 }
