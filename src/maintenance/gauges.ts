@@ -81,7 +81,7 @@ export async function readGaugesIn(db: Queryable, storage: Storage, window: Ring
   );
   const { res, oldest } = counts;
   // One after another, not at once: at once on the leader's pool they took four sessions, each
-  // planning its statement there for the first time (5-17 ms each, over the functions' own
+  // planning its statement there for the first time (2-17 ms each, over the functions' own
   // statements), a burst on every core every 5 s that the pickups of the moment waited behind
   // (docs/benchmarks-journal.md, "Issue 35's sixteenth round"). One after another, each gets the
   // session the last one released (pg-pool hands out its most recently released first), where
