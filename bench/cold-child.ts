@@ -103,23 +103,27 @@ async function run(job: ColdJob): Promise<void> {
     let firstRun = Number.NaN;
     const t0 = epoch();
     if (process.env.BENCH_TRACE) process.stderr.write(`T t0 ${t0.toFixed(1)}\n`);
-    worker = await adapter.startWorker(job.concurrency, (i) => {
-      if (!(i >= 0 && i < job.n)) return;
-      if (seen[i]) {
-        duplicates++;
-        return;
-      }
-      seen[i] = 1;
-      if (distinct === 0) firstRun = epoch();
-      if (++distinct === job.n) send({ type: 'started', t0, up, firstRun, lastFirstRun: epoch(), duplicates });
+    worker = await adapter.startWorker(job.concurrency, {
+      record(i) {
+        if (!(i >= 0 && i < job.n)) return;
+        if (seen[i]) {
+          duplicates++;
+          return;
+        }
+        seen[i] = 1;
+        if (distinct === 0) firstRun = epoch();
+        if (++distinct === job.n) send({ type: 'started', t0, up, firstRun, lastFirstRun: epoch(), duplicates });
+      },
     });
     up = epoch();
   } else {
     // Every handler start, repeats included: the parent takes each task's first and counts the rest.
-    worker = await adapter.startWorker(job.concurrency, (i) => {
-      const at = epoch();
-      if (process.env.BENCH_TRACE) process.stderr.write(`T run ${at.toFixed(1)} ${i}\n`);
-      send({ type: 'run', i, at });
+    worker = await adapter.startWorker(job.concurrency, {
+      record(i) {
+        const at = epoch();
+        if (process.env.BENCH_TRACE) process.stderr.write(`T run ${at.toFixed(1)} ${i}\n`);
+        send({ type: 'run', i, at });
+      },
     });
     send({ type: 'workerStarted' });
   }

@@ -195,7 +195,11 @@ async function drainOnce(env: Env, cfg: GrowthConfig, n: number, lanes: number |
     claimMs.push(v * 1000);
     observe(v);
   }) as typeof metrics.claimSeconds.observe;
-  const noop = defineTask<{ i: number }>({ type: 'noop', ceilingMs: 60_000, handler: async (p) => tracker.onRun(p.i) });
+  const noop = defineTask<{ i: number }>({
+    type: 'noop',
+    ceilingMs: 60_000,
+    handler: async (p) => tracker.record(p.i),
+  });
   let worker: Worker | null = null;
   try {
     await admin.query('CHECKPOINT');

@@ -207,7 +207,7 @@ function adapterFor(v: Variant, url: string, seen: Seen): SystemAdapter {
         close: () => pool.end(),
       };
     },
-    async startWorker(concurrency, onRun): Promise<RunningWorker> {
+    async startWorker(concurrency, runs): Promise<RunningWorker> {
       seen.claims = [];
       seen.firstRun = Number.NaN;
       seen.lastRun = Number.NaN;
@@ -220,7 +220,7 @@ function adapterFor(v: Variant, url: string, seen: Seen): SystemAdapter {
           const now = performance.now();
           if (Number.isNaN(seen.firstRun)) seen.firstRun = now;
           seen.lastRun = now;
-          onRun(payload.i);
+          runs.record(payload.i);
         },
       });
       seen.workerStart = performance.now();

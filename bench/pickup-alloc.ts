@@ -59,7 +59,7 @@ try {
     const alone = await allocatedDuring(() => paced(producer, 50, n));
     await system.reset();
     let seen = 0;
-    const worker = await system.startWorker(10, () => void seen++);
+    const worker = await system.startWorker(10, { record: () => void seen++ });
     await paced(producer, 0, 200, () => seen);
     const session = values.profile ? new Session() : null;
     if (session) {

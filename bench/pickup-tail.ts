@@ -62,7 +62,7 @@ for (let r = 0; r < reps; r++) {
       const tracker = new RunTracker(n);
       const sent = new Float64Array(n);
       const returned = new Float64Array(n);
-      const worker = await system.startWorker(10, tracker.onRun);
+      const worker = await system.startWorker(10, tracker);
       const producer = await (mode === 'async' ? asyncProducers[k]! : system).openProducer();
       try {
         await producer.single(-1);

@@ -5,7 +5,7 @@ import type { CounterDelta, Monitor } from './db.js';
 import { cpuMs, GcTally } from './gc-tally.js';
 import { busyCores, machineCpu, threadMs, threadTicks } from './machine-cpu.js';
 import { percentile } from './stats.js';
-import type { Producer, RunningWorker, SystemAdapter } from './systems/types.js';
+import type { Producer, RunningWorker, RunRecorder, SystemAdapter } from './systems/types.js';
 import { cleanup, sleep, TimeoutError, waitUntil, withTimeout } from './util.js';
 
 /** Backends flush their commit counters when they exit; give them a moment before reading. */
@@ -14,7 +14,7 @@ const STATS_SETTLE_MS = 500;
 export type Outcome<T> = { ok: true; value: T } | { ok: false; timeout: boolean; note: string };
 
 /** Tracks handler runs by payload index: distinct handler starts, duplicates, first-run times. */
-export class RunTracker {
+export class RunTracker implements RunRecorder {
   readonly firstRun: Float64Array;
   distinct = 0;
   duplicates = 0;
@@ -23,7 +23,7 @@ export class RunTracker {
   constructor(readonly n: number) {
     this.firstRun = new Float64Array(n).fill(NaN);
   }
-  readonly onRun = (i: number): void => {
+  record(i: number): void {
     const now = performance.now();
     if (!(i >= 0 && i < this.n)) return; // warm-up task
     if (Number.isNaN(this.firstRun[i]!)) {
@@ -33,7 +33,7 @@ export class RunTracker {
     } else {
       this.duplicates++;
     }
-  };
+  }
 }
 
 async function stopWorker(adapter: SystemAdapter, worker: RunningWorker | null): Promise<void> {
@@ -150,7 +150,7 @@ export async function drain(
     const threadsFrom = threadTicks();
     t0 = performance.now();
     const deadline = t0 + cfg.drainTimeoutMs;
-    worker = await adapter.startWorker(concurrency, tracker.onRun);
+    worker = await adapter.startWorker(concurrency, tracker);
     started = await waitUntil(() => tracker.distinct >= n, Math.max(0, deadline - performance.now()));
     if (started) recorded = await untilRecorded(() => adapter.pending(probe), deadline);
     processCpuMs = cpuMs(process.cpuUsage(cpuBefore));
@@ -294,7 +294,7 @@ export async function pickup(adapter: SystemAdapter, cfg: BenchConfig): Promise<
   let producer: Producer | null = null;
   let finished = false;
   try {
-    worker = await adapter.startWorker(cfg.pickupConcurrency, tracker.onRun);
+    worker = await adapter.startWorker(cfg.pickupConcurrency, tracker);
     producer = await adapter.openProducer();
     await producer.single(-1); // warm the producer's connection and statements
     await sleep(1_000); // let the worker go idle

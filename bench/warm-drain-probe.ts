@@ -50,9 +50,9 @@ function measured(a: SystemAdapter): { adapter: SystemAdapter; busy: () => numbe
   let to = from;
   const adapter: SystemAdapter = {
     ...a,
-    async startWorker(concurrency, onRun) {
+    async startWorker(concurrency, runs) {
       from = cpuTimes();
-      const worker = await a.startWorker(concurrency, onRun);
+      const worker = await a.startWorker(concurrency, runs);
       return {
         stop: () => {
           to = cpuTimes();

@@ -6,6 +6,7 @@ import { pino } from 'pino';
 import type { TaskSpec } from '../../src/index.js';
 import { dropSchema } from '../db.js';
 import { berthPending } from './berth-pending.js';
+import { RunSink } from './run-sink.js';
 import type { AdapterContext, Producer, RunningWorker, SystemAdapter } from './types.js';
 
 /**
@@ -43,6 +44,14 @@ export function berthBaseAdapter(ctx: AdapterContext): SystemAdapter | null {
 function adapter(ctx: AdapterContext, berth: Berth, label: string, schema: string, build: string): SystemAdapter {
   const { defineTask, enqueue, enqueueMany, migrate, Worker } = berth;
   const { connectionString } = ctx;
+  const sink = new RunSink();
+  const noop = defineTask<{ i: number }>({
+    type: 'noop',
+    ceilingMs: 60_000,
+    handler: async (payload) => {
+      sink.record(payload.i);
+    },
+  });
   return {
     label,
     producerMigrates: true,
@@ -79,14 +88,8 @@ function adapter(ctx: AdapterContext, berth: Berth, label: string, schema: strin
       };
     },
 
-    async startWorker(concurrency, onRun): Promise<RunningWorker> {
-      const noop = defineTask<{ i: number }>({
-        type: 'noop',
-        ceilingMs: 60_000,
-        handler: async (payload) => {
-          onRun(payload.i);
-        },
-      });
+    async startWorker(concurrency, runs): Promise<RunningWorker> {
+      sink.bind(runs);
       const worker = new Worker({
         connectionString,
         schema,

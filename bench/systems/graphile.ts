@@ -8,6 +8,7 @@
  */
 import { Logger, makeWorkerUtils, run, runMigrations, type RunnerOptions, type Task } from 'graphile-worker';
 import { dropSchema } from '../db.js';
+import { RunSink } from './run-sink.js';
 import type { AdapterContext, Producer, RunningWorker, SystemAdapter } from './types.js';
 
 const SCHEMA = 'graphile_worker';
@@ -21,6 +22,10 @@ function throughputPreset(concurrency: number): NonNullable<RunnerOptions['prese
 
 export function graphileAdapter(ctx: AdapterContext, mode: 'default' | 'throughput'): SystemAdapter {
   const { connectionString } = ctx;
+  const sink = new RunSink();
+  const noop: Task = async (payload) => {
+    sink.record((payload as { i: number }).i);
+  };
   return {
     label: `graphile-worker (${mode})`,
     producerMigrates: true,
@@ -58,10 +63,8 @@ export function graphileAdapter(ctx: AdapterContext, mode: 'default' | 'throughp
       };
     },
 
-    async startWorker(concurrency, onRun): Promise<RunningWorker> {
-      const noop: Task = async (payload) => {
-        onRun((payload as { i: number }).i);
-      };
+    async startWorker(concurrency, runs): Promise<RunningWorker> {
+      sink.bind(runs);
       const runner = await run({
         connectionString,
         concurrency,

@@ -14,6 +14,7 @@
 import { PgBoss, type ConstructorOptions, type JobInsert, type WorkOptions } from 'pg-boss';
 import { dropSchema } from '../db.js';
 import { log } from '../util.js';
+import { RunSink } from './run-sink.js';
 import type { AdapterContext, Producer, RunningWorker, SystemAdapter } from './types.js';
 
 const SCHEMA = 'pgboss';
@@ -40,6 +41,11 @@ export function pgBossAdapter(ctx: AdapterContext, mode: 'default' | 'batched'):
     batched
       ? { localConcurrency: concurrency, batchSize: BATCH_SIZE, burstWhenBatchFull: true }
       : { localConcurrency: concurrency };
+
+  const sink = new RunSink();
+  const handler = async (jobs: { data: { i: number } }[]): Promise<void> => {
+    for (const job of jobs) sink.record(job.data.i);
+  };
 
   async function ensureQueue(boss: PgBoss): Promise<void> {
     if (!(await boss.getQueue(QUEUE))) await boss.createQueue(QUEUE, batched ? { notify: true } : {});
@@ -78,13 +84,12 @@ export function pgBossAdapter(ctx: AdapterContext, mode: 'default' | 'batched'):
       };
     },
 
-    async startWorker(concurrency, onRun): Promise<RunningWorker> {
+    async startWorker(concurrency, runs): Promise<RunningWorker> {
+      sink.bind(runs);
       const boss = newBoss(connectionString, instanceOptions);
       await boss.start();
       await ensureQueue(boss);
-      await boss.work<{ i: number }>(QUEUE, workOptions(concurrency), async (jobs) => {
-        for (const job of jobs) onRun(job.data.i);
-      });
+      await boss.work<{ i: number }>(QUEUE, workOptions(concurrency), handler);
       return { stop: () => boss.stop({ graceful: true, timeout: 10_000 }) };
     },
 

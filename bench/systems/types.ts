@@ -1,6 +1,6 @@
 /**
  * The one interface every queue system implements for the scenarios. Tasks are no-ops whose
- * payload is `{ i }`; the worker reports each handler start through `onRun(i)`, and `pending`
+ * payload is `{ i }`; the worker reports each handler start through `runs.record(i)`, and `pending`
  * reads from the database how many are not yet recorded as completed.
  */
 import type pg from 'pg';
@@ -19,6 +19,11 @@ export interface Producer {
   close(): Promise<void>;
 }
 
+/** Receives each handler start, by payload index; `record` is a method, not a closure per run. */
+export interface RunRecorder {
+  record(i: number): void;
+}
+
 export interface RunningWorker {
   /** Graceful stop; resolves once every connection the worker opened is closed. */
   stop(): Promise<void>;
@@ -35,7 +40,7 @@ export interface SystemAdapter {
   /** Its producer has a `migrate()` of its own (Producer.migrate). */
   readonly producerMigrates?: boolean;
   /** Start processing `noop` tasks with `concurrency` handlers; resolves once started. */
-  startWorker(concurrency: number, onRun: (i: number) => void): Promise<RunningWorker>;
+  startWorker(concurrency: number, runs: RunRecorder): Promise<RunningWorker>;
   /**
    * Tasks whose completion is not recorded in the database yet (queued, running, or finished
    * but with the completion still in the worker's memory). One read-only statement on `db`.
