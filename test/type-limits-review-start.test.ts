@@ -9,7 +9,15 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { cancelTask, defineTask, enqueueMany, getTask, setQueueLimit, setTypeLimit } from '../src/index.js';
+import {
+  cancelTask,
+  defineTask,
+  enqueueMany,
+  getTask,
+  listTypeLimits,
+  setQueueLimit,
+  setTypeLimit,
+} from '../src/index.js';
 import { freshSchema, waitFor } from './helpers.js';
 import { askWaiting, holdTypeRow, reviewWorker } from './type-limits-review-support.js';
 
@@ -172,4 +180,59 @@ test("a cancel that lands while a task waits for its start: the handler never st
     await w.stop();
   }
   assert.equal(started, 0, 'the handler of a cancelled task never started');
+});
+
+test("a grant answered past the type's guard is spent: that task is handed back unstarted, asks again and is refused, and the limit counts both refusals", async () => {
+  // One start an hour (guard 250 ms): two tasks ask together; the answer is held back by the row
+  // lock past the guard, so the one start granted cannot be used. This is what a loaded machine
+  // does to an answer slower than the guard, and what the dashboard shows then.
+  const type = 'rv_spent';
+  let started = 0;
+  const def = defineTask<{ i: number }>({
+    type,
+    queue: 'rv-spent',
+    ceilingMs: 60_000,
+    handler: async () => {
+      started++;
+    },
+  });
+  await setTypeLimit(pool, schema, type, { limit: 1, intervalMs: 3_600_000 }, 'review');
+  const held = await holdTypeRow(S, type);
+  const w = reviewWorker(schema, [def]);
+  await w.start();
+  let ids: string[] = [];
+  try {
+    ids = (
+      await enqueueMany(
+        pool,
+        [0, 1].map((i) => ({ type, payload: { i }, queue: 'rv-spent' })),
+        { schema },
+      )
+    ).map((t) => t.id!);
+    await askWaiting(pool);
+    // Past the guard: the ask was sent before the row was held up, so its answer comes later
+    // than 250 ms after it whatever the machine's load.
+    await sleep(400);
+    await held.query('COMMIT');
+    const settled = await waitFor(
+      async () => {
+        const limit = (await listTypeLimits(pool, schema)).find((l) => l.type === type);
+        return limit && limit.paced === 2 ? limit : null;
+      },
+      20_000,
+      'both tasks paced',
+    );
+    assert.equal(settled.started, 1, 'the start granted is counted, used or not');
+    assert.equal(settled.refused, 2, 'the refused task, and the spent one refused when it asked again');
+    assert.equal(settled.atLimit, true);
+  } finally {
+    await held.end().catch(() => undefined);
+    await w.stop();
+  }
+  assert.equal(started, 0, 'no handler started past the guard');
+  for (const id of ids) {
+    const t = await getTask(pool, schema, id);
+    assert.equal(t?.state, 'retryable', 'paced until the window frees');
+    assert.equal(t.attempts, 0, 'handed back unstarted, its attempt refunded');
+  }
 });
