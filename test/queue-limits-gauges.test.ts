@@ -4,7 +4,7 @@
  * (running at its max, or its rate's starts used up), and still counts a limited queue below its
  * limits. A cleared limit's series disappear.
  */
-import { test } from 'node:test';
+import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { BerthMetrics, clearQueueLimit, defineTask, enqueueMany, setQueueLimit } from '../src/index.js';
 import { promoteDue, readGauges } from '../src/maintenance-api.js';
@@ -12,7 +12,8 @@ import { publishGauges, resetGauges } from '../src/maintenance/gauges.js';
 import { claim } from '../src/processor/claim.js';
 import { runDueTasks } from '../src/testing-api.js';
 import { claimParams } from './claim-params.js';
-import { freshSchema } from './helpers.js';
+import pg from 'pg';
+import { DATABASE_URL, freshSchema } from './helpers.js';
 
 const { schema, pool } = await freshSchema('limitgauges');
 const S = `"${schema}"`;
@@ -121,23 +122,41 @@ test("a queue whose rate's starts are used up is held; the rate series are expor
   await clearQueueLimit(pool, schema, 'metered', 'test');
 });
 
-/** A Queryable over the pool that records each statement's text and the most it ever ran at once. */
-function recording(): { db: Pick<typeof pool, 'query'>; texts: string[]; mostAtOnce: () => number } {
+/**
+ * A pool of its own, as the leader's, whose sessions record each statement's text and the most
+ * statements in flight at once across them: readGauges takes the leader's paths on it (its ring
+ * reads check a client out for their transaction, as on any pool).
+ */
+function recording(): { pool: pg.Pool; texts: string[]; mostAtOnce: () => number } {
   const texts: string[] = [];
   let inFlight = 0;
   let most = 0;
-  const db = {
-    query: (async (config: unknown, values?: unknown[]) => {
-      texts.push(typeof config === 'string' ? config : (config as { text: string }).text);
-      most = Math.max(most, ++inFlight);
-      try {
-        return await pool.query(config as string, values);
-      } finally {
+  const query = pg.Client.prototype.query as (this: pg.Client, ...args: unknown[]) => unknown;
+  class RecordingClient extends pg.Client {}
+  // pg's pool calls it with a callback, readGauges's clients without: both are counted.
+  RecordingClient.prototype.query = function (this: pg.Client, ...args: unknown[]) {
+    const config = args[0] as string | { text: string };
+    texts.push(typeof config === 'string' ? config : config.text);
+    most = Math.max(most, ++inFlight);
+    const last = args.length - 1;
+    const callback = args[last];
+    if (typeof callback === 'function') {
+      args[last] = (...result: unknown[]) => {
         inFlight--;
-      }
-    }) as typeof pool.query,
-  };
-  return { db, texts, mostAtOnce: () => most };
+        return (callback as (...r: unknown[]) => unknown)(...result);
+      };
+      return query.apply(this, args);
+    }
+    return (query.apply(this, args) as Promise<unknown>).finally(() => inFlight--);
+  } as typeof pg.Client.prototype.query;
+  const recorded = new pg.Pool({
+    connectionString: DATABASE_URL,
+    max: 4,
+    options: '-c jit=off',
+    Client: RecordingClient,
+  });
+  after(() => recorded.end());
+  return { pool: recorded, texts, mostAtOnce: () => most };
 }
 
 test("the gauges read one statement at a time, and count a limited queue's waiting tasks only while it is at its limit", async () => {
@@ -151,7 +170,7 @@ test("the gauges read one statement at a time, and count a limited queue's waiti
   const countsWaiting = (t: string) => /\bsum\(/.test(t) && /\blanes l\b/.test(t);
 
   const both = recording();
-  const g = await readGauges(both.db as typeof pool, schema);
+  const g = await readGauges(both.pool, schema);
   assert.deepEqual(
     g.limits.map((l) => [l.queue, l.atLimit, l.running, l.heldTasks]),
     [
@@ -165,7 +184,7 @@ test("the gauges read one statement at a time, and count a limited queue's waiti
   // No queue at a limit: the waiting count, planned over every ring partition, is not run.
   await setQueueLimit(pool, schema, 'capped', { maxRunning: 3 }, 'test');
   const none = recording();
-  const below = await readGauges(none.db as typeof pool, schema);
+  const below = await readGauges(none.pool, schema);
   assert.deepEqual(
     below.limits.map((l) => [l.queue, l.atLimit, l.heldTasks]),
     [
