@@ -18,10 +18,9 @@ import { PerformanceObserver } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { loadConfig } from './config.js';
 import { recreateDatabase } from './db.js';
-import { RunTracker } from './scenarios.js';
+import { pickupRun } from './scenarios.js';
 import { median, percentile } from './stats.js';
 import { benchSystems } from './systems/all.js';
-import { sleep } from './util.js';
 
 const { values } = parseArgs({
   options: {
@@ -59,31 +58,18 @@ for (let r = 0; r < reps; r++) {
     for (let k = 0; k < sync.length; k++) {
       const system = sync[k]!;
       await system.reset();
-      const tracker = new RunTracker(n);
-      const sent = new Float64Array(n);
-      const returned = new Float64Array(n);
-      const worker = await system.startWorker(10, tracker);
-      const producer = await (mode === 'async' ? asyncProducers[k]! : system).openProducer();
-      try {
-        await producer.single(-1);
-        await sleep(1_000);
-        gcs.length = 0;
-        const base = performance.now();
-        for (let i = 0; i < n; i++) {
-          const wait = base + i * 10 - performance.now();
-          if (wait > 0) await sleep(wait);
-          sent[i] = performance.now();
-          await producer.single(i);
-          returned[i] = performance.now();
-        }
-        const deadline = performance.now() + 30_000;
-        while (tracker.distinct < n && performance.now() < deadline) await sleep(5);
-        if (tracker.distinct < n) throw new Error(`${system.label}: ${tracker.distinct}/${n} picked up`);
-      } finally {
-        await worker.stop();
-        await producer.close();
-      }
-      const ran = tracker.firstRun;
+      const run = await pickupRun(system, {
+        n,
+        gapMs: 10,
+        concurrency: 10,
+        tailTimeoutMs: 30_000,
+        ...(mode === 'async' && { producerOf: asyncProducers[k]! }),
+        beforeFirst: () => {
+          gcs.length = 0;
+        },
+      });
+      if (!run.ok) throw new Error(`${system.label}: ${run.note}`);
+      const { sent, enqueued: returned, ran } = run.value;
       const lat = Array.from({ length: n }, (_, i) => ran[i]! - sent[i]!);
       const calls = Array.from({ length: n }, (_, i) => returned[i]! - sent[i]!);
       const after = Array.from({ length: n }, (_, i) => ran[i]! - returned[i]!);

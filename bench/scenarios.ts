@@ -280,13 +280,32 @@ export function latencyPercentiles(
   };
 }
 
+/** Each pickup's instants (performance.now()): before its enqueue call, at the call's return, at its handler's start. */
+export interface PickupInstants {
+  sent: Float64Array;
+  enqueued: Float64Array;
+  ran: Float64Array;
+  duplicates: number;
+}
+
+export interface PickupRunOptions {
+  n: number;
+  gapMs: number;
+  concurrency: number;
+  /** How long after the last enqueue every task may take to be picked up. */
+  tailTimeoutMs: number;
+  /** Whose producer enqueues (default: the adapter's own; bench/pickup-tail.ts's `--async`). */
+  producerOf?: SystemAdapter;
+  /** Called once the worker is idle, right before the first timed enqueue. */
+  beforeFirst?: () => void;
+}
+
 /**
- * Idle pickup latency: a running, idle worker; tasks enqueued one at a time every gap ms; the
- * latency of task i is its handler's start minus the instant just before its enqueue call.
+ * The pickup loop, on a schema the caller reset: a running worker left idle for a second, then
+ * tasks 0..n-1 enqueued one at a time every `gapMs`, each with its three instants.
  */
-export async function pickup(adapter: SystemAdapter, cfg: BenchConfig): Promise<Outcome<PickupResult>> {
-  const n = cfg.pickupN;
-  await adapter.reset();
+export async function pickupRun(adapter: SystemAdapter, o: PickupRunOptions): Promise<Outcome<PickupInstants>> {
+  const { n } = o;
   const tracker = new RunTracker(n);
   const sent = new Float64Array(n).fill(NaN);
   const enqueued = new Float64Array(n).fill(NaN);
@@ -294,19 +313,20 @@ export async function pickup(adapter: SystemAdapter, cfg: BenchConfig): Promise<
   let producer: Producer | null = null;
   let finished = false;
   try {
-    worker = await adapter.startWorker(cfg.pickupConcurrency, tracker);
-    producer = await adapter.openProducer();
+    worker = await adapter.startWorker(o.concurrency, tracker);
+    producer = await (o.producerOf ?? adapter).openProducer();
     await producer.single(-1); // warm the producer's connection and statements
     await sleep(1_000); // let the worker go idle
+    o.beforeFirst?.();
     const base = performance.now();
     for (let i = 0; i < n; i++) {
-      const wait = base + i * cfg.pickupGapMs - performance.now();
+      const wait = base + i * o.gapMs - performance.now();
       if (wait > 0) await sleep(wait);
       sent[i] = performance.now();
       await producer.single(i);
       enqueued[i] = performance.now();
     }
-    finished = await waitUntil(() => tracker.distinct >= n, cfg.pickupTailTimeoutMs, 2);
+    finished = await waitUntil(() => tracker.distinct >= n, o.tailTimeoutMs, 2);
   } finally {
     await stopWorker(adapter, worker);
     await closeProducer(adapter, producer);
@@ -315,11 +335,25 @@ export async function pickup(adapter: SystemAdapter, cfg: BenchConfig): Promise<
     return {
       ok: false,
       timeout: true,
-      note: `${tracker.distinct}/${n} picked up ${cfg.pickupTailTimeoutMs / 1000} s after the last enqueue`,
+      note: `${tracker.distinct}/${n} picked up ${o.tailTimeoutMs / 1000} s after the last enqueue`,
     };
   }
-  return {
-    ok: true,
-    value: { ...latencyPercentiles(sent, enqueued, tracker.firstRun), duplicates: tracker.duplicates },
-  };
+  return { ok: true, value: { sent, enqueued, ran: tracker.firstRun, duplicates: tracker.duplicates } };
+}
+
+/**
+ * Idle pickup latency: a running, idle worker; tasks enqueued one at a time every gap ms; the
+ * latency of task i is its handler's start minus the instant just before its enqueue call.
+ */
+export async function pickup(adapter: SystemAdapter, cfg: BenchConfig): Promise<Outcome<PickupResult>> {
+  await adapter.reset();
+  const run = await pickupRun(adapter, {
+    n: cfg.pickupN,
+    gapMs: cfg.pickupGapMs,
+    concurrency: cfg.pickupConcurrency,
+    tailTimeoutMs: cfg.pickupTailTimeoutMs,
+  });
+  if (!run.ok) return run;
+  const { sent, enqueued, ran, duplicates } = run.value;
+  return { ok: true, value: { ...latencyPercentiles(sent, enqueued, ran), duplicates } };
 }
