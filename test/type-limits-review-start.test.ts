@@ -209,10 +209,21 @@ test("a grant answered past the type's guard is spent: that task is handed back 
         { schema },
       )
     ).map((t) => t.id!);
-    await askWaiting(pool);
-    // Past the guard: the ask was sent before the row was held up, so its answer comes later
-    // than 250 ms after it whatever the machine's load.
-    await sleep(400);
+    const pid = await askWaiting(pool);
+    // Released only once the ask has waited past the guard by the server's own clock (the worker
+    // times the guard from before it sent the ask, so its answer is later still).
+    await waitFor(
+      async () =>
+        (
+          await pool.query<{ past: boolean }>(
+            `SELECT clock_timestamp() - query_start > interval '300 milliseconds' AS past
+               FROM pg_stat_activity WHERE pid = $1`,
+            [pid],
+          )
+        ).rows[0]?.past,
+      20_000,
+      'the ask waiting past the guard',
+    );
     await held.query('COMMIT');
     const settled = await waitFor(
       async () => {
