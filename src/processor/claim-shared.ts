@@ -280,13 +280,52 @@ interface Placed {
  * prefix and leaves the order to the worker (a sort of every claimed row there cost more).
  */
 export function tasksOf(rows: readonly LeaseRow[], terms: TypeTerms): ClaimedTask[] {
-  if (rows.length === 1) return leaseTasks(rows[0]!, terms, null);
+  const t = termsOf(terms);
+  if (rows.length === 1) return leaseTasks(leaseOf(rows[0]!), t, null);
   const placed: Placed[] = [];
-  for (const r of rows) leaseTasks(r, terms, placed);
+  for (const r of rows) leaseTasks(leaseOf(r), t, placed);
   placed.sort(
     (a, b) => a.priority - b.priority || a.rank - b.rank || b.waited - a.waited || a.task.laneId - b.task.laneId,
   );
   return placed.map((p) => p.task);
+}
+
+/**
+ * The fields leaseTasks reads, copied into one shape each. A lease row comes in several shapes:
+ * each claim statement's result has columns of its own (the one-lane claim's `resignalled`), and
+ * the shape donors pass object literals (standInLease, and one spread from it). The terms too:
+ * each of the fetcher's claims passes its ClaimParams, spread together at its own call site.
+ * Read from them directly, leaseTasks, whose loop builds every claimed task, was compiled for the
+ * shapes it had seen and thrown away at each new one: three or four times in a new process's
+ * first drain (`node --trace-deopt`, "wrong map" at `r.tasks` and `terms.ceilings`), each time
+ * running in slower code until compiled again. These copies are two objects a claim, each from
+ * one literal; only they meet the several shapes, and they are small to compile again.
+ */
+function leaseOf(r: LeaseRow): LeaseRow {
+  return {
+    slot: r.slot,
+    lane_id: r.lane_id,
+    lease_from: r.lease_from,
+    token: r.token,
+    types: r.types,
+    now_ms: r.now_ms,
+    queue: r.queue,
+    priority: r.priority,
+    shard: r.shard,
+    tasks: r.tasks,
+    more: r.more,
+    stale: r.stale,
+  };
+}
+
+function termsOf(t: TypeTerms): TypeTerms {
+  return {
+    ceilings: t.ceilings,
+    maxAttempts: t.maxAttempts,
+    defaultCeilingMs: t.defaultCeilingMs,
+    defaultMaxAttempts: t.defaultMaxAttempts,
+    marginMs: t.marginMs,
+  };
 }
 
 /** Whether lane position `a` (decimal int8 text) precedes `b`. */
@@ -304,8 +343,14 @@ function leaseTasks(r: LeaseRow, terms: TypeTerms, placed: Placed[] | null): Cla
     }
   }
   // Per type, as the statement stamped them (LeaseRow).
-  const expires = r.types.map((t) => r.now_ms + (terms.ceilings.get(t) ?? terms.defaultCeilingMs) + terms.marginMs);
-  const limits = r.types.map((t) => terms.maxAttempts.get(t) ?? terms.defaultMaxAttempts);
+  // Filled by push from literals, not by map(): the arrays' element kinds then come from these
+  // two allocation sites alone (a map() result's differed, and threw the loop's code away too).
+  const expires: number[] = [];
+  const limits: number[] = [];
+  for (const type of r.types) {
+    expires.push(r.now_ms + (terms.ceilings.get(type) ?? terms.defaultCeilingMs) + terms.marginMs);
+    limits.push(terms.maxAttempts.get(type) ?? terms.defaultMaxAttempts);
+  }
   for (let i = 0; i < tasks.length; i++) {
     const row = tasks[i]!;
     const t = row[2] - 1;

@@ -25,8 +25,13 @@ export function seqsToMultirange(seqs: readonly string[], sorted = false): strin
   // Numbers while every seq is exact as one (below 2^53: 15 digits always are; a lane would need
   // a thousand years at a million appends a second to pass it), BigInts past that. BigInt
   // parsing and comparing was 1.4 % of a drain's busy samples (docs/benchmarks-journal.md).
-  if (seqs.every((v) => v.length <= 15)) {
-    const xs = seqs.map(Number);
+  // Loops, not every() and map(): an array map() returns has the element kind of the tier that
+  // ran it, and code compiled for one is thrown away at the other (groupValues in complete.ts).
+  let exact = true;
+  for (const v of seqs) if (v.length > 15) exact = false;
+  if (exact) {
+    const xs = new Array<number>(seqs.length);
+    for (let i = 0; i < seqs.length; i++) xs[i] = Number(seqs[i]);
     return rangesOf(sorted ? xs : xs.sort((a, b) => a - b), 1);
   }
   const xs = seqs.map(BigInt);

@@ -189,10 +189,21 @@ function inSeqOrder(refs: readonly CompletableRef[]): boolean {
 }
 
 function sortBySeq(g: LeaseGroup): void {
-  const order = g.refs.map((_, i) => i).sort((a, b) => compareSeq(g.refs[a]!.laneSeq, g.refs[b]!.laneSeq));
-  g.refs = order.map((i) => g.refs[i]!);
-  g.runMs = order.map((i) => g.runMs[i]!);
-  g.at = order.map((i) => g.at[i]!);
+  const order: number[] = [];
+  for (let i = 0; i < g.refs.length; i++) order.push(i);
+  order.sort((a, b) => compareSeq(g.refs[a]!.laneSeq, g.refs[b]!.laneSeq));
+  // By push, as groupValues's arrays (which read these), not by map().
+  const refs: CompletableRef[] = [];
+  const runMs: (number | null)[] = [];
+  const at: number[] = [];
+  for (const i of order) {
+    refs.push(g.refs[i]!);
+    runMs.push(g.runMs[i]!);
+    at.push(g.at[i]!);
+  }
+  g.refs = refs;
+  g.runMs = runMs;
+  g.at = at;
 }
 
 /**
@@ -201,27 +212,35 @@ function sortBySeq(g: LeaseGroup): void {
  * count: the statement counts the entries it settles itself. Exported for the shape test.
  */
 export function groupValues(groups: readonly LeaseGroup[]): { [K in GroupParams]: unknown } {
+  // Every array here is made here, not by map(), and the run times are copied even for one
+  // group: then each array that code compiled for these meets comes from one allocation site and
+  // has one element kind. An array map() returns has the element kind of the tier that ran it
+  // (the builtin's, or the optimized inline copy's), and code compiled for one was thrown away at
+  // the other ("wrong map" in `node --trace-deopt`, in a new process's first drain: groupByLease,
+  // the batcher's flush, and intArrayLiteral over one group's own array, each compiled again).
+  // The per-task arrays are made at their length (pushed, they grew by copies: ~100 B a task).
+  let total = 0;
+  for (const g of groups) total += g.runMs.length;
   const runFrom: number[] = [];
-  const runMs: (number | null)[] = groups.length === 1 ? groups[0]!.runMs : [];
-  if (groups.length > 1) {
-    for (const g of groups) {
-      runFrom.push(runMs.length + 1);
-      for (const ms of g.runMs) runMs.push(ms);
-    }
-  } else runFrom.push(1);
-  return {
-    laneIds: groups.map((g) => g.laneId),
-    leaseFroms: groups.map((g) => g.leaseFrom),
-    tokens: groups.map((g) => g.token),
-    seqs: groups.map((g) =>
-      seqsToMultirange(
-        g.refs.map((r) => r.laneSeq),
-        true,
-      ),
-    ),
-    runFrom,
-    runMs: intArrayLiteral(runMs),
-  };
+  const runMs = new Array<number | null>(total);
+  let k = 0;
+  for (const g of groups) {
+    runFrom.push(k + 1);
+    for (const ms of g.runMs) runMs[k++] = ms;
+  }
+  const laneIds: number[] = [];
+  const leaseFroms: string[] = [];
+  const tokens: string[] = [];
+  const seqs: string[] = [];
+  for (const g of groups) {
+    laneIds.push(g.laneId);
+    leaseFroms.push(g.leaseFrom);
+    tokens.push(g.token);
+    const laneSeqs = new Array<string>(g.refs.length);
+    for (let i = 0; i < g.refs.length; i++) laneSeqs[i] = g.refs[i]!.laneSeq;
+    seqs.push(seqsToMultirange(laneSeqs, true));
+  }
+  return { laneIds, leaseFroms, tokens, seqs, runFrom, runMs: intArrayLiteral(runMs) };
 }
 
 /**
@@ -231,7 +250,15 @@ export function groupValues(groups: readonly LeaseGroup[]): { [K in GroupParams]
  * needs quoting; the server reads the same array either way.
  */
 function intArrayLiteral(xs: readonly (number | null)[]): string {
-  return `{${xs.map((x) => (x === null ? 'NULL' : x)).join(',')}}`;
+  // A loop, not map() and join(): map()'s array of strings and numbers threw the compiled
+  // groupValues away once in a new process's first drain (see groupValues).
+  let text = '{';
+  for (let i = 0; i < xs.length; i++) {
+    const x = xs[i];
+    text += i === 0 ? '' : ',';
+    text += x === null || x === undefined ? 'NULL' : `${x}`;
+  }
+  return `${text}}`;
 }
 
 type GroupParams = 'laneIds' | 'leaseFroms' | 'tokens' | 'seqs' | 'runFrom' | 'runMs';
