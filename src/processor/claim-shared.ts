@@ -301,7 +301,7 @@ export function tasksOf(rows: readonly LeaseRow[], terms: TypeTerms): ClaimedTas
  * running in slower code until compiled again. These copies are two objects a claim, each from
  * one literal; only they meet the several shapes, and they are small to compile again.
  */
-function leaseOf(r: LeaseRow): LeaseRow {
+function leaseOf(r: LeaseRow): LeaseFields {
   return {
     slot: r.slot,
     lane_id: r.lane_id,
@@ -313,10 +313,11 @@ function leaseOf(r: LeaseRow): LeaseRow {
     priority: r.priority,
     shard: r.shard,
     tasks: r.tasks,
-    more: r.more,
-    stale: r.stale,
   };
 }
+
+/** A lease row less what only the claim's caller reads (`more`, `stale`). */
+type LeaseFields = Omit<LeaseRow, 'more' | 'stale'>;
 
 function termsOf(t: TypeTerms): TypeTerms {
   return {
@@ -333,7 +334,7 @@ function seqBefore(a: string, b: string): boolean {
   return a.length !== b.length ? a.length < b.length : a < b;
 }
 
-function leaseTasks(r: LeaseRow, terms: TypeTerms, placed: Placed[] | null): ClaimedTask[] {
+function leaseTasks(r: LeaseFields, terms: TypeTerms, placed: Placed[] | null): ClaimedTask[] {
   const out: ClaimedTask[] = [];
   const tasks = JSON.parse(r.tasks) as ClaimedJson[];
   for (let i = 1; i < tasks.length; i++) {

@@ -189,17 +189,19 @@ function inSeqOrder(refs: readonly CompletableRef[]): boolean {
 }
 
 function sortBySeq(g: LeaseGroup): void {
-  const order: number[] = [];
-  for (let i = 0; i < g.refs.length; i++) order.push(i);
+  const n = g.refs.length;
+  const order = new Array<number>(n);
+  for (let i = 0; i < n; i++) order[i] = i;
   order.sort((a, b) => compareSeq(g.refs[a]!.laneSeq, g.refs[b]!.laneSeq));
-  // By push, as groupValues's arrays (which read these), not by map().
-  const refs: CompletableRef[] = [];
-  const runMs: (number | null)[] = [];
-  const at: number[] = [];
-  for (const i of order) {
-    refs.push(g.refs[i]!);
-    runMs.push(g.runMs[i]!);
-    at.push(g.at[i]!);
+  // Made here at their length, as groupValues's arrays (which read these), not by map().
+  const refs = new Array<CompletableRef>(n);
+  const runMs = new Array<number | null>(n);
+  const at = new Array<number>(n);
+  for (let k = 0; k < n; k++) {
+    const i = order[k]!;
+    refs[k] = g.refs[i]!;
+    runMs[k] = g.runMs[i]!;
+    at[k] = g.at[i]!;
   }
   g.refs = refs;
   g.runMs = runMs;
@@ -256,7 +258,7 @@ function intArrayLiteral(xs: readonly (number | null)[]): string {
   for (let i = 0; i < xs.length; i++) {
     const x = xs[i];
     text += i === 0 ? '' : ',';
-    text += x === null || x === undefined ? 'NULL' : `${x}`;
+    text += x === null ? 'NULL' : `${x}`;
   }
   return `${text}}`;
 }
